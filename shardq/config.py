@@ -1,0 +1,192 @@
+"""Configuration: one schema for the TOML file and for the dict given to ``shardq.open``.
+
+Unknown keys and invalid values raise :class:`~shardq.errors.InvalidConfig` naming the key,
+so a typo never silently falls back to a default. Times are in seconds.
+
+    [service]                 # the supervisor
+    data_dir = "var/shardq"
+    shards = 0                # 0 = one shard per CPU
+    health_timeout = 10       # a shard that answers no ping for this long is restarted
+    restart_limit = 5         # ... at most this many times
+    restart_window = 60       # ... within this many seconds, then it stays down (crash loop)
+    declare_queues = false    # true: only queues listed under [queues] may be used
+
+    [limits]                  # per shard
+    max_pending_jobs = 5000000
+    segment_bytes = 67108864
+    compact_min_bytes = 67108864
+
+    [queue_defaults]          # for any queue not listed under [queues]
+    visibility_timeout = 30
+    max_deliveries = 5
+    dedup_window = 300
+    max_body_bytes = 262144
+
+    [queues.default]          # per-queue overrides of queue_defaults
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import limits
+from .errors import InvalidConfig
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Settings of one named queue."""
+
+    visibility_timeout: float = limits.VISIBILITY_TIMEOUT_S_DEFAULT
+    max_deliveries: int = limits.MAX_DELIVERIES_DEFAULT
+    dedup_window: float = limits.DEDUP_WINDOW_S_DEFAULT
+    max_body_bytes: int = limits.BODY_BYTES_MAX_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    data_dir: str = "var/shardq"
+    shards: int = 0
+    health_timeout: float = 10.0
+    restart_limit: int = 5
+    restart_window: float = 60.0
+    declare_queues: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    max_pending_jobs: int = limits.PENDING_JOBS_MAX_DEFAULT
+    segment_bytes: int = limits.SEGMENT_BYTES_MAX_DEFAULT
+    compact_min_bytes: int = limits.COMPACT_MIN_BYTES_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    queue_defaults: QueueConfig = field(default_factory=QueueConfig)
+    queues: dict[str, QueueConfig] = field(default_factory=lambda: {"default": QueueConfig()})
+
+    def queue(self, name: str) -> QueueConfig | None:
+        """The settings of ``name``; None if undeclared and queues must be declared."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        return None if self.service.declare_queues else self.queue_defaults
+
+    def resolved_shards(self) -> int:
+        return self.service.shards or (os.cpu_count() or 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "service": dataclasses.asdict(self.service),
+            "limits": dataclasses.asdict(self.limits),
+            "queue_defaults": dataclasses.asdict(self.queue_defaults),
+            "queues": {n: dataclasses.asdict(q) for n, q in self.queues.items()},
+        }
+
+
+def _number(path: str, value: Any, *, integer: bool, lo: float, hi: float) -> Any:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        kind = "an integer" if integer else "a number"
+        raise InvalidConfig(f"{path}: expected {kind}, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidConfig(f"{path}: {value!r} is outside [{lo}, {hi}]")
+    return value if integer else float(value)
+
+
+_QUEUE_BOUNDS = {
+    "visibility_timeout": (False, 0.001, limits.VISIBILITY_TIMEOUT_S_MAX),
+    "max_deliveries": (True, 1, 1_000_000),
+    "dedup_window": (False, 0, 7 * 24 * 3600.0),
+    "max_body_bytes": (True, 1, limits.BODY_BYTES_MAX_CEILING),
+}
+_SERVICE_BOUNDS = {
+    "shards": (True, 0, limits.SHARDS_MAX),
+    "health_timeout": (False, 0.1, 3600.0),
+    "restart_limit": (True, 1, 1000),
+    "restart_window": (False, 1.0, 86400.0),
+}
+_LIMITS_BOUNDS = {
+    "max_pending_jobs": (True, 1, 10**9),
+    "segment_bytes": (True, 4096, 2**40),
+    "compact_min_bytes": (True, 4096, 2**40),
+}
+
+
+def _section(path: str, raw: Any, base: Any, bounds: dict, extra: dict | None = None) -> Any:
+    if not isinstance(raw, dict):
+        raise InvalidConfig(f"{path}: expected a table, got {raw!r}")
+    values = {}
+    for key, value in raw.items():
+        where = f"{path}.{key}"
+        if key in bounds:
+            integer, lo, hi = bounds[key]
+            values[key] = _number(where, value, integer=integer, lo=lo, hi=hi)
+        elif extra and key in extra:
+            values[key] = extra[key](where, value)
+        else:
+            raise InvalidConfig(f"{where}: unknown key")
+    return dataclasses.replace(base, **values)
+
+
+def _string(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidConfig(f"{path}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _boolean(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidConfig(f"{path}: expected true or false, got {value!r}")
+    return value
+
+
+def parse(raw: dict[str, Any]) -> Config:
+    """Validate a config dict (the TOML schema) into a :class:`Config`."""
+    if not isinstance(raw, dict):
+        raise InvalidConfig(f"config: expected a table, got {raw!r}")
+    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues"}
+    if unknown:
+        raise InvalidConfig(f"{sorted(unknown)[0]}: unknown key")
+    service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
+                       {"data_dir": _string, "declare_queues": _boolean})
+    lim = _section("limits", raw.get("limits", {}), LimitsConfig(), _LIMITS_BOUNDS)
+    defaults = _section("queue_defaults", raw.get("queue_defaults", {}), QueueConfig(), _QUEUE_BOUNDS)
+    raw_queues = raw.get("queues", {"default": {}})
+    if not isinstance(raw_queues, dict):
+        raise InvalidConfig(f"queues: expected a table, got {raw_queues!r}")
+    queues = {}
+    for name, q in raw_queues.items():
+        check_queue_name(name, InvalidConfig)
+        queues[name] = _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS)
+    return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues)
+
+
+def load(source: str | os.PathLike | dict | Config | None) -> Config:
+    """A :class:`Config` from a TOML path, a dict of the same schema, or None (defaults)."""
+    if source is None:
+        return Config()
+    if isinstance(source, Config):
+        return source
+    if isinstance(source, dict):
+        return parse(source)
+    try:
+        with open(source, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidConfig(f"{source}: {e}") from None
+    except OSError as e:
+        raise InvalidConfig(f"{source}: cannot read: {e.strerror}") from None
+    return parse(raw)
+
+
+def check_queue_name(name: Any, error: type[Exception]) -> str:
+    if not isinstance(name, str) or not name or len(name.encode()) > limits.QUEUE_NAME_BYTES_MAX:
+        raise error(f"queue name must be a non-empty string of at most "
+                    f"{limits.QUEUE_NAME_BYTES_MAX} bytes, got {name!r}")
+    return name

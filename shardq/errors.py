@@ -1,0 +1,105 @@
+"""Every exception shardq raises, in one place.
+
+All derive from :class:`ShardqError`. The name says who caused the error:
+
+* your input: :class:`InvalidJob`, :class:`UnknownQueue`, :class:`InvalidConfig`,
+  :class:`ProtocolError`, :class:`NotFound`
+* your lease: :class:`LeaseLost`
+* capacity: :class:`QueueFull`
+* the service: :class:`ShardUnavailable`, :class:`Closed`
+* the disk: :class:`CorruptLog`, :class:`LogFailed`
+* a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
+
+Errors cross the wire by class name (:data:`BY_NAME`), so a client gets the same type the
+shard raised.
+"""
+from __future__ import annotations
+
+
+class ShardqError(Exception):
+    """Base class of every shardq error."""
+
+
+class InvalidJob(ShardqError, ValueError):
+    """A request was malformed: wrong type, out-of-range value, oversized body or key."""
+
+
+class UnknownQueue(InvalidJob):
+    """The queue is not declared and the service requires declared queues."""
+
+
+class InvalidConfig(ShardqError, ValueError):
+    """A configuration key is unknown or its value is invalid; the message names the key."""
+
+
+class ProtocolError(ShardqError):
+    """A frame could not be decoded or names an unknown operation."""
+
+
+class AuthError(ShardqError):
+    """Authentication failed, or the key file / socket directory is unsafe."""
+
+
+class NotFound(ShardqError, KeyError):
+    """The job id does not exist on its shard (never enqueued, or already deleted)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class LeaseLost(ShardqError):
+    """The lease token is not the job's current lease: it expired, the job was leased
+    again, or the job was already acked. Nothing was changed."""
+
+
+class QueueFull(ShardqError):
+    """The shard holds as many jobs as its limit allows (backpressure). Retry later."""
+
+
+class ShardUnavailable(ShardqError):
+    """A shard did not answer in time (crashed, restarting or hung)."""
+
+
+class Closed(ShardqError):
+    """The router or log was closed by its owner."""
+
+
+class ShardCountMismatch(InvalidConfig):
+    """The data dir was created with another number of shards; changing N breaks per-key order."""
+
+
+class CorruptLog(ShardqError):
+    """A log or checkpoint record failed validation somewhere other than a repairable torn
+    tail. Carries the file and byte offset of the bad record."""
+
+    def __init__(self, path: str, offset: int, reason: str):
+        super().__init__(f"corrupt log {path} at byte offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class LogFailed(ShardqError):
+    """A write or fsync failed. The log instance is unusable: nothing after the last
+    successful sync is reported durable, and the owner must reopen (replay) the log."""
+
+
+class InvariantViolation(ShardqError):
+    """An internal invariant broke: a bug. The shard process exits and is restarted."""
+
+
+#: Wire name -> class, for errors sent from a shard to a client.
+BY_NAME: dict[str, type[ShardqError]] = {
+    cls.__name__: cls
+    for cls in (
+        ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
+        NotFound, LeaseLost, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
+        LogFailed, InvariantViolation,
+    )
+}
+
+
+def check(condition: bool, message: str) -> None:
+    """Always-on invariant check (unlike ``assert``, survives ``python -O``)."""
+    if not condition:
+        raise InvariantViolation(message)

@@ -1,0 +1,32 @@
+"""Values handed to users: leases and dead letters."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Lease(NamedTuple):
+    """One delivery of a job. Valid until ``deadline`` (wall-clock seconds) unless extended.
+
+    ``token`` fences this delivery: ack/nack/extend with it fail with ``LeaseLost`` once the
+    job has been leased again. ``attempt`` is the 1-based delivery count, durable across
+    shard restarts.
+    """
+
+    job_id: int
+    key: str | None
+    body: bytes
+    queue: str
+    attempt: int
+    token: int
+    deadline: float
+
+
+class DeadLetter(NamedTuple):
+    """A job moved to its queue's dead-letter queue after ``attempts`` deliveries."""
+
+    job_id: int
+    key: str | None
+    body: bytes
+    queue: str
+    attempts: int
+    error: str | None
