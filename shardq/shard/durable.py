@@ -1,0 +1,139 @@
+"""A shard's state paired with its write-ahead log.
+
+:class:`DurableShard` is what the process loop drives: call state methods through
+:attr:`state`, then :meth:`commit` once for the whole batch; reply only after it returns.
+:class:`Engine` wraps it for library use and tests: every call commits before returning.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import msgpack
+
+from ..config import Config
+from ..errors import LogFailed
+from ..wal import Log, ReplayStats
+from ..wal.fileio import Files
+from .state import ShardState
+
+log = logging.getLogger("shardq.shard")
+
+
+class DurableShard:
+    """State + log of one shard directory.
+
+    Guarantee: :meth:`commit` returns only once every operation the state produced since
+    the last commit is on disk (one record, one fdatasync). If it raises, nothing since the
+    last successful commit may be reported as done, and the instance is unusable: the owner
+    must reopen, which replays the log to the last durable state.
+    """
+
+    def __init__(self, directory: str, shard_index: int, config: Config, *, files: Files | None = None):
+        self.directory = directory
+        self.shard_index = shard_index
+        self.config = config
+        self.state = ShardState(shard_index, config)
+        self.log = Log(directory, segment_bytes=config.limits.segment_bytes, files=files)
+        self.replay_stats: ReplayStats | None = None
+        self._pack = msgpack.Packer().pack
+        self.compactions = 0
+
+    def open(self) -> ReplayStats:
+        """Replay checkpoint and segments into the state; afterwards commits append."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        apply = self.state.apply
+        for record in self.log.replay():
+            for op in record:
+                apply(op)
+        self.replay_stats = self.log.stats
+        log.info("shard %d replayed %d records in %.3f s (%d jobs)", self.shard_index,
+                 self.log.stats.records, self.log.stats.seconds, len(self.state.jobs))
+        return self.log.stats
+
+    def commit(self) -> int:
+        """Persist pending operations; returns how many. Compacts when the log is due."""
+        ops = self.state.take_ops()
+        if ops:
+            self.log.commit([self._pack(ops)])
+            if self.compaction_due():
+                self.compact()
+        return len(ops)
+
+    def compaction_due(self) -> bool:
+        lg = self.log
+        return lg.bytes_since_checkpoint > max(self.config.limits.compact_min_bytes, 2 * lg.checkpoint_bytes)
+
+    def compact(self) -> None:
+        """Write a checkpoint of the live state and drop the history it replaces."""
+        t0 = time.perf_counter()
+        self.log.compact(self.state.snapshot)
+        self.compactions += 1
+        log.info("shard %d compacted: checkpoint %d bytes in %.3f s", self.shard_index,
+                 self.log.checkpoint_bytes, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class Engine:
+    """One shard as a library: each call validates, applies, and commits (fsync) before it
+    returns. Raises the typed errors of :mod:`shardq.errors`; a rejected call changes
+    nothing. After :class:`~shardq.errors.LogFailed` the engine must be reopened."""
+
+    def __init__(self, directory: str, config: Config | None = None, *, shard_index: int = 0,
+                 files: Files | None = None, clock=None):
+        from ..clock import SystemClock
+        self.clock = clock or SystemClock()
+        self.shard = DurableShard(directory, shard_index, config or Config(), files=files)
+        self.shard.open()
+        self.state = self.shard.state
+
+    def _run(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            # Ops of a call that raised half-way are never produced: calls validate first.
+            self.shard.commit()
+
+    def enqueue(self, body, key=None, queue="default", delay=0.0, priority=0, dedup_id=None) -> int:
+        return self._run(self.state.enqueue, body, self.clock.now(), key, queue, delay, priority, dedup_id)
+
+    def enqueue_many(self, items, session=None) -> list[int]:
+        return self._run(self.state.enqueue_many, items, self.clock.now(), session)
+
+    def dequeue(self, queue="default", visibility=None, max_jobs=1):
+        return self._run(self.state.dequeue, queue, self.clock.now(), visibility, max_jobs)
+
+    def ack(self, job_id, token) -> None:
+        return self._run(self.state.ack, job_id, token, self.clock.now())
+
+    def nack(self, job_id, token, delay=0.0, error=None) -> None:
+        return self._run(self.state.nack, job_id, token, self.clock.now(), delay, error)
+
+    def extend(self, job_id, token, seconds) -> float:
+        return self._run(self.state.extend, job_id, token, self.clock.now(), seconds)
+
+    def redrive(self, queue="default", job_ids=None) -> int:
+        return self._run(self.state.redrive, queue, self.clock.now(), job_ids)
+
+    def dead_letters(self, queue="default", limit=1000):
+        return self.state.dead_letters(queue, limit)
+
+    def stats(self) -> dict:
+        self.state.advance(self.clock.now())
+        self.shard.commit()
+        return self.state.stats()
+
+    def compact(self) -> None:
+        self.shard.compact()
+
+    def close(self) -> None:
+        self.shard.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

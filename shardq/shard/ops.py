@@ -1,0 +1,30 @@
+"""Log operations: what a shard writes to its WAL and replays.
+
+Each WAL record is a msgpack list of operations; each operation is a list whose first item
+is one of the codes below. The live path applies exactly the operations it logs, through the
+same functions replay uses, so replay rebuilds the same state by construction.
+
+Lease expiry and the moment a delayed job becomes due are *not* logged: both follow from
+the stored deadlines and the clock, so replay re-derives them.
+"""
+from __future__ import annotations
+
+ENQUEUE = 1   # [1, job_id, queue, key, body, priority, ready_at, dedup_id, created_at]
+LEASE = 2     # [2, job_id, token, expires_at]            attempts += 1
+ACK = 3       # [3, job_id]                               job deleted
+RELEASE = 4   # [4, job_id, ready_at, error]              nack: ready now (0) or at ready_at
+EXTEND = 5    # [5, job_id, expires_at]
+DEAD = 6      # [6, job_id, error]                        moved to the dead-letter queue
+REDRIVE = 7   # [7, job_id]                               back to the tail of its key, attempts 0
+SESSION = 8   # [8, client_id, client_seq, client_low, [job_ids], at]   router retry record
+PURGE = 9     # [9, job_id]                               dead letter deleted
+
+# Checkpoint-only operations (a checkpoint is the live state written as operations).
+META = 20     # [20, next_seq, next_token]
+JOB = 21      # [21, job_id, queue, key, body, priority, ready_at, attempts, state, token, expires_at, error]
+DEDUP = 22    # [22, queue, key, dedup_id, job_id, expires_at]
+CLIENT = 23   # [23, client_id, last_seen, [[client_seq, [job_ids]], ...]]
+
+NAMES = {ENQUEUE: "enqueue", LEASE: "lease", ACK: "ack", RELEASE: "release", EXTEND: "extend",
+         DEAD: "dead", REDRIVE: "redrive", SESSION: "session", PURGE: "purge", META: "meta",
+         JOB: "job", DEDUP: "dedup", CLIENT: "client"}

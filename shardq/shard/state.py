@@ -1,0 +1,605 @@
+"""The shard state machine: pure logic, no I/O, no clock, no randomness.
+
+Every public method takes ``now`` (wall-clock seconds) from the caller, validates its
+input (raising a typed error and changing nothing), then mutates the state only by
+applying log operations (:mod:`.ops`) through :meth:`ShardState.apply`, the same function
+replay uses. The operations produced are collected for the caller to persist
+(:meth:`ShardState.take_ops`); a caller must make them durable before it replies.
+
+Data layout, chosen so nothing is O(number of jobs) per request:
+
+* ``jobs``: job id -> :class:`Job` (``__slots__``, no dict per job).
+* per queue, per key: a deque of that key's jobs in enqueue order. Only the head can be
+  ready, delayed or leased; the rest are WAITING. That gives per-key FIFO with at most one
+  lease per key, and a long backlog under one key never hides other keys.
+* per queue: one FIFO deque of READY jobs per priority, and a sorted list of priorities
+  present; higher priority is served first, FIFO within a priority.
+* shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
+  against the job when popped, so acks and extensions never search a heap).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import OrderedDict, deque
+from enum import IntEnum
+from typing import Iterator
+
+import msgpack
+
+from .. import limits
+from ..config import Config, QueueConfig, check_queue_name
+from ..errors import InvalidJob, LeaseLost, NotFound, QueueFull, UnknownQueue, check
+from ..types import DeadLetter, Lease
+from . import ops, validate
+
+
+class JobState(IntEnum):
+    WAITING = 0   # behind the head of its key
+    DELAYED = 1   # head (or keyless), not due yet
+    READY = 2     # can be leased
+    LEASED = 3    # delivered; deadline in ``expires_at``
+    DEAD = 4      # in the dead-letter queue
+    GONE = 5      # acked or purged; only stale heap/deque references see it
+
+
+W, D, R, L, X, G = (JobState.WAITING, JobState.DELAYED, JobState.READY, JobState.LEASED,
+                    JobState.DEAD, JobState.GONE)
+NEW = None
+
+#: Every allowed state change. Some exist only in replay: a lease expiry or a delay coming
+#: due is not logged, so a replayed LEASE can find the job LEASED (expired) or DELAYED (due).
+TRANSITIONS = frozenset({
+    (NEW, W), (NEW, D), (NEW, R), (NEW, L), (NEW, X),
+    (W, D), (W, R),
+    (D, R), (D, L), (D, X),
+    (R, L), (R, X),
+    (L, L), (L, R), (L, D), (L, X), (L, G),
+    (X, W), (X, D), (X, R), (X, G),
+})
+
+
+class Job:
+    __slots__ = ("id", "q", "key", "body", "priority", "ready_at", "attempts", "state",
+                 "token", "expires_at", "error")
+
+    def __init__(self, job_id, q, key, body, priority, ready_at):
+        self.id = job_id
+        self.q = q
+        self.key = key
+        self.body = body
+        self.priority = priority
+        self.ready_at = ready_at
+        self.attempts = 0
+        self.state = NEW
+        self.token = 0
+        self.expires_at = 0.0
+        self.error = None
+
+
+class QueueState:
+    """One named queue on one shard."""
+
+    __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts")
+
+    def __init__(self, name: str, cfg: QueueConfig):
+        self.name = name
+        self.cfg = cfg
+        self.ready: dict[int, deque] = {}
+        self.prios: list[int] = []          # negated priorities, ascending = highest first
+        self.keys: dict[str, deque] = {}
+        self.dead: dict[int, Job] = {}      # in order of death
+        self.dedup: dict[tuple, tuple[int, float]] = {}
+        self.dedup_order: deque = deque()   # (expires_at, dedup key), oldest first
+        self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
+
+    def push_ready(self, job: Job) -> None:
+        dq = self.ready.get(job.priority)
+        if dq is None:
+            dq = self.ready[job.priority] = deque()
+            bisect.insort(self.prios, -job.priority)
+        dq.append(job)
+
+
+class ShardState:
+    """The state of one shard. See the module docstring for the guarantees."""
+
+    def __init__(self, shard_index: int, config: Config):
+        check(0 <= shard_index < (1 << limits.JOB_ID_SHARD_BITS), "shard index out of range")
+        self.shard_index = shard_index
+        self.config = config
+        self.max_pending = config.limits.max_pending_jobs
+        self.jobs: dict[int, Job] = {}
+        self.queues: dict[str, QueueState] = {}
+        self.delayed: list[tuple[float, int]] = []
+        self.leases: list[tuple[float, int, int]] = []
+        self.next_seq = 1
+        self.next_token = 1
+        self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
+        self._ops: list[list] = []
+        self._now = float("-inf")
+        self._apply = {
+            ops.ENQUEUE: self._apply_enqueue, ops.LEASE: self._apply_lease, ops.ACK: self._apply_ack,
+            ops.RELEASE: self._apply_release, ops.EXTEND: self._apply_extend,
+            ops.DEAD: self._apply_dead, ops.REDRIVE: self._apply_redrive,
+            ops.SESSION: self._apply_session, ops.PURGE: self._apply_purge, ops.META: self._apply_meta,
+            ops.JOB: self._apply_job, ops.DEDUP: self._apply_dedup, ops.CLIENT: self._apply_client,
+        }
+
+    # ------------------------------------------------------------------ plumbing
+    def take_ops(self) -> list[list]:
+        """The operations produced since the last call; the caller persists them."""
+        out, self._ops = self._ops, []
+        return out
+
+    def apply(self, op: list) -> None:
+        """Apply one logged operation (replay and live path alike)."""
+        try:
+            fn = self._apply[op[0]]
+        except (KeyError, TypeError, IndexError):
+            check(False, f"unknown log operation {op!r:.80}")
+        fn(op)
+
+    def _emit(self, op: list) -> None:
+        self._apply[op[0]](op)
+        self._ops.append(op)
+
+    def _queue(self, name, *, create: bool = True) -> QueueState:
+        q = self.queues.get(name)
+        if q is None:
+            check_queue_name(name, InvalidJob)
+            cfg = self.config.queue(name)
+            if cfg is None:
+                raise UnknownQueue(f"queue {name!r} is not declared in the config")
+            q = QueueState(name, cfg)
+            if create:
+                self.queues[name] = q
+        return q
+
+    def _set(self, job: Job, new: JobState) -> None:
+        old = job.state
+        if (old, new) not in TRANSITIONS:
+            check(False, f"job {job.id}: illegal transition {old!r} -> {new!r}")
+        c = job.q.counts
+        if old is not None:
+            c[old] -= 1
+        c[new] += 1
+        job.state = new
+
+    def _make_available(self, job: Job) -> None:
+        """``job`` just became the head of its key (or is keyless): ready, or delayed."""
+        if job.ready_at and job.ready_at > self._now:
+            self._set(job, D)
+            heapq.heappush(self.delayed, (job.ready_at, job.id))
+        else:
+            self._set(job, R)
+            job.q.push_ready(job)
+
+    def _unlink_head(self, job: Job) -> None:
+        """Take ``job`` off the front of its key and let the next job of the key move up."""
+        if job.key is None:
+            return
+        q = job.q
+        kq = q.keys.get(job.key)
+        check(kq is not None and kq[0] is job, f"job {job.id} is not the head of key {job.key!r}")
+        kq.popleft()
+        if kq:
+            self._make_available(kq[0])
+        else:
+            del q.keys[job.key]
+
+    def _append_to_key(self, job: Job) -> None:
+        if job.key is None:
+            self._make_available(job)
+            return
+        kq = job.q.keys.get(job.key)
+        if kq is None:
+            job.q.keys[job.key] = deque((job,))
+            self._make_available(job)
+        else:
+            kq.append(job)
+            self._set(job, W)
+
+    # ------------------------------------------------------------------ time
+    def advance(self, now: float) -> None:
+        """Move due delayed jobs to ready and reclaim expired leases, earliest first.
+
+        A reclaimed job that has had ``max_deliveries`` deliveries goes to the dead-letter
+        queue (a logged operation); any other becomes ready again (at-least-once).
+        """
+        self._now = now
+        delayed, jobs = self.delayed, self.jobs
+        while delayed and delayed[0][0] <= now:
+            ready_at, jid = heapq.heappop(delayed)
+            job = jobs.get(jid)
+            if job is not None and job.state is D and job.ready_at == ready_at:
+                self._set(job, R)
+                job.q.push_ready(job)
+        leases = self.leases
+        while leases and leases[0][0] <= now:
+            expires_at, token, jid = heapq.heappop(leases)
+            job = jobs.get(jid)
+            if job is None or job.state is not L or job.token != token or job.expires_at != expires_at:
+                continue  # acked, released, extended or re-leased since
+            if job.attempts >= job.q.cfg.max_deliveries:
+                self._emit([ops.DEAD, jid, job.error or f"lease expired after {job.attempts} deliveries"])
+            else:
+                self._set(job, R)
+                job.q.push_ready(job)
+        sessions = self.sessions
+        horizon = now - limits.CLIENT_SESSION_TTL_S
+        while sessions and (len(sessions) > limits.CLIENT_SESSIONS_MAX
+                            or next(iter(sessions.values()))[0] < horizon):
+            sessions.popitem(last=False)
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which :meth:`advance` would change something."""
+        times = []
+        if self.delayed:
+            times.append(self.delayed[0][0])
+        if self.leases:
+            times.append(self.leases[0][0])
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, body, now: float, key=None, queue="default", delay=0.0, priority=0,
+                dedup_id=None) -> int:
+        """Add one job; returns its id. See :meth:`enqueue_many`."""
+        return self.enqueue_many([(body, key, queue, delay, priority, dedup_id)], now)[0]
+
+    def enqueue_many(self, items, now: float, session: tuple[int, int, int] | None = None) -> list[int]:
+        """Add jobs given as ``(body, key, queue, delay, priority, dedup_id)`` tuples.
+
+        All or nothing: every item is validated before any is added. A ``dedup_id`` seen
+        in the same queue and key scope within the queue's dedup window returns the first
+        job's id and adds nothing. ``session`` = (client id, request seq, lowest unanswered
+        seq) makes a retried request return the ids of its first execution.
+        """
+        self.advance(now)
+        if session is not None:
+            cid, cseq, low = (validate.integer("session", v) for v in session)
+            entry = self.sessions.get(cid)
+            if entry is not None and cseq in entry[1]:
+                return list(entry[1][cseq])
+        n = len(items)
+        if not 1 <= n <= limits.BATCH_JOBS_MAX:
+            raise InvalidJob(f"a batch holds 1 to {limits.BATCH_JOBS_MAX} jobs, got {n}")
+        if len(self.jobs) + n > self.max_pending:
+            raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
+        checked = []
+        new_queues: dict[str, QueueState] = {}
+        for item in items:
+            if type(item) not in (tuple, list) or len(item) != 6:
+                raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
+            b, k, qname, delay, prio, did = item
+            if type(qname) is not str:
+                raise InvalidJob(f"queue must be a string, got {type(qname).__name__}")
+            q = self.queues.get(qname) or new_queues.get(qname)
+            if q is None:
+                q = new_queues[qname] = self._queue(qname, create=False)
+            b = validate.body(b, q.cfg.max_body_bytes)
+            k = validate.key(k)
+            if delay:
+                delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+            if prio:
+                prio = validate.priority(prio)
+            did = validate.dedup_id(did)
+            checked.append((b, k, q, delay, prio, did))
+        ids = []
+        batch_dedup = {}
+        for b, k, q, delay, prio, did in checked:
+            if q.name not in self.queues:
+                self.queues[q.name] = q
+            if did is not None:
+                dkey = (q.name, k, did)
+                hit = batch_dedup.get(dkey) or q.dedup.get((k, did))
+                if hit is not None and hit[1] > now:
+                    ids.append(hit[0])
+                    continue
+            jid = (self.next_seq << limits.JOB_ID_SHARD_BITS) | self.shard_index
+            self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now])
+            if did is not None:
+                batch_dedup[dkey] = (jid, now + q.cfg.dedup_window)
+            ids.append(jid)
+        if session is not None:
+            self._emit([ops.SESSION, cid, cseq, low, ids, now])
+        return ids
+
+    def _apply_enqueue(self, op) -> None:
+        _, jid, qname, key, body, prio, ready_at, did, created = op
+        check(jid not in self.jobs, f"duplicate job id {jid}")
+        q = self.queues.get(qname) or self._queue(qname)
+        job = Job(jid, q, key, body, prio, ready_at)
+        self.jobs[jid] = job
+        self.next_seq = max(self.next_seq, (jid >> limits.JOB_ID_SHARD_BITS) + 1)
+        if did is not None and q.cfg.dedup_window > 0:
+            expires = created + q.cfg.dedup_window
+            q.dedup[(key, did)] = (jid, expires)
+            q.dedup_order.append((expires, (key, did)))
+            self._prune_dedup(q, created)
+        self._append_to_key(job)
+
+    @staticmethod
+    def _prune_dedup(q: QueueState, now: float) -> None:
+        order, table = q.dedup_order, q.dedup
+        while order and order[0][0] <= now:
+            expires, dkey = order.popleft()
+            hit = table.get(dkey)
+            if hit is not None and hit[1] == expires:
+                del table[dkey]
+
+    def _apply_session(self, op) -> None:
+        _, cid, cseq, low, ids, at = op
+        entry = self.sessions.pop(cid, None) or [at, {}]
+        entry[0] = at
+        seqs = entry[1]
+        for old in [s for s in seqs if s < low]:
+            del seqs[old]
+        seqs[cseq] = ids
+        self.sessions[cid] = entry  # most recently seen last
+
+    # ------------------------------------------------------------------ dequeue
+    def dequeue(self, queue: str, now: float, visibility: float | None = None, max_jobs: int = 1) -> list[Lease]:
+        """Lease up to ``max_jobs`` ready jobs of ``queue``, highest priority first.
+
+        Each lease is a logged operation: the delivery count and deadline are durable once
+        the caller commits, before the lease is handed out. A job already delivered
+        ``max_deliveries`` times goes to the dead-letter queue instead of out.
+        """
+        max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        self.advance(now)
+        q = self.queues.get(queue)
+        if q is None:
+            self._queue(queue, create=False)  # validates the name; an unused queue is empty
+            return []
+        vis = q.cfg.visibility_timeout if visibility is None else validate.seconds(
+            "visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        out: list[Lease] = []
+        prios, ready = q.prios, q.ready
+        max_deliveries = q.cfg.max_deliveries
+        emit_ops = self._ops
+        while prios and len(out) < max_jobs:
+            prio = -prios[0]
+            dq = ready[prio]
+            while dq and len(out) < max_jobs:
+                job = dq.popleft()
+                if job.state is not R:
+                    continue  # stale entry left by replay
+                if job.attempts >= max_deliveries:
+                    op = [ops.DEAD, job.id, job.error or f"delivered {job.attempts} times"]
+                    self._apply_dead(op, popped=True)
+                    emit_ops.append(op)
+                    continue
+                token = self.next_token
+                expires = now + vis
+                op = [ops.LEASE, job.id, token, expires]
+                self._apply_lease(op)
+                emit_ops.append(op)
+                out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            if not dq:
+                del ready[prio]
+                prios.pop(0)
+        return out
+
+    def _apply_lease(self, op) -> None:
+        _, jid, token, expires = op
+        job = self.jobs[jid]
+        self._set(job, L)
+        job.attempts += 1
+        job.token = token
+        job.expires_at = expires
+        if token >= self.next_token:
+            self.next_token = token + 1
+        heapq.heappush(self.leases, (expires, token, jid))
+
+    # ------------------------------------------------------------------ settle a lease
+    def _leased(self, job_id, token) -> Job:
+        """The job, if ``token`` is its live lease; LeaseLost or NotFound otherwise."""
+        validate.integer("job_id", job_id)
+        validate.integer("token", token)
+        job = self.jobs.get(job_id)
+        if job is None:
+            if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
+                raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
+            raise LeaseLost(f"job {job_id} is gone (already acked)")
+        if job.state is not L or job.token != token:
+            raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
+        if job.expires_at <= self._now:
+            raise LeaseLost(f"job {job_id}: lease {token} expired")
+        return job
+
+    def ack(self, job_id: int, token: int, now: float) -> None:
+        """Delete a leased job. LeaseLost (and no change) unless ``token`` is its live lease."""
+        self.advance(now)
+        self._leased(job_id, token)
+        self._emit([ops.ACK, job_id])
+
+    def _apply_ack(self, op) -> None:
+        job = self.jobs.pop(op[1])
+        self._unlink_head(job)
+        self._set(job, G)
+
+    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error=None) -> None:
+        """End a lease early: the job is ready again now, or after ``delay`` (delayed state,
+        never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered."""
+        self.advance(now)
+        job = self._leased(job_id, token)
+        delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if delay else 0
+        error = validate.error_text(error)
+        if job.attempts >= job.q.cfg.max_deliveries:
+            self._emit([ops.DEAD, job_id, error or job.error or f"released after {job.attempts} deliveries"])
+        else:
+            self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
+
+    def _apply_release(self, op) -> None:
+        _, jid, ready_at, error = op
+        job = self.jobs[jid]
+        job.ready_at = ready_at
+        if error is not None:
+            job.error = error
+        self._make_available(job)
+
+    def extend(self, job_id: int, token: int, now: float, seconds: float) -> float:
+        """Move a live lease's deadline to ``now + seconds``; returns the new deadline."""
+        self.advance(now)
+        seconds = validate.seconds("seconds", seconds, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        self._leased(job_id, token)
+        expires = now + seconds
+        self._emit([ops.EXTEND, job_id, expires])
+        return expires
+
+    def _apply_extend(self, op) -> None:
+        job = self.jobs[op[1]]
+        check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
+        job.expires_at = op[2]
+        heapq.heappush(self.leases, (op[2], job.token, job.id))
+
+    # ------------------------------------------------------------------ dead letters
+    def _apply_dead(self, op, popped: bool = False) -> None:
+        _, jid, error = op
+        job = self.jobs[jid]
+        if job.state is R and not popped:  # replay only: the live path popped it from its deque already
+            try:
+                job.q.ready[job.priority].remove(job)
+            except (KeyError, ValueError):
+                pass
+        self._unlink_head(job)
+        self._set(job, X)
+        job.error = error
+        job.q.dead[jid] = job
+
+    def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetter]:
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        out = []
+        for job in q.dead.values():
+            if len(out) >= limit:
+                break
+            out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, job.error))
+        return out
+
+    def redrive(self, queue: str, now: float, job_ids=None, limit: int | None = None) -> int:
+        """Move dead letters back to the tail of their keys with a fresh delivery count.
+        All of the queue's dead letters, or only ``job_ids``. Returns how many moved."""
+        self.advance(now)
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        if job_ids is None:
+            chosen = list(q.dead)[:limit] if limit else list(q.dead)
+        else:
+            chosen = [validate.integer("job_id", j) for j in job_ids]
+            missing = [j for j in chosen if j not in q.dead]
+            if missing:
+                raise NotFound(f"not dead letters of {queue!r}: {missing[:5]}")
+        for jid in chosen:
+            self._emit([ops.REDRIVE, jid])
+        return len(chosen)
+
+    def _apply_redrive(self, op) -> None:
+        job = self.jobs[op[1]]
+        del job.q.dead[job.id]
+        job.attempts = 0
+        job.ready_at = 0
+        self._append_to_key(job)
+
+    def purge_dead(self, queue: str, now: float) -> int:
+        """Delete every dead letter of ``queue``; returns how many."""
+        self.advance(now)
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        ids = list(q.dead)
+        for jid in ids:
+            self._emit([ops.PURGE, jid])
+        return len(ids)
+
+    def _apply_purge(self, op) -> None:
+        job = self.jobs.pop(op[1])
+        del job.q.dead[job.id]
+        self._set(job, G)
+
+    # ------------------------------------------------------------------ inspection
+    def has_ready(self, queue: str) -> bool:
+        q = self.queues.get(queue)
+        return q is not None and q.counts[R] > 0
+
+    def stats(self) -> dict:
+        out = {}
+        for name, q in self.queues.items():
+            c = q.counts
+            out[name] = {"ready": c[R], "delayed": c[D], "waiting": c[W], "in_flight": c[L],
+                         "dead": c[X], "keys": len(q.keys)}
+        return out
+
+    def queue_settings(self, queue: str) -> dict:
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        cfg = q.cfg
+        return {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
+                "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes}
+
+    # ------------------------------------------------------------------ checkpoint
+    def snapshot(self, chunk_ops: int = 2000) -> Iterator[bytes]:
+        """Encoded lists of checkpoint operations that rebuild this state when applied to a
+        new :class:`ShardState` (keys keep their order; leases keep token and deadline)."""
+        pack = msgpack.Packer().pack
+        chunk = [[ops.META, self.next_seq, self.next_token]]
+
+        def job_op(j: Job) -> list:
+            state = j.state if j.state in (L, X) else R
+            return [ops.JOB, j.id, j.q.name, j.key, j.body, j.priority, j.ready_at, j.attempts,
+                    int(state), j.token, j.expires_at, j.error]
+
+        def jobs_in_order() -> Iterator[Job]:
+            for q in self.queues.values():
+                for kq in q.keys.values():
+                    yield from kq
+            for j in self.jobs.values():
+                if j.key is None and j.state is not X:
+                    yield j
+            for q in self.queues.values():
+                yield from q.dead.values()
+
+        for j in jobs_in_order():
+            chunk.append(job_op(j))
+            if len(chunk) >= chunk_ops:
+                yield pack(chunk)
+                chunk = []
+        for q in self.queues.values():
+            for (key, did), (jid, expires) in q.dedup.items():
+                chunk.append([ops.DEDUP, q.name, key, did, jid, expires])
+                if len(chunk) >= chunk_ops:
+                    yield pack(chunk)
+                    chunk = []
+        for cid, (seen, seqs) in self.sessions.items():
+            chunk.append([ops.CLIENT, cid, seen, [[s, ids] for s, ids in seqs.items()]])
+        if chunk:
+            yield pack(chunk)
+
+    def _apply_meta(self, op) -> None:
+        self.next_seq = max(self.next_seq, op[1])
+        self.next_token = max(self.next_token, op[2])
+
+    def _apply_job(self, op) -> None:
+        _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op
+        q = self.queues.get(qname) or self._queue(qname)
+        job = Job(jid, q, key, body, prio, ready_at)
+        job.attempts, job.token, job.expires_at, job.error = attempts, token, expires, error
+        self.jobs[jid] = job
+        if state == X:
+            self._set(job, X)
+            q.dead[jid] = job
+            return
+        if state == L:
+            if key is not None:
+                check(key not in q.keys, f"checkpoint: leased job {jid} is not the head of its key")
+                q.keys[key] = deque((job,))
+            self._set(job, L)
+            heapq.heappush(self.leases, (expires, token, jid))
+            return
+        self._append_to_key(job)
+
+    def _apply_dedup(self, op) -> None:
+        _, qname, key, did, jid, expires = op
+        q = self.queues.get(qname) or self._queue(qname)
+        q.dedup[(key, did)] = (jid, expires)
+        q.dedup_order.append((expires, (key, did)))
+
+    def _apply_client(self, op) -> None:
+        _, cid, seen, seqs = op
+        self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]

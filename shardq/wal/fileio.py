@@ -1,0 +1,67 @@
+"""The file-system calls the log makes, behind one object.
+
+Everything the WAL does to disk goes through a :class:`Files` instance, so tests can
+substitute one that fails with ENOSPC or EIO at any chosen call (see
+``tests/faults.py``). Each method is a thin wrapper with the guarantee of the syscall.
+"""
+from __future__ import annotations
+
+import os
+
+
+class Files:
+    """Real file-system access."""
+
+    def open_append(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+
+    def create(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+
+    def write(self, fd: int, data: bytes) -> None:
+        """Write all of ``data`` (os.write may write less than asked)."""
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def datasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_dir(self, path: str) -> None:
+        """Make creations, renames and unlinks in ``path`` durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)

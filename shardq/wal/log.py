@@ -1,0 +1,268 @@
+"""A shard's log directory: replay, commit, compaction.
+
+Files in the directory (names in :mod:`.format`):
+
+* ``N.ckpt`` -- a checkpoint: the live state as of the start of segment ``N``;
+* ``N.wal``, ``N+1.wal``, ... -- segments appended since, numbered without gaps.
+
+Replay reads the newest checkpoint, then every segment from its number on. Only the newest
+segment may end in a torn tail; it is truncated away (the torn bytes are kept beside it in
+``N.wal.torn-<offset>``) and reported. A bad record anywhere else raises
+:class:`~shardq.errors.CorruptLog`. Compaction cuts a new segment, writes the checkpoint
+for it (temp file, fsync, rename, fsync dir) and only then deletes what it replaces, so a
+crash at any step replays to the same state.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import msgpack
+
+from ..errors import Closed, CorruptLog, LogFailed
+from .fileio import Files
+from .format import CHECKPOINT_MAGIC, SEGMENT_MAGIC, checkpoint_name, frame, parse_name, segment_name
+from .reader import FileScan, TornTail
+from .writer import SegmentWriter
+
+log = logging.getLogger("shardq.wal")
+
+_CHECKPOINT_END = "shardq-checkpoint-end"
+
+
+@dataclass
+class ReplayStats:
+    checkpoint: str | None = None
+    segments: int = 0
+    records: int = 0
+    seconds: float = 0.0
+    torn: TornTail | None = None
+    removed: list[str] = field(default_factory=list)
+
+
+def decode(payload) -> list:
+    return msgpack.unpackb(payload, raw=False, use_list=True)
+
+
+class Log:
+    """The write-ahead log of one shard directory.
+
+    Use: ``for ops in log.replay(): ...`` once, then :meth:`commit`. Any failed write or
+    fsync makes the instance unusable (:class:`LogFailed` from then on): success is never
+    reported for what may not be on disk, and the fsync is never retried, because after a
+    failed fsync the kernel may have dropped the dirty pages (PostgreSQL's lesson).
+    """
+
+    def __init__(self, directory: str, *, segment_bytes: int, files: Files | None = None):
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.files = files or Files()
+        self.writer: SegmentWriter | None = None
+        self.failed: BaseException | None = None
+        self.closed = False
+        self.stats = ReplayStats()
+        self.checkpoint_bytes = 0
+        self.segments: list[int] = []  # sequence numbers of segments after the checkpoint
+        self.bytes_since_checkpoint = 0
+
+    # ------------------------------------------------------------------ replay
+    def replay(self) -> Iterator[list]:
+        """Yield each record's decoded payload (a list of operations), oldest first.
+
+        Guarantee: yields exactly the records that were committed, in commit order, and
+        none after a torn tail. Raises CorruptLog (file, offset) rather than skip a record.
+        """
+        t0 = time.perf_counter()
+        files = self.files
+        os.makedirs(self.directory, exist_ok=True)
+        names = sorted(files.listdir(self.directory))
+        for name in names:
+            if name.endswith(".tmp"):  # an unfinished segment or checkpoint: never acknowledged
+                files.unlink(os.path.join(self.directory, name))
+                self.stats.removed.append(name)
+        entries = [(p, name) for name in names if (p := parse_name(name))]
+        checkpoints = sorted(seq for (seq, kind), _ in entries if kind == "ckpt")
+        segments = sorted(seq for (seq, kind), _ in entries if kind == "wal")
+        base = checkpoints[-1] if checkpoints else None
+        if base is not None:
+            # Files the newest checkpoint replaces: a crash came before compaction deleted them.
+            for seq in checkpoints[:-1]:
+                self._remove(checkpoint_name(seq))
+            for seq in [s for s in segments if s < base]:
+                self._remove(segment_name(seq))
+            segments = [s for s in segments if s >= base]
+            yield from self._replay_checkpoint(os.path.join(self.directory, checkpoint_name(base)))
+        for prev, seq in zip(segments, segments[1:]):
+            if seq != prev + 1:
+                raise CorruptLog(os.path.join(self.directory, segment_name(prev + 1)), 0,
+                                 f"segment missing between {segment_name(prev)} and {segment_name(seq)}")
+        if base is not None and segments and segments[0] != base:
+            raise CorruptLog(os.path.join(self.directory, segment_name(base)), 0,
+                             "segment missing after the checkpoint")
+        for i, seq in enumerate(segments):
+            yield from self._replay_segment(seq, last=(i == len(segments) - 1))
+        self.segments = segments
+        if segments:
+            last = segments[-1]
+            path = os.path.join(self.directory, segment_name(last))
+            self.writer = SegmentWriter.reopen(files, path, last, files.size(path))
+        else:
+            self.writer = self._create_segment(base if base is not None else 1)
+            self.segments = [self.writer.seq]
+        self.stats.segments = len(segments)
+        self.stats.seconds = time.perf_counter() - t0
+
+    def _remove(self, name: str) -> None:
+        self.files.unlink(os.path.join(self.directory, name))
+        self.stats.removed.append(name)
+
+    def _replay_checkpoint(self, path: str) -> Iterator[list]:
+        data = self.files.read(path)
+        self.checkpoint_bytes = len(data)
+        scan = FileScan(path, data, CHECKPOINT_MAGIC, tail_may_tear=False)
+        count, ended = 0, False
+        for payload in scan:
+            if ended:
+                raise CorruptLog(path, scan.valid_end, "record after the checkpoint trailer")
+            ops = decode(payload)
+            if isinstance(ops, list) and len(ops) == 2 and ops[0] == _CHECKPOINT_END:
+                if ops[1] != count:
+                    raise CorruptLog(path, scan.valid_end, f"trailer counts {ops[1]} records, found {count}")
+                ended = True
+                continue
+            count += 1
+            self.stats.records += 1
+            yield ops
+        if not ended:
+            raise CorruptLog(path, scan.valid_end, "checkpoint has no trailer (incomplete)")
+        self.stats.checkpoint = os.path.basename(path)
+
+    def _replay_segment(self, seq: int, *, last: bool) -> Iterator[list]:
+        path = os.path.join(self.directory, segment_name(seq))
+        data = self.files.read(path)
+        scan = FileScan(path, data, SEGMENT_MAGIC, tail_may_tear=last)
+        for payload in scan:
+            try:
+                ops = decode(payload)
+            except Exception as e:  # a CRC-valid record that does not decode: a bug or tampering
+                raise CorruptLog(path, scan.valid_end, f"undecodable record: {e}") from None
+            self.stats.records += 1
+            yield ops
+        self.bytes_since_checkpoint += scan.valid_end
+        if scan.torn is not None:
+            self._repair_torn_tail(scan.torn, data)
+
+    def _repair_torn_tail(self, torn: TornTail, data: bytes) -> None:
+        keep = max(torn.offset, 0)
+        backup = f"{torn.path}.torn-{keep}"
+        with open(backup, "wb") as f:
+            f.write(data[keep:])
+            f.flush()
+            os.fsync(f.fileno())
+        if keep < len(SEGMENT_MAGIC):
+            # Even the header is incomplete: rewrite the segment as a fresh, empty one.
+            self.files.unlink(torn.path)
+            seq = parse_name(os.path.basename(torn.path))[0]
+            SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC).close()
+        else:
+            self.files.truncate(torn.path, keep)
+        self.files.sync_dir(self.directory)
+        self.stats.torn = torn
+        log.warning("torn tail truncated: %s at offset %d, %d bytes dropped (%s); kept in %s",
+                    torn.path, torn.offset, torn.dropped_bytes, torn.reason, backup)
+
+    # ------------------------------------------------------------------ append
+    def _create_segment(self, seq: int) -> SegmentWriter:
+        return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC)
+
+    def _check_usable(self) -> None:
+        if self.failed is not None:
+            raise LogFailed(f"log {self.directory} failed earlier ({self.failed}); reopen to recover")
+        if self.closed:
+            raise Closed(f"log {self.directory} is closed")
+        if self.writer is None:
+            raise Closed("replay() must run before commit()")
+
+    def commit(self, payloads: list[bytes]) -> None:
+        """Append ``payloads`` as records and make them durable with one fdatasync.
+
+        Guarantee: returns only once all of them are on disk; raises LogFailed otherwise,
+        after which this instance refuses all work.
+        """
+        self._check_usable()
+        try:
+            if self.writer.size >= self.segment_bytes:
+                self._rotate()
+            self.bytes_since_checkpoint += self.writer.commit(payloads)
+        except OSError as e:
+            self.failed = e
+            raise LogFailed(f"write to {self.writer.path} failed: {e}") from e
+
+    def _rotate(self) -> None:
+        old = self.writer
+        self.writer = self._create_segment(old.seq + 1)
+        self.segments.append(self.writer.seq)
+        old.close()
+
+    # ------------------------------------------------------------------ compaction
+    @property
+    def disk_bytes(self) -> int:
+        return self.checkpoint_bytes + self.bytes_since_checkpoint
+
+    def compact(self, snapshot: Callable[[], Iterable[bytes]]) -> None:
+        """Replace everything written so far with a checkpoint of the live state.
+
+        ``snapshot()`` yields payloads (encoded lists of operations) that rebuild the state
+        as of this call. Steps: cut a new segment; write the checkpoint under a temp name,
+        fsync, rename, fsync dir; delete older segments and checkpoints; fsync dir.
+        """
+        self._check_usable()
+        try:
+            self._rotate()
+            base = self.writer.seq
+            final = os.path.join(self.directory, checkpoint_name(base))
+            tmp = final + ".tmp"
+            fd = self.files.create(tmp)
+            written, count, buf = 0, 0, []
+            try:
+                self.files.write(fd, CHECKPOINT_MAGIC)
+                written += len(CHECKPOINT_MAGIC)
+                for payload in snapshot():
+                    buf.append(frame(payload))
+                    count += 1
+                    if len(buf) >= 64:
+                        chunk = b"".join(buf)
+                        self.files.write(fd, chunk)
+                        written += len(chunk)
+                        buf.clear()
+                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count])))
+                chunk = b"".join(buf)
+                self.files.write(fd, chunk)
+                written += len(chunk)
+                self.files.fsync(fd)
+            finally:
+                self.files.close(fd)
+            self.files.rename(tmp, final)
+            self.files.sync_dir(self.directory)
+            for name in sorted(self.files.listdir(self.directory)):
+                p = parse_name(name)
+                if p and p[0] < base:
+                    self.files.unlink(os.path.join(self.directory, name))
+            self.files.sync_dir(self.directory)
+        except OSError as e:
+            self.failed = e
+            raise LogFailed(f"compaction of {self.directory} failed: {e}") from e
+        self.segments = [base]
+        self.checkpoint_bytes = written
+        self.bytes_since_checkpoint = self.writer.size
+
+    def close(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except OSError:
+                pass
+        self.closed = True
