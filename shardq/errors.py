@@ -52,6 +52,11 @@ class LeaseLost(ShardqError):
     again, or the job was already acked. Nothing was changed."""
 
 
+class JobGone(LeaseLost):
+    """The job no longer exists: it was acked (by this lease or, after a redelivery, by
+    another worker). A retried ack that gets this knows its first attempt succeeded."""
+
+
 class QueueFull(ShardqError):
     """The shard holds as many jobs as its limit allows (backpressure). Retry later."""
 
@@ -93,7 +98,7 @@ BY_NAME: dict[str, type[ShardqError]] = {
     cls.__name__: cls
     for cls in (
         ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
-        NotFound, LeaseLost, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
+        NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
         LogFailed, InvariantViolation,
     )
 }

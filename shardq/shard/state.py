@@ -29,7 +29,7 @@ import msgpack
 
 from .. import limits
 from ..config import Config, QueueConfig, check_queue_name
-from ..errors import InvalidJob, LeaseLost, NotFound, QueueFull, UnknownQueue, check
+from ..errors import InvalidJob, JobGone, LeaseLost, NotFound, QueueFull, UnknownQueue, check
 from ..types import DeadLetter, Lease
 from . import ops, validate
 
@@ -401,7 +401,7 @@ class ShardState:
         if job is None:
             if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
                 raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
-            raise LeaseLost(f"job {job_id} is gone (already acked)")
+            raise JobGone(f"job {job_id} is gone (already acked)")
         if job.state is not L or job.token != token:
             raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
         if job.expires_at <= self._now:

@@ -1,0 +1,184 @@
+"""One authenticated connection from a router to a shard, shared by many threads.
+
+Requests from concurrent threads are coalesced: whichever thread finds no send in progress
+sends everything queued so far as one frame (pipelining without a sender thread). A reader
+thread matches replies to :class:`Future` objects by request id. If the connection breaks,
+every pending future fails with :class:`ConnectionLost` and the owner reconnects.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from multiprocessing.connection import Client, Connection
+
+import msgpack
+
+from . import protocol
+from .errors import AuthError, ShardUnavailable
+
+
+class ConnectionLost(Exception):
+    """The connection broke before the reply came (internal; the router retries or raises
+    ShardUnavailable)."""
+
+
+class Future:
+    """A reply slot. ``wait`` blocks on a plain lock, the cheapest wake-up CPython has."""
+
+    __slots__ = ("_lock", "done", "value", "error", "callback")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.done = False
+        self.value = None
+        self.error: BaseException | None = None
+        self.callback = None
+
+    def set(self, value=None, error: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.value, self.error, self.done = value, error, True
+        self._lock.release()
+        if self.callback is not None:
+            self.callback(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.done:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._lock.release()
+            return True
+        return self.done
+
+    def result(self, timeout: float | None = None):
+        if not self.wait(timeout):
+            raise TimeoutError
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class ShardClient:
+    def __init__(self, index: int, address: str, authkey: bytes):
+        self.index = index
+        self.address = address
+        self.authkey = authkey
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._pending: dict[int, Future] = {}
+        self._outbox: list = []
+        self._flushing = False
+        self._next_rid = 1
+        self._closed = False
+        self.connects = 0
+
+    # ------------------------------------------------------------------ connection
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def ensure_connected(self, deadline: float) -> None:
+        """Connect if not connected, retrying until ``deadline`` (monotonic)."""
+        if self._conn is not None:
+            return
+        delay = 0.005
+        while True:
+            with self._lock:
+                if self._conn is not None:
+                    return
+                if self._closed:
+                    raise ShardUnavailable(f"shard {self.index}: router closed")
+                try:
+                    conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
+                except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError,
+                        BrokenPipeError) as e:
+                    err = e
+                except Exception as e:  # AuthenticationError and friends
+                    if type(e).__name__ == "AuthenticationError":
+                        raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
+                    err = e
+                else:
+                    self._conn = conn
+                    self.connects += 1
+                    threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
+                                     name=f"shardq-reader-{self.index}").start()
+                    return
+            if time.monotonic() + delay > deadline:
+                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+            time.sleep(delay)  # backoff between connection attempts, not synchronisation
+            delay = min(delay * 2, 0.2)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn = self._conn
+        if conn is not None:
+            self._broken(conn)
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, op: str, args: list) -> Future:
+        fut = Future()
+        with self._lock:
+            if self._conn is None:
+                fut.set(error=ConnectionLost(f"shard {self.index} not connected"))
+                return fut
+            rid = self._next_rid
+            self._next_rid = rid + 1
+            self._pending[rid] = fut
+            self._outbox.append([rid, op, args])
+            if self._flushing:
+                return fut  # the thread sending now will take ours too
+            self._flushing = True
+        self._flush()
+        return fut
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._outbox = self._outbox, []
+                conn = self._conn
+                if not batch or conn is None:
+                    self._flushing = False
+                    return
+            try:
+                conn.send_bytes(protocol.pack(batch))
+            except (OSError, ValueError):
+                self._broken(conn)
+                with self._lock:
+                    self._flushing = False
+                return
+
+    def _read_loop(self, conn: Connection) -> None:
+        unpackb = msgpack.unpackb
+        pending = self._pending
+        while True:
+            try:
+                data = conn.recv_bytes()
+                replies = unpackb(data, raw=False, use_list=True)
+            except (EOFError, OSError, ValueError, msgpack.UnpackException):
+                self._broken(conn)
+                return
+            for rid, status, payload in replies:
+                fut = pending.pop(rid, None)
+                if fut is None:
+                    continue  # a watch whose caller stopped waiting
+                if status == protocol.OK:
+                    fut.set(payload)
+                else:
+                    fut.set(error=protocol.error_from_payload(payload))
+
+    def _broken(self, conn: Connection) -> None:
+        with self._lock:
+            if self._conn is not conn:
+                return
+            self._conn = None
+            failed, self._pending = self._pending, {}
+            self._outbox = []
+        try:
+            conn.close()
+        except OSError:
+            pass
+        lost = ConnectionLost(f"connection to shard {self.index} lost")
+        for fut in failed.values():
+            fut.set(error=lost)

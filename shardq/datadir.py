@@ -1,0 +1,144 @@
+"""The service's data directory: its layout, its metadata, its key file.
+
+::
+
+    <data>/shardq.json        {"format": 1, "shards": N}: N is fixed at creation
+    <data>/authkey            HMAC key for client authentication (mode 0600)
+    <data>/run/shard-<i>.sock unix sockets (directory mode 0700)
+    <data>/shard-<i>/         each shard's WAL segments and checkpoints
+    <data>/supervisor.lock    held (flock) by the running supervisor
+
+The data dir and run dir are created 0700 and the key file 0600; a key file or run dir
+that others can read or write is refused (:class:`~shardq.errors.AuthError`).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import stat
+
+from . import limits
+from .errors import AuthError, InvalidConfig, ShardCountMismatch
+
+META = "shardq.json"
+FORMAT = 1
+SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, including the terminator
+
+
+class DataDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.path.abspath(os.fspath(path))
+
+    # layout
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.path, "run")
+
+    def socket_path(self, index: int) -> str:
+        return os.path.join(self.run_dir, f"shard-{index}.sock")
+
+    def shard_dir(self, index: int) -> str:
+        return os.path.join(self.path, f"shard-{index}")
+
+    @property
+    def key_path(self) -> str:
+        return os.path.join(self.path, "authkey")
+
+    # creation and checks
+    def init(self, shards: int) -> int:
+        """Create the directory for ``shards`` shards, or check an existing one has that many.
+
+        Returns the number of shards. Raises ShardCountMismatch if the directory was made
+        for another number: per-key order depends on the key -> shard map.
+        """
+        if not 1 <= shards <= limits.SHARDS_MAX:
+            raise InvalidConfig(f"shards: must be in [1, {limits.SHARDS_MAX}], got {shards}")
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        if len(self.socket_path(shards - 1).encode()) > SOCKET_PATH_MAX:
+            raise InvalidConfig(f"data_dir: {self.path!r} is too long for unix socket paths "
+                                f"(at most {SOCKET_PATH_MAX} bytes in all); use a shorter path")
+        meta = os.path.join(self.path, META)
+        if os.path.exists(meta):
+            existing = self.shards()
+            if existing != shards:
+                raise ShardCountMismatch(
+                    f"{self.path} was created with {existing} shards; starting with {shards} would "
+                    f"move keys between shards and break per-key order. Start with --shards {existing}.")
+        else:
+            tmp = meta + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"format": FORMAT, "shards": shards}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, meta)
+            _sync_dir(self.path)
+        self._ensure_key()
+        return shards
+
+    def exists(self) -> bool:
+        return os.path.exists(os.path.join(self.path, META))
+
+    def shards(self) -> int:
+        try:
+            with open(os.path.join(self.path, META)) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise InvalidConfig(f"{self.path} is not a shardq data dir (no {META}); "
+                                "start `shardq serve` on it first") from None
+        if meta.get("format") != FORMAT:
+            raise InvalidConfig(f"{self.path}: unsupported format {meta.get('format')!r}")
+        return int(meta["shards"])
+
+    def _ensure_key(self) -> None:
+        if os.path.exists(self.key_path):
+            return
+        fd = os.open(self.key_path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(self.key_path + ".tmp", self.key_path)
+        _sync_dir(self.path)
+
+    def authkey(self) -> bytes:
+        """The key, after checking nobody but the owner can read or change it."""
+        try:
+            st = os.stat(self.key_path)
+        except FileNotFoundError:
+            raise AuthError(f"no key file at {self.key_path}; is the service initialised?") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AuthError(f"refusing key file {self.key_path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                            "others read or change it; run chmod 600 on it")
+        rst = os.stat(self.run_dir)
+        if rst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise AuthError(f"refusing socket dir {self.run_dir}: mode {stat.S_IMODE(rst.st_mode):04o} "
+                            "lets others replace the sockets; run chmod 700 on it")
+        with open(self.key_path, "rb") as f:
+            key = f.read().strip()
+        if len(key) < 16:
+            raise AuthError(f"key file {self.key_path} is too short")
+        return key
+
+    def lock(self, name: str) -> int:
+        """Take an exclusive lock file, or raise if another process holds it."""
+        fd = os.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InvalidConfig(f"{self.path}/{name} is held by another running process") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

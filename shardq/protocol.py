@@ -1,0 +1,89 @@
+"""The wire between routers and shards: msgpack frames over ``multiprocessing.connection``.
+
+Only ``send_bytes``/``recv_bytes`` are used, never ``send``/``recv`` (which pickle).
+
+A request frame is a msgpack array of requests ``[request_id, op, args]``; a reply frame
+is an array of ``[request_id, 0, result]`` or ``[request_id, 1, [error_name, message]]``.
+Clients put many requests in one frame when they can (pipelining) and a shard answers all
+requests of one loop iteration of a connection in one frame. Replies to one connection come
+in request order, except ``watch``, which answers when its queue has work.
+
+Ops and their args (a lease on the wire is ``[job_id, key, body, attempt, token, deadline]``):
+
+=============  =====================================================  ====================
+op             args                                                   result
+=============  =====================================================  ====================
+enqueue        [[[body, key, queue, delay, priority, dedup_id], ...],  [job_id, ...]
+                session | None]  session = [client, seq, low]
+dequeue        [queue, visibility | None, max_jobs]                   [lease, ...]
+ack            [[job_id, token], ...]                                  [error | None, ...]
+nack           [job_id, token, delay, error | None]                   None
+extend         [job_id, token, seconds]                               deadline
+watch          [queue, timeout_s]                                     True (work) | False
+dead_letters   [queue, limit]                                         [[id, key, body, attempts, error]]
+redrive        [queue, [job_id, ...] | None]                          count
+purge_dead     [queue]                                                count
+queue_config   [queue]                                                {settings}
+stats          []                                                     {...}
+ping           []                                                     pid
+=============  =====================================================  ====================
+"""
+from __future__ import annotations
+
+import msgpack
+
+from .errors import BY_NAME, ProtocolError, ShardqError
+
+OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_letters",
+                 "redrive", "purge_dead", "queue_config", "stats", "ping"})
+#: args arity per op
+ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 4, "extend": 3, "watch": 2,
+         "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
+
+OK = 0
+ERR = 1
+
+_packb = msgpack.Packer().pack
+
+
+def pack(obj) -> bytes:
+    return _packb(obj)
+
+
+def decode_requests(data: bytes) -> list:
+    """Decode a request frame. ProtocolError if it is not an array of
+    ``[int, str, array]``; the caller then drops the connection (it cannot be answered)."""
+    try:
+        frame = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as e:
+        raise ProtocolError(f"undecodable frame: {type(e).__name__}") from None
+    if type(frame) is not list:
+        raise ProtocolError("a frame must be an array of requests")
+    for req in frame:
+        if type(req) is not list or len(req) != 3 or type(req[0]) is not int or type(req[1]) is not str:
+            raise ProtocolError("a request must be [request_id, op, args]")
+    return frame
+
+
+def check_request(op: str, args) -> None:
+    """ProtocolError for an unknown op or wrong arity (answered as an error reply)."""
+    if op not in OPS:
+        raise ProtocolError(f"unknown op {op[:40]!r}")
+    if type(args) is not list or len(args) != ARITY[op]:
+        raise ProtocolError(f"{op}: expected {ARITY[op]} args")
+
+
+def error_payload(exc: BaseException) -> list:
+    name = type(exc).__name__ if isinstance(exc, ShardqError) else "ShardqError"
+    return [name, str(exc)[:2000]]
+
+
+def error_from_payload(payload) -> ShardqError:
+    try:
+        name, message = payload
+        cls = BY_NAME.get(name, ShardqError)
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        return exc
+    except Exception:
+        return ShardqError(f"undecodable error reply: {payload!r:.200}")

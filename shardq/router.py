@@ -1,0 +1,343 @@
+"""The router: the client object producer and worker apps embed (``shardq.connect``).
+
+* Keys map to shards by a stable hash (CRC-32 of the UTF-8 key, mod N): the same key goes to
+  the same shard in every process and every run. Keyless jobs are spread round-robin.
+* A job id names its shard in its low bits, so ack/nack/extend need no lookup.
+* Every enqueue carries a session ``(client id, request seq, lowest unanswered seq)``. If the
+  shard dies with the request in flight, the router reconnects and resends it unchanged;
+  the shard recognises the session entry and answers with the ids of the first execution,
+  so a retry never creates a duplicate. A shard that does not come back within
+  ``retry_s`` gives :class:`~shardq.errors.ShardUnavailable`, never a silent loss.
+* ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,
+  for fairness), then sends a ``watch`` to every shard and sleeps until one says it has work.
+* One router can be shared by many threads; their requests are pipelined per shard.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import zlib
+from typing import Iterable
+
+from . import limits
+from .client import ConnectionLost, Future, ShardClient
+from .datadir import DataDir
+from .errors import Closed, InvalidJob, JobGone, ShardUnavailable
+from .shard import validate
+from .types import DeadLetter, Lease
+
+_JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
+_SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
+
+
+def shard_for_key(key: str, shards: int) -> int:
+    """The shard of ``key``: stable across processes, runs and Python versions."""
+    return zlib.crc32(key.encode("utf-8")) % shards
+
+
+def shard_of_job(job_id: int) -> int:
+    return job_id & _SHARD_MASK
+
+
+class Router:
+    """Client of a running shardq service. See the module docstring for the guarantees."""
+
+    def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
+                 supervisor=None):
+        dd = DataDir(data_dir)
+        self.data_dir = dd.path
+        self.shards = dd.shards()
+        key = dd.authkey()
+        self.clients = [ShardClient(i, dd.socket_path(i), key) for i in range(self.shards)]
+        self.retry_s = retry_s
+        self.request_timeout_s = request_timeout_s
+        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
+        self._seq = itertools.count(1)
+        self._outstanding: list[dict[int, None]] = [{} for _ in range(self.shards)]
+        self._rr = itertools.count()
+        self._lock = threading.Lock()
+        self._supervisor = supervisor
+        self._closed = False
+        self._queue_cfg: dict[str, dict] = {}
+
+    # ------------------------------------------------------------------ plumbing
+    def _send(self, shard: int, op: str, args: list, deadline: float) -> Future:
+        client = self.clients[shard]
+        while True:
+            if self._closed:
+                raise Closed("router is closed")
+            client.ensure_connected(deadline)
+            fut = client.submit(op, args)
+            if not (fut.done and isinstance(fut.error, ConnectionLost)):
+                return fut
+            if time.monotonic() >= deadline:
+                raise ShardUnavailable(f"shard {shard}: {fut.error}")
+
+    def _call_many(self, calls: list[tuple[int, str, list]], *, retry: bool = True,
+                   timeout: float | None = None) -> list:
+        """Send requests to their shards (pipelined), wait for all, retrying any whose
+        connection broke. Returns results in order; the first error is raised."""
+        deadline = time.monotonic() + self.retry_s
+        futs = [self._send(s, op, args, deadline) for s, op, args in calls]
+        results = []
+        retried = [False] * len(calls)
+        for i, (s, op, args) in enumerate(calls):
+            while True:
+                fut = futs[i]
+                if not fut.wait(timeout or self.request_timeout_s):
+                    raise ShardUnavailable(f"shard {s} did not answer {op} within "
+                                           f"{timeout or self.request_timeout_s:.1f} s")
+                if isinstance(fut.error, ConnectionLost) and retry and time.monotonic() < deadline:
+                    retried[i] = True
+                    futs[i] = self._send(s, op, args, deadline)
+                    continue
+                if isinstance(fut.error, ConnectionLost):
+                    raise ShardUnavailable(f"shard {s}: {fut.error}")
+                results.append((fut, retried[i]))
+                break
+        out = []
+        for fut, was_retried in results:
+            if fut.error is not None:
+                raise fut.error
+            out.append((fut.value, was_retried))
+        return out
+
+    def _call(self, shard: int, op: str, args: list, **kw):
+        return self._call_many([(shard, op, args)], **kw)[0][0]
+
+    # ------------------------------------------------------------------ producing
+    def _shard_for(self, key) -> int:
+        if key is None:
+            return next(self._rr) % self.shards
+        return shard_for_key(key, self.shards)
+
+    def _session(self, shard: int) -> list:
+        with self._lock:
+            seq = next(self._seq)
+            pending = self._outstanding[shard]
+            low = next(iter(pending), seq)
+            pending[seq] = None
+        return [self.client_id, seq, low]
+
+    def _done(self, shard: int, session: list) -> None:
+        with self._lock:
+            self._outstanding[shard].pop(session[1], None)
+
+    @staticmethod
+    def _item(body, key, queue, delay, priority, dedup_id) -> list:
+        validate.key(key)
+        if type(queue) is not str:
+            raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+        if delay:
+            validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+        if priority:
+            validate.priority(priority)
+        validate.dedup_id(dedup_id)
+        return [validate.body(body, limits.BODY_BYTES_MAX_CEILING), key, queue, delay or 0,
+                priority or 0, dedup_id]
+
+    def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> int:
+        """Durably add a job; returns its id once the owning shard has fsynced it.
+
+        ``dedup_id``: a second enqueue with the same id (same queue and key) within the
+        queue's dedup window returns the first job's id and adds nothing."""
+        item = self._item(body, key, queue, delay, priority, dedup_id)
+        shard = self._shard_for(key)
+        session = self._session(shard)
+        try:
+            return self._call(shard, "enqueue", [[item], session])[0]
+        finally:
+            self._done(shard, session)
+
+    def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[int]:
+        """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
+        ``priority``, ``dedup_id``) in one request per shard; ids come back in input order.
+
+        Per shard the batch is all-or-nothing. Across shards it is not atomic: if one shard
+        refuses (e.g. QueueFull) the error is raised and the other shards' part may be in."""
+        per_shard: dict[int, list] = {}
+        where = []
+        for job in jobs:
+            if type(job) is not dict or "body" not in job or not job.keys() <= _JOB_FIELDS:
+                raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(_JOB_FIELDS - {'body'})}")
+            key = job.get("key")
+            item = self._item(job["body"], key, job.get("queue", queue), job.get("delay", 0),
+                              job.get("priority", 0), job.get("dedup_id"))
+            shard = self._shard_for(key)
+            bucket = per_shard.setdefault(shard, [])
+            where.append((shard, len(bucket)))
+            bucket.append(item)
+        calls, sessions = [], []
+        for shard, items in per_shard.items():
+            for i in range(0, len(items), limits.BATCH_JOBS_MAX):
+                s = self._session(shard)
+                sessions.append((shard, s))
+                calls.append((shard, "enqueue", [items[i:i + limits.BATCH_JOBS_MAX], s]))
+        try:
+            results = self._call_many(calls)
+        finally:
+            for shard, s in sessions:
+                self._done(shard, s)
+        ids_by_shard: dict[int, list] = {}
+        for (shard, _, _), (ids, _) in zip(calls, results):
+            ids_by_shard.setdefault(shard, []).extend(ids)
+        return [ids_by_shard[s][i] for s, i in where]
+
+    # ------------------------------------------------------------------ consuming
+    def dequeue(self, queue: str = "default", wait: float = 0.0, visibility: float | None = None) -> Lease | None:
+        """Lease one job, waiting up to ``wait`` seconds for one. None if none came."""
+        leases = self.dequeue_many(queue, max_jobs=1, wait=wait, visibility=visibility)
+        return leases[0] if leases else None
+
+    def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
+                     visibility: float | None = None) -> list[Lease]:
+        """Lease up to ``max_jobs`` jobs across shards. Each lease is durable (logged and
+        fsynced, with its delivery count) before it is returned."""
+        validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
+        if visibility is not None:
+            validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        deadline = time.monotonic() + wait
+        first = next(self._rr) % self.shards
+        while True:
+            out: list[Lease] = []
+            for k in range(self.shards):
+                shard = (first + k) % self.shards
+                rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)])
+                out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
+                if len(out) >= max_jobs:
+                    break
+            if out:
+                return out
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return out
+            woke = self._watch(queue, remaining)
+            if woke is None:
+                if time.monotonic() >= deadline:
+                    return []
+            else:
+                first = woke
+
+    def _watch(self, queue: str, timeout: float) -> int | None:
+        """Block until some shard reports ready work in ``queue`` (its index) or timeout."""
+        event = threading.Event()
+        futs = []
+        deadline = time.monotonic() + self.retry_s
+        for shard in range(self.shards):
+            fut = self._send(shard, "watch", [queue, timeout], deadline)
+            futs.append(fut)
+        for fut in futs:
+            fut.callback = lambda f: event.set()
+            if fut.done:
+                event.set()
+        event.wait(timeout + 0.5)
+        for shard, fut in enumerate(futs):
+            if fut.done and fut.error is None and fut.value is True:
+                return shard
+        for fut in futs:
+            if fut.done and fut.error is not None and not isinstance(fut.error, ConnectionLost):
+                raise fut.error
+        return None
+
+    def ack(self, lease: Lease) -> None:
+        """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
+        (errs, retried), = self._call_many([(shard_of_job(lease.job_id), "ack", [[[lease.job_id, lease.token]]])])
+        if errs[0] is not None:
+            self._raise_ack_error(errs[0], retried)
+
+    @staticmethod
+    def _raise_ack_error(payload, retried: bool) -> None:
+        from .protocol import error_from_payload
+        err = error_from_payload(payload)
+        if retried and isinstance(err, JobGone):
+            return  # our first attempt was applied before the connection broke
+        raise err
+
+    def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
+        """Ack many leases, one request per shard. Returns, per lease, None or the error."""
+        leases = list(leases)
+        per_shard: dict[int, list] = {}
+        for i, l in enumerate(leases):
+            per_shard.setdefault(shard_of_job(l.job_id), []).append(i)
+        calls = [(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
+        out: list[BaseException | None] = [None] * len(leases)
+        for (shard, idx), (errs, retried) in zip(per_shard.items(), self._call_many(calls)):
+            for i, e in zip(idx, errs):
+                if e is not None:
+                    try:
+                        self._raise_ack_error(e, retried)
+                    except Exception as exc:
+                        out[i] = exc
+        return out
+
+    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None) -> None:
+        """Release the lease now (delay 0) or make the job delayed for ``delay`` seconds.
+        ``error`` is kept as the job's last error (shown in dead letters)."""
+        self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error])
+
+    def extend(self, lease: Lease, seconds: float) -> Lease:
+        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
+        deadline = self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])
+        return lease._replace(deadline=deadline)
+
+    # ------------------------------------------------------------------ admin
+    def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
+        rows = self._call_many([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
+        return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
+
+    def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
+        """Move dead letters back into the queue with a fresh delivery count; returns how many."""
+        if job_ids is None:
+            calls = [(s, "redrive", [queue, None]) for s in range(self.shards)]
+        else:
+            per: dict[int, list] = {}
+            for j in job_ids:
+                per.setdefault(shard_of_job(j), []).append(j)
+            calls = [(s, "redrive", [queue, ids]) for s, ids in per.items()]
+        return sum(n for n, _ in self._call_many(calls))
+
+    def purge_dead_letters(self, queue: str = "default") -> int:
+        return sum(n for n, _ in self._call_many([(s, "purge_dead", [queue]) for s in range(self.shards)]))
+
+    def queue_config(self, queue: str = "default") -> dict:
+        """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
+        cfg = self._queue_cfg.get(queue)
+        if cfg is None:
+            cfg = self._queue_cfg[queue] = self._call(0, "queue_config", [queue])
+        return cfg
+
+    def stats(self) -> dict:
+        """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue."""
+        shards = [r for r, _ in self._call_many([(s, "stats", []) for s in range(self.shards)])]
+        queues: dict[str, dict] = {}
+        for sh in shards:
+            for name, counts in sh["queues"].items():
+                agg = queues.setdefault(name, dict.fromkeys(counts, 0))
+                for k, v in counts.items():
+                    agg[k] = agg.get(k, 0) + v
+        if self._supervisor is not None:
+            for sh in shards:
+                sh.update(self._supervisor.process_stats(sh["shard"]))
+        return {"shards": shards, "queues": queues}
+
+    def ping(self) -> list[int]:
+        return [r for r, _ in self._call_many([(s, "ping", []) for s in range(self.shards)])]
+
+    def close(self) -> None:
+        """Close connections; an embedded service (``shardq.open``) is stopped too."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in self.clients:
+            c.close()
+        if self._supervisor is not None:
+            self._supervisor.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,417 @@
+"""A shard process: the thin I/O shell around :class:`~shardq.shard.durable.DurableShard`.
+
+One loop iteration: wait until some connection is readable, read every ready request
+frame, apply all requests to the state, make the resulting log operations durable with
+**one** fsync, then send every reply. No reply leaves before that fsync.
+
+Clients connect to a unix socket and authenticate with the HMAC challenge of
+``multiprocessing.connection`` (done on a side thread with a timeout, so a silent client
+cannot stall the loop). Frames are msgpack via ``send_bytes``/``recv_bytes`` only. A client
+that sends an undecodable frame is disconnected; a well-formed request that is invalid gets
+an error reply. Neither touches the log or the other clients.
+
+Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``.
+Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed, 70 internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections import deque
+from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
+                                        deliver_challenge)
+from multiprocessing.connection import wait as wait_ready
+
+from .. import limits, protocol
+from ..clock import Clock, SystemClock
+from ..config import parse as parse_config
+from ..datadir import DataDir
+from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
+                      ShardqError)
+from .durable import DurableShard
+
+log = logging.getLogger("shardq.shard")
+
+EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
+HANDSHAKE_TIMEOUT_S = 5.0
+IO_TIMEOUT_S = 1.0           # a client that stalls mid-frame is dropped after this
+FRAMES_PER_CONN_MAX = 32     # per iteration, so one busy client cannot starve the rest
+HANDSHAKES_MAX = 32
+CONNECTIONS_MAX = 4096
+_DEFERRED = object()
+
+
+def _socket_timeouts(fd: int, seconds: float) -> None:
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
+    s = socket.socket(fileno=os.dup(fd))
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    finally:
+        s.close()
+
+
+class Acceptor(threading.Thread):
+    """Accepts sockets and authenticates each on its own short-lived thread."""
+
+    def __init__(self, listener: socket.socket, authkey: bytes, deliver):
+        super().__init__(name="shardq-acceptor", daemon=True)
+        self.listener = listener
+        self.authkey = authkey
+        self.deliver = deliver
+        self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
+
+    def run(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return  # listener closed: shutting down
+            if not self.busy.acquire(blocking=False):
+                sock.close()  # a flood of connections: refuse rather than queue without bound
+                continue
+            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        try:
+            fd = sock.detach()
+            _socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
+            conn = Connection(fd)
+            try:
+                deliver_challenge(conn, self.authkey)
+                answer_challenge(conn, self.authkey)
+            except (AuthenticationError, OSError, EOFError, ValueError) as e:
+                log.warning("client rejected during authentication: %s", e or type(e).__name__)
+                conn.close()
+                return
+            _socket_timeouts(fd, IO_TIMEOUT_S)
+            self.deliver(conn)
+        finally:
+            self.busy.release()
+
+
+class ShardServer:
+    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`."""
+
+    def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None):
+        self.shard = shard
+        self.state = shard.state
+        self.sock_path = sock_path
+        self.authkey = authkey
+        self.clock = clock or SystemClock()
+        self.conns: set[Connection] = set()
+        self.incoming: deque[Connection] = deque()
+        self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
+        self.stopping = False
+        self.iterations = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._handlers = {
+            "enqueue": self._enqueue, "dequeue": self._dequeue, "ack": self._ack, "nack": self._nack,
+            "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
+            "redrive": self._redrive, "purge_dead": self._purge_dead,
+            "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
+
+    def stop(self) -> None:
+        """Finish the current iteration (its fsync and replies), then return from serve()."""
+        self.stopping = True
+        self.wake()
+
+    def _deliver(self, conn: Connection) -> None:
+        self.incoming.append(conn)
+        self.wake()
+
+    def serve(self, on_ready=None) -> None:
+        if os.path.exists(self.sock_path):
+            os.unlink(self.sock_path)  # left by a crashed predecessor; we hold the shard lock
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(self.sock_path)
+        finally:
+            os.umask(old_umask)
+        listener.listen(128)
+        Acceptor(listener, self.authkey, self._deliver).start()
+        if on_ready:
+            on_ready()
+        try:
+            while not self.stopping:
+                self.iterate()
+        finally:
+            listener.close()
+            try:
+                os.unlink(self.sock_path)
+            except FileNotFoundError:
+                pass
+            for conn in list(self.conns):
+                conn.close()
+
+    # ------------------------------------------------------------------ the loop
+    def _timeout(self) -> float | None:
+        if not self.watchers:
+            return None  # idle: block until a client speaks (no CPU while idle)
+        mono = self.clock.monotonic()
+        t = min(w[2] for ws in self.watchers.values() for w in ws) - mono
+        due = self.state.next_deadline()
+        if due is not None:
+            t = min(t, due - self.clock.now())
+        return max(t, 0.0)
+
+    def iterate(self) -> None:
+        """One iteration: read what is ready, apply, one fsync, reply."""
+        ready = wait_ready([self._wake_r, *self.conns], self._timeout())
+        batches = []
+        for r in ready:
+            if r == self._wake_r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                while self.incoming:
+                    conn = self.incoming.popleft()
+                    if len(self.conns) >= CONNECTIONS_MAX:
+                        conn.close()
+                    else:
+                        self.conns.add(conn)
+            else:
+                self._read(r, batches)
+        self.iterations += 1
+        now = self.clock.now()
+        self.state.advance(now)
+        replies: dict[Connection, list] = {}
+        for conn, requests in batches:
+            out = replies.setdefault(conn, [])
+            for rid, op, args in requests:
+                out.append(self._execute(conn, rid, op, args, now))
+        self.shard.commit()  # raises LogFailed: the process exits and nobody hears "ok"
+        self._notify_watchers(replies)
+        for conn, out in replies.items():
+            out = [r for r in out if r is not _DEFERRED]
+            if out and conn in self.conns:
+                try:
+                    conn.send_bytes(protocol.pack(out))
+                except (OSError, ValueError) as e:
+                    self._drop(conn, f"send failed: {e}")
+
+    def _read(self, conn: Connection, batches: list) -> None:
+        for _ in range(FRAMES_PER_CONN_MAX):
+            try:
+                data = conn.recv_bytes(limits.FRAME_BYTES_MAX)
+                batches.append((conn, protocol.decode_requests(data)))
+                if not conn.poll(0):
+                    return
+            except ProtocolError as e:
+                self._drop(conn, str(e))
+                return
+            except (EOFError, OSError, ValueError) as e:
+                self._drop(conn, None if isinstance(e, EOFError) else f"read failed: {e}")
+                return
+
+    def _drop(self, conn: Connection, why: str | None) -> None:
+        if why:
+            log.warning("dropping client: %s", why)
+        self.conns.discard(conn)
+        for ws in self.watchers.values():
+            ws[:] = [w for w in ws if w[0] is not conn]
+        conn.close()
+
+    def _execute(self, conn, rid, op, args, now):
+        try:
+            protocol.check_request(op, args)
+            result = self._handlers[op](args, now, conn, rid)
+            return result if result is _DEFERRED else [rid, protocol.OK, result]
+        except InvariantViolation:
+            raise
+        except ShardqError as e:
+            return [rid, protocol.ERR, protocol.error_payload(e)]
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # A shape the validators did not foresee: the request is bad, not the shard.
+            return [rid, protocol.ERR, ["ProtocolError", f"{op}: malformed arguments ({type(e).__name__})"]]
+
+    # ------------------------------------------------------------------ handlers
+    def _enqueue(self, args, now, conn, rid):
+        items, session = args
+        if type(items) is not list:
+            raise InvalidJob("enqueue: items must be an array")
+        if session is not None:
+            if type(session) is not list or len(session) != 3:
+                raise InvalidJob("enqueue: session must be [client, seq, low]")
+            session = tuple(session)
+        return self.state.enqueue_many(items, now, session)
+
+    def _dequeue(self, args, now, conn, rid):
+        queue, visibility, max_jobs = args
+        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline]
+                for l in self.state.dequeue(queue, now, visibility, max_jobs)]
+
+    def _ack(self, args, now, conn, rid):
+        (pairs,) = args
+        if type(pairs) is not list or len(pairs) > limits.BATCH_JOBS_MAX:
+            raise InvalidJob(f"ack: expected at most {limits.BATCH_JOBS_MAX} [job_id, token] pairs")
+        out = []
+        for pair in pairs:
+            try:
+                if type(pair) is not list or len(pair) != 2:
+                    raise InvalidJob("ack: each item is [job_id, token]")
+                self.state.ack(pair[0], pair[1], now)
+                out.append(None)
+            except ShardqError as e:
+                if isinstance(e, InvariantViolation):
+                    raise
+                out.append(protocol.error_payload(e))
+        return out
+
+    def _nack(self, args, now, conn, rid):
+        job_id, token, delay, error = args
+        self.state.nack(job_id, token, now, delay or 0, error)
+
+    def _extend(self, args, now, conn, rid):
+        job_id, token, seconds = args
+        return self.state.extend(job_id, token, now, seconds)
+
+    def _watch(self, args, now, conn, rid):
+        queue, timeout = args
+        if type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidJob("watch: expects [queue, timeout_s]")
+        if self.state.has_ready(queue):
+            return True
+        timeout = min(max(float(timeout), 0.0), limits.WAIT_S_MAX)
+        self.watchers.setdefault(queue, []).append((conn, rid, self.clock.monotonic() + timeout))
+        return _DEFERRED
+
+    def _notify_watchers(self, replies: dict) -> None:
+        if not self.watchers:
+            return
+        mono = self.clock.monotonic()
+        for queue in list(self.watchers):
+            ws = self.watchers[queue]
+            if self.state.has_ready(queue):
+                for conn, rid, _ in ws:
+                    replies.setdefault(conn, []).append([rid, protocol.OK, True])
+                ws.clear()
+            else:
+                keep = []
+                for w in ws:
+                    if w[2] <= mono:
+                        replies.setdefault(w[0], []).append([w[1], protocol.OK, False])
+                    else:
+                        keep.append(w)
+                ws[:] = keep
+            if not ws:
+                del self.watchers[queue]
+
+    def _dead_letters(self, args, now, conn, rid):
+        queue, limit = args
+        limit = 1000 if limit is None else limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidJob("dead_letters: limit must be a non-negative integer")
+        return [[d.job_id, d.key, d.body, d.attempts, d.error]
+                for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
+
+    def _redrive(self, args, now, conn, rid):
+        queue, job_ids = args
+        if job_ids is not None and type(job_ids) is not list:
+            raise InvalidJob("redrive: job_ids must be an array or null")
+        return self.state.redrive(queue, now, job_ids)
+
+    def _purge_dead(self, args, now, conn, rid):
+        return self.state.purge_dead(args[0], now)
+
+    def _queue_config(self, args, now, conn, rid):
+        return self.state.queue_settings(args[0])
+
+    def _stats(self, args, now, conn, rid):
+        lg = self.shard.log
+        return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
+                "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "segments": len(lg.segments),
+                "compactions": self.shard.compactions, "clients": len(self.conns),
+                "iterations": self.iterations,
+                "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
+                "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0}
+
+    def _ping(self, args, now, conn, rid):
+        return os.getpid()
+
+
+def _lock_shard_dir(path: str) -> int:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while a killed predecessor is being reaped
+    return fd
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the supervisor dies: no orphan keeps writing the log."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(EXIT_OK)  # the parent died before we armed the signal
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shardq-shard")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--config", default="{}", help="config as JSON (the TOML schema)")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    a = p.parse_args(argv)
+    if a.parent_pid:
+        _die_with_parent(a.parent_pid)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
+    config = parse_config(json.loads(a.config))
+    dd = DataDir(a.data_dir)
+    authkey = dd.authkey()
+    lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
+    shard = DurableShard(dd.shard_dir(a.index), a.index, config)
+    try:
+        stats = shard.open()
+    except CorruptLog as e:
+        log.error("refusing to start: %s", e)
+        print(f"corrupt {json.dumps({'path': e.path, 'offset': e.offset, 'reason': e.reason})}", flush=True)
+        return EXIT_CORRUPT
+    server = ShardServer(shard, dd.socket_path(a.index), authkey)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+
+    def ready():
+        print(f"ready {os.getpid()} {stats.records} {stats.seconds:.6f} {len(shard.state.jobs)}", flush=True)
+        log.info("ready: replayed %d records in %.3f s, %d jobs live", stats.records, stats.seconds,
+                 len(shard.state.jobs))
+
+    try:
+        server.serve(ready)
+    except LogFailed as e:
+        log.error("log failed, exiting so the supervisor restarts and replays: %s", e)
+        return EXIT_LOG_FAILED
+    except InvariantViolation as e:
+        log.exception("internal error, exiting so the supervisor restarts and replays: %s", e)
+        return EXIT_BUG
+    shard.close()
+    os.close(lock_fd)
+    log.info("stopped cleanly")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
