@@ -156,7 +156,8 @@ class ShardClient:
             try:
                 data = conn.recv_bytes()
                 replies = unpackb(data, raw=False, use_list=True)
-            except (EOFError, OSError, ValueError, msgpack.UnpackException):
+            except (EOFError, OSError, ValueError, TypeError, msgpack.UnpackException):
+                # TypeError: the connection was closed under us by close() or _broken()
                 self._broken(conn)
                 return
             for rid, status, payload in replies:

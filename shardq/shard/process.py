@@ -6,8 +6,9 @@ frame, apply all requests to the state, make the resulting log operations durabl
 
 Clients connect to a unix socket and authenticate with the HMAC challenge of
 ``multiprocessing.connection`` (done on a side thread with a timeout, so a silent client
-cannot stall the loop). Frames are msgpack via ``send_bytes``/``recv_bytes`` only. A client
-that sends an undecodable frame is disconnected; a well-formed request that is invalid gets
+cannot stall the loop). Clients send msgpack frames with ``send_bytes``; the shard reads
+that framing without blocking (:mod:`.conn`) and never unpickles. A client that sends an
+undecodable or oversized frame is disconnected; a well-formed request that is invalid gets
 an error reply. Neither touches the log or the other clients.
 
 Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``.
@@ -20,6 +21,7 @@ import fcntl
 import json
 import logging
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -28,7 +30,6 @@ import threading
 from collections import deque
 from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
                                         deliver_challenge)
-from multiprocessing.connection import wait as wait_ready
 
 from .. import limits, protocol
 from ..clock import Clock, SystemClock
@@ -36,14 +37,13 @@ from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
+from .conn import FrameConn
 from .durable import DurableShard
 
 log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 HANDSHAKE_TIMEOUT_S = 5.0
-IO_TIMEOUT_S = 1.0           # a client that stalls mid-frame is dropped after this
-FRAMES_PER_CONN_MAX = 32     # per iteration, so one busy client cannot starve the rest
 HANDSHAKES_MAX = 32
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
@@ -92,8 +92,10 @@ class Acceptor(threading.Thread):
                 log.warning("client rejected during authentication: %s", e or type(e).__name__)
                 conn.close()
                 return
-            _socket_timeouts(fd, IO_TIMEOUT_S)
-            self.deliver(conn)
+            _socket_timeouts(fd, 0)
+            own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
+            conn.close()
+            self.deliver(FrameConn(own))
         finally:
             self.busy.release()
 
@@ -107,8 +109,9 @@ class ShardServer:
         self.sock_path = sock_path
         self.authkey = authkey
         self.clock = clock or SystemClock()
-        self.conns: set[Connection] = set()
-        self.incoming: deque[Connection] = deque()
+        self.conns: set[FrameConn] = set()
+        self.incoming: deque[FrameConn] = deque()
+        self.selector = selectors.DefaultSelector()
         self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
         self.stopping = False
         self.iterations = 0
@@ -134,7 +137,7 @@ class ShardServer:
         self.stopping = True
         self.wake()
 
-    def _deliver(self, conn: Connection) -> None:
+    def _deliver(self, conn: FrameConn) -> None:
         self.incoming.append(conn)
         self.wake()
 
@@ -148,6 +151,7 @@ class ShardServer:
         finally:
             os.umask(old_umask)
         listener.listen(128)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         Acceptor(listener, self.authkey, self._deliver).start()
         if on_ready:
             on_ready()
@@ -176,10 +180,11 @@ class ShardServer:
 
     def iterate(self) -> None:
         """One iteration: read what is ready, apply, one fsync, reply."""
-        ready = wait_ready([self._wake_r, *self.conns], self._timeout())
+        events = self.selector.select(self._timeout())
         batches = []
-        for r in ready:
-            if r == self._wake_r:
+        for key, _ in events:
+            conn = key.data
+            if conn is None:
                 try:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
@@ -190,12 +195,13 @@ class ShardServer:
                         conn.close()
                     else:
                         self.conns.add(conn)
+                        self.selector.register(conn.fd, selectors.EVENT_READ, conn)
             else:
-                self._read(r, batches)
+                self._read(conn, batches)
         self.iterations += 1
         now = self.clock.now()
         self.state.advance(now)
-        replies: dict[Connection, list] = {}
+        replies: dict[FrameConn, list] = {}
         for conn, requests in batches:
             out = replies.setdefault(conn, [])
             for rid, op, args in requests:
@@ -206,28 +212,27 @@ class ShardServer:
             out = [r for r in out if r is not _DEFERRED]
             if out and conn in self.conns:
                 try:
-                    conn.send_bytes(protocol.pack(out))
-                except (OSError, ValueError) as e:
+                    conn.send(protocol.pack(out))
+                except OSError as e:
                     self._drop(conn, f"send failed: {e}")
 
-    def _read(self, conn: Connection, batches: list) -> None:
-        for _ in range(FRAMES_PER_CONN_MAX):
-            try:
-                data = conn.recv_bytes(limits.FRAME_BYTES_MAX)
+    def _read(self, conn: FrameConn, batches: list) -> None:
+        """Every complete frame the client has sent; one read per readiness event, so a
+        busy client cannot starve the rest and a stalled one cannot block the loop."""
+        try:
+            for data in conn.read_frames():
                 batches.append((conn, protocol.decode_requests(data)))
-                if not conn.poll(0):
-                    return
-            except ProtocolError as e:
-                self._drop(conn, str(e))
-                return
-            except (EOFError, OSError, ValueError) as e:
-                self._drop(conn, None if isinstance(e, EOFError) else f"read failed: {e}")
-                return
+        except ProtocolError as e:
+            self._drop(conn, str(e))
+        except (EOFError, OSError) as e:
+            self._drop(conn, None if isinstance(e, EOFError) else f"read failed: {e}")
 
-    def _drop(self, conn: Connection, why: str | None) -> None:
+    def _drop(self, conn: FrameConn, why: str | None) -> None:
         if why:
             log.warning("dropping client: %s", why)
-        self.conns.discard(conn)
+        if conn in self.conns:
+            self.conns.discard(conn)
+            self.selector.unregister(conn.fd)
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
         conn.close()
@@ -399,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ready: replayed %d records in %.3f s, %d jobs live", stats.records, stats.seconds,
                  len(shard.state.jobs))
 
+    profile_path = os.environ.get("SHARDQ_PROFILE")  # bench/profile.py: cProfile of the shard loop
+    profiler = None
+    if profile_path:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
         server.serve(ready)
     except LogFailed as e:
@@ -407,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     except InvariantViolation as e:
         log.exception("internal error, exiting so the supervisor restarts and replays: %s", e)
         return EXIT_BUG
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile_path}.shard{a.index}")
     shard.close()
     os.close(lock_fd)
     log.info("stopped cleanly")
