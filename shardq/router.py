@@ -130,9 +130,9 @@ class Router:
         validate.key(key)
         if type(queue) is not str:
             raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
-        if delay:
+        if type(delay) is not int or delay:
             validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
-        if priority:
+        if type(priority) is not int or priority:
             validate.priority(priority)
         validate.dedup_id(dedup_id)
         return [validate.body(body, limits.BODY_BYTES_MAX_CEILING), key, queue, delay or 0,

@@ -119,6 +119,8 @@ class Engine:
         return self._run(self.state.redrive, queue, self.clock.now(), job_ids)
 
     def dead_letters(self, queue="default", limit=1000):
+        self.state.advance(self.clock.now())  # expired leases past max_deliveries die now
+        self.shard.commit()
         return self.state.dead_letters(queue, limit)
 
     def stats(self) -> dict:

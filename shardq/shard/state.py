@@ -257,6 +257,8 @@ class ShardState:
         """
         self.advance(now)
         if session is not None:
+            if type(session) not in (tuple, list) or len(session) != 3:
+                raise InvalidJob("session must be (client, seq, low)")
             cid, cseq, low = (validate.integer("session", v) for v in session)
             entry = self.sessions.get(cid)
             if entry is not None and cseq in entry[1]:
@@ -279,9 +281,9 @@ class ShardState:
                 q = new_queues[qname] = self._queue(qname, create=False)
             b = validate.body(b, q.cfg.max_body_bytes)
             k = validate.key(k)
-            if delay:
+            if type(delay) is not int or delay:  # fast path for the common int 0
                 delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
-            if prio:
+            if type(prio) is not int or prio:
                 prio = validate.priority(prio)
             did = validate.dedup_id(did)
             checked.append((b, k, q, delay, prio, did))
@@ -359,26 +361,25 @@ class ShardState:
         max_deliveries = q.cfg.max_deliveries
         emit_ops = self._ops
         while prios and len(out) < max_jobs:
-            prio = -prios[0]
+            prio = -prios[0]  # re-read each time: dead-lettering a head can promote another
             dq = ready[prio]
-            while dq and len(out) < max_jobs:
-                job = dq.popleft()
-                if job.state is not R:
-                    continue  # stale entry left by replay
-                if job.attempts >= max_deliveries:
-                    op = [ops.DEAD, job.id, job.error or f"delivered {job.attempts} times"]
-                    self._apply_dead(op, popped=True)
-                    emit_ops.append(op)
-                    continue
-                token = self.next_token
-                expires = now + vis
-                op = [ops.LEASE, job.id, token, expires]
-                self._apply_lease(op)
-                emit_ops.append(op)
-                out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            job = dq.popleft()
             if not dq:
                 del ready[prio]
-                prios.pop(0)
+                del prios[bisect.bisect_left(prios, -prio)]
+            if job.state is not R:
+                continue  # stale entry left by replay
+            if job.attempts >= max_deliveries:
+                op = [ops.DEAD, job.id, job.error or f"delivered {job.attempts} times"]
+                self._apply_dead(op, popped=True)
+                emit_ops.append(op)
+                continue
+            token = self.next_token
+            expires = now + vis
+            op = [ops.LEASE, job.id, token, expires]
+            self._apply_lease(op)
+            emit_ops.append(op)
+            out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
         return out
 
     def _apply_lease(self, op) -> None:
@@ -424,7 +425,7 @@ class ShardState:
         never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered."""
         self.advance(now)
         job = self._leased(job_id, token)
-        delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if delay else 0
+        delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
         error = validate.error_text(error)
         if job.attempts >= job.q.cfg.max_deliveries:
             self._emit([ops.DEAD, job_id, error or job.error or f"released after {job.attempts} deliveries"])
@@ -485,7 +486,7 @@ class ShardState:
         if job_ids is None:
             chosen = list(q.dead)[:limit] if limit else list(q.dead)
         else:
-            chosen = [validate.integer("job_id", j) for j in job_ids]
+            chosen = list(dict.fromkeys(validate.integer("job_id", j) for j in job_ids))
             missing = [j for j in chosen if j not in q.dead]
             if missing:
                 raise NotFound(f"not dead letters of {queue!r}: {missing[:5]}")

@@ -1,0 +1,390 @@
+"""Idempotency stores: a durable record of processed job ids, for exactly-once *effects*.
+
+A handler's writes and the "job N is processed" mark commit in one transaction, so they
+land together or not at all; a redelivered job finds the mark and is skipped::
+
+    with store.transaction() as txn:
+        handler_writes(txn.db)             # the effect, in the store's own database
+        if not txn.claim(job_id):          # UNIQUE: another delivery already committed it
+            txn.abort()                    # roll back: the effect exists once already
+    queue.ack(lease)                       # after the commit, never before
+
+:class:`IdempotencyStore` is the interface; :class:`SqliteStore` is the default (stdlib
+``sqlite3``, WAL, ``synchronous=FULL``) and :class:`MemoryStore` the in-memory one for tests.
+See docs/guarantees.md for what this does and does not promise.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, MutableMapping
+from typing import Any, Callable
+
+from .clock import Clock, SystemClock
+from .errors import Closed, InvalidConfig, InvalidJob
+
+#: How long a processed mark is kept. A delivery of the same job id after this (a redrive
+#: from the dead-letter queue weeks later) runs the handler again. Bounded by time, never
+#: by count: dropping marks early would silently break exactly-once effects.
+RETENTION_S_DEFAULT = 7 * 86400.0
+#: How long a claim waits for another transaction holding the database (or the same job id).
+BUSY_TIMEOUT_S_DEFAULT = 30.0
+#: prune() deletes in transactions of at most this many rows, to keep the write lock short.
+PRUNE_BATCH_ROWS = 10_000
+JOB_ID_MAX = 2**63 - 1  # SQLite INTEGER
+
+TABLE = "shardq_processed"
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    job_id       INTEGER PRIMARY KEY,   -- UNIQUE: a job id is marked at most once
+    processed_at REAL NOT NULL          -- wall-clock seconds, for prune()
+);
+CREATE INDEX IF NOT EXISTS {TABLE}_at ON {TABLE}(processed_at);
+"""
+
+
+def _check_job_id(job_id: Any) -> int:
+    if type(job_id) is not int or not 0 <= job_id <= JOB_ID_MAX:
+        raise InvalidJob(f"job_id must be an int in [0, 2**63), got {job_id!r}")
+    return job_id
+
+
+class Txn:
+    """One open transaction. ``db`` is where the handler writes its effect; ``claim``
+    marks a job processed (it commits with the transaction, or not at all)."""
+
+    db: Any
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def claim(self, job_id: int) -> bool:
+        """Mark ``job_id`` processed. False if it already is (committed by another
+        transaction, or claimed earlier in this one). Waits while another open transaction
+        may claim it, so two deliveries of one job never both get True."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Roll back instead of committing when the ``with`` block ends."""
+        self.aborted = True
+
+
+class IdempotencyStore:
+    """Interface. ``transaction()`` commits on a normal exit, rolls back on an exception
+    or after ``txn.abort()``."""
+
+    retention_s: float
+
+    def transaction(self) -> contextlib.AbstractContextManager[Txn]:
+        raise NotImplementedError
+
+    def seen(self, job_id: int) -> bool:
+        """True if ``job_id`` has a committed mark."""
+        raise NotImplementedError
+
+    def prune(self, now: float) -> int:
+        """Delete marks older than ``now - retention_s``; returns how many."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple, dict]:
+        """``(factory, args, kwargs)``, picklable, that opens this store in another process
+        (the worker's process mode)."""
+        raise TypeError(f"{type(self).__name__} cannot be opened in another process")
+
+
+# ---------------------------------------------------------------------------- SQLite
+class _SqliteTxn(Txn):
+    def __init__(self, conn: sqlite3.Connection, clock: Clock):
+        super().__init__()
+        self._conn = conn
+        self._clock = clock
+        self.db = conn.cursor()  # a DB-API cursor inside the transaction
+
+    def claim(self, job_id: int) -> bool:
+        _check_job_id(job_id)
+        if not self._conn.in_transaction:
+            # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
+            raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
+        cur = self._conn.execute(
+            f"INSERT OR IGNORE INTO {TABLE}(job_id, processed_at) VALUES (?, ?)",
+            (job_id, self._clock.now()))
+        return cur.rowcount == 1
+
+
+class SqliteStore(IdempotencyStore):
+    """Processed job ids in a SQLite table (``shardq_processed``) next to the handler's
+    own tables in the same file.
+
+    One connection per thread (created on first use, closed by :meth:`close`), so a thread
+    pool can share one store. ``journal_mode=WAL`` and ``synchronous=FULL``: a committed
+    effect and its mark survive power loss. SQLite has one writer at a time: a transaction
+    holds the write lock from its first write to its commit, so handlers should write late;
+    a claim waits ``busy_timeout_s`` for the lock, then raises ``sqlite3.OperationalError``.
+
+    Job ids are unique within one shardq data dir: use one store (file) per data dir.
+    """
+
+    def __init__(self, path: str | os.PathLike, retention_s: float = RETENTION_S_DEFAULT,
+                 clock: Clock | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S_DEFAULT):
+        path = os.fspath(path)
+        if not path or path == ":memory:" or "mode=memory" in path:
+            raise InvalidConfig("SqliteStore needs a file (use MemoryStore in memory)")
+        if not retention_s > 0:
+            raise InvalidConfig(f"retention_s must be > 0, got {retention_s!r}")
+        if not busy_timeout_s >= 0:
+            raise InvalidConfig(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        self.path = path
+        self.retention_s = float(retention_s)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._clock = clock or SystemClock()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Every connection with the lock its thread holds while using it: close() never
+        # closes a connection in the middle of a call (sqlite3 would crash).
+        self._conns: list[tuple[sqlite3.Connection, threading.RLock]] = []
+        self._closed = False
+        with self._use() as conn:
+            conn.executescript(SCHEMA)
+
+    def _open(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """This thread's connection and its lock, opened on first use."""
+        pair = getattr(self._local, "pair", None)
+        if pair is not None:
+            return pair
+        if self._closed:
+            raise Closed(f"idempotency store {self.path} is closed")
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)  # used by its thread only; closed by close()
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise InvalidConfig(f"{self.path}: journal_mode is {mode!r}, WAL is required")
+            conn.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            conn.close()
+            raise
+        pair = (conn, threading.RLock())
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise Closed(f"idempotency store {self.path} is closed")
+            self._conns.append(pair)
+        self._local.pair = pair
+        self._local.in_txn = False
+        return pair
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        conn, lock = self._open()
+        with lock:
+            if self._closed:
+                raise Closed(f"idempotency store {self.path} is closed")
+            yield conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Txn]:
+        self._open()
+        if self._local.in_txn:
+            raise RuntimeError("nested idempotency transaction in one thread")
+        with self._use() as conn:
+            txn = _SqliteTxn(conn, self._clock)
+            conn.execute("BEGIN")  # deferred: the write lock is taken by the first write
+            self._local.in_txn = True
+            try:
+                yield txn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            else:
+                if txn.aborted:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                else:
+                    try:
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+            finally:
+                self._local.in_txn = False
+                txn.db.close()
+
+    def seen(self, job_id: int) -> bool:
+        _check_job_id(job_id)
+        with self._use() as conn:
+            return conn.execute(f"SELECT 1 FROM {TABLE} WHERE job_id = ?",
+                                (job_id,)).fetchone() is not None
+
+    def prune(self, now: float) -> int:
+        cutoff = now - self.retention_s
+        total = 0
+        with self._use() as conn:
+            if self._local.in_txn:
+                raise RuntimeError("prune() inside a transaction")
+            while True:  # each statement is its own short transaction (autocommit)
+                cur = conn.execute(
+                    f"DELETE FROM {TABLE} WHERE job_id IN "
+                    f"(SELECT job_id FROM {TABLE} WHERE processed_at < ? LIMIT ?)",
+                    (cutoff, PRUNE_BATCH_ROWS))
+                total += cur.rowcount
+                if cur.rowcount < PRUNE_BATCH_ROWS:
+                    return total
+
+    def close(self) -> None:
+        """Refuse further use and close every thread's connection. A connection that is
+        in use right now (a handler still running) is left to its thread: it is rolled
+        back and closed when that thread or the process ends."""
+        with self._lock:
+            self._closed = True
+            pairs, self._conns = self._conns, []
+        for conn, lock in pairs:
+            if lock.acquire(blocking=False):
+                try:
+                    conn.close()
+                finally:
+                    lock.release()
+
+    def reopen_spec(self):
+        return (SqliteStore, (self.path,),
+                {"retention_s": self.retention_s, "busy_timeout_s": self.busy_timeout_s})
+
+
+# ---------------------------------------------------------------------------- memory
+_DELETED = object()
+
+
+class _Overlay(MutableMapping):
+    """``txn.db`` of a MemoryStore: reads see committed data plus this transaction's
+    writes; writes are staged and applied at commit. Assign values, do not mutate them."""
+
+    def __init__(self, base: dict, lock: threading.Condition):
+        self._base = base
+        self._lock = lock
+        self.writes: dict = {}
+
+    def __getitem__(self, k):
+        if k in self.writes:
+            v = self.writes[k]
+            if v is _DELETED:
+                raise KeyError(k)
+            return v
+        with self._lock:
+            return self._base[k]
+
+    def __setitem__(self, k, v) -> None:
+        self.writes[k] = v
+
+    def __delitem__(self, k) -> None:
+        if k not in self:
+            raise KeyError(k)
+        self.writes[k] = _DELETED
+
+    def _keys(self) -> list:
+        with self._lock:
+            keys = dict.fromkeys(self._base)
+        keys.update(dict.fromkeys(self.writes))
+        return [k for k in keys if self.writes.get(k, None) is not _DELETED]
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+
+class _MemoryTxn(Txn):
+    def __init__(self, store: MemoryStore):
+        super().__init__()
+        self._store = store
+        self.claims: list[int] = []
+        self.db = _Overlay(store.data, store._cond)
+
+    def claim(self, job_id: int) -> bool:
+        return self._store._claim(self, _check_job_id(job_id))
+
+
+class MemoryStore(IdempotencyStore):
+    """In-memory store for tests (one process). ``data`` holds the committed effects
+    written through ``txn.db`` (a dict-like overlay); claims behave as SQLite's UNIQUE
+    does: a claim of an id another open transaction claimed waits for it to end."""
+
+    def __init__(self, retention_s: float = RETENTION_S_DEFAULT, clock: Clock | None = None,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S_DEFAULT):
+        if not retention_s > 0:
+            raise InvalidConfig(f"retention_s must be > 0, got {retention_s!r}")
+        self.retention_s = float(retention_s)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._clock = clock or SystemClock()
+        self._cond = threading.Condition()
+        self.data: dict = {}
+        self.processed: dict[int, float] = {}   # job id -> processed_at (committed marks)
+        self._open_claims: dict[int, _MemoryTxn] = {}
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed("idempotency store is closed")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Txn]:
+        self._check_open()
+        txn = _MemoryTxn(self)
+        try:
+            yield txn
+        except BaseException:
+            self._end(txn, commit=False)
+            raise
+        self._end(txn, commit=not txn.aborted)
+
+    def _claim(self, txn: _MemoryTxn, job_id: int) -> bool:
+        with self._cond:
+            if not self._cond.wait_for(
+                    lambda: self._open_claims.get(job_id, txn) is txn, self.busy_timeout_s):
+                raise TimeoutError(f"job {job_id} is claimed by another open transaction")
+            if job_id in self.processed or self._open_claims.get(job_id) is txn:
+                return False
+            self._open_claims[job_id] = txn
+            txn.claims.append(job_id)
+            return True
+
+    def _end(self, txn: _MemoryTxn, commit: bool) -> None:
+        closed = commit and self._closed
+        with self._cond:
+            if commit and not closed:
+                for k, v in txn.db.writes.items():
+                    if v is _DELETED:
+                        self.data.pop(k, None)
+                    else:
+                        self.data[k] = v
+                now = self._clock.now()
+                for job_id in txn.claims:
+                    self.processed[job_id] = now
+            for job_id in txn.claims:
+                del self._open_claims[job_id]
+            self._cond.notify_all()
+        if closed:
+            raise Closed("idempotency store is closed")
+
+    def seen(self, job_id: int) -> bool:
+        self._check_open()
+        with self._cond:
+            return _check_job_id(job_id) in self.processed
+
+    def prune(self, now: float) -> int:
+        self._check_open()
+        cutoff = now - self.retention_s
+        with self._cond:
+            old = [j for j, at in self.processed.items() if at < cutoff]
+            for j in old:
+                del self.processed[j]
+        return len(old)
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,740 @@
+"""The worker: lease jobs, run a handler on each, heartbeat, then ack or nack.
+
+Threads. The thread that calls :meth:`Worker.run` is the *loop*, the only thread that talks
+to the queue (dequeue_many, extend, ack_many, nack), so the router need not be thread-safe.
+``concurrency`` *runner* threads each run one handler at a time; in process mode a runner
+hands its job to a process pool and waits for the result.
+
+A job inside the worker::
+
+    PENDING (leased, waiting for a runner) -> QUEUED (given to an idle runner) -> RUNNING
+      -> COMMITTING (the idempotency transaction passed its lease check) -> FINISHED
+      -> acked / nacked / dropped (lease lost)
+
+The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees.md says why):
+
+* a lease whose deadline has passed is never started (celery#7918);
+* every lease held (running or prefetched) is extended each time ``heartbeat_fraction`` of
+  it has passed, so a prefetched job never burns a delivery while it waits for a runner;
+* with an idempotency store: already seen -> skip the handler and ack; otherwise handler
+  writes + claim in one transaction, committed only while the lease is still ours, then ack;
+* a failed handler is nacked with full-jitter exponential backoff and ``"Type: message"``;
+* stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
+  for ``grace_s``, then release the rest and return. A second signal exits at once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import multiprocessing
+import os
+import pickle
+import queue as queue_mod
+import random
+import signal
+import sys
+import threading
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
+
+from . import limits
+from .clock import Clock, SystemClock
+from .errors import Closed, InvalidConfig, LeaseLost, ShardqError, ShardUnavailable
+from .idempotency import IdempotencyStore, SqliteStore
+from .types import Lease
+
+log = logging.getLogger("shardq.worker")
+
+CONCURRENCY_MAX = 1024
+POLL_S = 0.1                     # longest the loop blocks while handlers run
+IDLE_WAIT_S = 1.0                # long-poll wait of dequeue when nothing is in flight
+COMMIT_MARGIN_S = 1.0            # commit only with this much lease left (at most 10% of it)
+UNAVAILABLE_BACKOFF_S_MIN = 0.1  # after ShardUnavailable, wait this long, doubling ...
+UNAVAILABLE_BACKOFF_S_MAX = 5.0  # ... up to this
+PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
+
+# Job states inside the worker, and runner outcomes.
+PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
+    "pending", "queued", "running", "committing", "finished", "abandoned")
+DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED = (
+    "done", "duplicate", "failed", "lost", "expired", "skipped")
+_WAKE = object()  # put on the results queue by stop()
+
+
+class Context:
+    """What a handler gets. ``db`` is the idempotency transaction's DB-API cursor (None
+    without a store). ``lease`` is the lease as it was when the handler started; the
+    worker tracks later heartbeats itself."""
+
+    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db")
+
+    def __init__(self, lease: Lease, db: Any = None):
+        self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
+        self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
+
+    def __repr__(self) -> str:
+        return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
+
+
+Handler = Callable[[Context], Any]
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    leased: int = 0       # leases received
+    succeeded: int = 0    # handler ran (and committed), acked
+    duplicates: int = 0   # already processed: handler skipped, acked
+    failed: int = 0       # handler raised: nacked with backoff
+    lost: int = 0         # lease lost: not acked, the redelivery wins
+    expired: int = 0      # deadline passed before it started: not run
+    released: int = 0     # not started, handed back (stop, or waited too long for a runner)
+    abandoned: int = 0    # still running when the grace period ended: lease released
+    unavailable: int = 0  # ShardUnavailable answers seen
+
+    @property
+    def processed(self) -> int:
+        return self.succeeded + self.duplicates + self.failed + self.lost + self.expired
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in ``[0, min(cap_s, base_s * 2**(attempt-1))]``."""
+    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(max(attempt, 1) - 1, 64)))
+
+
+def error_text(exc: BaseException) -> str:
+    """``"Type: message"``, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a __str__ that raises
+        text = type(exc).__name__
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > limits.ERROR_TEXT_BYTES_MAX:
+        text = raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
+    return text
+
+
+def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
+            may_commit: Callable[[], bool] | None = None) -> tuple[str, str | None]:
+    """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
+
+    With a store: skip if seen; else handler, claim, lease check, commit, in that order.
+    The claim comes last so the write lock is held as briefly as the handler allows, and
+    the lease check comes after the claim, right before the commit. Returns (outcome, error).
+    """
+    try:
+        if store is None:
+            handler(Context(lease))
+            return DONE, None
+        if store.seen(lease.job_id):
+            return DUPLICATE, None
+        with store.transaction() as txn:
+            handler(Context(lease, txn.db))
+            if not txn.claim(lease.job_id):
+                txn.abort()  # another delivery committed it while we ran
+                return DUPLICATE, None
+            if may_commit is not None and not may_commit():
+                txn.abort()  # lease lost: roll back, the redelivery wins
+                return LOST, None
+        return DONE, None
+    except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
+        log.warning("job %d attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
+        return FAILED, error_text(exc)
+
+
+class _Job:
+    __slots__ = ("lease", "state", "lost", "extend_at")
+
+    def __init__(self, lease: Lease, extend_at: float):
+        self.lease, self.state, self.lost, self.extend_at = lease, PENDING, False, extend_at
+
+    @property
+    def ref(self) -> tuple[int, int]:  # one delivery; a job can be redelivered to us
+        return self.lease.job_id, self.lease.token
+
+
+class Worker:
+    """Runs ``handler(ctx)`` on jobs of ``queue``. See the module docstring."""
+
+    def __init__(self, queue_or_router: Any, handler: Handler, queue: str = "default",
+                 concurrency: int = 8, mode: str = "thread",
+                 idempotency: IdempotencyStore | None = None, prefetch: int | None = None,
+                 backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
+                 heartbeat_fraction: float = 0.5, grace_s: float = 30.0, log_every: int = 1000,
+                 clock: Clock | None = None, rng: random.Random | None = None,
+                 poll_s: float = POLL_S, idle_wait_s: float = IDLE_WAIT_S,
+                 prune_every_s: float | None = PRUNE_EVERY_S):
+        if prefetch is None:
+            prefetch = max(1, concurrency // 4) if isinstance(concurrency, int) else 0
+        _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
+                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
+        _require(isinstance(prefetch, int) and 0 <= prefetch <= concurrency,
+                 "prefetch must be an int in [0, concurrency]")
+        _require(mode in ("thread", "process"), "mode must be 'thread' or 'process'")
+        _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
+        _require(0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX,
+                 "need 0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX")
+        _require(grace_s >= 0 and poll_s > 0 and idle_wait_s >= 0, "bad grace_s/poll_s/idle_wait_s")
+        _require(isinstance(log_every, int) and log_every >= 1, "log_every must be an int >= 1")
+        _require(callable(handler), "handler must be callable")
+        if mode == "process":
+            try:
+                pickle.dumps(handler)
+            except Exception as exc:
+                raise InvalidConfig(f"process mode needs a module-level handler: {exc}") from None
+            if idempotency is not None:
+                try:
+                    idempotency.reopen_spec()
+                except TypeError as exc:
+                    raise InvalidConfig(f"process mode: {exc}") from None
+        self._q = queue_or_router
+        self._handler = handler
+        self._queue = queue
+        self._concurrency = concurrency
+        self._prefetch = prefetch
+        self._mode = mode
+        self._store = idempotency
+        self._backoff_base_s, self._backoff_cap_s = float(backoff_base_s), float(backoff_cap_s)
+        self._heartbeat_fraction = float(heartbeat_fraction)
+        self._grace_s = float(grace_s)
+        self._log_every = log_every
+        self._clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self._poll_s, self._idle_wait_s = float(poll_s), float(idle_wait_s)
+        self._prune_every_s = prune_every_s
+        self._lock = threading.Lock()      # guards _Job.lease/state/lost between loop and runners
+        self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+        self._stop_requested = False
+        self._stop_at: float | None = None
+        self._signals = 0
+        self._visibility = limits.VISIBILITY_TIMEOUT_S_DEFAULT
+        self._max_deliveries = limits.MAX_DELIVERIES_DEFAULT
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_gen = 0
+        self._pool_lock = threading.Lock()
+        self.stats = WorkerStats()
+
+    # ------------------------------------------------------------------ public
+    def stop(self) -> None:
+        """Stop leasing; running handlers get ``grace_s`` to finish. Safe from any thread
+        and from a signal handler (it sets a flag and wakes the loop, nothing else)."""
+        if self._stop_at is None:
+            self._stop_at = self._clock.monotonic()  # the grace period counts from here
+        self._stop_requested = True
+        self._results.put(_WAKE)  # SimpleQueue.put is reentrant
+
+    def run(self, max_jobs: int | None = None, until_idle: bool = False) -> WorkerStats:
+        """Work until stopped; or until ``max_jobs`` leases are settled; or, with
+        ``until_idle``, until a dequeue finds nothing and nothing is in flight. A stopped
+        worker stays stopped. Returns a copy of the counters."""
+        old_handlers = self._install_signals()
+        self._results = results = queue_mod.SimpleQueue()
+        if self._stop_requested:
+            results.put(_WAKE)
+        self._work = work = queue_mod.SimpleQueue()
+        self._in_flight: dict[tuple[int, int], _Job] = {}
+        self._pending: deque[_Job] = deque()
+        self._outbox: list[tuple[str, _Job, Any]] = []
+        self._idle = self._concurrency
+        self._grace_end: float | None = None
+        self._backoff_s = 0.0
+        self._log_n, self._log_t0 = 0, self._clock.monotonic()
+        runners: list[threading.Thread] = []
+        pruner_stop = threading.Event()
+        try:
+            self._load_config()
+            if self._mode == "process":
+                self._pool = self._make_pool()
+            for i in range(self._concurrency):
+                t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
+                                     name=f"shardq-runner-{i}")
+                t.start()
+                runners.append(t)
+            self._start_pruner(pruner_stop)
+            self._loop(max_jobs, until_idle)
+        finally:
+            pruner_stop.set()
+            abandoned = self._idle < self._concurrency  # some runner may never come back
+            for _ in runners:
+                work.put(None)
+            if not abandoned:
+                for t in runners:
+                    t.join()
+            self._close_pool(kill=abandoned)
+            for sig, handler in (old_handlers or {}).items():
+                signal.signal(sig, handler)
+        return dataclasses.replace(self.stats)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self, max_jobs: int | None, until_idle: bool) -> None:
+        last_fill: int | None = None
+        while True:
+            self._settle(self._collect(self._wait_s(last_fill)))
+            self._heartbeat()
+            self._dispatch()
+            last_fill = None
+            if self._stop_requested:
+                if self._shutdown_step():
+                    return
+            else:
+                if max_jobs is not None and self.stats.leased >= max_jobs and not self._in_flight:
+                    return
+                last_fill = self._fill(max_jobs)
+                if until_idle and last_fill == 0 and not self._in_flight:
+                    return
+            self._dispatch()
+
+    def _wait_s(self, last_fill: int | None) -> float:
+        if self._backoff_s:
+            return self._backoff_s  # a result or stop() still wakes the loop early
+        if self._idle == self._concurrency and not self._in_flight:
+            return 0.0  # nothing in flight: the dequeue long-polls instead
+        if last_fill and self._idle > 0:
+            return 0.0  # the queue had jobs and a runner is free: keep pulling
+        return self._poll_s
+
+    def _collect(self, timeout: float) -> list[tuple[_Job, str, str | None]]:
+        out: list = []
+        try:
+            item = self._results.get(timeout=timeout) if timeout > 0 else self._results.get_nowait()
+            while True:
+                if item is not _WAKE:
+                    out.append(item)
+                item = self._results.get_nowait()
+        except queue_mod.Empty:
+            return out
+
+    def _fill(self, max_jobs: int | None) -> int | None:
+        """Lease up to the free capacity. Returns how many came, None if it did not ask."""
+        cap = self._concurrency + self._prefetch - len(self._in_flight)
+        if max_jobs is not None:
+            cap = min(cap, max_jobs - self.stats.leased)
+        cap = min(cap, limits.BATCH_JOBS_MAX)
+        if cap <= 0:
+            return None
+        wait = self._idle_wait_s if not self._in_flight else 0.0
+        try:
+            leases = self._q.dequeue_many(self._queue, max_jobs=cap, wait=wait, visibility=None)
+        except ShardUnavailable as exc:
+            self._unavailable("dequeue", exc)
+            return None
+        self._backoff_s = 0.0
+        now = self._clock.now()
+        for lease in leases:
+            job = _Job(lease, now + self._heartbeat_fraction * (lease.deadline - now))
+            self._in_flight[job.ref] = job
+            self._pending.append(job)
+        self.stats.leased += len(leases)
+        return len(leases)
+
+    def _dispatch(self) -> None:
+        now = self._clock.now()
+        while self._pending and self._idle > 0:
+            job = self._pending.popleft()
+            if now >= job.lease.deadline:
+                self._expired(job)
+                continue
+            job.state = QUEUED
+            self._idle -= 1
+            self._work.put(job)
+
+    def _expired(self, job: _Job) -> None:
+        log.warning("job %d attempt %d: lease expired before it started; not running it",
+                    job.lease.job_id, job.lease.attempt)
+        self._finish(job, "expired")
+
+    # ------------------------------------------------------------------ results
+    def _settle(self, results: list[tuple[_Job, str, str | None]]) -> None:
+        self._retry_outbox()
+        acks: list[tuple[_Job, str]] = []
+        for job, outcome, error in results:
+            self._idle += 1
+            if outcome == SKIPPED:
+                continue
+            with self._lock:
+                job.state = FINISHED
+                lost = job.lost
+            if outcome == EXPIRED:
+                self._expired(job)
+            elif outcome == FAILED:
+                self._finish(job, "failed", keep=True)
+                if not lost:
+                    self._nack_failed(job, error)
+                else:
+                    self._in_flight.pop(job.ref, None)
+            elif outcome == LOST or lost:
+                log.warning("job %d attempt %d: lease lost; not acking (%s)", job.lease.job_id,
+                            job.lease.attempt, "rolled back" if outcome == LOST else outcome)
+                self._finish(job, "lost")
+            else:  # DONE or DUPLICATE
+                acks.append((job, outcome))
+        if acks:
+            self._ack(acks)
+
+    def _ack(self, items: list[tuple[_Job, str]]) -> None:
+        try:
+            outcomes = self._ack_many([job.lease for job, _ in items])
+        except ShardUnavailable as exc:
+            self._unavailable("ack", exc)
+            self._outbox.extend(("ack", job, kind) for job, kind in items)
+            return
+        for (job, kind), res in zip(items, outcomes):
+            if res is None:
+                self._finish(job, "succeeded" if kind == DONE else "duplicates")
+            elif isinstance(res, ShardUnavailable):
+                self._unavailable("ack", res)
+                self._outbox.append(("ack", job, kind))
+            else:  # LeaseLost, or anything else: the lease will expire and redeliver
+                log.warning("job %d: ack failed (%s); the redelivery will find it done",
+                            job.lease.job_id, error_text(res))
+                self._finish(job, "lost")
+
+    def _ack_many(self, leases: list[Lease]) -> list[BaseException | None]:
+        ack_many = getattr(self._q, "ack_many", None)
+        if ack_many is not None:
+            return ack_many(leases)
+        out: list[BaseException | None] = []
+        for lease in leases:
+            try:
+                self._q.ack(lease)
+                out.append(None)
+            except ShardqError as exc:
+                out.append(exc)
+        return out
+
+    def _nack_failed(self, job: _Job, error: str | None) -> None:
+        attempt = job.lease.attempt
+        if attempt >= self._max_deliveries:
+            delay = 0.0
+            log.warning("job %d failed its last delivery (%d of %d); the queue dead-letters it",
+                        job.lease.job_id, attempt, self._max_deliveries)
+        else:
+            delay = backoff_delay(attempt, self._backoff_base_s, self._backoff_cap_s, self._rng)
+        self._nack(job, delay, error)
+
+    def _nack(self, job: _Job, delay: float, error: str | None) -> bool:
+        """Release a lease; on ShardUnavailable retry later. True if it is settled."""
+        try:
+            self._q.nack(job.lease, delay=delay, error=error)
+        except LeaseLost:
+            log.info("job %d: nack after the lease was lost", job.lease.job_id)
+        except ShardUnavailable as exc:
+            self._unavailable("nack", exc)
+            self._outbox.append(("nack", job, (delay, error)))
+            return False
+        self._in_flight.pop(job.ref, None)
+        return True
+
+    def _retry_outbox(self) -> None:
+        if not self._outbox:
+            return
+        items, self._outbox = self._outbox, []
+        now = self._clock.now()
+        acks = []
+        for op, job, extra in items:
+            if now >= job.lease.deadline:  # the lease is gone; the queue redelivers the job
+                log.warning("job %d: gave up %s after the lease ended", job.lease.job_id, op)
+                self._in_flight.pop(job.ref, None)
+                if op == "ack":
+                    self._finish(job, "lost")
+            elif op == "ack":
+                acks.append((job, extra))
+            else:
+                self._nack(job, *extra)
+        if acks:
+            self._ack(acks)
+
+    def _finish(self, job: _Job, counter: str, keep: bool = False) -> None:
+        if not keep:
+            self._in_flight.pop(job.ref, None)
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        self._log_n += 1
+        if self._log_n >= self._log_every:
+            self._log_progress()
+
+    def _log_progress(self) -> None:
+        now = self._clock.monotonic()
+        elapsed = now - self._log_t0
+        s = self.stats
+        log.info("%d jobs in %.1fs (%.1f/s); total %d ok, %d duplicate, %d failed, %d lost, "
+                 "%d expired; in flight %d", self._log_n, elapsed,
+                 self._log_n / elapsed if elapsed > 0 else 0.0, s.succeeded, s.duplicates,
+                 s.failed, s.lost, s.expired, len(self._in_flight))
+        self._log_n, self._log_t0 = 0, now
+
+    # ------------------------------------------------------------------ leases
+    def _heartbeat(self) -> None:
+        now = self._clock.now()
+        for job in list(self._in_flight.values()):
+            if now < job.extend_at:
+                continue
+            with self._lock:
+                state, lost = job.state, job.lost
+            if lost or state not in (PENDING, QUEUED, RUNNING, COMMITTING):
+                continue
+            try:
+                new = self._q.extend(job.lease, self._visibility)
+            except LeaseLost as exc:
+                with self._lock:
+                    job.lost = True
+                log.warning("job %d attempt %d: lease lost while running (%s); its effects will "
+                            "be rolled back and it will not be acked", job.lease.job_id,
+                            job.lease.attempt, exc)
+                continue
+            except ShardUnavailable as exc:
+                self._unavailable("extend", exc)
+                return
+            self._backoff_s = 0.0
+            with self._lock:
+                job.lease = new
+            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
+
+    def _release(self, job: _Job, counter: str) -> None:
+        """Hand a lease back now (nack, delay 0); errors only mean it expires by itself."""
+        try:
+            self._q.nack(job.lease, delay=0.0)
+        except ShardqError as exc:
+            log.info("job %d: release failed (%s); its lease will expire", job.lease.job_id, exc)
+        self._in_flight.pop(job.ref, None)
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+
+    def _unavailable(self, what: str, exc: BaseException) -> None:
+        self.stats.unavailable += 1
+        self._backoff_s = min(UNAVAILABLE_BACKOFF_S_MAX,
+                              max(UNAVAILABLE_BACKOFF_S_MIN, self._backoff_s * 2))
+        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, self._backoff_s)
+
+    def _load_config(self) -> None:
+        get = getattr(self._q, "queue_config", None)
+        cfg: dict = {}
+        while get is not None and not self._stop_requested:
+            try:
+                cfg = get(self._queue)
+                break
+            except ShardUnavailable as exc:
+                self._unavailable("queue_config", exc)
+                self._collect(self._backoff_s)  # sleeps; stop() wakes it
+        self._backoff_s = 0.0
+        self._visibility = float(cfg.get("visibility_timeout", limits.VISIBILITY_TIMEOUT_S_DEFAULT))
+        self._max_deliveries = int(cfg.get("max_deliveries", limits.MAX_DELIVERIES_DEFAULT))
+
+    # ------------------------------------------------------------------ shutdown
+    def _shutdown_step(self) -> bool:
+        """One loop turn while stopping. True when the loop should return."""
+        if self._grace_end is None:
+            self._grace_end = (self._stop_at or self._clock.monotonic()) + self._grace_s
+            log.info("stopping: %d running, releasing %d not started; grace %.1fs",
+                     self._concurrency - self._idle, len(self._pending), self._grace_s)
+            while self._pending:
+                self._release(self._pending.popleft(), "released")
+        if not self._in_flight:
+            return True
+        if self._clock.monotonic() < self._grace_end:
+            return False
+        n = 0
+        for job in list(self._in_flight.values()):
+            with self._lock:
+                state = job.state
+                if state in (QUEUED, RUNNING):
+                    job.state, job.lost = ABANDONED, True
+            if state in (QUEUED, RUNNING):
+                n += 1
+                self._release(job, "abandoned")
+        log.warning("grace period over: released the leases of %d running job(s); %d left to "
+                    "expire", n, len(self._in_flight))
+        return True
+
+    def _install_signals(self) -> dict | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_signal(signum, frame):
+            self._signals += 1
+            if self._signals > 1:
+                os.write(2, b"shardq worker: second signal, exiting now\n")
+                os._exit(1)
+            self.stop()
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    # ------------------------------------------------------------------ runners
+    def _runner(self, work: queue_mod.SimpleQueue, results: queue_mod.SimpleQueue) -> None:
+        while True:
+            job = work.get()
+            if job is None:
+                return
+            outcome, error = self._run_one(job)
+            results.put((job, outcome, error))
+
+    def _run_one(self, job: _Job) -> tuple[str, str | None]:
+        with self._lock:
+            if job.state != QUEUED:
+                return SKIPPED, None
+            if self._clock.now() >= job.lease.deadline:
+                return EXPIRED, None
+            job.state = RUNNING
+            lease = job.lease
+        try:
+            if self._mode == "process":
+                return self._run_in_pool(lease)
+            return execute(self._handler, lease, self._store, lambda: self._may_commit(job))
+        except BaseException as exc:  # noqa: BLE001 - never let a runner die
+            log.exception("job %d: runner error", lease.job_id)
+            return FAILED, error_text(exc)
+
+    def _may_commit(self, job: _Job) -> bool:
+        """The lease check right before the commit (runner thread): local knowledge only,
+        so the router is used by the loop alone. The queue expires a lease only at its
+        deadline, so a lease we have not seen lost and that has ``margin`` left is ours."""
+        margin = min(COMMIT_MARGIN_S, 0.1 * self._visibility)
+        with self._lock:
+            if job.lost or job.state != RUNNING:
+                return False
+            if self._clock.now() >= job.lease.deadline - margin:
+                job.lost = True
+                return False
+            job.state = COMMITTING
+            return True
+
+    # ------------------------------------------------------------------ process mode
+    def _make_pool(self) -> ProcessPoolExecutor:
+        spec = self._store.reopen_spec() if self._store is not None else None
+        return ProcessPoolExecutor(max_workers=self._concurrency,
+                                   mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_child_init, initargs=(self._handler, spec))
+
+    def _run_in_pool(self, lease: Lease) -> tuple[str, str | None]:
+        with self._pool_lock:
+            pool, gen = self._pool, self._pool_gen
+        try:
+            return pool.submit(_child_run, lease).result()
+        except BrokenProcessPool:
+            with self._pool_lock:
+                if self._pool_gen == gen:  # the first runner to notice replaces the pool
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool, self._pool_gen = self._make_pool(), gen + 1
+            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}"
+
+    def _close_pool(self, kill: bool) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:  # children ignore SIGTERM/SIGINT (the group gets them too): SIGKILL
+            procs = getattr(pool, "_processes", None) or {}  # no public API before 3.14
+            for proc in list(procs.values()):
+                proc.kill()
+        pool.shutdown(wait=not kill, cancel_futures=True)
+
+    def _start_pruner(self, stop: threading.Event) -> None:
+        store, every = self._store, self._prune_every_s
+        if store is None or every is None:
+            return
+
+        def prune_loop() -> None:  # its own thread: a prune waiting on the write lock never delays heartbeats
+            while True:
+                try:
+                    n = store.prune(self._clock.now())
+                    if n:
+                        log.info("idempotency store: pruned %d marks", n)
+                except Closed:
+                    return
+                except Exception:
+                    log.warning("idempotency store: prune failed", exc_info=True)
+                if stop.wait(every):
+                    return
+
+        threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidConfig(message)
+
+
+# ---------------------------------------------------------------------------- pool processes
+# Process-local state of a pool process, set once by its initializer (never used in the parent).
+_CHILD: dict[str, Any] = {}
+
+
+def _child_init(handler: Handler, spec: tuple | None) -> None:
+    # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
+    # group); children finish their job and are SIGKILLed if the grace period ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    store = None
+    if spec is not None:
+        factory, args, kwargs = spec
+        store = factory(*args, **kwargs)
+    _CHILD.update(handler=handler, store=store)
+
+
+def _child_run(lease: Lease) -> tuple[str, str | None]:
+    # No lease check before the commit here (the lease lives in the parent); the UNIQUE
+    # claim still keeps the effect to one commit. See docs/guarantees.md.
+    return execute(_CHILD["handler"], lease, _CHILD["store"], None)
+
+
+# ---------------------------------------------------------------------------- CLI
+def load_handler(spec: str) -> Handler:
+    """Import ``"package.module:function"`` (the attribute may be dotted)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected module:function, got {spec!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec} is not callable")
+    return obj
+
+
+def main(argv: list[str] | None = None, connect: Callable[[str], Any] | None = None) -> int:
+    """``shardq worker module:function [options]``. Returns the exit status."""
+    p = argparse.ArgumentParser(prog="shardq worker",
+                                description="Run a handler on the jobs of one queue.")
+    p.add_argument("handler", help="module:function, imported with the current directory on sys.path")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--connect", default="var/shardq", metavar="DATA_DIR")
+    p.add_argument("--mode", choices=("thread", "process"), default="thread")
+    p.add_argument("--idempotency", metavar="PATH.sqlite",
+                   help="SQLite idempotency store: exactly-once effects through ctx.db")
+    p.add_argument("--prefetch", type=int, default=None)
+    p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
+    p.add_argument("--log-every", type=int, default=1000)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        handler = load_handler(args.handler)
+    except (ImportError, AttributeError, ValueError) as exc:
+        print(f"shardq worker: cannot load {args.handler!r}: {exc}", file=sys.stderr)
+        return 2
+    if connect is None:
+        import shardq
+        connect = shardq.connect
+    store = router = None
+    try:
+        store = SqliteStore(args.idempotency) if args.idempotency else None
+        router = connect(args.connect)
+        Worker(router, handler, queue=args.queue, concurrency=args.concurrency, mode=args.mode,
+               idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
+               log_every=args.log_every).run()
+    except InvalidConfig as exc:
+        print(f"shardq worker: {exc}", file=sys.stderr)
+        return 2
+    except ShardqError as exc:
+        print(f"shardq worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if router is not None:
+            router.close()
+        if store is not None:
+            store.close()
+    return 0
