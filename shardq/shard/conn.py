@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import struct
 
 from .. import limits
@@ -24,12 +25,13 @@ SEND_TIMEOUT_S = 1.0   # a client that does not read its replies for this long i
 
 
 class FrameConn:
-    __slots__ = ("fd", "buf", "closed")
+    __slots__ = ("fd", "buf", "closed", "dead")
 
     def __init__(self, fd: int):
         self.fd = fd
         self.buf = bytearray()
         self.closed = False
+        self.dead = False  # a send failed: no more sends; the loop sees EOF and drops it
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:
@@ -81,6 +83,19 @@ class FrameConn:
                     raise OSError("client is not reading its replies") from None
                 continue
             view = view[sent:]
+
+    def shut(self) -> None:
+        """Stop the connection without freeing the descriptor: the loop reads EOF, drops
+        it, and only then is it closed, so the number cannot be reused under the loop."""
+        self.dead = True
+        try:
+            s = socket.socket(fileno=os.dup(self.fd))
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            finally:
+                s.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         if not self.closed:

@@ -52,6 +52,12 @@ class DurableShard:
                  self.log.stats.records, self.log.stats.seconds, len(self.state.jobs))
         return self.log.stats
 
+    def take_payload(self) -> bytes | None:
+        """The encoded record of every operation since the last call, or None; for a
+        caller that commits it itself (the shard process's pipelined committer)."""
+        ops = self.state.take_ops()
+        return self._pack(ops) if ops else None
+
     def commit(self) -> int:
         """Persist pending operations; returns how many. Compacts when the log is due."""
         ops = self.state.take_ops()

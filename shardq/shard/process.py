@@ -37,6 +37,7 @@ from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
+from .committer import Committer
 from .conn import FrameConn
 from .durable import DurableShard
 
@@ -112,6 +113,8 @@ class ShardServer:
         self.conns: set[FrameConn] = set()
         self.incoming: deque[FrameConn] = deque()
         self.selector = selectors.DefaultSelector()
+        self._closes: list[FrameConn] = []
+        self.committer: Committer | None = None
         self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
         self.stopping = False
         self.iterations = 0
@@ -152,6 +155,7 @@ class ShardServer:
             os.umask(old_umask)
         listener.listen(128)
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
         Acceptor(listener, self.authkey, self._deliver).start()
         if on_ready:
             on_ready()
@@ -164,8 +168,8 @@ class ShardServer:
                 os.unlink(self.sock_path)
             except FileNotFoundError:
                 pass
-            for conn in list(self.conns):
-                conn.close()
+            self.committer.submit(None, [], list(self.conns) + self._closes)
+            self.committer.stop()
 
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
@@ -179,7 +183,8 @@ class ShardServer:
         return max(t, 0.0)
 
     def iterate(self) -> None:
-        """One iteration: read what is ready, apply, one fsync, reply."""
+        """One iteration: read what is ready, apply, then hand the log payload and the
+        replies to the committer (which fsyncs before it sends them)."""
         events = self.selector.select(self._timeout())
         batches = []
         for key, _ in events:
@@ -192,7 +197,7 @@ class ShardServer:
                 while self.incoming:
                     conn = self.incoming.popleft()
                     if len(self.conns) >= CONNECTIONS_MAX:
-                        conn.close()
+                        self._closes.append(conn)
                     else:
                         self.conns.add(conn)
                         self.selector.register(conn.fd, selectors.EVENT_READ, conn)
@@ -206,15 +211,17 @@ class ShardServer:
             out = replies.setdefault(conn, [])
             for rid, op, args in requests:
                 out.append(self._execute(conn, rid, op, args, now))
-        self.shard.commit()  # raises LogFailed: the process exits and nobody hears "ok"
         self._notify_watchers(replies)
+        sends = []
         for conn, out in replies.items():
             out = [r for r in out if r is not _DEFERRED]
             if out and conn in self.conns:
-                try:
-                    conn.send(protocol.pack(out))
-                except OSError as e:
-                    self._drop(conn, f"send failed: {e}")
+                sends.append((conn, protocol.pack(out)))
+        closes, self._closes = self._closes, []
+        self.committer.submit(self.shard.take_payload(), sends, closes)
+        if self.shard.compaction_due():
+            self.committer.drain()  # the checkpoint must follow every record before it
+            self.shard.compact()
 
     def _read(self, conn: FrameConn, batches: list) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
@@ -233,9 +240,9 @@ class ShardServer:
         if conn in self.conns:
             self.conns.discard(conn)
             self.selector.unregister(conn.fd)
+            self._closes.append(conn)  # closed by the committer, after replies queued before
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
-        conn.close()
 
     def _execute(self, conn, rid, op, args, now):
         try:

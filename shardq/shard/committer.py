@@ -1,0 +1,98 @@
+"""Pipelined group commit: the shard loop applies batch N+1 while batch N is being fsynced.
+
+The loop hands each iteration's log payload and reply frames to :class:`Committer`, whose
+thread takes everything queued so far, writes it with **one** fdatasync, and only then
+sends those replies, in order. So a reply never leaves before the fsync that covers it,
+and a reply that depends on an earlier batch (a lease of a job enqueued just before) is sent
+after that batch's fsync too, because fsyncs happen in order.
+
+The committer also owns closing client sockets: a descriptor is closed only after the
+replies queued before the close were sent (or skipped), so a reused descriptor number can
+never receive another client's replies.
+
+A failed write or fsync ends the process at once (``os._exit``) without sending any reply
+it covered: the supervisor restarts the shard, which replays what is on disk.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+
+from ..errors import LogFailed
+
+log = logging.getLogger("shardq.shard")
+
+PENDING_BATCHES_MAX = 16  # the loop waits when the disk falls this far behind
+
+
+class Committer:
+    def __init__(self, log_, exit_code: int):
+        self.log = log_
+        self.exit_code = exit_code
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._busy = False
+        self.fsyncs = 0
+        self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, payload: bytes | None, sends: list, closes: list) -> None:
+        """Queue one iteration's log payload (or None), its ``(conn, frame)`` replies, and
+        connections to close after them."""
+        with self._cond:
+            while len(self._items) >= PENDING_BATCHES_MAX:
+                self._cond.wait()
+            self._items.append((payload, sends, closes))
+            self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until everything submitted is durable and answered (before compaction)."""
+        with self._cond:
+            while self._items or self._busy:
+                self._cond.wait()
+
+    def stop(self) -> None:
+        self.drain()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._stopping:
+                    self._cond.wait()
+                if not self._items:
+                    return
+                items = list(self._items)
+                self._items.clear()
+                self._busy = True
+                self._cond.notify_all()
+            payloads = [p for p, _, _ in items if p is not None]
+            if payloads:
+                try:
+                    self.log.commit(payloads)
+                except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+                    log.error("log commit failed; exiting without replying so the supervisor "
+                              "restarts and replays: %s", e)
+                    logging.shutdown()
+                    os._exit(self.exit_code)
+                self.fsyncs += 1
+            for _, sends, closes in items:
+                for conn, frame in sends:
+                    if conn.closed or conn.dead:
+                        continue
+                    try:
+                        conn.send(frame)
+                    except OSError as e:
+                        log.warning("dropping client: send failed: %s", e)
+                        conn.shut()
+                for conn in closes:
+                    conn.close()
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
