@@ -1,0 +1,26 @@
+"""The public API is explicit and stable: changing it must be a deliberate edit here."""
+import shardq
+import shardq.errors
+
+EXPECTED = {
+    "open", "connect", "Router", "Lease", "DeadLetter", "Config", "QueueConfig", "Worker",
+    "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError", "AuthError",
+    "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "ShardCountMismatch", "CorruptLog", "LogFailed",
+}
+
+
+def test_exports_are_exactly_the_documented_api():
+    assert set(shardq.__all__) == EXPECTED
+    for name in shardq.__all__:
+        assert getattr(shardq, name) is not None
+
+
+def test_every_error_derives_from_the_one_base():
+    for name, obj in vars(shardq.errors).items():
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, shardq.ShardqError), name
+
+
+def test_lease_fields_are_the_documented_ones():
+    assert shardq.Lease._fields == ("job_id", "key", "body", "queue", "attempt", "token", "deadline")
