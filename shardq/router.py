@@ -273,10 +273,13 @@ class Router:
                         out[i] = exc
         return out
 
-    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None) -> None:
+    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
+             delivered: bool = True) -> None:
         """Release the lease now (delay 0) or make the job delayed for ``delay`` seconds.
-        ``error`` is kept as the job's last error (shown in dead letters)."""
-        self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error])
+        ``error`` is kept as the job's last error (shown in dead letters).
+        ``delivered=False``: the job never reached a handler (an unstarted prefetch), so this
+        lease does not count towards ``max_deliveries``."""
+        self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error, delivered])
 
     def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""

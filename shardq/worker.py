@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from . import limits
 from .clock import Clock, SystemClock
-from .errors import Closed, InvalidConfig, LeaseLost, ShardqError, ShardUnavailable
+from .errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
 from .idempotency import IdempotencyStore, SqliteStore
 from .types import Lease
 
@@ -227,7 +227,7 @@ class Worker:
         self._results.put(_WAKE)  # SimpleQueue.put is reentrant
 
     def run(self, max_jobs: int | None = None, until_idle: bool = False) -> WorkerStats:
-        """Work until stopped; or until ``max_jobs`` leases are settled; or, with
+        """Work until stopped; or until ``max_jobs`` leases (of this call) are settled; or, with
         ``until_idle``, until a dequeue finds nothing and nothing is in flight. A stopped
         worker stays stopped. Returns a copy of the counters."""
         old_handlers = self._install_signals()
@@ -241,6 +241,7 @@ class Worker:
         self._idle = self._concurrency
         self._grace_end: float | None = None
         self._backoff_s = 0.0
+        self._run_leased = 0
         self._log_n, self._log_t0 = 0, self._clock.monotonic()
         runners: list[threading.Thread] = []
         pruner_stop = threading.Event()
@@ -280,7 +281,7 @@ class Worker:
                 if self._shutdown_step():
                     return
             else:
-                if max_jobs is not None and self.stats.leased >= max_jobs and not self._in_flight:
+                if max_jobs is not None and self._run_leased >= max_jobs and not self._in_flight:
                     return
                 last_fill = self._fill(max_jobs)
                 if until_idle and last_fill == 0 and not self._in_flight:
@@ -311,7 +312,7 @@ class Worker:
         """Lease up to the free capacity. Returns how many came, None if it did not ask."""
         cap = self._concurrency + self._prefetch - len(self._in_flight)
         if max_jobs is not None:
-            cap = min(cap, max_jobs - self.stats.leased)
+            cap = min(cap, max_jobs - self._run_leased)
         cap = min(cap, limits.BATCH_JOBS_MAX)
         if cap <= 0:
             return None
@@ -328,6 +329,7 @@ class Worker:
             self._in_flight[job.ref] = job
             self._pending.append(job)
         self.stats.leased += len(leases)
+        self._run_leased += len(leases)
         return len(leases)
 
     def _dispatch(self) -> None:
@@ -360,11 +362,9 @@ class Worker:
             if outcome == EXPIRED:
                 self._expired(job)
             elif outcome == FAILED:
-                self._finish(job, "failed", keep=True)
+                self._finish(job, "failed", keep=not lost)  # kept until the nack settles
                 if not lost:
                     self._nack_failed(job, error)
-                else:
-                    self._in_flight.pop(job.ref, None)
             elif outcome == LOST or lost:
                 log.warning("job %d attempt %d: lease lost; not acking (%s)", job.lease.job_id,
                             job.lease.attempt, "rolled back" if outcome == LOST else outcome)
@@ -382,13 +382,13 @@ class Worker:
             self._outbox.extend(("ack", job, kind) for job, kind in items)
             return
         for (job, kind), res in zip(items, outcomes):
-            if res is None:
+            if res is None or isinstance(res, JobGone):  # JobGone: an earlier try landed
                 self._finish(job, "succeeded" if kind == DONE else "duplicates")
             elif isinstance(res, ShardUnavailable):
                 self._unavailable("ack", res)
                 self._outbox.append(("ack", job, kind))
             else:  # LeaseLost, or anything else: the lease will expire and redeliver
-                log.warning("job %d: ack failed (%s); the redelivery will find it done",
+                log.warning("job %d: ack failed (%s); the queue will redeliver it",
                             job.lease.job_id, error_text(res))
                 self._finish(job, "lost")
 
@@ -492,10 +492,14 @@ class Worker:
                 job.lease = new
             job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
 
-    def _release(self, job: _Job, counter: str) -> None:
-        """Hand a lease back now (nack, delay 0); errors only mean it expires by itself."""
+    def _release(self, job: _Job, counter: str, *, started: bool) -> None:
+        """Hand a lease back now (nack, delay 0); errors only mean it expires by itself.
+        A lease whose handler never started is not counted as a delivery."""
         try:
-            self._q.nack(job.lease, delay=0.0)
+            if started:
+                self._q.nack(job.lease, delay=0.0)
+            else:
+                self._q.nack(job.lease, delay=0.0, delivered=False)
         except ShardqError as exc:
             log.info("job %d: release failed (%s); its lease will expire", job.lease.job_id, exc)
         self._in_flight.pop(job.ref, None)
@@ -529,7 +533,7 @@ class Worker:
             log.info("stopping: %d running, releasing %d not started; grace %.1fs",
                      self._concurrency - self._idle, len(self._pending), self._grace_s)
             while self._pending:
-                self._release(self._pending.popleft(), "released")
+                self._release(self._pending.popleft(), "released", started=False)
         if not self._in_flight:
             return True
         if self._clock.monotonic() < self._grace_end:
@@ -542,7 +546,7 @@ class Worker:
                     job.state, job.lost = ABANDONED, True
             if state in (QUEUED, RUNNING):
                 n += 1
-                self._release(job, "abandoned")
+                self._release(job, "abandoned", started=True)
         log.warning("grace period over: released the leases of %d running job(s); %d left to "
                     "expire", n, len(self._in_flight))
         return True
@@ -633,7 +637,8 @@ class Worker:
         if store is None or every is None:
             return
 
-        def prune_loop() -> None:  # its own thread: a prune waiting on the write lock never delays heartbeats
+        # Its own thread: a prune waiting for the write lock never delays a heartbeat.
+        def prune_loop() -> None:
             while True:
                 try:
                     n = store.prune(self._clock.now())
@@ -722,7 +727,9 @@ def main(argv: list[str] | None = None, connect: Callable[[str], Any] | None = N
     store = router = None
     try:
         store = SqliteStore(args.idempotency) if args.idempotency else None
-        router = connect(args.connect)
+        # Requests must time out well inside a lease, so one hung shard cannot stall the
+        # heartbeats of jobs on the other shards past their deadlines.
+        router = connect(args.connect, request_timeout_s=5.0)
         Worker(router, handler, queue=args.queue, concurrency=args.concurrency, mode=args.mode,
                idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
                log_every=args.log_every).run()

@@ -12,7 +12,8 @@ from __future__ import annotations
 ENQUEUE = 1   # [1, job_id, queue, key, body, priority, ready_at, dedup_id, created_at]
 LEASE = 2     # [2, job_id, token, expires_at]            attempts += 1
 ACK = 3       # [3, job_id]                               job deleted
-RELEASE = 4   # [4, job_id, ready_at, error]              nack: ready now (0) or at ready_at
+RELEASE = 4   # [4, job_id, ready_at, error(, undelivered)] nack: ready now (0) or at ready_at;
+              # undelivered=True: the lease never reached a handler, attempts -= 1
 EXTEND = 5    # [5, job_id, expires_at]
 DEAD = 6      # [6, job_id, error]                        moved to the dead-letter queue
 REDRIVE = 7   # [7, job_id]                               back to the tail of its key, attempts 0

@@ -291,8 +291,10 @@ class ShardServer:
         return out
 
     def _nack(self, args, now, conn, rid):
-        job_id, token, delay, error = args
-        self.state.nack(job_id, token, now, delay or 0, error)
+        job_id, token, delay, error, delivered = args
+        if type(delivered) is not bool:
+            raise InvalidJob("nack: delivered must be true or false")
+        self.state.nack(job_id, token, now, delay or 0, error, delivered)
 
     def _extend(self, args, now, conn, rid):
         job_id, token, seconds = args

@@ -420,11 +420,18 @@ class ShardState:
         self._unlink_head(job)
         self._set(job, G)
 
-    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error=None) -> None:
+    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error=None,
+             delivered: bool = True) -> None:
         """End a lease early: the job is ready again now, or after ``delay`` (delayed state,
-        never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered."""
+        never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered.
+
+        ``delivered=False`` says the job never reached a handler (a worker's unstarted
+        prefetch): the lease is not counted as a delivery."""
         self.advance(now)
         job = self._leased(job_id, token)
+        if delivered is False:
+            self._emit([ops.RELEASE, job_id, 0, None, True])
+            return
         delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
         error = validate.error_text(error)
         if job.attempts >= job.q.cfg.max_deliveries:
@@ -433,8 +440,10 @@ class ShardState:
             self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
 
     def _apply_release(self, op) -> None:
-        _, jid, ready_at, error = op
+        jid, ready_at, error = op[1], op[2], op[3]
         job = self.jobs[jid]
+        if len(op) > 4 and op[4]:  # undelivered: the lease does not count
+            job.attempts -= 1
         job.ready_at = ready_at
         if error is not None:
             job.error = error

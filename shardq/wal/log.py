@@ -99,6 +99,10 @@ class Log:
             if seq != prev + 1:
                 raise CorruptLog(os.path.join(self.directory, segment_name(prev + 1)), 0,
                                  f"segment missing between {segment_name(prev)} and {segment_name(seq)}")
+        if base is None and segments and segments[0] != 1:
+            raise CorruptLog(os.path.join(self.directory, segment_name(1)), 0,
+                             f"no checkpoint and the oldest segment is {segment_name(segments[0])}: "
+                             "earlier segments are missing")
         if base is not None and segments and segments[0] != base:
             raise CorruptLog(os.path.join(self.directory, segment_name(base)), 0,
                              "segment missing after the checkpoint")
