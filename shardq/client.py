@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 
 import msgpack
 
 from . import protocol
 from .errors import AuthError, ShardUnavailable
+from .sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
 class ConnectionLost(Exception):
@@ -90,9 +91,9 @@ class ShardClient:
                 if self._closed:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
-                    conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
-                except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError,
-                        BrokenPipeError) as e:
+                    conn = connect_unix(self.address, self.authkey,
+                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())))
+                except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
                     err = e
                 except Exception as e:  # AuthenticationError and friends
                     if type(e).__name__ == "AuthenticationError":

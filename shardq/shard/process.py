@@ -24,7 +24,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 from collections import deque
@@ -37,6 +36,7 @@ from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
+from ..sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
 from .committer import Committer
 from .conn import FrameConn
 from .durable import DurableShard
@@ -44,20 +44,9 @@ from .durable import DurableShard
 log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
-HANDSHAKE_TIMEOUT_S = 5.0
 HANDSHAKES_MAX = 32
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
-
-
-def _socket_timeouts(fd: int, seconds: float) -> None:
-    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
-    s = socket.socket(fileno=os.dup(fd))
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-    finally:
-        s.close()
 
 
 class Acceptor(threading.Thread):
@@ -84,7 +73,7 @@ class Acceptor(threading.Thread):
     def _handshake(self, sock: socket.socket) -> None:
         try:
             fd = sock.detach()
-            _socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
+            socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
             conn = Connection(fd)
             try:
                 deliver_challenge(conn, self.authkey)
@@ -93,7 +82,7 @@ class Acceptor(threading.Thread):
                 log.warning("client rejected during authentication: %s", e or type(e).__name__)
                 conn.close()
                 return
-            _socket_timeouts(fd, 0)
+            socket_timeouts(fd, 0)
             own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
             conn.close()
             self.deliver(FrameConn(own))

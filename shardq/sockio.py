@@ -1,0 +1,52 @@
+"""Socket helpers shared by the shard (server) and the client side.
+
+``multiprocessing.connection`` has no timeouts; a peer that stops answering during the
+authentication handshake would block the caller forever. These helpers bound every
+handshake with kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO), which make blocking reads
+and writes on the descriptor fail instead of hanging.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+HANDSHAKE_TIMEOUT_S = 5.0
+
+
+def socket_timeouts(fd: int, seconds: float) -> None:
+    """Set (0 = clear) the kernel send/receive timeouts of a socket descriptor."""
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
+    s = socket.socket(fileno=os.dup(fd))
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    finally:
+        s.close()
+
+
+def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
+    """Connect and authenticate (both directions) within ``timeout`` seconds.
+
+    Raises OSError (including timeouts), EOFError, or multiprocessing's AuthenticationError.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        s.connect(address)
+        s.settimeout(None)
+        fd = s.detach()
+    except BaseException:
+        s.close()
+        raise
+    socket_timeouts(fd, timeout)
+    conn = Connection(fd)
+    try:
+        answer_challenge(conn, authkey)
+        deliver_challenge(conn, authkey)
+    except BaseException:
+        conn.close()
+        raise
+    socket_timeouts(fd, 0)
+    return conn
