@@ -494,7 +494,7 @@ class Run:
                 "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000,
                             "restart_window": 1.0},
                 "limits": {"segment_bytes": 32 * 1024, "compact_min_bytes": 64 * 1024},
-                "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": 1_000_000},
+                "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries},
             }))
         self.service = self._spawn(["-m", "shardq.cli", "serve", "--config", cfg, "--data-dir", self.data_dir,
                                     "--shards", str(self.a.shards)], "service.log")
@@ -874,6 +874,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-timeout", type=float, default=3.0)
     p.add_argument("--rate", type=float, default=100.0, help="jobs/s per producer")
     p.add_argument("--drain-timeout", type=float, default=120.0)
+    p.add_argument("--max-deliveries", type=int, default=1_000_000,
+                   help="queue max_deliveries (default: out of reach; small values show what "
+                        "dead-lettering does to per-key order)")
     p.add_argument("--stall-prob", type=float, default=0.002,
                    help="chance that a worker stalls past a lease's deadline (before its transaction, "
                         "inside it, or before the ack)")

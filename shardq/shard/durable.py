@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -44,9 +45,17 @@ class DurableShard:
         """Replay checkpoint and segments into the state; afterwards commits append."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         apply = self.state.apply
-        for record in self.log.replay():
-            for op in record:
-                apply(op)
+        # Replay allocates millions of long-lived objects and frees none: the cyclic GC
+        # would rescan them again and again for nothing (about 40% of replay time).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for record in self.log.replay():
+                for op in record:
+                    apply(op)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self.replay_stats = self.log.stats
         log.info("shard %d replayed %d records in %.3f s (%d jobs)", self.shard_index,
                  self.log.stats.records, self.log.stats.seconds, len(self.state.jobs))
@@ -115,8 +124,8 @@ class Engine:
     def ack(self, job_id, token) -> None:
         return self._run(self.state.ack, job_id, token, self.clock.now())
 
-    def nack(self, job_id, token, delay=0.0, error=None) -> None:
-        return self._run(self.state.nack, job_id, token, self.clock.now(), delay, error)
+    def nack(self, job_id, token, delay=0.0, error=None, delivered=True) -> None:
+        return self._run(self.state.nack, job_id, token, self.clock.now(), delay, error, delivered)
 
     def extend(self, job_id, token, seconds) -> float:
         return self._run(self.state.extend, job_id, token, self.clock.now(), seconds)

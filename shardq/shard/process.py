@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -353,6 +354,15 @@ class ShardServer:
         return os.getpid()
 
 
+def tune_gc() -> None:
+    """Jobs form no garbage cycles (refcounting frees them), yet the cyclic GC would scan
+    every live job on each full collection: with a million jobs that is a pause of about a
+    second. Move what replay built out of the GC's view and collect young objects rarely."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
+
+
 def _lock_shard_dir(path: str) -> int:
     os.makedirs(path, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -393,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing to start: %s", e)
         print(f"corrupt {json.dumps({'path': e.path, 'offset': e.offset, 'reason': e.reason})}", flush=True)
         return EXIT_CORRUPT
+    tune_gc()
     server = ShardServer(shard, dd.socket_path(a.index), authkey)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())

@@ -60,8 +60,9 @@ TRANSITIONS = frozenset({
 
 
 class Job:
-    __slots__ = ("id", "q", "key", "body", "priority", "ready_at", "attempts", "state",
-                 "token", "expires_at", "error")
+    # Eight slots keep a job at 96 bytes. A lease (token, deadline) lives in
+    # ShardState.inflight and a last error in ShardState.errors: few jobs have either.
+    __slots__ = ("id", "q", "key", "body", "priority", "ready_at", "attempts", "state")
 
     def __init__(self, job_id, q, key, body, priority, ready_at):
         self.id = job_id
@@ -72,9 +73,6 @@ class Job:
         self.ready_at = ready_at
         self.attempts = 0
         self.state = NEW
-        self.token = 0
-        self.expires_at = 0.0
-        self.error = None
 
 
 class QueueState:
@@ -113,6 +111,8 @@ class ShardState:
         self.queues: dict[str, QueueState] = {}
         self.delayed: list[tuple[float, int]] = []
         self.leases: list[tuple[float, int, int]] = []
+        self.inflight: dict[int, tuple[int, float]] = {}   # job id -> (token, expires_at)
+        self.errors: dict[int, str] = {}                    # job id -> last error
         self.next_seq = 1
         self.next_token = 1
         self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
@@ -197,6 +197,7 @@ class ShardState:
             job.q.keys[job.key] = deque((job,))
             self._make_available(job)
         else:
+            job.key = kq[0].key  # one string object per key, not one per job (memory)
             kq.append(job)
             self._set(job, W)
 
@@ -219,11 +220,12 @@ class ShardState:
         while leases and leases[0][0] <= now:
             expires_at, token, jid = heapq.heappop(leases)
             job = jobs.get(jid)
-            if job is None or job.state is not L or job.token != token or job.expires_at != expires_at:
+            if job is None or self.inflight.get(jid) != (token, expires_at):
                 continue  # acked, released, extended or re-leased since
             if job.attempts >= job.q.cfg.max_deliveries:
-                self._emit([ops.DEAD, jid, job.error or f"lease expired after {job.attempts} deliveries"])
+                self._emit([ops.DEAD, jid, self.errors.get(jid) or f"lease expired after {job.attempts} deliveries"])
             else:
+                del self.inflight[jid]
                 self._set(job, R)
                 job.q.push_ready(job)
         sessions = self.sessions
@@ -370,7 +372,7 @@ class ShardState:
             if job.state is not R:
                 continue  # stale entry left by replay
             if job.attempts >= max_deliveries:
-                op = [ops.DEAD, job.id, job.error or f"delivered {job.attempts} times"]
+                op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
                 self._apply_dead(op, popped=True)
                 emit_ops.append(op)
                 continue
@@ -387,8 +389,7 @@ class ShardState:
         job = self.jobs[jid]
         self._set(job, L)
         job.attempts += 1
-        job.token = token
-        job.expires_at = expires
+        self.inflight[jid] = (token, expires)
         if token >= self.next_token:
             self.next_token = token + 1
         heapq.heappush(self.leases, (expires, token, jid))
@@ -403,9 +404,10 @@ class ShardState:
             if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
                 raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
             raise JobGone(f"job {job_id} is gone (already acked)")
-        if job.state is not L or job.token != token:
+        lease = self.inflight.get(job_id)
+        if lease is None or lease[0] != token:
             raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
-        if job.expires_at <= self._now:
+        if lease[1] <= self._now:
             raise LeaseLost(f"job {job_id}: lease {token} expired")
         return job
 
@@ -417,6 +419,8 @@ class ShardState:
 
     def _apply_ack(self, op) -> None:
         job = self.jobs.pop(op[1])
+        self.inflight.pop(job.id, None)
+        self.errors.pop(job.id, None)
         self._unlink_head(job)
         self._set(job, G)
 
@@ -435,7 +439,8 @@ class ShardState:
         delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
         error = validate.error_text(error)
         if job.attempts >= job.q.cfg.max_deliveries:
-            self._emit([ops.DEAD, job_id, error or job.error or f"released after {job.attempts} deliveries"])
+            self._emit([ops.DEAD, job_id, error or self.errors.get(job_id)
+                        or f"released after {job.attempts} deliveries"])
         else:
             self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
 
@@ -445,8 +450,9 @@ class ShardState:
         if len(op) > 4 and op[4]:  # undelivered: the lease does not count
             job.attempts -= 1
         job.ready_at = ready_at
+        self.inflight.pop(jid, None)
         if error is not None:
-            job.error = error
+            self.errors[jid] = error
         self._make_available(job)
 
     def extend(self, job_id: int, token: int, now: float, seconds: float) -> float:
@@ -461,8 +467,9 @@ class ShardState:
     def _apply_extend(self, op) -> None:
         job = self.jobs[op[1]]
         check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
-        job.expires_at = op[2]
-        heapq.heappush(self.leases, (op[2], job.token, job.id))
+        token = self.inflight[job.id][0]
+        self.inflight[job.id] = (token, op[2])
+        heapq.heappush(self.leases, (op[2], token, job.id))
 
     # ------------------------------------------------------------------ dead letters
     def _apply_dead(self, op, popped: bool = False) -> None:
@@ -475,7 +482,8 @@ class ShardState:
                 pass
         self._unlink_head(job)
         self._set(job, X)
-        job.error = error
+        self.inflight.pop(jid, None)
+        self.errors[jid] = error
         job.q.dead[jid] = job
 
     def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetter]:
@@ -484,7 +492,7 @@ class ShardState:
         for job in q.dead.values():
             if len(out) >= limit:
                 break
-            out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, job.error))
+            out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, self.errors.get(job.id)))
         return out
 
     def redrive(self, queue: str, now: float, job_ids=None, limit: int | None = None) -> int:
@@ -521,6 +529,7 @@ class ShardState:
 
     def _apply_purge(self, op) -> None:
         job = self.jobs.pop(op[1])
+        self.errors.pop(job.id, None)
         del job.q.dead[job.id]
         self._set(job, G)
 
@@ -550,10 +559,13 @@ class ShardState:
         pack = msgpack.Packer().pack
         chunk = [[ops.META, self.next_seq, self.next_token]]
 
+        inflight, errors = self.inflight, self.errors
+
         def job_op(j: Job) -> list:
             state = j.state if j.state in (L, X) else R
+            token, expires = inflight.get(j.id, (0, 0.0)) if state is L else (0, 0.0)
             return [ops.JOB, j.id, j.q.name, j.key, j.body, j.priority, j.ready_at, j.attempts,
-                    int(state), j.token, j.expires_at, j.error]
+                    int(state), token, expires, errors.get(j.id)]
 
         def jobs_in_order() -> Iterator[Job]:
             for q in self.queues.values():
@@ -589,7 +601,9 @@ class ShardState:
         _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op
         q = self.queues.get(qname) or self._queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
-        job.attempts, job.token, job.expires_at, job.error = attempts, token, expires, error
+        job.attempts = attempts
+        if error is not None:
+            self.errors[jid] = error
         self.jobs[jid] = job
         if state == X:
             self._set(job, X)
@@ -600,6 +614,7 @@ class ShardState:
                 check(key not in q.keys, f"checkpoint: leased job {jid} is not the head of its key")
                 q.keys[key] = deque((job,))
             self._set(job, L)
+            self.inflight[jid] = (token, expires)
             heapq.heappush(self.leases, (expires, token, jid))
             return
         self._append_to_key(job)
