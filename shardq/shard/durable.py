@@ -44,15 +44,12 @@ class DurableShard:
     def open(self) -> ReplayStats:
         """Replay checkpoint and segments into the state; afterwards commits append."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        apply = self.state.apply
         # Replay allocates millions of long-lived objects and frees none: the cyclic GC
         # would rescan them again and again for nothing (about 40% of replay time).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            for record in self.log.replay():
-                for op in record:
-                    apply(op)
+            self.state.replay(self.log.replay())
         finally:
             if gc_was_enabled:
                 gc.enable()

@@ -148,13 +148,18 @@ class Log:
         path = os.path.join(self.directory, segment_name(seq))
         data = self.files.read(path)
         scan = FileScan(path, data, SEGMENT_MAGIC, tail_may_tear=last)
-        for payload in scan:
-            try:
-                ops = decode(payload)
-            except Exception as e:  # a CRC-valid record that does not decode: a bug or tampering
-                raise CorruptLog(path, scan.valid_end, f"undecodable record: {e}") from None
-            self.stats.records += 1
-            yield ops
+        unpackb = msgpack.unpackb
+        records = 0
+        try:
+            for payload in scan:
+                try:
+                    ops = unpackb(payload)
+                except Exception as e:  # a CRC-valid record that does not decode: a bug or tampering
+                    raise CorruptLog(path, scan.valid_end, f"undecodable record: {e}") from None
+                records += 1
+                yield ops
+        finally:
+            self.stats.records += records
         self.bytes_since_checkpoint += scan.valid_end
         if scan.torn is not None:
             self._repair_torn_tail(scan.torn, data)
