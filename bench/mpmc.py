@@ -1,0 +1,185 @@
+"""Figures D and D2: 2 producers and 2 consumers at once, end to end.
+
+Each producer enqueues half of the jobs (D: one call per job; D2: batches of 100) while each
+consumer leases and acks (D: one job per call; D2: 100 per call) until the consumers
+together have acked as many jobs as were enqueued. Timed from the first producer's start to
+the last ack. Every delivered body is sent back and checked, so duplicate deliveries are
+counted.
+
+Clients are separate processes, each with its own connection (``connect(spec)``), so the
+client's GIL is not the bottleneck; an adapter whose queue cannot be shared between
+processes (no ``client_spec``) runs them as threads sharing the adapter instead. The result
+says which (``mode``).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from typing import Any
+from collections.abc import Callable
+
+from .jobs import BATCH_JOBS, batches, check, split
+from .peers.base import Adapter, Client, ClientSpec, Item, connect
+from .workloads import DRAIN_WAIT_S, take_leftovers
+
+PRODUCERS = 2
+CONSUMERS = 2
+START_TIMEOUT_S = 60.0  # for every client to connect
+
+
+def produce(client: Client, items: list[Item], batch: bool, barrier) -> dict[str, Any]:
+    barrier.wait(START_TIMEOUT_S)
+    start = time.monotonic()
+    if batch:
+        for chunk in batches(items):
+            client.enqueue_many(chunk)
+    else:
+        for body, key in items:
+            client.enqueue(body, key)
+    return {"start": start, "end": time.monotonic()}
+
+
+def consume(client: Client, batch: bool, target: int, acked, barrier,
+            stall_s: float) -> dict[str, Any]:
+    """Lease and ack until ``acked`` (shared by the consumers) reaches ``target``, or it has
+    not moved for ``stall_s``; then take what the queue still hands out, untimed."""
+    barrier.wait(START_TIMEOUT_S)
+    delivered: list[bytes] = []
+    last_ack = time.monotonic()
+    seen, seen_at = 0, last_ack
+    while True:
+        seen_now = acked.value
+        now = time.monotonic()
+        if seen_now >= target:
+            break
+        if seen_now != seen:
+            seen, seen_at = seen_now, now
+        elif now - seen_at > stall_s:
+            break
+        if batch:
+            handles = client.dequeue_many(BATCH_JOBS, DRAIN_WAIT_S)
+            if handles:
+                delivered.extend(client.body_of(h) for h in handles)
+                client.ack_many(handles)
+        else:
+            handle = client.dequeue(DRAIN_WAIT_S)
+            handles = [handle] if handle is not None else []
+            if handle is not None:
+                delivered.append(client.body_of(handle))
+                client.ack(handle)
+        if handles:
+            last_ack = time.monotonic()
+            with acked.get_lock():
+                acked.value += len(handles)
+    leftovers = take_leftovers(client, limit=target)
+    return {"delivered": delivered + leftovers, "last_ack": last_ack}
+
+
+def _in_process(role: Callable, spec: ClientSpec, args: tuple, conn) -> None:
+    """Entry point of a client process: connect, play ``role``, send the result back."""
+    try:
+        client = connect(spec)
+        try:
+            conn.send(("ok", role(client, *args)))
+        finally:
+            client.close()
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class _Counter:
+    """The thread-mode stand-in for ``multiprocessing.Value``."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+
+def _run_processes(spec: ClientSpec, roles: list[tuple[Callable, tuple]],
+                   barrier, deadline_s: float) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for role, args in roles:
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_in_process, args=(role, spec, args, child), daemon=True)
+        proc.start()
+        child.close()
+        pipes.append(parent)
+        procs.append(proc)
+    try:
+        barrier.wait(START_TIMEOUT_S)
+        results = []
+        for pipe in pipes:
+            if not pipe.poll(deadline_s):
+                raise TimeoutError(f"a client process gave no result within {deadline_s} s")
+            status, value = pipe.recv()
+            if status != "ok":
+                raise RuntimeError(f"client process failed: {value}")
+            results.append(value)
+        return results
+    finally:
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
+                 barrier, deadline_s: float) -> list[dict]:
+    results: list[Any] = [None] * len(roles)
+
+    def play(i: int, role: Callable, args: tuple) -> None:
+        try:
+            results[i] = ("ok", role(client, *args))
+        except BaseException as e:
+            results[i] = ("error", f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=play, args=(i, r, a), daemon=True)
+               for i, (r, a) in enumerate(roles)]
+    for t in threads:
+        t.start()
+    barrier.wait(START_TIMEOUT_S)
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+        if t.is_alive():
+            raise TimeoutError(f"a client thread gave no result within {deadline_s} s")
+    for status, value in results:
+        if status != "ok":
+            raise RuntimeError(f"client thread failed: {value}")
+    return [value for _status, value in results]
+
+
+def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
+        deadline_s: float) -> dict[str, Any]:
+    spec = adapter.client_spec()
+    if spec is None and not adapter.thread_safe:
+        raise RuntimeError(f"{adapter.name}: no client processes and not thread-safe")
+    parties = PRODUCERS + CONSUMERS + 1
+    if spec is not None:
+        ctx = mp.get_context("spawn")
+        barrier, acked = ctx.Barrier(parties), ctx.Value("q", 0)
+    else:
+        barrier, acked = threading.Barrier(parties), _Counter()
+    roles = [(produce, (share, batch, barrier)) for share in split(items, PRODUCERS)]
+    roles += [(consume, (batch, len(items), acked, barrier, stall_s))
+              for _ in range(CONSUMERS)]
+    if spec is not None:
+        results = _run_processes(spec, roles, barrier, deadline_s)
+    else:
+        results = _run_threads(adapter, roles, barrier, deadline_s)
+    producers, consumers = results[:PRODUCERS], results[PRODUCERS:]
+    start = min(p["start"] for p in producers)
+    end = max(c["last_ack"] for c in consumers)
+    delivered = [body for c in consumers for body in c["delivered"]]
+    delivery = check((body for body, _key in items), delivered)
+    seconds = end - start
+    return {"mode": "processes" if spec is not None else "threads",
+            "jobs": len(items), "seconds": seconds,
+            "jobs_per_s": len(items) / seconds if seconds > 0 else 0.0,
+            "duplicates": delivery.duplicates, "delivery": delivery.to_dict()}

@@ -1,0 +1,119 @@
+"""Redis with the append-only file fsynced on every write (``--appendfsync always``).
+
+The reliable-queue pattern: enqueue = LPUSH onto the queue list; lease = LMOVE (BLMOVE when
+waiting) from the queue's tail to the head of a processing list; ack = LREM from the
+processing list. Redis lists have no job key, so the key is not sent. Bodies are unique in
+the benchmark, so LREM of one body removes exactly that delivery. Batches are pipelines of
+the same commands (no MULTI).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+
+from . import servers
+from .base import Adapter, Client, ClientSpec, Item, SkipPeer
+
+QUEUE = "bench:queue"
+PROCESSING = "bench:processing"
+
+
+def _redis_module():
+    try:
+        import redis
+    except ImportError:
+        raise SkipPeer("the redis client is not installed (pip install redis)") from None
+    return redis
+
+
+class RedisClient(Client):
+    batch_mode = "pipeline"
+
+    def __init__(self, port: int):
+        self._r = _redis_module().Redis(host=servers.HOST, port=port)
+
+    def enqueue(self, body: bytes, key: str) -> None:
+        self._r.lpush(QUEUE, body)
+
+    def enqueue_many(self, items: Sequence[Item]) -> None:
+        pipe = self._r.pipeline(transaction=False)
+        for body, _key in items:
+            pipe.lpush(QUEUE, body)
+        pipe.execute()
+
+    def dequeue(self, wait_s: float) -> bytes | None:
+        if wait_s > 0:
+            return self._r.blmove(QUEUE, PROCESSING, wait_s, "RIGHT", "LEFT")
+        return self._r.lmove(QUEUE, PROCESSING, "RIGHT", "LEFT")
+
+    def _move_ready(self, n: int) -> list[bytes]:
+        pipe = self._r.pipeline(transaction=False)
+        for _ in range(n):
+            pipe.lmove(QUEUE, PROCESSING, "RIGHT", "LEFT")
+        return [b for b in pipe.execute() if b is not None]
+
+    def dequeue_many(self, n: int, wait_s: float) -> list[bytes]:
+        bodies = self._move_ready(n)
+        if bodies or wait_s <= 0:
+            return bodies
+        first = self.dequeue(wait_s)
+        if first is None:
+            return []
+        return [first, *self._move_ready(n - 1)] if n > 1 else [first]
+
+    def ack(self, handle: bytes) -> None:
+        self._r.lrem(PROCESSING, 1, handle)
+
+    def ack_many(self, handles: Sequence[bytes]) -> None:
+        pipe = self._r.pipeline(transaction=False)
+        for body in handles:
+            pipe.lrem(PROCESSING, 1, body)
+        pipe.execute()
+
+    def body_of(self, handle: bytes) -> bytes:
+        return handle
+
+    def close(self) -> None:
+        self._r.close()
+
+
+class RedisAdapter(Adapter):
+    name = "redis"
+    batch_mode = RedisClient.batch_mode
+    durability = "AOF, appendfsync always"
+    thread_safe = True  # redis-py takes a pooled connection per command
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self.client: RedisClient | None = None
+        self._port = 0
+
+    def setup(self, tmpdir: str) -> None:
+        _redis_module()
+        binary = servers.require_binary("redis-server")
+        data_dir = os.path.join(tmpdir, "redis")
+        os.makedirs(data_dir)
+        self._port = servers.free_port()
+        argv = [binary, "--bind", servers.HOST, "--port", str(self._port),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                "--dir", data_dir, "--daemonize", "no"]
+        self._proc = servers.start(argv, self._port, os.path.join(tmpdir, "redis.log"))
+        self.client = RedisClient(self._port)
+        got = self.client._r.config_get("appendfsync").get("appendfsync")
+        if got != "always":
+            self.teardown()
+            raise SkipPeer(f"redis-server runs with appendfsync={got!r}, not 'always'")
+
+    def teardown(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        servers.stop(self._proc)
+        self._proc = None
+
+    def client_spec(self) -> ClientSpec:
+        return ClientSpec(__name__, "RedisClient", {"port": self._port})
+
+    def server_pids(self) -> list[int]:
+        return [self._proc.pid] if self._proc else []

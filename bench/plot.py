@@ -1,0 +1,94 @@
+"""PNG plots from a results JSON: ``python -m bench.plot [results.json] [--out DIR]``.
+
+* ``scaling.png``: shardq enqueue jobs/s against producer threads, one line per shard count,
+  unbatched and batched side by side (figure S; only if the JSON has it).
+* ``throughput.png``: the median jobs/s of figures A-D2, one bar per peer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+from .report import THROUGHPUT  # noqa: E402
+
+DEFAULT_JSON = os.path.join(os.path.dirname(__file__), "results", "latest.json")
+
+
+def plot_scaling(scaling: dict, path: str) -> bool:
+    modes = {m: rows for m, rows in scaling.items() if isinstance(rows, dict) and rows}
+    if not modes:
+        return False
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    for ax, (mode, by_shards) in zip(axes[0], modes.items()):
+        for shards, row in sorted(by_shards.items(), key=lambda kv: int(kv[0])):
+            points = sorted((int(t), v) for t, v in row.items() if isinstance(v, (int, float)))
+            if points:
+                ax.plot([t for t, _ in points], [v for _, v in points], marker="o",
+                        label=f"{shards} shard(s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 4, 16], labels=["1", "4", "16"])
+        ax.set_xlabel("producer threads (one router)")
+        ax.set_ylabel("jobs/s")
+        ax.set_title(f"shardq enqueue, {mode}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_throughput(peers: dict, path: str) -> bool:
+    names = [n for n, p in peers.items() if p.get("status") == "ok"]
+    if not names:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        values = [(peers[name]["figures"].get(f, {}).get("summary") or {}).get("jobs_per_s")
+                  or float("nan") for f in THROUGHPUT]
+        ax.bar([x + i * width for x in range(len(THROUGHPUT))], values, width, label=name)
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(THROUGHPUT))],
+                  labels=THROUGHPUT)
+    ax.set_yscale("log")
+    ax.set_ylabel("jobs/s (median, log scale)")
+    ax.set_title("Throughput at each peer's durable setting (missing bar: n/a or failed)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.plot")
+    p.add_argument("json", nargs="?", default=DEFAULT_JSON)
+    p.add_argument("--out", default=None, help="directory for the PNGs (default: beside JSON)")
+    args = p.parse_args(argv)
+    with open(args.json) as f:
+        results = json.load(f)
+    out = args.out or os.path.dirname(os.path.abspath(args.json))
+    os.makedirs(out, exist_ok=True)
+    made = []
+    if plot_scaling(results.get("scaling") or {}, os.path.join(out, "scaling.png")):
+        made.append("scaling.png")
+    else:
+        print("no scaling results (figure S) in the JSON; scaling.png not made", file=sys.stderr)
+    if plot_throughput(results.get("peers", {}), os.path.join(out, "throughput.png")):
+        made.append("throughput.png")
+    for name in made:
+        print(os.path.join(out, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
