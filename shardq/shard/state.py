@@ -9,9 +9,10 @@ replay uses. The operations produced are collected for the caller to persist
 Data layout, chosen so nothing is O(number of jobs) per request:
 
 * ``jobs``: job id -> :class:`Job` (``__slots__``, no dict per job).
-* per queue, per key: a deque of that key's jobs in enqueue order. Only the head can be
-  ready, delayed or leased; the rest are WAITING. That gives per-key FIFO with at most one
-  lease per key, and a long backlog under one key never hides other keys.
+* per queue, per key: that key's jobs in enqueue order (a list while short, then a
+  deque). Only the head can be ready, delayed or leased; the rest are WAITING. That gives
+  per-key FIFO with at most one lease per key, and a long backlog under one key never
+  hides other keys.
 * per queue: one FIFO deque of READY jobs per priority, and a sorted list of priorities
   present; higher priority is served first, FIFO within a priority.
 * shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
@@ -59,6 +60,11 @@ TRANSITIONS = frozenset({
     (X, W), (X, D), (X, R), (X, G),
 })
 
+
+#: A key's jobs are kept in a list while there are few (a deque costs ~600 bytes even for
+#: one job; most keys hold a handful) and in a deque once it grows past this, where
+#: removing the head of a list would start to cost a real copy.
+KEY_LIST_MAX = 64
 
 _FROM_NEW = frozenset(new for old, new in TRANSITIONS if old is None)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
@@ -200,7 +206,10 @@ class ShardState:
         kq = q.keys.get(job.key)
         if kq is None or kq[0] is not job:
             check(False, f"job {job.id} is not the head of key {job.key!r}")
-        kq.popleft()
+        if type(kq) is list:
+            del kq[0]
+        else:
+            kq.popleft()
         if kq:
             self._make_available(kq[0])
         else:
@@ -212,11 +221,13 @@ class ShardState:
             return
         kq = job.q.keys.get(job.key)
         if kq is None:
-            job.q.keys[job.key] = deque((job,))
+            job.q.keys[job.key] = [job]
             self._make_available(job)
         else:
             job.key = kq[0].key  # one string object per key, not one per job (memory)
             kq.append(job)
+            if type(kq) is list and len(kq) > KEY_LIST_MAX:
+                job.q.keys[job.key] = deque(kq)
             self._set(job, W)
 
     # ------------------------------------------------------------------ time
@@ -634,7 +645,7 @@ class ShardState:
         if state == L:
             if key is not None:
                 check(key not in q.keys, f"checkpoint: leased job {jid} is not the head of its key")
-                q.keys[key] = deque((job,))
+                q.keys[key] = [job]
             self._set(job, L)
             self.inflight[jid] = (token, expires)
             heapq.heappush(self.leases, (expires, token, jid))
