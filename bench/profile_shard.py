@@ -53,7 +53,7 @@ def main(argv=None) -> int:
           f"shards {1e6 * (kids.ru_utime + kids.ru_stime) / n:.0f} us")
     for sh in stats:
         print(f"shard {sh['shard']}: {sh['iterations']} loop iterations")
-    print(f"\nshard 0, by own time:")
+    print("\nshard 0, by own time:")
     pstats.Stats(f"{prof}.shard0").sort_stats("tottime").print_stats(a.top)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

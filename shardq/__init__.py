@@ -3,7 +3,7 @@
 Layout: ``wal/`` is the write-ahead log; ``shard/`` the pure state machine (``state``),
 its durable pairing with the log (``durable``) and the shard process (``process``);
 ``router`` is the client apps embed; ``supervisor`` runs the shard processes;
-``worker`` and ``idempotency`` are the consumer side; ``cli`` is the ``shardq`` command.
+``worker``, ``handling`` and ``idempotency`` are the consumer side; ``cli`` is the ``shardq`` command.
 
 Public API::
 

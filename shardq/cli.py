@@ -148,8 +148,8 @@ def cmd_wal(args) -> int:
 
 
 def cmd_worker(args, rest: list[str]) -> int:
-    from . import worker
-    return worker.main(rest)
+    from . import worker_cli
+    return worker_cli.main(rest)
 
 
 def cmd_verify(args, rest: list[str]) -> int:

@@ -87,8 +87,8 @@ class Enqueue:
 @dataclass
 class LeaseRec:
     """One lease as a worker saw it. ``t0``/``t1``: dequeue call and return; ``end_t0``: when
-    the ack was sent (None: never, e.g. killed or expired before start); ``result``: ack
-    outcome or ``expired`` (not started: too little lease left)."""
+    the ack was sent (None: never sent, e.g. killed before, or expired before start);
+    ``result``: ack outcome (None: unknown, the worker died) or ``expired`` (not started)."""
 
     worker: str
     job_id: int
@@ -175,6 +175,8 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
             rec.result = "expired"
         elif "c" in r:
             rec.commit_t, rec.inserted = r["t"], r["c"]
+        elif "ack" in r:
+            rec.end_t0 = r["t"]
         elif "a" in r:
             rec.end_t0, rec.end_t1, rec.result = r["t0"], r["t1"], r["a"]
     return list(recs.values())
@@ -409,6 +411,7 @@ def worker_main(a) -> int:
             write(c=inserted, j=l.job_id, tok=l.token, t=CLOCK.now())
             stall("before_ack", stall_at, l)
             ta = CLOCK.now()
+            write(ack=l.job_id, j=l.job_id, tok=l.token, t=ta)  # if killed now, the ack may have landed
             try:
                 q.ack(l)
                 result = "ok"
@@ -697,7 +700,7 @@ class Run:
         self._log(f"producers stopped; draining {len(ok_items) - len(ok_items & self._applied())} "
                   "acknowledged jobs not yet applied")
         deadline = CLOCK.monotonic() + self.a.drain_timeout
-        backlog = None
+        backlog, empty_polls = None, 0
         q = shardq.connect(self.data_dir, retry_s=5, request_timeout_s=5)
         try:
             while CLOCK.monotonic() < deadline:
@@ -707,7 +710,10 @@ class Run:
                     backlog = sum(st.get(k, 0) for k in ("ready", "delayed", "waiting", "in_flight"))
                 except Exception:
                     backlog = None
-                if backlog == 0 and ok_items <= self._applied():
+                empty_polls = empty_polls + 1 if backlog == 0 else 0
+                # Done when every acknowledged job is applied, or when nothing is left to
+                # deliver (only dead letters, if any) for a second.
+                if backlog == 0 and (ok_items <= self._applied() or empty_polls >= 5):
                     break
                 time.sleep(0.2)  # poll with a deadline
             try:
@@ -723,7 +729,7 @@ class Run:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        return {"drained": backlog == 0 and ok_items <= self._applied(), "backlog_left": backlog,
+        return {"drained": backlog == 0, "backlog_left": backlog,
                 "dead_letters": dead}
 
     def stop_service(self) -> None:
@@ -803,8 +809,7 @@ def run(a) -> int:
         r.stop_service()
         wal = r.wal_check()
     except RuntimeError as e:
-        print(f"error: the run could not be carried out: {e}", file=sys.stderr)
-        r.cleanup()
+        print(f"error: the run could not be carried out: {e}; files kept in {r.work}", file=sys.stderr)
         return 2
     finally:
         r.cleanup()

@@ -24,9 +24,7 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib
 import logging
 import multiprocessing
 import os
@@ -34,17 +32,18 @@ import pickle
 import queue as queue_mod
 import random
 import signal
-import sys
 import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable
+from typing import Any
 
 from . import limits
 from .clock import Clock, SystemClock
 from .errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
-from .idempotency import IdempotencyStore, SqliteStore
+from .handling import (DONE, EXPIRED, FAILED, LOST, SKIPPED, Handler, _child_init, _child_run,
+                       backoff_delay, error_text, execute)
+from .idempotency import IdempotencyStore
 from .types import Lease
 
 log = logging.getLogger("shardq.worker")
@@ -57,30 +56,10 @@ UNAVAILABLE_BACKOFF_S_MIN = 0.1  # after ShardUnavailable, wait this long, doubl
 UNAVAILABLE_BACKOFF_S_MAX = 5.0  # ... up to this
 PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 
-# Job states inside the worker, and runner outcomes.
+# Job states inside the worker.
 PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
     "pending", "queued", "running", "committing", "finished", "abandoned")
-DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED = (
-    "done", "duplicate", "failed", "lost", "expired", "skipped")
 _WAKE = object()  # put on the results queue by stop()
-
-
-class Context:
-    """What a handler gets. ``db`` is the idempotency transaction's DB-API cursor (None
-    without a store). ``lease`` is the lease as it was when the handler started; the
-    worker tracks later heartbeats itself."""
-
-    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db")
-
-    def __init__(self, lease: Lease, db: Any = None):
-        self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
-        self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
-
-    def __repr__(self) -> str:
-        return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
-
-
-Handler = Callable[[Context], Any]
 
 
 @dataclasses.dataclass
@@ -98,51 +77,6 @@ class WorkerStats:
     @property
     def processed(self) -> int:
         return self.succeeded + self.duplicates + self.failed + self.lost + self.expired
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """Full jitter: uniform in ``[0, min(cap_s, base_s * 2**(attempt-1))]``."""
-    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(max(attempt, 1) - 1, 64)))
-
-
-def error_text(exc: BaseException) -> str:
-    """``"Type: message"``, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes."""
-    try:
-        text = f"{type(exc).__name__}: {exc}"
-    except Exception:  # a __str__ that raises
-        text = type(exc).__name__
-    raw = text.encode("utf-8", "replace")
-    if len(raw) > limits.ERROR_TEXT_BYTES_MAX:
-        text = raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
-    return text
-
-
-def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
-            may_commit: Callable[[], bool] | None = None) -> tuple[str, str | None]:
-    """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
-
-    With a store: skip if seen; else handler, claim, lease check, commit, in that order.
-    The claim comes last so the write lock is held as briefly as the handler allows, and
-    the lease check comes after the claim, right before the commit. Returns (outcome, error).
-    """
-    try:
-        if store is None:
-            handler(Context(lease))
-            return DONE, None
-        if store.seen(lease.job_id):
-            return DUPLICATE, None
-        with store.transaction() as txn:
-            handler(Context(lease, txn.db))
-            if not txn.claim(lease.job_id):
-                txn.abort()  # another delivery committed it while we ran
-                return DUPLICATE, None
-            if may_commit is not None and not may_commit():
-                txn.abort()  # lease lost: roll back, the redelivery wins
-                return LOST, None
-        return DONE, None
-    except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
-        log.warning("job %d attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
-        return FAILED, error_text(exc)
 
 
 class _Job:
@@ -657,91 +591,3 @@ class Worker:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InvalidConfig(message)
-
-
-# ---------------------------------------------------------------------------- pool processes
-# Process-local state of a pool process, set once by its initializer (never used in the parent).
-_CHILD: dict[str, Any] = {}
-
-
-def _child_init(handler: Handler, spec: tuple | None) -> None:
-    # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
-    # group); children finish their job and are SIGKILLed if the grace period ends.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    store = None
-    if spec is not None:
-        factory, args, kwargs = spec
-        store = factory(*args, **kwargs)
-    _CHILD.update(handler=handler, store=store)
-
-
-def _child_run(lease: Lease) -> tuple[str, str | None]:
-    # No lease check before the commit here (the lease lives in the parent); the UNIQUE
-    # claim still keeps the effect to one commit. See docs/guarantees.md.
-    return execute(_CHILD["handler"], lease, _CHILD["store"], None)
-
-
-# ---------------------------------------------------------------------------- CLI
-def load_handler(spec: str) -> Handler:
-    """Import ``"package.module:function"`` (the attribute may be dotted)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected module:function, got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{spec} is not callable")
-    return obj
-
-
-def main(argv: list[str] | None = None, connect: Callable[[str], Any] | None = None) -> int:
-    """``shardq worker module:function [options]``. Returns the exit status."""
-    p = argparse.ArgumentParser(prog="shardq worker",
-                                description="Run a handler on the jobs of one queue.")
-    p.add_argument("handler", help="module:function, imported with the current directory on sys.path")
-    p.add_argument("--queue", default="default")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--connect", default="var/shardq", metavar="DATA_DIR")
-    p.add_argument("--mode", choices=("thread", "process"), default="thread")
-    p.add_argument("--idempotency", metavar="PATH.sqlite",
-                   help="SQLite idempotency store: exactly-once effects through ctx.db")
-    p.add_argument("--prefetch", type=int, default=None)
-    p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
-    p.add_argument("--log-every", type=int, default=1000)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        handler = load_handler(args.handler)
-    except (ImportError, AttributeError, ValueError) as exc:
-        print(f"shardq worker: cannot load {args.handler!r}: {exc}", file=sys.stderr)
-        return 2
-    if connect is None:
-        import shardq
-        connect = shardq.connect
-    store = router = None
-    try:
-        store = SqliteStore(args.idempotency) if args.idempotency else None
-        # Requests must time out well inside a lease, so one hung shard cannot stall the
-        # heartbeats of jobs on the other shards past their deadlines.
-        router = connect(args.connect, request_timeout_s=5.0)
-        Worker(router, handler, queue=args.queue, concurrency=args.concurrency, mode=args.mode,
-               idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-               log_every=args.log_every).run()
-    except InvalidConfig as exc:
-        print(f"shardq worker: {exc}", file=sys.stderr)
-        return 2
-    except ShardqError as exc:
-        print(f"shardq worker: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if router is not None:
-            router.close()
-        if store is not None:
-            store.close()
-    return 0

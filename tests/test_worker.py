@@ -22,7 +22,9 @@ from fakes import ACKED, DEAD, READY, FakeQueue
 from shardq.clock import FakeClock, SystemClock
 from shardq.errors import InvalidConfig
 from shardq.idempotency import MemoryStore, SqliteStore
-from shardq.worker import Worker, backoff_delay, error_text, execute, main
+from shardq.handling import backoff_delay, error_text, execute
+from shardq.worker import Worker
+from shardq.worker_cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01}

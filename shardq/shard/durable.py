@@ -14,7 +14,6 @@ import time
 import msgpack
 
 from ..config import Config
-from ..errors import LogFailed
 from ..wal import Log, ReplayStats
 from ..wal.fileio import Files
 from .state import ShardState
