@@ -7,6 +7,8 @@ every pending future fails with :class:`ConnectionLost` and the owner reconnects
 """
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -66,6 +68,8 @@ class ShardClient:
         self.address = address
         self.authkey = authkey
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # signalled when a send finishes
+        self._sending: Connection | None = None
         self._conn: Connection | None = None
         self._pending: dict[int, Future] = {}
         self._outbox: list = []
@@ -141,24 +145,39 @@ class ShardClient:
                 conn = self._conn
                 if not batch or conn is None:
                     self._flushing = False
+                    self._sending = None
+                    self._idle.notify_all()
                     return
+                self._sending = conn
             try:
                 conn.send_bytes(protocol.pack(batch))
             except (OSError, ValueError):
                 self._broken(conn)
                 with self._lock:
                     self._flushing = False
+                    self._sending = None
+                    self._idle.notify_all()
                 return
 
     def _read_loop(self, conn: Connection) -> None:
+        """Owns ``conn``: the only thread that closes it, once no send is using it, so its
+        descriptor number can never be reused under another thread's read or write."""
+        try:
+            self._read_replies(conn)
+        finally:
+            with self._lock:
+                while self._sending is conn:
+                    self._idle.wait()
+            conn.close()
+
+    def _read_replies(self, conn: Connection) -> None:
         unpackb = msgpack.unpackb
         pending = self._pending
         while True:
             try:
                 data = conn.recv_bytes()
                 replies = unpackb(data, raw=False, use_list=True)
-            except (EOFError, OSError, ValueError, TypeError, msgpack.UnpackException):
-                # TypeError: the connection was closed under us by close() or _broken()
+            except (EOFError, OSError, ValueError, msgpack.UnpackException):
                 self._broken(conn)
                 return
             for rid, status, payload in replies:
@@ -177,10 +196,21 @@ class ShardClient:
             self._conn = None
             failed, self._pending = self._pending, {}
             self._outbox = []
-        try:
-            conn.close()
-        except OSError:
-            pass
+        _shutdown(conn)  # wakes the reader, which closes it
         lost = ConnectionLost(f"connection to shard {self.index} lost")
         for fut in failed.values():
             fut.set(error=lost)
+
+
+def _shutdown(conn: Connection) -> None:
+    """End the connection for both directions without freeing its descriptor."""
+    try:
+        s = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        s.close()

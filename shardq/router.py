@@ -203,14 +203,21 @@ class Router:
         first = next(self._rr) % self.shards
         while True:
             out: list[Lease] = []
+            down: list[ShardUnavailable] = []
             for k in range(self.shards):
                 shard = (first + k) % self.shards
-                rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)])
+                try:
+                    rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)])
+                except ShardUnavailable as e:
+                    down.append(e)  # a shard that is down must not stop work on the others
+                    continue
                 out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
                 if len(out) >= max_jobs:
                     break
             if out:
                 return out
+            if len(down) == self.shards:
+                raise down[0]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return out
@@ -224,20 +231,25 @@ class Router:
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""
         event = threading.Event()
-        futs = []
-        deadline = time.monotonic() + self.retry_s
+        futs: list[tuple[int, Future]] = []
         for shard in range(self.shards):
-            fut = self._send(shard, "watch", [queue, timeout], deadline)
-            futs.append(fut)
-        for fut in futs:
+            try:
+                # A shard that is down is skipped at once (no retry wait): the others serve.
+                futs.append((shard, self._send(shard, "watch", [queue, timeout], time.monotonic())))
+            except ShardUnavailable:
+                continue
+        if not futs:
+            time.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+            return None
+        for _, fut in futs:
             fut.callback = lambda f: event.set()
             if fut.done:
                 event.set()
         event.wait(timeout + 0.5)
-        for shard, fut in enumerate(futs):
+        for shard, fut in futs:
             if fut.done and fut.error is None and fut.value is True:
                 return shard
-        for fut in futs:
+        for _, fut in futs:
             if fut.done and fut.error is not None and not isinstance(fut.error, ConnectionLost):
                 raise fut.error
         return None

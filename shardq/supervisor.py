@@ -92,6 +92,7 @@ class Supervisor:
         shard is not ready within ``ready_timeout`` (its last exit reason in the message).
         """
         n = self.dd.init(self.requested_shards)
+        self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
         self._lock_fd = self.dd.lock("supervisor.lock")
         self.handles = [ShardHandle(i) for i in range(n)]
         _event("start", data_dir=self.dd.path, shards=n, pid=os.getpid())

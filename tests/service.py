@@ -57,7 +57,12 @@ class Service:
             [sys.executable, "-m", "shardq.cli", "serve", "--config", cfg_path, "--data-dir", self.data_dir,
              "--shards", str(self.shards)], stdout=self.log, stderr=subprocess.STDOUT, env=env,
             stdin=subprocess.DEVNULL)
-        wait_until(self._all_ready, timeout, 0.02, "all shards ready")
+        try:
+            wait_until(self._all_ready, timeout, 0.02, "all shards ready")
+        except BaseException:
+            self.stop()  # __exit__ will not run when __enter__ raises: clean up by PID here
+            self.log.close()
+            raise
         return self
 
     def _all_ready(self) -> bool:

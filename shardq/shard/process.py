@@ -21,6 +21,7 @@ import fcntl
 import gc
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -292,8 +293,9 @@ class ShardServer:
 
     def _watch(self, args, now, conn, rid):
         queue, timeout = args
-        if type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidJob("watch: expects [queue, timeout_s]")
+        if (type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout)):
+            raise InvalidJob("watch: expects [queue, timeout_s] with a finite timeout")
         if self.state.has_ready(queue):
             return True
         timeout = min(max(float(timeout), 0.0), limits.WAIT_S_MAX)

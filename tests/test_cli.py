@@ -1,0 +1,152 @@
+"""The ``shardq`` command against a running service, each command a real subprocess."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from service import REPO, Service
+
+CONFIG = {"queues": {"default": {}, "once": {"max_deliveries": 1}}}
+
+
+@pytest.fixture
+def svc():
+    with Service(config=CONFIG) as s:
+        yield s
+
+
+# Note: a router closed in this process just before a subprocess starts can steal the first
+# bytes of the child's output (see test_router.py::test_a_closed_router_never_reads_from_a_
+# reused_descriptor); the tests below keep their routers open while they run the CLI.
+def cli(svc, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "shardq.cli", *args, "--data-dir", svc.data_dir],
+                          input=stdin, capture_output=True, timeout=60, env=env,
+                          cwd=os.path.dirname(svc.data_dir))  # no config/shardq.toml picked up by accident
+
+
+def out(r: subprocess.CompletedProcess) -> str:
+    return r.stdout.decode()
+
+
+def err_lines(r: subprocess.CompletedProcess) -> list[str]:
+    return [l for l in r.stderr.decode().splitlines() if l.startswith("error:")]
+
+
+def test_enqueue_dequeue_ack(svc):
+    r = cli(svc, "enqueue", "hello world", "--key", "user-1")
+    assert r.returncode == 0, r.stderr
+    jid = int(out(r))
+    r = cli(svc, "enqueue", "-", stdin=b"\x00\xffbinary")
+    assert r.returncode == 0, r.stderr
+    bin_id = int(out(r))
+
+    r = cli(svc, "dequeue", "--max", "5", "--visibility", "20")
+    assert r.returncode == 0, r.stderr
+    leases = {d["job_id"]: d for d in map(json.loads, out(r).splitlines())}
+    assert set(leases) == {jid, bin_id}
+    assert (leases[jid]["body"], leases[jid]["key"], leases[jid]["attempt"]) == ("hello world", "user-1", 1)
+    assert leases[bin_id]["key"] is None
+    for d in leases.values():
+        r = cli(svc, "ack", str(d["job_id"]), str(d["token"]))
+        assert r.returncode == 0, r.stderr
+    # The same ack again: the lease is gone; one error line, exit 1.
+    r = cli(svc, "ack", str(jid), str(leases[jid]["token"]))
+    assert r.returncode == 1, r.stderr
+    assert len(err_lines(r)) == 1 and err_lines(r)[0].startswith(("error: LeaseLost:", "error: JobGone:")), r.stderr
+    r = cli(svc, "dequeue")
+    assert r.returncode == 3 and out(r) == ""  # nothing to lease
+
+
+def test_stats_table_and_json(svc):
+    q = svc.connect()  # left open until the end: see the note on routers and subprocesses
+    for i in range(3):
+        q.enqueue(f"j{i}".encode(), key="k")  # 1 ready, 2 waiting behind it
+    q.enqueue(b"later", delay=60)
+    pids = q.ping()
+    r = cli(svc, "stats", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(out(r))
+    assert st["queues"]["default"] == {"ready": 1, "delayed": 1, "waiting": 2, "in_flight": 0, "dead": 0, "keys": 1}
+    assert [sh["pid"] for sh in st["shards"]] == pids
+    assert all(sh["wal_bytes"] > 0 for sh in st["shards"])
+    r = cli(svc, "stats")
+    assert r.returncode == 0, r.stderr
+    lines = out(r).splitlines()
+    header = lines[0].split()
+    assert header[:7] == ["queue", "ready", "delayed", "waiting", "in_flight", "dead", "keys"]
+    row = next(l.split() for l in lines if l.startswith("default"))
+    assert row == ["default", "1", "1", "2", "0", "0", "1"]
+    assert any(l.split()[:2] == ["0", str(pids[0])] for l in lines)
+    assert any(l.split()[:2] == ["1", str(pids[1])] for l in lines)
+    q.close()
+
+
+def test_dead_letters_list_and_redrive(svc):
+    r = cli(svc, "enqueue", "poison", "--queue", "once", "--key", "p")
+    jid = int(out(r))
+    lease = json.loads(out(cli(svc, "dequeue", "--queue", "once")))
+    r = cli(svc, "nack", str(lease["job_id"]), str(lease["token"]), "--queue", "once", "--error", "it broke")
+    assert r.returncode == 0, r.stderr
+    r = cli(svc, "dead-letters", "list", "--queue", "once")
+    assert r.returncode == 0, r.stderr
+    dead = [json.loads(l) for l in out(r).splitlines()]
+    assert dead == [{"job_id": jid, "key": "p", "attempts": 1, "error": "it broke", "body": "poison"}]
+    r = cli(svc, "dead-letters", "redrive", "--queue", "once")
+    assert r.returncode == 0 and out(r).strip() == "redriven: 1", r.stderr
+    assert out(cli(svc, "dead-letters", "list", "--queue", "once")) == ""
+    again = json.loads(out(cli(svc, "dequeue", "--queue", "once")))
+    assert (again["job_id"], again["attempt"]) == (jid, 1)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["enqueue", ""], "empty"),
+    (["enqueue", "x", "--delay", "-1"], "delay"),
+    (["enqueue", "x", "--delay", "nan"], "delay"),
+    (["enqueue", "x", "--key", ""], "key"),
+    (["enqueue", "x", "--priority", str(2**40)], "priority"),
+    (["dequeue", "--max", "0"], "max_jobs"),
+    (["dequeue", "--wait", "-5"], "wait"),
+])
+def test_invalid_input_exits_2_with_one_error_line(svc, args, words):
+    r = cli(svc, *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    errors = err_lines(r)
+    assert len(errors) == 1 and errors[0].startswith("error: InvalidJob:") and words in errors[0], r.stderr
+    assert "Traceback" not in r.stderr.decode()
+    with svc.connect() as q:
+        assert q.stats()["queues"].get("default", {}).get("ready", 0) == 0
+
+
+def test_client_command_on_a_dir_that_is_not_a_data_dir(tmp_path):
+    class Fake:
+        data_dir = str(tmp_path / "nothing-here")
+    r = cli(Fake, "stats")
+    assert r.returncode == 2
+    assert err_lines(r) and "not a shardq data dir" in err_lines(r)[0], r.stderr
+
+
+def test_wal_check_ok_then_corrupt(svc):
+    for i in range(5):
+        assert cli(svc, "enqueue", f"job {i}", "--key", "k").returncode == 0
+    r = cli(svc, "wal", "check")
+    assert r.returncode == 0, r.stderr
+    lines = out(r).splitlines()
+    assert lines and all(l.startswith("ok") for l in lines), lines
+    assert sum(int(l.split("records=")[1].split()[0]) for l in lines) >= 5
+    svc.stop()
+    seg = max(glob.glob(os.path.join(svc.data_dir, "shard-*", "*.wal")), key=os.path.getsize)
+    with open(seg, "r+b") as f:
+        f.seek(8 + 8 + 2)  # inside the first record's payload; more records follow
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = cli(svc, "wal", "check")
+    assert r.returncode == 1
+    bad = [l for l in out(r).splitlines() if l.startswith("corrupt")]
+    assert len(bad) == 1 and seg in bad[0] and "at offset 8" in bad[0], out(r)

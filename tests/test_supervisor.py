@@ -1,0 +1,269 @@
+"""The supervisor (``shardq serve``) against real shard processes: restarts, hung shards,
+crash loops, corrupt logs, refusals at start, and clean shutdown."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+
+import shardq
+from service import REPO, Service, wait_until
+from shardq.errors import ShardUnavailable
+from shardq.router import shard_for_key, shard_of_job
+
+
+def keys_on_shard(shard: int, n: int = 1, shards: int = 2) -> list[str]:
+    out, i = [], 0
+    while len(out) < n:
+        if shard_for_key(f"k{i}", shards) == shard:
+            out.append(f"k{i}")
+        i += 1
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def log_text(svc) -> str:
+    with open(svc.log_path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+def serve(data_dir: str, shards: int, config: str | None = None, timeout: float = 60):
+    """Run ``shardq serve`` expecting it to refuse to start; returns (rc, output)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "shardq.cli", "serve", "--data-dir", data_dir, "--shards", str(shards)]
+    if config:
+        cmd += ["--config", config]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stderr + r.stdout
+
+
+def no_process_uses(data_dir: str) -> bool:
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(data_dir in arg for arg in p.info["cmdline"] or ()) and p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            pass
+    return True
+
+
+def restarted(svc, shard: int, old_pid: int) -> int:
+    def new_pid():
+        try:
+            with shardq.connect(svc.data_dir, retry_s=0.5, request_timeout_s=2) as q:
+                pid = q.ping()[shard]
+        except ShardUnavailable:
+            return None
+        return pid if pid != old_pid else None
+    return wait_until(new_pid, 20, 0.02, f"shard {shard} to come back")
+
+
+# ---------------------------------------------------------------------- refusals at start
+def test_starting_with_another_shard_count_is_refused():
+    with Service(shards=2) as svc:
+        with svc.connect() as q:
+            jid = q.enqueue(b"kept", key="a")
+        svc.stop()
+        rc, out = serve(svc.data_dir, 3)
+        assert rc != 0
+        assert "ShardCountMismatch" in out and "2 shards" in out and "--shards 2" in out, out
+        assert "event=spawn" not in out  # refused before any shard started
+        svc.log.close()
+        svc.start()  # the data dir is untouched
+        with svc.connect() as q:
+            assert q.shards == 2
+            assert q.dequeue().job_id == jid
+
+
+def test_second_serve_on_a_running_data_dir_is_refused():
+    with Service() as svc:
+        pids = svc.shard_pids()
+        rc, out = serve(svc.data_dir, 2)
+        assert rc != 0 and "held by another running process" in out, out
+        assert svc.shard_pids() == pids
+
+
+def test_key_file_readable_by_others_is_refused_with_an_auth_error():
+    with Service() as svc:
+        svc.stop()
+        key = os.path.join(svc.data_dir, "authkey")
+        os.chmod(key, 0o644)
+        with pytest.raises(shardq.AuthError, match="0644"):
+            shardq.connect(svc.data_dir)
+        rc, out = serve(svc.data_dir, 2)
+        assert rc != 0
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert errors and "AuthError" in errors[-1] and "0644" in errors[-1], out[-3000:]
+        assert "event=spawn" not in out, "shards were started (and crash-looped) on an unsafe key file"
+        os.chmod(key, 0o600)
+
+
+# ---------------------------------------------------------------------- restarts and health
+def test_killed_shard_is_restarted_with_its_jobs():
+    with Service() as svc:
+        k0 = keys_on_shard(0)[0]
+        with svc.connect() as q:
+            jid = q.enqueue(b"on shard 0", key=k0)
+            old = q.ping()
+            os.kill(old[0], signal.SIGKILL)
+            new = restarted(svc, 0, old[0])
+            assert q.ping() == [new, old[1]]
+            lease = q.dequeue()
+            assert (lease.job_id, lease.body) == (jid, b"on shard 0")
+            q.ack(lease)
+        log = log_text(svc)
+        assert re.search(rf"event=shard-exit shard=0 pid={old[0]} exit=signal=SIGKILL", log), log[-2000:]
+        assert "event=shard-restart shard=0 restarts=1" in log
+        assert not alive(old[0])
+
+
+def test_hung_shard_is_killed_and_restarted():
+    with Service(config={"service": {"health_timeout": 1}}) as svc:
+        k0 = keys_on_shard(0)[0]
+        with svc.connect(retry_s=15) as q:
+            before = q.enqueue(b"before", key=k0)
+            old = q.ping()
+            os.kill(old[0], signal.SIGSTOP)
+            try:
+                # A call to the hung shard waits, then rides out the restart.
+                result = {}
+                t = threading.Thread(target=lambda: result.update(id=q.enqueue(b"during", key=k0)))
+                t.start()
+                # The other shard keeps serving meanwhile.
+                with svc.connect(retry_s=2, request_timeout_s=2) as q1:
+                    elsewhere = q1.enqueue(b"elsewhere", queue="other", key=keys_on_shard(1)[0])
+                    assert shard_of_job(elsewhere) == 1
+                new = restarted(svc, 0, old[0])
+                t.join(20)
+                assert shard_of_job(result["id"]) == 0
+            finally:
+                if alive(old[0]):
+                    os.kill(old[0], signal.SIGCONT)
+            assert new != old[0] and not alive(old[0])
+            assert q.ping() == [new, old[1]]
+            bodies = []
+            while (lease := q.dequeue()) is not None:
+                bodies.append((lease.job_id, lease.body))
+                q.ack(lease)
+            assert bodies == [(before, b"before"), (result["id"], b"during")]
+            assert q.dequeue("other").job_id == elsewhere
+        log = log_text(svc)
+        assert re.search(rf"event=shard-hung shard=0 pid={old[0]}", log), log[-2000:]
+        assert "event=shard-restart shard=0" in log
+
+
+def test_crash_loop_leaves_the_shard_down_and_the_others_serving():
+    cfg = {"service": {"restart_limit": 2, "restart_window": 60}}
+    with Service(config=cfg) as svc:
+        k1 = keys_on_shard(1)[0]
+        first = svc.shard_pids()
+        os.kill(first[0], signal.SIGKILL)
+        second = restarted(svc, 0, first[0])
+        os.kill(second, signal.SIGKILL)
+        wait_until(lambda: "event=shard-failed shard=0" in log_text(svc), 10, what="shard-failed")
+        assert re.search(r'event=shard-failed shard=0 reason=".*2 exits within 60 s', log_text(svc))
+        with svc.connect(retry_s=0.5, request_timeout_s=2) as q:
+            jid = q.enqueue(b"still served", key=k1)
+            with pytest.raises(ShardUnavailable):
+                q.enqueue(b"nowhere", key=keys_on_shard(0)[0])
+            # Consumers too: the live shard's jobs are still delivered.
+            lease = q.dequeue()
+            assert lease is not None and lease.job_id == jid
+            q.ack(lease)
+        assert not alive(second)
+        assert svc.proc.poll() is None  # the service itself stays up
+
+
+def test_supervisor_sigkill_takes_its_shards_with_it():
+    with Service() as svc:
+        shards = svc.shard_pids()
+        os.kill(svc.proc.pid, signal.SIGKILL)
+        svc.proc.wait(10)
+        wait_until(lambda: not any(alive(p) for p in shards), 10, what="orphaned shards to die")
+        svc.log.close()
+        svc.start()  # locks and sockets were released
+        assert set(svc.shard_pids()).isdisjoint(shards)
+
+
+def test_sigterm_stops_every_shard_cleanly_with_exit_code_0():
+    with Service() as svc:
+        with svc.connect() as q:
+            jid = q.enqueue(b"survives a clean stop", key="a")
+        blocked = svc.connect(retry_s=1)
+        outcome = []
+
+        def long_poll():
+            try:
+                outcome.append(blocked.dequeue("idle", wait=30))
+            except shardq.ShardqError as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=long_poll)
+        t.start()
+        wait_until(lambda: all(c.connected for c in blocked.clients), 5, what="the long poll to connect")
+        pids = svc.shard_pids()
+        rc = svc.stop()
+        t.join(10)
+        blocked.close()
+        assert rc == 0, svc.tail()
+        assert not any(alive(p) for p in pids)
+        log = log_text(svc)
+        for i, pid in enumerate(pids):
+            assert re.search(rf"shard-{i} pid={pid} INFO stopped cleanly", log), log[-3000:]
+        assert "Traceback" not in log
+        assert outcome and not isinstance(outcome[0], shardq.Lease)
+        svc.log.close()
+        svc.start()
+        with svc.connect() as q:
+            assert q.dequeue().job_id == jid
+
+
+# ---------------------------------------------------------------------- corrupt log
+def test_corrupt_log_mid_segment_fails_the_shard_with_file_and_offset():
+    k0 = keys_on_shard(0)[0]
+    with Service() as svc:
+        with svc.connect() as q:
+            for i in range(10):
+                q.enqueue(f"job {i}".encode(), key=k0)  # one record per call
+        assert svc.stop() == 0
+        segments = sorted(glob.glob(os.path.join(svc.data_dir, "shard-0", "*.wal")))
+        seg = segments[-1]
+        with open(seg, "rb") as f:
+            data = bytearray(f.read())
+        offsets, off = [], 8  # the magic, then <length u32><crc32 u32><payload> records
+        while off < len(data):
+            length, _ = struct.unpack_from("<II", data, off)
+            offsets.append(off)
+            off += 8 + length
+        assert len(offsets) >= 10
+        bad = offsets[4]
+        data[bad + 8 + 3] ^= 0xFF  # a byte inside the 5th record's payload; 5 good records follow
+        with open(seg, "wb") as f:
+            f.write(data)
+
+        rc, out = serve(svc.data_dir, 2)
+        assert rc != 0
+        failed = [l for l in out.splitlines() if "event=shard-failed shard=0" in l]
+        assert failed and seg in failed[0] and f"offset {bad}" in failed[0], out[-3000:]
+        assert re.search(rf"event=shard-exit shard=0 .*reason=corrupt-log path={re.escape(seg)} offset={bad}", out)
+        assert out.count("event=spawn shard=0") == 1, "a corrupt log must not be retried"
+        errors = [l for l in out.splitlines() if l.startswith("error:")]
+        assert errors and "shard 0" in errors[-1] and "corrupt" in errors[-1], out[-3000:]
+        wait_until(lambda: no_process_uses(svc.data_dir), 10, what="no shard left running")
+        # The bytes were not "repaired" away behind the operator's back.
+        with open(seg, "rb") as f:
+            assert f.read() == bytes(data)
