@@ -3,6 +3,8 @@
 * ``scaling.png``: shardq enqueue jobs/s against producer threads, one line per shard count,
   unbatched and batched side by side (figure S; only if the JSON has it).
 * ``throughput.png``: the median jobs/s of figures A-D2, one bar per peer.
+* ``scale_procs.png``: from a ``bench.scale_procs`` JSON (it has ``"cells"``): jobs/s
+  against producer processes, one line per shard count.
 """
 from __future__ import annotations
 
@@ -69,6 +71,32 @@ def plot_throughput(peers: dict, path: str) -> bool:
     return True
 
 
+def plot_scale_procs(data: dict, path: str) -> bool:
+    cells = data.get("cells") or []
+    modes = sorted({c["mode"] for c in cells})
+    if not modes:
+        return False
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for shards in sorted({c["shards"] for c in cells}):
+            pts = sorted((c["producers"], c["jobs_per_s"]) for c in cells
+                         if c["mode"] == mode and c["shards"] == shards)
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=f"{shards} shard(s)")
+        ticks = sorted({c["producers"] for c in cells})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+        ax.set_xlabel("producer processes")
+        ax.set_ylabel("durable enqueues/s")
+        ax.set_title(f"{mode} enqueue, {data.get('cpus', '?')} CPUs")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.plot")
     p.add_argument("json", nargs="?", default=DEFAULT_JSON)
@@ -78,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         results = json.load(f)
     out = args.out or os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out, exist_ok=True)
+    if "cells" in results:
+        name = os.path.splitext(os.path.basename(args.json))[0] + ".png"
+        if plot_scale_procs(results, os.path.join(out, name)):
+            print(os.path.join(out, name))
+        return 0
     made = []
     if plot_scaling(results.get("scaling") or {}, os.path.join(out, "scaling.png")):
         made.append("scaling.png")
