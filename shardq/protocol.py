@@ -57,8 +57,8 @@ def decode_requests(data: bytes) -> list:
         frame = msgpack.unpackb(data, raw=False, use_list=True)
     except Exception as e:
         raise ProtocolError(f"undecodable frame: {type(e).__name__}") from None
-    if type(frame) is not list:
-        raise ProtocolError("a frame must be an array of requests")
+    if type(frame) is not list or not frame:
+        raise ProtocolError("a frame must be a non-empty array of requests")
     for req in frame:
         if type(req) is not list or len(req) != 3 or type(req[0]) is not int or type(req[1]) is not str:
             raise ProtocolError("a request must be [request_id, op, args]")

@@ -39,6 +39,16 @@ def _event(name: str, **fields) -> None:
     log.info("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
+def child_env() -> dict[str, str]:
+    """The environment for a child ``python -m shardq...``: it must import this same shardq,
+    installed or not, so the directory holding the package goes first on PYTHONPATH."""
+    import shardq
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(shardq.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
+    return env
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -184,12 +194,8 @@ class Supervisor:
         cmd = [self.python, "-m", "shardq.shard.process", "--data-dir", self.dd.path,
                "--index", str(h.index), "--config", json.dumps(self.config.to_dict()),
                "--parent-pid", str(os.getpid())]
-        env = dict(os.environ)
-        # The shard must import this same shardq, installed or not.
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
         h.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
-                                  close_fds=True, env=env)
+                                  close_fds=True, env=child_env())
         h.status = "starting"
         h.corrupt = None
         _event("spawn", shard=h.index, pid=h.proc.pid)

@@ -384,13 +384,15 @@ class ShardState:
         ``max_deliveries`` times goes to the dead-letter queue instead of out.
         """
         max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        if visibility is not None:
+            visibility = validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX,
+                                          positive=True)
         self.advance(now)
         q = self.queues.get(queue)
         if q is None:
             self._queue(queue, create=False)  # validates the name; an unused queue is empty
             return []
-        vis = q.cfg.visibility_timeout if visibility is None else validate.seconds(
-            "visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        vis = q.cfg.visibility_timeout if visibility is None else visibility
         out: list[Lease] = []
         prios, ready = q.prios, q.ready
         max_deliveries = q.cfg.max_deliveries

@@ -1,0 +1,113 @@
+"""``shardq verify``: a seeded chaos run against a real service, then a history checker.
+
+The run (Jepsen's ``total-queue`` workload, with kills and pauses):
+
+* a real ``shardq serve`` on a fresh data dir: 1 s visibility timeout, a short health
+  timeout, small WAL segments so compaction runs during the test;
+* producer processes enqueue jobs under known keys; a job's body is ``"<producer> <key>
+  <seq>"`` with a per-key sequence number (each key belongs to one producer, so its seqs are
+  in enqueue order). Every enqueue's invocation and outcome (ok + ids / error) is appended
+  and flushed to the producer's history file before and after the call;
+* idempotent worker processes: for each lease, one SQLite transaction (WAL, synchronous=FULL,
+  ``BEGIN IMMEDIATE``) inserts the effect row unless its job id is already there; commit;
+  then ack. Workers log every lease (job id, key, attempt, token, deadline, times of lease,
+  commit and ack) to their own history files;
+* a seeded fault schedule (the seed is printed: the same seed gives the same schedule):
+  SIGKILL one shard, SIGKILL the whole supervisor and its shards (then restart the service
+  on the same data dir), SIGKILL a worker (restarted), SIGSTOP a shard or a worker for longer
+  than the visibility timeout (sometimes longer than the health timeout, so the supervisor
+  kills the shard as hung). Each round of five faults holds each kind once, in seeded order,
+  and a run has at least one round;
+* then faults stop, producers stop, workers drain the queue, and :func:`check` reads the
+  histories and the effect table.
+
+Pass = no lost job, no duplicated effect, no per-key order violation, no unexpected job, no
+id mismatch, no double in-flight lease of a key, no reused lease token. Exit 0 on pass, 1 on
+fail, 2 when the run itself could not be carried out.
+
+Per-key order. A key's next job becomes leasable only when its head is acked (or
+dead-lettered); a worker acks only once the head's effect is committed (by itself or by an
+earlier delivery); so effect(n) commits before ack(n) < lease(n+1) < effect(n+1). A worker
+paused past its lease deadline may still commit late, but then nobody has acked job n yet (the
+redelivery would have found and reused its row), so its late commit still precedes n+1.
+Order can break only when the key is unblocked without the effect: a job dead-lettered
+after ``max_deliveries`` (the run sets it out of reach and counts dead letters as lost), a
+redrive, or a handler whose side effect is not inside the transaction that records the job
+id. The checker counts late commits (after the lease deadline) so a run shows how often the
+paused-worker case actually happened.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+from .check import Report, check
+from .history import (Effect, Enqueue, LeaseRec, body_for, parse_body, read_effects,
+                      read_producer_history, read_worker_history)
+from .roles import producer_main, worker_main
+from .run import run
+
+__all__ = ["main", "run", "check", "Report", "Effect", "Enqueue", "LeaseRec", "body_for", "parse_body",
+           "read_effects", "read_producer_history", "read_worker_history", "producer_main", "worker_main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardq verify", description="chaos run + history checker")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--producers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--keys", type=int, default=20)
+    p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    p.add_argument("--data-dir", help="fresh service data dir (default: a temp dir, removed on pass)")
+    p.add_argument("--json", help="write the full report to this file")
+    p.add_argument("--fault-interval", type=float, default=3.0, help="mean seconds between faults")
+    p.add_argument("--visibility", type=float, default=1.0, help="visibility timeout, seconds")
+    p.add_argument("--health-timeout", type=float, default=3.0)
+    p.add_argument("--rate", type=float, default=100.0, help="jobs/s per producer")
+    p.add_argument("--drain-timeout", type=float, default=120.0)
+    p.add_argument("--max-deliveries", type=int, default=1_000_000,
+                   help="queue max_deliveries (default: out of reach; small values show what "
+                        "dead-lettering does to per-key order)")
+    p.add_argument("--stall-prob", type=float, default=0.002,
+                   help="chance that a worker stalls past a lease's deadline (before its transaction, "
+                        "inside it, or before the ack)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir even on pass")
+    return p
+
+
+def _child_parser(role: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"shardq verify {role}")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--history", required=True)
+    p.add_argument("--stop", required=True)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--retry-s", type=float, default=5.0)
+    if role == "_producer":
+        p.add_argument("--index", type=int, required=True)
+        p.add_argument("--keys", required=True)
+        p.add_argument("--seed", type=int, required=True)
+        p.add_argument("--rate", type=float, required=True)
+    else:
+        p.add_argument("--name", required=True)
+        p.add_argument("--db", required=True)
+        p.add_argument("--seed", type=int, required=True)
+        p.add_argument("--stall-prob", type=float, default=0.0)
+        p.add_argument("--stall-s", type=float, default=0.5)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("_producer", "_worker"):
+        role = argv[0]
+        a = _child_parser(role).parse_args(argv[1:])
+        return producer_main(a) if role == "_producer" else worker_main(a)
+    a = build_parser().parse_args(argv)
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(1, 2**31)
+    if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
+        print("error: need at least one shard, producer, worker and key, and keys >= producers", file=sys.stderr)
+        return 2
+    return run(a)

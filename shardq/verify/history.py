@@ -1,0 +1,151 @@
+"""The chaos run's records: enqueue and lease histories, effect rows, job bodies, and the
+readers of the files the producers and workers append to."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from ..clock import SystemClock
+
+
+CLOCK = SystemClock()
+KINDS = ("kill_shard", "kill_service", "kill_worker", "pause_shard", "pause_worker")
+#: Counts that must be zero for a pass.
+FAILING = ("lost", "duplicated_effects", "order_violations", "unexpected", "id_mismatch",
+           "double_in_flight", "token_reused")
+EXAMPLES_MAX = 5
+START_MARGIN_S = 0.05      # a worker never starts a lease with less than this left
+STALL_POINTS = ("before_txn", "in_txn", "before_ack")
+PROGRESS_EVERY_S = 5.0
+SCHEMA = """CREATE TABLE IF NOT EXISTS effects (
+    seqno INTEGER PRIMARY KEY AUTOINCREMENT,  -- commit order (writers are serialised)
+    job_id INTEGER NOT NULL UNIQUE,
+    lease_key TEXT, body BLOB, worker TEXT, attempt INTEGER, token INTEGER, t REAL)"""
+
+
+# ====================================================================== histories
+@dataclass
+class Enqueue:
+    """One enqueue call: ``items`` are (key, seq); outcome ``ok`` (``ids`` in item order),
+    ``fail`` (certainly not enqueued) or ``info`` (unknown: error, timeout, or no outcome)."""
+
+    producer: int
+    op: int
+    items: list
+    outcome: str = "info"
+    ids: list | None = None
+    error: str | None = None
+    t0: float = 0.0
+    t1: float | None = None
+
+
+@dataclass
+class LeaseRec:
+    """One lease as a worker saw it. ``t0``/``t1``: dequeue call and return; ``end_t0``: when
+    the ack was sent (None: never sent, e.g. killed before, or expired before start);
+    ``result``: ack outcome (None: unknown, the worker died) or ``expired`` (not started)."""
+
+    worker: str
+    job_id: int
+    key: str | None
+    attempt: int
+    token: int
+    deadline: float
+    t0: float
+    t1: float
+    end_t0: float | None = None
+    end_t1: float | None = None
+    result: str | None = None
+    commit_t: float | None = None
+    inserted: bool | None = None
+    stalled: str | None = None
+
+
+@dataclass
+class Effect:
+    order: int
+    job_id: int
+    lease_key: str | None
+    body: bytes
+    worker: str = ""
+    attempt: int = 0
+    t: float = 0.0
+
+
+def body_for(producer: int, key: str, seq: int) -> bytes:
+    return f"{producer} {key} {seq}".encode()
+
+
+def parse_body(body: bytes) -> tuple[int, str, int] | None:
+    try:
+        p, key, seq = body.decode().split(" ")
+        return int(p), key, int(seq)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _json_lines(path: str):
+    """Decoded lines of a history file; a torn last line (writer killed) is skipped."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return
+    for line in lines:
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def read_producer_history(path: str, producer: int) -> list[Enqueue]:
+    ops: dict[int, Enqueue] = {}
+    for r in _json_lines(path):
+        if "i" in r:
+            ops[r["i"]] = Enqueue(producer, r["i"], [tuple(x) for x in r["items"]], t0=r["t"])
+        elif "o" in r and r["o"] in ops:
+            e = ops[r["o"]]
+            e.t1 = r["t"]
+            if "ids" in r:
+                e.outcome, e.ids = "ok", r["ids"]
+            else:
+                e.outcome, e.error = r.get("outcome", "info"), r.get("err")
+    return list(ops.values())
+
+
+def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
+    recs: dict[tuple[int, int], LeaseRec] = {}
+    for r in _json_lines(path):
+        if "l" in r:
+            jid, key, attempt, token, deadline = r["l"]
+            recs[(jid, token)] = LeaseRec(worker, jid, key, attempt, token, deadline, r["t0"], r["t1"])
+            continue
+        rec = recs.get((r.get("j"), r.get("tok")))
+        if rec is None:
+            continue
+        if "s" in r:
+            rec.stalled = r["s"]
+        elif "x" in r:
+            rec.result = "expired"
+        elif "c" in r:
+            rec.commit_t, rec.inserted = r["t"], r["c"]
+        elif "ack" in r:
+            rec.end_t0 = r["t"]
+        elif "a" in r:
+            rec.end_t0, rec.end_t1, rec.result = r["t0"], r["t1"], r["a"]
+    return list(recs.values())
+
+
+def read_effects(db_path: str, after: int = 0) -> list[Effect]:
+    db = sqlite3.connect(db_path, timeout=60)
+    try:
+        rows = db.execute("SELECT seqno, job_id, lease_key, body, worker, attempt, t FROM effects "
+                          "WHERE seqno > ? ORDER BY seqno", (after,)).fetchall()
+    finally:
+        db.close()
+    return [Effect(*r) for r in rows]
+
+
+# ====================================================================== the checker

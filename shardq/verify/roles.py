@@ -1,0 +1,116 @@
+"""The producer and worker child processes of a chaos run
+(``python -m shardq.verify _producer|_worker``)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import time
+
+
+from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_for
+
+
+def _hist(path: str):
+    f = open(path, "a")  # noqa: SIM115 - open for the life of the process, flushed per record
+
+    def write(**rec) -> None:
+        f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        f.flush()
+    return write
+
+
+def producer_main(a) -> int:
+    import shardq
+
+    from ..errors import ShardqError
+    rng = random.Random(f"{a.seed}/producer/{a.index}")
+    keys = a.keys.split(",")
+    seqs = dict.fromkeys(keys, 0)
+    write = _hist(a.history)
+    q = shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+    pace = CLOCK.monotonic()
+    op = 0
+    while not os.path.exists(a.stop):
+        items = []
+        for _ in range(rng.randint(1, a.batch)):
+            key = rng.choice(keys)
+            seqs[key] += 1
+            items.append((key, seqs[key]))
+        op += 1
+        write(i=op, t=CLOCK.now(), items=items)
+        try:
+            ids = q.enqueue_many([{"body": body_for(a.index, k, s), "key": k} for k, s in items])
+            write(o=op, t=CLOCK.now(), ids=ids)
+        except ShardqError as e:
+            write(o=op, t=CLOCK.now(), outcome="info", err=f"{type(e).__name__}: {e}"[:200])
+        pace += len(items) / a.rate
+        ahead = pace - CLOCK.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)  # pacing to the target rate, not synchronisation
+        else:
+            pace = CLOCK.monotonic()
+    q.close()
+    return 0
+
+
+def worker_main(a) -> int:
+    import shardq
+
+    from ..errors import JobGone, LeaseLost, ShardqError
+    rng = random.Random(f"{a.seed}/worker/{a.name}")
+    write = _hist(a.history)
+    db = sqlite3.connect(a.db, isolation_level=None, timeout=300)
+    db.execute("PRAGMA synchronous=FULL")
+    q = shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+
+    def stall(where: str, stall_at: str | None, l) -> None:
+        if where == stall_at:  # a fault: a GC pause or slow handler outliving the lease
+            write(s=where, j=l.job_id, tok=l.token, t=CLOCK.now())
+            time.sleep(max(l.deadline - CLOCK.now(), 0) + a.stall_s)
+
+    while not os.path.exists(a.stop):
+        t0 = CLOCK.now()
+        try:
+            leases = q.dequeue_many(max_jobs=a.batch, wait=0.5)
+        except ShardqError as e:
+            write(err=f"dequeue: {type(e).__name__}", t=CLOCK.now())
+            continue
+        t1 = CLOCK.now()
+        for l in leases:
+            write(l=[l.job_id, l.key, l.attempt, l.token, l.deadline], t0=t0, t1=t1)
+        for l in leases:
+            if CLOCK.now() >= l.deadline - START_MARGIN_S:
+                write(x=1, j=l.job_id, tok=l.token, t=CLOCK.now())  # never start an expired lease
+                continue
+            stall_at = rng.choice(STALL_POINTS) if rng.random() < a.stall_prob else None
+            stall("before_txn", stall_at, l)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = db.execute("INSERT OR IGNORE INTO effects (job_id, lease_key, body, worker, attempt, "
+                                 "token, t) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (l.job_id, l.key, l.body, a.name, l.attempt, l.token, CLOCK.now()))
+                inserted = cur.rowcount == 1
+                stall("in_txn", stall_at, l)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            write(c=inserted, j=l.job_id, tok=l.token, t=CLOCK.now())
+            stall("before_ack", stall_at, l)
+            ta = CLOCK.now()
+            write(ack=l.job_id, j=l.job_id, tok=l.token, t=ta)  # if killed now, the ack may have landed
+            try:
+                q.ack(l)
+                result = "ok"
+            except (JobGone, LeaseLost) as e:
+                result = type(e).__name__
+            except ShardqError as e:
+                result = type(e).__name__  # unknown: the lease expires and the job comes back
+            write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
+    q.close()
+    return 0
+
+
+# ====================================================================== the run

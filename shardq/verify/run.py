@@ -1,0 +1,465 @@
+"""The chaos run itself: a real service, producers, workers, a seeded fault schedule, the drain."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict
+
+from ..errors import ShardqError
+from ..supervisor import child_env
+
+from .check import Report, check
+from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
+                      read_producer_history, read_worker_history)
+
+
+def _short_tmpdir() -> str:
+    return tempfile.mkdtemp(prefix="sqv", dir="/tmp")  # unix socket paths must stay short
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _toml(cfg: dict) -> str:
+    out = []
+    for section, body in cfg.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {json.dumps(v)}" for k, v in body.items()]
+    return "\n".join(out) + "\n"
+
+
+class Run:
+    """One chaos run: owns every process it starts and ends them by PID."""
+
+    def __init__(self, a):
+        self.a = a
+        self.rng = random.Random(f"{a.seed}/schedule")
+        self.data_dir = a.data_dir or os.path.join(_short_tmpdir(), "data")
+        self.work = self.data_dir.rstrip("/") + "-verify"
+        os.makedirs(self.work, exist_ok=True)
+        self.db = os.path.join(self.work, "effects.db")
+        self.stop_producers = os.path.join(self.work, "stop-producers")
+        self.stop_workers = os.path.join(self.work, "stop-workers")
+        self.log_path = os.path.join(self.work, "service.log")
+        self.service: subprocess.Popen | None = None
+        self.producers: list[subprocess.Popen] = []
+        self.workers: dict[int, subprocess.Popen] = {}
+        self.worker_files: list[tuple[str, str]] = []
+        self.incarnation: Counter = Counter()
+        self.faults: Counter = Counter()
+        self.unexpected_exits: Counter = Counter()
+        self.started = CLOCK.monotonic()
+        self.next_progress = self.started + PROGRESS_EVERY_S
+        self._effects_seen = 0
+        self._delivered: set = set()
+        self.env = child_env()
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        out = open(os.path.join(self.work, log_name), "ab")  # noqa: SIM115 - closed below, once inherited
+        try:
+            return subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=self.env)
+        finally:
+            out.close()
+
+    def start_service(self) -> None:
+        cfg = os.path.join(self.work, "shardq.toml")
+        with open(cfg, "w") as f:
+            f.write(_toml({
+                "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000,
+                            "restart_window": 1.0},
+                "limits": {"segment_bytes": 32 * 1024, "compact_min_bytes": 64 * 1024},
+                "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries},
+            }))
+        self.service = self._spawn(["-m", "shardq.cli", "serve", "--config", cfg, "--data-dir", self.data_dir,
+                                    "--shards", str(self.a.shards)], "service.log")
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        import shardq
+        deadline = CLOCK.monotonic() + timeout
+        while True:
+            if self.service.poll() is not None:
+                raise RuntimeError(f"shardq serve exited with {self.service.returncode}; see {self.log_path}")
+            try:
+                with shardq.connect(self.data_dir, retry_s=0.5, request_timeout_s=2) as q:
+                    q.ping()
+                return
+            except (ShardqError, OSError):
+                if CLOCK.monotonic() > deadline:
+                    raise RuntimeError(f"service not ready after {timeout:.0f} s; see {self.log_path}") from None
+                time.sleep(0.05)  # poll with a deadline
+
+    def service_pids(self) -> list[int]:
+        import psutil
+        try:
+            return [self.service.pid] + [c.pid for c in psutil.Process(self.service.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return [self.service.pid]
+
+    def shard_pids(self) -> dict[int, int]:
+        import psutil
+        out = {}
+        try:
+            for c in psutil.Process(self.service.pid).children():
+                cmd = c.cmdline()
+                if "shardq.shard.process" in cmd and "--index" in cmd:
+                    out[int(cmd[cmd.index("--index") + 1])] = c.pid
+        except psutil.Error:
+            pass
+        return out
+
+    def kill_service(self) -> None:
+        pids = self.service_pids()
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        self.service.wait()
+        self._wait_gone(pids)
+
+    @staticmethod
+    def _wait_gone(pids: list[int], timeout: float = 20.0) -> None:
+        deadline = CLOCK.monotonic() + timeout
+        while any(_alive(p) for p in pids) and CLOCK.monotonic() < deadline:
+            time.sleep(0.01)  # poll with a deadline
+
+    def start_producers(self) -> None:
+        keys = [f"k{i:03d}" for i in range(self.a.keys)]
+        for p in range(self.a.producers):
+            mine = keys[p::self.a.producers]
+            self.producers.append(self._spawn(
+                ["-m", "shardq.verify", "_producer", "--data-dir", self.data_dir, "--index", str(p),
+                 "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
+                 "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
+                 # Even producers retry long enough to ride out every fault; odd ones give
+                 # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
+                 "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1"], f"producer-{p}.log"))
+
+    def start_worker(self, w: int) -> None:
+        self.incarnation[w] += 1
+        name = f"w{w}.{self.incarnation[w]}"
+        hist = os.path.join(self.work, f"worker-{name}.jsonl")
+        self.worker_files.append((name, hist))
+        self.workers[w] = self._spawn(
+            ["-m", "shardq.verify", "_worker", "--data-dir", self.data_dir, "--name", name, "--db", self.db,
+             "--history", hist, "--stop", self.stop_workers, "--batch", "4", "--retry-s", "5",
+             "--seed", str(self.a.seed), "--stall-prob", str(self.a.stall_prob),
+             "--stall-s", str(self.a.visibility / 2)],
+            f"worker-{w}.log")
+
+    def init_db(self) -> None:
+        db = sqlite3.connect(self.db, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(SCHEMA)
+        db.close()
+
+    # ------------------------------------------------------------------ faults
+    def tick(self) -> None:
+        """Keep the cast alive (restart what died on its own) and print progress."""
+        if self.service is not None and self.service.poll() is not None:
+            self.unexpected_exits["service"] += 1
+            self._log(f"service exited on its own with {self.service.returncode}; restarting")
+            self.start_service()
+        for w, proc in list(self.workers.items()):
+            if proc.poll() is not None and not os.path.exists(self.stop_workers):
+                self.unexpected_exits["worker"] += 1
+                self._log(f"worker {w} exited on its own with {proc.returncode}; restarting")
+                self.start_worker(w)
+        if CLOCK.monotonic() >= self.next_progress:
+            self.next_progress += PROGRESS_EVERY_S
+            self.progress()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep inside the fault schedule (spacing faults, holding a pause), ticking."""
+        end = CLOCK.monotonic() + seconds
+        while (left := end - CLOCK.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+            self.tick()
+
+    def inject(self, kind: str) -> str:
+        a, rng = self.a, self.rng
+        if kind == "kill_shard":
+            pids = self.shard_pids()
+            if not pids:
+                return "no shard running"
+            i = rng.choice(sorted(pids))
+            _signal(pids[i], signal.SIGKILL)
+            detail = f"shard {i} pid {pids[i]}"
+        elif kind == "kill_service":
+            t0 = CLOCK.monotonic()
+            self.kill_service()
+            self.start_service()
+            detail = f"restarted in {CLOCK.monotonic() - t0:.1f} s"
+        elif kind == "kill_worker":
+            w = rng.randrange(a.workers)
+            _signal(self.workers[w].pid, signal.SIGKILL)
+            self.workers[w].wait()
+            self.start_worker(w)
+            detail = f"worker {w}"
+        elif kind == "pause_shard":
+            pids = self.shard_pids()
+            if not pids:
+                return "no shard running"
+            i = rng.choice(sorted(pids))
+            hung = rng.random() < 0.25
+            d = a.health_timeout * 1.5 if hung else rng.uniform(1.5 * a.visibility, 0.8 * a.health_timeout)
+            _signal(pids[i], signal.SIGSTOP)
+            self.sleep(d)
+            _signal(pids[i], signal.SIGCONT)
+            if hung:
+                self.faults["pause_shard_past_health_timeout"] += 1
+            detail = f"shard {i} for {d:.1f} s"
+        elif kind == "pause_worker":
+            w = rng.randrange(a.workers)
+            d = rng.uniform(1.5 * a.visibility, 3 * a.visibility)
+            pid = self.workers[w].pid
+            _signal(pid, signal.SIGSTOP)
+            self.sleep(d)
+            _signal(pid, signal.SIGCONT)
+            detail = f"worker {w} for {d:.1f} s"
+        else:
+            raise ValueError(kind)
+        self.faults[kind] += 1
+        return detail
+
+    def schedule(self) -> None:
+        """Faults until the duration is over, and at least one full round of every kind."""
+        a, rng = self.a, self.rng
+        end = self.started + a.duration
+        deck: list[str] = []
+        injected = 0
+        self.sleep(rng.uniform(0.5, 1.0) * a.fault_interval)
+        while CLOCK.monotonic() < end or injected < len(KINDS):
+            if not deck:
+                deck = list(KINDS)
+                rng.shuffle(deck)
+            kind = deck.pop()
+            detail = self.inject(kind)
+            injected += 1
+            self._log(f"fault {kind}: {detail}")
+            gap = rng.uniform(0.5, 1.5) * a.fault_interval
+            self.sleep(gap if injected < len(KINDS) else min(gap, max(end - CLOCK.monotonic(), 0)))
+
+    # ------------------------------------------------------------------ progress
+    def _log(self, msg: str) -> None:
+        print(f"[{CLOCK.monotonic() - self.started:7.1f}s] {msg}", flush=True)
+
+    def _enqueues(self) -> list[Enqueue]:
+        return [op for p in range(self.a.producers)
+                for op in read_producer_history(os.path.join(self.work, f"producer-{p}.jsonl"), p)]
+
+    def _applied(self) -> set:
+        for e in read_effects(self.db, self._effects_seen):
+            self._effects_seen = max(self._effects_seen, e.order)
+            parsed = parse_body(e.body)
+            if parsed:
+                self._delivered.add(parsed[1:])
+        return self._delivered
+
+    def progress(self) -> None:
+        ops = self._enqueues()
+        ok = sum(len(o.items) for o in ops if o.outcome == "ok")
+        amb = sum(len(o.items) for o in ops if o.outcome != "ok" and o.t1 is not None)
+        faults = sum(self.faults[k] for k in KINDS)
+        self._log(f"enqueued ok={ok} ambiguous={amb} | delivered={len(self._applied())} | faults={faults} "
+                  + " ".join(f"{k}={self.faults[k]}" for k in KINDS if self.faults[k]))
+
+    # ------------------------------------------------------------------ drain and check
+    def drain(self) -> dict:
+        import shardq
+        open(self.stop_producers, "w").close()
+        deadline = CLOCK.monotonic() + 60
+        for p in self.producers:
+            while p.poll() is None and CLOCK.monotonic() < deadline:
+                self.sleep(0.1)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ok_items = {tuple(it) for op in self._enqueues() if op.outcome == "ok" for it in op.items}
+        self._log(f"producers stopped; draining {len(ok_items) - len(ok_items & self._applied())} "
+                  "acknowledged jobs not yet applied")
+        deadline = CLOCK.monotonic() + self.a.drain_timeout
+        backlog, empty_polls = None, 0
+        q = shardq.connect(self.data_dir, retry_s=5, request_timeout_s=5)
+        try:
+            while CLOCK.monotonic() < deadline:
+                self.tick()
+                try:
+                    st = q.stats()["queues"].get("default", {})
+                    backlog = sum(st.get(k, 0) for k in ("ready", "delayed", "waiting", "in_flight"))
+                except ShardqError:
+                    backlog = None
+                empty_polls = empty_polls + 1 if backlog == 0 else 0
+                # Done when every acknowledged job is applied, or when nothing is left to
+                # deliver (only dead letters, if any) for a second.
+                if backlog == 0 and (ok_items <= self._applied() or empty_polls >= 5):
+                    break
+                time.sleep(0.2)  # poll with a deadline
+            try:
+                dead = len(q.dead_letters("default", limit=10_000))
+            except ShardqError:
+                dead = -1
+        finally:
+            q.close()
+        open(self.stop_workers, "w").close()
+        for proc in self.workers.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return {"drained": backlog == 0, "backlog_left": backlog,
+                "dead_letters": dead}
+
+    def stop_service(self) -> None:
+        if self.service is None or self.service.poll() is not None:
+            return
+        pids = self.service_pids()
+        self.service.send_signal(signal.SIGTERM)
+        try:
+            self.service.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        self._wait_gone(pids)
+
+    def cleanup(self) -> None:
+        """End every process this run started, by PID."""
+        for proc in [*self.producers, *self.workers.values()]:
+            if proc.poll() is None:
+                _signal(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+        if self.service is not None:
+            pids = self.service_pids() if self.service.poll() is None else []
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+                _signal(pid, signal.SIGKILL)
+            if pids:
+                self.service.wait()
+                self._wait_gone(pids)
+
+    def wal_check(self) -> dict:
+        from ..datadir import DataDir
+        from ..wal import repair
+        dd = DataDir(self.data_dir)
+        statuses = Counter(r.status for i in range(dd.shards()) for r in repair.check(dd.shard_dir(i)))
+        return dict(statuses)
+
+    def service_events(self) -> dict:
+        events = Counter()
+        try:
+            with open(self.log_path, errors="replace") as f:
+                for line in f:
+                    if "event=shard-exit" in line:
+                        events["shard_exits_sigkill" if "signal=SIGKILL" in line else "shard_exits_other"] += 1
+                    for ev in ("shard-hung", "shard-failed", "shard-restart"):
+                        if f"event={ev} " in line:
+                            events[ev.replace("-", "_")] += 1
+                    if "torn tail truncated" in line:
+                        events["torn_tails_repaired"] += 1
+                    if " compacted: " in line:
+                        events["compactions"] += 1
+        except OSError:
+            pass
+        return dict(events)
+
+
+def run(a) -> int:
+    if a.data_dir and os.path.exists(a.data_dir) and os.listdir(a.data_dir):
+        print(f"error: --data-dir {a.data_dir} is not empty; verify needs a fresh directory", file=sys.stderr)
+        return 2
+    r = Run(a)
+    print(f"shardq verify seed={a.seed} duration={a.duration}s shards={a.shards} producers={a.producers} "
+          f"workers={a.workers} keys={a.keys} visibility={a.visibility}s data_dir={r.data_dir}", flush=True)
+    print(f"replay: shardq verify --seed {a.seed} --duration {a.duration} --shards {a.shards} "
+          f"--producers {a.producers} --workers {a.workers} --keys {a.keys} --fault-interval {a.fault_interval}",
+          flush=True)
+    try:
+        r.init_db()
+        r.start_service()
+        r.start_producers()
+        for w in range(a.workers):
+            r.start_worker(w)
+        r.schedule()
+        r._log("fault schedule over; stopping producers")
+        drain = r.drain()
+        r.stop_service()
+        wal = r.wal_check()
+    except RuntimeError as e:
+        print(f"error: the run could not be carried out: {e}; files kept in {r.work}", file=sys.stderr)
+        return 2
+    finally:
+        r.cleanup()
+    enqueues = r._enqueues()
+    leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
+    effects = read_effects(r.db)
+    rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0))
+    rep.info.update(drain)
+    rep.info["wal_check"] = wal
+    rep.info["service"] = r.service_events()
+    rep.info["unexpected_exits"] = dict(r.unexpected_exits)
+    if wal.get("corrupt"):
+        rep.counts["wal_corrupt"] = wal["corrupt"]
+    faults = {k: r.faults[k] for k in KINDS}
+    faults["pause_shard_past_health_timeout"] = r.faults["pause_shard_past_health_timeout"]
+    passed = rep.ok and not rep.counts.get("wal_corrupt")
+    _print_summary(a, rep, faults, passed, CLOCK.monotonic() - r.started)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"passed": passed, "seed": a.seed, "args": {k: v for k, v in vars(a).items() if k != "fn"},
+                       "faults": faults, "elapsed_s": round(CLOCK.monotonic() - r.started, 1),
+                       **asdict(rep)}, f, indent=2, default=str)
+    if passed and not a.data_dir and not a.keep:
+        shutil.rmtree(os.path.dirname(r.data_dir), ignore_errors=True)
+    else:
+        print(f"data dir and histories kept in {r.data_dir} and {r.work}")
+    return 0 if passed else 1
+
+
+def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float) -> None:
+    i = rep.info
+    print()
+    print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s)")
+    print("faults injected: " + ", ".join(f"{k}={v}" for k, v in faults.items())
+          + f"  (total {sum(faults[k] for k in KINDS)})")
+    print(f"enqueue calls {i['enqueue_ops']} ({i['enqueue_ops_ok']} ok); jobs ok {i['jobs_ok']}, "
+          f"ambiguous {i['jobs_ambiguous']} (delivered {i['ambiguous_delivered']}, "
+          f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}")
+    print(f"deliveries {i['deliveries']} (duplicate {i['duplicate_deliveries']}, max attempt {i['max_attempt']}, "
+          f"expired before start {i['leases_expired_before_start']}, ack LeaseLost {i['acks_lease_lost']}); "
+          f"worker stalls {i['worker_stalls']}; "
+          f"effects {i['effects']}; late commits {i['late_commits']} "
+          f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
+    print(f"service: {i.get('service')}; wal check after stop: {i.get('wal_check')}; "
+          f"drained: {i.get('drained')}")
+    print(f"{'check':<28}{'count':>8}  result")
+    for k in (*FAILING, *(["wal_corrupt"] if "wal_corrupt" in rep.counts else [])):
+        n = rep.counts.get(k, 0)
+        print(f"{k:<28}{n:>8}  {'ok' if n == 0 else 'FAIL'}")
+        for ex in rep.examples.get(k, []):
+            print(f"    e.g. {json.dumps(ex, default=str)}")
+    print(f"VERDICT: {'PASS' if passed else 'FAIL'}")

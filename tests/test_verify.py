@@ -1,0 +1,209 @@
+"""``shardq verify``: the checker proven able to fail on hand-made histories, then one short
+chaos run against real processes that must pass."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from shardq.verify import (
+    Effect,
+    Enqueue,
+    LeaseRec,
+    body_for,
+    check,
+    read_effects,
+    read_producer_history,
+    read_worker_history,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- hand-made histories
+def ok(op, items, ids, producer=0, t=0.0):
+    return Enqueue(producer, op, items, "ok", ids, t0=t, t1=t + 0.01)
+
+
+def eff(order, job_id, key, seq, producer=0):
+    return Effect(order, job_id, key, body_for(producer, key, seq))
+
+
+def lease(job_id, key, token, t, deadline, ack_at=None, worker="w0", result="ok", attempt=1):
+    return LeaseRec(worker, job_id, key, attempt, token, deadline, t, t + 0.001,
+                    ack_at, None if ack_at is None else ack_at + 0.001, result if ack_at is not None else None)
+
+
+def failing(rep):
+    return {k: v for k, v in rep.counts.items() if v}
+
+
+def test_clean_history_passes():
+    enq = [ok(1, [("a", 1), ("a", 2)], [10, 11]), ok(2, [("b", 1)], [20])]
+    effects = [eff(1, 10, "a", 1), eff(2, 20, "b", 1), eff(3, 11, "a", 2)]
+    leases = [lease(10, "a", 1, 0.0, 1.0, 0.1), lease(20, "b", 2, 0.0, 1.0, 0.1), lease(11, "a", 3, 0.2, 1.2, 0.3)]
+    rep = check(enq, leases, effects)
+    assert rep.ok, failing(rep)
+    assert rep.info["jobs_ok"] == 3 and rep.info["duplicate_deliveries"] == 0
+
+
+def test_lost_job_is_detected():
+    rep = check([ok(1, [("a", 1), ("a", 2)], [10, 11])], [], [eff(1, 10, "a", 1)])
+    assert not rep.ok
+    assert rep.counts["lost"] == 1
+    assert rep.examples["lost"][0]["seq"] == 2
+
+
+def test_duplicated_effect_is_detected():
+    # The same (key, seq) applied under two job ids: a retried enqueue made a second job.
+    rep = check([ok(1, [("a", 1)], [10])], [], [eff(1, 10, "a", 1), eff(2, 99, "a", 1)])
+    assert rep.counts["duplicated_effects"] == 1 and not rep.ok
+
+
+def test_order_violation_is_detected():
+    enq = [ok(1, [("a", 1)], [10]), ok(2, [("a", 2)], [11])]
+    rep = check(enq, [], [eff(1, 11, "a", 2), eff(2, 10, "a", 1)])
+    assert rep.counts["order_violations"] == 1 and not rep.ok
+    assert rep.examples["order_violations"][0] == {"key": "a", "seq": 1, "committed_after_seq": 2,
+                                                   "job_id": 10, "after_job_id": 11}
+
+
+def test_order_of_other_keys_is_independent():
+    enq = [ok(1, [("a", 1), ("b", 1)], [10, 20]), ok(2, [("a", 2), ("b", 2)], [11, 21])]
+    effects = [eff(1, 20, "b", 1), eff(2, 10, "a", 1), eff(3, 21, "b", 2), eff(4, 11, "a", 2)]
+    assert check(enq, [], effects).ok
+
+
+def test_unexpected_job_is_detected():
+    rep = check([ok(1, [("a", 1)], [10])], [], [eff(1, 10, "a", 1), eff(2, 50, "zz", 7)])
+    assert rep.counts["unexpected"] == 1 and not rep.ok
+    garbage = Effect(3, 51, "a", b"not a verify body")
+    assert check([ok(1, [("a", 1)], [10])], [], [eff(1, 10, "a", 1), garbage]).counts["unexpected"] == 1
+
+
+def test_definitely_failed_enqueue_must_not_be_delivered():
+    failed = Enqueue(0, 1, [("a", 1)], "fail", error="QueueFull")
+    assert check([failed], [], []).ok
+    assert check([failed], [], [eff(1, 10, "a", 1)]).counts["unexpected"] == 1
+
+
+def test_ambiguous_enqueues_are_resolved_by_delivery():
+    unknown = [Enqueue(0, 1, [("a", 1)], "info", error="ShardUnavailable"),
+               Enqueue(0, 2, [("a", 2)], "info", error="ShardUnavailable"),
+               Enqueue(0, 3, [("a", 3)])]  # invoked, never completed: producer killed
+    rep = check(unknown, [], [eff(1, 10, "a", 1)])
+    assert rep.ok  # neither outcome of an unknown enqueue is a violation
+    assert rep.info["jobs_ambiguous"] == 3
+    assert rep.info["ambiguous_delivered"] == 1 and rep.info["ambiguous_not_delivered"] == 2
+
+
+def test_id_mismatch_is_detected():
+    rep = check([ok(1, [("a", 1)], [10])], [], [eff(1, 12, "a", 1)])
+    assert rep.counts["id_mismatch"] == 1 and not rep.ok
+
+
+def test_double_in_flight_per_key_is_detected():
+    # w1 got job 11 (same key) while w0's lease on 10 was live and not yet acked.
+    leases = [lease(10, "a", 1, 0.0, 1.0, ack_at=0.5, worker="w0"),
+              lease(11, "a", 2, 0.2, 1.2, ack_at=0.3, worker="w1")]
+    rep = check([], leases, [])
+    assert rep.counts["double_in_flight"] == 1 and not rep.ok
+
+
+def test_expired_lease_then_redelivery_is_not_double_in_flight():
+    # w0 paused past its deadline (1.0); w1 got the job again at 1.5: allowed.
+    leases = [lease(10, "a", 1, 0.0, 1.0, ack_at=3.0, worker="w0", result="LeaseLost"),
+              lease(10, "a", 2, 1.5, 2.5, ack_at=1.6, worker="w1", attempt=2),
+              lease(11, "a", 3, 1.7, 2.7, ack_at=1.8, worker="w2")]
+    rep = check([], leases, [])
+    assert rep.ok, failing(rep)
+    assert rep.info["duplicate_deliveries"] == 1 and rep.info["acks_lease_lost"] == 1
+
+
+def test_a_worker_killed_after_sending_its_ack_is_not_double_in_flight():
+    # w0 logged "ack sent" at 0.5 and died before the reply: the ack may have landed, so the
+    # next job of the key at 0.6 is no certain overlap. Without that line it would be one.
+    sent = lease(10, "a", 1, 0.0, 1.0, worker="w0")
+    sent.end_t0 = 0.5
+    nxt = lease(11, "a", 2, 0.6, 1.6, ack_at=0.7, worker="w1")
+    assert check([], [sent, nxt], []).ok
+    silent = lease(10, "a", 1, 0.0, 1.0, worker="w0")
+    assert check([], [silent, nxt], []).counts["double_in_flight"] == 1
+
+
+def test_back_to_back_leases_are_not_double_in_flight():
+    # ack sent at 0.5 and the next lease returned at 0.501: the shard may well have applied the
+    # ack first, so this is not a certain overlap.
+    leases = [lease(10, "a", 1, 0.0, 1.0, ack_at=0.5), lease(11, "a", 2, 0.5, 1.5, ack_at=0.7)]
+    assert check([], leases, []).ok
+
+
+def test_reused_token_is_detected():
+    leases = [lease(10, "a", 7, 0.0, 1.0, ack_at=0.1, worker="w0"),
+              lease(10, "a", 7, 2.0, 3.0, ack_at=2.1, worker="w1")]
+    assert check([], leases, []).counts["token_reused"] == 1
+
+
+def test_history_files_round_trip(tmp_path):
+    p = tmp_path / "producer-0.jsonl"
+    p.write_text('{"i":1,"t":1.0,"items":[["a",1],["a",2]]}\n{"o":1,"t":1.1,"ids":[10,11]}\n'
+                 '{"i":2,"t":1.2,"items":[["a",3]]}\n{"o":2,"t":1.3,"outcome":"info","err":"ShardUnavailable"}\n'
+                 '{"i":3,"t":1.4,"items":[["a",4]]}\n{"o":3,"t"')  # torn last line: killed mid-write
+    ops = read_producer_history(str(p), 0)
+    assert [(o.op, o.outcome, o.ids) for o in ops] == [(1, "ok", [10, 11]), (2, "info", None), (3, "info", None)]
+    w = tmp_path / "worker.jsonl"
+    w.write_text('{"l":[10,"a",1,5,2.0],"t0":1.0,"t1":1.1}\n{"c":true,"j":10,"tok":5,"t":1.2}\n'
+                 '{"ack":10,"j":10,"tok":5,"t":1.3}\n{"a":"ok","j":10,"tok":5,"t0":1.3,"t1":1.4}\n'
+                 '{"l":[11,"a",1,6,3.0],"t0":1.5,"t1":1.6}\n{"c":true,"j":11,"tok":6,"t":1.7}\n'
+                 '{"ack":11,"j":11,"tok":6,"t":1.8}\n')
+    recs = read_worker_history(str(w), "w0")
+    assert [(r.job_id, r.result, r.inserted, r.end_t0) for r in recs] == [(10, "ok", True, 1.3), (11, None, True, 1.8)]
+
+
+# ---------------------------------------------------------------- a real chaos run
+def _load(work: str):
+    enq = [op for name in sorted(os.listdir(work)) if name.startswith("producer-") and name.endswith(".jsonl")
+           for op in read_producer_history(os.path.join(work, name), int(name[9:-6]))]
+    leases = [l for name in sorted(os.listdir(work)) if name.startswith("worker-") and name.endswith(".jsonl")
+              for l in read_worker_history(os.path.join(work, name), name)]
+    return enq, leases, read_effects(os.path.join(work, "effects.db"))
+
+
+def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
+    """15 s of faults (every kind at least once) against 2 shards, then drain and check; then
+    the same real histories with one effect dropped, reordered or doubled must fail."""
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "15", "--fault-interval", "1.5",
+                           "--seed", "20261130", "--rate", "60", "--drain-timeout", "60", "--keep",
+                           "--stall-prob", "0.01", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
+    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        rep = json.loads(out.read_text())
+        assert rep["passed"] is True
+        assert all(rep["faults"][k] >= 1 for k in ("kill_shard", "kill_service", "kill_worker",
+                                                    "pause_shard", "pause_worker")), rep["faults"]
+        assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True
+        assert "VERDICT: PASS" in proc.stdout and "seed=20261130" in proc.stdout
+
+        enq, leases, effects = _load(kept.group(2))
+        assert check(enq, leases, effects).ok
+        by_key = {}
+        for e in effects:
+            by_key.setdefault(e.lease_key, []).append(e)
+        a, b = next(v for v in by_key.values() if len(v) >= 2)[:2]
+        dropped = [e for e in effects if e is not a]
+        assert check(enq, leases, dropped).counts["lost"] == 1
+        swapped = [Effect(b.order, a.job_id, a.lease_key, a.body) if e is a else
+                   Effect(a.order, b.job_id, b.lease_key, b.body) if e is b else e for e in effects]
+        assert check(enq, leases, swapped).counts["order_violations"] == 1
+        doubled = effects + [Effect(10**9, 10**12, a.lease_key, a.body)]
+        assert check(enq, leases, doubled).counts["duplicated_effects"] == 1
+    finally:
+        if kept:
+            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
