@@ -39,14 +39,28 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, payload: bytes | None, sends: list, closes: list) -> None:
+    def submit(self, payload: bytes | None, sends: list, closes: list, *, inline: bool = False) -> None:
         """Queue one iteration's log payload (or None), its ``(conn, frame)`` replies, and
-        connections to close after them."""
+        connections to close after them.
+
+        ``inline``: if nothing is queued or being written, do the work on the calling thread
+        now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
+        of microseconds) on every request's latency."""
         with self._cond:
-            while len(self._items) >= PENDING_BATCHES_MAX:
-                self._cond.wait()
-            self._items.append((payload, sends, closes))
-            self._cond.notify_all()
+            if inline and not self._items and not self._busy:
+                self._busy = True
+            else:
+                while len(self._items) >= PENDING_BATCHES_MAX:
+                    self._cond.wait()
+                self._items.append((payload, sends, closes))
+                self._cond.notify_all()
+                return
+        try:
+            self._process([(payload, sends, closes)])
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
     def drain(self) -> None:
         """Wait until everything submitted is durable and answered (before compaction)."""
@@ -72,27 +86,31 @@ class Committer:
                 self._items.clear()
                 self._busy = True
                 self._cond.notify_all()
-            payloads = [p for p, _, _ in items if p is not None]
-            if payloads:
-                try:
-                    self.log.commit(payloads)
-                except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
-                    log.error("log commit failed; exiting without replying so the supervisor "
-                              "restarts and replays: %s", e)
-                    logging.shutdown()
-                    os._exit(self.exit_code)
-                self.fsyncs += 1
-            for _, sends, closes in items:
-                for conn, frame in sends:
-                    if conn.closed or conn.dead:
-                        continue
-                    try:
-                        conn.send(frame)
-                    except OSError as e:
-                        log.warning("dropping client: send failed: %s", e)
-                        conn.shut()
-                for conn in closes:
-                    conn.close()
+            self._process(items)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    def _process(self, items: list) -> None:
+        """Make the payloads durable (one fsync), then send the replies, in order."""
+        payloads = [p for p, _, _ in items if p is not None]
+        if payloads:
+            try:
+                self.log.commit(payloads)
+            except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+                log.error("log commit failed; exiting without replying so the supervisor "
+                          "restarts and replays: %s", e)
+                logging.shutdown()
+                os._exit(self.exit_code)
+            self.fsyncs += 1
+        for _, sends, closes in items:
+            for conn, frame in sends:
+                if conn.closed or conn.dead:
+                    continue
+                try:
+                    conn.send(frame)
+                except OSError as e:
+                    log.warning("dropping client: send failed: %s", e)
+                    conn.shut()
+            for conn in closes:
+                conn.close()

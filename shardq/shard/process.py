@@ -47,6 +47,7 @@ log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 HANDSHAKES_MAX = 32
+INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
 
@@ -209,7 +210,9 @@ class ShardServer:
             if out and conn in self.conns:
                 sends.append((conn, protocol.pack(out)))
         closes, self._closes = self._closes, []
-        self.committer.submit(self.shard.take_payload(), sends, closes)
+        requests = sum(len(reqs) for _, reqs in batches)
+        self.committer.submit(self.shard.take_payload(), sends, closes,
+                              inline=requests <= INLINE_REQUESTS_MAX)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
             self.shard.compact()
