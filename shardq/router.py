@@ -30,6 +30,8 @@ from .types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
+_BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
+_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
 
 
 def shard_for_key(key: str, shards: int) -> int:
@@ -127,16 +129,23 @@ class Router:
 
     @staticmethod
     def _item(body, key, queue, delay, priority, dedup_id) -> list:
-        validate.key(key)
+        """The wire form of one job, checked (the shard checks again; this catches errors
+        before a multi-shard batch is split, so no shard gets half of a bad batch)."""
+        # Fast path for the common shape; anything unusual goes through the validators,
+        # which raise the precise error.
+        if not (type(body) is bytes and 0 < len(body) <= _BODY_CEILING):
+            body = validate.body(body, _BODY_CEILING)
+        if key is not None and not (type(key) is str and 0 < len(key) <= _KEY_FAST_CHARS):
+            validate.key(key)
         if type(queue) is not str:
             raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
         if type(delay) is not int or delay:
             validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
         if type(priority) is not int or priority:
             validate.priority(priority)
-        validate.dedup_id(dedup_id)
-        return [validate.body(body, limits.BODY_BYTES_MAX_CEILING), key, queue, delay or 0,
-                priority or 0, dedup_id]
+        if dedup_id is not None:
+            validate.dedup_id(dedup_id)
+        return [body, key, queue, delay or 0, priority or 0, dedup_id]
 
     def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> int:
         """Durably add a job; returns its id once the owning shard has fsynced it.
@@ -159,14 +168,18 @@ class Router:
         refuses (e.g. QueueFull) the error is raised and the other shards' part may be in."""
         per_shard: dict[int, list] = {}
         where = []
+        item_of, shard_for, fields = self._item, self._shard_for, _JOB_FIELDS
         for job in jobs:
-            if type(job) is not dict or "body" not in job or not job.keys() <= _JOB_FIELDS:
-                raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(_JOB_FIELDS - {'body'})}")
-            key = job.get("key")
-            item = self._item(job["body"], key, job.get("queue", queue), job.get("delay", 0),
-                              job.get("priority", 0), job.get("dedup_id"))
-            shard = self._shard_for(key)
-            bucket = per_shard.setdefault(shard, [])
+            if type(job) is not dict or "body" not in job or not job.keys() <= fields:
+                raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(fields - {'body'})}")
+            get = job.get
+            key = get("key")
+            item = item_of(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
+                           get("dedup_id"))
+            shard = shard_for(key)
+            bucket = per_shard.get(shard)
+            if bucket is None:
+                bucket = per_shard[shard] = []
             where.append((shard, len(bucket)))
             bucket.append(item)
         calls, sessions = [], []
