@@ -19,9 +19,9 @@ import time
 from typing import Any
 from collections.abc import Callable
 
-from .jobs import BATCH_JOBS, batches, check, split
+from .jobs import batches, check, split
 from .peers.base import Adapter, Client, ClientSpec, Item, connect
-from .workloads import DRAIN_WAIT_S, take_leftovers
+from .workloads import drain_step, take_leftovers
 
 PRODUCERS = 2
 CONSUMERS = 2
@@ -57,21 +57,11 @@ def consume(client: Client, batch: bool, target: int, acked, barrier,
             seen, seen_at = seen_now, now
         elif now - seen_at > stall_s:
             break
-        if batch:
-            handles = client.dequeue_many(BATCH_JOBS, DRAIN_WAIT_S)
-            if handles:
-                delivered.extend(client.body_of(h) for h in handles)
-                client.ack_many(handles)
-        else:
-            handle = client.dequeue(DRAIN_WAIT_S)
-            handles = [handle] if handle is not None else []
-            if handle is not None:
-                delivered.append(client.body_of(handle))
-                client.ack(handle)
-        if handles:
+        before = len(delivered)
+        if drain_step(client, batch, delivered):
             last_ack = time.monotonic()
             with acked.get_lock():
-                acked.value += len(handles)
+                acked.value += len(delivered) - before
     leftovers = take_leftovers(client, limit=target)
     return {"delivered": delivered + leftovers, "last_ack": last_ack}
 

@@ -34,18 +34,26 @@ def plot_scaling(scaling: dict, path: str) -> bool:
             if points:
                 ax.plot([t for t, _ in points], [v for _, v in points], marker="o",
                         label=f"{shards} shard(s)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks([1, 4, 16], labels=["1", "4", "16"])
-        ax.set_xlabel("producer threads (one router)")
-        ax.set_ylabel("jobs/s")
-        ax.set_title(f"shardq enqueue, {mode}")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        _log2_axes(ax, [1, 4, 16], "producer threads (one router)", "jobs/s", f"shardq enqueue, {mode}")
+    _save(fig, path)
+    return True
+
+
+def _log2_axes(ax, ticks: list[int], xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def plot_throughput(peers: dict, path: str) -> bool:
@@ -82,18 +90,9 @@ def plot_scale_procs(data: dict, path: str) -> bool:
             pts = sorted((c["producers"], c["jobs_per_s"]) for c in cells
                          if c["mode"] == mode and c["shards"] == shards)
             ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=f"{shards} shard(s)")
-        ticks = sorted({c["producers"] for c in cells})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, labels=[str(t) for t in ticks])
-        ax.set_xlabel("producer processes")
-        ax.set_ylabel("durable enqueues/s")
-        ax.set_title(f"{mode} enqueue, {data.get('cpus', '?')} CPUs")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _log2_axes(ax, sorted({c["producers"] for c in cells}), "producer processes",
+                   "durable enqueues/s", f"{mode} enqueue, {data.get('cpus', '?')} CPUs")
+    _save(fig, path)
     return True
 
 

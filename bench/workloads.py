@@ -87,6 +87,22 @@ def take_leftovers(client: Client, limit: int) -> list[bytes]:
     return bodies
 
 
+def drain_step(client: Client, batch: bool, delivered: list[bytes]) -> bool:
+    """Lease (one job, or a batch), note the bodies, ack. True if anything came."""
+    if batch:
+        handles = client.dequeue_many(BATCH_JOBS, DRAIN_WAIT_S)
+        if handles:
+            delivered.extend(client.body_of(h) for h in handles)
+            client.ack_many(handles)
+        return bool(handles)
+    handle = client.dequeue(DRAIN_WAIT_S)
+    if handle is None:
+        return False
+    delivered.append(client.body_of(handle))
+    client.ack(handle)
+    return True
+
+
 def drain(client: Client, items: list[Item], batch: bool, stall_s: float) -> dict[str, Any]:
     """Figures C (``batch=False``) and C2: lease and ack until every job came back, or no job
     came for ``stall_s``. Timed from the first dequeue to the last ack."""
@@ -94,19 +110,9 @@ def drain(client: Client, items: list[Item], batch: bool, stall_s: float) -> dic
     delivered: list[bytes] = []
     start = last_ack = time.monotonic()
     while len(delivered) < want:
-        if batch:
-            handles = client.dequeue_many(BATCH_JOBS, DRAIN_WAIT_S)
-            if handles:
-                delivered.extend(client.body_of(h) for h in handles)
-                client.ack_many(handles)
-        else:
-            handle = client.dequeue(DRAIN_WAIT_S)
-            handles = [handle] if handle is not None else []
-            if handle is not None:
-                delivered.append(client.body_of(handle))
-                client.ack(handle)
+        got = drain_step(client, batch, delivered)
         now = time.monotonic()
-        if handles:
+        if got:
             last_ack = now
         elif now - last_ack > stall_s:
             break

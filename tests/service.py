@@ -140,6 +140,18 @@ class Service:
             shutil.rmtree(os.path.dirname(self.data_dir), ignore_errors=True)
 
 
+def restarted(svc: Service, shard: int, old_pid: int) -> int:
+    """Wait until shard ``shard`` answers with a pid other than ``old_pid``; return it."""
+    def new_pid():
+        try:
+            with shardq.connect(svc.data_dir, retry_s=0.5, request_timeout_s=2) as q:
+                pid = q.ping()[shard]
+        except shardq.ShardUnavailable:
+            return None
+        return pid if pid != old_pid else None
+    return wait_until(new_pid, 20, 0.02, f"shard {shard} to come back")
+
+
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

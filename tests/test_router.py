@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 import shardq
-from service import REPO, Service, short_tmpdir, wait_until
+from service import REPO, Service, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
 from shardq.router import shard_for_key, shard_of_job
@@ -56,17 +56,6 @@ def drain_bodies(q) -> list[bytes]:
         out += [l.body for l in leases]
         assert q.ack_many(leases) == [None] * len(leases)
 
-
-def restarted(svc, shard: int, old_pid: int) -> int:
-    """Wait until shard ``shard`` answers with a pid other than ``old_pid``; return it."""
-    def new_pid():
-        try:
-            with shardq.connect(svc.data_dir, retry_s=0.5, request_timeout_s=2) as q:
-                pid = q.ping()[shard]
-        except ShardUnavailable:
-            return None
-        return pid if pid != old_pid else None
-    return wait_until(new_pid, 20, 0.02, f"shard {shard} to come back")
 
 
 def log_count(svc, word: str) -> int:

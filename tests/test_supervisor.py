@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import shardq
-from service import REPO, Service, wait_until
+from service import REPO, Service, restarted, wait_until
 from shardq.errors import ShardUnavailable
 from shardq.router import shard_for_key, shard_of_job
 
@@ -60,16 +60,6 @@ def no_process_uses(data_dir: str) -> bool:
             pass
     return True
 
-
-def restarted(svc, shard: int, old_pid: int) -> int:
-    def new_pid():
-        try:
-            with shardq.connect(svc.data_dir, retry_s=0.5, request_timeout_s=2) as q:
-                pid = q.ping()[shard]
-        except ShardUnavailable:
-            return None
-        return pid if pid != old_pid else None
-    return wait_until(new_pid, 20, 0.02, f"shard {shard} to come back")
 
 
 # ---------------------------------------------------------------------- refusals at start

@@ -120,3 +120,29 @@ class Adapter(Client):
     def server_pids(self) -> list[int]:
         """PIDs of the peer's server processes (for idle CPU); empty if in-process."""
         return []
+
+
+class ServerAdapter(Adapter):
+    """An adapter for a peer that runs as one local server process on ``self._port``;
+    subclasses start it in ``setup`` and name their client class in ``client_class``."""
+
+    client_class = "?"
+
+    def __init__(self) -> None:
+        self._proc = None
+        self.client = None
+        self._port = 0
+
+    def teardown(self) -> None:
+        from . import servers
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        servers.stop(self._proc)
+        self._proc = None
+
+    def client_spec(self) -> ClientSpec:
+        return ClientSpec(type(self).__module__, self.client_class, {"port": self._port})
+
+    def server_pids(self) -> list[int]:
+        return [self._proc.pid] if self._proc else []

@@ -7,11 +7,10 @@ beanstalk_proto); beanstalkd has no batch command.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Sequence
 
 from . import servers
-from .base import Adapter, Client, ClientSpec, Item
+from .base import Client, Item, ServerAdapter
 from .beanstalk_proto import Connection, Job
 
 
@@ -52,15 +51,12 @@ class BeanstalkClient(Client):
         self._conn.close()
 
 
-class BeanstalkdAdapter(Adapter):
+class BeanstalkdAdapter(ServerAdapter):
+    client_class = "BeanstalkClient"
     name = "beanstalkd"
     batch_mode = BeanstalkClient.batch_mode
     durability = "binlog, fsync every write (-f 0)"
 
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
-        self.client: BeanstalkClient | None = None
-        self._port = 0
 
     def setup(self, tmpdir: str) -> None:
         binary = servers.require_binary("beanstalkd")
@@ -71,16 +67,4 @@ class BeanstalkdAdapter(Adapter):
         self._proc = servers.start(argv, self._port, os.path.join(tmpdir, "beanstalkd.log"))
         self.client = BeanstalkClient(self._port)
 
-    def teardown(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        servers.stop(self._proc)
-        self._proc = None
-
-    def client_spec(self) -> ClientSpec:
-        return ClientSpec(__name__, "BeanstalkClient", {"port": self._port})
-
-    def server_pids(self) -> list[int]:
-        return [self._proc.pid] if self._proc else []
 

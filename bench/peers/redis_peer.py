@@ -9,11 +9,10 @@ the same commands (no MULTI).
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Sequence
 
 from . import servers
-from .base import Adapter, Client, ClientSpec, Item, SkipPeer
+from .base import Client, Item, ServerAdapter, SkipPeer
 
 QUEUE = "bench:queue"
 PROCESSING = "bench:processing"
@@ -78,16 +77,13 @@ class RedisClient(Client):
         self._r.close()
 
 
-class RedisAdapter(Adapter):
+class RedisAdapter(ServerAdapter):
+    client_class = "RedisClient"
     name = "redis"
     batch_mode = RedisClient.batch_mode
     durability = "AOF, appendfsync always"
     thread_safe = True  # redis-py takes a pooled connection per command
 
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
-        self.client: RedisClient | None = None
-        self._port = 0
 
     def setup(self, tmpdir: str) -> None:
         _redis_module()
@@ -105,15 +101,3 @@ class RedisAdapter(Adapter):
             self.teardown()
             raise SkipPeer(f"redis-server runs with appendfsync={got!r}, not 'always'")
 
-    def teardown(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        servers.stop(self._proc)
-        self._proc = None
-
-    def client_spec(self) -> ClientSpec:
-        return ClientSpec(__name__, "RedisClient", {"port": self._port})
-
-    def server_pids(self) -> list[int]:
-        return [self._proc.pid] if self._proc else []
