@@ -2,7 +2,7 @@
 
 ::
 
-    <data>/shardq.json        {"format": 1, "shards": N}: N is fixed at creation
+    <data>/shardq.json        {"format": 1, "shards": N, "id": ...}: N is fixed at creation
     <data>/authkey            HMAC key for client authentication (mode 0600)
     <data>/run/shard-<i>.sock unix sockets (directory mode 0700)
     <data>/shard-<i>/         each shard's WAL segments and checkpoints
@@ -71,7 +71,7 @@ class DataDir:
         else:
             tmp = meta + ".tmp"
             with open(tmp, "w") as f:
-                json.dump({"format": FORMAT, "shards": shards}, f)
+                json.dump({"format": FORMAT, "shards": shards, "id": secrets.token_hex(8)}, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, meta)
@@ -82,7 +82,7 @@ class DataDir:
     def exists(self) -> bool:
         return os.path.exists(os.path.join(self.path, META))
 
-    def shards(self) -> int:
+    def _meta(self) -> dict:
         try:
             with open(os.path.join(self.path, META)) as f:
                 meta = json.load(f)
@@ -91,7 +91,15 @@ class DataDir:
                                 "start `shardq serve` on it first") from None
         if meta.get("format") != FORMAT:
             raise InvalidConfig(f"{self.path}: unsupported format {meta.get('format')!r}")
-        return int(meta["shards"])
+        return meta
+
+    def shards(self) -> int:
+        return int(self._meta()["shards"])
+
+    def service_id(self) -> str | None:
+        """A random id made when the data dir was created. Job ids start again in a new
+        data dir; this tells the two apart (see IdempotencyStore.bind)."""
+        return self._meta().get("id")
 
     def _ensure_key(self) -> None:
         if os.path.exists(self.key_path):

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     processed_at REAL NOT NULL          -- wall-clock seconds, for prune()
 );
 CREATE INDEX IF NOT EXISTS {TABLE}_at ON {TABLE}(processed_at);
+CREATE TABLE IF NOT EXISTS {TABLE}_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -89,6 +90,21 @@ class IdempotencyStore:
         raise NotImplementedError
 
     def close(self) -> None:
+        raise NotImplementedError
+
+    def bind(self, service_id: str) -> None:
+        """Tie this store to one shardq service (data dir), or raise InvalidConfig if it
+        holds marks of another. Job ids start again in every new data dir: marks left by an
+        old one would make new jobs with the same ids look processed, and be skipped."""
+        bound = self._bound_service(service_id)
+        if bound != service_id:
+            raise InvalidConfig(
+                f"this idempotency store holds marks of shardq service {bound}, not {service_id}: "
+                "job ids start again in every data dir, so reusing it would skip new jobs as "
+                "duplicates. Use a new store (file) for this data dir.")
+
+    def _bound_service(self, service_id: str) -> str:
+        """Record ``service_id`` if none is recorded; return the recorded one."""
         raise NotImplementedError
 
     def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple, dict]:
@@ -185,6 +201,12 @@ class SqliteStore(IdempotencyStore):
             if self._closed:
                 raise Closed(f"idempotency store {self.path} is closed")
             yield conn
+
+    def _bound_service(self, service_id: str) -> str:
+        with self._use() as conn:
+            conn.execute(f"INSERT OR IGNORE INTO {TABLE}_meta(name, value) VALUES ('service', ?)",
+                         (service_id,))
+            return conn.execute(f"SELECT value FROM {TABLE}_meta WHERE name = 'service'").fetchone()[0]
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Txn]:
@@ -331,6 +353,11 @@ class MemoryStore(IdempotencyStore):
     def _check_open(self) -> None:
         if self._closed:
             raise Closed("idempotency store is closed")
+
+    def _bound_service(self, service_id: str) -> str:
+        with self._cond:
+            self.__dict__.setdefault("service", service_id)
+            return self.service
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Txn]:

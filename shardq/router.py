@@ -51,6 +51,7 @@ class Router:
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()
+        self.service_id = dd.service_id()
         key = dd.authkey()
         self.clients = [ShardClient(i, dd.socket_path(i), key) for i in range(self.shards)]
         self.retry_s = retry_s

@@ -124,6 +124,9 @@ class Worker:
                     idempotency.reopen_spec()
                 except TypeError as exc:
                     raise InvalidConfig(f"process mode: {exc}") from None
+        service_id = getattr(queue_or_router, "service_id", None)
+        if idempotency is not None and isinstance(service_id, str):
+            idempotency.bind(service_id)
         self._q = queue_or_router
         self._handler = handler
         self._queue = queue
