@@ -31,6 +31,7 @@ from .types import DeadLetter, Lease
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 _BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
+DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
 
 
@@ -79,10 +80,11 @@ class Router:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
     def _call_many(self, calls: list[tuple[int, str, list]], *, retry: bool = True,
-                   timeout: float | None = None) -> list:
+                   timeout: float | None = None, retry_s: float | None = None) -> list:
         """Send requests to their shards (pipelined), wait for all, retrying any whose
-        connection broke. Returns results in order; the first error is raised."""
-        deadline = time.monotonic() + self.retry_s
+        connection broke for up to ``retry_s`` (default: the router's). Returns results in
+        order; the first error is raised."""
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         futs = [self._send(s, op, args, deadline) for s, op, args in calls]
         results = []
         retried = [False] * len(calls)
@@ -215,15 +217,19 @@ class Router:
             validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
         deadline = time.monotonic() + wait
         first = next(self._rr) % self.shards
+        all_down_since: float | None = None
         while True:
             out: list[Lease] = []
             down: list[ShardUnavailable] = []
             for k in range(self.shards):
                 shard = (first + k) % self.shards
                 try:
-                    rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)])
+                    # A shard that is down gets a short try, not the full retry window: its
+                    # jobs can wait for the next call, the other shards' jobs should not.
+                    rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)],
+                                      retry_s=min(self.retry_s, DOWN_PROBE_S))
                 except ShardUnavailable as e:
-                    down.append(e)  # a shard that is down must not stop work on the others
+                    down.append(e)
                     continue
                 out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
                 if len(out) >= max_jobs:
@@ -231,7 +237,15 @@ class Router:
             if out:
                 return out
             if len(down) == self.shards:
-                raise down[0]
+                # Every shard down: a restart is retried for the router's retry window (and
+                # no longer than the wait); a service that stays down is reported.
+                now = time.monotonic()
+                all_down_since = all_down_since or now
+                if now >= deadline or now - all_down_since >= self.retry_s:
+                    raise down[0]
+                time.sleep(DOWN_PROBE_S)
+                continue
+            all_down_since = None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return out

@@ -6,6 +6,7 @@ import glob
 import os
 import re
 import signal
+import time
 import struct
 import subprocess
 import sys
@@ -173,6 +174,13 @@ def test_crash_loop_leaves_the_shard_down_and_the_others_serving():
             # Consumers too: the live shard's jobs are still delivered.
             lease = q.dequeue()
             assert lease is not None and lease.job_id == jid
+            q.ack(lease)
+        with svc.connect() as q:  # the default 15 s retry window: dequeue must not spend it
+            jid = q.enqueue(b"again", key=k1)
+            t0 = time.monotonic()
+            lease = q.dequeue(wait=1)
+            assert lease is not None and lease.job_id == jid
+            assert time.monotonic() - t0 < 5, "dequeue waited out the down shard's retry window"
             q.ack(lease)
         assert not alive(second)
         assert svc.proc.poll() is None  # the service itself stays up
