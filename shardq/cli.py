@@ -106,6 +106,9 @@ def cmd_stats(args) -> int:
     print()
     print(f"{'shard':<6}{'pid':>8}{'jobs':>11}{'wal_bytes':>13}{'segments':>10}{'clients':>9}")
     for sh in st["shards"]:
+        if not sh.get("available"):
+            print(f"{sh['shard']:<6}{'DOWN':>8}  {sh.get('error', '')}")
+            continue
         print(f"{sh['shard']:<6}{sh['pid']:>8}{sh['jobs']:>11}{sh['wal_bytes']:>13}{sh['segments']:>10}"
               f"{sh['clients']:>9}")
     return 0

@@ -353,8 +353,17 @@ class Router:
         return cfg
 
     def stats(self) -> dict:
-        """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue."""
-        shards = [r for r, _ in self._call_many([(s, "stats", []) for s in range(self.shards)])]
+        """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
+        shards that answered (``"available": True``). A shard that is down appears as
+        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call."""
+        shards = []
+        for s in range(self.shards):
+            try:
+                sh = self._call(s, "stats", [], retry_s=min(self.retry_s, DOWN_PROBE_S))
+                sh["available"] = True
+            except ShardUnavailable as e:
+                sh = {"shard": s, "available": False, "error": str(e), "queues": {}}
+            shards.append(sh)
         queues: dict[str, dict] = {}
         for sh in shards:
             for name, counts in sh["queues"].items():

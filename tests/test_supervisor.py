@@ -6,11 +6,11 @@ import glob
 import os
 import re
 import signal
-import time
 import struct
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -265,3 +265,20 @@ def test_corrupt_log_mid_segment_fails_the_shard_with_file_and_offset():
         # The bytes were not "repaired" away behind the operator's back.
         with open(seg, "rb") as f:
             assert f.read() == bytes(data)
+
+
+def test_stats_report_a_down_shard_instead_of_failing():
+    cfg = {"service": {"restart_limit": 1, "restart_window": 60}}
+    with Service(config=cfg) as svc:
+        first = svc.shard_pids()
+        os.kill(first[0], signal.SIGKILL)
+        wait_until(lambda: "event=shard-failed shard=0" in log_text(svc), 10, what="shard-failed")
+        with svc.connect() as q:
+            st = q.stats()
+        assert [sh["available"] for sh in st["shards"]] == [False, True]
+        assert st["shards"][1]["pid"] == first[1]
+        out = subprocess.run([sys.executable, "-m", "shardq.cli", "stats", "--data-dir", svc.data_dir],
+                             capture_output=True, text=True, timeout=60, cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=REPO))
+        assert out.returncode == 0, out.stderr
+        assert "DOWN" in out.stdout
