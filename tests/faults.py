@@ -68,10 +68,10 @@ class FaultyFiles(Files):
             self._raise("create", path)
         return super().create(path)
 
-    def open_append(self, path):
+    def open_append(self, path, offset):
         if self._gate("open_append", path):
             self._raise("open_append", path)
-        return super().open_append(path)
+        return super().open_append(path, offset)
 
     def write(self, fd, data):
         if self._gate("write", str(fd)):

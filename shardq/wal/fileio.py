@@ -12,8 +12,20 @@ import os
 class Files:
     """Real file-system access."""
 
-    def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    def open_append(self, path: str, offset: int) -> int:
+        """Open for writing at ``offset``, the end of the records (a preallocated run of
+        zeros may follow it, so not O_APPEND)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        os.lseek(fd, offset, os.SEEK_SET)
+        return fd
+
+    def allocate(self, fd: int, size: int) -> None:
+        """Reserve ``size`` bytes for the file, so later fdatasyncs have no file size to
+        journal (about 25% cheaper on ext4 here). Best effort: an optimisation only."""
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except (OSError, AttributeError):
+            pass
 
     def create(self, path: str) -> int:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

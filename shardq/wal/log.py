@@ -166,11 +166,16 @@ class Log:
 
     def _repair_torn_tail(self, torn: TornTail, data: bytes) -> None:
         keep = max(torn.offset, 0)
-        backup = f"{torn.path}.torn-{keep}"
-        with open(backup, "wb") as f:
-            f.write(data[keep:])
-            f.flush()
-            os.fsync(f.fileno())
+        tail = memoryview(data)[keep:]
+        if tail.tobytes().count(0) == len(tail):
+            kept = "nothing to keep (only zeros: preallocated space, or a write that never landed)"
+        else:
+            backup = f"{torn.path}.torn-{keep}"
+            kept = f"the bytes kept in {backup}"
+            with open(backup, "wb") as f:
+                f.write(tail)
+                f.flush()
+                os.fsync(f.fileno())
         if keep < len(SEGMENT_MAGIC):
             # Even the header is incomplete: rewrite the segment as a fresh, empty one.
             self.files.unlink(torn.path)
@@ -180,12 +185,13 @@ class Log:
             self.files.truncate(torn.path, keep)
         self.files.sync_dir(self.directory)
         self.stats.torn = torn
-        log.warning("torn tail truncated: %s at offset %d, %d bytes dropped (%s); kept in %s",
-                    torn.path, torn.offset, torn.dropped_bytes, torn.reason, backup)
+        log.warning("torn tail truncated: %s at offset %d, %d bytes dropped (%s); %s",
+                    torn.path, torn.offset, torn.dropped_bytes, torn.reason, kept)
 
     # ------------------------------------------------------------------ append
     def _create_segment(self, seq: int) -> SegmentWriter:
-        return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC)
+        return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC,
+                                    preallocate=self.segment_bytes)
 
     def _check_usable(self) -> None:
         if self.failed is not None:
@@ -212,6 +218,7 @@ class Log:
 
     def _rotate(self) -> None:
         old = self.writer
+        old.seal()  # before the next segment exists: only the newest may end in zeros
         self.writer = self._create_segment(old.seq + 1)
         self.segments.append(self.writer.seq)
         old.close()
@@ -269,7 +276,13 @@ class Log:
         self.bytes_since_checkpoint = self.writer.size
 
     def close(self) -> None:
+        """Close; after a clean close the newest segment ends at its last record."""
         if self.writer is not None:
+            try:
+                if self.failed is None and not self.closed:
+                    self.writer.seal()
+            except OSError:
+                pass
             try:
                 self.writer.close()
             except OSError:

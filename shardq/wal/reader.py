@@ -31,6 +31,11 @@ class TornTail:
     reason: str
 
 
+#: Why a tail of zeros ends the newest segment: its preallocated space, or a write whose
+#: data never reached the disk. Either way nothing acknowledged is in it.
+ZERO_TAIL = "zero-filled tail"
+
+
 def _zeros(view: memoryview) -> bool:
     return view.tobytes().count(0) == len(view)
 
@@ -77,7 +82,7 @@ class FileScan:
             length, crc = HEADER.unpack_from(data, off)
             if length == 0:
                 if _zeros(view[off:]):
-                    self._bad(off, "zero-filled tail")
+                    self._bad(off, ZERO_TAIL)
                 else:
                     raise CorruptLog(self.path, off, "zero-length record")
                 return

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import CorruptLog
 from .format import CHECKPOINT_MAGIC, SEGMENT_MAGIC, parse_name
 from .log import _CHECKPOINT_END, decode
-from .reader import FileScan
+from .reader import ZERO_TAIL, FileScan
 
 
 @dataclass
@@ -43,6 +43,10 @@ def _scan(path: str, magic: bytes, tail_may_tear: bool) -> FileReport:
     except CorruptLog as e:
         return FileReport(path, scan.records, "corrupt", e.offset, e.reason)
     if scan.torn is not None:
+        if scan.torn.reason == ZERO_TAIL:
+            # The newest segment of a running (or killed) shard: preallocated space after
+            # the last record. Nothing is lost; replay cuts it off.
+            return FileReport(path, scan.records, "ok", scan.torn.offset, "preallocated zeros after the last record")
         return FileReport(path, scan.records, "torn", scan.torn.offset, scan.torn.reason)
     if magic == CHECKPOINT_MAGIC and not (isinstance(last, list) and last[:1] == [_CHECKPOINT_END]):
         return FileReport(path, scan.records, "corrupt", scan.valid_end, "checkpoint has no trailer")

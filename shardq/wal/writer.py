@@ -24,22 +24,31 @@ class SegmentWriter:
         self.size = size
 
     @classmethod
-    def create(cls, files: Files, directory: str, name: str, seq: int, magic: bytes) -> "SegmentWriter":
+    def create(cls, files: Files, directory: str, name: str, seq: int, magic: bytes,
+               preallocate: int = 0) -> "SegmentWriter":
+        """A new segment, its space reserved (zeros) up to ``preallocate`` bytes."""
         path = os.path.join(directory, name)
         tmp = path + ".tmp"
         fd = files.create(tmp)
         try:
             files.write(fd, magic)
+            if preallocate > len(magic):
+                files.allocate(fd, preallocate)
             files.fsync(fd)
         finally:
             files.close(fd)
         files.rename(tmp, path)
         files.sync_dir(directory)
-        return cls(files, path, seq, files.open_append(path), len(magic))
+        return cls(files, path, seq, files.open_append(path, len(magic)), len(magic))
 
     @classmethod
     def reopen(cls, files: Files, path: str, seq: int, size: int) -> "SegmentWriter":
-        return cls(files, path, seq, files.open_append(path), size)
+        return cls(files, path, seq, files.open_append(path, size), size)
+
+    def seal(self) -> None:
+        """Cut the preallocated zeros off (truncate to the last record, fsync): a sealed
+        segment ends at its last record, so zeros are only ever found in the newest one."""
+        self.files.truncate(self.path, self.size)
 
     def commit(self, payloads: list[bytes]) -> int:
         """Append one record per payload, then one fdatasync. Returns bytes written."""
