@@ -19,9 +19,9 @@ import time
 from typing import Any
 from collections.abc import Callable
 
-from .jobs import batches, check, split
+from .jobs import check, split
 from .peers.base import Adapter, Client, ClientSpec, Item, connect
-from .workloads import drain_step, take_leftovers
+from .workloads import drain_step, enqueue_all, take_leftovers
 
 PRODUCERS = 2
 CONSUMERS = 2
@@ -31,12 +31,7 @@ START_TIMEOUT_S = 60.0  # for every client to connect
 def produce(client: Client, items: list[Item], batch: bool, barrier) -> dict[str, Any]:
     barrier.wait(START_TIMEOUT_S)
     start = time.monotonic()
-    if batch:
-        for chunk in batches(items):
-            client.enqueue_many(chunk)
-    else:
-        for body, key in items:
-            client.enqueue(body, key)
+    enqueue_all(client, items, batch)
     return {"start": start, "end": time.monotonic()}
 
 

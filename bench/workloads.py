@@ -53,12 +53,7 @@ def enqueue_threads(client: Client, items: list[Item], threads: int = THREADS_B,
     def produce(share: list[Item]) -> None:
         barrier.wait()
         try:
-            if batch:
-                for chunk in batches(share):
-                    client.enqueue_many(chunk)
-            else:
-                for body, key in share:
-                    client.enqueue(body, key)
+            enqueue_all(client, share, batch)
         except BaseException as e:  # reported by the caller's thread
             errors.append(e)
 
@@ -85,6 +80,16 @@ def take_leftovers(client: Client, limit: int) -> list[bytes]:
         bodies.append(client.body_of(handle))
         client.ack(handle)
     return bodies
+
+
+def enqueue_all(client: Client, items: list[Item], batch: bool) -> None:
+    """Enqueue ``items`` one call per job, or in batches of BATCH_JOBS."""
+    if batch:
+        for chunk in batches(items):
+            client.enqueue_many(chunk)
+    else:
+        for body, key in items:
+            client.enqueue(body, key)
 
 
 def drain_step(client: Client, batch: bool, delivered: list[bytes]) -> bool:
