@@ -1,9 +1,17 @@
 """shardq: a durable, sharded, lease-based job queue.
 
-Layout: ``wal/`` is the write-ahead log; ``shard/`` the pure state machine (``state``),
-its durable pairing with the log (``durable``) and the shard process (``process``);
-``router`` is the client apps embed; ``supervisor`` runs the shard processes;
-``worker``, ``handling`` and ``idempotency`` are the consumer side; ``cli`` is the ``shardq`` command.
+Layout (imports point down this list, never up):
+
+* ``cli/`` -- the ``shardq`` command;
+* ``service/`` -- the supervisor that runs the shard processes;
+* ``consumer/`` -- the worker runner, running one job, idempotency stores;
+* ``client/`` -- the router apps embed (``router``) and its connection to a shard;
+* ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
+  the shard process (``process``) and the wire it speaks (``wire``);
+* ``wal/`` -- the write-ahead log;
+* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir`` -- the ground floor.
+
+``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
 
 Public API::
 
@@ -16,7 +24,7 @@ from .config import Config, QueueConfig
 from .errors import (AuthError, Closed, CorruptLog, InvalidConfig, InvalidJob, JobGone, LeaseLost,
                      LogFailed, NotFound, ProtocolError, QueueFull, ShardCountMismatch, ShardqError,
                      ShardUnavailable, UnknownQueue)
-from .router import Router
+from .client.router import Router
 from .types import DeadLetter, Lease
 
 __all__ = [
@@ -30,7 +38,7 @@ __all__ = [
 def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001
     """Start the service embedded in this process (supervisor thread + shard processes) and
     return a router to it; ``close()`` stops both. ``config``: dict, TOML path, or None."""
-    from .supervisor import Supervisor
+    from .service.supervisor import Supervisor
     sup = Supervisor(data_dir, config, shards).start(background=True)
     try:
         return Router(sup.dd.path, supervisor=sup, **router_options)
@@ -46,6 +54,6 @@ def connect(data_dir, **router_options) -> Router:
 
 def __getattr__(name):
     if name == "Worker":  # imported lazily: the worker pulls in sqlite3 and signal handling
-        from .worker import Worker
+        from .consumer.worker import Worker
         return Worker
     raise AttributeError(f"module 'shardq' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from service import REPO, Service
 
 import shardq
 from shardq import limits
-from shardq.router import shard_for_key
+from shardq.client.router import shard_for_key
 
 PENDING_MAX = 1000
 BODY_MAX = 1024

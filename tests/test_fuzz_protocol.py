@@ -20,10 +20,10 @@ import msgpack
 import pytest
 from service import Service, wait_until
 
-from shardq import protocol
+from shardq.shard import wire as protocol
 from shardq.datadir import DataDir
 from shardq.errors import ProtocolError, ShardqError
-from shardq.router import shard_for_key
+from shardq.client.router import shard_for_key
 
 SEED = int(os.environ.get("SHARDQ_FUZZ_SEED", "20261130"))
 FRAMES = int(os.environ.get("SHARDQ_FUZZ_FRAMES", "600"))

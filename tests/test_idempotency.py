@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from shardq import idempotency
+from shardq.consumer import idempotency
 from shardq.clock import FakeClock
 from shardq.errors import Closed, InvalidConfig, InvalidJob
-from shardq.idempotency import MemoryStore, SqliteStore
+from shardq.consumer.idempotency import MemoryStore, SqliteStore
 
 DAY = 86400.0
 

@@ -6,8 +6,8 @@ from fakes import FakeQueue
 from shardq.clock import FakeClock
 from shardq.datadir import DataDir
 from shardq.errors import InvalidConfig
-from shardq.idempotency import MemoryStore, SqliteStore
-from shardq.worker import Worker
+from shardq.consumer.idempotency import MemoryStore, SqliteStore
+from shardq.consumer.worker import Worker
 
 
 def test_each_new_data_dir_gets_its_own_service_id(tmp_path):

@@ -25,7 +25,7 @@ import shardq
 from service import REPO, Service, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
-from shardq.router import shard_for_key, shard_of_job
+from shardq.client.router import shard_for_key, shard_of_job
 
 
 A = "a"  # the key the garbage tests enqueue under; raw clients talk to its shard
@@ -66,7 +66,7 @@ def log_count(svc, word: str) -> int:
 # ---------------------------------------------------------------------- placement
 def test_key_placement_is_stable_across_processes_and_job_ids_name_their_shard(svc):
     keys = [f"user-{i}" for i in range(40)] + ["ключ", "🔑", "a" * 300]
-    code = ("import sys, json; from shardq.router import shard_for_key; "
+    code = ("import sys, json; from shardq.client.router import shard_for_key; "
             "print(json.dumps([shard_for_key(k, 2) for k in json.loads(sys.argv[1])]))")
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(keys)], env=env, capture_output=True,

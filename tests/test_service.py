@@ -24,7 +24,7 @@ import pytest
 import shardq
 from service import REPO, Service, short_tmpdir, wait_until
 from shardq.errors import LeaseLost
-from shardq.router import shard_for_key
+from shardq.client.router import shard_for_key
 from shardq.types import Lease
 
 CONFIG = {

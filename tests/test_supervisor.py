@@ -18,7 +18,7 @@ import pytest
 import shardq
 from service import REPO, Service, restarted, wait_until
 from shardq.errors import ShardUnavailable
-from shardq.router import shard_for_key, shard_of_job
+from shardq.client.router import shard_for_key, shard_of_job
 
 
 def keys_on_shard(shard: int, n: int = 1, shards: int = 2) -> list[str]:

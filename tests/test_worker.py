@@ -21,10 +21,10 @@ import pytest
 from fakes import ACKED, DEAD, READY, FakeQueue
 from shardq.clock import FakeClock, SystemClock
 from shardq.errors import InvalidConfig
-from shardq.idempotency import MemoryStore, SqliteStore
-from shardq.handling import backoff_delay, error_text, execute
-from shardq.worker import Worker
-from shardq.worker_cli import main
+from shardq.consumer.idempotency import MemoryStore, SqliteStore
+from shardq.consumer.handling import backoff_delay, error_text, execute
+from shardq.consumer.worker import Worker
+from shardq.cli.worker import main
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01}
@@ -440,7 +440,7 @@ SCRIPT = textwrap.dedent("""
     sys.path[:0] = [{repo!r}, {tests!r}]
     from fakes import FakeQueue
     from shardq.clock import SystemClock
-    from shardq.worker import Worker
+    from shardq.consumer.worker import Worker
     q = FakeQueue(SystemClock())
     q.enqueue(b"x")
     def handler(ctx):
@@ -546,7 +546,7 @@ def test_seeded_chaos_keeps_effects_exactly_once(seed, monkeypatch):
     duplicate deliveries and shard outages: every job ends acked or dead, no effect is
     committed twice, and every acked job's effect is there. Outcomes are a function of
     (seed, job id, attempt); thread timing still varies, so the seed narrows, not replays."""
-    import shardq.worker as worker_mod
+    import shardq.consumer.worker as worker_mod
 
     monkeypatch.setattr(worker_mod, "UNAVAILABLE_BACKOFF_S_MIN", 0.001)
     monkeypatch.setattr(worker_mod, "UNAVAILABLE_BACKOFF_S_MAX", 0.004)

@@ -6,7 +6,7 @@ signed length (or -1 and an 8-byte length for frames of 2 GiB and more), then th
 The shard parses that framing itself from non-blocking reads, so a client that stalls in
 the middle of a frame only leaves bytes in its own buffer instead of stalling the loop, and
 an announced length over the limit is refused before anything is allocated for it. Nothing
-is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.protocol`.
+is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.shard.wire`.
 """
 from __future__ import annotations
 

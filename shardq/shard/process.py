@@ -32,13 +32,14 @@ from collections import deque
 from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
                                         deliver_challenge)
 
-from .. import limits, protocol
+from .. import limits
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
-from ..sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
+from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
+from . import wire as protocol
 from .committer import Committer
 from .conn import FrameConn
 from .durable import DurableShard

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import asdict
 
 from ..errors import ShardqError
-from ..supervisor import child_env
+from ..service.supervisor import child_env
 
 from .check import Report, check
 from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,

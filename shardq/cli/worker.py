@@ -1,4 +1,4 @@
-"""``shardq worker module:function [options]``: run a :class:`~shardq.worker.Worker` from
+"""``shardq worker module:function [options]``: run a :class:`~shardq.consumer.worker.Worker` from
 the command line against a running service."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import os
 import sys
 from typing import Any, Callable
 
-from .errors import InvalidConfig, ShardqError
-from .handling import load_handler
-from .idempotency import SqliteStore
-from .worker import Worker
+from ..errors import InvalidConfig, ShardqError
+from ..consumer.handling import load_handler
+from ..consumer.idempotency import SqliteStore
+from ..consumer.worker import Worker
 
 
 def main(argv: list[str] | None = None, connect: Callable[[str], Any] | None = None) -> int:

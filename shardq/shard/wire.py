@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import msgpack
 
-from .errors import BY_NAME, ProtocolError, ShardqError
+from ..errors import BY_NAME, ProtocolError, ShardqError
 
 OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})

@@ -15,9 +15,9 @@ from multiprocessing.connection import Connection
 
 import msgpack
 
-from . import protocol
-from .errors import AuthError, ShardUnavailable
-from .sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..shard import wire as protocol
+from ..errors import AuthError, ShardUnavailable
+from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
 class ConnectionLost(Exception):

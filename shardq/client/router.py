@@ -21,12 +21,12 @@ import time
 import zlib
 from typing import Iterable
 
-from . import limits
-from .client import ConnectionLost, Future, ShardClient
-from .datadir import DataDir
-from .errors import Closed, InvalidJob, JobGone, ShardUnavailable
-from .shard import validate
-from .types import DeadLetter, Lease
+from .. import limits
+from .connection import ConnectionLost, Future, ShardClient
+from ..datadir import DataDir
+from ..errors import Closed, InvalidJob, JobGone, ShardUnavailable
+from ..shard import validate
+from ..types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
@@ -290,7 +290,7 @@ class Router:
 
     @staticmethod
     def _raise_ack_error(payload, retried: bool) -> None:
-        from .protocol import error_from_payload
+        from ..shard.wire import error_from_payload
         err = error_from_payload(payload)
         if retried and isinstance(err, JobGone):
             return  # our first attempt was applied before the connection broke

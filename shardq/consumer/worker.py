@@ -38,13 +38,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from . import limits
-from .clock import Clock, SystemClock
-from .errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
+from .. import limits
+from ..clock import Clock, SystemClock
+from ..errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
 from .handling import (DONE, EXPIRED, FAILED, LOST, SKIPPED, Handler, _child_init, _child_run,
                        backoff_delay, error_text, execute)
 from .idempotency import IdempotencyStore
-from .types import Lease
+from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 

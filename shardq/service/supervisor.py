@@ -27,10 +27,10 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_ready
 
-from .client import ShardClient
-from .config import Config, load as load_config
-from .datadir import DataDir
-from .errors import ShardUnavailable
+from ..client.connection import ShardClient
+from ..config import Config, load as load_config
+from ..datadir import DataDir
+from ..errors import ShardUnavailable
 
 log = logging.getLogger("shardq.supervisor")
 
@@ -299,7 +299,7 @@ class Supervisor:
                     h.ping_sent = now
                 except ShardUnavailable:
                     h.ping_sent = now  # unreachable counts as unanswered
-                    from .client import Future
+                    from ..client.connection import Future
                     h.ping_future = Future()
 
     def process_stats(self, index: int) -> dict:

@@ -21,8 +21,8 @@ import logging
 import os
 import sys
 
-from . import config as config_mod
-from .errors import InvalidConfig, InvalidJob, ShardqError
+from .. import config as config_mod
+from ..errors import InvalidConfig, InvalidJob, ShardqError
 
 DEFAULT_CONFIG = "config/shardq.toml"
 
@@ -38,7 +38,7 @@ def _data_dir(args) -> str:
 
 
 def _router(args):
-    from .router import Router
+    from ..client.router import Router
     return Router(_data_dir(args))
 
 
@@ -50,7 +50,7 @@ def _number(text: str) -> float:
 
 
 def cmd_serve(args) -> int:
-    from .supervisor import Supervisor
+    from ..service.supervisor import Supervisor
     cfg = _load_config(args.config)
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards)
     sup.start()
@@ -77,7 +77,7 @@ def cmd_dequeue(args) -> int:
 
 
 def _lease(args):
-    from .types import Lease
+    from ..types import Lease
     return Lease(args.job_id, None, b"", args.queue, 0, args.token, 0.0)
 
 
@@ -128,8 +128,8 @@ def cmd_dead_letters(args) -> int:
 
 
 def cmd_wal(args) -> int:
-    from .datadir import DataDir
-    from .wal import repair as wal_repair
+    from ..datadir import DataDir
+    from ..wal import repair as wal_repair
     if args.action == "repair":
         if not args.path:
             raise InvalidJob("wal repair needs the shard directory, e.g. var/shardq/shard-0")
@@ -151,12 +151,12 @@ def cmd_wal(args) -> int:
 
 
 def cmd_worker(args, rest: list[str]) -> int:
-    from . import worker_cli
+    from . import worker as worker_cli
     return worker_cli.main(rest)
 
 
 def cmd_verify(args, rest: list[str]) -> int:
-    from . import verify
+    from .. import verify
     return verify.main(rest)
 
 

@@ -4,7 +4,7 @@
 processed; otherwise it runs the handler inside the store's transaction, claims the job id
 (UNIQUE) in that same transaction, checks the lease is still ours, and only then commits,
 so the handler's writes through ``ctx.db`` and the "processed" mark land together or not
-at all. The ack comes after the commit (in :mod:`shardq.worker`).
+at all. The ack comes after the commit (in :mod:`shardq.consumer.worker`).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import random
 import signal
 from typing import Any, Callable
 
-from . import limits
+from .. import limits
 from .idempotency import IdempotencyStore
-from .types import Lease
+from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 

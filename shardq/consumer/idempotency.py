@@ -22,8 +22,8 @@ import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Callable
 
-from .clock import Clock, SystemClock
-from .errors import Closed, InvalidConfig, InvalidJob
+from ..clock import Clock, SystemClock
+from ..errors import Closed, InvalidConfig, InvalidJob
 
 #: How long a processed mark is kept. A delivery of the same job id after this (a redrive
 #: from the dead-letter queue weeks later) runs the handler again. Bounded by time, never

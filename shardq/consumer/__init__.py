@@ -1,0 +1,1 @@
+"""The consumer side: the worker runner, running one job, idempotency stores."""

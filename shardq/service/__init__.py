@@ -1,0 +1,1 @@
+"""The service side: the supervisor that runs the shard processes."""
