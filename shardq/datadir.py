@@ -20,7 +20,7 @@ import secrets
 import stat
 
 from . import limits
-from .errors import AuthError, InvalidConfig, ShardCountMismatch
+from .errors import AuthError, DataDirLocked, InvalidConfig, NotADataDir, ShardCountMismatch
 
 META = "shardq.json"
 FORMAT = 1
@@ -87,7 +87,7 @@ class DataDir:
             with open(os.path.join(self.path, META)) as f:
                 meta = json.load(f)
         except FileNotFoundError:
-            raise InvalidConfig(f"{self.path} is not a shardq data dir (no {META}); "
+            raise NotADataDir(f"{self.path} is not a shardq data dir (no {META}); "
                                 "start `shardq serve` on it first") from None
         if meta.get("format") != FORMAT:
             raise InvalidConfig(f"{self.path}: unsupported format {meta.get('format')!r}")
@@ -138,7 +138,7 @@ class DataDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InvalidConfig(f"{self.path}/{name} is held by another running process") from None
+            raise DataDirLocked(f"{self.path}/{name} is held by another running process") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd

@@ -2,8 +2,10 @@
 
 All derive from :class:`ShardqError`. The name says who caused the error:
 
-* your input: :class:`InvalidJob`, :class:`UnknownQueue`, :class:`InvalidConfig`,
-  :class:`ProtocolError`, :class:`NotFound`
+* your input: :class:`InvalidJob`, :class:`UnknownQueue`, :class:`ProtocolError`,
+  :class:`NotFound`, :class:`UsageError`
+* your setup: :class:`InvalidConfig` and its kinds :class:`ShardCountMismatch`,
+  :class:`NotADataDir`, :class:`DataDirLocked`; :class:`AuthError`
 * your lease: :class:`LeaseLost`
 * capacity: :class:`QueueFull`
 * the service: :class:`ShardUnavailable`, :class:`Closed`
@@ -73,6 +75,18 @@ class ShardCountMismatch(InvalidConfig):
     """The data dir was created with another number of shards; changing N breaks per-key order."""
 
 
+class NotADataDir(InvalidConfig):
+    """The path given as a data dir holds no shardq service (no ``shardq.json``)."""
+
+
+class DataDirLocked(InvalidConfig):
+    """Another running process holds the data dir's (or a shard directory's) lock."""
+
+
+class UsageError(ShardqError):
+    """A command line was wrong: a missing or malformed argument, a path that does not exist."""
+
+
 class CorruptLog(ShardqError):
     """A log or checkpoint record failed validation somewhere other than a repairable torn
     tail. Carries the file and byte offset of the bad record."""
@@ -99,7 +113,7 @@ BY_NAME: dict[str, type[ShardqError]] = {
     for cls in (
         ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
         NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
-        LogFailed, InvariantViolation,
+        NotADataDir, DataDirLocked, UsageError, LogFailed, InvariantViolation,
     )
 }
 

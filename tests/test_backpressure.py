@@ -168,7 +168,7 @@ def test_bad_input_at_the_cli_is_a_typed_error_and_enqueues_nothing(q, svc):
         "visibility": cli("dequeue", "--visibility", "0", *d),
         "max": cli("dequeue", "--max", "0", *d),
         "wait": cli("dequeue", "--wait=-1", *d),
-        "nack delay": cli("nack", str(held.job_id), str(held.token), "--queue", "other", "--delay=-5", *d),
+        "nack delay": cli("nack", str(held.job_id), str(held.token), "--delay=-5", *d),
     }
     results = {}
     for name, p in cases.items():

@@ -55,9 +55,9 @@ def test_enqueue_dequeue_ack(svc):
     for d in leases.values():
         r = cli(svc, "ack", str(d["job_id"]), str(d["token"]))
         assert r.returncode == 0, r.stderr
-    # The same ack again: the lease is gone; one error line, exit 1.
+    # The same ack again: the lease is gone; one error line, exit 4 (lease lost).
     r = cli(svc, "ack", str(jid), str(leases[jid]["token"]))
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 4, r.stderr
     assert len(err_lines(r)) == 1 and err_lines(r)[0].startswith(("error: LeaseLost:", "error: JobGone:")), r.stderr
     r = cli(svc, "dequeue")
     assert r.returncode == 3 and out(r) == ""  # nothing to lease
@@ -91,7 +91,7 @@ def test_dead_letters_list_and_redrive(svc):
     r = cli(svc, "enqueue", "poison", "--queue", "once", "--key", "p")
     jid = int(out(r))
     lease = json.loads(out(cli(svc, "dequeue", "--queue", "once")))
-    r = cli(svc, "nack", str(lease["job_id"]), str(lease["token"]), "--queue", "once", "--error", "it broke")
+    r = cli(svc, "nack", str(lease["job_id"]), str(lease["token"]), "--error", "it broke")
     assert r.returncode == 0, r.stderr
     r = cli(svc, "dead-letters", "list", "--queue", "once")
     assert r.returncode == 0, r.stderr
@@ -127,8 +127,9 @@ def test_client_command_on_a_dir_that_is_not_a_data_dir(tmp_path):
     class Fake:
         data_dir = str(tmp_path / "nothing-here")
     r = cli(Fake, "stats")
-    assert r.returncode == 2
-    assert err_lines(r) and "not a shardq data dir" in err_lines(r)[0], r.stderr
+    assert r.returncode == 5  # a setup error, not bad input
+    assert err_lines(r) and err_lines(r)[0].startswith("error: NotADataDir:"), r.stderr
+    assert "not a shardq data dir" in err_lines(r)[0] and "Traceback" not in r.stderr.decode()
 
 
 def test_wal_check_ok_then_corrupt(svc):
@@ -150,3 +151,103 @@ def test_wal_check_ok_then_corrupt(svc):
     assert r.returncode == 1
     bad = [l for l in out(r).splitlines() if l.startswith("corrupt")]
     assert len(bad) == 1 and seg in bad[0] and "at offset 8" in bad[0], out(r)
+
+
+# ---------------------------------------------------------------------- exit codes and messages
+def run_shardq(*args: str, cwd: str | None = None, shell: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if shell is not None:
+        return subprocess.run(shell, shell=True, capture_output=True, timeout=60, env=env, cwd=cwd,
+                              executable="/bin/bash")
+    return subprocess.run([sys.executable, "-m", "shardq", *args], capture_output=True, timeout=60,
+                          env=env, cwd=cwd)
+
+
+def test_python_dash_m_shardq_is_the_command():
+    r = run_shardq("--help")
+    assert r.returncode == 0 and "serve" in out(r) and "dead-letters" in out(r)
+
+
+def test_wal_repair_without_a_path_is_a_usage_error():
+    r = run_shardq("wal", "repair")
+    assert r.returncode == 2 and b"required: path" in r.stderr and b"InvalidJob" not in r.stderr, r.stderr
+
+
+def test_wal_check_of_a_missing_path_is_one_error_line(tmp_path):
+    r = run_shardq("wal", "check", str(tmp_path / "nothing"))
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r) == [f"error: UsageError: {tmp_path / 'nothing'}: no such directory"]
+    assert b"Traceback" not in r.stderr
+
+
+def test_wal_check_of_a_dir_without_logs_is_not_reported_clean(tmp_path):
+    r = run_shardq("wal", "check", str(tmp_path))
+    assert r.returncode == 2 and out(r) == "", (r.returncode, r.stdout, r.stderr)
+    assert err_lines(r)[0].startswith("error: UsageError:") and "neither a shardq data dir" in err_lines(r)[0]
+
+
+def test_wal_check_of_a_data_dir_checks_every_shard(svc):
+    with svc.connect() as q:
+        q.enqueue_many([{"body": b"x", "key": f"k{i}"} for i in range(20)])
+        r = run_shardq("wal", "check", svc.data_dir)
+    assert r.returncode == 0, r.stderr
+    checked = {l.split()[1].split("/shard-")[1].split("/")[0] for l in out(r).splitlines()}
+    assert checked == {"0", "1"}, out(r)
+
+
+def test_stats_exits_1_when_every_shard_is_down(svc):
+    svc.kill_all()
+    r = cli(svc, "stats")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert out(r).count("DOWN") == 2 and b"Traceback" not in r.stderr
+
+
+def test_stats_into_a_closed_pipe_prints_no_traceback(svc):
+    with svc.connect() as q:
+        q.enqueue_many([{"body": b"x", "queue": f"queue-{i}"} for i in range(400)])  # a long table
+        r = run_shardq(shell=f"{sys.executable} -m shardq stats --data-dir {svc.data_dir} | head -n 1")
+    assert r.returncode == 0 and out(r).startswith("queue"), r.stderr
+    assert b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_worker_idempotency_in_a_missing_directory_is_a_usage_error(svc, tmp_path):
+    r = cli(svc, "worker", "json:dumps", "--idempotency", str(tmp_path / "no" / "such" / "e.sqlite"))
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r)[0].startswith("error: UsageError: --idempotency") and b"Traceback" not in r.stderr
+
+
+def test_worker_takes_the_data_dir_from_the_config(svc, tmp_path):
+    """One flag name and one default everywhere: the worker reads --config like the rest."""
+    (tmp_path / "shardq.toml").write_text(f'[service]\ndata_dir = "{svc.data_dir}"\n')
+    (tmp_path / "cfg_handler.py").write_text(
+        "import os, signal\n"
+        "def handle(ctx):\n"
+        "    open('seen.txt', 'wb').write(ctx.body)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n")
+    with svc.connect() as q:
+        q.enqueue(b"for the worker")
+        r = run_shardq("worker", "cfg_handler:handle", "--config", "shardq.toml", "--concurrency", "1",
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "seen.txt").read_bytes() == b"for the worker"
+
+
+@pytest.mark.parametrize("command", ["ack", "nack"])
+def test_ack_and_nack_take_no_queue_flag(svc, command):
+    r = cli(svc, command, "1", "1", "--queue", "default")
+    assert r.returncode == 2 and b"unrecognized arguments: --queue" in r.stderr
+
+
+def test_empty_key_message_speaks_cli_not_python(svc):
+    r = cli(svc, "enqueue", "x", "--key", "")
+    assert r.returncode == 2 and "None" not in err_lines(r)[0], err_lines(r)
+
+
+def test_exit_code_table_in_the_docs_is_the_code():
+    from shardq.cli import exits
+    with open(os.path.join(REPO, "docs", "operations.md")) as f:
+        text = f.read()
+    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    rows = [l for l in section.splitlines() if l.startswith("| ") and not l.startswith("| code")]
+    documented = [(int(l.split("|")[1]), l.split("|")[2].strip()) for l in rows]
+    assert documented == exits.TABLE

@@ -30,7 +30,7 @@ def key(value) -> str | None:
     if type(value) is not str:
         raise InvalidJob(f"key must be a string or None, got {type(value).__name__}")
     if not value:
-        raise InvalidJob("key must not be empty (use None for keyless jobs)")
+        raise InvalidJob("key must not be empty (leave the key out for a keyless job)")
     if len(value) * 4 > limits.KEY_BYTES_MAX and len(value.encode()) > limits.KEY_BYTES_MAX:
         raise InvalidJob(f"key is over {limits.KEY_BYTES_MAX} bytes")
     return value

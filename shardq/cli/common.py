@@ -1,0 +1,58 @@
+"""What every client command shares: where the service is, the config file, output helpers."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .. import config as config_mod
+
+DEFAULT_CONFIG = "config/shardq.toml"
+
+
+def common_parser() -> argparse.ArgumentParser:
+    """``--config`` and ``--data-dir`` (alias ``--connect``), for every command that needs
+    the service: one flag name and one default everywhere."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--config", help=f"TOML config (default {DEFAULT_CONFIG} if present)")
+    p.add_argument("--data-dir", "--connect", dest="data_dir", metavar="DATA_DIR",
+                   help="the service's data dir (default: the config's service.data_dir)")
+    return p
+
+
+def load_config(path: str | None) -> config_mod.Config:
+    """The config named by ``--config``; else config/shardq.toml if present; else defaults."""
+    if path is None:
+        return config_mod.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else config_mod.Config()
+    return config_mod.load(path)
+
+
+def config_source(path: str | None) -> str:
+    """Which config :func:`load_config` reads, in words (for the startup log)."""
+    if path is not None:
+        return os.path.abspath(path)
+    return os.path.abspath(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else "built-in defaults (no file)"
+
+
+def target(args) -> str:
+    """Where the service is: ``--data-dir``, else the config's ``service.data_dir``."""
+    return args.data_dir or load_config(args.config).service.data_dir
+
+
+def connect(args, **router_options):
+    """A client of the service the command line names."""
+    import shardq
+    return shardq.connect(target(args), **router_options)
+
+
+def number(text: str) -> float:
+    """argparse type for seconds: refuses what is not a number (argparse then exits 2)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, default=str), file=sys.stdout)

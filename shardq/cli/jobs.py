@@ -1,0 +1,69 @@
+"""``shardq enqueue|dequeue|ack|nack``: one job at a time, from a shell."""
+from __future__ import annotations
+
+import json
+import sys
+
+from . import common, exits
+
+
+def register(sub, parent) -> None:
+    s = sub.add_parser("enqueue", parents=[parent], help="enqueue one job; prints its id")
+    s.add_argument("body", help="job body (UTF-8 text), or - to read bytes from stdin")
+    s.add_argument("--key")
+    s.add_argument("--queue", default="default")
+    s.add_argument("--delay", type=common.number, default=0.0)
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--dedup-id")
+    s.set_defaults(fn=enqueue)
+
+    s = sub.add_parser("dequeue", parents=[parent],
+                       help=f"lease jobs; prints one JSON line per lease (exit {exits.EMPTY} if none)")
+    s.add_argument("--queue", default="default")
+    s.add_argument("--wait", type=common.number, default=0.0)
+    s.add_argument("--visibility", type=common.number)
+    s.add_argument("--max", type=int, default=1)
+    s.set_defaults(fn=dequeue)
+
+    for name, fn in (("ack", ack), ("nack", nack)):
+        s = sub.add_parser(name, parents=[parent], help=f"{name} a lease (job id and token from dequeue)")
+        s.add_argument("job_id", type=int)
+        s.add_argument("token", type=int)
+        if name == "nack":
+            s.add_argument("--delay", type=common.number, default=0.0)
+            s.add_argument("--error")
+        s.set_defaults(fn=fn)
+
+
+def enqueue(args) -> int:
+    body = args.body.encode() if args.body != "-" else sys.stdin.buffer.read()
+    with common.connect(args) as q:
+        print(q.enqueue(body, key=args.key, queue=args.queue, delay=args.delay, priority=args.priority,
+                        dedup_id=args.dedup_id))
+    return exits.OK
+
+
+def dequeue(args) -> int:
+    with common.connect(args) as q:
+        leases = q.dequeue_many(args.queue, max_jobs=args.max, wait=args.wait, visibility=args.visibility)
+    for l in leases:
+        print(json.dumps({"job_id": l.job_id, "token": l.token, "key": l.key, "attempt": l.attempt,
+                          "deadline": l.deadline, "body": l.body.decode("utf-8", "replace")}))
+    return exits.OK if leases else exits.EMPTY
+
+
+def _lease(args):
+    from ..types import Lease
+    return Lease(args.job_id, None, b"", "", 0, args.token, 0.0)
+
+
+def ack(args) -> int:
+    with common.connect(args) as q:
+        q.ack(_lease(args))
+    return exits.OK
+
+
+def nack(args) -> int:
+    with common.connect(args) as q:
+        q.nack(_lease(args), delay=args.delay, error=args.error)
+    return exits.OK

@@ -1,0 +1,40 @@
+"""``shardq stats``: per-queue counts and per-shard figures."""
+from __future__ import annotations
+
+import json
+
+from . import common, exits
+
+COLUMNS = ["ready", "delayed", "waiting", "in_flight", "dead", "keys"]
+
+
+def register(sub, parent) -> None:
+    s = sub.add_parser("stats", parents=[parent],
+                       help=f"per-queue and per-shard figures (exit {exits.FAILURE} if a shard is down)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    with common.connect(args) as q:
+        st = q.stats()
+    down = [sh for sh in st["shards"] if not sh.get("available")]
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+    else:
+        _table(st)
+    return exits.FAILURE if down else exits.OK
+
+
+def _table(st: dict) -> None:
+    print(f"{'queue':<20}" + "".join(f"{c:>11}" for c in COLUMNS))
+    for name, c in sorted(st["queues"].items()):
+        print(f"{name:<20}" + "".join(f"{c.get(k, 0):>11}" for k in COLUMNS))
+    print()
+    print(f"{'shard':<6}{'pid':>8}{'jobs':>11}{'wal_bytes':>13}{'segments':>10}{'clients':>9}")
+    for sh in st["shards"]:
+        if not sh.get("available"):
+            print(f"{sh['shard']:<6}{'DOWN':>8}  {sh.get('error', '')}")
+            continue
+        print(f"{sh['shard']:<6}{sh['pid']:>8}{sh['jobs']:>11}{sh['wal_bytes']:>13}{sh['segments']:>10}"
+              f"{sh['clients']:>9}")
