@@ -21,17 +21,20 @@ Public API::
 from __future__ import annotations
 
 from .config import Config, QueueConfig
-from .errors import (AuthError, Closed, CorruptLog, InvalidConfig, InvalidJob, JobGone, LeaseLost,
-                     LogFailed, NotFound, ProtocolError, QueueFull, ShardCountMismatch, ShardqError,
-                     ShardUnavailable, UnknownQueue)
+from .client.queue import Queue
 from .client.router import Router
-from .types import DeadLetter, Lease
+from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
+                     LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
+                     ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
+                     UsageError)
+from .types import DeadLetter, JobId, Lease
 
 __all__ = [
-    "open", "connect", "Router", "Lease", "DeadLetter", "Config", "QueueConfig", "Worker",
-    "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError", "AuthError",
-    "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
-    "ShardCountMismatch", "CorruptLog", "LogFailed",
+    "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
+    "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
+    "CorruptLog", "LogFailed",
 ]
 
 
@@ -47,9 +50,10 @@ def open(data_dir, shards: int | None = None, config=None, **router_options) -> 
         raise
 
 
-def connect(data_dir, **router_options) -> Router:
-    """A router to the service running on ``data_dir`` (``shardq serve``)."""
-    return Router(data_dir, **router_options)
+def connect(target, **options) -> Queue:
+    """A client of the queue service at ``target``: the data dir of a running ``shardq
+    serve`` (a path). Every backend returns a :class:`Queue`."""
+    return Router(target, **options)
 
 
 def __getattr__(name):

@@ -8,6 +8,7 @@ All derive from :class:`ShardqError`. The name says who caused the error:
   :class:`NotADataDir`, :class:`DataDirLocked`; :class:`AuthError`
 * your lease: :class:`LeaseLost`
 * capacity: :class:`QueueFull`
+* the backend: :class:`Unsupported` (a feature this backend cannot provide)
 * the service: :class:`ShardUnavailable`, :class:`Closed`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
@@ -57,6 +58,11 @@ class LeaseLost(ShardqError):
 class JobGone(LeaseLost):
     """The job no longer exists: it was acked (by this lease or, after a redelivery, by
     another worker). A retried ack that gets this knows its first attempt succeeded."""
+
+
+class Unsupported(ShardqError):
+    """The backend cannot provide this feature faithfully (the message names the feature
+    and the backend); nothing was changed. Arguments are never silently ignored."""
 
 
 class QueueFull(ShardqError):
@@ -113,7 +119,7 @@ BY_NAME: dict[str, type[ShardqError]] = {
     for cls in (
         ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
         NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
-        NotADataDir, DataDirLocked, UsageError, LogFailed, InvariantViolation,
+        NotADataDir, DataDirLocked, UsageError, Unsupported, LogFailed, InvariantViolation,
     )
 }
 

@@ -1,7 +1,12 @@
 """Values handed to users: leases and dead letters."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Union
+
+#: A job id: an ``int`` on the local shards, a ``str`` on backends with string ids (SQS).
+JobId = Union[int, str]
+#: A lease token (fences one delivery): an ``int`` locally, a ``str`` (receipt handle) on SQS.
+Token = Union[int, str]
 
 
 class Lease(NamedTuple):
@@ -12,19 +17,19 @@ class Lease(NamedTuple):
     shard restarts.
     """
 
-    job_id: int
+    job_id: JobId
     key: str | None
     body: bytes
     queue: str
     attempt: int
-    token: int
+    token: Token
     deadline: float
 
 
 class DeadLetter(NamedTuple):
     """A job moved to its queue's dead-letter queue after ``attempts`` deliveries."""
 
-    job_id: int
+    job_id: JobId
     key: str | None
     body: bytes
     queue: str

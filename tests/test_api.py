@@ -3,10 +3,11 @@ import shardq
 import shardq.errors
 
 EXPECTED = {
-    "open", "connect", "Router", "Lease", "DeadLetter", "Config", "QueueConfig", "Worker",
-    "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError", "AuthError",
-    "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
-    "ShardCountMismatch", "CorruptLog", "LogFailed",
+    "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
+    "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
+    "CorruptLog", "LogFailed",
 }
 
 
@@ -24,3 +25,10 @@ def test_every_error_derives_from_the_one_base():
 
 def test_lease_fields_are_the_documented_ones():
     assert shardq.Lease._fields == ("job_id", "key", "body", "queue", "attempt", "token", "deadline")
+
+
+def test_the_router_implements_the_queue_protocol():
+    missing = [name for name in dir(shardq.Queue) if not name.startswith("_")
+               and not hasattr(shardq.Router, name) and name not in shardq.Router.__init__.__code__.co_names]
+    assert not missing, missing
+    assert "service_id" in shardq.Router.__init__.__code__.co_names

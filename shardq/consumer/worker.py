@@ -39,6 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .. import limits
+from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
 from .handling import (DONE, EXPIRED, FAILED, LOST, SKIPPED, Handler, _child_init, _child_run,
@@ -93,7 +94,7 @@ class _Job:
 class Worker:
     """Runs ``handler(ctx)`` on jobs of ``queue``. See the module docstring."""
 
-    def __init__(self, queue_or_router: Any, handler: Handler, queue: str = "default",
+    def __init__(self, queue_or_router: Queue, handler: Handler, queue: str = "default",
                  concurrency: int = 8, mode: str = "thread",
                  idempotency: IdempotencyStore | None = None, prefetch: int | None = None,
                  backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
