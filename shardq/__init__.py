@@ -24,7 +24,7 @@ from .config import Config, QueueConfig
 from .client.queue import Queue
 from .client.router import Router
 from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
-                     LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
+                     LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown, ProtocolError, QueueFull,
                      ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
                      UsageError)
 from .types import DeadLetter, JobId, Lease
@@ -32,7 +32,8 @@ from .types import DeadLetter, JobId, Lease
 __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
+    "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed",
 ]
