@@ -22,10 +22,22 @@ VISIBILITY_TIMEOUT_S_MAX = 12 * 3600.0
 MAX_DELIVERIES_DEFAULT = 5
 DEDUP_WINDOW_S_DEFAULT = 300.0
 
-# Requests.
+# Requests and replies. A frame (one send_bytes) holds many requests or replies; whoever
+# writes frames cuts them at this size, and a reader refuses anything larger.
 BATCH_JOBS_MAX = 10_000
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 WAIT_S_MAX = 60.0
+#: What one job's ids, numbers and msgpack headers take at most in a frame or a log record.
+#: Writers bound a job's encoding by this plus its body plus 4 bytes per character of its
+#: strings (UTF-8's most) to cut frames and records before encoding, so a cut is never late.
+JOB_FIXED_BYTES_MAX = 96
+#: What the jobs of one reply (leases, dead letters) may take, bodies and overhead counted:
+#: room is left for the rest of the frame. A reply always holds at least one job (a body is
+#: at most BODY_BYTES_MAX_CEILING, far below this).
+REPLY_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
+#: What the jobs of one request (a batch enqueue) may take, measured like a reply's: a
+#: router cuts batches here, a shard refuses a larger one before it changes anything.
+REQUEST_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 
 # Per shard (configurable in [limits]).
 PENDING_JOBS_MAX_DEFAULT = 5_000_000  # backpressure: QueueFull past this many jobs
@@ -34,8 +46,16 @@ CLIENT_SESSION_TTL_S = 600.0
 
 # Write-ahead log (configurable in [limits]).
 SEGMENT_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
-RECORD_BYTES_MAX = FRAME_BYTES_MAX + 1024 * 1024
 COMPACT_MIN_BYTES_DEFAULT = 64 * 1024 * 1024  # never compact a log smaller than this
+# Records, one limit per kind, enforced by the writer (it never produces a larger one) and
+# by the reader (it refuses a larger one as corruption). A segment record holds the
+# operations of one loop iteration, cut at this size between requests; one request always
+# fits, because its frame is at most FRAME_BYTES_MAX and logging adds less than 1 MiB.
+SEGMENT_RECORD_BYTES_MAX = FRAME_BYTES_MAX + 1024 * 1024
+# A checkpoint record holds as many jobs as fit in CHECKPOINT_CHUNK_BYTES, and at least one
+# (a job with a body at the ceiling and every field at its maximum).
+CHECKPOINT_CHUNK_BYTES = 1024 * 1024
+CHECKPOINT_RECORD_BYTES_MAX = BODY_BYTES_MAX_CEILING + 1024 * 1024
 
 # Shards.
 SHARDS_MAX = 1024

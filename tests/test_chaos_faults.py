@@ -236,7 +236,7 @@ def _records(path: str) -> list[int]:
         data = f.read()
     off, out = MAGIC_BYTES, []
     while off + HEADER.size <= len(data):
-        length, _ = HEADER.unpack_from(data, off)
+        length = HEADER.unpack_from(data, off)[0]
         if length == 0:
             break
         out.append(off)

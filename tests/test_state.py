@@ -94,7 +94,7 @@ class StateShard:
         replayed.advance(now)
         assert digest(replayed) == live, "replaying the log does not rebuild the state"
         from_checkpoint = ShardState(0, self.config)
-        for record in self.state.snapshot(chunk_ops=7):
+        for record in self.state.snapshot(chunk_bytes=300):
             for op in msgpack.unpackb(record, raw=False):
                 from_checkpoint.apply(op)
         from_checkpoint.advance(now)

@@ -242,14 +242,14 @@ def test_corrupt_log_mid_segment_fails_the_shard_with_file_and_offset():
         seg = segments[-1]
         with open(seg, "rb") as f:
             data = bytearray(f.read())
-        offsets, off = [], 8  # the magic, then <length u32><crc32 u32><payload> records
+        offsets, off = [], 8  # the magic, then <length u32><crc32 u32><header crc32 u32><payload>
         while off < len(data):
-            length, _ = struct.unpack_from("<II", data, off)
+            (length,) = struct.unpack_from("<I", data, off)
             offsets.append(off)
-            off += 8 + length
+            off += 12 + length
         assert len(offsets) >= 10
         bad = offsets[4]
-        data[bad + 8 + 3] ^= 0xFF  # a byte inside the 5th record's payload; 5 good records follow
+        data[bad + 12 + 3] ^= 0xFF  # a byte inside the 5th record's payload; 5 good records follow
         with open(seg, "wb") as f:
             f.write(data)
 

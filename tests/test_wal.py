@@ -17,8 +17,8 @@ from faults import FAULTABLE, FaultyFiles
 from shardq import limits
 from shardq.errors import Closed, CorruptLog, LogFailed
 from shardq.wal import Log
-from shardq.wal.format import (CHECKPOINT_MAGIC, HEADER, HEADER_BYTES, MAGIC_BYTES, SEGMENT_MAGIC,
-                               checkpoint_name, frame, parse_name, segment_name)
+from shardq.wal.format import (CHECKPOINT_MAGIC, HEADER, HEADER_BYTES, MAGIC_BYTES, SEGMENT, SEGMENT_MAGIC,
+                               checkpoint_name, frame, header_crc, parse_name, segment_name)
 from shardq.wal.reader import FileScan
 
 
@@ -51,7 +51,7 @@ def record_offsets(data: bytes) -> list[int]:
     offs, off = [], MAGIC_BYTES
     while off < len(data):
         offs.append(off)
-        length, _ = HEADER.unpack_from(data, off)
+        length = HEADER.unpack_from(data, off)[0]
         off += HEADER_BYTES + length
     return offs + [off]
 
@@ -130,12 +130,16 @@ TABLE = {
     "flipped CRC of the last record": lambda d, o: (flip(d, o[2] + 5), o[2], True),
     "zero-filled tail": lambda d, o: (d + bytes(4096), o[3], True),
     "zeroed last record": lambda d, o: (d[:o[2]] + bytes(len(d) - o[2]), o[2], True),
-    "garbage tail": lambda d, o: (d + b"\xff" * 32, o[3], True),
+    # Not what a lost write leaves (zeros): a header that fails its checksum and whose
+    # length ends nowhere is damage, never silently cut (format 2; format 1 could not tell).
+    "garbage tail": lambda d, o: (d + b"\xff" * 32, o[3], False),
     "bad record followed by another": lambda d, o: (
         d + flip(frame(payload(3)), HEADER_BYTES + 1) + frame(payload(4)), o[3], False),
     "flipped payload byte mid-log": lambda d, o: (flip(d, o[1] + HEADER_BYTES + 3), o[1], False),
     "flipped CRC mid-log": lambda d, o: (flip(d, o[0] + 4), o[0], False),
-    "zero-length record mid-log": lambda d, o: (d[:o[1]] + HEADER.pack(0, 0) + d[o[1]:], o[1], False),
+    "zero-length record mid-log": lambda d, o: (d[:o[1]] + HEADER.pack(0, 0, 0) + d[o[1]:], o[1], False),
+    "flipped length mid-log": lambda d, o: (flip(d, o[1] + 3, 0x40), o[1], False),
+    "flipped length bit of the last record": lambda d, o: (flip(d, o[2], 0x01), o[2], False),
     "bad magic": lambda d, o: (b"NOTSHARD" + d[MAGIC_BYTES:], 0, False),
     "checkpoint magic in a segment": lambda d, o: (CHECKPOINT_MAGIC + d[MAGIC_BYTES:], 0, False),
     "truncated magic": lambda d, o: (d[:5], 0, True),
@@ -157,21 +161,36 @@ def test_codec_table_in_the_newest_segment(tmp_path, name, caplog):
         assert (info.value.path, info.value.offset) == (path, bad_at)
         assert path in str(info.value) and str(bad_at) in str(info.value)
         return
-    with caplog.at_level(logging.WARNING, logger="shardq.wal"):
+    with caplog.at_level(logging.INFO, logger="shardq.wal"):
         log, got = open_log(tmp_path)
     kept = [i for i, start in enumerate(offs[:-1]) if offs[i + 1] <= bad_at and i < len(RECORDS)]
     assert got == kept
-    t = log.stats.torn
-    assert (t.path, t.offset, t.dropped_bytes) == (path, bad_at, len(data) - bad_at)
-    assert "torn tail" in caplog.text
-    # The torn bytes are kept beside the segment (unless they are only zeros: preallocated
-    # space holds nothing to keep); the segment ends at the last good record.
-    if data[bad_at:].count(0) == len(data) - bad_at:
-        assert not os.path.exists(f"{path}.torn-{bad_at}")
+    zeros_only = data[bad_at:].count(0) == len(data) - bad_at
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    if zeros_only and bad_at >= MAGIC_BYTES:
+        # Preallocated space after the last record: what every crash leaves. Not a torn
+        # write: logged at INFO, nothing kept, nothing reported as dropped.
+        assert log.stats.torn is None and not warnings
+        assert "preallocated zeros" in caplog.text
     else:
-        with open(f"{path}.torn-{bad_at}", "rb") as f:
+        t = log.stats.torn
+        assert (t.path, t.offset, t.dropped_bytes) == (path, bad_at, len(data) - bad_at)
+        assert len(warnings) == 1 and "torn tail cut" in warnings[0].getMessage()
+    # Torn data is kept beside the segment, readable by the owner only (it holds job
+    # bodies); zeros hold nothing to keep.
+    backup = f"{path}.torn-{bad_at}"
+    if zeros_only:
+        assert not os.path.exists(backup)
+    else:
+        with open(backup, "rb") as f:
             assert f.read() == data[bad_at:]
-    assert os.path.getsize(path) == max(bad_at, MAGIC_BYTES)
+        assert os.stat(backup).st_mode & 0o777 == 0o600
+    # The segment keeps its good records, then zeros: its space is preallocated again.
+    good = max(bad_at, MAGIC_BYTES)
+    with open(path, "rb") as f:
+        now = f.read()
+    assert now[:good] == (data[:good] if bad_at >= MAGIC_BYTES else SEGMENT_MAGIC)
+    assert now[good:].count(0) == len(now) - good and len(now) == 1 << 20
     # Repair -> append -> reread.
     log.commit([payload(99)])
     log.close()
@@ -195,27 +214,30 @@ def test_codec_table_in_an_older_segment_is_corruption(tmp_path, name):
 
 
 def test_length_is_checked_before_anything_is_allocated():
-    data = SEGMENT_MAGIC + HEADER.pack(limits.RECORD_BYTES_MAX + 1, 0) + b"abc"
-    scan = FileScan("f", data, SEGMENT_MAGIC, tail_may_tear=False)
+    length = limits.SEGMENT_RECORD_BYTES_MAX + 1
+    data = SEGMENT_MAGIC + HEADER.pack(length, 0, header_crc(length, 0)) + b"abc"
+    scan = FileScan("f", data, SEGMENT, tail_may_tear=False)
     with pytest.raises(CorruptLog) as info:
         list(scan)
     assert info.value.offset == MAGIC_BYTES and "exceeds" in info.value.reason
 
 
-def test_a_flipped_length_mid_log_in_the_newest_segment_reads_as_a_torn_tail(tmp_path):
-    """Document-by-test (a known limit, as in etcd): a length that runs past the end of the
-    newest segment cannot be told from a torn append, so the records after it are dropped
-    -- but never silently: the bytes are kept in the .torn file and a warning is logged."""
+def test_a_flipped_length_mid_log_in_the_newest_segment_is_corruption_not_a_torn_tail(tmp_path):
+    """Format 1 read such a length as a torn append and dropped the records after it (with
+    a warning). The header checksum of format 2 tells a damaged length from a lost write:
+    the shard refuses to start and names the file and offset; nothing is dropped."""
     data, offs = _clean()
-    bad = flip(data, offs[1] + 3, 0x40)  # the length's high byte: > RECORD_BYTES_MAX
+    bad = flip(data, offs[1] + 3, 0x40)  # the length's high byte: past the end of the file
     path = segment_file(tmp_path)
     with open(path, "wb") as f:
         f.write(bad)
-    log, got = open_log(tmp_path)
-    assert got == [0]
-    with open(f"{path}.torn-{offs[1]}", "rb") as f:
-        assert f.read() == bad[offs[1]:]
-    log.close()
+    with pytest.raises(CorruptLog) as info:
+        open_log(tmp_path)
+    assert (info.value.path, info.value.offset) == (path, offs[1])
+    assert "header checksum" in info.value.reason
+    assert not [n for n in os.listdir(tmp_path) if ".torn-" in n]
+    with open(path, "rb") as f:
+        assert f.read() == bad, "the file is left as it was"
 
 
 # ---------------------------------------------------------------------------- torn at every offset
@@ -257,16 +279,17 @@ def test_torn_tail_at_every_byte_of_the_last_records(tmp_path, fill):
         expected = list(range(first_in_newest)) + [i for end, i in in_newest if end <= cut]
         assert got == expected, f"cut at {cut}"
         good_end = max([MAGIC_BYTES] + [end for end, _ in in_newest if end <= cut])
-        if len(torn) > good_end or cut < MAGIC_BYTES:
-            assert log.stats.torn is not None and log.stats.torn.offset == (good_end if cut >= MAGIC_BYTES else 0)
+        start = good_end if cut >= MAGIC_BYTES else 0
+        dropped = torn[start:]
+        if (len(torn) > good_end or cut < MAGIC_BYTES) and (dropped.count(0) < len(dropped) or start == 0):
+            assert log.stats.torn is not None and log.stats.torn.offset == start
             backups = [n for n in os.listdir(d) if ".torn-" in n]
-            dropped = torn[log.stats.torn.offset:]
             assert len(backups) == (0 if dropped.count(0) == len(dropped) else 1)
             for name in backups:
                 with open(os.path.join(d, name), "rb") as f:
                     assert torn.endswith(f.read())
         else:
-            assert log.stats.torn is None
+            assert log.stats.torn is None  # nothing after the good records, or only zeros
         log.commit([payload(1000)])
         log.close()
         log, got = open_log(d)

@@ -20,7 +20,8 @@ from multiprocessing.connection import Connection
 import msgpack
 
 from ..shard import wire as protocol
-from ..errors import AuthError, ShardUnavailable
+from .. import limits
+from ..errors import AuthError, InvalidJob, ShardUnavailable
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
@@ -175,7 +176,9 @@ class ShardClient:
                 for fut, _ in batch:
                     fut.sent = True  # from here on the shard may see it (see below)
             try:
-                conn.send_bytes(protocol.pack([req for _, req in batch]))
+                frames = self._encode(batch)
+                for data in frames:
+                    conn.send_bytes(data)
             except (OSError, ValueError):
                 # A shard executes only whole frames, and a failed send never delivered a
                 # whole one: these requests were not applied and may be sent again.
@@ -187,6 +190,45 @@ class ShardClient:
                     self._sending = None
                     self._idle.notify_all()
                 return
+
+    def _encode(self, batch: list) -> list[bytes]:
+        """The frames for ``batch``: one, unless the requests together pass the frame limit
+        (a shard drops a connection that sends a larger frame). A request that cannot be
+        encoded (text with a lone surrogate, an integer msgpack cannot hold) fails on its
+        own with InvalidJob instead of breaking the connection for every caller."""
+        pack = protocol.pack
+        try:
+            data = pack([req for _, req in batch])
+            if len(data) <= limits.FRAME_BYTES_MAX:
+                return [data]
+        except (ValueError, TypeError, OverflowError):
+            pass
+        frames: list[bytes] = []
+        parts: list[bytes] = []
+        size = 0
+        for fut, req in batch:
+            try:
+                one = pack(req)
+            except (ValueError, TypeError, OverflowError) as e:
+                self._refuse(fut, InvalidJob(f"{req[1]}: the request cannot be encoded: {e}"))
+                continue
+            if len(one) + 5 > limits.FRAME_BYTES_MAX:  # the router cuts batches: a bug if seen
+                self._refuse(fut, InvalidJob(f"{req[1]}: a request of {len(one)} bytes is over the "
+                                             f"{limits.FRAME_BYTES_MAX}-byte frame limit"))
+                continue
+            if parts and size + len(one) + 5 > limits.FRAME_BYTES_MAX:
+                frames.append(protocol.pack_array(parts))
+                parts, size = [], 0
+            parts.append(one)
+            size += len(one)
+        if parts:
+            frames.append(protocol.pack_array(parts))
+        return frames
+
+    def _refuse(self, fut: Future, error: BaseException) -> None:
+        self._pending.pop(fut.rid, None)
+        fut.sent = False
+        fut.set(error=error)
 
     def _read_loop(self, conn: Connection) -> None:
         """Owns ``conn``: the only thread that closes it, once no send is using it, so its
@@ -204,7 +246,7 @@ class ShardClient:
         pending = self._pending
         while True:
             try:
-                data = conn.recv_bytes()
+                data = conn.recv_bytes(limits.FRAME_BYTES_MAX)  # a larger frame is refused
                 replies = unpackb(data, raw=False, use_list=True)
             except (EOFError, OSError, ValueError, msgpack.UnpackException):
                 self._broken(conn)

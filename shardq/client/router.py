@@ -42,11 +42,29 @@ _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the l
 
 def shard_for_key(key: str, shards: int) -> int:
     """The shard of ``key``: stable across processes, runs and Python versions."""
-    return zlib.crc32(key.encode("utf-8")) % shards
+    try:
+        return zlib.crc32(key.encode("utf-8")) % shards
+    except UnicodeEncodeError:
+        raise InvalidJob("key is not valid text (it holds a lone surrogate)") from None
 
 
 def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
+
+
+def _requests(items: list[list]) -> Iterable[list[list]]:
+    """Cut one shard's wire items into requests a shard accepts: at most BATCH_JOBS_MAX
+    jobs and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
+    job_bytes, count_max, bytes_max = validate.job_bytes, limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
+    start, size = 0, 64
+    for i, (body, key, queue, _, _, dedup_id) in enumerate(items):
+        n = job_bytes(body, key, queue, dedup_id) + 16
+        if i > start and (i - start >= count_max or size + n > bytes_max):
+            yield items[start:i]
+            start, size = i, 64
+        size += n
+    if start < len(items):
+        yield items[start:]
 
 
 class Router:
@@ -205,10 +223,10 @@ class Router:
             bucket.append(item)
         calls, sessions = [], []
         for shard, items in per_shard.items():
-            for i in range(0, len(items), limits.BATCH_JOBS_MAX):
+            for chunk in _requests(items):
                 s = self._session(shard)
                 sessions.append((shard, s))
-                calls.append((shard, "enqueue", [items[i:i + limits.BATCH_JOBS_MAX], s]))
+                calls.append((shard, "enqueue", [chunk, s]))
         try:
             results = self._call_many(calls)
         finally:

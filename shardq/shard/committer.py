@@ -39,9 +39,9 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, payload: bytes | None, sends: list, closes: list, *, inline: bool = False) -> None:
-        """Queue one iteration's log payload (or None), its ``(conn, frame)`` replies, and
-        connections to close after them.
+    def submit(self, payloads: list[bytes], sends: list, closes: list, *, inline: bool = False) -> None:
+        """Queue one iteration's log payloads (often none or one), its ``(conn, frame)``
+        replies, and connections to close after them.
 
         ``inline``: if nothing is queued or being written, do the work on the calling thread
         now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
@@ -52,11 +52,11 @@ class Committer:
             else:
                 while len(self._items) >= PENDING_BATCHES_MAX:
                     self._cond.wait()
-                self._items.append((payload, sends, closes))
+                self._items.append((payloads, sends, closes))
                 self._cond.notify_all()
                 return
         try:
-            self._process([(payload, sends, closes)])
+            self._process([(payloads, sends, closes)])
         finally:
             with self._cond:
                 self._busy = False
@@ -93,7 +93,7 @@ class Committer:
 
     def _process(self, items: list) -> None:
         """Make the payloads durable (one fsync), then send the replies, in order."""
-        payloads = [p for p, _, _ in items if p is not None]
+        payloads = [p for ps, _, _ in items for p in ps]
         if payloads:
             try:
                 self.log.commit(payloads)

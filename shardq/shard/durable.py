@@ -13,9 +13,11 @@ import time
 
 import msgpack
 
+from .. import limits
 from ..config import Config
 from ..wal import Log, ReplayStats
 from ..wal.fileio import Files
+from ..wal.format import pack_records
 from .state import ShardState
 
 log = logging.getLogger("shardq.shard")
@@ -57,20 +59,30 @@ class DurableShard:
                  self.log.stats.records, self.log.stats.seconds, len(self.state.jobs))
         return self.log.stats
 
-    def take_payload(self) -> bytes | None:
-        """The encoded record of every operation since the last call, or None; for a
-        caller that commits it itself (the shard process's pipelined committer)."""
-        ops = self.state.take_ops()
-        return self._pack(ops) if ops else None
+    def take_payloads(self) -> list[bytes]:
+        """The record payloads of every operation since the last call (usually one); for a
+        caller that commits them itself (the shard process's pipelined committer).
+
+        One record unless the operations exceed ``limits.SEGMENT_RECORD_BYTES_MAX`` (many
+        large requests in one loop iteration): then they are cut between requests, each
+        request's operations kept in one record, so a batch stays all or nothing."""
+        ops, atomic = self.state.take_batch()
+        if not ops:
+            return []
+        payload = self._pack(ops)
+        if len(payload) <= limits.SEGMENT_RECORD_BYTES_MAX:
+            return [payload]
+        return pack_records(ops, limits.SEGMENT_RECORD_BYTES_MAX, atomic, self._pack)
 
     def commit(self) -> int:
-        """Persist pending operations; returns how many. Compacts when the log is due."""
-        ops = self.state.take_ops()
-        if ops:
-            self.log.commit([self._pack(ops)])
+        """Persist pending operations (one fdatasync); returns how many records. Compacts
+        when the log is due."""
+        payloads = self.take_payloads()
+        if payloads:
+            self.log.commit(payloads)
             if self.compaction_due():
                 self.compact()
-        return len(ops)
+        return len(payloads)
 
     def compaction_due(self) -> bool:
         lg = self.log

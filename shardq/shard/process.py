@@ -161,7 +161,7 @@ class ShardServer:
                 os.unlink(self.sock_path)
             except FileNotFoundError:
                 pass
-            self.committer.submit(None, [], list(self.conns) + self._closes)
+            self.committer.submit([], [], list(self.conns) + self._closes)
             self.committer.stop()
 
     # ------------------------------------------------------------------ the loop
@@ -209,10 +209,10 @@ class ShardServer:
         for conn, out in replies.items():
             out = [r for r in out if r is not _DEFERRED]
             if out and conn in self.conns:
-                sends.append((conn, protocol.pack(out)))
+                sends.extend((conn, frame) for frame in _reply_frames(out))
         closes, self._closes = self._closes, []
         requests = sum(len(reqs) for _, reqs in batches)
-        self.committer.submit(self.shard.take_payload(), sends, closes,
+        self.committer.submit(self.shard.take_payloads(), sends, closes,
                               inline=requests <= INLINE_REQUESTS_MAX)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
@@ -358,6 +358,25 @@ class ShardServer:
 
     def _ping(self, args, now, conn, rid):
         return os.getpid()
+
+
+def _reply_frames(replies: list) -> list[bytes]:
+    """One frame for a connection's replies of one iteration, or several when together they
+    pass the frame limit (each reply alone fits: leases and dead letters are cut to
+    ``limits.REPLY_BYTES_MAX``); a client refuses frames over the limit."""
+    data = protocol.pack(replies)
+    if len(data) <= limits.FRAME_BYTES_MAX or len(replies) == 1:
+        return [data]
+    frames, parts, size = [], [], 0
+    for reply in replies:
+        one = protocol.pack(reply)
+        if parts and size + len(one) + 5 > limits.FRAME_BYTES_MAX:
+            frames.append(protocol.pack_array(parts))
+            parts, size = [], 0
+        parts.append(one)
+        size += len(one)
+    frames.append(protocol.pack_array(parts))
+    return frames
 
 
 def tune_gc() -> None:

@@ -128,6 +128,7 @@ class ShardState:
         self.next_token = 1
         self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
         self._ops: list[list] = []
+        self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
         self._now = float("-inf")
         self._apply = {
             ops.ENQUEUE: self._apply_enqueue, ops.LEASE: self._apply_lease, ops.ACK: self._apply_ack,
@@ -140,8 +141,14 @@ class ShardState:
     # ------------------------------------------------------------------ plumbing
     def take_ops(self) -> list[list]:
         """The operations produced since the last call; the caller persists them."""
-        out, self._ops = self._ops, []
-        return out
+        return self.take_batch()[0]
+
+    def take_batch(self) -> tuple[list[list], list[tuple[int, int]]]:
+        """The operations produced since the last call, and the index ranges among them
+        that must be logged in one record (a batch enqueue: all or nothing)."""
+        out, atomic = self._ops, self._atomic
+        self._ops, self._atomic = [], []
+        return out, atomic
 
     def apply(self, op: list) -> None:
         """Apply one logged operation (replay and live path alike)."""
@@ -301,6 +308,8 @@ class ShardState:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
         checked = []
         new_queues: dict[str, QueueState] = {}
+        log_bytes = 64 + 16 * n  # the session op and its job ids
+        job_bytes = validate.job_bytes
         for item in items:
             if type(item) not in (tuple, list) or len(item) != 6:
                 raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
@@ -318,6 +327,12 @@ class ShardState:
                 prio = validate.priority(prio)
             did = validate.dedup_id(did)
             checked.append((b, k, q, delay, prio, did))
+            log_bytes += job_bytes(b, k, qname, did)
+        if log_bytes > limits.REQUEST_BYTES_MAX:
+            # Its operations must be logged as one record (all or nothing across a crash).
+            raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
+                             f"{limits.REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
+        first_op = len(self._ops)
         ids = []
         batch_dedup = {}
         for b, k, q, delay, prio, did in checked:
@@ -336,6 +351,8 @@ class ShardState:
             ids.append(jid)
         if session is not None:
             self._emit([ops.SESSION, cid, cseq, low, ids, now])
+        if len(self._ops) - first_op > 1:
+            self._atomic.append((first_op, len(self._ops)))
         return ids
 
     def _apply_enqueue(self, op) -> None:
@@ -381,7 +398,9 @@ class ShardState:
 
         Each lease is a logged operation: the delivery count and deadline are durable once
         the caller commits, before the lease is handed out. A job already delivered
-        ``max_deliveries`` times goes to the dead-letter queue instead of out.
+        ``max_deliveries`` times goes to the dead-letter queue instead of out. The leases
+        returned fit in one reply frame (``limits.REPLY_BYTES_MAX``): fewer come when the
+        bodies are large, never none while a job is ready.
         """
         max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
         if visibility is not None:
@@ -397,10 +416,15 @@ class ShardState:
         prios, ready = q.prios, q.ready
         max_deliveries = q.cfg.max_deliveries
         emit_ops = self._ops
+        reply_left = limits.REPLY_BYTES_MAX
         while prios and len(out) < max_jobs:
             prio = -prios[0]  # re-read each time: dead-lettering a head can promote another
             dq = ready[prio]
-            job = dq.popleft()
+            job = dq[0]
+            size = len(job.body) + 4 * len(job.key or "") + limits.JOB_FIXED_BYTES_MAX
+            if out and job.state is R and size > reply_left:
+                break
+            dq.popleft()
             if not dq:
                 del ready[prio]
                 del prios[bisect.bisect_left(prios, -prio)]
@@ -417,6 +441,7 @@ class ShardState:
             self._apply_lease(op)
             emit_ops.append(op)
             out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            reply_left -= size
         return out
 
     def _apply_lease(self, op) -> None:
@@ -522,11 +547,15 @@ class ShardState:
         job.q.dead[jid] = job
 
     def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first, as many as fit in one reply frame."""
         q = self.queues.get(queue) or self._queue(queue, create=False)
         out = []
+        reply_left = limits.REPLY_BYTES_MAX
         for job in q.dead.values():
-            if len(out) >= limit:
+            size = validate.job_bytes(job.body, job.key, "", error=self.errors.get(job.id))
+            if len(out) >= limit or (out and size > reply_left):
                 break
+            reply_left -= size
             out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, self.errors.get(job.id)))
         return out
 
@@ -588,12 +617,17 @@ class ShardState:
                 "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes}
 
     # ------------------------------------------------------------------ checkpoint
-    def snapshot(self, chunk_ops: int = 2000) -> Iterator[bytes]:
+    def snapshot(self, chunk_bytes: int = limits.CHECKPOINT_CHUNK_BYTES) -> Iterator[bytes]:
         """Encoded lists of checkpoint operations that rebuild this state when applied to a
-        new :class:`ShardState` (keys keep their order; leases keep token and deadline)."""
-        pack = msgpack.Packer().pack
-        chunk = [[ops.META, self.next_seq, self.next_token]]
+        new :class:`ShardState` (keys keep their order; leases keep token and deadline).
 
+        Chunks are cut by size: each holds operations whose encoding is at most about
+        ``chunk_bytes`` (one job with a larger body goes alone), so every chunk is within
+        ``limits.CHECKPOINT_RECORD_BYTES_MAX`` whatever the bodies. Sizes are bounded from
+        above without encoding twice (:func:`validate.job_bytes`)."""
+        pack = msgpack.Packer().pack
+        chunk: list = [[ops.META, self.next_seq, self.next_token]]
+        size = 64
         inflight, errors = self.inflight, self.errors
 
         def job_op(j: Job) -> list:
@@ -612,19 +646,29 @@ class ShardState:
             for q in self.queues.values():
                 yield from q.dead.values()
 
+        job_bytes = validate.job_bytes
         for j in jobs_in_order():
-            chunk.append(job_op(j))
-            if len(chunk) >= chunk_ops:
+            n = job_bytes(j.body, j.key, j.q.name, error=errors.get(j.id))
+            if size + n > chunk_bytes and chunk:
                 yield pack(chunk)
-                chunk = []
+                chunk, size = [], 0
+            chunk.append(job_op(j))
+            size += n
         for q in self.queues.values():
             for (key, did), (jid, expires) in q.dedup.items():
-                chunk.append([ops.DEDUP, q.name, key, did, jid, expires])
-                if len(chunk) >= chunk_ops:
+                n = 4 * (len(q.name) + len(key or "") + len(did)) + 64
+                if size + n > chunk_bytes and chunk:
                     yield pack(chunk)
-                    chunk = []
+                    chunk, size = [], 0
+                chunk.append([ops.DEDUP, q.name, key, did, jid, expires])
+                size += n
         for cid, (seen, seqs) in self.sessions.items():
+            n = 64 + sum(16 + 10 * len(ids) for ids in seqs.values())
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
             chunk.append([ops.CLIENT, cid, seen, [[s, ids] for s, ids in seqs.items()]])
+            size += n
         if chunk:
             yield pack(chunk)
 

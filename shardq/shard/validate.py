@@ -31,8 +31,8 @@ def key(value) -> str | None:
         raise InvalidJob(f"key must be a string or None, got {type(value).__name__}")
     if not value:
         raise InvalidJob("key must not be empty (leave the key out for a keyless job)")
-    if len(value) * 4 > limits.KEY_BYTES_MAX and len(value.encode()) > limits.KEY_BYTES_MAX:
-        raise InvalidJob(f"key is over {limits.KEY_BYTES_MAX} bytes")
+    if len(value) * 4 > limits.KEY_BYTES_MAX and len(_utf8("key", value)) > limits.KEY_BYTES_MAX:
+        raise InvalidJob(f"key is over {limits.KEY_BYTES_MAX} bytes (UTF-8)")
     return value
 
 
@@ -58,9 +58,17 @@ def dedup_id(value) -> str | bytes | None:
         return None
     if not isinstance(value, (str, bytes)) or not value:
         raise InvalidJob(f"dedup_id must be a non-empty string, got {value!r}")
-    if len(value) > limits.DEDUP_ID_BYTES_MAX:
-        raise InvalidJob(f"dedup_id is over {limits.DEDUP_ID_BYTES_MAX} characters")
+    if len(value) > limits.DEDUP_ID_BYTES_MAX or (type(value) is str and len(value) * 4 > limits.DEDUP_ID_BYTES_MAX
+                                                  and len(_utf8("dedup_id", value)) > limits.DEDUP_ID_BYTES_MAX):
+        raise InvalidJob(f"dedup_id is over {limits.DEDUP_ID_BYTES_MAX} bytes (UTF-8)")
     return value
+
+
+def _utf8(name: str, value: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{name} is not valid text (it holds a lone surrogate)") from None
 
 
 def count(name: str, value, hi: int) -> int:
@@ -76,8 +84,22 @@ def integer(name: str, value) -> int:
 
 
 def error_text(value) -> str | None:
+    """The error, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes (a whole character at most
+    is dropped at the cut)."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidJob(f"error must be a string, got {type(value).__name__}")
-    return value[: limits.ERROR_TEXT_BYTES_MAX]
+    if len(value) * 4 <= limits.ERROR_TEXT_BYTES_MAX:
+        return value
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) <= limits.ERROR_TEXT_BYTES_MAX:
+        return value
+    return raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
+
+
+def job_bytes(body: bytes, key: str | None, queue: str, dedup_id=None, error: str | None = None) -> int:
+    """An upper bound of one job's encoding in a frame or log record (see
+    ``limits.JOB_FIXED_BYTES_MAX``), computed without encoding it."""
+    return (len(body) + 4 * (len(key or "") + len(queue) + len(error or "")) + len(dedup_id or "") * 4
+            + limits.JOB_FIXED_BYTES_MAX)

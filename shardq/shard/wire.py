@@ -33,6 +33,7 @@ from __future__ import annotations
 import msgpack
 
 from ..errors import BY_NAME, ProtocolError, ShardqError
+from ..wal.format import array_header
 
 OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
@@ -64,6 +65,11 @@ _packb = msgpack.Packer().pack
 
 def pack(obj) -> bytes:
     return _packb(obj)
+
+
+def pack_array(parts: list[bytes]) -> bytes:
+    """A msgpack array of items already encoded one by one (to cut frames by size)."""
+    return array_header(len(parts)) + b"".join(parts)
 
 
 def decode_requests(data: bytes) -> list:

@@ -1,13 +1,21 @@
 """Byte layout of the log. Written down in ``docs/design.md`` ("Log format").
 
 A *segment* file ``<seq:016d>.wal`` and a *checkpoint* file ``<seq:016d>.ckpt`` have the
-same shape: an 8-byte magic, then records. A record is::
+same shape: an 8-byte magic, then records. A record (format 2) is::
 
-    struct "<II"   payload length (bytes), CRC-32 (zlib) of the payload
+    struct "<III"  payload length (bytes), CRC-32 (zlib) of the payload,
+                   CRC-32 of the first 8 header bytes (so a damaged length is detected)
     payload        msgpack: a list of operations
 
 All integers are little-endian. A length of zero never occurs in a valid record, so zero
 bytes after the last record are a preallocated or torn tail, never data.
+
+Format 1 (magic ending in ``\\x01``) had the 8-byte header ``"<II"`` without the header
+CRC. It is still read (data dirs written by earlier versions); it is never written: a
+format-1 newest segment is sealed and a format-2 one started.
+
+Each kind of record has one size limit (:data:`RECORD_BYTES_MAX`), which the writer checks
+before it writes (it never produces what the reader would refuse) and the reader enforces.
 """
 from __future__ import annotations
 
@@ -15,20 +23,47 @@ import re
 import struct
 import zlib
 
-SEGMENT_MAGIC = b"SHQWAL\x00\x01"
-CHECKPOINT_MAGIC = b"SHQCKP\x00\x01"
+import msgpack
+
+from .. import limits
+from ..errors import check
+
+SEGMENT, CHECKPOINT = "wal", "ckpt"
 MAGIC_BYTES = 8
-HEADER = struct.Struct("<II")
+#: (kind, format) -> magic
+MAGICS = {
+    (SEGMENT, 1): b"SHQWAL\x00\x01", (SEGMENT, 2): b"SHQWAL\x00\x02",
+    (CHECKPOINT, 1): b"SHQCKP\x00\x01", (CHECKPOINT, 2): b"SHQCKP\x00\x02",
+}
+SEGMENT_MAGIC = MAGICS[(SEGMENT, 2)]
+CHECKPOINT_MAGIC = MAGICS[(CHECKPOINT, 2)]
+#: The record header of each format.
+HEADERS = {1: struct.Struct("<II"), 2: struct.Struct("<III")}
+HEADER = HEADERS[2]
 HEADER_BYTES = HEADER.size
+#: The limit of one record's payload, per kind of file.
+RECORD_BYTES_MAX = {SEGMENT: limits.SEGMENT_RECORD_BYTES_MAX, CHECKPOINT: limits.CHECKPOINT_RECORD_BYTES_MAX}
+#: The unit a torn write loses or zeroes: a disk sector (etcd's minSectorSize).
+SECTOR_BYTES = 512
 
 crc32 = zlib.crc32
+_LEN_CRC = struct.Struct("<II")
 
 _NAME = re.compile(r"^(\d{16})\.(wal|ckpt)$")
 
 
-def frame(payload: bytes) -> bytes:
-    """One record: header + payload."""
-    return HEADER.pack(len(payload), crc32(payload)) + payload
+def header_crc(length: int, payload_crc: int) -> int:
+    return crc32(_LEN_CRC.pack(length, payload_crc))
+
+
+def frame(payload, kind: str = SEGMENT) -> bytes:
+    """One format-2 record: header + payload. A payload over the kind's limit is a bug
+    upstream (requests are cut to fit): refused here, before anything is written."""
+    n = len(payload)
+    if n > RECORD_BYTES_MAX[kind] or n == 0:
+        check(False, f"a {kind} record of {n} bytes is outside (0, {RECORD_BYTES_MAX[kind]}]")
+    c = crc32(payload)
+    return HEADER.pack(n, c, crc32(_LEN_CRC.pack(n, c))) + payload
 
 
 def segment_name(seq: int) -> str:
@@ -43,3 +78,43 @@ def parse_name(name: str) -> tuple[int, str] | None:
     """(seq, "wal"|"ckpt") for a log file name, None for anything else."""
     m = _NAME.match(name)
     return (int(m.group(1)), m.group(2)) if m else None
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items (to join items encoded one by one)."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 65536:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def pack_records(ops: list, limit: int, atomic: list[tuple[int, int]] = (), pack=None) -> list[bytes]:
+    """Encode ``ops`` as record payloads (msgpack arrays of operations) of at most ``limit``
+    bytes each, in order. ``atomic`` lists ``(start, end)`` index ranges that must stay in
+    one record (the operations of one request: a batch is all-or-nothing across a crash).
+    A range or operation larger than ``limit`` is a bug upstream (requests are refused
+    before they are applied if they could not be logged) and raises InvariantViolation."""
+    pack = pack or msgpack.Packer().pack
+    glued_until = {}
+    for start, end in atomic:
+        glued_until[start] = end
+    out: list[bytes] = []
+    parts: list[bytes] = []
+    count = size = 0
+    i, n = 0, len(ops)
+    while i < n:
+        end = glued_until.get(i, i + 1)
+        unit = [pack(op) for op in ops[i:end]]
+        unit_bytes = sum(map(len, unit))
+        check(unit_bytes + 5 <= limit, f"operations {i}..{end} need {unit_bytes} bytes, over the record limit {limit}")
+        if count and size + unit_bytes + 5 > limit:
+            out.append(array_header(count) + b"".join(parts))
+            parts, count, size = [], 0, 0
+        parts.extend(unit)
+        count += len(unit)
+        size += unit_bytes
+        i = end
+    if count:
+        out.append(array_header(count) + b"".join(parts))
+    return out

@@ -6,11 +6,12 @@ Files in the directory (names in :mod:`.format`):
 * ``N.wal``, ``N+1.wal``, ... -- segments appended since, numbered without gaps.
 
 Replay reads the newest checkpoint, then every segment from its number on. Only the newest
-segment may end in a torn tail; it is truncated away (the torn bytes are kept beside it in
-``N.wal.torn-<offset>``) and reported. A bad record anywhere else raises
-:class:`~shardq.errors.CorruptLog`. Compaction cuts a new segment, writes the checkpoint
-for it (temp file, fsync, rename, fsync dir) and only then deletes what it replaces, so a
-crash at any step replays to the same state.
+segment may end in a torn tail; it is cut off (torn data is kept beside it in
+``N.wal.torn-<offset>``, mode 0600) and reported. A bad record anywhere else raises
+:class:`~shardq.errors.CorruptLog`. Files that the newest checkpoint replaces (left by a
+crash during compaction) are deleted only after the whole replay succeeded. Compaction cuts
+a new segment, writes the checkpoint for it (temp file, fsync, rename, fsync dir) and only
+then deletes what it replaces, so a crash at any step replays to the same state.
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from typing import Callable, Iterable, Iterator
 
 import msgpack
 
+from .. import limits
 from ..errors import Closed, CorruptLog, LogFailed
 from .fileio import Files
-from .format import CHECKPOINT_MAGIC, SEGMENT_MAGIC, checkpoint_name, frame, parse_name, segment_name
+from .format import (CHECKPOINT, CHECKPOINT_MAGIC, MAGIC_BYTES, SEGMENT, checkpoint_name, frame, parse_name,
+                     segment_name)
 from .reader import FileScan, TornTail
 from .writer import SegmentWriter
 
@@ -45,6 +48,18 @@ class ReplayStats:
 
 def decode(payload) -> list:
     return msgpack.unpackb(payload, raw=False, use_list=True)
+
+
+def write_private(path: str, data) -> None:
+    """Write ``data`` to a new file readable by the owner only (it holds job bodies), fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Log:
@@ -68,12 +83,16 @@ class Log:
         self.segments: list[int] = []  # sequence numbers of segments after the checkpoint
         self.bytes_since_checkpoint = 0
 
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
     # ------------------------------------------------------------------ replay
     def replay(self) -> Iterator[list]:
         """Yield each record's decoded payload (a list of operations), oldest first.
 
         Guarantee: yields exactly the records that were committed, in commit order, and
         none after a torn tail. Raises CorruptLog (file, offset) rather than skip a record.
+        Deletes nothing until every record has been read.
         """
         t0 = time.perf_counter()
         files = self.files
@@ -81,73 +100,81 @@ class Log:
         names = sorted(files.listdir(self.directory))
         for name in names:
             if name.endswith(".tmp"):  # an unfinished segment or checkpoint: never acknowledged
-                files.unlink(os.path.join(self.directory, name))
-                self.stats.removed.append(name)
+                self._remove(name)
         entries = [(p, name) for name in names if (p := parse_name(name))]
-        checkpoints = sorted(seq for (seq, kind), _ in entries if kind == "ckpt")
-        segments = sorted(seq for (seq, kind), _ in entries if kind == "wal")
+        checkpoints = sorted(seq for (seq, kind), _ in entries if kind == CHECKPOINT)
+        segments = sorted(seq for (seq, kind), _ in entries if kind == SEGMENT)
         base = checkpoints[-1] if checkpoints else None
+        replaced: list[str] = []
         if base is not None:
-            # Files the newest checkpoint replaces: a crash came before compaction deleted them.
-            for seq in checkpoints[:-1]:
-                self._remove(checkpoint_name(seq))
-            for seq in [s for s in segments if s < base]:
-                self._remove(segment_name(seq))
+            # Files the newest checkpoint replaces: a crash came before compaction deleted
+            # them. They go only once the replay below has read everything it needs.
+            replaced = [checkpoint_name(s) for s in checkpoints[:-1]] + [segment_name(s) for s in segments if s < base]
             segments = [s for s in segments if s >= base]
-            yield from self._replay_checkpoint(os.path.join(self.directory, checkpoint_name(base)))
-        for prev, seq in zip(segments, segments[1:]):
-            if seq != prev + 1:
-                raise CorruptLog(os.path.join(self.directory, segment_name(prev + 1)), 0,
-                                 f"segment missing between {segment_name(prev)} and {segment_name(seq)}")
-        if base is None and segments and segments[0] != 1:
-            raise CorruptLog(os.path.join(self.directory, segment_name(1)), 0,
-                             f"no checkpoint and the oldest segment is {segment_name(segments[0])}: "
-                             "earlier segments are missing")
-        if base is not None and segments and segments[0] != base:
-            raise CorruptLog(os.path.join(self.directory, segment_name(base)), 0,
-                             "segment missing after the checkpoint")
+        self._check_sequence(base, segments)
+        if base is not None:
+            yield from self._replay_checkpoint(self._path(checkpoint_name(base)))
+        last_scan = None
         for i, seq in enumerate(segments):
-            yield from self._replay_segment(seq, last=(i == len(segments) - 1))
+            last_scan = yield from self._replay_segment(seq, last=(i == len(segments) - 1))
+        for name in replaced:
+            self._remove(name)
         self.segments = segments
         if segments:
             last = segments[-1]
-            path = os.path.join(self.directory, segment_name(last))
-            self.writer = SegmentWriter.reopen(files, path, last, files.size(path))
+            path = self._path(segment_name(last))
+            if last_scan.version < 2:
+                # A segment of an earlier version: seal it and append to a new one.
+                SegmentWriter(files, path, last, files.open_append(path, last_scan.valid_end),
+                              last_scan.valid_end).seal()
+                self.writer = self._create_segment(last + 1)
+                self.segments.append(self.writer.seq)
+            else:
+                self.writer = SegmentWriter.reopen(files, path, last, last_scan.valid_end,
+                                                   preallocate=self.segment_bytes)
         else:
             self.writer = self._create_segment(base if base is not None else 1)
             self.segments = [self.writer.seq]
         self.stats.segments = len(segments)
         self.stats.seconds = time.perf_counter() - t0
 
+    def _check_sequence(self, base: int | None, segments: list[int]) -> None:
+        for prev, seq in zip(segments, segments[1:]):
+            if seq != prev + 1:
+                raise CorruptLog(self._path(segment_name(prev + 1)), 0,
+                                 f"segment missing between {segment_name(prev)} and {segment_name(seq)}")
+        if base is None and segments and segments[0] != 1:
+            raise CorruptLog(self._path(segment_name(1)), 0,
+                             f"no checkpoint and the oldest segment is {segment_name(segments[0])}: "
+                             "earlier segments are missing")
+        if base is not None and segments and segments[0] != base:
+            raise CorruptLog(self._path(segment_name(base)), 0, "segment missing after the checkpoint")
+
     def _remove(self, name: str) -> None:
-        self.files.unlink(os.path.join(self.directory, name))
+        self.files.unlink(self._path(name))
         self.stats.removed.append(name)
 
     def _replay_checkpoint(self, path: str) -> Iterator[list]:
         data = self.files.read(path)
         self.checkpoint_bytes = len(data)
-        scan = FileScan(path, data, CHECKPOINT_MAGIC, tail_may_tear=False)
-        count, ended = 0, False
-        for payload in scan:
-            if ended:
-                raise CorruptLog(path, scan.valid_end, "record after the checkpoint trailer")
-            ops = decode(payload)
-            if isinstance(ops, list) and len(ops) == 2 and ops[0] == _CHECKPOINT_END:
-                if ops[1] != count:
-                    raise CorruptLog(path, scan.valid_end, f"trailer counts {ops[1]} records, found {count}")
-                ended = True
-                continue
-            count += 1
-            self.stats.records += 1
-            yield ops
-        if not ended:
+        scan = FileScan(path, data, CHECKPOINT, tail_may_tear=False)
+        payloads = list(scan)  # every CRC checked before the first record is applied
+        if not payloads:
             raise CorruptLog(path, scan.valid_end, "checkpoint has no trailer (incomplete)")
+        trailer = decode(payloads[-1])
+        if not (isinstance(trailer, list) and len(trailer) == 2 and trailer[0] == _CHECKPOINT_END):
+            raise CorruptLog(path, scan.valid_end, "checkpoint has no trailer (incomplete)")
+        if trailer[1] != len(payloads) - 1:
+            raise CorruptLog(path, scan.valid_end, f"trailer counts {trailer[1]} records, found {len(payloads) - 1}")
+        for i in range(len(payloads) - 1):
+            self.stats.records += 1
+            yield decode(payloads[i])
         self.stats.checkpoint = os.path.basename(path)
 
-    def _replay_segment(self, seq: int, *, last: bool) -> Iterator[list]:
-        path = os.path.join(self.directory, segment_name(seq))
+    def _replay_segment(self, seq: int, *, last: bool):
+        path = self._path(segment_name(seq))
         data = self.files.read(path)
-        scan = FileScan(path, data, SEGMENT_MAGIC, tail_may_tear=last)
+        scan = FileScan(path, data, SEGMENT, tail_may_tear=last)
         unpackb = msgpack.unpackb
         records = 0
         try:
@@ -162,35 +189,40 @@ class Log:
             self.stats.records += records
         self.bytes_since_checkpoint += scan.valid_end
         if scan.torn is not None:
-            self._repair_torn_tail(scan.torn, data)
+            self._cut_torn_tail(scan.torn, data, scan)
+        return scan
 
-    def _repair_torn_tail(self, torn: TornTail, data: bytes) -> None:
+    def _cut_torn_tail(self, torn: TornTail, data: bytes, scan: FileScan) -> None:
+        if torn.zeros_only:
+            # The preallocated space of the newest segment (or pages a crash never wrote):
+            # nothing to cut or keep; the writer appends at the last record's end.
+            log.info("%s: last record ends at offset %d; the %d bytes after it are preallocated "
+                     "zeros (normal after a crash or kill)", torn.path, torn.offset, torn.dropped_bytes)
+            return
         keep = max(torn.offset, 0)
         tail = memoryview(data)[keep:]
         if tail.tobytes().count(0) == len(tail):
-            kept = "nothing to keep (only zeros: preallocated space, or a write that never landed)"
+            kept = "only zeros: nothing to keep"
         else:
             backup = f"{torn.path}.torn-{keep}"
-            kept = f"the bytes kept in {backup}"
-            with open(backup, "wb") as f:
-                f.write(tail)
-                f.flush()
-                os.fsync(f.fileno())
-        if keep < len(SEGMENT_MAGIC):
-            # Even the header is incomplete: rewrite the segment as a fresh, empty one.
+            write_private(backup, tail)
+            kept = f"kept in {backup}"
+        if keep < MAGIC_BYTES:
+            # Even the file header is incomplete: rewrite the segment as a fresh, empty one.
             self.files.unlink(torn.path)
             seq = parse_name(os.path.basename(torn.path))[0]
-            SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC).close()
+            SegmentWriter.create(self.files, self.directory, segment_name(seq), seq).close()
+            scan.valid_end, scan.version = MAGIC_BYTES, 2
         else:
             self.files.truncate(torn.path, keep)
         self.files.sync_dir(self.directory)
         self.stats.torn = torn
-        log.warning("torn tail truncated: %s at offset %d, %d bytes dropped (%s); %s",
-                    torn.path, torn.offset, torn.dropped_bytes, torn.reason, kept)
+        log.warning("torn tail cut: %s at offset %d (%s): %d bytes of a write that was never "
+                    "acknowledged; %s", torn.path, torn.offset, torn.reason, torn.dropped_bytes, kept)
 
     # ------------------------------------------------------------------ append
     def _create_segment(self, seq: int) -> SegmentWriter:
-        return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq, SEGMENT_MAGIC,
+        return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq,
                                     preallocate=self.segment_bytes)
 
     def _check_usable(self) -> None:
@@ -231,30 +263,33 @@ class Log:
     def compact(self, snapshot: Callable[[], Iterable[bytes]]) -> None:
         """Replace everything written so far with a checkpoint of the live state.
 
-        ``snapshot()`` yields payloads (encoded lists of operations) that rebuild the state
-        as of this call. Steps: cut a new segment; write the checkpoint under a temp name,
-        fsync, rename, fsync dir; delete older segments and checkpoints; fsync dir.
+        ``snapshot()`` yields payloads (encoded lists of operations, each within
+        ``limits.CHECKPOINT_RECORD_BYTES_MAX``) that rebuild the state as of this call.
+        Steps: cut a new segment; write the checkpoint under a temp name, fsync, rename,
+        fsync dir; delete older segments and checkpoints; fsync dir.
         """
         self._check_usable()
         try:
             self._rotate()
             base = self.writer.seq
-            final = os.path.join(self.directory, checkpoint_name(base))
+            final = self._path(checkpoint_name(base))
             tmp = final + ".tmp"
             fd = self.files.create(tmp)
-            written, count, buf = 0, 0, []
+            written, count, buf, buffered = 0, 0, [], 0
             try:
                 self.files.write(fd, CHECKPOINT_MAGIC)
                 written += len(CHECKPOINT_MAGIC)
                 for payload in snapshot():
-                    buf.append(frame(payload))
+                    record = frame(payload, CHECKPOINT)
+                    buf.append(record)
+                    buffered += len(record)
                     count += 1
-                    if len(buf) >= 64:
+                    if buffered >= limits.CHECKPOINT_CHUNK_BYTES:
                         chunk = b"".join(buf)
                         self.files.write(fd, chunk)
                         written += len(chunk)
-                        buf.clear()
-                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count])))
+                        buf, buffered = [], 0
+                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count]), CHECKPOINT))
                 chunk = b"".join(buf)
                 self.files.write(fd, chunk)
                 written += len(chunk)
@@ -266,7 +301,7 @@ class Log:
             for name in sorted(self.files.listdir(self.directory)):
                 p = parse_name(name)
                 if p and p[0] < base:
-                    self.files.unlink(os.path.join(self.directory, name))
+                    self.files.unlink(self._path(name))
             self.files.sync_dir(self.directory)
         except OSError as e:
             self.failed = e

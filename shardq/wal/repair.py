@@ -1,100 +1,181 @@
 """Offline inspection and explicit repair of a shard's log (``shardq wal check|repair``).
 
-:func:`check` never writes. :func:`repair` is narrow and explicit: it refuses without
-``force``; it copies every file it changes or removes to ``<dir>/repair-<time>/`` first;
-it truncates the damaged file at the last good record and moves every later segment
-aside (their records came after the damage, and replaying them without what was lost
-could resurrect or reorder jobs), then fsyncs. A damaged checkpoint cannot be repaired
-this way: the data it held exists nowhere else.
+:func:`check` never writes. :func:`repair` is narrow and explicit: it takes the shard
+directory's lock (a running shard holds it, so repair never races a live log); it refuses
+without ``force``; it copies every file it changes or removes to ``<dir>/repair-<time>/``
+(mode 0700, copies 0600: they hold job bodies) first. Then either:
+
+* a file whose only fault is records over today's size limit, written whole by an earlier
+  shardq (their checksums are valid), is rewritten with the same operations in records
+  within the limit (temp file, fsync, rename, fsync dir): nothing is lost; or
+* a damaged segment is truncated at the last good record and every later segment is moved
+  aside (their records came after the damage, and replaying them without what was lost
+  could resurrect or reorder jobs). A damaged checkpoint cannot be repaired this way: the
+  data it held exists nowhere else.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
 from dataclasses import dataclass
 
-from ..errors import CorruptLog
-from .format import CHECKPOINT_MAGIC, SEGMENT_MAGIC, parse_name
+import msgpack
+
+from ..errors import CorruptLog, DataDirLocked
+from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame, pack_records, parse_name
 from .log import _CHECKPOINT_END, decode
 from .reader import ZERO_TAIL, FileScan
+
+OK, TORN, CORRUPT, OVERSIZED = "ok", "torn", "corrupt", "oversized"
 
 
 @dataclass
 class FileReport:
     path: str
     records: int
-    status: str            # ok | torn | corrupt
+    status: str            # ok | torn | corrupt | oversized
     offset: int | None = None
     reason: str | None = None
 
 
-def _scan(path: str, magic: bytes, tail_may_tear: bool) -> FileReport:
+def _scan(path: str, kind: str, tail_may_tear: bool) -> FileReport:
     with open(path, "rb") as f:
         data = f.read()
-    scan = FileScan(path, data, magic, tail_may_tear=tail_may_tear)
+    scan = FileScan(path, data, kind, tail_may_tear=tail_may_tear)
     last = None
     try:
         for payload in scan:
             try:
                 last = decode(payload)
             except Exception as e:
-                return FileReport(path, scan.records, "corrupt", scan.valid_end, f"undecodable record: {e}")
+                return FileReport(path, scan.records, CORRUPT, scan.valid_end, f"undecodable record: {e}")
     except CorruptLog as e:
-        return FileReport(path, scan.records, "corrupt", e.offset, e.reason)
+        if _fits_without_limit(path, data, kind, tail_may_tear):
+            return FileReport(path, scan.records, OVERSIZED, e.offset, e.reason)
+        return FileReport(path, scan.records, CORRUPT, e.offset, e.reason)
     if scan.torn is not None:
         if scan.torn.reason == ZERO_TAIL:
             # The newest segment of a running (or killed) shard: preallocated space after
-            # the last record. Nothing is lost; replay cuts it off.
-            return FileReport(path, scan.records, "ok", scan.torn.offset, "preallocated zeros after the last record")
-        return FileReport(path, scan.records, "torn", scan.torn.offset, scan.torn.reason)
-    if magic == CHECKPOINT_MAGIC and not (isinstance(last, list) and last[:1] == [_CHECKPOINT_END]):
-        return FileReport(path, scan.records, "corrupt", scan.valid_end, "checkpoint has no trailer")
-    return FileReport(path, scan.records, "ok")
+            # the last record. Nothing is lost; replay starts appending there.
+            return FileReport(path, scan.records, OK, scan.torn.offset, "preallocated zeros after the last record")
+        return FileReport(path, scan.records, TORN, scan.torn.offset, scan.torn.reason)
+    if kind == CHECKPOINT and not (isinstance(last, list) and last[:1] == [_CHECKPOINT_END]):
+        return FileReport(path, scan.records, CORRUPT, scan.valid_end, "checkpoint has no trailer")
+    return FileReport(path, scan.records, OK)
+
+
+def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool) -> bool:
+    """True if the file reads clean once records may exceed today's limit."""
+    try:
+        for payload in FileScan(path, data, kind, tail_may_tear=tail_may_tear, limit=len(data)):
+            decode(payload)
+    except Exception:
+        return False
+    return True
 
 
 def check(directory: str) -> list[FileReport]:
     """Validate every log file of one shard directory, oldest first, without writing."""
     files = sorted((p, n) for n in os.listdir(directory) if (p := parse_name(n)))
-    segments = [p[0] for p, _ in files if p[1] == "wal"]
+    segments = [p[0] for p, _ in files if p[1] == SEGMENT]
     newest = segments[-1] if segments else None
-    out = []
-    for (seq, kind), name in files:
-        path = os.path.join(directory, name)
-        if kind == "ckpt":
-            out.append(_scan(path, CHECKPOINT_MAGIC, False))
-        else:
-            out.append(_scan(path, SEGMENT_MAGIC, seq == newest))
-    return out
+    return [_scan(os.path.join(directory, name), kind, kind == SEGMENT and seq == newest)
+            for (seq, kind), name in files]
+
+
+def _lock(directory: str) -> int:
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirLocked(f"{directory} is in use by a running shard; stop the service "
+                            "(or wait for the shard to exit) before repairing its log") from None
+    return fd
 
 
 def repair(directory: str, *, force: bool) -> list[str]:
-    """Truncate the log at its first bad record; returns what was done, line by line."""
-    reports = check(directory)
-    bad = next((r for r in reports if r.status != "ok"), None)
-    if bad is None:
-        return ["nothing to repair"]
-    if bad.path.endswith(".ckpt"):
-        raise CorruptLog(bad.path, bad.offset or 0, f"{bad.reason}; a checkpoint cannot be repaired by "
-                         "truncation: restore the shard directory from a backup")
-    if not force:
-        raise PermissionError("repair drops every record from the bad one on; pass force=True (--force)")
-    backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(backup, exist_ok=True)
-    done = []
-    later = [r.path for r in reports if r.path > bad.path and r.path.endswith(".wal")]
-    shutil.copy2(bad.path, backup)
-    with open(bad.path, "r+b") as f:
-        f.truncate(max(bad.offset or 0, len(SEGMENT_MAGIC)))
-        f.flush()
-        os.fsync(f.fileno())
-    done.append(f"truncated {bad.path} at offset {bad.offset} ({bad.reason}); original kept in {backup}")
-    for path in later:
-        shutil.move(path, backup)
-        done.append(f"moved {path} (written after the damage) to {backup}")
+    """Repair the log's bad files, oldest first; returns what was done, line by line."""
+    lock_fd = _lock(directory)
+    try:
+        done: list[str] = []
+        backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
+        while True:
+            reports = check(directory)
+            bad = next((r for r in reports if r.status != OK), None)
+            if bad is None:
+                return done or ["nothing to repair"]
+            if bad.status == CORRUPT and bad.path.endswith(".ckpt"):
+                raise CorruptLog(bad.path, bad.offset or 0, f"{bad.reason}; a checkpoint cannot be repaired by "
+                                 "truncation: restore the shard directory from a backup")
+            if not force:
+                raise PermissionError("repair changes the log: it rewrites records over the size limit, or "
+                                      "drops every record from the bad one on; pass force=True (--force)")
+            os.makedirs(backup, mode=0o700, exist_ok=True)
+            _copy_private(bad.path, backup)
+            if bad.status == OVERSIZED:
+                done.append(_rewrite_in_bounds(bad, directory, backup))
+                continue
+            later = [r.path for r in reports if r.path > bad.path and r.path.endswith(".wal")]
+            with open(bad.path, "r+b") as f:
+                f.truncate(max(bad.offset or 0, len(MAGICS[(SEGMENT, 2)])))
+                f.flush()
+                os.fsync(f.fileno())
+            done.append(f"truncated {bad.path} at offset {bad.offset} ({bad.reason}); original kept in {backup}")
+            for path in later:
+                shutil.move(path, backup)
+                done.append(f"moved {path} (written after the damage) to {backup}")
+            _sync_dir(directory)
+            return done
+    finally:
+        os.close(lock_fd)
+
+
+def _copy_private(path: str, backup_dir: str) -> None:
+    dst = os.path.join(backup_dir, os.path.basename(path))
+    with open(path, "rb") as src:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            os.fsync(out.fileno())
+
+
+def _rewrite_in_bounds(bad: FileReport, directory: str, backup: str) -> str:
+    """Rewrite ``bad.path`` (format 2) with every operation of every record, cut into
+    records within the limit. Checkpoint: a new trailer counts the new records."""
+    kind = CHECKPOINT if bad.path.endswith(".ckpt") else SEGMENT
+    with open(bad.path, "rb") as f:
+        data = f.read()
+    limit = RECORD_BYTES_MAX[kind]
+    pack = msgpack.Packer().pack
+    records: list[bytes] = []
+    for payload in FileScan(bad.path, data, kind, tail_may_tear=kind == SEGMENT, limit=len(data)):
+        ops = decode(payload)
+        if kind == CHECKPOINT and ops[:1] == [_CHECKPOINT_END]:
+            continue
+        records.extend(pack_records(ops, limit, pack=pack))
+    if kind == CHECKPOINT:
+        records.append(pack([_CHECKPOINT_END, len(records)]))
+    tmp = bad.path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(MAGICS[(kind, 2)])
+        for r in records:
+            out.write(frame(r, kind))
+        out.flush()
+        os.fsync(out.fileno())
+    os.rename(tmp, bad.path)
+    _sync_dir(directory)
+    return (f"rewrote {bad.path} in {len(records)} records within the {limit}-byte limit "
+            f"({bad.reason.split(';')[0]}); nothing dropped; original kept in {backup}")
+
+
+def _sync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return done

@@ -4,16 +4,17 @@ from __future__ import annotations
 import os
 
 from .fileio import Files
-from .format import frame
+from .format import SEGMENT, SEGMENT_MAGIC, frame
 
 
 class SegmentWriter:
-    """The open, newest segment of a log.
+    """The open, newest segment of a log (always format 2).
 
     Guarantee: when :meth:`commit` returns, the records passed to it are on disk (the data
     and the file size, by fdatasync). A new segment is created under a temporary name,
     fsynced, renamed, and its directory fsynced, so a crash never leaves a segment whose
-    header is not durable under its final name.
+    header is not durable under its final name. No record over the segment limit is ever
+    written (:func:`~shardq.wal.format.frame` refuses it before the write).
     """
 
     def __init__(self, files: Files, path: str, seq: int, fd: int, size: int):
@@ -24,26 +25,31 @@ class SegmentWriter:
         self.size = size
 
     @classmethod
-    def create(cls, files: Files, directory: str, name: str, seq: int, magic: bytes,
-               preallocate: int = 0) -> "SegmentWriter":
+    def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0) -> "SegmentWriter":
         """A new segment, its space reserved (zeros) up to ``preallocate`` bytes."""
         path = os.path.join(directory, name)
         tmp = path + ".tmp"
         fd = files.create(tmp)
         try:
-            files.write(fd, magic)
-            if preallocate > len(magic):
+            files.write(fd, SEGMENT_MAGIC)
+            if preallocate > len(SEGMENT_MAGIC):
                 files.allocate(fd, preallocate)
             files.fsync(fd)
         finally:
             files.close(fd)
         files.rename(tmp, path)
         files.sync_dir(directory)
-        return cls(files, path, seq, files.open_append(path, len(magic)), len(magic))
+        return cls(files, path, seq, files.open_append(path, len(SEGMENT_MAGIC)), len(SEGMENT_MAGIC))
 
     @classmethod
-    def reopen(cls, files: Files, path: str, seq: int, size: int) -> "SegmentWriter":
-        return cls(files, path, seq, files.open_append(path, size), size)
+    def reopen(cls, files: Files, path: str, seq: int, size: int, preallocate: int = 0) -> "SegmentWriter":
+        """The newest segment of a replayed log, appended to at ``size`` (its last record's
+        end). Its space is reserved again, as for a new segment: without it every commit
+        until the next rotation would also journal a new file size."""
+        fd = files.open_append(path, size)
+        if preallocate > size:
+            files.allocate(fd, preallocate)
+        return cls(files, path, seq, fd, size)
 
     def seal(self) -> None:
         """Cut the preallocated zeros off (truncate to the last record, fsync): a sealed
@@ -52,7 +58,7 @@ class SegmentWriter:
 
     def commit(self, payloads: list[bytes]) -> int:
         """Append one record per payload, then one fdatasync. Returns bytes written."""
-        data = frame(payloads[0]) if len(payloads) == 1 else b"".join(map(frame, payloads))
+        data = frame(payloads[0], SEGMENT) if len(payloads) == 1 else b"".join(frame(p, SEGMENT) for p in payloads)
         self.files.write(self.fd, data)
         self.files.datasync(self.fd)
         self.size += len(data)
