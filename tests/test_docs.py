@@ -205,3 +205,34 @@ def test_blocks_share_files_and_the_service_state_in_order():
         for block in parse(doc, "t.md"):
             sb.run(block)
         assert sb.client().stats()["queues"]["docs-test"]["in_flight"] == 1
+
+
+def test_a_worker_line_works_its_queue_then_stops_cleanly():
+    doc = textwrap.dedent("""\
+        <!-- file: jobs.py -->
+        ```python
+        def handle(ctx):
+            print("handled", ctx.body)
+        ```
+
+        ```sh
+        .venv/bin/shardq enqueue one --queue wq && .venv/bin/shardq enqueue two --queue wq
+        ```
+
+        ```sh
+        .venv/bin/shardq worker jobs:handle --queue wq
+        ```
+
+        ```sh
+        .venv/bin/shardq worker jobs:nosuch --queue wq
+        ```
+        """)
+    enqueue, work, broken = [b for b in parse(doc, "t.md") if b.file is None]
+    with Sandbox() as sb:
+        sb.run(parse(doc, "t.md")[0])
+        sb.run(enqueue)
+        assert sb.client().stats()["queues"]["wq"]["ready"] == 2
+        sb.run(work)
+        assert set(sb.client().stats()["queues"]["wq"].values()) == {0}  # both done and acked
+        with pytest.raises(ExampleFailed, match="exited 2 before it was ready"):
+            sb.run(broken)
