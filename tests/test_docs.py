@@ -236,3 +236,15 @@ def test_a_worker_line_works_its_queue_then_stops_cleanly():
         assert set(sb.client().stats()["queues"]["wq"].values()) == {0}  # both done and acked
         with pytest.raises(ExampleFailed, match="exited 2 before it was ready"):
             sb.run(broken)
+
+
+def test_the_marker_example_in_contributing_md_runs():
+    """docs/contributing.md shows the markers inside a ````markdown block: that example is
+    itself a document this harness must run as described."""
+    example, = [b for b in doc_blocks.read("docs/contributing.md", REPO) if b.lang == "markdown"]
+    blocks = parse(example.text, "docs/contributing.md (example)")
+    assert [b.file or b.exit_code or b.lang for b in blocks] == ["myapp/jobs.py", 3, "console"]
+    with Sandbox() as sb:
+        for block in blocks:
+            sb.run(block)
+        assert os.path.exists(sb.path("myapp/jobs.py"))
