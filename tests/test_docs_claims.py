@@ -173,7 +173,8 @@ def test_the_log_lines_shown_are_what_serve_logs():
 
 def test_serve_exits_0_on_sigint_and_at_once_on_a_second_signal():
     """operations.md: "SIGTERM or SIGINT: ... the supervisor exits 0. A second signal kills
-    everything at once." (SIGTERM: every document's service in test_docs.py.)"""
+    everything at once." (SIGTERM: every document's service in test_docs.py and
+    test_supervisor.py; SIGKILL of the supervisor: test_supervisor.py.)"""
     with Service(shards=2) as svc:
         shards = svc.shard_pids()
         svc.proc.send_signal(signal.SIGINT)
@@ -189,27 +190,6 @@ def test_serve_exits_0_on_sigint_and_at_once_on_a_second_signal():
         assert svc.proc.wait(5) == 1  # not the 10 s grace of a clean stop
         for pid in shards:
             wait_until(lambda: not _alive(pid), 10, what=f"shard {pid} gone")
-
-
-def test_a_sigkilled_supervisor_takes_its_shards_with_it_and_nothing_acknowledged_is_lost():
-    """operations.md: "If the supervisor itself is SIGKILLed, the kernel kills its shards
-    (PR_SET_PDEATHSIG), so no orphan keeps writing; restart `serve` and every acknowledged
-    job is there." """
-    with Service(shards=2) as svc:
-        with svc.connect() as q:
-            ids = q.enqueue_many([{"body": b"job %d" % i, "key": f"k{i}"} for i in range(20)])
-        shards = svc.shard_pids()
-        os.kill(svc.proc.pid, signal.SIGKILL)
-        svc.proc.wait(10)
-        for pid in shards:
-            wait_until(lambda: not _alive(pid), 10, what=f"orphan shard {pid} to die")
-        again = Service(data_dir=svc.data_dir, shards=2, log_path=svc.log_path + ".2").start()
-        try:
-            with again.connect() as q:
-                assert sorted(l.job_id for l in q.dequeue_many(max_jobs=100)) == sorted(ids)
-        finally:
-            again.stop()
-            again.log.close()
 
 
 def test_open_takes_the_config_as_a_toml_path(tmp_path):
