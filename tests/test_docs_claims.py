@@ -78,6 +78,19 @@ def test_relative_links_and_named_files_exist(path):
         assert os.path.exists(os.path.join(REPO, named)), f"{path}: names {named}"
 
 
+@pytest.mark.parametrize("path", ["README.md"] + sorted(
+    os.path.join("docs", n) for n in os.listdir(os.path.join(REPO, "docs")) if n.endswith(".md")))
+def test_tests_named_in_the_text_exist(path):
+    """reliability.md and others cite tests as evidence (`test_x.py::test_y`, `test_y`)."""
+    sources = {n: doc(os.path.join("tests", n)) for n in os.listdir(os.path.join(REPO, "tests"))
+               if n.endswith(".py")}
+    text = doc(path)
+    for file, name in re.findall(r"`(?:tests/)?(test_\w+\.py)::(test_\w+)`", text):
+        assert f"def {name}(" in sources.get(file, ""), f"{path}: {file}::{name}"
+    for name in re.findall(r"`(test_\w+)`", text):
+        assert any(f"def {name}(" in src for src in sources.values()), f"{path}: {name}"
+
+
 def test_the_benchmark_commands_name_modules_and_flags_that_exist():
     block = block_containing("docs/performance.md", "bench.run")
     for line in block.text.splitlines():
