@@ -239,9 +239,10 @@ class Sandbox:
             lines = [l for l in map(given_steps_dropped, logical_lines(block.text)) if l]
             kinds = [long_running(l) for l in lines]
             if any(kinds):
-                if not all(kinds):
+                if not all(kinds) or block.exit_code:
                     raise ExampleFailed(f"{block.where}: a block that runs `shardq serve` or "
-                                        f"`shardq worker` in the foreground must hold only such lines")
+                                        f"`shardq worker` in the foreground must hold only such "
+                                        f"lines, and they must exit 0 on SIGTERM")
                 self._run_long_block(block, lines)
                 return
         self._ensure_service()
@@ -306,6 +307,11 @@ class Sandbox:
         self._ensure_service()  # the sandbox's own, on the same data dir: later blocks see the jobs
 
     def _ensure_service(self) -> None:
+        if self.service is not None and self.service.poll() is not None:
+            code = self.service.returncode
+            self.stop_service()
+            raise ExampleFailed(f"the document's `shardq serve` exited ({code}) before this block:\n"
+                                f"{self.service_tail()}")
         if self.want_service and self.service is None:
             self.start_service()
 
