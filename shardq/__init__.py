@@ -13,10 +13,22 @@ Layout (imports point down this list, never up):
 
 ``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
 
-Public API::
+Public API (run as a doctest by tests/test_docs.py, from the repo root with ``shardq serve``
+running on the default config)::
 
-    q = shardq.open("var/shardq", shards=4, config=cfg)   # embedded service + router
-    q = shardq.connect("var/shardq")                      # router to `shardq serve`
+    >>> import shardq
+    >>> q = shardq.connect("var/shardq")                  # router to `shardq serve`
+    >>> job_id = q.enqueue(b"resize photo 7", key="album-1")
+    >>> lease = q.dequeue("default", wait=1.0)
+    >>> lease.job_id == job_id, lease.body, lease.attempt
+    (True, b'resize photo 7', 1)
+    >>> q.ack(lease)
+    >>> q.close()
+
+    >>> e = shardq.open("var/embedded", shards=2, config={"queue_defaults": {"max_deliveries": 3}})
+    >>> e.queue_config("default")["max_deliveries"]       # embedded service + router
+    3
+    >>> e.close()                                         # stops the embedded service too
 """
 from __future__ import annotations
 

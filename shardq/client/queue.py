@@ -32,7 +32,37 @@ from ..types import DeadLetter, JobId, Lease
 
 @runtime_checkable
 class Queue(Protocol):
-    """A client of one queue service (all its named queues)."""
+    """A client of one queue service (all its named queues).
+
+    The guarantees above, on the local service (a doctest run by tests/test_docs.py from the
+    repo root with ``shardq serve`` running)::
+
+        >>> import shardq
+        >>> q = shardq.connect("var/shardq")
+        >>> isinstance(q, shardq.Queue)
+        True
+        >>> a = q.enqueue(b"invoice 1", key="acct-7", queue="mail", dedup_id="inv-1")
+        >>> q.enqueue(b"invoice 1", key="acct-7", queue="mail", dedup_id="inv-1") == a  # a retry
+        True
+        >>> b = q.enqueue(b"invoice 2", key="acct-7", queue="mail")
+        >>> leases = q.dequeue_many("mail", max_jobs=10)     # one lease per key at a time
+        >>> [(lease.job_id == a, lease.body, lease.attempt) for lease in leases]
+        [(True, b'invoice 1', 1)]
+        >>> q.ack(leases[0])
+        >>> q.ack(leases[0])                                  # no longer current: nothing changes
+        Traceback (most recent call last):
+          ...
+        shardq.errors.JobGone: job ... is gone (already acked)
+        >>> lease = q.dequeue("mail")                         # the key's next job
+        >>> lease.job_id == b
+        True
+        >>> q.nack(lease, delay=60, error="smtp timeout")     # visible again in 60 s
+        >>> q.dequeue("mail") is None
+        True
+        >>> q.stats()["queues"]["mail"]["delayed"]
+        1
+        >>> q.close()
+    """
 
     #: A stable id of the service behind this client (the local data dir's id, or the SQS
     #: account/region/prefix). Idempotency stores bind to it: job ids are only unique
