@@ -276,10 +276,17 @@ def test_the_log_format_is_as_documented():
     from shardq.shard import ops
     from shardq.wal import format as fmt
     text = doc("docs/design.md")
-    assert 'b"SHQWAL\\x00\\x01"' in text and fmt.SEGMENT_MAGIC == b"SHQWAL\x00\x01"
-    assert 'b"SHQCKP\\x00\\x01"' in text and fmt.CHECKPOINT_MAGIC == b"SHQCKP\x00\x01"
-    assert 'struct "<II"' in text and fmt.HEADER.format == "<II" and fmt.MAGIC_BYTES == 8
-    assert "limits.RECORD_BYTES_MAX" in text and limits.RECORD_BYTES_MAX > limits.FRAME_BYTES_MAX
+    assert 'b"SHQWAL\\x00\\x02"' in text and fmt.SEGMENT_MAGIC == b"SHQWAL\x00\x02"
+    assert 'b"SHQCKP\\x00\\x02"' in text and fmt.CHECKPOINT_MAGIC == b"SHQCKP\x00\x02"
+    assert 'struct "<III"' in text and fmt.HEADER.format == "<III" and fmt.MAGIC_BYTES == 8
+    assert fmt.HEADERS[1].format == "<II" and "8-byte header without the header CRC" in text
+    mib = 1024 * 1024
+    assert f"`SEGMENT_RECORD_BYTES_MAX` = {limits.SEGMENT_RECORD_BYTES_MAX // mib} MiB" in text
+    assert f"`CHECKPOINT_RECORD_BYTES_MAX` = {limits.CHECKPOINT_RECORD_BYTES_MAX // mib} MiB" in text
+    assert f"`FRAME_BYTES_MAX` = {limits.FRAME_BYTES_MAX // mib} MiB" in text
+    assert f"`CHECKPOINT_CHUNK_BYTES` ({limits.CHECKPOINT_CHUNK_BYTES // mib} MiB)" in text
+    assert f"`REQUEST_BYTES_MAX` ({limits.REQUEST_BYTES_MAX // mib} MiB" in text
+    assert limits.SEGMENT_RECORD_BYTES_MAX > limits.FRAME_BYTES_MAX > limits.REQUEST_BYTES_MAX
     assert "`NNNNNNNNNNNNNNNN.wal` (16-digit" in text and fmt.segment_name(3) == "0000000000000003.wal"
     ops_table = text[text.index("## Operations"):text.index("## The state machine")]
     rows = dict(re.findall(r"^\| (\d+) \| (\w+) \|", ops_table, re.M))
