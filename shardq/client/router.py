@@ -321,6 +321,11 @@ class Router:
         lease does not count towards ``max_deliveries``."""
         self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error, delivered])
 
+    def bury(self, lease: Lease, error: str | None = None) -> None:
+        """Move the leased job to the dead-letter queue now, with ``error`` as its error,
+        whatever its delivery count. LeaseLost if the lease is no longer current."""
+        self._call(shard_of_job(lease.job_id), "bury", [lease.job_id, lease.token, error])
+
     def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
         deadline = self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])

@@ -18,6 +18,7 @@ enqueue        [[[body, key, queue, delay, priority, dedup_id], ...],  [job_id, 
 dequeue        [queue, visibility | None, max_jobs]                   [lease, ...]
 ack            [[job_id, token], ...]                                  [error | None, ...]
 nack           [job_id, token, delay, error | None, delivered]        None
+bury           [job_id, token, error | None]                          None (dead-lettered now)
 extend         [job_id, token, seconds]                               deadline
 watch          [queue, timeout_s]                                     True (work) | False
 dead_letters   [queue, limit]                                         [[id, key, body, attempts, error]]
@@ -34,10 +35,10 @@ import msgpack
 
 from ..errors import BY_NAME, ProtocolError, ShardqError
 
-OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_letters",
+OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "bury", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
 #: args arity per op
-ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "extend": 3, "watch": 2,
+ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
 OK = 0
