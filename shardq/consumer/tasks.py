@@ -246,7 +246,8 @@ class App:
         return decorate
 
     # ------------------------------------------------------------------ running
-    def run_worker(self, queue: str | None = None, *, until_idle: bool = True, **worker_options):
+    def run_worker(self, queue: str | None = None, *, until_idle: bool = True,
+                   max_jobs: int | None = None, **worker_options):
         """Run this app's tasks in this process (tests): a :class:`~shardq.Worker` on
         ``queue`` (default: every queue of the app's tasks, one after the other) until
         it finds no more work. Returns the last worker's stats."""
@@ -256,7 +257,8 @@ class App:
         queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
         stats = None
         for q in queues:
-            stats = Worker(self.queue, handler, queue=q, **worker_options).run(until_idle=until_idle)
+            stats = Worker(self.queue, handler, queue=q, **worker_options).run(
+                max_jobs=max_jobs, until_idle=until_idle)
         return stats
 
     async def aclose(self) -> None:
