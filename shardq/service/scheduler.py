@@ -101,13 +101,17 @@ class Scheduler:
         self.started_at = self.clock.now()
         self.last = load_state(self.path)
         self.fired = 0
+        self._lock = threading.Lock()  # run_once from the thread and from a test
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
 
     def run_once(self, now: float | None = None) -> list[tuple[str, float, object]]:
         """Fire what is due at ``now``; returns ``[(name, tick, job_id), ...]``."""
-        now = self.clock.now() if now is None else now
+        with self._lock:
+            return self._run_once(self.clock.now() if now is None else now)
+
+    def _run_once(self, now: float) -> list[tuple[str, float, object]]:
         out = []
         changed = False
         for s in self.schedules:
