@@ -28,15 +28,16 @@ from .consumer.tasks import App, Exponential, Task
 from .client.queue import Queue
 from .client.router import Router
 from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig, InvalidJob,
-                     JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
-                     Retry, ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue,
+                     JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown, ProtocolError,
+                     QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue,
                      Unsupported, UsageError)
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
+    "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio",
 ]

@@ -9,7 +9,7 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * your lease: :class:`LeaseLost`
 * capacity: :class:`QueueFull`
 * the backend: :class:`Unsupported` (a feature this backend cannot provide)
-* the service: :class:`ShardUnavailable`, :class:`Closed`
+* the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`), :class:`Closed`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
 * raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
@@ -74,6 +74,13 @@ class ShardUnavailable(ShardqError):
     """A shard did not answer in time (crashed, restarting or hung)."""
 
 
+class OutcomeUnknown(ShardUnavailable):
+    """The request reached (or may have reached) the shard, but the connection broke before
+    its reply: it may or may not have been applied, and re-sending it would not be safe
+    (a second ``dequeue`` would lease a second job; a second ``purge`` could act on another
+    set). Check the state (``stats``, ``dead_letters``, the job) before acting again."""
+
+
 class Closed(ShardqError):
     """The router or log was closed by its owner."""
 
@@ -136,7 +143,7 @@ BY_NAME: dict[str, type[ShardqError]] = {
     cls.__name__: cls
     for cls in (
         ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
-        NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, Closed, ShardCountMismatch,
+        NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, OutcomeUnknown, Closed, ShardCountMismatch,
         NotADataDir, DataDirLocked, UsageError, Unsupported, LogFailed, InvariantViolation,
     )
 }

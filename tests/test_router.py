@@ -97,8 +97,8 @@ def test_router_reconnects_transparently_after_shard_restarts(svc):
         # Kill again after the router has reconnected once: still the same router object.
         os.kill(after[0], signal.SIGKILL)
         os.kill(after[1], signal.SIGKILL)
+        assert set(q.ping()).isdisjoint(after)  # ping may be re-sent; a dequeue may not
         assert q.dequeue(wait=0) is None
-        assert set(q.ping()).isdisjoint(after)
     assert log_count(svc, "event=shard-restart") == 4
 
 

@@ -3,7 +3,11 @@
 Requests from concurrent threads are coalesced: whichever thread finds no send in progress
 sends everything queued so far as one frame (pipelining without a sender thread). A reader
 thread matches replies to :class:`Future` objects by request id. If the connection breaks,
-every pending future fails with :class:`ConnectionLost` and the owner reconnects.
+every pending future fails with :class:`ConnectionLost`, which says whether the request had
+been written (``sent``): the owner may re-send a request never written, and decides by the
+op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was. Each future is taken
+out of the pending table exactly once (by the reader, by the breaking of the connection, or
+by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
 """
 from __future__ import annotations
 
@@ -21,14 +25,24 @@ from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
 class ConnectionLost(Exception):
-    """The connection broke before the reply came (internal; the router retries or raises
-    ShardUnavailable)."""
+    """The connection broke before the reply came (internal; the router re-sends or raises
+    ShardUnavailable / OutcomeUnknown). ``sent``: the request had been written to the socket,
+    so the shard may have applied it."""
+
+    def __init__(self, message: str, sent: bool):
+        super().__init__(message)
+        self.sent = sent
+
+
+_SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
 
 
 class Future:
-    """A reply slot. ``wait`` blocks on a plain lock, the cheapest wake-up CPython has."""
+    """A reply slot. ``wait`` blocks on a plain lock, the cheapest wake-up CPython has.
+    ``set`` may race (reader vs. a breaking connection): the first call wins, later ones
+    change nothing, and the lock is released exactly once."""
 
-    __slots__ = ("_lock", "done", "value", "error", "callback")
+    __slots__ = ("_lock", "done", "value", "error", "callback", "rid", "sent")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -37,11 +51,14 @@ class Future:
         self.value = None
         self.error: BaseException | None = None
         self.callback = None
+        self.rid = 0
+        self.sent = False
 
     def set(self, value=None, error: BaseException | None = None) -> None:
-        if self.done:
-            return
-        self.value, self.error, self.done = value, error, True
+        with _SET_LOCK:
+            if self.done:
+                return
+            self.value, self.error, self.done = value, error, True
         self._lock.release()
         if self.callback is not None:
             self.callback(self)
@@ -126,17 +143,23 @@ class ShardClient:
         fut = Future()
         with self._lock:
             if self._conn is None:
-                fut.set(error=ConnectionLost(f"shard {self.index} not connected"))
+                fut.set(error=ConnectionLost(f"shard {self.index} not connected", sent=False))
                 return fut
             rid = self._next_rid
             self._next_rid = rid + 1
+            fut.rid = rid
             self._pending[rid] = fut
-            self._outbox.append([rid, op, args])
+            self._outbox.append((fut, [rid, op, args]))
             if self._flushing:
                 return fut  # the thread sending now will take ours too
             self._flushing = True
         self._flush()
         return fut
+
+    def forget(self, fut: Future) -> None:
+        """The caller stopped waiting for ``fut`` (timeout, cancellation): take it out of
+        the pending table so nothing is kept for a reply nobody reads."""
+        self._pending.pop(fut.rid, None)
 
     def _flush(self) -> None:
         while True:
@@ -149,9 +172,15 @@ class ShardClient:
                     self._idle.notify_all()
                     return
                 self._sending = conn
+                for fut, _ in batch:
+                    fut.sent = True  # from here on the shard may see it (see below)
             try:
-                conn.send_bytes(protocol.pack(batch))
+                conn.send_bytes(protocol.pack([req for _, req in batch]))
             except (OSError, ValueError):
+                # A shard executes only whole frames, and a failed send never delivered a
+                # whole one: these requests were not applied and may be sent again.
+                for fut, _ in batch:
+                    fut.sent = False
                 self._broken(conn)
                 with self._lock:
                     self._flushing = False
@@ -194,12 +223,19 @@ class ShardClient:
             if self._conn is not conn:
                 return
             self._conn = None
-            failed, self._pending = self._pending, {}
+            pending, self._pending = self._pending, {}
             self._outbox = []
         _shutdown(conn)  # wakes the reader, which closes it
-        lost = ConnectionLost(f"connection to shard {self.index} lost")
-        for fut in failed.values():
-            fut.set(error=lost)
+        # The old reader may still pop replies from ``pending``: take each future out with
+        # an atomic pop rather than iterate the dict, so each is set by one thread only.
+        failed = []
+        for rid in list(pending):
+            fut = pending.pop(rid, None)
+            if fut is not None:
+                failed.append(fut)
+        message = f"connection to shard {self.index} lost"
+        for fut in failed:
+            fut.set(error=ConnectionLost(message, sent=fut.sent))
 
 
 def _shutdown(conn: Connection) -> None:

@@ -8,6 +8,10 @@
   the shard recognises the session entry and answers with the ids of the first execution,
   so a retry never creates a duplicate. A shard that does not come back within
   ``retry_s`` gives :class:`~shardq.errors.ShardUnavailable`, never a silent loss.
+* Each op has an explicit retry policy (:data:`shardq.shard.wire.RETRY`): a request never
+  written is always sent again; one that was written is re-sent only if that is safe
+  (enqueue, ack, extend, reads). ``dequeue``, ``nack``, ``redrive`` and ``purge`` are never
+  re-sent: a broken connection raises :class:`~shardq.errors.OutcomeUnknown`.
 * ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,
   for fairness), then sends a ``watch`` to every shard and sleeps until one says it has work.
 * One router can be shared by many threads; their requests are pipelined per shard.
@@ -24,8 +28,9 @@ from typing import Iterable
 from .. import limits
 from .connection import ConnectionLost, Future, ShardClient
 from ..datadir import DataDir
-from ..errors import Closed, InvalidJob, JobGone, ShardUnavailable
+from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
 from ..shard import validate
+from ..shard.wire import RESEND, RETRY
 from ..types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
@@ -68,45 +73,58 @@ class Router:
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list, deadline: float) -> Future:
+        """Submit one request, connecting first. Only a request that was never written is
+        submitted again here; what to do with one that was is :meth:`_call_many`'s call."""
         client = self.clients[shard]
         while True:
             if self._closed:
                 raise Closed("router is closed")
             client.ensure_connected(deadline)
             fut = client.submit(op, args)
-            if not (fut.done and isinstance(fut.error, ConnectionLost)):
+            if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
                 return fut
             if time.monotonic() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
-    def _call_many(self, calls: list[tuple[int, str, list]], *, retry: bool = True,
-                   timeout: float | None = None, retry_s: float | None = None) -> list:
-        """Send requests to their shards (pipelined), wait for all, retrying any whose
-        connection broke for up to ``retry_s`` (default: the router's). Returns results in
-        order; the first error is raised."""
+    def _call_many(self, calls: list[tuple[int, str, list]], *, timeout: float | None = None,
+                   retry_s: float | None = None) -> list:
+        """Send requests to their shards (pipelined) and wait for all. A request whose
+        connection broke is sent again, for up to ``retry_s`` (default: the router's), if it
+        was never written or its op may be re-sent (:data:`~shardq.shard.wire.RETRY`);
+        otherwise its outcome is unknown and :class:`OutcomeUnknown` is raised. Returns
+        ``(value, was_resent)`` per call, in order; the first error is raised."""
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        wait_s = timeout or self.request_timeout_s
         futs = [self._send(s, op, args, deadline) for s, op, args in calls]
         results = []
-        retried = [False] * len(calls)
-        for i, (s, op, args) in enumerate(calls):
-            while True:
-                fut = futs[i]
-                if not fut.wait(timeout or self.request_timeout_s):
-                    raise ShardUnavailable(f"shard {s} did not answer {op} within "
-                                           f"{timeout or self.request_timeout_s:.1f} s")
-                if isinstance(fut.error, ConnectionLost) and retry and time.monotonic() < deadline:
-                    retried[i] = True
-                    futs[i] = self._send(s, op, args, deadline)
-                    continue
-                if isinstance(fut.error, ConnectionLost):
-                    raise ShardUnavailable(f"shard {s}: {fut.error}")
-                results.append((fut, retried[i]))
-                break
+        resent = [False] * len(calls)
+        try:
+            for i, (s, op, args) in enumerate(calls):
+                while True:
+                    fut = futs[i]
+                    if not fut.wait(wait_s):
+                        raise ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
+                    lost = fut.error
+                    if isinstance(lost, ConnectionLost):
+                        if lost.sent and RETRY[op] is not RESEND:
+                            raise OutcomeUnknown(f"shard {s}: {op} was sent but the connection broke "
+                                                 f"before its reply; it may or may not have been applied")
+                        if time.monotonic() >= deadline:
+                            raise ShardUnavailable(f"shard {s}: {lost}")
+                        resent[i] = resent[i] or lost.sent
+                        futs[i] = self._send(s, op, args, deadline)
+                        continue
+                    results.append((fut, resent[i]))
+                    break
+        finally:
+            for (s, _, _), fut in zip(calls, futs):
+                if not fut.done:
+                    self.clients[s].forget(fut)  # nobody will read its reply
         out = []
-        for fut, was_retried in results:
+        for fut, was_resent in results:
             if fut.error is not None:
                 raise fut.error
-            out.append((fut.value, was_retried))
+            out.append((fut.value, was_resent))
         return out
 
     def _call(self, shard: int, op: str, args: list, **kw):
@@ -221,6 +239,7 @@ class Router:
         while True:
             out: list[Lease] = []
             down: list[ShardUnavailable] = []
+            unknown: list[OutcomeUnknown] = []
             for k in range(self.shards):
                 shard = (first + k) % self.shards
                 try:
@@ -228,6 +247,9 @@ class Router:
                     # jobs can wait for the next call, the other shards' jobs should not.
                     rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)],
                                       retry_s=min(self.retry_s, DOWN_PROBE_S))
+                except OutcomeUnknown as e:
+                    unknown.append(e)  # never re-sent: a lease it may have made expires unheld
+                    continue
                 except ShardUnavailable as e:
                     down.append(e)
                     continue
@@ -235,7 +257,9 @@ class Router:
                 if len(out) >= max_jobs:
                     break
             if out:
-                return out
+                return out  # leases in hand are returned, never stranded by another shard's error
+            if unknown:
+                raise unknown[0]
             if len(down) == self.shards:
                 # Every shard down: a restart is retried for the router's retry window (and
                 # no longer than the wait); a service that stays down is reported.
@@ -274,6 +298,9 @@ class Router:
             if fut.done:
                 event.set()
         event.wait(timeout + 0.5)
+        for shard, fut in futs:
+            if not fut.done:
+                self.clients[shard].forget(fut)  # its reply, if it ever comes, is dropped
         for shard, fut in futs:
             if fut.done and fut.error is None and fut.value is True:
                 return shard

@@ -41,6 +41,23 @@ OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "bury", "extend", "watch",
 ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
+#: What a client may do when its connection breaks after a request was written and before
+#: its reply came (a request never written may always be sent again):
+RESEND = "resend"    # safe to send again: read-only, or made idempotent (see below)
+UNKNOWN = "unknown"  # never re-sent: the caller gets OutcomeUnknown
+RETRY = {
+    "enqueue": RESEND,       # the session entry makes a re-sent enqueue return the first ids
+    "ack": RESEND,           # JobGone in answer to the re-sent ack means the first one landed
+    "extend": RESEND,        # sets the deadline again; LeaseLost if the lease is gone
+    "watch": RESEND, "dead_letters": RESEND, "queue_config": RESEND, "stats": RESEND,
+    "ping": RESEND,          # read-only
+    "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
+    "nack": UNKNOWN,         # a re-sent nack after the first landed gets LeaseLost: ambiguous
+    "bury": UNKNOWN,         # likewise: the job is dead (first landed) or the lease expired
+    "redrive": UNKNOWN,      # re-sent, it may move jobs that died after the first one
+    "purge_dead": UNKNOWN,   # re-sent, it may purge dead letters that came after the first one
+}
+
 OK = 0
 ERR = 1
 

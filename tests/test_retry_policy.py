@@ -1,0 +1,181 @@
+"""Which requests the router sends again after a broken connection (issue 9, item 6).
+
+A fake shard (the real handshake and framing, scripted replies) makes the moment of the
+break exact: it reads a request, then drops the connection without answering. Ops that are
+safe to re-send are re-sent and succeed; the others raise OutcomeUnknown and are sent once.
+"""
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Listener
+
+import msgpack
+import pytest
+
+import shardq
+from shardq.client.connection import ConnectionLost, Future, ShardClient
+from shardq.datadir import DataDir
+from shardq.shard import wire
+from shardq.types import Lease
+
+from service import short_tmpdir
+
+
+class FakeShard:
+    """Serves shard 0 of a one-shard data dir. ``script`` is one action per connection:
+    ``"drop"`` (read one frame, close), ``"hang"`` (read one frame, never answer) or a
+    function ``requests -> results`` (answer every request of the frame with OK results)."""
+
+    def __init__(self, script):
+        self.dd = DataDir(short_tmpdir())
+        self.dd.init(1)
+        self.script = list(script)
+        self.requests: list[list] = []
+        self.listener = Listener(self.dd.socket_path(0), "AF_UNIX", authkey=self.dd.authkey())
+        self.conns = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        for action in self.script:
+            try:
+                conn = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            reqs = msgpack.unpackb(conn.recv_bytes(), raw=False)
+            self.requests.extend(reqs)
+            if action == "drop":
+                conn.close()
+            elif action == "hang":
+                continue
+            else:
+                conn.send_bytes(msgpack.packb([[rid, wire.OK, action(op, args)] for rid, op, args in reqs]))
+
+    def ops(self) -> list[str]:
+        return [op for _, op, _ in self.requests]
+
+    def close(self):
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(*script):
+        f = FakeShard(script)
+        made.append(f)
+        return f, shardq.connect(f.dd.path, retry_s=5, request_timeout_s=5)
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def test_every_op_has_a_retry_policy():
+    assert set(wire.RETRY) == wire.OPS
+    assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "nack", "redrive", "purge_dead"}
+
+
+def test_enqueue_is_resent_with_the_same_session(fake):
+    f, q = fake("drop", lambda op, args: [42])
+    assert q.enqueue(b"job", key="k") == 42
+    assert f.ops() == ["enqueue", "enqueue"]
+    assert f.requests[0][2] == f.requests[1][2]  # same items, same session: the shard dedups
+    q.close()
+
+
+def test_ack_is_resent_and_job_gone_on_the_retry_means_success(fake):
+    f, q = fake("drop", lambda op, args: [["JobGone", "job 7 is gone (already acked)"]])
+    q.ack(Lease(7 << 10, None, b"", "default", 1, 3, 0.0))
+    assert f.ops() == ["ack", "ack"]
+    q.close()
+
+
+@pytest.mark.parametrize("call, op", [
+    (lambda q: q.dequeue(), "dequeue"),
+    (lambda q: q.dequeue_many(max_jobs=10), "dequeue"),
+    (lambda q: q.nack(Lease(1 << 10, None, b"", "default", 1, 3, 0.0)), "nack"),
+    (lambda q: q.redrive("default"), "redrive"),
+    (lambda q: q.redrive("default", [1 << 10]), "redrive"),
+    (lambda q: q.purge_dead_letters("default"), "purge_dead"),
+])
+def test_unsafe_ops_are_sent_once_and_raise_outcome_unknown(fake, call, op):
+    f, q = fake("drop", lambda op, args: pytest.fail("must not be re-sent"))
+    with pytest.raises(shardq.OutcomeUnknown, match="may or may not have been applied"):
+        call(q)
+    assert f.ops() == [op]
+    assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
+    q.close()
+
+
+def test_a_timed_out_request_leaves_nothing_pending(fake):
+    f, q = fake("hang")
+    q.request_timeout_s = 0.3
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
+        q.ping()
+    assert q.clients[0]._pending == {}
+    q.close()
+
+
+def test_future_set_races_have_one_winner():
+    for _ in range(200):
+        fut = Future()
+        barrier = threading.Barrier(8)
+        errors = []
+
+        def setter(i):
+            barrier.wait()
+            try:
+                fut.set(i)
+            except RuntimeError as e:  # a double release of the wait lock
+                errors.append(e)
+
+        threads = [threading.Thread(target=setter, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and fut.done and fut.wait(0) and fut.value in range(8)
+
+
+def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
+    """_broken used to iterate the pending dict while the reader thread popped from it."""
+    import socket
+    from multiprocessing.connection import Connection
+    for _ in range(20):
+        a, b = socket.socketpair()
+        client = ShardClient(0, "unused", b"k" * 32)
+        conn = Connection(a.detach())
+        client._conn = conn
+        futs = {}
+        for rid in range(1, 20_001):
+            fut = Future()
+            fut.rid, fut.sent = rid, True
+            futs[rid] = client._pending[rid] = fut
+        pending = client._pending
+        popped = []
+        start = threading.Event()
+
+        def reader():  # what _read_replies does with each reply
+            start.wait()
+            for rid in range(1, 20_001):
+                fut = pending.pop(rid, None)
+                if fut is not None:
+                    popped.append(rid)
+                    fut.set("reply")
+
+        t = threading.Thread(target=reader)
+        t.start()
+        start.set()
+        client._broken(conn)
+        t.join()
+        assert all(f.done for f in futs.values())
+        lost = [r for r, f in futs.items() if isinstance(f.error, ConnectionLost)]
+        assert sorted(lost + popped) == list(range(1, 20_001))  # each taken by exactly one side
+        assert all(futs[r].error.sent for r in lost)
+        conn.close()
+        b.close()
