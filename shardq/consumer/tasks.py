@@ -13,7 +13,9 @@
 * The body is msgpack ``{"t": name, "a": args, "k": kwargs, "v": 1}`` (:mod:`.taskbody`);
   the call is checked against the function's signature and msgpack at ``send()``, so a bad
   call fails in the producer with :class:`~shardq.errors.InvalidJob`, not in a worker.
-* ``key=`` (a string, or a function of the call's arguments) gives per-key FIFO.
+* ``key=`` (a string, or a function of the call's arguments) gives per-key FIFO. The
+  function gets the arguments by parameter name (defaults filled in), however the call
+  passed them: ``key=lambda user_id, **_: f"user-{user_id}"``.
 * ``retries``: deliveries after the first. A failure on attempt ``n <= retries`` is retried
   after the task's backoff (full jitter); after that the job is dead-lettered with the error.
   The count is the job's durable delivery count (``lease.attempt``), so a worker crash
@@ -120,13 +122,15 @@ class Task(Generic[P, R]):
     def job(self, args, kwargs, delay: float = 0, priority: int = 0, dedup_id: str | None = None) -> dict:
         """The enqueue arguments of one call, checked (signature, key, msgpack)."""
         try:
-            self.signature.bind(None, *args, **kwargs)
+            bound = self.signature.bind(None, *args, **kwargs)
         except TypeError as exc:
             raise InvalidJob(f"task {self.name}: {exc}") from None
         key = self.key
         if callable(key):
+            bound.apply_defaults()
+            named = dict(list(bound.arguments.items())[1:])  # by parameter name, without ctx
             try:
-                key = key(*args, **kwargs)
+                key = key(**named)
             except Exception as exc:
                 raise InvalidJob(f"task {self.name}: the key function failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(key, str):
