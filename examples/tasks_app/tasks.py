@@ -37,8 +37,8 @@ async def send_notification(ctx, user_id: int, text: str) -> None:
     in the transaction's own thread."""
     if WORK_S:
         await asyncio.sleep(WORK_S)
-    await ctx.db.execute("INSERT INTO notifications(job_id, user_id, text) VALUES (?, ?, ?)",
-                         (ctx.job_id, user_id, text))
+    await ctx.db.execute("INSERT INTO notifications(job_id, user_id, text, attempt) VALUES (?, ?, ?, ?)",
+                         (ctx.job_id, user_id, text, ctx.attempt))
 
 
 @app.periodic(every_s=3600, queue="maintenance")
@@ -54,7 +54,7 @@ def init_db(path: str) -> None:
     try:
         con.executescript("""
             CREATE TABLE IF NOT EXISTS signups (job_id INTEGER, user_id INTEGER, email TEXT, attempt INTEGER);
-            CREATE TABLE IF NOT EXISTS notifications (job_id INTEGER, user_id INTEGER, text TEXT);
+            CREATE TABLE IF NOT EXISTS notifications (job_id INTEGER, user_id INTEGER, text TEXT, attempt INTEGER);
         """)
     finally:
         con.close()
