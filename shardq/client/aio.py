@@ -28,11 +28,12 @@ from typing import AsyncIterator, Iterable
 from .. import limits
 from ..clock import SystemClock
 from ..datadir import DataDir
-from ..errors import Closed, InvalidJob, JobGone, ShardqError, ShardUnavailable
+from ..errors import Closed, JobGone, ShardqError, ShardUnavailable
 from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
-from .router import DOWN_PROBE_S, _JOB_FIELDS, Router, shard_for_key, shard_of_job
+from .router import (DOWN_PROBE_S, Router, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+                     split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
 _now = SystemClock.now
@@ -130,19 +131,7 @@ class AsyncQueue:
     async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
         """Enqueue many jobs in one request per shard (at most ``BATCH_JOBS_MAX`` each); ids
         in input order. Per shard request all-or-nothing; not atomic across shards."""
-        per_shard: dict[int, list] = {}
-        where = []
-        for job in jobs:
-            if type(job) is not dict or "body" not in job or not job.keys() <= _JOB_FIELDS:
-                raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(_JOB_FIELDS - {'body'})}")
-            get = job.get
-            key = get("key")
-            item = _item(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
-                         get("dedup_id"))
-            shard = self._shard_for(key)
-            bucket = per_shard.setdefault(shard, [])
-            where.append((shard, len(bucket)))
-            bucket.append(item)
+        per_shard, where = split_by_shard(jobs, queue, self._shard_for)
         calls = [(s, "enqueue", [items[i:i + limits.BATCH_JOBS_MAX], None])
                  for s, items in per_shard.items() for i in range(0, len(items), limits.BATCH_JOBS_MAX)]
         results = await self._call_all(calls)
@@ -326,14 +315,7 @@ class AsyncQueue:
         return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
 
     async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
-        if job_ids is None:
-            calls = [(s, "redrive", [queue, None]) for s in range(self.shards)]
-        else:
-            per: dict[int, list] = {}
-            for j in job_ids:
-                per.setdefault(shard_of_job(j), []).append(j)
-            calls = [(s, "redrive", [queue, ids]) for s, ids in per.items()]
-        return sum(n for n, _ in await self._call_all(calls))
+        return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))
 
     async def purge_dead_letters(self, queue: str = "default") -> int:
         return sum(n for n, _ in await self._call_all([(s, "purge_dead", [queue]) for s in range(self.shards)]))
@@ -354,13 +336,7 @@ class AsyncQueue:
                 sh = {"shard": s, "available": False, "error": str(exc), "queues": {}}
             return sh
         shards = await asyncio.gather(*(one(s) for s in range(self.shards)))
-        queues: dict[str, dict] = {}
-        for sh in shards:
-            for name, counts in sh["queues"].items():
-                agg = queues.setdefault(name, dict.fromkeys(counts, 0))
-                for k, v in counts.items():
-                    agg[k] = agg.get(k, 0) + v
-        return {"shards": list(shards), "queues": queues}
+        return {"shards": list(shards), "queues": queue_totals(shards)}
 
     async def ping(self) -> list[int]:
         return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]

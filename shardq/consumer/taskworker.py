@@ -9,7 +9,6 @@ a second signal exits at once.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any, Callable
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks
 from .tasks import Task
+from .worker import install_stop_signals
 
 log = logging.getLogger("shardq.worker")
 
@@ -74,7 +74,6 @@ class TaskWorkers:
         self.router, self.target, self.options = router, target, options
         self.idempotency_path, self.store = idempotency_path, store
         self.workers: list[Any] = []
-        self._signals = 0
 
     def build(self) -> None:
         from .worker import Worker
@@ -104,7 +103,7 @@ class TaskWorkers:
         """Run until every worker returns (stop(), or a signal)."""
         if not self.workers:
             self.build()
-        old = self._install_signals()
+        old = install_stop_signals(self.stop)
         errors: list[BaseException] = []
 
         def run_one(w):
@@ -128,15 +127,3 @@ class TaskWorkers:
         if errors:
             raise errors[0]
 
-    def _install_signals(self) -> dict | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                os.write(2, b"shardq worker: second signal, exiting now\n")
-                os._exit(1)
-            self.stop()
-
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -164,7 +164,6 @@ class Worker:
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
         self._stop_at: float | None = None
-        self._signals = 0
         self._visibility = limits.VISIBILITY_TIMEOUT_S_DEFAULT
         self._max_deliveries = limits.MAX_DELIVERIES_DEFAULT
         self._pool: ProcessPoolExecutor | None = None
@@ -573,17 +572,7 @@ class Worker:
         return True
 
     def _install_signals(self) -> dict | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                os.write(2, b"shardq worker: second signal, exiting now\n")
-                os._exit(1)
-            self.stop()
-
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return install_stop_signals(self.stop)
 
     # ------------------------------------------------------------------ runners
     def _runner(self, work: queue_mod.SimpleQueue, results: queue_mod.SimpleQueue) -> None:
@@ -674,6 +663,23 @@ class Worker:
                     return
 
         threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
+
+
+def install_stop_signals(stop) -> dict | None:
+    """In the main thread: SIGTERM/SIGINT call ``stop()``; a second signal exits at once.
+    Returns the previous handlers (to restore), or None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    count = [0]
+
+    def on_signal(signum, frame):
+        count[0] += 1
+        if count[0] > 1:
+            os.write(2, b"shardq worker: second signal, exiting now\n")
+            os._exit(1)
+        stop()
+
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _require(ok: bool, message: str) -> None:
