@@ -155,3 +155,21 @@ def test_send_async_uses_the_apps_asyncio_client(app):
     assert {l.key for l in leases} == {f"u{i}" for i in range(50)}
     assert msgpack.unpackb(leases[0].body)["k"] == {"text": "x"}
     app.queue.ack_many(leases)
+
+
+def test_heartbeats_keep_a_job_longer_than_its_lease(app):
+    runs = []
+
+    @app.task(queue="aw-beat", name="aw.long")
+    async def long(ctx):
+        runs.append(ctx.attempt)
+        await asyncio.sleep(3.0)                     # the queue's lease is 2 s
+
+    long.send()
+    w, t = start(app, "aw-beat", concurrency=2)
+    try:
+        wait_until(lambda: settled(app, "aw-beat"), 20, 0.05, "the long job acked")
+    finally:
+        w.stop()
+        t.join(20)
+    assert runs == [1] and w.stats.succeeded == 1 and w.stats.lost == 0

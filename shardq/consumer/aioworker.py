@@ -62,7 +62,8 @@ class _Job:
     __slots__ = ("lease", "lost", "extend_at", "lease_s", "task")
 
     def __init__(self, lease: Lease, extend_at: float):
-        self.lease, self.lost, self.extend_at, self.lease_s = lease, False, extend_at, None
+        self.lease, self.lost, self.extend_at = lease, False, extend_at
+        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
         self.task: asyncio.Task | None = None
 
 
