@@ -135,6 +135,8 @@ class Supervisor:
         return self
 
     def _start_scheduler(self) -> None:
+        if not (self.config.schedules or self.config.service.schedule_modules):
+            return  # nothing to fire: import nothing, start nothing
         from .scheduler import Scheduler, collect_schedules
         try:
             schedules = collect_schedules(self.config)
