@@ -4,8 +4,9 @@ Layout (imports point down this list, never up):
 
 * ``cli/`` -- the ``shardq`` command;
 * ``service/`` -- the supervisor that runs the shard processes;
-* ``consumer/`` -- the worker runner, running one job, idempotency stores;
-* ``client/`` -- the router apps embed (``router``) and its connection to a shard;
+* ``consumer/`` -- tasks (``App``), the worker runners, running one job, idempotency stores;
+* ``client/`` -- the router apps embed (``router``), its connection to a shard, and the
+  asyncio client (``aio``);
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
@@ -29,16 +30,20 @@ running on the default config)::
     >>> e.queue_config("default")["max_deliveries"]       # embedded service + router
     3
     >>> e.close()                                         # stops the embedded service too
+
+    The asyncio client is ``q = await shardq.aio.connect("var/shardq")``; tasks are
+    ``app = shardq.App("var/shardq")`` with ``@app.task`` and ``.send()`` (docs/tasks.md).
 """
 from __future__ import annotations
 
 from .config import Config, QueueConfig
+from .consumer.tasks import App, Exponential, Task
 from .client.queue import Queue
 from .client.router import Router
-from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
-                     LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown, ProtocolError, QueueFull,
-                     ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
-                     UsageError)
+from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig, InvalidJob,
+                     JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown, ProtocolError,
+                     QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue,
+                     Unsupported, UsageError)
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
@@ -47,7 +52,7 @@ __all__ = [
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
     "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed",
+    "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio",
 ]
 
 
@@ -73,4 +78,7 @@ def __getattr__(name):
     if name == "Worker":  # imported lazily: the worker pulls in sqlite3 and signal handling
         from .consumer.worker import Worker
         return Worker
+    if name == "aio":  # imported lazily: asyncio is not every app's business
+        from .client import aio
+        return aio
     raise AttributeError(f"module 'shardq' has no attribute {name!r}")

@@ -23,6 +23,14 @@ so a typo never silently falls back to a default. Times are in seconds.
     max_body_bytes = 262144
 
     [queues.default]          # per-queue overrides of queue_defaults
+
+    [schedules.cleanup]       # a periodic job, fired by the supervisor (docs/tasks.md)
+    cron = "*/5 * * * *"      # or: every_s = 30
+    task = "myapp.tasks.cleanup"   # or: body = "text"
+    queue = "default"
+    key = "cleanup"           # optional
+    timezone = "UTC"          # of the cron expression
+    catch_up = true           # fire a tick missed while the service was down, once
 """
 from __future__ import annotations
 
@@ -54,6 +62,8 @@ class ServiceConfig:
     restart_limit: int = 5
     restart_window: float = 60.0
     declare_queues: bool = False
+    #: modules whose ``@app.periodic`` schedules the supervisor fires
+    schedule_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +74,26 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleConfig:
+    """One ``[schedules.<name>]`` table, checked (see :mod:`shardq.service.schedules`)."""
+
+    cron: str | None = None
+    every_s: float | None = None
+    task: str | None = None
+    body: str | None = None
+    queue: str = "default"
+    key: str | None = None
+    timezone: str = "UTC"
+    catch_up: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     queue_defaults: QueueConfig = field(default_factory=QueueConfig)
     queues: dict[str, QueueConfig] = field(default_factory=lambda: {"default": QueueConfig()})
+    schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
 
     def queue(self, name: str) -> QueueConfig | None:
         """The settings of ``name``; None if undeclared and queues must be declared."""
@@ -86,6 +111,8 @@ class Config:
             "limits": dataclasses.asdict(self.limits),
             "queue_defaults": dataclasses.asdict(self.queue_defaults),
             "queues": {n: dataclasses.asdict(q) for n, q in self.queues.items()},
+            "schedules": {n: {k: v for k, v in dataclasses.asdict(sc).items() if v is not None}
+                          for n, sc in self.schedules.items()},
         }
 
 
@@ -146,15 +173,42 @@ def _boolean(path: str, value: Any) -> bool:
     return value
 
 
+def _modules(path: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) and m for m in value):
+        raise InvalidConfig(f"{path}: expected a list of module names, got {value!r}")
+    return tuple(value)
+
+
+def _every(path: str, value: Any) -> float:
+    return _number(path, value, integer=False, lo=1.0, hi=366 * 86400.0)
+
+
+def _schedule(name: Any, raw: Any) -> ScheduleConfig:
+    where = f"schedules.{name}"
+    if not isinstance(name, str) or not name:
+        raise InvalidConfig(f"{where}: a schedule name must be a non-empty string")
+    sc = _section(where, raw, ScheduleConfig(), {}, {
+        "cron": _string, "every_s": _every, "task": _string, "body": _string, "queue": _string,
+        "key": _string, "timezone": _string, "catch_up": _boolean})
+    if (sc.cron is None) == (sc.every_s is None):
+        raise InvalidConfig(f"{where}: give exactly one of cron and every_s")
+    if (sc.task is None) == (sc.body is None):
+        raise InvalidConfig(f"{where}: give exactly one of task and body")
+    check_queue_name(sc.queue, InvalidConfig)
+    from .service.schedules import from_config
+    from_config(name, sc)  # the cron expression, time zone and name are checked here
+    return sc
+
+
 def parse(raw: dict[str, Any]) -> Config:
     """Validate a config dict (the TOML schema) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise InvalidConfig(f"config: expected a table, got {raw!r}")
-    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues"}
+    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues", "schedules"}
     if unknown:
         raise InvalidConfig(f"{sorted(unknown)[0]}: unknown key")
     service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
-                       {"data_dir": _string, "declare_queues": _boolean})
+                       {"data_dir": _string, "declare_queues": _boolean, "schedule_modules": _modules})
     lim = _section("limits", raw.get("limits", {}), LimitsConfig(), _LIMITS_BOUNDS)
     defaults = _section("queue_defaults", raw.get("queue_defaults", {}), QueueConfig(), _QUEUE_BOUNDS)
     raw_queues = raw.get("queues", {"default": {}})
@@ -164,7 +218,12 @@ def parse(raw: dict[str, Any]) -> Config:
     for name, q in raw_queues.items():
         check_queue_name(name, InvalidConfig)
         queues[name] = _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS)
-    return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues)
+    raw_schedules = raw.get("schedules", {})
+    if not isinstance(raw_schedules, dict):
+        raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")
+    schedules = {name: _schedule(name, sc) for name, sc in raw_schedules.items()}
+    return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues,
+                  schedules=schedules)
 
 
 def load(source: str | os.PathLike | dict | Config | None) -> Config:

@@ -12,6 +12,7 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`), :class:`Closed`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
+* raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
 
 Errors cross the wire by class name (:data:`BY_NAME`), so a client gets the same type the
 shard raised.
@@ -118,6 +119,23 @@ class LogFailed(ShardqError):
 
 class InvariantViolation(ShardqError):
     """An internal invariant broke: a bug. The shard process exits and is restarted."""
+
+
+class Retry(ShardqError):
+    """Raised by a task (or handler): run this job again after ``delay_s`` seconds (None:
+    the task's backoff). The delivery still counts: after the task's ``retries`` the job
+    is dead-lettered instead. ``reason`` is recorded as the job's last error."""
+
+    def __init__(self, delay_s: float | None = None, reason: str | None = None):
+        super().__init__(reason or (f"retry requested in {delay_s} s" if delay_s is not None
+                                    else "retry requested"))
+        self.delay_s = delay_s
+        self.reason = reason
+
+
+class Fail(ShardqError):
+    """Raised by a task (or handler): move this job to the dead-letter queue now, with the
+    message as its error. Nothing is retried."""
 
 
 #: Wire name -> class, for errors sent from a shard to a client.

@@ -167,9 +167,9 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> None:
 def _to_toml(cfg: dict) -> str:
     lines = []
     for section, body in cfg.items():
-        if section == "queues":
+        if section in ("queues", "schedules"):
             for qname, q in body.items():
-                lines.append(f"[queues.{json.dumps(qname)}]")
+                lines.append(f"[{section}.{json.dumps(qname)}]")
                 lines += [f"{k} = {json.dumps(v)}" for k, v in q.items()]
         else:
             lines.append(f"[{section}]")

@@ -78,6 +78,7 @@ TEMPLATES = {
     "dequeue": ["fuzzq", 5.0, 2],
     "ack": [[[1 << 10, 1]]],
     "nack": [1 << 10, 1, 0, None, True],
+    "bury": [1 << 10, 1, None],
     "extend": [1 << 10, 1, 5.0],
     "watch": ["fuzzq", 0.2],
     "dead_letters": ["default", 10],

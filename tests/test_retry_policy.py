@@ -77,7 +77,7 @@ def fake():
 
 def test_every_op_has_a_retry_policy():
     assert set(wire.RETRY) == wire.OPS
-    assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "nack", "redrive", "purge_dead"}
+    assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "nack", "bury", "redrive", "purge_dead"}
 
 
 def test_enqueue_is_resent_with_the_same_session(fake):

@@ -62,6 +62,9 @@ class StateShard:
     def extend(self, job_id, token, seconds):
         return self._run(self.state.extend, job_id, token, self.clock.now(), seconds)
 
+    def bury(self, job_id, token, error=None):
+        return self._run(self.state.bury, job_id, token, self.clock.now(), error)
+
     def redrive(self, queue="default", job_ids=None):
         return self._run(self.state.redrive, queue, self.clock.now(), job_ids)
 
@@ -388,6 +391,24 @@ def test_dead_letter_via_nack_keeps_the_error(make_shard):
     assert s.dequeue() == []
     [dl] = s.dead_letters()
     assert (dl.job_id, dl.attempts, dl.error) == (jid, 2, "boom")
+
+
+def test_bury_dead_letters_at_once_whatever_the_count_and_unblocks_the_key(make_shard, digest):
+    s = make_shard(max_deliveries=5)
+    a = s.enqueue(b"a", key="k")
+    b = s.enqueue(b"b", key="k")
+    [la] = s.dequeue()
+    before = digest(s.state)
+    with pytest.raises(LeaseLost):
+        s.bury(a, la.token + 1, "wrong token")
+    assert digest(s.state) == before  # refused: nothing changed
+    s.bury(a, la.token, "Fail: no such user")
+    [dl] = s.dead_letters()
+    assert (dl.job_id, dl.attempts, dl.error) == (a, 1, "Fail: no such user")
+    assert ids(s.dequeue()) == [b]  # the key moved on
+    with pytest.raises(LeaseLost):
+        s.bury(a, la.token)  # no live lease any more
+    assert s.redrive() == 1
 
 
 def test_redrive_returns_count_and_restarts_attempts(make_shard, clock):

@@ -165,7 +165,7 @@ def test_crash_after_commit_before_ack_is_skipped_on_redelivery():
         ctx.db["effect"] = ctx.attempt
 
     lease = q.dequeue_many("default", max_jobs=1, wait=0)[0]
-    assert execute(handler, lease, store) == ("done", None)  # committed; then the worker "dies"
+    assert execute(handler, lease, store) == ("done", None, None)  # committed; then the worker "dies"
     clock.advance(31)                                           # lease expires: redelivered
     stats = Worker(q, handler, idempotency=store, clock=clock, **FAST).run(until_idle=True)
     assert calls == [1] and store.data == {"effect": 1}

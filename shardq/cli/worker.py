@@ -1,5 +1,9 @@
 """``shardq worker module:function [options]``: run a :class:`~shardq.consumer.worker.Worker`
-against a running service."""
+against a running service.
+
+``shardq worker myapp.tasks [more.modules ...]`` (modules, no colon): run every task of
+the modules, one worker per queue of their tasks (``--queue`` to pick some), routing each
+job by its task name (:mod:`shardq.consumer.taskworker`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +17,12 @@ from . import common, exits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("handler", help="module:function, imported with the current directory on sys.path")
-    p.add_argument("--queue", default="default")
+    p.add_argument("handler", nargs="+", metavar="TARGET",
+                   help="module:function (one handler), or module(s) of tasks; imported with the "
+                        "current directory on sys.path")
+    p.add_argument("--queue", action="append", default=None,
+                   help="queue to work (default: 'default' for a handler; every queue of the "
+                        "tasks for modules); repeat for several")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--mode", choices=("thread", "process"), default="thread")
     p.add_argument("--idempotency", metavar="PATH.sqlite",
@@ -26,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub, parent) -> None:
-    s = sub.add_parser("worker", parents=[parent], help="run a handler on the jobs of one queue")
+    s = sub.add_parser("worker", parents=[parent], help="run a handler, or every task of some modules")
     add_arguments(s)
     s.set_defaults(fn=run)
 
@@ -39,14 +47,23 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        handler = load_handler(args.handler)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UsageError(f"cannot load {args.handler!r}: {exc}") from None
     if args.idempotency:
         parent = os.path.dirname(os.path.abspath(args.idempotency))
         if not os.path.isdir(parent):
             raise UsageError(f"--idempotency {args.idempotency}: directory {parent} does not exist")
+    task_mode = not any(":" in t for t in args.handler)
+    if not task_mode and len(args.handler) != 1:
+        raise UsageError("give one module:function, or module names (no colon) of tasks")
+    if not task_mode and args.queue and len(args.queue) != 1:
+        raise UsageError("a module:function handler works one --queue")
+    try:
+        if task_mode:
+            from ..consumer.dispatch import load_tasks
+            load_tasks(args.handler)  # import errors are usage errors, before connecting
+        else:
+            handler = load_handler(args.handler[0])
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"cannot load {' '.join(args.handler)!r}: {exc}") from None
     target = common.target(args)
     if connect is None:
         import shardq
@@ -57,9 +74,16 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         # Requests must time out well inside a lease, so one hung shard cannot stall the
         # heartbeats of jobs on the other shards past their deadlines.
         router = connect(target, request_timeout_s=5.0)
-        Worker(router, handler, queue=args.queue, concurrency=args.concurrency, mode=args.mode,
-               idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-               log_every=args.log_every).run()
+        if task_mode:
+            from ..consumer.taskworker import Options, TaskWorkers
+            TaskWorkers(args.handler, router, target, args.queue,
+                        Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
+                                grace_s=args.grace, log_every=args.log_every),
+                        idempotency_path=args.idempotency, store=store).run()
+        else:
+            Worker(router, handler, queue=(args.queue or ["default"])[0], concurrency=args.concurrency,
+                   mode=args.mode, idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
+                   log_every=args.log_every).run()
     finally:
         if router is not None:
             router.close()
@@ -73,7 +97,7 @@ def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = Non
     status; errors print ``error: Type: message`` like every ``shardq`` command."""
     from .main import run_guarded
     p = argparse.ArgumentParser(prog="shardq worker", parents=[common.common_parser()],
-                                description="Run a handler on the jobs of one queue.")
+                                description="Run a handler, or every task of some modules.")
     add_arguments(p)
     args = p.parse_args(argv)
     return run_guarded(lambda: run(args, connect))

@@ -103,6 +103,12 @@ class Queue(Protocol):
         as the job's last error. ``delivered=False``: the job never reached a handler."""
         ...
 
+    def bury(self, lease: Lease, error: str | None = None) -> None:
+        """Move the leased job to the dead-letter queue now (whatever its delivery count),
+        with ``error`` as its error. Tasks use it for ``Fail``, exhausted ``retries`` and
+        unknown task names."""
+        ...
+
     def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now; the returned lease has the
         new deadline (and, on some backends, a new token: use it from then on)."""

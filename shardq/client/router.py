@@ -52,7 +52,7 @@ def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
 
 
-def _requests(items: list[list]) -> Iterable[list[list]]:
+def cut_requests(items: list[list]) -> Iterable[list[list]]:
     """Cut one shard's wire items into requests a shard accepts: at most BATCH_JOBS_MAX
     jobs and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
     job_bytes, count_max, bytes_max = validate.job_bytes, limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
@@ -65,6 +65,49 @@ def _requests(items: list[list]) -> Iterable[list[list]]:
         size += n
     if start < len(items):
         yield items[start:]
+
+
+def split_by_shard(jobs: Iterable[dict], queue: str, shard_for) -> tuple[dict[int, list], list]:
+    """Check a batch of job dicts (all of them before any is sent) and group their wire
+    items by shard: ``({shard: [item, ...]}, [(shard, index in its list) per job])``."""
+    per_shard: dict[int, list] = {}
+    where = []
+    item_of, fields = Router._item, _JOB_FIELDS
+    for job in jobs:
+        if type(job) is not dict or "body" not in job or not job.keys() <= fields:
+            raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(fields - {'body'})}")
+        get = job.get
+        key = get("key")
+        item = item_of(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
+                       get("dedup_id"))
+        shard = shard_for(key)
+        bucket = per_shard.get(shard)
+        if bucket is None:
+            bucket = per_shard[shard] = []
+        where.append((shard, len(bucket)))
+        bucket.append(item)
+    return per_shard, where
+
+
+def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
+    if job_ids is None:
+        return [(s, "redrive", [queue, None]) for s in range(shards)]
+    per: dict[int, list] = {}
+    for j in job_ids:
+        per.setdefault(shard_of_job(j), []).append(j)
+    return [(s, "redrive", [queue, ids]) for s, ids in per.items()]
+
+
+def queue_totals(shards: list[dict]) -> dict[str, dict]:
+    """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
+    queues: dict[str, dict] = {}
+    for sh in shards:
+        for name, counts in sh["queues"].items():
+            agg = queues.setdefault(name, dict.fromkeys(counts, 0))
+            for k, v in counts.items():
+                agg[k] = agg.get(k, 0) + v
+    return queues
 
 
 class Router:
@@ -205,25 +248,10 @@ class Router:
 
         Per shard the batch is all-or-nothing. Across shards it is not atomic: if one shard
         refuses (e.g. QueueFull) the error is raised and the other shards' part may be in."""
-        per_shard: dict[int, list] = {}
-        where = []
-        item_of, shard_for, fields = self._item, self._shard_for, _JOB_FIELDS
-        for job in jobs:
-            if type(job) is not dict or "body" not in job or not job.keys() <= fields:
-                raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(fields - {'body'})}")
-            get = job.get
-            key = get("key")
-            item = item_of(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
-                           get("dedup_id"))
-            shard = shard_for(key)
-            bucket = per_shard.get(shard)
-            if bucket is None:
-                bucket = per_shard[shard] = []
-            where.append((shard, len(bucket)))
-            bucket.append(item)
+        per_shard, where = split_by_shard(jobs, queue, self._shard_for)
         calls, sessions = [], []
         for shard, items in per_shard.items():
-            for chunk in _requests(items):
+            for chunk in cut_requests(items):
                 s = self._session(shard)
                 sessions.append((shard, s))
                 calls.append((shard, "enqueue", [chunk, s]))
@@ -366,6 +394,11 @@ class Router:
         lease does not count towards ``max_deliveries``."""
         self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error, delivered])
 
+    def bury(self, lease: Lease, error: str | None = None) -> None:
+        """Move the leased job to the dead-letter queue now, with ``error`` as its error,
+        whatever its delivery count. LeaseLost if the lease is no longer current."""
+        self._call(shard_of_job(lease.job_id), "bury", [lease.job_id, lease.token, error])
+
     def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
         deadline = self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])
@@ -378,14 +411,7 @@ class Router:
 
     def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
         """Move dead letters back into the queue with a fresh delivery count; returns how many."""
-        if job_ids is None:
-            calls = [(s, "redrive", [queue, None]) for s in range(self.shards)]
-        else:
-            per: dict[int, list] = {}
-            for j in job_ids:
-                per.setdefault(shard_of_job(j), []).append(j)
-            calls = [(s, "redrive", [queue, ids]) for s, ids in per.items()]
-        return sum(n for n, _ in self._call_many(calls))
+        return sum(n for n, _ in self._call_many(redrive_calls(self.shards, queue, job_ids)))
 
     def purge_dead_letters(self, queue: str = "default") -> int:
         return sum(n for n, _ in self._call_many([(s, "purge_dead", [queue]) for s in range(self.shards)]))
@@ -409,12 +435,7 @@ class Router:
             except ShardUnavailable as e:
                 sh = {"shard": s, "available": False, "error": str(e), "queues": {}}
             shards.append(sh)
-        queues: dict[str, dict] = {}
-        for sh in shards:
-            for name, counts in sh["queues"].items():
-                agg = queues.setdefault(name, dict.fromkeys(counts, 0))
-                for k, v in counts.items():
-                    agg[k] = agg.get(k, 0) + v
+        queues = queue_totals(shards)
         if self._supervisor is not None:
             for sh in shards:
                 sh.update(self._supervisor.process_stats(sh["shard"]))

@@ -15,26 +15,51 @@ import signal
 from typing import Any, Callable
 
 from .. import limits
+from ..errors import Fail, Retry, Unsupported
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 
-# Outcomes of one run of a job.
-DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED = (
-    "done", "duplicate", "failed", "lost", "expired", "skipped")
+# Outcomes of one run of a job. RETRY: the handler raised Retry (nack with its delay);
+# BURY: it raised Fail (dead-letter now).
+DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
+    "done", "duplicate", "failed", "lost", "expired", "skipped", "retry", "bury")
+#: (outcome, error text, retry delay in seconds or None)
+Result = tuple[str, "str | None", "float | None"]
 
 
 class Context:
     """What a handler gets. ``db`` is the idempotency transaction's DB-API cursor (None
     without a store). ``lease`` is the lease as it was when the handler started; the
-    worker tracks later heartbeats itself."""
+    worker tracks later heartbeats itself.
 
-    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db")
+    ``extend(seconds)``: this job's lease now ends ``seconds`` from now, and the worker's
+    heartbeats renew it by ``seconds`` from then on (instead of the queue's visibility
+    timeout); returns the new deadline, LeaseLost if the lease is already gone. The worker's
+    loop makes the call (it is the only thread that talks to the queue).
 
-    def __init__(self, lease: Lease, db: Any = None):
+    ``progress(note)``: logged (INFO, logger ``shardq.worker``) and kept as the job's last
+    note (``ctx.note``); if the job then fails, the note is added to its error text, so a
+    dead letter says how far it got. Nothing is written to the queue.
+    """
+
+    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "note", "_extend")
+
+    def __init__(self, lease: Lease, db: Any = None, extend: Callable[[float], float] | None = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
+        self.note: str | None = None
+        self._extend = extend
+
+    def extend(self, seconds: float) -> float:
+        if self._extend is None:
+            raise Unsupported("ctx.extend needs the worker's thread or asyncio mode (not process mode)")
+        return self._extend(seconds)
+
+    def progress(self, note: str) -> None:
+        self.note = str(note)[: limits.ERROR_TEXT_BYTES_MAX // 2]
+        log.info("job %s attempt %d: progress: %s", self.job_id, self.attempt, self.note)
 
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
@@ -49,11 +74,17 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
 
 
 def error_text(exc: BaseException) -> str:
-    """``"Type: message"``, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes."""
+    """``"Type: message"``, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes. A Retry or
+    Fail is its message alone: the handler that raised it wrote the reason."""
     try:
-        text = f"{type(exc).__name__}: {exc}"
+        text = str(exc) if isinstance(exc, (Retry, Fail)) else f"{type(exc).__name__}: {exc}"
     except Exception:  # a __str__ that raises
         text = type(exc).__name__
+    return cut_text(text)
+
+
+def cut_text(text: str) -> str:
+    """``text`` cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes (on a character boundary)."""
     raw = text.encode("utf-8", "replace")
     if len(raw) > limits.ERROR_TEXT_BYTES_MAX:
         text = raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
@@ -61,31 +92,50 @@ def error_text(exc: BaseException) -> str:
 
 
 def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
-            may_commit: Callable[[], bool] | None = None) -> tuple[str, str | None]:
+            may_commit: Callable[[], bool] | None = None,
+            extend: Callable[[float], float] | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
     The claim comes last so the write lock is held as briefly as the handler allows, and
-    the lease check comes after the claim, right before the commit. Returns (outcome, error).
+    the lease check comes after the claim, right before the commit. Returns
+    ``(outcome, error, delay_s)``; a handler that raises :class:`~shardq.errors.Retry` or
+    :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
     """
+    ctx = None
     try:
         if store is None:
-            handler(Context(lease))
-            return DONE, None
+            ctx = Context(lease, None, extend)
+            handler(ctx)
+            return DONE, None, None
         if store.seen(lease.job_id):
-            return DUPLICATE, None
+            return DUPLICATE, None, None
         with store.transaction() as txn:
-            handler(Context(lease, txn.db))
+            ctx = Context(lease, txn.db, extend)
+            handler(ctx)
             if not txn.claim(lease.job_id):
                 txn.abort()  # another delivery committed it while we ran
-                return DUPLICATE, None
+                return DUPLICATE, None, None
             if may_commit is not None and not may_commit():
                 txn.abort()  # lease lost: roll back, the redelivery wins
-                return LOST, None
-        return DONE, None
+                return LOST, None, None
+        return DONE, None, None
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
-        log.warning("job %d attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
-        return FAILED, error_text(exc)
+        return failure_result(exc, lease, ctx)
+
+
+def failure_result(exc: BaseException, lease: Lease, ctx: Context | None) -> Result:
+    """The outcome of a handler that raised ``exc``: RETRY, BURY or FAILED, with the error
+    text (plus the last progress note, if the handler left one)."""
+    note = f" (last progress: {ctx.note})" if ctx is not None and ctx.note else ""
+    if isinstance(exc, Retry):
+        log.info("job %s attempt %d: retry requested (%s)", lease.job_id, lease.attempt, exc)
+        return RETRY, cut_text(error_text(exc) + note), exc.delay_s
+    if isinstance(exc, Fail):
+        log.warning("job %s attempt %d: failed for good: %s", lease.job_id, lease.attempt, exc)
+        return BURY, cut_text(error_text(exc) + note), None
+    log.warning("job %s attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
+    return FAILED, cut_text(error_text(exc) + note), None
 
 
 # ---------------------------------------------------------------------------- pool processes
@@ -105,7 +155,7 @@ def _child_init(handler: Handler, spec: tuple | None) -> None:
     _CHILD.update(handler=handler, store=store)
 
 
-def _child_run(lease: Lease) -> tuple[str, str | None]:
+def _child_run(lease: Lease) -> Result:
     # No lease check before the commit here (the lease lives in the parent); the UNIQUE
     # claim still keeps the effect to one commit. See docs/guarantees.md.
     return execute(_CHILD["handler"], lease, _CHILD["store"], None)

@@ -19,6 +19,9 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
 * with an idempotency store: already seen -> skip the handler and ack; otherwise handler
   writes + claim in one transaction, committed only while the lease is still ours, then ack;
 * a failed handler is nacked with full-jitter exponential backoff and ``"Type: message"``;
+  one that raised ``Retry(delay_s)`` is nacked with that delay; ``Fail`` is buried
+  (dead-lettered now);
+* ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
 * stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
   for ``grace_s``, then release the rest and return. A second signal exits at once.
 """
@@ -41,9 +44,10 @@ from typing import Any
 from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
-from .handling import (DONE, EXPIRED, FAILED, LOST, SKIPPED, Handler, _child_init, _child_run,
-                       backoff_delay, error_text, execute)
+from ..errors import (Closed, InvalidConfig, InvalidJob, JobGone, LeaseLost, ShardqError,
+                      ShardUnavailable)
+from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, SKIPPED, Handler, _child_init,
+                       _child_run, backoff_delay, error_text, execute)
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
@@ -81,14 +85,27 @@ class WorkerStats:
 
 
 class _Job:
-    __slots__ = ("lease", "state", "lost", "extend_at")
+    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s")
 
     def __init__(self, lease: Lease, extend_at: float):
         self.lease, self.state, self.lost, self.extend_at = lease, PENDING, False, extend_at
+        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
 
     @property
     def ref(self) -> tuple[int, int]:  # one delivery; a job can be redelivered to us
         return self.lease.job_id, self.lease.token
+
+
+class _ExtendRequest:
+    """``ctx.extend`` from a runner thread, answered by the loop."""
+
+    __slots__ = ("job", "seconds", "done", "deadline", "error")
+
+    def __init__(self, job: _Job, seconds: float):
+        self.job, self.seconds = job, seconds
+        self.done = threading.Event()
+        self.deadline: float | None = None
+        self.error: BaseException | None = None
 
 
 class Worker:
@@ -147,7 +164,6 @@ class Worker:
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
         self._stop_at: float | None = None
-        self._signals = 0
         self._visibility = limits.VISIBILITY_TIMEOUT_S_DEFAULT
         self._max_deliveries = limits.MAX_DELIVERIES_DEFAULT
         self._pool: ProcessPoolExecutor | None = None
@@ -235,12 +251,14 @@ class Worker:
             return 0.0  # the queue had jobs and a runner is free: keep pulling
         return self._poll_s
 
-    def _collect(self, timeout: float) -> list[tuple[_Job, str, str | None]]:
+    def _collect(self, timeout: float) -> list[tuple[_Job, str, str | None, float | None]]:
         out: list = []
         try:
             item = self._results.get(timeout=timeout) if timeout > 0 else self._results.get_nowait()
             while True:
-                if item is not _WAKE:
+                if type(item) is _ExtendRequest:
+                    self._extend_for_runner(item)
+                elif item is not _WAKE:
                     out.append(item)
                 item = self._results.get_nowait()
         except queue_mod.Empty:
@@ -287,10 +305,10 @@ class Worker:
         self._finish(job, "expired")
 
     # ------------------------------------------------------------------ results
-    def _settle(self, results: list[tuple[_Job, str, str | None]]) -> None:
+    def _settle(self, results: list[tuple[_Job, str, str | None, float | None]]) -> None:
         self._retry_outbox()
         acks: list[tuple[_Job, str]] = []
-        for job, outcome, error in results:
+        for job, outcome, error, delay in results:
             self._idle += 1
             if outcome == SKIPPED:
                 continue
@@ -299,9 +317,15 @@ class Worker:
                 lost = job.lost
             if outcome == EXPIRED:
                 self._expired(job)
-            elif outcome == FAILED:
+            elif outcome in (FAILED, RETRY, BURY):
                 self._finish(job, "failed", keep=not lost)  # kept until the nack settles
-                if not lost:
+                if lost:
+                    pass
+                elif outcome == BURY:
+                    self._bury(job, error)
+                elif outcome == RETRY and delay is not None:
+                    self._nack(job, max(0.0, min(float(delay), limits.DELAY_S_MAX)), error)
+                else:
                     self._nack_failed(job, error)
             elif outcome == LOST or lost:
                 log.warning("job %d attempt %d: lease lost; not acking (%s)", job.lease.job_id,
@@ -353,6 +377,62 @@ class Worker:
             delay = backoff_delay(attempt, self._backoff_base_s, self._backoff_cap_s, self._rng)
         self._nack(job, delay, error)
 
+    def _bury(self, job: _Job, error: str | None) -> None:
+        """Dead-letter now (Fail, exhausted task retries, unknown task). A queue without
+        ``bury`` gets a plain nack: the job is retried until its max_deliveries."""
+        bury = getattr(self._q, "bury", None)
+        if bury is None:
+            log.warning("job %s: this queue cannot dead-letter early; retrying it until "
+                        "max_deliveries instead", job.lease.job_id)
+            self._nack(job, 0.0, error)
+            return
+        try:
+            bury(job.lease, error)
+        except LeaseLost:
+            log.info("job %s: bury after the lease was lost", job.lease.job_id)
+        except ShardUnavailable as exc:  # OutcomeUnknown included: the job may be dead already
+            self._unavailable("bury", exc)
+            self._outbox.append(("bury", job, error))
+            return
+        self._in_flight.pop(job.ref, None)
+
+    def _extend_for_runner(self, req: _ExtendRequest) -> None:
+        """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``."""
+        job = req.job
+        try:
+            seconds = float(req.seconds)
+            if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
+                raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
+            with self._lock:
+                if job.lost:
+                    raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
+                lease = job.lease
+            new = self._q.extend(lease, seconds)
+            now = self._clock.now()
+            with self._lock:
+                job.lease, job.lease_s = new, seconds
+            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
+            req.deadline = new.deadline
+        except LeaseLost as exc:
+            with self._lock:
+                job.lost = True
+            req.error = exc
+        except Exception as exc:  # ShardUnavailable, InvalidJob: the handler decides
+            req.error = exc
+        req.done.set()
+
+    def _ask_extend(self, job: _Job, seconds: float) -> float:
+        """A runner's ``ctx.extend``: ask the loop and wait for its answer."""
+        req = _ExtendRequest(job, seconds)
+        self._results.put(req)
+        while not req.done.wait(1.0):
+            if self._stop_requested and self._grace_end is not None \
+                    and self._clock.monotonic() > self._grace_end + 5:
+                raise Closed("the worker stopped before the extend was made")
+        if req.error is not None:
+            raise req.error
+        return req.deadline
+
     def _nack(self, job: _Job, delay: float, error: str | None) -> bool:
         """Release a lease; on ShardUnavailable retry later. True if it is settled."""
         try:
@@ -380,6 +460,8 @@ class Worker:
                     self._finish(job, "lost")
             elif op == "ack":
                 acks.append((job, extra))
+            elif op == "bury":
+                self._bury(job, extra)
             else:
                 self._nack(job, *extra)
         if acks:
@@ -414,7 +496,7 @@ class Worker:
             if lost or state not in (PENDING, QUEUED, RUNNING, COMMITTING):
                 continue
             try:
-                new = self._q.extend(job.lease, self._visibility)
+                new = self._q.extend(job.lease, job.lease_s or self._visibility)
             except LeaseLost as exc:
                 with self._lock:
                     job.lost = True
@@ -490,17 +572,7 @@ class Worker:
         return True
 
     def _install_signals(self) -> dict | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                os.write(2, b"shardq worker: second signal, exiting now\n")
-                os._exit(1)
-            self.stop()
-
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return install_stop_signals(self.stop)
 
     # ------------------------------------------------------------------ runners
     def _runner(self, work: queue_mod.SimpleQueue, results: queue_mod.SimpleQueue) -> None:
@@ -508,24 +580,25 @@ class Worker:
             job = work.get()
             if job is None:
                 return
-            outcome, error = self._run_one(job)
-            results.put((job, outcome, error))
+            outcome, error, delay = self._run_one(job)
+            results.put((job, outcome, error, delay))
 
-    def _run_one(self, job: _Job) -> tuple[str, str | None]:
+    def _run_one(self, job: _Job) -> tuple[str, str | None, float | None]:
         with self._lock:
             if job.state != QUEUED:
-                return SKIPPED, None
+                return SKIPPED, None, None
             if self._clock.now() >= job.lease.deadline:
-                return EXPIRED, None
+                return EXPIRED, None, None
             job.state = RUNNING
             lease = job.lease
         try:
             if self._mode == "process":
                 return self._run_in_pool(lease)
-            return execute(self._handler, lease, self._store, lambda: self._may_commit(job))
+            return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
+                           lambda seconds: self._ask_extend(job, seconds))
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %d: runner error", lease.job_id)
-            return FAILED, error_text(exc)
+            return FAILED, error_text(exc), None
 
     def _may_commit(self, job: _Job) -> bool:
         """The lease check right before the commit (runner thread): local knowledge only,
@@ -548,7 +621,7 @@ class Worker:
                                    mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_child_init, initargs=(self._handler, spec))
 
-    def _run_in_pool(self, lease: Lease) -> tuple[str, str | None]:
+    def _run_in_pool(self, lease: Lease) -> tuple[str, str | None, float | None]:
         with self._pool_lock:
             pool, gen = self._pool, self._pool_gen
         try:
@@ -558,7 +631,7 @@ class Worker:
                 if self._pool_gen == gen:  # the first runner to notice replaces the pool
                     pool.shutdown(wait=False, cancel_futures=True)
                     self._pool, self._pool_gen = self._make_pool(), gen + 1
-            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}"
+            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
 
     def _close_pool(self, kill: bool) -> None:
         pool, self._pool = self._pool, None
@@ -590,6 +663,23 @@ class Worker:
                     return
 
         threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
+
+
+def install_stop_signals(stop) -> dict | None:
+    """In the main thread: SIGTERM/SIGINT call ``stop()``; a second signal exits at once.
+    Returns the previous handlers (to restore), or None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    count = [0]
+
+    def on_signal(signum, frame):
+        count[0] += 1
+        if count[0] > 1:
+            os.write(2, b"shardq worker: second signal, exiting now\n")
+            os._exit(1)
+        stop()
+
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _require(ok: bool, message: str) -> None:

@@ -9,6 +9,9 @@
   left down and the reason is logged (e.g. the corrupt-log file and offset).
 * Shards die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed service leaves no
   orphan writing to the log.
+* Periodic jobs: once every shard is ready, a :class:`~.scheduler.Scheduler` thread fires
+  the config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
+  ``service.schedule_modules``, through a router of its own.
 * :meth:`stop`: SIGTERM to every shard (each finishes its iteration: fsync, replies),
   then wait; anything still alive after the grace period is SIGKILLed.
 
@@ -80,7 +83,7 @@ class Supervisor:
     service) or ``start(background=True)`` (embedded: a monitor thread)."""
 
     def __init__(self, data_dir=None, config: Config | dict | str | None = None, shards: int | None = None,
-                 *, python: str | None = None, stderr=None):
+                 *, python: str | None = None, stderr=None, clock=None):
         self.config = load_config(config)
         self.dd = DataDir(data_dir or self.config.service.data_dir)
         self.requested_shards = shards or self.config.resolved_shards()
@@ -93,6 +96,8 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._spawn_requests: deque[ShardHandle] = deque()
+        self.clock = clock  # the scheduler's (tests pass a FakeClock); None: the system clock
+        self.scheduler = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, background: bool = False, ready_timeout: float = 60.0) -> "Supervisor":
@@ -126,7 +131,23 @@ class Supervisor:
                 why = f"corrupt log {h.corrupt}" if h.corrupt else (h.last_exit or "timed out")
                 raise ShardUnavailable(f"shard {h.index} did not become ready: {why}")
         _event("ready", shards=n)
+        self._start_scheduler()
         return self
+
+    def _start_scheduler(self) -> None:
+        if not (self.config.schedules or self.config.service.schedule_modules):
+            return  # nothing to fire: import nothing, start nothing
+        from .scheduler import Scheduler, collect_schedules
+        try:
+            schedules = collect_schedules(self.config)
+        except BaseException:
+            self.stop()
+            raise
+        if not schedules:
+            return
+        from ..client.router import Router
+        self.scheduler = Scheduler(schedules, Router(self.dd.path), self.dd.path, self.clock).start()
+        _event("scheduler-started", schedules=len(schedules))
 
     def run(self) -> int:
         """Foreground service: monitor until SIGTERM/SIGINT; a second signal exits at once."""
@@ -150,6 +171,10 @@ class Supervisor:
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every shard, wait for clean exits, SIGKILL what remains."""
         self.grace_s = grace_s
+        if self.scheduler is not None:  # before the shards go: its last enqueue can finish
+            self.scheduler.stop()
+            self.scheduler.queue.close()
+            self.scheduler = None
         self.stopping = True
         try:
             os.write(self._wake_w, b"x")

@@ -135,6 +135,9 @@ class Engine:
     def nack(self, job_id, token, delay=0.0, error=None, delivered=True) -> None:
         return self._run(self.state.nack, job_id, token, self.clock.now(), delay, error, delivered)
 
+    def bury(self, job_id, token, error=None) -> None:
+        return self._run(self.state.bury, job_id, token, self.clock.now(), error)
+
     def extend(self, job_id, token, seconds) -> float:
         return self._run(self.state.extend, job_id, token, self.clock.now(), seconds)
 

@@ -116,7 +116,7 @@ class ShardServer:
         os.set_blocking(self._wake_w, False)
         self._handlers = {
             "enqueue": self._enqueue, "dequeue": self._dequeue, "ack": self._ack, "nack": self._nack,
-            "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
+            "bury": self._bury, "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
             "redrive": self._redrive, "purge_dead": self._purge_dead,
             "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
         }
@@ -290,6 +290,10 @@ class ShardServer:
         if type(delivered) is not bool:
             raise InvalidJob("nack: delivered must be true or false")
         self.state.nack(job_id, token, now, delay or 0, error, delivered)
+
+    def _bury(self, args, now, conn, rid):
+        job_id, token, error = args
+        self.state.bury(job_id, token, now, error)
 
     def _extend(self, args, now, conn, rid):
         job_id, token, seconds = args

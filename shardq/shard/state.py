@@ -504,6 +504,14 @@ class ShardState:
         else:
             self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
 
+    def bury(self, job_id: int, token: int, now: float, error=None) -> None:
+        """Move a leased job to its queue's dead-letter queue now, whatever its delivery
+        count (a task that failed for good, or whose task name no worker knows)."""
+        self.advance(now)
+        self._leased(job_id, token)
+        error = validate.error_text(error)
+        self._emit([ops.DEAD, job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"])
+
     def _apply_release(self, op) -> None:
         jid, ready_at, error = op[1], op[2], op[3]
         job = self.jobs[jid]

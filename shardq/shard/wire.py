@@ -18,6 +18,7 @@ enqueue        [[[body, key, queue, delay, priority, dedup_id], ...],  [job_id, 
 dequeue        [queue, visibility | None, max_jobs]                   [lease, ...]
 ack            [[job_id, token], ...]                                  [error | None, ...]
 nack           [job_id, token, delay, error | None, delivered]        None
+bury           [job_id, token, error | None]                          None (dead-lettered now)
 extend         [job_id, token, seconds]                               deadline
 watch          [queue, timeout_s]                                     True (work) | False
 dead_letters   [queue, limit]                                         [[id, key, body, attempts, error]]
@@ -35,10 +36,10 @@ import msgpack
 from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
-OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_letters",
+OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "bury", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
 #: args arity per op
-ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "extend": 3, "watch": 2,
+ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
 #: What a client may do when its connection breaks after a request was written and before
@@ -53,6 +54,7 @@ RETRY = {
     "ping": RESEND,          # read-only
     "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
     "nack": UNKNOWN,         # a re-sent nack after the first landed gets LeaseLost: ambiguous
+    "bury": UNKNOWN,         # likewise: the job is dead (first landed) or the lease expired
     "redrive": UNKNOWN,      # re-sent, it may move jobs that died after the first one
     "purge_dead": UNKNOWN,   # re-sent, it may purge dead letters that came after the first one
 }

@@ -1,0 +1,46 @@
+"""``shardq schedules``: the periodic jobs the supervisor fires, with their next fire times.
+
+Reads the config (``[schedules.*]`` and ``service.schedule_modules``) and, when the data dir
+has one, the scheduler's record of the last tick fired. It needs no running service.
+"""
+from __future__ import annotations
+
+from . import common, exits
+
+
+def register(sub, parent) -> None:
+    s = sub.add_parser("schedules", parents=[parent],
+                       help="list the periodic jobs with their next fire times")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    from ..clock import SystemClock
+    from ..service.scheduler import collect_schedules, load_state, state_path
+    from ..service.schedules import iso, local_iso
+    cfg = common.load_config(args.config)
+    schedules = collect_schedules(cfg)
+    last = load_state(state_path(args.data_dir or cfg.service.data_dir))
+    now = SystemClock().now()
+    rows = []
+    for s in sorted(schedules, key=lambda s: s.name):
+        nxt = s.next_after(max(now, last.get(s.name, now)))
+        rows.append({"name": s.name, "when": s.describe(), "queue": s.queue, "key": s.key,
+                     "runs": f"task {s.task}" if s.task else f"body {s.body[:40]!r}",
+                     "next": local_iso(nxt, s.timezone), "next_utc": iso(nxt),
+                     "last": iso(last[s.name]) if s.name in last else None,
+                     "catch_up": s.catch_up})
+    if args.json:
+        common.print_json(rows)
+        return exits.OK
+    if not rows:
+        print("no schedules (add [schedules.<name>] to the config, or list modules with "
+              "@app.periodic tasks in service.schedule_modules)")
+        return exits.OK
+    cols = ["name", "when", "queue", "runs", "next", "last"]
+    widths = {c: max(len(c), *(len(str(r[c] or "-")) for r in rows)) for c in cols}
+    print("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r[c] or "-").ljust(widths[c]) for c in cols))
+    return exits.OK

@@ -1,0 +1,416 @@
+"""The asyncio client: ``q = await shardq.aio.connect("var/shardq")``.
+
+The same wire protocol, authentication, typed errors and retry rules as the threaded
+:class:`~shardq.client.router.Router`, as coroutines on asyncio unix-socket transports
+(:mod:`.aioconn` holds the connection: handshake, pipelining, coalescing, reconnects).
+
+* Keys map to shards as in the router (``crc32(key) % N``), so both clients can be mixed.
+* Calls made in one event-loop turn leave in one frame per shard; single-job ``enqueue``
+  and single-lease ``ack`` calls of a turn are merged into one request per shard, so many
+  coroutines each sending one job cost what one batch does.
+* ``dequeue(wait=...)`` long-polls as the router does (ask every shard, then ``watch``).
+  Cancelling it leaves no lease behind: a watch is forgotten; a dequeue request already
+  written is left to answer, and whatever it leased is released at once (a ``nack`` that
+  does not count as a delivery).
+* ``async for lease in q.consume("emails", concurrency=50)`` yields leases, holding at most
+  ``concurrency`` that are not yet settled (acked, nacked, buried or expired) through
+  this client.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+
+from collections import deque
+from typing import AsyncIterator, Iterable
+
+from .. import limits
+from ..clock import SystemClock
+from ..datadir import DataDir
+from ..errors import Closed, JobGone, ShardqError, ShardUnavailable
+from ..shard import validate, wire
+from ..types import DeadLetter, JobId, Lease
+from .aioconn import Req, ShardConn
+from .router import (DOWN_PROBE_S, Router, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+                     cut_requests, split_by_shard)
+
+_item = Router._item  # one job's wire form, checked: the same checks as the router's
+_now = SystemClock.now
+
+
+async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 30.0) -> AsyncQueue:
+    """An asyncio client of the ``shardq serve`` whose data dir is ``target``. Connects to
+    every shard now (a shard that is down is connected to when first needed)."""
+    q = AsyncQueue(target, retry_s=retry_s, request_timeout_s=request_timeout_s)
+    await q._open()
+    return q
+
+
+class AsyncQueue:
+    """See the module docstring. Create with :func:`connect`; one per event loop."""
+
+    def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0):
+        dd = DataDir(data_dir)
+        self.data_dir = dd.path
+        self.shards = dd.shards()
+        self.service_id = dd.service_id()
+        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self._key = dd.authkey()
+        self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
+        self._sockets = [dd.socket_path(i) for i in range(self.shards)]
+        self.conns: list[ShardConn] = []
+        self._rr = itertools.count()
+        self._queue_cfg: dict[str, dict] = {}
+        self._background: set[asyncio.Task] = set()
+        self._consumers: list[_Consumer] = []
+        self._closed = False
+
+    async def _open(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s,
+                                self.request_timeout_s, self._release_rows)
+                      for i, path in enumerate(self._sockets)]
+        deadline = self.loop.time() + min(self.retry_s, 2.0)
+        results = await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, ShardUnavailable):
+                await self.close()
+                raise r
+
+    # ------------------------------------------------------------------ plumbing
+    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future):
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            conn.abandon(req, fut)
+            raise
+
+    def _request(self, shard: int, op: str, args: list, retry_s: float | None = None):
+        """Submit one request; returns (conn, req, future of (result, resent))."""
+        if self._closed:
+            raise Closed("client is closed")
+        conn = self.conns[shard]
+        fut = self.loop.create_future()
+        req = Req(op, args, [(fut, None)], self.loop.time() + (self.retry_s if retry_s is None else retry_s))
+        conn.submit(req)
+        return conn, req, fut
+
+    async def _call(self, shard: int, op: str, args: list, retry_s: float | None = None):
+        conn, req, fut = self._request(shard, op, args, retry_s)
+        return (await self._wait(conn, req, fut))[0]
+
+    async def _call_all(self, calls: list[tuple[int, str, list]]) -> list:
+        """Several requests at once (one frame per shard); results in order, first error raised."""
+        started = [self._request(s, op, args) for s, op, args in calls]
+        try:
+            return [(await self._wait(c, r, f)) for c, r, f in started]
+        finally:
+            for c, r, f in started:
+                if not f.done():
+                    c.abandon(r, f)
+
+    def _shard_for(self, key) -> int:
+        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
+
+    # ------------------------------------------------------------------ producing
+    async def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> JobId:
+        """Durably add a job; returns its id once the owning shard has fsynced it."""
+        if self._closed:
+            raise Closed("client is closed")
+        item = _item(body, key, queue, delay, priority, dedup_id)
+        conn = self.conns[self._shard_for(key)]
+        fut = self.loop.create_future()
+        conn.submit_enqueue(fut, item)
+        try:
+            return (await fut)[0]
+        except asyncio.CancelledError:
+            conn.forget(fut)
+            raise
+
+    async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
+        """Enqueue many jobs in as few requests per shard as the limits allow; ids
+        in input order. Per shard request all-or-nothing; not atomic across shards."""
+        per_shard, where = split_by_shard(jobs, queue, self._shard_for)
+        calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
+        results = await self._call_all(calls)
+        ids: dict[int, list] = {}
+        for (s, _, _), (got, _) in zip(calls, results):
+            ids.setdefault(s, []).extend(got)
+        return [ids[s][i] for s, i in where]
+
+    # ------------------------------------------------------------------ consuming
+    async def dequeue(self, queue: str = "default", wait: float = 0.0,
+                      visibility: float | None = None) -> Lease | None:
+        leases = await self.dequeue_many(queue, max_jobs=1, wait=wait, visibility=visibility)
+        return leases[0] if leases else None
+
+    async def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
+                           visibility: float | None = None) -> list[Lease]:
+        """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
+        the first. Each lease is durable (logged, fsynced) before it is returned."""
+        validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
+        if visibility is not None:
+            validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        deadline = self.loop.time() + wait
+        first = next(self._rr) % self.shards
+        all_down_since = None
+        while True:
+            out: list[Lease] = []
+            down: list[ShardUnavailable] = []
+            for k in range(self.shards):
+                shard = (first + k) % self.shards
+                try:
+                    rows = await self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)],
+                                            retry_s=min(self.retry_s, DOWN_PROBE_S))
+                except ShardUnavailable as exc:
+                    if type(exc) is not ShardUnavailable:
+                        raise  # OutcomeUnknown: the caller must know
+                    down.append(exc)
+                    continue
+                out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
+                if len(out) >= max_jobs:
+                    break
+            if out:
+                return out
+            now = self.loop.time()
+            if len(down) == self.shards:
+                all_down_since = all_down_since or now
+                if now >= deadline or now - all_down_since >= self.retry_s:
+                    raise down[0]
+                await asyncio.sleep(DOWN_PROBE_S)
+                continue
+            all_down_since = None
+            if deadline - now <= 0:
+                return out
+            woke = await self._watch(queue, deadline - now)
+            if woke is None:
+                if self.loop.time() >= deadline:
+                    return []
+            else:
+                first = woke
+
+    async def _watch(self, queue: str, timeout: float) -> int | None:
+        """Wait until some shard reports ready work in ``queue`` (its index) or timeout.
+        The watches are forgotten when this returns or is cancelled: harmless."""
+        started = []
+        for shard, conn in enumerate(self.conns):
+            if conn.proto is None:
+                continue  # down: the others serve
+            started.append((shard,) + self._request(shard, "watch", [queue, timeout], retry_s=0))
+        if not started:
+            await asyncio.sleep(min(timeout, 0.1))
+            return None
+        futs = {f: shard for shard, _, _, f in started}
+        try:
+            done, _ = await asyncio.wait(futs, timeout=timeout + 0.5, return_when=asyncio.FIRST_COMPLETED)
+            for f in done:
+                if not f.cancelled() and f.exception() is None and f.result()[0] is True:
+                    return futs[f]
+            for f in done:
+                exc = None if f.cancelled() else f.exception()
+                if exc is not None and not isinstance(exc, ShardUnavailable):
+                    raise exc
+            return None
+        finally:
+            for _, conn, req, f in started:
+                if not f.done():
+                    f.cancel()
+                conn.abandon(req, f)
+
+    async def ack(self, lease: Lease) -> None:
+        """Delete the job. LeaseLost if the lease is no longer current."""
+        if self._closed:
+            raise Closed("client is closed")
+        conn = self.conns[shard_of_job(lease.job_id)]
+        fut = self.loop.create_future()
+        conn.submit_ack(fut, [lease.job_id, lease.token])
+        try:
+            err, resent = await fut
+        except asyncio.CancelledError:
+            conn.forget(fut)
+            raise
+        finally:
+            self._settled(lease)
+        if err is not None:
+            _raise_ack_error(err, resent)
+
+    async def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
+        """Ack many, one request per shard; per lease None or the error."""
+        leases = list(leases)
+        per_shard: dict[int, list[int]] = {}
+        for i, lease in enumerate(leases):
+            per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)
+        calls = [(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
+        try:
+            results = await self._call_all(calls)
+        finally:
+            for lease in leases:
+                self._settled(lease)
+        out: list[BaseException | None] = [None] * len(leases)
+        for idx, (errs, resent) in zip(per_shard.values(), results):
+            for i, e in zip(idx, errs):
+                if e is not None:
+                    try:
+                        _raise_ack_error(e, resent)
+                    except ShardqError as exc:
+                        out[i] = exc
+        return out
+
+    async def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
+                   delivered: bool = True) -> None:
+        """End the lease (visible again now, or after ``delay``); see Router.nack."""
+        try:
+            await self._call(shard_of_job(lease.job_id), "nack",
+                             [lease.job_id, lease.token, delay, error, delivered])
+        finally:
+            self._settled(lease)
+
+    async def bury(self, lease: Lease, error: str | None = None) -> None:
+        """Dead-letter the leased job now, whatever its delivery count."""
+        try:
+            await self._call(shard_of_job(lease.job_id), "bury", [lease.job_id, lease.token, error])
+        finally:
+            self._settled(lease)
+
+    async def extend(self, lease: Lease, seconds: float) -> Lease:
+        """Heartbeat: the lease now ends ``seconds`` from now."""
+        deadline = await self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])
+        return lease._replace(deadline=deadline)
+
+    def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
+                visibility: float | None = None) -> AsyncIterator[Lease]:
+        """``async for lease in q.consume(queue, concurrency=50)``: leases, at most
+        ``concurrency`` held at once (a lease is held until this client acks, nacks or
+        buries it, or its deadline passes). Leaving the loop releases leases fetched but
+        not yet handed out (not counted as deliveries)."""
+        validate.count("concurrency", concurrency, limits.BATCH_JOBS_MAX)
+        return _Consumer(self, queue, concurrency, wait, visibility).run()
+
+    def _settled(self, lease: Lease) -> None:
+        for c in self._consumers:
+            c.settled(lease)
+
+    def _release_rows(self, shard: int, rows: list) -> None:
+        """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
+        for r in rows:
+            self.spawn(self._release_one(r[0], r[4]))
+
+    async def _release_one(self, job_id, token) -> None:
+        try:
+            await self._call(shard_of_job(job_id), "nack", [job_id, token, 0, None, False])
+        except ShardqError:
+            pass  # it expires by itself
+
+    def spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ admin
+    async def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
+        rows = await self._call_all([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
+        return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
+
+    async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
+        return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))
+
+    async def purge_dead_letters(self, queue: str = "default") -> int:
+        return sum(n for n, _ in await self._call_all([(s, "purge_dead", [queue]) for s in range(self.shards)]))
+
+    async def queue_config(self, queue: str = "default") -> dict:
+        cfg = self._queue_cfg.get(queue)
+        if cfg is None:
+            cfg = self._queue_cfg[queue] = await self._call(0, "queue_config", [queue])
+        return cfg
+
+    async def stats(self) -> dict:
+        """As Router.stats: per shard, and totals per queue over the shards that answered."""
+        async def one(s):
+            try:
+                sh = await self._call(s, "stats", [], retry_s=min(self.retry_s, DOWN_PROBE_S))
+                sh["available"] = True
+            except ShardUnavailable as exc:
+                sh = {"shard": s, "available": False, "error": str(exc), "queues": {}}
+            return sh
+        shards = await asyncio.gather(*(one(s) for s in range(self.shards)))
+        return {"shards": list(shards), "queues": queue_totals(shards)}
+
+    async def ping(self) -> list[int]:
+        return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]
+
+    async def close(self) -> None:
+        """Close the connections. Releases of abandoned dequeues still in flight get a
+        moment to finish first."""
+        if self._closed:
+            return
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=2.0)
+        self._closed = True
+        for c in self.conns:
+            c.close()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _raise_ack_error(payload, resent: bool) -> None:
+    err = wire.error_from_payload(payload)
+    if resent and isinstance(err, JobGone):
+        return  # the first ack was applied before the connection broke
+    raise err
+
+
+class _Consumer:
+    """State of one ``consume()`` loop."""
+
+    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility):
+        self.q, self.queue, self.concurrency = q, queue, concurrency
+        self.wait, self.visibility = wait, visibility
+        self.held: dict[tuple, float] = {}   # (job_id, token) -> deadline
+        self.buffer: deque[Lease] = deque()
+        self.freed = asyncio.Event()
+
+    def settled(self, lease: Lease) -> None:
+        if self.held.pop((lease.job_id, lease.token), None) is not None:
+            self.freed.set()
+
+    def _expire(self) -> float | None:
+        now = _now()  # lease deadlines are wall-clock seconds
+        for ref, deadline in list(self.held.items()):
+            if deadline <= now:
+                del self.held[ref]
+        return min(self.held.values(), default=None)
+
+    async def run(self) -> AsyncIterator[Lease]:
+        q = self.q
+        q._consumers.append(self)
+        try:
+            while True:
+                if not self.buffer:
+                    soonest = self._expire()
+                    room = self.concurrency - len(self.held)
+                    if room <= 0:
+                        self.freed.clear()
+                        timeout = None if soonest is None else max(0.0, soonest - _now())
+                        try:
+                            await asyncio.wait_for(self.freed.wait(), timeout)
+                        except asyncio.TimeoutError:
+                            pass
+                        continue
+                    leases = await q.dequeue_many(self.queue, max_jobs=room, wait=self.wait,
+                                                  visibility=self.visibility)
+                    for lease in leases:
+                        self.held[(lease.job_id, lease.token)] = lease.deadline
+                    self.buffer.extend(leases)
+                    continue
+                yield self.buffer.popleft()
+        finally:
+            q._consumers.remove(self)
+            left, self.buffer = list(self.buffer), deque()
+            for lease in left:
+                q.spawn(q._release_one(lease.job_id, lease.token))

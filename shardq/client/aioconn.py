@@ -1,0 +1,448 @@
+"""One asyncio connection to a shard: framing, pipelining with coalescing, reconnects and
+the retry policy. Used by :mod:`shardq.client.aio`.
+
+* **Handshake.** The HMAC challenge of ``multiprocessing.connection`` runs once per
+  connection on a blocking socket in a thread (``asyncio.to_thread``); the socket is then
+  handed to the event loop (``loop.create_unix_connection(sock=...)``). Everything after
+  that is native asyncio: a :class:`asyncio.Protocol` parses reply frames as bytes arrive,
+  with no reader task and no executor.
+* **Framing** is ``multiprocessing.connection``'s: a 4-byte big-endian signed length (or
+  ``-1`` and an 8-byte length), then a msgpack array of requests, as the threaded client.
+* **Coalescing.** Requests made during one event-loop turn leave in one frame, sent by a
+  callback scheduled with ``call_soon``. Single-job ``enqueue`` calls of a turn are merged
+  into one wire ``enqueue`` (one session, one id list; cut at ``BATCH_JOBS_MAX`` jobs and
+  ``MERGE_BYTES_MAX`` bytes), and single-lease ``ack`` calls into one wire ``ack``; so 200
+  coroutines enqueuing one job each cost the shard about one request per turn, like a
+  batch. A merged enqueue that the shard refuses as a whole (all-or-nothing) is re-sent
+  call by call, so one caller's bad queue never fails another's job.
+* **Retry policy** (:data:`shardq.shard.wire.RETRY`): after the connection breaks, a request
+  never written is sent again on the new connection; one that was written is re-sent if its
+  op allows (enqueue, ack, extend, reads) and fails with
+  :class:`~shardq.errors.OutcomeUnknown` otherwise (dequeue, nack, bury, redrive, purge).
+  Reconnects are retried until each request's ``retry_s`` deadline, then
+  :class:`~shardq.errors.ShardUnavailable`.
+* **Giving up.** A caller that is cancelled or times out removes its waiter: a request
+  nobody waits for any more is dropped from the outbox (never sent) or from the pending
+  table (its reply is ignored). The one exception is a ``dequeue`` already written: its
+  reply may hold leases, so it stays until the reply comes and those leases are released
+  at once (``nack``, not counted as a delivery). A ``watch`` is simply forgotten.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from typing import Any, Callable
+
+import msgpack
+
+from .. import limits
+from ..errors import AuthError, Closed, OutcomeUnknown, ShardUnavailable
+from ..shard import wire
+from ..shard.validate import job_bytes
+from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+
+MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
+FRAME_SOFT_BYTES_MAX = limits.FRAME_BYTES_MAX // 4  # start a new frame past this
+RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
+_HEADER = struct.Struct("!i")
+_BIG = struct.Struct("!Q")
+_packb = msgpack.Packer().pack
+
+
+class Req:
+    """One wire request and the callers waiting for it.
+
+    ``parts``: the waiters, each ``(future, n)`` where ``n`` is how many results of a merged
+    request are theirs (1 for a single call; None: the whole result)."""
+
+    __slots__ = ("op", "args", "parts", "sent", "resent", "retry_deadline", "timer", "session",
+                 "on_orphan_reply", "rid", "merged")
+
+    def __init__(self, op: str, args: list | None, parts: list, retry_deadline: float, merged: bool = False):
+        self.op, self.args, self.parts = op, args, parts
+        self.sent = self.resent = False
+        self.retry_deadline = retry_deadline
+        self.timer: asyncio.TimerHandle | None = None
+        self.session: list | None = None
+        self.on_orphan_reply: Callable[[Any], None] | None = None  # dequeue: release leases
+        self.rid = 0
+        self.merged = merged
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, conn: ShardConn):
+        self.conn = conn
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        frames = []
+        while n - pos >= 4:
+            size = _HEADER.unpack_from(buf, pos)[0]
+            start = pos + 4
+            if size == -1:
+                if n - pos < 12:
+                    break
+                size = _BIG.unpack_from(buf, start)[0]
+                start += 8
+            if size < 0 or size > limits.FRAME_BYTES_MAX:
+                self.conn.protocol_error(f"reply frame of {size} bytes")
+                return
+            if n - start < size:
+                break
+            frames.append(bytes(buf[start:start + size]))
+            pos = start + size
+        if pos:
+            del buf[:pos]
+        for frame in frames:
+            try:
+                replies = msgpack.unpackb(frame, raw=False, use_list=True)
+            except Exception:
+                self.conn.protocol_error("undecodable reply frame")
+                return
+            self.conn.on_replies(replies)
+
+    def connection_lost(self, exc) -> None:
+        self.conn.on_lost(self)
+
+
+class ShardConn:
+    """The connection to shard ``index``; the owner calls :meth:`submit` and awaits."""
+
+    def __init__(self, index: int, address: str, authkey: bytes, client_id: int, retry_s: float,
+                 request_timeout_s: float, release: Callable[[int, list], None]):
+        self.index, self.address, self.authkey = index, address, authkey
+        self.client_id = client_id
+        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self._release = release  # (shard, wire lease rows) -> release them (orphaned dequeue)
+        self.loop = asyncio.get_running_loop()
+        self.proto: _Protocol | None = None
+        self.closed = False
+        self.connects = 0
+        self.outbox: list[Req] = []
+        self.pending: dict[int, Req] = {}
+        self.enq_parts: list[tuple[asyncio.Future, list]] = []   # single enqueues of this turn
+        self.ack_parts: list[tuple[asyncio.Future, list]] = []   # single acks of this turn
+        self._flush_handle: asyncio.Handle | None = None
+        self._reconnecting: asyncio.Task | None = None
+        self._next_rid = 1
+        self._seq = 0
+        self._open_seqs: dict[int, None] = {}  # enqueue sessions not yet answered (insertion order)
+
+    # ------------------------------------------------------------------ connecting
+    async def connect(self, deadline: float) -> None:
+        """Connect and authenticate, retrying until ``deadline`` (loop time)."""
+        delay = RECONNECT_DELAY_S_MIN
+        while True:
+            if self.closed:
+                raise Closed("client is closed")
+            timeout = max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self.loop.time()))
+            try:
+                conn = await asyncio.to_thread(connect_unix, self.address, self.authkey, timeout)
+                try:
+                    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the loop's from here on
+                finally:
+                    conn.close()
+                sock.setblocking(False)
+                _, proto = await self.loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
+            except (OSError, EOFError) as exc:
+                err: BaseException = exc
+            except Exception as exc:
+                if type(exc).__name__ == "AuthenticationError":
+                    raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
+                err = exc
+            else:
+                if self.closed:
+                    proto.transport.close()
+                    raise Closed("client is closed")
+                self.proto = proto
+                self.connects += 1
+                self._schedule_flush()
+                return
+            if self.loop.time() + delay > deadline:
+                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+            await asyncio.sleep(delay)  # backoff between connection attempts
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
+
+    def _ensure_connecting(self) -> None:
+        if self.proto is None and not self.closed and (self._reconnecting is None or self._reconnecting.done()):
+            self._reconnecting = self.loop.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while self.proto is None and not self.closed and self.outbox:
+            deadline = max(r.retry_deadline for r in self.outbox)
+            try:
+                await self.connect(deadline)
+            except (ShardUnavailable, Closed, AuthError) as exc:
+                self._fail_unsent(exc)
+                return
+
+    def _fail_unsent(self, exc: BaseException) -> None:
+        """No connection came back: every request still waiting to be sent fails."""
+        reqs, self.outbox = self.outbox, []
+        for req in reqs:
+            self._fail(req, exc if not isinstance(exc, ShardUnavailable)
+                       else ShardUnavailable(f"shard {self.index}: {exc}"))
+        for parts in (self.enq_parts, self.ack_parts):
+            items, parts[:] = list(parts), []
+            for fut, _ in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    # ------------------------------------------------------------------ submitting
+    def submit(self, req: Req) -> None:
+        """Queue ``req`` for the next flush (this loop turn)."""
+        if self.closed:
+            self._fail(req, Closed("client is closed"))
+            return
+        self._arm_timer(req)
+        self.outbox.append(req)
+        self._schedule_flush()
+
+    def submit_enqueue(self, fut: asyncio.Future, item: list) -> None:
+        self.enq_parts.append((fut, item))
+        self._schedule_flush()
+
+    def submit_ack(self, fut: asyncio.Future, pair: list) -> None:
+        self.ack_parts.append((fut, pair))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _arm_timer(self, req: Req) -> None:
+        if req.timer is None and req.op != "watch":  # a watch has its own timeout
+            req.timer = self.loop.call_later(self.request_timeout_s, self._timed_out, req)
+
+    def _timed_out(self, req: Req) -> None:
+        req.timer = None
+        self._fail(req, ShardUnavailable(f"shard {self.index} did not answer {req.op} within "
+                                         f"{self.request_timeout_s:.1f} s"), keep_dequeue=True)
+
+    def _merge(self) -> None:
+        """Turn this turn's single enqueues and acks into merged requests."""
+        now = self.loop.time()
+        if self.enq_parts:
+            parts, self.enq_parts = self.enq_parts, []
+            chunk: list = []
+            size = 0
+            for fut, item in parts:
+                if fut.done():
+                    continue  # its caller gave up before it was sent
+                if chunk and (len(chunk) >= limits.BATCH_JOBS_MAX or size + len(item[0]) > MERGE_BYTES_MAX):
+                    self._add_merged_enqueue(chunk, now)
+                    chunk, size = [], 0
+                chunk.append((fut, item))
+                size += len(item[0])
+            if chunk:
+                self._add_merged_enqueue(chunk, now)
+        if self.ack_parts:
+            parts, self.ack_parts = self.ack_parts, []
+            live = [(f, p) for f, p in parts if not f.done()]
+            for i in range(0, len(live), limits.BATCH_JOBS_MAX):
+                chunk = live[i:i + limits.BATCH_JOBS_MAX]
+                req = Req("ack", [[p for _, p in chunk]], [(f, 1) for f, _ in chunk],
+                          now + self.retry_s, merged=True)
+                self._arm_timer(req)
+                self.outbox.append(req)
+
+    def _add_merged_enqueue(self, chunk: list, now: float) -> None:
+        req = Req("enqueue", [[item for _, item in chunk], None], [(f, 1) for f, _ in chunk],
+                  now + self.retry_s, merged=True)
+        self._arm_timer(req)
+        self.outbox.append(req)
+
+    def new_session(self) -> list:
+        self._seq += 1
+        seq = self._seq
+        low = next(iter(self._open_seqs), seq)
+        self._open_seqs[seq] = None
+        return [self.client_id, seq, low]
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        self._merge()
+        proto = self.proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            if self.outbox:
+                self._ensure_connecting()
+            return
+        reqs, self.outbox = self.outbox, []
+        frame: list = []
+        size = 0
+        write = proto.transport.write
+        for req in reqs:
+            if not req.parts and req.on_orphan_reply is None:
+                self._finish(req)  # nobody waits for it any more: never sent
+                continue
+            if req.op == "enqueue" and req.session is None:
+                req.session = self.new_session()
+                req.args[1] = req.session
+            rid = self._next_rid
+            self._next_rid = rid + 1
+            req.rid = rid
+            req.sent = True
+            self.pending[rid] = req
+            n = 64 + (sum(job_bytes(i[0], i[1], i[2], i[5]) for i in req.args[0]) if req.op == "enqueue" else 0)
+            if frame and size + n > FRAME_SOFT_BYTES_MAX:  # cut before: a frame never passes the limit
+                self._write(write, frame)
+                frame, size = [], 0
+            frame.append([rid, req.op, req.args])
+            size += n
+        if frame:
+            self._write(write, frame)
+
+    @staticmethod
+    def _write(write, frame: list) -> None:
+        payload = _packb(frame)
+        n = len(payload)
+        write((_HEADER.pack(n) if n <= 0x7FFFFFFF else _HEADER.pack(-1) + _BIG.pack(n)) + payload)
+
+    # ------------------------------------------------------------------ replies
+    def on_replies(self, replies: list) -> None:
+        pending = self.pending
+        for rid, status, payload in replies:
+            req = pending.pop(rid, None)
+            if req is None:
+                continue  # a watch or a request whose callers gave up
+            if status == wire.OK:
+                self._complete(req, payload)
+            elif req.merged and req.op == "enqueue" and len(req.parts) > 1:
+                self._unmerge(req)  # all-or-nothing: nothing applied; re-send call by call
+            else:
+                self._fail(req, wire.error_from_payload(payload))
+
+    def _complete(self, req: Req, payload: Any) -> None:
+        self._finish(req)
+        if not req.parts:
+            if req.on_orphan_reply is not None:
+                req.on_orphan_reply(payload)
+            return
+        if req.merged:
+            for i, (fut, _) in enumerate(req.parts):
+                if not fut.done():
+                    fut.set_result((payload[i], req.resent))
+        else:
+            fut = req.parts[0][0]
+            if not fut.done():
+                fut.set_result((payload, req.resent))
+
+    def _unmerge(self, req: Req) -> None:
+        self._finish(req)
+        now = self.loop.time()
+        for (fut, _), item in zip(req.parts, req.args[0]):
+            if not fut.done():
+                single = Req("enqueue", [[item], None], [(fut, 1)], now + self.retry_s, merged=True)
+                self.submit(single)
+
+    def _fail(self, req: Req, exc: BaseException, keep_dequeue: bool = False) -> None:
+        """Fail every waiter of ``req``. A written dequeue whose reply may still come stays
+        pending (``keep_dequeue``) so its leases can be released when it does."""
+        parts, req.parts = req.parts, []
+        if keep_dequeue and req.op == "dequeue" and req.sent and req.rid in self.pending:
+            req.on_orphan_reply = self._orphan_release()
+        else:
+            self.pending.pop(req.rid, None)
+            self._finish(req)
+        if req in self.outbox:
+            self.outbox.remove(req)
+        for fut, _ in parts:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _finish(self, req: Req) -> None:
+        if req.timer is not None:
+            req.timer.cancel()
+            req.timer = None
+        if req.session is not None:
+            self._open_seqs.pop(req.session[1], None)
+
+    def abandon(self, req: Req, fut: asyncio.Future) -> None:
+        """``fut``'s caller gave up (cancelled, timed out). Its waiter goes; a request left
+        with no waiter leaves the outbox or the pending table (a written dequeue stays until
+        its reply, to release its leases)."""
+        req.parts = [p for p in req.parts if p[0] is not fut]
+        if req.parts:
+            return
+        if not req.sent:
+            if req in self.outbox:
+                self.outbox.remove(req)
+            self._finish(req)
+        elif req.op == "dequeue" and req.rid in self.pending:
+            req.on_orphan_reply = self._orphan_release()
+        else:
+            self.pending.pop(req.rid, None)
+            self._finish(req)
+
+    def forget(self, fut: asyncio.Future) -> None:
+        """A single enqueue/ack caller gave up: find the merged request holding its future
+        (a rare path, so a scan) and abandon it there."""
+        for req in list(self.pending.values()) + self.outbox:
+            if req.merged and any(p[0] is fut for p in req.parts):
+                self.abandon(req, fut)
+                return
+
+    def _orphan_release(self) -> Callable[[Any], None]:
+        return lambda rows: self._release(self.index, rows) if rows else None
+
+    # ------------------------------------------------------------------ breaking
+    def protocol_error(self, why: str) -> None:
+        if self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.abort()  # connection_lost follows
+
+    def on_lost(self, proto: _Protocol) -> None:
+        if self.proto is not proto:
+            return
+        self.proto = None
+        reqs = sorted(self.pending.values(), key=lambda r: r.rid)
+        self.pending = {}
+        requeue = []
+        for req in reqs:
+            if req.on_orphan_reply is not None and not req.parts:
+                self._finish(req)  # an abandoned dequeue: its leases (if any) expire
+                continue
+            if wire.RETRY[req.op] is wire.RESEND or not req.sent:
+                req.resent = req.resent or req.sent
+                req.sent = False
+                requeue.append(req)
+            else:
+                self._fail(req, OutcomeUnknown(
+                    f"shard {self.index}: {req.op} was sent but the connection broke before its "
+                    "reply; it may or may not have been applied"))
+        now = self.loop.time()
+        for req in requeue:
+            if now >= req.retry_deadline:
+                self._fail(req, ShardUnavailable(f"connection to shard {self.index} lost"))
+        self.outbox[:0] = [r for r in requeue if r.parts or r.on_orphan_reply is not None]
+        if not self.closed:
+            self._ensure_connecting()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        exc = Closed("client is closed")
+        for req in list(self.pending.values()) + self.outbox:
+            self._fail(req, exc)
+        self.pending, self.outbox = {}, []
+        for parts in (self.enq_parts, self.ack_parts):
+            for fut, _ in parts:
+                if not fut.done():
+                    fut.set_exception(exc)
+            parts.clear()
+        if self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.close()
+        self.proto = None

@@ -1,0 +1,289 @@
+"""Tasks: a decorated function is a job type; ``.send()`` enqueues a call of it.
+
+::
+
+    app = shardq.App("var/shardq")
+
+    @app.task(queue="emails", key=lambda user_id, **_: f"user-{user_id}", retries=5,
+              backoff=shardq.Exponential(base_s=1, cap_s=300))
+    def send_welcome(ctx, user_id: int, template: str = "default"): ...
+
+    send_welcome.send(42, template="short")           # -> job id, once the job is durable
+
+* The body is msgpack ``{"t": name, "a": args, "k": kwargs, "v": 1}`` (:mod:`.taskbody`);
+  the call is checked against the function's signature and msgpack at ``send()``, so a bad
+  call fails in the producer with :class:`~shardq.errors.InvalidJob`, not in a worker.
+* ``key=`` (a string, or a function of the call's arguments) gives per-key FIFO. The
+  function gets the arguments by parameter name (defaults filled in), however the call
+  passed them: ``key=lambda user_id, **_: f"user-{user_id}"``.
+* ``retries``: deliveries after the first. A failure on attempt ``n <= retries`` is retried
+  after the task's backoff (full jitter); after that the job is dead-lettered with the error.
+  The count is the job's durable delivery count (``lease.attempt``), so a worker crash
+  uses a retry too. The queue's ``max_deliveries`` still applies: whichever limit comes
+  first dead-letters the job (``retries=None``: only the queue's limit).
+* ``send()`` keeps the function's signature (minus ``ctx``) for type checkers (ParamSpec).
+
+The app depends on the :class:`~shardq.client.queue.Queue` protocol only.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable,
+                    ParamSpec, TypeVar, overload)
+
+from .. import limits
+from ..errors import InvalidConfig, InvalidJob
+from ..types import JobId
+from . import taskbody
+
+if TYPE_CHECKING:
+    from ..client.queue import Queue
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+RETRIES_MAX = 1_000_000
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Full-jitter exponential backoff: before retry ``n`` (after attempt ``n`` failed) wait
+    ``uniform(0, min(cap_s, base_s * 2**(n-1)))`` seconds."""
+
+    base_s: float = 1.0
+    cap_s: float = 300.0
+
+    def __post_init__(self):
+        if not (isinstance(self.base_s, (int, float)) and isinstance(self.cap_s, (int, float))
+                and 0 <= self.base_s <= self.cap_s <= limits.DELAY_S_MAX):
+            raise InvalidConfig(f"Exponential: need 0 <= base_s <= cap_s <= {limits.DELAY_S_MAX:.0f}")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.cap_s, self.base_s * 2.0 ** min(max(attempt, 1) - 1, 64)))
+
+
+class Task(Generic[P, R]):
+    """One task. Call it like the function (``task(ctx, ...)``) to run it inline, in tests."""
+
+    def __init__(self, app: App, fn: Callable[..., Any], name: str, queue: str,
+                 key: str | Callable[..., str] | None, retries: int | None, backoff: Exponential):
+        self.app, self.fn, self.name, self.queue = app, fn, name, queue
+        self.key, self.retries, self.backoff = key, retries, backoff
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = inspect.signature(fn)
+        if not self.signature.parameters:
+            raise InvalidConfig(f"task {name}: the function must take ctx as its first parameter")
+        self.__doc__, self.__wrapped__ = fn.__doc__, fn
+
+    def __call__(self, ctx: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(ctx, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<task {self.name} queue={self.queue!r}>"
+
+    # ------------------------------------------------------------------ sending
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> JobId:
+        """Enqueue a call; returns the job id once the job is durable."""
+        return self.app.queue.enqueue(**self.job(args, kwargs))
+
+    def send_with(self, *, delay: float = 0, priority: int = 0,
+                  dedup_id: str | None = None) -> Callable[P, JobId]:
+        """``task.send_with(delay=60, priority=5, dedup_id="welcome-42")(42)``."""
+        def send(*args: P.args, **kwargs: P.kwargs) -> JobId:
+            return self.app.queue.enqueue(**self.job(args, kwargs, delay, priority, dedup_id))
+        return send
+
+    def send_many(self, calls: Iterable[tuple[tuple | list, dict]]) -> list[JobId]:
+        """Enqueue many calls ``[(args, kwargs), ...]`` in one batch call; ids in order.
+        Every call is checked before anything is sent."""
+        jobs = []
+        for call in calls:
+            if not (isinstance(call, (tuple, list)) and len(call) == 2
+                    and isinstance(call[0], (tuple, list)) and isinstance(call[1], dict)):
+                raise InvalidJob(f"task {self.name}: send_many takes (args, kwargs) pairs, got {call!r:.80}")
+            jobs.append(self.job(call[0], call[1]))
+        if len(jobs) > limits.BATCH_JOBS_MAX:
+            ids: list[JobId] = []
+            for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
+                ids += self.app.queue.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
+            return ids
+        return self.app.queue.enqueue_many(jobs)
+
+    async def send_async(self, *args: P.args, **kwargs: P.kwargs) -> JobId:
+        """``await task.send_async(...)``: enqueue through the app's asyncio client."""
+        q = await self.app.aio()
+        return await q.enqueue(**self.job(args, kwargs))
+
+    def job(self, args, kwargs, delay: float = 0, priority: int = 0, dedup_id: str | None = None) -> dict:
+        """The enqueue arguments of one call, checked (signature, key, msgpack)."""
+        try:
+            bound = self.signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise InvalidJob(f"task {self.name}: {exc}") from None
+        key = self.key
+        if callable(key):
+            bound.apply_defaults()
+            named = dict(list(bound.arguments.items())[1:])  # by parameter name, without ctx
+            try:
+                key = key(**named)
+            except Exception as exc:
+                raise InvalidJob(f"task {self.name}: the key function failed: {type(exc).__name__}: {exc}") from None
+            if not isinstance(key, str):
+                raise InvalidJob(f"task {self.name}: the key function must return a str, got {key!r:.80}")
+        body = taskbody.encode(self.name, args, kwargs, self.signature)
+        return {"body": body, "key": key, "queue": self.queue, "delay": delay, "priority": priority,
+                "dedup_id": dedup_id}
+
+
+class App:
+    """A set of tasks and the queue they are sent to.
+
+    ``App("var/shardq")`` connects (lazily, on the first send) to a running ``shardq serve``;
+    ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``App.embedded()`` starts
+    a private service in a temp dir (tests). Import a module of tasks and nothing connects.
+    """
+
+    def __init__(self, target: str | None = None, *, router: Queue | None = None):
+        if (target is None) == (router is None):
+            raise InvalidConfig("App needs a target (a data dir) or router=, not both")
+        self.target = target
+        self._queue = router
+        self._owns_queue = router is None  # a router given to us is the caller's to close
+        self._aio: dict[Any, Any] = {}  # event loop -> its asyncio client
+        self._owned_dir: str | None = None
+        self.tasks: dict[str, Task] = {}
+        self.schedules: list = []  # shardq.service.schedules.Schedule, from @periodic
+
+    @classmethod
+    def embedded(cls, data_dir: str | None = None, shards: int = 1, config=None) -> App:
+        """An app with its own service (``shardq.open``) in ``data_dir`` (default: a new
+        temp dir, removed by :meth:`close`). For tests and single-process programs."""
+        import shardq
+        owned = None
+        if data_dir is None:
+            owned = tempfile.mkdtemp(prefix="sqapp", dir="/tmp")  # short: unix socket paths
+            data_dir = owned + "/data"
+        try:
+            app = cls(router=shardq.open(data_dir, shards=shards, config=config))
+        except BaseException:
+            if owned:
+                shutil.rmtree(owned, ignore_errors=True)
+            raise
+        app.target, app._owned_dir, app._owns_queue = data_dir, owned, True
+        return app
+
+    @property
+    def queue(self) -> Queue:
+        """The queue client (connected on first use)."""
+        if self._queue is None:
+            import shardq
+            self._queue = shardq.connect(self.target)
+        return self._queue
+
+    async def aio(self):
+        """The asyncio client of the running event loop (one per loop, connected once)."""
+        loop = asyncio.get_running_loop()
+        q = self._aio.get(loop)
+        if q is None:
+            from ..client import aio
+            q = self._aio[loop] = await aio.connect(self.target)
+        return q
+
+    # ------------------------------------------------------------------ declaring
+    @overload
+    def task(self, fn: Callable[Concatenate[Any, P], R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(self, *, queue: str = "default", key: str | Callable[..., str] | None = None,
+             retries: int | None = None, backoff: Exponential | None = None,
+             name: str | None = None) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
+
+    def task(self, fn=None, /, *, queue="default", key=None, retries=None, backoff=None, name=None):
+        """Declare a task. ``name`` defaults to ``module.qualname``; keep it stable, it is
+        how workers find the function (a renamed task's queued jobs would be dead-lettered
+        as unknown)."""
+        from ..config import check_queue_name
+        check_queue_name(queue, InvalidConfig)
+        if retries is not None and (type(retries) is not int or not 0 <= retries <= RETRIES_MAX):
+            raise InvalidConfig(f"retries must be None or an int in [0, {RETRIES_MAX}]")
+        if key is not None and not (isinstance(key, str) or callable(key)):
+            raise InvalidConfig("key must be None, a string or a function of the task's arguments")
+        if backoff is not None and not isinstance(backoff, Exponential):
+            raise InvalidConfig("backoff must be a shardq.Exponential")
+
+        def decorate(f):
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if not isinstance(task_name, str) or not task_name:
+                raise InvalidConfig("a task name must be a non-empty string")
+            if task_name in self.tasks and self.tasks[task_name].fn is not f:
+                raise InvalidConfig(f"two tasks are named {task_name!r}")
+            t = Task(self, f, task_name, queue, key, retries, backoff or Exponential())
+            self.tasks[task_name] = t
+            return t
+
+        return decorate if fn is None else decorate(fn)
+
+    def periodic(self, *, cron: str | None = None, every_s: float | None = None,
+                 timezone: str = "UTC", catch_up: bool = True, name: str | None = None,
+                 queue: str = "default", key: str | None = None) -> Callable[[Any], Task]:
+        """Run a task (no arguments besides ctx) on a schedule: ``cron`` (5 fields, in
+        ``timezone``) or every ``every_s`` seconds. ``shardq serve`` fires the ticks of the
+        modules listed in its config's ``service.schedule_modules`` (see docs/tasks.md).
+        Stack it on ``@app.task(...)`` to choose the queue, key and retries."""
+        from ..service.schedules import Schedule
+
+        def decorate(fn) -> Task:
+            t = fn if isinstance(fn, Task) else self.task(queue=queue, key=key)(fn)
+            sched_key = key if key is not None else (t.key if isinstance(t.key, str) else None)
+            body = taskbody.encode(t.name, (), {}, t.signature)
+            self.schedules.append(Schedule.create(name or t.name, cron=cron, every_s=every_s,
+                                                  timezone=timezone, catch_up=catch_up,
+                                                  queue=t.queue, key=sched_key, body=body,
+                                                  task=t.name))
+            return t
+
+        return decorate
+
+    # ------------------------------------------------------------------ running
+    def run_worker(self, queue: str | None = None, *, until_idle: bool = True,
+                   max_jobs: int | None = None, **worker_options):
+        """Run this app's tasks in this process (tests): a :class:`~shardq.Worker` on
+        ``queue`` (default: every queue of the app's tasks, one after the other) until
+        it finds no more work. Returns the last worker's stats."""
+        from .dispatch import TaskHandler
+        from .worker import Worker
+        handler = TaskHandler(self.tasks)
+        queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
+        stats = None
+        for q in queues:
+            stats = Worker(self.queue, handler, queue=q, **worker_options).run(
+                max_jobs=max_jobs, until_idle=until_idle)
+        return stats
+
+    async def aclose(self) -> None:
+        """Close this event loop's asyncio client."""
+        q = self._aio.pop(asyncio.get_running_loop(), None)
+        if q is not None:
+            await q.close()
+
+    def close(self) -> None:
+        """Close the client this app opened (and stop the embedded service). Asyncio
+        clients belong to their event loops: close them with :meth:`aclose`."""
+        if self._queue is not None and self._owns_queue:
+            self._queue.close()
+            self._queue = None
+        if self._owned_dir:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,129 @@
+"""``shardq worker myapp.tasks``: run every task of the given modules, one worker per queue.
+
+A queue whose tasks are all plain functions gets a threaded :class:`~shardq.consumer.worker.Worker`;
+a queue with an ``async def`` task gets an :class:`~shardq.consumer.aioworker.AsyncWorker`
+(async tasks on its event loop, plain ones in threads). All of them run in this process,
+each in its own thread; SIGTERM/SIGINT stop them all (running jobs get the grace period),
+a second signal exits at once.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InvalidConfig, ShardqError
+from .dispatch import TaskHandler, load_tasks
+from .tasks import Task
+from .worker import install_stop_signals
+
+log = logging.getLogger("shardq.worker")
+
+
+@dataclass
+class Options:
+    concurrency: int = 8
+    mode: str = "thread"
+    prefetch: int | None = None
+    grace_s: float = 30.0
+    log_every: int = 1000
+    worker_extra: dict = field(default_factory=dict)
+
+
+def plan(tasks: dict[str, Task], queues: list[str] | None) -> dict[str, str]:
+    """queue -> "async" or "thread": the mode of each queue's worker."""
+    by_queue: dict[str, list[Task]] = {}
+    for t in tasks.values():
+        by_queue.setdefault(t.queue, []).append(t)
+    if queues:
+        for q in queues:
+            by_queue.setdefault(q, [])
+        by_queue = {q: by_queue[q] for q in queues}
+    if not by_queue:
+        raise InvalidConfig("no tasks found: the modules define no shardq.App with tasks")
+    return {q: "async" if any(t.is_async for t in ts) else "thread" for q, ts in by_queue.items()}
+
+
+def check_retries(tasks: dict[str, Task], queue_config: Callable[[str], dict]) -> list[str]:
+    """Warnings for tasks whose ``retries`` the queue's ``max_deliveries`` cuts short."""
+    out = []
+    for t in tasks.values():
+        if t.retries is None:
+            continue
+        try:
+            limit = int(queue_config(t.queue).get("max_deliveries", 0))
+        except ShardqError:
+            continue
+        if limit and t.retries + 1 > limit:
+            out.append(f"task {t.name}: retries={t.retries} allows {t.retries + 1} deliveries, but queue "
+                       f"{t.queue!r} dead-letters after max_deliveries={limit}; raise max_deliveries "
+                       f"to at least {t.retries + 1}")
+    return out
+
+
+class TaskWorkers:
+    """The workers of one ``shardq worker MODULE...`` process."""
+
+    def __init__(self, modules: list[str], router: Any, target: str, queues: list[str] | None,
+                 options: Options, idempotency_path: str | None = None, store: Any = None):
+        self.modules = modules
+        self.tasks = load_tasks(modules)
+        self.plan = plan(self.tasks, queues)
+        self.router, self.target, self.options = router, target, options
+        self.idempotency_path, self.store = idempotency_path, store
+        self.workers: list[Any] = []
+
+    def build(self) -> None:
+        from .worker import Worker
+        for warning in check_retries(self.tasks, getattr(self.router, "queue_config", lambda q: {})):
+            log.warning("%s", warning)
+        o = self.options
+        handler = TaskHandler(self.tasks, self.modules)
+        for queue, mode in sorted(self.plan.items()):
+            if mode == "async":
+                from .aioworker import AsyncWorker
+                w: Any = AsyncWorker(self.target, handler, queue=queue, concurrency=o.concurrency,
+                                     idempotency=self.store, grace_s=o.grace_s, log_every=o.log_every,
+                                     **o.worker_extra)
+            else:
+                w = Worker(self.router, handler, queue=queue, concurrency=o.concurrency, mode=o.mode,
+                           idempotency=self.store, prefetch=o.prefetch, grace_s=o.grace_s,
+                           log_every=o.log_every, **o.worker_extra)
+            log.info("queue %r: %s worker, tasks: %s", queue, mode,
+                     ", ".join(sorted(t.name for t in self.tasks.values() if t.queue == queue)) or "(none)")
+            self.workers.append(w)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def run(self) -> None:
+        """Run until every worker returns (stop(), or a signal)."""
+        if not self.workers:
+            self.build()
+        old = install_stop_signals(self.stop)
+        errors: list[BaseException] = []
+
+        def run_one(w):
+            try:
+                w.run()
+            except BaseException as exc:  # noqa: BLE001 - reported below, the others stop too
+                errors.append(exc)
+                self.stop()
+
+        threads = [threading.Thread(target=run_one, args=(w,), name=f"shardq-worker-{i}", daemon=True)
+                   for i, w in enumerate(self.workers)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)  # wakes for signals
+        finally:
+            for sig, handler in (old or {}).items():
+                signal.signal(sig, handler)
+        if errors:
+            raise errors[0]
+

@@ -1,0 +1,171 @@
+"""The scheduler: a thread of the supervisor that fires periodic jobs (the I/O shell around
+the pure :mod:`.schedules`).
+
+Each tick is enqueued through a :class:`~shardq.client.queue.Queue` with the tick's
+``dedup_id``, *then* recorded as the schedule's last tick in ``<data dir>/schedules.json``
+(temp file, fsync, rename, fsync of the directory). So a tick is fired at least once, and
+a second firing is a no-op at the queue: after a crash between the enqueue and the record,
+the restarted scheduler fires the same tick with the same dedup id. (Only if that restart
+comes later than the queue's ``dedup_window`` can such a tick be enqueued twice.) The
+supervisor's lock on the data dir makes it the only scheduler of that data dir.
+
+A failed enqueue (a shard down, QueueFull) leaves the tick unrecorded; it is tried again a
+second later.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+from ..clock import Clock, SystemClock
+from ..errors import ShardqError
+from .schedules import Schedule, iso, plan
+
+log = logging.getLogger("shardq.scheduler")
+
+STATE_FILE = "schedules.json"
+WAKE_S_MAX = 1.0      # longest sleep: also how soon a failed enqueue is retried
+STATE_FORMAT = 1
+
+
+def collect_schedules(config) -> list[Schedule]:
+    """The config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
+    ``service.schedule_modules`` (imported with the current directory on sys.path)."""
+    import sys
+    from .schedules import from_config
+    out = [from_config(name, sc) for name, sc in config.schedules.items()]
+    modules = list(config.service.schedule_modules)
+    if modules:
+        from ..consumer.dispatch import load_apps
+        from ..errors import InvalidConfig
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            apps = load_apps(modules)
+        except ImportError as exc:
+            raise InvalidConfig(f"service.schedule_modules: cannot import: {exc}") from None
+        for app in apps:
+            out.extend(app.schedules)
+    return out
+
+
+def state_path(data_dir: str) -> str:
+    return os.path.join(data_dir, STATE_FILE)
+
+
+def load_state(path: str) -> dict[str, float]:
+    """Schedule name -> last tick fired. Missing file: {}; an unreadable one is logged and
+    treated as missing (the dedup ids still stop a repeated tick)."""
+    try:
+        with open(path, "rb") as f:
+            raw = json.load(f)
+        if raw.get("format") != STATE_FORMAT:
+            raise ValueError(f"format {raw.get('format')!r}")
+        return {str(k): float(v) for k, v in raw["last"].items()}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("event=schedule-state-unreadable path=%s error=%s", path, exc)
+        return {}
+
+
+def save_state(path: str, last: dict[str, float]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format": STATE_FORMAT, "last": last}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Scheduler:
+    """Fires ``schedules`` into ``queue``; ``start()`` runs it in a thread, ``run_once(now)``
+    is one step (tests call it with a fake clock)."""
+
+    def __init__(self, schedules: list[Schedule], queue, data_dir: str, clock: Clock | None = None):
+        names = [s.name for s in schedules]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ShardqError(f"two schedules are named {dup!r}")
+        self.schedules = schedules
+        self.queue = queue
+        self.path = state_path(data_dir)
+        self.clock = clock or SystemClock()
+        self.started_at = self.clock.now()
+        self.last = load_state(self.path)
+        self.fired = 0
+        self._lock = threading.Lock()  # run_once from the thread and from a test
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, now: float | None = None) -> list[tuple[str, float, object]]:
+        """Fire what is due at ``now``; returns ``[(name, tick, job_id), ...]``."""
+        with self._lock:
+            return self._run_once(self.clock.now() if now is None else now)
+
+    def _run_once(self, now: float) -> list[tuple[str, float, object]]:
+        out = []
+        changed = False
+        for s in self.schedules:
+            tick, new_last = plan(s, self.last.get(s.name), now, self.started_at)
+            if tick is not None:
+                try:
+                    job_id = self.queue.enqueue(s.body, key=s.key, queue=s.queue, dedup_id=s.dedup_id(tick))
+                except ShardqError as exc:
+                    log.warning("event=schedule-fire-failed schedule=%s tick=%s error=%s: %s",
+                                s.name, iso(tick), type(exc).__name__, exc)
+                    continue  # not recorded: tried again on the next wake
+                log.info("event=schedule-fired schedule=%s tick=%s job=%s late_s=%.3f",
+                         s.name, iso(tick), job_id, now - tick)
+                out.append((s.name, tick, job_id))
+                self.fired += 1
+            if self.last.get(s.name) != new_last:
+                self.last[s.name] = new_last
+                changed = True
+        if changed:
+            try:
+                save_state(self.path, self.last)
+            except OSError as exc:
+                log.warning("event=schedule-state-write-failed path=%s error=%s", self.path, exc)
+        return out
+
+    def next_wake_s(self, now: float) -> float:
+        if not self.schedules:
+            return WAKE_S_MAX
+        due = min(s.next_after(max(now, self.last.get(s.name, now))) for s in self.schedules)
+        return min(max(due - now, 0.0), WAKE_S_MAX)
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> Scheduler:
+        self._thread = threading.Thread(target=self._loop, name="shardq-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Wake the thread now (tests that moved a fake clock)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            try:
+                self.run_once()
+                wait = self.next_wake_s(self.clock.now())
+            except Exception:  # never let a bad tick end the scheduler
+                log.exception("event=scheduler-error")
+                wait = WAKE_S_MAX
+            self._wake.wait(wait)
+            self._wake.clear()
