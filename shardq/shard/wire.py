@@ -26,7 +26,19 @@ purge_dead     [queue]                                                count
 queue_config   [queue]                                                {settings}
 stats          []                                                     {...}
 ping           []                                                     pid
+pause          [queue]                                                True if it changed
+resume         [queue]                                                True if it changed
+cancel         [job_id]                                               "cancelled" | "purged"
+                                                                      | "cancelling" | "gone"
+job            [job_id]                                               {job}
+dead_page      [queue, after_job_id | None, limit]                    [[id, key, body, attempts, error]]
+purge_ids      [queue, [job_id, ...]]                                 count
+metrics        []                                                     {stats + figures}
 =============  =====================================================  ====================
+
+The last seven are the control and metrics ops (:data:`CONTROL_ARITY`,
+``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
+pause, resume, cancel and purge_ids are idempotent, the others only read.
 """
 from __future__ import annotations
 
@@ -39,6 +51,12 @@ OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_l
 #: args arity per op
 ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
+
+#: The control and metrics ops and their arity (see the table above).
+CONTROL_ARITY = {"pause": 1, "resume": 1, "cancel": 1, "job": 1, "dead_page": 3, "purge_ids": 2,
+                 "metrics": 0}
+ARITY.update(CONTROL_ARITY)
+OPS = OPS | frozenset(CONTROL_ARITY)
 
 OK = 0
 ERR = 1
