@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
     p.add_argument("--log-every", type=int, default=1000)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on this address (port 0: any free port; printed)")
 
 
 def register(sub, parent) -> None:
@@ -59,7 +61,7 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         router = connect(target, request_timeout_s=5.0)
         Worker(router, handler, queue=args.queue, concurrency=args.concurrency, mode=args.mode,
                idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-               log_every=args.log_every).run()
+               log_every=args.log_every, metrics=_serve_metrics(args)).run()
     finally:
         if router is not None:
             router.close()
@@ -77,3 +79,19 @@ def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = Non
     add_arguments(p)
     args = p.parse_args(argv)
     return run_guarded(lambda: run(args, connect))
+
+
+def _serve_metrics(args):
+    """``--metrics HOST:PORT``: a WorkerMetrics served on that address, or None."""
+    if not args.metrics:
+        return None
+    from ..consumer.metrics import WorkerMetrics
+    from ..errors import InvalidConfig
+    metrics = WorkerMetrics(task=args.handler)
+    try:
+        host, port = metrics.serve(args.metrics)
+    except OSError as e:
+        raise InvalidConfig(f"--metrics {args.metrics}: cannot listen: {e.strerror or e}") from None
+    shown = f"[{host}]" if ":" in host else host
+    print(f"shardq worker: metrics at http://{shown}:{port}/metrics", file=sys.stderr, flush=True)
+    return metrics

@@ -64,10 +64,16 @@ _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_R
 
 
 def resolve_token(cfg: HttpConfig) -> str | None:
-    """The token from the config, else from ``SHARDQ_HTTP_TOKEN``; None if neither."""
+    """The token from the config, else from ``SHARDQ_HTTP_TOKEN``; None if neither.
+    InvalidConfig if it is too short, or if there is none and ``listen`` is not loopback
+    (``shardq serve`` calls this before it starts any shard)."""
     token = cfg.token or os.environ.get(TOKEN_ENV, "")
     if token and len(token) < 16:
         raise InvalidConfig(f"{TOKEN_ENV}: the token must have at least 16 characters")
+    host, _ = split_listen(cfg.listen)
+    if not token and not is_loopback(host):
+        raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: set http.token "
+                            f"or {TOKEN_ENV} (anyone who can reach it could pause queues and cancel jobs)")
     return token or None
 
 
@@ -79,8 +85,7 @@ class HttpService:
         host, port = split_listen(cfg.listen)
         self.token = token if token is not None else resolve_token(cfg)
         if not is_loopback(host) and self.token is None:
-            raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: set http.token "
-                                f"or {TOKEN_ENV} (anyone who can reach it could pause queues and cancel jobs)")
+            raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: a token is required")
         self.host, self.port = host, port
         self.supervisor = supervisor
         self.data_dir = str(data_dir)

@@ -177,7 +177,7 @@ function draw(sel, values) {
   g.lineWidth = 1.5;
   g.beginPath();
   values.forEach((v, i) => {
-    const x = (i / (POINTS - 1)) * w;
+    const x = w - ((values.length - 1 - i) / (POINTS - 1)) * w;  // newest at the right edge
     const y = h - pad - (v / max) * (h - 2 * pad);
     if (i) g.lineTo(x, y); else g.moveTo(x, y);
   });
