@@ -156,6 +156,19 @@ class Service:
             shutil.rmtree(os.path.dirname(self.data_dir), ignore_errors=True)
 
 
+def reset_queues(q, names) -> None:
+    """Leave ``names`` empty and running (between tests sharing one service): resume, ack
+    whatever can be leased, purge the dead letters."""
+    for name in names:
+        q.resume(name)
+        while True:
+            leases = q.dequeue_many(name, max_jobs=1000)
+            if not leases:
+                break
+            q.ack_many(leases)
+        q.purge_dead_letters(name)
+
+
 def restarted(svc: Service, shard: int, old_pid: int) -> int:
     """Wait until shard ``shard`` answers with a pid other than ``old_pid``; return it."""
     def new_pid():

@@ -16,7 +16,7 @@ import shardq
 from shardq.client.router import shard_for_key
 from shardq.errors import Cancelled, InvalidJob, LeaseLost, NotFound
 
-from service import REPO, Service, restarted, wait_until
+from service import REPO, Service, reset_queues, restarted
 
 CONFIG = {"queues": {"default": {}, "once": {"max_deliveries": 1}}}
 
@@ -31,14 +31,7 @@ def svc():
 def q(svc):
     with svc.connect(retry_s=20) as router:
         yield router
-        for name in ("default", "once"):  # leave the queues empty and running for the next test
-            router.resume(name)
-            while True:
-                leases = router.dequeue_many(name, max_jobs=1000)
-                if not leases:
-                    break
-                router.ack_many(leases)
-            router.purge_dead_letters(name)
+        reset_queues(router, ("default", "once"))
 
 
 def cli(svc, *args: str) -> subprocess.CompletedProcess:
