@@ -130,11 +130,24 @@ def test_metrics_show_queues_shards_and_counters(svc):
     assert total(m, "shardq_shard_loop_iterations_total") > 0
 
 
-def test_every_metric_is_documented(svc):
-    names = {re.sub(r"_(total|bucket|count|sum)$", "", n) for n, _ in scrape(svc.url)}
+def _base(name: str) -> str:
+    return re.sub(r"_(total|bucket|count|sum)$", "", name)
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones(svc):
+    with svc.connect() as q:
+        q.enqueue(b"so that queue series exist")
+        names = {_base(n) for n, _ in scrape(svc.url)}
     with open(DOCS) as f:
         doc = f.read()
     assert names and not [n for n in sorted(names) if f"`{n}" not in doc]
+    with open(os.path.join(REPO, "docs", "grafana-shardq.json")) as f:
+        dash = json.load(f)
+    used = {_base(n) for p in dash["panels"] for t in p.get("targets", [])
+            for n in re.findall(r"shardq_[a-z_]+", t["expr"])}
+    worker = {"shardq_worker_jobs", "shardq_worker_handler_seconds", "shardq_worker_in_flight"}
+    assert used and used <= names | worker, used - names - worker
+    assert not [n for n in sorted(worker) if f"`{n}" not in doc]
 
 
 # ---------------------------------------------------------------------------- console API

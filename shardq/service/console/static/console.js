@@ -5,7 +5,7 @@
 "use strict";
 
 const POLL_MS = 2000;
-const POINTS = 150;  // 5 minutes of history at one point per poll
+const POINTS = 60;   // two minutes of history at one point per poll (Grafana keeps the rest)
 let csrf = "";
 const history = { enqueued: [], acked: [], depth: [] };
 let last = null;     // {t, enqueued, acked} of the previous poll
