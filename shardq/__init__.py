@@ -3,7 +3,8 @@
 Layout (imports point down this list, never up):
 
 * ``cli/`` -- the ``shardq`` command;
-* ``service/`` -- the supervisor that runs the shard processes;
+* ``service/`` -- the supervisor that runs the shard processes, and the HTTP listener of
+  ``shardq serve`` (Prometheus metrics, the web console in ``service/console/``);
 * ``consumer/`` -- the worker runner, running one job, idempotency stores;
 * ``client/`` -- the router apps embed (``router``) and its connection to a shard;
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
@@ -23,7 +24,7 @@ from __future__ import annotations
 from .config import Config, QueueConfig
 from .client.queue import Queue
 from .client.router import Router
-from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
+from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
                      LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
                      ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
                      UsageError)
@@ -32,7 +33,7 @@ from .types import DeadLetter, JobId, Lease
 __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "Cancelled", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed",
 ]
