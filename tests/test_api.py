@@ -5,7 +5,7 @@ import shardq.errors
 EXPECTED = {
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "Cancelled", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed",
 }

@@ -391,3 +391,19 @@ def test_worker_metrics_count_jobs_by_task_and_outcome(svc):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# ---------------------------------------------------------------------------- config
+def test_the_http_section_is_validated_and_its_token_never_leaves_the_process():
+    from shardq.config import Config, parse
+    from shardq.errors import InvalidConfig
+    assert Config().http.listen == "127.0.0.1:7781"
+    cfg = parse({"http": {"listen": "[::1]:0", "token": "x" * 16}})
+    assert cfg.http.listen == "[::1]:0" and cfg.to_dict()["http"] == {"listen": "[::1]:0"}
+    assert "x" * 16 not in repr(cfg)
+    assert parse({"http": {"listen": ""}}).http.listen == ""
+    for bad, words in (({"listen": "7781"}, "host:port"), ({"listen": "h:99999"}, "host:port"),
+                       ({"listen": 7781}, "host:port"), ({"token": "x" * 15}, "16 characters"),
+                       ({"port": 1}, "http.port: unknown key")):
+        with pytest.raises(InvalidConfig, match=words):
+            parse({"http": bad})

@@ -246,26 +246,20 @@ async function loadDeadLetters(cursor) {
   }
 }
 
-async function dlRedrive(ids) {
+async function dlAction(action, ids) {  // action: "redrive" or "purge"
+  if (action === "purge" &&
+      !window.confirm(`Delete ${ids.length} dead letter${ids.length > 1 ? "s" : ""} for good?`)) return;
   try {
-    const r = await api("/api/redrive", { queue: $("#dl-queue").value, ids });
-    status(`redriven: ${r.redriven}`, "ok");
+    const r = await api(`/api/${action}`, { queue: $("#dl-queue").value, ids });
+    status(action === "purge" ? `purged: ${r.purged}` : `redriven: ${r.redriven}`, "ok");
   } catch (e) {
-    status(`redrive: ${e.message}`, "error");
+    status(`${action}: ${e.message}`, "error");
   }
   await Promise.all([loadDeadLetters(dlCursor), poll()]);
 }
 
-async function dlPurge(ids) {
-  if (!window.confirm(`Delete ${ids.length} dead letter${ids.length > 1 ? "s" : ""} for good?`)) return;
-  try {
-    const r = await api("/api/purge", { queue: $("#dl-queue").value, ids });
-    status(`purged: ${r.purged}`, "ok");
-  } catch (e) {
-    status(`purge: ${e.message}`, "error");
-  }
-  await Promise.all([loadDeadLetters(dlCursor), poll()]);
-}
+const dlRedrive = (ids) => dlAction("redrive", ids);
+const dlPurge = (ids) => dlAction("purge", ids);
 
 // ---------------------------------------------------------------------------- job look-up
 const JOB_FIELDS = [["job_id", "job id"], ["state", "state"], ["queue", "queue"], ["shard", "shard"],
