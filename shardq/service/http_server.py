@@ -159,6 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "shardq"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    timeout = 30  # seconds a connection may sit silent: an idle client cannot hold a thread forever
 
     @property
     def app(self) -> HttpService:

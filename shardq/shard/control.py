@@ -86,7 +86,7 @@ class ControlOps:
         return True
 
     def _apply_pause(self, op) -> None:
-        _, qname, at = op
+        qname, at = op[1], op[2]  # fields a later version appends are ignored here
         q = self.queues.get(qname) or self._queue(qname)
         q.paused = at
 
