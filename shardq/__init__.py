@@ -24,18 +24,18 @@ from __future__ import annotations
 from .config import Config, QueueConfig
 from .client.queue import Queue
 from .client.router import Router
-from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
+from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
                      LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
                      ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
-                     UsageError)
+                     UsageError, Cancelled)
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "Cancelled", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed",
+    "CorruptLog", "LogFailed", "Cancelled",
 ]
 
 

@@ -5,9 +5,9 @@ import shardq.errors
 EXPECTED = {
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
-    "AuthError", "NotFound", "LeaseLost", "JobGone", "Cancelled", "QueueFull", "ShardUnavailable", "Closed",
+    "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed",
+    "CorruptLog", "LogFailed", "Cancelled",
 }
 
 

@@ -24,9 +24,9 @@ from typing import Iterable
 from .. import limits
 from .connection import ConnectionLost, Future, ShardClient
 from ..datadir import DataDir
-from ..errors import Closed, InvalidJob, JobGone, NotFound, ShardqError, ShardUnavailable
+from ..errors import Closed, InvalidJob, JobGone, ShardUnavailable
 from ..shard import validate
-from ..types import DeadLetter, DeadLetterPage, Lease
+from ..types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
@@ -414,6 +414,7 @@ class Router:
         job is due), ``error`` (the last one), ``position`` (jobs ahead of it in its key's
         line; 0: it is the head), ``cancelled``, ``enqueued_at`` (to about a second),
         ``body``, ``shard``. NotFound if it is not live (acked, cancelled, purged)."""
+        from ..errors import NotFound
         validate.integer("job_id", job_id)
         shard = shard_of_job(job_id)
         if shard >= self.shards:
@@ -421,12 +422,13 @@ class Router:
         return dict(self._call(shard, "job", [job_id]), shard=shard)
 
     def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,
-                          skip_unavailable: bool = False) -> DeadLetterPage:
+                          skip_unavailable: bool = False) -> "DeadLetterPage":
         """One page of dead letters with their errors, shard by shard, lowest id first within
         a shard. Pass the returned ``cursor`` back for the next page (None: no more). A
         redrive or purge between pages never makes the walk skip or repeat a letter.
         ``skip_unavailable``: leave out a shard that is down (listed in ``skipped_shards``)
         instead of raising ShardUnavailable."""
+        from ..types import DeadLetterPage
         limit = validate.count("limit", limit, 1000)
         shard, after = self._parse_cursor(cursor)
         items: list[DeadLetter] = []
@@ -476,6 +478,7 @@ class Router:
         """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
         in all (a scrape). A shard that is down or slow appears as ``{"shard": i,
         "available": False, "error": ...}``: this never raises ShardUnavailable."""
+        from ..errors import ShardqError
         deadline = time.monotonic() + timeout_s
         sent: list = []
         for s in range(self.shards):

@@ -52,12 +52,6 @@ OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "extend", "watch", "dead_l
 ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
-#: The control and metrics ops and their arity (see the table above).
-CONTROL_ARITY = {"pause": 1, "resume": 1, "cancel": 1, "job": 1, "dead_page": 3, "purge_ids": 2,
-                 "metrics": 0}
-ARITY.update(CONTROL_ARITY)
-OPS = OPS | frozenset(CONTROL_ARITY)
-
 OK = 0
 ERR = 1
 
@@ -105,3 +99,10 @@ def error_from_payload(payload) -> ShardqError:
         return exc
     except Exception:
         return ShardqError(f"undecodable error reply: {payload!r:.200}")
+
+
+#: The control and metrics ops and their arity (see the table above).
+CONTROL_ARITY = {"pause": 1, "resume": 1, "cancel": 1, "job": 1, "dead_page": 3, "purge_ids": 2,
+                 "metrics": 0}
+ARITY.update(CONTROL_ARITY)
+OPS = OPS | frozenset(CONTROL_ARITY)
