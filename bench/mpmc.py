@@ -141,27 +141,28 @@ def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
 
 
 def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
-        deadline_s: float) -> dict[str, Any]:
+        deadline_s: float, producers: int = PRODUCERS, consumers: int = CONSUMERS) -> dict[str, Any]:
+    """Figure D (or D2); other producer/consumer counts for other figures (bench/http_overhead.py: M)."""
     spec = adapter.client_spec()
     if spec is None and not adapter.thread_safe:
         raise RuntimeError(f"{adapter.name}: no client processes and not thread-safe")
-    parties = PRODUCERS + CONSUMERS + 1
+    parties = producers + consumers + 1
     if spec is not None:
         ctx = mp.get_context("spawn")
         barrier, acked = ctx.Barrier(parties), ctx.Value("q", 0)
     else:
         barrier, acked = threading.Barrier(parties), _Counter()
-    roles = [(produce, (share, batch, barrier)) for share in split(items, PRODUCERS)]
+    roles = [(produce, (share, batch, barrier)) for share in split(items, producers)]
     roles += [(consume, (batch, len(items), acked, barrier, stall_s))
-              for _ in range(CONSUMERS)]
+              for _ in range(consumers)]
     if spec is not None:
         results = _run_processes(spec, roles, barrier, deadline_s)
     else:
         results = _run_threads(adapter, roles, barrier, deadline_s)
-    producers, consumers = results[:PRODUCERS], results[PRODUCERS:]
-    start = min(p["start"] for p in producers)
-    end = max(c["last_ack"] for c in consumers)
-    delivered = [body for c in consumers for body in c["delivered"]]
+    produced, consumed = results[:producers], results[producers:]
+    start = min(p["start"] for p in produced)
+    end = max(c["last_ack"] for c in consumed)
+    delivered = [body for c in consumed for body in c["delivered"]]
     delivery = check((body for body, _key in items), delivered)
     seconds = end - start
     return {"mode": "processes" if spec is not None else "threads",

@@ -3,7 +3,9 @@
 Layout (imports point down this list, never up):
 
 * ``cli/`` -- the ``shardq`` command;
-* ``service/`` -- the supervisor that runs the shard processes;
+* ``service/`` -- the supervisor that runs the shard processes, the scheduler of periodic
+  jobs, and the HTTP listener of ``shardq serve`` (Prometheus metrics, the web console in
+  ``service/console/``);
 * ``consumer/`` -- tasks (``App``), the worker runners, running one job, idempotency stores;
 * ``client/`` -- the router apps embed (``router``), its connection to a shard, and the
   asyncio client (``aio``);
@@ -40,10 +42,10 @@ from .config import Config, QueueConfig
 from .consumer.tasks import App, Exponential, Task
 from .client.queue import Queue
 from .client.router import Router
-from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig, InvalidJob,
-                     JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown, ProtocolError,
-                     QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue,
-                     Unsupported, UsageError)
+from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig,
+                     InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
+                     ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
+                     UnknownQueue, Unsupported, UsageError)
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
     "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio",
+    "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
 ]
 
 

@@ -31,6 +31,10 @@ so a typo never silently falls back to a default. Times are in seconds.
     key = "cleanup"           # optional
     timezone = "UTC"          # of the cron expression
     catch_up = true           # fire a tick missed while the service was down, once
+
+    [http]                    # metrics and the web console (``shardq serve`` only)
+    listen = "127.0.0.1:7781" # "" = off; anything but loopback needs a token
+    token = ""                # or the SHARDQ_HTTP_TOKEN environment variable
 """
 from __future__ import annotations
 
@@ -88,12 +92,21 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The HTTP listener of ``shardq serve`` (metrics, console); see shardq/service/http_server.py."""
+
+    listen: str = "127.0.0.1:7781"
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     queue_defaults: QueueConfig = field(default_factory=QueueConfig)
     queues: dict[str, QueueConfig] = field(default_factory=lambda: {"default": QueueConfig()})
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     def queue(self, name: str) -> QueueConfig | None:
         """The settings of ``name``; None if undeclared and queues must be declared."""
@@ -106,6 +119,8 @@ class Config:
         return self.service.shards or (os.cpu_count() or 1)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as the TOML schema, less secrets (``http.token``): this dict travels on
+        shard command lines, which every local user can read."""
         return {
             "service": dataclasses.asdict(self.service),
             "limits": dataclasses.asdict(self.limits),
@@ -113,6 +128,7 @@ class Config:
             "queues": {n: dataclasses.asdict(q) for n, q in self.queues.items()},
             "schedules": {n: {k: v for k, v in dataclasses.asdict(sc).items() if v is not None}
                           for n, sc in self.schedules.items()},
+            "http": {"listen": self.http.listen},
         }
 
 
@@ -204,7 +220,7 @@ def parse(raw: dict[str, Any]) -> Config:
     """Validate a config dict (the TOML schema) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise InvalidConfig(f"config: expected a table, got {raw!r}")
-    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues", "schedules"}
+    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues", "schedules", "http"}
     if unknown:
         raise InvalidConfig(f"{sorted(unknown)[0]}: unknown key")
     service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
@@ -222,8 +238,36 @@ def parse(raw: dict[str, Any]) -> Config:
     if not isinstance(raw_schedules, dict):
         raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")
     schedules = {name: _schedule(name, sc) for name, sc in raw_schedules.items()}
+    http = _section("http", raw.get("http", {}), HttpConfig(), {}, {"listen": _listen, "token": _token})
     return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues,
-                  schedules=schedules)
+                  schedules=schedules, http=http)
+
+
+HTTP_TOKEN_CHARS_MIN = 16
+
+
+def _listen(path: str, value: Any) -> str:
+    """``"host:port"`` (``"[::1]:7781"`` for IPv6; port 0 = any free port) or ``""`` (off)."""
+    if not isinstance(value, str):
+        raise InvalidConfig(f"{path}: expected \"host:port\" or \"\", got {value!r}")
+    if value:
+        split_listen(value, path)
+    return value
+
+
+def split_listen(value: str, path: str = "http.listen") -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidConfig(f"{path}: expected \"host:port\" (port 0-65535), got {value!r}")
+    return host, int(port)
+
+
+def _token(path: str, value: Any) -> str:
+    if not isinstance(value, str) or (value and len(value) < HTTP_TOKEN_CHARS_MIN):
+        raise InvalidConfig(f"{path}: expected \"\" or a secret of at least {HTTP_TOKEN_CHARS_MIN} characters")
+    return value
 
 
 def load(source: str | os.PathLike | dict | Config | None) -> Config:

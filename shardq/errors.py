@@ -6,7 +6,7 @@ All derive from :class:`ShardqError`. The name says who caused the error:
   :class:`NotFound`, :class:`UsageError`
 * your setup: :class:`InvalidConfig` and its kinds :class:`ShardCountMismatch`,
   :class:`NotADataDir`, :class:`DataDirLocked`; :class:`AuthError`
-* your lease: :class:`LeaseLost`
+* your lease: :class:`LeaseLost` (and :class:`Cancelled`: an operator cancelled the job)
 * capacity: :class:`QueueFull`
 * the backend: :class:`Unsupported` (a feature this backend cannot provide)
 * the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`), :class:`Closed`
@@ -59,6 +59,12 @@ class LeaseLost(ShardqError):
 class JobGone(LeaseLost):
     """The job no longer exists: it was acked (by this lease or, after a redelivery, by
     another worker). A retried ack that gets this knows its first attempt succeeded."""
+
+
+class Cancelled(LeaseLost):
+    """The job was cancelled (``cancel``) while you held its lease: stop working on it. An
+    ``extend`` changes nothing; an ``ack`` or ``nack`` removes the job at once (otherwise it
+    is removed when the lease ends). The job is never delivered again."""
 
 
 class Unsupported(ShardqError):
@@ -145,6 +151,7 @@ BY_NAME: dict[str, type[ShardqError]] = {
         ShardqError, InvalidJob, UnknownQueue, InvalidConfig, ProtocolError, AuthError,
         NotFound, LeaseLost, JobGone, QueueFull, ShardUnavailable, OutcomeUnknown, Closed, ShardCountMismatch,
         NotADataDir, DataDirLocked, UsageError, Unsupported, LogFailed, InvariantViolation,
+        Cancelled,
     )
 }
 

@@ -35,3 +35,12 @@ class DeadLetter(NamedTuple):
     queue: str
     attempts: int
     error: str | None
+
+
+class DeadLetterPage(NamedTuple):
+    """One page of dead letters (``Router.dead_letters_page``): ``cursor`` fetches the next
+    page (None: this was the last); ``skipped_shards`` were down and left out."""
+
+    items: list[DeadLetter]
+    cursor: str | None
+    skipped_shards: list[int]

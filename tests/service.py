@@ -42,7 +42,10 @@ class Service:
                  log_path: str | None = None):
         self.data_dir = data_dir or os.path.join(short_tmpdir(), "data")
         self.shards = shards
-        self.config = config or {}
+        self.config = dict(config or {})
+        # Metrics and console on a free port unless the test says otherwise: services of
+        # parallel tests must not fight over the default port (see http_url()).
+        self.config.setdefault("http", {"listen": "127.0.0.1:0"})
         self.proc: subprocess.Popen | None = None
         self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
         self._owns_dir = data_dir is None
@@ -127,6 +130,19 @@ class Service:
             _wait_gone(pid)
         return rc
 
+    def http_url(self) -> str:
+        """Where the HTTP listener is (``run/http.json``, written once it listens)."""
+        path = os.path.join(self.data_dir, "run", "http.json")
+
+        def current():  # a file left by a killed predecessor names another pid
+            try:
+                with open(path) as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                return None
+            return info["url"] if info["pid"] == self.proc.pid else None
+        return wait_until(current, 20, 0.02, "the HTTP listener's address file")
+
     def connect(self, **kw):
         return shardq.connect(self.data_dir, **kw)
 
@@ -138,6 +154,19 @@ class Service:
         self.log.close()
         if self._owns_dir:
             shutil.rmtree(os.path.dirname(self.data_dir), ignore_errors=True)
+
+
+def reset_queues(q, names) -> None:
+    """Leave ``names`` empty and running (between tests sharing one service): resume, ack
+    whatever can be leased, purge the dead letters."""
+    for name in names:
+        q.resume(name)
+        while True:
+            leases = q.dequeue_many(name, max_jobs=1000)
+            if not leases:
+                break
+            q.ack_many(leases)
+        q.purge_dead_letters(name)
 
 
 def restarted(svc: Service, shard: int, old_pid: int) -> int:

@@ -8,7 +8,7 @@ EXPECTED = {
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
     "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio",
+    "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
 }
 
 

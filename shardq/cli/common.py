@@ -56,3 +56,13 @@ def number(text: str) -> float:
 
 def print_json(obj) -> None:
     print(json.dumps(obj, default=str), file=sys.stdout)
+
+
+def control_call(q, name: str):
+    """``q``'s control call ``name`` (pause, resume, cancel, job, dead_letters_page): these
+    are calls of the local shards' router, not of the Queue protocol."""
+    fn = getattr(q, name, None)
+    if fn is None:
+        from ..errors import Unsupported
+        raise Unsupported(f"{name}: not supported by the {type(q).__name__} backend")
+    return fn

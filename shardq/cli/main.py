@@ -5,7 +5,9 @@
     shardq dequeue [--queue Q] [--wait S] [--visibility S] [--max N]
     shardq ack JOB_ID TOKEN | shardq nack JOB_ID TOKEN [--delay S] [--error TEXT]
     shardq stats [--json]
-    shardq dead-letters list|redrive|purge [--queue Q]
+    shardq dead-letters list|redrive|purge [--queue Q] [--limit N] [--cursor C] [--id ID ...]
+    shardq queue pause|resume NAME
+    shardq job show|cancel ID
     shardq wal check [PATH] | shardq wal repair SHARD_DIR --force
     shardq worker module:function [--queue Q] [--concurrency N] [...]
     shardq worker myapp.tasks [more.modules] [--queue Q ...] [...]
@@ -27,9 +29,10 @@ import sys
 from typing import Callable
 
 from ..errors import ShardqError
-from . import common, dead_letters, exits, jobs, schedules, serve, stats, verify, wal, worker
+from . import (common, dead_letters, exits, job_control, jobs, queue_control, schedules, serve, stats,
+               verify, wal, worker)
 
-GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules)
+GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""``shardq serve``: run the shard supervisor in the foreground."""
+"""``shardq serve``: run the shard supervisor in the foreground, and its HTTP listener
+(metrics and web console; ``[http] listen``, on by default on loopback)."""
 from __future__ import annotations
 
 import logging
@@ -20,7 +21,21 @@ def run(args) -> int:
     cfg = common.load_config(args.config)
     log.info("event=config source=%s", common.config_source(args.config))
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards)
+    http = None
+    if cfg.http.listen:
+        from ..service.http_server import HttpService, resolve_token
+        resolve_token(cfg.http)  # a bad token is refused before any shard starts
     sup.start()
-    print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}",
-          file=sys.stderr, flush=True)
-    return sup.run()
+    try:
+        if cfg.http.listen:
+            http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir)
+    except BaseException:
+        sup.stop()
+        raise
+    print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
+          + (f"; console and metrics at {http.url}" if http else ""), file=sys.stderr, flush=True)
+    try:
+        return sup.run()
+    finally:
+        if http is not None:
+            http.stop()

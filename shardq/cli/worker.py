@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
     p.add_argument("--log-every", type=int, default=1000)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on this address (port 0: any free port; printed)")
 
 
 def register(sub, parent) -> None:
@@ -74,16 +76,17 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         # Requests must time out well inside a lease, so one hung shard cannot stall the
         # heartbeats of jobs on the other shards past their deadlines.
         router = connect(target, request_timeout_s=5.0)
+        metrics = _serve_metrics(args)
         if task_mode:
             from ..consumer.taskworker import Options, TaskWorkers
             TaskWorkers(args.handler, router, target, args.queue,
                         Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
-                                grace_s=args.grace, log_every=args.log_every),
+                                grace_s=args.grace, log_every=args.log_every, metrics=metrics),
                         idempotency_path=args.idempotency, store=store).run()
         else:
             Worker(router, handler, queue=(args.queue or ["default"])[0], concurrency=args.concurrency,
                    mode=args.mode, idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-                   log_every=args.log_every).run()
+                   log_every=args.log_every, metrics=metrics).run()
     finally:
         if router is not None:
             router.close()
@@ -101,3 +104,29 @@ def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = Non
     add_arguments(p)
     args = p.parse_args(argv)
     return run_guarded(lambda: run(args, connect))
+
+
+def _task_name(lease) -> str:
+    """The task a job calls (the metrics label of ``shardq worker MODULE``)."""
+    from ..consumer import taskbody
+    try:
+        return taskbody.decode(lease.body)[0]
+    except taskbody.BadBody:
+        return "(not a task)"
+
+
+def _serve_metrics(args):
+    """``--metrics HOST:PORT``: a WorkerMetrics served on that address, or None."""
+    if not args.metrics:
+        return None
+    from ..consumer.metrics import WorkerMetrics
+    from ..errors import InvalidConfig
+    handler_mode = any(":" in t for t in args.handler)  # one module:function, labelled by its name
+    metrics = WorkerMetrics(task=" ".join(args.handler), task_of=None if handler_mode else _task_name)
+    try:
+        host, port = metrics.serve(args.metrics)
+    except OSError as e:
+        raise InvalidConfig(f"--metrics {args.metrics}: cannot listen: {e.strerror or e}") from None
+    shown = f"[{host}]" if ":" in host else host
+    print(f"shardq worker: metrics at http://{shown}:{port}/metrics", file=sys.stderr, flush=True)
+    return metrics

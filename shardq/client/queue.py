@@ -22,6 +22,11 @@ The guarantees every backend keeps (tested by one contract suite, ``tests/test_c
 * After ``max_deliveries`` deliveries a job moves to the dead-letter queue.
 * A feature a backend cannot provide faithfully raises :class:`~shardq.errors.Unsupported`
   naming the feature and the backend; an argument is never silently ignored.
+
+Control calls (``pause``, ``resume``, ``cancel``, ``job``, ``dead_letters_page``,
+``shard_metrics``) are not part of this protocol: the local shards' router has them; a
+backend may define them and raise ``Unsupported``, and the CLI reports ``Unsupported`` for a
+backend that lacks them (``shardq.cli.common.control_call``).
 """
 from __future__ import annotations
 

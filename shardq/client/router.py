@@ -106,7 +106,7 @@ def queue_totals(shards: list[dict]) -> dict[str, dict]:
         for name, counts in sh["queues"].items():
             agg = queues.setdefault(name, dict.fromkeys(counts, 0))
             for k, v in counts.items():
-                agg[k] = agg.get(k, 0) + v
+                agg[k] = True if k == "paused" and v else agg.get(k, 0) + v  # paused on any shard
     return queues
 
 
@@ -413,8 +413,13 @@ class Router:
         """Move dead letters back into the queue with a fresh delivery count; returns how many."""
         return sum(n for n, _ in self._call_many(redrive_calls(self.shards, queue, job_ids)))
 
-    def purge_dead_letters(self, queue: str = "default") -> int:
-        return sum(n for n, _ in self._call_many([(s, "purge_dead", [queue]) for s in range(self.shards)]))
+    def purge_dead_letters(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
+        """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
+        no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
+        if job_ids is None:
+            return sum(n for n, _ in self._call_many([(s, "purge_dead", [queue]) for s in range(self.shards)]))
+        calls = [(s, "purge_ids", [queue, ids]) for s, ids in self._by_shard(job_ids).items()]
+        return sum(n for n, _ in self._call_many(calls)) if calls else 0
 
     def queue_config(self, queue: str = "default") -> dict:
         """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
@@ -440,6 +445,126 @@ class Router:
             for sh in shards:
                 sh.update(self._supervisor.process_stats(sh["shard"]))
         return {"shards": shards, "queues": queues}
+
+    # ------------------------------------------------------------------ control (this backend)
+    # Pause, cancel, look-up and dead-letter paging are calls of the local shards' router,
+    # not of the Queue protocol: a backend that cannot do them (SQS) raises Unsupported.
+    def pause(self, queue: str = "default") -> int:
+        """Stop leasing from ``queue``, durably, on every shard (it stays paused across
+        restarts). Enqueue, ack, nack and extend keep working. Returns how many shards were
+        not paused yet. ShardUnavailable if a shard is down: the others are paused, and
+        calling again once it is back finishes the job (idempotent)."""
+        return self._on_every_shard("pause", queue)
+
+    def resume(self, queue: str = "default") -> int:
+        """Lease from ``queue`` again; returns how many shards were paused."""
+        return self._on_every_shard("resume", queue)
+
+    def _on_every_shard(self, op: str, queue: str) -> int:
+        if type(queue) is not str:
+            raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+        return sum(bool(changed) for changed, _ in self._call_many([(s, op, [queue]) for s in range(self.shards)]))
+
+    def cancel(self, job_id: int) -> str:
+        """Cancel a job; idempotent. Returns ``"cancelled"`` (it was ready, delayed or
+        waiting: deleted, and the next job of its key moved up), ``"purged"`` (a dead
+        letter), ``"cancelling"`` (leased: the holder's next extend/ack/nack raises
+        :class:`~shardq.errors.Cancelled`; it is never delivered again) or ``"gone"`` (no
+        such job any more: finished, cancelled, purged, or never enqueued)."""
+        validate.integer("job_id", job_id)
+        return self._call(shard_of_job(job_id), "cancel", [job_id])
+
+    def job(self, job_id: int) -> dict:
+        """What the service knows of a live job: ``state`` (waiting, delayed, ready, leased,
+        dead), ``queue``, ``key``, ``attempts``, ``deadline`` (lease end, or when a delayed
+        job is due), ``error`` (the last one), ``position`` (jobs ahead of it in its key's
+        line; 0: it is the head), ``cancelled``, ``enqueued_at`` (to about a second),
+        ``body``, ``shard``. NotFound if it is not live (acked, cancelled, purged)."""
+        from ..errors import NotFound
+        validate.integer("job_id", job_id)
+        shard = shard_of_job(job_id)
+        if shard >= self.shards:
+            raise NotFound(f"job {job_id} names shard {shard}; this service has {self.shards}")
+        return dict(self._call(shard, "job", [job_id]), shard=shard)
+
+    def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,
+                          skip_unavailable: bool = False) -> "DeadLetterPage":
+        """One page of dead letters with their errors, shard by shard, lowest id first within
+        a shard. Pass the returned ``cursor`` back for the next page (None: no more). A
+        redrive or purge between pages never makes the walk skip or repeat a letter.
+        ``skip_unavailable``: leave out a shard that is down (listed in ``skipped_shards``)
+        instead of raising ShardUnavailable."""
+        from ..types import DeadLetterPage
+        limit = validate.count("limit", limit, 1000)
+        shard, after = self._parse_cursor(cursor)
+        items: list[DeadLetter] = []
+        skipped: list[int] = []
+        while shard < self.shards and len(items) < limit:
+            want = limit - len(items)
+            try:
+                rows = self._call(shard, "dead_page", [queue, after, want],
+                                  **({"retry_s": min(self.retry_s, DOWN_PROBE_S)} if skip_unavailable else {}))
+            except ShardUnavailable:
+                if not skip_unavailable:
+                    raise
+                skipped.append(shard)
+                rows = []
+            items.extend(DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for r in rows)
+            if len(rows) < want:
+                shard, after = shard + 1, None
+            else:
+                after = rows[-1][0]
+        next_cursor = None if shard >= self.shards else f"{shard}:{'' if after is None else after}"
+        return DeadLetterPage(items, next_cursor, skipped)
+
+    def _parse_cursor(self, cursor) -> tuple[int, int | None]:
+        if cursor is None:
+            return 0, None
+        try:
+            shard_text, _, after_text = str(cursor).partition(":")
+            shard, after = int(shard_text), (int(after_text) if after_text else None)
+        except ValueError:
+            raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.60}") from None
+        if not 0 <= shard <= self.shards:
+            raise InvalidJob(f"not a dead-letter cursor of this service: {cursor!r:.60}")
+        return shard, after
+
+    def _by_shard(self, job_ids) -> dict[int, list]:
+        if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
+            raise InvalidJob("job_ids must be a list of job ids")
+        per: dict[int, list] = {}
+        for j in job_ids:
+            validate.integer("job_id", j)
+            per.setdefault(shard_of_job(j), []).append(j)
+        if any(s >= self.shards for s in per):
+            raise InvalidJob(f"job ids name shards this service does not have ({self.shards} shards)")
+        return per
+
+    def shard_metrics(self, timeout_s: float = 2.0) -> list[dict]:
+        """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
+        in all (a scrape). A shard that is down or slow appears as ``{"shard": i,
+        "available": False, "error": ...}``: this never raises ShardUnavailable."""
+        from ..errors import ShardqError
+        deadline = time.monotonic() + timeout_s
+        sent: list = []
+        for s in range(self.shards):
+            try:
+                sent.append(self._send(s, "metrics", [], min(deadline, time.monotonic() + DOWN_PROBE_S)))
+            except ShardqError as e:
+                sent.append(e)
+        out = []
+        for s, fut in enumerate(sent):
+            if isinstance(fut, BaseException):
+                error = fut
+            elif not fut.wait(max(deadline - time.monotonic(), 0.0)):
+                error = f"no answer within {timeout_s:.1f} s"
+            else:
+                error = fut.error
+            if error is None:
+                out.append(dict(fut.value, available=True))
+            else:
+                out.append({"shard": s, "available": False, "error": str(error), "queues": {}})
+        return out
 
     def ping(self) -> list[int]:
         return [r for r, _ in self._call_many([(s, "ping", []) for s in range(self.shards)])]

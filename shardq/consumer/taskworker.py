@@ -29,6 +29,7 @@ class Options:
     prefetch: int | None = None
     grace_s: float = 30.0
     log_every: int = 1000
+    metrics: Any = None  # a consumer.metrics.WorkerMetrics (thread-mode queues report to it)
     worker_extra: dict = field(default_factory=dict)
 
 
@@ -90,7 +91,7 @@ class TaskWorkers:
             else:
                 w = Worker(self.router, handler, queue=queue, concurrency=o.concurrency, mode=o.mode,
                            idempotency=self.store, prefetch=o.prefetch, grace_s=o.grace_s,
-                           log_every=o.log_every, **o.worker_extra)
+                           log_every=o.log_every, metrics=o.metrics, **o.worker_extra)
             log.info("queue %r: %s worker, tasks: %s", queue, mode,
                      ", ".join(sorted(t.name for t in self.tasks.values() if t.queue == queue)) or "(none)")
             self.workers.append(w)

@@ -118,7 +118,7 @@ class Worker:
                  heartbeat_fraction: float = 0.5, grace_s: float = 30.0, log_every: int = 1000,
                  clock: Clock | None = None, rng: random.Random | None = None,
                  poll_s: float = POLL_S, idle_wait_s: float = IDLE_WAIT_S,
-                 prune_every_s: float | None = PRUNE_EVERY_S):
+                 prune_every_s: float | None = PRUNE_EVERY_S, metrics=None):
         if prefetch is None:
             prefetch = max(1, concurrency // 4) if isinstance(concurrency, int) else 0
         _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
@@ -170,6 +170,7 @@ class Worker:
         self._pool_gen = 0
         self._pool_lock = threading.Lock()
         self.stats = WorkerStats()
+        self._metrics = metrics  # a consumer.metrics.WorkerMetrics, or None
 
     # ------------------------------------------------------------------ public
     def stop(self) -> None:
@@ -190,6 +191,9 @@ class Worker:
             results.put(_WAKE)
         self._work = work = queue_mod.SimpleQueue()
         self._in_flight: dict[tuple[int, int], _Job] = {}
+        if self._metrics is not None:
+            in_flight = self._in_flight
+            self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
         self._outbox: list[tuple[str, _Job, Any]] = []
         self._idle = self._concurrency
@@ -471,6 +475,8 @@ class Worker:
         if not keep:
             self._in_flight.pop(job.ref, None)
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        if self._metrics is not None:
+            self._metrics.finished(job.lease, counter)
         self._log_n += 1
         if self._log_n >= self._log_every:
             self._log_progress()
@@ -591,6 +597,7 @@ class Worker:
                 return EXPIRED, None, None
             job.state = RUNNING
             lease = job.lease
+        started = self._clock.monotonic()
         try:
             if self._mode == "process":
                 return self._run_in_pool(lease)
@@ -599,6 +606,9 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %d: runner error", lease.job_id)
             return FAILED, error_text(exc), None
+        finally:
+            if self._metrics is not None:
+                self._metrics.handled(lease, self._clock.monotonic() - started)
 
     def _may_commit(self, job: _Job) -> bool:
         """The lease check right before the commit (runner thread): local knowledge only,

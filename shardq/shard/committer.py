@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 
 from ..errors import LogFailed
+from .histogram import COMMIT_OPS_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 
 log = logging.getLogger("shardq.shard")
 
@@ -36,6 +38,8 @@ class Committer:
         self._stopping = False
         self._busy = False
         self.fsyncs = 0
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
+        self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
@@ -95,6 +99,7 @@ class Committer:
         """Make the payloads durable (one fsync), then send the replies, in order."""
         payloads = [p for ps, _, _ in items for p in ps]
         if payloads:
+            t0 = time.perf_counter()
             try:
                 self.log.commit(payloads)
             except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
@@ -103,6 +108,8 @@ class Committer:
                 logging.shutdown()
                 os._exit(self.exit_code)
             self.fsyncs += 1
+            self.commit_seconds.observe(time.perf_counter() - t0)
+            self.commit_ops.observe(sum(map(ops_in, payloads)))
         for _, sends, closes in items:
             for conn, frame in sends:
                 if conn.closed or conn.dead:
@@ -114,3 +121,16 @@ class Committer:
                     conn.shut()
             for conn in closes:
                 conn.close()
+
+
+def ops_in(payload: bytes) -> int:
+    """How many operations a record payload holds, from its msgpack array header alone (a
+    payload is one packed list of operations; see DurableShard.take_payload)."""
+    first = payload[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC:
+        return int.from_bytes(payload[1:3], "big")
+    if first == 0xDD:
+        return int.from_bytes(payload[1:5], "big")
+    return 1

@@ -41,6 +41,7 @@ from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, Pro
 from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
 from . import wire as protocol
 from .committer import Committer
+from .control_handlers import control_handlers
 from .conn import FrameConn
 from .durable import DurableShard
 
@@ -120,6 +121,7 @@ class ShardServer:
             "redrive": self._redrive, "purge_dead": self._purge_dead,
             "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
         }
+        self._handlers.update(control_handlers(self))
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:

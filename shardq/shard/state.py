@@ -34,6 +34,7 @@ from ..errors import (InvalidJob, InvariantViolation, JobGone, LeaseLost, NotFou
                       UnknownQueue, check)
 from ..types import DeadLetter, Lease
 from . import ops, validate
+from .control import ACKED, DEAD_LETTERED, ENQUEUED, EXPIRED, LEASED, NACKED, REDRIVEN, ControlOps
 
 
 class JobState(IntEnum):
@@ -58,6 +59,7 @@ TRANSITIONS = frozenset({
     (R, L), (R, X),
     (L, L), (L, R), (L, D), (L, X), (L, G),
     (X, W), (X, D), (X, R), (X, G),
+    (W, G), (D, G), (R, G),  # cancelled (control.py)
 })
 
 
@@ -89,7 +91,8 @@ class Job:
 class QueueState:
     """One named queue on one shard."""
 
-    __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts")
+    __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts",
+                 "paused", "totals")
 
     def __init__(self, name: str, cfg: QueueConfig):
         self.name = name
@@ -101,6 +104,8 @@ class QueueState:
         self.dedup: dict[tuple, tuple[int, float]] = {}
         self.dedup_order: deque = deque()   # (expires_at, dedup key), oldest first
         self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
+        self.paused: float | None = None    # paused since (control.py)
+        self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
 
     def push_ready(self, job: Job) -> None:
         dq = self.ready.get(job.priority)
@@ -110,8 +115,11 @@ class QueueState:
         dq.append(job)
 
 
-class ShardState:
-    """The state of one shard. See the module docstring for the guarantees."""
+class ShardState(ControlOps):
+    """The state of one shard. See the module docstring for the guarantees. Pause, cancel,
+    look-ups and metrics figures are in :class:`~shardq.shard.control.ControlOps`."""
+
+    _GONE_STATE = G
 
     def __init__(self, shard_index: int, config: Config):
         check(0 <= shard_index < (1 << limits.JOB_ID_SHARD_BITS), "shard index out of range")
@@ -137,6 +145,7 @@ class ShardState:
             ops.SESSION: self._apply_session, ops.PURGE: self._apply_purge, ops.META: self._apply_meta,
             ops.JOB: self._apply_job, ops.DEDUP: self._apply_dedup, ops.CLIENT: self._apply_client,
         }
+        self._init_control()
 
     # ------------------------------------------------------------------ plumbing
     def take_ops(self) -> list[list]:
@@ -258,7 +267,11 @@ class ShardState:
             job = jobs.get(jid)
             if job is None or self.inflight.get(jid) != (token, expires_at):
                 continue  # acked, released, extended or re-leased since
-            if job.attempts >= job.q.cfg.max_deliveries:
+            job.q.totals[EXPIRED] += 1
+            if self.cancelled and jid in self.cancelled:
+                self._emit([ops.CANCEL, jid])  # a cancelled lease ended: the job goes
+            elif job.attempts >= job.q.cfg.max_deliveries:
+                job.q.totals[DEAD_LETTERED] += 1
                 self._emit([ops.DEAD, jid, self.errors.get(jid) or f"lease expired after {job.attempts} deliveries"])
             else:
                 del self.inflight[jid]
@@ -346,6 +359,7 @@ class ShardState:
                     continue
             jid = (self.next_seq << limits.JOB_ID_SHARD_BITS) | self.shard_index
             self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now])
+            q.totals[ENQUEUED] += 1
             if did is not None:
                 batch_dedup[dkey] = (jid, now + q.cfg.dedup_window)
             ids.append(jid)
@@ -366,6 +380,7 @@ class ShardState:
         seq = (jid >> _SHARD_BITS) + 1
         if seq > self.next_seq:
             self.next_seq = seq
+        self.enqueue_times.note(seq - 1, created)
         if did is not None and q.cfg.dedup_window > 0:
             expires = created + q.cfg.dedup_window
             q.dedup[(key, did)] = (jid, expires)
@@ -411,6 +426,8 @@ class ShardState:
         if q is None:
             self._queue(queue, create=False)  # validates the name; an unused queue is empty
             return []
+        if q.paused is not None:
+            return []  # paused (control.py): nothing is leased
         vis = q.cfg.visibility_timeout if visibility is None else visibility
         out: list[Lease] = []
         prios, ready = q.prios, q.ready
@@ -434,6 +451,7 @@ class ShardState:
                 op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
                 self._apply_dead(op, popped=True)
                 emit_ops.append(op)
+                q.totals[DEAD_LETTERED] += 1
                 continue
             token = self.next_token
             expires = now + vis
@@ -442,6 +460,7 @@ class ShardState:
             emit_ops.append(op)
             out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
             reply_left -= size
+        q.totals[LEASED] += len(out)
         return out
 
     def _apply_lease(self, op) -> None:
@@ -474,8 +493,11 @@ class ShardState:
     def ack(self, job_id: int, token: int, now: float) -> None:
         """Delete a leased job. LeaseLost (and no change) unless ``token`` is its live lease."""
         self.advance(now)
-        self._leased(job_id, token)
+        job = self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=True)
         self._emit([ops.ACK, job_id])
+        job.q.totals[ACKED] += 1
 
     def _apply_ack(self, op) -> None:
         job = self.jobs.pop(op[1])
@@ -493,12 +515,16 @@ class ShardState:
         prefetch): the lease is not counted as a delivery."""
         self.advance(now)
         job = self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=True)
         if delivered is False:
             self._emit([ops.RELEASE, job_id, 0, None, True])
             return
         delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
         error = validate.error_text(error)
+        job.q.totals[NACKED] += 1
         if job.attempts >= job.q.cfg.max_deliveries:
+            job.q.totals[DEAD_LETTERED] += 1
             self._emit([ops.DEAD, job_id, error or self.errors.get(job_id)
                         or f"released after {job.attempts} deliveries"])
         else:
@@ -528,6 +554,8 @@ class ShardState:
         self.advance(now)
         seconds = validate.seconds("seconds", seconds, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
         self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=False)
         expires = now + seconds
         self._emit([ops.EXTEND, job_id, expires])
         return expires
@@ -581,6 +609,7 @@ class ShardState:
                 raise NotFound(f"not dead letters of {queue!r}: {missing[:5]}")
         for jid in chosen:
             self._emit([ops.REDRIVE, jid])
+        q.totals[REDRIVEN] += len(chosen)
         return len(chosen)
 
     def _apply_redrive(self, op) -> None:
@@ -608,7 +637,7 @@ class ShardState:
     # ------------------------------------------------------------------ inspection
     def has_ready(self, queue: str) -> bool:
         q = self.queues.get(queue)
-        return q is not None and q.counts[R] > 0
+        return q is not None and q.counts[R] > 0 and q.paused is None
 
     def stats(self) -> dict:
         out = {}
@@ -616,6 +645,8 @@ class ShardState:
             c = q.counts
             out[name] = {"ready": c[R], "delayed": c[D], "waiting": c[W], "in_flight": c[L],
                          "dead": c[X], "keys": len(q.keys)}
+            if q.paused is not None:
+                out[name]["paused"] = True
         return out
 
     def queue_settings(self, queue: str) -> dict:
@@ -676,6 +707,13 @@ class ShardState:
                 yield pack(chunk)
                 chunk, size = [], 0
             chunk.append([ops.CLIENT, cid, seen, [[s, ids] for s, ids in seqs.items()]])
+            size += n
+        for op in self.control_checkpoint_ops():  # after the JOB operations they refer to
+            n = len(pack(op))
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
+            chunk.append(op)
             size += n
         if chunk:
             yield pack(chunk)

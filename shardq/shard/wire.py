@@ -27,7 +27,19 @@ purge_dead     [queue]                                                count
 queue_config   [queue]                                                {settings}
 stats          []                                                     {...}
 ping           []                                                     pid
+pause          [queue]                                                True if it changed
+resume         [queue]                                                True if it changed
+cancel         [job_id]                                               "cancelled" | "purged"
+                                                                      | "cancelling" | "gone"
+job            [job_id]                                               {job}
+dead_page      [queue, after_job_id | None, limit]                    [[id, key, body, attempts, error]]
+purge_ids      [queue, [job_id, ...]]                                 count
+metrics        []                                                     {stats + figures}
 =============  =====================================================  ====================
+
+The last seven are the control and metrics ops (:data:`CONTROL_ARITY`,
+``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
+pause, resume, cancel and purge_ids are idempotent, the others only read.
 """
 from __future__ import annotations
 
@@ -111,3 +123,13 @@ def error_from_payload(payload) -> ShardqError:
         return exc
     except Exception:
         return ShardqError(f"undecodable error reply: {payload!r:.200}")
+
+
+#: The control and metrics ops and their arity (see the table above).
+CONTROL_ARITY = {"pause": 1, "resume": 1, "cancel": 1, "job": 1, "dead_page": 3, "purge_ids": 2,
+                 "metrics": 0}
+ARITY.update(CONTROL_ARITY)
+OPS = OPS | frozenset(CONTROL_ARITY)
+# pause, resume, cancel and purge_ids are idempotent (a re-sent cancel of a lease already
+# marked changes nothing); job, dead_page and metrics only read.
+RETRY.update(dict.fromkeys(CONTROL_ARITY, RESEND))

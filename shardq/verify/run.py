@@ -93,6 +93,7 @@ class Run:
                             "restart_window": 1.0},
                 "limits": {"segment_bytes": 32 * 1024, "compact_min_bytes": 64 * 1024},
                 "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries},
+                "http": {"listen": "127.0.0.1:0"},  # never the default port: runs may overlap
             }))
         self.service = self._spawn(["-m", "shardq.cli", "serve", "--config", cfg, "--data-dir", self.data_dir,
                                     "--shards", str(self.a.shards)], "service.log")

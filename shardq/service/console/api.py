@@ -1,0 +1,129 @@
+"""What the console's JavaScript calls: a thin JSON layer over the router's calls.
+
+Reads (``overview``, ``dead_letters``, ``job``) never fail because one shard is down: the
+overview marks it down, dead-letter pages skip it (and say so). Actions (pause, resume,
+cancel, redrive, purge) go through the same router calls as the CLI and raise their typed
+errors, which the server turns into JSON error replies.
+
+Job ids travel as strings: they can exceed JavaScript's exact integers (2**53).
+"""
+from __future__ import annotations
+
+from ...errors import InvalidJob
+from ...shard.control import COUNTERS
+
+COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
+BODY_PREVIEW_BYTES = 200
+PAGE_MAX = 200
+
+
+def _id(value) -> int:
+    """A job id from JSON (a string of digits or an integer)."""
+    if isinstance(value, bool):
+        raise InvalidJob(f"not a job id: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    raise InvalidJob(f"not a job id: {value!r:.40}")
+
+
+def _ids(values) -> list[int]:
+    if not isinstance(values, list) or not values:
+        raise InvalidJob("ids must be a non-empty list of job ids")
+    return [_id(v) for v in values]
+
+
+def _queue(value) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidJob("queue must be a non-empty string")
+    return value
+
+
+def _preview(body: bytes) -> str:
+    text = body[:BODY_PREVIEW_BYTES].decode("utf-8", "replace")
+    return text + ("…" if len(body) > BODY_PREVIEW_BYTES else "")
+
+
+class ConsoleApi:
+    def __init__(self, router, supervisor=None, timeout_s: float = 2.0):
+        self.router = router
+        self.supervisor = supervisor
+        self.timeout_s = timeout_s
+
+    # ------------------------------------------------------------------ reads
+    def overview(self) -> dict:
+        """Queues (summed over the shards that answered), shards, and totals for the charts."""
+        shards = self.router.shard_metrics(self.timeout_s)
+        queues: dict[str, dict] = {}
+        for sh in shards:
+            for name, fig in sh.get("queue_metrics", {}).items():
+                counts = sh["queues"].get(name, {})
+                q = queues.setdefault(name, dict.fromkeys(COUNT_KEYS + COUNTERS, 0) |
+                                      {"name": name, "paused_shards": 0, "oldest_ready_age_s": None})
+                for k in COUNT_KEYS:
+                    q[k] += counts.get(k, 0)
+                for k in COUNTERS:
+                    q[k] += fig[k]
+                q["paused_shards"] += bool(fig["paused"])
+                age = fig["oldest_ready_age_s"]
+                if age is not None and (q["oldest_ready_age_s"] is None or age > q["oldest_ready_age_s"]):
+                    q["oldest_ready_age_s"] = age
+        up = [sh for sh in shards if sh.get("available")]
+        for q in queues.values():
+            q["paused"] = q["paused_shards"] > 0
+            q["partly_paused"] = 0 < q["paused_shards"] < len(up)
+        return {"queues": sorted(queues.values(), key=lambda q: q["name"]),
+                "shards": [self._shard_row(sh) for sh in shards],
+                "totals": {k: sum(q[k] for q in queues.values()) for k in COUNT_KEYS + COUNTERS}}
+
+    def _shard_row(self, sh: dict) -> dict:
+        row = {"shard": sh["shard"], "up": bool(sh.get("available")), "error": sh.get("error")}
+        for k in ("pid", "jobs", "wal_bytes", "segments", "clients", "compactions", "replay_records",
+                  "replay_seconds"):
+            row[k] = sh.get(k)
+        handles = self.supervisor.handles if self.supervisor is not None else []
+        if sh["shard"] < len(handles):
+            h = handles[sh["shard"]]
+            row.update(status=h.status, restarts=h.restarts, last_exit=h.last_exit)
+            if row["pid"] is None and h.proc is not None and h.status in ("starting", "ready"):
+                row["pid"] = h.proc.pid
+            if row["replay_records"] is None and h.ready_info:
+                row["replay_records"] = h.ready_info.get("records")
+                row["replay_seconds"] = h.ready_info.get("replay_s")
+        return row
+
+    def dead_letters(self, queue, limit=50, cursor=None) -> dict:
+        try:
+            limit = int(limit)
+        except (TypeError, ValueError):
+            raise InvalidJob(f"limit must be an integer, got {limit!r:.20}") from None
+        page = self.router.dead_letters_page(_queue(queue), min(max(limit, 1), PAGE_MAX), cursor or None,
+                                             skip_unavailable=True)
+        return {"items": [{"id": str(d.job_id), "key": d.key, "attempts": d.attempts, "error": d.error,
+                           "body": _preview(d.body), "body_bytes": len(d.body)} for d in page.items],
+                "cursor": page.cursor, "skipped_shards": page.skipped_shards}
+
+    def job(self, job_id) -> dict:
+        info = self.router.job(_id(job_id))
+        body = info.pop("body")
+        info.update(job_id=str(info["job_id"]), body=_preview(body), body_bytes=len(body))
+        return info
+
+    # ------------------------------------------------------------------ actions
+    def pause(self, data: dict) -> dict:
+        return {"queue": data.get("queue"), "changed_shards": self.router.pause(_queue(data.get("queue")))}
+
+    def resume(self, data: dict) -> dict:
+        return {"queue": data.get("queue"), "changed_shards": self.router.resume(_queue(data.get("queue")))}
+
+    def cancel(self, data: dict) -> dict:
+        return {"id": str(data.get("id")), "result": self.router.cancel(_id(data.get("id")))}
+
+    def redrive(self, data: dict) -> dict:
+        return {"redriven": self.router.redrive(_queue(data.get("queue")), _ids(data.get("ids")))}
+
+    def purge(self, data: dict) -> dict:
+        return {"purged": self.router.purge_dead_letters(_queue(data.get("queue")), _ids(data.get("ids")))}
+
+    ACTIONS = ("pause", "resume", "cancel", "redrive", "purge")

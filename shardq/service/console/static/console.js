@@ -1,0 +1,342 @@
+// The shardq console: polls /api/overview, draws the tables and charts, and sends the
+// actions (pause, resume, redrive, purge, cancel) as JSON POSTs with the CSRF header.
+// Every value from the service is put into the page as text (textContent), never as HTML:
+// job bodies and errors come from whoever enqueued them.
+"use strict";
+
+const POLL_MS = 2000;
+const POINTS = 60;   // two minutes of history at one point per poll (Grafana keeps the rest)
+let csrf = "";
+const history = { enqueued: [], acked: [], depth: [] };
+let last = null;     // {t, enqueued, acked} of the previous poll
+let dlCursor = null; // cursor of the current dead-letter page
+let dlNext = null;   // cursor of the next one
+let jobShown = null; // id of the job in the job panel
+
+const $ = (sel) => document.querySelector(sel);
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function status(message, kind) {
+  const s = $("#status");
+  s.textContent = message || "";
+  s.className = message ? kind || "" : "";
+}
+
+async function api(path, body) {
+  const opts = body === undefined ? {} : {
+    method: "POST", body: JSON.stringify(body),
+    headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
+  };
+  const r = await fetch(path, Object.assign({ credentials: "same-origin" }, opts));
+  if (r.status === 401) { window.location = "/login"; throw new Error("log in first"); }
+  const data = await r.json();
+  if (!r.ok) throw new Error(`${data.error}: ${data.message}`);
+  return data;
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 60) return `${seconds.toFixed(1)} s`;
+  if (seconds < 3600) return `${(seconds / 60).toFixed(1)} min`;
+  if (seconds < 86400) return `${(seconds / 3600).toFixed(1)} h`;
+  return `${(seconds / 86400).toFixed(1)} d`;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+// ---------------------------------------------------------------------------- overview
+async function poll() {
+  try {
+    const o = await api("/api/overview");
+    renderQueues(o.queues);
+    renderShards(o.shards);
+    recordCharts(o.totals);
+    const down = o.shards.filter((s) => !s.up).length;
+    $("#updated").textContent = `updated ${new Date().toLocaleTimeString()}` +
+      (down ? ` · ${down} shard${down > 1 ? "s" : ""} down` : "");
+    document.body.dataset.ready = "1";
+  } catch (e) {
+    $("#updated").textContent = `update failed: ${e.message}`;
+  }
+}
+
+function renderQueues(queues) {
+  const body = $("#queues tbody");
+  body.replaceChildren();
+  for (const q of queues) {
+    const tr = el("tr");
+    tr.dataset.queue = q.name;
+    tr.append(el("td", q.name, "name"));
+    for (const k of ["ready", "delayed", "waiting", "in_flight", "dead", "keys"]) tr.append(el("td", q[k], k));
+    tr.append(el("td", age(q.oldest_ready_age_s), "oldest"));
+    const state = el("td", null, "state");
+    const paused = q.paused;
+    state.append(el("span", paused ? (q.partly_paused ? "partly paused" : "paused") : "active",
+                    `badge ${paused ? "paused" : "active"}`));
+    tr.append(state);
+    const act = el("td");
+    const b = el("button", paused ? "resume" : "pause", paused ? "resume" : "pause");
+    b.type = "button";
+    b.dataset.queue = q.name;
+    b.addEventListener("click", () => pauseResume(q.name, paused ? "resume" : "pause", b));
+    act.append(b);
+    tr.append(act);
+    body.append(tr);
+  }
+  const sel = $("#dl-queue");
+  const chosen = sel.value;
+  const names = queues.map((q) => q.name);
+  if (names.join("\n") !== Array.from(sel.options, (o) => o.value).join("\n")) {
+    sel.replaceChildren(...names.map((n) => { const o = el("option", n); o.value = n; return o; }));
+    if (names.includes(chosen)) sel.value = chosen;
+    if (!chosen && names.length) loadDeadLetters(null);
+  }
+}
+
+function renderShards(shards) {
+  const body = $("#shards tbody");
+  body.replaceChildren();
+  for (const s of shards) {
+    const tr = el("tr", null, s.up ? "" : "down");
+    tr.dataset.shard = s.shard;
+    tr.append(el("td", s.shard));
+    const up = el("td");
+    up.append(el("span", s.up ? "up" : "down", `badge ${s.up ? "active" : "down"}`));
+    tr.append(up);
+    tr.append(el("td", s.pid ?? "–", "pid"));
+    tr.append(el("td", s.status ?? "–", "status"));
+    tr.append(el("td", s.restarts ?? "–", "restarts"));
+    tr.append(el("td", s.jobs ?? "–"));
+    tr.append(el("td", bytes(s.wal_bytes)));
+    tr.append(el("td", s.segments ?? "–"));
+    tr.append(el("td", s.clients ?? "–"));
+    tr.append(el("td", s.replay_records === null || s.replay_records === undefined ? "–"
+      : `${s.replay_records} records in ${Number(s.replay_seconds).toFixed(3)} s`));
+    tr.append(el("td", s.up ? (s.last_exit ?? "") : (s.error ?? s.last_exit ?? ""), "text"));
+    body.append(tr);
+  }
+}
+
+async function pauseResume(queue, action, button) {
+  button.disabled = true;
+  try {
+    await api(`/api/${action}`, { queue });
+    status(`${action === "pause" ? "paused" : "resumed"} ${queue}`, "ok");
+  } catch (e) {
+    status(`${action} ${queue}: ${e.message}`, "error");
+  }
+  await poll();
+}
+
+// ---------------------------------------------------------------------------- charts
+function recordCharts(t) {
+  const now = Date.now() / 1000;
+  const depth = t.ready + t.delayed + t.waiting + t.in_flight;
+  push("depth", depth);
+  $("#depth").textContent = depth;
+  if (last) {
+    const dt = now - last.t;
+    for (const k of ["enqueued", "acked"]) {
+      const d = t[k] - last[k];
+      const rate = d >= 0 && dt > 0 ? d / dt : 0;  // a shard restart resets its counters
+      push(k, rate);
+      $(`#rate-${k}`).textContent = rate.toFixed(1);
+    }
+  }
+  last = { t: now, enqueued: t.enqueued, acked: t.acked };
+  for (const k of Object.keys(history)) draw(`#chart-${k}`, history[k]);
+}
+
+function push(k, v) {
+  history[k].push(v);
+  if (history[k].length > POINTS) history[k].shift();
+}
+
+function draw(sel, values) {
+  const c = $(sel);
+  const g = c.getContext("2d");
+  const w = c.width, h = c.height, pad = 4;
+  g.clearRect(0, 0, w, h);
+  g.strokeStyle = "#e2e5ec";
+  g.beginPath(); g.moveTo(0, h - pad); g.lineTo(w, h - pad); g.stroke();
+  if (values.length < 2) return;
+  const max = Math.max(1, ...values);
+  g.strokeStyle = "#2f6fde";
+  g.lineWidth = 1.5;
+  g.beginPath();
+  values.forEach((v, i) => {
+    const x = w - ((values.length - 1 - i) / (POINTS - 1)) * w;  // newest at the right edge
+    const y = h - pad - (v / max) * (h - 2 * pad);
+    if (i) g.lineTo(x, y); else g.moveTo(x, y);
+  });
+  g.stroke();
+  g.fillStyle = "#6b7385";
+  g.font = "10px system-ui";
+  g.fillText(max >= 100 ? max.toFixed(0) : max.toFixed(1), 2, 10);
+}
+
+// ---------------------------------------------------------------------------- dead letters
+function selectedIds() {
+  return Array.from(document.querySelectorAll("#dead-letters input.dl-select:checked"), (c) => c.value);
+}
+
+function updateSelection() {
+  const n = selectedIds().length;
+  $("#dl-redrive").disabled = n === 0;
+  $("#dl-purge").disabled = n === 0;
+}
+
+async function loadDeadLetters(cursor) {
+  const queue = $("#dl-queue").value;
+  const table = $("#dead-letters");
+  if (!queue) return;
+  table.dataset.state = "loading";
+  try {
+    const params = new URLSearchParams({ queue, limit: "50" });
+    if (cursor) params.set("cursor", cursor);
+    const page = await api(`/api/dead-letters?${params}`);
+    dlCursor = cursor;
+    dlNext = page.cursor;
+    const body = $("#dead-letters tbody");
+    body.replaceChildren();
+    for (const d of page.items) {
+      const tr = el("tr");
+      tr.dataset.id = d.id;
+      const pick = el("td");
+      const box = el("input");
+      box.type = "checkbox";
+      box.className = "dl-select";
+      box.value = d.id;
+      box.addEventListener("change", updateSelection);
+      pick.append(box);
+      tr.append(pick, el("td", d.id, "id"), el("td", d.key ?? "–"), el("td", d.attempts),
+                el("td", d.error ?? "", "text error"), el("td", d.body, "text"));
+      const acts = el("td");
+      for (const [label, fn, cls] of [["redrive", dlRedrive, "redrive"], ["purge", dlPurge, "purge danger"],
+                                      ["look up", (ids) => lookUp(ids[0]), "lookup"]]) {
+        const b = el("button", label, cls);
+        b.type = "button";
+        b.addEventListener("click", () => fn([d.id]));
+        acts.append(b);
+      }
+      tr.append(acts);
+      body.append(tr);
+    }
+    $("#dl-all").checked = false;
+    $("#dl-next").disabled = !dlNext;
+    $("#dl-note").textContent = (page.items.length ? "" : "no dead letters on this page") +
+      (page.skipped_shards.length ? ` · shards ${page.skipped_shards.join(", ")} down, not shown` : "");
+    updateSelection();
+    table.dataset.state = "loaded";
+  } catch (e) {
+    table.dataset.state = "error";
+    status(`dead letters: ${e.message}`, "error");
+  }
+}
+
+async function dlAction(action, ids) {  // action: "redrive" or "purge"
+  if (action === "purge" &&
+      !window.confirm(`Delete ${ids.length} dead letter${ids.length > 1 ? "s" : ""} for good?`)) return;
+  try {
+    const r = await api(`/api/${action}`, { queue: $("#dl-queue").value, ids });
+    status(action === "purge" ? `purged: ${r.purged}` : `redriven: ${r.redriven}`, "ok");
+  } catch (e) {
+    status(`${action}: ${e.message}`, "error");
+  }
+  await Promise.all([loadDeadLetters(dlCursor), poll()]);
+}
+
+const dlRedrive = (ids) => dlAction("redrive", ids);
+const dlPurge = (ids) => dlAction("purge", ids);
+
+// ---------------------------------------------------------------------------- job look-up
+const JOB_FIELDS = [["job_id", "job id"], ["state", "state"], ["queue", "queue"], ["shard", "shard"],
+  ["key", "key"], ["position", "jobs ahead in its key"], ["attempts", "deliveries"], ["priority", "priority"],
+  ["deadline", "deadline"], ["enqueued_at", "enqueued"], ["error", "last error"], ["cancelled", "cancelled"],
+  ["queue_paused", "queue paused"], ["body_bytes", "body bytes"], ["body", "body"]];
+
+function when(t) {
+  return t ? `${new Date(t * 1000).toLocaleString()} (${age(Math.abs(t - Date.now() / 1000))} ${t > Date.now() / 1000 ? "from now" : "ago"})` : "–";
+}
+
+async function lookUp(id) {
+  id = String(id || "").trim();
+  $("#job-id").value = id;
+  const body = $("#job-result tbody");
+  body.replaceChildren();
+  $("#job-cancel").disabled = true;
+  jobShown = null;
+  if (!id) return;
+  try {
+    const j = await api(`/api/job?id=${encodeURIComponent(id)}`);
+    for (const [k, label] of JOB_FIELDS) {
+      let v = j[k];
+      if (k === "deadline" || k === "enqueued_at") v = when(v);
+      const tr = el("tr");
+      tr.dataset.field = k;
+      tr.append(el("th", label), el("td", v === null || v === undefined ? "–" : v));
+      body.append(tr);
+    }
+    jobShown = id;
+    $("#job-cancel").disabled = false;
+    $("#job-result").dataset.state = j.state;
+  } catch (e) {
+    const tr = el("tr");
+    tr.dataset.field = "error";
+    tr.append(el("th", "not found"), el("td", e.message));
+    body.append(tr);
+    $("#job-result").dataset.state = "missing";
+  }
+}
+
+async function cancelJob() {
+  if (!jobShown || !window.confirm(`Cancel job ${jobShown}?`)) return;
+  try {
+    const r = await api("/api/cancel", { id: jobShown });
+    status(`job ${r.id}: ${r.result}`, "ok");
+  } catch (e) {
+    status(`cancel: ${e.message}`, "error");
+  }
+  await Promise.all([lookUp(jobShown), poll()]);
+}
+
+// ---------------------------------------------------------------------------- start
+async function start() {
+  try {
+    const s = await api("/api/session");
+    csrf = s.csrf;
+    $("#data-dir").textContent = s.data_dir;
+    $("#logout").hidden = s.auth !== "token";
+  } catch (e) {
+    status(`session: ${e.message}`, "error");
+    return;
+  }
+  $("#dl-queue").addEventListener("change", () => loadDeadLetters(null));
+  $("#dl-reload").addEventListener("click", () => loadDeadLetters(dlCursor));
+  $("#dl-first").addEventListener("click", () => loadDeadLetters(null));
+  $("#dl-next").addEventListener("click", () => dlNext && loadDeadLetters(dlNext));
+  $("#dl-redrive").addEventListener("click", () => dlRedrive(selectedIds()));
+  $("#dl-purge").addEventListener("click", () => dlPurge(selectedIds()));
+  $("#dl-all").addEventListener("change", (e) => {
+    document.querySelectorAll("#dead-letters input.dl-select").forEach((c) => { c.checked = e.target.checked; });
+    updateSelection();
+  });
+  $("#job-form").addEventListener("submit", (e) => { e.preventDefault(); lookUp($("#job-id").value); });
+  $("#job-cancel").addEventListener("click", cancelJob);
+  await poll();
+  setInterval(poll, POLL_MS);
+}
+
+document.addEventListener("DOMContentLoaded", start);

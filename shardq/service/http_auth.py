@@ -1,0 +1,105 @@
+"""Who may use the HTTP listener, and which requests may change something.
+
+* **Token.** ``http.token`` (or ``SHARDQ_HTTP_TOKEN``) is required for any listen address
+  that is not loopback; on loopback it is optional. With a token, every request except the
+  login page and static assets must carry it: ``Authorization: Bearer <token>`` (scripts,
+  Prometheus) or the session cookie that ``POST /login`` sets (people). The cookie holds an
+  HMAC of the token, never the token, and changes when the token does.
+* **No token (loopback only).** Anyone who can connect to the loopback address may use the
+  console, so the ``Host`` header must name a loopback host: a web page whose domain was
+  rebound to 127.0.0.1 (DNS rebinding) is refused.
+* **CSRF.** Every request that changes state is a ``POST`` with a JSON body, and unless it
+  carries the bearer token (which a browser never adds by itself) it must send
+  ``X-CSRF-Token`` with the value ``GET /api/session`` returns, and an ``Origin``, if any,
+  of this listener. Another site's page can neither read that value nor send the header.
+
+Comparisons of secrets use :func:`hmac.compare_digest`.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+from http.cookies import CookieError, SimpleCookie
+
+COOKIE = "shardq_session"
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(host_header: str) -> str:
+    """The host part of a ``Host`` or ``Origin`` authority (``[::1]:80`` -> ``::1``)."""
+    if host_header.startswith("["):
+        return host_header[1:].partition("]")[0]
+    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
+
+
+class Auth:
+    """The checks of one listener. ``token`` None: open on loopback only."""
+
+    def __init__(self, token: str | None):
+        self.token = token or None
+        # With a token, the cookie and CSRF values derive from it (stable across restarts);
+        # without one, from a secret of this process.
+        secret = self.token.encode() if self.token else os.urandom(32)
+        self._session = hmac.new(secret, b"shardq console session", hashlib.sha256).hexdigest()
+        self._csrf = hmac.new(secret, b"shardq console csrf", hashlib.sha256).hexdigest()
+
+    @property
+    def csrf(self) -> str:
+        return self._csrf
+
+    def session_cookie(self) -> str:
+        return f"{COOKIE}={self._session}; Path=/; HttpOnly; SameSite=Strict"
+
+    @staticmethod
+    def logout_cookie() -> str:
+        return f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+
+    def host_ok(self, headers) -> bool:
+        """Without a token, only a loopback ``Host`` (DNS-rebinding defence)."""
+        if self.token:
+            return True
+        host = headers.get("Host") or ""
+        return bool(host) and is_loopback(_host_of(host))
+
+    def login_ok(self, token: str) -> bool:
+        return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+    def identify(self, headers) -> str | None:
+        """``"bearer"``, ``"cookie"``, ``"open"`` (no token configured) or None (refused)."""
+        if self.token is None:
+            return "open"
+        auth = headers.get("Authorization") or ""
+        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), self.token.encode()):
+            return "bearer"
+        try:
+            jar = SimpleCookie(headers.get("Cookie") or "")
+        except CookieError:
+            return None
+        morsel = jar.get(COOKIE)
+        if morsel is not None and hmac.compare_digest(morsel.value.encode(), self._session.encode()):
+            return "cookie"
+        return None
+
+    def csrf_ok(self, headers, how: str) -> bool:
+        """A state-changing request: bearer-authenticated, or the CSRF header and a
+        same-origin ``Origin`` (when the browser sends one)."""
+        if how == "bearer":
+            return True
+        sent = headers.get("X-CSRF-Token") or ""
+        if not hmac.compare_digest(sent.encode(), self._csrf.encode()):
+            return False
+        origin = headers.get("Origin")
+        if origin is not None:  # sent by browsers on POST; "null" (sandboxed, file:) is refused
+            return origin.partition("://")[2] == (headers.get("Host") or "")
+        return True

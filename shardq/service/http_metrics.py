@@ -1,0 +1,130 @@
+"""The Prometheus collector of ``shardq serve``: shard figures read at scrape time.
+
+One scrape sends one ``metrics`` request to every shard at once and waits at most
+``timeout_s`` in all (:meth:`~shardq.client.router.Router.shard_metrics`); a shard that is
+down or slow shows ``shardq_shard_up 0`` and its queues are absent for that scrape. A scrape
+never fails because of a shard. Restart counts and the last replay of a shard come from the
+supervisor, so they are there while the shard is down.
+
+Counters (``*_total``) count since the shard process started (queue counters) or since
+``shardq serve`` started (restarts): both reset on a restart, which ``rate()`` handles.
+The metric names and labels are listed in docs/operations.md ("Metrics").
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..shard.control import COUNTERS
+
+QUEUE_STATES = ("ready", "delayed", "waiting", "in_flight", "dead")
+_COUNTER_HELP = {
+    "enqueued": "jobs enqueued (dedup hits not counted)",
+    "leased": "leases handed out (deliveries)",
+    "acked": "jobs acked (done)",
+    "nacked": "deliveries nacked (failed and released, with or without delay)",
+    "lease_expiries": "leases that ran out before an ack or nack",
+    "dead_lettered": "jobs moved to the dead-letter queue",
+    "redriven": "dead letters moved back into the queue",
+    "cancelled": "jobs cancelled (ready, delayed, waiting, leased or dead)",
+}
+
+
+class ShardqCollector:
+    """Registered in a ``CollectorRegistry``; ``collect()`` runs on every scrape."""
+
+    def __init__(self, router, supervisor=None, timeout_s: float = 2.0):
+        self.router = router
+        self.supervisor = supervisor
+        self.timeout_s = timeout_s
+
+    def describe(self):
+        return []  # no scrape at registration time
+
+    def collect(self):
+        t0 = time.perf_counter()
+        shards = self.router.shard_metrics(self.timeout_s)
+        handles = self.supervisor.handles if self.supervisor is not None else []
+        g = _Families()
+        for sh in shards:
+            s = str(sh["shard"])
+            up = bool(sh.get("available"))
+            g.gauge("shardq_shard_up", "1 if the shard answered this scrape, else 0", [s], 1 if up else 0)
+            h = handles[sh["shard"]] if sh["shard"] < len(handles) else None
+            if h is not None:
+                g.counter("shardq_shard_restarts", "restarts of the shard since shardq serve started", [s],
+                          h.restarts)
+                g.gauge("shardq_shard_failed", "1 if the supervisor gave up on the shard (crash loop, "
+                        "corrupt log)", [s], 1 if h.status == "failed" else 0)
+            replay_s = sh.get("replay_seconds", (h.ready_info.get("replay_s") if h else None))
+            replay_n = sh.get("replay_records", (h.ready_info.get("records") if h else None))
+            if replay_s is not None:
+                g.gauge("shardq_shard_replay_seconds", "seconds the shard's last start spent replaying its "
+                        "log", [s], replay_s)
+                g.gauge("shardq_shard_replay_records", "log records replayed at the shard's last start", [s],
+                        replay_n or 0)
+            if not up:
+                continue
+            g.gauge("shardq_shard_wal_bytes", "bytes of the shard's log on disk (checkpoint and segments)",
+                    [s], sh["wal_bytes"])
+            g.gauge("shardq_shard_wal_segments", "log segments since the last checkpoint", [s], sh["segments"])
+            g.counter("shardq_shard_compactions", "log compactions (checkpoints) since the shard started", [s],
+                      sh["compactions"])
+            g.gauge("shardq_shard_clients", "connected clients", [s], sh["clients"])
+            g.counter("shardq_shard_loop_iterations", "iterations of the shard's event loop", [s],
+                      sh["iterations"])
+            g.gauge("shardq_shard_jobs", "live jobs on the shard (every state)", [s], sh["jobs"])
+            for key, name, doc in (("commit_seconds", "shardq_shard_commit_seconds",
+                                    "time of one log commit: write and fdatasync"),
+                                   ("commit_ops", "shardq_shard_commit_ops",
+                                    "log operations (jobs enqueued, leased, acked, ...) made durable by one "
+                                    "fsync")):
+                if key in sh:
+                    g.histogram(name, doc, [s], sh[key])
+            counts = sh.get("queues", {})
+            for qname, fig in sh.get("queue_metrics", {}).items():
+                labels = [qname, s]
+                c = counts.get(qname, {})
+                for state in QUEUE_STATES:
+                    g.gauge("shardq_queue_jobs", "jobs of the queue by state (waiting: behind their key's "
+                            "head; in_flight: leased)", labels + [state], c.get(state, 0),
+                            names=["queue", "shard", "state"])
+                g.gauge("shardq_queue_keys", "keys with jobs", labels, c.get("keys", 0), names=["queue", "shard"])
+                g.gauge("shardq_queue_paused", "1 if the queue is paused (leases nothing)", labels,
+                        1 if fig["paused"] else 0, names=["queue", "shard"])
+                g.gauge("shardq_queue_oldest_ready_age_seconds", "how long the first ready job in line has "
+                        "been due (0: none ready)", labels, fig["oldest_ready_age_s"] or 0.0,
+                        names=["queue", "shard"])
+                for counter in COUNTERS:
+                    g.counter(f"shardq_queue_{counter}", _COUNTER_HELP[counter] + ", since the shard started",
+                              labels, fig[counter], names=["queue", "shard"])
+        g.gauge("shardq_scrape_duration_seconds", "time this scrape took to read every shard", [],
+                time.perf_counter() - t0, names=[])
+        yield from g.families.values()
+
+
+class _Families:
+    """Metric families by name, created on first use with their label names."""
+
+    def __init__(self):
+        self.families: dict = {}
+
+    def _family(self, cls, name, doc, names):
+        fam = self.families.get(name)
+        if fam is None:
+            fam = self.families[name] = cls(name, doc, labels=names)
+        return fam
+
+    def gauge(self, name, doc, labels, value, names=("shard",)):
+        self._family(GaugeMetricFamily, name, doc, list(names)).add_metric(labels, value)
+
+    def counter(self, name, doc, labels, value, names=("shard",)):
+        self._family(CounterMetricFamily, name, doc, list(names)).add_metric(labels, value)
+
+    def histogram(self, name, doc, labels, snap, names=("shard",)):
+        cumulative, buckets = 0, []
+        for bound, n in zip(snap["bounds"] + [float("inf")], snap["counts"]):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+        self._family(HistogramMetricFamily, name, doc, list(names)).add_metric(labels, buckets, snap["sum"])

@@ -1,0 +1,289 @@
+"""The HTTP listener of ``shardq serve``: Prometheus metrics at ``/metrics``, the web console
+at ``/`` and its JSON API under ``/api/``.
+
+It runs on threads of the supervisor process and talks to the shards like any client (one
+router), so it is never on a shard's hot path: a scrape costs each shard one ``metrics``
+request. Security is in :mod:`.http_auth`: loopback by default, a token for anything else,
+CSRF checks on every state-changing request (always a ``POST``).
+
+Routes::
+
+    GET  /                    console page (login page first when a token is set)
+    GET  /static/<file>       its assets (shipped in the package)
+    GET  /metrics             Prometheus text format
+    GET  /api/session         {"csrf": ..., "auth": "open" | "token"}
+    GET  /api/overview        queues, shards, totals
+    GET  /api/dead-letters    ?queue=Q&limit=N&cursor=C
+    GET  /api/job             ?id=JOB_ID
+    POST /api/pause|resume    {"queue": Q}
+    POST /api/cancel          {"id": JOB_ID}
+    POST /api/redrive|purge   {"queue": Q, "ids": [JOB_ID, ...]}
+    GET|POST /login, POST /logout
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ..client.router import Router
+from ..config import HttpConfig, split_listen
+from ..errors import (InvalidConfig, InvalidJob, LeaseLost, NotFound, ShardqError, ShardUnavailable,
+                      Unsupported)
+from .console.api import ConsoleApi
+from .http_auth import Auth, is_loopback
+from .http_metrics import ShardqCollector
+
+log = logging.getLogger("shardq.http")
+
+TOKEN_ENV = "SHARDQ_HTTP_TOKEN"
+BODY_BYTES_MAX = 1024 * 1024     # a POST body: 10,000 ids fit several times over
+SCRAPE_TIMEOUT_S = 2.0           # a scrape waits at most this long for the shards
+ADDRESS_FILE = "http.json"       # in the data dir's run/ directory: where the listener is
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+SECURITY_HEADERS = (
+    ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                                "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; "
+                                "form-action 'self'; base-uri 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-store"),
+)
+_ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_REQUEST),
+                 (LeaseLost, HTTPStatus.CONFLICT), (Unsupported, HTTPStatus.NOT_IMPLEMENTED),
+                 (ShardUnavailable, HTTPStatus.SERVICE_UNAVAILABLE))
+
+
+def resolve_token(cfg: HttpConfig) -> str | None:
+    """The token from the config, else from ``SHARDQ_HTTP_TOKEN``; None if neither.
+    InvalidConfig if it is too short, or if there is none and ``listen`` is not loopback
+    (``shardq serve`` calls this before it starts any shard)."""
+    token = cfg.token or os.environ.get(TOKEN_ENV, "")
+    if token and len(token) < 16:
+        raise InvalidConfig(f"{TOKEN_ENV}: the token must have at least 16 characters")
+    host, _ = split_listen(cfg.listen)
+    if not token and not is_loopback(host):
+        raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: set http.token "
+                            f"or {TOKEN_ENV} (anyone who can reach it could pause queues and cancel jobs)")
+    return token or None
+
+
+class HttpService:
+    """The listener; :meth:`start` binds and serves on a daemon thread, :meth:`stop` ends it."""
+
+    def __init__(self, data_dir, cfg: HttpConfig, supervisor=None, *, token: str | None = None,
+                 scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
+        host, port = split_listen(cfg.listen)
+        self.token = token if token is not None else resolve_token(cfg)
+        if not is_loopback(host) and self.token is None:
+            raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: a token is required")
+        self.host, self.port = host, port
+        self.supervisor = supervisor
+        self.data_dir = str(data_dir)
+        # Short retries: a page or a scrape should report a down shard, not wait for it.
+        self.router = Router(data_dir, retry_s=0.5, request_timeout_s=scrape_timeout_s)
+        self.auth = Auth(self.token)
+        self.api = ConsoleApi(self.router, supervisor, scrape_timeout_s)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ShardqCollector(self.router, supervisor, scrape_timeout_s))
+        self.server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._address_file: str | None = None
+
+    def start(self, run_dir: str | None = None) -> "HttpService":
+        family = _Server.address_family_for(self.host)
+        try:
+            self.server = _Server((self.host, self.port), _Handler, family=family)
+        except OSError as e:
+            self.router.close()
+            raise InvalidConfig(f"http.listen {self.host}:{self.port}: cannot listen: {e.strerror or e} "
+                                f"(set [http] listen = \"\" to turn the listener off, or pick another "
+                                f"port)") from None
+        self.server.app = self
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="shardq-http", daemon=True)
+        self._thread.start()
+        if run_dir:
+            self._address_file = os.path.join(run_dir, ADDRESS_FILE)
+            tmp = self._address_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid()}, f)
+            os.replace(tmp, self._address_file)
+        log.info("event=http-listening url=%s auth=%s", self.url, "token" if self.token else "open-loopback")
+        return self
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        if self._address_file:
+            try:
+                os.unlink(self._address_file)
+            except FileNotFoundError:
+                pass
+        self.router.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address, handler, family):
+        self.address_family = family
+        super().__init__(address, handler)
+
+    @staticmethod
+    def address_family_for(host: str):
+        import socket
+        return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "shardq"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # seconds a connection may sit silent: an idle client cannot hold a thread forever
+
+    @property
+    def app(self) -> HttpService:
+        return self.server.app
+
+    def log_message(self, fmt, *args) -> None:  # access log at debug level, not on stderr
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    # ------------------------------------------------------------------ dispatch
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        url = urlsplit(self.path)
+        path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if not self.app.auth.host_ok(self.headers):
+            return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden", "message": "Host is not loopback"})
+        if path.startswith("/static/"):
+            return self._static(path[len("/static/"):])
+        if path == "/login":
+            return self._static("login.html")
+        how = self.app.auth.identify(self.headers)
+        if how is None:
+            if path == "/":
+                return self._redirect("/login")
+            return self._json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized",
+                                                        "message": "a token is required (bearer or login)"})
+        if path == "/":
+            return self._static("index.html")
+        if path == "/metrics":
+            return self._send(HTTPStatus.OK, generate_latest(self.app.registry), CONTENT_TYPE_LATEST)
+        api = self.app.api
+        if path == "/api/session":
+            return self._json(HTTPStatus.OK, {"csrf": self.app.auth.csrf, "auth": "token" if self.app.token
+                                              else "open", "data_dir": self.app.data_dir})
+        if path == "/api/overview":
+            return self._call(api.overview)
+        if path == "/api/dead-letters":
+            return self._call(api.dead_letters, query.get("queue", "default"), query.get("limit", 50),
+                              query.get("cursor"))
+        if path == "/api/job":
+            return self._call(api.job, query.get("id"))
+        return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no page {path!r:.80}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path
+        auth = self.app.auth
+        if not auth.host_ok(self.headers):
+            return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden", "message": "Host is not loopback"})
+        body = self._body()
+        if body is None:
+            return
+        if path == "/login":
+            token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1]
+            if auth.login_ok(token):
+                return self._redirect("/", cookie=auth.session_cookie())
+            return self._redirect("/login?failed=1")
+        if path == "/logout":
+            return self._redirect("/login", cookie=auth.logout_cookie())
+        how = auth.identify(self.headers)
+        if how is None:
+            return self._json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized", "message": "a token is required"})
+        if not auth.csrf_ok(self.headers, how):
+            return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden",
+                                                     "message": "missing or wrong X-CSRF-Token, or a foreign Origin"})
+        action = path[len("/api/"):] if path.startswith("/api/") else ""
+        if action not in ConsoleApi.ACTIONS:
+            return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no action {path!r:.80}"})
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
+            return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "UnsupportedMediaType",
+                                                                   "message": "send application/json"})
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "body is not JSON"})
+        if not isinstance(data, dict):
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "send a JSON object"})
+        log.info("event=console-action action=%s by=%s args=%s", action, how, json.dumps(data)[:200])
+        return self._call(getattr(self.app.api, action), data)
+
+    # ------------------------------------------------------------------ helpers
+    def _body(self) -> bytes | None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= BODY_BYTES_MAX:
+            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "InvalidJob",
+                                                             "message": f"body over {BODY_BYTES_MAX} bytes"})
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def _call(self, fn, *args) -> None:
+        try:
+            result = fn(*args)
+        except ShardqError as e:
+            status = next((s for cls, s in _ERROR_STATUS if isinstance(e, cls)), HTTPStatus.INTERNAL_SERVER_ERROR)
+            return self._json(status, {"error": type(e).__name__, "message": str(e)[:500]})
+        return self._json(HTTPStatus.OK, result)
+
+    def _static(self, name: str) -> None:
+        if "/" in name or name.startswith(".") or os.path.splitext(name)[1] not in STATIC_TYPES:
+            return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": "no such asset"})
+        try:
+            data = resources.files("shardq.service.console").joinpath("static", name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": "no such asset"})
+        self._send(HTTPStatus.OK, data, STATIC_TYPES[os.path.splitext(name)[1]])
+
+    def _redirect(self, where: str, cookie: str | None = None) -> None:
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", where)
+        if cookie:
+            self.send_header("Set-Cookie", cookie)
+        self.send_header("Content-Length", "0")
+        for k, v in SECURITY_HEADERS:
+            self.send_header(k, v)
+        self.end_headers()
+
+    def _json(self, status: int, obj) -> None:
+        self._send(status, json.dumps(obj, default=str).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in SECURITY_HEADERS:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)

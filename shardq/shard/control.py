@@ -1,0 +1,241 @@
+"""Control operations of a shard's state: pause and resume a queue, cancel a job, look a
+job up, page through dead letters and purge chosen ones; and the figures metrics need
+(per-queue counters, the age of the oldest ready job).
+
+:class:`ControlOps` is a mixin of :class:`~shardq.shard.state.ShardState`, kept in its own
+module so the core state machine stays readable. It is pure in the same way: no I/O, time
+comes in as ``now``, and every change is a logged operation (:data:`ops.PAUSE`,
+:data:`ops.CANCEL`, :data:`ops.PURGE`) applied by the same function live and in replay.
+
+Semantics (docs/operations.md, "Pause, resume, cancel"):
+
+* **Pause** is durable and per queue (on this shard: the router pauses every shard). A
+  paused queue leases nothing and wakes no waiting consumer; enqueue, ack, nack and extend
+  keep working, leases run out as usual, delayed jobs come due. Stats show it paused.
+* **Cancel** is idempotent. A ready, delayed or waiting job is deleted and the next job of
+  its key moves up (per-key FIFO is kept: the cancelled job simply leaves the line). A dead
+  letter is purged. A leased job is *marked*: the holder's next ``extend`` raises
+  :class:`~shardq.errors.Cancelled` and changes nothing; its ``ack`` or ``nack`` raises
+  ``Cancelled`` and deletes the job; otherwise the job is deleted when its lease ends. A
+  marked job is never delivered again, and until it is deleted it still holds its key, so
+  the key's next job is never leased while the cancelled one may still be running.
+* **Counters** (enqueued, leased, ...) count what this process did since it started; they
+  are not logged, so a restart starts them at zero (Prometheus ``rate()`` handles resets).
+"""
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+
+from .. import limits
+from ..errors import Cancelled, InvalidJob, NotFound, check
+from ..types import DeadLetter
+from . import ops, validate
+from .enqueue_times import EnqueueTimes
+
+COUNTERS = ("enqueued", "leased", "acked", "nacked", "lease_expiries", "dead_lettered", "redriven",
+            "cancelled")
+ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = range(len(COUNTERS))
+
+#: How far into a ready line the age of its first live job is looked for (entries of jobs
+#: cancelled while ready stay in the line until a dequeue passes them).
+HEAD_SCAN_MAX = 1000
+DEAD_PAGE_MAX = 1000
+
+# Job states by name (JobState values; not imported, state.py imports this module).
+_WAITING, _DELAYED, _READY, _LEASED, _DEAD, _GONE = range(6)
+STATE_NAMES = ("waiting", "delayed", "ready", "leased", "dead", "gone")
+
+# What cancel() did.
+CANCELLED_NOW = "cancelled"    # deleted (it was ready, delayed or waiting)
+PURGED = "purged"              # it was a dead letter: purged
+CANCELLING = "cancelling"      # leased: marked; deleted at the holder's ack/nack or the lease's end
+GONE = "gone"                  # no such job: finished, cancelled, purged, or never enqueued
+
+
+class ControlOps:
+    """Mixin of ShardState; see the module docstring. Expects ShardState's attributes."""
+
+    def _init_control(self) -> None:
+        self.cancelled: set[int] = set()           # leased jobs marked cancelled
+        self.enqueue_times = EnqueueTimes()
+        self._apply.update({ops.PAUSE: self._apply_pause, ops.CANCEL: self._apply_cancel,
+                            ops.ENQUEUE_TIMES: self._apply_enqueue_times})
+
+    def _existing_queue(self, name):
+        """The queue (validating the name; an unused queue is created unregistered)."""
+        return self.queues.get(name) or self._queue(name, create=False)
+
+    # ------------------------------------------------------------------ pause / resume
+    def pause(self, queue: str, now: float) -> bool:
+        """Stop leasing from ``queue`` (durably). True if it was not paused already."""
+        self.advance(now)
+        q = self._existing_queue(queue)
+        if q.paused is not None:
+            return False
+        self._emit([ops.PAUSE, queue, now])
+        return True
+
+    def resume(self, queue: str, now: float) -> bool:
+        """Lease from ``queue`` again. True if it was paused."""
+        self.advance(now)
+        q = self._existing_queue(queue)
+        if q.paused is None:
+            return False
+        self._emit([ops.PAUSE, queue, None])
+        return True
+
+    def _apply_pause(self, op) -> None:
+        qname, at = op[1], op[2]  # fields a later version appends are ignored here
+        q = self.queues.get(qname) or self._queue(qname)
+        q.paused = at
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, job_id, now: float) -> str:
+        """Cancel one job; returns what happened (:data:`CANCELLED_NOW`, :data:`PURGED`,
+        :data:`CANCELLING`, :data:`GONE`). Idempotent. NotFound only for an id that does not
+        belong to this shard."""
+        self.advance(now)
+        job = self._job_or_gone(job_id)
+        if job is None:
+            return GONE
+        state = job.state
+        if state == _LEASED:
+            if job_id not in self.cancelled:
+                self._emit([ops.CANCEL, job_id])
+                job.q.totals[CANCELLED] += 1
+            return CANCELLING
+        job.q.totals[CANCELLED] += 1
+        if state == _DEAD:
+            self._emit([ops.PURGE, job_id])
+            return PURGED
+        self._emit([ops.CANCEL, job_id])
+        return CANCELLED_NOW
+
+    def _job_or_gone(self, job_id):
+        validate.integer("job_id", job_id)
+        job = self.jobs.get(job_id)
+        if job is None and job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
+            raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
+        return job
+
+    def _apply_cancel(self, op) -> None:
+        jid = op[1]
+        job = self.jobs[jid]
+        if job.state == _LEASED and jid not in self.cancelled:
+            self.cancelled.add(jid)
+            return
+        self.cancelled.discard(jid)
+        state = job.state
+        check(state in (_WAITING, _DELAYED, _READY, _LEASED), f"cancel of job {jid} in state {state!r}")
+        if state == _WAITING:
+            job.q.keys[job.key].remove(job)  # never the head: the line closes up behind it
+        else:
+            self._unlink_head(job)  # the next job of the key moves up
+        del self.jobs[jid]
+        self.inflight.pop(jid, None)
+        self.errors.pop(jid, None)
+        # A ready job's entry stays in its ready line; dequeue skips jobs that are not READY.
+        self._set(job, self._GONE_STATE)
+
+    def _settle_cancelled(self, job_id, settle: bool) -> None:
+        """Called by ack/nack (``settle``) and extend once the token is known to be the live
+        lease: Cancelled if the job is marked; an ack or nack deletes it first."""
+        if job_id not in self.cancelled:
+            return
+        if settle:
+            self._emit([ops.CANCEL, job_id])
+            raise Cancelled(f"job {job_id} was cancelled while leased; it has been removed")
+        raise Cancelled(f"job {job_id} was cancelled while leased; stop working on it "
+                        f"(ack or nack removes it now, else it goes when the lease ends)")
+
+    # ------------------------------------------------------------------ look-up
+    def job_info(self, job_id) -> dict:
+        """Everything known about one live job. NotFound if it is not (any more) here."""
+        job = self._job_or_gone(job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found: finished, cancelled, purged or never enqueued")
+        state = job.state
+        q = job.q
+        if state == _LEASED:
+            deadline = self.inflight[job_id][1]
+        elif state == _DELAYED:
+            deadline = job.ready_at
+        else:
+            deadline = None
+        position = None
+        if job.key is not None and state != _DEAD:
+            kq = q.keys[job.key]
+            position = 0 if kq[0] is job else kq.index(job)
+        return {"job_id": job_id, "queue": q.name, "key": job.key, "state": STATE_NAMES[state],
+                "attempts": job.attempts, "priority": job.priority, "deadline": deadline,
+                "error": self.errors.get(job_id), "position": position,
+                "cancelled": job_id in self.cancelled, "queue_paused": q.paused is not None,
+                "enqueued_at": self.enqueue_times.at(job_id >> limits.JOB_ID_SHARD_BITS),
+                "body": job.body}
+
+    # ------------------------------------------------------------------ dead letters
+    def dead_page(self, queue: str, after=None, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters of ``queue`` with ids greater than ``after``, lowest id first (a
+        cursor that survives redrives and purges between pages). Costs a pass over the
+        queue's dead letters: meant for people paging, not for a hot loop."""
+        q = self._existing_queue(queue)
+        after = -1 if after is None else validate.integer("after", after)
+        limit = validate.count("limit", limit, DEAD_PAGE_MAX)
+        dead, errors = q.dead, self.errors
+        ids = heapq.nsmallest(limit, (j for j in dead if j > after))
+        return [DeadLetter(j, dead[j].key, dead[j].body, queue, dead[j].attempts, errors.get(j)) for j in ids]
+
+    def purge_ids(self, queue: str, job_ids, now: float) -> int:
+        """Delete the given dead letters of ``queue``; ids that are not (any more) its dead
+        letters are skipped, so a repeated purge is harmless. Returns how many went."""
+        self.advance(now)
+        q = self._existing_queue(queue)
+        if type(job_ids) not in (list, tuple) or len(job_ids) > limits.BATCH_JOBS_MAX:
+            raise InvalidJob(f"job_ids must be a list of at most {limits.BATCH_JOBS_MAX} ids")
+        chosen = [j for j in dict.fromkeys(validate.integer("job_id", j) for j in job_ids) if j in q.dead]
+        for jid in chosen:
+            self._emit([ops.PURGE, jid])
+        return len(chosen)
+
+    # ------------------------------------------------------------------ figures
+    def queue_metrics(self, now: float) -> dict:
+        """Per queue: paused (since when), the age of the oldest ready job, and the counters."""
+        out = {}
+        for name, q in self.queues.items():
+            entry = dict(zip(COUNTERS, q.totals))
+            entry["paused"] = q.paused is not None
+            entry["paused_at"] = q.paused
+            entry["oldest_ready_age_s"] = self._oldest_ready_age(q, now)
+            out[name] = entry
+        return out
+
+    def _oldest_ready_age(self, q, now: float) -> float | None:
+        """How long the job first in line (per priority) has been due: since its enqueue or
+        since its delay ended, whichever is later. Lines are in the order jobs became ready,
+        so the first live entry of each line is the one waiting longest in it. None: nothing
+        ready (or no enqueue time known)."""
+        at = self.enqueue_times.at
+        oldest = None
+        for line in q.ready.values():
+            for job in islice(line, HEAD_SCAN_MAX):
+                if job.state == _READY:
+                    since = max(at(job.id >> limits.JOB_ID_SHARD_BITS) or 0.0, job.ready_at or 0.0)
+                    if not since:
+                        continue  # enqueued before enqueue times were kept: the next one tells
+                    if oldest is None or since < oldest:
+                        oldest = since
+                    break
+        return None if oldest is None else max(now - oldest, 0.0)
+
+    # ------------------------------------------------------------------ checkpoint
+    def control_checkpoint_ops(self) -> list[list]:
+        """What a checkpoint must add after the JOB operations: paused queues, cancelled
+        leases, the enqueue-time samples."""
+        out = [self.enqueue_times.to_op(ops.ENQUEUE_TIMES)]
+        out += [[ops.PAUSE, name, q.paused] for name, q in self.queues.items() if q.paused is not None]
+        out += [[ops.CANCEL, jid] for jid in self.cancelled]
+        return out
+
+    def _apply_enqueue_times(self, op) -> None:
+        self.enqueue_times.load(op[1], op[2])
