@@ -6,9 +6,10 @@ group (see plan.py) on a freshly set-up peer, then figure Wk (each worker runner
 workers/); after the runs, figure S (shardq scaling) if asked. Progress
 goes to stderr, the final table to stdout, everything to the JSON file.
 
-Exit status: 0 when every figure ran and every drain delivered each job exactly once;
-1 when a figure failed or a delivery check did not hold; 2 when every peer was skipped
-(nothing was measured). No timing is ever checked.
+Exit status: 0 when every figure ran, every drain delivered each job exactly once and
+every Wk runner ran each job exactly once; 1 when a figure failed or a delivery check did
+not hold; 2 when every peer and runner was skipped (nothing was measured). No timing is
+ever checked.
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ always``: every write fsynced, the setting equal to shardq's), ``redis-default``
 defaults: RDB snapshots now and then, no AOF, so a crash loses the jobs written since the
 last snapshot), ``sqlite`` (Huey's SQLite storage with ``fsync=True``).
 
-Logging is at WARNING for every runner that has a switch for it (rq and Huey log two lines
-per job at their default level), so the figure measures the queue, not the log.
+Logging is at WARNING for every runner that has a switch for it (rq and Huey log every job
+at their default level), so the figure measures the queue, not the log.
 """
 from __future__ import annotations
 
