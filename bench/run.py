@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 wk.play_run(results["wk"], settings.wk_jobs, run, tmp_root, args.shards,
                             settings.stall_s, settings.wk_deadline_s, settings.wk_settle_s,
                             progress)
-        if settings.scaling and "S" in args.figures \
-                and peers.get("shardq", {}).get("status") == "ok":
+        if settings.scaling and "S" in args.figures and "shardq" in args.only \
+                and peers.get("shardq", {}).get("status", "ok") == "ok":
             progress("figure S: shardq scaling")
             try:
                 results["scaling"] = scaling.run(tmp_root, settings.jobs)
@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 def exit_status(results: dict) -> int:
     measured = [p for p in results["peers"].values() if p["status"] == "ok"]
     rows = [r for r in results["wk"].values() if r["status"] == "ok"]
-    if not measured and not rows:
+    scaled = isinstance(results.get("scaling"), dict) and "skipped" not in results["scaling"]
+    if not measured and not rows and not scaled:
         return 2
     summaries = [fig["summary"] for p in measured for fig in p["figures"].values()]
     for s in summaries + [r["summary"] for r in rows]:

@@ -54,16 +54,22 @@ def _ratio_to(peer: str, figure: str) -> Callable[[dict], Measured]:
     return measure
 
 
+def _against_best(ours: float | None, rates: dict[str, float | None], best_is: str,
+                  missing: str) -> Measured:
+    """``ours`` divided by the highest of ``rates`` (None values ignored)."""
+    rates = {n: v for n, v in rates.items() if v}
+    if not ours or not rates:
+        return None, missing
+    best = max(rates, key=rates.__getitem__)
+    return ours / rates[best], f"{best_is} {best}, {rates[best]:,.0f} jobs/s"
+
+
 def _ratio_to_best(figure: str) -> Callable[[dict], Measured]:
     def measure(results: dict) -> Measured:
-        ours = _summary(results, "shardq", figure).get("jobs_per_s")
         rates = {n: _summary(results, n, figure).get("jobs_per_s")
                  for n in results.get("peers", {}) if n != "shardq"}
-        rates = {n: v for n, v in rates.items() if v}
-        if not ours or not rates:
-            return None, f"no {figure} for shardq and a peer"
-        best = max(rates, key=rates.__getitem__)
-        return ours / rates[best], f"best peer {best}, {rates[best]:,.0f} jobs/s"
+        return _against_best(_summary(results, "shardq", figure).get("jobs_per_s"), rates,
+                             "best peer", f"no {figure} for shardq and a peer")
     return measure
 
 
@@ -84,14 +90,11 @@ def _a_of_bound(results: dict) -> Measured:
 def _wk_ratio(broker: str) -> Callable[[dict], Measured]:
     def measure(results: dict) -> Measured:
         rows = results.get("wk") or {}
-        ours = rows.get("shardq@shardq", {}).get("summary", {}).get("jobs_per_s")
         rates = {n: r.get("summary", {}).get("jobs_per_s") for n, r in rows.items()
                  if r.get("broker") == broker and r.get("status") == "ok"}
-        rates = {n: v for n, v in rates.items() if v}
-        if not ours or not rates:
-            return None, f"no Wk for shardq and a runner on {broker}"
-        best = max(rates, key=rates.__getitem__)
-        return ours / rates[best], f"fastest {best}, {rates[best]:,.0f} jobs/s"
+        ours = rows.get("shardq@shardq", {}).get("summary", {}).get("jobs_per_s")
+        return _against_best(ours, rates, "fastest",
+                             f"no Wk for shardq and a runner on {broker}")
     return measure
 
 

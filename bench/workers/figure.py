@@ -73,7 +73,8 @@ def _play(runner: Runner, broker: brokers.Broker, jobs: int, tag: str, tmpdir: s
     span_s = ((reader.last_ns - reader.first_ns) / 1e9
               if reader.first_ns is not None else 0.0)
     ran = delivery.expected - delivery.missing
-    return {"jobs": jobs, "durability": broker.durability,
+    durability = f"{broker.durability} {runner.adds}".strip()
+    return {"jobs": jobs, "durability": durability,
             "enqueue_s": enqueue_s, "enqueue_per_s": jobs / enqueue_s if enqueue_s > 0 else 0.0,
             "drain_s": span_s, "jobs_per_s": ran / span_s if span_s > 0 else 0.0,
             "stopped": stopped, "delivery": delivery.to_dict()}

@@ -39,6 +39,7 @@ class Runner:
     modules: tuple[str, ...]     # Python modules it needs (else it is skipped)
     brokers: tuple[str, ...]     # the broker settings it is run on
     argv: Callable[[dict], list[str]]  # the worker's argv, given the broker's settings
+    adds: str = ""               # durability the runner adds to its broker's, in words
 
 
 def _shardq(idempotent: bool) -> Callable[[dict], list[str]]:
@@ -78,7 +79,8 @@ RUNNERS: dict[str, Runner] = {r.name: r for r in (
     Runner("shardq", "shardq worker --concurrency 8 --mode thread", "shardq_app",
            ("shardq",), ("shardq",), _shardq(False)),
     Runner("shardq-idem", "shardq worker --concurrency 8 --mode thread --idempotency S.sqlite",
-           "shardq_app", ("shardq",), ("shardq",), _shardq(True)),
+           "shardq_app", ("shardq",), ("shardq",), _shardq(True),
+           adds="+ idempotency store: SQLite WAL, synchronous=FULL"),
     Runner("celery", "celery worker --pool threads -c 8 (task_acks_late)", "celery_app",
            ("celery", "redis"), REDIS_BROKERS, _celery),
     Runner("dramatiq", "dramatiq --processes 1 --threads 8", "dramatiq_app",
