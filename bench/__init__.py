@@ -11,10 +11,13 @@ Layout (one job per module):
 * ``physical.py``        limits of this machine measured in the same run (fsync, pipes)
 * ``plan.py``            sizes (full, quick) and the figure groups each peer plays per run
 * ``workloads.py``       figures A, B, B-threads, C, C2 (one client, in-process)
-* ``mpmc.py``            figures D, D2 (2 producers + 2 consumers, processes or threads)
+* ``mpmc.py``            figures D, D2 (2 producers + 2 consumers) and M (16 + 4), processes
+                         or threads
 * ``latency.py``         figures L (paced enqueue latency) and W (idle wake-up)
 * ``scaling.py``         figure S (shardq only: shards x producer threads)
-* ``report.py``          the table printed at the end; ``run.py`` the entry point; ``plot.py`` PNGs
+* ``workers/``           figure Wk: each framework's own worker runner draining no-op jobs
+* ``report.py``          the table printed at the end; ``targets.py`` the issue's targets, met
+                         or missed; ``run.py`` the entry point; ``plot.py`` PNGs
 
 Other modules here (micro-benchmarks of shardq's own parts) are separate tools.
 

@@ -1,8 +1,12 @@
-"""Figures D and D2: 2 producers and 2 consumers at once, end to end.
+"""Figures D, D2 and M: many producers and consumers at once, end to end.
 
-Each producer enqueues half of the jobs (D: one call per job; D2: batches of 100) while each
-consumer leases and acks (D: one job per call; D2: 100 per call) until the consumers
-together have acked as many jobs as were enqueued. Timed from the first producer's start to
+* D   2 producers + 2 consumers, one job per call
+* D2  2 producers + 2 consumers, 100 jobs per call
+* M   16 producers + 4 consumers, one job per call (many clients: what group commit is for)
+
+Each producer enqueues its share of the jobs (one call per job, or batches of 100) while
+each consumer leases and acks (one job per call, or 100) until the consumers together have
+acked as many jobs as were enqueued. Timed from the first producer's start to
 the last ack. Every delivered body is sent back and checked, so duplicate deliveries are
 counted.
 
@@ -23,8 +27,10 @@ from .jobs import check, split
 from .peers.base import Adapter, Client, ClientSpec, Item, connect
 from .workloads import drain_step, enqueue_all, take_leftovers
 
-PRODUCERS = 2
+PRODUCERS = 2   # figures D, D2
 CONSUMERS = 2
+MANY_PRODUCERS = 16  # figure M
+MANY_CONSUMERS = 4
 START_TIMEOUT_S = 60.0  # for every client to connect
 
 
@@ -142,7 +148,7 @@ def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
 
 def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
         deadline_s: float, producers: int = PRODUCERS, consumers: int = CONSUMERS) -> dict[str, Any]:
-    """Figure D (or D2); other producer/consumer counts for other figures (bench/http_overhead.py: M)."""
+    """Figure D (or D2); other producer/consumer counts for other figures (M in bench/plan.py and bench/http_overhead.py)."""
     spec = adapter.client_spec()
     if spec is None and not adapter.thread_safe:
         raise RuntimeError(f"{adapter.name}: no client processes and not thread-safe")
@@ -166,6 +172,6 @@ def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
     delivery = check((body for body, _key in items), delivered)
     seconds = end - start
     return {"mode": "processes" if spec is not None else "threads",
-            "jobs": len(items), "seconds": seconds,
+            "producers": producers, "consumers": consumers, "jobs": len(items), "seconds": seconds,
             "jobs_per_s": len(items) / seconds if seconds > 0 else 0.0,
             "duplicates": delivery.duplicates, "delivery": delivery.to_dict()}

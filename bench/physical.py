@@ -8,6 +8,8 @@
   the 100 echoes.
 * ``pipe_batched_jobs_per_s``: 100 jobs of 100 bytes, msgpack-packed into one message; the
   child unpacks them and answers with 100 packed ids. Counted in jobs.
+
+:func:`fsync_plus_rtt_per_s` combines the first two: the bound of figure A's target.
 """
 from __future__ import annotations
 
@@ -104,6 +106,14 @@ def pipe_rates(duration_s: float) -> dict[str, float]:
         parent.send_bytes(_STOP)
         proc.join(5)
         parent.close()
+
+
+def fsync_plus_rtt_per_s(limits: dict[str, float]) -> float | None:
+    """Calls/s of a call that costs one fsync plus one pipe round trip and nothing else: what
+    one synchronous producer could reach if the queue added no work of its own."""
+    if not limits.get("fsync_per_s") or not limits.get("pipe_rtt_per_s"):
+        return None
+    return 1.0 / (1.0 / limits["fsync_per_s"] + 1.0 / limits["pipe_rtt_per_s"])
 
 
 def measure(tmpdir: str, duration_s: float) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """What one run of the benchmark does to one peer: the sizes, and the figure groups.
 
 A group is a few figures that share one freshly set-up peer: A then C (C drains what A
-enqueued), B then C2, and so on. Each group starts from an empty queue in a new tmp dir, so
+enqueued), B then C2, and so on. Figures S (scaling.py) and Wk (workers/) are not played
+per peer: run.py runs them after the peers. Each group starts from an empty queue in a new tmp dir, so
 no figure sees another's jobs. A group that does not apply to a peer (no batch operations)
 marks its figures "n/a".
 """
@@ -29,16 +30,21 @@ class Settings:
     idle_s: float          # figure W: idle CPU is read over this long
     physical_s: float      # each physical limit is measured for this long
     scaling: bool          # figure S (its cells use `jobs`; see scaling.py)
+    wk_jobs: int           # figure Wk: no-op jobs per worker runner and run
+    wk_deadline_s: float   # figure Wk: the longest one runner may take to drain them
+    wk_settle_s: float     # figure Wk: after the last job ran, wait this long for duplicates
 
     @classmethod
     def full(cls) -> Settings:
         return cls(jobs=10_000, runs=3, stall_s=10.0, deadline_s=300.0, paced_s=2.0,
-                   wake_samples=200, idle_s=1.0, physical_s=1.0, scaling=True)
+                   wake_samples=200, idle_s=1.0, physical_s=1.0, scaling=True,
+                   wk_jobs=20_000, wk_deadline_s=1800.0, wk_settle_s=1.0)
 
     @classmethod
     def quick(cls) -> Settings:
         return cls(jobs=500, runs=1, stall_s=5.0, deadline_s=60.0, paced_s=0.4,
-                   wake_samples=20, idle_s=0.5, physical_s=0.2, scaling=False)
+                   wake_samples=20, idle_s=0.5, physical_s=0.2, scaling=False,
+                   wk_jobs=200, wk_deadline_s=60.0, wk_settle_s=0.3)
 
 
 Record = Callable[[str, dict], None]
@@ -71,6 +77,13 @@ def _d2(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
     items = make_items(tag + "E", s.jobs)
     record("D2", mpmc.run(adapter, items, batch=True, stall_s=s.stall_s,
                           deadline_s=s.deadline_s))
+
+
+def _m(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
+    items = make_items(tag + "M", s.jobs)
+    record("M", mpmc.run(adapter, items, batch=False, stall_s=s.stall_s,
+                         deadline_s=s.deadline_s, producers=mpmc.MANY_PRODUCERS,
+                         consumers=mpmc.MANY_CONSUMERS))
 
 
 def _l(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
@@ -107,9 +120,30 @@ GROUPS = (
     Group(("B-threads",), _b_threads, _is_shardq),
     Group(("D",), _d),
     Group(("D2",), _d2, _has_batch),
+    Group(("M",), _m),
     Group(tuple(f"L@{r}" for r in LATENCY_RATES_PER_S), _l),
     Group(("W",), _w),
 )
+
+
+OTHER_FIGURES = ("S", "Wk")  # not played per peer: see run.py
+
+
+def figure_names() -> list[str]:
+    """What ``--figures`` takes: each group's figures, L for both L@ rates, S and Wk."""
+    names = []
+    for group in GROUPS:
+        for figure in group.figures:
+            name = figure.split("@")[0]
+            if name not in names:
+                names.append(name)
+    return names + list(OTHER_FIGURES)
+
+
+def selected_groups(names: set[str]) -> list[Group]:
+    """The groups that play at least one of the figures ``names`` (as figure_names gives
+    them): a group's figures play together, as they share a queue."""
+    return [g for g in GROUPS if any(f.split("@")[0] in names for f in g.figures)]
 
 
 def describe(figure: str, result: dict[str, Any]) -> str:

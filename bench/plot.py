@@ -2,7 +2,8 @@
 
 * ``scaling.png``: shardq enqueue jobs/s against producer threads, one line per shard count,
   unbatched and batched side by side (figure S; only if the JSON has it).
-* ``throughput.png``: the median jobs/s of figures A-D2, one bar per peer.
+* ``throughput.png``: the median jobs/s of figures A-M, one bar per peer.
+* ``wk.png``: figure Wk, the median enqueue and drain rates of each runner@broker row.
 * ``scale_procs.png``: from a ``bench.scale_procs`` JSON (it has ``"cells"``): jobs/s
   against producer processes, one line per shard count.
 """
@@ -79,6 +80,28 @@ def plot_throughput(peers: dict, path: str) -> bool:
     return True
 
 
+def plot_wk(rows: dict, path: str) -> bool:
+    ran = {n: r["summary"] for n, r in rows.items()
+           if r.get("status") == "ok" and r.get("summary", {}).get("jobs_per_s")}
+    if not ran:
+        return False
+    names = list(ran)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names)), 4.5))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [ran[n].get("enqueue_per_s") or 0 for n in names], 0.4,
+           label="enqueue (1 process, 1 call/job)")
+    ax.bar([x + 0.2 for x in xs], [ran[n]["jobs_per_s"] for n in names], 0.4,
+           label="drain (the runner's worker, 8 threads)")
+    ax.set_xticks(list(xs), labels=names, rotation=30, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("no-op jobs/s (median, log scale)")
+    ax.set_title("Wk: worker runners")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    _save(fig, path)
+    return True
+
+
 def plot_scale_procs(data: dict, path: str) -> bool:
     cells = data.get("cells") or []
     modes = sorted({c["mode"] for c in cells})
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no scaling results (figure S) in the JSON; scaling.png not made", file=sys.stderr)
     if plot_throughput(results.get("peers", {}), os.path.join(out, "throughput.png")):
         made.append("throughput.png")
+    if plot_wk(results.get("wk") or {}, os.path.join(out, "wk.png")):
+        made.append("wk.png")
     for name in made:
         print(os.path.join(out, name))
     return 0

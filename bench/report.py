@@ -1,5 +1,6 @@
 """The results as text: medians per figure and peer, ratios shardq/peer, delivery checks,
-the machine's limits and shardq's fraction of each.
+the machine's limits and shardq's fraction of each, figure Wk (worker runners), and the
+issue's targets with met/missed.
 
 Everything here reads the results dict that run.py builds (and writes as JSON); nothing here
 measures.
@@ -10,10 +11,15 @@ import math
 import statistics
 from typing import Any
 
-THROUGHPUT = ["A", "B", "B-threads", "C", "C2", "D", "D2"]
+from . import targets
+from .physical import fsync_plus_rtt_per_s
+
+THROUGHPUT = ["A", "B", "B-threads", "C", "C2", "D", "D2", "M"]
 LATENCY = ["L@500", "L@5000"]
 FIGURES = THROUGHPUT + LATENCY + ["W"]
-DRAINS = ["C", "C2", "D", "D2", "W"]  # figures whose deliveries are checked
+DRAINS = ["C", "C2", "D", "D2", "M", "W"]  # figures whose deliveries are checked
+MANY_CLIENTS = ["D", "D2", "M"]  # clients in processes, or threads where the peer needs it
+A_BOUND_TARGET = 0.85  # issue 10: A >= 0.85 of 1/(fsync + pipe round trip)
 SATURATED_BELOW = 0.95  # figure L: achieved under this fraction of the offered rate
 
 TITLES = {
@@ -24,6 +30,7 @@ TITLES = {
     "C2": "C2 drain, 1 consumer, lease+ack 100/call",
     "D": "D  2 prod + 2 cons, 1 job/call",
     "D2": "D2 2 prod + 2 cons, 100 jobs/call",
+    "M": "M  16 prod + 4 cons, 1 job/call",
 }
 
 # shardq's figure -> (limit, jobs per unit of the limit, why). A job costs one round trip per
@@ -42,6 +49,8 @@ LIMITS = {
           ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
     "D2": [("fsync_per_s", 100 / 3, "3 fsyncs/100 jobs"),
            ("pipe_batched_jobs_per_s", 1 / 3, "3 batched round trips/100 jobs")],
+    "M": [("fsync_per_s", 1 / 3, "enqueue + lease + ack: 3 fsyncs/job, no group commit"),
+          ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
 }
 LIMIT_NAMES = {
     "fsync_per_s": "fsync (100 B write + fsync)/s",
@@ -62,6 +71,10 @@ def summarize(figure: str, runs: list[dict]) -> dict[str, Any]:
     out: dict[str, Any] = {"errors": [r["error"] for r in runs if "error" in r]}
     if figure in THROUGHPUT:
         out["jobs_per_s"] = _median([r["jobs_per_s"] for r in ok])
+    elif figure == "Wk":
+        out["jobs_per_s"] = _median([r["jobs_per_s"] for r in ok])  # the drain rate
+        out["enqueue_per_s"] = _median([r["enqueue_per_s"] for r in ok])
+        out["stopped"] = sorted({r["stopped"] for r in ok if r["stopped"]})
     elif figure in LATENCY:
         for part in ("latency_ms", "call_ms"):
             for p in ("p50", "p99"):
@@ -145,11 +158,13 @@ def _probe_row(peers: dict, names: list[str]) -> list[str]:
     return row
 
 
-def _grid(header: list[str], body: list[list[str]]) -> str:
+def _grid(header: list[str], body: list[list[str]], left: int = 1) -> str:
+    """A text table; the first ``left`` columns aligned left, the others right."""
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *body]]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in [header, *body]]
+    lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)
 
 
@@ -157,8 +172,11 @@ def figures_table(results: dict) -> str:
     peers = results["peers"]
     names = list(peers)
     shardq = peers.get("shardq", {})
+    played = {f for p in peers.values() for f in p.get("figures", {})}
     body = []
     for title, figure, key in _rows():
+        if figure not in played:
+            continue
         sq = None
         if shardq.get("status") == "ok" and figure in shardq.get("figures", {}):
             sq = shardq["figures"][figure].get("summary", {}).get(key)
@@ -171,7 +189,10 @@ def delivery_table(results: dict) -> str:
     peers = results["peers"]
     names = list(peers)
     body = []
+    played = {f for p in peers.values() for f in p.get("figures", {})}
     for figure in DRAINS:
+        if figure not in played:
+            continue
         row = [f"{figure}: exactly-once in effect"]
         for n in names:
             fig = peers[n].get("figures", {}).get(figure)
@@ -186,7 +207,9 @@ def delivery_table(results: dict) -> str:
                 row.append("yes" if s["exactly_once"] else
                            f"NO (dup {s['duplicates']}, missing {s['missing']})")
         body.append(row)
-    for figure in ("D", "D2"):
+    for figure in MANY_CLIENTS:
+        if figure not in played:
+            continue
         row = [f"{figure}: duplicate deliveries / client mode"]
         for n in names:
             s = peers[n].get("figures", {}).get(figure, {}).get("summary", {})
@@ -212,7 +235,13 @@ def limits_text(results: dict) -> str:
             continue
         parts = [f"{value / (phys[k] * per):.0%} of {k} ({why})" for k, per, why in limits]
         lines.append(f"  {figure:<10}{_num(value):>10} jobs/s = " + "; ".join(parts))
+    a = shardq["figures"].get("A", {}).get("summary", {}).get("jobs_per_s")
+    bound = fsync_plus_rtt_per_s(phys)
+    if a is not None and bound:
+        lines.append(f"  A as a fraction of 1/(fsync + pipe round trip) = {_num(bound)}/s: "
+                     f"{a / bound:.2f} (target >= {A_BOUND_TARGET})")
     return "\n".join(lines)
+
 
 
 LEGEND = ("(x) = shardq / peer: above 1 shardq is faster on jobs/s rows, slower on ms rows;"
@@ -226,8 +255,13 @@ def text(results: dict) -> str:
     for name, p in peers.items():
         state = p.get("durability", "") if p.get("status") == "ok" else f"skipped: {p['reason']}"
         head.append(f"  {name:<11} {state}")
-    parts = ["\n".join(head), figures_table(results), LEGEND, delivery_table(results),
-             limits_text(results)]
+    parts = []
+    if peers:
+        parts += ["\n".join(head), figures_table(results), LEGEND, delivery_table(results)]
+    parts.append(limits_text(results))
+    if results.get("wk"):
+        parts.append(wk_table(results["wk"]))
+    parts.append(targets_text(results))
     if results.get("scaling"):
         parts.append(scaling_text(results["scaling"]))
     return "\n\n".join(parts) + "\n"
@@ -245,3 +279,43 @@ def scaling_text(scaling: dict) -> str:
         lines.append(_grid([f"S  shardq enqueue {mode} [jobs/s]"] +
                            [f"{t} thr" for t in threads], body))
     return "\n\n".join(lines)
+
+
+def wk_table(rows: dict) -> str:
+    """Figure Wk: one line per runner@broker, shardq's drain rate against each."""
+    ours = rows.get("shardq@shardq", {}).get("summary", {}).get("jobs_per_s")
+    body = []
+    for name, row in rows.items():
+        if row["status"] != "ok":
+            body.append([name, f"skipped: {row['reason']}", "", "", "", ""])
+            continue
+        s = row["summary"]
+        drain = _num(s.get("jobs_per_s"))
+        if s["errors"]:
+            drain += "!"
+        if ours and s.get("jobs_per_s") and not name.startswith("shardq@"):
+            drain += f" ({ours / s['jobs_per_s']:.2f}x)"
+        check = ("error" if "exactly_once" not in s else
+                 "yes" if s["exactly_once"] else
+                 f"NO (lost {s['missing']}, dup {s['duplicates']})")
+        if s.get("stopped"):
+            check += f"; drain stopped: {', '.join(s['stopped'])}"
+        probes = row.get("fsync_probe_per_s") or []
+        body.append([name, row.get("durability", "?"), _num(s.get("enqueue_per_s")), drain,
+                     check, _num(statistics.median(probes)) if probes else "-"])
+    lines = [_grid(["Wk  worker runner@broker", "durability", "enqueue [jobs/s]",
+                    "drain [jobs/s]", "every job ran once", "fsync/s before"], body, left=2)]
+    lines.append("(x) = shardq@shardq drain / this drain. Enqueue: one process, one call per "
+                 "job; drain: the runner's worker,\n8 threads, one process, timed from the "
+                 "first job's run to the last's; medians over the runs.")
+    commands = {row["runner"]: row["command"] for row in rows.values()}
+    lines += [f"  {runner:<12} {command}" for runner, command in commands.items()]
+    return "\n".join(lines)
+
+
+def targets_text(results: dict) -> str:
+    lines = [_grid(["target (issue 10)", "measured in this run", "verdict"],
+                   targets.rows(results), left=3)]
+    lines.append("Not checked here: strict leases no slower than before (needs a run of the "
+                 "old code to compare).")
+    return "\n".join(lines)

@@ -1,18 +1,21 @@
 """Entry point: ``python -m bench.run [--quick] [--jobs N] [--runs R] [--only a,b]
-[--json PATH]``.
+[--figures A,M,Wk] [--runners shardq,celery] [--json PATH]``.
 
-For each run, measures the machine's limits, then for each peer plays every figure group
-(see plan.py) on a freshly set-up peer, then figure S (shardq scaling) if asked. Progress
+For each run, measures the machine's limits, then for each peer plays every chosen figure
+group (see plan.py) on a freshly set-up peer, then figure Wk (each worker runner, see
+workers/); after the runs, figure S (shardq scaling) if asked. Progress
 goes to stderr, the final table to stdout, everything to the JSON file.
 
-Exit status: 0 when every figure ran and every drain delivered each job exactly once;
-1 when a figure failed or a delivery check did not hold; 2 when every peer was skipped
-(nothing was measured). No timing is ever checked.
+Exit status: 0 when every figure ran, every drain delivered each job exactly once and
+every Wk runner ran each job exactly once; 1 when a figure failed or a delivery check did
+not hold; 2 when every peer and runner was skipped (nothing was measured). No timing is
+ever checked.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,6 +30,8 @@ from typing import Any
 from . import physical, plan, report, scaling
 from .peers import PEERS, SkipPeer
 from .peers.shardq_peer import ShardqAdapter
+from .workers import play as wk
+from .workers.runners import RUNNERS, known_names
 
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 DEFAULT_JSON = os.path.join(RESULTS_DIR, "latest.json")
@@ -49,6 +54,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, help="runs per figure, median shown (default 3)")
     p.add_argument("--only", default=",".join(PEERS),
                    help=f"comma-separated peers (default: {','.join(PEERS)})")
+    p.add_argument("--figures", default=",".join(plan.figure_names()),
+                   help="comma-separated figures to run (default: all of "
+                        f"{','.join(plan.figure_names())}); figures that share a queue "
+                        "(A and C, B and C2) run together")
+    p.add_argument("--runners", default=",".join(RUNNERS),
+                   help=f"figure Wk's worker runners (default: {','.join(RUNNERS)}); "
+                        "runner@broker picks one row, e.g. celery@redis-always")
+    p.add_argument("--wk-jobs", type=int,
+                   help="figure Wk: no-op jobs per runner (default 20000; quick 200)")
     p.add_argument("--json", default=None,
                    help="where to write the results (default bench/results/latest.json; "
                         "with --quick, bench/results/quick.json)")
@@ -65,6 +79,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in args.only if n not in PEERS]
     if unknown:
         p.error(f"unknown peer(s) {unknown}; choose from {list(PEERS)}")
+    args.figures = {n.strip() for n in args.figures.split(",") if n.strip()}
+    unknown = sorted(args.figures - set(plan.figure_names()))
+    if unknown:
+        p.error(f"unknown figure(s) {unknown}; choose from {plan.figure_names()}")
+    args.runners = [n.strip() for n in args.runners.split(",") if n.strip()]
+    unknown = [n for n in args.runners if n not in known_names()]
+    if unknown:
+        p.error(f"unknown runner(s) {unknown}; choose from {known_names()}")
     return args
 
 
@@ -77,6 +99,8 @@ def settings_from(args: argparse.Namespace) -> plan.Settings:
         changes["runs"] = args.runs
     if args.scaling is not None:
         changes["scaling"] = args.scaling
+    if args.wk_jobs is not None:
+        changes["wk_jobs"] = args.wk_jobs
     return dataclasses.replace(s, **changes)
 
 
@@ -151,10 +175,10 @@ def versions() -> dict[str, str]:
         if shutil.which(argv[0]):
             out = subprocess.run(argv, capture_output=True, text=True)
             found[label] = (out.stdout or out.stderr).strip()
-    for module in ("redis", "persistqueue", "shardq"):
+    for dist in ("shardq", "redis", "persist-queue", "celery", "kombu", "dramatiq", "rq", "huey"):
         try:
-            found[module] = str(getattr(__import__(module), "__version__", "?"))
-        except Exception:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             pass
     return found
 
@@ -162,8 +186,13 @@ def versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
+    groups = plan.selected_groups(args.figures)
+    peer_names = args.only if groups else []
+    play_wk = "Wk" in args.figures
     if not args.no_install:
-        install_missing(args.only)
+        install_missing(peer_names)
+        if play_wk:
+            wk.install_missing(args.runners, progress)
     tmp_root = tempfile.mkdtemp(prefix="shardq-bench-", dir=args.tmpdir)
     results: dict[str, Any] = {
         "meta": {"argv": sys.argv[1:], "settings": dataclasses.asdict(settings),
@@ -171,33 +200,41 @@ def main(argv: list[str] | None = None) -> int:
                  "platform": platform.platform(), "tmp_root": tmp_root,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions()},
         "peers": {}, "physical": {}, "physical_runs": [], "scaling": None,
+        "wk": wk.new_table(args.runners) if play_wk else {},
     }
     try:
         peers = results["peers"]
-        for name in args.only:
+        for name in peer_names:
             peers[name] = {"status": "ok", "figures_started": False, "fsync_probe_per_s": [],
-                           "figures": {f: {"runs": []} for g in plan.GROUPS for f in g.figures}}
+                           "figures": {f: {"runs": []} for g in groups for f in g.figures}}
         for run in range(settings.runs):
             progress(f"run {run + 1}/{settings.runs}: physical limits "
                      f"({settings.physical_s} s each) in {tmp_root}")
             limits = physical.measure(tmp_root, settings.physical_s)
             results["physical_runs"].append(limits)
             progress("  " + ", ".join(f"{k} {v:,.0f}" for k, v in limits.items()))
-            for name in args.only:
+            for name in peer_names:
                 if peers[name]["status"] != "ok":
                     continue
                 probe = physical.fsync_rate(tmp_root, PROBE_S)
                 peers[name]["fsync_probe_per_s"].append(probe)
                 progress(f"run {run + 1}/{settings.runs}: {name} (fsync/s just before: "
                          f"{probe:,.0f})")
-                for group in plan.GROUPS:
+                for group in groups:
                     try:
                         play_group(name, group, args, settings, run, tmp_root, peers[name])
                     except SkipPeer as e:
                         peers[name].update(status="skipped", reason=str(e))
                         progress(f"  {name}: skipped: {e}")
                         break
-        if settings.scaling and peers.get("shardq", {}).get("status") == "ok":
+            if play_wk:
+                progress(f"run {run + 1}/{settings.runs}: figure Wk, {settings.wk_jobs:,} "
+                         "no-op jobs per worker runner")
+                wk.play_run(results["wk"], settings.wk_jobs, run, tmp_root, args.shards,
+                            settings.stall_s, settings.wk_deadline_s, settings.wk_settle_s,
+                            progress)
+        if settings.scaling and "S" in args.figures and "shardq" in args.only \
+                and peers.get("shardq", {}).get("status", "ok") == "ok":
             progress("figure S: shardq scaling")
             try:
                 results["scaling"] = scaling.run(tmp_root, settings.jobs)
@@ -212,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         peer.pop("figures_started", None)
         for figure, fig in peer["figures"].items():
             fig["summary"] = report.summarize(figure, fig["runs"])
+    for row in results["wk"].values():
+        row["summary"] = report.summarize("Wk", row["runs"])
     status = exit_status(results)
     results["ok"] = status == 0
     write_json(results, args.json)
@@ -222,13 +261,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_status(results: dict) -> int:
     measured = [p for p in results["peers"].values() if p["status"] == "ok"]
-    if not measured:
+    rows = [r for r in results["wk"].values() if r["status"] == "ok"]
+    scaled = isinstance(results.get("scaling"), dict) and "skipped" not in results["scaling"]
+    if not measured and not rows and not scaled:
         return 2
-    for peer in measured:
-        for fig in peer["figures"].values():
-            s = fig["summary"]
-            if s["errors"] or s.get("exactly_once") is False:
-                return 1
+    summaries = [fig["summary"] for p in measured for fig in p["figures"].values()]
+    for s in summaries + [r["summary"] for r in rows]:
+        if s["errors"] or s.get("exactly_once") is False:
+            return 1
     for mode in (results.get("scaling") or {}).values():
         if isinstance(mode, dict) and any(isinstance(c, dict) for row in mode.values()
                                           for c in row.values()):

@@ -5,6 +5,9 @@ waiting) from the queue's tail to the head of a processing list; ack = LREM from
 processing list. Redis lists have no job key, so the key is not sent. Bodies are unique in
 the benchmark, so LREM of one body removes exactly that delivery. Batches are pipelines of
 the same commands (no MULTI).
+
+:func:`start_server` is shared with figure Wk, which also runs Redis at its default
+persistence (RDB snapshots, no AOF).
 """
 from __future__ import annotations
 
@@ -77,6 +80,33 @@ class RedisClient(Client):
         self._r.close()
 
 
+# Command-line settings per persistence mode; "default" adds nothing: Redis's own defaults.
+PERSISTENCE_ARGS = {
+    "always": ["--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+    "default": [],
+}
+
+
+def start_server(tmpdir: str, persistence: str):
+    """Start redis-server on a free 127.0.0.1 port, data under ``tmpdir``; return
+    ``(process, port)``. ``persistence`` is a key of PERSISTENCE_ARGS."""
+    binary = servers.require_binary("redis-server")
+    data_dir = os.path.join(tmpdir, "redis")
+    os.makedirs(data_dir)
+    port = servers.free_port()
+    argv = [binary, "--bind", servers.HOST, "--port", str(port),
+            *PERSISTENCE_ARGS[persistence], "--dir", data_dir, "--daemonize", "no"]
+    return servers.start(argv, port, os.path.join(tmpdir, "redis.log")), port
+
+
+def persistence_in_force(client) -> dict[str, str]:
+    """What the running server says about its persistence (CONFIG GET), for the report."""
+    got = {}
+    for name in ("appendonly", "appendfsync", "save"):
+        got.update(client.config_get(name))
+    return got
+
+
 class RedisAdapter(ServerAdapter):
     client_class = "RedisClient"
     name = "redis"
@@ -87,14 +117,7 @@ class RedisAdapter(ServerAdapter):
 
     def setup(self, tmpdir: str) -> None:
         _redis_module()
-        binary = servers.require_binary("redis-server")
-        data_dir = os.path.join(tmpdir, "redis")
-        os.makedirs(data_dir)
-        self._port = servers.free_port()
-        argv = [binary, "--bind", servers.HOST, "--port", str(self._port),
-                "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-                "--dir", data_dir, "--daemonize", "no"]
-        self._proc = servers.start(argv, self._port, os.path.join(tmpdir, "redis.log"))
+        self._proc, self._port = start_server(tmpdir, "always")
         self.client = RedisClient(self._port)
         got = self.client._r.config_get("appendfsync").get("appendfsync")
         if got != "always":
