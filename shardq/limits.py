@@ -40,3 +40,6 @@ COMPACT_MIN_BYTES_DEFAULT = 64 * 1024 * 1024  # never compact a log smaller than
 # Shards.
 SHARDS_MAX = 1024
 JOB_ID_SHARD_BITS = 10  # job_id = (sequence << 10) | shard_index
+
+# Job ids as text (string ids of other backends; the PostgreSQL idempotency store's key).
+JOB_ID_STR_BYTES_MAX = 1024

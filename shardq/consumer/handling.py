@@ -26,15 +26,18 @@ DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED = (
 
 
 class Context:
-    """What a handler gets. ``db`` is the idempotency transaction's DB-API cursor (None
-    without a store). ``lease`` is the lease as it was when the handler started; the
-    worker tracks later heartbeats itself."""
+    """What a handler gets. ``db`` is where the idempotency transaction writes (None
+    without a store): a DB-API cursor for SQLite, a psycopg connection for PostgreSQL.
+    ``session`` is an SQLAlchemy ORM session in that same transaction when the store was
+    built from an engine or sessionmaker, else None. ``lease`` is the lease as it was when
+    the handler started; the worker tracks later heartbeats itself."""
 
-    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db")
+    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session")
 
-    def __init__(self, lease: Lease, db: Any = None):
+    def __init__(self, lease: Lease, db: Any = None, session: Any = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
+        self.session = session
 
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
@@ -75,7 +78,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
         if store.seen(lease.job_id):
             return DUPLICATE, None
         with store.transaction() as txn:
-            handler(Context(lease, txn.db))
+            handler(Context(lease, txn.db, txn.session))
             if not txn.claim(lease.job_id):
                 txn.abort()  # another delivery committed it while we ran
                 return DUPLICATE, None
