@@ -4,12 +4,14 @@ Layout (imports point down this list, never up):
 
 * ``cli/`` -- the ``shardq`` command;
 * ``service/`` -- the supervisor that runs the shard processes;
-* ``consumer/`` -- the worker runner, running one job, idempotency stores;
+* ``consumer/`` -- the worker runner, running one job, idempotency stores (SQLite, PostgreSQL);
+* ``outbox/`` -- transactional enqueue: the outbox table in your PostgreSQL and its relay;
 * ``client/`` -- the router apps embed (``router``) and its connection to a shard;
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
-* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir`` -- the ground floor.
+* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``pgconn`` -- the
+  ground floor (``pgconn``: connecting to your PostgreSQL, psycopg imported on first use).
 
 ``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
 
@@ -17,6 +19,8 @@ Public API::
 
     q = shardq.open("var/shardq", shards=4, config=cfg)   # embedded service + router
     q = shardq.connect("var/shardq")                      # router to `shardq serve`
+    shardq.PostgresStore(dsn)                             # idempotency store in your PostgreSQL
+    shardq.outbox.enqueue(conn, body, key=...)            # enqueue in your transaction
 """
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ from .config import Config, QueueConfig
 from .client.queue import Queue
 from .client.router import Router
 from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
-                     LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
-                     ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
-                     UsageError)
+                     LeaseLost, LogFailed, NotADataDir, NotFound, OutboxBehind, ProtocolError,
+                     QueueFull, ShardCountMismatch, ShardqError, ShardUnavailable, StoreUnavailable,
+                     UnknownQueue, Unsupported, UsageError)
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
@@ -34,7 +38,7 @@ __all__ = [
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed",
+    "CorruptLog", "LogFailed", "PostgresStore", "StoreUnavailable", "OutboxBehind",
 ]
 
 
@@ -60,4 +64,10 @@ def __getattr__(name):
     if name == "Worker":  # imported lazily: the worker pulls in sqlite3 and signal handling
         from .consumer.worker import Worker
         return Worker
+    if name == "PostgresStore":  # imported lazily: psycopg is an optional dependency
+        from .consumer.postgres import PostgresStore
+        return PostgresStore
+    if name == "outbox":  # shardq.outbox.enqueue(conn, ...) after a plain `import shardq`
+        import importlib
+        return importlib.import_module(".outbox", __name__)
     raise AttributeError(f"module 'shardq' has no attribute {name!r}")

@@ -7,7 +7,7 @@ EXPECTED = {
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed",
+    "CorruptLog", "LogFailed", "PostgresStore", "StoreUnavailable", "OutboxBehind",
 }
 
 

@@ -7,7 +7,8 @@
     shardq stats [--json]
     shardq dead-letters list|redrive|purge [--queue Q]
     shardq wal check [PATH] | shardq wal repair SHARD_DIR --force
-    shardq worker module:function [--queue Q] [--concurrency N] [...]
+    shardq worker module:function [--queue Q] [--concurrency N] [--idempotency PATH|URL] [...]
+    shardq outbox init|relay|status --dsn DSN [--table T]
     shardq verify [--duration S] [...]
 
 Every command that talks to the service finds it by ``--data-dir`` (alias ``--connect``),
@@ -25,9 +26,9 @@ import sys
 from typing import Callable
 
 from ..errors import ShardqError
-from . import common, dead_letters, exits, jobs, serve, stats, verify, wal, worker
+from . import common, dead_letters, exits, jobs, outbox, serve, stats, verify, wal, worker
 
-GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify)
+GROUPS = (serve, jobs, stats, dead_letters, wal, worker, outbox, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:
