@@ -29,6 +29,7 @@ The handler's writes and the mark commit in one PostgreSQL transaction, exactly 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Callable, Iterator
 
@@ -147,7 +148,7 @@ class PostgresStore(IdempotencyStore):
         conn = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed:
             return conn
-        conn = pgconn.connect(self.dsn, what=WHAT)
+        conn = pgconn.connect(self.dsn, what=WHAT, application_name=f"shardq worker pid={os.getpid()}")
         with self._lock:
             if self._closed:
                 conn.close()

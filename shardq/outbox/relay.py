@@ -147,19 +147,15 @@ class Relay:
                     if self._conn is None:
                         self._connect()
                     moved = self.relay_batch()
-                except (StoreUnavailable, ShardUnavailable, QueueFull, Closed) as exc:
+                    backoff = 0.0
+                    if moved:
+                        continue
+                    if until_idle:
+                        break
+                    self._wait(self._poll_s)
+                except (StoreUnavailable, ShardUnavailable, QueueFull, Closed,
+                        pgconn.psycopg().OperationalError) as exc:
                     backoff = self._failed(exc, backoff)
-                    continue
-                except pgconn.psycopg().OperationalError as exc:
-                    self._disconnect()
-                    backoff = self._failed(exc, backoff)
-                    continue
-                backoff = 0.0
-                if moved:
-                    continue
-                if until_idle:
-                    break
-                self._wait(self._poll_s)
         finally:
             self._restore_signals(old)
         return dataclasses.replace(self.stats)
@@ -290,14 +286,17 @@ class Relay:
         what = f"outbox relay ({self.table})"
         conns = []
         try:
-            for _ in range(3):
-                conns.append(pgconn.connect(self._dsn, what=what))
+            for _ in range(3):  # named, so pg_stat_activity shows which process holds what
+                conns.append(pgconn.connect(self._dsn, what=what,
+                                            application_name=f"shardq outbox relay pid={os.getpid()}"))
             conn, marks, listen = conns
             self._scope = install(conn, self.table)
             listen.execute(f'LISTEN "{channel(self.table)}"')
-        except BaseException:
+        except BaseException as exc:
             for c in conns:
                 c.close()
+            if pgconn.is_disconnect(exc):
+                raise pgconn.unavailable(exc, what) from None
             raise
         self._conn, self._marks, self._listen = conn, marks, listen
 
