@@ -337,3 +337,34 @@ def test_bad_dsn_for_the_relay_is_a_clear_error(q, pg):  # noqa: F811
         r = subprocess.run(base + [dsn], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert r.returncode == code and f"error: {what}" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------- limits at their maximum
+def test_key_and_queue_name_at_their_limits_go_through(dsn, q):
+    key, queue = "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX
+    with psycopg.connect(dsn) as conn:
+        outbox.enqueue(conn, b"long names", key=key, queue=queue, priority=limits.PRIORITY_MAX)
+    relay = outbox.Relay(dsn, q)
+    assert relay.run(until_idle=True).moved == 1
+    relay.close()
+    lease = q.dequeue(queue)
+    assert (lease.key, lease.queue, lease.body) == (key, queue, b"long names")
+    q.ack(lease)
+
+
+def test_a_full_batch_of_the_maximum_size_moves_in_one_transaction(dsn, q):
+    n = outbox.relay.BATCH_ROWS_MAX
+    with psycopg.connect(dsn) as conn:  # rows as enqueue writes them, 200 keys
+        conn.execute("INSERT INTO shardq_outbox (queue, key, body) SELECT 'default', 'k' || (g %% 200), "
+                     "convert_to(g::text, 'UTF8') FROM generate_series(1, %s) g", (n,))
+    relay = outbox.Relay(dsn, q, batch_rows=n)
+    assert relay.relay_batch() == n
+    relay.close()
+    got = _drain(q)
+    assert sorted(int(lease.body) for lease in got) == list(range(1, n + 1))
+    by_key: dict[str, list[int]] = {}
+    for lease in got:
+        by_key.setdefault(lease.key, []).append(int(lease.body))
+    assert all(v == sorted(v) for v in by_key.values()) and len(by_key) == 200
+    with pytest.raises(InvalidConfig, match="batch_rows"):
+        outbox.Relay(dsn, q, batch_rows=n + 1)

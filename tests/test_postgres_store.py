@@ -348,3 +348,21 @@ def test_engines_that_are_not_postgresql_through_psycopg_are_refused(tmp_path):
         pgstore.PostgresStore(sessionmaker())
     with pytest.raises(InvalidConfig, match="DSN"):
         pgstore.PostgresStore(42)
+
+
+def test_process_mode_worker_reopens_the_store_in_each_child(pg_dsn):  # noqa: F811
+    from service import Service
+    from shardq.consumer.worker import Worker
+    import pg_effects_handler
+    _query(pg_dsn, "CREATE TABLE effects (job_id bigint, n int)")
+    store = pgstore.PostgresStore(pg_dsn)
+    try:
+        with Service(shards=1) as svc, svc.connect() as q:
+            ids = q.enqueue_many([{"body": str(i).encode()} for i in range(20)])
+            stats = Worker(q, pg_effects_handler.handle, mode="process", concurrency=2,
+                           idempotency=store).run(until_idle=True)
+        assert stats.succeeded == 20
+        assert sorted(r[0] for r in _query(pg_dsn, "SELECT job_id FROM effects")) == sorted(ids)
+        assert len(_query(pg_dsn, "SELECT 1 FROM shardq_processed")) == 20
+    finally:
+        store.close()
