@@ -76,16 +76,17 @@ class PgServer:
         return subprocess.run(self._as_user + list(argv), capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
-    def init(self) -> None:
-        # --no-sync and fsync=off: the tests kill processes, never the machine, and a killed
-        # postmaster's writes are in the page cache; crash recovery (WAL replay) still runs.
+    def init(self, fsync: bool = False) -> None:
+        # Tests: fsync=off. They kill processes, never the machine, and a killed postmaster's
+        # writes are in the page cache; crash recovery (WAL replay) still runs. The
+        # benchmark passes fsync=True: commits are then as durable as SQLite's FULL.
         r = self._run(os.path.join(self.bindir, "initdb"), "-D", self.data, "-U", "postgres",
                       "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
             f.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                    f"unix_socket_directories = '{self.dir}'\nfsync = off\n"
+                    f"unix_socket_directories = '{self.dir}'\nfsync = {'on' if fsync else 'off'}\n"
                     "max_connections = 200\nshared_buffers = 32MB\n")
 
     def start(self, timeout: float = 60.0) -> "PgServer":
