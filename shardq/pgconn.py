@@ -57,6 +57,10 @@ class TableName:
         self.name = name
         self.schema, self.base = m.group(1), m.group(2)
 
+    @classmethod
+    def of(cls, table: "str | TableName") -> "TableName":
+        return table if isinstance(table, TableName) else cls(table)
+
     def q(self, suffix: str = "") -> str:
         """``"schema"."base<suffix>"``: the table, or a table beside it."""
         base = f'"{self.base}{suffix}"'

@@ -55,8 +55,9 @@ def job_key(job_id: Any) -> str:
                      f"{limits.JOB_ID_STR_BYTES_MAX} bytes, got {job_id!r}")
 
 
-def schema_sql(table: pgconn.TableName) -> list[str]:
+def schema_sql(table: str | pgconn.TableName) -> list[str]:
     """The statements that create the marks table (idempotent), for migration tools too."""
+    table = pgconn.TableName.of(table)
     t = table.q()
     return [
         f"CREATE TABLE IF NOT EXISTS {t} ("

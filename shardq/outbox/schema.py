@@ -28,9 +28,10 @@ def channel(table: pgconn.TableName) -> str:
     return table.name
 
 
-def schema_sql(table: pgconn.TableName) -> list[str]:
+def schema_sql(table: str | pgconn.TableName) -> list[str]:
     """The statements that create the outbox tables (idempotent; the trigger is created by
     :func:`install`, which checks for it first). For migration tools too."""
+    table = pgconn.TableName.of(table)
     t = table.q()
     fn = table.q("_notify")
     return [
@@ -60,7 +61,7 @@ def install(db, table: str | pgconn.TableName = TABLE_DEFAULT) -> str:
     """Create the outbox tables if missing and return the table's dedup scope. ``db``: a
     psycopg connection in autocommit mode (or a DSN). Safe to run from many processes at
     once (an advisory lock serialises it)."""
-    table = table if isinstance(table, pgconn.TableName) else pgconn.TableName(table)
+    table = pgconn.TableName.of(table)
     if isinstance(db, str):
         with pgconn.connect(db, what="outbox") as conn:
             return install(conn, table)
