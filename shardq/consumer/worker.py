@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
-import os
 import pickle
 import queue as queue_mod
 import random
@@ -42,6 +41,7 @@ from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, JobGone, LeaseLost, ShardqError, ShardUnavailable
+from ..stopping import install_stop_signals
 from .handling import (DONE, EXPIRED, FAILED, LOST, SKIPPED, Handler, _child_init, _child_run,
                        backoff_delay, error_text, execute)
 from .idempotency import IdempotencyStore
@@ -147,7 +147,6 @@ class Worker:
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
         self._stop_at: float | None = None
-        self._signals = 0
         self._visibility = limits.VISIBILITY_TIMEOUT_S_DEFAULT
         self._max_deliveries = limits.MAX_DELIVERIES_DEFAULT
         self._pool: ProcessPoolExecutor | None = None
@@ -490,17 +489,7 @@ class Worker:
         return True
 
     def _install_signals(self) -> dict | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                os.write(2, b"shardq worker: second signal, exiting now\n")
-                os._exit(1)
-            self.stop()
-
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return install_stop_signals(self.stop, "shardq worker")
 
     # ------------------------------------------------------------------ runners
     def _runner(self, work: queue_mod.SimpleQueue, results: queue_mod.SimpleQueue) -> None:

@@ -32,8 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
-import threading
 import time
 from typing import Any, NamedTuple
 
@@ -41,6 +39,7 @@ from .. import limits, pgconn
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..consumer.handling import error_text
+from ..stopping import install_stop_signals, restore_signals
 from ..errors import (Closed, InvalidConfig, InvalidJob, OutboxBehind, QueueFull, ShardUnavailable,
                       StoreUnavailable, UnknownQueue)
 from .schema import TABLE_DEFAULT, channel, install
@@ -101,7 +100,6 @@ class Relay:
         self._scope: str | None = None
         self._windows: dict[str, float] = {}
         self._stopping = False
-        self._signals = 0
         self.stats = RelayStats()
         t, a = self.table.q(), self.table.q("_attempts")
         self._sql = {
@@ -138,7 +136,7 @@ class Relay:
         """Relay until stopped (or, with ``until_idle``, until a batch finds nothing to
         move). A database or queue that fails is retried with backoff; a bad DSN at start
         and :class:`OutboxBehind` are raised. Returns a copy of the counters."""
-        old = self._install_signals()
+        old = install_stop_signals(self.stop, "shardq outbox relay")
         backoff = 0.0
         try:
             self._connect()  # the first connection fails loudly: bad DSN, no server, no rights
@@ -157,7 +155,7 @@ class Relay:
                         pgconn.psycopg().OperationalError) as exc:
                     backoff = self._failed(exc, backoff)
         finally:
-            self._restore_signals(old)
+            restore_signals(old)
         return dataclasses.replace(self.stats)
 
     def relay_batch(self) -> int:
@@ -340,23 +338,6 @@ class Relay:
                 break
         for _ in self._listen.notifies(timeout=0):  # drained: the next batch sees those rows
             pass
-
-    def _install_signals(self) -> dict | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                os.write(2, b"shardq outbox relay: second signal, exiting now\n")
-                os._exit(1)
-            self.stop()
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    @staticmethod
-    def _restore_signals(old: dict | None) -> None:
-        for sig, handler in (old or {}).items():
-            signal.signal(sig, handler)
 
 
 def status(dsn: str, table: str = TABLE_DEFAULT) -> dict[str, Any]:
