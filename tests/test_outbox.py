@@ -368,3 +368,31 @@ def test_a_full_batch_of_the_maximum_size_moves_in_one_transaction(dsn, q):
     assert all(v == sorted(v) for v in by_key.values()) and len(by_key) == 200
     with pytest.raises(InvalidConfig, match="batch_rows"):
         outbox.Relay(dsn, q, batch_rows=n + 1)
+
+
+def test_rows_held_back_by_a_brief_lock_go_soon_without_a_notification(dsn, svc):
+    """Another relay's empty batch can lock rows briefly and commits without a NOTIFY; a
+    relay whose batch had to hold rows back looks again soon, not after poll_s."""
+    with psycopg.connect(dsn) as conn:
+        for i in range(3):
+            outbox.enqueue(conn, f"h{i}".encode(), key="h")
+    other = psycopg.connect(dsn)
+    other.execute("SELECT 1 FROM shardq_outbox WHERE body = 'h0' FOR UPDATE")  # like a relay's batch
+    stats = {}
+    with svc.connect() as rq, svc.connect() as q:
+        relay = outbox.Relay(dsn, rq, poll_s=600)
+        t = threading.Thread(target=lambda: stats.update(s=relay.run()))
+        t.start()
+        try:
+            wait_until(lambda: relay._held > 0, 20, 0.01, "h1, h2 held back behind h0")
+            other.rollback()  # the lock goes away, and nothing is notified
+            t0 = time.monotonic()
+            got = []
+            wait_until(lambda: got.extend(_drain(q)) or len(got) == 3, 10, 0.01, "all three")
+            assert time.monotonic() - t0 < 5 and [lease.body for lease in got] == [b"h0", b"h1", b"h2"]
+        finally:
+            other.close()
+            relay.stop()
+            t.join(20)
+            relay.close()
+    assert stats["s"].moved == 3

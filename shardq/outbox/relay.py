@@ -55,6 +55,7 @@ DEDUP_MARGIN_FRACTION = 0.1   # max(10 s, 10% of it): clock skew, time between c
 SAFE_WINDOW_S_MIN = 30.0      # queues with a shorter usable window are refused
 BACKOFF_S_MIN, BACKOFF_S_MAX = 0.1, 5.0
 STOP_CHECK_S = 0.2            # longest a wait goes without looking at stop()
+HELD_RETRY_S = 0.05           # rows waiting behind another relay's: look again this soon
 
 
 class _Row(NamedTuple):
@@ -99,6 +100,7 @@ class Relay:
         self._conn = self._marks = self._listen = None
         self._scope: str | None = None
         self._windows: dict[str, float] = {}
+        self._held = 0  # rows the last batch locked but had to leave for per-key order
         self._stopping = False
         self.stats = RelayStats()
         t, a = self.table.q(), self.table.q("_attempts")
@@ -150,7 +152,10 @@ class Relay:
                         continue
                     if until_idle:
                         break
-                    self._wait(self._poll_s)
+                    # Rows held back behind another relay's batch: that relay notifies when
+                    # it commits; but our own brief locks may have made *it* skip rows, and
+                    # an empty batch notifies nobody. Look again soon rather than at poll_s.
+                    self._wait(HELD_RETRY_S if self._held else self._poll_s)
                 except (StoreUnavailable, ShardUnavailable, QueueFull, Closed,
                         pgconn.psycopg().OperationalError) as exc:
                     backoff = self._failed(exc, backoff)
@@ -164,8 +169,10 @@ class Relay:
             self._connect()
         conn = self._conn
         with conn.transaction():
-            rows = [_Row(*r) for r in conn.execute(self._sql["lock"], (self._batch_rows,))]
-            rows = self._cut_by_bytes(self._in_key_order(conn, rows))
+            locked = [_Row(*r) for r in conn.execute(self._sql["lock"], (self._batch_rows,))]
+            rows = self._in_key_order(conn, locked)
+            self._held = len(locked) - len(rows)
+            rows = self._cut_by_bytes(rows)
             if not rows:
                 return 0
             self._check_window(rows)
