@@ -366,3 +366,26 @@ def test_process_mode_worker_reopens_the_store_in_each_child(pg_dsn):  # noqa: F
         assert len(_query(pg_dsn, "SELECT 1 FROM shardq_processed")) == 20
     finally:
         store.close()
+
+
+def test_close_leaves_a_connection_in_use_to_its_thread(store):
+    from shardq.errors import Closed
+    inside, release, result = threading.Event(), threading.Event(), []
+
+    def handler_thread():
+        with store.transaction() as txn:
+            inside.set()
+            release.wait(10)
+            txn.db.execute("SELECT 1")  # still usable: close() did not pull it away
+            result.append(txn.claim(1))
+        result.append(txn.db.closed)    # closed by its thread once the transaction ended
+
+    t = threading.Thread(target=handler_thread)
+    t.start()
+    assert inside.wait(10)
+    store.close()
+    release.set()
+    t.join(10)
+    assert result == [True, True]
+    with pytest.raises(Closed):
+        store.seen(1)

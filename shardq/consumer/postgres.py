@@ -143,6 +143,14 @@ class PostgresStore(IdempotencyStore):
         if self._closed:
             raise Closed(f"{WHAT} ({self.table}) is closed")
 
+    def _thread_lock(self) -> threading.RLock:
+        """Held by this thread while it uses its connection: close() never closes a
+        connection in the middle of a call."""
+        lock = getattr(self._local, "lock", None)
+        if lock is None:
+            lock = self._local.lock = threading.RLock()
+        return lock
+
     def _thread_conn(self):
         """This thread's autocommit connection (DSN mode), opened on first use."""
         self._check_open()
@@ -154,7 +162,7 @@ class PostgresStore(IdempotencyStore):
             if self._closed:
                 conn.close()
                 self._check_open()
-            self._conns.append(conn)
+            self._conns.append((conn, self._thread_lock()))
         self._local.conn = conn
         return conn
 
@@ -170,7 +178,8 @@ class PostgresStore(IdempotencyStore):
         """A psycopg connection outside any handler transaction; what runs on it commits."""
         self._check_open()
         if self._engine is None:
-            yield self._thread_conn()
+            with self._thread_lock():
+                yield self._thread_conn()
             return
         with self._engine.connect() as sa_conn:
             db = sa_conn.connection.driver_connection
@@ -227,19 +236,25 @@ class PostgresStore(IdempotencyStore):
     def transaction(self) -> Iterator[Txn]:
         if getattr(self._local, "in_txn", False):
             raise RuntimeError("nested idempotency transaction in one thread")
-        begin = self._begin_session if self._engine is not None else self._begin_conn
-        db, session, started_at, end = begin()
-        txn = _PgTxn(db, session, started_at, self._sql, self._clock)
-        self._local.in_txn = True
-        try:
+        if self._engine is not None:
+            begin, lock = self._begin_session, contextlib.nullcontext()
+        else:
+            begin, lock = self._begin_conn, self._thread_lock()
+        with lock:
+            db, session, started_at, end = begin()
+            txn = _PgTxn(db, session, started_at, self._sql, self._clock)
+            self._local.in_txn = True
             try:
-                yield txn
-            except BaseException:
-                end(False)
-                raise
-            end(not txn.aborted)
-        finally:
-            self._local.in_txn = False
+                try:
+                    yield txn
+                except BaseException:
+                    end(False)
+                    raise
+                end(not txn.aborted)
+            finally:
+                self._local.in_txn = False
+                if self._closed and self._engine is None:
+                    self._drop_thread_conn()  # close() left it to us
 
     def _begin_conn(self):
         def begin(db):
@@ -301,13 +316,17 @@ class PostgresStore(IdempotencyStore):
 
     def close(self) -> None:
         """Refuse further use and close the connections this store opened. A connection in
-        use right now (a handler still running) is closed too: its transaction rolls back."""
+        use right now (a handler still running) is left to its thread, which closes it when
+        its transaction ends (rolled back, unless it had already reached its commit)."""
         with self._lock:
             self._closed = True
             conns, self._conns = self._conns, []
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.close()
+        for conn, lock in conns:
+            if lock.acquire(blocking=False):
+                try:
+                    conn.close()
+                finally:
+                    lock.release()
         if self._owns_engine and self._engine is not None:
             self._engine.dispose()
 
