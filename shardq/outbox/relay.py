@@ -113,10 +113,10 @@ class Relay:
             # Per key of the batch: is there an older row (blocked), and every row of the key
             # from our first to our last, ours or not (a gap cuts the key there).
             "keys": (f"SELECT EXISTS (SELECT 1 FROM {t} p WHERE p.queue = b.queue AND p.key = b.key "
-                     "AND p.id < b.lo), ARRAY(SELECT p.id FROM {t} p WHERE p.queue = b.queue "
+                     f"AND p.id < b.lo), ARRAY(SELECT p.id FROM {t} p WHERE p.queue = b.queue "
                      "AND p.key = b.key AND p.id BETWEEN b.lo AND b.hi ORDER BY p.id) "
                      "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
-                     "WITH ORDINALITY AS b(queue, key, lo, hi, n) ORDER BY b.n").replace("{t}", t),
+                     "WITH ORDINALITY AS b(queue, key, lo, hi, n) ORDER BY b.n"),
             "bodies": f"SELECT id, body FROM {t} WHERE id = ANY(%s)",
             "attempt": (f"INSERT INTO {a} (id, first_at) SELECT unnest(%s::bigint[]), clock_timestamp() "
                         "ON CONFLICT (id) DO NOTHING"),
