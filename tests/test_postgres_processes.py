@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -102,6 +103,22 @@ def _wait_connected(dsn: str, procs: list[subprocess.Popen], what: str) -> None:
             names = " ".join(r[0] for r in conn.execute("SELECT application_name FROM pg_stat_activity"))
         return all(f"pid={p.pid}" in names for p in procs)
     wait_until(connected, 30, 0.02, what)
+
+
+def _mid_batch(dsn: str, relays: list[subprocess.Popen], within_s: float = 2.0) -> int | None:
+    """The index of a relay caught in the middle of a batch: its transaction has fetched
+    the bodies (its last statement), so it is recording the attempt or sending to the queue.
+    None if no relay was caught within ``within_s``."""
+    pids = {f"shardq outbox relay pid={p.pid}": i for i, p in enumerate(relays)}
+    deadline = time.monotonic() + within_s
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            for (name,) in conn.execute("SELECT application_name FROM pg_stat_activity "
+                                        "WHERE state = 'idle in transaction' "
+                                        "AND query LIKE 'SELECT id, body FROM%'"):
+                if name in pids:
+                    return pids[name]
+    return None
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -248,7 +265,7 @@ def test_relays_killed_mid_batch_deliver_every_committed_row_once_in_key_order(p
                 seen = len(consumer.got)
                 wait_until(lambda: len(consumer.got) >= seen + rng.randint(5, 40), 60, 0.005,
                            "progress between kills")
-                victim = rng.randrange(len(relays))
+                victim = _mid_batch(pg_dsn, relays) or rng.randrange(len(relays))
                 relays[victim].send_signal(signal.SIGKILL)
                 relays[victim].wait(20)
                 kills += 1
@@ -280,6 +297,8 @@ def test_relays_killed_mid_batch_deliver_every_committed_row_once_in_key_order(p
         by_key.setdefault(key, []).append(int(seq))
     assert all(seqs == sorted(seqs) for seqs in by_key.values())
     assert len(producer.rolled_back) > 0 and kills == 15
+    with open(os.path.join(tmp, "relay.log")) as f:  # kills did land between send and commit
+        assert f.read().count("row(s) again") >= 1
 
 
 def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(pg, pg_dsn, tmp):  # noqa: F811

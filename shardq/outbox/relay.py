@@ -229,11 +229,15 @@ class Relay:
         return rows
 
     def _check_window(self, rows: list[_Row]) -> None:
+        again = [r for r in rows if r.attempted_ago is not None]
+        if not again:
+            return
+        self.stats.resent += len(again)
+        log.warning("outbox %s: sending %d row(s) again, first sent up to %.1f s ago (a batch "
+                    "did not finish); the queue deduplicates them", self.table, len(again),
+                    max(r.attempted_ago for r in again))
         behind = []
-        for r in rows:
-            if r.attempted_ago is None:
-                continue
-            self.stats.resent += 1
+        for r in again:
             safe = self._safe_window(r.queue)
             if r.attempted_ago > safe:
                 behind.append((r, safe))
