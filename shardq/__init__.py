@@ -28,9 +28,10 @@ from .config import Config, QueueConfig
 from .client.queue import Queue
 from .client.router import Router
 from .errors import (AuthError, Closed, CorruptLog, DataDirLocked, InvalidConfig, InvalidJob, JobGone,
-                     LeaseLost, LogFailed, NotADataDir, NotFound, OutboxBehind, ProtocolError,
-                     QueueFull, ShardCountMismatch, ShardqError, ShardUnavailable, StoreUnavailable,
-                     UnknownQueue, Unsupported, UsageError)
+                     LeaseLost, LogFailed, NotADataDir, NotFound, ProtocolError, QueueFull,
+                     ShardCountMismatch, ShardqError, ShardUnavailable, UnknownQueue, Unsupported,
+                     UsageError)
+from .errors import OutboxBehind, StoreUnavailable
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
@@ -38,7 +39,8 @@ __all__ = [
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed", "PostgresStore", "StoreUnavailable", "OutboxBehind",
+    "CorruptLog", "LogFailed",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind",
 ]
 
 

@@ -10,10 +10,10 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * capacity: :class:`QueueFull`
 * the backend: :class:`Unsupported` (a feature this backend cannot provide)
 * the service: :class:`ShardUnavailable`, :class:`Closed`
-* your database (PostgreSQL store, outbox): :class:`StoreUnavailable`; the outbox relay
-  fell behind its dedup window: :class:`OutboxBehind`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
+* your database (PostgreSQL store, outbox): :class:`StoreUnavailable`; the outbox relay
+  fell behind its dedup window: :class:`OutboxBehind`
 
 Errors cross the wire by class name (:data:`BY_NAME`), so a client gets the same type the
 shard raised.
@@ -79,19 +79,6 @@ class Closed(ShardqError):
     """The router or log was closed by its owner."""
 
 
-class StoreUnavailable(ShardqError):
-    """The database behind an idempotency store or an outbox could not be reached (refused,
-    unknown host, authentication failed, database missing) or dropped the connection.
-    Nothing was committed by the call that raised it, unless the message says the outcome of
-    a COMMIT is unknown."""
-
-
-class OutboxBehind(ShardqError):
-    """The outbox relay holds rows it first sent to the queue longer ago than the queue's
-    dedup window: sending them again could enqueue duplicates, so it stops instead. The
-    message names the rows and what to do (docs/guarantees.md, "The dedup window")."""
-
-
 class ShardCountMismatch(InvalidConfig):
     """The data dir was created with another number of shards; changing N breaks per-key order."""
 
@@ -126,6 +113,20 @@ class LogFailed(ShardqError):
 
 class InvariantViolation(ShardqError):
     """An internal invariant broke: a bug. The shard process exits and is restarted."""
+
+
+class StoreUnavailable(ShardqError):
+    """The database behind an idempotency store or an outbox could not be reached (refused,
+    unknown host, authentication failed, database missing) or dropped the connection.
+    Nothing was committed by the call that raised it, unless the message says the outcome of
+    a COMMIT is unknown."""
+
+
+class OutboxBehind(ShardqError):
+    """The outbox relay holds rows it first sent to the queue longer ago than the queue's
+    dedup window: sending them again could enqueue duplicates, so it stops instead. The
+    message names the rows and what to do (docs/guarantees.md, "The dedup window")."""
+
 
 
 #: Wire name -> class, for errors sent from a shard to a client.

@@ -7,7 +7,8 @@ EXPECTED = {
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
-    "CorruptLog", "LogFailed", "PostgresStore", "StoreUnavailable", "OutboxBehind",
+    "CorruptLog", "LogFailed",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind",
 }
 
 
