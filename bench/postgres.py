@@ -98,7 +98,7 @@ def _relay_thread(dsn: str, q_factory) -> tuple[threading.Thread, list]:
                 relay.close()
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    while not holder or holder[0]._listen is None:
+    while not holder or not holder[0].waiting:  # connected, and asleep on the channel
         time.sleep(0.01)
     return t, holder
 

@@ -297,8 +297,7 @@ def test_a_notification_wakes_the_relay_without_polling(dsn, svc):
         t = threading.Thread(target=lambda: stats.update(s=relay.run()))
         t.start()
         try:
-            wait_until(lambda: relay._listen is not None, 20, 0.01, "the relay to listen")
-            time.sleep(0.3)  # let it go to sleep on the channel (nothing to wait for: a pause)
+            wait_until(lambda: relay.waiting, 20, 0.005, "the relay asleep on the channel")
             t0 = time.monotonic()
             with psycopg.connect(dsn) as conn:
                 outbox.enqueue(conn, b"wake up", key="w")

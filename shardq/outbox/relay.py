@@ -102,6 +102,7 @@ class Relay:
         self._windows: dict[str, float] = {}
         self._held = 0  # rows the last batch locked but had to leave for per-key order
         self._stopping = False
+        self.waiting = False  # True while idle, listening on the channel
         self.stats = RelayStats()
         t, a = self.table.q(), self.table.q("_attempts")
         self._sql = {
@@ -341,14 +342,18 @@ class Relay:
         """Sleep until another session commits a NOTIFY on the channel, or ``timeout``."""
         own = self._conn.info.backend_pid
         deadline = self._clock.monotonic() + timeout
-        while not self._stopping:
-            left = deadline - self._clock.monotonic()
-            if left <= 0:
-                return
-            if any(n.pid != own for n in self._listen.notifies(timeout=min(left, STOP_CHECK_S))):
-                break
-        for _ in self._listen.notifies(timeout=0):  # drained: the next batch sees those rows
-            pass
+        self.waiting = True
+        try:
+            while not self._stopping:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return
+                if any(n.pid != own for n in self._listen.notifies(timeout=min(left, STOP_CHECK_S))):
+                    break
+            for _ in self._listen.notifies(timeout=0):  # drained: the next batch sees those rows
+                pass
+        finally:
+            self.waiting = False
 
 
 def status(dsn: str, table: str = TABLE_DEFAULT) -> dict[str, Any]:
