@@ -389,3 +389,14 @@ def test_close_leaves_a_connection_in_use_to_its_thread(store):
     assert result == [True, True]
     with pytest.raises(Closed):
         store.seen(1)
+
+
+def test_a_transaction_left_open_on_the_connection_is_rolled_back_first(store, pg_dsn):  # noqa: F811
+    _query(pg_dsn, "CREATE TABLE effect (n int)")
+    with store.transaction() as txn:
+        conn = txn.db
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO effect VALUES (1)")  # stray, never committed
+    with store.transaction() as txn:
+        assert txn.db is conn and txn.claim(1)
+    assert _query(pg_dsn, "SELECT * FROM effect") == [] and store.seen(1)

@@ -257,7 +257,11 @@ class PostgresStore(IdempotencyStore):
                     self._drop_thread_conn()  # close() left it to us
 
     def _begin_conn(self):
+        idle = pgconn.psycopg().pq.TransactionStatus.IDLE
+
         def begin(db):
+            if db.info.transaction_status != idle:  # left open by a failure: start clean
+                db.execute("ROLLBACK")
             cur = db.execute(self._sql["begin"])
             cur.nextset()
             return db, cur.fetchone()[1]
