@@ -395,3 +395,38 @@ def test_rows_held_back_by_a_brief_lock_go_soon_without_a_notification(dsn, svc)
             t.join(20)
             relay.close()
     assert stats["s"].moved == 3
+
+
+def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  # noqa: F811
+    import os
+    import signal
+    from service import restarted
+    outbox.install(pg_dsn)
+    with Service(shards=2) as svc, svc.connect(retry_s=1.0) as rq, svc.connect() as q:
+        relay = outbox.Relay(pg_dsn, rq, batch_rows=50)
+        t = threading.Thread(target=relay.run)
+        t.start()
+        got = []
+        try:
+            with psycopg.connect(pg_dsn) as conn:
+                for round_ in range(3):
+                    for i in range(100):
+                        outbox.enqueue(conn, f"{round_}:{i}".encode(), key=f"k{i % 7}")
+                        conn.commit()
+                    pid = svc.shard_pids()[round_ % 2]
+                    os.kill(pid, signal.SIGKILL)  # mid-stream: sends fail or land, unanswered
+                    restarted(svc, round_ % 2, pid)
+            wait_until(lambda: got.extend(_drain(q)) or len(got) >= 300, 60, 0.02, "every row")
+        finally:
+            relay.stop()
+            t.join(30)
+            relay.close()
+        got += _drain(q)  # anything sent twice would be here
+        assert _rows(pg_dsn) == 0
+    bodies = [lease.body.decode() for lease in got]
+    assert sorted(bodies) == sorted(f"{r}:{i}" for r in range(3) for i in range(100))
+    by_key: dict[str, list[tuple[int, int]]] = {}
+    for lease in got:
+        r, i = map(int, lease.body.decode().split(":"))
+        by_key.setdefault(lease.key, []).append((r, i))
+    assert all(v == sorted(v) for v in by_key.values())
