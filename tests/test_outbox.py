@@ -3,6 +3,7 @@ transaction, the relay's exactly-once hand-over, per-key order across relays, th
 window, rejected rows, LISTEN/NOTIFY wake-ups."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -46,6 +47,21 @@ def _drain(q, queue="default") -> list:
             return got
         got += leases
         q.ack_many(leases)
+
+
+@contextlib.contextmanager
+def _running(relay: outbox.Relay):
+    """``relay.run()`` in a thread for the ``with`` block; then stopped, joined, closed.
+    Yields a dict that holds the final counters (``"stats"``) once the block is left."""
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(stats=relay.run()))
+    t.start()
+    try:
+        yield out
+    finally:
+        relay.stop()
+        t.join(30)
+        relay.close()
 
 
 def _rows(dsn: str, table: str = "shardq_outbox") -> int:
@@ -291,12 +307,9 @@ def test_a_row_held_by_another_relay_cuts_the_key_there(dsn, q):
 
 
 def test_a_notification_wakes_the_relay_without_polling(dsn, svc):
-    stats = {}
     with svc.connect() as rq, svc.connect() as q:
         relay = outbox.Relay(dsn, rq, poll_s=600)
-        t = threading.Thread(target=lambda: stats.update(s=relay.run()))
-        t.start()
-        try:
+        with _running(relay) as out:
             wait_until(lambda: relay.waiting, 20, 0.005, "the relay asleep on the channel")
             t0 = time.monotonic()
             with psycopg.connect(dsn) as conn:
@@ -305,11 +318,7 @@ def test_a_notification_wakes_the_relay_without_polling(dsn, svc):
             assert lease is not None and lease.body == b"wake up"
             assert time.monotonic() - t0 < 5  # far under poll_s
             q.ack(lease)
-        finally:
-            relay.stop()
-            t.join(20)
-            relay.close()
-    assert stats["s"].moved == 1
+    assert out["stats"].moved == 1
 
 
 def test_status_and_init_commands(dsn, q):
@@ -377,24 +386,20 @@ def test_rows_held_back_by_a_brief_lock_go_soon_without_a_notification(dsn, svc)
             outbox.enqueue(conn, f"h{i}".encode(), key="h")
     other = psycopg.connect(dsn)
     other.execute("SELECT 1 FROM shardq_outbox WHERE body = 'h0' FOR UPDATE")  # like a relay's batch
-    stats = {}
-    with svc.connect() as rq, svc.connect() as q:
-        relay = outbox.Relay(dsn, rq, poll_s=600)
-        t = threading.Thread(target=lambda: stats.update(s=relay.run()))
-        t.start()
-        try:
-            wait_until(lambda: relay._held > 0, 20, 0.01, "h1, h2 held back behind h0")
-            other.rollback()  # the lock goes away, and nothing is notified
-            t0 = time.monotonic()
-            got = []
-            wait_until(lambda: got.extend(_drain(q)) or len(got) == 3, 10, 0.01, "all three")
-            assert time.monotonic() - t0 < 5 and [lease.body for lease in got] == [b"h0", b"h1", b"h2"]
-        finally:
-            other.close()
-            relay.stop()
-            t.join(20)
-            relay.close()
-    assert stats["s"].moved == 3
+    try:
+        with svc.connect() as rq, svc.connect() as q:
+            relay = outbox.Relay(dsn, rq, poll_s=600)
+            with _running(relay) as out:
+                wait_until(lambda: relay._held > 0, 20, 0.01, "h1, h2 held back behind h0")
+                other.rollback()  # the lock goes away, and nothing is notified
+                t0 = time.monotonic()
+                got = []
+                wait_until(lambda: got.extend(_drain(q)) or len(got) == 3, 10, 0.01, "all three")
+                assert time.monotonic() - t0 < 5
+                assert [lease.body for lease in got] == [b"h0", b"h1", b"h2"]
+    finally:
+        other.close()
+    assert out["stats"].moved == 3
 
 
 def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  # noqa: F811
@@ -403,11 +408,8 @@ def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  #
     from service import restarted
     outbox.install(pg_dsn)
     with Service(shards=2) as svc, svc.connect(retry_s=1.0) as rq, svc.connect() as q:
-        relay = outbox.Relay(pg_dsn, rq, batch_rows=50)
-        t = threading.Thread(target=relay.run)
-        t.start()
         got = []
-        try:
+        with _running(outbox.Relay(pg_dsn, rq, batch_rows=50)):
             with psycopg.connect(pg_dsn) as conn:
                 for round_ in range(3):
                     for i in range(100):
@@ -417,10 +419,6 @@ def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  #
                     os.kill(pid, signal.SIGKILL)  # mid-stream: sends fail or land, unanswered
                     restarted(svc, round_ % 2, pid)
             wait_until(lambda: got.extend(_drain(q)) or len(got) >= 300, 60, 0.02, "every row")
-        finally:
-            relay.stop()
-            t.join(30)
-            relay.close()
         got += _drain(q)  # anything sent twice would be here
         assert _rows(pg_dsn) == 0
     bodies = [lease.body.decode() for lease in got]
