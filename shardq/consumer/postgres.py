@@ -320,8 +320,8 @@ class PostgresStore(IdempotencyStore):
 
     def close(self) -> None:
         """Refuse further use and close the connections this store opened. A connection in
-        use right now (a handler still running) is left to its thread, which closes it when
-        its transaction ends (rolled back, unless it had already reached its commit)."""
+        use right now (a handler still running) is left to its thread, which ends its
+        transaction as usual and then closes it."""
         with self._lock:
             self._closed = True
             conns, self._conns = self._conns, []
