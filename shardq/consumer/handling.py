@@ -34,7 +34,7 @@ class Context:
 
     __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session")
 
-    def __init__(self, lease: Lease, db: Any = None, session: Any = None):
+    def __init__(self, lease: Lease, db: Any = None, *, session: Any = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
         self.session = session
@@ -78,7 +78,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
         if store.seen(lease.job_id):
             return DUPLICATE, None
         with store.transaction() as txn:
-            handler(Context(lease, txn.db, txn.session))
+            handler(Context(lease, txn.db, session=txn.session))
             if not txn.claim(lease.job_id):
                 txn.abort()  # another delivery committed it while we ran
                 return DUPLICATE, None
