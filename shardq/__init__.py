@@ -5,7 +5,8 @@ Layout (imports point down this list, never up):
 * ``cli/`` -- the ``shardq`` command;
 * ``service/`` -- the supervisor that runs the shard processes;
 * ``consumer/`` -- the worker runner, running one job, idempotency stores (SQLite, PostgreSQL);
-* ``outbox/`` -- transactional enqueue: the outbox table in your PostgreSQL and its relay;
+* ``outbox/`` -- transactional enqueue (``shardq.outbox.enqueue(conn, ...)``): the outbox
+  table in your PostgreSQL and its relay;
 * ``client/`` -- the router apps embed (``router``) and its connection to a shard;
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
@@ -19,8 +20,6 @@ Public API::
 
     q = shardq.open("var/shardq", shards=4, config=cfg)   # embedded service + router
     q = shardq.connect("var/shardq")                      # router to `shardq serve`
-    shardq.PostgresStore(dsn)                             # idempotency store in your PostgreSQL
-    shardq.outbox.enqueue(conn, body, key=...)            # enqueue in your transaction
 """
 from __future__ import annotations
 
