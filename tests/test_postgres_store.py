@@ -98,7 +98,7 @@ def test_savepoints_inside_the_handler(store, pg_dsn):  # noqa: F811
     def handler(ctx):
         ctx.db.execute("INSERT INTO effect VALUES (1)")
         with pytest.raises(ZeroDivisionError):
-            with ctx.db.transaction():  # a savepoint: only this part rolls back
+            with ctx.db.connection.transaction():  # a savepoint: only this part rolls back
                 ctx.db.execute("INSERT INTO effect VALUES (2)")
                 1 / 0
     assert execute(handler, _lease(1), store) == (DONE, None)
@@ -234,7 +234,7 @@ def test_connection_lost_inside_the_transaction_rolls_back_and_the_next_one_reco
 
     def dies(ctx):
         ctx.db.execute("INSERT INTO effect VALUES (%s)", (ctx.job_id,))
-        _terminate(pg_dsn, ctx.db.info.backend_pid)  # the server drops us mid-transaction
+        _terminate(pg_dsn, ctx.db.connection.info.backend_pid)  # the server drops us mid-transaction
         ctx.db.execute("SELECT 1")
 
     outcome, error = execute(dies, _lease(1), store)
@@ -249,11 +249,11 @@ def test_connection_lost_inside_the_transaction_rolls_back_and_the_next_one_reco
 
 def test_a_connection_dropped_between_jobs_is_replaced_before_the_next(store, pg_dsn):  # noqa: F811
     with store.transaction() as txn:
-        pid = txn.db.info.backend_pid
+        pid = txn.db.connection.info.backend_pid
     _terminate(pg_dsn, pid)
     assert not store.seen(3)  # found dead, reopened, answered
     with store.transaction() as txn:
-        assert txn.db.info.backend_pid != pid
+        assert txn.db.connection.info.backend_pid != pid
         assert txn.claim(3)
 
 
@@ -304,7 +304,7 @@ def test_orm_handler_writes_in_the_same_transaction(engine, via):
 
     def handler(ctx):
         ctx.session.add(Payment(job_id=ctx.job_id, amount=int(ctx.body)))
-        ctx.db.execute("SELECT 1")  # the raw connection is the session's
+        assert ctx.db.connection is ctx.session.connection().connection.driver_connection
         if int(ctx.body) < 0:
             raise ValueError("refund not allowed")
 
@@ -378,7 +378,7 @@ def test_close_leaves_a_connection_in_use_to_its_thread(store):
             release.wait(10)
             txn.db.execute("SELECT 1")  # still usable: close() did not pull it away
             result.append(txn.claim(1))
-        result.append(txn.db.closed)    # closed by its thread once the transaction ended
+        result.append(txn.db.connection.closed)  # closed by its thread once the transaction ended
 
     t = threading.Thread(target=handler_thread)
     t.start()
@@ -394,9 +394,22 @@ def test_close_leaves_a_connection_in_use_to_its_thread(store):
 def test_a_transaction_left_open_on_the_connection_is_rolled_back_first(store, pg_dsn):  # noqa: F811
     _query(pg_dsn, "CREATE TABLE effect (n int)")
     with store.transaction() as txn:
-        conn = txn.db
+        conn = txn.db.connection
     conn.execute("BEGIN")
     conn.execute("INSERT INTO effect VALUES (1)")  # stray, never committed
     with store.transaction() as txn:
-        assert txn.db is conn and txn.claim(1)
+        assert txn.db.connection is conn and txn.claim(1)
     assert _query(pg_dsn, "SELECT * FROM effect") == [] and store.seen(1)
+
+
+def test_ctx_db_is_a_dbapi_cursor_like_sqlites(store, pg_dsn):  # noqa: F811
+    _query(pg_dsn, "CREATE TABLE effect (n int)")
+    seen = []
+
+    def handler(ctx):
+        ctx.db.execute("INSERT INTO effect VALUES (1), (2)")
+        ctx.db.execute("SELECT n FROM effect ORDER BY n")  # its own writes, in the transaction
+        seen.extend(ctx.db.fetchall())
+        ctx.db.executemany("INSERT INTO effect VALUES (%s)", [(3,), (4,)])
+    assert execute(handler, _lease(1), store) == (DONE, None)
+    assert seen == [(1,), (2,)] and len(_query(pg_dsn, "SELECT n FROM effect")) == 4

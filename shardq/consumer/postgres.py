@@ -10,11 +10,12 @@ The handler's writes and the mark commit in one PostgreSQL transaction, exactly 
     (lease check in the worker)
     COMMIT                                  -- then the worker acks
 
-* ``PostgresStore(dsn)``: ``ctx.db`` is a psycopg 3 ``Connection`` inside the transaction
-  (``ctx.db.execute(sql, params)``; ``with ctx.db.transaction():`` makes a savepoint).
+* ``PostgresStore(dsn)``: ``ctx.db`` is a psycopg 3 ``Cursor`` inside the transaction, a
+  DB-API cursor as with SQLite (``ctx.db.execute(sql, params)``, ``ctx.db.fetchall()``;
+  ``with ctx.db.connection.transaction():`` makes a savepoint).
 * ``PostgresStore(engine)`` or ``PostgresStore(sessionmaker)`` (SQLAlchemy, driver
   ``postgresql+psycopg``): ``ctx.session`` is an ORM ``Session`` in that same transaction
-  and ``ctx.db`` its psycopg connection. The session is flushed before the claim.
+  and ``ctx.db`` a cursor of its psycopg connection. The session is flushed before the claim.
 * The marks table (``table=``, default ``shardq_processed``) is created when the store is
   built, under an advisory lock so many workers may start at once. ``job_id`` is ``text``
   (the id's decimal digits for local shards, the id itself for string ids): the store is
@@ -69,20 +70,20 @@ def schema_sql(table: str | pgconn.TableName) -> list[str]:
 
 
 class _PgTxn(Txn):
-    def __init__(self, db, session, started_at, sql: dict[str, str], clock: Clock):
+    def __init__(self, conn, session, started_at, sql: dict[str, str], clock: Clock):
         super().__init__()
-        self.db, self.session = db, session
-        self._started_at, self._sql, self._clock = started_at, sql, clock
+        self.db, self.session = conn.cursor(), session  # a DB-API cursor, as with SQLite
+        self._conn, self._started_at, self._sql, self._clock = conn, started_at, sql, clock
 
     def claim(self, job_id: Any) -> bool:
         key = job_key(job_id)
         pq = pgconn.psycopg().pq
         if self.session is not None:
             self.session.flush()  # the ORM's pending writes, before the mark
-        elif self.db.info.transaction_status not in (pq.TransactionStatus.INTRANS,
+        elif self._conn.info.transaction_status not in (pq.TransactionStatus.INTRANS,
                                                      pq.TransactionStatus.INERROR):
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through ctx.db)")
-        inserted, started_at = self.db.execute(self._sql["claim"], (key, self._clock.now())).fetchone()
+        inserted, started_at = self._conn.execute(self._sql["claim"], (key, self._clock.now())).fetchone()
         if started_at != self._started_at:  # now() is the transaction's start: a new one began
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through "
                                "ctx.db or ctx.session)")
@@ -253,6 +254,7 @@ class PostgresStore(IdempotencyStore):
                 end(not txn.aborted)
             finally:
                 self._local.in_txn = False
+                txn.db.close()
                 if self._closed and self._engine is None:
                     self._drop_thread_conn()  # close() left it to us
 
