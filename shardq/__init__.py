@@ -6,13 +6,17 @@ Layout (imports point down this list, never up):
 * ``service/`` -- the supervisor that runs the shard processes, the scheduler of periodic
   jobs, and the HTTP listener of ``shardq serve`` (Prometheus metrics, the web console in
   ``service/console/``);
-* ``consumer/`` -- tasks (``App``), the worker runners, running one job, idempotency stores;
+* ``consumer/`` -- tasks (``App``), the worker runners, running one job, idempotency stores
+  (SQLite, PostgreSQL);
+* ``outbox/`` -- transactional enqueue (``shardq.outbox.enqueue(conn, ...)``): the outbox
+  table in your PostgreSQL and its relay;
 * ``client/`` -- the router apps embed (``router``), its connection to a shard, and the
   asyncio client (``aio``);
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
-* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir`` -- the ground floor.
+* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``pgconn`` -- the
+  ground floor (``pgconn``: connecting to your PostgreSQL, psycopg imported on first use).
 
 ``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
 
@@ -46,6 +50,7 @@ from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fa
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
                      ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
                      UnknownQueue, Unsupported, UsageError)
+from .errors import OutboxBehind, StoreUnavailable
 from .types import DeadLetter, JobId, Lease
 
 __all__ = [
@@ -55,6 +60,7 @@ __all__ = [
     "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind",
 ]
 
 
@@ -83,4 +89,10 @@ def __getattr__(name):
     if name == "aio":  # imported lazily: asyncio is not every app's business
         from .client import aio
         return aio
+    if name == "PostgresStore":  # imported lazily: psycopg is an optional dependency
+        from .consumer.postgres import PostgresStore
+        return PostgresStore
+    if name == "outbox":  # shardq.outbox.enqueue(conn, ...) after a plain `import shardq`
+        import importlib
+        return importlib.import_module(".outbox", __name__)
     raise AttributeError(f"module 'shardq' has no attribute {name!r}")

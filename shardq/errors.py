@@ -13,6 +13,8 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
 * raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
+* your database (PostgreSQL store, outbox): :class:`StoreUnavailable`; the outbox relay
+  fell behind its dedup window: :class:`OutboxBehind`
 
 Errors cross the wire by class name (:data:`BY_NAME`), so a client gets the same type the
 shard raised.
@@ -142,6 +144,20 @@ class Retry(ShardqError):
 class Fail(ShardqError):
     """Raised by a task (or handler): move this job to the dead-letter queue now, with the
     message as its error. Nothing is retried."""
+
+
+class StoreUnavailable(ShardqError):
+    """The database behind an idempotency store or an outbox could not be reached (refused,
+    unknown host, authentication failed, database missing) or dropped the connection.
+    Nothing was committed by the call that raised it, unless the message says the outcome of
+    a COMMIT is unknown."""
+
+
+class OutboxBehind(ShardqError):
+    """The outbox relay holds rows it first sent to the queue longer ago than the queue's
+    dedup window: sending them again could enqueue duplicates, so it stops instead. The
+    message names the rows and what to do (docs/guarantees.md, "The dedup window")."""
+
 
 
 #: Wire name -> class, for errors sent from a shard to a client.

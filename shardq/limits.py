@@ -60,3 +60,6 @@ CHECKPOINT_RECORD_BYTES_MAX = BODY_BYTES_MAX_CEILING + 1024 * 1024
 # Shards.
 SHARDS_MAX = 1024
 JOB_ID_SHARD_BITS = 10  # job_id = (sequence << 10) | shard_index
+
+# Job ids as text (string ids of other backends; the PostgreSQL idempotency store's key).
+JOB_ID_STR_BYTES_MAX = 1024

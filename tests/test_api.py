@@ -9,6 +9,7 @@ EXPECTED = {
     "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind",
 }
 
 

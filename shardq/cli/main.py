@@ -12,6 +12,7 @@
     shardq worker module:function [--queue Q] [--concurrency N] [...]
     shardq worker myapp.tasks [more.modules] [--queue Q ...] [...]
     shardq schedules [--json]
+    shardq outbox init|relay|status --dsn DSN [--table T]
     shardq verify [--duration S] [...]
 
 Every command that talks to the service finds it by ``--data-dir`` (alias ``--connect``),
@@ -29,10 +30,11 @@ import sys
 from typing import Callable
 
 from ..errors import ShardqError
-from . import (common, dead_letters, exits, job_control, jobs, queue_control, schedules, serve, stats,
-               verify, wal, worker)
+from . import (common, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules, serve,
+               stats, verify, wal, worker)
 
-GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control)
+GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control,
+          outbox)
 
 
 def build_parser() -> argparse.ArgumentParser:

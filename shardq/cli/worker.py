@@ -13,7 +13,18 @@ import sys
 from typing import Any, Callable
 
 from ..errors import UsageError
+from ..pgconn import is_url
 from . import common, exits
+
+
+def open_store(target: str):
+    """The idempotency store ``--idempotency`` names, picked by the URL scheme: a PostgreSQL
+    URL opens a :class:`~shardq.consumer.postgres.PostgresStore`, anything else is a SQLite file."""
+    if is_url(target):
+        from ..consumer.postgres import PostgresStore
+        return PostgresStore(target)
+    from ..consumer.idempotency import SqliteStore
+    return SqliteStore(target)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tasks for modules); repeat for several")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--mode", choices=("thread", "process"), default="thread")
-    p.add_argument("--idempotency", metavar="PATH.sqlite",
-                   help="SQLite idempotency store: exactly-once effects through ctx.db")
+    p.add_argument("--idempotency", metavar="PATH.sqlite|postgresql://...",
+                   help="idempotency store, exactly-once effects through ctx.db: a SQLite file, "
+                        "or a PostgreSQL URL (postgresql:// or postgres://; needs shardq[postgres])")
     p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
     p.add_argument("--log-every", type=int, default=1000)
@@ -43,13 +55,12 @@ def register(sub, parent) -> None:
 
 def run(args, connect: Callable[..., Any] | None = None) -> int:
     from ..consumer.handling import load_handler
-    from ..consumer.idempotency import SqliteStore
     from ..consumer.worker import Worker
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(args.log_level.upper())
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    if args.idempotency:
+    if args.idempotency and not is_url(args.idempotency):
         parent = os.path.dirname(os.path.abspath(args.idempotency))
         if not os.path.isdir(parent):
             raise UsageError(f"--idempotency {args.idempotency}: directory {parent} does not exist")
@@ -72,7 +83,7 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         connect = shardq.connect
     store = router = None
     try:
-        store = SqliteStore(args.idempotency) if args.idempotency else None
+        store = open_store(args.idempotency) if args.idempotency else None
         # Requests must time out well inside a lease, so one hung shard cannot stall the
         # heartbeats of jobs on the other shards past their deadlines.
         router = connect(target, request_timeout_s=5.0)

@@ -30,9 +30,11 @@ Result = tuple[str, "str | None", "float | None"]
 
 
 class Context:
-    """What a handler gets. ``db`` is the idempotency transaction's DB-API cursor (None
-    without a store). ``lease`` is the lease as it was when the handler started; the
-    worker tracks later heartbeats itself.
+    """What a handler gets. ``db`` is where the idempotency transaction writes (None
+    without a store): a DB-API cursor for SQLite, a psycopg cursor for PostgreSQL.
+    ``session`` is an SQLAlchemy ORM session in that same transaction when the store was
+    built from an engine or sessionmaker, else None. ``lease`` is the lease as it was when
+    the handler started; the worker tracks later heartbeats itself.
 
     ``extend(seconds)``: this job's lease now ends ``seconds`` from now, and the worker's
     heartbeats renew it by ``seconds`` from then on (instead of the queue's visibility
@@ -44,11 +46,13 @@ class Context:
     dead letter says how far it got. Nothing is written to the queue.
     """
 
-    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "note", "_extend")
+    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "_extend")
 
-    def __init__(self, lease: Lease, db: Any = None, extend: Callable[[float], float] | None = None):
+    def __init__(self, lease: Lease, db: Any = None, extend: Callable[[float], float] | None = None, *,
+                 session: Any = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
+        self.session = session
         self.note: str | None = None
         self._extend = extend
 
@@ -111,7 +115,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
         if store.seen(lease.job_id):
             return DUPLICATE, None, None
         with store.transaction() as txn:
-            ctx = Context(lease, txn.db, extend)
+            ctx = Context(lease, txn.db, extend, session=txn.session)
             handler(ctx)
             if not txn.claim(lease.job_id):
                 txn.abort()  # another delivery committed it while we ran

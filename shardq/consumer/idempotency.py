@@ -54,9 +54,11 @@ def _check_job_id(job_id: Any) -> int:
 
 class Txn:
     """One open transaction. ``db`` is where the handler writes its effect; ``claim``
-    marks a job processed (it commits with the transaction, or not at all)."""
+    marks a job processed (it commits with the transaction, or not at all). ``session``:
+    an SQLAlchemy session in the same transaction, for stores that have one."""
 
     db: Any
+    session: Any = None
 
     def __init__(self) -> None:
         self.aborted = False

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks
 from .tasks import Task
-from .worker import install_stop_signals
+from ..stopping import install_stop_signals
 
 log = logging.getLogger("shardq.worker")
 
@@ -104,7 +104,7 @@ class TaskWorkers:
         """Run until every worker returns (stop(), or a signal)."""
         if not self.workers:
             self.build()
-        old = install_stop_signals(self.stop)
+        old = install_stop_signals(self.stop, "shardq worker")
         errors: list[BaseException] = []
 
         def run_one(w):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
-import os
 import pickle
 import queue as queue_mod
 import random
@@ -48,6 +47,7 @@ from ..errors import (Closed, InvalidConfig, InvalidJob, JobGone, LeaseLost, Sha
                       ShardUnavailable)
 from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, SKIPPED, Handler, _child_init,
                        _child_run, backoff_delay, error_text, execute)
+from ..stopping import install_stop_signals
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
@@ -578,7 +578,7 @@ class Worker:
         return True
 
     def _install_signals(self) -> dict | None:
-        return install_stop_signals(self.stop)
+        return install_stop_signals(self.stop, "shardq worker")
 
     # ------------------------------------------------------------------ runners
     def _runner(self, work: queue_mod.SimpleQueue, results: queue_mod.SimpleQueue) -> None:
@@ -673,23 +673,6 @@ class Worker:
                     return
 
         threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
-
-
-def install_stop_signals(stop) -> dict | None:
-    """In the main thread: SIGTERM/SIGINT call ``stop()``; a second signal exits at once.
-    Returns the previous handlers (to restore), or None off the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    count = [0]
-
-    def on_signal(signum, frame):
-        count[0] += 1
-        if count[0] > 1:
-            os.write(2, b"shardq worker: second signal, exiting now\n")
-            os._exit(1)
-        stop()
-
-    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _require(ok: bool, message: str) -> None:

@@ -1,0 +1,65 @@
+"""``enqueue(conn, body, ...)``: add a job to the outbox table in the caller's transaction.
+
+The row exists if and only if the caller's transaction commits, so the job exists if and
+only if the order (or whatever else that transaction wrote) does. The relay moves it into
+the queue afterwards. Everything the queue would refuse regardless of its configuration is
+refused here, in the caller's transaction, with :class:`~shardq.errors.InvalidJob`; a
+body over the queue's own ``max_body_bytes`` (or a queue the service does not declare) can
+only be known by the service, and such a row ends in ``<table>_rejected``.
+
+This is the generic entry point a task layer builds on (``task.send_in(conn, ...)`` encodes
+its body and calls it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import limits, pgconn
+from ..config import check_queue_name
+from ..errors import InvalidConfig, InvalidJob
+from ..shard import validate
+from .schema import TABLE_DEFAULT
+
+
+def _insert_sql(table: str) -> str:
+    return (f"INSERT INTO {pgconn.TableName(table).q()} (queue, key, body, priority, run_at) "
+            "VALUES (%s, %s, %s, %s, clock_timestamp() + %s::float8 * interval '1 second') RETURNING id")
+
+
+def driver_connection(conn: Any):
+    """The psycopg connection (or cursor) under ``conn``: a psycopg ``Connection`` or
+    ``Cursor`` as is; an SQLAlchemy ``Session`` or ``Connection`` -> its psycopg connection
+    in the same transaction (a session's transaction begins here if it had not)."""
+    if hasattr(conn, "get_bind") and hasattr(conn, "connection"):  # sqlalchemy.orm.Session
+        conn = conn.connection()
+    pooled = getattr(conn, "connection", None)
+    driver = getattr(pooled, "driver_connection", None)  # sqlalchemy Connection
+    if driver is not None:
+        conn = driver
+    if not callable(getattr(conn, "execute", None)):
+        raise InvalidConfig(f"outbox: need a psycopg connection or cursor, or an SQLAlchemy "
+                            f"session or connection, got {type(conn).__name__}")
+    return conn
+
+
+def enqueue(conn: Any, body: bytes, *, key: str | None = None, queue: str = "default",
+            delay: float = 0, priority: int = 0, table: str = TABLE_DEFAULT) -> int:
+    """Insert a job into the outbox in ``conn``'s current transaction; returns the row id.
+
+    ``conn``: see :func:`driver_connection`. ``delay`` counts from now (the insert), not
+    from when the relay moves the row. Jobs of one ``key`` reach the queue in the order of
+    their rows (per-key FIFO, as with ``Queue.enqueue``)."""
+    body = validate.body(body, limits.BODY_BYTES_MAX_CEILING)
+    key = validate.key(key)
+    check_queue_name(queue, InvalidJob)
+    delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+    priority = validate.priority(priority)
+    db = driver_connection(conn)
+    pg = pgconn.psycopg()
+    try:
+        row = db.execute(_insert_sql(table), (queue, key, body, priority, delay or None)).fetchone()
+    except pg.errors.UndefinedTable:
+        raise InvalidConfig(f"outbox table {table} does not exist: create it with "
+                            f"shardq.outbox.install(dsn) or `shardq outbox init --dsn ...` "
+                            "(the relay creates it too when it starts)") from None
+    return row[0]
