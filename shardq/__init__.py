@@ -5,7 +5,9 @@ Layout (imports point down this list, never up):
 * ``cli/`` -- the ``shardq`` command;
 * ``service/`` -- the supervisor that runs the shard processes;
 * ``consumer/`` -- the worker runner, running one job, idempotency stores;
-* ``client/`` -- the router apps embed (``router``) and its connection to a shard;
+* ``backends/`` -- other engines behind the same ``Queue`` protocol (``sqs``: Amazon SQS FIFO);
+* ``client/`` -- the ``Queue`` protocol, the router apps embed (``router``) and its
+  connection to a shard;
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
@@ -17,6 +19,7 @@ Public API::
 
     q = shardq.open("var/shardq", shards=4, config=cfg)   # embedded service + router
     q = shardq.connect("var/shardq")                      # router to `shardq serve`
+    q = shardq.connect("sqs://us-east-1/myapp")           # the same protocol on SQS FIFO
 """
 from __future__ import annotations
 
@@ -52,8 +55,11 @@ def open(data_dir, shards: int | None = None, config=None, **router_options) -> 
 
 def connect(target, **options) -> Queue:
     """A client of the queue service at ``target``: the data dir of a running ``shardq
-    serve`` (a path). Every backend returns a :class:`Queue`."""
-    return Router(target, **options)
+    serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
+    ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
+    from .backends import for_target
+    backend = for_target(target)
+    return (backend or Router)(target, **options)
 
 
 def __getattr__(name):

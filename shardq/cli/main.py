@@ -8,7 +8,8 @@
     shardq dead-letters list|redrive|purge [--queue Q]
     shardq wal check [PATH] | shardq wal repair SHARD_DIR --force
     shardq worker module:function [--queue Q] [--concurrency N] [...]
-    shardq verify [--duration S] [...]
+    shardq verify [--duration S] [--target sqs://...] [...]
+    shardq sqs init [--config F] --connect sqs://<region>/<prefix>
 
 Every command that talks to the service finds it by ``--data-dir`` (alias ``--connect``),
 default: the config's ``service.data_dir``. Each command group is one module of this
@@ -25,9 +26,9 @@ import sys
 from typing import Callable
 
 from ..errors import ShardqError
-from . import common, dead_letters, exits, jobs, serve, stats, verify, wal, worker
+from . import common, dead_letters, exits, jobs, serve, sqs, stats, verify, wal, worker
 
-GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify)
+GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, sqs)
 
 
 def build_parser() -> argparse.ArgumentParser:

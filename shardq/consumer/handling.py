@@ -84,7 +84,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
                 return LOST, None
         return DONE, None
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
-        log.warning("job %d attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
+        log.warning("job %s attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
         return FAILED, error_text(exc)
 
 

@@ -1,0 +1,102 @@
+"""A real SQS-compatible server for tests: ``moto_server`` as a child process on 127.0.0.1.
+
+Why a subprocess rather than ``ThreadedMotoServer``: the tests measure leases of one or two
+seconds, and a server thread inside the test process would share its GIL with the test and
+its clients (and with the keeper threads of the backend under test), so a busy test could
+stall the server past a deadline. A child process is also reachable the same way from the
+``shardq worker`` subprocesses the tests SIGKILL, and it is ended by PID whatever happens.
+It binds port 0; the port is read from its startup line, so parallel sessions never collide.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+from service import wait_until
+
+_PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
+_prefixes = itertools.count(1)
+
+
+class MotoServer:
+    """``python -m moto.server`` on a free port. Use as a context manager."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.endpoint = ""
+        self.log_path = tempfile.mktemp(prefix="moto-", suffix=".log", dir="/tmp")
+
+    def start(self, timeout: float = 60.0) -> "MotoServer":
+        log = open(self.log_path, "wb")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+        try:
+            port = wait_until(self._port, timeout, 0.05, "moto_server to listen")
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoint = f"http://127.0.0.1:{port}"
+        return self
+
+    def _port(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"moto_server exited with {self.proc.returncode}: {self.tail()}")
+        with open(self.log_path, "rb") as f:
+            m = _PORT_LINE.search(f.read())
+        return int(m.group(1)) if m else None
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"".join(f.readlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def target(self, prefix: str | None = None, region: str = "us-east-1") -> str:
+        """A fresh ``sqs://`` target on this server (a new queue-name prefix each call)."""
+        prefix = prefix or f"t{os.getpid()}x{next(_prefixes)}"
+        return f"sqs://{region}/{prefix}?endpoint={self.endpoint}"
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+def init_queues(target: str, config: dict) -> list[str]:
+    """``shardq sqs init`` for a config dict (the TOML schema), in process."""
+    from shardq import config as config_mod
+    from shardq.backends.sqs_admin import init
+    from shardq.backends.sqs_client import Api
+    from shardq.backends.sqs_mapping import parse_target
+    return init(Api(parse_target(target)), config_mod.parse(config))
+
+
+def raw_client(target: str):
+    """A plain boto3 SQS client for ``target`` (to look at the server behind the backend)."""
+    from shardq.backends.sqs_client import make_client
+    from shardq.backends.sqs_mapping import parse_target
+    return make_client(parse_target(target), request_timeout_s=10, max_attempts=1)
+
