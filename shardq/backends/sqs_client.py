@@ -31,7 +31,7 @@ def make_client(target: Target, *, request_timeout_s: float, max_attempts: int):
     creds = {}
     if target.endpoint and session.get_credentials() is None:
         creds = {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
-    config = Config(retries={"mode": "standard", "max_attempts": max_attempts},
+    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
                     connect_timeout=min(request_timeout_s, 10.0),
                     # a long poll holds the request for up to 20 s before answering
                     read_timeout=request_timeout_s + limits.SQS_WAIT_S_MAX,
