@@ -94,6 +94,13 @@ def init_queues(target: str, config: dict) -> list[str]:
     return init(Api(parse_target(target)), config_mod.parse(config))
 
 
+def fresh_target(server: MotoServer, config: dict) -> str:
+    """A new prefix on ``server`` with the queues of ``config`` created."""
+    target = server.target()
+    init_queues(target, config)
+    return target
+
+
 def raw_client(target: str):
     """A plain boto3 SQS client for ``target`` (to look at the server behind the backend)."""
     from shardq.backends.sqs_client import make_client

@@ -15,23 +15,15 @@ from shardq.backends import sqs_mapping
 from shardq.backends.sqs import SqsQueue
 from shardq.consumer.idempotency import SqliteStore
 from service import wait_until
-from sqs_server import MotoServer, init_queues, raw_client
+from sqs_server import fresh_target, init_queues, raw_client
 
 CONFIG = {"queues": {"default": {"visibility_timeout": 2, "max_deliveries": 3,
                                  "max_body_bytes": limits.SQS_MESSAGE_BYTES_MAX}}}
 
 
-@pytest.fixture(scope="module")
-def moto():
-    with MotoServer() as server:
-        yield server
-
-
 @pytest.fixture
 def target(moto):
-    t = moto.target()
-    init_queues(t, CONFIG)
-    return t
+    return fresh_target(moto, CONFIG)
 
 
 @pytest.fixture

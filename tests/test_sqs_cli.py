@@ -7,13 +7,6 @@ import pytest
 
 from shardq.cli import exits
 from shardq.cli.main import main
-from sqs_server import MotoServer
-
-
-@pytest.fixture(scope="module")
-def moto():
-    with MotoServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -12,22 +12,14 @@ import pytest
 
 import shardq
 from shardq.backends.sqs_mapping import parse_target, queue_names
-from sqs_server import MotoServer, init_queues, raw_client
+from sqs_server import fresh_target, raw_client
 
 CONFIG = {"queues": {"default": {"visibility_timeout": 30, "max_deliveries": 1}}}
 
 
-@pytest.fixture(scope="module")
-def moto():
-    with MotoServer() as server:
-        yield server
-
-
 @pytest.fixture
 def target(moto):
-    t = moto.target()
-    init_queues(t, CONFIG)
-    return t
+    return fresh_target(moto, CONFIG)
 
 
 def _urls(target):
