@@ -51,3 +51,24 @@ def test_refused_features_say_so_on_the_command_line(target, capsys):
     t, _ = target
     assert main(["enqueue", "x", "--delay", "5", "--connect", t]) != exits.OK
     assert "error: Unsupported: per-job delay" in capsys.readouterr().err
+
+
+def test_ack_and_dead_letters_commands_with_connect_sqs(target, capsys):
+    t, _ = target
+    assert main(["enqueue", "poison", "--connect", t]) == exits.OK
+    for _ in range(4):  # max_deliveries = 4
+        capsys.readouterr()
+        assert main(["dequeue", "--wait", "1", "--connect", t]) == exits.OK
+        lease = json.loads(capsys.readouterr().out)
+        assert main(["nack", lease["job_id"], lease["token"], "--connect", t]) == exits.OK
+    assert main(["dequeue", "--connect", t]) == exits.EMPTY
+    capsys.readouterr()
+    assert main(["dead-letters", "list", "--connect", t]) == exits.OK
+    (dead,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (dead["job_id"], dead["attempts"], dead["body"]) == (lease["job_id"], 4, "poison")
+    assert main(["dead-letters", "redrive", "--connect", t]) == exits.OK
+    assert "redriven: 1" in capsys.readouterr().out
+    assert main(["dequeue", "--wait", "1", "--connect", t]) == exits.OK
+    lease = json.loads(capsys.readouterr().out)
+    assert main(["ack", lease["job_id"], lease["token"], "--connect", t]) == exits.OK
+    assert main(["dequeue", "--connect", t]) == exits.EMPTY
