@@ -6,6 +6,14 @@ its clients (and with the keeper threads of the backend under test), so a busy t
 stall the server past a deadline. A child process is also reachable the same way from the
 ``shardq worker`` subprocesses the tests SIGKILL, and it is ended by PID whatever happens.
 It binds port 0; the port is read from its startup line, so parallel sessions never collide.
+
+One change to moto, made when this file runs as the server: **ReceiveMessage is made atomic
+per queue**. moto's is not: two receives running at once in its threaded server can both
+see a message group as free and hand it, even the same message, to two consumers (AWS
+never does). No client can undo that, and the races made the several-consumer tests fail
+now and then, so the server is started with a per-queue lock around ReceiveMessage.
+Everything else is moto as shipped; its deterministic differences from AWS are the strict
+xfail cases (docs/scale-out.md lists both).
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ class MotoServer:
     def start(self, timeout: float = 60.0) -> "MotoServer":
         log = open(self.log_path, "wb")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "-H", "127.0.0.1", "-p", "0"],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             log.close()
@@ -107,3 +115,41 @@ def raw_client(target: str):
     from shardq.backends.sqs_mapping import parse_target
     return make_client(parse_target(target), request_timeout_s=10, max_attempts=1)
 
+
+def serve_with_atomic_receive(argv: list[str]) -> None:
+    """Run ``moto.server`` with ReceiveMessage atomic per queue (see the module docstring).
+    The scan runs under the queue's lock; a long poll waits outside it, as moto's own loop
+    does between scans, so one waiting consumer never holds up another."""
+    import threading
+    import time
+    from collections import defaultdict
+
+    from moto.server import main
+    from moto.sqs import models
+
+    locks: defaultdict = defaultdict(threading.Lock)
+    guard = threading.Lock()
+    receive = models.SQSBackend.receive_message
+    poll_s = 0.05  # between scans while messages exist but none may be handed out
+
+    def atomic_receive(self, queue_name, count, wait_seconds_timeout, visibility_timeout, *args, **kwargs):
+        with guard:
+            lock = locks[(id(self), queue_name)]
+        deadline = time.monotonic() + (wait_seconds_timeout or 0)
+        while True:
+            with lock:
+                result = receive(self, queue_name, count, 0, visibility_timeout, *args, **kwargs)
+            left = deadline - time.monotonic()
+            if result or left <= 0:
+                return result
+            t0 = time.monotonic()
+            self.get_queue(queue_name).wait_for_messages(min(left, 1.0))
+            if time.monotonic() - t0 < poll_s:
+                time.sleep(min(poll_s, max(left, 0)))
+
+    models.SQSBackend.receive_message = atomic_receive
+    main(argv)
+
+
+if __name__ == "__main__":
+    serve_with_atomic_receive(sys.argv[1:])

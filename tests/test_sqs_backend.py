@@ -345,3 +345,15 @@ def test_init_is_idempotent_and_refuses_what_sqs_cannot_hold(moto):
         init_queues(target, {"queues": {"x": {"max_body_bytes": limits.SQS_MESSAGE_BYTES_MAX + 1}}})
     assert raw_client(target).list_queues(QueueNamePrefix=sqs_mapping.parse_target(target).prefix + "-x") \
         .get("QueueUrls", []) == []  # refused before anything was created
+
+
+def test_a_job_at_the_size_limit_can_be_redriven_with_its_id(q):
+    body = b"z" * limits.SQS_MESSAGE_BYTES_MAX  # text: the whole limit is the body
+    job_id = q.enqueue(body)
+    for _ in range(3):
+        q.nack(wait_until(lambda: q.dequeue(wait=0.5), 10, 0.01, "a delivery"))
+    assert q.dequeue(wait=0.5) is None
+    assert q.redrive(job_ids=[job_id]) == 1  # the copy carries the id in its dedup id: no extra bytes
+    lease = q.dequeue(wait=1)
+    assert (lease.job_id, lease.attempt, lease.body == body) == (job_id, 1, True)
+    q.ack(lease)

@@ -49,7 +49,7 @@ KEEPER_MARGIN_S_MAX = 2.0   # act on a follower this long before its deadline: a
 KEEPER_MARGIN_SHARE = 0.25  # ... and at most this share of the visibility timeout
 RECEIVE_ROUNDS_EXTRA = 2    # receives per dequeue_many beyond max_jobs / 10
 BUFFER_MAX = 200            # stop receiving more while this many followers are held
-_SYS_ATTRS = ["ApproximateReceiveCount", "MessageGroupId"]
+_SYS_ATTRS = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"]
 
 
 class SqsQueue:
@@ -488,10 +488,8 @@ class SqsQueue:
             take = [m for m in batch if wanted is None or m.job_id in wanted]
             skipped.extend(m for m in batch if not (wanted is None or m.job_id in wanted))
             if take:
-                copies = [encode(m.body, m.key, None, group=m.group, job_id=m.job_id).entry()
+                copies = [encode(m.body, m.key, redrive_dedup_id(m.job_id, m.message_id), group=m.group).entry()
                           for m in take]
-                for c, m in zip(copies, take):
-                    c["MessageDeduplicationId"] = redrive_dedup_id(m.message_id)
                 errors: list = []
                 self.api.batch("send_message_batch", info.url, copies, lambda i, e: errors.append(e))
                 if errors:

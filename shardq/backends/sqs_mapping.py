@@ -11,8 +11,11 @@ Pure functions, no I/O. One place for every rule the SQS backend relies on:
   (queue, key) as on the local shards; no ``dedup_id`` -> a fresh one per call, which
   still makes the SDK's own retries of one request safe;
 * body -> ``MessageBody`` when it is text SQS accepts, else a ``Binary`` attribute; the key
-  (and, for a redriven copy, the original job id) ride in attributes. Sizes are counted as
-  SQS counts them: body plus each attribute's name, type and value.
+  rides in an attribute. Sizes are counted as SQS counts them: body plus each attribute's
+  name, type and value;
+* a redriven copy keeps its job id in its ``MessageDeduplicationId`` (``r<job id>.<hash>``),
+  a system attribute that counts towards no size limit, so a job at the size limit can
+  still be redriven.
 """
 from __future__ import annotations
 
@@ -29,7 +32,6 @@ from ..errors import (AuthError, InvalidConfig, InvalidJob, LeaseLost, QueueFull
 BACKEND = "sqs"
 ATTR_KEY = "shardq.key"      # Binary: the key, UTF-8
 ATTR_BODY = "shardq.body"    # Binary: the body, when it is not text SQS accepts
-ATTR_ID = "shardq.id"        # String: the job id a redriven copy keeps
 BINARY_BODY_MARK = "b"       # MessageBody of a message whose body is in ATTR_BODY
 DLQ_SUFFIX = "_dlq.fifo"
 
@@ -104,9 +106,22 @@ def dedup_id(key: str | None, dedup: str | bytes | None) -> str:
     return "d" + hashlib.sha256(scope + b"\x00" + raw).hexdigest()
 
 
-def redrive_dedup_id(dead_message_id: str) -> str:
-    """A redriven copy's dedup id: a retried redrive within 5 minutes adds nothing."""
-    return "r" + hashlib.sha256(dead_message_id.encode()).hexdigest()
+REDRIVE_JOB_ID_CHARS_MAX = 80  # r + id + . + 40 hex <= SQS's 128
+
+
+def redrive_dedup_id(job_id: str, dead_message_id: str) -> str:
+    """A redriven copy's dedup id: it carries the job id, and a retried redrive within 5
+    minutes (same dead letter) adds nothing."""
+    if len(job_id) > REDRIVE_JOB_ID_CHARS_MAX or not _GROUP_SAFE.match(job_id) or "." in job_id:
+        raise InvalidJob(f"job id {job_id!r} cannot be carried by a redriven copy")
+    return f"r{job_id}." + hashlib.sha256(dead_message_id.encode()).hexdigest()[:40]
+
+
+def job_id_of(message_id: str, dedup: str | None) -> str:
+    """A message's job id: its own id, or the one its redrive dedup id carries."""
+    if dedup and dedup.startswith("r") and "." in dedup:
+        return dedup[1:dedup.index(".")]
+    return message_id
 
 
 @dataclass(frozen=True)
@@ -133,9 +148,8 @@ def _attr_size(name: str, attr: dict) -> int:
     return len(name.encode()) + len(attr["DataType"].encode()) + len(value)
 
 
-def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: str | None = None,
-           job_id: str | None = None) -> Outgoing:
-    """The SQS form of one job (``group``/``job_id`` given for a redriven copy)."""
+def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: str | None = None) -> Outgoing:
+    """The SQS form of one job (``group`` and a ready ``dedup`` given for a redriven copy)."""
     attrs: dict = {}
     try:
         text = body.decode("utf-8")
@@ -148,8 +162,6 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
         attrs[ATTR_BODY] = {"DataType": "Binary", "BinaryValue": body}
     if key is not None:
         attrs[ATTR_KEY] = {"DataType": "Binary", "BinaryValue": key.encode()}
-    if job_id is not None:
-        attrs[ATTR_ID] = {"DataType": "String", "StringValue": job_id}
     size = len(text.encode()) + sum(_attr_size(n, a) for n, a in attrs.items())
     return Outgoing(text, attrs, group or group_id(key), dedup_id(key, dedup) if group is None else dedup,
                     size)
@@ -175,8 +187,7 @@ def decode(msg: dict) -> Incoming:
     body = bytes(body_attr["BinaryValue"]) if body_attr else msg["Body"].encode()
     key_attr = attrs.get(ATTR_KEY)
     key = bytes(key_attr["BinaryValue"]).decode() if key_attr else None
-    id_attr = attrs.get(ATTR_ID)
-    return Incoming(id_attr["StringValue"] if id_attr else msg["MessageId"], msg["MessageId"], key, body,
+    return Incoming(job_id_of(msg["MessageId"], sys_attrs.get("MessageDeduplicationId")), msg["MessageId"], key, body,
                     int(sys_attrs.get("ApproximateReceiveCount", 1)), sys_attrs.get("MessageGroupId", ""),
                     msg["ReceiptHandle"])
 
