@@ -85,8 +85,10 @@ def drain(q, queue="default", wait=0.5):
 
 
 def redelivery(q, queue="short", timeout=15.0):
-    """Poll until a job (whose lease ran out) is leased again."""
-    return wait_until(lambda: q.dequeue(queue), timeout, 0.1, "a redelivery")
+    """Poll until a job (whose lease ran out) is leased again; the new lease is extended at
+    once, so a slow machine cannot lose it before the test is done with it."""
+    lease = wait_until(lambda: q.dequeue(queue), timeout, 0.1, "a redelivery")
+    return q.extend(lease, 30)
 
 
 # ---------------------------------------------------------------------------- the basics

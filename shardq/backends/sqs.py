@@ -36,20 +36,20 @@ from ..shard import validate
 from ..types import DeadLetter, Lease
 from .sqs_buffer import HeadBuffer, Held
 from .sqs_client import Api, QueueInfo, chunks_by_size
-from .sqs_mapping import (BACKEND, Incoming, Outgoing, decode, encode, error_for, is_retriable,
-                          parse_target, redrive_dedup_id, shardq_queue)
+from . import sqs_dead
+from .sqs_mapping import (BACKEND, Outgoing, decode, encode, error_for, is_retriable, parse_target,
+                          shardq_queue)
 
 log = logging.getLogger("shardq.sqs")
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 ACKED_MEMORY = 100_000      # tokens this client acked, remembered for JobGone
 SEND_RETRIES = 3            # rounds of re-sending batch entries SQS failed on its side
-LIST_HIDE_S = 30            # how long dead_letters/redrive hide a dead letter while they page
 KEEPER_MARGIN_S_MAX = 2.0   # act on a follower this long before its deadline: at most this,
 KEEPER_MARGIN_SHARE = 0.25  # ... and at most this share of the visibility timeout
 RECEIVE_ROUNDS_EXTRA = 2    # receives per dequeue_many beyond max_jobs / 10
 BUFFER_MAX = 200            # stop receiving more while this many followers are held
-_SYS_ATTRS = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"]
+_SYS_ATTRS = sqs_dead.SYS_ATTRS
 
 
 class SqsQueue:
@@ -433,86 +433,26 @@ class SqsQueue:
             except Exception:  # noqa: BLE001 - the keeper must outlive one failed request
                 log.warning("sqs keeper: a request failed; retrying at the next due time", exc_info=True)
 
-    # ------------------------------------------------------------------ dead letters
+    # ------------------------------------------------------------------ settings, dead letters
     def queue_config(self, queue: str = "default") -> dict:
         info = self._info(queue)
         return {"visibility_timeout": float(info.visibility_s), "max_deliveries": info.max_deliveries,
                 "dedup_window": limits.SQS_DEDUP_WINDOW_S, "max_body_bytes": info.max_message_bytes,
                 "backend": BACKEND}
 
-    def _scan_dead(self, info: QueueInfo, limit: int):
-        """Receive dead letters, hidden for LIST_HIDE_S while paging; yields (Incoming)."""
-        seen = 0
-        while seen < limit:
-            msgs = self.api.call("receive_message", QueueUrl=info.dlq_url,
-                                 MaxNumberOfMessages=min(limits.SQS_BATCH_ENTRIES_MAX, limit - seen),
-                                 VisibilityTimeout=LIST_HIDE_S, WaitTimeSeconds=0,
-                                 MessageSystemAttributeNames=_SYS_ATTRS,
-                                 MessageAttributeNames=["All"]).get("Messages", [])
-            if not msgs:
-                return
-            for m in msgs:
-                seen += 1
-                yield decode(m)
-
-    def _show_again(self, info: QueueInfo, msgs: list[Incoming]) -> None:
-        if msgs:
-            self.api.batch("change_message_visibility_batch", info.dlq_url,
-                           [{"ReceiptHandle": m.receipt, "VisibilityTimeout": 0} for m in msgs],
-                           lambda i, e: None)
-
     def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
-        """Dead letters, read by receiving them from the DLQ (hidden briefly, then shown
-        again). ``attempts`` is ``max_deliveries`` (SQS moves a message after that many
-        receives); ``error`` is None (SQS keeps no error text). A key with more than 10
-        dead letters shows its first 10 per call: SQS locks a group while any of it is received."""
+        """Dead letters, read by receiving them from the DLQ (see :mod:`.sqs_dead`):
+        ``attempts`` = ``max_deliveries``, ``error`` None, at most 10 per key per call."""
         validate.count("limit", limit, 10**6)
-        info = self._info(queue)
-        msgs = list(self._scan_dead(info, limit))
-        self._show_again(info, msgs)
-        return [DeadLetter(m.job_id, m.key, m.body, queue, info.max_deliveries, None) for m in msgs]
+        return sqs_dead.list_dead(self.api, self._info(queue), limit)
 
     def redrive(self, queue: str = "default", job_ids: list | None = None) -> int:
         """Move dead letters (all, or ``job_ids``) back to the tail of their key with a fresh
-        delivery count, keeping their job ids. Done by this client (receive from the DLQ,
-        send a copy, delete the dead letter) rather than StartMessageMoveTask, which cannot
-        pick jobs; a redrive retried within 5 minutes adds no second copy (dedup id)."""
-        info = self._info(queue)
-        wanted = None if job_ids is None else set(job_ids)
-        moved, skipped, seen = 0, [], set()
-        while True:
-            batch = [m for m in self._scan_dead(info, limits.SQS_BATCH_ENTRIES_MAX) if m.message_id not in seen]
-            if not batch:  # nothing left, or only dead letters this call saw already
-                break
-            seen.update(m.message_id for m in batch)
-            take = [m for m in batch if wanted is None or m.job_id in wanted]
-            skipped.extend(m for m in batch if not (wanted is None or m.job_id in wanted))
-            if take:
-                copies = [encode(m.body, m.key, redrive_dedup_id(m.job_id, m.message_id), group=m.group).entry()
-                          for m in take]
-                errors: list = []
-                self.api.batch("send_message_batch", info.url, copies, lambda i, e: errors.append(e))
-                if errors:
-                    self._show_again(info, take + skipped)
-                    raise errors[0]
-                self.api.batch("delete_message_batch", info.dlq_url,
-                               [{"ReceiptHandle": m.receipt} for m in take], lambda i, e: None)
-                moved += len(take)
-            if wanted is not None and moved >= len(wanted):
-                break
-        self._show_again(info, skipped)
-        return moved
+        delivery count, keeping their job ids (done by this client: :mod:`.sqs_dead`)."""
+        return sqs_dead.redrive(self.api, self._info(queue), job_ids)
 
     def purge_dead_letters(self, queue: str = "default") -> int:
-        info = self._info(queue)
-        n = 0
-        while True:
-            batch = list(self._scan_dead(info, limits.SQS_BATCH_ENTRIES_MAX))
-            if not batch:
-                return n
-            self.api.batch("delete_message_batch", info.dlq_url,
-                           [{"ReceiptHandle": m.receipt} for m in batch], lambda i, e: None)
-            n += len(batch)
+        return sqs_dead.purge(self.api, self._info(queue))
 
     # ------------------------------------------------------------------ admin
     def stats(self) -> dict:
