@@ -10,8 +10,9 @@ Layout (imports point down this list, never up):
   (SQLite, PostgreSQL);
 * ``outbox/`` -- transactional enqueue (``shardq.outbox.enqueue(conn, ...)``): the outbox
   table in your PostgreSQL and its relay;
-* ``client/`` -- the router apps embed (``router``), its connection to a shard, and the
-  asyncio client (``aio``);
+* ``backends/`` -- other engines behind the same ``Queue`` protocol (``sqs``: Amazon SQS FIFO);
+* ``client/`` -- the ``Queue`` protocol, the router apps embed (``router``), its connection to
+  a shard, and the asyncio client (``aio``);
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
@@ -37,7 +38,8 @@ running on the default config)::
     3
     >>> e.close()                                         # stops the embedded service too
 
-    The asyncio client is ``q = await shardq.aio.connect("var/shardq")``; tasks are
+    ``shardq.connect("sqs://us-east-1/myapp")`` gives the same protocol on Amazon SQS FIFO
+    (docs/scale-out.md). The asyncio client is ``q = await shardq.aio.connect("var/shardq")``; tasks are
     ``app = shardq.App("var/shardq")`` with ``@app.task`` and ``.send()`` (docs/tasks.md).
 """
 from __future__ import annotations
@@ -78,8 +80,11 @@ def open(data_dir, shards: int | None = None, config=None, **router_options) -> 
 
 def connect(target, **options) -> Queue:
     """A client of the queue service at ``target``: the data dir of a running ``shardq
-    serve`` (a path). Every backend returns a :class:`Queue`."""
-    return Router(target, **options)
+    serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
+    ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
+    from .backends import for_target
+    backend = for_target(target)
+    return (backend or Router)(target, **options)
 
 
 def __getattr__(name):

@@ -63,3 +63,17 @@ JOB_ID_SHARD_BITS = 10  # job_id = (sequence << 10) | shard_index
 
 # Job ids as text (string ids of other backends; the PostgreSQL idempotency store's key).
 JOB_ID_STR_BYTES_MAX = 1024
+
+# Amazon SQS FIFO (the sqs backend; fixed by the service, not configurable).
+SQS_MESSAGE_BYTES_MAX = 1024 * 1024      # body + message attributes, as SQS counts them
+SQS_MESSAGE_BYTES_MIN = 1024             # lowest MaximumMessageSize a queue may have
+SQS_BATCH_ENTRIES_MAX = 10
+SQS_BATCH_BYTES_MAX = 1024 * 1024        # a SendMessageBatch, all entries together
+SQS_WAIT_S_MAX = 20                      # ReceiveMessage WaitTimeSeconds (whole seconds)
+SQS_VISIBILITY_S_MAX = 12 * 3600         # per receive, extensions included (whole seconds)
+SQS_MAX_RECEIVE_COUNT_MAX = 1000         # RedrivePolicy maxReceiveCount
+SQS_DEDUP_WINDOW_S = 300.0               # MessageDeduplicationId window, fixed
+SQS_RETENTION_S_MAX = 14 * 24 * 3600
+SQS_QUEUE_NAME_CHARS_MAX = 80            # ".fifo" included
+SQS_GROUP_ID_CHARS_MAX = 128
+SQS_DEDUP_ID_CHARS_MAX = 128

@@ -84,3 +84,12 @@ def state_digest(state) -> dict:
 @pytest.fixture
 def digest():
     return state_digest
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """One ``moto_server`` (an SQS-compatible server) for the session (tests/sqs_server.py);
+    each test takes a fresh queue-name prefix on it."""
+    from sqs_server import MotoServer
+    with MotoServer() as server:
+        yield server

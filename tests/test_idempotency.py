@@ -92,7 +92,7 @@ def test_retention_is_configurable(make_store):
     assert store.prune(clock.now()) == 1
 
 
-@pytest.mark.parametrize("bad", [-1, 2**63, 1.5, "1", None, True])
+@pytest.mark.parametrize("bad", [-1, 2**63, 1.5, "", "x" * 1025, b"1", None, True])
 def test_bad_job_ids(make_store, bad):
     store = make_store()
     with pytest.raises(InvalidJob):

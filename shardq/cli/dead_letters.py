@@ -21,12 +21,16 @@ def register(sub, parent) -> None:
 def run(args) -> int:
     with common.connect(args) as q:
         if args.action == "list":
-            page = common.control_call(q, "dead_letters_page")(args.queue, args.limit, args.cursor)
-            for d in page.items:
+            if args.cursor is None and not hasattr(q, "dead_letters_page"):
+                items, cursor = q.dead_letters(args.queue, limit=args.limit), None  # any backend
+            else:
+                page = common.control_call(q, "dead_letters_page")(args.queue, args.limit, args.cursor)
+                items, cursor = page.items, page.cursor
+            for d in items:
                 print(json.dumps({"job_id": d.job_id, "key": d.key, "attempts": d.attempts, "error": d.error,
                                   "body": d.body.decode("utf-8", "replace")}))
-            if page.cursor is not None:
-                print(f"more: --cursor {page.cursor}", file=sys.stderr)
+            if cursor is not None:
+                print(f"more: --cursor {cursor}", file=sys.stderr)
         elif args.action == "redrive":
             print(f"redriven: {q.redrive(args.queue, args.ids)}")
         elif args.ids:

@@ -27,8 +27,8 @@ def register(sub, parent) -> None:
 
     for name, fn in (("ack", ack), ("nack", nack)):
         s = sub.add_parser(name, parents=[parent], help=f"{name} a lease (job id and token from dequeue)")
-        s.add_argument("job_id", type=int)
-        s.add_argument("token", type=int)
+        s.add_argument("job_id", type=_ref)
+        s.add_argument("token", type=_ref)
         if name == "nack":
             s.add_argument("--delay", type=common.number, default=0.0)
             s.add_argument("--error")
@@ -52,9 +52,16 @@ def dequeue(args) -> int:
     return exits.OK if leases else exits.EMPTY
 
 
+def _ref(text: str) -> int | str:
+    """A job id or token as dequeue printed it: an int on the local shards, a string on SQS."""
+    return int(text) if text.isdigit() else text
+
+
 def _lease(args):
     from ..types import Lease
-    return Lease(args.job_id, None, b"", "", 0, args.token, 0.0)
+    # The local shards find a job by its id; the sqs backend acks in queue "default" (the
+    # CLI's queue; a token of another queue is refused there with LeaseLost).
+    return Lease(args.job_id, None, b"", "default", 0, args.token, 0.0)
 
 
 def ack(args) -> int:

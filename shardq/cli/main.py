@@ -13,7 +13,8 @@
     shardq worker myapp.tasks [more.modules] [--queue Q ...] [...]
     shardq schedules [--json]
     shardq outbox init|relay|status --dsn DSN [--table T]
-    shardq verify [--duration S] [...]
+    shardq verify [--duration S] [--target sqs://...] [...]
+    shardq sqs init [--config F] --connect sqs://<region>/<prefix>
 
 Every command that talks to the service finds it by ``--data-dir`` (alias ``--connect``),
 default: the config's ``service.data_dir``. Each command group is one module of this
@@ -31,10 +32,10 @@ from typing import Callable
 
 from ..errors import ShardqError
 from . import (common, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules, serve,
-               stats, verify, wal, worker)
+               sqs, stats, verify, wal, worker)
 
 GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control,
-          outbox)
+          outbox, sqs)
 
 
 def build_parser() -> argparse.ArgumentParser:

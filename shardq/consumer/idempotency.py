@@ -34,6 +34,7 @@ BUSY_TIMEOUT_S_DEFAULT = 30.0
 #: prune() deletes in transactions of at most this many rows, to keep the write lock short.
 PRUNE_BATCH_ROWS = 10_000
 JOB_ID_MAX = 2**63 - 1  # SQLite INTEGER
+JOB_ID_TEXT_CHARS_MAX = 1024  # string job ids (an SQS MessageId is 36)
 
 TABLE = "shardq_processed"
 SCHEMA = f"""
@@ -44,12 +45,30 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 CREATE INDEX IF NOT EXISTS {TABLE}_at ON {TABLE}(processed_at);
 CREATE TABLE IF NOT EXISTS {TABLE}_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# String job ids (backends such as SQS) get a table of their own, created on first use, so
+# a store holding integer marks is read as it is, with no migration.
+TEXT_TABLE = f"{TABLE}_text"
+TEXT_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TEXT_TABLE} (
+    job_id       TEXT PRIMARY KEY,      -- UNIQUE: a job id is marked at most once
+    processed_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {TEXT_TABLE}_at ON {TEXT_TABLE}(processed_at);
+"""
 
 
-def _check_job_id(job_id: Any) -> int:
-    if type(job_id) is not int or not 0 <= job_id <= JOB_ID_MAX:
-        raise InvalidJob(f"job_id must be an int in [0, 2**63), got {job_id!r}")
-    return job_id
+def _check_job_id(job_id: Any) -> int | str:
+    """A job id as the stores accept it: an int in [0, 2**63) or a non-empty string."""
+    if type(job_id) is int and 0 <= job_id <= JOB_ID_MAX:
+        return job_id
+    if type(job_id) is str and 0 < len(job_id) <= JOB_ID_TEXT_CHARS_MAX:
+        return job_id
+    raise InvalidJob(f"job_id must be an int in [0, 2**63) or a string of 1..{JOB_ID_TEXT_CHARS_MAX} "
+                     f"characters, got {job_id!r}")
+
+
+def _table_for(job_id: int | str) -> str:
+    return TABLE if type(job_id) is int else TEXT_TABLE
 
 
 class Txn:
@@ -63,7 +82,7 @@ class Txn:
     def __init__(self) -> None:
         self.aborted = False
 
-    def claim(self, job_id: int) -> bool:
+    def claim(self, job_id: int | str) -> bool:
         """Mark ``job_id`` processed. False if it already is (committed by another
         transaction, or claimed earlier in this one). Waits while another open transaction
         may claim it, so two deliveries of one job never both get True."""
@@ -83,7 +102,7 @@ class IdempotencyStore:
     def transaction(self) -> contextlib.AbstractContextManager[Txn]:
         raise NotImplementedError
 
-    def seen(self, job_id: int) -> bool:
+    def seen(self, job_id: int | str) -> bool:
         """True if ``job_id`` has a committed mark."""
         raise NotImplementedError
 
@@ -95,8 +114,8 @@ class IdempotencyStore:
         raise NotImplementedError
 
     def bind(self, service_id: str) -> None:
-        """Tie this store to one shardq service (data dir), or raise InvalidConfig if it
-        holds marks of another. Job ids start again in every new data dir: marks left by an
+        """Tie this store to one shardq service (a data dir, or an SQS region/account/prefix:
+        the queue's ``service_id``), or raise InvalidConfig if it holds marks of another. Job ids start again in every new data dir: marks left by an
         old one would make new jobs with the same ids look processed, and be skipped."""
         bound = self._bound_service(service_id)
         if bound != service_id:
@@ -123,15 +142,28 @@ class _SqliteTxn(Txn):
         self._clock = clock
         self.db = conn.cursor()  # a DB-API cursor inside the transaction
 
-    def claim(self, job_id: int) -> bool:
-        _check_job_id(job_id)
+    def claim(self, job_id: int | str) -> bool:
+        table = _table_for(_check_job_id(job_id))
         if not self._conn.in_transaction:
             # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
+        if table == TEXT_TABLE:
+            _ensure_text_table(self._conn)  # inside this transaction: commits with the mark
         cur = self._conn.execute(
-            f"INSERT OR IGNORE INTO {TABLE}(job_id, processed_at) VALUES (?, ?)",
+            f"INSERT OR IGNORE INTO {table}(job_id, processed_at) VALUES (?, ?)",
             (job_id, self._clock.now()))
         return cur.rowcount == 1
+
+
+def _ensure_text_table(conn: sqlite3.Connection) -> None:
+    for stmt in TEXT_SCHEMA.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (table,)).fetchone() is not None
 
 
 class SqliteStore(IdempotencyStore):
@@ -240,10 +272,12 @@ class SqliteStore(IdempotencyStore):
                 self._local.in_txn = False
                 txn.db.close()
 
-    def seen(self, job_id: int) -> bool:
-        _check_job_id(job_id)
+    def seen(self, job_id: int | str) -> bool:
+        table = _table_for(_check_job_id(job_id))
         with self._use() as conn:
-            return conn.execute(f"SELECT 1 FROM {TABLE} WHERE job_id = ?",
+            if table == TEXT_TABLE and not _has_table(conn, table):
+                return False
+            return conn.execute(f"SELECT 1 FROM {table} WHERE job_id = ?",
                                 (job_id,)).fetchone() is not None
 
     def prune(self, now: float) -> int:
@@ -252,14 +286,18 @@ class SqliteStore(IdempotencyStore):
         with self._use() as conn:
             if self._local.in_txn:
                 raise RuntimeError("prune() inside a transaction")
-            while True:  # each statement is its own short transaction (autocommit)
-                cur = conn.execute(
-                    f"DELETE FROM {TABLE} WHERE job_id IN "
-                    f"(SELECT job_id FROM {TABLE} WHERE processed_at < ? LIMIT ?)",
-                    (cutoff, PRUNE_BATCH_ROWS))
-                total += cur.rowcount
-                if cur.rowcount < PRUNE_BATCH_ROWS:
-                    return total
+            for table in (TABLE, TEXT_TABLE):
+                if table == TEXT_TABLE and not _has_table(conn, table):
+                    continue
+                while True:  # each statement is its own short transaction (autocommit)
+                    cur = conn.execute(
+                        f"DELETE FROM {table} WHERE job_id IN "
+                        f"(SELECT job_id FROM {table} WHERE processed_at < ? LIMIT ?)",
+                        (cutoff, PRUNE_BATCH_ROWS))
+                    total += cur.rowcount
+                    if cur.rowcount < PRUNE_BATCH_ROWS:
+                        break
+            return total
 
     def close(self) -> None:
         """Refuse further use and close every thread's connection. A connection that is
@@ -327,10 +365,10 @@ class _MemoryTxn(Txn):
     def __init__(self, store: MemoryStore):
         super().__init__()
         self._store = store
-        self.claims: list[int] = []
+        self.claims: list[int | str] = []
         self.db = _Overlay(store.data, store._cond)
 
-    def claim(self, job_id: int) -> bool:
+    def claim(self, job_id: int | str) -> bool:
         return self._store._claim(self, _check_job_id(job_id))
 
 
@@ -348,8 +386,8 @@ class MemoryStore(IdempotencyStore):
         self._clock = clock or SystemClock()
         self._cond = threading.Condition()
         self.data: dict = {}
-        self.processed: dict[int, float] = {}   # job id -> processed_at (committed marks)
-        self._open_claims: dict[int, _MemoryTxn] = {}
+        self.processed: dict[int | str, float] = {}   # job id -> processed_at (committed marks)
+        self._open_claims: dict[int | str, _MemoryTxn] = {}
         self._closed = False
 
     def _check_open(self) -> None:
@@ -372,7 +410,7 @@ class MemoryStore(IdempotencyStore):
             raise
         self._end(txn, commit=not txn.aborted)
 
-    def _claim(self, txn: _MemoryTxn, job_id: int) -> bool:
+    def _claim(self, txn: _MemoryTxn, job_id: int | str) -> bool:
         with self._cond:
             if not self._cond.wait_for(
                     lambda: self._open_claims.get(job_id, txn) is txn, self.busy_timeout_s):
@@ -401,7 +439,7 @@ class MemoryStore(IdempotencyStore):
         if closed:
             raise Closed("idempotency store is closed")
 
-    def seen(self, job_id: int) -> bool:
+    def seen(self, job_id: int | str) -> bool:
         self._check_open()
         with self._cond:
             return _check_job_id(job_id) in self.processed

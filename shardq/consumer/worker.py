@@ -92,7 +92,7 @@ class _Job:
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
 
     @property
-    def ref(self) -> tuple[int, int]:  # one delivery; a job can be redelivered to us
+    def ref(self) -> tuple:  # one delivery; a job can be redelivered to us
         return self.lease.job_id, self.lease.token
 
 
@@ -190,7 +190,7 @@ class Worker:
         if self._stop_requested:
             results.put(_WAKE)
         self._work = work = queue_mod.SimpleQueue()
-        self._in_flight: dict[tuple[int, int], _Job] = {}
+        self._in_flight: dict[tuple, _Job] = {}
         if self._metrics is not None:
             in_flight = self._in_flight
             self._metrics.count_in_flight(lambda: len(in_flight))
@@ -304,7 +304,7 @@ class Worker:
             self._work.put(job)
 
     def _expired(self, job: _Job) -> None:
-        log.warning("job %d attempt %d: lease expired before it started; not running it",
+        log.warning("job %s attempt %d: lease expired before it started; not running it",
                     job.lease.job_id, job.lease.attempt)
         self._finish(job, "expired")
 
@@ -332,7 +332,7 @@ class Worker:
                 else:
                     self._nack_failed(job, error)
             elif outcome == LOST or lost:
-                log.warning("job %d attempt %d: lease lost; not acking (%s)", job.lease.job_id,
+                log.warning("job %s attempt %d: lease lost; not acking (%s)", job.lease.job_id,
                             job.lease.attempt, "rolled back" if outcome == LOST else outcome)
                 self._finish(job, "lost")
             else:  # DONE or DUPLICATE
@@ -354,7 +354,7 @@ class Worker:
                 self._unavailable("ack", res)
                 self._outbox.append(("ack", job, kind))
             else:  # LeaseLost, or anything else: the lease will expire and redeliver
-                log.warning("job %d: ack failed (%s); the queue will redeliver it",
+                log.warning("job %s: ack failed (%s); the queue will redeliver it",
                             job.lease.job_id, error_text(res))
                 self._finish(job, "lost")
 
@@ -375,7 +375,7 @@ class Worker:
         attempt = job.lease.attempt
         if attempt >= self._max_deliveries:
             delay = 0.0
-            log.warning("job %d failed its last delivery (%d of %d); the queue dead-letters it",
+            log.warning("job %s failed its last delivery (%d of %d); the queue dead-letters it",
                         job.lease.job_id, attempt, self._max_deliveries)
         else:
             delay = backoff_delay(attempt, self._backoff_base_s, self._backoff_cap_s, self._rng)
@@ -442,7 +442,7 @@ class Worker:
         try:
             self._q.nack(job.lease, delay=delay, error=error)
         except LeaseLost:
-            log.info("job %d: nack after the lease was lost", job.lease.job_id)
+            log.info("job %s: nack after the lease was lost", job.lease.job_id)
         except ShardUnavailable as exc:
             self._unavailable("nack", exc)
             self._outbox.append(("nack", job, (delay, error)))
@@ -458,7 +458,7 @@ class Worker:
         acks = []
         for op, job, extra in items:
             if now >= job.lease.deadline:  # the lease is gone; the queue redelivers the job
-                log.warning("job %d: gave up %s after the lease ended", job.lease.job_id, op)
+                log.warning("job %s: gave up %s after the lease ended", job.lease.job_id, op)
                 self._in_flight.pop(job.ref, None)
                 if op == "ack":
                     self._finish(job, "lost")
@@ -506,7 +506,7 @@ class Worker:
             except LeaseLost as exc:
                 with self._lock:
                     job.lost = True
-                log.warning("job %d attempt %d: lease lost while running (%s); its effects will "
+                log.warning("job %s attempt %d: lease lost while running (%s); its effects will "
                             "be rolled back and it will not be acked", job.lease.job_id,
                             job.lease.attempt, exc)
                 continue
@@ -527,7 +527,7 @@ class Worker:
             else:
                 self._q.nack(job.lease, delay=0.0, delivered=False)
         except ShardqError as exc:
-            log.info("job %d: release failed (%s); its lease will expire", job.lease.job_id, exc)
+            log.info("job %s: release failed (%s); its lease will expire", job.lease.job_id, exc)
         self._in_flight.pop(job.ref, None)
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
@@ -604,7 +604,7 @@ class Worker:
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds))
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
-            log.exception("job %d: runner error", lease.job_id)
+            log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None
         finally:
             if self._metrics is not None:

@@ -21,6 +21,9 @@ The run (Jepsen's ``total-queue`` workload, with kills and pauses):
 * then faults stop, producers stop, workers drain the queue, and :func:`check` reads the
   histories and the effect table.
 
+``--target sqs://...`` runs the same producers, workers and checker against another backend
+(see :mod:`.target`): no service of ours to kill, so only worker kills and pauses.
+
 Pass = no lost job, no duplicated effect, no per-key order violation, no unexpected job, no
 id mismatch, no double in-flight lease of a key, no reused lease token. Exit 0 on pass, 1 on
 fail, 2 when the run itself could not be carried out.
@@ -74,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chance that a worker stalls past a lease's deadline (before its transaction, "
                         "inside it, or before the ack)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir even on pass")
+    p.add_argument("--target", help="run against this backend instead of a local service, e.g. "
+                                    "sqs://<region>/<prefix>?endpoint=URL: its queue 'default' is "
+                                    "created (sqs init) and must be empty; only worker faults "
+                                    "(kills and stalls) are injected")
+    p.add_argument("--worker-batch", type=int, default=None,
+                   help="jobs per worker dequeue (default 4; 1 with --target, see docs/scale-out.md)")
     return p
 
 
@@ -107,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 2**31)
+    if a.worker_batch is None:
+        a.worker_batch = 1 if a.target else 4
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
         print("error: need at least one shard, producer, worker and key, and keys >= producers", file=sys.stderr)
         return 2

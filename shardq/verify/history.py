@@ -11,6 +11,7 @@ from ..clock import SystemClock
 
 CLOCK = SystemClock()
 KINDS = ("kill_shard", "kill_service", "kill_worker", "pause_shard", "pause_worker")
+WORKER_KINDS = ("kill_worker", "pause_worker")  # against a backend that is not ours (--target)
 #: Counts that must be zero for a pass.
 FAILING = ("lost", "duplicated_effects", "order_violations", "unexpected", "id_mismatch",
            "double_in_flight", "token_reused")

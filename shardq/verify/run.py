@@ -18,8 +18,8 @@ from ..errors import ShardqError
 from ..service.supervisor import child_env
 
 from .check import Report, check
-from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
-                      read_producer_history, read_worker_history)
+from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, WORKER_KINDS, Enqueue, parse_body,
+                      read_effects, read_producer_history, read_worker_history)
 
 
 def _short_tmpdir() -> str:
@@ -56,8 +56,11 @@ class Run:
     def __init__(self, a):
         self.a = a
         self.rng = random.Random(f"{a.seed}/schedule")
+        self.target = getattr(a, "target", None)   # another backend: no service of ours
+        self.kinds = WORKER_KINDS if self.target else KINDS
         self.data_dir = a.data_dir or os.path.join(_short_tmpdir(), "data")
         self.work = self.data_dir.rstrip("/") + "-verify"
+        self.connect_to = self.target or self.data_dir  # what producers and workers connect to
         os.makedirs(self.work, exist_ok=True)
         self.db = os.path.join(self.work, "effects.db")
         self.stop_producers = os.path.join(self.work, "stop-producers")
@@ -151,7 +154,7 @@ class Run:
         for p in range(self.a.producers):
             mine = keys[p::self.a.producers]
             self.producers.append(self._spawn(
-                ["-m", "shardq.verify", "_producer", "--data-dir", self.data_dir, "--index", str(p),
+                ["-m", "shardq.verify", "_producer", "--data-dir", self.connect_to, "--index", str(p),
                  "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
                  "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
                  # Even producers retry long enough to ride out every fault; odd ones give
@@ -164,8 +167,9 @@ class Run:
         hist = os.path.join(self.work, f"worker-{name}.jsonl")
         self.worker_files.append((name, hist))
         self.workers[w] = self._spawn(
-            ["-m", "shardq.verify", "_worker", "--data-dir", self.data_dir, "--name", name, "--db", self.db,
-             "--history", hist, "--stop", self.stop_workers, "--batch", "4", "--retry-s", "5",
+            ["-m", "shardq.verify", "_worker", "--data-dir", self.connect_to, "--name", name, "--db", self.db,
+             "--history", hist, "--stop", self.stop_workers, "--batch", str(getattr(self.a, "worker_batch", 4)),
+             "--retry-s", "5",
              "--seed", str(self.a.seed), "--stall-prob", str(self.a.stall_prob),
              "--stall-s", str(self.a.visibility / 2)],
             f"worker-{w}.log")
@@ -252,16 +256,16 @@ class Run:
         deck: list[str] = []
         injected = 0
         self.sleep(rng.uniform(0.5, 1.0) * a.fault_interval)
-        while CLOCK.monotonic() < end or injected < len(KINDS):
+        while CLOCK.monotonic() < end or injected < len(self.kinds):
             if not deck:
-                deck = list(KINDS)
+                deck = list(self.kinds)
                 rng.shuffle(deck)
             kind = deck.pop()
             detail = self.inject(kind)
             injected += 1
             self._log(f"fault {kind}: {detail}")
             gap = rng.uniform(0.5, 1.5) * a.fault_interval
-            self.sleep(gap if injected < len(KINDS) else min(gap, max(end - CLOCK.monotonic(), 0)))
+            self.sleep(gap if injected < len(self.kinds) else min(gap, max(end - CLOCK.monotonic(), 0)))
 
     # ------------------------------------------------------------------ progress
     def _log(self, msg: str) -> None:
@@ -283,9 +287,9 @@ class Run:
         ops = self._enqueues()
         ok = sum(len(o.items) for o in ops if o.outcome == "ok")
         amb = sum(len(o.items) for o in ops if o.outcome != "ok" and o.t1 is not None)
-        faults = sum(self.faults[k] for k in KINDS)
+        faults = sum(self.faults[k] for k in self.kinds)
         self._log(f"enqueued ok={ok} ambiguous={amb} | delivered={len(self._applied())} | faults={faults} "
-                  + " ".join(f"{k}={self.faults[k]}" for k in KINDS if self.faults[k]))
+                  + " ".join(f"{k}={self.faults[k]}" for k in self.kinds if self.faults[k]))
 
     # ------------------------------------------------------------------ drain and check
     def drain(self) -> dict:
@@ -303,7 +307,7 @@ class Run:
                   "acknowledged jobs not yet applied")
         deadline = CLOCK.monotonic() + self.a.drain_timeout
         backlog, empty_polls = None, 0
-        q = shardq.connect(self.data_dir, retry_s=5, request_timeout_s=5)
+        q = shardq.connect(self.connect_to, retry_s=5, request_timeout_s=5)
         try:
             while CLOCK.monotonic() < deadline:
                 self.tick()
@@ -335,6 +339,8 @@ class Run:
                 "dead_letters": dead}
 
     def stop_service(self) -> None:
+        if self.target:
+            return
         if self.service is None or self.service.poll() is not None:
             return
         pids = self.service_pids()
@@ -364,6 +370,8 @@ class Run:
                 self._wait_gone(pids)
 
     def wal_check(self) -> dict:
+        if self.target:
+            return {}
         from ..datadir import DataDir
         from ..wal import repair
         dd = DataDir(self.data_dir)
@@ -390,18 +398,28 @@ class Run:
 
 
 def run(a) -> int:
+    if getattr(a, "target", None):
+        from .target import prepare
+        problem = prepare(a)
+        if problem:
+            print(f"error: --target {a.target}: {problem}", file=sys.stderr)
+            return 2
     if a.data_dir and os.path.exists(a.data_dir) and os.listdir(a.data_dir):
         print(f"error: --data-dir {a.data_dir} is not empty; verify needs a fresh directory", file=sys.stderr)
         return 2
     r = Run(a)
     print(f"shardq verify seed={a.seed} duration={a.duration}s shards={a.shards} producers={a.producers} "
           f"workers={a.workers} keys={a.keys} visibility={a.visibility}s data_dir={r.data_dir}", flush=True)
+    if r.target:
+        print(f"target: {r.target} (worker faults only: {', '.join(r.kinds)}; worker batch {a.worker_batch})",
+              flush=True)
     print(f"replay: shardq verify --seed {a.seed} --duration {a.duration} --shards {a.shards} "
           f"--producers {a.producers} --workers {a.workers} --keys {a.keys} --fault-interval {a.fault_interval}",
           flush=True)
     try:
         r.init_db()
-        r.start_service()
+        if not r.target:
+            r.start_service()
         r.start_producers()
         for w in range(a.workers):
             r.start_worker(w)
@@ -425,10 +443,11 @@ def run(a) -> int:
     rep.info["unexpected_exits"] = dict(r.unexpected_exits)
     if wal.get("corrupt"):
         rep.counts["wal_corrupt"] = wal["corrupt"]
-    faults = {k: r.faults[k] for k in KINDS}
-    faults["pause_shard_past_health_timeout"] = r.faults["pause_shard_past_health_timeout"]
+    faults = {k: r.faults[k] for k in r.kinds}
+    if not r.target:
+        faults["pause_shard_past_health_timeout"] = r.faults["pause_shard_past_health_timeout"]
     passed = rep.ok and not rep.counts.get("wal_corrupt")
-    _print_summary(a, rep, faults, passed, CLOCK.monotonic() - r.started)
+    _print_summary(a, rep, faults, passed, CLOCK.monotonic() - r.started, r.kinds)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"passed": passed, "seed": a.seed, "args": {k: v for k, v in vars(a).items() if k != "fn"},
@@ -441,12 +460,12 @@ def run(a) -> int:
     return 0 if passed else 1
 
 
-def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float) -> None:
+def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=KINDS) -> None:
     i = rep.info
     print()
     print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s)")
     print("faults injected: " + ", ".join(f"{k}={v}" for k, v in faults.items())
-          + f"  (total {sum(faults[k] for k in KINDS)})")
+          + f"  (total {sum(faults[k] for k in kinds)})")
     print(f"enqueue calls {i['enqueue_ops']} ({i['enqueue_ops_ok']} ok); jobs ok {i['jobs_ok']}, "
           f"ambiguous {i['jobs_ambiguous']} (delivered {i['ambiguous_delivered']}, "
           f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}")
