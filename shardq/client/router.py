@@ -106,7 +106,7 @@ def queue_totals(shards: list[dict]) -> dict[str, dict]:
         for name, counts in sh["queues"].items():
             agg = queues.setdefault(name, dict.fromkeys(counts, 0))
             for k, v in counts.items():
-                agg[k] = True if k == "paused" and v else agg.get(k, 0) + v  # paused on any shard
+                agg[k] = (agg.get(k) or v) if isinstance(v, bool) else agg.get(k, 0) + v  # flags: any shard
     return queues
 
 

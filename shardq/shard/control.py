@@ -87,7 +87,7 @@ class ControlOps:
 
     def _apply_pause(self, op) -> None:
         qname, at = op[1], op[2]  # fields a later version appends are ignored here
-        q = self.queues.get(qname) or self._queue(qname)
+        q = self.queues.get(qname) or self._logged_queue(qname)
         q.paused = at
 
     # ------------------------------------------------------------------ cancel

@@ -55,6 +55,13 @@ class DurableShard:
             if gc_was_enabled:
                 gc.enable()
         self.replay_stats = self.log.stats
+        for name in sorted(self.state.undeclared):
+            c = self.state.stats()[name]
+            log.warning("queue %r is not declared in the config (declare_queues = true) but its log holds "
+                        "%d jobs (%d ready, %d delayed, %d waiting, %d leased, %d dead): they stay reachable "
+                        "(stats, dead letters, dequeue by name); new enqueues to it are refused",
+                        name, sum(c[k] for k in ("ready", "delayed", "waiting", "in_flight", "dead")),
+                        c["ready"], c["delayed"], c["waiting"], c["in_flight"], c["dead"])
         log.info("shard %d replayed %d records in %.3f s (%d jobs)", self.shard_index,
                  self.log.stats.records, self.log.stats.seconds, len(self.state.jobs))
         return self.log.stats

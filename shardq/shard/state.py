@@ -135,6 +135,7 @@ class ShardState(ControlOps):
         self.next_seq = 1
         self.next_token = 1
         self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
+        self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
         self._ops: list[list] = []
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
         self._now = float("-inf")
@@ -182,6 +183,8 @@ class ShardState(ControlOps):
         self._ops.append(op)
 
     def _queue(self, name, *, create: bool = True) -> QueueState:
+        """The queue ``name`` for a live request: UnknownQueue if the config does not
+        declare it (with ``declare_queues``) and it holds nothing."""
         q = self.queues.get(name)
         if q is None:
             check_queue_name(name, InvalidJob)
@@ -191,6 +194,20 @@ class ShardState(ControlOps):
             q = QueueState(name, cfg)
             if create:
                 self.queues[name] = q
+        return q
+
+    def _logged_queue(self, name: str) -> QueueState:
+        """The queue a logged operation names. Replay never depends on today's config: a
+        queue removed from it (``declare_queues``) while it still held jobs is rebuilt with
+        the queue defaults and listed in :attr:`undeclared`; its jobs stay reachable
+        (stats, dead letters, dequeue by name) and only new enqueues are refused."""
+        q = self.queues.get(name)
+        if q is None:
+            cfg = self.config.queue(name)
+            if cfg is None:
+                cfg = self.config.queue_defaults
+                self.undeclared.add(name)
+            q = self.queues[name] = QueueState(name, cfg)
         return q
 
     def _set(self, job: Job, new: JobState) -> None:
@@ -332,6 +349,9 @@ class ShardState(ControlOps):
             q = self.queues.get(qname) or new_queues.get(qname)
             if q is None:
                 q = new_queues[qname] = self._queue(qname, create=False)
+            elif qname in self.undeclared:
+                raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
+                                   "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
             b = validate.body(b, q.cfg.max_body_bytes)
             k = validate.key(k)
             if type(delay) is not int or delay:  # fast path for the common int 0
@@ -358,10 +378,14 @@ class ShardState(ControlOps):
                     ids.append(hit[0])
                     continue
             jid = (self.next_seq << limits.JOB_ID_SHARD_BITS) | self.shard_index
-            self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now])
+            if did is None:
+                self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now])
+            else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
+                dedup_expires = now + q.cfg.dedup_window
+                self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now,
+                            dedup_expires])
+                batch_dedup[dkey] = (jid, dedup_expires)
             q.totals[ENQUEUED] += 1
-            if did is not None:
-                batch_dedup[dkey] = (jid, now + q.cfg.dedup_window)
             ids.append(jid)
         if session is not None:
             self._emit([ops.SESSION, cid, cseq, low, ids, now])
@@ -370,19 +394,20 @@ class ShardState(ControlOps):
         return ids
 
     def _apply_enqueue(self, op) -> None:
-        _, jid, qname, key, body, prio, ready_at, did, created = op
+        _, jid, qname, key, body, prio, ready_at, did, created = op[:9]
         jobs = self.jobs
         if jid in jobs:  # (not check(): its message would be formatted on every call)
             check(False, f"duplicate job id {jid}")
-        q = self.queues.get(qname) or self._queue(qname)
+        q = self.queues.get(qname) or self._logged_queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
         jobs[jid] = job
         seq = (jid >> _SHARD_BITS) + 1
         if seq > self.next_seq:
             self.next_seq = seq
         self.enqueue_times.note(seq - 1, created)
-        if did is not None and q.cfg.dedup_window > 0:
-            expires = created + q.cfg.dedup_window
+        # Records of format 1 and shardq 0.1 have no expiry: today's window stands in.
+        expires = op[9] if len(op) > 9 else (created + q.cfg.dedup_window if did is not None else 0)
+        if did is not None and expires > created:
             q.dedup[(key, did)] = (jid, expires)
             q.dedup_order.append((expires, (key, did)))
             self._prune_dedup(q, created)
@@ -647,6 +672,8 @@ class ShardState(ControlOps):
                          "dead": c[X], "keys": len(q.keys)}
             if q.paused is not None:
                 out[name]["paused"] = True
+            if name in self.undeclared:
+                out[name]["undeclared"] = True  # removed from the config; drain it
         return out
 
     def queue_settings(self, queue: str) -> dict:
@@ -723,8 +750,8 @@ class ShardState(ControlOps):
         self.next_token = max(self.next_token, op[2])
 
     def _apply_job(self, op) -> None:
-        _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op
-        q = self.queues.get(qname) or self._queue(qname)
+        _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[:12]
+        q = self.queues.get(qname) or self._logged_queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
         job.attempts = attempts
         if error is not None:
@@ -745,8 +772,8 @@ class ShardState(ControlOps):
         self._append_to_key(job)
 
     def _apply_dedup(self, op) -> None:
-        _, qname, key, did, jid, expires = op
-        q = self.queues.get(qname) or self._queue(qname)
+        _, qname, key, did, jid, expires = op[:6]
+        q = self.queues.get(qname) or self._logged_queue(qname)
         q.dedup[(key, did)] = (jid, expires)
         q.dedup_order.append((expires, (key, did)))
 
