@@ -6,6 +6,12 @@ sends those replies, in order. So a reply never leaves before the fsync that cov
 and a reply that depends on an earlier batch (a lease of a job enqueued just before) is sent
 after that batch's fsync too, because fsyncs happen in order.
 
+Replies are written without blocking. What a client's socket does not take at once waits
+in that connection's backlog, in order, and the committer thread writes it as the client
+reads (checking every ``FLUSH_POLL_S``); a client that takes nothing for
+``conn.SEND_TIMEOUT_S`` is dropped. So one slow reader never delays the replies of others,
+and no call here depends on descriptor numbers (``select()`` fails above 1024).
+
 The committer also owns closing client sockets: a descriptor is closed only after the
 replies queued before the close were sent (or skipped), so a reused descriptor number can
 never receive another client's replies.
@@ -21,12 +27,15 @@ import threading
 import time
 from collections import deque
 
+from ..clock import SystemClock
 from ..errors import LogFailed
+from .conn import SEND_TIMEOUT_S
 from .histogram import COMMIT_OPS_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 
 log = logging.getLogger("shardq.shard")
 
 PENDING_BATCHES_MAX = 16  # the loop waits when the disk falls this far behind
+FLUSH_POLL_S = 0.005      # how often replies waiting for a slow reader are tried again
 
 
 class Committer:
@@ -37,6 +46,8 @@ class Committer:
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
+        self._backlog: dict = {}  # conn -> None: connections with replies their socket has not taken
+        self._monotonic = SystemClock.monotonic
         self.fsyncs = 0
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
@@ -82,18 +93,56 @@ class Committer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._items and not self._stopping:
+                while not self._items and not self._stopping and not self._backlog:
                     self._cond.wait()
-                if not self._items:
+                if not self._items and self._backlog and not self._stopping:
+                    self._cond.wait(FLUSH_POLL_S)  # a submit wakes it at once
+                if not self._items and self._stopping and not self._backlog:
                     return
                 items = list(self._items)
                 self._items.clear()
                 self._busy = True
                 self._cond.notify_all()
-            self._process(items)
+            if items:
+                self._process(items)
+            self._flush_backlog(final=self._stopping and not items)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    def _flush_backlog(self, final: bool = False) -> None:
+        """Write what waits for slow readers; drop those that took nothing for
+        SEND_TIMEOUT_S (at the final flush, when stopping, drop what still waits)."""
+        if not self._backlog:
+            return
+        now = self._monotonic()
+        for conn in list(self._backlog):
+            if conn.closed or conn.dead:
+                del self._backlog[conn]
+                continue
+            before = conn.out_bytes
+            try:
+                done = conn.flush()
+            except OSError as e:
+                self._drop(conn, f"send failed: {e}")
+                continue
+            if done:
+                del self._backlog[conn]
+                if conn.close_when_sent:
+                    conn.close()
+            elif conn.out_bytes < before:
+                conn.progress_at = now
+            elif final or now - conn.progress_at > SEND_TIMEOUT_S:
+                self._drop(conn, f"client took none of its replies for {SEND_TIMEOUT_S} s "
+                                 f"({conn.out_bytes} bytes waiting)")
+
+    def _drop(self, conn, why: str) -> None:
+        log.warning("dropping client: %s", why)
+        self._backlog.pop(conn, None)
+        conn.out.clear()
+        conn.shut()  # the loop reads EOF and drops it; the close comes through the committer
+        if conn.close_when_sent:
+            conn.close()
 
     def _process(self, items: list) -> None:
         """Make the payloads durable (one fsync), then send the replies, in order."""
@@ -110,17 +159,25 @@ class Committer:
             self.fsyncs += 1
             self.commit_seconds.observe(time.perf_counter() - t0)
             self.commit_ops.observe(sum(map(ops_in, payloads)))
+        backlog = self._backlog
         for _, sends, closes in items:
             for conn, frame in sends:
                 if conn.closed or conn.dead:
                     continue
                 try:
-                    conn.send(frame)
+                    if not conn.send(frame) and conn not in backlog:
+                        backlog[conn] = None
+                        conn.progress_at = self._monotonic()
                 except OSError as e:
-                    log.warning("dropping client: send failed: %s", e)
-                    conn.shut()
+                    self._drop(conn, f"send failed: {e}")
             for conn in closes:
-                conn.close()
+                if conn in backlog:
+                    conn.close_when_sent = True  # its replies first
+                else:
+                    conn.close()
+        if backlog:
+            with self._cond:
+                self._cond.notify_all()  # the committer thread keeps flushing it
 
 
 def ops_in(payload: bytes) -> int:

@@ -11,9 +11,9 @@ is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.shard.wire`.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import struct
+from collections import deque
 
 from .. import limits
 from ..errors import ProtocolError
@@ -21,17 +21,26 @@ from ..errors import ProtocolError
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
 READ_BYTES = 1 << 20
-SEND_TIMEOUT_S = 1.0   # a client that does not read its replies for this long is dropped
+SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long is dropped
 
 
 class FrameConn:
-    __slots__ = ("fd", "buf", "closed", "dead")
+    """One client connection. Reads parse frames without blocking; writes never block
+    either: what the socket does not take at once waits in ``out``, in order, and the
+    committer writes it when the client reads again (or drops a client that stops reading
+    for ``SEND_TIMEOUT_S``), so one slow reader never delays another client's replies."""
+
+    __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent")
 
     def __init__(self, fd: int):
         self.fd = fd
         self.buf = bytearray()
         self.closed = False
         self.dead = False  # a send failed: no more sends; the loop sees EOF and drops it
+        self.out: deque[memoryview] = deque()  # bytes the socket has not taken yet, in order
+        self.out_bytes = 0
+        self.progress_at = 0.0   # when the backlog last shrank or began (the committer's clock)
+        self.close_when_sent = False
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:
@@ -69,20 +78,41 @@ class FrameConn:
             del buf[:pos]
         return frames
 
-    def send(self, payload: bytes) -> None:
-        """Write one frame. OSError if the client does not take it within SEND_TIMEOUT_S."""
+    def send(self, payload: bytes) -> bool:
+        """Queue one frame and write what the socket takes now, without blocking. True if
+        nothing is left waiting. OSError if the connection is broken."""
         n = len(payload)
-        header = _LEN.pack(n) if n < 0x7FFFFFFF else _LEN.pack(-1) + _LEN64.pack(n)
-        view = memoryview(header + payload)
-        while view:
+        data = (_LEN.pack(n) if n < 0x7FFFFFFF else _LEN.pack(-1) + _LEN64.pack(n)) + payload
+        if self.out:
+            self.out.append(memoryview(data))
+            self.out_bytes += len(data)
+            return False
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return True
+        self.out.append(memoryview(data)[sent:])
+        self.out_bytes += len(data) - sent
+        return False
+
+    def flush(self) -> bool:
+        """Write what waits in ``out`` as far as the socket takes it. True when all is sent.
+        OSError if the connection is broken."""
+        out = self.out
+        while out:
+            view = out[0]
             try:
                 sent = os.write(self.fd, view)
             except BlockingIOError:
-                _, writable, _ = select.select([], [self.fd], [], SEND_TIMEOUT_S)
-                if not writable:
-                    raise OSError("client is not reading its replies") from None
-                continue
-            view = view[sent:]
+                return False
+            self.out_bytes -= sent
+            if sent < len(view):
+                out[0] = view[sent:]
+                return False
+            out.popleft()
+        return True
 
     def shut(self) -> None:
         """Stop the connection without freeing the descriptor: the loop reads EOF, drops
@@ -100,6 +130,7 @@ class FrameConn:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.out.clear()
             try:
                 os.close(self.fd)
             except OSError:

@@ -1,0 +1,95 @@
+"""The committer's reply path (issue 9, item 5): no descriptor-number limit, and a client
+that does not read its replies never delays another client's.
+
+Before: each send waited for a blocked socket with ``select()``, which raises ValueError
+for descriptors of 1024 and more (the committer thread died and no reply left the shard
+again), and which held every later reply back for up to a second per slow client.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import pytest
+
+from shardq.shard import committer as committer_mod
+from shardq.shard.committer import Committer
+from shardq.shard.conn import FrameConn
+
+from service import wait_until
+
+
+class NoLog:
+    def commit(self, payloads):
+        pass
+
+
+def pair(high_fd: int):
+    """(shard-side FrameConn at descriptor ``high_fd``, client-side socket)."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    os.dup2(a.fileno(), high_fd)
+    a.close()
+    return FrameConn(high_fd), b
+
+
+def read_frame(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    head = b""
+    while len(head) < 4:
+        head += sock.recv(4 - len(head))
+    (n,) = struct.unpack("!i", head)
+    data = bytearray()
+    while len(data) < n:
+        data += sock.recv(min(1 << 20, n - len(data)))
+    return bytes(data)
+
+
+@pytest.fixture
+def committer():
+    c = Committer(NoLog(), exit_code=4)
+    yield c
+    c.stop()
+
+
+def test_a_slow_reader_on_a_high_descriptor_delays_no_one(committer):
+    slow, slow_peer = pair(1500)
+    fast, fast_peer = pair(1501)
+    big = os.urandom(2 << 20)
+    committer.submit([], [(slow, big), (fast, b"quick reply")], [])
+    assert read_frame(fast_peer, timeout=2.0) == b"quick reply"  # not held behind the slow one
+    committer.submit([], [(fast, b"and another")], [])
+    assert read_frame(fast_peer, timeout=2.0) == b"and another"
+    got = []
+    t = threading.Thread(target=lambda: got.append(read_frame(slow_peer, timeout=10.0)))
+    t.start()  # the slow client starts reading: the backlog drains, in order
+    committer.submit([], [(slow, b"after the big one")], [])
+    t.join(15)
+    assert got == [big] and read_frame(slow_peer, timeout=5.0) == b"after the big one"
+    for c, p in ((slow, slow_peer), (fast, fast_peer)):
+        c.close()
+        p.close()
+
+
+def test_a_client_that_reads_nothing_is_dropped_and_a_close_waits_for_its_replies(committer, monkeypatch):
+    monkeypatch.setattr(committer_mod, "SEND_TIMEOUT_S", 0.3)
+    stuck, stuck_peer = pair(1502)
+    committer.submit([], [(stuck, os.urandom(1 << 20))], [])
+    wait_until(lambda: stuck.dead, 5.0, 0.01, "the stuck client to be dropped")
+    # Shut down for both directions: the peer reads what it got, then EOF.
+    stuck_peer.settimeout(5.0)
+    while stuck_peer.recv(1 << 20):
+        pass
+    stuck.close()
+    stuck_peer.close()
+    # A close asked for while replies still wait happens only after they are sent.
+    slow, slow_peer = pair(1503)
+    payload = os.urandom(1 << 20)
+    committer.submit([], [(slow, payload)], [slow])
+    assert not slow.closed
+    assert read_frame(slow_peer, timeout=5.0) == payload
+    wait_until(lambda: slow.closed, 5.0, 0.01, "the close after the replies")
+    slow_peer.close()
