@@ -76,6 +76,7 @@ def assert_serving(svc):
 TEMPLATES = {
     "enqueue": [[[b"body", "fz-key", "default", 0, 0, None]], [7, 1, 1]],
     "dequeue": ["fuzzq", 5.0, 2],
+    "peek": ["fuzzq", 2],
     "ack": [[[1 << 10, 1]]],
     "nack": [1 << 10, 1, 0, None, True],
     "bury": [1 << 10, 1, None],

@@ -57,6 +57,7 @@ class FakeShard:
 
     def close(self):
         self.listener.close()
+        self.thread.join(5)  # its script is done once the router stopped calling
         for c in self.conns:
             c.close()
 

@@ -32,6 +32,7 @@ from ..errors import Closed, JobGone, ShardqError, ShardUnavailable
 from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
+from .priority import plan
 from .router import (DOWN_PROBE_S, Router, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                      cut_requests, split_by_shard)
 
@@ -157,23 +158,11 @@ class AsyncQueue:
         first = next(self._rr) % self.shards
         all_down_since = None
         while True:
-            out: list[Lease] = []
-            down: list[ShardUnavailable] = []
-            for k in range(self.shards):
-                shard = (first + k) % self.shards
-                try:
-                    rows = await self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)],
-                                            retry_s=min(self.retry_s, DOWN_PROBE_S))
-                except ShardUnavailable as exc:
-                    if type(exc) is not ShardUnavailable:
-                        raise  # OutcomeUnknown: the caller must know
-                    down.append(exc)
-                    continue
-                out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
-                if len(out) >= max_jobs:
-                    break
+            out, down, unknown = await self._lease_round(queue, visibility, max_jobs, first)
             if out:
-                return out
+                return out  # leases in hand are returned, never stranded by another shard's error
+            if unknown:
+                raise unknown[0]
             now = self.loop.time()
             if len(down) == self.shards:
                 all_down_since = all_down_since or now
@@ -190,6 +179,55 @@ class AsyncQueue:
                     return []
             else:
                 first = woke
+
+    async def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
+        """One try at the ``max_jobs`` highest priorities over all shards, as the threaded
+        router does it (:meth:`Router._lease_round`, :mod:`.priority`). Cancelled, it hands
+        back what it already leased, unstarted."""
+        order = [(first + k) % self.shards for k in range(self.shards)]
+        probe = min(self.retry_s, DOWN_PROBE_S)
+        down: list[ShardUnavailable] = []
+        unknown: list[ShardUnavailable] = []
+
+        def sort(result):
+            if isinstance(result, ShardUnavailable):
+                (down if type(result) is ShardUnavailable else unknown).append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                return result
+            return None
+
+        calls = [self._call(order[0], "dequeue", [queue, visibility, max_jobs], retry_s=probe)]
+        calls += [self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in order[1:]]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        held = [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in sort(results[0]) or ()]
+        peeks = {s: p for s, r in zip(order[1:], results[1:]) if (p := sort(r))}
+        if not peeks:
+            return [lease for _, lease in held], down, unknown
+        keep, release, take = plan(held, peeks, order, max_jobs)
+        prio = {l.job_id: p for p, l in held}
+        try:
+            more = await asyncio.gather(
+                *[self._call(s, "dequeue", [queue, visibility, n], retry_s=probe) for s, n in take.items()],
+                *[self.nack(l, delivered=False) for l in release], return_exceptions=True)
+        except asyncio.CancelledError:
+            for lease in keep:  # the caller is gone: hand its leases back unstarted
+                self.loop.create_task(self._release_quietly(lease))
+            raise
+        got = list(keep)
+        for rows in more[:len(take)]:
+            for r in sort(rows) or ():
+                got.append(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]))
+                prio[r[0]] = r[6]
+        got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
+        return got, down, unknown
+
+    async def _release_quietly(self, lease: Lease) -> None:
+        try:
+            await self.nack(lease, delivered=False)
+        except ShardqError:
+            pass  # it expires by itself
 
     async def _watch(self, queue: str, timeout: float) -> int | None:
         """Wait until some shard reports ready work in ``queue`` (its index) or timeout.

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -27,11 +28,14 @@ from typing import Iterable
 
 from .. import limits
 from .connection import ConnectionLost, Future, ShardClient
+from .priority import plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
 from ..shard import validate
 from ..shard.wire import RESEND, RETRY
 from ..types import DeadLetter, Lease
+
+log = logging.getLogger("shardq.router")
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
@@ -154,39 +158,61 @@ class Router:
         was never written or its op may be re-sent (:data:`~shardq.shard.wire.RETRY`);
         otherwise its outcome is unknown and :class:`OutcomeUnknown` is raised. Returns
         ``(value, was_resent)`` per call, in order; the first error is raised."""
+        out = []
+        for result in self._gather(calls, timeout=timeout, retry_s=retry_s):
+            if isinstance(result, BaseException):
+                raise result
+            out.append(result)
+        return out
+
+    def _gather(self, calls: list[tuple[int, str, list]], *, timeout: float | None = None,
+                retry_s: float | None = None) -> list:
+        """Like :meth:`_call_many`, but each call's error is returned in its place instead of
+        raised: ``(value, was_resent)`` or the exception, per call, in order."""
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         wait_s = timeout or self.request_timeout_s
-        futs = [self._send(s, op, args, deadline) for s, op, args in calls]
-        results = []
-        resent = [False] * len(calls)
+        futs: list = []
+        for s, op, args in calls:
+            try:
+                futs.append(self._send(s, op, args, deadline))
+            except ShardUnavailable as e:
+                futs.append(e)
+        results: list = []
         try:
             for i, (s, op, args) in enumerate(calls):
-                while True:
+                resent = False
+                while not isinstance(futs[i], BaseException):
                     fut = futs[i]
                     if not fut.wait(wait_s):
-                        raise ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
+                        futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
+                        self.clients[s].forget(fut)  # nobody will read its reply
+                        break
                     lost = fut.error
-                    if isinstance(lost, ConnectionLost):
-                        if lost.sent and RETRY[op] is not RESEND:
-                            raise OutcomeUnknown(f"shard {s}: {op} was sent but the connection broke "
+                    if not isinstance(lost, ConnectionLost):
+                        break
+                    if lost.sent and RETRY[op] is not RESEND:
+                        futs[i] = OutcomeUnknown(f"shard {s}: {op} was sent but the connection broke "
                                                  f"before its reply; it may or may not have been applied")
-                        if time.monotonic() >= deadline:
-                            raise ShardUnavailable(f"shard {s}: {lost}")
-                        resent[i] = resent[i] or lost.sent
-                        futs[i] = self._send(s, op, args, deadline)
-                        continue
-                    results.append((fut, resent[i]))
-                    break
+                    elif time.monotonic() >= deadline:
+                        futs[i] = ShardUnavailable(f"shard {s}: {lost}")
+                    else:
+                        resent = resent or lost.sent
+                        try:
+                            futs[i] = self._send(s, op, args, deadline)
+                        except ShardUnavailable as e:
+                            futs[i] = e
+                f = futs[i]
+                if isinstance(f, BaseException):
+                    results.append(f)
+                elif f.error is not None:
+                    results.append(f.error)
+                else:
+                    results.append((f.value, resent))
         finally:
             for (s, _, _), fut in zip(calls, futs):
-                if not fut.done:
-                    self.clients[s].forget(fut)  # nobody will read its reply
-        out = []
-        for fut, was_resent in results:
-            if fut.error is not None:
-                raise fut.error
-            out.append((fut.value, was_resent))
-        return out
+                if not isinstance(fut, BaseException) and not fut.done:
+                    self.clients[s].forget(fut)
+        return results
 
     def _call(self, shard: int, op: str, args: list, **kw):
         return self._call_many([(shard, op, args)], **kw)[0][0]
@@ -283,25 +309,7 @@ class Router:
         first = next(self._rr) % self.shards
         all_down_since: float | None = None
         while True:
-            out: list[Lease] = []
-            down: list[ShardUnavailable] = []
-            unknown: list[OutcomeUnknown] = []
-            for k in range(self.shards):
-                shard = (first + k) % self.shards
-                try:
-                    # A shard that is down gets a short try, not the full retry window: its
-                    # jobs can wait for the next call, the other shards' jobs should not.
-                    rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(out)],
-                                      retry_s=min(self.retry_s, DOWN_PROBE_S))
-                except OutcomeUnknown as e:
-                    unknown.append(e)  # never re-sent: a lease it may have made expires unheld
-                    continue
-                except ShardUnavailable as e:
-                    down.append(e)
-                    continue
-                out.extend(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]) for r in rows)
-                if len(out) >= max_jobs:
-                    break
+            out, down, unknown = self._lease_round(queue, visibility, max_jobs, first)
             if out:
                 return out  # leases in hand are returned, never stranded by another shard's error
             if unknown:
@@ -325,6 +333,52 @@ class Router:
                     return []
             else:
                 first = woke
+
+    def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
+        """One try at leasing ``max_jobs`` of the highest priorities over all shards (see
+        :mod:`.priority`): lease at ``first`` while peeking at the others, then keep,
+        release and take more as the plan says. A shard that is down gets a short try,
+        not the full retry window: its jobs can wait, the other shards' should not.
+        Returns (leases, down errors, unknown-outcome errors)."""
+        order = [(first + k) % self.shards for k in range(self.shards)]
+        calls = [(order[0], "dequeue", [queue, visibility, max_jobs])]
+        calls += [(s, "peek", [queue, max_jobs]) for s in order[1:]]
+        probe = min(self.retry_s, DOWN_PROBE_S)
+        down: list[ShardUnavailable] = []
+        unknown: list[OutcomeUnknown] = []
+
+        def sort(result):
+            if isinstance(result, OutcomeUnknown):
+                unknown.append(result)  # never re-sent: a lease it may have made expires unheld
+            elif isinstance(result, ShardUnavailable):
+                down.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                return result[0]
+            return None
+
+        results = self._gather(calls, retry_s=probe)
+        rows = sort(results[0]) or []
+        held = [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
+        peeks = {s: p for (s, _, _), r in zip(calls[1:], results[1:]) if (p := sort(r))}
+        if not peeks:
+            return [lease for _, lease in held], down, unknown
+        keep, release, take = plan(held, peeks, order, max_jobs)
+        more = self._gather([(s, "dequeue", [queue, visibility, n]) for s, n in take.items()]
+                            + [(shard_of_job(l.job_id), "nack", [l.job_id, l.token, 0, None, False])
+                               for l in release], retry_s=probe)
+        got = list(keep)
+        prio = {l.job_id: p for p, l in held}
+        for r in more[:len(take)]:
+            for row in sort(r) or ():
+                got.append(Lease(row[0], row[1], row[2], queue, row[3], row[4], row[5]))
+                prio[row[0]] = row[6]
+        for r in more[len(take):]:
+            if isinstance(r, BaseException):  # the release failed: that lease just expires
+                log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
+        got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
+        return got, down, unknown
 
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""

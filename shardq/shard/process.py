@@ -116,7 +116,8 @@ class ShardServer:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._handlers = {
-            "enqueue": self._enqueue, "dequeue": self._dequeue, "ack": self._ack, "nack": self._nack,
+            "enqueue": self._enqueue, "dequeue": self._dequeue, "peek": self._peek, "ack": self._ack,
+            "nack": self._nack,
             "bury": self._bury, "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
             "redrive": self._redrive, "purge_dead": self._purge_dead,
             "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
@@ -267,8 +268,14 @@ class ShardServer:
 
     def _dequeue(self, args, now, conn, rid):
         queue, visibility, max_jobs = args
-        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline]
+        jobs = self.state.jobs
+        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority]
                 for l in self.state.dequeue(queue, now, visibility, max_jobs)]
+
+    def _peek(self, args, now, conn, rid):
+        queue, max_jobs = args
+        self.state.advance(now)
+        return self.state.ready_priorities(queue, max_jobs)
 
     def _ack(self, args, now, conn, rid):
         (pairs,) = args

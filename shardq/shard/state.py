@@ -660,6 +660,25 @@ class ShardState(ControlOps):
         self._set(job, G)
 
     # ------------------------------------------------------------------ inspection
+    def ready_priorities(self, queue: str, max_jobs: int) -> list[list[int]]:
+        """``[[priority, ready jobs], ...]``, highest priority first, until they cover
+        ``max_jobs`` jobs (or all): what a dequeue of ``max_jobs`` would lease now. Empty for
+        a paused queue. A router compares shards with it (queue-wide priorities)."""
+        max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        q = self.queues.get(queue)
+        if q is None or q.paused is not None:
+            if q is None:
+                self._queue(queue, create=False)  # validates the name
+            return []
+        out, covered = [], 0
+        for neg in q.prios:
+            n = len(q.ready[-neg])  # may count a stale entry: then a dequeue gets fewer
+            out.append([-neg, n])
+            covered += n
+            if covered >= max_jobs:
+                break
+        return out
+
     def has_ready(self, queue: str) -> bool:
         q = self.queues.get(queue)
         return q is not None and q.counts[R] > 0 and q.paused is None

@@ -15,7 +15,8 @@ op             args                                                   result
 =============  =====================================================  ====================
 enqueue        [[[body, key, queue, delay, priority, dedup_id], ...],  [job_id, ...]
                 session | None]  session = [client, seq, low]
-dequeue        [queue, visibility | None, max_jobs]                   [lease, ...]
+dequeue        [queue, visibility | None, max_jobs]                   [lease + [priority], ...]
+peek           [queue, max_jobs]                                      [[priority, count], ...]
 ack            [[job_id, token], ...]                                  [error | None, ...]
 nack           [job_id, token, delay, error | None, delivered]        None
 bury           [job_id, token, error | None]                          None (dead-lettered now)
@@ -48,10 +49,10 @@ import msgpack
 from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
-OPS = frozenset({"enqueue", "dequeue", "ack", "nack", "bury", "extend", "watch", "dead_letters",
+OPS = frozenset({"enqueue", "dequeue", "peek", "ack", "nack", "bury", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
 #: args arity per op
-ARITY = {"enqueue": 2, "dequeue": 3, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
+ARITY = {"enqueue": 2, "dequeue": 3, "peek": 2, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
 #: What a client may do when its connection breaks after a request was written and before
@@ -62,8 +63,8 @@ RETRY = {
     "enqueue": RESEND,       # the session entry makes a re-sent enqueue return the first ids
     "ack": RESEND,           # JobGone in answer to the re-sent ack means the first one landed
     "extend": RESEND,        # sets the deadline again; LeaseLost if the lease is gone
-    "watch": RESEND, "dead_letters": RESEND, "queue_config": RESEND, "stats": RESEND,
-    "ping": RESEND,          # read-only
+    "watch": RESEND, "peek": RESEND, "dead_letters": RESEND, "queue_config": RESEND,
+    "stats": RESEND, "ping": RESEND,  # read-only
     "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
     "nack": UNKNOWN,         # a re-sent nack after the first landed gets LeaseLost: ambiguous
     "bury": UNKNOWN,         # likewise: the job is dead (first landed) or the lease expired
