@@ -21,6 +21,7 @@ so a typo never silently falls back to a default. Times are in seconds.
     max_deliveries = 5
     dedup_window = 300
     max_body_bytes = 262144
+    lease_sync = "batched"    # or "strict" (docs/guarantees.md, "Lease durability")
 
     [queues.default]          # per-queue overrides of queue_defaults
 
@@ -56,6 +57,13 @@ class QueueConfig:
     max_deliveries: int = limits.MAX_DELIVERIES_DEFAULT
     dedup_window: float = limits.DEDUP_WINDOW_S_DEFAULT
     max_body_bytes: int = limits.BODY_BYTES_MAX_DEFAULT
+    #: "batched": a lease's reply does not wait for its fsync (it becomes durable with the
+    #: next commit); a shard crash can lose only the delivery counts of the last commit
+    #: window. "strict": every lease is fsynced before it is handed out. docs/guarantees.md.
+    lease_sync: str = "batched"
+
+
+LEASE_SYNC_CHOICES = ("batched", "strict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +169,15 @@ _LIMITS_BOUNDS = {
 }
 
 
+def _lease_sync(path: str, value: Any) -> str:
+    if value not in LEASE_SYNC_CHOICES:
+        raise InvalidConfig(f"{path}: expected one of {', '.join(map(repr, LEASE_SYNC_CHOICES))}, got {value!r}")
+    return value
+
+
+_QUEUE_CHOICES = {"lease_sync": _lease_sync}
+
+
 def _section(path: str, raw: Any, base: Any, bounds: dict, extra: dict | None = None) -> Any:
     if not isinstance(raw, dict):
         raise InvalidConfig(f"{path}: expected a table, got {raw!r}")
@@ -226,14 +243,15 @@ def parse(raw: dict[str, Any]) -> Config:
     service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
                        {"data_dir": _string, "declare_queues": _boolean, "schedule_modules": _modules})
     lim = _section("limits", raw.get("limits", {}), LimitsConfig(), _LIMITS_BOUNDS)
-    defaults = _section("queue_defaults", raw.get("queue_defaults", {}), QueueConfig(), _QUEUE_BOUNDS)
+    defaults = _section("queue_defaults", raw.get("queue_defaults", {}), QueueConfig(), _QUEUE_BOUNDS,
+                        _QUEUE_CHOICES)
     raw_queues = raw.get("queues", {"default": {}})
     if not isinstance(raw_queues, dict):
         raise InvalidConfig(f"queues: expected a table, got {raw_queues!r}")
     queues = {}
     for name, q in raw_queues.items():
         check_queue_name(name, InvalidConfig)
-        queues[name] = _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS)
+        queues[name] = _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS, _QUEUE_CHOICES)
     raw_schedules = raw.get("schedules", {})
     if not isinstance(raw_schedules, dict):
         raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")

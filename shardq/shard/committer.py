@@ -1,10 +1,17 @@
 """Pipelined group commit: the shard loop applies batch N+1 while batch N is being fsynced.
 
-The loop hands each iteration's log payload and reply frames to :class:`Committer`, whose
+The loop hands each iteration's log payloads and reply frames to :class:`Committer`, whose
 thread takes everything queued so far, writes it with **one** fdatasync, and only then
-sends those replies, in order. So a reply never leaves before the fsync that covers it,
-and a reply that depends on an earlier batch (a lease of a job enqueued just before) is sent
-after that batch's fsync too, because fsyncs happen in order.
+sends the replies that wait for it ("late": anything that changed state), in order. So such
+a reply never leaves before the fsync that covers it, and one that depends on an earlier
+batch is sent after that batch's fsync too, because fsyncs happen in order.
+
+"Early" replies go before the write: those that changed nothing (reads, errors, watch
+answers) and leases of ``lease_sync = "batched"`` queues whose jobs are already durable
+(:attr:`durable_seq`). A batch with no late reply (only such leases, or lease expiries) is
+written without an fdatasync; the next synced commit covers it, or an fdatasync at most
+``UNSYNCED_S_MAX`` later. Written, it survives a crash of the process; only a crash of the
+machine can lose it, and it holds only delivery counts and lease deadlines.
 
 Replies are written without blocking. What a client's socket does not take at once waits
 in that connection's backlog, in order, and the committer thread writes it as the client
@@ -36,6 +43,7 @@ log = logging.getLogger("shardq.shard")
 
 PENDING_BATCHES_MAX = 16  # the loop waits when the disk falls this far behind
 FLUSH_POLL_S = 0.005      # how often replies waiting for a slow reader are tried again
+UNSYNCED_S_MAX = 0.01     # longest a written, unsynced batch (batched leases) waits for its fsync
 
 
 class Committer:
@@ -49,29 +57,36 @@ class Committer:
         self._backlog: dict = {}  # conn -> None: connections with replies their socket has not taken
         self._monotonic = SystemClock.monotonic
         self.fsyncs = 0
+        self.durable_seq = 0      # every job with a sequence number up to this is durable
+        self._written_seq = 0
+        self._unsynced_since: float | None = None
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, payloads: list[bytes], sends: list, closes: list, *, inline: bool = False) -> None:
+    def submit(self, payloads: list[bytes], sends: list, closes: list, *, inline: bool = False,
+               early: list = (), sync: bool = True, seq: int = 0) -> None:
         """Queue one iteration's log payloads (often none or one), its ``(conn, frame)``
-        replies, and connections to close after them.
+        replies (``early``: sent before the write; ``sends``: after its fsync), connections
+        to close after them, whether the batch must be fsynced (``sync``), and the highest
+        job sequence number it may hold (``seq``).
 
         ``inline``: if nothing is queued or being written, do the work on the calling thread
         now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
         of microseconds) on every request's latency."""
+        item = (payloads, sends, closes, early, sync, seq)
         with self._cond:
             if inline and not self._items and not self._busy:
                 self._busy = True
             else:
                 while len(self._items) >= PENDING_BATCHES_MAX:
                     self._cond.wait()
-                self._items.append((payloads, sends, closes))
+                self._items.append(item)
                 self._cond.notify_all()
                 return
         try:
-            self._process([(payloads, sends, closes)])
+            self._process([item])
         finally:
             with self._cond:
                 self._busy = False
@@ -93,11 +108,13 @@ class Committer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._items and not self._stopping and not self._backlog:
+                while (not self._items and not self._stopping and not self._backlog
+                       and self._unsynced_since is None):
                     self._cond.wait()
-                if not self._items and self._backlog and not self._stopping:
-                    self._cond.wait(FLUSH_POLL_S)  # a submit wakes it at once
-                if not self._items and self._stopping and not self._backlog:
+                if not self._items and not self._stopping:
+                    self._cond.wait(self._idle_wait())  # a submit wakes it at once
+                if (not self._items and self._stopping and not self._backlog
+                        and self._unsynced_since is None):
                     return
                 items = list(self._items)
                 self._items.clear()
@@ -105,10 +122,20 @@ class Committer:
                 self._cond.notify_all()
             if items:
                 self._process(items)
+            elif self._unsynced_since is not None and (
+                    self._stopping or self._monotonic() - self._unsynced_since >= UNSYNCED_S_MAX):
+                self._commit([], sync=True, seq=0)
             self._flush_backlog(final=self._stopping and not items)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    def _idle_wait(self) -> float:
+        """How long the idle thread may wait: the unsynced window's end, the backlog poll."""
+        wait = FLUSH_POLL_S if self._backlog else UNSYNCED_S_MAX
+        if self._unsynced_since is not None:
+            wait = min(wait, max(0.0, self._unsynced_since + UNSYNCED_S_MAX - self._monotonic()))
+        return wait
 
     def _flush_backlog(self, final: bool = False) -> None:
         """Write what waits for slow readers; drop those that took nothing for
@@ -145,39 +172,62 @@ class Committer:
             conn.close()
 
     def _process(self, items: list) -> None:
-        """Make the payloads durable (one fsync), then send the replies, in order."""
-        payloads = [p for ps, _, _ in items for p in ps]
-        if payloads:
-            t0 = time.perf_counter()
-            try:
-                self.log.commit(payloads)
-            except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
-                log.error("log commit failed; exiting without replying so the supervisor "
-                          "restarts and replays: %s", e)
-                logging.shutdown()
-                os._exit(self.exit_code)
-            self.fsyncs += 1
-            self.commit_seconds.observe(time.perf_counter() - t0)
-            self.commit_ops.observe(sum(map(ops_in, payloads)))
-        backlog = self._backlog
-        for _, sends, closes in items:
-            for conn, frame in sends:
-                if conn.closed or conn.dead:
-                    continue
-                try:
-                    if not conn.send(frame) and conn not in backlog:
-                        backlog[conn] = None
-                        conn.progress_at = self._monotonic()
-                except OSError as e:
-                    self._drop(conn, f"send failed: {e}")
+        """Write the payloads, send the early replies, fdatasync (when any batch needs it),
+        then send the late replies and close what was asked, in order. Written before any
+        reply leaves, a record survives a crash of this process whatever its reply said."""
+        payloads = [p for it in items for p in it[0]]
+        sync = any(it[4] for it in items)
+        seq = max(it[5] for it in items)
+        early = [it[3] for it in items if it[3]]
+        if payloads and (early or not sync):
+            self._commit(payloads, False, seq)
+            payloads = []
+        for sends in early:
+            self._send(sends)
+        if sync and (payloads or self._unsynced_since is not None):
+            self._commit(payloads, True, seq)
+        for _, sends, closes, _, _, _ in items:
+            self._send(sends)
+            backlog = self._backlog
             for conn in closes:
                 if conn in backlog:
                     conn.close_when_sent = True  # its replies first
                 else:
                     conn.close()
-        if backlog:
+        if self._backlog or self._unsynced_since is not None:
             with self._cond:
-                self._cond.notify_all()  # the committer thread keeps flushing it
+                self._cond.notify_all()  # the committer thread flushes and syncs them
+
+    def _commit(self, payloads: list[bytes], sync: bool, seq: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.log.commit(payloads, sync=sync)
+        except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+            log.error("log commit failed; exiting without replying so the supervisor "
+                      "restarts and replays: %s", e)
+            logging.shutdown()
+            os._exit(self.exit_code)
+        self._written_seq = max(self._written_seq, seq)
+        if sync:
+            self.fsyncs += 1
+            self.durable_seq = self._written_seq
+            self._unsynced_since = None
+            self.commit_seconds.observe(time.perf_counter() - t0)
+            self.commit_ops.observe(sum(map(ops_in, payloads)))
+        elif self._unsynced_since is None:
+            self._unsynced_since = self._monotonic()
+
+    def _send(self, sends: list) -> None:
+        backlog = self._backlog
+        for conn, frame in sends:
+            if conn.closed or conn.dead:
+                continue
+            try:
+                if not conn.send(frame) and conn not in backlog:
+                    backlog[conn] = None
+                    conn.progress_at = self._monotonic()
+            except OSError as e:
+                self._drop(conn, f"send failed: {e}")
 
 
 def ops_in(payload: bytes) -> int:

@@ -55,6 +55,9 @@ class DurableShard:
             if gc_was_enabled:
                 gc.enable()
         self.replay_stats = self.log.stats
+        self.state.begin_epoch()  # durable before anything is served: tokens are never reused
+        self.commit()
+        self.state.sync_forced = False
         for name in sorted(self.state.undeclared):
             c = self.state.stats()[name]
             log.warning("queue %r is not declared in the config (declare_queues = true) but its log holds "

@@ -19,6 +19,8 @@ DEAD = 6      # [6, job_id, error]                        moved to the dead-lett
 REDRIVE = 7   # [7, job_id]                               back to the tail of its key, attempts 0
 SESSION = 8   # [8, client_id, client_seq, client_low, [job_ids], at]   router retry record
 PURGE = 9     # [9, job_id]                               dead letter deleted
+EPOCH = 10    # [10, epoch]    every lease token from here on is >= epoch << TOKEN_EPOCH_BITS
+              # (logged and fsynced at each shard start: no token is ever handed out twice)
 
 # Control operations (shardq/shard/control.py). Also written by checkpoints: a paused queue
 # as its PAUSE, a cancelled lease as a CANCEL after its JOB.
@@ -26,13 +28,16 @@ PAUSE = 30    # [30, queue, paused_at | None]             None: resumed
 CANCEL = 31   # [31, job_id]  a leased job not yet marked: marked cancelled; else: deleted
 
 # Checkpoint-only operations (a checkpoint is the live state written as operations).
-META = 20     # [20, next_seq, next_token]
+META = 20     # [20, next_seq, next_token(, epoch)]
 JOB = 21      # [21, job_id, queue, key, body, priority, ready_at, attempts, state, token, expires_at, error]
 DEDUP = 22    # [22, queue, key, dedup_id, job_id, expires_at]
 CLIENT = 23   # [23, client_id, last_seen, [[client_seq, [job_ids]], ...]]
 ENQUEUE_TIMES = 40  # [40, [seq, ...], [time, ...]]      sampled enqueue times (enqueue_times.py)
 
-NAMES = {ENQUEUE: "enqueue", LEASE: "lease", ACK: "ack", RELEASE: "release", EXTEND: "extend",
+#: Lease tokens are (epoch << TOKEN_EPOCH_BITS) + a counter within the epoch.
+TOKEN_EPOCH_BITS = 32
+
+NAMES = {EPOCH: "epoch", ENQUEUE: "enqueue", LEASE: "lease", ACK: "ack", RELEASE: "release", EXTEND: "extend",
          DEAD: "dead", REDRIVE: "redrive", SESSION: "session", PURGE: "purge", META: "meta",
          JOB: "job", DEDUP: "dedup", CLIENT: "client", PAUSE: "pause", CANCEL: "cancel",
          ENQUEUE_TIMES: "enqueue_times"}

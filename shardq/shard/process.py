@@ -1,8 +1,11 @@
 """A shard process: the thin I/O shell around :class:`~shardq.shard.durable.DurableShard`.
 
 One loop iteration: wait until some connection is readable, read every ready request
-frame, apply all requests to the state, make the resulting log operations durable with
-**one** fsync, then send every reply. No reply leaves before that fsync.
+frame, apply all requests to the state, write the resulting log operations, make them
+durable with **one** fsync, then send the replies. No reply to a request that changed
+state leaves before that fsync, except a lease of a ``lease_sync = "batched"`` queue whose
+job's enqueue is already durable: it leaves once its record is written (committer.py).
+Replies that changed nothing (reads, errors) leave at once.
 
 Clients connect to a unix socket and authenticate with the HMAC challenge of
 ``multiprocessing.connection`` (done on a side thread with a timeout, so a silent client
@@ -50,6 +53,7 @@ log = logging.getLogger("shardq.shard")
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 HANDSHAKES_MAX = 32
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
+_SHARD_BITS = limits.JOB_ID_SHARD_BITS
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
 
@@ -111,6 +115,7 @@ class ShardServer:
         self.committer: Committer | None = None
         self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
         self.stopping = False
+        self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
         self.iterations = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -152,6 +157,7 @@ class ShardServer:
         listener.listen(128)
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
+        self.committer.durable_seq = self.state.next_seq - 1  # everything replayed is durable
         Acceptor(listener, self.authkey, self._deliver).start()
         if on_ready:
             on_ready()
@@ -201,25 +207,44 @@ class ShardServer:
                 self._read(conn, batches)
         self.iterations += 1
         now = self.clock.now()
-        self.state.advance(now)
-        replies: dict[FrameConn, list] = {}
+        state = self.state
+        state.advance(now)
+        # A reply is "late" (sent after the fsync of this iteration's records) if its request
+        # changed the state; "early" otherwise, or for a lease that may go before its record
+        # is durable (_dequeue decides). See committer.py.
+        late: dict[FrameConn, list] = {}
+        early: dict[FrameConn, list] = {}
+        pending = state._ops
         for conn, requests in batches:
-            out = replies.setdefault(conn, [])
             for rid, op, args in requests:
-                out.append(self._execute(conn, rid, op, args, now))
-        self._notify_watchers(replies)
-        sends = []
-        for conn, out in replies.items():
-            out = [r for r in out if r is not _DEFERRED]
-            if out and conn in self.conns:
-                sends.extend((conn, frame) for frame in _reply_frames(out))
+                before = len(pending)
+                self._early_lease = False
+                reply = self._execute(conn, rid, op, args, now)
+                if reply is _DEFERRED:
+                    continue
+                if len(pending) == before or self._early_lease:
+                    early.setdefault(conn, []).append(reply)
+                else:
+                    late.setdefault(conn, []).append(reply)
+        self._notify_watchers(early)
+        sync = bool(late) or state.sync_forced
+        if state.sync_forced:  # a new token epoch: nothing of this iteration leaves before it
+            for conn, out in early.items():
+                late.setdefault(conn, []).extend(out)
+            early = {}
+            state.sync_forced = False
         closes, self._closes = self._closes, []
         requests = sum(len(reqs) for _, reqs in batches)
-        self.committer.submit(self.shard.take_payloads(), sends, closes,
-                              inline=requests <= INLINE_REQUESTS_MAX)
+        self.committer.submit(self.shard.take_payloads(), self._frames(late), closes,
+                              inline=requests <= INLINE_REQUESTS_MAX, early=self._frames(early),
+                              sync=sync, seq=state.next_seq - 1)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
             self.shard.compact()
+
+    def _frames(self, replies: dict) -> list:
+        return [(conn, frame) for conn, out in replies.items() if conn in self.conns
+                for frame in _reply_frames(out)]
 
     def _read(self, conn: FrameConn, batches: list) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
@@ -268,9 +293,16 @@ class ShardServer:
 
     def _dequeue(self, args, now, conn, rid):
         queue, visibility, max_jobs = args
-        jobs = self.state.jobs
+        state = self.state
+        leases = state.dequeue(queue, now, visibility, max_jobs)
+        jobs = state.jobs
+        if leases and state.queues[queue].cfg.lease_sync == "batched":
+            # The lease may leave before its record is durable, but never before the job's
+            # enqueue is: a job a crash could lose must not reach a handler.
+            durable = self.committer.durable_seq
+            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable for l in leases)
         return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority]
-                for l in self.state.dequeue(queue, now, visibility, max_jobs)]
+                for l in leases]
 
     def _peek(self, args, now, conn, rid):
         queue, max_jobs = args

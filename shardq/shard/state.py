@@ -70,6 +70,7 @@ KEY_LIST_MAX = 64
 
 _FROM_NEW = frozenset(new for old, new in TRANSITIONS if old is None)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
+_EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 
 
 class Job:
@@ -134,6 +135,8 @@ class ShardState(ControlOps):
         self.errors: dict[int, str] = {}                    # job id -> last error
         self.next_seq = 1
         self.next_token = 1
+        self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
+        self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
         self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
         self._ops: list[list] = []
@@ -145,6 +148,7 @@ class ShardState(ControlOps):
             ops.DEAD: self._apply_dead, ops.REDRIVE: self._apply_redrive,
             ops.SESSION: self._apply_session, ops.PURGE: self._apply_purge, ops.META: self._apply_meta,
             ops.JOB: self._apply_job, ops.DEDUP: self._apply_dedup, ops.CLIENT: self._apply_client,
+            ops.EPOCH: self._apply_epoch,
         }
         self._init_control()
 
@@ -479,6 +483,8 @@ class ShardState(ControlOps):
                 q.totals[DEAD_LETTERED] += 1
                 continue
             token = self.next_token
+            if token >> _EPOCH_BITS != self.epoch:  # a new epoch before any token in it
+                self._emit([ops.EPOCH, token >> _EPOCH_BITS])
             expires = now + vis
             op = [ops.LEASE, job.id, token, expires]
             self._apply_lease(op)
@@ -711,7 +717,7 @@ class ShardState(ControlOps):
         ``limits.CHECKPOINT_RECORD_BYTES_MAX`` whatever the bodies. Sizes are bounded from
         above without encoding twice (:func:`validate.job_bytes`)."""
         pack = msgpack.Packer().pack
-        chunk: list = [[ops.META, self.next_seq, self.next_token]]
+        chunk: list = [[ops.META, self.next_seq, self.next_token, self.epoch]]
         size = 64
         inflight, errors = self.inflight, self.errors
 
@@ -767,6 +773,21 @@ class ShardState(ControlOps):
     def _apply_meta(self, op) -> None:
         self.next_seq = max(self.next_seq, op[1])
         self.next_token = max(self.next_token, op[2])
+        self.epoch = max(self.epoch, op[3] if len(op) > 3 else op[2] >> _EPOCH_BITS)
+
+    # ------------------------------------------------------------------ lease epochs
+    def begin_epoch(self) -> int:
+        """Start a new lease-token epoch (at each shard start, before serving; the caller
+        makes it durable at once). Tokens of leases whose records a crash lost are all
+        below it, so none is ever handed out again (with ``lease_sync = "batched"`` a lease
+        may reach a worker before its record is durable)."""
+        self._emit([ops.EPOCH, max(self.epoch, self.next_token >> _EPOCH_BITS) + 1])
+        return self.epoch
+
+    def _apply_epoch(self, op) -> None:
+        self.epoch = max(self.epoch, op[1])
+        self.next_token = max(self.next_token, self.epoch << _EPOCH_BITS)
+        self.sync_forced = True  # an epoch is durable before any of its tokens is handed out
 
     def _apply_job(self, op) -> None:
         _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[:12]

@@ -233,20 +233,32 @@ class Log:
         if self.writer is None:
             raise Closed("replay() must run before commit()")
 
-    def commit(self, payloads: list[bytes]) -> None:
-        """Append ``payloads`` as records and make them durable with one fdatasync.
+    def commit(self, payloads: list[bytes], sync: bool = True) -> None:
+        """Append ``payloads`` as records and make them durable with one fdatasync, together
+        with any records written unsynced before them.
 
         Guarantee: returns only once all of them are on disk; raises LogFailed otherwise,
-        after which this instance refuses all work.
+        after which this instance refuses all work. ``sync=False`` writes without the
+        fdatasync: they survive a crash of the process (the kernel holds them) but not of
+        the machine until the next synced commit or :meth:`sync`.
         """
         self._check_usable()
         try:
             if self.writer.size >= self.segment_bytes:
                 self._rotate()
-            self.bytes_since_checkpoint += self.writer.commit(payloads)
+            self.bytes_since_checkpoint += self.writer.commit(payloads, sync)
         except OSError as e:
             self.failed = e
             raise LogFailed(f"write to {self.writer.path} failed: {e}") from e
+
+    @property
+    def unsynced(self) -> bool:
+        """Records written that no fdatasync covers yet."""
+        return self.writer is not None and self.writer.unsynced
+
+    def sync(self) -> None:
+        """Make every record written so far durable (one fdatasync if any is not)."""
+        self.commit([], sync=True)
 
     def _rotate(self) -> None:
         old = self.writer

@@ -23,6 +23,7 @@ class SegmentWriter:
         self.seq = seq
         self.fd = fd
         self.size = size
+        self.unsynced = False  # written records that no fdatasync covers yet
 
     @classmethod
     def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0) -> "SegmentWriter":
@@ -56,12 +57,20 @@ class SegmentWriter:
         segment ends at its last record, so zeros are only ever found in the newest one."""
         self.files.truncate(self.path, self.size)
 
-    def commit(self, payloads: list[bytes]) -> int:
-        """Append one record per payload, then one fdatasync. Returns bytes written."""
-        data = frame(payloads[0], SEGMENT) if len(payloads) == 1 else b"".join(frame(p, SEGMENT) for p in payloads)
-        self.files.write(self.fd, data)
-        self.files.datasync(self.fd)
-        self.size += len(data)
+    def commit(self, payloads: list[bytes], sync: bool = True) -> int:
+        """Append one record per payload, then one fdatasync (``sync``; otherwise the next
+        :meth:`sync` or synced commit makes them durable: fdatasync covers every earlier
+        write of the file). Returns bytes written."""
+        if payloads:
+            data = frame(payloads[0], SEGMENT) if len(payloads) == 1 else b"".join(frame(p, SEGMENT) for p in payloads)
+            self.files.write(self.fd, data)
+            self.size += len(data)
+            self.unsynced = True
+        else:
+            data = b""
+        if sync and self.unsynced:
+            self.files.datasync(self.fd)
+            self.unsynced = False
         return len(data)
 
     def close(self) -> None:
