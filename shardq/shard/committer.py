@@ -10,7 +10,8 @@ batch is sent after that batch's fsync too, because fsyncs happen in order.
 answers) and leases of ``lease_sync = "batched"`` queues whose jobs are already durable
 (:attr:`durable_seq`). A batch with no late reply (only such leases, or lease expiries) is
 written without an fdatasync; the next synced commit covers it, or an fdatasync at most
-``UNSYNCED_S_MAX`` later. Written, it survives a crash of the process; only a crash of the
+``UNSYNCED_S_MAX`` later (the shard loop wakes for it: :meth:`Committer.sync_due`).
+Written, it survives a crash of the process; only a crash of the
 machine can lose it, and it holds only delivery counts and lease deadlines.
 
 Replies are written without blocking. What a client's socket does not take at once waits
@@ -51,7 +52,12 @@ class Committer:
         self.log = log_
         self.exit_code = exit_code
         self._items: deque = deque()
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock, so that nobody is woken for nothing (each wake-up is a
+        # futex call and a thread switch): the committer thread waits for work; drain() and
+        # a submit held back by PENDING_BATCHES_MAX wait for the committer to be idle.
+        self._work = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._stopping = False
         self._busy = False
         self._backlog: dict = {}  # conn -> None: connections with replies their socket has not taken
@@ -76,66 +82,63 @@ class Committer:
         now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
         of microseconds) on every request's latency."""
         item = (payloads, sends, closes, early, sync, seq)
-        with self._cond:
+        with self._work:
             if inline and not self._items and not self._busy:
                 self._busy = True
             else:
                 while len(self._items) >= PENDING_BATCHES_MAX:
-                    self._cond.wait()
+                    self._idle.wait()
                 self._items.append(item)
-                self._cond.notify_all()
+                self._work.notify()
                 return
         try:
             self._process([item])
         finally:
-            with self._cond:
+            with self._work:
                 self._busy = False
-                self._cond.notify_all()
+                self._idle.notify_all()  # free when nobody waits
 
     def drain(self) -> None:
         """Wait until everything submitted is durable and answered (before compaction)."""
-        with self._cond:
+        with self._idle:
             while self._items or self._busy:
-                self._cond.wait()
+                self._idle.wait()
 
     def stop(self) -> None:
         self.drain()
-        with self._cond:
+        with self._work:
             self._stopping = True
-            self._cond.notify_all()
+            self._work.notify()
         self._thread.join()
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while (not self._items and not self._stopping and not self._backlog
-                       and self._unsynced_since is None):
-                    self._cond.wait()
-                if not self._items and not self._stopping:
-                    self._cond.wait(self._idle_wait())  # a submit wakes it at once
+            with self._work:
+                while not self._items and not self._stopping and not self._backlog:
+                    self._work.wait()
+                if not self._items and self._backlog and not self._stopping:
+                    self._work.wait(FLUSH_POLL_S)  # a submit wakes it at once
                 if (not self._items and self._stopping and not self._backlog
                         and self._unsynced_since is None):
                     return
                 items = list(self._items)
                 self._items.clear()
                 self._busy = True
-                self._cond.notify_all()
+                self._idle.notify_all()  # a submit held back may queue again
             if items:
                 self._process(items)
-            elif self._unsynced_since is not None and (
-                    self._stopping or self._monotonic() - self._unsynced_since >= UNSYNCED_S_MAX):
+            elif self._unsynced_since is not None and self._stopping:
                 self._commit([], sync=True, seq=0)
             self._flush_backlog(final=self._stopping and not items)
-            with self._cond:
+            with self._work:
                 self._busy = False
-                self._cond.notify_all()
+                self._idle.notify_all()
 
-    def _idle_wait(self) -> float:
-        """How long the idle thread may wait: the unsynced window's end, the backlog poll."""
-        wait = FLUSH_POLL_S if self._backlog else UNSYNCED_S_MAX
-        if self._unsynced_since is not None:
-            wait = min(wait, max(0.0, self._unsynced_since + UNSYNCED_S_MAX - self._monotonic()))
-        return wait
+    def sync_due(self) -> float | None:
+        """When written, unsynced records must be fsynced at the latest (monotonic), or
+        None. The shard loop wakes for it and submits a synced batch: no thread hand-off."""
+        since = self._unsynced_since
+        return None if since is None else since + UNSYNCED_S_MAX
 
     def _flush_backlog(self, final: bool = False) -> None:
         """Write what waits for slow readers; drop those that took nothing for
@@ -175,6 +178,7 @@ class Committer:
         """Write the payloads, send the early replies, fdatasync (when any batch needs it),
         then send the late replies and close what was asked, in order. Written before any
         reply leaves, a record survives a crash of this process whatever its reply said."""
+        backlog_was_empty = not self._backlog
         payloads = [p for it in items for p in it[0]]
         sync = any(it[4] for it in items)
         seq = max(it[5] for it in items)
@@ -194,9 +198,9 @@ class Committer:
                     conn.close_when_sent = True  # its replies first
                 else:
                     conn.close()
-        if self._backlog or self._unsynced_since is not None:
-            with self._cond:
-                self._cond.notify_all()  # the committer thread flushes and syncs them
+        if backlog_was_empty and self._backlog:
+            with self._work:
+                self._work.notify()  # the committer thread flushes it
 
     def _commit(self, payloads: list[bytes], sync: bool, seq: int) -> None:
         t0 = time.perf_counter()

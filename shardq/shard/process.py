@@ -175,13 +175,16 @@ class ShardServer:
 
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
-        if not self.watchers:
+        sync_due = self.committer.sync_due()
+        if not self.watchers and sync_due is None:
             return None  # idle: block until a client speaks (no CPU while idle)
         mono = self.clock.monotonic()
-        t = min(w[2] for ws in self.watchers.values() for w in ws) - mono
-        due = self.state.next_deadline()
-        if due is not None:
-            t = min(t, due - self.clock.now())
+        t = float("inf") if sync_due is None else sync_due - mono
+        if self.watchers:
+            t = min(t, min(w[2] for ws in self.watchers.values() for w in ws) - mono)
+            due = self.state.next_deadline()
+            if due is not None:
+                t = min(t, due - self.clock.now())
         return max(t, 0.0)
 
     def iterate(self) -> None:
@@ -227,7 +230,8 @@ class ShardServer:
                 else:
                     late.setdefault(conn, []).append(reply)
         self._notify_watchers(early)
-        sync = bool(late) or state.sync_forced
+        due = self.committer.sync_due()
+        sync = bool(late) or state.sync_forced or (due is not None and self.clock.monotonic() >= due)
         if state.sync_forced:  # a new token epoch: nothing of this iteration leaves before it
             for conn, out in early.items():
                 late.setdefault(conn, []).extend(out)
