@@ -46,14 +46,26 @@ def raw(svc, shard=0):
 
 
 def exchange(conn, frame: bytes, wait: float = REPLY_S):
-    """Send one raw frame; the decoded reply, "closed", or None (no reply within ``wait``)."""
+    """Send one raw frame; every reply to it (the replies of one frame may come in several
+    frames: those that changed nothing leave before the fsync, the others after), "closed",
+    or None (no reply within ``wait``)."""
     try:
         conn.send_bytes(frame)
         if not conn.poll(wait):
             return None
-        return msgpack.unpackb(conn.recv_bytes(), raw=False, strict_map_key=False)
+        replies = msgpack.unpackb(conn.recv_bytes(), raw=False, strict_map_key=False)
+        expected = _answerable(frame)
+        while isinstance(replies, list) and len(replies) < expected and conn.poll(0.5):
+            replies += msgpack.unpackb(conn.recv_bytes(), raw=False, strict_map_key=False)
+        return replies
     except (EOFError, OSError):
         return "closed"
+
+
+def _answerable(frame: bytes) -> int:
+    """How many replies a frame's requests get at once (watches may answer later)."""
+    reqs = requests_in(frame)
+    return sum(1 for r in reqs or () if isinstance(r, list) and len(r) == 3 and r[1] != "watch")
 
 
 def fingerprint(svc, shard=0) -> dict:

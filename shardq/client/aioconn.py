@@ -38,7 +38,7 @@ from typing import Any, Callable
 import msgpack
 
 from .. import limits
-from ..errors import AuthError, Closed, OutcomeUnknown, ShardUnavailable
+from ..errors import AuthError, Closed, OutcomeUnknown, ProtocolError, ShardUnavailable
 from ..shard import wire
 from ..shard.validate import job_bytes
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
@@ -81,28 +81,12 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
-        n = len(buf)
-        frames = []
-        while n - pos >= 4:
-            size = _HEADER.unpack_from(buf, pos)[0]
-            start = pos + 4
-            if size == -1:
-                if n - pos < 12:
-                    break
-                size = _BIG.unpack_from(buf, start)[0]
-                start += 8
-            if size < 0 or size > limits.FRAME_BYTES_MAX:
-                self.conn.protocol_error(f"reply frame of {size} bytes")
-                return
-            if n - start < size:
-                break
-            frames.append(bytes(buf[start:start + size]))
-            pos = start + size
-        if pos:
-            del buf[:pos]
+        self.buf += data
+        try:
+            frames = wire.split_frames(self.buf)  # a frame over the limit is refused
+        except ProtocolError as e:
+            self.conn.protocol_error(f"reply {e}")
+            return
         for frame in frames:
             try:
                 replies = msgpack.unpackb(frame, raw=False, use_list=True)

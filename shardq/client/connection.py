@@ -21,7 +21,7 @@ import msgpack
 
 from ..shard import wire as protocol
 from .. import limits
-from ..errors import AuthError, InvalidJob, ShardUnavailable
+from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
@@ -242,23 +242,31 @@ class ShardClient:
             conn.close()
 
     def _read_replies(self, conn: Connection) -> None:
+        """Read reply frames with one read per wake-up (Connection.recv_bytes reads the
+        length and the payload apart: two reads per reply) and settle their futures."""
         unpackb = msgpack.unpackb
         pending = self._pending
+        fd, buf = conn.fileno(), bytearray()
         while True:
             try:
-                data = conn.recv_bytes(limits.FRAME_BYTES_MAX)  # a larger frame is refused
-                replies = unpackb(data, raw=False, use_list=True)
-            except (EOFError, OSError, ValueError, msgpack.UnpackException):
+                data = os.read(fd, protocol.READ_BYTES)
+                if not data:
+                    raise EOFError
+                buf += data
+                frames = protocol.split_frames(buf)  # a frame over the limit is refused
+                batches = [unpackb(f, raw=False, use_list=True) for f in frames]
+            except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)
                 return
-            for rid, status, payload in replies:
-                fut = pending.pop(rid, None)
-                if fut is None:
-                    continue  # a watch whose caller stopped waiting
-                if status == protocol.OK:
-                    fut.set(payload)
-                else:
-                    fut.set(error=protocol.error_from_payload(payload))
+            for replies in batches:
+                for rid, status, payload in replies:
+                    fut = pending.pop(rid, None)
+                    if fut is None:
+                        continue  # a watch whose caller stopped waiting
+                    if status == protocol.OK:
+                        fut.set(payload)
+                    else:
+                        fut.set(error=protocol.error_from_payload(payload))
 
     def _broken(self, conn: Connection) -> None:
         with self._lock:

@@ -15,12 +15,10 @@ import socket
 import struct
 from collections import deque
 
-from .. import limits
-from ..errors import ProtocolError
+from .wire import READ_BYTES, split_frames
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
-READ_BYTES = 1 << 20
 SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long is dropped
 
 
@@ -55,28 +53,8 @@ class FrameConn:
             return []
         if not data:
             raise EOFError
-        buf = self.buf
-        buf += data
-        frames = []
-        pos, n = 0, len(buf)
-        while n - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
-            head = 4
-            if size == -1:
-                if n - pos < 12:
-                    break
-                (size,) = _LEN64.unpack_from(buf, pos + 4)
-                head = 12
-            if size < 0 or size > limits.FRAME_BYTES_MAX:
-                raise ProtocolError(f"frame of {size} bytes announced; limit {limits.FRAME_BYTES_MAX}")
-            end = pos + head + size
-            if end > n:
-                break
-            frames.append(bytes(buf[pos + head:end]))
-            pos = end
-        if pos:
-            del buf[:pos]
-        return frames
+        self.buf += data
+        return split_frames(self.buf)
 
     def send(self, payload: bytes) -> bool:
         """Queue one frame and write what the socket takes now, without blocking. True if

@@ -4,9 +4,11 @@ Only ``send_bytes``/``recv_bytes`` are used, never ``send``/``recv`` (which pick
 
 A request frame is a msgpack array of requests ``[request_id, op, args]``; a reply frame
 is an array of ``[request_id, 0, result]`` or ``[request_id, 1, [error_name, message]]``.
-Clients put many requests in one frame when they can (pipelining) and a shard answers all
-requests of one loop iteration of a connection in one frame. Replies to one connection come
-in request order, except ``watch``, which answers when its queue has work.
+Clients put many requests in one frame when they can (pipelining). A shard answers the
+requests of one loop iteration of a connection in at most two frames: first those that
+changed nothing (and leases that need not wait for the fsync), then, after the fsync, the
+others; a ``watch`` answers when its queue has work. So a client matches replies to
+requests by request id, never by position.
 
 Ops and their args (a lease on the wire is ``[job_id, key, body, attempt, token, deadline]``):
 
@@ -44,8 +46,11 @@ pause, resume, cancel and purge_ids are idempotent, the others only read.
 """
 from __future__ import annotations
 
+import struct
+
 import msgpack
 
+from .. import limits
 from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
@@ -80,6 +85,38 @@ _packb = msgpack.Packer().pack
 
 def pack(obj) -> bytes:
     return _packb(obj)
+
+
+_LEN = struct.Struct("!i")
+_LEN64 = struct.Struct("!Q")
+READ_BYTES = 1 << 20  # one read takes at most this much (a larger frame takes several)
+
+
+def split_frames(buf: bytearray) -> list[bytes]:
+    """Take every complete frame off the front of ``buf`` (``multiprocessing.connection``
+    framing: a 4-byte big-endian signed length, or -1 and an 8-byte length, then the
+    payload). ProtocolError for an announced length over ``limits.FRAME_BYTES_MAX``,
+    before anything is allocated for it."""
+    frames = []
+    pos, n = 0, len(buf)
+    while n - pos >= 4:
+        (size,) = _LEN.unpack_from(buf, pos)
+        head = 4
+        if size == -1:
+            if n - pos < 12:
+                break
+            (size,) = _LEN64.unpack_from(buf, pos + 4)
+            head = 12
+        if size < 0 or size > limits.FRAME_BYTES_MAX:
+            raise ProtocolError(f"frame of {size} bytes announced; limit {limits.FRAME_BYTES_MAX}")
+        end = pos + head + size
+        if end > n:
+            break
+        frames.append(bytes(buf[pos + head:end]))
+        pos = end
+    if pos:
+        del buf[:pos]
+    return frames
 
 
 def pack_array(parts: list[bytes]) -> bytes:
