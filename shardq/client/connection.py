@@ -1,8 +1,12 @@
 """One authenticated connection from a router to a shard, shared by many threads.
 
 Requests from concurrent threads are coalesced: whichever thread finds no send in progress
-sends everything queued so far as one frame (pipelining without a sender thread). A reader
-thread matches replies to :class:`Future` objects by request id. If the connection breaks,
+sends everything queued so far as one frame (pipelining without a sender thread). Replies
+are read leader/follower style: a caller waiting for its reply (:meth:`ShardClient.wait`)
+reads the socket itself when no one else does, and settles every reply it reads, so a
+single-threaded caller gets its reply with no thread hand-off; when it leaves with other
+replies still due, or for replies nobody waits on in person (watches, callbacks), the
+connection's reader thread reads. Futures are matched by request id. If the connection breaks,
 every pending future fails with :class:`ConnectionLost`, which says whether the request had
 been written (``sent``): the owner may re-send a request never written, and decides by the
 op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was. Each future is taken
@@ -12,7 +16,9 @@ by :meth:`ShardClient.forget` when its caller gives up), so it is set at most on
 from __future__ import annotations
 
 import os
+import select
 import socket
+import struct
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -94,6 +100,13 @@ class ShardClient:
         self._flushing = False
         self._next_rid = 1
         self._closed = False
+        self._read_lock = threading.Lock()     # held by whoever reads the socket (a leader)
+        self._reader_cond = threading.Condition()
+        self._reader_wanted = False             # replies are due that no caller will read
+        self._reader_active = False
+        self._buf = bytearray()                 # bytes read but not yet a whole frame
+        self._poller = select.poll()            # readability of the connection (leaders)
+        self._poller_fd = -1
         self.connects = 0
 
     # ------------------------------------------------------------------ connection
@@ -123,6 +136,7 @@ class ShardClient:
                     err = e
                 else:
                     self._conn = conn
+                    self._buf = bytearray()
                     self.connects += 1
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
                                      name=f"shardq-reader-{self.index}").start()
@@ -140,7 +154,16 @@ class ShardClient:
             self._broken(conn)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list) -> Future:
+    def submit(self, op: str, args: list, *, lead: bool = False) -> Future:
+        """Send one request (coalesced with other threads'). ``lead``: the caller will wait
+        for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
+        asked to read (for a reply settled by callback or polled)."""
+        fut = self._submit(op, args)
+        if not lead and not fut.done:
+            self._want_reader()
+        return fut
+
+    def _submit(self, op: str, args: list) -> Future:
         fut = Future()
         with self._lock:
             if self._conn is None:
@@ -176,9 +199,9 @@ class ShardClient:
                 for fut, _ in batch:
                     fut.sent = True  # from here on the shard may see it (see below)
             try:
-                frames = self._encode(batch)
-                for data in frames:
-                    conn.send_bytes(data)
+                fd = conn.fileno()
+                for data in self._encode(batch):
+                    _write_frame(fd, data)
             except (OSError, ValueError):
                 # A shard executes only whole frames, and a failed send never delivered a
                 # whole one: these requests were not applied and may be sent again.
@@ -230,43 +253,93 @@ class ShardClient:
         fut.sent = False
         fut.set(error=error)
 
+    def wait(self, fut: Future, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
+        socket itself while no one else does (the leader), settling every reply it reads;
+        otherwise waits to be woken by whoever reads (a leader, or the reader thread)."""
+        deadline = time.monotonic() + timeout
+        while not fut.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return fut.done
+            conn = self._conn
+            if conn is not None and self._read_lock.acquire(blocking=False):
+                try:
+                    if not fut.done and self._conn is conn:
+                        self._read_once(conn, remaining)
+                except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
+                    self._broken(conn)
+                finally:
+                    self._read_lock.release()
+                if self._pending:
+                    self._want_reader()  # replies others wait for: the reader thread takes over
+            else:
+                fut.wait(remaining)
+        return True
+
+    def _read_once(self, conn: Connection, timeout: float | None) -> None:
+        """Read what the socket has (waiting up to ``timeout``; None: until something comes)
+        and settle the futures of every complete reply. Only with ``_read_lock`` held."""
+        fd = conn.fileno()
+        if timeout is not None:
+            if self._poller_fd != fd:
+                self._poller = select.poll()
+                self._poller.register(fd, select.POLLIN)
+                self._poller_fd = fd
+            if not self._poller.poll(max(0, int(timeout * 1000) + 1)):
+                return
+        data = os.read(fd, protocol.READ_BYTES)
+        if not data:
+            raise EOFError
+        buf = self._buf
+        buf += data
+        pending = self._pending
+        unpackb = msgpack.unpackb
+        for frame in protocol.split_frames(buf):  # a frame over the limit is refused
+            for rid, status, payload in unpackb(frame, raw=False, use_list=True):
+                fut = pending.pop(rid, None)
+                if fut is None:
+                    continue  # a watch whose caller stopped waiting
+                if status == protocol.OK:
+                    fut.set(payload)
+                else:
+                    fut.set(error=protocol.error_from_payload(payload))
+
+    def _want_reader(self) -> None:
+        with self._reader_cond:
+            self._reader_wanted = True
+            if not self._reader_active:
+                self._reader_cond.notify()
+
     def _read_loop(self, conn: Connection) -> None:
-        """Owns ``conn``: the only thread that closes it, once no send is using it, so its
-        descriptor number can never be reused under another thread's read or write."""
+        """The connection's reader thread: reads while replies are due that no caller is
+        reading for, then sleeps until asked again. It owns ``conn``: the only thread that
+        closes it, once no send and no reader uses it, so its descriptor number can never
+        be reused under another thread's read or write."""
         try:
-            self._read_replies(conn)
+            while self._conn is conn:
+                with self._reader_cond:
+                    while not self._reader_wanted and self._conn is conn:
+                        self._reader_cond.wait()
+                    self._reader_wanted = False
+                    self._reader_active = True
+                try:
+                    while self._conn is conn and self._pending:
+                        with self._read_lock:
+                            if self._conn is not conn or not self._pending:
+                                break
+                            self._read_once(conn, None)
+                finally:
+                    with self._reader_cond:
+                        self._reader_active = False
+        except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
+            self._broken(conn)
         finally:
             with self._lock:
                 while self._sending is conn:
                     self._idle.wait()
-            conn.close()
-
-    def _read_replies(self, conn: Connection) -> None:
-        """Read reply frames with one read per wake-up (Connection.recv_bytes reads the
-        length and the payload apart: two reads per reply) and settle their futures."""
-        unpackb = msgpack.unpackb
-        pending = self._pending
-        fd, buf = conn.fileno(), bytearray()
-        while True:
-            try:
-                data = os.read(fd, protocol.READ_BYTES)
-                if not data:
-                    raise EOFError
-                buf += data
-                frames = protocol.split_frames(buf)  # a frame over the limit is refused
-                batches = [unpackb(f, raw=False, use_list=True) for f in frames]
-            except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
-                self._broken(conn)
-                return
-            for replies in batches:
-                for rid, status, payload in replies:
-                    fut = pending.pop(rid, None)
-                    if fut is None:
-                        continue  # a watch whose caller stopped waiting
-                    if status == protocol.OK:
-                        fut.set(payload)
-                    else:
-                        fut.set(error=protocol.error_from_payload(payload))
+            with self._read_lock:  # a leader may still be reading it
+                conn.close()
 
     def _broken(self, conn: Connection) -> None:
         with self._lock:
@@ -275,7 +348,9 @@ class ShardClient:
             self._conn = None
             pending, self._pending = self._pending, {}
             self._outbox = []
-        _shutdown(conn)  # wakes the reader, which closes it
+        _shutdown(conn)  # a blocked read returns; the reader thread closes it
+        with self._reader_cond:
+            self._reader_cond.notify()
         # The old reader may still pop replies from ``pending``: take each future out with
         # an atomic pop rather than iterate the dict, so each is set by one thread only.
         failed = []
@@ -286,6 +361,17 @@ class ShardClient:
         message = f"connection to shard {self.index} lost"
         for fut in failed:
             fut.set(error=ConnectionLost(message, sent=fut.sent))
+
+
+_LEN = struct.Struct("!i")
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    """One frame of ``multiprocessing.connection``'s framing (what the shard reads), in one
+    write where the socket takes it (``Connection.send_bytes`` checks and copies more)."""
+    view = memoryview(_LEN.pack(len(data)) + data)  # frames are at most FRAME_BYTES_MAX
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _shutdown(conn: Connection) -> None:

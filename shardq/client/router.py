@@ -137,15 +137,16 @@ class Router:
         self._queue_cfg: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ plumbing
-    def _send(self, shard: int, op: str, args: list, deadline: float) -> Future:
+    def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
         """Submit one request, connecting first. Only a request that was never written is
-        submitted again here; what to do with one that was is :meth:`_call_many`'s call."""
+        submitted again here; what to do with one that was is :meth:`_call_many`'s call.
+        ``lead``: the caller waits with ``ShardClient.wait`` (reading its reply itself)."""
         client = self.clients[shard]
         while True:
             if self._closed:
                 raise Closed("router is closed")
             client.ensure_connected(deadline)
-            fut = client.submit(op, args)
+            fut = client.submit(op, args, lead=lead)
             if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
                 return fut
             if time.monotonic() >= deadline:
@@ -183,7 +184,7 @@ class Router:
                 resent = False
                 while not isinstance(futs[i], BaseException):
                     fut = futs[i]
-                    if not fut.wait(wait_s):
+                    if not self.clients[s].wait(fut, wait_s):
                         futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
                         self.clients[s].forget(fut)  # nobody will read its reply
                         break
@@ -214,8 +215,26 @@ class Router:
                     self.clients[s].forget(fut)
         return results
 
-    def _call(self, shard: int, op: str, args: list, **kw):
-        return self._call_many([(shard, op, args)], **kw)[0][0]
+    def _call(self, shard: int, op: str, args: list, *, retry_s: float | None = None):
+        """One request, its value or its error: :meth:`_gather`'s rules for a single call,
+        on the shortest path (most calls are one job at a time)."""
+        client = self.clients[shard]
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        while True:
+            fut = self._send(shard, op, args, deadline)
+            if not client.wait(fut, self.request_timeout_s):
+                client.forget(fut)
+                raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
+            lost = fut.error
+            if lost is None:
+                return fut.value
+            if not isinstance(lost, ConnectionLost):
+                raise lost
+            if lost.sent and RETRY[op] is not RESEND:
+                raise OutcomeUnknown(f"shard {shard}: {op} was sent but the connection broke "
+                                     f"before its reply; it may or may not have been applied")
+            if time.monotonic() >= deadline:
+                raise ShardUnavailable(f"shard {shard}: {lost}")
 
     # ------------------------------------------------------------------ producing
     def _shard_for(self, key) -> int:
@@ -387,7 +406,7 @@ class Router:
         for shard in range(self.shards):
             try:
                 # A shard that is down is skipped at once (no retry wait): the others serve.
-                futs.append((shard, self._send(shard, "watch", [queue, timeout], time.monotonic())))
+                futs.append((shard, self._send(shard, "watch", [queue, timeout], time.monotonic(), lead=False)))
             except ShardUnavailable:
                 continue
         if not futs:
@@ -610,7 +629,7 @@ class Router:
         for s, fut in enumerate(sent):
             if isinstance(fut, BaseException):
                 error = fut
-            elif not fut.wait(max(deadline - time.monotonic(), 0.0)):
+            elif not self.clients[s].wait(fut, max(deadline - time.monotonic(), 0.0)):
                 error = f"no answer within {timeout_s:.1f} s"
             else:
                 error = fut.error
