@@ -245,3 +245,50 @@ def test_replay_deletes_nothing_before_the_newest_checkpoint_has_been_read(tmp_p
     assert digest_at(e.state, clock.now(), digest) == before
     e.close()
 
+
+def test_a_batch_resent_after_a_restart_is_durable_before_its_ids_are_returned(tmp_path, make_config, clock):
+    """A shard killed after writing a batch, before its fdatasync: the page cache keeps the
+    record, the restarted shard replays it, and the client's resend (same session) is
+    answered with the batch's ids from the session table, without a new record. Before,
+    nothing had made that record durable: a power cut then took back an acknowledged
+    batch. Replay now ends with an fdatasync of the newest segment."""
+    config = make_config(segment_bytes=SEGMENT)
+    files = PowerCutFiles()
+    e = Engine(str(tmp_path), config, clock=clock, files=files)
+    e.enqueue(b"first")
+    items = [(bytes([i]) * 5000, "k", "default", 0, 0, None) for i in range(1, 4)]
+    files.arm(kind="datasync")
+    with pytest.raises(Crash):
+        e.enqueue_many(items, session=(9, 1, 1))
+    files.kill()                                  # a process kill: the page cache survives
+    e = Engine(str(tmp_path), config, clock=clock, files=files)
+    ids = e.enqueue_many(items, session=(9, 1, 1))   # the resend: acknowledged now
+    assert len(ids) == 3
+    files.power_cut(random.Random(5), fate=lambda path, page: DROP)   # every unsynced page lost
+    e = Engine(str(tmp_path), config, clock=clock)
+    assert {jid: _jobs(e).get(jid) for jid in ids} == {jid: body for jid, (body, *_) in zip(ids, items)}
+    e.close()
+
+
+def test_a_segment_created_before_a_kill_is_durable_before_records_are_acknowledged_in_it(
+        tmp_path, make_config, clock):
+    """A rotation renamed the new segment into place and the shard was killed before the
+    directory's fsync. The restarted shard appended to that segment and acknowledged what it
+    wrote (its fdatasync covers the file, not the directory entry). A power cut then undid
+    the rename, and replay deleted the segment as an unfinished ``.tmp``. Replay now ends
+    with an fsync of the directory."""
+    config = make_config(segment_bytes=4 * KiB, compact_min_bytes=1 << 30)
+    files = PowerCutFiles()
+    e = Engine(str(tmp_path), config, clock=clock, files=files)
+    acked = {e.enqueue(bytes([i + 1]) * 1500): bytes([i + 1]) * 1500 for i in range(3)}   # past 4 KiB
+    files.arm(kind="sync_dir")
+    with pytest.raises(Crash):
+        e.enqueue(b"rotates first")   # the rotation's new segment: renamed, not yet synced
+    files.kill()
+    e = Engine(str(tmp_path), config, clock=clock, files=files)
+    acked[e.enqueue(b"acknowledged in the new segment")] = b"acknowledged in the new segment"
+    files.power_cut(random.Random(6), fate=lambda path, page: KEEP, keep_dirops=lambda d, ops: 0)
+    e = Engine(str(tmp_path), config, clock=clock)
+    assert _jobs(e) == acked
+    e.close()
+

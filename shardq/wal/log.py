@@ -9,8 +9,9 @@ Replay reads the newest checkpoint, then every segment from its number on. Only 
 segment may end in a torn tail; it is cut off (torn data is kept beside it in
 ``N.wal.torn-<offset>``, mode 0600) and reported. A bad record anywhere else raises
 :class:`~shardq.errors.CorruptLog`. Files that the newest checkpoint replaces (left by a
-crash during compaction) are deleted only after the whole replay succeeded. Compaction cuts
-a new segment, writes the checkpoint for it (temp file, fsync, rename, fsync dir) and only
+crash during compaction) are deleted only after the whole replay succeeded, and replay ends
+with an fdatasync of the newest segment and an fsync of the directory: what it read is
+durable before anything is acknowledged on top of it. Compaction cuts a new segment, writes the checkpoint for it (temp file, fsync, rename, fsync dir) and only
 then deletes what it replaces, so a crash at any step replays to the same state.
 """
 from __future__ import annotations
@@ -135,6 +136,13 @@ class Log:
         else:
             self.writer = self._create_segment(base if base is not None else 1)
             self.segments = [self.writer.seq]
+        # What was just replayed may not be durable: a process killed after its write and
+        # before its fsync leaves the records in the page cache, and a directory entry (a
+        # new segment, a compaction's checkpoint) may not have been synced yet. From now on
+        # this state is served, and may be acknowledged without a new record (a resent
+        # batch answered from its session); a power cut must not take it back.
+        files.datasync(self.writer.fd)
+        files.sync_dir(self.directory)
         self.stats.segments = len(segments)
         self.stats.seconds = time.perf_counter() - t0
 
