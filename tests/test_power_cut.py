@@ -292,3 +292,25 @@ def test_a_segment_created_before_a_kill_is_durable_before_records_are_acknowled
     assert _jobs(e) == acked
     e.close()
 
+
+def test_the_same_append_torn_twice_keeps_both_torn_copies_and_starts(tmp_path, make_config, clock):
+    """Torn, restarted, resent, torn again at the same offset: the second torn copy must not
+    collide with the first (the shard refused to start with FileExistsError, for good)."""
+    config = make_config(segment_bytes=SEGMENT)
+    files = PowerCutFiles()
+    e = Engine(str(tmp_path), config, clock=clock, files=files)
+    first = e.enqueue(b"first")
+    start = e.shard.log.writer.size
+    body = random.Random(7).randbytes(9000)
+    for attempt in range(2):
+        files.arm(kind="datasync")
+        with pytest.raises(Crash):
+            e.enqueue(body, key="k", dedup_id="resent")
+        files.power_cut(random.Random(attempt), fate=_lose(_pages(start, start + 1)))   # its header's page
+        e = Engine(str(tmp_path), config, clock=clock, files=files)
+        assert e.shard.replay_stats.torn.offset == start
+    torn = sorted(n for n in os.listdir(tmp_path) if ".torn-" in n)
+    assert len(torn) == 2, torn
+    jid = e.enqueue(body, key="k", dedup_id="resent")
+    e.close()
+    assert _jobs(Engine(str(tmp_path), config, clock=clock)) == {first: b"first", jid: body}

@@ -7,7 +7,7 @@ Files in the directory (names in :mod:`.format`):
 
 Replay reads the newest checkpoint, then every segment from its number on. Only the newest
 segment may end in a torn tail; it is cut off (torn data is kept beside it in
-``N.wal.torn-<offset>``, mode 0600) and reported. A bad record anywhere else raises
+``N.wal.torn-<offset>``, then ``.1``, ``.2``... if that offset tore before; mode 0600) and reported. A bad record anywhere else raises
 :class:`~shardq.errors.CorruptLog`. Files that the newest checkpoint replaces (left by a
 crash during compaction) are deleted only after the whole replay succeeded, and replay ends
 with an fdatasync of the newest segment and an fsync of the directory: what it read is
@@ -213,6 +213,10 @@ class Log:
             kept = "only zeros: nothing to keep"
         else:
             backup = f"{torn.path}.torn-{keep}"
+            n = 0
+            while os.path.exists(backup):  # torn there before: the same append, cut by another crash
+                n += 1
+                backup = f"{torn.path}.torn-{keep}.{n}"
             write_private(backup, tail)
             kept = f"kept in {backup}"
         if keep < MAGIC_BYTES:
