@@ -7,12 +7,14 @@ Files in the directory (names in :mod:`.format`):
 
 Replay reads the newest checkpoint, then every segment from its number on. Only the newest
 segment may end in a torn tail; it is cut off (torn data is kept beside it in
-``N.wal.torn-<offset>``, then ``.1``, ``.2``... if that offset tore before; mode 0600) and reported. A bad record anywhere else raises
-:class:`~shardq.errors.CorruptLog`. Files that the newest checkpoint replaces (left by a
-crash during compaction) are deleted only after the whole replay succeeded, and replay ends
-with an fdatasync of the newest segment and an fsync of the directory: what it read is
-durable before anything is acknowledged on top of it. Compaction cuts a new segment, writes the checkpoint for it (temp file, fsync, rename, fsync dir) and only
-then deletes what it replaces, so a crash at any step replays to the same state.
+``N.wal.torn-<offset>``, then ``.1``, ``.2``... if that offset tore before; mode 0600) and
+reported. A bad record anywhere else raises :class:`~shardq.errors.CorruptLog`. Files that
+the newest checkpoint replaces (left by a crash during compaction) are deleted only after
+the whole replay succeeded, and replay ends with an fdatasync of the newest segment and an
+fsync of the directory: what it read is durable before anything is acknowledged on top of
+it. Compaction cuts a new segment, writes the checkpoint for it (temp file, fsync, rename,
+fsync dir) and only then deletes what it replaces, so a crash at any step replays to the
+same state.
 """
 from __future__ import annotations
 
