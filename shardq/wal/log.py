@@ -28,7 +28,7 @@ import msgpack
 
 from .. import limits
 from ..errors import Closed, CorruptLog, LogFailed
-from .fileio import Files
+from .fileio import Files, files_from_env
 from .format import (CHECKPOINT, CHECKPOINT_MAGIC, MAGIC_BYTES, SEGMENT, checkpoint_name, frame, parse_name,
                      segment_name)
 from .reader import FileScan, TornTail
@@ -77,7 +77,7 @@ class Log:
     def __init__(self, directory: str, *, segment_bytes: int, files: Files | None = None):
         self.directory = directory
         self.segment_bytes = segment_bytes
-        self.files = files or Files()
+        self.files = files or files_from_env()
         self.writer: SegmentWriter | None = None
         self.failed: BaseException | None = None
         self.closed = False
