@@ -32,7 +32,7 @@ from shardq.errors import CorruptLog, ShardqError
 from shardq.shard.durable import Engine
 from shardq.shard.state import ShardState
 from shardq.types import Lease
-from shardq.wal.format import HEADER, MAGIC_BYTES, checkpoint_name, segment_name
+from shardq.wal.format import HEADER, MAGIC_BYTES
 
 KiB = 1024
 
@@ -140,7 +140,6 @@ def run_seed(seed: int, directory: str, make_config, digest, steps: int = 70) ->
     events: list[str] = []   # the kills and cuts so far, for a failure's message
 
     def reopen(in_flight: str | None, before) -> Engine:
-        nonlocal ref
         try:
             e = Engine(directory, config, clock=clock, files=files)
         except CorruptLog as err:

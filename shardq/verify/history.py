@@ -8,7 +8,6 @@ import sqlite3
 from dataclasses import dataclass
 
 from ..clock import SystemClock
-from .plan import SERVICE_KINDS as KINDS, WORKER_KINDS  # noqa: F401 - re-exported
 
 
 CLOCK = SystemClock()

@@ -19,9 +19,9 @@ from ..service.supervisor import child_env
 from ..wal.fileio import FAULT_SYNC_LOG_ENV
 
 from .check import Report, check
-from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
+from .history import (CLOCK, FAILING, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
                       read_producer_history, read_worker_history)
-from .plan import POWER_CUT, Fault, fingerprint, kinds_for, plan
+from .plan import POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
 from .powercut import lose_unsynced_pages
 
 KiB = 1024
@@ -226,7 +226,7 @@ class Run:
     def inject(self, f: Fault) -> str:
         """Inject one planned fault; its detail for the log ("skipped: ..." if its shard was
         not running, e.g. still restarting after an earlier fault)."""
-        a, kind = self.a, f.kind
+        kind = f.kind
         if kind in ("kill_shard", "pause_shard"):
             pid = self.shard_pids().get(f.target)
             if pid is None:
@@ -481,7 +481,7 @@ def run(a) -> int:
     return 0 if passed else 1
 
 
-def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=KINDS) -> None:
+def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=SERVICE_KINDS) -> None:
     i = rep.info
     print()
     print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s, bodies of "
