@@ -13,12 +13,17 @@ from shardq.verify import (
     Effect,
     Enqueue,
     LeaseRec,
+    body_digest,
     body_for,
     check,
+    fingerprint,
+    parse_body,
+    plan,
     read_effects,
     read_producer_history,
     read_worker_history,
 )
+from shardq.verify.plan import POWER_CUT, SERVICE_KINDS, kinds_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,6 +168,100 @@ def test_history_files_round_trip(tmp_path):
     assert [(r.job_id, r.result, r.inserted, r.end_t0) for r in recs] == [(10, "ok", True, 1.3), (11, None, True, 1.8)]
 
 
+def test_large_bodies_are_checked_byte_for_byte():
+    body = body_for(1, "k007", 42, 65536)
+    assert len(body) == 65536 and body == body_for(1, "k007", 42, 65536)
+    assert parse_body(body) == (1, "k007", 42) and body_for(1, "k007", 42) == b"1 k007 42"
+    enq = [ok(1, [("k007", 42)], [10], producer=1)]
+    good = Effect(1, 10, "k007", b"1 k007 42", body_digest=body_digest(body))
+    assert check(enq, [], [good], body_bytes=65536).ok
+    damaged = body[:30000] + bytes(4096) + body[34096:]   # a page of the body lost
+    bad = Effect(1, 10, "k007", b"1 k007 42", body_digest=body_digest(damaged))
+    rep = check(enq, [], [bad], body_bytes=65536)
+    assert rep.counts["body_mismatch"] == 1 and not rep.ok
+    assert check(enq, [], [good], body_bytes=1000).counts["body_mismatch"] == 1   # another size
+
+
+def _plan(seed, **kw):
+    args = dict(duration_s=60, interval_s=3, shards=2, workers=3, visibility_s=1, health_timeout_s=3)
+    return plan(seed, kinds_for(target=False, power_cuts=True), **{**args, **kw})
+
+
+def test_the_seed_fixes_the_fault_schedule():
+    """Issue 15: the seed fixes every fault (kind, order, time, target, pause length, page
+    choices of a power cut), drawn before the run; the interleaving of processes is not."""
+    faults, end = _plan(5)
+    assert (faults, end) == _plan(5) and fingerprint(faults) == fingerprint(_plan(5)[0])
+    assert fingerprint(faults) != fingerprint(_plan(6)[0])
+    kinds = SERVICE_KINDS + (POWER_CUT,)
+    for r in range(len(faults) // len(kinds)):   # each round deals every kind once
+        assert sorted(f.kind for f in faults[r * len(kinds):(r + 1) * len(kinds)]) == sorted(kinds)
+    assert all(f.at_s < 60 for f in faults) and end == 60 and len(faults) >= 15
+    assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
+    pauses = [f for f in faults if f.kind == "pause_shard"]
+    assert all(f.seconds == 4.5 if f.hung else 1.5 <= f.seconds <= 2.4 for f in pauses)
+    assert all(0 <= f.target < 2 for f in faults if f.kind in ("kill_shard", "pause_shard"))
+    # A short run still holds one whole round, and ends one gap after it.
+    short, short_end = _plan(5, duration_s=1)
+    assert sorted(f.kind for f in short) == sorted(kinds) and short_end > short[-1].at_s >= 1
+
+
+def test_the_sync_log_hook_records_synced_sizes_and_power_cuts_lose_only_unsynced_pages(
+        tmp_path, monkeypatch, make_config, clock):
+    import random
+
+    from shardq.datadir import DataDir
+    from shardq.shard.durable import Engine
+    from shardq.verify.powercut import PAGE_BYTES, lose_unsynced_pages, newest_segment, synced_sizes
+    from shardq.wal import Log
+    from shardq.wal.fileio import FAULT_SYNC_LOG_ENV, Files, SyncLoggingFiles
+    from shardq.wal.format import frame
+
+    assert type(Log(str(tmp_path / "plain"), segment_bytes=4096).files) is Files   # unset: no hook
+    side = str(tmp_path / "synced.log")
+    monkeypatch.setenv(FAULT_SYNC_LOG_ENV, side)
+    dd = DataDir(str(tmp_path / "data"))
+    dd.init(2)
+    config = make_config(segment_bytes=64 * 1024)
+    acked = {}
+    for i in range(2):
+        e = Engine(dd.shard_dir(i), config, clock=clock, shard_index=i)
+        assert type(e.shard.log.files) is SyncLoggingFiles
+        for n in range(5):
+            acked[e.enqueue(bytes([n + 1]) * 3000, key="k")] = bytes([n + 1]) * 3000
+        seg = e.shard.log.writer
+        assert synced_sizes(side)[os.stat(seg.path).st_ino] == seg.size
+        # An unsynced write of 3 pages after the last record, as a killed shard leaves it.
+        os.pwrite(seg.fd, frame(b"\x91" + b"\xc5" + (9000).to_bytes(2, "big") + b"u" * 9000), seg.size)
+        e.shard.log.writer.close()
+    before = {i: open(newest_segment(dd.shard_dir(i)), "rb").read() for i in range(2)}
+    lost = lose_unsynced_pages(dd.path, side, random.Random(3))
+    assert lost["segments"] == 2 and lost["pages_lost"] + lost["pages_kept"] == 2 * 3 and lost["pages_lost"] > 0
+    for i in range(2):
+        path = newest_segment(dd.shard_dir(i))
+        synced = synced_sizes(side)[os.stat(path).st_ino]
+        after = open(path, "rb").read()
+        assert after[:synced] == before[i][:synced], "a synced byte changed"
+        for p in range(synced - synced % PAGE_BYTES, len(after), PAGE_BYTES):
+            lo, hi = max(p, synced), min(p + PAGE_BYTES, len(after))
+            assert after[lo:hi] in (before[i][lo:hi], bytes(hi - lo))
+    monkeypatch.delenv(FAULT_SYNC_LOG_ENV)
+    got = {}
+    for i in range(2):
+        e = Engine(dd.shard_dir(i), config, clock=clock, shard_index=i)
+        got.update({jid: bytes(j.body) for jid, j in e.state.jobs.items()})
+        e.close()
+    assert got == acked
+    # The control: told that nothing was synced, the same fault destroys acknowledged jobs.
+    with open(side, "a") as f:
+        for i in range(2):
+            f.write(f"x {os.stat(newest_segment(dd.shard_dir(i))).st_ino} 8\n")
+    lose_unsynced_pages(dd.path, side, random.Random(4))
+    e = Engine(dd.shard_dir(0), config, clock=clock)
+    assert len(e.state.jobs) < 5
+    e.close()
+
+
 # ---------------------------------------------------------------- a real chaos run
 def _load(work: str):
     enq = [op for name in sorted(os.listdir(work)) if name.startswith("producer-") and name.endswith(".jsonl")
@@ -173,13 +272,14 @@ def _load(work: str):
 
 
 def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
-    """15 s of faults (every kind at least once) against 2 shards, then drain and check; then
-    the same real histories with one effect dropped, reordered or doubled must fail."""
+    """15 s of faults (every kind at least once, power cuts included) against 2 shards, with
+    20 kB bodies (records over several pages), then drain and check; then the same real
+    histories with one effect dropped, reordered, doubled or its body changed must fail."""
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "15", "--fault-interval", "1.5",
                            "--seed", "20261130", "--rate", "60", "--drain-timeout", "60", "--keep",
-                           "--stall-prob", "0.01", "--json", str(out)],
+                           "--stall-prob", "0.01", "--power-cuts", "--body-bytes", "20000", "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
     kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
     try:
@@ -187,12 +287,18 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         rep = json.loads(out.read_text())
         assert rep["passed"] is True
         assert all(rep["faults"][k] >= 1 for k in ("kill_shard", "kill_service", "kill_worker",
-                                                    "pause_shard", "pause_worker")), rep["faults"]
+                                                    "pause_shard", "pause_worker", "power_cut")), rep["faults"]
         assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True
         assert "VERDICT: PASS" in proc.stdout and "seed=20261130" in proc.stdout
+        pages = rep["info"]["power_cut_pages"]
+        assert pages["segments"] >= 2 and pages.get("unknown", 0) == 0, pages   # every cut knew the synced size
+        assert rep["info"]["service"].get("compactions", 0) > 0, rep["info"]["service"]
+        plan_now = plan(20261130, kinds_for(target=False, power_cuts=True), duration_s=15, interval_s=1.5,
+                        shards=2, workers=3, visibility_s=1.0, health_timeout_s=3.0)[0]
+        assert rep["info"]["schedule"]["fingerprint"] == fingerprint(plan_now)
 
         enq, leases, effects = _load(kept.group(2))
-        assert check(enq, leases, effects).ok
+        assert check(enq, leases, effects, body_bytes=20000).ok
         by_key = {}
         for e in effects:
             by_key.setdefault(e.lease_key, []).append(e)
@@ -204,6 +310,10 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         assert check(enq, leases, swapped).counts["order_violations"] == 1
         doubled = effects + [Effect(10**9, 10**12, a.lease_key, a.body)]
         assert check(enq, leases, doubled).counts["duplicated_effects"] == 1
+        assert all(e.body_digest for e in effects) and check(enq, leases, effects, body_bytes=20000).ok
+        changed = [Effect(e.order, e.job_id, e.lease_key, e.body, body_digest=body_digest(b"other"))
+                   if e is a else e for e in effects]
+        assert check(enq, leases, changed, body_bytes=20000).counts["body_mismatch"] == 1
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)

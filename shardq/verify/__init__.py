@@ -6,18 +6,23 @@ The run (Jepsen's ``total-queue`` workload, with kills and pauses):
   timeout, small WAL segments so compaction runs during the test;
 * producer processes enqueue jobs under known keys; a job's body is ``"<producer> <key>
   <seq>"`` with a per-key sequence number (each key belongs to one producer, so its seqs are
-  in enqueue order). Every enqueue's invocation and outcome (ok + ids / error) is appended
-  and flushed to the producer's history file before and after the call;
+  in enqueue order), padded to ``--body-bytes`` with bytes derived from that header. Every
+  enqueue's invocation and outcome (ok + ids / error) is appended and flushed to the
+  producer's history file before and after the call;
 * idempotent worker processes: for each lease, one SQLite transaction (WAL, synchronous=FULL,
-  ``BEGIN IMMEDIATE``) inserts the effect row unless its job id is already there; commit;
-  then ack. Workers log every lease (job id, key, attempt, token, deadline, times of lease,
-  commit and ack) to their own history files;
-* a seeded fault schedule (the seed is printed: the same seed gives the same schedule):
-  SIGKILL one shard, SIGKILL the whole supervisor and its shards (then restart the service
-  on the same data dir), SIGKILL a worker (restarted), SIGSTOP a shard or a worker for longer
-  than the visibility timeout (sometimes longer than the health timeout, so the supervisor
-  kills the shard as hung). Each round of five faults holds each kind once, in seeded order,
-  and a run has at least one round;
+  ``BEGIN IMMEDIATE``) inserts the effect row (the body's header and a digest of the whole
+  body) unless its job id is already there; commit; then ack. Workers log every lease (job
+  id, key, attempt, token, deadline, times of lease, commit and ack) to their own history
+  files;
+* a fault schedule drawn from the seed before the run (:mod:`.plan`; the seed fixes the
+  faults, not the interleaving of the processes, so the counts differ between two runs of
+  one seed): SIGKILL one shard, SIGKILL the whole supervisor and its shards (then restart
+  the service on the same data dir), SIGKILL a worker (restarted), SIGSTOP a shard or a
+  worker for longer than the visibility timeout (sometimes longer than the health timeout,
+  so the supervisor kills the shard as hung); with ``--power-cuts`` also a power cut
+  (SIGKILL the service, lose random unsynced 4 KiB pages of each shard's newest segment:
+  :mod:`.powercut`, then restart). Each round holds each kind once, in seeded order, and a
+  run has at least one round;
 * then faults stop, producers stop, workers drain the queue, and :func:`check` reads the
   histories and the effect table.
 
@@ -25,7 +30,8 @@ The run (Jepsen's ``total-queue`` workload, with kills and pauses):
 (see :mod:`.target`): no service of ours to kill, so only worker kills and pauses.
 
 Pass = no lost job, no duplicated effect, no per-key order violation, no unexpected job, no
-id mismatch, no double in-flight lease of a key, no reused lease token. Exit 0 on pass, 1 on
+id mismatch, no double in-flight lease of a key, no reused lease token, no body delivered
+other than the one enqueued (byte for byte, by digest). Exit 0 on pass, 1 on
 fail, 2 when the run itself could not be carried out.
 
 Per-key order. A key's next job becomes leasable only when its head is acked (or
@@ -45,14 +51,18 @@ import argparse
 import random
 import sys
 
+from .. import limits
+
 from .check import Report, check
-from .history import (Effect, Enqueue, LeaseRec, body_for, parse_body, read_effects,
+from .history import (Effect, Enqueue, LeaseRec, body_digest, body_for, parse_body, read_effects,
                       read_producer_history, read_worker_history)
+from .plan import Fault, fingerprint, plan
 from .roles import producer_main, worker_main
 from .run import run
 
-__all__ = ["main", "run", "check", "Report", "Effect", "Enqueue", "LeaseRec", "body_for", "parse_body",
-           "read_effects", "read_producer_history", "read_worker_history", "producer_main", "worker_main"]
+__all__ = ["main", "run", "check", "Report", "Effect", "Enqueue", "LeaseRec", "body_for", "body_digest",
+           "parse_body", "read_effects", "read_producer_history", "read_worker_history", "producer_main",
+           "worker_main", "plan", "Fault", "fingerprint"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--keys", type=int, default=20)
-    p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="default: random (printed); fixes the fault schedule, not the interleaving")
     p.add_argument("--data-dir", help="fresh service data dir (default: a temp dir, removed on pass)")
     p.add_argument("--json", help="write the full report to this file")
     p.add_argument("--fault-interval", type=float, default=3.0, help="mean seconds between faults")
@@ -83,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(kills and stalls) are injected")
     p.add_argument("--worker-batch", type=int, default=None,
                    help="jobs per worker dequeue (default 4; 1 with --target, see docs/scale-out.md)")
+    p.add_argument("--body-bytes", type=int, default=0,
+                   help="pad every body to this many bytes (default: a few bytes, the bare header); "
+                        "segments and the compaction threshold grow with it")
+    p.add_argument("--power-cuts", action="store_true",
+                   help="add power cuts to the faults: SIGKILL the service, drop or zero random "
+                        "unsynced 4 KiB pages of each shard's newest segment, restart")
     return p
 
 
@@ -98,6 +115,7 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
         p.add_argument("--keys", required=True)
         p.add_argument("--seed", type=int, required=True)
         p.add_argument("--rate", type=float, required=True)
+        p.add_argument("--body-bytes", type=int, default=0)
     else:
         p.add_argument("--name", required=True)
         p.add_argument("--db", required=True)
@@ -120,5 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         a.worker_batch = 1 if a.target else 4
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
         print("error: need at least one shard, producer, worker and key, and keys >= producers", file=sys.stderr)
+        return 2
+    if not 0 <= a.body_bytes <= limits.BODY_BYTES_MAX_CEILING:
+        print(f"error: --body-bytes must be 0 to {limits.BODY_BYTES_MAX_CEILING}", file=sys.stderr)
+        return 2
+    if a.power_cuts and a.target:
+        print("error: --power-cuts needs the local service (not --target)", file=sys.stderr)
         return 2
     return run(a)

@@ -5,7 +5,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 
-from .history import EXAMPLES_MAX, FAILING, Effect, Enqueue, LeaseRec, parse_body
+from .history import EXAMPLES_MAX, FAILING, Effect, Enqueue, LeaseRec, body_digest, body_for, parse_body
 
 
 @dataclass
@@ -26,8 +26,10 @@ class Report:
 
 
 def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect],
-          dead_letters: int = 0) -> Report:
-    """Judge a run's histories. Pure: no I/O. See the module docstring for the rules."""
+          dead_letters: int = 0, body_bytes: int = 0) -> Report:
+    """Judge a run's histories. Pure: no I/O. See the module docstring for the rules.
+    ``body_bytes``: the run's ``--body-bytes``; every effect's body digest is checked
+    against the body its header says was enqueued."""
     rep = Report(counts=dict.fromkeys(FAILING, 0))
     invoked: dict[tuple, tuple[Enqueue, int | None]] = {}   # (key, seq) -> (op, id if ok)
     for op in enqueues:
@@ -43,6 +45,9 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
                                    "why": "body not a verify job or not its lease's key"})
             continue
         applied[(parsed[1], parsed[2])].append(e)
+        if e.body_digest is not None and e.body_digest != body_digest(body_for(*parsed, body_bytes)):
+            rep.bad("body_mismatch", {"job_id": e.job_id, "key": parsed[1], "seq": parsed[2],
+                                      "why": "the body delivered is not the body enqueued"})
 
     for kseq, effs in applied.items():
         if len(effs) > 1:

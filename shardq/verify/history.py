@@ -2,6 +2,7 @@
 readers of the files the producers and workers append to."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -10,11 +11,9 @@ from ..clock import SystemClock
 
 
 CLOCK = SystemClock()
-KINDS = ("kill_shard", "kill_service", "kill_worker", "pause_shard", "pause_worker")
-WORKER_KINDS = ("kill_worker", "pause_worker")  # against a backend that is not ours (--target)
 #: Counts that must be zero for a pass.
 FAILING = ("lost", "duplicated_effects", "order_violations", "unexpected", "id_mismatch",
-           "double_in_flight", "token_reused")
+           "double_in_flight", "token_reused", "body_mismatch")
 EXAMPLES_MAX = 5
 START_MARGIN_S = 0.05      # a worker never starts a lease with less than this left
 STALL_POINTS = ("before_txn", "in_txn", "before_ack")
@@ -22,7 +21,8 @@ PROGRESS_EVERY_S = 5.0
 SCHEMA = """CREATE TABLE IF NOT EXISTS effects (
     seqno INTEGER PRIMARY KEY AUTOINCREMENT,  -- commit order (writers are serialised)
     job_id INTEGER NOT NULL UNIQUE,
-    lease_key TEXT, body BLOB, worker TEXT, attempt INTEGER, token INTEGER, t REAL)"""
+    lease_key TEXT, body BLOB, worker TEXT, attempt INTEGER, token INTEGER, t REAL,
+    body_digest TEXT)  -- body: the header line only; body_digest: of the whole body"""
 
 
 # ====================================================================== histories
@@ -65,6 +65,9 @@ class LeaseRec:
 
 @dataclass
 class Effect:
+    """One row of the effect table. ``body`` is the body's header line (all of a small
+    body); ``body_digest`` is :func:`body_digest` of the whole body as delivered."""
+
     order: int
     job_id: int
     lease_key: str | None
@@ -72,15 +75,31 @@ class Effect:
     worker: str = ""
     attempt: int = 0
     t: float = 0.0
+    body_digest: str | None = None
 
 
-def body_for(producer: int, key: str, seq: int) -> bytes:
-    return f"{producer} {key} {seq}".encode()
+def body_for(producer: int, key: str, seq: int, size: int = 0) -> bytes:
+    """A job's body: the header ``"<producer> <key> <seq>"``, padded to ``size`` bytes
+    (``--body-bytes``; when larger than the header) with a newline and bytes derived from
+    the header alone, so the checker can rebuild any body and compare it byte for byte."""
+    head = f"{producer} {key} {seq}".encode()
+    if size <= len(head) + 1:
+        return head
+    return head + b"\n" + hashlib.shake_128(head).digest(size - len(head) - 1)
+
+
+def body_header(body: bytes) -> bytes:
+    return bytes(body).split(b"\n", 1)[0]
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
 def parse_body(body: bytes) -> tuple[int, str, int] | None:
+    """(producer, key, seq) from a body or its header line; None if it is not a verify job."""
     try:
-        p, key, seq = body.decode().split(" ")
+        p, key, seq = body_header(body).decode().split(" ")
         return int(p), key, int(seq)
     except (ValueError, UnicodeDecodeError):
         return None
@@ -142,7 +161,7 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
 def read_effects(db_path: str, after: int = 0) -> list[Effect]:
     db = sqlite3.connect(db_path, timeout=60)
     try:
-        rows = db.execute("SELECT seqno, job_id, lease_key, body, worker, attempt, t FROM effects "
+        rows = db.execute("SELECT seqno, job_id, lease_key, body, worker, attempt, t, body_digest FROM effects "
                           "WHERE seqno > ? ORDER BY seqno", (after,)).fetchall()
     finally:
         db.close()

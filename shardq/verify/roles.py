@@ -9,7 +9,7 @@ import sqlite3
 import time
 
 
-from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_for
+from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_digest, body_for, body_header
 
 
 def _hist(path: str):
@@ -41,7 +41,7 @@ def producer_main(a) -> int:
         op += 1
         write(i=op, t=CLOCK.now(), items=items)
         try:
-            ids = q.enqueue_many([{"body": body_for(a.index, k, s), "key": k} for k, s in items])
+            ids = q.enqueue_many([{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items])
             write(o=op, t=CLOCK.now(), ids=ids)
         except ShardqError as e:
             write(o=op, t=CLOCK.now(), outcome="info", err=f"{type(e).__name__}: {e}"[:200])
@@ -89,8 +89,9 @@ def worker_main(a) -> int:
             db.execute("BEGIN IMMEDIATE")
             try:
                 cur = db.execute("INSERT OR IGNORE INTO effects (job_id, lease_key, body, worker, attempt, "
-                                 "token, t) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 (l.job_id, l.key, l.body, a.name, l.attempt, l.token, CLOCK.now()))
+                                 "token, t, body_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (l.job_id, l.key, body_header(l.body), a.name, l.attempt, l.token, CLOCK.now(),
+                                  body_digest(l.body)))
                 inserted = cur.rowcount == 1
                 stall("in_txn", stall_at, l)
                 db.execute("COMMIT")

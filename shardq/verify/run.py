@@ -16,10 +16,15 @@ from dataclasses import asdict
 
 from ..errors import ShardqError
 from ..service.supervisor import child_env
+from ..wal.fileio import FAULT_SYNC_LOG_ENV
 
 from .check import Report, check
-from .history import (CLOCK, FAILING, KINDS, PROGRESS_EVERY_S, SCHEMA, WORKER_KINDS, Enqueue, parse_body,
-                      read_effects, read_producer_history, read_worker_history)
+from .history import (CLOCK, FAILING, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
+                      read_producer_history, read_worker_history)
+from .plan import POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
+from .powercut import lose_unsynced_pages
+
+KiB = 1024
 
 
 def _short_tmpdir() -> str:
@@ -55,9 +60,11 @@ class Run:
 
     def __init__(self, a):
         self.a = a
-        self.rng = random.Random(f"{a.seed}/schedule")
         self.target = getattr(a, "target", None)   # another backend: no service of ours
-        self.kinds = WORKER_KINDS if self.target else KINDS
+        self.kinds = kinds_for(target=bool(self.target), power_cuts=getattr(a, "power_cuts", False))
+        self.plan, self.plan_end_s = plan(a.seed, self.kinds, duration_s=a.duration, interval_s=a.fault_interval,
+                                          shards=a.shards, workers=a.workers, visibility_s=a.visibility,
+                                          health_timeout_s=a.health_timeout)
         self.data_dir = a.data_dir or os.path.join(_short_tmpdir(), "data")
         self.work = self.data_dir.rstrip("/") + "-verify"
         self.connect_to = self.target or self.data_dir  # what producers and workers connect to
@@ -72,12 +79,17 @@ class Run:
         self.worker_files: list[tuple[str, str]] = []
         self.incarnation: Counter = Counter()
         self.faults: Counter = Counter()
+        self.skipped: Counter = Counter()      # planned faults whose target was not running
+        self.power_cut_pages: Counter = Counter()
         self.unexpected_exits: Counter = Counter()
         self.started = CLOCK.monotonic()
         self.next_progress = self.started + PROGRESS_EVERY_S
         self._effects_seen = 0
         self._delivered: set = set()
         self.env = child_env()
+        self.sync_log = os.path.join(self.work, "synced-sizes.log")
+        if POWER_CUT in self.kinds:  # the WAL's test hook: which bytes of a segment were synced
+            self.env[FAULT_SYNC_LOG_ENV] = self.sync_log
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
@@ -88,16 +100,23 @@ class Run:
         finally:
             out.close()
 
+    def service_config(self) -> dict:
+        """Small segments and a low compaction threshold, so rotations and compactions
+        happen all through the run, also with large bodies (about 8 bodies a segment, 16
+        between compactions at least)."""
+        body = getattr(self.a, "body_bytes", 0)
+        return {
+            "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000, "restart_window": 1.0},
+            "limits": {"segment_bytes": max(32 * KiB, 8 * body), "compact_min_bytes": max(64 * KiB, 16 * body)},
+            "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries,
+                               "max_body_bytes": max(256 * KiB, body)},
+            "http": {"listen": "127.0.0.1:0"},  # never the default port: runs may overlap
+        }
+
     def start_service(self) -> None:
         cfg = os.path.join(self.work, "shardq.toml")
         with open(cfg, "w") as f:
-            f.write(_toml({
-                "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000,
-                            "restart_window": 1.0},
-                "limits": {"segment_bytes": 32 * 1024, "compact_min_bytes": 64 * 1024},
-                "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries},
-                "http": {"listen": "127.0.0.1:0"},  # never the default port: runs may overlap
-            }))
+            f.write(_toml(self.service_config()))
         self.service = self._spawn(["-m", "shardq.cli", "serve", "--config", cfg, "--data-dir", self.data_dir,
                                     "--shards", str(self.a.shards)], "service.log")
         self._wait_ready()
@@ -157,6 +176,7 @@ class Run:
                 ["-m", "shardq.verify", "_producer", "--data-dir", self.connect_to, "--index", str(p),
                  "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
                  "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
+                 "--body-bytes", str(getattr(self.a, "body_bytes", 0)),
                  # Even producers retry long enough to ride out every fault; odd ones give
                  # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
                  "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1"], f"producer-{p}.log"))
@@ -203,69 +223,60 @@ class Run:
             time.sleep(min(left, 0.1))
             self.tick()
 
-    def inject(self, kind: str) -> str:
-        a, rng = self.a, self.rng
-        if kind == "kill_shard":
-            pids = self.shard_pids()
-            if not pids:
-                return "no shard running"
-            i = rng.choice(sorted(pids))
-            _signal(pids[i], signal.SIGKILL)
-            detail = f"shard {i} pid {pids[i]}"
-        elif kind == "kill_service":
+    def inject(self, f: Fault) -> str:
+        """Inject one planned fault; its detail for the log ("skipped: ..." if its shard was
+        not running, e.g. still restarting after an earlier fault)."""
+        kind = f.kind
+        if kind in ("kill_shard", "pause_shard"):
+            pid = self.shard_pids().get(f.target)
+            if pid is None:
+                self.skipped[kind] += 1
+                return f"skipped: shard {f.target} not running"
+            if kind == "kill_shard":
+                _signal(pid, signal.SIGKILL)
+                detail = f"shard {f.target} pid {pid}"
+            else:
+                _signal(pid, signal.SIGSTOP)
+                self.sleep(f.seconds)
+                _signal(pid, signal.SIGCONT)
+                if f.hung:
+                    self.faults["pause_shard_past_health_timeout"] += 1
+                detail = f"shard {f.target} for {f.seconds:.1f} s"
+        elif kind in ("kill_service", POWER_CUT):
             t0 = CLOCK.monotonic()
             self.kill_service()
+            detail = ""
+            if kind == POWER_CUT:
+                lost = lose_unsynced_pages(self.data_dir, self.sync_log, random.Random(f.seed))
+                self.power_cut_pages.update(lost)
+                detail = (f"{lost['pages_lost']} unsynced pages lost, {lost['pages_kept']} kept "
+                          f"({lost['bytes_lost']} bytes); ")
             self.start_service()
-            detail = f"restarted in {CLOCK.monotonic() - t0:.1f} s"
+            detail += f"restarted in {CLOCK.monotonic() - t0:.1f} s"
         elif kind == "kill_worker":
-            w = rng.randrange(a.workers)
-            _signal(self.workers[w].pid, signal.SIGKILL)
-            self.workers[w].wait()
-            self.start_worker(w)
-            detail = f"worker {w}"
-        elif kind == "pause_shard":
-            pids = self.shard_pids()
-            if not pids:
-                return "no shard running"
-            i = rng.choice(sorted(pids))
-            hung = rng.random() < 0.25
-            d = a.health_timeout * 1.5 if hung else rng.uniform(1.5 * a.visibility, 0.8 * a.health_timeout)
-            _signal(pids[i], signal.SIGSTOP)
-            self.sleep(d)
-            _signal(pids[i], signal.SIGCONT)
-            if hung:
-                self.faults["pause_shard_past_health_timeout"] += 1
-            detail = f"shard {i} for {d:.1f} s"
+            _signal(self.workers[f.target].pid, signal.SIGKILL)
+            self.workers[f.target].wait()
+            self.start_worker(f.target)
+            detail = f"worker {f.target}"
         elif kind == "pause_worker":
-            w = rng.randrange(a.workers)
-            d = rng.uniform(1.5 * a.visibility, 3 * a.visibility)
-            pid = self.workers[w].pid
+            pid = self.workers[f.target].pid
             _signal(pid, signal.SIGSTOP)
-            self.sleep(d)
+            self.sleep(f.seconds)
             _signal(pid, signal.SIGCONT)
-            detail = f"worker {w} for {d:.1f} s"
+            detail = f"worker {f.target} for {f.seconds:.1f} s"
         else:
             raise ValueError(kind)
         self.faults[kind] += 1
         return detail
 
     def schedule(self) -> None:
-        """Faults until the duration is over, and at least one full round of every kind."""
-        a, rng = self.a, self.rng
-        end = self.started + a.duration
-        deck: list[str] = []
-        injected = 0
-        self.sleep(rng.uniform(0.5, 1.0) * a.fault_interval)
-        while CLOCK.monotonic() < end or injected < len(self.kinds):
-            if not deck:
-                deck = list(self.kinds)
-                rng.shuffle(deck)
-            kind = deck.pop()
-            detail = self.inject(kind)
-            injected += 1
-            self._log(f"fault {kind}: {detail}")
-            gap = rng.uniform(0.5, 1.5) * a.fault_interval
-            self.sleep(gap if injected < len(self.kinds) else min(gap, max(end - CLOCK.monotonic(), 0)))
+        """Inject the planned faults, each at its planned time (or as soon as the one before
+        is done), then wait for the schedule's end."""
+        t0 = CLOCK.monotonic()
+        for f in self.plan:
+            self.sleep(t0 + f.at_s - CLOCK.monotonic())
+            self._log(f"fault {f.kind}: {self.inject(f)}")
+        self.sleep(t0 + self.plan_end_s - CLOCK.monotonic())
 
     # ------------------------------------------------------------------ progress
     def _log(self, msg: str) -> None:
@@ -388,8 +399,10 @@ class Run:
                     for ev in ("shard-hung", "shard-failed", "shard-restart"):
                         if f"event={ev} " in line:
                             events[ev.replace("-", "_")] += 1
-                    if "torn tail truncated" in line:
-                        events["torn_tails_repaired"] += 1
+                    if "torn tail cut" in line:
+                        events["torn_tails_cut"] += 1
+                    if "are preallocated zeros" in line:
+                        events["preallocated_tails"] += 1
                     if " compacted: " in line:
                         events["compactions"] += 1
         except OSError:
@@ -413,9 +426,13 @@ def run(a) -> int:
     if r.target:
         print(f"target: {r.target} (worker faults only: {', '.join(r.kinds)}; worker batch {a.worker_batch})",
               flush=True)
+    body_bytes = getattr(a, "body_bytes", 0)
     print(f"replay: shardq verify --seed {a.seed} --duration {a.duration} --shards {a.shards} "
-          f"--producers {a.producers} --workers {a.workers} --keys {a.keys} --fault-interval {a.fault_interval}",
-          flush=True)
+          f"--producers {a.producers} --workers {a.workers} --keys {a.keys} --fault-interval {a.fault_interval}"
+          + (f" --body-bytes {body_bytes}" if body_bytes else "")
+          + (" --power-cuts" if POWER_CUT in r.kinds else ""), flush=True)
+    print(f"fault schedule (fixed by the seed; the interleaving is not): {len(r.plan)} faults, "
+          f"fingerprint {fingerprint(r.plan)}", flush=True)
     try:
         r.init_db()
         if not r.target:
@@ -436,7 +453,7 @@ def run(a) -> int:
     enqueues = r._enqueues()
     leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
     effects = read_effects(r.db)
-    rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0))
+    rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0), body_bytes=body_bytes)
     rep.info.update(drain)
     rep.info["wal_check"] = wal
     rep.info["service"] = r.service_events()
@@ -446,6 +463,10 @@ def run(a) -> int:
     faults = {k: r.faults[k] for k in r.kinds}
     if not r.target:
         faults["pause_shard_past_health_timeout"] = r.faults["pause_shard_past_health_timeout"]
+        faults["skipped"] = sum(r.skipped.values())   # planned against a shard that was restarting
+    rep.info["schedule"] = {"faults": len(r.plan), "fingerprint": fingerprint(r.plan)}
+    if POWER_CUT in r.kinds:
+        rep.info["power_cut_pages"] = dict(r.power_cut_pages)
     passed = rep.ok and not rep.counts.get("wal_corrupt")
     _print_summary(a, rep, faults, passed, CLOCK.monotonic() - r.started, r.kinds)
     if a.json:
@@ -460,12 +481,19 @@ def run(a) -> int:
     return 0 if passed else 1
 
 
-def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=KINDS) -> None:
+def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=SERVICE_KINDS) -> None:
     i = rep.info
     print()
-    print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s)")
+    print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s, bodies of "
+          f"{getattr(a, 'body_bytes', 0) or 'a few'} bytes)")
     print("faults injected: " + ", ".join(f"{k}={v}" for k, v in faults.items())
-          + f"  (total {sum(faults[k] for k in kinds)})")
+          + f"  (total {sum(faults[k] for k in kinds)}; schedule {i['schedule']['faults']} faults, "
+          f"fingerprint {i['schedule']['fingerprint']})")
+    if "power_cut_pages" in i:
+        pages = i["power_cut_pages"]
+        print(f"power cuts: {pages.get('pages_lost', 0)} unsynced pages lost, {pages.get('pages_kept', 0)} kept "
+              f"({pages.get('bytes_lost', 0)} bytes), in {pages.get('segments', 0)} newest segments "
+              f"({pages.get('unknown', 0)} without a recorded sync)")
     print(f"enqueue calls {i['enqueue_ops']} ({i['enqueue_ops_ok']} ok); jobs ok {i['jobs_ok']}, "
           f"ambiguous {i['jobs_ambiguous']} (delivered {i['ambiguous_delivered']}, "
           f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}")

@@ -3,6 +3,15 @@
 Everything the WAL does to disk goes through a :class:`Files` instance, so tests can
 substitute one that fails with ENOSPC or EIO at any chosen call (see
 ``tests/faults.py``). Each method is a thin wrapper with the guarantee of the syscall.
+
+Test hook, never set in production: when the environment variable
+:data:`FAULT_SYNC_LOG_ENV` (``SHARDQ_FAULT_SYNC_LOG``) names a file, a log opened without
+explicit ``files`` uses :class:`SyncLoggingFiles`, which appends ``<path> <inode> <synced
+bytes>`` to that file after every successful fsync/fdatasync (and truncate, which fsyncs).
+``shardq verify --power-cuts`` sets it, so that after SIGKILLing the service it knows which
+bytes of each shard's newest segment were durable, and drops or zeroes pages written after
+them (a power cut). Unset, the plain :class:`Files` is used: nothing is added to the
+commit path.
 """
 from __future__ import annotations
 
@@ -77,3 +86,41 @@ class Files:
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
+
+
+#: Names the side file of :class:`SyncLoggingFiles` (a test hook; see the module docstring).
+FAULT_SYNC_LOG_ENV = "SHARDQ_FAULT_SYNC_LOG"
+
+
+def files_from_env() -> Files:
+    """:class:`Files`, or :class:`SyncLoggingFiles` when the test hook's variable is set."""
+    path = os.environ.get(FAULT_SYNC_LOG_ENV)
+    return SyncLoggingFiles(path) if path else Files()
+
+
+class SyncLoggingFiles(Files):
+    """Test hook: after each successful fsync/fdatasync, append ``<path> <inode> <synced
+    bytes>`` (the write position: the end of what was written) to a side file, with one
+    O_APPEND write (whole lines, also from several processes). The inode identifies a file
+    across its rename from ``.tmp``."""
+
+    def __init__(self, side_file: str):
+        self._side = os.open(side_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _note(self, path: str, inode: int, size: int) -> None:
+        os.write(self._side, f"{path} {inode} {size}\n".encode())
+
+    def _note_fd(self, fd: int) -> None:
+        self._note(os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_ino, os.lseek(fd, 0, os.SEEK_CUR))
+
+    def datasync(self, fd: int) -> None:
+        super().datasync(fd)
+        self._note_fd(fd)
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self._note_fd(fd)
+
+    def truncate(self, path: str, size: int) -> None:
+        super().truncate(path, size)
+        self._note(os.path.abspath(path), os.stat(path).st_ino, size)

@@ -7,11 +7,14 @@ Files in the directory (names in :mod:`.format`):
 
 Replay reads the newest checkpoint, then every segment from its number on. Only the newest
 segment may end in a torn tail; it is cut off (torn data is kept beside it in
-``N.wal.torn-<offset>``, mode 0600) and reported. A bad record anywhere else raises
-:class:`~shardq.errors.CorruptLog`. Files that the newest checkpoint replaces (left by a
-crash during compaction) are deleted only after the whole replay succeeded. Compaction cuts
-a new segment, writes the checkpoint for it (temp file, fsync, rename, fsync dir) and only
-then deletes what it replaces, so a crash at any step replays to the same state.
+``N.wal.torn-<offset>``, then ``.1``, ``.2``... if that offset tore before; mode 0600) and
+reported. A bad record anywhere else raises :class:`~shardq.errors.CorruptLog`. Files that
+the newest checkpoint replaces (left by a crash during compaction) are deleted only after
+the whole replay succeeded, and replay ends with an fdatasync of the newest segment and an
+fsync of the directory: what it read is durable before anything is acknowledged on top of
+it. Compaction cuts a new segment, writes the checkpoint for it (temp file, fsync, rename,
+fsync dir) and only then deletes what it replaces, so a crash at any step replays to the
+same state.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import msgpack
 
 from .. import limits
 from ..errors import Closed, CorruptLog, LogFailed
-from .fileio import Files
+from .fileio import Files, files_from_env
 from .format import (CHECKPOINT, CHECKPOINT_MAGIC, MAGIC_BYTES, SEGMENT, checkpoint_name, frame, parse_name,
                      segment_name)
 from .reader import FileScan, TornTail
@@ -74,7 +77,7 @@ class Log:
     def __init__(self, directory: str, *, segment_bytes: int, files: Files | None = None):
         self.directory = directory
         self.segment_bytes = segment_bytes
-        self.files = files or Files()
+        self.files = files or files_from_env()
         self.writer: SegmentWriter | None = None
         self.failed: BaseException | None = None
         self.closed = False
@@ -135,6 +138,13 @@ class Log:
         else:
             self.writer = self._create_segment(base if base is not None else 1)
             self.segments = [self.writer.seq]
+        # What was just replayed may not be durable: a process killed after its write and
+        # before its fsync leaves the records in the page cache, and a directory entry (a
+        # new segment, a compaction's checkpoint) may not have been synced yet. From now on
+        # this state is served, and may be acknowledged without a new record (a resent
+        # batch answered from its session); a power cut must not take it back.
+        files.datasync(self.writer.fd)
+        files.sync_dir(self.directory)
         self.stats.segments = len(segments)
         self.stats.seconds = time.perf_counter() - t0
 
@@ -205,6 +215,10 @@ class Log:
             kept = "only zeros: nothing to keep"
         else:
             backup = f"{torn.path}.torn-{keep}"
+            n = 0
+            while os.path.exists(backup):  # torn there before: the same append, cut by another crash
+                n += 1
+                backup = f"{torn.path}.torn-{keep}.{n}"
             write_private(backup, tail)
             kept = f"kept in {backup}"
         if keep < MAGIC_BYTES:

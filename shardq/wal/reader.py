@@ -138,11 +138,15 @@ class FileScan:
             if checked and header_crc(length, crc) != fields[2]:
                 # Torn if the last write explains it: cut inside the header (zeros after
                 # it), a lost sector in it, or a damaged final record whose length still
-                # ends the data. Otherwise the length itself may be damaged, and the records
-                # after it must not be dropped on its word.
+                # ends the data: zeros after it, and the length proven by the header
+                # checksum over the payload as it reads (only the CRC field was hit).
+                # Otherwise the length itself may be damaged, and the records after it
+                # must not be dropped on its word: a flipped length that points into the
+                # preallocated zeros also has only zeros after its "end".
                 end = off + hb + length
                 if (_zeros(view[off + hb:]) or lost_sector(data, off, off + hb)
-                        or (end <= n and _zeros(view[end:]))):
+                        or (end <= n and _zeros(view[end:])
+                            and header_crc(length, crc32(view[off + hb:end])) == fields[2])):
                     self._torn(off, "damaged header of a record the last write did not finish")
                     return
                 raise CorruptLog(self.path, off, "record header checksum mismatch (a damaged length)")
