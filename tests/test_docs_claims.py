@@ -339,7 +339,7 @@ NUMBERS = [
     ("docs/design.md", "`dedup_window` (default 300 s)", _const("shardq.limits", "DEDUP_WINDOW_S_DEFAULT"), 300),
     ("docs/design.md", "idle clients are\ndropped after 10 minutes", _const("shardq.limits", "CLIENT_SESSION_TTL_S"), 600),
     ("docs/design.md", "5 s socket timeout", _const("shardq.shard.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
-    ("docs/design.md", "(at most 32 at once", _const("shardq.shard.process", "HANDSHAKES_MAX"), 32),
+    ("docs/design.md", "(at most 32 at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
     ("docs/design.md", "stops reading its replies for 1 s", _const("shardq.shard.conn", "SEND_TIMEOUT_S"), 1),
     ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.shard.conn", "READ_BYTES"), 2**20),
 ]

@@ -27,18 +27,15 @@ import selectors
 import signal
 import socket
 import sys
-import threading
 from collections import deque
-from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
-                                        deliver_challenge)
 
 from .. import limits
+from .acceptor import Acceptor
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
-from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
 from . import wire as protocol
 from .committer import Committer
 from .control_handlers import control_handlers
@@ -48,51 +45,9 @@ from .durable import DurableShard
 log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
-HANDSHAKES_MAX = 32
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
-
-
-class Acceptor(threading.Thread):
-    """Accepts sockets and authenticates each on its own short-lived thread."""
-
-    def __init__(self, listener: socket.socket, authkey: bytes, deliver):
-        super().__init__(name="shardq-acceptor", daemon=True)
-        self.listener = listener
-        self.authkey = authkey
-        self.deliver = deliver
-        self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
-
-    def run(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return  # listener closed: shutting down
-            if not self.busy.acquire(blocking=False):
-                sock.close()  # a flood of connections: refuse rather than queue without bound
-                continue
-            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
-
-    def _handshake(self, sock: socket.socket) -> None:
-        try:
-            fd = sock.detach()
-            socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
-            conn = Connection(fd)
-            try:
-                deliver_challenge(conn, self.authkey)
-                answer_challenge(conn, self.authkey)
-            except (AuthenticationError, OSError, EOFError, ValueError) as e:
-                log.warning("client rejected during authentication: %s", e or type(e).__name__)
-                conn.close()
-                return
-            socket_timeouts(fd, 0)
-            own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
-            conn.close()
-            self.deliver(FrameConn(own))
-        finally:
-            self.busy.release()
 
 
 class ShardServer:
@@ -151,7 +106,7 @@ class ShardServer:
         listener.listen(128)
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
-        Acceptor(listener, self.authkey, self._deliver).start()
+        Acceptor(listener, self.authkey, self._deliver, self.clock).start()
         if on_ready:
             on_ready()
         try:
