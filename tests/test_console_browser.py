@@ -15,7 +15,7 @@ from service import Service, reset_queues, wait_until
 WHY = browser.missing()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no browser for the console tests: {WHY}")
 
-CONFIG = {"queues": {"default": {}, "mail": {"max_deliveries": 1}}, "service": {"restart_limit": 1}}
+CONFIG = {"queues": {"default": {}, "mail": {"max_deliveries": 1}}, "service": {"restart_backoff_max": 60}}
 TOKEN = "browser-test-token-0123456789"
 
 
@@ -170,8 +170,11 @@ def test_the_console_logs_in_with_the_token(driver, monkeypatch):
 def test_the_console_keeps_working_with_a_shard_down(driver, svc):
     """Last in this module: it leaves the shared service with a shard down."""
     open_console(driver, svc.url)
+    shard_dir = os.path.join(svc.data_dir, "shard-1")
+    os.rename(shard_dir, shard_dir + ".away")
+    open(shard_dir, "w").close()  # a file where its directory should be: every restart fails
     with svc.connect() as q:
-        os.kill(q.ping()[1], signal.SIGKILL)  # restart_limit 1: it stays down
+        os.kill(q.ping()[1], signal.SIGKILL)
     wait_until(lambda: "down" in driver.find_element("css selector", '#shards tr[data-shard="1"]').text,
                20, 0.1, "shard 1 shown down")
     wait_until(lambda: "1 shard down" in driver.find_element("css selector", "#updated").text, 10, 0.1,

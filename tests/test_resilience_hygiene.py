@@ -1,5 +1,10 @@
 """Process hygiene and the files that guard access (issue 9 item 7, issue 15 item 6).
 
+* Shards run in a session of their own: a Ctrl-C in the terminal of an app that embeds the
+  service (``shardq.open``) reaches the app's process group, not the shards. Before the fix
+  the shards got the SIGINT too, stopped, and the supervisor restarted them under the app.
+  The app's ``close()`` still stops them; PDEATHSIG still kills them with a SIGKILLed
+  supervisor (test_supervisor.py::test_supervisor_sigkill_takes_its_shards_with_it).
 * The key file is opened with ``O_NOFOLLOW`` and checked with ``fstat``: a symlink, another
   owner, or group/other bits are refused with ``AuthError``.
 * A socket directory that others can read (0755) is refused, as operations.md says; before,
@@ -7,14 +12,66 @@
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 import shardq
-from service import REPO, Service
+from service import REPO, Service, short_tmpdir
+
+APP = r"""
+import json, signal, sys
+import shardq
+q = shardq.open(sys.argv[1], shards=2)
+try:
+    print(json.dumps(q.ping()), flush=True)
+    signal.pause()  # until the Ctrl-C
+except KeyboardInterrupt:
+    print(json.dumps(q.ping()), flush=True)  # the same shard processes, still serving
+    q.close()
+    print("closed", flush=True)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_ctrl_c_in_an_embedding_app_does_not_reach_its_shards_and_close_still_stops_them():
+    tmp = short_tmpdir()
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    err = open(os.path.join(tmp, "app.log"), "w+b")
+    app = subprocess.Popen([sys.executable, "-c", APP, os.path.join(tmp, "data")], stdout=subprocess.PIPE,
+                           stderr=err, env=env, start_new_session=True)  # its own group, as a shell's job
+    app_log = lambda: (err.seek(0), err.read().decode(errors="replace")[-3000:])[1]  # noqa: E731
+    pids: list[int] = []
+    try:
+        pids = json.loads(app.stdout.readline() or b"null")
+        assert pids and len(pids) == 2, app_log()
+        os.killpg(app.pid, signal.SIGINT)  # what Ctrl-C in the app's terminal sends
+        after = json.loads(app.stdout.readline() or b"null")
+        assert after == pids, f"the shards were stopped and restarted: {after} {app_log()}"
+        assert app.stdout.readline().strip() == b"closed"
+        assert app.wait(30) == 0
+        assert not any(alive(p) for p in pids), "close() left a shard running"
+    finally:
+        for pid in [app.pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        app.wait(10)
+        err.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,11 @@ that framing without blocking (:mod:`.conn`) and never unpickles. A client that 
 undecodable or oversized frame is disconnected; a well-formed request that is invalid gets
 an error reply. Neither touches the log or the other clients.
 
-Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``.
-Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed, 70 internal error.
+Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``,
+in a session of its own (a Ctrl-C meant for the supervisor's terminal or embedding app
+does not reach it). It tells the supervisor how it is doing on its stdout (:mod:`.report`).
+Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed or log cannot be opened
+(disk full, I/O error), 70 internal error.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from .committer import Committer
 from .control_handlers import control_handlers
 from .conn import FrameConn
 from .durable import DurableShard
+from .report import NO_SPACE, ReportingFiles, SupervisorPipe
 
 log = logging.getLogger("shardq.shard")
 
@@ -379,25 +383,30 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
     config = parse_config(json.loads(a.config))
+    pipe = SupervisorPipe(sys.stdout)
+    files = ReportingFiles(pipe)
     dd = DataDir(a.data_dir)
     authkey = dd.authkey()
-    lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
-    shard = DurableShard(dd.shard_dir(a.index), a.index, config)
+    shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)
     try:
-        stats = shard.open()
+        lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
+        stats = shard.open()  # logs what it replayed
     except CorruptLog as e:
         log.error("refusing to start: %s", e)
-        print(f"corrupt {json.dumps({'path': e.path, 'offset': e.offset, 'reason': e.reason})}", flush=True)
+        pipe.corrupt(e.path, e.offset, e.reason)
         return EXIT_CORRUPT
+    except OSError as e:  # the disk: full, read-only, failing
+        log.error("cannot start: %s", e)
+        pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
+        return EXIT_LOG_FAILED
     tune_gc()
     server = ShardServer(shard, dd.socket_path(a.index), authkey)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 
     def ready():
-        print(f"ready {os.getpid()} {stats.records} {stats.seconds:.6f} {len(shard.state.jobs)}", flush=True)
-        log.info("ready: replayed %d records in %.3f s, %d jobs live", stats.records, stats.seconds,
-                 len(shard.state.jobs))
+        pipe.ready(stats.records, stats.seconds, len(shard.state.jobs))
+        log.info("ready: listening on %s", server.sock_path)
 
     profile_path = os.environ.get("SHARDQ_PROFILE")  # bench/profile.py: cProfile of the shard loop
     profiler = None

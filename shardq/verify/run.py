@@ -92,8 +92,8 @@ class Run:
         cfg = os.path.join(self.work, "shardq.toml")
         with open(cfg, "w") as f:
             f.write(_toml({
-                "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000,
-                            "restart_window": 1.0},
+                "service": {"health_timeout": self.a.health_timeout,
+                            "restart_backoff_max": 0.5},
                 "limits": {"segment_bytes": 32 * 1024, "compact_min_bytes": 64 * 1024},
                 "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries},
                 "http": {"listen": "127.0.0.1:0"},  # never the default port: runs may overlap
