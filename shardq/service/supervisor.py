@@ -4,12 +4,14 @@
   for the terminal or the embedding app's process group does not reach it (the supervisor
   stops it), and ``PR_SET_PDEATHSIG`` still kills it with the supervisor, so a SIGKILLed
   service leaves no orphan writing to the log.
-* A shard reports on its stdout pipe (:mod:`shardq.shard.report`): ``ready`` once it
-  listens, ``corrupt`` or ``failed`` (disk full) with the reason before it exits. EOF on
-  that pipe means it exited.
+* A shard reports on its stdout pipe (:mod:`shardq.shard.report`): ``progress`` while it
+  replays or compacts, ``ready`` once it listens, ``corrupt`` or ``failed`` (disk full)
+  with the reason before it exits. EOF on that pipe means it exited.
 * Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds; a
-  shard that leaves a ping unanswered for ``health_timeout`` is hung, and is SIGKILLed and
-  restarted. A starting shard that is not ready within ``start_timeout`` (60 s) is hung too.
+  shard that leaves a ping unanswered *and* reports no progress for ``health_timeout`` is
+  hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
+  not a hang. A starting shard that reports nothing for ``start_timeout`` (60 s) is hung
+  too; one that reports replay progress is waited for however long its replay takes.
 * Restarts back off: the first exit restarts at once; each further exit before the shard
   has served for 10 s waits twice as long as the one before (0.5 s, 1 s, 2 s, ... up to
   ``restart_backoff_max``, 60 s by default). A shard is never
@@ -50,7 +52,7 @@ from ..supervisor_status import StatusBoard
 
 log = logging.getLogger("shardq.supervisor")
 
-START_TIMEOUT_S = 60.0          # a starting shard not ready after this long is hung
+START_TIMEOUT_S = 60.0          # a starting shard that reports nothing for this long is hung
 RESTART_BACKOFF_S_FIRST = 0.5   # the delay before the second restart in a row; doubles after
 STABLE_RUN_S = 10.0             # ready this long (or restart_backoff_max if less): failures reset
 EXIT_LOG_FAILED = 4             # shardq.shard.process's exit code for a failed log write
@@ -94,6 +96,9 @@ class ShardHandle:
         self.restart_at: float | None = None  # monotonic, while restarting
         self.ready_since: float | None = None
         self.last_heard = 0.0                 # monotonic: spawn, or the last line it sent
+        self.busy: str | None = None          # the phase of its progress lines, until a ping answers
+        self.busy_since = 0.0
+        self.busy_logged = False
         self.corrupt: dict | None = None      # what this run reported before exiting
         self.failed: dict | None = None
         self.hung: str | None = None          # why this run was killed as hung
@@ -133,7 +138,8 @@ class Supervisor:
         """Create/check the data dir, start every shard, wait until each is ready, failed
         (corrupt log), or failing again and again (backing off between restarts).
 
-        A shard not ready within ``start_timeout`` seconds is killed as hung and restarted. Shards
+        A shard that reports replay progress is waited for however long its replay takes;
+        one silent for ``start_timeout`` seconds is killed as hung and restarted. Shards
         that are down are logged at ERROR and keep being restarted while the others serve.
         Raises ShardCountMismatch if the data dir has another N; ShardUnavailable, with
         every shard's reason, if no shard could start.
@@ -268,7 +274,7 @@ class Supervisor:
                "--parent-pid", str(os.getpid())]
         h.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
                                   close_fds=True, env=child_env(), start_new_session=True)
-        h.corrupt = h.failed = h.hung = h.restart_at = None
+        h.corrupt = h.failed = h.hung = h.busy = h.restart_at = None
         h.last_heard = time.monotonic()
         _event("spawn", shard=h.index, pid=h.proc.pid)
         self._set_status(h, "starting")
@@ -299,6 +305,7 @@ class Supervisor:
         due = [h.restart_at for h in self.handles if h.status == "restarting" and h.restart_at is not None]
         if due:
             timeout = min(timeout, max(min(due) - time.monotonic(), 0.0))
+        timeout = min(timeout, self._ping_interval())  # health checks as fine-grained as the pings
         live = {h.proc.stdout: h for h in self.handles if h.proc and h.proc.stdout and not h.proc.stdout.closed}
         ready = wait_ready([self._wake_r, *live], timeout)
         for r in ready:
@@ -322,11 +329,20 @@ class Supervisor:
         word, _, rest = line.partition(" ")
         now = time.monotonic()
         h.last_heard = now
-        if word == "ready":
+        if word == "progress":
+            phase = rest.split(" ", 1)[0]
+            if h.busy != phase:
+                h.busy, h.busy_since, h.busy_logged = phase, now, False
+            elif not h.busy_logged and now - h.busy_since > self.config.service.health_timeout:
+                h.busy_logged = True  # once per phase: it is why pings go unanswered
+                _event("shard-busy", shard=h.index, pid=h.proc.pid, phase=phase, for_s=f"{now - h.busy_since:.1f}",
+                       note='"working, not hung"')
+        elif word == "ready":
             pid, records, seconds, jobs = rest.split()
             h.ready_info = {"records": int(records), "replay_s": float(seconds), "jobs": int(jobs)}
             h.next_ping = now + self._ping_interval()
             h.ping_sent = None
+            h.busy = None
             h.ready_since = now
             h.reason = h.reason_kind = None
             _event("shard-ready", shard=h.index, pid=pid, replay_records=records, replay_s=seconds, jobs=jobs)
@@ -423,7 +439,7 @@ class Supervisor:
                 continue
             if h.status == "starting":
                 if now - h.last_heard > self.start_timeout:
-                    self._kill_hung(h, f"not ready after {now - h.last_heard:.0f} s",
+                    self._kill_hung(h, f"no progress for {now - h.last_heard:.0f} s while starting",
                                     silent_s=f"{now - h.last_heard:.1f}", phase="starting")
                 continue
             if h.status != "ready":
@@ -432,8 +448,9 @@ class Supervisor:
                 fut = h.ping_future
                 if fut.done:
                     h.ping_sent = None
+                    h.busy = None
                     h.next_ping = now + self._ping_interval()
-                elif now - h.ping_sent > timeout:
+                elif now - max(h.ping_sent, h.last_heard) > timeout:
                     self._kill_hung(h, f"no answer to a health ping for {now - h.ping_sent:.1f} s",
                                     unanswered_s=f"{now - h.ping_sent:.1f}")
                 continue
@@ -456,6 +473,8 @@ class Supervisor:
             out["restart_in_s"] = round(max(h.restart_at - time.monotonic(), 0.0), 1)
             if self.board is not None:  # a reader in another process needs a wall-clock time
                 out["restart_at"] = self.board.clock.now() + out["restart_in_s"]
+        if h.busy and h.status == "ready":
+            out["busy"] = h.busy
         return out
 
     def process_stats(self, index: int) -> dict:

@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from contextlib import nullcontext
 
 from .. import limits
 from .acceptor import Acceptor
@@ -57,8 +58,12 @@ _DEFERRED = object()
 class ShardServer:
     """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`."""
 
-    def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None):
+    def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
+                 busy=None):
         self.shard = shard
+        #: busy(phase): a context manager telling the supervisor that the loop is working,
+        #: not hung, while it cannot answer pings (compaction); see :mod:`.report`
+        self.busy = busy or (lambda phase: nullcontext())
         self.state = shard.state
         self.sock_path = sock_path
         self.authkey = authkey
@@ -177,7 +182,8 @@ class ShardServer:
                               inline=requests <= INLINE_REQUESTS_MAX)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
-            self.shard.compact()
+            with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
+                self.shard.compact()
 
     def _read(self, conn: FrameConn, batches: list) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
@@ -383,14 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
     config = parse_config(json.loads(a.config))
-    pipe = SupervisorPipe(sys.stdout)
+    # Progress every quarter health timeout: the supervisor kills a shard silent for a whole one.
+    pipe = SupervisorPipe(sys.stdout, interval_s=config.service.health_timeout / 4)
     files = ReportingFiles(pipe)
     dd = DataDir(a.data_dir)
     authkey = dd.authkey()
     shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)
     try:
-        lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
-        stats = shard.open()  # logs what it replayed
+        with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
+            lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
+            stats = shard.open()  # logs what it replayed
     except CorruptLog as e:
         log.error("refusing to start: %s", e)
         pipe.corrupt(e.path, e.offset, e.reason)
@@ -400,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
     tune_gc()
-    server = ShardServer(shard, dd.socket_path(a.index), authkey)
+    server = ShardServer(shard, dd.socket_path(a.index), authkey,
+                         busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 
