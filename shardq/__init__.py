@@ -16,8 +16,10 @@ Layout (imports point down this list, never up):
 * ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
   the shard process (``process``) and the wire it speaks (``wire``);
 * ``wal/`` -- the write-ahead log;
-* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``pgconn`` -- the
-  ground floor (``pgconn``: connecting to your PostgreSQL, psycopg imported on first use).
+* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``pgconn``,
+  ``supervisor_status`` -- the ground floor (``pgconn``: connecting to your PostgreSQL,
+  psycopg imported on first use; ``supervisor_status``: why a shard is down, as the
+  supervisor publishes it for ``stats`` in other processes).
 
 ``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
 

@@ -7,8 +7,7 @@ so a typo never silently falls back to a default. Times are in seconds.
     data_dir = "var/shardq"
     shards = 0                # 0 = one shard per CPU
     health_timeout = 10       # a shard that answers no ping for this long is restarted
-    restart_limit = 5         # ... at most this many times
-    restart_window = 60       # ... within this many seconds, then it stays down (crash loop)
+    restart_backoff_max = 60  # a crash-looping shard is restarted at most this far apart
     declare_queues = false    # true: only queues listed under [queues] may be used
 
     [limits]                  # per shard
@@ -71,8 +70,9 @@ class ServiceConfig:
     data_dir: str = "var/shardq"
     shards: int = 0
     health_timeout: float = 10.0
-    restart_limit: int = 5
-    restart_window: float = 60.0
+    #: cap of the delay between restarts of a shard that keeps failing (capped exponential
+    #: backoff; it is never given up on, except for a corrupt log)
+    restart_backoff_max: float = 60.0
     declare_queues: bool = False
     #: modules whose ``@app.periodic`` schedules the supervisor fires
     schedule_modules: tuple[str, ...] = ()
@@ -159,8 +159,13 @@ _QUEUE_BOUNDS = {
 _SERVICE_BOUNDS = {
     "shards": (True, 0, limits.SHARDS_MAX),
     "health_timeout": (False, 0.1, 3600.0),
-    "restart_limit": (True, 1, 1000),
-    "restart_window": (False, 1.0, 86400.0),
+    "restart_backoff_max": (False, 0.5, 3600.0),
+}
+#: Keys that no longer exist, and what replaced them (an old config gets this, not "unknown key").
+_SERVICE_REMOVED = {
+    "restart_limit": "a shard that keeps failing is no longer given up on: it is restarted with capped "
+                     "exponential backoff (service.restart_backoff_max); remove this key",
+    "restart_window": "see service.restart_backoff_max; remove this key",
 }
 _LIMITS_BOUNDS = {
     "max_pending_jobs": (True, 1, 10**9),
@@ -189,6 +194,8 @@ def _section(path: str, raw: Any, base: Any, bounds: dict, extra: dict | None = 
             values[key] = _number(where, value, integer=integer, lo=lo, hi=hi)
         elif extra and key in extra:
             values[key] = extra[key](where, value)
+        elif path == "service" and key in _SERVICE_REMOVED:
+            raise InvalidConfig(f"{where}: removed: {_SERVICE_REMOVED[key]}")
         else:
             raise InvalidConfig(f"{where}: unknown key")
     return dataclasses.replace(base, **values)

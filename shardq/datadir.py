@@ -8,11 +8,15 @@
     <data>/shard-<i>/         each shard's WAL segments and checkpoints
     <data>/supervisor.lock    held (flock) by the running supervisor
 
-The data dir and run dir are created 0700 and the key file 0600; a key file or run dir
-that others can read or write is refused (:class:`~shardq.errors.AuthError`).
+The data dir and run dir are created 0700 and the key file 0600. Refused with
+:class:`~shardq.errors.AuthError`, each with the command that fixes it: a key file that is
+a symlink, not a regular file, owned by another user, or open to the group or others; a run
+dir that the group or others can read, enter or write (mode 0755 lets anyone list and reach
+the sockets). Nothing is chmod-ed behind the operator's back.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -56,8 +60,9 @@ class DataDir:
         if not 1 <= shards <= limits.SHARDS_MAX:
             raise InvalidConfig(f"shards: must be in [1, {limits.SHARDS_MAX}], got {shards}")
         os.makedirs(self.path, mode=0o700, exist_ok=True)
-        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
+        if not os.path.isdir(self.run_dir):
+            os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)  # whatever the umask; an existing one is checked instead
         if len(self.socket_path(shards - 1).encode()) > SOCKET_PATH_MAX:
             raise InvalidConfig(f"data_dir: {self.path!r} is too long for unix socket paths "
                                 f"(at most {SOCKET_PATH_MAX} bytes in all); use a shorter path")
@@ -113,23 +118,45 @@ class DataDir:
         _sync_dir(self.path)
 
     def authkey(self) -> bytes:
-        """The key, after checking nobody but the owner can read or change it."""
+        """The key, after checking nobody but the owner can read or change it or the sockets.
+
+        The key file is opened without following a symlink (``O_NOFOLLOW``) and checked on
+        the open descriptor (``fstat``), so it cannot be swapped between check and read."""
+        self._check_run_dir()
         try:
-            st = os.stat(self.key_path)
+            fd = os.open(self.key_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             raise AuthError(f"no key file at {self.key_path}; is the service initialised?") from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise AuthError(f"refusing key file {self.key_path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
-                            "others read or change it; run chmod 600 on it")
-        rst = os.stat(self.run_dir)
-        if rst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise AuthError(f"refusing socket dir {self.run_dir}: mode {stat.S_IMODE(rst.st_mode):04o} "
-                            "lets others replace the sockets; run chmod 700 on it")
-        with open(self.key_path, "rb") as f:
-            key = f.read().strip()
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise AuthError(f"refusing key file {self.key_path}: it is a symlink; replace it with the "
+                                "file itself (mode 0600)") from None
+            raise AuthError(f"cannot open key file {self.key_path}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise AuthError(f"refusing key file {self.key_path}: not a regular file")
+            if st.st_uid != os.geteuid():
+                raise AuthError(f"refusing key file {self.key_path}: owned by uid {st.st_uid}, not by this "
+                                f"user (uid {os.geteuid()}); run shardq as its owner or chown it")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise AuthError(f"refusing key file {self.key_path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                                "others read or change it; run chmod 600 on it")
+            key = os.read(fd, 4096).strip()
+        finally:
+            os.close(fd)
         if len(key) < 16:
             raise AuthError(f"key file {self.key_path} is too short")
         return key
+
+    def _check_run_dir(self) -> None:
+        try:
+            st = os.stat(self.run_dir)
+        except FileNotFoundError:
+            raise AuthError(f"no socket dir at {self.run_dir}; is the service initialised?") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AuthError(f"refusing socket dir {self.run_dir}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                            "others list, reach or replace the sockets; run chmod 700 on it")
 
     def lock(self, name: str) -> int:
         """Take an exclusive lock file, or raise if another process holds it."""

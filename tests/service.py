@@ -39,9 +39,10 @@ class Service:
     """``shardq serve`` as a child process. Use as a context manager."""
 
     def __init__(self, data_dir: str | None = None, shards: int = 2, config: dict | None = None,
-                 log_path: str | None = None):
+                 log_path: str | None = None, wait_for: list[int] | None = None):
         self.data_dir = data_dir or os.path.join(short_tmpdir(), "data")
         self.shards = shards
+        self.wait_for = wait_for  # the shards start() waits for (None: all; a test may expect one down)
         self.config = dict(config or {})
         # Metrics and console on a free port unless the test says otherwise: services of
         # parallel tests must not fight over the default port (see http_url()).
@@ -73,8 +74,11 @@ class Service:
             raise AssertionError(f"shardq serve exited with {self.proc.returncode}: {self.tail()}")
         try:
             with shardq.connect(self.data_dir, retry_s=0.2, request_timeout_s=2) as q:
-                q.ping()
-            return True
+                if self.wait_for is None:
+                    q.ping()
+                    return True
+                shards = q.stats()["shards"]
+                return all(shards[i]["available"] for i in self.wait_for)
         except Exception:
             return False
 

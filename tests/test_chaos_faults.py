@@ -84,7 +84,7 @@ def test_sigkill_of_shards_during_batched_enqueue_loses_no_acknowledged_job():
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             errors.append(e)
 
-    with Service(shards=2, config={"service": {"restart_limit": 100}}) as svc:
+    with Service(shards=2, config={"service": {"restart_backoff_max": 0.5}}) as svc:
         routers = [svc.connect(retry_s=20, request_timeout_s=20) for _ in range(2)]
         threads = [threading.Thread(target=produce, args=(t, routers[t])) for t in range(2)]
         for th in threads:
@@ -135,7 +135,7 @@ def _compaction_in_progress(files: list[str]) -> str | None:
 
 def test_sigkill_during_compaction_replays_consistently():
     cfg = {"limits": {"segment_bytes": 4096, "compact_min_bytes": 4096},
-           "service": {"restart_limit": 1000}}
+           "service": {"restart_backoff_max": 0.5}}
     keep = {f"keep-{i:05d}-{'x' * 150}".encode() for i in range(6000)}  # ~1 MB live: checkpoints take a while
     with Service(shards=1, config=cfg) as svc:
         shard_dir = DataDir(svc.data_dir).shard_dir(0)
@@ -210,7 +210,7 @@ def test_sigkill_during_compaction_replays_consistently():
 
 # ---------------------------------------------------------------- pause past the health timeout
 def test_shard_paused_past_health_timeout_is_killed_and_restarted_without_loss():
-    cfg = {"service": {"health_timeout": 1.0, "restart_limit": 100}}
+    cfg = {"service": {"health_timeout": 1.0, "restart_backoff_max": 0.5}}
     with Service(shards=2, config=cfg) as svc, svc.connect(retry_s=30, request_timeout_s=30) as q:
         ids = q.enqueue_many([{"body": f"p{i}".encode(), "key": f"k{i % 10}"} for i in range(500)])
         held = q.dequeue_many(max_jobs=3, visibility=600)

@@ -15,7 +15,7 @@ from service import Service, reset_queues, wait_until
 WHY = browser.missing()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no browser for the console tests: {WHY}")
 
-CONFIG = {"queues": {"default": {}, "mail": {"max_deliveries": 1}}, "service": {"restart_limit": 1}}
+CONFIG = {"queues": {"default": {}, "mail": {"max_deliveries": 1}}, "service": {"restart_backoff_max": 60}}
 TOKEN = "browser-test-token-0123456789"
 
 
@@ -45,6 +45,19 @@ def open_console(driver, url):
                "the console's first overview")
 
 
+def text(driver, css: str) -> str:
+    """The element's text, read in one script call: the page re-renders every second, so an
+    element handle found first and read after may already be gone (StaleElementReference)."""
+    return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
+                                 css)
+
+
+def texts(driver, css: str) -> list[str]:
+    """Every matching element's text, in one script call (see text())."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.textContent.trim());", css)
+
+
 def cells(driver, queue) -> dict:
     """The queue's row as {column class: text}, read from the page."""
     return driver.execute_script("""
@@ -70,9 +83,9 @@ def test_the_console_shows_the_queue_counts_the_api_reports(driver, svc, q):
     for k in ("ready", "delayed", "waiting", "in_flight", "dead", "keys"):
         assert row[k] == str(want[k]), k
     assert row["state"] == "active" and row["oldest"].endswith("s")
-    shards = driver.find_elements("css selector", "#shards tbody tr")
-    assert len(shards) == 2 and all("up" in r.text for r in shards)
-    assert [r.find_element("css selector", "td.pid").text for r in shards] == [str(p) for p in q.ping()]
+    shards = texts(driver, "#shards tbody tr")
+    assert len(shards) == 2 and all("up" in r for r in shards)
+    assert texts(driver, "#shards tbody tr td.pid") == [str(p) for p in q.ping()]
 
 
 def test_pause_and_resume_buttons(driver, svc, q):
@@ -113,7 +126,7 @@ def _show_dead_letters(driver, svc, queue, n):
 def test_redrive_and_purge_selected_dead_letters(driver, svc, q):
     ids = _dead_letters(q, 3)
     _show_dead_letters(driver, svc, "mail", 3)
-    errors = [e.text for e in driver.find_elements("css selector", "#dead-letters td.error")]
+    errors = texts(driver, "#dead-letters td.error")
     assert errors == ["SMTPError: 550 mailbox unavailable"] * 3
     click(driver, f'input.dl-select[value="{ids[0]}"]')
     click(driver, "#dl-redrive")
@@ -137,7 +150,7 @@ def test_look_up_and_cancel_a_job(driver, svc, q):
     click(driver, "#job-lookup")
     wait_until(lambda: driver.find_element("css selector", "#job-result").get_attribute("data-state") == "waiting",
                10, 0.05, "the job shown")
-    position = driver.find_element("css selector", '#job-result tr[data-field="position"] td').text
+    position = text(driver, '#job-result tr[data-field="position"] td')
     assert position == "1"
     click(driver, "#job-cancel")
     driver.switch_to.alert.accept()
@@ -170,10 +183,13 @@ def test_the_console_logs_in_with_the_token(driver, monkeypatch):
 def test_the_console_keeps_working_with_a_shard_down(driver, svc):
     """Last in this module: it leaves the shared service with a shard down."""
     open_console(driver, svc.url)
+    shard_dir = os.path.join(svc.data_dir, "shard-1")
+    os.rename(shard_dir, shard_dir + ".away")
+    open(shard_dir, "w").close()  # a file where its directory should be: every restart fails
     with svc.connect() as q:
-        os.kill(q.ping()[1], signal.SIGKILL)  # restart_limit 1: it stays down
-    wait_until(lambda: "down" in driver.find_element("css selector", '#shards tr[data-shard="1"]').text,
+        os.kill(q.ping()[1], signal.SIGKILL)
+    wait_until(lambda: "down" in text(driver, '#shards tr[data-shard="1"]'),
                20, 0.1, "shard 1 shown down")
-    wait_until(lambda: "1 shard down" in driver.find_element("css selector", "#updated").text, 10, 0.1,
+    wait_until(lambda: "1 shard down" in text(driver, "#updated"), 10, 0.1,
                "the header saying so")
     assert cells(driver, "default") is not None

@@ -32,7 +32,7 @@ REPLY_S = 5.0
 
 @pytest.fixture(scope="module")
 def svc():
-    cfg = {"queue_defaults": {"max_deliveries": 1_000_000}, "service": {"restart_limit": 1000}}
+    cfg = {"queue_defaults": {"max_deliveries": 1_000_000}, "service": {"restart_backoff_max": 0.5}}
     with Service(shards=2, config=cfg) as s:
         s.dd = DataDir(s.data_dir)
         s.good = s.connect(retry_s=5, request_timeout_s=5)

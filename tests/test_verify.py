@@ -317,3 +317,23 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
+
+
+def test_overlapping_leases_across_a_restart_are_fenced_not_double_in_flight():
+    """With lease_sync = "batched" a power cut may lose a lease's record: after the restart
+    the job is leased again while the old holder still runs. The old token is below the new
+    epoch (LeaseLost), so that is no double lease; two overlapping leases in one epoch are."""
+    from shardq.shard.ops import TOKEN_EPOCH_BITS
+    from shardq.verify.check import _check_leases, Report
+    from shardq.verify.history import LeaseRec
+
+    def lease(job_id, token, t0, t1, deadline, worker):
+        return LeaseRec(worker, job_id, "k", 1, token, deadline, t0, t1)
+
+    old, new = (1 << TOKEN_EPOCH_BITS) + 5, (2 << TOKEN_EPOCH_BITS) + 1
+    rep = Report(counts={"double_in_flight": 0})
+    _check_leases(rep, [lease(7, old, 0.0, 0.1, 10.0, "w1"), lease(7, new, 1.0, 1.1, 11.0, "w2")])
+    assert rep.counts["double_in_flight"] == 0 and rep.info["fenced_overlaps"] == 1
+    rep = Report(counts={"double_in_flight": 0})
+    _check_leases(rep, [lease(7, new, 0.0, 0.1, 10.0, "w1"), lease(7, new + 1, 1.0, 1.1, 11.0, "w2")])
+    assert rep.counts["double_in_flight"] == 1

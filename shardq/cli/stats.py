@@ -36,7 +36,19 @@ def _table(st: dict) -> None:
     print(f"{'shard':<6}{'pid':>8}{'jobs':>11}{'wal_bytes':>13}{'segments':>10}{'clients':>9}")
     for sh in st["shards"]:
         if not sh.get("available"):
-            print(f"{sh['shard']:<6}{'DOWN':>8}  {sh.get('error', '')}")
+            print(f"{sh['shard']:<6}{'DOWN':>8}  {why_down(sh)}")
             continue
         print(f"{sh['shard']:<6}{sh['pid']:>8}{sh['jobs']:>11}{sh['wal_bytes']:>13}{sh['segments']:>10}"
               f"{sh['clients']:>9}")
+
+
+def why_down(sh: dict) -> str:
+    """A down shard in words: the supervisor's status and reason when it published them
+    (``restarting in 4 s: disk full: ...``, ``failed: corrupt log ... at offset N: ...``),
+    else the error of the attempt to reach it."""
+    status, reason = sh.get("status"), sh.get("reason")
+    if status is None or (status in ("ready", "starting") and not reason):
+        return sh.get("error", "")
+    if status == "restarting" and sh.get("restart_in_s") is not None:
+        status = f"restarting in {sh['restart_in_s']:g} s"
+    return f"{status}: {reason}" if reason else status

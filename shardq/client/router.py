@@ -26,7 +26,7 @@ import time
 import zlib
 from typing import Iterable
 
-from .. import limits
+from .. import limits, supervisor_status
 from .connection import ConnectionLost, Future, ShardClient
 from .priority import plan
 from ..datadir import DataDir
@@ -504,7 +504,10 @@ class Router:
     def stats(self) -> dict:
         """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
         shards that answered (``"available": True``). A shard that is down appears as
-        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call."""
+        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call.
+        Each shard also carries its supervisor's view (``status``, ``restarts``,
+        ``last_exit``; for one not ready, ``reason`` and ``restart_in_s``), from the embedded
+        supervisor or from the one of ``shardq serve`` (:mod:`shardq.supervisor_status`)."""
         shards = []
         for s in range(self.shards):
             try:
@@ -517,6 +520,8 @@ class Router:
         if self._supervisor is not None:
             for sh in shards:
                 sh.update(self._supervisor.process_stats(sh["shard"]))
+        else:
+            supervisor_status.add_to(shards, DataDir(self.data_dir).run_dir)
         return {"shards": shards, "queues": queues}
 
     # ------------------------------------------------------------------ control (this backend)

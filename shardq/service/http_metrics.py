@@ -55,8 +55,12 @@ class ShardqCollector:
             if h is not None:
                 g.counter("shardq_shard_restarts", "restarts of the shard since shardq serve started", [s],
                           h.restarts)
-                g.gauge("shardq_shard_failed", "1 if the supervisor gave up on the shard (crash loop, "
-                        "corrupt log)", [s], 1 if h.status == "failed" else 0)
+                g.gauge("shardq_shard_failed", "1 if the shard is left down: a corrupt log (every other "
+                        "failure is restarted, with backoff)", [s], 1 if h.status == "failed" else 0)
+                g.gauge("shardq_shard_status", "1, labelled with the shard's status (starting, ready, "
+                        "restarting, failed) and why it is not ready (disk_full, corrupt_log, hung, log_failed, "
+                        "io_error, exit; empty when ready)", [s, h.status, h.reason_kind or ""], 1,
+                        names=["shard", "status", "reason"])
             replay_s = sh.get("replay_seconds", (h.ready_info.get("replay_s") if h else None))
             replay_n = sh.get("replay_records", (h.ready_info.get("records") if h else None))
             if replay_s is not None:

@@ -1,15 +1,29 @@
 """The supervisor: starts N shard processes, watches them, restarts the ones that die.
 
-* A shard is ``python -m shardq.shard.process``; it prints ``ready ...`` on its stdout pipe
-  once it has replayed its log and listens. EOF on that pipe means it exited.
+* A shard is ``python -m shardq.shard.process``, in a session of its own: a Ctrl-C meant
+  for the terminal or the embedding app's process group does not reach it (the supervisor
+  stops it), and ``PR_SET_PDEATHSIG`` still kills it with the supervisor, so a SIGKILLed
+  service leaves no orphan writing to the log.
+* A shard reports on its stdout pipe (:mod:`shardq.shard.report`): ``progress`` while it
+  replays or compacts, ``ready`` once it listens, ``corrupt`` or ``failed`` (disk full)
+  with the reason before it exits. EOF on that pipe means it exited.
 * Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds; a
-  shard that leaves a ping unanswered for ``health_timeout`` is hung, and is SIGKILLed and
-  restarted. A restarted shard replays its log while the other shards keep serving.
-* Crash loops: after ``restart_limit`` exits within ``restart_window`` seconds the shard is
-  left down and the reason is logged (e.g. the corrupt-log file and offset).
-* Shards die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed service leaves no
-  orphan writing to the log.
-* Periodic jobs: once every shard is ready, a :class:`~.scheduler.Scheduler` thread fires
+  shard that leaves a ping unanswered *and* reports no progress for ``health_timeout`` is
+  hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
+  not a hang. A starting shard that reports nothing for ``start_timeout`` (60 s) is hung
+  too; one that reports replay progress is waited for however long its replay takes.
+* Restarts back off: the first exit restarts at once; each further exit before the shard
+  has served for 10 s waits twice as long as the one before (0.5 s, 1 s, 2 s, ... up to
+  ``restart_backoff_max``, 60 s by default). A shard is never
+  given up on -- a full disk, for one, heals when space is freed -- except for a corrupt
+  log: that shard stays down ("failed") until a person looks (``shardq wal check``).
+* Why a shard is down (its last exit, "disk full", "corrupt log ... at offset N", "hung",
+  "restarting in N s") is logged at WARNING or ERROR, kept per shard
+  (:meth:`process_stats`) and published in ``run/supervisor.json`` for ``shardq stats`` in
+  other processes (:mod:`shardq.supervisor_status`).
+* :meth:`start` returns once every shard is ready, failed, or failing repeatedly; the
+  others serve meanwhile. It raises only if no shard could start.
+* Periodic jobs: once the shards are up, a :class:`~.scheduler.Scheduler` thread fires
   the config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
   ``service.schedule_modules``, through a router of its own.
 * :meth:`stop`: SIGTERM to every shard (each finishes its iteration: fsync, replies),
@@ -30,16 +44,22 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_ready
 
-from ..client.connection import ShardClient
+from ..client.connection import Future, ShardClient
 from ..config import Config, load as load_config
 from ..datadir import DataDir
 from ..errors import ShardUnavailable
+from ..supervisor_status import StatusBoard
 
 log = logging.getLogger("shardq.supervisor")
 
+START_TIMEOUT_S = 60.0          # a starting shard that reports nothing for this long is hung
+RESTART_BACKOFF_S_FIRST = 0.5   # the delay before the second restart in a row; doubles after
+STABLE_RUN_S = 10.0             # ready this long (or restart_backoff_max if less): failures reset
+EXIT_LOG_FAILED = 4             # shardq.shard.process's exit code for a failed log write
 
-def _event(name: str, **fields) -> None:
-    log.info("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+def _event(name: str, level: int = logging.INFO, **fields) -> None:
+    log.log(level, "event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
 def child_env() -> dict[str, str]:
@@ -62,19 +82,30 @@ def _describe_exit(code: int) -> str:
 
 
 class ShardHandle:
+    """One shard slot: the current process, its status, and why it is not ready."""
+
     def __init__(self, index: int):
         self.index = index
         self.proc: subprocess.Popen | None = None
-        self.status = "stopped"   # starting | ready | down | failed | stopped
-        self.exits: deque[float] = deque()
+        self.status = "stopped"   # starting | ready | restarting | failed | stopped
         self.restarts = 0
+        self.failures = 0         # exits in a row without a long enough run: the backoff step
         self.last_exit: str | None = None
-        self.corrupt: dict | None = None
+        self.reason: str | None = None       # why it is not ready (kept while it starts again)
+        self.reason_kind: str | None = None  # disk_full corrupt_log hung log_failed io_error exit
+        self.restart_at: float | None = None  # monotonic, while restarting
+        self.ready_since: float | None = None
+        self.last_heard = 0.0                 # monotonic: spawn, or the last line it sent
+        self.busy: str | None = None          # the phase of its progress lines, until a ping answers
+        self.busy_since = 0.0
+        self.busy_logged = False
+        self.corrupt: dict | None = None      # what this run reported before exiting
+        self.failed: dict | None = None
+        self.hung: str | None = None          # why this run was killed as hung
         self.ready_info: dict = {}
         self.ping_sent: float | None = None
         self.next_ping = 0.0
         self.health: ShardClient | None = None
-        self.ready_event = threading.Event()
         self.ping_future = None
 
 
@@ -91,48 +122,65 @@ class Supervisor:
         self.stderr = stderr
         self.handles: list[ShardHandle] = []
         self.stopping = False
+        self.start_timeout = START_TIMEOUT_S
         self._lock_fd: int | None = None
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._spawn_requests: deque[ShardHandle] = deque()
+        self._changed = threading.Condition()
+        self.board: StatusBoard | None = None
         self.clock = clock  # the scheduler's (tests pass a FakeClock); None: the system clock
         self.scheduler = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, *, background: bool = False, ready_timeout: float = 60.0) -> "Supervisor":
-        """Create/check the data dir, start every shard, wait until all are ready.
+    def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> "Supervisor":
+        """Create/check the data dir, start every shard, wait until each is ready, failed
+        (corrupt log), or failing again and again (backing off between restarts).
 
-        Raises ShardCountMismatch if the data dir has another N; ShardUnavailable if a
-        shard is not ready within ``ready_timeout`` (its last exit reason in the message).
+        A shard that reports replay progress is waited for however long its replay takes;
+        one silent for ``start_timeout`` seconds is killed as hung and restarted. Shards
+        that are down are logged at ERROR and keep being restarted while the others serve.
+        Raises ShardCountMismatch if the data dir has another N; ShardUnavailable, with
+        every shard's reason, if no shard could start.
         """
         n = self.dd.init(self.requested_shards)
         self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
         self._lock_fd = self.dd.lock("supervisor.lock")
+        self.start_timeout = start_timeout
         self.handles = [ShardHandle(i) for i in range(n)]
+        try:
+            self.board = StatusBoard(self.dd.run_dir, n)
+        except OSError as e:
+            log.warning("event=status-unpublished reason=%s", json.dumps(str(e)))
         _event("start", data_dir=self.dd.path, shards=n, pid=os.getpid())
         if background:
             # Shards are spawned by the monitor thread: PDEATHSIG follows the spawning thread.
             self._spawn_requests.extend(self.handles)
             self._thread = threading.Thread(target=self._monitor, name="shardq-supervisor", daemon=True)
             self._thread.start()
+            with self._changed:
+                while not self._settled() and self._thread.is_alive():
+                    self._changed.wait(0.5)
         else:
             for h in self.handles:
                 self._spawn(h)
-        deadline = time.monotonic() + ready_timeout
-        for h in self.handles:
-            if not background:
-                while h.status == "starting" and time.monotonic() < deadline:
-                    self._poll_once(min(0.5, max(deadline - time.monotonic(), 0)))
-            else:
-                h.ready_event.wait(max(deadline - time.monotonic(), 0))
-            if h.status != "ready":
-                self.stop()
-                why = f"corrupt log {h.corrupt}" if h.corrupt else (h.last_exit or "timed out")
-                raise ShardUnavailable(f"shard {h.index} did not become ready: {why}")
-        _event("ready", shards=n)
+            while not self._settled():
+                self._poll_once(0.5)
+        down = [h for h in self.handles if h.status != "ready"]
+        if len(down) == n:
+            self.stop()
+            raise ShardUnavailable("no shard could start: " + "; ".join(
+                f"shard {h.index}: {h.reason or h.status}" for h in down))
+        for h in down:
+            _event("shard-down", logging.ERROR, shard=h.index, status=h.status, reason=json.dumps(h.reason),
+                   note='"the other shards serve"')
+        _event("ready", shards=n, down=len(down))
         self._start_scheduler()
         return self
+
+    def _settled(self) -> bool:
+        return all(h.status in ("ready", "failed") or h.failures >= 2 for h in self.handles)
 
     def _start_scheduler(self) -> None:
         if not (self.config.schedules or self.config.service.schedule_modules):
@@ -153,6 +201,8 @@ class Supervisor:
         """Foreground service: monitor until SIGTERM/SIGINT; a second signal exits at once."""
         def on_signal(signum, frame):
             if self.stopping:
+                _event("killed", logging.WARNING, signal=signal.Signals(signum).name,
+                       note='"second signal: shards SIGKILLed without waiting for their last iteration"')
                 for h in self.handles:
                     if h.proc and h.proc.poll() is None:
                         h.proc.kill()
@@ -206,9 +256,12 @@ class Supervisor:
                 h.proc.wait()
             if h.proc.stdout:
                 h.proc.stdout.close()
-            if h.status != "stopped":
+            if h.status not in ("stopped", "failed", "restarting"):
                 _event("shard-stopped", shard=h.index, exit=_describe_exit(h.proc.returncode))
             h.status = "stopped"
+        if self.board is not None:
+            self.board.close()
+            self.board = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -220,10 +273,24 @@ class Supervisor:
                "--index", str(h.index), "--config", json.dumps(self.config.to_dict()),
                "--parent-pid", str(os.getpid())]
         h.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
-                                  close_fds=True, env=child_env())
-        h.status = "starting"
-        h.corrupt = None
+                                  close_fds=True, env=child_env(), start_new_session=True)
+        h.corrupt = h.failed = h.hung = h.busy = h.restart_at = None
+        h.last_heard = time.monotonic()
         _event("spawn", shard=h.index, pid=h.proc.pid)
+        self._set_status(h, "starting")
+
+    def _set_status(self, h: ShardHandle, status: str) -> None:
+        """Change a shard's status: wake start() if it waits, publish for `shardq stats`."""
+        with self._changed:
+            h.status = status
+            self._changed.notify_all()
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.board is not None and not self.board.publish([self._status_of(h) for h in self.handles]):
+            if not self.board.failed_once:
+                self.board.failed_once = True
+                log.warning("event=status-unpublished path=%s", self.board.path)
 
     def _monitor(self) -> None:
         try:
@@ -235,6 +302,10 @@ class Supervisor:
             self._shutdown(getattr(self, "grace_s", 10.0))
 
     def _poll_once(self, timeout: float) -> None:
+        due = [h.restart_at for h in self.handles if h.status == "restarting" and h.restart_at is not None]
+        if due:
+            timeout = min(timeout, max(min(due) - time.monotonic(), 0.0))
+        timeout = min(timeout, self._ping_interval())  # health checks as fine-grained as the pings
         live = {h.proc.stdout: h for h in self.handles if h.proc and h.proc.stdout and not h.proc.stdout.closed}
         ready = wait_ready([self._wake_r, *live], timeout)
         for r in ready:
@@ -251,20 +322,53 @@ class Supervisor:
             else:
                 self._on_exit(h)
         if not self.stopping:
+            self._restart_due()
             self._health()
 
     def _on_line(self, h: ShardHandle, line: str) -> None:
         word, _, rest = line.partition(" ")
-        if word == "ready":
+        now = time.monotonic()
+        h.last_heard = now
+        if word == "progress":
+            phase = rest.split(" ", 1)[0]
+            if h.busy != phase:
+                h.busy, h.busy_since, h.busy_logged = phase, now, False
+            elif not h.busy_logged and now - h.busy_since > self.config.service.health_timeout:
+                h.busy_logged = True  # once per phase: it is why pings go unanswered
+                _event("shard-busy", shard=h.index, pid=h.proc.pid, phase=phase, for_s=f"{now - h.busy_since:.1f}",
+                       note='"working, not hung"')
+        elif word == "ready":
             pid, records, seconds, jobs = rest.split()
-            h.status = "ready"
             h.ready_info = {"records": int(records), "replay_s": float(seconds), "jobs": int(jobs)}
-            h.next_ping = time.monotonic() + self._ping_interval()
+            h.next_ping = now + self._ping_interval()
             h.ping_sent = None
+            h.busy = None
+            h.ready_since = now
+            h.reason = h.reason_kind = None
             _event("shard-ready", shard=h.index, pid=pid, replay_records=records, replay_s=seconds, jobs=jobs)
-            h.ready_event.set()
+            self._set_status(h, "ready")
         elif word == "corrupt":
             h.corrupt = json.loads(rest)
+        elif word == "failed":
+            h.failed = json.loads(rest)
+
+    def _why(self, h: ShardHandle, code: int) -> tuple[str, str]:
+        """(kind, words) for why the process that just exited did so."""
+        if h.corrupt:
+            c = h.corrupt
+            return "corrupt_log", f"corrupt log {c['path']} at offset {c['offset']}: {c['reason']}"
+        if h.failed and h.failed.get("kind") == "disk_full":
+            where = f" ({h.failed['path']})" if h.failed.get("path") else ""
+            return "disk_full", f"disk full: {h.failed.get('detail')}{where}"
+        if h.failed:
+            return "io_error", f"cannot open its log: {h.failed.get('detail')}"
+        if h.hung:
+            return "hung", f"hung: {h.hung}"
+        if code == EXIT_LOG_FAILED:
+            return "log_failed", "a log write failed (exit code 4); the shard's log says why"
+        if code < 0:
+            return "exit", f"killed by {_describe_exit(code).removeprefix('signal=')}"
+        return "exit", f"exited with code {code}"
 
     def _on_exit(self, h: ShardHandle) -> None:
         code = h.proc.wait()
@@ -272,48 +376,83 @@ class Supervisor:
         if h.health:
             h.health.close()
             h.health = None
+        h.ping_sent = None
         if self.stopping:
-            h.status = "stopped"
+            self._set_status(h, "stopped")
             return
-        h.last_exit = _describe_exit(code)
         now = time.monotonic()
-        h.exits.append(now)
-        window = self.config.service.restart_window
-        while h.exits and h.exits[0] < now - window:
-            h.exits.popleft()
-        reason = f" reason=corrupt-log path={h.corrupt['path']} offset={h.corrupt['offset']}" if h.corrupt else ""
-        _event("shard-exit", shard=h.index, pid=h.proc.pid, exit=h.last_exit + reason)
-        if h.corrupt or len(h.exits) >= self.config.service.restart_limit:
-            h.status = "failed"
-            why = (f"corrupt log {h.corrupt['path']} at offset {h.corrupt['offset']}: {h.corrupt['reason']}"
-                   if h.corrupt else f"{len(h.exits)} exits within {window:.0f} s, last {h.last_exit}")
-            _event("shard-failed", shard=h.index, reason=json.dumps(why))
-            h.ready_event.set()
+        h.reason_kind, h.reason = self._why(h, code)
+        h.last_exit = _describe_exit(code)
+        if h.reason_kind != "exit":
+            h.last_exit += f": {h.reason}"  # kept once it is ready again (reason is then cleared)
+        if h.corrupt:
+            c = h.corrupt
+            _event("shard-exit", logging.WARNING, shard=h.index, pid=h.proc.pid,
+                   exit=f"{_describe_exit(code)} reason=corrupt-log path={c['path']} offset={c['offset']}")
+            _event("shard-failed", logging.ERROR, shard=h.index, reason=json.dumps(h.reason),
+                   note='"not restarted: check the log with shardq wal check"')
+            self._set_status(h, "failed")
             return
+        cap = self.config.service.restart_backoff_max
+        if h.ready_since is not None and now - h.ready_since >= min(STABLE_RUN_S, cap):
+            h.failures = 0  # it ran long enough: this is a new failure, not a crash loop
+        h.failures += 1
+        h.ready_since = None
+        delay = 0.0 if h.failures == 1 else min(RESTART_BACKOFF_S_FIRST * 2 ** (h.failures - 2), cap)
+        extra = {} if h.reason_kind == "exit" else {"reason": h.reason_kind.replace("_", "-"),
+                                                     "detail": json.dumps(h.reason)}
+        _event("shard-exit", logging.WARNING, shard=h.index, pid=h.proc.pid, exit=_describe_exit(code), **extra)
         h.restarts += 1
-        _event("shard-restart", shard=h.index, restarts=h.restarts)
-        self._spawn(h)
+        h.restart_at = now + delay
+        if delay:
+            _event("shard-restart", logging.WARNING, shard=h.index, restarts=h.restarts, in_s=f"{delay:g}",
+                   failures_in_a_row=h.failures, reason=json.dumps(h.reason))
+        else:
+            _event("shard-restart", shard=h.index, restarts=h.restarts)
+        self._set_status(h, "restarting")
+        if not delay:
+            self._spawn(h)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for h in self.handles:
+            if h.status == "restarting" and h.restart_at is not None and now >= h.restart_at:
+                self._spawn(h)
 
     # ------------------------------------------------------------------ health
     def _ping_interval(self) -> float:
         return self.config.service.health_timeout / 4
 
+    def _kill_hung(self, h: ShardHandle, why: str, **fields) -> None:
+        _event("shard-hung", logging.WARNING, shard=h.index, pid=h.proc.pid, **fields)
+        h.hung = why
+        h.proc.kill()  # the stdout EOF then drives the restart
+        h.ping_sent = None
+        h.restart_at = None
+        self._set_status(h, "restarting")
+
     def _health(self) -> None:
         now = time.monotonic()
+        timeout = self.config.service.health_timeout
         for h in self.handles:
-            if h.status != "ready" or h.proc is None:
+            if h.proc is None:
+                continue
+            if h.status == "starting":
+                if now - h.last_heard > self.start_timeout:
+                    self._kill_hung(h, f"no progress for {now - h.last_heard:.0f} s while starting",
+                                    silent_s=f"{now - h.last_heard:.1f}", phase="starting")
+                continue
+            if h.status != "ready":
                 continue
             if h.ping_sent is not None:
                 fut = h.ping_future
                 if fut.done:
                     h.ping_sent = None
+                    h.busy = None
                     h.next_ping = now + self._ping_interval()
-                elif now - h.ping_sent > self.config.service.health_timeout:
-                    _event("shard-hung", shard=h.index, pid=h.proc.pid,
-                           unanswered_s=f"{now - h.ping_sent:.1f}")
-                    h.proc.kill()  # the stdout EOF then drives the restart
-                    h.ping_sent = None
-                    h.status = "down"
+                elif now - max(h.ping_sent, h.last_heard) > timeout:
+                    self._kill_hung(h, f"no answer to a health ping for {now - h.ping_sent:.1f} s",
+                                    unanswered_s=f"{now - h.ping_sent:.1f}")
                 continue
             if now >= h.next_ping:
                 try:
@@ -324,14 +463,27 @@ class Supervisor:
                     h.ping_sent = now
                 except ShardUnavailable:
                     h.ping_sent = now  # unreachable counts as unanswered
-                    from ..client.connection import Future
                     h.ping_future = Future()
 
+    # ------------------------------------------------------------------ status
+    def _status_of(self, h: ShardHandle) -> dict:
+        out = {"shard": h.index, "status": h.status, "restarts": h.restarts, "last_exit": h.last_exit,
+               "reason": h.reason, "reason_kind": h.reason_kind}
+        if h.status == "restarting" and h.restart_at is not None:
+            out["restart_in_s"] = round(max(h.restart_at - time.monotonic(), 0.0), 1)
+            if self.board is not None:  # a reader in another process needs a wall-clock time
+                out["restart_at"] = self.board.clock.now() + out["restart_in_s"]
+        if h.busy and h.status == "ready":
+            out["busy"] = h.busy
+        return out
+
     def process_stats(self, index: int) -> dict:
-        """psutil figures of a shard process, for ``stats``."""
+        """The supervisor's view of a shard (status, restarts, last exit, why it is down,
+        when it restarts) and psutil figures of its process, for ``stats``."""
         import psutil
         h = self.handles[index]
-        out = {"status": h.status, "restarts": h.restarts, "last_exit": h.last_exit}
+        out = self._status_of(h)
+        out.pop("restart_at", None)
         try:
             p = psutil.Process(h.proc.pid)
             out.update(rss_bytes=p.memory_info().rss, cpu_percent=p.cpu_percent(None))

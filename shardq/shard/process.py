@@ -14,8 +14,11 @@ that framing without blocking (:mod:`.conn`) and never unpickles. A client that 
 undecodable or oversized frame is disconnected; a well-formed request that is invalid gets
 an error reply. Neither touches the log or the other clients.
 
-Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``.
-Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed, 70 internal error.
+Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``,
+in a session of its own (a Ctrl-C meant for the supervisor's terminal or embedding app
+does not reach it). It tells the supervisor how it is doing on its stdout (:mod:`.report`).
+Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed or log cannot be opened
+(disk full, I/O error), 70 internal error.
 """
 from __future__ import annotations
 
@@ -30,80 +33,41 @@ import selectors
 import signal
 import socket
 import sys
-import threading
 from collections import deque
-from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
-                                        deliver_challenge)
+from contextlib import nullcontext
 
 from .. import limits
+from .acceptor import Acceptor
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
-from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
 from . import wire as protocol
 from .committer import Committer
 from .control_handlers import control_handlers
 from .conn import FrameConn
 from .durable import DurableShard
+from .report import NO_SPACE, ReportingFiles, SupervisorPipe
 
 log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
-HANDSHAKES_MAX = 32
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
 
 
-class Acceptor(threading.Thread):
-    """Accepts sockets and authenticates each on its own short-lived thread."""
-
-    def __init__(self, listener: socket.socket, authkey: bytes, deliver):
-        super().__init__(name="shardq-acceptor", daemon=True)
-        self.listener = listener
-        self.authkey = authkey
-        self.deliver = deliver
-        self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
-
-    def run(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return  # listener closed: shutting down
-            if not self.busy.acquire(blocking=False):
-                sock.close()  # a flood of connections: refuse rather than queue without bound
-                continue
-            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
-
-    def _handshake(self, sock: socket.socket) -> None:
-        try:
-            fd = sock.detach()
-            socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
-            conn = Connection(fd)
-            try:
-                deliver_challenge(conn, self.authkey)
-                answer_challenge(conn, self.authkey)
-            except (AuthenticationError, OSError, EOFError, ValueError) as e:
-                log.warning("client rejected during authentication: %s", e or type(e).__name__)
-                conn.close()
-                return
-            socket_timeouts(fd, 0)
-            own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
-            conn.close()
-            self.deliver(FrameConn(own))
-        finally:
-            self.busy.release()
-
-
 class ShardServer:
     """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`."""
 
-    def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None):
+    def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
+                 busy=None):
         self.shard = shard
+        #: busy(phase): a context manager telling the supervisor that the loop is working,
+        #: not hung, while it cannot answer pings (compaction); see :mod:`.report`
+        self.busy = busy or (lambda phase: nullcontext())
         self.state = shard.state
         self.sock_path = sock_path
         self.authkey = authkey
@@ -158,7 +122,7 @@ class ShardServer:
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
         self.committer.durable_seq = self.state.next_seq - 1  # everything replayed is durable
-        Acceptor(listener, self.authkey, self._deliver).start()
+        Acceptor(listener, self.authkey, self._deliver, self.clock).start()
         if on_ready:
             on_ready()
         try:
@@ -244,7 +208,8 @@ class ShardServer:
                               sync=sync, seq=state.next_seq - 1)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
-            self.shard.compact()
+            with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
+                self.shard.compact()
 
     def _frames(self, replies: dict) -> list:
         return [(conn, frame) for conn, out in replies.items() if conn in self.conns
@@ -467,25 +432,33 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
     config = parse_config(json.loads(a.config))
+    # Progress every quarter health timeout: the supervisor kills a shard silent for a whole one.
+    pipe = SupervisorPipe(sys.stdout, interval_s=config.service.health_timeout / 4)
+    files = ReportingFiles(pipe)
     dd = DataDir(a.data_dir)
     authkey = dd.authkey()
-    lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
-    shard = DurableShard(dd.shard_dir(a.index), a.index, config)
+    shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)
     try:
-        stats = shard.open()
+        with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
+            lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
+            stats = shard.open()  # logs what it replayed
     except CorruptLog as e:
         log.error("refusing to start: %s", e)
-        print(f"corrupt {json.dumps({'path': e.path, 'offset': e.offset, 'reason': e.reason})}", flush=True)
+        pipe.corrupt(e.path, e.offset, e.reason)
         return EXIT_CORRUPT
+    except OSError as e:  # the disk: full, read-only, failing
+        log.error("cannot start: %s", e)
+        pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
+        return EXIT_LOG_FAILED
     tune_gc()
-    server = ShardServer(shard, dd.socket_path(a.index), authkey)
+    server = ShardServer(shard, dd.socket_path(a.index), authkey,
+                         busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 
     def ready():
-        print(f"ready {os.getpid()} {stats.records} {stats.seconds:.6f} {len(shard.state.jobs)}", flush=True)
-        log.info("ready: replayed %d records in %.3f s, %d jobs live", stats.records, stats.seconds,
-                 len(shard.state.jobs))
+        pipe.ready(stats.records, stats.seconds, len(shard.state.jobs))
+        log.info("ready: listening on %s", server.sock_path)
 
     profile_path = os.environ.get("SHARDQ_PROFILE")  # bench/profile.py: cProfile of the shard loop
     profiler = None

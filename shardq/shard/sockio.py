@@ -7,7 +7,6 @@ and writes on the descriptor fail instead of hanging.
 """
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
@@ -18,12 +17,12 @@ HANDSHAKE_TIMEOUT_S = 5.0
 def socket_timeouts(fd: int, seconds: float) -> None:
     """Set (0 = clear) the kernel send/receive timeouts of a socket descriptor."""
     tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
-    s = socket.socket(fileno=os.dup(fd))
+    s = socket.socket(fileno=fd)  # borrowed, not duplicated: needs no descriptor (EMFILE)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
     finally:
-        s.close()
+        s.detach()
 
 
 def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:

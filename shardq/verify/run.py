@@ -106,7 +106,7 @@ class Run:
         between compactions at least)."""
         body = getattr(self.a, "body_bytes", 0)
         return {
-            "service": {"health_timeout": self.a.health_timeout, "restart_limit": 1000, "restart_window": 1.0},
+            "service": {"health_timeout": self.a.health_timeout, "restart_backoff_max": 0.5},
             "limits": {"segment_bytes": max(32 * KiB, 8 * body), "compact_min_bytes": max(64 * KiB, 16 * body)},
             "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries,
                                "max_body_bytes": max(256 * KiB, body)},

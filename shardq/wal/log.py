@@ -18,6 +18,7 @@ same state.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -54,15 +55,20 @@ def decode(payload) -> list:
 
 
 def write_private(path: str, data) -> None:
-    """Write ``data`` to a new file readable by the owner only (it holds job bodies), fsynced."""
+    """Write ``data`` to a new file readable by the owner only (it holds job bodies), fsynced.
+    If that fails (a full disk), no part of the file is left behind: a partial copy would
+    make the next attempt, after space is freed, fail on the existing name."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
 
 
 class Log:
@@ -219,8 +225,15 @@ class Log:
             while os.path.exists(backup):  # torn there before: the same append, cut by another crash
                 n += 1
                 backup = f"{torn.path}.torn-{keep}.{n}"
-            write_private(backup, tail)
-            kept = f"kept in {backup}"
+            try:
+                write_private(backup, tail)
+                kept = f"kept in {backup}"
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # Never acknowledged, so not kept rather than a shard that cannot start
+                # until someone frees space (the disk filled during this very write).
+                kept = f"NOT kept: no space for a copy ({e.strerror})"
         if keep < MAGIC_BYTES:
             # Even the file header is incomplete: rewrite the segment as a fresh, empty one.
             self.files.unlink(torn.path)

@@ -1,10 +1,23 @@
 """Append records to one segment file; one write and one fdatasync per commit."""
 from __future__ import annotations
 
+import errno
+import logging
 import os
 
 from .fileio import Files
 from .format import SEGMENT, SEGMENT_MAGIC, frame
+
+log = logging.getLogger("shardq.wal")
+
+
+def _reserve(files: Files, fd: int, path: str, size: int) -> None:
+    """Preallocate; on a disk without room for it, append without (and say so): a shard
+    must not need a whole segment of free space to start or to rotate."""
+    err = files.allocate(fd, size)
+    if err is not None and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("%s: no space to preallocate %d bytes (%s); appending without preallocation",
+                    path, size, err.strerror)
 
 
 class SegmentWriter:
@@ -34,7 +47,7 @@ class SegmentWriter:
         try:
             files.write(fd, SEGMENT_MAGIC)
             if preallocate > len(SEGMENT_MAGIC):
-                files.allocate(fd, preallocate)
+                _reserve(files, fd, path, preallocate)
             files.fsync(fd)
         finally:
             files.close(fd)
@@ -49,7 +62,7 @@ class SegmentWriter:
         until the next rotation would also journal a new file size."""
         fd = files.open_append(path, size)
         if preallocate > size:
-            files.allocate(fd, preallocate)
+            _reserve(files, fd, path, preallocate)
         return cls(files, path, seq, fd, size)
 
     def seal(self) -> None:

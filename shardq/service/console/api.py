@@ -85,7 +85,7 @@ class ConsoleApi:
         handles = self.supervisor.handles if self.supervisor is not None else []
         if sh["shard"] < len(handles):
             h = handles[sh["shard"]]
-            row.update(status=h.status, restarts=h.restarts, last_exit=h.last_exit)
+            row.update(status=h.status, restarts=h.restarts, last_exit=h.last_exit, reason=h.reason)
             if row["pid"] is None and h.proc is not None and h.status in ("starting", "ready"):
                 row["pid"] = h.proc.pid
             if row["replay_records"] is None and h.ready_info:

@@ -124,7 +124,7 @@ function renderShards(shards) {
     tr.append(el("td", s.clients ?? "–"));
     tr.append(el("td", s.replay_records === null || s.replay_records === undefined ? "–"
       : `${s.replay_records} records in ${Number(s.replay_seconds).toFixed(3)} s`));
-    tr.append(el("td", s.up ? (s.last_exit ?? "") : (s.error ?? s.last_exit ?? ""), "text"));
+    tr.append(el("td", s.up ? (s.last_exit ?? "") : (s.reason ?? s.error ?? s.last_exit ?? ""), "text"));
     body.append(tr);
   }
 }

@@ -1,0 +1,125 @@
+"""The shard's acceptor: takes new connections off the listening socket and authenticates
+each on a short-lived thread of its own (the HMAC challenge of ``multiprocessing.connection``,
+bounded by a socket timeout), so a silent or hostile client never stalls the shard loop.
+Authenticated connections are handed to the loop through ``deliver``.
+
+Guarantee: running out of descriptors (EMFILE, ENFILE), memory or buffers (ENOMEM,
+ENOBUFS) or threads never ends the acceptor. It backs off (10 ms doubling to 1 s; new
+connections wait in the listen backlog meanwhile), warns at most every 10 s, and accepts
+again as soon as something is freed. Every descriptor it makes is closed on every path.
+Only a closed listener ends it.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+
+from ..clock import Clock, SystemClock
+from .conn import FrameConn
+from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
+
+log = logging.getLogger("shardq.shard")
+
+HANDSHAKES_MAX = 32
+#: accept() errors that mean "out of descriptors, memory or buffers for now": back off, retry
+EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
+#: accept() errors about one connection (it was reset before we took it): take the next
+_ONE_CONNECTION = (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM)
+ACCEPT_BACKOFF_S_MIN = 0.01
+ACCEPT_BACKOFF_S_MAX = 1.0
+TROUBLE_LOG_EVERY_S = 10.0
+
+
+class Throttled:
+    """A recurring warning logged at most once every ``every_s`` seconds, with how many
+    times it happened in between (a flood must not become a flood of log lines)."""
+
+    def __init__(self, clock: Clock, every_s: float = TROUBLE_LOG_EVERY_S):
+        self.clock = clock
+        self.every_s = every_s
+        self.last: float | None = None
+        self.unlogged = 0
+        self._lock = threading.Lock()
+
+    def warn(self, msg: str, *args) -> None:
+        with self._lock:
+            now = self.clock.monotonic()
+            if self.last is not None and now - self.last < self.every_s:
+                self.unlogged += 1
+                return
+            more, self.unlogged, self.last = self.unlogged, 0, now
+        log.warning(msg + (f" ({more} more since the last report)" if more else ""), *args)
+
+
+class Acceptor(threading.Thread):
+    """Accepts sockets and authenticates each on its own short-lived thread (see above)."""
+
+    def __init__(self, listener: socket.socket, authkey: bytes, deliver, clock: Clock | None = None):
+        super().__init__(name="shardq-acceptor", daemon=True)
+        self.listener = listener
+        self.authkey = authkey
+        self.deliver = deliver
+        self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
+        self.trouble = Throttled(clock or SystemClock())
+        self.failures = 0  # in a row, since the last connection accepted
+
+    def run(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError as e:
+                if e.errno in EXHAUSTED:
+                    self._back_off(f"accept failed: {e.strerror}")
+                    continue
+                if e.errno in _ONE_CONNECTION:
+                    continue
+                return  # listener closed: shutting down
+            if self.failures:
+                log.info("accepting connections again after %d failed attempts", self.failures)
+                self.failures = 0
+            if not self.busy.acquire(blocking=False):
+                sock.close()  # a flood of connections: refuse rather than queue without bound
+                continue
+            try:
+                threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+            except RuntimeError as e:  # "can't start new thread": out of memory or a limit
+                self.busy.release()
+                sock.close()
+                self._back_off(f"cannot start a handshake thread: {e}")
+
+    def _back_off(self, what: str) -> None:
+        self.failures += 1
+        delay = min(ACCEPT_BACKOFF_S_MIN * 2 ** min(self.failures - 1, 20), ACCEPT_BACKOFF_S_MAX)
+        self.trouble.warn("%s; new clients wait (retrying in %.2f s; connected clients are served)",
+                          what, delay)
+        time.sleep(delay)
+
+    def _handshake(self, sock: socket.socket) -> None:
+        try:
+            fd = sock.detach()
+            conn = Connection(fd)  # owns fd from here on: closed below whatever happens
+            try:
+                socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
+                deliver_challenge(conn, self.authkey)
+                answer_challenge(conn, self.authkey)
+                socket_timeouts(fd, 0)
+                own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
+            except OSError as e:
+                if e.errno in EXHAUSTED:
+                    self.trouble.warn("client dropped after authentication: %s", e.strerror)
+                else:
+                    log.warning("client rejected during authentication: %s", e or type(e).__name__)
+                return
+            except (AuthenticationError, EOFError, ValueError) as e:
+                log.warning("client rejected during authentication: %s", e or type(e).__name__)
+                return
+            finally:
+                conn.close()
+            self.deliver(FrameConn(own))
+        finally:
+            self.busy.release()

@@ -1,0 +1,122 @@
+"""What a shard process tells its supervisor: one line at a time on its stdout pipe.
+
+The supervisor (:mod:`shardq.service.supervisor`) reads these lines; everything meant for
+a person goes to the shard's log (stderr) instead.
+
+* ``progress <phase> <count>`` -- busy with something long, not hung: ``replay`` (at start;
+  ``count``: records replayed and bytes read so far) or ``compact`` (``count``: checkpoint
+  bytes written). Sent every ``interval`` seconds while the phase lasts, by a thread of its
+  own, so neither the supervisor's start timeout nor its health check (whose pings the
+  shard loop cannot answer while it compacts) kills a shard that is working. A stopped
+  process (SIGSTOP) or a deadlocked loop outside these phases still sends nothing.
+* ``ready <pid> <records> <seconds> <jobs>`` -- replayed and listening.
+* ``corrupt {"path", "offset", "reason"}`` -- refused to start: a corrupt log. Not retried.
+* ``failed {"kind", "detail", "path"}`` -- why the shard is about to exit: ``disk_full``, a
+  log write found no space (ENOSPC, EDQUOT; reported by :class:`ReportingFiles` as it
+  happens, before the failed commit ends the process without a reply), or ``io_error``, the
+  log could not be opened at start. The supervisor restarts it with backoff until it works.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from ..wal.fileio import Files
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class SupervisorPipe:
+    """The shard's end of the pipe; safe to use from any thread (one lock, whole lines)."""
+
+    def __init__(self, out=None, interval_s: float = 1.0):
+        self.out = out or sys.stdout
+        self.interval_s = max(interval_s, 0.02)
+        self._lock = threading.Lock()
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            try:
+                self.out.write(text + "\n")
+                self.out.flush()
+            except (OSError, ValueError):
+                pass  # the supervisor is gone; PDEATHSIG ends us next
+
+    def ready(self, records: int, seconds: float, jobs: int) -> None:
+        self._line(f"ready {os.getpid()} {records} {seconds:.6f} {jobs}")
+
+    def corrupt(self, path: str, offset: int, reason: str) -> None:
+        self._line("corrupt " + json.dumps({"path": path, "offset": offset, "reason": reason}))
+
+    def failed(self, kind: str, detail: str, path: str | None) -> None:
+        """Why the shard is about to exit: ``disk_full`` or ``io_error``."""
+        self._line("failed " + json.dumps({"kind": kind, "detail": detail, "path": path}))
+
+    @contextmanager
+    def busy(self, phase: str, count: Callable[[], int]) -> Iterator[None]:
+        """Report ``progress <phase> <count()>`` now and every ``interval_s`` until the block ends."""
+        done = threading.Event()
+
+        def beat():
+            while True:
+                self._line(f"progress {phase} {count()}")
+                if done.wait(self.interval_s):
+                    return
+
+        t = threading.Thread(target=beat, name=f"shardq-progress-{phase}", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join()
+
+
+class ReportingFiles(Files):
+    """The log's file calls, counting bytes (progress) and telling the supervisor when a
+    write finds the disk full, before the error goes on to fail the commit (which ends the
+    process without a reply). Errors are re-raised unchanged."""
+
+    def __init__(self, pipe: SupervisorPipe):
+        self.pipe = pipe
+        self.bytes_written = 0
+        self.bytes_read = 0
+
+    def _call(self, fn, *args, fd: int | None = None, path: str | None = None):
+        try:
+            return fn(*args)
+        except OSError as e:
+            if e.errno in NO_SPACE:
+                self._report_no_space(e, fd, path)
+            raise
+
+    def _report_no_space(self, e: OSError, fd: int | None, path: str | None) -> None:
+        if path is None and fd is not None:
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                path = None
+        self.pipe.failed("disk_full", f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})", path)
+
+    def create(self, path: str) -> int:
+        return self._call(super().create, path, path=path)
+
+    def write(self, fd: int, data: bytes) -> None:
+        self._call(super().write, fd, data, fd=fd)
+        self.bytes_written += len(data)
+
+    def datasync(self, fd: int) -> None:
+        self._call(super().datasync, fd, fd=fd)
+
+    def fsync(self, fd: int) -> None:
+        self._call(super().fsync, fd, fd=fd)
+
+    def read(self, path: str) -> bytes:
+        data = super().read(path)
+        self.bytes_read += len(data)
+        return data
