@@ -180,3 +180,34 @@ def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
         assert all(futs[r].error.sent for r in lost)
         conn.close()
         b.close()
+
+
+def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
+    """The reader thread takes the read lock, finds nothing pending and leaves; a caller
+    whose request was queued just then found the lock taken and waited for a reader that
+    was going to sleep: its reply sat unread until its timeout (CI saw 'did not answer ack
+    within 30 s' after a shard restart)."""
+    import socket
+    import time
+    from multiprocessing.connection import Connection
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
+    server = Connection(b.detach())
+    client._read_lock.acquire()  # the reader thread, checking for pending replies
+    fut = client.submit("stats", [], lead=True)
+    (rid, _, _), = msgpack.unpackb(server.recv_bytes(), raw=False)
+    server.send_bytes(msgpack.packb([[rid, wire.OK, "reply"]]))
+    waited = []
+    waiter = threading.Thread(target=lambda: waited.append(client.wait(fut, 5)))
+    waiter.start()
+    deadline = time.monotonic() + 1.0
+    while not client._reader_wanted and time.monotonic() < deadline:
+        time.sleep(0.001)  # polled deadline: the waiter has met the taken lock
+    client._read_lock.release()  # ... and leaves, having found nothing pending
+    waiter.join(10)
+    assert waited == [True] and fut.value == "reply"
+    client.close()
+    server.close()

@@ -274,6 +274,11 @@ class ShardClient:
                 if self._pending:
                     self._want_reader()  # replies others wait for: the reader thread takes over
             else:
+                # Someone else holds the socket. A leader hands over to the reader thread
+                # when it leaves with replies still due; but the reader thread itself may be
+                # just leaving, having found nothing pending before our request was queued.
+                # Asking for it here makes sure someone reads for us.
+                self._want_reader()
                 fut.wait(remaining)
         return True
 
