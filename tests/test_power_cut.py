@@ -499,3 +499,26 @@ def test_the_same_append_torn_twice_keeps_both_torn_copies_and_starts(tmp_path, 
     jid = e.enqueue(body, key="k", dedup_id="resent")
     e.close()
     assert _jobs(Engine(str(tmp_path), config, clock=clock)) == {first: b"first", jid: body}
+
+
+def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path, monkeypatch):
+    """The shard process wraps its file calls to report progress and a full disk; the
+    wrapper must still go through the hook that records synced sizes, or every power cut
+    of `shardq verify --power-cuts` is left alone as "unknown" (and tests nothing)."""
+    import io
+
+    from shardq.shard.report import ReportingFiles, SupervisorPipe
+    from shardq.verify.powercut import synced_sizes
+    from shardq.wal.fileio import FAULT_SYNC_LOG_ENV
+    from shardq.wal.log import Log
+
+    side = tmp_path / "synced.log"
+    monkeypatch.setenv(FAULT_SYNC_LOG_ENV, str(side))
+    files = ReportingFiles(SupervisorPipe(io.StringIO()))
+    os.mkdir(tmp_path / "shard")
+    log = Log(str(tmp_path / "shard"), segment_bytes=1 << 20, files=files)
+    list(log.replay())
+    log.commit([b"\x91\x01"], sync=True)
+    size, inode = log.writer.size, os.fstat(log.writer.fd).st_ino
+    log.close()
+    assert synced_sizes(str(side)).get(inode) == size and files.bytes_written > 0

@@ -26,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from ..wal.fileio import Files
+from ..wal.fileio import Files, files_from_env
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -77,15 +77,21 @@ class SupervisorPipe:
             t.join()
 
 
-class ReportingFiles(Files):
+class ReportingFiles:
     """The log's file calls, counting bytes (progress) and telling the supervisor when a
     write finds the disk full, before the error goes on to fail the commit (which ends the
-    process without a reply). Errors are re-raised unchanged."""
+    process without a reply). Errors are re-raised unchanged. Every call goes on to
+    ``inner`` (default: what the environment selects, so the WAL's test hook for power
+    cuts, :class:`~shardq.wal.fileio.SyncLoggingFiles`, still sees every sync)."""
 
-    def __init__(self, pipe: SupervisorPipe):
+    def __init__(self, pipe: SupervisorPipe, inner: Files | None = None):
         self.pipe = pipe
+        self.inner = inner if inner is not None else files_from_env()
         self.bytes_written = 0
         self.bytes_read = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # the calls not counted here
 
     def _call(self, fn, *args, fd: int | None = None, path: str | None = None):
         try:
@@ -104,19 +110,19 @@ class ReportingFiles(Files):
         self.pipe.failed("disk_full", f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})", path)
 
     def create(self, path: str) -> int:
-        return self._call(super().create, path, path=path)
+        return self._call(self.inner.create, path, path=path)
 
     def write(self, fd: int, data: bytes) -> None:
-        self._call(super().write, fd, data, fd=fd)
+        self._call(self.inner.write, fd, data, fd=fd)
         self.bytes_written += len(data)
 
     def datasync(self, fd: int) -> None:
-        self._call(super().datasync, fd, fd=fd)
+        self._call(self.inner.datasync, fd, fd=fd)
 
     def fsync(self, fd: int) -> None:
-        self._call(super().fsync, fd, fd=fd)
+        self._call(self.inner.fsync, fd, fd=fd)
 
     def read(self, path: str) -> bytes:
-        data = super().read(path)
+        data = self.inner.read(path)
         self.bytes_read += len(data)
         return data
