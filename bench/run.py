@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="where to write the results (default bench/results/latest.json; "
                         "with --quick, bench/results/quick.json)")
     p.add_argument("--shards", type=int, default=2, help="shardq shards (default 2)")
+    p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
+                   help="shardq's lease_sync for the benchmark queue (default batched, the "
+                        "queue default; strict: every lease fsynced before it is handed out)")
     p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=None,
                    help="figure S, shardq shards x threads (default: on, off with --quick)")
     p.add_argument("--no-install", action="store_true",
@@ -105,7 +108,9 @@ def settings_from(args: argparse.Namespace) -> plan.Settings:
 
 
 def make_adapter(name: str, args: argparse.Namespace):
-    return ShardqAdapter(shards=args.shards) if name == "shardq" else PEERS[name]()
+    if name == "shardq":
+        return ShardqAdapter(shards=args.shards, lease_sync=args.lease_sync)
+    return PEERS[name]()
 
 
 def play_group(name: str, group: plan.Group, args, settings: plan.Settings, run: int,
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp_root = tempfile.mkdtemp(prefix="shardq-bench-", dir=args.tmpdir)
     results: dict[str, Any] = {
         "meta": {"argv": sys.argv[1:], "settings": dataclasses.asdict(settings),
-                 "shardq_shards": args.shards, "cpus": os.cpu_count(),
+                 "shardq_shards": args.shards, "shardq_lease_sync": args.lease_sync, "cpus": os.cpu_count(),
                  "platform": platform.platform(), "tmp_root": tmp_root,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions()},
         "peers": {}, "physical": {}, "physical_runs": [], "scaling": None,

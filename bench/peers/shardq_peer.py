@@ -65,8 +65,9 @@ class ShardqAdapter(Adapter):
     durability = "WAL, fsync before reply"
     thread_safe = True
 
-    def __init__(self, shards: int = SHARDS_DEFAULT):
+    def __init__(self, shards: int = SHARDS_DEFAULT, lease_sync: str = "batched"):
         self.shards = shards
+        self.lease_sync = lease_sync
         self.client: ShardqClient | None = None
         self._data_dir = ""
         self._servers: list = []  # psutil.Process of each shard process
@@ -84,7 +85,8 @@ class ShardqAdapter(Adapter):
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self._data_dir = os.path.join(tmpdir, "shardq")
         try:
-            router = shardq.open(self._data_dir, shards=self.shards, config=CONFIG)
+            cfg = {"queues": {QUEUE: {**CONFIG["queues"][QUEUE], "lease_sync": self.lease_sync}}}
+            router = shardq.open(self._data_dir, shards=self.shards, config=cfg)
         except Exception as e:
             raise SkipPeer(f"shardq.open failed: {type(e).__name__}: {e}") from None
         self.client = ShardqClient(router)
