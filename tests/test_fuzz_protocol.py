@@ -98,6 +98,7 @@ TEMPLATES = {
     "redrive": ["fuzzq", None],
     "purge_dead": ["fuzzq"],
     "queue_config": ["default"],
+    "note_priorities": ["fuzzq"],
     "stats": [],
     "ping": [],
     "pause": ["fuzzq"],

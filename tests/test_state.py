@@ -197,6 +197,24 @@ def test_lease_expiry_redelivers_the_same_job_as_attempt_2(shard, clock):
     shard.ack(jid, second.token)
 
 
+def test_a_redelivered_keyless_job_goes_to_the_back_a_keyed_one_keeps_its_place(shard, clock):
+    """guarantees.md, "Per-key FIFO": keyless jobs are FIFO within a priority only until a
+    redelivery; a keyed job stays the head of its key."""
+    a = shard.enqueue(b"a")
+    b = shard.enqueue(b"b")
+    [lease] = shard.dequeue(visibility=10)
+    assert lease.job_id == a
+    clock.advance(10.5)  # expired: ready again, behind b
+    got = [l.job_id for l in shard.dequeue(max_jobs=2)]
+    assert got == [b, a]
+    k1 = shard.enqueue(b"k1", key="k", queue="keyed")
+    k2 = shard.enqueue(b"k2", key="k", queue="keyed")
+    [lease] = shard.dequeue(queue="keyed")
+    shard.nack(k1, lease.token)
+    assert [l.job_id for l in shard.dequeue(queue="keyed")] == [k1]
+    assert k2 != k1
+
+
 def test_no_double_delivery_while_leased(shard, clock):
     shard.enqueue(b"only")
     [lease] = shard.dequeue(visibility=10)

@@ -33,7 +33,7 @@ from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .priority import plan
-from .router import (DOWN_PROBE_S, Router, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+from .router import (DOWN_PROBE_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                      cut_requests, split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
@@ -63,6 +63,8 @@ class AsyncQueue:
         self.conns: list[ShardConn] = []
         self._rr = itertools.count()
         self._queue_cfg: dict[str, dict] = {}
+        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
+        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._background: set[asyncio.Task] = set()
         self._consumers: list[_Consumer] = []
         self._closed = False
@@ -120,6 +122,8 @@ class AsyncQueue:
         if self._closed:
             raise Closed("client is closed")
         item = _item(body, key, queue, delay, priority, dedup_id)
+        if priority and queue not in self._noted:
+            await self._note_priorities([queue])
         conn = self.conns[self._shard_for(key)]
         fut = self.loop.create_future()
         conn.submit_enqueue(fut, item)
@@ -133,12 +137,35 @@ class AsyncQueue:
         """Enqueue many jobs in as few requests per shard as the limits allow; ids
         in input order. Per shard request all-or-nothing; not atomic across shards."""
         per_shard, where = split_by_shard(jobs, queue, self._shard_for)
+        noted = self._noted
+        new = {it[2] for items in per_shard.values() for it in items if it[4] and it[2] not in noted}
+        if new:
+            await self._note_priorities(sorted(new))
         calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
         results = await self._call_all(calls)
         ids: dict[int, list] = {}
         for (s, _, _), (got, _) in zip(calls, results):
             ids.setdefault(s, []).extend(got)
         return [ids[s][i] for s, i in where]
+
+    async def _note_priorities(self, queues: list[str]) -> None:
+        """As :meth:`Router._note_priorities`: every shard learns that ``queues`` use
+        priorities before the first prioritized enqueue to them."""
+        if self.shards == 1:
+            self._noted.update(queues)
+            return
+        calls = [(s, q) for q in queues for s in range(self.shards)]
+        probe = min(self.retry_s, DOWN_PROBE_S)
+        results = await asyncio.gather(*(self._call(s, "note_priorities", [q], retry_s=probe) for s, q in calls),
+                                       return_exceptions=True)
+        missed = set()
+        for (_, q), r in zip(calls, results):
+            if isinstance(r, ShardUnavailable):
+                missed.add(q)
+            elif isinstance(r, BaseException):
+                raise r
+        self._noted.update(q for q in queues if q not in missed)
+        self._prioritized.update(queues)
 
     # ------------------------------------------------------------------ consuming
     async def dequeue(self, queue: str = "default", wait: float = 0.0,
@@ -181,9 +208,11 @@ class AsyncQueue:
                 first = woke
 
     async def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """One try at the ``max_jobs`` highest priorities over all shards, as the threaded
-        router does it (:meth:`Router._lease_round`, :mod:`.priority`). Cancelled, it hands
-        back what it already leased, unstarted."""
+        """One try at ``max_jobs`` jobs, as the threaded router does it
+        (:meth:`Router._lease_round`, :mod:`.priority`): a queue known to use priorities
+        gets the highest over all shards, any other is asked one shard at a time until a
+        lease says it uses priorities. Cancelled, it hands back what it already leased,
+        unstarted."""
         order = [(first + k) % self.shards for k in range(self.shards)]
         probe = min(self.retry_s, DOWN_PROBE_S)
         down: list[ShardUnavailable] = []
@@ -198,15 +227,48 @@ class AsyncQueue:
                 return result
             return None
 
-        calls = [self._call(order[0], "dequeue", [queue, visibility, max_jobs], retry_s=probe)]
-        calls += [self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in order[1:]]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        held = [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in sort(results[0]) or ()]
-        peeks = {s: p for s, r in zip(order[1:], results[1:]) if (p := sort(r))}
+        if queue in self._prioritized and self.shards > 1:
+            calls = [self._call(order[0], "dequeue", [queue, visibility, max_jobs], retry_s=probe)]
+            calls += [self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in order[1:]]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            held = _held(queue, sort(results[0]) or ())
+            peeks = {s: p for s, r in zip(order[1:], results[1:]) if (p := sort(r))}
+            return await self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
+        held: list = []
+        try:
+            for k, shard in enumerate(order):
+                try:
+                    rows = await self._call(shard, "dequeue", [queue, visibility, max_jobs - len(held)],
+                                            retry_s=probe)
+                except ShardUnavailable as e:
+                    sort(e)
+                    continue
+                held += _held(queue, rows)
+                if rows and rows[0][7] and self.shards > 1:  # the queue uses priorities
+                    self._prioritized.add(queue)
+                    rest = order[k + 1:]
+                    results = await asyncio.gather(
+                        *[self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in rest],
+                        return_exceptions=True)
+                    peeks = {s: p for s, r in zip(rest, results) if (p := sort(r))}
+                    got = await self._settle(queue, visibility, max_jobs, order, held, peeks, sort)
+                    return got, down, unknown
+                if len(held) >= max_jobs:
+                    break
+        except asyncio.CancelledError:
+            for _, lease in held:  # the caller is gone: hand its leases back unstarted
+                self.loop.create_task(self._release_quietly(lease))
+            raise
+        return [lease for _, lease in held], down, unknown
+
+    async def _settle(self, queue: str, visibility, max_jobs: int, order: list[int], held: list,
+                      peeks: dict, sort) -> list[Lease]:
+        """As :meth:`Router._settle`."""
         if not peeks:
-            return [lease for _, lease in held], down, unknown
+            return [lease for _, lease in held]
         keep, release, take = plan(held, peeks, order, max_jobs)
         prio = {l.job_id: p for p, l in held}
+        probe = min(self.retry_s, DOWN_PROBE_S)
         try:
             more = await asyncio.gather(
                 *[self._call(s, "dequeue", [queue, visibility, n], retry_s=probe) for s, n in take.items()],
@@ -217,11 +279,11 @@ class AsyncQueue:
             raise
         got = list(keep)
         for rows in more[:len(take)]:
-            for r in sort(rows) or ():
-                got.append(Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5]))
-                prio[r[0]] = r[6]
+            for p, lease in _held(queue, sort(rows) or ()):
+                got.append(lease)
+                prio[lease.job_id] = p
         got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
-        return got, down, unknown
+        return got
 
     async def _release_quietly(self, lease: Lease) -> None:
         try:

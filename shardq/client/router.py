@@ -93,6 +93,11 @@ def split_by_shard(jobs: Iterable[dict], queue: str, shard_for) -> tuple[dict[in
     return per_shard, where
 
 
+def _held(queue: str, rows) -> list[tuple[int, Lease]]:
+    """``(priority, lease)`` for each lease row of a dequeue reply."""
+    return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
+
+
 def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
     """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
     if job_ids is None:
@@ -135,6 +140,8 @@ class Router:
         self._supervisor = supervisor
         self._closed = False
         self._queue_cfg: dict[str, dict] = {}
+        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
+        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
@@ -280,6 +287,8 @@ class Router:
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
         queue's dedup window returns the first job's id and adds nothing."""
         item = self._item(body, key, queue, delay, priority, dedup_id)
+        if priority and queue not in self._noted:
+            self._note_priorities([queue])
         shard = self._shard_for(key)
         session = self._session(shard)
         try:
@@ -294,6 +303,10 @@ class Router:
         Per shard the batch is all-or-nothing. Across shards it is not atomic: if one shard
         refuses (e.g. QueueFull) the error is raised and the other shards' part may be in."""
         per_shard, where = split_by_shard(jobs, queue, self._shard_for)
+        noted = self._noted
+        new = {it[2] for items in per_shard.values() for it in items if it[4] and it[2] not in noted}
+        if new:
+            self._note_priorities(sorted(new))
         calls, sessions = [], []
         for shard, items in per_shard.items():
             for chunk in cut_requests(items):
@@ -309,6 +322,28 @@ class Router:
         for (shard, _, _), (ids, _) in zip(calls, results):
             ids_by_shard.setdefault(shard, []).extend(ids)
         return [ids_by_shard[s][i] for s, i in where]
+
+    def _note_priorities(self, queues: list[str]) -> None:
+        """Tell every shard that ``queues`` use priorities, before the first enqueue of a
+        priority other than 0 to them, so that once it returns a lease from any shard says
+        so (see design.md, "Queue-wide priorities"). A shard that is down is told with the
+        next such enqueue; a typed refusal (an undeclared queue) is raised."""
+        if self.shards == 1:
+            self._noted.update(queues)
+            return
+        calls = [(s, "note_priorities", [q]) for q in queues for s in range(self.shards)]
+        results = self._gather(calls, retry_s=min(self.retry_s, DOWN_PROBE_S))
+        missed = set()
+        for (_, _, (q,)), r in zip(calls, results):
+            if isinstance(r, ShardUnavailable):
+                missed.add(q)
+            elif isinstance(r, BaseException):
+                raise r
+        if missed:
+            log.info("note_priorities: a shard did not answer for %s; told again with the next "
+                     "prioritized enqueue", sorted(missed))
+        self._noted.update(q for q in queues if q not in missed)
+        self._prioritized.update(queues)
 
     # ------------------------------------------------------------------ consuming
     def dequeue(self, queue: str = "default", wait: float = 0.0, visibility: float | None = None) -> Lease | None:
@@ -354,14 +389,14 @@ class Router:
                 first = woke
 
     def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """One try at leasing ``max_jobs`` of the highest priorities over all shards (see
-        :mod:`.priority`): lease at ``first`` while peeking at the others, then keep,
-        release and take more as the plan says. A shard that is down gets a short try,
-        not the full retry window: its jobs can wait, the other shards' should not.
-        Returns (leases, down errors, unknown-outcome errors)."""
+        """One try at leasing ``max_jobs`` jobs, starting at shard ``first``. A queue known
+        to use priorities gets the highest over all shards (see :mod:`.priority`): lease at
+        ``first`` while peeking at the others, then keep, release and take more as the plan
+        says. Any other queue is asked one shard at a time until ``max_jobs`` are leased; a
+        lease that says its queue uses priorities switches to the plan at once. A shard that
+        is down gets a short try, not the full retry window: its jobs can wait, the other
+        shards' should not. Returns (leases, down errors, unknown-outcome errors)."""
         order = [(first + k) % self.shards for k in range(self.shards)]
-        calls = [(order[0], "dequeue", [queue, visibility, max_jobs])]
-        calls += [(s, "peek", [queue, max_jobs]) for s in order[1:]]
         probe = min(self.retry_s, DOWN_PROBE_S)
         down: list[ShardUnavailable] = []
         unknown: list[OutcomeUnknown] = []
@@ -377,27 +412,56 @@ class Router:
                 return result[0]
             return None
 
-        results = self._gather(calls, retry_s=probe)
-        rows = sort(results[0]) or []
-        held = [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
-        peeks = {s: p for (s, _, _), r in zip(calls[1:], results[1:]) if (p := sort(r))}
+        if queue in self._prioritized and self.shards > 1:
+            calls = [(order[0], "dequeue", [queue, visibility, max_jobs])]
+            calls += [(s, "peek", [queue, max_jobs]) for s in order[1:]]
+            results = self._gather(calls, retry_s=probe)
+            held = _held(queue, sort(results[0]))
+            peeks = {s: p for (s, _, _), r in zip(calls[1:], results[1:]) if (p := sort(r))}
+            return self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
+        held: list = []
+        for k, shard in enumerate(order):
+            try:
+                rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(held)], retry_s=probe)
+            except OutcomeUnknown as e:
+                unknown.append(e)
+                continue
+            except ShardUnavailable as e:
+                down.append(e)
+                continue
+            held += _held(queue, rows)
+            if rows and rows[0][7] and self.shards > 1:  # the queue uses priorities
+                self._prioritized.add(queue)
+                rest = order[k + 1:]
+                results = self._gather([(s, "peek", [queue, max_jobs]) for s in rest], retry_s=probe)
+                peeks = {s: p for s, r in zip(rest, results) if (p := sort(r))}
+                return self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
+            if len(held) >= max_jobs:
+                break
+        return [lease for _, lease in held], down, unknown
+
+    def _settle(self, queue: str, visibility, max_jobs: int, order: list[int], held: list,
+                peeks: dict, sort) -> list[Lease]:
+        """Keep the ``held`` leases the plan keeps, release the others unstarted and lease
+        what the plan takes from the ``peeks``ed shards; highest priority first."""
         if not peeks:
-            return [lease for _, lease in held], down, unknown
+            return [lease for _, lease in held]
         keep, release, take = plan(held, peeks, order, max_jobs)
+        probe = min(self.retry_s, DOWN_PROBE_S)
         more = self._gather([(s, "dequeue", [queue, visibility, n]) for s, n in take.items()]
                             + [(shard_of_job(l.job_id), "nack", [l.job_id, l.token, 0, None, False])
                                for l in release], retry_s=probe)
         got = list(keep)
         prio = {l.job_id: p for p, l in held}
         for r in more[:len(take)]:
-            for row in sort(r) or ():
-                got.append(Lease(row[0], row[1], row[2], queue, row[3], row[4], row[5]))
-                prio[row[0]] = row[6]
+            for p, lease in _held(queue, sort(r) or ()):
+                got.append(lease)
+                prio[lease.job_id] = p
         for r in more[len(take):]:
             if isinstance(r, BaseException):  # the release failed: that lease just expires
                 log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
         got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
-        return got, down, unknown
+        return got
 
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""

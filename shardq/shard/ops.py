@@ -21,6 +21,8 @@ SESSION = 8   # [8, client_id, client_seq, client_low, [job_ids], at]   router r
 PURGE = 9     # [9, job_id]                               dead letter deleted
 EPOCH = 10    # [10, epoch]    every lease token from here on is >= epoch << TOKEN_EPOCH_BITS
               # (logged and fsynced at each shard start: no token is ever handed out twice)
+PRIORITIES = 11  # [11, queue]  the queue uses priorities (sticky): routers compare shards
+                 # (queue-wide priorities). Also written by checkpoints.
 
 # Control operations (shardq/shard/control.py). Also written by checkpoints: a paused queue
 # as its PAUSE, a cancelled lease as a CANCEL after its JOB.
@@ -40,4 +42,4 @@ TOKEN_EPOCH_BITS = 32
 NAMES = {EPOCH: "epoch", ENQUEUE: "enqueue", LEASE: "lease", ACK: "ack", RELEASE: "release", EXTEND: "extend",
          DEAD: "dead", REDRIVE: "redrive", SESSION: "session", PURGE: "purge", META: "meta",
          JOB: "job", DEDUP: "dedup", CLIENT: "client", PAUSE: "pause", CANCEL: "cancel",
-         ENQUEUE_TIMES: "enqueue_times"}
+         ENQUEUE_TIMES: "enqueue_times", PRIORITIES: "priorities"}

@@ -86,6 +86,7 @@ class ShardServer:
         os.set_blocking(self._wake_w, False)
         self._handlers = {
             "enqueue": self._enqueue, "dequeue": self._dequeue, "peek": self._peek, "ack": self._ack,
+            "note_priorities": self._note_priorities,
             "nack": self._nack,
             "bury": self._bury, "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
             "redrive": self._redrive, "purge_dead": self._purge_dead,
@@ -270,8 +271,14 @@ class ShardServer:
             # enqueue is: a job a crash could lose must not reach a handler.
             durable = self.committer.durable_seq
             self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable for l in leases)
-        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority]
-                for l in leases]
+        if not leases:
+            return []
+        prioritized = state.queues[queue].prioritized
+        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority,
+                 prioritized] for l in leases]
+
+    def _note_priorities(self, args, now, conn, rid):
+        self.state.note_priorities(args[0])
 
     def _peek(self, args, now, conn, rid):
         queue, max_jobs = args

@@ -93,7 +93,7 @@ class QueueState:
     """One named queue on one shard."""
 
     __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts",
-                 "paused", "totals")
+                 "paused", "totals", "prioritized")
 
     def __init__(self, name: str, cfg: QueueConfig):
         self.name = name
@@ -107,6 +107,7 @@ class QueueState:
         self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
         self.paused: float | None = None    # paused since (control.py)
         self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
+        self.prioritized = False            # ever held a job of priority != 0, or was told so
 
     def push_ready(self, job: Job) -> None:
         dq = self.ready.get(job.priority)
@@ -148,7 +149,7 @@ class ShardState(ControlOps):
             ops.DEAD: self._apply_dead, ops.REDRIVE: self._apply_redrive,
             ops.SESSION: self._apply_session, ops.PURGE: self._apply_purge, ops.META: self._apply_meta,
             ops.JOB: self._apply_job, ops.DEDUP: self._apply_dedup, ops.CLIENT: self._apply_client,
-            ops.EPOCH: self._apply_epoch,
+            ops.EPOCH: self._apply_epoch, ops.PRIORITIES: self._apply_priorities,
         }
         self._init_control()
 
@@ -405,6 +406,8 @@ class ShardState(ControlOps):
         q = self.queues.get(qname) or self._logged_queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
         jobs[jid] = job
+        if prio:
+            q.prioritized = True
         seq = (jid >> _SHARD_BITS) + 1
         if seq > self.next_seq:
             self.next_seq = seq
@@ -685,6 +688,19 @@ class ShardState(ControlOps):
                 break
         return out
 
+    def note_priorities(self, queue: str) -> None:
+        """Mark ``queue`` as using priorities on this shard, durably and for good, though
+        this shard may hold none of its prioritized jobs. Leases say so (the dequeue reply),
+        which tells a router to compare shards before it hands jobs out (queue-wide
+        priorities); a queue that never uses priorities costs no comparison."""
+        q = self._queue(queue)
+        if not q.prioritized:
+            self._emit([ops.PRIORITIES, queue])
+
+    def _apply_priorities(self, op) -> None:
+        q = self.queues.get(op[1]) or self._logged_queue(op[1])
+        q.prioritized = True
+
     def has_ready(self, queue: str) -> bool:
         q = self.queues.get(queue)
         return q is not None and q.counts[R] > 0 and q.paused is None
@@ -760,6 +776,14 @@ class ShardState(ControlOps):
                 chunk, size = [], 0
             chunk.append([ops.CLIENT, cid, seen, [[s, ids] for s, ids in seqs.items()]])
             size += n
+        for q in self.queues.values():
+            if q.prioritized:  # a queue whose prioritized jobs are all gone still says so
+                n = 16 + 4 * len(q.name)
+                if size + n > chunk_bytes and chunk:
+                    yield pack(chunk)
+                    chunk, size = [], 0
+                chunk.append([ops.PRIORITIES, q.name])
+                size += n
         for op in self.control_checkpoint_ops():  # after the JOB operations they refer to
             n = len(pack(op))
             if size + n > chunk_bytes and chunk:
@@ -794,6 +818,8 @@ class ShardState(ControlOps):
         q = self.queues.get(qname) or self._logged_queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
         job.attempts = attempts
+        if prio:
+            q.prioritized = True
         if error is not None:
             self.errors[jid] = error
         self.jobs[jid] = job

@@ -17,8 +17,10 @@ op             args                                                   result
 =============  =====================================================  ====================
 enqueue        [[[body, key, queue, delay, priority, dedup_id], ...],  [job_id, ...]
                 session | None]  session = [client, seq, low]
-dequeue        [queue, visibility | None, max_jobs]                   [lease + [priority], ...]
+dequeue        [queue, visibility | None, max_jobs]                   [lease + [priority,
+                                                                      uses_priorities], ...]
 peek           [queue, max_jobs]                                      [[priority, count], ...]
+note_priorities [queue]                                               None
 ack            [[job_id, token], ...]                                  [error | None, ...]
 nack           [job_id, token, delay, error | None, delivered]        None
 bury           [job_id, token, error | None]                          None (dead-lettered now)
@@ -54,10 +56,10 @@ from .. import limits
 from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
-OPS = frozenset({"enqueue", "dequeue", "peek", "ack", "nack", "bury", "extend", "watch", "dead_letters",
+OPS = frozenset({"enqueue", "dequeue", "peek", "note_priorities", "ack", "nack", "bury", "extend", "watch", "dead_letters",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
 #: args arity per op
-ARITY = {"enqueue": 2, "dequeue": 3, "peek": 2, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
+ARITY = {"enqueue": 2, "dequeue": 3, "peek": 2, "note_priorities": 1, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
 #: What a client may do when its connection breaks after a request was written and before
@@ -68,6 +70,7 @@ RETRY = {
     "enqueue": RESEND,       # the session entry makes a re-sent enqueue return the first ids
     "ack": RESEND,           # JobGone in answer to the re-sent ack means the first one landed
     "extend": RESEND,        # sets the deadline again; LeaseLost if the lease is gone
+    "note_priorities": RESEND,  # sets a sticky flag: idempotent
     "watch": RESEND, "peek": RESEND, "dead_letters": RESEND, "queue_config": RESEND,
     "stats": RESEND, "ping": RESEND,  # read-only
     "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
