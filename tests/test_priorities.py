@@ -232,3 +232,10 @@ def test_the_asyncio_client_learns_the_flag_and_skips_peeks_on_plain_queues(svc)
             await q.close()
 
     assert asyncio.run(main()) == (b"high", (b"low", 1), True)
+
+
+def test_merge_puts_kept_and_taken_leases_highest_first_and_stays_stable():
+    from shardq.client.priority import merge
+    held = [(5, "a"), (1, "b")]
+    assert merge(["a"], held, [[(7, "x"), (5, "y")], [(9, "z")]]) == ["z", "x", "a", "y"]
+    assert merge(["a", "b"], held, []) == ["a", "b"]

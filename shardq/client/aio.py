@@ -32,7 +32,7 @@ from ..errors import Closed, JobGone, ShardqError, ShardUnavailable
 from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
-from .priority import plan
+from .priority import merge, plan
 from .router import (DOWN_PROBE_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                      cut_requests, split_by_shard)
 
@@ -267,7 +267,6 @@ class AsyncQueue:
         if not peeks:
             return [lease for _, lease in held]
         keep, release, take = plan(held, peeks, order, max_jobs)
-        prio = {l.job_id: p for p, l in held}
         probe = min(self.retry_s, DOWN_PROBE_S)
         try:
             more = await asyncio.gather(
@@ -277,13 +276,7 @@ class AsyncQueue:
             for lease in keep:  # the caller is gone: hand its leases back unstarted
                 self.loop.create_task(self._release_quietly(lease))
             raise
-        got = list(keep)
-        for rows in more[:len(take)]:
-            for p, lease in _held(queue, sort(rows) or ()):
-                got.append(lease)
-                prio[lease.job_id] = p
-        got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
-        return got
+        return merge(keep, held, [_held(queue, sort(rows) or ()) for rows in more[:len(take)]])
 
     async def _release_quietly(self, lease: Lease) -> None:
         try:

@@ -43,3 +43,16 @@ def plan(held: list[tuple[int, object]], peeks: dict[int, list], order: list[int
     keep = [lease for i, (_, lease) in enumerate(held) if i in kept]
     release = [lease for i, (_, lease) in enumerate(held) if i not in kept]
     return Plan(keep, release, take)
+
+
+def merge(keep: list, held: list[tuple[int, object]], taken: list[list[tuple[int, object]]]) -> list:
+    """The leases a call returns: those it kept of ``held`` and those ``taken`` (``(priority,
+    lease)`` per shard asked by the plan), highest priority first (stable)."""
+    prio = {id(lease): p for p, lease in held}
+    got = list(keep)
+    for rows in taken:
+        for p, lease in rows:
+            got.append(lease)
+            prio[id(lease)] = p
+    got.sort(key=lambda lease: -prio[id(lease)])
+    return got

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from .. import limits, supervisor_status
 from .connection import ConnectionLost, Future, ShardClient
-from .priority import plan
+from .priority import merge, plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
 from ..shard import validate
@@ -451,17 +451,10 @@ class Router:
         more = self._gather([(s, "dequeue", [queue, visibility, n]) for s, n in take.items()]
                             + [(shard_of_job(l.job_id), "nack", [l.job_id, l.token, 0, None, False])
                                for l in release], retry_s=probe)
-        got = list(keep)
-        prio = {l.job_id: p for p, l in held}
-        for r in more[:len(take)]:
-            for p, lease in _held(queue, sort(r) or ()):
-                got.append(lease)
-                prio[lease.job_id] = p
         for r in more[len(take):]:
             if isinstance(r, BaseException):  # the release failed: that lease just expires
                 log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
-        got.sort(key=lambda l: -prio[l.job_id])  # highest priority first
-        return got
+        return merge(keep, held, [_held(queue, sort(r) or ()) for r in more[:len(take)]])
 
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""
