@@ -140,6 +140,39 @@ def test_a_batch_at_batch_jobs_max_and_one_at_the_request_size_limit():
             assert bodies == [digest(j["body"]) for j in big]
 
 
+def test_many_connections_each_sending_a_maximal_request_at_once():
+    """Four clients, each on its own connection, send a request of three ceiling-sized
+    bodies (48 MiB, near REQUEST_BYTES_MAX) at the same moment, so one loop iteration can
+    hold several of them; its record is cut between requests. Then SIGKILL and restart:
+    every job back, byte for byte."""
+    import threading
+    cfg = {"queues": {"huge": {"max_body_bytes": CEILING}}}
+    clients = 4
+    with Service(shards=1, config=cfg) as svc:
+        start = threading.Barrier(clients)
+        sent: dict[int, tuple] = {}
+        errors = []
+
+        def send(c: int) -> None:
+            try:
+                with svc.connect() as q:
+                    jobs = [{"body": body_of(c * 3 + i, CEILING), "key": f"c{c}"} for i in range(3)]
+                    start.wait()
+                    for jid, job in zip(q.enqueue_many(jobs, queue="huge"), jobs):
+                        sent[jid] = (job["key"], digest(job["body"]))
+            except Exception as e:  # noqa: BLE001 - reported by the assert below
+                errors.append(e)
+        threads = [threading.Thread(target=send, args=(c,)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and len(sent) == 3 * clients
+        restart_after_sigkill(svc)
+        with svc.connect() as q:
+            assert drain_all(q, "huge", len(sent)) == sent
+
+
 def test_engine_refuses_a_batch_it_could_not_log_as_one_record(tmp_path):
     cfg = config_from(max_body_bytes=CEILING)
     e = Engine(str(tmp_path), cfg)
