@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="shardq's lease_sync for the benchmark queue (default batched, the "
                         "queue default; strict: every lease fsynced before it is handed out)")
+    p.add_argument("--restarted", action="store_true",
+                   help="shardq on a data dir that was used, stopped and reopened (its newest "
+                        "segment reopened, not freshly created)")
     p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=None,
                    help="figure S, shardq shards x threads (default: on, off with --quick)")
     p.add_argument("--no-install", action="store_true",
@@ -109,7 +112,7 @@ def settings_from(args: argparse.Namespace) -> plan.Settings:
 
 def make_adapter(name: str, args: argparse.Namespace):
     if name == "shardq":
-        return ShardqAdapter(shards=args.shards, lease_sync=args.lease_sync)
+        return ShardqAdapter(shards=args.shards, lease_sync=args.lease_sync, restarted=args.restarted)
     return PEERS[name]()
 
 
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp_root = tempfile.mkdtemp(prefix="shardq-bench-", dir=args.tmpdir)
     results: dict[str, Any] = {
         "meta": {"argv": sys.argv[1:], "settings": dataclasses.asdict(settings),
-                 "shardq_shards": args.shards, "shardq_lease_sync": args.lease_sync, "cpus": os.cpu_count(),
+                 "shardq_shards": args.shards, "shardq_lease_sync": args.lease_sync,
+                 "shardq_restarted": args.restarted, "cpus": os.cpu_count(),
                  "platform": platform.platform(), "tmp_root": tmp_root,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions()},
         "peers": {}, "physical": {}, "physical_runs": [], "scaling": None,

@@ -13,5 +13,5 @@ def test_priority_peeks_benchmark_runs(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert res["ok"] is True and len(res["runs"]["plain"]) == len(res["runs"]["peek"]) == 1
-    assert res["median"]["plain"] > 0 and res["median"]["peek"] > 0
+    assert res["ok"] is True and set(res["runs"]) == {"C plain", "C peek", "C2 plain", "C2 peek"}
+    assert all(len(r) == 1 and r[0] > 0 for r in res["runs"].values())

@@ -65,9 +65,10 @@ class ShardqAdapter(Adapter):
     durability = "WAL, fsync before reply"
     thread_safe = True
 
-    def __init__(self, shards: int = SHARDS_DEFAULT, lease_sync: str = "batched"):
+    def __init__(self, shards: int = SHARDS_DEFAULT, lease_sync: str = "batched", restarted: bool = False):
         self.shards = shards
         self.lease_sync = lease_sync
+        self.restarted = restarted  # measure on a data dir that was used, stopped and reopened
         self.client: ShardqClient | None = None
         self._data_dir = ""
         self._servers: list = []  # psutil.Process of each shard process
@@ -85,7 +86,16 @@ class ShardqAdapter(Adapter):
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self._data_dir = os.path.join(tmpdir, "shardq")
         try:
-            cfg = {"queues": {QUEUE: {**CONFIG["queues"][QUEUE], "lease_sync": self.lease_sync}}}
+            queue = dict(CONFIG["queues"][QUEUE])
+            if self.lease_sync != "batched":  # the default; left out, older versions run too
+                queue["lease_sync"] = self.lease_sync
+            cfg = {"queues": {QUEUE: queue}}
+            if self.restarted:
+                # The newest segment is then a reopened one, not a fresh preallocated file.
+                first = shardq.open(self._data_dir, shards=self.shards, config=cfg)
+                warm = first.enqueue_many([{"body": b"warm", "key": f"w{i}"} for i in range(8 * self.shards)])
+                first.ack_many(first.dequeue_many(QUEUE, max_jobs=len(warm)))
+                first.close()
             router = shardq.open(self._data_dir, shards=self.shards, config=cfg)
         except Exception as e:
             raise SkipPeer(f"shardq.open failed: {type(e).__name__}: {e}") from None
