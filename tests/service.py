@@ -185,6 +185,14 @@ def restarted(svc: Service, shard: int, old_pid: int) -> int:
     return wait_until(new_pid, 20, 0.02, f"shard {shard} to come back")
 
 
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

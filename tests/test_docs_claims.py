@@ -17,12 +17,11 @@ import signal
 import stat
 import zlib
 
-import psutil
 import pytest
 
 import doc_blocks
 from doc_runner import REPO
-from service import Service, restarted, short_tmpdir, wait_until
+from service import Service, alive, restarted, short_tmpdir, wait_until
 
 
 def doc(path: str) -> str:
@@ -201,7 +200,7 @@ def test_serve_exits_0_on_sigint_and_at_once_on_a_second_signal():
         svc.proc.send_signal(signal.SIGINT)
         assert svc.proc.wait(30) == 0
         for pid in shards:
-            wait_until(lambda: not _alive(pid), 10, what=f"shard {pid} gone")
+            wait_until(lambda: not alive(pid), 10, what=f"shard {pid} gone")
     with Service(shards=2) as svc:
         shards = svc.shard_pids()
         os.kill(shards[0], signal.SIGSTOP)  # the first signal's clean stop now waits for it
@@ -210,7 +209,7 @@ def test_serve_exits_0_on_sigint_and_at_once_on_a_second_signal():
         svc.proc.send_signal(signal.SIGTERM)
         assert svc.proc.wait(5) == 1  # not the 10 s grace of a clean stop
         for pid in shards:
-            wait_until(lambda: not _alive(pid), 10, what=f"shard {pid} gone")
+            wait_until(lambda: not alive(pid), 10, what=f"shard {pid} gone")
 
 
 def test_open_takes_the_config_as_a_toml_path(tmp_path):
@@ -228,13 +227,6 @@ def test_open_takes_the_config_as_a_toml_path(tmp_path):
             assert (emails["visibility_timeout"], emails["max_deliveries"]) == (120, 3)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_the_cli_synopsis_flags_exist():

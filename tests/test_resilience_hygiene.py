@@ -19,11 +19,10 @@ import signal
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 import shardq
-from service import REPO, Service, short_tmpdir
+from service import REPO, Service, alive, short_tmpdir
 
 APP = r"""
 import json, signal, sys
@@ -37,13 +36,6 @@ except KeyboardInterrupt:
     q.close()
     print("closed", flush=True)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_ctrl_c_in_an_embedding_app_does_not_reach_its_shards_and_close_still_stops_them():
