@@ -141,6 +141,45 @@ def test_redrive_and_purge_selected_dead_letters(driver, svc, q):
     wait_until(lambda: [d.job_id for d in q.dead_letters("mail")] == [ids[2]], 10, 0.05, "the purge")
 
 
+# Holds the reply to every dead-letter request for the "default" queue until the test calls
+# the releases in window.__held, and sets window.__staleDrawn once the page has had that reply
+# (a task after its JSON is read: the console's handler runs in the microtasks before it).
+HOLD_DEFAULT_DEAD_LETTERS = """
+window.__held = [];
+const realFetch = window.fetch.bind(window);
+window.fetch = async (url, opts) => {
+  const r = await realFetch(url, opts);
+  if (!String(url).includes("/api/dead-letters?queue=default")) return r;
+  const json = r.json.bind(r);
+  r.json = async () => { const d = await json(); setTimeout(() => { window.__staleDrawn = true; }, 0); return d; };
+  await new Promise((release) => window.__held.push(release));
+  return r;
+};
+"""
+
+
+def test_a_late_reply_for_the_first_queue_does_not_replace_the_chosen_queues_list(driver, svc, q):
+    """The page loads the first queue's dead letters on its own; a user who picks another
+    queue before that reply arrives must keep seeing the queue they picked (the CI failure
+    of 2026-12-01: the late reply drew an empty list over mail's three)."""
+    q.enqueue(b"makes default the first queue listed")  # the fixture acks it afterwards
+    ids = _dead_letters(q, 3)
+    hook = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                  {"source": HOLD_DEFAULT_DEAD_LETTERS})["identifier"]
+    try:
+        _show_dead_letters(driver, svc, "mail", 3)
+        wait_until(lambda: driver.execute_script("return window.__held.length") >= 1, 10, 0.05,
+                   "the first queue's request held")
+        driver.execute_script("window.__held.forEach((release) => release());")
+        wait_until(lambda: driver.execute_script("return window.__staleDrawn === true"), 10, 0.05,
+                   "the late reply handled")
+        assert driver.execute_script("return document.querySelector('#dl-queue').value") == "mail"
+        assert sorted(texts(driver, "#dead-letters td.id")) == sorted(str(i) for i in ids)
+        assert driver.find_element("css selector", "#dead-letters").get_attribute("data-state") == "loaded"
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": hook})
+
+
 def test_look_up_and_cancel_a_job(driver, svc, q):
     first = q.enqueue(b"first", key="acct")
     second = q.enqueue(b"second", key="acct")

@@ -12,6 +12,8 @@ let last = null;     // {t, enqueued, acked} of the previous poll
 let dlCursor = null; // cursor of the current dead-letter page
 let dlNext = null;   // cursor of the next one
 let jobShown = null; // id of the job in the job panel
+let dlShown = 0;     // number of the latest dead-letter load: an older reply arriving late is dropped
+let jobAsked = 0;    // the same for job look-ups
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -202,11 +204,15 @@ async function loadDeadLetters(cursor) {
   const queue = $("#dl-queue").value;
   const table = $("#dead-letters");
   if (!queue) return;
+  const load = ++dlShown;
   table.dataset.state = "loading";
   try {
     const params = new URLSearchParams({ queue, limit: "50" });
     if (cursor) params.set("cursor", cursor);
     const page = await api(`/api/dead-letters?${params}`);
+    // Replies can arrive out of order (the first page load asks for the first queue while
+    // the user already picked another): only the latest request may draw the table.
+    if (load !== dlShown) return;
     dlCursor = cursor;
     dlNext = page.cursor;
     const body = $("#dead-letters tbody");
@@ -241,6 +247,7 @@ async function loadDeadLetters(cursor) {
     updateSelection();
     table.dataset.state = "loaded";
   } catch (e) {
+    if (load !== dlShown) return;
     table.dataset.state = "error";
     status(`dead letters: ${e.message}`, "error");
   }
@@ -278,9 +285,11 @@ async function lookUp(id) {
   body.replaceChildren();
   $("#job-cancel").disabled = true;
   jobShown = null;
+  const ask = ++jobAsked;
   if (!id) return;
   try {
     const j = await api(`/api/job?id=${encodeURIComponent(id)}`);
+    if (ask !== jobAsked) return;
     for (const [k, label] of JOB_FIELDS) {
       let v = j[k];
       if (k === "deadline" || k === "enqueued_at") v = when(v);
@@ -293,6 +302,7 @@ async function lookUp(id) {
     $("#job-cancel").disabled = false;
     $("#job-result").dataset.state = j.state;
   } catch (e) {
+    if (ask !== jobAsked) return;
     const tr = el("tr");
     tr.dataset.field = "error";
     tr.append(el("th", "not found"), el("td", e.message));
