@@ -105,6 +105,7 @@ class ShardClient:
         self._reader_wanted = False             # replies are due that no caller will read
         self._reader_active = False
         self._buf = bytearray()                 # bytes read but not yet a whole frame
+        self._scratch = bytearray(READ_BYTES)   # what one read lands in (see wire.read_into)
         self._poller = select.poll()            # readability of the connection (leaders)
         self._poller_fd = -1
         self.connects = 0
@@ -293,11 +294,9 @@ class ShardClient:
                 self._poller_fd = fd
             if not self._poller.poll(max(0, int(timeout * 1000) + 1)):
                 return
-        data = os.read(fd, protocol.READ_BYTES)
-        if not data:
-            raise EOFError
         buf = self._buf
-        buf += data
+        if not protocol.read_into(fd, buf, self._scratch):
+            raise EOFError
         pending = self._pending
         unpackb = msgpack.unpackb
         for frame in protocol.split_frames(buf):  # a frame over the limit is refused
@@ -369,6 +368,7 @@ class ShardClient:
 
 
 _LEN = struct.Struct("!i")
+READ_BYTES = 256 << 10  # one read of replies takes at most this much
 
 
 def _write_frame(fd: int, data: bytes) -> None:

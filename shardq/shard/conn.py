@@ -15,11 +15,14 @@ import socket
 import struct
 from collections import deque
 
-from .wire import READ_BYTES, split_frames
+from .wire import READ_BYTES, read_into, split_frames
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
 SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long is dropped
+# Every read of a shard happens on its loop thread (Server.iterate), so one buffer serves
+# every connection.
+_SCRATCH = bytearray(READ_BYTES)
 
 
 class FrameConn:
@@ -48,12 +51,10 @@ class FrameConn:
         """Every complete frame now readable. EOFError when the peer closed; ProtocolError
         for a frame over the size limit."""
         try:
-            data = os.read(self.fd, READ_BYTES)
+            if not read_into(self.fd, self.buf, _SCRATCH):
+                raise EOFError
         except BlockingIOError:
             return []
-        if not data:
-            raise EOFError
-        self.buf += data
         return split_frames(self.buf)
 
     def send(self, payload: bytes) -> bool:

@@ -48,6 +48,7 @@ pause, resume, cancel and purge_ids are idempotent, the others only read.
 """
 from __future__ import annotations
 
+import os
 import struct
 
 import msgpack
@@ -93,6 +94,19 @@ def pack(obj) -> bytes:
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
 READ_BYTES = 1 << 20  # one read takes at most this much (a larger frame takes several)
+
+
+def read_into(fd: int, buf: bytearray, scratch: bytearray) -> int:
+    """Read at most ``len(scratch)`` bytes from ``fd`` and append them to ``buf``; return
+    how many (0: the peer closed). ``BlockingIOError`` as from ``os.read``.
+
+    The bytes land in ``scratch``, a buffer its reader keeps: ``os.read(fd, 1 MiB)``
+    allocates 1 MiB on every call, which glibc serves with mmap, mremap and munmap, under
+    a lock shared by every thread of the process, whatever the read brings back."""
+    n = os.readv(fd, (scratch,))
+    if n:
+        buf += memoryview(scratch)[:n]
+    return n
 
 
 def split_frames(buf: bytearray) -> list[bytes]:

@@ -1,0 +1,74 @@
+"""wire.read_into and split_frames: what one read of a socket appends, and how frames
+larger than a read are put back together (the shard reads 1 MiB at a time, a router
+256 KiB)."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from shardq import limits
+from shardq.errors import ProtocolError
+from shardq.shard.wire import READ_BYTES, read_into, split_frames
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big", signed=True) + payload
+
+
+def test_frames_larger_than_the_scratch_buffer_come_back_whole_and_in_order():
+    a, b = socket.socketpair()
+    frames = [os.urandom(600 * 1024), b"small", os.urandom(3 * READ_BYTES + 17)]
+    data = b"".join(_frame(f) for f in frames)
+    writer = threading.Thread(target=lambda: (a.sendall(data), a.close()))
+    writer.start()
+    scratch = bytearray(256 * 1024)
+    buf = bytearray()
+    got, reads = [], 0
+    try:
+        while True:
+            n = read_into(b.fileno(), buf, scratch)
+            if not n:
+                break
+            assert n <= len(scratch)
+            reads += 1
+            got += split_frames(buf)
+    finally:
+        writer.join()
+        b.close()
+    assert got == frames and not buf
+    assert reads >= len(data) // len(scratch)
+
+
+def test_a_read_appends_to_what_is_already_buffered():
+    a, b = socket.socketpair()
+    try:
+        a.sendall(b"world")
+        buf = bytearray(b"hello ")
+        assert read_into(b.fileno(), buf, bytearray(4)) == 4
+        assert buf == b"hello worl"
+        assert read_into(b.fileno(), buf, bytearray(4)) == 1
+        assert buf == b"hello world"
+        a.close()
+        assert read_into(b.fileno(), buf, bytearray(4)) == 0  # the peer closed
+    finally:
+        b.close()
+
+
+def test_a_non_blocking_read_with_nothing_there_raises_like_os_read():
+    a, b = socket.socketpair()
+    try:
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            read_into(b.fileno(), bytearray(), bytearray(16))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_announced_over_the_limit_is_refused_before_its_bytes_arrive():
+    buf = bytearray((limits.FRAME_BYTES_MAX + 1).to_bytes(4, "big", signed=True) + b"x")
+    with pytest.raises(ProtocolError):
+        split_frames(buf)
