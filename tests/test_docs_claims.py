@@ -335,7 +335,7 @@ NUMBERS = [
     ("docs/design.md", "5 s socket timeout", _const("shardq.shard.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
     ("docs/design.md", "(at most 32 at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
     ("docs/design.md", "takes none of its replies for 1 s", _const("shardq.shard.conn", "SEND_TIMEOUT_S"), 1),
-    ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.shard.conn", "READ_BYTES"), 2**20),
+    ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.shard.wire", "READ_BYTES"), 2**20),
 ]
 
 

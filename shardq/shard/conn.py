@@ -15,14 +15,11 @@ import socket
 import struct
 from collections import deque
 
-from .wire import READ_BYTES, read_into, split_frames
+from .wire import read_into, split_frames
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
 SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long is dropped
-# Every read of a shard happens on its loop thread (Server.iterate), so one buffer serves
-# every connection.
-_SCRATCH = bytearray(READ_BYTES)
 
 
 class FrameConn:
@@ -47,11 +44,13 @@ class FrameConn:
     def fileno(self) -> int:
         return self.fd
 
-    def read_frames(self) -> list[bytes]:
-        """Every complete frame now readable. EOFError when the peer closed; ProtocolError
-        for a frame over the size limit."""
+    def read_frames(self, scratch: bytearray) -> list[bytes]:
+        """Every complete frame now readable, after one read of at most ``len(scratch)``
+        bytes into ``scratch`` (the loop's buffer, shared by its connections: reads happen
+        on the loop thread only). EOFError when the peer closed; ProtocolError for a frame
+        over the size limit."""
         try:
-            if not read_into(self.fd, self.buf, _SCRATCH):
+            if not read_into(self.fd, self.buf, scratch):
                 raise EOFError
         except BlockingIOError:
             return []

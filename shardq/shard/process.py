@@ -81,6 +81,7 @@ class ShardServer:
         self.stopping = False
         self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
         self.iterations = 0
+        self._scratch = bytearray(protocol.READ_BYTES)  # every read lands here first (wire.read_into)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -220,7 +221,7 @@ class ShardServer:
         """Every complete frame the client has sent; one read per readiness event, so a
         busy client cannot starve the rest and a stalled one cannot block the loop."""
         try:
-            for data in conn.read_frames():
+            for data in conn.read_frames(self._scratch):
                 batches.append((conn, protocol.decode_requests(data)))
         except ProtocolError as e:
             self._drop(conn, str(e))
