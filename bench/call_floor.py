@@ -1,0 +1,181 @@
+"""What one durable call costs with the least Python can do, next to figure A's peers.
+
+    python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR] [--json PATH]
+    python -m bench.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
+
+The floor is two processes and no framework: a client that packs a request with msgpack,
+writes it with its length, and reads the reply; a server that waits in epoll, reads the
+request, decodes it, writes it to a log file reserved up front (``posix_fallocate``, as
+shardq's segments), fdatasyncs, and writes the reply. That is
+what any design with a Python client and a Python server pays per call on this machine:
+two context switches, the syscalls, two msgpack round trips and the fsync. Figure A's
+single enqueue on bench.run's peers (their adapters and durable settings: shardq with 2
+shards, beanstalkd ``-f 0``, ...) is measured in the same run, interleaved with the floor
+(the order reversed every other run) on the same directory, so all meet the same disk and
+the same load. What shardq spends above the floor is what its client and shard add
+(validation, routing, futures, the state machine, the log format, replies ordered after
+the fsync); docs/performance.md, "What a single call costs above the floor".
+
+Reported per call: wall microseconds, and the CPU microseconds of the client and of the
+servers (every process the peer runs; none for an in-process peer). ``--dir /dev/shm``
+takes the fsync out of the picture. Linux only. Exit status 0 when every floor reply
+matched its request and every peer call returned; 1 otherwise. No timing is ever checked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+
+import msgpack
+import psutil
+
+from .peers import PEERS, SkipPeer
+
+BODY = b"x" * 100
+_LEN = struct.Struct("!i")
+LOG_BYTES = 64 << 20  # the floor's log, reserved up front (3,000 calls take about 0.4 MiB)
+
+
+def _serve(sock: socket.socket, log_path: str) -> None:
+    """The floor's server: one request at a time, logged and fdatasynced before its reply."""
+    fd = sock.fileno()
+    ep = select.epoll()
+    ep.register(fd, select.EPOLLIN)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.posix_fallocate(log, 0, LOG_BYTES)  # as shardq's segments: no file size to journal per fsync
+    os.fsync(log)
+    end = 0
+    scratch = bytearray(1 << 16)
+    while True:
+        ep.poll()
+        n = os.readv(fd, (scratch,))
+        if not n:
+            return
+        requests = msgpack.unpackb(scratch[_LEN.size:n])
+        record = msgpack.packb(requests)
+        end += os.pwrite(log, record, end)
+        os.fdatasync(log)
+        reply = msgpack.packb([[rid, 0, [rid]] for rid, _op, _args in requests])
+        os.write(fd, _LEN.pack(len(reply)) + reply)
+
+
+def floor_run(calls: int, directory: str) -> dict:
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the server
+        ours.close()
+        try:
+            _serve(theirs, os.path.join(directory, "floor.log"))
+        finally:
+            os._exit(0)
+    theirs.close()
+    server = psutil.Process(pid)
+    fd = ours.fileno()
+    scratch = bytearray(1 << 16)
+    matched = 0
+    s0 = sum(server.cpu_times()[:2])
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        data = msgpack.packb([[i, "enqueue", [[[BODY, f"k{i % 1000}", "default", 0, 0, None]], None]]])
+        os.write(fd, _LEN.pack(len(data)) + data)
+        n = os.readv(fd, (scratch,))
+        replies = msgpack.unpackb(scratch[_LEN.size:n])
+        matched += replies[0][0] == i
+    wall = time.perf_counter() - t0
+    client = time.process_time() - c0
+    srv = sum(server.cpu_times()[:2]) - s0
+    ours.close()
+    os.waitpid(pid, 0)
+    return {"calls": calls, "ok": matched == calls, "us_per_call": wall / calls * 1e6,
+            "client_cpu_us": client / calls * 1e6, "server_cpu_us": srv / calls * 1e6}
+
+
+def peer_run(name: str, calls: int, directory: str) -> dict:
+    """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings)."""
+    adapter = PEERS[name]()
+    adapter.setup(directory)  # SkipPeer when it cannot run here
+    try:
+        servers = [psutil.Process(pid) for pid in adapter.server_pids()]
+        for i in range(50):  # connect and warm up outside the measurement
+            adapter.enqueue(BODY, f"w{i}")
+        s0 = sum(sum(p.cpu_times()[:2]) for p in servers)
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            adapter.enqueue(BODY, f"k{i % 1000}")
+        wall = time.perf_counter() - t0
+        client = time.process_time() - c0
+        srv = sum(sum(p.cpu_times()[:2]) for p in servers) - s0
+    finally:
+        adapter.teardown()
+    return {"calls": calls, "ok": True, "us_per_call": wall / calls * 1e6,
+            "client_cpu_us": client / calls * 1e6, "server_cpu_us": srv / calls * 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.call_floor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--dir", default=None, help="where the logs go (default: the system's temporary "
+                                                "directory, as bench.run); keep it short, shardq's "
+                                                "sockets live under it")
+    p.add_argument("--peers", default="shardq,beanstalkd",
+                   help="bench.run's peers measured beside the floor (default: shardq,beanstalkd)")
+    p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.calls, a.runs = 300, 1
+    parent = a.dir or tempfile.gettempdir()
+    names = ["floor"] + [n for n in a.peers.split(",") if n]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    skipped: dict[str, str] = {}
+    for r in range(a.runs):
+        order = names if r % 2 == 0 else names[::-1]  # ABBA: drift cancels
+        for name in order:
+            if name in skipped:
+                continue
+            tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
+            try:
+                res = floor_run(a.calls, tmp) if name == "floor" else peer_run(name, a.calls, tmp)
+            except SkipPeer as e:
+                skipped[name] = str(e)
+                print(f"{name}: skipped: {e}", flush=True)
+                continue
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            results[name].append(res)
+            print(f"run {r + 1}/{a.runs} {name:6s}: {res['us_per_call']:7.0f} us/call, CPU client "
+                  f"{res['client_cpu_us']:.0f} us, server {res['server_cpu_us']:.0f} us", flush=True)
+    med = {name: {k: statistics.median(x[k] for x in rows)
+                  for k in ("us_per_call", "client_cpu_us", "server_cpu_us")}
+           for name, rows in results.items() if rows}
+    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}:")
+    print(f"{'':8s} {'us/call':>8s} {'client CPU':>11s} {'server CPU':>11s}")
+    for name, m in med.items():
+        print(f"{name:8s} {m['us_per_call']:8.0f} {m['client_cpu_us']:11.0f} {m['server_cpu_us']:11.0f}")
+    floor_us = med["floor"]["us_per_call"]
+    for name, m in med.items():
+        if name != "floor":
+            print(f"{name} above the floor: {m['us_per_call'] - floor_us:.0f} us per call "
+                  f"(calls/s: {name} / floor = {floor_us / m['us_per_call']:.2f})")
+    ok = all(x["ok"] for rows in results.values() for x in rows)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "runs": results,
+                       "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

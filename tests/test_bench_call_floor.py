@@ -1,0 +1,34 @@
+"""bench/call_floor.py runs end to end in quick mode: every floor reply matched its request,
+shardq took every call through bench.run's adapter, and CPU was read for both sides. No
+timing is asserted."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from service import REPO
+
+
+def test_call_floor_benchmark_runs(tmp_path):
+    out = tmp_path / "floor.json"
+    logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
+    try:
+        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq",
+                            "--dir", logs, "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+        left = [p for p in os.listdir(logs) if p.startswith("sq-floor-")]
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["ok"] is True and res["calls"] == 300 and res["skipped"] == {}
+    for name in ("floor", "shardq"):
+        (run,) = res["runs"][name]
+        assert run["ok"] is True and run["calls"] == 300
+        # both sides did work for every call: a server that answered without reading, or a
+        # shard that was never reached, would show no CPU
+        assert run["us_per_call"] > 0 and run["client_cpu_us"] > 0 and run["server_cpu_us"] > 0
+    assert "above the floor" in r.stdout
+    assert left == []  # each run's directory removed
