@@ -27,6 +27,7 @@ import msgpack
 
 from ..shard import wire as protocol
 from .. import limits
+from ..conditions import CountedCondition
 from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
@@ -92,7 +93,7 @@ class ShardClient:
         self.address = address
         self.authkey = authkey
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # signalled when a send finishes
+        self._idle = CountedCondition(self._lock)  # signalled when a send finishes, if awaited
         self._sending: Connection | None = None
         self._conn: Connection | None = None
         self._pending: dict[int, Future] = {}
@@ -194,7 +195,8 @@ class ShardClient:
                 if not batch or conn is None:
                     self._flushing = False
                     self._sending = None
-                    self._idle.notify_all()
+                    if self._idle.waiters:
+                        self._idle.notify_all()
                     return
                 self._sending = conn
                 for fut, _ in batch:
@@ -212,7 +214,8 @@ class ShardClient:
                 with self._lock:
                     self._flushing = False
                     self._sending = None
-                    self._idle.notify_all()
+                    if self._idle.waiters:
+                        self._idle.notify_all()
                 return
 
     def _encode(self, batch: list) -> list[bytes]:

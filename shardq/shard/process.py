@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import os
-import selectors
+import select
 import signal
 import socket
 import sys
@@ -74,7 +74,8 @@ class ShardServer:
         self.clock = clock or SystemClock()
         self.conns: set[FrameConn] = set()
         self.incoming: deque[FrameConn] = deque()
-        self.selector = selectors.DefaultSelector()
+        self._poller = select.epoll()              # the wake pipe and every client
+        self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
         self.committer: Committer | None = None
         self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
@@ -121,7 +122,7 @@ class ShardServer:
         finally:
             os.umask(old_umask)
         listener.listen(128)
-        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._poller.register(self._wake_r, select.EPOLLIN)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
         self.committer.durable_seq = self.state.next_seq - 1  # everything replayed is durable
         Acceptor(listener, self.authkey, self._deliver, self.clock).start()
@@ -156,11 +157,12 @@ class ShardServer:
     def iterate(self) -> None:
         """One iteration: read what is ready, apply, then hand the log payload and the
         replies to the committer (which fsyncs before it sends them)."""
-        events = self.selector.select(self._timeout())
+        timeout = self._timeout()
+        # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
+        events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
         batches = []
-        for key, _ in events:
-            conn = key.data
-            if conn is None:
+        for fd, _ in events:
+            if fd == self._wake_r:
                 try:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
@@ -171,9 +173,12 @@ class ShardServer:
                         self._closes.append(conn)
                     else:
                         self.conns.add(conn)
-                        self.selector.register(conn.fd, selectors.EVENT_READ, conn)
+                        self._by_fd[conn.fd] = conn
+                        self._poller.register(conn.fd, select.EPOLLIN)
             else:
-                self._read(conn, batches)
+                conn = self._by_fd.get(fd)
+                if conn is not None:  # None: dropped earlier in this iteration
+                    self._read(conn, batches)
         self.iterations += 1
         now = self.clock.now()
         state = self.state
@@ -204,10 +209,11 @@ class ShardServer:
             early = {}
             state.sync_forced = False
         closes, self._closes = self._closes, []
-        requests = sum(len(reqs) for _, reqs in batches)
-        self.committer.submit(self.shard.take_payloads(), self._frames(late), closes,
-                              inline=requests <= INLINE_REQUESTS_MAX, early=self._frames(early),
-                              sync=sync, seq=state.next_seq - 1)
+        requests = len(batches[0][1]) if len(batches) == 1 else sum(len(reqs) for _, reqs in batches)
+        self.committer.submit(self.shard.take_payloads(), self._frames(late) if late else [], closes,
+                              inline=requests <= INLINE_REQUESTS_MAX,
+                              early=self._frames(early) if early else (), sync=sync,
+                              seq=state.next_seq - 1)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
@@ -233,7 +239,8 @@ class ShardServer:
             log.warning("dropping client: %s", why)
         if conn in self.conns:
             self.conns.discard(conn)
-            self.selector.unregister(conn.fd)
+            del self._by_fd[conn.fd]
+            self._poller.unregister(conn.fd)
             self._closes.append(conn)  # closed by the committer, after replies queued before
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]

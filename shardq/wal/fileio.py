@@ -50,10 +50,12 @@ class Files:
 
     def write(self, fd: int, data: bytes) -> None:
         """Write all of ``data`` (os.write may write less than asked)."""
-        view = memoryview(data)
+        n = os.write(fd, data)
+        if n == len(data):
+            return  # the usual case: a file takes the whole write
+        view = memoryview(data)[n:]
         while view:
-            n = os.write(fd, view)
-            view = view[n:]
+            view = view[os.write(fd, view):]
 
     def datasync(self, fd: int) -> None:
         os.fdatasync(fd)
