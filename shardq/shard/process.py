@@ -139,6 +139,7 @@ class ShardServer:
                 pass
             self.committer.submit([], [], list(self.conns) + self._closes)
             self.committer.stop()
+            self._poller.close()
 
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
@@ -189,7 +190,9 @@ class ShardServer:
         late: dict[FrameConn, list] = {}
         early: dict[FrameConn, list] = {}
         pending = state._ops
+        n_requests = 0
         for conn, requests in batches:
+            n_requests += len(requests)
             for rid, op, args in requests:
                 before = len(pending)
                 self._early_lease = False
@@ -209,17 +212,17 @@ class ShardServer:
             early = {}
             state.sync_forced = False
         closes, self._closes = self._closes, []
-        requests = len(batches[0][1]) if len(batches) == 1 else sum(len(reqs) for _, reqs in batches)
-        self.committer.submit(self.shard.take_payloads(), self._frames(late) if late else [], closes,
-                              inline=requests <= INLINE_REQUESTS_MAX,
-                              early=self._frames(early) if early else (), sync=sync,
-                              seq=state.next_seq - 1)
+        self.committer.submit(self.shard.take_payloads(), self._frames(late), closes,
+                              inline=n_requests <= INLINE_REQUESTS_MAX, early=self._frames(early),
+                              sync=sync, seq=state.next_seq - 1)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
                 self.shard.compact()
 
     def _frames(self, replies: dict) -> list:
+        if not replies:
+            return []  # most iterations have replies of one kind only
         return [(conn, frame) for conn, out in replies.items() if conn in self.conns
                 for frame in _reply_frames(out)]
 
