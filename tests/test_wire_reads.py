@@ -1,6 +1,6 @@
-"""wire.read_into and split_frames: what one read of a socket appends, and how frames
-larger than a read are put back together (the shard reads 1 MiB at a time, a router
-256 KiB)."""
+"""wire.read_into, read_frames and split_frames: what one read of a socket appends, and
+how frames larger than a read are put back together (the shard reads 1 MiB at a time, a
+router 256 KiB)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import pytest
 
 from shardq import limits
 from shardq.errors import ProtocolError
-from shardq.shard.wire import READ_BYTES, read_into, split_frames
+from shardq.shard.wire import READ_BYTES, read_frames, read_into, split_frames
 
 
 def _frame(payload: bytes) -> bytes:
@@ -72,3 +72,45 @@ def test_a_frame_announced_over_the_limit_is_refused_before_its_bytes_arrive():
     buf = bytearray((limits.FRAME_BYTES_MAX + 1).to_bytes(4, "big", signed=True) + b"x")
     with pytest.raises(ProtocolError):
         split_frames(buf)
+
+
+def test_read_frames_gives_a_lone_whole_frame_without_buffering_it():
+    a, b = socket.socketpair()
+    try:
+        scratch, buf = bytearray(64), bytearray()
+        a.sendall(_frame(b"one"))
+        frames = read_frames(b.fileno(), buf, scratch)
+        assert [bytes(f) for f in frames] == [b"one"] and not buf
+    finally:
+        a.close()
+        b.close()
+
+
+def test_read_frames_buffers_a_partial_frame_and_splits_several():
+    a, b = socket.socketpair()
+    try:
+        scratch, buf = bytearray(64), bytearray()
+        whole = _frame(b"first") + _frame(b"second")
+        a.sendall(whole[:7])
+        assert read_frames(b.fileno(), buf, scratch) == [] and buf == whole[:7]
+        a.sendall(whole[7:] + _frame(b"third")[:2])
+        assert [bytes(f) for f in read_frames(b.fileno(), buf, scratch)] == [b"first", b"second"]
+        assert buf == _frame(b"third")[:2]  # a frame's start stays buffered, not taken as a view
+        a.sendall(_frame(b"third")[2:])
+        assert [bytes(f) for f in read_frames(b.fileno(), buf, scratch)] == [b"third"] and not buf
+        a.close()
+        with pytest.raises(EOFError):
+            read_frames(b.fileno(), buf, scratch)
+    finally:
+        b.close()
+
+
+def test_read_frames_refuses_a_lone_frame_over_the_limit():
+    a, b = socket.socketpair()
+    try:
+        a.sendall((limits.FRAME_BYTES_MAX + 1).to_bytes(4, "big", signed=True) + b"x")
+        with pytest.raises(ProtocolError):
+            read_frames(b.fileno(), bytearray(), bytearray(64))
+    finally:
+        a.close()
+        b.close()

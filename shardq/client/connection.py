@@ -106,7 +106,7 @@ class ShardClient:
         self._reader_wanted = False             # replies are due that no caller will read
         self._reader_active = False
         self._buf = bytearray()                 # bytes read but not yet a whole frame
-        self._scratch = bytearray(READ_BYTES)   # what one read lands in (see wire.read_into)
+        self._scratch = bytearray(READ_BYTES)   # what one read lands in (see wire.read_frames)
         self._poller = select.poll()            # readability of the connection (leaders)
         self._poller_fd = -1
         self.connects = 0
@@ -297,12 +297,11 @@ class ShardClient:
                 self._poller_fd = fd
             if not self._poller.poll(max(0, int(timeout * 1000) + 1)):
                 return
-        buf = self._buf
-        if not protocol.read_into(fd, buf, self._scratch):
-            raise EOFError
         pending = self._pending
         unpackb = msgpack.unpackb
-        for frame in protocol.split_frames(buf):  # a frame over the limit is refused
+        # Each frame is decoded before the next read (it may be a view of the scratch buffer);
+        # one over the limit is refused.
+        for frame in protocol.read_frames(fd, self._buf, self._scratch):
             for rid, status, payload in unpackb(frame, raw=False, use_list=True):
                 fut = pending.pop(rid, None)
                 if fut is None:

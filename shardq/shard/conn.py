@@ -15,7 +15,7 @@ import socket
 import struct
 from collections import deque
 
-from .wire import read_into, split_frames
+from .wire import read_frames
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
@@ -44,17 +44,16 @@ class FrameConn:
     def fileno(self) -> int:
         return self.fd
 
-    def read_frames(self, scratch: bytearray) -> list[bytes]:
+    def read_frames(self, scratch: bytearray) -> list:
         """Every complete frame now readable, after one read of at most ``len(scratch)``
         bytes into ``scratch`` (the loop's buffer, shared by its connections: reads happen
-        on the loop thread only). EOFError when the peer closed; ProtocolError for a frame
-        over the size limit."""
+        on the loop thread only). A frame may be a view of ``scratch``: decode it before the
+        next read (:func:`~shardq.shard.wire.read_frames`). EOFError when the peer closed;
+        ProtocolError for a frame over the size limit."""
         try:
-            if not read_into(self.fd, self.buf, scratch):
-                raise EOFError
+            return read_frames(self.fd, self.buf, scratch)
         except BlockingIOError:
             return []
-        return split_frames(self.buf)
 
     def send(self, payload: bytes) -> bool:
         """Queue one frame and write what the socket takes now, without blocking. True if

@@ -109,6 +109,26 @@ def read_into(fd: int, buf: bytearray, scratch: bytearray) -> int:
     return n
 
 
+def read_frames(fd: int, buf: bytearray, scratch: bytearray) -> list:
+    """One read of ``fd`` (as :func:`read_into`), then every complete frame buffered.
+    EOFError when the peer closed; ``BlockingIOError`` as from ``os.read``; ProtocolError as
+    :func:`split_frames`.
+
+    When the read brought exactly one whole frame and nothing was buffered before (a lone
+    request or reply, the usual case), the frame is returned as a view of ``scratch``
+    without a copy: it is valid only until the next read into ``scratch``, so the caller
+    decodes it first."""
+    n = os.readv(fd, (scratch,))
+    if not n:
+        raise EOFError
+    if not buf and n >= 4:
+        (size,) = _LEN.unpack_from(scratch)
+        if size + 4 == n and size <= limits.FRAME_BYTES_MAX:
+            return [memoryview(scratch)[4:n]]
+    buf += memoryview(scratch)[:n]
+    return split_frames(buf)
+
+
 def split_frames(buf: bytearray) -> list[bytes]:
     """Take every complete frame off the front of ``buf`` (``multiprocessing.connection``
     framing: a 4-byte big-endian signed length, or -1 and an 8-byte length, then the
