@@ -131,7 +131,9 @@ class Committer:
             if items:
                 self._process(items)
             elif self._unsynced_since is not None and self._stopping:
-                self._commit([], sync=True, seq=0)
+                synced = self._commit([], sync=True, seq=0)
+                if synced is not None:
+                    self._observe(*synced)
             self._flush_backlog(final=self._stopping and not items)
             with self._lock:
                 self._busy = False
@@ -196,8 +198,9 @@ class Committer:
             payloads = []
         for sends in early:
             self._send(sends)
+        synced = None
         if sync and (payloads or self._unsynced_since is not None):
-            self._commit(payloads, True, seq)
+            synced = self._commit(payloads, True, seq)
         for _, sends, closes, _, _, _ in items:
             self._send(sends)
             backlog = self._backlog
@@ -206,11 +209,15 @@ class Committer:
                     conn.close_when_sent = True  # its replies first
                 else:
                     conn.close()
+        if synced is not None:
+            self._observe(*synced)  # after the replies: no caller waits for the bookkeeping
         if backlog_was_empty and self._backlog:
             with self._work:
                 self._work.notify()  # the committer thread flushes it
 
-    def _commit(self, payloads: list[bytes], sync: bool, seq: int) -> None:
+    def _commit(self, payloads: list[bytes], sync: bool, seq: int) -> tuple | None:
+        """Write (and with ``sync`` fdatasync) ``payloads``; for a synced commit, return
+        what :meth:`_observe` records once its replies are sent."""
         t0 = time.perf_counter()
         try:
             self.log.commit(payloads, sync=sync)
@@ -219,15 +226,20 @@ class Committer:
                       "restarts and replays: %s", e)
             logging.shutdown()
             os._exit(self.exit_code)
-        self._written_seq = max(self._written_seq, seq)
+        if seq > self._written_seq:
+            self._written_seq = seq
         if sync:
             self.fsyncs += 1
             self.durable_seq = self._written_seq
             self._unsynced_since = None
-            self.commit_seconds.observe(time.perf_counter() - t0)
-            self.commit_ops.observe(sum(map(ops_in, payloads)))
-        elif self._unsynced_since is None:
+            return time.perf_counter() - t0, payloads
+        if self._unsynced_since is None:
             self._unsynced_since = self._monotonic()
+        return None
+
+    def _observe(self, seconds: float, payloads: list[bytes]) -> None:
+        self.commit_seconds.observe(seconds)
+        self.commit_ops.observe(sum(map(ops_in, payloads)))
 
     def _send(self, sends: list) -> None:
         backlog = self._backlog

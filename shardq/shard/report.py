@@ -112,12 +112,23 @@ class ReportingFiles:
     def create(self, path: str) -> int:
         return self._call(self.inner.create, path, path=path)
 
+    # write and datasync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
-        self._call(self.inner.write, fd, data, fd=fd)
+        try:
+            self.inner.write(fd, data)
+        except OSError as e:
+            if e.errno in NO_SPACE:
+                self._report_no_space(e, fd, None)
+            raise
         self.bytes_written += len(data)
 
     def datasync(self, fd: int) -> None:
-        self._call(self.inner.datasync, fd, fd=fd)
+        try:
+            self.inner.datasync(fd)
+        except OSError as e:
+            if e.errno in NO_SPACE:
+                self._report_no_space(e, fd, None)
+            raise
 
     def fsync(self, fd: int) -> None:
         self._call(self.inner.fsync, fd, fd=fd)

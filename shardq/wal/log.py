@@ -269,7 +269,8 @@ class Log:
         fdatasync: they survive a crash of the process (the kernel holds them) but not of
         the machine until the next synced commit or :meth:`sync`.
         """
-        self._check_usable()
+        if self.failed is not None or self.closed or self.writer is None:
+            self._check_usable()  # raises why
         try:
             if self.writer.size >= self.segment_bytes:
                 self._rotate()
