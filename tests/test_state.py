@@ -573,6 +573,32 @@ def test_sessions_expire_after_their_ttl(shard, clock):
     assert shard.enqueue_many(items, session=(7, 1, 1)) != first
 
 
+def test_a_client_seen_again_keeps_its_session_and_the_others_still_expire_on_time(shard, clock):
+    # advance() looks at sessions only when the oldest one comes due: a client seen again
+    # moves to the back, and the next one in line must still expire at its own TTL.
+    items = [(b"a", None, "default", 0, 0, None)]
+    first = shard.enqueue_many(items, session=(7, 1, 1))
+    clock.advance(1)
+    second = shard.enqueue_many(items, session=(8, 1, 1))
+    clock.advance(limits.CLIENT_SESSION_TTL_S - 2)
+    shard.enqueue_many(items, session=(7, 2, 1))  # client 7 seen again: kept
+    clock.advance(3)  # client 8 is now past its TTL, client 7 is not
+    assert shard.enqueue_many(items, session=(7, 1, 1)) == first
+    assert shard.enqueue_many(items, session=(8, 1, 1)) != second
+
+
+def test_a_session_of_any_integer_kind_or_a_bad_one_is_checked_like_before(shard):
+    items = [(b"a", None, "default", 0, 0, None)]
+    for bad in [(7, -1, 1), (7, 1, True), (7, 1, 2**63), (7, "1", 1), (7, 1), None.__class__]:
+        with pytest.raises(InvalidJob):
+            shard.enqueue_many(items, session=bad)
+
+    class Seq(int):
+        pass
+    first = shard.enqueue_many(items, session=(Seq(9), Seq(1), Seq(1)))
+    assert shard.enqueue_many(items, session=(9, 1, 1)) == first
+
+
 # ---------------------------------------------------------------------------- bad input
 BODY_MAX = 1024
 

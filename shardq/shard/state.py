@@ -71,6 +71,12 @@ KEY_LIST_MAX = 64
 _FROM_NEW = frozenset(new for old, new in TRANSITIONS if old is None)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
+_INT63 = 1 << 63
+_ENQUEUE = ops.ENQUEUE
+_BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
+#: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
+#: at most each): only longer ones are encoded to be measured.
+_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
 
 
 class Job:
@@ -139,6 +145,7 @@ class ShardState(ControlOps):
         self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
         self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
         self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
+        self._sessions_due = float("-inf")  # when the oldest session expires (advance)
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
         self._ops: list[list] = []
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
@@ -299,11 +306,20 @@ class ShardState(ControlOps):
                 del self.inflight[jid]
                 self._set(job, R)
                 job.q.push_ready(job)
+        if now >= self._sessions_due or len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
+            self._expire_sessions(now)
+
+    def _expire_sessions(self, now: float) -> None:
+        """Forget the least recently seen clients past the TTL or the count limit, and note
+        when the oldest one left comes due (advance() looks again only then)."""
         sessions = self.sessions
-        horizon = now - limits.CLIENT_SESSION_TTL_S
+        ttl = limits.CLIENT_SESSION_TTL_S
+        horizon = now - ttl
         while sessions and (len(sessions) > limits.CLIENT_SESSIONS_MAX
                             or next(iter(sessions.values()))[0] < horizon):
             sessions.popitem(last=False)
+        # A client seen later than the oldest one expires later: this is never too late.
+        self._sessions_due = (next(iter(sessions.values()))[0] if sessions else now) + ttl
 
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`advance` would change something."""
@@ -332,16 +348,20 @@ class ShardState(ControlOps):
         if session is not None:
             if type(session) not in (tuple, list) or len(session) != 3:
                 raise InvalidJob("session must be (client, seq, low)")
-            cid, cseq, low = (validate.integer("session", v) for v in session)
+            cid, cseq, low = session
+            if not (type(cid) is int and type(cseq) is int and type(low) is int  # the usual shape
+                    and 0 <= cid < _INT63 and 0 <= cseq < _INT63 and 0 <= low < _INT63):
+                cid, cseq, low = (validate.integer("session", v) for v in session)
             entry = self.sessions.get(cid)
             if entry is not None and cseq in entry[1]:
                 return list(entry[1][cseq])
         n = len(items)
-        if not 1 <= n <= limits.BATCH_JOBS_MAX:
-            raise InvalidJob(f"a batch holds 1 to {limits.BATCH_JOBS_MAX} jobs, got {n}")
+        if not 1 <= n <= _BATCH_JOBS_MAX:
+            raise InvalidJob(f"a batch holds 1 to {_BATCH_JOBS_MAX} jobs, got {n}")
         if len(self.jobs) + n > self.max_pending:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
         checked = []
+        queues, undeclared = self.queues, self.undeclared
         new_queues: dict[str, QueueState] = {}
         log_bytes = 64 + 16 * n  # the session op and its job ids
         job_bytes = validate.job_bytes
@@ -351,51 +371,59 @@ class ShardState(ControlOps):
             b, k, qname, delay, prio, did = item
             if type(qname) is not str:
                 raise InvalidJob(f"queue must be a string, got {type(qname).__name__}")
-            q = self.queues.get(qname) or new_queues.get(qname)
+            q = queues.get(qname)
             if q is None:
-                q = new_queues[qname] = self._queue(qname, create=False)
-            elif qname in self.undeclared:
+                q = new_queues.get(qname)
+                if q is None:
+                    q = new_queues[qname] = self._queue(qname, create=False)
+            elif undeclared and qname in undeclared:
                 raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
                                    "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
-            b = validate.body(b, q.cfg.max_body_bytes)
-            k = validate.key(k)
+            max_body = q.cfg.max_body_bytes
+            if not (type(b) is bytes and 0 < len(b) <= max_body):
+                b = validate.body(b, max_body)
+            if k is not None and not (type(k) is str and 0 < len(k) <= _KEY_FAST_CHARS):
+                k = validate.key(k)
             if type(delay) is not int or delay:  # fast path for the common int 0
                 delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
             if type(prio) is not int or prio:
                 prio = validate.priority(prio)
-            did = validate.dedup_id(did)
+            if did is not None:
+                did = validate.dedup_id(did)
             checked.append((b, k, q, delay, prio, did))
             log_bytes += job_bytes(b, k, qname, did)
-        if log_bytes > limits.REQUEST_BYTES_MAX:
+        if log_bytes > _REQUEST_BYTES_MAX:
             # Its operations must be logged as one record (all or nothing across a crash).
             raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
-                             f"{limits.REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
-        first_op = len(self._ops)
+                             f"{_REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
+        queues.update(new_queues)  # every item is valid: from here on nothing can refuse
+        emitted = self._ops
+        first_op = len(emitted)
+        apply_enqueue = self._apply_enqueue
         ids = []
         batch_dedup = {}
         for b, k, q, delay, prio, did in checked:
-            if q.name not in self.queues:
-                self.queues[q.name] = q
             if did is not None:
                 dkey = (q.name, k, did)
                 hit = batch_dedup.get(dkey) or q.dedup.get((k, did))
                 if hit is not None and hit[1] > now:
                     ids.append(hit[0])
                     continue
-            jid = (self.next_seq << limits.JOB_ID_SHARD_BITS) | self.shard_index
+            jid = (self.next_seq << _SHARD_BITS) | self.shard_index
             if did is None:
-                self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now])
+                op = [_ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now]
             else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
                 dedup_expires = now + q.cfg.dedup_window
-                self._emit([ops.ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now,
-                            dedup_expires])
+                op = [_ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now, dedup_expires]
                 batch_dedup[dkey] = (jid, dedup_expires)
+            apply_enqueue(op)  # as _emit, written out: this runs once per job
+            emitted.append(op)
             q.totals[ENQUEUED] += 1
             ids.append(jid)
         if session is not None:
             self._emit([ops.SESSION, cid, cseq, low, ids, now])
-        if len(self._ops) - first_op > 1:
-            self._atomic.append((first_op, len(self._ops)))
+        if len(emitted) - first_op > 1:
+            self._atomic.append((first_op, len(emitted)))
         return ids
 
     def _apply_enqueue(self, op) -> None:
@@ -431,13 +459,18 @@ class ShardState(ControlOps):
 
     def _apply_session(self, op) -> None:
         _, cid, cseq, low, ids, at = op
-        entry = self.sessions.pop(cid, None) or [at, {}]
-        entry[0] = at
+        sessions = self.sessions
+        entry = sessions.get(cid)
+        if entry is None:
+            entry = sessions[cid] = [at, {}]
+        else:
+            sessions.move_to_end(cid)  # most recently seen last
+            entry[0] = at
         seqs = entry[1]
-        for old in [s for s in seqs if s < low]:
-            del seqs[old]
+        if seqs:
+            for old in [s for s in seqs if s < low]:
+                del seqs[old]
         seqs[cseq] = ids
-        self.sessions[cid] = entry  # most recently seen last
 
     # ------------------------------------------------------------------ dequeue
     def dequeue(self, queue: str, now: float, visibility: float | None = None, max_jobs: int = 1) -> list[Lease]:
