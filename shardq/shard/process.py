@@ -57,6 +57,7 @@ INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop threa
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 CONNECTIONS_MAX = 4096
 _DEFERRED = object()
+_ARITY, _OK = protocol.ARITY, protocol.OK
 
 
 class ShardServer:
@@ -82,7 +83,7 @@ class ShardServer:
         self.stopping = False
         self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
         self.iterations = 0
-        self._scratch = bytearray(protocol.READ_BYTES)  # every read lands here first (wire.read_into)
+        self._scratch = bytearray(protocol.READ_BYTES)  # every read lands here first (wire.read_frames)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -203,26 +204,29 @@ class ShardServer:
                     early.setdefault(conn, []).append(reply)
                 else:
                     late.setdefault(conn, []).append(reply)
-        self._notify_watchers(early)
-        due = self.committer.sync_due()
-        sync = bool(late) or state.sync_forced or (due is not None and self.clock.monotonic() >= due)
+        if self.watchers:
+            self._notify_watchers(early)
+        sync = bool(late) or state.sync_forced or self._sync_overdue()
         if state.sync_forced:  # a new token epoch: nothing of this iteration leaves before it
             for conn, out in early.items():
                 late.setdefault(conn, []).extend(out)
             early = {}
             state.sync_forced = False
         closes, self._closes = self._closes, []
-        self.committer.submit(self.shard.take_payloads(), self._frames(late), closes,
-                              inline=n_requests <= INLINE_REQUESTS_MAX, early=self._frames(early),
-                              sync=sync, seq=state.next_seq - 1)
+        self.committer.submit(self.shard.take_payloads(), self._frames(late) if late else [], closes,
+                              inline=n_requests <= INLINE_REQUESTS_MAX,
+                              early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1)
         if self.shard.compaction_due():
             self.committer.drain()  # the checkpoint must follow every record before it
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
                 self.shard.compact()
 
+    def _sync_overdue(self) -> bool:
+        """Written, unsynced records (batched leases) have waited their longest."""
+        due = self.committer.sync_due()
+        return due is not None and self.clock.monotonic() >= due
+
     def _frames(self, replies: dict) -> list:
-        if not replies:
-            return []  # most iterations have replies of one kind only
         return [(conn, frame) for conn, out in replies.items() if conn in self.conns
                 for frame in _reply_frames(out)]
 
@@ -250,9 +254,11 @@ class ShardServer:
 
     def _execute(self, conn, rid, op, args, now):
         try:
-            protocol.check_request(op, args)
-            result = self._handlers[op](args, now, conn, rid)
-            return result if result is _DEFERRED else [rid, protocol.OK, result]
+            handler = self._handlers.get(op)
+            if handler is None or type(args) is not list or len(args) != _ARITY[op]:
+                protocol.check_request(op, args)  # raises the precise error
+            result = handler(args, now, conn, rid)
+            return result if result is _DEFERRED else [rid, _OK, result]
         except InvariantViolation:
             raise
         except ShardqError as e:
