@@ -272,11 +272,7 @@ class ShardServer:
         items, session = args
         if type(items) is not list:
             raise InvalidJob("enqueue: items must be an array")
-        if session is not None:
-            if type(session) is not list or len(session) != 3:
-                raise InvalidJob("enqueue: session must be [client, seq, low]")
-            session = tuple(session)
-        return self.state.enqueue_many(items, now, session)
+        return self.state.enqueue_many(items, now, session)  # which checks the session
 
     def _dequeue(self, args, now, conn, rid):
         queue, visibility, max_jobs = args

@@ -74,6 +74,10 @@ _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 _INT63 = 1 << 63
 _ENQUEUE = ops.ENQUEUE
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
+#: One job, every field at its maximum, always fits in a request: only batches are measured.
+_ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
+                                              "d" * limits.DEDUP_ID_BYTES_MAX)
+                 + limits.BODY_BYTES_MAX_CEILING <= _REQUEST_BYTES_MAX)
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
@@ -391,7 +395,8 @@ class ShardState(ControlOps):
             if did is not None:
                 did = validate.dedup_id(did)
             checked.append((b, k, q, delay, prio, did))
-            log_bytes += job_bytes(b, k, qname, did)
+            if n > 1 or not _ONE_JOB_FITS:
+                log_bytes += job_bytes(b, k, qname, did)
         if log_bytes > _REQUEST_BYTES_MAX:
             # Its operations must be logged as one record (all or nothing across a crash).
             raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
