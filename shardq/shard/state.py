@@ -487,7 +487,8 @@ class ShardState(ControlOps):
         returned fit in one reply frame (``limits.REPLY_BYTES_MAX``): fewer come when the
         bodies are large, never none while a job is ready.
         """
-        max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        if not (type(max_jobs) is int and 1 <= max_jobs <= _BATCH_JOBS_MAX):
+            max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
         if visibility is not None:
             visibility = validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX,
                                           positive=True)
@@ -548,8 +549,9 @@ class ShardState(ControlOps):
     # ------------------------------------------------------------------ settle a lease
     def _leased(self, job_id, token) -> Job:
         """The job, if ``token`` is its live lease; LeaseLost or NotFound otherwise."""
-        validate.integer("job_id", job_id)
-        validate.integer("token", token)
+        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
+            validate.integer("job_id", job_id)  # raises the precise error
+            validate.integer("token", token)
         job = self.jobs.get(job_id)
         if job is None:
             if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
