@@ -222,11 +222,14 @@ class Router:
                     self.clients[s].forget(fut)
         return results
 
-    def _call(self, shard: int, op: str, args: list, *, retry_s: float | None = None):
+    def _call(self, shard: int, op: str, args: list, *, retry_s: float | None = None,
+              with_resent: bool = False):
         """One request, its value or its error: :meth:`_gather`'s rules for a single call,
-        on the shortest path (most calls are one job at a time)."""
+        on the shortest path (most calls are one job at a time). ``with_resent``: return
+        ``(value, was_resent)``, as :meth:`_gather` does."""
         client = self.clients[shard]
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        resent = False
         while True:
             fut = self._send(shard, op, args, deadline)
             if not client.wait(fut, self.request_timeout_s):
@@ -234,7 +237,7 @@ class Router:
                 raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
             lost = fut.error
             if lost is None:
-                return fut.value
+                return (fut.value, resent) if with_resent else fut.value
             if not isinstance(lost, ConnectionLost):
                 raise lost
             if lost.sent and RETRY[op] is not RESEND:
@@ -242,6 +245,7 @@ class Router:
                                      f"before its reply; it may or may not have been applied")
             if time.monotonic() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {lost}")
+            resent = resent or lost.sent
 
     # ------------------------------------------------------------------ producing
     def _shard_for(self, key) -> int:
@@ -396,7 +400,7 @@ class Router:
         lease that says its queue uses priorities switches to the plan at once. A shard that
         is down gets a short try, not the full retry window: its jobs can wait, the other
         shards' should not. Returns (leases, down errors, unknown-outcome errors)."""
-        order = [(first + k) % self.shards for k in range(self.shards)]
+        order = [*range(first, self.shards), *range(first)]  # first, then round the ring
         probe = min(self.retry_s, DOWN_PROBE_S)
         down: list[ShardUnavailable] = []
         unknown: list[OutcomeUnknown] = []
@@ -487,7 +491,8 @@ class Router:
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
-        (errs, retried), = self._call_many([(shard_of_job(lease.job_id), "ack", [[[lease.job_id, lease.token]]])])
+        errs, retried = self._call(shard_of_job(lease.job_id), "ack", [[[lease.job_id, lease.token]]],
+                                   with_resent=True)
         if errs[0] is not None:
             self._raise_ack_error(errs[0], retried)
 
