@@ -1,6 +1,7 @@
 """What one durable call costs with the least Python can do, next to figure A's peers.
 
-    python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR] [--json PATH]
+    python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR]
+                               [--cpus any|same|apart] [--json PATH]
     python -m bench.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
 
 The floor is two processes and no framework: a client that packs a request with msgpack,
@@ -18,7 +19,10 @@ the fsync); docs/performance.md, "What a single call costs above the floor".
 
 Reported per call: wall microseconds, and the CPU microseconds of the client and of the
 servers (every process the peer runs; none for an in-process peer). ``--dir /dev/shm``
-takes the fsync out of the picture. Linux only. Exit status 0 when every floor reply
+takes the fsync out of the picture. ``--cpus same`` pins the client and the servers to one
+CPU, ``--cpus apart`` to two: the difference from the default shows what waking a process
+on another CPU costs on this machine (docs/performance.md, "Where a single call's time
+goes"). Linux only. Exit status 0 when every floor reply
 matched its request and every peer call returned; 1 otherwise. No timing is ever checked.
 """
 from __future__ import annotations
@@ -71,7 +75,22 @@ def _serve(sock: socket.socket, log_path: str) -> None:
         os.write(fd, _LEN.pack(len(reply)) + reply)
 
 
-def floor_run(calls: int, directory: str) -> dict:
+_ALL_CPUS = os.sched_getaffinity(0)  # where this process was allowed to run when it started
+#: ``--cpus``: where the client and the servers may run (Linux CPU affinity; None = anywhere)
+PLACEMENTS = {"any": None, "same": ({0}, {0}), "apart": ({0}, {1})}
+
+
+def place(how: str, server_pids: list[int]) -> None:
+    """Pin this process (the client) and ``server_pids`` as ``PLACEMENTS[how]`` says; with
+    "any", let them run on every CPU again."""
+    cpus = PLACEMENTS[how]
+    client, server = cpus if cpus else (_ALL_CPUS, _ALL_CPUS)
+    os.sched_setaffinity(0, client)
+    for pid in server_pids:
+        os.sched_setaffinity(pid, server)
+
+
+def floor_run(calls: int, directory: str, cpus: str = "any") -> dict:
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the server
@@ -82,6 +101,7 @@ def floor_run(calls: int, directory: str) -> dict:
             os._exit(0)
     theirs.close()
     server = psutil.Process(pid)
+    place(cpus, [pid])
     fd = ours.fileno()
     scratch = bytearray(1 << 16)
 
@@ -106,12 +126,13 @@ def floor_run(calls: int, directory: str) -> dict:
             "client_cpu_us": client / calls * 1e6, "server_cpu_us": srv / calls * 1e6}
 
 
-def peer_run(name: str, calls: int, directory: str) -> dict:
+def peer_run(name: str, calls: int, directory: str, cpus: str = "any") -> dict:
     """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings)."""
     adapter = PEERS[name]()
     adapter.setup(directory)  # SkipPeer when it cannot run here
     try:
         servers = [psutil.Process(pid) for pid in adapter.server_pids()]
+        place(cpus, adapter.server_pids())
         for i in range(WARM_UP_CALLS):  # connect and warm up outside the measurement
             adapter.enqueue(BODY, f"w{i}")
         s0 = sum(sum(p.cpu_times()[:2]) for p in servers)
@@ -137,9 +158,15 @@ def main(argv: list[str] | None = None) -> int:
                                                 "sockets live under it")
     p.add_argument("--peers", default="shardq,beanstalkd",
                    help="bench.run's peers measured beside the floor (default: shardq,beanstalkd)")
+    p.add_argument("--cpus", choices=sorted(PLACEMENTS), default="any",
+                   help="any: where the scheduler puts them (default); same: the client and the "
+                        "servers pinned to CPU 0; apart: the client on CPU 0, the servers on CPU 1")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    needed = set().union(*PLACEMENTS[a.cpus]) if PLACEMENTS[a.cpus] else set()
+    if not needed <= _ALL_CPUS:
+        p.error(f"--cpus {a.cpus} needs CPUs {sorted(needed)}; this process may use {sorted(_ALL_CPUS)}")
     if a.quick:
         a.calls, a.runs = 300, 1
     parent = a.dir or tempfile.gettempdir()
@@ -153,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
             try:
-                res = floor_run(a.calls, tmp) if name == "floor" else peer_run(name, a.calls, tmp)
+                res = (floor_run(a.calls, tmp, a.cpus) if name == "floor"
+                       else peer_run(name, a.calls, tmp, a.cpus))
             except SkipPeer as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", flush=True)
                 continue
             finally:
+                place("any", [])  # the next run starts unpinned
                 shutil.rmtree(tmp, ignore_errors=True)
             results[name].append(res)
             print(f"run {r + 1}/{a.runs} {name:6s}: {res['us_per_call']:7.0f} us/call, CPU client "
@@ -166,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {name: {k: statistics.median(x[k] for x in rows)
                   for k in ("us_per_call", "client_cpu_us", "server_cpu_us")}
            for name, rows in results.items() if rows}
-    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}:")
+    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}, CPUs: {a.cpus}:")
     print(f"{'':8s} {'us/call':>8s} {'client CPU':>11s} {'server CPU':>11s}")
     for name, m in med.items():
         print(f"{name:8s} {m['us_per_call']:8.0f} {m['client_cpu_us']:11.0f} {m['server_cpu_us']:11.0f}")
@@ -178,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(x["ok"] for rows in results.values() for x in rows)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "runs": results,
+            json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "cpus": a.cpus,
+                       "runs": results,
                        "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)
     return 0 if ok else 1
 

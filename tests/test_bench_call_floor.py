@@ -32,3 +32,22 @@ def test_call_floor_benchmark_runs(tmp_path):
         assert run["us_per_call"] > 0 and run["client_cpu_us"] > 0 and run["server_cpu_us"] > 0
     assert "above the floor" in r.stdout
     assert left == []  # each run's directory removed
+
+
+def test_call_floor_pins_client_and_server_when_asked(tmp_path):
+    out = tmp_path / "floor.json"
+    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--cpus", "same",
+                        "--dir", str(tmp_path), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["ok"] is True and res["cpus"] == "same" and list(res["runs"]) == ["floor"]
+    assert "CPUs: same" in r.stdout
+
+
+def test_call_floor_refuses_a_placement_this_process_cannot_use(tmp_path):
+    # taskset-like: run it allowed on CPU 0 only; "apart" needs CPU 1 too
+    code = ("import os, sys; os.sched_setaffinity(0, {0}); sys.argv = ['call_floor', '--quick', '--cpus', "
+            "'apart', '--peers', '']; import runpy; runpy.run_module('bench.call_floor', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--cpus apart needs CPUs [0, 1]" in r.stderr
