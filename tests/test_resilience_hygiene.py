@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -25,12 +26,13 @@ import shardq
 from service import REPO, Service, alive, short_tmpdir
 
 APP = r"""
-import json, signal, sys
+import json, sys, time
 import shardq
 q = shardq.open(sys.argv[1], shards=2)
 try:
     print(json.dumps(q.ping()), flush=True)
-    signal.pause()  # until the Ctrl-C
+    while True:  # until the Ctrl-C. Not signal.pause(): a SIGINT that came before it would be lost
+        time.sleep(0.05)
 except KeyboardInterrupt:
     print(json.dumps(q.ping()), flush=True)  # the same shard processes, still serving
     q.close()
@@ -38,21 +40,30 @@ except KeyboardInterrupt:
 """
 
 
+LINE_TIMEOUT_S = 60.0  # start-up, the Ctrl-C's handling and close() each take well under this
+
+
 def test_ctrl_c_in_an_embedding_app_does_not_reach_its_shards_and_close_still_stops_them():
     tmp = short_tmpdir()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     err = open(os.path.join(tmp, "app.log"), "w+b")
+    # bufsize=0: readline reads no further than the line, so select() sees every line still unread
     app = subprocess.Popen([sys.executable, "-c", APP, os.path.join(tmp, "data")], stdout=subprocess.PIPE,
-                           stderr=err, env=env, start_new_session=True)  # its own group, as a shell's job
+                           stderr=err, env=env, start_new_session=True, bufsize=0)  # its own group, as a shell's job
     app_log = lambda: (err.seek(0), err.read().decode(errors="replace")[-3000:])[1]  # noqa: E731
+
+    def line() -> bytes:  # the app's next line, or b"" if it says nothing for LINE_TIMEOUT_S
+        ready, _, _ = select.select([app.stdout], [], [], LINE_TIMEOUT_S)
+        return app.stdout.readline() if ready else b""
+
     pids: list[int] = []
     try:
-        pids = json.loads(app.stdout.readline() or b"null")
+        pids = json.loads(line() or b"null")
         assert pids and len(pids) == 2, app_log()
         os.killpg(app.pid, signal.SIGINT)  # what Ctrl-C in the app's terminal sends
-        after = json.loads(app.stdout.readline() or b"null")
+        after = json.loads(line() or b"null")
         assert after == pids, f"the shards were stopped and restarted: {after} {app_log()}"
-        assert app.stdout.readline().strip() == b"closed"
+        assert line().strip() == b"closed"
         assert app.wait(30) == 0
         assert not any(alive(p) for p in pids), "close() left a shard running"
     finally:
