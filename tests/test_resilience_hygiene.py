@@ -26,8 +26,11 @@ import shardq
 from service import REPO, Service, alive, short_tmpdir
 
 APP = r"""
-import json, sys, time
+import json, signal, sys, time
 import shardq
+# Python leaves SIGINT ignored when it starts ignored (a job started with & by a shell
+# without job control): an app in a terminal has the handler that raises KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 q = shardq.open(sys.argv[1], shards=2)
 try:
     print(json.dumps(q.ping()), flush=True)
