@@ -96,23 +96,14 @@ _LEN64 = struct.Struct("!Q")
 READ_BYTES = 1 << 20  # one read takes at most this much (a larger frame takes several)
 
 
-def read_into(fd: int, buf: bytearray, scratch: bytearray) -> int:
-    """Read at most ``len(scratch)`` bytes from ``fd`` and append them to ``buf``; return
-    how many (0: the peer closed). ``BlockingIOError`` as from ``os.read``.
+def read_frames(fd: int, buf: bytearray, scratch: bytearray) -> list:
+    """Read at most ``len(scratch)`` bytes from ``fd``, then take every complete frame off
+    what ``buf`` holds with them (:func:`split_frames`). EOFError when the peer closed;
+    ``BlockingIOError`` as from ``os.read``; ProtocolError as :func:`split_frames`.
 
     The bytes land in ``scratch``, a buffer its reader keeps: ``os.read(fd, 1 MiB)``
     allocates 1 MiB on every call, which glibc serves with mmap, mremap and munmap, under
-    a lock shared by every thread of the process, whatever the read brings back."""
-    n = os.readv(fd, (scratch,))
-    if n:
-        buf += memoryview(scratch)[:n]
-    return n
-
-
-def read_frames(fd: int, buf: bytearray, scratch: bytearray) -> list:
-    """One read of ``fd`` (as :func:`read_into`), then every complete frame buffered.
-    EOFError when the peer closed; ``BlockingIOError`` as from ``os.read``; ProtocolError as
-    :func:`split_frames`.
+    a lock shared by every thread of the process, whatever the read brings back.
 
     When the read brought exactly one whole frame and nothing was buffered before (a lone
     request or reply, the usual case), the frame is returned as a view of ``scratch``
