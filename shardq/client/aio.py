@@ -34,7 +34,7 @@ from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .priority import merge, plan
 from .router import (DOWN_PROBE_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
-                     cut_requests, split_by_shard)
+                     cut_requests, in_input_order, split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
 _now = SystemClock.now
@@ -136,9 +136,8 @@ class AsyncQueue:
     async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
         """Enqueue many jobs in as few requests per shard as the limits allow; ids
         in input order. Per shard request all-or-nothing; not atomic across shards."""
-        per_shard, where = split_by_shard(jobs, queue, self._shard_for)
-        noted = self._noted
-        new = {it[2] for items in per_shard.values() for it in items if it[4] and it[2] not in noted}
+        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards)
+        new = prioritized - self._noted
         if new:
             await self._note_priorities(sorted(new))
         calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
@@ -146,7 +145,7 @@ class AsyncQueue:
         ids: dict[int, list] = {}
         for (s, _, _), (got, _) in zip(calls, results):
             ids.setdefault(s, []).extend(got)
-        return [ids[s][i] for s, i in where]
+        return in_input_order(ids, shard_ids)
 
     async def _note_priorities(self, queues: list[str]) -> None:
         """As :meth:`Router._note_priorities`: every shard learns that ``queues`` use

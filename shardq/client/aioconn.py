@@ -40,7 +40,7 @@ import msgpack
 from .. import limits
 from ..errors import AuthError, Closed, OutcomeUnknown, ProtocolError, ShardUnavailable
 from ..shard import wire
-from ..shard.validate import job_bytes
+from ..shard.validate import jobs_bytes
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
@@ -277,7 +277,7 @@ class ShardConn:
             req.rid = rid
             req.sent = True
             self.pending[rid] = req
-            n = 64 + (sum(job_bytes(i[0], i[1], i[2], i[5]) for i in req.args[0]) if req.op == "enqueue" else 0)
+            n = 64 + (jobs_bytes(req.args[0]) if req.op == "enqueue" else 0)
             if frame and size + n > FRAME_SOFT_BYTES_MAX:  # cut before: a frame never passes the limit
                 self._write(write, frame)
                 frame, size = [], 0

@@ -368,7 +368,6 @@ class ShardState(ControlOps):
         queues, undeclared = self.queues, self.undeclared
         new_queues: dict[str, QueueState] = {}
         log_bytes = 64 + 16 * n  # the session op and its job ids
-        job_bytes = validate.job_bytes
         for item in items:
             if type(item) not in (tuple, list) or len(item) != 6:
                 raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
@@ -394,9 +393,9 @@ class ShardState(ControlOps):
                 prio = validate.priority(prio)
             if did is not None:
                 did = validate.dedup_id(did)
-            checked.append((b, k, q, delay, prio, did))
-            if n > 1 or not _ONE_JOB_FITS:
-                log_bytes += job_bytes(b, k, qname, did)
+            checked.append((b, k, qname, delay, prio, did, q))
+        if n > 1 or not _ONE_JOB_FITS:
+            log_bytes += validate.jobs_bytes(checked)
         if log_bytes > _REQUEST_BYTES_MAX:
             # Its operations must be logged as one record (all or nothing across a crash).
             raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
@@ -407,19 +406,19 @@ class ShardState(ControlOps):
         apply_enqueue = self._apply_enqueue
         ids = []
         batch_dedup = {}
-        for b, k, q, delay, prio, did in checked:
+        for b, k, qname, delay, prio, did, q in checked:
             if did is not None:
-                dkey = (q.name, k, did)
+                dkey = (qname, k, did)
                 hit = batch_dedup.get(dkey) or q.dedup.get((k, did))
                 if hit is not None and hit[1] > now:
                     ids.append(hit[0])
                     continue
             jid = (self.next_seq << _SHARD_BITS) | self.shard_index
             if did is None:
-                op = [_ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now]
+                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now]
             else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
                 dedup_expires = now + q.cfg.dedup_window
-                op = [_ENQUEUE, jid, q.name, k, b, prio, now + delay if delay else 0, did, now, dedup_expires]
+                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires]
                 batch_dedup[dkey] = (jid, dedup_expires)
             apply_enqueue(op)  # as _emit, written out: this runs once per job
             emitted.append(op)
