@@ -107,6 +107,9 @@ def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
     return per_shard, shard_ids, prioritized
 
 
+_ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)  # a usual job's delay, priority, dedup id
+
+
 def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[int], set] | None:
     """:func:`split_by_shard` of the usual batch, every job ``{"body": bytes, "key": str}``
     within the limits :meth:`Router._item` checks, with C loops (``map``, ``compress``)
@@ -135,9 +138,6 @@ def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[
         if bucket:
             per_shard[s] = bucket
     return per_shard, shard_ids, set()
-
-
-_ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)
 
 
 def in_input_order(ids_by_shard: dict[int, list], shard_ids: list[int]) -> list:
