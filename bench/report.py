@@ -301,7 +301,7 @@ def wk_table(rows: dict) -> str:
         if s.get("stopped"):
             check += f"; drain stopped: {', '.join(s['stopped'])}"
         probes = row.get("fsync_probe_per_s") or []
-        body.append([name, row.get("durability", "?"), _num(s.get("enqueue_per_s")), drain,
+        body.append([name, row.get("durability") or "?", _num(s.get("enqueue_per_s")), drain,
                      check, _num(statistics.median(probes)) if probes else "-"])
     lines = [_grid(["Wk  worker runner@broker", "durability", "enqueue [jobs/s]",
                     "drain [jobs/s]", "every job ran once", "fsync/s before"], body, left=2)]

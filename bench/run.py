@@ -7,9 +7,10 @@ workers/); after the runs, figure S (shardq scaling) if asked. Progress
 goes to stderr, the final table to stdout, everything to the JSON file.
 
 Exit status: 0 when every figure ran, every drain delivered each job exactly once and
-every Wk runner ran each job exactly once; 1 when a figure failed or a delivery check did
-not hold; 2 when every peer and runner was skipped (nothing was measured). No timing is
-ever checked.
+every Wk runner ran each job exactly once; 1 when a figure failed, a delivery check did
+not hold, or shardq itself (its peer or one of its Wk rows) was skipped: a peer may be
+missing here, shardq may not; 2 when every peer and runner was skipped (nothing was
+measured). No timing is ever checked.
 """
 from __future__ import annotations
 
@@ -274,6 +275,10 @@ def exit_status(results: dict) -> int:
     scaled = isinstance(results.get("scaling"), dict) and "skipped" not in results["scaling"]
     if not measured and not rows and not scaled:
         return 2
+    ours = [p for name, p in [*results["peers"].items(), *results["wk"].items()]
+            if name.startswith("shardq")]
+    if any(p["status"] != "ok" for p in ours):
+        return 1
     summaries = [fig["summary"] for p in measured for fig in p["figures"].values()]
     for s in summaries + [r["summary"] for r in rows]:
         if s["errors"] or s.get("exactly_once") is False:

@@ -5,12 +5,16 @@ Figure Wk's framework rows run where their packages and redis-server are install
 (``pip install -e '.[bench]'``, ``bash bench/setup_peers.sh redis``); elsewhere the harness
 reports them skipped as not installed, and that is the only skip accepted here.
 """
+import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
-from bench import targets
+from bench import report, targets
+from bench import run as bench_run_module
+from bench.workers import brokers
 from bench.workers.record import RecordReader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,6 +72,62 @@ def test_worker_runners_run_every_job_once(tmp_path):
         assert row["summary"]["exactly_once"] is True, name
     assert "fsync" in rows["shardq@shardq"]["durability"]
     assert "Wk >= 2x the fastest runner on Redis always" in text
+
+
+def test_shardq_rows_run_while_a_service_holds_the_default_http_port(tmp_path):
+    # A user who started the service (README's first command) and then runs the benchmark:
+    # the runner's own `shardq serve` must not try the port the user's service holds.
+    from shardq import config as shardq_config
+    host, port = shardq_config.split_listen(shardq_config.load(
+        os.path.join(REPO, "config", "shardq.toml")).http.listen)
+    holder = socket.socket()
+    try:
+        holder.bind((host, port))
+        holder.listen(1)
+    except OSError as e:
+        assert e.errno == errno.EADDRINUSE, e  # held already: the case under test
+    try:
+        results, text = bench_run(tmp_path, "--only", "shardq", "--figures", "Wk",
+                                  "--wk-jobs", "20", "--runners", "shardq,shardq-idem")
+    finally:
+        holder.close()
+    for name in ("shardq@shardq", "shardq-idem@shardq"):
+        row = results["wk"][name]
+        assert row["status"] == "ok", (name, row.get("reason"))
+        assert row["summary"]["exactly_once"] is True, (name, row["runs"])
+
+
+def test_a_free_port_config_is_the_default_config_with_only_the_listener_moved(tmp_path):
+    from shardq import config as shardq_config
+    path = brokers.default_config_on_a_free_port(str(tmp_path / "shardq.toml"))
+    default = shardq_config.load(os.path.join(REPO, "config", "shardq.toml"))
+    got = shardq_config.load(path)
+    assert default.http.listen != "127.0.0.1:0" and got.http.listen == "127.0.0.1:0"
+    assert {k: v for k, v in got.to_dict().items() if k != "http"} == \
+        {k: v for k, v in default.to_dict().items() if k != "http"}
+
+
+def test_shardq_skipped_fails_the_run_and_a_peer_skipped_does_not():
+    ok_summary = {"errors": 0, "exactly_once": True}
+    def results(shardq_status, redis_status):
+        return {"peers": {
+            "shardq": {"status": shardq_status, "figures": {"A": {"summary": ok_summary}}},
+            "redis": {"status": redis_status, "figures": {}}},
+            "wk": {"shardq@shardq": {"status": "ok", "summary": ok_summary}}}
+    assert bench_run_module.exit_status(results("ok", "skipped")) == 0
+    assert bench_run_module.exit_status(results("skipped", "ok")) == 1
+    wk_skipped = results("ok", "ok")
+    wk_skipped["wk"]["shardq-idem@shardq"] = {"status": "skipped", "reason": "serve exited"}
+    assert bench_run_module.exit_status(wk_skipped) == 1
+
+
+def test_wk_table_shows_a_row_whose_only_run_failed_before_it_started():
+    rows = {"shardq@shardq": {"status": "ok", "runner": "shardq", "command": "shardq worker",
+                              "durability": None, "fsync_probe_per_s": [3000.0],
+                              "runs": [{"error": "RuntimeError: enqueue exited with 1"}]}}
+    rows["shardq@shardq"]["summary"] = report.summarize("Wk", rows["shardq@shardq"]["runs"])
+    text = report.wk_table(rows)
+    assert "shardq@shardq" in text and "error" in text, text
 
 
 def _results(shardq_a: float, redis_a: float, fsync: float, rtt: float) -> dict:

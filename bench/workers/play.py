@@ -70,7 +70,8 @@ def play_run(table: dict[str, Any], jobs: int, run: int, tmp_root: str, shards: 
             continue
         except Exception as e:
             result = {"error": f"{type(e).__name__}: {e}"}
-        row["durability"] = result.get("durability", row.get("durability"))
+        if result.get("durability"):
+            row["durability"] = result["durability"]
         row["runs"].append(result)
         progress(f"  [run {run + 1}] Wk {name}: {describe(result)} (fsync/s before: "
                  f"{probe:,.0f})")
