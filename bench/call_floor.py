@@ -1,7 +1,7 @@
 """What one durable call costs with the least Python can do, next to figure A's peers.
 
     python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR]
-                               [--cpus any|same|apart] [--json PATH]
+                               [--cpus any|same|apart] [--gap-ms G] [--json PATH]
     python -m bench.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
 
 The floor is two processes and no framework: a client that packs a request with msgpack,
@@ -22,7 +22,10 @@ servers (every process the peer runs; none for an in-process peer). ``--dir /dev
 takes the fsync out of the picture. ``--cpus same`` pins the client and the servers to one
 CPU, ``--cpus apart`` to two: the difference from the default shows what waking a process
 on another CPU costs on this machine (docs/performance.md, "Where a single call's time
-goes"). Linux only. Exit status 0 when every floor reply
+goes"). ``--gap-ms G`` pauses G milliseconds after each call, so every call starts from
+an idle machine as in figures W and L@500 (the pause is not timed; CPU still is, and an
+idle process uses none). Reported beside the mean: the median call (``us_p50``). Linux
+only. Exit status 0 when every floor reply
 matched its request and every peer call returned; 1 otherwise. No timing is ever checked.
 """
 from __future__ import annotations
@@ -90,7 +93,27 @@ def place(how: str, server_pids: list[int]) -> None:
         os.sched_setaffinity(pid, server)
 
 
-def floor_run(calls: int, directory: str, cpus: str = "any") -> dict:
+def timed_calls(call, calls: int, gap_s: float) -> tuple[int, list[float]]:
+    """Run ``call(i)`` for i in range(calls), pausing ``gap_s`` after each; the number that
+    returned True and each call's seconds (the pauses left out)."""
+    clock, pause = time.perf_counter, time.sleep
+    ok, took = 0, []
+    for i in range(calls):
+        t = clock()
+        ok += bool(call(i))
+        took.append(clock() - t)
+        if gap_s:
+            pause(gap_s)
+    return ok, took
+
+
+def _result(calls: int, ok: bool, took: list[float], client_s: float, server_s: float) -> dict:
+    return {"calls": calls, "ok": ok, "us_per_call": sum(took) / calls * 1e6,
+            "us_p50": statistics.median(took) * 1e6,
+            "client_cpu_us": client_s / calls * 1e6, "server_cpu_us": server_s / calls * 1e6}
+
+
+def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0) -> dict:
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the server
@@ -115,18 +138,15 @@ def floor_run(calls: int, directory: str, cpus: str = "any") -> dict:
         call(-1 - i)
     s0 = sum(server.cpu_times()[:2])
     c0 = time.process_time()
-    t0 = time.perf_counter()
-    matched = sum(call(i) for i in range(calls))
-    wall = time.perf_counter() - t0
+    matched, took = timed_calls(call, calls, gap_s)
     client = time.process_time() - c0
     srv = sum(server.cpu_times()[:2]) - s0
     ours.close()
     os.waitpid(pid, 0)
-    return {"calls": calls, "ok": matched == calls, "us_per_call": wall / calls * 1e6,
-            "client_cpu_us": client / calls * 1e6, "server_cpu_us": srv / calls * 1e6}
+    return _result(calls, matched == calls, took, client, srv)
 
 
-def peer_run(name: str, calls: int, directory: str, cpus: str = "any") -> dict:
+def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0) -> dict:
     """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings)."""
     adapter = PEERS[name]()
     adapter.setup(directory)  # SkipPeer when it cannot run here
@@ -137,16 +157,12 @@ def peer_run(name: str, calls: int, directory: str, cpus: str = "any") -> dict:
             adapter.enqueue(BODY, f"w{i}")
         s0 = sum(sum(p.cpu_times()[:2]) for p in servers)
         c0 = time.process_time()
-        t0 = time.perf_counter()
-        for i in range(calls):
-            adapter.enqueue(BODY, f"k{i % 1000}")
-        wall = time.perf_counter() - t0
+        _, took = timed_calls(lambda i: adapter.enqueue(BODY, f"k{i % 1000}"), calls, gap_s)
         client = time.process_time() - c0
         srv = sum(sum(p.cpu_times()[:2]) for p in servers) - s0
     finally:
         adapter.teardown()
-    return {"calls": calls, "ok": True, "us_per_call": wall / calls * 1e6,
-            "client_cpu_us": client / calls * 1e6, "server_cpu_us": srv / calls * 1e6}
+    return _result(calls, True, took, client, srv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", choices=sorted(PLACEMENTS), default="any",
                    help="any: where the scheduler puts them (default); same: the client and the "
                         "servers pinned to CPU 0; apart: the client on CPU 0, the servers on CPU 1")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="pause this long after each call, so each starts from idle (default 0)")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if not 0 <= a.gap_ms <= 1000:
+        p.error(f"--gap-ms {a.gap_ms} is outside 0..1000")
     needed = set().union(*PLACEMENTS[a.cpus]) if PLACEMENTS[a.cpus] else set()
     if not needed <= _ALL_CPUS:
         p.error(f"--cpus {a.cpus} needs CPUs {sorted(needed)}; this process may use {sorted(_ALL_CPUS)}")
@@ -180,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
             try:
-                res = (floor_run(a.calls, tmp, a.cpus) if name == "floor"
-                       else peer_run(name, a.calls, tmp, a.cpus))
+                res = (floor_run(a.calls, tmp, a.cpus, a.gap_ms / 1e3) if name == "floor"
+                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3))
             except SkipPeer as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", flush=True)
@@ -190,15 +210,18 @@ def main(argv: list[str] | None = None) -> int:
                 place("any", [])  # the next run starts unpinned
                 shutil.rmtree(tmp, ignore_errors=True)
             results[name].append(res)
-            print(f"run {r + 1}/{a.runs} {name:6s}: {res['us_per_call']:7.0f} us/call, CPU client "
+            print(f"run {r + 1}/{a.runs} {name:6s}: {res['us_per_call']:7.0f} us/call "
+                  f"(median {res['us_p50']:.0f}), CPU client "
                   f"{res['client_cpu_us']:.0f} us, server {res['server_cpu_us']:.0f} us", flush=True)
     med = {name: {k: statistics.median(x[k] for x in rows)
-                  for k in ("us_per_call", "client_cpu_us", "server_cpu_us")}
+                  for k in ("us_per_call", "us_p50", "client_cpu_us", "server_cpu_us")}
            for name, rows in results.items() if rows}
-    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}, CPUs: {a.cpus}:")
-    print(f"{'':8s} {'us/call':>8s} {'client CPU':>11s} {'server CPU':>11s}")
+    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}, CPUs: {a.cpus}, "
+          f"gap: {a.gap_ms:g} ms:")
+    print(f"{'':8s} {'us/call':>8s} {'median':>7s} {'client CPU':>11s} {'server CPU':>11s}")
     for name, m in med.items():
-        print(f"{name:8s} {m['us_per_call']:8.0f} {m['client_cpu_us']:11.0f} {m['server_cpu_us']:11.0f}")
+        print(f"{name:8s} {m['us_per_call']:8.0f} {m['us_p50']:7.0f} {m['client_cpu_us']:11.0f} "
+              f"{m['server_cpu_us']:11.0f}")
     floor_us = med["floor"]["us_per_call"]
     for name, m in med.items():
         if name != "floor":
@@ -208,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "cpus": a.cpus,
+                       "gap_ms": a.gap_ms,
                        "runs": results,
                        "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)
     return 0 if ok else 1

@@ -51,3 +51,40 @@ def test_call_floor_refuses_a_placement_this_process_cannot_use(tmp_path):
             "'apart', '--peers', '']; import runpy; runpy.run_module('bench.call_floor', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--cpus apart needs CPUs [0, 1]" in r.stderr
+
+
+def test_call_floor_pauses_between_calls_when_asked(tmp_path):
+    out = tmp_path / "floor.json"
+    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--gap-ms", "1",
+                        "--dir", str(tmp_path), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    (run,) = res["runs"]["floor"]
+    assert res["ok"] is True and res["gap_ms"] == 1 and run["ok"] is True and run["us_p50"] > 0
+    assert "gap: 1 ms" in r.stdout
+
+
+def test_the_pause_after_each_call_is_not_timed(monkeypatch):
+    from bench import call_floor
+    now = [0.0]
+    slept = []
+
+    def call(i):
+        now[0] += 0.005  # each call takes 5 ms on this clock
+        return i != 2
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+    monkeypatch.setattr(call_floor.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(call_floor.time, "sleep", sleep)
+    ok, took = call_floor.timed_calls(call, 4, 0.25)
+    assert ok == 3 and slept == [0.25] * 4
+    assert [round(t, 9) for t in took] == [0.005] * 4
+
+
+def test_call_floor_refuses_a_gap_out_of_range(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--gap-ms", "-1"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--gap-ms -1.0 is outside 0..1000" in r.stderr
