@@ -100,7 +100,8 @@ def _consumer_thread(client: Client, conn) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def _recv(conn, timeout_s: float) -> Any:
+def recv_from_consumer(conn, timeout_s: float) -> Any:
+    """The next (status, value) a consumer process sent: its value, or the consumer's error raised."""
     if not conn.poll(timeout_s):
         raise TimeoutError(f"the consumer sent nothing within {timeout_s} s")
     status, value = conn.recv()
@@ -136,14 +137,14 @@ def wake_up(adapter: Adapter, items: list[Item], idle_s: float,
         worker.start()
         consumer_pid = os.getpid()
     try:
-        _recv(conn, timeout_s)  # ready
+        recv_from_consumer(conn, timeout_s)  # ready
         time.sleep(SETTLE_S)
         cpu = idle_cpu_percent(consumer_pid, adapter.server_pids(), idle_s)
         waits, delivered = [], []
         for body, key in items:
             sent_at = time.monotonic()
             adapter.enqueue(body, key)
-            got_at, got = _recv(conn, timeout_s)
+            got_at, got = recv_from_consumer(conn, timeout_s)
             waits.append(got_at - sent_at)
             delivered.append(got)
             time.sleep(GAP_S)

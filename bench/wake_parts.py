@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 
+from .latency import recv_from_consumer
 from .peers.shardq_peer import QUEUE, ShardqAdapter
 
 WAIT_S = 5.0        # the consumer's dequeue wait; a sample never comes near it
@@ -69,15 +70,6 @@ def _consumer(data_dir: str, conn) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def _recv(conn):
-    if not conn.poll(RECV_TIMEOUT_S):
-        raise TimeoutError(f"the consumer sent nothing within {RECV_TIMEOUT_S} s")
-    status, value = conn.recv()
-    if status == "error":
-        raise RuntimeError(f"consumer failed: {value}")
-    return value
-
-
 def percentiles_ms(xs: list[float]) -> dict:
     xs = sorted(xs)
     if not xs:
@@ -94,14 +86,14 @@ def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
     consumer.start()
     rows, bodies = [], []
     try:
-        _recv(ours)  # ready
+        recv_from_consumer(ours, RECV_TIMEOUT_S)  # ready
         time.sleep(0.3)  # the consumer is blocked in its watch
         for i in range(samples):
             body = f"w{i}".encode()
             t0 = time.monotonic()
             adapter.enqueue(body, f"k{i % 1000}")
             enqueued = time.monotonic()
-            woke, got, seen = _recv(ours)
+            woke, got, seen = recv_from_consumer(ours, RECV_TIMEOUT_S)
             bodies.append(seen)
             rows.append({"enqueue": enqueued - t0, "woke": None if woke is None else woke - t0,
                          "got": got - t0})

@@ -34,13 +34,18 @@ def test_call_floor_benchmark_runs(tmp_path):
     assert left == []  # each run's directory removed
 
 
-def test_call_floor_pins_client_and_server_when_asked(tmp_path):
+def floor_only(tmp_path, *args):
+    """A quick run of the floor alone with ``args``; its JSON and the completed process."""
     out = tmp_path / "floor.json"
-    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--cpus", "same",
+    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", *args,
                         "--dir", str(tmp_path), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text()), r
+
+
+def test_call_floor_pins_client_and_server_when_asked(tmp_path):
+    res, r = floor_only(tmp_path, "--cpus", "same")
     assert res["ok"] is True and res["cpus"] == "same" and list(res["runs"]) == ["floor"]
     assert "CPUs: same" in r.stdout
 
@@ -54,12 +59,7 @@ def test_call_floor_refuses_a_placement_this_process_cannot_use(tmp_path):
 
 
 def test_call_floor_pauses_between_calls_when_asked(tmp_path):
-    out = tmp_path / "floor.json"
-    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--gap-ms", "1",
-                        "--dir", str(tmp_path), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    res, r = floor_only(tmp_path, "--gap-ms", "1")
     (run,) = res["runs"]["floor"]
     assert res["ok"] is True and res["gap_ms"] == 1 and run["ok"] is True and run["us_p50"] > 0
     assert "gap: 1 ms" in r.stdout
