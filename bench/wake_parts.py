@@ -13,11 +13,14 @@ CLOCK_MONOTONIC every process shares:
   shard answers a watch as soon as the job is applied, before its fsync);
 * ``got``: the consumer's ``dequeue`` returned the lease (figure W's sample).
 
-``got - enqueue`` bounds what a lease made by the shard itself for a waiting consumer
-(instead of a watch, then a ``dequeue``) could save: a shard hands out a job only once its
-enqueue is durable, so no design gets it to a consumer before the producer's reply time
-by more than that reply's own trip. docs/performance.md, "Figure W: the idle wake-up".
-Exit status 0 when every job reached the consumer exactly once; 1 otherwise. No timing is
+Also timed, half before the consumer starts and half after it stopped: the same enqueue
+with no consumer waiting (``enqueue alone``), to show what the consumer's wake-up, which
+runs while the producer's call waits for its fsync, costs that call.
+
+A shard hands out a job only once its enqueue is durable, so W is at least the enqueue
+alone; ``got - enqueue alone`` is what the watch design adds around it (the consumer's
+early wake-up slowing the producer's call, then the ``dequeue`` after the watch).
+docs/performance.md, "Figures W and L@500". Exit status 0 when every job reached the consumer exactly once; 1 otherwise. No timing is
 ever checked.
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .peers.shardq_peer import QUEUE, ShardqAdapter
 
 WAIT_S = 5.0        # the consumer's dequeue wait; a sample never comes near it
 RECV_TIMEOUT_S = 30.0
+ALONE_QUEUE = "wake-parts-alone"  # enqueues timed with no consumer waiting
 
 
 def _consumer(data_dir: str, conn) -> None:
@@ -77,9 +81,22 @@ def percentiles_ms(xs: list[float]) -> dict:
     return {f"p{p}": xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3 for p in (50, 90, 99)}
 
 
+def enqueue_alone(router, n: int, gap_s: float, tag: str) -> list[float]:
+    """Seconds of ``n`` enqueues with ``gap_s`` after each, while no consumer waits (to
+    another queue, so that the consumer started later does not take them)."""
+    took = []
+    for i in range(n):
+        t0 = time.monotonic()
+        router.enqueue(b"x", key=f"{tag}{i % 1000}", queue=ALONE_QUEUE)
+        took.append(time.monotonic() - t0)
+        time.sleep(gap_s)
+    return took
+
+
 def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
     adapter = ShardqAdapter(shards=shards)
     adapter.setup(directory)
+    alone = enqueue_alone(adapter.client._q, samples // 2, gap_s, "before")
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     consumer = ctx.Process(target=_consumer, args=(adapter._data_dir, theirs), daemon=True)
@@ -100,6 +117,8 @@ def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
             time.sleep(gap_s)
         adapter.enqueue(b"stop", "stop")
         consumer.join(RECV_TIMEOUT_S)
+        if not consumer.is_alive():
+            alone += enqueue_alone(adapter.client._q, samples - samples // 2, gap_s, "after")
     finally:
         if consumer.is_alive():
             consumer.kill()
@@ -109,8 +128,10 @@ def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
     parts = {name: percentiles_ms([r[name] for r in rows if r[name] is not None])
              for name in ("enqueue", "woke", "got")}
     parts["got - enqueue"] = percentiles_ms([r["got"] - r["enqueue"] for r in rows])
+    parts["enqueue alone"] = percentiles_ms(alone)
     return {"samples": samples, "gap_ms": gap_s * 1e3, "shards": shards, "exactly_once": once,
-            "woke_seen": sum(r["woke"] is not None for r in rows), "ms": parts}
+            "woke_seen": sum(r["woke"] is not None for r in rows), "alone_samples": len(alone),
+            "ms": parts}
 
 
 def main(argv: list[str] | None = None) -> int:

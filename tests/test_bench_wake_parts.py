@@ -21,8 +21,9 @@ def test_wake_parts_benchmark_runs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["exactly_once"] is True and res["samples"] == 30 and res["gap_ms"] == 10
-    assert set(res["ms"]) == {"enqueue", "woke", "got", "got - enqueue"}
-    for name in ("enqueue", "got"):
+    assert res["alone_samples"] == 30  # 15 before the consumer started, 15 after it stopped
+    assert set(res["ms"]) == {"enqueue", "woke", "got", "got - enqueue", "enqueue alone"}
+    for name in ("enqueue", "got", "enqueue alone"):
         assert set(res["ms"][name]) == {"p50", "p90", "p99"} and res["ms"][name]["p50"] > 0
     # the consumer was blocked in its watch for at least some samples (else "woke" is empty):
     # a watch answered before the lease is what this tool exists to time
