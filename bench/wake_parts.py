@@ -10,7 +10,9 @@ CLOCK_MONOTONIC every process shares:
 
 * ``enqueue``: the producer's ``enqueue`` returned (the job is durable: fsynced);
 * ``woke``: the consumer's router was told by a shard's ``watch`` that work is ready (the
-  shard answers a watch as soon as the job is applied, before its fsync);
+  shard answers a watch as soon as the job is applied, before its fsync). Only where the
+  wait goes through a watch: a queue with priorities, or shardq before its waiting
+  dequeue (which the shard answers with the lease itself);
 * ``got``: the consumer's ``dequeue`` returned the lease (figure W's sample).
 
 Also timed, half before the consumer starts and half after it stopped: the same enqueue

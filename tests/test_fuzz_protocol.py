@@ -62,10 +62,14 @@ def exchange(conn, frame: bytes, wait: float = REPLY_S):
         return "closed"
 
 
+#: ops whose reply may come later (a watch, a waiting dequeue)
+DEFERRED_OPS = ("watch", "dequeue_wait")
+
+
 def _answerable(frame: bytes) -> int:
     """How many replies a frame's requests get at once (watches may answer later)."""
     reqs = requests_in(frame)
-    return sum(1 for r in reqs or () if isinstance(r, list) and len(r) == 3 and r[1] != "watch")
+    return sum(1 for r in reqs or () if isinstance(r, list) and len(r) == 3 and r[1] not in DEFERRED_OPS)
 
 
 def fingerprint(svc, shard=0) -> dict:
@@ -94,6 +98,8 @@ TEMPLATES = {
     "bury": [1 << 10, 1, None],
     "extend": [1 << 10, 1, 5.0],
     "watch": ["fuzzq", 0.2],
+    "dequeue_wait": ["fuzzq", 5.0, 2, 0.2],
+    "cancel_wait": [1],
     "dead_letters": ["default", 10],
     "redrive": ["fuzzq", None],
     "purge_dead": ["fuzzq"],
@@ -236,13 +242,13 @@ def test_random_and_mutated_frames(svc):
         conn = raw(svc, shard)
         try:
             # A batch of watches is answered later; an empty batch has nothing to answer.
-            expect_reply = reqs is None or not all(r[1] == "watch" for r in reqs)
+            expect_reply = reqs is None or not all(r[1] in DEFERRED_OPS for r in reqs)
             reply = exchange(conn, data, REPLY_S if expect_reply else 0.3)
         finally:
             conn.close()
         where = f"seed {SEED}, frame {n}: {data[:120]!r}"
         if reply is None:
-            assert reqs is not None and all(r[1] == "watch" for r in reqs), f"no reply and no disconnect; {where}"
+            assert reqs is not None and all(r[1] in DEFERRED_OPS for r in reqs), f"no reply and no disconnect; {where}"
             counts["deferred"] += 1
         elif reply == "closed":
             counts["closed"] += 1
@@ -312,6 +318,10 @@ INVALID = [  # (request args, expected error) -- all sent to shard 0 in one fram
     ("extend", [-1, 1, 5.0], "InvalidJob"),
     ("watch", [7, 1.0], "InvalidJob"),
     ("watch", ["default", "soon"], "InvalidJob"),
+    ("dequeue_wait", [7, None, 1, 1.0], "InvalidJob"),
+    ("dequeue_wait", ["default", None, 1, "soon"], "InvalidJob"),
+    ("dequeue_wait", ["default", None, 1, math.nan], "InvalidJob"),
+    ("dequeue_wait", ["default", None, 1, math.inf], "InvalidJob"),
     ("dead_letters", ["default", -1], "InvalidJob"),
     ("dead_letters", ["", 10], "InvalidJob"),
     ("redrive", ["default", "all"], "InvalidJob"),

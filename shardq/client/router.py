@@ -13,7 +13,11 @@
   (enqueue, ack, extend, reads). ``dequeue``, ``nack``, ``redrive`` and ``purge`` are never
   re-sent: a broken connection raises :class:`~shardq.errors.OutcomeUnknown`.
 * ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,
-  for fairness), then sends a ``watch`` to every shard and sleeps until one says it has work.
+  for fairness), then leaves a waiting dequeue (``dequeue_wait``) at every shard and takes
+  the leases of the first that answers with any; the others are withdrawn, and leases
+  they made before the withdrawal arrived are released unstarted. The lease comes with
+  the commit of the enqueue that made its job ready, so the consumer wakes once, with the
+  job. A queue that uses priorities ``watch``es instead, then compares the shards.
 * One router can be shared by many threads; their requests are pipelined per shard.
 """
 from __future__ import annotations
@@ -42,6 +46,8 @@ _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 _BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
 DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
+DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
+WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
 
 
@@ -438,6 +444,11 @@ class Router:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return out
+            if queue not in self._prioritized:
+                out = self._wait_lease(queue, visibility, max_jobs, remaining)
+                if out or time.monotonic() >= deadline:
+                    return out
+                continue  # a shard's connection broke: a lease round finds what is up
             woke = self._watch(queue, remaining)
             if woke is None:
                 if time.monotonic() >= deadline:
@@ -512,6 +523,85 @@ class Router:
             if isinstance(r, BaseException):  # the release failed: that lease just expires
                 log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
         return merge(keep, held, [_held(queue, sort(r) or ()) for r in more[:len(take)]])
+
+    def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
+        """Leave a waiting dequeue at every shard that is up and return the leases of the
+        first to answer with any (of each that has by then, up to ``max_jobs``). The others
+        are withdrawn (``cancel_wait``); a lease one made before its withdrawal arrived is
+        released unstarted when its reply comes. [] when none came within ``timeout``, or
+        when a connection broke (that shard's lease, if it made one, expires unheld)."""
+        event = threading.Event()
+        now = time.monotonic()
+        parked: list[tuple[int, Future]] = []
+        for shard in range(self.shards):
+            try:
+                fut = self._send(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout], now, lead=False)
+            except ShardUnavailable:
+                continue  # down: the others serve
+            fut.callback = lambda f: event.set()
+            parked.append((shard, fut))
+        if not parked:
+            time.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+            return []
+        deadline = now + timeout + WAIT_REPLY_MARGIN_S
+        if len(parked) < self.shards:  # a shard is down: withdraw and look again soon
+            deadline = now + min(timeout, DOWN_RECHECK_S)
+        while True:
+            event.clear()
+            done = [fut for _, fut in parked if fut.done]
+            # A lease, an error or a broken connection ends the wait (the caller's next
+            # round reaches a restarted shard again); so does the end of every shard's wait.
+            if (any(f.error is not None or f.value for f in done) or len(done) == len(parked)
+                    or time.monotonic() >= deadline):
+                break
+            event.wait(deadline - time.monotonic())
+        held: list = []
+        error = None
+        for shard, fut in parked:
+            if not fut.done:
+                self._withdraw(shard, fut, queue)
+            elif fut.error is None:
+                held += _held(queue, fut.value)
+            elif not isinstance(fut.error, ConnectionLost) and error is None:
+                error = fut.error
+        if any(f.done and f.error is None and f.value and f.value[0][7] for _, f in parked):
+            self._prioritized.add(queue)  # from now on, leases compare the shards
+        keep = [lease for _, lease in held[:max_jobs]]
+        self._release([lease for _, lease in held[max_jobs:]])
+        if error is not None and not keep:
+            raise error
+        return keep
+
+    def _withdraw(self, shard: int, fut: Future, queue: str) -> None:
+        """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway."""
+        once = threading.Lock()
+
+        def settle(f: Future) -> None:
+            if once.acquire(blocking=False) and f.error is None and f.value:
+                self._release([lease for _, lease in _held(queue, f.value)])
+
+        fut.callback = settle
+        if fut.done:
+            settle(fut)
+            return
+        client = self.clients[shard]
+        try:
+            cancel = self._send(shard, "cancel_wait", [fut.rid], time.monotonic(), lead=False)
+        except ShardUnavailable:
+            return  # its connection broke: the waiting dequeue went with it
+        cancel.callback = lambda c: client.forget(fut) if c.error is None and c.value is True else None
+        if cancel.done and cancel.error is None and cancel.value is True:
+            client.forget(fut)
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Give leases back unstarted (their delivery not counted), without waiting; one
+        that cannot be sent expires by itself."""
+        for lease in leases:
+            try:
+                self._send(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, 0, None, False],
+                           time.monotonic(), lead=False)
+            except ShardUnavailable:
+                log.info("releasing lease %s failed (shard down); it expires by itself", lease.job_id)
 
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""

@@ -80,6 +80,9 @@ class ShardServer:
         self._closes: list[FrameConn] = []
         self.committer: Committer | None = None
         self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
+        #: queue -> [(conn, rid, visibility, max_jobs, deadline_monotonic)]: waiting dequeues,
+        #: oldest first (dequeue_wait)
+        self.lease_waiters: dict[str, list] = {}
         self.stopping = False
         self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
         self.iterations = 0
@@ -92,6 +95,7 @@ class ShardServer:
             "note_priorities": self._note_priorities,
             "nack": self._nack,
             "bury": self._bury, "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
+            "dequeue_wait": self._dequeue_wait, "cancel_wait": self._cancel_wait,
             "redrive": self._redrive, "purge_dead": self._purge_dead,
             "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
         }
@@ -145,12 +149,16 @@ class ShardServer:
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
         sync_due = self.committer.sync_due()
-        if not self.watchers and sync_due is None:
+        waiting = self.watchers or self.lease_waiters
+        if not waiting and sync_due is None:
             return None  # idle: block until a client speaks (no CPU while idle)
         mono = self.clock.monotonic()
         t = float("inf") if sync_due is None else sync_due - mono
-        if self.watchers:
-            t = min(t, min(w[2] for ws in self.watchers.values() for w in ws) - mono)
+        if waiting:
+            for ws in self.watchers.values():
+                t = min(t, min((w[2] for w in ws), default=t + mono) - mono)
+            for ws in self.lease_waiters.values():
+                t = min(t, min((w[4] for w in ws), default=t + mono) - mono)
             due = self.state.next_deadline()
             if due is not None:
                 t = min(t, due - self.clock.now())
@@ -204,6 +212,8 @@ class ShardServer:
                     early.setdefault(conn, []).append(reply)
                 else:
                     late.setdefault(conn, []).append(reply)
+        if self.lease_waiters:
+            self._serve_lease_waiters(now, early, late)
         if self.watchers:
             self._notify_watchers(early)
         sync = bool(late) or state.sync_forced or self._sync_overdue()
@@ -251,6 +261,8 @@ class ShardServer:
             self._closes.append(conn)  # closed by the committer, after replies queued before
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
+        for ws in self.lease_waiters.values():
+            ws[:] = [w for w in ws if w[0] is not conn]
 
     def _execute(self, conn, rid, op, args, now):
         try:
@@ -289,6 +301,60 @@ class ShardServer:
         prioritized = state.queues[queue].prioritized
         return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority,
                  prioritized] for l in leases]
+
+    def _dequeue_wait(self, args, now, conn, rid):
+        """A dequeue that waits in the shard, up to ``wait_s``, for a job to lease. Served
+        oldest first as jobs become ready (:meth:`_serve_lease_waiters`); [] at its deadline."""
+        queue, visibility, max_jobs, wait_s = args
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s):
+            raise InvalidJob("dequeue_wait: wait_s must be a finite number of seconds")
+        rows = self._dequeue([queue, visibility, max_jobs], now, conn, rid)
+        if rows or wait_s <= 0:
+            return rows
+        deadline = self.clock.monotonic() + min(float(wait_s), limits.WAIT_S_MAX)
+        self.lease_waiters.setdefault(queue, []).append((conn, rid, visibility, max_jobs, deadline))
+        return _DEFERRED
+
+    def _cancel_wait(self, args, now, conn, rid):
+        """Withdraw this connection's waiting dequeue ``args[0]`` (a request id). True if it
+        was still waiting (it will get no reply); False if it was already answered."""
+        (wanted,) = args
+        for queue, ws in self.lease_waiters.items():
+            for i, w in enumerate(ws):
+                if w[0] is conn and w[1] == wanted:
+                    del ws[i]
+                    if not ws:
+                        del self.lease_waiters[queue]
+                    return True
+        return False
+
+    def _serve_lease_waiters(self, now: float, early: dict, late: dict) -> None:
+        """Lease ready jobs to waiting dequeues, oldest first, and answer those whose wait
+        is over with []. A lease is answered as a dequeue's would be: before the fsync only
+        if its queue's leases are batched and its jobs are durable, else after it, in the
+        same commit as the enqueue that made the job ready."""
+        mono = self.clock.monotonic()
+        state = self.state
+        for queue in list(self.lease_waiters):
+            ws = self.lease_waiters[queue]
+            while ws and state.has_ready(queue):
+                conn, rid, visibility, max_jobs, _ = ws[0]
+                self._early_lease = False
+                reply = self._execute(conn, rid, "dequeue", [queue, visibility, max_jobs], now)
+                if reply[1] == _OK and not reply[2]:
+                    break  # ready jobs it may not take (their keys are leased): wait on
+                del ws[0]
+                (early if self._early_lease or reply[1] != _OK else late).setdefault(conn, []).append(reply)
+            keep = []
+            for w in ws:
+                if w[4] <= mono:
+                    early.setdefault(w[0], []).append([w[1], _OK, []])
+                else:
+                    keep.append(w)
+            if keep:
+                ws[:] = keep
+            else:
+                del self.lease_waiters[queue]
 
     def _note_priorities(self, args, now, conn, rid):
         self.state.note_priorities(args[0])
@@ -387,6 +453,7 @@ class ShardServer:
                 "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "segments": len(lg.segments),
                 "compactions": self.shard.compactions, "clients": len(self.conns),
                 "iterations": self.iterations,
+                "waiting_dequeues": sum(map(len, self.lease_waiters.values())),
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
                 "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0}
 

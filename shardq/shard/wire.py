@@ -26,6 +26,11 @@ nack           [job_id, token, delay, error | None, delivered]        None
 bury           [job_id, token, error | None]                          None (dead-lettered now)
 extend         [job_id, token, seconds]                               deadline
 watch          [queue, timeout_s]                                     True (work) | False
+dequeue_wait   [queue, visibility | None, max_jobs, wait_s]           as dequeue; answered
+                                                                      when it leases, or
+                                                                      [] after wait_s
+cancel_wait    [request_id of this connection's dequeue_wait]         True (withdrawn, no
+                                                                      reply) | False
 dead_letters   [queue, limit]                                         [[id, key, body, attempts, error]]
 redrive        [queue, [job_id, ...] | None]                          count
 purge_dead     [queue]                                                count
@@ -58,9 +63,11 @@ from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
 OPS = frozenset({"enqueue", "dequeue", "peek", "note_priorities", "ack", "nack", "bury", "extend", "watch", "dead_letters",
+                 "dequeue_wait", "cancel_wait",
                  "redrive", "purge_dead", "queue_config", "stats", "ping"})
 #: args arity per op
 ARITY = {"enqueue": 2, "dequeue": 3, "peek": 2, "note_priorities": 1, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
+         "dequeue_wait": 4, "cancel_wait": 1,
          "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
 
 #: What a client may do when its connection breaks after a request was written and before
@@ -75,6 +82,8 @@ RETRY = {
     "watch": RESEND, "peek": RESEND, "dead_letters": RESEND, "queue_config": RESEND,
     "stats": RESEND, "ping": RESEND,  # read-only
     "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
+    "dequeue_wait": UNKNOWN,  # likewise
+    "cancel_wait": RESEND,   # withdrawing twice changes nothing (a new connection has no waits)
     "nack": UNKNOWN,         # a re-sent nack after the first landed gets LeaseLost: ambiguous
     "bury": UNKNOWN,         # likewise: the job is dead (first landed) or the lease expired
     "redrive": UNKNOWN,      # re-sent, it may move jobs that died after the first one

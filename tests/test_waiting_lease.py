@@ -1,0 +1,184 @@
+"""A waiting dequeue is answered by the shard with the lease (``dequeue_wait``), against real
+shard processes: the router waits at every shard at once, takes the first lease, withdraws
+the other waits, and releases unstarted any lease a withdrawn wait made anyway; a wait that
+ends answers []; a shard killed under a waiting consumer costs it nothing but the wait.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from multiprocessing.connection import Client
+
+import msgpack
+import pytest
+
+from service import Service, restarted, wait_until
+from shardq.client.router import shard_for_key
+from shardq.datadir import DataDir
+
+KEYS = {}  # shard -> a key that lands there (2 shards)
+for i in range(100):
+    KEYS.setdefault(shard_for_key(f"k{i}", 2), f"k{i}")
+
+
+@pytest.fixture
+def svc():
+    with Service(config={"queue_defaults": {"visibility_timeout": 30}}) as s:
+        yield s
+
+
+def waiting(svc) -> list[int]:
+    """Waiting dequeues parked at each shard."""
+    with svc.connect() as q:
+        return [sh.get("waiting_dequeues", 0) for sh in q.stats()["shards"]]
+
+
+def dequeue_in_thread(q, **kw):
+    out: dict = {}
+
+    def run():
+        try:
+            out["lease"] = q.dequeue(**kw)
+        except BaseException as e:  # noqa: BLE001 - the test asserts on it
+            out["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("shard", [0, 1])
+def test_a_waiting_consumer_gets_the_lease_of_a_job_enqueued_later_on_either_shard(svc, shard):
+    with svc.connect() as consumer, svc.connect() as producer:
+        t, out = dequeue_in_thread(consumer, wait=20)
+        wait_until(lambda: waiting(svc) == [1, 1], what="a waiting dequeue at both shards")
+        job = producer.enqueue(b"late", key=KEYS[shard])
+        t.join(20)
+        assert not t.is_alive() and "error" not in out, out
+        lease = out["lease"]
+        assert (lease.job_id, lease.body, lease.attempt) == (job, b"late", 1)
+        # the other shard's wait was withdrawn, not left to lease a later job to nobody
+        wait_until(lambda: waiting(svc) == [0, 0], what="both waits gone")
+        consumer.ack(lease)
+        assert consumer.dequeue(wait=0) is None
+
+
+def test_a_wait_that_ends_answers_nothing_and_leaves_no_waiter(svc):
+    with svc.connect() as q:
+        assert q.dequeue(wait=0.3) is None
+        assert q.dequeue_many(max_jobs=5, wait=0.2) == []
+        wait_until(lambda: waiting(svc) == [0, 0], what="no waiter left")
+
+
+def test_jobs_arriving_at_both_shards_at_once_reach_a_one_job_wait_and_the_next_dequeue(svc):
+    """One wait for one job while both shards get one: the shard that answers second (its
+    wait withdrawn too late, or not at all) must not strand its job behind a lease nobody
+    holds: it is released unstarted and the next dequeue takes it at once, first delivery."""
+    with svc.connect() as consumer, svc.connect() as producer:
+        for round_ in range(10):
+            t, out = dequeue_in_thread(consumer, wait=20)
+            wait_until(lambda: waiting(svc) == [1, 1], what="a waiting dequeue at both shards")
+            ids = producer.enqueue_many([{"body": f"{round_}-{s}".encode(), "key": KEYS[s]} for s in (0, 1)])
+            t.join(20)
+            assert "error" not in out, out
+            first = out["lease"]
+            assert first.job_id in ids and first.attempt == 1
+            # far sooner than the 30 s visibility timeout a stranded lease would take
+            second = wait_until(lambda: consumer.dequeue(wait=0), timeout=10, what="the other job")
+            assert {first.job_id, second.job_id} == set(ids) and second.attempt == 1
+            consumer.ack_many([first, second])
+            wait_until(lambda: waiting(svc) == [0, 0], what="both waits gone")
+
+
+def test_a_lease_a_withdrawn_wait_made_is_released_unstarted(svc):
+    with svc.connect() as q:
+        job = q.enqueue(b"x", key=KEYS[0])
+        fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18, lead=False)
+        assert q.clients[0].wait(fut, 10) and fut.error is None and fut.value[0][0] == job
+        q._withdraw(0, fut, "default")  # as if its wait had lost to another shard's lease
+        lease = wait_until(lambda: q.dequeue(wait=0), timeout=10, what="the released job")
+        assert (lease.job_id, lease.attempt) == (job, 1)  # its first delivery, not its second
+
+
+def raw(svc, shard: int) -> Client:
+    dd = DataDir(svc.data_dir)
+    return Client(dd.socket_path(shard), family="AF_UNIX", authkey=dd.authkey())
+
+
+def replies(conn: Client, timeout: float) -> list:
+    out = []
+    while conn.poll(timeout):
+        out += msgpack.unpackb(conn.recv_bytes(), raw=False)
+        timeout = 0.2
+    return out
+
+
+def test_the_shard_answers_a_wait_with_the_lease_and_a_withdrawn_wait_with_nothing(svc):
+    conn = raw(svc, 0)
+    try:
+        conn.send_bytes(msgpack.packb([[1, "dequeue_wait", ["default", None, 1, 30.0]]]))
+        conn.send_bytes(msgpack.packb([[2, "cancel_wait", [1]]]))
+        assert replies(conn, 5) == [[2, 0, True]]  # withdrawn: rid 1 gets no reply
+        conn.send_bytes(msgpack.packb([[3, "dequeue_wait", ["default", None, 1, 30.0]]]))
+        wait_until(lambda: waiting(svc)[0] == 1, what="the second wait parked")
+        with svc.connect() as q:
+            job = q.enqueue(b"for-the-wait", key=KEYS[0])
+            got = replies(conn, 10)
+            assert len(got) == 1 and got[0][:2] == [3, 0], got
+            assert got[0][2][0][:3] == [job, KEYS[0], b"for-the-wait"]
+            conn.send_bytes(msgpack.packb([[4, "cancel_wait", [3]]]))
+            assert replies(conn, 5) == [[4, 0, False]]  # answered already: nothing to withdraw
+            assert q.dequeue(wait=0) is None  # the raw client holds that lease
+    finally:
+        conn.close()
+    wait_until(lambda: waiting(svc) == [0, 0], what="no waiter left")
+
+
+def test_a_waiting_consumer_outlives_a_sigkilled_shard(svc):
+    with svc.connect(retry_s=20) as consumer, svc.connect(retry_s=20) as producer:
+        t, out = dequeue_in_thread(consumer, wait=30)
+        wait_until(lambda: waiting(svc) == [1, 1], what="a waiting dequeue at both shards")
+        old = producer.ping()[0]
+        os.kill(old, signal.SIGKILL)
+        restarted(svc, 0, old)
+        job = producer.enqueue(b"after-restart", key=KEYS[0])
+        t.join(30)
+        assert "error" not in out, out
+        assert out["lease"].job_id == job
+
+
+def test_a_delayed_job_coming_due_reaches_a_waiting_consumer(svc):
+    with svc.connect() as consumer, svc.connect() as producer:
+        job = producer.enqueue(b"later", key=KEYS[1], delay=0.5)
+        t, out = dequeue_in_thread(consumer, wait=20)
+        t.join(20)  # the shard wakes for the job's due time: nothing enqueues meanwhile
+        assert "error" not in out and out["lease"] is not None, out
+        assert out["lease"].job_id == job
+
+
+def test_a_wait_at_its_limits_takes_a_whole_batch(svc):
+    """The longest wait and the largest batch: the waiting dequeue is answered as soon as
+    a batch of BATCH_JOBS_MAX jobs lands, with as many leases as one reply holds."""
+    from shardq import limits
+    with svc.connect() as consumer, svc.connect() as producer:
+        t, out = dequeue_in_thread(consumer, wait=limits.WAIT_S_MAX)
+        # dequeue_in_thread leases one; the batch form below is the limit under test
+        wait_until(lambda: waiting(svc) == [1, 1], what="a waiting dequeue at both shards")
+        producer.enqueue(b"one", key=KEYS[0])
+        t.join(20)
+        assert out["lease"].body == b"one"
+        consumer.ack(out["lease"])
+        got: dict = {}
+
+        def wait_batch():
+            got["leases"] = consumer.dequeue_many(max_jobs=limits.BATCH_JOBS_MAX, wait=limits.WAIT_S_MAX)
+        t = threading.Thread(target=wait_batch, daemon=True)
+        t.start()
+        wait_until(lambda: waiting(svc) == [1, 1], what="a waiting batch dequeue at both shards")
+        ids = producer.enqueue_many([{"body": b"b", "key": f"bk{i}"} for i in range(limits.BATCH_JOBS_MAX)])
+        t.join(30)
+        assert not t.is_alive(), "the waiting batch dequeue was not answered"
+        leases = got["leases"]
+        assert 0 < len(leases) <= limits.BATCH_JOBS_MAX and {l.job_id for l in leases} <= set(ids)
+        assert len({l.job_id for l in leases}) == len(leases)
+        wait_until(lambda: waiting(svc) == [0, 0], what="both waits gone")
