@@ -311,6 +311,11 @@ class ShardClient:
                 else:
                     fut.set(error=protocol.error_from_payload(payload))
 
+    def hand_off(self) -> None:
+        """A leader leaves: replies still due are read by the reader thread."""
+        if self._pending:
+            self._want_reader()
+
     def _want_reader(self) -> None:
         with self._reader_cond:
             self._reader_wanted = True
@@ -371,6 +376,43 @@ class ShardClient:
 
 _LEN = struct.Struct("!i")
 READ_BYTES = 256 << 10  # one read of replies takes at most this much
+
+
+def lead_any(clients: list["ShardClient"], timeout: float) -> bool:
+    """Read the sockets of ``clients`` in this thread for up to ``timeout`` seconds, until
+    one has something to read, and settle every reply read (a leader over many sockets, as
+    :meth:`ShardClient.wait` is over one): a waiting caller wakes on its reply with no
+    reader-thread hand-off. False, reading nothing, when another thread reads one of them
+    (or none is connected): the caller then waits to be woken. Futures the caller waits on
+    must have been submitted with ``lead=True``; when it stops waiting with replies still
+    due, it hands them to the reader threads (``ShardClient.hand_off``)."""
+    taken: list = []
+    try:
+        for client in clients:
+            conn = client._conn
+            if conn is None:
+                continue
+            if not client._read_lock.acquire(blocking=False):
+                return False
+            taken.append((client, conn))
+        if not taken:
+            return False
+        poller = select.poll()
+        by_fd = {}
+        for client, conn in taken:
+            if client._conn is conn:
+                by_fd[conn.fileno()] = (client, conn)
+                poller.register(conn.fileno(), select.POLLIN)
+        for fd, _ in poller.poll(max(0, int(timeout * 1000) + 1)):
+            client, conn = by_fd[fd]
+            try:
+                client._read_once(conn, 0)
+            except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
+                client._broken(conn)
+        return True
+    finally:
+        for client, _ in taken:
+            client._read_lock.release()
 
 
 def _write_frame(fd: int, data: bytes) -> None:

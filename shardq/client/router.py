@@ -32,7 +32,7 @@ import zlib
 from typing import Iterable
 
 from .. import limits, supervisor_status
-from .connection import ConnectionLost, Future, ShardClient
+from .connection import ConnectionLost, Future, ShardClient, lead_any
 from .priority import merge, plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
@@ -535,7 +535,7 @@ class Router:
         parked: list[tuple[int, Future]] = []
         for shard in range(self.shards):
             try:
-                fut = self._send(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout], now, lead=False)
+                fut = self._send(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout], now)
             except ShardUnavailable:
                 continue  # down: the others serve
             fut.callback = lambda f: event.set()
@@ -543,6 +543,7 @@ class Router:
         if not parked:
             time.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
             return []
+        clients = [self.clients[shard] for shard, _ in parked]
         deadline = now + timeout + WAIT_REPLY_MARGIN_S
         if len(parked) < self.shards:  # a shard is down: withdraw and look again soon
             deadline = now + min(timeout, DOWN_RECHECK_S)
@@ -554,7 +555,10 @@ class Router:
             if (any(f.error is not None or f.value for f in done) or len(done) == len(parked)
                     or time.monotonic() >= deadline):
                 break
-            event.wait(deadline - time.monotonic())
+            if not lead_any(clients, deadline - time.monotonic()):
+                for c in clients:  # another thread reads one of the sockets: be woken
+                    c.hand_off()
+                event.wait(deadline - time.monotonic())
         held: list = []
         error = None
         for shard, fut in parked:
@@ -568,6 +572,8 @@ class Router:
             self._prioritized.add(queue)  # from now on, leases compare the shards
         keep = [lease for _, lease in held[:max_jobs]]
         self._release([lease for _, lease in held[max_jobs:]])
+        for c in clients:
+            c.hand_off()
         if error is not None and not keep:
             raise error
         return keep
@@ -587,8 +593,8 @@ class Router:
         client = self.clients[shard]
         try:
             cancel = self._send(shard, "cancel_wait", [fut.rid], time.monotonic(), lead=False)
-        except ShardUnavailable:
-            return  # its connection broke: the waiting dequeue went with it
+        except (ShardUnavailable, Closed):
+            return  # its connection broke (or the router closed): the waiting dequeue went with it
         cancel.callback = lambda c: client.forget(fut) if c.error is None and c.value is True else None
         if cancel.done and cancel.error is None and cancel.value is True:
             client.forget(fut)
@@ -600,8 +606,8 @@ class Router:
             try:
                 self._send(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, 0, None, False],
                            time.monotonic(), lead=False)
-            except ShardUnavailable:
-                log.info("releasing lease %s failed (shard down); it expires by itself", lease.job_id)
+            except (ShardUnavailable, Closed) as e:
+                log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 
     def _watch(self, queue: str, timeout: float) -> int | None:
         """Block until some shard reports ready work in ``queue`` (its index) or timeout."""
