@@ -182,3 +182,27 @@ def test_a_wait_at_its_limits_takes_a_whole_batch(svc):
         assert 0 < len(leases) <= limits.BATCH_JOBS_MAX and {l.job_id for l in leases} <= set(ids)
         assert len({l.job_id for l in leases}) == len(leases)
         wait_until(lambda: waiting(svc) == [0, 0], what="both waits gone")
+
+
+def test_a_leader_whose_connections_all_broke_meanwhile_does_not_sleep_out_the_wait():
+    """lead_any takes a socket's read lock, then finds the connection replaced (it broke
+    between the two looks): with nothing left to poll it must return at once, not wait
+    out the timeout with no descriptor that could wake it."""
+    from shardq.client.connection import lead_any
+
+    class Broken:
+        def __init__(self):
+            self._read_lock = threading.Lock()
+            self.looks = 0
+
+        @property
+        def _conn(self):
+            self.looks += 1
+            return object() if self.looks == 1 else None  # gone by the second look
+
+    client = Broken()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (lead_any([client], 60.0), done.set()), daemon=True)
+    t.start()
+    assert done.wait(10), "lead_any slept out its 60 s timeout with nothing to poll"
+    assert client._read_lock.acquire(blocking=False)  # and it let the lock go

@@ -403,6 +403,8 @@ def lead_any(clients: list["ShardClient"], timeout: float) -> bool:
             if client._conn is conn:
                 by_fd[conn.fileno()] = (client, conn)
                 poller.register(conn.fileno(), select.POLLIN)
+        if not by_fd:
+            return True  # every connection broke meanwhile: its futures are settled, look again
         for fd, _ in poller.poll(max(0, int(timeout * 1000) + 1)):
             client, conn = by_fd[fd]
             try:
