@@ -130,18 +130,44 @@ def test_batch_limits_hold_at_their_maximum(svc):
     run(main())
 
 
-@pytest.mark.parametrize("phase", ["watching", "dequeue in flight"])
+def waiting_at_shards(svc) -> list[int]:
+    with svc.connect() as q:
+        return [sh.get("waiting_dequeues", 0) for sh in q.stats()["shards"]]
+
+
+async def until(predicate, what: str) -> None:
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("phase", ["waiting", "watching", "dequeue in flight"])
 def test_cancelling_a_waiting_dequeue_leaves_no_lease_behind(svc, phase):
+    """Cancelled while it waits at the shards (a waiting dequeue, withdrawn), while it
+    watches (a queue that uses priorities), or with a dequeue written: no lease is left."""
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
             queue = f"cancel-{phase[0]}"
-            if phase == "watching":
+            if phase in ("waiting", "watching"):
+                if phase == "watching":  # a lease with a priority: the client compares shards now
+                    await q.enqueue(b"p", queue=queue, priority=5)
+                    await q.ack(await q.dequeue(queue))
+                    assert queue in q._prioritized
                 t = asyncio.create_task(q.dequeue(queue, wait=30))
-                await asyncio.sleep(0.2)                # it is now waiting on watches
+                if phase == "waiting":
+                    await until(lambda: waiting_at_shards(svc) == [1, 1], "a waiting dequeue at both shards")
+                else:
+                    await until(lambda: sum(r.op == "watch" for c in q.conns for r in c.pending.values()) == 2,
+                                "a watch at both shards")
                 t.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await t
-                assert pending_waiters(q) == 0          # the watches are forgotten
+                # watches are forgotten; waiting dequeues are withdrawn, and let go once
+                # the shards say so
+                await until(lambda: pending_waiters(q) == 0, "no request held")
+                assert waiting_at_shards(svc) == [0, 0]
                 jids = [await q.enqueue(b"after", queue=queue)]
             else:
                 # jobs on every shard, so the dequeue in flight leases one whichever it asks

@@ -1,10 +1,12 @@
 """A waiting dequeue is answered by the shard with the lease (``dequeue_wait``), against real
-shard processes: the router waits at every shard at once, takes the first lease, withdraws
-the other waits, and releases unstarted any lease a withdrawn wait made anyway; a wait that
-ends answers []; a shard killed under a waiting consumer costs it nothing but the wait.
+shard processes: the router, and the asyncio client, wait at every shard at once, take the
+first lease, withdraw the other waits, and release unstarted any lease a withdrawn wait
+made anyway; a wait that ends answers []; a shard killed under a waiting consumer costs it
+nothing but the wait.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -13,6 +15,7 @@ from multiprocessing.connection import Client
 import msgpack
 import pytest
 
+import shardq
 from service import Service, restarted, wait_until
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
@@ -206,3 +209,111 @@ def test_a_leader_whose_connections_all_broke_meanwhile_does_not_sleep_out_the_w
     t.start()
     assert done.wait(10), "lead_any slept out its 60 s timeout with nothing to poll"
     assert client._read_lock.acquire(blocking=False)  # and it let the lock go
+
+
+# --------------------------------------------------------------- the asyncio client
+def arun(coro):
+    return asyncio.run(asyncio.wait_for(coro, 90))
+
+
+async def polled(predicate, what: str, timeout: float = 20.0):
+    """wait_until in a thread, so the event loop keeps serving the client under test."""
+    return await asyncio.to_thread(wait_until, predicate, timeout, 0.01, what)
+
+
+def held_by(q) -> int:
+    """Requests the asyncio client still keeps for a caller or a withdrawal."""
+    return sum(len(c.pending) + len(c.outbox) for c in q.conns)
+
+
+async def no_waiter_left(svc, q) -> None:
+    await polled(lambda: waiting(svc) == [0, 0], "no waiting dequeue at the shards")
+    for _ in range(500):  # the withdrawals' replies come back through the loop
+        if held_by(q) == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the client still holds {held_by(q)} requests")
+
+
+@pytest.mark.parametrize("shard", [0, 1])
+def test_an_asyncio_consumer_waits_at_every_shard_and_gets_the_lease(svc, shard):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            with svc.connect() as producer:
+                task = asyncio.create_task(q.dequeue(wait=20))
+                await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
+                job = producer.enqueue(b"late", key=KEYS[shard])
+                lease = await task
+                assert (lease.job_id, lease.body, lease.attempt) == (job, b"late", 1)
+                await no_waiter_left(svc, q)  # the other shard's wait was withdrawn
+                await q.ack(lease)
+                assert await q.dequeue_many(max_jobs=5, wait=0.2) == []
+                await no_waiter_left(svc, q)
+    arun(main())
+
+
+def test_an_asyncio_one_job_wait_with_jobs_at_both_shards_strands_neither(svc):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            with svc.connect() as producer:
+                for round_ in range(10):
+                    task = asyncio.create_task(q.dequeue(wait=20))
+                    await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
+                    ids = producer.enqueue_many([{"body": f"{round_}-{s}".encode(), "key": KEYS[s]} for s in (0, 1)])
+                    first = await task
+                    assert first.job_id in ids and first.attempt == 1
+                    second = None
+                    for _ in range(1000):  # far sooner than the 30 s a stranded lease would take
+                        second = await q.dequeue(wait=0)
+                        if second is not None:
+                            break
+                        await asyncio.sleep(0.01)
+                    assert second is not None and {first.job_id, second.job_id} == set(ids)
+                    assert second.attempt == 1
+                    await q.ack_many([first, second])
+                await no_waiter_left(svc, q)
+    arun(main())
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["answered-first", "still-waiting"])
+def test_an_asyncio_withdrawal_releases_what_the_wait_leased(svc, answered):
+    """``ShardConn.withdraw`` while the wait's reply is in flight (the shard answered it
+    before the withdrawal arrived: its lease is released unstarted), and while it waits
+    (the shard withdraws it: no reply, nothing kept)."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            job = await q.enqueue(b"x", key=KEYS[0]) if answered else None
+            conn, req, fut = q._request(0, "dequeue_wait", ["default", None, 1, 20.0], retry_s=0)
+            await asyncio.sleep(0)  # the flush writes it; its reply cannot have been read yet
+            assert req.sent and conn.pending.get(req.rid) is req and not fut.done()
+            if not answered:
+                await polled(lambda: waiting(svc)[0] == 1, "the wait parked")
+            conn.withdraw(req, fut)
+            await no_waiter_left(svc, q)
+            assert not fut.done()  # its caller is gone: nothing is delivered to it
+            if answered:
+                lease = None
+                for _ in range(1000):
+                    lease = await q.dequeue(wait=0)
+                    if lease is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
+                await q.ack(lease)
+            assert await q.dequeue(wait=0) is None
+    arun(main())
+
+
+def test_an_asyncio_waiting_consumer_outlives_a_sigkilled_shard(svc):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir, retry_s=20) as q:
+            with svc.connect(retry_s=20) as producer:
+                task = asyncio.create_task(q.dequeue(wait=30))
+                await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
+                old = producer.ping()[0]
+                os.kill(old, signal.SIGKILL)
+                await asyncio.to_thread(restarted, svc, 0, old)
+                job = producer.enqueue(b"after-restart", key=KEYS[0])
+                lease = await task
+                assert lease is not None and lease.job_id == job
+    arun(main())

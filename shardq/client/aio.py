@@ -8,10 +8,12 @@ The same wire protocol, authentication, typed errors and retry rules as the thre
 * Calls made in one event-loop turn leave in one frame per shard; single-job ``enqueue``
   and single-lease ``ack`` calls of a turn are merged into one request per shard, so many
   coroutines each sending one job cost what one batch does.
-* ``dequeue(wait=...)`` long-polls as the router does (ask every shard, then ``watch``).
-  Cancelling it leaves no lease behind: a watch is forgotten; a dequeue request already
-  written is left to answer, and whatever it leased is released at once (a ``nack`` that
-  does not count as a delivery).
+* ``dequeue(wait=...)`` long-polls as the router does: it asks every shard, then leaves a
+  waiting dequeue (``dequeue_wait``) at each, and the first shard with a job answers with
+  the lease; the others are withdrawn (a queue with priorities waits with a ``watch``).
+  Cancelling it leaves no lease behind: a watch is forgotten; a waiting dequeue is
+  withdrawn; a dequeue already written is left to answer. Whatever a request its caller
+  left leases is released at once (a ``nack`` that does not count as a delivery).
 * ``async for lease in q.consume("emails", concurrency=50)`` yields leases, holding at most
   ``concurrency`` that are not yet settled (acked, nacked, buried or expired) through
   this client.
@@ -33,7 +35,7 @@ from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .priority import merge, plan
-from .router import (DOWN_PROBE_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+from .router import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                      cut_requests, in_input_order, split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
@@ -199,6 +201,11 @@ class AsyncQueue:
             all_down_since = None
             if deadline - now <= 0:
                 return out
+            if queue not in self._prioritized:
+                out = await self._wait_lease(queue, visibility, max_jobs, deadline - now)
+                if out or self.loop.time() >= deadline:
+                    return out
+                continue  # a shard's connection broke: a lease round finds what is up
             woke = await self._watch(queue, deadline - now)
             if woke is None:
                 if self.loop.time() >= deadline:
@@ -282,6 +289,61 @@ class AsyncQueue:
             await self.nack(lease, delivered=False)
         except ShardqError:
             pass  # it expires by itself
+
+    async def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
+        """As :meth:`Router._wait_lease`: leave a waiting dequeue at every shard that is up and
+        return the leases of the first to answer with any (with those of any other that has
+        by then, up to ``max_jobs``); [] when none came within ``timeout`` or a connection
+        broke. The other waits are withdrawn (:meth:`ShardConn.withdraw`). Cancelled, it
+        leaves no lease behind: what it was answered is released unstarted."""
+        started = [(conn,) + self._request(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout],
+                                           retry_s=0)[1:]
+                   for shard, conn in enumerate(self.conns) if conn.proto is not None]
+        if not started:
+            await asyncio.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+            return []
+        # A shard that is down is looked at again soon, so its restart is waited on too.
+        limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == self.shards else min(timeout, DOWN_RECHECK_S)
+
+        def settle() -> tuple[list, BaseException | None]:
+            """Withdraw the waits still open; the answered ones' rows, and the first error."""
+            rows: list = []
+            error = None
+            for conn, req, f in started:
+                if not f.done():
+                    conn.withdraw(req, f)
+                elif f.cancelled():
+                    continue
+                elif f.exception() is None:
+                    rows += f.result()[0]
+                elif not isinstance(f.exception(), ShardUnavailable) and error is None:
+                    error = f.exception()
+            return rows, error
+
+        try:
+            waiting = {f for _, _, f in started}
+            end = self.loop.time() + limit
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                # A lease, an error or a broken connection ends the wait; so does its end.
+                if not done or any(f.cancelled() or f.exception() is not None or f.result()[0]
+                                   for f in done):
+                    break
+        except BaseException:  # cancelled: nobody takes what was answered
+            self._release_leases(settle()[0])
+            raise
+        rows, error = settle()
+        if any(r[7] for r in rows):
+            self._prioritized.add(queue)  # from now on, leases compare the shards
+        self._release_leases(rows[max_jobs:])
+        if error is not None and not rows:
+            raise error
+        return [lease for _, lease in _held(queue, rows[:max_jobs])]
+
+    def _release_leases(self, rows: list) -> None:
+        for r in rows:
+            self.spawn(self._release_one(r[0], r[4]))
 
     async def _watch(self, queue: str, timeout: float) -> int | None:
         """Wait until some shard reports ready work in ``queue`` (its index) or timeout.
@@ -386,8 +448,7 @@ class AsyncQueue:
 
     def _release_rows(self, shard: int, rows: list) -> None:
         """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
-        for r in rows:
-            self.spawn(self._release_one(r[0], r[4]))
+        self._release_leases(rows)
 
     async def _release_one(self, job_id, token) -> None:
         try:

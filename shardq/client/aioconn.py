@@ -26,6 +26,11 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   table (its reply is ignored). The one exception is a ``dequeue`` already written: its
   reply may hold leases, so it stays until the reply comes and those leases are released
   at once (``nack``, not counted as a delivery). A ``watch`` is simply forgotten.
+* **Withdrawing a waiting dequeue** (:meth:`ShardConn.withdraw`). A ``dequeue_wait`` nobody
+  waits for any more is withdrawn with ``cancel_wait``. It stays pending until the shard
+  says it was withdrawn (no reply will come); if the shard had answered it first, the
+  leases of that reply are released at once, as an abandoned ``dequeue``'s. A broken
+  connection takes the shard's waits with it, so a withdrawal is never re-sent.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
 _HEADER = struct.Struct("!i")
 _BIG = struct.Struct("!Q")
 _packb = msgpack.Packer().pack
+_OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # the caller times these; no request timeout
 
 
 class Req:
@@ -205,7 +211,7 @@ class ShardConn:
             self._flush_handle = self.loop.call_soon(self._flush)
 
     def _arm_timer(self, req: Req) -> None:
-        if req.timer is None and req.op != "watch":  # a watch has its own timeout
+        if req.timer is None and req.op not in _OWN_DEADLINE:
             req.timer = self.loop.call_later(self.request_timeout_s, self._timed_out, req)
 
     def _timed_out(self, req: Req) -> None:
@@ -266,8 +272,9 @@ class ShardConn:
         size = 0
         write = proto.transport.write
         for req in reqs:
-            if not req.parts and req.on_orphan_reply is None:
-                self._finish(req)  # nobody waits for it any more: never sent
+            if not req.parts and (req.on_orphan_reply is None
+                                  or req.op == "cancel_wait" and req.args[0] not in self.pending):
+                self._finish(req)  # nobody waits for it (or the wait it withdraws) any more: never sent
                 continue
             if req.op == "enqueue" and req.session is None:
                 req.session = self.new_session()
@@ -375,6 +382,32 @@ class ShardConn:
             if req.merged and any(p[0] is fut for p in req.parts):
                 self.abandon(req, fut)
                 return
+
+    def withdraw(self, req: Req, fut: asyncio.Future) -> None:
+        """``fut``'s caller stopped waiting on the waiting dequeue ``req`` (another shard
+        answered, its wait ended, it was cancelled). Unsent, it is dropped. Written and not
+        yet answered, it is withdrawn (``cancel_wait``) and kept pending until the shard says
+        so; a reply that beat the withdrawal has its leases released unstarted."""
+        req.parts = [p for p in req.parts if p[0] is not fut]
+        if req.parts:
+            return
+        if not req.sent:
+            if req in self.outbox:
+                self.outbox.remove(req)
+            self._finish(req)
+            return
+        if self.pending.get(req.rid) is not req:
+            return  # answered, failed, or gone with its connection
+        req.on_orphan_reply = self._orphan_release()
+        cancel = Req("cancel_wait", [req.rid], [], self.loop.time())
+        cancel.on_orphan_reply = lambda withdrawn: self._withdrawn(req) if withdrawn is True else None
+        self.submit(cancel)
+
+    def _withdrawn(self, req: Req) -> None:
+        """The shard withdrew ``req``'s wait: it will never be answered."""
+        if self.pending.get(req.rid) is req:
+            del self.pending[req.rid]
+            self._finish(req)
 
     def _orphan_release(self) -> Callable[[Any], None]:
         return lambda rows: self._release(self.index, rows) if rows else None
