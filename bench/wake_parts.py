@@ -2,6 +2,7 @@
 
     python -m bench.wake_parts [--samples 300] [--gap-ms 10] [--shards 2] [--json PATH]
     python -m bench.wake_parts --quick          # 30 samples: checks that it runs
+    python -m bench.wake_parts --client aio     # the consumer uses the asyncio client
 
 Figure W's setting (bench.run's shardq adapter and its shards; a consumer process blocked
 in ``dequeue(wait=5)``; one job enqueued at ``t0``, then the ack and a pause, so every sample
@@ -76,6 +77,45 @@ def _consumer(data_dir: str, conn) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+def _aio_consumer(data_dir: str, conn) -> None:
+    """As :func:`_consumer`, with the asyncio client (``await q.dequeue(wait=...)``)."""
+    import asyncio
+
+    import shardq
+    from shardq.client.aio import AsyncQueue
+
+    woke: list[float] = []
+    watch = AsyncQueue._watch
+
+    async def timed_watch(self, queue, timeout):
+        shard = await watch(self, queue, timeout)
+        woke.append(time.monotonic())
+        return shard
+
+    AsyncQueue._watch = timed_watch  # this process only: it times the watch's answer
+
+    async def main():
+        async with await shardq.aio.connect(data_dir) as q:
+            conn.send(("ready", None))
+            while True:
+                woke.clear()
+                lease = await q.dequeue(QUEUE, wait=WAIT_S)
+                got = time.monotonic()
+                if lease is None:
+                    continue
+                await q.ack(lease)
+                if lease.body == b"stop":
+                    return
+                conn.send(("got", (woke[-1] if woke else None, got, lease.body)))
+    try:
+        asyncio.run(main())
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+CONSUMERS = {"router": _consumer, "aio": _aio_consumer}
+
+
 def percentiles_ms(xs: list[float]) -> dict:
     xs = sorted(xs)
     if not xs:
@@ -95,13 +135,13 @@ def enqueue_alone(router, n: int, gap_s: float, tag: str) -> list[float]:
     return took
 
 
-def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
+def run(samples: int, gap_s: float, shards: int, directory: str, client: str = "router") -> dict:
     adapter = ShardqAdapter(shards=shards)
     adapter.setup(directory)
     alone = enqueue_alone(adapter.client._q, samples // 2, gap_s, "before")
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    consumer = ctx.Process(target=_consumer, args=(adapter._data_dir, theirs), daemon=True)
+    consumer = ctx.Process(target=CONSUMERS[client], args=(adapter._data_dir, theirs), daemon=True)
     consumer.start()
     rows, bodies = [], []
     try:
@@ -131,7 +171,7 @@ def run(samples: int, gap_s: float, shards: int, directory: str) -> dict:
              for name in ("enqueue", "woke", "got")}
     parts["got - enqueue"] = percentiles_ms([r["got"] - r["enqueue"] for r in rows])
     parts["enqueue alone"] = percentiles_ms(alone)
-    return {"samples": samples, "gap_ms": gap_s * 1e3, "shards": shards, "exactly_once": once,
+    return {"samples": samples, "gap_ms": gap_s * 1e3, "shards": shards, "client": client, "exactly_once": once,
             "woke_seen": sum(r["woke"] is not None for r in rows), "alone_samples": len(alone),
             "ms": parts}
 
@@ -143,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=None, help="default: bench.run's shardq adapter's")
     p.add_argument("--dir", default=None, help="where the data dir goes (default: the system's temporary directory)")
     p.add_argument("--quick", action="store_true", help="30 samples")
+    p.add_argument("--client", choices=sorted(CONSUMERS), default="router",
+                   help="the consumer's client: the router (default) or the asyncio client")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.quick:
@@ -150,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="sq-wake-", dir=a.dir)
     try:
         shards = a.shards if a.shards is not None else ShardqAdapter().shards
-        res = run(a.samples, a.gap_ms / 1e3, shards, tmp)
+        res = run(a.samples, a.gap_ms / 1e3, shards, tmp, a.client)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{a.samples} samples, {res['shards']} shards, {a.gap_ms:g} ms apart; ms from t0 (enqueue called):")
+    print(f"{a.samples} samples, {res['shards']} shards, {a.gap_ms:g} ms apart, consumer on the "
+          f"{a.client} client; ms from t0 (enqueue called):")
     print(f"{'':14s} {'p50':>7s} {'p90':>7s} {'p99':>7s}")
     for name, pct in res["ms"].items():
         print(f"{name:14s} " + " ".join(f"{pct.get(k, float('nan')):7.3f}" for k in ("p50", "p90", "p99")))
