@@ -103,6 +103,22 @@ def test_a_lease_a_withdrawn_wait_made_is_released_unstarted(svc):
         assert (lease.job_id, lease.attempt) == (job, 1)  # its first delivery, not its second
 
 
+def test_a_router_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
+    """close() right after withdrawing a wait the shard had already answered: the lease
+    on its way is released before the connections close, not left to expire with its
+    delivery counted (far sooner than the 30 s visibility timeout)."""
+    with svc.connect() as producer:
+        job = producer.enqueue(b"x", key=KEYS[0])
+    q = svc.connect()
+    fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18, lead=False)
+    q._withdraw(0, fut, "default")  # most often before the reply is read
+    q.close()
+    with svc.connect() as q2:
+        lease = wait_until(lambda: q2.dequeue(wait=0), timeout=10, what="the released job")
+        assert (lease.job_id, lease.attempt) == (job, 1)
+        q2.ack(lease)
+
+
 def raw(svc, shard: int) -> Client:
     dd = DataDir(svc.data_dir)
     return Client(dd.socket_path(shard), family="AF_UNIX", authkey=dd.authkey())
@@ -316,4 +332,25 @@ def test_an_asyncio_waiting_consumer_outlives_a_sigkilled_shard(svc):
                 job = producer.enqueue(b"after-restart", key=KEYS[0])
                 lease = await task
                 assert lease is not None and lease.job_id == job
+    arun(main())
+
+
+def test_an_asyncio_client_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
+    async def main():
+        q = await shardq.aio.connect(svc.data_dir)
+        job = await q.enqueue(b"x", key=KEYS[0])
+        conn, req, fut = q._request(0, "dequeue_wait", ["default", None, 1, 20.0], retry_s=0)
+        await asyncio.sleep(0)  # written; its reply, the lease, not yet read
+        assert conn.pending.get(req.rid) is req and not fut.done()
+        conn.withdraw(req, fut)
+        await q.close()
+        async with await shardq.aio.connect(svc.data_dir) as q2:
+            lease = None
+            for _ in range(1000):  # far sooner than the 30 s visibility timeout
+                lease = await q2.dequeue(wait=0)
+                if lease is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
+            await q2.ack(lease)
     arun(main())

@@ -494,10 +494,11 @@ class AsyncQueue:
         return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]
 
     async def close(self) -> None:
-        """Close the connections. Releases of abandoned dequeues still in flight get a
-        moment to finish first."""
+        """Close the connections. The replies of abandoned dequeues and withdrawn waits,
+        and the releases of what they leased, get a moment (2 s each) to finish first."""
         if self._closed:
             return
+        await asyncio.gather(*(c.settle_orphans(2.0) for c in self.conns))
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)
         self._closed = True

@@ -127,6 +127,7 @@ class ShardConn:
         self._next_rid = 1
         self._seq = 0
         self._open_seqs: dict[int, None] = {}  # enqueue sessions not yet answered (insertion order)
+        self._quiet: asyncio.Event | None = None  # set when no orphaned request is left (closing)
 
     # ------------------------------------------------------------------ connecting
     async def connect(self, deadline: float) -> None:
@@ -218,6 +219,7 @@ class ShardConn:
         req.timer = None
         self._fail(req, ShardUnavailable(f"shard {self.index} did not answer {req.op} within "
                                          f"{self.request_timeout_s:.1f} s"), keep_dequeue=True)
+        self._check_quiet()
 
     def _merge(self) -> None:
         """Turn this turn's single enqueues and acks into merged requests."""
@@ -312,6 +314,28 @@ class ShardConn:
                 self._unmerge(req)  # all-or-nothing: nothing applied; re-send call by call
             else:
                 self._fail(req, wire.error_from_payload(payload))
+        if self._quiet is not None:
+            self._check_quiet()
+
+    def _has_orphans(self) -> bool:
+        return any(not r.parts and r.on_orphan_reply is not None for r in self.pending.values())
+
+    def _check_quiet(self) -> None:
+        if self._quiet is not None and not self._has_orphans():
+            self._quiet.set()
+
+    async def settle_orphans(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the replies of abandoned dequeues and withdrawn waits,
+        so that a lease one of them made is released as it comes (before a close)."""
+        if not self._has_orphans():
+            return
+        self._quiet = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._quiet.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass  # what is still out expires by itself
+        finally:
+            self._quiet = None
 
     def _complete(self, req: Req, payload: Any) -> None:
         self._finish(req)
@@ -408,6 +432,7 @@ class ShardConn:
         if self.pending.get(req.rid) is req:
             del self.pending[req.rid]
             self._finish(req)
+        self._check_quiet()
 
     def _orphan_release(self) -> Callable[[Any], None]:
         return lambda rows: self._release(self.index, rows) if rows else None
@@ -441,6 +466,7 @@ class ShardConn:
             if now >= req.retry_deadline:
                 self._fail(req, ShardUnavailable(f"connection to shard {self.index} lost"))
         self.outbox[:0] = [r for r in requeue if r.parts or r.on_orphan_reply is not None]
+        self._check_quiet()
         if not self.closed:
             self._ensure_connecting()
 

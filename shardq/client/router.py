@@ -48,6 +48,7 @@ _BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
 DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
 DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
 WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
+WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
 
 
@@ -202,6 +203,8 @@ class Router:
         self._queue_cfg: dict[str, dict] = {}
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
+        self._withdrawing = 0                # withdrawn waits whose outcome is not known yet
+        self._withdrawn = threading.Condition()
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
@@ -579,25 +582,47 @@ class Router:
         return keep
 
     def _withdraw(self, shard: int, fut: Future, queue: str) -> None:
-        """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway."""
+        """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway.
+        Until the shard says which (withdrawn, or answered first), :meth:`close` waits."""
         once = threading.Lock()
 
         def settle(f: Future) -> None:
-            if once.acquire(blocking=False) and f.error is None and f.value:
-                self._release([lease for _, lease in _held(queue, f.value)])
+            if once.acquire(blocking=False):
+                if f.error is None and f.value:
+                    self._release([lease for _, lease in _held(queue, f.value)])
+                self._withdraw_settled()
 
+        with self._withdrawn:
+            self._withdrawing += 1
         fut.callback = settle
         if fut.done:
             settle(fut)
             return
         client = self.clients[shard]
+
+        def answered(c: Future) -> None:
+            if c.error is None and c.value is True:  # withdrawn: no reply will come
+                client.forget(fut)
+                if once.acquire(blocking=False):
+                    self._withdraw_settled()
+            # otherwise its reply (or its connection's end) is on the way: settle() runs
+
         try:
             cancel = self._send(shard, "cancel_wait", [fut.rid], time.monotonic(), lead=False)
         except (ShardUnavailable, Closed):
-            return  # its connection broke (or the router closed): the waiting dequeue went with it
-        cancel.callback = lambda c: client.forget(fut) if c.error is None and c.value is True else None
-        if cancel.done and cancel.error is None and cancel.value is True:
-            client.forget(fut)
+            # Its connection broke (or the router closed): the waiting dequeue went with it.
+            if once.acquire(blocking=False):
+                self._withdraw_settled()
+            return
+        cancel.callback = answered
+        if cancel.done:
+            answered(cancel)
+
+    def _withdraw_settled(self) -> None:
+        with self._withdrawn:
+            self._withdrawing -= 1
+            if self._withdrawing <= 0:
+                self._withdrawn.notify_all()
 
     def _release(self, leases: list[Lease]) -> None:
         """Give leases back unstarted (their delivery not counted), without waiting; one
@@ -862,6 +887,10 @@ class Router:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""
         if self._closed:
             return
+        # A withdrawn wait's lease may still be on its way: let it come and be released
+        # (unstarted), rather than expire held by nobody with its delivery counted.
+        with self._withdrawn:
+            self._withdrawn.wait_for(lambda: self._withdrawing <= 0, WITHDRAW_SETTLE_S)
         self._closed = True
         for c in self.clients:
             c.close()
