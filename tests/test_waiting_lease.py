@@ -354,3 +354,43 @@ def test_an_asyncio_client_closed_just_after_a_withdrawal_still_releases_its_lea
             assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
             await q2.ack(lease)
     arun(main())
+
+
+def test_an_asyncio_wait_longer_than_the_request_timeout_is_not_cut_short(svc):
+    """A waiting dequeue is timed by its caller, not by ``request_timeout_s``: on a client
+    whose requests time out after 0.5 s, a job enqueued 1 s into a 20 s wait reaches it
+    (a wait cut short at 0.5 s would stay parked at the shard and take the job to nobody)."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir, request_timeout_s=0.5) as q:
+            with svc.connect() as producer:
+                task = asyncio.create_task(q.dequeue(wait=20))
+                await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
+                await asyncio.sleep(1.0)  # past the request timeout: what is being tested
+                assert not task.done()
+                job = producer.enqueue(b"late", key=KEYS[1])
+                lease = await asyncio.wait_for(task, 10)
+                assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
+                await q.ack(lease)
+                await no_waiter_left(svc, q)
+    arun(main())
+
+
+def test_an_asyncio_wait_at_its_limits_takes_a_whole_batch(svc):
+    from shardq import limits
+
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            with svc.connect() as producer:
+                task = asyncio.create_task(q.dequeue_many(max_jobs=limits.BATCH_JOBS_MAX, wait=limits.WAIT_S_MAX))
+                await polled(lambda: waiting(svc) == [1, 1], "a waiting batch dequeue at both shards")
+                ids = producer.enqueue_many([{"body": b"b", "key": f"ak{i}"} for i in range(limits.BATCH_JOBS_MAX)])
+                leases = await asyncio.wait_for(task, 30)
+                assert 0 < len(leases) <= limits.BATCH_JOBS_MAX
+                assert len({l.job_id for l in leases}) == len(leases) and {l.job_id for l in leases} <= set(ids)
+                await no_waiter_left(svc, q)
+                await q.ack_many(leases)
+                rest = await q.dequeue_many(max_jobs=limits.BATCH_JOBS_MAX)
+                rest += await q.dequeue_many(max_jobs=limits.BATCH_JOBS_MAX)
+                assert {l.job_id for l in leases + rest} == set(ids)  # nothing stranded
+                await q.ack_many(rest)
+    arun(main())
