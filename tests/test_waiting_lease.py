@@ -242,6 +242,17 @@ def held_by(q) -> int:
     return sum(len(c.pending) + len(c.outbox) for c in q.conns)
 
 
+async def next_lease(q):
+    """The next lease ``q`` can take now, polled for up to 10 s: far sooner than the 30 s
+    visibility timeout a stranded lease would need."""
+    for _ in range(1000):
+        lease = await q.dequeue(wait=0)
+        if lease is not None:
+            return lease
+        await asyncio.sleep(0.01)
+    raise AssertionError("no job became ready within 10 s")
+
+
 async def no_waiter_left(svc, q) -> None:
     await polled(lambda: waiting(svc) == [0, 0], "no waiting dequeue at the shards")
     for _ in range(500):  # the withdrawals' replies come back through the loop
@@ -251,15 +262,23 @@ async def no_waiter_left(svc, q) -> None:
     raise AssertionError(f"the client still holds {held_by(q)} requests")
 
 
-@pytest.mark.parametrize("shard", [0, 1])
-def test_an_asyncio_consumer_waits_at_every_shard_and_gets_the_lease(svc, shard):
+@pytest.mark.parametrize("shard, request_timeout_s, pause_s", [(0, 30.0, 0.0), (1, 30.0, 0.0), (1, 0.5, 1.0)],
+                         ids=["shard-0", "shard-1", "past-the-request-timeout"])
+def test_an_asyncio_consumer_waits_at_every_shard_and_gets_the_lease(svc, shard, request_timeout_s, pause_s):
+    """The job reaches the wait from either shard, and the other wait is withdrawn. A wait
+    is timed by its caller, not by ``request_timeout_s``: a job enqueued 1 s into the wait
+    of a client whose requests time out after 0.5 s reaches it too (a wait cut short at
+    0.5 s would stay parked at the shard and take the job to nobody)."""
     async def main():
-        async with await shardq.aio.connect(svc.data_dir) as q:
+        async with await shardq.aio.connect(svc.data_dir, request_timeout_s=request_timeout_s) as q:
             with svc.connect() as producer:
                 task = asyncio.create_task(q.dequeue(wait=20))
                 await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
+                if pause_s:
+                    await asyncio.sleep(pause_s)  # past the request timeout: what is being tested
+                    assert not task.done()
                 job = producer.enqueue(b"late", key=KEYS[shard])
-                lease = await task
+                lease = await asyncio.wait_for(task, 10)
                 assert (lease.job_id, lease.body, lease.attempt) == (job, b"late", 1)
                 await no_waiter_left(svc, q)  # the other shard's wait was withdrawn
                 await q.ack(lease)
@@ -278,12 +297,7 @@ def test_an_asyncio_one_job_wait_with_jobs_at_both_shards_strands_neither(svc):
                     ids = producer.enqueue_many([{"body": f"{round_}-{s}".encode(), "key": KEYS[s]} for s in (0, 1)])
                     first = await task
                     assert first.job_id in ids and first.attempt == 1
-                    second = None
-                    for _ in range(1000):  # far sooner than the 30 s a stranded lease would take
-                        second = await q.dequeue(wait=0)
-                        if second is not None:
-                            break
-                        await asyncio.sleep(0.01)
+                    second = await next_lease(q)
                     assert second is not None and {first.job_id, second.job_id} == set(ids)
                     assert second.attempt == 1
                     await q.ack_many([first, second])
@@ -293,7 +307,7 @@ def test_an_asyncio_one_job_wait_with_jobs_at_both_shards_strands_neither(svc):
 
 @pytest.mark.parametrize("answered", [True, False], ids=["answered-first", "still-waiting"])
 def test_an_asyncio_withdrawal_releases_what_the_wait_leased(svc, answered):
-    """``ShardConn.withdraw`` while the wait's reply is in flight (the shard answered it
+    """``ShardConn.abandon`` of a waiting dequeue while the wait's reply is in flight (the shard answered it
     before the withdrawal arrived: its lease is released unstarted), and while it waits
     (the shard withdraws it: no reply, nothing kept)."""
     async def main():
@@ -304,16 +318,11 @@ def test_an_asyncio_withdrawal_releases_what_the_wait_leased(svc, answered):
             assert req.sent and conn.pending.get(req.rid) is req and not fut.done()
             if not answered:
                 await polled(lambda: waiting(svc)[0] == 1, "the wait parked")
-            conn.withdraw(req, fut)
+            conn.abandon(req, fut)
             await no_waiter_left(svc, q)
             assert not fut.done()  # its caller is gone: nothing is delivered to it
             if answered:
-                lease = None
-                for _ in range(1000):
-                    lease = await q.dequeue(wait=0)
-                    if lease is not None:
-                        break
-                    await asyncio.sleep(0.01)
+                lease = await next_lease(q)
                 assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
                 await q.ack(lease)
             assert await q.dequeue(wait=0) is None
@@ -342,36 +351,12 @@ def test_an_asyncio_client_closed_just_after_a_withdrawal_still_releases_its_lea
         conn, req, fut = q._request(0, "dequeue_wait", ["default", None, 1, 20.0], retry_s=0)
         await asyncio.sleep(0)  # written; its reply, the lease, not yet read
         assert conn.pending.get(req.rid) is req and not fut.done()
-        conn.withdraw(req, fut)
+        conn.abandon(req, fut)
         await q.close()
         async with await shardq.aio.connect(svc.data_dir) as q2:
-            lease = None
-            for _ in range(1000):  # far sooner than the 30 s visibility timeout
-                lease = await q2.dequeue(wait=0)
-                if lease is not None:
-                    break
-                await asyncio.sleep(0.01)
+            lease = await next_lease(q2)
             assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
             await q2.ack(lease)
-    arun(main())
-
-
-def test_an_asyncio_wait_longer_than_the_request_timeout_is_not_cut_short(svc):
-    """A waiting dequeue is timed by its caller, not by ``request_timeout_s``: on a client
-    whose requests time out after 0.5 s, a job enqueued 1 s into a 20 s wait reaches it
-    (a wait cut short at 0.5 s would stay parked at the shard and take the job to nobody)."""
-    async def main():
-        async with await shardq.aio.connect(svc.data_dir, request_timeout_s=0.5) as q:
-            with svc.connect() as producer:
-                task = asyncio.create_task(q.dequeue(wait=20))
-                await polled(lambda: waiting(svc) == [1, 1], "a waiting dequeue at both shards")
-                await asyncio.sleep(1.0)  # past the request timeout: what is being tested
-                assert not task.done()
-                job = producer.enqueue(b"late", key=KEYS[1])
-                lease = await asyncio.wait_for(task, 10)
-                assert lease is not None and (lease.job_id, lease.attempt) == (job, 1)
-                await q.ack(lease)
-                await no_waiter_left(svc, q)
     arun(main())
 
 

@@ -294,7 +294,7 @@ class AsyncQueue:
         """As :meth:`Router._wait_lease`: leave a waiting dequeue at every shard that is up and
         return the leases of the first to answer with any (with those of any other that has
         by then, up to ``max_jobs``); [] when none came within ``timeout`` or a connection
-        broke. The other waits are withdrawn (:meth:`ShardConn.withdraw`). Cancelled, it
+        broke. The other waits are withdrawn (:meth:`ShardConn.abandon`). Cancelled, it
         leaves no lease behind: what it was answered is released unstarted."""
         started = [(conn,) + self._request(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout],
                                            retry_s=0)[1:]
@@ -311,7 +311,7 @@ class AsyncQueue:
             error = None
             for conn, req, f in started:
                 if not f.done():
-                    conn.withdraw(req, f)
+                    conn.abandon(req, f)
                 elif f.cancelled():
                     continue
                 elif f.exception() is None:

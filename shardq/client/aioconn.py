@@ -26,7 +26,7 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   table (its reply is ignored). The one exception is a ``dequeue`` already written: its
   reply may hold leases, so it stays until the reply comes and those leases are released
   at once (``nack``, not counted as a delivery). A ``watch`` is simply forgotten.
-* **Withdrawing a waiting dequeue** (:meth:`ShardConn.withdraw`). A ``dequeue_wait`` nobody
+* **Withdrawing a waiting dequeue** (:meth:`ShardConn.abandon`). A ``dequeue_wait`` nobody
   waits for any more is withdrawn with ``cancel_wait``. It stays pending until the shard
   says it was withdrawn (no reply will come); if the shard had answered it first, the
   leases of that reply are released at once, as an abandoned ``dequeue``'s. A broken
@@ -383,9 +383,10 @@ class ShardConn:
             self._open_seqs.pop(req.session[1], None)
 
     def abandon(self, req: Req, fut: asyncio.Future) -> None:
-        """``fut``'s caller gave up (cancelled, timed out). Its waiter goes; a request left
-        with no waiter leaves the outbox or the pending table (a written dequeue stays until
-        its reply, to release its leases)."""
+        """``fut``'s caller gave up (cancelled, timed out, or another shard answered its
+        wait). Its waiter goes; a request left with no waiter leaves the outbox or the
+        pending table, except that a written dequeue stays until its reply, to release its
+        leases, and a written waiting dequeue is withdrawn (:meth:`_withdraw`)."""
         req.parts = [p for p in req.parts if p[0] is not fut]
         if req.parts:
             return
@@ -395,6 +396,9 @@ class ShardConn:
             self._finish(req)
         elif req.op == "dequeue" and req.rid in self.pending:
             req.on_orphan_reply = self._orphan_release()
+        elif req.op == "dequeue_wait":
+            if self.pending.get(req.rid) is req:  # not yet answered, failed or gone
+                self._withdraw(req)
         else:
             self.pending.pop(req.rid, None)
             self._finish(req)
@@ -407,21 +411,10 @@ class ShardConn:
                 self.abandon(req, fut)
                 return
 
-    def withdraw(self, req: Req, fut: asyncio.Future) -> None:
-        """``fut``'s caller stopped waiting on the waiting dequeue ``req`` (another shard
-        answered, its wait ended, it was cancelled). Unsent, it is dropped. Written and not
-        yet answered, it is withdrawn (``cancel_wait``) and kept pending until the shard says
-        so; a reply that beat the withdrawal has its leases released unstarted."""
-        req.parts = [p for p in req.parts if p[0] is not fut]
-        if req.parts:
-            return
-        if not req.sent:
-            if req in self.outbox:
-                self.outbox.remove(req)
-            self._finish(req)
-            return
-        if self.pending.get(req.rid) is not req:
-            return  # answered, failed, or gone with its connection
+    def _withdraw(self, req: Req) -> None:
+        """Withdraw the written waiting dequeue ``req`` nobody waits for (``cancel_wait``).
+        It stays pending until the shard says it was withdrawn; a reply that beat the
+        withdrawal has its leases released unstarted."""
         req.on_orphan_reply = self._orphan_release()
         cancel = Req("cancel_wait", [req.rid], [], self.loop.time())
         cancel.on_orphan_reply = lambda withdrawn: self._withdrawn(req) if withdrawn is True else None
