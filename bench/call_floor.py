@@ -146,9 +146,11 @@ def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0)
     return _result(calls, matched == calls, took, client, srv)
 
 
-def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0) -> dict:
-    """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings)."""
-    adapter = PEERS[name]()
+def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0,
+             shardq_shards: int | None = None) -> dict:
+    """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings;
+    ``shardq_shards`` replaces the shardq adapter's number of shards)."""
+    adapter = PEERS[name](shards=shardq_shards) if name == "shardq" and shardq_shards else PEERS[name]()
     adapter.setup(directory)  # SkipPeer when it cannot run here
     try:
         servers = [psutil.Process(pid) for pid in adapter.server_pids()]
@@ -162,7 +164,7 @@ def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: fl
         srv = sum(sum(p.cpu_times()[:2]) for p in servers) - s0
     finally:
         adapter.teardown()
-    return _result(calls, True, took, client, srv)
+    return {**_result(calls, True, took, client, srv), "servers": len(servers)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                         "servers pinned to CPU 0; apart: the client on CPU 0, the servers on CPU 1")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="pause this long after each call, so each starts from idle (default 0)")
+    p.add_argument("--shardq-shards", type=int, default=None,
+                   help="shards of the shardq peer (default: bench.run's adapter's)")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.shardq_shards is not None and not 1 <= a.shardq_shards <= 64:
+        p.error(f"--shardq-shards {a.shardq_shards} is outside 1..64")
     if not 0 <= a.gap_ms <= 1000:
         p.error(f"--gap-ms {a.gap_ms} is outside 0..1000")
     needed = set().union(*PLACEMENTS[a.cpus]) if PLACEMENTS[a.cpus] else set()
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
             try:
                 res = (floor_run(a.calls, tmp, a.cpus, a.gap_ms / 1e3) if name == "floor"
-                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3))
+                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.shardq_shards))
             except SkipPeer as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", flush=True)
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "cpus": a.cpus,
-                       "gap_ms": a.gap_ms,
+                       "gap_ms": a.gap_ms, "shardq_shards": a.shardq_shards,
                        "runs": results,
                        "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)
     return 0 if ok else 1

@@ -88,3 +88,24 @@ def test_call_floor_refuses_a_gap_out_of_range(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--gap-ms", "-1"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--gap-ms -1.0 is outside 0..1000" in r.stderr
+
+
+def test_call_floor_runs_shardq_on_the_shards_asked_for(tmp_path):
+    out = tmp_path / "floor.json"
+    logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
+    try:
+        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq",
+                            "--shardq-shards", "1", "--dir", logs, "--json", str(out)], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    (run,) = res["runs"]["shardq"]
+    assert res["shardq_shards"] == 1 and run["servers"] == 1 and run["ok"] is True
+
+
+def test_call_floor_refuses_a_shard_count_out_of_range():
+    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--shardq-shards", "0"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--shardq-shards 0 is outside 1..64" in r.stderr
