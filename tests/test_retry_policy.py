@@ -6,6 +6,7 @@ safe to re-send are re-sent and succeed; the others raise OutcomeUnknown and are
 """
 from __future__ import annotations
 
+import socket
 import threading
 from multiprocessing.connection import Listener
 
@@ -33,6 +34,7 @@ class FakeShard:
         self.requests: list[list] = []
         self.listener = Listener(self.dd.socket_path(0), "AF_UNIX", authkey=self.dd.authkey())
         self.conns = []
+        self.closing = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -40,7 +42,10 @@ class FakeShard:
         for action in self.script:
             try:
                 conn = self.listener.accept()
-            except OSError:
+            except Exception:  # noqa: BLE001 - closed, or close()'s wake-up failed the handshake
+                return
+            if self.closing:
+                conn.close()
                 return
             self.conns.append(conn)
             reqs = msgpack.unpackb(conn.recv_bytes(), raw=False)
@@ -56,8 +61,17 @@ class FakeShard:
         return [op for _, op, _ in self.requests]
 
     def close(self):
+        # A script step the client never reached leaves the thread in accept(), which
+        # closing the listener does not wake: a bare connection (no handshake) does.
+        self.closing = True
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(self.dd.socket_path(0))
+            except OSError:
+                pass  # nobody listening any more
         self.listener.close()
-        self.thread.join(5)  # its script is done once the router stopped calling
+        self.thread.join(5)
+        assert not self.thread.is_alive(), "the fake shard's thread did not end"
         for c in self.conns:
             c.close()
 
