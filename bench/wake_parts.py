@@ -23,8 +23,8 @@ runs while the producer's call waits for its fsync, costs that call.
 A shard hands out a job only once its enqueue is durable, so W is at least the enqueue
 alone; ``got - enqueue alone`` is what the watch design adds around it (the consumer's
 early wake-up slowing the producer's call, then the ``dequeue`` after the watch).
-docs/performance.md, "Figures W and L@500". Exit status 0 when every job reached the consumer exactly once; 1 otherwise. No timing is
-ever checked.
+docs/performance.md, "Figures W and L@500". Exit status 0 when every job reached the
+consumer exactly once; 1 otherwise. No timing is ever checked.
 """
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ from ..shard import validate, wire
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .priority import merge, plan
-from .router import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Router, _held, queue_totals, redrive_calls, shard_for_key, shard_of_job,
-                     cut_requests, in_input_order, split_by_shard)
+from .router import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Router, _held, queue_totals,
+                     redrive_calls, shard_for_key, shard_of_job, cut_requests, in_input_order, split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
 _now = SystemClock.now
