@@ -155,10 +155,9 @@ class ShardServer:
         mono = self.clock.monotonic()
         t = float("inf") if sync_due is None else sync_due - mono
         if waiting:
-            for ws in self.watchers.values():
-                t = min(t, min((w[2] for w in ws), default=t + mono) - mono)
-            for ws in self.lease_waiters.values():
-                t = min(t, min((w[4] for w in ws), default=t + mono) - mono)
+            watch_due = min((w[2] for ws in self.watchers.values() for w in ws), default=math.inf)
+            wait_due = min((w[4] for ws in self.lease_waiters.values() for w in ws), default=math.inf)
+            t = min(t, watch_due - mono, wait_due - mono)
             due = self.state.next_deadline()
             if due is not None:
                 t = min(t, due - self.clock.now())
