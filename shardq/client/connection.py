@@ -275,8 +275,7 @@ class ShardClient:
                     self._broken(conn)
                 finally:
                     self._read_lock.release()
-                if self._pending:
-                    self._want_reader()  # replies others wait for: the reader thread takes over
+                self.hand_off()  # replies others wait for: the reader thread takes over
             else:
                 # Someone else holds the socket. A leader hands over to the reader thread
                 # when it leaves with replies still due; but the reader thread itself may be
