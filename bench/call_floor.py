@@ -18,7 +18,9 @@ the same load. What shardq spends above the floor is what its client and shard a
 the fsync); docs/performance.md, "What a single call costs above the floor".
 
 Reported per call: wall microseconds, and the CPU microseconds of the client and of the
-servers (every process the peer runs; none for an in-process peer). ``--dir /dev/shm``
+servers (every process the peer runs; none for an in-process peer); for the servers also
+that CPU split into user and system time, and how often their threads blocked (voluntary
+context switches of every thread: waits in epoll, in fdatasync, on a lock). ``--dir /dev/shm``
 takes the fsync out of the picture. ``--cpus same`` pins the client and the servers to one
 CPU, ``--cpus apart`` to two: the difference from the default shows what waking a process
 on another CPU costs on this machine (docs/performance.md, "Where a single call's time
@@ -107,10 +109,32 @@ def timed_calls(call, calls: int, gap_s: float) -> tuple[int, list[float]]:
     return ok, took
 
 
-def _result(calls: int, ok: bool, took: list[float], client_s: float, server_s: float) -> dict:
+def server_usage(procs: list[psutil.Process]) -> tuple[float, float, int]:
+    """User seconds, system seconds and voluntary context switches of ``procs``, summed
+    over every thread (psutil's count is the main thread's only)."""
+    user = system = blocks = 0
+    for proc in procs:
+        t = proc.cpu_times()
+        user += t.user
+        system += t.system
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                with open(f"/proc/{proc.pid}/task/{tid}/status") as f:
+                    blocks += next(int(line.split()[1]) for line in f
+                                   if line.startswith("voluntary_ctxt_switches"))
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # a thread that ended meanwhile
+    return user, system, blocks
+
+
+def _result(calls: int, ok: bool, took: list[float], client_s: float,
+            before: tuple[float, float, int], after: tuple[float, float, int]) -> dict:
+    user, system, blocks = (b - a for a, b in zip(before, after))
     return {"calls": calls, "ok": ok, "us_per_call": sum(took) / calls * 1e6,
             "us_p50": statistics.median(took) * 1e6,
-            "client_cpu_us": client_s / calls * 1e6, "server_cpu_us": server_s / calls * 1e6}
+            "client_cpu_us": client_s / calls * 1e6, "server_cpu_us": (user + system) / calls * 1e6,
+            "server_user_us": user / calls * 1e6, "server_sys_us": system / calls * 1e6,
+            "server_blocks": blocks / calls}
 
 
 def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0) -> dict:
@@ -136,14 +160,14 @@ def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0)
 
     for i in range(WARM_UP_CALLS):
         call(-1 - i)
-    s0 = sum(server.cpu_times()[:2])
+    s0 = server_usage([server])
     c0 = time.process_time()
     matched, took = timed_calls(call, calls, gap_s)
     client = time.process_time() - c0
-    srv = sum(server.cpu_times()[:2]) - s0
+    s1 = server_usage([server])
     ours.close()
     os.waitpid(pid, 0)
-    return _result(calls, matched == calls, took, client, srv)
+    return _result(calls, matched == calls, took, client, s0, s1)
 
 
 def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0,
@@ -157,14 +181,14 @@ def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: fl
         place(cpus, adapter.server_pids())
         for i in range(WARM_UP_CALLS):  # connect and warm up outside the measurement
             adapter.enqueue(BODY, f"w{i}")
-        s0 = sum(sum(p.cpu_times()[:2]) for p in servers)
+        s0 = server_usage(servers)
         c0 = time.process_time()
         _, took = timed_calls(lambda i: adapter.enqueue(BODY, f"k{i % 1000}"), calls, gap_s)
         client = time.process_time() - c0
-        srv = sum(sum(p.cpu_times()[:2]) for p in servers) - s0
+        s1 = server_usage(servers)
     finally:
         adapter.teardown()
-    return {**_result(calls, True, took, client, srv), "servers": len(servers)}
+    return {**_result(calls, True, took, client, s0, s1), "servers": len(servers)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,16 +242,21 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append(res)
             print(f"run {r + 1}/{a.runs} {name:6s}: {res['us_per_call']:7.0f} us/call "
                   f"(median {res['us_p50']:.0f}), CPU client "
-                  f"{res['client_cpu_us']:.0f} us, server {res['server_cpu_us']:.0f} us", flush=True)
-    med = {name: {k: statistics.median(x[k] for x in rows)
-                  for k in ("us_per_call", "us_p50", "client_cpu_us", "server_cpu_us")}
+                  f"{res['client_cpu_us']:.0f} us, server {res['server_cpu_us']:.0f} us "
+                  f"({res['server_user_us']:.0f} user, {res['server_sys_us']:.0f} system), "
+                  f"server blocks {res['server_blocks']:.2f}", flush=True)
+    keys = ("us_per_call", "us_p50", "client_cpu_us", "server_cpu_us", "server_user_us", "server_sys_us",
+            "server_blocks")
+    med = {name: {k: statistics.median(x[k] for x in rows) for k in keys}
            for name, rows in results.items() if rows}
     print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}, CPUs: {a.cpus}, "
-          f"gap: {a.gap_ms:g} ms:")
-    print(f"{'':8s} {'us/call':>8s} {'median':>7s} {'client CPU':>11s} {'server CPU':>11s}")
+          f"gap: {a.gap_ms:g} ms (server blocks: voluntary context switches per call):")
+    print(f"{'':8s} {'us/call':>8s} {'median':>7s} {'client CPU':>11s} {'server CPU':>11s} "
+          f"{'user':>6s} {'system':>7s} {'blocks':>7s}")
     for name, m in med.items():
         print(f"{name:8s} {m['us_per_call']:8.0f} {m['us_p50']:7.0f} {m['client_cpu_us']:11.0f} "
-              f"{m['server_cpu_us']:11.0f}")
+              f"{m['server_cpu_us']:11.0f} {m['server_user_us']:6.0f} {m['server_sys_us']:7.0f} "
+              f"{m['server_blocks']:7.2f}")
     floor_us = med["floor"]["us_per_call"]
     for name, m in med.items():
         if name != "floor":

@@ -1,6 +1,6 @@
 """bench/call_floor.py runs end to end in quick mode: every floor reply matched its request,
-shardq took every call through bench.run's adapter, and CPU was read for both sides. No
-timing is asserted."""
+shardq took every call through bench.run's adapter, and CPU (with its user/system split and
+the servers' blocking waits) was read for both sides. No timing is asserted."""
 import json
 import os
 import shutil
@@ -30,6 +30,11 @@ def test_call_floor_benchmark_runs(tmp_path):
         # both sides did work for every call: a server that answered without reading, or a
         # shard that was never reached, would show no CPU
         assert run["us_per_call"] > 0 and run["client_cpu_us"] > 0 and run["server_cpu_us"] > 0
+        # the split adds up to the whole, and a server that answers 300 calls waits for most
+        # of them (in epoll or a read; shardq's shards also in fdatasync)
+        assert abs(run["server_user_us"] + run["server_sys_us"] - run["server_cpu_us"]) < 1e-6
+        assert run["server_user_us"] >= 0 and run["server_sys_us"] >= 0
+        assert run["server_blocks"] >= 0.5
     assert "above the floor" in r.stdout
     assert left == []  # each run's directory removed
 
@@ -109,3 +114,30 @@ def test_call_floor_refuses_a_shard_count_out_of_range():
     r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--shardq-shards", "0"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--shardq-shards 0 is outside 1..64" in r.stderr
+
+
+def test_server_blocks_count_every_thread():
+    """A server's waits may be on any of its threads (a shard's committer fsyncs on its
+    own): the count sums them all, where the main thread's alone would miss them."""
+    import psutil
+    from bench.call_floor import server_usage
+    code = ("import sys, threading, time\n"
+            "def work():\n"
+            "    for _ in range(50):\n"
+            "        time.sleep(0.001)\n"
+            "    print('slept', flush=True)\n"
+            "    threading.Event().wait()\n"
+            "threading.Thread(target=work, daemon=True).start()\n"
+            "sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline() == "slept\n"  # the thread blocked 50 times and lives on
+        proc = psutil.Process(child.pid)
+        user, system, blocks = server_usage([proc])
+        assert blocks >= 50
+        assert proc.num_ctx_switches().voluntary < 50  # the main thread's own count
+        assert user >= 0 and system >= 0
+    finally:
+        child.kill()
+        child.wait()
