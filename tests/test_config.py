@@ -7,7 +7,7 @@ import os
 import pytest
 
 from shardq import limits
-from shardq.config import Config, QueueConfig, load, parse
+from shardq.config import Config, QueueConfig, default_shards, load, parse
 from shardq.errors import InvalidConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,12 @@ def test_the_default_file_loads_and_means_the_defaults():
     assert cfg.queues == {"default": QueueConfig()}
     assert cfg.queue_defaults.visibility_timeout == limits.VISIBILITY_TIMEOUT_S_DEFAULT
     assert cfg.limits.max_pending_jobs == limits.PENDING_JOBS_MAX_DEFAULT
-    assert cfg.resolved_shards() == (os.cpu_count() or 1)
+    assert cfg.resolved_shards() == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_the_default_shard_count_is_one_per_two_cpus():
+    assert [default_shards(n) for n in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
+    assert load({"service": {"shards": 3}}).resolved_shards() == 3  # an explicit count wins
 
 
 def test_none_dict_and_config_sources():
