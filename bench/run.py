@@ -30,7 +30,7 @@ from typing import Any
 
 from . import physical, plan, report, scaling
 from .peers import PEERS, SkipPeer
-from .peers.shardq_peer import ShardqAdapter
+from .peers.shardq_peer import ShardqAdapter, default_shard_count
 from .workers import play as wk
 from .workers.runners import RUNNERS, known_names
 
@@ -67,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None,
                    help="where to write the results (default bench/results/latest.json; "
                         "with --quick, bench/results/quick.json)")
-    p.add_argument("--shards", type=int, default=2, help="shardq shards (default 2)")
+    p.add_argument("--shards", type=int, default=0,
+                   help="shardq shards (default 0: what the default config gives this machine, "
+                        "one per two CPUs)")
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="shardq's lease_sync for the benchmark queue (default batched, the "
                         "queue default; strict: every lease fsynced before it is handed out)")
@@ -94,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in args.runners if n not in known_names()]
     if unknown:
         p.error(f"unknown runner(s) {unknown}; choose from {known_names()}")
+    if args.shards < 0:
+        p.error(f"--shards {args.shards}: expected 0 (the default config's count) or more")
+    args.shards = args.shards or default_shard_count()
     return args
 
 

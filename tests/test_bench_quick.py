@@ -48,6 +48,9 @@ def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
     m = figures["M"]["runs"][0]
     assert (m["producers"], m["consumers"], m["mode"]) == (16, 4, "processes")
     assert not results["wk"]  # Wk not chosen: not run
+    # shardq as the default config runs it on this machine, and the run says how many shards
+    from shardq.config import parse
+    assert results["meta"]["shardq_shards"] == parse({}).resolved_shards()
 
 
 def test_worker_runners_run_every_job_once(tmp_path):
@@ -176,3 +179,18 @@ def test_record_reader_keeps_a_half_written_line_for_the_next_poll(tmp_path):
     assert reader.poll() == 2
     assert reader.ids == ["a:1", "b:2", "a:1"]
     assert (reader.first_ns, reader.last_ns) == (100, 300)
+
+
+def test_shards_default_to_the_default_configs_count_and_refuse_a_negative_count(capsys):
+    from shardq.config import parse
+    assert bench_run_module.parse_args([]).shards == parse({}).resolved_shards()
+    assert bench_run_module.parse_args(["--shards", "3"]).shards == 3
+    from bench.peers.shardq_peer import ShardqAdapter
+    assert ShardqAdapter().shards == parse({}).resolved_shards() and ShardqAdapter(shards=3).shards == 3
+    try:
+        bench_run_module.parse_args(["--shards", "-1"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--shards -1 was accepted")
+    assert "--shards -1" in capsys.readouterr().err

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from .base import Adapter, Client, ClientSpec, Item, SkipPeer
 
 QUEUE = "default"
-SHARDS_DEFAULT = 2
 CONFIG = {"queues": {QUEUE: {"visibility_timeout": 30}}}
 CLOSE_TIMEOUT_S = 5.0  # shard processes still running this long after close() are stopped
 
@@ -52,6 +51,16 @@ class ShardqClient(Client):
         self._q.close()
 
 
+def default_shard_count() -> int:
+    """The shard count a service gets on this machine from the default config
+    (``service.shards = 0``), which is what the benchmark measures unless told otherwise."""
+    try:
+        from shardq.config import parse
+    except Exception:  # noqa: BLE001 - setup() skips the peer with the import error
+        return 1
+    return parse({}).resolved_shards()
+
+
 def connect_client(data_dir: str) -> ShardqClient:
     """A client in another process: its own connection to the running shards."""
     import shardq
@@ -65,8 +74,8 @@ class ShardqAdapter(Adapter):
     durability = "WAL, fsync before reply"
     thread_safe = True
 
-    def __init__(self, shards: int = SHARDS_DEFAULT, lease_sync: str = "batched", restarted: bool = False):
-        self.shards = shards
+    def __init__(self, shards: int | None = None, lease_sync: str = "batched", restarted: bool = False):
+        self.shards = shards or default_shard_count()
         self.lease_sync = lease_sync
         self.restarted = restarted  # measure on a data dir that was used, stopped and reopened
         self.client: ShardqClient | None = None
