@@ -12,7 +12,7 @@ log = logging.getLogger("shardq.supervisor")
 
 def register(sub, parent) -> None:
     s = sub.add_parser("serve", parents=[parent], help="run the shard supervisor (the service)")
-    s.add_argument("--shards", type=int, help="number of shards (default: config; 0 = CPUs)")
+    s.add_argument("--shards", type=int, help="number of shards (default: config; 0 = one per two CPUs)")
     s.set_defaults(fn=run)
 
 
