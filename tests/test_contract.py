@@ -371,7 +371,7 @@ def test_worker_effects_exactly_once_with_sigkilled_worker_processes(backend):
     try:
         db = _setup(tmp)  # the handler of test_worker_processes: effect + job id in one transaction
         q = backend.connect()
-        keys, per_key = 6, 8
+        keys, per_key = 6, 16  # enough work left for the 4th kill however fast the workers drain
         ids = q.enqueue_many([{"body": f"k{k}:{s}".encode(), "key": f"k{k}", "queue": "kill"}
                               for s in range(per_key) for k in range(keys)])
         env = dict(os.environ, PYTHONPATH=REPO)
