@@ -67,10 +67,11 @@ LEASE_SYNC_CHOICES = ("batched", "strict")
 
 def default_shards(cpus: int | None = None) -> int:
     """The shard count of ``service.shards = 0``: one per two of the CPUs this process may
-    run on (or ``cpus``), at least one."""
+    run on (or ``cpus``), at least one and at most ``limits.SHARDS_MAX`` (which a data dir
+    refuses to exceed)."""
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus // 2)
+    return min(limits.SHARDS_MAX, max(1, cpus // 2))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,9 @@ def test_the_default_file_loads_and_means_the_defaults():
 
 def test_the_default_shard_count_is_one_per_two_cpus():
     assert [default_shards(n) for n in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
+    # never more than a data dir takes, however many CPUs (Linux allows 8192)
+    top = 2 * limits.SHARDS_MAX
+    assert [default_shards(n) for n in (top, top + 2, 8192)] == [limits.SHARDS_MAX] * 3
     assert load({"service": {"shards": 3}}).resolved_shards() == 3  # an explicit count wins
 
 
