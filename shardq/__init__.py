@@ -46,16 +46,37 @@ running on the default config)::
 """
 from __future__ import annotations
 
-from .config import Config, QueueConfig
-from .consumer.tasks import App, Exponential, Task
-from .client.queue import Queue
-from .client.router import Router
+from typing import TYPE_CHECKING
+
 from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig,
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
                      ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
                      UnknownQueue, Unsupported, UsageError)
 from .errors import OutboxBehind, StoreUnavailable
 from .types import DeadLetter, JobId, Lease
+
+if TYPE_CHECKING:
+    from .client import aio
+    from .client.queue import Queue
+    from .client.router import Router
+    from .config import Config, QueueConfig
+    from .consumer.postgres import PostgresStore
+    from .consumer.tasks import App, Exponential, Task
+    from .consumer.worker import Worker
+
+# Imported on first use (PEP 562), so that a process that needs one part does not load the
+# others: a shard process needs neither the router nor asyncio, and `import shardq` in an app
+# loads neither the worker (sqlite3, signal handling) nor psycopg until they are used.
+# name -> (module, attribute; None: the module itself)
+_LAZY = {
+    "Config": (".config", "Config"), "QueueConfig": (".config", "QueueConfig"),
+    "App": (".consumer.tasks", "App"), "Exponential": (".consumer.tasks", "Exponential"),
+    "Task": (".consumer.tasks", "Task"),
+    "Queue": (".client.queue", "Queue"), "Router": (".client.router", "Router"),
+    "Worker": (".consumer.worker", "Worker"), "PostgresStore": (".consumer.postgres", "PostgresStore"),
+    "aio": (".client.aio", None),  # `await shardq.aio.connect(...)`
+    "outbox": (".outbox", None),   # `shardq.outbox.enqueue(conn, ...)` after a plain `import shardq`
+}
 
 __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
@@ -71,6 +92,7 @@ __all__ = [
 def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001
     """Start the service embedded in this process (supervisor thread + shard processes) and
     return a router to it; ``close()`` stops both. ``config``: dict, TOML path, or None."""
+    from .client.router import Router
     from .service.supervisor import Supervisor
     sup = Supervisor(data_dir, config, shards).start(background=True)
     try:
@@ -85,21 +107,23 @@ def connect(target, **options) -> Queue:
     serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
     ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
     from .backends import for_target
+    from .client.router import Router
     backend = for_target(target)
     return (backend or Router)(target, **options)
 
 
 def __getattr__(name):
-    if name == "Worker":  # imported lazily: the worker pulls in sqlite3 and signal handling
-        from .consumer.worker import Worker
-        return Worker
-    if name == "aio":  # imported lazily: asyncio is not every app's business
-        from .client import aio
-        return aio
-    if name == "PostgresStore":  # imported lazily: psycopg is an optional dependency
-        from .consumer.postgres import PostgresStore
-        return PostgresStore
-    if name == "outbox":  # shardq.outbox.enqueue(conn, ...) after a plain `import shardq`
-        import importlib
-        return importlib.import_module(".outbox", __name__)
-    raise AttributeError(f"module 'shardq' has no attribute {name!r}")
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'shardq' has no attribute {name!r}") from None
+    import importlib
+    value = importlib.import_module(module, __name__)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # found here once; later lookups are plain attributes
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

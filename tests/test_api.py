@@ -34,3 +34,23 @@ def test_the_router_implements_the_queue_protocol():
                and not hasattr(shardq.Router, name) and name not in shardq.Router.__init__.__code__.co_names]
     assert not missing, missing
     assert "service_id" in shardq.Router.__init__.__code__.co_names
+
+
+def test_a_shard_process_and_a_bare_import_load_only_what_they_use():
+    # A shard (restarted by the supervisor, started by every test) needs neither the router
+    # nor asyncio; `import shardq` alone loads none of the parts named in shardq._LAZY.
+    import json
+    import subprocess
+    import sys
+    probe = ("import json, sys; import {m}; "
+             "print(json.dumps(sorted(n for n in sys.modules if n.startswith(('shardq', 'asyncio')))))")
+    loaded = {m: set(json.loads(subprocess.run([sys.executable, "-c", probe.format(m=m)], check=True,
+                                               capture_output=True, text=True).stdout))
+              for m in ("shardq", "shardq.shard.process")}
+    assert not loaded["shardq"] & {"shardq.config", "shardq.client.router", "shardq.consumer.tasks",
+                                   "shardq.consumer.worker", "shardq.client.aio", "asyncio"}, loaded["shardq"]
+    shard = loaded["shardq.shard.process"]
+    assert "shardq.shard.state" in shard and "shardq.wal.log" in shard  # the probe sees imports
+    assert not shard & {"shardq.client.router", "shardq.client.connection", "shardq.consumer.tasks",
+                        "asyncio"}, shard
+    assert set(shardq.__all__) <= set(dir(shardq))  # completion and help() list the lazy names too
