@@ -17,7 +17,7 @@ from shardq.clock import FakeClock  # noqa: E402
 def pytest_sessionstart(session):
     """Compile the project's modules once, before any test starts a process. The suite
     starts thousands of Python processes (shards, services, CLI calls, workers); where
-    ``PYTHONDONTWRITEBYTECODE`` is set, as on the machines CI runs on, each one would
+    ``PYTHONDONTWRITEBYTECODE`` is set (as on the VMs this suite is developed on), each one would
     compile every shardq module it imports from source again (about 0.1 s a process).
     Python still reads bytecode it finds; a source newer than its bytecode is compiled
     again, so nothing stale can run."""
