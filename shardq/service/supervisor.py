@@ -10,7 +10,8 @@
 * Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds; a
   shard that leaves a ping unanswered *and* reports no progress for ``health_timeout`` is
   hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
-  not a hang. A starting shard that reports nothing for ``start_timeout`` (60 s) is hung
+  not a hang; so is a write or fsync the disk takes that long to finish (logged at
+  WARNING: restarting would not make the disk faster). A starting shard that reports nothing for ``start_timeout`` (60 s) is hung
   too; one that reports replay progress is waited for however long its replay takes.
 * Restarts back off: the first exit restarts at once; each further exit before the shard
   has served for 10 s waits twice as long as the one before (0.5 s, 1 s, 2 s, ... up to
@@ -335,8 +336,12 @@ class Supervisor:
                 h.busy, h.busy_since, h.busy_logged = phase, now, False
             elif not h.busy_logged and now - h.busy_since > self.config.service.health_timeout:
                 h.busy_logged = True  # once per phase: it is why pings go unanswered
-                _event("shard-busy", shard=h.index, pid=h.proc.pid, phase=phase, for_s=f"{now - h.busy_since:.1f}",
-                       note='"working, not hung"')
+                if phase == "disk":  # the operator's problem: a disk this slow delays every commit
+                    _event("shard-busy", logging.WARNING, shard=h.index, pid=h.proc.pid, phase=phase,
+                           for_s=f"{now - h.busy_since:.1f}", note='"waiting for a slow disk, not hung"')
+                else:
+                    _event("shard-busy", shard=h.index, pid=h.proc.pid, phase=phase,
+                           for_s=f"{now - h.busy_since:.1f}", note='"working, not hung"')
         elif word == "ready":
             pid, records, seconds, jobs = rest.split()
             h.ready_info = {"records": int(records), "replay_s": float(seconds), "jobs": int(jobs)}

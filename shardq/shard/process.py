@@ -537,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
     tune_gc()
+    pipe.watch_disk(files)  # a commit stalled on a slow disk is not a hang
     server = ShardServer(shard, dd.socket_path(a.index), authkey,
                          busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written))
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,8 +7,13 @@ a person goes to the shard's log (stderr) instead.
   ``count``: records replayed and bytes read so far) or ``compact`` (``count``: checkpoint
   bytes written). Sent every ``interval`` seconds while the phase lasts, by a thread of its
   own, so neither the supervisor's start timeout nor its health check (whose pings the
-  shard loop cannot answer while it compacts) kills a shard that is working. A stopped
-  process (SIGSTOP) or a deadlocked loop outside these phases still sends nothing.
+  shard loop cannot answer while it compacts) kills a shard that is working. Also
+  ``progress disk <bytes written>``, from :meth:`SupervisorPipe.watch_disk`, while one
+  call to the disk (a write or an fsync, on the loop or the committer thread) has lasted
+  longer than half an interval: a commit waits for a slow disk, and a ping's reply waits
+  for that commit. Killing the shard would not make the disk faster, and its restart
+  would replay on the same disk. A stopped process (SIGSTOP) or a deadlocked loop outside
+  these phases still sends nothing.
 * ``ready <pid> <records> <seconds> <jobs>`` -- replayed and listening.
 * ``corrupt {"path", "offset", "reason"}`` -- refused to start: a corrupt log. Not retried.
 * ``failed {"kind", "detail", "path"}`` -- why the shard is about to exit: ``disk_full``, a
@@ -23,6 +28,7 @@ import json
 import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -38,6 +44,7 @@ class SupervisorPipe:
         self.out = out or sys.stdout
         self.interval_s = max(interval_s, 0.02)
         self._lock = threading.Lock()
+        self._phases = 0  # busy() blocks running: they report for the disk calls in them too
 
     def _line(self, text: str) -> None:
         with self._lock:
@@ -70,11 +77,31 @@ class SupervisorPipe:
 
         t = threading.Thread(target=beat, name=f"shardq-progress-{phase}", daemon=True)
         t.start()
+        self._phases += 1
         try:
             yield
         finally:
+            self._phases -= 1
             done.set()
             t.join()
+
+    def watch_disk(self, files: "ReportingFiles") -> threading.Event:
+        """From now on, report ``progress disk`` every ``interval_s`` while a call of
+        ``files`` to the disk has lasted longer than ``interval_s / 2``, unless a
+        :meth:`busy` phase reports meanwhile (one phase at a time: the supervisor times each
+        phase from its first line). Set the returned event to stop."""
+        done = threading.Event()
+        half = self.interval_s / 2
+
+        def watch():
+            while not done.wait(half):
+                since = files.disk_call_since
+                if since is not None and not self._phases and time.monotonic() - since > half:
+                    self._line(f"progress disk {files.bytes_written}")
+                    done.wait(half)  # one line per interval is enough
+
+        threading.Thread(target=watch, name="shardq-disk-watch", daemon=True).start()
+        return done
 
 
 class ReportingFiles:
@@ -82,13 +109,17 @@ class ReportingFiles:
     write finds the disk full, before the error goes on to fail the commit (which ends the
     process without a reply). Errors are re-raised unchanged. Every call goes on to
     ``inner`` (default: what the environment selects, so the WAL's test hook for power
-    cuts, :class:`~shardq.wal.fileio.SyncLoggingFiles`, still sees every sync)."""
+    cuts, :class:`~shardq.wal.fileio.SyncLoggingFiles`, still sees every sync).
+
+    ``disk_call_since`` is the monotonic time the write or sync now in progress began
+    (None between calls): :meth:`SupervisorPipe.watch_disk` reads it."""
 
     def __init__(self, pipe: SupervisorPipe, inner: Files | None = None):
         self.pipe = pipe
         self.inner = inner if inner is not None else files_from_env()
         self.bytes_written = 0
         self.bytes_read = 0
+        self.disk_call_since: float | None = None
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # the calls not counted here
@@ -114,24 +145,46 @@ class ReportingFiles:
 
     # write and datasync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
+        self.disk_call_since = time.monotonic()
         try:
             self.inner.write(fd, data)
         except OSError as e:
             if e.errno in NO_SPACE:
                 self._report_no_space(e, fd, None)
             raise
+        finally:
+            self.disk_call_since = None
         self.bytes_written += len(data)
 
     def datasync(self, fd: int) -> None:
+        self.disk_call_since = time.monotonic()
         try:
             self.inner.datasync(fd)
         except OSError as e:
             if e.errno in NO_SPACE:
                 self._report_no_space(e, fd, None)
             raise
+        finally:
+            self.disk_call_since = None
 
     def fsync(self, fd: int) -> None:
-        self._call(self.inner.fsync, fd, fd=fd)
+        self._timed(self.inner.fsync, fd, fd=fd)
+
+    def allocate(self, fd: int, size: int):
+        return self._timed(self.inner.allocate, fd, size, fd=fd)
+
+    def truncate(self, path: str, size: int) -> None:
+        self._timed(self.inner.truncate, path, size, path=path)
+
+    def sync_dir(self, path: str) -> None:
+        self._timed(self.inner.sync_dir, path, path=path)
+
+    def _timed(self, fn, *args, fd: int | None = None, path: str | None = None):
+        self.disk_call_since = time.monotonic()
+        try:
+            return self._call(fn, *args, fd=fd, path=path)
+        finally:
+            self.disk_call_since = None
 
     def read(self, path: str) -> bytes:
         data = self.inner.read(path)

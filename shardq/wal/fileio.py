@@ -12,10 +12,17 @@ bytes>`` to that file after every successful fsync/fdatasync (and truncate, whic
 bytes of each shard's newest segment were durable, and drops or zeroes pages written after
 them (a power cut). Unset, the plain :class:`Files` is used: nothing is added to the
 commit path.
+
+Second test hook, never set in production: :data:`FAULT_SLOW_DISK_ENV`
+(``SHARDQ_FAULT_SLOW_DISK``) names a file; while that file exists and holds a number of
+seconds, every fsync/fdatasync waits that long first (:class:`SlowDiskFiles`), as a disk
+stalled by other writers does. Tests use it to check that a shard waiting for its disk is
+not taken for a hung one.
 """
 from __future__ import annotations
 
 import os
+import time
 
 
 class Files:
@@ -101,12 +108,16 @@ class Files:
 
 #: Names the side file of :class:`SyncLoggingFiles` (a test hook; see the module docstring).
 FAULT_SYNC_LOG_ENV = "SHARDQ_FAULT_SYNC_LOG"
+#: Names the switch file of :class:`SlowDiskFiles` (a test hook; see the module docstring).
+FAULT_SLOW_DISK_ENV = "SHARDQ_FAULT_SLOW_DISK"
 
 
-def files_from_env() -> Files:
-    """:class:`Files`, or :class:`SyncLoggingFiles` when the test hook's variable is set."""
+def files_from_env() -> Files | SlowDiskFiles:
+    """:class:`Files`, or the test hooks' classes when their variables are set."""
     path = os.environ.get(FAULT_SYNC_LOG_ENV)
-    return SyncLoggingFiles(path) if path else Files()
+    files = SyncLoggingFiles(path) if path else Files()
+    switch = os.environ.get(FAULT_SLOW_DISK_ENV)
+    return SlowDiskFiles(files, switch) if switch else files
 
 
 class SyncLoggingFiles(Files):
@@ -135,3 +146,32 @@ class SyncLoggingFiles(Files):
     def truncate(self, path: str, size: int) -> None:
         super().truncate(path, size)
         self._note(os.path.abspath(path), os.stat(path).st_ino, size)
+
+
+class SlowDiskFiles:
+    """Test hook: while ``switch`` exists, each fsync/fdatasync first sleeps the seconds it
+    holds (read at every call, so a test turns the stall on and off while the shard runs);
+    every call then goes on to ``inner``."""
+
+    def __init__(self, inner: Files, switch: str):
+        self.inner = inner
+        self.switch = switch
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # every call but the two syncs
+
+    def _stall(self) -> None:
+        try:
+            with open(self.switch) as f:
+                seconds = float(f.read() or 0)
+        except (OSError, ValueError):
+            return
+        time.sleep(seconds)
+
+    def datasync(self, fd: int) -> None:
+        self._stall()
+        self.inner.datasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        self._stall()
+        self.inner.fsync(fd)
