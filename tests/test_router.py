@@ -428,3 +428,64 @@ def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
         if out != b"0123456789\n":
             damaged.append(out)
     assert damaged == [], f"{len(damaged)} of 40 child outputs lost bytes to a stale reader: {damaged[:3]}"
+
+
+def test_a_lone_caller_takes_the_solo_path_and_threads_sharing_a_connection_lose_nothing(svc, monkeypatch):
+    """A caller alone on a connection sends and reads its own reply with no future
+    (``ShardClient.call_solo``); callers that find the connection busy take the general
+    path, and replies one path reads settle the other's callers. Both paths must run here,
+    and every enqueue must come back with its own job's id."""
+    from shardq.client import connection
+
+    paths = Counter()
+    real_solo, real_submit = connection.ShardClient.call_solo, connection.ShardClient.submit
+
+    def solo(self, op, args, timeout):
+        out = real_solo(self, op, args, timeout)
+        paths["shared" if out is connection.SHARED else "solo"] += 1
+        return out
+
+    def submit(self, op, args, **kw):
+        paths["general"] += 1
+        return real_submit(self, op, args, **kw)
+
+    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    monkeypatch.setattr(connection.ShardClient, "submit", submit)
+    with svc.connect() as q:
+        q.ping()
+        paths.clear()
+        q.enqueue(b"alone", key=A)
+        assert paths == {"solo": 1}, paths  # no future, no pending entry for a lone call
+
+        ids: dict[bytes, int] = {}
+        def produce(t: int) -> None:
+            for i in range(150):
+                body = f"{t}-{i}".encode()
+                ids[body] = q.enqueue(body, key=A)  # one key: one shard, one connection
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert paths["solo"] > 1 and paths["general"] > 0, paths
+        assert len(set(ids.values())) == len(ids) == 8 * 150
+        for body, job_id in ids.items():
+            assert q.job(job_id)["body"] == body
+        assert sorted(drain_bodies(q)) == sorted([b"alone", *ids])
+
+
+def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
+    """The shard stops (SIGSTOP) during a lone call: the call fails with ShardUnavailable
+    after ``request_timeout_s``; once the shard runs again, the late reply of that call is
+    dropped, and the next call gets its own reply, not the stale one."""
+    with svc.connect(request_timeout_s=0.5, retry_s=0.5) as q:
+        pid = q.ping()[SHARD_A]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ShardUnavailable, match="did not answer enqueue"):
+                q.enqueue(b"late", key=A)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        second = q.enqueue(b"next", key=A)
+        assert q.job(second)["body"] == b"next"
+        assert sorted(drain_bodies(q)) == [b"late", b"next"]  # the timed-out call was applied

@@ -12,7 +12,13 @@ been written (``sent``): the owner may re-send a request never written, and deci
 op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was. Each future is taken
 out of the pending table exactly once (by the reader, by the breaking of the connection, or
 by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
+
+A caller alone on the connection (nothing pending, no send in progress, the socket free to
+read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry, no
+outbox; it sends its frame and reads until its own reply, settling any others it reads
+as a leader does. The moment anyone else uses the connection, calls take the general path.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,6 +49,8 @@ class ConnectionLost(Exception):
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
+#: What :meth:`ShardClient.call_solo` returns when the connection is shared right now.
+SHARED = object()
 
 
 class Future:
@@ -165,6 +173,64 @@ class ShardClient:
             self._want_reader()
         return fut
 
+    def call_solo(self, op: str, args: list, timeout: float):
+        """One request on the shortest path, when this caller is alone on the connection
+        (connected, nothing pending, no send in progress, nobody reading). Returns
+        :data:`SHARED` without sending anything otherwise, or for a request the general path
+        must refuse with its precise error (one that cannot be encoded or is over the frame
+        limit). Else ``(value, error)``: the reply's value, or the shard's error, a
+        :class:`ConnectionLost` (``sent`` as for a future), or :class:`TimeoutError` when no
+        reply came within ``timeout`` (a late one is then dropped).
+
+        Other threads may submit meanwhile: their requests queued while this one is written
+        go out right after it (:meth:`_flush`), and replies read here for them settle their
+        futures; whoever still waits is handed to the reader thread on the way out."""
+        if not self._read_lock.acquire(blocking=False):
+            return SHARED
+        try:
+            with self._lock:
+                conn = self._conn
+                if conn is None or self._flushing or self._pending:
+                    return SHARED
+                rid = self._next_rid
+                self._next_rid = rid + 1
+                self._flushing = True  # others queue behind this send; _flush below sends theirs
+                self._sending = conn
+            try:
+                data = protocol.pack([[rid, op, args]])
+            except (ValueError, TypeError, OverflowError):
+                data = None
+            if data is None or len(data) > limits.FRAME_BYTES_MAX:
+                self._flush()
+                return SHARED
+            try:
+                _write_frame(conn.fileno(), data)
+            except (OSError, ValueError):
+                self._broken(conn)
+                self._flush()
+                return None, ConnectionLost(f"connection to shard {self.index} lost", sent=False)
+            self._flush()  # clears the send flag, after sending whatever others queued meanwhile
+            try:
+                deadline = time.monotonic() + timeout
+                while True:
+                    reply = self._read_once(conn, max(deadline - time.monotonic(), 0.0), rid)
+                    if reply is not None:
+                        status, payload = reply
+                        if status == protocol.OK:
+                            return payload, None
+                        return None, protocol.error_from_payload(payload)
+                    if self._conn is not conn:
+                        return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
+                    if time.monotonic() >= deadline:
+                        return None, TimeoutError()
+            except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
+                self._broken(conn)
+                return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
+        finally:
+            self._read_lock.release()
+            if self._pending:
+                self._want_reader()
+
     def _submit(self, op: str, args: list) -> Future:
         fut = Future()
         with self._lock:
@@ -285,9 +351,11 @@ class ShardClient:
                 fut.wait(remaining)
         return True
 
-    def _read_once(self, conn: Connection, timeout: float | None) -> None:
+    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0):
         """Read what the socket has (waiting up to ``timeout``; None: until something comes)
-        and settle the futures of every complete reply. Only with ``_read_lock`` held."""
+        and settle the futures of every complete reply. Only with ``_read_lock`` held.
+        Returns ``(status, payload)`` of the reply to request ``mine`` (a :meth:`call_solo`
+        caller's, which has no future) if it was read, else None."""
         fd = conn.fileno()
         if timeout is not None:
             if self._poller_fd != fd:
@@ -295,13 +363,17 @@ class ShardClient:
                 self._poller.register(fd, select.POLLIN)
                 self._poller_fd = fd
             if not self._poller.poll(max(0, int(timeout * 1000) + 1)):
-                return
+                return None
         pending = self._pending
         unpackb = msgpack.unpackb
+        found = None
         # Each frame is decoded before the next read (it may be a view of the scratch buffer);
         # one over the limit is refused.
         for frame in protocol.read_frames(fd, self._buf, self._scratch):
             for rid, status, payload in unpackb(frame, raw=False, use_list=True):
+                if rid == mine:
+                    found = status, payload
+                    continue
                 fut = pending.pop(rid, None)
                 if fut is None:
                     continue  # a watch whose caller stopped waiting
@@ -309,6 +381,7 @@ class ShardClient:
                     fut.set(payload)
                 else:
                     fut.set(error=protocol.error_from_payload(payload))
+        return found
 
     def hand_off(self) -> None:
         """A leader leaves: replies still due are read by the reader thread."""

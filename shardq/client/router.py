@@ -32,7 +32,7 @@ import zlib
 from typing import Iterable
 
 from .. import limits, supervisor_status
-from .connection import ConnectionLost, Future, ShardClient, lead_any
+from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from .priority import merge, plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
@@ -294,13 +294,22 @@ class Router:
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         resent = False
         while True:
-            fut = self._send(shard, op, args, deadline)
-            if not client.wait(fut, self.request_timeout_s):
-                client.forget(fut)
-                raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
-            lost = fut.error
+            solo = SHARED
+            if client._conn is not None and not self._closed:
+                solo = client.call_solo(op, args, self.request_timeout_s)  # alone on it: no future
+            if solo is SHARED:
+                fut = self._send(shard, op, args, deadline)
+                if not client.wait(fut, self.request_timeout_s):
+                    client.forget(fut)
+                    lost = TimeoutError()
+                else:
+                    value, lost = fut.value, fut.error
+            else:
+                value, lost = solo
             if lost is None:
-                return (fut.value, resent) if with_resent else fut.value
+                return (value, resent) if with_resent else value
+            if type(lost) is TimeoutError:
+                raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
             if not isinstance(lost, ConnectionLost):
                 raise lost
             if lost.sent and RETRY[op] is not RESEND:
