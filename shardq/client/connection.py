@@ -18,7 +18,6 @@ read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending
 outbox; it sends its frame and reads until its own reply, settling any others it reads
 as a leader does. The moment anyone else uses the connection, calls take the general path.
 """
-
 from __future__ import annotations
 
 import os

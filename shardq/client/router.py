@@ -294,9 +294,8 @@ class Router:
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         resent = False
         while True:
-            solo = SHARED
-            if client._conn is not None and not self._closed:
-                solo = client.call_solo(op, args, self.request_timeout_s)  # alone on it: no future
+            # Alone on the connection: no future (call_solo answers SHARED when not connected).
+            solo = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
             if solo is SHARED:
                 fut = self._send(shard, op, args, deadline)
                 if not client.wait(fut, self.request_timeout_s):

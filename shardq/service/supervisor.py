@@ -11,8 +11,9 @@
   shard that leaves a ping unanswered *and* reports no progress for ``health_timeout`` is
   hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
   not a hang; so is a write or fsync the disk takes that long to finish (logged at
-  WARNING: restarting would not make the disk faster). A starting shard that reports nothing for ``start_timeout`` (60 s) is hung
-  too; one that reports replay progress is waited for however long its replay takes.
+  WARNING: restarting would not make the disk faster). A starting shard that reports
+  nothing for ``start_timeout`` (60 s) is hung too; one that reports replay progress is
+  waited for however long its replay takes.
 * Restarts back off: the first exit restarts at once; each further exit before the shard
   has served for 10 s waits twice as long as the one before (0.5 s, 1 s, 2 s, ... up to
   ``restart_backoff_max``, 60 s by default). A shard is never
