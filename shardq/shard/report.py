@@ -85,23 +85,22 @@ class SupervisorPipe:
             done.set()
             t.join()
 
-    def watch_disk(self, files: "ReportingFiles") -> threading.Event:
-        """From now on, report ``progress disk`` every ``interval_s`` while a call of
-        ``files`` to the disk has lasted longer than ``interval_s / 2``, unless a
-        :meth:`busy` phase reports meanwhile (one phase at a time: the supervisor times each
-        phase from its first line). Set the returned event to stop."""
-        done = threading.Event()
+    def watch_disk(self, files: "ReportingFiles") -> None:
+        """From now on, for the life of the process, report ``progress disk`` every
+        ``interval_s`` while a call of ``files`` to the disk has lasted longer than
+        ``interval_s / 2``, unless a :meth:`busy` phase reports meanwhile (one phase at a
+        time: the supervisor times each phase from its first line)."""
         half = self.interval_s / 2
 
         def watch():
-            while not done.wait(half):
+            while True:
+                time.sleep(half)  # a period, not synchronisation: it samples disk_call_since
                 since = files.disk_call_since
                 if since is not None and not self._phases and time.monotonic() - since > half:
                     self._line(f"progress disk {files.bytes_written}")
-                    done.wait(half)  # one line per interval is enough
+                    time.sleep(half)  # one line per interval is enough
 
         threading.Thread(target=watch, name="shardq-disk-watch", daemon=True).start()
-        return done
 
 
 class ReportingFiles:
