@@ -47,6 +47,7 @@ def consume(client: Client, batch: bool, target: int, acked, barrier,
     not moved for ``stall_s``; then take what the queue still hands out, untimed."""
     barrier.wait(START_TIMEOUT_S)
     delivered: list[bytes] = []
+    acks: list[tuple[float, int]] = []  # (when, jobs acked): how the drain went, for phases()
     last_ack = time.monotonic()
     seen, seen_at = 0, last_ack
     while True:
@@ -61,10 +62,11 @@ def consume(client: Client, batch: bool, target: int, acked, barrier,
         before = len(delivered)
         if drain_step(client, batch, delivered):
             last_ack = time.monotonic()
+            acks.append((last_ack, len(delivered) - before))
             with acked.get_lock():
                 acked.value += len(delivered) - before
     leftovers = take_leftovers(client, limit=target)
-    return {"delivered": delivered + leftovers, "last_ack": last_ack}
+    return {"delivered": delivered + leftovers, "last_ack": last_ack, "acks": acks}
 
 
 def _in_process(role: Callable, spec: ClientSpec, args: tuple, conn) -> None:
@@ -174,4 +176,19 @@ def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
     return {"mode": "processes" if spec is not None else "threads",
             "producers": producers, "consumers": consumers, "jobs": len(items), "seconds": seconds,
             "jobs_per_s": len(items) / seconds if seconds > 0 else 0.0,
+            **phases(start, max(p["end"] for p in produced), end, len(items),
+                     [a for c in consumed for a in c["acks"]]),
             "duplicates": delivery.duplicates, "delivery": delivery.to_dict()}
+
+
+def phases(start: float, produced: float, end: float, jobs: int,
+           acks: list[tuple[float, int]]) -> dict[str, float]:
+    """The run in two phases: while the producers run (their enqueue rate, and the jobs the
+    consumers acked meanwhile), then the consumers alone (their drain rate), so a report
+    says which side bounds the figure."""
+    produce_s = produced - start
+    acked = sum(n for when, n in acks if when <= produced)
+    after_s = end - produced
+    return {"produce_s": produce_s, "enqueue_per_s": jobs / produce_s if produce_s > 0 else 0.0,
+            "acked_while_producing": acked,
+            "drain_after_per_s": (jobs - acked) / after_s if after_s > 0 and jobs > acked else None}

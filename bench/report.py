@@ -71,6 +71,9 @@ def summarize(figure: str, runs: list[dict]) -> dict[str, Any]:
     out: dict[str, Any] = {"errors": [r["error"] for r in runs if "error" in r]}
     if figure in THROUGHPUT:
         out["jobs_per_s"] = _median([r["jobs_per_s"] for r in ok])
+        if figure in MANY_CLIENTS:  # the two phases of the run (mpmc.phases)
+            out["enqueue_per_s"] = _median([r.get("enqueue_per_s") for r in ok])
+            out["drain_after_per_s"] = _median([r.get("drain_after_per_s") for r in ok])
     elif figure == "Wk":
         out["jobs_per_s"] = _median([r["jobs_per_s"] for r in ok])  # the drain rate
         out["enqueue_per_s"] = _median([r["enqueue_per_s"] for r in ok])
@@ -136,6 +139,9 @@ def _saturated(summary: dict) -> bool:
 
 def _rows() -> list[tuple[str, str, str]]:
     rows = [(TITLES[f] + " [jobs/s]", f, "jobs_per_s") for f in THROUGHPUT]
+    for f in MANY_CLIENTS:
+        rows.append((f"{f}  while producing: enqueues [jobs/s]", f, "enqueue_per_s"))
+        rows.append((f"{f}  after the producers: drain [jobs/s]", f, "drain_after_per_s"))
     for f in LATENCY:
         rate = f.split("@")[1]
         rows.append((f"{f} enqueue at {rate}/s, latency p50 [ms]", f, "latency_ms_p50"))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from bench import report, targets
+from bench.mpmc import phases
 from bench import run as bench_run_module
 from bench.workers import brokers
 from bench.workers.record import RecordReader
@@ -37,8 +38,8 @@ def bench_run(tmp_path, *args, timeout=300):
 
 
 def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
-    results, _ = bench_run(tmp_path, "--only", "shardq", "--figures",
-                           "A,C,B,C2,B-threads,D,D2,M,L,W")
+    results, text = bench_run(tmp_path, "--only", "shardq", "--figures",
+                              "A,C,B,C2,B-threads,D,D2,M,L,W")
     figures = results["peers"]["shardq"]["figures"]
     drained = {name: f["summary"] for name, f in figures.items() if "exactly_once" in f["summary"]}
     assert {"C", "C2", "D", "D2", "M", "W"} <= set(drained), sorted(figures)
@@ -47,6 +48,15 @@ def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
         assert summary["missing"] == 0 and summary["duplicates"] == 0, (name, summary)
     m = figures["M"]["runs"][0]
     assert (m["producers"], m["consumers"], m["mode"]) == (16, 4, "processes")
+    for name in ("D", "D2", "M"):  # the run in two phases: producers running, then consumers alone
+        run = figures[name]["runs"][0]
+        assert 0 < run["produce_s"] <= run["seconds"], (name, run)
+        assert run["enqueue_per_s"] == run["jobs"] / run["produce_s"], (name, run)
+        assert 0 <= run["acked_while_producing"] <= run["jobs"], (name, run)
+        if run["acked_while_producing"] < run["jobs"]:
+            assert run["drain_after_per_s"] > 0, (name, run)
+        assert figures[name]["summary"]["enqueue_per_s"] == run["enqueue_per_s"], name
+    assert "M  after the producers: drain [jobs/s]" in text
     assert not results["wk"]  # Wk not chosen: not run
     # shardq as the default config runs it on this machine, and the run says how many shards
     from shardq.config import parse
@@ -194,3 +204,12 @@ def test_shards_default_to_the_default_configs_count_and_refuse_a_negative_count
     else:
         raise AssertionError("--shards -1 was accepted")
     assert "--shards -1" in capsys.readouterr().err
+
+
+def test_a_many_client_run_is_split_where_the_last_producer_ends():
+    # producers 0..2 s; acks of 5 and 3 jobs by then (one at the boundary), 2 after; end at 4 s
+    got = phases(0.0, 2.0, 4.0, 10, [(1.0, 5), (2.0, 3), (3.5, 2)])
+    assert got == {"produce_s": 2.0, "enqueue_per_s": 5.0, "acked_while_producing": 8,
+                   "drain_after_per_s": 1.0}
+    # every job acked while the producers ran: no drain phase to rate
+    assert phases(0.0, 2.0, 2.0, 4, [(1.0, 4)])["drain_after_per_s"] is None
