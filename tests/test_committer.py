@@ -22,7 +22,13 @@ from service import wait_until
 
 
 class NoLog:
-    def commit(self, payloads):
+    unsynced = False
+    rotation_due = False
+
+    def commit(self, payloads, sync=True):
+        pass
+
+    def sync(self):
         pass
 
 
@@ -93,3 +99,81 @@ def test_a_client_that_reads_nothing_is_dropped_and_a_close_waits_for_its_replie
     assert read_frame(slow_peer, timeout=5.0) == payload
     wait_until(lambda: slow.closed, 5.0, 0.01, "the close after the replies")
     slow_peer.close()
+
+
+class SlowSyncLog:
+    """A log whose fdatasync waits for ``release``: what the committer thread does while a
+    disk is slow. Counts commits as SegmentWriter does (written, synced)."""
+
+    def __init__(self):
+        self.records: list[bytes] = []
+        self.written = self.synced = 0
+        self.rotation_due = False
+        self.in_sync = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def unsynced(self):
+        return self.written != self.synced
+
+    def commit(self, payloads, sync=True):
+        self.records.extend(payloads)
+        self.written += 1
+        if sync:
+            self.sync()
+
+    def sync(self):
+        target = self.written
+        self.in_sync.set()
+        assert self.release.wait(10)
+        self.synced = target
+
+
+def nothing_to_read(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+    return False
+
+
+@pytest.mark.parametrize("rotation_due", [False, True])
+def test_an_early_reply_does_not_wait_for_another_batchs_fsync(rotation_due):
+    log_ = SlowSyncLog()
+    c = Committer(log_, exit_code=4)
+    a, a_peer = pair(1600)
+    b, b_peer = pair(1601)
+    try:
+        # A's batch (an ack: a late reply) is written and waits in its fdatasync.
+        c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+        assert log_.in_sync.wait(5)
+        log_.rotation_due = rotation_due
+        # B's lease (an early reply, written but not synced) comes meanwhile.
+        c.submit([b"lease-of-job-2"], [], [], early=[(b, b"leased")], sync=False, seq=2)
+        if rotation_due:  # the loop never starts a segment beside an fdatasync: it queues
+            assert log_.records == [b"ack-of-job-1"] and nothing_to_read(b_peer)
+        else:  # written, then answered, while A's fsync still runs; A's reply waits for it
+            assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
+            assert read_frame(b_peer, timeout=5.0) == b"leased"
+            assert nothing_to_read(a_peer) and c.durable_seq == 0
+        log_.release.set()
+        assert read_frame(a_peer, timeout=5.0) == b"ack done"
+        if rotation_due:
+            assert read_frame(b_peer, timeout=5.0) == b"leased"
+        c.drain()
+        assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
+        # B's record is written, not synced (a batched lease); the fdatasync that covered
+        # A's either began before it was written or came before it: durable up to job 1.
+        assert c.durable_seq == 1 and log_.unsynced and c.sync_due() is not None
+        c.submit([], [(b, b"synced")], [], sync=True, seq=2)
+        assert read_frame(b_peer, timeout=5.0) == b"synced"
+        assert c.durable_seq == 2 and not log_.unsynced and c.sync_due() is None
+    finally:
+        log_.release.set()
+        c.stop()
+        for conn, peer in ((a, a_peer), (b, b_peer)):
+            conn.close()
+            peer.close()

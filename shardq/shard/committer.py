@@ -6,13 +6,21 @@ sends the replies that wait for it ("late": anything that changed state), in ord
 a reply never leaves before the fsync that covers it, and one that depends on an earlier
 batch is sent after that batch's fsync too, because fsyncs happen in order.
 
-"Early" replies go before the write: those that changed nothing (reads, errors, watch
-answers) and leases of ``lease_sync = "batched"`` queues whose jobs are already durable
-(:attr:`durable_seq`). A batch with no late reply (only such leases, or lease expiries) is
-written without an fdatasync; the next synced commit covers it, or an fdatasync at most
-``UNSYNCED_S_MAX`` later (the shard loop wakes for it: :meth:`Committer.sync_due`).
-Written, it survives a crash of the process; only a crash of the
-machine can lose it, and it holds only delivery counts and lease deadlines.
+"Early" replies go after the write, before the fdatasync: those that changed nothing
+(reads, errors, watch answers) and leases of ``lease_sync = "batched"`` queues whose jobs
+are already durable (:attr:`durable_seq`). A batch with no late reply (only such leases,
+or lease expiries) is written without an fdatasync; the next synced commit covers it, or
+an fdatasync at most ``UNSYNCED_S_MAX`` later (the shard loop wakes for it:
+:meth:`Committer.sync_due`). Written, it survives a crash of the process; only a crash of
+the machine can lose it, and it holds only delivery counts and lease deadlines.
+
+While the committer thread waits in an fdatasync, an iteration with early replies does
+not queue behind it: the loop appends its records itself and sends its early replies at
+once, and leaves only its fdatasync and late replies to the thread. So a consumer's lease
+never waits for another client's fsync. The log has one appender at a time (the thread
+while it writes what it took, else the loop) and one syncer (the thread, or the loop
+committing inline while the thread is idle); an fdatasync covers what was written before
+it began, and :attr:`durable_seq` moves only to what that was (``SegmentWriter.sync``).
 
 Replies are written without blocking. What a client's socket does not take at once waits
 in that connection's backlog, in order, and the committer thread writes it as the client
@@ -61,12 +69,15 @@ class Committer:
         self._idle = CountedCondition(lock)  # notified only when someone waits on it
         self._stopping = False
         self._busy = False
+        self._writing = False  # the thread is writing what it took: the loop must not append
+        self._send_lock = threading.Lock()  # replies and closes, from the loop and the thread
         self._backlog: dict = {}  # conn -> None: connections with replies their socket has not taken
         self._monotonic = SystemClock.monotonic
         self.fsyncs = 0
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
         self._unsynced_since: float | None = None
+        self._unsynced_payloads: list[bytes] = []  # written since the last fdatasync (metrics)
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
@@ -75,23 +86,33 @@ class Committer:
     def submit(self, payloads: list[bytes], sends: list, closes: list, *, inline: bool = False,
                early: list = (), sync: bool = True, seq: int = 0) -> None:
         """Queue one iteration's log payloads (often none or one), its ``(conn, frame)``
-        replies (``early``: sent before the write; ``sends``: after its fsync), connections
-        to close after them, whether the batch must be fsynced (``sync``), and the highest
-        job sequence number it may hold (``seq``).
+        replies (``early``: sent once the payloads are written; ``sends``: after their
+        fsync), connections to close after them, whether the batch must be fsynced
+        (``sync``), and the highest job sequence number it may hold (``seq``).
 
         ``inline``: if nothing is queued or being written, do the work on the calling thread
         now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
-        of microseconds) on every request's latency."""
+        of microseconds) on every request's latency. An iteration with early replies that
+        finds the thread past its writes (syncing, sending) appends and answers them here
+        too, and queues only its fsync and late replies."""
         item = (payloads, sends, closes, early, sync, seq)
         with self._lock:
             if inline and not self._items and not self._busy:
                 self._busy = True
+            elif (early and self._busy and not self._items and not self._writing
+                    and not self.log.rotation_due):
+                item = None  # beside the thread's fdatasync: it never starts a segment
             else:
-                while len(self._items) >= PENDING_BATCHES_MAX:
-                    self._idle.wait()
-                self._items.append(item)
-                self._work.notify()
+                self._queue(item)
                 return
+        if item is None:
+            if payloads:
+                self._write(payloads, seq)
+            self._send(early)
+            if sync or sends or closes:
+                with self._lock:
+                    self._queue(([], sends, closes, (), sync, seq))
+            return
         try:
             self._process([item])
         finally:
@@ -99,6 +120,13 @@ class Committer:
                 self._busy = False
                 if self._idle.waiters:
                     self._idle.notify_all()
+
+    def _queue(self, item: tuple) -> None:
+        """For the committer thread (with the lock held)."""
+        while len(self._items) >= PENDING_BATCHES_MAX:
+            self._idle.wait()
+        self._items.append(item)
+        self._work.notify()
 
     def drain(self) -> None:
         """Wait until everything submitted is durable and answered (before compaction)."""
@@ -126,12 +154,13 @@ class Committer:
                 items = list(self._items)
                 self._items.clear()
                 self._busy = True
+                self._writing = bool(items)
                 if self._idle.waiters:
                     self._idle.notify_all()  # a submit held back may queue again
             if items:
                 self._process(items)
             elif self._unsynced_since is not None and self._stopping:
-                synced = self._commit([], sync=True, seq=0)
+                synced = self._sync()
                 if synced is not None:
                     self._observe(*synced)
             self._flush_backlog(final=self._stopping and not items)
@@ -152,27 +181,29 @@ class Committer:
         if not self._backlog:
             return
         now = self._monotonic()
-        for conn in list(self._backlog):
-            if conn.closed or conn.dead:
-                del self._backlog[conn]
-                continue
-            before = conn.out_bytes
-            try:
-                done = conn.flush()
-            except OSError as e:
-                self._drop(conn, f"send failed: {e}")
-                continue
-            if done:
-                del self._backlog[conn]
-                if conn.close_when_sent:
-                    conn.close()
-            elif conn.out_bytes < before:
-                conn.progress_at = now
-            elif final or now - conn.progress_at > SEND_TIMEOUT_S:
-                self._drop(conn, f"client took none of its replies for {SEND_TIMEOUT_S} s "
-                                 f"({conn.out_bytes} bytes waiting)")
+        with self._send_lock:
+            for conn in list(self._backlog):
+                if conn.closed or conn.dead:
+                    del self._backlog[conn]
+                    continue
+                before = conn.out_bytes
+                try:
+                    done = conn.flush()
+                except OSError as e:
+                    self._drop(conn, f"send failed: {e}")
+                    continue
+                if done:
+                    del self._backlog[conn]
+                    if conn.close_when_sent:
+                        conn.close()
+                elif conn.out_bytes < before:
+                    conn.progress_at = now
+                elif final or now - conn.progress_at > SEND_TIMEOUT_S:
+                    self._drop(conn, f"client took none of its replies for {SEND_TIMEOUT_S} s "
+                                     f"({conn.out_bytes} bytes waiting)")
 
     def _drop(self, conn, why: str) -> None:
+        """(With the send lock held.)"""
         log.warning("dropping client: %s", why)
         self._backlog.pop(conn, None)
         conn.out.clear()
@@ -193,65 +224,91 @@ class Committer:
             sync = any(it[4] for it in items)
             seq = max(it[5] for it in items)
             early = [it[3] for it in items if it[3]]
-        if payloads and (early or not sync):
-            self._commit(payloads, False, seq)
-            payloads = []
+        if payloads:
+            self._write(payloads, seq)
         for sends in early:
             self._send(sends)
-        synced = None
-        if sync and (payloads or self._unsynced_since is not None):
-            synced = self._commit(payloads, True, seq)
+        if self._writing:
+            with self._lock:
+                self._writing = False  # the loop may append from here, beside the fdatasync
+        synced = self._sync() if sync else None
         for _, sends, closes, _, _, _ in items:
             self._send(sends)
-            backlog = self._backlog
-            for conn in closes:
-                if conn in backlog:
-                    conn.close_when_sent = True  # its replies first
-                else:
-                    conn.close()
+            if closes:
+                self._close(closes)
         if synced is not None:
             self._observe(*synced)  # after the replies: no caller waits for the bookkeeping
         if backlog_was_empty and self._backlog:
             with self._work:
                 self._work.notify()  # the committer thread flushes it
 
-    def _commit(self, payloads: list[bytes], sync: bool, seq: int) -> tuple | None:
-        """Write (and with ``sync`` fdatasync) ``payloads``; for a synced commit, return
-        what :meth:`_observe` records once its replies are sent."""
+    def _write(self, payloads: list[bytes], seq: int) -> None:
+        """Append ``payloads`` unsynced (the loop or the thread: one appender at a time)."""
+        try:
+            self.log.commit(payloads, sync=False)
+        except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+            self._fail(e)
+        with self._lock:  # against _sync's bookkeeping on the other thread
+            if seq > self._written_seq:
+                self._written_seq = seq
+            if self._unsynced_since is None:
+                self._unsynced_since = self._monotonic()
+            self._unsynced_payloads.extend(payloads)
+
+    def _sync(self) -> tuple | None:
+        """fdatasync what was written before this call, if anything is unsynced; return what
+        :meth:`_observe` records once the replies it covers are sent."""
+        if not self.log.unsynced:
+            return None
+        with self._lock:
+            # Read before the fdatasync: every job up to seq is written, so it covers them.
+            seq = self._written_seq
+            payloads, self._unsynced_payloads = self._unsynced_payloads, []
         t0 = time.perf_counter()
         try:
-            self.log.commit(payloads, sync=sync)
+            self.log.sync()
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
-            log.error("log commit failed; exiting without replying so the supervisor "
-                      "restarts and replays: %s", e)
-            logging.shutdown()
-            os._exit(self.exit_code)
-        if seq > self._written_seq:
-            self._written_seq = seq
-        if sync:
-            self.fsyncs += 1
-            self.durable_seq = self._written_seq
-            self._unsynced_since = None
-            return time.perf_counter() - t0, payloads
-        if self._unsynced_since is None:
-            self._unsynced_since = self._monotonic()
-        return None
+            self._fail(e)
+        seconds = time.perf_counter() - t0
+        self.fsyncs += 1
+        with self._lock:
+            if seq > self.durable_seq:
+                self.durable_seq = seq
+            if not self.log.unsynced:  # else an append raced the fdatasync: still due
+                self._unsynced_since = None
+        return seconds, payloads
+
+    def _fail(self, e: BaseException) -> None:
+        log.error("log commit failed; exiting without replying so the supervisor "
+                  "restarts and replays: %s", e)
+        logging.shutdown()
+        os._exit(self.exit_code)
 
     def _observe(self, seconds: float, payloads: list[bytes]) -> None:
         self.commit_seconds.observe(seconds)
         self.commit_ops.observe(sum(map(ops_in, payloads)))
 
     def _send(self, sends: list) -> None:
-        backlog = self._backlog
-        for conn, frame in sends:
-            if conn.closed or conn.dead:
-                continue
-            try:
-                if not conn.send(frame) and conn not in backlog:
-                    backlog[conn] = None
-                    conn.progress_at = self._monotonic()
-            except OSError as e:
-                self._drop(conn, f"send failed: {e}")
+        with self._send_lock:  # the loop's early replies and the thread's, never interleaved
+            backlog = self._backlog
+            for conn, frame in sends:
+                if conn.closed or conn.dead:
+                    continue
+                try:
+                    if not conn.send(frame) and conn not in backlog:
+                        backlog[conn] = None
+                        conn.progress_at = self._monotonic()
+                except OSError as e:
+                    self._drop(conn, f"send failed: {e}")
+
+    def _close(self, closes: list) -> None:
+        with self._send_lock:
+            backlog = self._backlog
+            for conn in closes:
+                if conn in backlog:
+                    conn.close_when_sent = True  # its replies first
+                else:
+                    conn.close()
 
 
 def ops_in(payload: bytes) -> int:

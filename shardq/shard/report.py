@@ -110,15 +110,23 @@ class ReportingFiles:
     ``inner`` (default: what the environment selects, so the WAL's test hook for power
     cuts, :class:`~shardq.wal.fileio.SyncLoggingFiles`, still sees every sync).
 
-    ``disk_call_since`` is the monotonic time the write or sync now in progress began
-    (None between calls): :meth:`SupervisorPipe.watch_disk` reads it."""
+    ``disk_call_since`` is the monotonic time the oldest write or sync now in progress
+    began (None between calls): :meth:`SupervisorPipe.watch_disk` reads it. A write and a
+    sync may run at once (the shard loop appends while its committer thread syncs), so each
+    kind keeps its own start."""
 
     def __init__(self, pipe: SupervisorPipe, inner: Files | None = None):
         self.pipe = pipe
         self.inner = inner if inner is not None else files_from_env()
         self.bytes_written = 0
         self.bytes_read = 0
-        self.disk_call_since: float | None = None
+        self._write_since: float | None = None
+        self._sync_since: float | None = None  # also the rarer calls, never beside another
+
+    @property
+    def disk_call_since(self) -> float | None:
+        w, s = self._write_since, self._sync_since
+        return s if w is None else w if s is None else min(w, s)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # the calls not counted here
@@ -144,7 +152,7 @@ class ReportingFiles:
 
     # write and datasync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
-        self.disk_call_since = time.monotonic()
+        self._write_since = time.monotonic()
         try:
             self.inner.write(fd, data)
         except OSError as e:
@@ -152,11 +160,11 @@ class ReportingFiles:
                 self._report_no_space(e, fd, None)
             raise
         finally:
-            self.disk_call_since = None
+            self._write_since = None
         self.bytes_written += len(data)
 
     def datasync(self, fd: int) -> None:
-        self.disk_call_since = time.monotonic()
+        self._sync_since = time.monotonic()
         try:
             self.inner.datasync(fd)
         except OSError as e:
@@ -164,7 +172,7 @@ class ReportingFiles:
                 self._report_no_space(e, fd, None)
             raise
         finally:
-            self.disk_call_since = None
+            self._sync_since = None
 
     def fsync(self, fd: int) -> None:
         self._timed(self.inner.fsync, fd, fd=fd)
@@ -179,11 +187,11 @@ class ReportingFiles:
         self._timed(self.inner.sync_dir, path, path=path)
 
     def _timed(self, fn, *args, fd: int | None = None, path: str | None = None):
-        self.disk_call_since = time.monotonic()
+        self._sync_since = time.monotonic()
         try:
             return self._call(fn, *args, fd=fd, path=path)
         finally:
-            self.disk_call_since = None
+            self._sync_since = None
 
     def read(self, path: str) -> bytes:
         data = self.inner.read(path)

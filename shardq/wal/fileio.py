@@ -132,16 +132,20 @@ class SyncLoggingFiles(Files):
     def _note(self, path: str, inode: int, size: int) -> None:
         os.write(self._side, f"{path} {inode} {size}\n".encode())
 
-    def _note_fd(self, fd: int) -> None:
-        self._note(os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_ino, os.lseek(fd, 0, os.SEEK_CUR))
+    def _note_fd(self, fd: int, position: int) -> None:
+        self._note(os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_ino, position)
 
+    # The write position is taken before the sync: a write another thread makes while it
+    # runs (the shard loop appends while its committer syncs) is not known to be covered.
     def datasync(self, fd: int) -> None:
+        position = os.lseek(fd, 0, os.SEEK_CUR)
         super().datasync(fd)
-        self._note_fd(fd)
+        self._note_fd(fd, position)
 
     def fsync(self, fd: int) -> None:
+        position = os.lseek(fd, 0, os.SEEK_CUR)
         super().fsync(fd)
-        self._note_fd(fd)
+        self._note_fd(fd, position)
 
     def truncate(self, path: str, size: int) -> None:
         super().truncate(path, size)

@@ -284,9 +284,23 @@ class Log:
         """Records written that no fdatasync covers yet."""
         return self.writer is not None and self.writer.unsynced
 
+    @property
+    def rotation_due(self) -> bool:
+        """The next :meth:`commit` of records starts a new segment."""
+        return self.writer is not None and self.writer.size >= self.segment_bytes
+
     def sync(self) -> None:
-        """Make every record written so far durable (one fdatasync if any is not)."""
-        self.commit([], sync=True)
+        """Make every record written before this call durable (one fdatasync if any is not).
+        It never starts a segment, so one other thread may commit unsynced records meanwhile
+        (the shard loop, while its committer thread syncs: shard/committer.py); they stay
+        unsynced."""
+        if self.failed is not None or self.closed or self.writer is None:
+            self._check_usable()  # raises why
+        try:
+            self.writer.sync()
+        except OSError as e:
+            self.failed = e
+            raise LogFailed(f"sync of {self.writer.path} failed: {e}") from e
 
     def _rotate(self) -> None:
         old = self.writer

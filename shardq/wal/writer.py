@@ -36,7 +36,11 @@ class SegmentWriter:
         self.seq = seq
         self.fd = fd
         self.size = size
-        self.unsynced = False  # written records that no fdatasync covers yet
+        # Commits written, and how many of them an fdatasync covers: counters, not a flag, so
+        # that a sync racing an append (the shard loop's, while the committer thread syncs)
+        # never marks that append synced.
+        self.written = 0
+        self.synced = 0
 
     @classmethod
     def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0) -> "SegmentWriter":
@@ -70,6 +74,11 @@ class SegmentWriter:
         segment ends at its last record, so zeros are only ever found in the newest one."""
         self.files.truncate(self.path, self.size)
 
+    @property
+    def unsynced(self) -> bool:
+        """Records written that no fdatasync covers yet."""
+        return self.written != self.synced
+
     def commit(self, payloads: list[bytes], sync: bool = True) -> int:
         """Append one record per payload, then one fdatasync (``sync``; otherwise the next
         :meth:`sync` or synced commit makes them durable: fdatasync covers every earlier
@@ -78,13 +87,20 @@ class SegmentWriter:
             data = frame(payloads[0], SEGMENT) if len(payloads) == 1 else b"".join(frame(p, SEGMENT) for p in payloads)
             self.files.write(self.fd, data)
             self.size += len(data)
-            self.unsynced = True
+            self.written += 1  # after the write: a sync that reads this covers it
         else:
             data = b""
-        if sync and self.unsynced:
-            self.files.datasync(self.fd)
-            self.unsynced = False
+        if sync:
+            self.sync()
         return len(data)
+
+    def sync(self) -> None:
+        """fdatasync every record written before this call. One other thread may append
+        meanwhile (one appender, one syncer at a time): what it writes stays unsynced."""
+        target = self.written
+        if target != self.synced:
+            self.files.datasync(self.fd)
+            self.synced = target
 
     def close(self) -> None:
         if self.fd >= 0:
