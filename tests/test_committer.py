@@ -177,3 +177,36 @@ def test_an_early_reply_does_not_wait_for_another_batchs_fsync(rotation_due):
         for conn, peer in ((a, a_peer), (b, b_peer)):
             conn.close()
             peer.close()
+
+
+def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_idle():
+    # The loop saw the thread busy and appended beside it; by the time its reply found the
+    # socket full, the thread had finished and gone to sleep. Nothing else will be submitted:
+    # the reply must still reach the client as it reads.
+    log_ = SlowSyncLog()
+    c = Committer(log_, exit_code=4)
+    a, a_peer = pair(1602)
+    b, b_peer = pair(1603)
+    send = c._send
+
+    def send_once_the_thread_sleeps(sends):
+        if threading.current_thread() is threading.main_thread():
+            log_.release.set()
+            wait_until(lambda: not c._busy and c._work._waiters, 5.0, 0.005, "the thread to sleep")
+        send(sends)
+
+    c._send = send_once_the_thread_sleeps
+    try:
+        c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+        assert log_.in_sync.wait(5)
+        big = os.urandom(1 << 20)  # more than the socket takes at once
+        c.submit([b"lease-of-job-2"], [], [], early=[(b, big)], sync=False, seq=2)
+        assert read_frame(a_peer, timeout=5.0) == b"ack done"
+        assert read_frame(b_peer, timeout=5.0) == big
+    finally:
+        log_.release.set()
+        c._send = send
+        c.stop()
+        for conn, peer in ((a, a_peer), (b, b_peer)):
+            conn.close()
+            peer.close()

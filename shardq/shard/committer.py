@@ -108,10 +108,13 @@ class Committer:
         if item is None:
             if payloads:
                 self._write(payloads, seq)
+            backlog_was_empty = not self._backlog
             self._send(early)
-            if sync or sends or closes:
-                with self._lock:
+            with self._lock:
+                if sync or sends or closes:
                     self._queue(([], sends, closes, (), sync, seq))
+                elif backlog_was_empty and self._backlog:
+                    self._work.notify()  # the thread may have gone to sleep meanwhile
             return
         try:
             self._process([item])
