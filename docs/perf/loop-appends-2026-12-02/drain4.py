@@ -1,6 +1,8 @@
 """Consumer processes drain N jobs enqueued before them (figure M's drain, alone): the
 drain rate, the CPU per job of the shard and of the consumers, and the latency of each
-dequeue and ack (docs/performance.md, "Figure M in two phases").
+dequeue and ack (docs/performance.md, "Figure M in two phases"); since 2026-12-02 also
+the user time and voluntary context switches of the shard, the consumers' user and system
+time and context switches, and how idle both CPUs were during the drain.
 
     cd TREE && python docs/perf/loop-appends-2026-12-02/drain4.py [N=10000] [CONSUMERS=4] [DIR=/tmp]
 
@@ -17,6 +19,7 @@ DIR = sys.argv[3] if len(sys.argv) > 3 else "/tmp"
 def consumer(path, barrier, out):
     q = shardq.Router(path)
     barrier.wait()
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]; st0 = (time.perf_counter(), sum(v), v[3] + v[4])
     dq, ak = [], []
     n = 0
     t0 = time.perf_counter()
@@ -29,8 +32,10 @@ def consumer(path, barrier, out):
         q.ack(l)
         c = time.perf_counter()
         dq.append(b - a); ak.append(c - b); n += 1
-    t = os.times()
-    out.put((n, t0, b, dq, ak, t.user + t.system))
+    import resource
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]; st1 = (time.perf_counter(), sum(v), v[3] + v[4])
+    t = os.times(); r = resource.getrusage(resource.RUSAGE_SELF)
+    out.put((n, t0, b, dq, ak, t.user + t.system, t.user, t.system, r.ru_nvcsw, r.ru_nivcsw, st0, st1))
     q.close()
 
 if __name__ == "__main__":
@@ -47,9 +52,11 @@ if __name__ == "__main__":
     import psutil
     shard = [c for c in psutil.Process().children(recursive=True) if "shard" in " ".join(c.cmdline())]
     c0 = sum(sum(x.cpu_times()[:2]) for x in shard)
+    u0 = sum(x.cpu_times()[0] for x in shard); cs0 = sum(x.num_ctx_switches()[0] for x in shard)
     for p in ps: p.start()
     res = [out.get() for _ in ps]
     c1 = sum(sum(x.cpu_times()[:2]) for x in shard)
+    u1 = sum(x.cpu_times()[0] for x in shard); cs1 = sum(x.num_ctx_switches()[0] for x in shard)
     for p in ps: p.join()
     sup.stop(); shutil.rmtree(d)
     n = sum(r[0] for r in res); t0 = min(r[1] for r in res)
@@ -57,4 +64,7 @@ if __name__ == "__main__":
     dq = [x for r in res for x in r[3]]; ak = [x for r in res for x in r[4]]
     q = lambda xs, p: sorted(xs)[int(len(xs) * p)] * 1e6
     print(f"shard CPU {(c1 - c0) / n * 1e6:.0f} us/job, consumers {sum(r[5] for r in res) / n * 1e6:.0f} us/job (incl. start-up)", end="; ")
+    print(f"shard user {(u1-u0)/n*1e6:.0f} blocks {(cs1-cs0)/n:.2f}; consumers user {sum(r[6] for r in res)/n*1e6:.0f} sys {sum(r[7] for r in res)/n*1e6:.0f} blocks {sum(r[8] for r in res)/n:.2f} preempted {sum(r[9] for r in res)/n:.2f}", end="; ")
+    a = min((r[10] for r in res)); b = max((r[11] for r in res))
+    print(f"idle {(b[2]-a[2])/(b[1]-a[1])*100:.0f}% of both CPUs", end="; ")
     print(f"drained {n} in {last - t0:.2f}s = {n / (last - t0):.0f}/s; dequeue p50 {q(dq, .5):.0f} p90 {q(dq, .9):.0f} us; ack p50 {q(ak, .5):.0f} p90 {q(ak, .9):.0f} us")
