@@ -210,3 +210,47 @@ def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_
         for conn, peer in ((a, a_peer), (b, b_peer)):
             conn.close()
             peer.close()
+
+
+
+def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_when_it_began():
+    # Found by `shardq verify --body-bytes 65536` (a shard stopped delivering leases until it
+    # was restarted): the loop, appending beside the thread's fdatasync, saw a slow reader's
+    # backlog and so did not wake the thread; meanwhile the thread flushed that backlog and
+    # went to sleep. The loop's own reply, left in the next backlog, then waited for ever, and
+    # every later one with it (each found the backlog not empty and woke nobody).
+    log_ = SlowSyncLog()
+    c = Committer(log_, exit_code=4)
+    a, a_peer = pair(1604)
+    b, b_peer = pair(1605)
+    d, d_peer = pair(1606)
+    big_a, big_b = os.urandom(1 << 20), os.urandom(1 << 20)  # more than a socket takes at once
+    send = c._send
+
+    def send_once_the_backlog_is_flushed_and_the_thread_sleeps(sends):
+        if threading.current_thread() is threading.main_thread():
+            log_.release.set()  # the thread's fdatasync ends; it answers d, then flushes a
+            assert read_frame(d_peer, timeout=5.0) == b"ack 2 done"
+            assert read_frame(a_peer, timeout=5.0) == big_a
+            wait_until(lambda: not c._backlog and not c._busy and c._work._waiters, 5.0, 0.005,
+                       "the thread to flush the backlog and sleep")
+        send(sends)
+
+    try:
+        log_.release.set()
+        c.submit([b"ack-1"], [(a, big_a)], [], sync=True, seq=1)  # a: a slow reader's backlog
+        wait_until(lambda: a in c._backlog and log_.synced == 1, 5.0, 0.005, "a's backlog")
+        log_.release.clear()
+        log_.in_sync.clear()
+        c.submit([b"ack-2"], [(d, b"ack 2 done")], [], sync=True, seq=2)
+        assert log_.in_sync.wait(5)  # the thread waits in its fdatasync
+        c._send = send_once_the_backlog_is_flushed_and_the_thread_sleeps
+        c.submit([b"lease-3"], [], [], early=[(b, big_b)], sync=False, seq=3)  # beside it
+        assert read_frame(b_peer, timeout=5.0) == big_b
+    finally:
+        log_.release.set()
+        c._send = send
+        c.stop()
+        for conn, peer in ((a, a_peer), (b, b_peer), (d, d_peer)):
+            conn.close()
+            peer.close()

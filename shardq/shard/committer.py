@@ -25,7 +25,10 @@ it began, and :attr:`durable_seq` moves only to what that was (``SegmentWriter.s
 Replies are written without blocking. What a client's socket does not take at once waits
 in that connection's backlog, in order, and the committer thread writes it as the client
 reads (checking every ``FLUSH_POLL_S``); a client that takes nothing for
-``conn.SEND_TIMEOUT_S`` is dropped. So one slow reader never delays the replies of others,
+``conn.SEND_TIMEOUT_S`` is dropped. The thread sleeps only when no backlog is left, so
+whoever leaves a reply in one while it may sleep (the loop, after its own sends) wakes it:
+whether a backlog was there before the send says nothing, the thread may have flushed it
+and gone to sleep meanwhile. So one slow reader never delays the replies of others,
 and no call here depends on descriptor numbers (``select()`` fails above 1024).
 
 The committer also owns closing client sockets: a descriptor is closed only after the
@@ -108,13 +111,12 @@ class Committer:
         if item is None:
             if payloads:
                 self._write(payloads, seq)
-            backlog_was_empty = not self._backlog
             self._send(early)
             with self._lock:
                 if sync or sends or closes:
                     self._queue(([], sends, closes, (), sync, seq))
-                elif backlog_was_empty and self._backlog:
-                    self._work.notify()  # the thread may have gone to sleep meanwhile
+                elif self._backlog:
+                    self._work.notify()  # the thread may have flushed the rest and gone to sleep
             return
         try:
             self._process([item])
@@ -218,7 +220,6 @@ class Committer:
         """Write the payloads, send the early replies, fdatasync (when any batch needs it),
         then send the late replies and close what was asked, in order. Written before any
         reply leaves, a record survives a crash of this process whatever its reply said."""
-        backlog_was_empty = not self._backlog
         if len(items) == 1:  # the loop's inline commit: most iterations at light load
             payloads, _, _, one_early, sync, seq = items[0]
             early = [one_early] if one_early else []
@@ -241,9 +242,9 @@ class Committer:
                 self._close(closes)
         if synced is not None:
             self._observe(*synced)  # after the replies: no caller waits for the bookkeeping
-        if backlog_was_empty and self._backlog:
+        if self._backlog:
             with self._work:
-                self._work.notify()  # the committer thread flushes it
+                self._work.notify()  # the committer thread flushes it (see _run)
 
     def _write(self, payloads: list[bytes], seq: int) -> None:
         """Append ``payloads`` unsynced (the loop or the thread: one appender at a time)."""
