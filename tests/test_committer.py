@@ -212,7 +212,6 @@ def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_
             peer.close()
 
 
-
 def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_when_it_began():
     # Found by `shardq verify --body-bytes 65536` (a shard stopped delivering leases until it
     # was restarted): the loop, appending beside the thread's fdatasync, saw a slow reader's
