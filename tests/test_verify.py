@@ -273,13 +273,15 @@ def _load(work: str):
 
 def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
     """15 s of faults (every kind at least once, power cuts included) against 2 shards, with
-    20 kB bodies (records over several pages), then drain and check; then the same real
-    histories with one effect dropped, reordered, doubled or its body changed must fail."""
+    64 KiB bodies (records over many pages; a lease of a worker's batch of 4 is a reply
+    larger than a socket takes at once, so replies can wait in backlogs), then drain and check;
+    then the same real histories with one effect dropped, reordered, doubled or its body
+    changed must fail."""
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "15", "--fault-interval", "1.5",
                            "--seed", "20261130", "--rate", "60", "--drain-timeout", "60", "--keep",
-                           "--stall-prob", "0.01", "--power-cuts", "--body-bytes", "20000", "--json", str(out)],
+                           "--stall-prob", "0.01", "--power-cuts", "--body-bytes", "65536", "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
     kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
     try:
@@ -298,7 +300,7 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         assert rep["info"]["schedule"]["fingerprint"] == fingerprint(plan_now)
 
         enq, leases, effects = _load(kept.group(2))
-        assert check(enq, leases, effects, body_bytes=20000).ok
+        assert check(enq, leases, effects, body_bytes=65536).ok
         by_key = {}
         for e in effects:
             by_key.setdefault(e.lease_key, []).append(e)
@@ -310,10 +312,10 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         assert check(enq, leases, swapped).counts["order_violations"] == 1
         doubled = effects + [Effect(10**9, 10**12, a.lease_key, a.body)]
         assert check(enq, leases, doubled).counts["duplicated_effects"] == 1
-        assert all(e.body_digest for e in effects) and check(enq, leases, effects, body_bytes=20000).ok
+        assert all(e.body_digest for e in effects) and check(enq, leases, effects, body_bytes=65536).ok
         changed = [Effect(e.order, e.job_id, e.lease_key, e.body, body_digest=body_digest(b"other"))
                    if e is a else e for e in effects]
-        assert check(enq, leases, changed, body_bytes=20000).counts["body_mismatch"] == 1
+        assert check(enq, leases, changed, body_bytes=65536).counts["body_mismatch"] == 1
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
