@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 import threading
+import types
 
 import pytest
 
@@ -140,89 +141,97 @@ def nothing_to_read(sock: socket.socket) -> bool:
     return False
 
 
-@pytest.mark.parametrize("rotation_due", [False, True])
-def test_an_early_reply_does_not_wait_for_another_batchs_fsync(rotation_due):
+@pytest.fixture
+def slow():
+    """A committer on a :class:`SlowSyncLog`, and client sockets from ``slow.client()``;
+    at the end the log is released, the committer stopped and every socket closed."""
     log_ = SlowSyncLog()
     c = Committer(log_, exit_code=4)
-    a, a_peer = pair(1600)
-    b, b_peer = pair(1601)
-    try:
-        # A's batch (an ack: a late reply) is written and waits in its fdatasync.
-        c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
-        assert log_.in_sync.wait(5)
-        log_.rotation_due = rotation_due
-        # B's lease (an early reply, written but not synced) comes meanwhile.
-        c.submit([b"lease-of-job-2"], [], [], early=[(b, b"leased")], sync=False, seq=2)
-        if rotation_due:  # the loop never starts a segment beside an fdatasync: it queues
-            assert log_.records == [b"ack-of-job-1"] and nothing_to_read(b_peer)
-        else:  # written, then answered, while A's fsync still runs; A's reply waits for it
-            assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
-            assert read_frame(b_peer, timeout=5.0) == b"leased"
-            assert nothing_to_read(a_peer) and c.durable_seq == 0
-        log_.release.set()
-        assert read_frame(a_peer, timeout=5.0) == b"ack done"
-        if rotation_due:
-            assert read_frame(b_peer, timeout=5.0) == b"leased"
-        c.drain()
+    send, made = c._send, []
+
+    def client():
+        made.append(pair(1600 + len(made)))
+        return made[-1]
+
+    yield types.SimpleNamespace(log=log_, c=c, client=client)
+    log_.release.set()
+    c._send = send
+    c.stop()
+    for conn, peer in made:
+        conn.close()
+        peer.close()
+
+
+def asleep(c: Committer) -> bool:
+    """The committer thread waits for work with nothing in hand."""
+    return not c._busy and bool(c._work._waiters)
+
+
+@pytest.mark.parametrize("rotation_due", [False, True])
+def test_an_early_reply_does_not_wait_for_another_batchs_fsync(slow, rotation_due):
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
+    # A's batch (an ack: a late reply) is written and waits in its fdatasync.
+    c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+    assert log_.in_sync.wait(5)
+    log_.rotation_due = rotation_due
+    # B's lease (an early reply, written but not synced) comes meanwhile.
+    c.submit([b"lease-of-job-2"], [], [], early=[(b, b"leased")], sync=False, seq=2)
+    if rotation_due:  # the loop never starts a segment beside an fdatasync: it queues
+        assert log_.records == [b"ack-of-job-1"] and nothing_to_read(b_peer)
+    else:  # written, then answered, while A's fsync still runs; A's reply waits for it
         assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
-        # B's record is written, not synced (a batched lease); the fdatasync that covered
-        # A's either began before it was written or came before it: durable up to job 1.
-        assert c.durable_seq == 1 and log_.unsynced and c.sync_due() is not None
-        c.submit([], [(b, b"synced")], [], sync=True, seq=2)
-        assert read_frame(b_peer, timeout=5.0) == b"synced"
-        assert c.durable_seq == 2 and not log_.unsynced and c.sync_due() is None
-    finally:
-        log_.release.set()
-        c.stop()
-        for conn, peer in ((a, a_peer), (b, b_peer)):
-            conn.close()
-            peer.close()
+        assert read_frame(b_peer, timeout=5.0) == b"leased"
+        assert nothing_to_read(a_peer) and c.durable_seq == 0
+    log_.release.set()
+    assert read_frame(a_peer, timeout=5.0) == b"ack done"
+    if rotation_due:
+        assert read_frame(b_peer, timeout=5.0) == b"leased"
+    c.drain()
+    assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
+    # B's record is written, not synced (a batched lease); the fdatasync that covered
+    # A's either began before it was written or came before it: durable up to job 1.
+    assert c.durable_seq == 1 and log_.unsynced and c.sync_due() is not None
+    c.submit([], [(b, b"synced")], [], sync=True, seq=2)
+    assert read_frame(b_peer, timeout=5.0) == b"synced"
+    assert c.durable_seq == 2 and not log_.unsynced and c.sync_due() is None
 
 
-def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_idle():
+def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_idle(slow):
     # The loop saw the thread busy and appended beside it; by the time its reply found the
     # socket full, the thread had finished and gone to sleep. Nothing else will be submitted:
     # the reply must still reach the client as it reads.
-    log_ = SlowSyncLog()
-    c = Committer(log_, exit_code=4)
-    a, a_peer = pair(1602)
-    b, b_peer = pair(1603)
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
     send = c._send
 
     def send_once_the_thread_sleeps(sends):
         if threading.current_thread() is threading.main_thread():
             log_.release.set()
-            wait_until(lambda: not c._busy and c._work._waiters, 5.0, 0.005, "the thread to sleep")
+            wait_until(lambda: asleep(c), 5.0, 0.005, "the thread to sleep")
         send(sends)
 
     c._send = send_once_the_thread_sleeps
-    try:
-        c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
-        assert log_.in_sync.wait(5)
-        big = os.urandom(1 << 20)  # more than the socket takes at once
-        c.submit([b"lease-of-job-2"], [], [], early=[(b, big)], sync=False, seq=2)
-        assert read_frame(a_peer, timeout=5.0) == b"ack done"
-        assert read_frame(b_peer, timeout=5.0) == big
-    finally:
-        log_.release.set()
-        c._send = send
-        c.stop()
-        for conn, peer in ((a, a_peer), (b, b_peer)):
-            conn.close()
-            peer.close()
+    c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+    assert log_.in_sync.wait(5)
+    big = os.urandom(1 << 20)  # more than the socket takes at once
+    c.submit([b"lease-of-job-2"], [], [], early=[(b, big)], sync=False, seq=2)
+    assert read_frame(a_peer, timeout=5.0) == b"ack done"
+    assert read_frame(b_peer, timeout=5.0) == big
 
 
-def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_when_it_began():
+def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_when_it_began(slow):
     # Found by `shardq verify --body-bytes 65536` (a shard stopped delivering leases until it
     # was restarted): the loop, appending beside the thread's fdatasync, saw a slow reader's
     # backlog and so did not wake the thread; meanwhile the thread flushed that backlog and
     # went to sleep. The loop's own reply, left in the next backlog, then waited for ever, and
     # every later one with it (each found the backlog not empty and woke nobody).
-    log_ = SlowSyncLog()
-    c = Committer(log_, exit_code=4)
-    a, a_peer = pair(1604)
-    b, b_peer = pair(1605)
-    d, d_peer = pair(1606)
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
+    d, d_peer = slow.client()
     big_a, big_b = os.urandom(1 << 20), os.urandom(1 << 20)  # more than a socket takes at once
     send = c._send
 
@@ -231,25 +240,17 @@ def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_w
             log_.release.set()  # the thread's fdatasync ends; it answers d, then flushes a
             assert read_frame(d_peer, timeout=5.0) == b"ack 2 done"
             assert read_frame(a_peer, timeout=5.0) == big_a
-            wait_until(lambda: not c._backlog and not c._busy and c._work._waiters, 5.0, 0.005,
+            wait_until(lambda: not c._backlog and asleep(c), 5.0, 0.005,
                        "the thread to flush the backlog and sleep")
         send(sends)
 
-    try:
-        log_.release.set()
-        c.submit([b"ack-1"], [(a, big_a)], [], sync=True, seq=1)  # a: a slow reader's backlog
-        wait_until(lambda: a in c._backlog and log_.synced == 1, 5.0, 0.005, "a's backlog")
-        log_.release.clear()
-        log_.in_sync.clear()
-        c.submit([b"ack-2"], [(d, b"ack 2 done")], [], sync=True, seq=2)
-        assert log_.in_sync.wait(5)  # the thread waits in its fdatasync
-        c._send = send_once_the_backlog_is_flushed_and_the_thread_sleeps
-        c.submit([b"lease-3"], [], [], early=[(b, big_b)], sync=False, seq=3)  # beside it
-        assert read_frame(b_peer, timeout=5.0) == big_b
-    finally:
-        log_.release.set()
-        c._send = send
-        c.stop()
-        for conn, peer in ((a, a_peer), (b, b_peer), (d, d_peer)):
-            conn.close()
-            peer.close()
+    log_.release.set()
+    c.submit([b"ack-1"], [(a, big_a)], [], sync=True, seq=1)  # a: a slow reader's backlog
+    wait_until(lambda: a in c._backlog and log_.synced == 1, 5.0, 0.005, "a's backlog")
+    log_.release.clear()
+    log_.in_sync.clear()
+    c.submit([b"ack-2"], [(d, b"ack 2 done")], [], sync=True, seq=2)
+    assert log_.in_sync.wait(5)  # the thread waits in its fdatasync
+    c._send = send_once_the_backlog_is_flushed_and_the_thread_sleeps
+    c.submit([b"lease-3"], [], [], early=[(b, big_b)], sync=False, seq=3)  # beside it
+    assert read_frame(b_peer, timeout=5.0) == big_b
