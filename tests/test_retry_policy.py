@@ -14,6 +14,7 @@ import msgpack
 import pytest
 
 import shardq
+from shardq import limits
 from shardq.client.connection import ConnectionLost, Future, ShardClient
 from shardq.datadir import DataDir
 from shardq.shard import wire
@@ -24,14 +25,18 @@ from service import short_tmpdir
 
 class FakeShard:
     """Serves shard 0 of a one-shard data dir. ``script`` is one action per connection:
-    ``"drop"`` (read one frame, close), ``"hang"`` (read one frame, never answer) or a
-    function ``requests -> results`` (answer every request of the frame with OK results)."""
+    ``"drop"`` (read one frame, close, set ``dropped``), ``"hang"`` (read one frame, never
+    answer), a function ``(op, args) -> result`` (answer every request of one frame with
+    OK results) or ``("serve", function)`` (the same for every frame until the client
+    closes). ``requests`` holds every request read, ``by_conn`` those of each connection."""
 
     def __init__(self, script):
         self.dd = DataDir(short_tmpdir())
         self.dd.init(1)
         self.script = list(script)
         self.requests: list[list] = []
+        self.by_conn: list[list[list]] = []
+        self.dropped = threading.Event()
         self.listener = Listener(self.dd.socket_path(0), "AF_UNIX", authkey=self.dd.authkey())
         self.conns = []
         self.closing = False
@@ -48,14 +53,23 @@ class FakeShard:
                 conn.close()
                 return
             self.conns.append(conn)
-            reqs = msgpack.unpackb(conn.recv_bytes(), raw=False)
-            self.requests.extend(reqs)
-            if action == "drop":
-                conn.close()
-            elif action == "hang":
-                continue
-            else:
-                conn.send_bytes(msgpack.packb([[rid, wire.OK, action(op, args)] for rid, op, args in reqs]))
+            self.by_conn.append([])
+            serve = type(action) is tuple
+            while True:
+                try:
+                    reqs = msgpack.unpackb(conn.recv_bytes(), raw=False)
+                except (EOFError, OSError):
+                    break  # the client closed a connection this action serves
+                self.requests.extend(reqs)
+                self.by_conn[-1].extend(reqs)
+                if action == "drop":
+                    conn.close()
+                    self.dropped.set()
+                elif action != "hang":
+                    answer = action[1] if serve else action
+                    conn.send_bytes(msgpack.packb([[rid, wire.OK, answer(op, args)] for rid, op, args in reqs]))
+                if not serve:
+                    break
 
     def ops(self) -> list[str]:
         return [op for _, op, _ in self.requests]
@@ -82,11 +96,13 @@ def fake():
 
     def make(*script):
         f = FakeShard(script)
-        made.append(f)
-        return f, shardq.connect(f.dd.path, retry_s=5, request_timeout_s=5)
+        q = shardq.connect(f.dd.path, retry_s=5, request_timeout_s=5)
+        made.append((f, q))
+        return f, q
 
     yield make
-    for f in made:
+    for f, q in made:
+        q.close()  # first: a connection the fake serves ends when its client closes
         f.close()
 
 
@@ -128,6 +144,69 @@ def test_unsafe_ops_are_sent_once_and_raise_outcome_unknown(fake, call, op):
     assert f.ops() == [op]
     assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
     q.close()
+
+
+def test_a_batch_cut_into_requests_reaches_the_shard_in_order_across_a_broken_connection(fake, monkeypatch):
+    """A batch that one shard gets as several requests (here one over the job limit: two)
+    keeps its order when the connection breaks between them. `shardq verify` with 16 MiB
+    bodies found it broken: the second request, whose write found the connection gone, was
+    sent at once on the new connection, and the first (written before the break) only after
+    it, so a key's later job got the lower id and was delivered first."""
+    f, q = fake("drop", ("serve", lambda op, args: list(range(len(args[0])))))
+    submit = ShardClient.submit
+    submits = []
+
+    def submit_after_the_break(self, op, args, **kw):
+        submits.append(op)
+        if len(submits) == 2:
+            assert f.dropped.wait(10)  # the shard dropped the first request's connection
+        return submit(self, op, args, **kw)
+
+    monkeypatch.setattr(ShardClient, "submit", submit_after_the_break)
+    n = limits.BATCH_JOBS_MAX + 1
+    ids = q.enqueue_many([{"body": b"%d" % i, "key": "k"} for i in range(n)])
+    assert len(ids) == n
+    dropped, served = f.by_conn
+    assert [len(args[0]) for _, _, args in dropped] == [limits.BATCH_JOBS_MAX]
+    assert [len(args[0]) for _, _, args in served] == [limits.BATCH_JOBS_MAX, 1]  # in the batch's order
+    assert served[0][2] == dropped[0][2]  # the first re-sent with its session: a shard would dedup it
+    q.close()
+
+
+def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monkeypatch):
+    """One send of many requests can take several frames. A shard executes every whole
+    frame it reads, so only the requests of the frame a failed write cut short, and of
+    those after it, may be sent again; the others' outcome is unknown (a dequeue may have
+    leased a job)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from shardq.client import connection
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    monkeypatch.setattr(limits, "FRAME_BYTES_MAX", 1000)  # two requests of 600 bytes: two frames
+    write_frame = connection._write_frame
+    frames = []
+
+    def write_one_frame_then_break(fd, data):
+        if frames:
+            raise BrokenPipeError(32, "the shard went away")
+        frames.append(data)
+        write_frame(fd, data)
+
+    monkeypatch.setattr(connection, "_write_frame", write_one_frame_then_break)
+    client._flushing = True  # another thread is sending: both queue for one send
+    first = client.submit("dequeue", ["q" * 600, None, 1], lead=True)
+    second = client.submit("dequeue", ["r" * 600, None, 1], lead=True)
+    client._flushing = False
+    client._flush()
+    assert len(frames) == 1
+    (rid, op, args), = msgpack.unpackb(Connection(b.detach()).recv_bytes(), raw=False)
+    assert (rid, op, args[0]) == (first.rid, "dequeue", "q" * 600)
+    assert isinstance(first.error, ConnectionLost) and first.error.sent  # the shard may have applied it
+    assert isinstance(second.error, ConnectionLost) and not second.error.sent
 
 
 def test_a_timed_out_request_leaves_nothing_pending(fake):

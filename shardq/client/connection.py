@@ -9,7 +9,9 @@ replies still due, or for replies nobody waits on in person (watches, callbacks)
 connection's reader thread reads. Futures are matched by request id. If the connection breaks,
 every pending future fails with :class:`ConnectionLost`, which says whether the request had
 been written (``sent``): the owner may re-send a request never written, and decides by the
-op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was. Each future is taken
+op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was; a request queued
+with ``on=`` goes only on that connection, so a caller's later request cannot overtake
+an earlier one that must be re-sent (:meth:`Router._gather`). Each future is taken
 out of the pending table exactly once (by the reader, by the breaking of the connection, or
 by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
 
@@ -57,7 +59,7 @@ class Future:
     ``set`` may race (reader vs. a breaking connection): the first call wins, later ones
     change nothing, and the lock is released exactly once."""
 
-    __slots__ = ("_lock", "done", "value", "error", "callback", "rid", "sent")
+    __slots__ = ("_lock", "done", "value", "error", "callback", "rid", "sent", "conn")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -68,6 +70,7 @@ class Future:
         self.callback = None
         self.rid = 0
         self.sent = False
+        self.conn: Connection | None = None  # the connection it was queued on
 
     def set(self, value=None, error: BaseException | None = None) -> None:
         with _SET_LOCK:
@@ -163,11 +166,14 @@ class ShardClient:
             self._broken(conn)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list, *, lead: bool = False) -> Future:
+    def submit(self, op: str, args: list, *, lead: bool = False, on: Connection | None = None) -> Future:
         """Send one request (coalesced with other threads'). ``lead``: the caller will wait
         for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
-        asked to read (for a reply settled by callback or polled)."""
-        fut = self._submit(op, args)
+        asked to read (for a reply settled by callback or polled). ``on``: the connection
+        it must go on (an earlier request's ``Future.conn``); on any other, or none, it
+        fails at once with ConnectionLost, unsent, so it can never reach the shard before
+        a request written earlier on a connection that broke."""
+        fut = self._submit(op, args, on)
         if not lead and not fut.done:
             self._want_reader()
         return fut
@@ -230,12 +236,15 @@ class ShardClient:
             if self._pending:
                 self._want_reader()
 
-    def _submit(self, op: str, args: list) -> Future:
+    def _submit(self, op: str, args: list, on: Connection | None = None) -> Future:
         fut = Future()
         with self._lock:
-            if self._conn is None:
-                fut.set(error=ConnectionLost(f"shard {self.index} not connected", sent=False))
+            conn = self._conn
+            if conn is None or (on is not None and conn is not on):
+                why = "not connected" if conn is None else "the connection an earlier request went on broke"
+                fut.set(error=ConnectionLost(f"shard {self.index}: {why}", sent=False))
                 return fut
+            fut.conn = conn
             rid = self._next_rid
             self._next_rid = rid + 1
             fut.rid = rid
@@ -266,14 +275,19 @@ class ShardClient:
                 self._sending = conn
                 for fut, _ in batch:
                     fut.sent = True  # from here on the shard may see it (see below)
+            frames: list[tuple[bytes, int]] = []
+            written = 0
             try:
                 fd = conn.fileno()
-                for data in self._encode(batch):
+                frames = self._encode(batch)
+                for data, _ in frames:
                     _write_frame(fd, data)
+                    written += 1
             except (OSError, ValueError):
-                # A shard executes only whole frames, and a failed send never delivered a
-                # whole one: these requests were not applied and may be sent again.
-                for fut, _ in batch:
+                # A shard executes only whole frames: the requests of the frame this send
+                # cut short, and of the frames after it, were not applied and may be sent
+                # again. Those of frames written whole may have been: they stay ``sent``.
+                for fut, _ in batch[frames[written - 1][1] if written else 0:]:
                     fut.sent = False
                 self._broken(conn)
                 with self._lock:
@@ -283,22 +297,23 @@ class ShardClient:
                         self._idle.notify_all()
                 return
 
-    def _encode(self, batch: list) -> list[bytes]:
-        """The frames for ``batch``: one, unless the requests together pass the frame limit
-        (a shard drops a connection that sends a larger frame). A request that cannot be
-        encoded (text with a lone surrogate, an integer msgpack cannot hold) fails on its
-        own with InvalidJob instead of breaking the connection for every caller."""
+    def _encode(self, batch: list) -> list[tuple[bytes, int]]:
+        """The frames for ``batch``, each with the index in ``batch`` its requests end at:
+        one frame, unless the requests together pass the frame limit (a shard drops a
+        connection that sends a larger frame). A request that cannot be encoded (text with
+        a lone surrogate, an integer msgpack cannot hold) fails on its own with InvalidJob
+        instead of breaking the connection for every caller."""
         pack = protocol.pack
         try:
             data = pack([req for _, req in batch])
             if len(data) <= limits.FRAME_BYTES_MAX:
-                return [data]
+                return [(data, len(batch))]
         except (ValueError, TypeError, OverflowError):
             pass
-        frames: list[bytes] = []
+        frames: list[tuple[bytes, int]] = []
         parts: list[bytes] = []
         size = 0
-        for fut, req in batch:
+        for i, (fut, req) in enumerate(batch):
             try:
                 one = pack(req)
             except (ValueError, TypeError, OverflowError) as e:
@@ -309,12 +324,12 @@ class ShardClient:
                                              f"{limits.FRAME_BYTES_MAX}-byte frame limit"))
                 continue
             if parts and size + len(one) + 5 > limits.FRAME_BYTES_MAX:
-                frames.append(protocol.pack_array(parts))
+                frames.append((protocol.pack_array(parts), i))
                 parts, size = [], 0
             parts.append(one)
             size += len(one)
         if parts:
-            frames.append(protocol.pack_array(parts))
+            frames.append((protocol.pack_array(parts), len(batch)))
         return frames
 
     def _refuse(self, fut: Future, error: BaseException) -> None:

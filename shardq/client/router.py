@@ -239,15 +239,29 @@ class Router:
     def _gather(self, calls: list[tuple[int, str, list]], *, timeout: float | None = None,
                 retry_s: float | None = None) -> list:
         """Like :meth:`_call_many`, but each call's error is returned in its place instead of
-        raised: ``(value, was_resent)`` or the exception, per call, in order."""
+        raised: ``(value, was_resent)`` or the exception, per call, in order.
+
+        The calls to one shard reach it in their order, also across a broken connection (a
+        batch cut into several requests keeps its per-key order): the first is sent as
+        :meth:`_send` does; the later ones only on the connection it went on. One that
+        finds that connection gone waits, unsent, and is sent again in its turn below,
+        after every call before it has been answered or has failed."""
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         wait_s = timeout or self.request_timeout_s
         futs: list = []
+        first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
         for s, op, args in calls:
-            try:
-                futs.append(self._send(s, op, args, deadline))
-            except ShardUnavailable as e:
-                futs.append(e)
+            first = first_on.get(s)
+            if first is None:
+                try:
+                    first_on[s] = fut = self._send(s, op, args, deadline)
+                except ShardUnavailable as e:
+                    first_on[s] = fut = e
+            elif isinstance(first, BaseException):
+                fut = ShardUnavailable(str(first))  # as its first call: nothing to send it on
+            else:
+                fut = self.clients[s].submit(op, args, lead=True, on=first.conn)
+            futs.append(fut)
         results: list = []
         try:
             for i, (s, op, args) in enumerate(calls):
