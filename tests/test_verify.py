@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from shardq.verify import (
     read_producer_history,
     read_worker_history,
 )
+from shardq.verify import build_parser, settle_defaults
 from shardq.verify.plan import POWER_CUT, SERVICE_KINDS, kinds_for
+from shardq.verify.run import replay_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -271,6 +274,28 @@ def _load(work: str):
     return enq, leases, read_effects(os.path.join(work, "effects.db"))
 
 
+def _settings(argv: list[str]) -> dict:
+    """What a verify command line sets, less where its files go."""
+    a = settle_defaults(build_parser().parse_args(argv))
+    return {k: v for k, v in vars(a).items() if k not in ("keep", "json", "data_dir")}
+
+
+def test_the_replay_line_names_every_setting_that_shapes_the_run():
+    """A failing run prints the command that runs it again; it used to leave out --rate,
+    --stall-prob, --max-deliveries and the rest, so a replay ran another workload."""
+    argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
+            "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
+            "--health-timeout", "4", "--power-cuts", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
+    line = replay_command(settle_defaults(build_parser().parse_args(argv)))
+    assert line.startswith("shardq verify ")
+    assert _settings(shlex.split(line)[2:]) == _settings(argv)
+    assert not {"--keep", "--json", "--data-dir"} & set(shlex.split(line))
+    defaults = shlex.split(replay_command(settle_defaults(build_parser().parse_args(["--seed", "7"]))))
+    assert defaults == ["shardq", "verify", "--duration", "60.0", "--shards", "2", "--producers", "2", "--workers",
+                        "3", "--keys", "20", "--seed", "7", "--fault-interval", "3.0", "--worker-batch", "4"]
+
+
 def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
     """15 s of faults (every kind at least once, power cuts included) against 2 shards, with
     64 KiB bodies (records over many pages; a lease of a worker's batch of 4 is a reply
@@ -292,6 +317,8 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
                                                     "pause_shard", "pause_worker", "power_cut")), rep["faults"]
         assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True
         assert "VERDICT: PASS" in proc.stdout and "seed=20261130" in proc.stdout
+        replay = re.search(r"^replay: (.*)$", proc.stdout, re.M).group(1)
+        assert _settings(shlex.split(replay)[2:]) == _settings(proc.args[4:])  # the command it was run with
         pages = rep["info"]["power_cut_pages"]
         assert pages["segments"] >= 2 and pages.get("unknown", 0) == 0, pages   # every cut knew the synced size
         assert rep["info"]["service"].get("compactions", 0) > 0, rep["info"]["service"]

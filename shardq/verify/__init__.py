@@ -103,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settle_defaults(a: argparse.Namespace) -> argparse.Namespace:
+    """Fill in the defaults that depend on other options or on chance (the seed)."""
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(1, 2**31)
+    if a.worker_batch is None:
+        a.worker_batch = 1 if a.target else 4
+    return a
+
+
 def _child_parser(role: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"shardq verify {role}")
     p.add_argument("--data-dir", required=True)
@@ -131,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         role = argv[0]
         a = _child_parser(role).parse_args(argv[1:])
         return producer_main(a) if role == "_producer" else worker_main(a)
-    a = build_parser().parse_args(argv)
-    if a.seed is None:
-        a.seed = random.SystemRandom().randrange(1, 2**31)
-    if a.worker_batch is None:
-        a.worker_batch = 1 if a.target else 4
+    a = settle_defaults(build_parser().parse_args(argv))
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
         print("error: need at least one shard, producer, worker and key, and keys >= producers", file=sys.stderr)
         return 2

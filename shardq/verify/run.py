@@ -27,6 +27,31 @@ from .powercut import lose_unsynced_pages
 KiB = 1024
 
 
+_NOT_REPLAYED = {"help", "data_dir", "json", "keep"}  # where a run's files go, not what it does
+_ALWAYS_SHOWN = {"seed", "duration", "shards", "producers", "workers", "keys", "fault_interval"}
+
+
+def replay_command(a) -> str:
+    """The command that runs ``a`` again: every option that shapes the run, the seed (which
+    fixes the fault schedule, not the interleaving) and each setting not at its default."""
+    import shlex
+
+    from . import build_parser
+    words = ["shardq", "verify"]
+    for act in build_parser()._actions:
+        if act.dest in _NOT_REPLAYED or not act.option_strings:
+            continue
+        value = getattr(a, act.dest, act.default)
+        if act.dest not in _ALWAYS_SHOWN and value == act.default:
+            continue
+        if act.nargs == 0:  # a flag
+            if value:
+                words.append(act.option_strings[0])
+        else:
+            words += [act.option_strings[0], shlex.quote(str(value))]
+    return " ".join(words)
+
+
 def _short_tmpdir() -> str:
     return tempfile.mkdtemp(prefix="sqv", dir="/tmp")  # unix socket paths must stay short
 
@@ -426,11 +451,7 @@ def run(a) -> int:
     if r.target:
         print(f"target: {r.target} (worker faults only: {', '.join(r.kinds)}; worker batch {a.worker_batch})",
               flush=True)
-    body_bytes = getattr(a, "body_bytes", 0)
-    print(f"replay: shardq verify --seed {a.seed} --duration {a.duration} --shards {a.shards} "
-          f"--producers {a.producers} --workers {a.workers} --keys {a.keys} --fault-interval {a.fault_interval}"
-          + (f" --body-bytes {body_bytes}" if body_bytes else "")
-          + (" --power-cuts" if POWER_CUT in r.kinds else ""), flush=True)
+    print(f"replay: {replay_command(a)}", flush=True)
     print(f"fault schedule (fixed by the seed; the interleaving is not): {len(r.plan)} faults, "
           f"fingerprint {fingerprint(r.plan)}", flush=True)
     try:
@@ -453,7 +474,8 @@ def run(a) -> int:
     enqueues = r._enqueues()
     leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
     effects = read_effects(r.db)
-    rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0), body_bytes=body_bytes)
+    rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0),
+                body_bytes=getattr(a, "body_bytes", 0))
     rep.info.update(drain)
     rep.info["wal_check"] = wal
     rep.info["service"] = r.service_events()
