@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -34,9 +35,7 @@ _ALWAYS_SHOWN = {"seed", "duration", "shards", "producers", "workers", "keys", "
 def replay_command(a) -> str:
     """The command that runs ``a`` again: every option that shapes the run, the seed (which
     fixes the fault schedule, not the interleaving) and each setting not at its default."""
-    import shlex
-
-    from . import build_parser
+    from . import build_parser  # here: the package imports this module
     words = ["shardq", "verify"]
     for act in build_parser()._actions:
         if act.dest in _NOT_REPLAYED or not act.option_strings:
