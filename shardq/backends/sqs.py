@@ -52,6 +52,25 @@ BUFFER_MAX = 200            # stop receiving more while this many followers are 
 _SYS_ATTRS = sqs_dead.SYS_ATTRS
 
 
+def _warn_overtaken(sent: list, failed: list) -> None:
+    """Log each message group in which SQS accepted a message while failing an earlier one
+    of the same SendMessageBatch on its side: the earlier one, re-sent, lands behind it, and
+    nothing can move it back (a message cannot be un-sent). AWS documents that a batch is
+    enqueued in order, not what a partial failure does to a group; see docs/scale-out.md."""
+    failed_items = {id(item) for item in failed}
+    failed_groups: set[str] = set()
+    warned: set[str] = set()
+    for item in sent:
+        group = item[2].group
+        if id(item) in failed_items:
+            failed_groups.add(group)
+        elif group in failed_groups and group not in warned:
+            warned.add(group)
+            log.warning("send_message_batch: SQS failed a message of group %r on its side and accepted a "
+                        "later one of that group; the failed one is re-sent behind it, so the order of "
+                        "these jobs of that key is not kept", group)
+
+
 class SqsQueue:
     """A client of the SQS FIFO queues under one prefix. Thread-safe. See the module docstring."""
 
@@ -203,13 +222,14 @@ class SqsQueue:
             for ok in resp.get("Successful", []):
                 ids[pending[int(ok["Id"])][0]] = ok["MessageId"]
             retry = []
-            for f in resp.get("Failed", []):
+            for f in sorted(resp.get("Failed", []), key=lambda f: int(f["Id"])):  # re-sent in input order
                 code = f.get("Code", "")
                 if f.get("SenderFault", True) and not is_retriable(code):
                     raise error_for(code, f.get("Message", ""), None, "send_message_batch")
                 retry.append(pending[int(f["Id"])])
             if not retry:
                 return
+            _warn_overtaken(pending, retry)
             pending = retry  # SQS failed these on its side: re-send (same dedup ids)
         raise ShardUnavailable(f"send_message_batch: {len(pending)} entries still failing after "
                                f"{SEND_RETRIES} retries")
