@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from shardq.verify import (
     Effect,
     Enqueue,
@@ -343,6 +345,46 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         changed = [Effect(e.order, e.job_id, e.lease_key, e.body, body_digest=body_digest(b"other"))
                    if e is a else e for e in effects]
         assert check(enq, leases, changed, body_bytes=65536).counts["body_mismatch"] == 1
+    finally:
+        if kept:
+            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
+
+
+def test_a_producer_that_dies_on_its_own_stops_the_run_instead_of_passing_it_vacuously(tmp_path):
+    """A producer that crashed at start (the first try of --client aio imported a module that
+    did not exist) left a run with no job at all, and its verdict was PASS."""
+    from shardq.verify.run import Run
+    a = settle_defaults(build_parser().parse_args(["--seed", "1", "--data-dir", str(tmp_path / "d")]))
+    r = Run(a)
+    crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    crashed.wait()
+    r.producers.append(crashed)
+    with pytest.raises(RuntimeError, match=r"producer 0 exited on its own with 3 \(see .*producer-0\.log\)"):
+        r.tick()
+    open(r.stop_producers, "w").close()
+    r.tick()  # once asked to stop, a producer's exit is expected
+
+
+def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
+    """The same faults (power cuts included) with producers and workers on the asyncio
+    client, whose reconnects, re-sends and sessions are its own code, not the router's."""
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "10", "--fault-interval", "1.2",
+                           "--seed", "20261202", "--rate", "60", "--drain-timeout", "60", "--keep", "--power-cuts",
+                           "--client", "aio", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
+    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        rep = json.loads(out.read_text())
+        assert rep["passed"] is True and rep["args"]["client"] == "aio"
+        assert all(rep["faults"][k] >= 1 for k in ("kill_shard", "kill_service", "kill_worker",
+                                                    "pause_shard", "pause_worker", "power_cut")), rep["faults"]
+        assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True
+        logs = [os.path.join(kept.group(2), f) for f in os.listdir(kept.group(2)) if f.endswith(".log")
+                and f.startswith(("producer-", "worker-"))]
+        assert len(logs) == 5 and all(open(f).readline() == "client: aio\n" for f in logs)
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)

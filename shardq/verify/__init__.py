@@ -28,6 +28,8 @@ The run (Jepsen's ``total-queue`` workload, with kills and pauses):
 
 ``--target sqs://...`` runs the same producers, workers and checker against another backend
 (see :mod:`.target`): no service of ours to kill, so only worker kills and pauses.
+``--client aio`` runs the producers and workers on the asyncio client (``shardq.aio``)
+instead of the threaded router, so its reconnects and re-sends meet the same faults.
 
 Pass = no lost job, no duplicated effect, no per-key order violation, no unexpected job, no
 id mismatch, no double in-flight lease of a key, no reused lease token, no body delivered
@@ -57,7 +59,7 @@ from .check import Report, check
 from .history import (Effect, Enqueue, LeaseRec, body_digest, body_for, parse_body, read_effects,
                       read_producer_history, read_worker_history)
 from .plan import Fault, fingerprint, plan
-from .roles import producer_main, worker_main
+from .roles import CLIENTS, producer_main, worker_main
 from .run import run
 
 __all__ = ["main", "run", "check", "Report", "Effect", "Enqueue", "LeaseRec", "body_for", "body_digest",
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cuts", action="store_true",
                    help="add power cuts to the faults: SIGKILL the service, drop or zero random "
                         "unsynced 4 KiB pages of each shard's newest segment, restart")
+    p.add_argument("--client", choices=CLIENTS, default="threads",
+                   help="the client of the producers and workers: the threaded router "
+                        "(shardq.connect, default) or the asyncio client (shardq.aio.connect)")
     return p
 
 
@@ -119,6 +124,7 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
     p.add_argument("--stop", required=True)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--retry-s", type=float, default=5.0)
+    p.add_argument("--client", choices=CLIENTS, default="threads")
     if role == "_producer":
         p.add_argument("--index", type=int, required=True)
         p.add_argument("--keys", required=True)
@@ -149,5 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.power_cuts and a.target:
         print("error: --power-cuts needs the local service (not --target)", file=sys.stderr)
+        return 2
+    if a.client == "aio" and a.target:
+        print("error: --client aio needs the local service (the asyncio client has no SQS backend)",
+              file=sys.stderr)
         return 2
     return run(a)

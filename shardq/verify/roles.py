@@ -12,6 +12,49 @@ import time
 from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_digest, body_for, body_header
 
 
+CLIENTS = ("threads", "aio")
+
+
+class _AioClient:
+    """The asyncio client (``shardq.aio``) behind the router's calls that the roles make, each
+    run to completion on a loop of its own, so the same producer and worker code drives
+    either client. Its reconnects, re-sends and sessions are the asyncio client's own."""
+
+    def __init__(self, data_dir: str, retry_s: float, request_timeout_s: float):
+        import asyncio
+
+        from ..client import aio
+        self._loop = asyncio.new_event_loop()
+        self._q = self._run(aio.connect(data_dir, retry_s=retry_s, request_timeout_s=request_timeout_s))
+
+    def _run(self, coro):
+        return self._loop.run_until_complete(coro)
+
+    def enqueue_many(self, jobs):
+        return self._run(self._q.enqueue_many(jobs))
+
+    def dequeue_many(self, max_jobs: int, wait: float):
+        return self._run(self._q.dequeue_many(max_jobs=max_jobs, wait=wait))
+
+    def ack(self, lease) -> None:
+        self._run(self._q.ack(lease))
+
+    def close(self) -> None:
+        self._run(self._q.close())
+        self._loop.close()
+
+
+def _connect(a):
+    """The client ``--client`` names, with the role's retry budget as its request timeout
+    (said in the role's log)."""
+    client = getattr(a, "client", "threads")
+    print(f"client: {client}", flush=True)
+    if client == "aio":
+        return _AioClient(a.data_dir, a.retry_s, a.retry_s)
+    import shardq
+    return shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+
+
 def _hist(path: str):
     f = open(path, "a")  # noqa: SIM115 - open for the life of the process, flushed per record
 
@@ -22,14 +65,12 @@ def _hist(path: str):
 
 
 def producer_main(a) -> int:
-    import shardq
-
     from ..errors import ShardqError
     rng = random.Random(f"{a.seed}/producer/{a.index}")
     keys = a.keys.split(",")
     seqs = dict.fromkeys(keys, 0)
     write = _hist(a.history)
-    q = shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+    q = _connect(a)
     pace = CLOCK.monotonic()
     op = 0
     while not os.path.exists(a.stop):
@@ -56,14 +97,12 @@ def producer_main(a) -> int:
 
 
 def worker_main(a) -> int:
-    import shardq
-
     from ..errors import JobGone, LeaseLost, ShardqError
     rng = random.Random(f"{a.seed}/worker/{a.name}")
     write = _hist(a.history)
     db = sqlite3.connect(a.db, isolation_level=None, timeout=300)
     db.execute("PRAGMA synchronous=FULL")
-    q = shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+    q = _connect(a)
 
     def stall(where: str, stall_at: str | None, l) -> None:
         if where == stall_at:  # a fault: a GC pause or slow handler outliving the lease

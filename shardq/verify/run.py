@@ -203,7 +203,8 @@ class Run:
                  "--body-bytes", str(getattr(self.a, "body_bytes", 0)),
                  # Even producers retry long enough to ride out every fault; odd ones give
                  # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
-                 "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1"], f"producer-{p}.log"))
+                 "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
+                 "--client", getattr(self.a, "client", "threads")], f"producer-{p}.log"))
 
     def start_worker(self, w: int) -> None:
         self.incarnation[w] += 1
@@ -213,7 +214,7 @@ class Run:
         self.workers[w] = self._spawn(
             ["-m", "shardq.verify", "_worker", "--data-dir", self.connect_to, "--name", name, "--db", self.db,
              "--history", hist, "--stop", self.stop_workers, "--batch", str(getattr(self.a, "worker_batch", 4)),
-             "--retry-s", "5",
+             "--retry-s", "5", "--client", getattr(self.a, "client", "threads"),
              "--seed", str(self.a.seed), "--stall-prob", str(self.a.stall_prob),
              "--stall-s", str(self.a.visibility / 2)],
             f"worker-{w}.log")
@@ -231,6 +232,10 @@ class Run:
             self.unexpected_exits["service"] += 1
             self._log(f"service exited on its own with {self.service.returncode}; restarting")
             self.start_service()
+        for i, proc in enumerate(self.producers):  # no fault stops a producer: a crash of the harness
+            if proc.poll() is not None and not os.path.exists(self.stop_producers):
+                raise RuntimeError(f"producer {i} exited on its own with {proc.returncode} (see "
+                                   f"{os.path.join(self.work, f'producer-{i}.log')})")
         for w, proc in list(self.workers.items()):
             if proc.poll() is not None and not os.path.exists(self.stop_workers):
                 self.unexpected_exits["worker"] += 1
@@ -446,7 +451,8 @@ def run(a) -> int:
         return 2
     r = Run(a)
     print(f"shardq verify seed={a.seed} duration={a.duration}s shards={a.shards} producers={a.producers} "
-          f"workers={a.workers} keys={a.keys} visibility={a.visibility}s data_dir={r.data_dir}", flush=True)
+          f"workers={a.workers} keys={a.keys} visibility={a.visibility}s client={getattr(a, 'client', 'threads')} "
+          f"data_dir={r.data_dir}", flush=True)
     if r.target:
         print(f"target: {r.target} (worker faults only: {', '.join(r.kinds)}; worker batch {a.worker_batch})",
               flush=True)
@@ -471,6 +477,10 @@ def run(a) -> int:
     finally:
         r.cleanup()
     enqueues = r._enqueues()
+    if not any(op.outcome == "ok" for op in enqueues):
+        print(f"error: the run could not be carried out: no enqueue was acknowledged, so it checked "
+              f"nothing; files kept in {r.work}", file=sys.stderr)
+        return 2
     leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
     effects = read_effects(r.db)
     rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0),
