@@ -365,6 +365,19 @@ def test_a_producer_that_dies_on_its_own_stops_the_run_instead_of_passing_it_vac
     r.tick()  # once asked to stop, a producer's exit is expected
 
 
+def test_a_drain_that_timed_out_says_how_many_jobs_it_left_in_the_queue(capsys):
+    """Jobs still queued when the drain timeout passes count as lost; the summary says so,
+    so a run whose workers were too slow is not read as a queue that lost jobs."""
+    from shardq.verify.run import _print_summary
+    rep = check([], [], [])
+    rep.info.update(drained=False, backlog_left=7806, schedule={"faults": 0, "fingerprint": "-"})
+    _print_summary(settle_defaults(build_parser().parse_args(["--seed", "1"])), rep, {}, False, 1.0, kinds=())
+    assert "the drain timeout passed with 7806 jobs still in the queue" in capsys.readouterr().out
+    rep.info.update(drained=True, backlog_left=0)
+    _print_summary(settle_defaults(build_parser().parse_args(["--seed", "1"])), rep, {}, True, 1.0, kinds=())
+    assert "drain timeout passed" not in capsys.readouterr().out
+
+
 def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
     """The same faults (power cuts included) with producers and workers on the asyncio
     client, whose reconnects, re-sends and sessions are its own code, not the router's."""

@@ -535,6 +535,10 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
           f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
     print(f"service: {i.get('service')}; wal check after stop: {i.get('wal_check')}; "
           f"drained: {i.get('drained')}")
+    if i.get("drained") is False and i.get("backlog_left"):
+        print(f"the drain timeout passed with {i['backlog_left']} jobs still in the queue (ready, delayed, "
+              "waiting or in flight): not applied, so they count as lost below (a longer --drain-timeout "
+              "tells them apart)")
     print(f"{'check':<28}{'count':>8}  result")
     for k in (*FAILING, *(["wal_corrupt"] if "wal_corrupt" in rep.counts else [])):
         n = rep.counts.get(k, 0)
