@@ -387,10 +387,12 @@ class Router:
 
     def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[int]:
         """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
-        ``priority``, ``dedup_id``) in one request per shard; ids come back in input order.
+        ``priority``, ``dedup_id``) in one request per shard (more where a shard's part passes
+        ``BATCH_JOBS_MAX`` jobs or ``REQUEST_BYTES_MAX`` bytes, sent in order); ids come back
+        in input order.
 
-        Per shard the batch is all-or-nothing. Across shards it is not atomic: if one shard
-        refuses (e.g. QueueFull) the error is raised and the other shards' part may be in."""
+        Each request is all-or-nothing. Across requests it is not atomic: if one is refused
+        (e.g. QueueFull) the error is raised and the other requests' jobs may be in."""
         per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards)
         new = prioritized - self._noted
         if new:
