@@ -365,6 +365,43 @@ def test_a_producer_that_dies_on_its_own_stops_the_run_instead_of_passing_it_vac
     r.tick()  # once asked to stop, a producer's exit is expected
 
 
+def test_reading_effects_tries_again_after_sqlites_locking_protocol_error(tmp_path, monkeypatch):
+    """CI once failed a chaos run on the asyncio client when the run's progress read met
+    SQLITE_PROTOCOL (a worker killed or stopped while it held the WAL index); SQLite's remedy
+    is to try again. Any other error, or that one past the deadline, is raised."""
+    import sqlite3
+
+    from shardq.verify import history
+    db = str(tmp_path / "effects.db")
+    con = sqlite3.connect(db)
+    con.execute(history.SCHEMA)
+    con.execute("INSERT INTO effects (job_id, lease_key, body, worker, attempt, token, t, body_digest) "
+                "VALUES (1, 'k', 'p k 1', 'w', 1, 1, 0.0, NULL)")
+    con.commit()
+    con.close()
+    connect, failures = sqlite3.connect, []
+
+    class Flaky:
+        def __init__(self, real):
+            self.real = real
+
+        def execute(self, *args):
+            if len(failures) < 3:
+                failures.append(1)
+                raise sqlite3.OperationalError("locking protocol")
+            return self.real.execute(*args)
+
+        def close(self):
+            self.real.close()
+
+    monkeypatch.setattr(history.sqlite3, "connect", lambda *a, **kw: Flaky(connect(*a, **kw)))
+    assert [e.job_id for e in history.read_effects(db)] == [1] and len(failures) == 3
+    failures.clear()
+    monkeypatch.setattr(history, "PROTOCOL_RETRY_S", 0.0)
+    with pytest.raises(sqlite3.OperationalError, match="locking protocol"):
+        history.read_effects(db)
+
+
 def test_a_drain_that_timed_out_says_how_many_jobs_it_left_in_the_queue(capsys):
     """Jobs still queued when the drain timeout passes count as lost; the summary says so,
     so a run whose workers were too slow is not read as a queue that lost jobs."""

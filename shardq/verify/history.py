@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 
 from ..clock import SystemClock
@@ -158,14 +159,27 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
     return list(recs.values())
 
 
+PROTOCOL_RETRY_S = 10.0  # how long a read retries SQLite's "locking protocol"
+
+
 def read_effects(db_path: str, after: int = 0) -> list[Effect]:
-    db = sqlite3.connect(db_path, timeout=60)
-    try:
-        rows = db.execute("SELECT seqno, job_id, lease_key, body, worker, attempt, t, body_digest FROM effects "
-                          "WHERE seqno > ? ORDER BY seqno", (after,)).fetchall()
-    finally:
-        db.close()
-    return [Effect(*r) for r in rows]
+    """The effect rows after ``after``, in commit order. A worker SIGKILLed or stopped while
+    it held the WAL index can make a reader's lock attempts fail for a moment with SQLite's
+    "locking protocol" error (SQLITE_PROTOCOL, whose remedy is to try again): the read is
+    retried, for up to PROTOCOL_RETRY_S."""
+    deadline = CLOCK.monotonic() + PROTOCOL_RETRY_S
+    while True:
+        db = sqlite3.connect(db_path, timeout=60)
+        try:
+            rows = db.execute("SELECT seqno, job_id, lease_key, body, worker, attempt, t, body_digest FROM effects "
+                              "WHERE seqno > ? ORDER BY seqno", (after,)).fetchall()
+            return [Effect(*r) for r in rows]
+        except sqlite3.OperationalError as e:
+            if "locking protocol" not in str(e) or CLOCK.monotonic() >= deadline:
+                raise
+        finally:
+            db.close()
+        time.sleep(0.01)  # backoff before the next try, as SQLite's docs advise
 
 
 # ====================================================================== the checker
