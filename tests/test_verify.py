@@ -164,6 +164,14 @@ def test_history_files_round_trip(tmp_path):
                  '{"i":3,"t":1.4,"items":[["a",4]]}\n{"o":3,"t"')  # torn last line: killed mid-write
     ops = read_producer_history(str(p), 0)
     assert [(o.op, o.outcome, o.ids) for o in ops] == [(1, "ok", [10, 11]), (2, "info", None), (3, "info", None)]
+    assert [o.tries for o in ops] == [1, 1, 1]
+    d = tmp_path / "producer-1.jsonl"  # --dedup: a call of unknown outcome sent again, twice
+    d.write_text('{"i":1,"t":1.0,"items":[["a",1]]}\n{"r":1,"t":1.1,"err":"ShardUnavailable: x"}\n'
+                 '{"r":1,"t":1.2,"err":"RequestTimeout: y"}\n{"o":1,"t":1.3,"ids":[12]}\n')
+    [op] = read_producer_history(str(d), 1)
+    assert (op.outcome, op.ids, op.tries, op.error) == ("ok", [12], 3, "RequestTimeout: y")
+    rep = check([op], [], [eff(1, 12, "a", 1, producer=1)])
+    assert rep.ok and (rep.info["enqueue_resends"], rep.info["enqueue_ops_ok_after_resend"]) == (2, 1)
     w = tmp_path / "worker.jsonl"
     w.write_text('{"l":[10,"a",1,5,2.0],"t0":1.0,"t1":1.1}\n{"c":true,"j":10,"tok":5,"t":1.2}\n'
                  '{"ack":10,"j":10,"tok":5,"t":1.3}\n{"a":"ok","j":10,"tok":5,"t0":1.3,"t1":1.4}\n'
@@ -171,6 +179,18 @@ def test_history_files_round_trip(tmp_path):
                  '{"ack":11,"j":11,"tok":6,"t":1.8}\n')
     recs = read_worker_history(str(w), "w0")
     assert [(r.job_id, r.result, r.inserted, r.end_t0) for r in recs] == [(10, "ok", True, 1.3), (11, None, True, 1.8)]
+    assert [r.nack_delay for r in recs] == [None, None]
+    n = tmp_path / "worker-n.jsonl"  # --nack-prob: a failed job handed back, then leased again and done
+    n.write_text('{"l":[12,"a",1,7,2.0],"t0":1.0,"t1":1.1}\n{"ack":12,"j":12,"tok":7,"t":1.2,"nack":0.25}\n'
+                 '{"a":"ok","j":12,"tok":7,"t0":1.2,"t1":1.3}\n'
+                 '{"l":[12,"a",2,8,3.0],"t0":1.5,"t1":1.6}\n{"c":true,"j":12,"tok":8,"t":1.7}\n'
+                 '{"ack":12,"j":12,"tok":8,"t":1.8}\n{"a":"ok","j":12,"tok":8,"t0":1.8,"t1":1.9}\n')
+    recs = read_worker_history(str(n), "w1")
+    assert [(r.attempt, r.nack_delay, r.result, r.end_t0, r.inserted) for r in recs] == [
+        (1, 0.25, "ok", 1.2, None), (2, None, "ok", 1.8, True)]
+    rep = check([ok(1, [("a", 1)], [12])], recs, [eff(1, 12, "a", 1)])
+    assert rep.ok, failing(rep)  # the second lease began after the nack: not two at once
+    assert (rep.info["nacks"], rep.info["nacks_ok"], rep.info["acks_lease_lost"]) == (1, 1, 0)
 
 
 def test_large_bodies_are_checked_byte_for_byte():
@@ -287,7 +307,7 @@ def test_the_replay_line_names_every_setting_that_shapes_the_run():
     --stall-prob, --max-deliveries and the rest, so a replay ran another workload."""
     argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
             "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
-            "--health-timeout", "4", "--power-cuts", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
             "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
     line = replay_command(settle_defaults(build_parser().parse_args(argv)))
     assert line.startswith("shardq verify ")
@@ -435,6 +455,46 @@ def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
         logs = [os.path.join(kept.group(2), f) for f in os.listdir(kept.group(2)) if f.endswith(".log")
                 and f.startswith(("producer-", "worker-"))]
         assert len(logs) == 5 and all("client: aio\n" in open(f).readlines() for f in logs)
+    finally:
+        if kept:
+            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
+
+
+def test_dedup_ids_are_unique_per_job_and_as_long_as_allowed():
+    from shardq import limits
+    from shardq.shard import validate
+    from shardq.verify.history import dedup_id_for
+    ids = {dedup_id_for(p, f"k{k:03d}", seq) for p in range(3) for k in range(20) for seq in (1, 2, 10, 100_000)}
+    assert len(ids) == 3 * 20 * 4
+    assert {len(i.encode()) for i in ids} == {limits.DEDUP_ID_BYTES_MAX}
+    assert all(validate.dedup_id(i) == i for i in ids)
+
+
+def test_a_chaos_run_with_dedup_ids_and_failing_handlers_passes(tmp_path):
+    """``--dedup``: producers send a call of unknown outcome again with the same dedup ids
+    (the longest allowed) until it is answered, through kills, pauses and power cuts; the
+    queue must add each job once and keep every answered one. ``--nack-prob``: workers fail
+    some jobs and nack them, some with a backoff that must block their key."""
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
+                           "--seed", "20261281", "--rate", "60", "--drain-timeout", "60", "--power-cuts", "--dedup",
+                           "--nack-prob", "0.05",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
+    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        rep = json.loads(out.read_text())
+        assert rep["passed"] is True and rep["args"]["dedup"] is True
+        info = rep["info"]
+        # Calls were sent again (odd producers give up after 1 s, shorter than a shard's
+        # pause), and answered: their jobs count as acknowledged, so lost and duplicated
+        # effects are checked for them.
+        assert info["enqueue_resends"] >= 1 and info["enqueue_ops_ok_after_resend"] >= 1, info
+        assert info["jobs_ok"] > 100 and info["drained"] is True
+        assert "calls of unknown outcome sent again" in proc.stdout
+        assert info["nacks_ok"] >= 10 and info["max_attempt"] >= 2, info
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-prob", type=float, default=0.002,
                    help="chance that a worker stalls past a lease's deadline (before its transaction, "
                         "inside it, or before the ack)")
+    p.add_argument("--nack-prob", type=float, default=0.0,
+                   help="chance that a worker fails a job (no effect) and hands it back with nack "
+                        "after a backoff of 0 or 0.05-0.5 s, during which the job blocks its key")
     p.add_argument("--keep", action="store_true", help="keep the temp dir even on pass")
     p.add_argument("--target", help="run against this backend instead of a local service, e.g. "
                                     "sqs://<region>/<prefix>?endpoint=URL: its queue 'default' is "
@@ -105,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client", choices=CLIENTS, default="threads",
                    help="the client of the producers and workers: the threaded router "
                         "(shardq.connect, default) or the asyncio client (shardq.aio.connect)")
+    p.add_argument("--dedup", action="store_true",
+                   help="producers give every job a dedup id (of the longest length allowed) and "
+                        "send an enqueue of unknown outcome again with the same ids until it is "
+                        "answered: the queue must add each job once")
     return p
 
 
@@ -131,12 +138,14 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, required=True)
         p.add_argument("--rate", type=float, required=True)
         p.add_argument("--body-bytes", type=int, default=0)
+        p.add_argument("--dedup", action="store_true")
     else:
         p.add_argument("--name", required=True)
         p.add_argument("--db", required=True)
         p.add_argument("--seed", type=int, required=True)
         p.add_argument("--stall-prob", type=float, default=0.0)
         p.add_argument("--stall-s", type=float, default=0.5)
+        p.add_argument("--nack-prob", type=float, default=0.0)
     return p
 
 

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from .. import limits
 from ..clock import SystemClock
 
 
@@ -30,7 +31,9 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS effects (
 @dataclass
 class Enqueue:
     """One enqueue call: ``items`` are (key, seq); outcome ``ok`` (``ids`` in item order),
-    ``fail`` (certainly not enqueued) or ``info`` (unknown: error, timeout, or no outcome)."""
+    ``fail`` (certainly not enqueued) or ``info`` (unknown: error, timeout, or no outcome).
+    ``tries``: how many times the call was sent; more than one only with ``--dedup``, whose
+    producers send a call of unknown outcome again with the same dedup ids."""
 
     producer: int
     op: int
@@ -40,13 +43,16 @@ class Enqueue:
     error: str | None = None
     t0: float = 0.0
     t1: float | None = None
+    tries: int = 1
 
 
 @dataclass
 class LeaseRec:
     """One lease as a worker saw it. ``t0``/``t1``: dequeue call and return; ``end_t0``: when
     the ack was sent (None: never sent, e.g. killed before, or expired before start);
-    ``result``: ack outcome (None: unknown, the worker died) or ``expired`` (not started)."""
+    ``result``: ack outcome (None: unknown, the worker died) or ``expired`` (not started).
+    ``nack_delay``: set when the worker failed the job (``--nack-prob``) and sent a ``nack``
+    with that delay instead of an ack; ``end_t0`` and ``result`` are then the nack's."""
 
     worker: str
     job_id: int
@@ -62,6 +68,7 @@ class LeaseRec:
     commit_t: float | None = None
     inserted: bool | None = None
     stalled: str | None = None
+    nack_delay: float | None = None
 
 
 @dataclass
@@ -87,6 +94,13 @@ def body_for(producer: int, key: str, seq: int, size: int = 0) -> bytes:
     if size <= len(head) + 1:
         return head
     return head + b"\n" + hashlib.shake_128(head).digest(size - len(head) - 1)
+
+
+def dedup_id_for(producer: int, key: str, seq: int) -> str:
+    """A job's dedup id under ``--dedup``: unique per job, and as long as a dedup id may be
+    (``DEDUP_ID_BYTES_MAX``), so the longest ids go through the log, compaction and replay."""
+    head = f"{producer}/{key}/{seq}/"
+    return head + hashlib.shake_128(head.encode()).hexdigest(limits.DEDUP_ID_BYTES_MAX)[:limits.DEDUP_ID_BYTES_MAX - len(head)]
 
 
 def body_header(body: bytes) -> bytes:
@@ -126,6 +140,9 @@ def read_producer_history(path: str, producer: int) -> list[Enqueue]:
     for r in _json_lines(path):
         if "i" in r:
             ops[r["i"]] = Enqueue(producer, r["i"], [tuple(x) for x in r["items"]], t0=r["t"])
+        elif "r" in r and r["r"] in ops:  # a try of unknown outcome, sent again (--dedup)
+            ops[r["r"]].tries += 1
+            ops[r["r"]].error = r.get("err")
         elif "o" in r and r["o"] in ops:
             e = ops[r["o"]]
             e.t1 = r["t"]
@@ -154,6 +171,7 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
             rec.commit_t, rec.inserted = r["t"], r["c"]
         elif "ack" in r:
             rec.end_t0 = r["t"]
+            rec.nack_delay = r.get("nack")
         elif "a" in r:
             rec.end_t0, rec.end_t1, rec.result = r["t0"], r["t1"], r["a"]
     return list(recs.values())

@@ -9,7 +9,7 @@ import sqlite3
 import time
 
 
-from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_digest, body_for, body_header
+from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_digest, body_for, body_header, dedup_id_for
 
 
 CLIENTS = ("threads", "aio")
@@ -38,6 +38,9 @@ class _AioClient:
 
     def ack(self, lease) -> None:
         self._run(self._q.ack(lease))
+
+    def nack(self, lease, delay: float = 0.0, error: str | None = None) -> None:
+        self._run(self._q.nack(lease, delay, error))
 
     def close(self) -> None:
         self._run(self._q.close())
@@ -81,11 +84,23 @@ def producer_main(a) -> int:
             items.append((key, seqs[key]))
         op += 1
         write(i=op, t=CLOCK.now(), items=items)
-        try:
-            ids = q.enqueue_many([{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items])
-            write(o=op, t=CLOCK.now(), ids=ids)
-        except ShardqError as e:
-            write(o=op, t=CLOCK.now(), outcome="info", err=f"{type(e).__name__}: {e}"[:200])
+        jobs = [{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items]
+        if a.dedup:
+            for job, (k, s) in zip(jobs, items):
+                job["dedup_id"] = dedup_id_for(a.index, k, s)
+        while True:
+            try:
+                ids = q.enqueue_many(jobs)
+                write(o=op, t=CLOCK.now(), ids=ids)
+                break
+            except ShardqError as e:
+                err = f"{type(e).__name__}: {e}"[:200]
+                if not a.dedup or os.path.exists(a.stop):
+                    write(o=op, t=CLOCK.now(), outcome="info", err=err)
+                    break
+                # What an application does with a dedup id: send the call of unknown outcome
+                # again, before any later job of its keys, until it is answered.
+                write(r=op, t=CLOCK.now(), err=err)
         pace += len(items) / a.rate
         ahead = pace - CLOCK.monotonic()
         if ahead > 0:
@@ -123,6 +138,9 @@ def worker_main(a) -> int:
             if CLOCK.now() >= l.deadline - START_MARGIN_S:
                 write(x=1, j=l.job_id, tok=l.token, t=CLOCK.now())  # never start an expired lease
                 continue
+            if a.nack_prob and rng.random() < a.nack_prob:
+                _fail(q, write, l, rng.choice((0.0, round(rng.uniform(0.05, 0.5), 3))))
+                continue
             stall_at = rng.choice(STALL_POINTS) if rng.random() < a.stall_prob else None
             stall("before_txn", stall_at, l)
             db.execute("BEGIN IMMEDIATE")
@@ -151,6 +169,23 @@ def worker_main(a) -> int:
             write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
     q.close()
     return 0
+
+
+def _fail(q, write, l, delay: float) -> None:
+    """A handler that failed: no effect (its transaction never commits), and the job handed
+    back with a ``nack`` of ``delay`` seconds (its retry backoff), during which it stays at
+    the head of its key and blocks it."""
+    from ..errors import JobGone, LeaseLost, ShardqError
+    ta = CLOCK.now()
+    write(ack=l.job_id, j=l.job_id, tok=l.token, t=ta, nack=delay)  # the lease may end here
+    try:
+        q.nack(l, delay, "verify: the handler failed")
+        result = "ok"
+    except (JobGone, LeaseLost) as e:
+        result = type(e).__name__
+    except ShardqError as e:
+        result = type(e).__name__  # unknown: the lease expires and the job comes back
+    write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
 
 
 # ====================================================================== the run

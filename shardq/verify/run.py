@@ -204,7 +204,8 @@ class Run:
                  # Even producers retry long enough to ride out every fault; odd ones give
                  # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
                  "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
-                 "--client", getattr(self.a, "client", "threads")], f"producer-{p}.log"))
+                 "--client", getattr(self.a, "client", "threads"),
+                 *(["--dedup"] if getattr(self.a, "dedup", False) else [])], f"producer-{p}.log"))
 
     def start_worker(self, w: int) -> None:
         self.incarnation[w] += 1
@@ -216,7 +217,7 @@ class Run:
              "--history", hist, "--stop", self.stop_workers, "--batch", str(getattr(self.a, "worker_batch", 4)),
              "--retry-s", "5", "--client", getattr(self.a, "client", "threads"),
              "--seed", str(self.a.seed), "--stall-prob", str(self.a.stall_prob),
-             "--stall-s", str(self.a.visibility / 2)],
+             "--stall-s", str(self.a.visibility / 2), "--nack-prob", str(getattr(self.a, "nack_prob", 0.0))],
             f"worker-{w}.log")
 
     def init_db(self) -> None:
@@ -528,8 +529,12 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
     print(f"enqueue calls {i['enqueue_ops']} ({i['enqueue_ops_ok']} ok); jobs ok {i['jobs_ok']}, "
           f"ambiguous {i['jobs_ambiguous']} (delivered {i['ambiguous_delivered']}, "
           f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}")
+    if getattr(a, "dedup", False):
+        print(f"dedup ids: {i['enqueue_resends']} calls of unknown outcome sent again, "
+              f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend")
     print(f"deliveries {i['deliveries']} (duplicate {i['duplicate_deliveries']}, max attempt {i['max_attempt']}, "
-          f"expired before start {i['leases_expired_before_start']}, ack LeaseLost {i['acks_lease_lost']}); "
+          f"expired before start {i['leases_expired_before_start']}, ack LeaseLost {i['acks_lease_lost']}, "
+          f"failed and nacked {i['nacks']} ({i['nacks_ok']} answered ok)); "
           f"worker stalls {i['worker_stalls']}; "
           f"effects {i['effects']}; late commits {i['late_commits']} "
           f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
