@@ -168,10 +168,13 @@ def test_history_files_round_trip(tmp_path):
     d = tmp_path / "producer-1.jsonl"  # --dedup: a call of unknown outcome sent again, twice
     d.write_text('{"i":1,"t":1.0,"items":[["a",1]]}\n{"r":1,"t":1.1,"err":"ShardUnavailable: x"}\n'
                  '{"r":1,"t":1.2,"err":"RequestTimeout: y"}\n{"o":1,"t":1.3,"ids":[12]}\n')
-    [op] = read_producer_history(str(d), 1)
-    assert (op.outcome, op.ids, op.tries, op.error) == ("ok", [12], 3, "RequestTimeout: y")
-    rep = check([op], [], [eff(1, 12, "a", 1, producer=1)])
+    d.write_text(d.read_text() + '{"i":2,"t":1.4,"items":[["a",2],["a",3]],"delays":[0,0.25]}\n')
+    first, second = read_producer_history(str(d), 1)
+    assert (first.outcome, first.ids, first.tries, first.error, first.delayed) == ("ok", [12], 3, "RequestTimeout: y", 0)
+    assert (second.outcome, second.delayed) == ("info", 1)
+    rep = check([first, second], [], [eff(1, 12, "a", 1, producer=1)])
     assert rep.ok and (rep.info["enqueue_resends"], rep.info["enqueue_ops_ok_after_resend"]) == (2, 1)
+    assert rep.info["jobs_delayed"] == 1
     w = tmp_path / "worker.jsonl"
     w.write_text('{"l":[10,"a",1,5,2.0],"t0":1.0,"t1":1.1}\n{"c":true,"j":10,"tok":5,"t":1.2}\n'
                  '{"ack":10,"j":10,"tok":5,"t":1.3}\n{"a":"ok","j":10,"tok":5,"t0":1.3,"t1":1.4}\n'
@@ -191,6 +194,21 @@ def test_history_files_round_trip(tmp_path):
     rep = check([ok(1, [("a", 1)], [12])], recs, [eff(1, 12, "a", 1)])
     assert rep.ok, failing(rep)  # the second lease began after the nack: not two at once
     assert (rep.info["nacks"], rep.info["nacks_ok"], rep.info["acks_lease_lost"]) == (1, 1, 0)
+
+
+def test_an_extended_lease_lasts_until_its_new_deadline_in_the_check(tmp_path):
+    """--extend-prob: a lease extended past its first deadline is live until the new one, so
+    another lease of its key granted in between is two at once; a failed extend leaves the
+    first deadline."""
+    w = tmp_path / "worker.jsonl"
+    w.write_text('{"l":[10,"a",1,5,2.0],"t0":1.0,"t1":1.1}\n{"e":10,"j":10,"tok":5,"t":1.2,"deadline":4.0}\n'
+                 '{"l":[20,"b",1,6,2.0],"t0":1.0,"t1":1.1}\n{"e":20,"j":20,"tok":6,"t":1.2,"err":"LeaseLost"}\n')
+    recs = read_worker_history(str(w), "w0")
+    assert [(r.job_id, r.extended, r.deadline) for r in recs] == [(10, "ok", 4.0), (20, "LeaseLost", 2.0)]
+    later = [lease(11, "a", 7, 2.5, 5.0, worker="w1"), lease(21, "b", 8, 2.5, 5.0, worker="w1")]
+    rep = check([], recs + later, [])
+    assert rep.counts["double_in_flight"] == 1 and rep.examples["double_in_flight"][0]["key"] == "a"
+    assert (rep.info["extends"], rep.info["extends_ok"]) == (2, 1)
 
 
 def test_large_bodies_are_checked_byte_for_byte():
@@ -307,7 +325,7 @@ def test_the_replay_line_names_every_setting_that_shapes_the_run():
     --stall-prob, --max-deliveries and the rest, so a replay ran another workload."""
     argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
             "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
-            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2", "--delay-prob", "0.3", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
             "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
     line = replay_command(settle_defaults(build_parser().parse_args(argv)))
     assert line.startswith("shardq verify ")
@@ -470,16 +488,18 @@ def test_dedup_ids_are_unique_per_job_and_as_long_as_allowed():
     assert all(validate.dedup_id(i) == i for i in ids)
 
 
-def test_a_chaos_run_with_dedup_ids_and_failing_handlers_passes(tmp_path):
+def test_a_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes(tmp_path):
     """``--dedup``: producers send a call of unknown outcome again with the same dedup ids
     (the longest allowed) until it is answered, through kills, pauses and power cuts; the
     queue must add each job once and keep every answered one. ``--nack-prob``: workers fail
-    some jobs and nack them, some with a backoff that must block their key."""
+    some jobs and nack them, some with a backoff that must block their key;
+    ``--extend-prob``: they extend some leases and work past the first deadline;
+    ``--delay-prob``: some jobs are delayed, and block the later jobs of their key."""
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
                            "--seed", "20261281", "--rate", "60", "--drain-timeout", "60", "--power-cuts", "--dedup",
-                           "--nack-prob", "0.05",
+                           "--nack-prob", "0.05", "--extend-prob", "0.03", "--delay-prob", "0.1",
                            "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
     kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
@@ -495,6 +515,7 @@ def test_a_chaos_run_with_dedup_ids_and_failing_handlers_passes(tmp_path):
         assert info["jobs_ok"] > 100 and info["drained"] is True
         assert "calls of unknown outcome sent again" in proc.stdout
         assert info["nacks_ok"] >= 10 and info["max_attempt"] >= 2, info
+        assert info["extends_ok"] >= 5 and info["jobs_delayed"] >= 50, info
     finally:
         if kept:
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)

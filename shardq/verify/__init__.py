@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nack-prob", type=float, default=0.0,
                    help="chance that a worker fails a job (no effect) and hands it back with nack "
                         "after a backoff of 0 or 0.05-0.5 s, during which the job blocks its key")
+    p.add_argument("--extend-prob", type=float, default=0.0,
+                   help="chance that a worker extends a lease by two visibility timeouts and works "
+                        "past its first deadline (a long handler's heartbeat)")
+    p.add_argument("--delay-prob", type=float, default=0.0,
+                   help="chance that a job is enqueued with a delay of 0.05-0.5 s (it blocks the "
+                        "later jobs of its key until it is done)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir even on pass")
     p.add_argument("--target", help="run against this backend instead of a local service, e.g. "
                                     "sqs://<region>/<prefix>?endpoint=URL: its queue 'default' is "
@@ -139,6 +145,7 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
         p.add_argument("--rate", type=float, required=True)
         p.add_argument("--body-bytes", type=int, default=0)
         p.add_argument("--dedup", action="store_true")
+        p.add_argument("--delay-prob", type=float, default=0.0)
     else:
         p.add_argument("--name", required=True)
         p.add_argument("--db", required=True)
@@ -146,6 +153,8 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
         p.add_argument("--stall-prob", type=float, default=0.0)
         p.add_argument("--stall-s", type=float, default=0.5)
         p.add_argument("--nack-prob", type=float, default=0.0)
+        p.add_argument("--extend-prob", type=float, default=0.0)
+        p.add_argument("--extend-s", type=float, default=2.0)
     return p
 
 

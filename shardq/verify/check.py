@@ -100,6 +100,7 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
         jobs_ok=ok_jobs, jobs_ambiguous=ambiguous, ambiguous_delivered=recovered,
         ambiguous_not_delivered=ambiguous - recovered,
         jobs_failed=sum(len(op.items) for op in enqueues if op.outcome == "fail"),
+        jobs_delayed=sum(op.delayed for op in enqueues),
         enqueue_resends=sum(op.tries - 1 for op in enqueues),
         enqueue_ops_ok_after_resend=sum(op.tries > 1 and op.outcome == "ok" for op in enqueues),
         effects=len(effects), deliveries=len(leases),
@@ -111,6 +112,8 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
         acks_lease_lost=sum(l.result in ("LeaseLost", "JobGone") and l.nack_delay is None for l in leases),
         nacks=sum(l.nack_delay is not None for l in leases),
         nacks_ok=sum(l.nack_delay is not None and l.result == "ok" for l in leases),
+        extends=sum(l.extended is not None for l in leases),
+        extends_ok=sum(l.extended == "ok" for l in leases),
         late_commits=sum(l.commit_t is not None and l.commit_t > l.deadline for l in leases),
         late_commits_new_effect=sum(bool(l.inserted) and l.commit_t is not None and l.commit_t > l.deadline
                                     for l in leases),

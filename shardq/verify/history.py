@@ -33,7 +33,8 @@ class Enqueue:
     """One enqueue call: ``items`` are (key, seq); outcome ``ok`` (``ids`` in item order),
     ``fail`` (certainly not enqueued) or ``info`` (unknown: error, timeout, or no outcome).
     ``tries``: how many times the call was sent; more than one only with ``--dedup``, whose
-    producers send a call of unknown outcome again with the same dedup ids."""
+    producers send a call of unknown outcome again with the same dedup ids. ``delayed``: how
+    many of its jobs were enqueued with a delay (``--delay-prob``)."""
 
     producer: int
     op: int
@@ -44,6 +45,7 @@ class Enqueue:
     t0: float = 0.0
     t1: float | None = None
     tries: int = 1
+    delayed: int = 0
 
 
 @dataclass
@@ -52,7 +54,9 @@ class LeaseRec:
     the ack was sent (None: never sent, e.g. killed before, or expired before start);
     ``result``: ack outcome (None: unknown, the worker died) or ``expired`` (not started).
     ``nack_delay``: set when the worker failed the job (``--nack-prob``) and sent a ``nack``
-    with that delay instead of an ack; ``end_t0`` and ``result`` are then the nack's."""
+    with that delay instead of an ack; ``end_t0`` and ``result`` are then the nack's.
+    ``extended``: ``ok`` when the worker extended the lease (``--extend-prob``; ``deadline``
+    is then the extended one), else the error that stopped it (the job was not started)."""
 
     worker: str
     job_id: int
@@ -69,6 +73,7 @@ class LeaseRec:
     inserted: bool | None = None
     stalled: str | None = None
     nack_delay: float | None = None
+    extended: str | None = None
 
 
 @dataclass
@@ -139,7 +144,8 @@ def read_producer_history(path: str, producer: int) -> list[Enqueue]:
     ops: dict[int, Enqueue] = {}
     for r in _json_lines(path):
         if "i" in r:
-            ops[r["i"]] = Enqueue(producer, r["i"], [tuple(x) for x in r["items"]], t0=r["t"])
+            ops[r["i"]] = Enqueue(producer, r["i"], [tuple(x) for x in r["items"]], t0=r["t"],
+                                  delayed=sum(1 for d in r.get("delays", ()) if d))
         elif "r" in r and r["r"] in ops:  # a try of unknown outcome, sent again (--dedup)
             ops[r["r"]].tries += 1
             ops[r["r"]].error = r.get("err")
@@ -169,6 +175,11 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
             rec.result = "expired"
         elif "c" in r:
             rec.commit_t, rec.inserted = r["t"], r["c"]
+        elif "e" in r:
+            if "deadline" in r:
+                rec.extended, rec.deadline = "ok", r["deadline"]
+            else:
+                rec.extended = r.get("err", "unknown")
         elif "ack" in r:
             rec.end_t0 = r["t"]
             rec.nack_delay = r.get("nack")

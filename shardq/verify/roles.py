@@ -42,6 +42,9 @@ class _AioClient:
     def nack(self, lease, delay: float = 0.0, error: str | None = None) -> None:
         self._run(self._q.nack(lease, delay, error))
 
+    def extend(self, lease, seconds: float):
+        return self._run(self._q.extend(lease, seconds))
+
     def close(self) -> None:
         self._run(self._q.close())
         self._loop.close()
@@ -83,11 +86,16 @@ def producer_main(a) -> int:
             seqs[key] += 1
             items.append((key, seqs[key]))
         op += 1
-        write(i=op, t=CLOCK.now(), items=items)
         jobs = [{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items]
         if a.dedup:
             for job, (k, s) in zip(jobs, items):
                 job["dedup_id"] = dedup_id_for(a.index, k, s)
+        delays = [round(rng.uniform(0.05, 0.5), 3) if rng.random() < a.delay_prob else 0 for _ in jobs] \
+            if a.delay_prob else []
+        for job, d in zip(jobs, delays):
+            if d:
+                job["delay"] = d
+        write(i=op, t=CLOCK.now(), items=items, **({"delays": delays} if any(delays) else {}))
         while True:
             try:
                 ids = q.enqueue_many(jobs)
@@ -141,6 +149,10 @@ def worker_main(a) -> int:
             if a.nack_prob and rng.random() < a.nack_prob:
                 _fail(q, write, l, rng.choice((0.0, round(rng.uniform(0.05, 0.5), 3))))
                 continue
+            if a.extend_prob and rng.random() < a.extend_prob:
+                l = _extend(q, write, l, a.extend_s)
+                if l is None:
+                    continue
             stall_at = rng.choice(STALL_POINTS) if rng.random() < a.stall_prob else None
             stall("before_txn", stall_at, l)
             db.execute("BEGIN IMMEDIATE")
@@ -186,6 +198,24 @@ def _fail(q, write, l, delay: float) -> None:
     except ShardqError as e:
         result = type(e).__name__  # unknown: the lease expires and the job comes back
     write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
+
+
+def _extend(q, write, l, seconds: float):
+    """A long handler's heartbeat: extend the lease by ``seconds``, then work past its first
+    deadline (inside the new one), where another worker getting the job would be two leases
+    at once. Returns the extended lease, or None when it was lost (not started then)."""
+    from ..errors import ShardqError
+    t = CLOCK.now()
+    try:
+        longer = q.extend(l, seconds)
+    except ShardqError as e:  # lost, or unknown: either way the job is not started
+        write(e=l.job_id, j=l.job_id, tok=l.token, t=t, err=type(e).__name__)
+        return None
+    write(e=l.job_id, j=l.job_id, tok=l.token, t=t, deadline=longer.deadline)
+    busy = min(l.deadline + 0.1, longer.deadline - 4 * START_MARGIN_S) - CLOCK.now()
+    if busy > 0:
+        time.sleep(busy)  # the handler's work, not synchronisation
+    return longer
 
 
 # ====================================================================== the run

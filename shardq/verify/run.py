@@ -205,6 +205,7 @@ class Run:
                  # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
                  "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
                  "--client", getattr(self.a, "client", "threads"),
+                 "--delay-prob", str(getattr(self.a, "delay_prob", 0.0)),
                  *(["--dedup"] if getattr(self.a, "dedup", False) else [])], f"producer-{p}.log"))
 
     def start_worker(self, w: int) -> None:
@@ -217,7 +218,8 @@ class Run:
              "--history", hist, "--stop", self.stop_workers, "--batch", str(getattr(self.a, "worker_batch", 4)),
              "--retry-s", "5", "--client", getattr(self.a, "client", "threads"),
              "--seed", str(self.a.seed), "--stall-prob", str(self.a.stall_prob),
-             "--stall-s", str(self.a.visibility / 2), "--nack-prob", str(getattr(self.a, "nack_prob", 0.0))],
+             "--stall-s", str(self.a.visibility / 2), "--nack-prob", str(getattr(self.a, "nack_prob", 0.0)),
+             "--extend-prob", str(getattr(self.a, "extend_prob", 0.0)), "--extend-s", str(2 * self.a.visibility)],
             f"worker-{w}.log")
 
     def init_db(self) -> None:
@@ -528,13 +530,14 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
               f"({pages.get('unknown', 0)} without a recorded sync)")
     print(f"enqueue calls {i['enqueue_ops']} ({i['enqueue_ops_ok']} ok); jobs ok {i['jobs_ok']}, "
           f"ambiguous {i['jobs_ambiguous']} (delivered {i['ambiguous_delivered']}, "
-          f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}")
+          f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}, delayed {i['jobs_delayed']}")
     if getattr(a, "dedup", False):
         print(f"dedup ids: {i['enqueue_resends']} calls of unknown outcome sent again, "
               f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend")
     print(f"deliveries {i['deliveries']} (duplicate {i['duplicate_deliveries']}, max attempt {i['max_attempt']}, "
           f"expired before start {i['leases_expired_before_start']}, ack LeaseLost {i['acks_lease_lost']}, "
-          f"failed and nacked {i['nacks']} ({i['nacks_ok']} answered ok)); "
+          f"failed and nacked {i['nacks']} ({i['nacks_ok']} answered ok), "
+          f"extended {i['extends']} ({i['extends_ok']} ok)); "
           f"worker stalls {i['worker_stalls']}; "
           f"effects {i['effects']}; late commits {i['late_commits']} "
           f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
