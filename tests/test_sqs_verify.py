@@ -21,7 +21,8 @@ def test_verify_against_sqs_passes_with_worker_faults(moto, tmp_path):
     out = tmp_path / "report.json"
     target = moto.target()
     proc = _verify(["--target", target, "--duration", "8", "--fault-interval", "1.5", "--seed", "13",
-                    "--rate", "40", "--stall-prob", "0.01", "--drain-timeout", "90", "--json", str(out)],
+                    "--rate", "40", "--stall-prob", "0.01", "--drain-timeout", "90", "--json", str(out),
+                    "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.05"],
                    tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     rep = json.loads(out.read_text())
@@ -29,6 +30,8 @@ def test_verify_against_sqs_passes_with_worker_faults(moto, tmp_path):
     assert set(rep["faults"]) == {"kill_worker", "pause_worker"}
     assert rep["faults"]["kill_worker"] >= 1 and rep["faults"]["pause_worker"] >= 1
     assert rep["info"]["jobs_ok"] > 50 and rep["info"]["drained"] is True
+    # Failed handlers' nacks (ChangeMessageVisibility) and heartbeats ran on SQS too.
+    assert rep["info"]["nacks_ok"] >= 1 and rep["info"]["extends_ok"] >= 1, rep["info"]
     # A queue that still holds jobs is refused: the checker must see every job's history.
     with shardq.connect(target) as q:
         q.enqueue(b"left over")

@@ -478,6 +478,17 @@ def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
             shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--nack-prob", "1.5"], "--nack-prob must be a probability"),
+    (["--extend-prob", "-0.1"], "--extend-prob must be a probability"),
+    (["--delay-prob", "0.1", "--target", "sqs://us-east-1/p?endpoint=http://127.0.0.1:9"], "per-job delay"),
+])
+def test_options_a_run_cannot_use_are_refused_before_it_starts(argv, said, capsys):
+    from shardq.verify import main
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_dedup_ids_are_unique_per_job_and_as_long_as_allowed():
     from shardq import limits
     from shardq.shard import validate

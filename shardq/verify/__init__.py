@@ -171,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.body_bytes <= limits.BODY_BYTES_MAX_CEILING:
         print(f"error: --body-bytes must be 0 to {limits.BODY_BYTES_MAX_CEILING}", file=sys.stderr)
         return 2
+    for name in ("stall_prob", "nack_prob", "extend_prob", "delay_prob"):
+        if not 0.0 <= getattr(a, name) <= 1.0:
+            print(f"error: --{name.replace('_', '-')} must be a probability, 0 to 1", file=sys.stderr)
+            return 2
+    if a.delay_prob and a.target:
+        print("error: --delay-prob needs the local service (SQS FIFO queues have no per-job delay)",
+              file=sys.stderr)
+        return 2
     if a.power_cuts and a.target:
         print("error: --power-cuts needs the local service (not --target)", file=sys.stderr)
         return 2
