@@ -296,3 +296,32 @@ def test_a_data_dir_broken_by_the_old_writer_is_repaired_without_loss():
         with svc.connect() as q:
             got = drain_all(q, "default", len(jobs))
     assert got == {jid: (key, digest(body)) for jid, key, body in jobs}
+
+
+def test_a_checkpoint_of_a_client_with_many_full_batches_unanswered():
+    """A shard keeps, per client, the ids of every request at or above the client's lowest
+    unanswered one, so a resend is answered without a second job. A bulk loader that sends
+    a few hundred batches of BATCH_JOBS_MAX jobs before reading a reply leaves one session
+    holding millions of ids; its checkpoint used to be one operation, past the checkpoint
+    record limit, so compaction could not write it."""
+    cfg = config_from()
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        e = Engine(d, cfg)
+        ids = list(range(2**40, 2**40 + limits.BATCH_JOBS_MAX))  # 9 bytes each, as after 2^22 jobs
+        seqs = limits.CHECKPOINT_RECORD_BYTES_MAX // (9 * limits.BATCH_JOBS_MAX) + 20
+        now = e.clock.now()
+        for cseq in range(1, seqs + 1):  # every request sent before any reply: low stays 1
+            e.state.apply([8, 7, cseq, 1, ids, now])
+        e.state.apply([8, 9, 1, 1, ids[:3], now])  # another client, seen later
+        want = {cid: (entry[0], {s: list(v) for s, v in entry[1].items()}) for cid, entry in e.state.sessions.items()}
+        sizes = [len(p) for p in e.state.snapshot()]
+        assert max(sizes) <= RECORD_BYTES_MAX[CHECKPOINT], max(sizes)
+        e.compact()
+        e.close()
+        e = Engine(d, cfg)
+        got = {cid: (entry[0], {s: list(v) for s, v in entry[1].items()}) for cid, entry in e.state.sessions.items()}
+        assert got == want and list(e.state.sessions) == [7, 9]  # least recently seen first
+        # A resend of the first batch is still answered from the session, after the restart.
+        assert e.enqueue_many([(b"x", None, "default", 0, 0, None)] * limits.BATCH_JOBS_MAX, session=(7, 1, 1)) == ids
+        e.close()

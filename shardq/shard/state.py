@@ -809,11 +809,24 @@ class ShardState(ControlOps):
                 chunk.append([ops.DEDUP, q.name, key, did, jid, expires])
                 size += n
         for cid, (seen, seqs) in self.sessions.items():
-            n = 64 + sum(16 + 10 * len(ids) for ids in seqs.values())
+            # A client that sent hundreds of full batches before reading a reply keeps
+            # millions of ids here: its requests go in as many CLIENT operations as the
+            # chunks need (replay merges them), each request's ids whole (at most
+            # BATCH_JOBS_MAX of them, far within a record).
+            part: list = []
+            n = 64
+            for cseq, ids in seqs.items():
+                m = 16 + 10 * len(ids)
+                if part and size + n + m > chunk_bytes:
+                    chunk.append([ops.CLIENT, cid, seen, part])
+                    yield pack(chunk)
+                    chunk, size, part, n = [], 0, [], 64
+                part.append([cseq, ids])
+                n += m
             if size + n > chunk_bytes and chunk:
                 yield pack(chunk)
                 chunk, size = [], 0
-            chunk.append([ops.CLIENT, cid, seen, [[s, ids] for s, ids in seqs.items()]])
+            chunk.append([ops.CLIENT, cid, seen, part])
             size += n
         for q in self.queues.values():
             if q.prioritized:  # a queue whose prioritized jobs are all gone still says so
@@ -883,5 +896,11 @@ class ShardState(ControlOps):
         q.dedup_order.append((expires, (key, did)))
 
     def _apply_client(self, op) -> None:
+        """A client's session from a checkpoint; a session written as several operations
+        (one per chunk of its requests, in a row) is merged back into one."""
         _, cid, seen, seqs = op
-        self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
+        entry = self.sessions.get(cid)
+        if entry is None:
+            self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
+        else:
+            entry[1].update(seqs)
