@@ -403,6 +403,50 @@ def test_a_producer_that_dies_on_its_own_stops_the_run_instead_of_passing_it_vac
     r.tick()  # once asked to stop, a producer's exit is expected
 
 
+def test_a_run_stopped_by_sigterm_ends_every_process_it_started(tmp_path):
+    """A verify run is a long command: stopped with SIGTERM (a CI timeout, ``kill``), it
+    used to die at once and leave its service, shards, producers and workers running."""
+    import psutil
+    import signal
+    import time
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "verify", "--duration", "120", "--seed", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+    work = None
+    try:
+        first = proc.stdout.readline()
+        data_dir = re.search(r"data_dir=(\S+)", first).group(1)
+        work = os.path.dirname(data_dir)
+
+        def started() -> list:
+            found = []
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if p.pid != proc.pid and any(work in part for part in p.info["cmdline"] or ()):
+                        found.append(p)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            return found
+
+        deadline = time.monotonic() + 60
+        while len(started()) < 2 + 2 + 3 + 1 and time.monotonic() < deadline:  # serve, 2 shards, 3 workers, a producer
+            time.sleep(0.1)  # polled with a deadline
+        children = started()
+        assert len(children) >= 8, [c.info["cmdline"] for c in children]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert "stopped by SIGTERM; files kept in" in err
+        gone, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def test_reading_effects_tries_again_after_sqlites_locking_protocol_error(tmp_path, monkeypatch):
     """CI once failed a chaos run on the asyncio client when the run's progress read met
     SQLITE_PROTOCOL (a worker killed or stopped while it held the WAL index); SQLite's remedy

@@ -98,6 +98,9 @@ class Run:
         self.stop_workers = os.path.join(self.work, "stop-workers")
         self.log_path = os.path.join(self.work, "service.log")
         self.service: subprocess.Popen | None = None
+        self.spawned: list[subprocess.Popen] = []  # every child, whatever role it was given
+        self.spawning = False
+        self.stop_signal = 0   # a SIGTERM that came while a child was being started
         self.producers: list[subprocess.Popen] = []
         self.workers: dict[int, subprocess.Popen] = {}
         self.worker_files: list[tuple[str, str]] = []
@@ -117,12 +120,26 @@ class Run:
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        """Start a child and record it before anything can interrupt: a SIGTERM that comes
+        meanwhile is acted on once the child is in ``spawned``, where cleanup finds it."""
         out = open(os.path.join(self.work, log_name), "ab")  # noqa: SIM115 - closed below, once inherited
+        self.spawning = True
         try:
-            return subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=self.env)
+            self.spawned.append(proc)
         finally:
+            self.spawning = False
             out.close()
+        if self.stop_signal:
+            raise SystemExit(128 + self.stop_signal)
+        return proc
+
+    def on_sigterm(self, signum, _frame) -> None:
+        if self.spawning:
+            self.stop_signal = signum
+            return
+        raise SystemExit(128 + signum)  # unwinds through run()'s finally, which ends every child
 
     def service_config(self) -> dict:
         """Small segments and a low compaction threshold, so rotations and compactions
@@ -397,20 +414,21 @@ class Run:
         self._wait_gone(pids)
 
     def cleanup(self) -> None:
-        """End every process this run started, by PID."""
-        for proc in [*self.producers, *self.workers.values()]:
-            if proc.poll() is None:
-                _signal(proc.pid, signal.SIGCONT)
-                proc.kill()
-                proc.wait()
-        if self.service is not None:
-            pids = self.service_pids() if self.service.poll() is None else []
+        """End every process this run started, by PID: each child still running, and the
+        shards of a service among them."""
+        import psutil
+        for proc in self.spawned:
+            if proc.poll() is not None:
+                continue
+            try:
+                pids = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pids = [proc.pid]
             for pid in pids:
                 _signal(pid, signal.SIGCONT)
                 _signal(pid, signal.SIGKILL)
-            if pids:
-                self.service.wait()
-                self._wait_gone(pids)
+            proc.wait()
+            self._wait_gone(pids)
 
     def wal_check(self) -> dict:
         if self.target:
@@ -462,6 +480,7 @@ def run(a) -> int:
     print(f"replay: {replay_command(a)}", flush=True)
     print(f"fault schedule (fixed by the seed; the interleaving is not): {len(r.plan)} faults, "
           f"fingerprint {fingerprint(r.plan)}", flush=True)
+    before = signal.signal(signal.SIGTERM, r.on_sigterm)
     try:
         r.init_db()
         if not r.target:
@@ -477,8 +496,12 @@ def run(a) -> int:
     except RuntimeError as e:
         print(f"error: the run could not be carried out: {e}; files kept in {r.work}", file=sys.stderr)
         return 2
+    except SystemExit:
+        print(f"stopped by SIGTERM; files kept in {r.work}", file=sys.stderr, flush=True)
+        raise
     finally:
         r.cleanup()
+        signal.signal(signal.SIGTERM, before)
     enqueues = r._enqueues()
     if not any(op.outcome == "ok" for op in enqueues):
         print(f"error: the run could not be carried out: no enqueue was acknowledged, so it checked "
