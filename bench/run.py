@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -197,7 +198,12 @@ def versions() -> dict[str, str]:
     return found
 
 
+def _stop_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every adapter's teardown: its servers stop by PID
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     args = parse_args(argv)
     settings = settings_from(args)
     groups = plan.selected_groups(args.figures)

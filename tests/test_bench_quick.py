@@ -63,6 +63,50 @@ def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
     assert results["meta"]["shardq_shards"] == parse({}).resolved_shards()
 
 
+def test_a_benchmark_stopped_by_sigterm_stops_the_servers_it_started(tmp_path):
+    """A long benchmark stopped with SIGTERM died at once, skipping every adapter's teardown:
+    its data directories stayed, and so would a peer's server (beanstalkd, redis-server: the
+    shards at least exit with their embedded supervisor). It now unwinds through them."""
+    import shutil
+    import signal
+    import tempfile
+    import time
+    import psutil
+    where = tempfile.mkdtemp(prefix="sqb", dir="/tmp")  # unix socket paths must stay short
+    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--runs", "1", "--no-install", "--only", "shardq",
+                             "--figures", "M", "--no-scaling", "--json", str(tmp_path / "r.json"), "--tmpdir", where],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def servers() -> list:
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or ()
+                if p.pid != proc.pid and any(where in part for part in cmd) and "shardq.shard.process" in cmd:
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    try:
+        deadline = time.monotonic() + 120
+        while not servers() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)  # polled with a deadline
+        shards = servers()
+        assert shards, ("the benchmark never started a shard", proc.poll() is None or proc.stderr.read()[-2000:])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+        _, alive = psutil.wait_procs(shards, timeout=20)
+        assert not alive and not servers(), [p.pid for p in alive]
+        assert os.listdir(where) == []  # every data directory removed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def test_worker_runners_run_every_job_once(tmp_path):
     results, text = bench_run(tmp_path, "--only", "shardq", "--figures", "Wk",
                               "--wk-jobs", "40", "--runners", WK_ROWS)
