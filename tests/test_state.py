@@ -587,6 +587,25 @@ def test_a_client_seen_again_keeps_its_session_and_the_others_still_expire_on_ti
     assert shard.enqueue_many(items, session=(8, 1, 1)) != second
 
 
+def test_client_sessions_at_their_count_limit_forget_the_least_recently_seen(shard, clock):
+    """CLIENT_SESSIONS_MAX clients are remembered; past it the least recently seen one is
+    forgotten (a resend of its would be a new job), never one seen later."""
+    items = [(b"a", None, "default", 0, 0, None)]
+    first = shard.enqueue_many(items, session=(1, 1, 1))
+    now = clock.now()
+    for cid in range(2, limits.CLIENT_SESSIONS_MAX + 1):  # logged with the next call, as enqueues would be
+        shard.state._emit([8, cid, 1, 1, [cid << 10], now])
+    shard.state.advance(now)
+    assert len(shard.state.sessions) == limits.CLIENT_SESSIONS_MAX  # at the limit: every one kept
+    assert shard.enqueue_many(items, session=(2, 1, 1)) == [2 << 10]  # client 2 seen again: now the newest
+    shard.enqueue_many(items, session=(limits.CLIENT_SESSIONS_MAX + 1, 1, 1))  # one client more
+    shard.state.advance(clock.now())
+    assert len(shard.state.sessions) == limits.CLIENT_SESSIONS_MAX
+    assert 1 not in shard.state.sessions and 2 in shard.state.sessions and 3 in shard.state.sessions
+    assert shard.enqueue_many(items, session=(2, 1, 1)) == [2 << 10]
+    assert shard.enqueue_many(items, session=(1, 1, 1)) != first
+
+
 def test_a_session_of_any_integer_kind_or_a_bad_one_is_checked_like_before(shard):
     items = [(b"a", None, "default", 0, 0, None)]
     for bad in [(7, -1, 1), (7, 1, True), (7, 1, 2**63), (7, "1", 1), (7, 1), None.__class__]:
