@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chance that a worker stalls past a lease's deadline (before its transaction, "
                         "inside it, or before the ack)")
     p.add_argument("--nack-prob", type=float, default=0.0,
-                   help="chance that a worker fails a job (no effect) and hands it back with nack "
-                        "after a backoff of 0 or 0.05-0.5 s, during which the job blocks its key")
+                   help="chance that a worker fails a job (no effect) and hands it back with a nack "
+                        "of 0 s or 0.05-0.5 s (a retry backoff, during which the job blocks its key)")
     p.add_argument("--extend-prob", type=float, default=0.0,
                    help="chance that a worker extends a lease by two visibility timeouts and works "
                         "past its first deadline (a long handler's heartbeat)")

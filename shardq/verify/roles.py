@@ -187,16 +187,14 @@ def _fail(q, write, l, delay: float) -> None:
     """A handler that failed: no effect (its transaction never commits), and the job handed
     back with a ``nack`` of ``delay`` seconds (its retry backoff), during which it stays at
     the head of its key and blocks it."""
-    from ..errors import JobGone, LeaseLost, ShardqError
+    from ..errors import ShardqError
     ta = CLOCK.now()
     write(ack=l.job_id, j=l.job_id, tok=l.token, t=ta, nack=delay)  # the lease may end here
     try:
         q.nack(l, delay, "verify: the handler failed")
         result = "ok"
-    except (JobGone, LeaseLost) as e:
+    except ShardqError as e:  # LeaseLost or JobGone: it had ended; else unknown: it expires
         result = type(e).__name__
-    except ShardqError as e:
-        result = type(e).__name__  # unknown: the lease expires and the job comes back
     write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
 
 
