@@ -403,6 +403,30 @@ def test_a_producer_that_dies_on_its_own_stops_the_run_instead_of_passing_it_vac
     r.tick()  # once asked to stop, a producer's exit is expected
 
 
+def test_a_run_in_which_no_enqueue_was_acknowledged_is_not_a_pass(tmp_path, monkeypatch, capsys):
+    """Every enqueue failing or of unknown outcome leaves nothing to check: exit 2, not PASS."""
+    import importlib
+    run_module = importlib.import_module("shardq.verify.run")  # the module, not the function of that name
+    Run = run_module.Run
+    for step in ("init_db", "start_service", "start_producers", "schedule", "stop_service", "cleanup"):
+        monkeypatch.setattr(Run, step, lambda self: None)
+    monkeypatch.setattr(Run, "start_worker", lambda self, w: None)
+    monkeypatch.setattr(Run, "drain", lambda self: {"dead_letters": 0, "drained": True})
+    monkeypatch.setattr(Run, "wal_check", lambda self: {})
+    unanswered = [Enqueue(0, 1, [("k000", 1)], "info", error="ShardUnavailable"),
+                  Enqueue(1, 1, [("k001", 1)], "fail", error="InvalidJob")]
+    monkeypatch.setattr(Run, "_enqueues", lambda self: unanswered)
+    a = settle_defaults(build_parser().parse_args(["--seed", "1", "--data-dir", str(tmp_path / "d")]))
+    assert run_module.run(a) == 2
+    err = capsys.readouterr().err
+    assert "no enqueue was acknowledged, so it checked nothing" in err and "VERDICT" not in err
+    monkeypatch.setattr(Run, "_enqueues", lambda self: [*unanswered, ok(2, [("k000", 2)], [1024])])
+    monkeypatch.setattr(run_module, "read_effects", lambda db: [eff(1, 1024, "k000", 2)])
+    a = settle_defaults(build_parser().parse_args(["--seed", "1", "--data-dir", str(tmp_path / "e")]))
+    assert run_module.run(a) == 0  # one acknowledged and applied: judged, and passed
+    assert "VERDICT: PASS" in capsys.readouterr().out
+
+
 def test_a_run_stopped_by_sigterm_ends_every_process_it_started(tmp_path):
     """A verify run is a long command: stopped with SIGTERM (a CI timeout, ``kill``), it
     used to die at once and leave its service, shards, producers and workers running."""
