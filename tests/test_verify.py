@@ -325,7 +325,8 @@ def test_the_replay_line_names_every_setting_that_shapes_the_run():
     --stall-prob, --max-deliveries and the rest, so a replay ran another workload."""
     argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
             "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
-            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2", "--delay-prob", "0.3", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2", "--delay-prob", "0.3",
+            "--lease-sync", "strict", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
             "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
     line = replay_command(settle_defaults(build_parser().parse_args(argv)))
     assert line.startswith("shardq verify ")
@@ -550,6 +551,7 @@ def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
     (["--nack-prob", "1.5"], "--nack-prob must be a probability"),
     (["--extend-prob", "-0.1"], "--extend-prob must be a probability"),
     (["--delay-prob", "0.1", "--target", "sqs://us-east-1/p?endpoint=http://127.0.0.1:9"], "per-job delay"),
+    (["--lease-sync", "strict", "--target", "sqs://us-east-1/p?endpoint=http://127.0.0.1:9"], "local service"),
 ])
 def test_options_a_run_cannot_use_are_refused_before_it_starts(argv, said, capsys):
     from shardq.verify import main
@@ -567,25 +569,28 @@ def test_dedup_ids_are_unique_per_job_and_as_long_as_allowed():
     assert all(validate.dedup_id(i) == i for i in ids)
 
 
-def test_a_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes(tmp_path):
+def test_a_strict_lease_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes(tmp_path):
     """``--dedup``: producers send a call of unknown outcome again with the same dedup ids
     (the longest allowed) until it is answered, through kills, pauses and power cuts; the
     queue must add each job once and keep every answered one. ``--nack-prob``: workers fail
     some jobs and nack them, some with a backoff that must block their key;
     ``--extend-prob``: they extend some leases and work past the first deadline;
-    ``--delay-prob``: some jobs are delayed, and block the later jobs of their key."""
+    ``--delay-prob``: some jobs are delayed, and block the later jobs of their key. The
+    queue's leases are ``strict``: a lease a power cut lost would fail the run."""
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
                            "--seed", "20261281", "--rate", "60", "--drain-timeout", "60", "--power-cuts", "--dedup",
                            "--nack-prob", "0.05", "--extend-prob", "0.03", "--delay-prob", "0.1",
+                           "--lease-sync", "strict",
                            "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
     kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
     try:
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         rep = json.loads(out.read_text())
-        assert rep["passed"] is True and rep["args"]["dedup"] is True
+        assert rep["passed"] is True and rep["args"]["dedup"] is True and rep["args"]["lease_sync"] == "strict"
+        assert rep["counts"]["attempt_reused"] == 0 and "fenced_overlaps" not in rep["info"]
         info = rep["info"]
         # Calls were sent again (odd producers give up after 1 s, shorter than a shard's
         # pause), and answered: their jobs count as acknowledged, so lost and duplicated
@@ -618,3 +623,23 @@ def test_overlapping_leases_across_a_restart_are_fenced_not_double_in_flight():
     rep = Report(counts={"double_in_flight": 0})
     _check_leases(rep, [lease(7, new, 0.0, 0.1, 10.0, "w1"), lease(7, new + 1, 1.0, 1.1, 11.0, "w2")])
     assert rep.counts["double_in_flight"] == 1
+
+
+def test_under_strict_leases_a_lease_lost_to_a_crash_fails_the_run():
+    """lease_sync = "strict" fsyncs a lease before it leaves, so no crash loses one: the job
+    leased again while a pre-crash lease lives, or the same delivery count handed out twice,
+    is a failure there, and only information under "batched"."""
+    from shardq.shard.ops import TOKEN_EPOCH_BITS
+    old, new = (1 << TOKEN_EPOCH_BITS) + 5, (2 << TOKEN_EPOCH_BITS) + 1
+    enq = [ok(1, [("k", 1)], [7])]
+    leases = [LeaseRec("w1", 7, "k", 1, old, 10.0, 0.0, 0.1),      # granted, then a power cut
+              LeaseRec("w2", 7, "k", 1, new, 11.0, 1.0, 1.1, 1.5, 1.6, "ok")]  # again, same count
+    effects = [eff(1, 7, "k", 1)]
+    batched = check(enq, leases, effects)
+    assert batched.ok and batched.info["fenced_overlaps"] == 1 and batched.info["attempts_reused"] == 1
+    strict = check(enq, leases, effects, lease_sync="strict")
+    assert failing(strict) == {"double_in_flight": 1, "attempt_reused": 1}
+    assert strict.examples["attempt_reused"][0]["tokens"] == [old, new]
+    # A later delivery with the next count, after the first lease's deadline, is fine under both.
+    later = [leases[0], LeaseRec("w2", 7, "k", 2, new, 21.0, 10.5, 10.6, 11.0, 11.1, "ok")]
+    assert check(enq, later, effects, lease_sync="strict").ok

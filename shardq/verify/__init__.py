@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-prob", type=float, default=0.0,
                    help="chance that a job is enqueued with a delay of 0.05-0.5 s (it blocks the "
                         "later jobs of its key until it is done)")
+    p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
+                   help="the queue's lease_sync (docs/guarantees.md); under strict a lease lost to a "
+                        "crash (the job leased again during it, or its delivery count reused) fails the run")
     p.add_argument("--keep", action="store_true", help="keep the temp dir even on pass")
     p.add_argument("--target", help="run against this backend instead of a local service, e.g. "
                                     "sqs://<region>/<prefix>?endpoint=URL: its queue 'default' is "
@@ -178,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.delay_prob and a.target:
         print("error: --delay-prob needs the local service (SQS FIFO queues have no per-job delay)",
               file=sys.stderr)
+        return 2
+    if a.lease_sync != "batched" and a.target:
+        print("error: --lease-sync is a setting of the local service (not --target)", file=sys.stderr)
         return 2
     if a.power_cuts and a.target:
         print("error: --power-cuts needs the local service (not --target)", file=sys.stderr)

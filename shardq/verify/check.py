@@ -27,10 +27,13 @@ class Report:
 
 
 def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect],
-          dead_letters: int = 0, body_bytes: int = 0) -> Report:
+          dead_letters: int = 0, body_bytes: int = 0, lease_sync: str = "batched") -> Report:
     """Judge a run's histories. Pure: no I/O. See the module docstring for the rules.
     ``body_bytes``: the run's ``--body-bytes``; every effect's body digest is checked
-    against the body its header says was enqueued."""
+    against the body its header says was enqueued. ``lease_sync``: the queue's; under
+    ``"strict"`` no lease is lost to a crash, so a job leased again while a lease from
+    before a restart lives, or two deliveries of one job with the same attempt number, fail
+    the run (under ``"batched"`` a power cut may cause both: counted as information)."""
     rep = Report(counts=dict.fromkeys(FAILING, 0))
     invoked: dict[tuple, tuple[Enqueue, int | None]] = {}   # (key, seq) -> (op, id if ok)
     for op in enqueues:
@@ -92,7 +95,7 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
     rep.info["order_violations_incl_recovered"] = order_check(
         lambda ks: ks in invoked and invoked[ks][0].outcome != "fail", None)
 
-    _check_leases(rep, leases)
+    _check_leases(rep, leases, strict=lease_sync == "strict")
     deliveries = Counter(l.job_id for l in leases)
     rep.info.update(
         enqueue_ops=len(enqueues),
@@ -126,16 +129,27 @@ def _epoch(token) -> int | None:
     return token >> TOKEN_EPOCH_BITS if isinstance(token, int) else None
 
 
-def _check_leases(rep: Report, leases: list[LeaseRec]) -> None:
+def _check_leases(rep: Report, leases: list[LeaseRec], strict: bool = False) -> None:
     """Two leases of one key live at once, judged conservatively from the worker's clock
     readings: a lease was granted at some time in [t0, t1] and ended no earlier than
     min(ack sent, deadline); a pair overlaps for certain when each was granted before the
-    other's earliest end."""
+    other's earliest end. And one delivery count handed out twice for a job."""
     seen: dict[tuple[int, int], str] = {}
     for l in leases:
         other = seen.setdefault((l.job_id, l.token), l.worker)
         if other != l.worker:
             rep.bad("token_reused", {"job_id": l.job_id, "token": l.token, "workers": [other, l.worker]})
+    attempts: dict[tuple[int, int], LeaseRec] = {}
+    for l in sorted(leases, key=lambda l: l.t1):
+        first = attempts.setdefault((l.job_id, l.attempt), l)
+        if first is not l and first.token != l.token:
+            # A crash lost the first lease's record, so the job went out again with the same
+            # count: "batched" leases allow it after a machine crash, "strict" ones never.
+            if strict:
+                rep.bad("attempt_reused", {"job_id": l.job_id, "attempt": l.attempt,
+                                           "tokens": [first.token, l.token], "workers": [first.worker, l.worker]})
+            else:
+                rep.info["attempts_reused"] = rep.info.get("attempts_reused", 0) + 1
     by_key: dict = defaultdict(list)
     for l in leases:
         if l.key is not None:
@@ -151,7 +165,7 @@ def _check_leases(rep: Report, leases: list[LeaseRec]) -> None:
             active = [a for a in active if end_lo(a) > l.t1]
             for a in active:
                 if a.t1 < end_lo(l) and (a.job_id, a.token) != (l.job_id, l.token):
-                    if _epoch(a.token) != _epoch(l.token):
+                    if _epoch(a.token) != _epoch(l.token) and not strict:
                         # A lease from before a shard restart beside one after it: with
                         # lease_sync = "batched" a power cut may lose the first one's record,
                         # so its job is leased again; the old holder is fenced (its token is

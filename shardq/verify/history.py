@@ -15,7 +15,7 @@ from ..clock import SystemClock
 CLOCK = SystemClock()
 #: Counts that must be zero for a pass.
 FAILING = ("lost", "duplicated_effects", "order_violations", "unexpected", "id_mismatch",
-           "double_in_flight", "token_reused", "body_mismatch")
+           "double_in_flight", "token_reused", "body_mismatch", "attempt_reused")
 EXAMPLES_MAX = 5
 START_MARGIN_S = 0.05      # a worker never starts a lease with less than this left
 STALL_POINTS = ("before_txn", "in_txn", "before_ack")

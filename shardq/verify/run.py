@@ -150,7 +150,8 @@ class Run:
             "service": {"health_timeout": self.a.health_timeout, "restart_backoff_max": 0.5},
             "limits": {"segment_bytes": max(32 * KiB, 8 * body), "compact_min_bytes": max(64 * KiB, 16 * body)},
             "queue_defaults": {"visibility_timeout": self.a.visibility, "max_deliveries": self.a.max_deliveries,
-                               "max_body_bytes": max(256 * KiB, body)},
+                               "max_body_bytes": max(256 * KiB, body),
+                               "lease_sync": getattr(self.a, "lease_sync", "batched")},
             "http": {"listen": "127.0.0.1:0"},  # never the default port: runs may overlap
         }
 
@@ -510,6 +511,7 @@ def run(a) -> int:
     leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
     effects = read_effects(r.db)
     rep = check(enqueues, leases, effects, dead_letters=max(drain["dead_letters"], 0),
+                lease_sync=getattr(a, "lease_sync", "batched"),
                 body_bytes=getattr(a, "body_bytes", 0))
     rep.info.update(drain)
     rep.info["wal_check"] = wal
