@@ -42,6 +42,10 @@ REQUEST_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 # Per shard (configurable in [limits]).
 PENDING_JOBS_MAX_DEFAULT = 5_000_000  # backpressure: QueueFull past this many jobs
 CLIENT_SESSIONS_MAX = 100_000
+#: Queues one shard holds (any name works unless the config declares its queues). Keeps
+#: memory (a few KiB per queue) and a stats reply (under 200 bytes per queue, names at
+#: their longest) bounded: at this count a reply is about 18 MiB, within the frame limit.
+QUEUES_MAX = 100_000
 CLIENT_SESSION_TTL_S = 600.0
 
 # Write-ahead log (configurable in [limits]).

@@ -325,3 +325,32 @@ def test_a_checkpoint_of_a_client_with_many_full_batches_unanswered():
         # A resend of the first batch is still answered from the session, after the restart.
         assert e.enqueue_many([(b"x", None, "default", 0, 0, None)] * limits.BATCH_JOBS_MAX, session=(7, 1, 1)) == ids
         e.close()
+
+
+def test_a_shard_at_queues_max_answers_stats_and_metrics_and_refuses_one_queue_more():
+    """Any queue name works (unless the config declares its queues), so the count of queues
+    needs a limit: every queue costs memory, and a stats or metrics reply lists them all,
+    so past a few hundred thousand such a reply would pass the frame limit."""
+    from shardq.shard import wire
+    from shardq.shard.state import ShardState
+    state = ShardState(0, config_from())
+    now = 1_000_000.0
+
+    def name(i: int) -> str:  # as long as a queue name may be
+        return f"{i:08d}".ljust(limits.QUEUE_NAME_BYTES_MAX, "q")
+
+    for start in range(0, limits.QUEUES_MAX, limits.BATCH_JOBS_MAX):
+        state.enqueue_many([(b"x", None, name(i), 0, 0, None) for i in range(start, start + limits.BATCH_JOBS_MAX)],
+                           now)
+    assert len(state.queues) == limits.QUEUES_MAX
+    scrape = wire.pack({"queues": state.stats(), "queue_metrics": state.queue_metrics(now)})  # what metrics sends
+    assert len(scrape) <= limits.REPLY_BYTES_MAX, len(scrape)
+    state.take_batch()
+    jobs = len(state.jobs)
+    with pytest.raises(shardq.QueueFull, match=f"holds {limits.QUEUES_MAX} queues"):
+        state.enqueue_many([(b"y", None, name(0), 0, 0, None), (b"z", None, name(limits.QUEUES_MAX), 0, 0, None)],
+                           now)
+    with pytest.raises(shardq.QueueFull):
+        state.note_priorities(name(limits.QUEUES_MAX))
+    assert (len(state.jobs), len(state.queues), state.take_batch()[0]) == (jobs, limits.QUEUES_MAX, [])
+    assert len(state.enqueue_many([(b"y", None, name(0), 0, 0, None)], now)) == 1  # a queue it holds: as before

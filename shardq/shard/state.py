@@ -209,8 +209,14 @@ class ShardState(ControlOps):
                 raise UnknownQueue(f"queue {name!r} is not declared in the config")
             q = QueueState(name, cfg)
             if create:
+                self._room_for_queues(1)
                 self.queues[name] = q
         return q
+
+    def _room_for_queues(self, n: int) -> None:
+        if len(self.queues) + n > limits.QUEUES_MAX:
+            raise QueueFull(f"shard {self.shard_index} holds {len(self.queues)} queues, the most it takes "
+                            f"({limits.QUEUES_MAX}); use keys, not queue names, for many small partitions")
 
     def _logged_queue(self, name: str) -> QueueState:
         """The queue a logged operation names. Replay never depends on today's config: a
@@ -400,6 +406,8 @@ class ShardState(ControlOps):
             # Its operations must be logged as one record (all or nothing across a crash).
             raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
                              f"{_REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
+        if new_queues:
+            self._room_for_queues(len(new_queues))
         queues.update(new_queues)  # every item is valid: from here on nothing can refuse
         emitted = self._ops
         first_op = len(emitted)
