@@ -643,3 +643,74 @@ def test_under_strict_leases_a_lease_lost_to_a_crash_fails_the_run():
     # A later delivery with the next count, after the first lease's deadline, is fine under both.
     later = [leases[0], LeaseRec("w2", 7, "k", 2, new, 21.0, 10.5, 10.6, 11.0, 11.1, "ok")]
     assert check(enq, later, effects, lease_sync="strict").ok
+
+
+def test_the_runner_handler_logs_each_lease_and_writes_its_effect_in_the_transaction(tmp_path, monkeypatch):
+    """--worker-kind runner: the handler the worker runner runs logs the lease when it starts
+    and ends, fails a job with Retry (a nack with its delay, no effect) or extends its lease,
+    and writes the effect with the transaction's cursor."""
+    import sqlite3
+    from shardq.errors import Retry
+    from shardq.types import Lease
+    from shardq.verify import runner
+    hist = tmp_path / "worker-w0.1.jsonl"
+    monkeypatch.setattr(runner, "_state", {})
+    monkeypatch.setenv(runner.ENV, json.dumps({"history": str(hist), "name": "w0.1", "seed": 3, "nack_prob": 0.0,
+                                               "extend_prob": 0.0, "extend_s": 2.0}))
+    db = sqlite3.connect(str(tmp_path / "e.db"), isolation_level=None)
+    db.execute(runner.SCHEMA)
+
+    class Ctx:
+        def __init__(self, job_id, seq, deadline):
+            self.lease = Lease(job_id=job_id, key="k", body=body_for(0, "k", seq), queue="default", attempt=1,
+                               token=40 + job_id, deadline=deadline)
+            self.job_id, self.key, self.body, self.attempt, self.db = job_id, "k", self.lease.body, 1, db
+            self.extended = []
+
+        def extend(self, seconds):
+            self.extended.append(seconds)
+            return self.lease.deadline + seconds
+
+    import time
+    runner.handle(Ctx(1024, 1, time.time() + 30))
+    runner._state["nack_prob"] = 1.0
+    with pytest.raises(Retry):
+        runner.handle(Ctx(2048, 2, time.time() + 30))
+    runner._state["nack_prob"], runner._state["extend_prob"] = 0.0, 1.0
+    extended = Ctx(3072, 3, time.time() - 1)  # its first deadline passed: no work past it to do
+    runner.handle(extended)
+    assert extended.extended == [2.0]
+    recs = {r.job_id: r for r in read_worker_history(str(hist), "w0.1")}
+    assert set(recs) == {1024, 2048, 3072} and all(r.end_t0 is not None for r in recs.values())
+    assert (recs[2048].nack_delay is not None, recs[1024].nack_delay, recs[3072].extended) == (True, None, "ok")
+    assert recs[3072].deadline == extended.lease.deadline + 2.0 and recs[3072].token == 40 + 3072
+    rows = read_effects(str(tmp_path / "e.db"))
+    assert [(e.job_id, e.worker, parse_body(e.body)) for e in rows] == [(1024, "w0.1", (0, "k", 1)),
+                                                                        (3072, "w0.1", (0, "k", 3))]
+
+
+def test_a_chaos_run_on_the_worker_runner_passes(tmp_path):
+    """--worker-kind runner: the standard worker runner (prefetch, heartbeats, its SQLite
+    idempotency store, SIGTERM at the end) under every fault, its handler failing and
+    extending some jobs."""
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
+                           "--seed", "28301", "--rate", "60", "--drain-timeout", "60", "--power-cuts",
+                           "--worker-kind", "runner", "--nack-prob", "0.05", "--extend-prob", "0.03", "--keep",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
+    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        rep = json.loads(out.read_text())
+        info = rep["info"]
+        assert rep["passed"] is True and rep["args"]["worker_kind"] == "runner"
+        assert rep["faults"]["kill_worker"] >= 1 and rep["faults"]["pause_worker"] >= 1
+        assert info["jobs_ok"] > 100 and info["drained"] is True and info["nacks"] >= 1 and info["extends_ok"] >= 1
+        assert "handler runs" in proc.stdout
+        effects = read_effects(os.path.join(kept.group(2), "effects.db"))
+        assert {e.worker.split(".")[0] for e in effects} <= {"w0", "w1", "w2"} and len(effects) >= info["jobs_ok"]
+    finally:
+        if kept:
+            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)

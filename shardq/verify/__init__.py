@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-prob", type=float, default=0.0,
                    help="chance that a job is enqueued with a delay of 0.05-0.5 s (it blocks the "
                         "later jobs of its key until it is done)")
+    p.add_argument("--worker-kind", choices=("loop", "runner"), default="loop",
+                   help="loop: the harness's own dequeue/commit/ack loop (default); runner: the "
+                        "standard worker runner (shardq worker, 4 threads) with its SQLite "
+                        "idempotency store, and a handler that writes the effect in its transaction")
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="the queue's lease_sync (docs/guarantees.md); under strict a lease lost to a "
                         "crash (the job leased again during it, or its delivery count reused) fails the run")

@@ -119,14 +119,14 @@ class Run:
             self.env[FAULT_SYNC_LOG_ENV] = self.sync_log
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
         """Start a child and record it before anything can interrupt: a SIGTERM that comes
         meanwhile is acted on once the child is in ``spawned``, where cleanup finds it."""
         out = open(os.path.join(self.work, log_name), "ab")  # noqa: SIM115 - closed below, once inherited
         self.spawning = True
         try:
             proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, env=self.env)
+                                    stderr=subprocess.STDOUT, env=env or self.env)
             self.spawned.append(proc)
         finally:
             self.spawning = False
@@ -231,6 +231,9 @@ class Run:
         name = f"w{w}.{self.incarnation[w]}"
         hist = os.path.join(self.work, f"worker-{name}.jsonl")
         self.worker_files.append((name, hist))
+        if getattr(self.a, "worker_kind", "loop") == "runner":
+            self.workers[w] = self._spawn_runner(name, hist, w)
+            return
         self.workers[w] = self._spawn(
             ["-m", "shardq.verify", "_worker", "--data-dir", self.connect_to, "--name", name, "--db", self.db,
              "--history", hist, "--stop", self.stop_workers, "--batch", str(getattr(self.a, "worker_batch", 4)),
@@ -240,10 +243,24 @@ class Run:
              "--extend-prob", str(getattr(self.a, "extend_prob", 0.0)), "--extend-s", str(2 * self.a.visibility)],
             f"worker-{w}.log")
 
+    def _spawn_runner(self, name: str, hist: str, w: int) -> subprocess.Popen:
+        """The standard worker runner (``shardq worker``, threads, the SQLite idempotency
+        store in the effect database) with the verify handler (:mod:`.runner`)."""
+        from .runner import ENV
+        env = dict(self.env)
+        env[ENV] = json.dumps({"history": hist, "name": name, "seed": self.a.seed,
+                               "nack_prob": getattr(self.a, "nack_prob", 0.0),
+                               "extend_prob": getattr(self.a, "extend_prob", 0.0),
+                               "extend_s": 2 * self.a.visibility})
+        return self._spawn(["-m", "shardq.cli", "worker", "shardq.verify.runner:handle", "--data-dir",
+                            self.connect_to, "--concurrency", "4", "--idempotency", self.db,
+                            "--log-level", "WARNING"], f"worker-{w}.log", env=env)
+
     def init_db(self) -> None:
+        from . import runner
         db = sqlite3.connect(self.db, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute(SCHEMA)
+        db.execute(runner.SCHEMA if getattr(self.a, "worker_kind", "loop") == "runner" else SCHEMA)
         db.close()
 
     # ------------------------------------------------------------------ faults
@@ -390,6 +407,11 @@ class Run:
         finally:
             q.close()
         open(self.stop_workers, "w").close()
+        runners = getattr(self.a, "worker_kind", "loop") == "runner"
+        for proc in self.workers.values():
+            if runners and proc.poll() is None:  # a runner stops on SIGTERM, finishing its jobs
+                _signal(proc.pid, signal.SIGCONT)
+                _signal(proc.pid, signal.SIGTERM)
         for proc in self.workers.values():
             try:
                 proc.wait(15)
@@ -559,13 +581,18 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
     if getattr(a, "dedup", False):
         print(f"dedup ids: {i['enqueue_resends']} calls of unknown outcome sent again, "
               f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend")
-    print(f"deliveries {i['deliveries']} (duplicate {i['duplicate_deliveries']}, max attempt {i['max_attempt']}, "
-          f"expired before start {i['leases_expired_before_start']}, ack LeaseLost {i['acks_lease_lost']}, "
-          f"failed and nacked {i['nacks']} ({i['nacks_ok']} answered ok), "
-          f"extended {i['extends']} ({i['extends_ok']} ok)); "
-          f"worker stalls {i['worker_stalls']}; "
-          f"effects {i['effects']}; late commits {i['late_commits']} "
-          f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
+    if getattr(a, "worker_kind", "loop") == "runner":
+        print(f"handler runs {i['deliveries']} (of a job run before {i['duplicate_deliveries']}, max attempt "
+              f"{i['max_attempt']}, failed with Retry {i['nacks']}, extended {i['extends']} "
+              f"({i['extends_ok']} ok)); effects {i['effects']}; dead letters {i['dead_letters']} (the "
+              "runner's skips of expired leases, its commits and acks are in its log)")
+    else:
+        print(f"deliveries {i['deliveries']} (duplicate {i['duplicate_deliveries']}, max attempt "
+              f"{i['max_attempt']}, expired before start {i['leases_expired_before_start']}, ack LeaseLost "
+              f"{i['acks_lease_lost']}, failed and nacked {i['nacks']} ({i['nacks_ok']} answered ok), "
+              f"extended {i['extends']} ({i['extends_ok']} ok)); worker stalls {i['worker_stalls']}; "
+              f"effects {i['effects']}; late commits {i['late_commits']} "
+              f"(new effect {i['late_commits_new_effect']}); dead letters {i['dead_letters']}")
     print(f"service: {i.get('service')}; wal check after stop: {i.get('wal_check')}; "
           f"drained: {i.get('drained')}")
     if i.get("drained") is False and i.get("backlog_left"):
