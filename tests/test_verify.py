@@ -2,6 +2,7 @@
 chaos run against real processes that must pass."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -49,6 +50,25 @@ def lease(job_id, key, token, t, deadline, ack_at=None, worker="w0", result="ok"
 
 def failing(rep):
     return {k: v for k, v in rep.counts.items() if v}
+
+
+@contextlib.contextmanager
+def chaos_run(tmp_path, *args):
+    """``shardq verify *args --keep --json`` as a real process, which must pass: yields its
+    output, its report and the folder of its histories, and removes what it kept."""
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", *args, "--keep", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
+    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        rep = json.loads(out.read_text())
+        assert rep["passed"] is True and "VERDICT: PASS" in proc.stdout
+        yield proc.stdout, rep, kept.group(2)
+    finally:
+        if kept:
+            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
 
 
 def test_clean_history_passes():
@@ -525,26 +545,15 @@ def test_a_drain_that_timed_out_says_how_many_jobs_it_left_in_the_queue(capsys):
 def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
     """The same faults (power cuts included) with producers and workers on the asyncio
     client, whose reconnects, re-sends and sessions are its own code, not the router's."""
-    out = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "10", "--fault-interval", "1.2",
-                           "--seed", "20261202", "--rate", "60", "--drain-timeout", "60", "--keep", "--power-cuts",
-                           "--client", "aio", "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
-    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
-    try:
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        rep = json.loads(out.read_text())
-        assert rep["passed"] is True and rep["args"]["client"] == "aio"
+    with chaos_run(tmp_path, "--duration", "10", "--fault-interval", "1.2", "--seed", "20261202", "--rate", "60",
+                   "--drain-timeout", "60", "--power-cuts", "--client", "aio") as (_, rep, work):
+        assert rep["args"]["client"] == "aio"
         assert all(rep["faults"][k] >= 1 for k in ("kill_shard", "kill_service", "kill_worker",
                                                     "pause_shard", "pause_worker", "power_cut")), rep["faults"]
         assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True
-        logs = [os.path.join(kept.group(2), f) for f in os.listdir(kept.group(2)) if f.endswith(".log")
+        logs = [os.path.join(work, f) for f in os.listdir(work) if f.endswith(".log")
                 and f.startswith(("producer-", "worker-"))]
         assert len(logs) == 5 and all("client: aio\n" in open(f).readlines() for f in logs)
-    finally:
-        if kept:
-            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -577,19 +586,10 @@ def test_a_strict_lease_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes
     ``--extend-prob``: they extend some leases and work past the first deadline;
     ``--delay-prob``: some jobs are delayed, and block the later jobs of their key. The
     queue's leases are ``strict``: a lease a power cut lost would fail the run."""
-    out = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
-                           "--seed", "20261281", "--rate", "60", "--drain-timeout", "60", "--power-cuts", "--dedup",
-                           "--nack-prob", "0.05", "--extend-prob", "0.03", "--delay-prob", "0.1",
-                           "--lease-sync", "strict",
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
-    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
-    try:
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        rep = json.loads(out.read_text())
-        assert rep["passed"] is True and rep["args"]["dedup"] is True and rep["args"]["lease_sync"] == "strict"
+    with chaos_run(tmp_path, "--duration", "12", "--fault-interval", "1.2", "--seed", "20261281", "--rate", "60",
+                   "--drain-timeout", "60", "--power-cuts", "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.03",
+                   "--delay-prob", "0.1", "--lease-sync", "strict") as (out, rep, _):
+        assert rep["args"]["dedup"] is True and rep["args"]["lease_sync"] == "strict"
         assert rep["counts"]["attempt_reused"] == 0 and "fenced_overlaps" not in rep["info"]
         info = rep["info"]
         # Calls were sent again (odd producers give up after 1 s, shorter than a shard's
@@ -597,12 +597,9 @@ def test_a_strict_lease_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes
         # effects are checked for them.
         assert info["enqueue_resends"] >= 1 and info["enqueue_ops_ok_after_resend"] >= 1, info
         assert info["jobs_ok"] > 100 and info["drained"] is True
-        assert "calls of unknown outcome sent again" in proc.stdout
+        assert "calls of unknown outcome sent again" in out
         assert info["nacks_ok"] >= 10 and info["max_attempt"] >= 2, info
         assert info["extends_ok"] >= 5 and info["jobs_delayed"] >= 50, info
-    finally:
-        if kept:
-            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
 
 
 def test_overlapping_leases_across_a_restart_are_fenced_not_double_in_flight():
@@ -693,24 +690,13 @@ def test_a_chaos_run_on_the_worker_runner_passes(tmp_path):
     """--worker-kind runner: the standard worker runner (prefetch, heartbeats, its SQLite
     idempotency store, SIGTERM at the end) under every fault, its handler failing and
     extending some jobs."""
-    out = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", "12", "--fault-interval", "1.2",
-                           "--seed", "28301", "--rate", "60", "--drain-timeout", "60", "--power-cuts",
-                           "--worker-kind", "runner", "--nack-prob", "0.05", "--extend-prob", "0.03", "--keep",
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
-    kept = re.search(r"histories kept in (\S+) and (\S+)", proc.stdout)
-    try:
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        rep = json.loads(out.read_text())
+    with chaos_run(tmp_path, "--duration", "12", "--fault-interval", "1.2", "--seed", "28301", "--rate", "60",
+                   "--drain-timeout", "60", "--power-cuts", "--worker-kind", "runner", "--nack-prob", "0.05",
+                   "--extend-prob", "0.03") as (out, rep, work):
         info = rep["info"]
-        assert rep["passed"] is True and rep["args"]["worker_kind"] == "runner"
+        assert rep["args"]["worker_kind"] == "runner"
         assert rep["faults"]["kill_worker"] >= 1 and rep["faults"]["pause_worker"] >= 1
         assert info["jobs_ok"] > 100 and info["drained"] is True and info["nacks"] >= 1 and info["extends_ok"] >= 1
-        assert "handler runs" in proc.stdout
-        effects = read_effects(os.path.join(kept.group(2), "effects.db"))
+        assert "handler runs" in out
+        effects = read_effects(os.path.join(work, "effects.db"))
         assert {e.worker.split(".")[0] for e in effects} <= {"w0", "w1", "w2"} and len(effects) >= info["jobs_ok"]
-    finally:
-        if kept:
-            shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
