@@ -41,6 +41,7 @@ REQUEST_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 
 # Per shard (configurable in [limits]).
 PENDING_JOBS_MAX_DEFAULT = 5_000_000  # backpressure: QueueFull past this many jobs
+DEDUP_IDS_MAX_DEFAULT = 5_000_000     # backpressure: QueueFull past this many dedup ids kept
 CLIENT_SESSIONS_MAX = 100_000
 #: Queues one shard holds (any name works unless the config declares its queues). Keeps
 #: memory (a few KiB per queue) and a stats reply (under 200 bytes per queue, names at

@@ -551,6 +551,26 @@ def test_dedup_within_one_batch(make_shard):
     assert len(s.dequeue(max_jobs=10)) == 2
 
 
+def test_dedup_ids_at_max_dedup_ids_refuse_a_new_one_and_still_answer_a_resend(make_shard, clock):
+    """Each dedup id is kept for its window, acked or not: past ``max_dedup_ids`` a batch that
+    would add one more is refused whole (QueueFull), a resend of a kept id is answered as
+    ever, a job without a dedup id is taken, and ids whose window ended make room again."""
+    s = make_shard(dedup_window=100, max_dedup_ids=1000)
+    first = s.enqueue_many([(b"x", f"k{i % 7}", "default", 0, 0, f"d{i}") for i in range(1000)])
+    jobs = len(s.state.jobs)
+    with pytest.raises(QueueFull, match="holds 1000 dedup ids"):
+        s.enqueue_many([(b"y", None, "default", 0, 0, None), (b"z", None, "default", 0, 0, "new")])
+    assert len(s.state.jobs) == jobs  # the batch added nothing
+    assert s.enqueue_many([(b"again", "k3", "default", 0, 0, "d3")]) == [first[3]]  # a resend, at the limit
+    assert len(s.enqueue_many([(b"plain", None, "default", 0, 0, None)])) == 1
+    clock.advance(99)
+    with pytest.raises(QueueFull):
+        s.enqueue(b"z", dedup_id="new")
+    clock.advance(1)  # every window has ended: room again, counted after dropping them
+    assert s.enqueue(b"z", dedup_id="new") not in first
+    assert s.state.dedup_held == 1
+
+
 def test_session_retry_returns_the_same_ids(shard):
     items = [(b"a", "k", "default", 0, 0, None), (b"b", None, "default", 0, 0, None)]
     first = shard.enqueue_many(items, session=(7, 1, 1))

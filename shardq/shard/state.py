@@ -138,6 +138,8 @@ class ShardState(ControlOps):
         self.shard_index = shard_index
         self.config = config
         self.max_pending = config.limits.max_pending_jobs
+        self.max_dedup = config.limits.max_dedup_ids
+        self.dedup_held = 0   # dedup entries kept over every queue (each until its window ends)
         self.jobs: dict[int, Job] = {}
         self.queues: dict[str, QueueState] = {}
         self.delayed: list[tuple[float, int]] = []
@@ -402,6 +404,8 @@ class ShardState(ControlOps):
             checked.append((b, k, qname, delay, prio, did, q))
         if n > 1 or not _ONE_JOB_FITS:
             log_bytes += validate.jobs_bytes(checked)
+        if self.dedup_held + n > self.max_dedup:
+            self._room_for_dedup_ids(checked, now)
         if log_bytes > _REQUEST_BYTES_MAX:
             # Its operations must be logged as one record (all or nothing across a crash).
             raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
@@ -457,17 +461,37 @@ class ShardState(ControlOps):
         if did is not None and expires > created:
             q.dedup[(key, did)] = (jid, expires)
             q.dedup_order.append((expires, (key, did)))
+            self.dedup_held += 1
             self._prune_dedup(q, created)
         self._append_to_key(job)
 
-    @staticmethod
-    def _prune_dedup(q: QueueState, now: float) -> None:
+    def _prune_dedup(self, q: QueueState, now: float) -> None:
         order, table = q.dedup_order, q.dedup
         while order and order[0][0] <= now:
             expires, dkey = order.popleft()
+            self.dedup_held -= 1
             hit = table.get(dkey)
             if hit is not None and hit[1] == expires:
                 del table[dkey]
+
+    def _room_for_dedup_ids(self, checked: list, now: float) -> None:
+        """Backpressure on dedup ids: each is kept for its queue's dedup window, acked or
+        not, so a high rate of them over a long window could grow without bound (and be
+        rebuilt by replay after an out-of-memory crash). Refuse a batch that would pass
+        ``max_dedup_ids``, counting only the ids it would add (a resend of a known id is
+        answered as ever), after dropping what has expired in every queue."""
+        for q in self.queues.values():
+            self._prune_dedup(q, now)
+        fresh = set()
+        for b, k, qname, delay, prio, did, q in checked:
+            if did is not None:
+                hit = q.dedup.get((k, did))
+                if hit is None or hit[1] <= now:
+                    fresh.add((qname, k, did))
+        if self.dedup_held + len(fresh) > self.max_dedup:
+            raise QueueFull(f"shard {self.shard_index} holds {self.dedup_held} dedup ids, its limit "
+                            f"{self.max_dedup} (limits.max_dedup_ids): each is kept for its queue's "
+                            "dedup_window; retry later, or shorten the window")
 
     def _apply_session(self, op) -> None:
         _, cid, cseq, low, ids, at = op
@@ -902,6 +926,7 @@ class ShardState(ControlOps):
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.dedup[(key, did)] = (jid, expires)
         q.dedup_order.append((expires, (key, did)))
+        self.dedup_held += 1
 
     def _apply_client(self, op) -> None:
         """A client's session from a checkpoint; a session written as several operations
