@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "later jobs of its key until it is done)")
     p.add_argument("--worker-kind", choices=("loop", "runner"), default="loop",
                    help="loop: the harness's own dequeue/commit/ack loop (default); runner: the "
-                        "standard worker runner (shardq worker, 4 threads) with its SQLite "
+                        "standard worker runner (shardq worker, --worker-batch threads) with its SQLite "
                         "idempotency store, and a handler that writes the effect in its transaction")
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="the queue's lease_sync (docs/guarantees.md); under strict a lease lost to a "

@@ -252,9 +252,12 @@ class Run:
                                "nack_prob": getattr(self.a, "nack_prob", 0.0),
                                "extend_prob": getattr(self.a, "extend_prob", 0.0),
                                "extend_s": 2 * self.a.visibility})
+        # --worker-batch is its concurrency; at 1 (the default with --target) it holds one
+        # lease at a time, no prefetch: moto mis-orders a timed-out batch of one group.
+        batch = max(1, getattr(self.a, "worker_batch", 4))
         return self._spawn(["-m", "shardq.cli", "worker", "shardq.verify.runner:handle", "--data-dir",
-                            self.connect_to, "--concurrency", "4", "--idempotency", self.db,
-                            "--log-level", "WARNING"], f"worker-{w}.log", env=env)
+                            self.connect_to, "--concurrency", str(batch), *(["--prefetch", "0"] if batch == 1 else []),
+                            "--idempotency", self.db, "--log-level", "WARNING"], f"worker-{w}.log", env=env)
 
     def init_db(self) -> None:
         from . import runner
