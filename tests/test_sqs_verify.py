@@ -42,3 +42,17 @@ def test_verify_against_sqs_passes_with_worker_faults(moto, tmp_path):
 def test_verify_refuses_a_target_that_is_not_a_backend(tmp_path):
     proc = _verify(["--target", "var/elsewhere", "--duration", "1"], tmp_path, timeout=60)
     assert proc.returncode == 2 and "not a backend target" in proc.stderr
+
+
+def test_verify_against_sqs_with_the_worker_runner_passes(moto, tmp_path):
+    """The worker runner on the SQS backend (one lease at a time there: moto mis-orders a
+    timed-out batch of one group), its handler failing and extending some jobs."""
+    out = tmp_path / "report.json"
+    proc = _verify(["--target", moto.target(), "--duration", "8", "--fault-interval", "1.5", "--seed", "14",
+                    "--rate", "30", "--drain-timeout", "90", "--json", str(out), "--worker-kind", "runner",
+                    "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.05"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["passed"] is True and rep["args"]["worker_kind"] == "runner" and rep["args"]["worker_batch"] == 1
+    assert rep["faults"]["kill_worker"] >= 1 and rep["info"]["jobs_ok"] > 50 and rep["info"]["drained"] is True
+    assert rep["info"]["nacks"] >= 1 and "handler runs" in proc.stdout
