@@ -346,7 +346,7 @@ def test_the_replay_line_names_every_setting_that_shapes_the_run():
     argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
             "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
             "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2", "--delay-prob", "0.3",
-            "--lease-sync", "strict", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--lease-sync", "strict", "--kill-producers", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
             "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
     line = replay_command(settle_defaults(build_parser().parse_args(argv)))
     assert line.startswith("shardq verify ")
@@ -585,11 +585,13 @@ def test_a_strict_lease_chaos_run_with_dedup_ids_nacks_extends_and_delays_passes
     some jobs and nack them, some with a backoff that must block their key;
     ``--extend-prob``: they extend some leases and work past the first deadline;
     ``--delay-prob``: some jobs are delayed, and block the later jobs of their key. The
-    queue's leases are ``strict``: a lease a power cut lost would fail the run."""
+    queue's leases are ``strict``: a lease a power cut lost would fail the run. And
+    ``--kill-producers``: producers are killed and replaced, taking up their histories."""
     with chaos_run(tmp_path, "--duration", "12", "--fault-interval", "1.2", "--seed", "20261281", "--rate", "60",
                    "--drain-timeout", "60", "--power-cuts", "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.03",
-                   "--delay-prob", "0.1", "--lease-sync", "strict") as (out, rep, _):
+                   "--delay-prob", "0.1", "--lease-sync", "strict", "--kill-producers") as (out, rep, _):
         assert rep["args"]["dedup"] is True and rep["args"]["lease_sync"] == "strict"
+        assert rep["faults"]["kill_producer"] >= 1  # each new producer took up the history the last left
         assert rep["counts"]["attempt_reused"] == 0 and "fenced_overlaps" not in rep["info"]
         info = rep["info"]
         # Calls were sent again (odd producers give up after 1 s, shorter than a shard's
@@ -700,3 +702,33 @@ def test_a_chaos_run_on_the_worker_runner_passes(tmp_path):
         assert "handler runs" in out
         effects = read_effects(os.path.join(work, "effects.db"))
         assert {e.worker.split(".")[0] for e in effects} <= {"w0", "w1", "w2"} and len(effects) >= info["jobs_ok"]
+
+
+def test_a_producer_started_after_a_kill_takes_up_the_history_it_left(tmp_path):
+    """--kill-producers: the new producer goes on from each key's last sequence number, ends
+    a line the kill tore, and (with --dedup) knows the call left without an answer."""
+    from shardq.verify.roles import _taken_up
+    h = tmp_path / "producer-0.jsonl"
+    h.write_text('{"i":1,"t":1.0,"items":[["k000",1],["k001",1]]}\n{"o":1,"t":1.1,"ids":[10,11]}\n'
+                 '{"i":2,"t":1.2,"items":[["k000",2]],"delays":[0.25]}\n{"r":2,"t":1.3,"err":"x"}\n{"o":2,"t"')
+    seqs, last, open_call = _taken_up(str(h), ["k000", "k001", "k002"])
+    assert (seqs, last, open_call) == ({"k000": 2, "k001": 1, "k002": 0}, 2, (2, [("k000", 2)], [0.25]))
+    assert h.read_text().endswith('{"o":2,"t"\n')  # the torn line ended: what follows is whole
+    with open(h, "a") as f:
+        f.write('{"r":2,"t":2.0,"err":"the producer was killed during the call","taken_up":1}\n'
+                '{"o":2,"t":2.1,"ids":[12]}\n')
+    ops = {op.op: op for op in read_producer_history(str(h), 0)}
+    assert (ops[2].outcome, ops[2].ids, ops[2].tries, ops[2].taken_up, ops[1].taken_up) == ("ok", [12], 3, True, False)
+    assert _taken_up(str(h), ["k000"])[2] is None  # every call answered: nothing to send again
+    assert _taken_up(str(h), ["k000"])[1] == 2
+
+
+def test_producer_kills_are_planned_only_when_asked_for():
+    from shardq.verify.plan import KILL_PRODUCER
+    args = dict(duration_s=60, interval_s=3, shards=2, workers=3, visibility_s=1, health_timeout_s=3)
+    plain = plan(5, kinds_for(target=False, power_cuts=True), **args, producers=4)
+    assert plain == _plan(5) and not any(f.kind == KILL_PRODUCER for f in plain[0])
+    faults, _ = plan(5, kinds_for(target=False, power_cuts=True, kill_producers=True), **args, producers=4)
+    kills = [f for f in faults if f.kind == KILL_PRODUCER]
+    assert len(kills) >= 2 and all(0 <= f.target < 4 for f in kills)
+    assert KILL_PRODUCER in kinds_for(target=True, power_cuts=False, kill_producers=True)

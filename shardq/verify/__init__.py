@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-prob", type=float, default=0.0,
                    help="chance that a job is enqueued with a delay of 0.05-0.5 s (it blocks the "
                         "later jobs of its key until it is done)")
+    p.add_argument("--kill-producers", action="store_true",
+                   help="add producer kills to the faults: SIGKILL a producer, start a new one that "
+                        "takes up its history (with --dedup it first sends again the call the "
+                        "killed one left without an answer, as an application's outbox would)")
     p.add_argument("--worker-kind", choices=("loop", "runner"), default="loop",
                    help="loop: the harness's own dequeue/commit/ack loop (default); runner: the "
                         "standard worker runner (shardq worker, --worker-batch threads) with its SQLite "
@@ -153,6 +157,7 @@ def _child_parser(role: str) -> argparse.ArgumentParser:
         p.add_argument("--body-bytes", type=int, default=0)
         p.add_argument("--dedup", action="store_true")
         p.add_argument("--delay-prob", type=float, default=0.0)
+        p.add_argument("--resume", action="store_true")
     else:
         p.add_argument("--name", required=True)
         p.add_argument("--db", required=True)

@@ -106,6 +106,7 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
         jobs_delayed=sum(op.delayed for op in enqueues),
         enqueue_resends=sum(op.tries - 1 for op in enqueues),
         enqueue_ops_ok_after_resend=sum(op.tries > 1 and op.outcome == "ok" for op in enqueues),
+        enqueue_ops_taken_up=sum(op.taken_up for op in enqueues),
         effects=len(effects), deliveries=len(leases),
         duplicate_deliveries=sum(n - 1 for n in deliveries.values()),
         redelivered_jobs=sum(n > 1 for n in deliveries.values()),

@@ -46,6 +46,7 @@ class Enqueue:
     t1: float | None = None
     tries: int = 1
     delayed: int = 0
+    taken_up: bool = False   # sent again by the producer that replaced a killed one
 
 
 @dataclass
@@ -149,6 +150,7 @@ def read_producer_history(path: str, producer: int) -> list[Enqueue]:
         elif "r" in r and r["r"] in ops:  # a try of unknown outcome, sent again (--dedup)
             ops[r["r"]].tries += 1
             ops[r["r"]].error = r.get("err")
+            ops[r["r"]].taken_up |= bool(r.get("taken_up"))
         elif "o" in r and r["o"] in ops:
             e = ops[r["o"]]
             e.t1 = r["t"]

@@ -20,6 +20,7 @@ from dataclasses import astuple, dataclass
 SERVICE_KINDS = ("kill_shard", "kill_service", "kill_worker", "pause_shard", "pause_worker")
 WORKER_KINDS = ("kill_worker", "pause_worker")  # against a backend that is not ours (--target)
 POWER_CUT = "power_cut"
+KILL_PRODUCER = "kill_producer"   # only with --kill-producers: other seeds' plans stay as they were
 #: A shard pause outlives the health timeout (the supervisor kills it as hung) this often.
 HUNG_FRACTION = 0.25
 
@@ -28,20 +29,21 @@ HUNG_FRACTION = 0.25
 class Fault:
     at_s: float                  # planned time, seconds after the schedule starts
     kind: str
-    target: int | None = None    # shard (kill_shard, pause_shard) or worker index
+    target: int | None = None    # shard (kill_shard, pause_shard), worker or producer index
     seconds: float = 0.0         # how long a pause lasts
     hung: bool = False           # a shard pause past the health timeout
     seed: int = 0                # power_cut: the seed of its page choices
 
 
-def kinds_for(*, target: bool, power_cuts: bool) -> tuple[str, ...]:
+def kinds_for(*, target: bool, power_cuts: bool, kill_producers: bool = False) -> tuple[str, ...]:
+    producers = (KILL_PRODUCER,) if kill_producers else ()
     if target:
-        return WORKER_KINDS
-    return SERVICE_KINDS + ((POWER_CUT,) if power_cuts else ())
+        return WORKER_KINDS + producers
+    return SERVICE_KINDS + ((POWER_CUT,) if power_cuts else ()) + producers
 
 
 def plan(seed: int, kinds: tuple[str, ...], *, duration_s: float, interval_s: float, shards: int, workers: int,
-         visibility_s: float, health_timeout_s: float) -> tuple[list[Fault], float]:
+         visibility_s: float, health_timeout_s: float, producers: int = 1) -> tuple[list[Fault], float]:
     """The faults of a run and when the schedule ends. Rounds deal every kind once, in
     shuffled order, spaced by ``interval_s × U(0.5, 1.5)``; faults are planned until
     ``duration_s`` and at least one whole round is. Every fault draws the same random
@@ -70,6 +72,8 @@ def plan(seed: int, kinds: tuple[str, ...], *, duration_s: float, interval_s: fl
             faults.append(Fault(round(t, 3), kind, worker))
         elif kind == POWER_CUT:
             faults.append(Fault(round(t, 3), kind, seed=page_seed))
+        elif kind == KILL_PRODUCER:  # its target from a number every fault draws anyway
+            faults.append(Fault(round(t, 3), kind, page_seed % producers))
         else:
             faults.append(Fault(round(t, 3), kind))
         t += rng.uniform(0.5, 1.5) * interval_s

@@ -70,15 +70,73 @@ def _hist(path: str):
     return write
 
 
-def producer_main(a) -> int:
-    from ..errors import ShardqError
-    rng = random.Random(f"{a.seed}/producer/{a.index}")
-    keys = a.keys.split(",")
+def _taken_up(history: str, keys: list[str]) -> tuple[dict, int, tuple | None]:
+    """What a killed producer left (``--resume``): each key's last sequence number, the last
+    call number, and that call's ``(op, items, delays)`` if it has no answer. A line torn by
+    the kill is ended, so the next record starts a line of its own."""
+    from .history import _json_lines
     seqs = dict.fromkeys(keys, 0)
+    calls: dict[int, dict] = {}
+    answered = set()
+    for r in _json_lines(history):
+        if "i" in r:
+            calls[r["i"]] = r
+            for key, seq in r["items"]:
+                seqs[key] = max(seqs.get(key, 0), seq)
+        elif "o" in r:
+            answered.add(r["o"])
+    with open(history, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+    last = max(calls, default=0)
+    open_call = None
+    if last and last not in answered:
+        r = calls[last]
+        open_call = (last, [tuple(x) for x in r["items"]], r.get("delays", []))
+    return seqs, last, open_call
+
+
+def _send(q, write, a, op: int, jobs: list) -> None:
+    """One enqueue call and its outcome. With ``--dedup``, what an application does with a
+    dedup id: a call of unknown outcome is sent again, before any later job of its keys,
+    until it is answered (or the producers are stopped)."""
+    from ..errors import ShardqError
+    while True:
+        try:
+            ids = q.enqueue_many(jobs)
+            write(o=op, t=CLOCK.now(), ids=ids)
+            return
+        except ShardqError as e:
+            err = f"{type(e).__name__}: {e}"[:200]
+            if not a.dedup or os.path.exists(a.stop):
+                write(o=op, t=CLOCK.now(), outcome="info", err=err)
+                return
+            write(r=op, t=CLOCK.now(), err=err)
+
+
+def _jobs(a, items: list, delays: list) -> list:
+    jobs = [{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items]
+    for job, (k, s), d in zip(jobs, items, delays or [0] * len(items)):
+        if a.dedup:
+            job["dedup_id"] = dedup_id_for(a.index, k, s)
+        if d:
+            job["delay"] = d
+    return jobs
+
+
+def producer_main(a) -> int:
+    keys = a.keys.split(",")
+    rng = random.Random(f"{a.seed}/producer/{a.index}" + ("/resumed" if a.resume else ""))
+    seqs, op, open_call = _taken_up(a.history, keys) if a.resume else (dict.fromkeys(keys, 0), 0, None)
     write = _hist(a.history)
     q = _connect(a)
+    if open_call is not None and a.dedup:  # the killed producer's last call, maybe applied
+        write(r=open_call[0], t=CLOCK.now(), err="the producer was killed during the call", taken_up=1)
+        _send(q, write, a, open_call[0], _jobs(a, open_call[1], open_call[2]))
     pace = CLOCK.monotonic()
-    op = 0
     while not os.path.exists(a.stop):
         items = []
         for _ in range(rng.randint(1, a.batch)):
@@ -86,29 +144,10 @@ def producer_main(a) -> int:
             seqs[key] += 1
             items.append((key, seqs[key]))
         op += 1
-        jobs = [{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items]
-        if a.dedup:
-            for job, (k, s) in zip(jobs, items):
-                job["dedup_id"] = dedup_id_for(a.index, k, s)
-        delays = [round(rng.uniform(0.05, 0.5), 3) if rng.random() < a.delay_prob else 0 for _ in jobs] \
+        delays = [round(rng.uniform(0.05, 0.5), 3) if rng.random() < a.delay_prob else 0 for _ in items] \
             if a.delay_prob else []
-        for job, d in zip(jobs, delays):
-            if d:
-                job["delay"] = d
         write(i=op, t=CLOCK.now(), items=items, **({"delays": delays} if any(delays) else {}))
-        while True:
-            try:
-                ids = q.enqueue_many(jobs)
-                write(o=op, t=CLOCK.now(), ids=ids)
-                break
-            except ShardqError as e:
-                err = f"{type(e).__name__}: {e}"[:200]
-                if not a.dedup or os.path.exists(a.stop):
-                    write(o=op, t=CLOCK.now(), outcome="info", err=err)
-                    break
-                # What an application does with a dedup id: send the call of unknown outcome
-                # again, before any later job of its keys, until it is answered.
-                write(r=op, t=CLOCK.now(), err=err)
+        _send(q, write, a, op, _jobs(a, items, delays))
         pace += len(items) / a.rate
         ahead = pace - CLOCK.monotonic()
         if ahead > 0:

@@ -22,7 +22,7 @@ from ..wal.fileio import FAULT_SYNC_LOG_ENV
 from .check import Report, check
 from .history import (CLOCK, FAILING, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
                       read_producer_history, read_worker_history)
-from .plan import POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
+from .plan import KILL_PRODUCER, POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
 from .powercut import lose_unsynced_pages
 
 KiB = 1024
@@ -85,10 +85,11 @@ class Run:
     def __init__(self, a):
         self.a = a
         self.target = getattr(a, "target", None)   # another backend: no service of ours
-        self.kinds = kinds_for(target=bool(self.target), power_cuts=getattr(a, "power_cuts", False))
+        self.kinds = kinds_for(target=bool(self.target), power_cuts=getattr(a, "power_cuts", False),
+                               kill_producers=getattr(a, "kill_producers", False))
         self.plan, self.plan_end_s = plan(a.seed, self.kinds, duration_s=a.duration, interval_s=a.fault_interval,
                                           shards=a.shards, workers=a.workers, visibility_s=a.visibility,
-                                          health_timeout_s=a.health_timeout)
+                                          health_timeout_s=a.health_timeout, producers=a.producers)
         self.data_dir = a.data_dir or os.path.join(_short_tmpdir(), "data")
         self.work = self.data_dir.rstrip("/") + "-verify"
         self.connect_to = self.target or self.data_dir  # what producers and workers connect to
@@ -211,10 +212,16 @@ class Run:
             time.sleep(0.01)  # poll with a deadline
 
     def start_producers(self) -> None:
-        keys = [f"k{i:03d}" for i in range(self.a.keys)]
         for p in range(self.a.producers):
-            mine = keys[p::self.a.producers]
-            self.producers.append(self._spawn(
+            self.producers.append(self.start_producer(p))
+
+    def start_producer(self, p: int, resume: bool = False) -> subprocess.Popen:
+        """Producer ``p``; ``resume``: a new process after a kill, which takes its keys'
+        sequence numbers (and, with --dedup, the call left without an answer) from the
+        history the killed one wrote."""
+        keys = [f"k{i:03d}" for i in range(self.a.keys)]
+        mine = keys[p::self.a.producers]
+        return self._spawn(
                 ["-m", "shardq.verify", "_producer", "--data-dir", self.connect_to, "--index", str(p),
                  "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
                  "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
@@ -224,7 +231,8 @@ class Run:
                  "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
                  "--client", getattr(self.a, "client", "threads"),
                  "--delay-prob", str(getattr(self.a, "delay_prob", 0.0)),
-                 *(["--dedup"] if getattr(self.a, "dedup", False) else [])], f"producer-{p}.log"))
+                 *(["--dedup"] if getattr(self.a, "dedup", False) else []),
+                 *(["--resume"] if resume else [])], f"producer-{p}.log")
 
     def start_worker(self, w: int) -> None:
         self.incarnation[w] += 1
@@ -328,6 +336,12 @@ class Run:
             self.workers[f.target].wait()
             self.start_worker(f.target)
             detail = f"worker {f.target}"
+        elif kind == KILL_PRODUCER:
+            proc = self.producers[f.target]
+            _signal(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self.producers[f.target] = self.start_producer(f.target, resume=True)
+            detail = f"producer {f.target}"
         elif kind == "pause_worker":
             pid = self.workers[f.target].pid
             _signal(pid, signal.SIGSTOP)
@@ -583,7 +597,8 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
           f"not {i['ambiguous_not_delivered']}), failed {i['jobs_failed']}, delayed {i['jobs_delayed']}")
     if getattr(a, "dedup", False):
         print(f"dedup ids: {i['enqueue_resends']} calls of unknown outcome sent again, "
-              f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend")
+              f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend, "
+              f"{i['enqueue_ops_taken_up']} of them left by a killed producer")
     if getattr(a, "worker_kind", "loop") == "runner":
         print(f"handler runs {i['deliveries']} (of a job run before {i['duplicate_deliveries']}, max attempt "
               f"{i['max_attempt']}, failed with Retry {i['nacks']}, extended {i['extends']} "
