@@ -85,6 +85,7 @@ class Run:
     def __init__(self, a):
         self.a = a
         self.target = getattr(a, "target", None)   # another backend: no service of ours
+        self.runners = getattr(a, "worker_kind", "loop") == "runner"  # workers: the standard runner
         self.kinds = kinds_for(target=bool(self.target), power_cuts=getattr(a, "power_cuts", False),
                                kill_producers=getattr(a, "kill_producers", False))
         self.plan, self.plan_end_s = plan(a.seed, self.kinds, duration_s=a.duration, interval_s=a.fault_interval,
@@ -222,24 +223,24 @@ class Run:
         keys = [f"k{i:03d}" for i in range(self.a.keys)]
         mine = keys[p::self.a.producers]
         return self._spawn(
-                ["-m", "shardq.verify", "_producer", "--data-dir", self.connect_to, "--index", str(p),
-                 "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
-                 "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
-                 "--body-bytes", str(getattr(self.a, "body_bytes", 0)),
-                 # Even producers retry long enough to ride out every fault; odd ones give
-                 # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
-                 "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
-                 "--client", getattr(self.a, "client", "threads"),
-                 "--delay-prob", str(getattr(self.a, "delay_prob", 0.0)),
-                 *(["--dedup"] if getattr(self.a, "dedup", False) else []),
-                 *(["--resume"] if resume else [])], f"producer-{p}.log")
+            ["-m", "shardq.verify", "_producer", "--data-dir", self.connect_to, "--index", str(p),
+             "--keys", ",".join(mine), "--history", os.path.join(self.work, f"producer-{p}.jsonl"),
+             "--stop", self.stop_producers, "--seed", str(self.a.seed), "--rate", str(self.a.rate),
+             "--body-bytes", str(getattr(self.a, "body_bytes", 0)),
+             # Even producers retry long enough to ride out every fault; odd ones give
+             # up after 1 s, so pauses and restarts leave enqueues of unknown outcome.
+             "--batch", "5", "--retry-s", "8" if p % 2 == 0 else "1",
+             "--client", getattr(self.a, "client", "threads"),
+             "--delay-prob", str(getattr(self.a, "delay_prob", 0.0)),
+             *(["--dedup"] if getattr(self.a, "dedup", False) else []),
+             *(["--resume"] if resume else [])], f"producer-{p}.log")
 
     def start_worker(self, w: int) -> None:
         self.incarnation[w] += 1
         name = f"w{w}.{self.incarnation[w]}"
         hist = os.path.join(self.work, f"worker-{name}.jsonl")
         self.worker_files.append((name, hist))
-        if getattr(self.a, "worker_kind", "loop") == "runner":
+        if self.runners:
             self.workers[w] = self._spawn_runner(name, hist, w)
             return
         self.workers[w] = self._spawn(
@@ -271,7 +272,7 @@ class Run:
         from . import runner
         db = sqlite3.connect(self.db, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute(runner.SCHEMA if getattr(self.a, "worker_kind", "loop") == "runner" else SCHEMA)
+        db.execute(runner.SCHEMA if self.runners else SCHEMA)
         db.close()
 
     # ------------------------------------------------------------------ faults
@@ -424,9 +425,8 @@ class Run:
         finally:
             q.close()
         open(self.stop_workers, "w").close()
-        runners = getattr(self.a, "worker_kind", "loop") == "runner"
         for proc in self.workers.values():
-            if runners and proc.poll() is None:  # a runner stops on SIGTERM, finishing its jobs
+            if self.runners and proc.poll() is None:  # a runner stops on SIGTERM, finishing its jobs
                 _signal(proc.pid, signal.SIGCONT)
                 _signal(proc.pid, signal.SIGTERM)
         for proc in self.workers.values():
