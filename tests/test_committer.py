@@ -76,6 +76,10 @@ def test_a_slow_reader_on_a_high_descriptor_delays_no_one(committer):
     committer.submit([], [(slow, b"after the big one")], [])
     t.join(15)
     assert got == [big] and read_frame(slow_peer, timeout=5.0) == b"after the big one"
+    # Only the committer touches a connection's backlog (under its send lock); closing one
+    # from here while its thread still finishes the flush that sent these bytes raced it
+    # (CI once hung in the teardown: the thread died popping a deque this close emptied).
+    committer.stop()
     for c, p in ((slow, slow_peer), (fast, fast_peer)):
         c.close()
         p.close()
@@ -100,6 +104,31 @@ def test_a_client_that_reads_nothing_is_dropped_and_a_close_waits_for_its_replie
     assert read_frame(slow_peer, timeout=5.0) == payload
     wait_until(lambda: slow.closed, 5.0, 0.01, "the close after the replies")
     slow_peer.close()
+
+
+def test_an_unexpected_error_in_the_committer_thread_ends_the_process():
+    """A bug in the thread used to end the thread alone: the shard lived on with nobody to
+    send its replies until the supervisor's health check killed it."""
+    import subprocess
+    import sys
+    code = """if True:
+        import os, time
+        from shardq.shard.committer import Committer
+        class NoLog:
+            unsynced = rotation_due = False
+            def commit(self, payloads, sync=True): pass
+            def sync(self): pass
+        class Broken:
+            closed = dead = False
+            def send(self, frame): raise ValueError("a bug")
+        c = Committer(NoLog(), exit_code=7)
+        c.submit([], [(Broken(), b"x")], [])
+        time.sleep(10)  # not reached: the thread ends the process
+        os._exit(0)
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    assert "the committer thread failed" in proc.stderr and "ValueError: a bug" in proc.stderr
 
 
 class SlowSyncLog:

@@ -147,6 +147,15 @@ class Committer:
         self._thread.join()
 
     def _run(self) -> None:
+        """The thread: a bug here must not leave the shard alive with nobody sending its
+        replies (every client would hang until the supervisor's health check): fail-stop."""
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - any escape is a bug; the supervisor restarts us
+            log.exception("the committer thread failed")
+            self._fail(e)
+
+    def _serve(self) -> None:
         while True:
             with self._work:
                 while not self._items and not self._stopping and not self._backlog:
