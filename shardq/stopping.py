@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 
@@ -32,3 +33,16 @@ def install_stop_signals(stop: Callable[[], None], name: str) -> dict | None:
 def restore_signals(old: dict | None) -> None:
     for sig, handler in (old or {}).items():
         signal.signal(sig, handler)
+
+
+def exit_with_parent(parent_pid: int, every_s: float = 0.5) -> None:
+    """End this process once ``parent_pid`` is no longer its parent (it died, even by
+    SIGKILL, and the process was handed to init): a daemon thread looks every ``every_s``.
+    For pool processes, which would otherwise wait for work for ever. A job one was running
+    is not committed (its transaction is never finished): its lease runs out and it comes
+    back, as with any worker that dies."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)  # polling the parent: no event tells a process its parent died
+        os._exit(0)
+    threading.Thread(target=watch, name="shardq-parent-watch", daemon=True).start()

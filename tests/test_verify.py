@@ -561,6 +561,7 @@ def test_a_chaos_run_on_the_asyncio_client_passes(tmp_path):
     (["--extend-prob", "-0.1"], "--extend-prob must be a probability"),
     (["--delay-prob", "0.1", "--target", "sqs://us-east-1/p?endpoint=http://127.0.0.1:9"], "per-job delay"),
     (["--lease-sync", "strict", "--target", "sqs://us-east-1/p?endpoint=http://127.0.0.1:9"], "local service"),
+    (["--worker-kind", "runner-process", "--extend-prob", "0.1"], "thread mode"),
 ])
 def test_options_a_run_cannot_use_are_refused_before_it_starts(argv, said, capsys):
     from shardq.verify import main
@@ -732,3 +733,15 @@ def test_producer_kills_are_planned_only_when_asked_for():
     kills = [f for f in faults if f.kind == KILL_PRODUCER]
     assert len(kills) >= 2 and all(0 <= f.target < 4 for f in kills)
     assert KILL_PRODUCER in kinds_for(target=True, power_cuts=False, kill_producers=True)
+
+
+def test_a_chaos_run_on_the_worker_runner_in_process_mode_passes(tmp_path):
+    """--worker-kind runner-process: the runner's pool processes commit the effects; a killed
+    runner leaves them to notice and end, and a child may commit after its lease is lost,
+    which the store must keep to one effect."""
+    with chaos_run(tmp_path, "--duration", "10", "--fault-interval", "1.2", "--seed", "28501", "--rate", "60",
+                   "--drain-timeout", "60", "--power-cuts", "--worker-kind", "runner-process",
+                   "--nack-prob", "0.05") as (out, rep, _):
+        assert rep["args"]["worker_kind"] == "runner-process" and rep["faults"]["kill_worker"] >= 1
+        assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True and rep["info"]["nacks"] >= 1
+        assert "handler runs" in out

@@ -142,3 +142,35 @@ def test_sigterm_lets_running_jobs_finish_and_loses_nothing(tmp):
             left = q.dequeue_many("default", max_jobs=100)
             assert {l.job_id for l in left} | done == set(ids)
             assert all(l.attempt == 1 for l in left)  # released unstarted: not a delivery
+
+
+def test_a_sigkilled_worker_in_process_mode_leaves_no_pool_process_behind(tmp):
+    """Its pool processes waited for work for ever once their parent was SIGKILLed (a
+    container or OOM kill, a supervisor's last resort): each kill leaked a process per
+    unit of concurrency. Now they notice the parent gone and end within a second."""
+    import psutil
+    import time
+    db = _setup(tmp)
+    with Service(shards=1) as svc:
+        log = open(os.path.join(tmp, "workers.log"), "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardq.cli", "worker", "handler_mod:handle", "--connect", svc.data_dir,
+             "--idempotency", db, "--concurrency", "3", "--mode", "process", "--log-level", "WARNING"],
+            cwd=tmp, env=_env(SLOW_S=0.05), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            with svc.connect() as q:
+                q.enqueue_many([{"body": f"k{i % 3}:{i}".encode(), "key": f"k{i % 3}"} for i in range(30)])
+            wait_until(lambda: len(_effects(db)) >= 3, 60.0, 0.05, "the pool to run jobs")
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert len(children) >= 3, [c.cmdline() for c in children]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            gone, alive = psutil.wait_procs(children, timeout=10)
+            assert not alive, [(c.pid, c.cmdline()) for c in alive]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for c in psutil.process_iter(["pid", "cmdline"]):
+                if any(tmp in part for part in (c.info["cmdline"] or ())) and c.pid != os.getpid():
+                    c.kill()

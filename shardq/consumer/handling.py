@@ -147,11 +147,15 @@ def failure_result(exc: BaseException, lease: Lease, ctx: Context | None) -> Res
 _CHILD: dict[str, Any] = {}
 
 
-def _child_init(handler: Handler, spec: tuple | None) -> None:
+def _child_init(handler: Handler, spec: tuple | None, parent_pid: int | None = None) -> None:
     # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
-    # group); children finish their job and are SIGKILLed if the grace period ends.
+    # group); children finish their job and are SIGKILLed if the grace period ends. A parent
+    # SIGKILLed sends nothing: the children notice it gone and end too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent_pid is not None:
+        from ..stopping import exit_with_parent
+        exit_with_parent(parent_pid)
     store = None
     if spec is not None:
         factory, args, kwargs = spec

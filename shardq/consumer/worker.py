@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import os
 import pickle
 import queue as queue_mod
 import random
@@ -629,7 +630,7 @@ class Worker:
         spec = self._store.reopen_spec() if self._store is not None else None
         return ProcessPoolExecutor(max_workers=self._concurrency,
                                    mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_child_init, initargs=(self._handler, spec))
+                                   initializer=_child_init, initargs=(self._handler, spec, os.getpid()))
 
     def _run_in_pool(self, lease: Lease) -> tuple[str, str | None, float | None]:
         with self._pool_lock:

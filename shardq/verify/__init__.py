@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add producer kills to the faults: SIGKILL a producer, start a new one that "
                         "takes up its history (with --dedup it first sends again the call the "
                         "killed one left without an answer, as an application's outbox would)")
-    p.add_argument("--worker-kind", choices=("loop", "runner"), default="loop",
+    p.add_argument("--worker-kind", choices=("loop", "runner", "runner-process"), default="loop",
                    help="loop: the harness's own dequeue/commit/ack loop (default); runner: the "
                         "standard worker runner (shardq worker, --worker-batch threads) with its SQLite "
-                        "idempotency store, and a handler that writes the effect in its transaction")
+                        "idempotency store, and a handler that writes the effect in its transaction; "
+                        "runner-process: the same in process mode (a pool of processes, which a "
+                        "killed runner leaves to finish their jobs)")
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="the queue's lease_sync (docs/guarantees.md); under strict a lease lost to a "
                         "crash (the job leased again during it, or its delivery count reused) fails the run")
@@ -190,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.delay_prob and a.target:
         print("error: --delay-prob needs the local service (SQS FIFO queues have no per-job delay)",
               file=sys.stderr)
+        return 2
+    if a.worker_kind == "runner-process" and a.extend_prob:
+        print("error: --extend-prob needs the runner's thread mode (ctx.extend is not available "
+              "in process mode)", file=sys.stderr)
         return 2
     if a.lease_sync != "batched" and a.target:
         print("error: --lease-sync is a setting of the local service (not --target)", file=sys.stderr)

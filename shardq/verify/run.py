@@ -85,7 +85,7 @@ class Run:
     def __init__(self, a):
         self.a = a
         self.target = getattr(a, "target", None)   # another backend: no service of ours
-        self.runners = getattr(a, "worker_kind", "loop") == "runner"  # workers: the standard runner
+        self.runners = getattr(a, "worker_kind", "loop").startswith("runner")  # workers: the standard runner
         self.kinds = kinds_for(target=bool(self.target), power_cuts=getattr(a, "power_cuts", False),
                                kill_producers=getattr(a, "kill_producers", False))
         self.plan, self.plan_end_s = plan(a.seed, self.kinds, duration_s=a.duration, interval_s=a.fault_interval,
@@ -266,6 +266,7 @@ class Run:
         batch = max(1, getattr(self.a, "worker_batch", 4))
         return self._spawn(["-m", "shardq.cli", "worker", "shardq.verify.runner:handle", "--data-dir",
                             self.connect_to, "--concurrency", str(batch), *(["--prefetch", "0"] if batch == 1 else []),
+                            *(["--mode", "process"] if self.a.worker_kind == "runner-process" else []),
                             "--idempotency", self.db, "--log-level", "WARNING"], f"worker-{w}.log", env=env)
 
     def init_db(self) -> None:
@@ -599,7 +600,7 @@ def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, k
         print(f"dedup ids: {i['enqueue_resends']} calls of unknown outcome sent again, "
               f"{i['enqueue_ops_ok_after_resend']} calls answered after a resend, "
               f"{i['enqueue_ops_taken_up']} of them left by a killed producer")
-    if getattr(a, "worker_kind", "loop") == "runner":
+    if getattr(a, "worker_kind", "loop").startswith("runner"):
         print(f"handler runs {i['deliveries']} (of a job run before {i['duplicate_deliveries']}, max attempt "
               f"{i['max_attempt']}, failed with Retry {i['nacks']}, extended {i['extends']} "
               f"({i['extends_ok']} ok)); effects {i['effects']}; dead letters {i['dead_letters']} (the "
