@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig,
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
                      ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
-                     UnknownQueue, Unsupported, UsageError)
+                     TooManyConnections, UnknownQueue, Unsupported, UsageError)
 from .errors import OutboxBehind, StoreUnavailable
 from .types import DeadLetter, JobId, Lease
 
@@ -82,7 +82,7 @@ __all__ = [
     "open", "connect", "Queue", "Router", "Lease", "DeadLetter", "JobId", "Config", "QueueConfig",
     "Worker", "ShardqError", "InvalidJob", "UnknownQueue", "InvalidConfig", "ProtocolError",
     "AuthError", "NotFound", "LeaseLost", "JobGone", "QueueFull", "ShardUnavailable", "OutcomeUnknown",
-    "Closed",
+    "TooManyConnections", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
     "PostgresStore", "StoreUnavailable", "OutboxBehind",

@@ -13,6 +13,7 @@ so a typo never silently falls back to a default. Times are in seconds.
     [limits]                  # per shard
     max_pending_jobs = 5000000
     max_dedup_ids = 5000000
+    max_connections = 4096
     segment_bytes = 67108864
     compact_min_bytes = 67108864
 
@@ -92,6 +93,7 @@ class ServiceConfig:
 class LimitsConfig:
     max_pending_jobs: int = limits.PENDING_JOBS_MAX_DEFAULT
     max_dedup_ids: int = limits.DEDUP_IDS_MAX_DEFAULT
+    max_connections: int = limits.CONNECTIONS_MAX_DEFAULT
     segment_bytes: int = limits.SEGMENT_BYTES_MAX_DEFAULT
     compact_min_bytes: int = limits.COMPACT_MIN_BYTES_DEFAULT
 
@@ -185,6 +187,7 @@ _SERVICE_REMOVED = {
 _LIMITS_BOUNDS = {
     "max_pending_jobs": (True, 1, 10**9),
     "max_dedup_ids": (True, 1, 10**9),
+    "max_connections": (True, 1, 2**20),
     "segment_bytes": (True, 4096, 2**40),
     "compact_min_bytes": (True, 4096, 2**40),
 }

@@ -9,7 +9,8 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * your lease: :class:`LeaseLost` (and :class:`Cancelled`: an operator cancelled the job)
 * capacity: :class:`QueueFull`
 * the backend: :class:`Unsupported` (a feature this backend cannot provide)
-* the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`), :class:`Closed`
+* the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`,
+  :class:`TooManyConnections`), :class:`Closed`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
 * raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
@@ -80,6 +81,13 @@ class QueueFull(ShardqError):
 
 class ShardUnavailable(ShardqError):
     """A shard did not answer in time (crashed, restarting or hung)."""
+
+
+class TooManyConnections(ShardUnavailable):
+    """The shard holds as many client connections as ``limits.max_connections`` allows
+    and turned this one away before reading any request: nothing was sent. The router
+    tries again until its ``retry_s`` runs out, then raises this. Close idle routers, or
+    raise the limit (docs/operations.md)."""
 
 
 class OutcomeUnknown(ShardUnavailable):

@@ -43,6 +43,12 @@ REQUEST_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 PENDING_JOBS_MAX_DEFAULT = 5_000_000  # backpressure: QueueFull past this many jobs
 DEDUP_IDS_MAX_DEFAULT = 5_000_000     # backpressure: QueueFull past this many dedup ids kept
 CLIENT_SESSIONS_MAX = 100_000
+#: Client connections one shard holds at once; one more is turned away after its handshake
+#: with :class:`~shardq.errors.TooManyConnections`.
+CONNECTIONS_MAX_DEFAULT = 4096
+#: Descriptors a shard needs besides its clients' (log segments, the listener, epoll,
+#: pipes, handshakes in progress): it raises its soft RLIMIT_NOFILE to the sum at start.
+SHARD_FDS_BESIDES_CLIENTS = 64
 #: Queues one shard holds (any name works unless the config declares its queues). Keeps
 #: memory (a few KiB per queue) and a stats reply (under 200 bytes per queue, names at
 #: their longest) bounded: at this count a reply is about 18 MiB, within the frame limit.

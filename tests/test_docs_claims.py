@@ -312,8 +312,12 @@ def _const(module, name):
 
 NUMBERS = [
     # (document, the words it says, the value in the code, what the words mean)
-    ("docs/operations.md", "`ShardUnavailable` (a shard did not come back within `retry_s`, default 15 s)",
+    ("docs/operations.md", "`ShardUnavailable` (a shard did not come back within `retry_s`, default 15 s;",
      lambda: _router_default("retry_s"), 15),
+    ("docs/operations.md", "A shard holds at most\n`limits.max_connections` (4,096) at once",
+     _const("shardq.limits", "CONNECTIONS_MAX_DEFAULT"), 4096),
+    ("docs/operations.md", "to\n`limits.max_connections` + 64 when",
+     _const("shardq.limits", "SHARD_FDS_BESIDES_CLIENTS"), 64),
     ("docs/guarantees.md", "`request_timeout_s`, 30 s by default", lambda: _router_default("request_timeout_s"), 30),
     ("docs/guarantees.md", "After `max_deliveries` deliveries (default 5)",
      _const("shardq.limits", "MAX_DELIVERIES_DEFAULT"), 5),

@@ -24,6 +24,7 @@ from shardq.shard import wire as protocol
 from shardq.datadir import DataDir
 from shardq.errors import ProtocolError, ShardqError
 from shardq.client.router import shard_for_key
+from shardq.shard.sockio import connect_unix
 
 SEED = int(os.environ.get("SHARDQ_FUZZ_SEED", "20261130"))
 FRAMES = int(os.environ.get("SHARDQ_FUZZ_FRAMES", "600"))
@@ -42,7 +43,7 @@ def svc():
 
 
 def raw(svc, shard=0):
-    return Client(svc.dd.socket_path(shard), family="AF_UNIX", authkey=svc.dd.authkey())
+    return connect_unix(svc.dd.socket_path(shard), svc.dd.authkey())
 
 
 def exchange(conn, frame: bytes, wait: float = REPLY_S):

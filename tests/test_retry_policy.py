@@ -17,7 +17,7 @@ import shardq
 from shardq import limits
 from shardq.client.connection import ConnectionLost, Future, ShardClient
 from shardq.datadir import DataDir
-from shardq.shard import wire
+from shardq.shard import sockio, wire
 from shardq.types import Lease
 
 from service import short_tmpdir
@@ -52,6 +52,7 @@ class FakeShard:
             if self.closing:
                 conn.close()
                 return
+            conn.send_bytes(sockio.ADMITTED)  # the shard's verdict that ends a handshake
             self.conns.append(conn)
             self.by_conn.append([])
             serve = type(action) is tuple

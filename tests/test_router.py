@@ -26,6 +26,7 @@ from service import REPO, Service, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
+from shardq.shard.sockio import connect_unix
 
 
 A = "a"  # the key the garbage tests enqueue under; raw clients talk to its shard
@@ -205,7 +206,7 @@ def test_wrong_key_is_rejected_while_other_clients_keep_working(svc):
 # ---------------------------------------------------------------------- garbage
 def raw(svc, shard: int = SHARD_A) -> Client:
     dd = DataDir(svc.data_dir)
-    return Client(dd.socket_path(shard), family="AF_UNIX", authkey=dd.authkey())
+    return connect_unix(dd.socket_path(shard), dd.authkey())
 
 
 def reply(conn: Client, timeout: float = 5.0):

@@ -19,6 +19,7 @@ import shardq
 from service import Service, restarted, wait_until
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
+from shardq.shard.sockio import connect_unix
 
 KEYS = {}  # shard -> a key that lands there (2 shards)
 for i in range(100):
@@ -121,7 +122,7 @@ def test_a_router_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
 
 def raw(svc, shard: int) -> Client:
     dd = DataDir(svc.data_dir)
-    return Client(dd.socket_path(shard), family="AF_UNIX", authkey=dd.authkey())
+    return connect_unix(dd.socket_path(shard), dd.authkey())
 
 
 def replies(conn: Client, timeout: float) -> list:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import msgpack
 
 from .. import limits
-from ..errors import AuthError, Closed, OutcomeUnknown, ProtocolError, ShardUnavailable
+from ..errors import AuthError, Closed, OutcomeUnknown, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard import wire
 from ..shard.validate import jobs_bytes
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
@@ -160,6 +160,8 @@ class ShardConn:
                 self._schedule_flush()
                 return
             if self.loop.time() + delay > deadline:
+                if isinstance(err, TooManyConnections):
+                    raise TooManyConnections(f"shard {self.index} turned this client away: {err}")
                 raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
             await asyncio.sleep(delay)  # backoff between connection attempts
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
@@ -181,7 +183,7 @@ class ShardConn:
         """No connection came back: every request still waiting to be sent fails."""
         reqs, self.outbox = self.outbox, []
         for req in reqs:
-            self._fail(req, exc if not isinstance(exc, ShardUnavailable)
+            self._fail(req, exc if not isinstance(exc, ShardUnavailable) or isinstance(exc, TooManyConnections)
                        else ShardUnavailable(f"shard {self.index}: {exc}"))
         for parts in (self.enq_parts, self.ack_parts):
             items, parts[:] = list(parts), []

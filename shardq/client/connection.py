@@ -35,7 +35,7 @@ import msgpack
 from ..shard import wire as protocol
 from .. import limits
 from ..conditions import CountedCondition
-from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable
+from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 
 
@@ -154,6 +154,8 @@ class ShardClient:
                                      name=f"shardq-reader-{self.index}").start()
                     return
             if time.monotonic() + delay > deadline:
+                if isinstance(err, TooManyConnections):
+                    raise TooManyConnections(f"shard {self.index} turned this router away: {err}")
                 raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
             time.sleep(delay)  # backoff between connection attempts, not synchronisation
             delay = min(delay * 2, 0.2)

@@ -1,7 +1,9 @@
 """The shard's acceptor: takes new connections off the listening socket and authenticates
 each on a short-lived thread of its own (the HMAC challenge of ``multiprocessing.connection``,
 bounded by a socket timeout), so a silent or hostile client never stalls the shard loop.
-Authenticated connections are handed to the loop through ``deliver``.
+Authenticated connections are handed to the loop through ``deliver``, each holding one of
+the shard's :class:`ConnectionSlots`; past ``limits.max_connections`` a client is turned
+away at the end of its handshake (:data:`~.sockio.TURNED_AWAY`), before it sends anything.
 
 Guarantee: running out of descriptors (EMFILE, ENFILE), memory or buffers (ENOMEM,
 ENOBUFS) or threads never ends the acceptor. It backs off (10 ms doubling to 1 s; new
@@ -21,7 +23,7 @@ from multiprocessing.connection import AuthenticationError, Connection, answer_c
 
 from ..clock import Clock, SystemClock
 from .conn import FrameConn
-from .sockio import HANDSHAKE_TIMEOUT_S, socket_timeouts
+from .sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, socket_timeouts
 
 log = logging.getLogger("shardq.shard")
 
@@ -56,14 +58,38 @@ class Throttled:
         log.warning(msg + (f" ({more} more since the last report)" if more else ""), *args)
 
 
+class ConnectionSlots:
+    """The client connections a shard holds, counted against ``limit``: the acceptor takes
+    a slot before it admits a client, the loop gives it back when it drops the connection.
+    So the shard never holds more than ``limit``, however many clients connect at once."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.held >= self.limit:
+                return False
+            self.held += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
 class Acceptor(threading.Thread):
     """Accepts sockets and authenticates each on its own short-lived thread (see above)."""
 
-    def __init__(self, listener: socket.socket, authkey: bytes, deliver, clock: Clock | None = None):
+    def __init__(self, listener: socket.socket, authkey: bytes, deliver, clock: Clock | None = None,
+                 slots: ConnectionSlots | None = None):
         super().__init__(name="shardq-acceptor", daemon=True)
         self.listener = listener
         self.authkey = authkey
         self.deliver = deliver
+        self.slots = slots or ConnectionSlots(2**31)
         self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
         self.trouble = Throttled(clock or SystemClock())
         self.failures = 0  # in a row, since the last connection accepted
@@ -107,8 +133,16 @@ class Acceptor(threading.Thread):
                 socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
                 deliver_challenge(conn, self.authkey)
                 answer_challenge(conn, self.authkey)
-                socket_timeouts(fd, 0)
-                own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
+                if not self.slots.take():
+                    self._turn_away(conn)
+                    return
+                try:
+                    conn.send_bytes(ADMITTED)
+                    socket_timeouts(fd, 0)
+                    own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
+                except BaseException:
+                    self.slots.give_back()
+                    raise
             except OSError as e:
                 if e.errno in EXHAUSTED:
                     self.trouble.warn("client dropped after authentication: %s", e.strerror)
@@ -123,3 +157,15 @@ class Acceptor(threading.Thread):
             self.deliver(FrameConn(own))
         finally:
             self.busy.release()
+
+    def _turn_away(self, conn: Connection) -> None:
+        """Tell a client the shard is full (it raises TooManyConnections), then close."""
+        n = self.slots.limit
+        self.trouble.warn("turned a client away: this shard holds its limit of %d connections "
+                          "(limits.max_connections)", n)
+        why = (f"the shard holds its limit of {n} client connections (limits.max_connections); "
+               f"close idle routers or raise the limit")
+        try:
+            conn.send_bytes(TURNED_AWAY + why.encode())
+        except OSError:
+            pass  # the client left first: nothing to tell

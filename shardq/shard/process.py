@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import resource
 import select
 import signal
 import socket
@@ -37,7 +38,7 @@ from collections import deque
 from contextlib import nullcontext
 
 from .. import limits
-from .acceptor import Acceptor
+from .acceptor import Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
 from ..datadir import DataDir
@@ -55,7 +56,6 @@ log = logging.getLogger("shardq.shard")
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
-CONNECTIONS_MAX = 4096
 _DEFERRED = object()
 _ARITY, _OK = protocol.ARITY, protocol.OK
 
@@ -74,6 +74,8 @@ class ShardServer:
         self.authkey = authkey
         self.clock = clock or SystemClock()
         self.conns: set[FrameConn] = set()
+        #: one per client connection, taken by the acceptor, given back by _drop
+        self.slots = ConnectionSlots(shard.config.limits.max_connections)
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
@@ -130,7 +132,7 @@ class ShardServer:
         self._poller.register(self._wake_r, select.EPOLLIN)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
         self.committer.durable_seq = self.state.next_seq - 1  # everything replayed is durable
-        Acceptor(listener, self.authkey, self._deliver, self.clock).start()
+        Acceptor(listener, self.authkey, self._deliver, self.clock, self.slots).start()
         if on_ready:
             on_ready()
         try:
@@ -176,14 +178,11 @@ class ShardServer:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
-                while self.incoming:
+                while self.incoming:  # each holds a slot (the acceptor took it)
                     conn = self.incoming.popleft()
-                    if len(self.conns) >= CONNECTIONS_MAX:
-                        self._closes.append(conn)
-                    else:
-                        self.conns.add(conn)
-                        self._by_fd[conn.fd] = conn
-                        self._poller.register(conn.fd, select.EPOLLIN)
+                    self.conns.add(conn)
+                    self._by_fd[conn.fd] = conn
+                    self._poller.register(conn.fd, select.EPOLLIN)
             else:
                 conn = self._by_fd.get(fd)
                 if conn is not None:  # None: dropped earlier in this iteration
@@ -258,6 +257,7 @@ class ShardServer:
             del self._by_fd[conn.fd]
             self._poller.unregister(conn.fd)
             self._closes.append(conn)  # closed by the committer, after replies queued before
+            self.slots.give_back()
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
         for ws in self.lease_waiters.values():
@@ -488,6 +488,23 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 1000)
 
 
+def room_for_descriptors(max_connections: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE so that ``max_connections`` clients fit
+    (many systems start services at a soft 1,024 with a far higher hard limit). Warns when
+    the hard limit is too low: the shard then runs out of descriptors before the
+    connection limit (it keeps serving, and new clients wait: see acceptor.py). Returns
+    the soft limit now in force."""
+    want = max_connections + limits.SHARD_FDS_BESIDES_CLIENTS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning("RLIMIT_NOFILE allows %d descriptors, below the %d that %d connections "
+                    "(limits.max_connections) need: raise LimitNOFILE", soft, want, max_connections)
+    return soft
+
+
 def _lock_shard_dir(path: str) -> int:
     os.makedirs(path, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -537,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
     tune_gc()
+    room_for_descriptors(config.limits.max_connections)
     pipe.watch_disk(files)  # a commit stalled on a slow disk is not a hang
     server = ShardServer(shard, dd.socket_path(a.index), authkey,
                          busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written))

@@ -4,6 +4,11 @@
 authentication handshake would block the caller forever. These helpers bound every
 handshake with kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO), which make blocking reads
 and writes on the descriptor fail instead of hanging.
+
+The handshake ends with the shard's verdict, one message after both sides are
+authenticated: :data:`ADMITTED`, or :data:`TURNED_AWAY` and why (the shard holds its
+``limits.max_connections``). A client turned away learns it before sending anything, so it
+knows no request of its reached the shard.
 """
 from __future__ import annotations
 
@@ -11,7 +16,12 @@ import socket
 import struct
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
+from ..errors import TooManyConnections
+
 HANDSHAKE_TIMEOUT_S = 5.0
+ADMITTED = b"#SHARDQ-ADMITTED"
+TURNED_AWAY = b"#SHARDQ-TURNED-AWAY "
+VERDICT_BYTES_MAX = 1024
 
 
 def socket_timeouts(fd: int, seconds: float) -> None:
@@ -28,7 +38,8 @@ def socket_timeouts(fd: int, seconds: float) -> None:
 def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
     """Connect and authenticate (both directions) within ``timeout`` seconds.
 
-    Raises OSError (including timeouts), EOFError, or multiprocessing's AuthenticationError.
+    Raises OSError (including timeouts), EOFError, multiprocessing's AuthenticationError,
+    or :class:`TooManyConnections` when the shard turned the connection away.
     """
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -44,6 +55,11 @@ def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOU
     try:
         answer_challenge(conn, authkey)
         deliver_challenge(conn, authkey)
+        verdict = conn.recv_bytes(VERDICT_BYTES_MAX)
+        if verdict != ADMITTED:
+            if verdict.startswith(TURNED_AWAY):
+                raise TooManyConnections(verdict[len(TURNED_AWAY):].decode("utf-8", "replace"))
+            raise EOFError(f"unexpected handshake verdict {verdict[:64]!r}")
     except BaseException:
         conn.close()
         raise

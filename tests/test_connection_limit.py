@@ -1,0 +1,155 @@
+"""A shard's client connections at their limit (``limits.max_connections``).
+
+Past the limit a client is turned away at the end of its handshake with
+:class:`~shardq.TooManyConnections`, before it sends anything, and the clients the shard
+holds are served as before; a slot freed by a client that leaves admits the next one.
+Tested with a small limit, and at the default of 4,096 connections on one shard, which
+also checks that a shard started under a soft descriptor limit of 1,024 raises its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import resource
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+
+import shardq
+from shardq import limits
+from shardq.datadir import DataDir
+from shardq.shard import wire
+from shardq.shard.sockio import connect_unix
+
+from service import Service
+
+
+def admitted(dd: DataDir, deadline_s: float = 10.0):
+    """A raw connection to shard 0. The readiness check of ``Service.start`` may still hold
+    its slot for a moment after it closed (the shard frees it when it reads the EOF)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return connect_unix(dd.socket_path(0), dd.authkey())
+        except shardq.TooManyConnections:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.01)  # backoff before the next try, not synchronisation
+
+
+def ping_all(conns: list) -> list:
+    """Send a ping on every connection first, then read every reply: all are served."""
+    for i, c in enumerate(conns):
+        c.send_bytes(msgpack.packb([[i + 1, "ping", []]]))
+    pids = []
+    for i, c in enumerate(conns):
+        assert c.poll(10), f"connection {i} got no reply"
+        [[rid, status, payload]] = msgpack.unpackb(c.recv_bytes(), raw=False)
+        assert (rid, status) == (i + 1, wire.OK)
+        pids.append(payload)
+    return pids
+
+
+def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_the_next():
+    cfg = {"limits": {"max_connections": 4}, "http": {"listen": ""}}
+    with Service(shards=1, config=cfg) as svc:
+        dd = DataDir(svc.data_dir)
+        held = [admitted(dd) for _ in range(4)]
+        try:
+            assert len(set(ping_all(held))) == 1
+            # One more: the raw handshake says why, and nothing was sent on it.
+            with pytest.raises(shardq.TooManyConnections, match=r"limit of 4 client connections"):
+                connect_unix(dd.socket_path(0), dd.authkey())
+            # A router tries again until its retry_s runs out, then raises the same type.
+            with shardq.connect(svc.data_dir, retry_s=0.5) as q:
+                with pytest.raises(shardq.TooManyConnections, match="limits.max_connections") as e:
+                    q.enqueue(b"never sent")
+            assert isinstance(e.value, shardq.ShardUnavailable)
+            # The asyncio client likewise.
+
+            async def aio_enqueue():
+                q = await shardq.aio.connect(svc.data_dir, retry_s=0.5)
+                try:
+                    await q.enqueue(b"never sent either")
+                finally:
+                    await q.close()
+            with pytest.raises(shardq.TooManyConnections):
+                asyncio.run(aio_enqueue())
+            # The clients it holds were served throughout.
+            assert len(set(ping_all(held))) == 1
+            # One leaves: the next router gets in (the shard frees the slot on the EOF).
+            held.pop().close()
+            with shardq.connect(svc.data_dir, retry_s=10) as q:
+                jid = q.enqueue(b"after a slot freed")
+                lease = q.dequeue()
+                assert lease.job_id == jid, "a turned-away client's enqueue reached the shard"
+                q.ack(lease)
+                assert q.dequeue() is None
+                assert q.stats()["shards"][0]["clients"] == 4
+        finally:
+            for c in held:
+                c.close()
+        log = svc.tail(200)
+        assert "turned a client away" in log and "limits.max_connections" in log
+        assert log.count("turned a client away") <= 2, "the warning is rate-limited"
+        assert "Traceback" not in log
+
+
+DEFAULT = limits.CONNECTIONS_MAX_DEFAULT
+
+
+def test_a_shard_holds_the_default_4096_connections_at_once_and_turns_away_the_next():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = DEFAULT + 256  # this test's own sockets, beside the files pytest holds
+    if hard != resource.RLIM_INFINITY and hard < need + limits.SHARD_FDS_BESIDES_CLIENTS:
+        try:  # root may raise the hard limit (CI runs as root)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, need + limits.SHARD_FDS_BESIDES_CLIENTS))
+        except (ValueError, OSError):
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below the {need} descriptors this test needs")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # The service starts under a soft limit of 1,024 (a common default): the shard must
+    # raise its own to fit its connection limit.
+    svc = Service(shards=1, config={"http": {"listen": ""}})
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))
+    try:
+        svc.__enter__()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    held = []
+    try:
+        pid = svc.shard_pids()[0]
+        shard_soft = resource.prlimit(pid, resource.RLIMIT_NOFILE)[0]
+        assert shard_soft >= DEFAULT + limits.SHARD_FDS_BESIDES_CLIENTS
+        dd = DataDir(svc.data_dir)
+        for _ in range(DEFAULT):
+            held.append(admitted(dd))
+        assert set(ping_all(held)) == {pid}
+        with pytest.raises(shardq.TooManyConnections, match=f"limit of {DEFAULT} client connections"):
+            connect_unix(dd.socket_path(0), dd.authkey())
+        held.pop().close()
+        with shardq.connect(svc.data_dir, retry_s=10) as q:
+            assert q.ping() == [pid]
+            assert q.stats()["shards"][0]["clients"] == DEFAULT
+    finally:
+        for c in held:
+            c.close()
+        svc.__exit__(None, None, None)
+
+
+def test_a_shard_under_a_low_hard_descriptor_limit_takes_what_it_can_and_says_so():
+    """In a child process (the limit is per process): soft 512, hard 1,000."""
+    code = (
+        "import logging, resource, sys\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1000))\n"
+        "from shardq.shard.process import room_for_descriptors\n"
+        "print(room_for_descriptors(4096), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1000", "1000"]
+    assert "RLIMIT_NOFILE allows 1000 descriptors, below the 4160" in out.stderr
+    assert "raise LimitNOFILE" in out.stderr
