@@ -50,7 +50,11 @@ def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
     assert (m["producers"], m["consumers"], m["mode"]) == (16, 4, "processes")
     for name in ("D", "D2", "M"):  # the run in two phases: producers running, then consumers alone
         run = figures[name]["runs"][0]
-        assert 0 < run["produce_s"] <= run["seconds"], (name, run)
+        assert 0 < run["produce_s"], (name, run)
+        if run["produce_s"] > run["seconds"]:
+            # The consumers acked the last job before its producer's call had returned
+            # (seen with 500 jobs at 100 per call): every ack fell while producing.
+            assert run["acked_while_producing"] == run["jobs"], (name, run)
         assert run["enqueue_per_s"] == run["jobs"] / run["produce_s"], (name, run)
         assert 0 <= run["acked_while_producing"] <= run["jobs"], (name, run)
         if run["acked_while_producing"] < run["jobs"]:
