@@ -354,3 +354,58 @@ def test_a_shard_at_queues_max_answers_stats_and_metrics_and_refuses_one_queue_m
         state.note_priorities(name(limits.QUEUES_MAX))
     assert (len(state.jobs), len(state.queues), state.take_batch()[0]) == (jobs, limits.QUEUES_MAX, [])
     assert len(state.enqueue_many([(b"y", None, name(0), 0, 0, None)], now)) == 1  # a queue it holds: as before
+
+
+def test_a_job_with_every_field_at_its_maximum_in_every_state_survives_compaction_and_restart(tmp_path):
+    """Body at the ceiling, key, queue name and dedup id at their byte limits in 4-byte
+    characters, priorities at both ends, the longest delay and lease, and error texts past
+    their limit (kept cut to it): pending, delayed, leased, nacked with an error and dead.
+    Every record the writer produced is within its limit, and the state comes back whole
+    from the log and again from a checkpoint."""
+    from shardq.clock import FakeClock
+    from conftest import state_digest
+    cfg = config_from(max_body_bytes=CEILING, max_deliveries=1000)
+    clock = FakeClock()
+    wide = "\U0001F600"                                    # 4 bytes of UTF-8
+    queue = wide * (limits.QUEUE_NAME_BYTES_MAX // 4)
+    key = lambda c: c * (limits.KEY_BYTES_MAX // 4)        # noqa: E731
+    dedup = lambda c: c * (limits.DEDUP_ID_BYTES_MAX // 4)  # noqa: E731
+    too_long_error = wide * (limits.ERROR_TEXT_BYTES_MAX // 4 + 100)
+    e = Engine(str(tmp_path), cfg, clock=clock)
+    ids = {}
+    for n, (c, prio, delay) in enumerate([(wide, limits.PRIORITY_MAX, limits.DELAY_S_MAX),
+                                          ("\U0001F601", limits.PRIORITY_MIN, 0.0),
+                                          ("\U0001F602", limits.PRIORITY_MAX, 0.0),
+                                          ("\U0001F603", limits.PRIORITY_MIN, 0.0)]):
+        ids[n] = e.enqueue(body_of(n, CEILING), key(c), queue, delay=delay, priority=prio, dedup_id=dedup(c))
+    held = {}
+    for lease in [e.dequeue(queue, visibility=limits.VISIBILITY_TIMEOUT_S_MAX)[0] for _ in range(3)]:
+        held[lease.job_id] = lease
+    assert set(held) == {ids[1], ids[2], ids[3]}
+    e.nack(ids[3], held[ids[3]].token, delay=limits.DELAY_S_MAX, error=too_long_error)
+    e.bury(ids[1], held[ids[1]].token, error=too_long_error)
+    [dead] = e.dead_letters(queue)
+    assert dead.job_id == ids[1]
+    assert len(dead.error.encode()) == limits.ERROR_TEXT_BYTES_MAX and too_long_error.startswith(dead.error)
+    e.state.advance(clock.now())
+    want = state_digest(e.state)
+    assert want["jobs"][ids[2]][6] == "LEASED" and want["jobs"][ids[3]][9] == dead.error
+    e.close()
+
+    def reopened():
+        e = Engine(str(tmp_path), cfg, clock=clock)
+        e.state.advance(clock.now())
+        return e
+    e = reopened()  # from the log
+    assert state_digest(e.state) == want
+    e.compact()
+    e.close()
+    for name in os.listdir(tmp_path):  # the reader checks each record against its kind's limit
+        kind = CHECKPOINT if name.endswith(".ckpt") else SEGMENT if name.endswith(".wal") else None
+        if kind is not None:
+            data = open(os.path.join(tmp_path, name), "rb").read()
+            assert all(len(p) <= RECORD_BYTES_MAX[kind] for p in FileScan(name, data, kind, tail_may_tear=True))
+    e = reopened()  # from the checkpoint
+    assert state_digest(e.state) == want
+    e.ack(ids[2], held[ids[2]].token)  # the lease held through both restarts
+    e.close()
