@@ -52,6 +52,16 @@ def ping_all(conns: list) -> list:
     return pids
 
 
+#: A client that connects, says so, and blocks in a dequeue until it is killed.
+KILLED_CLIENT = """
+import sys, shardq
+q = shardq.connect(sys.argv[1], retry_s=10)
+q.ping()
+print("connected", flush=True)
+q.dequeue(wait=60)
+"""
+
+
 def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_the_next():
     cfg = {"limits": {"max_connections": 4}, "http": {"listen": ""}}
     with Service(shards=1, config=cfg) as svc:
@@ -88,6 +98,20 @@ def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_th
                 q.ack(lease)
                 assert q.dequeue() is None
                 assert q.stats()["shards"][0]["clients"] == 4
+            # No slot leaks: one slot serves one client after another, whether it closes
+            # or is SIGKILLed mid-call (the shard frees the slot on the EOF either way).
+            for i in range(20):
+                if i % 2:
+                    with shardq.connect(svc.data_dir, retry_s=10) as q:
+                        assert q.ping()
+                else:
+                    killed = subprocess.Popen(
+                        [sys.executable, "-c", KILLED_CLIENT, svc.data_dir], stdout=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
+                    assert killed.stdout.readline() == b"connected\n"
+                    killed.kill()
+                    killed.wait(10)
+            assert len(set(ping_all(held))) == 1
         finally:
             for c in held:
                 c.close()
