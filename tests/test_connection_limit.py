@@ -177,3 +177,51 @@ def test_a_shard_under_a_low_hard_descriptor_limit_takes_what_it_can_and_says_so
     assert out.stdout.split() == ["1000", "1000"]
     assert "RLIMIT_NOFILE allows 1000 descriptors, below the 4160" in out.stderr
     assert "raise LimitNOFILE" in out.stderr
+
+
+def test_a_shard_of_another_wire_version_is_named_at_once_not_retried_until_retry_s():
+    """The verdict names the wire version; a router or asyncio client of another version
+    raises ProtocolError at its first call instead of retrying and calling it unavailable."""
+    from multiprocessing.connection import Listener
+    import threading
+    from service import short_tmpdir
+    dd = DataDir(short_tmpdir())
+    dd.init(1)
+    listener = Listener(dd.socket_path(0), "AF_UNIX", authkey=dd.authkey())
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn = listener.accept()
+            except Exception:  # noqa: BLE001 - closed at the end
+                return
+            conn.send_bytes(b"#SHARDQ-ADMITTED wire=999")
+            conn.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(shardq.ProtocolError, match=r"shard 0: the shard speaks wire=999, this client wire=1"):
+            connect_unix_and_route(dd.path)
+
+        async def aio_enqueue():
+            q = await shardq.aio.connect(dd.path, retry_s=60)
+            try:
+                await q.enqueue(b"x")
+            finally:
+                await q.close()
+        with pytest.raises(shardq.ProtocolError, match="wire=999"):
+            asyncio.run(asyncio.wait_for(aio_enqueue(), 30))
+    finally:
+        stop.set()
+        import socket
+        with socket.socket(socket.AF_UNIX) as wake:  # accept() is not woken by close(); this is
+            wake.connect(dd.socket_path(0))
+        t.join(10)
+        listener.close()
+        assert not t.is_alive()
+
+
+def connect_unix_and_route(path: str) -> None:
+    with shardq.connect(path, retry_s=60) as q:  # far longer than the test may take
+        q.enqueue(b"x")

@@ -147,6 +147,8 @@ class ShardConn:
                 _, proto = await self.loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
             except (OSError, EOFError) as exc:
                 err: BaseException = exc
+            except ProtocolError as exc:  # another wire version: trying again cannot help
+                raise ProtocolError(f"shard {self.index}: {exc}") from None
             except Exception as exc:
                 if type(exc).__name__ == "AuthenticationError":
                     raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
@@ -175,7 +177,7 @@ class ShardConn:
             deadline = max(r.retry_deadline for r in self.outbox)
             try:
                 await self.connect(deadline)
-            except (ShardUnavailable, Closed, AuthError) as exc:
+            except (ShardUnavailable, Closed, AuthError, ProtocolError) as exc:
                 self._fail_unsent(exc)
                 return
 

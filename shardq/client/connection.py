@@ -142,6 +142,8 @@ class ShardClient:
                                         max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())))
                 except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
                     err = e
+                except ProtocolError as e:  # another wire version: trying again cannot help
+                    raise ProtocolError(f"shard {self.index}: {e}") from None
                 except Exception as e:  # AuthenticationError and friends
                     if type(e).__name__ == "AuthenticationError":
                         raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None

@@ -16,10 +16,14 @@ import socket
 import struct
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
-from ..errors import TooManyConnections
+from ..errors import ProtocolError, TooManyConnections
 
 HANDSHAKE_TIMEOUT_S = 5.0
-ADMITTED = b"#SHARDQ-ADMITTED"
+#: The wire's version, named in the verdict: a client of another version learns at once
+#: that it cannot talk to this shard (ProtocolError), instead of failing on its replies.
+WIRE_VERSION = 1
+_ADMITTED_PREFIX = b"#SHARDQ-ADMITTED"
+ADMITTED = _ADMITTED_PREFIX + b" wire=%d" % WIRE_VERSION
 TURNED_AWAY = b"#SHARDQ-TURNED-AWAY "
 VERDICT_BYTES_MAX = 1024
 
@@ -39,7 +43,8 @@ def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOU
     """Connect and authenticate (both directions) within ``timeout`` seconds.
 
     Raises OSError (including timeouts), EOFError, multiprocessing's AuthenticationError,
-    or :class:`TooManyConnections` when the shard turned the connection away.
+    :class:`TooManyConnections` when the shard turned the connection away, or
+    :class:`ProtocolError` when it speaks another wire version.
     """
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -59,6 +64,11 @@ def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOU
         if verdict != ADMITTED:
             if verdict.startswith(TURNED_AWAY):
                 raise TooManyConnections(verdict[len(TURNED_AWAY):].decode("utf-8", "replace"))
+            if verdict.startswith(_ADMITTED_PREFIX):
+                theirs = verdict[len(_ADMITTED_PREFIX):].strip().decode("ascii", "replace")[:32]
+                raise ProtocolError(f"the shard speaks {theirs or 'an unnamed wire version'}, this client "
+                                    f"wire={WIRE_VERSION}: upgrade the apps that embed the router together "
+                                    f"with serve")
             raise EOFError(f"unexpected handshake verdict {verdict[:64]!r}")
     except BaseException:
         conn.close()
