@@ -97,7 +97,9 @@ def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_th
                 assert lease.job_id == jid, "a turned-away client's enqueue reached the shard"
                 q.ack(lease)
                 assert q.dequeue() is None
-                assert q.stats()["shards"][0]["clients"] == 4
+                shard = q.stats()["shards"][0]
+                assert (shard["clients"], shard["clients_max"]) == (4, 4)
+                assert shard["clients_turned_away"] >= 3  # the raw client, the router, the asyncio client
             # No slot leaks: one slot serves one client after another, whether it closes
             # or is SIGKILLed mid-call (the shard frees the slot on the EOF either way).
             for i in range(20):
@@ -119,6 +121,36 @@ def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_th
         assert "turned a client away" in log and "limits.max_connections" in log
         assert log.count("turned a client away") <= 2, "the warning is rate-limited"
         assert "Traceback" not in log
+
+
+def test_a_shard_full_of_clients_is_still_health_checked_and_seen_by_metrics():
+    """The supervisor's health pings and the HTTP listener connect as the service, apart
+    from the clients' limit: a full shard is neither killed as hung nor missing from
+    /metrics. (Before, the health ping's connection was closed like any other past the
+    limit, and after health_timeout the supervisor killed a shard that was only full.)"""
+    import urllib.request
+    cfg = {"limits": {"max_connections": 2}, "service": {"health_timeout": 1}}
+    with Service(shards=1, config=cfg) as svc:
+        dd = DataDir(svc.data_dir)
+        pid = svc.shard_pids()[0]
+        held = [admitted(dd) for _ in range(2)]
+        try:
+            with pytest.raises(shardq.TooManyConnections):
+                connect_unix(dd.socket_path(0), dd.authkey())
+            # Full for several health timeouts: the same process serves throughout.
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                assert ping_all(held) == [pid, pid]
+                time.sleep(0.1)  # pacing the pings over the window, not synchronisation
+            with urllib.request.urlopen(svc.http_url() + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            assert 'shardq_shard_up{shard="0"} 1' in text
+            assert 'shardq_shard_clients{shard="0"} 2' in text
+            assert 'shardq_shard_restarts_total{shard="0"} 0' in text
+        finally:
+            for c in held:
+                c.close()
+        assert "killing" not in svc.tail(200).lower()
 
 
 DEFAULT = limits.CONNECTIONS_MAX_DEFAULT
@@ -196,6 +228,7 @@ def test_a_shard_of_another_wire_version_is_named_at_once_not_retried_until_retr
                 conn = listener.accept()
             except Exception:  # noqa: BLE001 - closed at the end
                 return
+            conn.recv_bytes()  # the client's hello
             conn.send_bytes(b"#SHARDQ-ADMITTED wire=999")
             conn.close()
     t = threading.Thread(target=serve, daemon=True)

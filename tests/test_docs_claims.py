@@ -314,8 +314,10 @@ NUMBERS = [
     # (document, the words it says, the value in the code, what the words mean)
     ("docs/operations.md", "`ShardUnavailable` (a shard did not come back within `retry_s`, default 15 s;",
      lambda: _router_default("retry_s"), 15),
-    ("docs/operations.md", "A shard holds at most\n`limits.max_connections` (4,096) at once",
+    ("docs/operations.md", "A shard holds at most\n`limits.max_connections` (4,096) clients at once",
      _const("shardq.limits", "CONNECTIONS_MAX_DEFAULT"), 4096),
+    ("docs/operations.md", "hold up to 16 slots of their own",
+     _const("shardq.shard.acceptor", "SERVICE_CONNECTIONS_MAX"), 16),
     ("docs/operations.md", "to\n`limits.max_connections` + 64 when",
      _const("shardq.limits", "SHARD_FDS_BESIDES_CLIENTS"), 64),
     ("docs/guarantees.md", "`request_timeout_s`, 30 s by default", lambda: _router_default("request_timeout_s"), 30),

@@ -128,6 +128,8 @@ def test_metrics_show_queues_shards_and_counters(svc):
     assert total(m, "shardq_shard_restarts_total") == 0
     assert total(m, "shardq_shard_wal_bytes") > 0 and total(m, "shardq_shard_clients") >= 1
     assert total(m, "shardq_shard_loop_iterations_total") > 0
+    assert total(m, "shardq_shard_clients_max") == 2 * 4096  # limits.max_connections, per shard
+    assert total(m, "shardq_shard_clients_turned_away_total") == 0
 
 
 def _base(name: str) -> str:

@@ -52,6 +52,7 @@ class FakeShard:
             if self.closing:
                 conn.close()
                 return
+            conn.recv_bytes()  # the client's hello
             conn.send_bytes(sockio.ADMITTED)  # the shard's verdict that ends a handshake
             self.conns.append(conn)
             self.by_conn.append([])

@@ -98,10 +98,11 @@ class Future:
 
 
 class ShardClient:
-    def __init__(self, index: int, address: str, authkey: bytes):
+    def __init__(self, index: int, address: str, authkey: bytes, role: str = "client"):
         self.index = index
         self.address = address
         self.authkey = authkey
+        self.role = role  # what the handshake says this connection is (shard.sockio)
         self._lock = threading.Lock()
         self._idle = CountedCondition(self._lock)  # signalled when a send finishes, if awaited
         self._sending: Connection | None = None
@@ -139,7 +140,8 @@ class ShardClient:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
                     conn = connect_unix(self.address, self.authkey,
-                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())))
+                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())),
+                                        self.role)
                 except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
                     err = e
                 except ProtocolError as e:  # another wire version: trying again cannot help

@@ -184,13 +184,15 @@ class Router:
     """Client of a running shardq service. See the module docstring for the guarantees."""
 
     def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 supervisor=None):
+                 supervisor=None, _role: str = "client"):
+        # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
+        # connections a shard holds apart from its clients' limit (shard/sockio.py)
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()
         self.service_id = dd.service_id()
         key = dd.authkey()
-        self.clients = [ShardClient(i, dd.socket_path(i), key) for i in range(self.shards)]
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role) for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1

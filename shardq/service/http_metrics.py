@@ -76,6 +76,10 @@ class ShardqCollector:
             g.counter("shardq_shard_compactions", "log compactions (checkpoints) since the shard started", [s],
                       sh["compactions"])
             g.gauge("shardq_shard_clients", "connected clients", [s], sh["clients"])
+            g.gauge("shardq_shard_clients_max", "connected clients the shard holds at most "
+                    "(limits.max_connections)", [s], sh["clients_max"])
+            g.counter("shardq_shard_clients_turned_away", "clients turned away at the connection limit "
+                      "(TooManyConnections), since the shard started", [s], sh["clients_turned_away"])
             g.counter("shardq_shard_loop_iterations", "iterations of the shard's event loop", [s],
                       sh["iterations"])
             g.gauge("shardq_shard_jobs", "live jobs on the shard (every state)", [s], sh["jobs"])

@@ -90,7 +90,8 @@ class HttpService:
         self.supervisor = supervisor
         self.data_dir = str(data_dir)
         # Short retries: a page or a scrape should report a down shard, not wait for it.
-        self.router = Router(data_dir, retry_s=0.5, request_timeout_s=scrape_timeout_s)
+        self.router = Router(data_dir, retry_s=0.5, request_timeout_s=scrape_timeout_s,
+                             _role="service")  # sees a shard full of clients
         self.auth = Auth(self.token)
         self.api = ConsoleApi(self.router, supervisor, scrape_timeout_s)
         self.registry = CollectorRegistry(auto_describe=False)

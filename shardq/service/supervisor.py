@@ -196,7 +196,8 @@ class Supervisor:
         if not schedules:
             return
         from ..client.router import Router
-        self.scheduler = Scheduler(schedules, Router(self.dd.path), self.dd.path, self.clock).start()
+        self.scheduler = Scheduler(schedules, Router(self.dd.path, _role="service"), self.dd.path,
+                                   self.clock).start()
         _event("scheduler-started", schedules=len(schedules))
 
     def run(self) -> int:
@@ -463,7 +464,8 @@ class Supervisor:
             if now >= h.next_ping:
                 try:
                     if h.health is None:
-                        h.health = ShardClient(h.index, self.dd.socket_path(h.index), self.dd.authkey())
+                        h.health = ShardClient(h.index, self.dd.socket_path(h.index), self.dd.authkey(),
+                                               role="service")  # never turned away by a full shard
                     h.health.ensure_connected(now + 1.0)
                     h.ping_future = h.health.submit("ping", [])
                     h.ping_sent = now

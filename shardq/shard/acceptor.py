@@ -23,11 +23,14 @@ from multiprocessing.connection import AuthenticationError, Connection, answer_c
 
 from ..clock import Clock, SystemClock
 from .conn import FrameConn
-from .sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, socket_timeouts
+from .sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MAX, role_of, socket_timeouts
 
 log = logging.getLogger("shardq.shard")
 
 HANDSHAKES_MAX = 32
+#: Connections of ``shardq serve``'s own parts (health pings, the HTTP listener, schedules),
+#: held apart from the clients' limit.
+SERVICE_CONNECTIONS_MAX = 16
 #: accept() errors that mean "out of descriptors, memory or buffers for now": back off, retry
 EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
 #: accept() errors about one connection (it was reset before we took it): take the next
@@ -66,11 +69,13 @@ class ConnectionSlots:
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        self.turned_away = 0  # clients refused for want of a slot, since the shard started
         self._lock = threading.Lock()
 
     def take(self) -> bool:
         with self._lock:
             if self.held >= self.limit:
+                self.turned_away += 1
                 return False
             self.held += 1
             return True
@@ -84,12 +89,13 @@ class Acceptor(threading.Thread):
     """Accepts sockets and authenticates each on its own short-lived thread (see above)."""
 
     def __init__(self, listener: socket.socket, authkey: bytes, deliver, clock: Clock | None = None,
-                 slots: ConnectionSlots | None = None):
+                 slots: dict[str, ConnectionSlots] | None = None):
         super().__init__(name="shardq-acceptor", daemon=True)
         self.listener = listener
         self.authkey = authkey
         self.deliver = deliver
-        self.slots = slots or ConnectionSlots(2**31)
+        #: a pool per role (sockio.ROLES); each connection delivered holds a slot of its role's
+        self.slots = slots or {"client": ConnectionSlots(2**31), "service": ConnectionSlots(SERVICE_CONNECTIONS_MAX)}
         self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
         self.trouble = Throttled(clock or SystemClock())
         self.failures = 0  # in a row, since the last connection accepted
@@ -133,15 +139,19 @@ class Acceptor(threading.Thread):
                 socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
                 deliver_challenge(conn, self.authkey)
                 answer_challenge(conn, self.authkey)
-                if not self.slots.take():
-                    self._turn_away(conn)
+                role = role_of(conn.recv_bytes(VERDICT_BYTES_MAX))
+                if role is None:
+                    raise ValueError("no hello after authentication (a client of another wire version?)")
+                slots = self.slots[role]
+                if not slots.take():
+                    self._turn_away(conn, role, slots.limit)
                     return
                 try:
                     conn.send_bytes(ADMITTED)
                     socket_timeouts(fd, 0)
                     own = os.dup(fd)  # the loop's own descriptor; the Connection object is done
                 except BaseException:
-                    self.slots.give_back()
+                    slots.give_back()
                     raise
             except OSError as e:
                 if e.errno in EXHAUSTED:
@@ -154,17 +164,22 @@ class Acceptor(threading.Thread):
                 return
             finally:
                 conn.close()
-            self.deliver(FrameConn(own))
+            fc = FrameConn(own)
+            fc.slots = slots
+            self.deliver(fc)
         finally:
             self.busy.release()
 
-    def _turn_away(self, conn: Connection) -> None:
+    def _turn_away(self, conn: Connection, role: str, n: int) -> None:
         """Tell a client the shard is full (it raises TooManyConnections), then close."""
-        n = self.slots.limit
-        self.trouble.warn("turned a client away: this shard holds its limit of %d connections "
-                          "(limits.max_connections)", n)
-        why = (f"the shard holds its limit of {n} client connections (limits.max_connections); "
-               f"close idle routers or raise the limit")
+        if role == "client":
+            self.trouble.warn("turned a client away: this shard holds its limit of %d connections "
+                              "(limits.max_connections)", n)
+            why = (f"the shard holds its limit of {n} client connections (limits.max_connections); "
+                   f"close idle routers or raise the limit")
+        else:
+            self.trouble.warn("turned a service connection away: this shard holds %d of them", n)
+            why = f"the shard holds its {n} service connections"
         try:
             conn.send_bytes(TURNED_AWAY + why.encode())
         except OSError:

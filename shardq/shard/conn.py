@@ -28,7 +28,7 @@ class FrameConn:
     committer writes it when the client reads again (or drops a client that stops reading
     for ``SEND_TIMEOUT_S``), so one slow reader never delays another client's replies."""
 
-    __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent")
+    __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent", "slots")
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -39,6 +39,7 @@ class FrameConn:
         self.out_bytes = 0
         self.progress_at = 0.0   # when the backlog last shrank or began (the committer's clock)
         self.close_when_sent = False
+        self.slots = None  # the acceptor's ConnectionSlots this connection holds one of
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:

@@ -38,7 +38,7 @@ from collections import deque
 from contextlib import nullcontext
 
 from .. import limits
-from .acceptor import Acceptor, ConnectionSlots
+from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
 from ..datadir import DataDir
@@ -74,8 +74,10 @@ class ShardServer:
         self.authkey = authkey
         self.clock = clock or SystemClock()
         self.conns: set[FrameConn] = set()
-        #: one per client connection, taken by the acceptor, given back by _drop
-        self.slots = ConnectionSlots(shard.config.limits.max_connections)
+        #: per role (sockio.ROLES): a slot per connection, taken by the acceptor, given
+        #: back by _drop
+        self.slots = {"client": ConnectionSlots(shard.config.limits.max_connections),
+                      "service": ConnectionSlots(SERVICE_CONNECTIONS_MAX)}
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
@@ -257,7 +259,8 @@ class ShardServer:
             del self._by_fd[conn.fd]
             self._poller.unregister(conn.fd)
             self._closes.append(conn)  # closed by the committer, after replies queued before
-            self.slots.give_back()
+            if conn.slots is not None:
+                conn.slots.give_back()
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
         for ws in self.lease_waiters.values():
@@ -450,7 +453,10 @@ class ShardServer:
         lg = self.shard.log
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
                 "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "segments": len(lg.segments),
-                "compactions": self.shard.compactions, "clients": len(self.conns),
+                "compactions": self.shard.compactions, "clients": self.slots["client"].held,
+                "clients_max": self.slots["client"].limit,
+                "clients_turned_away": self.slots["client"].turned_away,
+                "service_connections": self.slots["service"].held,
                 "iterations": self.iterations,
                 "waiting_dequeues": sum(map(len, self.lease_waiters.values())),
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,

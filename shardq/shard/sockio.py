@@ -5,10 +5,13 @@ authentication handshake would block the caller forever. These helpers bound eve
 handshake with kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO), which make blocking reads
 and writes on the descriptor fail instead of hanging.
 
-The handshake ends with the shard's verdict, one message after both sides are
-authenticated: :data:`ADMITTED`, or :data:`TURNED_AWAY` and why (the shard holds its
-``limits.max_connections``). A client turned away learns it before sending anything, so it
-knows no request of its reached the shard.
+After both sides are authenticated the client says who it is (:func:`hello`: a
+``client``, or ``service`` for the connections of ``shardq serve`` itself: the supervisor's
+health pings, the HTTP listener, the schedules), and the shard answers with its verdict:
+:data:`ADMITTED`, or :data:`TURNED_AWAY` and why (it holds its ``limits.max_connections``
+clients). Service connections have a small pool of their own, so a shard full of clients
+is still health-checked and still seen by ``/metrics``. A client turned away learns it
+before sending anything, so it knows no request of its reached the shard.
 """
 from __future__ import annotations
 
@@ -26,6 +29,22 @@ _ADMITTED_PREFIX = b"#SHARDQ-ADMITTED"
 ADMITTED = _ADMITTED_PREFIX + b" wire=%d" % WIRE_VERSION
 TURNED_AWAY = b"#SHARDQ-TURNED-AWAY "
 VERDICT_BYTES_MAX = 1024
+_HELLO_PREFIX = b"#SHARDQ-HELLO "
+ROLES = ("client", "service")
+
+
+def hello(role: str) -> bytes:
+    """What a client sends after authenticating: the wire version and its role."""
+    return _HELLO_PREFIX + b"wire=%d role=%s" % (WIRE_VERSION, role.encode())
+
+
+def role_of(message: bytes) -> str | None:
+    """The role a :func:`hello` names, or None for anything else."""
+    if not message.startswith(_HELLO_PREFIX):
+        return None
+    fields = dict(f.split(b"=", 1) for f in message[len(_HELLO_PREFIX):].split() if b"=" in f)
+    role = fields.get(b"role", b"").decode("ascii", "replace")
+    return role if role in ROLES else None
 
 
 def socket_timeouts(fd: int, seconds: float) -> None:
@@ -39,8 +58,10 @@ def socket_timeouts(fd: int, seconds: float) -> None:
         s.detach()
 
 
-def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
-    """Connect and authenticate (both directions) within ``timeout`` seconds.
+def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOUT_S,
+                 role: str = "client") -> Connection:
+    """Connect and authenticate (both directions) within ``timeout`` seconds, as ``role``
+    (see above).
 
     Raises OSError (including timeouts), EOFError, multiprocessing's AuthenticationError,
     :class:`TooManyConnections` when the shard turned the connection away, or
@@ -60,6 +81,7 @@ def connect_unix(address: str, authkey: bytes, timeout: float = HANDSHAKE_TIMEOU
     try:
         answer_challenge(conn, authkey)
         deliver_challenge(conn, authkey)
+        conn.send_bytes(hello(role))
         verdict = conn.recv_bytes(VERDICT_BYTES_MAX)
         if verdict != ADMITTED:
             if verdict.startswith(TURNED_AWAY):
