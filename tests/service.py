@@ -52,6 +52,8 @@ class Service:
         self._owns_dir = data_dir is None
 
     def start(self, timeout: float = 30.0) -> "Service":
+        # Again here: a test may have replaced self.config before a restart.
+        self.config.setdefault("http", {"listen": "127.0.0.1:0"})
         cfg_path = self.data_dir.rstrip("/") + ".toml"
         with open(cfg_path, "w") as f:
             f.write(_to_toml(self.config))
