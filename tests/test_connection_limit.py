@@ -124,10 +124,11 @@ def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_th
 
 
 def test_a_shard_full_of_clients_is_still_health_checked_and_seen_by_metrics():
-    """The supervisor's health pings and the HTTP listener connect as the service, apart
-    from the clients' limit: a full shard is neither killed as hung nor missing from
-    /metrics. (Before, the health ping's connection was closed like any other past the
-    limit, and after health_timeout the supervisor killed a shard that was only full.)"""
+    """The supervisor's health pings do not use the clients' socket, and the HTTP listener
+    connects as the service, apart from the clients' limit: a full shard is neither killed
+    as hung nor missing from /metrics. (Before, the health ping's connection was closed
+    like any other past the limit, and after health_timeout the supervisor killed a shard
+    that was only full.)"""
     import urllib.request
     cfg = {"limits": {"max_connections": 2}, "service": {"health_timeout": 1}}
     with Service(shards=1, config=cfg) as svc:
@@ -151,6 +152,47 @@ def test_a_shard_full_of_clients_is_still_health_checked_and_seen_by_metrics():
             for c in held:
                 c.close()
         assert "killing" not in svc.tail(200).lower()
+
+
+def test_a_flood_of_silent_connections_does_not_get_a_healthy_shard_killed():
+    """Connections that never authenticate fill the acceptor's handshakes (32 at once) and
+    the listen backlog, so nobody new gets in while they last. The supervisor's health
+    pings do not use that socket (they go over the shard's stdin pipe): a shard under such
+    a flood for four health timeouts keeps its process. (Before, the ping's connection
+    could not get in, and the supervisor killed the shard as hung within the timeout.)"""
+    import socket
+    cfg = {"service": {"health_timeout": 1}, "http": {"listen": ""}}
+    with Service(shards=1, config=cfg) as svc:
+        path = DataDir(svc.data_dir).socket_path(0)
+        held = admitted(DataDir(svc.data_dir))  # a client already in is served throughout
+        pid = ping_all([held])[0]
+        dd = DataDir(svc.data_dir)
+        silent, locked_out = [], 0
+        try:
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                for _ in range(40):
+                    s = socket.socket(socket.AF_UNIX)
+                    s.settimeout(0.05)
+                    try:
+                        s.connect(path)
+                        silent.append(s)
+                    except OSError:
+                        s.close()
+                try:  # a newcomer meanwhile: refused at accept while the handshakes are taken
+                    connect_unix(path, dd.authkey(), timeout=0.2).close()
+                except (OSError, EOFError):
+                    locked_out += 1
+                assert ping_all([held]) == [pid]
+                time.sleep(0.5)  # pacing the flood, not synchronisation
+            assert locked_out, "the flood never kept a newcomer out: it tested nothing"
+        finally:
+            for s in silent:
+                s.close()
+            held.close()
+        with svc.connect(retry_s=10) as q:
+            assert q.ping() == [pid]
+        assert "shard-hung" not in svc.tail(300)
 
 
 DEFAULT = limits.CONNECTIONS_MAX_DEFAULT

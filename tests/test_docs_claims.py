@@ -316,7 +316,7 @@ NUMBERS = [
      lambda: _router_default("retry_s"), 15),
     ("docs/operations.md", "A shard holds at most\n`limits.max_connections` (4,096) clients at once",
      _const("shardq.limits", "CONNECTIONS_MAX_DEFAULT"), 4096),
-    ("docs/operations.md", "hold up to 16 slots of their own",
+    ("docs/operations.md", "hold up to 16 slots of their\nown",
      _const("shardq.shard.acceptor", "SERVICE_CONNECTIONS_MAX"), 16),
     ("docs/operations.md", "to\n`limits.max_connections` + 64 when",
      _const("shardq.limits", "SHARD_FDS_BESIDES_CLIENTS"), 64),

@@ -7,9 +7,11 @@
 * A shard reports on its stdout pipe (:mod:`shardq.shard.report`): ``progress`` while it
   replays or compacts, ``ready`` once it listens, ``corrupt`` or ``failed`` (disk full)
   with the reason before it exits. EOF on that pipe means it exited.
-* Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds; a
-  shard that leaves a ping unanswered *and* reports no progress for ``health_timeout`` is
-  hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
+* Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds, a
+  byte on the shard's stdin pipe that its loop answers with a ``pong`` line (never through
+  the clients' socket, which a crowd of clients or a flood of silent connections can make
+  unreachable while the shard is fine); a shard that leaves a ping unanswered *and*
+  reports no progress for ``health_timeout`` is hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
   not a hang; so is a write or fsync the disk takes that long to finish (logged at
   WARNING: restarting would not make the disk faster). A starting shard that reports
   nothing for ``start_timeout`` (60 s) is hung too; one that reports replay progress is
@@ -46,7 +48,6 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_ready
 
-from ..client.connection import Future, ShardClient
 from ..config import Config, load as load_config
 from ..datadir import DataDir
 from ..errors import ShardUnavailable
@@ -107,8 +108,6 @@ class ShardHandle:
         self.ready_info: dict = {}
         self.ping_sent: float | None = None
         self.next_ping = 0.0
-        self.health: ShardClient | None = None
-        self.ping_future = None
 
 
 class Supervisor:
@@ -244,8 +243,6 @@ class Supervisor:
         if self._lock_fd is None and all(h.status == "stopped" for h in self.handles):
             return
         for h in self.handles:
-            if h.health:
-                h.health.close()
             if h.proc and h.proc.poll() is None:
                 h.proc.terminate()
         deadline = time.monotonic() + grace_s
@@ -259,6 +256,8 @@ class Supervisor:
                 h.proc.wait()
             if h.proc.stdout:
                 h.proc.stdout.close()
+            if h.proc.stdin:
+                h.proc.stdin.close()
             if h.status not in ("stopped", "failed", "restarting"):
                 _event("shard-stopped", shard=h.index, exit=_describe_exit(h.proc.returncode))
             h.status = "stopped"
@@ -274,8 +273,8 @@ class Supervisor:
     def _spawn(self, h: ShardHandle) -> None:
         cmd = [self.python, "-m", "shardq.shard.process", "--data-dir", self.dd.path,
                "--index", str(h.index), "--config", json.dumps(self.config.to_dict()),
-               "--parent-pid", str(os.getpid())]
-        h.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
+               "--parent-pid", str(os.getpid()), "--health-pipe"]
+        h.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                   close_fds=True, env=child_env(), start_new_session=True)
         h.corrupt = h.failed = h.hung = h.busy = h.restart_at = None
         h.last_heard = time.monotonic()
@@ -354,6 +353,10 @@ class Supervisor:
             h.reason = h.reason_kind = None
             _event("shard-ready", shard=h.index, pid=pid, replay_records=records, replay_s=seconds, jobs=jobs)
             self._set_status(h, "ready")
+        elif word == "pong":
+            h.ping_sent = None
+            h.busy = None
+            h.next_ping = now + self._ping_interval()
         elif word == "corrupt":
             h.corrupt = json.loads(rest)
         elif word == "failed":
@@ -380,9 +383,8 @@ class Supervisor:
     def _on_exit(self, h: ShardHandle) -> None:
         code = h.proc.wait()
         h.proc.stdout.close()
-        if h.health:
-            h.health.close()
-            h.health = None
+        if h.proc.stdin:
+            h.proc.stdin.close()
         h.ping_sent = None
         if self.stopping:
             self._set_status(h, "stopped")
@@ -451,27 +453,17 @@ class Supervisor:
                 continue
             if h.status != "ready":
                 continue
-            if h.ping_sent is not None:
-                fut = h.ping_future
-                if fut.done:
-                    h.ping_sent = None
-                    h.busy = None
-                    h.next_ping = now + self._ping_interval()
-                elif now - max(h.ping_sent, h.last_heard) > timeout:
+            if h.ping_sent is not None:  # answered by a "pong" line (_on_line)
+                if now - max(h.ping_sent, h.last_heard) > timeout:
                     self._kill_hung(h, f"no answer to a health ping for {now - h.ping_sent:.1f} s",
                                     unanswered_s=f"{now - h.ping_sent:.1f}")
                 continue
             if now >= h.next_ping:
                 try:
-                    if h.health is None:
-                        h.health = ShardClient(h.index, self.dd.socket_path(h.index), self.dd.authkey(),
-                                               role="service")  # never turned away by a full shard
-                    h.health.ensure_connected(now + 1.0)
-                    h.ping_future = h.health.submit("ping", [])
-                    h.ping_sent = now
-                except ShardUnavailable:
-                    h.ping_sent = now  # unreachable counts as unanswered
-                    h.ping_future = Future()
+                    os.write(h.proc.stdin.fileno(), b"p")
+                except OSError:
+                    pass  # it exited: the EOF on its stdout drives the restart; unanswered meanwhile
+                h.ping_sent = now
 
     # ------------------------------------------------------------------ status
     def _status_of(self, h: ShardHandle) -> dict:

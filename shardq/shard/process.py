@@ -36,6 +36,7 @@ import socket
 import sys
 from collections import deque
 from contextlib import nullcontext
+from typing import Callable
 
 from .. import limits
 from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
@@ -64,11 +65,14 @@ class ShardServer:
     """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
-                 busy=None):
+                 busy=None, health: tuple[int, Callable[[], None]] | None = None):
         self.shard = shard
         #: busy(phase): a context manager telling the supervisor that the loop is working,
         #: not hung, while it cannot answer pings (compaction); see :mod:`.report`
         self.busy = busy or (lambda phase: nullcontext())
+        #: (fd, answer): the supervisor's health pings arrive as bytes on fd (the shard's
+        #: stdin pipe); the loop answers each read with answer(), proving it iterates
+        self._health_fd, self._answer_health = health if health else (-1, None)
         self.state = shard.state
         self.sock_path = sock_path
         self.authkey = authkey
@@ -132,6 +136,8 @@ class ShardServer:
             os.umask(old_umask)
         listener.listen(128)
         self._poller.register(self._wake_r, select.EPOLLIN)
+        if self._health_fd >= 0:
+            self._poller.register(self._health_fd, select.EPOLLIN)
         self.committer = Committer(self.shard.log, EXIT_LOG_FAILED)
         self.committer.durable_seq = self.state.next_seq - 1  # everything replayed is durable
         Acceptor(listener, self.authkey, self._deliver, self.clock, self.slots).start()
@@ -189,6 +195,8 @@ class ShardServer:
                 conn = self._by_fd.get(fd)
                 if conn is not None:  # None: dropped earlier in this iteration
                     self._read(conn, batches)
+                elif fd == self._health_fd:
+                    self._health_ping()
         self.iterations += 1
         now = self.clock.now()
         state = self.state
@@ -230,6 +238,17 @@ class ShardServer:
             self.committer.drain()  # the checkpoint must follow every record before it
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
                 self.shard.compact()
+
+    def _health_ping(self) -> None:
+        try:
+            got = os.read(self._health_fd, 4096)
+        except BlockingIOError:
+            return
+        if got:
+            self._answer_health()
+        else:  # the supervisor is gone (its PDEATHSIG ends us): stop watching the pipe
+            self._poller.unregister(self._health_fd)
+            self._health_fd = -1
 
     def _sync_overdue(self) -> bool:
         """Written, unsynced records (batched leases) have waited their longest."""
@@ -535,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--config", default="{}", help="config as JSON (the TOML schema)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    p.add_argument("--health-pipe", action="store_true",
+                   help="answer each byte on stdin with a 'pong' line on stdout (the supervisor's pings)")
     a = p.parse_args(argv)
     if a.parent_pid:
         _die_with_parent(a.parent_pid)
@@ -562,8 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     tune_gc()
     room_for_descriptors(config.limits.max_connections)
     pipe.watch_disk(files)  # a commit stalled on a slow disk is not a hang
+    if a.health_pipe:
+        os.set_blocking(sys.stdin.fileno(), False)
     server = ShardServer(shard, dd.socket_path(a.index), authkey,
-                         busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written))
+                         busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written),
+                         health=(sys.stdin.fileno(), pipe.pong) if a.health_pipe else None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 

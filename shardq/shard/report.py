@@ -54,6 +54,10 @@ class SupervisorPipe:
             except (OSError, ValueError):
                 pass  # the supervisor is gone; PDEATHSIG ends us next
 
+    def pong(self) -> None:
+        """The answer to a health ping (a byte on stdin), from the loop's own thread."""
+        self._line("pong")
+
     def ready(self, records: int, seconds: float, jobs: int) -> None:
         self._line(f"ready {os.getpid()} {records} {seconds:.6f} {jobs}")
 
