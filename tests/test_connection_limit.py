@@ -39,6 +39,17 @@ def admitted(dd: DataDir, deadline_s: float = 10.0):
             time.sleep(0.01)  # backoff before the next try, not synchronisation
 
 
+def aio_enqueue(data_dir: str, retry_s: float) -> None:
+    """One enqueue through the asyncio client (bounded to 30 s: a hang fails the test)."""
+    async def main():
+        q = await shardq.aio.connect(data_dir, retry_s=retry_s)
+        try:
+            await q.enqueue(b"never sent")
+        finally:
+            await q.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def ping_all(conns: list) -> list:
     """Send a ping on every connection first, then read every reply: all are served."""
     for i, c in enumerate(conns):
@@ -78,15 +89,8 @@ def test_past_max_connections_a_client_is_turned_away_and_a_freed_slot_admits_th
                     q.enqueue(b"never sent")
             assert isinstance(e.value, shardq.ShardUnavailable)
             # The asyncio client likewise.
-
-            async def aio_enqueue():
-                q = await shardq.aio.connect(svc.data_dir, retry_s=0.5)
-                try:
-                    await q.enqueue(b"never sent either")
-                finally:
-                    await q.close()
             with pytest.raises(shardq.TooManyConnections):
-                asyncio.run(aio_enqueue())
+                aio_enqueue(svc.data_dir, retry_s=0.5)
             # The clients it holds were served throughout.
             assert len(set(ping_all(held))) == 1
             # One leaves: the next router gets in (the shard frees the slot on the EOF).
@@ -278,15 +282,8 @@ def test_a_shard_of_another_wire_version_is_named_at_once_not_retried_until_retr
     try:
         with pytest.raises(shardq.ProtocolError, match=r"shard 0: the shard speaks wire=999, this client wire=1"):
             connect_unix_and_route(dd.path)
-
-        async def aio_enqueue():
-            q = await shardq.aio.connect(dd.path, retry_s=60)
-            try:
-                await q.enqueue(b"x")
-            finally:
-                await q.close()
         with pytest.raises(shardq.ProtocolError, match="wire=999"):
-            asyncio.run(asyncio.wait_for(aio_enqueue(), 30))
+            aio_enqueue(dd.path, retry_s=60)
     finally:
         stop.set()
         import socket

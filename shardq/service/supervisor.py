@@ -11,9 +11,10 @@
   byte on the shard's stdin pipe that its loop answers with a ``pong`` line (never through
   the clients' socket, which a crowd of clients or a flood of silent connections can make
   unreachable while the shard is fine); a shard that leaves a ping unanswered *and*
-  reports no progress for ``health_timeout`` is hung, and is SIGKILLed and restarted. A compaction that outlasts the timeout is progress,
-  not a hang; so is a write or fsync the disk takes that long to finish (logged at
-  WARNING: restarting would not make the disk faster). A starting shard that reports
+  reports no progress for ``health_timeout`` is hung, and is SIGKILLed and restarted. A
+  compaction that outlasts the timeout is progress, not a hang; so is a write or fsync the
+  disk takes that long to finish (logged at WARNING: restarting would not make the disk
+  faster). A starting shard that reports
   nothing for ``start_timeout`` (60 s) is hung too; one that reports replay progress is
   waited for however long its replay takes.
 * Restarts back off: the first exit restarts at once; each further exit before the shard

@@ -28,8 +28,8 @@ from .sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MA
 log = logging.getLogger("shardq.shard")
 
 HANDSHAKES_MAX = 32
-#: Connections of ``shardq serve``'s own parts (health pings, the HTTP listener, schedules),
-#: held apart from the clients' limit.
+#: Connections of ``shardq serve``'s own parts (the HTTP listener, schedules), held apart
+#: from the clients' limit. (Its health pings use the shard's stdin pipe, not the socket.)
 SERVICE_CONNECTIONS_MAX = 16
 #: accept() errors that mean "out of descriptors, memory or buffers for now": back off, retry
 EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
@@ -62,9 +62,9 @@ class Throttled:
 
 
 class ConnectionSlots:
-    """The client connections a shard holds, counted against ``limit``: the acceptor takes
-    a slot before it admits a client, the loop gives it back when it drops the connection.
-    So the shard never holds more than ``limit``, however many clients connect at once."""
+    """The connections of one role a shard holds, counted against ``limit``: the acceptor
+    takes a slot before it admits one, the loop gives it back when it drops the connection.
+    So the shard never holds more than ``limit``, however many connect at once."""
 
     def __init__(self, limit: int):
         self.limit = limit

@@ -6,11 +6,11 @@ handshake with kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO), which make bloc
 and writes on the descriptor fail instead of hanging.
 
 After both sides are authenticated the client says who it is (:func:`hello`: a
-``client``, or ``service`` for the connections of ``shardq serve`` itself: the supervisor's
-health pings, the HTTP listener, the schedules), and the shard answers with its verdict:
+``client``, or ``service`` for the connections of ``shardq serve`` itself: the HTTP
+listener, the schedules), and the shard answers with its verdict:
 :data:`ADMITTED`, or :data:`TURNED_AWAY` and why (it holds its ``limits.max_connections``
 clients). Service connections have a small pool of their own, so a shard full of clients
-is still health-checked and still seen by ``/metrics``. A client turned away learns it
+is still seen by ``/metrics``. A client turned away learns it
 before sending anything, so it knows no request of its reached the shard.
 """
 from __future__ import annotations
