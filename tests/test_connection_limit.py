@@ -297,3 +297,45 @@ def test_a_shard_of_another_wire_version_is_named_at_once_not_retried_until_retr
 def connect_unix_and_route(path: str) -> None:
     with shardq.connect(path, retry_s=60) as q:  # far longer than the test may take
         q.enqueue(b"x")
+
+
+def test_the_service_pool_at_its_maximum_is_apart_from_the_clients():
+    """serve's own connections (HTTP listener, schedules) hold up to 16 slots of their own:
+    at that count one more is turned away, while clients still get in, and a shard full of
+    clients still admits the service."""
+    from shardq.shard.acceptor import SERVICE_CONNECTIONS_MAX
+    cfg = {"limits": {"max_connections": 1}, "http": {"listen": ""}}
+    with Service(shards=1, config=cfg) as svc:
+        dd = DataDir(svc.data_dir)
+        path, key = dd.socket_path(0), dd.authkey()
+        client = admitted(dd)  # the one client slot
+        service = [connect_unix(path, key, role="service") for _ in range(SERVICE_CONNECTIONS_MAX)]
+        try:
+            with pytest.raises(shardq.TooManyConnections, match=f"its {SERVICE_CONNECTIONS_MAX} service"):
+                connect_unix(path, key, role="service")
+            with pytest.raises(shardq.TooManyConnections, match="limit of 1 client"):
+                connect_unix(path, key)
+            assert len(set(ping_all([client] + service))) == 1
+            service.pop().close()
+            end = time.monotonic() + 10
+            while True:  # the freed service slot comes back once the shard reads the EOF
+                try:
+                    service.append(connect_unix(path, key, role="service"))
+                    break
+                except shardq.TooManyConnections:
+                    assert time.monotonic() < end, "a freed service slot never came back"
+                    time.sleep(0.01)  # backoff before the next try, not synchronisation
+            [shard] = [sh for sh in svc_stats(service[-1])]
+            assert (shard["clients"], shard["service_connections"]) == (1, SERVICE_CONNECTIONS_MAX)
+        finally:
+            for c in [client] + service:
+                c.close()
+
+
+def svc_stats(conn) -> list:
+    """The shard's stats through a raw connection."""
+    conn.send_bytes(msgpack.packb([[99, "stats", []]]))
+    assert conn.poll(10)
+    [[rid, status, payload]] = msgpack.unpackb(conn.recv_bytes(), raw=False)
+    assert (rid, status) == (99, wire.OK)
+    return [payload]
