@@ -539,11 +539,14 @@ class SqsQueue:
             if self._closed:
                 return
             self._closed = True
-            release = self._buffer.release_all(self._clock.now())
             self._wake.notify_all()
-        self._release(release)
+        # The keeper first: a release it has begun must land before the rest, or a key's
+        # followers become visible out of order (moto then delivers them so).
         if self._keeper is not None:
             self._keeper.join(5)
+        with self._lock:
+            release = self._buffer.release_all(self._clock.now())
+        self._release(release)
 
     def __enter__(self):
         return self
