@@ -177,7 +177,8 @@ class AsyncQueue:
     async def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
                            visibility: float | None = None) -> list[Lease]:
         """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
-        the first. Each lease is durable (logged, fsynced) before it is returned."""
+        the first. Each lease is logged before it is returned, and fsynced first only on a
+        queue with ``lease_sync = "strict"`` (docs/guarantees.md, "Lease durability")."""
         validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
         wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
         if visibility is not None:

@@ -445,8 +445,11 @@ class Router:
 
     def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
                      visibility: float | None = None) -> list[Lease]:
-        """Lease up to ``max_jobs`` jobs across shards. Each lease is durable (logged and
-        fsynced, with its delivery count) before it is returned."""
+        """Lease up to ``max_jobs`` jobs across shards. Each lease is logged, with its
+        delivery count, before it is returned; it is fsynced first only on a queue with
+        ``lease_sync = "strict"`` (the default, ``batched``, makes it durable with the next
+        commit: docs/guarantees.md, "Lease durability"). A job is leased only once its
+        enqueue is durable."""
         validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
         wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
         if visibility is not None:
