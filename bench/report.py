@@ -34,24 +34,35 @@ TITLES = {
 }
 
 # shardq's figure -> (limit, jobs per unit of the limit, why). A job costs one round trip per
-# call it needs and, if every call that changes state is fsynced on its own, one fsync each.
-LIMITS = {
-    "A": [("fsync_per_s", 1, "1 fsync/job"), ("pipe_rtt_per_s", 1, "1 round trip/job")],
-    "B": [("fsync_per_s", 100, "1 fsync/100 jobs"),
-          ("pipe_batched_jobs_per_s", 1, "1 batched round trip/100 jobs")],
-    "B-threads": [("fsync_per_s", 1, "1 fsync/job, no group commit"),
-                  ("pipe_pipelined_msgs_per_s", 1, "1 message/job, many in flight")],
-    "C": [("fsync_per_s", 0.5, "lease + ack: 2 fsyncs/job"),
-          ("pipe_rtt_per_s", 0.5, "2 round trips/job")],
-    "C2": [("fsync_per_s", 50, "2 fsyncs/100 jobs"),
-           ("pipe_batched_jobs_per_s", 0.5, "2 batched round trips/100 jobs")],
-    "D": [("fsync_per_s", 1 / 3, "enqueue + lease + ack: 3 fsyncs/job, no group commit"),
-          ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
-    "D2": [("fsync_per_s", 100 / 3, "3 fsyncs/100 jobs"),
-           ("pipe_batched_jobs_per_s", 1 / 3, "3 batched round trips/100 jobs")],
-    "M": [("fsync_per_s", 1 / 3, "enqueue + lease + ack: 3 fsyncs/job, no group commit"),
-          ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
-}
+# call it needs and, if every call that changes state is fsynced on its own, one fsync each:
+# with ``lease_sync = "batched"`` (the default) a lease is not one of them (the ack's fsync
+# covers it), with "strict" it is.
+def limits(lease_sync: str = "batched") -> dict[str, list[tuple[str, float, str]]]:
+    lease = 1 if lease_sync == "strict" else 0  # fsyncs a lease pays of its own
+    drain, mixed = 1 + lease, 2 + lease          # fsyncs per job: lease + ack; enqueue + lease + ack
+    how = "strict leases" if lease else "batched leases"
+    per_drain = f"{drain} fsync{'s' if drain > 1 else ''}"
+    return {
+        "A": [("fsync_per_s", 1, "1 fsync/job"), ("pipe_rtt_per_s", 1, "1 round trip/job")],
+        "B": [("fsync_per_s", 100, "1 fsync/100 jobs"),
+              ("pipe_batched_jobs_per_s", 1, "1 batched round trip/100 jobs")],
+        "B-threads": [("fsync_per_s", 1, "1 fsync/job, no group commit"),
+                      ("pipe_pipelined_msgs_per_s", 1, "1 message/job, many in flight")],
+        "C": [("fsync_per_s", 1 / drain, f"lease + ack, {how}: {per_drain}/job"),
+              ("pipe_rtt_per_s", 0.5, "2 round trips/job")],
+        "C2": [("fsync_per_s", 100 / drain, f"{how}: {per_drain}/100 jobs"),
+               ("pipe_batched_jobs_per_s", 0.5, "2 batched round trips/100 jobs")],
+        "D": [("fsync_per_s", 1 / mixed, f"enqueue + lease + ack, {how}: {mixed} fsyncs/job, "
+                                         "no group commit"),
+              ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
+        "D2": [("fsync_per_s", 100 / mixed, f"{how}: {mixed} fsyncs/100 jobs"),
+               ("pipe_batched_jobs_per_s", 1 / 3, "3 batched round trips/100 jobs")],
+        "M": [("fsync_per_s", 1 / mixed, f"enqueue + lease + ack, {how}: {mixed} fsyncs/job, "
+                                         "no group commit"),
+              ("pipe_pipelined_msgs_per_s", 1 / 3, "3 messages/job")],
+    }
+
+
 LIMIT_NAMES = {
     "fsync_per_s": "fsync (100 B write + fsync)/s",
     "pipe_rtt_per_s": "Pipe round trips/s",
@@ -235,11 +246,11 @@ def limits_text(results: dict) -> str:
     if shardq.get("status") != "ok" or not phys:
         return "\n".join(lines)
     lines.append("shardq as a fraction of the relevant limits:")
-    for figure, limits in LIMITS.items():
+    for figure, figure_limits in limits((results.get("meta") or {}).get("shardq_lease_sync") or "batched").items():
         value = shardq["figures"].get(figure, {}).get("summary", {}).get("jobs_per_s")
         if value is None:
             continue
-        parts = [f"{value / (phys[k] * per):.0%} of {k} ({why})" for k, per, why in limits]
+        parts = [f"{value / (phys[k] * per):.0%} of {k} ({why})" for k, per, why in figure_limits]
         lines.append(f"  {figure:<10}{_num(value):>10} jobs/s = " + "; ".join(parts))
     a = shardq["figures"].get("A", {}).get("summary", {}).get("jobs_per_s")
     bound = fsync_plus_rtt_per_s(phys)

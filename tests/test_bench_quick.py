@@ -212,6 +212,20 @@ def test_targets_say_met_missed_and_not_measured():
     assert verdicts["A >= 0.85 of 1/(fsync + pipe round trip)"] == "met"
 
 
+def test_the_limits_count_a_leases_fsync_only_for_strict_leases():
+    physical = {"fsync_per_s": 2000, "pipe_rtt_per_s": 20000, "pipe_pipelined_msgs_per_s": 200000,
+                "pipe_batched_jobs_per_s": 1000000}
+    results = {"peers": {"shardq": {"status": "ok", "figures": {
+                   "C": {"summary": {"jobs_per_s": 1000}}, "M": {"summary": {"jobs_per_s": 1000}}}}},
+               "physical": physical, "physical_runs": [physical]}
+    batched = report.limits_text({**results, "meta": {"shardq_lease_sync": "batched"}})
+    assert "C 1,000 jobs/s = 50% of fsync_per_s (lease + ack, batched leases: 1 fsync/job)" in " ".join(batched.split())
+    assert "M 1,000 jobs/s = 100% of fsync_per_s (enqueue + lease + ack, batched leases: 2 fsyncs/job" in " ".join(batched.split())
+    strict = report.limits_text({**results, "meta": {"shardq_lease_sync": "strict"}})
+    assert "C 1,000 jobs/s = 100% of fsync_per_s (lease + ack, strict leases: 2 fsyncs/job)" in " ".join(strict.split())
+    assert "150% of fsync_per_s (enqueue + lease + ack, strict leases: 3 fsyncs/job" in strict
+
+
 def test_wk_target_compares_with_the_fastest_runner_at_that_durability():
     def row(broker, rate):
         return {"broker": broker, "status": "ok", "summary": {"jobs_per_s": rate}}
