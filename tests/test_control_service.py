@@ -175,4 +175,7 @@ def test_cli_queue_job_and_dead_letter_commands(svc, q):
     assert r.stdout.strip() == "redriven: 2", r.stderr
     r = cli(svc, "dead-letters", "purge", "--queue", "once", "--id", str(ids[2]))
     assert r.stdout.strip() == "purged: 1", r.stderr
+    r = cli(svc, "dead-letters", "purge", "--queue", "once", "--id", "not-a-job-id")  # an SQS-style id
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: InvalidJob:"), r.stderr
+    assert "Traceback" not in r.stderr
     assert [d.job_id for d in q.dead_letters("once")] == [ids[3]]

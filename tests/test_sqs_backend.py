@@ -357,6 +357,9 @@ def test_dead_letters_report_max_deliveries_and_no_error_text(q):
     (dead,) = q.dead_letters()
     assert (dead.job_id, dead.attempts, dead.error) == (job_id, 3, None)
     assert q.dead_letters() == [dead]  # listing twice changes nothing
+    with pytest.raises(shardq.Unsupported, match="by job id.*sqs backend"):
+        q.purge_dead_letters(job_ids=[job_id])  # SQS cannot pick dead letters to delete
+    assert q.dead_letters() == [dead]  # refused: nothing deleted
     assert q.purge_dead_letters() == 1 and q.dead_letters() == []
 
 

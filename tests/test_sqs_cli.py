@@ -72,3 +72,35 @@ def test_ack_and_dead_letters_commands_with_connect_sqs(target, capsys):
     lease = json.loads(capsys.readouterr().out)
     assert main(["ack", lease["job_id"], lease["token"], "--connect", t]) == exits.OK
     assert main(["dequeue", "--connect", t]) == exits.EMPTY
+
+
+def test_dead_letters_by_id_with_connect_sqs(target, capsys):
+    """``--id`` takes an SQS job id (a message id, not a number): redrive by id works, purge
+    by id is refused with one error line and exit 1 (``Unsupported``), not a traceback."""
+    import shardq
+    t, _ = target
+    q = shardq.connect(t)
+    try:
+        ids = [q.enqueue(b"poison", key=k) for k in ("a", "b")]
+        while True:  # max_deliveries = 4: the 5th receive moves them to the DLQ
+            leases = q.dequeue_many(max_jobs=2, wait=1)
+            if not leases:
+                break
+            for lease in leases:
+                q.nack(lease)
+        assert sorted(d.job_id for d in q.dead_letters()) == sorted(ids)
+    finally:
+        q.close()
+    capsys.readouterr()
+    assert main(["dead-letters", "purge", "--id", ids[0], "--connect", t]) == exits.FAILURE
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "error: Unsupported: purge of dead letters by job id: not supported by the sqs backend "
+        "(purge all of them, or redrive chosen ones by id)"]
+    assert captured.out == ""
+    assert main(["dead-letters", "redrive", "--id", ids[0], "--connect", t]) == exits.OK
+    assert capsys.readouterr().out.strip() == "redriven: 1"
+    assert main(["dead-letters", "list", "--connect", t]) == exits.OK
+    assert [json.loads(line)["job_id"] for line in capsys.readouterr().out.splitlines()] == [ids[1]]
+    assert main(["dead-letters", "purge", "--connect", t]) == exits.OK
+    assert capsys.readouterr().out.strip() == "purged: 1"

@@ -17,7 +17,8 @@ The mapping (docs/scale-out.md has the full table):
   invalid-receipt-handle errors also map to ``LeaseLost``. So the fence holds even on
   servers that accept stale receipt handles.
 * Refused with :class:`~shardq.errors.Unsupported`: a per-job ``delay`` and a non-zero
-  ``priority`` (SQS FIFO has neither), a ``nack`` delay past SQS's 12 h visibility limit.
+  ``priority`` (SQS FIFO has neither), a ``nack`` delay past SQS's 12 h visibility limit,
+  purging chosen dead letters by job id.
 * Times are whole seconds on SQS: visibility and waits are rounded up.
 """
 from __future__ import annotations
@@ -490,7 +491,13 @@ class SqsQueue:
         delivery count, keeping their job ids (done by this client: :mod:`.sqs_dead`)."""
         return sqs_dead.redrive(self.api, self._info(queue), job_ids)
 
-    def purge_dead_letters(self, queue: str = "default") -> int:
+    def purge_dead_letters(self, queue: str = "default", job_ids: list | None = None) -> int:
+        """Delete every dead letter of ``queue`` (receive + delete: :mod:`.sqs_dead`).
+        Purging chosen ``job_ids`` is not supported on SQS: :class:`Unsupported`, nothing
+        deleted (redrive them by id, or purge all)."""
+        if job_ids is not None:
+            raise Unsupported(f"purge of dead letters by job id: not supported by the {BACKEND} backend "
+                              "(purge all of them, or redrive chosen ones by id)")
         return sqs_dead.purge(self.api, self._info(queue))
 
     # ------------------------------------------------------------------ admin

@@ -5,6 +5,7 @@ import json
 import sys
 
 from . import common, exits
+from .jobs import _ref
 
 
 def register(sub, parent) -> None:
@@ -13,8 +14,9 @@ def register(sub, parent) -> None:
     s.add_argument("--queue", default="default")
     s.add_argument("--limit", type=int, default=100, help="list: letters per page (at most 1000)")
     s.add_argument("--cursor", help="list: the page after the one that printed this cursor")
-    s.add_argument("--id", dest="ids", type=int, action="append", metavar="JOB_ID",
-                   help="redrive/purge: only this dead letter (repeat for more); default: all")
+    s.add_argument("--id", dest="ids", type=_ref, action="append", metavar="JOB_ID",
+                   help="redrive/purge: only this dead letter (repeat for more; as list printed it: "
+                        "a number on the local shards, a message id on SQS); default: all")
     s.set_defaults(fn=run)
 
 
@@ -33,8 +35,7 @@ def run(args) -> int:
                 print(f"more: --cursor {cursor}", file=sys.stderr)
         elif args.action == "redrive":
             print(f"redriven: {q.redrive(args.queue, args.ids)}")
-        elif args.ids:
-            print(f"purged: {q.purge_dead_letters(args.queue, args.ids)}")
         else:
-            print(f"purged: {q.purge_dead_letters(args.queue)}")
+            # by id: the SQS backend raises Unsupported (it cannot pick dead letters to delete)
+            print(f"purged: {q.purge_dead_letters(args.queue, args.ids)}")
     return exits.OK

@@ -130,7 +130,10 @@ class Queue(Protocol):
         """Move dead letters (all, or ``job_ids``) back with a fresh delivery count."""
         ...
 
-    def purge_dead_letters(self, queue: str = "default") -> int:
+    def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
+        """Delete dead letters (all, or only ``job_ids``; ids that are not dead letters are
+        skipped); returns how many. A backend that cannot pick them by id (SQS) raises
+        :class:`~shardq.errors.Unsupported` when ``job_ids`` is given."""
         ...
 
     def stats(self) -> dict:
