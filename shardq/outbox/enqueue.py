@@ -7,8 +7,9 @@ refused here, in the caller's transaction, with :class:`~shardq.errors.InvalidJo
 body over the queue's own ``max_body_bytes`` (or a queue the service does not declare) can
 only be known by the service, and such a row ends in ``<table>_rejected``.
 
-This is the generic entry point a task layer builds on (``task.send_in(conn, ...)`` encodes
-its body and calls it).
+This is the generic entry point, taking the body as bytes. A task layer could build on it
+(encode a task's body, then call it); none does yet: ``Task.send`` and its kin enqueue
+through the queue client, not into an outbox table.
 """
 from __future__ import annotations
 
