@@ -58,9 +58,12 @@ class QueueConfig:
     max_deliveries: int = limits.MAX_DELIVERIES_DEFAULT
     dedup_window: float = limits.DEDUP_WINDOW_S_DEFAULT
     max_body_bytes: int = limits.BODY_BYTES_MAX_DEFAULT
-    #: "batched": a lease's reply does not wait for its fsync (it becomes durable with the
-    #: next commit); a shard crash can lose only the delivery counts of the last commit
-    #: window. "strict": every lease is fsynced before it is handed out. docs/guarantees.md.
+    #: "batched": a lease of a job whose enqueue is already durable is answered once its
+    #: record is written, before its fsync (it becomes durable with the next commit). A
+    #: crash of the shard process loses nothing (the kernel holds what was written); only a
+    #: crash of the machine (power, kernel) can lose the delivery counts and deadlines of the
+    #: leases of the last commit window. "strict": every lease is fsynced before it is
+    #: handed out. docs/guarantees.md, "Lease durability".
     lease_sync: str = "batched"
 
 
