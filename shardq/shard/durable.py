@@ -1,8 +1,17 @@
 """A shard's state paired with its write-ahead log.
 
-:class:`DurableShard` is what the process loop drives: call state methods through
-:attr:`state`, then :meth:`commit` once for the whole batch; reply only after it returns.
-:class:`Engine` wraps it for library use and tests: every call commits before returning.
+:class:`DurableShard` holds a shard's state (:attr:`state`) and its log. Its owner calls
+state methods, then persists the operations they produced, in one of two ways:
+
+* The shard process (:mod:`.process`) takes them with :meth:`take_payloads` and hands them
+  to its pipelined :class:`~.committer.Committer`, which sends a reply only after the
+  fdatasync that covers it, except a lease of a ``lease_sync = "batched"`` queue whose
+  job's enqueue is already durable: that one leaves once its record is written, before
+  the fsync.
+* :meth:`commit` writes and fsyncs them itself (one fdatasync) and returns only then.
+  :meth:`open` uses it for the new token epoch, before anything is served; :class:`Engine`
+  wraps a DurableShard for library use and tests and commits after every call, so each
+  call returns only once durable, leases included.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ Every public method takes ``now`` (wall-clock seconds) from the caller, validate
 input (raising a typed error and changing nothing), then mutates the state only by
 applying log operations (:mod:`.ops`) through :meth:`ShardState.apply`, the same function
 replay uses. The operations produced are collected for the caller to persist
-(:meth:`ShardState.take_ops`); a caller must make them durable before it replies.
+(:meth:`ShardState.take_ops`); a caller must make them durable before it replies, with one
+exception: a lease of a ``lease_sync = "batched"`` queue whose job's enqueue is already
+durable may be answered once its record is written, before its fsync (:mod:`.committer`).
 
 Data layout, chosen so nothing is O(number of jobs) per request:
 
@@ -512,8 +514,11 @@ class ShardState(ControlOps):
     def dequeue(self, queue: str, now: float, visibility: float | None = None, max_jobs: int = 1) -> list[Lease]:
         """Lease up to ``max_jobs`` ready jobs of ``queue``, highest priority first.
 
-        Each lease is a logged operation: the delivery count and deadline are durable once
-        the caller commits, before the lease is handed out. A job already delivered
+        Each lease is a logged operation (its delivery count and deadline). With
+        ``lease_sync = "strict"`` the caller makes it durable before the lease is handed out;
+        with ``"batched"`` (the default) the shard process hands out a lease whose job's
+        enqueue is already durable once its record is written, before its fsync (it becomes
+        durable with the next commit: :mod:`.committer`). A job already delivered
         ``max_deliveries`` times goes to the dead-letter queue instead of out. The leases
         returned fit in one reply frame (``limits.REPLY_BYTES_MAX``): fewer come when the
         bodies are large, never none while a job is ready.
