@@ -76,7 +76,11 @@ class Unsupported(ShardqError):
 
 
 class QueueFull(ShardqError):
-    """The shard holds as many jobs as its limit allows (backpressure). Retry later."""
+    """A capacity limit was reached (backpressure). Retry later. On the local shards (the
+    request is refused whole): the shard holds ``limits.max_pending_jobs`` jobs, or
+    ``limits.max_dedup_ids`` dedup ids, or, for a queue name it does not hold yet,
+    ``limits.QUEUES_MAX`` queues. On SQS: SQS answered ``OverLimit`` (too many messages
+    in flight)."""
 
 
 class ShardUnavailable(ShardqError):
