@@ -1,7 +1,8 @@
 """What one durable call costs with the least Python can do, next to figure A's peers.
 
     python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR]
-                               [--cpus any|same|apart] [--gap-ms G] [--json PATH]
+                               [--op enqueue|lease-ack] [--cpus any|same|apart] [--gap-ms G]
+                               [--json PATH]
     python -m bench.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
 
 The floor is two processes and no framework: a client that packs a request with msgpack,
@@ -16,6 +17,10 @@ shards, beanstalkd ``-f 0``, ...) is measured in the same run, interleaved with 
 the same load. What shardq spends above the floor is what its client and shard add
 (validation, routing, futures, the state machine, the log format, replies ordered after
 the fsync); docs/performance.md, "What a single call costs above the floor".
+
+``--op lease-ack`` times figure C's call instead: a lease and its ack (the jobs enqueued
+before the measurement). The floor's server then writes the lease to its log without an
+fsync, as shardq's default ``lease_sync = "batched"`` does, and fsyncs the ack.
 
 Reported per call: wall microseconds, and the CPU microseconds of the client and of the
 servers (every process the peer runs; none for an in-process peer); for the servers also
@@ -75,8 +80,10 @@ def _serve(sock: socket.socket, log_path: str) -> None:
         requests = msgpack.unpackb(scratch[_LEN.size:n])
         record = msgpack.packb(requests)
         end += os.pwrite(log, record, end)
-        os.fdatasync(log)
-        reply = msgpack.packb([[rid, 0, [rid]] for rid, _op, _args in requests])
+        if any(op != "lease" for _rid, op, _args in requests):
+            os.fdatasync(log)  # a lease is written, not synced: shardq's batched lease
+        reply = msgpack.packb([[rid, 0, [[rid, rid, BODY]] if op == "lease" else [rid]]
+                               for rid, op, _args in requests])
         os.write(fd, _LEN.pack(len(reply)) + reply)
 
 
@@ -137,7 +144,12 @@ def _result(calls: int, ok: bool, took: list[float], client_s: float,
             "server_blocks": blocks / calls}
 
 
-def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0) -> dict:
+#: ``--op``: what one timed call is
+OPS = ("enqueue", "lease-ack")
+
+
+def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0,
+              op: str = "enqueue") -> dict:
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the server
@@ -152,11 +164,20 @@ def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0)
     fd = ours.fileno()
     scratch = bytearray(1 << 16)
 
-    def call(i: int) -> bool:
-        data = msgpack.packb([[i, "enqueue", [[[BODY, f"k{i % 1000}", "default", 0, 0, None]], None]]])
+    def request(rid: int, name: str, args: list) -> list:
+        data = msgpack.packb([[rid, name, args]])
         os.write(fd, _LEN.pack(len(data)) + data)
         n = os.readv(fd, (scratch,))
-        return msgpack.unpackb(scratch[_LEN.size:n])[0][0] == i
+        return msgpack.unpackb(scratch[_LEN.size:n])[0]
+
+    def enqueue(i: int) -> bool:
+        return request(i, "enqueue", [[[BODY, f"k{i % 1000}", "default", 0, 0, None]], None])[0] == i
+
+    def lease_ack(i: int) -> bool:
+        job_id, token, body = request(i, "lease", ["default", 1, None])[2][0]
+        return body == BODY and request(i, "ack", [[[job_id, token]], None])[0] == i
+
+    call = lease_ack if op == "lease-ack" else enqueue
 
     for i in range(WARM_UP_CALLS):
         call(-1 - i)
@@ -170,25 +191,52 @@ def floor_run(calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0)
     return _result(calls, matched == calls, took, client, s0, s1)
 
 
+def _fill(adapter, items: list) -> None:
+    """Enqueue ``items`` before the measurement, in batches where the peer has them."""
+    if adapter.batch_mode:
+        for start in range(0, len(items), 100):
+            adapter.enqueue_many(items[start:start + 100])
+    else:
+        for body, key in items:
+            adapter.enqueue(body, key)
+
+
 def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0,
-             shardq_shards: int | None = None) -> dict:
-    """Figure A's single enqueue on one of bench.run's peers (its adapter, its settings;
-    ``shardq_shards`` replaces the shardq adapter's number of shards)."""
+             shardq_shards: int | None = None, op: str = "enqueue") -> dict:
+    """Figure A's single enqueue, or figure C's lease and ack of one job (``op``), on one of
+    bench.run's peers (its adapter, its settings; ``shardq_shards`` replaces the shardq
+    adapter's number of shards). For "lease-ack" the jobs are enqueued before the
+    measurement; a call is one ``dequeue`` and one ``ack``, and returns True when it leased
+    a job with the body sent."""
     adapter = PEERS[name](shards=shardq_shards) if name == "shardq" and shardq_shards else PEERS[name]()
     adapter.setup(directory)  # SkipPeer when it cannot run here
     try:
         servers = [psutil.Process(pid) for pid in adapter.server_pids()]
         place(cpus, adapter.server_pids())
+        if op == "lease-ack":
+            _fill(adapter, [(BODY, f"k{i % 1000}") for i in range(WARM_UP_CALLS + calls)])
+
+            def call(i: int) -> bool:
+                handle = adapter.dequeue(1.0)
+                if handle is None:
+                    return False
+                ok = adapter.body_of(handle) == BODY
+                adapter.ack(handle)
+                return ok
+        else:
+            def call(i: int) -> bool:
+                adapter.enqueue(BODY, f"k{i % 1000}")
+                return True
         for i in range(WARM_UP_CALLS):  # connect and warm up outside the measurement
-            adapter.enqueue(BODY, f"w{i}")
+            call(-1 - i)
         s0 = server_usage(servers)
         c0 = time.process_time()
-        _, took = timed_calls(lambda i: adapter.enqueue(BODY, f"k{i % 1000}"), calls, gap_s)
+        done, took = timed_calls(call, calls, gap_s)
         client = time.process_time() - c0
         s1 = server_usage(servers)
     finally:
         adapter.teardown()
-    return {**_result(calls, True, took, client, s0, s1), "servers": len(servers)}
+    return {**_result(calls, done == calls, took, client, s0, s1), "servers": len(servers)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="pause this long after each call, so each starts from idle (default 0)")
     p.add_argument("--shardq-shards", type=int, default=None,
                    help="shards of the shardq peer (default: bench.run's adapter's)")
+    p.add_argument("--op", choices=OPS, default="enqueue",
+                   help="enqueue: figure A's call (default); lease-ack: figure C's lease and ack "
+                        "of one job, the jobs enqueued first (the floor's lease is written, not "
+                        "fsynced, as shardq's batched lease; its ack is fsynced)")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -230,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
             try:
-                res = (floor_run(a.calls, tmp, a.cpus, a.gap_ms / 1e3) if name == "floor"
-                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.shardq_shards))
+                res = (floor_run(a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.op) if name == "floor"
+                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.shardq_shards, a.op))
             except SkipPeer as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", flush=True)
@@ -249,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             "server_blocks")
     med = {name: {k: statistics.median(x[k] for x in rows) for k in keys}
            for name, rows in results.items() if rows}
-    print(f"medians of {a.runs}, {a.calls} calls, logs in {parent}, CPUs: {a.cpus}, "
+    print(f"medians of {a.runs}, {a.calls} calls ({a.op}), logs in {parent}, CPUs: {a.cpus}, "
           f"gap: {a.gap_ms:g} ms (server blocks: voluntary context switches per call):")
     print(f"{'':8s} {'us/call':>8s} {'median':>7s} {'client CPU':>11s} {'server CPU':>11s} "
           f"{'user':>6s} {'system':>7s} {'blocks':>7s}")
@@ -265,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(x["ok"] for rows in results.values() for x in rows)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "cpus": a.cpus,
+            json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "op": a.op,
+                       "cpus": a.cpus,
                        "gap_ms": a.gap_ms, "shardq_shards": a.shardq_shards,
                        "runs": results,
                        "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)

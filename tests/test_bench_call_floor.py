@@ -39,6 +39,59 @@ def test_call_floor_benchmark_runs(tmp_path):
     assert left == []  # each run's directory removed
 
 
+def test_call_floor_times_a_lease_and_its_ack(tmp_path):
+    # --op lease-ack: the peer's jobs are enqueued first and each timed call leases one and
+    # acks it; ok only if every call leased a job with the body sent (an empty queue, or a
+    # dequeue that came back with nothing, fails the run)
+    out = tmp_path / "floor.json"
+    logs = tempfile.mkdtemp(prefix="sqf-")
+    try:
+        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--op", "lease-ack",
+                            "--peers", "shardq", "--dir", logs, "--json", str(out)], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["ok"] is True and res["op"] == "lease-ack"
+    for name in ("floor", "shardq"):
+        (run,) = res["runs"][name]
+        assert run["ok"] is True and run["calls"] == 300 and run["server_cpu_us"] > 0
+    assert "(lease-ack)" in r.stdout
+
+
+def test_a_peer_call_that_leases_nothing_fails_the_run(tmp_path):
+    from bench import call_floor
+
+    class Empty:  # a peer whose queue never has a job: every lease comes back empty
+        batch_mode = None
+
+        def __init__(self, **_):
+            self.enqueued = 0
+
+        def setup(self, directory):
+            pass
+
+        def server_pids(self):
+            return []
+
+        def enqueue(self, body, key):
+            self.enqueued += 1
+
+        def dequeue(self, wait_s):
+            return None
+
+        def teardown(self):
+            pass
+
+    call_floor.PEERS["empty"] = Empty
+    try:
+        res = call_floor.peer_run("empty", 5, str(tmp_path), op="lease-ack")
+    finally:
+        del call_floor.PEERS["empty"]
+    assert res["ok"] is False and res["calls"] == 5
+
+
 def floor_only(tmp_path, *args):
     """A quick run of the floor alone with ``args``; its JSON and the completed process."""
     out = tmp_path / "floor.json"
