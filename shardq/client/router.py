@@ -10,8 +10,11 @@
   ``retry_s`` gives :class:`~shardq.errors.ShardUnavailable`, never a silent loss.
 * Each op has an explicit retry policy (:data:`shardq.shard.wire.RETRY`): a request never
   written is always sent again; one that was written is re-sent only if that is safe
-  (enqueue, ack, extend, reads). ``dequeue``, ``nack``, ``redrive`` and ``purge`` are never
-  re-sent: a broken connection raises :class:`~shardq.errors.OutcomeUnknown`.
+  (enqueue, ack, extend, reads, pause, resume, cancel, ``purge_dead_letters`` of chosen
+  ids, withdrawing a wait). ``dequeue``, ``nack``, ``bury``, ``redrive`` and
+  ``purge_dead_letters`` of all dead letters are never re-sent: a broken connection raises
+  :class:`~shardq.errors.OutcomeUnknown`. Nor is a waiting dequeue (``dequeue_wait``): a
+  broken connection ends that shard's wait.
 * ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,
   for fairness), then leaves a waiting dequeue (``dequeue_wait``) at every shard and takes
   the leases of the first that answers with any; the others are withdrawn, and leases
