@@ -9,7 +9,9 @@ the stored deadlines and the clock, so replay re-derives them.
 """
 from __future__ import annotations
 
-ENQUEUE = 1   # [1, job_id, queue, key, body, priority, ready_at, dedup_id, created_at]
+ENQUEUE = 1   # [1, job_id, queue, key, body, priority, ready_at, dedup_id, created_at, dedup_expires]
+              # dedup_expires (only with a dedup_id): when the id is forgotten, so a later change of
+              # dedup_window moves nothing (older records lack it: today's window stands in)
 LEASE = 2     # [2, job_id, token, expires_at]            attempts += 1
 ACK = 3       # [3, job_id]                               job deleted
 RELEASE = 4   # [4, job_id, ready_at, error(, undelivered)] nack: ready now (0) or at ready_at;
