@@ -3,8 +3,10 @@
 For each queue of the config (``[queues.*]``): a FIFO dead-letter queue, then the FIFO
 queue with ``VisibilityTimeout`` = ``visibility_timeout`` (rounded up to whole seconds),
 ``MaximumMessageSize`` = ``max_body_bytes``, a ``RedrivePolicy`` with ``maxReceiveCount`` =
-``max_deliveries``, 14 days retention and explicit dedup ids. A setting SQS cannot hold is
-refused before anything is created (``Unsupported``/``InvalidConfig``, naming the key).
+``max_deliveries``, 14 days retention and explicit dedup ids. What SQS cannot hold is
+refused before anything is created: a setting with ``Unsupported`` or ``InvalidConfig``,
+naming the key; a queue name with ``InvalidJob`` (not only letters, digits and ``-``, or
+too long with the prefix and the DLQ suffix: :func:`.sqs_mapping.queue_names`).
 Running it again changes only what differs, and says what it did.
 """
 from __future__ import annotations
