@@ -19,6 +19,9 @@ A caller alone on the connection (nothing pending, no send in progress, the sock
 read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry, no
 outbox; it sends its frame and reads until its own reply, settling any others it reads
 as a leader does. The moment anyone else uses the connection, calls take the general path.
+While its replies have been coming quickly, such a caller first polls for its reply without
+sleeping, for up to the router's ``busy_poll_us`` (:mod:`.busypoll`): on the machines
+measured, waking from a sleep cost a lone call more than the wait itself.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from .. import limits
 from ..conditions import CountedCondition
 from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from .busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 
 
 class ConnectionLost(Exception):
@@ -98,7 +102,8 @@ class Future:
 
 
 class ShardClient:
-    def __init__(self, index: int, address: str, authkey: bytes, role: str = "client"):
+    def __init__(self, index: int, address: str, authkey: bytes, role: str = "client",
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT):
         self.index = index
         self.address = address
         self.authkey = authkey
@@ -120,6 +125,7 @@ class ShardClient:
         self._scratch = bytearray(READ_BYTES)   # what one read lands in (see wire.read_frames)
         self._poller = select.poll()            # readability of the connection (leaders)
         self._poller_fd = -1
+        self._busy = BusyPoll(busy_poll_us)     # how call_solo waits for its reply
         self.connects = 0
 
     # ------------------------------------------------------------------ connection
@@ -195,13 +201,17 @@ class ShardClient:
 
         Other threads may submit meanwhile: their requests queued while this one is written
         go out right after it (:meth:`_flush`), and replies read here for them settle their
-        futures; whoever still waits is handed to the reader thread on the way out."""
+        futures; whoever still waits is handed to the reader thread on the way out. The wait
+        for the reply starts with a busy poll when :class:`BusyPoll` says so."""
         if not self._read_lock.acquire(blocking=False):
+            self._busy.note_shared()
             return SHARED
         try:
             with self._lock:
                 conn = self._conn
                 if conn is None or self._flushing or self._pending:
+                    if conn is not None:
+                        self._busy.note_shared()
                     return SHARED
                 rid = self._next_rid
                 self._next_rid = rid + 1
@@ -214,18 +224,24 @@ class ShardClient:
             if data is None or len(data) > limits.FRAME_BYTES_MAX:
                 self._flush()
                 return SHARED
+            busy = self._busy
             try:
-                _write_frame(conn.fileno(), data)
+                fd = conn.fileno()
+                sent_at = time.monotonic()
+                _write_frame(fd, data)
             except (OSError, ValueError):
                 self._broken(conn)
                 self._flush()
                 return None, ConnectionLost(f"connection to shard {self.index} lost", sent=False)
             self._flush()  # clears the send flag, after sending whatever others queued meanwhile
             try:
-                deadline = time.monotonic() + timeout
+                deadline = sent_at + timeout
+                ready = busy.wanted() and busy.spin(self._poll_for(fd), self._pending)
                 while True:
-                    reply = self._read_once(conn, max(deadline - time.monotonic(), 0.0), rid)
+                    reply = self._read_once(conn, max(deadline - time.monotonic(), 0.0), rid, ready)
+                    ready = False
                     if reply is not None:
+                        busy.note(time.monotonic() - sent_at)
                         status, payload = reply
                         if status == protocol.OK:
                             return payload, None
@@ -371,18 +387,23 @@ class ShardClient:
                 fut.wait(remaining)
         return True
 
-    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0):
-        """Read what the socket has (waiting up to ``timeout``; None: until something comes)
-        and settle the futures of every complete reply. Only with ``_read_lock`` held.
-        Returns ``(status, payload)`` of the reply to request ``mine`` (a :meth:`call_solo`
-        caller's, which has no future) if it was read, else None."""
+    def _poll_for(self, fd: int):
+        """The ``poll`` method of a poller registered for ``fd`` (kept while the fd is)."""
+        if self._poller_fd != fd:
+            self._poller = select.poll()
+            self._poller.register(fd, select.POLLIN)
+            self._poller_fd = fd
+        return self._poller.poll
+
+    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0, ready: bool = False):
+        """Read what the socket has (waiting up to ``timeout``, unless the caller saw it
+        ``ready``; None: until something comes) and settle the futures of every complete
+        reply. Only with ``_read_lock`` held. Returns ``(status, payload)`` of the reply to
+        request ``mine`` (a :meth:`call_solo` caller's, which has no future) if it was read,
+        else None."""
         fd = conn.fileno()
-        if timeout is not None:
-            if self._poller_fd != fd:
-                self._poller = select.poll()
-                self._poller.register(fd, select.POLLIN)
-                self._poller_fd = fd
-            if not self._poller.poll(max(0, int(timeout * 1000) + 1)):
+        if timeout is not None and not ready:
+            if not self._poll_for(fd)(max(0, int(timeout * 1000) + 1)):
                 return None
         pending = self._pending
         unpackb = msgpack.unpackb

@@ -36,6 +36,7 @@ from typing import Iterable
 
 from .. import limits, supervisor_status
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
+from .busypoll import BUSY_POLL_US_DEFAULT
 from .priority import merge, plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
@@ -187,15 +188,19 @@ class Router:
     """Client of a running shardq service. See the module docstring for the guarantees."""
 
     def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 supervisor=None, _role: str = "client"):
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor=None, _role: str = "client"):
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
         # connections a shard holds apart from its clients' limit (shard/sockio.py)
+        # busy_poll_us: how long a lone call polls for its reply before it sleeps (busypoll.py)
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()
         self.service_id = dd.service_id()
         key = dd.authkey()
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role) for i in range(self.shards)]
+        if _role == "service":
+            busy_poll_us = 0  # serve's own calls are not latency-bound: no CPU spent on them
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us)
+                        for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1

@@ -1,0 +1,88 @@
+"""How a caller alone on its connection waits for a reply that is about to come.
+
+Sleeping in ``poll`` until a reply arrives costs a short call more than the wait itself:
+the wake-up (the scheduler's work and, on a virtual machine, the host waking an idle
+virtual CPU) and caches gone cold by the time the caller runs again. Measured on 2-CPU
+VMs, a lone caller's enqueue took 0.7 times as long, and a lease and its ack 0.6 times,
+when it polled its socket without sleeping (docs/performance.md, "Busy-polling for the
+reply"). So :meth:`ShardClient.call_solo` polls without sleeping, yielding the CPU between
+polls, for up to a budget before it sleeps, as the kernel's ``busy_read`` does for sockets
+of network cards.
+
+Guarantee: a call spends at most ``budget_us`` microseconds of CPU polling, and none while
+the connection's recent replies (a moving average) took longer than the budget, so a slow
+disk or a loaded machine turns it off by itself and a faster one turns it back on; a
+process allowed only one CPU never polls (the shard could not run while it did). Only the
+wait is changed: what is sent, and when a reply counts as received, are not.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Sized
+
+from ..errors import InvalidConfig
+
+#: The default budget: about one fdatasync of a small record on the VMs measured, so that an
+#: enqueue's reply usually comes within it.
+BUSY_POLL_US_DEFAULT = 300
+#: The largest budget accepted: beyond this a caller spends more CPU than most waits take.
+BUSY_POLL_US_MAX = 10_000
+#: Weight of the newest call in the moving averages: about the last 8 calls count.
+_NEWEST = 0.125
+#: Above this share of calls finding the connection in use, nobody polls without sleeping.
+_SHARED_MAX = 0.25
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+class BusyPoll:
+    """The busy-poll policy of one connection (used by one caller at a time: the solo path
+    holds the connection's read lock)."""
+
+    __slots__ = ("budget_s", "_average_s", "_shared")
+
+    def __init__(self, budget_us: int = BUSY_POLL_US_DEFAULT):
+        if type(budget_us) is not int or not 0 <= budget_us <= BUSY_POLL_US_MAX:
+            raise InvalidConfig(f"busy_poll_us must be an int from 0 (off) to {BUSY_POLL_US_MAX}, "
+                                f"got {budget_us!r}")
+        self.budget_s = budget_us / 1e6 if usable_cpus() > 1 else 0.0
+        self._average_s = 0.0
+        self._shared = 0.0  # moving share of recent calls that found the connection in use
+
+    def wanted(self) -> bool:
+        """Poll without sleeping for this call: on, recent replies came within the budget,
+        and recent callers mostly found the connection to themselves (many threads on one
+        connection wait for one another's replies anyway, and a polling thread would take
+        the interpreter's lock from the ones with work to do)."""
+        return 0.0 < self.budget_s and self._average_s <= self.budget_s and self._shared <= _SHARED_MAX
+
+    def note(self, took_s: float) -> None:
+        """A lone call's reply came ``took_s`` seconds after its request was written."""
+        self._average_s += (took_s - self._average_s) * _NEWEST
+        self._shared -= self._shared * _NEWEST
+
+    def note_shared(self) -> None:
+        """A call found the connection in use by another thread (it takes the general path).
+        Several threads may note at once: a lost update only nudges a heuristic."""
+        self._shared += (1.0 - self._shared) * _NEWEST
+
+    def spin(self, poll: Callable[[int], list], others: Sized) -> bool:
+        """Call ``poll(0)`` (a ``select.poll`` object's, registered for the socket) until it
+        reports the socket readable (True), or the budget is spent or ``others`` (the
+        connection's pending requests of other threads) is no longer empty (False: the caller
+        is no longer alone, and sleeps as the general path's callers do), yielding the CPU
+        between calls so that any other runnable thread or process goes first."""
+        clock = time.monotonic
+        end = clock() + self.budget_s
+        while not poll(0):
+            if others or clock() >= end:
+                return False
+            os.sched_yield()
+        return True
