@@ -202,13 +202,18 @@ def _fill(adapter, items: list) -> None:
 
 
 def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: float = 0.0,
-             shardq_shards: int | None = None, op: str = "enqueue") -> dict:
+             shardq_shards: int | None = None, op: str = "enqueue",
+             shardq_busy_poll_us: int | None = None) -> dict:
     """Figure A's single enqueue, or figure C's lease and ack of one job (``op``), on one of
-    bench.run's peers (its adapter, its settings; ``shardq_shards`` replaces the shardq
-    adapter's number of shards). For "lease-ack" the jobs are enqueued before the
+    bench.run's peers (its adapter, its settings; ``shardq_shards`` and
+    ``shardq_busy_poll_us`` replace the shardq adapter's number of shards and its router's
+    busy-poll budget). For "lease-ack" the jobs are enqueued before the
     measurement; a call is one ``dequeue`` and one ``ack``, and returns True when it leased
     a job with the body sent."""
-    adapter = PEERS[name](shards=shardq_shards) if name == "shardq" and shardq_shards else PEERS[name]()
+    if name == "shardq" and (shardq_shards or shardq_busy_poll_us is not None):
+        adapter = PEERS[name](shards=shardq_shards, busy_poll_us=shardq_busy_poll_us)
+    else:
+        adapter = PEERS[name]()
     adapter.setup(directory)  # SkipPeer when it cannot run here
     try:
         servers = [psutil.Process(pid) for pid in adapter.server_pids()]
@@ -259,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="enqueue: figure A's call (default); lease-ack: figure C's lease and ack "
                         "of one job, the jobs enqueued first (the floor's lease is written, not "
                         "fsynced, as shardq's batched lease; its ack is fsynced)")
+    p.add_argument("--shardq-busy-poll-us", type=int, default=None,
+                   help="the shardq router's busy_poll_us (default: the router's; 0: off)")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -283,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             tmp = tempfile.mkdtemp(prefix="sq-floor-", dir=parent)
             try:
                 res = (floor_run(a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.op) if name == "floor"
-                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.shardq_shards, a.op))
+                       else peer_run(name, a.calls, tmp, a.cpus, a.gap_ms / 1e3, a.shardq_shards, a.op,
+                                     a.shardq_busy_poll_us))
             except SkipPeer as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", flush=True)
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"argv": sys.argv[1:] if argv is None else argv, "calls": a.calls, "op": a.op,
                        "cpus": a.cpus,
                        "gap_ms": a.gap_ms, "shardq_shards": a.shardq_shards,
+                       "shardq_busy_poll_us": a.shardq_busy_poll_us,
                        "runs": results,
                        "medians": med, "skipped": skipped, "ok": ok}, f, indent=1)
     return 0 if ok else 1

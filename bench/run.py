@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-sync", choices=("batched", "strict"), default="batched",
                    help="shardq's lease_sync for the benchmark queue (default batched, the "
                         "queue default; strict: every lease fsynced before it is handed out)")
+    p.add_argument("--busy-poll-us", type=int, default=None,
+                   help="shardq's busy_poll_us for every client of the run (default: the "
+                        "router's default; 0: callers sleep until their reply comes)")
     p.add_argument("--restarted", action="store_true",
                    help="shardq on a data dir that was used, stopped and reopened (its newest "
                         "segment reopened, not freshly created)")
@@ -119,7 +122,8 @@ def settings_from(args: argparse.Namespace) -> plan.Settings:
 
 def make_adapter(name: str, args: argparse.Namespace):
     if name == "shardq":
-        return ShardqAdapter(shards=args.shards, lease_sync=args.lease_sync, restarted=args.restarted)
+        return ShardqAdapter(shards=args.shards, lease_sync=args.lease_sync, restarted=args.restarted,
+                             busy_poll_us=args.busy_poll_us)
     return PEERS[name]()
 
 
@@ -217,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "meta": {"argv": sys.argv[1:], "settings": dataclasses.asdict(settings),
                  "shardq_shards": args.shards, "shardq_lease_sync": args.lease_sync,
+                 "shardq_busy_poll_us": args.busy_poll_us,
                  "shardq_restarted": args.restarted, "cpus": os.cpu_count(),
                  "platform": platform.platform(), "tmp_root": tmp_root,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions()},

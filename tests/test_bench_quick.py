@@ -275,3 +275,19 @@ def test_a_many_client_run_is_split_where_the_last_producer_ends():
                    "drain_after_per_s": 1.0}
     # every job acked while the producers ran: no drain phase to rate
     assert phases(0.0, 2.0, 2.0, 4, [(1.0, 4)])["drain_after_per_s"] is None
+
+
+def test_busy_poll_us_reaches_every_shardq_router_of_a_run(monkeypatch):
+    import shardq
+    from bench.peers import shardq_peer
+
+    opened = []
+    monkeypatch.setattr(shardq, "connect", lambda target, **options: opened.append(options) or object())
+    adapter = shardq_peer.ShardqAdapter(shards=1, busy_poll_us=0)
+    adapter._data_dir, adapter._has_connect = "/nowhere", True
+    spec = adapter.client_spec()
+    getattr(shardq_peer, spec.factory)(**spec.kwargs)  # as a client process builds its client
+    assert opened == [{"busy_poll_us": 0}]
+    assert shardq_peer.ShardqAdapter(shards=1).options == {}  # the router's default
+    args = bench_run_module.parse_args(["--busy-poll-us", "0", "--only", "shardq"])
+    assert bench_run_module.make_adapter("shardq", args).options == {"busy_poll_us": 0}

@@ -61,11 +61,12 @@ def default_shard_count() -> int:
     return parse({}).resolved_shards()
 
 
-def connect_client(data_dir: str) -> ShardqClient:
+def connect_client(data_dir: str, busy_poll_us: int | None = None) -> ShardqClient:
     """A client in another process: its own connection to the running shards."""
     import shardq
 
-    return ShardqClient(shardq.connect(data_dir))
+    options = {} if busy_poll_us is None else {"busy_poll_us": busy_poll_us}
+    return ShardqClient(shardq.connect(data_dir, **options))
 
 
 class ShardqAdapter(Adapter):
@@ -74,9 +75,12 @@ class ShardqAdapter(Adapter):
     durability = "WAL, fsync before reply"
     thread_safe = True
 
-    def __init__(self, shards: int | None = None, lease_sync: str = "batched", restarted: bool = False):
+    def __init__(self, shards: int | None = None, lease_sync: str = "batched", restarted: bool = False,
+                 busy_poll_us: int | None = None):
         self.shards = shards or default_shard_count()
         self.lease_sync = lease_sync
+        # None: the router's default (left out, so older versions run too)
+        self.options = {} if busy_poll_us is None else {"busy_poll_us": busy_poll_us}
         self.restarted = restarted  # measure on a data dir that was used, stopped and reopened
         self.client: ShardqClient | None = None
         self._data_dir = ""
@@ -105,7 +109,7 @@ class ShardqAdapter(Adapter):
                 warm = first.enqueue_many([{"body": b"warm", "key": f"w{i}"} for i in range(8 * self.shards)])
                 first.ack_many(first.dequeue_many(QUEUE, max_jobs=len(warm)))
                 first.close()
-            router = shardq.open(self._data_dir, shards=self.shards, config=cfg)
+            router = shardq.open(self._data_dir, shards=self.shards, config=cfg, **self.options)
         except Exception as e:
             raise SkipPeer(f"shardq.open failed: {type(e).__name__}: {e}") from None
         self.client = ShardqClient(router)
@@ -125,7 +129,7 @@ class ShardqAdapter(Adapter):
     def client_spec(self) -> ClientSpec | None:
         if not self._has_connect:
             return None
-        return ClientSpec(__name__, "connect_client", {"data_dir": self._data_dir})
+        return ClientSpec(__name__, "connect_client", {"data_dir": self._data_dir, **self.options})
 
     def server_pids(self) -> list[int]:
         return [p.pid for p in self._servers]
