@@ -1,4 +1,4 @@
-"""Busy-polling for a lone caller's reply (shardq/client/busypoll.py): when it polls without
+"""Busy-polling for a lone caller's reply (shardq/busypoll.py): when it polls without
 sleeping, when it stops, what it refuses, and that the router's solo path uses it (and
 serve's own routers do not). Nothing here times a call: speed is the benchmarks' business."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import pytest
 
 import shardq
-from shardq.client import busypoll
-from shardq.client.busypoll import BUSY_POLL_US_DEFAULT, BUSY_POLL_US_MAX, BusyPoll
+from shardq import busypoll
+from shardq.busypoll import BUSY_POLL_US_DEFAULT, BUSY_POLL_US_MAX, BusyPoll
 from shardq.client.router import Router
 from shardq.errors import InvalidConfig
 

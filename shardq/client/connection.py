@@ -20,7 +20,7 @@ read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending
 outbox; it sends its frame and reads until its own reply, settling any others it reads
 as a leader does. The moment anyone else uses the connection, calls take the general path.
 While its replies have been coming quickly, such a caller first polls for its reply without
-sleeping, for up to the router's ``busy_poll_us`` (:mod:`.busypoll`): on the machines
+sleeping, for up to the router's ``busy_poll_us`` (:mod:`shardq.busypoll`): on the machines
 measured, waking from a sleep cost a lone call more than the wait itself.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .. import limits
 from ..conditions import CountedCondition
 from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
-from .busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
+from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 
 
 class ConnectionLost(Exception):

@@ -36,7 +36,7 @@ from typing import Iterable
 
 from .. import limits, supervisor_status
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
-from .busypoll import BUSY_POLL_US_DEFAULT
+from ..busypoll import BUSY_POLL_US_DEFAULT
 from .priority import merge, plan
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
@@ -191,7 +191,7 @@ class Router:
                  busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor=None, _role: str = "client"):
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
         # connections a shard holds apart from its clients' limit (shard/sockio.py)
-        # busy_poll_us: how long a lone call polls for its reply before it sleeps (busypoll.py)
+        # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()

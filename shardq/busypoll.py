@@ -21,7 +21,7 @@ import os
 import time
 from typing import Callable, Sized
 
-from ..errors import InvalidConfig
+from .errors import InvalidConfig
 
 #: The default budget: about one fdatasync of a small record on the VMs measured, so that an
 #: enqueue's reply usually comes within it.
