@@ -206,8 +206,8 @@ def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: fl
              shardq_busy_poll_us: int | None = None) -> dict:
     """Figure A's single enqueue, or figure C's lease and ack of one job (``op``), on one of
     bench.run's peers (its adapter, its settings; ``shardq_shards`` and
-    ``shardq_busy_poll_us`` replace the shardq adapter's number of shards and its router's
-    busy-poll budget). For "lease-ack" the jobs are enqueued before the
+    ``shardq_busy_poll_us`` replace the shardq adapter's number of shards and the busy-poll
+    budget of its router and shards). For "lease-ack" the jobs are enqueued before the
     measurement; a call is one ``dequeue`` and one ``ack``, and returns True when it leased
     a job with the body sent."""
     if name == "shardq" and (shardq_shards or shardq_busy_poll_us is not None):
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                         "of one job, the jobs enqueued first (the floor's lease is written, not "
                         "fsynced, as shardq's batched lease; its ack is fsynced)")
     p.add_argument("--shardq-busy-poll-us", type=int, default=None,
-                   help="the shardq router's busy_poll_us (default: the router's; 0: off)")
+                   help="busy_poll_us of the shardq router and shards (default: theirs; 0: off)")
     p.add_argument("--quick", action="store_true", help="300 calls, 1 run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)

@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="shardq's lease_sync for the benchmark queue (default batched, the "
                         "queue default; strict: every lease fsynced before it is handed out)")
     p.add_argument("--busy-poll-us", type=int, default=None,
-                   help="shardq's busy_poll_us for every client of the run (default: the "
-                        "router's default; 0: callers sleep until their reply comes)")
+                   help="shardq's busy_poll_us for every router and shard of the run (default: "
+                        "theirs; 0: callers sleep until their reply comes, shards until a request does)")
     p.add_argument("--restarted", action="store_true",
                    help="shardq on a data dir that was used, stopped and reopened (its newest "
                         "segment reopened, not freshly created)")

@@ -54,8 +54,8 @@ TOP_FUNCTIONS = 12
 class Loop:
     """A shard server and a client end of a socketpair, in this process and thread."""
 
-    def __init__(self, directory: str, preload: int):
-        config = parse_config({"queues": {"default": {"visibility_timeout": 30}}})
+    def __init__(self, directory: str, preload: int, service: dict | None = None):
+        config = parse_config({"queues": {"default": {"visibility_timeout": 30}}, "service": service or {}})
         pipe = SupervisorPipe(io.StringIO(), interval_s=3600)
         self.shard = DurableShard(os.path.join(directory, "shard-0"), 0, config, files=ReportingFiles(pipe))
         self.shard.open()

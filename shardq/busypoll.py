@@ -9,11 +9,16 @@ reply"). So :meth:`ShardClient.call_solo` polls without sleeping, yielding the C
 polls, for up to a budget before it sleeps, as the kernel's ``busy_read`` does for sockets
 of network cards.
 
-Guarantee: a call spends at most ``budget_us`` microseconds of CPU polling, and none while
-the connection's recent replies (a moving average) took longer than the budget, so a slow
-disk or a loaded machine turns it off by itself and a faster one turns it back on; a
-process allowed only one CPU never polls (the shard could not run while it did). Only the
-wait is changed: what is sent, and when a reply counts as received, are not.
+A shard's loop does the same before it sleeps for its next request
+(``service.busy_poll_us``): a lone client's next request comes a round trip after the
+last reply, and the shard that wakes for it pays what the caller did.
+
+Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
+recent waits (a moving average) took longer than the budget, so a slow disk, a loaded
+machine or a client that pauses between calls turns it off by itself, and it comes back
+on when they stop; a process allowed only one CPU never polls (the other side could not
+run while it did). Only the wait is changed: what is sent, and when a reply or a request
+counts as received, are not.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ def usable_cpus() -> int:
 
 class BusyPoll:
     """The busy-poll policy of one connection (used by one caller at a time: the solo path
-    holds the connection's read lock)."""
+    holds the connection's read lock), or of one shard's loop."""
 
     __slots__ = ("budget_s", "_average_s", "_shared")
 
@@ -64,8 +69,11 @@ class BusyPoll:
         return 0.0 < self.budget_s and self._average_s <= self.budget_s and self._shared <= _SHARED_MAX
 
     def note(self, took_s: float) -> None:
-        """A lone call's reply came ``took_s`` seconds after its request was written."""
-        self._average_s += (took_s - self._average_s) * _NEWEST
+        """The wait polled for took ``took_s`` seconds (a lone call's reply after its request
+        was written; a shard's next request after its last iteration). A wait longer than
+        twice the budget counts as twice the budget: long enough to turn polling off once
+        most waits are, not so long that one idle minute keeps it off for the next burst."""
+        self._average_s += (min(took_s, 2 * self.budget_s) - self._average_s) * _NEWEST
         self._shared -= self._shared * _NEWEST
 
     def note_shared(self) -> None:
@@ -73,16 +81,19 @@ class BusyPoll:
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
 
-    def spin(self, poll: Callable[[int], list], others: Sized) -> bool:
-        """Call ``poll(0)`` (a ``select.poll`` object's, registered for the socket) until it
-        reports the socket readable (True), or the budget is spent or ``others`` (the
-        connection's pending requests of other threads) is no longer empty (False: the caller
-        is no longer alone, and sleeps as the general path's callers do), yielding the CPU
-        between calls so that any other runnable thread or process goes first."""
+    def spin(self, poll: Callable[[int], list], others: Sized = (), limit_s: float | None = None) -> list:
+        """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's) until it reports
+        something ready, and return what it reported; or return [] once the budget (or
+        ``limit_s``, if shorter) is spent or ``others`` (a connection's pending requests of
+        other threads) is no longer empty: the caller is no longer alone, and sleeps as the
+        general path's callers do. Between calls it yields the CPU, so that any other
+        runnable thread or process goes first."""
         clock = time.monotonic
-        end = clock() + self.budget_s
-        while not poll(0):
+        end = clock() + (self.budget_s if limit_s is None else min(self.budget_s, limit_s))
+        while True:
+            ready = poll(0)
+            if ready:
+                return ready
             if others or clock() >= end:
-                return False
+                return []
             os.sched_yield()
-        return True

@@ -9,6 +9,7 @@ so a typo never silently falls back to a default. Times are in seconds.
     health_timeout = 10       # a shard that answers no ping for this long is restarted
     restart_backoff_max = 60  # a crash-looping shard is restarted at most this far apart
     declare_queues = false    # true: only queues listed under [queues] may be used
+    busy_poll_us = 300        # a shard polls this long for its next request before it sleeps
 
     [limits]                  # per shard
     max_pending_jobs = 5000000
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import limits
+from .busypoll import BUSY_POLL_US_DEFAULT, BUSY_POLL_US_MAX
 from .errors import InvalidConfig
 
 
@@ -88,6 +90,9 @@ class ServiceConfig:
     #: backoff; it is never given up on, except for a corrupt log)
     restart_backoff_max: float = 60.0
     declare_queues: bool = False
+    #: how long a shard's loop polls for its next request before it sleeps (0: never;
+    #: shardq/busypoll.py)
+    busy_poll_us: int = BUSY_POLL_US_DEFAULT
     #: modules whose ``@app.periodic`` schedules the supervisor fires
     schedule_modules: tuple[str, ...] = ()
 
@@ -180,6 +185,7 @@ _SERVICE_BOUNDS = {
     "shards": (True, 0, limits.SHARDS_MAX),
     "health_timeout": (False, 0.1, 3600.0),
     "restart_backoff_max": (False, 0.5, 3600.0),
+    "busy_poll_us": (True, 0, BUSY_POLL_US_MAX),
 }
 #: Keys that no longer exist, and what replaced them (an old config gets this, not "unknown key").
 _SERVICE_REMOVED = {

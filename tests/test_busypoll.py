@@ -73,7 +73,7 @@ def test_spin_returns_at_once_when_the_reply_is_there(two_cpus):
         poller = select.poll()
         poller.register(a.fileno(), select.POLLIN)
         b.send(b"x")
-        assert BusyPoll(BUSY_POLL_US_MAX).spin(poller.poll, {}) is True
+        assert BusyPoll(BUSY_POLL_US_MAX).spin(poller.poll, {}) == [(a.fileno(), select.POLLIN)]
     finally:
         a.close()
         b.close()
@@ -88,7 +88,7 @@ def test_spin_gives_up_after_its_budget(two_cpus):
 
     busy = BusyPoll(2000)
     started = time.monotonic()
-    assert busy.spin(never, {}) is False
+    assert busy.spin(never, {}) == []
     assert time.monotonic() - started >= 0.002  # the whole budget was spent polling
     assert calls and set(calls) == {0}  # never a sleeping poll
 
@@ -100,7 +100,7 @@ def test_spin_stops_when_another_thread_waits_on_the_connection(two_cpus):
         calls.append(timeout)
         return []
 
-    assert BusyPoll(BUSY_POLL_US_MAX).spin(never, {7: object()}) is False
+    assert BusyPoll(BUSY_POLL_US_MAX).spin(never, {7: object()}) == []
     assert calls == [0]  # one look, then the caller sleeps as the general path's do
 
 
@@ -118,8 +118,8 @@ def counting_spins(monkeypatch):
     spins = []
     real = BusyPoll.spin
 
-    def spin(self, poll, others):
-        got = real(self, poll, others)
+    def spin(self, poll, others=(), limit_s=None):
+        got = real(self, poll, others, limit_s)
         spins.append(got)
         return got
 
@@ -153,3 +153,36 @@ def test_no_polling_with_a_zero_budget_nor_in_serves_own_routers(service, two_cp
 def test_the_router_refuses_a_bad_budget(service):
     with pytest.raises(InvalidConfig, match="busy_poll_us"):
         Router(service.data_dir, busy_poll_us=-5)
+
+
+def shard_loop(tmp_path, service=None):
+    from bench.shard_path import Loop
+    return Loop(str(tmp_path), preload=0, service=service)
+
+
+def test_a_shards_loop_polls_for_the_next_request_before_it_sleeps(tmp_path, two_cpus, monkeypatch):
+    spins = counting_spins(monkeypatch)
+    loop = shard_loop(tmp_path)
+    try:
+        for _ in range(3):
+            loop.enqueue()  # the request is written, then one iteration serves it
+        assert loop.failures == 0
+        assert len(spins) == 3 and all(spins)  # each found its request by polling, no sleep
+        for _ in range(16):
+            loop.server._busy.note(1.0)  # requests that came seconds apart: polling stops
+        spins.clear()
+        loop.enqueue()
+        assert loop.failures == 0 and spins == []
+    finally:
+        loop.close()
+
+
+def test_a_shard_configured_with_zero_never_polls(tmp_path, two_cpus, monkeypatch):
+    spins = counting_spins(monkeypatch)
+    loop = shard_loop(tmp_path, {"busy_poll_us": 0})
+    try:
+        for _ in range(3):
+            loop.enqueue()
+        assert loop.failures == 0 and spins == []
+    finally:
+        loop.close()

@@ -92,6 +92,8 @@ def test_unknown_keys(raw, key):
     ({"service": {"data_dir": 5}}, "service.data_dir"),
     ({"service": {"data_dir": ""}}, "service.data_dir"),
     ({"service": {"health_timeout": "10"}}, "service.health_timeout"),
+    ({"service": {"busy_poll_us": 1.5}}, "service.busy_poll_us"),
+    ({"service": {"busy_poll_us": True}}, "service.busy_poll_us"),
     ({"limits": {"segment_bytes": 4096.0}}, "limits.segment_bytes"),
     ({"queue_defaults": {"visibility_timeout": "30"}}, "queue_defaults.visibility_timeout"),
     ({"queue_defaults": {"max_deliveries": False}}, "queue_defaults.max_deliveries"),
@@ -111,6 +113,8 @@ def test_wrong_types(raw, key):
     ({"service": {"shards": limits.SHARDS_MAX + 1}}, "service.shards"),
     ({"service": {"restart_limit": 0}}, "service.restart_limit"),
     ({"service": {"health_timeout": 0}}, "service.health_timeout"),
+    ({"service": {"busy_poll_us": -1}}, "service.busy_poll_us"),
+    ({"service": {"busy_poll_us": 10_001}}, "service.busy_poll_us"),
     ({"limits": {"max_pending_jobs": 0}}, "limits.max_pending_jobs"),
     ({"limits": {"segment_bytes": 100}}, "limits.segment_bytes"),
     ({"limits": {"compact_min_bytes": 1}}, "limits.compact_min_bytes"),
@@ -156,3 +160,9 @@ def test_file_errors_name_the_file(tmp_path):
 def test_a_top_level_that_is_not_a_table():
     with pytest.raises(InvalidConfig):
         parse([("service", {})])
+
+
+def test_busy_poll_us_takes_its_whole_range():
+    assert parse({}).service.busy_poll_us == 300
+    assert parse({"service": {"busy_poll_us": 0}}).service.busy_poll_us == 0
+    assert parse({"service": {"busy_poll_us": 10_000}}).service.busy_poll_us == 10_000

@@ -322,6 +322,8 @@ NUMBERS = [
      _const("shardq.limits", "SHARD_FDS_BESIDES_CLIENTS"), 64),
     ("docs/guarantees.md", "`request_timeout_s`, 30 s by default", lambda: _router_default("request_timeout_s"), 30),
     ("docs/operations.md", "`busy_poll_us` (default 300,", lambda: _router_default("busy_poll_us"), 300),
+    ("docs/operations.md", "| `service.busy_poll_us` | 300 |", lambda: __import__("shardq.config", fromlist=["x"])
+     .parse({}).service.busy_poll_us, 300),
     ("docs/operations.md", "at most 10,000; 0 turns it off", _const("shardq.busypoll", "BUSY_POLL_US_MAX"),
      10_000),
     ("docs/guarantees.md", "After `max_deliveries` deliveries (default 5)",

@@ -103,6 +103,8 @@ class ShardqAdapter(Adapter):
             if self.lease_sync != "batched":  # the default; left out, older versions run too
                 queue["lease_sync"] = self.lease_sync
             cfg = {"queues": {QUEUE: queue}}
+            if self.options:  # the shards poll as the routers do
+                cfg["service"] = {"busy_poll_us": self.options["busy_poll_us"]}
             if self.restarted:
                 # The newest segment is then a reopened one, not a fresh preallocated file.
                 first = shardq.open(self._data_dir, shards=self.shards, config=cfg)

@@ -34,11 +34,13 @@ import select
 import signal
 import socket
 import sys
+import time
 from collections import deque
 from contextlib import nullcontext
 from typing import Callable
 
 from .. import limits
+from ..busypoll import BusyPoll
 from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
 from ..config import parse as parse_config
@@ -84,6 +86,7 @@ class ShardServer:
                       "service": ConnectionSlots(SERVICE_CONNECTIONS_MAX)}
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
+        self._busy = BusyPoll(shard.config.service.busy_poll_us)  # how the loop waits (iterate)
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
         self.committer: Committer | None = None
@@ -177,8 +180,15 @@ class ShardServer:
         """One iteration: read what is ready, apply, then hand the log payload and the
         replies to the committer (which fsyncs before it sends them)."""
         timeout = self._timeout()
-        # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
-        events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
+        busy = self._busy
+        waited_from = time.monotonic()
+        # a lone client's next request comes a round trip after our reply: poll for it
+        # before sleeping, while such waits have been short (shardq/busypoll.py)
+        events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
+        if not events:
+            # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
+            events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
+        busy.note(time.monotonic() - waited_from)
         batches = []
         for fd, _ in events:
             if fd == self._wake_r:
