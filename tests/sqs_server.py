@@ -7,13 +7,15 @@ stall the server past a deadline. A child process is also reachable the same way
 ``shardq worker`` subprocesses the tests SIGKILL, and it is ended by PID whatever happens.
 It binds port 0; the port is read from its startup line, so parallel sessions never collide.
 
-One change to moto, made when this file runs as the server: **ReceiveMessage is made atomic
+Two changes to moto, made when this file runs as the server. One: **ReceiveMessage is made atomic
 per queue**. moto's is not: two receives running at once in its threaded server can both
 see a message group as free and hand it, even the same message, to two consumers (AWS
 never does). No client can undo that, and the races made the several-consumer tests fail
 now and then, so the server is started with a per-queue lock around ReceiveMessage.
-Everything else moto answers is moto as shipped; its deterministic differences from AWS are
-the strict xfail cases (docs/scale-out.md lists both). Two more changes only make the server
+A second: **a visibility timeout changed to 0 makes the message visible at once**, as on AWS;
+moto compares the clock with ``>`` and, when two reads return the same value, keeps the
+message pending, which reorders its group's redelivery. Everything else moto answers is moto
+as shipped; its deterministic differences from AWS are the strict xfail cases (docs/scale-out.md lists both). Two more changes only make the server
 faster (every SQS test waits on it): requests are routed without listing moto's package
 directory each time, and the clock is read with ``time.time()``, the same seconds moto's
 datetime arithmetic computes, several times per message held on every request.
@@ -145,6 +147,11 @@ def serve_with_atomic_receive(argv: list[str]) -> None:
 
     models.unix_time = unix_time
     models.unix_time_millis = lambda dt=None: unix_time(dt) * 1000.0
+    # ChangeMessageVisibility to 0 must leave the message visible at once (AWS). moto sets
+    # visible_at = now and then asks `now > visible_at`: when the clock reads the same float
+    # twice (about 1 in 10 nacks here) the message stays "pending", and moto's receive then
+    # hands out the group's last pending message before its head.
+    models.Message.visible = property(lambda self: models.unix_time_millis() >= self.visible_at)
 
     locks: defaultdict = defaultdict(threading.Lock)
     guard = threading.Lock()
