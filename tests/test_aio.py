@@ -63,6 +63,15 @@ def test_the_operations_match_the_router(svc):
             with pytest.raises(shardq.LeaseLost):
                 await q.extend(again, 5)
             assert await q.purge_dead_letters("par") == 0
+            doomed = await q.enqueue(b"doomed", key="k9", queue="par")
+            while (lease := await q.dequeue("par", wait=5)).job_id != doomed:
+                await q.ack(lease)  # the job redriven above comes first
+            await q.bury(lease, "chosen")
+            assert await q.purge_dead_letters("par", [doomed, doomed]) == 1
+            assert await q.purge_dead_letters("par", [doomed]) == 0  # again: nothing, no error
+            assert await q.dead_letters("par") == []
+            with pytest.raises(shardq.InvalidJob):
+                await q.purge_dead_letters("par", "not a list")
             # the router reads what the asyncio client wrote, and the other way round
             with svc.connect() as r:
                 rid = r.enqueue(b"from router", key="mixed", queue="par2")

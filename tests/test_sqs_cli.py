@@ -49,7 +49,7 @@ def test_client_commands_with_connect_sqs(target, capsys):
 
 def test_refused_features_say_so_on_the_command_line(target, capsys):
     t, _ = target
-    assert main(["enqueue", "x", "--delay", "5", "--connect", t]) != exits.OK
+    assert main(["enqueue", "x", "--delay", "5", "--connect", t]) == exits.USAGE
     assert "error: Unsupported: per-job delay" in capsys.readouterr().err
 
 
@@ -76,7 +76,7 @@ def test_ack_and_dead_letters_commands_with_connect_sqs(target, capsys):
 
 def test_dead_letters_by_id_with_connect_sqs(target, capsys):
     """``--id`` takes an SQS job id (a message id, not a number): redrive by id works, purge
-    by id is refused with one error line and exit 1 (``Unsupported``), not a traceback."""
+    by id is refused with one error line and exit 2 (``Unsupported``), not a traceback."""
     import shardq
     t, _ = target
     q = shardq.connect(t)
@@ -92,7 +92,7 @@ def test_dead_letters_by_id_with_connect_sqs(target, capsys):
     finally:
         q.close()
     capsys.readouterr()
-    assert main(["dead-letters", "purge", "--id", ids[0], "--connect", t]) == exits.FAILURE
+    assert main(["dead-letters", "purge", "--id", ids[0], "--connect", t]) == exits.USAGE
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [
         "error: Unsupported: purge of dead letters by job id: not supported by the sqs backend "

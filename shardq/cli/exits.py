@@ -5,11 +5,12 @@ docs/operations.md ("Exit codes") shows this table; a test keeps the two identic
 from __future__ import annotations
 
 from ..errors import (AuthError, CorruptLog, InvalidConfig, InvalidJob, LeaseLost, LogFailed,
-                      NotFound, ProtocolError, QueueFull, ShardqError, ShardUnavailable, UsageError)
+                      NotFound, ProtocolError, QueueFull, ShardqError, ShardUnavailable, Unsupported,
+                      UsageError)
 
 OK = 0
 FAILURE = 1     # the service or the disk failed: a shard down, a log write failed, a corrupt log, QueueFull
-USAGE = 2       # the command line or the job was wrong: bad arguments, InvalidJob, NotFound
+USAGE = 2       # the command line or the job was wrong: bad arguments, InvalidJob, NotFound, Unsupported
 EMPTY = 3       # nothing to do: dequeue found no job
 LEASE_LOST = 4  # ack/nack/extend with a lease that is no longer current (LeaseLost, JobGone)
 SETUP = 5       # the setup is wrong: config file, not a data dir, lock held, shard count, key file
@@ -20,7 +21,8 @@ TABLE = [
     (FAILURE, "the service or the disk failed: a shard is down or did not answer, a log write "
               "failed, `wal check` found corruption, `QueueFull`"),
     (USAGE, "usage or input error: bad arguments, an invalid job (`InvalidJob`, `UnknownQueue`), "
-            "a job id that does not exist (`NotFound`)"),
+            "a job id that does not exist (`NotFound`), a feature the backend cannot provide "
+            "(`Unsupported`: nothing was changed)"),
     (EMPTY, "nothing to dequeue"),
     (LEASE_LOST, "the lease is no longer current (`LeaseLost`, `JobGone`): nothing was changed"),
     (SETUP, "setup error: bad config file, not a data dir, data dir held by another process, "
@@ -34,7 +36,7 @@ def for_error(exc: BaseException) -> int:
         return LEASE_LOST
     if isinstance(exc, (InvalidConfig, AuthError)):
         return SETUP
-    if isinstance(exc, (InvalidJob, NotFound, ProtocolError, UsageError)):
+    if isinstance(exc, (InvalidJob, NotFound, ProtocolError, UsageError, Unsupported)):
         return USAGE
     if isinstance(exc, (ShardUnavailable, LogFailed, CorruptLog, QueueFull, ShardqError, OSError)):
         return FAILURE

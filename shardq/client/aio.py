@@ -36,7 +36,7 @@ from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .priority import merge, plan
 from .router import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Router, _held, queue_totals,
-                     redrive_calls, shard_for_key, shard_of_job, cut_requests, in_input_order, split_by_shard)
+                     purge_calls, redrive_calls, shard_for_key, shard_of_job, cut_requests, in_input_order, split_by_shard)
 
 _item = Router._item  # one job's wire form, checked: the same checks as the router's
 _now = SystemClock.now
@@ -470,8 +470,10 @@ class AsyncQueue:
     async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
         return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))
 
-    async def purge_dead_letters(self, queue: str = "default") -> int:
-        return sum(n for n, _ in await self._call_all([(s, "purge_dead", [queue]) for s in range(self.shards)]))
+    async def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
+        """As Router.purge_dead_letters: all dead letters of ``queue``, or only ``job_ids``."""
+        calls = purge_calls(self.shards, queue, job_ids)
+        return sum(n for n, _ in await self._call_all(calls)) if calls else 0
 
     async def queue_config(self, queue: str = "default") -> dict:
         cfg = self._queue_cfg.get(queue)

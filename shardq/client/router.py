@@ -173,6 +173,22 @@ def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list
     return [(s, "redrive", [queue, ids]) for s, ids in per.items()]
 
 
+def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
+    (checked: a list of integer ids of this service's shards)."""
+    if job_ids is None:
+        return [(s, "purge_dead", [queue]) for s in range(shards)]
+    if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
+        raise InvalidJob("job_ids must be a list of job ids")
+    per: dict[int, list] = {}
+    for j in job_ids:
+        validate.integer("job_id", j)
+        per.setdefault(shard_of_job(j), []).append(j)
+    if any(s >= shards for s in per):
+        raise InvalidJob(f"job ids name shards this service does not have ({shards} shards)")
+    return [(s, "purge_ids", [queue, ids]) for s, ids in per.items()]
+
+
 def queue_totals(shards: list[dict]) -> dict[str, dict]:
     """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
     queues: dict[str, dict] = {}
@@ -762,9 +778,7 @@ class Router:
     def purge_dead_letters(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
         """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
         no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
-        if job_ids is None:
-            return sum(n for n, _ in self._call_many([(s, "purge_dead", [queue]) for s in range(self.shards)]))
-        calls = [(s, "purge_ids", [queue, ids]) for s, ids in self._by_shard(job_ids).items()]
+        calls = purge_calls(self.shards, queue, job_ids)
         return sum(n for n, _ in self._call_many(calls)) if calls else 0
 
     def queue_config(self, queue: str = "default") -> dict:
@@ -879,17 +893,6 @@ class Router:
         if not 0 <= shard <= self.shards:
             raise InvalidJob(f"not a dead-letter cursor of this service: {cursor!r:.60}")
         return shard, after
-
-    def _by_shard(self, job_ids) -> dict[int, list]:
-        if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
-            raise InvalidJob("job_ids must be a list of job ids")
-        per: dict[int, list] = {}
-        for j in job_ids:
-            validate.integer("job_id", j)
-            per.setdefault(shard_of_job(j), []).append(j)
-        if any(s >= self.shards for s in per):
-            raise InvalidJob(f"job ids name shards this service does not have ({self.shards} shards)")
-        return per
 
     def shard_metrics(self, timeout_s: float = 2.0) -> list[dict]:
         """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
