@@ -11,18 +11,24 @@ import tempfile
 from service import REPO
 
 
-def test_call_floor_benchmark_runs(tmp_path):
+def with_shardq(tmp_path, *args):
+    """A quick run of the floor and shardq with ``args``: its JSON, the completed process,
+    and what it left in its log directory."""
     out = tmp_path / "floor.json"
     logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq",
+        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq", *args,
                             "--dir", logs, "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                            timeout=300)
         left = [p for p in os.listdir(logs) if p.startswith("sq-floor-")]
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text()), r, left
+
+
+def test_call_floor_benchmark_runs(tmp_path):
+    res, r, left = with_shardq(tmp_path)
     assert res["ok"] is True and res["calls"] == 300 and res["skipped"] == {}
     for name in ("floor", "shardq"):
         (run,) = res["runs"][name]
@@ -43,16 +49,7 @@ def test_call_floor_times_a_lease_and_its_ack(tmp_path):
     # --op lease-ack: the peer's jobs are enqueued first and each timed call leases one and
     # acks it; ok only if every call leased a job with the body sent (an empty queue, or a
     # dequeue that came back with nothing, fails the run)
-    out = tmp_path / "floor.json"
-    logs = tempfile.mkdtemp(prefix="sqf-")
-    try:
-        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--op", "lease-ack",
-                            "--peers", "shardq", "--dir", logs, "--json", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
-    finally:
-        shutil.rmtree(logs, ignore_errors=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    res, r, _ = with_shardq(tmp_path, "--op", "lease-ack")
     assert res["ok"] is True and res["op"] == "lease-ack"
     for name in ("floor", "shardq"):
         (run,) = res["runs"][name]
@@ -149,16 +146,7 @@ def test_call_floor_refuses_a_gap_out_of_range(tmp_path):
 
 
 def test_call_floor_runs_shardq_on_the_shards_asked_for(tmp_path):
-    out = tmp_path / "floor.json"
-    logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
-    try:
-        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq",
-                            "--shardq-shards", "1", "--dir", logs, "--json", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
-    finally:
-        shutil.rmtree(logs, ignore_errors=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    res, _, _ = with_shardq(tmp_path, "--shardq-shards", "1")
     (run,) = res["runs"]["shardq"]
     assert res["shardq_shards"] == 1 and run["servers"] == 1 and run["ok"] is True
 
@@ -194,3 +182,25 @@ def test_server_blocks_count_every_thread():
     finally:
         child.kill()
         child.wait()
+
+
+def test_call_floor_hands_the_busy_poll_budget_to_shardq(tmp_path, monkeypatch):
+    # the adapter gets --shardq-busy-poll-us (which it passes to the router and the shards,
+    # tests/test_bench_quick.py); the run records it
+    from bench import call_floor
+    made = []
+
+    class Recording(call_floor.PEERS["shardq"]):
+        def __init__(self, **kw):
+            made.append(kw)
+            super().__init__(**kw)
+
+    monkeypatch.setitem(call_floor.PEERS, "shardq", Recording)
+    logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
+    try:
+        res = call_floor.peer_run("shardq", 20, logs, shardq_busy_poll_us=0)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    assert res["ok"] is True and made == [{"shards": None, "busy_poll_us": 0}]
+    res, _, _ = with_shardq(tmp_path, "--shardq-busy-poll-us", "0")
+    assert res["shardq_busy_poll_us"] == 0 and res["runs"]["shardq"][0]["ok"] is True
