@@ -147,6 +147,12 @@ def test_dead_letters_page_across_shards_and_redrive_or_purge_chosen_ones(q):
     assert left == set(ids[6:])
     with pytest.raises(InvalidJob):
         q.dead_letters_page("once", cursor="nonsense")
+    for call in (q.redrive, q.purge_dead_letters):  # ids are checked alike before any is sent
+        with pytest.raises(InvalidJob):
+            call("once", "not a list")
+        with pytest.raises(InvalidJob):
+            call("once", [ids[6], "x"])
+    assert {d.job_id for d in q.dead_letters_page("once", limit=1000).items} == set(ids[6:])
 
 
 def test_cli_queue_job_and_dead_letter_commands(svc, q):

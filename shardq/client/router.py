@@ -163,21 +163,9 @@ def _held(queue: str, rows) -> list[tuple[int, Lease]]:
     return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
 
 
-def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
-    """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
-    if job_ids is None:
-        return [(s, "redrive", [queue, None]) for s in range(shards)]
-    per: dict[int, list] = {}
-    for j in job_ids:
-        per.setdefault(shard_of_job(j), []).append(j)
-    return [(s, "redrive", [queue, ids]) for s, ids in per.items()]
-
-
-def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
-    """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
-    (checked: a list of integer ids of this service's shards)."""
-    if job_ids is None:
-        return [(s, "purge_dead", [queue]) for s in range(shards)]
+def group_by_shard(shards: int, job_ids) -> dict[int, list]:
+    """``job_ids`` grouped by the shard that holds each, checked: a list of integer ids of
+    this service's shards."""
     if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
         raise InvalidJob("job_ids must be a list of job ids")
     per: dict[int, list] = {}
@@ -186,7 +174,22 @@ def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]
         per.setdefault(shard_of_job(j), []).append(j)
     if any(s >= shards for s in per):
         raise InvalidJob(f"job ids name shards this service does not have ({shards} shards)")
-    return [(s, "purge_ids", [queue, ids]) for s, ids in per.items()]
+    return per
+
+
+def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
+    if job_ids is None:
+        return [(s, "redrive", [queue, None]) for s in range(shards)]
+    return [(s, "redrive", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
+
+
+def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
+    (checked: a list of integer ids of this service's shards)."""
+    if job_ids is None:
+        return [(s, "purge_dead", [queue]) for s in range(shards)]
+    return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
 
 
 def queue_totals(shards: list[dict]) -> dict[str, dict]:
@@ -772,7 +775,9 @@ class Router:
         return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
 
     def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
-        """Move dead letters back into the queue with a fresh delivery count; returns how many."""
+        """Move dead letters back into the queue with a fresh delivery count: all, or only
+        ``job_ids`` (checked first: ``InvalidJob`` for anything but integer ids of this
+        service's shards, and nothing is sent). Returns how many."""
         return sum(n for n, _ in self._call_many(redrive_calls(self.shards, queue, job_ids)))
 
     def purge_dead_letters(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
