@@ -285,3 +285,100 @@ def test_sqlite_reopen_spec(sqlite_store):
     other = factory(*args, **kwargs)
     assert other.seen(11) and other.retention_s == sqlite_store.retention_s
     other.close()
+
+
+# ---------------------------------------------------------------------------- sqlite: the write lock
+def test_sqlite_read_then_write_holds_the_write_lock_from_its_first_statement(tmp_path):
+    # Issue 36: with a deferred BEGIN another writer could commit between a handler's SELECT
+    # and its INSERT, and the INSERT then failed at once with "database is locked".
+    path = tmp_path / "idem.sqlite"
+    store = SqliteStore(path)
+    with store.transaction() as txn:
+        txn.db.execute("CREATE TABLE effect (job_id INTEGER PRIMARY KEY, what TEXT)")
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)  # another process's writer
+    try:
+        with store.transaction() as txn:
+            assert txn.db.execute("SELECT count(*) FROM effect").fetchone() == (0,)
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("INSERT INTO effect VALUES (2, 'other')")  # we are the writer
+            txn.db.execute("INSERT INTO effect VALUES (1, 'x')")
+            assert txn.claim(1)
+        other.execute("INSERT INTO effect VALUES (2, 'other')")  # free after our commit
+    finally:
+        other.close()
+        store.close()
+    assert _effects(path) == [(1, "x"), (2, "other")]
+
+
+def test_sqlite_threads_reading_then_writing_never_fail(tmp_path):
+    store = SqliteStore(tmp_path / "idem.sqlite")
+    with store.transaction() as txn:
+        txn.db.execute("CREATE TABLE effect (job_id INTEGER PRIMARY KEY, what TEXT)")
+    barrier, errors = threading.Barrier(8), []
+
+    def work(t: int) -> None:
+        barrier.wait(5)
+        for i in range(25):
+            job_id = t * 100 + i
+            try:
+                with store.transaction() as txn:
+                    n = txn.db.execute("SELECT count(*) FROM effect").fetchone()[0]
+                    txn.db.execute("INSERT INTO effect VALUES (?, ?)", (job_id, str(n)))
+                    assert txn.claim(job_id)
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    counts = sorted(int(what) for _, what in _effects(tmp_path / "idem.sqlite"))
+    store.close()
+    assert errors == []
+    assert counts == list(range(200))  # each saw every earlier commit: one writer at a time
+
+
+def test_sqlite_handlers_run_in_parallel_until_they_use_the_db(sqlite_store):
+    opened, done = threading.Event(), threading.Event()
+
+    def idle_handler():
+        with sqlite_store.transaction():
+            opened.set()
+            done.wait(5)  # a slow handler that has not touched txn.db yet holds no lock
+
+    t = threading.Thread(target=idle_handler)
+    t.start()
+    try:
+        assert opened.wait(5)
+        with sqlite_store.transaction() as txn:  # would wait busy_timeout_s if it were locked
+            assert txn.claim(1)
+        assert sqlite_store.seen(1)
+    finally:
+        done.set()
+        t.join(5)
+
+
+def test_sqlite_write_lock_wait_is_bounded_by_the_busy_timeout(tmp_path):
+    store = SqliteStore(tmp_path / "idem.sqlite", busy_timeout_s=0)
+    holding, release = threading.Event(), threading.Event()
+
+    def writer():
+        with store.transaction() as txn:
+            txn.claim(1)
+            holding.set()
+            release.wait(5)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert holding.wait(5)
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            with store.transaction() as txn:
+                txn.claim(2)
+    finally:
+        release.set()
+        t.join(5)
+    with store.transaction() as txn:  # the failed one left the lock free
+        assert txn.claim(2)
+    store.close()

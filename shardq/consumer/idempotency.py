@@ -29,7 +29,8 @@ from ..errors import Closed, InvalidConfig, InvalidJob
 #: from the dead-letter queue weeks later) runs the handler again. Bounded by time, never
 #: by count: dropping marks early would silently break exactly-once effects.
 RETENTION_S_DEFAULT = 7 * 86400.0
-#: How long a claim waits for another transaction holding the database (or the same job id).
+#: How long a transaction waits for another one holding the database's write lock (or the
+#: same job id) before it fails.
 BUSY_TIMEOUT_S_DEFAULT = 30.0
 #: prune() deletes in transactions of at most this many rows, to keep the write lock short.
 PRUNE_BATCH_ROWS = 10_000
@@ -135,18 +136,55 @@ class IdempotencyStore:
 
 
 # ---------------------------------------------------------------------------- SQLite
+class _Cursor(sqlite3.Cursor):
+    """``txn.db`` of a SqliteStore: a plain DB-API cursor whose first statement (or first
+    look at ``.connection``) opens the transaction with the write lock held.
+
+    Why not a deferred ``BEGIN``: a transaction that reads first holds a snapshot, and when
+    it then writes after another transaction committed, SQLite answers ``SQLITE_BUSY`` at
+    once, without waiting for the busy timeout (the snapshot is stale; waiting cannot help).
+    Every read-then-write handler under concurrency failed that way. Taking the lock with
+    the first statement, not at ``transaction()``, lets handlers run in parallel until they
+    touch ``ctx.db``."""
+
+    _begin: Callable[[], bool]
+
+    def execute(self, sql, parameters=(), /):
+        self._begin()
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql, seq_of_parameters, /):
+        self._begin()
+        return super().executemany(sql, seq_of_parameters)
+
+    def executescript(self, sql_script, /):
+        self._begin()  # sqlite3 then COMMITs first: claim() refuses the ended transaction
+        return super().executescript(sql_script)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        # Statements run on the connection itself must land inside the transaction too,
+        # not in autocommit before it began.
+        self._begin()
+        return super().connection
+
+
 class _SqliteTxn(Txn):
-    def __init__(self, conn: sqlite3.Connection, clock: Clock):
+    def __init__(self, conn: sqlite3.Connection, clock: Clock, begin: Callable[[], bool]):
         super().__init__()
         self._conn = conn
         self._clock = clock
-        self.db = conn.cursor()  # a DB-API cursor inside the transaction
+        self._begin = begin
+        cur = conn.cursor(_Cursor)
+        cur._begin = begin
+        self.db = cur
 
     def claim(self, job_id: int | str) -> bool:
         table = _table_for(_check_job_id(job_id))
-        if not self._conn.in_transaction:
-            # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
-            raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
+        if self._begin():
+            if not self._conn.in_transaction:
+                # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
+                raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
         if table == TEXT_TABLE:
             _ensure_text_table(self._conn)  # inside this transaction: commits with the mark
         cur = self._conn.execute(
@@ -172,9 +210,16 @@ class SqliteStore(IdempotencyStore):
 
     One connection per thread (created on first use, closed by :meth:`close`), so a thread
     pool can share one store. ``journal_mode=WAL`` and ``synchronous=FULL``: a committed
-    effect and its mark survive power loss. SQLite has one writer at a time: a transaction
-    holds the write lock from its first write to its commit, so handlers should write late;
-    a claim waits ``busy_timeout_s`` for the lock, then raises ``sqlite3.OperationalError``.
+    effect and its mark survive power loss.
+
+    SQLite has one writer at a time. A transaction takes the write lock (``BEGIN
+    IMMEDIATE``) with its first statement through ``txn.db``, or at the claim if the
+    handler wrote nothing, and holds it to its commit; so a handler that reads, then writes,
+    never fails with ``database is locked`` because another transaction wrote in between.
+    Handlers run in parallel until they first use ``txn.db``: use it late. Threads of one
+    store queue for the lock in this process (handed over at once, no polling); other
+    processes wait through SQLite's busy handler. Each wait lasts at most ``busy_timeout_s``,
+    then the statement raises ``sqlite3.OperationalError`` (``database is locked``).
 
     Job ids are unique within one shardq data dir: use one store (file) per data dir.
     """
@@ -194,6 +239,10 @@ class SqliteStore(IdempotencyStore):
         self._clock = clock or SystemClock()
         self._local = threading.local()
         self._lock = threading.Lock()
+        # The write lock among this store's threads: the holder is the one thread inside
+        # BEGIN IMMEDIATE..COMMIT. SQLite's busy handler polls (sleeps of up to 100 ms),
+        # so threads queue here instead, and only other processes meet the busy handler.
+        self._writer = threading.Lock()
         # Every connection with the lock its thread holds while using it: close() never
         # closes a connection in the middle of a call (sqlite3 would crash).
         self._conns: list[tuple[sqlite3.Connection, threading.RLock]] = []
@@ -242,14 +291,36 @@ class SqliteStore(IdempotencyStore):
                          (service_id,))
             return conn.execute(f"SELECT value FROM {TABLE}_meta WHERE name = 'service'").fetchone()[0]
 
+    def _take_write_lock(self, conn: sqlite3.Connection) -> None:
+        """This thread's turn as the store's writer, then ``BEGIN IMMEDIATE``."""
+        if not self._writer.acquire(timeout=self.busy_timeout_s):
+            raise sqlite3.OperationalError(
+                f"database is locked: {self.path}: another thread held the write lock for "
+                f"busy_timeout_s={self.busy_timeout_s:g} s")
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # other processes: SQLite's busy handler waits
+        except BaseException:
+            self._writer.release()
+            raise
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Txn]:
         self._open()
         if self._local.in_txn:
             raise RuntimeError("nested idempotency transaction in one thread")
         with self._use() as conn:
-            txn = _SqliteTxn(conn, self._clock)
-            conn.execute("BEGIN")  # deferred: the write lock is taken by the first write
+            begun = False
+
+            def begin() -> bool:
+                """Open the transaction if it is not open; True if it already was."""
+                nonlocal begun
+                if begun:
+                    return True
+                self._take_write_lock(conn)
+                begun = True
+                return False
+
+            txn = _SqliteTxn(conn, self._clock, begin)
             self._local.in_txn = True
             try:
                 yield txn
@@ -261,7 +332,7 @@ class SqliteStore(IdempotencyStore):
                 if txn.aborted:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
-                else:
+                elif conn.in_transaction:
                     try:
                         conn.execute("COMMIT")
                     except BaseException:
@@ -271,6 +342,8 @@ class SqliteStore(IdempotencyStore):
             finally:
                 self._local.in_txn = False
                 txn.db.close()
+                if begun:
+                    self._writer.release()
 
     def seen(self, job_id: int | str) -> bool:
         table = _table_for(_check_job_id(job_id))
