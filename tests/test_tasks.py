@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import msgpack
 import pytest
@@ -168,7 +170,7 @@ def test_retries_zero_dead_letters_on_the_first_failure(fresh):
     assert dl.attempts == 1 and "retries=0 used up" in dl.error
 
 
-def test_without_retries_the_queues_max_deliveries_decides(fresh):
+def test_without_retries_the_queues_max_deliveries_decides(fresh, caplog):
     calls = []
 
     @fresh.task(queue="t-rq", backoff=shardq.Exponential(0, 0), name="q")
@@ -177,10 +179,14 @@ def test_without_retries_the_queues_max_deliveries_decides(fresh):
         raise ValueError("always")
 
     q.send()
-    drain(fresh, "t-rq")
+    with caplog.at_level(logging.INFO, logger="shardq.worker"):
+        drain(fresh, "t-rq")
     assert calls == [1, 2, 3, 4, 5, 6]  # max_deliveries = 6 in this app's config
     [dl] = fresh.queue.dead_letters("t-rq")
-    assert dl.error == "ValueError: always"
+    assert dl.error.startswith("ValueError: always\nTraceback (most recent call last):")
+    failures = [r for r in caplog.records if r.exc_info]
+    assert [r.levelno for r in failures] == [logging.WARNING] * 5 + [logging.ERROR]
+    assert "failed its last delivery (6 of 6)" in failures[-1].getMessage()
 
 
 def test_retry_with_a_delay_and_fail_at_once(fresh):
@@ -201,6 +207,97 @@ def test_retry_with_a_delay_and_fail_at_once(fresh):
     assert st["delayed"] == 1 and st["dead"] == 1  # the retry waits its hour, not the backoff
     [dl] = fresh.queue.dead_letters("t-rf")
     assert dl.error == "user 42 does not exist" and dl.attempts == 1 and dl.job_id != later
+
+
+def _fail_deep(n: int, depth: int = 0):
+    if depth < n:
+        _fail_deep(n, depth + 1)
+    raise ValueError(f"deep {n}")
+
+
+def test_a_failing_task_logs_its_traceback_once_per_attempt_and_keeps_it_in_the_dead_letter(fresh, caplog):
+    # Issue 36: a task's failure logged one INFO line and no traceback, even at DEBUG.
+    @fresh.task(queue="t-tb", retries=1, backoff=shardq.Exponential(0, 0), name="tb")
+    def tb(ctx, n: int):
+        _fail_deep(n)
+
+    jid = tb.send(2)
+    with caplog.at_level(logging.DEBUG, logger="shardq.worker"):
+        drain(fresh, "t-tb")
+    failures = [r for r in caplog.records if r.exc_info and f"job {jid} " in r.getMessage()]
+    assert [(r.levelno, f"attempt {a} " in r.getMessage()) for r, a in zip(failures, (1, 2))] == \
+        [(logging.WARNING, True), (logging.ERROR, True)]  # a retry, then failed for good
+    assert "will retry" in failures[0].getMessage() and "failed for good" in failures[1].getMessage()
+    for r in failures:
+        assert r.exc_info[0] is ValueError
+        assert "in _fail_deep" in "".join(traceback.format_exception(*r.exc_info))
+    [dl] = fresh.queue.dead_letters("t-tb")
+    first, rest = dl.error.split("\n", 1)
+    assert first == "ValueError: deep 2 (attempt 2; retries=1 used up)"
+    assert rest.startswith("Traceback (most recent call last):") and rest.endswith("ValueError: deep 2")
+    assert rest.count("in _fail_deep") == 3
+
+
+def _fail_chained(n: int):
+    """A traceback of n + 1 chained exceptions, each with its own frames: far over the limit."""
+    try:
+        if n > 0:
+            _fail_chained(n - 1)
+    finally:
+        raise ValueError(f"level {n}")
+
+
+def test_a_task_traceback_in_the_error_text_keeps_its_innermost_frames_within_the_limit(fresh):
+    @fresh.task(queue="t-tb-long", retries=0, name="tblong")
+    def tblong(ctx, n: int):
+        _fail_chained(n)
+
+    tblong.send(30)
+    drain(fresh, "t-tb-long")
+    [dl] = fresh.queue.dead_letters("t-tb-long")
+    assert len(dl.error.encode()) <= limits.ERROR_TEXT_BYTES_MAX
+    first, cut_note, rest = dl.error.split("\n", 2)
+    assert first == "ValueError: level 30 (attempt 1; retries=0 used up)"
+    assert cut_note == "Traceback (innermost frames; the rest cut):"
+    assert rest.endswith('raise ValueError(f"level {n}")\nValueError: level 30')
+
+
+@pytest.mark.parametrize("text_bytes", [0, 100, limits.ERROR_TEXT_BYTES_MAX - 50, limits.ERROR_TEXT_BYTES_MAX])
+def test_with_traceback_stays_within_the_error_text_limit_at_its_maximum(text_bytes):
+    from shardq.consumer.handling import with_traceback
+    try:
+        _fail_chained(30)
+    except ValueError as exc:
+        err = exc
+    text = "é" * (text_bytes // 2) + "x" * (text_bytes % 2)
+    out = with_traceback(text, err)
+    assert out.startswith(text) and len(out.encode()) <= limits.ERROR_TEXT_BYTES_MAX
+    tb_lines = "".join(traceback.format_exception(err)).splitlines()
+    kept = out[len(text):].splitlines()[2:]  # after the newline and the "cut" line
+    assert kept == tb_lines[len(tb_lines) - len(kept):]  # whole lines, the last ones
+    if text_bytes <= 100:
+        assert out.endswith("ValueError: level 30")
+    if text_bytes == limits.ERROR_TEXT_BYTES_MAX:
+        assert out == text  # no room: the message is kept whole, the traceback left out
+
+
+def test_a_retry_or_fail_raised_on_purpose_logs_no_traceback(fresh, caplog):
+    @fresh.task(queue="t-purpose", name="purpose")
+    def purpose(ctx, what: str):
+        if what == "retry":
+            raise shardq.Retry(delay_s=3600)
+        raise shardq.Fail("no such user")
+
+    purpose.send("retry")
+    purpose.send("fail")
+    with caplog.at_level(logging.INFO, logger="shardq.worker"):
+        drain(fresh, "t-purpose")
+    lines = {r.levelno: r for r in caplog.records if "retry requested" in r.getMessage()
+             or "failed for good" in r.getMessage()}
+    assert set(lines) == {logging.INFO, logging.ERROR}
+    assert not any(r.exc_info for r in lines.values())
+    [dl] = fresh.queue.dead_letters("t-purpose")
+    assert dl.error == "no such user"
 
 
 def test_unknown_task_names_and_foreign_bodies_are_dead_lettered_not_crash_looped(fresh):
@@ -278,6 +375,30 @@ def test_retries_beyond_max_deliveries_are_reported(fresh):
 
     [msg] = check_retries(fresh.tasks, fresh.queue.queue_config)
     assert "greedy" in msg and "max_deliveries=6" in msg and "at least 11" in msg
+    assert "[queues.t-warn] max_deliveries = 11" in msg and "lower retries to 5" in msg
+
+
+def test_retries_up_to_max_deliveries_minus_one_are_not_reported(fresh):
+    @fresh.task(queue="t-nowarn", retries=5, name="fits")  # max_deliveries = 6 here
+    def fits(ctx):
+        pass
+
+    assert check_retries(fresh.tasks, fresh.queue.queue_config) == []
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/tasks.md"])
+def test_the_documented_tasks_retries_fit_the_default_max_deliveries(doc):
+    # Issue 36: the README's task had retries=5, and the worker warned at start that the
+    # default max_deliveries=5 would dead-letter it first.
+    with open(os.path.join(REPO, doc)) as f:
+        text = f.read()
+    found = [int(n) for n in re.findall(r"@app\.task\([^)]*?retries=(\d+)", text, re.S)]
+    assert found
+    a = shardq.App("unused")  # never connects: only declaring
+    for i, retries in enumerate(found):
+        a.task(queue="q", retries=retries, name=f"t{i}")(lambda ctx: None)
+    defaults = {"max_deliveries": limits.MAX_DELIVERIES_DEFAULT}
+    assert check_retries(a.tasks, lambda q: defaults) == []
 
 
 def test_plan_gives_async_queues_the_asyncio_worker(fresh):

@@ -247,7 +247,7 @@ class AsyncWorker:
                 await txn.finish(commit=False)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            return failure_result(exc, lease, ctx)
+            return failure_result(exc, lease, ctx, max_deliveries=self.max_deliveries)
         if txn is None:
             return DONE, None, None
         return await txn.finish(commit=True), None, None

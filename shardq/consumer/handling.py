@@ -12,6 +12,7 @@ import importlib
 import logging
 import random
 import signal
+import traceback
 from typing import Any, Callable
 
 from .. import limits
@@ -97,7 +98,8 @@ def cut_text(text: str) -> str:
 
 def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
-            extend: Callable[[float], float] | None = None) -> Result:
+            extend: Callable[[float], float] | None = None, *,
+            max_deliveries: int | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
@@ -105,6 +107,8 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
     the lease check comes after the claim, right before the commit. Returns
     ``(outcome, error, delay_s)``; a handler that raises :class:`~shardq.errors.Retry` or
     :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
+    ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
+    the log (see :func:`failure_result`).
     """
     ctx = None
     try:
@@ -125,21 +129,82 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
                 return LOST, None, None
         return DONE, None, None
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
-        return failure_result(exc, lease, ctx)
+        return failure_result(exc, lease, ctx, max_deliveries=max_deliveries)
 
 
-def failure_result(exc: BaseException, lease: Lease, ctx: Context | None) -> Result:
+def failure_result(exc: BaseException, lease: Lease, ctx: Context | None, *,
+                   max_deliveries: int | None = None) -> Result:
     """The outcome of a handler that raised ``exc``: RETRY, BURY or FAILED, with the error
-    text (plus the last progress note, if the handler left one)."""
+    text (plus the last progress note, if the handler left one).
+
+    Logged once per attempt, on logger ``shardq.worker``. A Retry or Fail that wraps an
+    error (a task that raised: :class:`~shardq.consumer.dispatch.TaskHandler` turns the
+    exception into one ``from`` it) logs that error's traceback, at WARNING when the job
+    will run again and at ERROR when this was its last attempt (Fail, or a retry on the
+    queue's ``max_deliveries``-th delivery); the traceback's innermost frames also go into
+    the error text, within ``limits.ERROR_TEXT_BYTES_MAX``. A Retry or Fail raised on
+    purpose, with no error behind it, is its message alone (INFO for a Retry). Any other
+    exception (a raw handler's) is logged with its traceback at WARNING; its error text is
+    ``"Type: message"``.
+    """
     note = f" (last progress: {ctx.note})" if ctx is not None and ctx.note else ""
-    if isinstance(exc, Retry):
-        log.info("job %s attempt %d: retry requested (%s)", lease.job_id, lease.attempt, exc)
-        return RETRY, cut_text(error_text(exc) + note), exc.delay_s
-    if isinstance(exc, Fail):
-        log.warning("job %s attempt %d: failed for good: %s", lease.job_id, lease.attempt, exc)
-        return BURY, cut_text(error_text(exc) + note), None
-    log.warning("job %s attempt %d failed", lease.job_id, lease.attempt, exc_info=True)
-    return FAILED, cut_text(error_text(exc) + note), None
+    if not isinstance(exc, (Retry, Fail)):
+        log.warning("job %s attempt %d failed", lease.job_id, lease.attempt, exc_info=exc)
+        return FAILED, cut_text(error_text(exc) + note), None
+    text = cut_text(error_text(exc) + note)
+    cause = _error_behind(exc)
+    last = isinstance(exc, Fail) or (max_deliveries is not None and lease.attempt >= max_deliveries)
+    if cause is None:
+        if isinstance(exc, Fail):
+            log.error("job %s attempt %d: failed for good: %s", lease.job_id, lease.attempt, text)
+        elif last:
+            log.error("job %s attempt %d: retry requested on its last delivery (%d of %d); the queue "
+                      "dead-letters it: %s", lease.job_id, lease.attempt, lease.attempt, max_deliveries, text)
+        else:
+            log.info("job %s attempt %d: retry requested (%s)", lease.job_id, lease.attempt, text)
+    else:
+        what = ("failed for good" if isinstance(exc, Fail) else
+                f"failed its last delivery ({lease.attempt} of {max_deliveries})" if last else "failed, will retry")
+        log.log(logging.ERROR if last else logging.WARNING, "job %s attempt %d %s: %s",
+                lease.job_id, lease.attempt, what, text, exc_info=cause)
+        text = with_traceback(text, cause)
+    return (BURY, text, None) if isinstance(exc, Fail) else (RETRY, text, exc.delay_s)
+
+
+def _error_behind(exc: BaseException) -> BaseException | None:
+    """The first exception in ``exc``'s ``__cause__`` chain that is not a Retry or Fail:
+    the error a task raised, which its handler turned into a Retry or Fail. None when the
+    Retry or Fail was raised on purpose."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if not isinstance(e, (Retry, Fail)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__
+    return None
+
+
+def with_traceback(text: str, exc: BaseException) -> str:
+    """``text``, a newline and ``exc``'s traceback, all within ``limits.ERROR_TEXT_BYTES_MAX``
+    UTF-8 bytes. ``text`` is kept whole; a traceback too long for the rest keeps its last
+    lines (the innermost frames and the exception), cut at a line start."""
+    text = cut_text(text)
+    tb = "".join(traceback.format_exception(exc)).rstrip("\n")
+    room = limits.ERROR_TEXT_BYTES_MAX - len(text.encode("utf-8", "replace")) - 1
+    raw = tb.encode("utf-8", "replace")
+    if len(raw) > room:
+        head = "Traceback (innermost frames; the rest cut):\n"
+        room -= len(head)
+        if room <= 0:
+            return text
+        tail = raw[-room:]
+        if raw[-room - 1:-room] != b"\n":  # starts inside a line: drop that part
+            tail = tail[tail.find(b"\n") + 1:] if b"\n" in tail else b""
+        if not tail:
+            return text
+        tb = head + tail.decode("utf-8", "replace")
+    return text + "\n" + tb
 
 
 # ---------------------------------------------------------------------------- pool processes
@@ -163,10 +228,10 @@ def _child_init(handler: Handler, spec: tuple | None, parent_pid: int | None = N
     _CHILD.update(handler=handler, store=store)
 
 
-def _child_run(lease: Lease) -> Result:
+def _child_run(lease: Lease, max_deliveries: int | None = None) -> Result:
     # No lease check before the commit here (the lease lives in the parent); the UNIQUE
     # claim still keeps the effect to one commit. See docs/guarantees.md.
-    return execute(_CHILD["handler"], lease, _CHILD["store"], None)
+    return execute(_CHILD["handler"], lease, _CHILD["store"], None, max_deliveries=max_deliveries)
 
 
 def load_handler(spec: str) -> Handler:

@@ -4,7 +4,7 @@
 
     app = shardq.App("var/shardq")
 
-    @app.task(queue="emails", key=lambda user_id, **_: f"user-{user_id}", retries=5,
+    @app.task(queue="emails", key=lambda user_id, **_: f"user-{user_id}", retries=4,
               backoff=shardq.Exponential(base_s=1, cap_s=300))
     def send_welcome(ctx, user_id: int, template: str = "default"): ...
 
@@ -19,8 +19,13 @@
 * ``retries``: deliveries after the first. A failure on attempt ``n <= retries`` is retried
   after the task's backoff (full jitter); after that the job is dead-lettered with the error.
   The count is the job's durable delivery count (``lease.attempt``), so a worker crash
-  uses a retry too. The queue's ``max_deliveries`` still applies: whichever limit comes
-  first dead-letters the job (``retries=None``: only the queue's limit).
+  uses a retry too. The queue's ``max_deliveries`` is the hard limit (the service counts
+  every delivery; a worker cannot lift it): whichever limit comes first dead-letters the
+  job (``retries=None``: only the queue's limit), so ``retries`` works as written up to
+  ``max_deliveries - 1`` (4 with the default), and the worker warns at start about a task
+  whose retries its queue cuts short.
+* A failure is logged with its traceback once per attempt (WARNING, or ERROR on the last),
+  and the traceback's last lines follow ``"Type: message"`` in the job's error text.
 * ``send()`` keeps the function's signature (minus ``ctx``) for type checkers (ParamSpec).
 
 The app depends on the :class:`~shardq.client.queue.Queue` protocol only.

@@ -8,7 +8,9 @@ a second signal exits at once.
 """
 from __future__ import annotations
 
+import json
 import logging
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -48,7 +50,11 @@ def plan(tasks: dict[str, Task], queues: list[str] | None) -> dict[str, str]:
 
 
 def check_retries(tasks: dict[str, Task], queue_config: Callable[[str], dict]) -> list[str]:
-    """Warnings for tasks whose ``retries`` the queue's ``max_deliveries`` cuts short."""
+    """Warnings for tasks whose ``retries`` the queue's ``max_deliveries`` cuts short.
+
+    The queue's limit is the hard one (the service, or SQS's ``maxReceiveCount``, counts
+    every delivery, crashed ones too), so a worker cannot lift it: it can only say, at
+    start, which value to set. ``retries <= max_deliveries - 1`` never warns."""
     out = []
     for t in tasks.values():
         if t.retries is None:
@@ -59,9 +65,15 @@ def check_retries(tasks: dict[str, Task], queue_config: Callable[[str], dict]) -
             continue
         if limit and t.retries + 1 > limit:
             out.append(f"task {t.name}: retries={t.retries} allows {t.retries + 1} deliveries, but queue "
-                       f"{t.queue!r} dead-letters after max_deliveries={limit}; raise max_deliveries "
-                       f"to at least {t.retries + 1}")
+                       f"{t.queue!r} dead-letters after max_deliveries={limit}, so {t.retries + 1 - limit} of "
+                       f"its retries would never run; raise max_deliveries to at least "
+                       f"{t.retries + 1} (config: [queues.{_toml_key(t.queue)}] max_deliveries = {t.retries + 1}) "
+                       f"or lower retries to {limit - 1}")
     return out
+
+
+def _toml_key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 class TaskWorkers:

@@ -603,7 +603,8 @@ class Worker:
             if self._mode == "process":
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
-                           lambda seconds: self._ask_extend(job, seconds))
+                           lambda seconds: self._ask_extend(job, seconds),
+                           max_deliveries=self._max_deliveries)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None
@@ -636,7 +637,7 @@ class Worker:
         with self._pool_lock:
             pool, gen = self._pool, self._pool_gen
         try:
-            return pool.submit(_child_run, lease).result()
+            return pool.submit(_child_run, lease, self._max_deliveries).result()
         except BrokenProcessPool:
             with self._pool_lock:
                 if self._pool_gen == gen:  # the first runner to notice replaces the pool
