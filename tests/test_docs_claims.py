@@ -276,9 +276,11 @@ def test_the_log_format_is_as_documented():
     from shardq.shard import ops
     from shardq.wal import format as fmt
     text = doc("docs/design.md")
-    assert 'b"SHQWAL\\x00\\x02"' in text and fmt.SEGMENT_MAGIC == b"SHQWAL\x00\x02"
-    assert 'b"SHQCKP\\x00\\x02"' in text and fmt.CHECKPOINT_MAGIC == b"SHQCKP\x00\x02"
-    assert 'struct "<III"' in text and fmt.HEADER.format == "<III" and fmt.MAGIC_BYTES == 8
+    assert 'b"SHQWAL\\x00\\x03"' in text and fmt.SEGMENT_MAGIC == b"SHQWAL\x00\x03"
+    assert 'b"SHQCKP\\x00\\x03"' in text and fmt.CHECKPOINT_MAGIC == b"SHQCKP\x00\x03"
+    assert 'struct "<4sIIQQII" (36 bytes)' in text and fmt.HEADER.format == "<4sIIQQII" and fmt.HEADER.size == 36
+    assert 'b"SQr\\x03"' in text and fmt.RECORD_MARK == b"SQr\x03" and fmt.MAGIC_BYTES == 8
+    assert fmt.HEADERS[2].format == "<III" and 'header\n`"<III"`' in text
     assert fmt.HEADERS[1].format == "<II" and "8-byte header without the header CRC" in text
     mib = 1024 * 1024
     assert f"`SEGMENT_RECORD_BYTES_MAX` = {limits.SEGMENT_RECORD_BYTES_MAX // mib} MiB" in text

@@ -344,7 +344,7 @@ def _record_offsets(path: str) -> tuple[bytes, list[int]]:
     offs, off = [], MAGIC_BYTES
     while off < len(data) and data[off:off + HEADER.size] != bytes(HEADER.size):
         offs.append(off)
-        off += HEADER.size + HEADER.unpack_from(data, off)[0]
+        off += HEADER.size + HEADER.unpack_from(data, off)[1]
     return data, offs + [off]
 
 
@@ -352,10 +352,10 @@ def _record_offsets(path: str) -> tuple[bytes, list[int]]:
 def test_a_flipped_length_never_drops_later_acknowledged_records(tmp_path, make_config, clock, where):
     """One bit of a record's length flipped (bit rot, a bad controller) in the newest,
     preallocated segment. Read as a torn tail, it would silently drop every later record,
-    all acknowledged. The header checksum (format 2) catches it: CorruptLog with file and
-    offset, the file left as it was. The length landing in the preallocated zeros was read
-    as torn even in format 2 until the reader also checked that length against the header
-    checksum."""
+    all acknowledged. The intact records after it, written after its fsync returned (format
+    3), prove it synced: CorruptLog with file and offset, the file left as it was. The
+    length landing in the preallocated zeros was read as torn even in format 2 until the
+    reader also checked that length against the header checksum."""
     config = make_config(segment_bytes=SEGMENT)
     files = PowerCutFiles()
     e = Engine(str(tmp_path), config, clock=clock, files=files)
@@ -366,14 +366,14 @@ def test_a_flipped_length_never_drops_later_acknowledged_records(tmp_path, make_
     data, offs = _record_offsets(path)
     victim, data_end = offs[1], offs[-1]
     assert len(data) == SEGMENT
-    length = HEADER.unpack_from(data, victim)[0]
+    length = HEADER.unpack_from(data, victim)[1]
     ends = {bit: victim + HEADER.size + (length ^ (1 << bit)) for bit in range(32)}
     if where.startswith("into"):
         bit = next(b for b, end in ends.items() if data_end + 512 < end <= len(data))
     else:
         bit = next(b for b, end in ends.items() if end > len(data))
     bad = bytearray(data)
-    bad[victim:victim + 4] = (length ^ (1 << bit)).to_bytes(4, "little")
+    bad[victim + 4:victim + 8] = (length ^ (1 << bit)).to_bytes(4, "little")
     with open(path, "wb") as f:
         f.write(bad)
     with pytest.raises(CorruptLog) as info:
@@ -519,6 +519,7 @@ def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path
     log = Log(str(tmp_path / "shard"), segment_bytes=1 << 20, files=files)
     list(log.replay())
     log.commit([b"\x91\x01"], sync=True)
-    size, inode = log.writer.size, os.fstat(log.writer.fd).st_ino
-    log.close()
-    assert synced_sizes(str(side)).get(inode) == size and files.bytes_written > 0
+    inode = os.fstat(log.writer.fd).st_ino
+    log.close()  # writes a sync mark, then seals: truncates and fsyncs
+    size = log.writer.size
+    assert size > len(b"\x91\x01") + 8 and synced_sizes(str(side)).get(inode) == size and files.bytes_written > 0

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import urllib.request
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service import REPO, Service, wait_until
 from shardq.client.router import shard_for_key
+from shardq.wal.format import HEADER, HEADER_BYTES, MAGIC_BYTES
 
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
@@ -38,13 +38,13 @@ def corrupt_a_middle_record(shard_dir: str) -> tuple[str, int]:
     path = os.path.join(shard_dir, seg)
     with open(path, "r+b") as f:
         data = f.read()
-        offsets, off = [], 8  # the magic, then <length u32><crc32 u32><header crc32 u32><payload>
-        while off + 12 <= len(data) and (length := struct.unpack_from("<I", data, off)[0]):
+        offsets, off = [], MAGIC_BYTES  # the magic, then records (shardq/wal/format.py)
+        while off + HEADER_BYTES <= len(data) and (length := HEADER.unpack_from(data, off)[1]):
             offsets.append(off)
-            off += 12 + length
+            off += HEADER_BYTES + length
         assert len(offsets) >= 5, offsets
-        f.seek(offsets[2] + 12 + 2)
-        f.write(bytes([data[offsets[2] + 12 + 2] ^ 0xFF]))
+        f.seek(offsets[2] + HEADER_BYTES + 2)
+        f.write(bytes([data[offsets[2] + HEADER_BYTES + 2] ^ 0xFF]))
     return path, offsets[2]
 
 

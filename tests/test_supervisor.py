@@ -259,16 +259,17 @@ def test_corrupt_log_mid_segment_fails_the_shard_with_file_and_offset_and_the_ot
         seg = segments[-1]
         with open(seg, "rb") as f:
             data = bytearray(f.read())
-        offsets, off = [], 8  # the magic, then <length u32><crc32 u32><header crc32 u32><payload>
-        while off < len(data):
-            (length,) = struct.unpack_from("<I", data, off)
+        from shardq.wal.format import HEADER, HEADER_BYTES, MAGIC_BYTES
+        offsets, off = [], MAGIC_BYTES  # the magic, then records (shardq/wal/format.py)
+        while off + HEADER_BYTES <= len(data):
+            length = HEADER.unpack_from(data, off)[1]
             if length == 0:
                 break  # the preallocated zeros after the last record
             offsets.append(off)
-            off += 12 + length
+            off += HEADER_BYTES + length
         assert len(offsets) >= 10
         bad = offsets[4]
-        data[bad + 12 + 3] ^= 0xFF  # a byte inside the 5th record's payload; 5 good records follow
+        data[bad + HEADER_BYTES + 3] ^= 0xFF  # a byte inside the 5th record's payload; 5 good records follow
         with open(seg, "wb") as f:
             f.write(data)
 

@@ -17,8 +17,8 @@ from faults import FAULTABLE, FaultyFiles
 from shardq import limits
 from shardq.errors import Closed, CorruptLog, LogFailed
 from shardq.wal import Log
-from shardq.wal.format import (CHECKPOINT_MAGIC, HEADER, HEADER_BYTES, MAGIC_BYTES, SEGMENT, SEGMENT_MAGIC,
-                               checkpoint_name, frame, header_crc, parse_name, segment_name)
+from shardq.wal.format import (CHECKPOINT_MAGIC, HEADER, HEADER_BYTES, HEADERS, MAGIC_BYTES, SEGMENT,
+                               SEGMENT_MAGIC, checkpoint_name, frame, header_crc, parse_name, segment_name)
 from shardq.wal.reader import FileScan
 
 
@@ -51,9 +51,15 @@ def record_offsets(data: bytes) -> list[int]:
     offs, off = [], MAGIC_BYTES
     while off < len(data):
         offs.append(off)
-        length = HEADER.unpack_from(data, off)[0]
+        length = HEADER.unpack_from(data, off)[1]
         off += HEADER_BYTES + length
     return offs + [off]
+
+
+def wframe(i: int, p: bytes) -> bytes:
+    """The record of the (i+1)-th write of a log whose writer synced each write before the
+    next (a lone caller): write i + 1, synced i."""
+    return frame(p, SEGMENT, i + 1, i)
 
 
 def flip(data: bytes, at: int, mask: int = 0x01) -> bytes:
@@ -112,7 +118,7 @@ RECORDS = [payload(0, 5), payload(1, 40), payload(2, 17)]
 
 
 def _clean() -> tuple[bytes, list[int]]:
-    data = SEGMENT_MAGIC + b"".join(frame(p) for p in RECORDS)
+    data = SEGMENT_MAGIC + b"".join(wframe(i, p) for i, p in enumerate(RECORDS))
     return data, record_offsets(data)
 
 
@@ -122,24 +128,28 @@ def _case(fn):
 
 
 # name -> (mutated file, offset of the bad spot, True if a torn tail when in the newest segment)
+# Format 3: bad bytes are a torn write only when no intact record after them says their
+# write was synced; the last write, with nothing after it, cannot be told from one.
 TABLE = {
-    "truncated header": lambda d, o: (d + frame(payload(3))[:5], o[3], True),
-    "header only": lambda d, o: (d + frame(payload(3))[:HEADER_BYTES], o[3], True),
-    "truncated payload": lambda d, o: (d + frame(payload(3, 30))[:-3], o[3], True),
+    "truncated header": lambda d, o: (d + wframe(3, payload(3))[:5], o[3], True),
+    "header only": lambda d, o: (d + wframe(3, payload(3))[:HEADER_BYTES], o[3], True),
+    "truncated payload": lambda d, o: (d + wframe(3, payload(3, 30))[:-3], o[3], True),
     "flipped payload byte in the last record": lambda d, o: (flip(d, o[2] + HEADER_BYTES + 2), o[2], True),
-    "flipped CRC of the last record": lambda d, o: (flip(d, o[2] + 5), o[2], True),
+    "flipped CRC of the last record": lambda d, o: (flip(d, o[2] + 9), o[2], True),
     "zero-filled tail": lambda d, o: (d + bytes(4096), o[3], True),
     "zeroed last record": lambda d, o: (d[:o[2]] + bytes(len(d) - o[2]), o[2], True),
-    # Not what a lost write leaves (zeros): a header that fails its checksum and whose
-    # length ends nowhere is damage, never silently cut (format 2; format 1 could not tell).
-    "garbage tail": lambda d, o: (d + b"\xff" * 32, o[3], False),
+    "garbage tail": lambda d, o: (d + b"\xff" * 32, o[3], True),
+    "flipped length bit of the last record": lambda d, o: (flip(d, o[2] + 4, 0x01), o[2], True),
+    # An intact record after the bad one was written after its fsync returned: damage to
+    # synced data, never a torn write.
     "bad record followed by another": lambda d, o: (
-        d + flip(frame(payload(3)), HEADER_BYTES + 1) + frame(payload(4)), o[3], False),
+        d + flip(wframe(3, payload(3)), HEADER_BYTES + 1) + wframe(4, payload(4)), o[3], False),
     "flipped payload byte mid-log": lambda d, o: (flip(d, o[1] + HEADER_BYTES + 3), o[1], False),
-    "flipped CRC mid-log": lambda d, o: (flip(d, o[0] + 4), o[0], False),
-    "zero-length record mid-log": lambda d, o: (d[:o[1]] + HEADER.pack(0, 0, 0) + d[o[1]:], o[1], False),
-    "flipped length mid-log": lambda d, o: (flip(d, o[1] + 3, 0x40), o[1], False),
-    "flipped length bit of the last record": lambda d, o: (flip(d, o[2], 0x01), o[2], False),
+    "flipped CRC mid-log": lambda d, o: (flip(d, o[0] + 8), o[0], False),
+    "zero-length record mid-log": lambda d, o: (d[:o[1]] + bytes(HEADER_BYTES) + d[o[1]:], o[1], False),
+    "zeroed sector mid-log": lambda d, o: (d[:o[1]] + bytes(o[2] - o[1]) + d[o[2]:], o[1], False),
+    "flipped length mid-log": lambda d, o: (flip(d, o[1] + 7, 0x40), o[1], False),
+    "flipped write number mid-log": lambda d, o: (flip(d, o[1] + 12, 0x01), o[1], False),
     "bad magic": lambda d, o: (b"NOTSHARD" + d[MAGIC_BYTES:], 0, False),
     "checkpoint magic in a segment": lambda d, o: (CHECKPOINT_MAGIC + d[MAGIC_BYTES:], 0, False),
     "truncated magic": lambda d, o: (d[:5], 0, True),
@@ -215,7 +225,7 @@ def test_codec_table_in_an_older_segment_is_corruption(tmp_path, name):
 
 def test_length_is_checked_before_anything_is_allocated():
     length = limits.SEGMENT_RECORD_BYTES_MAX + 1
-    data = SEGMENT_MAGIC + HEADER.pack(length, 0, header_crc(length, 0)) + b"abc"
+    data = b"SHQWAL\x00\x02" + HEADERS[2].pack(length, 0, header_crc(length, 0)) + b"abc"
     scan = FileScan("f", data, SEGMENT, tail_may_tear=False)
     with pytest.raises(CorruptLog) as info:
         list(scan)
@@ -224,17 +234,19 @@ def test_length_is_checked_before_anything_is_allocated():
 
 def test_a_flipped_length_mid_log_in_the_newest_segment_is_corruption_not_a_torn_tail(tmp_path):
     """Format 1 read such a length as a torn append and dropped the records after it (with
-    a warning). The header checksum of format 2 tells a damaged length from a lost write:
-    the shard refuses to start and names the file and offset; nothing is dropped."""
+    a warning). Format 3 finds the intact record after it, written after its write was
+    synced: the shard refuses to start and names the file, the offset and the records after
+    the damage; nothing is dropped."""
     data, offs = _clean()
-    bad = flip(data, offs[1] + 3, 0x40)  # the length's high byte: past the end of the file
+    bad = flip(data, offs[1] + 7, 0x40)  # the length's high byte: past the end of the file
     path = segment_file(tmp_path)
     with open(path, "wb") as f:
         f.write(bad)
     with pytest.raises(CorruptLog) as info:
         open_log(tmp_path)
     assert (info.value.path, info.value.offset) == (path, offs[1])
-    assert "header checksum" in info.value.reason
+    assert f"1 intact records after them, at offsets {offs[2]}..{offs[2]}" in info.value.reason
+    assert "so these bytes were synced" in info.value.reason
     assert not [n for n in os.listdir(tmp_path) if ".torn-" in n]
     with open(path, "rb") as f:
         assert f.read() == bad, "the file is left as it was"
@@ -248,7 +260,9 @@ def _build_log(directory, commits: int, *, segment_bytes=1 << 20, first: int = 0
     for i in range(first, first + commits):
         log.commit([payload(i, pad=(i * 7) % 23)])
         ends.append((log.writer.path, log.writer.size, i))
-    log.close()
+    log.close()  # ends in a sync mark: a record that replays as nothing
+    path = log.writer.path
+    ends.append((path, os.path.getsize(path), None))
     return ends
 
 
@@ -276,7 +290,7 @@ def test_torn_tail_at_every_byte_of_the_last_records(tmp_path, fill):
         with open(target, "wb") as f:
             f.write(torn)
         log, got = open_log(d)
-        expected = list(range(first_in_newest)) + [i for end, i in in_newest if end <= cut]
+        expected = list(range(first_in_newest)) + [i for end, i in in_newest if end <= cut and i is not None]
         assert got == expected, f"cut at {cut}"
         good_end = max([MAGIC_BYTES] + [end for end, _ in in_newest if end <= cut])
         start = good_end if cut >= MAGIC_BYTES else 0
@@ -299,22 +313,25 @@ def test_torn_tail_at_every_byte_of_the_last_records(tmp_path, fill):
         shutil.rmtree(d)
 
 
-def test_a_partly_written_multi_record_commit_keeps_its_complete_records(tmp_path):
-    """Document-by-test: ``Log.commit([a, b])`` is not atomic across a crash; the records of
-    a torn commit that are complete are replayed. (DurableShard writes one record per
-    commit, so a shard's batch is all-or-nothing.)"""
+def test_a_partly_written_multi_record_commit_is_dropped_whole(tmp_path):
+    """``Log.commit([a, b])`` is one write: a crash that leaves only its first record drops
+    both (the reader holds a write's records until its last one reads), and the log goes
+    on after the write before it."""
     log, _ = open_log(tmp_path)
     log.commit([payload(0)])
     log.commit([payload(1), payload(2, pad=50)])
-    log.close()
+    end = log.writer.size
+    log.writer.close()  # a kill: no sync mark, no seal
     path = segment_file(tmp_path)
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
-        f.write(data[:-10])
+        f.write(data[:end - 10])
     log, got = open_log(tmp_path)
-    assert got == [0, 1]
+    assert got == [0]
+    log.commit([payload(3)])
     log.close()
+    assert open_log(tmp_path)[1] == [0, 3]
 
 
 # ---------------------------------------------------------------------------- corruption elsewhere

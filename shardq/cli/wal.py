@@ -14,9 +14,10 @@ def register(sub, parent) -> None:
                            help=f"validate every log file without writing (exit {exits.FAILURE} on corruption)")
     c.add_argument("path", nargs="?", help="a shard dir or a data dir (default: the configured data dir)")
     c.set_defaults(fn=check)
-    r = actions.add_parser("repair", help="truncate one shard's log at its first bad record")
+    r = actions.add_parser("repair", help="salvage one shard's log: keep every record that reads whole")
     r.add_argument("path", help="the shard directory, e.g. var/shardq/shard-0")
-    r.add_argument("--force", action="store_true", help="drop everything from the bad record on")
+    r.add_argument("--force", action="store_true", help="change the log: drop the damaged records "
+                   "(the originals are kept in <shard dir>/repair-<time>/)")
     r.set_defaults(fn=repair)
 
 
@@ -53,7 +54,14 @@ def repair(args) -> int:
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: no such directory")
     try:
-        done = wal_repair.repair(args.path, force=args.force)
+        if wal_repair.salvage_wanted(wal_repair.check(args.path)):
+            if not args.force:
+                raise PermissionError("repair changes the log: it drops the damaged records and keeps every "
+                                      "record that reads whole; pass --force")
+            from ..shard.salvage import salvage
+            done = salvage(args.path)
+        else:
+            done = wal_repair.repair(args.path, force=args.force)
     except PermissionError as e:  # refused without --force: nothing was changed
         raise UsageError(str(e)) from None
     for line in done:

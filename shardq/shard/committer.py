@@ -183,6 +183,28 @@ class Committer:
                 if self._idle.waiters:
                     self._idle.notify_all()
 
+    def write_mark(self) -> bool:
+        """Append a sync mark (``Log.mark``) if every write is synced and the thread is idle;
+        False if the thread is busy (try again shortly). The loop calls it before it sleeps,
+        so the writes of an idle shard are vouched for: damage to them later is refused as
+        corruption, never cut as a torn write (wal/reader.py)."""
+        with self._lock:
+            if self._items or self._busy:
+                return False
+            self._busy = True  # the appender now: submits queue behind it
+        try:
+            if self.log.mark_wanted:
+                try:
+                    self.log.mark()
+                except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+                    self._fail(e)
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._idle.waiters:
+                    self._idle.notify_all()
+        return True
+
     def sync_due(self) -> float | None:
         """When written, unsynced records must be fsynced at the latest (monotonic), or
         None. The shard loop wakes for it and submits a synced batch: no thread hand-off."""

@@ -58,6 +58,7 @@ log = logging.getLogger("shardq.shard")
 
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
+MARK_RETRY_S = 0.001         # an idle loop whose sync mark must wait looks again this soon
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _DEFERRED = object()
 _ARITY, _OK = protocol.ARITY, protocol.OK
@@ -186,6 +187,9 @@ class ShardServer:
         # before sleeping, while such waits have been short (shardq/busypoll.py)
         events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
         if not events:
+            if timeout is None and self.shard.log.mark_pending and not (
+                    self.shard.log.mark_wanted and self.committer.write_mark()):
+                timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
         busy.note(time.monotonic() - waited_from)

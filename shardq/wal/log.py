@@ -30,9 +30,10 @@ import msgpack
 from .. import limits
 from ..errors import Closed, CorruptLog, LogFailed
 from .fileio import Files, files_from_env
-from .format import (CHECKPOINT, CHECKPOINT_MAGIC, MAGIC_BYTES, SEGMENT, checkpoint_name, frame, parse_name,
-                     segment_name)
+from .format import (CHECKPOINT, CHECKPOINT_MAGIC, FORMAT, MAGIC_BYTES, SEGMENT, checkpoint_name, frame,
+                     parse_name, segment_name)
 from .reader import FileScan, TornTail
+from .salvage import format_ids, readable_job_ids
 from .writer import SegmentWriter
 
 log = logging.getLogger("shardq.wal")
@@ -121,6 +122,10 @@ class Log:
             replaced = [checkpoint_name(s) for s in checkpoints[:-1]] + [segment_name(s) for s in segments if s < base]
             segments = [s for s in segments if s >= base]
         self._check_sequence(base, segments)
+        # The number of the next write (format 3): the checkpoint's, else 1; then after the
+        # last write of each segment. The reader needs it to say which write damaged bytes
+        # belong to (reader.py), and the writer goes on from it.
+        self._next_write = 1
         if base is not None:
             yield from self._replay_checkpoint(self._path(checkpoint_name(base)))
         last_scan = None
@@ -132,17 +137,18 @@ class Log:
         if segments:
             last = segments[-1]
             path = self._path(segment_name(last))
-            if last_scan.version < 2:
+            if last_scan.version < FORMAT:
                 # A segment of an earlier version: seal it and append to a new one.
                 SegmentWriter(files, path, last, files.open_append(path, last_scan.valid_end),
                               last_scan.valid_end).seal()
-                self.writer = self._create_segment(last + 1)
+                self.writer = self._create_segment(last + 1, self._next_write - 1)
                 self.segments.append(self.writer.seq)
             else:
                 self.writer = SegmentWriter.reopen(files, path, last, last_scan.valid_end,
-                                                   preallocate=self.segment_bytes)
+                                                   preallocate=self.segment_bytes,
+                                                   last_write=self._next_write - 1)
         else:
-            self.writer = self._create_segment(base if base is not None else 1)
+            self.writer = self._create_segment(base if base is not None else 1, self._next_write - 1)
             self.segments = [self.writer.seq]
         # What was just replayed may not be durable: a process killed after its write and
         # before its fsync leaves the records in the page cache, and a directory entry (a
@@ -178,8 +184,10 @@ class Log:
         if not payloads:
             raise CorruptLog(path, scan.valid_end, "checkpoint has no trailer (incomplete)")
         trailer = decode(payloads[-1])
-        if not (isinstance(trailer, list) and len(trailer) == 2 and trailer[0] == _CHECKPOINT_END):
+        if not (isinstance(trailer, list) and len(trailer) in (2, 3) and trailer[0] == _CHECKPOINT_END):
             raise CorruptLog(path, scan.valid_end, "checkpoint has no trailer (incomplete)")
+        if len(trailer) == 3:  # format 3: the number of the first write after it
+            self._next_write = trailer[2]
         if trailer[1] != len(payloads) - 1:
             raise CorruptLog(path, scan.valid_end, f"trailer counts {trailer[1]} records, found {len(payloads) - 1}")
         for i in range(len(payloads) - 1):
@@ -190,7 +198,7 @@ class Log:
     def _replay_segment(self, seq: int, *, last: bool):
         path = self._path(segment_name(seq))
         data = self.files.read(path)
-        scan = FileScan(path, data, SEGMENT, tail_may_tear=last)
+        scan = FileScan(path, data, SEGMENT, tail_may_tear=last, first_write=self._next_write)
         unpackb = msgpack.unpackb
         records = 0
         try:
@@ -204,6 +212,10 @@ class Log:
         finally:
             self.stats.records += records
         self.bytes_since_checkpoint += scan.valid_end
+        if 0 < scan.version < FORMAT:
+            self._next_write = 1  # the writes of format 3 start after it, from 1
+        elif scan.last_write >= self._next_write:
+            self._next_write = scan.last_write + 1
         if scan.torn is not None:
             self._cut_torn_tail(scan.torn, data, scan)
         return scan
@@ -231,7 +243,7 @@ class Log:
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                # Never acknowledged, so not kept rather than a shard that cannot start
+                # Not proven synced, so not kept rather than a shard that cannot start
                 # until someone frees space (the disk filled during this very write).
                 kept = f"NOT kept: no space for a copy ({e.strerror})"
         if keep < MAGIC_BYTES:
@@ -239,18 +251,26 @@ class Log:
             self.files.unlink(torn.path)
             seq = parse_name(os.path.basename(torn.path))[0]
             SegmentWriter.create(self.files, self.directory, segment_name(seq), seq).close()
-            scan.valid_end, scan.version = MAGIC_BYTES, 2
+            scan.valid_end, scan.version = MAGIC_BYTES, FORMAT
         else:
             self.files.truncate(torn.path, keep)
         self.files.sync_dir(self.directory)
         self.stats.torn = torn
-        log.warning("torn tail cut: %s at offset %d (%s): %d bytes of a write that was never "
-                    "acknowledged; %s", torn.path, torn.offset, torn.reason, torn.dropped_bytes, kept)
+        if torn.damage is None:  # formats 1 and 2: the earlier rule (reader.py)
+            what = "a write that was never acknowledged"
+        else:
+            ids = readable_job_ids(data, torn.offset)
+            what = (f"{torn.damage.describe()}; enqueues readable in the cut bytes: "
+                    f"{format_ids(ids)}; these writes were not proven synced, so they were in flight at a "
+                    "crash (never acknowledged) unless the disk damaged the last synced write before its "
+                    "sync mark (docs/design.md, 'Damage and torn writes')")
+        log.warning("torn tail cut: %s at offset %d (%s): %d bytes of %s; %s", torn.path, torn.offset,
+                    torn.reason, torn.dropped_bytes, what, kept)
 
     # ------------------------------------------------------------------ append
-    def _create_segment(self, seq: int) -> SegmentWriter:
+    def _create_segment(self, seq: int, last_write: int) -> SegmentWriter:
         return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq,
-                                    preallocate=self.segment_bytes)
+                                    preallocate=self.segment_bytes, last_write=last_write)
 
     def _check_usable(self) -> None:
         if self.failed is not None:
@@ -305,7 +325,7 @@ class Log:
     def _rotate(self) -> None:
         old = self.writer
         old.seal()  # before the next segment exists: only the newest may end in zeros
-        self.writer = self._create_segment(old.seq + 1)
+        self.writer = self._create_segment(old.seq + 1, old.written)  # sealed: all synced
         self.segments.append(self.writer.seq)
         old.close()
 
@@ -343,7 +363,7 @@ class Log:
                         self.files.write(fd, chunk)
                         written += len(chunk)
                         buf, buffered = [], 0
-                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count]), CHECKPOINT))
+                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count, self.writer.written + 1]), CHECKPOINT))
                 chunk = b"".join(buf)
                 self.files.write(fd, chunk)
                 written += len(chunk)
@@ -364,11 +384,37 @@ class Log:
         self.checkpoint_bytes = written
         self.bytes_since_checkpoint = self.writer.size
 
+    @property
+    def mark_pending(self) -> bool:
+        """No record vouches for the last write yet: a sync mark is due once it is synced."""
+        return self.writer is not None and self.failed is None and not self.closed and self.writer.mark_pending
+
+    @property
+    def mark_wanted(self) -> bool:
+        """A sync mark is pending and every write is synced: :meth:`mark` may run now."""
+        return self.writer is not None and self.failed is None and not self.closed and self.writer.mark_wanted
+
+    def mark(self) -> None:
+        """Append a sync mark (no fdatasync): from then on, damage to the writes before it
+        reads as damage (CorruptLog), never as a torn write. The shard writes one when it
+        goes idle. Never starts a segment; same caller rules as :meth:`commit`."""
+        if self.failed is not None or self.closed or self.writer is None:
+            self._check_usable()  # raises why
+        try:
+            self.writer.mark()
+        except OSError as e:
+            self.failed = e
+            raise LogFailed(f"write to {self.writer.path} failed: {e}") from e
+
     def close(self) -> None:
-        """Close; after a clean close the newest segment ends at its last record."""
+        """Close; after a clean close the newest segment ends at its last record, a sync
+        mark that vouches for every write before it."""
         if self.writer is not None:
             try:
                 if self.failed is None and not self.closed:
+                    self.writer.sync()
+                    if self.writer.mark_wanted:
+                        self.writer.mark()
                     self.writer.seal()
             except OSError:
                 pass

@@ -2,21 +2,29 @@
 
 Three outcomes, each typed (as in etcd's decoder):
 
-* clean end: every byte after the magic is a valid record;
-* torn tail (:class:`TornTail`): the *newest* segment ends in what a crash during its last,
-  never-acknowledged write leaves: a run of zeros (preallocated space, or pages the disk
-  never wrote), a partial header or record, or a bad record that a lost write explains
-  (an all-zero disk sector inside it: etcd's ``isTornEntry``). :class:`~shardq.wal.log.Log`
-  cuts it off and says so;
-* :class:`~shardq.errors.CorruptLog` with file and offset: anything else, including a
-  record header whose checksum fails (a damaged length) and a length over the kind's limit.
-  Never dropped.
+* clean end: every byte after the magic is a valid record, up to the end of the file or a
+  run of zeros to its end (the newest segment's preallocated space);
+* torn tail (:class:`TornTail`): the *newest* segment ends in bytes that a crash during its
+  last, never-synced writes explains. :class:`~shardq.wal.log.Log` cuts it off, keeps it,
+  and says what it held;
+* :class:`~shardq.errors.CorruptLog` with file and offset: anything else. Never dropped.
 
-Why an all-zero sector means "torn": a write that was not fsynced may lose any of its
-pages (they read back as zeros in a preallocated file, or revert to their old contents);
-a later fsync would have made them durable. So a record with a lost sector, and anything
-after it, was never acknowledged. The residual risk is etcd's: a damaged record whose own
-data holds a whole sector of zeros at that place is read as torn.
+**Format 3: damage is refused unless it is proven unsynced.** Each record carries the
+number of its write and the highest write whose fdatasync had returned when it was issued
+(:mod:`.format`). When bytes fail to read at offset X, the reader finds every intact record
+after them. The damaged bytes belong to write ``d`` or later, where ``d`` is the write
+after the last intact record before X when that record ended its write, else that record's
+own. If an intact record after X says write ``d`` was synced, the damage is in synced data:
+``CorruptLog`` naming the damaged range, the intact records after it and the record that
+proves it. Only when no intact record vouches for write ``d`` is it torn: the bytes of the
+writes in flight at a crash, which no reader can tell from damage to them
+(docs/design.md, "Damage and torn writes": an idle shard writes a sync mark so that this
+window closes once the log is quiet).
+
+Formats 1 and 2 lack that information: their newest segment keeps the earlier rule (a bad
+record with zeros after it, or with an all-zero disk sector, is taken for a torn write:
+etcd's ``isTornEntry``). A segment of those formats is sealed at the next start, so the
+rule applies only to logs written by earlier versions, once.
 
 Lengths are checked against the limit and against the bytes left before anything is
 allocated for them.
@@ -27,17 +35,61 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import CorruptLog
-from .format import HEADERS, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, SECTOR_BYTES, crc32, header_crc
+from .format import (CHECKPOINT, SEGMENT, HEADERS, LAST_IN_WRITE, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, RECORD_MARK, SECTOR_BYTES,
+                     SYNC_MARK, crc32, header_crc)
+
+
+@dataclass(frozen=True)
+class Intact:
+    """A record that reads whole (format 3): where it is and which write it belongs to."""
+
+    offset: int
+    end: int
+    write: int
+    synced: int
+    flags: int
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Bytes of a format-3 file that do not read, and what the reader knows around them.
+
+    ``start``..``end``: the damaged range (``end``: the first intact record after it, or the
+    end of the data); ``write``: the first write the damaged bytes can belong to;
+    ``after``: every intact record after the range; ``proof``: the first of them issued
+    after write ``write`` was synced (None: nothing proves it was)."""
+
+    start: int
+    end: int
+    write: int
+    after: tuple[Intact, ...]
+    proof: Intact | None
+
+    def describe(self) -> str:
+        out = f"bytes {self.start}..{self.end} do not read (write {self.write} or later)"
+        if self.after:
+            a, b = self.after[0], self.after[-1]
+            out += (f"; {len(self.after)} intact records after them, at offsets {a.offset}..{b.offset} "
+                    f"(writes {a.write}..{b.write})")
+        else:
+            out += "; no intact record after them"
+        if self.proof is not None:
+            out += (f"; the record at offset {self.proof.offset} was written after write "
+                    f"{self.proof.synced} was fsynced, so these bytes were synced: damage on the disk, "
+                    "not a torn write")
+        return out
 
 
 @dataclass(frozen=True)
 class TornTail:
-    """Where a torn tail starts, how many bytes it has, and why it is torn."""
+    """Where a torn tail starts, how many bytes it has, and why it is torn. ``damage``:
+    what a format-3 reader found (None for formats 1 and 2, and for a plain zero tail)."""
 
     path: str
     offset: int
     dropped_bytes: int
     reason: str
+    damage: Damage | None = None
 
     @property
     def zeros_only(self) -> bool:
@@ -47,6 +99,10 @@ class TornTail:
 #: Why a tail of zeros ends the newest segment: its preallocated space, or a write whose
 #: data never reached the disk. Either way nothing acknowledged is in it.
 ZERO_TAIL = "zero-filled tail"
+
+
+_H3 = HEADERS[3]
+_HB3 = _H3.size
 
 
 def _zeros(view: memoryview) -> bool:
@@ -79,7 +135,8 @@ class FileScan:
     versions that exceeded it).
     """
 
-    def __init__(self, path: str, data: bytes, kind: str, *, tail_may_tear: bool, limit: int | None = None):
+    def __init__(self, path: str, data: bytes, kind: str, *, tail_may_tear: bool, limit: int | None = None,
+                 first_write: int = 0):
         self.path = path
         self.data = data
         self.kind = kind
@@ -89,11 +146,17 @@ class FileScan:
         self.records = 0
         self.version = 0
         self.torn: TornTail | None = None
+        self.damage: Damage | None = None
+        self.held: list[memoryview] = []
+        #: format 3: the write that the first record of this file starts or continues
+        #: (set by the caller from the previous file), and the last write read.
+        self.first_write = first_write
+        self.last_write = first_write - 1
 
-    def _torn(self, offset: int, reason: str) -> None:
+    def _torn(self, offset: int, reason: str, damage: Damage | None = None) -> None:
         if not self.tail_may_tear:
             raise CorruptLog(self.path, offset, reason)
-        self.torn = TornTail(self.path, offset, len(self.data) - offset, reason)
+        self.torn = TornTail(self.path, offset, len(self.data) - offset, reason, damage)
 
     def _magic(self, view: memoryview) -> bool:
         """Set ``version``; False if the file is a torn (never acknowledged) creation."""
@@ -111,10 +174,107 @@ class FileScan:
         raise CorruptLog(self.path, 0, f"bad magic: not a shardq {self.kind} file")
 
     def __iter__(self) -> Iterator[memoryview]:
-        data, n = self.data, len(self.data)
-        view = memoryview(data)
+        view = memoryview(self.data)
         if not self._magic(view):
             return
+        if self.version >= 3:
+            yield from self._records_v3(view)
+        else:
+            yield from self._records_v2(view)
+
+    # ------------------------------------------------------------------ format 3
+    def _record_at(self, off: int) -> Intact | None:
+        """The record at ``off`` if it reads whole (header, its checksum, length within the
+        limit and the data, payload checksum), else None."""
+        data = self.data
+        if len(data) - off < _HB3:
+            return None
+        mark, length, crc, write, synced, flags, hcrc = _H3.unpack_from(data, off)
+        if mark != RECORD_MARK or crc32(data[off:off + _HB3 - 4]) != hcrc or length == 0 or length > self.limit:
+            return None
+        end = off + _HB3 + length
+        if end > len(data) or crc32(memoryview(data)[off + _HB3:end]) != crc:
+            return None
+        return Intact(off, end, write, synced, flags)
+
+    def intact_after(self, start: int) -> list[Intact]:
+        """Every record after ``start`` that reads whole, in order: found by their mark,
+        then followed record by record. A record whose write number goes back is not one
+        of this file's (bytes inside a payload that look like a record) and is skipped."""
+        data, found, pos, last_write = self.data, [], start + 1, -1
+        while True:
+            pos = data.find(RECORD_MARK, pos)
+            if pos < 0:
+                return found
+            rec = self._record_at(pos)
+            if rec is None or rec.write < last_write:
+                pos += 1
+                continue
+            while rec is not None and rec.write >= last_write:
+                found.append(rec)
+                last_write = rec.write
+                pos = rec.end
+                rec = self._record_at(pos)
+
+    def _records_v3(self, view: memoryview) -> Iterator[memoryview]:
+        """Yield whole writes only: the records of a write are held until its last one reads,
+        so a write cut short by a crash is never half applied, and the log never continues
+        after a write that has no end."""
+        n = len(self.data)
+        off = self.valid_end = MAGIC_BYTES
+        numbered = self.kind == SEGMENT  # a checkpoint's records all have write 0
+        # The write a record must continue (one whose last record is still to come), else
+        # the number the next write must have: the previous file's last write + 1 (Log
+        # passes it; 0 when unknown, and then any number is accepted).
+        open_write, next_write = None, self.first_write
+        held: list[memoryview] = []
+        while off < n:
+            rec = self._record_at(off)
+            if rec is not None and numbered:
+                if open_write is not None:
+                    fits = rec.write == open_write
+                else:
+                    fits = rec.write == next_write or (next_write == 0 and rec.write > 0)
+                if not fits:
+                    rec = None
+            if rec is None:
+                break
+            off = rec.end
+            if not rec.flags & SYNC_MARK:
+                held.append(view[rec.offset + _HB3:rec.end])
+            if rec.flags & LAST_IN_WRITE or not numbered:
+                open_write, next_write = None, rec.write + 1
+                self.last_write = rec.write
+                self.records += len(held)
+                yield from held
+                held.clear()
+                self.valid_end = off
+            else:
+                open_write = rec.write
+        if off < n or open_write is not None:
+            self.held = list(held)  # whole records of the unfinished write (wal repair salvages them)
+            self._damaged_v3(off, open_write if open_write is not None else next_write)
+
+    def _damaged_v3(self, off: int, write: int) -> None:
+        """Bytes at ``off`` do not continue the log: a zero tail, a torn write, or damage.
+        ``valid_end`` is the end of the last whole write (the cut, if it is torn)."""
+        data, n, cut = self.data, len(self.data), self.valid_end
+        if cut == off and data.count(0, off) == n - off:
+            if not self.tail_may_tear:
+                self.damage = Damage(off, n, write, (), None)
+            self._torn(off, ZERO_TAIL)
+            return
+        after = tuple(self.intact_after(off)) if off < n else ()
+        proof = next((r for r in after if r.synced >= write), None)
+        damage = Damage(off, after[0].offset if after else n, write, after, proof)
+        self.damage = damage
+        if proof is not None or not self.tail_may_tear:
+            raise CorruptLog(self.path, off, damage.describe())
+        self._torn(cut, "the writes in flight at a crash: no later record says they were synced", damage)
+
+    # ------------------------------------------------------------------ formats 1 and 2
+    def _records_v2(self, view: memoryview) -> Iterator[memoryview]:
+        data, n = self.data, len(self.data)
         header = HEADERS[self.version]
         hb = header.size
         checked = self.version >= 2
@@ -176,3 +336,33 @@ class FileScan:
             off = end
             self.valid_end = off
         self.valid_end = off
+
+
+def read_intact(path: str, data: bytes, kind: str, first_write: int = 0) -> tuple[list, list[tuple[int, int]], int]:
+    """Every record of a file that reads whole, for ``wal repair``: the payloads (sync marks
+    left out), the byte ranges that do not read, and the last write number seen. Format 3
+    finds the records after damaged bytes by their mark; formats 1 and 2 cannot, and stop at
+    the first bad record."""
+    scan = FileScan(path, data, kind, tail_may_tear=False, first_write=first_write)
+    payloads: list = []
+    try:
+        payloads.extend(scan)
+        return payloads, [], scan.last_write
+    except CorruptLog:
+        if scan.version < 3 or scan.damage is None:
+            if scan.version < 3:
+                return payloads, [(scan.valid_end, len(data))], scan.last_write
+            raise
+    payloads.extend(scan.held)
+    view, n, dmg = memoryview(data), len(data), scan.damage
+    bad: list[tuple[int, int]] = []
+    pos, last = dmg.start, scan.last_write
+    for rec in dmg.after:
+        if rec.offset > pos:
+            bad.append((pos, rec.offset))
+        if not rec.flags & SYNC_MARK:
+            payloads.append(view[rec.offset + _HB3:rec.end])
+        pos, last = rec.end, max(last, rec.write)
+    if pos < n and data.count(0, pos) != n - pos:
+        bad.append((pos, n))
+    return payloads, bad, last

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import msgpack
 
 from ..errors import CorruptLog, DataDirLocked
-from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame, pack_records, parse_name
+from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame_v2, pack_records, parse_name
 from .log import _CHECKPOINT_END, decode
 from .reader import ZERO_TAIL, FileScan
 
@@ -38,12 +38,20 @@ class FileReport:
     status: str            # ok | torn | corrupt | oversized
     offset: int | None = None
     reason: str | None = None
+    version: int = 0       # the file's format
+    last_write: int = 0    # format 3: the last write read
 
 
-def _scan(path: str, kind: str, tail_may_tear: bool) -> FileReport:
+def _scan(path: str, kind: str, tail_may_tear: bool, first_write: int = 0) -> FileReport:
     with open(path, "rb") as f:
         data = f.read()
-    scan = FileScan(path, data, kind, tail_may_tear=tail_may_tear)
+    scan = FileScan(path, data, kind, tail_may_tear=tail_may_tear, first_write=first_write)
+    report = _outcome(path, data, kind, tail_may_tear, scan)
+    report.version, report.last_write = scan.version, scan.last_write
+    return report
+
+
+def _outcome(path: str, data: bytes, kind: str, tail_may_tear: bool, scan: FileScan) -> FileReport:
     last = None
     try:
         for payload in scan:
@@ -52,7 +60,7 @@ def _scan(path: str, kind: str, tail_may_tear: bool) -> FileReport:
             except Exception as e:
                 return FileReport(path, scan.records, CORRUPT, scan.valid_end, f"undecodable record: {e}")
     except CorruptLog as e:
-        if _fits_without_limit(path, data, kind, tail_may_tear):
+        if scan.version < 3 and _fits_without_limit(path, data, kind, tail_may_tear):
             return FileReport(path, scan.records, OVERSIZED, e.offset, e.reason)
         return FileReport(path, scan.records, CORRUPT, e.offset, e.reason)
     if scan.torn is not None:
@@ -60,7 +68,10 @@ def _scan(path: str, kind: str, tail_may_tear: bool) -> FileReport:
             # The newest segment of a running (or killed) shard: preallocated space after
             # the last record. Nothing is lost; replay starts appending there.
             return FileReport(path, scan.records, OK, scan.torn.offset, "preallocated zeros after the last record")
-        return FileReport(path, scan.records, TORN, scan.torn.offset, scan.torn.reason)
+        reason = scan.torn.reason
+        if scan.torn.damage is not None:
+            reason += f": {scan.torn.damage.describe()}"
+        return FileReport(path, scan.records, TORN, scan.torn.offset, reason)
     if kind == CHECKPOINT and not (isinstance(last, list) and last[:1] == [_CHECKPOINT_END]):
         return FileReport(path, scan.records, CORRUPT, scan.valid_end, "checkpoint has no trailer")
     return FileReport(path, scan.records, OK)
@@ -81,8 +92,20 @@ def check(directory: str) -> list[FileReport]:
     files = sorted((p, n) for n in os.listdir(directory) if (p := parse_name(n)))
     segments = [p[0] for p, _ in files if p[1] == SEGMENT]
     newest = segments[-1] if segments else None
-    return [_scan(os.path.join(directory, name), kind, kind == SEGMENT and seq == newest)
-            for (seq, kind), name in files]
+    out, next_write = [], 0  # format 3: each segment goes on from the previous one's last write
+    for (seq, kind), name in files:
+        r = _scan(os.path.join(directory, name), kind, kind == SEGMENT and seq == newest,
+                  next_write if kind == SEGMENT else 0)
+        if kind == SEGMENT:
+            next_write = r.last_write + 1 if r.version >= 3 and r.last_write > 0 else 0
+        out.append(r)
+    return out
+
+
+def salvage_wanted(reports: list[FileReport]) -> bool:
+    """True if a format-3 file is damaged: ``wal repair`` then salvages every intact record
+    (shard/salvage.py) instead of truncating at the first bad one."""
+    return any(r.status in (CORRUPT, TORN) and r.version >= 3 for r in reports)
 
 
 def _lock(directory: str) -> int:
@@ -162,9 +185,9 @@ def _rewrite_in_bounds(bad: FileReport, directory: str, backup: str) -> str:
     tmp = bad.path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out:
-        out.write(MAGICS[(kind, 2)])
+        out.write(MAGICS[(kind, 2)])  # only files of formats 1 and 2 hold records over the limit
         for r in records:
-            out.write(frame(r, kind))
+            out.write(frame_v2(r, kind))
         out.flush()
         os.fsync(out.fileno())
     os.rename(tmp, bad.path)

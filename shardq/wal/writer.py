@@ -6,7 +6,7 @@ import logging
 import os
 
 from .fileio import Files
-from .format import SEGMENT, SEGMENT_MAGIC, frame
+from .format import LAST_IN_WRITE, MARK_PAYLOAD, SEGMENT, SEGMENT_MAGIC, SYNC_MARK, frame, frame_write
 
 log = logging.getLogger("shardq.wal")
 
@@ -21,29 +21,39 @@ def _reserve(files: Files, fd: int, path: str, size: int) -> None:
 
 
 class SegmentWriter:
-    """The open, newest segment of a log (always format 2).
+    """The open, newest segment of a log (always the current format).
 
     Guarantee: when :meth:`commit` returns, the records passed to it are on disk (the data
-    and the file size, by fdatasync). A new segment is created under a temporary name,
+    and the file size, by fdatasync). Each commit is one write, numbered (``written``)
+    across segments; its records carry that number and the highest write an fdatasync had
+    covered when it was issued (``synced``), so a reader can prove which bytes were synced.
+    A new segment is created under a temporary name,
     fsynced, renamed, and its directory fsynced, so a crash never leaves a segment whose
     header is not durable under its final name. No record over the segment limit is ever
     written (:func:`~shardq.wal.format.frame` refuses it before the write).
     """
 
-    def __init__(self, files: Files, path: str, seq: int, fd: int, size: int):
+    def __init__(self, files: Files, path: str, seq: int, fd: int, size: int, last_write: int = 0):
         self.files = files
         self.path = path
         self.seq = seq
         self.fd = fd
         self.size = size
-        # Commits written, and how many of them an fdatasync covers: counters, not a flag, so
-        # that a sync racing an append (the shard loop's, while the committer thread syncs)
-        # never marks that append synced.
-        self.written = 0
-        self.synced = 0
+        # The last write issued, and the last one an fdatasync covers: numbers, not a flag,
+        # so that a sync racing an append (the shard loop's, while the committer thread
+        # syncs) never marks that append synced. Everything before ``last_write`` is synced
+        # (a replayed log, or a sealed segment).
+        self.written = last_write
+        self.synced = last_write
+        # The highest ``synced`` any record of this log states: writes up to it are vouched
+        # for by a later record. 0 at first: a replayed log's last write is vouched for by
+        # the first mark.
+        self.vouched = 0
+        self.marked = -1  # the number of the last sync mark written
 
     @classmethod
-    def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0) -> "SegmentWriter":
+    def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0,
+               last_write: int = 0) -> "SegmentWriter":
         """A new segment, its space reserved (zeros) up to ``preallocate`` bytes."""
         path = os.path.join(directory, name)
         tmp = path + ".tmp"
@@ -57,17 +67,18 @@ class SegmentWriter:
             files.close(fd)
         files.rename(tmp, path)
         files.sync_dir(directory)
-        return cls(files, path, seq, files.open_append(path, len(SEGMENT_MAGIC)), len(SEGMENT_MAGIC))
+        return cls(files, path, seq, files.open_append(path, len(SEGMENT_MAGIC)), len(SEGMENT_MAGIC), last_write)
 
     @classmethod
-    def reopen(cls, files: Files, path: str, seq: int, size: int, preallocate: int = 0) -> "SegmentWriter":
+    def reopen(cls, files: Files, path: str, seq: int, size: int, preallocate: int = 0,
+               last_write: int = 0) -> "SegmentWriter":
         """The newest segment of a replayed log, appended to at ``size`` (its last record's
         end). Its space is reserved again, as for a new segment: without it every commit
         until the next rotation would also journal a new file size."""
         fd = files.open_append(path, size)
         if preallocate > size:
             _reserve(files, fd, path, preallocate)
-        return cls(files, path, seq, fd, size)
+        return cls(files, path, seq, fd, size, last_write)
 
     def seal(self) -> None:
         """Cut the preallocated zeros off (truncate to the last record, fsync): a sealed
@@ -84,15 +95,39 @@ class SegmentWriter:
         :meth:`sync` or synced commit makes them durable: fdatasync covers every earlier
         write of the file). Returns bytes written."""
         if payloads:
-            data = frame(payloads[0], SEGMENT) if len(payloads) == 1 else b"".join(frame(p, SEGMENT) for p in payloads)
+            write, synced = self.written + 1, self.synced
+            data = frame(payloads[0], SEGMENT, write, synced) if len(payloads) == 1 else \
+                frame_write(payloads, write, synced)
             self.files.write(self.fd, data)
             self.size += len(data)
-            self.written += 1  # after the write: a sync that reads this covers it
+            self.written = write  # after the write: a sync that reads this covers it
+            self.vouched = synced
         else:
             data = b""
         if sync:
             self.sync()
         return len(data)
+
+    @property
+    def mark_pending(self) -> bool:
+        """The last write is not a sync mark: nothing after it vouches for it."""
+        return self.written != self.marked
+
+    @property
+    def mark_wanted(self) -> bool:
+        """A mark is pending and may be written now: every write is synced."""
+        return self.written != self.marked and self.synced == self.written
+
+    def mark(self) -> None:
+        """Append a sync mark: a record with no operations stating that every write up to
+        ``synced`` is on disk, so damage to them is never taken for a torn write. Written
+        without an fdatasync: losing it in a power cut loses nothing but the proof."""
+        write, synced = self.written + 1, self.synced
+        data = frame(MARK_PAYLOAD, SEGMENT, write, synced, LAST_IN_WRITE | SYNC_MARK)
+        self.files.write(self.fd, data)
+        self.size += len(data)
+        self.written = self.marked = write
+        self.vouched = synced
 
     def sync(self) -> None:
         """fdatasync every record written before this call. One other thread may append

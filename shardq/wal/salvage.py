@@ -1,0 +1,62 @@
+"""What can still be read out of damaged log bytes: for the reports of a cut torn tail and
+of ``shardq wal check|repair``, which name the jobs concerned.
+
+Nothing here is trusted as data: operations read from bytes whose checksum failed are
+used only to *name* job ids (an enqueue that may be lost), never replayed.
+"""
+from __future__ import annotations
+
+import msgpack
+
+from .format import HEADERS, MAGIC_BYTES, RECORD_MARK
+
+_ENQUEUE, _JOB = 1, 21  # shard/ops.py: [1, job_id, ...] and a checkpoint's [21, job_id, ...]
+_H3 = HEADERS[3]
+
+
+def readable_ops(payload) -> list:
+    """The operations at the start of a record payload that still decode, up to the first
+    that does not (a payload is one msgpack array of operations)."""
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(payload), 1024))
+    unpacker.feed(bytes(payload))
+    out: list = []
+    try:
+        n = unpacker.read_array_header()
+        for _ in range(n):
+            op = unpacker.unpack()
+            if isinstance(op, list) and op and isinstance(op[0], int):
+                out.append(op)
+    except Exception:  # noqa: BLE001 - damaged bytes: whatever decodes before them is all there is
+        pass
+    return out
+
+
+def job_ids_of(ops: list) -> list[int]:
+    """Job ids enqueued (or, in a checkpoint, held) by ``ops``."""
+    return [op[1] for op in ops if op[0] in (_ENQUEUE, _JOB) and len(op) > 1 and isinstance(op[1], int)]
+
+
+def readable_job_ids(data, offset: int) -> list[int]:
+    """Job ids of the enqueues that can be read in ``data[offset:]`` of a format-3 file:
+    from every record header found there (by its mark), the operations of its payload that
+    decode, whether or not its checksum holds."""
+    ids: set[int] = set()
+    pos = max(offset, MAGIC_BYTES)
+    n = len(data)
+    while True:
+        pos = data.find(RECORD_MARK, pos)
+        if pos < 0 or n - pos < _H3.size:
+            break
+        length = _H3.unpack_from(data, pos)[1]
+        start = pos + _H3.size
+        ids.update(job_ids_of(readable_ops(memoryview(data)[start:min(start + length, n)])))
+        pos += 1
+    return sorted(ids)
+
+
+def format_ids(ids: list[int], most: int = 20) -> str:
+    """``ids`` for a log line: the count, then up to ``most`` of them."""
+    if not ids:
+        return "none"
+    shown = ", ".join(map(str, ids[:most]))
+    return f"{len(ids)} ({shown}{', ...' if len(ids) > most else ''})"
