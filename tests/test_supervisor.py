@@ -6,6 +6,7 @@ import glob
 import os
 import re
 import signal
+import shutil
 import struct
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 import shardq
-from service import REPO, Service, restarted, wait_until
+from service import REPO, Service, restarted, short_tmpdir, wait_until
 from shardq.errors import ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
 
@@ -293,3 +294,151 @@ def test_corrupt_log_mid_segment_fails_the_shard_with_file_and_offset_and_the_ot
         # The bytes were not "repaired" away behind the operator's back.
         with open(seg, "rb") as f:
             assert f.read() == bytes(data)
+
+
+# ---------------------------------------------------------------------- start() fails cleanly
+# Each way start() can fail once it holds the lock: it must raise, leave no shard process or
+# thread of its own running, and release the data dir, so the next start() works (issue 30).
+DUP_SCHEDULE_MODULE = '''
+import shardq
+app = shardq.App("unused")
+@app.periodic(every_s=60, name="x")
+def tick(ctx):
+    pass
+'''
+
+
+def _dup_schedule(monkeypatch, tmp):
+    name = f"dup_schedule_{os.path.basename(tmp)}"
+    with open(os.path.join(tmp, name + ".py"), "w") as f:
+        f.write(DUP_SCHEDULE_MODULE)
+    monkeypatch.syspath_prepend(tmp)
+    monkeypatch.delitem(sys.modules, name, raising=False)  # imported by the start, undone after
+    return {"schedules": {"x": {"every_s": 60, "body": "config", "queue": "cron"}},
+            "service": {"schedule_modules": [name]}}, shardq.ShardqError, "two schedules are named 'x'"
+
+
+def _bad_schedule_module(monkeypatch, tmp):
+    return ({"service": {"schedule_modules": ["no_such_module_for_shardq_tests"]}},
+            shardq.InvalidConfig, "cannot import")
+
+
+def _scheduler_thread_fails(monkeypatch, tmp):
+    from shardq.service.scheduler import Scheduler
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(Scheduler, "start", no_thread)
+    return ({"schedules": {"x": {"every_s": 60, "body": "config", "queue": "cron"}}},
+            RuntimeError, "can't start new thread")
+
+
+def _second_spawn_fails(monkeypatch, tmp):
+    real = subprocess.Popen
+    spawned = []
+
+    def popen(cmd, *a, **kw):
+        if "shardq.shard.process" in cmd:
+            spawned.append(cmd)
+            if len(spawned) == 2:
+                raise OSError(11, "Resource temporarily unavailable")
+        return real(cmd, *a, **kw)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return {}, ShardUnavailable, "cannot start shard 1: .*Resource temporarily unavailable"
+
+
+def _interrupted_while_waiting(monkeypatch, tmp):
+    from shardq.service.supervisor import Supervisor
+    real = Supervisor._poll_once
+
+    def poll_then_ctrl_c(self, timeout):
+        real(self, timeout)
+        if any(h.proc for h in self.handles):  # shards spawned: a Ctrl-C now
+            raise KeyboardInterrupt
+    monkeypatch.setattr(Supervisor, "_poll_once", poll_then_ctrl_c)
+    return {}, KeyboardInterrupt, None
+
+
+def _monitor_thread_fails_to_start(monkeypatch, tmp):
+    real = threading.Thread.start
+
+    def start(self):
+        if self.name == "shardq-supervisor":
+            raise RuntimeError("can't start new thread")
+        return real(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return {}, RuntimeError, "can't start new thread"
+
+
+START_FAILURES = [  # (how, background modes it applies to)
+    (_dup_schedule, (True, False)),
+    (_bad_schedule_module, (True, False)),
+    (_scheduler_thread_fails, (True, False)),
+    (_second_spawn_fails, (True, False)),
+    (_interrupted_while_waiting, (False,)),   # in the embedded mode the monitor thread polls
+    (_monitor_thread_fails_to_start, (True,)),
+]
+
+
+@pytest.mark.parametrize("inject, background", [
+    pytest.param(f, bg, id=f"{f.__name__.lstrip('_')}-{'embedded' if bg else 'foreground'}")
+    for f, modes in START_FAILURES for bg in modes])
+def test_a_failed_start_stops_everything_it_started_and_the_next_start_works(monkeypatch, inject, background):
+    from shardq.service.supervisor import Supervisor
+    tmp = short_tmpdir()
+    data = os.path.join(tmp, "data")
+    config, error, words = inject(monkeypatch, tmp)
+    pids = []
+    real_spawn = Supervisor._spawn
+
+    def spawn(self, h):
+        real_spawn(self, h)
+        pids.append(h.proc.pid)
+    monkeypatch.setattr(Supervisor, "_spawn", spawn)
+    sup = Supervisor(data, config, 2)
+    try:
+        with pytest.raises(error, match=words):
+            sup.start(background=background, start_timeout=30)
+        assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+        assert sup._thread is None or not sup._thread.is_alive()
+        assert sup.scheduler is None
+        assert not [t for t in threading.enumerate() if t.name == "shardq-scheduler"]
+        monkeypatch.undo()  # the next start is a plain one
+        again = Supervisor(data, {}, 2).start(background=True)  # no DataDirLocked
+        try:
+            with shardq.connect(data) as q:
+                assert len(q.ping()) == 2
+        finally:
+            again.stop()
+    finally:
+        sup.stop()
+        for pid in pids:  # whatever the outcome, nothing of this test outlives it
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_serve_whose_http_listener_cannot_start_stops_its_shards_and_releases_the_data_dir():
+    """The HTTP listener starts after the shards: a port already taken ends `shardq serve`
+    with no shard left running, and the next serve on the data dir starts."""
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    tmp = short_tmpdir()
+    data = os.path.join(tmp, "data")
+    cfg = os.path.join(tmp, "shardq.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    try:
+        rc, out = serve(data, 2, cfg)
+        assert rc == 5 and "event=spawn" in out, out[-3000:]  # a setup error, after the shards started
+        assert re.search(r"^error: InvalidConfig: http.listen .*Address already in use", out, re.M), out[-3000:]
+        assert "event=stopped" in out and "Traceback" not in out, out[-3000:]
+        wait_until(lambda: no_process_uses(data), 10, what="no shard left running")
+        with Service(data_dir=data) as svc:
+            assert len(svc.shard_pids()) == 2
+    finally:
+        taken.close()
+        shutil.rmtree(tmp, ignore_errors=True)

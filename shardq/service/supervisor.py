@@ -6,7 +6,10 @@
   service leaves no orphan writing to the log.
 * A shard reports on its stdout pipe (:mod:`shardq.shard.report`): ``progress`` while it
   replays or compacts, ``ready`` once it listens, ``corrupt`` or ``failed`` (disk full)
-  with the reason before it exits. EOF on that pipe means it exited.
+  with the reason before it exits. EOF on that pipe means it exited. The supervisor reads
+  the pipe's descriptor and splits the lines itself (:mod:`.lines`), so lines that arrive
+  together (``progress`` then ``pong``) are each seen; a line over
+  :data:`~shardq.shard.report.LINE_BYTES_MAX` is dropped and logged, never buffered.
 * Health: the supervisor pings each ready shard every ``health_timeout / 4`` seconds, a
   byte on the shard's stdin pipe that its loop answers with a ``pong`` line (never through
   the clients' socket, which a crowd of clients or a flood of silent connections can make
@@ -27,7 +30,9 @@
   (:meth:`process_stats`) and published in ``run/supervisor.json`` for ``shardq stats`` in
   other processes (:mod:`shardq.supervisor_status`).
 * :meth:`start` returns once every shard is ready, failed, or failing repeatedly; the
-  others serve meanwhile. It raises only if no shard could start.
+  others serve meanwhile. It raises only if no shard could start, or if something it
+  starts fails (a shard cannot be spawned, the schedules are refused); whatever it
+  raises, it has first stopped everything it started: shards, threads, the data dir lock.
 * Periodic jobs: once the shards are up, a :class:`~.scheduler.Scheduler` thread fires
   the config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
   ``service.schedule_modules``, through a router of its own.
@@ -53,6 +58,7 @@ from ..config import Config, load as load_config
 from ..datadir import DataDir
 from ..errors import ShardUnavailable
 from ..supervisor_status import StatusBoard
+from .lines import LineSplitter
 
 log = logging.getLogger("shardq.supervisor")
 
@@ -60,6 +66,7 @@ START_TIMEOUT_S = 60.0          # a starting shard that reports nothing for this
 RESTART_BACKOFF_S_FIRST = 0.5   # the delay before the second restart in a row; doubles after
 STABLE_RUN_S = 10.0             # ready this long (or restart_backoff_max if less): failures reset
 EXIT_LOG_FAILED = 4             # shardq.shard.process's exit code for a failed log write
+READ_BYTES = 64 * 1024          # one read of a shard's pipe: what a full pipe holds
 
 
 def _event(name: str, level: int = logging.INFO, **fields) -> None:
@@ -109,6 +116,7 @@ class ShardHandle:
         self.ready_info: dict = {}
         self.ping_sent: float | None = None
         self.next_ping = 0.0
+        self.lines = LineSplitter()           # this run's stdout, split into report lines
 
 
 class Supervisor:
@@ -134,6 +142,7 @@ class Supervisor:
         self.board: StatusBoard | None = None
         self.clock = clock  # the scheduler's (tests pass a FakeClock); None: the system clock
         self.scheduler = None
+        self._monitor_error: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> "Supervisor":
@@ -149,8 +158,25 @@ class Supervisor:
         n = self.dd.init(self.requested_shards)
         self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
         self._lock_fd = self.dd.lock("supervisor.lock")
+        self.stopping = False
+        self._thread = None
+        self._monitor_error = None
+        self._spawn_requests.clear()
         self.start_timeout = start_timeout
         self.handles = [ShardHandle(i) for i in range(n)]
+        try:
+            self._start_shards(background)
+            self._start_scheduler()
+        except BaseException:
+            # Whatever failed (a spawn, the schedules, a Ctrl-C while waiting), nothing of
+            # this start may outlive it: a shard left running, or the lock left held,
+            # would make the next start() fail with DataDirLocked.
+            self.stop()
+            raise
+        return self
+
+    def _start_shards(self, background: bool) -> None:
+        n = len(self.handles)
         try:
             self.board = StatusBoard(self.dd.run_dir, n)
         except OSError as e:
@@ -162,8 +188,10 @@ class Supervisor:
             self._thread = threading.Thread(target=self._monitor, name="shardq-supervisor", daemon=True)
             self._thread.start()
             with self._changed:
-                while not self._settled() and self._thread.is_alive():
+                while not self._settled() and self._thread.is_alive() and self._monitor_error is None:
                     self._changed.wait(0.5)
+            if self._monitor_error is not None:
+                raise self._monitor_error
         else:
             for h in self.handles:
                 self._spawn(h)
@@ -171,15 +199,12 @@ class Supervisor:
                 self._poll_once(0.5)
         down = [h for h in self.handles if h.status != "ready"]
         if len(down) == n:
-            self.stop()
             raise ShardUnavailable("no shard could start: " + "; ".join(
                 f"shard {h.index}: {h.reason or h.status}" for h in down))
         for h in down:
             _event("shard-down", logging.ERROR, shard=h.index, status=h.status, reason=json.dumps(h.reason),
                    note='"the other shards serve"')
         _event("ready", shards=n, down=len(down))
-        self._start_scheduler()
-        return self
 
     def _settled(self) -> bool:
         return all(h.status in ("ready", "failed") or h.failures >= 2 for h in self.handles)
@@ -188,16 +213,17 @@ class Supervisor:
         if not (self.config.schedules or self.config.service.schedule_modules):
             return  # nothing to fire: import nothing, start nothing
         from .scheduler import Scheduler, collect_schedules
-        try:
-            schedules = collect_schedules(self.config)
-        except BaseException:
-            self.stop()
-            raise
+        schedules = collect_schedules(self.config)  # start() stops the shards if this raises
         if not schedules:
             return
         from ..client.router import Router
-        self.scheduler = Scheduler(schedules, Router(self.dd.path, _role="service"), self.dd.path,
-                                   self.clock).start()
+        router = Router(self.dd.path, _role="service")
+        try:
+            scheduler = Scheduler(schedules, router, self.dd.path, self.clock)  # refuses two of a name
+            self.scheduler = scheduler.start()
+        except BaseException:
+            router.close()
+            raise
         _event("scheduler-started", schedules=len(schedules))
 
     def run(self) -> int:
@@ -233,11 +259,12 @@ class Supervisor:
             os.write(self._wake_w, b"x")
         except OSError:
             pass
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if (self._thread is not None and self._thread is not threading.current_thread()
+                and self._thread.is_alive()):
             # The monitor thread spawned the shards and shuts them down: they are tied to
             # it by PDEATHSIG, so it must outlive them.
             self._thread.join(grace_s + 5)
-        else:
+        else:  # no monitor, or it has ended (then it shut down first) or never started
             self._shutdown(grace_s)
 
     def _shutdown(self, grace_s: float) -> None:
@@ -275,8 +302,14 @@ class Supervisor:
         cmd = [self.python, "-m", "shardq.shard.process", "--data-dir", self.dd.path,
                "--index", str(h.index), "--config", json.dumps(self.config.to_dict()),
                "--parent-pid", str(os.getpid()), "--health-pipe"]
-        h.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                  close_fds=True, env=child_env(), start_new_session=True)
+        try:
+            h.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                      close_fds=True, env=child_env(), start_new_session=True)
+        except OSError as e:  # no fork (EAGAIN, ENOMEM), no descriptors, no python
+            raise ShardUnavailable(f"cannot start shard {h.index}: {e}") from e
+        # Read without blocking, by the descriptor (_read_report): see shardq/service/lines.py.
+        os.set_blocking(h.proc.stdout.fileno(), False)
+        h.lines = LineSplitter()
         h.corrupt = h.failed = h.hung = h.busy = h.restart_at = None
         h.last_heard = time.monotonic()
         _event("spawn", shard=h.index, pid=h.proc.pid)
@@ -301,15 +334,24 @@ class Supervisor:
                 while self._spawn_requests:
                     self._spawn(self._spawn_requests.popleft())
                 self._poll_once(0.25)
+        except BaseException as e:
+            # start() raises it if it still waits; later, the log is the only place to say
+            # why every shard is about to be stopped.
+            self._monitor_error = e
+            _event("monitor-failed", logging.ERROR, error=json.dumps(f"{type(e).__name__}: {e}"),
+                   note='"every shard is stopped"')
         finally:
             self._shutdown(getattr(self, "grace_s", 10.0))
+            with self._changed:  # wake start() now, not at its next 0.5 s check
+                self._changed.notify_all()
 
     def _poll_once(self, timeout: float) -> None:
         due = [h.restart_at for h in self.handles if h.status == "restarting" and h.restart_at is not None]
         if due:
             timeout = min(timeout, max(min(due) - time.monotonic(), 0.0))
         timeout = min(timeout, self._ping_interval())  # health checks as fine-grained as the pings
-        live = {h.proc.stdout: h for h in self.handles if h.proc and h.proc.stdout and not h.proc.stdout.closed}
+        live = {h.proc.stdout.fileno(): h for h in self.handles
+                if h.proc and h.proc.stdout and not h.proc.stdout.closed}
         ready = wait_ready([self._wake_r, *live], timeout)
         for r in ready:
             if r == self._wake_r:
@@ -318,15 +360,36 @@ class Supervisor:
                 except BlockingIOError:
                     pass
                 continue
-            h = live[r]
-            line = r.readline()
-            if line:
-                self._on_line(h, line.decode(errors="replace").strip())
-            else:
-                self._on_exit(h)
+            self._read_report(live[r])
         if not self.stopping:
             self._restart_due()
             self._health()
+
+    def _read_report(self, h: ShardHandle) -> None:
+        """One read of ``h``'s stdout: act on every line it completes, or on its exit (EOF).
+        One read per wake-up, not a drain: bytes left in the pipe wake the next poll, so a
+        chatty shard cannot hold the loop from the others."""
+        try:
+            data = os.read(h.proc.stdout.fileno(), READ_BYTES)
+        except BlockingIOError:
+            return
+        if not data:
+            if h.lines.unfinished():
+                _event("shard-line-unfinished", logging.WARNING, shard=h.index, pid=h.proc.pid,
+                       bytes=h.lines.unfinished(), note='"it exited in the middle of a line; ignored"')
+            self._on_exit(h)
+            return
+        for raw in h.lines.feed(data):
+            if raw is None:  # logged in its place, before the lines after it
+                _event("shard-line-too-long", logging.ERROR, shard=h.index, pid=h.proc.pid,
+                       max_bytes=h.lines.max_bytes, note='"dropped, not kept"')
+                continue
+            line = raw.decode(errors="replace").strip()
+            try:
+                self._on_line(h, line)
+            except (ValueError, KeyError, TypeError) as e:  # the monitor must outlive a bad line
+                _event("shard-bad-line", logging.ERROR, shard=h.index, pid=h.proc.pid,
+                       line=json.dumps(line[:200]), error=json.dumps(str(e)))
 
     def _on_line(self, h: ShardHandle, line: str) -> None:
         word, _, rest = line.partition(" ")

@@ -35,6 +35,24 @@ from typing import Callable, Iterator
 from ..wal.fileio import Files, files_from_env
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: The longest line, newline excluded, a shard writes and its supervisor reads. The
+#: supervisor holds at most this much of an unfinished line per shard and drops a longer one
+#: (logged), so the only lines that can be long (``corrupt`` and ``failed``, which carry an
+#: error's text) are cut to fit here, where they are written.
+LINE_BYTES_MAX = 64 * 1024
+
+
+def fitted(word: str, fields: dict, text_key: str, text: str) -> str:
+    """``<word> <JSON of fields and text>``, at most :data:`LINE_BYTES_MAX` bytes: ``text``
+    is cut (marked ``[cut]``) if the whole would be longer; the other fields are short."""
+    line = f"{word} {json.dumps({**fields, text_key: text})}"
+    # json.dumps writes ASCII, so characters are bytes; each character cut from the text
+    # takes at least one byte off its JSON form.
+    excess = len(line) - LINE_BYTES_MAX
+    if excess > 0:
+        text = text[:max(len(text) - excess - len(" [cut]"), 0)] + " [cut]"
+        line = f"{word} {json.dumps({**fields, text_key: text})}"
+    return line
 
 
 class SupervisorPipe:
@@ -62,11 +80,11 @@ class SupervisorPipe:
         self._line(f"ready {os.getpid()} {records} {seconds:.6f} {jobs}")
 
     def corrupt(self, path: str, offset: int, reason: str) -> None:
-        self._line("corrupt " + json.dumps({"path": path, "offset": offset, "reason": reason}))
+        self._line(fitted("corrupt", {"path": path, "offset": offset}, "reason", reason))
 
     def failed(self, kind: str, detail: str, path: str | None) -> None:
         """Why the shard is about to exit: ``disk_full`` or ``io_error``."""
-        self._line("failed " + json.dumps({"kind": kind, "detail": detail, "path": path}))
+        self._line(fitted("failed", {"kind": kind, "path": path}, "detail", detail))
 
     @contextmanager
     def busy(self, phase: str, count: Callable[[], int]) -> Iterator[None]:
