@@ -127,6 +127,11 @@ def test_metrics_show_queues_shards_and_counters(svc):
     assert total(m, "shardq_shard_commit_ops_sum") >= total(m, "shardq_shard_commit_ops_count") > 0
     assert total(m, "shardq_shard_restarts_total") == 0
     assert total(m, "shardq_shard_wal_bytes") > 0 and total(m, "shardq_shard_clients") >= 1
+    # Records written, and the space the files take: the newest segment is preallocated, so
+    # a disk-use alert needs the second (issue 36: the first was documented as the second).
+    for shard in ("0", "1"):
+        written = total(m, "shardq_shard_wal_bytes", shard=shard)
+        assert total(m, "shardq_shard_wal_disk_bytes", shard=shard) > written > 0
     assert total(m, "shardq_shard_loop_iterations_total") > 0
     assert total(m, "shardq_shard_clients_max") == 2 * 4096  # limits.max_connections, per shard
     assert total(m, "shardq_shard_clients_turned_away_total") == 0

@@ -70,8 +70,11 @@ class ShardqCollector:
                         replay_n or 0)
             if not up:
                 continue
-            g.gauge("shardq_shard_wal_bytes", "bytes of the shard's log on disk (checkpoint and segments)",
-                    [s], sh["wal_bytes"])
+            g.gauge("shardq_shard_wal_bytes", "bytes of log records written: the checkpoint and the segments "
+                    "since it (what compaction weighs)", [s], sh["wal_bytes"])
+            g.gauge("shardq_shard_wal_disk_bytes", "bytes the shard's log files take on disk (allocated "
+                    "blocks, the newest segment's preallocated space included): alert on this", [s],
+                    sh.get("wal_disk_bytes", 0))
             g.gauge("shardq_shard_wal_segments", "log segments since the last checkpoint", [s], sh["segments"])
             g.counter("shardq_shard_compactions", "log compactions (checkpoints) since the shard started", [s],
                       sh["compactions"])

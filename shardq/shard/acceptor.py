@@ -1,6 +1,10 @@
 """The shard's acceptor: takes new connections off the listening socket and authenticates
 each on a short-lived thread of its own (the HMAC challenge of ``multiprocessing.connection``,
 bounded by a socket timeout), so a silent or hostile client never stalls the shard loop.
+At most ``HANDSHAKES_MAX`` handshakes run at once; when a new connection finds them all
+taken, the oldest is dropped to make room (a client that answers takes about a millisecond,
+so only a silent one is ever that old): connections that never speak delay a newcomer by
+one handshake, not by their whole timeout.
 Authenticated connections are handed to the loop through ``deliver``, each holding one of
 the shard's :class:`ConnectionSlots`; past ``limits.max_connections`` a client is turned
 away at the end of its handshake (:data:`~.sockio.TURNED_AWAY`), before it sends anything.
@@ -35,6 +39,8 @@ SERVICE_CONNECTIONS_MAX = 16
 EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
 #: accept() errors about one connection (it was reset before we took it): take the next
 _ONE_CONNECTION = (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM)
+#: How long a new connection waits for the turn an evicted handshake gives back.
+EVICT_WAIT_S = 1.0
 ACCEPT_BACKOFF_S_MIN = 0.01
 ACCEPT_BACKOFF_S_MAX = 1.0
 TROUBLE_LOG_EVERY_S = 10.0
@@ -97,7 +103,14 @@ class Acceptor(threading.Thread):
         #: a pool per role (sockio.ROLES); each connection delivered holds a slot of its role's
         self.slots = slots or {"client": ConnectionSlots(2**31), "service": ConnectionSlots(SERVICE_CONNECTIONS_MAX)}
         self.busy = threading.BoundedSemaphore(HANDSHAKES_MAX)
-        self.trouble = Throttled(clock or SystemClock())
+        # handshakes in progress: id -> (when it began, its descriptor). The lock is held
+        # while a handshake's descriptor is closed, so an eviction never shuts a reused one.
+        self._pending: dict[int, tuple[float, int]] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = 0
+        self.evicted = 0
+        self.clock = clock or SystemClock()
+        self.trouble = Throttled(self.clock)
         self.failures = 0  # in a row, since the last connection accepted
 
     def run(self) -> None:
@@ -114,7 +127,8 @@ class Acceptor(threading.Thread):
             if self.failures:
                 log.info("accepting connections again after %d failed attempts", self.failures)
                 self.failures = 0
-            if not self.busy.acquire(blocking=False):
+            if not self.busy.acquire(blocking=False) and not (
+                    self._evict_oldest() and self.busy.acquire(timeout=EVICT_WAIT_S)):
                 sock.close()  # a flood of connections: refuse rather than queue without bound
                 continue
             try:
@@ -124,6 +138,27 @@ class Acceptor(threading.Thread):
                 sock.close()
                 self._back_off(f"cannot start a handshake thread: {e}")
 
+    def _evict_oldest(self) -> bool:
+        """Shut the socket of the oldest handshake (its thread then fails its read, closes
+        and gives its turn back); False if there is none."""
+        with self._pending_lock:
+            if not self._pending:
+                return False
+            key = min(self._pending, key=lambda k: self._pending[k][0])
+            _, fd = self._pending.pop(key)
+            try:
+                s = socket.socket(fileno=os.dup(fd))
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                finally:
+                    s.close()
+            except OSError:
+                pass  # it finished meanwhile
+        self.evicted += 1
+        self.trouble.warn("all %d handshakes were waiting: dropped the oldest to let a new client in "
+                          "(connections that do not authenticate)", HANDSHAKES_MAX)
+        return True
+
     def _back_off(self, what: str) -> None:
         self.failures += 1
         delay = min(ACCEPT_BACKOFF_S_MIN * 2 ** min(self.failures - 1, 20), ACCEPT_BACKOFF_S_MAX)
@@ -132,9 +167,14 @@ class Acceptor(threading.Thread):
         time.sleep(delay)
 
     def _handshake(self, sock: socket.socket) -> None:
+        with self._pending_lock:
+            self._ids += 1
+            key = self._ids
         try:
             fd = sock.detach()
             conn = Connection(fd)  # owns fd from here on: closed below whatever happens
+            with self._pending_lock:
+                self._pending[key] = (self.clock.monotonic(), fd)
             try:
                 socket_timeouts(fd, HANDSHAKE_TIMEOUT_S)
                 deliver_challenge(conn, self.authkey)
@@ -163,7 +203,9 @@ class Acceptor(threading.Thread):
                 log.warning("client rejected during authentication: %s", e or type(e).__name__)
                 return
             finally:
-                conn.close()
+                with self._pending_lock:
+                    self._pending.pop(key, None)
+                    conn.close()
             fc = FrameConn(own)
             fc.slots = slots
             self.deliver(fc)

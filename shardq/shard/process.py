@@ -485,7 +485,8 @@ class ShardServer:
     def _stats(self, args, now, conn, rid):
         lg = self.shard.log
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
-                "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "segments": len(lg.segments),
+                "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "wal_disk_bytes": lg.allocated_bytes(),
+                "segments": len(lg.segments),
                 "compactions": self.shard.compactions, "clients": self.slots["client"].held,
                 "clients_max": self.slots["client"].limit,
                 "clients_turned_away": self.slots["client"].turned_away,

@@ -332,7 +332,21 @@ class Log:
     # ------------------------------------------------------------------ compaction
     @property
     def disk_bytes(self) -> int:
+        """Bytes of log records written: the checkpoint and the segments since it (what
+        compaction weighs). Not the space on disk: see :meth:`allocated_bytes`."""
         return self.checkpoint_bytes + self.bytes_since_checkpoint
+
+    def allocated_bytes(self) -> int:
+        """Bytes the log's files take on disk (allocated blocks): the newest segment's
+        preallocated space counts whole, as it does against a full disk."""
+        total = 0
+        for name in self.files.listdir(self.directory):
+            if parse_name(name):
+                try:
+                    total += os.stat(self._path(name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass  # removed by a compaction meanwhile
+        return total
 
     def compact(self, snapshot: Callable[[], Iterable[bytes]]) -> None:
         """Replace everything written so far with a checkpoint of the live state.
