@@ -6,7 +6,7 @@
     <data>/authkey            HMAC key for client authentication (mode 0600)
     <data>/run/shard-<i>.sock unix sockets (directory mode 0700)
     <data>/shard-<i>/         each shard's WAL segments and checkpoints
-    <data>/supervisor.lock    held (flock) by the running supervisor
+    <data>/supervisor.lock    held (flock) by the running supervisor; holds its PID
 
 The data dir and run dir are created 0700 and the key file 0600. Refused with
 :class:`~shardq.errors.AuthError`, each with the command that fixes it: a key file that is
@@ -22,13 +22,24 @@ import json
 import os
 import secrets
 import stat
+import time
 
 from . import limits
-from .errors import AuthError, DataDirLocked, InvalidConfig, NotADataDir, ShardCountMismatch
+from .errors import (AuthError, DataDirLocked, DataDirNotWritable, InvalidConfig, NotADataDir,
+                     ServiceNotRunning, ShardCountMismatch)
 
 META = "shardq.json"
 FORMAT = 1
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, including the terminator
+SUPERVISOR_LOCK = "supervisor.lock"
+# A supervisor takes its lock a few milliseconds after it creates the data dir; a client
+# that finds the lock free looks again for this long before it says no service runs.
+SERVICE_START_GRACE_S = 0.5
+# A client's probe holds the lock shared for microseconds; a supervisor that meets one
+# tries again for this long before it calls the data dir held.
+LOCK_PROBE_WAIT_S = 0.2
+_POLL_S = 0.01
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DataDir:
@@ -59,6 +70,12 @@ class DataDir:
         """
         if not 1 <= shards <= limits.SHARDS_MAX:
             raise InvalidConfig(f"shards: must be in [1, {limits.SHARDS_MAX}], got {shards}")
+        try:
+            return self._init(shards)
+        except OSError as e:
+            raise self._not_writable(e) from None
+
+    def _init(self, shards: int) -> int:
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         if not os.path.isdir(self.run_dir):
             os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -158,17 +175,79 @@ class DataDir:
             raise AuthError(f"refusing socket dir {self.run_dir}: mode {stat.S_IMODE(st.st_mode):04o} lets "
                             "others list, reach or replace the sockets; run chmod 700 on it")
 
+    def _not_writable(self, e: OSError) -> OSError | DataDirNotWritable:
+        """``e`` as DataDirNotWritable when the file system or permissions refused a write."""
+        if e.errno not in _NOT_WRITABLE:
+            return e
+        return DataDirNotWritable(f"the data dir {self.path} must be writable by this user "
+                                  f"(uid {os.geteuid()}): {e.strerror}: {e.filename or self.path}")
+
     def lock(self, name: str) -> int:
-        """Take an exclusive lock file, or raise if another process holds it."""
-        fd = os.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """Take an exclusive lock file and write this process's PID into it, or raise
+        DataDirLocked naming the PID of the process that holds it."""
+        path = os.path.join(self.path, name)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise self._not_writable(e) from None
+        deadline = time.monotonic() + LOCK_PROBE_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _pid_in(fd)
+                    os.close(fd)
+                    who = f" (pid {holder})" if holder else ""
+                    raise DataDirLocked(f"{path} is held by another running process{who}") from None
+            time.sleep(_POLL_S)  # polling a lock a client's probe holds for microseconds
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
             os.close(fd)
-            raise DataDirLocked(f"{self.path}/{name} is held by another running process") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            raise self._not_writable(e) from None
         return fd
+
+    def service_running(self) -> bool | None:
+        """Whether a supervisor holds this data dir's lock; None if no supervisor ever ran
+        on it (no lock file). A shared, non-blocking flock probe: it changes nothing, and a
+        supervisor starting meanwhile waits it out (:meth:`lock`)."""
+        try:
+            fd = os.open(os.path.join(self.path, SUPERVISOR_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # releases the shared lock, if it was taken
+        return False
+
+    def require_service(self, grace_s: float = SERVICE_START_GRACE_S) -> None:
+        """Return at once if a service runs on this data dir; raise ServiceNotRunning,
+        within ``grace_s``, if its supervisor lock stays free. The router and the asyncio
+        client call it when they are created, so a command against a stopped service fails
+        in under a second instead of retrying for ``retry_s``. A data dir no supervisor has
+        served yet (no lock file: one being created now, or shards a test runs alone) is
+        left to the client's own retrying."""
+        deadline = time.monotonic() + grace_s
+        while self.service_running() is False:
+            if time.monotonic() >= deadline:
+                raise ServiceNotRunning(f"no shardq service is running on {self.path}: start it with "
+                                        f"shardq serve --data-dir {self.path}")
+            time.sleep(_POLL_S)  # a polled deadline: a supervisor may be taking its lock now
+
+
+def _pid_in(fd: int) -> int | None:
+    """The PID a lock file holds, as :meth:`DataDir.lock` wrote it (None if not readable)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _sync_dir(path: str) -> None:

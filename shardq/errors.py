@@ -5,12 +5,12 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * your input: :class:`InvalidJob`, :class:`UnknownQueue`, :class:`ProtocolError`,
   :class:`NotFound`, :class:`UsageError`
 * your setup: :class:`InvalidConfig` and its kinds :class:`ShardCountMismatch`,
-  :class:`NotADataDir`, :class:`DataDirLocked`; :class:`AuthError`
+  :class:`NotADataDir`, :class:`DataDirLocked`, :class:`DataDirNotWritable`; :class:`AuthError`
 * your lease: :class:`LeaseLost` (and :class:`Cancelled`: an operator cancelled the job)
 * capacity: :class:`QueueFull`
 * the backend: :class:`Unsupported` (a feature this backend cannot provide)
 * the service: :class:`ShardUnavailable` (and :class:`OutcomeUnknown`,
-  :class:`TooManyConnections`), :class:`Closed`
+  :class:`TooManyConnections`, :class:`ServiceNotRunning`), :class:`Closed`
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
 * raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
@@ -101,6 +101,13 @@ class OutcomeUnknown(ShardUnavailable):
     set). Check the state (``stats``, ``dead_letters``, the job) before acting again."""
 
 
+class ServiceNotRunning(ShardUnavailable):
+    """No ``shardq serve`` (nor ``shardq.open``) runs on the data dir: its supervisor lock
+    is free and no shard socket answers. Raised when a client is created, within a
+    second, instead of after ``retry_s``; a service that runs while a shard restarts is
+    waited for as before. A :class:`ShardUnavailable`, so handlers of that still catch it."""
+
+
 class Closed(ShardqError):
     """The router or log was closed by its owner."""
 
@@ -114,7 +121,13 @@ class NotADataDir(InvalidConfig):
 
 
 class DataDirLocked(InvalidConfig):
-    """Another running process holds the data dir's (or a shard directory's) lock."""
+    """Another running process holds the data dir's (or a shard directory's) lock; the
+    message names its PID when the lock file records one."""
+
+
+class DataDirNotWritable(InvalidConfig):
+    """The service cannot create or write files in its data dir (a read-only file system,
+    or permissions): the message names the path and the system's reason."""
 
 
 class UsageError(ShardqError):

@@ -1,15 +1,21 @@
 """The ``shardq`` command against a running service, each command a real subprocess."""
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from service import REPO, Service
+from doc_runner import catches_sigterm
+from service import REPO, Service, alive, short_tmpdir, wait_until
 
 CONFIG = {"queues": {"default": {}, "once": {"max_deliveries": 1}}}
 
@@ -96,7 +102,8 @@ def test_dead_letters_list_and_redrive(svc):
     r = cli(svc, "dead-letters", "list", "--queue", "once")
     assert r.returncode == 0, r.stderr
     dead = [json.loads(l) for l in out(r).splitlines()]
-    assert dead == [{"job_id": jid, "key": "p", "attempts": 1, "error": "it broke", "body": "poison"}]
+    assert dead == [{"queue": "once", "job_id": jid, "key": "p", "attempts": 1, "error": "it broke",
+                     "body": "poison"}]
     r = cli(svc, "dead-letters", "redrive", "--queue", "once")
     assert r.returncode == 0 and out(r).strip() == "redriven: 1", r.stderr
     assert out(cli(svc, "dead-letters", "list", "--queue", "once")) == ""
@@ -196,10 +203,122 @@ def test_wal_check_of_a_data_dir_checks_every_shard(svc):
 
 
 def test_stats_exits_1_when_every_shard_is_down(svc):
-    svc.kill_all()
-    r = cli(svc, "stats")
+    # The supervisor runs (stopped, so it cannot restart them) while both shards are dead:
+    # the service is there, its shards are not, and stats says so shard by shard.
+    shards = svc.shard_pids()
+    os.kill(svc.proc.pid, signal.SIGSTOP)
+    try:
+        for pid in shards:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not any(alive(p) for p in shards), 10, 0.01, "the shards gone")
+        r = cli(svc, "stats")
+    finally:
+        os.kill(svc.proc.pid, signal.SIGCONT)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert out(r).count("DOWN") == 2 and b"Traceback" not in r.stderr
+
+
+def test_a_command_against_a_stopped_service_says_so_within_a_second(svc):
+    svc.stop()
+    started = time.monotonic()
+    r = cli(svc, "enqueue", "hi")
+    took = time.monotonic() - started
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert err_lines(r) == [f"error: ServiceNotRunning: no shardq service is running on {svc.data_dir}: "
+                            f"start it with shardq serve --data-dir {svc.data_dir}"], r.stderr
+    assert took < 5, f"{took:.1f} s (the router's retry_s is 15 s)"  # a Python start-up, plus < 1 s
+
+
+def test_a_bad_argument_is_one_error_line_exit_2():
+    r = run_shardq("job", "show", "abc")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        "error: UsageError: argument job_id: invalid int value: 'abc' (see shardq job --help)"]
+    r = run_shardq("outbox", "relay")
+    assert r.returncode == 2 and r.stderr.decode().splitlines() == [
+        "error: UsageError: the following arguments are required: --dsn (see shardq outbox relay --help)"]
+    r = run_shardq("enqeue", "x")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and b"invalid choice: 'enqeue'" in r.stderr
+
+
+def test_dead_letters_list_without_a_queue_lists_every_queue(svc):
+    with svc.connect() as q:
+        mine = q.enqueue(b"in once", queue="once", key="a")
+        q.nack(q.dequeue("once"), error="boom")
+        q.enqueue(b"live, not dead")  # a queue with jobs but no dead letters lists nothing
+        r = cli(svc, "dead-letters", "list")
+    assert r.returncode == 0, r.stderr
+    assert [(d["queue"], d["job_id"]) for d in map(json.loads, out(r).splitlines())] == [("once", mine)]
+    r = cli(svc, "dead-letters", "list", "--cursor", "x")
+    assert r.returncode == 2 and err_lines(r)[0].startswith("error: UsageError: --cursor needs --queue")
+    r = cli(svc, "dead-letters", "redrive")  # queue default holds none: say where they are
+    assert r.returncode == 0 and out(r) == "redriven: 0\n"
+    assert "dead letters wait in once (1)" in r.stderr.decode(), r.stderr
+
+
+def test_bodies_print_decoded_task_text_or_base64_and_raw_on_request(svc):
+    from shardq.consumer import taskbody
+    task = taskbody.encode("myapp.tasks.send_welcome", [42, b"\x00\xff"], {"template": "short"})
+    binary = b"\x00\xff\xfe binary"
+    with svc.connect() as q:
+        ids = {q.enqueue(body, queue="once", key=f"k{i}"): body
+               for i, body in enumerate([task, "héllo".encode(), binary])}
+        for lease in q.dequeue_many("once", max_jobs=3):
+            q.nack(lease)
+        r = cli(svc, "dead-letters", "list", "--queue", "once")
+        raw = cli(svc, "dead-letters", "list", "--queue", "once", "--raw")
+        shown = cli(svc, "job", "show", str(next(iter(ids))))
+    assert r.returncode == 0 and raw.returncode == 0 and shown.returncode == 0, (r.stderr, raw.stderr, shown.stderr)
+    letters = {d["job_id"]: d for d in map(json.loads, out(r).splitlines())}
+    as_task, as_text, as_bytes = (letters[j] for j in ids)
+    assert as_task["task"] == {"name": "myapp.tasks.send_welcome", "args": [42, {"base64": "AP8="}],
+                               "kwargs": {"template": "short"}} and "body" not in as_task
+    assert as_text["body"] == "héllo"
+    assert base64.b64decode(as_bytes["body_base64"]) == binary and "body" not in as_bytes
+    exact = {d["job_id"]: base64.b64decode(d["body_base64"]) for d in map(json.loads, out(raw).splitlines())}
+    assert exact == ids
+    info = json.loads(out(shown))
+    assert info["task"]["name"] == "myapp.tasks.send_welcome" and info["body_bytes"] == len(task)
+
+
+def test_job_show_cuts_a_long_text_body_on_a_character(svc):
+    body = ("a" + "é" * 600).encode()  # 1,201 bytes: byte 1,000 is the middle of an "é"
+    with svc.connect() as q:
+        jid = q.enqueue(body)
+        r = cli(svc, "job", "show", str(jid))
+        q.ack(q.dequeue())
+    info = json.loads(out(r))
+    assert info["body"] == "a" + "é" * 499 and info["body_bytes"] == 1201  # no "\ufffd" at the cut
+
+
+def test_serve_on_a_held_data_dir_names_the_pid_holding_it(svc):
+    r = cli(svc, "serve", "--shards", "2")
+    assert r.returncode == 5
+    assert err_lines(r) == [f"error: DataDirLocked: {svc.data_dir}/supervisor.lock is held by another "
+                            f"running process (pid {svc.proc.pid})"], r.stderr
+
+
+def test_serve_on_a_read_only_data_dir_says_it_must_be_writable():
+    from shardq.datadir import DataDir
+    data = os.path.join(short_tmpdir(), "data")
+    DataDir(data).init(1)  # a data dir made by an earlier run, now on a read-only disk
+    serve = [sys.executable, "-m", "shardq.cli", "serve", "--data-dir", data, "--shards", "1"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    try:
+        if os.geteuid() == 0:  # root writes through permissions: make the file system read-only
+            r = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"',
+                                data, *serve], capture_output=True, timeout=60, env=env)
+            why = "Read-only file system"
+        else:
+            os.chmod(data, 0o500)
+            r = subprocess.run(serve, capture_output=True, timeout=60, env=env)
+            why = "Permission denied"
+    finally:
+        os.chmod(data, 0o700)
+        shutil.rmtree(os.path.dirname(data), ignore_errors=True)
+    assert r.returncode == 5, r.stderr
+    assert err_lines(r) == [f"error: DataDirNotWritable: the data dir {data} must be writable by this user "
+                            f"(uid {os.geteuid()}): {why}: {data}/supervisor.lock"], r.stderr
 
 
 def test_stats_into_a_closed_pipe_prints_no_traceback(svc):
@@ -251,3 +370,65 @@ def test_exit_code_table_in_the_docs_is_the_code():
     rows = [l for l in section.splitlines() if l.startswith("| ") and not l.startswith("| code")]
     documented = [(int(l.split("|")[1]), l.split("|")[2].strip()) for l in rows]
     assert documented == exits.TABLE
+
+
+# ---------------------------------------------------------------------- a worker's queues at start
+TASKS_MODULE = (
+    "import shardq\n"
+    "app = shardq.App({data_dir!r})\n"
+    "@app.task(queue='emails')\n"
+    "def send(ctx, to):\n"
+    "    pass\n")
+
+
+def test_a_task_worker_on_a_queue_no_task_uses_exits_2_naming_the_queues(svc, tmp_path):
+    (tmp_path / "typo_tasks.py").write_text(TASKS_MODULE.format(data_dir=svc.data_dir))
+    with svc.connect() as q:
+        q.enqueue(b"waiting", queue="once")
+        r = run_shardq("worker", "typo_tasks", "--queue", "email", "--data-dir", svc.data_dir, cwd=str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r) == ["error: UsageError: --queue email: no task of typo_tasks is sent to this queue and "
+                            "it holds no jobs, so nothing could ever run there (the tasks' queues: emails); "
+                            "queues with jobs: once (1)"], r.stderr
+
+
+def test_a_handler_worker_on_a_queue_never_seen_warns_and_keeps_waiting(svc, tmp_path):
+    (tmp_path / "typo_handler.py").write_text("def handle(ctx):\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    with svc.connect() as q:
+        q.enqueue(b"for the right queue")
+        proc = subprocess.Popen([sys.executable, "-m", "shardq", "worker", "typo_handler:handle", "--queue",
+                                 "defualt", "--data-dir", svc.data_dir], cwd=str(tmp_path), env=env,
+                                stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        try:
+            warning = wait_until(lambda: next((l.rstrip("\n") for l in lines if "never seen" in l), None),
+                                 30, 0.01, "the warning")
+            # a warning, not an exit: jobs may still come; stopped once it handles SIGTERM
+            wait_until(lambda: catches_sigterm(proc.pid), 30, 0.01, "the worker running")
+            assert proc.poll() is None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(30)
+            reader.join(10)
+            proc.stderr.close()
+        q.ack(q.dequeue())
+    assert rc == 0
+    assert warning.endswith("shardq.worker WARNING queue 'defualt' holds no jobs and the service has never seen "
+                            "it (a typo?); waiting for jobs there anyway; queues with jobs: default (1)"), warning
+
+
+def test_a_worker_on_an_undeclared_queue_exits_2(tmp_path):
+    config = {"service": {"declare_queues": True}, "queues": {"default": {}, "emails": {}}}
+    with Service(config=config, shards=1) as declared:
+        with declared.connect() as q:
+            q.enqueue(b"x", queue="emails")
+            r = run_shardq("worker", "json:dumps", "--queue", "emails2", "--data-dir", declared.data_dir,
+                           cwd=str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r) == [
+        "error: UnknownQueue: --queue emails2: the service does not declare this queue (declare_queues = true), "
+        "so no job can ever be sent to it: fix the name, or declare it as [queues.emails2] in the service's "
+        "config; queues with jobs: emails (1)"], r.stderr

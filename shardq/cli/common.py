@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -52,6 +53,39 @@ def number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def body_fields(body: bytes, raw: bool = False, limit_bytes: int | None = None) -> dict:
+    """A job body as the JSON field that fits it, one of three:
+
+    * ``{"task": {"name", "args", "kwargs"}}``: a task body (shardq's msgpack format), decoded;
+    * ``{"body": text}``: a body that is UTF-8 text;
+    * ``{"body_base64": ...}``: any other body, or every body with ``raw``: its exact bytes.
+
+    ``limit_bytes`` shows only the first that many bytes of a text or base64 body (never
+    cutting a character); a task body is shown whole, since a part cannot be decoded."""
+    if not raw:
+        from ..consumer import taskbody
+        task = taskbody.describe(body)
+        if task is not None:
+            return {"task": task}
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            if limit_bytes is not None and len(body) > limit_bytes:
+                # the body is valid UTF-8, so only a character cut at the end can fail: drop it
+                text = body[:limit_bytes].decode("utf-8", "ignore")
+            return {"body": text}
+    shown = body if limit_bytes is None else body[:limit_bytes]
+    return {"body_base64": base64.b64encode(shown).decode("ascii")}
+
+
+def add_raw_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--raw", action="store_true",
+                   help="print each body's exact bytes as body_base64, undecoded (default: a task "
+                        "body decoded as task, UTF-8 text as body, anything else as body_base64)")
 
 
 def print_json(obj) -> None:

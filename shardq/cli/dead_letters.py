@@ -1,9 +1,16 @@
-"""``shardq dead-letters list|redrive|purge``."""
+"""``shardq dead-letters list|redrive|purge``.
+
+``list`` without ``--queue`` lists every queue that holds dead letters, so a letter in a
+queue the operator did not think of is not missed; ``redrive`` and ``purge`` change one
+queue only (``--queue``, default ``default``), and say where dead letters wait when that
+one held none.
+"""
 from __future__ import annotations
 
 import json
 import sys
 
+from ..errors import UsageError
 from . import common, exits
 from .jobs import _ref
 
@@ -11,31 +18,60 @@ from .jobs import _ref
 def register(sub, parent) -> None:
     s = sub.add_parser("dead-letters", parents=[parent], help="list, redrive or purge dead letters")
     s.add_argument("action", choices=["list", "redrive", "purge"])
-    s.add_argument("--queue", default="default")
+    s.add_argument("--queue", default=None,
+                   help="list: only this queue (default: every queue with dead letters); "
+                        "redrive/purge: this queue (default: default)")
     s.add_argument("--limit", type=int, default=100, help="list: letters per page (at most 1000)")
-    s.add_argument("--cursor", help="list: the page after the one that printed this cursor")
+    s.add_argument("--cursor", help="list (with --queue): the page after the one that printed this cursor")
     s.add_argument("--id", dest="ids", type=_ref, action="append", metavar="JOB_ID",
                    help="redrive/purge: only this dead letter (repeat for more; as list printed it: "
                         "a number on the local shards, a message id on SQS); default: all")
+    common.add_raw_flag(s)
     s.set_defaults(fn=run)
 
 
 def run(args) -> int:
+    if args.cursor is not None and args.queue is None:
+        raise UsageError("--cursor needs --queue: a cursor continues the pages of one queue")
     with common.connect(args) as q:
         if args.action == "list":
-            if args.cursor is None and not hasattr(q, "dead_letters_page"):
-                items, cursor = q.dead_letters(args.queue, limit=args.limit), None  # any backend
+            if args.queue is not None:
+                _list(q, args.queue, args, more_flags="")
             else:
-                page = common.control_call(q, "dead_letters_page")(args.queue, args.limit, args.cursor)
-                items, cursor = page.items, page.cursor
-            for d in items:
-                print(json.dumps({"job_id": d.job_id, "key": d.key, "attempts": d.attempts, "error": d.error,
-                                  "body": d.body.decode("utf-8", "replace")}))
-            if cursor is not None:
-                print(f"more: --cursor {cursor}", file=sys.stderr)
-        elif args.action == "redrive":
-            print(f"redriven: {q.redrive(args.queue, args.ids)}")
+                for name in sorted(dead_counts(q)):
+                    _list(q, name, args, more_flags=f"--queue {name} ")
+            return exits.OK
+        queue = args.queue or "default"
+        if args.action == "redrive":
+            done = q.redrive(queue, args.ids)
+            print(f"redriven: {done}")
         else:
             # by id: the SQS backend raises Unsupported (it cannot pick dead letters to delete)
-            print(f"purged: {q.purge_dead_letters(args.queue, args.ids)}")
+            done = q.purge_dead_letters(queue, args.ids)
+            print(f"purged: {done}")
+        if not done and args.queue is None:
+            elsewhere = dead_counts(q)
+            if elsewhere:
+                print("note: no --queue given, so queue 'default'; dead letters wait in "
+                      + ", ".join(f"{n} ({c})" for n, c in sorted(elsewhere.items())), file=sys.stderr)
     return exits.OK
+
+
+def dead_counts(q) -> dict[str, int]:
+    """Queue -> how many dead letters it holds, for the queues that hold any (approximate on
+    SQS, like its stats)."""
+    return {name: int(c["dead"]) for name, c in q.stats()["queues"].items()
+            if isinstance(c.get("dead"), int) and c["dead"] > 0}
+
+
+def _list(q, queue: str, args, more_flags: str) -> None:
+    if args.cursor is None and not hasattr(q, "dead_letters_page"):
+        items, cursor = q.dead_letters(queue, limit=args.limit), None  # any backend
+    else:
+        page = common.control_call(q, "dead_letters_page")(queue, args.limit, args.cursor)
+        items, cursor = page.items, page.cursor
+    for d in items:
+        print(json.dumps({"queue": queue, "job_id": d.job_id, "key": d.key, "attempts": d.attempts,
+                          "error": d.error, **common.body_fields(d.body, args.raw)}))
+    if cursor is not None:
+        print(f"more: {more_flags}--cursor {cursor}", file=sys.stderr)

@@ -9,24 +9,26 @@ from ..errors import (AuthError, CorruptLog, InvalidConfig, InvalidJob, LeaseLos
                       UsageError)
 
 OK = 0
-FAILURE = 1     # the service or the disk failed: a shard down, a log write failed, a corrupt log, QueueFull
+FAILURE = 1     # the service or the disk failed: no service, a shard down, a log write failed, a corrupt log, QueueFull
 USAGE = 2       # the command line or the job was wrong: bad arguments, InvalidJob, NotFound, Unsupported
 EMPTY = 3       # nothing to do: dequeue found no job
 LEASE_LOST = 4  # ack/nack/extend with a lease that is no longer current (LeaseLost, JobGone)
-SETUP = 5       # the setup is wrong: config file, not a data dir, lock held, shard count, key file
+SETUP = 5       # the setup is wrong: config file, not a data dir, lock held, read-only, shard count, key file
 
 #: (code, meaning) for the documentation table.
 TABLE = [
     (OK, "success"),
-    (FAILURE, "the service or the disk failed: a shard is down or did not answer, a log write "
-              "failed, `wal check` found corruption, `QueueFull`"),
+    (FAILURE, "the service or the disk failed: no service runs on the data dir (`ServiceNotRunning`), "
+              "a shard is down or did not answer, a log write failed, `wal check` found corruption, "
+              "`QueueFull`"),
     (USAGE, "usage or input error: bad arguments, an invalid job (`InvalidJob`, `UnknownQueue`), "
             "a job id that does not exist (`NotFound`), a feature the backend cannot provide "
             "(`Unsupported`: nothing was changed)"),
     (EMPTY, "nothing to dequeue"),
     (LEASE_LOST, "the lease is no longer current (`LeaseLost`, `JobGone`): nothing was changed"),
-    (SETUP, "setup error: bad config file, not a data dir, data dir held by another process, "
-            "shard count mismatch, unsafe key file or socket directory"),
+    (SETUP, "setup error: bad config file, not a data dir, data dir held by another process "
+            "(`DataDirLocked` names its PID) or not writable (`DataDirNotWritable`), shard count "
+            "mismatch, unsafe key file or socket directory"),
 ]
 
 

@@ -12,6 +12,7 @@ def register(sub, parent) -> None:
     s = sub.add_parser("job", parents=[parent], help="show or cancel one job by id")
     s.add_argument("action", choices=["show", "cancel"])
     s.add_argument("job_id", type=int)
+    common.add_raw_flag(s)
     s.set_defaults(fn=run)
 
 
@@ -20,7 +21,7 @@ def run(args) -> int:
         if args.action == "show":
             info = common.control_call(q, "job")(args.job_id)
             body = info.pop("body")
-            info["body"] = body[:_BODY_PREVIEW_BYTES].decode("utf-8", "replace")
+            info.update(common.body_fields(body, args.raw, _BODY_PREVIEW_BYTES))
             info["body_bytes"] = len(body)
             print(json.dumps(info))
         else:

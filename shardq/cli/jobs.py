@@ -23,6 +23,7 @@ def register(sub, parent) -> None:
     s.add_argument("--wait", type=common.number, default=0.0)
     s.add_argument("--visibility", type=common.number)
     s.add_argument("--max", type=int, default=1)
+    common.add_raw_flag(s)
     s.set_defaults(fn=dequeue)
 
     for name, fn in (("ack", ack), ("nack", nack)):
@@ -48,7 +49,7 @@ def dequeue(args) -> int:
         leases = q.dequeue_many(args.queue, max_jobs=args.max, wait=args.wait, visibility=args.visibility)
     for l in leases:
         print(json.dumps({"job_id": l.job_id, "token": l.token, "key": l.key, "attempt": l.attempt,
-                          "deadline": l.deadline, "body": l.body.decode("utf-8", "replace")}))
+                          "deadline": l.deadline, **common.body_fields(l.body, args.raw)}))
     return exits.OK if leases else exits.EMPTY
 
 

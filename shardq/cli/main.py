@@ -38,8 +38,20 @@ GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queu
           outbox, sqs)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with shardq's error form: a bad command line prints one line
+    ``error: UsageError: <message> (see <prog> --help)`` and exits 2, like every other
+    error of the command (docs/operations.md, "Exit codes"), not argparse's usage block.
+    Sub-commands are parsed by this class too (argparse makes subparsers of the parent's
+    class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: UsageError: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(exits.USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardq", description="durable sharded job queue")
+    p = Parser(prog="shardq", description="durable sharded job queue")
     sub = p.add_subparsers(dest="command", required=True)
     parent = common.common_parser()
     for group in GROUPS:

@@ -16,6 +16,8 @@ from ..errors import UsageError
 from ..pgconn import is_url
 from . import common, exits
 
+log = logging.getLogger("shardq.worker")
+
 
 def open_store(target: str):
     """The idempotency store ``--idempotency`` names, picked by the URL scheme: a PostgreSQL
@@ -69,10 +71,11 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         raise UsageError("give one module:function, or module names (no colon) of tasks")
     if not task_mode and args.queue and len(args.queue) != 1:
         raise UsageError("a module:function handler works one --queue")
+    tasks = None
     try:
         if task_mode:
             from ..consumer.dispatch import load_tasks
-            load_tasks(args.handler)  # import errors are usage errors, before connecting
+            tasks = load_tasks(args.handler)  # import errors are usage errors, before connecting
         else:
             handler = load_handler(args.handler[0])
     except (ImportError, AttributeError, ValueError) as exc:
@@ -87,6 +90,9 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         # Requests must time out well inside a lease, so one hung shard cannot stall the
         # heartbeats of jobs on the other shards past their deadlines.
         router = connect(target, request_timeout_s=5.0)
+        queues = args.queue or (sorted({t.queue for t in tasks.values()}) if tasks is not None else ["default"])
+        for warning in check_queues(router, queues, tasks, args.handler):
+            log.warning("%s", warning)
         metrics = _serve_metrics(args)
         if task_mode:
             from ..consumer.taskworker import Options, TaskWorkers
@@ -106,11 +112,53 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
     return exits.OK
 
 
+_PENDING = ("ready", "delayed", "waiting", "in_flight")
+
+
+def check_queues(router, queues: list[str], tasks: dict | None, targets: list[str]) -> list[str]:
+    """Check at start the queues a worker is about to wait on, so a misspelt ``--queue``
+    is not an idle worker. Raises UnknownQueue for a queue the service refuses (not
+    declared, with ``declare_queues``) and UsageError for a queue of a task worker that no
+    task of its modules is sent to and that holds no jobs: nothing could ever run there.
+    Returns warnings for a handler's queue the service has never seen and that holds no
+    jobs (jobs may still come). Each names the queues that hold jobs. With a shard down the
+    counts are incomplete, and only the declaration is checked."""
+    from ..errors import UnknownQueue
+    if not hasattr(router, "stats"):
+        return []  # a stand-in queue object that cannot count its jobs
+    st = router.stats()
+    complete = all(sh.get("available", True) for sh in st.get("shards", []))
+    counts = st.get("queues", {})
+    with_jobs = {name: n for name, c in sorted(counts.items())
+                 if (n := sum(v for k in _PENDING if isinstance(v := c.get(k), int)))}
+    holding = "queues with jobs: " + (", ".join(f"{n} ({c})" for n, c in with_jobs.items()) or "none")
+    fatal, warnings = [], []
+    for q in queues:
+        try:
+            router.queue_config(q)
+        except UnknownQueue:
+            raise UnknownQueue(f"--queue {q}: the service does not declare this queue (declare_queues = "
+                               f"true), so no job can ever be sent to it: fix the name, or declare it as "
+                               f"[queues.{q}] in the service's config; {holding}") from None
+        if not complete or with_jobs.get(q):
+            continue
+        if tasks is not None and not any(t.queue == q for t in tasks.values()):
+            task_queues = ", ".join(sorted({t.queue for t in tasks.values()}))
+            fatal.append(f"--queue {q}: no task of {' '.join(targets)} is sent to this queue and it holds "
+                         f"no jobs, so nothing could ever run there (the tasks' queues: {task_queues})")
+        elif tasks is None and q not in counts:
+            warnings.append(f"queue {q!r} holds no jobs and the service has never seen it (a typo?); "
+                            f"waiting for jobs there anyway; {holding}")
+    if fatal:
+        raise UsageError("; ".join(fatal) + f"; {holding}")
+    return warnings
+
+
 def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = None) -> int:
     """The worker command on its own (tests, embedding): parse ``argv``, run, return the exit
     status; errors print ``error: Type: message`` like every ``shardq`` command."""
-    from .main import run_guarded
-    p = argparse.ArgumentParser(prog="shardq worker", parents=[common.common_parser()],
+    from .main import Parser, run_guarded
+    p = Parser(prog="shardq worker", parents=[common.common_parser()],
                                 description="Run a handler, or every task of some modules.")
     add_arguments(p)
     args = p.parse_args(argv)

@@ -44,7 +44,8 @@ _now = SystemClock.now
 
 async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 30.0) -> AsyncQueue:
     """An asyncio client of the ``shardq serve`` whose data dir is ``target``. Connects to
-    every shard now (a shard that is down is connected to when first needed)."""
+    every shard now (a shard that is down is connected to when first needed). Raises
+    :class:`~shardq.errors.ServiceNotRunning` within a second when no service runs there."""
     q = AsyncQueue(target, retry_s=retry_s, request_timeout_s=request_timeout_s)
     await q._open()
     return q
@@ -73,6 +74,8 @@ class AsyncQueue:
 
     async def _open(self) -> None:
         self.loop = asyncio.get_running_loop()
+        # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
+        await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s,
                                 self.request_timeout_s, self._release_rows)
                       for i, path in enumerate(self._sockets)]

@@ -216,6 +216,8 @@ class Router:
         self.shards = dd.shards()
         self.service_id = dd.service_id()
         key = dd.authkey()
+        if supervisor is None:
+            dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
             busy_poll_us = 0  # serve's own calls are not latency-bound: no CPU spent on them
         self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us)

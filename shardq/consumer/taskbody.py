@@ -8,6 +8,7 @@ argument. Tuples arrive as lists, as with JSON.
 """
 from __future__ import annotations
 
+import base64
 import inspect
 from typing import Any
 
@@ -57,6 +58,31 @@ def decode(body: bytes) -> tuple[str, list, dict]:
             or not all(type(k) is str for k in kwargs):
         raise BadBody("malformed task body: 't' must be a string, 'a' an array, 'k' a map of strings")
     return name, args, kwargs
+
+
+def describe(body: bytes) -> dict | None:
+    """A task body as plain JSON values, for people and tools that show jobs (the CLI, the
+    console): ``{"name": ..., "args": [...], "kwargs": {...}}``; None if ``body`` is not a
+    task body of this version. Bytes inside the arguments become ``{"base64": "..."}``;
+    it runs no code and changes nothing."""
+    try:
+        name, args, kwargs = decode(body)
+    except BadBody:
+        return None
+    return {"name": name, "args": _plain(args), "kwargs": _plain(kwargs)}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with what JSON cannot hold (bytes, msgpack's own types) made JSON values."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)  # a msgpack extension type: shown, not interpreted
 
 
 def _labelled(args, kwargs, signature):

@@ -103,6 +103,10 @@ function renderQueues(queues) {
   if (names.join("\n") !== Array.from(sel.options, (o) => o.value).join("\n")) {
     sel.replaceChildren(...names.map((n) => { const o = el("option", n); o.value = n; return o; }));
     if (names.includes(chosen)) sel.value = chosen;
+    // The first look opens on a queue that holds dead letters, if any does: the first
+    // queue by name is often an empty one, and the page would say there are none.
+    const withDead = queues.find((q) => q.dead > 0);
+    if (!chosen && withDead) sel.value = withDead.name;
     if (!chosen && names.length) loadDeadLetters(null);
   }
 }
