@@ -256,8 +256,9 @@ class Log:
             self.files.truncate(torn.path, keep)
         self.files.sync_dir(self.directory)
         self.stats.torn = torn
-        if torn.damage is None:  # formats 1 and 2: the earlier rule (reader.py)
-            what = "a write that was never acknowledged"
+        if torn.damage is None:  # formats 1 and 2: the earlier rule (reader.py), which proves nothing
+            what = ("what the rule of log formats 1 and 2 takes for a torn last write (those formats cannot "
+                    "prove it unsynced; the segment is sealed and format 3 begins after it)")
         else:
             ids = readable_job_ids(data, torn.offset)
             what = (f"{torn.damage.describe()}; enqueues readable in the cut bytes: "
