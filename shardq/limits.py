@@ -64,8 +64,11 @@ COMPACT_MIN_BYTES_DEFAULT = 64 * 1024 * 1024  # never compact a log smaller than
 # fits, because its frame is at most FRAME_BYTES_MAX and logging adds less than 1 MiB.
 SEGMENT_RECORD_BYTES_MAX = FRAME_BYTES_MAX + 1024 * 1024
 # A checkpoint record holds as many jobs as fit in CHECKPOINT_CHUNK_BYTES, and at least one
-# (a job with a body at the ceiling and every field at its maximum).
-CHECKPOINT_CHUNK_BYTES = 1024 * 1024
+# (a job with a body at the ceiling and every field at its maximum). Small, because a
+# damaged record loses its jobs (wal repair salvages every other record); written to the
+# file CHECKPOINT_WRITE_BYTES at a time.
+CHECKPOINT_CHUNK_BYTES = 64 * 1024
+CHECKPOINT_WRITE_BYTES = 1024 * 1024
 CHECKPOINT_RECORD_BYTES_MAX = BODY_BYTES_MAX_CEILING + 1024 * 1024
 
 # Shards.

@@ -286,7 +286,7 @@ def test_the_log_format_is_as_documented():
     assert f"`SEGMENT_RECORD_BYTES_MAX` = {limits.SEGMENT_RECORD_BYTES_MAX // mib} MiB" in text
     assert f"`CHECKPOINT_RECORD_BYTES_MAX` = {limits.CHECKPOINT_RECORD_BYTES_MAX // mib} MiB" in text
     assert f"`FRAME_BYTES_MAX` = {limits.FRAME_BYTES_MAX // mib} MiB" in text
-    assert f"`CHECKPOINT_CHUNK_BYTES` ({limits.CHECKPOINT_CHUNK_BYTES // mib} MiB)" in text
+    assert f"`CHECKPOINT_CHUNK_BYTES` ({limits.CHECKPOINT_CHUNK_BYTES // 1024} KiB" in text
     assert f"`REQUEST_BYTES_MAX` ({limits.REQUEST_BYTES_MAX // mib} MiB" in text
     assert limits.SEGMENT_RECORD_BYTES_MAX > limits.FRAME_BYTES_MAX > limits.REQUEST_BYTES_MAX
     assert "`NNNNNNNNNNNNNNNN.wal` (16-digit" in text and fmt.segment_name(3) == "0000000000000003.wal"
@@ -346,7 +346,7 @@ NUMBERS = [
     ("docs/design.md", "`dedup_window` (default 300 s)", _const("shardq.limits", "DEDUP_WINDOW_S_DEFAULT"), 300),
     ("docs/design.md", "idle clients are\ndropped after 10 minutes", _const("shardq.limits", "CLIENT_SESSION_TTL_S"), 600),
     ("docs/design.md", "5 s socket timeout", _const("shardq.shard.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
-    ("docs/design.md", "(at most 32 at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
+    ("docs/design.md", "At most 32 run at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
     ("docs/design.md", "takes none of its replies for 1 s", _const("shardq.shard.conn", "SEND_TIMEOUT_S"), 1),
     ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.shard.wire", "READ_BYTES"), 2**20),
 ]

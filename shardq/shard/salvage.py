@@ -12,7 +12,11 @@ the next start replays exactly what was salvaged. Guarantees:
   it (a shard numbers its jobs in order), and the jobs whose later operations no longer
   apply (their enqueue, or the lease an ack refers to, was in the damaged bytes);
 * a state change lost with the damaged bytes is undone, never invented: a lost ack brings
-  its job back (at-least-once), a lost enqueue is listed, not rebuilt;
+  its job back (at-least-once), a lost enqueue is listed, not rebuilt; an operation whose
+  job is missing, or not in the state it expects (its lease was in the damaged bytes), is
+  dropped and its job named;
+* the rebuilt state is replayed as the next start will replay it before anything on disk
+  changes: a salvage that could not start is refused, the log left as it was;
 * the original files are kept in ``<shard dir>/repair-<time>/`` (0700, files 0600), and the
   shard directory's lock is held throughout (a running shard holds it).
 """
@@ -33,7 +37,8 @@ from ..wal.reader import read_intact
 from ..wal.repair import _copy_private, _lock, _sync_dir
 from ..wal.salvage import format_ids, job_ids_of, readable_ops
 from . import ops as O
-from .state import ShardState
+from ..errors import CorruptLog
+from .state import JobState, ShardState
 
 _CHECKPOINT_END = "shardq-checkpoint-end"
 _SHARD_DIR = re.compile(r"shard-(\d+)$")
@@ -82,11 +87,14 @@ def _salvage(directory: str, config: Config) -> list[str]:
                 continue
             records += 1
             for op in ops:
+                if not _applies(state, op):
+                    orphaned.add(op[1])
+                    continue
                 try:
                     state.apply(op)
-                except Exception:  # noqa: BLE001 - an op whose job or lease went with the damage
-                    if len(op) > 1 and isinstance(op[1], int):
-                        orphaned.add(op[1])
+                except Exception as e:  # noqa: BLE001 - a state the guard did not foresee: stop, change nothing
+                    raise CorruptLog(path, 0, f"cannot salvage: operation {op!r:.80} does not apply to the "
+                                     f"salvaged state ({type(e).__name__}: {e}); the log is left as it was") from None
         if kind == SEGMENT and last_write >= next_write:
             next_write = last_write + 1
         for start, end in bad:
@@ -96,6 +104,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
                         f"{format_ids(sorted(ids))}")
     orphaned -= set(state.jobs)
     lost -= set(state.jobs)
+    _check_snapshot(state, config, directory)
     backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(backup, mode=0o700, exist_ok=True)
     for name in os.listdir(directory):
@@ -116,6 +125,45 @@ def _salvage(directory: str, config: Config) -> list[str]:
     done.append(f"jobs whose later changes no longer applied (their enqueue or lease was damaged): "
                 f"{format_ids(sorted(orphaned), most=1000)}")
     return done
+
+
+#: The states an operation on an existing job expects (replay may find a lease expired or a
+#: delay due: neither is logged). An operation whose job is missing or elsewhere lost a
+#: record it depends on (an enqueue, a lease) to the damage: it is dropped, its job named.
+_EXPECTS = {
+    O.LEASE: (JobState.READY, JobState.DELAYED, JobState.LEASED),
+    O.ACK: (JobState.LEASED,), O.RELEASE: (JobState.LEASED,), O.EXTEND: (JobState.LEASED,),
+    O.DEAD: (JobState.LEASED, JobState.READY, JobState.DELAYED),
+    O.REDRIVE: (JobState.DEAD,), O.PURGE: (JobState.DEAD,),
+    O.CANCEL: (JobState.WAITING, JobState.DELAYED, JobState.READY, JobState.LEASED),
+}
+
+
+def _applies(state: ShardState, op: list) -> bool:
+    """False for an operation on a job the salvaged state lacks, or holds in a state the
+    operation does not expect (an enqueue whose id is taken counts too)."""
+    code = op[0] if op else None
+    if code == O.ENQUEUE:
+        return len(op) > 1 and op[1] not in state.jobs
+    expects = _EXPECTS.get(code)
+    if expects is None:
+        return True
+    job = state.jobs.get(op[1]) if len(op) > 1 and isinstance(op[1], int) else None
+    return job is not None and job.state in expects
+
+
+def _check_snapshot(state: ShardState, config: Config, directory: str) -> None:
+    """Replay the salvaged state's checkpoint into a new state, as the shard's next start
+    will, before anything on disk changes: a salvage that would not start is refused."""
+    probe = ShardState(state.shard_index, config)
+    try:
+        probe.replay(msgpack.unpackb(p, raw=False, use_list=True) for p in state.snapshot())
+    except Exception as e:  # noqa: BLE001 - whatever it is, the log must stay as it was
+        raise CorruptLog(directory, 0, f"cannot salvage: the rebuilt state does not replay ({type(e).__name__}: "
+                         f"{e}); the log is left as it was") from None
+    if set(probe.jobs) != set(state.jobs):
+        raise CorruptLog(directory, 0, "cannot salvage: the rebuilt state does not replay to the same jobs; "
+                         "the log is left as it was")
 
 
 def readable_ops_in(data: bytes, start: int, end: int) -> list:

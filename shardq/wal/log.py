@@ -373,7 +373,7 @@ class Log:
                     buf.append(record)
                     buffered += len(record)
                     count += 1
-                    if buffered >= limits.CHECKPOINT_CHUNK_BYTES:
+                    if buffered >= limits.CHECKPOINT_WRITE_BYTES:
                         chunk = b"".join(buf)
                         self.files.write(fd, chunk)
                         written += len(chunk)

@@ -171,6 +171,13 @@ class FileScan:
             # A crash while the file was being created: nothing was ever acknowledged in it.
             self._torn(0, "incomplete file header")
             return False
+        if data.find(RECORD_MARK, MAGIC_BYTES) >= 0:
+            # Format-3 records behind a damaged magic: a damaged file of ours, not another
+            # file. Refused like any damage, and described so that wal repair salvages it.
+            self.version = 3
+            after = tuple(r for r in self.intact_after(0) if r.offset >= MAGIC_BYTES)
+            self.damage = Damage(0, after[0].offset if after else n, self.first_write, after, None)
+            raise CorruptLog(self.path, 0, f"bad magic: {self.damage.describe()}")
         raise CorruptLog(self.path, 0, f"bad magic: not a shardq {self.kind} file")
 
     def __iter__(self) -> Iterator[memoryview]:
@@ -198,21 +205,20 @@ class FileScan:
         return Intact(off, end, write, synced, flags)
 
     def intact_after(self, start: int) -> list[Intact]:
-        """Every record after ``start`` that reads whole, in order: found by their mark,
-        then followed record by record. A record whose write number goes back is not one
-        of this file's (bytes inside a payload that look like a record) and is skipped."""
-        data, found, pos, last_write = self.data, [], start + 1, -1
+        """Every record after ``start`` that reads whole, in file order: found by its mark,
+        then followed record by record. Write numbers may go back (a misdirected copy of
+        older records): the reader's proof and ``read_intact`` decide what they mean."""
+        data, found, pos = self.data, [], start + 1
         while True:
             pos = data.find(RECORD_MARK, pos)
             if pos < 0:
                 return found
             rec = self._record_at(pos)
-            if rec is None or rec.write < last_write:
+            if rec is None:
                 pos += 1
                 continue
-            while rec is not None and rec.write >= last_write:
+            while rec is not None:
                 found.append(rec)
-                last_write = rec.write
                 pos = rec.end
                 rec = self._record_at(pos)
 
@@ -355,14 +361,26 @@ def read_intact(path: str, data: bytes, kind: str, first_write: int = 0) -> tupl
             raise
     payloads.extend(scan.held)
     view, n, dmg = memoryview(data), len(data), scan.damage
+    # The log's order is its write order. Records of writes before the damaged one are
+    # copies (a page written at the wrong offset) of what was already read; a record seen
+    # twice (the same write, length and checksum) is a copy too.
+    keep: dict[tuple[int, int, int], Intact] = {}
+    for rec in dmg.after:
+        if kind == SEGMENT and rec.write < dmg.write:
+            continue
+        crc = _H3.unpack_from(data, rec.offset)[2]
+        keep.setdefault((rec.write, rec.end - rec.offset, crc), rec)
+    chosen = sorted(keep.values(), key=lambda r: (r.write, r.offset))
     bad: list[tuple[int, int]] = []
     pos, last = dmg.start, scan.last_write
-    for rec in dmg.after:
+    for rec in sorted(chosen, key=lambda r: r.offset):
         if rec.offset > pos:
             bad.append((pos, rec.offset))
-        if not rec.flags & SYNC_MARK:
-            payloads.append(view[rec.offset + _HB3:rec.end])
-        pos, last = rec.end, max(last, rec.write)
+        pos = max(pos, rec.end)
     if pos < n and data.count(0, pos) != n - pos:
         bad.append((pos, n))
+    for rec in chosen:
+        if not rec.flags & SYNC_MARK:
+            payloads.append(view[rec.offset + _HB3:rec.end])
+        last = max(last, rec.write)
     return payloads, bad, last
