@@ -26,6 +26,12 @@ The run (Jepsen's ``total-queue`` workload, with kills and pauses):
 * then faults stop, producers stop, workers drain the queue, and :func:`check` reads the
   histories and the effect table.
 
+``--disk-faults`` runs another campaign instead (:mod:`.diskcampaign`): phases of work on
+a real service, each followed by one fault of data that was synced before it (a zeroed
+sector or page, a flipped bit, a misdirected page write; in segments and checkpoints:
+:mod:`.diskfaults`), and a verdict per fault: every acknowledged job kept, or the shard
+refused with the damaged file and offset; anything else is a loss and fails the run.
+
 ``--target sqs://...`` runs the same producers, workers and checker against another backend
 (see :mod:`.target`): no service of ours to kill, so only worker kills and pauses.
 ``--client aio`` runs the producers and workers on the asyncio client (``shardq.aio``)
@@ -127,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client", choices=CLIENTS, default="threads",
                    help="the client of the producers and workers: the threaded router "
                         "(shardq.connect, default) or the asyncio client (shardq.aio.connect)")
+    p.add_argument("--disk-faults", action="store_true",
+                   help="run the disk-fault campaign instead of the chaos run: damage synced log "
+                        "data (zeroed 512 B and 4 KiB blocks, flipped bits, misdirected page writes; "
+                        "in segments and checkpoints) of a stopped shard between phases of work; "
+                        "each acknowledged job must come back or the shard must refuse to start")
+    p.add_argument("--faults-per-kind", type=int, default=6,
+                   help="with --disk-faults: faults of each of the 4 kinds (default 6)")
     p.add_argument("--dedup", action="store_true",
                    help="producers give every job a dedup id (of the longest length allowed) and "
                         "send an enqueue of unknown outcome again with the same ids until it is "
@@ -179,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         a = _child_parser(role).parse_args(argv[1:])
         return producer_main(a) if role == "_producer" else worker_main(a)
     a = settle_defaults(build_parser().parse_args(argv))
+    if a.disk_faults:
+        return _disk_faults(a)
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
         print("error: need at least one shard, producer, worker and key, and keys >= producers", file=sys.stderr)
         return 2
@@ -208,3 +223,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     return run(a)
+
+
+def _disk_faults(a: argparse.Namespace) -> int:
+    if a.target or a.power_cuts:
+        print("error: --disk-faults is a campaign of its own, on the local service (not with --target "
+              "or --power-cuts)", file=sys.stderr)
+        return 2
+    if a.shards < 2 or a.faults_per_kind < 1:
+        print("error: --disk-faults needs at least 2 shards (the undamaged ones must keep serving) and "
+              "--faults-per-kind of at least 1", file=sys.stderr)
+        return 2
+    from .diskcampaign import run_campaign
+    return run_campaign(a)

@@ -84,3 +84,25 @@ def plan(seed: int, kinds: tuple[str, ...], *, duration_s: float, interval_s: fl
 def fingerprint(faults: list[Fault]) -> str:
     """A short digest of a plan: equal for two runs with the same seed and arguments."""
     return hashlib.sha256(repr([astuple(f) for f in faults]).encode()).hexdigest()[:12]
+
+
+#: ``--disk-faults``: the damage to synced log data (:mod:`.diskfaults`), and where.
+DISK_KINDS = ("zero_sector", "zero_page", "bit_flip", "misdirected")
+DISK_TARGETS = ("newest_segment", "sealed_segment", "checkpoint")
+
+
+@dataclass(frozen=True)
+class DiskFault:
+    kind: str
+    target: str
+    seed: int      # the draws of its shard, file and positions
+
+
+def disk_plan(seed: int, per_kind: int) -> list[DiskFault]:
+    """``per_kind`` faults of each kind, in seeded order; kind ``k``'s ``i``-th fault hits
+    target ``(i + k) % 3``, so from 3 per kind on every kind meets every target."""
+    rng = random.Random(f"{seed}/disk-faults")
+    faults = [DiskFault(kind, DISK_TARGETS[(i + k) % len(DISK_TARGETS)], rng.randrange(2**32))
+              for i in range(per_kind) for k, kind in enumerate(DISK_KINDS)]
+    rng.shuffle(faults)
+    return faults
