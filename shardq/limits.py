@@ -67,7 +67,7 @@ SEGMENT_RECORD_BYTES_MAX = FRAME_BYTES_MAX + 1024 * 1024
 # (a job with a body at the ceiling and every field at its maximum). Small, because a
 # damaged record loses its jobs (wal repair salvages every other record); written to the
 # file CHECKPOINT_WRITE_BYTES at a time.
-CHECKPOINT_CHUNK_BYTES = 64 * 1024
+CHECKPOINT_CHUNK_BYTES = 4 * 1024
 CHECKPOINT_WRITE_BYTES = 1024 * 1024
 CHECKPOINT_RECORD_BYTES_MAX = BODY_BYTES_MAX_CEILING + 1024 * 1024
 
