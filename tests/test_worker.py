@@ -546,10 +546,10 @@ def test_seeded_chaos_keeps_effects_exactly_once(seed, monkeypatch):
     duplicate deliveries and shard outages: every job ends acked or dead, no effect is
     committed twice, and every acked job's effect is there. Outcomes are a function of
     (seed, job id, attempt); thread timing still varies, so the seed narrows, not replays."""
-    import shardq.consumer.worker as worker_mod
+    import shardq.consumer.policy as policy_mod
 
-    monkeypatch.setattr(worker_mod, "UNAVAILABLE_BACKOFF_S_MIN", 0.001)
-    monkeypatch.setattr(worker_mod, "UNAVAILABLE_BACKOFF_S_MAX", 0.004)
+    monkeypatch.setattr(policy_mod, "UNAVAILABLE_BACKOFF_S_MIN", 0.001)
+    monkeypatch.setattr(policy_mod, "UNAVAILABLE_BACKOFF_S_MAX", 0.004)
     clock, q = make(vis=30, max_deliveries=4)
     store = MemoryStore(clock=clock)
     rng = random.Random(seed)

@@ -18,9 +18,10 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
   it has passed, so a prefetched job never burns a delivery while it waits for a runner;
 * with an idempotency store: already seen -> skip the handler and ack; otherwise handler
   writes + claim in one transaction, committed only while the lease is still ours, then ack;
-* a failed handler is nacked with full-jitter exponential backoff and ``"Type: message"``;
-  one that raised ``Retry(delay_s)`` is nacked with that delay; ``Fail`` is buried
-  (dead-lettered now);
+* what each outcome sends (ack; nack with full-jitter backoff and ``"Type: message"``, or
+  with ``Retry``'s delay; bury for ``Fail``), the commit margin, the retry of settlements
+  that met an unavailable shard and the failed outcome of a store error are the consumer
+  policy's (:mod:`.policy`), shared with the asyncio runner;
 * ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
 * stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
   for ``grace_s``, then release the rest and return. A second signal exits at once.
@@ -39,17 +40,18 @@ import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
 from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
-from ..errors import (Closed, InvalidConfig, InvalidJob, JobGone, LeaseLost, ShardqError,
-                      ShardUnavailable)
-from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, SKIPPED, Handler, _child_init,
-                       _child_run, backoff_delay, error_text, execute)
+from ..errors import Closed, InvalidConfig, InvalidJob, LeaseLost, ShardqError, ShardUnavailable
+from .handling import EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_run, error_text, execute
 from ..stopping import install_stop_signals
 from .idempotency import IdempotencyStore
+# The constants stay importable from here: callers and the docs' checked figures
+# (tests/test_docs_claims.py) name them as this module's.
+from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401
+                     UNAVAILABLE_BACKOFF_S_MIN, Outbox, Policy, Settle, UnavailableBackoff)
 from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
@@ -57,9 +59,6 @@ log = logging.getLogger("shardq.worker")
 CONCURRENCY_MAX = 1024
 POLL_S = 0.1                     # longest the loop blocks while handlers run
 IDLE_WAIT_S = 1.0                # long-poll wait of dequeue when nothing is in flight
-COMMIT_MARGIN_S = 1.0            # commit only with this much lease left (at most 10% of it)
-UNAVAILABLE_BACKOFF_S_MIN = 0.1  # after ShardUnavailable, wait this long, doubling ...
-UNAVAILABLE_BACKOFF_S_MAX = 5.0  # ... up to this
 PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 
 # Job states inside the worker.
@@ -153,20 +152,18 @@ class Worker:
         self._prefetch = prefetch
         self._mode = mode
         self._store = idempotency
-        self._backoff_base_s, self._backoff_cap_s = float(backoff_base_s), float(backoff_cap_s)
+        self._policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+                              rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
         self._heartbeat_fraction = float(heartbeat_fraction)
         self._grace_s = float(grace_s)
         self._log_every = log_every
         self._clock = clock or SystemClock()
-        self._rng = rng or random.Random()
         self._poll_s, self._idle_wait_s = float(poll_s), float(idle_wait_s)
         self._prune_every_s = prune_every_s
         self._lock = threading.Lock()      # guards _Job.lease/state/lost between loop and runners
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
         self._stop_at: float | None = None
-        self._visibility = limits.VISIBILITY_TIMEOUT_S_DEFAULT
-        self._max_deliveries = limits.MAX_DELIVERIES_DEFAULT
         self._pool: ProcessPoolExecutor | None = None
         self._pool_gen = 0
         self._pool_lock = threading.Lock()
@@ -196,10 +193,10 @@ class Worker:
             in_flight = self._in_flight
             self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
-        self._outbox: list[tuple[str, _Job, Any]] = []
+        self._outbox = Outbox()
         self._idle = self._concurrency
         self._grace_end: float | None = None
-        self._backoff_s = 0.0
+        self._backoff = UnavailableBackoff()
         self._run_leased = 0
         self._log_n, self._log_t0 = 0, self._clock.monotonic()
         runners: list[threading.Thread] = []
@@ -248,8 +245,8 @@ class Worker:
             self._dispatch()
 
     def _wait_s(self, last_fill: int | None) -> float:
-        if self._backoff_s:
-            return self._backoff_s  # a result or stop() still wakes the loop early
+        if self._backoff.s:
+            return self._backoff.s  # a result or stop() still wakes the loop early
         if self._idle == self._concurrency and not self._in_flight:
             return 0.0  # nothing in flight: the dequeue long-polls instead
         if last_fill and self._idle > 0:
@@ -283,7 +280,7 @@ class Worker:
         except ShardUnavailable as exc:
             self._unavailable("dequeue", exc)
             return None
-        self._backoff_s = 0.0
+        self._backoff.reset()
         now = self._clock.now()
         for lease in leases:
             job = _Job(lease, now + self._heartbeat_fraction * (lease.deadline - now))
@@ -305,14 +302,13 @@ class Worker:
             self._work.put(job)
 
     def _expired(self, job: _Job) -> None:
-        log.warning("job %s attempt %d: lease expired before it started; not running it",
-                    job.lease.job_id, job.lease.attempt)
-        self._finish(job, "expired")
+        self._finish(job, self._policy.settle(EXPIRED, None, None, job.lease, lost=False).counter)
 
     # ------------------------------------------------------------------ results
     def _settle(self, results: list[tuple[_Job, str, str | None, float | None]]) -> None:
+        """Settle finished runs as the policy says; retry the outbox first."""
         self._retry_outbox()
-        acks: list[tuple[_Job, str]] = []
+        acks: list[tuple[_Job, Settle]] = []
         for job, outcome, error, delay in results:
             self._idle += 1
             if outcome == SKIPPED:
@@ -320,44 +316,25 @@ class Worker:
             with self._lock:
                 job.state = FINISHED
                 lost = job.lost
-            if outcome == EXPIRED:
-                self._expired(job)
-            elif outcome in (FAILED, RETRY, BURY):
-                self._finish(job, "failed", keep=not lost)  # kept until the nack settles
-                if lost:
-                    pass
-                elif outcome == BURY:
-                    self._bury(job, error)
-                elif outcome == RETRY and delay is not None:
-                    self._nack(job, max(0.0, min(float(delay), limits.DELAY_S_MAX)), error)
-                else:
-                    self._nack_failed(job, error)
-            elif outcome == LOST or lost:
-                log.warning("job %s attempt %d: lease lost; not acking (%s)", job.lease.job_id,
-                            job.lease.attempt, "rolled back" if outcome == LOST else outcome)
-                self._finish(job, "lost")
-            else:  # DONE or DUPLICATE
-                acks.append((job, outcome))
+            settle = self._policy.settle(outcome, error, delay, job.lease, lost=lost)
+            if settle.counted_at_once:  # a nack or bury keeps the job in flight until it lands
+                self._finish(job, settle.counter, keep=settle.op != NOTHING)
+            if settle.op == ACK:
+                acks.append((job, settle))
+            elif settle.op != NOTHING:
+                self._send(job, settle)
         if acks:
             self._ack(acks)
 
-    def _ack(self, items: list[tuple[_Job, str]]) -> None:
+    def _ack(self, items: list[tuple[_Job, Settle]]) -> None:
         try:
-            outcomes = self._ack_many([job.lease for job, _ in items])
+            answers: list[BaseException | None] = self._ack_many([job.lease for job, _ in items])
+            counted = False
         except ShardUnavailable as exc:
-            self._unavailable("ack", exc)
-            self._outbox.extend(("ack", job, kind) for job, kind in items)
-            return
-        for (job, kind), res in zip(items, outcomes):
-            if res is None or isinstance(res, JobGone):  # JobGone: an earlier try landed
-                self._finish(job, "succeeded" if kind == DONE else "duplicates")
-            elif isinstance(res, ShardUnavailable):
-                self._unavailable("ack", res)
-                self._outbox.append(("ack", job, kind))
-            else:  # LeaseLost, or anything else: the lease will expire and redeliver
-                log.warning("job %s: ack failed (%s); the queue will redeliver it",
-                            job.lease.job_id, error_text(res))
-                self._finish(job, "lost")
+            self._unavailable("ack", exc)  # one call failed: one outage counted
+            answers, counted = [exc] * len(items), True
+        for (job, settle), answer in zip(items, answers):
+            self._answered(job, settle, answer, counted)
 
     def _ack_many(self, leases: list[Lease]) -> list[BaseException | None]:
         ack_many = getattr(self._q, "ack_many", None)
@@ -372,34 +349,45 @@ class Worker:
                 out.append(exc)
         return out
 
-    def _nack_failed(self, job: _Job, error: str | None) -> None:
-        attempt = job.lease.attempt
-        if attempt >= self._max_deliveries:
-            delay = 0.0
-            log.warning("job %s failed its last delivery (%d of %d); the queue dead-letters it",
-                        job.lease.job_id, attempt, self._max_deliveries)
-        else:
-            delay = backoff_delay(attempt, self._backoff_base_s, self._backoff_cap_s, self._rng)
-        self._nack(job, delay, error)
-
-    def _bury(self, job: _Job, error: str | None) -> None:
-        """Dead-letter now (Fail, exhausted task retries, unknown task). A queue without
-        ``bury`` gets a plain nack: the job is retried until its max_deliveries."""
-        bury = getattr(self._q, "bury", None)
-        if bury is None:
-            log.warning("job %s: this queue cannot dead-letter early; retrying it until "
-                        "max_deliveries instead", job.lease.job_id)
-            self._nack(job, 0.0, error)
-            return
+    def _send(self, job: _Job, settle: Settle) -> None:
+        """A nack or a bury, first try or retry."""
         try:
-            bury(job.lease, error)
-        except LeaseLost:
-            log.info("job %s: bury after the lease was lost", job.lease.job_id)
-        except ShardUnavailable as exc:  # OutcomeUnknown included: the job may be dead already
-            self._unavailable("bury", exc)
-            self._outbox.append(("bury", job, error))
+            if settle.op == NACK:
+                self._q.nack(job.lease, delay=settle.delay_s, error=settle.error)
+            else:
+                self._q.bury(job.lease, settle.error)
+            exc = None
+        except ShardqError as e:
+            exc = e
+        self._answered(job, settle, exc)
+
+    def _answered(self, job: _Job, settle: Settle, exc: BaseException | None,
+                  counted: bool = False) -> None:
+        answer = self._policy.answer(settle, job.lease, exc)
+        if answer.retry:
+            if not counted:
+                self._unavailable(settle.op, exc)
+            self._outbox.put(job, settle, job.lease)
+        elif answer.counter is not None:
+            self._finish(job, answer.counter)
+        else:
+            self._in_flight.pop(job.ref, None)
+
+    def _retry_outbox(self) -> None:
+        if not self._outbox:
             return
-        self._in_flight.pop(job.ref, None)
+        retry, given_up = self._outbox.take(self._clock.now())
+        for job, counter in given_up:  # the queue redelivers the job
+            if counter is not None:
+                self._finish(job, counter)
+            else:
+                self._in_flight.pop(job.ref, None)
+        acks = [(job, settle) for job, settle in retry if settle.op == ACK]
+        for job, settle in retry:
+            if settle.op != ACK:
+                self._send(job, settle)
+        if acks:
+            self._ack(acks)
 
     def _extend_for_runner(self, req: _ExtendRequest) -> None:
         """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``."""
@@ -438,40 +426,6 @@ class Worker:
             raise req.error
         return req.deadline
 
-    def _nack(self, job: _Job, delay: float, error: str | None) -> bool:
-        """Release a lease; on ShardUnavailable retry later. True if it is settled."""
-        try:
-            self._q.nack(job.lease, delay=delay, error=error)
-        except LeaseLost:
-            log.info("job %s: nack after the lease was lost", job.lease.job_id)
-        except ShardUnavailable as exc:
-            self._unavailable("nack", exc)
-            self._outbox.append(("nack", job, (delay, error)))
-            return False
-        self._in_flight.pop(job.ref, None)
-        return True
-
-    def _retry_outbox(self) -> None:
-        if not self._outbox:
-            return
-        items, self._outbox = self._outbox, []
-        now = self._clock.now()
-        acks = []
-        for op, job, extra in items:
-            if now >= job.lease.deadline:  # the lease is gone; the queue redelivers the job
-                log.warning("job %s: gave up %s after the lease ended", job.lease.job_id, op)
-                self._in_flight.pop(job.ref, None)
-                if op == "ack":
-                    self._finish(job, "lost")
-            elif op == "ack":
-                acks.append((job, extra))
-            elif op == "bury":
-                self._bury(job, extra)
-            else:
-                self._nack(job, *extra)
-        if acks:
-            self._ack(acks)
-
     def _finish(self, job: _Job, counter: str, keep: bool = False) -> None:
         if not keep:
             self._in_flight.pop(job.ref, None)
@@ -503,7 +457,7 @@ class Worker:
             if lost or state not in (PENDING, QUEUED, RUNNING, COMMITTING):
                 continue
             try:
-                new = self._q.extend(job.lease, job.lease_s or self._visibility)
+                new = self._q.extend(job.lease, job.lease_s or self._policy.visibility_s)
             except LeaseLost as exc:
                 with self._lock:
                     job.lost = True
@@ -514,7 +468,7 @@ class Worker:
             except ShardUnavailable as exc:
                 self._unavailable("extend", exc)
                 return
-            self._backoff_s = 0.0
+            self._backoff.reset()
             with self._lock:
                 job.lease = new
             job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
@@ -532,11 +486,9 @@ class Worker:
         self._in_flight.pop(job.ref, None)
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
-    def _unavailable(self, what: str, exc: BaseException) -> None:
+    def _unavailable(self, what: str, exc: BaseException | None) -> None:
         self.stats.unavailable += 1
-        self._backoff_s = min(UNAVAILABLE_BACKOFF_S_MAX,
-                              max(UNAVAILABLE_BACKOFF_S_MIN, self._backoff_s * 2))
-        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, self._backoff_s)
+        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, self._backoff.failed())
 
     def _load_config(self) -> None:
         get = getattr(self._q, "queue_config", None)
@@ -547,10 +499,9 @@ class Worker:
                 break
             except ShardUnavailable as exc:
                 self._unavailable("queue_config", exc)
-                self._collect(self._backoff_s)  # sleeps; stop() wakes it
-        self._backoff_s = 0.0
-        self._visibility = float(cfg.get("visibility_timeout", limits.VISIBILITY_TIMEOUT_S_DEFAULT))
-        self._max_deliveries = int(cfg.get("max_deliveries", limits.MAX_DELIVERIES_DEFAULT))
+                self._collect(self._backoff.s)  # sleeps; stop() wakes it
+        self._backoff.reset()
+        self._policy.configure(cfg)
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown_step(self) -> bool:
@@ -604,7 +555,7 @@ class Worker:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._max_deliveries)
+                           max_deliveries=self._policy.max_deliveries)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None
@@ -614,13 +565,11 @@ class Worker:
 
     def _may_commit(self, job: _Job) -> bool:
         """The lease check right before the commit (runner thread): local knowledge only,
-        so the router is used by the loop alone. The queue expires a lease only at its
-        deadline, so a lease we have not seen lost and that has ``margin`` left is ours."""
-        margin = min(COMMIT_MARGIN_S, 0.1 * self._visibility)
+        so the router is used by the loop alone (:meth:`.policy.Policy.may_commit`)."""
         with self._lock:
             if job.lost or job.state != RUNNING:
                 return False
-            if self._clock.now() >= job.lease.deadline - margin:
+            if not self._policy.may_commit(False, job.lease.deadline, self._clock.now()):
                 job.lost = True
                 return False
             job.state = COMMITTING
@@ -637,7 +586,7 @@ class Worker:
         with self._pool_lock:
             pool, gen = self._pool, self._pool_gen
         try:
-            return pool.submit(_child_run, lease, self._max_deliveries).result()
+            return pool.submit(_child_run, lease, self._policy.max_deliveries).result()
         except BrokenProcessPool:
             with self._pool_lock:
                 if self._pool_gen == gen:  # the first runner to notice replaces the pool
