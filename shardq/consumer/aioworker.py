@@ -12,8 +12,11 @@
 * with an idempotency store, an async task's ``ctx.db`` is its transaction, run in a
   thread (:mod:`.aiotxn`): seen check, the task's statements, claim, lease check, commit.
   The loop does no SQLite work;
-* success -> ack (merged per loop turn by the client); failure -> nack with backoff, or
-  the delay of ``Retry``, or bury for ``Fail`` (:mod:`.dispatch` applies the task's retries);
+* what each outcome sends (ack, merged per loop turn by the client; nack with backoff or
+  ``Retry``'s delay; bury for ``Fail``), the commit margin, the outbox of settlements that
+  met an unavailable shard (retried until they land or the lease ends) and the failed
+  outcome of an idempotency-store error are the consumer policy's (:mod:`.policy`), the
+  same as the thread worker's; :mod:`.dispatch` applies the task's retries;
 * ``stop()`` (any thread): stop leasing (a waiting dequeue is cancelled, which leaves no
   lease behind), let running jobs finish for ``grace_s``, then cancel them (their
   transactions roll back) and release their leases.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import threading
 from typing import Any
@@ -34,10 +38,10 @@ from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
 from .dispatch import TaskHandler
-from .handling import (BURY, DONE, DUPLICATE, FAILED, LOST, RETRY, Context, backoff_delay,
-                       execute, failure_result)
+from .handling import DONE, DUPLICATE, EXPIRED, Context, Result, execute
 from .idempotency import IdempotencyStore
-from .worker import COMMIT_MARGIN_S, CONCURRENCY_MAX, WorkerStats, _require
+from .policy import ACK, NACK, NOTHING, Outbox, Policy, Settle, UnavailableBackoff
+from .worker import CONCURRENCY_MAX, WorkerStats, _require
 
 log = logging.getLogger("shardq.worker")
 
@@ -59,17 +63,21 @@ class AsyncContext(Context):
 
 
 class _Job:
-    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task")
+    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task", "ran", "parked")
 
     def __init__(self, lease: Lease, extend_at: float):
         self.lease, self.lost, self.extend_at = lease, False, extend_at
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
         self.task: asyncio.Task | None = None
+        self.ran = False     # finished running, being settled: no more heartbeats
+        self.parked = False  # its settlement waits in the outbox: it keeps its slot
 
 
 class AsyncWorker:
     """Runs task jobs of ``queue`` on an event loop. :meth:`run` blocks (it owns a loop);
-    :meth:`run_async` runs on the caller's loop."""
+    :meth:`run_async` runs on the caller's loop. ``target`` is a data dir (the worker
+    connects, and closes its client at the end) or an open asyncio queue client (the
+    caller's: used, not closed)."""
 
     def __init__(self, target, handler: TaskHandler, queue: str = "default", concurrency: int = 50,
                  idempotency: IdempotencyStore | None = None, grace_s: float = 30.0,
@@ -85,9 +93,11 @@ class AsyncWorker:
         self.concurrency, self.store, self.grace_s = concurrency, idempotency, float(grace_s)
         self.log_every, self.heartbeat_fraction = log_every, heartbeat_fraction
         self.idle_wait_s = idle_wait_s
-        self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
+        self.policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+                             rng=rng or random.Random())
+        self.outbox = Outbox()
+        self.backoff = UnavailableBackoff()
         self.clock = clock or SystemClock()
-        self.rng = rng or random.Random()
         self.request_timeout_s = request_timeout_s
         self.stats = WorkerStats()
         self.jobs: dict[tuple, _Job] = {}
@@ -95,6 +105,7 @@ class AsyncWorker:
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
         self._started = threading.Event()
+        self._outbox_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ public
     def run(self) -> WorkerStats:
@@ -113,15 +124,19 @@ class AsyncWorker:
     async def run_async(self) -> WorkerStats:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._slot_free = asyncio.Event()
         if self._stop_requested:
             self._stop.set()
-        self.q = q = await aio.connect(self.target, request_timeout_s=self.request_timeout_s)
+        owned = isinstance(self.target, (str, os.PathLike))
+        if owned:
+            q = await aio.connect(self.target, request_timeout_s=self.request_timeout_s)
+        else:
+            q = self.target
+        self.q = q
         try:
             if self.store is not None and isinstance(q.service_id, str):
                 await asyncio.to_thread(self.store.bind, q.service_id)
-            cfg = await self._queue_config()
-            self.visibility = float(cfg.get("visibility_timeout", limits.VISIBILITY_TIMEOUT_S_DEFAULT))
-            self.max_deliveries = int(cfg.get("max_deliveries", limits.MAX_DELIVERIES_DEFAULT))
+            self.policy.configure(await self._queue_config())
             heart = asyncio.create_task(self._heartbeats())
             self._started.set()
             try:
@@ -130,19 +145,26 @@ class AsyncWorker:
             finally:
                 heart.cancel()
         finally:
-            await q.close()
+            if owned:
+                await q.close()
         return dataclasses.replace(self.stats)
 
     async def _queue_config(self) -> dict:
-        delay = 0.1
         while not self._stop.is_set():
             try:
-                return await self.q.queue_config(self.queue)
+                cfg = await self.q.queue_config(self.queue)
+                self.backoff.reset()
+                return cfg
             except ShardUnavailable as exc:
-                log.warning("queue_config: shard unavailable (%s); retrying in %.1fs", exc, delay)
-                await self._sleep_or_stop(delay)
-                delay = min(delay * 2, 5.0)
+                await self._sleep_or_stop(self._unavailable("queue_config", exc))
         return {}
+
+    def _unavailable(self, what: str, exc: BaseException | None) -> float:
+        """Count and log a ShardUnavailable answer; how long to wait before the next try."""
+        self.stats.unavailable += 1
+        wait = self.backoff.failed()
+        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
+        return wait
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
@@ -152,9 +174,7 @@ class AsyncWorker:
 
     # ------------------------------------------------------------------ leasing
     async def _lease_loop(self) -> None:
-        slot_free = asyncio.Event()
-        self._slot_free = slot_free
-        backoff = 0.0
+        slot_free = self._slot_free
         while not self._stop.is_set():
             room = self.concurrency - len(self.jobs)
             if room <= 0:
@@ -173,14 +193,11 @@ class AsyncWorker:
             try:
                 leases = dequeue.result()
             except ShardUnavailable as exc:
-                self.stats.unavailable += 1
-                backoff = min(5.0, max(0.1, backoff * 2))
-                log.warning("dequeue: shard unavailable (%s); retrying in %.1fs", exc, backoff)
-                await self._sleep_or_stop(backoff)
+                await self._sleep_or_stop(self._unavailable("dequeue", exc))
                 continue
             except asyncio.CancelledError:
                 break
-            backoff = 0.0
+            self.backoff.reset()
             now = self.clock.now()
             self.stats.leased += len(leases)
             for lease in leases:
@@ -189,34 +206,54 @@ class AsyncWorker:
                 job.task = asyncio.create_task(self._run_job(job))
 
     async def _shutdown(self) -> None:
-        running = [j.task for j in self.jobs.values() if j.task is not None]
-        log.info("stopping: %d running; grace %.1fs", len(running), self.grace_s)
-        if running:
-            done, left = await asyncio.wait(running, timeout=self.grace_s)
-            for t in left:
-                t.cancel()
-            if left:
-                await asyncio.gather(*left, return_exceptions=True)
-                log.warning("grace period over: cancelled %d running job(s) and released their leases",
-                            len(left))
+        """Let running jobs finish and settle (the outbox included) within the grace
+        period; then cancel the jobs still running (released) and leave what the outbox
+        holds to expire."""
+        log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.grace_s
+        while self.jobs and loop.time() < end:
+            busy = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
+            if self._outbox_task is not None and not self._outbox_task.done():
+                busy.append(self._outbox_task)
+            if not busy:
+                break
+            await asyncio.wait(busy, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+        left = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
+            log.warning("grace period over: cancelled %d running job(s) and released their leases",
+                        len(left))
+        if self._outbox_task is not None and not self._outbox_task.done():
+            self._outbox_task.cancel()
+            await asyncio.gather(self._outbox_task, return_exceptions=True)
+        if self.jobs:
+            log.warning("%d settlement(s) not sent; their leases will expire", len(self.jobs))
 
     # ------------------------------------------------------------------ one job
     async def _run_job(self, job: _Job) -> None:
         lease = job.lease
+        result: Result
         try:
             if self.clock.now() >= lease.deadline:
-                log.warning("job %s attempt %d: lease expired before it started; not running it",
-                            lease.job_id, lease.attempt)
-                self.stats.expired += 1
-                return
-            task = self.handler.task_of(lease.body)
-            if task is not None and task.is_async:
-                outcome, error, delay = await self._execute_async(job)
-            else:  # plain task, unknown task or bad body: the thread path says why
-                outcome, error, delay = await asyncio.to_thread(
-                    execute, self.handler, lease, self.store, lambda: self._may_commit(job),
-                    lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result())
-            await self._settle(job, outcome, error, delay)
+                result = EXPIRED, None, None
+            else:
+                task = self.handler.task_of(lease.body)
+                if task is not None and task.is_async:
+                    result = await self._execute_async(job)
+                else:  # plain task, unknown task or bad body: the thread path says why
+                    result = await asyncio.to_thread(
+                        execute, self.handler, lease, self.store, lambda: self._may_commit(job),
+                        lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
+                        max_deliveries=self.policy.max_deliveries)
+            job.ran = True
+            settle = self.policy.settle(*result, lease, lost=job.lost)
+            if settle.counted_at_once:
+                self._count(settle.counter)
+            if settle.op != NOTHING:
+                await self._send(job, settle)
         except asyncio.CancelledError:  # the grace period ended
             job.lost = True
             self.stats.abandoned += 1
@@ -225,10 +262,13 @@ class AsyncWorker:
             except (ShardqError, asyncio.CancelledError):
                 pass  # the lease expires by itself
         finally:
-            self.jobs.pop((lease.job_id, lease.token), None)
-            self._slot_free.set()
+            if not job.parked:
+                self._forget(job)
 
     async def _execute_async(self, job: _Job):
+        """An async task, with the idempotency transaction in its own thread. Any error of
+        the store (at BEGIN, the claim, COMMIT or ROLLBACK) is a failed attempt, as in
+        :func:`~.handling.execute`: the policy makes it a nack with its error text."""
         lease = job.lease
         ctx: AsyncContext | None = None
         txn = None
@@ -242,70 +282,74 @@ class AsyncWorker:
             ctx = AsyncContext(lease, db, lambda s: self._extend(job, s))
             task, args, kwargs = self.handler.resolve(ctx)
             await self.handler.run_async(task, ctx, args, kwargs)
+            if txn is None:
+                return DONE, None, None
+            return await txn.finish(commit=True), None, None  # claim, lease check, COMMIT
         except BaseException as exc:
+            failure = exc
             if txn is not None:
-                await txn.finish(commit=False)
+                try:  # roll back; after a failed BEGIN, claim or COMMIT this re-raises that error
+                    await txn.finish(commit=False)
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as store_exc:  # noqa: BLE001 - the store's error is the failure
+                    failure = store_exc  # as with the thread worker: the store's error wins
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            return failure_result(exc, lease, ctx, max_deliveries=self.max_deliveries)
-        if txn is None:
-            return DONE, None, None
-        return await txn.finish(commit=True), None, None
+            return self.policy.failure(failure, lease, ctx)
 
     def _may_commit(self, job: _Job) -> bool:
-        """The lease check right before a commit (the transaction's thread): what the
-        worker knows, no round trip (see docs/guarantees.md)."""
-        margin = min(COMMIT_MARGIN_S, 0.1 * self.visibility)
-        return not job.lost and self.clock.now() < job.lease.deadline - margin
+        """The lease check right before a commit (the transaction's thread)."""
+        return self.policy.may_commit(job.lost, job.lease.deadline, self.clock.now())
 
-    async def _settle(self, job: _Job, outcome: str, error: str | None, delay: float | None) -> None:
+    async def _send(self, job: _Job, settle: Settle) -> None:
+        """Send an ack, nack or bury, first try or retry. Unsent for ShardUnavailable: it
+        goes to the outbox, and the job keeps its slot until it lands or its lease ends."""
         lease = job.lease
         try:
-            if outcome == LOST or job.lost:
-                log.warning("job %s attempt %d: lease lost; not acking", lease.job_id, lease.attempt)
-                self.stats.lost += 1
-            elif outcome in (DONE, DUPLICATE):
-                await self._ack(job)
-                if outcome == DONE:
-                    self.stats.succeeded += 1
-                else:
-                    self.stats.duplicates += 1
-            elif outcome == BURY:
-                self.stats.failed += 1
-                await self.q.bury(lease, error)
+            if settle.op == ACK:
+                await self.q.ack(lease)
+            elif settle.op == NACK:
+                await self.q.nack(lease, delay=settle.delay_s, error=settle.error)
             else:
-                self.stats.failed += 1
-                if outcome == RETRY and delay is not None:
-                    delay = max(0.0, min(float(delay), limits.DELAY_S_MAX))
-                elif lease.attempt >= self.max_deliveries:
-                    delay = 0.0
-                else:  # FAILED: a runner error outside the task (the store, the thread)
-                    delay = backoff_delay(lease.attempt, self.backoff_base_s, self.backoff_cap_s, self.rng)
-                await self.q.nack(lease, delay=delay, error=error)
-        except LeaseLost as exc:
-            log.warning("job %s: %s after the lease was lost (%s); the queue redelivers it",
-                        lease.job_id, outcome, exc)
-        except ShardUnavailable as exc:
-            self.stats.unavailable += 1
-            log.warning("job %s: shard unavailable settling it (%s); its lease will expire", lease.job_id, exc)
+                await self.q.bury(lease, settle.error)
+            exc = None
+        except ShardqError as e:
+            exc = e
+        answer = self.policy.answer(settle, lease, exc)
+        if answer.retry:
+            self._unavailable(settle.op, exc)
+            job.parked = True
+            self.outbox.put(job, settle, lease)
+            if self._outbox_task is None or self._outbox_task.done():
+                self._outbox_task = asyncio.create_task(self._retry_outbox())
+            return
+        if answer.counter is not None:
+            self._count(answer.counter)
+        self._forget(job)
+
+    async def _retry_outbox(self) -> None:
+        """Retry what the outbox holds after each backoff wait, until it is empty."""
+        while len(self.outbox):
+            await asyncio.sleep(self.backoff.retry_s)
+            retry, given_up = self.outbox.take(self.clock.now())
+            for job, counter in given_up:  # the queue redelivers the job
+                if counter is not None:
+                    self._count(counter)
+                self._forget(job)
+            await asyncio.gather(*(self._send(job, settle) for job, settle in retry))
+
+    def _forget(self, job: _Job) -> None:
+        if self.jobs.pop((job.lease.job_id, job.lease.token), None) is not None:
+            self._slot_free.set()
+
+    def _count(self, counter: str) -> None:
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         n = self.stats.processed
         if n % self.log_every == 0:
             log.info("%d jobs processed; %d ok, %d duplicate, %d failed, %d lost; in flight %d", n,
                      self.stats.succeeded, self.stats.duplicates, self.stats.failed, self.stats.lost,
                      len(self.jobs))
-
-    async def _ack(self, job: _Job) -> None:
-        """Ack; a shard that is down is retried until the lease's deadline."""
-        delay = 0.05
-        while True:
-            try:
-                await self.q.ack(job.lease)
-                return
-            except ShardUnavailable:
-                if self.clock.now() + delay >= job.lease.deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     # ------------------------------------------------------------------ leases
     async def _extend(self, job: _Job, seconds: float) -> float:
@@ -329,19 +373,18 @@ class AsyncWorker:
         while True:
             await asyncio.sleep(HEARTBEAT_TICK_S)
             now = self.clock.now()
-            due = [j for j in self.jobs.values() if not j.lost and now >= j.extend_at]
+            due = [j for j in self.jobs.values() if not j.lost and not j.ran and now >= j.extend_at]
             if due:
                 await asyncio.gather(*(self._beat(j) for j in due))
 
     async def _beat(self, job: _Job) -> None:
         try:
-            await self._extend(job, job.lease_s or self.visibility)
+            await self._extend(job, job.lease_s or self.policy.visibility_s)
         except LeaseLost as exc:
             log.warning("job %s attempt %d: lease lost while running (%s); its effects will be "
                         "rolled back and it will not be acked", job.lease.job_id, job.lease.attempt, exc)
         except ShardUnavailable as exc:
-            self.stats.unavailable += 1
-            log.warning("extend: shard unavailable (%s)", exc)
+            self._unavailable("extend", exc)
 
 
 async def _first(*aws) -> None:
