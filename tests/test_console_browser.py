@@ -162,7 +162,9 @@ def test_a_late_reply_for_the_first_queue_does_not_replace_the_chosen_queues_lis
     """The page loads the first queue's dead letters on its own; a user who picks another
     queue before that reply arrives must keep seeing the queue they picked (the CI failure
     of 2026-12-01: the late reply drew an empty list over mail's three)."""
-    q.enqueue(b"makes default the first queue listed")  # the fixture acks it afterwards
+    # A dead letter in default too: the page opens on the first queue that holds some.
+    q.enqueue(b"makes default the first queue with dead letters")
+    q.bury(q.dequeue(wait=1), error="buried by the test")  # the fixture purges it afterwards
     ids = _dead_letters(q, 3)
     hook = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
                                   {"source": HOLD_DEFAULT_DEAD_LETTERS})["identifier"]
