@@ -273,6 +273,11 @@ class Log:
         return SegmentWriter.create(self.files, self.directory, segment_name(seq), seq,
                                     preallocate=self.segment_bytes, last_write=last_write)
 
+    def _fail(self, e: OSError, what: str) -> LogFailed:
+        """Mark the log unusable after a failed call (the fsync is never retried)."""
+        self.failed = e
+        return LogFailed(f"{what} failed: {e}")
+
     def _check_usable(self) -> None:
         if self.failed is not None:
             raise LogFailed(f"log {self.directory} failed earlier ({self.failed}); reopen to recover")
@@ -297,8 +302,7 @@ class Log:
                 self._rotate()
             self.bytes_since_checkpoint += self.writer.commit(payloads, sync)
         except OSError as e:
-            self.failed = e
-            raise LogFailed(f"write to {self.writer.path} failed: {e}") from e
+            raise self._fail(e, f"write to {self.writer.path}") from e
 
     @property
     def unsynced(self) -> bool:
@@ -320,8 +324,7 @@ class Log:
         try:
             self.writer.sync()
         except OSError as e:
-            self.failed = e
-            raise LogFailed(f"sync of {self.writer.path} failed: {e}") from e
+            raise self._fail(e, f"sync of {self.writer.path}") from e
 
     def _rotate(self) -> None:
         old = self.writer
@@ -393,8 +396,7 @@ class Log:
                     self.files.unlink(self._path(name))
             self.files.sync_dir(self.directory)
         except OSError as e:
-            self.failed = e
-            raise LogFailed(f"compaction of {self.directory} failed: {e}") from e
+            raise self._fail(e, f"compaction of {self.directory}") from e
         self.segments = [base]
         self.checkpoint_bytes = written
         self.bytes_since_checkpoint = self.writer.size
@@ -418,8 +420,7 @@ class Log:
         try:
             self.writer.mark()
         except OSError as e:
-            self.failed = e
-            raise LogFailed(f"write to {self.writer.path} failed: {e}") from e
+            raise self._fail(e, f"write to {self.writer.path}") from e
 
     def close(self) -> None:
         """Close; after a clean close the newest segment ends at its last record, a sync
