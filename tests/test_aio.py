@@ -83,9 +83,10 @@ def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, mon
     frames = []
     real = aioconn.ShardConn._write
 
-    def spy(write, frame):
+    def spy(write, payload):
+        frame = msgpack.unpackb(payload, raw=False)
         frames.append([(op, len(args[0]) if op in ("enqueue", "ack") else 1) for _, op, args in frame])
-        return real(write, frame)
+        return real(write, payload)
 
     monkeypatch.setattr(aioconn.ShardConn, "_write", staticmethod(spy))
 
@@ -296,6 +297,6 @@ def test_after_a_break_only_safe_ops_are_resent(op, call, outcome):
 def test_the_wire_frames_are_multiprocessing_connection_frames():
     frame = [[1, "ping", []]]
     out = []
-    aioconn.ShardConn._write(out.append, frame)
+    aioconn.ShardConn._write(out.append, msgpack.packb(frame))
     assert out[0][:4] == len(msgpack.packb(frame)).to_bytes(4, "big") and msgpack.unpackb(out[0][4:]) == frame
     assert wire.RETRY["bury"] is wire.UNKNOWN

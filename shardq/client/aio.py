@@ -2,7 +2,9 @@
 
 The same wire protocol, authentication, typed errors and retry rules as the threaded
 :class:`~shardq.client.router.Router`, as coroutines on asyncio unix-socket transports
-(:mod:`.aioconn` holds the connection: handshake, pipelining, coalescing, reconnects).
+(:mod:`.aioconn` holds the connection: handshake, pipelining, coalescing, reconnects). Both
+drive one client core (:mod:`.core`, :mod:`.routing`), which decides what is sent, re-sent,
+kept and released; this module moves the requests and awaits.
 
 * Keys map to shards as in the router (``crc32(key) % N``), so both clients can be mixed.
 * Calls made in one event-loop turn leave in one frame per shard; single-job ``enqueue``
@@ -30,15 +32,15 @@ from typing import AsyncIterator, Iterable
 from .. import limits
 from ..clock import SystemClock
 from ..datadir import DataDir
-from ..errors import Closed, JobGone, ShardqError, ShardUnavailable
-from ..shard import validate, wire
+from ..errors import Closed, ShardqError, ShardUnavailable
+from ..shard import validate
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
-from .priority import merge, plan
-from .router import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Router, _held, queue_totals,
-                     purge_calls, redrive_calls, shard_for_key, shard_of_job, cut_requests, in_input_order, split_by_shard)
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
+                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, note_calls, wait_outcome)
+from .routing import (batch_ids, cut_requests, job_item, purge_calls, queue_totals, redrive_calls, shard_for_key,
+                      shard_of_job, split_by_shard)
 
-_item = Router._item  # one job's wire form, checked: the same checks as the router's
 _now = SystemClock.now
 
 
@@ -126,7 +128,7 @@ class AsyncQueue:
         """Durably add a job; returns its id once the owning shard has fsynced it."""
         if self._closed:
             raise Closed("client is closed")
-        item = _item(body, key, queue, delay, priority, dedup_id)
+        item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
             await self._note_priorities([queue])
         conn = self.conns[self._shard_for(key)]
@@ -147,10 +149,7 @@ class AsyncQueue:
             await self._note_priorities(sorted(new))
         calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
         results = await self._call_all(calls)
-        ids: dict[int, list] = {}
-        for (s, _, _), (got, _) in zip(calls, results):
-            ids.setdefault(s, []).extend(got)
-        return in_input_order(ids, shard_ids)
+        return batch_ids(calls, results, shard_ids)
 
     async def _note_priorities(self, queues: list[str]) -> None:
         """As :meth:`Router._note_priorities`: every shard learns that ``queues`` use
@@ -158,16 +157,11 @@ class AsyncQueue:
         if self.shards == 1:
             self._noted.update(queues)
             return
-        calls = [(s, q) for q in queues for s in range(self.shards)]
+        calls = note_calls(queues, self.shards)
         probe = min(self.retry_s, DOWN_PROBE_S)
-        results = await asyncio.gather(*(self._call(s, "note_priorities", [q], retry_s=probe) for s, q in calls),
+        results = await asyncio.gather(*(self._call(s, op, args, retry_s=probe) for s, op, args in calls),
                                        return_exceptions=True)
-        missed = set()
-        for (_, q), r in zip(calls, results):
-            if isinstance(r, ShardUnavailable):
-                missed.add(q)
-            elif isinstance(r, BaseException):
-                raise r
+        missed = missed_notes(calls, results)
         self._noted.update(q for q in queues if q not in missed)
         self._prioritized.update(queues)
 
@@ -182,117 +176,57 @@ class AsyncQueue:
         """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
         the first. Each lease is logged before it is returned, and fsynced first only on a
         queue with ``lease_sync = "strict"`` (docs/guarantees.md, "Lease durability")."""
-        validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
-        wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
-        if visibility is not None:
-            validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
-        deadline = self.loop.time() + wait
+        wait = check_dequeue(max_jobs, wait, visibility)
+        polling = Polling(self.shards, self.retry_s, self.loop.time() + wait)
         first = next(self._rr) % self.shards
-        all_down_since = None
         while True:
             out, down, unknown = await self._lease_round(queue, visibility, max_jobs, first)
-            if out:
-                return out  # leases in hand are returned, never stranded by another shard's error
-            if unknown:
-                raise unknown[0]
             now = self.loop.time()
-            if len(down) == self.shards:
-                all_down_since = all_down_since or now
-                if now >= deadline or now - all_down_since >= self.retry_s:
-                    raise down[0]
+            step = polling.after_round(out, down, unknown, now)
+            if step is Polling.RETURN:
+                return out
+            if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
                 await asyncio.sleep(DOWN_PROBE_S)
                 continue
-            all_down_since = None
-            if deadline - now <= 0:
-                return out
+            remaining = polling.deadline - now
             if queue not in self._prioritized:
-                out = await self._wait_lease(queue, visibility, max_jobs, deadline - now)
-                if out or self.loop.time() >= deadline:
+                out = await self._wait_lease(queue, visibility, max_jobs, remaining)
+                if out or self.loop.time() >= polling.deadline:
                     return out
                 continue  # a shard's connection broke: a lease round finds what is up
-            woke = await self._watch(queue, deadline - now)
+            woke = await self._watch(queue, remaining)
             if woke is None:
-                if self.loop.time() >= deadline:
+                if self.loop.time() >= polling.deadline:
                     return []
             else:
                 first = woke
 
     async def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """One try at ``max_jobs`` jobs, as the threaded router does it
-        (:meth:`Router._lease_round`, :mod:`.priority`): a queue known to use priorities
-        gets the highest over all shards, any other is asked one shard at a time until a
-        lease says it uses priorities. Cancelled, it hands back what it already leased,
-        unstarted."""
-        order = [(first + k) % self.shards for k in range(self.shards)]
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        down: list[ShardUnavailable] = []
-        unknown: list[ShardUnavailable] = []
-
-        def sort(result):
-            if isinstance(result, ShardUnavailable):
-                (down if type(result) is ShardUnavailable else unknown).append(result)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                return result
-            return None
-
-        if queue in self._prioritized and self.shards > 1:
-            calls = [self._call(order[0], "dequeue", [queue, visibility, max_jobs], retry_s=probe)]
-            calls += [self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in order[1:]]
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            held = _held(queue, sort(results[0]) or ())
-            peeks = {s: p for s, r in zip(order[1:], results[1:]) if (p := sort(r))}
-            return await self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
-        held: list = []
-        try:
-            for k, shard in enumerate(order):
-                try:
-                    rows = await self._call(shard, "dequeue", [queue, visibility, max_jobs - len(held)],
-                                            retry_s=probe)
-                except ShardUnavailable as e:
-                    sort(e)
-                    continue
-                held += _held(queue, rows)
-                if rows and rows[0][7] and self.shards > 1:  # the queue uses priorities
-                    self._prioritized.add(queue)
-                    rest = order[k + 1:]
-                    results = await asyncio.gather(
-                        *[self._call(s, "peek", [queue, max_jobs], retry_s=probe) for s in rest],
-                        return_exceptions=True)
-                    peeks = {s: p for s, r in zip(rest, results) if (p := sort(r))}
-                    got = await self._settle(queue, visibility, max_jobs, order, held, peeks, sort)
-                    return got, down, unknown
-                if len(held) >= max_jobs:
-                    break
-        except asyncio.CancelledError:
-            for _, lease in held:  # the caller is gone: hand its leases back unstarted
-                self.loop.create_task(self._release_quietly(lease))
-            raise
-        return [lease for _, lease in held], down, unknown
-
-    async def _settle(self, queue: str, visibility, max_jobs: int, order: list[int], held: list,
-                      peeks: dict, sort) -> list[Lease]:
-        """As :meth:`Router._settle`."""
-        if not peeks:
-            return [lease for _, lease in held]
-        keep, release, take = plan(held, peeks, order, max_jobs)
+        """Drive one :class:`~shardq.client.core.LeaseRound`, as the threaded router does. A
+        round that fails (a shard's error, Closed, or the caller cancelled) hands back every
+        lease it took, unstarted."""
+        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized)
         probe = min(self.retry_s, DOWN_PROBE_S)
         try:
-            more = await asyncio.gather(
-                *[self._call(s, "dequeue", [queue, visibility, n], retry_s=probe) for s, n in take.items()],
-                *[self.nack(l, delivered=False) for l in release], return_exceptions=True)
-        except asyncio.CancelledError:
-            for lease in keep:  # the caller is gone: hand its leases back unstarted
-                self.loop.create_task(self._release_quietly(lease))
+            calls = rnd.start()
+            while calls:
+                if len(calls) == 1:  # the usual step: no task for a gather
+                    shard, op, args = calls[0]
+                    try:
+                        results = [await self._call(shard, op, args, retry_s=probe)]
+                    except Exception as e:  # the round decides what an error means
+                        results = [e]
+                else:
+                    results = await asyncio.gather(*[self._call(s, op, args, retry_s=probe) for s, op, args in calls],
+                                                   return_exceptions=True)
+                calls = rnd.receive(results)
+        except BaseException:
+            self._release_leases(rnd.abandon())
             raise
-        return merge(keep, held, [_held(queue, sort(rows) or ()) for rows in more[:len(take)]])
-
-    async def _release_quietly(self, lease: Lease) -> None:
-        try:
-            await self.nack(lease, delivered=False)
-        except ShardqError:
-            pass  # it expires by itself
+        finally:
+            if rnd.uses_priorities:
+                self._prioritized.add(queue)
+        return rnd.leases, rnd.down, rnd.unknown
 
     async def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
         """As :meth:`Router._wait_lease`: leave a waiting dequeue at every shard that is up and
@@ -309,20 +243,19 @@ class AsyncQueue:
         # A shard that is down is looked at again soon, so its restart is waited on too.
         limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == self.shards else min(timeout, DOWN_RECHECK_S)
 
-        def settle() -> tuple[list, BaseException | None]:
-            """Withdraw the waits still open; the answered ones' rows, and the first error."""
-            rows: list = []
-            error = None
+        def answers() -> list:
+            """Withdraw the waits still open; the answered ones' rows or errors."""
+            out: list = []
             for conn, req, f in started:
                 if not f.done():
                     conn.abandon(req, f)
                 elif f.cancelled():
                     continue
                 elif f.exception() is None:
-                    rows += f.result()[0]
-                elif not isinstance(f.exception(), ShardUnavailable) and error is None:
-                    error = f.exception()
-            return rows, error
+                    out.append(f.result()[0])
+                elif not isinstance(f.exception(), ShardUnavailable):
+                    out.append(f.exception())
+            return out
 
         try:
             waiting = {f for _, _, f in started}
@@ -335,19 +268,20 @@ class AsyncQueue:
                                    for f in done):
                     break
         except BaseException:  # cancelled: nobody takes what was answered
-            self._release_leases(settle()[0])
+            self._release_leases(wait_outcome(queue, answers(), 0)[1])
             raise
-        rows, error = settle()
-        if any(r[7] for r in rows):
+        keep, release, uses_priorities, error = wait_outcome(queue, answers(), max_jobs)
+        if uses_priorities:
             self._prioritized.add(queue)  # from now on, leases compare the shards
-        self._release_leases(rows[max_jobs:])
-        if error is not None and not rows:
+        self._release_leases(release)
+        if error is not None:
             raise error
-        return [lease for _, lease in _held(queue, rows[:max_jobs])]
+        return keep
 
-    def _release_leases(self, rows: list) -> None:
-        for r in rows:
-            self.spawn(self._release_one(r[0], r[4]))
+    def _release_leases(self, leases: list[Lease]) -> None:
+        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
+        for lease in leases:
+            self.spawn(self._release_one(lease.job_id, lease.token))
 
     async def _watch(self, queue: str, timeout: float) -> int | None:
         """Wait until some shard reports ready work in ``queue`` (its index) or timeout.
@@ -391,30 +325,19 @@ class AsyncQueue:
             raise
         finally:
             self._settled(lease)
-        if err is not None:
-            _raise_ack_error(err, resent)
+        if err is not None and (error := ack_error(err, resent)) is not None:
+            raise error
 
     async def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many, one request per shard; per lease None or the error."""
         leases = list(leases)
-        per_shard: dict[int, list[int]] = {}
-        for i, lease in enumerate(leases):
-            per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)
-        calls = [(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
+        indexes, calls = acks_by_shard(leases)
         try:
             results = await self._call_all(calls)
         finally:
             for lease in leases:
                 self._settled(lease)
-        out: list[BaseException | None] = [None] * len(leases)
-        for idx, (errs, resent) in zip(per_shard.values(), results):
-            for i, e in zip(idx, errs):
-                if e is not None:
-                    try:
-                        _raise_ack_error(e, resent)
-                    except ShardqError as exc:
-                        out[i] = exc
-        return out
+        return ack_many_outcome(len(leases), indexes, results)
 
     async def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
                    delivered: bool = True) -> None:
@@ -452,7 +375,8 @@ class AsyncQueue:
 
     def _release_rows(self, shard: int, rows: list) -> None:
         """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
-        self._release_leases(rows)
+        for r in rows:  # lease rows: r[0] the job id, r[4] the token
+            self.spawn(self._release_one(r[0], r[4]))
 
     async def _release_one(self, job_id, token) -> None:
         try:
@@ -516,13 +440,6 @@ class AsyncQueue:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-def _raise_ack_error(payload, resent: bool) -> None:
-    err = wire.error_from_payload(payload)
-    if resent and isinstance(err, JobGone):
-        return  # the first ack was applied before the connection broke
-    raise err
 
 
 class _Consumer:

@@ -8,14 +8,16 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   with no reader task and no executor.
 * **Framing** is ``multiprocessing.connection``'s: a 4-byte big-endian signed length (or
   ``-1`` and an 8-byte length), then a msgpack array of requests, as the threaded client.
-* **Coalescing.** Requests made during one event-loop turn leave in one frame, sent by a
-  callback scheduled with ``call_soon``. Single-job ``enqueue`` calls of a turn are merged
+* **Coalescing.** Requests made during one event-loop turn leave in one frame (cut only
+  past the frame limit, by the client core's cutter the threaded connection uses too:
+  :func:`~shardq.client.core.encode_frames`), sent by a callback scheduled with ``call_soon``. Single-job ``enqueue`` calls of a turn are merged
   into one wire ``enqueue`` (one session, one id list; cut at ``BATCH_JOBS_MAX`` jobs and
   ``MERGE_BYTES_MAX`` bytes), and single-lease ``ack`` calls into one wire ``ack``; so 200
   coroutines enqueuing one job each cost the shard about one request per turn, like a
   batch. A merged enqueue that the shard refuses as a whole (all-or-nothing) is re-sent
   call by call, so one caller's bad queue never fails another's job.
-* **Retry policy** (:data:`shardq.shard.wire.RETRY`): after the connection breaks, a request
+* **Retry policy** (:data:`shardq.shard.wire.RETRY`, applied by
+  :func:`~shardq.client.core.after_break`): after the connection breaks, a request
   never written is sent again on the new connection; one that was written is re-sent if its
   op allows (enqueue, ack, extend, reads) and fails with
   :class:`~shardq.errors.OutcomeUnknown` otherwise (dequeue, nack, bury, redrive, purge).
@@ -43,17 +45,15 @@ from typing import Any, Callable
 import msgpack
 
 from .. import limits
-from ..errors import AuthError, Closed, OutcomeUnknown, ProtocolError, ShardUnavailable, TooManyConnections
+from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard import wire
-from ..shard.validate import jobs_bytes
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from .core import after_break, encode_frames
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
-FRAME_SOFT_BYTES_MAX = limits.FRAME_BYTES_MAX // 4  # start a new frame past this
 RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
 _HEADER = struct.Struct("!i")
 _BIG = struct.Struct("!Q")
-_packb = msgpack.Packer().pack
 _OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # the caller times these; no request timeout
 
 
@@ -274,9 +274,7 @@ class ShardConn:
                 self._ensure_connecting()
             return
         reqs, self.outbox = self.outbox, []
-        frame: list = []
-        size = 0
-        write = proto.transport.write
+        out: list[Req] = []
         for req in reqs:
             if not req.parts and (req.on_orphan_reply is None
                                   or req.op == "cancel_wait" and req.args[0] not in self.pending):
@@ -290,18 +288,17 @@ class ShardConn:
             req.rid = rid
             req.sent = True
             self.pending[rid] = req
-            n = 64 + (jobs_bytes(req.args[0]) if req.op == "enqueue" else 0)
-            if frame and size + n > FRAME_SOFT_BYTES_MAX:  # cut before: a frame never passes the limit
-                self._write(write, frame)
-                frame, size = [], 0
-            frame.append([rid, req.op, req.args])
-            size += n
-        if frame:
-            self._write(write, frame)
+            out.append(req)
+        if out:
+            # One frame, cut only past the frame limit; a request that cannot be encoded fails alone.
+            frames = encode_frames([[r.rid, r.op, r.args] for r in out], lambda i, error: self._fail(out[i], error))
+            write = proto.transport.write
+            for payload, _ in frames:
+                self._write(write, payload)
 
     @staticmethod
-    def _write(write, frame: list) -> None:
-        payload = _packb(frame)
+    def _write(write, payload: bytes) -> None:
+        """Write one frame: ``payload`` (a msgpack array of requests) after its length."""
         n = len(payload)
         write((_HEADER.pack(n) if n <= 0x7FFFFFFF else _HEADER.pack(-1) + _BIG.pack(n)) + payload)
 
@@ -446,22 +443,18 @@ class ShardConn:
         reqs = sorted(self.pending.values(), key=lambda r: r.rid)
         self.pending = {}
         requeue = []
+        now = self.loop.time()
         for req in reqs:
             if req.on_orphan_reply is not None and not req.parts:
                 self._finish(req)  # an abandoned dequeue: its leases (if any) expire
                 continue
-            if wire.RETRY[req.op] is wire.RESEND or not req.sent:
-                req.resent = req.resent or req.sent
-                req.sent = False
-                requeue.append(req)
-            else:
-                self._fail(req, OutcomeUnknown(
-                    f"shard {self.index}: {req.op} was sent but the connection broke before its "
-                    "reply; it may or may not have been applied"))
-        now = self.loop.time()
-        for req in requeue:
-            if now >= req.retry_deadline:
-                self._fail(req, ShardUnavailable(f"connection to shard {self.index} lost"))
+            error = after_break(self.index, req.op, req.sent, now >= req.retry_deadline)
+            if error is not None:
+                self._fail(req, error)
+                continue
+            req.resent = req.resent or req.sent
+            req.sent = False
+            requeue.append(req)
         self.outbox[:0] = [r for r in requeue if r.parts or r.on_orphan_reply is not None]
         self._check_quiet()
         if not self.closed:

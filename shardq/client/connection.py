@@ -38,9 +38,10 @@ import msgpack
 from ..shard import wire as protocol
 from .. import limits
 from ..conditions import CountedCondition
-from ..errors import AuthError, InvalidJob, ProtocolError, ShardUnavailable, TooManyConnections
+from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
 from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
+from .core import encode_frames
 
 
 class ConnectionLost(Exception):
@@ -320,39 +321,9 @@ class ShardClient:
                 return
 
     def _encode(self, batch: list) -> list[tuple[bytes, int]]:
-        """The frames for ``batch``, each with the index in ``batch`` its requests end at:
-        one frame, unless the requests together pass the frame limit (a shard drops a
-        connection that sends a larger frame). A request that cannot be encoded (text with
-        a lone surrogate, an integer msgpack cannot hold) fails on its own with InvalidJob
-        instead of breaking the connection for every caller."""
-        pack = protocol.pack
-        try:
-            data = pack([req for _, req in batch])
-            if len(data) <= limits.FRAME_BYTES_MAX:
-                return [(data, len(batch))]
-        except (ValueError, TypeError, OverflowError):
-            pass
-        frames: list[tuple[bytes, int]] = []
-        parts: list[bytes] = []
-        size = 0
-        for i, (fut, req) in enumerate(batch):
-            try:
-                one = pack(req)
-            except (ValueError, TypeError, OverflowError) as e:
-                self._refuse(fut, InvalidJob(f"{req[1]}: the request cannot be encoded: {e}"))
-                continue
-            if len(one) + 5 > limits.FRAME_BYTES_MAX:  # the router cuts batches: a bug if seen
-                self._refuse(fut, InvalidJob(f"{req[1]}: a request of {len(one)} bytes is over the "
-                                             f"{limits.FRAME_BYTES_MAX}-byte frame limit"))
-                continue
-            if parts and size + len(one) + 5 > limits.FRAME_BYTES_MAX:
-                frames.append((protocol.pack_array(parts), i))
-                parts, size = [], 0
-            parts.append(one)
-            size += len(one)
-        if parts:
-            frames.append((protocol.pack_array(parts), len(batch)))
-        return frames
+        """The frames for ``batch`` (:func:`~shardq.client.core.encode_frames`), each with the
+        index in ``batch`` its requests end at; a request refused there fails alone."""
+        return encode_frames([req for _, req in batch], lambda i, error: self._refuse(batch[i][0], error))
 
     def _refuse(self, fut: Future, error: BaseException) -> None:
         self._pending.pop(fut.rid, None)

@@ -1,5 +1,9 @@
 """The router: the client object producer and worker apps embed (``shardq.connect``).
 
+A threaded driver of the client core (:mod:`.core`, :mod:`.routing`): the rules below (routing,
+lease rounds, retries, frames, what is released) are decided there, once for this router
+and the asyncio client; this module moves the requests and waits, with threads.
+
 * Keys map to shards by a stable hash (CRC-32 of the UTF-8 key, mod N): the same key goes to
   the same shard in every process and every run. Keyless jobs are spread round-robin.
 * A job id names its shard in its low bits, so ack/nack/extend need no lookup.
@@ -27,180 +31,28 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
 import os
 import threading
 import time
-import zlib
 from typing import Iterable
 
-from .. import limits, supervisor_status
+from .. import supervisor_status
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
-from .priority import merge, plan
 from ..datadir import DataDir
-from ..errors import Closed, InvalidJob, JobGone, OutcomeUnknown, ShardUnavailable
+from ..errors import Closed, InvalidJob, ShardUnavailable
 from ..shard import validate
-from ..shard.wire import RESEND, RETRY
 from ..types import DeadLetter, Lease
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
+                   ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes,
+                   note_calls, release_call, wait_outcome)
+# Routing lives in .routing; these names are imported from here too (tests, tools).
+from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401
+                      leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+                      split_by_shard)
 
 log = logging.getLogger("shardq.router")
 
-_JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
-_SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
-_BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
-DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
-DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
-WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
-WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
-_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
-
-
-def shard_for_key(key: str, shards: int) -> int:
-    """The shard of ``key``: stable across processes, runs and Python versions."""
-    try:
-        return zlib.crc32(key.encode("utf-8")) % shards
-    except UnicodeEncodeError:
-        raise InvalidJob("key is not valid text (it holds a lone surrogate)") from None
-
-
-def shard_of_job(job_id: int) -> int:
-    return job_id & _SHARD_MASK
-
-
-def cut_requests(items: list[list]) -> Iterable[list[list]]:
-    """Cut one shard's wire items into requests a shard accepts: at most BATCH_JOBS_MAX
-    jobs and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
-    job_bytes, count_max, bytes_max = validate.job_bytes, limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
-    if 0 < len(items) <= count_max and 64 + 16 * len(items) + validate.jobs_bytes(items) <= bytes_max:
-        yield items  # the usual batch: one request, measured without a Python step per job
-        return
-    start, size = 0, 64
-    for i, (body, key, queue, _, _, dedup_id) in enumerate(items):
-        n = job_bytes(body, key, queue, dedup_id) + 16
-        if i > start and (i - start >= count_max or size + n > bytes_max):
-            yield items[start:i]
-            start, size = i, 64
-        size += n
-    if start < len(items):
-        yield items[start:]
-
-
-def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
-                   shards: int) -> tuple[dict[int, list], list[int], set]:
-    """Check a batch of job dicts (all of them before any is sent) and group their wire
-    items by shard: ``({shard: [item, ...]}, the shard of each job in input order, the
-    queues given a priority other than 0)``. ``shard_for`` routes one key; ``shards`` is
-    how many there are."""
-    jobs = jobs if type(jobs) is list else list(jobs)
-    usual = _usual_batch(jobs, queue, shards)
-    if usual is not None:
-        return usual
-    per_shard: dict[int, list] = {}
-    shard_ids: list[int] = []
-    prioritized = set()
-    item_of, fields = Router._item, _JOB_FIELDS
-    for job in jobs:
-        if type(job) is not dict or "body" not in job or not job.keys() <= fields:
-            raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(fields - {'body'})}")
-        get = job.get
-        key = get("key")
-        item = item_of(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
-                       get("dedup_id"))
-        if item[4]:
-            prioritized.add(item[2])
-        shard = shard_for(key)
-        bucket = per_shard.get(shard)
-        if bucket is None:
-            bucket = per_shard[shard] = []
-        shard_ids.append(shard)
-        bucket.append(item)
-    return per_shard, shard_ids, prioritized
-
-
-_ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)  # a usual job's delay, priority, dedup id
-
-
-def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[int], set] | None:
-    """:func:`split_by_shard` of the usual batch, every job ``{"body": bytes, "key": str}``
-    within the limits :meth:`Router._item` checks, with C loops (``map``, ``compress``)
-    instead of Python steps per job; the same items and shards. None for any other batch,
-    which the loop in split_by_shard then checks job by job, naming the first error."""
-    if type(queue) is not str or not jobs or set(map(type, jobs)) != {dict} or set(map(len, jobs)) != {2}:
-        return None
-    bodies = list(map(dict.get, jobs, itertools.repeat("body")))
-    keys = list(map(dict.get, jobs, itertools.repeat("key")))  # None where a job has no key
-    if set(map(type, bodies)) != {bytes} or set(map(type, keys)) != {str}:
-        return None
-    if not 0 < min(map(len, bodies)) <= max(map(len, bodies)) <= _BODY_CEILING:
-        return None
-    if "" in keys or max(map(len, keys)) > _KEY_FAST_CHARS:
-        return None
-    try:  # shard_for_key, mapped
-        shard_ids = list(map(operator.mod, map(zlib.crc32, map(str.encode, keys)), itertools.repeat(shards)))
-    except UnicodeEncodeError:
-        return None
-    items = list(map(list, zip(bodies, keys, itertools.repeat(queue), _ZEROS, _ZEROS, _NONES)))
-    if shards == 1:
-        return {0: items}, shard_ids, set()
-    per_shard = {}
-    for s in range(shards):
-        bucket = list(itertools.compress(items, map(operator.eq, shard_ids, itertools.repeat(s))))
-        if bucket:
-            per_shard[s] = bucket
-    return per_shard, shard_ids, set()
-
-
-def in_input_order(ids_by_shard: dict[int, list], shard_ids: list[int]) -> list:
-    """The ids of a batch in input order: each shard answered its jobs in the order sent,
-    and ``shard_ids`` says which shard each job went to."""
-    answers = {s: iter(ids) for s, ids in ids_by_shard.items()}
-    return list(map(next, map(answers.__getitem__, shard_ids)))
-
-
-def _held(queue: str, rows) -> list[tuple[int, Lease]]:
-    """``(priority, lease)`` for each lease row of a dequeue reply."""
-    return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
-
-
-def group_by_shard(shards: int, job_ids) -> dict[int, list]:
-    """``job_ids`` grouped by the shard that holds each, checked: a list of integer ids of
-    this service's shards."""
-    if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
-        raise InvalidJob("job_ids must be a list of job ids")
-    per: dict[int, list] = {}
-    for j in job_ids:
-        validate.integer("job_id", j)
-        per.setdefault(shard_of_job(j), []).append(j)
-    if any(s >= shards for s in per):
-        raise InvalidJob(f"job ids name shards this service does not have ({shards} shards)")
-    return per
-
-
-def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
-    """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
-    if job_ids is None:
-        return [(s, "redrive", [queue, None]) for s in range(shards)]
-    return [(s, "redrive", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
-
-
-def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
-    """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
-    (checked: a list of integer ids of this service's shards)."""
-    if job_ids is None:
-        return [(s, "purge_dead", [queue]) for s in range(shards)]
-    return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
-
-
-def queue_totals(shards: list[dict]) -> dict[str, dict]:
-    """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
-    queues: dict[str, dict] = {}
-    for sh in shards:
-        for name, counts in sh["queues"].items():
-            agg = queues.setdefault(name, dict.fromkeys(counts, 0))
-            for k, v in counts.items():
-                agg[k] = (agg.get(k) or v) if isinstance(v, bool) else agg.get(k, 0) + v  # flags: any shard
-    return queues
 
 
 class Router:
@@ -306,11 +158,9 @@ class Router:
                     lost = fut.error
                     if not isinstance(lost, ConnectionLost):
                         break
-                    if lost.sent and RETRY[op] is not RESEND:
-                        futs[i] = OutcomeUnknown(f"shard {s}: {op} was sent but the connection broke "
-                                                 f"before its reply; it may or may not have been applied")
-                    elif time.monotonic() >= deadline:
-                        futs[i] = ShardUnavailable(f"shard {s}: {lost}")
+                    error = after_break(s, op, lost.sent, time.monotonic() >= deadline, lost)
+                    if error is not None:
+                        futs[i] = error
                     else:
                         resent = resent or lost.sent
                         try:
@@ -356,11 +206,9 @@ class Router:
                 raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
             if not isinstance(lost, ConnectionLost):
                 raise lost
-            if lost.sent and RETRY[op] is not RESEND:
-                raise OutcomeUnknown(f"shard {shard}: {op} was sent but the connection broke "
-                                     f"before its reply; it may or may not have been applied")
-            if time.monotonic() >= deadline:
-                raise ShardUnavailable(f"shard {shard}: {lost}")
+            error = after_break(shard, op, lost.sent, time.monotonic() >= deadline, lost)
+            if error is not None:
+                raise error
             resent = resent or lost.sent
 
     # ------------------------------------------------------------------ producing
@@ -381,32 +229,12 @@ class Router:
         with self._lock:
             self._outstanding[shard].pop(session[1], None)
 
-    @staticmethod
-    def _item(body, key, queue, delay, priority, dedup_id) -> list:
-        """The wire form of one job, checked (the shard checks again; this catches errors
-        before a multi-shard batch is split, so no shard gets half of a bad batch)."""
-        # Fast path for the common shape; anything unusual goes through the validators,
-        # which raise the precise error.
-        if not (type(body) is bytes and 0 < len(body) <= _BODY_CEILING):
-            body = validate.body(body, _BODY_CEILING)
-        if key is not None and not (type(key) is str and 0 < len(key) <= _KEY_FAST_CHARS):
-            validate.key(key)
-        if type(queue) is not str:
-            raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
-        if type(delay) is not int or delay:
-            validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
-        if type(priority) is not int or priority:
-            validate.priority(priority)
-        if dedup_id is not None:
-            validate.dedup_id(dedup_id)
-        return [body, key, queue, delay or 0, priority or 0, dedup_id]
-
     def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> int:
         """Durably add a job; returns its id once the owning shard has fsynced it.
 
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
         queue's dedup window returns the first job's id and adds nothing."""
-        item = self._item(body, key, queue, delay, priority, dedup_id)
+        item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
             self._note_priorities([queue])
         shard = self._shard_for(key)
@@ -439,10 +267,7 @@ class Router:
         finally:
             for shard, s in sessions:
                 self._done(shard, s)
-        ids_by_shard: dict[int, list] = {}
-        for (shard, _, _), (ids, _) in zip(calls, results):
-            ids_by_shard.setdefault(shard, []).extend(ids)
-        return in_input_order(ids_by_shard, shard_ids)
+        return batch_ids(calls, results, shard_ids)
 
     def _note_priorities(self, queues: list[str]) -> None:
         """Tell every shard that ``queues`` use priorities, before the first enqueue of a
@@ -452,14 +277,8 @@ class Router:
         if self.shards == 1:
             self._noted.update(queues)
             return
-        calls = [(s, "note_priorities", [q]) for q in queues for s in range(self.shards)]
-        results = self._gather(calls, retry_s=min(self.retry_s, DOWN_PROBE_S))
-        missed = set()
-        for (_, _, (q,)), r in zip(calls, results):
-            if isinstance(r, ShardUnavailable):
-                missed.add(q)
-            elif isinstance(r, BaseException):
-                raise r
+        calls = note_calls(queues, self.shards)
+        missed = missed_notes(calls, self._gather(calls, retry_s=min(self.retry_s, DOWN_PROBE_S)))
         if missed:
             log.info("note_priorities: a shard did not answer for %s; told again with the next "
                      "prioritized enqueue", sorted(missed))
@@ -479,111 +298,61 @@ class Router:
         ``lease_sync = "strict"`` (the default, ``batched``, makes it durable with the next
         commit: docs/guarantees.md, "Lease durability"). A job is leased only once its
         enqueue is durable."""
-        validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
-        wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
-        if visibility is not None:
-            validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
-        deadline = time.monotonic() + wait
+        wait = check_dequeue(max_jobs, wait, visibility)
+        polling = Polling(self.shards, self.retry_s, time.monotonic() + wait)
         first = next(self._rr) % self.shards
-        all_down_since: float | None = None
         while True:
             out, down, unknown = self._lease_round(queue, visibility, max_jobs, first)
-            if out:
-                return out  # leases in hand are returned, never stranded by another shard's error
-            if unknown:
-                raise unknown[0]
-            if len(down) == self.shards:
-                # Every shard down: a restart is retried for the router's retry window (and
-                # no longer than the wait); a service that stays down is reported.
-                now = time.monotonic()
-                all_down_since = all_down_since or now
-                if now >= deadline or now - all_down_since >= self.retry_s:
-                    raise down[0]
+            now = time.monotonic()
+            step = polling.after_round(out, down, unknown, now)
+            if step is Polling.RETURN:
+                return out
+            if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
                 time.sleep(DOWN_PROBE_S)
                 continue
-            all_down_since = None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return out
+            remaining = polling.deadline - now
             if queue not in self._prioritized:
                 out = self._wait_lease(queue, visibility, max_jobs, remaining)
-                if out or time.monotonic() >= deadline:
+                if out or time.monotonic() >= polling.deadline:
                     return out
                 continue  # a shard's connection broke: a lease round finds what is up
             woke = self._watch(queue, remaining)
             if woke is None:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= polling.deadline:
                     return []
             else:
                 first = woke
 
     def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """One try at leasing ``max_jobs`` jobs, starting at shard ``first``. A queue known
-        to use priorities gets the highest over all shards (see :mod:`.priority`): lease at
-        ``first`` while peeking at the others, then keep, release and take more as the plan
-        says. Any other queue is asked one shard at a time until ``max_jobs`` are leased; a
-        lease that says its queue uses priorities switches to the plan at once. A shard that
-        is down gets a short try, not the full retry window: its jobs can wait, the other
-        shards' should not. Returns (leases, down errors, unknown-outcome errors)."""
-        order = [*range(first, self.shards), *range(first)]  # first, then round the ring
+        """Drive one :class:`~shardq.client.core.LeaseRound` (which shards, peeks, what to
+        keep and release). A shard that is down gets a short try, not the full retry
+        window: its jobs can wait, the other shards' should not. A round that fails hands
+        back every lease it took, unstarted. Returns (leases, down errors, unknown-outcome
+        errors)."""
+        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized)
         probe = min(self.retry_s, DOWN_PROBE_S)
-        down: list[ShardUnavailable] = []
-        unknown: list[OutcomeUnknown] = []
-
-        def sort(result):
-            if isinstance(result, OutcomeUnknown):
-                unknown.append(result)  # never re-sent: a lease it may have made expires unheld
-            elif isinstance(result, ShardUnavailable):
-                down.append(result)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                return result[0]
-            return None
-
-        if queue in self._prioritized and self.shards > 1:
-            calls = [(order[0], "dequeue", [queue, visibility, max_jobs])]
-            calls += [(s, "peek", [queue, max_jobs]) for s in order[1:]]
-            results = self._gather(calls, retry_s=probe)
-            held = _held(queue, sort(results[0]))
-            peeks = {s: p for (s, _, _), r in zip(calls[1:], results[1:]) if (p := sort(r))}
-            return self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
-        held: list = []
-        for k, shard in enumerate(order):
-            try:
-                rows = self._call(shard, "dequeue", [queue, visibility, max_jobs - len(held)], retry_s=probe)
-            except OutcomeUnknown as e:
-                unknown.append(e)
-                continue
-            except ShardUnavailable as e:
-                down.append(e)
-                continue
-            held += _held(queue, rows)
-            if rows and rows[0][7] and self.shards > 1:  # the queue uses priorities
+        try:
+            calls = rnd.start()
+            while calls:
+                calls = rnd.receive(self._results(calls, probe))
+        except BaseException:
+            self._release(rnd.abandon())
+            raise
+        finally:
+            if rnd.uses_priorities:
                 self._prioritized.add(queue)
-                rest = order[k + 1:]
-                results = self._gather([(s, "peek", [queue, max_jobs]) for s in rest], retry_s=probe)
-                peeks = {s: p for s, r in zip(rest, results) if (p := sort(r))}
-                return self._settle(queue, visibility, max_jobs, order, held, peeks, sort), down, unknown
-            if len(held) >= max_jobs:
-                break
-        return [lease for _, lease in held], down, unknown
+        return rnd.leases, rnd.down, rnd.unknown
 
-    def _settle(self, queue: str, visibility, max_jobs: int, order: list[int], held: list,
-                peeks: dict, sort) -> list[Lease]:
-        """Keep the ``held`` leases the plan keeps, release the others unstarted and lease
-        what the plan takes from the ``peeks``ed shards; highest priority first."""
-        if not peeks:
-            return [lease for _, lease in held]
-        keep, release, take = plan(held, peeks, order, max_jobs)
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        more = self._gather([(s, "dequeue", [queue, visibility, n]) for s, n in take.items()]
-                            + [(shard_of_job(l.job_id), "nack", [l.job_id, l.token, 0, None, False])
-                               for l in release], retry_s=probe)
-        for r in more[len(take):]:
-            if isinstance(r, BaseException):  # the release failed: that lease just expires
-                log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
-        return merge(keep, held, [_held(queue, sort(r) or ()) for r in more[:len(take)]])
+    def _results(self, calls: list, retry_s: float) -> list:
+        """Make ``calls``; per call its value or its error. One call takes the shortest path
+        (:meth:`_call`); several are pipelined (:meth:`_gather`)."""
+        if len(calls) == 1:
+            shard, op, args = calls[0]
+            try:
+                return [self._call(shard, op, args, retry_s=retry_s)]
+            except Exception as e:  # the round decides what an error means
+                return [e]
+        return [r if isinstance(r, BaseException) else r[0] for r in self._gather(calls, retry_s=retry_s)]
 
     def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
         """Leave a waiting dequeue at every shard that is up and return the leases of the
@@ -620,22 +389,19 @@ class Router:
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - time.monotonic())
-        held: list = []
-        error = None
+        answers: list = []
         for shard, fut in parked:
             if not fut.done:
                 self._withdraw(shard, fut, queue)
-            elif fut.error is None:
-                held += _held(queue, fut.value)
-            elif not isinstance(fut.error, ConnectionLost) and error is None:
-                error = fut.error
-        if any(f.done and f.error is None and f.value and f.value[0][7] for _, f in parked):
+            elif fut.error is None or not isinstance(fut.error, ConnectionLost):
+                answers.append(fut.value if fut.error is None else fut.error)
+        keep, release, uses_priorities, error = wait_outcome(queue, answers, max_jobs)
+        if uses_priorities:
             self._prioritized.add(queue)  # from now on, leases compare the shards
-        keep = [lease for _, lease in held[:max_jobs]]
-        self._release([lease for _, lease in held[max_jobs:]])
+        self._release(release)
         for c in clients:
             c.hand_off()
-        if error is not None and not keep:
+        if error is not None:
             raise error
         return keep
 
@@ -647,7 +413,7 @@ class Router:
         def settle(f: Future) -> None:
             if once.acquire(blocking=False):
                 if f.error is None and f.value:
-                    self._release([lease for _, lease in _held(queue, f.value)])
+                    self._release([lease for _, lease in leases_of(queue, f.value)])
                 self._withdraw_settled()
 
         with self._withdrawn:
@@ -687,8 +453,7 @@ class Router:
         that cannot be sent expires by itself."""
         for lease in leases:
             try:
-                self._send(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, 0, None, False],
-                           time.monotonic(), lead=False)
+                self._send(*release_call(lease), time.monotonic(), lead=False)
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 
@@ -725,33 +490,14 @@ class Router:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
         errs, retried = self._call(shard_of_job(lease.job_id), "ack", [[[lease.job_id, lease.token]]],
                                    with_resent=True)
-        if errs[0] is not None:
-            self._raise_ack_error(errs[0], retried)
-
-    @staticmethod
-    def _raise_ack_error(payload, retried: bool) -> None:
-        from ..shard.wire import error_from_payload
-        err = error_from_payload(payload)
-        if retried and isinstance(err, JobGone):
-            return  # our first attempt was applied before the connection broke
-        raise err
+        if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
+            raise err
 
     def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many leases, one request per shard. Returns, per lease, None or the error."""
         leases = list(leases)
-        per_shard: dict[int, list] = {}
-        for i, l in enumerate(leases):
-            per_shard.setdefault(shard_of_job(l.job_id), []).append(i)
-        calls = [(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
-        out: list[BaseException | None] = [None] * len(leases)
-        for (shard, idx), (errs, retried) in zip(per_shard.items(), self._call_many(calls)):
-            for i, e in zip(idx, errs):
-                if e is not None:
-                    try:
-                        self._raise_ack_error(e, retried)
-                    except Exception as exc:
-                        out[i] = exc
-        return out
+        indexes, calls = acks_by_shard(leases)
+        return ack_many_outcome(len(leases), indexes, self._call_many(calls))
 
     def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
              delivered: bool = True) -> None:

@@ -1,0 +1,319 @@
+"""The client core: what a client sends, re-sends, keeps and releases, with no socket, no
+thread and no event loop (sans-I/O, as h11). The threaded :class:`~shardq.client.router.Router`
+and the asyncio :class:`~shardq.client.aio.AsyncQueue` are drivers over it: they move the
+bytes and wait; every rule below is written once, here (routing is in :mod:`.routing`).
+
+* **Retry table** (:func:`after_break`): a request whose connection broke is sent again if
+  it was never written, or if its op may be re-sent (:data:`shardq.shard.wire.RETRY`);
+  otherwise :class:`~shardq.errors.OutcomeUnknown`. Past its retry deadline:
+  :class:`~shardq.errors.ShardUnavailable`.
+* **Frames** (:func:`encode_frames`): the requests queued on one connection leave in one
+  frame, cut into several only where together they pass ``limits.FRAME_BYTES_MAX`` (a
+  shard drops a connection that sends a larger frame); a request that cannot be encoded
+  fails alone with :class:`~shardq.errors.InvalidJob`.
+* **Lease rounds** (:class:`LeaseRound`): which shards to ask, in which order, when to peek
+  at priorities and what to keep, release and take (:mod:`.priority`). **A round that
+  fails, for any error (a shard's ProtocolError or InvalidJob, Closed, a cancelled caller),
+  releases every lease it took**, unstarted (not counted as a delivery): none is left
+  blocking its key until the visibility timeout.
+* **Waiting dequeues** (:func:`wait_outcome`) and the loop of ``dequeue_many`` (:class:`Polling`).
+* **Acks** (:func:`ack_error`): a ``JobGone`` answering a re-sent ack means the first landed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Generator, NamedTuple
+
+from .. import limits
+from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..shard import validate, wire
+from ..types import Lease
+from .priority import merge, plan
+from .routing import leases_of, shard_of_job
+
+log = logging.getLogger("shardq.router")
+
+DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
+DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
+WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
+WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
+_ENCODE_ERRORS = (ValueError, TypeError, OverflowError)  # what msgpack raises for what it cannot hold
+
+
+class Call(NamedTuple):
+    """One request a driver is asked to make."""
+    shard: int
+    op: str
+    args: list
+
+
+# ---------------------------------------------------------------------- the retry table
+def after_break(shard: int, op: str, sent: bool, expired: bool, why: object = "connection lost") -> ShardqError | None:
+    """What becomes of a request whose connection broke before its reply: None, send it
+    again (on a new connection); else the error its caller gets. ``sent``: it was written,
+    so the shard may have applied it; ``expired``: its retry deadline has passed; ``why``:
+    what broke, for the message."""
+    if sent and wire.RETRY[op] is not wire.RESEND:
+        return OutcomeUnknown(f"shard {shard}: {op} was sent but the connection broke before its "
+                              "reply; it may or may not have been applied")
+    if expired:
+        return ShardUnavailable(f"shard {shard}: {why}")
+    return None
+
+
+def ack_error(payload, resent: bool) -> ShardqError | None:
+    """The error of one ack's per-item reply ``payload`` (None: acked). A ``JobGone`` that
+    answers a re-sent ack is no error: the first attempt was applied before the break."""
+    err = wire.error_from_payload(payload)
+    return None if resent and isinstance(err, JobGone) else err
+
+
+def acks_by_shard(leases: list[Lease]) -> tuple[list[list[int]], list[Call]]:
+    """One ``ack`` call per shard for ``leases``: (the indexes of ``leases`` each call acks,
+    the calls)."""
+    per_shard: dict[int, list[int]] = {}
+    for i, lease in enumerate(leases):
+        per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)
+    calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
+    return list(per_shard.values()), calls
+
+
+def ack_many_outcome(count: int, indexes: list[list[int]], replies: list) -> list[BaseException | None]:
+    """Per lease of an ``ack_many``, None or its error, from each call's ``(errors, resent)``."""
+    out: list[BaseException | None] = [None] * count
+    for idx, (errs, resent) in zip(indexes, replies):
+        for i, payload in zip(idx, errs):
+            if payload is not None:
+                out[i] = ack_error(payload, resent)
+    return out
+
+
+def note_calls(queues: list[str], shards: int) -> list[Call]:
+    """The ``note_priorities`` calls that tell every shard ``queues`` use priorities."""
+    return [Call(s, "note_priorities", [q]) for q in queues for s in range(shards)]
+
+
+def missed_notes(calls: list[Call], results: list) -> set[str]:
+    """The queues a shard that is down did not hear about (told again with the next
+    prioritized enqueue); any other error, a typed refusal (an undeclared queue), is raised."""
+    missed = set()
+    for (_, _, (queue,)), r in zip(calls, results):
+        if isinstance(r, ShardUnavailable):
+            missed.add(queue)
+        elif isinstance(r, BaseException):
+            raise r
+    return missed
+
+
+def release_call(lease: Lease) -> Call:
+    """The request that hands ``lease`` back unstarted: a nack now that is not a delivery."""
+    return Call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, 0, None, False])
+
+
+# ---------------------------------------------------------------------- frames
+def encode_frames(requests: list, refuse) -> list[tuple[bytes, int]]:
+    """The frames that carry ``requests`` (each ``[request_id, op, args]``), each with the
+    index in ``requests`` its requests end at: one frame, unless together they pass
+    ``limits.FRAME_BYTES_MAX``. A request that cannot be encoded (text with a lone
+    surrogate, an integer msgpack cannot hold), or that alone passes the limit, is left out
+    and given to ``refuse(index, InvalidJob)``, so it fails alone instead of breaking the
+    connection for every caller. Every frame returned is within the limit."""
+    frame_max = limits.FRAME_BYTES_MAX  # read per call: a test may lower it
+    try:
+        data = wire.pack(requests)
+        if len(data) <= frame_max:
+            return [(data, len(requests))]
+    except _ENCODE_ERRORS:
+        pass
+    frames: list[tuple[bytes, int]] = []
+    parts: list[bytes] = []
+    size = 0
+    for i, req in enumerate(requests):
+        try:
+            one = wire.pack(req)
+        except _ENCODE_ERRORS as e:
+            refuse(i, InvalidJob(f"{req[1]}: the request cannot be encoded: {e}"))
+            continue
+        if len(one) + 5 > frame_max:  # the clients cut batches: a bug if seen
+            refuse(i, InvalidJob(f"{req[1]}: a request of {len(one)} bytes is over the "
+                                 f"{frame_max}-byte frame limit"))
+            continue
+        if parts and size + len(one) + 5 > frame_max:  # 5: the largest array header
+            frames.append((wire.pack_array(parts), i))
+            parts, size = [], 0
+        parts.append(one)
+        size += len(one)
+    if parts:
+        frames.append((wire.pack_array(parts), len(requests)))
+    return frames
+
+
+# ---------------------------------------------------------------------- lease rounds
+def check_dequeue(max_jobs, wait, visibility) -> float:
+    """Check a ``dequeue_many``'s arguments (InvalidJob); returns the wait in seconds."""
+    validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+    wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
+    if visibility is not None:
+        validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+    return wait
+
+
+class LeaseRound:
+    """One try at leasing ``max_jobs`` jobs of ``queue``, starting at shard ``first``.
+
+    A queue known to use priorities (``prioritized``) gets the highest over all shards
+    (:mod:`.priority`): lease at ``first`` while peeking at the others, then keep, release
+    and take more as the plan says. Any other queue is asked one shard at a time until
+    ``max_jobs`` are leased; a lease that says its queue uses priorities switches to the
+    plan at once (and sets :attr:`uses_priorities`). A shard that is down, or whose
+    dequeue's outcome is unknown, is noted (:attr:`down`, :attr:`unknown`) and skipped.
+
+    The driver calls :meth:`start`, makes the calls it gets (all at once), and hands one
+    result per call, in order, to :meth:`receive` (the value, or the exception), until it
+    gets no calls: then :attr:`leases` holds what the round returns. Any other error of a
+    shard is raised by :meth:`receive` once every lease of that step is taken; whatever the
+    round raises, or the driver meets (cancelled, closed), the driver releases
+    :meth:`abandon`'s leases: a failed round keeps none."""
+
+    def __init__(self, queue: str, visibility, max_jobs: int, first: int, shards: int, prioritized: bool):
+        self.queue, self.visibility, self.max_jobs, self.shards = queue, visibility, max_jobs, shards
+        self.order = [*range(first, shards), *range(first)]  # first, then round the ring
+        self.uses_priorities = prioritized
+        self.down: list[ShardUnavailable] = []
+        self.unknown: list[OutcomeUnknown] = []
+        self.leases: list[Lease] = []
+        self.taken: list[Lease] = []  # leased in this round and not yet returned or released
+        self._flagged = False         # the last step's leases say the queue uses priorities
+        self._steps = self._run()
+
+    def start(self) -> list[Call]:
+        return self._advance(None)
+
+    def receive(self, results: list) -> list[Call]:
+        """The results of the last calls; returns the next calls ([]: the round is over)."""
+        return self._advance(results)
+
+    def abandon(self) -> list[Lease]:
+        """The round failed: the leases it holds, for the driver to release unstarted."""
+        taken, self.taken = self.taken, []
+        self._steps.close()
+        return taken
+
+    def _advance(self, results) -> list[Call]:
+        try:
+            return self._steps.send(results)
+        except StopIteration as stop:
+            self.leases, self.taken = stop.value, []  # handed to the caller
+            return []
+
+    def _sort(self, results: list, dequeues: int) -> list:
+        """Each result's value (for the first ``dequeues``, dequeue replies: ``(priority,
+        lease)`` pairs, taken), or None for a shard down or an unknown outcome (noted).
+        Any other error is raised after every lease of ``results`` is taken."""
+        error = None
+        values = []
+        self._flagged = False
+        for i, r in enumerate(results):
+            if type(r) is list:  # a reply (the usual case): the checks below are for errors
+                if i < dequeues:
+                    self._flagged = self._flagged or bool(r and r[0][7])
+                    r = leases_of(self.queue, r)
+                    self.taken.extend([lease for _, lease in r])
+            elif isinstance(r, OutcomeUnknown):
+                self.unknown.append(r)  # never re-sent: a lease it may have made expires unheld
+                r = None
+            elif isinstance(r, ShardUnavailable):
+                self.down.append(r)
+                r = None
+            elif isinstance(r, BaseException):
+                error = error or r
+                r = None
+            values.append(r)
+        if error is not None:
+            raise error
+        return values
+
+    def _run(self) -> Generator[list[Call], list, list[Lease]]:
+        queue, vis, n, order = self.queue, self.visibility, self.max_jobs, self.order
+        if self.uses_priorities and self.shards > 1:
+            calls = [Call(order[0], "dequeue", [queue, vis, n])] + [Call(s, "peek", [queue, n]) for s in order[1:]]
+            held, *peeks = self._sort((yield calls), 1)
+            return (yield from self._settle(held or [], {s: p for s, p in zip(order[1:], peeks) if p}))
+        held: list = []
+        for k, shard in enumerate(order):
+            (got,) = self._sort((yield [Call(shard, "dequeue", [queue, vis, n - len(held)])]), 1)
+            if got is None:
+                continue
+            held += got
+            if got and self._flagged and self.shards > 1:  # the queue uses priorities
+                self.uses_priorities = True
+                rest = order[k + 1:]
+                values = self._sort((yield [Call(s, "peek", [queue, n]) for s in rest]), 0) if rest else []
+                return (yield from self._settle(held, {s: p for s, p in zip(rest, values) if p}))
+            if len(held) >= n:
+                break
+        return [lease for _, lease in held]
+
+    def _settle(self, held: list, peeks: dict):
+        """Keep the ``held`` leases the plan keeps, release the others unstarted and lease
+        what the plan takes from the ``peeks``ed shards; highest priority first."""
+        if not peeks:
+            return [lease for _, lease in held]
+        keep, release, take = plan(held, peeks, self.order, self.max_jobs)
+        calls = [Call(s, "dequeue", [self.queue, self.visibility, k]) for s, k in take.items()]
+        calls += [release_call(lease) for lease in release]
+        if not calls:
+            return merge(keep, held, [])
+        results = yield calls
+        released = set(map(id, release))  # answered (a failed release expires by itself)
+        self.taken = [lease for lease in self.taken if id(lease) not in released]
+        for r in results[len(take):]:
+            if isinstance(r, BaseException):
+                log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
+        taken = self._sort(results[:len(take)], len(take))
+        return merge(keep, held, [t or () for t in taken])
+
+
+def wait_outcome(queue: str, answers: list, max_jobs: int) -> tuple[list[Lease], list[Lease], bool, BaseException | None]:
+    """What the waiting dequeues of one wait come to: ``answers`` holds, per shard that
+    answered, its lease rows or its error (a withdrawn wait, or one whose connection broke,
+    is left out). Returns ``(keep, release, uses_priorities, error)``: the first
+    ``max_jobs`` leases to return, the others to release unstarted, whether a lease says the
+    queue uses priorities, and the first error, to raise only when no lease is kept."""
+    rows: list = []
+    error = None
+    for a in answers:
+        if isinstance(a, BaseException):
+            error = error or a
+        else:
+            rows += a
+    pairs = leases_of(queue, rows)
+    keep = [lease for _, lease in pairs[:max_jobs]]
+    release = [lease for _, lease in pairs[max_jobs:]]
+    return keep, release, any(r[7] for r in rows), None if keep else error
+
+
+class Polling:
+    """The loop of one ``dequeue_many``, after each lease round: return what it leased,
+    probe again when every shard is down, or wait for work until ``deadline`` (the
+    driver's clock). Leases in hand are returned, never stranded by another shard's error;
+    a service that stays down is reported after ``retry_s``."""
+
+    RETURN, PROBE, WAIT = "return", "probe", "wait"
+
+    def __init__(self, shards: int, retry_s: float, deadline: float):
+        self.shards, self.retry_s, self.deadline = shards, retry_s, deadline
+        self.all_down_since: float | None = None
+
+    def after_round(self, leases: list, down: list, unknown: list, now: float) -> str:
+        if leases:
+            return self.RETURN
+        if unknown:
+            raise unknown[0]
+        if len(down) == self.shards:
+            self.all_down_since = self.all_down_since or now
+            if now >= self.deadline or now - self.all_down_since >= self.retry_s:
+                raise down[0]
+            return self.PROBE
+        self.all_down_since = None
+        return self.RETURN if self.deadline <= now else self.WAIT

@@ -1,0 +1,204 @@
+"""Where requests go, without I/O: the part of the client core both drivers (the threaded
+:class:`~shardq.client.router.Router` and the asyncio :class:`~shardq.client.aio.AsyncQueue`)
+share for routing.
+
+* Keys map to shards by a stable hash (CRC-32 of the UTF-8 key, mod N); a job id names its
+  shard in its low bits (:func:`shard_of_job`).
+* A job is checked once, here, before a batch is split (:func:`job_item`), so no shard gets
+  half of a bad batch; a batch is grouped by shard (:func:`split_by_shard`) and each shard's
+  part cut into requests a shard accepts (:func:`cut_requests`).
+* Ids, acks, redrives and purges are grouped by the shard that holds each job.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import zlib
+from typing import Iterable
+
+from .. import limits
+from ..errors import InvalidJob
+from ..shard import validate
+from ..types import Lease
+
+_JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
+_SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
+_BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
+_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
+
+
+def shard_for_key(key: str, shards: int) -> int:
+    """The shard of ``key``: stable across processes, runs and Python versions."""
+    try:
+        return zlib.crc32(key.encode("utf-8")) % shards
+    except UnicodeEncodeError:
+        raise InvalidJob("key is not valid text (it holds a lone surrogate)") from None
+
+
+def shard_of_job(job_id: int) -> int:
+    return job_id & _SHARD_MASK
+
+
+def cut_requests(items: list[list]) -> Iterable[list[list]]:
+    """Cut one shard's wire items into requests a shard accepts: at most BATCH_JOBS_MAX
+    jobs and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
+    job_bytes, count_max, bytes_max = validate.job_bytes, limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
+    if 0 < len(items) <= count_max and 64 + 16 * len(items) + validate.jobs_bytes(items) <= bytes_max:
+        yield items  # the usual batch: one request, measured without a Python step per job
+        return
+    start, size = 0, 64
+    for i, (body, key, queue, _, _, dedup_id) in enumerate(items):
+        n = job_bytes(body, key, queue, dedup_id) + 16
+        if i > start and (i - start >= count_max or size + n > bytes_max):
+            yield items[start:i]
+            start, size = i, 64
+        size += n
+    if start < len(items):
+        yield items[start:]
+
+
+def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
+                   shards: int) -> tuple[dict[int, list], list[int], set]:
+    """Check a batch of job dicts (all of them before any is sent) and group their wire
+    items by shard: ``({shard: [item, ...]}, the shard of each job in input order, the
+    queues given a priority other than 0)``. ``shard_for`` routes one key; ``shards`` is
+    how many there are."""
+    jobs = jobs if type(jobs) is list else list(jobs)
+    usual = _usual_batch(jobs, queue, shards)
+    if usual is not None:
+        return usual
+    per_shard: dict[int, list] = {}
+    shard_ids: list[int] = []
+    prioritized = set()
+    item_of, fields = job_item, _JOB_FIELDS
+    for job in jobs:
+        if type(job) is not dict or "body" not in job or not job.keys() <= fields:
+            raise InvalidJob(f"each job is a dict with 'body' and optional {sorted(fields - {'body'})}")
+        get = job.get
+        key = get("key")
+        item = item_of(job["body"], key, get("queue", queue), get("delay", 0), get("priority", 0),
+                       get("dedup_id"))
+        if item[4]:
+            prioritized.add(item[2])
+        shard = shard_for(key)
+        bucket = per_shard.get(shard)
+        if bucket is None:
+            bucket = per_shard[shard] = []
+        shard_ids.append(shard)
+        bucket.append(item)
+    return per_shard, shard_ids, prioritized
+
+
+_ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)  # a usual job's delay, priority, dedup id
+
+
+def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[int], set] | None:
+    """:func:`split_by_shard` of the usual batch, every job ``{"body": bytes, "key": str}``
+    within the limits :func:`job_item` checks, with C loops (``map``, ``compress``)
+    instead of Python steps per job; the same items and shards. None for any other batch,
+    which the loop in split_by_shard then checks job by job, naming the first error."""
+    if type(queue) is not str or not jobs or set(map(type, jobs)) != {dict} or set(map(len, jobs)) != {2}:
+        return None
+    bodies = list(map(dict.get, jobs, itertools.repeat("body")))
+    keys = list(map(dict.get, jobs, itertools.repeat("key")))  # None where a job has no key
+    if set(map(type, bodies)) != {bytes} or set(map(type, keys)) != {str}:
+        return None
+    if not 0 < min(map(len, bodies)) <= max(map(len, bodies)) <= _BODY_CEILING:
+        return None
+    if "" in keys or max(map(len, keys)) > _KEY_FAST_CHARS:
+        return None
+    try:  # shard_for_key, mapped
+        shard_ids = list(map(operator.mod, map(zlib.crc32, map(str.encode, keys)), itertools.repeat(shards)))
+    except UnicodeEncodeError:
+        return None
+    items = list(map(list, zip(bodies, keys, itertools.repeat(queue), _ZEROS, _ZEROS, _NONES)))
+    if shards == 1:
+        return {0: items}, shard_ids, set()
+    per_shard = {}
+    for s in range(shards):
+        bucket = list(itertools.compress(items, map(operator.eq, shard_ids, itertools.repeat(s))))
+        if bucket:
+            per_shard[s] = bucket
+    return per_shard, shard_ids, set()
+
+
+def in_input_order(ids_by_shard: dict[int, list], shard_ids: list[int]) -> list:
+    """The ids of a batch in input order: each shard answered its jobs in the order sent,
+    and ``shard_ids`` says which shard each job went to."""
+    answers = {s: iter(ids) for s, ids in ids_by_shard.items()}
+    return list(map(next, map(answers.__getitem__, shard_ids)))
+
+
+def leases_of(queue: str, rows) -> list[tuple[int, Lease]]:
+    """``(priority, lease)`` for each lease row of a dequeue reply."""
+    return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
+
+
+def batch_ids(calls: list, results: list, shard_ids: list[int]) -> list:
+    """The ids of a batch sent as ``calls`` (``(shard, "enqueue", args)``, a shard's in
+    order), from each call's ``(ids, resent)``, in input order."""
+    ids_by_shard: dict[int, list] = {}
+    for (shard, _, _), (ids, _) in zip(calls, results):
+        ids_by_shard.setdefault(shard, []).extend(ids)
+    return in_input_order(ids_by_shard, shard_ids)
+
+
+def group_by_shard(shards: int, job_ids) -> dict[int, list]:
+    """``job_ids`` grouped by the shard that holds each, checked: a list of integer ids of
+    this service's shards."""
+    if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
+        raise InvalidJob("job_ids must be a list of job ids")
+    per: dict[int, list] = {}
+    for j in job_ids:
+        validate.integer("job_id", j)
+        per.setdefault(shard_of_job(j), []).append(j)
+    if any(s >= shards for s in per):
+        raise InvalidJob(f"job ids name shards this service does not have ({shards} shards)")
+    return per
+
+
+def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
+    if job_ids is None:
+        return [(s, "redrive", [queue, None]) for s in range(shards)]
+    return [(s, "redrive", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
+
+
+def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+    """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
+    (checked: a list of integer ids of this service's shards)."""
+    if job_ids is None:
+        return [(s, "purge_dead", [queue]) for s in range(shards)]
+    return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
+
+
+def queue_totals(shards: list[dict]) -> dict[str, dict]:
+    """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
+    queues: dict[str, dict] = {}
+    for sh in shards:
+        for name, counts in sh["queues"].items():
+            agg = queues.setdefault(name, dict.fromkeys(counts, 0))
+            for k, v in counts.items():
+                agg[k] = (agg.get(k) or v) if isinstance(v, bool) else agg.get(k, 0) + v  # flags: any shard
+    return queues
+
+
+
+def job_item(body, key, queue, delay, priority, dedup_id) -> list:
+    """The wire form of one job, checked (the shard checks again; this catches errors
+    before a multi-shard batch is split, so no shard gets half of a bad batch)."""
+    # Fast path for the common shape; anything unusual goes through the validators,
+    # which raise the precise error.
+    if not (type(body) is bytes and 0 < len(body) <= _BODY_CEILING):
+        body = validate.body(body, _BODY_CEILING)
+    if key is not None and not (type(key) is str and 0 < len(key) <= _KEY_FAST_CHARS):
+        validate.key(key)
+    if type(queue) is not str:
+        raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+    if type(delay) is not int or delay:
+        validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+    if type(priority) is not int or priority:
+        validate.priority(priority)
+    if dedup_id is not None:
+        validate.dedup_id(dedup_id)
+    return [body, key, queue, delay or 0, priority or 0, dedup_id]
