@@ -89,14 +89,14 @@ def _consumer_process(spec: ClientSpec, conn) -> None:
             wake_consumer(client, conn)
         finally:
             client.close()
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent process through the pipe
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
 def _consumer_thread(client: Client, conn) -> None:
     try:
         wake_consumer(client, conn)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent process through the pipe
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 

@@ -77,7 +77,7 @@ def _in_process(role: Callable, spec: ClientSpec, args: tuple, conn) -> None:
             conn.send(("ok", role(client, *args)))
         finally:
             client.close()
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent process through the pipe
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
@@ -129,7 +129,7 @@ def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
     def play(i: int, role: Callable, args: tuple) -> None:
         try:
             results[i] = ("ok", role(client, *args))
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - reported as this role's result
             results[i] = ("error", f"{type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=play, args=(i, r, a), daemon=True)
@@ -150,7 +150,8 @@ def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
 
 def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
         deadline_s: float, producers: int = PRODUCERS, consumers: int = CONSUMERS) -> dict[str, Any]:
-    """Figure D (or D2); other producer/consumer counts for other figures (M in bench/plan.py and bench/http_overhead.py)."""
+    """Figure D (or D2); other producer/consumer counts for other figures (M in bench/plan.py and
+    bench/http_overhead.py)."""
     spec = adapter.client_spec()
     if spec is None and not adapter.thread_safe:
         raise RuntimeError(f"{adapter.name}: no client processes and not thread-safe")

@@ -17,9 +17,9 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-from .report import THROUGHPUT  # noqa: E402
+from .report import THROUGHPUT  # noqa: E402 - after choosing the backend
 
 DEFAULT_JSON = os.path.join(os.path.dirname(__file__), "results", "latest.json")
 

@@ -58,7 +58,8 @@ def measure(q, jobs: int, peek: bool, batch: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.priority_peeks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=1500, help="C: jobs per round and path (default 1500; C2 ten times that)")
+    p.add_argument("--jobs", type=int, default=1500,
+                   help="C: jobs per round and path (default 1500; C2 ten times that)")
     p.add_argument("--rounds", type=int, default=6, help="rounds, each path once per round (default 6)")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="200 jobs, 1 round")

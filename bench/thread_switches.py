@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     if a.quick:
         a.jobs, a.runs = 400, 1
     runs = [one_run(a.threads, a.jobs, a.shards) for _ in range(a.runs)]
-    med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+    med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731 - a one-line local helper
     print(f"{a.threads} threads, {a.shards} shards, {a.jobs} jobs, medians of {a.runs}: "
           f"{med(lambda r: r['jobs_per_s']):,.0f} jobs/s")
     print(f"{'per job':10s} {'voluntary':>10s} {'involuntary':>12s} {'CPU µs':>8s}")

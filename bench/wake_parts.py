@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -73,7 +71,7 @@ def _consumer(data_dir: str, conn) -> None:
                 if lease.body == b"stop":
                     return
                 conn.send(("got", (woke[-1] if woke else None, got, lease.body)))
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent process through the pipe
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
@@ -109,7 +107,7 @@ def _aio_consumer(data_dir: str, conn) -> None:
                 conn.send(("got", (woke[-1] if woke else None, got, lease.body)))
     try:
         asyncio.run(main())
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent process through the pipe
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 

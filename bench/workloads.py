@@ -54,7 +54,7 @@ def enqueue_threads(client: Client, items: list[Item], threads: int = THREADS_B,
         barrier.wait()
         try:
             enqueue_all(client, share, batch)
-        except BaseException as e:  # reported by the caller's thread
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
             errors.append(e)
 
     workers = [threading.Thread(target=produce, args=(s,), daemon=True) for s in shares]

@@ -89,7 +89,7 @@ __all__ = [
 ]
 
 
-def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001
+def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001 - shardq.open is the public API name (shadows the builtin inside this module only)
     """Start the service embedded in this process (supervisor thread + shard processes) and
     return a router to it; ``close()`` stops both. ``config``: dict, TOML path, or None."""
     from .client.router import Router

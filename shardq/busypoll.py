@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Sized
+from collections.abc import Callable, Sized
 
 from .errors import InvalidConfig
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .clock import Clock
 from .errors import InvalidConfig, StoreUnavailable
@@ -58,7 +59,7 @@ class TableName:
         self.schema, self.base = m.group(1), m.group(2)
 
     @classmethod
-    def of(cls, table: "str | TableName") -> "TableName":
+    def of(cls, table: str | TableName) -> TableName:
         return table if isinstance(table, TableName) else cls(table)
 
     def q(self, suffix: str = "") -> str:

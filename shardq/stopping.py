@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def install_stop_signals(stop: Callable[[], None], name: str) -> dict | None:

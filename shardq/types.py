@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import NamedTuple, Union
 
 #: A job id: an ``int`` on the local shards, a ``str`` on backends with string ids (SQS).
-JobId = Union[int, str]
+JobId = Union[int, str]  # noqa: UP007 - a runtime alias object: kept typing.Union so its repr and docs stay
 #: A lease token (fences one delivery): an ``int`` locally, a ``str`` (receipt handle) on SQS.
-Token = Union[int, str]
+Token = Union[int, str]  # noqa: UP007 - a runtime alias object: kept typing.Union so its repr and docs stay
 
 
 class Lease(NamedTuple):

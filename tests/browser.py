@@ -23,7 +23,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 def missing() -> str | None:
     """Why no browser test can run here, or None."""
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 - imported only to see whether selenium is installed
     except ImportError:
         return "selenium is not installed (pip install -e '.[test]')"
     for path in (CHROMIUM, CHROMEDRIVER):
@@ -62,7 +62,7 @@ def chromium(width: int = 1280, height: int = 1000):
         if driver is not None:
             try:
                 driver.quit()
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort cleanup
                 pass
         for p in procs:
             try:

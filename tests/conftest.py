@@ -10,8 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `pytest` run without `python -m` or an installed package
     sys.path.insert(0, ROOT)
 
-from shardq import config as shardq_config  # noqa: E402
-from shardq.clock import FakeClock  # noqa: E402
+from shardq import config as shardq_config  # noqa: E402 - after the sys.path line above
+from shardq.clock import FakeClock  # noqa: E402 - after the sys.path line above
 
 
 def pytest_sessionstart(session):

@@ -15,8 +15,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import browser  # noqa: E402
-from service import REPO, Service, wait_until  # noqa: E402
+import browser  # noqa: E402 - after the sys.path line above
+from service import REPO, Service, wait_until  # noqa: E402 - after the sys.path line above
 
 CONFIG = {"queues": {"default": {}, "emails": {"max_deliveries": 2}, "reports": {}}}
 

@@ -45,7 +45,7 @@ class Block:
     exit_code: int = 0
     file: str | None = None    # <!-- file: PATH -->
     is_output: bool = False    # <!-- output -->: the expected output of the block before it
-    output: "Block | None" = field(default=None, repr=False)  # set on the runnable block
+    output: Block | None = field(default=None, repr=False)  # set on the runnable block
 
     @property
     def where(self) -> str:

@@ -109,7 +109,7 @@ def check_config_block(block: Block) -> None:
     from shardq import config
     try:
         config.parse(tomllib.loads(block.text))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any parse error fails the example with its text
         raise ExampleFailed(f"{block.where}: not a valid shardq config: {type(e).__name__}: {e}\n"
                             f"{block.text}") from None
 
@@ -370,7 +370,7 @@ class Sandbox:
         self.stop_service()
         shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -89,7 +89,7 @@ class PgServer:
                     f"unix_socket_directories = '{self.dir}'\nfsync = {'on' if fsync else 'off'}\n"
                     "max_connections = 200\nshared_buffers = 32MB\n")
 
-    def start(self, timeout: float = 60.0) -> "PgServer":
+    def start(self, timeout: float = 60.0) -> PgServer:
         """Run the postmaster as a child (through ``runuser`` when root): a killed postmaster
         is then reaped at once, so the next start does not take its zombie for a live server."""
         log = open(self.log, "ab")
@@ -211,7 +211,7 @@ def _children(pid: int) -> list[int]:
     try:
         import psutil
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: no psutil or a gone process means no children
         return []
 
 
@@ -219,7 +219,7 @@ def _children(pid: int) -> list[int]:
 def pg():
     """The session's PostgreSQL server (skips the test with the reason if there is none)."""
     try:
-        import psycopg  # noqa: F401
+        import psycopg  # noqa: F401 - imported only to see whether psycopg is installed
     except ImportError:
         pytest.skip("psycopg is not installed (pip install -e '.[test]')")
     bindir = find_bindir()

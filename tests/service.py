@@ -51,7 +51,7 @@ class Service:
         self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
         self._owns_dir = data_dir is None
 
-    def start(self, timeout: float = 30.0) -> "Service":
+    def start(self, timeout: float = 30.0) -> Service:
         # Again here: a test may have replaced self.config before a restart.
         self.config.setdefault("http", {"listen": "127.0.0.1:0"})
         cfg_path = self.data_dir.rstrip("/") + ".toml"
@@ -81,7 +81,7 @@ class Service:
                     return True
                 shards = q.stats()["shards"]
                 return all(shards[i]["available"] for i in self.wait_for)
-        except Exception:
+        except Exception:  # noqa: BLE001 - not ready yet, whatever the reason
             return False
 
     def tail(self, n: int = 30) -> str:

@@ -96,7 +96,7 @@ def store_rows(store):
 
 
 def test_stop_lets_running_jobs_finish_within_the_grace_period(app):
-    started, release = threading.Event(), asyncio.Event()
+    started, _release = threading.Event(), asyncio.Event()
     done = []
 
     @app.task(queue="aw-stop", name="aw.slow")

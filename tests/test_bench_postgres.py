@@ -4,11 +4,11 @@ import json
 import subprocess
 import sys
 
-from pg import pg, pg_dsn  # noqa: F401  (fixtures)
+from pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
 from service import REPO
 
 
-def test_quick_postgres_benchmark_runs(pg_dsn, tmp_path):  # noqa: F811
+def test_quick_postgres_benchmark_runs(pg_dsn, tmp_path):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     out = tmp_path / "postgres.json"
     proc = subprocess.run([sys.executable, "-m", "bench.postgres", "--quick", "--dsn", pg_dsn,
                            "--jobs", "100", "--rows", "300", "--latency-rows", "30",

@@ -220,7 +220,8 @@ def test_the_limits_count_a_leases_fsync_only_for_strict_leases():
                "physical": physical, "physical_runs": [physical]}
     batched = report.limits_text({**results, "meta": {"shardq_lease_sync": "batched"}})
     assert "C 1,000 jobs/s = 50% of fsync_per_s (lease + ack, batched leases: 1 fsync/job)" in " ".join(batched.split())
-    assert "M 1,000 jobs/s = 100% of fsync_per_s (enqueue + lease + ack, batched leases: 2 fsyncs/job" in " ".join(batched.split())
+    assert ("M 1,000 jobs/s = 100% of fsync_per_s (enqueue + lease + ack, batched leases: 2 fsyncs/job"
+            in " ".join(batched.split()))
     strict = report.limits_text({**results, "meta": {"shardq_lease_sync": "strict"}})
     assert "C 1,000 jobs/s = 100% of fsync_per_s (lease + ack, strict leases: 2 fsyncs/job)" in " ".join(strict.split())
     assert "150% of fsync_per_s (enqueue + lease + ack, strict leases: 3 fsyncs/job" in strict

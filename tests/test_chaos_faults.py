@@ -327,7 +327,7 @@ def test_bit_flip_in_a_checkpoint_refuses_start_and_repair_salvages_the_rest():
         with svc.connect() as q:
             live = dict(zip(q.enqueue_many([{"body": f"live-{i}".encode()} for i in range(200)], queue="live"),
                             (f"live-{i}".encode() for i in range(200))))
-            for b in range(40):  # churn until a checkpoint exists
+            for _b in range(40):  # churn until a checkpoint exists
                 q.enqueue_many([{"body": b"c" * 100} for _ in range(20)], queue="churn")
                 assert q.ack_many(q.dequeue_many("churn", max_jobs=100)) == [None] * 20
         svc.stop()

@@ -159,7 +159,7 @@ def test_the_data_dir_layout_is_as_documented():
         with open(os.path.join(svc.data_dir, "shardq.json")) as f:
             meta = json.load(f)
         assert (meta["format"], meta["shards"]) == (1, 2) and meta["id"]
-        mode = lambda p: stat.S_IMODE(os.stat(os.path.join(svc.data_dir, p)).st_mode)
+        mode = lambda p: stat.S_IMODE(os.stat(os.path.join(svc.data_dir, p)).st_mode)  # noqa: E731 - a one-line local helper
         assert mode("authkey") == 0o600 and mode("run") == 0o700
         for i in range(2):
             assert stat.S_ISSOCK(os.stat(os.path.join(svc.data_dir, "run", f"shard-{i}.sock")).st_mode)
@@ -338,13 +338,16 @@ NUMBERS = [
     ("docs/guarantees.md", "`base` 1 s", lambda: _worker_default("backoff_base_s"), 1),
     ("docs/guarantees.md", "`cap` 300 s", lambda: _worker_default("backoff_cap_s"), 300),
     ("docs/guarantees.md", "(at most 2048 UTF-8 bytes)", _const("shardq.limits", "ERROR_TEXT_BYTES_MAX"), 2048),
-    ("docs/guarantees.md", "(0.1 s\n  doubling to 5 s)", _const("shardq.consumer.worker", "UNAVAILABLE_BACKOFF_S_MIN"), 0.1),
+    ("docs/guarantees.md", "(0.1 s\n  doubling to 5 s)", _const("shardq.consumer.worker", "UNAVAILABLE_BACKOFF_S_MIN"),
+     0.1),
     ("docs/guarantees.md", "doubling to 5 s", _const("shardq.consumer.worker", "UNAVAILABLE_BACKOFF_S_MAX"), 5),
     ("docs/guarantees.md", "`grace_s` (30 s)", lambda: _worker_default("grace_s"), 30),
     ("docs/guarantees.md", "then every hour", _const("shardq.consumer.worker", "PRUNE_EVERY_S"), 3600),
-    ("docs/guarantees.md", "batches of 10,000 rows", _const("shardq.consumer.idempotency", "PRUNE_BATCH_ROWS"), 10_000),
+    ("docs/guarantees.md", "batches of 10,000 rows", _const("shardq.consumer.idempotency", "PRUNE_BATCH_ROWS"),
+     10_000),
     ("docs/design.md", "`dedup_window` (default 300 s)", _const("shardq.limits", "DEDUP_WINDOW_S_DEFAULT"), 300),
-    ("docs/design.md", "idle clients are\ndropped after 10 minutes", _const("shardq.limits", "CLIENT_SESSION_TTL_S"), 600),
+    ("docs/design.md", "idle clients are\ndropped after 10 minutes", _const("shardq.limits", "CLIENT_SESSION_TTL_S"),
+     600),
     ("docs/design.md", "5 s socket timeout", _const("shardq.shard.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
     ("docs/design.md", "At most 32 run at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
     ("docs/design.md", "takes none of its replies for 1 s", _const("shardq.shard.conn", "SEND_TIMEOUT_S"), 1),

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pg import pg, pg_dsn  # noqa: F401  (fixtures)
+from pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
 from service import REPO, Service, wait_until
 
 pytest.importorskip("psycopg")
@@ -23,7 +23,7 @@ def _app(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_orders_get_exactly_one_receipt_each(pg, pg_dsn, tmp_path):  # noqa: F811
+def test_orders_get_exactly_one_receipt_each(pg, pg_dsn, tmp_path):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     url = pg.url(pg_dsn.rsplit("dbname=", 1)[1])
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with Service(shards=2) as svc:

@@ -249,7 +249,8 @@ def test_with_a_token_nothing_works_without_it(monkeypatch):
         status, hdrs, _ = request(url, "/")
         assert status == 303 and hdrs["Location"] == "/login"
         assert request(url, "/login")[0] == 200
-        status, hdrs, _ = request(url, "/login", "POST", b"token=wrong", {"Content-Type": "application/x-www-form-urlencoded"})
+        status, hdrs, _ = request(url, "/login", "POST", b"token=wrong",
+                                  {"Content-Type": "application/x-www-form-urlencoded"})
         assert status == 303 and "Set-Cookie" not in hdrs
         assert "paused" not in q.stats()["queues"]["default"] and q.job(jid)["state"] == "ready"
         # The bearer token: scripts and Prometheus (no CSRF needed: a browser never sends it).
@@ -337,7 +338,7 @@ def test_scrapes_keep_working_while_a_shard_hangs_and_is_sigkilled_and_restarts(
                         ok = status == 200 and (b"shardq_shard_up{shard=\"1\"}" in data if path == "/metrics"
                                                 else len(json.loads(data)["shards"]) == 2)
                         results.append((path, status, ok))
-                    except Exception as e:  # a failed request is a failure of the test
+                    except Exception as e:  # noqa: BLE001 - a failed request is a failure of the test
                         results.append((path, None, repr(e)))
 
         th = threading.Thread(target=scraper)

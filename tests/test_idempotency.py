@@ -50,7 +50,7 @@ def test_exception_rolls_back_the_claim(make_store):
     with pytest.raises(ZeroDivisionError):
         with store.transaction() as txn:
             assert txn.claim(1)
-            1 / 0
+            1 / 0  # noqa: B018 - raises ZeroDivisionError inside the transaction on purpose
     assert not store.seen(1)
     with store.transaction() as txn:
         assert txn.claim(1)  # free again

@@ -114,7 +114,7 @@ def test_sigkilled_shards_mid_lease_lose_no_job_keep_key_order_and_never_reuse_a
                         key, n = lease.body.decode().split(":")
                         effects[lease.job_id] = (key, int(n))
                         order[key].append(int(n))
-                for lease, err in zip(leases, q.ack_many(leases)):
+                for _lease, err in zip(leases, q.ack_many(leases)):
                     assert err is None or isinstance(err, (shardq.LeaseLost, shardq.ShardUnavailable))
             assert kills == 4 and set(effects) == set(ids)
             for k in keys:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pg import pg, pg_dsn  # noqa: F401  (fixtures)
+from pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
 from service import REPO, Service, short_tmpdir, wait_until
 from shardq import outbox
 
@@ -134,7 +134,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         p.wait(20)
 
 
-def _url(pg, dsn: str) -> str:  # noqa: F811
+def _url(pg, dsn: str) -> str:  # noqa: F811 - the pytest fixture imported from pg, requested by name
     return pg.url(dsn.rsplit("dbname=", 1)[1])
 
 
@@ -159,7 +159,7 @@ def _check_once_and_in_key_order(rows: list[tuple[int, str, int]]) -> dict[str, 
     return by_key
 
 
-def test_worker_killed_at_every_step_keeps_each_effect_once(pg, pg_dsn, tmp):  # noqa: F811
+def test_worker_killed_at_every_step_keeps_each_effect_once(pg, pg_dsn, tmp):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _create_effects(pg_dsn)
     url = _url(pg, pg_dsn)
     crash_log = os.path.join(tmp, "crashes.log")
@@ -254,7 +254,7 @@ class _Consumer(threading.Thread):
                     q.ack_many(leases)
 
 
-def test_relays_killed_mid_batch_deliver_every_committed_row_once_in_key_order(pg, pg_dsn, tmp):  # noqa: F811
+def test_relays_killed_mid_batch_deliver_every_committed_row_once_in_key_order(pg, pg_dsn, tmp):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     rng = random.Random(20261201)
     url = _url(pg, pg_dsn)
     outbox.install(pg_dsn)
@@ -305,7 +305,7 @@ def test_relays_killed_mid_batch_deliver_every_committed_row_once_in_key_order(p
         assert f.read().count("row(s) again") >= 1
 
 
-def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(pg, pg_dsn, tmp):  # noqa: F811
+def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(pg, pg_dsn, tmp):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _create_effects(pg_dsn)
     outbox.install(pg_dsn)
     url = _url(pg, pg_dsn)
@@ -346,7 +346,7 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(pg, pg_dsn
     assert not set(have) & {f"{k}:{s}" for k, s in producer.rolled_back}
 
 
-def test_worker_with_a_bad_dsn_exits_with_a_clear_error(pg, tmp):  # noqa: F811
+def test_worker_with_a_bad_dsn_exits_with_a_clear_error(pg, tmp):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     with Service(shards=1) as svc:
         for url, code, what in [(pg.url("no_such_db"), 1, "StoreUnavailable"),
                                 ("postgresql://postgres@127.0.0.1/x?nosuch=1", 5, "InvalidConfig")]:

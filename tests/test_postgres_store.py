@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pg import pg, pg_dsn  # noqa: F401  (fixtures)
+from pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
 from shardq import limits
 from shardq.clock import FakeClock
 from shardq.consumer import postgres as pgstore
@@ -15,7 +15,7 @@ from shardq.consumer.handling import DONE, DUPLICATE, FAILED, execute
 from shardq.errors import InvalidConfig, InvalidJob, StoreUnavailable
 from shardq.types import Lease
 # The contract every store keeps, run here against PostgresStore (make_store below).
-from test_idempotency import (test_abort_rolls_back_the_claim, test_claim_once_then_seen,  # noqa: F401
+from test_idempotency import (test_abort_rolls_back_the_claim, test_claim_once_then_seen,  # noqa: F401 - the imported contract tests run here against PostgresStore
                               test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
                               test_closed_store_refuses, test_concurrent_claims_of_one_id_one_wins,
                               test_exception_rolls_back_the_claim, test_prune_after_retention,
@@ -25,7 +25,7 @@ psycopg = pytest.importorskip("psycopg")
 
 
 @pytest.fixture
-def make_store(pg_dsn):  # noqa: F811
+def make_store(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     stores = []
 
     def make(**kw):
@@ -75,7 +75,7 @@ def test_bad_job_ids(store, bad):
 
 
 # ---------------------------------------------------------------------------- atomicity
-def test_effect_and_mark_commit_together_or_not_at_all(store, pg_dsn):  # noqa: F811
+def test_effect_and_mark_commit_together_or_not_at_all(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE TABLE effect (job_id bigint PRIMARY KEY, what text)")
 
     def handler(what, fail=False):
@@ -93,7 +93,7 @@ def test_effect_and_mark_commit_together_or_not_at_all(store, pg_dsn):  # noqa: 
     assert _query(pg_dsn, "SELECT job_id FROM shardq_processed") == [("1",)]
 
 
-def test_savepoints_inside_the_handler(store, pg_dsn):  # noqa: F811
+def test_savepoints_inside_the_handler(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE TABLE effect (n int)")
 
     def handler(ctx):
@@ -101,7 +101,7 @@ def test_savepoints_inside_the_handler(store, pg_dsn):  # noqa: F811
         with pytest.raises(ZeroDivisionError):
             with ctx.db.connection.transaction():  # a savepoint: only this part rolls back
                 ctx.db.execute("INSERT INTO effect VALUES (2)")
-                1 / 0
+                1 / 0  # noqa: B018 - raises ZeroDivisionError inside the transaction on purpose
     assert execute(handler, _lease(1), store)[:2] == (DONE, None)
     assert _query(pg_dsn, "SELECT n FROM effect") == [(1,)]
 
@@ -142,7 +142,7 @@ def test_lock_timeout_bounds_the_wait_for_an_open_claim(make_store):
         t.join(10)
 
 
-def test_prune_in_batches(make_store, pg_dsn, monkeypatch):  # noqa: F811
+def test_prune_in_batches(make_store, pg_dsn, monkeypatch):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     monkeypatch.setattr(pgstore, "PRUNE_BATCH_ROWS", 1000)
     clock = FakeClock()
     store = make_store(clock=clock, retention_s=10)
@@ -155,7 +155,7 @@ def test_prune_in_batches(make_store, pg_dsn, monkeypatch):  # noqa: F811
     assert _query(pg_dsn, "SELECT job_id FROM shardq_processed") == [("fresh",)]
 
 
-def test_the_claim_uses_the_primary_key_index(store, pg_dsn):  # noqa: F811
+def test_the_claim_uses_the_primary_key_index(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "INSERT INTO shardq_processed SELECT g::text, now() FROM generate_series(1, 20000) g")
     _query(pg_dsn, "ANALYZE shardq_processed")
     plan = _query(pg_dsn, "EXPLAIN SELECT 1 FROM shardq_processed WHERE job_id = '777'")
@@ -163,7 +163,7 @@ def test_the_claim_uses_the_primary_key_index(store, pg_dsn):  # noqa: F811
 
 
 # ---------------------------------------------------------------------------- schema, binding
-def test_table_name_is_configurable_and_schema_created_once(pg_dsn):  # noqa: F811
+def test_table_name_is_configurable_and_schema_created_once(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE SCHEMA app")
     stores = []
     errors = []
@@ -171,7 +171,7 @@ def test_table_name_is_configurable_and_schema_created_once(pg_dsn):  # noqa: F8
     def build():
         try:
             stores.append(pgstore.PostgresStore(pg_dsn, table="app.marks"))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - collected and checked by the test below
             errors.append(exc)
     threads = [threading.Thread(target=build) for _ in range(6)]  # many workers start at once
     for t in threads:
@@ -188,7 +188,7 @@ def test_table_name_is_configurable_and_schema_created_once(pg_dsn):  # noqa: F8
 
 
 @pytest.mark.parametrize("name", ["", "Marks", "a-b", "x;drop", "a.b.c", "x" * 55, 'q"'])
-def test_bad_table_names(pg_dsn, name):  # noqa: F811
+def test_bad_table_names(pg_dsn, name):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     with pytest.raises(InvalidConfig, match="table"):
         pgstore.PostgresStore(pg_dsn, table=name)
 
@@ -209,7 +209,7 @@ def test_other_tables_bind_on_their_own(make_store):
 
 
 # ---------------------------------------------------------------------------- bad DSN
-def test_bad_dsn_is_a_clear_typed_error(pg):  # noqa: F811
+def test_bad_dsn_is_a_clear_typed_error(pg):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     with pytest.raises(InvalidConfig, match="bad PostgreSQL DSN"):
         pgstore.PostgresStore("host=/tmp port=notanumber x")
     with pytest.raises(StoreUnavailable, match="does not exist"):
@@ -230,7 +230,7 @@ def _terminate(dsn: str, pid: int) -> None:
     _query(dsn, "SELECT pg_terminate_backend(%s)", (pid,))
 
 
-def test_connection_lost_inside_the_transaction_rolls_back_and_the_next_one_reconnects(store, pg_dsn):  # noqa: F811
+def test_connection_lost_inside_the_transaction_rolls_back_and_the_next_one_reconnects(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE TABLE effect (job_id bigint PRIMARY KEY)")
 
     def dies(ctx):
@@ -248,7 +248,7 @@ def test_connection_lost_inside_the_transaction_rolls_back_and_the_next_one_reco
     assert _query(pg_dsn, "SELECT * FROM effect") == [(1,)]
 
 
-def test_a_connection_dropped_between_jobs_is_replaced_before_the_next(store, pg_dsn):  # noqa: F811
+def test_a_connection_dropped_between_jobs_is_replaced_before_the_next(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     with store.transaction() as txn:
         pid = txn.db.connection.info.backend_pid
     _terminate(pg_dsn, pid)
@@ -275,7 +275,7 @@ sqlalchemy = pytest.importorskip("sqlalchemy")
 
 
 @pytest.fixture
-def engine(pg, pg_dsn):  # noqa: F811
+def engine(pg, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     name = pg_dsn.rsplit("dbname=", 1)[1]
     eng = sqlalchemy.create_engine(f"postgresql+psycopg://postgres@/{name}?host={pg.dir}&port={pg.port}")
     yield eng
@@ -351,7 +351,7 @@ def test_engines_that_are_not_postgresql_through_psycopg_are_refused(tmp_path):
         pgstore.PostgresStore(42)
 
 
-def test_process_mode_worker_reopens_the_store_in_each_child(pg_dsn):  # noqa: F811
+def test_process_mode_worker_reopens_the_store_in_each_child(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     from service import Service
     from shardq.consumer.worker import Worker
     import pg_effects_handler
@@ -392,7 +392,7 @@ def test_close_leaves_a_connection_in_use_to_its_thread(store):
         store.seen(1)
 
 
-def test_a_transaction_left_open_on_the_connection_is_rolled_back_first(store, pg_dsn):  # noqa: F811
+def test_a_transaction_left_open_on_the_connection_is_rolled_back_first(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE TABLE effect (n int)")
     with store.transaction() as txn:
         conn = txn.db.connection
@@ -403,7 +403,7 @@ def test_a_transaction_left_open_on_the_connection_is_rolled_back_first(store, p
     assert _query(pg_dsn, "SELECT * FROM effect") == [] and store.seen(1)
 
 
-def test_ctx_db_is_a_dbapi_cursor_like_sqlites(store, pg_dsn):  # noqa: F811
+def test_ctx_db_is_a_dbapi_cursor_like_sqlites(store, pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     _query(pg_dsn, "CREATE TABLE effect (n int)")
     seen = []
 

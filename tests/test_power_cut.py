@@ -326,7 +326,8 @@ def test_a_group_commit_torn_in_its_first_record_keeps_none_of_its_records(tmp_p
     assert list(log.replay()) == []
     log.commit([b"\x91\x01"])
     start = log.writer.size
-    first, rest = b"\x91\xc5" + (9000).to_bytes(2, "big") + bytes(range(256)) * 35 + bytes(40), [b"\x91\x02", b"\x91\x03"]
+    first = b"\x91\xc5" + (9000).to_bytes(2, "big") + bytes(range(256)) * 35 + bytes(40)
+    rest = [b"\x91\x02", b"\x91\x03"]
     files.arm(kind="datasync")
     with pytest.raises(Crash):
         log.commit([first, *rest])

@@ -53,7 +53,7 @@ def test_ctrl_c_in_an_embedding_app_does_not_reach_its_shards_and_close_still_st
     # bufsize=0: readline reads no further than the line, so select() sees every line still unread
     app = subprocess.Popen([sys.executable, "-c", APP, os.path.join(tmp, "data")], stdout=subprocess.PIPE,
                            stderr=err, env=env, start_new_session=True, bufsize=0)  # its own group, as a shell's job
-    app_log = lambda: (err.seek(0), err.read().decode(errors="replace")[-3000:])[1]  # noqa: E731
+    app_log = lambda: (err.seek(0), err.read().decode(errors="replace")[-3000:])[1]  # noqa: E731 - a one-line local helper
 
     def line() -> bytes:  # the app's next line, or b"" if it says nothing for LINE_TIMEOUT_S
         ready, _, _ = select.select([app.stdout], [], [], LINE_TIMEOUT_S)

@@ -126,7 +126,7 @@ def test_sigkill_of_a_shard_under_load_loses_and_duplicates_nothing(svc):
                     continue
                 with lock:
                     ok[body] = jid
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - reported by the test's main thread
             errors.append(e)
 
     shared = svc.connect(retry_s=10)
@@ -350,8 +350,8 @@ def test_invalid_items_get_per_item_errors(shared_svc):
             for name, frame in ITEM_ERRORS.items():
                 conn.send_bytes(msgpack.packb(frame))
                 (rid, status, errs), = reply(conn)
-                assert status == 0 and errs and all(e and e[0] in ("InvalidJob", "NotFound", "JobGone") for e in errs), \
-                    (name, errs)
+                assert status == 0 and errs and all(e and e[0] in ("InvalidJob", "NotFound", "JobGone")
+                                                    for e in errs), (name, errs)
         finally:
             conn.close()
         assert good.ping() == pids
@@ -421,7 +421,7 @@ def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
     if echo is None:
         pytest.skip("no echo binary")
     damaged = []
-    for i in range(40):
+    for _i in range(40):
         q = svc.connect()
         q.enqueue(b"x", key="k")
         q.close()

@@ -24,7 +24,7 @@ from service import REPO, Service, short_tmpdir, wait_until
 
 
 def utc(*a) -> float:
-    return dt.datetime(*a, tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime(*a, tzinfo=dt.UTC).timestamp()
 
 
 def every(s, **kw) -> Schedule:

@@ -109,7 +109,8 @@ def test_happy_path_enqueue_dequeue_ack(svc):
     with svc.connect() as q:
         jid = q.enqueue(b"hello", key="user-1")
         lease = q.dequeue()
-        assert (lease.job_id, lease.body, lease.key, lease.attempt, lease.queue) == (jid, b"hello", "user-1", 1, "default")
+        assert ((lease.job_id, lease.body, lease.key, lease.attempt, lease.queue)
+                == (jid, b"hello", "user-1", 1, "default"))
         assert lease.deadline > time.time() + 20  # the queue's 30 s visibility timeout
         q.ack(lease)
         assert q.dequeue(wait=0) is None
@@ -282,7 +283,7 @@ def test_per_key_fifo_and_one_lease_per_key_with_concurrent_consumers(svc):
                         assert key == l.key
                         spans[key].append((got, t_ack, int(seq), l.attempt))
                     done[0] += len(leases)
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
         finally:
             if own_router:
@@ -300,7 +301,7 @@ def test_per_key_fifo_and_one_lease_per_key_with_concurrent_consumers(svc):
         s = sorted(spans[key])
         assert [seq for _, _, seq, _ in s] == list(range(per_key)), f"{key}: delivered out of order"
         assert {a for *_, a in s} == {1}
-        for (got_a, ack_a, seq_a, _), (got_b, _, seq_b, _) in zip(s, s[1:]):
+        for (_got_a, ack_a, seq_a, _), (got_b, _, seq_b, _) in zip(s, s[1:]):
             assert ack_a < got_b, f"{key}: job {seq_b} leased while job {seq_a} was still leased"
 
 

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import shutil
-import struct
 import subprocess
 import sys
 import threading

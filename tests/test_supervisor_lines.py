@@ -18,7 +18,6 @@ import time
 
 import pytest
 
-import shardq
 from service import Service, alive, short_tmpdir, wait_until
 from shardq.service.lines import LineSplitter
 from shardq.service.supervisor import Supervisor
@@ -199,7 +198,7 @@ def test_compacting_shards_under_load_are_never_restarted():
                     leases = q.dequeue_many(queue, max_jobs=64 if backlog > 30 else 16)
                     q.ack_many(leases)
                     backlog += 32 - len(leases)
-        except BaseException as e:  # noqa: BLE001 -- reported by the test
+        except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
             stop.set()
 

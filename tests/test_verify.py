@@ -190,7 +190,8 @@ def test_history_files_round_trip(tmp_path):
                  '{"r":1,"t":1.2,"err":"RequestTimeout: y"}\n{"o":1,"t":1.3,"ids":[12]}\n')
     d.write_text(d.read_text() + '{"i":2,"t":1.4,"items":[["a",2],["a",3]],"delays":[0,0.25]}\n')
     first, second = read_producer_history(str(d), 1)
-    assert (first.outcome, first.ids, first.tries, first.error, first.delayed) == ("ok", [12], 3, "RequestTimeout: y", 0)
+    assert ((first.outcome, first.ids, first.tries, first.error, first.delayed)
+            == ("ok", [12], 3, "RequestTimeout: y", 0))
     assert (second.outcome, second.delayed) == ("info", 1)
     rep = check([first, second], [], [eff(1, 12, "a", 1, producer=1)])
     assert rep.ok and (rep.info["enqueue_resends"], rep.info["enqueue_ops_ok_after_resend"]) == (2, 1)
@@ -345,8 +346,9 @@ def test_the_replay_line_names_every_setting_that_shapes_the_run():
     --stall-prob, --max-deliveries and the rest, so a replay ran another workload."""
     argv = ["--seed", "7", "--duration", "12.5", "--rate", "40", "--body-bytes", "65536", "--max-deliveries", "2",
             "--stall-prob", "0.2", "--worker-batch", "16", "--visibility", "2", "--drain-timeout", "30",
-            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2", "--delay-prob", "0.3",
-            "--lease-sync", "strict", "--kill-producers", "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
+            "--health-timeout", "4", "--power-cuts", "--dedup", "--nack-prob", "0.1", "--extend-prob", "0.2",
+            "--delay-prob", "0.3", "--lease-sync", "strict", "--kill-producers",
+            "--target", "sqs://eu-west-1/p?endpoint=http://127.0.0.1:1/ x",
             "--keep", "--json", "r.json", "--data-dir", "/tmp/d"]
     line = replay_command(settle_defaults(build_parser().parse_args(argv)))
     assert line.startswith("shardq verify ")

@@ -103,12 +103,13 @@ def test_wal_check_shows_the_damaged_range_and_repair_needs_force(tmp_path, make
     data[victim[0] + HEADER_BYTES + 5] ^= 0x40
     with open(path, "wb") as f:
         f.write(data)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "shardq.cli", "wal", *a], capture_output=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "shardq.cli", "wal", *a], capture_output=True,  # noqa: E731 - a one-line local helper
                                     text=True, cwd=REPO, timeout=60)
     r = run("check", d)
     assert r.returncode == 1
     assert (f"corrupt {path} records=" in r.stdout and f"at offset {victim[0]}: bytes {victim[0]}..{victim[1]} "
-            f"do not read" in r.stdout and f"intact records after them, at offsets {recs[11][0]}.." in r.stdout), r.stdout
+            "do not read" in r.stdout and f"intact records after them, at offsets {recs[11][0]}.." in r.stdout), \
+        r.stdout
     r = run("repair", d)
     assert r.returncode == 2 and "--force" in r.stderr
     r = run("repair", d, "--force")
@@ -195,7 +196,7 @@ def test_a_damaged_checkpoint_record_loses_only_its_own_jobs(tmp_path, make_conf
         f.write(data)
     with pytest.raises(CorruptLog):
         Engine(d, config, clock=clock)
-    done = salvage(d, config=config)
+    salvage(d, config=config)
     e = Engine(d, config, clock=clock)
     back = {j: job.body for j, job in e.state.jobs.items()}
     missing = set(bodies) - set(back)

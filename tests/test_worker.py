@@ -82,7 +82,7 @@ def test_runs_every_job_once_and_acks():
 
 def test_never_holds_more_than_concurrency_plus_prefetch():
     clock, q = make()
-    for i in range(12):
+    for _i in range(12):
         q.enqueue(b"x")
     barrier = threading.Barrier(3)
 
@@ -96,7 +96,7 @@ def test_never_holds_more_than_concurrency_plus_prefetch():
 
 def test_max_jobs():
     clock, q = make()
-    for i in range(5):
+    for _i in range(5):
         q.enqueue(b"x")
     stats = Worker(q, lambda ctx: None, concurrency=2, clock=clock, **FAST).run(max_jobs=3)
     assert stats.leased == 3 and stats.succeeded == 3
@@ -200,7 +200,7 @@ def test_sqlite_handler_error_leaves_no_effect_and_no_mark(tmp_path):
     worker = Worker(q, handler, idempotency=store, clock=clock, rng=TopRng(),
                     concurrency=2, **FAST)
     worker.run(until_idle=True)
-    rows = lambda: sqlite3.connect(path).execute("SELECT * FROM effect").fetchall()  # noqa: E731
+    rows = lambda: sqlite3.connect(path).execute("SELECT * FROM effect").fetchall()  # noqa: E731 - a one-line local helper
     assert rows() == [] and not store.seen(job_id)
     assert q.ops("nack")[-1][3] == "RuntimeError: after the write"
     clock.advance(1.0)  # the backoff

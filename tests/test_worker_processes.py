@@ -149,7 +149,6 @@ def test_a_sigkilled_worker_in_process_mode_leaves_no_pool_process_behind(tmp):
     container or OOM kill, a supervisor's last resort): each kill leaked a process per
     unit of concurrency. Now they notice the parent gone and end within a second."""
     import psutil
-    import time
     db = _setup(tmp)
     with Service(shards=1) as svc:
         log = open(os.path.join(tmp, "workers.log"), "ab")

@@ -90,7 +90,7 @@ class ShardqAdapter(Adapter):
     def setup(self, tmpdir: str) -> None:
         try:
             import shardq
-        except Exception as e:  # any import failure means: not ready to benchmark
+        except Exception as e:  # noqa: BLE001 - any import failure means: not ready to benchmark
             raise SkipPeer(f"import shardq failed: {type(e).__name__}: {e}") from None
         if not hasattr(shardq, "open"):
             raise SkipPeer("shardq has no open()")
@@ -112,7 +112,7 @@ class ShardqAdapter(Adapter):
                 first.ack_many(first.dequeue_many(QUEUE, max_jobs=len(warm)))
                 first.close()
             router = shardq.open(self._data_dir, shards=self.shards, config=cfg, **self.options)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure to open skips the peer with its error
             raise SkipPeer(f"shardq.open failed: {type(e).__name__}: {e}") from None
         self.client = ShardqClient(router)
         self._has_connect = hasattr(shardq, "connect")

@@ -114,7 +114,7 @@ def default_config_on_a_free_port(dest: str) -> str:
 def _shardq(tmpdir: str, shards: int) -> Broker:
     try:
         import shardq
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any import failure skips the peer
         raise SkipPeer(f"import shardq failed: {type(e).__name__}: {e}") from None
     data_dir = os.path.join(tmpdir, "shardq")
     argv = [sys.executable, "-m", "shardq.cli", "serve", "--data-dir", data_dir,
@@ -135,8 +135,8 @@ def _shardq(tmpdir: str, shards: int) -> Broker:
             with shardq.connect(data_dir, retry_s=0.2, request_timeout_s=2) as q:
                 q.ping()
             return broker
-        except Exception:
+        except Exception:  # noqa: BLE001 - not ready yet, whatever the error: retried until the deadline
             if time.monotonic() > deadline:
                 broker.stop()
-                raise SkipPeer(f"shardq serve not ready within {SERVE_READY_TIMEOUT_S} s")
+                raise SkipPeer(f"shardq serve not ready within {SERVE_READY_TIMEOUT_S} s")  # noqa: B904 - the last connect error stays as its context
             time.sleep(0.05)

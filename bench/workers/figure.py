@@ -88,7 +88,7 @@ def _enqueue(runner: Runner, jobs: int, tag: str, tmpdir: str, env: dict[str, st
     proc = servers.spawn(argv, log_path, env=env, cwd=brokers.REPO)
     try:
         rc = proc.wait(deadline_s)
-    except Exception:
+    except Exception:  # noqa: BLE001 - on a timeout or any failed wait the tree is stopped
         servers.stop_tree(proc)
         raise RuntimeError(f"enqueue did not finish within {deadline_s} s") from None
     if rc != 0:

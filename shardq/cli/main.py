@@ -28,7 +28,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ShardqError
 from . import (common, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules, serve,

@@ -29,7 +29,8 @@ def run(args) -> int:
 def _table(st: dict) -> None:
     print(f"{'queue':<20}" + "".join(f"{c:>11}" for c in COLUMNS))
     for name, c in sorted(st["queues"].items()):
-        print(f"{name:<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS) + ("  paused" if c.get("paused") else ""))
+        print(f"{name:<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS)
+              + ("  paused" if c.get("paused") else ""))
     if st.get("approximate"):  # a backend whose counts are estimates (SQS)
         print(f"({st.get('backend', 'backend')}: approximate counts; '-' = not known there)")
     print()

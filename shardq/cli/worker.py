@@ -10,7 +10,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..errors import UsageError
 from ..pgconn import is_url

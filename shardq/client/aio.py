@@ -27,7 +27,7 @@ import itertools
 import os
 
 from collections import deque
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from .. import limits
 from ..clock import SystemClock
@@ -214,7 +214,7 @@ class AsyncQueue:
                     shard, op, args = calls[0]
                     try:
                         results = [await self._call(shard, op, args, retry_s=probe)]
-                    except Exception as e:  # the round decides what an error means
+                    except Exception as e:  # noqa: BLE001 - the round decides what an error means
                         results = [e]
                 else:
                     results = await asyncio.gather(*[self._call(s, op, args, retry_s=probe) for s, op, args in calls],
@@ -476,7 +476,7 @@ class _Consumer:
                         timeout = None if soonest is None else max(0.0, soonest - _now())
                         try:
                             await asyncio.wait_for(self.freed.wait(), timeout)
-                        except asyncio.TimeoutError:
+                        except TimeoutError:
                             pass
                         continue
                     leases = await q.dequeue_many(self.queue, max_jobs=room, wait=self.wait,

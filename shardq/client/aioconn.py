@@ -10,12 +10,13 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   ``-1`` and an 8-byte length), then a msgpack array of requests, as the threaded client.
 * **Coalescing.** Requests made during one event-loop turn leave in one frame (cut only
   past the frame limit, by the client core's cutter the threaded connection uses too:
-  :func:`~shardq.client.core.encode_frames`), sent by a callback scheduled with ``call_soon``. Single-job ``enqueue`` calls of a turn are merged
-  into one wire ``enqueue`` (one session, one id list; cut at ``BATCH_JOBS_MAX`` jobs and
-  ``MERGE_BYTES_MAX`` bytes), and single-lease ``ack`` calls into one wire ``ack``; so 200
-  coroutines enqueuing one job each cost the shard about one request per turn, like a
-  batch. A merged enqueue that the shard refuses as a whole (all-or-nothing) is re-sent
-  call by call, so one caller's bad queue never fails another's job.
+  :func:`~shardq.client.core.encode_frames`), sent by a callback scheduled with ``call_soon``.
+  Single-job ``enqueue`` calls of a turn are merged into one wire ``enqueue`` (one session,
+  one id list; cut at ``BATCH_JOBS_MAX`` jobs and ``MERGE_BYTES_MAX`` bytes), and
+  single-lease ``ack`` calls into one wire ``ack``; so 200 coroutines enqueuing one job each
+  cost the shard about one request per turn, like a batch. A merged enqueue that the shard
+  refuses as a whole (all-or-nothing) is re-sent call by call, so one caller's bad queue
+  never fails another's job.
 * **Retry policy** (:data:`shardq.shard.wire.RETRY`, applied by
   :func:`~shardq.client.core.after_break`): after the connection breaks, a request
   never written is sent again on the new connection; one that was written is re-sent if its
@@ -40,7 +41,8 @@ import asyncio
 import os
 import socket
 import struct
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import msgpack
 
@@ -96,7 +98,7 @@ class _Protocol(asyncio.Protocol):
         for frame in frames:
             try:
                 replies = msgpack.unpackb(frame, raw=False, use_list=True)
-            except Exception:
+            except Exception:  # noqa: BLE001 - whatever msgpack raises, the frame is a protocol error
                 self.conn.protocol_error("undecodable reply frame")
                 return
             self.conn.on_replies(replies)
@@ -149,7 +151,7 @@ class ShardConn:
                 err: BaseException = exc
             except ProtocolError as exc:  # another wire version: trying again cannot help
                 raise ProtocolError(f"shard {self.index}: {exc}") from None
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - AuthenticationError and friends; retried until retry_s
                 if type(exc).__name__ == "AuthenticationError":
                     raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
                 err = exc
@@ -333,7 +335,7 @@ class ShardConn:
         self._quiet = asyncio.Event()
         try:
             await asyncio.wait_for(self._quiet.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # what is still out expires by itself
         finally:
             self._quiet = None

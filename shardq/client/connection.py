@@ -153,7 +153,7 @@ class ShardClient:
                     err = e
                 except ProtocolError as e:  # another wire version: trying again cannot help
                     raise ProtocolError(f"shard {self.index}: {e}") from None
-                except Exception as e:  # AuthenticationError and friends
+                except Exception as e:  # noqa: BLE001 - AuthenticationError and friends
                     if type(e).__name__ == "AuthenticationError":
                         raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
                     err = e
@@ -462,7 +462,7 @@ _LEN = struct.Struct("!i")
 READ_BYTES = 256 << 10  # one read of replies takes at most this much
 
 
-def lead_any(clients: list["ShardClient"], timeout: float) -> bool:
+def lead_any(clients: list[ShardClient], timeout: float) -> bool:
     """Read the sockets of ``clients`` in this thread for up to ``timeout`` seconds, until
     one has something to read, and settle every reply read (a leader over many sockets, as
     :meth:`ShardClient.wait` is over one): a waiting caller wakes on its reply with no

@@ -22,7 +22,8 @@ bytes and wait; every rule below is written once, here (routing is in :mod:`.rou
 from __future__ import annotations
 
 import logging
-from typing import Generator, NamedTuple
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
 
 from .. import limits
 from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnavailable
@@ -44,7 +45,7 @@ class Call(NamedTuple):
     """One request a driver is asked to make."""
     shard: int
     op: str
-    args: list
+    args: list[Any]
 
 
 # ---------------------------------------------------------------------- the retry table
@@ -61,7 +62,7 @@ def after_break(shard: int, op: str, sent: bool, expired: bool, why: object = "c
     return None
 
 
-def ack_error(payload, resent: bool) -> ShardqError | None:
+def ack_error(payload: Any, resent: bool) -> ShardqError | None:
     """The error of one ack's per-item reply ``payload`` (None: acked). A ``JobGone`` that
     answers a re-sent ack is no error: the first attempt was applied before the break."""
     err = wire.error_from_payload(payload)
@@ -73,12 +74,12 @@ def acks_by_shard(leases: list[Lease]) -> tuple[list[list[int]], list[Call]]:
     the calls)."""
     per_shard: dict[int, list[int]] = {}
     for i, lease in enumerate(leases):
-        per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)
+        per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)  # type: ignore[arg-type]  # ints on shards
     calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
     return list(per_shard.values()), calls
 
 
-def ack_many_outcome(count: int, indexes: list[list[int]], replies: list) -> list[BaseException | None]:
+def ack_many_outcome(count: int, indexes: list[list[int]], replies: list[Any]) -> list[BaseException | None]:
     """Per lease of an ``ack_many``, None or its error, from each call's ``(errors, resent)``."""
     out: list[BaseException | None] = [None] * count
     for idx, (errs, resent) in zip(indexes, replies):
@@ -93,10 +94,10 @@ def note_calls(queues: list[str], shards: int) -> list[Call]:
     return [Call(s, "note_priorities", [q]) for q in queues for s in range(shards)]
 
 
-def missed_notes(calls: list[Call], results: list) -> set[str]:
+def missed_notes(calls: list[Call], results: list[Any]) -> set[str]:
     """The queues a shard that is down did not hear about (told again with the next
     prioritized enqueue); any other error, a typed refusal (an undeclared queue), is raised."""
-    missed = set()
+    missed: set[str] = set()
     for (_, _, (queue,)), r in zip(calls, results):
         if isinstance(r, ShardUnavailable):
             missed.add(queue)
@@ -107,11 +108,12 @@ def missed_notes(calls: list[Call], results: list) -> set[str]:
 
 def release_call(lease: Lease) -> Call:
     """The request that hands ``lease`` back unstarted: a nack now that is not a delivery."""
-    return Call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, 0, None, False])
+    return Call(shard_of_job(lease.job_id), "nack",  # type: ignore[arg-type]  # ints on shards
+                [lease.job_id, lease.token, 0, None, False])
 
 
 # ---------------------------------------------------------------------- frames
-def encode_frames(requests: list, refuse) -> list[tuple[bytes, int]]:
+def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], object]) -> list[tuple[bytes, int]]:
     """The frames that carry ``requests`` (each ``[request_id, op, args]``), each with the
     index in ``requests`` its requests end at: one frame, unless together they pass
     ``limits.FRAME_BYTES_MAX``. A request that cannot be encoded (text with a lone
@@ -149,7 +151,7 @@ def encode_frames(requests: list, refuse) -> list[tuple[bytes, int]]:
 
 
 # ---------------------------------------------------------------------- lease rounds
-def check_dequeue(max_jobs, wait, visibility) -> float:
+def check_dequeue(max_jobs: object, wait: object, visibility: object) -> float:
     """Check a ``dequeue_many``'s arguments (InvalidJob); returns the wait in seconds."""
     validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
     wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
@@ -175,7 +177,8 @@ class LeaseRound:
     round raises, or the driver meets (cancelled, closed), the driver releases
     :meth:`abandon`'s leases: a failed round keeps none."""
 
-    def __init__(self, queue: str, visibility, max_jobs: int, first: int, shards: int, prioritized: bool):
+    def __init__(self, queue: str, visibility: float | None, max_jobs: int, first: int, shards: int,
+                 prioritized: bool) -> None:
         self.queue, self.visibility, self.max_jobs, self.shards = queue, visibility, max_jobs, shards
         self.order = [*range(first, shards), *range(first)]  # first, then round the ring
         self.uses_priorities = prioritized
@@ -189,7 +192,7 @@ class LeaseRound:
     def start(self) -> list[Call]:
         return self._advance(None)
 
-    def receive(self, results: list) -> list[Call]:
+    def receive(self, results: list[Any]) -> list[Call]:
         """The results of the last calls; returns the next calls ([]: the round is over)."""
         return self._advance(results)
 
@@ -199,14 +202,14 @@ class LeaseRound:
         self._steps.close()
         return taken
 
-    def _advance(self, results) -> list[Call]:
+    def _advance(self, results: list[Any] | None) -> list[Call]:
         try:
-            return self._steps.send(results)
+            return self._steps.send(results)  # type: ignore[arg-type]  # None: the first send starts it
         except StopIteration as stop:
             self.leases, self.taken = stop.value, []  # handed to the caller
             return []
 
-    def _sort(self, results: list, dequeues: int) -> list:
+    def _sort(self, results: list[Any], dequeues: int) -> list[Any]:
         """Each result's value (for the first ``dequeues``, dequeue replies: ``(priority,
         lease)`` pairs, taken), or None for a shard down or an unknown outcome (noted).
         Any other error is raised after every lease of ``results`` is taken."""
@@ -233,13 +236,13 @@ class LeaseRound:
             raise error
         return values
 
-    def _run(self) -> Generator[list[Call], list, list[Lease]]:
+    def _run(self) -> Generator[list[Call], list[Any], list[Lease]]:
         queue, vis, n, order = self.queue, self.visibility, self.max_jobs, self.order
         if self.uses_priorities and self.shards > 1:
             calls = [Call(order[0], "dequeue", [queue, vis, n])] + [Call(s, "peek", [queue, n]) for s in order[1:]]
-            held, *peeks = self._sort((yield calls), 1)
-            return (yield from self._settle(held or [], {s: p for s, p in zip(order[1:], peeks) if p}))
-        held: list = []
+            first, *peeks = self._sort((yield calls), 1)
+            return (yield from self._settle(first or [], {s: p for s, p in zip(order[1:], peeks) if p}))
+        held: list[tuple[int, Lease]] = []
         for k, shard in enumerate(order):
             (got,) = self._sort((yield [Call(shard, "dequeue", [queue, vis, n - len(held)])]), 1)
             if got is None:
@@ -254,7 +257,8 @@ class LeaseRound:
                 break
         return [lease for _, lease in held]
 
-    def _settle(self, held: list, peeks: dict):
+    def _settle(self, held: list[tuple[int, Lease]],
+                peeks: dict[int, list[Any]]) -> Generator[list[Call], list[Any], list[Lease]]:
         """Keep the ``held`` leases the plan keeps, release the others unstarted and lease
         what the plan takes from the ``peeks``ed shards; highest priority first."""
         if not peeks:
@@ -274,13 +278,14 @@ class LeaseRound:
         return merge(keep, held, [t or () for t in taken])
 
 
-def wait_outcome(queue: str, answers: list, max_jobs: int) -> tuple[list[Lease], list[Lease], bool, BaseException | None]:
+def wait_outcome(queue: str, answers: list[Any],
+                 max_jobs: int) -> tuple[list[Lease], list[Lease], bool, BaseException | None]:
     """What the waiting dequeues of one wait come to: ``answers`` holds, per shard that
     answered, its lease rows or its error (a withdrawn wait, or one whose connection broke,
     is left out). Returns ``(keep, release, uses_priorities, error)``: the first
     ``max_jobs`` leases to return, the others to release unstarted, whether a lease says the
     queue uses priorities, and the first error, to raise only when no lease is kept."""
-    rows: list = []
+    rows: list[Any] = []
     error = None
     for a in answers:
         if isinstance(a, BaseException):
@@ -301,11 +306,12 @@ class Polling:
 
     RETURN, PROBE, WAIT = "return", "probe", "wait"
 
-    def __init__(self, shards: int, retry_s: float, deadline: float):
+    def __init__(self, shards: int, retry_s: float, deadline: float) -> None:
         self.shards, self.retry_s, self.deadline = shards, retry_s, deadline
         self.all_down_since: float | None = None
 
-    def after_round(self, leases: list, down: list, unknown: list, now: float) -> str:
+    def after_round(self, leases: list[Lease], down: list[ShardUnavailable], unknown: list[OutcomeUnknown],
+                    now: float) -> str:
         if leases:
             return self.RETURN
         if unknown:

@@ -10,6 +10,7 @@ nothing is released and no second round trip is made.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 
@@ -19,7 +20,7 @@ class Plan(NamedTuple):
     take: dict      # shard -> how many jobs to dequeue there
 
 
-def plan(held: list[tuple[int, object]], peeks: dict[int, list], order: list[int], max_jobs: int) -> Plan:
+def plan(held: Sequence[tuple[int, object]], peeks: dict[int, list], order: list[int], max_jobs: int) -> Plan:
     """``held``: (priority, lease) from the shard asked first; ``peeks``: shard ->
     ``[[priority, ready count], ...]`` (highest first) from the others; ``order``: the
     shards in this call's rotation (ties between other shards go in this order)."""
@@ -45,7 +46,7 @@ def plan(held: list[tuple[int, object]], peeks: dict[int, list], order: list[int
     return Plan(keep, release, take)
 
 
-def merge(keep: list, held: list[tuple[int, object]], taken: list[list[tuple[int, object]]]) -> list:
+def merge(keep: list, held: Sequence[tuple[int, object]], taken: Sequence[Sequence[tuple[int, object]]]) -> list:
     """The leases a call returns: those it kept of ``held`` and those ``taken`` (``(priority,
     lease)`` per shard asked by the plan), highest priority first (stable)."""
     prio = {id(lease): p for p, lease in held}

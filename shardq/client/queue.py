@@ -30,7 +30,8 @@ backend that lacks them (``shardq.cli.common.control_call``).
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Iterable
 
 from ..types import DeadLetter, JobId, Lease
 

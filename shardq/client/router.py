@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import supervisor_status
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
@@ -42,12 +42,12 @@ from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, ShardUnavailable
 from ..shard import validate
-from ..types import DeadLetter, Lease
+from ..types import DeadLetter, DeadLetterPage, Lease
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
                    ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes,
                    note_calls, release_call, wait_outcome)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
-from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401
+from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                       split_by_shard)
 
@@ -350,7 +350,7 @@ class Router:
             shard, op, args = calls[0]
             try:
                 return [self._call(shard, op, args, retry_s=retry_s)]
-            except Exception as e:  # the round decides what an error means
+            except Exception as e:  # noqa: BLE001 - the round decides what an error means
                 return [e]
         return [r if isinstance(r, BaseException) else r[0] for r in self._gather(calls, retry_s=retry_s)]
 
@@ -606,7 +606,7 @@ class Router:
         return dict(self._call(shard, "job", [job_id]), shard=shard)
 
     def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,
-                          skip_unavailable: bool = False) -> "DeadLetterPage":
+                          skip_unavailable: bool = False) -> DeadLetterPage:
         """One page of dead letters with their errors, shard by shard, lowest id first within
         a shard. Pass the returned ``cursor`` back for the next page (None: no more). A
         redrive or purge between pages never makes the walk skip or repeat a letter.

@@ -14,7 +14,8 @@ from __future__ import annotations
 import itertools
 import operator
 import zlib
-from typing import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .. import limits
 from ..errors import InvalidJob
@@ -39,7 +40,7 @@ def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
 
 
-def cut_requests(items: list[list]) -> Iterable[list[list]]:
+def cut_requests(items: list[list[Any]]) -> Iterator[list[list[Any]]]:
     """Cut one shard's wire items into requests a shard accepts: at most BATCH_JOBS_MAX
     jobs and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
     job_bytes, count_max, bytes_max = validate.job_bytes, limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
@@ -57,8 +58,8 @@ def cut_requests(items: list[list]) -> Iterable[list[list]]:
         yield items[start:]
 
 
-def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
-                   shards: int) -> tuple[dict[int, list], list[int], set]:
+def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callable[[str | None], int],
+                   shards: int) -> tuple[dict[int, list[list[Any]]], list[int], set[str]]:
     """Check a batch of job dicts (all of them before any is sent) and group their wire
     items by shard: ``({shard: [item, ...]}, the shard of each job in input order, the
     queues given a priority other than 0)``. ``shard_for`` routes one key; ``shards`` is
@@ -67,9 +68,9 @@ def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
     usual = _usual_batch(jobs, queue, shards)
     if usual is not None:
         return usual
-    per_shard: dict[int, list] = {}
+    per_shard: dict[int, list[list[Any]]] = {}
     shard_ids: list[int] = []
-    prioritized = set()
+    prioritized: set[str] = set()
     item_of, fields = job_item, _JOB_FIELDS
     for job in jobs:
         if type(job) is not dict or "body" not in job or not job.keys() <= fields:
@@ -92,15 +93,16 @@ def split_by_shard(jobs: Iterable[dict], queue: str, shard_for,
 _ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)  # a usual job's delay, priority, dedup id
 
 
-def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[int], set] | None:
+def _usual_batch(jobs: list[Any], queue: object,
+                 shards: int) -> tuple[dict[int, list[list[Any]]], list[int], set[str]] | None:
     """:func:`split_by_shard` of the usual batch, every job ``{"body": bytes, "key": str}``
     within the limits :func:`job_item` checks, with C loops (``map``, ``compress``)
     instead of Python steps per job; the same items and shards. None for any other batch,
     which the loop in split_by_shard then checks job by job, naming the first error."""
     if type(queue) is not str or not jobs or set(map(type, jobs)) != {dict} or set(map(len, jobs)) != {2}:
         return None
-    bodies = list(map(dict.get, jobs, itertools.repeat("body")))
-    keys = list(map(dict.get, jobs, itertools.repeat("key")))  # None where a job has no key
+    bodies: list[Any] = list(map(dict.get, jobs, itertools.repeat("body")))
+    keys: list[Any] = list(map(dict.get, jobs, itertools.repeat("key")))  # None where a job has no key
     if set(map(type, bodies)) != {bytes} or set(map(type, keys)) != {str}:
         return None
     if not 0 < min(map(len, bodies)) <= max(map(len, bodies)) <= _BODY_CEILING:
@@ -114,7 +116,7 @@ def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[
     items = list(map(list, zip(bodies, keys, itertools.repeat(queue), _ZEROS, _ZEROS, _NONES)))
     if shards == 1:
         return {0: items}, shard_ids, set()
-    per_shard = {}
+    per_shard: dict[int, list[list[Any]]] = {}
     for s in range(shards):
         bucket = list(itertools.compress(items, map(operator.eq, shard_ids, itertools.repeat(s))))
         if bucket:
@@ -122,33 +124,33 @@ def _usual_batch(jobs: list, queue, shards: int) -> tuple[dict[int, list], list[
     return per_shard, shard_ids, set()
 
 
-def in_input_order(ids_by_shard: dict[int, list], shard_ids: list[int]) -> list:
+def in_input_order(ids_by_shard: dict[int, list[Any]], shard_ids: list[int]) -> list[Any]:
     """The ids of a batch in input order: each shard answered its jobs in the order sent,
     and ``shard_ids`` says which shard each job went to."""
     answers = {s: iter(ids) for s, ids in ids_by_shard.items()}
     return list(map(next, map(answers.__getitem__, shard_ids)))
 
 
-def leases_of(queue: str, rows) -> list[tuple[int, Lease]]:
+def leases_of(queue: str, rows: Iterable[list[Any]]) -> list[tuple[int, Lease]]:
     """``(priority, lease)`` for each lease row of a dequeue reply."""
     return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
 
 
-def batch_ids(calls: list, results: list, shard_ids: list[int]) -> list:
+def batch_ids(calls: list[tuple[int, str, list[Any]]], results: list[Any], shard_ids: list[int]) -> list[Any]:
     """The ids of a batch sent as ``calls`` (``(shard, "enqueue", args)``, a shard's in
     order), from each call's ``(ids, resent)``, in input order."""
-    ids_by_shard: dict[int, list] = {}
+    ids_by_shard: dict[int, list[Any]] = {}
     for (shard, _, _), (ids, _) in zip(calls, results):
         ids_by_shard.setdefault(shard, []).extend(ids)
     return in_input_order(ids_by_shard, shard_ids)
 
 
-def group_by_shard(shards: int, job_ids) -> dict[int, list]:
+def group_by_shard(shards: int, job_ids: Any) -> dict[int, list[int]]:
     """``job_ids`` grouped by the shard that holds each, checked: a list of integer ids of
     this service's shards."""
     if isinstance(job_ids, (str, bytes)) or not hasattr(job_ids, "__iter__"):
         raise InvalidJob("job_ids must be a list of job ids")
-    per: dict[int, list] = {}
+    per: dict[int, list[int]] = {}
     for j in job_ids:
         validate.integer("job_id", j)
         per.setdefault(shard_of_job(j), []).append(j)
@@ -157,14 +159,14 @@ def group_by_shard(shards: int, job_ids) -> dict[int, list]:
     return per
 
 
-def redrive_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+def redrive_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, list[Any]]]:
     """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
     if job_ids is None:
         return [(s, "redrive", [queue, None]) for s in range(shards)]
     return [(s, "redrive", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
 
 
-def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]:
+def purge_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, list[Any]]]:
     """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
     (checked: a list of integer ids of this service's shards)."""
     if job_ids is None:
@@ -172,9 +174,9 @@ def purge_calls(shards: int, queue: str, job_ids) -> list[tuple[int, str, list]]
     return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
 
 
-def queue_totals(shards: list[dict]) -> dict[str, dict]:
+def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
-    queues: dict[str, dict] = {}
+    queues: dict[str, dict[str, Any]] = {}
     for sh in shards:
         for name, counts in sh["queues"].items():
             agg = queues.setdefault(name, dict.fromkeys(counts, 0))
@@ -184,7 +186,7 @@ def queue_totals(shards: list[dict]) -> dict[str, dict]:
 
 
 
-def job_item(body, key, queue, delay, priority, dedup_id) -> list:
+def job_item(body: Any, key: Any, queue: Any, delay: Any, priority: Any, dedup_id: Any) -> list[Any]:
     """The wire form of one job, checked (the shard checks again; this catches errors
     before a multi-shard batch is split, so no shard gets half of a bad batch)."""
     # Fast path for the common shape; anything unusual goes through the validators,

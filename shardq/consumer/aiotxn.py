@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import queue as queue_mod
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .handling import DONE, DUPLICATE, LOST
 from .idempotency import IdempotencyStore

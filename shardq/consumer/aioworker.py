@@ -169,7 +169,7 @@ class AsyncWorker:
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # ------------------------------------------------------------------ leasing

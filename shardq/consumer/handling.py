@@ -13,7 +13,8 @@ import logging
 import random
 import signal
 import traceback
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import limits
 from ..errors import Fail, Retry, Unsupported
@@ -83,7 +84,7 @@ def error_text(exc: BaseException) -> str:
     Fail is its message alone: the handler that raised it wrote the reason."""
     try:
         text = str(exc) if isinstance(exc, (Retry, Fail)) else f"{type(exc).__name__}: {exc}"
-    except Exception:  # a __str__ that raises
+    except Exception:  # noqa: BLE001 - a __str__ that raises
         text = type(exc).__name__
     return cut_text(text)
 

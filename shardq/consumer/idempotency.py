@@ -20,7 +20,8 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, MutableMapping
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
@@ -116,8 +117,9 @@ class IdempotencyStore:
 
     def bind(self, service_id: str) -> None:
         """Tie this store to one shardq service (a data dir, or an SQS region/account/prefix:
-        the queue's ``service_id``), or raise InvalidConfig if it holds marks of another. Job ids start again in every new data dir: marks left by an
-        old one would make new jobs with the same ids look processed, and be skipped."""
+        the queue's ``service_id``), or raise InvalidConfig if it holds marks of another. Job ids
+        start again in every new data dir: marks left by an old one would make new jobs with the
+        same ids look processed, and be skipped."""
         bound = self._bound_service(service_id)
         if bound != service_id:
             raise InvalidConfig(

@@ -14,7 +14,7 @@ these read-only figures: nothing can be changed through it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from .. import limits, pgconn
 from ..clock import Clock, SystemClock

@@ -46,7 +46,7 @@ def decode(body: bytes) -> tuple[str, list, dict]:
     """``(name, args, kwargs)`` of a task body; BadBody says why it is not one."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several types for bad input; all mean BadBody
         raise BadBody(f"the job body is not msgpack ({type(exc).__name__}): not a task job") from None
     if type(obj) is not dict or "t" not in obj:
         raise BadBody("the job body is not a task body (no task name 't'): not a task job")

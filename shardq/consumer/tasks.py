@@ -38,8 +38,9 @@ import random
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable,
+from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
                     ParamSpec, TypeVar, overload)
+from collections.abc import Callable, Iterable
 
 from .. import limits
 from ..errors import InvalidConfig, InvalidJob
@@ -136,7 +137,7 @@ class Task(Generic[P, R]):
             named = dict(list(bound.arguments.items())[1:])  # by parameter name, without ctx
             try:
                 key = key(**named)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failing user key function is the caller's InvalidJob
                 raise InvalidJob(f"task {self.name}: the key function failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(key, str):
                 raise InvalidJob(f"task {self.name}: the key function must return a str, got {key!r:.80}")

@@ -14,7 +14,8 @@ import re
 import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks

@@ -50,7 +50,7 @@ from ..stopping import install_stop_signals
 from .idempotency import IdempotencyStore
 # The constants stay importable from here: callers and the docs' checked figures
 # (tests/test_docs_claims.py) name them as this module's.
-from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401
+from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
                      UNAVAILABLE_BACKOFF_S_MIN, Outbox, Policy, Settle, UnavailableBackoff)
 from ..types import Lease
 
@@ -135,7 +135,7 @@ class Worker:
         if mode == "process":
             try:
                 pickle.dumps(handler)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - pickle raises several types for what it cannot pickle
                 raise InvalidConfig(f"process mode needs a module-level handler: {exc}") from None
             if idempotency is not None:
                 try:
@@ -410,7 +410,7 @@ class Worker:
             with self._lock:
                 job.lost = True
             req.error = exc
-        except Exception as exc:  # ShardUnavailable, InvalidJob: the handler decides
+        except Exception as exc:  # noqa: BLE001 - ShardUnavailable, InvalidJob: the handler decides
             req.error = exc
         req.done.set()
 

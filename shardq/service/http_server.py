@@ -100,7 +100,7 @@ class HttpService:
         self._thread: threading.Thread | None = None
         self._address_file: str | None = None
 
-    def start(self, run_dir: str | None = None) -> "HttpService":
+    def start(self, run_dir: str | None = None) -> HttpService:
         family = _Server.address_family_for(self.host)
         try:
             self.server = _Server((self.host, self.port), _Handler, family=family)
@@ -170,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
     # ------------------------------------------------------------------ dispatch
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         url = urlsplit(self.path)
         path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
         if not self.app.auth.host_ok(self.headers):
@@ -202,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._call(api.job, query.get("id"))
         return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no page {path!r:.80}"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802 - http.server's handler naming
         path = urlsplit(self.path).path
         auth = self.app.auth
         if not auth.host_ok(self.headers):

@@ -128,7 +128,7 @@ def from_config(name: str, sc) -> Schedule:
 
 def iso(t: float) -> str:
     """``t`` as UTC ISO 8601 to the second: ``2026-11-30T20:05:00Z``."""
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def local_iso(t: float, timezone: str) -> str:

@@ -145,7 +145,7 @@ class Supervisor:
         self._monitor_error: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> "Supervisor":
+    def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> Supervisor:
         """Create/check the data dir, start every shard, wait until each is ready, failed
         (corrupt log), or failing again and again (backing off between restarts).
 
@@ -334,7 +334,7 @@ class Supervisor:
                 while self._spawn_requests:
                     self._spawn(self._spawn_requests.popleft())
                 self._poll_once(0.25)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - kept for start() and logged: why every shard stops
             # start() raises it if it still waits; later, the log is the only place to say
             # why every shard is about to be stopped.
             self._monitor_error = e

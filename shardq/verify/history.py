@@ -106,7 +106,8 @@ def dedup_id_for(producer: int, key: str, seq: int) -> str:
     """A job's dedup id under ``--dedup``: unique per job, and as long as a dedup id may be
     (``DEDUP_ID_BYTES_MAX``), so the longest ids go through the log, compaction and replay."""
     head = f"{producer}/{key}/{seq}/"
-    return head + hashlib.shake_128(head.encode()).hexdigest(limits.DEDUP_ID_BYTES_MAX)[:limits.DEDUP_ID_BYTES_MAX - len(head)]
+    digest = hashlib.shake_128(head.encode()).hexdigest(limits.DEDUP_ID_BYTES_MAX)
+    return head + digest[:limits.DEDUP_ID_BYTES_MAX - len(head)]
 
 
 def body_header(body: bytes) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 
 class Files:
@@ -161,7 +162,7 @@ class SlowDiskFiles:
         self.inner = inner
         self.switch = switch
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # every call but the two syncs
 
     def _stall(self) -> None:

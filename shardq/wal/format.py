@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgpack
 
@@ -74,7 +76,8 @@ def header_crc(length: int, payload_crc: int) -> int:
     return crc32(_LEN_CRC.pack(length, payload_crc))
 
 
-def frame(payload, kind: str = SEGMENT, write: int = 0, synced: int = 0, flags: int = LAST_IN_WRITE) -> bytes:
+def frame(payload: bytes | memoryview, kind: str = SEGMENT, write: int = 0, synced: int = 0,
+          flags: int = LAST_IN_WRITE) -> bytes:
     """One format-3 record: header + payload. A payload over the kind's limit is a bug
     upstream (requests are cut to fit): refused here, before anything is written."""
     n = len(payload)
@@ -84,7 +87,7 @@ def frame(payload, kind: str = SEGMENT, write: int = 0, synced: int = 0, flags: 
     return head + crc32(head).to_bytes(4, "little") + payload
 
 
-def frame_write(payloads: list, write: int, synced: int) -> bytes:
+def frame_write(payloads: list[bytes], write: int, synced: int) -> bytes:
     """The records of one write: each tagged with the write's number and the highest synced
     write, the last one flagged as such (so a reader knows where the write ends)."""
     last = len(payloads) - 1
@@ -92,7 +95,7 @@ def frame_write(payloads: list, write: int, synced: int) -> bytes:
                     for i, p in enumerate(payloads))
 
 
-def frame_v2(payload, kind: str = SEGMENT) -> bytes:
+def frame_v2(payload: bytes | memoryview, kind: str = SEGMENT) -> bytes:
     """A format-2 record (``wal repair`` of older files only: never appended)."""
     n = len(payload)
     if n > RECORD_BYTES_MAX[kind] or n == 0:
@@ -124,7 +127,8 @@ def array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def pack_records(ops: list, limit: int, atomic: list[tuple[int, int]] = (), pack=None) -> list[bytes]:
+def pack_records(ops: list[Any], limit: int, atomic: Sequence[tuple[int, int]] = (),
+                 pack: Callable[[Any], bytes] | None = None) -> list[bytes]:
     """Encode ``ops`` as record payloads (msgpack arrays of operations) of at most ``limit``
     bytes each, in order. ``atomic`` lists ``(start, end)`` index ranges that must stay in
     one record (the operations of one request: a batch is all-or-nothing across a crash).

@@ -23,7 +23,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import msgpack
 
@@ -51,11 +52,12 @@ class ReplayStats:
     removed: list[str] = field(default_factory=list)
 
 
-def decode(payload) -> list:
-    return msgpack.unpackb(payload, raw=False, use_list=True)
+def decode(payload: bytes | memoryview) -> list[Any]:
+    ops: list[Any] = msgpack.unpackb(payload, raw=False, use_list=True)
+    return ops
 
 
-def write_private(path: str, data) -> None:
+def write_private(path: str, data: bytes | memoryview) -> None:
     """Write ``data`` to a new file readable by the owner only (it holds job bodies), fsynced.
     If that fails (a full disk), no part of the file is left behind: a partial copy would
     make the next attempt, after space is freed, fail on the existing name."""
@@ -97,7 +99,7 @@ class Log:
         return os.path.join(self.directory, name)
 
     # ------------------------------------------------------------------ replay
-    def replay(self) -> Iterator[list]:
+    def replay(self) -> Iterator[list[Any]]:
         """Yield each record's decoded payload (a list of operations), oldest first.
 
         Guarantee: yields exactly the records that were committed, in commit order, and
@@ -176,7 +178,7 @@ class Log:
         self.files.unlink(self._path(name))
         self.stats.removed.append(name)
 
-    def _replay_checkpoint(self, path: str) -> Iterator[list]:
+    def _replay_checkpoint(self, path: str) -> Iterator[list[Any]]:
         data = self.files.read(path)
         self.checkpoint_bytes = len(data)
         scan = FileScan(path, data, CHECKPOINT, tail_may_tear=False)
@@ -195,7 +197,7 @@ class Log:
             yield decode(payloads[i])
         self.stats.checkpoint = os.path.basename(path)
 
-    def _replay_segment(self, seq: int, *, last: bool):
+    def _replay_segment(self, seq: int, *, last: bool) -> Generator[Any, None, FileScan]:
         path = self._path(segment_name(seq))
         data = self.files.read(path)
         scan = FileScan(path, data, SEGMENT, tail_may_tear=last, first_write=self._next_write)
@@ -205,7 +207,7 @@ class Log:
             for payload in scan:
                 try:
                     ops = unpackb(payload)
-                except Exception as e:  # a CRC-valid record that does not decode: a bug or tampering
+                except Exception as e:  # noqa: BLE001 - a CRC-valid record that does not decode: a bug or tampering
                     raise CorruptLog(path, scan.valid_end, f"undecodable record: {e}") from None
                 records += 1
                 yield ops

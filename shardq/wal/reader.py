@@ -32,10 +32,10 @@ allocated for them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import CorruptLog
-from .format import (CHECKPOINT, SEGMENT, HEADERS, LAST_IN_WRITE, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, RECORD_MARK, SECTOR_BYTES,
+from .format import (SEGMENT, HEADERS, LAST_IN_WRITE, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, RECORD_MARK, SECTOR_BYTES,
                      SYNC_MARK, crc32, header_crc)
 
 
@@ -109,7 +109,7 @@ def _zeros(view: memoryview) -> bool:
     return view.tobytes().count(0) == len(view)
 
 
-def lost_sector(data, start: int, end: int) -> bool:
+def lost_sector(data: bytes, start: int, end: int) -> bool:
     """True if a disk sector that overlaps ``[start, end)`` reads as zeros from where the
     record starts (or the sector starts) to where the sector ends (or the file ends): what a
     lost page of an unsynced write leaves. Stricter than etcd, which also counts a partial
@@ -208,7 +208,8 @@ class FileScan:
         """Every record after ``start`` that reads whole, in file order: found by its mark,
         then followed record by record. Write numbers may go back (a misdirected copy of
         older records): the reader's proof and ``read_intact`` decide what they mean."""
-        data, found, pos = self.data, [], start + 1
+        found: list[Intact] = []
+        data, pos = self.data, start + 1
         while True:
             pos = data.find(RECORD_MARK, pos)
             if pos < 0:
@@ -344,13 +345,14 @@ class FileScan:
         self.valid_end = off
 
 
-def read_intact(path: str, data: bytes, kind: str, first_write: int = 0) -> tuple[list, list[tuple[int, int]], int]:
+def read_intact(path: str, data: bytes, kind: str,
+                first_write: int = 0) -> tuple[list[memoryview], list[tuple[int, int]], int]:
     """Every record of a file that reads whole, for ``wal repair``: the payloads (sync marks
     left out), the byte ranges that do not read, and the last write number seen. Format 3
     finds the records after damaged bytes by their mark; formats 1 and 2 cannot, and stop at
     the first bad record."""
     scan = FileScan(path, data, kind, tail_may_tear=False, first_write=first_write)
-    payloads: list = []
+    payloads: list[memoryview] = []
     try:
         payloads.extend(scan)
         return payloads, [], scan.last_write

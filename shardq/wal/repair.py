@@ -57,7 +57,7 @@ def _outcome(path: str, data: bytes, kind: str, tail_may_tear: bool, scan: FileS
         for payload in scan:
             try:
                 last = decode(payload)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - whatever the decoder raises, the record is reported corrupt
                 return FileReport(path, scan.records, CORRUPT, scan.valid_end, f"undecodable record: {e}")
     except CorruptLog as e:
         if scan.version < 3 and _fits_without_limit(path, data, kind, tail_may_tear):
@@ -82,7 +82,7 @@ def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool) 
     try:
         for payload in FileScan(path, data, kind, tail_may_tear=tail_may_tear, limit=len(data)):
             decode(payload)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means the file does not fit
         return False
     return True
 

@@ -6,6 +6,8 @@ used only to *name* job ids (an enqueue that may be lost), never replayed.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 
 from .format import HEADERS, MAGIC_BYTES, RECORD_MARK
@@ -14,12 +16,12 @@ _ENQUEUE, _JOB = 1, 21  # shard/ops.py: [1, job_id, ...] and a checkpoint's [21,
 _H3 = HEADERS[3]
 
 
-def readable_ops(payload) -> list:
+def readable_ops(payload: bytes | memoryview) -> list[Any]:
     """The operations at the start of a record payload that still decode, up to the first
     that does not (a payload is one msgpack array of operations)."""
     unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(payload), 1024))
     unpacker.feed(bytes(payload))
-    out: list = []
+    out: list[Any] = []
     try:
         n = unpacker.read_array_header()
         for _ in range(n):
@@ -31,12 +33,12 @@ def readable_ops(payload) -> list:
     return out
 
 
-def job_ids_of(ops: list) -> list[int]:
+def job_ids_of(ops: list[Any]) -> list[int]:
     """Job ids enqueued (or, in a checkpoint, held) by ``ops``."""
     return [op[1] for op in ops if op[0] in (_ENQUEUE, _JOB) and len(op) > 1 and isinstance(op[1], int)]
 
 
-def readable_job_ids(data, offset: int) -> list[int]:
+def readable_job_ids(data: bytes, offset: int) -> list[int]:
     """Job ids of the enqueues that can be read in ``data[offset:]`` of a format-3 file:
     from every record header found there (by its mark), the operations of its payload that
     decode, whether or not its checksum holds."""

@@ -5,13 +5,13 @@ import errno
 import logging
 import os
 
-from .fileio import Files
+from .fileio import Files, SlowDiskFiles
 from .format import LAST_IN_WRITE, MARK_PAYLOAD, SEGMENT, SEGMENT_MAGIC, SYNC_MARK, frame, frame_write
 
 log = logging.getLogger("shardq.wal")
 
 
-def _reserve(files: Files, fd: int, path: str, size: int) -> None:
+def _reserve(files: Files | SlowDiskFiles, fd: int, path: str, size: int) -> None:
     """Preallocate; on a disk without room for it, append without (and say so): a shard
     must not need a whole segment of free space to start or to rotate."""
     err = files.allocate(fd, size)
@@ -33,7 +33,7 @@ class SegmentWriter:
     written (:func:`~shardq.wal.format.frame` refuses it before the write).
     """
 
-    def __init__(self, files: Files, path: str, seq: int, fd: int, size: int, last_write: int = 0):
+    def __init__(self, files: Files | SlowDiskFiles, path: str, seq: int, fd: int, size: int, last_write: int = 0):
         self.files = files
         self.path = path
         self.seq = seq
@@ -52,8 +52,8 @@ class SegmentWriter:
         self.marked = -1  # the number of the last sync mark written
 
     @classmethod
-    def create(cls, files: Files, directory: str, name: str, seq: int, preallocate: int = 0,
-               last_write: int = 0) -> "SegmentWriter":
+    def create(cls, files: Files | SlowDiskFiles, directory: str, name: str, seq: int, preallocate: int = 0,
+               last_write: int = 0) -> SegmentWriter:
         """A new segment, its space reserved (zeros) up to ``preallocate`` bytes."""
         path = os.path.join(directory, name)
         tmp = path + ".tmp"
@@ -70,8 +70,8 @@ class SegmentWriter:
         return cls(files, path, seq, files.open_append(path, len(SEGMENT_MAGIC)), len(SEGMENT_MAGIC), last_write)
 
     @classmethod
-    def reopen(cls, files: Files, path: str, seq: int, size: int, preallocate: int = 0,
-               last_write: int = 0) -> "SegmentWriter":
+    def reopen(cls, files: Files | SlowDiskFiles, path: str, seq: int, size: int, preallocate: int = 0,
+               last_write: int = 0) -> SegmentWriter:
         """The newest segment of a replayed log, appended to at ``size`` (its last record's
         end). Its space is reserved again, as for a new segment: without it every commit
         until the next rotation would also journal a new file size."""
