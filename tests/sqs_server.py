@@ -15,10 +15,11 @@ now and then, so the server is started with a per-queue lock around ReceiveMessa
 A second: **a visibility timeout changed to 0 makes the message visible at once**, as on AWS;
 moto compares the clock with ``>`` and, when two reads return the same value, keeps the
 message pending, which reorders its group's redelivery. Everything else moto answers is moto
-as shipped; its deterministic differences from AWS are the strict xfail cases (docs/scale-out.md lists both). Two more changes only make the server
-faster (every SQS test waits on it): requests are routed without listing moto's package
-directory each time, and the clock is read with ``time.time()``, the same seconds moto's
-datetime arithmetic computes, several times per message held on every request.
+as shipped; its deterministic differences from AWS are the strict xfail cases (docs/scale-out.md
+lists both). Two more changes only make the server faster (every SQS test waits on it):
+requests are routed without listing moto's package directory each time, and the clock is
+read with ``time.time()``, the same seconds moto's datetime arithmetic computes, several
+times per message held on every request.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class MotoServer:
         self.endpoint = ""
         self.log_path = tempfile.mktemp(prefix="moto-", suffix=".log", dir="/tmp")
 
-    def start(self, timeout: float = 60.0) -> "MotoServer":
+    def start(self, timeout: float = 60.0) -> MotoServer:
         log = open(self.log_path, "wb")
         try:
             self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "-H", "127.0.0.1", "-p", "0"],

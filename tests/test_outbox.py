@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pg import pg, pg_dsn  # noqa: F401  (fixtures)
+from pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
 from service import REPO, Service, wait_until
 from shardq import limits, outbox
 from shardq.errors import InvalidConfig, InvalidJob, OutboxBehind
@@ -33,7 +33,7 @@ def q(svc):
 
 
 @pytest.fixture
-def dsn(pg_dsn):  # noqa: F811
+def dsn(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     outbox.install(pg_dsn)
     return pg_dsn
 
@@ -79,7 +79,7 @@ def test_a_job_exists_if_and_only_if_the_transaction_commits(dsn, q):
     with psycopg.connect(dsn) as conn:
         with pytest.raises(ZeroDivisionError), conn.transaction():
             outbox.enqueue(conn, b"receipt 3 (rolled back)", key="order-3")
-            1 / 0
+            1 / 0  # noqa: B018 - raises ZeroDivisionError inside the transaction on purpose
     relay = outbox.Relay(dsn, q)
     assert relay.run(until_idle=True).moved == 1
     relay.close()
@@ -122,12 +122,12 @@ def test_bad_jobs_are_refused_in_the_callers_transaction(dsn, kwargs, match):
     assert _rows(dsn) == 1
 
 
-def test_a_missing_table_is_a_clear_error(pg_dsn):  # noqa: F811
+def test_a_missing_table_is_a_clear_error(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     with psycopg.connect(pg_dsn) as conn, pytest.raises(InvalidConfig, match="outbox init"):
         outbox.enqueue(conn, b"x")
 
 
-def test_sqlalchemy_session_and_connection(dsn, q, pg):  # noqa: F811
+def test_sqlalchemy_session_and_connection(dsn, q, pg):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.orm import Session
     name = dsn.rsplit("dbname=", 1)[1]
@@ -206,7 +206,7 @@ def test_a_resend_older_than_the_dedup_window_stops_the_relay_loudly(dsn, q):
     _drain(q)
 
 
-def test_a_queue_whose_dedup_window_is_too_short_is_refused(pg_dsn, tmp_path):  # noqa: F811
+def test_a_queue_whose_dedup_window_is_too_short_is_refused(pg_dsn, tmp_path):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     outbox.install(pg_dsn)
     with psycopg.connect(pg_dsn) as conn:
         outbox.enqueue(conn, b"x", queue="short")
@@ -324,7 +324,7 @@ def test_a_notification_wakes_the_relay_without_polling(dsn, svc):
 def test_status_and_init_commands(dsn, q):
     with psycopg.connect(dsn) as conn:
         outbox.enqueue(conn, b"x")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "shardq.cli", "outbox", *a, "--dsn", dsn],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "shardq.cli", "outbox", *a, "--dsn", dsn],  # noqa: E731 - a one-line local helper
                                     capture_output=True, text=True, timeout=60, cwd=REPO)
     r = run("init")
     assert r.returncode == 0 and '"scope"' in r.stdout
@@ -338,7 +338,7 @@ def test_status_and_init_commands(dsn, q):
     _drain(q)
 
 
-def test_bad_dsn_for_the_relay_is_a_clear_error(q, pg):  # noqa: F811
+def test_bad_dsn_for_the_relay_is_a_clear_error(q, pg):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     base = [sys.executable, "-m", "shardq.cli", "outbox", "relay", "--connect", q.data_dir, "--dsn"]
     for dsn, code, what in [("host=/tmp port=x y", 5, "InvalidConfig: outbox relay"),
                             (pg.dsn("no_such_db"), 1, "StoreUnavailable")]:
@@ -402,7 +402,7 @@ def test_rows_held_back_by_a_brief_lock_go_soon_without_a_notification(dsn, svc)
     assert out["stats"].moved == 3
 
 
-def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  # noqa: F811
+def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     import os
     import signal
     from service import restarted
@@ -428,3 +428,80 @@ def test_a_shard_killed_under_the_relay_loses_and_duplicates_nothing(pg_dsn):  #
         r, i = map(int, lease.body.decode().split(":"))
         by_key.setdefault(lease.key, []).append((r, i))
     assert all(v == sorted(v) for v in by_key.values())
+
+
+# ---------------------------------------------------------------------------- refusals (issue 32 §4)
+SQS_CONFIG = {"queues": {"default": {"visibility_timeout": 30, "max_deliveries": 5}}}
+
+
+def test_rows_the_sqs_backend_refuses_are_rejected_and_the_rows_behind_them_move(dsn, moto):
+    """On SQS a delay or a priority is Unsupported; the relay used to stop on it, and meet
+    the same row first again after every restart."""
+    from sqs_server import fresh_target
+    import shardq
+    with psycopg.connect(dsn) as conn:  # no relay ran yet: enqueue cannot know the target
+        outbox.enqueue(conn, b"urgent", key="k", priority=5)
+        outbox.enqueue(conn, b"later", key="k", delay=600)
+        outbox.enqueue(conn, b"after", key="k")
+        outbox.enqueue(conn, b"other", key="j")
+    with shardq.connect(fresh_target(moto, SQS_CONFIG)) as sqs:
+        relay = outbox.Relay(dsn, sqs)
+        stats = relay.run(until_idle=True)
+        relay.close()
+        assert (stats.moved, stats.rejected) == (2, 2)
+        got = []
+        while len(got) < 2:
+            for lease in sqs.dequeue_many(max_jobs=10, wait=1):
+                got.append(lease.body)
+                sqs.ack(lease)
+        assert sorted(got) == [b"after", b"other"]
+    with psycopg.connect(dsn) as conn:
+        errors = dict(conn.execute("SELECT body, error FROM shardq_outbox_rejected").fetchall())
+    assert sorted(errors) == [b"later", b"urgent"] and _rows(dsn) == 0
+    assert errors[b"urgent"].startswith("Unsupported") and "priority" in errors[b"urgent"]
+    assert errors[b"later"].startswith("Unsupported") and "delay" in errors[b"later"]
+
+
+def test_enqueue_refuses_what_the_relays_queue_cannot_hold(dsn, q, moto):
+    from sqs_server import fresh_target
+    import shardq
+    with shardq.connect(fresh_target(moto, SQS_CONFIG)) as sqs:
+        relay = outbox.Relay(dsn, sqs)
+        relay.run(until_idle=True)  # records what SQS refuses
+        relay.close()
+    with psycopg.connect(dsn) as conn:
+        for kwargs, match in (({"priority": 1}, "priority.*sqs backend"), ({"delay": 5}, "delay.*sqs backend")):
+            with pytest.raises(shardq.Unsupported, match=match):
+                outbox.enqueue(conn, b"x", key="k", **kwargs)
+        outbox.enqueue(conn, b"plain", key="k")  # the transaction is intact
+    assert _rows(dsn) == 1
+    relay = outbox.Relay(dsn, q)  # a relay to the shards, which hold both
+    relay.run(until_idle=True)
+    relay.close()
+    with psycopg.connect(dsn) as conn:
+        outbox.enqueue(conn, b"prioritised", priority=3, delay=0.1)
+    assert _rows(dsn) == 1
+    _drain(q)
+
+
+def test_a_user_who_may_not_read_the_meta_table_enqueues_and_the_relay_checks(dsn, moto, pg):  # noqa: F811
+    """The target's refusals are read from <table>_meta; an application user who may only
+    insert into the outbox is not refused there (nor is its transaction broken), and the
+    relay rejects the row instead."""
+    from sqs_server import fresh_target
+    import shardq
+    role = "app_" + dsn.rsplit("dbname=", 1)[1]  # roles are per server: one per test database
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}"')
+        admin.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+        admin.execute(f'GRANT INSERT, SELECT (id) ON shardq_outbox TO "{role}"')  # SELECT: RETURNING id
+    with shardq.connect(fresh_target(moto, SQS_CONFIG)) as sqs:
+        relay = outbox.Relay(dsn, sqs)
+        relay.run(until_idle=True)
+        with psycopg.connect(dsn) as conn:
+            conn.execute(f'SET ROLE "{role}"')
+            outbox.enqueue(conn, b"urgent", key="k", priority=5)
+            outbox.enqueue(conn, b"plain", key="k")
+        stats = relay.run(until_idle=True)
+        relay.close()
+        assert (stats.moved, stats.rejected) == (1, 1)

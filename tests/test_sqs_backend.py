@@ -251,7 +251,7 @@ def _drain(q, n: int) -> list[bytes]:
 
 def test_entries_sqs_fails_on_its_side_are_resent_in_input_order_with_their_ids(q, monkeypatch):
     calls = _fail_on_sqs_side(q, monkeypatch, ["1", "2"])
-    ids = q.enqueue_many([{"body": b"%d" % i, "key": "k%d" % i} for i in range(4)])
+    ids = q.enqueue_many([{"body": b"%d" % i, "key": f"k{i}"} for i in range(4)])
     assert calls == [["0", "1", "2", "3"], ["1", "2"]]  # the failed ones again, in input order
     assert all(ids) and len(set(ids)) == 4
     assert sorted(_drain(q, 4)) == [b"0", b"1", b"2", b"3"]  # each once: same dedup ids

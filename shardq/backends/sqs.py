@@ -20,6 +20,10 @@ The mapping (docs/scale-out.md has the full table):
   ``priority`` (SQS FIFO has neither), a ``nack`` delay past SQS's 12 h visibility limit,
   purging chosen dead letters by job id.
 * Times are whole seconds on SQS: visibility and waits are rounded up.
+* **Hostile input.** A received message shardq did not write (see
+  :func:`.sqs_mapping.decode`) is moved to the dead letters with the reason, once, and
+  the receive goes on; a job id carried by a redriven copy is believed only if its mac
+  verifies under the queue's redrive key.
 """
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ from ..types import DeadLetter, Lease
 from .sqs_buffer import HeadBuffer, Held
 from .sqs_client import Api, QueueInfo, chunks_by_size
 from . import sqs_dead
-from .sqs_mapping import (BACKEND, Outgoing, decode, encode, error_for, group_id, is_retriable, parse_target,
-                          redrive_dedup_id, shardq_queue)
+from .sqs_mapping import (BACKEND, Foreign, Outgoing, decode, encode, error_for, group_id, is_retriable,
+                          parse_target, redrive_dedup_id, shardq_queue)
 
 log = logging.getLogger("shardq.sqs")
 
@@ -76,6 +80,9 @@ class SqsQueue:
     """A client of the SQS FIFO queues under one prefix. Thread-safe. See the module docstring."""
 
     backend = BACKEND
+    #: Job fields this backend refuses when not at their default (``Unsupported``); the
+    #: outbox relay records them so that ``outbox.enqueue`` refuses such rows up front.
+    refuses = ("delay", "priority")
 
     def __init__(self, target: str, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
                  max_attempts: int | None = None, clock: Clock | None = None, client=None):
@@ -286,7 +293,12 @@ class SqsQueue:
         if not msgs:
             return 0, []
         margin = min(KEEPER_MARGIN_S_MAX, KEEPER_MARGIN_SHARE * vis)
-        held = [Held(queue, decode(m), t0 + vis, t0, margin) for m in msgs]
+        decoded = [decode(m, lambda: self.api.redrive_key(info), info.max_message_bytes) for m in msgs]
+        # A message shardq did not write is never handed out, and never raises here (that
+        # would stop every consumer that receives it): it goes to the dead letters with the
+        # reason. Its group's later messages in this batch then lead (it is deleted first).
+        sqs_dead.move_foreign(self.api, info, [m for m in decoded if isinstance(m, Foreign)])
+        held = [Held(queue, m, t0 + vis, t0, margin) for m in decoded if not isinstance(m, Foreign)]
         if self._clock.now() - t0 > vis / 2:
             # A long poll answered late: the deadline taken before it is too early to be
             # useful. Restart the visibility now (the new deadline counts from this request).
@@ -400,18 +412,19 @@ class SqsQueue:
         """Move the leased job to the dead-letter queue now, with ``error`` kept beside it.
 
         SQS has no such call: a copy goes to the dead-letter queue (same group, a dedup id
-        that carries the job id, so a retried bury within 5 minutes adds no second copy),
+        that carries the job id, signed with the queue's redrive key, so a retried bury within 5 minutes adds no second copy),
         then the leased message is deleted. If the lease is lost between the two, the job
         is also delivered again (at-least-once); nothing is lost."""
         error = validate.error_text(error)
         now = self._clock.now()
         held = self._live(lease, now)
         info = self._info(lease.queue)
-        group = held.msg.group if held is not None else None
-        dedup = redrive_dedup_id(str(lease.job_id), "bury:" + lease.token)
-        copy = encode(lease.body, lease.key, dedup, group=group or group_id(lease.key), error=error)
+        group = (held.msg.group if held is not None else None) or group_id(lease.key)
+        dedup = redrive_dedup_id(self.api.need_redrive_key(info), str(lease.job_id), "bury:" + lease.token,
+                                 group, lease.key, lease.body)
+        copy = encode(lease.body, lease.key, dedup, group=group, error=error)
         if copy.size > info.max_message_bytes:  # a body at the limit leaves no room for the text
-            copy = encode(lease.body, lease.key, dedup, group=group or group_id(lease.key))
+            copy = encode(lease.body, lease.key, dedup, group=group)
         self.api.call("send_message", QueueUrl=info.dlq_url, **copy.entry())
         self.ack(lease)
 
@@ -489,7 +502,7 @@ class SqsQueue:
     def redrive(self, queue: str = "default", job_ids: list | None = None) -> int:
         """Move dead letters (all, or ``job_ids``) back to the tail of their key with a fresh
         delivery count, keeping their job ids (done by this client: :mod:`.sqs_dead`)."""
-        return sqs_dead.redrive(self.api, self._info(queue), job_ids)
+        return sqs_dead.redrive(self.api, self._info(queue), job_ids, self._clock)
 
     def purge_dead_letters(self, queue: str = "default", job_ids: list | None = None) -> int:
         """Delete every dead letter of ``queue`` (receive + delete: :mod:`.sqs_dead`).

@@ -3,7 +3,10 @@
 For each queue of the config (``[queues.*]``): a FIFO dead-letter queue, then the FIFO
 queue with ``VisibilityTimeout`` = ``visibility_timeout`` (rounded up to whole seconds),
 ``MaximumMessageSize`` = ``max_body_bytes``, a ``RedrivePolicy`` with ``maxReceiveCount`` =
-``max_deliveries``, 14 days retention and explicit dedup ids. What SQS cannot hold is
+``max_deliveries``, 14 days retention and explicit dedup ids. The dead-letter queue gets a
+tag ``shardq.redrive-key``: 32 random bytes (hex) that sign the job id a redriven or buried
+copy carries (:func:`.sqs_mapping.redrive_dedup_id`); an existing key is never changed, so
+copies signed with it stay valid. What SQS cannot hold is
 refused before anything is created: a setting with ``Unsupported`` or ``InvalidConfig``,
 naming the key; a queue name with ``InvalidJob`` (not only letters, digits and ``-``, or
 too long with the prefix and the DLQ suffix: :func:`.sqs_mapping.queue_names`).
@@ -13,12 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 
 from .. import limits
 from ..config import Config, QueueConfig
 from ..errors import InvalidConfig, Unsupported, UnknownQueue
 from .sqs_client import Api
-from .sqs_mapping import queue_names
+from .sqs_mapping import REDRIVE_KEY_TAG, parse_redrive_key, queue_names
 
 RETENTION_S = limits.SQS_RETENTION_S_MAX
 
@@ -55,7 +59,7 @@ def init(api: Api, config: Config, *, high_throughput: bool = False) -> list[str
     lines = []
     for name, main, dlq, attrs, max_deliveries in plans:
         dlq_url, line = _ensure(api, dlq, {"MessageRetentionPeriod": str(RETENTION_S)})
-        lines.append(line)
+        lines.append(line + _ensure_key(api, dlq_url))
         dlq_arn = api.call("get_queue_attributes", QueueUrl=dlq_url,
                            AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         attrs = dict(attrs, RedrivePolicy=json.dumps({"deadLetterTargetArn": dlq_arn,
@@ -80,6 +84,15 @@ def _ensure(api: Api, name: str, attrs: dict[str, str]) -> tuple[str, str]:
         return url, f"unchanged {name}"
     api.call("set_queue_attributes", QueueUrl=url, Attributes=changed)
     return url, f"updated {name}: " + ", ".join(f"{k} {have.get(k)} -> {v}" for k, v in sorted(changed.items()))
+
+
+def _ensure_key(api: Api, dlq_url: str) -> str:
+    """Give the dead-letter queue a redrive key if it has none (a valid one is kept)."""
+    tags = api.call("list_queue_tags", QueueUrl=dlq_url).get("Tags") or {}
+    if parse_redrive_key(tags.get(REDRIVE_KEY_TAG)) is not None:
+        return ""
+    api.call("tag_queue", QueueUrl=dlq_url, Tags={REDRIVE_KEY_TAG: secrets.token_hex(32)})
+    return f" (tag {REDRIVE_KEY_TAG} added)"
 
 
 def _same(key: str, have, want: str) -> bool:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .. import limits
-from ..errors import AuthError, InvalidJob, ShardqError, ShardUnavailable, UnknownQueue
-from .sqs_mapping import Target, error_for, queue_names
+from ..errors import AuthError, InvalidConfig, InvalidJob, ShardqError, ShardUnavailable, UnknownQueue
+from .sqs_mapping import REDRIVE_KEY_TAG, Target, error_for, parse_redrive_key, queue_names
 
 MAX_ATTEMPTS_DEFAULT = 5
 
@@ -61,6 +61,7 @@ class Api:
         self.client = client or make_client(target, request_timeout_s=request_timeout_s,
                                             max_attempts=max_attempts)
         self._queues: dict[str, QueueInfo] = {}
+        self._keys: dict[str, bytes | None] = {}
         self._lock = threading.Lock()
 
     def call(self, op: str, **params) -> dict:
@@ -112,6 +113,31 @@ class Api:
     def forget(self, queue: str) -> None:
         with self._lock:
             self._queues.pop(queue, None)
+            self._keys.pop(queue, None)
+
+    def redrive_key(self, info: QueueInfo) -> bytes | None:
+        """The queue's redrive key (the ``shardq.redrive-key`` tag of its dead-letter queue),
+        or None when the queue has none. Read on first need, not at lookup: a producer never
+        needs it, so it needs no ``ListQueueTags`` right."""
+        with self._lock:
+            if info.name in self._keys:
+                return self._keys[info.name]
+        tags = self.call("list_queue_tags", QueueUrl=info.dlq_url).get("Tags") or {}
+        key = parse_redrive_key(tags.get(REDRIVE_KEY_TAG))
+        with self._lock:
+            self._keys[info.name] = key
+        return key
+
+    def need_redrive_key(self, info: QueueInfo) -> bytes:
+        """The queue's redrive key, or :class:`InvalidConfig` when it has none."""
+        key = self.redrive_key(info)
+        if key is None:
+            with self._lock:
+                self._keys.pop(info.name, None)  # look again next time: init may run meanwhile
+            raise InvalidConfig(f"queue {info.name!r}: its dead-letter queue has no {REDRIVE_KEY_TAG} "
+                                f"tag, which redriven and buried copies are signed with; run "
+                                f"`shardq sqs init --connect {self.target.url()}` again to add it")
+        return key
 
 
 def max_receive_count(attrs: dict) -> int:

@@ -13,21 +13,31 @@ Pure functions, no I/O. One place for every rule the SQS backend relies on:
 * body -> ``MessageBody`` when it is text SQS accepts, else a ``Binary`` attribute; the key
   rides in an attribute. Sizes are counted as SQS counts them: body plus each attribute's
   name, type and value;
-* a redriven copy keeps its job id in its ``MessageDeduplicationId`` (``r<job id>.<hash>``),
-  a system attribute that counts towards no size limit, so a job at the size limit can
-  still be redriven.
+* a redriven (or buried) copy keeps its job id in its ``MessageDeduplicationId``
+  (``r<job id>.<nonce>.<mac>``), a system attribute that counts towards no size limit, so a
+  job at the size limit can still be redriven. The mac is an HMAC-SHA256, under the queue's
+  redrive key (a tag on its dead-letter queue, written by ``shardq sqs init``), of the job
+  id, the nonce, the group, the key and the body: anyone may send a message, but only a
+  holder of the key can make one carry an existing job id;
+* :func:`decode` trusts nothing it receives: a message shardq did not write (attributes
+  missing, of the wrong type or not UTF-8, a group that does not match the key, a dedup id
+  of no form shardq makes, a redrive id whose mac does not verify, a body over the queue's
+  limit) decodes to :class:`Foreign`, with the reason, never to an exception.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from .. import limits
 from ..errors import (AuthError, InvalidConfig, InvalidJob, LeaseLost, QueueFull, ShardqError,
                       ShardUnavailable, UnknownQueue)
+from ..shard import validate
 
 BACKEND = "sqs"
 ATTR_KEY = "shardq.key"      # Binary: the key, UTF-8
@@ -107,22 +117,52 @@ def dedup_id(key: str | None, dedup: str | bytes | None) -> str:
     return "d" + hashlib.sha256(scope + b"\x00" + raw).hexdigest()
 
 
-REDRIVE_JOB_ID_CHARS_MAX = 80  # r + id + . + 40 hex <= SQS's 128
+REDRIVE_KEY_TAG = "shardq.redrive-key"  # tag on the dead-letter queue: 64 hex digits
+REDRIVE_KEY_BYTES = 32
+REDRIVE_NONCE_CHARS = 16   # hex of SHA-256 of the dead letter's message id: one per dead letter
+REDRIVE_MAC_CHARS = 32     # hex: a 128-bit HMAC-SHA256 tag
+# r + id + . + nonce + . + mac <= SQS's 128 characters of MessageDeduplicationId
+REDRIVE_JOB_ID_CHARS_MAX = limits.SQS_DEDUP_ID_CHARS_MAX - 3 - REDRIVE_NONCE_CHARS - REDRIVE_MAC_CHARS
+FOREIGN_MARK = "f"         # dedup id prefix of a foreign message moved to the dead letters
+_HEX = "0123456789abcdef"
+_PLAIN_DEDUP = re.compile(r"^(n[0-9a-f]{32}|d[0-9a-f]{64})$")
+_DEAD_DEDUP = re.compile(r"^f[0-9a-f]{64}$")
+_KEYLESS_GROUP = re.compile(r"^u[0-9a-f]{32}$")
+_REDRIVE = re.compile(r"^r([\x21-\x2d\x2f-\x7e]{1,%d})\.([0-9a-f]{%d})\.([0-9a-f]{%d})$"
+                      % (REDRIVE_JOB_ID_CHARS_MAX, REDRIVE_NONCE_CHARS, REDRIVE_MAC_CHARS))
 
 
-def redrive_dedup_id(job_id: str, dead_message_id: str) -> str:
-    """A redriven copy's dedup id: it carries the job id, and a retried redrive within 5
-    minutes (same dead letter) adds nothing."""
+def parse_redrive_key(value) -> bytes | None:
+    """The redrive key from its tag value, or None when it is missing or malformed."""
+    if not isinstance(value, str) or len(value) != 2 * REDRIVE_KEY_BYTES or value.strip(_HEX):
+        return None
+    return bytes.fromhex(value)
+
+
+def _redrive_mac(secret: bytes, job_id: str, nonce: str, group: str, key: str | None, body: bytes) -> str:
+    mac = hmac.new(secret, b"shardq-redrive-v1", hashlib.sha256)
+    # Each field is length-prefixed, so no two field lists give the same input.
+    for field in (job_id.encode(), nonce.encode(), group.encode(),
+                  b"\x00" if key is None else b"\x01" + key.encode(), body):
+        mac.update(len(field).to_bytes(8, "big") + field)
+    return mac.hexdigest()[:REDRIVE_MAC_CHARS]
+
+
+def redrive_dedup_id(secret: bytes, job_id: str, dead_message_id: str, group: str, key: str | None,
+                     body: bytes) -> str:
+    """A redriven (or buried) copy's dedup id: it carries the job id, made unforgeable by a
+    mac under the queue's redrive key over everything the copy carries, and a retried redrive
+    within 5 minutes (same dead letter, so the same nonce) adds nothing."""
     if len(job_id) > REDRIVE_JOB_ID_CHARS_MAX or not _GROUP_SAFE.match(job_id) or "." in job_id:
         raise InvalidJob(f"job id {job_id!r} cannot be carried by a redriven copy")
-    return f"r{job_id}." + hashlib.sha256(dead_message_id.encode()).hexdigest()[:40]
+    nonce = hashlib.sha256(dead_message_id.encode()).hexdigest()[:REDRIVE_NONCE_CHARS]
+    return f"r{job_id}.{nonce}.{_redrive_mac(secret, job_id, nonce, group, key, body)}"
 
 
-def job_id_of(message_id: str, dedup: str | None) -> str:
-    """A message's job id: its own id, or the one its redrive dedup id carries."""
-    if dedup and dedup.startswith("r") and "." in dedup:
-        return dedup[1:dedup.index(".")]
-    return message_id
+def foreign_dedup_id(message_id: str) -> str:
+    """The dedup id of a foreign message's copy in the dead letters: one per message, so a
+    move retried within 5 minutes adds nothing."""
+    return FOREIGN_MARK + hashlib.sha256(message_id.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -186,17 +226,96 @@ class Incoming:
     error: str | None = None
 
 
-def decode(msg: dict) -> Incoming:
-    attrs = msg.get("MessageAttributes") or {}
+@dataclass(frozen=True)
+class Foreign:
+    """A received message shardq did not write, and why it is not shardq's."""
+
+    message_id: str
+    receipt: str
+    group: str
+    text: str            # the MessageBody as received
+    attributes: dict     # the message attributes as received
+    attempt: int
+    reason: str
+    error: str | None = None  # a String ``shardq.error`` it carries (a moved one's reason)
+
+
+def _binary(attrs: dict, name: str) -> bytes | None:
+    attr = attrs.get(name)
+    if attr is None:
+        return None
+    if not isinstance(attr, dict) or attr.get("DataType") != "Binary" or "BinaryValue" not in attr:
+        raise InvalidJob(f"attribute {name} is not of type Binary")
+    return bytes(attr["BinaryValue"])
+
+
+def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *,
+           dead: bool = False) -> Incoming | Foreign:
+    """A received message as shardq wrote it, or :class:`Foreign` with the reason; never
+    raises for what a sender put in the message. ``secret`` returns the queue's redrive
+    key (asked for only when a redrive id is to be checked); ``dead``: the message is in
+    the dead-letter queue, where buried copies and moved foreign messages also live."""
     sys_attrs = msg.get("Attributes") or {}
-    body_attr = attrs.get(ATTR_BODY)
-    body = bytes(body_attr["BinaryValue"]) if body_attr else msg["Body"].encode()
-    key_attr = attrs.get(ATTR_KEY)
-    key = bytes(key_attr["BinaryValue"]).decode() if key_attr else None
-    error = (attrs.get(ATTR_ERROR) or {}).get("StringValue")
-    return Incoming(job_id_of(msg["MessageId"], sys_attrs.get("MessageDeduplicationId")), msg["MessageId"], key, body,
-                    int(sys_attrs.get("ApproximateReceiveCount", 1)), sys_attrs.get("MessageGroupId", ""),
-                    msg["ReceiptHandle"], error)
+    attrs = msg.get("MessageAttributes") or {}
+    text = msg.get("Body") or ""
+    group = sys_attrs.get("MessageGroupId") or ""
+    try:
+        attempt = max(1, int(sys_attrs.get("ApproximateReceiveCount", 1)))
+    except (TypeError, ValueError):
+        attempt = 1
+    error_attr = attrs.get(ATTR_ERROR)
+    error = error_attr.get("StringValue") if isinstance(error_attr, dict) and \
+        error_attr.get("DataType") == "String" else None
+    try:
+        known = {ATTR_KEY, ATTR_BODY} | ({ATTR_ERROR} if dead else set())
+        unknown = sorted(set(attrs) - known)
+        if unknown:
+            raise InvalidJob(f"attribute {unknown[0]!r} is not one shardq writes")
+        if error_attr is not None and error is None:
+            raise InvalidJob(f"attribute {ATTR_ERROR} is not of type String")
+        raw_key = _binary(attrs, ATTR_KEY)
+        try:
+            key = validate.key(None if raw_key is None else raw_key.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidJob(f"attribute {ATTR_KEY} is not UTF-8") from None
+        body = _binary(attrs, ATTR_BODY)
+        if body is not None and text != BINARY_BODY_MARK:
+            raise InvalidJob(f"attribute {ATTR_BODY} is set but the message body is text")
+        body = text.encode() if body is None else body
+        if not body:
+            raise InvalidJob("the body is empty")
+        if len(body) > max_body_bytes:
+            raise InvalidJob(f"the body is {len(body)} bytes, over the queue's limit of {max_body_bytes}")
+        if key is None and not _KEYLESS_GROUP.match(group):
+            raise InvalidJob(f"message group {group!r} is not a keyless job's and no {ATTR_KEY} is set")
+        if key is not None and group != group_id(key):
+            raise InvalidJob(f"message group {group!r} does not match its {ATTR_KEY} attribute")
+        job_id = _job_id(msg["MessageId"], sys_attrs.get("MessageDeduplicationId"), secret, group, key,
+                         body, dead)
+    except InvalidJob as e:
+        return Foreign(msg["MessageId"], msg["ReceiptHandle"], group, text, dict(attrs), attempt, str(e), error)
+    return Incoming(job_id, msg["MessageId"], key, body, attempt, group, msg["ReceiptHandle"], error)
+
+
+def _job_id(message_id: str, dedup, secret: Callable[[], bytes | None], group: str, key: str | None,
+            body: bytes, dead: bool) -> str:
+    """The job id a message's dedup id gives it: its own message id, or, for a redriven or
+    buried copy whose mac verifies, the id it carries."""
+    if not isinstance(dedup, str):
+        raise InvalidJob("it has no MessageDeduplicationId")
+    if _PLAIN_DEDUP.match(dedup) or (dead and _DEAD_DEDUP.match(dedup)):
+        return message_id
+    m = _REDRIVE.match(dedup)
+    if m is None:
+        raise InvalidJob(f"dedup id {dedup[:40]!r} is of no form shardq writes")
+    job_id, nonce, mac = m.groups()
+    key_bytes = secret()
+    if key_bytes is None:
+        raise InvalidJob(f"its redrive id cannot be checked: the queue has no {REDRIVE_KEY_TAG} tag "
+                         "(run `shardq sqs init` again)")
+    if not hmac.compare_digest(mac, _redrive_mac(key_bytes, job_id, nonce, group, key, body)):
+        raise InvalidJob("its redrive id does not verify (not made by shardq with this queue's key)")
+    return job_id
 
 
 # ---------------------------------------------------------------------------- errors

@@ -7,6 +7,14 @@ refused here, in the caller's transaction, with :class:`~shardq.errors.InvalidJo
 body over the queue's own ``max_body_bytes`` (or a queue the service does not declare) can
 only be known by the service, and such a row ends in ``<table>_rejected``.
 
+A delay or a priority is refused here with :class:`~shardq.errors.Unsupported` when the
+queue behind the outbox cannot hold it (SQS FIFO has neither). The caller names no queue
+target, only a connection and a table, so the target is known here only through the
+relay: each relay records at start, in ``<table>_meta``, what its queue refuses; this reads
+it (one more statement, only for a job with a delay or a priority). Rows written before a
+relay ever ran, or by a user that may not read ``<table>_meta``, are checked by the relay
+instead, which moves a refused row to ``<table>_rejected``.
+
 This is the generic entry point, taking the body as bytes. A task layer could build on it
 (encode a task's body, then call it); none does yet: ``Task.send`` and its kin enqueue
 through the queue client, not into an outbox table.
@@ -17,7 +25,7 @@ from typing import Any
 
 from .. import limits, pgconn
 from ..config import check_queue_name
-from ..errors import InvalidConfig, InvalidJob
+from ..errors import InvalidConfig, InvalidJob, Unsupported
 from ..shard import validate
 from .schema import TABLE_DEFAULT
 
@@ -58,9 +66,30 @@ def enqueue(conn: Any, body: bytes, *, key: str | None = None, queue: str = "def
     db = driver_connection(conn)
     pg = pgconn.psycopg()
     try:
+        if delay or priority:
+            _check_target(db, table, delay, priority)
         row = db.execute(_insert_sql(table), (queue, key, body, priority, delay or None)).fetchone()
     except pg.errors.UndefinedTable:
         raise InvalidConfig(f"outbox table {table} does not exist: create it with "
                             f"shardq.outbox.install(dsn) or `shardq outbox init --dsn ...` "
                             "(the relay creates it too when it starts)") from None
     return row[0]
+
+
+def _check_target(db, table: str, delay: float, priority: int) -> None:
+    """Unsupported if the relays' queue refuses this job's delay or priority (recorded by
+    each relay at start as ``<backend>:<field>,...``; nothing recorded, or no right to read
+    it: the relay checks)."""
+    meta = pgconn.TableName(table).q("_meta")
+    # A SELECT the user may not run would abort the caller's transaction: ask first.
+    if not db.execute("SELECT has_table_privilege(%s, 'SELECT')", (meta,)).fetchone()[0]:
+        return
+    row = db.execute(f"SELECT value FROM {meta} WHERE name = 'refuses'").fetchone()
+    backend, _, fields = (row[0] if row else "").partition(":")
+    refused = set(fields.split(","))
+    if delay and "delay" in refused:
+        raise Unsupported(f"outbox {table}: per-job delay is not supported by the {backend} backend its "
+                          "relay sends to; enqueue without delay")
+    if priority and "priority" in refused:
+        raise Unsupported(f"outbox {table}: priority is not supported by the {backend} backend its relay "
+                          "sends to; enqueue with priority 0")

@@ -24,6 +24,13 @@ can see is in its own batch, before it. Rows of K held by another relay block K 
 relay sends them; once it commits, they are gone and K moves on). A relay that dies
 releases its rows, which are then the oldest again. Keyless rows have no order.
 
+A row the queue refuses (``InvalidJob``: a body over the queue's limit, an undeclared queue;
+``Unsupported``: a feature the backend lacks, such as a delay or a priority on SQS) is moved
+to ``<table>_rejected`` with the error, never retried and never a stop: the rows behind it
+move on. At start the relay records in ``<table>_meta`` which job fields its queue refuses
+(``refuses``), so that :func:`~shardq.outbox.enqueue` refuses such rows in the caller's
+transaction instead.
+
 LISTEN/NOTIFY: the insert trigger (schema.py) and each relay's commit notify the table's
 channel; a relay with nothing to do sleeps on it, polling every ``poll_s`` as a safety net.
 """
@@ -41,7 +48,7 @@ from ..clock import Clock, SystemClock
 from ..consumer.handling import error_text
 from ..stopping import install_stop_signals, restore_signals
 from ..errors import (Closed, InvalidConfig, InvalidJob, OutboxBehind, QueueFull, ShardUnavailable,
-                      StoreUnavailable, UnknownQueue)
+                      StoreUnavailable, UnknownQueue, Unsupported)
 from .schema import TABLE_DEFAULT, channel, install
 
 log = logging.getLogger("shardq.outbox")
@@ -56,6 +63,15 @@ SAFE_WINDOW_S_MIN = 30.0      # queues with a shorter usable window are refused
 BACKOFF_S_MIN, BACKOFF_S_MAX = 0.1, 5.0
 STOP_CHECK_S = 0.2            # longest a wait goes without looking at stop()
 HELD_RETRY_S = 0.05           # rows waiting behind another relay's: look again this soon
+# What the queue says about one row, not about itself: such a row is rejected, not retried.
+REFUSALS = (InvalidJob, Unsupported)
+
+
+def refused_fields(queue: Queue) -> tuple[str, ...]:
+    """The job fields (``delay``, ``priority``) ``queue`` refuses when not at their default,
+    as its backend declares them (``refuses``); none for the local shards."""
+    fields = getattr(queue, "refuses", ())
+    return tuple(sorted(f for f in fields if f in ("delay", "priority")))
 
 
 class _Row(NamedTuple):
@@ -72,7 +88,7 @@ class _Row(NamedTuple):
 class RelayStats:
     batches: int = 0      # transactions that moved rows
     moved: int = 0        # rows the queue acknowledged (and deleted here)
-    rejected: int = 0     # rows the queue refused (InvalidJob): moved to <table>_rejected
+    rejected: int = 0     # rows the queue refused (InvalidJob, Unsupported): moved to <table>_rejected
     resent: int = 0       # rows sent again after an earlier relay's attempt (deduplicated)
     unavailable: int = 0  # batches rolled back because the database or the queue failed
 
@@ -127,6 +143,8 @@ class Relay:
             "delete": f"DELETE FROM {t} WHERE id = ANY(%s)",
             "forget": f"DELETE FROM {a} WHERE id = ANY(%s)",
             "notify": "SELECT pg_notify(%s, '')",
+            "refuses": (f"INSERT INTO {self.table.q('_meta')} (name, value) VALUES ('refuses', %s) "
+                        "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"),
         }
 
     # ------------------------------------------------------------------ public
@@ -272,19 +290,19 @@ class Relay:
         return safe
 
     def _send(self, rows: list[_Row], bodies: dict[int, bytes]) -> list[tuple[_Row, str]]:
-        """enqueue_many; the rows the queue refuses as invalid, with the error."""
+        """enqueue_many; the rows the queue refuses (:data:`REFUSALS`), with the error."""
         jobs = [{"body": bytes(bodies[r.id]), "key": r.key, "queue": r.queue, "delay": r.delay_s,
                  "priority": r.priority, "dedup_id": f"outbox:{self._scope}:{r.id}"} for r in rows]
         try:
             self._q.enqueue_many(jobs)
             return []
-        except InvalidJob:
+        except REFUSALS:
             pass  # some row the service refuses: find it, one row at a time, in row order
         rejected = []
         for r, job in zip(rows, jobs):
             try:
                 self._q.enqueue_many([job])  # rows already in are deduplicated
-            except InvalidJob as exc:
+            except REFUSALS as exc:
                 log.error("outbox %s: the queue refused row %d (%s); moved to %s_rejected",
                           self.table, r.id, exc, self.table)
                 rejected.append((r, error_text(exc)))
@@ -301,6 +319,9 @@ class Relay:
                                             application_name=f"shardq outbox relay pid={os.getpid()}"))
             conn, marks, listen = conns
             self._scope = install(conn, self.table)
+            with conn.transaction():  # for outbox.enqueue: what this relay's queue refuses
+                conn.execute(self._sql["refuses"], (f"{getattr(self._q, 'backend', 'shards')}:"
+                                                     + ",".join(refused_fields(self._q)),))
             listen.execute(f'LISTEN "{channel(self.table)}"')
         except BaseException as exc:
             for c in conns:

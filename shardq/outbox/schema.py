@@ -10,7 +10,8 @@
 Beside it: ``<table>_attempts`` (row id -> when the relay first sent it; written and
 committed *before* the send, so a later relay knows how old a possible earlier enqueue
 is), ``<table>_rejected`` (rows the queue refused, with the error), ``<table>_meta`` (the
-table's random ``scope``, which keeps its dedup ids apart from every other outbox table's).
+table's random ``scope``, which keeps its dedup ids apart from every other outbox table's,
+and ``refuses``: ``<backend>:<field>,...``, what the last relay started can not send).
 A statement trigger ``NOTIFY``s the channel named like the table on every insert, so a
 waiting relay wakes when the inserting transaction commits (and not before).
 """
