@@ -196,10 +196,13 @@ def test_a_damaged_checkpoint_record_loses_only_its_own_jobs(tmp_path, make_conf
         f.write(data)
     with pytest.raises(CorruptLog):
         Engine(d, config, clock=clock)
-    salvage(d, config=config)
+    done = salvage(d, config=config)
     e = Engine(d, config, clock=clock)
     back = {j: job.body for j, job in e.state.jobs.items()}
     missing = set(bodies) - set(back)
     assert all(bodies[j] == b for j, b in back.items())
     assert 0 < len(missing) < len(bodies) // 5, len(missing)
+    # Named, but for the jobs whose first bytes lay in the zeroed sector itself (about 250
+    # bytes each): nothing is left of them to read.
+    assert len(missing - _named(done)) <= 512 // 200 + 1, sorted(missing - _named(done))
     e.close()

@@ -16,11 +16,17 @@ _ENQUEUE, _JOB = 1, 21  # shard/ops.py: [1, job_id, ...] and a checkpoint's [21,
 _H3 = HEADERS[3]
 
 
+#: How an enqueue or a checkpoint's job starts in msgpack: a fixarray of its length, then
+#: its code (shard/ops.py: ENQUEUE has 9 or 10 fields, JOB 12).
+_OP_STARTS = (b"\x9a\x01", b"\x99\x01", b"\x9c\x15")
+
+
 def readable_ops(payload: bytes | memoryview) -> list[Any]:
     """The operations at the start of a record payload that still decode, up to the first
     that does not (a payload is one msgpack array of operations)."""
-    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(payload), 1024))
-    unpacker.feed(bytes(payload))
+    data = bytes(payload)
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1024))
+    unpacker.feed(data)
     out: list[Any] = []
     try:
         n = unpacker.read_array_header()
@@ -31,6 +37,39 @@ def readable_ops(payload: bytes | memoryview) -> list[Any]:
     except Exception:  # noqa: BLE001 - damaged bytes: whatever decodes before them is all there is
         pass
     return out
+
+
+def scanned_job_ids(data: bytes | memoryview) -> set[int]:
+    """Job ids of the enqueues and checkpoint jobs that start anywhere in damaged bytes,
+    found by their first bytes (a fixarray of the op's length, then its code), so that one
+    damaged job hides only itself. Only for damaged bytes: a job body can hold the same
+    bytes, so an id found this way is a name to report, never a fact to replay."""
+    raw = bytes(data)
+    out: set[int] = set()
+    for start in _OP_STARTS:
+        pos = raw.find(start)
+        while pos >= 0:
+            jid = _uint_at(raw, pos + 2)  # only the id is wanted: the body may be damaged or huge
+            if jid is not None:
+                out.add(jid)
+            pos = raw.find(start, pos + 1)
+    return out
+
+
+_UINTS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
+def _uint_at(data: bytes, pos: int) -> int | None:
+    """The msgpack unsigned integer at ``pos``, or None."""
+    if pos >= len(data):
+        return None
+    first = data[pos]
+    if first < 0x80:
+        return first
+    size = _UINTS.get(first)
+    if size is None or pos + 1 + size > len(data):
+        return None
+    return int.from_bytes(data[pos + 1:pos + 1 + size], "big")
 
 
 def job_ids_of(ops: list[Any]) -> list[int]:
@@ -53,7 +92,7 @@ def readable_job_ids(data: bytes, offset: int) -> list[int]:
         start = pos + _H3.size
         ids.update(job_ids_of(readable_ops(memoryview(data)[start:min(start + length, n)])))
         pos += 1
-    return sorted(ids)
+    return sorted(ids | scanned_job_ids(memoryview(data)[max(offset, MAGIC_BYTES):]))
 
 
 def format_ids(ids: list[int], most: int = 20) -> str:
