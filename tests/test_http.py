@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardq import limits
 from shardq.client.router import shard_for_key
+from shardq.errors import NotFound
 
 from service import REPO, Service, reset_queues, restarted, short_tmpdir, wait_until
 
@@ -187,6 +188,15 @@ def test_console_api_overview_pause_cancel_redrive_purge(svc):
         assert api(svc.url, f"/api/job?id={jid}")[0] == 404
         assert api(svc.url, "/api/job?id=abc")[0] == 400
         assert api(svc.url, "/api/cancel", {"id": [1]}, h)[0] == 400
+        # Ids are checked in one place (client/routing.py) for the router, the console and
+        # the CLI: an id of a shard this 2-shard service lacks is 404 (it was an IndexError
+        # and no answer), a digit int() refuses is 400 (it was a ValueError).
+        gone = {"error": "NotFound", "message": "job 5 names shard 5; this service has 2"}
+        assert api(svc.url, "/api/cancel", {"id": 5}, h) == (404, gone)
+        assert api(svc.url, "/api/cancel", {"id": "\u00b2"}, h)[0] == 400
+        assert api(svc.url, "/api/job?id=%C2%B2")[0] == 400
+        with pytest.raises(NotFound):
+            q.cancel(5)
         again = q.dequeue("once", wait=1)
         assert again.job_id == dead[0]
         q.ack(again)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..client.routing import job_id_from_text
 from . import common, exits
 
 
@@ -55,7 +56,7 @@ def dequeue(args) -> int:
 
 def _ref(text: str) -> int | str:
     """A job id or token as dequeue printed it: an int on the local shards, a string on SQS."""
-    return int(text) if text.isdigit() else text
+    return job_id_from_text(text) if text.isascii() and text.isdigit() else text
 
 
 def _lease(args):

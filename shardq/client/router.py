@@ -48,7 +48,7 @@ from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_S
                    note_calls, release_call, wait_outcome)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
-                      leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+                      job_shard, leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                       split_by_shard)
 
 log = logging.getLogger("shardq.router")
@@ -589,8 +589,7 @@ class Router:
         letter), ``"cancelling"`` (leased: the holder's next extend/ack/nack raises
         :class:`~shardq.errors.Cancelled`; it is never delivered again) or ``"gone"`` (no
         such job any more: finished, cancelled, purged, or never enqueued)."""
-        validate.integer("job_id", job_id)
-        return self._call(shard_of_job(job_id), "cancel", [job_id])
+        return self._call(job_shard(job_id, self.shards), "cancel", [job_id])
 
     def job(self, job_id: int) -> dict:
         """What the service knows of a live job: ``state`` (waiting, delayed, ready, leased,
@@ -598,11 +597,7 @@ class Router:
         job is due), ``error`` (the last one), ``position`` (jobs ahead of it in its key's
         line; 0: it is the head), ``cancelled``, ``enqueued_at`` (to about a second),
         ``body``, ``shard``. NotFound if it is not live (acked, cancelled, purged)."""
-        from ..errors import NotFound
-        validate.integer("job_id", job_id)
-        shard = shard_of_job(job_id)
-        if shard >= self.shards:
-            raise NotFound(f"job {job_id} names shard {shard}; this service has {self.shards}")
+        shard = job_shard(job_id, self.shards)
         return dict(self._call(shard, "job", [job_id]), shard=shard)
 
     def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .. import limits
-from ..errors import InvalidJob
+from ..errors import InvalidJob, NotFound
 from ..shard import validate
 from ..types import Lease
 
@@ -38,6 +38,28 @@ def shard_for_key(key: str, shards: int) -> int:
 
 def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
+
+
+def job_shard(job_id: Any, shards: int) -> int:
+    """The shard of ``job_id`` on a service of ``shards`` shards. The one check of a job id
+    that names a job by itself (cancel, job look-up), for the router, the console and the
+    CLI: InvalidJob for what is not a job id, NotFound for an id of a shard the service
+    does not have (it cannot be one of its jobs)."""
+    validate.integer("job_id", job_id)
+    shard: int = job_id & _SHARD_MASK
+    if shard >= shards:
+        raise NotFound(f"job {job_id} names shard {shard}; this service has {shards}")
+    return shard
+
+
+def job_id_from_text(text: Any) -> int:
+    """A job id written as text (a console request, a command line): ASCII digits only
+    (``str.isdigit`` also takes "²" and other digits ``int`` refuses), within 63 bits."""
+    if not (isinstance(text, str) and 0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        raise InvalidJob(f"not a job id: {text!r:.40}")
+    value = int(text)
+    validate.integer("job_id", value)
+    return value
 
 
 def cut_requests(items: list[list[Any]]) -> Iterator[list[list[Any]]]:

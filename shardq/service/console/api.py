@@ -9,7 +9,9 @@ Job ids travel as strings: they can exceed JavaScript's exact integers (2**53).
 """
 from __future__ import annotations
 
+from ...client.routing import job_id_from_text
 from ...errors import InvalidJob
+from ...shard import validate
 from ...shard.control import COUNTERS
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
@@ -18,14 +20,12 @@ PAGE_MAX = 200
 
 
 def _id(value) -> int:
-    """A job id from JSON (a string of digits or an integer)."""
-    if isinstance(value, bool):
-        raise InvalidJob(f"not a job id: {value!r}")
-    if isinstance(value, int):
+    """A job id from JSON (a string of ASCII digits or an integer), checked as the router
+    checks it (client/routing.py): InvalidJob, a 400, for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        validate.integer("job_id", value)
         return value
-    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
-        return int(value)
-    raise InvalidJob(f"not a job id: {value!r:.40}")
+    return job_id_from_text(value)
 
 
 def _ids(values) -> list[int]:
