@@ -32,6 +32,7 @@ from ..errors import Cancelled, InvalidJob, NotFound, check
 from ..types import DeadLetter
 from . import ops, validate
 from .enqueue_times import EnqueueTimes
+from .jobstate import STATE_NAMES, D, G, L, R, W, X
 
 COUNTERS = ("enqueued", "leased", "acked", "nacked", "lease_expiries", "dead_lettered", "redriven",
             "cancelled")
@@ -42,9 +43,6 @@ ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = r
 HEAD_SCAN_MAX = 1000
 DEAD_PAGE_MAX = 1000
 
-# Job states by name (JobState values; not imported, state.py imports this module).
-_WAITING, _DELAYED, _READY, _LEASED, _DEAD, _GONE = range(6)
-STATE_NAMES = ("waiting", "delayed", "ready", "leased", "dead", "gone")
 
 # What cancel() did.
 CANCELLED_NOW = "cancelled"    # deleted (it was ready, delayed or waiting)
@@ -100,13 +98,13 @@ class ControlOps:
         if job is None:
             return GONE
         state = job.state
-        if state == _LEASED:
+        if state == L:
             if job_id not in self.cancelled:
                 self._emit([ops.CANCEL, job_id])
                 job.q.totals[CANCELLED] += 1
             return CANCELLING
         job.q.totals[CANCELLED] += 1
-        if state == _DEAD:
+        if state == X:
             self._emit([ops.PURGE, job_id])
             return PURGED
         self._emit([ops.CANCEL, job_id])
@@ -122,13 +120,13 @@ class ControlOps:
     def _apply_cancel(self, op) -> None:
         jid = op[1]
         job = self.jobs[jid]
-        if job.state == _LEASED and jid not in self.cancelled:
+        if job.state == L and jid not in self.cancelled:
             self.cancelled.add(jid)
             return
         self.cancelled.discard(jid)
         state = job.state
-        check(state in (_WAITING, _DELAYED, _READY, _LEASED), f"cancel of job {jid} in state {state!r}")
-        if state == _WAITING:
+        check(state in (W, D, R, L), f"cancel of job {jid} in state {state!r}")
+        if state == W:
             job.q.keys[job.key].remove(job)  # never the head: the line closes up behind it
         else:
             self._unlink_head(job)  # the next job of the key moves up
@@ -136,7 +134,7 @@ class ControlOps:
         self.inflight.pop(jid, None)
         self.errors.pop(jid, None)
         # A ready job's entry stays in its ready line; dequeue skips jobs that are not READY.
-        self._set(job, self._GONE_STATE)
+        self._set(job, G)
 
     def _settle_cancelled(self, job_id, settle: bool) -> None:
         """Called by ack/nack (``settle``) and extend once the token is known to be the live
@@ -157,14 +155,14 @@ class ControlOps:
             raise NotFound(f"job {job_id} not found: finished, cancelled, purged or never enqueued")
         state = job.state
         q = job.q
-        if state == _LEASED:
+        if state == L:
             deadline = self.inflight[job_id][1]
-        elif state == _DELAYED:
+        elif state == D:
             deadline = job.ready_at
         else:
             deadline = None
         position = None
-        if job.key is not None and state != _DEAD:
+        if job.key is not None and state != X:
             kq = q.keys[job.key]
             position = 0 if kq[0] is job else kq.index(job)
         return {"job_id": job_id, "queue": q.name, "key": job.key, "state": STATE_NAMES[state],
@@ -219,7 +217,7 @@ class ControlOps:
         oldest = None
         for line in q.ready.values():
             for job in islice(line, HEAD_SCAN_MAX):
-                if job.state == _READY:
+                if job.state == R:
                     since = max(at(job.id >> limits.JOB_ID_SHARD_BITS) or 0.0, job.ready_at or 0.0)
                     if not since:
                         continue  # enqueued before enqueue times were kept: the next one tells

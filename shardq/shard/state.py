@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import OrderedDict, deque
-from enum import IntEnum
 from typing import Iterator
 
 import msgpack
@@ -37,32 +36,7 @@ from ..errors import (InvalidJob, InvariantViolation, JobGone, LeaseLost, NotFou
 from ..types import DeadLetter, Lease
 from . import ops, validate
 from .control import ACKED, DEAD_LETTERED, ENQUEUED, EXPIRED, LEASED, NACKED, REDRIVEN, ControlOps
-
-
-class JobState(IntEnum):
-    WAITING = 0   # behind the head of its key
-    DELAYED = 1   # head (or keyless), not due yet
-    READY = 2     # can be leased
-    LEASED = 3    # delivered; deadline in ``expires_at``
-    DEAD = 4      # in the dead-letter queue
-    GONE = 5      # acked or purged; only stale heap/deque references see it
-
-
-W, D, R, L, X, G = (JobState.WAITING, JobState.DELAYED, JobState.READY, JobState.LEASED,
-                    JobState.DEAD, JobState.GONE)
-NEW = None
-
-#: Every allowed state change. Some exist only in replay: a lease expiry or a delay coming
-#: due is not logged, so a replayed LEASE can find the job LEASED (expired) or DELAYED (due).
-TRANSITIONS = frozenset({
-    (NEW, W), (NEW, D), (NEW, R), (NEW, L), (NEW, X),
-    (W, D), (W, R),
-    (D, R), (D, L), (D, X),
-    (R, L), (R, X),
-    (L, L), (L, R), (L, D), (L, X), (L, G),
-    (X, W), (X, D), (X, R), (X, G),
-    (W, G), (D, G), (R, G),  # cancelled (control.py)
-})
+from .jobstate import FROM_NEW, NEW, TRANSITIONS, D, G, JobState, L, R, W, X
 
 
 #: A key's jobs are kept in a list while there are few (a deque costs ~600 bytes even for
@@ -70,7 +44,6 @@ TRANSITIONS = frozenset({
 #: removing the head of a list would start to cost a real copy.
 KEY_LIST_MAX = 64
 
-_FROM_NEW = frozenset(new for old, new in TRANSITIONS if old is None)
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 _INT63 = 1 << 63
@@ -132,8 +105,6 @@ class QueueState:
 class ShardState(ControlOps):
     """The state of one shard. See the module docstring for the guarantees. Pause, cancel,
     look-ups and metrics figures are in :class:`~shardq.shard.control.ControlOps`."""
-
-    _GONE_STATE = G
 
     def __init__(self, shard_index: int, config: Config):
         check(0 <= shard_index < (1 << limits.JOB_ID_SHARD_BITS), "shard index out of range")
@@ -239,7 +210,7 @@ class ShardState(ControlOps):
     def _set(self, job: Job, new: JobState) -> None:
         old = job.state
         if old is None:
-            if new not in _FROM_NEW:
+            if new not in FROM_NEW:
                 check(False, f"job {job.id}: illegal transition new -> {new!r}")
         else:
             if (old, new) not in TRANSITIONS:
