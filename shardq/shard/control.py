@@ -57,8 +57,6 @@ class ControlOps:
     def _init_control(self) -> None:
         self.cancelled: set[int] = set()           # leased jobs marked cancelled
         self.enqueue_times = EnqueueTimes()
-        self._apply.update({ops.PAUSE: self._apply_pause, ops.CANCEL: self._apply_cancel,
-                            ops.ENQUEUE_TIMES: self._apply_enqueue_times})
 
     def _existing_queue(self, name):
         """The queue (validating the name; an unused queue is created unregistered)."""
@@ -84,7 +82,7 @@ class ControlOps:
         return True
 
     def _apply_pause(self, op) -> None:
-        qname, at = op[1], op[2]  # fields a later version appends are ignored here
+        qname, at = ops.read(ops.Pause, op)
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.paused = at
 
@@ -118,7 +116,7 @@ class ControlOps:
         return job
 
     def _apply_cancel(self, op) -> None:
-        jid = op[1]
+        jid = op[ops.JOB_ID]
         job = self.jobs[jid]
         if job.state == L and jid not in self.cancelled:
             self.cancelled.add(jid)
@@ -236,4 +234,4 @@ class ControlOps:
         return out
 
     def _apply_enqueue_times(self, op) -> None:
-        self.enqueue_times.load(op[1], op[2])
+        self.enqueue_times.load(*ops.read(ops.EnqueueTimes, op))

@@ -88,7 +88,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
             records += 1
             for op in ops:
                 if not _applies(state, op):
-                    orphaned.add(op[1])
+                    orphaned.add(op[O.JOB_ID])
                     continue
                 try:
                     state.apply(op)
@@ -144,11 +144,11 @@ def _applies(state: ShardState, op: list) -> bool:
     operation does not expect (an enqueue whose id is taken counts too)."""
     code = op[0] if op else None
     if code == O.ENQUEUE:
-        return len(op) > 1 and op[1] not in state.jobs
+        return len(op) > O.JOB_ID and op[O.JOB_ID] not in state.jobs
     expects = _EXPECTS.get(code)
     if expects is None:
         return True
-    job = state.jobs.get(op[1]) if len(op) > 1 and isinstance(op[1], int) else None
+    job = state.jobs.get(op[O.JOB_ID]) if len(op) > O.JOB_ID and isinstance(op[O.JOB_ID], int) else None
     return job is not None and job.state in expects
 
 

@@ -48,6 +48,10 @@ _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 _INT63 = 1 << 63
 _ENQUEUE = ops.ENQUEUE
+_JOB_ID = ops.JOB_ID
+_DEDUP_EXPIRES = ops.field(ops.Enqueue, "dedup_expires")
+_JOB_END = 1 + len(ops.Job._fields)
+_DEDUP_END = 1 + len(ops.Dedup._fields)
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
 #: One job, every field at its maximum, always fits in a request: only batches are measured.
 _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
@@ -129,14 +133,8 @@ class ShardState(ControlOps):
         self._ops: list[list] = []
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
         self._now = float("-inf")
-        self._apply = {
-            ops.ENQUEUE: self._apply_enqueue, ops.LEASE: self._apply_lease, ops.ACK: self._apply_ack,
-            ops.RELEASE: self._apply_release, ops.EXTEND: self._apply_extend,
-            ops.DEAD: self._apply_dead, ops.REDRIVE: self._apply_redrive,
-            ops.SESSION: self._apply_session, ops.PURGE: self._apply_purge, ops.META: self._apply_meta,
-            ops.JOB: self._apply_job, ops.DEDUP: self._apply_dedup, ops.CLIENT: self._apply_client,
-            ops.EPOCH: self._apply_epoch, ops.PRIORITIES: self._apply_priorities,
-        }
+        #: code -> the method that applies it, derived from the one table of operations
+        self._apply = {code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
         self._init_control()
 
     # ------------------------------------------------------------------ plumbing
@@ -416,7 +414,8 @@ class ShardState(ControlOps):
         return ids
 
     def _apply_enqueue(self, op) -> None:
-        _, jid, qname, key, body, prio, ready_at, did, created = op[:9]
+        # ops.Enqueue's fields, unpacked by hand: this runs once per job, live and in replay
+        _, jid, qname, key, body, prio, ready_at, did, created = op[:_DEDUP_EXPIRES]
         jobs = self.jobs
         if jid in jobs:  # (not check(): its message would be formatted on every call)
             check(False, f"duplicate job id {jid}")
@@ -430,7 +429,10 @@ class ShardState(ControlOps):
             self.next_seq = seq
         self.enqueue_times.note(seq - 1, created)
         # Records of format 1 and shardq 0.1 have no expiry: today's window stands in.
-        expires = op[9] if len(op) > 9 else (created + q.cfg.dedup_window if did is not None else 0)
+        if len(op) > _DEDUP_EXPIRES:
+            expires = op[_DEDUP_EXPIRES]
+        else:
+            expires = created + q.cfg.dedup_window if did is not None else 0
         if did is not None and expires > created:
             q.dedup[(key, did)] = (jid, expires)
             q.dedup_order.append((expires, (key, did)))
@@ -467,7 +469,7 @@ class ShardState(ControlOps):
                             "dedup_window; retry later, or shorten the window")
 
     def _apply_session(self, op) -> None:
-        _, cid, cseq, low, ids, at = op
+        _, cid, cseq, low, ids, at = op  # ops.Session
         sessions = self.sessions
         entry = sessions.get(cid)
         if entry is None:
@@ -544,7 +546,7 @@ class ShardState(ControlOps):
         return out
 
     def _apply_lease(self, op) -> None:
-        _, jid, token, expires = op
+        _, jid, token, expires = op  # ops.Lease (once per lease: unpacked, no record built)
         job = self.jobs[jid]
         self._set(job, L)
         job.attempts += 1
@@ -581,7 +583,7 @@ class ShardState(ControlOps):
         job.q.totals[ACKED] += 1
 
     def _apply_ack(self, op) -> None:
-        job = self.jobs.pop(op[1])
+        job = self.jobs.pop(op[_JOB_ID])
         self.inflight.pop(job.id, None)
         self.errors.pop(job.id, None)
         self._unlink_head(job)
@@ -620,9 +622,9 @@ class ShardState(ControlOps):
         self._emit([ops.DEAD, job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"])
 
     def _apply_release(self, op) -> None:
-        jid, ready_at, error = op[1], op[2], op[3]
+        jid, ready_at, error, undelivered = ops.read(ops.Release, op)
         job = self.jobs[jid]
-        if len(op) > 4 and op[4]:  # undelivered: the lease does not count
+        if undelivered:  # the lease does not count
             job.attempts -= 1
         job.ready_at = ready_at
         self.inflight.pop(jid, None)
@@ -642,15 +644,16 @@ class ShardState(ControlOps):
         return expires
 
     def _apply_extend(self, op) -> None:
-        job = self.jobs[op[1]]
+        jid, expires = ops.read(ops.Extend, op)
+        job = self.jobs[jid]
         check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
         token = self.inflight[job.id][0]
-        self.inflight[job.id] = (token, op[2])
-        heapq.heappush(self.leases, (op[2], token, job.id))
+        self.inflight[job.id] = (token, expires)
+        heapq.heappush(self.leases, (expires, token, job.id))
 
     # ------------------------------------------------------------------ dead letters
     def _apply_dead(self, op, popped: bool = False) -> None:
-        _, jid, error = op
+        _, jid, error = op  # ops.Dead
         job = self.jobs[jid]
         if job.state is R and not popped:  # replay only: the live path popped it from its deque already
             try:
@@ -694,7 +697,7 @@ class ShardState(ControlOps):
         return len(chosen)
 
     def _apply_redrive(self, op) -> None:
-        job = self.jobs[op[1]]
+        job = self.jobs[op[_JOB_ID]]
         del job.q.dead[job.id]
         job.attempts = 0
         job.ready_at = 0
@@ -710,7 +713,7 @@ class ShardState(ControlOps):
         return len(ids)
 
     def _apply_purge(self, op) -> None:
-        job = self.jobs.pop(op[1])
+        job = self.jobs.pop(op[_JOB_ID])
         self.errors.pop(job.id, None)
         del job.q.dead[job.id]
         self._set(job, G)
@@ -745,7 +748,8 @@ class ShardState(ControlOps):
             self._emit([ops.PRIORITIES, queue])
 
     def _apply_priorities(self, op) -> None:
-        q = self.queues.get(op[1]) or self._logged_queue(op[1])
+        (qname,) = ops.read(ops.Priorities, op)
+        q = self.queues.get(qname) or self._logged_queue(qname)
         q.prioritized = True
 
     def has_ready(self, queue: str) -> bool:
@@ -855,9 +859,10 @@ class ShardState(ControlOps):
             yield pack(chunk)
 
     def _apply_meta(self, op) -> None:
-        self.next_seq = max(self.next_seq, op[1])
-        self.next_token = max(self.next_token, op[2])
-        self.epoch = max(self.epoch, op[3] if len(op) > 3 else op[2] >> _EPOCH_BITS)
+        next_seq, next_token, epoch = ops.read(ops.Meta, op)
+        self.next_seq = max(self.next_seq, next_seq)
+        self.next_token = max(self.next_token, next_token)
+        self.epoch = max(self.epoch, next_token >> _EPOCH_BITS if epoch is None else epoch)
 
     # ------------------------------------------------------------------ lease epochs
     def begin_epoch(self) -> int:
@@ -869,12 +874,14 @@ class ShardState(ControlOps):
         return self.epoch
 
     def _apply_epoch(self, op) -> None:
-        self.epoch = max(self.epoch, op[1])
+        (epoch,) = ops.read(ops.Epoch, op)
+        self.epoch = max(self.epoch, epoch)
         self.next_token = max(self.next_token, self.epoch << _EPOCH_BITS)
         self.sync_forced = True  # an epoch is durable before any of its tokens is handed out
 
     def _apply_job(self, op) -> None:
-        _, jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[:12]
+        # ops.Job's fields, unpacked by hand: a checkpoint holds one per live job
+        jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[1:_JOB_END]
         q = self.queues.get(qname) or self._logged_queue(qname)
         job = Job(jid, q, key, body, prio, ready_at)
         job.attempts = attempts
@@ -898,7 +905,7 @@ class ShardState(ControlOps):
         self._append_to_key(job)
 
     def _apply_dedup(self, op) -> None:
-        _, qname, key, did, jid, expires = op[:6]
+        qname, key, did, jid, expires = op[1:_DEDUP_END]  # ops.Dedup's fields
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.dedup[(key, did)] = (jid, expires)
         q.dedup_order.append((expires, (key, did)))
@@ -907,7 +914,7 @@ class ShardState(ControlOps):
     def _apply_client(self, op) -> None:
         """A client's session from a checkpoint; a session written as several operations
         (one per chunk of its requests, in a row) is merged back into one."""
-        _, cid, seen, seqs = op
+        _, cid, seen, seqs = op  # ops.Client
         entry = self.sessions.get(cid)
         if entry is None:
             self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
