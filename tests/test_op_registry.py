@@ -6,6 +6,8 @@ a function that applies or serves it, and that what the state machine writes rea
 through the records (so a field's name and position are declared once)."""
 from __future__ import annotations
 
+import os
+
 import msgpack
 import pytest
 
@@ -115,3 +117,50 @@ def test_every_operation_written_reads_through_its_record(make_config):
         again.advance(T0)
         state.advance(T0)
         assert sorted(again.jobs) == sorted(state.jobs)
+
+
+# ---------------------------------------------------------------------------- wire requests
+def test_wire_tables_are_derived_from_the_requests():
+    from shardq.shard import wire
+    assert wire.OPS == frozenset(wire.REQUESTS)
+    assert wire.ARITY == {name: len(r.args) for name, r in wire.REQUESTS.items()}
+    assert wire.RETRY == {name: r.retry for name, r in wire.REQUESTS.items()}
+    assert wire.CONTROL_ARITY == {name: len(r.args) for name, r in wire.REQUESTS.items() if r.control}
+    assert all(name == r.name and r.retry in (wire.RESEND, wire.UNKNOWN) for name, r in wire.REQUESTS.items())
+    # the control ops are the seven the module's table lists last, and every op is in that table
+    assert set(wire.CONTROL_ARITY) == {"pause", "resume", "cancel", "job", "dead_page", "purge_ids", "metrics"}
+    table = wire.__doc__[wire.__doc__.index("op    "):]
+    assert all(f"\n{name} " in table for name in wire.REQUESTS), [n for n in wire.REQUESTS if f"\n{n} " not in table]
+
+
+def test_every_wire_op_has_a_handler(tmp_path, make_config):
+    from shardq.shard import wire
+    from shardq.shard.control_handlers import ControlHandlers, control_handlers
+    from shardq.shard.durable import DurableShard
+    from shardq.shard.process import ShardServer
+    for r in wire.REQUESTS.values():
+        handler = getattr(ShardServer, r.handler, None)
+        assert callable(handler), r
+        assert (r.handler in vars(ControlHandlers)) == r.control, r  # control ops: control_handlers.py
+    shard = DurableShard(str(tmp_path / "s"), 0, make_config())
+    shard.open()
+    try:
+        server = ShardServer(shard, str(tmp_path / "sock"), b"k" * 32)
+        assert set(server._handlers) == wire.OPS
+        assert all(server._handlers[name].__func__ is getattr(ShardServer, r.handler)
+                   for name, r in wire.REQUESTS.items())
+        assert set(control_handlers(server)) == set(wire.CONTROL_ARITY)
+        server._poller.close()
+        os.close(server._wake_r)
+        os.close(server._wake_w)
+    finally:
+        shard.close()
+
+
+def test_reply_rows_are_arrays_in_their_record_order():
+    from shardq.shard import wire
+    row = wire.LeaseRow(5, "k", b"body", 1, 9, 2.5, 3, True)
+    assert msgpack.unpackb(wire.pack(row)) == [5, "k", b"body", 1, 9, 2.5, 3, True]
+    assert wire.LeaseRow._fields[:6] == ("job_id", "key", "body", "attempt", "token", "deadline")
+    dead = wire.DeadRow(5, None, b"body", 2, "boom")
+    assert msgpack.unpackb(wire.pack(dead)) == [5, None, b"body", 2, "boom"]

@@ -49,7 +49,7 @@ from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, Pro
                       ShardqError)
 from . import wire as protocol
 from .committer import Committer
-from .control_handlers import control_handlers
+from .control_handlers import ControlHandlers
 from .conn import FrameConn
 from .durable import DurableShard
 from .report import NO_SPACE, ReportingFiles, SupervisorPipe
@@ -64,8 +64,9 @@ _DEFERRED = object()
 _ARITY, _OK = protocol.ARITY, protocol.OK
 
 
-class ShardServer:
-    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`."""
+class ShardServer(ControlHandlers):
+    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. The handler
+    of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers)."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
                  busy=None, health: tuple[int, Callable[[], None]] | None = None):
@@ -102,16 +103,8 @@ class ShardServer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._handlers = {
-            "enqueue": self._enqueue, "dequeue": self._dequeue, "peek": self._peek, "ack": self._ack,
-            "note_priorities": self._note_priorities,
-            "nack": self._nack,
-            "bury": self._bury, "extend": self._extend, "watch": self._watch, "dead_letters": self._dead_letters,
-            "dequeue_wait": self._dequeue_wait, "cancel_wait": self._cancel_wait,
-            "redrive": self._redrive, "purge_dead": self._purge_dead,
-            "queue_config": self._queue_config, "stats": self._stats, "ping": self._ping,
-        }
-        self._handlers.update(control_handlers(self))
+        #: op -> handler(args, now, conn, rid), derived from the one table of ops
+        self._handlers = {name: getattr(self, r.handler) for name, r in protocol.REQUESTS.items()}
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
@@ -334,8 +327,9 @@ class ShardServer:
         if not leases:
             return []
         prioritized = state.queues[queue].prioritized
-        return [[l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority,
-                 prioritized] for l in leases]
+        row = protocol.LeaseRow
+        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority, prioritized)
+                for l in leases]
 
     def _dequeue_wait(self, args, now, conn, rid):
         """A dequeue that waits in the shard, up to ``wait_s``, for a job to lease. Served
@@ -467,7 +461,7 @@ class ShardServer:
         limit = 1000 if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidJob("dead_letters: limit must be a non-negative integer")
-        return [[d.job_id, d.key, d.body, d.attempts, d.error]
+        return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)
                 for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
 
     def _redrive(self, args, now, conn, rid):

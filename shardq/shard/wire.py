@@ -50,11 +50,15 @@ metrics        []                                                     {stats + f
 The last seven are the control and metrics ops (:data:`CONTROL_ARITY`,
 ``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
 pause, resume, cancel and purge_ids are idempotent, the others only read.
+
+Each op is declared once, in :data:`REQUESTS` (its args, retry policy and handler); the
+lease and dead-letter rows of the replies are :class:`LeaseRow` and :class:`DeadRow`.
 """
 from __future__ import annotations
 
 import os
 import struct
+from typing import NamedTuple
 
 import msgpack
 
@@ -62,33 +66,94 @@ from .. import limits
 from ..errors import BY_NAME, ProtocolError, ShardqError
 from ..wal.format import array_header
 
-OPS = frozenset({"enqueue", "dequeue", "peek", "note_priorities", "ack", "nack", "bury", "extend", "watch", "dead_letters",
-                 "dequeue_wait", "cancel_wait",
-                 "redrive", "purge_dead", "queue_config", "stats", "ping"})
-#: args arity per op
-ARITY = {"enqueue": 2, "dequeue": 3, "peek": 2, "note_priorities": 1, "ack": 1, "nack": 5, "bury": 3, "extend": 3, "watch": 2,
-         "dequeue_wait": 4, "cancel_wait": 1,
-         "dead_letters": 2, "redrive": 2, "purge_dead": 1, "queue_config": 1, "stats": 0, "ping": 0}
-
 #: What a client may do when its connection breaks after a request was written and before
 #: its reply came (a request never written may always be sent again):
 RESEND = "resend"    # safe to send again: read-only, or made idempotent (see below)
 UNKNOWN = "unknown"  # never re-sent: the caller gets OutcomeUnknown
-RETRY = {
-    "enqueue": RESEND,       # the session entry makes a re-sent enqueue return the first ids
-    "ack": RESEND,           # JobGone in answer to the re-sent ack means the first one landed
-    "extend": RESEND,        # sets the deadline again; LeaseLost if the lease is gone
-    "note_priorities": RESEND,  # sets a sticky flag: idempotent
-    "watch": RESEND, "peek": RESEND, "dead_letters": RESEND, "queue_config": RESEND,
-    "stats": RESEND, "ping": RESEND,  # read-only
-    "dequeue": UNKNOWN,      # a second dequeue would lease (and count a delivery of) another job
-    "dequeue_wait": UNKNOWN,  # likewise
-    "cancel_wait": RESEND,   # withdrawing twice changes nothing (a new connection has no waits)
-    "nack": UNKNOWN,         # a re-sent nack after the first landed gets LeaseLost: ambiguous
-    "bury": UNKNOWN,         # likewise: the job is dead (first landed) or the lease expired
-    "redrive": UNKNOWN,      # re-sent, it may move jobs that died after the first one
-    "purge_dead": UNKNOWN,   # re-sent, it may purge dead letters that came after the first one
-}
+
+
+class Request(NamedTuple):
+    """One op of the wire, declared once in :data:`REQUESTS`."""
+    name: str
+    args: tuple[str, ...]   # its args, in order (the arity is their count)
+    retry: str              # RESEND or UNKNOWN (above)
+    handler: str            # the ShardServer method that serves it (process.py, control_handlers.py)
+    control: bool = False   # a control or metrics op (the last seven of the table above)
+
+
+#: Every op: the one table from which :data:`OPS`, :data:`ARITY`, :data:`RETRY`,
+#: :data:`CONTROL_ARITY` and the shard's handler table are derived. Each retry policy says
+#: why next to it.
+REQUESTS: dict[str, Request] = {r.name: r for r in (
+    # the session entry makes a re-sent enqueue return the first ids
+    Request("enqueue", ("items", "session"), RESEND, "_enqueue"),
+    # a second dequeue would lease (and count a delivery of) another job
+    Request("dequeue", ("queue", "visibility", "max_jobs"), UNKNOWN, "_dequeue"),
+    Request("peek", ("queue", "max_jobs"), RESEND, "_peek"),                      # read-only
+    Request("note_priorities", ("queue",), RESEND, "_note_priorities"),           # sets a sticky flag
+    # JobGone in answer to the re-sent ack means the first one landed
+    Request("ack", ("pairs",), RESEND, "_ack"),
+    # a re-sent nack after the first landed gets LeaseLost: ambiguous
+    Request("nack", ("job_id", "token", "delay", "error", "delivered"), UNKNOWN, "_nack"),
+    # likewise: the job is dead (first landed) or the lease expired
+    Request("bury", ("job_id", "token", "error"), UNKNOWN, "_bury"),
+    # sets the deadline again; LeaseLost if the lease is gone
+    Request("extend", ("job_id", "token", "seconds"), RESEND, "_extend"),
+    Request("watch", ("queue", "timeout_s"), RESEND, "_watch"),                   # read-only
+    Request("dead_letters", ("queue", "limit"), RESEND, "_dead_letters"),         # read-only
+    # likewise a second lease: never re-sent
+    Request("dequeue_wait", ("queue", "visibility", "max_jobs", "wait_s"), UNKNOWN, "_dequeue_wait"),
+    # withdrawing twice changes nothing (a new connection has no waits)
+    Request("cancel_wait", ("request_id",), RESEND, "_cancel_wait"),
+    # re-sent, it may move jobs that died after the first one
+    Request("redrive", ("queue", "job_ids"), UNKNOWN, "_redrive"),
+    # re-sent, it may purge dead letters that came after the first one
+    Request("purge_dead", ("queue",), UNKNOWN, "_purge_dead"),
+    Request("queue_config", ("queue",), RESEND, "_queue_config"),                 # read-only
+    Request("stats", (), RESEND, "_stats"),                                       # read-only
+    Request("ping", (), RESEND, "_ping"),                                         # read-only
+    # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
+    # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
+    # only read.
+    Request("pause", ("queue",), RESEND, "_pause", control=True),
+    Request("resume", ("queue",), RESEND, "_resume", control=True),
+    Request("cancel", ("job_id",), RESEND, "_cancel", control=True),
+    Request("job", ("job_id",), RESEND, "_job", control=True),
+    Request("dead_page", ("queue", "after", "limit"), RESEND, "_dead_page", control=True),
+    Request("purge_ids", ("queue", "job_ids"), RESEND, "_purge_ids", control=True),
+    Request("metrics", (), RESEND, "_metrics", control=True),
+)}
+
+#: Derived from :data:`REQUESTS`: every op name
+OPS = frozenset(REQUESTS)
+#: Derived from :data:`REQUESTS`: args arity per op
+ARITY = {name: len(r.args) for name, r in REQUESTS.items()}
+#: Derived from :data:`REQUESTS`: the retry policy per op
+RETRY = {name: r.retry for name, r in REQUESTS.items()}
+#: Derived from :data:`REQUESTS`: the control and metrics ops and their arity
+CONTROL_ARITY = {name: len(r.args) for name, r in REQUESTS.items() if r.control}
+
+
+class LeaseRow(NamedTuple):
+    """A lease in a ``dequeue`` reply, a msgpack array in this order."""
+    job_id: int
+    key: str | None
+    body: bytes
+    attempt: int
+    token: int
+    deadline: float
+    priority: int
+    uses_priorities: bool   # the queue's sticky flag (docs/design.md, "Queue-wide priorities")
+
+
+class DeadRow(NamedTuple):
+    """A dead letter in a ``dead_letters`` or ``dead_page`` reply, a msgpack array in this order."""
+    job_id: int
+    key: str | None
+    body: bytes
+    attempts: int
+    error: str | None
+
 
 OK = 0
 ERR = 1
@@ -198,13 +263,3 @@ def error_from_payload(payload) -> ShardqError:
         return exc
     except Exception:
         return ShardqError(f"undecodable error reply: {payload!r:.200}")
-
-
-#: The control and metrics ops and their arity (see the table above).
-CONTROL_ARITY = {"pause": 1, "resume": 1, "cancel": 1, "job": 1, "dead_page": 3, "purge_ids": 2,
-                 "metrics": 0}
-ARITY.update(CONTROL_ARITY)
-OPS = OPS | frozenset(CONTROL_ARITY)
-# pause, resume, cancel and purge_ids are idempotent (a re-sent cancel of a lease already
-# marked changes nothing); job, dead_page and metrics only read.
-RETRY.update(dict.fromkeys(CONTROL_ARITY, RESEND))
