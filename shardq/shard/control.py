@@ -2,10 +2,14 @@
 job up, page through dead letters and purge chosen ones; and the figures metrics need
 (per-queue counters, the age of the oldest ready job).
 
-:class:`ControlOps` is a mixin of :class:`~shardq.shard.state.ShardState`, kept in its own
-module so the core state machine stays readable. It is pure in the same way: no I/O, time
+:class:`ControlOps` is a mixin of :class:`~shardq.shard.state.ShardState`, built on
+:class:`~shardq.shard.core.StateCore` only. It is pure in the same way: no I/O, time
 comes in as ``now``, and every change is a logged operation (:data:`ops.PAUSE`,
 :data:`ops.CANCEL`, :data:`ops.PURGE`) applied by the same function live and in replay.
+What an ack, nack or extend of a marked lease does is a rule of settling a lease
+(``LeaseOps._settle_cancelled``, :mod:`.leases`); what a checkpoint keeps of paused queues,
+marked leases and enqueue times is written by :mod:`.checkpoint`. ``COUNTERS`` is defined
+in :mod:`.core` (each queue holds them) and read here by its importers.
 
 Semantics (docs/operations.md, "Pause, resume, cancel"):
 
@@ -28,15 +32,11 @@ import heapq
 from itertools import islice
 
 from .. import limits
-from ..errors import Cancelled, InvalidJob, NotFound, check
+from ..errors import InvalidJob, NotFound, check
 from ..types import DeadLetter
 from . import ops, validate
-from .enqueue_times import EnqueueTimes
+from .core import CANCELLED, COUNTERS, StateCore
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
-
-COUNTERS = ("enqueued", "leased", "acked", "nacked", "lease_expiries", "dead_lettered", "redriven",
-            "cancelled")
-ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = range(len(COUNTERS))
 
 #: How far into a ready line the age of its first live job is looked for (entries of jobs
 #: cancelled while ready stay in the line until a dequeue passes them).
@@ -51,12 +51,9 @@ CANCELLING = "cancelling"      # leased: marked; deleted at the holder's ack/nac
 GONE = "gone"                  # no such job: finished, cancelled, purged, or never enqueued
 
 
-class ControlOps:
-    """Mixin of ShardState; see the module docstring. Expects ShardState's attributes."""
-
-    def _init_control(self) -> None:
-        self.cancelled: set[int] = set()           # leased jobs marked cancelled
-        self.enqueue_times = EnqueueTimes()
+class ControlOps(StateCore):
+    """Pause, cancel, look-ups, metrics figures; a mixin of ShardState (see the module
+    docstring)."""
 
     def _existing_queue(self, name):
         """The queue (validating the name; an unused queue is created unregistered)."""
@@ -133,17 +130,6 @@ class ControlOps:
         self.errors.pop(jid, None)
         # A ready job's entry stays in its ready line; dequeue skips jobs that are not READY.
         self._set(job, G)
-
-    def _settle_cancelled(self, job_id, settle: bool) -> None:
-        """Called by ack/nack (``settle``) and extend once the token is known to be the live
-        lease: Cancelled if the job is marked; an ack or nack deletes it first."""
-        if job_id not in self.cancelled:
-            return
-        if settle:
-            self._emit([ops.CANCEL, job_id])
-            raise Cancelled(f"job {job_id} was cancelled while leased; it has been removed")
-        raise Cancelled(f"job {job_id} was cancelled while leased; stop working on it "
-                        f"(ack or nack removes it now, else it goes when the lease ends)")
 
     # ------------------------------------------------------------------ look-up
     def job_info(self, job_id) -> dict:
@@ -223,15 +209,3 @@ class ControlOps:
                         oldest = since
                     break
         return None if oldest is None else max(now - oldest, 0.0)
-
-    # ------------------------------------------------------------------ checkpoint
-    def control_checkpoint_ops(self) -> list[list]:
-        """What a checkpoint must add after the JOB operations: paused queues, cancelled
-        leases, the enqueue-time samples."""
-        out = [self.enqueue_times.to_op(ops.ENQUEUE_TIMES)]
-        out += [[ops.PAUSE, name, q.paused] for name, q in self.queues.items() if q.paused is not None]
-        out += [[ops.CANCEL, jid] for jid in self.cancelled]
-        return out
-
-    def _apply_enqueue_times(self, op) -> None:
-        self.enqueue_times.load(*ops.read(ops.EnqueueTimes, op))

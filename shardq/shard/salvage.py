@@ -35,7 +35,7 @@ from ..wal import Log
 from ..wal.format import CHECKPOINT, SEGMENT, parse_name
 from ..wal.reader import read_intact
 from ..wal.repair import _copy_private, _lock, _sync_dir
-from ..wal.salvage import format_ids, job_ids_of, readable_ops
+from ..wal.salvage import format_ids, job_ids_of, readable_ops, scanned_job_ids
 from . import ops as O
 from ..errors import CorruptLog
 from .state import JobState, ShardState
@@ -196,5 +196,6 @@ def _lost_in(data: bytes, start: int, end: int, kind: str, shard: int, prior_seq
     if after:
         return {(s << bits) | shard for s in range(lo_seq + 1, min(after) >> bits)}
     floor = ((lo_seq + 1) << bits) - 1
-    return {i for i in job_ids_of(readable_ops_in(data, start, end))
+    named = set(job_ids_of(readable_ops_in(data, start, end))) | scanned_job_ids(memoryview(data)[start:end])
+    return {i for i in named
             if i & _SHARD_MASK == shard and i > floor and (not after or i < min(after))}

@@ -1,0 +1,168 @@
+"""The checkpoint codec: the live state written as checkpoint operations
+(:meth:`~CheckpointCodec.snapshot`), and the functions that apply the checkpoint-only ones
+(META, JOB, DEDUP, CLIENT, ENQUEUE_TIMES). A checkpoint also holds PRIORITIES, PAUSE and
+CANCEL operations, applied by the same functions as when they are logged live. A mixin of
+:class:`~shardq.shard.state.ShardState`, built on :class:`~shardq.shard.core.StateCore`
+only; pure (it encodes, it writes nothing)."""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+import msgpack
+
+from .. import limits
+from ..errors import check
+from . import ops, validate
+from .core import Job, StateCore
+from .jobstate import L, R, X
+
+_EPOCH_BITS = ops.TOKEN_EPOCH_BITS
+_JOB_END = 1 + len(ops.Job._fields)
+_DEDUP_END = 1 + len(ops.Dedup._fields)
+
+
+class CheckpointCodec(StateCore):
+    """Write and read checkpoints; a mixin of ShardState (see the module docstring)."""
+
+    def snapshot(self, chunk_bytes: int = limits.CHECKPOINT_CHUNK_BYTES) -> Iterator[bytes]:
+        """Encoded lists of checkpoint operations that rebuild this state when applied to a
+        new :class:`ShardState` (keys keep their order; leases keep token and deadline).
+
+        Chunks are cut by size: each holds operations whose encoding is at most about
+        ``chunk_bytes`` (one job with a larger body goes alone), so every chunk is within
+        ``limits.CHECKPOINT_RECORD_BYTES_MAX`` whatever the bodies. Sizes are bounded from
+        above without encoding twice (:func:`validate.job_bytes`)."""
+        pack = msgpack.Packer().pack
+        chunk: list = [[ops.META, self.next_seq, self.next_token, self.epoch]]
+        size = 64
+        inflight, errors = self.inflight, self.errors
+
+        def job_op(j: Job) -> list:
+            state = j.state if j.state in (L, X) else R
+            token, expires = inflight.get(j.id, (0, 0.0)) if state is L else (0, 0.0)
+            return [ops.JOB, j.id, j.q.name, j.key, j.body, j.priority, j.ready_at, j.attempts,
+                    int(state), token, expires, errors.get(j.id)]
+
+        def jobs_in_order() -> Iterator[Job]:
+            for q in self.queues.values():
+                for kq in q.keys.values():
+                    yield from kq
+            for j in self.jobs.values():
+                if j.key is None and j.state is not X:
+                    yield j
+            for q in self.queues.values():
+                yield from q.dead.values()
+
+        job_bytes = validate.job_bytes
+        for j in jobs_in_order():
+            n = job_bytes(j.body, j.key, j.q.name, error=errors.get(j.id))
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
+            chunk.append(job_op(j))
+            size += n
+        for q in self.queues.values():
+            for (key, did), (jid, expires) in q.dedup.items():
+                n = 4 * (len(q.name) + len(key or "") + len(did)) + 64
+                if size + n > chunk_bytes and chunk:
+                    yield pack(chunk)
+                    chunk, size = [], 0
+                chunk.append([ops.DEDUP, q.name, key, did, jid, expires])
+                size += n
+        for cid, (seen, seqs) in self.sessions.items():
+            # A client that sent hundreds of full batches before reading a reply keeps
+            # millions of ids here: its requests go in as many CLIENT operations as the
+            # chunks need (replay merges them), each request's ids whole (at most
+            # BATCH_JOBS_MAX of them, far within a record).
+            part: list = []
+            n = 64
+            for cseq, ids in seqs.items():
+                m = 16 + 10 * len(ids)
+                if part and size + n + m > chunk_bytes:
+                    chunk.append([ops.CLIENT, cid, seen, part])
+                    yield pack(chunk)
+                    chunk, size, part, n = [], 0, [], 64
+                part.append([cseq, ids])
+                n += m
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
+            chunk.append([ops.CLIENT, cid, seen, part])
+            size += n
+        for q in self.queues.values():
+            if q.prioritized:  # a queue whose prioritized jobs are all gone still says so
+                n = 16 + 4 * len(q.name)
+                if size + n > chunk_bytes and chunk:
+                    yield pack(chunk)
+                    chunk, size = [], 0
+                chunk.append([ops.PRIORITIES, q.name])
+                size += n
+        for op in self.control_checkpoint_ops():  # after the JOB operations they refer to
+            n = len(pack(op))
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
+            chunk.append(op)
+            size += n
+        if chunk:
+            yield pack(chunk)
+
+    def _apply_meta(self, op) -> None:
+        next_seq, next_token, epoch = ops.read(ops.Meta, op)
+        self.next_seq = max(self.next_seq, next_seq)
+        self.next_token = max(self.next_token, next_token)
+        self.epoch = max(self.epoch, next_token >> _EPOCH_BITS if epoch is None else epoch)
+
+    def _apply_job(self, op) -> None:
+        # ops.Job's fields, unpacked by hand: a checkpoint holds one per live job
+        jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[1:_JOB_END]
+        q = self.queues.get(qname) or self._logged_queue(qname)
+        job = Job(jid, q, key, body, prio, ready_at)
+        job.attempts = attempts
+        if prio:
+            q.prioritized = True
+        if error is not None:
+            self.errors[jid] = error
+        self.jobs[jid] = job
+        if state == X:
+            self._set(job, X)
+            q.dead[jid] = job
+            return
+        if state == L:
+            if key is not None:
+                check(key not in q.keys, f"checkpoint: leased job {jid} is not the head of its key")
+                q.keys[key] = [job]
+            self._set(job, L)
+            self.inflight[jid] = (token, expires)
+            heapq.heappush(self.leases, (expires, token, jid))
+            return
+        self._append_to_key(job)
+
+    def _apply_dedup(self, op) -> None:
+        qname, key, did, jid, expires = op[1:_DEDUP_END]  # ops.Dedup's fields
+        q = self.queues.get(qname) or self._logged_queue(qname)
+        q.dedup[(key, did)] = (jid, expires)
+        q.dedup_order.append((expires, (key, did)))
+        self.dedup_held += 1
+
+    def _apply_client(self, op) -> None:
+        """A client's session from a checkpoint; a session written as several operations
+        (one per chunk of its requests, in a row) is merged back into one."""
+        _, cid, seen, seqs = op  # ops.Client
+        entry = self.sessions.get(cid)
+        if entry is None:
+            self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
+        else:
+            entry[1].update(seqs)
+
+    def control_checkpoint_ops(self) -> list[list]:
+        """What a checkpoint must add after the JOB operations: paused queues, cancelled
+        leases, the enqueue-time samples."""
+        out = [self.enqueue_times.to_op(ops.ENQUEUE_TIMES)]
+        out += [[ops.PAUSE, name, q.paused] for name, q in self.queues.items() if q.paused is not None]
+        out += [[ops.CANCEL, jid] for jid in self.cancelled]
+        return out
+
+    def _apply_enqueue_times(self, op) -> None:
+        self.enqueue_times.load(*ops.read(ops.EnqueueTimes, op))

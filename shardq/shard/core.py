@@ -1,0 +1,298 @@
+"""The core of the shard state machine: the attributes every part of it shares, the
+plumbing of operations (emit, apply, replay), queue look-ups, the one place a job changes
+state, each key's line, and time (``advance``). :class:`~shardq.shard.state.ShardState` is
+this core plus one mixin per concern, each in its own module and each built on this core
+only: :mod:`.queues` (keys and queues: enqueue, dedup, sessions, inspection),
+:mod:`.leases` (dequeue, settling a lease, dead letters, token epochs), :mod:`.control`
+(pause, cancel, look-ups, metrics figures) and :mod:`.checkpoint` (the checkpoint codec).
+
+Pure: no I/O, no clock (``now`` comes from the caller), no randomness.
+
+Data layout, chosen so nothing is O(number of jobs) per request:
+
+* ``jobs``: job id -> :class:`Job` (``__slots__``, no dict per job).
+* per queue, per key: that key's jobs in enqueue order (a list while short, then a
+  deque). Only the head can be ready, delayed or leased; the rest are WAITING. That gives
+  per-key FIFO with at most one lease per key, and a long backlog under one key never
+  hides other keys.
+* per queue: one FIFO deque of READY jobs per priority, and a sorted list of priorities
+  present; higher priority is served first, FIFO within a priority.
+* shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
+  against the job when popped, so acks and extensions never search a heap).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import OrderedDict, deque
+
+from .. import limits
+from ..config import Config, QueueConfig, check_queue_name
+from ..errors import InvalidJob, InvariantViolation, QueueFull, UnknownQueue, check
+from . import ops
+from .enqueue_times import EnqueueTimes
+from .jobstate import FROM_NEW, TRANSITIONS, NEW, D, JobState, R, W
+
+#: What each queue counts since this process started (QueueState.totals, by these indices).
+#: Not logged: a restart starts them at zero (Prometheus ``rate()`` handles resets).
+COUNTERS = ("enqueued", "leased", "acked", "nacked", "lease_expiries", "dead_lettered", "redriven",
+            "cancelled")
+ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = range(len(COUNTERS))
+
+#: A key's jobs are kept in a list while there are few (a deque costs ~600 bytes even for
+#: one job; most keys hold a handful) and in a deque once it grows past this, where
+#: removing the head of a list would start to cost a real copy.
+KEY_LIST_MAX = 64
+
+
+class Job:
+    # Eight slots keep a job at 96 bytes. A lease (token, deadline) lives in
+    # ShardState.inflight and a last error in ShardState.errors: few jobs have either.
+    __slots__ = ("id", "q", "key", "body", "priority", "ready_at", "attempts", "state")
+
+    def __init__(self, job_id, q, key, body, priority, ready_at):
+        self.id = job_id
+        self.q = q
+        self.key = key
+        self.body = body
+        self.priority = priority
+        self.ready_at = ready_at
+        self.attempts = 0
+        self.state = NEW
+
+
+class QueueState:
+    """One named queue on one shard."""
+
+    __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts",
+                 "paused", "totals", "prioritized")
+
+    def __init__(self, name: str, cfg: QueueConfig):
+        self.name = name
+        self.cfg = cfg
+        self.ready: dict[int, deque] = {}
+        self.prios: list[int] = []          # negated priorities, ascending = highest first
+        self.keys: dict[str, deque] = {}
+        self.dead: dict[int, Job] = {}      # in order of death
+        self.dedup: dict[tuple, tuple[int, float]] = {}
+        self.dedup_order: deque = deque()   # (expires_at, dedup key), oldest first
+        self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
+        self.paused: float | None = None    # paused since (control.py)
+        self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
+        self.prioritized = False            # ever held a job of priority != 0, or was told so
+
+    def push_ready(self, job: Job) -> None:
+        dq = self.ready.get(job.priority)
+        if dq is None:
+            dq = self.ready[job.priority] = deque()
+            bisect.insort(self.prios, -job.priority)
+        dq.append(job)
+
+
+class StateCore:
+    """What every part of :class:`~shardq.shard.state.ShardState` shares; see the module
+    docstring. Not used alone."""
+
+    def __init__(self, shard_index: int, config: Config):
+        check(0 <= shard_index < (1 << limits.JOB_ID_SHARD_BITS), "shard index out of range")
+        self.shard_index = shard_index
+        self.config = config
+        self.max_pending = config.limits.max_pending_jobs
+        self.max_dedup = config.limits.max_dedup_ids
+        self.dedup_held = 0   # dedup entries kept over every queue (each until its window ends)
+        self.jobs: dict[int, Job] = {}
+        self.queues: dict[str, QueueState] = {}
+        self.delayed: list[tuple[float, int]] = []
+        self.leases: list[tuple[float, int, int]] = []
+        self.inflight: dict[int, tuple[int, float]] = {}   # job id -> (token, expires_at)
+        self.errors: dict[int, str] = {}                    # job id -> last error
+        self.next_seq = 1
+        self.next_token = 1
+        self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
+        self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
+        self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
+        self._sessions_due = float("-inf")  # when the oldest session expires (advance)
+        self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
+        self._ops: list[list] = []
+        self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
+        self._now = float("-inf")
+        self.cancelled: set[int] = set()   # leased jobs marked cancelled (control.py)
+        self.enqueue_times = EnqueueTimes()  # sampled enqueue times (control.py: metrics, look-ups)
+        #: code -> the method that applies it, derived from the one table of operations
+        self._apply = {code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
+
+    # ------------------------------------------------------------------ plumbing
+    def take_ops(self) -> list[list]:
+        """The operations produced since the last call; the caller persists them."""
+        return self.take_batch()[0]
+
+    def take_batch(self) -> tuple[list[list], list[tuple[int, int]]]:
+        """The operations produced since the last call, and the index ranges among them
+        that must be logged in one record (a batch enqueue: all or nothing)."""
+        out, atomic = self._ops, self._atomic
+        self._ops, self._atomic = [], []
+        return out, atomic
+
+    def apply(self, op: list) -> None:
+        """Apply one logged operation (replay and live path alike)."""
+        try:
+            fn = self._apply[op[0]]
+        except (KeyError, TypeError, IndexError):
+            check(False, f"unknown log operation {op!r:.80}")
+        fn(op)
+
+    def replay(self, records) -> None:
+        """Apply every operation of every record, in order (the fast path of :meth:`apply`)."""
+        table = self._apply
+        try:
+            for record in records:
+                for op in record:
+                    table[op[0]](op)
+        except (KeyError, TypeError, IndexError) as e:
+            raise InvariantViolation(f"log operation could not be applied: {type(e).__name__}: {e}") from e
+
+    def _emit(self, op: list) -> None:
+        self._apply[op[0]](op)
+        self._ops.append(op)
+
+    def _queue(self, name, *, create: bool = True) -> QueueState:
+        """The queue ``name`` for a live request: UnknownQueue if the config does not
+        declare it (with ``declare_queues``) and it holds nothing."""
+        q = self.queues.get(name)
+        if q is None:
+            check_queue_name(name, InvalidJob)
+            cfg = self.config.queue(name)
+            if cfg is None:
+                raise UnknownQueue(f"queue {name!r} is not declared in the config")
+            q = QueueState(name, cfg)
+            if create:
+                self._room_for_queues(1)
+                self.queues[name] = q
+        return q
+
+    def _room_for_queues(self, n: int) -> None:
+        if len(self.queues) + n > limits.QUEUES_MAX:
+            raise QueueFull(f"shard {self.shard_index} holds {len(self.queues)} queues, the most it takes "
+                            f"({limits.QUEUES_MAX}); use keys, not queue names, for many small partitions")
+
+    def _logged_queue(self, name: str) -> QueueState:
+        """The queue a logged operation names. Replay never depends on today's config: a
+        queue removed from it (``declare_queues``) while it still held jobs is rebuilt with
+        the queue defaults and listed in :attr:`undeclared`; its jobs stay reachable
+        (stats, dead letters, dequeue by name) and only new enqueues are refused."""
+        q = self.queues.get(name)
+        if q is None:
+            cfg = self.config.queue(name)
+            if cfg is None:
+                cfg = self.config.queue_defaults
+                self.undeclared.add(name)
+            q = self.queues[name] = QueueState(name, cfg)
+        return q
+
+    def _set(self, job: Job, new: JobState) -> None:
+        old = job.state
+        if old is None:
+            if new not in FROM_NEW:
+                check(False, f"job {job.id}: illegal transition new -> {new!r}")
+        else:
+            if (old, new) not in TRANSITIONS:
+                check(False, f"job {job.id}: illegal transition {old!r} -> {new!r}")
+            job.q.counts[old] -= 1
+        job.q.counts[new] += 1
+        job.state = new
+
+    def _make_available(self, job: Job) -> None:
+        """``job`` just became the head of its key (or is keyless): ready, or delayed."""
+        if job.ready_at and job.ready_at > self._now:
+            self._set(job, D)
+            heapq.heappush(self.delayed, (job.ready_at, job.id))
+        else:
+            self._set(job, R)
+            job.q.push_ready(job)
+
+    def _unlink_head(self, job: Job) -> None:
+        """Take ``job`` off the front of its key and let the next job of the key move up."""
+        if job.key is None:
+            return
+        q = job.q
+        kq = q.keys.get(job.key)
+        if kq is None or kq[0] is not job:
+            check(False, f"job {job.id} is not the head of key {job.key!r}")
+        if type(kq) is list:
+            del kq[0]
+        else:
+            kq.popleft()
+        if kq:
+            self._make_available(kq[0])
+        else:
+            del q.keys[job.key]
+
+    def _append_to_key(self, job: Job) -> None:
+        if job.key is None:
+            self._make_available(job)
+            return
+        kq = job.q.keys.get(job.key)
+        if kq is None:
+            job.q.keys[job.key] = [job]
+            self._make_available(job)
+        else:
+            job.key = kq[0].key  # one string object per key, not one per job (memory)
+            kq.append(job)
+            if type(kq) is list and len(kq) > KEY_LIST_MAX:
+                job.q.keys[job.key] = deque(kq)
+            self._set(job, W)
+
+    # ------------------------------------------------------------------ time
+    def advance(self, now: float) -> None:
+        """Move due delayed jobs to ready and reclaim expired leases, earliest first.
+
+        A reclaimed job that has had ``max_deliveries`` deliveries goes to the dead-letter
+        queue (a logged operation); any other becomes ready again (at-least-once).
+        """
+        self._now = now
+        delayed, jobs = self.delayed, self.jobs
+        while delayed and delayed[0][0] <= now:
+            ready_at, jid = heapq.heappop(delayed)
+            job = jobs.get(jid)
+            if job is not None and job.state is D and job.ready_at == ready_at:
+                self._set(job, R)
+                job.q.push_ready(job)
+        leases = self.leases
+        while leases and leases[0][0] <= now:
+            expires_at, token, jid = heapq.heappop(leases)
+            job = jobs.get(jid)
+            if job is None or self.inflight.get(jid) != (token, expires_at):
+                continue  # acked, released, extended or re-leased since
+            job.q.totals[EXPIRED] += 1
+            if self.cancelled and jid in self.cancelled:
+                self._emit([ops.CANCEL, jid])  # a cancelled lease ended: the job goes
+            elif job.attempts >= job.q.cfg.max_deliveries:
+                job.q.totals[DEAD_LETTERED] += 1
+                self._emit([ops.DEAD, jid, self.errors.get(jid) or f"lease expired after {job.attempts} deliveries"])
+            else:
+                del self.inflight[jid]
+                self._set(job, R)
+                job.q.push_ready(job)
+        if now >= self._sessions_due or len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
+            self._expire_sessions(now)
+
+    def _expire_sessions(self, now: float) -> None:
+        """Forget the least recently seen clients past the TTL or the count limit, and note
+        when the oldest one left comes due (advance() looks again only then)."""
+        sessions = self.sessions
+        ttl = limits.CLIENT_SESSION_TTL_S
+        horizon = now - ttl
+        while sessions and (len(sessions) > limits.CLIENT_SESSIONS_MAX
+                            or next(iter(sessions.values()))[0] < horizon):
+            sessions.popitem(last=False)
+        # A client seen later than the oldest one expires later: this is never too late.
+        self._sessions_due = (next(iter(sessions.values()))[0] if sessions else now) + ttl
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which :meth:`advance` would change something."""
+        times = []
+        if self.delayed:
+            times.append(self.delayed[0][0])
+        if self.leases:
+            times.append(self.leases[0][0])
+        return min(times) if times else None

@@ -1,0 +1,286 @@
+"""Leases: dequeue, settling a lease (ack, nack, bury, extend, and the rule for a lease
+that control marked cancelled), dead letters (redrive, purge) and lease-token epochs. A
+mixin of :class:`~shardq.shard.state.ShardState`, built on
+:class:`~shardq.shard.core.StateCore` only; pure like it (no I/O, ``now`` from the caller,
+every change a logged operation)."""
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from .. import limits
+from ..errors import Cancelled, JobGone, LeaseLost, NotFound, check
+from ..types import DeadLetter, Lease
+from . import ops, validate
+from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, Job, StateCore
+from .jobstate import G, L, R, X
+
+_EPOCH_BITS = ops.TOKEN_EPOCH_BITS
+_INT63 = 1 << 63
+_JOB_ID = ops.JOB_ID
+_BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
+
+
+class LeaseOps(StateCore):
+    """Leases, dead letters, token epochs; a mixin of ShardState (see the module docstring)."""
+
+    # ------------------------------------------------------------------ dequeue
+    def dequeue(self, queue: str, now: float, visibility: float | None = None, max_jobs: int = 1) -> list[Lease]:
+        """Lease up to ``max_jobs`` ready jobs of ``queue``, highest priority first.
+
+        Each lease is a logged operation (its delivery count and deadline). With
+        ``lease_sync = "strict"`` the caller makes it durable before the lease is handed out;
+        with ``"batched"`` (the default) the shard process hands out a lease whose job's
+        enqueue is already durable once its record is written, before its fsync (it becomes
+        durable with the next commit: :mod:`.committer`). A job already delivered
+        ``max_deliveries`` times goes to the dead-letter queue instead of out. The leases
+        returned fit in one reply frame (``limits.REPLY_BYTES_MAX``): fewer come when the
+        bodies are large, never none while a job is ready.
+        """
+        if not (type(max_jobs) is int and 1 <= max_jobs <= _BATCH_JOBS_MAX):
+            max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        if visibility is not None:
+            visibility = validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX,
+                                          positive=True)
+        self.advance(now)
+        q = self.queues.get(queue)
+        if q is None:
+            self._queue(queue, create=False)  # validates the name; an unused queue is empty
+            return []
+        if q.paused is not None:
+            return []  # paused (control.py): nothing is leased
+        vis = q.cfg.visibility_timeout if visibility is None else visibility
+        out: list[Lease] = []
+        prios, ready = q.prios, q.ready
+        max_deliveries = q.cfg.max_deliveries
+        emit_ops = self._ops
+        reply_left = limits.REPLY_BYTES_MAX
+        while prios and len(out) < max_jobs:
+            prio = -prios[0]  # re-read each time: dead-lettering a head can promote another
+            dq = ready[prio]
+            job = dq[0]
+            size = len(job.body) + 4 * len(job.key or "") + limits.JOB_FIXED_BYTES_MAX
+            if out and job.state is R and size > reply_left:
+                break
+            dq.popleft()
+            if not dq:
+                del ready[prio]
+                del prios[bisect.bisect_left(prios, -prio)]
+            if job.state is not R:
+                continue  # stale entry left by replay
+            if job.attempts >= max_deliveries:
+                op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
+                self._apply_dead(op, popped=True)
+                emit_ops.append(op)
+                q.totals[DEAD_LETTERED] += 1
+                continue
+            token = self.next_token
+            if token >> _EPOCH_BITS != self.epoch:  # a new epoch before any token in it
+                self._emit([ops.EPOCH, token >> _EPOCH_BITS])
+            expires = now + vis
+            op = [ops.LEASE, job.id, token, expires]
+            self._apply_lease(op)
+            emit_ops.append(op)
+            out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            reply_left -= size
+        q.totals[LEASED] += len(out)
+        return out
+
+    def _apply_lease(self, op) -> None:
+        _, jid, token, expires = op  # ops.Lease (once per lease: unpacked, no record built)
+        job = self.jobs[jid]
+        self._set(job, L)
+        job.attempts += 1
+        self.inflight[jid] = (token, expires)
+        if token >= self.next_token:
+            self.next_token = token + 1
+        heapq.heappush(self.leases, (expires, token, jid))
+
+    # ------------------------------------------------------------------ settle a lease
+    def _leased(self, job_id, token) -> Job:
+        """The job, if ``token`` is its live lease; LeaseLost or NotFound otherwise."""
+        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
+            validate.integer("job_id", job_id)  # raises the precise error
+            validate.integer("token", token)
+        job = self.jobs.get(job_id)
+        if job is None:
+            if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
+                raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
+            raise JobGone(f"job {job_id} is gone (already acked)")
+        lease = self.inflight.get(job_id)
+        if lease is None or lease[0] != token:
+            raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
+        if lease[1] <= self._now:
+            raise LeaseLost(f"job {job_id}: lease {token} expired")
+        return job
+
+    def ack(self, job_id: int, token: int, now: float) -> None:
+        """Delete a leased job. LeaseLost (and no change) unless ``token`` is its live lease."""
+        self.advance(now)
+        job = self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=True)
+        self._emit([ops.ACK, job_id])
+        job.q.totals[ACKED] += 1
+
+    def _apply_ack(self, op) -> None:
+        job = self.jobs.pop(op[_JOB_ID])
+        self.inflight.pop(job.id, None)
+        self.errors.pop(job.id, None)
+        self._unlink_head(job)
+        self._set(job, G)
+
+    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error=None,
+             delivered: bool = True) -> None:
+        """End a lease early: the job is ready again now, or after ``delay`` (delayed state,
+        never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered.
+
+        ``delivered=False`` says the job never reached a handler (a worker's unstarted
+        prefetch): the lease is not counted as a delivery."""
+        self.advance(now)
+        job = self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=True)
+        if delivered is False:
+            self._emit([ops.RELEASE, job_id, 0, None, True])
+            return
+        delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
+        error = validate.error_text(error)
+        job.q.totals[NACKED] += 1
+        if job.attempts >= job.q.cfg.max_deliveries:
+            job.q.totals[DEAD_LETTERED] += 1
+            self._emit([ops.DEAD, job_id, error or self.errors.get(job_id)
+                        or f"released after {job.attempts} deliveries"])
+        else:
+            self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
+
+    def bury(self, job_id: int, token: int, now: float, error=None) -> None:
+        """Move a leased job to its queue's dead-letter queue now, whatever its delivery
+        count (a task that failed for good, or whose task name no worker knows)."""
+        self.advance(now)
+        self._leased(job_id, token)
+        error = validate.error_text(error)
+        self._emit([ops.DEAD, job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"])
+
+    def _apply_release(self, op) -> None:
+        jid, ready_at, error, undelivered = ops.read(ops.Release, op)
+        job = self.jobs[jid]
+        if undelivered:  # the lease does not count
+            job.attempts -= 1
+        job.ready_at = ready_at
+        self.inflight.pop(jid, None)
+        if error is not None:
+            self.errors[jid] = error
+        self._make_available(job)
+
+    def extend(self, job_id: int, token: int, now: float, seconds: float) -> float:
+        """Move a live lease's deadline to ``now + seconds``; returns the new deadline."""
+        self.advance(now)
+        seconds = validate.seconds("seconds", seconds, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
+        self._leased(job_id, token)
+        if self.cancelled:
+            self._settle_cancelled(job_id, settle=False)
+        expires = now + seconds
+        self._emit([ops.EXTEND, job_id, expires])
+        return expires
+
+    def _apply_extend(self, op) -> None:
+        jid, expires = ops.read(ops.Extend, op)
+        job = self.jobs[jid]
+        check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
+        token = self.inflight[job.id][0]
+        self.inflight[job.id] = (token, expires)
+        heapq.heappush(self.leases, (expires, token, job.id))
+
+    def _settle_cancelled(self, job_id, settle: bool) -> None:
+        """Called by ack/nack (``settle``) and extend once the token is known to be the live
+        lease: Cancelled if the job is marked; an ack or nack deletes it first."""
+        if job_id not in self.cancelled:
+            return
+        if settle:
+            self._emit([ops.CANCEL, job_id])
+            raise Cancelled(f"job {job_id} was cancelled while leased; it has been removed")
+        raise Cancelled(f"job {job_id} was cancelled while leased; stop working on it "
+                        f"(ack or nack removes it now, else it goes when the lease ends)")
+
+    # ------------------------------------------------------------------ dead letters
+    def _apply_dead(self, op, popped: bool = False) -> None:
+        _, jid, error = op  # ops.Dead
+        job = self.jobs[jid]
+        if job.state is R and not popped:  # replay only: the live path popped it from its deque already
+            try:
+                job.q.ready[job.priority].remove(job)
+            except (KeyError, ValueError):
+                pass
+        self._unlink_head(job)
+        self._set(job, X)
+        self.inflight.pop(jid, None)
+        self.errors[jid] = error
+        job.q.dead[jid] = job
+
+    def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first, as many as fit in one reply frame."""
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        out = []
+        reply_left = limits.REPLY_BYTES_MAX
+        for job in q.dead.values():
+            size = validate.job_bytes(job.body, job.key, "", error=self.errors.get(job.id))
+            if len(out) >= limit or (out and size > reply_left):
+                break
+            reply_left -= size
+            out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, self.errors.get(job.id)))
+        return out
+
+    def redrive(self, queue: str, now: float, job_ids=None, limit: int | None = None) -> int:
+        """Move dead letters back to the tail of their keys with a fresh delivery count.
+        All of the queue's dead letters, or only ``job_ids``. Returns how many moved."""
+        self.advance(now)
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        if job_ids is None:
+            chosen = list(q.dead)[:limit] if limit else list(q.dead)
+        else:
+            chosen = list(dict.fromkeys(validate.integer("job_id", j) for j in job_ids))
+            missing = [j for j in chosen if j not in q.dead]
+            if missing:
+                raise NotFound(f"not dead letters of {queue!r}: {missing[:5]}")
+        for jid in chosen:
+            self._emit([ops.REDRIVE, jid])
+        q.totals[REDRIVEN] += len(chosen)
+        return len(chosen)
+
+    def _apply_redrive(self, op) -> None:
+        job = self.jobs[op[_JOB_ID]]
+        del job.q.dead[job.id]
+        job.attempts = 0
+        job.ready_at = 0
+        self._append_to_key(job)
+
+    def purge_dead(self, queue: str, now: float) -> int:
+        """Delete every dead letter of ``queue``; returns how many."""
+        self.advance(now)
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        ids = list(q.dead)
+        for jid in ids:
+            self._emit([ops.PURGE, jid])
+        return len(ids)
+
+    def _apply_purge(self, op) -> None:
+        job = self.jobs.pop(op[_JOB_ID])
+        self.errors.pop(job.id, None)
+        del job.q.dead[job.id]
+        self._set(job, G)
+
+    # ------------------------------------------------------------------ lease epochs
+    def begin_epoch(self) -> int:
+        """Start a new lease-token epoch (at each shard start, before serving; the caller
+        makes it durable at once). Tokens of leases whose records a crash lost are all
+        below it, so none is ever handed out again (with ``lease_sync = "batched"`` a lease
+        may reach a worker before its record is durable)."""
+        self._emit([ops.EPOCH, max(self.epoch, self.next_token >> _EPOCH_BITS) + 1])
+        return self.epoch
+
+    def _apply_epoch(self, op) -> None:
+        (epoch,) = ops.read(ops.Epoch, op)
+        self.epoch = max(self.epoch, epoch)
+        self.next_token = max(self.next_token, self.epoch << _EPOCH_BITS)
+        self.sync_forced = True  # an epoch is durable before any of its tokens is handed out

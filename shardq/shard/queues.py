@@ -1,0 +1,254 @@
+"""Keys and queues: enqueue (validation, batches, producer dedup, the router's retry
+sessions) and what a queue shows (ready priorities, stats, settings). A mixin of
+:class:`~shardq.shard.state.ShardState`, built on :class:`~shardq.shard.core.StateCore`
+only; pure like it (no I/O, ``now`` from the caller, every change a logged operation)."""
+from __future__ import annotations
+
+from .. import limits
+from ..errors import InvalidJob, QueueFull, UnknownQueue, check
+from . import ops, validate
+from .core import ENQUEUED, Job, QueueState, StateCore
+from .jobstate import D, L, R, W, X
+
+_SHARD_BITS = limits.JOB_ID_SHARD_BITS
+_INT63 = 1 << 63
+_ENQUEUE = ops.ENQUEUE
+_DEDUP_EXPIRES = ops.field(ops.Enqueue, "dedup_expires")
+_BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
+#: One job, every field at its maximum, always fits in a request: only batches are measured.
+_ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
+                                              "d" * limits.DEDUP_ID_BYTES_MAX)
+                 + limits.BODY_BYTES_MAX_CEILING <= _REQUEST_BYTES_MAX)
+#: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
+#: at most each): only longer ones are encoded to be measured.
+_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
+
+
+class QueueOps(StateCore):
+    """Enqueue and queue inspection; a mixin of ShardState (see the module docstring)."""
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, body, now: float, key=None, queue="default", delay=0.0, priority=0,
+                dedup_id=None) -> int:
+        """Add one job; returns its id. See :meth:`enqueue_many`."""
+        return self.enqueue_many([(body, key, queue, delay, priority, dedup_id)], now)[0]
+
+    def enqueue_many(self, items, now: float, session: tuple[int, int, int] | None = None) -> list[int]:
+        """Add jobs given as ``(body, key, queue, delay, priority, dedup_id)`` tuples.
+
+        All or nothing: every item is validated before any is added. A ``dedup_id`` seen
+        in the same queue and key scope within the queue's dedup window returns the first
+        job's id and adds nothing. ``session`` = (client id, request seq, lowest unanswered
+        seq) makes a retried request return the ids of its first execution.
+        """
+        self.advance(now)
+        if session is not None:
+            if type(session) not in (tuple, list) or len(session) != 3:
+                raise InvalidJob("session must be (client, seq, low)")
+            cid, cseq, low = session
+            if not (type(cid) is int and type(cseq) is int and type(low) is int  # the usual shape
+                    and 0 <= cid < _INT63 and 0 <= cseq < _INT63 and 0 <= low < _INT63):
+                cid, cseq, low = (validate.integer("session", v) for v in session)
+            entry = self.sessions.get(cid)
+            if entry is not None and cseq in entry[1]:
+                return list(entry[1][cseq])
+        n = len(items)
+        if not 1 <= n <= _BATCH_JOBS_MAX:
+            raise InvalidJob(f"a batch holds 1 to {_BATCH_JOBS_MAX} jobs, got {n}")
+        if len(self.jobs) + n > self.max_pending:
+            raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
+        checked = []
+        queues, undeclared = self.queues, self.undeclared
+        new_queues: dict[str, QueueState] = {}
+        log_bytes = 64 + 16 * n  # the session op and its job ids
+        for item in items:
+            if type(item) not in (tuple, list) or len(item) != 6:
+                raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
+            b, k, qname, delay, prio, did = item
+            if type(qname) is not str:
+                raise InvalidJob(f"queue must be a string, got {type(qname).__name__}")
+            q = queues.get(qname)
+            if q is None:
+                q = new_queues.get(qname)
+                if q is None:
+                    q = new_queues[qname] = self._queue(qname, create=False)
+            elif undeclared and qname in undeclared:
+                raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
+                                   "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
+            max_body = q.cfg.max_body_bytes
+            if not (type(b) is bytes and 0 < len(b) <= max_body):
+                b = validate.body(b, max_body)
+            if k is not None and not (type(k) is str and 0 < len(k) <= _KEY_FAST_CHARS):
+                k = validate.key(k)
+            if type(delay) is not int or delay:  # fast path for the common int 0
+                delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+            if type(prio) is not int or prio:
+                prio = validate.priority(prio)
+            if did is not None:
+                did = validate.dedup_id(did)
+            checked.append((b, k, qname, delay, prio, did, q))
+        if n > 1 or not _ONE_JOB_FITS:
+            log_bytes += validate.jobs_bytes(checked)
+        if self.dedup_held + n > self.max_dedup:
+            self._room_for_dedup_ids(checked, now)
+        if log_bytes > _REQUEST_BYTES_MAX:
+            # Its operations must be logged as one record (all or nothing across a crash).
+            raise InvalidJob(f"a batch of {n} jobs takes up to {log_bytes} bytes, over the "
+                             f"{_REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
+        if new_queues:
+            self._room_for_queues(len(new_queues))
+        queues.update(new_queues)  # every item is valid: from here on nothing can refuse
+        emitted = self._ops
+        first_op = len(emitted)
+        apply_enqueue = self._apply_enqueue
+        ids = []
+        batch_dedup = {}
+        for b, k, qname, delay, prio, did, q in checked:
+            if did is not None:
+                dkey = (qname, k, did)
+                hit = batch_dedup.get(dkey) or q.dedup.get((k, did))
+                if hit is not None and hit[1] > now:
+                    ids.append(hit[0])
+                    continue
+            jid = (self.next_seq << _SHARD_BITS) | self.shard_index
+            if did is None:
+                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now]
+            else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
+                dedup_expires = now + q.cfg.dedup_window
+                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires]
+                batch_dedup[dkey] = (jid, dedup_expires)
+            apply_enqueue(op)  # as _emit, written out: this runs once per job
+            emitted.append(op)
+            q.totals[ENQUEUED] += 1
+            ids.append(jid)
+        if session is not None:
+            self._emit([ops.SESSION, cid, cseq, low, ids, now])
+        if len(emitted) - first_op > 1:
+            self._atomic.append((first_op, len(emitted)))
+        return ids
+
+    def _apply_enqueue(self, op) -> None:
+        # ops.Enqueue's fields, unpacked by hand: this runs once per job, live and in replay
+        _, jid, qname, key, body, prio, ready_at, did, created = op[:_DEDUP_EXPIRES]
+        jobs = self.jobs
+        if jid in jobs:  # (not check(): its message would be formatted on every call)
+            check(False, f"duplicate job id {jid}")
+        q = self.queues.get(qname) or self._logged_queue(qname)
+        job = Job(jid, q, key, body, prio, ready_at)
+        jobs[jid] = job
+        if prio:
+            q.prioritized = True
+        seq = (jid >> _SHARD_BITS) + 1
+        if seq > self.next_seq:
+            self.next_seq = seq
+        self.enqueue_times.note(seq - 1, created)
+        # Records of format 1 and shardq 0.1 have no expiry: today's window stands in.
+        if len(op) > _DEDUP_EXPIRES:
+            expires = op[_DEDUP_EXPIRES]
+        else:
+            expires = created + q.cfg.dedup_window if did is not None else 0
+        if did is not None and expires > created:
+            q.dedup[(key, did)] = (jid, expires)
+            q.dedup_order.append((expires, (key, did)))
+            self.dedup_held += 1
+            self._prune_dedup(q, created)
+        self._append_to_key(job)
+
+    def _prune_dedup(self, q: QueueState, now: float) -> None:
+        order, table = q.dedup_order, q.dedup
+        while order and order[0][0] <= now:
+            expires, dkey = order.popleft()
+            self.dedup_held -= 1
+            hit = table.get(dkey)
+            if hit is not None and hit[1] == expires:
+                del table[dkey]
+
+    def _room_for_dedup_ids(self, checked: list, now: float) -> None:
+        """Backpressure on dedup ids: each is kept for its queue's dedup window, acked or
+        not, so a high rate of them over a long window could grow without bound (and be
+        rebuilt by replay after an out-of-memory crash). Refuse a batch that would pass
+        ``max_dedup_ids``, counting only the ids it would add (a resend of a known id is
+        answered as ever), after dropping what has expired in every queue."""
+        for q in self.queues.values():
+            self._prune_dedup(q, now)
+        fresh = set()
+        for _body, k, qname, _delay, _prio, did, q in checked:
+            if did is not None:
+                hit = q.dedup.get((k, did))
+                if hit is None or hit[1] <= now:
+                    fresh.add((qname, k, did))
+        if self.dedup_held + len(fresh) > self.max_dedup:
+            raise QueueFull(f"shard {self.shard_index} holds {self.dedup_held} dedup ids, its limit "
+                            f"{self.max_dedup} (limits.max_dedup_ids): each is kept for its queue's "
+                            "dedup_window; retry later, or shorten the window")
+
+    def _apply_session(self, op) -> None:
+        _, cid, cseq, low, ids, at = op  # ops.Session
+        sessions = self.sessions
+        entry = sessions.get(cid)
+        if entry is None:
+            entry = sessions[cid] = [at, {}]
+        else:
+            sessions.move_to_end(cid)  # most recently seen last
+            entry[0] = at
+        seqs = entry[1]
+        if seqs:
+            for old in [s for s in seqs if s < low]:
+                del seqs[old]
+        seqs[cseq] = ids
+
+    # ------------------------------------------------------------------ inspection
+    def ready_priorities(self, queue: str, max_jobs: int) -> list[list[int]]:
+        """``[[priority, ready jobs], ...]``, highest priority first, until they cover
+        ``max_jobs`` jobs (or all): what a dequeue of ``max_jobs`` would lease now. Empty for
+        a paused queue. A router compares shards with it (queue-wide priorities)."""
+        max_jobs = validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
+        q = self.queues.get(queue)
+        if q is None or q.paused is not None:
+            if q is None:
+                self._queue(queue, create=False)  # validates the name
+            return []
+        out, covered = [], 0
+        for neg in q.prios:
+            n = len(q.ready[-neg])  # may count a stale entry: then a dequeue gets fewer
+            out.append([-neg, n])
+            covered += n
+            if covered >= max_jobs:
+                break
+        return out
+
+    def note_priorities(self, queue: str) -> None:
+        """Mark ``queue`` as using priorities on this shard, durably and for good, though
+        this shard may hold none of its prioritized jobs. Leases say so (the dequeue reply),
+        which tells a router to compare shards before it hands jobs out (queue-wide
+        priorities); a queue that never uses priorities costs no comparison."""
+        q = self._queue(queue)
+        if not q.prioritized:
+            self._emit([ops.PRIORITIES, queue])
+
+    def _apply_priorities(self, op) -> None:
+        (qname,) = ops.read(ops.Priorities, op)
+        q = self.queues.get(qname) or self._logged_queue(qname)
+        q.prioritized = True
+
+    def has_ready(self, queue: str) -> bool:
+        q = self.queues.get(queue)
+        return q is not None and q.counts[R] > 0 and q.paused is None
+
+    def stats(self) -> dict:
+        out = {}
+        for name, q in self.queues.items():
+            c = q.counts
+            out[name] = {"ready": c[R], "delayed": c[D], "waiting": c[W], "in_flight": c[L],
+                         "dead": c[X], "keys": len(q.keys)}
+            if q.paused is not None:
+                out[name]["paused"] = True
+            if name in self.undeclared:
+                out[name]["undeclared"] = True  # removed from the config; drain it
+        return out
+
+    def queue_settings(self, queue: str) -> dict:
+        q = self.queues.get(queue) or self._queue(queue, create=False)
+        cfg = q.cfg
+        return {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
+                "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes}
