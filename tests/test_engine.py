@@ -344,7 +344,7 @@ def test_an_io_error_at_any_call_fails_loudly_and_loses_nothing_committed(tmp_pa
         e = Engine(directory, config, clock=clock, files=files)
         files.fail_at = files.count + n
         ctx, done, failed_at = {}, 0, None
-        for i, (name, fn) in enumerate(steps):
+        for i, (_name, fn) in enumerate(steps):
             try:
                 fn(e, ctx, clock)
             except LogFailed:

@@ -182,7 +182,8 @@ def frame(rng: random.Random) -> bytes:
     if kind == 2:                                                         # random op and args
         reqs = []
         for rid in range(1, rng.randrange(2, 5)):
-            op = rng.choice(sorted(protocol.OPS)) if rng.random() < 0.85 else rng.choice(["", "nope", "ENQUEUE", "x" * 99])
+            op = (rng.choice(sorted(protocol.OPS)) if rng.random() < 0.85
+                  else rng.choice(["", "nope", "ENQUEUE", "x" * 99]))
             reqs.append([rid, op, [value(rng) for _ in range(protocol.ARITY.get(op, 2))]])
         return msgpack.packb(reqs)
     data = msgpack.packb([_mutated_request(rng, rid) for rid in range(1, rng.randrange(2, 4))])
