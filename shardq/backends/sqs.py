@@ -32,7 +32,7 @@ import math
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import limits
 from ..clock import Clock, SystemClock
@@ -224,7 +224,7 @@ class SqsQueue:
     def _send_chunk(self, chunk: list[tuple[int, QueueInfo, Outgoing]], ids: list) -> None:
         url = chunk[0][1].url
         pending = chunk
-        for attempt in range(SEND_RETRIES + 1):
+        for _attempt in range(SEND_RETRIES + 1):
             resp = self.api.call("send_message_batch", QueueUrl=url,
                                  Entries=[dict(out.entry(), Id=str(k)) for k, (_, _, out) in enumerate(pending)])
             for ok in resp.get("Successful", []):
@@ -412,7 +412,8 @@ class SqsQueue:
         """Move the leased job to the dead-letter queue now, with ``error`` kept beside it.
 
         SQS has no such call: a copy goes to the dead-letter queue (same group, a dedup id
-        that carries the job id, signed with the queue's redrive key, so a retried bury within 5 minutes adds no second copy),
+        that carries the job id, signed with the queue's redrive key, so a retried bury
+        within 5 minutes adds no second copy),
         then the leased message is deleted. If the lease is lost between the two, the job
         is also delivered again (at-least-once); nothing is lost."""
         error = validate.error_text(error)

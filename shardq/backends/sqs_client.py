@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .. import limits
 from ..errors import AuthError, InvalidConfig, InvalidJob, ShardqError, ShardUnavailable, UnknownQueue

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from .. import limits
 from ..clock import Clock, SystemClock

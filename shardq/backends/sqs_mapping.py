@@ -31,7 +31,7 @@ import hmac
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from .. import limits
@@ -128,8 +128,8 @@ _HEX = "0123456789abcdef"
 _PLAIN_DEDUP = re.compile(r"^(n[0-9a-f]{32}|d[0-9a-f]{64})$")
 _DEAD_DEDUP = re.compile(r"^f[0-9a-f]{64}$")
 _KEYLESS_GROUP = re.compile(r"^u[0-9a-f]{32}$")
-_REDRIVE = re.compile(r"^r([\x21-\x2d\x2f-\x7e]{1,%d})\.([0-9a-f]{%d})\.([0-9a-f]{%d})$"
-                      % (REDRIVE_JOB_ID_CHARS_MAX, REDRIVE_NONCE_CHARS, REDRIVE_MAC_CHARS))
+_REDRIVE = re.compile(rf"^r([\x21-\x2d\x2f-\x7e]{{1,{REDRIVE_JOB_ID_CHARS_MAX}}})\.([0-9a-f]{{{REDRIVE_NONCE_CHARS}}})"
+                      rf"\.([0-9a-f]{{{REDRIVE_MAC_CHARS}}})$")
 
 
 def parse_redrive_key(value) -> bytes | None:

@@ -37,7 +37,7 @@ import sys
 import time
 from collections import deque
 from contextlib import nullcontext
-from typing import Callable
+from collections.abc import Callable
 
 from .. import limits
 from ..busypoll import BusyPoll

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..wal.fileio import Files, files_from_env
 
@@ -107,7 +107,7 @@ class SupervisorPipe:
             done.set()
             t.join()
 
-    def watch_disk(self, files: "ReportingFiles") -> None:
+    def watch_disk(self, files: ReportingFiles) -> None:
         """From now on, for the life of the process, report ``progress disk`` every
         ``interval_s`` while a call of ``files`` to the disk has lasted longer than
         ``interval_s / 2``, unless a :meth:`busy` phase reports meanwhile (one phase at a

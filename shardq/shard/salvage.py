@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 
 import msgpack
@@ -73,7 +72,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
     lost: set[int] = set()       # enqueues in the damaged bytes
     orphaned: set[int] = set()   # jobs whose later operations could not be applied
     next_write, records = 1, 0
-    for seq, kind, name in files:
+    for _seq, kind, name in files:
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             data = f.read()

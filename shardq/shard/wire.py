@@ -231,7 +231,7 @@ def decode_requests(data: bytes) -> list:
     ``[int, str, array]``; the caller then drops the connection (it cannot be answered)."""
     try:
         frame = msgpack.unpackb(data, raw=False, use_list=True)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any bytes a client sends: every decode failure is its ProtocolError
         raise ProtocolError(f"undecodable frame: {type(e).__name__}") from None
     if type(frame) is not list or not frame:
         raise ProtocolError("a frame must be a non-empty array of requests")
@@ -261,5 +261,5 @@ def error_from_payload(payload) -> ShardqError:
         exc = cls.__new__(cls)
         Exception.__init__(exc, message)
         return exc
-    except Exception:
+    except Exception:  # noqa: BLE001 - a reply we cannot rebuild still becomes a typed error, never a crash
         return ShardqError(f"undecodable error reply: {payload!r:.200}")
