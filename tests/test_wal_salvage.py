@@ -119,6 +119,23 @@ def test_wal_check_shows_the_damaged_range_and_repair_needs_force(tmp_path, make
     assert run("check", d).returncode == 0
 
 
+def _repaired(d, config, clock, bodies) -> tuple[Engine, dict, list[str]]:
+    """Run the salvage, reopen the shard, and check every job that came back is the job
+    that was enqueued, byte for byte: (engine, {id: body}, what repair said)."""
+    done = salvage(d, config=config)
+    e = Engine(d, config, clock=clock)
+    back = {j: job.body for j, job in e.state.jobs.items()}
+    assert all(bodies[j] == b for j, b in back.items())
+    return e, back, done
+
+
+def _refused_then_repaired(d, config, clock, bodies) -> tuple[Engine, dict, list[str]]:
+    """The shard refuses its damaged log; then :func:`_repaired`."""
+    with pytest.raises(CorruptLog):
+        Engine(d, config, clock=clock)
+    return _repaired(d, config, clock, bodies)
+
+
 def _named(done: list[str]) -> set[int]:
     """Every job id repair says it could not recover or could not bring up to date."""
     out: set[int] = set()
@@ -140,10 +157,8 @@ def test_repair_salvages_a_segment_whose_magic_is_damaged(tmp_path, make_config,
     with pytest.raises(CorruptLog) as info:
         Engine(d, config, clock=clock)
     assert info.value.offset == 0 and "intact records after them" in info.value.reason
-    done = salvage(d, config=config)
-    e = Engine(d, config, clock=clock)
-    back = {j: job.body for j, job in e.state.jobs.items()}
-    assert back and all(bodies[j] == b for j, b in back.items())
+    e, back, done = _repaired(d, config, clock, bodies)
+    assert back
     assert set(bodies) - set(acked) - set(back) <= _named(done)
     e.close()
 
@@ -165,12 +180,7 @@ def test_repair_of_a_misdirected_page_starts_and_names_every_job_it_does_not_bri
     data[dst * 4096:(dst + 1) * 4096] = data[src * 4096:(src + 1) * 4096]
     with open(path, "wb") as f:
         f.write(data)
-    with pytest.raises(CorruptLog):
-        Engine(d, config, clock=clock)
-    done = salvage(d, config=config)
-    e = Engine(d, config, clock=clock)
-    back = {j: job.body for j, job in e.state.jobs.items()}
-    assert all(bodies[j] == b for j, b in back.items())
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
     assert set(bodies) - set(acked) - set(back) <= _named(done)
     e.close()
 
@@ -194,13 +204,8 @@ def test_a_damaged_checkpoint_record_loses_only_its_own_jobs(tmp_path, make_conf
     data[at:at + 512] = bytes(512)
     with open(ckpt, "wb") as f:
         f.write(data)
-    with pytest.raises(CorruptLog):
-        Engine(d, config, clock=clock)
-    done = salvage(d, config=config)
-    e = Engine(d, config, clock=clock)
-    back = {j: job.body for j, job in e.state.jobs.items()}
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
     missing = set(bodies) - set(back)
-    assert all(bodies[j] == b for j, b in back.items())
     assert 0 < len(missing) < len(bodies) // 5, len(missing)
     # Named, but for the jobs whose first bytes lay in the zeroed sector itself (about 250
     # bytes each): nothing is left of them to read.
