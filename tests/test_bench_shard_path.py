@@ -22,6 +22,6 @@ def test_shard_path_benchmark_runs(tmp_path):
         names = [where for where, _ in shape["top"]]
         assert any(n.startswith("shardq/shard/") for n in names)
         assert not any(n.startswith("bench/shard_path.py") for n in names)
-    assert "shardq/shard/state.py:enqueue_many" in [w for w, _ in res["results"]["enqueue"]["top"]]
-    assert "shardq/shard/state.py:dequeue" in [w for w, _ in res["results"]["lease+ack"]["top"]]
+    assert "shardq/shard/queues.py:enqueue_many" in [w for w, _ in res["results"]["enqueue"]["top"]]
+    assert "shardq/shard/leases.py:dequeue" in [w for w, _ in res["results"]["lease+ack"]["top"]]
     assert list(tmp_path.iterdir()) == [out]  # the shard's log directory was removed
