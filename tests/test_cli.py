@@ -233,7 +233,7 @@ def test_a_bad_argument_is_one_error_line_exit_2():
     r = run_shardq("job", "show", "abc")
     assert r.returncode == 2, r.stderr
     assert r.stderr.decode().splitlines() == [
-        "error: UsageError: argument job_id: invalid int value: 'abc' (see shardq job --help)"]
+        "error: UsageError: argument job_id: not a job id: 'abc' (see shardq job --help)"]
     r = run_shardq("outbox", "relay")
     assert r.returncode == 2 and r.stderr.decode().splitlines() == [
         "error: UsageError: the following arguments are required: --dsn (see shardq outbox relay --help)"]
