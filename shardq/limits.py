@@ -91,3 +91,16 @@ SQS_RETENTION_S_MAX = 14 * 24 * 3600
 SQS_QUEUE_NAME_CHARS_MAX = 80            # ".fifo" included
 SQS_GROUP_ID_CHARS_MAX = 128
 SQS_DEDUP_ID_CHARS_MAX = 128
+
+# The HTTP listener of `shardq serve` (metrics, console; fixed, not configurable). Its
+# threads are 1 + HTTP_WORKERS whatever the number of connections: one thread holds every
+# connection until its request has fully arrived, the workers only ever see whole requests.
+HTTP_WORKERS = 8                         # threads that answer requests
+HTTP_CONNECTIONS_MAX = 256               # open at once; past it the longest-waiting unfinished one is closed
+HTTP_HEAD_BYTES_MAX = 16 * 1024          # request line and headers, up to the blank line: 431 past it
+HTTP_BODY_BYTES_MAX = 1024 * 1024        # a POST body (10,000 ids fit several times over): 413 past it
+HTTP_REQUEST_S_MAX = 10.0                # head and body must arrive within this of the connection (or the
+                                         # previous response): overall, not per byte; 408 and closed past it
+HTTP_WRITE_S_MAX = 10.0                  # a response must be taken by the client within this
+HTTP_LINGER_S_MAX = 2.0                  # after refusing a request, what the client still sends is read
+                                         # and dropped for at most this long before closing

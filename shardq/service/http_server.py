@@ -4,7 +4,9 @@ at ``/`` and its JSON API under ``/api/``.
 It runs on threads of the supervisor process and talks to the shards like any client (one
 router), so it is never on a shard's hot path: a scrape costs each shard one ``metrics``
 request. Security is in :mod:`.http_auth`: loopback by default, a token for anything else,
-CSRF checks on every state-changing request (always a ``POST``).
+CSRF checks on every state-changing request (always a ``POST``). Connections are held by
+:mod:`.http_listener`: a fixed number of threads, bounded heads and bodies, an overall
+deadline per request, and a body read only for a request that passed authentication.
 
 Routes::
 
@@ -22,29 +24,31 @@ Routes::
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
-import threading
+import socket
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .. import limits
 from ..client.router import Router
 from ..config import HttpConfig, split_listen
 from ..errors import (InvalidConfig, InvalidJob, LeaseLost, NotFound, ShardqError, ShardUnavailable,
                       Unsupported)
 from .console.api import ConsoleApi
 from .http_auth import Auth, is_loopback
+from .http_listener import Listener, Request
 from .http_metrics import ShardqCollector
 
 log = logging.getLogger("shardq.http")
 
 TOKEN_ENV = "SHARDQ_HTTP_TOKEN"
-BODY_BYTES_MAX = 1024 * 1024     # a POST body: 10,000 ids fit several times over
 SCRAPE_TIMEOUT_S = 2.0           # a scrape waits at most this long for the shards
 ADDRESS_FILE = "http.json"       # in the data dir's run/ directory: where the listener is
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -96,24 +100,20 @@ class HttpService:
         self.api = ConsoleApi(self.router, supervisor, scrape_timeout_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardqCollector(self.router, supervisor, scrape_timeout_s))
-        self.server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self.listener: Listener | None = None
         self._address_file: str | None = None
 
     def start(self, run_dir: str | None = None) -> HttpService:
-        family = _Server.address_family_for(self.host)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            self.server = _Server((self.host, self.port), _Handler, family=family)
+            self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body)
         except OSError as e:
             self.router.close()
             raise InvalidConfig(f"http.listen {self.host}:{self.port}: cannot listen: {e.strerror or e} "
                                 f"(set [http] listen = \"\" to turn the listener off, or pick another "
                                 f"port)") from None
-        self.server.app = self
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="shardq-http", daemon=True)
-        self._thread.start()
+        self.port = self.listener.address[1]
+        self.listener.start()
         if run_dir:
             self._address_file = os.path.join(run_dir, ADDRESS_FILE)
             tmp = self._address_file + ".tmp"
@@ -128,11 +128,22 @@ class HttpService:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
 
+    def _handle(self, req: Request) -> bool:
+        """Answer one whole request; True: the connection may carry another."""
+        return _Handler(req, self).run()
+
+    def _wants_body(self, method: str, path: str, headers) -> bool:
+        """Whether a request's body is worth reading, from its head: a POST to log in or out,
+        or one that is authenticated. Any other body is never read (the handler refuses the
+        request first)."""
+        if method != "POST" or not self.auth.host_ok(headers):
+            return False
+        return path in ("/login", "/logout") or self.auth.identify(headers) is not None
+
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
         if self._address_file:
             try:
                 os.unlink(self._address_file)
@@ -141,30 +152,28 @@ class HttpService:
         self.router.close()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
-
-    def __init__(self, address, handler, family):
-        self.address_family = family
-        super().__init__(address, handler)
-
-    @staticmethod
-    def address_family_for(host: str):
-        import socket
-        return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "shardq"
     sys_version = ""
     protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a connection may sit silent: an idle client cannot hold a thread forever
 
-    @property
-    def app(self) -> HttpService:
-        return self.server.app
+    # Not socketserver's life cycle: the listener has already read the whole request (its
+    # body too, when the client may send one), so parsing it never waits on the client.
+    def __init__(self, req: Request, app: HttpService):  # not super().__init__: it would serve the socket
+        self.req, self.app = req, app
+        self.request, self.client_address = req.sock, req.peer
+        self.rfile = io.BytesIO(req.data)
+        self.wfile = _SocketWriter(req.sock)
+        self.close_connection = True
+
+    def run(self) -> bool:
+        """Answer the request; True when the connection may carry another."""
+        self.handle_one_request()
+        return not self.close_connection
+
+    def handle_expect_100(self) -> bool:
+        # The listener sent "100 Continue" already, and only for a body it went on to read.
+        return True
 
     def log_message(self, fmt, *args) -> None:  # access log at debug level, not on stderr
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -207,16 +216,18 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.app.auth
         if not auth.host_ok(self.headers):
             return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden", "message": "Host is not loopback"})
-        body = self._body()
-        if body is None:
-            return
-        if path == "/login":
+        if path in ("/login", "/logout"):
+            body = self._body()
+            if body is None:
+                return
+            if path == "/logout":
+                return self._redirect("/login", cookie=auth.logout_cookie())
             token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1]
             if auth.login_ok(token):
                 return self._redirect("/", cookie=auth.session_cookie())
             return self._redirect("/login?failed=1")
-        if path == "/logout":
-            return self._redirect("/login", cookie=auth.logout_cookie())
+        # Authentication first, the body after: a client that may not act cannot make the
+        # listener read (or wait for) a megabyte.
         how = auth.identify(self.headers)
         if how is None:
             return self._json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized", "message": "a token is required"})
@@ -229,6 +240,9 @@ class _Handler(BaseHTTPRequestHandler):
         if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "UnsupportedMediaType",
                                                                    "message": "send application/json"})
+        body = self._body()
+        if body is None:
+            return
         try:
             data = json.loads(body or b"{}")
         except ValueError:
@@ -240,13 +254,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ helpers
     def _body(self) -> bytes | None:
+        """The body the listener read, or None once a refusal is sent (413 for one over
+        ``limits.HTTP_BODY_BYTES_MAX``)."""
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if not 0 <= length <= BODY_BYTES_MAX:
-            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "InvalidJob",
-                                                             "message": f"body over {BODY_BYTES_MAX} bytes"})
+        if not 0 <= length <= limits.HTTP_BODY_BYTES_MAX:
+            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                       {"error": "InvalidJob", "message": f"body over {limits.HTTP_BODY_BYTES_MAX} bytes"})
+            return None
+        if length and not self.req.body_ready:  # cannot happen: the listener reads it for these
+            self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "body not read"})
             return None
         return self.rfile.read(length) if length else b""
 
@@ -288,3 +307,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
+
+
+class _SocketWriter(io.RawIOBase):
+    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self._sock.sendall(b)
+        return len(b)
