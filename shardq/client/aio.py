@@ -38,8 +38,8 @@ from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, note_calls, wait_outcome)
-from .routing import (batch_ids, cut_requests, job_item, purge_calls, queue_totals, redrive_calls, shard_for_key,
-                      shard_of_job, split_by_shard)
+from .routing import (batch_ids, cut_requests, dead_letters_of, job_item, purge_calls, queue_totals, redrive_calls,
+                      shard_for_key, shard_of_job, split_by_shard)
 
 _now = SystemClock.now
 
@@ -392,7 +392,7 @@ class AsyncQueue:
     # ------------------------------------------------------------------ admin
     async def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
         rows = await self._call_all([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
-        return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
+        return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
 
     async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
         return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))

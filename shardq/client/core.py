@@ -219,7 +219,7 @@ class LeaseRound:
         for i, r in enumerate(results):
             if type(r) is list:  # a reply (the usual case): the checks below are for errors
                 if i < dequeues:
-                    self._flagged = self._flagged or bool(r and r[0][7])
+                    self._flagged = self._flagged or bool(r and r[0][wire.USES_PRIORITIES])
                     r = leases_of(self.queue, r)
                     self.taken.extend([lease for _, lease in r])
             elif isinstance(r, OutcomeUnknown):
@@ -295,7 +295,7 @@ def wait_outcome(queue: str, answers: list[Any],
     pairs = leases_of(queue, rows)
     keep = [lease for _, lease in pairs[:max_jobs]]
     release = [lease for _, lease in pairs[max_jobs:]]
-    return keep, release, any(r[7] for r in rows), None if keep else error
+    return keep, release, any(r[wire.USES_PRIORITIES] for r in rows), None if keep else error
 
 
 class Polling:

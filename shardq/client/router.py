@@ -48,8 +48,8 @@ from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_S
                    note_calls, release_call, wait_outcome)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
-                      job_shard, leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key, shard_of_job,
-                      split_by_shard)
+                      dead_letters_of, job_shard, leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key,
+                      shard_of_job, split_by_shard)
 
 log = logging.getLogger("shardq.router")
 
@@ -520,7 +520,7 @@ class Router:
     # ------------------------------------------------------------------ admin
     def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
         rows = self._call_many([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
-        return [DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for res, _ in rows for r in res][:limit]
+        return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
 
     def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
         """Move dead letters back into the queue with a fresh delivery count: all, or only
@@ -622,7 +622,7 @@ class Router:
                     raise
                 skipped.append(shard)
                 rows = []
-            items.extend(DeadLetter(r[0], r[1], r[2], queue, r[3], r[4]) for r in rows)
+            items.extend(dead_letters_of(queue, rows))
             if len(rows) < want:
                 shard, after = shard + 1, None
             else:

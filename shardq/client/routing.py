@@ -20,7 +20,7 @@ from typing import Any
 from .. import limits
 from ..errors import InvalidJob, NotFound
 from ..shard import validate
-from ..types import Lease
+from ..types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
@@ -155,7 +155,14 @@ def in_input_order(ids_by_shard: dict[int, list[Any]], shard_ids: list[int]) -> 
 
 def leases_of(queue: str, rows: Iterable[list[Any]]) -> list[tuple[int, Lease]]:
     """``(priority, lease)`` for each lease row of a dequeue reply."""
-    return [(r[6], Lease(r[0], r[1], r[2], queue, r[3], r[4], r[5])) for r in rows]
+    # unpacked by name in wire.LeaseRow's order: a row is an array on the wire
+    return [(priority, Lease(job_id, key, body, queue, attempt, token, deadline))
+            for job_id, key, body, attempt, token, deadline, priority, _uses_priorities in rows]
+
+
+def dead_letters_of(queue: str, rows: Iterable[list[Any]]) -> list[DeadLetter]:
+    """The dead letters of ``dead_letters`` / ``dead_page`` reply rows (wire.DeadRow's order)."""
+    return [DeadLetter(job_id, key, body, queue, attempts, error) for job_id, key, body, attempts, error in rows]
 
 
 def batch_ids(calls: list[tuple[int, str, list[Any]]], results: list[Any], shard_ids: list[int]) -> list[Any]:

@@ -146,6 +146,10 @@ class LeaseRow(NamedTuple):
     uses_priorities: bool   # the queue's sticky flag (docs/design.md, "Queue-wide priorities")
 
 
+#: Where a lease row says its queue uses priorities (read without building a LeaseRow).
+USES_PRIORITIES = LeaseRow._fields.index("uses_priorities")
+
+
 class DeadRow(NamedTuple):
     """A dead letter in a ``dead_letters`` or ``dead_page`` reply, a msgpack array in this order."""
     job_id: int
