@@ -44,15 +44,18 @@ SCRAPE_EVERY_S = 1.0
 START_TIMEOUT_S = 60.0
 
 
-def _scrape_loop(base_url: str, stop, counts) -> None:
-    """A separate process, so its work never shares a GIL with the producer of figure A."""
+def _scrape_loop(base_url: str, token: str, stop, counts) -> None:
+    """A separate process, so its work never shares a GIL with the producer of figure A.
+    ``token``: the console's token (serve makes one in the data dir), sent as a bearer
+    token, so the console API's calls are answered, not refused."""
     tick = 0
     next_at = time.monotonic()
     while not stop.is_set():
         paths = ["metrics"] + (["api/overview"] if tick % 2 == 0 else [])
         for path in paths:
             try:
-                with urllib.request.urlopen(base_url + path, timeout=10) as r:
+                req = urllib.request.Request(base_url + path, headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(req, timeout=10) as r:
                     r.read()
                     ok = r.status == 200
             except OSError:
@@ -138,7 +141,9 @@ def figure(name: str, http: bool, a, tag: str) -> dict[str, Any]:
     try:
         adapter.setup(tmp)
         if http:
-            scraper = ctx.Process(target=_scrape_loop, args=(adapter.url, stop, counts), daemon=True)
+            with open(os.path.join(adapter.data_dir, "http-token")) as f:
+                token = f.read().strip()
+            scraper = ctx.Process(target=_scrape_loop, args=(adapter.url, token, stop, counts), daemon=True)
             scraper.start()
             deadline = time.monotonic() + START_TIMEOUT_S
             while counts[0] + counts[1] == 0 and time.monotonic() < deadline:

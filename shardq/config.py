@@ -36,8 +36,10 @@ so a typo never silently falls back to a default. Times are in seconds.
     catch_up = true           # fire a tick missed while the service was down, once
 
     [http]                    # metrics and the web console (``shardq serve`` only)
-    listen = "127.0.0.1:7781" # "" = off; anything but loopback needs a token
-    token = ""                # or the SHARDQ_HTTP_TOKEN environment variable
+    listen = "127.0.0.1:7781" # "" = off
+    token = ""                # or SHARDQ_HTTP_TOKEN; neither: one made in <data dir>/http-token
+    auth = "token"            # "none": no token at all (loopback only; any local user may act)
+    metrics_public = true     # /metrics without the token, on loopback only
 """
 from __future__ import annotations
 
@@ -126,6 +128,8 @@ class HttpConfig:
 
     listen: str = "127.0.0.1:7781"
     token: str = field(default="", repr=False)
+    auth: str = "token"            # or "none" (loopback only)
+    metrics_public: bool = True    # /metrics readable without the token on a loopback listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +165,8 @@ class Config:
             "queues": {n: dataclasses.asdict(q) for n, q in self.queues.items()},
             "schedules": {n: {k: v for k, v in dataclasses.asdict(sc).items() if v is not None}
                           for n, sc in self.schedules.items()},
-            "http": {"listen": self.http.listen},
+            "http": {"listen": self.http.listen, "auth": self.http.auth,
+                     "metrics_public": self.http.metrics_public},
         }
 
 
@@ -291,12 +296,15 @@ def parse(raw: dict[str, Any]) -> Config:
     if not isinstance(raw_schedules, dict):
         raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")
     schedules = {name: _schedule(name, sc) for name, sc in raw_schedules.items()}
-    http = _section("http", raw.get("http", {}), HttpConfig(), {}, {"listen": _listen, "token": _token})
+    http = _section("http", raw.get("http", {}), HttpConfig(), {},
+                    {"listen": _listen, "token": _token, "auth": _http_auth, "metrics_public": _boolean})
+    _check_http(http)
     return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues,
                   schedules=schedules, http=http)
 
 
 HTTP_TOKEN_CHARS_MIN = 16
+HTTP_AUTH_MODES = ("token", "none")
 
 
 def _listen(path: str, value: Any) -> str:
@@ -315,6 +323,28 @@ def split_listen(value: str, path: str = "http.listen") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InvalidConfig(f"{path}: expected \"host:port\" (port 0-65535), got {value!r}")
     return host, int(port)
+
+
+def _http_auth(path: str, value: Any) -> str:
+    if value not in HTTP_AUTH_MODES:
+        raise InvalidConfig(f"{path}: expected one of {', '.join(map(repr, HTTP_AUTH_MODES))}, got {value!r}")
+    return value
+
+
+def _check_http(http: HttpConfig) -> None:
+    """``auth = "none"`` only where nobody but this machine's users can connect, and never
+    next to a token (which the operator would believe protects the listener)."""
+    if http.auth != "none":
+        return
+    if http.token:
+        raise InvalidConfig("http.auth = \"none\" contradicts http.token: remove one of them")
+    if http.listen:
+        from .service.http_auth import is_loopback  # no cycle: http_auth imports only the stdlib
+        host, _ = split_listen(http.listen)
+        if not is_loopback(host):
+            raise InvalidConfig(f"http.auth = \"none\" is allowed on a loopback listen address only, "
+                                f"not {http.listen!r}: anyone who can reach it could read jobs and "
+                                f"pause, cancel and purge")
 
 
 def _token(path: str, value: Any) -> str:

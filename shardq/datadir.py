@@ -4,6 +4,7 @@
 
     <data>/shardq.json        {"format": 1, "shards": N, "id": ...}: N is fixed at creation
     <data>/authkey            HMAC key for client authentication (mode 0600)
+    <data>/http-token         the HTTP listener's token when none is configured (mode 0600)
     <data>/run/shard-<i>.sock unix sockets (directory mode 0700)
     <data>/shard-<i>/         each shard's WAL segments and checkpoints
     <data>/supervisor.lock    held (flock) by the running supervisor; holds its PID
@@ -25,6 +26,7 @@ import stat
 import time
 
 from . import limits
+from .config import HTTP_TOKEN_CHARS_MIN
 from .errors import (AuthError, DataDirLocked, DataDirNotWritable, InvalidConfig, NotADataDir,
                      ServiceNotRunning, ShardCountMismatch)
 
@@ -32,6 +34,7 @@ META = "shardq.json"
 FORMAT = 1
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, including the terminator
 SUPERVISOR_LOCK = "supervisor.lock"
+HTTP_TOKEN_FILE = "http-token"
 # A supervisor takes its lock a few milliseconds after it creates the data dir; a client
 # that finds the lock free looks again for this long before it says no service runs.
 SERVICE_START_GRACE_S = 0.5
@@ -60,6 +63,56 @@ class DataDir:
     @property
     def key_path(self) -> str:
         return os.path.join(self.path, "authkey")
+
+    @property
+    def http_token_path(self) -> str:
+        return os.path.join(self.path, HTTP_TOKEN_FILE)
+
+    def http_token(self, create: bool = False) -> str:
+        """The console token kept in ``<data>/http-token``; made (random, mode 0600) when
+        ``create`` and it does not exist. Checked as the key file is: a symlink, another
+        owner's file or one the group or others may read or change is refused (AuthError),
+        since that token opens the console to whoever can read it."""
+        path = self.http_token_path
+        if create:
+            try:  # O_EXCL: two starts never write two tokens; the mode is set at creation
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise self._not_writable(e) from None
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                _sync_dir(self.path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise AuthError(f"no token file at {path}; start `shardq serve` on this data dir first") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise AuthError(f"refusing token file {path}: it is a symlink; delete it (serve makes "
+                                "a new one)") from None
+            raise AuthError(f"cannot open token file {path}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise AuthError(f"refusing token file {path}: not a regular file")
+            if st.st_uid != os.geteuid():
+                raise AuthError(f"refusing token file {path}: owned by uid {st.st_uid}, not by this "
+                                f"user (uid {os.geteuid()}); run shardq as its owner or chown it")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise AuthError(f"refusing token file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                                "others read or change it (and so use the console); run chmod 600 on it")
+            token = os.read(fd, 4096).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        if len(token) < HTTP_TOKEN_CHARS_MIN:
+            raise AuthError(f"token file {path} holds fewer than {HTTP_TOKEN_CHARS_MIN} "
+                            "characters; delete it (serve makes a new one)")
+        return token
 
     # creation and checks
     def init(self, shards: int) -> int:

@@ -18,7 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import browser  # noqa: E402 - after the sys.path line above
 from service import REPO, Service, wait_until  # noqa: E402 - after the sys.path line above
 
-CONFIG = {"queues": {"default": {}, "emails": {"max_deliveries": 2}, "reports": {}}}
+# Screenshots of the console itself, not of its login page: no token (loopback only).
+CONFIG = {"queues": {"default": {}, "emails": {"max_deliveries": 2}, "reports": {}},
+          "http": {"listen": "127.0.0.1:0", "auth": "none"}}
 
 
 def traffic(q, stop: threading.Event) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 import browser
-from service import Service, reset_queues, wait_until
+from service import REPO, Service, reset_queues, wait_until
 
 WHY = browser.missing()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no browser for the console tests: {WHY}")
@@ -22,7 +24,16 @@ TOKEN = "browser-test-token-0123456789"
 @pytest.fixture(scope="module")
 def svc():
     with Service(shards=2, config=CONFIG) as s:
-        s.url = s.http_url()
+        s.http_url()  # listening
+        # The console wants the token serve made, on loopback too: open it as a person would,
+        # by the URL `shardq console` prints (it logs in, then goes to the console). Every
+        # open_console() goes through it, since another test's login replaces the cookie.
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.pop("SHARDQ_HTTP_TOKEN", None)
+        r = subprocess.run([sys.executable, "-m", "shardq.cli", "console", "--data-dir", s.data_dir],
+                           capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and "/login?token=" in r.stdout, r.stderr
+        s.url = r.stdout.strip()
         yield s
 
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no browser for the con
 
 
 def test_the_picker_opens_on_the_first_queue_with_dead_letters():
-    config = {"queues": {"alpha": {}, "zulu": {"max_deliveries": 1}}}
+    # This test is about the picker, not access: no token (loopback only; docs/operations.md)
+    config = {"queues": {"alpha": {}, "zulu": {"max_deliveries": 1}}, "http": {"listen": "127.0.0.1:0", "auth": "none"}}
     with Service(shards=1, config=config) as svc, svc.connect() as q:
         q.enqueue(b"alive", queue="alpha")  # first by name, and no dead letters
         dead = q.enqueue(b"poison", queue="zulu")

@@ -25,6 +25,8 @@ from shardq.errors import NotFound
 from service import REPO, Service, reset_queues, restarted, short_tmpdir, wait_until
 
 CONFIG = {"queues": {"default": {}, "once": {"max_deliveries": 1}}}
+# For the tests about something other than access: no token, on loopback (docs/operations.md).
+OPEN = {"listen": "127.0.0.1:0", "auth": "none"}
 TOKEN = "s3cret-token-for-tests-only"
 DOCS = os.path.join(REPO, "docs", "operations.md")
 
@@ -73,6 +75,16 @@ def csrf_of(url, headers=None) -> str:
     return api(url, "/api/session", headers=headers)[1]["csrf"]
 
 
+def log_in(svc) -> dict:
+    """The session cookie for the token the service made (``<data dir>/http-token``), got the
+    way a person gets it: opening the URL ``shardq console`` prints."""
+    with open(os.path.join(svc.data_dir, "http-token")) as f:
+        token = f.read().strip()
+    status, hdrs, _ = request(svc.url, f"/login?token={token}")
+    assert status == 303 and hdrs["Location"] == "/"
+    return {"Cookie": hdrs["Set-Cookie"].split(";")[0]}
+
+
 def kill_dead(q, queue: str, n: int) -> list[int]:
     ids = [q.enqueue(f"dead {i}".encode(), key=f"d{i}", queue=queue) for i in range(n)]
     got = 0
@@ -88,6 +100,7 @@ def kill_dead(q, queue: str, n: int) -> list[int]:
 def service():
     with Service(shards=2, config=CONFIG) as s:
         s.url = s.http_url()
+        s.auth = log_in(s)
         yield s
 
 
@@ -160,12 +173,12 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones(svc):
 
 # ---------------------------------------------------------------------------- console API
 def test_console_api_overview_pause_cancel_redrive_purge(svc):
-    csrf = csrf_of(svc.url)
-    h = {"X-CSRF-Token": csrf}
+    csrf = csrf_of(svc.url, svc.auth)
+    h = {**svc.auth, "X-CSRF-Token": csrf}
     with svc.connect() as q:
         jid = q.enqueue(b"cancel me", key="api")
         dead = kill_dead(q, "once", 3)
-        status, o = api(svc.url, "/api/overview")
+        status, o = api(svc.url, "/api/overview", headers=svc.auth)
         assert status == 200 and [s["up"] for s in o["shards"]] == [True, True]
         assert all(s["pid"] and s["status"] == "ready" for s in o["shards"])
         once = next(x for x in o["queues"] if x["name"] == "once")
@@ -174,19 +187,19 @@ def test_console_api_overview_pause_cancel_redrive_purge(svc):
         assert q.stats()["queues"]["once"]["paused"] is True
         assert api(svc.url, "/api/resume", {"queue": "once"}, h)[0] == 200
         assert "paused" not in q.stats()["queues"]["once"]
-        status, page = api(svc.url, "/api/dead-letters?queue=once&limit=2")
+        status, page = api(svc.url, "/api/dead-letters?queue=once&limit=2", headers=svc.auth)
         assert status == 200 and len(page["items"]) == 2 and page["cursor"]
         assert page["items"][0]["error"] == "boom" and page["items"][0]["body"].startswith("dead")
-        status, rest = api(svc.url, f"/api/dead-letters?queue=once&limit=2&cursor={page['cursor']}")
+        status, rest = api(svc.url, f"/api/dead-letters?queue=once&limit=2&cursor={page['cursor']}", headers=svc.auth)
         assert sorted(int(d["id"]) for d in page["items"] + rest["items"]) == sorted(dead)
         assert api(svc.url, "/api/redrive", {"queue": "once", "ids": [str(dead[0])]}, h) == (200, {"redriven": 1})
         assert api(svc.url, "/api/purge", {"queue": "once", "ids": [dead[1]]}, h) == (200, {"purged": 1})
         assert [d.job_id for d in q.dead_letters("once")] == [dead[2]]
-        status, info = api(svc.url, f"/api/job?id={jid}")
+        status, info = api(svc.url, f"/api/job?id={jid}", headers=svc.auth)
         assert status == 200 and info["job_id"] == str(jid) and info["state"] == "ready"
         assert api(svc.url, "/api/cancel", {"id": str(jid)}, h) == (200, {"id": str(jid), "result": "cancelled"})
-        assert api(svc.url, f"/api/job?id={jid}")[0] == 404
-        assert api(svc.url, "/api/job?id=abc")[0] == 400
+        assert api(svc.url, f"/api/job?id={jid}", headers=svc.auth)[0] == 404
+        assert api(svc.url, "/api/job?id=abc", headers=svc.auth)[0] == 400
         assert api(svc.url, "/api/cancel", {"id": [1]}, h)[0] == 400
         # Ids are checked in one place (client/routing.py) for the router, the console and
         # the CLI: an id of a shard this 2-shard service lacks is 404 (it was an IndexError
@@ -194,7 +207,7 @@ def test_console_api_overview_pause_cancel_redrive_purge(svc):
         gone = {"error": "NotFound", "message": "job 5 names shard 5; this service has 2"}
         assert api(svc.url, "/api/cancel", {"id": 5}, h) == (404, gone)
         assert api(svc.url, "/api/cancel", {"id": "\u00b2"}, h)[0] == 400
-        assert api(svc.url, "/api/job?id=%C2%B2")[0] == 400
+        assert api(svc.url, "/api/job?id=%C2%B2", headers=svc.auth)[0] == 400
         with pytest.raises(NotFound):
             q.cancel(5)
         again = q.dequeue("once", wait=1)
@@ -204,7 +217,7 @@ def test_console_api_overview_pause_cancel_redrive_purge(svc):
 
 
 def test_post_limits_at_their_maximum(svc):
-    h = {"X-CSRF-Token": csrf_of(svc.url)}
+    h = {**svc.auth, "X-CSRF-Token": csrf_of(svc.url, svc.auth)}
     with svc.connect() as q:
         dead = kill_dead(q, "once", 50)
         ids = dead + [(i << 10) | (i % 2) for i in range(10**6, 10**6 + limits.BATCH_JOBS_MAX - 50)]
@@ -220,8 +233,9 @@ def test_post_limits_at_their_maximum(svc):
         assert "paused" not in q.stats()["queues"].get("default", {})
 
 
-def test_without_a_token_only_same_origin_csrf_posts_from_a_loopback_host_change_anything(svc):
-    with svc.connect() as q:
+def test_with_auth_none_only_same_origin_csrf_posts_from_a_loopback_host_change_anything():
+    with Service(shards=1, config=dict(CONFIG, http=OPEN)) as svc, svc.connect() as q:
+        svc.url = svc.http_url()
         q.enqueue(b"keep me")
         csrf = csrf_of(svc.url)
         attempts = [
@@ -247,7 +261,7 @@ def test_with_a_token_nothing_works_without_it(monkeypatch):
     with Service(shards=1, config=CONFIG) as s, s.connect() as q:
         url = s.http_url()
         jid = q.enqueue(b"precious", key="t")
-        for method, path, body in (("GET", "/metrics", None), ("GET", "/api/overview", None),
+        for method, path, body in (("GET", "/api/overview", None),
                                    ("GET", "/api/session", None), ("GET", f"/api/job?id={jid}", None),
                                    ("POST", "/api/pause", {"queue": "default"}),
                                    ("POST", "/api/cancel", {"id": str(jid)})):
@@ -259,6 +273,7 @@ def test_with_a_token_nothing_works_without_it(monkeypatch):
         status, hdrs, _ = request(url, "/")
         assert status == 303 and hdrs["Location"] == "/login"
         assert request(url, "/login")[0] == 200
+        assert request(url, "/metrics")[0] == 200  # open on loopback (metrics_public), like the default
         status, hdrs, _ = request(url, "/login", "POST", b"token=wrong",
                                   {"Content-Type": "application/x-www-form-urlencoded"})
         assert status == 303 and "Set-Cookie" not in hdrs
@@ -289,7 +304,8 @@ def test_serve_refuses_a_listener_beyond_loopback_without_a_token(monkeypatch):
     tmp = short_tmpdir()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for http_cfg, words in (('listen = "0.0.0.0:0"', "not a loopback address"),
-                            ('listen = "127.0.0.1:0"\ntoken = "short"', "16 characters")):
+                            ('listen = "127.0.0.1:0"\ntoken = "short"', "16 characters"),
+                            ('listen = "0.0.0.0:0"\nauth = "none"', "loopback listen address only")):
         cfg = os.path.join(tmp, "c.toml")
         with open(cfg, "w") as f:
             f.write(f"[http]\n{http_cfg}\n")
@@ -302,7 +318,7 @@ def test_serve_refuses_a_listener_beyond_loopback_without_a_token(monkeypatch):
 
 # ---------------------------------------------------------------------------- shards down
 def test_a_shard_left_down_shows_up_0_and_the_console_still_works():
-    cfg = dict(CONFIG, service={"restart_backoff_max": 60})
+    cfg = dict(CONFIG, service={"restart_backoff_max": 60}, http=OPEN)
     with Service(shards=2, config=cfg) as s, s.connect(retry_s=1) as q:
         url = s.http_url()
         key0 = next(k for k in (f"x{i}" for i in range(100)) if shard_for_key(k, 2) == 0)
@@ -334,7 +350,7 @@ def test_a_shard_left_down_shows_up_0_and_the_console_still_works():
 
 
 def test_scrapes_keep_working_while_a_shard_hangs_and_is_sigkilled_and_restarts():
-    cfg = dict(CONFIG, service={"restart_backoff_max": 0.5, "health_timeout": 30})
+    cfg = dict(CONFIG, service={"restart_backoff_max": 0.5, "health_timeout": 30}, http=OPEN)
     with Service(shards=2, config=cfg) as s, s.connect(retry_s=20) as q:
         url = s.http_url()
         results: list = []
@@ -426,7 +442,8 @@ def test_the_http_section_is_validated_and_its_token_never_leaves_the_process():
     from shardq.errors import InvalidConfig
     assert Config().http.listen == "127.0.0.1:7781"
     cfg = parse({"http": {"listen": "[::1]:0", "token": "x" * 16}})
-    assert cfg.http.listen == "[::1]:0" and cfg.to_dict()["http"] == {"listen": "[::1]:0"}
+    assert cfg.http.listen == "[::1]:0"
+    assert cfg.to_dict()["http"] == {"listen": "[::1]:0", "auth": "token", "metrics_public": True}
     assert "x" * 16 not in repr(cfg)
     assert parse({"http": {"listen": ""}}).http.listen == ""
     for bad, words in (({"listen": "7781"}, "host:port"), ({"listen": "h:99999"}, "host:port"),

@@ -1,6 +1,7 @@
 """The ``shardq`` command.
 
     shardq serve [--config config/shardq.toml] [--data-dir D] [--shards N]
+    shardq console
     shardq enqueue BODY [--key K] [--queue Q] [--delay S] [--priority P] [--dedup-id ID]
     shardq dequeue [--queue Q] [--wait S] [--visibility S] [--max N]
     shardq ack JOB_ID TOKEN | shardq nack JOB_ID TOKEN [--delay S] [--error TEXT]
@@ -31,10 +32,10 @@ import sys
 from collections.abc import Callable
 
 from ..errors import ShardqError
-from . import (common, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules, serve,
-               sqs, stats, verify, wal, worker)
+from . import (common, console, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules,
+               serve, sqs, stats, verify, wal, worker)
 
-GROUPS = (serve, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control,
+GROUPS = (serve, console, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control,
           outbox, sqs)
 
 

@@ -32,8 +32,11 @@ def run(args) -> int:
     except BaseException:
         sup.stop()
         raise
+    # The console's URL with its login (the token, as Jupyter prints it), so opening it stays
+    # one step; on stderr of the user who started the service, never in the shards' logs.
     print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
-          + (f"; console and metrics at {http.url}" if http else ""), file=sys.stderr, flush=True)
+          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else ""),
+          file=sys.stderr, flush=True)
     try:
         return sup.run()
     finally:

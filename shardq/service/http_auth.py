@@ -1,13 +1,18 @@
 """Who may use the HTTP listener, and which requests may change something.
 
-* **Token.** ``http.token`` (or ``SHARDQ_HTTP_TOKEN``) is required for any listen address
-  that is not loopback; on loopback it is optional. With a token, every request except the
-  login page and static assets must carry it: ``Authorization: Bearer <token>`` (scripts,
-  Prometheus) or the session cookie that ``POST /login`` sets (people). The cookie holds an
-  HMAC of the token, never the token, and changes when the token does.
-* **No token (loopback only).** Anyone who can connect to the loopback address may use the
-  console, so the ``Host`` header must name a loopback host: a web page whose domain was
-  rebound to 127.0.0.1 (DNS rebinding) is refused.
+* **Token (the default, on loopback too).** ``http.token`` or ``SHARDQ_HTTP_TOKEN``, else
+  a random one the service keeps in ``<data dir>/http-token`` (mode 0600): on a shared
+  machine any local user can connect to 127.0.0.1, and the console must not give them what
+  the 0700 socket dir keeps from them. Every request except the login page and static
+  assets must carry it: ``Authorization: Bearer <token>`` (scripts, Prometheus) or the
+  session cookie that ``POST /login`` or ``GET /login?token=`` sets (people). The cookie
+  holds an HMAC of the token, never the token, and changes when the token does.
+* **Metrics on loopback.** ``/metrics`` is open without the token when the listener is on
+  loopback (a local Prometheus, by convention) unless ``metrics_public = false``; still
+  only with a loopback ``Host`` (see below). Nothing else is.
+* **No token (``auth = "none"``, loopback only).** Anyone who can connect to the loopback
+  address may use the console, so the ``Host`` header must name a loopback host: a web page
+  whose domain was rebound to 127.0.0.1 (DNS rebinding) is refused.
 * **CSRF.** Every request that changes state is a ``POST`` with a JSON body, and unless it
   carries the bearer token (which a browser never adds by itself) it must send
   ``X-CSRF-Token`` with the value ``GET /api/session`` returns, and an ``Origin``, if any,
@@ -46,8 +51,9 @@ def _host_of(host_header: str) -> str:
 class Auth:
     """The checks of one listener. ``token`` None: open on loopback only."""
 
-    def __init__(self, token: str | None):
+    def __init__(self, token: str | None, metrics_public: bool = False):
         self.token = token or None
+        self.metrics_public = metrics_public
         # With a token, the cookie and CSRF values derive from it (stable across restarts);
         # without one, from a secret of this process.
         secret = self.token.encode() if self.token else os.urandom(32)
@@ -71,6 +77,12 @@ class Auth:
             return True
         host = headers.get("Host") or ""
         return bool(host) and is_loopback(_host_of(host))
+
+    def metrics_open(self, headers) -> bool:
+        """``/metrics`` without the token: allowed, and asked with a loopback ``Host`` (a
+        rebound domain must not read it from a browser)."""
+        host = headers.get("Host") or ""
+        return self.metrics_public and bool(host) and is_loopback(_host_of(host))
 
     def login_ok(self, token: str) -> bool:
         return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())

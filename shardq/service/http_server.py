@@ -3,15 +3,19 @@ at ``/`` and its JSON API under ``/api/``.
 
 It runs on threads of the supervisor process and talks to the shards like any client (one
 router), so it is never on a shard's hot path: a scrape costs each shard one ``metrics``
-request. Security is in :mod:`.http_auth`: loopback by default, a token for anything else,
-CSRF checks on every state-changing request (always a ``POST``). Connections are held by
-:mod:`.http_listener`: a fixed number of threads, bounded heads and bodies, an overall
-deadline per request, and a body read only for a request that passed authentication.
+request. Security is in :mod:`.http_auth`: a token always (the configured one, else one made
+in ``<data dir>/http-token``) unless ``[http] auth = "none"`` on loopback, ``/metrics`` open
+on loopback unless ``metrics_public = false``, CSRF checks on every state-changing request
+(always a ``POST``). Connections are held by :mod:`.http_listener`: a fixed number of
+threads, bounded heads and bodies, an overall deadline per request, and a body read only for
+a request that passed authentication.
 
 Routes::
 
     GET  /                    console page (login page first when a token is set)
     GET  /static/<file>       its assets (shipped in the package)
+    GET  /login?token=T       logs in (sets the session cookie) and goes to /: the URL that
+                              ``shardq console`` and serve's startup line print
     GET  /metrics             Prometheus text format
     GET  /api/session         {"csrf": ..., "auth": "open" | "token"}
     GET  /api/overview        queues, shards, totals
@@ -28,17 +32,19 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import limits
 from ..client.router import Router
-from ..config import HttpConfig, split_listen
+from ..config import HTTP_TOKEN_CHARS_MIN, HttpConfig, split_listen
+from ..datadir import DataDir
 from ..errors import (InvalidConfig, InvalidJob, LeaseLost, NotFound, ShardqError, ShardUnavailable,
                       Unsupported)
 from .console.api import ConsoleApi
@@ -67,17 +73,35 @@ _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_R
                  (ShardUnavailable, HTTPStatus.SERVICE_UNAVAILABLE))
 
 
-def resolve_token(cfg: HttpConfig) -> str | None:
-    """The token from the config, else from ``SHARDQ_HTTP_TOKEN``; None if neither.
-    InvalidConfig if it is too short, or if there is none and ``listen`` is not loopback
-    (``shardq serve`` calls this before it starts any shard)."""
-    token = cfg.token or os.environ.get(TOKEN_ENV, "")
-    if token and len(token) < 16:
-        raise InvalidConfig(f"{TOKEN_ENV}: the token must have at least 16 characters")
+# The token in a logged request line (GET /login?token=...): the debug access log must not hold it.
+_TOKEN_IN_URL = re.compile(r"(token=)[^&\s]*")
+
+
+def resolve_token(cfg: HttpConfig, data_dir=None) -> str | None:
+    """The token: the config's, else ``SHARDQ_HTTP_TOKEN``, else the one kept in
+    ``<data_dir>/http-token`` (made there at first start); None only for ``auth = "none"``,
+    or when there is none yet and no ``data_dir`` (``shardq serve`` calls this without one to
+    refuse a bad setting before it starts any shard). InvalidConfig for a short token, for
+    ``auth = "none"`` with a token or off loopback, and for a listener off loopback without a
+    configured token (its users must be given it; a file on the server is no way to)."""
+    env = os.environ.get(TOKEN_ENV, "")
     host, _ = split_listen(cfg.listen)
+    if cfg.auth == "none":
+        if not is_loopback(host):
+            raise InvalidConfig(f"http.auth = \"none\" is allowed on a loopback listen address only, "
+                                f"not {cfg.listen!r}")
+        if cfg.token or env:
+            raise InvalidConfig(f"http.auth = \"none\" contradicts the token set in http.token or "
+                                f"{TOKEN_ENV}: remove one of them")
+        return None
+    token = cfg.token or env
+    if token and len(token) < HTTP_TOKEN_CHARS_MIN:
+        raise InvalidConfig(f"{TOKEN_ENV}: the token must have at least {HTTP_TOKEN_CHARS_MIN} characters")
     if not token and not is_loopback(host):
         raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: set http.token "
                             f"or {TOKEN_ENV} (anyone who can reach it could pause queues and cancel jobs)")
+    if not token and data_dir is not None:
+        token = DataDir(data_dir).http_token(create=True)
     return token or None
 
 
@@ -87,16 +111,19 @@ class HttpService:
     def __init__(self, data_dir, cfg: HttpConfig, supervisor=None, *, token: str | None = None,
                  scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
         host, port = split_listen(cfg.listen)
-        self.token = token if token is not None else resolve_token(cfg)
-        if not is_loopback(host) and self.token is None:
-            raise InvalidConfig(f"http.listen {cfg.listen!r} is not a loopback address: a token is required")
+        self.token = token if token is not None else resolve_token(cfg, data_dir)
+        if self.token is None and (cfg.auth != "none" or not is_loopback(host)):
+            raise InvalidConfig(f"http.listen {cfg.listen!r}: a token is required (auth = \"none\" is "
+                                f"the only way without one, and on loopback only)")
         self.host, self.port = host, port
         self.supervisor = supervisor
         self.data_dir = str(data_dir)
         # Short retries: a page or a scrape should report a down shard, not wait for it.
         self.router = Router(data_dir, retry_s=0.5, request_timeout_s=scrape_timeout_s,
                              _role="service")  # sees a shard full of clients
-        self.auth = Auth(self.token)
+        # /metrics without the token: only where only this machine can connect (Prometheus
+        # on the same host), and only if the operator has not asked for the token there too.
+        self.auth = Auth(self.token, metrics_public=cfg.metrics_public and is_loopback(host))
         self.api = ConsoleApi(self.router, supervisor, scrape_timeout_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardqCollector(self.router, supervisor, scrape_timeout_s))
@@ -128,6 +155,12 @@ class HttpService:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
 
+    @property
+    def login_url(self) -> str:
+        """The URL that opens the console logged in (it holds the token: print it only to
+        the user who may have it)."""
+        return login_url(self.url, self.token)
+
     def _handle(self, req: Request) -> bool:
         """Answer one whole request; True: the connection may carry another."""
         return _Handler(req, self).run()
@@ -150,6 +183,12 @@ class HttpService:
             except FileNotFoundError:
                 pass
         self.router.close()
+
+
+def login_url(url: str, token: str | None) -> str:
+    """``url`` (the listener's, ending in ``/``) with the login that sets the session cookie;
+    ``url`` itself without a token."""
+    return f"{url}login?token={quote(token, safe='')}" if token else url
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -176,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def log_message(self, fmt, *args) -> None:  # access log at debug level, not on stderr
-        log.debug("%s %s", self.address_string(), fmt % args)
+        log.debug("%s %s", self.address_string(), _TOKEN_IN_URL.sub(r"\1...", fmt % args))
 
     # ------------------------------------------------------------------ dispatch
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
@@ -187,8 +226,14 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/static/"):
             return self._static(path[len("/static/"):])
         if path == "/login":
+            if "token" in query:  # the printed URL: log in, then drop the token from the address bar
+                if self.app.auth.login_ok(query["token"]):
+                    return self._redirect("/", cookie=self.app.auth.session_cookie())
+                return self._redirect("/login?failed=1")
             return self._static("login.html")
         how = self.app.auth.identify(self.headers)
+        if how is None and path == "/metrics" and self.app.auth.metrics_open(self.headers):
+            how = "metrics"  # for this path only: the /metrics branch below answers it
         if how is None:
             if path == "/":
                 return self._redirect("/login")
