@@ -25,6 +25,7 @@ def run(args) -> int:
     if cfg.http.listen:
         from ..service.http_server import HttpService, resolve_token
         resolve_token(cfg.http)  # a bad token is refused before any shard starts
+    sup.handle_signals()  # before anything starts: a signal meanwhile is a clean stop
     sup.start()
     try:
         if cfg.http.listen:

@@ -136,6 +136,8 @@ class Supervisor:
         self._lock_fd: int | None = None
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
+        self._signalled = False      # a stop signal came (handle_signals)
+        self._signals_handled = False
         os.set_blocking(self._wake_r, False)
         self._spawn_requests: deque[ShardHandle] = deque()
         self._changed = threading.Condition()
@@ -158,7 +160,7 @@ class Supervisor:
         n = self.dd.init(self.requested_shards)
         self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
         self._lock_fd = self.dd.lock("supervisor.lock")
-        self.stopping = False
+        self.stopping = self._signalled  # a signal during start: run() stops at once
         self._thread = None
         self._monitor_error = None
         self._spawn_requests.clear()
@@ -226,10 +228,13 @@ class Supervisor:
             raise
         _event("scheduler-started", schedules=len(schedules))
 
-    def run(self) -> int:
-        """Foreground service: monitor until SIGTERM/SIGINT; a second signal exits at once."""
+    def handle_signals(self) -> None:
+        """SIGTERM/SIGINT stop the service cleanly; a second one exits at once. ``serve``
+        calls it before :meth:`start`, so a signal that comes while the shards or the HTTP
+        listener start (clients may already be served) is a clean stop too, not the
+        default action's death: :meth:`run` then stops at once."""
         def on_signal(signum, frame):
-            if self.stopping:
+            if self._signalled:
                 _event("killed", logging.WARNING, signal=signal.Signals(signum).name,
                        note='"second signal: shards SIGKILLed without waiting for their last iteration"')
                 for h in self.handles:
@@ -237,11 +242,18 @@ class Supervisor:
                         h.proc.kill()
                 os._exit(1)
             _event("stopping", signal=signal.Signals(signum).name)
+            self._signalled = True
             self.stopping = True
             os.write(self._wake_w, b"x")
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        self._signals_handled = True
+
+    def run(self) -> int:
+        """Foreground service: monitor until SIGTERM/SIGINT; a second signal exits at once."""
+        if not self._signals_handled:
+            self.handle_signals()
         while not self.stopping:
             self._poll_once(0.5)
         self.stop()
