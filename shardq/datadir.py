@@ -87,28 +87,9 @@ class DataDir:
                     f.flush()
                     os.fsync(f.fileno())
                 _sync_dir(self.path)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise AuthError(f"no token file at {path}; start `shardq serve` on this data dir first") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise AuthError(f"refusing token file {path}: it is a symlink; delete it (serve makes "
-                                "a new one)") from None
-            raise AuthError(f"cannot open token file {path}: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AuthError(f"refusing token file {path}: not a regular file")
-            if st.st_uid != os.geteuid():
-                raise AuthError(f"refusing token file {path}: owned by uid {st.st_uid}, not by this "
-                                f"user (uid {os.geteuid()}); run shardq as its owner or chown it")
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise AuthError(f"refusing token file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
-                                "others read or change it (and so use the console); run chmod 600 on it")
-            token = os.read(fd, 4096).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
+        token = _read_private(path, "token file", missing="start `shardq serve` on this data dir first",
+                              symlink="delete it (serve makes a new one)",
+                              mode_note=" (and so use the console)").decode("ascii", "replace")
         if len(token) < HTTP_TOKEN_CHARS_MIN:
             raise AuthError(f"token file {path} holds fewer than {HTTP_TOKEN_CHARS_MIN} "
                             "characters; delete it (serve makes a new one)")
@@ -193,28 +174,8 @@ class DataDir:
         The key file is opened without following a symlink (``O_NOFOLLOW``) and checked on
         the open descriptor (``fstat``), so it cannot be swapped between check and read."""
         self._check_run_dir()
-        try:
-            fd = os.open(self.key_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise AuthError(f"no key file at {self.key_path}; is the service initialised?") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise AuthError(f"refusing key file {self.key_path}: it is a symlink; replace it with the "
-                                "file itself (mode 0600)") from None
-            raise AuthError(f"cannot open key file {self.key_path}: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AuthError(f"refusing key file {self.key_path}: not a regular file")
-            if st.st_uid != os.geteuid():
-                raise AuthError(f"refusing key file {self.key_path}: owned by uid {st.st_uid}, not by this "
-                                f"user (uid {os.geteuid()}); run shardq as its owner or chown it")
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise AuthError(f"refusing key file {self.key_path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
-                                "others read or change it; run chmod 600 on it")
-            key = os.read(fd, 4096).strip()
-        finally:
-            os.close(fd)
+        key = _read_private(self.key_path, "key file", missing="is the service initialised?",
+                            symlink="replace it with the file itself (mode 0600)")
         if len(key) < 16:
             raise AuthError(f"key file {self.key_path} is too short")
         return key
@@ -292,6 +253,34 @@ class DataDir:
                 raise ServiceNotRunning(f"no shardq service is running on {self.path}: start it with "
                                         f"shardq serve --data-dir {self.path}")
             time.sleep(_POLL_S)  # a polled deadline: a supervisor may be taking its lock now
+
+
+def _read_private(path: str, what: str, *, missing: str, symlink: str, mode_note: str = "") -> bytes:
+    """The stripped content of a secret file (the key file, the console's token), read only
+    if it is a regular file of this user that nobody else may read or change. The checks are
+    made on the open descriptor (``fstat``), so the file cannot be swapped between check and
+    read; AuthError names the file and the fix."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise AuthError(f"no {what} at {path}; {missing}") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise AuthError(f"refusing {what} {path}: it is a symlink; {symlink}") from None
+        raise AuthError(f"cannot open {what} {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AuthError(f"refusing {what} {path}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise AuthError(f"refusing {what} {path}: owned by uid {st.st_uid}, not by this "
+                            f"user (uid {os.geteuid()}); run shardq as its owner or chown it")
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AuthError(f"refusing {what} {path}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                            f"others read or change it{mode_note}; run chmod 600 on it")
+        return os.read(fd, 4096).strip()
+    finally:
+        os.close(fd)
 
 
 def _pid_in(fd: int) -> int | None:
