@@ -10,7 +10,7 @@ import pytest
 import shardq
 from shardq import limits
 from shardq.client import aioconn
-from shardq.shard import wire
+from shardq.protocol import wire
 
 from service import Service
 from test_retry_policy import FakeShard

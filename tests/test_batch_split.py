@@ -19,7 +19,7 @@ from shardq.client.router import (_usual_batch, cut_requests, in_input_order, sh
                                   split_by_shard)
 from shardq.config import parse as parse_config
 from shardq.errors import InvalidJob, UnknownQueue
-from shardq.shard import validate
+from shardq.protocol import validate
 from shardq.shard.state import ShardState
 
 MAX_REQUEST, MAX_JOBS = limits.REQUEST_BYTES_MAX, limits.BATCH_JOBS_MAX

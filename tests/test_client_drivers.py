@@ -20,7 +20,7 @@ import pytest
 import shardq
 from shardq import limits
 from shardq.datadir import DataDir
-from shardq.shard import sockio, validate, wire
+from shardq.protocol import sockio, validate, wire
 
 from service import short_tmpdir, wait_until
 

@@ -20,8 +20,8 @@ import pytest
 import shardq
 from shardq import limits
 from shardq.datadir import DataDir
-from shardq.shard import wire
-from shardq.shard.sockio import connect_unix
+from shardq.protocol import wire
+from shardq.protocol.sockio import connect_unix
 
 from service import Service
 

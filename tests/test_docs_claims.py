@@ -348,10 +348,10 @@ NUMBERS = [
     ("docs/design.md", "`dedup_window` (default 300 s)", _const("shardq.limits", "DEDUP_WINDOW_S_DEFAULT"), 300),
     ("docs/design.md", "idle clients are\ndropped after 10 minutes", _const("shardq.limits", "CLIENT_SESSION_TTL_S"),
      600),
-    ("docs/design.md", "5 s socket timeout", _const("shardq.shard.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
+    ("docs/design.md", "5 s socket timeout", _const("shardq.protocol.sockio", "HANDSHAKE_TIMEOUT_S"), 5),
     ("docs/design.md", "At most 32 run at once", _const("shardq.shard.acceptor", "HANDSHAKES_MAX"), 32),
     ("docs/design.md", "takes none of its replies for 1 s", _const("shardq.shard.conn", "SEND_TIMEOUT_S"), 1),
-    ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.shard.wire", "READ_BYTES"), 2**20),
+    ("docs/design.md", "one read of at most 1 MiB per connection", _const("shardq.protocol.wire", "READ_BYTES"), 2**20),
 ]
 
 

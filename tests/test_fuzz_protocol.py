@@ -20,11 +20,11 @@ import msgpack
 import pytest
 from service import Service, wait_until
 
-from shardq.shard import wire as protocol
+from shardq.protocol import wire as protocol
 from shardq.datadir import DataDir
 from shardq.errors import ProtocolError, ShardqError
 from shardq.client.router import shard_for_key
-from shardq.shard.sockio import connect_unix
+from shardq.protocol.sockio import connect_unix
 
 SEED = int(os.environ.get("SHARDQ_FUZZ_SEED", "20261130"))
 FRAMES = int(os.environ.get("SHARDQ_FUZZ_FRAMES", "600"))

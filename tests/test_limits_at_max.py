@@ -331,7 +331,7 @@ def test_a_shard_at_queues_max_answers_stats_and_metrics_and_refuses_one_queue_m
     """Any queue name works (unless the config declares its queues), so the count of queues
     needs a limit: every queue costs memory, and a stats or metrics reply lists them all,
     so past a few hundred thousand such a reply would pass the frame limit."""
-    from shardq.shard import wire
+    from shardq.protocol import wire
     from shardq.shard.state import ShardState
     state = ShardState(0, config_from())
     now = 1_000_000.0

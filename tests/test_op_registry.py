@@ -121,7 +121,7 @@ def test_every_operation_written_reads_through_its_record(make_config):
 
 # ---------------------------------------------------------------------------- wire requests
 def test_wire_tables_are_derived_from_the_requests():
-    from shardq.shard import wire
+    from shardq.protocol import wire
     assert wire.OPS == frozenset(wire.REQUESTS)
     assert wire.ARITY == {name: len(r.args) for name, r in wire.REQUESTS.items()}
     assert wire.RETRY == {name: r.retry for name, r in wire.REQUESTS.items()}
@@ -134,7 +134,7 @@ def test_wire_tables_are_derived_from_the_requests():
 
 
 def test_every_wire_op_has_a_handler(tmp_path, make_config):
-    from shardq.shard import wire
+    from shardq.protocol import wire
     from shardq.shard.control_handlers import ControlHandlers, control_handlers
     from shardq.shard.durable import DurableShard
     from shardq.shard.process import ShardServer
@@ -158,7 +158,7 @@ def test_every_wire_op_has_a_handler(tmp_path, make_config):
 
 
 def test_reply_rows_are_arrays_in_their_record_order():
-    from shardq.shard import wire
+    from shardq.protocol import wire
     row = wire.LeaseRow(5, "k", b"body", 1, 9, 2.5, 3, True)
     assert msgpack.unpackb(wire.pack(row)) == [5, "k", b"body", 1, 9, 2.5, 3, True]
     assert wire.LeaseRow._fields[:6] == ("job_id", "key", "body", "attempt", "token", "deadline")

@@ -15,7 +15,7 @@ import threading
 import shardq
 from service import Service, wait_until
 from shardq.datadir import DataDir
-from shardq.shard.sockio import connect_unix
+from shardq.protocol.sockio import connect_unix
 
 FDS = 64
 FLOOD = 120  # well past FDS: the shard runs out while some are still connecting

@@ -17,7 +17,7 @@ import shardq
 from shardq import limits
 from shardq.client.connection import ConnectionLost, Future, ShardClient
 from shardq.datadir import DataDir
-from shardq.shard import sockio, wire
+from shardq.protocol import sockio, wire
 from shardq.types import Lease
 
 from service import short_tmpdir

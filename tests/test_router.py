@@ -26,7 +26,7 @@ from service import REPO, Service, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
-from shardq.shard.sockio import connect_unix
+from shardq.protocol.sockio import connect_unix
 
 
 A = "a"  # the key the garbage tests enqueue under; raw clients talk to its shard

@@ -573,7 +573,7 @@ def test_options_a_run_cannot_use_are_refused_before_it_starts(argv, said, capsy
 
 def test_dedup_ids_are_unique_per_job_and_as_long_as_allowed():
     from shardq import limits
-    from shardq.shard import validate
+    from shardq.protocol import validate
     from shardq.verify.history import dedup_id_for
     ids = {dedup_id_for(p, f"k{k:03d}", seq) for p in range(3) for k in range(20) for seq in (1, 2, 10, 100_000)}
     assert len(ids) == 3 * 20 * 4

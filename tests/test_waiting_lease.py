@@ -19,7 +19,7 @@ import shardq
 from service import Service, restarted, wait_until
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
-from shardq.shard.sockio import connect_unix
+from shardq.protocol.sockio import connect_unix
 
 KEYS = {}  # shard -> a key that lands there (2 shards)
 for i in range(100):

@@ -11,7 +11,7 @@ import pytest
 
 from shardq import limits
 from shardq.errors import ProtocolError
-from shardq.shard.wire import READ_BYTES, read_frames, split_frames
+from shardq.protocol.wire import READ_BYTES, read_frames, split_frames
 
 
 def _frame(payload: bytes) -> bytes:

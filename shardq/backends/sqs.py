@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidJob, JobGone, LeaseLost, ShardqError, ShardUnavailable, Unsupported
-from ..shard import validate
+from ..protocol import validate
 from ..types import DeadLetter, Lease
 from .sqs_buffer import HeadBuffer, Held
 from .sqs_client import Api, QueueInfo, chunks_by_size

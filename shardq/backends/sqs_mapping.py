@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 from .. import limits
 from ..errors import (AuthError, InvalidConfig, InvalidJob, LeaseLost, QueueFull, ShardqError,
                       ShardUnavailable, UnknownQueue)
-from ..shard import validate
+from ..protocol import validate
 
 BACKEND = "sqs"
 ATTR_KEY = "shardq.key"      # Binary: the key, UTF-8

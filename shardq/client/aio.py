@@ -33,7 +33,7 @@ from .. import limits
 from ..clock import SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardqError, ShardUnavailable
-from ..shard import validate
+from ..protocol import validate
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,

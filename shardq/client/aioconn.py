@@ -17,7 +17,7 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   cost the shard about one request per turn, like a batch. A merged enqueue that the shard
   refuses as a whole (all-or-nothing) is re-sent call by call, so one caller's bad queue
   never fails another's job.
-* **Retry policy** (:data:`shardq.shard.wire.RETRY`, applied by
+* **Retry policy** (:data:`shardq.protocol.wire.RETRY`, applied by
   :func:`~shardq.client.core.after_break`): after the connection breaks, a request
   never written is sent again on the new connection; one that was written is re-sent if its
   op allows (enqueue, ack, extend, reads) and fails with
@@ -48,8 +48,8 @@ import msgpack
 
 from .. import limits
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
-from ..shard import wire
-from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..protocol import wire
+from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from .core import after_break, encode_frames
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes

@@ -9,7 +9,7 @@ replies still due, or for replies nobody waits on in person (watches, callbacks)
 connection's reader thread reads. Futures are matched by request id. If the connection breaks,
 every pending future fails with :class:`ConnectionLost`, which says whether the request had
 been written (``sent``): the owner may re-send a request never written, and decides by the
-op's retry policy (:data:`shardq.shard.wire.RETRY`) for one that was; a request queued
+op's retry policy (:data:`shardq.protocol.wire.RETRY`) for one that was; a request queued
 with ``on=`` goes only on that connection, so a caller's later request cannot overtake
 an earlier one that must be re-sent (:meth:`Router._gather`). Each future is taken
 out of the pending table exactly once (by the reader, by the breaking of the connection, or
@@ -35,11 +35,11 @@ from multiprocessing.connection import Connection
 
 import msgpack
 
-from ..shard import wire as protocol
+from ..protocol import wire as protocol
 from .. import limits
 from ..conditions import CountedCondition
 from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
-from ..shard.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 from .core import encode_frames
 
@@ -108,7 +108,7 @@ class ShardClient:
         self.index = index
         self.address = address
         self.authkey = authkey
-        self.role = role  # what the handshake says this connection is (shard.sockio)
+        self.role = role  # what the handshake says this connection is (protocol.sockio)
         self._lock = threading.Lock()
         self._idle = CountedCondition(self._lock)  # signalled when a send finishes, if awaited
         self._sending: Connection | None = None

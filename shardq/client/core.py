@@ -4,7 +4,7 @@ and the asyncio :class:`~shardq.client.aio.AsyncQueue` are drivers over it: they
 bytes and wait; every rule below is written once, here (routing is in :mod:`.routing`).
 
 * **Retry table** (:func:`after_break`): a request whose connection broke is sent again if
-  it was never written, or if its op may be re-sent (:data:`shardq.shard.wire.RETRY`);
+  it was never written, or if its op may be re-sent (:data:`shardq.protocol.wire.RETRY`);
   otherwise :class:`~shardq.errors.OutcomeUnknown`. Past its retry deadline:
   :class:`~shardq.errors.ShardUnavailable`.
 * **Frames** (:func:`encode_frames`): the requests queued on one connection leave in one
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from .. import limits
 from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnavailable
-from ..shard import validate, wire
+from ..protocol import validate, wire
 from ..types import Lease
 from .priority import merge, plan
 from .routing import leases_of, shard_of_job

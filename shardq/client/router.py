@@ -12,7 +12,7 @@ and the asyncio client; this module moves the requests and waits, with threads.
   the shard recognises the session entry and answers with the ids of the first execution,
   so a retry never creates a duplicate. A shard that does not come back within
   ``retry_s`` gives :class:`~shardq.errors.ShardUnavailable`, never a silent loss.
-* Each op has an explicit retry policy (:data:`shardq.shard.wire.RETRY`): a request never
+* Each op has an explicit retry policy (:data:`shardq.protocol.wire.RETRY`): a request never
   written is always sent again; one that was written is re-sent only if that is safe
   (enqueue, ack, extend, reads, pause, resume, cancel, ``purge_dead_letters`` of chosen
   ids, withdrawing a wait). ``dequeue``, ``nack``, ``bury``, ``redrive`` and
@@ -36,12 +36,12 @@ import threading
 import time
 from collections.abc import Iterable
 
-from .. import supervisor_status
+from ..protocol import status_file
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
 from ..errors import Closed, InvalidJob, ShardUnavailable
-from ..shard import validate
+from ..protocol import validate
 from ..types import DeadLetter, DeadLetterPage, Lease
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
                    ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes,
@@ -61,7 +61,7 @@ class Router:
     def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
                  busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor=None, _role: str = "client"):
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
-        # connections a shard holds apart from its clients' limit (shard/sockio.py)
+        # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
         dd = DataDir(data_dir)
         self.data_dir = dd.path
@@ -109,7 +109,7 @@ class Router:
                    retry_s: float | None = None) -> list:
         """Send requests to their shards (pipelined) and wait for all. A request whose
         connection broke is sent again, for up to ``retry_s`` (default: the router's), if it
-        was never written or its op may be re-sent (:data:`~shardq.shard.wire.RETRY`);
+        was never written or its op may be re-sent (:data:`~shardq.protocol.wire.RETRY`);
         otherwise its outcome is unknown and :class:`OutcomeUnknown` is raised. Returns
         ``(value, was_resent)`` per call, in order; the first error is raised."""
         out = []
@@ -547,7 +547,7 @@ class Router:
         ``{"shard": i, "available": False, "error": ...}`` instead of failing the call.
         Each shard also carries its supervisor's view (``status``, ``restarts``,
         ``last_exit``; for one not ready, ``reason`` and ``restart_in_s``), from the embedded
-        supervisor or from the one of ``shardq serve`` (:mod:`shardq.supervisor_status`)."""
+        supervisor or from the one of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
         shards = []
         for s in range(self.shards):
             try:
@@ -561,7 +561,7 @@ class Router:
             for sh in shards:
                 sh.update(self._supervisor.process_stats(sh["shard"]))
         else:
-            supervisor_status.add_to(shards, DataDir(self.data_dir).run_dir)
+            status_file.add_to(shards, DataDir(self.data_dir).run_dir)
         return {"shards": shards, "queues": queues}
 
     # ------------------------------------------------------------------ control (this backend)

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import InvalidJob, NotFound
-from ..shard import validate
+from ..protocol import validate
 from ..types import DeadLetter, Lease
 
 _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"})

@@ -26,7 +26,7 @@ from typing import Any
 from .. import limits, pgconn
 from ..config import check_queue_name
 from ..errors import InvalidConfig, InvalidJob, Unsupported
-from ..shard import validate
+from ..protocol import validate
 from .schema import TABLE_DEFAULT
 
 

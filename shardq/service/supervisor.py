@@ -28,7 +28,7 @@
 * Why a shard is down (its last exit, "disk full", "corrupt log ... at offset N", "hung",
   "restarting in N s") is logged at WARNING or ERROR, kept per shard
   (:meth:`process_stats`) and published in ``run/supervisor.json`` for ``shardq stats`` in
-  other processes (:mod:`shardq.supervisor_status`).
+  other processes (:mod:`shardq.protocol.status_file`).
 * :meth:`start` returns once every shard is ready, failed, or failing repeatedly; the
   others serve meanwhile. It raises only if no shard could start, or if something it
   starts fails (a shard cannot be spawned, the schedules are refused); whatever it
@@ -57,7 +57,7 @@ from multiprocessing.connection import wait as wait_ready
 from ..config import Config, load as load_config
 from ..datadir import DataDir
 from ..errors import ShardUnavailable
-from ..supervisor_status import StatusBoard
+from .status import StatusBoard
 from .lines import LineSplitter
 
 log = logging.getLogger("shardq.supervisor")

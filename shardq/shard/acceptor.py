@@ -27,7 +27,7 @@ from multiprocessing.connection import AuthenticationError, Connection, answer_c
 
 from ..clock import Clock, SystemClock
 from .conn import FrameConn
-from .sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MAX, role_of, socket_timeouts
+from ..protocol.sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MAX, role_of, socket_timeouts
 
 log = logging.getLogger("shardq.shard")
 

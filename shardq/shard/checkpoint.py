@@ -13,7 +13,8 @@ import msgpack
 
 from .. import limits
 from ..errors import check
-from . import ops, validate
+from . import ops
+from ..protocol import validate
 from .core import Job, StateCore
 from .jobstate import L, R, X
 

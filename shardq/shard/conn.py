@@ -6,7 +6,7 @@ signed length (or -1 and an 8-byte length for frames of 2 GiB and more), then th
 The shard parses that framing itself from non-blocking reads, so a client that stalls in
 the middle of a frame only leaves bytes in its own buffer instead of stalling the loop, and
 an announced length over the limit is refused before anything is allocated for it. Nothing
-is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.shard.wire`.
+is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.protocol.wire`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import socket
 import struct
 from collections import deque
 
-from .wire import read_frames
+from ..protocol.wire import read_frames
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
@@ -49,7 +49,7 @@ class FrameConn:
         """Every complete frame now readable, after one read of at most ``len(scratch)``
         bytes into ``scratch`` (the loop's buffer, shared by its connections: reads happen
         on the loop thread only). A frame may be a view of ``scratch``: decode it before the
-        next read (:func:`~shardq.shard.wire.read_frames`). EOFError when the peer closed;
+        next read (:func:`~shardq.protocol.wire.read_frames`). EOFError when the peer closed;
         ProtocolError for a frame over the size limit."""
         try:
             return read_frames(self.fd, self.buf, scratch)

@@ -34,7 +34,8 @@ from itertools import islice
 from .. import limits
 from ..errors import InvalidJob, NotFound, check
 from ..types import DeadLetter
-from . import ops, validate
+from . import ops
+from ..protocol import validate
 from .core import CANCELLED, COUNTERS, StateCore
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
 

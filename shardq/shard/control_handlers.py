@@ -6,7 +6,7 @@ fsynced before the reply leaves."""
 from __future__ import annotations
 
 from ..errors import InvalidJob
-from . import wire
+from ..protocol import wire
 
 
 class ControlHandlers:

@@ -11,7 +11,8 @@ import heapq
 from .. import limits
 from ..errors import Cancelled, JobGone, LeaseLost, NotFound, check
 from ..types import DeadLetter, Lease
-from . import ops, validate
+from . import ops
+from ..protocol import validate
 from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, Job, StateCore
 from .jobstate import G, L, R, X
 

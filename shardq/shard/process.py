@@ -47,7 +47,7 @@ from ..config import parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
-from . import wire as protocol
+from ..protocol import wire as protocol
 from .committer import Committer
 from .control_handlers import ControlHandlers
 from .conn import FrameConn

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from .. import limits
 from ..errors import InvalidJob, QueueFull, UnknownQueue, check
-from . import ops, validate
+from . import ops
+from ..protocol import validate
 from .core import ENQUEUED, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
 

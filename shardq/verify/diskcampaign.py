@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from .. import supervisor_status
+from ..protocol import status_file
 from ..datadir import DataDir
 from ..errors import NotFound, ShardqError
 from ..service.supervisor import START_TIMEOUT_S, child_env
@@ -178,7 +178,7 @@ class Campaign:
         while True:
             if proc.poll() is not None:
                 return proc
-            status = supervisor_status.read(run_dir)
+            status = status_file.read(run_dir)
             rows = status.get("shards", []) if status else []
             # A shard in a crash loop has settled too: its verdict says why it is down.
             if len(rows) == self.a.shards and all(r.get("status") in ("ready", "failed") or r.get("restarts", 0) >= 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...client.routing import job_id_from_text
 from ...errors import InvalidJob
-from ...shard import validate
+from ...protocol import validate
 from ...shard.control import COUNTERS
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")

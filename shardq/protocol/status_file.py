@@ -1,4 +1,5 @@
-"""The supervisor's view of its shards, published for clients in other processes.
+"""The supervisor's view of its shards, as clients in other processes read it (the writer is
+:class:`shardq.service.status.StatusBoard`).
 
 ``<data>/run/supervisor.json`` holds, while ``shardq serve`` runs, each shard's status
 (``starting``, ``ready``, ``restarting``, ``failed``), why it is not ready (``reason``, and
@@ -17,59 +18,22 @@ from __future__ import annotations
 import json
 import os
 
-from .clock import SystemClock
+from ..clock import SystemClock
 
 FILE = "supervisor.json"
 BYTES_PER_SHARD = 1024
 REASON_CHARS_MAX = 600  # a reason is cut to this, so every shard fits in BYTES_PER_SHARD
 
 
-def _path(run_dir: str) -> str:
+def path(run_dir: str) -> str:
     return os.path.join(run_dir, FILE)
-
-
-class StatusBoard:
-    """The supervisor's end: ``publish(shards)`` after every change of a shard's status."""
-
-    def __init__(self, run_dir: str, shards: int, pid: int | None = None):
-        self.path = _path(run_dir)
-        self.pid = pid or os.getpid()
-        self.size = 1024 + shards * BYTES_PER_SHARD
-        self.clock = SystemClock()
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.posix_fallocate(self.fd, 0, self.size)
-        except OSError:
-            pass  # no room even for this: publish() writes what it can
-        self.failed_once = False
-
-    def publish(self, shards: list[dict]) -> bool:
-        """Overwrite the file with ``shards`` (one dict per shard). False if it could not be
-        written (the caller logs that once); never raises."""
-        rows = [dict(sh, reason=(sh.get("reason") or "")[:REASON_CHARS_MAX] or None) for sh in shards]
-        data = json.dumps({"pid": self.pid, "time": self.clock.now(), "shards": rows}).encode()
-        self.size = max(self.size, len(data))  # a longer write once: pad every later one to it
-        try:
-            os.pwrite(self.fd, data.ljust(self.size), 0)
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
 
 def read(run_dir: str) -> dict | None:
     """What a running supervisor last published, or None (none running, or none published)."""
     for _ in range(5):
         try:
-            with open(_path(run_dir), "rb") as f:
+            with open(path(run_dir), "rb") as f:
                 data = f.read()
         except OSError:
             return None
