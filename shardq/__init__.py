@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .client.router import Router
     from .config import Config, QueueConfig
     from .consumer.postgres import PostgresStore
-    from .consumer.tasks import App, Exponential, Task
+    from .tasks.app import App, Exponential, Task
     from .consumer.worker import Worker
 
 # Imported on first use (PEP 562), so that a process that needs one part does not load the
@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 # name -> (module, attribute; None: the module itself)
 _LAZY = {
     "Config": (".config", "Config"), "QueueConfig": (".config", "QueueConfig"),
-    "App": (".consumer.tasks", "App"), "Exponential": (".consumer.tasks", "Exponential"),
-    "Task": (".consumer.tasks", "Task"),
+    "App": (".tasks.app", "App"), "Exponential": (".tasks.app", "Exponential"),
+    "Task": (".tasks.app", "Task"),
     "Queue": (".client.queue", "Queue"), "Router": (".client.router", "Router"),
     "Worker": (".consumer.worker", "Worker"), "PostgresStore": (".consumer.postgres", "PostgresStore"),
     "aio": (".client.aio", None),  # `await shardq.aio.connect(...)`

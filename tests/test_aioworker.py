@@ -10,7 +10,7 @@ import pytest
 
 import shardq
 from shardq.consumer.aioworker import AsyncWorker
-from shardq.consumer.dispatch import TaskHandler
+from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import SqliteStore
 
 from service import Service, wait_until

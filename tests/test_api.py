@@ -47,10 +47,10 @@ def test_a_shard_process_and_a_bare_import_load_only_what_they_use():
     loaded = {m: set(json.loads(subprocess.run([sys.executable, "-c", probe.format(m=m)], check=True,
                                                capture_output=True, text=True).stdout))
               for m in ("shardq", "shardq.shard.process")}
-    assert not loaded["shardq"] & {"shardq.config", "shardq.client.router", "shardq.consumer.tasks",
+    assert not loaded["shardq"] & {"shardq.config", "shardq.client.router", "shardq.tasks.app",
                                    "shardq.consumer.worker", "shardq.client.aio", "asyncio"}, loaded["shardq"]
     shard = loaded["shardq.shard.process"]
     assert "shardq.shard.state" in shard and "shardq.wal.log" in shard  # the probe sees imports
-    assert not shard & {"shardq.client.router", "shardq.client.connection", "shardq.consumer.tasks",
+    assert not shard & {"shardq.client.router", "shardq.client.connection", "shardq.tasks.app",
                         "asyncio"}, shard
     assert set(shardq.__all__) <= set(dir(shardq))  # completion and help() list the lazy names too

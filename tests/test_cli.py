@@ -257,7 +257,7 @@ def test_dead_letters_list_without_a_queue_lists_every_queue(svc):
 
 
 def test_bodies_print_decoded_task_text_or_base64_and_raw_on_request(svc):
-    from shardq.consumer import taskbody
+    from shardq.tasks import body as taskbody
     task = taskbody.encode("myapp.tasks.send_welcome", [42, b"\x00\xff"], {"template": "short"})
     binary = b"\x00\xff\xfe binary"
     with svc.connect() as q:

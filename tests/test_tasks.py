@@ -15,8 +15,8 @@ import pytest
 
 import shardq
 from shardq import limits
-from shardq.consumer.dispatch import TaskHandler
-from shardq.consumer.taskworker import check_retries, plan
+from shardq.tasks.dispatch import TaskHandler
+from shardq.tasks.runner import check_retries, plan
 
 from service import REPO
 

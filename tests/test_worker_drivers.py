@@ -25,9 +25,9 @@ import shardq
 from fakes import ACKED, DEAD, LEASED, READY, FakeQueue
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
-from shardq.consumer.dispatch import TaskHandler
+from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
-from shardq.consumer.taskbody import encode
+from shardq.tasks.body import encode
 from shardq.consumer.worker import Worker
 
 VISIBILITY_S = 30.0

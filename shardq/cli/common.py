@@ -65,7 +65,7 @@ def body_fields(body: bytes, raw: bool = False, limit_bytes: int | None = None) 
     ``limit_bytes`` shows only the first that many bytes of a text or base64 body (never
     cutting a character); a task body is shown whole, since a part cannot be decoded."""
     if not raw:
-        from ..consumer import taskbody
+        from ..tasks import body as taskbody
         task = taskbody.describe(body)
         if task is not None:
             return {"task": task}

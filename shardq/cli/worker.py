@@ -3,7 +3,7 @@ against a running service.
 
 ``shardq worker myapp.tasks [more.modules ...]`` (modules, no colon): run every task of
 the modules, one worker per queue of their tasks (``--queue`` to pick some), routing each
-job by its task name (:mod:`shardq.consumer.taskworker`)."""
+job by its task name (:mod:`shardq.tasks.runner`)."""
 from __future__ import annotations
 
 import argparse
@@ -75,7 +75,7 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
     tasks = None
     try:
         if task_mode:
-            from ..consumer.dispatch import load_tasks
+            from ..tasks.dispatch import load_tasks
             tasks = load_tasks(args.handler)  # import errors are usage errors, before connecting
         else:
             handler = load_handler(args.handler[0])
@@ -96,7 +96,7 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
             log.warning("%s", warning)
         metrics = _serve_metrics(args)
         if task_mode:
-            from ..consumer.taskworker import Options, TaskWorkers
+            from ..tasks.runner import Options, TaskWorkers
             TaskWorkers(args.handler, router, target, args.queue,
                         Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
                                 grace_s=args.grace, log_every=args.log_every, metrics=metrics),
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = Non
 
 def _task_name(lease) -> str:
     """The task a job calls (the metrics label of ``shardq worker MODULE``)."""
-    from ..consumer import taskbody
+    from ..tasks import body as taskbody
     try:
         return taskbody.decode(lease.body)[0]
     except taskbody.BadBody:

@@ -37,7 +37,7 @@ from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
-from .dispatch import TaskHandler
+from ..tasks.dispatch import TaskHandler
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Result, execute
 from .idempotency import IdempotencyStore
 from .policy import ACK, NACK, NOTHING, Outbox, Policy, Settle, UnavailableBackoff

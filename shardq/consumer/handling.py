@@ -139,7 +139,7 @@ def failure_result(exc: BaseException, lease: Lease, ctx: Context | None, *,
     text (plus the last progress note, if the handler left one).
 
     Logged once per attempt, on logger ``shardq.worker``. A Retry or Fail that wraps an
-    error (a task that raised: :class:`~shardq.consumer.dispatch.TaskHandler` turns the
+    error (a task that raised: :class:`~shardq.tasks.dispatch.TaskHandler` turns the
     exception into one ``from`` it) logs that error's traceback, at WARNING when the job
     will run again and at ERROR when this was its last attempt (Fail, or a retry on the
     queue's ``max_deliveries``-th delivery); the traceback's innermost frames also go into

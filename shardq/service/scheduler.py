@@ -38,7 +38,7 @@ def collect_schedules(config) -> list[Schedule]:
     out = [from_config(name, sc) for name, sc in config.schedules.items()]
     modules = list(config.service.schedule_modules)
     if modules:
-        from ..consumer.dispatch import load_apps
+        from ..tasks.dispatch import load_apps
         from ..errors import InvalidConfig
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())

@@ -119,7 +119,7 @@ def plan(schedule: Schedule, last: float | None, now: float, started_at: float) 
 def from_config(name: str, sc) -> Schedule:
     """The schedule of a ``[schedules.<name>]`` table (a :class:`~shardq.config.ScheduleConfig`):
     ``task`` becomes a task body with no arguments, ``body`` its UTF-8 bytes."""
-    from ..consumer.taskbody import encode
+    from ..tasks.body import encode
     body = encode(sc.task, (), {}) if sc.task is not None else sc.body.encode("utf-8")
     return Schedule.create(name, queue=sc.queue, body=body, key=sc.key, cron=sc.cron,
                            every_s=sc.every_s, timezone=sc.timezone, catch_up=sc.catch_up,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks
-from .tasks import Task
+from .app import Task
 from ..stopping import install_stop_signals
 
 log = logging.getLogger("shardq.worker")
@@ -90,14 +90,14 @@ class TaskWorkers:
         self.workers: list[Any] = []
 
     def build(self) -> None:
-        from .worker import Worker
+        from ..consumer.worker import Worker
         for warning in check_retries(self.tasks, getattr(self.router, "queue_config", lambda q: {})):
             log.warning("%s", warning)
         o = self.options
         handler = TaskHandler(self.tasks, self.modules)
         for queue, mode in sorted(self.plan.items()):
             if mode == "async":
-                from .aioworker import AsyncWorker
+                from ..consumer.aioworker import AsyncWorker
                 w: Any = AsyncWorker(self.target, handler, queue=queue, concurrency=o.concurrency,
                                      idempotency=self.store, grace_s=o.grace_s, log_every=o.log_every,
                                      **o.worker_extra)

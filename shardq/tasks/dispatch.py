@@ -15,9 +15,9 @@ import random
 from typing import Any
 
 from ..errors import Fail, Retry
-from .handling import Context, error_text
-from .taskbody import BadBody, decode
-from .tasks import App, Task
+from ..consumer.handling import Context, error_text
+from .body import BadBody, decode
+from .app import App, Task
 
 KNOWN_NAMES_SHOWN = 20  # an unknown-task error lists at most this many known names
 
@@ -76,7 +76,7 @@ class TaskHandler:
         task, args, kwargs = self.resolve(ctx)
         try:
             if task.is_async:  # an async task on a thread worker: its own loop, in this thread
-                from .aiotxn import InlineDb
+                from ..consumer.aiotxn import InlineDb
                 if ctx.db is not None:
                     ctx.db = InlineDb(ctx.db)
                 return asyncio.run(task.fn(ctx, *args, **kwargs))

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable
 from .. import limits
 from ..errors import InvalidConfig, InvalidJob
 from ..types import JobId
-from . import taskbody
+from . import body as taskbody
 
 if TYPE_CHECKING:
     from ..client.queue import Queue
@@ -262,7 +262,7 @@ class App:
         ``queue`` (default: every queue of the app's tasks, one after the other) until
         it finds no more work. Returns the last worker's stats."""
         from .dispatch import TaskHandler
-        from .worker import Worker
+        from ..consumer.worker import Worker
         handler = TaskHandler(self.tasks)
         queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
         stats = None
