@@ -44,6 +44,7 @@ so a typo never silently falls back to a default. Times are in seconds.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from typing import Any
 from . import limits
 from .busypoll import BUSY_POLL_US_DEFAULT, BUSY_POLL_US_MAX
 from .errors import InvalidConfig
+from .schedules import from_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class LimitsConfig:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleConfig:
-    """One ``[schedules.<name>]`` table, checked (see :mod:`shardq.service.schedules`)."""
+    """One ``[schedules.<name>]`` table, checked (see :mod:`shardq.schedules`)."""
 
     cron: str | None = None
     every_s: float | None = None
@@ -268,8 +270,9 @@ def _schedule(name: Any, raw: Any) -> ScheduleConfig:
     if (sc.task is None) == (sc.body is None):
         raise InvalidConfig(f"{where}: give exactly one of task and body")
     check_queue_name(sc.queue, InvalidConfig)
-    from .service.schedules import from_config
-    from_config(name, sc)  # the cron expression, time zone and name are checked here
+    # the cron expression, time zone and name are checked here; the body is the scheduler's to
+    # encode (shardq.tasks.body, a layer above), so any non-empty stand-in checks the rest
+    from_config(name, sc, task_body=str.encode)
     return sc
 
 
@@ -316,6 +319,19 @@ def _listen(path: str, value: Any) -> str:
     return value
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, ``[::1]`` too) is this machine's loopback."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def split_listen(value: str, path: str = "http.listen") -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
@@ -339,7 +355,6 @@ def _check_http(http: HttpConfig) -> None:
     if http.token:
         raise InvalidConfig("http.auth = \"none\" contradicts http.token: remove one of them")
     if http.listen:
-        from .service.http_auth import is_loopback  # no cycle: http_auth imports only the stdlib
         host, _ = split_listen(http.listen)
         if not is_loopback(host):
             raise InvalidConfig(f"http.auth = \"none\" is allowed on a loopback listen address only, "

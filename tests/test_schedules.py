@@ -17,7 +17,7 @@ from shardq import limits
 from shardq.clock import FakeClock
 from shardq.errors import InvalidConfig, QueueFull
 from shardq.service.scheduler import Scheduler, load_state, state_path
-from shardq.service.schedules import NAME_BYTES_MAX, Schedule, iso, plan
+from shardq.schedules import NAME_BYTES_MAX, Schedule, iso, plan
 from shardq.service.supervisor import Supervisor
 
 from service import REPO, Service, short_tmpdir, wait_until

@@ -18,7 +18,7 @@ def register(sub, parent) -> None:
 def run(args) -> int:
     from ..clock import SystemClock
     from ..service.scheduler import collect_schedules, load_state, state_path
-    from ..service.schedules import iso, local_iso
+    from ..schedules import iso, local_iso
     cfg = common.load_config(args.config)
     schedules = collect_schedules(cfg)
     last = load_state(state_path(args.data_dir or cfg.service.data_dir))

@@ -29,7 +29,7 @@ import logging
 import os
 import random
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from .. import limits
 from ..client import aio
@@ -37,7 +37,6 @@ from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
-from ..tasks.dispatch import TaskHandler
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Result, execute
 from .idempotency import IdempotencyStore
 from .policy import ACK, NACK, NOTHING, Outbox, Policy, Settle, UnavailableBackoff
@@ -47,6 +46,24 @@ log = logging.getLogger("shardq.worker")
 
 HEARTBEAT_TICK_S = 0.1  # how often leases are checked for a heartbeat
 
+
+
+class AsyncTask(Protocol):
+    is_async: bool
+
+
+class AsyncHandler(Protocol):
+    """What this worker runs jobs with (:class:`shardq.tasks.dispatch.TaskHandler`, a layer
+    above, is the one): a plain handler that a thread calls for sync tasks, and the async path
+    on the loop for async ones."""
+
+    def __call__(self, ctx: Context) -> Any: ...
+
+    def task_of(self, body: bytes) -> AsyncTask | None: ...
+
+    def resolve(self, ctx: Any) -> tuple[Any, list, dict]: ...
+
+    async def run_async(self, task: Any, ctx: Any, args: list, kwargs: dict) -> Any: ...
 
 class AsyncContext(Context):
     """``ctx`` of an async task: as :class:`Context`, with ``await ctx.extend(seconds)``
@@ -79,7 +96,7 @@ class AsyncWorker:
     connects, and closes its client at the end) or an open asyncio queue client (the
     caller's: used, not closed)."""
 
-    def __init__(self, target, handler: TaskHandler, queue: str = "default", concurrency: int = 50,
+    def __init__(self, target, handler: AsyncHandler, queue: str = "default", concurrency: int = 50,
                  idempotency: IdempotencyStore | None = None, grace_s: float = 30.0,
                  log_every: int = 1000, heartbeat_fraction: float = 0.5, idle_wait_s: float = 1.0,
                  backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,

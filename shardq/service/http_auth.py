@@ -24,23 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import os
 from http.cookies import CookieError, SimpleCookie
 
+from ..config import is_loopback
+
 COOKIE = "shardq_session"
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _host_of(host_header: str) -> str:
     """The host part of a ``Host`` or ``Origin`` authority (``[::1]:80`` -> ``::1``)."""
     if host_header.startswith("["):

@@ -43,12 +43,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from .. import limits
 from ..client.router import Router
-from ..config import HTTP_TOKEN_CHARS_MIN, HttpConfig, split_listen
+from ..config import HTTP_TOKEN_CHARS_MIN, HttpConfig, is_loopback, split_listen
 from ..datadir import DataDir
 from ..errors import (InvalidConfig, InvalidJob, LeaseLost, NotFound, ShardqError, ShardUnavailable,
                       Unsupported)
 from .console.api import ConsoleApi
-from .http_auth import Auth, is_loopback
+from .http_auth import Auth
 from .http_listener import Listener, Request
 from .http_metrics import ShardqCollector
 

@@ -21,7 +21,8 @@ import threading
 
 from ..clock import Clock, SystemClock
 from ..errors import ShardqError
-from .schedules import Schedule, iso, plan
+from ..schedules import Schedule, from_config, iso, plan
+from ..tasks.body import encode
 
 log = logging.getLogger("shardq.scheduler")
 
@@ -34,8 +35,8 @@ def collect_schedules(config) -> list[Schedule]:
     """The config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
     ``service.schedule_modules`` (imported with the current directory on sys.path)."""
     import sys
-    from .schedules import from_config
-    out = [from_config(name, sc) for name, sc in config.schedules.items()]
+    out = [from_config(name, sc, task_body=lambda task: encode(task, (), {}))
+           for name, sc in config.schedules.items()]
     modules = list(config.service.schedule_modules)
     if modules:
         from ..tasks.dispatch import load_apps

@@ -163,7 +163,7 @@ class App:
         self._aio: dict[Any, Any] = {}  # event loop -> its asyncio client
         self._owned_dir: str | None = None
         self.tasks: dict[str, Task] = {}
-        self.schedules: list = []  # shardq.service.schedules.Schedule, from @periodic
+        self.schedules: list = []  # shardq.schedules.Schedule, from @periodic
 
     @classmethod
     def embedded(cls, data_dir: str | None = None, shards: int = 1, config=None) -> App:
@@ -241,7 +241,7 @@ class App:
         ``timezone``) or every ``every_s`` seconds. ``shardq serve`` fires the ticks of the
         modules listed in its config's ``service.schedule_modules`` (see docs/tasks.md).
         Stack it on ``@app.task(...)`` to choose the queue, key and retries."""
-        from ..service.schedules import Schedule
+        from ..schedules import Schedule
 
         def decorate(fn) -> Task:
             t = fn if isinstance(fn, Task) else self.task(queue=queue, key=key)(fn)

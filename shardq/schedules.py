@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from .. import limits
-from ..errors import InvalidConfig
+from . import limits
+from .errors import InvalidConfig
 
 EVERY_S_MIN = 1.0
 EVERY_S_MAX = 366 * 86400.0
@@ -116,11 +117,11 @@ def plan(schedule: Schedule, last: float | None, now: float, started_at: float) 
     return None, latest  # missed while down, catch_up = false: skipped
 
 
-def from_config(name: str, sc) -> Schedule:
+def from_config(name: str, sc, task_body: Callable[[str], bytes]) -> Schedule:
     """The schedule of a ``[schedules.<name>]`` table (a :class:`~shardq.config.ScheduleConfig`):
-    ``task`` becomes a task body with no arguments, ``body`` its UTF-8 bytes."""
-    from ..tasks.body import encode
-    body = encode(sc.task, (), {}) if sc.task is not None else sc.body.encode("utf-8")
+    ``task`` becomes ``task_body(task)`` (the scheduler passes the task body of a call with no
+    arguments, :func:`shardq.tasks.body.encode`), ``body`` its UTF-8 bytes."""
+    body = task_body(sc.task) if sc.task is not None else sc.body.encode("utf-8")
     return Schedule.create(name, queue=sc.queue, body=body, key=sc.key, cron=sc.cron,
                            every_s=sc.every_s, timezone=sc.timezone, catch_up=sc.catch_up,
                            task=sc.task, where=f"schedules.{name}")
