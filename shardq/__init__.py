@@ -1,27 +1,28 @@
 """shardq: a durable, sharded, lease-based job queue.
 
-Layout (imports point down this list, never up):
+Layout (imports point down this list, never up; docs/design.md "Layers" is the map, and
+tests/test_layers.py holds the code to it):
 
-* ``cli/`` -- the ``shardq`` command;
-* ``service/`` -- the supervisor that runs the shard processes, the scheduler of periodic
-  jobs, and the HTTP listener of ``shardq serve`` (Prometheus metrics, the web console in
-  ``service/console/``);
-* ``consumer/`` -- tasks (``App``), the worker runners, running one job, idempotency stores
-  (SQLite, PostgreSQL);
+* ``cli/`` -- the ``shardq`` command; ``verify/`` -- the chaos run and history checker (a
+  tool, imported by nothing at runtime);
+* ``service/`` -- the supervisor that runs the shard processes (and publishes their status),
+  the scheduler of periodic jobs, and the HTTP listener of ``shardq serve`` (Prometheus
+  metrics, the web console in ``service/console/``);
+* ``tasks/`` -- ``App``, ``@app.task``, the task body, running task jobs by name;
 * ``outbox/`` -- transactional enqueue (``shardq.outbox.enqueue(conn, ...)``): the outbox
   table in your PostgreSQL and its relay;
+* ``consumer/`` -- the worker runners (thread, process, asyncio) and their one policy,
+  running one job, idempotency stores (SQLite, PostgreSQL);
 * ``backends/`` -- other engines behind the same ``Queue`` protocol (``sqs``: Amazon SQS FIFO);
-* ``client/`` -- the ``Queue`` protocol, the router apps embed (``router``), its connection to
-  a shard, and the asyncio client (``aio``);
-* ``shard/`` -- the pure state machine (``state``), its pairing with the log (``durable``),
-  the shard process (``process``) and the wire it speaks (``wire``);
+* ``client/`` -- the ``Queue`` protocol, the client core, the router apps embed (``router``)
+  and the asyncio client (``aio``); beside it ``shard/`` -- the pure state machine
+  (``state``), its pairing with the log (``durable``) and the shard process (``process``);
+* ``protocol/`` -- what both sides agree on: the wire, the handshake, job checks, the
+  supervisor's status file;
 * ``wal/`` -- the write-ahead log;
-* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``pgconn``,
-  ``supervisor_status`` -- the ground floor (``pgconn``: connecting to your PostgreSQL,
-  psycopg imported on first use; ``supervisor_status``: why a shard is down, as the
-  supervisor publishes it for ``stats`` in other processes).
-
-``verify/`` is the chaos run and history checker: a tool, imported by nothing at runtime.
+* ``errors``, ``types``, ``limits``, ``clock``, ``config``, ``datadir``, ``schedules``,
+  ``pgconn``, ... -- the ground floor (``pgconn``: connecting to your PostgreSQL, psycopg
+  imported on first use; ``schedules``: when periodic jobs tick, pure).
 
 Public API (run as a doctest by tests/test_docs.py, from the repo root with ``shardq serve``
 running on the default config)::
