@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..clock import SystemClock
 
@@ -29,7 +30,7 @@ def path(run_dir: str) -> str:
     return os.path.join(run_dir, FILE)
 
 
-def read(run_dir: str) -> dict | None:
+def read(run_dir: str) -> dict[str, Any] | None:
     """What a running supervisor last published, or None (none running, or none published)."""
     for _ in range(5):
         try:
@@ -41,13 +42,13 @@ def read(run_dir: str) -> dict | None:
             status = json.loads(data)
         except ValueError:
             continue  # read while it was being overwritten
-        if not _alive(status.get("pid")):
+        if type(status) is not dict or not _alive(status.get("pid")):
             return None
         return status
     return None
 
 
-def add_to(shards: list[dict], run_dir: str) -> None:
+def add_to(shards: list[dict[str, Any]], run_dir: str) -> None:
     """Add to each of ``stats()``'s shard dicts what the running supervisor published about
     it (``restart_at`` becomes ``restart_in_s``); nothing if no supervisor runs."""
     published = read(run_dir)
@@ -64,7 +65,7 @@ def add_to(shards: list[dict], run_dir: str) -> None:
         sh.update(row)
 
 
-def _alive(pid) -> bool:
+def _alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:

@@ -7,25 +7,28 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
+from typing import Any
 
 from .. import limits
 from ..errors import InvalidJob
 
 
-def body(value, max_bytes: int) -> bytes:
-    if type(value) is not bytes:
-        if isinstance(value, (bytearray, memoryview)):
-            value = bytes(value)
-        else:
-            raise InvalidJob(f"body must be bytes, got {type(value).__name__}")
-    if not value:
+def body(value: object, max_bytes: int) -> bytes:
+    if type(value) is bytes:
+        data = value
+    elif isinstance(value, (bytearray, memoryview)):
+        data = bytes(value)
+    else:
+        raise InvalidJob(f"body must be bytes, got {type(value).__name__}")
+    if not data:
         raise InvalidJob("body must not be empty")
-    if len(value) > max_bytes:
-        raise InvalidJob(f"body is {len(value)} bytes, over the queue's limit of {max_bytes}")
-    return value
+    if len(data) > max_bytes:
+        raise InvalidJob(f"body is {len(data)} bytes, over the queue's limit of {max_bytes}")
+    return data
 
 
-def key(value) -> str | None:
+def key(value: object) -> str | None:
     if value is None:
         return None
     if type(value) is not str:
@@ -37,7 +40,7 @@ def key(value) -> str | None:
     return value
 
 
-def seconds(name: str, value, *, hi: float, lo: float = 0.0, positive: bool = False) -> float:
+def seconds(name: str, value: object, *, hi: float, lo: float = 0.0, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidJob(f"{name} must be a number of seconds, got {value!r}")
     if math.isnan(value) or value < lo or value > hi or (positive and value <= 0):
@@ -46,7 +49,7 @@ def seconds(name: str, value, *, hi: float, lo: float = 0.0, positive: bool = Fa
     return float(value)
 
 
-def priority(value) -> int:
+def priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJob(f"priority must be an integer, got {value!r}")
     if not limits.PRIORITY_MIN <= value <= limits.PRIORITY_MAX:
@@ -54,7 +57,7 @@ def priority(value) -> int:
     return value
 
 
-def dedup_id(value) -> str | bytes | None:
+def dedup_id(value: object) -> str | bytes | None:
     if value is None:
         return None
     if not isinstance(value, (str, bytes)) or not value:
@@ -72,19 +75,19 @@ def _utf8(name: str, value: str) -> bytes:
         raise InvalidJob(f"{name} is not valid text (it holds a lone surrogate)") from None
 
 
-def count(name: str, value, hi: int) -> int:
+def count(name: str, value: object, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
         raise InvalidJob(f"{name} must be an integer in [1, {hi}], got {value!r}")
     return value
 
 
-def integer(name: str, value) -> int:
+def integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**63:
         raise InvalidJob(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
 
-def error_text(value) -> str | None:
+def error_text(value: object) -> str | None:
     """The error, cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes (a whole character at most
     is dropped at the cut)."""
     if value is None:
@@ -99,7 +102,8 @@ def error_text(value) -> str | None:
     return raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
 
 
-def job_bytes(body: bytes, key: str | None, queue: str, dedup_id=None, error: str | None = None) -> int:
+def job_bytes(body: bytes, key: str | None, queue: str, dedup_id: str | bytes | None = None,
+              error: str | None = None) -> int:
     """An upper bound of one job's encoding in a frame or log record (see
     ``limits.JOB_FIXED_BYTES_MAX``), computed without encoding it."""
     return (len(body) + 4 * (len(key or "") + len(queue) + len(error or "")) + len(dedup_id or "") * 4
@@ -109,7 +113,7 @@ def job_bytes(body: bytes, key: str | None, queue: str, dedup_id=None, error: st
 _BODY, _KEY, _QUEUE, _DEDUP_ID = (operator.itemgetter(i) for i in (0, 1, 2, 5))
 
 
-def jobs_bytes(items) -> int:
+def jobs_bytes(items: Sequence[Sequence[Any]]) -> int:
     """The sum of :func:`job_bytes` over checked wire items ``(body, key, queue, _, _,
     dedup_id, ...)``, exactly, with no Python step per item: a batch of many jobs is
     measured by C loops (``map``), not by a call per job."""

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -165,8 +165,9 @@ ERR = 1
 _packb = msgpack.Packer().pack
 
 
-def pack(obj) -> bytes:
-    return _packb(obj)
+def pack(obj: Any) -> bytes:
+    data: bytes = _packb(obj)
+    return data
 
 
 _LEN = struct.Struct("!i")
@@ -174,7 +175,7 @@ _LEN64 = struct.Struct("!Q")
 READ_BYTES = 1 << 20  # one read takes at most this much (a larger frame takes several)
 
 
-def read_frames(fd: int, buf: bytearray, scratch: bytearray) -> list:
+def read_frames(fd: int, buf: bytearray, scratch: bytearray) -> list[bytes] | list[memoryview]:
     """Read at most ``len(scratch)`` bytes from ``fd``, then take every complete frame off
     what ``buf`` holds with them (:func:`split_frames`). EOFError when the peer closed;
     ``BlockingIOError`` as from ``os.read``; ProtocolError as :func:`split_frames`.
@@ -230,7 +231,7 @@ def pack_array(parts: list[bytes]) -> bytes:
     return array_header(len(parts)) + b"".join(parts)
 
 
-def decode_requests(data: bytes) -> list:
+def decode_requests(data: bytes | memoryview) -> list[list[Any]]:
     """Decode a request frame. ProtocolError if it is not an array of
     ``[int, str, array]``; the caller then drops the connection (it cannot be answered)."""
     try:
@@ -245,7 +246,7 @@ def decode_requests(data: bytes) -> list:
     return frame
 
 
-def check_request(op: str, args) -> None:
+def check_request(op: str, args: object) -> None:
     """ProtocolError for an unknown op or wrong arity (answered as an error reply)."""
     if op not in OPS:
         raise ProtocolError(f"unknown op {op[:40]!r}")
@@ -253,12 +254,12 @@ def check_request(op: str, args) -> None:
         raise ProtocolError(f"{op}: expected {ARITY[op]} args")
 
 
-def error_payload(exc: BaseException) -> list:
+def error_payload(exc: BaseException) -> list[str]:
     name = type(exc).__name__ if isinstance(exc, ShardqError) else "ShardqError"
     return [name, str(exc)[:2000]]
 
 
-def error_from_payload(payload) -> ShardqError:
+def error_from_payload(payload: Any) -> ShardqError:
     try:
         name, message = payload
         cls = BY_NAME.get(name, ShardqError)

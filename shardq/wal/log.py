@@ -136,7 +136,7 @@ class Log:
         for name in replaced:
             self._remove(name)
         self.segments = segments
-        if segments:
+        if last_scan is not None:  # there are segments: the last one was scanned
             last = segments[-1]
             path = self._path(segment_name(last))
             if last_scan.version < FORMAT:
@@ -251,7 +251,9 @@ class Log:
         if keep < MAGIC_BYTES:
             # Even the file header is incomplete: rewrite the segment as a fresh, empty one.
             self.files.unlink(torn.path)
-            seq = parse_name(os.path.basename(torn.path))[0]
+            parsed = parse_name(os.path.basename(torn.path))
+            assert parsed is not None, torn.path  # a segment this log named and scanned
+            seq = parsed[0]
             SegmentWriter.create(self.files, self.directory, segment_name(seq), seq).close()
             scan.valid_end, scan.version = MAGIC_BYTES, FORMAT
         else:
@@ -280,13 +282,15 @@ class Log:
         self.failed = e
         return LogFailed(f"{what} failed: {e}")
 
-    def _check_usable(self) -> None:
+    def _check_usable(self) -> SegmentWriter:
+        """The newest segment's writer; LogFailed or Closed if this log may not write."""
         if self.failed is not None:
             raise LogFailed(f"log {self.directory} failed earlier ({self.failed}); reopen to recover")
         if self.closed:
             raise Closed(f"log {self.directory} is closed")
         if self.writer is None:
             raise Closed("replay() must run before commit()")
+        return self.writer
 
     def commit(self, payloads: list[bytes], sync: bool = True) -> None:
         """Append ``payloads`` as records and make them durable with one fdatasync, together
@@ -297,14 +301,15 @@ class Log:
         fdatasync: they survive a crash of the process (the kernel holds them) but not of
         the machine until the next synced commit or :meth:`sync`.
         """
-        if self.failed is not None or self.closed or self.writer is None:
-            self._check_usable()  # raises why
+        writer = self.writer
+        if self.failed is not None or self.closed or writer is None:
+            writer = self._check_usable()  # raises why
         try:
-            if self.writer.size >= self.segment_bytes:
-                self._rotate()
-            self.bytes_since_checkpoint += self.writer.commit(payloads, sync)
+            if writer.size >= self.segment_bytes:
+                writer = self._rotate()
+            self.bytes_since_checkpoint += writer.commit(payloads, sync)
         except OSError as e:
-            raise self._fail(e, f"write to {self.writer.path}") from e
+            raise self._fail(e, f"write to {writer.path}") from e
 
     @property
     def unsynced(self) -> bool:
@@ -321,19 +326,22 @@ class Log:
         It never starts a segment, so one other thread may commit unsynced records meanwhile
         (the shard loop, while its committer thread syncs: shard/committer.py); they stay
         unsynced."""
-        if self.failed is not None or self.closed or self.writer is None:
-            self._check_usable()  # raises why
+        writer = self.writer
+        if self.failed is not None or self.closed or writer is None:
+            writer = self._check_usable()  # raises why
         try:
-            self.writer.sync()
+            writer.sync()
         except OSError as e:
-            raise self._fail(e, f"sync of {self.writer.path}") from e
+            raise self._fail(e, f"sync of {writer.path}") from e
 
-    def _rotate(self) -> None:
-        old = self.writer
+    def _rotate(self) -> SegmentWriter:
+        """Seal the newest segment and start the next; returns the new writer."""
+        old = self._check_usable()
         old.seal()  # before the next segment exists: only the newest may end in zeros
-        self.writer = self._create_segment(old.seq + 1, old.written)  # sealed: all synced
-        self.segments.append(self.writer.seq)
+        new = self.writer = self._create_segment(old.seq + 1, old.written)  # sealed: all synced
+        self.segments.append(new.seq)
         old.close()
+        return new
 
     # ------------------------------------------------------------------ compaction
     @property
@@ -364,8 +372,8 @@ class Log:
         """
         self._check_usable()
         try:
-            self._rotate()
-            base = self.writer.seq
+            writer = self._rotate()
+            base = writer.seq
             final = self._path(checkpoint_name(base))
             tmp = final + ".tmp"
             fd = self.files.create(tmp)
@@ -383,7 +391,7 @@ class Log:
                         self.files.write(fd, chunk)
                         written += len(chunk)
                         buf, buffered = [], 0
-                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count, self.writer.written + 1]), CHECKPOINT))
+                buf.append(frame(msgpack.packb([_CHECKPOINT_END, count, writer.written + 1]), CHECKPOINT))
                 chunk = b"".join(buf)
                 self.files.write(fd, chunk)
                 written += len(chunk)
@@ -401,7 +409,7 @@ class Log:
             raise self._fail(e, f"compaction of {self.directory}") from e
         self.segments = [base]
         self.checkpoint_bytes = written
-        self.bytes_since_checkpoint = self.writer.size
+        self.bytes_since_checkpoint = writer.size
 
     @property
     def mark_pending(self) -> bool:
@@ -417,12 +425,13 @@ class Log:
         """Append a sync mark (no fdatasync): from then on, damage to the writes before it
         reads as damage (CorruptLog), never as a torn write. The shard writes one when it
         goes idle. Never starts a segment; same caller rules as :meth:`commit`."""
-        if self.failed is not None or self.closed or self.writer is None:
-            self._check_usable()  # raises why
+        writer = self.writer
+        if self.failed is not None or self.closed or writer is None:
+            writer = self._check_usable()  # raises why
         try:
-            self.writer.mark()
+            writer.mark()
         except OSError as e:
-            raise self._fail(e, f"write to {self.writer.path}") from e
+            raise self._fail(e, f"write to {writer.path}") from e
 
     def close(self) -> None:
         """Close; after a clean close the newest segment ends at its last record, a sync

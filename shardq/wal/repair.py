@@ -193,7 +193,7 @@ def _rewrite_in_bounds(bad: FileReport, directory: str, backup: str) -> str:
     os.rename(tmp, bad.path)
     _sync_dir(directory)
     return (f"rewrote {bad.path} in {len(records)} records within the {limit}-byte limit "
-            f"({bad.reason.split(';')[0]}); nothing dropped; original kept in {backup}")
+            f"({(bad.reason or 'damaged').split(';')[0]}); nothing dropped; original kept in {backup}")
 
 
 def _sync_dir(directory: str) -> None:
