@@ -257,7 +257,7 @@ def test_the_verify_synopsis_flags_exist():
 # --------------------------------------------------------------------------- design.md
 def test_the_module_table_names_files_that_exist():
     text = doc("docs/design.md")
-    layout = text[text.index("## Layout"):text.index("## Log format")]
+    layout = text[text.index("## Modules"):text.index("## Log format")]
     rows = [r for r in re.findall(r"^\| (.+?) \| (.+?) \|$", layout, re.M) if r[0] != "module"]
     assert len(rows) >= 20
     for row in rows:
