@@ -19,7 +19,10 @@ Layout (one job per module):
 * ``report.py``          the table printed at the end; ``targets.py`` the issue's targets, met
                          or missed; ``run.py`` the entry point; ``plot.py`` PNGs
 
-Other modules here (micro-benchmarks of shardq's own parts) are separate tools.
+Figures run on their own, beside ``run.py``: ``aio.py`` (the asyncio client against the
+threaded router), ``postgres.py`` (figures P1-P3), ``scale_procs.py`` (producer processes x
+shards). ``probes/`` holds one-question tools (bench/README.md, "Probes"), each measuring one
+part of shardq; they import the harness, never the other way round.
 
 Timestamps are ``time.monotonic()``: CLOCK_MONOTONIC on Linux, one clock for every process on
 the machine, so a producer's and a consumer's readings can be compared.

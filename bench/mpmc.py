@@ -151,7 +151,7 @@ def _run_threads(client: Client, roles: list[tuple[Callable, tuple]],
 def run(adapter: Adapter, items: list[Item], batch: bool, stall_s: float,
         deadline_s: float, producers: int = PRODUCERS, consumers: int = CONSUMERS) -> dict[str, Any]:
     """Figure D (or D2); other producer/consumer counts for other figures (M in bench/plan.py and
-    bench/http_overhead.py)."""
+    bench/probes/http_overhead.py)."""
     spec = adapter.client_spec()
     if spec is None and not adapter.thread_safe:
         raise RuntimeError(f"{adapter.name}: no client processes and not thread-safe")

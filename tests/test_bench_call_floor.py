@@ -1,4 +1,4 @@
-"""bench/call_floor.py runs end to end in quick mode: every floor reply matched its request,
+"""bench/probes/call_floor.py runs end to end in quick mode: every floor reply matched its request,
 shardq took every call through bench.run's adapter, and CPU (with its user/system split and
 the servers' blocking waits) was read for both sides. No timing is asserted."""
 import json
@@ -17,7 +17,7 @@ def with_shardq(tmp_path, *args):
     out = tmp_path / "floor.json"
     logs = tempfile.mkdtemp(prefix="sqf-")  # short: shardq's unix sockets live under it
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "shardq", *args,
+        r = subprocess.run([sys.executable, "-m", "bench.probes.call_floor", "--quick", "--peers", "shardq", *args,
                             "--dir", logs, "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                            timeout=300)
         left = [p for p in os.listdir(logs) if p.startswith("sq-floor-")]
@@ -58,7 +58,7 @@ def test_call_floor_times_a_lease_and_its_ack(tmp_path):
 
 
 def test_a_peer_call_that_leases_nothing_fails_the_run(tmp_path):
-    from bench import call_floor
+    from bench.probes import call_floor
 
     class Empty:  # a peer whose queue never has a job: every lease comes back empty
         batch_mode = None
@@ -92,7 +92,7 @@ def test_a_peer_call_that_leases_nothing_fails_the_run(tmp_path):
 def floor_only(tmp_path, *args):
     """A quick run of the floor alone with ``args``; its JSON and the completed process."""
     out = tmp_path / "floor.json"
-    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", *args,
+    r = subprocess.run([sys.executable, "-m", "bench.probes.call_floor", "--quick", "--peers", "", *args,
                         "--dir", str(tmp_path), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -108,7 +108,7 @@ def test_call_floor_pins_client_and_server_when_asked(tmp_path):
 def test_call_floor_refuses_a_placement_this_process_cannot_use(tmp_path):
     # taskset-like: run it allowed on CPU 0 only; "apart" needs CPU 1 too
     code = ("import os, sys; os.sched_setaffinity(0, {0}); sys.argv = ['call_floor', '--quick', '--cpus', "
-            "'apart', '--peers', '']; import runpy; runpy.run_module('bench.call_floor', run_name='__main__')")
+            "'apart', '--peers', '']; import runpy; runpy.run_module('bench.probes.call_floor', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--cpus apart needs CPUs [0, 1]" in r.stderr
 
@@ -121,7 +121,7 @@ def test_call_floor_pauses_between_calls_when_asked(tmp_path):
 
 
 def test_the_pause_after_each_call_is_not_timed(monkeypatch):
-    from bench import call_floor
+    from bench.probes import call_floor
     now = [0.0]
     slept = []
 
@@ -140,7 +140,7 @@ def test_the_pause_after_each_call_is_not_timed(monkeypatch):
 
 
 def test_call_floor_refuses_a_gap_out_of_range(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--gap-ms", "-1"],
+    r = subprocess.run([sys.executable, "-m", "bench.probes.call_floor", "--quick", "--peers", "", "--gap-ms", "-1"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--gap-ms -1.0 is outside 0..1000" in r.stderr
 
@@ -152,8 +152,8 @@ def test_call_floor_runs_shardq_on_the_shards_asked_for(tmp_path):
 
 
 def test_call_floor_refuses_a_shard_count_out_of_range():
-    r = subprocess.run([sys.executable, "-m", "bench.call_floor", "--quick", "--peers", "", "--shardq-shards", "0"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "bench.probes.call_floor", "--quick", "--peers", "",
+                        "--shardq-shards", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--shardq-shards 0 is outside 1..64" in r.stderr
 
 
@@ -161,7 +161,7 @@ def test_server_blocks_count_every_thread():
     """A server's waits may be on any of its threads (a shard's committer fsyncs on its
     own): the count sums them all, where the main thread's alone would miss them."""
     import psutil
-    from bench.call_floor import server_usage
+    from bench.probes.call_floor import server_usage
     code = ("import sys, threading, time\n"
             "def work():\n"
             "    for _ in range(50):\n"
@@ -187,7 +187,7 @@ def test_server_blocks_count_every_thread():
 def test_call_floor_hands_the_busy_poll_budget_to_shardq(tmp_path, monkeypatch):
     # the adapter gets --shardq-busy-poll-us (which it passes to the router and the shards,
     # tests/test_bench_quick.py); the run records it
-    from bench import call_floor
+    from bench.probes import call_floor
     made = []
 
     class Recording(call_floor.PEERS["shardq"]):

@@ -1,4 +1,4 @@
-"""bench/http_overhead.py runs end to end in quick mode: both figures with the listener off
+"""bench/probes/http_overhead.py runs end to end in quick mode: both figures with the listener off
 and on, every job delivered once, every scrape answered. No timing is asserted."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from service import REPO
 
 def test_http_overhead_benchmark_runs(tmp_path):
     out = tmp_path / "http.json"
-    r = subprocess.run([sys.executable, "-m", "bench.http_overhead", "--quick", "--json", str(out)],
+    r = subprocess.run([sys.executable, "-m", "bench.probes.http_overhead", "--quick", "--json", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())

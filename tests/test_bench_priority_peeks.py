@@ -1,4 +1,4 @@
-"""bench/priority_peeks.py runs end to end in quick mode: both paths measured, every job
+"""bench/probes/priority_peeks.py runs end to end in quick mode: both paths measured, every job
 leased and acked. No timing is asserted."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from service import REPO
 
 def test_priority_peeks_benchmark_runs(tmp_path):
     out = tmp_path / "peeks.json"
-    r = subprocess.run([sys.executable, "-m", "bench.priority_peeks", "--quick", "--json", str(out)],
+    r = subprocess.run([sys.executable, "-m", "bench.probes.priority_peeks", "--quick", "--json", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""bench/shard_path.py runs end to end in quick mode: every reply was OK, both request shapes
+"""bench/probes/shard_path.py runs end to end in quick mode: every reply was OK, both request shapes
 were timed, and the bytecode counts name the shard's own functions. No timing is asserted."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from service import REPO
 
 def test_shard_path_benchmark_runs(tmp_path):
     out = tmp_path / "path.json"
-    r = subprocess.run([sys.executable, "-m", "bench.shard_path", "--quick", "--dir", str(tmp_path),
+    r = subprocess.run([sys.executable, "-m", "bench.probes.shard_path", "--quick", "--dir", str(tmp_path),
                         "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -21,7 +21,8 @@ def test_shard_path_benchmark_runs(tmp_path):
         assert shape["bytecodes_per_call"] > 100
         names = [where for where, _ in shape["top"]]
         assert any(n.startswith("shardq/shard/") for n in names)
-        assert not any(n.startswith("bench/shard_path.py") for n in names)
-    assert "shardq/shard/queues.py:enqueue_many" in [w for w, _ in res["results"]["enqueue"]["top"]]
-    assert "shardq/shard/leases.py:dequeue" in [w for w, _ in res["results"]["lease+ack"]["top"]]
+        assert not any(n.startswith("bench/probes/shard_path.py") for n in names)
+    # each shape names the module that does its work (not one function: they move between refactors)
+    assert any(w.startswith("shardq/shard/queues.py:") for w, _ in res["results"]["enqueue"]["top"])
+    assert any(w.startswith("shardq/shard/leases.py:") for w, _ in res["results"]["lease+ack"]["top"])
     assert list(tmp_path.iterdir()) == [out]  # the shard's log directory was removed

@@ -1,4 +1,4 @@
-"""bench/thread_switches.py runs end to end in quick mode: every job enqueued, and the
+"""bench/probes/thread_switches.py runs end to end in quick mode: every job enqueued, and the
 kernel's counts read for each kind of thread. No timing is asserted."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from service import REPO
 
 def test_thread_switches_benchmark_runs(tmp_path):
     out = tmp_path / "switches.json"
-    r = subprocess.run([sys.executable, "-m", "bench.thread_switches", "--quick", "--threads", "4",
+    r = subprocess.run([sys.executable, "-m", "bench.probes.thread_switches", "--quick", "--threads", "4",
                         "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())

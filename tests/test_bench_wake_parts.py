@@ -1,4 +1,4 @@
-"""bench/wake_parts.py runs end to end in quick mode: every job reached the waiting consumer
+"""bench/probes/wake_parts.py runs end to end in quick mode: every job reached the waiting consumer
 exactly once, and each of a sample's three times was taken. No timing is asserted."""
 import json
 import subprocess
@@ -16,7 +16,7 @@ def test_wake_parts_benchmark_runs(tmp_path, client):
     out = tmp_path / "wake.json"
     data = tempfile.mkdtemp(prefix="sqw-")  # short: shardq's unix sockets live under it
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.wake_parts", "--quick",
+        r = subprocess.run([sys.executable, "-m", "bench.probes.wake_parts", "--quick",
                             "--dir", data, "--json", str(out), "--client", client], cwd=REPO, capture_output=True,
                            text=True, timeout=300)
     finally:

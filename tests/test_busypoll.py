@@ -156,7 +156,7 @@ def test_the_router_refuses_a_bad_budget(service):
 
 
 def shard_loop(tmp_path, service=None):
-    from bench.shard_path import Loop
+    from bench.probes.shard_path import Loop
     return Loop(str(tmp_path), preload=0, service=service)
 
 

@@ -2,7 +2,7 @@
 one job per call costs 3 requests; the batched worker path at most 0.35."""
 from __future__ import annotations
 
-from bench.sqs_requests import CONFIG, TARGET_BATCHED, measure
+from bench.probes.sqs_requests import CONFIG, TARGET_BATCHED, measure
 from sqs_server import fresh_target
 
 

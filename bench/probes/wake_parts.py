@@ -1,8 +1,8 @@
 """Where figure W's wake-up goes in shardq: the enqueue, the watch, the lease after it.
 
-    python -m bench.wake_parts [--samples 300] [--gap-ms 10] [--shards 2] [--json PATH]
-    python -m bench.wake_parts --quick          # 30 samples: checks that it runs
-    python -m bench.wake_parts --client aio     # the consumer uses the asyncio client
+    python -m bench.probes.wake_parts [--samples 300] [--gap-ms 10] [--shards 2] [--json PATH]
+    python -m bench.probes.wake_parts --quick          # 30 samples: checks that it runs
+    python -m bench.probes.wake_parts --client aio     # the consumer uses the asyncio client
 
 Figure W's setting (bench.run's shardq adapter and its shards; a consumer process blocked
 in ``dequeue(wait=5)``; one job enqueued at ``t0``, then the ack and a pause, so every sample
@@ -36,8 +36,8 @@ import sys
 import tempfile
 import time
 
-from .latency import recv_from_consumer
-from .peers.shardq_peer import QUEUE, ShardqAdapter
+from ..latency import recv_from_consumer
+from ..peers.shardq_peer import QUEUE, ShardqAdapter
 
 WAIT_S = 5.0        # the consumer's dequeue wait; a sample never comes near it
 RECV_TIMEOUT_S = 30.0
@@ -175,7 +175,7 @@ def run(samples: int, gap_s: float, shards: int, directory: str, client: str = "
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.wake_parts", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.wake_parts", description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=300)
     p.add_argument("--gap-ms", type=float, default=10.0, help="pause after each sample (default 10, as W)")
     p.add_argument("--shards", type=int, default=None, help="default: bench.run's shardq adapter's")

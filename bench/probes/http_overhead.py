@@ -1,8 +1,8 @@
 """Does the HTTP listener (metrics and console) slow the shards down? Figures A and M with
 the listener off and on, in one run, scraped every second while on.
 
-    python -m bench.http_overhead [--jobs 5000] [--rounds 3] [--shards 2] [--json PATH]
-    python -m bench.http_overhead --quick          # 300 jobs, 1 round: checks that it runs
+    python -m bench.probes.http_overhead [--jobs 5000] [--rounds 3] [--shards 2] [--json PATH]
+    python -m bench.probes.http_overhead --quick          # 300 jobs, 1 round: checks that it runs
 
 * **A** enqueue, 1 producer, one call per job (``bench.workloads.enqueue_single``).
 * **M** 16 producer processes and 4 consumer processes at once, one job per call
@@ -34,10 +34,10 @@ import time
 import urllib.request
 from typing import Any
 
-from . import mpmc
-from .jobs import make_items
-from .peers.base import Adapter, ClientSpec, SkipPeer
-from .workloads import enqueue_single
+from .. import mpmc
+from ..jobs import make_items
+from ..peers.base import Adapter, ClientSpec, SkipPeer
+from ..workloads import enqueue_single
 
 PRODUCERS_M, CONSUMERS_M = 16, 4
 SCRAPE_EVERY_S = 1.0
@@ -83,7 +83,7 @@ class ServeAdapter(Adapter):
 
     def setup(self, tmpdir: str) -> None:
         import shardq
-        from .peers.shardq_peer import ShardqClient
+        from ..peers.shardq_peer import ShardqClient
         self.data_dir = os.path.join(tmpdir, "d")
         cfg = os.path.join(tmpdir, "shardq.toml")
         with open(cfg, "w") as f:
@@ -169,7 +169,7 @@ def figure(name: str, http: bool, a, tag: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.http_overhead", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.probes.http_overhead", description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shards", type=int, default=2)

@@ -2,8 +2,8 @@
 call through one embedded router (``shardq.open``, figure B-threads' shape), with the
 context switches and CPU of each kind of thread, counted by the kernel (``/proc``).
 
-    python -m bench.thread_switches [--threads 16] [--jobs 8000] [--runs 3] [--shards 2] [--json PATH]
-    python -m bench.thread_switches --quick        # 400 jobs, 1 run: checks that it runs
+    python -m bench.probes.thread_switches [--threads 16] [--jobs 8000] [--runs 3] [--shards 2] [--json PATH]
+    python -m bench.probes.thread_switches --quick        # 400 jobs, 1 run: checks that it runs
 
 Per job, for the producer threads, the routers' reader threads, and the shard processes
 (every thread of each): voluntary switches (the thread blocked: a lock, a read, a poll),

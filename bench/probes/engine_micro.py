@@ -1,6 +1,6 @@
 """Micro-benchmark of one shard's engine, in one process, on a temporary directory.
 
-    python -m bench.engine_micro [--jobs 1000000] [--keys 100000] [--json PATH]
+    python -m bench.probes.engine_micro [--jobs 1000000] [--keys 100000] [--json PATH]
 
 Measures, against a :class:`~shardq.shard.durable.DurableShard` with the real WAL (one
 fdatasync per commit):
@@ -38,7 +38,7 @@ from shardq.shard.durable import DurableShard
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.engine_micro", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.engine_micro", description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=1_000_000, help="jobs enqueued and pending (default 1,000,000)")
     p.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100,000)")
     p.add_argument("--batch", type=int, default=1000, help="jobs per commit in the batched runs")

@@ -4,8 +4,8 @@ consumer) and C2 (lease 100 + ack 100 per call) with the router's plain path and
 peek round forced, alternating in one run against one ``shardq serve`` (a real process,
 ``--shards N``).
 
-    python -m bench.priority_peeks [--jobs 1500] [--rounds 6] [--shards 2] [--json PATH]
-    python -m bench.priority_peeks --quick          # 200 jobs, 1 round: checks that it runs
+    python -m bench.probes.priority_peeks [--jobs 1500] [--rounds 6] [--shards 2] [--json PATH]
+    python -m bench.probes.priority_peeks --quick          # 200 jobs, 1 round: checks that it runs
 
 The plain path asks one shard (a lease, then an ack); the peek round also asks every
 other shard which priorities it has ready, in parallel, before it keeps a lease. Medians
@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from .http_overhead import ServeAdapter
-from .peers.base import SkipPeer
+from ..peers.base import SkipPeer
 
 KEYS = 1000
 BODY = b"x" * 100
@@ -57,7 +57,7 @@ def measure(q, jobs: int, peek: bool, batch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.priority_peeks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.priority_peeks", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=1500,
                    help="C: jobs per round and path (default 1500; C2 ten times that)")
     p.add_argument("--rounds", type=int, default=6, help="rounds, each path once per round (default 6)")

@@ -1,9 +1,9 @@
 """What one durable call costs with the least Python can do, next to figure A's peers.
 
-    python -m bench.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR]
+    python -m bench.probes.call_floor [--calls 3000] [--runs 3] [--peers shardq,beanstalkd] [--dir DIR]
                                [--op enqueue|lease-ack] [--cpus any|same|apart] [--gap-ms G]
                                [--json PATH]
-    python -m bench.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
+    python -m bench.probes.call_floor --quick --peers shardq   # 300 calls, 1 run: checks that it runs
 
 The floor is two processes and no framework: a client that packs a request with msgpack,
 writes it with its length, and reads the reply; a server that waits in epoll, reads the
@@ -52,7 +52,7 @@ import time
 import msgpack
 import psutil
 
-from .peers import PEERS, SkipPeer
+from ..peers import PEERS, SkipPeer
 
 BODY = b"x" * 100
 _LEN = struct.Struct("!i")
@@ -245,7 +245,7 @@ def peer_run(name: str, calls: int, directory: str, cpus: str = "any", gap_s: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.call_floor", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.call_floor", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--dir", default=None, help="where the logs go (default: the system's temporary "

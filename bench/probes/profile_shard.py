@@ -1,4 +1,4 @@
-"""Profile a shard under a chosen workload: ``python -m bench.profile_shard [--threads 16]``.
+"""Profile a shard under a chosen workload: ``python -m bench.probes.profile_shard [--threads 16]``.
 
 Runs an embedded 2-shard service with ``SHARDQ_PROFILE`` set (each shard process writes a
 cProfile dump when it stops), drives single-call enqueues from N threads sharing one router,

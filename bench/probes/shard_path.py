@@ -1,7 +1,7 @@
 """What the shard's own Python costs per request, without the scheduler in the way.
 
-    python -m bench.shard_path [--calls 2000] [--repeats 15] [--dir DIR] [--json PATH]
-    python -m bench.shard_path --quick            # 200 calls, 3 repeats: checks that it runs
+    python -m bench.probes.shard_path [--calls 2000] [--repeats 15] [--dir DIR] [--json PATH]
+    python -m bench.probes.shard_path --quick            # 200 calls, 3 repeats: checks that it runs
 
 One process drives the real shard loop (``ShardServer.iterate`` with its committer, its
 log in ``--dir``, its reply writes) through a socketpair, one request at a time: write a
@@ -121,7 +121,7 @@ def _timed(fn, calls: int, repeats: int) -> float:
 def _bytecodes(fn, calls: int) -> tuple[float, list]:
     """Bytecodes executed per call of ``fn``, in total and per function (most first)."""
     counts: collections.Counter = collections.Counter()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # the repo
 
     def tracer(frame, event, arg):
         frame.f_trace_opcodes = True
@@ -148,7 +148,7 @@ def _bytecodes(fn, calls: int) -> tuple[float, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.shard_path", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.shard_path", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--dir", default=None, help="where the log goes (default: the system's temporary directory)")

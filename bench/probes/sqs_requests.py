@@ -7,7 +7,7 @@ botocore's retries count too), after the one-off queue lookups. Patterns:
 * ``batched`` -- enqueue_many, dequeue_many and ack_many in tens (the batched worker path);
 * ``worker``  -- producers batch; ``shardq.Worker`` (8 threads, its default prefetch) consumes.
 
-    .venv/bin/python -m bench.sqs_requests [--target sqs://REGION/PREFIX?endpoint=URL] [--jobs N]
+    .venv/bin/python -m bench.probes.sqs_requests [--target sqs://REGION/PREFIX?endpoint=URL] [--jobs N]
 
 Without ``--target`` it starts a moto server (tests/sqs_server.py) for the run. Requests
 are counted, not timed: the figures do not depend on the machine, only on the call pattern
@@ -74,14 +74,15 @@ def measure(target: str, pattern: str, jobs: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sqs_requests", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.sqs_requests", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="sqs:// target (default: a moto server started for the run)")
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     server = None
     if a.target is None:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path.insert(0, os.path.join(repo, "tests"))
         from sqs_server import MotoServer
         server = MotoServer().start()
     try:
