@@ -95,7 +95,7 @@ def test_the_benchmark_commands_name_modules_and_flags_that_exist():
     assert blocks
     for block in blocks:
         for line in block.text.splitlines():
-            m = re.search(r"-m (bench\.\w+)(.*?)(?:#|$)", line)
+            m = re.search(r"-m (bench(?:\.\w+)+)(.*?)(?:#|$)", line)  # bench.run, bench.probes.call_floor
             if not m:
                 continue
             src = doc(m[1].replace(".", "/") + ".py")

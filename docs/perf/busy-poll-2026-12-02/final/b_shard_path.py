@@ -1,7 +1,7 @@
-"""The shard's cost of B's request (100 jobs), in-process, via bench.shard_path.Loop; cProfile and bytecodes."""
+"""The shard's cost of B's request (100 jobs), in-process, via bench.probes.shard_path.Loop; cProfile and bytecodes."""
 import cProfile, os, pstats, sys, tempfile, time
 sys.path.insert(0, os.getcwd())  # run from the project root
-from bench.shard_path import Loop, BODY, CLIENT_ID, _bytecodes
+from bench.probes.shard_path import Loop, BODY, CLIENT_ID, _bytecodes
 tmp = tempfile.mkdtemp(dir="/dev/shm")
 loop = Loop(tmp, 0)
 def b():

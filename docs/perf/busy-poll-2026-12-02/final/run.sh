@@ -8,7 +8,7 @@ for round in 1 2 3 4; do
     for b in $order; do
       if [ $b = default ]; then arg=""; else arg="--shardq-busy-poll-us 0"; fi
       echo "== round $round op $op busy $b"
-      .venv/bin/python -m bench.call_floor --op $op --runs 3 --calls 2000 --peers shardq,beanstalkd $arg \
+      .venv/bin/python -m bench.probes.call_floor --op $op --runs 3 --calls 2000 --peers shardq,beanstalkd $arg \
         --json $out/floor-$op-busy-$b-$round.json
     done
   done
