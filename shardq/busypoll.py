@@ -5,7 +5,7 @@ the wake-up (the scheduler's work and, on a virtual machine, the host waking an 
 virtual CPU) and caches gone cold by the time the caller runs again. Measured on 2-CPU
 VMs, a lone caller's enqueue took 0.7 times as long, and a lease and its ack 0.6 times,
 when it polled its socket without sleeping (docs/performance.md, "Busy-polling for the
-reply"). So :meth:`ShardClient.call_solo` polls without sleeping, yielding the CPU between
+reply"). So :meth:`~shardq.client.connection.ShardClient.call_solo` polls without sleeping, yielding the CPU between
 polls, for up to a budget before it sleeps, as the kernel's ``busy_read`` does for sockets
 of network cards.
 
