@@ -145,6 +145,13 @@ class CorruptLog(ShardqError):
         self.reason = reason
 
 
+class NewerFormat(CorruptLog):
+    """A log or checkpoint file written by a newer shardq, in a format this version does not
+    read. Not damage: nothing is wrong with the file, and ``shardq wal repair`` refuses to
+    touch it (it would salvage it as damage). Upgrade shardq, or restore a backup
+    (docs/upgrades.md)."""
+
+
 class LogFailed(ShardqError):
     """A write or fsync failed. The log instance is unusable: nothing after the last
     successful sync is reported durable, and the owner must reopen (replay) the log."""

@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Iterator
 
-from ..errors import CorruptLog
-from .format import (SEGMENT, HEADERS, LAST_IN_WRITE, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, RECORD_MARK, SECTOR_BYTES,
-                     SYNC_MARK, crc32, header_crc)
+from ..errors import CorruptLog, NewerFormat
+from .format import (FORMAT, SEGMENT, HEADERS, LAST_IN_WRITE, MAGIC_BYTES, MAGICS, RECORD_BYTES_MAX, RECORD_MARK,
+                     SECTOR_BYTES, SYNC_MARK, crc32, header_crc)
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,12 @@ class FileScan:
                 self.version = version
                 return True
         mine = [m for (k, _), m in MAGICS.items() if k == self.kind]
+        if n >= MAGIC_BYTES and head[:-1] == mine[0][:-1] and head[-1] > FORMAT:
+            # Our magic with a later format number: a newer shardq wrote it. Refused before any
+            # check of damage, so that wal repair never takes it for a damaged file.
+            raise NewerFormat(self.path, 0, f"written by a newer shardq (log format {head[-1]}; this "
+                                            f"version reads formats 1 to {FORMAT}): upgrade shardq or restore a "
+                                            f"backup (docs/upgrades.md); do not repair it")
         if n < MAGIC_BYTES and any(m.startswith(head) for m in mine) or _zeros(view):
             # A crash while the file was being created: nothing was ever acknowledged in it.
             self._torn(0, "incomplete file header")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from ..errors import CorruptLog, DataDirLocked
+from ..errors import CorruptLog, DataDirLocked, NewerFormat
 from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame_v2, pack_records, parse_name
 from .log import _CHECKPOINT_END, decode
 from .reader import ZERO_TAIL, FileScan
@@ -59,6 +59,8 @@ def _outcome(path: str, data: bytes, kind: str, tail_may_tear: bool, scan: FileS
                 last = decode(payload)
             except Exception as e:  # noqa: BLE001 - whatever the decoder raises, the record is reported corrupt
                 return FileReport(path, scan.records, CORRUPT, scan.valid_end, f"undecodable record: {e}")
+    except NewerFormat:
+        raise  # not damage: nothing here may rewrite it (docs/upgrades.md)
     except CorruptLog as e:
         if scan.version < 3 and _fits_without_limit(path, data, kind, tail_may_tear):
             return FileReport(path, scan.records, OVERSIZED, e.offset, e.reason)
