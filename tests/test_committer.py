@@ -283,3 +283,14 @@ def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_w
     c._send = send_once_the_backlog_is_flushed_and_the_thread_sleeps
     c.submit([b"lease-3"], [], [], early=[(b, big_b)], sync=False, seq=3)  # beside it
     assert read_frame(b_peer, timeout=5.0) == big_b
+
+
+def test_records_synced_by_a_rotation_leave_no_sync_due(committer):
+    """Batched leases are written unsynced; a rotation's seal fdatasyncs them. The synced
+    batch the loop then submits finds nothing unsynced: sync_due must clear, or the loop,
+    seeing it in the past, would submit synced batches with a zero timeout until the next
+    synced write (an idle shard spinning)."""
+    committer._write([b"lease"], 1)  # NoLog: the record is "written"
+    assert committer.sync_due() is not None
+    assert committer._sync() is None  # the log says nothing is unsynced
+    assert committer.sync_due() is None

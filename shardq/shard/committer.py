@@ -294,6 +294,11 @@ class Committer:
         """fdatasync what was written before this call, if anything is unsynced; return what
         :meth:`_observe` records once the replies it covers are sent."""
         if not self.log.unsynced:
+            # Synced by other means (a rotation seals its segment with an fdatasync): nothing
+            # is due. Left set, sync_due would stay in the past and the loop spin on it.
+            with self._lock:
+                if not self.log.unsynced:
+                    self._unsynced_since = None
             return None
         with self._lock:
             # Read before the fdatasync: every job up to seq is written, so it covers them.
