@@ -24,6 +24,9 @@ so a typo never silently falls back to a default. Times are in seconds.
     dedup_window = 300
     max_body_bytes = 262144
     lease_sync = "batched"    # or "strict" (docs/guarantees.md, "Lease durability")
+    concurrency = 10          # exact limits (docs/limits.md): any of these places the queue
+    rate = "25/s"             #   on one shard; also burst, group_separator, group_concurrency,
+                              #   group_rate, fair
 
     [queues.default]          # per-queue overrides of queue_defaults
 
@@ -45,8 +48,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import tomllib
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +76,90 @@ class QueueConfig:
     #: leases of the last commit window. "strict": every lease is fsynced before it is
     #: handed out. docs/guarantees.md, "Lease durability".
     lease_sync: str = "batched"
+    # Exact limits (docs/limits.md). A queue that sets any of these is *placed*: all its
+    # jobs live on one shard (its owner), which enforces every limit with local counters.
+    #: at most this many of the queue's leases live at once
+    concurrency: int | None = None
+    #: at most this many leases started per second/minute/hour: "25/s", "100/m", "5/h"
+    rate: str | None = None
+    #: tokens of ``rate`` that may accumulate while idle (default: one second's worth, at least 1)
+    burst: float | None = None
+    #: a job's group is its key up to the first separator (the whole key without one)
+    group_separator: str | None = None
+    group_concurrency: int | None = None
+    group_rate: str | None = None
+    #: ready jobs are served round-robin across groups, not in queue order
+    fair: bool = False
+
+    def placed(self) -> bool:
+        """Whether the queue declares a limit, which places all its jobs on one shard."""
+        return (self.concurrency is not None or self.rate is not None or self.burst is not None
+                or self.group_separator is not None or self.group_concurrency is not None
+                or self.group_rate is not None or self.fair)
 
 
 LEASE_SYNC_CHOICES = ("batched", "strict")
+#: The queue settings that are limits; all but group_separator and fair can change at run time.
+LIMIT_KEYS = ("concurrency", "rate", "burst", "group_separator", "group_concurrency", "group_rate", "fair")
+RATE_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def owner_shard(queue: str, shards: int) -> int:
+    """The shard that holds every job of a placed queue (:meth:`QueueConfig.placed`): a
+    stable hash of its name (CRC-32 of the UTF-8 name, mod the shard count, as keys are
+    routed), the same in every process and run; a data dir's shard count never changes."""
+    return zlib.crc32(queue.encode("utf-8", "surrogatepass")) % shards
+
+
+def rate_per_s(path: str, value: Any) -> float:
+    """A rate written ``"N/s"``, ``"N/m"`` or ``"N/h"`` (N a positive number) in leases per
+    second; InvalidConfig naming ``path`` otherwise."""
+    if not isinstance(value, str):
+        raise InvalidConfig(f"{path}: expected a rate such as \"25/s\", \"100/m\" or \"5/h\", got {value!r}")
+    count, sep, unit = value.strip().partition("/")
+    try:
+        n = float(count) if sep and unit.strip() in RATE_UNITS_S else math.nan
+    except ValueError:
+        n = math.nan
+    if not math.isfinite(n) or n <= 0:
+        raise InvalidConfig(f"{path}: expected a rate such as \"25/s\", \"100/m\" or \"5/h\" "
+                            f"(a positive number, then /s, /m or /h), got {value!r}")
+    per_s = n / RATE_UNITS_S[unit.strip()]
+    if not limits.RATE_PER_S_MIN <= per_s <= limits.RATE_PER_S_MAX:
+        raise InvalidConfig(f"{path}: {value!r} is {per_s:g}/s, outside [one a day, "
+                            f"{limits.RATE_PER_S_MAX:g}/s]")
+    return per_s
+
+
+def _rate(path: str, value: Any) -> str:
+    rate_per_s(path, value)
+    return value.strip()
+
+
+def _concurrency(path: str, value: Any) -> int:
+    return _number(path, value, integer=True, lo=1, hi=limits.CONCURRENCY_MAX)
+
+
+def _burst(path: str, value: Any) -> float:
+    return _number(path, value, integer=False, lo=1, hi=limits.BURST_MAX)
+
+
+def _separator(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= limits.GROUP_SEPARATOR_CHARS_MAX:
+        raise InvalidConfig(f"{path}: expected a string of 1 to {limits.GROUP_SEPARATOR_CHARS_MAX} "
+                            f"characters (such as \"/\"), got {value!r}")
+    return value
+
+
+def check_limits(path: str, q: QueueConfig) -> QueueConfig:
+    """The limits of one queue's settings that only make sense together."""
+    if q.group_separator is None:
+        for key in ("group_concurrency", "group_rate", "fair"):
+            if getattr(q, key):
+                raise InvalidConfig(f"{path}.{key}: needs {path}.group_separator (what a job's group is)")
+    if q.burst is not None and q.rate is None:
+        raise InvalidConfig(f"{path}.burst: needs {path}.rate (burst is the tokens of the rate's bucket)")
+    return q
 
 
 def default_shards(cpus: int | None = None) -> int:
@@ -163,13 +249,18 @@ class Config:
         return {
             "service": dataclasses.asdict(self.service),
             "limits": dataclasses.asdict(self.limits),
-            "queue_defaults": dataclasses.asdict(self.queue_defaults),
-            "queues": {n: dataclasses.asdict(q) for n, q in self.queues.items()},
+            "queue_defaults": _unset_left_out(self.queue_defaults),
+            "queues": {n: _unset_left_out(q) for n, q in self.queues.items()},
             "schedules": {n: {k: v for k, v in dataclasses.asdict(sc).items() if v is not None}
                           for n, sc in self.schedules.items()},
             "http": {"listen": self.http.listen, "auth": self.http.auth,
                      "metrics_public": self.http.metrics_public},
         }
+
+
+def _unset_left_out(q: QueueConfig) -> dict[str, Any]:
+    """A queue's settings as the TOML schema: a limit that is not set has no key (TOML has no null)."""
+    return {k: v for k, v in dataclasses.asdict(q).items() if v is not None}
 
 
 def _number(path: str, value: Any, *, integer: bool, lo: float, hi: float) -> Any:
@@ -215,7 +306,7 @@ def _lease_sync(path: str, value: Any) -> str:
     return value
 
 
-_QUEUE_CHOICES = {"lease_sync": _lease_sync}
+_QUEUE_CHOICES: dict[str, Any] = {"lease_sync": _lease_sync}  # and the limits, once their checkers are defined
 
 
 def _section(path: str, raw: Any, base: Any, bounds: dict, extra: dict | None = None) -> Any:
@@ -276,6 +367,20 @@ def _schedule(name: Any, raw: Any) -> ScheduleConfig:
     return sc
 
 
+_QUEUE_CHOICES.update({"concurrency": _concurrency, "rate": _rate, "burst": _burst,
+                       "group_separator": _separator, "group_concurrency": _concurrency,
+                       "group_rate": _rate, "fair": _boolean})
+
+
+def check_limit(path: str, key: str, value: Any) -> Any:
+    """One limit's value (a key of :data:`LIMIT_KEYS`) checked as the config checks it:
+    InvalidConfig naming ``path`` (``shardq queue limit`` and the shard check run-time
+    changes with it)."""
+    if key not in LIMIT_KEYS:
+        raise InvalidConfig(f"{path}: not a limit (one of {', '.join(LIMIT_KEYS)})")
+    return _QUEUE_CHOICES[key](path, value)
+
+
 def parse(raw: dict[str, Any]) -> Config:
     """Validate a config dict (the TOML schema) into a :class:`Config`."""
     if not isinstance(raw, dict):
@@ -286,15 +391,16 @@ def parse(raw: dict[str, Any]) -> Config:
     service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
                        {"data_dir": _string, "declare_queues": _boolean, "schedule_modules": _modules})
     lim = _section("limits", raw.get("limits", {}), LimitsConfig(), _LIMITS_BOUNDS)
-    defaults = _section("queue_defaults", raw.get("queue_defaults", {}), QueueConfig(), _QUEUE_BOUNDS,
-                        _QUEUE_CHOICES)
+    defaults = check_limits("queue_defaults", _section("queue_defaults", raw.get("queue_defaults", {}),
+                                                         QueueConfig(), _QUEUE_BOUNDS, _QUEUE_CHOICES))
     raw_queues = raw.get("queues", {"default": {}})
     if not isinstance(raw_queues, dict):
         raise InvalidConfig(f"queues: expected a table, got {raw_queues!r}")
     queues = {}
     for name, q in raw_queues.items():
         check_queue_name(name, InvalidConfig)
-        queues[name] = _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS, _QUEUE_CHOICES)
+        queues[name] = check_limits(f"queues.{name}", _section(f"queues.{name}", q, defaults, _QUEUE_BOUNDS,
+                                                               _QUEUE_CHOICES))
     raw_schedules = raw.get("schedules", {})
     if not isinstance(raw_schedules, dict):
         raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")

@@ -22,6 +22,16 @@ VISIBILITY_TIMEOUT_S_MAX = 12 * 3600.0
 MAX_DELIVERIES_DEFAULT = 5
 DEDUP_WINDOW_S_DEFAULT = 300.0
 
+# Exact limits of a queue (configurable per queue: concurrency, rate, burst, group_*;
+# docs/limits.md). Bounds on the values a config or `shardq queue limit` may set.
+CONCURRENCY_MAX = 1_000_000              # concurrency, group_concurrency: leases in flight
+RATE_PER_S_MAX = 1_000_000.0             # rate, group_rate, once converted to per second
+RATE_PER_S_MIN = 1.0 / (24 * 3600)       # the slowest rate: one lease a day
+BURST_MAX = 1_000_000.0                  # tokens a bucket may hold
+GROUP_SEPARATOR_CHARS_MAX = 16
+#: A token bucket this close below a whole token holds it (float drift of the refill).
+TOKEN_EPSILON = 1e-9
+
 # Requests and replies. A frame (one send_bytes) holds many requests or replies; whoever
 # writes frames cuts them at this size, and a reader refuses anything larger.
 BATCH_JOBS_MAX = 10_000

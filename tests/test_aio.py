@@ -92,6 +92,8 @@ def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, mon
 
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
+            for name in ("merge", "merge2"):  # their placement, asked once before a first enqueue
+                await q.queue_config(name)
             frames.clear()
             ids = await asyncio.gather(*(q.enqueue(b"m%d" % i, key="same", queue="merge") for i in range(200)))
             assert len(set(ids)) == 200

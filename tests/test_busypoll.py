@@ -131,6 +131,7 @@ def test_a_lone_callers_calls_poll_for_their_replies(service, two_cpus, monkeypa
     spins = counting_spins(monkeypatch)
     with Router(service.data_dir) as q:
         q.ping()  # connected before counting
+        q.queue_config("default")  # and the queue's placement known (asked before a first enqueue)
         spins.clear()
         jid = q.enqueue(b"polled", key="k")
         lease = q.dequeue()

@@ -115,6 +115,8 @@ TEMPLATES = {
     "dead_page": ["fuzzq", None, 10],
     "purge_ids": ["fuzzq", [1 << 10]],
     "metrics": [],
+    "set_limits": ["fuzzq", {"concurrency": 2}],
+    "backup_cut": ["backup-1-0f"],
 }
 assert set(TEMPLATES) == set(protocol.OPS)
 assert all(len(TEMPLATES[op]) == protocol.ARITY[op] for op in TEMPLATES)

@@ -92,11 +92,15 @@ def _workload(state: ShardState) -> list[list]:
     run(state.resume, "default", now)
     run(state.cancel, d, now)                                            # CANCEL
     run(state.pause, "default", now)                                     # paused: in the checkpoint
+    run(state.set_limits, "limited", {"concurrency": 2}, now)            # LIMITS: in the checkpoint too
     return logged
 
 
+LIMITED = {"queues": {"default": {}, "limited": {"concurrency": 1}}}  # a placed queue (docs/limits.md)
+
+
 def test_every_operation_written_reads_through_its_record(make_config):
-    state = ShardState(0, make_config())
+    state = ShardState(0, make_config(**LIMITED))
     logged = _workload(state)
     checkpoint = [op for chunk in state.snapshot() for op in msgpack.unpackb(chunk, raw=False)]
     seen = set()
@@ -112,7 +116,7 @@ def test_every_operation_written_reads_through_its_record(make_config):
     assert seen == set(ops.REGISTRY), {ops.NAMES[c] for c in set(ops.REGISTRY) - seen}
     # and what was written replays into the same state, live log and checkpoint alike
     for source in (logged, checkpoint):
-        again = ShardState(0, make_config())
+        again = ShardState(0, make_config(**LIMITED))
         again.replay([source])
         again.advance(T0)
         state.advance(T0)

@@ -454,6 +454,7 @@ def test_a_lone_caller_takes_the_solo_path_and_threads_sharing_a_connection_lose
     monkeypatch.setattr(connection.ShardClient, "submit", submit)
     with svc.connect() as q:
         q.ping()
+        q.queue_config("default")  # the queue's placement, asked once before its first enqueue
         paths.clear()
         q.enqueue(b"alone", key=A)
         assert paths == {"solo": 1}, paths  # no future, no pending entry for a lone call
@@ -481,6 +482,7 @@ def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
     dropped, and the next call gets its own reply, not the stale one."""
     with svc.connect(request_timeout_s=0.5, retry_s=0.5) as q:
         pid = q.ping()[SHARD_A]
+        q.queue_config("default")  # its placement known: the lone call is the enqueue itself
         os.kill(pid, signal.SIGSTOP)
         try:
             with pytest.raises(ShardUnavailable, match="did not answer enqueue"):

@@ -19,7 +19,7 @@ import math
 import secrets
 
 from .. import limits
-from ..config import Config, QueueConfig
+from ..config import LIMIT_KEYS, Config, QueueConfig
 from ..errors import InvalidConfig, Unsupported, UnknownQueue
 from .sqs_client import Api
 from .sqs_mapping import REDRIVE_KEY_TAG, parse_redrive_key, queue_names
@@ -39,6 +39,11 @@ def queue_attributes(name: str, q: QueueConfig, high_throughput: bool) -> dict[s
     if not limits.SQS_MESSAGE_BYTES_MIN <= q.max_body_bytes <= limits.SQS_MESSAGE_BYTES_MAX:
         raise Unsupported(f"{where}.max_body_bytes: {q.max_body_bytes} is not supported by the sqs backend "
                           f"(SQS allows {limits.SQS_MESSAGE_BYTES_MIN}..{limits.SQS_MESSAGE_BYTES_MAX})")
+    if q.placed():
+        key = next(k for k in LIMIT_KEYS if getattr(q, k) not in (None, False))
+        raise Unsupported(f"{where}.{key}: limits (concurrency, rate, burst, group_*, fair) are not supported by "
+                          "the sqs backend: SQS has no place that sees every consumer's leases, so no cap or rate "
+                          "could be exact (docs/limits.md); remove them, or use the local shards")
     attrs = {"VisibilityTimeout": str(math.ceil(q.visibility_timeout)),
              "MaximumMessageSize": str(q.max_body_bytes),
              "MessageRetentionPeriod": str(RETENTION_S),

@@ -37,9 +37,10 @@ from ..protocol import validate
 from ..types import DeadLetter, JobId, Lease
 from .aioconn import Req, ShardConn
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
-                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, note_calls, wait_outcome)
-from .routing import (batch_ids, cut_requests, dead_letters_of, job_item, purge_calls, queue_totals, redrive_calls,
-                      shard_for_key, shard_of_job, split_by_shard)
+                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_item, lease_shard, listed,
+                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+                      split_by_shard)
 
 _now = SystemClock.now
 
@@ -68,6 +69,8 @@ class AsyncQueue:
         self.conns: list[ShardConn] = []
         self._rr = itertools.count()
         self._queue_cfg: dict[str, dict] = {}
+        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
+        self._asking: dict[str, asyncio.Future] = {}  # queue -> its placement question in flight
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._background: set[asyncio.Task] = set()
@@ -119,9 +122,25 @@ class AsyncQueue:
             for c, r, f in started:
                 if not f.done():
                     c.abandon(r, f)
+                elif not f.cancelled():
+                    f.exception()  # a later call's error, not raised: retrieved, or asyncio logs it
 
     def _shard_for(self, key) -> int:
         return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
+
+    async def _learn_owner(self, queue: str, ask: int) -> None:
+        """As :meth:`Router._learn_owner`: a queue's placement, asked once (docs/limits.md).
+        Calls that meet an unknown queue at once share one question."""
+        asking = self._asking.get(queue)
+        if asking is None:
+            asking = self._asking[queue] = asyncio.ensure_future(self._call(ask, "queue_config", [queue]))
+        try:
+            cfg = await asyncio.shield(asking)
+        finally:
+            if asking.done() and self._asking.get(queue) is asking:
+                del self._asking[queue]
+        self._queue_cfg.setdefault(queue, cfg)
+        self._owners.setdefault(queue, placed_owner(cfg))
 
     # ------------------------------------------------------------------ producing
     async def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> JobId:
@@ -131,7 +150,11 @@ class AsyncQueue:
         item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
             await self._note_priorities([queue])
-        conn = self.conns[self._shard_for(key)]
+        shard = self._shard_for(key)
+        if queue not in self._owners:
+            await self._learn_owner(queue, shard)
+        owner = self._owners[queue]
+        conn = self.conns[shard if owner is None else owner]  # a placed queue: its owner
         fut = self.loop.create_future()
         conn.submit_enqueue(fut, item)
         try:
@@ -143,7 +166,10 @@ class AsyncQueue:
     async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
         """Enqueue many jobs in as few requests per shard as the limits allow; ids
         in input order. Per shard request all-or-nothing; not atomic across shards."""
-        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards)
+        jobs = listed(jobs, "jobs")
+        for name in batch_queues(jobs, queue) - self._owners.keys():
+            await self._learn_owner(name, self._shard_for(None))
+        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
         new = prioritized - self._noted
         if new:
             await self._note_priorities(sorted(new))
@@ -177,6 +203,7 @@ class AsyncQueue:
         the first. Each lease is logged before it is returned, and fsynced first only on a
         queue with ``lease_sync = "strict"`` (docs/guarantees.md, "Lease durability")."""
         wait = check_dequeue(max_jobs, wait, visibility)
+        queue = queue_name(queue)
         polling = Polling(self.shards, self.retry_s, self.loop.time() + wait)
         first = next(self._rr) % self.shards
         while True:
@@ -205,7 +232,8 @@ class AsyncQueue:
         """Drive one :class:`~shardq.client.core.LeaseRound`, as the threaded router does. A
         round that fails (a shard's error, Closed, or the caller cancelled) hands back every
         lease it took, unstarted."""
-        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized)
+        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized,
+                         self._owners.get(queue))
         probe = min(self.retry_s, DOWN_PROBE_S)
         try:
             calls = rnd.start()
@@ -234,14 +262,16 @@ class AsyncQueue:
         by then, up to ``max_jobs``); [] when none came within ``timeout`` or a connection
         broke. The other waits are withdrawn (:meth:`ShardConn.abandon`). Cancelled, it
         leaves no lease behind: what it was answered is released unstarted."""
+        owner = self._owners.get(queue)  # a placed queue waits at its owner only
         started = [(conn,) + self._request(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout],
                                            retry_s=0)[1:]
-                   for shard, conn in enumerate(self.conns) if conn.proto is not None]
+                   for shard, conn in enumerate(self.conns) if conn.proto is not None and owner in (None, shard)]
         if not started:
             await asyncio.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
             return []
         # A shard that is down is looked at again soon, so its restart is waited on too.
-        limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == self.shards else min(timeout, DOWN_RECHECK_S)
+        asked = self.shards if owner is None else 1
+        limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == asked else min(timeout, DOWN_RECHECK_S)
 
         def answers() -> list:
             """Withdraw the waits still open; the answered ones' rows or errors."""
@@ -315,7 +345,7 @@ class AsyncQueue:
         """Delete the job. LeaseLost if the lease is no longer current."""
         if self._closed:
             raise Closed("client is closed")
-        conn = self.conns[shard_of_job(lease.job_id)]
+        conn = self.conns[lease_shard(lease, self.shards)]
         fut = self.loop.create_future()
         conn.submit_ack(fut, [lease.job_id, lease.token])
         try:
@@ -330,8 +360,8 @@ class AsyncQueue:
 
     async def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many, one request per shard; per lease None or the error."""
-        leases = list(leases)
-        indexes, calls = acks_by_shard(leases)
+        leases = listed(leases, "leases")
+        indexes, calls = acks_by_shard(leases, self.shards)
         try:
             results = await self._call_all(calls)
         finally:
@@ -342,22 +372,24 @@ class AsyncQueue:
     async def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
                    delivered: bool = True) -> None:
         """End the lease (visible again now, or after ``delay``); see Router.nack."""
+        shard = lease_shard(lease, self.shards)
+        delay = nack_delay(delay)
         try:
-            await self._call(shard_of_job(lease.job_id), "nack",
-                             [lease.job_id, lease.token, delay, error, delivered])
+            await self._call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
         finally:
             self._settled(lease)
 
     async def bury(self, lease: Lease, error: str | None = None) -> None:
         """Dead-letter the leased job now, whatever its delivery count."""
+        shard = lease_shard(lease, self.shards)
         try:
-            await self._call(shard_of_job(lease.job_id), "bury", [lease.job_id, lease.token, error])
+            await self._call(shard, "bury", [lease.job_id, lease.token, error])
         finally:
             self._settled(lease)
 
     async def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now."""
-        deadline = await self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])
+        deadline = await self._call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
         return lease._replace(deadline=deadline)
 
     def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
@@ -391,6 +423,7 @@ class AsyncQueue:
 
     # ------------------------------------------------------------------ admin
     async def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
+        queue = queue_name(queue)  # not hashed by the shard as it is: a list was a ProtocolError
         rows = await self._call_all([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
         return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
 
@@ -403,9 +436,10 @@ class AsyncQueue:
         return sum(n for n, _ in await self._call_all(calls)) if calls else 0
 
     async def queue_config(self, queue: str = "default") -> dict:
-        cfg = self._queue_cfg.get(queue)
+        cfg = self._queue_cfg.get(queue_name(queue))
         if cfg is None:
             cfg = self._queue_cfg[queue] = await self._call(0, "queue_config", [queue])
+            self._owners.setdefault(queue, placed_owner(cfg))
         return cfg
 
     async def stats(self) -> dict:

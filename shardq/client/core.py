@@ -30,7 +30,7 @@ from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnav
 from ..protocol import validate, wire
 from ..types import Lease
 from .priority import merge, plan
-from .routing import leases_of, shard_of_job
+from .routing import lease_shard, leases_of, shard_of_job
 
 log = logging.getLogger("shardq.router")
 
@@ -69,12 +69,13 @@ def ack_error(payload: Any, resent: bool) -> ShardqError | None:
     return None if resent and isinstance(err, JobGone) else err
 
 
-def acks_by_shard(leases: list[Lease]) -> tuple[list[list[int]], list[Call]]:
+def acks_by_shard(leases: list[Lease], shards: int | None = None) -> tuple[list[list[int]], list[Call]]:
     """One ``ack`` call per shard for ``leases``: (the indexes of ``leases`` each call acks,
-    the calls)."""
+    the calls). Every lease is checked first (:func:`~.routing.lease_shard`: InvalidJob, and
+    nothing is sent, for what is not a lease of a service of ``shards`` shards)."""
     per_shard: dict[int, list[int]] = {}
     for i, lease in enumerate(leases):
-        per_shard.setdefault(shard_of_job(lease.job_id), []).append(i)  # type: ignore[arg-type]  # ints on shards
+        per_shard.setdefault(lease_shard(lease, shards), []).append(i)
     calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
     return list(per_shard.values()), calls
 
@@ -154,14 +155,26 @@ def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], objec
 def check_dequeue(max_jobs: object, wait: object, visibility: object) -> float:
     """Check a ``dequeue_many``'s arguments (InvalidJob); returns the wait in seconds."""
     validate.count("max_jobs", max_jobs, limits.BATCH_JOBS_MAX)
-    wait = validate.seconds("wait", wait, hi=limits.WAIT_S_MAX) if wait else 0.0
+    # None and 0 mean no wait; any other value is checked (a falsy [] or "" was taken for 0)
+    wait = 0.0 if wait is None or wait == 0 and type(wait) in (int, float) else \
+        validate.seconds("wait", wait, hi=limits.WAIT_S_MAX)
     if visibility is not None:
         validate.seconds("visibility", visibility, hi=limits.VISIBILITY_TIMEOUT_S_MAX, positive=True)
     return wait
 
 
+def nack_delay(delay: object) -> float:
+    """A nack's delay, checked before it is sent (InvalidJob): None or 0 for none. The shard
+    reads any falsy value as 0, so ``[]`` or ``""`` released the lease at once instead of
+    being refused."""
+    if delay is None or delay == 0 and type(delay) in (int, float):
+        return 0
+    return validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+
+
 class LeaseRound:
-    """One try at leasing ``max_jobs`` jobs of ``queue``, starting at shard ``first``.
+    """One try at leasing ``max_jobs`` jobs of ``queue``, starting at shard ``first`` (only
+    at ``owner``, for a queue placed there because it declares limits: docs/limits.md).
 
     A queue known to use priorities (``prioritized``) gets the highest over all shards
     (:mod:`.priority`): lease at ``first`` while peeking at the others, then keep, release
@@ -178,9 +191,10 @@ class LeaseRound:
     :meth:`abandon`'s leases: a failed round keeps none."""
 
     def __init__(self, queue: str, visibility: float | None, max_jobs: int, first: int, shards: int,
-                 prioritized: bool) -> None:
+                 prioritized: bool, owner: int | None = None) -> None:
         self.queue, self.visibility, self.max_jobs, self.shards = queue, visibility, max_jobs, shards
-        self.order = [*range(first, shards), *range(first)]  # first, then round the ring
+        # first, then round the ring; a placed queue's jobs are all on its owner (docs/limits.md)
+        self.order = [*range(first, shards), *range(first)] if owner is None else [owner]
         self.uses_priorities = prioritized
         self.down: list[ShardUnavailable] = []
         self.unknown: list[OutcomeUnknown] = []

@@ -44,12 +44,12 @@ from ..errors import Closed, InvalidJob, ShardUnavailable
 from ..protocol import validate
 from ..types import DeadLetter, DeadLetterPage, Lease
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
-                   ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes,
+                   ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes, nack_delay,
                    note_calls, release_call, wait_outcome)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
-                      dead_letters_of, job_shard, leases_of, purge_calls, queue_totals, redrive_calls, shard_for_key,
-                      shard_of_job, split_by_shard)
+                      batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
+                      purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job, split_by_shard)
 
 log = logging.getLogger("shardq.router")
 
@@ -84,6 +84,7 @@ class Router:
         self._supervisor = supervisor
         self._closed = False
         self._queue_cfg: dict[str, dict] = {}
+        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._withdrawing = 0                # withdrawn waits whose outcome is not known yet
@@ -217,6 +218,19 @@ class Router:
             return next(self._rr) % self.shards
         return shard_for_key(key, self.shards)
 
+    def _route(self, queue: str, key) -> int:
+        """The shard of a job: its queue's owner if the queue declares limits (placed:
+        docs/limits.md), else by key. A queue's placement is asked once, of the shard its
+        job would go to by key (so a shard that is down stops only its own jobs)."""
+        shard = self._shard_for(key)
+        owner = self._owners[queue] if queue in self._owners else self._learn_owner(queue, shard)
+        return shard if owner is None else owner
+
+    def _learn_owner(self, queue: str, ask: int) -> int | None:
+        cfg = self._call(ask, "queue_config", [queue])
+        self._queue_cfg.setdefault(queue, cfg)
+        return self._owners.setdefault(queue, placed_owner(cfg))
+
     def _session(self, shard: int) -> list:
         with self._lock:
             seq = next(self._seq)
@@ -237,7 +251,7 @@ class Router:
         item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
             self._note_priorities([queue])
-        shard = self._shard_for(key)
+        shard = self._route(queue, key)
         session = self._session(shard)
         try:
             return self._call(shard, "enqueue", [[item], session])[0]
@@ -252,7 +266,10 @@ class Router:
 
         Each request is all-or-nothing. Across requests it is not atomic: if one is refused
         (e.g. QueueFull) the error is raised and the other requests' jobs may be in."""
-        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards)
+        jobs = jobs if type(jobs) is list else list(jobs)
+        for name in batch_queues(jobs, queue) - self._owners.keys():
+            self._learn_owner(name, self._shard_for(None))
+        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
         new = prioritized - self._noted
         if new:
             self._note_priorities(sorted(new))
@@ -298,6 +315,7 @@ class Router:
         ``lease_sync = "strict"`` (the default, ``batched``, makes it durable with the next
         commit: docs/guarantees.md, "Lease durability"). A job is leased only once its
         enqueue is durable."""
+        queue = queue_name(queue)
         wait = check_dequeue(max_jobs, wait, visibility)
         polling = Polling(self.shards, self.retry_s, time.monotonic() + wait)
         first = next(self._rr) % self.shards
@@ -329,7 +347,8 @@ class Router:
         window: its jobs can wait, the other shards' should not. A round that fails hands
         back every lease it took, unstarted. Returns (leases, down errors, unknown-outcome
         errors)."""
-        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized)
+        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized,
+                         self._owners.get(queue))
         probe = min(self.retry_s, DOWN_PROBE_S)
         try:
             calls = rnd.start()
@@ -363,7 +382,9 @@ class Router:
         event = threading.Event()
         now = time.monotonic()
         parked: list[tuple[int, Future]] = []
-        for shard in range(self.shards):
+        owner = self._owners.get(queue)
+        asked = range(self.shards) if owner is None else [owner]  # a placed queue: its owner only
+        for shard in asked:
             try:
                 fut = self._send(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout], now)
             except ShardUnavailable:
@@ -375,7 +396,7 @@ class Router:
             return []
         clients = [self.clients[shard] for shard, _ in parked]
         deadline = now + timeout + WAIT_REPLY_MARGIN_S
-        if len(parked) < self.shards:  # a shard is down: withdraw and look again soon
+        if len(parked) < len(asked):  # a shard is down: withdraw and look again soon
             deadline = now + min(timeout, DOWN_RECHECK_S)
         while True:
             event.clear()
@@ -488,15 +509,15 @@ class Router:
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
-        errs, retried = self._call(shard_of_job(lease.job_id), "ack", [[[lease.job_id, lease.token]]],
+        errs, retried = self._call(lease_shard(lease, self.shards), "ack", [[[lease.job_id, lease.token]]],
                                    with_resent=True)
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
 
     def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many leases, one request per shard. Returns, per lease, None or the error."""
-        leases = list(leases)
-        indexes, calls = acks_by_shard(leases)
+        leases = listed(leases, "leases")
+        indexes, calls = acks_by_shard(leases, self.shards)
         return ack_many_outcome(len(leases), indexes, self._call_many(calls))
 
     def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
@@ -505,20 +526,23 @@ class Router:
         ``error`` is kept as the job's last error (shown in dead letters).
         ``delivered=False``: the job never reached a handler (an unstarted prefetch), so this
         lease does not count towards ``max_deliveries``."""
-        self._call(shard_of_job(lease.job_id), "nack", [lease.job_id, lease.token, delay, error, delivered])
+        shard = lease_shard(lease, self.shards)
+        delay = nack_delay(delay)
+        self._call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
 
     def bury(self, lease: Lease, error: str | None = None) -> None:
         """Move the leased job to the dead-letter queue now, with ``error`` as its error,
         whatever its delivery count. LeaseLost if the lease is no longer current."""
-        self._call(shard_of_job(lease.job_id), "bury", [lease.job_id, lease.token, error])
+        self._call(lease_shard(lease, self.shards), "bury", [lease.job_id, lease.token, error])
 
     def extend(self, lease: Lease, seconds: float) -> Lease:
         """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
-        deadline = self._call(shard_of_job(lease.job_id), "extend", [lease.job_id, lease.token, seconds])
+        deadline = self._call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
         return lease._replace(deadline=deadline)
 
     # ------------------------------------------------------------------ admin
     def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
+        queue = queue_name(queue)
         rows = self._call_many([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
         return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
 
@@ -536,10 +560,22 @@ class Router:
 
     def queue_config(self, queue: str = "default") -> dict:
         """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
+        queue = queue_name(queue)
         cfg = self._queue_cfg.get(queue)
         if cfg is None:
             cfg = self._queue_cfg[queue] = self._call(0, "queue_config", [queue])
+            self._owners.setdefault(queue, placed_owner(cfg))
         return cfg
+
+    def set_limits(self, queue: str, values: dict | None) -> dict:
+        """Change the limits of a queue that declares some, at run time and durably
+        (docs/limits.md): ``values`` maps some of concurrency, rate ("50/s"), burst,
+        group_concurrency, group_rate to a new value or None (that limit removed); None
+        goes back to the config's. Told to every shard (ShardUnavailable if one is down:
+        call again once it is back). Returns the limit figures of the queue's owner shard."""
+        replies = self._call_many([(s, "set_limits", [queue, values]) for s in range(self.shards)])
+        owner = placed_owner(self.queue_config(queue))
+        return replies[owner if owner is not None else 0][0]
 
     def stats(self) -> dict:
         """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
@@ -670,6 +706,13 @@ class Router:
 
     def ping(self) -> list[int]:
         return [r for r, _ in self._call_many([(s, "ping", []) for s in range(self.shards)])]
+
+    def backup_cuts(self, stage: str) -> list[dict]:
+        """Every shard's backup cut, asked of all at once (``backup_cut``; docs/backup.md):
+        per shard, the log files hard-linked into ``<shard dir>/<stage>/`` and where the copy
+        of its newest segment ends. ShardUnavailable if a shard is down: a backup needs
+        every shard (the staging dirs of the others are the caller's to remove)."""
+        return [cut for cut, _ in self._call_many([(s, "backup_cut", [stage]) for s in range(self.shards)])]
 
     def close(self) -> None:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""

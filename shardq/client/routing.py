@@ -26,6 +26,7 @@ _JOB_FIELDS = frozenset({"body", "key", "queue", "delay", "priority", "dedup_id"
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 _BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
+_QUEUE_MAX = limits.QUEUE_NAME_BYTES_MAX
 
 
 def shard_for_key(key: str, shards: int) -> int:
@@ -38,6 +39,45 @@ def shard_for_key(key: str, shards: int) -> int:
 
 def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
+
+
+def lease_shard(lease: Any, shards: int | None) -> int:
+    """The shard of ``lease``'s job, checked before anything is sent (ack, nack, extend,
+    bury): InvalidJob for what is not a :class:`~shardq.types.Lease` or whose job id is no
+    non-negative integer, and, when ``shards`` is given, for a lease whose id names a shard
+    a service of that many shards does not have (it cannot be one of its leases).
+    Unchecked, each failed inside a driver as an AttributeError, a TypeError or an
+    IndexError. (An id too large is left to the frame encoder and the shard, which refuse
+    it typed.)"""
+    job_id = lease.job_id if isinstance(lease, Lease) else None
+    if type(job_id) is not int or job_id < 0:  # not the usual lease
+        if not isinstance(lease, Lease):
+            raise InvalidJob(f"expected a Lease, got {type(lease).__name__}")
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
+            raise InvalidJob(f"job_id must be a non-negative integer, got {job_id!r:.40}")
+    shard: int = job_id & _SHARD_MASK
+    if shards is not None and shard >= shards:
+        raise InvalidJob(f"not a lease of this service: job {job_id} names shard {shard}, "
+                         f"and it has {shards}")
+    return shard
+
+
+def listed(values: Any, what: str) -> list[Any]:
+    """``values`` as a list; InvalidJob for what cannot be iterated (``None``, a number)."""
+    if type(values) is list:
+        return values
+    try:
+        return list(values)
+    except TypeError:
+        raise InvalidJob(f"{what} must be an iterable, got {type(values).__name__}") from None
+
+
+def queue_name(value: Any) -> str:
+    """``value`` if it is a string (its length and text are checked by the shard); InvalidJob
+    for anything else, before a driver hashes it (an unhashable list raised TypeError)."""
+    if type(value) is not str:
+        raise InvalidJob(f"queue must be a string, got {type(value).__name__}")
+    return value
 
 
 def job_shard(job_id: Any, shards: int) -> int:
@@ -80,14 +120,36 @@ def cut_requests(items: list[list[Any]]) -> Iterator[list[list[Any]]]:
         yield items[start:]
 
 
+def placed_owner(settings: Any) -> int | None:
+    """The shard a queue's ``queue_config`` reply says holds all its jobs (it declares
+    limits: docs/limits.md), or None: its jobs go by key."""
+    owner = settings.get("shard") if type(settings) is dict else None
+    return owner if type(owner) is int else None
+
+
+def batch_queues(jobs: list[Any], queue: Any) -> set[Any]:
+    """The queue names a batch of job dicts names (the router learns each one's placement
+    before it routes the batch; the jobs are checked later, in :func:`split_by_shard`)."""
+    # only strings: a name of another type is refused later, and may not even be hashable
+    names = {queue} if type(queue) is str else set()
+    for job in jobs:
+        if type(job) is dict and type(job.get("queue")) is str:
+            names.add(job["queue"])
+    return names
+
+
 def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callable[[str | None], int],
-                   shards: int) -> tuple[dict[int, list[list[Any]]], list[int], set[str]]:
+                   shards: int, owners: dict[str, int | None] | None = None,
+                   ) -> tuple[dict[int, list[list[Any]]], list[int], set[str]]:
     """Check a batch of job dicts (all of them before any is sent) and group their wire
     items by shard: ``({shard: [item, ...]}, the shard of each job in input order, the
     queues given a priority other than 0)``. ``shard_for`` routes one key; ``shards`` is
-    how many there are."""
-    jobs = jobs if type(jobs) is list else list(jobs)
-    usual = _usual_batch(jobs, queue, shards)
+    how many there are; ``owners`` maps a placed queue to the shard that holds all its jobs
+    (:func:`placed_owner`)."""
+    jobs = listed(jobs, "jobs")
+    owners = owners if owners and any(o is not None for o in owners.values()) else None
+    # the usual batch has jobs of ``queue`` only (no job names its own)
+    usual = _usual_batch(jobs, queue, shards) if owners is None or owners.get(queue) is None else None
     if usual is not None:
         return usual
     per_shard: dict[int, list[list[Any]]] = {}
@@ -103,7 +165,8 @@ def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callab
                        get("dedup_id"))
         if item[4]:
             prioritized.add(item[2])
-        shard = shard_for(key)
+        owner = owners.get(item[2]) if owners is not None else None
+        shard = shard_for(key) if owner is None else owner
         bucket = per_shard.get(shard)
         if bucket is None:
             bucket = per_shard[shard] = []
@@ -121,7 +184,9 @@ def _usual_batch(jobs: list[Any], queue: object,
     within the limits :func:`job_item` checks, with C loops (``map``, ``compress``)
     instead of Python steps per job; the same items and shards. None for any other batch,
     which the loop in split_by_shard then checks job by job, naming the first error."""
-    if type(queue) is not str or not jobs or set(map(type, jobs)) != {dict} or set(map(len, jobs)) != {2}:
+    if type(queue) is not str or not 0 < len(queue) <= _QUEUE_MAX or not queue.isascii():
+        return None  # job_item checks the name (and names the error)
+    if not jobs or set(map(type, jobs)) != {dict} or set(map(len, jobs)) != {2}:
         return None
     bodies: list[Any] = list(map(dict.get, jobs, itertools.repeat("body")))
     keys: list[Any] = list(map(dict.get, jobs, itertools.repeat("key")))  # None where a job has no key
@@ -190,6 +255,7 @@ def group_by_shard(shards: int, job_ids: Any) -> dict[int, list[int]]:
 
 def redrive_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, list[Any]]]:
     """The redrive requests: every shard (all dead letters), or the shards of ``job_ids``."""
+    queue = queue_name(queue)
     if job_ids is None:
         return [(s, "redrive", [queue, None]) for s in range(shards)]
     return [(s, "redrive", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
@@ -198,6 +264,7 @@ def redrive_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str,
 def purge_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, list[Any]]]:
     """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
     (checked: a list of integer ids of this service's shards)."""
+    queue = queue_name(queue)
     if job_ids is None:
         return [(s, "purge_dead", [queue]) for s in range(shards)]
     return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
@@ -210,14 +277,29 @@ def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, counts in sh["queues"].items():
             agg = queues.setdefault(name, dict.fromkeys(counts, 0))
             for k, v in counts.items():
+                if isinstance(v, dict):  # a placed queue's limit figures: its owner's (docs/limits.md)
+                    if not isinstance(agg.get(k), dict) or v.get("in_flight", 0) > agg[k].get("in_flight", 0):
+                        agg[k] = v
+                    continue
                 agg[k] = (agg.get(k) or v) if isinstance(v, bool) else agg.get(k, 0) + v  # flags: any shard
     return queues
 
 
 
+def _text_within(what: str, value: str, max_bytes: int) -> None:
+    """InvalidJob unless ``value`` is 1 to ``max_bytes`` bytes of valid text as UTF-8."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{what} is not valid text (it holds a lone surrogate)") from None
+    if not 0 < size <= max_bytes:
+        raise InvalidJob(f"{what} must be 1 to {max_bytes} bytes (UTF-8), got {value!r:.60}")
+
+
 def job_item(body: Any, key: Any, queue: Any, delay: Any, priority: Any, dedup_id: Any) -> list[Any]:
     """The wire form of one job, checked (the shard checks again; this catches errors
-    before a multi-shard batch is split, so no shard gets half of a bad batch)."""
+    before a multi-shard batch is split, so no shard gets half of a bad batch: the queue
+    name's length and every text's encoding included, which the shard alone would find)."""
     # Fast path for the common shape; anything unusual goes through the validators,
     # which raise the precise error.
     if not (type(body) is bytes and 0 < len(body) <= _BODY_CEILING):
@@ -226,10 +308,14 @@ def job_item(body: Any, key: Any, queue: Any, delay: Any, priority: Any, dedup_i
         validate.key(key)
     if type(queue) is not str:
         raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+    if not (0 < len(queue) <= _QUEUE_MAX and queue.isascii()):
+        _text_within("queue name", queue, _QUEUE_MAX)
     if type(delay) is not int or delay:
         validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
     if type(priority) is not int or priority:
         validate.priority(priority)
     if dedup_id is not None:
         validate.dedup_id(dedup_id)
+        if type(dedup_id) is str and not dedup_id.isascii():
+            _text_within("dedup_id", dedup_id, limits.DEDUP_ID_BYTES_MAX)
     return [body, key, queue, delay or 0, priority or 0, dedup_id]

@@ -37,6 +37,8 @@ purge_dead     [queue]                                                count
 queue_config   [queue]                                                {settings}
 stats          []                                                     {...}
 ping           []                                                     pid
+set_limits     [queue, {concurrency, rate, burst, group_concurrency,  {limit figures}
+                group_rate: value | None} | None (back to config)]
 pause          [queue]                                                True if it changed
 resume         [queue]                                                True if it changed
 cancel         [job_id]                                               "cancelled" | "purged"
@@ -112,6 +114,8 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("queue_config", ("queue",), RESEND, "_queue_config"),                 # read-only
     Request("stats", (), RESEND, "_stats"),                                       # read-only
     Request("ping", (), RESEND, "_ping"),                                         # read-only
+    # sets the same values again (docs/limits.md): a re-sent change changes nothing more
+    Request("set_limits", ("queue", "values"), RESEND, "_set_limits"),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
     # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
     # only read.

@@ -31,6 +31,23 @@ _COUNTER_HELP = {
 }
 
 
+#: The limit figures of a queue's ``stats`` exported as gauges (shardq_queue_limit_<key>).
+_LIMIT_HELP = {
+    "in_flight": "leases of the limited queue live on this shard (what concurrency caps)",
+    "concurrency": "the queue's concurrency cap in force",
+    "max_in_flight_seen": "the most leases of the queue live at once since the shard started",
+    "tokens": "tokens in the queue's rate bucket now",
+    "rate_per_s": "the queue's rate in force, leases per second",
+    "burst": "the most tokens the queue's bucket holds",
+    "held_back": "ready jobs a limit holds back now (not leased, not counted as deliveries)",
+    "groups": "groups of the queue with ready or leased jobs (or a refilling bucket)",
+    "groups_held_back": "groups a limit holds back now",
+    "group_concurrency": "the per-group concurrency cap in force",
+    "max_group_in_flight_seen": "the most leases of one group live at once since the shard started",
+    "group_rate_per_s": "the per-group rate in force, leases per second",
+}
+
+
 class ShardqCollector:
     """Registered in a ``CollectorRegistry``; ``collect()`` runs on every scrape."""
 
@@ -110,6 +127,10 @@ class ShardqCollector:
                 for counter in COUNTERS:
                     g.counter(f"shardq_queue_{counter}", _COUNTER_HELP[counter] + ", since the shard started",
                               labels, fig[counter], names=["queue", "shard"])
+                for key, value in (c.get("limits") or {}).items():  # a limited queue (docs/limits.md)
+                    if key in _LIMIT_HELP:
+                        g.gauge(f"shardq_queue_limit_{key}", _LIMIT_HELP[key], labels, value,
+                                names=["queue", "shard"])
         g.gauge("shardq_scrape_duration_seconds", "time this scrape took to read every shard", [],
                 time.perf_counter() - t0, names=[])
         yield from g.families.values()

@@ -1,7 +1,7 @@
 """The checkpoint codec: the live state written as checkpoint operations
 (:meth:`~CheckpointCodec.snapshot`), and the functions that apply the checkpoint-only ones
-(META, JOB, DEDUP, CLIENT, ENQUEUE_TIMES). A checkpoint also holds PRIORITIES, PAUSE and
-CANCEL operations, applied by the same functions as when they are logged live. A mixin of
+(META, JOB, DEDUP, CLIENT, ENQUEUE_TIMES). A checkpoint also holds PRIORITIES, PAUSE,
+CANCEL and LIMITS operations, applied by the same functions as when they are logged live. A mixin of
 :class:`~shardq.shard.state.ShardState`, built on :class:`~shardq.shard.core.StateCore`
 only; pure (it encodes, it writes nothing)."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ class CheckpointCodec(StateCore):
 
     def snapshot(self, chunk_bytes: int = limits.CHECKPOINT_CHUNK_BYTES) -> Iterator[bytes]:
         """Encoded lists of checkpoint operations that rebuild this state when applied to a
-        new :class:`ShardState` (keys keep their order; leases keep token and deadline).
+        new :class:`~shardq.shard.state.ShardState` (keys keep their order; leases keep token and deadline).
 
         Chunks are cut by size: each holds operations whose encoding is at most about
         ``chunk_bytes`` (one job with a larger body goes alone), so every chunk is within
@@ -159,10 +159,12 @@ class CheckpointCodec(StateCore):
 
     def control_checkpoint_ops(self) -> list[list]:
         """What a checkpoint must add after the JOB operations: paused queues, cancelled
-        leases, the enqueue-time samples."""
+        leases, the enqueue-time samples, limits changed at run time."""
         out = [self.enqueue_times.to_op(ops.ENQUEUE_TIMES)]
         out += [[ops.PAUSE, name, q.paused] for name, q in self.queues.items() if q.paused is not None]
         out += [[ops.CANCEL, jid] for jid in self.cancelled]
+        out += [[ops.LIMITS, name, q.lim.override] for name, q in self.queues.items()
+                if q.lim is not None and q.lim.override]
         return out
 
     def _apply_enqueue_times(self, op) -> None:

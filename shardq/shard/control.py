@@ -32,12 +32,14 @@ import heapq
 from itertools import islice
 
 from .. import limits
-from ..errors import InvalidJob, NotFound, check
+from ..config import owner_shard
+from ..errors import InvalidConfig, InvalidJob, NotFound, check
 from ..types import DeadLetter
 from . import ops
 from ..protocol import validate
 from .core import CANCELLED, COUNTERS, StateCore
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
+from .limiter import check_override
 
 #: How far into a ready line the age of its first live job is looked for (entries of jobs
 #: cancelled while ready stay in the line until a dequeue passes them).
@@ -83,6 +85,39 @@ class ControlOps(StateCore):
         qname, at = ops.read(ops.Pause, op)
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.paused = at
+
+    # ------------------------------------------------------------------ limits
+    def set_limits(self, queue: str, values, now: float) -> dict:
+        """Change the limits of a placed queue at run time, durably (docs/limits.md):
+        ``values`` maps some of concurrency, rate, burst, group_concurrency, group_rate to
+        a new value or None (no such limit); ``values`` None goes back to the config's.
+        InvalidConfig names a bad value; a queue its config does not place is refused (its
+        jobs are spread over the shards, where no shard-local counter is exact). Returns
+        the queue's limit figures afterwards."""
+        self.advance(now)
+        q = self._existing_queue(queue)
+        lim = q.lim
+        if lim is None:
+            raise InvalidConfig(f"queue {queue!r} declares no limit in its config, so its jobs are spread over "
+                                "the shards and no limit on it could be exact: declare one in its config "
+                                "(e.g. concurrency) and restart; later changes need no restart")
+        if values is not None:
+            merged = dict(lim.override or {})
+            merged.update(check_override(values, q.cfg))
+            values = merged
+        if queue not in self.queues:
+            if owner_shard(queue, self.shard_count) != self.shard_index:
+                return lim.figures(0, 0, now)  # it holds none of the queue's jobs, and never will
+            self._room_for_queues(1)  # a queue with no job yet is kept, and the change with it
+        self._emit([ops.LIMITS, queue, values])
+        q = self.queues[queue]
+        return q.lim.figures(q.counts[L], q.counts[R], now)  # type: ignore[union-attr]  # placed
+
+    def _apply_limits(self, op) -> None:
+        qname, values = ops.read(ops.Limits, op)
+        q = self.queues.get(qname) or self._logged_queue(qname)
+        if q.lim is not None:  # else today's config no longer places the queue: nothing to limit
+            q.lim.change(values)
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, job_id, now: float) -> str:

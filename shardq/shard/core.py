@@ -27,11 +27,12 @@ import heapq
 from collections import OrderedDict, deque
 
 from .. import limits
-from ..config import Config, QueueConfig, check_queue_name
+from ..config import Config, QueueConfig, check_queue_name, owner_shard
 from ..errors import InvalidJob, InvariantViolation, QueueFull, UnknownQueue, check
 from . import ops
 from .enqueue_times import EnqueueTimes
-from .jobstate import FROM_NEW, TRANSITIONS, NEW, D, JobState, R, W
+from .jobstate import FROM_NEW, TRANSITIONS, NEW, D, JobState, L, R, W
+from .limiter import Limiter
 
 #: What each queue counts since this process started (QueueState.totals, by these indices).
 #: Not logged: a restart starts them at zero (Prometheus ``rate()`` handles resets).
@@ -65,7 +66,7 @@ class QueueState:
     """One named queue on one shard."""
 
     __slots__ = ("name", "cfg", "ready", "prios", "keys", "dead", "dedup", "dedup_order", "counts",
-                 "paused", "totals", "prioritized")
+                 "paused", "totals", "prioritized", "lim")
 
     def __init__(self, name: str, cfg: QueueConfig):
         self.name = name
@@ -80,6 +81,8 @@ class QueueState:
         self.paused: float | None = None    # paused since (control.py)
         self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
         self.prioritized = False            # ever held a job of priority != 0, or was told so
+        #: the exact limits of a placed queue (limiter.py); None: no limit, the usual paths
+        self.lim: Limiter | None = Limiter(cfg) if cfg.placed() else None
 
     def push_ready(self, job: Job) -> None:
         dq = self.ready.get(job.priority)
@@ -87,6 +90,21 @@ class QueueState:
             dq = self.ready[job.priority] = deque()
             bisect.insort(self.prios, -job.priority)
         dq.append(job)
+
+
+class GroupedQueueState(QueueState):
+    """A queue with a ``group_separator``: its ready jobs wait in one line per group
+    (:class:`~.limiter.GroupLine`), served in queue order or in turn (``fair``) by its
+    limiter, which skips the groups a limit holds back; ``ready`` and ``prios`` stay empty."""
+
+    __slots__ = ()
+
+    def push_ready(self, job: Job) -> None:
+        self.lim.push(job)  # type: ignore[union-attr]  # a grouped queue always has its limiter
+
+
+def new_queue(name: str, cfg: QueueConfig) -> QueueState:
+    return GroupedQueueState(name, cfg) if cfg.group_separator is not None else QueueState(name, cfg)
 
 
 class StateCore:
@@ -97,6 +115,10 @@ class StateCore:
         check(0 <= shard_index < (1 << limits.JOB_ID_SHARD_BITS), "shard index out of range")
         self.shard_index = shard_index
         self.config = config
+        #: the service's shard count (the shard process sets it from its data dir): which
+        #: shard owns a placed queue (config.owner_shard)
+        self.shard_count = config.service.shards or 1
+        self.limited: list[QueueState] = []  # the queues with limits (their wake-up times: next_deadline)
         self.max_pending = config.limits.max_pending_jobs
         self.max_dedup = config.limits.max_dedup_ids
         self.dedup_held = 0   # dedup entries kept over every queue (each until its window ends)
@@ -164,11 +186,26 @@ class StateCore:
             cfg = self.config.queue(name)
             if cfg is None:
                 raise UnknownQueue(f"queue {name!r} is not declared in the config")
-            q = QueueState(name, cfg)
+            q = new_queue(name, cfg)
             if create:
                 self._room_for_queues(1)
                 self.queues[name] = q
+                self._note_limited(q)
         return q
+
+    def _note_limited(self, q: QueueState) -> None:
+        """Called for each queue the state adds: a limited one is looked at by next_deadline."""
+        if q.lim is not None:
+            self.limited.append(q)
+
+    def _owner_check(self, q: QueueState) -> None:
+        """A placed queue takes new jobs on its owner shard only (docs/limits.md): a client
+        that routed one elsewhere predates the config that placed it."""
+        owner = owner_shard(q.name, self.shard_count)
+        if owner != self.shard_index:
+            raise InvalidJob(f"queue {q.name!r} declares limits, so all its jobs live on shard {owner} "
+                             f"(docs/limits.md), not shard {self.shard_index}: this client learnt the queue's "
+                             "settings before the config placed it; reconnect it")
 
     def _room_for_queues(self, n: int) -> None:
         if len(self.queues) + n > limits.QUEUES_MAX:
@@ -186,7 +223,8 @@ class StateCore:
             if cfg is None:
                 cfg = self.config.queue_defaults
                 self.undeclared.add(name)
-            q = self.queues[name] = QueueState(name, cfg)
+            q = self.queues[name] = new_queue(name, cfg)
+            self._note_limited(q)
         return q
 
     def _set(self, job: Job, new: JobState) -> None:
@@ -200,6 +238,8 @@ class StateCore:
             job.q.counts[old] -= 1
         job.q.counts[new] += 1
         job.state = new
+        if (old is L or new is L) and job.q.lim is not None and job.q.lim.sep is not None:
+            job.q.lim.moved(job, old is L, new is L)  # a group's leases in flight
 
     def _make_available(self, job: Job) -> None:
         """``job`` just became the head of its key (or is keyless): ready, or delayed."""
@@ -295,4 +335,12 @@ class StateCore:
             times.append(self.delayed[0][0])
         if self.leases:
             times.append(self.leases[0][0])
+        now = self._now
+        if self.limited and now > float("-inf"):
+            for q in self.limited:  # jobs held back for a token: when the next one is due
+                lim = q.lim
+                if q.counts[R] and q.paused is None and lim is not None:
+                    for due in (lim.next_token(now), lim.next_group_token(now) if lim.sep is not None else None):
+                        if due is not None:
+                            times.append(due)
         return min(times) if times else None

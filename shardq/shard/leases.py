@@ -51,6 +51,13 @@ class LeaseOps(StateCore):
         if q.paused is not None:
             return []  # paused (control.py): nothing is leased
         vis = q.cfg.visibility_timeout if visibility is None else visibility
+        if q.lim is not None:
+            return self._dequeue_limited(q, now, vis, max_jobs)
+        return self._lease_ready(q, now, vis, max_jobs)
+
+    def _lease_ready(self, q, now: float, vis: float, max_jobs: int) -> list[Lease]:
+        """Lease up to ``max_jobs`` of ``q``'s ready jobs in queue order (priority, then FIFO)."""
+        queue = q.name
         out: list[Lease] = []
         prios, ready = q.prios, q.ready
         max_deliveries = q.cfg.max_deliveries
@@ -85,6 +92,49 @@ class LeaseOps(StateCore):
             out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
             reply_left -= size
         q.totals[LEASED] += len(out)
+        return out
+
+    def _dequeue_limited(self, q, now: float, vis: float, max_jobs: int) -> list[Lease]:
+        """A dequeue of a queue with limits (docs/limits.md): at most as many leases as its
+        concurrency and its bucket allow now; of a grouped queue, the heads of the groups in
+        queue order or in turn (``fair``), skipping the groups a limit holds back. A job held
+        back is not touched: no delivery counted, nothing logged, its place kept."""
+        lim = q.lim
+        n = min(max_jobs, lim.allowance(q.counts[L], now))
+        if n <= 0:
+            return []
+        if lim.sep is None:
+            out = self._lease_ready(q, now, vis, n)
+        else:
+            out = []
+            max_deliveries = q.cfg.max_deliveries
+            reply_left = limits.REPLY_BYTES_MAX
+            while len(out) < n:
+                line = lim.first(now)
+                if line is None:
+                    break
+                job = line.heap[0][2]
+                size = len(job.body) + 4 * len(job.key or "") + limits.JOB_FIXED_BYTES_MAX
+                if out and size > reply_left:
+                    break
+                if job.attempts >= max_deliveries:
+                    lim.take(line, now, leased=False)
+                    op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
+                    self._apply_dead(op, popped=True)
+                    self._ops.append(op)
+                    q.totals[DEAD_LETTERED] += 1
+                    continue
+                lim.take(line, now, leased=True)
+                token = self.next_token
+                if token >> _EPOCH_BITS != self.epoch:
+                    self._emit([ops.EPOCH, token >> _EPOCH_BITS])
+                op = [ops.LEASE, job.id, token, now + vis]
+                self._apply_lease(op)
+                self._ops.append(op)
+                out.append(Lease(job.id, job.key, job.body, q.name, job.attempts, token, now + vis))
+                reply_left -= size
+            q.totals[LEASED] += len(out)
+        lim.spent(len(out), q.counts[L], now)
         return out
 
     def _apply_lease(self, op) -> None:

@@ -40,6 +40,7 @@ CLIENT = 23
 # as its PAUSE, a cancelled lease as a CANCEL after its JOB.
 PAUSE = 30
 CANCEL = 31
+LIMITS = 32  # also in checkpoints, per queue whose limits were changed at run time
 ENQUEUE_TIMES = 40  # checkpoint only
 
 #: Lease tokens are (epoch << TOKEN_EPOCH_BITS) + a counter within the epoch.
@@ -169,6 +170,13 @@ class Cancel(NamedTuple):
     job_id: int
 
 
+class Limits(NamedTuple):
+    # The limits of a placed queue changed at run time (`shardq queue limit`): these values
+    # replace the config's (a key with None removes that limit); None: back to the config.
+    queue: str
+    values: dict[str, Any] | None
+
+
 class EnqueueTimes(NamedTuple):  # the sampled enqueue times (enqueue_times.py)
     seqs: list[int]
     times: list[float]
@@ -200,6 +208,7 @@ REGISTRY: dict[int, OpSpec] = {spec.code: spec for spec in (
     OpSpec(CLIENT, "client", Client, "_apply_client"),
     OpSpec(PAUSE, "pause", Pause, "_apply_pause"),
     OpSpec(CANCEL, "cancel", Cancel, "_apply_cancel"),
+    OpSpec(LIMITS, "limits", Limits, "_apply_limits"),
     OpSpec(ENQUEUE_TIMES, "enqueue_times", EnqueueTimes, "_apply_enqueue_times"),
 )}
 

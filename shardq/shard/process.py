@@ -319,7 +319,10 @@ class ShardServer(ControlHandlers):
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
         jobs = state.jobs
-        if leases and state.queues[queue].cfg.lease_sync == "batched":
+        q = state.queues[queue] if leases else None
+        # A limited queue's leases are fsynced first: a lease lost by a machine crash would
+        # leave its job running uncounted, past the cap (docs/limits.md).
+        if q is not None and q.cfg.lease_sync == "batched" and q.lim is None:
             # The lease may leave before its record is durable, but never before the job's
             # enqueue is: a job a crash could lose must not reach a handler.
             durable = self.committer.durable_seq
@@ -473,6 +476,10 @@ class ShardServer(ControlHandlers):
     def _purge_dead(self, args, now, conn, rid):
         return self.state.purge_dead(args[0], now)
 
+    def _set_limits(self, args, now, conn, rid):
+        queue, values = args
+        return self.state.set_limits(queue, values, now)
+
     def _queue_config(self, args, now, conn, rid):
         return self.state.queue_settings(args[0])
 
@@ -577,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     dd = DataDir(a.data_dir)
     authkey = dd.authkey()
     shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)
+    shard.state.shard_count = dd.shards()  # which shard owns a placed queue (docs/limits.md)
     try:
         with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
             lock_fd = _lock_shard_dir(dd.shard_dir(a.index))

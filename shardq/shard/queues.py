@@ -5,6 +5,7 @@ only; pure like it (no I/O, ``now`` from the caller, every change a logged opera
 from __future__ import annotations
 
 from .. import limits
+from ..config import LIMIT_KEYS, owner_shard
 from ..errors import InvalidJob, QueueFull, UnknownQueue, check
 from . import ops
 from ..protocol import validate
@@ -76,6 +77,8 @@ class QueueOps(StateCore):
             elif undeclared and qname in undeclared:
                 raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
                                    "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
+            if q.lim is not None:
+                self._owner_check(q)
             max_body = q.cfg.max_body_bytes
             if not (type(b) is bytes and 0 < len(b) <= max_body):
                 b = validate.body(b, max_body)
@@ -99,6 +102,8 @@ class QueueOps(StateCore):
         if new_queues:
             self._room_for_queues(len(new_queues))
         queues.update(new_queues)  # every item is valid: from here on nothing can refuse
+        for q in new_queues.values():
+            self._note_limited(q)
         emitted = self._ops
         first_op = len(emitted)
         apply_enqueue = self._apply_enqueue
@@ -233,8 +238,17 @@ class QueueOps(StateCore):
         q.prioritized = True
 
     def has_ready(self, queue: str) -> bool:
+        """Whether a dequeue of ``queue`` would lease a job now (as of the last
+        :meth:`advance`): a job is ready and, on a limited queue, no limit holds it back.
+        Waiting dequeues and watches are answered by it, so a limit never makes a consumer spin."""
         q = self.queues.get(queue)
-        return q is not None and q.counts[R] > 0 and q.paused is None
+        if q is None or not q.counts[R] or q.paused is not None:
+            return False
+        lim = q.lim
+        if lim is None or self._now == float("-inf"):
+            return True
+        now = self._now
+        return lim.allowance(q.counts[L], now) > 0 and (lim.sep is None or lim.first(now) is not None)
 
     def stats(self) -> dict:
         out = {}
@@ -246,10 +260,22 @@ class QueueOps(StateCore):
                 out[name]["paused"] = True
             if name in self.undeclared:
                 out[name]["undeclared"] = True  # removed from the config; drain it
+            if q.lim is not None and self._now > float("-inf"):
+                out[name]["limits"] = q.lim.figures(c[L], c[R], self._now)
         return out
 
     def queue_settings(self, queue: str) -> dict:
         q = self.queues.get(queue) or self._queue(queue, create=False)
         cfg = q.cfg
-        return {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
-                "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes}
+        out = {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
+               "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes,
+               # where a client sends the queue's jobs: its owner shard if it is placed
+               # (it declares limits: docs/limits.md), else None (by key)
+               "shard": owner_shard(queue, self.shard_count) if cfg.placed() else None}
+        for key in LIMIT_KEYS:
+            value = getattr(cfg, key)
+            if value is not None and value is not False:
+                out[key] = value
+        if q.lim is not None and q.lim.override:
+            out["runtime_override"] = dict(q.lim.override)
+        return out
