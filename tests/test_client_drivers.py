@@ -369,3 +369,21 @@ def test_a_shard_that_misses_the_priority_note_is_told_with_the_next_prioritized
         f.answer = lambda s, op, args: Refuse("UnknownQueue") if op == "note_priorities" else [job_id(2, s)]
         q.enqueue(b"d", key="k", queue="other", priority=1)
     assert len(f.sent("enqueue")) == 3
+
+
+# ---------------------------------------------------------------------- bad arguments
+@pytest.mark.parametrize("call", [
+    lambda q: q.ack(shardq.Lease(job_id(1, 1000), None, b"", Q, 1, 7, 9e9)),      # a shard it has not
+    lambda q: q.nack(shardq.Lease(job_id(1, 0), None, b"", Q, 1, 7, 9e9), delay=[]),  # falsy, no number
+    lambda q: q.extend("not a lease", 10),
+    lambda q: q.ack_many(None),
+    lambda q: q.dequeue_many(["not", "a", "name"]),
+], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list"])
+def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
+    """Both drivers check what they are given in the one core before anything is sent
+    (tests/test_aio_hostile.py drives the asyncio client with Hypothesis)."""
+    f = fake(2, lambda shard, op, args: None)
+    q = connect(f.dd.path)
+    with pytest.raises(shardq.InvalidJob):
+        call(q)
+    assert f.requests == []

@@ -46,6 +46,8 @@ ATTR_ERROR = "shardq.error"  # String: a buried job's error (in the dead-letter 
 BINARY_BODY_MARK = "b"       # MessageBody of a message whose body is in ATTR_BODY
 DLQ_SUFFIX = "_dlq.fifo"
 
+# Every pattern is used with fullmatch: with match, "$" also matches before a final "\n",
+# so "abc\n" passed for a safe group ("kabc\n", which SQS refuses) or a queue name.
 _QUEUE_PART = re.compile(r"^[A-Za-z0-9-]+$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
 _GROUP_SAFE = re.compile(r"^[\x21-\x7e]+$")  # what SQS allows in MessageGroupId
@@ -66,25 +68,32 @@ class Target:
 
 def parse_target(target: str) -> Target:
     """``sqs://<region>/<prefix>[?endpoint=http://127.0.0.1:PORT]`` -> :class:`Target`."""
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except (TypeError, ValueError):  # not a string; "sqs://[x/p" (an unclosed IPv6 literal)
+        raise InvalidConfig(f"{target!r:.200}: expected sqs://<region>/<queue-name-prefix>") from None
     if parts.scheme != "sqs" or not parts.netloc:
         raise InvalidConfig(f"{target!r}: expected sqs://<region>/<queue-name-prefix>")
     prefix = parts.path.strip("/")
-    if not prefix or not _PREFIX.match(prefix) or len(prefix) > 40:
+    if not prefix or not _PREFIX.fullmatch(prefix) or len(prefix) > 40:
         raise InvalidConfig(f"{target!r}: the prefix must be 1-40 letters, digits, '-' or '_'")
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = set(query) - {"endpoint"}
     if unknown:
         raise InvalidConfig(f"{target!r}: unknown option {sorted(unknown)[0]!r} (known: endpoint)")
     endpoint = query.get("endpoint", [None])[-1] or None
-    if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+    try:
+        scheme = urlsplit(endpoint).scheme if endpoint is not None else "http"
+    except ValueError:
+        scheme = ""
+    if scheme not in ("http", "https"):
         raise InvalidConfig(f"{target!r}: endpoint must be an http(s) URL")
     return Target(parts.netloc, prefix, endpoint)
 
 
 def queue_names(prefix: str, queue) -> tuple[str, str]:
     """(FIFO queue name, its dead-letter queue's name) of shardq queue ``queue``."""
-    if not isinstance(queue, str) or not _QUEUE_PART.match(queue):
+    if not isinstance(queue, str) or not _QUEUE_PART.fullmatch(queue):
         raise InvalidJob(f"queue {queue!r}: on the sqs backend a queue name is letters, digits and '-'")
     dlq = f"{prefix}-{queue}{DLQ_SUFFIX}"
     if len(dlq) > limits.SQS_QUEUE_NAME_CHARS_MAX:
@@ -101,19 +110,30 @@ def shardq_queue(prefix: str, sqs_name: str) -> str | None:
     return sqs_name[len(head):-len(".fifo")]
 
 
+def _utf8(value: str, what: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{what} is not valid text (it holds a lone surrogate)") from None
+
+
 def group_id(key: str | None) -> str:
+    """The MessageGroupId of ``key``: always what SQS accepts (1-128 characters of
+    ``[\\x21-\\x7e]``). InvalidJob for a key that is not valid text."""
     if key is None:
         return "u" + uuid.uuid4().hex
-    if len(key) < limits.SQS_GROUP_ID_CHARS_MAX and _GROUP_SAFE.match(key):
+    if len(key) < limits.SQS_GROUP_ID_CHARS_MAX and _GROUP_SAFE.fullmatch(key):
         return "k" + key
-    return "h" + hashlib.sha256(key.encode()).hexdigest()
+    return "h" + hashlib.sha256(_utf8(key, "key")).hexdigest()
 
 
 def dedup_id(key: str | None, dedup: str | bytes | None) -> str:
+    """The MessageDeduplicationId of a job: always what SQS accepts. InvalidJob for a key
+    or dedup id that is not valid text."""
     if dedup is None:
         return "n" + uuid.uuid4().hex
-    raw = dedup if isinstance(dedup, bytes) else dedup.encode()
-    scope = b"\x00" if key is None else b"\x01" + key.encode()
+    raw = dedup if isinstance(dedup, bytes) else _utf8(dedup, "dedup_id")
+    scope = b"\x00" if key is None else b"\x01" + _utf8(key, "key")
     return "d" + hashlib.sha256(scope + b"\x00" + raw).hexdigest()
 
 
@@ -153,7 +173,7 @@ def redrive_dedup_id(secret: bytes, job_id: str, dead_message_id: str, group: st
     """A redriven (or buried) copy's dedup id: it carries the job id, made unforgeable by a
     mac under the queue's redrive key over everything the copy carries, and a retried redrive
     within 5 minutes (same dead letter, so the same nonce) adds nothing."""
-    if len(job_id) > REDRIVE_JOB_ID_CHARS_MAX or not _GROUP_SAFE.match(job_id) or "." in job_id:
+    if len(job_id) > REDRIVE_JOB_ID_CHARS_MAX or not _GROUP_SAFE.fullmatch(job_id) or "." in job_id:
         raise InvalidJob(f"job id {job_id!r} cannot be carried by a redriven copy")
     nonce = hashlib.sha256(dead_message_id.encode()).hexdigest()[:REDRIVE_NONCE_CHARS]
     return f"r{job_id}.{nonce}.{_redrive_mac(secret, job_id, nonce, group, key, body)}"
@@ -192,10 +212,13 @@ def _attr_size(name: str, attr: dict) -> int:
 def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: str | None = None,
            error: str | None = None) -> Outgoing:
     """The SQS form of one job (``group`` and a ready ``dedup`` given for a redriven or
-    buried copy; ``error`` kept with a buried copy)."""
+    buried copy; ``error`` kept with a buried copy). Everything in it is what SQS accepts:
+    InvalidJob for a key or dedup id that is not valid text; characters SQS refuses in a
+    String attribute (NUL, a lone surrogate) in ``error`` become U+FFFD, since a bury must
+    not fail over the text of the error that caused it."""
     attrs: dict = {}
     if error:
-        attrs[ATTR_ERROR] = {"DataType": "String", "StringValue": error}
+        attrs[ATTR_ERROR] = {"DataType": "String", "StringValue": _NOT_SQS_TEXT.sub("\ufffd", error)}
     try:
         text = body.decode("utf-8")
         if _NOT_SQS_TEXT.search(text):
@@ -206,7 +229,7 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
         text = BINARY_BODY_MARK
         attrs[ATTR_BODY] = {"DataType": "Binary", "BinaryValue": body}
     if key is not None:
-        attrs[ATTR_KEY] = {"DataType": "Binary", "BinaryValue": key.encode()}
+        attrs[ATTR_KEY] = {"DataType": "Binary", "BinaryValue": _utf8(key, "key")}
     size = len(text.encode()) + sum(_attr_size(n, a) for n, a in attrs.items())
     return Outgoing(text, attrs, group or group_id(key), dedup_id(key, dedup) if group is None else dedup,
                     size)
@@ -244,9 +267,10 @@ def _binary(attrs: dict, name: str) -> bytes | None:
     attr = attrs.get(name)
     if attr is None:
         return None
-    if not isinstance(attr, dict) or attr.get("DataType") != "Binary" or "BinaryValue" not in attr:
+    value = attr.get("BinaryValue") if isinstance(attr, dict) and attr.get("DataType") == "Binary" else None
+    if not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidJob(f"attribute {name} is not of type Binary")
-    return bytes(attr["BinaryValue"])
+    return bytes(value)
 
 
 def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *,
@@ -281,12 +305,16 @@ def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *
         body = _binary(attrs, ATTR_BODY)
         if body is not None and text != BINARY_BODY_MARK:
             raise InvalidJob(f"attribute {ATTR_BODY} is set but the message body is text")
-        body = text.encode() if body is None else body
+        if body is None:
+            try:
+                body = text.encode()
+            except UnicodeEncodeError:  # a lone surrogate: no text SQS sends, nor a body shardq wrote
+                raise InvalidJob("the message body is not valid text") from None
         if not body:
             raise InvalidJob("the body is empty")
         if len(body) > max_body_bytes:
             raise InvalidJob(f"the body is {len(body)} bytes, over the queue's limit of {max_body_bytes}")
-        if key is None and not _KEYLESS_GROUP.match(group):
+        if key is None and not _KEYLESS_GROUP.fullmatch(group):
             raise InvalidJob(f"message group {group!r} is not a keyless job's and no {ATTR_KEY} is set")
         if key is not None and group != group_id(key):
             raise InvalidJob(f"message group {group!r} does not match its {ATTR_KEY} attribute")
@@ -303,9 +331,9 @@ def _job_id(message_id: str, dedup, secret: Callable[[], bytes | None], group: s
     buried copy whose mac verifies, the id it carries."""
     if not isinstance(dedup, str):
         raise InvalidJob("it has no MessageDeduplicationId")
-    if _PLAIN_DEDUP.match(dedup) or (dead and _DEAD_DEDUP.match(dedup)):
+    if _PLAIN_DEDUP.fullmatch(dedup) or (dead and _DEAD_DEDUP.fullmatch(dedup)):
         return message_id
-    m = _REDRIVE.match(dedup)
+    m = _REDRIVE.fullmatch(dedup)
     if m is None:
         raise InvalidJob(f"dedup id {dedup[:40]!r} is of no form shardq writes")
     job_id, nonce, mac = m.groups()

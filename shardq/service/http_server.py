@@ -10,8 +10,10 @@ on loopback unless ``metrics_public = false``, CSRF checks on every state-changi
 threads, bounded heads and bodies, an overall deadline per request, and a body read only for
 a request that passed authentication.
 
-Routes::
+Routes (described in full, with parameters, bodies and errors, by the OpenAPI document of
+:mod:`.console.openapi`; the handler's route tables and it are held equal by a test)::
 
+    GET  /openapi.json        that document (public: it holds no data)
     GET  /                    console page (login page first when a token is set)
     GET  /static/<file>       its assets (shipped in the package)
     GET  /login?token=T       logs in (sets the session cookie) and goes to /: the URL that
@@ -25,6 +27,10 @@ Routes::
     POST /api/cancel          {"id": JOB_ID}
     POST /api/redrive|purge   {"queue": Q, "ids": [JOB_ID, ...]}
     GET|POST /login, POST /logout
+
+Any other method gets 405 with ``Allow`` on a route (404 elsewhere), and what http.server
+refuses by itself (a malformed request line or header) the same JSON error, with the
+security headers.
 """
 from __future__ import annotations
 
@@ -45,8 +51,9 @@ from .. import limits
 from ..client.router import Router
 from ..config import HTTP_TOKEN_CHARS_MIN, HttpConfig, is_loopback, split_listen
 from ..datadir import DataDir
-from ..errors import (InvalidConfig, InvalidJob, LeaseLost, NotFound, ShardqError, ShardUnavailable,
-                      Unsupported)
+from ..errors import (Closed, InvalidConfig, InvalidJob, LeaseLost, NotFound, QueueFull, ShardqError,
+                      ShardUnavailable, Unsupported)
+from .console import openapi
 from .console.api import ConsoleApi
 from .http_auth import Auth
 from .http_listener import Listener, Request
@@ -68,9 +75,12 @@ SECURITY_HEADERS = (
     ("Referrer-Policy", "no-referrer"),
     ("Cache-Control", "no-store"),
 )
+# A ShardqError's status; any other is a 500. QueueFull (a new queue name past QUEUES_MAX) and
+# Closed (the listener is stopping) are the service's state, not the request's fault: 503.
 _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_REQUEST),
                  (LeaseLost, HTTPStatus.CONFLICT), (Unsupported, HTTPStatus.NOT_IMPLEMENTED),
-                 (ShardUnavailable, HTTPStatus.SERVICE_UNAVAILABLE))
+                 (ShardUnavailable, HTTPStatus.SERVICE_UNAVAILABLE), (QueueFull, HTTPStatus.SERVICE_UNAVAILABLE),
+                 (Closed, HTTPStatus.SERVICE_UNAVAILABLE))
 
 
 # The token in a logged request line (GET /login?token=...): the debug access log must not hold it.
@@ -125,6 +135,7 @@ class HttpService:
         # on the same host), and only if the operator has not asked for the token there too.
         self.auth = Auth(self.token, metrics_public=cfg.metrics_public and is_loopback(host))
         self.api = ConsoleApi(self.router, supervisor, scrape_timeout_s)
+        self.openapi = json.dumps(openapi.document()).encode()  # GET /openapi.json: the same bytes each time
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardqCollector(self.router, supervisor, scrape_timeout_s))
         self.listener: Listener | None = None
@@ -218,59 +229,99 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), _TOKEN_IN_URL.sub(r"\1...", fmt % args))
 
     # ------------------------------------------------------------------ dispatch
+    # The routes, as tables: routes() must equal the routes of the document served at
+    # /openapi.json (tests/test_console_fuzz.py holds them equal). "/static/" is a prefix.
+    _PUBLIC_GET = {"/login": "_login_page", "/openapi.json": "_openapi"}
+    _GET = {"/": "_page", "/metrics": "_metrics", "/api/session": "_session", "/api/overview": "_overview",
+            "/api/dead-letters": "_dead_letters", "/api/job": "_job"}
+    _PUBLIC_POST = {"/login": "_login", "/logout": "_logout"}
+
+    @classmethod
+    def routes(cls) -> set[tuple[str, str]]:
+        """Every (method, path) this handler answers."""
+        return ({("GET", "/static/{name}")} | {("GET", p) for p in (*cls._PUBLIC_GET, *cls._GET)}
+                | {("POST", p) for p in cls._PUBLIC_POST} | {("POST", f"/api/{a}") for a in ConsoleApi.ACTIONS})
+
+    def _target(self) -> tuple[str, dict[str, str]] | None:
+        """The request's path and query (the last value of each name); None once a 400 is
+        sent for a target that is no URL (``//[x``: urlsplit refuses it)."""
+        try:
+            url = urlsplit(self.path)
+        except ValueError:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "the request target is not a URL"})
+            return None
+        # keep_blank_values: "?queue=" names the queue "" (refused), it does not mean the default
+        return url.path, {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        url = urlsplit(self.path)
-        path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
+        target = self._target()
+        if target is None:
+            return None
+        path, query = target
         if not self.app.auth.host_ok(self.headers):
             return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden", "message": "Host is not loopback"})
         if path.startswith("/static/"):
             return self._static(path[len("/static/"):])
-        if path == "/login":
-            if "token" in query:  # the printed URL: log in, then drop the token from the address bar
-                if self.app.auth.login_ok(query["token"]):
-                    return self._redirect("/", cookie=self.app.auth.session_cookie())
-                return self._redirect("/login?failed=1")
-            return self._static("login.html")
+        public = self._PUBLIC_GET.get(path)
+        if public is not None:
+            return getattr(self, public)(query)
         how = self.app.auth.identify(self.headers)
         if how is None and path == "/metrics" and self.app.auth.metrics_open(self.headers):
-            how = "metrics"  # for this path only: the /metrics branch below answers it
+            how = "metrics"  # for this path only: the /metrics route answers it
         if how is None:
             if path == "/":
                 return self._redirect("/login")
             return self._json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized",
                                                         "message": "a token is required (bearer or login)"})
-        if path == "/":
-            return self._static("index.html")
-        if path == "/metrics":
-            return self._send(HTTPStatus.OK, generate_latest(self.app.registry), CONTENT_TYPE_LATEST)
-        api = self.app.api
-        if path == "/api/session":
-            return self._json(HTTPStatus.OK, {"csrf": self.app.auth.csrf, "auth": "token" if self.app.token
-                                              else "open", "data_dir": self.app.data_dir})
-        if path == "/api/overview":
-            return self._call(api.overview)
-        if path == "/api/dead-letters":
-            return self._call(api.dead_letters, query.get("queue", "default"), query.get("limit", 50),
-                              query.get("cursor"))
-        if path == "/api/job":
-            return self._call(api.job, query.get("id"))
-        return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no page {path!r:.80}"})
+        route = self._GET.get(path)
+        if route is None:
+            return self._not_allowed()
+        return getattr(self, route)(query)
+
+    def _login_page(self, query: dict[str, str]) -> None:
+        if "token" in query:  # the printed URL: log in, then drop the token from the address bar
+            if self.app.auth.login_ok(query["token"]):
+                return self._redirect("/", cookie=self.app.auth.session_cookie())
+            return self._redirect("/login?failed=1")
+        return self._static("login.html")
+
+    def _openapi(self, query: dict[str, str]) -> None:
+        self._send(HTTPStatus.OK, self.app.openapi, "application/json")
+
+    def _page(self, query: dict[str, str]) -> None:
+        self._static("index.html")
+
+    def _metrics(self, query: dict[str, str]) -> None:
+        self._send(HTTPStatus.OK, generate_latest(self.app.registry), CONTENT_TYPE_LATEST)
+
+    def _session(self, query: dict[str, str]) -> None:
+        self._json(HTTPStatus.OK, {"csrf": self.app.auth.csrf, "auth": "token" if self.app.token else "open",
+                                   "data_dir": self.app.data_dir})
+
+    def _overview(self, query: dict[str, str]) -> None:
+        self._call(self.app.api.overview)
+
+    def _dead_letters(self, query: dict[str, str]) -> None:
+        self._call(self.app.api.dead_letters, query.get("queue", "default"), query.get("limit", 50),
+                   query.get("cursor"))
+
+    def _job(self, query: dict[str, str]) -> None:
+        self._call(self.app.api.job, query.get("id"))
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's handler naming
-        path = urlsplit(self.path).path
+        target = self._target()
+        if target is None:
+            return None
+        path = target[0]
         auth = self.app.auth
         if not auth.host_ok(self.headers):
             return self._json(HTTPStatus.FORBIDDEN, {"error": "Forbidden", "message": "Host is not loopback"})
-        if path in ("/login", "/logout"):
+        public = self._PUBLIC_POST.get(path)
+        if public is not None:
             body = self._body()
             if body is None:
-                return
-            if path == "/logout":
-                return self._redirect("/login", cookie=auth.logout_cookie())
-            token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1]
-            if auth.login_ok(token):
-                return self._redirect("/", cookie=auth.session_cookie())
-            return self._redirect("/login?failed=1")
+                return None
+            return getattr(self, public)(body)
         # Authentication first, the body after: a client that may not act cannot make the
         # listener read (or wait for) a megabyte.
         how = auth.identify(self.headers)
@@ -281,21 +332,65 @@ class _Handler(BaseHTTPRequestHandler):
                                                      "message": "missing or wrong X-CSRF-Token, or a foreign Origin"})
         action = path[len("/api/"):] if path.startswith("/api/") else ""
         if action not in ConsoleApi.ACTIONS:
-            return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no action {path!r:.80}"})
+            return self._not_allowed()
         if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "UnsupportedMediaType",
                                                                    "message": "send application/json"})
         body = self._body()
         if body is None:
-            return
+            return None
         try:
             data = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "body is not JSON"})
         if not isinstance(data, dict):
             return self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "send a JSON object"})
         log.info("event=console-action action=%s by=%s args=%s", action, how, json.dumps(data)[:200])
         return self._call(getattr(self.app.api, action), data)
+
+    def _not_allowed(self) -> None:
+        """A method the path has no route for: 405 with ``Allow`` on a route of other methods,
+        404 elsewhere (for methods other than GET and POST too, instead of http.server's 501
+        page, whose HTML comes without the security headers)."""
+        target = self._target()
+        if target is None:
+            return None
+        path = target[0]
+        allowed = sorted({m for m, p in self.routes()
+                          if p == path or (p == "/static/{name}" and path.startswith("/static/"))})
+        if not allowed:
+            return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": f"no page {path!r:.80}"})
+        self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "MethodNotAllowed",
+                                                   "message": f"{self.command} is not allowed here"},
+                   headers=(("Allow", ", ".join(allowed)),))
+
+    def __getattr__(self, name: str):
+        # http.server looks up do_<METHOD> for the request's method: every method but GET
+        # and POST, known (HEAD, PUT, QUERY...) or not, is answered by _not_allowed.
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server sends by itself (a malformed request line or header, an unknown
+        method): the API's JSON error with the security headers, and the connection closed,
+        instead of its HTML page."""
+        self.close_connection = True
+        try:
+            status = HTTPStatus(code)
+            name, phrase = status.phrase.replace(" ", "").replace("-", ""), status.phrase
+        except ValueError:
+            name = phrase = str(code)
+        self._json(code, {"error": name, "message": (message or phrase)[:200]}, headers=(("Connection", "close"),))
+
+    def _login(self, body: bytes) -> None:
+        token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1]
+        if self.app.auth.login_ok(token):
+            return self._redirect("/", cookie=self.app.auth.session_cookie())
+        return self._redirect("/login?failed=1")
+
+    def _logout(self, body: bytes) -> None:
+        self._redirect("/login", cookie=self.app.auth.logout_cookie())
 
     # ------------------------------------------------------------------ helpers
     def _body(self) -> bytes | None:
@@ -327,7 +422,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": "no such asset"})
         try:
             data = resources.files("shardq.service.console").joinpath("static", name).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
+        except (OSError, ValueError):  # not there; a name too long for the file system; a NUL in it
             return self._json(HTTPStatus.NOT_FOUND, {"error": "NotFound", "message": "no such asset"})
         self._send(HTTPStatus.OK, data, STATIC_TYPES[os.path.splitext(name)[1]])
 
@@ -341,17 +436,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
 
-    def _json(self, status: int, obj) -> None:
-        self._send(status, json.dumps(obj, default=str).encode(), "application/json")
+    def _json(self, status: int, obj, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        self._send(status, json.dumps(obj, default=str).encode(), "application/json", headers)
 
-    def _send(self, status: int, data: bytes, ctype: str) -> None:
+    def _send(self, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
-        for k, v in SECURITY_HEADERS:
+        for k, v in (*SECURITY_HEADERS, *headers):
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":  # a HEAD's reply has the head only (its length still says the body's)
+            self.wfile.write(data)
 
 
 class _SocketWriter(io.RawIOBase):

@@ -5,10 +5,15 @@ overview marks it down, dead-letter pages skip it (and say so). Actions (pause, 
 cancel, redrive, purge) go through the same router calls as the CLI and raise their typed
 errors, which the server turns into JSON error replies.
 
-Job ids travel as strings: they can exceed JavaScript's exact integers (2**53).
+Job ids travel as strings: they can exceed JavaScript's exact integers (2**53). An action
+takes a JSON object of the fields openapi.py documents for it and no other: a typo
+(``"queues"``) is refused, not read as a request that names nothing.
 """
 from __future__ import annotations
 
+import re
+
+from ... import limits
 from ...client.routing import job_id_from_text
 from ...errors import InvalidJob
 from ...protocol import validate
@@ -17,6 +22,10 @@ from ...shard.control import COUNTERS
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
 BODY_PREVIEW_BYTES = 200
 PAGE_MAX = 200
+# The text forms the API takes, matched whole (openapi.py documents them): int() alone would
+# also take " 5", "+5", "5_0" and digits of other scripts.
+CURSOR_PATTERN = r"^([0-9]{1,4}:[0-9]{0,19})?$"  # "<shard>:<last id>" as the router makes it, or ""
+LIMIT_PATTERN = r"^-?[0-9]{1,9}$"
 
 
 def _id(value) -> int:
@@ -29,8 +38,8 @@ def _id(value) -> int:
 
 
 def _ids(values) -> list[int]:
-    if not isinstance(values, list) or not values:
-        raise InvalidJob("ids must be a non-empty list of job ids")
+    if not isinstance(values, list) or not 0 < len(values) <= limits.BATCH_JOBS_MAX:
+        raise InvalidJob(f"ids must be a list of 1 to {limits.BATCH_JOBS_MAX} job ids")
     return [_id(v) for v in values]
 
 
@@ -38,6 +47,15 @@ def _queue(value) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidJob("queue must be a non-empty string")
     return value
+
+
+def _fields(data: dict, *names: str) -> dict:
+    """``data``, refused (InvalidJob) when it holds a field the action does not take: a
+    typo (``"queues"``) must not pass for a request that names nothing."""
+    extra = sorted(set(data) - set(names))
+    if extra:
+        raise InvalidJob(f"unknown field {extra[0]!r:.60}; this action takes {', '.join(names)}")
+    return data
 
 
 def _preview(body: bytes) -> str:
@@ -93,11 +111,14 @@ class ConsoleApi:
                 row["replay_seconds"] = h.ready_info.get("replay_s")
         return row
 
-    def dead_letters(self, queue, limit=50, cursor=None) -> dict:
-        try:
+    def dead_letters(self, queue, limit: int | str = 50, cursor: str | None = None) -> dict:
+        """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first."""
+        if isinstance(limit, str) and re.fullmatch(LIMIT_PATTERN, limit):
             limit = int(limit)
-        except (TypeError, ValueError):
-            raise InvalidJob(f"limit must be an integer, got {limit!r:.20}") from None
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise InvalidJob(f"limit must be an integer, got {limit!r:.20}")
+        if cursor and not (isinstance(cursor, str) and re.fullmatch(CURSOR_PATTERN, cursor)):
+            raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.40}")
         page = self.router.dead_letters_page(_queue(queue), min(max(limit, 1), PAGE_MAX), cursor or None,
                                              skip_unavailable=True)
         return {"items": [{"id": str(d.job_id), "key": d.key, "attempts": d.attempts, "error": d.error,
@@ -111,19 +132,25 @@ class ConsoleApi:
         return info
 
     # ------------------------------------------------------------------ actions
+    # Each takes the JSON object of the request (the fields openapi.py documents, no other).
     def pause(self, data: dict) -> dict:
-        return {"queue": data.get("queue"), "changed_shards": self.router.pause(_queue(data.get("queue")))}
+        queue = _queue(_fields(data, "queue").get("queue"))
+        return {"queue": queue, "changed_shards": self.router.pause(queue)}
 
     def resume(self, data: dict) -> dict:
-        return {"queue": data.get("queue"), "changed_shards": self.router.resume(_queue(data.get("queue")))}
+        queue = _queue(_fields(data, "queue").get("queue"))
+        return {"queue": queue, "changed_shards": self.router.resume(queue)}
 
     def cancel(self, data: dict) -> dict:
-        return {"id": str(data.get("id")), "result": self.router.cancel(_id(data.get("id")))}
+        job_id = _id(_fields(data, "id").get("id"))
+        return {"id": str(job_id), "result": self.router.cancel(job_id)}
 
     def redrive(self, data: dict) -> dict:
+        _fields(data, "queue", "ids")
         return {"redriven": self.router.redrive(_queue(data.get("queue")), _ids(data.get("ids")))}
 
     def purge(self, data: dict) -> dict:
+        _fields(data, "queue", "ids")
         return {"purged": self.router.purge_dead_letters(_queue(data.get("queue")), _ids(data.get("ids")))}
 
     ACTIONS = ("pause", "resume", "cancel", "redrive", "purge")

@@ -1,0 +1,253 @@
+"""The HTTP API of ``shardq serve`` described as OpenAPI 3.1: every route the listener
+answers, its parameters, JSON bodies, replies and errors.
+
+The listener (:mod:`..http_server`) serves :func:`document` at ``GET /openapi.json``. Its
+dispatch tables and this document name the same routes (``tests/test_console_fuzz.py``
+holds them equal, so neither can gain a route the other lacks), and that test fuzzes a real
+listener from this document.
+
+``/openapi.json`` is public, as the login page and the static assets are: it is the same
+document for every install (built from the package, like those assets), it holds no data
+and changes nothing, and a client needs it to learn how to authenticate before it has
+a token. The ``Host`` check of an open (``auth = "none"``) listener still applies to it.
+
+What the document promises, and the server keeps:
+
+* every reply of ``/api/`` is JSON; an error is ``{"error": <the shardq error class, or the
+  HTTP status phrase>, "message": <text>}`` with 400 (bad input: ``InvalidJob``), 401 (no
+  token), 403 (CSRF, ``Origin`` or ``Host``), 404 (no such job or page), 405 (another
+  method; ``Allow`` names the route's), 413 (a body over ``limits.HTTP_BODY_BYTES_MAX``),
+  415 (a POST that is not JSON) or 503 (a shard is down or full: ``ShardUnavailable``,
+  ``QueueFull``); a 5xx other than 503 is a bug;
+* a JSON body with a field the operation does not take is refused (400), so a typo is not
+  ignored; numbers in the query are ASCII digits (``int()`` alone would take " 5", "+5");
+* job ids travel as strings of ASCII digits (they can exceed JavaScript's exact integers);
+  an integer is taken too.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ... import limits
+from ...shard.control import COUNTERS
+from .api import COUNT_KEYS, CURSOR_PATTERN, PAGE_MAX
+
+OPENAPI_VERSION = "3.1.0"
+API_VERSION = "1"
+
+# Who may call: the token as a bearer header (scripts, Prometheus), or the session cookie
+# that logging in sets (people); a POST with the cookie needs the CSRF header too.
+_Security = list[dict[str, list[str]]]
+_TOKEN: _Security = [{"bearer": []}, {"session": []}]
+_ACTION: _Security = [{"bearer": []}, {"session": [], "csrf": []}]
+_PUBLIC: _Security = []
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+def _nullable(kind: str) -> dict[str, Any]:
+    return {"type": [kind, "null"]}
+
+
+_INT0 = {"type": "integer", "minimum": 0}
+_JOB_ID_TEXT = {"type": "string", "pattern": "^[0-9]{1,19}$",
+                "description": "a job id: ASCII digits, below 2**63"}
+_JOB_ID = {"oneOf": [_JOB_ID_TEXT, {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}]}
+_QUEUE = {"type": "string", "minLength": 1, "maxLength": limits.QUEUE_NAME_BYTES_MAX,
+          "description": f"a queue name (at most {limits.QUEUE_NAME_BYTES_MAX} bytes as UTF-8)"}
+
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "Error": {"type": "object", "required": ["error", "message"],
+              "properties": {"error": {"type": "string",
+                                       "description": "the shardq error class, or the HTTP status phrase"},
+                             "message": {"type": "string"}}},
+    "Session": {"type": "object", "required": ["csrf", "auth", "data_dir"],
+                "properties": {"csrf": {"type": "string", "description": "the X-CSRF-Token value"},
+                               "auth": {"enum": ["open", "token"]},
+                               "data_dir": {"type": "string"}}},
+    "Queue": {"type": "object",
+              "required": ["name", "paused", "partly_paused", "paused_shards", "oldest_ready_age_s",
+                           *COUNT_KEYS, *COUNTERS],
+              "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
+                             "partly_paused": {"type": "boolean"}, "paused_shards": _INT0,
+                             "oldest_ready_age_s": {"type": ["number", "null"], "minimum": 0},
+                             **{k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}},
+    "Shard": {"type": "object", "required": ["shard", "up", "error"],
+              "properties": {"shard": _INT0, "up": {"type": "boolean"}, "error": _nullable("string"),
+                             **{k: _nullable("integer") for k in ("pid", "jobs", "wal_bytes", "segments",
+                                                                  "clients", "compactions", "replay_records",
+                                                                  "restarts")},
+                             "replay_seconds": _nullable("number"),
+                             "status": {"enum": ["starting", "ready", "restarting", "failed", "stopped"]},
+                             "last_exit": _nullable("string"), "reason": _nullable("string")}},
+    "Overview": {"type": "object", "required": ["queues", "shards", "totals"],
+                 "properties": {"queues": {"type": "array", "items": _ref("Queue")},
+                                "shards": {"type": "array", "items": _ref("Shard")},
+                                "totals": {"type": "object", "required": [*COUNT_KEYS, *COUNTERS],
+                                           "properties": {k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}}},
+    "DeadLetter": {"type": "object", "required": ["id", "key", "attempts", "error", "body", "body_bytes"],
+                   "properties": {"id": _JOB_ID_TEXT, "key": _nullable("string"), "attempts": _INT0,
+                                  "error": _nullable("string"),
+                                  "body": {"type": "string", "description": "the first 200 bytes, as text"},
+                                  "body_bytes": _INT0}},
+    "DeadLetterPage": {"type": "object", "required": ["items", "cursor", "skipped_shards"],
+                       "properties": {"items": {"type": "array", "items": _ref("DeadLetter")},
+                                      "cursor": {"type": ["string", "null"], "pattern": CURSOR_PATTERN,
+                                                 "description": "pass it back for the next page; null: no more"},
+                                      "skipped_shards": {"type": "array", "items": _INT0}}},
+    "Job": {"type": "object",
+            "required": ["job_id", "shard", "queue", "key", "state", "attempts", "priority", "deadline", "error",
+                         "position", "cancelled", "queue_paused", "enqueued_at", "body", "body_bytes"],
+            "properties": {"job_id": _JOB_ID_TEXT, "shard": _INT0, "queue": {"type": "string"},
+                           "key": _nullable("string"),
+                           "state": {"enum": ["waiting", "delayed", "ready", "leased", "dead"]},
+                           "attempts": _INT0, "priority": {"type": "integer"}, "deadline": _nullable("number"),
+                           "error": _nullable("string"), "position": {"type": ["integer", "null"], "minimum": 0},
+                           "cancelled": {"type": "boolean"}, "queue_paused": {"type": "boolean"},
+                           "enqueued_at": _nullable("number"),
+                           "body": {"type": "string", "description": "the first 200 bytes, as text"},
+                           "body_bytes": _INT0}},
+    "QueueRequest": {"type": "object", "required": ["queue"], "additionalProperties": False,
+                     "properties": {"queue": _QUEUE}},
+    "QueueChange": {"type": "object", "required": ["queue", "changed_shards"],
+                    "properties": {"queue": {"type": "string"}, "changed_shards": _INT0}},
+    "CancelRequest": {"type": "object", "required": ["id"], "additionalProperties": False,
+                      "properties": {"id": _JOB_ID}},
+    "CancelResult": {"type": "object", "required": ["id", "result"],
+                     "properties": {"id": _JOB_ID_TEXT,
+                                    "result": {"enum": ["cancelled", "purged", "cancelling", "gone"]}}},
+    "IdsRequest": {"type": "object", "required": ["queue", "ids"], "additionalProperties": False,
+                   "properties": {"queue": _QUEUE,
+                                  "ids": {"type": "array", "minItems": 1, "maxItems": limits.BATCH_JOBS_MAX,
+                                          "items": _JOB_ID}}},
+    "Redriven": {"type": "object", "required": ["redriven"], "properties": {"redriven": _INT0}},
+    "Purged": {"type": "object", "required": ["purged"], "properties": {"purged": _INT0}},
+}
+
+_SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer",
+               "description": "the token: [http] token, SHARDQ_HTTP_TOKEN, or <data dir>/http-token"},
+    "session": {"type": "apiKey", "in": "cookie", "name": "shardq_session",
+                "description": "set by logging in (GET /login?token=..., POST /login)"},
+    "csrf": {"type": "apiKey", "in": "header", "name": "X-CSRF-Token",
+             "description": "the csrf value of GET /api/session; with the session cookie on every POST"},
+}
+
+_UNAUTHORIZED = _error("no token: neither the bearer header nor the session cookie")
+_DENIED = _error("the Host is not loopback (a listener without a token), or, on a POST with the "
+                 "session cookie, the X-CSRF-Token is missing or wrong or the Origin is foreign")
+_BAD = _error("bad input (InvalidJob)")
+_DOWN = _error("a shard is down, or full (ShardUnavailable, QueueFull)")
+_REDIRECT = {"description": "see Location", "headers": {"Location": {"schema": {"type": "string"}}}}
+_HTML = {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+def _read(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None = None,
+          not_found: str | None = None) -> dict[str, Any]:
+    responses = {"200": ok, "400": _BAD, "401": _UNAUTHORIZED, "403": _DENIED, "503": _DOWN}
+    if not_found:
+        responses["404"] = _error(not_found)
+    return {"summary": summary, "security": _TOKEN, "parameters": params or [], "responses": responses}
+
+
+def _action(summary: str, request: str, reply: str, not_found: str | None = None) -> dict[str, Any]:
+    responses = {"200": _json(_ref(reply), "done"), "400": _BAD, "401": _UNAUTHORIZED, "403": _DENIED,
+                 "413": _error(f"a body over {limits.HTTP_BODY_BYTES_MAX} bytes"),
+                 "415": _error("the body is not application/json"), "503": _DOWN}
+    if not_found:
+        responses["404"] = _error(not_found)
+    return {"summary": summary, "security": _ACTION,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": responses}
+
+
+def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": required, "schema": schema, "description": description}
+
+
+_PATHS: dict[str, dict[str, Any]] = {
+    "/": {"get": {"summary": "the console page (a redirect to /login without a session)", "security": _PUBLIC,
+                  "responses": {"200": _HTML, "303": _REDIRECT}}},
+    "/static/{name}": {"get": {
+        "summary": "the console's assets (shipped in the package)", "security": _PUBLIC,
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "the asset",
+                              "content": {t: {"schema": {"type": "string"}}
+                                          for t in ("text/html", "text/javascript", "text/css", "image/svg+xml")}},
+                      "403": _DENIED, "404": _error("no such asset")}}},
+    "/login": {
+        "get": {"summary": "the login page; with ?token= logs in (sets the session cookie) and goes to /",
+                "security": _PUBLIC,
+                "parameters": [_query("token", {"type": "string"}, "the token (the URL `shardq console` prints)")],
+                "responses": {"200": _HTML, "303": _REDIRECT, "403": _DENIED}},
+        "post": {"summary": "logs in with the token of the form; goes to / (or back to /login?failed=1)",
+                 "security": _PUBLIC,
+                 "requestBody": {"required": False, "content": {"application/x-www-form-urlencoded": {
+                     "schema": {"type": "object", "properties": {"token": {"type": "string"}}}}}},
+                 "responses": {"303": _REDIRECT, "403": _DENIED,
+                               "413": _error(f"a body over {limits.HTTP_BODY_BYTES_MAX} bytes")}}},
+    "/logout": {"post": {"summary": "drops the session cookie; goes to /login", "security": _PUBLIC,
+                         "responses": {"303": _REDIRECT, "403": _DENIED,
+                                       "413": _error(f"a body over {limits.HTTP_BODY_BYTES_MAX} bytes")}}},
+    "/openapi.json": {"get": {"summary": "this document", "security": _PUBLIC,
+                              "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), "403": _DENIED}}},
+    "/metrics": {"get": {
+        "summary": "Prometheus text format (docs/operations.md, \"Metrics\")",
+        "description": "Open without the token on a loopback listener, asked with a loopback Host, "
+                       "unless [http] metrics_public = false.",
+        "security": [*_TOKEN, {}],
+        "responses": {"200": {"description": "the metrics",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      "401": _UNAUTHORIZED, "403": _DENIED}}},
+    "/api/session": {"get": _read("the CSRF value for POSTs, and how the listener authenticates",
+                                  _json(_ref("Session"), "the session"))},
+    "/api/overview": {"get": _read("queues (summed over the shards that answered), shards, totals",
+                                   _json(_ref("Overview"), "the overview"))},
+    "/api/dead-letters": {"get": _read(
+        "one page of a queue's dead letters, shard by shard, lowest id first",
+        _json(_ref("DeadLetterPage"), "the page"),
+        [_query("queue", _QUEUE, "the queue (default: default)"),
+         _query("limit", {"type": "integer", "minimum": -(10**9 - 1), "maximum": 10**9 - 1},
+                f"letters on the page, clamped to 1..{PAGE_MAX} (default 50)"),
+         _query("cursor", {"type": "string", "pattern": CURSOR_PATTERN},
+                "the cursor of the previous page (empty or absent: the first page)")])},
+    "/api/job": {"get": _read("what the service knows of a live job", _json(_ref("Job"), "the job"),
+                              [_query("id", _JOB_ID_TEXT, "the job id", required=True)],
+                              not_found="no live job of that id: finished, cancelled, purged or never enqueued")},
+    "/api/pause": {"post": _action("stop leasing from a queue, durably, on every shard", "QueueRequest",
+                                   "QueueChange")},
+    "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange")},
+    "/api/cancel": {"post": _action("cancel a job (idempotent)", "CancelRequest", "CancelResult",
+                                    not_found="the id names a shard this service does not have")},
+    "/api/redrive": {"post": _action("move chosen dead letters back into their queue", "IdsRequest", "Redriven",
+                                     not_found="an id is not a dead letter of the queue")},
+    "/api/purge": {"post": _action("delete chosen dead letters (ids that are not are skipped)", "IdsRequest",
+                                   "Purged")},
+}
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document (a new dict each call: callers may change it)."""
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "shardq serve: console API and metrics", "version": API_VERSION,
+                 "description": __doc__.split("\n\n")[0] if __doc__ else ""},
+        "paths": copy.deepcopy(_PATHS),
+        "components": {"schemas": copy.deepcopy(_SCHEMAS), "securitySchemes": copy.deepcopy(_SECURITY_SCHEMES)},
+    }
+
+
+def routes_in(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    """The (method, path) pairs a document describes."""
+    return {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
