@@ -14,6 +14,7 @@ tests/test_layers.py holds the code to it):
 * ``consumer/`` -- the worker runners (thread, process, asyncio) and their one policy,
   running one job, idempotency stores (SQLite, PostgreSQL);
 * ``backends/`` -- other engines behind the same ``Queue`` protocol (``sqs``: Amazon SQS FIFO);
+* ``backup/`` -- ``shardq backup`` of a serving service and ``shardq restore``;
 * ``client/`` -- the ``Queue`` protocol, the client core, the router apps embed (``router``)
   and the asyncio client (``aio``); beside it ``shard/`` -- the pure state machine
   (``state``), its pairing with the log (``durable``) and the shard process (``process``);

@@ -32,11 +32,11 @@ import sys
 from collections.abc import Callable
 
 from ..errors import ShardqError
-from . import (common, console, dead_letters, exits, job_control, jobs, outbox, queue_control, schedules,
-               serve, sqs, stats, verify, wal, worker)
+from . import (backup, common, console, dead_letters, exits, job_control, jobs, outbox, queue_control,
+               schedules, serve, sqs, stats, verify, wal, worker)
 
-GROUPS = (serve, console, jobs, stats, dead_letters, wal, worker, verify, schedules, queue_control, job_control,
-          outbox, sqs)
+GROUPS = (serve, console, jobs, stats, dead_letters, wal, backup, worker, verify, schedules, queue_control,
+          job_control, outbox, sqs)
 
 
 class Parser(argparse.ArgumentParser):

@@ -47,11 +47,15 @@ job            [job_id]                                               {job}
 dead_page      [queue, after_job_id | None, limit]                    [[id, key, body, attempts, error]]
 purge_ids      [queue, [job_id, ...]]                                 count
 metrics        []                                                     {stats + figures}
+backup_cut     [staging dir name: backup-<pid>-<hex>]                 {files, segment,
+                                                                      offset, write, time,
+                                                                      job_seq, ...}
 =============  =====================================================  ====================
 
-The last seven are the control and metrics ops (:data:`CONTROL_ARITY`,
+From pause on, they are the control and metrics ops (:data:`CONTROL_ARITY`,
 ``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
-pause, resume, cancel and purge_ids are idempotent, the others only read.
+pause, resume, cancel and purge_ids are idempotent, the others only read; a re-sent
+backup_cut takes a new cut and replaces the staging dir of the first (docs/backup.md).
 
 Each op is declared once, in :data:`REQUESTS` (its args, retry policy and handler); the
 lease and dead-letter rows of the replies are :class:`LeaseRow` and :class:`DeadRow`.
@@ -80,7 +84,7 @@ class Request(NamedTuple):
     args: tuple[str, ...]   # its args, in order (the arity is their count)
     retry: str              # RESEND or UNKNOWN (above)
     handler: str            # the ShardServer method that serves it (process.py, control_handlers.py)
-    control: bool = False   # a control or metrics op (the last seven of the table above)
+    control: bool = False   # a control or metrics op (the last ones of the table above, from pause on)
 
 
 #: Every op: the one table from which :data:`OPS`, :data:`ARITY`, :data:`RETRY`,
@@ -126,6 +130,8 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("dead_page", ("queue", "after", "limit"), RESEND, "_dead_page", control=True),
     Request("purge_ids", ("queue", "job_ids"), RESEND, "_purge_ids", control=True),
     Request("metrics", (), RESEND, "_metrics", control=True),
+    # a new cut replaces the first one's staging dir: the caller uses the reply it gets
+    Request("backup_cut", ("stage",), RESEND, "_backup_cut", control=True),
 )}
 
 #: Derived from :data:`REQUESTS`: every op name

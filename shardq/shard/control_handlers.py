@@ -2,7 +2,8 @@
 thin wrappers over :class:`~shardq.shard.control.ControlOps`, a mixin of
 :class:`~shardq.shard.process.ShardServer`, named by ``wire.REQUESTS`` like every handler.
 Like every handler they run on the loop thread, and what they change is logged and
-fsynced before the reply leaves."""
+fsynced before the reply leaves. ``backup_cut`` changes nothing: it fixes where a backup's
+copy of the log ends (docs/backup.md)."""
 from __future__ import annotations
 
 from ..errors import InvalidJob
@@ -10,7 +11,8 @@ from ..protocol import wire
 
 
 class ControlHandlers:
-    """Mixin of ShardServer; expects its ``state``, ``committer`` and ``_stats``."""
+    """Mixin of ShardServer; expects its ``state``, ``shard``, ``clock``, ``committer`` and
+    ``_stats``."""
 
     def _pause(self, args, now, conn, rid):
         return self.state.pause(args[0], now)
@@ -46,6 +48,29 @@ class ControlHandlers:
             out["commit_ops"] = committer.commit_ops.snapshot()
             out["fsyncs"] = committer.fsyncs
         return out
+
+    def _backup_cut(self, args, now, conn, rid):
+        """Take this shard's backup cut: every write before it is synced and in the copy;
+        none after it is (docs/backup.md).
+
+        On the loop thread, so no compaction runs meanwhile: wait for the committer to have
+        written, synced and answered everything submitted before this iteration, sync what
+        batched leases left unsynced, write a sync mark (the copy's last writes are then
+        vouched for), and hard-link the log files into a staging dir
+        (:meth:`~.durable.DurableShard.stage_backup`). Requests of this iteration read
+        before this one are logged after the cut, and answered after it. The loop pauses
+        for one drain and at most one fdatasync, as before a compaction."""
+        committer = self.committer
+        committer.drain()
+        committer.submit([], [], [], inline=True, sync=True)
+        committer.drain()
+        if self.shard.log.mark_wanted:
+            committer.write_mark()  # False only while it flushes replies to a slow reader
+        cut = self.shard.stage_backup(args[0])
+        # Every job numbered up to durable_seq is in the copy, and none after it: the
+        # restore checks that its replay ends there.
+        cut.update(shard=self.shard.shard_index, time=self.clock.now(), job_seq=committer.durable_seq)
+        return cut
 
 
 def control_handlers(server) -> dict:

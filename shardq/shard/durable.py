@@ -15,21 +15,29 @@ state methods, then persists the operations they produced, in one of two ways:
 """
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
+import re
+import shutil
 import time
 
 import msgpack
 
 from .. import limits
 from ..config import Config
+from ..errors import InvalidJob, InvariantViolation, Unsupported, check
 from ..wal import Log, ReplayStats
 from ..wal.fileio import Files
-from ..wal.format import pack_records
+from ..wal.format import CHECKPOINT, checkpoint_name, pack_records, parse_name, segment_name
 from .state import ShardState
 
 log = logging.getLogger("shardq.shard")
+
+#: The name of a backup's staging directory in a shard directory: ``backup-<pid>-<hex>``
+#: (the pid of the ``shardq backup`` that asked for it; docs/backup.md).
+BACKUP_STAGE = re.compile(r"backup-[0-9]{1,10}-[0-9a-f]{1,32}")  # fullmatch: "$" would let a final "\n" by
 
 
 class DurableShard:
@@ -114,6 +122,43 @@ class DurableShard:
         self.compactions += 1
         log.info("shard %d compacted: checkpoint %d bytes in %.3f s", self.shard_index,
                  self.log.checkpoint_bytes, time.perf_counter() - t0)
+
+    def stage_backup(self, name: str) -> dict:
+        """Hard-link the files replay reads (the newest checkpoint, the segments after it)
+        into ``<shard dir>/<name>/`` and say where the newest segment's records end.
+
+        Guarantee: the links keep each file as it is now, whatever compaction deletes
+        later, and the bytes of the newest segment before the returned ``offset`` never
+        change (appends go after it; sealing truncates after it). The caller sees to it
+        that no write is in flight and every one is synced (the shard loop, after draining
+        its committer: control_handlers.py). A staging dir of that name is replaced (a cut
+        sent again after a broken connection)."""
+        if type(name) is not str or not BACKUP_STAGE.fullmatch(name):
+            raise InvalidJob("backup_cut: the staging name must be backup-<pid>-<hex>")
+        lg, writer = self.log, self.log.writer
+        if writer is None or lg.segments[-1] != writer.seq:
+            raise InvariantViolation("backup_cut: the newest segment is not the open one")
+        checkpoints = [p[0] for n in lg.files.listdir(lg.directory) if (p := parse_name(n)) and p[1] == CHECKPOINT]
+        base = max(checkpoints, default=None)
+        check(base is None or lg.segments[0] == base, "backup_cut: the segments do not start at the checkpoint")
+        names = ([checkpoint_name(base)] if base is not None else []) + [segment_name(s) for s in lg.segments]
+        stage = os.path.join(lg.directory, name)
+        files = []
+        try:
+            shutil.rmtree(stage, ignore_errors=True)
+            os.mkdir(stage, 0o700)
+            for n in names:
+                src = os.path.join(lg.directory, n)
+                os.link(src, os.path.join(stage, n))
+                files.append([n, writer.size if n == names[-1] else os.stat(src).st_size])
+        except OSError as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            why = ("; a backup needs a file system with hard links"
+                   if e.errno in (errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.EMLINK) else "")
+            raise Unsupported(f"backup_cut: cannot hard-link the log files of {lg.directory} into {stage} "
+                              f"({e.strerror}){why}") from None
+        return {"stage": name, "files": files, "segment": names[-1], "offset": writer.size,
+                "write": writer.written, "synced": writer.synced}
 
     def close(self) -> None:
         self.log.close()
