@@ -1,5 +1,9 @@
 """``shardq serve``: run the shard supervisor in the foreground, and its HTTP listener
-(metrics and web console; ``[http] listen``, on by default on loopback)."""
+(metrics and web console; ``[http] listen``, on by default on loopback).
+
+Under a service manager (``NOTIFY_SOCKET``, systemd's ``Type=notify``) it speaks sd_notify
+(:mod:`shardq.service.notify`). SIGTERM/SIGINT stop it cleanly (exit 0 within
+``STOP_GRACE_S`` + 5 s); SIGHUP reloads the config file (docs/operations.md, "Signals")."""
 from __future__ import annotations
 
 import logging
@@ -17,15 +21,17 @@ def register(sub, parent) -> None:
 
 
 def run(args) -> int:
+    from ..service.notify import Notifier
     from ..service.supervisor import Supervisor
     cfg = common.load_config(args.config)
     log.info("event=config source=%s", common.config_source(args.config))
-    sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards)
+    sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
     if cfg.http.listen:
         from ..service.http_server import HttpService, resolve_token
         resolve_token(cfg.http)  # a bad token is refused before any shard starts
-    sup.handle_signals()  # before anything starts: a signal meanwhile is a clean stop
+    # before anything starts: a signal meanwhile is a clean stop (a SIGHUP waits for run())
+    sup.handle_signals(reload=lambda: _reread(args.config))
     sup.start()
     try:
         if cfg.http.listen:
@@ -38,8 +44,16 @@ def run(args) -> int:
     print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
           + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else ""),
           file=sys.stderr, flush=True)
+    sup.announce_ready()
     try:
         return sup.run()
     finally:
         if http is not None:
             http.stop()
+
+
+def _reread(path: str | None):
+    """The config again, for SIGHUP, found as at start: ``--config``, else
+    config/shardq.toml if it is there now, else the built-in defaults."""
+    log.info("event=reload source=%s", common.config_source(path))
+    return common.load_config(path)

@@ -36,8 +36,17 @@
 * Periodic jobs: once the shards are up, a :class:`~.scheduler.Scheduler` thread fires
   the config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
   ``service.schedule_modules``, through a router of its own.
-* :meth:`stop`: SIGTERM to every shard (each finishes its iteration: fsync, replies),
-  then wait; anything still alive after the grace period is SIGKILLed.
+* :meth:`stop`: SIGTERM to every shard (each finishes its iteration: fsync, replies, then
+  writes a checkpoint if it logged enough: shardq/shard/process.py), then wait; anything
+  still alive after :data:`STOP_GRACE_S` is SIGKILLed (its log is whole; the next start
+  replays it).
+* Reload (:meth:`reload`, SIGHUP under ``serve``): the queue settings of the new config
+  go to every shard at once and the rest waits for a restart of ``serve``, each key
+  logged (:mod:`.reload`).
+* A service manager (``serve`` only, when ``NOTIFY_SOCKET`` is set; :mod:`.notify`):
+  ``READY=1`` once :meth:`start` has returned and the HTTP listener is up, ``STATUS=``
+  with the shards up and the queue depth, ``WATCHDOG=1`` while healthy
+  (:meth:`healthy`), ``RELOADING=1``, ``STOPPING=1``.
 
 Log lines (stderr) are ``supervisor event=<name> shard=<i> key=value ...`` for grep.
 """
@@ -52,13 +61,17 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait as wait_ready
 
 from ..config import Config, load as load_config
 from ..datadir import DataDir
 from ..errors import ShardUnavailable
+from ..shard.report import PING, RELOAD, RELOAD_FILE
 from .status import StatusBoard
 from .lines import LineSplitter
+from .notify import ENV_KEYS, Notifier
+from .reload import plan as reload_plan
 
 log = logging.getLogger("shardq.supervisor")
 
@@ -67,6 +80,10 @@ RESTART_BACKOFF_S_FIRST = 0.5   # the delay before the second restart in a row; 
 STABLE_RUN_S = 10.0             # ready this long (or restart_backoff_max if less): failures reset
 EXIT_LOG_FAILED = 4             # shardq.shard.process's exit code for a failed log write
 READ_BYTES = 64 * 1024          # one read of a shard's pipe: what a full pipe holds
+#: how long stop() gives the shards to finish their iteration, their commits and their
+#: checkpoint before it SIGKILLs them: with the HTTP listener's stop, ``serve`` exits
+#: within STOP_GRACE_S + 5 s of SIGTERM (docs/operations.md, "Signals")
+STOP_GRACE_S = 10.0
 
 
 def _event(name: str, level: int = logging.INFO, **fields) -> None:
@@ -77,7 +94,7 @@ def child_env() -> dict[str, str]:
     """The environment for a child ``python -m shardq...``: it must import this same shardq,
     installed or not, so the directory holding the package goes first on PYTHONPATH."""
     import shardq
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}  # only serve speaks to systemd
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(shardq.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
     return env
@@ -114,6 +131,7 @@ class ShardHandle:
         self.failed: dict | None = None
         self.hung: str | None = None          # why this run was killed as hung
         self.ready_info: dict = {}
+        self.depth: tuple[int, int] | None = None  # (jobs held, ready) from its last pong
         self.ping_sent: float | None = None
         self.next_ping = 0.0
         self.lines = LineSplitter()           # this run's stdout, split into report lines
@@ -124,7 +142,7 @@ class Supervisor:
     service) or ``start(background=True)`` (embedded: a monitor thread)."""
 
     def __init__(self, data_dir=None, config: Config | dict | str | None = None, shards: int | None = None,
-                 *, python: str | None = None, stderr=None, clock=None):
+                 *, python: str | None = None, stderr=None, clock=None, notifier: Notifier | None = None):
         self.config = load_config(config)
         self.dd = DataDir(data_dir or self.config.service.data_dir)
         self.requested_shards = shards or self.config.resolved_shards()
@@ -145,6 +163,13 @@ class Supervisor:
         self.clock = clock  # the scheduler's (tests pass a FakeClock); None: the system clock
         self.scheduler = None
         self._monitor_error: BaseException | None = None
+        #: the service manager's socket (``serve`` passes one when NOTIFY_SOCKET is set);
+        #: an embedded supervisor says nothing: its app owns the protocol
+        self.notifier = notifier if notifier is not None and notifier.enabled else None
+        self._announced = False      # READY=1 sent: from now on the watchdog runs
+        self._extended_at = float("-inf")
+        self._reload_from: Callable[[], Config] | None = None  # SIGHUP's config reader (handle_signals)
+        self._reload_wanted = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> Supervisor:
@@ -228,11 +253,13 @@ class Supervisor:
             raise
         _event("scheduler-started", schedules=len(schedules))
 
-    def handle_signals(self) -> None:
+    def handle_signals(self, reload: Callable[[], Config] | None = None) -> None:
         """SIGTERM/SIGINT stop the service cleanly; a second one exits at once. ``serve``
         calls it before :meth:`start`, so a signal that comes while the shards or the HTTP
         listener start (clients may already be served) is a clean stop too, not the
-        default action's death: :meth:`run` then stops at once."""
+        default action's death: :meth:`run` then stops at once. With ``reload`` (a
+        function that reads the config file), SIGHUP reloads it (:meth:`reload`, from
+        :meth:`run`'s loop; one that comes during :meth:`start` waits for it)."""
         def on_signal(signum, frame):
             if self._signalled:
                 _event("killed", logging.WARNING, signal=signal.Signals(signum).name,
@@ -246,8 +273,15 @@ class Supervisor:
             self.stopping = True
             os.write(self._wake_w, b"x")
 
+        def on_hangup(signum, frame):
+            self._reload_wanted = True
+            os.write(self._wake_w, b"x")
+
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if reload is not None:
+            self._reload_from = reload
+            signal.signal(signal.SIGHUP, on_hangup)
         self._signals_handled = True
 
     def run(self) -> int:
@@ -256,10 +290,15 @@ class Supervisor:
             self.handle_signals()
         while not self.stopping:
             self._poll_once(0.5)
+            if self._reload_wanted and not self.stopping:
+                self._reload_wanted = False
+                self._reload_file()
+        if self.notifier is not None:
+            self.notifier.send("STOPPING=1", "STATUS=stopping: shards finish their commits and checkpoint")
         self.stop()
         return 0
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM every shard, wait for clean exits, SIGKILL what remains."""
         self.grace_s = grace_s
         if self.scheduler is not None:  # before the shards go: its last enqueue can finish
@@ -322,7 +361,7 @@ class Supervisor:
         # Read without blocking, by the descriptor (_read_report): see shardq/service/lines.py.
         os.set_blocking(h.proc.stdout.fileno(), False)
         h.lines = LineSplitter()
-        h.corrupt = h.failed = h.hung = h.busy = h.restart_at = None
+        h.corrupt = h.failed = h.hung = h.busy = h.restart_at = h.depth = None
         h.last_heard = time.monotonic()
         _event("spawn", shard=h.index, pid=h.proc.pid)
         self._set_status(h, "starting")
@@ -353,7 +392,7 @@ class Supervisor:
             _event("monitor-failed", logging.ERROR, error=json.dumps(f"{type(e).__name__}: {e}"),
                    note='"every shard is stopped"')
         finally:
-            self._shutdown(getattr(self, "grace_s", 10.0))
+            self._shutdown(getattr(self, "grace_s", STOP_GRACE_S))
             with self._changed:  # wake start() now, not at its next 0.5 s check
                 self._changed.notify_all()
 
@@ -362,6 +401,8 @@ class Supervisor:
         if due:
             timeout = min(timeout, max(min(due) - time.monotonic(), 0.0))
         timeout = min(timeout, self._ping_interval())  # health checks as fine-grained as the pings
+        if self.notifier is not None and (due_in := self.notifier.due_in(time.monotonic())) is not None:
+            timeout = min(timeout, due_in)  # a watchdog ping must not wait for a shard's line
         live = {h.proc.stdout.fileno(): h for h in self.handles
                 if h.proc and h.proc.stdout and not h.proc.stdout.closed}
         ready = wait_ready([self._wake_r, *live], timeout)
@@ -376,6 +417,8 @@ class Supervisor:
         if not self.stopping:
             self._restart_due()
             self._health()
+            if self.notifier is not None:
+                self._tell_manager()
 
     def _read_report(self, h: ShardHandle) -> None:
         """One read of ``h``'s stdout: act on every line it completes, or on its exit (EOF).
@@ -433,6 +476,11 @@ class Supervisor:
             h.ping_sent = None
             h.busy = None
             h.next_ping = now + self._ping_interval()
+            if rest:
+                jobs, ready = rest.split()
+                h.depth = (int(jobs), int(ready))
+        elif word == "reloaded":
+            _event("shard-reloaded", shard=h.index, pid=h.proc.pid)
         elif word == "corrupt":
             h.corrupt = json.loads(rest)
         elif word == "failed":
@@ -536,10 +584,119 @@ class Supervisor:
                 continue
             if now >= h.next_ping:
                 try:
-                    os.write(h.proc.stdin.fileno(), b"p")
+                    os.write(h.proc.stdin.fileno(), PING)
                 except OSError:
                     pass  # it exited: the EOF on its stdout drives the restart; unanswered meanwhile
                 h.ping_sent = now
+
+    # ------------------------------------------------------------------ reload
+    def _reload_file(self) -> None:
+        """SIGHUP: read the config file again and :meth:`reload` it; a file that does not
+        read or parse is logged and changes nothing."""
+        if self._reload_from is None:
+            return
+        if self.notifier is not None:
+            self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            new = self._reload_from()
+        except (OSError, ValueError) as e:  # InvalidConfig is a ValueError
+            _event("reload-failed", logging.ERROR, error=json.dumps(str(e)), note='"nothing changed"')
+        else:
+            self.reload(new)
+        if self.notifier is not None:
+            self.notifier.send("READY=1")
+
+    def reload(self, new: Config | dict | str) -> tuple[list, list]:
+        """Take the settings of ``new`` that can change while the service runs (the queue
+        settings, ``restart_backoff_max``: :mod:`.reload`) and tell every running shard;
+        log each key changed, applied or waiting for a restart. Returns the two lists of
+        :class:`~.reload.Change`. A shard that is starting takes them as its loop begins;
+        one spawned later is given them on its command line."""
+        p = reload_plan(self.config, load_config(new))
+        for c in p.applied:
+            _event("reload-applied", key=c.key, old=json.dumps(c.old), new=json.dumps(c.new))
+        for c in p.restart:
+            _event("reload-needs-restart", logging.WARNING, key=c.key, old=json.dumps(c.old),
+                   new=json.dumps(c.new), note='"takes effect when serve restarts"')
+        told = 0
+        if p.applied:
+            path = os.path.join(self.dd.run_dir, RELOAD_FILE)
+            try:
+                with open(path + ".tmp", "w", opener=lambda f, fl: os.open(f, fl, 0o600)) as f:
+                    json.dump(p.config.to_dict(), f)
+                os.replace(path + ".tmp", path)  # a shard reads it whole or not at all
+            except OSError as e:
+                _event("reload-failed", logging.ERROR, error=json.dumps(f"cannot write {path}: {e}"),
+                       note='"nothing changed"')
+                return [], p.restart
+            self.config = p.config
+            for h in self.handles:
+                if h.proc is not None and h.proc.poll() is None:
+                    try:
+                        os.write(h.proc.stdin.fileno(), RELOAD)
+                        told += 1
+                    except (OSError, ValueError):  # ValueError: its pipe closed as it exited
+                        pass  # its restart takes self.config from the command line
+        _event("reloaded", applied=len(p.applied), needs_restart=len(p.restart), shards_told=told)
+        return p.applied, p.restart
+
+    # ------------------------------------------------------------------ service manager
+    def announce_ready(self) -> None:
+        """``READY=1``: ``serve`` calls it once :meth:`start` has returned (every shard
+        replayed and listening, or left down for a reason logged) and the HTTP listener
+        is up. From then on the watchdog pings run."""
+        if self.notifier is None or self.stopping:
+            return
+        self._announced = True
+        now = time.monotonic()
+        self.notifier.status(*self._status_text(now), now, "READY=1", f"MAINPID={os.getpid()}", force=True)
+
+    def _shard_healthy(self, h: ShardHandle, now: float) -> bool:
+        """Ready and either answering its pings or reporting progress (a compaction, a slow
+        disk): nothing unanswered for more than two ping intervals."""
+        if h.status != "ready":
+            return False
+        return h.ping_sent is None or now - max(h.ping_sent, h.last_heard) <= 2 * self._ping_interval()
+
+    def healthy(self, now: float | None = None) -> bool:
+        """What ``WATCHDOG=1`` vouches for: the monitor loop runs (it sends them) and every
+        shard is healthy (:meth:`_shard_healthy`), except one left down for a corrupt log:
+        restarting the service cannot repair a log, and would take the others down with it."""
+        now = time.monotonic() if now is None else now
+        states = [self._shard_healthy(h, now) or h.status == "failed" for h in self.handles]
+        return bool(states) and all(states) and any(h.status == "ready" for h in self.handles)
+
+    def _status_text(self, now: float) -> tuple[str, str]:
+        """``STATUS=`` in two parts: the shards (sent as soon as it changes) and the queue
+        depth (sent at most every notify.STATUS_INTERVAL_S)."""
+        down = [h for h in self.handles if not self._shard_healthy(h, now)]
+        head = f"{len(self.handles) - len(down)}/{len(self.handles)} shards up"
+        for h in down:
+            why = "not answering" if h.status == "ready" else h.status
+            if h.reason_kind and h.status != "ready":
+                why += f" ({h.reason_kind.replace('_', '-')})"
+            head += f", shard {h.index} {why}"
+        known = [h.depth for h in self.handles if h.depth is not None]
+        if not known:
+            return head, ""
+        rest = f"; queue depth {sum(d[1] for d in known)} ready, {sum(d[0] for d in known)} jobs held"
+        return head, rest + ("" if len(known) == len(self.handles) else f" (in {len(known)} shards)")
+
+    def _tell_manager(self) -> None:
+        """After each poll: STATUS= if it changed, WATCHDOG=1 if due and healthy, and while
+        shards start, EXTEND_TIMEOUT_USEC so a long replay (reported as progress) is not
+        killed by the manager's start timeout; a silent shard is killed by ours."""
+        n = self.notifier
+        now = time.monotonic()
+        head, rest = self._status_text(now)
+        if not self._announced:
+            head = "starting: " + head
+            if now - self._extended_at >= self._ping_interval():
+                self._extended_at = now
+                n.send(f"EXTEND_TIMEOUT_USEC={int((self.start_timeout + 2 * self._ping_interval()) * 1e6)}")
+        n.status(head, rest, now)
+        if self._announced and self.healthy(now):
+            n.watchdog(now)
 
     # ------------------------------------------------------------------ status
     def _status_of(self, h: ShardHandle) -> dict:

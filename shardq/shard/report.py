@@ -15,11 +15,22 @@ a person goes to the shard's log (stderr) instead.
   would replay on the same disk. A stopped process (SIGSTOP) or a deadlocked loop outside
   these phases still sends nothing.
 * ``ready <pid> <records> <seconds> <jobs>`` -- replayed and listening.
+* ``pong <jobs> <ready>`` -- the answer to a health ping, with the jobs the shard holds
+  (every job not yet acked, dead letters included) and those ready to lease: the queue
+  depth that ``serve`` reports to systemd (``STATUS=``). A bare ``pong`` is read too.
+* ``reloaded`` -- took the queue settings of :data:`RELOAD_FILE` (see below).
 * ``corrupt {"path", "offset", "reason"}`` -- refused to start: a corrupt log. Not retried.
 * ``failed {"kind", "detail", "path"}`` -- why the shard is about to exit: ``disk_full``, a
   log write found no space (ENOSPC, EDQUOT; reported by :class:`ReportingFiles` as it
   happens, before the failed commit ends the process without a reply), or ``io_error``, the
   log could not be opened at start. The supervisor restarts it with backoff until it works.
+
+The other way, the supervisor writes single bytes on the shard's stdin pipe, which the
+shard's loop reads between iterations: :data:`PING` (answer with ``pong``) and
+:data:`RELOAD` (take the queue settings of ``<data>/run/``:data:`RELOAD_FILE`, written by
+the supervisor just before, then answer ``reloaded``; see :mod:`shardq.service.reload`).
+A byte, not the settings: a pipe write of a few bytes never blocks the supervisor, and a
+shard that is starting finds it waiting when its loop begins.
 """
 from __future__ import annotations
 
@@ -40,6 +51,9 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 #: (logged), so the only lines that can be long (``corrupt`` and ``failed``, which carry an
 #: error's text) are cut to fit here, where they are written.
 LINE_BYTES_MAX = 64 * 1024
+PING = b"p"
+RELOAD = b"c"
+RELOAD_FILE = "config.json"
 
 
 def fitted(word: str, fields: dict, text_key: str, text: str) -> str:
@@ -72,9 +86,14 @@ class SupervisorPipe:
             except (OSError, ValueError):
                 pass  # the supervisor is gone; PDEATHSIG ends us next
 
-    def pong(self) -> None:
-        """The answer to a health ping (a byte on stdin), from the loop's own thread."""
-        self._line("pong")
+    def pong(self, jobs: int, ready: int) -> None:
+        """The answer to a health ping (a byte on stdin), from the loop's own thread, with
+        the jobs held and ready (the queue depth)."""
+        self._line(f"pong {jobs} {ready}")
+
+    def reloaded(self) -> None:
+        """The queue settings of :data:`RELOAD_FILE` are in force."""
+        self._line("reloaded")
 
     def ready(self, records: int, seconds: float, jobs: int) -> None:
         self._line(f"ready {os.getpid()} {records} {seconds:.6f} {jobs}")

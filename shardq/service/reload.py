@@ -1,0 +1,104 @@
+"""What a reload of the config file (SIGHUP to ``shardq serve``) changes: pure, no I/O.
+
+:func:`plan` compares the config in force with the one just read and sorts every key that
+differs into two lists:
+
+* **applied** at once: the queue settings of ``[queue_defaults]`` and ``[queues.*]``
+  (``visibility_timeout``, ``max_deliveries``, ``dedup_window``, ``max_body_bytes``,
+  ``lease_sync``; a queue added or removed) and ``service.restart_backoff_max``. A shard
+  reads a queue's settings on every request, and nothing it logs depends on them (a
+  lease's deadline, a dedup id's expiry are written as times), so the new values govern
+  the next dequeue, enqueue, nack and lease expiry, and replay is unchanged;
+* **needs a restart** of ``serve``: everything else. The shard count and data dir are
+  fixed; limits, ``health_timeout``, ``busy_poll_us``, ``declare_queues``, schedules and the
+  HTTP listener are set up once, when a shard or the supervisor starts. So are a queue's
+  exact limits (``concurrency``, ``rate``, ...: config.LIMIT_KEYS), and a queue that
+  declares one, added or removed: limits place a queue's jobs on one shard
+  (docs/limits.md; ``shardq queue limit`` changes a placed queue's limits at run time).
+
+:attr:`Plan.config` is the config in force afterwards: the old one with the applied keys
+replaced, so a shard that restarts later starts with the same settings as its peers, and
+no shard takes a "needs a restart" value until ``serve`` itself restarts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, NamedTuple
+
+from ..config import LIMIT_KEYS, Config, QueueConfig
+
+APPLIED_KEYS = ("service.restart_backoff_max",)
+QUEUE_TABLES = ("queue_defaults", "queues")
+SECRET = "<secret>"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class Change(NamedTuple):
+    key: str          # dotted, as in the file: "queues.emails.max_deliveries"
+    old: Any          # None: absent (or unset) before
+    new: Any          # None: absent (or unset) now
+
+
+class Plan(NamedTuple):
+    applied: list[Change]
+    restart: list[Change]
+    config: Config
+
+
+def _toml_key(name: str) -> str:
+    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)
+
+
+def _diff(old: Any, new: Any, path: str, out: list[Change]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(old.keys() | new.keys(), key=str):
+            _diff(old.get(key), new.get(key), f"{path}.{key}" if path else str(key), out)
+    elif old != new:
+        out.append(Change(path, old, new))
+
+
+def _queue_changes(path: str, old: QueueConfig, new: QueueConfig, plan_: Plan) -> None:
+    for f in dataclasses.fields(QueueConfig):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a != b:
+            (plan_.restart if f.name in LIMIT_KEYS else plan_.applied).append(Change(f"{path}.{f.name}", a, b))
+
+
+def _keep_limits(new: QueueConfig, old: QueueConfig) -> QueueConfig:
+    """``new`` with the limits of ``old``: those wait for a restart."""
+    return dataclasses.replace(new, **{k: getattr(old, k) for k in LIMIT_KEYS})
+
+
+def plan(old: Config, new: Config) -> Plan:
+    """Sort the changes from ``old`` to ``new``; the config in force afterwards."""
+    p = Plan([], [], old)
+    _queue_changes("queue_defaults", old.queue_defaults, new.queue_defaults, p)
+    queues: dict[str, QueueConfig] = {}
+    for name in sorted(old.queues.keys() & new.queues.keys()):
+        _queue_changes(f"queues.{_toml_key(name)}", old.queues[name], new.queues[name], p)
+        queues[name] = _keep_limits(new.queues[name], old.queues[name])
+    for name in sorted(old.queues.keys() ^ new.queues.keys()):  # removed or added
+        added = name in new.queues
+        q = new.queues[name] if added else old.queues[name]
+        change = Change(f"queues.{_toml_key(name)}", None if added else "declared", "declared" if added else None)
+        if q.placed():  # a placed queue comes and goes with a restart only
+            p.restart.append(change)
+            if not added:
+                queues[name] = q
+        else:
+            p.applied.append(change)
+            if added:
+                queues[name] = q
+    others: list[Change] = []
+    _diff({k: v for k, v in old.to_dict().items() if k not in QUEUE_TABLES},
+          {k: v for k, v in new.to_dict().items() if k not in QUEUE_TABLES}, "", others)
+    if old.http.token != new.http.token:  # to_dict leaves secrets out; never log one
+        others.append(Change("http.token", SECRET if old.http.token else "", SECRET if new.http.token else ""))
+    for c in others:
+        (p.applied if c.key in APPLIED_KEYS else p.restart).append(c)
+    config = dataclasses.replace(
+        old, queue_defaults=_keep_limits(new.queue_defaults, old.queue_defaults), queues=queues,
+        service=dataclasses.replace(old.service, restart_backoff_max=new.service.restart_backoff_max))
+    return Plan(p.applied, p.restart, config)
