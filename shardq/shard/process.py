@@ -665,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ready: listening on %s", server.sock_path)
 
     written_at_start = shard.log.bytes_since_checkpoint  # the start's own record: no checkpoint for it
-    profile_path = os.environ.get("SHARDQ_PROFILE")  # bench/profile.py: cProfile of the shard loop
+    profile_path = os.environ.get("SHARDQ_PROFILE")  # bench/probes/profile_shard.py: cProfile of the shard loop
     profiler = None
     if profile_path:
         import cProfile
