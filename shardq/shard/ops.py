@@ -7,7 +7,7 @@ through the same functions replay uses, so replay rebuilds the same state by con
 
 :data:`REGISTRY` is the one table of operations: code, name, record type and the
 :class:`~shardq.shard.state.ShardState` method that applies it. :data:`NAMES` and the
-state's dispatch table are derived from it (``tests/test_op_registry.py`` checks them).
+state's dispatch table are derived from it (``test_op_registry.py`` of the tests checks them).
 
 Codes are never reused and old records keep their meaning: a field added to an operation
 goes at the end of its list and has a default in its record, which :func:`read` gives a
