@@ -11,7 +11,7 @@
   moves them while a consumer drains; rows/s from the relay's start to the last lease.
 
 PostgreSQL: ``--dsn`` (a database the benchmark may create tables in), else a throwaway
-server started like the tests' (tests/pg.py) but with ``fsync=on``, so its commits are as
+server started like the tests' (tests/support/pg.py) but with ``fsync=on``, so its commits are as
 durable as SQLite's ``synchronous=FULL``. shardq: ``shardq.open`` (2 shards) in a temp dir.
 Everything goes to ``bench/results/postgres.json``; progress to stderr, the table to stdout.
 Exit 0 when every effect and every row was delivered exactly once. No timing is checked.
@@ -159,7 +159,7 @@ def run(args) -> dict:
         dsn = args.dsn
         if dsn is None:
             sys.path.insert(0, TESTS)
-            from pg import PgServer, find_bindir
+            from support.pg import PgServer, find_bindir
             bindir = find_bindir()
             if bindir is None:
                 raise SystemExit("no PostgreSQL found: pass --dsn or run bash .ci/setup-system")

@@ -1,7 +1,7 @@
 """shardq: a durable, sharded, lease-based job queue.
 
 Layout (imports point down this list, never up; docs/design.md "Layers" is the map, and
-tests/test_layers.py holds the code to it):
+tests/project/test_layers.py holds the code to it):
 
 * ``cli/`` -- the ``shardq`` command; ``verify/`` -- the chaos run and history checker (a
   tool, imported by nothing at runtime);
@@ -25,7 +25,7 @@ tests/test_layers.py holds the code to it):
   ``pgconn``, ... -- the ground floor (``pgconn``: connecting to your PostgreSQL, psycopg
   imported on first use; ``schedules``: when periodic jobs tick, pure).
 
-Public API (run as a doctest by tests/test_docs.py, from the repo root with ``shardq serve``
+Public API (run as a doctest by tests/project/test_docs.py, from the repo root with ``shardq serve``
 running on the default config)::
 
     >>> import shardq

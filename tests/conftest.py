@@ -89,7 +89,7 @@ def state_digest(state) -> dict:
         "stats": stats,
         "next_seq": state.next_seq,
         # next_token is left out: each open begins a new lease-token epoch (tokens are never
-        # reused after a crash; tests/test_lease_sync.py), so it moves up by design.
+        # reused after a crash; tests/shard/test_lease_sync.py), so it moves up by design.
         "sessions": {cid: {s: list(ids) for s, ids in e[1].items()} for cid, e in state.sessions.items()},
     }
 
@@ -101,8 +101,8 @@ def digest():
 
 @pytest.fixture(scope="session")
 def moto():
-    """One ``moto_server`` (an SQS-compatible server) for the session (tests/sqs_server.py);
+    """One ``moto_server`` (an SQS-compatible server) for the session (tests/support/sqs_server.py);
     each test takes a fresh queue-name prefix on it."""
-    from sqs_server import MotoServer
+    from support.sqs_server import MotoServer
     with MotoServer() as server:
         yield server

@@ -9,7 +9,7 @@ botocore's retries count too), after the one-off queue lookups. Patterns:
 
     .venv/bin/python -m bench.probes.sqs_requests [--target sqs://REGION/PREFIX?endpoint=URL] [--jobs N]
 
-Without ``--target`` it starts a moto server (tests/sqs_server.py) for the run. Requests
+Without ``--target`` it starts a moto server (tests/support/sqs_server.py) for the run. Requests
 are counted, not timed: the figures do not depend on the machine, only on the call pattern
 (and, for ``worker``, on how jobs interleave with its polling).
 """
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.target is None:
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         sys.path.insert(0, os.path.join(repo, "tests"))
-        from sqs_server import MotoServer
+        from support.sqs_server import MotoServer
         server = MotoServer().start()
     try:
         from shardq.backends.sqs_admin import init

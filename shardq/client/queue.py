@@ -10,7 +10,7 @@ Job ids and lease tokens are opaque: ``int`` on the local shards, ``str`` on bac
 ids are strings (an SQS message id, a receipt handle). Compare them, store them, pass them
 back; never do arithmetic on them.
 
-The guarantees every backend keeps (tested by one contract suite, ``tests/test_contract.py``):
+The guarantees every backend keeps (tested by one contract suite, ``tests/consumer/test_contract.py``):
 
 * ``enqueue`` returns only once the job is durable; a retried call with the same
   ``dedup_id`` within the queue's dedup window returns the first job's id and adds nothing.
@@ -40,7 +40,7 @@ from ..types import DeadLetter, JobId, Lease
 class Queue(Protocol):
     """A client of one queue service (all its named queues).
 
-    The guarantees above, on the local service (a doctest run by tests/test_docs.py from the
+    The guarantees above, on the local service (a doctest run by tests/project/test_docs.py from the
     repo root with ``shardq serve`` running)::
 
         >>> import shardq

@@ -49,7 +49,7 @@ from .handling import EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_run
 from ..stopping import install_stop_signals
 from .idempotency import IdempotencyStore
 # The constants stay importable from here: callers and the docs' checked figures
-# (tests/test_docs_claims.py) name them as this module's.
+# (tests/project/test_docs_claims.py) name them as this module's.
 from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
                      UNAVAILABLE_BACKOFF_S_MIN, Outbox, Policy, Settle, UnavailableBackoff)
 from ..types import Lease

@@ -230,7 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ dispatch
     # The routes, as tables: routes() must equal the routes of the document served at
-    # /openapi.json (tests/test_console_fuzz.py holds them equal). "/static/" is a prefix.
+    # /openapi.json (tests/service/test_console_fuzz.py holds them equal). "/static/" is a prefix.
     _PUBLIC_GET = {"/login": "_login_page", "/openapi.json": "_openapi"}
     _GET = {"/": "_page", "/metrics": "_metrics", "/api/session": "_session", "/api/overview": "_overview",
             "/api/dead-letters": "_dead_letters", "/api/job": "_job"}

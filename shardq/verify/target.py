@@ -9,7 +9,7 @@ Workers lease one job per request by default (``--worker-batch 1``). With bigger
 killed worker can leave several jobs of one key in flight at once (the SQS backend buffers
 them, handing out one); they time out together, and moto (the test server) redelivers such a
 batch out of order, which the checker reports as an order violation of the server. That moto
-bug has its own strict-xfail test (tests/test_contract.py); ``--worker-batch 4`` shows it.
+bug has its own strict-xfail test (tests/consumer/test_contract.py); ``--worker-batch 4`` shows it.
 """
 from __future__ import annotations
 

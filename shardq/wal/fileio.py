@@ -2,7 +2,7 @@
 
 Everything the WAL does to disk goes through a :class:`Files` instance, so tests can
 substitute one that fails with ENOSPC or EIO at any chosen call (see
-``tests/faults.py``). Each method is a thin wrapper with the guarantee of the syscall.
+``tests/support/faults.py``). Each method is a thin wrapper with the guarantee of the syscall.
 
 Test hook, never set in production: when the environment variable
 :data:`FAULT_SYNC_LOG_ENV` (``SHARDQ_FAULT_SYNC_LOG``) names a file, a log opened without

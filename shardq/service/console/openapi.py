@@ -2,7 +2,7 @@
 answers, its parameters, JSON bodies, replies and errors.
 
 The listener (:mod:`..http_server`) serves :func:`document` at ``GET /openapi.json``. Its
-dispatch tables and this document name the same routes (``tests/test_console_fuzz.py``
+dispatch tables and this document name the same routes (``tests/service/test_console_fuzz.py``
 holds them equal, so neither can gain a route the other lacks), and that test fuzzes a real
 listener from this document.
 

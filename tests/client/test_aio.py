@@ -1,0 +1,304 @@
+"""The asyncio client against real shards (and a scripted fake shard for the exact moment a
+connection breaks): parity with the router, coalescing, cancellation, retry rules, limits."""
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+
+import shardq
+from shardq import limits
+from shardq.client import aioconn
+from shardq.protocol import wire
+
+from support.service import Service
+from support.fake_shard import FakeShard
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}}) as s:
+        yield s
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def pending_waiters(q) -> int:
+    """Requests still held for a caller, and single calls waiting to be merged."""
+    return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.conns)
+
+
+def test_the_operations_match_the_router(svc):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            jid = await q.enqueue(b"a", key="k1", queue="par")
+            ids = await q.enqueue_many([{"body": b"b", "key": "k1"}, {"body": b"c", "delay": 3600}], queue="par")
+            assert await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d") == \
+                await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d")
+            [lease] = await q.dequeue_many("par", max_jobs=10)
+            assert (lease.job_id, lease.body, lease.key, lease.attempt) == (jid, b"a", "k1", 1)
+            longer = await q.extend(lease, 100)
+            assert longer.deadline > lease.deadline
+            await q.ack(longer)
+            with pytest.raises(shardq.JobGone):
+                await q.ack(longer)
+            nxt = await q.dequeue("par")
+            assert nxt.job_id == ids[0]
+            await q.nack(nxt, error="boom")
+            again = await q.dequeue("par")
+            assert again.job_id == ids[0] and again.attempt == 2
+            await q.bury(again, "given up")
+            [dl] = await q.dead_letters("par")
+            assert (dl.job_id, dl.error) == (ids[0], "given up")
+            assert await q.redrive("par") == 1
+            st = await q.stats()
+            assert st["queues"]["par"]["delayed"] == 1 and len(st["shards"]) == 2
+            assert (await q.queue_config("par"))["max_deliveries"] == 3
+            assert len(await q.ping()) == 2
+            with pytest.raises(shardq.InvalidJob):
+                await q.enqueue("not bytes")
+            with pytest.raises(shardq.LeaseLost):
+                await q.extend(again, 5)
+            assert await q.purge_dead_letters("par") == 0
+            doomed = await q.enqueue(b"doomed", key="k9", queue="par")
+            while (lease := await q.dequeue("par", wait=5)).job_id != doomed:
+                await q.ack(lease)  # the job redriven above comes first
+            await q.bury(lease, "chosen")
+            assert await q.purge_dead_letters("par", [doomed, doomed]) == 1
+            assert await q.purge_dead_letters("par", [doomed]) == 0  # again: nothing, no error
+            assert await q.dead_letters("par") == []
+            with pytest.raises(shardq.InvalidJob):
+                await q.purge_dead_letters("par", "not a list")
+            # the router reads what the asyncio client wrote, and the other way round
+            with svc.connect() as r:
+                rid = r.enqueue(b"from router", key="mixed", queue="par2")
+            assert (await q.dequeue("par2")).job_id == rid
+    run(main())
+
+
+def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, monkeypatch):
+    frames = []
+    real = aioconn.ShardConn._write
+
+    def spy(write, payload):
+        frame = msgpack.unpackb(payload, raw=False)
+        frames.append([(op, len(args[0]) if op in ("enqueue", "ack") else 1) for _, op, args in frame])
+        return real(write, payload)
+
+    monkeypatch.setattr(aioconn.ShardConn, "_write", staticmethod(spy))
+
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            for name in ("merge", "merge2"):  # their placement, asked once before a first enqueue
+                await q.queue_config(name)
+            frames.clear()
+            ids = await asyncio.gather(*(q.enqueue(b"m%d" % i, key="same", queue="merge") for i in range(200)))
+            assert len(set(ids)) == 200
+            assert frames == [[("enqueue", 200)]]
+            leases = await q.dequeue_many("merge", max_jobs=200)
+            assert [l.job_id for l in leases] == ids[:1]  # one key: one lease at a time
+            frames.clear()
+            ids2 = await asyncio.gather(*(q.enqueue(b"x", queue="merge2") for _ in range(300)))
+            assert sorted(n for f in frames for op, n in f) == [150, 150]  # round robin, 2 shards
+            got = await q.dequeue_many("merge2", max_jobs=300)
+            frames.clear()
+            await asyncio.gather(*(q.ack(l) for l in got))
+            assert sorted(n for f in frames for op, n in f if op == "ack") == [150, 150]
+            assert len(ids2) == 300 and pending_waiters(q) == 0
+    run(main())
+
+
+def test_a_merged_batch_refused_as_a_whole_is_resent_call_by_call():
+    with Service(shards=1, config={"service": {"declare_queues": True},
+                                   "queues": {"default": {}, "ok": {}}}) as s:
+        async def main():
+            async with await shardq.aio.connect(s.data_dir) as q:
+                res = await asyncio.gather(q.enqueue(b"1", queue="ok"), q.enqueue(b"2", queue="nope"),
+                                           q.enqueue(b"3", queue="ok"), return_exceptions=True)
+                assert isinstance(res[1], shardq.UnknownQueue)
+                assert isinstance(res[0], int) and isinstance(res[2], int)
+                assert (await q.stats())["queues"]["ok"]["ready"] == 2
+        run(main())
+
+
+def test_batch_limits_hold_at_their_maximum(svc):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            n = limits.BATCH_JOBS_MAX + 1
+            ids = await q.enqueue_many([{"body": b"j", "key": "one"} for _ in range(n)], queue="big")
+            assert len(set(ids)) == n
+            ids = await asyncio.gather(*(q.enqueue(b"k", key="one", queue="big2") for _ in range(n)))
+            assert len(set(ids)) == n
+            with pytest.raises(shardq.InvalidJob):
+                await q.dequeue_many("big", max_jobs=limits.BATCH_JOBS_MAX + 1)
+            body = b"b" * limits.BODY_BYTES_MAX_DEFAULT
+            await asyncio.gather(*(q.enqueue(body, queue="big3") for _ in range(40)))  # > MERGE_BYTES_MAX
+            with pytest.raises(shardq.InvalidJob):
+                await q.enqueue(body + b"!", queue="big3")
+            assert (await q.stats())["queues"]["big3"]["ready"] == 40
+    run(main())
+
+
+def waiting_at_shards(svc) -> list[int]:
+    with svc.connect() as q:
+        return [sh.get("waiting_dequeues", 0) for sh in q.stats()["shards"]]
+
+
+async def until(predicate, what: str) -> None:
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("phase", ["waiting", "watching", "dequeue in flight"])
+def test_cancelling_a_waiting_dequeue_leaves_no_lease_behind(svc, phase):
+    """Cancelled while it waits at the shards (a waiting dequeue, withdrawn), while it
+    watches (a queue that uses priorities), or with a dequeue written: no lease is left."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            queue = f"cancel-{phase[0]}"
+            if phase in ("waiting", "watching"):
+                if phase == "watching":  # a lease with a priority: the client compares shards now
+                    await q.enqueue(b"p", queue=queue, priority=5)
+                    await q.ack(await q.dequeue(queue))
+                    assert queue in q._prioritized
+                t = asyncio.create_task(q.dequeue(queue, wait=30))
+                if phase == "waiting":
+                    await until(lambda: waiting_at_shards(svc) == [1, 1], "a waiting dequeue at both shards")
+                else:
+                    await until(lambda: sum(r.op == "watch" for c in q.conns for r in c.pending.values()) == 2,
+                                "a watch at both shards")
+                t.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await t
+                # watches are forgotten; waiting dequeues are withdrawn, and let go once
+                # the shards say so
+                await until(lambda: pending_waiters(q) == 0, "no request held")
+                assert waiting_at_shards(svc) == [0, 0]
+                jids = [await q.enqueue(b"after", queue=queue)]
+            else:
+                # jobs on every shard, so the dequeue in flight leases one whichever it asks
+                jids = await q.enqueue_many([{"body": b"job"} for _ in range(4)], queue=queue)
+                t = asyncio.create_task(q.dequeue(queue))
+                for _ in range(20):                     # until its request is written
+                    await asyncio.sleep(0)
+                    written = [r for c in q.conns for r in c.pending.values() if r.op == "dequeue"]
+                    if written:
+                        break
+                assert written and not t.done()
+                t.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await t
+            for _ in range(200):
+                st = (await q.stats())["queues"].get(queue, {})
+                if st.get("in_flight", 0) == 0 and st.get("ready") == len(jids):
+                    break
+                await asyncio.sleep(0.02)
+            assert st["in_flight"] == 0 and st["ready"] == len(jids)
+            leases = await q.dequeue_many(queue, max_jobs=10)
+            assert sorted(l.job_id for l in leases) == sorted(jids)
+            assert all(l.attempt == 1 for l in leases)  # a release is not a delivery
+            await q.ack_many(leases)
+            assert pending_waiters(q) == 0
+    run(main())
+
+
+def test_consume_holds_at_most_concurrency_leases(svc):
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            await q.enqueue_many([{"body": b"%d" % i} for i in range(30)], queue="cons")
+            held = []
+            async for lease in q.consume("cons", concurrency=7, wait=0.1):
+                held.append(lease)
+                if len(held) == 7:
+                    break
+            st = (await q.stats())["queues"]["cons"]
+            assert st["in_flight"] == 7                # the rest of the batch went back
+            seen = []
+
+            async def work(lease):
+                await asyncio.sleep(0.01)
+                await q.ack(lease)
+
+            async with asyncio.TaskGroup() as tg:
+                async for lease in q.consume("cons", concurrency=5, wait=0.2):
+                    st = (await q.stats())["queues"]["cons"]
+                    assert st["in_flight"] <= 7 + 5
+                    seen.append(lease.job_id)
+                    tg.create_task(work(lease))
+                    if len(seen) == 23:
+                        break
+            assert len(set(seen)) == 23
+            await q.ack_many(held)
+    run(main())
+
+
+def test_a_timed_out_call_leaves_no_waiter():
+    f = FakeShard(["hang"])
+
+    async def main():
+        q = await shardq.aio.connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
+        with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
+            await q.ping()
+        assert pending_waiters(q) == 0
+        await q.close()
+    try:
+        run(main())
+    finally:
+        f.close()
+
+
+LEASE_ROW = [1 << 10, None, b"x", 1, 5, 9e9]
+
+
+@pytest.mark.parametrize("op, call, outcome", [
+    ("enqueue", lambda q: q.enqueue(b"job", key="k"), 42),
+    ("ack", lambda q: q.ack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), None),
+    ("extend", lambda q: q.extend(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9), 10), "lease"),
+    ("stats", lambda q: q._call(0, "stats", []), {"queues": {}}),
+    ("dequeue", lambda q: q.dequeue("default"), shardq.OutcomeUnknown),
+    ("nack", lambda q: q.nack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
+    ("bury", lambda q: q.bury(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
+    ("redrive", lambda q: q.redrive("default"), shardq.OutcomeUnknown),
+    ("purge_dead", lambda q: q.purge_dead_letters("default"), shardq.OutcomeUnknown),
+])
+def test_after_a_break_only_safe_ops_are_resent(op, call, outcome):
+    answers = {"enqueue": [42], "ack": [["JobGone", "gone"]], "extend": 123.0, "stats": {"queues": {}}}
+    f = FakeShard(["drop", lambda o, args: answers.get(o)])
+
+    async def main():
+        q = await shardq.aio.connect(f.dd.path, retry_s=5, request_timeout_s=5)
+        try:
+            if isinstance(outcome, type):
+                with pytest.raises(outcome, match="may or may not have been applied"):
+                    await call(q)
+                assert f.ops() == [op]                       # sent once, never again
+            else:
+                got = await call(q)
+                if outcome == "lease":
+                    assert got.deadline == 123.0
+                else:
+                    assert got == outcome                    # JobGone after a re-sent ack: success
+                assert f.ops() == [op, op]
+                if op == "enqueue":
+                    assert f.requests[0][2] == f.requests[1][2]  # the same session: dedup
+            assert pending_waiters(q) == 0
+        finally:
+            await q.close()
+    try:
+        run(main())
+    finally:
+        f.close()
+
+
+def test_the_wire_frames_are_multiprocessing_connection_frames():
+    frame = [[1, "ping", []]]
+    out = []
+    aioconn.ShardConn._write(out.append, msgpack.packb(frame))
+    assert out[0][:4] == len(msgpack.packb(frame)).to_bytes(4, "big") and msgpack.unpackb(out[0][4:]) == frame
+    assert wire.RETRY["bury"] is wire.UNKNOWN

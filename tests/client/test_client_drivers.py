@@ -1,0 +1,389 @@
+"""One behaviour suite for both client drivers (the threaded router and the asyncio client,
+called synchronously here): every scenario runs against each, so none can exist for one
+only. Both drive the same sans-I/O core (shardq/client/core.py); these tests check that
+what reaches the shards, and what the caller gets, is the same.
+
+Scripted fake shards (the real handshake and framing, replies chosen per request) make the
+failures exact: an error from a later shard of a lease round, a shard down, a priority plan.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import threading
+from multiprocessing.connection import Listener
+
+import msgpack
+import pytest
+
+import shardq
+from shardq import limits
+from shardq.datadir import DataDir
+from shardq.protocol import sockio, validate, wire
+
+from support.service import short_tmpdir, wait_until
+
+Q = "jobs"
+
+
+# ---------------------------------------------------------------------- the drivers
+class SyncAsyncQueue:
+    """The asyncio client, called like the router: its event loop runs in a thread of its
+    own, and each coroutine method is run there and waited for."""
+
+    def __init__(self, data_dir: str, **kw):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.q = self._run(shardq.aio.connect(data_dir, **kw))
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def __getattr__(self, name):
+        attr = getattr(self.q, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        return lambda *a, **kw: self._run(attr(*a, **kw))
+
+    def close(self) -> None:
+        self._run(self.q.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(params=["threaded", "asyncio"])
+def connect(request):
+    """``connect(data_dir, **kw)``: a client of the driver under test (closed afterwards)."""
+    made = []
+
+    def make(data_dir: str, **kw):
+        kw.setdefault("retry_s", 2)
+        kw.setdefault("request_timeout_s", 10)
+        q = shardq.connect(data_dir, **kw) if request.param == "threaded" else SyncAsyncQueue(data_dir, **kw)
+        made.append(q)
+        return q
+
+    yield make
+    for q in made:
+        q.close()
+
+
+# ---------------------------------------------------------------------- fake shards
+class Refuse:
+    """A reply of error ``name`` (a class of shardq.errors, as a shard sends it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class FakeShards:
+    """Serves every shard of a new ``shards``-shard data dir. ``answer(shard, op, args)``
+    gives each request's result, or a :class:`Refuse`. ``requests`` holds ``(shard, op,
+    args)`` of every request read, ``frames`` the length of every frame read."""
+
+    def __init__(self, shards: int, answer):
+        self.dd = DataDir(short_tmpdir())
+        self.dd.init(shards)
+        self.answer = answer
+        self.answers_placement = False  # True: queue_config goes to ``answer`` like any op
+        self.requests: list[tuple[int, str, list]] = []
+        self.frames: list[int] = []
+        self.lock = threading.Lock()
+        self.closing = False
+        self.conns: list = []
+        self.listeners = [Listener(self.dd.socket_path(i), "AF_UNIX", authkey=self.dd.authkey())
+                          for i in range(shards)]
+        self.threads = [threading.Thread(target=self._accept, args=(i,), daemon=True) for i in range(shards)]
+        for t in self.threads:
+            t.start()
+
+    def _accept(self, shard: int) -> None:
+        while True:
+            try:
+                conn = self.listeners[shard].accept()
+            except Exception:  # noqa: BLE001 - closed, or close()'s wake-up failed the handshake
+                return
+            if self.closing:
+                conn.close()
+                return
+            conn.recv_bytes()  # the client's hello
+            conn.send_bytes(sockio.ADMITTED)
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(shard, conn), daemon=True).start()
+
+    def _serve(self, shard: int, conn) -> None:
+        while True:
+            try:
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                return
+            replies = []
+            requests = msgpack.unpackb(data, raw=False)
+            if self.answers_placement or any(op != "queue_config" for _, op, _ in requests):
+                with self.lock:
+                    self.frames.append(len(data))
+            for rid, op, args in requests:
+                if op == "queue_config" and not self.answers_placement:
+                    # a router asks a queue's placement once, before its first enqueue of it
+                    # (docs/limits.md): an unplaced queue, not counted among the requests
+                    replies.append([rid, wire.OK, {}])
+                    continue
+                with self.lock:
+                    self.requests.append((shard, op, args))
+                result = self.answer(shard, op, args)
+                if isinstance(result, Refuse):
+                    replies.append([rid, wire.ERR, [result.name, f"shard {shard} refuses {op} (test)"]])
+                else:
+                    replies.append([rid, wire.OK, result])
+            try:
+                conn.send_bytes(msgpack.packb(replies))
+            except OSError:
+                return
+
+    def sent(self, *ops: str) -> list[tuple[int, str, list]]:
+        with self.lock:
+            return [r for r in self.requests if r[1] in ops]
+
+    def close(self) -> None:
+        self.closing = True
+        for i, listener in enumerate(self.listeners):
+            with socket.socket(socket.AF_UNIX) as s:  # wakes accept(), which closing does not
+                try:
+                    s.connect(self.dd.socket_path(i))
+                except OSError:
+                    pass
+            listener.close()
+        for t in self.threads:
+            t.join(5)
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(shards: int, answer) -> FakeShards:
+        f = FakeShards(shards, answer)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def job_id(seq: int, shard: int) -> int:
+    return (seq << limits.JOB_ID_SHARD_BITS) | shard
+
+
+def row(seq: int, shard: int, priority: int = 0, uses_priorities: bool = False) -> list:
+    """A lease on the wire: [job_id, key, body, attempt, token, deadline, priority, uses_priorities]."""
+    return [job_id(seq, shard), None, b"body-%d-%d" % (shard, seq), 1, 100 + seq, 9e9, priority, uses_priorities]
+
+
+def releases(f: FakeShards) -> list[tuple[int, int, int]]:
+    """(shard, job id, token) of every unstarted release (a nack that is not a delivery)."""
+    return [(s, a[0], a[1]) for s, _, a in f.sent("nack") if a[2:] == [0, None, False]]
+
+
+def serve_leases(by_shard: dict[int, object], peeks: dict[int, list] | None = None):
+    """An ``answer``: each shard's first dequeue gets ``by_shard[shard]`` (rows, or a
+    Refuse), later ones nothing; peeks get ``peeks[shard]``; nacks, acks and notes succeed."""
+    asked: set[int] = set()
+
+    def answer(shard, op, args):
+        if op == "dequeue":
+            if shard in asked:
+                return []
+            asked.add(shard)
+            return by_shard.get(shard, [])
+        if op == "peek":
+            return (peeks or {}).get(shard, [])
+        if op == "ack":
+            return [None] * len(args[0])
+        if op == "extend":
+            return 12345.0
+        if op in ("nack", "bury", "note_priorities"):
+            return None
+        raise AssertionError(f"unexpected {op}")
+    return answer
+
+
+# ---------------------------------------------------------------------- lease rounds
+def test_a_lease_round_asks_shard_after_shard_for_what_is_still_missing(fake, connect):
+    f = fake(3, serve_leases({0: [row(1, 0)], 1: [row(2, 1), row(3, 1)]}))
+    q = connect(f.dd.path)
+    leases = q.dequeue_many(Q, max_jobs=3)
+    assert [l.job_id for l in leases] == [job_id(1, 0), job_id(2, 1), job_id(3, 1)]
+    assert [(s, a[2]) for s, _, a in f.sent("dequeue")] == [(0, 3), (1, 2)]  # shard 2 not asked: full
+    assert releases(f) == []
+
+
+@pytest.mark.parametrize("error", ["ProtocolError", "InvalidJob", "Closed"])
+def test_an_error_from_a_later_shard_releases_the_leases_the_round_took(fake, connect, error):
+    """Shard 0 leases a job, shard 1 answers the same round with an error: the caller gets
+    the error, and the lease taken at shard 0 is handed back at once, unstarted, instead of
+    blocking its key until the visibility timeout (the asyncio client used to keep it)."""
+    f = fake(2, serve_leases({0: [row(1, 0)], 1: Refuse(error)}))
+    q = connect(f.dd.path)
+    with pytest.raises(getattr(shardq.errors, error)):
+        q.dequeue_many(Q, max_jobs=2)
+    wait_until(lambda: releases(f), 10, what="the lease of shard 0 released")
+    assert releases(f) == [(0, job_id(1, 0), 101)]
+
+
+@pytest.mark.parametrize("error", ["ShardUnavailable", "OutcomeUnknown"])
+def test_a_later_shard_down_or_unknown_leaves_the_leases_in_hand_to_the_caller(fake, connect, error):
+    """A shard that is down (or whose dequeue's outcome is unknown) does not fail the
+    round: the leases already taken are returned, never stranded, and nothing is released."""
+    f = fake(2, serve_leases({0: [row(1, 0)], 1: Refuse(error)}))
+    q = connect(f.dd.path)
+    assert [l.job_id for l in q.dequeue_many(Q, max_jobs=2)] == [job_id(1, 0)]
+    assert releases(f) == []
+
+
+def test_an_error_in_the_priority_step_releases_the_leases_kept(fake, connect):
+    """Shard 0's lease says the queue uses priorities; shard 1 has a higher one. The plan
+    keeps shard 0's lease and takes one at shard 1, whose dequeue fails: the kept lease is
+    released, not stranded."""
+    f = fake(2, serve_leases({0: [row(1, 0, priority=1, uses_priorities=True)], 1: Refuse("ProtocolError")},
+                             peeks={1: [[5, 1]]}))
+    q = connect(f.dd.path)
+    with pytest.raises(shardq.ProtocolError):
+        q.dequeue_many(Q, max_jobs=2)
+    wait_until(lambda: releases(f), 10, what="the kept lease released")
+    assert releases(f) == [(0, job_id(1, 0), 101)]
+    assert [op for _, op, _ in f.requests if op != "nack"] == ["dequeue", "peek", "dequeue"]
+
+
+def test_priorities_keep_the_highest_over_the_shards_and_release_the_lower(fake, connect):
+    f = fake(2, serve_leases({0: [row(1, 0, priority=1, uses_priorities=True)], 1: [row(2, 1, priority=7)]},
+                             peeks={1: [[7, 1]]}))
+    q = connect(f.dd.path)
+    [lease] = q.dequeue_many(Q, max_jobs=1)
+    assert lease.job_id == job_id(2, 1)
+    wait_until(lambda: releases(f), 10, what="the lower lease released")
+    assert releases(f) == [(0, job_id(1, 0), 101)]  # handed back unstarted: not a delivery
+    assert [(s, op) for s, op, _ in f.requests if op != "nack"] == [(0, "dequeue"), (1, "peek"), (1, "dequeue")]
+
+
+def test_a_prioritized_queue_whose_first_shard_is_down_is_served_by_the_others(fake, connect):
+    """A queue known to use priorities leases at the first shard while peeking at the
+    others; that shard being down is no error (the threaded router raised TypeError)."""
+    f = fake(2, serve_leases({0: Refuse("ShardUnavailable"), 1: [row(2, 1, priority=3)]}, peeks={1: [[3, 1]]}))
+    answer = f.answer
+    f.answer = lambda s, op, args: [job_id(9, s)] if op == "enqueue" else answer(s, op, args)
+    q = connect(f.dd.path)
+    q.enqueue(b"x", key="k", queue=Q, priority=3)  # tells every shard; this client compares them from now on
+    assert len(f.sent("note_priorities")) == 2
+    [lease] = q.dequeue_many(Q, max_jobs=1)
+    assert lease.job_id == job_id(2, 1)
+    asked = [(s, op) for s, op, _ in f.sent("dequeue", "peek")]
+    assert sorted(asked[:2]) == [(0, "dequeue"), (1, "peek")] and asked[2:] == [(1, "dequeue")]  # the first two at once
+
+
+# ---------------------------------------------------------------------- settling
+def test_settle_calls_go_to_the_shard_each_job_id_names(fake, connect):
+    f = fake(3, serve_leases({}))
+    q = connect(f.dd.path)
+    leases = [shardq.Lease(job_id(5, s), None, b"", Q, 1, 50 + s, 9e9) for s in (2, 0, 2, 1)]
+    q.ack(leases[0])
+    assert q.ack_many(leases) == [None] * 4
+    q.nack(leases[1], delay=3, error="boom")
+    q.bury(leases[3], "given up")
+    assert q.extend(leases[2], 60).deadline == 12345.0
+    by_shard: dict[int, list] = {}
+    for shard, op, args in f.requests:  # the order between shards is the threads' to choose
+        by_shard.setdefault(shard, []).append((op, args))
+    assert by_shard == {
+        0: [("ack", [[[job_id(5, 0), 50]]]), ("nack", [job_id(5, 0), 50, 3, "boom", True])],
+        1: [("ack", [[[job_id(5, 1), 51]]]), ("bury", [job_id(5, 1), 51, "given up"])],
+        2: [("ack", [[[job_id(5, 2), 52]]]), ("ack", [[[job_id(5, 2), 52], [job_id(5, 2), 52]]]),
+            ("extend", [job_id(5, 2), 52, 60])],
+    }
+
+
+def test_ack_many_reports_each_lease_and_a_resent_acks_job_gone_is_success(fake, connect):
+    f = fake(1, lambda s, op, args: [None, ["LeaseLost", "expired"], ["JobGone", "gone"]])
+    q = connect(f.dd.path)
+    leases = [shardq.Lease(job_id(i, 0), None, b"", Q, 1, i, 9e9) for i in (1, 2, 3)]
+    out = q.ack_many(leases)
+    assert out[0] is None and type(out[1]) is shardq.LeaseLost and type(out[2]) is shardq.JobGone
+
+
+# ---------------------------------------------------------------------- batches at the frame limit
+def test_a_batch_of_requests_at_the_request_limit_leaves_in_frames_within_the_frame_limit(fake, connect):
+    """Eight jobs that fill two requests to exactly REQUEST_BYTES_MAX, sent in one call:
+    every frame that reaches the shard is within FRAME_BYTES_MAX, and the ids come back in
+    input order."""
+    per_request = 4
+    fixed = validate.job_bytes(b"", "k", Q) + 16
+    body_len = (limits.REQUEST_BYTES_MAX - 64 - per_request * fixed) // per_request
+    assert body_len <= limits.BODY_BYTES_MAX_CEILING
+    jobs = [{"body": bytes([65 + i]) * body_len, "key": "k"} for i in range(2 * per_request)]
+    counter = iter(range(1, 1000))
+    f = fake(1, lambda s, op, args: [job_id(next(counter), s) for _ in args[0]])
+    q = connect(f.dd.path)
+    ids = q.enqueue_many(jobs, queue=Q)
+    assert ids == [job_id(i, 0) for i in range(1, 9)]
+    assert [len(a[0]) for _, _, a in f.sent("enqueue")] == [per_request, per_request]
+    assert [a[0][0][0][:1] for _, _, a in f.sent("enqueue")] == [b"A", b"E"]  # in order
+    assert len(f.frames) == 2 and max(f.frames) <= limits.FRAME_BYTES_MAX
+
+
+def test_a_request_that_cannot_be_encoded_fails_alone_and_the_connection_keeps_working(fake, connect):
+    """Both connections cut frames with the core's cutter: a request msgpack cannot hold
+    (an integer over 64 bits) is refused with InvalidJob before anything is written, and
+    the calls after it go out as usual (the asyncio connection used to leave it, and every
+    request of its turn, unanswered until the request timeout)."""
+    f = fake(1, serve_leases({}))
+    q = connect(f.dd.path, request_timeout_s=30)
+    too_big = shardq.Lease(1 << 64, None, b"", Q, 1, 7, 9e9)  # its shard bits say shard 0
+    with pytest.raises(shardq.InvalidJob, match="cannot be encoded"):
+        q.extend(too_big, 60)
+    ok = shardq.Lease(job_id(3, 0), None, b"", Q, 1, 7, 9e9)
+    assert q.extend(ok, 60).deadline == 12345.0
+    assert [op for _, op, _ in f.requests] == ["extend"]
+
+
+def test_a_shard_that_misses_the_priority_note_is_told_with_the_next_prioritized_enqueue(fake, connect):
+    refused: list[int] = []
+
+    def answer(shard, op, args):
+        if op == "note_priorities" and shard == 1 and not refused:
+            refused.append(shard)
+            return Refuse("ShardUnavailable")
+        return [job_id(1, shard)] if op == "enqueue" else None
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    q.enqueue(b"a", key="k", queue=Q, priority=3)  # goes ahead
+    q.enqueue(b"b", key="k", queue=Q, priority=3)  # tells both shards again
+    q.enqueue(b"c", key="k", queue=Q, priority=3)  # told for good: no note
+    assert refused == [1] and len(f.sent("note_priorities")) == 4 and len(f.sent("enqueue")) == 3
+    with pytest.raises(shardq.UnknownQueue):  # a typed refusal is raised, and nothing is enqueued
+        f.answer = lambda s, op, args: Refuse("UnknownQueue") if op == "note_priorities" else [job_id(2, s)]
+        q.enqueue(b"d", key="k", queue="other", priority=1)
+    assert len(f.sent("enqueue")) == 3
+
+
+# ---------------------------------------------------------------------- bad arguments
+@pytest.mark.parametrize("call", [
+    lambda q: q.ack(shardq.Lease(job_id(1, 1000), None, b"", Q, 1, 7, 9e9)),      # a shard it has not
+    lambda q: q.nack(shardq.Lease(job_id(1, 0), None, b"", Q, 1, 7, 9e9), delay=[]),  # falsy, no number
+    lambda q: q.extend("not a lease", 10),
+    lambda q: q.ack_many(None),
+    lambda q: q.dequeue_many(["not", "a", "name"]),
+], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list"])
+def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
+    """Both drivers check what they are given in the one core before anything is sent
+    (tests/client/test_aio_hostile.py drives the asyncio client with Hypothesis)."""
+    f = fake(2, lambda shard, op, args: None)
+    q = connect(f.dd.path)
+    with pytest.raises(shardq.InvalidJob):
+        call(q)
+    assert f.requests == []

@@ -1,0 +1,240 @@
+"""Which requests the router sends again after a broken connection (issue 9, item 6).
+
+A fake shard (the real handshake and framing, scripted replies) makes the moment of the
+break exact: it reads a request, then drops the connection without answering. Ops that are
+safe to re-send are re-sent and succeed; the others raise OutcomeUnknown and are sent once.
+"""
+from __future__ import annotations
+
+import threading
+
+import msgpack
+import pytest
+
+import shardq
+from shardq import limits
+from shardq.client.connection import ConnectionLost, Future, ShardClient
+from shardq.protocol import wire
+from shardq.types import Lease
+
+from support.fake_shard import (FakeShard)
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(*script):
+        f = FakeShard(script)
+        q = shardq.connect(f.dd.path, retry_s=5, request_timeout_s=5)
+        made.append((f, q))
+        return f, q
+
+    yield make
+    for f, q in made:
+        q.close()  # first: a connection the fake serves ends when its client closes
+        f.close()
+
+
+def test_every_op_has_a_retry_policy():
+    assert set(wire.RETRY) == wire.OPS
+    # dequeue_wait is never re-sent either: a broken connection ends the wait, and the
+    # router asks every shard again (tests/shard/test_waiting_lease.py)
+    assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "dequeue_wait", "nack", "bury",
+                                                                        "redrive", "purge_dead"}
+
+
+def test_enqueue_is_resent_with_the_same_session(fake):
+    f, q = fake("drop", lambda op, args: [42])
+    assert q.enqueue(b"job", key="k") == 42
+    assert f.ops() == ["enqueue", "enqueue"]
+    assert f.requests[0][2] == f.requests[1][2]  # same items, same session: the shard dedups
+    q.close()
+
+
+def test_ack_is_resent_and_job_gone_on_the_retry_means_success(fake):
+    f, q = fake("drop", lambda op, args: [["JobGone", "job 7 is gone (already acked)"]])
+    q.ack(Lease(7 << 10, None, b"", "default", 1, 3, 0.0))
+    assert f.ops() == ["ack", "ack"]
+    q.close()
+
+
+@pytest.mark.parametrize("call, op", [
+    (lambda q: q.dequeue(), "dequeue"),
+    (lambda q: q.dequeue_many(max_jobs=10), "dequeue"),
+    (lambda q: q.nack(Lease(1 << 10, None, b"", "default", 1, 3, 0.0)), "nack"),
+    (lambda q: q.redrive("default"), "redrive"),
+    (lambda q: q.redrive("default", [1 << 10]), "redrive"),
+    (lambda q: q.purge_dead_letters("default"), "purge_dead"),
+])
+def test_unsafe_ops_are_sent_once_and_raise_outcome_unknown(fake, call, op):
+    f, q = fake("drop", lambda op, args: pytest.fail("must not be re-sent"))
+    with pytest.raises(shardq.OutcomeUnknown, match="may or may not have been applied"):
+        call(q)
+    assert f.ops() == [op]
+    assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
+    q.close()
+
+
+def test_a_batch_cut_into_requests_reaches_the_shard_in_order_across_a_broken_connection(fake, monkeypatch):
+    """A batch that one shard gets as several requests (here one over the job limit: two)
+    keeps its order when the connection breaks between them. `shardq verify` with 16 MiB
+    bodies found it broken: the second request, whose write found the connection gone, was
+    sent at once on the new connection, and the first (written before the break) only after
+    it, so a key's later job got the lower id and was delivered first."""
+    f, q = fake("drop", ("serve", lambda op, args: list(range(len(args[0])))))
+    submit = ShardClient.submit
+    submits = []
+
+    def submit_after_the_break(self, op, args, **kw):
+        if op == "enqueue":  # not the queue's placement, asked before its first enqueue
+            submits.append(op)
+        if len(submits) == 2 and op == "enqueue":
+            assert f.dropped.wait(10)  # the shard dropped the first request's connection
+        return submit(self, op, args, **kw)
+
+    monkeypatch.setattr(ShardClient, "submit", submit_after_the_break)
+    n = limits.BATCH_JOBS_MAX + 1
+    ids = q.enqueue_many([{"body": b"%d" % i, "key": "k"} for i in range(n)])
+    assert len(ids) == n
+    dropped, served = f.by_conn
+    assert [len(args[0]) for _, _, args in dropped] == [limits.BATCH_JOBS_MAX]
+    assert [len(args[0]) for _, _, args in served] == [limits.BATCH_JOBS_MAX, 1]  # in the batch's order
+    assert served[0][2] == dropped[0][2]  # the first re-sent with its session: a shard would dedup it
+    q.close()
+
+
+def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monkeypatch):
+    """One send of many requests can take several frames. A shard executes every whole
+    frame it reads, so only the requests of the frame a failed write cut short, and of
+    those after it, may be sent again; the others' outcome is unknown (a dequeue may have
+    leased a job)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from shardq.client import connection
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    monkeypatch.setattr(limits, "FRAME_BYTES_MAX", 1000)  # two requests of 600 bytes: two frames
+    write_frame = connection._write_frame
+    frames = []
+
+    def write_one_frame_then_break(fd, data):
+        if frames:
+            raise BrokenPipeError(32, "the shard went away")
+        frames.append(data)
+        write_frame(fd, data)
+
+    monkeypatch.setattr(connection, "_write_frame", write_one_frame_then_break)
+    client._flushing = True  # another thread is sending: both queue for one send
+    first = client.submit("dequeue", ["q" * 600, None, 1], lead=True)
+    second = client.submit("dequeue", ["r" * 600, None, 1], lead=True)
+    client._flushing = False
+    client._flush()
+    assert len(frames) == 1
+    (rid, op, args), = msgpack.unpackb(Connection(b.detach()).recv_bytes(), raw=False)
+    assert (rid, op, args[0]) == (first.rid, "dequeue", "q" * 600)
+    assert isinstance(first.error, ConnectionLost) and first.error.sent  # the shard may have applied it
+    assert isinstance(second.error, ConnectionLost) and not second.error.sent
+
+
+def test_a_timed_out_request_leaves_nothing_pending(fake):
+    f, q = fake("hang")
+    q.request_timeout_s = 0.3
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
+        q.ping()
+    assert q.clients[0]._pending == {}
+    q.close()
+
+
+def test_future_set_races_have_one_winner():
+    for _ in range(200):
+        fut = Future()
+        barrier = threading.Barrier(8)
+        errors = []
+
+        def setter(i):
+            barrier.wait()
+            try:
+                fut.set(i)
+            except RuntimeError as e:  # a double release of the wait lock
+                errors.append(e)
+
+        threads = [threading.Thread(target=setter, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and fut.done and fut.wait(0) and fut.value in range(8)
+
+
+def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
+    """_broken used to iterate the pending dict while the reader thread popped from it."""
+    import socket
+    from multiprocessing.connection import Connection
+    for _ in range(20):
+        a, b = socket.socketpair()
+        client = ShardClient(0, "unused", b"k" * 32)
+        conn = Connection(a.detach())
+        client._conn = conn
+        futs = {}
+        for rid in range(1, 20_001):
+            fut = Future()
+            fut.rid, fut.sent = rid, True
+            futs[rid] = client._pending[rid] = fut
+        pending = client._pending
+        popped = []
+        start = threading.Event()
+
+        def reader():  # what _read_replies does with each reply
+            start.wait()
+            for rid in range(1, 20_001):
+                fut = pending.pop(rid, None)
+                if fut is not None:
+                    popped.append(rid)
+                    fut.set("reply")
+
+        t = threading.Thread(target=reader)
+        t.start()
+        start.set()
+        client._broken(conn)
+        t.join()
+        assert all(f.done for f in futs.values())
+        lost = [r for r, f in futs.items() if isinstance(f.error, ConnectionLost)]
+        assert sorted(lost + popped) == list(range(1, 20_001))  # each taken by exactly one side
+        assert all(futs[r].error.sent for r in lost)
+        conn.close()
+        b.close()
+
+
+def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
+    """The reader thread takes the read lock, finds nothing pending and leaves; a caller
+    whose request was queued just then found the lock taken and waited for a reader that
+    was going to sleep: its reply sat unread until its timeout (CI saw 'did not answer ack
+    within 30 s' after a shard restart)."""
+    import socket
+    import time
+    from multiprocessing.connection import Connection
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
+    server = Connection(b.detach())
+    client._read_lock.acquire()  # the reader thread, checking for pending replies
+    fut = client.submit("stats", [], lead=True)
+    (rid, _, _), = msgpack.unpackb(server.recv_bytes(), raw=False)
+    server.send_bytes(msgpack.packb([[rid, wire.OK, "reply"]]))
+    waited = []
+    waiter = threading.Thread(target=lambda: waited.append(client.wait(fut, 5)))
+    waiter.start()
+    deadline = time.monotonic() + 1.0
+    while not client._reader_wanted and time.monotonic() < deadline:
+        time.sleep(0.001)  # polled deadline: the waiter has met the taken lock
+    client._read_lock.release()  # ... and leaves, having found nothing pending
+    waiter.join(10)
+    assert waited == [True] and fut.value == "reply"
+    client.close()
+    server.close()

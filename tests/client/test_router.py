@@ -1,0 +1,494 @@
+"""The router against real shard processes: key placement, transparent reconnects, retries
+that never duplicate a job when a shard is SIGKILLed under load, and what a shard does with
+clients that hold the wrong key or send garbage.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+
+import msgpack
+import pytest
+
+import shardq
+from support.service import REPO, Service, restarted, short_tmpdir, wait_until
+from shardq.datadir import DataDir
+from shardq.errors import AuthError, ShardUnavailable
+from shardq.client.router import shard_for_key, shard_of_job
+from shardq.protocol.sockio import connect_unix
+
+
+A = "a"  # the key the garbage tests enqueue under; raw clients talk to its shard
+SHARD_A = shard_for_key(A, 2)
+
+
+@pytest.fixture
+def svc():
+    with Service(config={"queue_defaults": {"visibility_timeout": 30}}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def shared_svc():
+    """One service for the table-driven garbage tests: each checks it changed nothing."""
+    with Service() as s:
+        with s.connect() as q:
+            q.enqueue(b"keep", key=A)
+        yield s
+
+
+def drain_bodies(q) -> list[bytes]:
+    out = []
+    while True:
+        leases = q.dequeue_many(max_jobs=1000)
+        if not leases:
+            return out
+        out += [l.body for l in leases]
+        assert q.ack_many(leases) == [None] * len(leases)
+
+
+
+def log_count(svc, word: str) -> int:
+    with open(svc.log_path, "rb") as f:
+        return f.read().decode(errors="replace").count(word)
+
+
+# ---------------------------------------------------------------------- placement
+def test_key_placement_is_stable_across_processes_and_job_ids_name_their_shard(svc):
+    keys = [f"user-{i}" for i in range(40)] + ["ключ", "🔑", "a" * 300]
+    code = ("import sys, json; from shardq.client.router import shard_for_key; "
+            "print(json.dumps([shard_for_key(k, 2) for k in json.loads(sys.argv[1])]))")
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(keys)], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == [shard_for_key(k, 2) for k in keys]
+    with svc.connect() as q:
+        ids = q.enqueue_many([{"body": k.encode(), "key": k} for k in keys])
+        assert [shard_of_job(j) for j in ids] == [shard_for_key(k, 2) for k in keys]
+        keyless = [q.enqueue(b"x") for _ in range(6)]
+        assert Counter(shard_of_job(j) for j in keyless) == {0: 3, 1: 3}  # round-robin
+        st = q.stats()["shards"]
+        assert [sh["jobs"] for sh in st] == [
+            sum(shard_for_key(k, 2) == s for k in keys) + 3 for s in (0, 1)]
+
+
+# ---------------------------------------------------------------------- reconnects
+def test_router_reconnects_transparently_after_shard_restarts(svc):
+    with svc.connect(retry_s=15) as q:
+        before = q.ping()
+        q.enqueue(b"before", key="a")
+        for shard in (0, 1):
+            os.kill(before[shard], signal.SIGKILL)
+        # No waiting: the very next calls ride out the restart (retry within retry_s).
+        q.enqueue(b"after", key="a")
+        after = q.ping()
+        assert after[0] != before[0] and after[1] != before[1]
+        assert sorted(drain_bodies(q)) == [b"after", b"before"]
+        # Kill again after the router has reconnected once: still the same router object.
+        os.kill(after[0], signal.SIGKILL)
+        os.kill(after[1], signal.SIGKILL)
+        assert set(q.ping()).isdisjoint(after)  # ping may be re-sent; a dequeue may not
+        assert q.dequeue(wait=0) is None
+    assert log_count(svc, "event=shard-restart") == 4
+
+
+def test_sigkill_of_a_shard_under_load_loses_and_duplicates_nothing(svc):
+    ok: dict[bytes, int] = {}          # body -> id, for every enqueue that returned
+    unknown: list[bytes] = []          # enqueues that raised ShardUnavailable
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    keys = ["k-a", "k-b", "k-c", "k-d", None]
+
+    def produce(t: int, q):
+        i = 0
+        try:
+            while not stop.is_set():
+                body = f"t{t}-{i}".encode()
+                key = keys[i % len(keys)]
+                i += 1
+                try:
+                    jid = q.enqueue(body, key=key)
+                except ShardUnavailable:
+                    with lock:
+                        unknown.append(body)
+                    continue
+                with lock:
+                    ok[body] = jid
+        except BaseException as e:  # noqa: BLE001 - reported by the test's main thread
+            errors.append(e)
+
+    shared = svc.connect(retry_s=10)
+    routers = [shared, shared, svc.connect(retry_s=10), svc.connect(retry_s=10)]
+    threads = [threading.Thread(target=produce, args=(t, r)) for t, r in enumerate(routers)]
+    try:
+        for t in threads:
+            t.start()
+        for shard in (0, 1, 0, 1, 0):
+            wait_until(lambda: len(ok) >= 100 or None, 30, what="enqueues to flow")
+            pid = svc.shard_pids()[shard]
+            os.kill(pid, signal.SIGKILL)
+            restarted(svc, shard, pid)
+            with lock:
+                mark = len(ok)
+            wait_until(lambda: len(ok) >= mark + 100 or None, 30, what="enqueues after the restart")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+    finally:
+        stop.set()
+        for r in set(routers):
+            r.close()
+    assert log_count(svc, "event=shard-restart") == 5
+    with svc.connect() as q:
+        delivered = drain_bodies(q)
+    dups = [b for b, n in Counter(delivered).items() if n > 1]
+    assert dups == [], f"duplicated by retries: {dups[:10]}"
+    lost = set(ok) - set(delivered)
+    assert not lost, f"{len(lost)} acknowledged enqueues lost, e.g. {sorted(lost)[:5]}"
+    assert set(delivered) <= set(ok) | set(unknown)
+    print(f"enqueued {len(ok)}, ShardUnavailable {len(unknown)}, "
+          f"of which delivered {len(set(unknown) & set(delivered))}")
+
+
+# ---------------------------------------------------------------------- authentication
+def observable(q) -> list[dict]:
+    """Per shard: what a rejected request must not change."""
+    return [{k: v for k, v in sh.items() if k not in ("clients", "iterations")} for sh in q.stats()["shards"]]
+
+
+def test_wrong_key_is_rejected_while_other_clients_keep_working(svc):
+    dd = DataDir(svc.data_dir)
+    fake_root = short_tmpdir()
+    try:
+        with svc.connect() as good:
+            good.enqueue(b"x", key="a")
+            seen = observable(good)
+            pids = good.ping()
+            # 1. A raw client with a wrong key, on each shard socket.
+            for i in range(2):
+                with pytest.raises(AuthenticationError):
+                    Client(dd.socket_path(i), family="AF_UNIX", authkey=b"not-the-key-" * 4)
+            # 2. A router on a copy of the data dir whose key file differs (same sockets).
+            fake = os.path.join(fake_root, "data")
+            os.makedirs(fake, mode=0o700)
+            shutil.copy(os.path.join(svc.data_dir, "shardq.json"), fake)
+            os.symlink(dd.run_dir, os.path.join(fake, "run"))
+            fd = os.open(os.path.join(fake, "authkey"), os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, b"0" * 64)
+            os.close(fd)
+            with pytest.raises(AuthError, match="authentication failed"):
+                with shardq.connect(fake, retry_s=2) as bad:
+                    bad.ping()
+            # The good client never noticed.
+            assert good.ping() == pids
+            assert observable(good) == seen
+            lease = good.dequeue()
+            assert lease.body == b"x"
+            good.ack(lease)
+    finally:
+        shutil.rmtree(fake_root, ignore_errors=True)
+    assert "client rejected during authentication" in svc.tail(100)
+
+
+# ---------------------------------------------------------------------- garbage
+def raw(svc, shard: int = SHARD_A) -> Client:
+    dd = DataDir(svc.data_dir)
+    return connect_unix(dd.socket_path(shard), dd.authkey())
+
+
+def reply(conn: Client, timeout: float = 5.0):
+    assert conn.poll(timeout), "no reply"
+    return msgpack.unpackb(conn.recv_bytes(), raw=False)
+
+
+def disconnected(conn: Client, timeout: float = 5.0) -> bool:
+    """True if the shard closes the connection (after maybe an error reply)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if conn.poll(max(deadline - time.monotonic(), 0)):
+            try:
+                conn.recv_bytes()
+            except (EOFError, OSError):
+                return True
+    return False
+
+
+NAN = float("nan")
+BIG = 2**64 - 1
+
+#: Frames that cannot be answered: the shard must drop the connection.
+DROP = {
+    "random bytes": random.Random(7).randbytes(200),
+    "truncated msgpack": msgpack.packb([[1, "ping", []]])[:-2],
+    "map, not array": msgpack.packb({"op": "ping"}),
+    "int, not array": msgpack.packb(12345),
+    "request not a triple": msgpack.packb([[1, "ping"]]),
+    "request id not int": msgpack.packb([["1", "ping", []]]),
+    "op not a string": msgpack.packb([[1, 7, []]]),
+    "deep nesting": b"\x91" * 100_000 + b"\xc0",
+    "invalid utf-8 str": b"\x91\x93\x01\xa4pi\xffg\x90",
+}
+
+#: Well-formed frames with invalid requests: the shard must answer each with an error.
+ERRORS = {
+    "unknown op": [[1, "frobnicate", []]],
+    "args not an array": [[1, "ping", 5]],
+    "wrong arity": [[1, "dequeue", ["default"]]],
+    "enqueue items not array": [[1, "enqueue", ["nope", None]]],
+    "enqueue empty batch": [[1, "enqueue", [[], None]]],
+    "enqueue bad item": [[1, "enqueue", [[[b"b", None, "default", 0, 0]], None]]],
+    "enqueue str body": [[1, "enqueue", [[["text", None, "default", 0, 0, None]], None]]],
+    "enqueue empty body": [[1, "enqueue", [[[b"", None, "default", 0, 0, None]], None]]],
+    "enqueue int key": [[1, "enqueue", [[[b"b", 5, "default", 0, 0, None]], None]]],
+    "enqueue bad queue": [[1, "enqueue", [[[b"b", None, ["q"], 0, 0, None]], None]]],
+    "enqueue nan delay": [[1, "enqueue", [[[b"b", None, "default", NAN, 0, None]], None]]],
+    "enqueue negative delay": [[1, "enqueue", [[[b"b", None, "default", -1, 0, None]], None]]],
+    "enqueue huge delay": [[1, "enqueue", [[[b"b", None, "default", BIG, 0, None]], None]]],
+    "enqueue huge priority": [[1, "enqueue", [[[b"b", None, "default", 0, BIG, None]], None]]],
+    "enqueue float priority": [[1, "enqueue", [[[b"b", None, "default", 0, 1.5, None]], None]]],
+    "enqueue bad dedup": [[1, "enqueue", [[[b"b", None, "default", 0, 0, [1]]], None]]],
+    "enqueue huge session": [[1, "enqueue", [[[b"b", None, "default", 0, 0, None]], [BIG, 1, 1]]]],
+    "enqueue short session": [[1, "enqueue", [[[b"b", None, "default", 0, 0, None]], [1, 2]]]],
+    "enqueue session of str": [[1, "enqueue", [[[b"b", None, "default", 0, 0, None]], ["a", "b", "c"]]]],
+    "dequeue queue not str": [[1, "dequeue", [123, None, 1]]],
+    "dequeue queue unhashable": [[1, "dequeue", [[1], None, 1]]],
+    "dequeue huge max": [[1, "dequeue", ["default", None, BIG]]],
+    "dequeue zero max": [[1, "dequeue", ["default", None, 0]]],
+    "dequeue nan visibility": [[1, "dequeue", ["default", NAN, 1]]],
+    "dequeue zero visibility": [[1, "dequeue", ["default", 0, 1]]],
+    "ack not pairs": [[1, "ack", ["x"]]],
+    "nack huge ids": [[1, "nack", [BIG, BIG, 0, None, True]]],
+    "nack float id": [[1, "nack", [1.5, 1, 0, None, True]]],
+    "extend strings": [[1, "extend", ["a", "b", "c"]]],
+    "extend nan": [[1, "extend", [1024, 1, NAN]]],
+    "watch queue not str": [[1, "watch", [5, 1]]],
+    "watch timeout str": [[1, "watch", ["idle", "soon"]]],
+    "watch nan timeout": [[1, "watch", ["idle", NAN]]],
+    "dead_letters bad limit": [[1, "dead_letters", ["default", -1]]],
+    "dead_letters unhashable queue": [[1, "dead_letters", [{"a": 1}, 10]]],
+    "redrive bad ids": [[1, "redrive", ["default", "all"]]],
+    "redrive huge id": [[1, "redrive", ["default", [BIG]]]],
+    "purge unhashable": [[1, "purge_dead", [[1]]]],
+    "queue_config none": [[1, "queue_config", [None]]],
+    "stats with args": [[1, "stats", [1]]],
+}
+
+#: Per-item errors: the reply is OK, each item carries its error.
+ITEM_ERRORS = {
+    "ack huge ids": [[1, "ack", [[[BIG, BIG], [-2**63, 1], [1024, -1]]]]],
+    "ack bad pair": [[1, "ack", [[["a", "b"], [1]]]]],
+    "ack unknown job": [[1, "ack", [[[1 << 40, 1]]]]],
+}
+
+
+def test_garbage_frames_drop_only_the_sender(shared_svc):
+    svc = shared_svc
+    with svc.connect() as good:
+        pids = good.ping()
+        seen = observable(good)
+        for name, frame in DROP.items():
+            conn = raw(svc)
+            try:
+                conn.send_bytes(frame)
+                assert disconnected(conn), f"{name}: connection kept"
+            finally:
+                conn.close()
+            assert good.ping() == pids, f"{name}: shard died"
+        # A frame announcing more than the limit is refused before it is read.
+        for header in (struct.pack("!i", 2**31 - 1), struct.pack("!i", -1) + struct.pack("!Q", 2**63)):
+            conn = raw(svc)
+            try:
+                conn._send(header)
+                assert disconnected(conn), "oversized frame: connection kept"
+            finally:
+                conn.close()
+        assert good.ping() == pids
+        assert observable(good) == seen
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_invalid_request_gets_an_error_reply_and_changes_nothing(shared_svc, name):
+    svc = shared_svc
+    with svc.connect() as good:
+        pids = good.ping()
+        seen = observable(good)
+        conn = raw(svc)
+        try:
+            conn.send_bytes(msgpack.packb(ERRORS[name]))
+            (rid, status, payload), = reply(conn)
+            assert (rid, status) == (1, 1), payload
+            assert payload[0] in ("InvalidJob", "ProtocolError", "UnknownQueue"), payload
+            # The same connection still works.
+            conn.send_bytes(msgpack.packb([[2, "ping", []]]))
+            assert reply(conn) == [[2, 0, pids[SHARD_A]]]
+        finally:
+            conn.close()
+        assert good.ping() == pids
+        assert observable(good) == seen
+
+
+def test_invalid_items_get_per_item_errors(shared_svc):
+    svc = shared_svc
+    with svc.connect() as good:
+        pids = good.ping()
+        seen = observable(good)
+        conn = raw(svc)
+        try:
+            for name, frame in ITEM_ERRORS.items():
+                conn.send_bytes(msgpack.packb(frame))
+                (rid, status, errs), = reply(conn)
+                assert status == 0 and errs and all(e and e[0] in ("InvalidJob", "NotFound", "JobGone")
+                                                    for e in errs), (name, errs)
+        finally:
+            conn.close()
+        assert good.ping() == pids
+        assert observable(good) == seen
+
+
+def test_huge_request_id_and_stalled_partial_frame(shared_svc):
+    svc = shared_svc
+    with svc.connect() as good:
+        pids = good.ping()
+        conn = raw(svc)
+        stalled = raw(svc)
+        try:
+            conn.send_bytes(msgpack.packb([[BIG, "ping", []]]))
+            assert reply(conn) == [[BIG, 0, pids[SHARD_A]]]
+            # Half a frame, then silence: the shard must keep serving everyone else.
+            stalled._send(struct.pack("!i", 1000) + b"\x91" * 10)
+            t0 = time.monotonic()
+            for _ in range(5):
+                assert good.ping() == pids
+            assert time.monotonic() - t0 < 1.0
+            stalled._send(b"\x00" * 990)  # the rest of the frame: garbage, so dropped
+            assert disconnected(stalled)
+        finally:
+            conn.close()
+            stalled.close()
+        assert good.ping() == pids
+
+
+def test_many_connections_and_abrupt_disconnects_do_not_hurt_the_shard(svc):
+    with svc.connect() as good:
+        pids = good.ping()
+        conns = [raw(svc, i % 2) for i in range(40)]
+        for c in conns[:20]:
+            c.send_bytes(msgpack.packb([[1, "watch", ["default", 30]]]))  # then vanish mid-watch
+        for c in conns:
+            c.close()
+        assert good.ping() == pids
+        good.enqueue(b"wake the watchers", key="a")  # replies to closed sockets are dropped
+        lease = good.dequeue(wait=2)
+        assert lease is not None and lease.body == b"wake the watchers"
+        good.ack(lease)
+        assert good.ping() == pids
+
+
+def test_closing_a_router_releases_its_shard_connections_and_threads(svc):
+    def clients(q) -> list[int]:
+        return [sh["clients"] for sh in q.stats()["shards"]]
+
+    def readers() -> int:
+        return sum(t.name.startswith("shardq-reader") for t in threading.enumerate())
+
+    with svc.connect() as q:
+        base_clients, base_readers = clients(q), readers()
+        for _ in range(10):
+            r = svc.connect()
+            r.ping()
+            r.close()
+        wait_until(lambda: clients(q) == base_clients, 3, 0.05, "shards to see the closed connections")
+        wait_until(lambda: readers() == base_readers, 3, 0.05, "reader threads to end")
+
+
+def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
+    """Closing a router must not leave a reader thread that reads whatever file later gets
+    the same descriptor number (here: a child's stdout pipe, created right after)."""
+    echo = shutil.which("echo")
+    if echo is None:
+        pytest.skip("no echo binary")
+    damaged = []
+    for _i in range(40):
+        q = svc.connect()
+        q.enqueue(b"x", key="k")
+        q.close()
+        out = subprocess.run([echo, "0123456789"], capture_output=True, timeout=10).stdout
+        if out != b"0123456789\n":
+            damaged.append(out)
+    assert damaged == [], f"{len(damaged)} of 40 child outputs lost bytes to a stale reader: {damaged[:3]}"
+
+
+def test_a_lone_caller_takes_the_solo_path_and_threads_sharing_a_connection_lose_nothing(svc, monkeypatch):
+    """A caller alone on a connection sends and reads its own reply with no future
+    (``ShardClient.call_solo``); callers that find the connection busy take the general
+    path, and replies one path reads settle the other's callers. Both paths must run here,
+    and every enqueue must come back with its own job's id."""
+    from shardq.client import connection
+
+    paths = Counter()
+    real_solo, real_submit = connection.ShardClient.call_solo, connection.ShardClient.submit
+
+    def solo(self, op, args, timeout):
+        out = real_solo(self, op, args, timeout)
+        paths["shared" if out is connection.SHARED else "solo"] += 1
+        return out
+
+    def submit(self, op, args, **kw):
+        paths["general"] += 1
+        return real_submit(self, op, args, **kw)
+
+    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    monkeypatch.setattr(connection.ShardClient, "submit", submit)
+    with svc.connect() as q:
+        q.ping()
+        q.queue_config("default")  # the queue's placement, asked once before its first enqueue
+        paths.clear()
+        q.enqueue(b"alone", key=A)
+        assert paths == {"solo": 1}, paths  # no future, no pending entry for a lone call
+
+        ids: dict[bytes, int] = {}
+        def produce(t: int) -> None:
+            for i in range(150):
+                body = f"{t}-{i}".encode()
+                ids[body] = q.enqueue(body, key=A)  # one key: one shard, one connection
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert paths["solo"] > 1 and paths["general"] > 0, paths
+        assert len(set(ids.values())) == len(ids) == 8 * 150
+        for body, job_id in ids.items():
+            assert q.job(job_id)["body"] == body
+        assert sorted(drain_bodies(q)) == sorted([b"alone", *ids])
+
+
+def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
+    """The shard stops (SIGSTOP) during a lone call: the call fails with ShardUnavailable
+    after ``request_timeout_s``; once the shard runs again, the late reply of that call is
+    dropped, and the next call gets its own reply, not the stale one."""
+    with svc.connect(request_timeout_s=0.5, retry_s=0.5) as q:
+        pid = q.ping()[SHARD_A]
+        q.queue_config("default")  # its placement known: the lone call is the enqueue itself
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ShardUnavailable, match="did not answer enqueue"):
+                q.enqueue(b"late", key=A)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        second = q.enqueue(b"next", key=A)
+        assert q.job(second)["body"] == b"next"
+        assert sorted(drain_bodies(q)) == [b"late", b"next"]  # the timed-out call was applied

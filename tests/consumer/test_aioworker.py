@@ -1,0 +1,175 @@
+"""The asyncio worker in this process against real shards: async and plain tasks, retries,
+Fail, unknown names, ctx.extend, the idempotency store off the loop, graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import msgpack
+import pytest
+
+import shardq
+from shardq.consumer.aioworker import AsyncWorker
+from shardq.tasks.dispatch import TaskHandler
+from shardq.consumer.idempotency import SqliteStore
+
+from support.service import Service, wait_until
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 5, "visibility_timeout": 2}}) as s:
+        yield s
+
+
+@pytest.fixture
+def app(svc):
+    a = shardq.App(svc.data_dir)
+    yield a
+    a.close()
+
+
+def start(app, queue, **kw) -> tuple[AsyncWorker, threading.Thread]:
+    w = AsyncWorker(app.target, TaskHandler(app.tasks), queue=queue, idle_wait_s=0.1, **kw)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return w, t
+
+
+def counts(app, queue) -> dict:
+    return app.queue.stats()["queues"].get(queue, {})
+
+
+def settled(app, queue) -> bool:
+    c = counts(app, queue)
+    return all(c.get(k, 0) == 0 for k in ("ready", "in_flight", "delayed", "waiting"))
+
+
+def test_async_and_plain_tasks_retries_fail_and_unknown_names(app, tmp_path):
+    store = SqliteStore(str(tmp_path / "fx.sqlite"))
+    with store.transaction() as txn:
+        txn.db.execute("CREATE TABLE fx (job_id INTEGER, n INTEGER, thread TEXT)")
+    loop_threads = set()
+    attempts: dict[int, int] = {}
+
+    @app.task(queue="aw", retries=2, backoff=shardq.Exponential(0, 0), name="aw.async")
+    async def a(ctx, n: int):
+        loop_threads.add(threading.current_thread().name)
+        attempts[n] = ctx.attempt
+        if n == 13 and ctx.attempt < 3:
+            raise ValueError("unlucky")
+        if n == 99:
+            raise shardq.Fail("never")
+        deadline = await ctx.extend(30)
+        assert deadline > ctx.lease.deadline
+        await ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "loop"))
+
+    @app.task(queue="aw", name="aw.plain")
+    def p(ctx, n: int):
+        assert threading.current_thread().name not in loop_threads
+        ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "thread"))
+
+    ids = a.send_many([((n,), {}) for n in range(20)]) + [a.send(99), p.send(7)]
+    app.queue.enqueue(msgpack.packb({"t": "aw.gone", "a": [], "k": {}, "v": 1}), queue="aw")
+    w, t = start(app, "aw", concurrency=8, idempotency=store)
+    try:
+        wait_until(lambda: settled(app, "aw"), 30, 0.05, "every job settled")
+    finally:
+        w.stop()
+        t.join(20)
+    assert not t.is_alive()
+    rows = sorted(store_rows(store))
+    assert [r[1] for r in rows if r[2] == "loop"] == list(range(20))
+    assert [r[1] for r in rows if r[2] == "thread"] == [7]
+    assert len({r[0] for r in rows}) == 21 and {r[0] for r in rows} <= set(ids)
+    assert attempts[13] == 3
+    dead = {d.error.split(":")[0]: d for d in app.queue.dead_letters("aw")}
+    assert dead["never"].attempts == 1
+    assert any(k.startswith("unknown task 'aw.gone'") for k in dead)
+    assert w.stats.succeeded == 21
+
+
+def store_rows(store):
+    with store.transaction() as txn:
+        txn.db.execute("SELECT job_id, n, thread FROM fx")
+        return txn.db.fetchall()
+
+
+def test_stop_lets_running_jobs_finish_within_the_grace_period(app):
+    started, _release = threading.Event(), asyncio.Event()
+    done = []
+
+    @app.task(queue="aw-stop", name="aw.slow")
+    async def slow(ctx, n: int):
+        started.set()
+        await asyncio.sleep(0.3)
+        done.append(n)
+
+    slow.send_many([((n,), {}) for n in range(3)])
+    w, t = start(app, "aw-stop", concurrency=3, grace_s=10)
+    try:
+        assert started.wait(10)
+        w.stop()
+        t.join(20)
+    finally:
+        w.stop()
+    assert sorted(done) == [0, 1, 2] and settled(app, "aw-stop")
+
+
+def test_after_the_grace_period_running_jobs_are_cancelled_and_released(app):
+    started = threading.Event()
+
+    @app.task(queue="aw-grace", name="aw.forever")
+    async def forever(ctx):
+        started.set()
+        await asyncio.sleep(3600)
+
+    jid = forever.send()
+    w, t = start(app, "aw-grace", concurrency=2, grace_s=0.2)
+    assert started.wait(10)
+    w.stop()
+    t.join(20)
+    assert not t.is_alive() and w.stats.abandoned == 1
+    c = counts(app, "aw-grace")
+    assert c["in_flight"] == 0 and c["ready"] == 1               # released, not left to expire
+    lease = app.queue.dequeue("aw-grace")
+    assert lease.job_id == jid and lease.attempt == 2
+    app.queue.ack(lease)
+
+
+def test_send_async_uses_the_apps_asyncio_client(app):
+    @app.task(queue="aw-send", key=lambda user_id, **_: f"u{user_id}", name="aw.sent")
+    async def sent(ctx, user_id: int, text: str = "hi"):
+        pass
+
+    async def main():
+        ids = await asyncio.gather(*(sent.send_async(i, text="x") for i in range(50)))
+        with pytest.raises(shardq.InvalidJob, match="'user_id'"):
+            await sent.send_async({1})
+        await app.aclose()
+        return ids
+
+    ids = asyncio.run(main())
+    leases = app.queue.dequeue_many("aw-send", max_jobs=100)
+    assert sorted(l.job_id for l in leases) == sorted(ids)
+    assert {l.key for l in leases} == {f"u{i}" for i in range(50)}
+    assert msgpack.unpackb(leases[0].body)["k"] == {"text": "x"}
+    app.queue.ack_many(leases)
+
+
+def test_heartbeats_keep_a_job_longer_than_its_lease(app):
+    runs = []
+
+    @app.task(queue="aw-beat", name="aw.long")
+    async def long(ctx):
+        runs.append(ctx.attempt)
+        await asyncio.sleep(3.0)                     # the queue's lease is 2 s
+
+    long.send()
+    w, t = start(app, "aw-beat", concurrency=2)
+    try:
+        wait_until(lambda: settled(app, "aw-beat"), 20, 0.05, "the long job acked")
+    finally:
+        w.stop()
+        t.join(20)
+    assert runs == [1] and w.stats.succeeded == 1 and w.stats.lost == 0

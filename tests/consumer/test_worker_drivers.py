@@ -1,0 +1,400 @@
+"""One behaviour suite for every worker driver.
+
+Each scenario is one test taking the ``driver`` fixture, so it runs on the threaded runner
+(:class:`~shardq.consumer.worker.Worker`) and on the asyncio runner
+(:class:`~shardq.consumer.aioworker.AsyncWorker`), each with a plain and an ``async def``
+task: a scenario cannot be written for one driver only. Both run against the in-memory
+FakeQueue of tests/support/fakes.py (the asyncio one through a thin async facade over the same
+object) on a FakeClock, so a lease expires only when a test moves the clock, and both see
+the same injected failures: a shard that is down for one op (``FakeQueue.unavailable``), an
+idempotency store that fails at BEGIN, at the claim, at COMMIT or at ROLLBACK
+(:class:`FlakyStore`).
+
+Synchronisation is by events and by polls with a deadline, never by sleeping.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+
+import shardq
+from support.fakes import ACKED, DEAD, LEASED, READY, FakeQueue
+from shardq.clock import FakeClock
+from shardq.consumer.aioworker import AsyncWorker
+from shardq.tasks.dispatch import TaskHandler
+from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
+from shardq.tasks.body import encode
+from shardq.consumer.worker import Worker
+
+VISIBILITY_S = 30.0
+MAX_DELIVERIES = 4
+NEVER = 10**9  # FakeQueue.unavailable count: down until the test brings the shard back
+
+
+# ---------------------------------------------------------------------------- fakes
+class BuryingQueue(FakeQueue):
+    """FakeQueue plus ``bury`` (dead-letter now, with the error), as a shard has it."""
+
+    def bury(self, lease, error=None) -> None:
+        self._maybe_fail("bury")
+        with self._cond:
+            job = self._current(lease)
+            self.calls.append(("bury", lease.job_id, error))
+            job.error = error
+            job.token = 0
+            self._kill(job)
+            self._cond.notify_all()
+
+
+class AsyncFacade:
+    """The asyncio client's API over a FakeQueue: the same jobs, the same failures."""
+
+    service_id = None
+
+    def __init__(self, q: FakeQueue):
+        self.q = q
+
+    async def queue_config(self, queue: str) -> dict:
+        return self.q.queue_config(queue)
+
+    async def dequeue_many(self, queue: str, max_jobs: int = 100, wait: float = 0.0,
+                           visibility: float | None = None):
+        end = time.monotonic() + wait
+        while True:  # never blocks the loop; a cancelled wait leaves no lease behind
+            out = self.q.dequeue_many(queue, max_jobs=max_jobs, wait=0, visibility=visibility)
+            if out or time.monotonic() >= end:
+                return out
+            await asyncio.sleep(0.002)  # the fake's poll interval (its clock notifies no one)
+
+    async def ack(self, lease) -> None:
+        self.q.ack(lease)
+
+    async def nack(self, lease, delay: float = 0.0, error: str | None = None, *,
+                   delivered: bool = True) -> None:
+        self.q.nack(lease, delay=delay, error=error, delivered=delivered)
+
+    async def bury(self, lease, error: str | None = None) -> None:
+        self.q.bury(lease, error)
+
+    async def extend(self, lease, seconds: float):
+        return self.q.extend(lease, seconds)
+
+    async def close(self) -> None:
+        pass  # the test owns the FakeQueue
+
+
+class StoreDown(ConnectionError):
+    """What a store raises when its database is gone (PostgreSQL down, a lost connection)."""
+
+
+class FlakyStore(IdempotencyStore):
+    """A MemoryStore whose next operations fail at named points: ``fail["begin"] = 1``
+    makes the next transaction fail at BEGIN; also ``"claim"``, ``"commit"`` (the COMMIT
+    fails: nothing lands) and ``"rollback"`` (rolling back after a failed task fails)."""
+
+    def __init__(self, clock):
+        self.inner = MemoryStore(clock=clock)
+        self.retention_s = self.inner.retention_s
+        self.fail: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, point: str) -> bool:
+        with self._lock:
+            n = self.fail.get(point, 0)
+            if n:
+                self.fail[point] = n - 1
+            return bool(n)
+
+    def trip(self, point: str) -> None:
+        if self._take(point):
+            raise StoreDown(f"the database went away at {point.upper()}")
+
+    @contextlib.contextmanager
+    def transaction(self):
+        self.trip("begin")
+        with self.inner.transaction() as txn:
+            try:
+                yield _FlakyTxn(self, txn)
+            except BaseException:
+                self.trip("rollback")  # raised inside: the inner transaction rolls back too
+                raise
+            # Raised inside too: nothing lands, as when the database's COMMIT (or the
+            # ROLLBACK of an aborted transaction) fails.
+            self.trip("rollback" if txn.aborted else "commit")
+
+    def seen(self, job_id) -> bool:
+        return self.inner.seen(job_id)
+
+    def prune(self, now: float) -> int:
+        return self.inner.prune(now)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _bound_service(self, service_id: str) -> str:
+        return self.inner._bound_service(service_id)
+
+
+class _FlakyTxn(Txn):
+    def __init__(self, store: FlakyStore, inner: Txn):
+        super().__init__()
+        self._store, self._inner = store, inner
+        self.db, self.session = inner.db, inner.session
+
+    def claim(self, job_id) -> bool:
+        self._store.trip("claim")
+        return self._inner.claim(job_id)
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+
+class TopRng:
+    """Full jitter at its upper bound, so every backoff is predictable."""
+
+    def uniform(self, a, b):
+        return b
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.002)  # poll interval, not synchronisation
+
+
+# ---------------------------------------------------------------------------- drivers
+class Driver:
+    """One worker driver running one kind of task, on a FakeQueue and a FakeClock.
+
+    ``define(work)`` declares the task: ``work(ctx, n)`` is plain code (it may block on an
+    event or raise) that the task runs, as its body (plain task) or in a thread (async
+    task); the task then writes its effect through ``ctx.db`` when there is a store.
+    ``start(store)`` runs the worker in a thread until ``stop()``."""
+
+    def __init__(self, runner: str, kind: str):
+        self.runner, self.kind = runner, kind
+        self.clock = FakeClock()
+        self.q = BuryingQueue(self.clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
+        self.app = shardq.App(router=self.q)
+        self.task = None
+        self.worker = None
+        self._thread: threading.Thread | None = None
+
+    def define(self, work) -> None:
+        if self.kind == "sync":
+            @self.app.task(name="suite.task")
+            def task(ctx, n: int):
+                work(ctx, n)
+                if ctx.db is not None:
+                    write_effect(ctx.db, ctx.job_id)
+        else:
+            @self.app.task(name="suite.task")
+            async def task(ctx, n: int):
+                await asyncio.to_thread(work, ctx, n)
+                if ctx.db is not None:
+                    await ctx.db.run(write_effect, ctx.job_id)
+        self.task = task
+
+    def send(self, n: int = 0) -> int:
+        return self.q.enqueue(encode(self.task.name, [n], {}))
+
+    def start(self, store: IdempotencyStore | None = None) -> None:
+        handler = TaskHandler(self.app.tasks, rng=TopRng())
+        common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
+                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0)
+        if self.runner == "thread":
+            self.worker = Worker(self.q, handler, poll_s=0.005, idle_wait_s=0.01,
+                                 prune_every_s=None, **common)
+        else:
+            self.worker = AsyncWorker(AsyncFacade(self.q), handler, idle_wait_s=0.01, **common)
+        self._thread = threading.Thread(target=self.worker.run, daemon=True, name="suite-worker")
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self._thread.join(10)
+            assert not self._thread.is_alive(), "the worker did not stop"
+
+    def unavailable(self, op: str) -> int:
+        with self.q._cond:
+            return self.q.calls.count(("unavailable", op))
+
+
+def write_effect(db, job_id) -> None:
+    db[("effect", job_id)] = db.get(("effect", job_id), 0) + 1
+
+
+@pytest.fixture(params=[("thread", "sync"), ("thread", "async"), ("asyncio", "async"), ("asyncio", "sync")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def driver(request):
+    d = Driver(*request.param)
+    yield d
+    d.stop()
+
+
+def effects(store) -> dict:
+    inner = store.inner if isinstance(store, FlakyStore) else store
+    return {k[1]: v for k, v in inner.data.items()}
+
+
+# ---------------------------------------------------------------------------- scenarios
+def test_success_is_acked_with_its_effect_once(driver):
+    store = MemoryStore(clock=driver.clock)
+    driver.define(lambda ctx, n: None)
+    ids = [driver.send(n) for n in range(3)]
+    driver.start(store)
+    wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="every job acked")
+    driver.stop()
+    assert effects(store) == {i: 1 for i in ids} and all(store.seen(i) for i in ids)
+    assert driver.worker.stats.succeeded == 3 and driver.worker.stats.failed == 0
+
+
+def test_an_error_is_nacked_with_backoff_then_dead_lettered_with_its_text(driver):
+    def work(ctx, n):
+        raise ValueError(f"boom {ctx.attempt}")
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start()
+    delays = []
+    for attempt in range(1, MAX_DELIVERIES + 1):
+        wait_until(lambda: len(driver.q.ops("nack")) == attempt, what=f"nack {attempt}")
+        _, jid, delay, error = driver.q.ops("nack")[-1]
+        assert jid == job_id and error.splitlines()[0] == f"ValueError: boom {attempt}"
+        assert "Traceback" in error  # the task's traceback, in the error text
+        delays.append(delay)
+        driver.clock.advance(delay)  # the job waits out its backoff in the delayed state
+    assert delays == [1.0, 2.0, 4.0, 8.0]  # the task's Exponential(1, 300), full jitter at the top
+    wait_until(lambda: driver.q.state(job_id) == DEAD, what="dead-lettered")
+    dead = driver.q.dead[0]
+    assert dead.attempts == MAX_DELIVERIES and dead.error.splitlines()[0] == f"ValueError: boom {MAX_DELIVERIES}"
+    driver.stop()
+    assert driver.worker.stats.failed == MAX_DELIVERIES
+
+
+@pytest.mark.parametrize("op", ["ack", "nack", "bury"])
+def test_a_settlement_that_meets_a_shard_down_is_retried_and_lands_when_it_is_back(driver, op):
+    """The outbox: an ack, a nack or a bury that got ShardUnavailable is kept and retried,
+    with the lease held (not lost, not redelivered), until the shard answers."""
+    def work(ctx, n):
+        if op == "nack":
+            raise ValueError("try again")
+        if op == "bury":
+            raise shardq.Fail("no such user")
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.q.unavailable[op] = NEVER
+    driver.start()
+    wait_until(lambda: driver.unavailable(op) >= 3, what=f"{op} retried while the shard is down")
+    assert driver.q.state(job_id) == LEASED and driver.q.job(job_id).attempts == 1
+    with driver.q._cond:
+        driver.q.unavailable[op] = 0  # the shard is back
+    if op == "ack":
+        wait_until(lambda: driver.q.state(job_id) == ACKED, what="the ack landed")
+    elif op == "nack":
+        wait_until(lambda: driver.q.ops("nack"), what="the nack landed")
+        assert driver.q.ops("nack") == [("nack", job_id, 1.0, driver.q.job(job_id).error)]
+        assert driver.q.job(job_id).error.startswith("ValueError: try again")
+        assert driver.q.state(job_id) == READY and driver.q.job(job_id).ready_at == driver.clock.now() + 1.0
+    else:
+        wait_until(lambda: driver.q.state(job_id) == DEAD, what="the bury landed")
+        assert driver.q.dead[0].error == "no such user" and driver.q.dead[0].attempts == 1
+    driver.stop()
+    stats = driver.worker.stats
+    assert stats.unavailable >= 3 and stats.lost == 0
+    assert (stats.succeeded, stats.failed) == ((1, 0) if op == "ack" else (0, 1))
+
+
+def test_an_ack_still_unsent_when_the_lease_ends_is_given_up_and_the_redelivery_acks(driver):
+    """Past the lease's deadline the outbox gives the ack up (the queue redelivers the job);
+    the store's mark makes the redelivery a duplicate, acked once the shard is back."""
+    store = MemoryStore(clock=driver.clock)
+    driver.define(lambda ctx, n: None)
+    job_id = driver.send()
+    driver.q.unavailable["ack"] = NEVER
+    driver.start(store)
+    wait_until(lambda: driver.unavailable("ack") >= 1, what="the ack met the shard down")
+    assert store.seen(job_id)
+    driver.clock.advance(VISIBILITY_S + 1)
+    wait_until(lambda: driver.q.job(job_id).attempts == 2, what="the redelivery")
+    wait_until(lambda: driver.worker.stats.lost == 1, what="the first ack given up")
+    with driver.q._cond:
+        driver.q.unavailable["ack"] = 0
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the duplicate acked")
+    driver.stop()
+    assert effects(store) == {job_id: 1}
+    assert driver.worker.stats.duplicates == 1 and driver.worker.stats.succeeded == 0
+
+
+@pytest.mark.parametrize("point", ["begin", "claim", "commit"])
+def test_an_idempotency_store_error_is_a_failed_attempt_with_its_text(driver, point):
+    """The store down at BEGIN, at the claim or at COMMIT: the attempt fails (rolled back,
+    nacked with the worker's backoff and the error text), it is not left to expire."""
+    store = FlakyStore(driver.clock)
+    store.fail[point] = 1
+    driver.define(lambda ctx, n: None)
+    job_id = driver.send()
+    driver.start(store)
+    wait_until(lambda: driver.q.ops("nack"), what="the failed attempt nacked")
+    assert driver.q.ops("nack") == [
+        ("nack", job_id, 1.0, f"StoreDown: the database went away at {point.upper()}")]
+    assert effects(store) == {} and not store.seen(job_id)
+    driver.clock.advance(1.0)  # the backoff; the store is back
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the retry acked")
+    driver.stop()
+    assert effects(store) == {job_id: 1} and driver.q.job(job_id).attempts == 2
+    assert driver.worker.stats.failed == 1 and driver.worker.stats.succeeded == 1
+
+
+def test_a_failed_rollback_is_a_failed_attempt_with_its_text(driver):
+    """The task fails and rolling its transaction back fails too (the connection is gone):
+    the store's error is the attempt's failure, nacked, never a silent lease expiry."""
+    store = FlakyStore(driver.clock)
+    store.fail["rollback"] = 1
+
+    def work(ctx, n):
+        if ctx.attempt == 1:
+            raise ValueError("the task failed first")
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start(store)
+    wait_until(lambda: driver.q.ops("nack"), what="the failed attempt nacked")
+    assert driver.q.ops("nack") == [("nack", job_id, 1.0, "StoreDown: the database went away at ROLLBACK")]
+    driver.clock.advance(1.0)
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the retry acked")
+    driver.stop()
+    assert effects(store) == {job_id: 1} and driver.worker.stats.failed == 1
+
+
+def test_heartbeats_keep_a_job_that_outlives_its_lease(driver):
+    started, release = threading.Event(), threading.Event()
+    runs = []
+
+    def work(ctx, n):
+        runs.append(ctx.attempt)
+        started.set()
+        assert release.wait(10)
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start()
+    assert started.wait(10)
+    extended = lambda: [op for op in driver.q.ops("extend") if op[3]]  # noqa: E731 - the successful ones
+    driver.clock.advance(VISIBILITY_S / 2 + 1)  # past half the lease: a heartbeat is due
+    wait_until(lambda: len(extended()) >= 1, what="the first heartbeat")
+    driver.clock.advance(VISIBILITY_S / 2 + 5)  # past the first deadline, before the extended one
+    wait_until(lambda: len(extended()) >= 2, what="the second heartbeat")
+    release.set()
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="acked")
+    driver.stop()
+    assert runs == [1] and driver.q.job(job_id).attempts == 1
+    assert driver.worker.stats.succeeded == 1 and driver.worker.stats.lost == 0

@@ -1,0 +1,172 @@
+"""The HTTP listener of a real ``shardq serve`` against hostile clients (issue 32, section 2):
+hundreds of half-sent and slow-drip connections cost no threads and do not slow ``/metrics``;
+a request has an overall deadline, not a per-byte one; a body is read only after
+authentication; heads and bodies are bounded, each limit tested at its maximum."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from shardq import limits
+
+from support.service import Service, wait_until
+
+TOKEN = "s3cret-token-for-limit-tests"
+BEARER = f"Authorization: Bearer {TOKEN}\r\n"
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with Service(shards=1, config={"http": {"listen": "127.0.0.1:0", "token": TOKEN}}) as s:
+        s.url = s.http_url()
+        s.port = int(s.url.rstrip("/").rpartition(":")[2])
+        yield s
+
+
+def connect(svc) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", svc.port), timeout=15)
+
+
+def exchange(svc, data: bytes) -> tuple[int, bytes]:
+    """Send one raw request (with ``Connection: close``), read until the server closes:
+    (status, the whole response)."""
+    with connect(svc) as s:
+        s.sendall(data)
+        out = bytearray()
+        while chunk := s.recv(65536):
+            out += chunk
+    return int(out.split(b" ", 2)[1]), bytes(out)
+
+
+def head_of(size: int, request_line: bytes = b"GET /metrics HTTP/1.1\r\n", extra: str = "") -> bytes:
+    """A request head of exactly ``size`` bytes (blank line included), padded in a header."""
+    fixed = request_line + f"Host: 127.0.0.1\r\nConnection: close\r\n{BEARER}{extra}X-Pad: \r\n\r\n".encode()
+    return fixed.replace(b"X-Pad: ", b"X-Pad: " + b"p" * (size - len(fixed)))
+
+
+def timed_scrape(svc) -> float:
+    start = time.monotonic()
+    status, data = exchange(svc, head_of(200))
+    assert status == 200 and b"shardq_shard_up" in data
+    return time.monotonic() - start
+
+
+def test_head_at_its_maximum_passes_and_one_byte_more_is_431(svc):
+    assert exchange(svc, head_of(limits.HTTP_HEAD_BYTES_MAX))[0] == 200
+    assert exchange(svc, head_of(limits.HTTP_HEAD_BYTES_MAX + 1))[0] == 431
+    # A head that never ends is refused once it passes the limit, not buffered on.
+    assert exchange(svc, b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"p" * (limits.HTTP_HEAD_BYTES_MAX + 1))[0] == 431
+
+
+def test_body_at_its_maximum_passes_and_one_byte_more_is_413(svc):
+    def post(size: int) -> int:
+        body = b'{"queue": "default"}'
+        body += b" " * (size - len(body))  # JSON allows trailing blanks
+        head = (f"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{BEARER}"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        return exchange(svc, head + body)[0]
+    with svc.connect() as q:
+        assert post(limits.HTTP_BODY_BYTES_MAX) == 200
+        assert q.stats()["queues"]["default"]["paused"] is True
+        q.resume("default")
+        assert post(limits.HTTP_BODY_BYTES_MAX + 1) == 413
+        assert "paused" not in q.stats()["queues"]["default"]
+
+
+def test_a_body_is_not_awaited_before_authentication(svc):
+    """An unauthenticated POST announcing a megabyte and sending none of it is refused at
+    once: the listener does not wait for (or read) a body it would throw away."""
+    with connect(svc) as s:
+        s.settimeout(5)
+        s.sendall(b"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {limits.HTTP_BODY_BYTES_MAX}\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):  # to the close (a timeout fails the test)
+            data += chunk
+        # one 401, then closed: the unread body cannot pass for a request
+        assert data.startswith(b"HTTP/1.1 401 ") and data.count(b"HTTP/1.1 ") == 1, data[:200]
+
+
+def test_keep_alive_pipelining_and_100_continue_still_work(svc):
+    """What the thread-per-connection server did for well-behaved clients, unchanged."""
+    one = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{BEARER}\r\n".encode()
+    status, data = exchange(svc, one + one + one.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert status == 200 and data.count(b"HTTP/1.1 200 OK\r\n") == 3
+    body = b'{"queue": "default"}' + b" " * 5000
+    with connect(svc) as s, svc.connect() as q:
+        s.sendall(f"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n{BEARER}Content-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode())
+        assert s.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert q.stats()["queues"]["default"]["paused"] is True
+        q.resume("default")
+
+
+def test_a_request_has_an_overall_deadline_that_more_bytes_do_not_extend(svc):
+    with connect(svc) as s:
+        start = time.monotonic()
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        s.settimeout(0.2)
+        closed = None
+        while closed is None and time.monotonic() - start < limits.HTTP_REQUEST_S_MAX + 5:
+            try:
+                s.sendall(b"X: y\r\n")  # a header line every 0.2 s: never a silent connection
+                data = s.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # reset: the server closed with our drip unread
+                data = b""
+            if data.startswith(b"HTTP/1.1 408 ") or data == b"":
+                closed = time.monotonic() - start
+    assert closed is not None and limits.HTTP_REQUEST_S_MAX - 0.5 <= closed <= limits.HTTP_REQUEST_S_MAX + 2
+
+
+def test_500_half_open_and_slow_drip_connections_cost_no_threads_and_metrics_still_answer(svc):
+    supervisor = psutil.Process(svc.proc.pid)
+    timed_scrape(svc)  # the scrape router's connections exist before the baseline
+    baseline = supervisor.num_threads()
+    half_open, drips = [], []
+    stop = threading.Event()
+
+    def drip():  # one more header byte on every drip connection, every 0.1 s
+        while not stop.wait(0.1):
+            for s in drips:
+                try:
+                    s.send(b"x")
+                except OSError:  # closed by the server: the cap or the deadline
+                    pass
+    dripper = threading.Thread(target=drip, daemon=True)
+    try:
+        for _ in range(250):
+            s = connect(svc)
+            s.sendall(b"POST /api/pause HTTP/1.1\r\nHost: 127.0")  # and nothing more
+            half_open.append(s)
+            s = connect(svc)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            drips.append(s)
+        dripper.start()
+        peak = baseline
+        for _ in range(10):
+            assert timed_scrape(svc) < 1.0
+            peak = max(peak, supervisor.num_threads())
+        # The listener's threads were all started with it (1 + HTTP_WORKERS): none per connection.
+        assert peak <= baseline, (baseline, peak)
+        # Held connections stay within the cap (the rest were closed, longest waiting first).
+        held = sum(1 for c in supervisor.net_connections("tcp")
+                   if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == svc.port)
+        assert held <= limits.HTTP_CONNECTIONS_MAX
+    finally:
+        stop.set()
+        if dripper.is_alive():
+            dripper.join(5)
+        for s in half_open + drips:
+            s.close()
+    # Once the clients are gone their connections are let go, and the listener serves on.
+    wait_until(lambda: not any(c.laddr.port == svc.port and c.status == psutil.CONN_ESTABLISHED
+                               for c in supervisor.net_connections("tcp")), 5, 0.05, "connections closed")
+    assert timed_scrape(svc) < 1.0

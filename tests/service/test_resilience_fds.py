@@ -1,0 +1,70 @@
+"""Issue 9, item 3: running out of file descriptors is survivable.
+
+A shard under ``ulimit -n 64`` (set with prlimit on the running process) is flooded with
+authenticated connections until accept() and the handshake fail with EMFILE. Once the
+flood ends, new clients must connect again, to the same process: before the fix the
+acceptor thread returned on the first EMFILE (and the handshake leaked a descriptor when
+its ``os.dup`` failed), so the shard accepted nobody ever again while still answering its
+old connections and the supervisor's pings.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+
+import shardq
+from support.service import Service, wait_until
+from shardq.datadir import DataDir
+from shardq.protocol.sockio import connect_unix
+
+FDS = 64
+FLOOD = 120  # well past FDS: the shard runs out while some are still connecting
+
+
+def open_fds(pid: int) -> int:
+    import os
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_shard_out_of_descriptors_accepts_again_once_the_flood_ends():
+    with Service(shards=1) as svc:
+        pid = svc.shard_pids()[0]
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (FDS, FDS))
+        dd = DataDir(svc.data_dir)
+        sock, key = dd.socket_path(0), dd.authkey()
+        conns, lock = [], threading.Lock()
+
+        def connect():
+            try:
+                c = connect_unix(sock, key, timeout=3)
+            except (OSError, EOFError, Exception):  # noqa: BLE001 - any failure to connect is expected here
+                return  # refused, reset or timed out while the shard was out of descriptors
+            with lock:
+                conns.append(c)
+
+        threads = [threading.Thread(target=connect) for _ in range(FLOOD)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        try:
+            # At the limit (a few below it: a failed accept or dup leaves the last ones unused).
+            assert open_fds(pid) >= FDS - 8, "the flood did not exhaust the shard's descriptors"
+        finally:
+            for c in conns:
+                c.close()
+        # The flood is over: a new client connects, to the very same process, and is served.
+        with svc.connect(retry_s=10) as q:
+            assert q.ping() == [pid]
+            jid = q.enqueue(b"after the flood")
+            lease = q.dequeue()
+            assert lease.job_id == jid
+            q.ack(lease)
+        log = svc.tail(400)
+        assert "Too many open files" in log, "the shard must say why new clients waited"
+        assert log.count("Too many open files") <= 4, "the warning must be rate-limited"
+        assert "accepting connections again" in log
+        assert "Traceback" not in log
+        wait_until(lambda: open_fds(pid) < FDS // 2, 10, 0.05, "the flood's descriptors to be freed")
+        with shardq.connect(svc.data_dir, retry_s=5) as q:
+            assert q.ping() == [pid]

@@ -1,0 +1,221 @@
+"""Signals to a real ``shardq serve``: SIGTERM under load (a clean exit within the
+documented bound, nothing acknowledged lost, a checkpoint on the way down) and SIGHUP (the
+queue settings apply at once, every other change is named as needing a restart); and the
+pure sorting of a reload's changes (:mod:`shardq.service.reload`)."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+import shardq
+from support.service import Service, restarted, wait_until
+from shardq.config import parse
+from shardq.service.reload import SECRET, plan
+from shardq.service.supervisor import STOP_GRACE_S
+
+#: docs/operations.md, "Signals": serve exits within this long of SIGTERM
+STOP_BOUND_S = STOP_GRACE_S + 5
+
+
+def _records_in(segment: str) -> int:
+    """How many records of operations a segment holds, sync marks left out
+    (shardq/wal/format.py: the magic, then records, then the preallocated zeros)."""
+    from shardq.wal.format import HEADER, HEADER_BYTES, MAGIC_BYTES, MARK_PAYLOAD
+    with open(segment, "rb") as f:
+        data = f.read()
+    n, off = 0, MAGIC_BYTES
+    while off + HEADER_BYTES <= len(data) and (length := HEADER.unpack_from(data, off)[1]):
+        n += data[off + HEADER_BYTES:off + HEADER_BYTES + length] != MARK_PAYLOAD
+        off += HEADER_BYTES + length
+    return n
+
+
+def _log(svc: Service) -> str:
+    with open(svc.log_path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+# ---------------------------------------------------------------------- SIGTERM
+def test_sigterm_under_load_exits_0_in_bound_keeps_every_acknowledged_job_and_checkpoints():
+    svc = Service(shards=2)
+    with svc:
+        enqueued: list[int] = []     # acknowledged enqueues
+        settled: set[int] = set()    # leased jobs whose ack was sent (done, or maybe done)
+        stop = threading.Event()
+
+        def producer(n: int) -> None:
+            with svc.connect(retry_s=0.5, request_timeout_s=5) as q:
+                i = 0
+                while not stop.is_set():
+                    try:
+                        # half to a queue nobody leases from: the checkpoint holds jobs
+                        enqueued.append(q.enqueue(f"p{n}-{i}".encode().ljust(2048), key=f"k{n}-{i % 40}",
+                                                  queue="backlog" if i % 2 else "default"))
+                    except Exception:  # noqa: BLE001 - the service went away: this producer is done
+                        return
+                    i += 1
+
+        def worker() -> None:
+            with svc.connect(retry_s=0.5, request_timeout_s=5) as q:
+                while not stop.is_set():
+                    try:
+                        leases = q.dequeue_many(max_jobs=20)
+                        settled.update(lease.job_id for lease in leases)
+                        if leases:
+                            q.ack_many(leases)
+                    except Exception:  # noqa: BLE001 - the service went away
+                        return
+
+        threads = [threading.Thread(target=producer, args=(n,)) for n in range(3)]
+        threads += [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            # past the 1 MiB a shard must have logged to checkpoint on the way down (2 KiB bodies)
+            wait_until(lambda: len(enqueued) >= 2000 and len(settled) >= 300, 60, 0.05, "load")
+            signalled_at = time.time()
+            began = time.monotonic()
+            svc.proc.send_signal(signal.SIGTERM)
+            rc = svc.proc.wait(STOP_BOUND_S + 10)
+            took = time.monotonic() - began
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        print(f"serve stopped in {took:.2f} s under load ({len(enqueued)} enqueues acknowledged)")
+        assert rc == 0, svc.tail()
+        assert took < STOP_BOUND_S
+        log = _log(svc)
+        assert "event=stopping signal=SIGTERM" in log and "event=stopped" in log
+        assert "SIGKILL" not in log  # every shard stopped by itself, none at the grace's end
+
+        # a checkpoint written on the way down, and after it one segment with no record in
+        # it: the next start replays the checkpoint and nothing else
+        for i in range(2):
+            shard_dir = os.path.join(svc.data_dir, f"shard-{i}")
+            ckpts = glob.glob(os.path.join(shard_dir, "*.ckpt"))
+            assert len(ckpts) == 1 and os.stat(ckpts[0]).st_mtime >= signalled_at - 0.05, ckpts
+            base = os.path.basename(ckpts[0]).split(".")[0]
+            segments = glob.glob(os.path.join(shard_dir, "*.wal"))
+            assert [os.path.basename(p).split(".")[0] for p in segments] == [base]
+            assert _records_in(segments[0]) == 0
+            assert f"shard {i} compacted" in log
+
+        svc.log.close()
+        svc.start()  # the same data dir
+        with svc.connect() as q:
+            missing = []
+            for job_id in set(enqueued) - settled:
+                try:
+                    q.job(job_id)
+                except shardq.NotFound:
+                    missing.append(job_id)
+        assert not missing, f"{len(missing)} acknowledged jobs lost, e.g. {missing[:5]}"
+
+
+# ---------------------------------------------------------------------- SIGHUP
+def _toml(cfg: dict) -> str:
+    from support.service import _to_toml
+    return _to_toml(cfg)
+
+
+def test_sighup_applies_the_queue_settings_and_names_what_needs_a_restart():
+    base = {"service": {"health_timeout": 2}, "http": {"listen": ""}}
+    svc = Service(shards=2, config=base)
+    with svc:
+        cfg_path = svc.data_dir.rstrip("/") + ".toml"
+        with svc.connect() as q:
+            assert q.queue_config("default")["visibility_timeout"] == 30
+        new = {"service": {"health_timeout": 3, "restart_backoff_max": 30},
+               "limits": {"segment_bytes": 8 * 1024 * 1024},
+               "queue_defaults": {"visibility_timeout": 7},
+               "queues": {"default": {"max_deliveries": 1}, "emails": {"dedup_window": 5}},
+               "http": {"listen": ""}}
+        with open(cfg_path, "w") as f:
+            f.write(_toml(new))
+        os.kill(svc.proc.pid, signal.SIGHUP)
+        wait_until(lambda: _log(svc).count("event=shard-reloaded") == 2, 20, 0.02, "both shards reloaded")
+        log = _log(svc)
+        applied = dict(re.findall(r"event=reload-applied key=(\S+) old=\S+ new=(\S+)", log))
+        restart = dict(re.findall(r"event=reload-needs-restart key=(\S+) old=\S+ new=(\S+)", log))
+        assert applied == {"queue_defaults.visibility_timeout": "7.0", "queues.default.visibility_timeout": "7.0",
+                           "queues.default.max_deliveries": "1", "queues.emails": '"declared"',
+                           "service.restart_backoff_max": "30.0"}, log
+        assert restart == {"service.health_timeout": "3.0", "limits.segment_bytes": "8388608"}, log
+        assert "event=reloaded applied=5 needs_restart=2 shards_told=2" in log
+        assert svc.proc.poll() is None  # SIGHUP no longer ends the process
+
+        with svc.connect() as q:  # a new client: settings are cached per client
+            assert q.queue_config("default")["visibility_timeout"] == 7
+            assert q.queue_config("emails")["dedup_window"] == 5
+            q.enqueue(b"once", key="a")
+            lease = q.dequeue()
+            assert lease is not None and 5 < lease.deadline - time.time() <= 7.5  # the new lease length
+            q.nack(lease, error="boom")  # max_deliveries 1: dead at once
+            assert [d.job_id for d in q.dead_letters()] == [lease.job_id]
+            pid0 = svc.shard_pids()[0]
+
+        # a shard restarted after the reload starts with the settings in force
+        os.kill(pid0, signal.SIGKILL)
+        restarted(svc, 0, pid0)
+        with svc.connect() as q:
+            assert q.queue_config("default")["visibility_timeout"] == 7  # answered by shard 0
+
+        # a config that does not parse changes nothing
+        with open(cfg_path, "w") as f:
+            f.write("[queue_defaults]\nvisibility_timeout = -1\n")
+        os.kill(svc.proc.pid, signal.SIGHUP)
+        wait_until(lambda: "event=reload-failed" in _log(svc), 20, 0.02, "the reload refused")
+        assert "queue_defaults.visibility_timeout" in _log(svc).split("event=reload-failed", 1)[1].split("\n")[0]
+        with svc.connect() as q:
+            assert q.queue_config("default")["visibility_timeout"] == 7
+        assert svc.proc.poll() is None
+
+
+# ---------------------------------------------------------------------- the plan, pure
+def test_a_reload_plan_sorts_each_change_and_keeps_the_rest_in_force():
+    old = parse({"queues": {"default": {}, "gone": {}, "a.b": {"max_deliveries": 2}}})
+    new = parse({"service": {"shards": 4, "restart_backoff_max": 5},
+                 "queue_defaults": {"lease_sync": "strict"},
+                 "queues": {"default": {"visibility_timeout": 9}, "a.b": {"max_deliveries": 3}, "fresh": {}},
+                 "http": {"token": "t" * 20}})
+    p = plan(old, new)
+    assert {c.key for c in p.applied} == {
+        "service.restart_backoff_max", "queue_defaults.lease_sync", "queues.default.visibility_timeout",
+        "queues.default.lease_sync", 'queues."a.b".max_deliveries', 'queues."a.b".lease_sync',
+        "queues.gone", "queues.fresh"}
+    assert {c.key: (c.old, c.new) for c in p.restart} == {"service.shards": (0, 4), "http.token": ("", SECRET)}
+    cfg = p.config
+    assert cfg.service.shards == 0 and cfg.service.restart_backoff_max == 5 and cfg.http.token == ""
+    assert set(cfg.queues) == {"default", "a.b", "fresh"} and cfg.queues["default"].visibility_timeout == 9
+    assert cfg.queue_defaults.lease_sync == "strict"
+    assert plan(cfg, cfg) == ([], [], cfg)
+
+
+def test_a_reload_leaves_exact_limits_to_a_restart():
+    """A queue's limits (docs/limits.md) place its jobs on one shard: a reload keeps them,
+    and a queue that declares one neither comes nor goes."""
+    old = parse({"queues": {"default": {}, "paced": {"concurrency": 2}, "old": {"rate": "5/s"}}})
+    new = parse({"queues": {"default": {}, "paced": {"concurrency": 3, "max_deliveries": 9},
+                            "placed": {"concurrency": 1}}})
+    p = plan(old, new)
+    assert [c.key for c in p.applied] == ["queues.paced.max_deliveries"]
+    assert sorted(c.key for c in p.restart) == ["queues.old", "queues.paced.concurrency", "queues.placed"]
+    assert p.config.queues["paced"].concurrency == 2 and p.config.queues["paced"].max_deliveries == 9
+    assert set(p.config.queues) == {"default", "paced", "old"}
+
+
+@pytest.mark.parametrize("bad", [{"queue_defaults": {"visibility_timeout": 0}}, {"nonsense": {}}])
+def test_reloading_an_invalid_config_raises_before_anything_changes(bad):
+    from shardq.errors import InvalidConfig
+    from shardq.service.supervisor import Supervisor
+    sup = Supervisor("/tmp/never-started", {})
+    with pytest.raises(InvalidConfig):
+        sup.reload(bad)
+    assert sup.config.queue_defaults.visibility_timeout == 30

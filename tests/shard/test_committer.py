@@ -1,0 +1,296 @@
+"""The committer's reply path (issue 9, item 5): no descriptor-number limit, and a client
+that does not read its replies never delays another client's.
+
+Before: each send waited for a blocked socket with ``select()``, which raises ValueError
+for descriptors of 1024 and more (the committer thread died and no reply left the shard
+again), and which held every later reply back for up to a second per slow client.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import types
+
+import pytest
+
+from shardq.shard import committer as committer_mod
+from shardq.shard.committer import Committer
+from shardq.shard.conn import FrameConn
+
+from support.service import wait_until
+
+
+class NoLog:
+    unsynced = False
+    rotation_due = False
+
+    def commit(self, payloads, sync=True):
+        pass
+
+    def sync(self):
+        pass
+
+
+def pair(high_fd: int):
+    """(shard-side FrameConn at descriptor ``high_fd``, client-side socket)."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    os.dup2(a.fileno(), high_fd)
+    a.close()
+    return FrameConn(high_fd), b
+
+
+def read_frame(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    head = b""
+    while len(head) < 4:
+        head += sock.recv(4 - len(head))
+    (n,) = struct.unpack("!i", head)
+    data = bytearray()
+    while len(data) < n:
+        data += sock.recv(min(1 << 20, n - len(data)))
+    return bytes(data)
+
+
+@pytest.fixture
+def committer():
+    c = Committer(NoLog(), exit_code=4)
+    yield c
+    c.stop()
+
+
+def test_a_slow_reader_on_a_high_descriptor_delays_no_one(committer):
+    slow, slow_peer = pair(1500)
+    fast, fast_peer = pair(1501)
+    big = os.urandom(2 << 20)
+    committer.submit([], [(slow, big), (fast, b"quick reply")], [])
+    assert read_frame(fast_peer, timeout=2.0) == b"quick reply"  # not held behind the slow one
+    committer.submit([], [(fast, b"and another")], [])
+    assert read_frame(fast_peer, timeout=2.0) == b"and another"
+    got = []
+    t = threading.Thread(target=lambda: got.append(read_frame(slow_peer, timeout=10.0)))
+    t.start()  # the slow client starts reading: the backlog drains, in order
+    committer.submit([], [(slow, b"after the big one")], [])
+    t.join(15)
+    assert got == [big] and read_frame(slow_peer, timeout=5.0) == b"after the big one"
+    # Only the committer touches a connection's backlog (under its send lock); closing one
+    # from here while its thread still finishes the flush that sent these bytes raced it
+    # (CI once hung in the teardown: the thread died popping a deque this close emptied).
+    committer.stop()
+    for c, p in ((slow, slow_peer), (fast, fast_peer)):
+        c.close()
+        p.close()
+
+
+def test_a_client_that_reads_nothing_is_dropped_and_a_close_waits_for_its_replies(committer, monkeypatch):
+    monkeypatch.setattr(committer_mod, "SEND_TIMEOUT_S", 0.3)
+    stuck, stuck_peer = pair(1502)
+    committer.submit([], [(stuck, os.urandom(1 << 20))], [])
+    wait_until(lambda: stuck.dead, 5.0, 0.01, "the stuck client to be dropped")
+    # Shut down for both directions: the peer reads what it got, then EOF.
+    stuck_peer.settimeout(5.0)
+    while stuck_peer.recv(1 << 20):
+        pass
+    stuck.close()
+    stuck_peer.close()
+    # A close asked for while replies still wait happens only after they are sent.
+    slow, slow_peer = pair(1503)
+    payload = os.urandom(1 << 20)
+    committer.submit([], [(slow, payload)], [slow])
+    assert not slow.closed
+    assert read_frame(slow_peer, timeout=5.0) == payload
+    wait_until(lambda: slow.closed, 5.0, 0.01, "the close after the replies")
+    slow_peer.close()
+
+
+def test_an_unexpected_error_in_the_committer_thread_ends_the_process():
+    """A bug in the thread used to end the thread alone: the shard lived on with nobody to
+    send its replies until the supervisor's health check killed it."""
+    import subprocess
+    import sys
+    code = """if True:
+        import os, time
+        from shardq.shard.committer import Committer
+        class NoLog:
+            unsynced = rotation_due = False
+            def commit(self, payloads, sync=True): pass
+            def sync(self): pass
+        class Broken:
+            closed = dead = False
+            def send(self, frame): raise ValueError("a bug")
+        c = Committer(NoLog(), exit_code=7)
+        c.submit([], [(Broken(), b"x")], [])
+        time.sleep(10)  # not reached: the thread ends the process
+        os._exit(0)
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    assert "the committer thread failed" in proc.stderr and "ValueError: a bug" in proc.stderr
+
+
+class SlowSyncLog:
+    """A log whose fdatasync waits for ``release``: what the committer thread does while a
+    disk is slow. Counts commits as SegmentWriter does (written, synced)."""
+
+    def __init__(self):
+        self.records: list[bytes] = []
+        self.written = self.synced = 0
+        self.rotation_due = False
+        self.in_sync = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def unsynced(self):
+        return self.written != self.synced
+
+    def commit(self, payloads, sync=True):
+        self.records.extend(payloads)
+        self.written += 1
+        if sync:
+            self.sync()
+
+    def sync(self):
+        target = self.written
+        self.in_sync.set()
+        assert self.release.wait(10)
+        self.synced = target
+
+
+def nothing_to_read(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+    return False
+
+
+@pytest.fixture
+def slow():
+    """A committer on a :class:`SlowSyncLog`, and client sockets from ``slow.client()``;
+    at the end the log is released, the committer stopped and every socket closed."""
+    log_ = SlowSyncLog()
+    c = Committer(log_, exit_code=4)
+    send, made = c._send, []
+
+    def client():
+        made.append(pair(1600 + len(made)))
+        return made[-1]
+
+    yield types.SimpleNamespace(log=log_, c=c, client=client)
+    log_.release.set()
+    c._send = send
+    c.stop()
+    for conn, peer in made:
+        conn.close()
+        peer.close()
+
+
+def asleep(c: Committer) -> bool:
+    """The committer thread waits for work with nothing in hand."""
+    return not c._busy and bool(c._work._waiters)
+
+
+@pytest.mark.parametrize("rotation_due", [False, True])
+def test_an_early_reply_does_not_wait_for_another_batchs_fsync(slow, rotation_due):
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
+    # A's batch (an ack: a late reply) is written and waits in its fdatasync.
+    c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+    assert log_.in_sync.wait(5)
+    log_.rotation_due = rotation_due
+    # B's lease (an early reply, written but not synced) comes meanwhile.
+    c.submit([b"lease-of-job-2"], [], [], early=[(b, b"leased")], sync=False, seq=2)
+    if rotation_due:  # the loop never starts a segment beside an fdatasync: it queues
+        assert log_.records == [b"ack-of-job-1"] and nothing_to_read(b_peer)
+    else:  # written, then answered, while A's fsync still runs; A's reply waits for it
+        assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
+        assert read_frame(b_peer, timeout=5.0) == b"leased"
+        assert nothing_to_read(a_peer) and c.durable_seq == 0
+    log_.release.set()
+    assert read_frame(a_peer, timeout=5.0) == b"ack done"
+    if rotation_due:
+        assert read_frame(b_peer, timeout=5.0) == b"leased"
+    c.drain()
+    assert log_.records == [b"ack-of-job-1", b"lease-of-job-2"]
+    # B's record is written, not synced (a batched lease); the fdatasync that covered
+    # A's either began before it was written or came before it: durable up to job 1.
+    assert c.durable_seq == 1 and log_.unsynced and c.sync_due() is not None
+    c.submit([], [(b, b"synced")], [], sync=True, seq=2)
+    assert read_frame(b_peer, timeout=5.0) == b"synced"
+    assert c.durable_seq == 2 and not log_.unsynced and c.sync_due() is None
+
+
+def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_idle(slow):
+    # The loop saw the thread busy and appended beside it; by the time its reply found the
+    # socket full, the thread had finished and gone to sleep. Nothing else will be submitted:
+    # the reply must still reach the client as it reads.
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
+    send = c._send
+
+    def send_once_the_thread_sleeps(sends):
+        if threading.current_thread() is threading.main_thread():
+            log_.release.set()
+            wait_until(lambda: asleep(c), 5.0, 0.005, "the thread to sleep")
+        send(sends)
+
+    c._send = send_once_the_thread_sleeps
+    c.submit([b"ack-of-job-1"], [(a, b"ack done")], [], sync=True, seq=1)
+    assert log_.in_sync.wait(5)
+    big = os.urandom(1 << 20)  # more than the socket takes at once
+    c.submit([b"lease-of-job-2"], [], [], early=[(b, big)], sync=False, seq=2)
+    assert read_frame(a_peer, timeout=5.0) == b"ack done"
+    assert read_frame(b_peer, timeout=5.0) == big
+
+
+def test_a_reply_left_behind_wakes_the_thread_though_another_backlog_was_there_when_it_began(slow):
+    # Found by `shardq verify --body-bytes 65536` (a shard stopped delivering leases until it
+    # was restarted): the loop, appending beside the thread's fdatasync, saw a slow reader's
+    # backlog and so did not wake the thread; meanwhile the thread flushed that backlog and
+    # went to sleep. The loop's own reply, left in the next backlog, then waited for ever, and
+    # every later one with it (each found the backlog not empty and woke nobody).
+    log_, c = slow.log, slow.c
+    a, a_peer = slow.client()
+    b, b_peer = slow.client()
+    d, d_peer = slow.client()
+    big_a, big_b = os.urandom(1 << 20), os.urandom(1 << 20)  # more than a socket takes at once
+    send = c._send
+
+    def send_once_the_backlog_is_flushed_and_the_thread_sleeps(sends):
+        if threading.current_thread() is threading.main_thread():
+            log_.release.set()  # the thread's fdatasync ends; it answers d, then flushes a
+            assert read_frame(d_peer, timeout=5.0) == b"ack 2 done"
+            assert read_frame(a_peer, timeout=5.0) == big_a
+            wait_until(lambda: not c._backlog and asleep(c), 5.0, 0.005,
+                       "the thread to flush the backlog and sleep")
+        send(sends)
+
+    log_.release.set()
+    c.submit([b"ack-1"], [(a, big_a)], [], sync=True, seq=1)  # a: a slow reader's backlog
+    wait_until(lambda: a in c._backlog and log_.synced == 1, 5.0, 0.005, "a's backlog")
+    log_.release.clear()
+    log_.in_sync.clear()
+    c.submit([b"ack-2"], [(d, b"ack 2 done")], [], sync=True, seq=2)
+    assert log_.in_sync.wait(5)  # the thread waits in its fdatasync
+    c._send = send_once_the_backlog_is_flushed_and_the_thread_sleeps
+    c.submit([b"lease-3"], [], [], early=[(b, big_b)], sync=False, seq=3)  # beside it
+    assert read_frame(b_peer, timeout=5.0) == big_b
+
+
+def test_records_synced_by_a_rotation_leave_no_sync_due(committer):
+    """Batched leases are written unsynced; a rotation's seal fdatasyncs them. The synced
+    batch the loop then submits finds nothing unsynced: sync_due must clear, or the loop,
+    seeing it in the past, would submit synced batches with a zero timeout until the next
+    synced write (an idle shard spinning)."""
+    committer._write([b"lease"], 1)  # NoLog: the record is "written"
+    assert committer.sync_due() is not None
+    assert committer._sync() is None  # the log says nothing is unsynced
+    assert committer.sync_due() is None

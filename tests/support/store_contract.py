@@ -1,0 +1,134 @@
+"""The contract every idempotency store keeps, as tests taking a ``make_store`` fixture.
+
+Imported by tests/consumer/test_idempotency.py (memory, SQLite) and
+tests/consumer/test_postgres_store.py (PostgreSQL), which define ``make_store``."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from shardq.clock import FakeClock
+from shardq.errors import Closed
+
+
+DAY = 86400.0
+
+
+# ---------------------------------------------------------------------------- contract
+def test_claim_once_then_seen(make_store):
+    store = make_store()
+    assert not store.seen(7)
+    with store.transaction() as txn:
+        assert txn.claim(7)
+        assert not txn.claim(7)  # twice in one transaction: the second is a duplicate
+    assert store.seen(7)
+    with store.transaction() as txn:
+        assert not txn.claim(7)
+        assert txn.claim(8)
+    assert store.seen(8)
+
+
+def test_exception_rolls_back_the_claim(make_store):
+    store = make_store()
+    with pytest.raises(ZeroDivisionError):
+        with store.transaction() as txn:
+            assert txn.claim(1)
+            1 / 0  # noqa: B018 - raises ZeroDivisionError inside the transaction on purpose
+    assert not store.seen(1)
+    with store.transaction() as txn:
+        assert txn.claim(1)  # free again
+    assert store.seen(1)
+
+
+def test_abort_rolls_back_the_claim(make_store):
+    store = make_store()
+    with store.transaction() as txn:
+        assert txn.claim(2)
+        txn.abort()
+    assert not store.seen(2)
+
+
+def test_prune_after_retention(make_store):
+    clock = FakeClock()
+    store = make_store(clock=clock)  # default retention: 7 days
+    for job_id in (1, 2):
+        with store.transaction() as txn:
+            txn.claim(job_id)
+        clock.advance(DAY)
+    assert store.prune(clock.now()) == 0          # 2 days and 1 day old
+    clock.advance(5.5 * DAY)
+    assert store.prune(clock.now()) == 1          # job 1 is 7.5 days old, job 2 6.5
+    assert not store.seen(1) and store.seen(2)
+    clock.advance(DAY)
+    assert store.prune(clock.now()) == 1
+    assert not store.seen(2)
+
+
+def test_retention_is_configurable(make_store):
+    clock = FakeClock()
+    store = make_store(clock=clock, retention_s=60.0)
+    with store.transaction() as txn:
+        txn.claim(3)
+    clock.advance(59)
+    assert store.prune(clock.now()) == 0
+    clock.advance(2)
+    assert store.prune(clock.now()) == 1
+
+
+def test_concurrent_claims_of_one_id_one_wins(make_store):
+    store = make_store()
+    barrier = threading.Barrier(8)
+    wins = []
+
+    def claim():
+        barrier.wait(5)
+        with store.transaction() as txn:
+            if txn.claim(42):
+                wins.append(threading.get_ident())
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(wins) == 1
+
+
+def test_claim_waits_for_an_open_claim_and_wins_after_its_rollback(make_store):
+    store = make_store()
+    claimed, release, got = threading.Event(), threading.Event(), []
+
+    def first():
+        with store.transaction() as txn:
+            txn.claim(5)
+            claimed.set()
+            release.wait(5)
+            txn.abort()
+
+    def second():
+        with store.transaction() as txn:
+            got.append(txn.claim(5))
+
+    t1 = threading.Thread(target=first)
+    t1.start()
+    assert claimed.wait(5)
+    t2 = threading.Thread(target=second)
+    t2.start()
+    t2.join(0.05)
+    assert t2.is_alive() and got == []  # blocked behind the open claim
+    release.set()
+    t1.join(5)
+    t2.join(5)
+    assert got == [True]
+    assert store.seen(5)
+
+
+def test_closed_store_refuses(make_store):
+    store = make_store()
+    store.close()
+    with pytest.raises(Closed):
+        store.seen(1)
+    with pytest.raises(Closed):
+        with store.transaction():
+            pass
