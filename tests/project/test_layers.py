@@ -1,6 +1,8 @@
 """The layer map of docs/design.md ("## Layers") is what the package's imports do: every
 import in shardq/ (at module level, inside functions, under TYPE_CHECKING) points down the
-map, never up or sideways, and every package is on the map."""
+map, never up or sideways, and every package is on the map. The tests keep a layout of
+their own: one folder per package, shared code in tests/support/, and no test module
+importing another."""
 from __future__ import annotations
 
 import ast
@@ -90,3 +92,29 @@ def test_the_check_sees_an_upward_import(tmp_path):
     path.write_text("def f():\n    from ...service.supervisor import Supervisor\n")
     found = list(_imports(str(path), "shardq.client.sub.x"))
     assert found == [(2, "shardq.service.supervisor")]
+
+
+TESTS = os.path.join(REPO, "tests")
+
+
+def test_tests_mirror_the_packages_and_share_code_only_through_support():
+    """Every test module sits in a folder named after a package of shardq/ (or one of
+    ``project``, ``ground``, ``bench``) and imports no other test module."""
+    packages = {d for d in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py"))}
+    folders = packages | {"project", "ground", "bench"}
+    wrong = []
+    for root, _, files in os.walk(TESTS):
+        rel = os.path.relpath(root, TESTS)
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(root, f)
+            if f.startswith("test_") and rel not in folders:
+                wrong.append(f"{os.path.relpath(path, REPO)}: not in a folder of a package")
+            for node in ast.walk(ast.parse(open(path).read(), path)):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                         else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                for name in names:
+                    if name.split(".")[-1].startswith("test_") or name.startswith("test_"):
+                        wrong.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: imports the test module {name}")
+    assert not wrong, "\n".join(wrong)
