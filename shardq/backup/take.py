@@ -32,6 +32,7 @@ from typing import Any
 from ..client.router import Router
 from ..datadir import DataDir
 from ..errors import CorruptLog, ProtocolError, ServiceNotRunning, UsageError
+from ..protocol.status_file import pid_alive
 from ..shard.durable import BACKUP_STAGE
 from ..wal.format import SEGMENT, parse_name
 from .logfiles import LogFile, WriteChain, sha256, sync_dir, write_private
@@ -126,19 +127,9 @@ def _remove_stale_stages(dd: DataDir, shards: int) -> None:
         except FileNotFoundError:
             continue
         for name in names:
-            if BACKUP_STAGE.fullmatch(name) and not _alive(int(name.split("-")[1])):
+            if BACKUP_STAGE.fullmatch(name) and not pid_alive(int(name.split("-")[1])):
                 log.warning("removing %s, left by a backup that did not finish", os.path.join(shard_dir, name))
                 shutil.rmtree(os.path.join(shard_dir, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _copy_shard(dd: DataDir, dest: str, stage: str, reply: Any) -> ShardCut:

@@ -42,7 +42,7 @@ def read(run_dir: str) -> dict[str, Any] | None:
             status = json.loads(data)
         except ValueError:
             continue  # read while it was being overwritten
-        if type(status) is not dict or not _alive(status.get("pid")):
+        if type(status) is not dict or not pid_alive(status.get("pid")):
             return None
         return status
     return None
@@ -65,7 +65,8 @@ def add_to(shards: list[dict[str, Any]], run_dir: str) -> None:
         sh.update(row)
 
 
-def _alive(pid: object) -> bool:
+def pid_alive(pid: object) -> bool:
+    """Whether ``pid`` (anything: a value read from a file) names a live process."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
