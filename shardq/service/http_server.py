@@ -26,6 +26,7 @@ Routes (described in full, with parameters, bodies and errors, by the OpenAPI do
     POST /api/pause|resume    {"queue": Q}
     POST /api/cancel          {"id": JOB_ID}
     POST /api/redrive|purge   {"queue": Q, "ids": [JOB_ID, ...]}
+    POST /api/limits          {"queue": Q, "values": {"concurrency": N, "rate": "50/s", ...} | null}
     GET|POST /login, POST /logout
 
 Any other method gets 405 with ``Allow`` on a route (404 elsewhere), and what http.server
@@ -75,9 +76,12 @@ SECURITY_HEADERS = (
     ("Referrer-Policy", "no-referrer"),
     ("Cache-Control", "no-store"),
 )
-# A ShardqError's status; any other is a 500. QueueFull (a new queue name past QUEUES_MAX) and
-# Closed (the listener is stopping) are the service's state, not the request's fault: 503.
+# A ShardqError's status; any other is a 500. InvalidConfig is a bad limit value sent to
+# POST /api/limits (its message names the key): the request's fault, 400. QueueFull (a new
+# queue name past QUEUES_MAX) and Closed (the listener is stopping) are the service's state,
+# not the request's fault: 503.
 _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_REQUEST),
+                 (InvalidConfig, HTTPStatus.BAD_REQUEST),
                  (LeaseLost, HTTPStatus.CONFLICT), (Unsupported, HTTPStatus.NOT_IMPLEMENTED),
                  (ShardUnavailable, HTTPStatus.SERVICE_UNAVAILABLE), (QueueFull, HTTPStatus.SERVICE_UNAVAILABLE),
                  (Closed, HTTPStatus.SERVICE_UNAVAILABLE))

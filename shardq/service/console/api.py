@@ -2,8 +2,8 @@
 
 Reads (``overview``, ``dead_letters``, ``job``) never fail because one shard is down: the
 overview marks it down, dead-letter pages skip it (and say so). Actions (pause, resume,
-cancel, redrive, purge) go through the same router calls as the CLI and raise their typed
-errors, which the server turns into JSON error replies.
+cancel, redrive, purge, limits) go through the same router calls as the CLI and raise their
+typed errors, which the server turns into JSON error replies.
 
 Job ids travel as strings: they can exceed JavaScript's exact integers (2**53). An action
 takes a JSON object of the fields openapi.py documents for it and no other: a typo
@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 
 from ... import limits
-from ...client.routing import job_id_from_text
-from ...errors import InvalidJob
+from ...client.routing import job_id_from_text, queue_totals
+from ...config import check_limit
+from ...errors import InvalidConfig, InvalidJob
 from ...protocol import validate
 from ...shard.control import COUNTERS
+from ...shard.limiter import RUNTIME_KEYS
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
 BODY_PREVIEW_BYTES = 200
@@ -58,6 +60,26 @@ def _fields(data: dict, *names: str) -> dict:
     return data
 
 
+def _limit_values(values) -> dict | None:
+    """The ``values`` of a limits change, checked before any shard sees them, as the config
+    checks them (InvalidConfig naming the key): None (back to the config's), or a map of
+    some of :data:`RUNTIME_KEYS` to a value or None (that limit removed). The shards check
+    again, against the queue's config; this keeps what JSON can hold but the wire cannot (an
+    integer past 64 bits, a nested list) from reaching them."""
+    if values is None:
+        return None
+    if not isinstance(values, dict) or not values:
+        raise InvalidConfig(f"values: expected null or a map of some of {', '.join(RUNTIME_KEYS)}, "
+                            f"got {values!r:.60}")
+    for key, value in values.items():
+        if key not in RUNTIME_KEYS:
+            raise InvalidConfig(f"values.{key:.60}: not a limit that changes at run time "
+                                f"(one of {', '.join(RUNTIME_KEYS)})")
+        if value is not None:
+            check_limit(key, key, value)
+    return values
+
+
 def _preview(body: bytes) -> str:
     text = body[:BODY_PREVIEW_BYTES].decode("utf-8", "replace")
     return text + ("…" if len(body) > BODY_PREVIEW_BYTES else "")
@@ -88,9 +110,13 @@ class ConsoleApi:
                 if age is not None and (q["oldest_ready_age_s"] is None or age > q["oldest_ready_age_s"]):
                     q["oldest_ready_age_s"] = age
         up = [sh for sh in shards if sh.get("available")]
+        # A limited queue's figures are its owner shard's, chosen as ``stats`` chooses them
+        # (docs/limits.md); null for a queue without limits.
+        counted = queue_totals([sh for sh in up if "queues" in sh])
         for q in queues.values():
             q["paused"] = q["paused_shards"] > 0
             q["partly_paused"] = 0 < q["paused_shards"] < len(up)
+            q["limits"] = counted.get(q["name"], {}).get("limits")
         return {"queues": sorted(queues.values(), key=lambda q: q["name"]),
                 "shards": [self._shard_row(sh) for sh in shards],
                 "totals": {k: sum(q[k] for q in queues.values()) for k in COUNT_KEYS + COUNTERS}}
@@ -153,4 +179,14 @@ class ConsoleApi:
         _fields(data, "queue", "ids")
         return {"purged": self.router.purge_dead_letters(_queue(data.get("queue")), _ids(data.get("ids")))}
 
-    ACTIONS = ("pause", "resume", "cancel", "redrive", "purge")
+    def limits(self, data: dict) -> dict:
+        """Change a limited queue's limits at run time (``Router.set_limits``, as ``shardq
+        queue limit``): ``values`` null goes back to the config's. Returns the owner
+        shard's figures afterwards."""
+        _fields(data, "queue", "values")
+        if "values" not in data:  # a missing field must not read as "back to the config"
+            raise InvalidJob("values is required: a map of the limits to change, or null for the config's")
+        queue = _queue(data.get("queue"))
+        return {"queue": queue, "limits": self.router.set_limits(queue, _limit_values(data["values"]))}
+
+    ACTIONS = ("pause", "resume", "cancel", "redrive", "purge", "limits")

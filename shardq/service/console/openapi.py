@@ -14,7 +14,8 @@ a token. The ``Host`` check of an open (``auth = "none"``) listener still applie
 What the document promises, and the server keeps:
 
 * every reply of ``/api/`` is JSON; an error is ``{"error": <the shardq error class, or the
-  HTTP status phrase>, "message": <text>}`` with 400 (bad input: ``InvalidJob``), 401 (no
+  HTTP status phrase>, "message": <text>}`` with 400 (bad input: ``InvalidJob``; a bad limit
+  value, named, or a queue without limits: ``InvalidConfig``), 401 (no
   token), 403 (CSRF, ``Origin`` or ``Host``), 404 (no such job or page), 405 (another
   method; ``Allow`` names the route's), 413 (a body over ``limits.HTTP_BODY_BYTES_MAX``),
   415 (a POST that is not JSON) or 503 (a shard is down or full: ``ShardUnavailable``,
@@ -66,6 +67,10 @@ _JOB_ID_TEXT = {"type": "string", "pattern": "^[0-9]{1,19}$",
 _JOB_ID = {"oneOf": [_JOB_ID_TEXT, {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}]}
 _QUEUE = {"type": "string", "minLength": 1, "maxLength": limits.QUEUE_NAME_BYTES_MAX,
           "description": f"a queue name (at most {limits.QUEUE_NAME_BYTES_MAX} bytes as UTF-8)"}
+_NUMBER0 = {"type": "number", "minimum": 0}
+_CAP = {"type": ["integer", "null"], "minimum": 1, "maximum": limits.CONCURRENCY_MAX}
+_RATE = {"type": ["string", "null"], "maxLength": 64,
+         "description": "leases started per second, minute or hour: \"50/s\", \"100/m\", \"5/h\""}
 
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {"type": "object", "required": ["error", "message"],
@@ -78,11 +83,24 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                                "data_dir": {"type": "string"}}},
     "Queue": {"type": "object",
               "required": ["name", "paused", "partly_paused", "paused_shards", "oldest_ready_age_s",
-                           *COUNT_KEYS, *COUNTERS],
+                           "limits", *COUNT_KEYS, *COUNTERS],
               "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
                              "partly_paused": {"type": "boolean"}, "paused_shards": _INT0,
                              "oldest_ready_age_s": {"type": ["number", "null"], "minimum": 0},
+                             "limits": {"oneOf": [{"type": "null"}, _ref("LimitFigures")],
+                                        "description": "null: the queue declares no limit"},
                              **{k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}},
+    # What stats shows of a limited queue, from the shard that holds it (docs/limits.md,
+    # "Seeing the limits"); a figure is present only where its limit is set.
+    "LimitFigures": {"type": "object", "required": ["in_flight", "max_in_flight_seen", "held_back"],
+                     "properties": {
+                         "in_flight": _INT0, "max_in_flight_seen": _INT0, "held_back": _INT0,
+                         "concurrency": _INT0, "rate_per_s": _NUMBER0, "burst": _NUMBER0, "tokens": _NUMBER0,
+                         "group_separator": {"type": "string"}, "fair": {"type": "boolean"}, "groups": _INT0,
+                         "groups_held_back": _INT0, "max_group_in_flight_seen": _INT0,
+                         "group_concurrency": _INT0, "group_rate_per_s": _NUMBER0, "group_burst": _NUMBER0,
+                         "runtime_override": {"type": "object",
+                                              "description": "the values changed at run time (null: removed)"}}},
     "Shard": {"type": "object", "required": ["shard", "up", "error"],
               "properties": {"shard": _INT0, "up": {"type": "boolean"}, "error": _nullable("string"),
                              **{k: _nullable("integer") for k in ("pid", "jobs", "wal_bytes", "segments",
@@ -131,6 +149,20 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                    "properties": {"queue": _QUEUE,
                                   "ids": {"type": "array", "minItems": 1, "maxItems": limits.BATCH_JOBS_MAX,
                                           "items": _JOB_ID}}},
+    "LimitsRequest": {
+        "type": "object", "required": ["queue", "values"], "additionalProperties": False,
+        "properties": {
+            "queue": _QUEUE,
+            "values": {"oneOf": [
+                {"type": "null", "description": "back to the config's limits"},
+                {"type": "object", "minProperties": 1, "additionalProperties": False,
+                 "description": "the limits to change (the others keep theirs); null removes that limit",
+                 "properties": {"concurrency": _CAP, "group_concurrency": _CAP, "rate": _RATE,
+                                "group_rate": _RATE,
+                                "burst": {"type": ["number", "null"], "minimum": 1,
+                                          "maximum": limits.BURST_MAX}}}]}}},
+    "LimitsChange": {"type": "object", "required": ["queue", "limits"],
+                     "properties": {"queue": {"type": "string"}, "limits": _ref("LimitFigures")}},
     "Redriven": {"type": "object", "required": ["redriven"], "properties": {"redriven": _INT0}},
     "Purged": {"type": "object", "required": ["purged"], "properties": {"purged": _INT0}},
 }
@@ -161,8 +193,10 @@ def _read(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None 
     return {"summary": summary, "security": _TOKEN, "parameters": params or [], "responses": responses}
 
 
-def _action(summary: str, request: str, reply: str, not_found: str | None = None) -> dict[str, Any]:
-    responses = {"200": _json(_ref(reply), "done"), "400": _BAD, "401": _UNAUTHORIZED, "403": _DENIED,
+def _action(summary: str, request: str, reply: str, not_found: str | None = None,
+            bad: str | None = None) -> dict[str, Any]:
+    responses = {"200": _json(_ref(reply), "done"), "400": _error(bad) if bad else _BAD,
+                 "401": _UNAUTHORIZED, "403": _DENIED,
                  "413": _error(f"a body over {limits.HTTP_BODY_BYTES_MAX} bytes"),
                  "415": _error("the body is not application/json"), "503": _DOWN}
     if not_found:
@@ -234,6 +268,11 @@ _PATHS: dict[str, dict[str, Any]] = {
                                      not_found="an id is not a dead letter of the queue")},
     "/api/purge": {"post": _action("delete chosen dead letters (ids that are not are skipped)", "IdsRequest",
                                    "Purged")},
+    "/api/limits": {"post": _action(
+        "change a limited queue's limits at run time, durably, on every shard (docs/limits.md)",
+        "LimitsRequest", "LimitsChange",
+        bad="bad input (InvalidJob), a bad limit value (InvalidConfig, naming the key), or a queue whose "
+            "config declares no limit (InvalidConfig)")},
 }
 
 

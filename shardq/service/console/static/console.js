@@ -1,5 +1,5 @@
 // The shardq console: polls /api/overview, draws the tables and charts, and sends the
-// actions (pause, resume, redrive, purge, cancel) as JSON POSTs with the CSRF header.
+// actions (pause, resume, limits, redrive, purge, cancel) as JSON POSTs with the CSRF header.
 // Every value from the service is put into the page as text (textContent), never as HTML:
 // job bodies and errors come from whoever enqueued them.
 "use strict";
@@ -14,6 +14,8 @@ let dlNext = null;   // cursor of the next one
 let jobShown = null; // id of the job in the job panel
 let dlShown = 0;     // number of the latest dead-letter load: an older reply arriving late is dropped
 let jobAsked = 0;    // the same for job look-ups
+let limitsQueue = null; // the queue whose limits the editor is open on
+let queueRows = {};     // the latest overview's queues by name (the editor's current values)
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -77,12 +79,14 @@ async function poll() {
 function renderQueues(queues) {
   const body = $("#queues tbody");
   body.replaceChildren();
+  queueRows = Object.fromEntries(queues.map((q) => [q.name, q]));
   for (const q of queues) {
     const tr = el("tr");
     tr.dataset.queue = q.name;
     tr.append(el("td", q.name, "name"));
     for (const k of ["ready", "delayed", "waiting", "in_flight", "dead", "keys"]) tr.append(el("td", q[k], k));
     tr.append(el("td", age(q.oldest_ready_age_s), "oldest"));
+    tr.append(limitsCell(q.limits));
     const state = el("td", null, "state");
     const paused = q.paused;
     state.append(el("span", paused ? (q.partly_paused ? "partly paused" : "paused") : "active",
@@ -94,9 +98,17 @@ function renderQueues(queues) {
     b.dataset.queue = q.name;
     b.addEventListener("click", () => pauseResume(q.name, paused ? "resume" : "pause", b));
     act.append(b);
+    if (q.limits) {
+      const edit = el("button", "edit limits", "limits-edit");
+      edit.type = "button";
+      edit.dataset.queue = q.name;
+      edit.addEventListener("click", () => openLimits(q.name));
+      act.append(edit);
+    }
     tr.append(act);
     body.append(tr);
   }
+  if (limitsQueue) fillLimits();
   const sel = $("#dl-queue");
   const chosen = sel.value;
   const names = queues.map((q) => q.name);
@@ -142,6 +154,114 @@ async function pauseResume(queue, action, button) {
     status(`${action === "pause" ? "paused" : "resumed"} ${queue}`, "ok");
   } catch (e) {
     status(`${action} ${queue}: ${e.message}`, "error");
+  }
+  await poll();
+}
+
+// ---------------------------------------------------------------------------- limits
+// A limited queue's figures are its owner shard's (docs/limits.md): in flight against the
+// cap, tokens against the burst, the rate, the ready jobs a limit holds back now.
+function num(x) {
+  return String(Number(Number(x).toFixed(3)));
+}
+
+function rateText(perS) {
+  if (perS === null || perS === undefined) return null;
+  if (perS >= 1) return `${num(perS)}/s`;
+  if (perS * 60 >= 1) return `${num(perS * 60)}/m`;
+  return `${num(perS * 3600)}/h`;
+}
+
+function limitsCell(f) {
+  const td = el("td", null, "limits");
+  if (!f) { td.textContent = "–"; return td; }
+  const part = (text, cls) => td.append(el("span", text, `lim ${cls}`));
+  part(f.concurrency !== undefined ? `${f.in_flight} / ${f.concurrency} in flight` : `${f.in_flight} in flight`,
+       "lim-inflight");
+  if (f.rate_per_s !== undefined) {
+    part(`${Math.round(f.tokens)} / ${num(f.burst)} tokens`, "lim-tokens");
+    part(`rate ${rateText(f.rate_per_s)}`, "lim-rate");
+  }
+  part(`${f.held_back} held back`, "lim-held");
+  if (f.group_separator !== undefined) {
+    const caps = [f.group_concurrency !== undefined ? `cap ${f.group_concurrency}` : null,
+                  f.group_rate_per_s !== undefined ? rateText(f.group_rate_per_s) : null].filter(Boolean);
+    part(`${f.groups} group${f.groups === 1 ? "" : "s"}` +
+         (f.groups_held_back ? ` (${f.groups_held_back} at a limit)` : ""), "lim-groups");
+    if (caps.length) part(`each group ${caps.join(", ")}`, "lim-group-caps");
+    if (f.fair) part("fair turns", "lim-fair");
+  }
+  if (f.runtime_override) {
+    const changed = el("span", "changed at run time", "badge override");
+    changed.title = `changed at run time: ${JSON.stringify(f.runtime_override)} (reset to config to undo)`;
+    td.append(changed);
+  }
+  return td;
+}
+
+// The editor's fields: [limit key, input, how its text is read]; an empty field keeps the
+// limit as it is, "none" removes it.
+const LIMIT_FIELDS = [["concurrency", "#limits-concurrency", "integer"], ["rate", "#limits-rate", "text"],
+  ["burst", "#limits-burst", "number"], ["group_concurrency", "#limits-group-concurrency", "integer"],
+  ["group_rate", "#limits-group-rate", "text"]];
+
+function limitValue(text, kind) {
+  if (text.toLowerCase() === "none") return null;
+  if (kind === "integer" && /^-?[0-9]+$/.test(text)) return Number(text);
+  if (kind === "number" && Number.isFinite(Number(text))) return Number(text);
+  return text;  // as typed: the service names a bad value (InvalidConfig, 400)
+}
+
+function openLimits(queue) {
+  limitsQueue = queue;
+  for (const [, sel] of LIMIT_FIELDS) $(sel).value = "";
+  $("#limits-form").hidden = false;
+  fillLimits();
+  $("#limits-concurrency").focus();
+}
+
+function closeLimits() {
+  limitsQueue = null;
+  $("#limits-form").hidden = true;
+}
+
+function fillLimits() {  // the values in force, as placeholders (the typed values stay)
+  const f = (queueRows[limitsQueue] || {}).limits || {};
+  $("#limits-queue").textContent = limitsQueue;
+  $("#limits-form").dataset.queue = limitsQueue;
+  const current = {
+    concurrency: f.concurrency ?? "none", rate: rateText(f.rate_per_s) ?? "none",
+    burst: f.rate_per_s !== undefined ? num(f.burst) : "needs a rate",
+    group_concurrency: f.group_concurrency ?? "none", group_rate: rateText(f.group_rate_per_s) ?? "none",
+  };
+  for (const [key, sel] of LIMIT_FIELDS) $(sel).placeholder = String(current[key]);
+  $("#limits-group-fields").hidden = f.group_separator === undefined;
+}
+
+async function sendLimits(reset) {
+  const queue = limitsQueue;
+  if (!queue) return;
+  const values = {};
+  for (const [key, sel, kind] of LIMIT_FIELDS) {
+    const text = $(sel).value.trim();
+    if (text && !$(sel).closest("[hidden]")) values[key] = limitValue(text, kind);
+  }
+  if (!reset && !Object.keys(values).length) {
+    status(`limits of ${queue}: type a new value (an empty field keeps its limit; "none" removes it)`, "error");
+    return;
+  }
+  const form = $("#limits-form");
+  form.dataset.state = "sending";
+  try {
+    const r = await api("/api/limits", { queue, values: reset ? null : values });
+    const f = r.limits;
+    status(`limits of ${queue} ${reset ? "back to the config's" : "changed"}: ` +
+           `concurrency ${f.concurrency ?? "none"}, rate ${rateText(f.rate_per_s) ?? "none"}`, "ok");
+    for (const [, sel] of LIMIT_FIELDS) $(sel).value = "";
+    form.dataset.state = "done";
+  } catch (e) {
+    status(`limits of ${queue}: ${e.message}`, "error");
+    form.dataset.state = "error";
   }
   await poll();
 }
@@ -349,6 +469,9 @@ async function start() {
   });
   $("#job-form").addEventListener("submit", (e) => { e.preventDefault(); lookUp($("#job-id").value); });
   $("#job-cancel").addEventListener("click", cancelJob);
+  $("#limits-form").addEventListener("submit", (e) => { e.preventDefault(); sendLimits(false); });
+  $("#limits-reset").addEventListener("click", () => sendLimits(true));
+  $("#limits-close").addEventListener("click", closeLimits);
   await poll();
   setInterval(poll, POLL_MS);
 }
