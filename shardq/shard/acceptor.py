@@ -23,7 +23,9 @@ import os
 import socket
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from ..clock import Clock, SystemClock
 from .conn import FrameConn
@@ -57,7 +59,7 @@ class Throttled:
         self.unlogged = 0
         self._lock = threading.Lock()
 
-    def warn(self, msg: str, *args) -> None:
+    def warn(self, msg: str, *args: object) -> None:
         with self._lock:
             now = self.clock.monotonic()
             if self.last is not None and now - self.last < self.every_s:
@@ -94,8 +96,8 @@ class ConnectionSlots:
 class Acceptor(threading.Thread):
     """Accepts sockets and authenticates each on its own short-lived thread (see above)."""
 
-    def __init__(self, listener: socket.socket, authkey: bytes, deliver, clock: Clock | None = None,
-                 slots: dict[str, ConnectionSlots] | None = None):
+    def __init__(self, listener: socket.socket, authkey: bytes, deliver: Callable[[FrameConn], None],
+                 clock: Clock | None = None, slots: dict[str, ConnectionSlots] | None = None):
         super().__init__(name="shardq-acceptor", daemon=True)
         self.listener = listener
         self.authkey = authkey

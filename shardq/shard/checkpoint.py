@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 
@@ -17,6 +18,7 @@ from . import ops
 from ..protocol import validate
 from .core import Job, StateCore
 from .jobstate import L, R, X
+from .ops import Op
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 _JOB_END = 1 + len(ops.Job._fields)
@@ -35,11 +37,11 @@ class CheckpointCodec(StateCore):
         ``limits.CHECKPOINT_RECORD_BYTES_MAX`` whatever the bodies. Sizes are bounded from
         above without encoding twice (:func:`validate.job_bytes`)."""
         pack = msgpack.Packer().pack
-        chunk: list = [[ops.META, self.next_seq, self.next_token, self.epoch]]
+        chunk: list[Op] = [[ops.META, self.next_seq, self.next_token, self.epoch]]
         size = 64
         inflight, errors = self.inflight, self.errors
 
-        def job_op(j: Job) -> list:
+        def job_op(j: Job) -> Op:
             state = j.state if j.state in (L, X) else R
             token, expires = inflight.get(j.id, (0, 0.0)) if state is L else (0, 0.0)
             return [ops.JOB, j.id, j.q.name, j.key, j.body, j.priority, j.ready_at, j.attempts,
@@ -76,7 +78,7 @@ class CheckpointCodec(StateCore):
             # millions of ids here: its requests go in as many CLIENT operations as the
             # chunks need (replay merges them), each request's ids whole (at most
             # BATCH_JOBS_MAX of them, far within a record).
-            part: list = []
+            part: list[list[Any]] = []   # [[client_seq, [job_ids]], ...] (ops.Client)
             n = 64
             for cseq, ids in seqs.items():
                 m = 16 + 10 * len(ids)
@@ -109,13 +111,13 @@ class CheckpointCodec(StateCore):
         if chunk:
             yield pack(chunk)
 
-    def _apply_meta(self, op) -> None:
+    def _apply_meta(self, op: Op) -> None:
         next_seq, next_token, epoch = ops.read(ops.Meta, op)
         self.next_seq = max(self.next_seq, next_seq)
         self.next_token = max(self.next_token, next_token)
         self.epoch = max(self.epoch, next_token >> _EPOCH_BITS if epoch is None else epoch)
 
-    def _apply_job(self, op) -> None:
+    def _apply_job(self, op: Op) -> None:
         # ops.Job's fields, unpacked by hand: a checkpoint holds one per live job
         jid, qname, key, body, prio, ready_at, attempts, state, token, expires, error = op[1:_JOB_END]
         q = self.queues.get(qname) or self._logged_queue(qname)
@@ -140,14 +142,14 @@ class CheckpointCodec(StateCore):
             return
         self._append_to_key(job)
 
-    def _apply_dedup(self, op) -> None:
+    def _apply_dedup(self, op: Op) -> None:
         qname, key, did, jid, expires = op[1:_DEDUP_END]  # ops.Dedup's fields
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.dedup[(key, did)] = (jid, expires)
         q.dedup_order.append((expires, (key, did)))
         self.dedup_held += 1
 
-    def _apply_client(self, op) -> None:
+    def _apply_client(self, op: Op) -> None:
         """A client's session from a checkpoint; a session written as several operations
         (one per chunk of its requests, in a row) is merged back into one."""
         _, cid, seen, seqs = op  # ops.Client
@@ -157,7 +159,7 @@ class CheckpointCodec(StateCore):
         else:
             entry[1].update(seqs)
 
-    def control_checkpoint_ops(self) -> list[list]:
+    def control_checkpoint_ops(self) -> list[Op]:
         """What a checkpoint must add after the JOB operations: paused queues, cancelled
         leases, the enqueue-time samples, limits changed at run time."""
         out = [self.enqueue_times.to_op(ops.ENQUEUE_TIMES)]
@@ -167,5 +169,5 @@ class CheckpointCodec(StateCore):
                 if q.lim is not None and q.lim.override]
         return out
 
-    def _apply_enqueue_times(self, op) -> None:
+    def _apply_enqueue_times(self, op: Op) -> None:
         self.enqueue_times.load(*ops.read(ops.EnqueueTimes, op))

@@ -45,12 +45,17 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..clock import SystemClock
 from ..conditions import CountedCondition
 from ..errors import LogFailed
-from .conn import SEND_TIMEOUT_S
+from .conn import SEND_TIMEOUT_S, FrameConn
 from .histogram import COMMIT_OPS_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
+
+if TYPE_CHECKING:
+    from ..wal import Log
 
 log = logging.getLogger("shardq.shard")
 
@@ -58,12 +63,17 @@ PENDING_BATCHES_MAX = 16  # the loop waits when the disk falls this far behind
 FLUSH_POLL_S = 0.005      # how often replies waiting for a slow reader are tried again
 UNSYNCED_S_MAX = 0.01     # longest a written, unsynced batch (batched leases) waits for its fsync
 
+#: A reply to send: (connection, frame).
+Send: TypeAlias = tuple[FrameConn, bytes]
+#: One submitted iteration: (payloads, late sends, closes, early sends, sync, seq); see submit.
+Batch: TypeAlias = tuple[list[bytes], list[Send], list[FrameConn], Sequence[Send], bool, int]
+
 
 class Committer:
-    def __init__(self, log_, exit_code: int):
+    def __init__(self, log_: Log, exit_code: int):
         self.log = log_
         self.exit_code = exit_code
-        self._items: deque = deque()
+        self._items: deque[Batch] = deque()
         lock = self._lock = threading.Lock()  # taken bare where nobody waits (the loop's hot path)
         # Two conditions on one lock, so that nobody is woken for nothing (each wake-up is a
         # futex call and a thread switch): the committer thread waits for work; drain() and
@@ -74,7 +84,7 @@ class Committer:
         self._busy = False
         self._writing = False  # the thread is writing what it took: the loop must not append
         self._send_lock = threading.Lock()  # replies and closes, from the loop and the thread
-        self._backlog: dict = {}  # conn -> None: connections with replies their socket has not taken
+        self._backlog: dict[FrameConn, None] = {}  # connections with replies their socket has not taken
         self._monotonic = SystemClock.monotonic
         self.fsyncs = 0
         self.durable_seq = 0      # every job with a sequence number up to this is durable
@@ -86,8 +96,8 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, payloads: list[bytes], sends: list, closes: list, *, inline: bool = False,
-               early: list = (), sync: bool = True, seq: int = 0) -> None:
+    def submit(self, payloads: list[bytes], sends: list[Send], closes: list[FrameConn], *, inline: bool = False,
+               early: Sequence[Send] = (), sync: bool = True, seq: int = 0) -> None:
         """Queue one iteration's log payloads (often none or one), its ``(conn, frame)``
         replies (``early``: sent once the payloads are written; ``sends``: after their
         fsync), connections to close after them, whether the batch must be fsynced
@@ -98,7 +108,8 @@ class Committer:
         of microseconds) on every request's latency. An iteration with early replies that
         finds the thread past its writes (syncing, sending) appends and answers them here
         too, and queues only its fsync and late replies."""
-        item = (payloads, sends, closes, early, sync, seq)
+        item: Batch | None
+        item = (payloads, sends, closes, early, sync, seq)  # None: sent beside the thread (below)
         with self._lock:
             if inline and not self._items and not self._busy:
                 self._busy = True
@@ -126,7 +137,7 @@ class Committer:
                 if self._idle.waiters:
                     self._idle.notify_all()
 
-    def _queue(self, item: tuple) -> None:
+    def _queue(self, item: Batch) -> None:
         """For the committer thread (with the lock held)."""
         while len(self._items) >= PENDING_BATCHES_MAX:
             self._idle.wait()
@@ -238,7 +249,7 @@ class Committer:
                     self._drop(conn, f"client took none of its replies for {SEND_TIMEOUT_S} s "
                                      f"({conn.out_bytes} bytes waiting)")
 
-    def _drop(self, conn, why: str) -> None:
+    def _drop(self, conn: FrameConn, why: str) -> None:
         """(With the send lock held.)"""
         log.warning("dropping client: %s", why)
         self._backlog.pop(conn, None)
@@ -247,7 +258,7 @@ class Committer:
         if conn.close_when_sent:
             conn.close()
 
-    def _process(self, items: list) -> None:
+    def _process(self, items: list[Batch]) -> None:
         """Write the payloads, send the early replies, fdatasync (when any batch needs it),
         then send the late replies and close what was asked, in order. Written before any
         reply leaves, a record survives a crash of this process whatever its reply said."""
@@ -290,7 +301,7 @@ class Committer:
                 self._unsynced_since = self._monotonic()
             self._unsynced_payloads.extend(payloads)
 
-    def _sync(self) -> tuple | None:
+    def _sync(self) -> tuple[float, list[bytes]] | None:
         """fdatasync what was written before this call, if anything is unsynced; return what
         :meth:`_observe` records once the replies it covers are sent."""
         if not self.log.unsynced:
@@ -328,7 +339,7 @@ class Committer:
         self.commit_seconds.observe(seconds)
         self.commit_ops.observe(sum(map(ops_in, payloads)))
 
-    def _send(self, sends: list) -> None:
+    def _send(self, sends: Sequence[Send]) -> None:
         with self._send_lock:  # the loop's early replies and the thread's, never interleaved
             backlog = self._backlog
             for conn, frame in sends:
@@ -341,7 +352,7 @@ class Committer:
                 except OSError as e:
                     self._drop(conn, f"send failed: {e}")
 
-    def _close(self, closes: list) -> None:
+    def _close(self, closes: list[FrameConn]) -> None:
         with self._send_lock:
             backlog = self._backlog
             for conn in closes:

@@ -14,8 +14,12 @@ import os
 import socket
 import struct
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..protocol.wire import read_frames
+
+if TYPE_CHECKING:
+    from .acceptor import ConnectionSlots
 
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
@@ -39,13 +43,13 @@ class FrameConn:
         self.out_bytes = 0
         self.progress_at = 0.0   # when the backlog last shrank or began (the committer's clock)
         self.close_when_sent = False
-        self.slots = None  # the acceptor's ConnectionSlots this connection holds one of
+        self.slots: ConnectionSlots | None = None  # the acceptor's ConnectionSlots this connection holds one of
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:
         return self.fd
 
-    def read_frames(self, scratch: bytearray) -> list:
+    def read_frames(self, scratch: bytearray) -> list[bytes] | list[memoryview]:
         """Every complete frame now readable, after one read of at most ``len(scratch)``
         bytes into ``scratch`` (the loop's buffer, shared by its connections: reads happen
         on the loop thread only). A frame may be a view of ``scratch``: decode it before the

@@ -29,7 +29,9 @@ Semantics (docs/operations.md, "Pause, resume, cancel"):
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from itertools import islice
+from typing import Any, TypedDict
 
 from .. import limits
 from ..config import owner_shard
@@ -37,9 +39,11 @@ from ..errors import InvalidConfig, InvalidJob, NotFound, check
 from ..types import DeadLetter
 from . import ops
 from ..protocol import validate
-from .core import CANCELLED, COUNTERS, StateCore
+from .core import CANCELLED, Job, QueueState, StateCore
+from .core import COUNTERS as COUNTERS  # re-exported: the metrics and the console read it from here
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
 from .limiter import check_override
+from .ops import Op
 
 #: How far into a ready line the age of its first live job is looked for (entries of jobs
 #: cancelled while ready stay in the line until a dequeue passes them).
@@ -54,11 +58,28 @@ CANCELLING = "cancelling"      # leased: marked; deleted at the holder's ack/nac
 GONE = "gone"                  # no such job: finished, cancelled, purged, or never enqueued
 
 
+class JobInfo(TypedDict):
+    """What :meth:`ControlOps.job_info` says of one live job."""
+    job_id: int
+    queue: str
+    key: str | None
+    state: str                  # jobstate.STATE_NAMES
+    attempts: int
+    priority: int
+    deadline: float | None      # the lease's, or the delay's end; None for other states
+    error: str | None           # the last one
+    position: int | None        # in its key's line (0: the head); None without a key, or dead
+    cancelled: bool             # a lease marked cancelled
+    queue_paused: bool
+    enqueued_at: float | None   # estimated (enqueue_times.py); None if unknown
+    body: bytes
+
+
 class ControlOps(StateCore):
     """Pause, cancel, look-ups, metrics figures; a mixin of ShardState (see the module
     docstring)."""
 
-    def _existing_queue(self, name):
+    def _existing_queue(self, name: str) -> QueueState:
         """The queue (validating the name; an unused queue is created unregistered)."""
         return self.queues.get(name) or self._queue(name, create=False)
 
@@ -81,13 +102,13 @@ class ControlOps(StateCore):
         self._emit([ops.PAUSE, queue, None])
         return True
 
-    def _apply_pause(self, op) -> None:
+    def _apply_pause(self, op: Op) -> None:
         qname, at = ops.read(ops.Pause, op)
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.paused = at
 
     # ------------------------------------------------------------------ limits
-    def set_limits(self, queue: str, values, now: float) -> dict:
+    def set_limits(self, queue: str, values: dict[str, Any] | None, now: float) -> dict[str, Any]:
         """Change the limits of a placed queue at run time, durably (docs/limits.md):
         ``values`` maps some of concurrency, rate, burst, group_concurrency, group_rate to
         a new value or None (no such limit); ``values`` None goes back to the config's.
@@ -113,14 +134,14 @@ class ControlOps(StateCore):
         q = self.queues[queue]
         return q.lim.figures(q.counts[L], q.counts[R], now)  # type: ignore[union-attr]  # placed
 
-    def _apply_limits(self, op) -> None:
+    def _apply_limits(self, op: Op) -> None:
         qname, values = ops.read(ops.Limits, op)
         q = self.queues.get(qname) or self._logged_queue(qname)
         if q.lim is not None:  # else today's config no longer places the queue: nothing to limit
             q.lim.change(values)
 
     # ------------------------------------------------------------------ cancel
-    def cancel(self, job_id, now: float) -> str:
+    def cancel(self, job_id: int, now: float) -> str:
         """Cancel one job; returns what happened (:data:`CANCELLED_NOW`, :data:`PURGED`,
         :data:`CANCELLING`, :data:`GONE`). Idempotent. NotFound only for an id that does not
         belong to this shard."""
@@ -141,14 +162,14 @@ class ControlOps(StateCore):
         self._emit([ops.CANCEL, job_id])
         return CANCELLED_NOW
 
-    def _job_or_gone(self, job_id):
+    def _job_or_gone(self, job_id: int) -> Job | None:
         validate.integer("job_id", job_id)
         job = self.jobs.get(job_id)
         if job is None and job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
             raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
         return job
 
-    def _apply_cancel(self, op) -> None:
+    def _apply_cancel(self, op: Op) -> None:
         jid = op[ops.JOB_ID]
         job = self.jobs[jid]
         if job.state == L and jid not in self.cancelled:
@@ -158,7 +179,8 @@ class ControlOps(StateCore):
         state = job.state
         check(state in (W, D, R, L), f"cancel of job {jid} in state {state!r}")
         if state == W:
-            job.q.keys[job.key].remove(job)  # never the head: the line closes up behind it
+            # never the head: the line closes up behind it
+            job.q.keys[job.key].remove(job)  # type: ignore[index]  # a waiting job has a key (not None)
         else:
             self._unlink_head(job)  # the next job of the key moves up
         del self.jobs[jid]
@@ -168,7 +190,7 @@ class ControlOps(StateCore):
         self._set(job, G)
 
     # ------------------------------------------------------------------ look-up
-    def job_info(self, job_id) -> dict:
+    def job_info(self, job_id: int) -> JobInfo:
         """Everything known about one live job. NotFound if it is not (any more) here."""
         job = self._job_or_gone(job_id)
         if job is None:
@@ -185,7 +207,8 @@ class ControlOps(StateCore):
         if job.key is not None and state != X:
             kq = q.keys[job.key]
             position = 0 if kq[0] is job else kq.index(job)
-        return {"job_id": job_id, "queue": q.name, "key": job.key, "state": STATE_NAMES[state],
+        return {"job_id": job_id, "queue": q.name, "key": job.key,
+                "state": STATE_NAMES[state],  # type: ignore[index]  # a job in self.jobs is placed: not None
                 "attempts": job.attempts, "priority": job.priority, "deadline": deadline,
                 "error": self.errors.get(job_id), "position": position,
                 "cancelled": job_id in self.cancelled, "queue_paused": q.paused is not None,
@@ -193,7 +216,7 @@ class ControlOps(StateCore):
                 "body": job.body}
 
     # ------------------------------------------------------------------ dead letters
-    def dead_page(self, queue: str, after=None, limit: int = 100) -> list[DeadLetter]:
+    def dead_page(self, queue: str, after: int | None = None, limit: int = 100) -> list[DeadLetter]:
         """Dead letters of ``queue`` with ids greater than ``after``, lowest id first (a
         cursor that survives redrives and purges between pages). Costs a pass over the
         queue's dead letters: meant for people paging, not for a hot loop."""
@@ -204,7 +227,7 @@ class ControlOps(StateCore):
         ids = heapq.nsmallest(limit, (j for j in dead if j > after))
         return [DeadLetter(j, dead[j].key, dead[j].body, queue, dead[j].attempts, errors.get(j)) for j in ids]
 
-    def purge_ids(self, queue: str, job_ids, now: float) -> int:
+    def purge_ids(self, queue: str, job_ids: Sequence[int], now: float) -> int:
         """Delete the given dead letters of ``queue``; ids that are not (any more) its dead
         letters are skipped, so a repeated purge is harmless. Returns how many went."""
         self.advance(now)
@@ -217,18 +240,18 @@ class ControlOps(StateCore):
         return len(chosen)
 
     # ------------------------------------------------------------------ figures
-    def queue_metrics(self, now: float) -> dict:
+    def queue_metrics(self, now: float) -> dict[str, dict[str, float | None]]:
         """Per queue: paused (since when), the age of the oldest ready job, and the counters."""
         out = {}
         for name, q in self.queues.items():
-            entry = dict(zip(COUNTERS, q.totals))
+            entry: dict[str, float | None] = dict(zip(COUNTERS, q.totals))
             entry["paused"] = q.paused is not None
             entry["paused_at"] = q.paused
             entry["oldest_ready_age_s"] = self._oldest_ready_age(q, now)
             out[name] = entry
         return out
 
-    def _oldest_ready_age(self, q, now: float) -> float | None:
+    def _oldest_ready_age(self, q: QueueState, now: float) -> float | None:
         """How long the job first in line (per priority) has been due: since its enqueue or
         since its delay ended, whichever is later. Lines are in the order jobs became ready,
         so the first live entry of each line is the one waiting longest in it. None: nothing

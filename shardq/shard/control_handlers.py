@@ -6,38 +6,67 @@ fsynced before the reply leaves. ``backup_cut`` changes nothing: it fixes where 
 copy of the log ends (docs/backup.md)."""
 from __future__ import annotations
 
-from ..errors import InvalidJob
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ..errors import InvalidJob, InvariantViolation
 from ..protocol import wire
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from .committer import Committer
+    from .conn import FrameConn
+    from .control import JobInfo
+    from .durable import BackupCut, DurableShard
+    from .process import ShardStats
+    from .state import ShardState
+
+#: A request's arguments as the wire decoded them: msgpack values, as many as the op's
+#: ``wire.ARITY`` (checked before a handler runs), each checked by the state method it
+#: reaches. Every handler is ``handler(args, now, conn, rid)``: :data:`Handler`.
+Args: TypeAlias = list[Any]
+#: A handler: (args, now (wall clock), the client's connection, the request id) -> what the
+#: reply carries (a msgpack value), or process._DEFERRED for a reply sent later.
+Handler: TypeAlias = "Callable[[Args, float, FrameConn, int], object]"
 
 
 class ControlHandlers:
     """Mixin of ShardServer; expects its ``state``, ``shard``, ``clock``, ``committer`` and
     ``_stats``."""
 
-    def _pause(self, args, now, conn, rid):
+    state: ShardState
+    shard: DurableShard
+    clock: Clock
+    committer: Committer | None   # None until ShardServer.serve() starts it
+
+    if TYPE_CHECKING:
+        def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats: ...
+
+    def _pause(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
         return self.state.pause(args[0], now)
 
-    def _resume(self, args, now, conn, rid):
+    def _resume(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
         return self.state.resume(args[0], now)
 
-    def _cancel(self, args, now, conn, rid):
+    def _cancel(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
         return self.state.cancel(args[0], now)
 
-    def _job(self, args, now, conn, rid):
+    def _job(self, args: Args, now: float, conn: FrameConn, rid: int) -> JobInfo:
         return self.state.job_info(args[0])
 
-    def _dead_page(self, args, now, conn, rid):
+    def _dead_page(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[wire.DeadRow]:
         queue, after, limit = args
-        return [wire.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)
+        # (this shard's job ids are ints; the DeadLetter type also allows str ids, types.JobId)
+        return [wire.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
                 for d in self.state.dead_page(queue, after, limit)]
 
-    def _purge_ids(self, args, now, conn, rid):
+    def _purge_ids(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         queue, job_ids = args
         if type(job_ids) is not list:
             raise InvalidJob("purge_ids: job_ids must be an array")
         return self.state.purge_ids(queue, job_ids, now)
 
-    def _metrics(self, args, now, conn, rid):
+    def _metrics(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
         """One call for a whole scrape: the stats plus per-queue figures and the committer's
         histograms. Reads only; the cost is one pass over the queues (not the jobs)."""
         out = self._stats(args, now, conn, rid)
@@ -49,7 +78,7 @@ class ControlHandlers:
             out["fsyncs"] = committer.fsyncs
         return out
 
-    def _backup_cut(self, args, now, conn, rid):
+    def _backup_cut(self, args: Args, now: float, conn: FrameConn, rid: int) -> BackupCut:
         """Take this shard's backup cut: every write before it is synced and in the copy;
         none after it is (docs/backup.md).
 
@@ -61,6 +90,8 @@ class ControlHandlers:
         before this one are logged after the cut, and answered after it. The loop pauses
         for one drain and at most one fdatasync, as before a compaction."""
         committer = self.committer
+        if committer is None:  # never: requests are served by the loop, which serve() starts with it
+            raise InvariantViolation("backup_cut before the shard serves")
         committer.drain()
         committer.submit([], [], [], inline=True, sync=True)
         committer.drain()
@@ -69,11 +100,13 @@ class ControlHandlers:
         cut = self.shard.stage_backup(args[0])
         # Every job numbered up to durable_seq is in the copy, and none after it: the
         # restore checks that its replay ends there.
-        cut.update(shard=self.shard.shard_index, time=self.clock.now(), job_seq=committer.durable_seq)
+        cut["shard"] = self.shard.shard_index
+        cut["time"] = self.clock.now()
+        cut["job_seq"] = committer.durable_seq
         return cut
 
 
-def control_handlers(server) -> dict:
+def control_handlers(server: ControlHandlers) -> dict[str, Handler]:
     """``{op: handler(args, now, conn, rid)}`` of the control ops for ``server`` (a
     ShardServer): a view of ``wire.REQUESTS``."""
     return {name: getattr(server, r.handler) for name, r in wire.REQUESTS.items() if r.control}

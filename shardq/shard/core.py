@@ -25,6 +25,8 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
 
 from .. import limits
 from ..config import Config, QueueConfig, check_queue_name, owner_shard
@@ -33,6 +35,7 @@ from . import ops
 from .enqueue_times import EnqueueTimes
 from .jobstate import FROM_NEW, TRANSITIONS, NEW, D, JobState, L, R, W
 from .limiter import Limiter
+from .ops import Op
 
 #: What each queue counts since this process started (QueueState.totals, by these indices).
 #: Not logged: a restart starts them at zero (Prometheus ``rate()`` handles resets).
@@ -45,13 +48,20 @@ ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = r
 #: removing the head of a list would start to cost a real copy.
 KEY_LIST_MAX = 64
 
+#: A producer dedup entry's key within its queue: (job key, dedup id).
+DedupKey: TypeAlias = tuple[str | None, str | bytes]
+#: A router's retry session (``StateCore.sessions``): ``[last_seen, {client seq: job ids}]``,
+#: a list so that a request updates it in place.
+SessionEntry: TypeAlias = list[Any]
+
 
 class Job:
     # Eight slots keep a job at 96 bytes. A lease (token, deadline) lives in
     # ShardState.inflight and a last error in ShardState.errors: few jobs have either.
     __slots__ = ("id", "q", "key", "body", "priority", "ready_at", "attempts", "state")
 
-    def __init__(self, job_id, q, key, body, priority, ready_at):
+    def __init__(self, job_id: int, q: QueueState, key: str | None, body: bytes, priority: int,
+                 ready_at: float) -> None:
         self.id = job_id
         self.q = q
         self.key = key
@@ -59,7 +69,7 @@ class Job:
         self.priority = priority
         self.ready_at = ready_at
         self.attempts = 0
-        self.state = NEW
+        self.state: JobState | None = NEW
 
 
 class QueueState:
@@ -71,12 +81,13 @@ class QueueState:
     def __init__(self, name: str, cfg: QueueConfig):
         self.name = name
         self.cfg = cfg
-        self.ready: dict[int, deque] = {}
+        self.ready: dict[int, deque[Job]] = {}
         self.prios: list[int] = []          # negated priorities, ascending = highest first
-        self.keys: dict[str, deque] = {}
+        # a list while short, a deque once longer than KEY_LIST_MAX (see there)
+        self.keys: dict[str, list[Job] | deque[Job]] = {}
         self.dead: dict[int, Job] = {}      # in order of death
-        self.dedup: dict[tuple, tuple[int, float]] = {}
-        self.dedup_order: deque = deque()   # (expires_at, dedup key), oldest first
+        self.dedup: dict[DedupKey, tuple[int, float]] = {}   # -> (job id, expires_at)
+        self.dedup_order: deque[tuple[float, DedupKey]] = deque()   # (expires_at, dedup key), oldest first
         self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
         self.paused: float | None = None    # paused since (control.py)
         self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
@@ -132,30 +143,31 @@ class StateCore:
         self.next_token = 1
         self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
         self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
-        self.sessions: OrderedDict[int, list] = OrderedDict()  # client -> [last_seen, {seq: ids}]
+        self.sessions: OrderedDict[int, SessionEntry] = OrderedDict()  # client -> [last_seen, {seq: ids}]
         self._sessions_due = float("-inf")  # when the oldest session expires (advance)
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
-        self._ops: list[list] = []
+        self._ops: list[Op] = []
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
         self._now = float("-inf")
         self.cancelled: set[int] = set()   # leased jobs marked cancelled (control.py)
         self.enqueue_times = EnqueueTimes()  # sampled enqueue times (control.py: metrics, look-ups)
         #: code -> the method that applies it, derived from the one table of operations
-        self._apply = {code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
+        self._apply: dict[int, Callable[[Op], None]] = {
+            code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
 
     # ------------------------------------------------------------------ plumbing
-    def take_ops(self) -> list[list]:
+    def take_ops(self) -> list[Op]:
         """The operations produced since the last call; the caller persists them."""
         return self.take_batch()[0]
 
-    def take_batch(self) -> tuple[list[list], list[tuple[int, int]]]:
+    def take_batch(self) -> tuple[list[Op], list[tuple[int, int]]]:
         """The operations produced since the last call, and the index ranges among them
         that must be logged in one record (a batch enqueue: all or nothing)."""
         out, atomic = self._ops, self._atomic
         self._ops, self._atomic = [], []
         return out, atomic
 
-    def apply(self, op: list) -> None:
+    def apply(self, op: Op) -> None:
         """Apply one logged operation (replay and live path alike)."""
         try:
             fn = self._apply[op[0]]
@@ -163,7 +175,7 @@ class StateCore:
             check(False, f"unknown log operation {op!r:.80}")
         fn(op)
 
-    def replay(self, records) -> None:
+    def replay(self, records: Iterable[list[Op]]) -> None:
         """Apply every operation of every record, in order (the fast path of :meth:`apply`)."""
         table = self._apply
         try:
@@ -173,11 +185,11 @@ class StateCore:
         except (KeyError, TypeError, IndexError) as e:
             raise InvariantViolation(f"log operation could not be applied: {type(e).__name__}: {e}") from e
 
-    def _emit(self, op: list) -> None:
+    def _emit(self, op: Op) -> None:
         self._apply[op[0]](op)
         self._ops.append(op)
 
-    def _queue(self, name, *, create: bool = True) -> QueueState:
+    def _queue(self, name: str, *, create: bool = True) -> QueueState:
         """The queue ``name`` for a live request: UnknownQueue if the config does not
         declare it (with ``declare_queues``) and it holds nothing."""
         q = self.queues.get(name)
@@ -257,11 +269,11 @@ class StateCore:
         q = job.q
         kq = q.keys.get(job.key)
         if kq is None or kq[0] is not job:
-            check(False, f"job {job.id} is not the head of key {job.key!r}")
-        if type(kq) is list:
-            del kq[0]
-        else:
+            raise InvariantViolation(f"job {job.id} is not the head of key {job.key!r}")
+        if type(kq) is deque:
             kq.popleft()
+        else:  # a list (a key's line is one of the two)
+            del kq[0]
         if kq:
             self._make_available(kq[0])
         else:
@@ -276,10 +288,10 @@ class StateCore:
             job.q.keys[job.key] = [job]
             self._make_available(job)
         else:
-            job.key = kq[0].key  # one string object per key, not one per job (memory)
             kq.append(job)
             if type(kq) is list and len(kq) > KEY_LIST_MAX:
                 job.q.keys[job.key] = deque(kq)
+            job.key = kq[0].key  # one string object per key, not one per job (memory)
             self._set(job, W)
 
     # ------------------------------------------------------------------ time

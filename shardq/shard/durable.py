@@ -22,6 +22,8 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NotRequired, ParamSpec, TypedDict, TypeVar
 
 import msgpack
 
@@ -33,11 +35,34 @@ from ..wal.fileio import Files
 from ..wal.format import CHECKPOINT, checkpoint_name, pack_records, parse_name, segment_name
 from .state import ShardState
 
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..types import DeadLetter, Lease
+    from .queues import QueueStats
+
 log = logging.getLogger("shardq.shard")
 
 #: The name of a backup's staging directory in a shard directory: ``backup-<pid>-<hex>``
 #: (the pid of the ``shardq backup`` that asked for it; docs/backup.md).
 BACKUP_STAGE = re.compile(r"backup-[0-9]{1,10}-[0-9a-f]{1,32}")  # fullmatch: "$" would let a final "\n" by
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class BackupCut(TypedDict):
+    """A shard's backup cut (:meth:`DurableShard.stage_backup`; docs/backup.md)."""
+    stage: str                     # the staging dir's name
+    files: list[list[str | int]]   # [name, bytes of it in the copy], in replay order
+    segment: str                   # the newest segment's name
+    offset: int                    # where its records end
+    write: int                     # its last write number
+    synced: int                    # ... and the last synced one
+    # added by the shard loop (control_handlers.py): which shard, when, and the last job
+    # number in the copy
+    shard: NotRequired[int]
+    time: NotRequired[float]
+    job_seq: NotRequired[int]
 
 
 class DurableShard:
@@ -123,7 +148,7 @@ class DurableShard:
         log.info("shard %d compacted: checkpoint %d bytes in %.3f s", self.shard_index,
                  self.log.checkpoint_bytes, time.perf_counter() - t0)
 
-    def stage_backup(self, name: str) -> dict:
+    def stage_backup(self, name: str) -> BackupCut:
         """Hard-link the files replay reads (the newest checkpoint, the segments after it)
         into ``<shard dir>/<name>/`` and say where the newest segment's records end.
 
@@ -143,7 +168,7 @@ class DurableShard:
         check(base is None or lg.segments[0] == base, "backup_cut: the segments do not start at the checkpoint")
         names = ([checkpoint_name(base)] if base is not None else []) + [segment_name(s) for s in lg.segments]
         stage = os.path.join(lg.directory, name)
-        files = []
+        files: list[list[str | int]] = []
         try:
             shutil.rmtree(stage, ignore_errors=True)
             os.mkdir(stage, 0o700)
@@ -170,50 +195,52 @@ class Engine:
     nothing. After :class:`~shardq.errors.LogFailed` the engine must be reopened."""
 
     def __init__(self, directory: str, config: Config | None = None, *, shard_index: int = 0,
-                 files: Files | None = None, clock=None):
+                 files: Files | None = None, clock: Clock | None = None):
         from ..clock import SystemClock
         self.clock = clock or SystemClock()
         self.shard = DurableShard(directory, shard_index, config or Config(), files=files)
         self.shard.open()
         self.state = self.shard.state
 
-    def _run(self, fn, *args, **kwargs):
+    def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         finally:
             # Ops of a call that raised half-way are never produced: calls validate first.
             self.shard.commit()
 
-    def enqueue(self, body, key=None, queue="default", delay=0.0, priority=0, dedup_id=None) -> int:
+    def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0.0,
+                priority: int = 0, dedup_id: str | bytes | None = None) -> int:
         return self._run(self.state.enqueue, body, self.clock.now(), key, queue, delay, priority, dedup_id)
 
-    def enqueue_many(self, items, session=None) -> list[int]:
+    def enqueue_many(self, items: Sequence[Sequence[Any]], session: Sequence[int] | None = None) -> list[int]:
         return self._run(self.state.enqueue_many, items, self.clock.now(), session)
 
-    def dequeue(self, queue="default", visibility=None, max_jobs=1):
+    def dequeue(self, queue: str = "default", visibility: float | None = None, max_jobs: int = 1) -> list[Lease]:
         return self._run(self.state.dequeue, queue, self.clock.now(), visibility, max_jobs)
 
-    def ack(self, job_id, token) -> None:
+    def ack(self, job_id: int, token: int) -> None:
         return self._run(self.state.ack, job_id, token, self.clock.now())
 
-    def nack(self, job_id, token, delay=0.0, error=None, delivered=True) -> None:
+    def nack(self, job_id: int, token: int, delay: float = 0.0, error: str | None = None,
+             delivered: bool = True) -> None:
         return self._run(self.state.nack, job_id, token, self.clock.now(), delay, error, delivered)
 
-    def bury(self, job_id, token, error=None) -> None:
+    def bury(self, job_id: int, token: int, error: str | None = None) -> None:
         return self._run(self.state.bury, job_id, token, self.clock.now(), error)
 
-    def extend(self, job_id, token, seconds) -> float:
+    def extend(self, job_id: int, token: int, seconds: float) -> float:
         return self._run(self.state.extend, job_id, token, self.clock.now(), seconds)
 
-    def redrive(self, queue="default", job_ids=None) -> int:
+    def redrive(self, queue: str = "default", job_ids: Iterable[int] | None = None) -> int:
         return self._run(self.state.redrive, queue, self.clock.now(), job_ids)
 
-    def dead_letters(self, queue="default", limit=1000):
+    def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
         self.state.advance(self.clock.now())  # expired leases past max_deliveries die now
         self.shard.commit()
         return self.state.dead_letters(queue, limit)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, QueueStats]:
         self.state.advance(self.clock.now())
         self.shard.commit()
         return self.state.stats()
@@ -224,8 +251,8 @@ class Engine:
     def close(self) -> None:
         self.shard.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

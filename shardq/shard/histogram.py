@@ -8,12 +8,21 @@ one observation behind, never torn in a way that matters for a metric.
 from __future__ import annotations
 
 import bisect
+from typing import TypedDict
 
 #: fsync latency, seconds: 100 µs (a write-back cache) to 2.5 s (a disk in trouble).
 COMMIT_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                           0.1, 0.25, 0.5, 1.0, 2.5)
 #: log operations made durable by one fsync (group commit), 1 to 16,384.
 COMMIT_OPS_BUCKETS = tuple(float(2 ** i) for i in range(15))
+
+
+class Snapshot(TypedDict):
+    """What :meth:`Histogram.snapshot` returns (the shard sends it to the HTTP side as is)."""
+    bounds: list[float]
+    counts: list[int]   # per bucket, +Inf last
+    sum: float
+    count: int
 
 
 class Histogram:
@@ -30,7 +39,7 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> Snapshot:
         """``{"bounds": [...], "counts": [...per bucket, +Inf last], "sum": s, "count": n}``."""
         return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum,
                 "count": self.count}

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterable
 
 from .. import limits
 from ..errors import Cancelled, JobGone, LeaseLost, NotFound, check
 from ..types import DeadLetter, Lease
 from . import ops
 from ..protocol import validate
-from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, Job, StateCore
+from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, Job, QueueState, StateCore
 from .jobstate import G, L, R, X
+from .limiter import Limiter
+from .ops import Op
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
 _INT63 = 1 << 63
@@ -51,11 +54,12 @@ class LeaseOps(StateCore):
         if q.paused is not None:
             return []  # paused (control.py): nothing is leased
         vis = q.cfg.visibility_timeout if visibility is None else visibility
-        if q.lim is not None:
-            return self._dequeue_limited(q, now, vis, max_jobs)
+        lim = q.lim
+        if lim is not None:
+            return self._dequeue_limited(q, lim, now, vis, max_jobs)
         return self._lease_ready(q, now, vis, max_jobs)
 
-    def _lease_ready(self, q, now: float, vis: float, max_jobs: int) -> list[Lease]:
+    def _lease_ready(self, q: QueueState, now: float, vis: float, max_jobs: int) -> list[Lease]:
         """Lease up to ``max_jobs`` of ``q``'s ready jobs in queue order (priority, then FIFO)."""
         queue = q.name
         out: list[Lease] = []
@@ -94,12 +98,11 @@ class LeaseOps(StateCore):
         q.totals[LEASED] += len(out)
         return out
 
-    def _dequeue_limited(self, q, now: float, vis: float, max_jobs: int) -> list[Lease]:
-        """A dequeue of a queue with limits (docs/limits.md): at most as many leases as its
-        concurrency and its bucket allow now; of a grouped queue, the heads of the groups in
-        queue order or in turn (``fair``), skipping the groups a limit holds back. A job held
-        back is not touched: no delivery counted, nothing logged, its place kept."""
-        lim = q.lim
+    def _dequeue_limited(self, q: QueueState, lim: Limiter, now: float, vis: float, max_jobs: int) -> list[Lease]:
+        """A dequeue of a queue with limits (``lim``, its limiter; docs/limits.md): at most as
+        many leases as its concurrency and its bucket allow now; of a grouped queue, the heads
+        of the groups in queue order or in turn (``fair``), skipping the groups a limit holds
+        back. A job held back is not touched: no delivery counted, nothing logged, its place kept."""
         n = min(max_jobs, lim.allowance(q.counts[L], now))
         if n <= 0:
             return []
@@ -137,7 +140,7 @@ class LeaseOps(StateCore):
         lim.spent(len(out), q.counts[L], now)
         return out
 
-    def _apply_lease(self, op) -> None:
+    def _apply_lease(self, op: Op) -> None:
         _, jid, token, expires = op  # ops.Lease (once per lease: unpacked, no record built)
         job = self.jobs[jid]
         self._set(job, L)
@@ -148,7 +151,7 @@ class LeaseOps(StateCore):
         heapq.heappush(self.leases, (expires, token, jid))
 
     # ------------------------------------------------------------------ settle a lease
-    def _leased(self, job_id, token) -> Job:
+    def _leased(self, job_id: int, token: int) -> Job:
         """The job, if ``token`` is its live lease; LeaseLost or NotFound otherwise."""
         if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
             validate.integer("job_id", job_id)  # raises the precise error
@@ -174,14 +177,14 @@ class LeaseOps(StateCore):
         self._emit([ops.ACK, job_id])
         job.q.totals[ACKED] += 1
 
-    def _apply_ack(self, op) -> None:
+    def _apply_ack(self, op: Op) -> None:
         job = self.jobs.pop(op[_JOB_ID])
         self.inflight.pop(job.id, None)
         self.errors.pop(job.id, None)
         self._unlink_head(job)
         self._set(job, G)
 
-    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error=None,
+    def nack(self, job_id: int, token: int, now: float, delay: float = 0.0, error: str | None = None,
              delivered: bool = True) -> None:
         """End a lease early: the job is ready again now, or after ``delay`` (delayed state,
         never a long lease). A job with ``max_deliveries`` deliveries is dead-lettered.
@@ -205,7 +208,7 @@ class LeaseOps(StateCore):
         else:
             self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
 
-    def bury(self, job_id: int, token: int, now: float, error=None) -> None:
+    def bury(self, job_id: int, token: int, now: float, error: str | None = None) -> None:
         """Move a leased job to its queue's dead-letter queue now, whatever its delivery
         count (a task that failed for good, or whose task name no worker knows)."""
         self.advance(now)
@@ -213,7 +216,7 @@ class LeaseOps(StateCore):
         error = validate.error_text(error)
         self._emit([ops.DEAD, job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"])
 
-    def _apply_release(self, op) -> None:
+    def _apply_release(self, op: Op) -> None:
         jid, ready_at, error, undelivered = ops.read(ops.Release, op)
         job = self.jobs[jid]
         if undelivered:  # the lease does not count
@@ -235,7 +238,7 @@ class LeaseOps(StateCore):
         self._emit([ops.EXTEND, job_id, expires])
         return expires
 
-    def _apply_extend(self, op) -> None:
+    def _apply_extend(self, op: Op) -> None:
         jid, expires = ops.read(ops.Extend, op)
         job = self.jobs[jid]
         check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
@@ -243,7 +246,7 @@ class LeaseOps(StateCore):
         self.inflight[job.id] = (token, expires)
         heapq.heappush(self.leases, (expires, token, job.id))
 
-    def _settle_cancelled(self, job_id, settle: bool) -> None:
+    def _settle_cancelled(self, job_id: int, settle: bool) -> None:
         """Called by ack/nack (``settle``) and extend once the token is known to be the live
         lease: Cancelled if the job is marked; an ack or nack deletes it first."""
         if job_id not in self.cancelled:
@@ -255,7 +258,7 @@ class LeaseOps(StateCore):
                         f"(ack or nack removes it now, else it goes when the lease ends)")
 
     # ------------------------------------------------------------------ dead letters
-    def _apply_dead(self, op, popped: bool = False) -> None:
+    def _apply_dead(self, op: Op, popped: bool = False) -> None:
         _, jid, error = op  # ops.Dead
         job = self.jobs[jid]
         if job.state is R and not popped:  # replay only: the live path popped it from its deque already
@@ -272,7 +275,7 @@ class LeaseOps(StateCore):
     def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, oldest first, as many as fit in one reply frame."""
         q = self.queues.get(queue) or self._queue(queue, create=False)
-        out = []
+        out: list[DeadLetter] = []
         reply_left = limits.REPLY_BYTES_MAX
         for job in q.dead.values():
             size = validate.job_bytes(job.body, job.key, "", error=self.errors.get(job.id))
@@ -282,7 +285,7 @@ class LeaseOps(StateCore):
             out.append(DeadLetter(job.id, job.key, job.body, queue, job.attempts, self.errors.get(job.id)))
         return out
 
-    def redrive(self, queue: str, now: float, job_ids=None, limit: int | None = None) -> int:
+    def redrive(self, queue: str, now: float, job_ids: Iterable[int] | None = None, limit: int | None = None) -> int:
         """Move dead letters back to the tail of their keys with a fresh delivery count.
         All of the queue's dead letters, or only ``job_ids``. Returns how many moved."""
         self.advance(now)
@@ -299,7 +302,7 @@ class LeaseOps(StateCore):
         q.totals[REDRIVEN] += len(chosen)
         return len(chosen)
 
-    def _apply_redrive(self, op) -> None:
+    def _apply_redrive(self, op: Op) -> None:
         job = self.jobs[op[_JOB_ID]]
         del job.q.dead[job.id]
         job.attempts = 0
@@ -315,7 +318,7 @@ class LeaseOps(StateCore):
             self._emit([ops.PURGE, jid])
         return len(ids)
 
-    def _apply_purge(self, op) -> None:
+    def _apply_purge(self, op: Op) -> None:
         job = self.jobs.pop(op[_JOB_ID])
         self.errors.pop(job.id, None)
         del job.q.dead[job.id]
@@ -330,7 +333,7 @@ class LeaseOps(StateCore):
         self._emit([ops.EPOCH, max(self.epoch, self.next_token >> _EPOCH_BITS) + 1])
         return self.epoch
 
-    def _apply_epoch(self, op) -> None:
+    def _apply_epoch(self, op: Op) -> None:
         (epoch,) = ops.read(ops.Epoch, op)
         self.epoch = max(self.epoch, epoch)
         self.next_token = max(self.next_token, self.epoch << _EPOCH_BITS)

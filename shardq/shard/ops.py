@@ -18,7 +18,12 @@ the stored deadlines and the clock, so replay re-derives them.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
+
+#: One logged operation: ``[code, field, ...]``, the fields in its record's order. The
+#: fields are msgpack values (read back from disk), so they are not typed here; each apply
+#: function unpacks them in the order its record names (or through :func:`read`).
+Op: TypeAlias = list[Any]
 
 ENQUEUE = 1
 LEASE = 2
@@ -186,7 +191,7 @@ class EnqueueTimes(NamedTuple):  # the sampled enqueue times (enqueue_times.py)
 class OpSpec(NamedTuple):
     code: int
     name: str
-    record: type   # a NamedTuple naming the fields after the code
+    record: type[NamedTuple]   # a NamedTuple naming the fields after the code
     apply: str     # the ShardState method that applies it, live and in replay
 
 
@@ -217,16 +222,16 @@ NAMES = {code: spec.name for code, spec in REGISTRY.items()}
 #: The codes of the operations on one job: their first field is the job id (:data:`JOB_ID`).
 JOB_OPS = frozenset(code for code, spec in REGISTRY.items() if spec.record._fields[0] == "job_id")
 
-R = TypeVar("R", bound=tuple)
+R = TypeVar("R", bound=NamedTuple)
 
 
-def read(record: type[R], op: list) -> R:
+def read(record: type[R], op: Op) -> R:
     """The fields of ``op`` (a logged operation of ``record``'s code) by name: a field the
     record was written without reads as its default, fields a later version appended are
     ignored. TypeError when a field without a default is missing."""
-    return record(*op[1:1 + len(record._fields)])  # type: ignore[attr-defined]
+    return record(*op[1:1 + len(record._fields)])
 
 
-def field(record: type, name: str) -> int:
+def field(record: type[NamedTuple], name: str) -> int:
     """Where ``record``'s field ``name`` sits in the logged list (the code is at 0)."""
-    return 1 + record._fields.index(name)  # type: ignore[attr-defined]
+    return 1 + record._fields.index(name)

@@ -42,23 +42,27 @@ import socket
 import sys
 import time
 from collections import deque
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from collections.abc import Callable
+from enum import Enum
+from typing import Any, Final, NotRequired, TypeAlias, TypedDict
 
 from .. import limits
 from ..busypoll import BusyPoll
 from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
-from ..config import parse as parse_config
+from ..config import Config, parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
 from ..protocol import wire as protocol
-from .committer import Committer
-from .control_handlers import ControlHandlers
+from .committer import Committer, Send
+from .control_handlers import Args, ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
 from .jobstate import R
+from .histogram import Snapshot
+from .queues import QueueStats
 from .report import NO_SPACE, RELOAD, RELOAD_FILE, ReportingFiles, SupervisorPipe
 from .state import ShardState
 
@@ -75,8 +79,47 @@ MARK_RETRY_S = 0.001         # an idle loop whose sync mark must wait looks agai
 STOP_CHECKPOINT_SHARE = 0.5
 STOP_CHECKPOINT_MIN_BYTES = 1 << 20
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
-_DEFERRED = object()
 _ARITY, _OK = protocol.ARITY, protocol.OK
+
+
+class _Deferred(Enum):
+    """The type of :data:`_DEFERRED`: an enum, so that ``reply is _DEFERRED`` narrows a reply's type."""
+    DEFERRED = 0
+
+
+#: What a handler returns for a request it answers later (watch, dequeue_wait): no reply now.
+_DEFERRED: Final = _Deferred.DEFERRED
+#: A reply: [request id, protocol.OK or protocol.ERR, what it carries].
+Reply: TypeAlias = list[Any]
+#: A waiting watch: (conn, request id, deadline_monotonic).
+Watcher: TypeAlias = tuple[FrameConn, int, float]
+#: A waiting dequeue: (conn, request id, visibility, max_jobs, deadline_monotonic); visibility
+#: and max_jobs as the client sent them (the state validates them at each try).
+LeaseWaiter: TypeAlias = tuple[FrameConn, int, Any, Any, float]
+
+
+class ShardStats(TypedDict):
+    """The reply to ``stats``; ``metrics`` adds the last four (control_handlers.py)."""
+    shard: int
+    pid: int
+    queues: dict[str, QueueStats]
+    jobs: int
+    wal_bytes: int
+    wal_disk_bytes: int
+    segments: int
+    compactions: int
+    clients: int
+    clients_max: int
+    clients_turned_away: int
+    service_connections: int
+    iterations: int
+    waiting_dequeues: int
+    replay_records: int
+    replay_seconds: float
+    queue_metrics: NotRequired[dict[str, dict[str, float | None]]]
+    commit_seconds: NotRequired[Snapshot]
+    commit_ops: NotRequired[Snapshot]
+    fsyncs: NotRequired[int]
 
 
 class ShardServer(ControlHandlers):
@@ -84,7 +127,8 @@ class ShardServer(ControlHandlers):
     of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers)."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
-                 busy=None, health: tuple[int, Callable[[bytes], None]] | None = None):
+                 busy: Callable[[str], AbstractContextManager[object]] | None = None,
+                 health: tuple[int, Callable[[bytes], None]] | None = None):
         self.shard = shard
         #: busy(phase): a context manager telling the supervisor that the loop is working,
         #: not hung, while it cannot answer pings (compaction); see :mod:`.report`
@@ -92,6 +136,8 @@ class ShardServer(ControlHandlers):
         #: (fd, answer): the supervisor's health pings arrive as bytes on fd (the shard's
         #: stdin pipe); the loop answers each read with answer(bytes read), proving it
         #: iterates (the bytes: report.PING, report.RELOAD)
+        self._health_fd: int
+        self._answer_health: Callable[[bytes], None] | None
         self._health_fd, self._answer_health = health if health else (-1, None)
         self.state = shard.state
         self.sock_path = sock_path
@@ -107,11 +153,14 @@ class ShardServer(ControlHandlers):
         self._busy = BusyPoll(shard.config.service.busy_poll_us)  # how the loop waits (iterate)
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
+        #: the pipelined committer, started by serve() before the loop runs (a driver of
+        #: iterate() without serve() sets one first: bench/probes/shard_path.py). The loop's
+        #: methods use it unchecked: their ``# type: ignore[union-attr]`` says so.
         self.committer: Committer | None = None
-        self.watchers: dict[str, list] = {}    # queue -> [(conn, rid, deadline_monotonic)]
+        self.watchers: dict[str, list[Watcher]] = {}    # queue -> [(conn, rid, deadline_monotonic)]
         #: queue -> [(conn, rid, visibility, max_jobs, deadline_monotonic)]: waiting dequeues,
         #: oldest first (dequeue_wait)
-        self.lease_waiters: dict[str, list] = {}
+        self.lease_waiters: dict[str, list[LeaseWaiter]] = {}
         self.stopping = False
         self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
         self.iterations = 0
@@ -120,7 +169,7 @@ class ShardServer(ControlHandlers):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         #: op -> handler(args, now, conn, rid), derived from the one table of ops
-        self._handlers = {name: getattr(self, r.handler) for name, r in protocol.REQUESTS.items()}
+        self._handlers: dict[str, Handler] = {name: getattr(self, r.handler) for name, r in protocol.REQUESTS.items()}
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
@@ -138,7 +187,7 @@ class ShardServer(ControlHandlers):
         self.incoming.append(conn)
         self.wake()
 
-    def serve(self, on_ready=None) -> None:
+    def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         if os.path.exists(self.sock_path):
             os.unlink(self.sock_path)  # left by a crashed predecessor; we hold the shard lock
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -171,7 +220,7 @@ class ShardServer(ControlHandlers):
 
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
-        sync_due = self.committer.sync_due()
+        sync_due = self.committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
         waiting = self.watchers or self.lease_waiters
         if not waiting and sync_due is None:
             return None  # idle: block until a client speaks (no CPU while idle)
@@ -197,12 +246,14 @@ class ShardServer(ControlHandlers):
         events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
         if not events:
             if timeout is None and self.shard.log.mark_pending and not (
-                    self.shard.log.mark_wanted and self.committer.write_mark()):
+                    self.shard.log.mark_wanted
+                    and self.committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
                 timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
         busy.note(time.monotonic() - waited_from)
-        batches = []
+        batches: list[tuple[FrameConn, list[list[Any]]]] = []   # (conn, its decoded requests)
+        conn: FrameConn | None
         for fd, _ in events:
             if fd == self._wake_r:
                 try:
@@ -227,8 +278,8 @@ class ShardServer(ControlHandlers):
         # A reply is "late" (sent after the fsync of this iteration's records) if its request
         # changed the state; "early" otherwise, or for a lease that may go before its record
         # is durable (_dequeue decides). See committer.py.
-        late: dict[FrameConn, list] = {}
-        early: dict[FrameConn, list] = {}
+        late: dict[FrameConn, list[Reply]] = {}
+        early: dict[FrameConn, list[Reply]] = {}
         pending = state._ops
         n_requests = 0
         for conn, requests in batches:
@@ -254,11 +305,13 @@ class ShardServer(ControlHandlers):
             early = {}
             state.sync_forced = False
         closes, self._closes = self._closes, []
-        self.committer.submit(self.shard.take_payloads(), self._frames(late) if late else [], closes,
-                              inline=n_requests <= INLINE_REQUESTS_MAX,
-                              early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1)
+        self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
+            self.shard.take_payloads(), self._frames(late) if late else [], closes,
+            inline=n_requests <= INLINE_REQUESTS_MAX,
+            early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1)
         if self.shard.compaction_due():
-            self.committer.drain()  # the checkpoint must follow every record before it
+            # the checkpoint must follow every record before it
+            self.committer.drain()  # type: ignore[union-attr]  # the loop runs: it is set
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
                 self.shard.compact()
 
@@ -268,21 +321,22 @@ class ShardServer(ControlHandlers):
         except BlockingIOError:
             return
         if got:
-            self._answer_health(got)
+            if self._answer_health is not None:  # (always: it comes with the fd)
+                self._answer_health(got)
         else:  # the supervisor is gone (its PDEATHSIG ends us): stop watching the pipe
             self._poller.unregister(self._health_fd)
             self._health_fd = -1
 
     def _sync_overdue(self) -> bool:
         """Written, unsynced records (batched leases) have waited their longest."""
-        due = self.committer.sync_due()
+        due = self.committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
         return due is not None and self.clock.monotonic() >= due
 
-    def _frames(self, replies: dict) -> list:
+    def _frames(self, replies: dict[FrameConn, list[Reply]]) -> list[Send]:
         return [(conn, frame) for conn, out in replies.items() if conn in self.conns
                 for frame in _reply_frames(out)]
 
-    def _read(self, conn: FrameConn, batches: list) -> None:
+    def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
         busy client cannot starve the rest and a stalled one cannot block the loop."""
         try:
@@ -305,15 +359,15 @@ class ShardServer(ControlHandlers):
                 conn.slots.give_back()
         for ws in self.watchers.values():
             ws[:] = [w for w in ws if w[0] is not conn]
-        for ws in self.lease_waiters.values():
-            ws[:] = [w for w in ws if w[0] is not conn]
+        for lws in self.lease_waiters.values():
+            lws[:] = [w for w in lws if w[0] is not conn]
 
-    def _execute(self, conn, rid, op, args, now):
+    def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float) -> Reply | _Deferred:
         try:
             handler = self._handlers.get(op)
             if handler is None or type(args) is not list or len(args) != _ARITY[op]:
                 protocol.check_request(op, args)  # raises the precise error
-            result = handler(args, now, conn, rid)
+            result = handler(args, now, conn, rid)  # type: ignore[misc]  # not None: check_request raised
             return result if result is _DEFERRED else [rid, _OK, result]
         except InvariantViolation:
             raise
@@ -324,13 +378,13 @@ class ShardServer(ControlHandlers):
             return [rid, protocol.ERR, ["ProtocolError", f"{op}: malformed arguments ({type(e).__name__})"]]
 
     # ------------------------------------------------------------------ handlers
-    def _enqueue(self, args, now, conn, rid):
+    def _enqueue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[int]:
         items, session = args
         if type(items) is not list:
             raise InvalidJob("enqueue: items must be an array")
         return self.state.enqueue_many(items, now, session)  # which checks the session
 
-    def _dequeue(self, args, now, conn, rid):
+    def _dequeue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.LeaseRow]:
         queue, visibility, max_jobs = args
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
@@ -341,16 +395,21 @@ class ShardServer(ControlHandlers):
         if q is not None and q.cfg.lease_sync == "batched" and q.lim is None:
             # The lease may leave before its record is durable, but never before the job's
             # enqueue is: a job a crash could lose must not reach a handler.
-            durable = self.committer.durable_seq
-            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable for l in leases)
+            durable = self.committer.durable_seq  # type: ignore[union-attr]  # the loop runs: it is set
+            # (each ``type: ignore`` on a lease's job_id below: this shard's ids are ints; the
+            # Lease type also allows the str ids of other backends, types.JobId)
+            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable  # type: ignore[operator]
+                                    for l in leases)
         if not leases:
             return []
         prioritized = state.queues[queue].prioritized
         row = protocol.LeaseRow
-        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline, jobs[l.job_id].priority, prioritized)
+        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,  # type: ignore[arg-type]
+                    jobs[l.job_id].priority, prioritized)  # type: ignore[index]
                 for l in leases]
 
-    def _dequeue_wait(self, args, now, conn, rid):
+    def _dequeue_wait(self, args: Args, now: float, conn: FrameConn,
+                      rid: int) -> list[protocol.LeaseRow] | _Deferred:
         """A dequeue that waits in the shard, up to ``wait_s``, for a job to lease. Served
         oldest first as jobs become ready (:meth:`_serve_lease_waiters`); [] at its deadline."""
         queue, visibility, max_jobs, wait_s = args
@@ -363,7 +422,7 @@ class ShardServer(ControlHandlers):
         self.lease_waiters.setdefault(queue, []).append((conn, rid, visibility, max_jobs, deadline))
         return _DEFERRED
 
-    def _cancel_wait(self, args, now, conn, rid):
+    def _cancel_wait(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
         """Withdraw this connection's waiting dequeue ``args[0]`` (a request id). True if it
         was still waiting (it will get no reply); False if it was already answered."""
         (wanted,) = args
@@ -376,7 +435,8 @@ class ShardServer(ControlHandlers):
                     return True
         return False
 
-    def _serve_lease_waiters(self, now: float, early: dict, late: dict) -> None:
+    def _serve_lease_waiters(self, now: float, early: dict[FrameConn, list[Reply]],
+                             late: dict[FrameConn, list[Reply]]) -> None:
         """Lease ready jobs to waiting dequeues, oldest first, and answer those whose wait
         is over with []. A lease is answered as a dequeue's would be: before the fsync only
         if its queue's leases are batched and its jobs are durable, else after it, in the
@@ -388,7 +448,8 @@ class ShardServer(ControlHandlers):
             while ws and state.has_ready(queue):
                 conn, rid, visibility, max_jobs, _ = ws[0]
                 self._early_lease = False
-                reply = self._execute(conn, rid, "dequeue", [queue, visibility, max_jobs], now)
+                reply: Reply = self._execute(  # type: ignore[assignment]  # a dequeue is never _DEFERRED
+                    conn, rid, "dequeue", [queue, visibility, max_jobs], now)
                 if reply[1] == _OK and not reply[2]:
                     break  # ready jobs it may not take (their keys are leased): wait on
                 del ws[0]
@@ -404,19 +465,19 @@ class ShardServer(ControlHandlers):
             else:
                 del self.lease_waiters[queue]
 
-    def _note_priorities(self, args, now, conn, rid):
+    def _note_priorities(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
         self.state.note_priorities(args[0])
 
-    def _peek(self, args, now, conn, rid):
+    def _peek(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
         queue, max_jobs = args
         self.state.advance(now)
         return self.state.ready_priorities(queue, max_jobs)
 
-    def _ack(self, args, now, conn, rid):
+    def _ack(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[str] | None]:
         (pairs,) = args
         if type(pairs) is not list or len(pairs) > limits.BATCH_JOBS_MAX:
             raise InvalidJob(f"ack: expected at most {limits.BATCH_JOBS_MAX} [job_id, token] pairs")
-        out = []
+        out: list[list[str] | None] = []   # per pair: None, or the error (protocol.error_payload)
         for pair in pairs:
             try:
                 if type(pair) is not list or len(pair) != 2:
@@ -429,21 +490,21 @@ class ShardServer(ControlHandlers):
                 out.append(protocol.error_payload(e))
         return out
 
-    def _nack(self, args, now, conn, rid):
+    def _nack(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
         job_id, token, delay, error, delivered = args
         if type(delivered) is not bool:
             raise InvalidJob("nack: delivered must be true or false")
         self.state.nack(job_id, token, now, delay or 0, error, delivered)
 
-    def _bury(self, args, now, conn, rid):
+    def _bury(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
         job_id, token, error = args
         self.state.bury(job_id, token, now, error)
 
-    def _extend(self, args, now, conn, rid):
+    def _extend(self, args: Args, now: float, conn: FrameConn, rid: int) -> float:
         job_id, token, seconds = args
         return self.state.extend(job_id, token, now, seconds)
 
-    def _watch(self, args, now, conn, rid):
+    def _watch(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
         queue, timeout = args
         if (type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not math.isfinite(timeout)):
@@ -454,7 +515,7 @@ class ShardServer(ControlHandlers):
         self.watchers.setdefault(queue, []).append((conn, rid, self.clock.monotonic() + timeout))
         return _DEFERRED
 
-    def _notify_watchers(self, replies: dict) -> None:
+    def _notify_watchers(self, replies: dict[FrameConn, list[Reply]]) -> None:
         if not self.watchers:
             return
         mono = self.clock.monotonic()
@@ -475,31 +536,32 @@ class ShardServer(ControlHandlers):
             if not ws:
                 del self.watchers[queue]
 
-    def _dead_letters(self, args, now, conn, rid):
+    def _dead_letters(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.DeadRow]:
         queue, limit = args
         limit = 1000 if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidJob("dead_letters: limit must be a non-negative integer")
-        return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)
+        # (this shard's job ids are ints; the DeadLetter type also allows str ids, types.JobId)
+        return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
                 for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
 
-    def _redrive(self, args, now, conn, rid):
+    def _redrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         queue, job_ids = args
         if job_ids is not None and type(job_ids) is not list:
             raise InvalidJob("redrive: job_ids must be an array or null")
         return self.state.redrive(queue, now, job_ids)
 
-    def _purge_dead(self, args, now, conn, rid):
+    def _purge_dead(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         return self.state.purge_dead(args[0], now)
 
-    def _set_limits(self, args, now, conn, rid):
+    def _set_limits(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
         queue, values = args
         return self.state.set_limits(queue, values, now)
 
-    def _queue_config(self, args, now, conn, rid):
+    def _queue_config(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
         return self.state.queue_settings(args[0])
 
-    def _stats(self, args, now, conn, rid):
+    def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
         lg = self.shard.log
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
                 "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "wal_disk_bytes": lg.allocated_bytes(),
@@ -513,17 +575,19 @@ class ShardServer(ControlHandlers):
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
                 "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0}
 
-    def _ping(self, args, now, conn, rid):
+    def _ping(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
 
 
-def _reply_frames(replies: list) -> list[bytes]:
+def _reply_frames(replies: list[Reply]) -> list[bytes]:
     """One frame for a connection's replies of one iteration, or several when together they
     pass the frame limit (each reply alone fits: leases and dead letters are cut to
     ``limits.REPLY_BYTES_MAX``); a client refuses frames over the limit."""
     data = protocol.pack(replies)
     if len(data) <= limits.FRAME_BYTES_MAX or len(replies) == 1:
         return [data]
+    frames: list[bytes]
+    parts: list[bytes]
     frames, parts, size = [], [], 0
     for reply in replies:
         one = protocol.pack(reply)
@@ -580,7 +644,7 @@ def _die_with_parent(parent_pid: int) -> None:
         sys.exit(EXIT_OK)  # the parent died before we armed the signal
 
 
-def take_queue_settings(state: ShardState, config) -> None:
+def take_queue_settings(state: ShardState, config: Config) -> None:
     """Put the queue settings of ``config`` in force on a live state (a reload, see
     shardq/service/reload.py). The queues the state holds take their new settings; one no
     longer declared (``declare_queues``) is treated as at replay: its jobs stay reachable
@@ -634,7 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     files = ReportingFiles(pipe)
     dd = DataDir(a.data_dir)
     authkey = dd.authkey()
-    shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)
+    # ReportingFiles is a Files by delegation (it counts some calls, passes every one on), not by
+    # inheritance, which would route the calls it does not count to Files rather than to inner.
+    shard = DurableShard(dd.shard_dir(a.index), a.index, config, files=files)  # type: ignore[arg-type]
     shard.state.shard_count = dd.shards()  # which shard owns a placed queue (docs/limits.md)
     try:
         with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
@@ -660,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 
-    def ready():
+    def ready() -> None:
         pipe.ready(stats.records, stats.seconds, len(shard.state.jobs))
         log.info("ready: listening on %s", server.sock_path)
 

@@ -4,6 +4,9 @@ sessions) and what a queue shows (ready priorities, stats, settings). A mixin of
 only; pure like it (no I/O, ``now`` from the caller, every change a logged operation)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, NotRequired, TypeAlias, TypedDict
+
 from .. import limits
 from ..config import LIMIT_KEYS, owner_shard
 from ..errors import InvalidJob, QueueFull, UnknownQueue, check
@@ -11,6 +14,7 @@ from . import ops
 from ..protocol import validate
 from .core import ENQUEUED, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
+from .ops import Op
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _INT63 = 1 << 63
@@ -25,17 +29,34 @@ _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
 
+#: One job of a batch once validated: (body, key, queue, delay, priority, dedup_id, its queue).
+_Checked: TypeAlias = tuple[bytes, str | None, str, float, int, str | bytes | None, QueueState]
+
+
+class QueueStats(TypedDict):
+    """One queue's entry in :meth:`QueueOps.stats`."""
+    ready: int
+    delayed: int
+    waiting: int
+    in_flight: int
+    dead: int
+    keys: int
+    paused: NotRequired[bool]        # only when paused
+    undeclared: NotRequired[bool]    # only when the config no longer declares it
+    limits: NotRequired[dict[str, Any]]   # a limited queue's figures (Limiter.figures)
+
 
 class QueueOps(StateCore):
     """Enqueue and queue inspection; a mixin of ShardState (see the module docstring)."""
 
     # ------------------------------------------------------------------ enqueue
-    def enqueue(self, body, now: float, key=None, queue="default", delay=0.0, priority=0,
-                dedup_id=None) -> int:
+    def enqueue(self, body: bytes, now: float, key: str | None = None, queue: str = "default",
+                delay: float = 0.0, priority: int = 0, dedup_id: str | bytes | None = None) -> int:
         """Add one job; returns its id. See :meth:`enqueue_many`."""
         return self.enqueue_many([(body, key, queue, delay, priority, dedup_id)], now)[0]
 
-    def enqueue_many(self, items, now: float, session: tuple[int, int, int] | None = None) -> list[int]:
+    def enqueue_many(self, items: Sequence[Sequence[Any]], now: float,
+                     session: Sequence[int] | None = None) -> list[int]:
         """Add jobs given as ``(body, key, queue, delay, priority, dedup_id)`` tuples.
 
         All or nothing: every item is validated before any is added. A ``dedup_id`` seen
@@ -59,7 +80,7 @@ class QueueOps(StateCore):
             raise InvalidJob(f"a batch holds 1 to {_BATCH_JOBS_MAX} jobs, got {n}")
         if len(self.jobs) + n > self.max_pending:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
-        checked = []
+        checked: list[_Checked] = []
         queues, undeclared = self.queues, self.undeclared
         new_queues: dict[str, QueueState] = {}
         log_bytes = 64 + 16 * n  # the session op and its job ids
@@ -108,7 +129,7 @@ class QueueOps(StateCore):
         first_op = len(emitted)
         apply_enqueue = self._apply_enqueue
         ids = []
-        batch_dedup = {}
+        batch_dedup: dict[tuple[str, str | None, str | bytes], tuple[int, float]] = {}
         for b, k, qname, delay, prio, did, q in checked:
             if did is not None:
                 dkey = (qname, k, did)
@@ -133,7 +154,7 @@ class QueueOps(StateCore):
             self._atomic.append((first_op, len(emitted)))
         return ids
 
-    def _apply_enqueue(self, op) -> None:
+    def _apply_enqueue(self, op: Op) -> None:
         # ops.Enqueue's fields, unpacked by hand: this runs once per job, live and in replay
         _, jid, qname, key, body, prio, ready_at, did, created = op[:_DEDUP_EXPIRES]
         jobs = self.jobs
@@ -169,7 +190,7 @@ class QueueOps(StateCore):
             if hit is not None and hit[1] == expires:
                 del table[dkey]
 
-    def _room_for_dedup_ids(self, checked: list, now: float) -> None:
+    def _room_for_dedup_ids(self, checked: list[_Checked], now: float) -> None:
         """Backpressure on dedup ids: each is kept for its queue's dedup window, acked or
         not, so a high rate of them over a long window could grow without bound (and be
         rebuilt by replay after an out-of-memory crash). Refuse a batch that would pass
@@ -188,7 +209,7 @@ class QueueOps(StateCore):
                             f"{self.max_dedup} (limits.max_dedup_ids): each is kept for its queue's "
                             "dedup_window; retry later, or shorten the window")
 
-    def _apply_session(self, op) -> None:
+    def _apply_session(self, op: Op) -> None:
         _, cid, cseq, low, ids, at = op  # ops.Session
         sessions = self.sessions
         entry = sessions.get(cid)
@@ -232,7 +253,7 @@ class QueueOps(StateCore):
         if not q.prioritized:
             self._emit([ops.PRIORITIES, queue])
 
-    def _apply_priorities(self, op) -> None:
+    def _apply_priorities(self, op: Op) -> None:
         (qname,) = ops.read(ops.Priorities, op)
         q = self.queues.get(qname) or self._logged_queue(qname)
         q.prioritized = True
@@ -250,8 +271,8 @@ class QueueOps(StateCore):
         now = self._now
         return lim.allowance(q.counts[L], now) > 0 and (lim.sep is None or lim.first(now) is not None)
 
-    def stats(self) -> dict:
-        out = {}
+    def stats(self) -> dict[str, QueueStats]:
+        out: dict[str, QueueStats] = {}
         for name, q in self.queues.items():
             c = q.counts
             out[name] = {"ready": c[R], "delayed": c[D], "waiting": c[W], "in_flight": c[L],
@@ -264,10 +285,10 @@ class QueueOps(StateCore):
                 out[name]["limits"] = q.lim.figures(c[L], c[R], self._now)
         return out
 
-    def queue_settings(self, queue: str) -> dict:
+    def queue_settings(self, queue: str) -> dict[str, Any]:
         q = self.queues.get(queue) or self._queue(queue, create=False)
         cfg = q.cfg
-        out = {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
+        out: dict[str, Any] = {"visibility_timeout": cfg.visibility_timeout, "max_deliveries": cfg.max_deliveries,
                "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes,
                # where a client sends the queue's jobs: its owner shard if it is placed
                # (it declares limits: docs/limits.md), else None (by key)

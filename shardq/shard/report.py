@@ -42,6 +42,7 @@ import threading
 import time
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from typing import Any, TextIO, TypeVar
 
 from ..wal.fileio import Files, files_from_env
 
@@ -55,8 +56,10 @@ PING = b"p"
 RELOAD = b"c"
 RELOAD_FILE = "config.json"
 
+T = TypeVar("T")
 
-def fitted(word: str, fields: dict, text_key: str, text: str) -> str:
+
+def fitted(word: str, fields: dict[str, object], text_key: str, text: str) -> str:
     """``<word> <JSON of fields and text>``, at most :data:`LINE_BYTES_MAX` bytes: ``text``
     is cut (marked ``[cut]``) if the whole would be longer; the other fields are short."""
     line = f"{word} {json.dumps({**fields, text_key: text})}"
@@ -72,7 +75,7 @@ def fitted(word: str, fields: dict, text_key: str, text: str) -> str:
 class SupervisorPipe:
     """The shard's end of the pipe; safe to use from any thread (one lock, whole lines)."""
 
-    def __init__(self, out=None, interval_s: float = 1.0):
+    def __init__(self, out: TextIO | None = None, interval_s: float = 1.0):
         self.out = out or sys.stdout
         self.interval_s = max(interval_s, 0.02)
         self._lock = threading.Lock()
@@ -110,7 +113,7 @@ class SupervisorPipe:
         """Report ``progress <phase> <count()>`` now and every ``interval_s`` until the block ends."""
         done = threading.Event()
 
-        def beat():
+        def beat() -> None:
             while True:
                 self._line(f"progress {phase} {count()}")
                 if done.wait(self.interval_s):
@@ -133,7 +136,7 @@ class SupervisorPipe:
         time: the supervisor times each phase from its first line)."""
         half = self.interval_s / 2
 
-        def watch():
+        def watch() -> None:
             while True:
                 time.sleep(half)  # a period, not synchronisation: it samples disk_call_since
                 since = files.disk_call_since
@@ -169,10 +172,10 @@ class ReportingFiles:
         w, s = self._write_since, self._sync_since
         return s if w is None else w if s is None else min(w, s)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # the calls not counted here
 
-    def _call(self, fn, *args, fd: int | None = None, path: str | None = None):
+    def _call(self, fn: Callable[..., T], *args: object, fd: int | None = None, path: str | None = None) -> T:
         try:
             return fn(*args)
         except OSError as e:
@@ -186,10 +189,12 @@ class ReportingFiles:
                 path = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:
                 path = None
-        self.pipe.failed("disk_full", f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})", path)
+        code = e.errno if e.errno is None else errno.errorcode.get(e.errno, e.errno)  # its name if known
+        self.pipe.failed("disk_full", f"{e.strerror or e} ({code})", path)
 
     def create(self, path: str) -> int:
-        return self._call(self.inner.create, path, path=path)
+        fd: int = self._call(self.inner.create, path, path=path)  # typed: a SlowDiskFiles inner gives Any
+        return fd
 
     # write and datasync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
@@ -218,8 +223,9 @@ class ReportingFiles:
     def fsync(self, fd: int) -> None:
         self._timed(self.inner.fsync, fd, fd=fd)
 
-    def allocate(self, fd: int, size: int):
-        return self._timed(self.inner.allocate, fd, size, fd=fd)
+    def allocate(self, fd: int, size: int) -> OSError | None:
+        failed: OSError | None = self._timed(self.inner.allocate, fd, size, fd=fd)  # typed, likewise
+        return failed
 
     def truncate(self, path: str, size: int) -> None:
         self._timed(self.inner.truncate, path, size, path=path)
@@ -227,7 +233,7 @@ class ReportingFiles:
     def sync_dir(self, path: str) -> None:
         self._timed(self.inner.sync_dir, path, path=path)
 
-    def _timed(self, fn, *args, fd: int | None = None, path: str | None = None):
+    def _timed(self, fn: Callable[..., T], *args: object, fd: int | None = None, path: str | None = None) -> T:
         self._sync_since = time.monotonic()
         try:
             return self._call(fn, *args, fd=fd, path=path)

@@ -36,6 +36,7 @@ from ..wal.reader import read_intact
 from ..wal.repair import _copy_private, _lock, _sync_dir
 from ..wal.salvage import format_ids, job_ids_of, readable_ops, scanned_job_ids
 from . import ops as O
+from .ops import Op
 from ..errors import CorruptLog
 from .state import JobState, ShardState
 
@@ -129,7 +130,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
 #: The states an operation on an existing job expects (replay may find a lease expired or a
 #: delay due: neither is logged). An operation whose job is missing or elsewhere lost a
 #: record it depends on (an enqueue, a lease) to the damage: it is dropped, its job named.
-_EXPECTS = {
+_EXPECTS: dict[int, tuple[JobState, ...]] = {
     O.LEASE: (JobState.READY, JobState.DELAYED, JobState.LEASED),
     O.ACK: (JobState.LEASED,), O.RELEASE: (JobState.LEASED,), O.EXTEND: (JobState.LEASED,),
     O.DEAD: (JobState.LEASED, JobState.READY, JobState.DELAYED),
@@ -138,10 +139,12 @@ _EXPECTS = {
 }
 
 
-def _applies(state: ShardState, op: list) -> bool:
+def _applies(state: ShardState, op: Op) -> bool:
     """False for an operation on a job the salvaged state lacks, or holds in a state the
     operation does not expect (an enqueue whose id is taken counts too)."""
-    code = op[0] if op else None
+    if not op:
+        return True  # names no job: left for apply() to refuse
+    code = op[0]
     if code == O.ENQUEUE:
         return len(op) > O.JOB_ID and op[O.JOB_ID] not in state.jobs
     expects = _EXPECTS.get(code)
@@ -165,12 +168,12 @@ def _check_snapshot(state: ShardState, config: Config, directory: str) -> None:
                          "the log is left as it was")
 
 
-def readable_ops_in(data: bytes, start: int, end: int) -> list:
+def readable_ops_in(data: bytes, start: int, end: int) -> list[Op]:
     """The operations that still decode in the damaged bytes ``data[start:end]``: from each
     record header found there by its mark (names only: never replayed)."""
     from ..wal.format import HEADERS, RECORD_MARK
     h = HEADERS[3]
-    out: list = []
+    out: list[Op] = []
     pos = start
     while True:
         pos = data.find(RECORD_MARK, pos, end)
