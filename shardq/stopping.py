@@ -30,6 +30,28 @@ def install_stop_signals(stop: Callable[[], None], name: str) -> dict | None:
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
+class StopBeforeStart(BaseException):
+    """A stop signal came while a command was still starting, before its loop took the
+    signals over. A BaseException, so that no ``except Exception`` on the way (a connect
+    retry, a handler's import) swallows it."""
+
+
+def stop_while_starting() -> dict | None:
+    """Make SIGTERM/SIGINT, until a loop installs its own handlers, a clean stop of a command
+    that is still starting (importing the handler, connecting, opening its store): the
+    handler raises :class:`StopBeforeStart`, which the command turns into exit 0, as it
+    would a stop once running. Without it a service manager's SIGTERM in those first
+    moments kills the process by the signal. Only in the main thread; returns the previous
+    handlers for :func:`restore_signals`, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum, frame):
+        raise StopBeforeStart(signal.Signals(signum).name)
+
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
 def restore_signals(old: dict | None) -> None:
     for sig, handler in (old or {}).items():
         signal.signal(sig, handler)

@@ -6,10 +6,26 @@ import base64
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from .. import config as config_mod
 
 DEFAULT_CONFIG = "config/shardq.toml"
+
+
+def stoppable_while_starting(name: str, body: Callable[[], int]) -> int:
+    """Run a long-running command's ``body`` so that a SIGTERM/SIGINT before its loop takes
+    the signals over (while it imports, connects, opens its store) is a clean stop, exit 0,
+    as one while it runs is (:func:`shardq.stopping.stop_while_starting`)."""
+    from ..stopping import StopBeforeStart, restore_signals, stop_while_starting
+    old = stop_while_starting()
+    try:
+        return body()
+    except StopBeforeStart as e:
+        print(f"{name}: {e} while starting: stopped", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        restore_signals(old)
 
 
 def common_parser() -> argparse.ArgumentParser:

@@ -53,6 +53,10 @@ def run_status(args) -> int:
 
 
 def run_relay(args) -> int:
+    return common.stoppable_while_starting("shardq outbox relay", lambda: _relay(args))
+
+
+def _relay(args) -> int:
     from ..outbox import Relay
     logging.getLogger().setLevel(args.log_level.upper())
     options = _table(args)

@@ -57,6 +57,10 @@ def register(sub, parent) -> None:
 
 
 def run(args, connect: Callable[..., Any] | None = None) -> int:
+    return common.stoppable_while_starting("shardq worker", lambda: _run(args, connect))
+
+
+def _run(args, connect: Callable[..., Any] | None) -> int:
     from ..consumer.handling import load_handler
     from ..consumer.worker import Worker
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
