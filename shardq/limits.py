@@ -49,6 +49,25 @@ REPLY_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 #: router cuts batches here, a shard refuses a larger one before it changes anything.
 REQUEST_BYTES_MAX = FRAME_BYTES_MAX - 1024 * 1024
 
+# Results and workflows (docs/workflows.md, docs/design.md "Workflows and results").
+#: A task's return value, msgpack-encoded: a larger one fails its job with InvalidJob's text.
+RESULT_BYTES_MAX = 1024 * 1024
+#: How long a result (and a finished barrier) may be kept: ``keep_result`` at most this.
+KEEP_RESULT_S_MAX = 90 * 24 * 3600.0
+#: Results kept for a workflow's jobs whose task does not say ``keep_result``.
+WORKFLOW_RESULT_S_DEFAULT = 24 * 3600.0
+#: A fired or cancelled barrier is kept at least this long (the idempotency store's
+#: retention): a member delivered again late still finds it and is not counted twice.
+BARRIER_TOMBSTONE_S = 7 * 24 * 3600.0
+#: Members of one barrier (a chord's group): the arrivals a shard counts for it.
+BARRIER_MEMBERS_MAX = 100_000
+#: The values of one barrier together (they come back in one ``barrier_values`` reply).
+BARRIER_BYTES_MAX = 32 * 1024 * 1024
+#: A barrier id: ``<workflow id>.<node>``; the callback's dedup id is ``wf:<barrier id>``.
+BARRIER_ID_BYTES_MAX = DEDUP_ID_BYTES_MAX - 3
+#: A progress note (``ctx.progress(fraction, note)``).
+PROGRESS_NOTE_BYTES_MAX = 512
+
 # Per shard (configurable in [limits]).
 PENDING_JOBS_MAX_DEFAULT = 5_000_000  # backpressure: QueueFull past this many jobs
 DEDUP_IDS_MAX_DEFAULT = 5_000_000     # backpressure: QueueFull past this many dedup ids kept

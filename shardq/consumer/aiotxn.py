@@ -59,14 +59,22 @@ class TxnThread:
         txn = TxnThread(store, job_id, may_commit)
         if await txn.begin():              # False: already processed (skip, ack)
             try:
-                await task(ctx with db=txn.db)
+                value = await task(ctx with db=txn.db)
             except BaseException:
                 await txn.finish(commit=False); raise
-            outcome = await txn.finish(commit=True)   # DONE, DUPLICATE or LOST
+            outcome = await txn.finish(commit=True, result=encoded)  # DONE, DUPLICATE or LOST
+
+    ``result`` (bytes, optional) is kept with the job's mark (``Txn.claim``). With
+    ``read_kept=True``, a job found processed (``begin()`` False, or ``DUPLICATE``) has the
+    result its first delivery kept in ``kept_result``, read in the transaction's thread so
+    the loop never touches the database.
     """
 
-    def __init__(self, store: IdempotencyStore, job_id: int, may_commit: Callable[[], bool] | None):
+    def __init__(self, store: IdempotencyStore, job_id: int | str,
+                 may_commit: Callable[[], bool] | None, read_kept: bool = False):
         self._store, self._job_id, self._may_commit = store, job_id, may_commit
+        self._read_kept = read_kept
+        self.kept_result: bytes | None = None
         self._requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._loop = asyncio.get_running_loop()
         self._begun: asyncio.Future = self._loop.create_future()
@@ -82,9 +90,10 @@ class TxnThread:
         self._requests.put((fn, args, fut))
         return await fut
 
-    async def finish(self, commit: bool) -> str:
-        """Claim + lease check + commit (``commit``) or roll back; the outcome."""
-        self._requests.put((_COMMIT if commit else _ABORT, (), None))
+    async def finish(self, commit: bool, result: bytes | None = None) -> str:
+        """Claim (keeping ``result`` with the mark) + lease check + commit (``commit``) or
+        roll back; the outcome."""
+        self._requests.put((_COMMIT if commit else _ABORT, (result,), None))
         return await asyncio.shield(self._ended)
 
     # ------------------------------------------------------------------ the thread
@@ -103,15 +112,22 @@ class TxnThread:
     def _run(self) -> None:
         try:
             if self._store.seen(self._job_id):
+                self._keep_result()
                 self._answer(self._begun, False)
                 return
             with self._store.transaction() as txn:
                 self._answer(self._begun, True)
                 outcome = self._serve(txn)
+            if outcome == DUPLICATE:
+                self._keep_result()  # the other delivery's, committed: read after our rollback
             self._answer(self._ended, outcome)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, never lost
             self._answer(self._begun, error=exc)
             self._answer(self._ended, error=exc)
+
+    def _keep_result(self) -> None:
+        if self._read_kept:
+            self.kept_result = self._store.kept_result(self._job_id)
 
     def _serve(self, txn) -> str:
         while True:
@@ -120,7 +136,9 @@ class TxnThread:
                 txn.abort()
                 return LOST
             if fn is _COMMIT:
-                if not txn.claim(self._job_id):
+                # No result: claim(job_id) alone, as a store written before results takes it.
+                claimed = txn.claim(self._job_id) if args[0] is None else txn.claim(self._job_id, args[0])
+                if not claimed:
                     txn.abort()  # another delivery committed it while we ran
                     return DUPLICATE
                 if self._may_commit is not None and not self._may_commit():

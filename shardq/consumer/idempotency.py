@@ -9,6 +9,10 @@ land together or not at all; a redelivered job finds the mark and is skipped::
             txn.abort()                    # roll back: the effect exists once already
     queue.ack(lease)                       # after the commit, never before
 
+``txn.claim(job_id, result)`` keeps the job's result (bytes) with its mark, in the same
+transaction; ``store.kept_result(job_id)`` gives it back to a redelivery that is skipped,
+so it reports what the first delivery produced.
+
 :class:`IdempotencyStore` is the interface; :class:`SqliteStore` is the default (stdlib
 ``sqlite3``, WAL, ``synchronous=FULL``) and :class:`MemoryStore` the in-memory one for tests.
 See docs/guarantees.md for what this does and does not promise.
@@ -23,6 +27,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any
 from collections.abc import Callable
 
+from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
 
@@ -57,6 +62,29 @@ CREATE TABLE IF NOT EXISTS {TEXT_TABLE} (
 );
 CREATE INDEX IF NOT EXISTS {TEXT_TABLE}_at ON {TEXT_TABLE}(processed_at);
 """
+# Results kept with marks (``claim(job_id, result)``) have tables of their own, created IF
+# NOT EXISTS (the int one on open, the text one on first use): a store written by an
+# earlier version is read as it is, with no migration. A result row carries its mark's
+# processed_at and counts only beside that very mark (kept_result joins on both), so a row
+# left behind by a version that pruned marks alone is never taken for a later claim's.
+RESULTS_TABLE = "shardq_results"
+RESULTS_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} (
+    job_id       INTEGER PRIMARY KEY,
+    processed_at REAL NOT NULL,         -- its mark's
+    value        BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {RESULTS_TABLE}_at ON {RESULTS_TABLE}(processed_at);
+"""
+RESULTS_TEXT_TABLE = f"{RESULTS_TABLE}_text"
+RESULTS_TEXT_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {RESULTS_TEXT_TABLE} (
+    job_id       TEXT PRIMARY KEY,
+    processed_at REAL NOT NULL,
+    value        BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {RESULTS_TEXT_TABLE}_at ON {RESULTS_TEXT_TABLE}(processed_at);
+"""
 
 
 def _check_job_id(job_id: Any) -> int | str:
@@ -69,8 +97,24 @@ def _check_job_id(job_id: Any) -> int | str:
                      f"characters, got {job_id!r}")
 
 
+def check_result(result: Any) -> bytes | None:
+    """A result as the stores keep it: None, or bytes of at most ``RESULT_BYTES_MAX``."""
+    if result is None:
+        return None
+    if not isinstance(result, bytes):
+        raise InvalidJob(f"a job's result must be bytes, got {type(result).__name__}")
+    if len(result) > limits.RESULT_BYTES_MAX:
+        raise InvalidJob(f"a job's result is {len(result)} bytes, more than RESULT_BYTES_MAX="
+                         f"{limits.RESULT_BYTES_MAX}")
+    return result
+
+
 def _table_for(job_id: int | str) -> str:
     return TABLE if type(job_id) is int else TEXT_TABLE
+
+
+def _results_table_for(job_id: int | str) -> str:
+    return RESULTS_TABLE if type(job_id) is int else RESULTS_TEXT_TABLE
 
 
 class Txn:
@@ -84,10 +128,15 @@ class Txn:
     def __init__(self) -> None:
         self.aborted = False
 
-    def claim(self, job_id: int | str) -> bool:
+    def claim(self, job_id: int | str, result: bytes | None = None) -> bool:
         """Mark ``job_id`` processed. False if it already is (committed by another
         transaction, or claimed earlier in this one). Waits while another open transaction
-        may claim it, so two deliveries of one job never both get True."""
+        may claim it, so two deliveries of one job never both get True.
+
+        ``result``: bytes (at most ``limits.RESULT_BYTES_MAX``) kept with the mark, in this
+        transaction: it lands with the mark or not at all (see ``kept_result``). A claim
+        that returns False keeps nothing. A result that is not bytes, or is too large,
+        raises InvalidJob before anything is written."""
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -108,8 +157,14 @@ class IdempotencyStore:
         """True if ``job_id`` has a committed mark."""
         raise NotImplementedError
 
+    def kept_result(self, job_id: int | str) -> bytes | None:
+        """The result committed with ``job_id``'s mark (``txn.claim(job_id, result)``);
+        None if it was claimed without one, or is not marked (never, rolled back, pruned)."""
+        raise NotImplementedError
+
     def prune(self, now: float) -> int:
-        """Delete marks older than ``now - retention_s``; returns how many."""
+        """Delete marks older than ``now - retention_s``, and the results kept with them;
+        returns how many marks."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -181,22 +236,33 @@ class _SqliteTxn(Txn):
         cur._begin = begin
         self.db = cur
 
-    def claim(self, job_id: int | str) -> bool:
+    def claim(self, job_id: int | str, result: bytes | None = None) -> bool:
+        result = check_result(result)
         table = _table_for(_check_job_id(job_id))
         if self._begin():
             if not self._conn.in_transaction:
                 # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
                 raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
         if table == TEXT_TABLE:
-            _ensure_text_table(self._conn)  # inside this transaction: commits with the mark
+            # Inside this transaction: the tables commit with the mark.
+            _ensure_text_tables(self._conn, with_results=result is not None)
+        now = self._clock.now()
         cur = self._conn.execute(
-            f"INSERT OR IGNORE INTO {table}(job_id, processed_at) VALUES (?, ?)",
-            (job_id, self._clock.now()))
-        return cur.rowcount == 1
+            f"INSERT OR IGNORE INTO {table}(job_id, processed_at) VALUES (?, ?)", (job_id, now))
+        if cur.rowcount != 1:
+            return False
+        if result is not None:
+            # REPLACE: a row of an earlier mark of this id (pruned by a version that kept
+            # no results) gives way.
+            self._conn.execute(
+                f"INSERT OR REPLACE INTO {_results_table_for(job_id)}(job_id, processed_at, value) "
+                "VALUES (?, ?, ?)", (job_id, now, result))
+        return True
 
 
-def _ensure_text_table(conn: sqlite3.Connection) -> None:
-    for stmt in TEXT_SCHEMA.split(";"):
+def _ensure_text_tables(conn: sqlite3.Connection, with_results: bool) -> None:
+    script = TEXT_SCHEMA + (RESULTS_TEXT_SCHEMA if with_results else "")
+    for stmt in script.split(";"):
         if stmt.strip():
             conn.execute(stmt)
 
@@ -204,6 +270,19 @@ def _ensure_text_table(conn: sqlite3.Connection) -> None:
 def _has_table(conn: sqlite3.Connection, table: str) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                         (table,)).fetchone() is not None
+
+
+def _delete_older(conn: sqlite3.Connection, table: str, cutoff: float) -> int:
+    """Delete the rows of ``table`` whose processed_at is before ``cutoff``; how many."""
+    total = 0
+    while True:  # each statement is its own short transaction (autocommit)
+        cur = conn.execute(
+            f"DELETE FROM {table} WHERE job_id IN "
+            f"(SELECT job_id FROM {table} WHERE processed_at < ? LIMIT ?)",
+            (cutoff, PRUNE_BATCH_ROWS))
+        total += cur.rowcount
+        if cur.rowcount < PRUNE_BATCH_ROWS:
+            return total
 
 
 class SqliteStore(IdempotencyStore):
@@ -250,7 +329,7 @@ class SqliteStore(IdempotencyStore):
         self._conns: list[tuple[sqlite3.Connection, threading.RLock]] = []
         self._closed = False
         with self._use() as conn:
-            conn.executescript(SCHEMA)
+            conn.executescript(SCHEMA + RESULTS_SCHEMA)
 
     def _open(self) -> tuple[sqlite3.Connection, threading.RLock]:
         """This thread's connection and its lock, opened on first use."""
@@ -355,23 +434,32 @@ class SqliteStore(IdempotencyStore):
             return conn.execute(f"SELECT 1 FROM {table} WHERE job_id = ?",
                                 (job_id,)).fetchone() is not None
 
+    def kept_result(self, job_id: int | str) -> bytes | None:
+        table = _table_for(_check_job_id(job_id))
+        results = _results_table_for(job_id)
+        with self._use() as conn:
+            if table == TEXT_TABLE and not _has_table(conn, results):
+                return None
+            row = conn.execute(
+                f"SELECT r.value FROM {results} AS r JOIN {table} AS m "
+                "ON m.job_id = r.job_id AND m.processed_at = r.processed_at WHERE r.job_id = ?",
+                (job_id,)).fetchone()
+            return None if row is None else row[0]
+
     def prune(self, now: float) -> int:
+        """Marks and results older than the retention, in short transactions of at most
+        ``PRUNE_BATCH_ROWS`` rows. A result and its mark have one processed_at, so they
+        go by the same cutoff."""
         cutoff = now - self.retention_s
-        total = 0
         with self._use() as conn:
             if self._local.in_txn:
                 raise RuntimeError("prune() inside a transaction")
-            for table in (TABLE, TEXT_TABLE):
-                if table == TEXT_TABLE and not _has_table(conn, table):
-                    continue
-                while True:  # each statement is its own short transaction (autocommit)
-                    cur = conn.execute(
-                        f"DELETE FROM {table} WHERE job_id IN "
-                        f"(SELECT job_id FROM {table} WHERE processed_at < ? LIMIT ?)",
-                        (cutoff, PRUNE_BATCH_ROWS))
-                    total += cur.rowcount
-                    if cur.rowcount < PRUNE_BATCH_ROWS:
-                        break
+            for table in (RESULTS_TABLE, RESULTS_TEXT_TABLE):
+                if _has_table(conn, table):
+                    _delete_older(conn, table, cutoff)
+            total = _delete_older(conn, TABLE, cutoff)
+            if _has_table(conn, TEXT_TABLE):
+                total += _delete_older(conn, TEXT_TABLE, cutoff)
             return total
 
     def close(self) -> None:
@@ -441,10 +529,16 @@ class _MemoryTxn(Txn):
         super().__init__()
         self._store = store
         self.claims: list[int | str] = []
+        self.results: dict[int | str, bytes] = {}   # staged with the claims, kept at commit
         self.db = _Overlay(store.data, store._cond)
 
-    def claim(self, job_id: int | str) -> bool:
-        return self._store._claim(self, _check_job_id(job_id))
+    def claim(self, job_id: int | str, result: bytes | None = None) -> bool:
+        result = check_result(result)
+        if not self._store._claim(self, _check_job_id(job_id)):
+            return False
+        if result is not None:
+            self.results[job_id] = result
+        return True
 
 
 class MemoryStore(IdempotencyStore):
@@ -462,6 +556,7 @@ class MemoryStore(IdempotencyStore):
         self._cond = threading.Condition()
         self.data: dict = {}
         self.processed: dict[int | str, float] = {}   # job id -> processed_at (committed marks)
+        self.results: dict[int | str, bytes] = {}     # job id -> result kept with its mark
         self._open_claims: dict[int | str, _MemoryTxn] = {}
         self._closed = False
 
@@ -508,6 +603,8 @@ class MemoryStore(IdempotencyStore):
                 now = self._clock.now()
                 for job_id in txn.claims:
                     self.processed[job_id] = now
+                    if job_id in txn.results:
+                        self.results[job_id] = txn.results[job_id]
             for job_id in txn.claims:
                 del self._open_claims[job_id]
             self._cond.notify_all()
@@ -519,6 +616,11 @@ class MemoryStore(IdempotencyStore):
         with self._cond:
             return _check_job_id(job_id) in self.processed
 
+    def kept_result(self, job_id: int | str) -> bytes | None:
+        self._check_open()
+        with self._cond:
+            return self.results.get(_check_job_id(job_id))
+
     def prune(self, now: float) -> int:
         self._check_open()
         cutoff = now - self.retention_s
@@ -526,6 +628,7 @@ class MemoryStore(IdempotencyStore):
             old = [j for j, at in self.processed.items() if at < cutoff]
             for j in old:
                 del self.processed[j]
+                self.results.pop(j, None)
         return len(old)
 
     def close(self) -> None:

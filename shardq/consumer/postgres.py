@@ -24,8 +24,14 @@ The handler's writes and the mark commit in one PostgreSQL transaction, exactly 
 * A connection found dead before a transaction starts (a server restart) is reopened and
   retried for ``reconnect_s``; one lost inside a transaction rolls that transaction back on
   the server and the job is retried by the queue. Never half-applied.
-* :meth:`prune` deletes old marks in batches of ``PRUNE_BATCH_ROWS``, each its own short
-  transaction: no table lock, no long row locks.
+* ``txn.claim(job_id, result)`` keeps the result (``bytea``) in ``<table>_results``, in the
+  same statement as the mark; :meth:`kept_result` reads it back for a skipped redelivery.
+  That table is created IF NOT EXISTS with the others: a store of an earlier version is
+  used as it is. A result row carries its mark's ``processed_at`` and counts only beside
+  that very mark, so a row left behind by a version that pruned marks alone never passes
+  for the result of a later claim.
+* :meth:`prune` deletes old results, then old marks, in batches of ``PRUNE_BATCH_ROWS``,
+  each its own short transaction: no table lock, no long row locks.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ from .. import limits, pgconn
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
 from .idempotency import (BUSY_TIMEOUT_S_DEFAULT, PRUNE_BATCH_ROWS, RETENTION_S_DEFAULT,
-                          IdempotencyStore, Txn)
+                          IdempotencyStore, Txn, check_result)
 
 TABLE_DEFAULT = "shardq_processed"
 WHAT = "idempotency store"
@@ -67,6 +73,12 @@ def schema_sql(table: str | pgconn.TableName) -> list[str]:
         " processed_at timestamptz NOT NULL)",
         f"CREATE INDEX IF NOT EXISTS {table.ident('_at')} ON {t} (processed_at)",  # prune()
         f"CREATE TABLE IF NOT EXISTS {table.q('_meta')} (name text PRIMARY KEY, value text NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS {table.q('_results')} ("
+        " job_id text PRIMARY KEY,"
+        " processed_at timestamptz NOT NULL,"  # its mark's: the result belongs to that mark only
+        " value bytea NOT NULL)",
+        # '_res_at', not '_results_at': a table name of 54 characters leaves 9 for a suffix.
+        f"CREATE INDEX IF NOT EXISTS {table.ident('_res_at')} ON {table.q('_results')} (processed_at)",
     ]
 
 
@@ -76,7 +88,8 @@ class _PgTxn(Txn):
         self.db, self.session = conn.cursor(), session  # a DB-API cursor, as with SQLite
         self._conn, self._started_at, self._sql, self._clock = conn, started_at, sql, clock
 
-    def claim(self, job_id: Any) -> bool:
+    def claim(self, job_id: Any, result: bytes | None = None) -> bool:
+        result = check_result(result)
         key = job_key(job_id)
         pq = pgconn.psycopg().pq
         if self.session is not None:
@@ -84,7 +97,11 @@ class _PgTxn(Txn):
         elif self._conn.info.transaction_status not in (pq.TransactionStatus.INTRANS,
                                                      pq.TransactionStatus.INERROR):
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through ctx.db)")
-        inserted, started_at = self._conn.execute(self._sql["claim"], (key, self._clock.now())).fetchone()
+        if result is None:
+            sql, params = self._sql["claim"], (key, self._clock.now())
+        else:
+            sql, params = self._sql["claim_result"], (key, self._clock.now(), result)
+        inserted, started_at = self._conn.execute(sql, params).fetchone()
         if started_at != self._started_at:  # now() is the transaction's start: a new one began
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through "
                                "ctx.db or ctx.session)")
@@ -124,14 +141,28 @@ class PostgresStore(IdempotencyStore):
         self._lock = threading.Lock()
         self._conns: list = []
         self._closed = False
-        t = self.table.q()
+        t, r = self.table.q(), self.table.q("_results")
         self._sql = {
             "begin": (f"BEGIN; SELECT set_config('lock_timeout', '{int(self.lock_timeout_s * 1000)}', "
                       "true), now()"),
             "local_timeout": "SELECT set_config('lock_timeout', %s, true), now()",
             "claim": (f"WITH ins AS (INSERT INTO {t} (job_id, processed_at) VALUES (%s, to_timestamp(%s)) "
                       "ON CONFLICT (job_id) DO NOTHING RETURNING 1) SELECT (SELECT count(*) FROM ins), now()"),
+            # One statement: the result is written only if the mark is, with its processed_at.
+            # DO UPDATE: a row of an earlier mark of this id (pruned by a version that kept no
+            # results) gives way.
+            "claim_result": (
+                f"WITH ins AS (INSERT INTO {t} (job_id, processed_at) VALUES (%s, to_timestamp(%s)) "
+                "ON CONFLICT (job_id) DO NOTHING RETURNING job_id, processed_at), "
+                f"res AS (INSERT INTO {r} (job_id, processed_at, value) "
+                "SELECT job_id, processed_at, %s FROM ins ON CONFLICT (job_id) DO UPDATE "
+                "SET processed_at = EXCLUDED.processed_at, value = EXCLUDED.value) "
+                "SELECT (SELECT count(*) FROM ins), now()"),
             "seen": f"SELECT 1 FROM {t} WHERE job_id = %s",
+            "kept_result": (f"SELECT r.value FROM {r} AS r JOIN {t} AS m ON m.job_id = r.job_id "
+                            "AND m.processed_at = r.processed_at WHERE r.job_id = %s"),
+            "prune_results": (f"DELETE FROM {r} WHERE job_id IN (SELECT job_id FROM {r} "
+                              "WHERE processed_at < to_timestamp(%s) LIMIT %s)"),
             "prune": (f"DELETE FROM {t} WHERE job_id IN (SELECT job_id FROM {t} "
                       "WHERE processed_at < to_timestamp(%s) LIMIT %s)"),
             "bind": (f"INSERT INTO {self.table.q('_meta')} (name, value) VALUES ('service', %s) "
@@ -225,11 +256,22 @@ class PostgresStore(IdempotencyStore):
         key = job_key(job_id)
         return self._retrying(lambda db: db.execute(self._sql["seen"], (key,)).fetchone() is not None)
 
+    def kept_result(self, job_id: Any) -> bytes | None:
+        key = job_key(job_id)
+        row = self._retrying(lambda db: db.execute(self._sql["kept_result"], (key,)).fetchone())
+        return None if row is None else bytes(row[0])
+
     def prune(self, now: float) -> int:
+        """Results, then marks, older than the retention (a result has its mark's
+        processed_at: one cutoff for both); returns how many marks."""
         cutoff = now - self.retention_s
+        self._delete_older("prune_results", cutoff)
+        return self._delete_older("prune", cutoff)
+
+    def _delete_older(self, sql: str, cutoff: float) -> int:
         total = 0
         while True:  # each batch is its own short transaction
-            n = self._retrying(lambda db: db.execute(self._sql["prune"], (cutoff, PRUNE_BATCH_ROWS)).rowcount)
+            n = self._retrying(lambda db: db.execute(self._sql[sql], (cutoff, PRUNE_BATCH_ROWS)).rowcount)
             total += n
             if n < PRUNE_BATCH_ROWS:
                 return total
