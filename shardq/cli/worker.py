@@ -57,12 +57,7 @@ def register(sub, parent) -> None:
 
 
 def run(args, connect: Callable[..., Any] | None = None) -> int:
-    return common.stoppable_while_starting("shardq worker", lambda: _run(args, connect))
-
-
-def _run(args, connect: Callable[..., Any] | None) -> int:
     from ..consumer.handling import load_handler
-    from ..consumer.worker import Worker
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(args.log_level.upper())
     if os.getcwd() not in sys.path:
@@ -85,6 +80,15 @@ def _run(args, connect: Callable[..., Any] | None) -> int:
             handler = load_handler(args.handler[0])
     except (ImportError, AttributeError, ValueError) as exc:
         raise UsageError(f"cannot load {' '.join(args.handler)!r}: {exc}") from None
+    # From here (its code loaded, the command line good) a stop signal is a clean stop, also
+    # while it connects: the process handles SIGTERM from now on, which is what a test or a
+    # tool that waits for it to be stoppable looks for (SigCgt in /proc/PID/status).
+    return common.stoppable_while_starting(
+        "shardq worker", lambda: _work(args, connect, task_mode, tasks, None if task_mode else handler))
+
+
+def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict | None, handler: Any) -> int:
+    from ..consumer.worker import Worker
     target = common.target(args)
     if connect is None:
         import shardq

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from support.doc_runner import catches_sigterm
 from support.service import REPO, Service, short_tmpdir, wait_until
 
 JOBS = 500
@@ -71,6 +72,9 @@ def test_two_worker_processes_of_8_threads_on_one_sqlite_store_fail_no_attempt(t
                     wait_until(drained, 120, 0.05, "every job settled")
                     dead = q.dead_letters("default")
             finally:
+                for w in workers:  # a worker may still be starting: signal it once it is stoppable
+                    wait_until(lambda: w.poll() is not None or catches_sigterm(w.pid), 30, 0.01,
+                               "the worker handling SIGTERM")
                 for w in workers:
                     if w.poll() is None:
                         w.send_signal(signal.SIGTERM)
