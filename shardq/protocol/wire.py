@@ -39,6 +39,20 @@ stats          []                                                     {...}
 ping           []                                                     pid
 set_limits     [queue, {concurrency, rate, burst, group_concurrency,  {limit figures}
                 group_rate: value | None} | None (back to config)]
+put_result     [job_id, token, value: bytes, ttl_s]                   None
+progress       [job_id, token, fraction (0..1) | None, note | None]   None
+result         [[job_id, ...]]                                        [[state, value, error,
+                                                                      attempts, fraction,
+                                                                      note, expires_at,
+                                                                      withheld], ...]
+arrive         [barrier_id, index, total, value: bytes, ttl_s,        "counted" | "repeated"
+                callback: [body, key, queue, delay, priority]]        | "fired" | "cancelled"
+barrier        [[barrier_id, ...]]                                    [{total, arrived,
+                                                                      fired_job, cancelled,
+                                                                      missing} | None, ...]
+barrier_values [barrier_id]                                           [value, ...] (index
+                                                                      order)
+cancel_barrier [barrier_id, ttl_s]                                    "cancelled" | "fired"
 pause          [queue]                                                True if it changed
 resume         [queue]                                                True if it changed
 cancel         [job_id]                                               "cancelled" | "purged"
@@ -52,13 +66,23 @@ backup_cut     [staging dir name: backup-<pid>-<hex>]                 {files, se
                                                                       job_seq, ...}
 =============  =====================================================  ====================
 
+put_result to cancel_barrier are the results and workflow ops (``shardq/shard/results.py``,
+docs/design.md "Workflows and results"): ``put_result`` and ``progress`` are fenced by the
+lease token like an ack; a ``result`` row is :class:`ResultRow` (``withheld``: the value was
+left out to keep the reply within ``limits.REPLY_BYTES_MAX``: ask for that id alone); an
+``arrive`` that completes its barrier enqueues the callback in the same commit. Each may be
+re-sent: put_result and progress set the same value again, a re-sent arrive finds its
+index counted and answers "repeated" (also when the first one fired the barrier),
+cancel_barrier is idempotent, the others only read.
+
 From pause on, they are the control and metrics ops (:data:`CONTROL_ARITY`,
 ``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
 pause, resume, cancel and purge_ids are idempotent, the others only read; a re-sent
 backup_cut takes a new cut and replaces the staging dir of the first (docs/backup.md).
 
 Each op is declared once, in :data:`REQUESTS` (its args, retry policy and handler); the
-lease and dead-letter rows of the replies are :class:`LeaseRow` and :class:`DeadRow`.
+lease, dead-letter and result rows of the replies are :class:`LeaseRow`, :class:`DeadRow`
+and :class:`ResultRow`.
 """
 from __future__ import annotations
 
@@ -120,6 +144,16 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("ping", (), RESEND, "_ping"),                                         # read-only
     # sets the same values again (docs/limits.md): a re-sent change changes nothing more
     Request("set_limits", ("queue", "values"), RESEND, "_set_limits"),
+    # Results and workflows (shardq/shard/results.py). put_result and progress set the same
+    # value again; a re-sent arrive finds its index counted ("repeated") and changes nothing;
+    # cancel_barrier is idempotent; result, barrier and barrier_values only read.
+    Request("put_result", ("job_id", "token", "value", "ttl_s"), RESEND, "_put_result"),
+    Request("progress", ("job_id", "token", "fraction", "note"), RESEND, "_progress"),
+    Request("result", ("job_ids",), RESEND, "_result"),
+    Request("arrive", ("barrier_id", "index", "total", "value", "ttl_s", "callback"), RESEND, "_arrive"),
+    Request("barrier", ("barrier_ids",), RESEND, "_barrier"),
+    Request("barrier_values", ("barrier_id",), RESEND, "_barrier_values"),
+    Request("cancel_barrier", ("barrier_id", "ttl_s"), RESEND, "_cancel_barrier"),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
     # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
     # only read.
@@ -167,6 +201,18 @@ class DeadRow(NamedTuple):
     body: bytes
     attempts: int
     error: str | None
+
+
+class ResultRow(NamedTuple):
+    """One job in a ``result`` reply, a msgpack array in this order."""
+    state: str                 # "succeeded", a live job's state ("waiting", ..., "dead"), or "gone"
+    value: bytes | None        # succeeded: the result (None when withheld)
+    error: str | None          # a live job: its last error
+    attempts: int | None       # a live job: its deliveries so far
+    fraction: float | None     # a live job: its progress
+    note: str | None
+    expires_at: float | None   # succeeded: when the result is forgotten
+    withheld: bool             # the value was left out to keep the reply within its limit
 
 
 OK = 0

@@ -1,7 +1,8 @@
 """The checkpoint codec: the live state written as checkpoint operations
 (:meth:`~CheckpointCodec.snapshot`), and the functions that apply the checkpoint-only ones
-(META, JOB, DEDUP, CLIENT, ENQUEUE_TIMES). A checkpoint also holds PRIORITIES, PAUSE,
-CANCEL and LIMITS operations, applied by the same functions as when they are logged live. A mixin of
+(META, JOB, DEDUP, CLIENT, BARRIER, ENQUEUE_TIMES). A checkpoint also holds PRIORITIES,
+PAUSE, CANCEL, LIMITS, RESULT and PROGRESS operations, applied by the same functions as
+when they are logged live. A mixin of
 :class:`~shardq.shard.state.ShardState`, built on :class:`~shardq.shard.core.StateCore`
 only; pure (it encodes, it writes nothing)."""
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .. import limits
 from ..errors import check
 from . import ops
 from ..protocol import validate
-from .core import Job, StateCore
+from .core import OPEN, Barrier, Job, StateCore
 from .jobstate import L, R, X
 from .ops import Op
 
@@ -108,6 +109,12 @@ class CheckpointCodec(StateCore):
                 chunk, size = [], 0
             chunk.append(op)
             size += n
+        for op, n in self._workflow_checkpoint_ops(chunk_bytes):  # progress: after its JOB
+            if size + n > chunk_bytes and chunk:
+                yield pack(chunk)
+                chunk, size = [], 0
+            chunk.append(op)
+            size += n
         if chunk:
             yield pack(chunk)
 
@@ -158,6 +165,61 @@ class CheckpointCodec(StateCore):
             self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
         else:
             entry[1].update(seqs)
+
+    def _workflow_checkpoint_ops(self, chunk_bytes: int) -> Iterator[tuple[Op, int]]:
+        """(operation, an upper bound of its encoded size) for the results kept, the
+        progress of live jobs and every barrier, leaving out what has expired as of the
+        last ``advance``. A barrier whose values pass ``chunk_bytes`` is written as several
+        BARRIER operations in a row, each with some of its values (the callback, up to a
+        body at the ceiling, in the first alone), so that each fits a checkpoint record
+        (``limits.CHECKPOINT_RECORD_BYTES_MAX``) whatever the barrier holds: values are at
+        most ``limits.RESULT_BYTES_MAX`` each, ``limits.BARRIER_BYTES_MAX`` together."""
+        now = self._now
+        for jid, (value, expires_at) in self.results.items():
+            if expires_at > now:
+                yield [ops.RESULT, jid, value, expires_at], len(value) + 32
+        jobs = self.jobs
+        for jid, (fraction, note) in self.progress.items():
+            if jid in jobs:
+                yield [ops.PROGRESS, jid, fraction, note], 4 * len(note or "") + 32
+        for bid, b in self.barriers.items():
+            if b.kind != OPEN and b.expires_at is not None and b.expires_at <= now:
+                continue
+            yield from self._barrier_ops(bid, b, chunk_bytes)
+
+    def _barrier_ops(self, bid: str, b: Barrier, chunk_bytes: int) -> Iterator[tuple[Op, int]]:
+        head = 64 + 4 * len(bid)
+        callback = b.callback
+        part_bytes = head + (validate.job_bytes(callback[0], callback[1], callback[2]) if callback else 0)
+        idxs: list[int] = []
+        vals: list[bytes] = []
+        for i in sorted(b.values):
+            v = b.values[i]
+            m = len(v) + 16
+            if (idxs or callback) and part_bytes + m > chunk_bytes:
+                yield [ops.BARRIER, bid, b.total, idxs, vals, b.fired_job, b.cancelled, b.expires_at,
+                       callback], part_bytes
+                callback, idxs, vals, part_bytes = None, [], [], head
+            idxs.append(i)
+            vals.append(v)
+            part_bytes += m
+        if idxs or callback or not b.values:
+            yield [ops.BARRIER, bid, b.total, idxs, vals, b.fired_job, b.cancelled, b.expires_at,
+                   callback], part_bytes
+
+    def _apply_barrier(self, op: Op) -> None:
+        """A barrier from a checkpoint; one written as several operations (one per chunk
+        of its values, in a row) is merged back into one."""
+        bid, total, idxs, vals, fired_job, cancelled, expires_at, callback = ops.read(ops.Barrier, op)
+        b = self.barriers.get(bid)
+        if b is None:
+            b = Barrier(total)
+            b.fired_job, b.cancelled, b.expires_at = fired_job, cancelled, expires_at
+            self._put_barrier(bid, b)
+        for i, v in zip(idxs, vals):
+            b.put(i, v)
+        if callback is not None:
+            b.callback = callback
 
     def control_checkpoint_ops(self) -> list[Op]:
         """What a checkpoint must add after the JOB operations: paused queues, cancelled

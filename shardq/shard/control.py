@@ -186,6 +186,8 @@ class ControlOps(StateCore):
         del self.jobs[jid]
         self.inflight.pop(jid, None)
         self.errors.pop(jid, None)
+        if self.progress:
+            self.progress.pop(jid, None)
         # A ready job's entry stays in its ready line; dequeue skips jobs that are not READY.
         self._set(job, G)
 

@@ -67,10 +67,12 @@ class ControlHandlers:
         return self.state.purge_ids(queue, job_ids, now)
 
     def _metrics(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
-        """One call for a whole scrape: the stats plus per-queue figures and the committer's
-        histograms. Reads only; the cost is one pass over the queues (not the jobs)."""
+        """One call for a whole scrape: the stats plus per-queue figures, the results and
+        workflow counters and the committer's histograms. Reads only; the cost is one pass
+        over the queues (not the jobs)."""
         out = self._stats(args, now, conn, rid)
         out["queue_metrics"] = self.state.queue_metrics(now)
+        out["workflow_counters"] = self.state.workflow_counters()
         committer = self.committer
         if committer is not None:
             out["commit_seconds"] = committer.commit_seconds.snapshot()

@@ -19,6 +19,11 @@ Data layout, chosen so nothing is O(number of jobs) per request:
   present; higher priority is served first, FIFO within a priority.
 * shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
   against the job when popped, so acks and extensions never search a heap).
+* results, progress and barriers (:mod:`.results`): ``results`` job id -> (value,
+  expires_at), ``progress`` job id -> (fraction, note) of live jobs, ``barriers`` barrier
+  id -> :class:`Barrier`; what expires (results, fired or cancelled barriers) sits in a
+  heap by expiry too, and :meth:`StateCore.advance` forgets it when due, like a lease
+  running out (not logged: the expiry is).
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ from typing import Any, TypeAlias
 
 from .. import limits
 from ..config import Config, QueueConfig, check_queue_name, owner_shard
-from ..errors import InvalidJob, InvariantViolation, QueueFull, UnknownQueue, check
+from ..errors import InvalidJob, InvariantViolation, JobGone, LeaseLost, NotFound, QueueFull, UnknownQueue, check
+from ..protocol import validate
 from . import ops
 from .enqueue_times import EnqueueTimes
 from .jobstate import FROM_NEW, TRANSITIONS, NEW, D, JobState, L, R, W
@@ -48,11 +54,27 @@ ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = r
 #: removing the head of a list would start to cost a real copy.
 KEY_LIST_MAX = 64
 
+_INT63 = 1 << 63
+#: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
+#: at most each): only longer ones are encoded to be measured.
+_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
+
 #: A producer dedup entry's key within its queue: (job key, dedup id).
 DedupKey: TypeAlias = tuple[str | None, str | bytes]
 #: A router's retry session (``StateCore.sessions``): ``[last_seen, {client seq: job ids}]``,
 #: a list so that a request updates it in place.
 SessionEntry: TypeAlias = list[Any]
+#: One enqueue item once checked (:meth:`StateCore._check_item`): (body, key, queue, delay,
+#: priority, dedup_id, its queue).
+CheckedItem: TypeAlias = "tuple[bytes, str | None, str, float, int, str | bytes | None, QueueState]"
+
+#: A barrier's kinds (:attr:`Barrier.kind`; the counts in :attr:`StateCore.barrier_kinds`).
+OPEN, FIRED, CANCELLED_BARRIER = 0, 1, 2
+#: What the results and workflow ops count since this process started
+#: (:attr:`StateCore.workflow_totals`, by these indices; :mod:`.results`). Not logged, like
+#: :data:`COUNTERS`: counted on the live path only, so replay counts nothing again.
+WORKFLOW_COUNTERS = ("results_stored", "barriers_fired", "barriers_cancelled")
+RESULTS_STORED, BARRIERS_FIRED, BARRIERS_CANCELLED = range(len(WORKFLOW_COUNTERS))
 
 
 class Job:
@@ -114,6 +136,38 @@ class GroupedQueueState(QueueState):
         self.lim.push(job)  # type: ignore[union-attr]  # a grouped queue always has its limiter
 
 
+class Barrier:
+    """One barrier of a workflow (:mod:`.results`): ``total`` members, the values of those
+    that arrived (index -> bytes), and how it ended. Open (neither fired nor cancelled)
+    it is kept for ever; fired or cancelled, until ``expires_at``."""
+
+    __slots__ = ("total", "values", "size", "fired_job", "cancelled", "expires_at", "callback")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.values: dict[int, bytes] = {}
+        self.size = 0                        # the values' bytes together (limits.BARRIER_BYTES_MAX)
+        self.fired_job: int | None = None    # the callback's job id, once fired
+        self.cancelled = False
+        #: fired or cancelled: when it is forgotten. Open and complete (its FIRED not yet
+        #: logged), the expiry its FIRED is to get; None otherwise.
+        self.expires_at: float | None = None
+        #: [body, key, queue, delay, priority] of the callback, from the completing arrival
+        self.callback: list[Any] | None = None
+
+    @property
+    def kind(self) -> int:
+        """OPEN, FIRED or CANCELLED_BARRIER."""
+        return FIRED if self.fired_job is not None else CANCELLED_BARRIER if self.cancelled else OPEN
+
+    def put(self, index: int, value: bytes) -> None:
+        old = self.values.get(index)
+        if old is not None:
+            self.size -= len(old)
+        self.values[index] = value
+        self.size += len(value)
+
+
 def new_queue(name: str, cfg: QueueConfig) -> QueueState:
     return GroupedQueueState(name, cfg) if cfg.group_separator is not None else QueueState(name, cfg)
 
@@ -151,6 +205,15 @@ class StateCore:
         self._now = float("-inf")
         self.cancelled: set[int] = set()   # leased jobs marked cancelled (control.py)
         self.enqueue_times = EnqueueTimes()  # sampled enqueue times (control.py: metrics, look-ups)
+        # Results and workflows (results.py)
+        self.results: dict[int, tuple[bytes, float]] = {}   # job id -> (value, expires_at)
+        self.progress: dict[int, tuple[float | None, str | None]] = {}  # live job id -> (fraction, note)
+        self.barriers: dict[str, Barrier] = {}
+        self.barrier_kinds = [0, 0, 0]      # barriers by kind (OPEN, FIRED, CANCELLED_BARRIER)
+        self.workflow_totals = [0] * len(WORKFLOW_COUNTERS)  # since this process started
+        self._result_expiry: list[tuple[float, int]] = []     # (expires_at, job id), a heap
+        self._barrier_expiry: list[tuple[float, str]] = []    # (expires_at, barrier id), a heap
+        self._kept_due = float("inf")       # the earliest expiry in either heap (advance)
         #: code -> the method that applies it, derived from the one table of operations
         self._apply: dict[int, Callable[[Op], None]] = {
             code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
@@ -218,6 +281,111 @@ class StateCore:
             raise InvalidJob(f"queue {q.name!r} declares limits, so all its jobs live on shard {owner} "
                              f"(docs/limits.md), not shard {self.shard_index}: this client learnt the queue's "
                              "settings before the config placed it; reconnect it")
+
+    def _check_item(self, item: Any, new_queues: dict[str, QueueState]) -> CheckedItem:
+        """One enqueue item ``(body, key, queue, delay, priority, dedup_id)`` checked as an
+        enqueue checks it (queue name and declaration, a placed queue's owner, body size,
+        key, delay, priority, dedup id): the normalised item and its queue, or the typed
+        error. Changes nothing: a queue not yet held is made unregistered and put in
+        ``new_queues`` (the caller registers it if it enqueues)."""
+        if type(item) not in (tuple, list) or len(item) != 6:
+            raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
+        b, k, qname, delay, prio, did = item
+        if type(qname) is not str:
+            raise InvalidJob(f"queue must be a string, got {type(qname).__name__}")
+        q = self.queues.get(qname)
+        if q is None:
+            q = new_queues.get(qname)
+            if q is None:
+                q = new_queues[qname] = self._queue(qname, create=False)
+        elif self.undeclared and qname in self.undeclared:
+            raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
+                               "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
+        if q.lim is not None:
+            self._owner_check(q)
+        max_body = q.cfg.max_body_bytes
+        if not (type(b) is bytes and 0 < len(b) <= max_body):
+            b = validate.body(b, max_body)
+        if k is not None and not (type(k) is str and 0 < len(k) <= _KEY_FAST_CHARS):
+            k = validate.key(k)
+        if type(delay) is not int or delay:  # fast path for the common int 0
+            delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+        if type(prio) is not int or prio:
+            prio = validate.priority(prio)
+        if did is not None:
+            did = validate.dedup_id(did)
+        return (b, k, qname, delay, prio, did, q)
+
+    def _enqueue_callback(self, item: tuple[Any, ...], now: float) -> int:
+        """Enqueue one item ``(body, key, queue, delay, priority, dedup_id)`` through the
+        enqueue path (all its checks and limits; nothing logged if it refuses), for a
+        barrier's callback (:mod:`.results`); returns the job id. The enqueue path is
+        another part of the state (:mod:`.queues`): ShardState, which holds both, provides it."""
+        raise NotImplementedError
+
+    def _leased(self, job_id: int, token: int) -> Job:
+        """The job, if ``token`` is its live lease; LeaseLost (JobGone when it is gone) or
+        NotFound (not this shard's) otherwise. Settling a lease (leases.py) and what a
+        worker reports while it holds one (results.py) check it alike."""
+        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
+            validate.integer("job_id", job_id)  # raises the precise error
+            validate.integer("token", token)
+        job = self.jobs.get(job_id)
+        if job is None:
+            if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
+                raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
+            raise JobGone(f"job {job_id} is gone (already acked)")
+        lease = self.inflight.get(job_id)
+        if lease is None or lease[0] != token:
+            raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
+        if lease[1] <= self._now:
+            raise LeaseLost(f"job {job_id}: lease {token} expired")
+        return job
+
+    # ------------------------------------------------------------------ results and barriers
+    def _put_barrier(self, barrier_id: str, b: Barrier) -> None:
+        """Hold ``b`` as ``barrier_id`` (replacing any barrier of that id), counted by kind;
+        a fired or cancelled one is forgotten at its expiry."""
+        old = self.barriers.get(barrier_id)
+        if old is not None:
+            self.barrier_kinds[old.kind] -= 1
+        self.barriers[barrier_id] = b
+        self.barrier_kinds[b.kind] += 1
+        if b.kind != OPEN:
+            self._barrier_expires(barrier_id, b)
+
+    def _barrier_expires(self, barrier_id: str, b: Barrier) -> None:
+        """``b`` was fired or cancelled, with its expiry: forget it then (advance)."""
+        if b.expires_at is not None:
+            heapq.heappush(self._barrier_expiry, (b.expires_at, barrier_id))
+            if b.expires_at < self._kept_due:
+                self._kept_due = b.expires_at
+
+    def _result_expires(self, job_id: int, expires_at: float) -> None:
+        heapq.heappush(self._result_expiry, (expires_at, job_id))
+        if expires_at < self._kept_due:
+            self._kept_due = expires_at
+
+    def _expire_kept(self, now: float) -> None:
+        """Forget the results and the fired or cancelled barriers whose expiry has come (a
+        read already treats them as absent: this frees their memory). Not logged: replay
+        and checkpoints drop them by the same expiry."""
+        heap = self._result_expiry
+        results = self.results
+        while heap and heap[0][0] <= now:
+            expires_at, jid = heapq.heappop(heap)
+            kept = results.get(jid)
+            if kept is not None and kept[1] == expires_at:
+                del results[jid]
+        bheap = self._barrier_expiry
+        barriers = self.barriers
+        while bheap and bheap[0][0] <= now:
+            expires_at, bid = heapq.heappop(bheap)
+            b = barriers.get(bid)
+            if b is not None and b.kind != OPEN and b.expires_at == expires_at:
+                del barriers[bid]
+                self.barrier_kinds[b.kind] -= 1
+        self._kept_due = min(heap[0][0] if heap else float("inf"), bheap[0][0] if bheap else float("inf"))
 
     def _room_for_queues(self, n: int) -> None:
         if len(self.queues) + n > limits.QUEUES_MAX:
@@ -299,7 +467,9 @@ class StateCore:
         """Move due delayed jobs to ready and reclaim expired leases, earliest first.
 
         A reclaimed job that has had ``max_deliveries`` deliveries goes to the dead-letter
-        queue (a logged operation); any other becomes ready again (at-least-once).
+        queue (a logged operation); any other becomes ready again (at-least-once). Results
+        and finished barriers past their expiry are forgotten (not logged: see
+        :meth:`_expire_kept`).
         """
         self._now = now
         delayed, jobs = self.delayed, self.jobs
@@ -327,6 +497,8 @@ class StateCore:
                 job.q.push_ready(job)
         if now >= self._sessions_due or len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
             self._expire_sessions(now)
+        if now >= self._kept_due:
+            self._expire_kept(now)
 
     def _expire_sessions(self, now: float) -> None:
         """Forget the least recently seen clients past the TTL or the count limit, and note

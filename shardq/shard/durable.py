@@ -84,8 +84,12 @@ class DurableShard:
         self._pack = msgpack.Packer().pack
         self.compactions = 0
 
-    def open(self) -> ReplayStats:
-        """Replay checkpoint and segments into the state; afterwards commits append."""
+    def open(self, now: float | None = None) -> ReplayStats:
+        """Replay checkpoint and segments into the state; afterwards commits append.
+
+        Before anything is served, in the commit that makes the new token epoch durable,
+        every barrier whose members have all arrived but whose FIRED is not in the log is
+        fired (``ResultOps.fire_complete``, as of ``now``: the system clock's if None)."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         # Replay allocates millions of long-lived objects and frees none: the cyclic GC
         # would rescan them again and again for nothing (about 40% of replay time).
@@ -97,6 +101,11 @@ class DurableShard:
             if gc_was_enabled:
                 gc.enable()
         self.replay_stats = self.log.stats
+        if now is None:
+            from ..clock import SystemClock
+            now = SystemClock().now()
+        for line in self.state.fire_complete(now):
+            log.warning("shard %d at start: %s", self.shard_index, line)
         self.state.begin_epoch()  # durable before anything is served: tokens are never reused
         self.commit()
         self.state.sync_forced = False
@@ -199,7 +208,7 @@ class Engine:
         from ..clock import SystemClock
         self.clock = clock or SystemClock()
         self.shard = DurableShard(directory, shard_index, config or Config(), files=files)
-        self.shard.open()
+        self.shard.open(self.clock.now())
         self.state = self.shard.state
 
     def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

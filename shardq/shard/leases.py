@@ -10,17 +10,16 @@ import heapq
 from collections.abc import Iterable
 
 from .. import limits
-from ..errors import Cancelled, JobGone, LeaseLost, NotFound, check
+from ..errors import Cancelled, NotFound, check
 from ..types import DeadLetter, Lease
 from . import ops
 from ..protocol import validate
-from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, Job, QueueState, StateCore
+from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, QueueState, StateCore
 from .jobstate import G, L, R, X
 from .limiter import Limiter
 from .ops import Op
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
-_INT63 = 1 << 63
 _JOB_ID = ops.JOB_ID
 _BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
 
@@ -151,23 +150,7 @@ class LeaseOps(StateCore):
         heapq.heappush(self.leases, (expires, token, jid))
 
     # ------------------------------------------------------------------ settle a lease
-    def _leased(self, job_id: int, token: int) -> Job:
-        """The job, if ``token`` is its live lease; LeaseLost or NotFound otherwise."""
-        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
-            validate.integer("job_id", job_id)  # raises the precise error
-            validate.integer("token", token)
-        job = self.jobs.get(job_id)
-        if job is None:
-            if job_id & ((1 << limits.JOB_ID_SHARD_BITS) - 1) != self.shard_index:
-                raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
-            raise JobGone(f"job {job_id} is gone (already acked)")
-        lease = self.inflight.get(job_id)
-        if lease is None or lease[0] != token:
-            raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
-        if lease[1] <= self._now:
-            raise LeaseLost(f"job {job_id}: lease {token} expired")
-        return job
-
+    # (StateCore._leased checks the token: results.py checks a worker's reports with it too)
     def ack(self, job_id: int, token: int, now: float) -> None:
         """Delete a leased job. LeaseLost (and no change) unless ``token`` is its live lease."""
         self.advance(now)
@@ -181,6 +164,8 @@ class LeaseOps(StateCore):
         job = self.jobs.pop(op[_JOB_ID])
         self.inflight.pop(job.id, None)
         self.errors.pop(job.id, None)
+        if self.progress:  # (a job's result outlives it; its progress does not)
+            self.progress.pop(job.id, None)
         self._unlink_head(job)
         self._set(job, G)
 
@@ -321,6 +306,8 @@ class LeaseOps(StateCore):
     def _apply_purge(self, op: Op) -> None:
         job = self.jobs.pop(op[_JOB_ID])
         self.errors.pop(job.id, None)
+        if self.progress:
+            self.progress.pop(job.id, None)
         del job.q.dead[job.id]
         self._set(job, G)
 

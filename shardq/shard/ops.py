@@ -36,11 +36,18 @@ SESSION = 8
 PURGE = 9
 EPOCH = 10
 PRIORITIES = 11
+# Results and workflows (shardq/shard/results.py; docs/design.md "Workflows and results").
+RESULT = 12
+PROGRESS = 13
+ARRIVE = 14
+FIRED = 15
+BARRIER_CANCEL = 16
 # Checkpoint-only operations (a checkpoint is the live state written as operations).
 META = 20
 JOB = 21
 DEDUP = 22
 CLIENT = 23
+BARRIER = 24
 # Control operations (shardq/shard/control.py). Also written by checkpoints: a paused queue
 # as its PAUSE, a cancelled lease as a CANCEL after its JOB.
 PAUSE = 30
@@ -129,6 +136,46 @@ class Priorities(NamedTuple):
     queue: str
 
 
+class Result(NamedTuple):  # a job's result, kept until expires_at (put_result)
+    job_id: int
+    value: bytes             # msgpack of the task's return value
+    expires_at: float
+
+
+class Progress(NamedTuple):  # a leased job's progress; dropped when the job leaves the shard
+    job_id: int
+    fraction: float | None   # 0..1
+    note: str | None
+
+
+class Arrive(NamedTuple):
+    # A member of a barrier reported its value (index is counted once). The arrival that
+    # completes the barrier carries the callback item ([body, key, queue, delay, priority]),
+    # so a barrier found complete without its FIRED at start can still be fired; the others
+    # carry None (a callback is written once, not once per member).
+    barrier_id: str
+    member: int              # the member's index, 0 <= member < total ("index" is a tuple method)
+    total: int
+    value: bytes
+    # None, but on the completing arrival: the expiry its FIRED gets (an open barrier is
+    # kept until it fires or is cancelled)
+    expires_at: float | None
+    callback: list[Any] | None = None
+
+
+class Fired(NamedTuple):  # the callback was enqueued as job_id, in the same record
+    barrier_id: str
+    job_id: int
+    expires_at: float        # the tombstone's end
+
+
+class BarrierCancel(NamedTuple):
+    # Cancelled: later arrivals are ignored. Applied to a barrier already fired or cancelled
+    # (the live path logs that only once its tombstone expired) it starts a new, cancelled one.
+    barrier_id: str
+    expires_at: float
+
+
 class Meta(NamedTuple):
     next_seq: int
     next_token: int
@@ -163,6 +210,19 @@ class Client(NamedTuple):
     client_id: int
     last_seen: float
     requests: list[list[Any]]   # [[client_seq, [job_ids]], ...]
+
+
+class Barrier(NamedTuple):
+    # One barrier of a checkpoint. A barrier whose values pass a chunk is written as several
+    # in a row, each with some of its values (the same other fields), which replay merges.
+    barrier_id: str
+    total: int
+    indexes: list[int]
+    values: list[bytes]
+    fired_job: int | None
+    cancelled: bool
+    expires_at: float | None
+    callback: list[Any] | None = None   # kept from the completing ARRIVE until FIRED
 
 
 class Pause(NamedTuple):
@@ -207,10 +267,16 @@ REGISTRY: dict[int, OpSpec] = {spec.code: spec for spec in (
     OpSpec(PURGE, "purge", Purge, "_apply_purge"),
     OpSpec(EPOCH, "epoch", Epoch, "_apply_epoch"),
     OpSpec(PRIORITIES, "priorities", Priorities, "_apply_priorities"),
+    OpSpec(RESULT, "result", Result, "_apply_result"),
+    OpSpec(PROGRESS, "progress", Progress, "_apply_progress"),
+    OpSpec(ARRIVE, "arrive", Arrive, "_apply_arrive"),
+    OpSpec(FIRED, "fired", Fired, "_apply_fired"),
+    OpSpec(BARRIER_CANCEL, "barrier_cancel", BarrierCancel, "_apply_barrier_cancel"),
     OpSpec(META, "meta", Meta, "_apply_meta"),
     OpSpec(JOB, "job", Job, "_apply_job"),
     OpSpec(DEDUP, "dedup", Dedup, "_apply_dedup"),
     OpSpec(CLIENT, "client", Client, "_apply_client"),
+    OpSpec(BARRIER, "barrier", Barrier, "_apply_barrier"),
     OpSpec(PAUSE, "pause", Pause, "_apply_pause"),
     OpSpec(CANCEL, "cancel", Cancel, "_apply_cancel"),
     OpSpec(LIMITS, "limits", Limits, "_apply_limits"),

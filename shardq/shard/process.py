@@ -64,6 +64,8 @@ from .jobstate import R
 from .histogram import Snapshot
 from .queues import QueueStats
 from .report import NO_SPACE, RELOAD, RELOAD_FILE, ReportingFiles, SupervisorPipe
+from .result_handlers import ResultHandlers
+from .results import WorkflowStats
 from .state import ShardState
 
 log = logging.getLogger("shardq.shard")
@@ -99,7 +101,7 @@ LeaseWaiter: TypeAlias = tuple[FrameConn, int, Any, Any, float]
 
 
 class ShardStats(TypedDict):
-    """The reply to ``stats``; ``metrics`` adds the last four (control_handlers.py)."""
+    """The reply to ``stats``; ``metrics`` adds the last five (control_handlers.py)."""
     shard: int
     pid: int
     queues: dict[str, QueueStats]
@@ -116,15 +118,19 @@ class ShardStats(TypedDict):
     waiting_dequeues: int
     replay_records: int
     replay_seconds: float
+    results: int                     # results kept (results.py)
+    barriers: dict[str, int]         # {"open": n, "fired": n, "cancelled": n}
     queue_metrics: NotRequired[dict[str, dict[str, float | None]]]
+    workflow_counters: NotRequired[dict[str, int]]   # results.py, since the shard started
     commit_seconds: NotRequired[Snapshot]
     commit_ops: NotRequired[Snapshot]
     fsyncs: NotRequired[int]
 
 
-class ShardServer(ControlHandlers):
+class ShardServer(ControlHandlers, ResultHandlers):
     """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. The handler
-    of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers)."""
+    of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers;
+    the results and workflow ops': ResultHandlers)."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
                  busy: Callable[[str], AbstractContextManager[object]] | None = None,
@@ -563,6 +569,7 @@ class ShardServer(ControlHandlers):
 
     def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
         lg = self.shard.log
+        kept: WorkflowStats = self.state.workflow_stats()  # as of this iteration's advance
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
                 "jobs": len(self.state.jobs), "wal_bytes": lg.disk_bytes, "wal_disk_bytes": lg.allocated_bytes(),
                 "segments": len(lg.segments),
@@ -573,7 +580,8 @@ class ShardServer(ControlHandlers):
                 "iterations": self.iterations,
                 "waiting_dequeues": sum(map(len, self.lease_waiters.values())),
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
-                "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0}
+                "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0,
+                "results": kept["results"], "barriers": kept["barriers"]}
 
     def _ping(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
@@ -705,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
             lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
-            stats = shard.open()  # logs what it replayed
+            stats = shard.open(SystemClock().now())  # logs what it replayed
     except CorruptLog as e:
         log.error("refusing to start: %s", e)
         pipe.corrupt(e.path, e.offset, e.reason)

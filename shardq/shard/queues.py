@@ -9,7 +9,7 @@ from typing import Any, NotRequired, TypeAlias, TypedDict
 
 from .. import limits
 from ..config import LIMIT_KEYS, owner_shard
-from ..errors import InvalidJob, QueueFull, UnknownQueue, check
+from ..errors import InvalidJob, QueueFull, check
 from . import ops
 from ..protocol import validate
 from .core import ENQUEUED, Job, QueueState, StateCore
@@ -27,7 +27,6 @@ _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "
                  + limits.BODY_BYTES_MAX_CEILING <= _REQUEST_BYTES_MAX)
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
-_KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
 
 #: One job of a batch once validated: (body, key, queue, delay, priority, dedup_id, its queue).
 _Checked: TypeAlias = tuple[bytes, str | None, str, float, int, str | bytes | None, QueueState]
@@ -81,37 +80,11 @@ class QueueOps(StateCore):
         if len(self.jobs) + n > self.max_pending:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
         checked: list[_Checked] = []
-        queues, undeclared = self.queues, self.undeclared
         new_queues: dict[str, QueueState] = {}
         log_bytes = 64 + 16 * n  # the session op and its job ids
+        check = self._check_item
         for item in items:
-            if type(item) not in (tuple, list) or len(item) != 6:
-                raise InvalidJob("each job is (body, key, queue, delay, priority, dedup_id)")
-            b, k, qname, delay, prio, did = item
-            if type(qname) is not str:
-                raise InvalidJob(f"queue must be a string, got {type(qname).__name__}")
-            q = queues.get(qname)
-            if q is None:
-                q = new_queues.get(qname)
-                if q is None:
-                    q = new_queues[qname] = self._queue(qname, create=False)
-            elif undeclared and qname in undeclared:
-                raise UnknownQueue(f"queue {qname!r} is no longer declared in the config: its remaining "
-                                   "jobs can be dequeued and its dead letters handled, but it takes no new jobs")
-            if q.lim is not None:
-                self._owner_check(q)
-            max_body = q.cfg.max_body_bytes
-            if not (type(b) is bytes and 0 < len(b) <= max_body):
-                b = validate.body(b, max_body)
-            if k is not None and not (type(k) is str and 0 < len(k) <= _KEY_FAST_CHARS):
-                k = validate.key(k)
-            if type(delay) is not int or delay:  # fast path for the common int 0
-                delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
-            if type(prio) is not int or prio:
-                prio = validate.priority(prio)
-            if did is not None:
-                did = validate.dedup_id(did)
-            checked.append((b, k, qname, delay, prio, did, q))
+            checked.append(check(item, new_queues))
         if n > 1 or not _ONE_JOB_FITS:
             log_bytes += validate.jobs_bytes(checked)
         if self.dedup_held + n > self.max_dedup:
@@ -122,7 +95,7 @@ class QueueOps(StateCore):
                              f"{_REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
         if new_queues:
             self._room_for_queues(len(new_queues))
-        queues.update(new_queues)  # every item is valid: from here on nothing can refuse
+        self.queues.update(new_queues)  # every item is valid: from here on nothing can refuse
         for q in new_queues.values():
             self._note_limited(q)
         emitted = self._ops

@@ -18,14 +18,21 @@ changes, key lines, time) and on nothing else:
 :mod:`.leases` (LeaseOps)     dequeue, ack, nack, bury, extend, dead letters, epochs
 :mod:`.control` (ControlOps)  pause, resume, cancel, job look-up, dead-letter pages,
                               metrics figures
+:mod:`.results` (ResultOps)   results, progress, workflow barriers (arrive, fire, cancel)
 :mod:`.checkpoint`            the checkpoint codec: snapshot, and applying checkpoint-only
 (CheckpointCodec)             operations
 ============================  ==========================================================
+
+The one place two concerns meet is a barrier's callback: the arrival that completes a
+barrier (:mod:`.results`) enqueues its callback through the enqueue path (:mod:`.queues`),
+so :class:`ShardState`, which holds both, provides ``_enqueue_callback``.
 
 Job states and their transitions are in :mod:`.jobstate`; the data layout is described in
 :mod:`.core`.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from .checkpoint import CheckpointCodec
 from .control import ControlOps
@@ -33,11 +40,17 @@ from .core import KEY_LIST_MAX, Job, QueueState, StateCore
 from .jobstate import TRANSITIONS, JobState
 from .leases import LeaseOps
 from .queues import QueueOps
+from .results import ResultOps
 
 __all__ = ["ShardState", "JobState", "TRANSITIONS", "KEY_LIST_MAX", "Job", "QueueState", "StateCore"]
 
 
-class ShardState(QueueOps, LeaseOps, ControlOps, CheckpointCodec):
+class ShardState(QueueOps, LeaseOps, ControlOps, ResultOps, CheckpointCodec):
     """The state of one shard. See the module docstring for the guarantees and for which
     module holds which of its methods; every method is on this one object, as before the
     split, so callers and replay see no difference."""
+
+    def _enqueue_callback(self, item: tuple[Any, ...], now: float) -> int:
+        """A barrier's callback enqueued as any job is (its checks, limits, dedup): the
+        job's id; the enqueue's typed error, with nothing logged, if it refuses."""
+        return self.enqueue_many([item], now)[0]

@@ -91,6 +91,13 @@ def assert_serving(svc):
 
 # ---------------------------------------------------------------- the generator
 TEMPLATES = {
+    "put_result": [1 << 10, 1, b"value", 60.0],
+    "progress": [1 << 10, 1, 0.5, "note"],
+    "result": [[1 << 10, 2 << 10]],
+    "arrive": ["fz.b", 0, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]],
+    "barrier": [["fz.b", "fz.c"]],
+    "barrier_values": ["fz.b"],
+    "cancel_barrier": ["fz.c", 60.0],
     "enqueue": [[[b"body", "fz-key", "default", 0, 0, None]], [7, 1, 1]],
     "dequeue": ["fuzzq", 5.0, 2],
     "peek": ["fuzzq", 2],

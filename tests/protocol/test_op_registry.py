@@ -40,7 +40,7 @@ def test_every_operation_has_an_apply_method_and_the_dispatch_table_is_the_regis
 
 def test_operations_on_one_job_hold_its_id_first():
     assert ops.JOB_OPS == {ops.ENQUEUE, ops.LEASE, ops.ACK, ops.RELEASE, ops.EXTEND, ops.DEAD, ops.REDRIVE,
-                           ops.PURGE, ops.JOB, ops.CANCEL}
+                           ops.PURGE, ops.JOB, ops.CANCEL, ops.RESULT, ops.PROGRESS}
     for code in ops.JOB_OPS:
         assert ops.field(ops.REGISTRY[code].record, "job_id") == ops.JOB_ID
 
@@ -79,7 +79,10 @@ def _workload(state: ShardState) -> list[list]:
     run(state.nack, c, leases[c].token, now, 0, None, False)             # RELEASE, undelivered
     (lc,) = run(state.dequeue, "default", now, None, 1)
     assert lc.job_id == c
+    run(state.set_progress, c, lc.token, 0.1, None, now)                 # c stays: its progress is checkpointed
     run(state.nack, c, lc.token, now, 1, "boom")                         # RELEASE with a delay
+    run(state.put_result, a, leases[a].token, b"result", 60.0, now)      # RESULT
+    run(state.set_progress, a, leases[a].token, 0.5, "half", now)       # PROGRESS
     run(state.ack, a, leases[a].token, now)                              # ACK: b moves up
     (lb,) = run(state.dequeue, "default", now, None, 1)
     assert lb.job_id == b
@@ -93,6 +96,10 @@ def _workload(state: ShardState) -> list[list]:
     run(state.cancel, d, now)                                            # CANCEL
     run(state.pause, "default", now)                                     # paused: in the checkpoint
     run(state.set_limits, "limited", {"concurrency": 2}, now)            # LIMITS: in the checkpoint too
+    callback = [b"callback", None, "default", 0, 0]
+    run(state.arrive, "chord", 0, 2, b"v0", 60.0, callback, now)          # ARRIVE
+    run(state.arrive, "chord", 1, 2, b"v1", 60.0, callback, now)          # ARRIVE, ENQUEUE, FIRED
+    run(state.cancel_barrier, "other", 60.0, now)                        # BARRIER_CANCEL
     return logged
 
 

@@ -1,0 +1,48 @@
+"""The shard process's handlers for the results and workflow ops (``put_result`` to
+``cancel_barrier`` in ``wire.REQUESTS``): thin wrappers over
+:class:`~shardq.shard.results.ResultOps`, a mixin of
+:class:`~shardq.shard.process.ShardServer`. Like every handler they run on the loop
+thread; what they change (a result, progress, an arrival with the callback it enqueues, a
+cancel) is logged and fsynced before the reply leaves, and an arrival's callback job is
+offered to waiting consumers in the same iteration, as any enqueue's."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..protocol.wire import ResultRow
+    from .conn import FrameConn
+    from .control_handlers import Args
+    from .results import BarrierInfo
+    from .state import ShardState
+
+
+class ResultHandlers:
+    """Mixin of ShardServer; expects its ``state``."""
+
+    state: ShardState
+
+    def _put_result(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
+        job_id, token, value, ttl_s = args
+        self.state.put_result(job_id, token, value, ttl_s, now)
+
+    def _progress(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
+        job_id, token, fraction, note = args
+        self.state.set_progress(job_id, token, fraction, note, now)
+
+    def _result(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[ResultRow]:
+        return self.state.results_of(args[0], now)
+
+    def _arrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
+        barrier_id, index, total, value, ttl_s, callback = args
+        return self.state.arrive(barrier_id, index, total, value, ttl_s, callback, now)
+
+    def _barrier(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[BarrierInfo | None]:
+        return self.state.barrier_info(args[0], now)
+
+    def _barrier_values(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[bytes]:
+        return self.state.barrier_values(args[0], now)
+
+    def _cancel_barrier(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
+        barrier_id, ttl_s = args
+        return self.state.cancel_barrier(barrier_id, ttl_s, now)
