@@ -35,10 +35,11 @@ from ..datadir import DataDir
 from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import DeadLetter, JobId, Lease
+from . import results as res
 from .aioconn import Req, ShardConn
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_item, lease_shard, listed,
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_item, job_shard, lease_shard, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job,
                       split_by_shard)
 
@@ -456,6 +457,49 @@ class AsyncQueue:
 
     async def ping(self) -> list[int]:
         return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]
+
+    # ------------------------------------------------------------------ results and workflows
+    # As the threaded router's (same requests and replies: client/results.py).
+    async def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
+        await self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
+
+    async def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
+        await self._call(*res.progress_call(lease, fraction, note, self.shards))
+
+    async def results(self, job_ids: list[JobId]) -> list[res.JobResult]:
+        job_ids = list(job_ids)
+        calls, where = res.result_calls(job_ids, self.shards)
+        entries = res.in_order(len(job_ids), where, [v for v, _ in await self._call_all(calls)] if calls else [])
+        out = []
+        for job_id, entry in zip(job_ids, entries):
+            got, withheld = res.job_result(job_id, entry)  # type: ignore[arg-type]  # this backend's ids are ints
+            if withheld:
+                alone = await self._call(job_shard(job_id, self.shards), "result", [[job_id]])
+                got, _ = res.job_result(job_id, alone[0])  # type: ignore[arg-type]
+            out.append(got)
+        return out
+
+    async def route(self, queue: str, key: str | None, barrier: str) -> int:
+        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
+        if queue not in self._owners:
+            await self._learn_owner(queue, shard)
+        owner = self._owners.get(queue)
+        return shard if owner is None else owner
+
+    async def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+                     callback: list) -> str:
+        return await self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
+                                                 self.shards))
+
+    async def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
+        calls, where = res.barrier_calls(refs, self.shards)
+        return res.in_order(len(refs), where, [v for v, _ in await self._call_all(calls)] if calls else [])
+
+    async def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
+        return await self._call(shard, "barrier_values", [res.barrier_id(barrier)])
+
+    async def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> str:
+        return await self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
 
     async def close(self) -> None:
         """Close the connections. The replies of abandoned dequeues and withdrawn waits,

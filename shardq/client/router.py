@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterable
 
 from ..protocol import status_file
+from . import results as res
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
@@ -713,6 +714,63 @@ class Router:
         of its newest segment ends. ShardUnavailable if a shard is down: a backup needs
         every shard (the staging dirs of the others are the caller's to remove)."""
         return [cut for cut, _ in self._call_many([(s, "backup_cut", [stage]) for s in range(self.shards)])]
+
+    # ------------------------------------------------------------------ results and workflows
+    # Calls of the local shards' router (docs/workflows.md); the tasks layer builds
+    # workflows on them. The requests and their replies are client/results.py's.
+    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
+        """Keep ``value`` (msgpack bytes) as the result of ``lease``'s job for ``ttl_s``
+        seconds; fenced like an ack (LeaseLost if the lease is no longer current)."""
+        self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
+
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
+        """Record how far ``lease``'s job got (durably; shown by ``results`` and ``job``)."""
+        self._call(*res.progress_call(lease, fraction, note, self.shards))
+
+    def results(self, job_ids: list[int]) -> list[res.JobResult]:
+        """Each job's outcome (:class:`~shardq.client.results.JobResult`), in order: one
+        call per shard; a value left out to keep a reply under the frame limit is asked
+        for again alone."""
+        job_ids = list(job_ids)
+        calls, where = res.result_calls(job_ids, self.shards)
+        entries = res.in_order(len(job_ids), where, [v for v, _ in self._call_many(calls)] if calls else [])
+        out = []
+        for job_id, entry in zip(job_ids, entries):
+            got, withheld = res.job_result(job_id, entry)
+            if withheld:
+                got, _ = res.job_result(job_id, self._call(job_shard(job_id, self.shards), "result", [[job_id]])[0])
+            out.append(got)
+        return out
+
+    def route(self, queue: str, key: str | None, barrier: str) -> int:
+        """The shard a job of ``queue`` with ``key`` is enqueued on: its queue's owner if
+        placed, else its key's shard; a keyless one goes where ``barrier`` hashes."""
+        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
+        owner = self._owners[queue] if queue in self._owners else self._learn_owner(queue, shard)
+        return shard if owner is None else owner
+
+    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+               callback: list) -> str:
+        """Report member ``index`` of ``total`` of ``barrier`` (on ``shard``) done with
+        ``value``; the last one makes that shard enqueue ``callback`` (an enqueue item),
+        once. ``"counted"``, ``"repeated"`` (already counted: nothing changed), ``"fired"``
+        or ``"cancelled"``."""
+        return self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
+                                               self.shards))
+
+    def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
+        """The state of each ``(shard, barrier id)``, in order (None: not known there)."""
+        calls, where = res.barrier_calls(refs, self.shards)
+        return res.in_order(len(refs), where, [v for v, _ in self._call_many(calls)] if calls else [])
+
+    def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
+        """The values of a complete barrier, in member order."""
+        return self._call(shard, "barrier_values", [res.barrier_id(barrier)])
+
+    def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> str:
+        """Mark ``barrier`` cancelled (its callback is never enqueued): ``"cancelled"``, or
+        ``"fired"`` if it already was."""
+        return self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
 
     def close(self) -> None:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""
