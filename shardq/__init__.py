@@ -54,7 +54,7 @@ from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fa
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
                      ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
                      TooManyConnections, UnknownQueue, Unsupported, UsageError)
-from .errors import OutboxBehind, StoreUnavailable
+from .errors import JobFailed, OutboxBehind, StoreUnavailable
 from .types import DeadLetter, JobId, Lease
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from .consumer.postgres import PostgresStore
     from .tasks.app import App, Exponential, Task
     from .consumer.worker import Worker
+    from .tasks.workflow import Workflow, chain, chord, group
 
 # Imported on first use (PEP 562), so that a process that needs one part does not load the
 # others: a shard process needs neither the router nor asyncio, and `import shardq` in an app
@@ -74,6 +75,8 @@ _LAZY = {
     "Config": (".config", "Config"), "QueueConfig": (".config", "QueueConfig"),
     "App": (".tasks.app", "App"), "Exponential": (".tasks.app", "Exponential"),
     "Task": (".tasks.app", "Task"),
+    "chain": (".tasks.workflow", "chain"), "group": (".tasks.workflow", "group"),
+    "chord": (".tasks.workflow", "chord"), "Workflow": (".tasks.workflow", "Workflow"),
     "Queue": (".client.queue", "Queue"), "Router": (".client.router", "Router"),
     "Worker": (".consumer.worker", "Worker"), "PostgresStore": (".consumer.postgres", "PostgresStore"),
     "aio": (".client.aio", None),  # `await shardq.aio.connect(...)`
@@ -87,7 +90,8 @@ __all__ = [
     "TooManyConnections", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
-    "PostgresStore", "StoreUnavailable", "OutboxBehind",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind", "JobFailed", "chain", "group", "chord",
+    "Workflow",
 ]
 
 

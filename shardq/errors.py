@@ -191,6 +191,17 @@ class OutboxBehind(ShardqError):
     message names the rows and what to do (docs/guarantees.md, "The dedup window")."""
 
 
+class JobFailed(ShardqError):
+    """A job whose result was asked for failed for good: it was dead-lettered (``error``:
+    its last error, ``job_id``: the job; for a workflow, the step that failed, ``task``
+    its task name). Redriving that job from the dead letters lets it, and its workflow,
+    finish."""
+
+    def __init__(self, message: str, job_id: object = None, error: str | None = None,
+                 task: str | None = None):
+        super().__init__(message)
+        self.job_id, self.error, self.task = job_id, error, task
+
 
 #: Wire name -> class, for errors sent from a shard to a client.
 BY_NAME: dict[str, type[ShardqError]] = {

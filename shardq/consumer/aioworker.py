@@ -71,12 +71,52 @@ class AsyncContext(Context):
 
     __slots__ = ("_aextend",)
 
-    def __init__(self, lease: Lease, db: Any, aextend):
-        super().__init__(lease, db, None)
+    def __init__(self, lease: Lease, db: Any, aextend, client: LoopCalls | None = None):
+        super().__init__(lease, db, None, client=client)
         self._aextend = aextend
 
     async def extend(self, seconds: float) -> float:  # type: ignore[override]
         return await self._aextend(seconds)
+
+    def _report(self) -> None:
+        # An async task runs on the loop: the progress call goes out without blocking it.
+        if isinstance(self.client, LoopCalls):
+            self.client.progress_soon(self.lease, self.fraction, self.note)
+
+
+class LoopCalls:
+    """The asyncio client's calls about a running job (:class:`~.handling.JobCalls`),
+    made blocking for code in another thread than the loop's (sync tasks, and what
+    ``ctx.after_commit`` asked, run in threads)."""
+
+    def __init__(self, q: Any, loop: asyncio.AbstractEventLoop):
+        self._q, self._loop = q, loop
+
+    def _wait(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
+        self._wait(self._q.put_result(lease, value, ttl_s))
+
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
+        self._wait(self._q.progress(lease, fraction, note))
+
+    def progress_soon(self, lease: Lease, fraction: float | None, note: str | None) -> None:
+        """From the loop's thread: send it, log a failure, do not wait."""
+        async def send() -> None:
+            try:
+                await self._q.progress(lease, fraction, note)
+            except ShardqError as exc:
+                log.warning("job %s: progress not recorded: %s: %s", lease.job_id, type(exc).__name__, exc)
+        spawn = getattr(self._q, "spawn", None)
+        (spawn or self._loop.create_task)(send())
+
+    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+               callback: list) -> str:
+        return self._wait(self._q.arrive(shard, barrier, index, total, value, ttl_s, callback))
+
+    def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
+        return self._wait(self._q.barrier_values(shard, barrier))
 
 
 class _Job:
@@ -119,6 +159,7 @@ class AsyncWorker:
         self.stats = WorkerStats()
         self.jobs: dict[tuple, _Job] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
         self._started = threading.Event()
@@ -150,6 +191,7 @@ class AsyncWorker:
         else:
             q = self.target
         self.q = q
+        self._calls = LoopCalls(q, self._loop)
         try:
             if self.store is not None and isinstance(q.service_id, str):
                 await asyncio.to_thread(self.store.bind, q.service_id)
@@ -264,7 +306,7 @@ class AsyncWorker:
                     result = await asyncio.to_thread(
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
                         lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
-                        max_deliveries=self.policy.max_deliveries)
+                        max_deliveries=self.policy.max_deliveries, client=self._calls)
             job.ran = True
             settle = self.policy.settle(*result, lease, lost=job.lost)
             if settle.counted_at_once:
@@ -294,14 +336,23 @@ class AsyncWorker:
             if self.store is not None:
                 txn = TxnThread(self.store, lease.job_id, lambda: self._may_commit(job))
                 if not await txn.begin():
+                    again = getattr(self.handler, "finish_duplicate", None)
+                    if again is not None:
+                        ctx = AsyncContext(lease, None, lambda s: self._extend(job, s), self._calls)
+                        kept = await asyncio.to_thread(self.store.kept_result, lease.job_id)
+                        await asyncio.to_thread(again, ctx, kept)
                     return DUPLICATE, None, None
                 db = txn.db
-            ctx = AsyncContext(lease, db, lambda s: self._extend(job, s))
+            ctx = AsyncContext(lease, db, lambda s: self._extend(job, s), self._calls)
             task, args, kwargs = self.handler.resolve(ctx)
             await self.handler.run_async(task, ctx, args, kwargs)
             if txn is None:
+                await asyncio.to_thread(ctx.run_after)
                 return DONE, None, None
-            return await txn.finish(commit=True), None, None  # claim, lease check, COMMIT
+            outcome = await txn.finish(commit=True, result=ctx.kept)  # claim, lease check, COMMIT
+            if outcome == DONE:
+                await asyncio.to_thread(ctx.run_after)
+            return outcome, None, None
         except BaseException as exc:
             failure = exc
             if txn is not None:

@@ -13,11 +13,11 @@ import logging
 import random
 import signal
 import traceback
-from typing import Any
+from typing import Any, Protocol
 from collections.abc import Callable
 
 from .. import limits
-from ..errors import Fail, Retry, Unsupported
+from ..errors import Fail, InvalidJob, Retry, ShardqError, Unsupported
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
@@ -29,6 +29,21 @@ DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
     "done", "duplicate", "failed", "lost", "expired", "skipped", "retry", "bury")
 #: (outcome, error text, retry delay in seconds or None)
 Result = tuple[str, "str | None", "float | None"]
+
+
+class JobCalls(Protocol):
+    """The calls a running job may make about itself (:attr:`Context.client`): the
+    worker's own client, blocking. The local shards' routers have them; a backend that
+    keeps no results (SQS) does not."""
+
+    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None: ...
+
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None: ...
+
+    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+               callback: list) -> str: ...
+
+    def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
 
 
 class Context:
@@ -43,19 +58,33 @@ class Context:
     timeout); returns the new deadline, LeaseLost if the lease is already gone. The worker's
     loop makes the call (it is the only thread that talks to the queue).
 
-    ``progress(note)``: logged (INFO, logger ``shardq.worker``) and kept as the job's last
-    note (``ctx.note``); if the job then fails, the note is added to its error text, so a
-    dead letter says how far it got. Nothing is written to the queue.
+    ``progress(fraction, note)`` (or ``progress(note)``): how far the job got, a fraction
+    in [0, 1] (or None) and a short note. Logged (INFO, logger ``shardq.worker``), kept as
+    ``ctx.fraction`` and ``ctx.note``, and written to the job's shard where the worker's
+    client keeps progress (the local shards: ``app.status(job_id)`` and ``shardq job
+    show`` read it); a failure to write it is logged, never the job's failure. If the job
+    then fails, the note is added to its error text, so a dead letter says how far it got.
+
+    ``client``: the worker's client for calls about this job (:class:`JobCalls`; None in
+    process mode). ``keep(value)`` and ``after_commit(fn)`` are for layers built on the
+    worker (tasks keep their results this way): ``value`` is kept with the job's processed
+    mark by an idempotency store, and ``fn()`` runs once the effect committed (right after
+    the handler without a store), before the ack; if it raises, the attempt fails.
     """
 
-    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "_extend")
+    __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "fraction",
+                 "client", "kept", "_after", "_extend")
 
     def __init__(self, lease: Lease, db: Any = None, extend: Callable[[float], float] | None = None, *,
-                 session: Any = None):
+                 session: Any = None, client: JobCalls | None = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
         self.session = session
         self.note: str | None = None
+        self.fraction: float | None = None
+        self.client = client
+        self.kept: bytes | None = None
+        self._after: Callable[[], None] | None = None
         self._extend = extend
 
     def extend(self, seconds: float) -> float:
@@ -63,9 +92,39 @@ class Context:
             raise Unsupported("ctx.extend needs the worker's thread or asyncio mode (not process mode)")
         return self._extend(seconds)
 
-    def progress(self, note: str) -> None:
-        self.note = str(note)[: limits.ERROR_TEXT_BYTES_MAX // 2]
-        log.info("job %s attempt %d: progress: %s", self.job_id, self.attempt, self.note)
+    def progress(self, fraction: float | str | None = None, note: str | None = None) -> None:
+        if isinstance(fraction, str) and note is None:
+            fraction, note = None, fraction  # progress("note"), as before fractions
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+                raise InvalidJob(f"ctx.progress: the fraction must be a number in [0, 1] or None, got {fraction!r}")
+            fraction = float(fraction)
+        self.fraction = fraction
+        if note is not None:
+            self.note = cut_bytes(str(note), limits.PROGRESS_NOTE_BYTES_MAX)
+        log.info("job %s attempt %d: progress: %s%s", self.job_id, self.attempt,
+                 "" if fraction is None else f"{fraction:.0%} ", self.note or "")
+        self._report()
+
+    def _report(self) -> None:
+        report = getattr(self.client, "progress", None)
+        if report is None:
+            return
+        try:
+            report(self.lease, self.fraction, self.note)
+        except ShardqError as exc:
+            log.warning("job %s: progress not recorded: %s: %s", self.job_id, type(exc).__name__, exc)
+
+    def keep(self, value: bytes) -> None:
+        self.kept = value
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        self._after = fn
+
+    def run_after(self) -> None:
+        """Run what :meth:`after_commit` asked for (the effect has committed)."""
+        if self._after is not None:
+            self._after()
 
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
@@ -91,16 +150,21 @@ def error_text(exc: BaseException) -> str:
 
 def cut_text(text: str) -> str:
     """``text`` cut to ``limits.ERROR_TEXT_BYTES_MAX`` UTF-8 bytes (on a character boundary)."""
+    return cut_bytes(text, limits.ERROR_TEXT_BYTES_MAX)
+
+
+def cut_bytes(text: str, max_bytes: int) -> str:
+    """``text`` cut to ``max_bytes`` UTF-8 bytes (on a character boundary)."""
     raw = text.encode("utf-8", "replace")
-    if len(raw) > limits.ERROR_TEXT_BYTES_MAX:
-        text = raw[: limits.ERROR_TEXT_BYTES_MAX].decode("utf-8", "ignore")
+    if len(raw) > max_bytes:
+        text = raw[:max_bytes].decode("utf-8", "ignore")
     return text
 
 
 def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
             extend: Callable[[float], float] | None = None, *,
-            max_deliveries: int | None = None) -> Result:
+            max_deliveries: int | None = None, client: JobCalls | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
@@ -110,24 +174,37 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
     :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
     ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
     the log (see :func:`failure_result`).
+
+    What the handler asked with ``ctx.after_commit`` runs after the commit (without a store:
+    after the handler), before this returns DONE; what it kept with ``ctx.keep`` is claimed
+    with the mark. A job skipped as seen goes to the handler's ``finish_duplicate(ctx,
+    kept)``, if it has one, with what the first delivery kept (tasks report a skipped
+    step's result this way).
     """
     ctx = None
     try:
         if store is None:
-            ctx = Context(lease, None, extend)
+            ctx = Context(lease, None, extend, client=client)
             handler(ctx)
+            ctx.run_after()
             return DONE, None, None
         if store.seen(lease.job_id):
+            again = getattr(handler, "finish_duplicate", None)
+            if again is not None:
+                ctx = Context(lease, None, extend, client=client)
+                again(ctx, store.kept_result(lease.job_id))
             return DUPLICATE, None, None
         with store.transaction() as txn:
-            ctx = Context(lease, txn.db, extend, session=txn.session)
+            ctx = Context(lease, txn.db, extend, session=txn.session, client=client)
             handler(ctx)
-            if not txn.claim(lease.job_id):
+            claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
+            if not claimed:
                 txn.abort()  # another delivery committed it while we ran
                 return DUPLICATE, None, None
             if may_commit is not None and not may_commit():
                 txn.abort()  # lease lost: roll back, the redelivery wins
                 return LOST, None, None
+        ctx.run_after()
         return DONE, None, None
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
         return failure_result(exc, lease, ctx, max_deliveries=max_deliveries)

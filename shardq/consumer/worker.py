@@ -555,7 +555,7 @@ class Worker:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._policy.max_deliveries)
+                           max_deliveries=self._policy.max_deliveries, client=self._q)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None

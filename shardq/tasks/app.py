@@ -37,18 +37,20 @@ import inspect
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
                     ParamSpec, TypeVar, overload)
 from collections.abc import Callable, Iterable
 
 from .. import limits
-from ..errors import InvalidConfig, InvalidJob
+from ..errors import InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
 from ..types import JobId
 from . import body as taskbody
 
 if TYPE_CHECKING:
     from ..client.queue import Queue
+    from .workflow import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -77,9 +79,11 @@ class Task(Generic[P, R]):
     """One task. Call it like the function (``task(ctx, ...)``) to run it inline, in tests."""
 
     def __init__(self, app: App, fn: Callable[..., Any], name: str, queue: str,
-                 key: str | Callable[..., str] | None, retries: int | None, backoff: Exponential):
+                 key: str | Callable[..., str] | None, retries: int | None, backoff: Exponential,
+                 keep_result: float | None = None):
         self.app, self.fn, self.name, self.queue = app, fn, name, queue
         self.key, self.retries, self.backoff = key, retries, backoff
+        self.keep_result = keep_result
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         if not self.signature.parameters:
@@ -93,15 +97,30 @@ class Task(Generic[P, R]):
         return f"<task {self.name} queue={self.queue!r}>"
 
     # ------------------------------------------------------------------ sending
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature: this call, not sent yet, for :func:`~shardq.tasks.workflow.chain`,
+        :func:`~shardq.tasks.workflow.group` and :func:`~shardq.tasks.workflow.chord`. In a
+        chain the step gets the previous step's result as its first argument after ``ctx``,
+        before ``args``."""
+        from .workflow import Signature
+        return Signature(self, tuple(args), dict(kwargs))
+
     def send(self, *args: P.args, **kwargs: P.kwargs) -> JobId:
         """Enqueue a call; returns the job id once the job is durable."""
-        return self.app.queue.enqueue(**self.job(args, kwargs))
+        return self._queue().enqueue(**self.job(args, kwargs))
+
+    def _queue(self) -> Queue:
+        """The app's queue; Unsupported if this task keeps results and it cannot."""
+        q = self.app.queue
+        if self.keep_result:
+            _results_of(q)
+        return q
 
     def send_with(self, *, delay: float = 0, priority: int = 0,
                   dedup_id: str | None = None) -> Callable[P, JobId]:
         """``task.send_with(delay=60, priority=5, dedup_id="welcome-42")(42)``."""
         def send(*args: P.args, **kwargs: P.kwargs) -> JobId:
-            return self.app.queue.enqueue(**self.job(args, kwargs, delay, priority, dedup_id))
+            return self._queue().enqueue(**self.job(args, kwargs, delay, priority, dedup_id))
         return send
 
     def send_many(self, calls: Iterable[tuple[tuple | list, dict]]) -> list[JobId]:
@@ -116,13 +135,15 @@ class Task(Generic[P, R]):
         if len(jobs) > limits.BATCH_JOBS_MAX:
             ids: list[JobId] = []
             for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
-                ids += self.app.queue.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
+                ids += self._queue().enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
             return ids
-        return self.app.queue.enqueue_many(jobs)
+        return self._queue().enqueue_many(jobs)
 
     async def send_async(self, *args: P.args, **kwargs: P.kwargs) -> JobId:
         """``await task.send_async(...)``: enqueue through the app's asyncio client."""
         q = await self.app.aio()
+        if self.keep_result:
+            _results_of(q)
         return await q.enqueue(**self.job(args, kwargs))
 
     def job(self, args, kwargs, delay: float = 0, priority: int = 0, dedup_id: str | None = None) -> dict:
@@ -141,9 +162,32 @@ class Task(Generic[P, R]):
                 raise InvalidJob(f"task {self.name}: the key function failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(key, str):
                 raise InvalidJob(f"task {self.name}: the key function must return a str, got {key!r:.80}")
-        body = taskbody.encode(self.name, args, kwargs, self.signature)
+        steps = taskbody.Steps(float(self.keep_result), None, None) if self.keep_result else taskbody.NO_STEPS
+        body = taskbody.encode(self.name, args, kwargs, self.signature, steps)
         return {"body": body, "key": key, "queue": self.queue, "delay": delay, "priority": priority,
                 "dedup_id": dedup_id}
+
+
+_PENDING = object()
+
+
+def _results_of(q: Any) -> Any:
+    if not hasattr(q, "results"):
+        raise Unsupported(f"results need the local shards' service; {type(q).__name__} keeps none "
+                          "(docs/workflows.md)")
+    return q
+
+
+def _settled(r: Any, unpack: Callable[[bytes], Any]) -> Any:
+    """A job's value once it succeeded; _PENDING while it may still; JobFailed, NotFound."""
+    if r.state == "succeeded":
+        return unpack(r.value)
+    if r.state == "dead":
+        raise JobFailed(f"job {r.job_id} failed: {r.error}", job_id=r.job_id, error=r.error)
+    if r.state == "gone":
+        raise NotFound(f"job {r.job_id}: no result kept (its task has no keep_result, the result expired, "
+                       "or the job was cancelled or never enqueued)")
+    return _PENDING
 
 
 class App:
@@ -207,12 +251,15 @@ class App:
     @overload
     def task(self, *, queue: str = "default", key: str | Callable[..., str] | None = None,
              retries: int | None = None, backoff: Exponential | None = None,
-             name: str | None = None) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
+             name: str | None = None,
+             keep_result: float | None = None) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
-    def task(self, fn=None, /, *, queue="default", key=None, retries=None, backoff=None, name=None):
+    def task(self, fn=None, /, *, queue="default", key=None, retries=None, backoff=None, name=None,
+             keep_result=None):
         """Declare a task. ``name`` defaults to ``module.qualname``; keep it stable, it is
         how workers find the function (a renamed task's queued jobs would be dead-lettered
-        as unknown)."""
+        as unknown). ``keep_result``: seconds the service keeps each job's return value
+        (``app.result(job_id)``); default: not kept, except inside a workflow."""
         from ..config import check_queue_name
         check_queue_name(queue, InvalidConfig)
         if retries is not None and (type(retries) is not int or not 0 <= retries <= RETRIES_MAX):
@@ -221,6 +268,9 @@ class App:
             raise InvalidConfig("key must be None, a string or a function of the task's arguments")
         if backoff is not None and not isinstance(backoff, Exponential):
             raise InvalidConfig("backoff must be a shardq.Exponential")
+        if keep_result is not None and (isinstance(keep_result, bool) or not isinstance(keep_result, (int, float))
+                                        or not 0 < keep_result <= limits.KEEP_RESULT_S_MAX):
+            raise InvalidConfig(f"keep_result must be None or seconds in (0, {limits.KEEP_RESULT_S_MAX:.0f}]")
 
         def decorate(f):
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -228,7 +278,7 @@ class App:
                 raise InvalidConfig("a task name must be a non-empty string")
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
                 raise InvalidConfig(f"two tasks are named {task_name!r}")
-            t = Task(self, f, task_name, queue, key, retries, backoff or Exponential())
+            t = Task(self, f, task_name, queue, key, retries, backoff or Exponential(), keep_result)
             self.tasks[task_name] = t
             return t
 
@@ -254,6 +304,46 @@ class App:
             return t
 
         return decorate
+
+    # ------------------------------------------------------------------ results
+    def status(self, job_id: JobId) -> dict:
+        """What the service says of one job's outcome: ``state`` (``succeeded``, or the live
+        job's: ``ready``, ``delayed``, ``waiting``, ``leased``, ``dead``; or ``gone``),
+        ``attempts``, ``progress``, ``note``, ``error``, ``result_bytes``, ``expires_at``."""
+        (r,) = _results_of(self.queue).results([job_id])
+        return {"job_id": r.job_id, "state": r.state, "attempts": r.attempts, "progress": r.fraction,
+                "note": r.note, "error": r.error, "result_bytes": None if r.value is None else len(r.value),
+                "expires_at": r.expires_at}
+
+    def result(self, job_id: JobId, timeout: float | None = None) -> Any:
+        """The return value of a job of a task with ``keep_result``, once it succeeded.
+        JobFailed (with its error) if it was dead-lettered, TimeoutError if not done within
+        ``timeout`` seconds, NotFound if its result is gone (not kept, or expired)."""
+        from .workflow import POLL_FIRST_S, _next_wait, unpack
+        q = _results_of(self.queue)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = POLL_FIRST_S
+        while True:
+            (r,) = q.results([job_id])
+            value = _settled(r, unpack)
+            if value is not _PENDING:
+                return value
+            wait = _next_wait(wait, deadline, f"of job {job_id}")
+            time.sleep(wait)
+
+    async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
+        """As :meth:`result`, with this loop's asyncio client."""
+        from .workflow import POLL_FIRST_S, _next_wait, unpack
+        q = _results_of(await self.aio())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = POLL_FIRST_S
+        while True:
+            (r,) = await q.results([job_id])
+            value = _settled(r, unpack)
+            if value is not _PENDING:
+                return value
+            wait = _next_wait(wait, deadline, f"of job {job_id}")
+            await asyncio.sleep(wait)
 
     # ------------------------------------------------------------------ running
     def run_worker(self, queue: str | None = None, *, until_idle: bool = True,

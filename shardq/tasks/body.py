@@ -1,6 +1,12 @@
 """The body of a task job: msgpack of ``{"t": name, "a": args, "k": kwargs, "v": 1}``.
 
 Versioned (``v``) so a later format can be told apart; documented in docs/design.md.
+Version 2 adds what results and workflows need (docs/design.md, "Workflows and results"):
+``"r"`` (seconds to keep the result), ``"w"`` (where to report it: ``[barrier id, shard,
+index, total, ttl_s, callback item]``) and ``"in"`` (``[barrier id, shard, "one" | "all"]``:
+where the inputs are). A body without them stays version 1, so workers of the version
+before read every plain task job, and refuse, with the reason, a job they would run
+without finishing its workflow.
 msgpack only, never pickle: a body is data any worker (or any language) can read, and
 decoding it can run no code. Arguments msgpack cannot encode (a ``datetime``, a ``set``,
 an object) are refused at ``.send()`` with :class:`~shardq.errors.InvalidJob` naming the
@@ -10,13 +16,15 @@ from __future__ import annotations
 
 import base64
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from ..errors import InvalidJob
 
 VERSION = 1
+VERSION_WORKFLOW = 2
+VERSIONS = (VERSION, VERSION_WORKFLOW)
 _packb = msgpack.Packer(use_bin_type=True, datetime=False).pack
 
 
@@ -25,11 +33,28 @@ class BadBody(Exception):
     the job with this message)."""
 
 
-def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signature | None = None) -> bytes:
+class Steps(NamedTuple):
+    """The version-2 fields of a task body (all None in a version-1 body)."""
+    keep_s: float | None          # "r": seconds to keep the result
+    report: list | None           # "w": [barrier id, shard, index, total, ttl_s, callback item]
+    inputs: list | None           # "in": [barrier id, shard, "one" | "all"]
+
+
+NO_STEPS = Steps(None, None, None)
+
+
+def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signature | None = None,
+           steps: Steps = NO_STEPS) -> bytes:
     """The body for a call of task ``name``. InvalidJob names the argument msgpack refused
     (by parameter name when ``signature`` is given)."""
+    obj: dict[str, Any] = {"t": name, "a": list(args), "k": kwargs, "v": VERSION}
+    if steps != NO_STEPS:
+        obj["v"] = VERSION_WORKFLOW
+        for field, value in zip(("r", "w", "in"), steps):
+            if value is not None:
+                obj[field] = value
     try:
-        return _packb({"t": name, "a": list(args), "k": kwargs, "v": VERSION})
+        return _packb(obj)
     except (TypeError, ValueError, OverflowError):
         pass
     for where, value in _labelled(args, kwargs, signature):
@@ -44,6 +69,12 @@ def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signa
 
 def decode(body: bytes) -> tuple[str, list, dict]:
     """``(name, args, kwargs)`` of a task body; BadBody says why it is not one."""
+    name, args, kwargs, _ = decode_steps(body)
+    return name, args, kwargs
+
+
+def decode_steps(body: bytes) -> tuple[str, list, dict, Steps]:
+    """As :func:`decode`, and the body's version-2 fields."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several types for bad input; all mean BadBody
@@ -51,25 +82,49 @@ def decode(body: bytes) -> tuple[str, list, dict]:
     if type(obj) is not dict or "t" not in obj:
         raise BadBody("the job body is not a task body (no task name 't'): not a task job")
     version = obj.get("v")
-    if version != VERSION:
-        raise BadBody(f"task body version {version!r}: this worker reads version {VERSION}")
+    if version not in VERSIONS:
+        raise BadBody(f"task body version {version!r}: this worker reads versions {VERSION} and {VERSION_WORKFLOW}")
     name, args, kwargs = obj.get("t"), obj.get("a", []), obj.get("k", {})
     if type(name) is not str or type(args) is not list or type(kwargs) is not dict \
             or not all(type(k) is str for k in kwargs):
         raise BadBody("malformed task body: 't' must be a string, 'a' an array, 'k' a map of strings")
-    return name, args, kwargs
+    if version == VERSION:
+        return name, args, kwargs, NO_STEPS
+    steps = Steps(obj.get("r"), obj.get("w"), obj.get("in"))
+    if not (steps.keep_s is None or (isinstance(steps.keep_s, (int, float)) and not isinstance(steps.keep_s, bool)
+                                     and steps.keep_s > 0)) \
+            or not (steps.report is None or (type(steps.report) is list and len(steps.report) == 6)) \
+            or not (steps.inputs is None or (type(steps.inputs) is list and len(steps.inputs) == 3
+                                             and steps.inputs[2] in ("one", "all"))):
+        raise BadBody("malformed task body: 'r' must be seconds, 'w' [barrier, shard, index, total, ttl, "
+                      "callback], 'in' [barrier, shard, 'one' | 'all']")
+    return name, args, kwargs, steps
 
 
 def describe(body: bytes) -> dict | None:
     """A task body as plain JSON values, for people and tools that show jobs (the CLI, the
-    console): ``{"name": ..., "args": [...], "kwargs": {...}}``; None if ``body`` is not a
-    task body of this version. Bytes inside the arguments become ``{"base64": "..."}``;
-    it runs no code and changes nothing."""
+    console): ``{"name": ..., "args": [...], "kwargs": {...}}``, plus for a job of a
+    workflow or one whose result is kept ``keep_result`` (seconds), ``reports_to``
+    (``{"barrier", "shard", "index", "total"}``: the step or chord it completes) and
+    ``inputs_from`` (``{"barrier", "shard"}``); None if ``body`` is not a task body this
+    version reads. Bytes inside the arguments become ``{"base64": "..."}``; it runs no
+    code and changes nothing."""
     try:
-        name, args, kwargs = decode(body)
+        name, args, kwargs, steps = decode_steps(body)
     except BadBody:
         return None
-    return {"name": name, "args": _plain(args), "kwargs": _plain(kwargs)}
+    try:
+        out: dict[str, Any] = {"name": name, "args": _plain(args), "kwargs": _plain(kwargs)}
+        if steps.keep_s is not None:
+            out["keep_result"] = steps.keep_s
+        if steps.report is not None:
+            barrier, shard, index, total = steps.report[:4]
+            out["reports_to"] = _plain({"barrier": barrier, "shard": shard, "index": index, "total": total})
+        if steps.inputs is not None:
+            out["inputs_from"] = _plain({"barrier": steps.inputs[0], "shard": steps.inputs[1]})
+    except RecursionError:  # arguments nested deeper than Python recurses: shown as bytes instead
+        return None
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -14,10 +14,12 @@ import importlib
 import random
 from typing import Any
 
+from .. import limits
 from ..errors import Fail, Retry
 from ..consumer.handling import Context, error_text
-from .body import BadBody, decode
+from .body import BadBody, Steps, decode, decode_steps
 from .app import App, Task
+from .workflow import FANOUT, pack, unpack
 
 KNOWN_NAMES_SHOWN = 20  # an unknown-task error lists at most this many known names
 
@@ -45,17 +47,24 @@ class TaskHandler:
     # ------------------------------------------------------------------ routing
     def resolve(self, ctx: Context) -> tuple[Task, list, dict]:
         """The task and arguments of the job; Fail (dead-letter now) if there is none."""
+        name, args, kwargs, _ = self._decode(ctx)
+        return self._task(name), args, kwargs
+
+    @staticmethod
+    def _decode(ctx: Context) -> tuple[str, list, dict, Steps]:
         try:
-            name, args, kwargs = decode(ctx.body)
+            return decode_steps(ctx.body)
         except BadBody as exc:
             raise Fail(f"{exc}; dead-lettered without running") from None
+
+    def _task(self, name: str) -> Task:
         task = self.tasks.get(name)
         if task is None:
             known = sorted(self.tasks)
             shown = ", ".join(known[:KNOWN_NAMES_SHOWN]) + (" ..." if len(known) > KNOWN_NAMES_SHOWN else "")
             raise Fail(f"unknown task {name!r}: this worker knows {len(known)} task(s): {shown or 'none'}. "
                        "Deploy the task to the workers of this queue, then redrive the dead letter")
-        return task, args, kwargs
+        return task
 
     def failure(self, task: Task, attempt: int, exc: BaseException) -> BaseException:
         """What a task's exception means for its job: a Retry (with a delay) or a Fail."""
@@ -73,26 +82,100 @@ class TaskHandler:
 
     # ------------------------------------------------------------------ running
     def __call__(self, ctx: Context) -> Any:
-        task, args, kwargs = self.resolve(ctx)
+        name, args, kwargs, steps = self._decode(ctx)
+        if name == FANOUT:
+            ctx.after_commit(lambda: self._fan_out(ctx, args, steps))
+            return None
+        task = self._task(name)
+        if steps.inputs is not None:
+            args = [self._inputs(ctx, steps.inputs)] + args
         try:
             if task.is_async:  # an async task on a thread worker: its own loop, in this thread
                 from ..consumer.aiotxn import InlineDb
                 if ctx.db is not None:
                     ctx.db = InlineDb(ctx.db)
-                return asyncio.run(task.fn(ctx, *args, **kwargs))
-            return task.fn(ctx, *args, **kwargs)
+                value = asyncio.run(task.fn(ctx, *args, **kwargs))
+            else:
+                value = task.fn(ctx, *args, **kwargs)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit: not the task's failure
             raise self.failure(task, ctx.attempt, exc) from exc
+        self._keep(ctx, task, steps, value)
+        return value
 
     async def run_async(self, task: Task, ctx: Context, args: list, kwargs: dict) -> Any:
         """Await an async task on the running loop (the asyncio worker's path; a sync task
-        goes through ``__call__`` in a thread instead)."""
+        goes through ``__call__`` in a thread instead). Its inputs, if it is a workflow
+        step, are fetched in a thread (the client calls of ``ctx.client`` block)."""
+        steps = self._decode(ctx)[3]
+        if steps.inputs is not None:
+            args = [await asyncio.to_thread(self._inputs, ctx, steps.inputs)] + args
         try:
-            return await task.fn(ctx, *args, **kwargs)
+            value = await task.fn(ctx, *args, **kwargs)
         except Exception as exc:
             raise self.failure(task, ctx.attempt, exc) from exc
+        self._keep(ctx, task, steps, value)
+        return value
+
+    # ------------------------------------------------------------------ results and workflows
+    def finish_duplicate(self, ctx: Context, kept: bytes | None) -> None:
+        """A delivery skipped because an earlier one committed (idempotency store): report
+        what that one kept, as it would have (its worker died before the ack)."""
+        try:
+            name, args, _, steps = decode_steps(ctx.body)
+        except BadBody:
+            return
+        if name == FANOUT:
+            self._fan_out(ctx, args, steps)
+            return
+        if steps.keep_s is None and steps.report is None:
+            return
+        if kept is None:
+            raise Fail(f"job {ctx.job_id} was processed by an earlier delivery whose result the idempotency "
+                       "store does not hold (pruned, or kept by a version before results): its result cannot "
+                       "be reported; run it again by hand if its workflow needs it")
+        self._report(ctx, steps, kept)
+
+    def _keep(self, ctx: Context, task: Task, steps: Steps, value: Any) -> None:
+        """A task's return value, to be kept and reported once its effect commits."""
+        if steps.keep_s is None and steps.report is None:
+            return
+        try:
+            data = pack(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise Fail(f"task {task.name}: its return value cannot be kept: {type(value).__name__} is not a "
+                       f"msgpack type ({exc}); return None, bool, int, float, str, bytes, list or dict") from None
+        if len(data) > limits.RESULT_BYTES_MAX:
+            raise Fail(f"task {task.name}: its return value is {len(data)} bytes encoded; results are kept up "
+                       f"to {limits.RESULT_BYTES_MAX} (store large data elsewhere and return its name)")
+        ctx.keep(data)
+        ctx.after_commit(lambda: self._report(ctx, steps, data))
+
+    def _report(self, ctx: Context, steps: Steps, data: bytes) -> None:
+        # The barrier first: a step acked before it arrived would leave its workflow stuck.
+        client = _client(ctx)
+        if steps.report is not None:
+            barrier, shard, index, total, ttl_s, callback = steps.report
+            client.arrive(shard, barrier, index, total, data, ttl_s, callback)
+        if steps.keep_s is not None:
+            client.put_result(ctx.lease, data, steps.keep_s)
+
+    def _inputs(self, ctx: Context, inputs: list) -> Any:
+        barrier, shard, mode = inputs
+        values = _client(ctx).barrier_values(shard, barrier)
+        return unpack(values[0]) if mode == "one" else [unpack(v) for v in values]
+
+    def _fan_out(self, ctx: Context, args: list, steps: Steps) -> None:
+        """Start the members of a group that follows a step: each arrives at its own barrier
+        (one member, counted once), which enqueues it with the input."""
+        spawns, ttl_s = args
+        client = _client(ctx)
+        barrier, shard, mode = steps.inputs or (None, None, None)
+        values = client.barrier_values(shard, barrier)
+        data = values[0] if mode == "one" else pack([unpack(v) for v in values])
+        for member_shard, member_barrier, item in spawns:
+            client.arrive(member_shard, member_barrier, 0, 1, data, ttl_s, item)
 
     def task_of(self, body: bytes) -> Task | None:
         """The task a body names, or None (not a task body, or unknown: ``__call__`` or
@@ -101,6 +184,14 @@ class TaskHandler:
             return self.tasks.get(decode(body)[0])
         except BadBody:
             return None
+
+
+def _client(ctx: Context) -> Any:
+    client = ctx.client
+    if client is None or not hasattr(client, "arrive"):
+        raise Fail("this job keeps its result or is a workflow step: that needs a worker in thread or asyncio "
+                   "mode (not process mode) on the local shards' service (the SQS backend keeps no results)")
+    return client
 
 
 def load_tasks(modules: list[str]) -> dict[str, Task]:

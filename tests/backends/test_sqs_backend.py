@@ -160,6 +160,28 @@ def test_features_sqs_fifo_lacks_are_refused_by_name(q, kw, feature):
     assert q.stats()["queues"]["default"]["ready"] == 0  # nothing was sent
 
 
+def test_results_and_workflows_are_refused_with_the_reason_and_nothing_is_sent(q):
+    app = shardq.App(router=q)
+
+    @app.task(keep_result=60)
+    def kept(ctx) -> int:
+        return 1
+
+    @app.task
+    def plain(ctx, x: int = 0) -> int:
+        return x
+
+    with pytest.raises(shardq.Unsupported, match="keeps none"):
+        kept.send()
+    with pytest.raises(shardq.Unsupported, match="keeps no results"):
+        shardq.chain(plain.s(), plain.s()).send()
+    with pytest.raises(shardq.Unsupported, match="keeps none"):
+        app.result("any-id", timeout=1)
+    assert q.stats()["queues"]["default"]["ready"] == 0  # nothing was sent
+    plain.send(1)  # a task that keeps nothing is sent as before
+    assert q.stats()["queues"]["default"]["ready"] == 1
+
+
 def test_nack_delay_past_the_12_hour_limit_is_refused(q):
     q.enqueue(b"x")
     lease = q.dequeue(wait=1)

@@ -9,7 +9,7 @@ EXPECTED = {
     "TooManyConnections", "Closed",
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
-    "PostgresStore", "StoreUnavailable", "OutboxBehind",
+    "PostgresStore", "StoreUnavailable", "OutboxBehind", "JobFailed", "chain", "group", "chord", "Workflow",
 }
 
 

@@ -1,0 +1,492 @@
+"""Workflows: chains, groups and chords of task calls, and their results.
+
+::
+
+    wf = chain(fetch.s(url), parse.s(), store.s()).send()    # -> Workflow
+    wf.result(timeout=30)          # the last step's return value (JobFailed, TimeoutError)
+    c = chord(group(score.s(d) for d in docs), summarize.s()).send()
+
+How it holds (docs/design.md, "Workflows and results"): every step reports its result to a
+*barrier* on the shard that will enqueue what comes next; the barrier counts each member
+once, by its index, and its shard enqueues the next step in the same commit as the last
+arrival. So a step runs after everything before it succeeded, and is enqueued once,
+whatever is killed in between. A group that follows a step is started by one
+``shardq.fanout`` job, which arrives at one barrier of one member per member (each on that
+member's shard), so each member is enqueued once too.
+
+This module builds the jobs (``Builder``, pure but for asking the router where a queue's
+jobs live) and reads a workflow's state (``step_jobs``, ``failure``, ``finished``,
+``status_rows``: pure); :class:`Workflow` drives them with the threaded client,
+``result_async`` with the asyncio one.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+
+import msgpack
+
+from .. import limits
+from ..errors import InvalidJob, JobFailed, NotFound
+from . import body as taskbody
+
+if TYPE_CHECKING:
+    from .app import App, Task
+
+#: The internal task that starts a group that follows a step (see the module docstring).
+FANOUT = "shardq.fanout"
+#: Result polling: the first wait, and the longest one between two looks.
+POLL_FIRST_S = 0.005
+POLL_MAX_S = 0.25
+
+
+def pack(value: Any) -> bytes:
+    data: bytes = msgpack.packb(value, use_bin_type=True, datetime=False)
+    return data
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+# ---------------------------------------------------------------------------- signatures
+@dataclass(frozen=True)
+class Signature:
+    """A task call not sent yet (``task.s(*args, **kwargs)``). In a chain the step gets
+    the previous step's return value as its first argument after ``ctx``."""
+    task: Task
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    delay: float = 0
+    priority: int = 0
+
+    def set(self, *, delay: float | None = None, priority: int | None = None) -> Signature:
+        """This call with a delay (seconds, counted from when its job is enqueued: for a
+        step, when the step before it finished) or a priority, as ``task.send_with`` takes."""
+        return replace(self, delay=self.delay if delay is None else delay,
+                       priority=self.priority if priority is None else priority)
+
+    def send(self) -> Workflow:
+        return chain(self).send()
+
+
+class Group:
+    """Members run in parallel (sent in one batch call); their results come in member order."""
+
+    members: list[Signature | Chain]
+
+    def __init__(self, *members: Any):
+        if len(members) == 1 and not isinstance(members[0], (Signature, Group, Chain)):
+            members = tuple(members[0])  # group(generator)
+        flat: list[Signature | Chain] = []
+        for m in members:
+            if isinstance(m, Group):
+                flat.extend(m.members)
+            elif isinstance(m, (Signature, Chain)):
+                flat.append(m)
+            else:
+                raise InvalidJob(f"a group holds task.s(...) signatures and chains, got {m!r:.80}")
+        self.members = flat
+
+    def send(self) -> Workflow:
+        return chain(self).send()
+
+
+class Chain:
+    """Steps one after the other; each gets the previous one's result."""
+
+    steps: list[Signature | Group]
+
+    def __init__(self, *steps: Any):
+        flat: list[Signature | Group] = []
+        for s in steps:
+            if isinstance(s, Chain):
+                flat.extend(s.steps)
+            elif isinstance(s, (Signature, Group)):
+                flat.append(s)
+            else:
+                raise InvalidJob(f"a chain holds task.s(...) signatures, groups and chains, got {s!r:.80}")
+        if not flat:
+            raise InvalidJob("a chain needs at least one step")
+        self.steps = flat
+
+    def send(self) -> Workflow:
+        """Enqueue the jobs that start the workflow (one batch call per 10,000); returns
+        once they are durable."""
+        app = _app_of(self)
+        return Workflow.start(app, self)
+
+
+def chain(*steps: Any) -> Chain:
+    return Chain(*steps)
+
+
+def group(*members: Any) -> Group:
+    return Group(*members)
+
+
+def chord(header: Any, body: Signature) -> Chain:
+    """``body`` runs once, after every member of ``header`` succeeded, with their results
+    in member order."""
+    return Chain(header if isinstance(header, Group) else Group(header), body)
+
+
+def _app_of(node: Any) -> App:
+    while not isinstance(node, Signature):
+        node = node.steps[0] if isinstance(node, Chain) else node.members[0]
+    return node.task.app
+
+
+# ---------------------------------------------------------------------------- building
+@dataclass
+class Step:
+    """One job of a workflow, for status and results: started now (``index`` in the first
+    batch), or by a barrier (``barrier``: ``(shard, id)``; its job is the barrier's callback)."""
+    task: str
+    path: str
+    barrier: tuple[int, str] | None = None
+    index: int | None = None
+    item: list | None = field(default=None, repr=False)
+
+
+@dataclass
+class Target:
+    """Where a step reports its result: barrier ``bid`` on ``shard``, ``total`` members,
+    enqueueing ``callback`` once all arrived."""
+    bid: str
+    shard: int
+    total: int
+    callback: list
+
+
+class Builder:
+    """Turns a chain into enqueue items. ``route(queue, key, barrier)`` says which shard a
+    job goes to (the router's :meth:`~shardq.client.router.Router.route`).
+
+    Paths name the steps: the top chain's step ``k`` is ``0.k``, member ``j`` of a group
+    there ``0.k.j``, and step ``m`` of a chain that is that member ``0.k.j.m``."""
+
+    def __init__(self, route, wf_id: str, ttl_s: float):
+        self.route = route
+        self.wf_id = wf_id
+        self.ttl_s = ttl_s
+        self.count = 0
+        self.steps: list[Step] = []
+        self.barriers: list[tuple[int, str]] = []
+
+    def build(self, top: Chain) -> list[list]:
+        """The items to enqueue now (``[body, key, queue, delay, priority]``); the steps
+        and barriers are left in :attr:`steps` and :attr:`barriers`."""
+        _check_groups(top)
+        start = self.chain_items(top.steps, None, 0, None, "0", None)
+        self.steps.sort(key=lambda step: [int(part) for part in step.path.split(".")])  # built from the end
+        where = {id(item): i for i, item in enumerate(start)}
+        for step in self.steps:
+            step.index = where.get(id(step.item)) if step.barrier is None else None
+        return start
+
+    def new_barrier(self) -> str:
+        self.count += 1
+        return f"{self.wf_id}.{self.count}"
+
+    def chain_items(self, steps: list, target: Target | None, index: int, inputs: list | None, path: str,
+                    started_by: tuple[int, str] | None) -> list[list]:
+        """The jobs that start a chain whose last step reports to ``target`` at ``index``.
+        Built from the end: each step is the callback of the barrier its predecessor
+        reports to, and that barrier lives where the step's first job is enqueued."""
+        tgt, idx = target, index
+        for k in range(len(steps) - 1, 0, -1):
+            step, prev = steps[k], steps[k - 1]
+            total = len(prev.members) if isinstance(prev, Group) else 1
+            bid = self.new_barrier()
+            queue, key = first_route(step)
+            shard = self.route(queue, key, bid)
+            self.barriers.append((shard, bid))
+            mode = "all" if isinstance(prev, Group) else "one"
+            (callback,) = self.node_items(step, tgt, idx, [bid, shard, mode], f"{path}.{k}", (shard, bid), True)
+            tgt, idx = Target(bid, shard, total, callback), 0
+        return self.node_items(steps[0], tgt, idx, inputs, f"{path}.0", started_by, False)
+
+    def node_items(self, node: Any, target: Target | None, index: int, inputs: list | None, path: str,
+                   started_by: tuple[int, str] | None, by_barrier: bool) -> list[list]:
+        if isinstance(node, Signature):
+            return [self.signature_item(node, target, index, inputs, path, started_by)]
+        if not by_barrier:
+            items: list[list] = []
+            for j, m in enumerate(node.members):
+                items += self.member_items(m, target, index + j, inputs, f"{path}.{j}", started_by)
+            return items
+        # A group that a barrier starts: one fanout job, which arrives at one barrier per
+        # member (on that member's shard); each member is its barrier's callback.
+        spawns = []
+        for j, m in enumerate(node.members):
+            bid = self.new_barrier()
+            queue, key = first_route(m)
+            shard = self.route(queue, key, bid)
+            self.barriers.append((shard, bid))
+            (item,) = self.member_items(m, target, index + j, [bid, shard, "one"], f"{path}.{j}", (shard, bid))
+            spawns.append([shard, bid, item])
+        queue, _ = first_route(node)
+        body = taskbody.encode(FANOUT, [spawns, self.ttl_s], {}, None, taskbody.Steps(None, None, inputs))
+        item = [body, None, queue, 0, 0]
+        self.steps.append(Step(FANOUT, path, started_by, item=item))
+        return [item]
+
+    def member_items(self, member: Any, target: Target | None, index: int, inputs: list | None, path: str,
+                     started_by: tuple[int, str] | None) -> list[list]:
+        if isinstance(member, Signature):
+            return [self.signature_item(member, target, index, inputs, path, started_by)]
+        if not isinstance(member.steps[-1], Signature):
+            raise InvalidJob("a chain inside a group must end with a task (its result is the member's)")
+        if started_by is not None and not isinstance(member.steps[0], Signature):
+            raise InvalidJob("a chain inside a group that follows a step must start with a task, not a group")
+        return self.chain_items(member.steps, target, index, inputs, path, started_by)
+
+    def signature_item(self, sig: Signature, target: Target | None, index: int, inputs: list | None,
+                       path: str, started_by: tuple[int, str] | None) -> list:
+        report = None if target is None else [target.bid, target.shard, index, target.total, self.ttl_s,
+                                              target.callback]
+        name, args, kwargs, key, queue, delay, priority = call(sig, inputs is not None)
+        keep = float(sig.task.keep_result or self.ttl_s)
+        body = taskbody.encode(name, args, kwargs, None, taskbody.Steps(keep, report, inputs))
+        item = [body, key, queue, delay, priority]
+        self.steps.append(Step(sig.task.name, path, started_by, item=item))
+        return item
+
+
+def call(sig: Signature, with_input: bool) -> tuple[str, list, dict, str | None, str, float, int]:
+    """A signature's call checked as ``task.send`` checks it (signature, key, msgpack).
+    ``with_input``: the step gets an input first, not known yet: None stands in for it
+    (its key function, if any, sees None there), and it is not sent."""
+    placeholder = (None,) if with_input else ()
+    job = sig.task.job(placeholder + tuple(sig.args), sig.kwargs, sig.delay, sig.priority)
+    name, args, kwargs = taskbody.decode(job["body"])
+    return name, args[len(placeholder):], kwargs, job["key"], job["queue"], job["delay"], job["priority"]
+
+
+def _check_groups(node: Any) -> None:
+    """InvalidJob for a group with no member, or more than a barrier counts, anywhere."""
+    if isinstance(node, Chain):
+        for step in node.steps:
+            _check_groups(step)
+    elif isinstance(node, Group):
+        if not node.members:
+            raise InvalidJob("a group in a workflow needs at least one member")
+        if len(node.members) > limits.BARRIER_MEMBERS_MAX:
+            raise InvalidJob(f"a group of {len(node.members)} members: at most {limits.BARRIER_MEMBERS_MAX}")
+        for m in node.members:
+            _check_groups(m)
+
+
+def first_route(node: Any) -> tuple[str, str | None]:
+    """The queue and key of the job that starts ``node`` as a callback (a group: its fanout
+    job, on its first member's queue, with no key)."""
+    if isinstance(node, Signature):
+        _, _, _, key, queue, _, _ = call(node, True)
+        return queue, key
+    if isinstance(node, Chain):
+        return first_route(node.steps[0])
+    queue, _ = first_route(node.members[0])
+    return queue, None
+
+
+def final_paths(top: Chain) -> list[str]:
+    """The paths of the steps whose results are the workflow's: the last step, or each
+    member's last step if it is a group (in member order)."""
+    k = len(top.steps) - 1
+    last = top.steps[k]
+    if isinstance(last, Signature):
+        return [f"0.{k}"]
+    return [f"0.{k}.{j}" if isinstance(m, Signature) else f"0.{k}.{j}.{len(m.steps) - 1}"
+            for j, m in enumerate(last.members)]
+
+
+def signatures(node: Any) -> Iterable[Signature]:
+    if isinstance(node, Signature):
+        yield node
+    elif isinstance(node, Chain):
+        for s in node.steps:
+            yield from signatures(s)
+    else:
+        for m in node.members:
+            yield from signatures(m)
+
+
+# ---------------------------------------------------------------------------- reading
+def step_jobs(steps: list[Step], first_ids: list, barriers: dict[tuple[int, str], dict | None]) -> list[int | None]:
+    """Each step's job id: from the first batch, or the callback its barrier fired (None:
+    not enqueued yet)."""
+    out: list[int | None] = []
+    for step in steps:
+        if step.barrier is None:
+            out.append(first_ids[step.index] if step.index is not None else None)
+        else:
+            state = barriers.get(step.barrier)
+            out.append(state.get("fired_job") if state else None)
+    return out
+
+
+def failure(steps: list[Step], jobs: list[int | None], results: dict[int, Any]) -> JobFailed | None:
+    """The first step that was dead-lettered, as the JobFailed that ``result()`` raises."""
+    for step, job_id in zip(steps, jobs):
+        r = results.get(job_id) if job_id is not None else None
+        if r is not None and r.state == "dead":
+            return JobFailed(f"step {step.path} ({step.task}, job {job_id}) failed: {r.error}",
+                             job_id=job_id, error=r.error, task=step.task)
+    return None
+
+
+def finished(steps: list[Step], jobs: list[int | None], results: dict[int, Any], finals: list[str],
+             single: bool) -> tuple[bool, Any]:
+    """``(True, value)`` once every final step succeeded: its value, or the list of them for
+    a workflow that ends with a group. NotFound if a final step's result is gone (expired,
+    or the workflow was cancelled)."""
+    by_path = {step.path: job_id for step, job_id in zip(steps, jobs)}
+    values = []
+    for path in finals:
+        job_id = by_path.get(path)
+        r = results.get(job_id) if job_id is not None else None
+        if r is None or r.state != "succeeded":
+            if r is not None and r.state == "gone":
+                raise NotFound(f"step {path} (job {job_id}): its result is gone (expired, or cancelled)")
+            return False, None
+        values.append(unpack(r.value))
+    return True, values[0] if single else values
+
+
+def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
+                barriers: dict[tuple[int, str], dict | None]) -> list[dict]:
+    """One row per step: what ``Workflow.status()`` returns."""
+    rows = []
+    for step, job_id in zip(steps, jobs):
+        row: dict[str, Any] = {"step": step.path, "task": step.task, "job_id": job_id}
+        r = results.get(job_id) if job_id is not None else None
+        if r is not None:
+            row.update(state=r.state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
+                       result_bytes=None if r.value is None else len(r.value))
+        else:
+            b = barriers.get(step.barrier) if step.barrier is not None else None
+            state = "cancelled" if b and b.get("cancelled") else "pending"
+            row.update(state=state, attempts=0, progress=None, note=None, error=None, result_bytes=None)
+            if b is not None:
+                row.update(arrived=b.get("arrived"), total=b.get("total"))
+        rows.append(row)
+    return rows
+
+
+class Workflow:
+    """A sent chain, group or chord. ``result()`` waits for its last step (or, for one that
+    ends with a group, every member's) and returns its value; ``status()`` tells every
+    step's state; ``cancel()`` stops what has not run. The handle lives in the process
+    that sent the workflow; each step's job, once enqueued, can be looked at from anywhere
+    (``app.status(job_id)``, ``shardq job show``)."""
+
+    def __init__(self, app: App, wf_id: str, steps: list[Step], barriers: list[tuple[int, str]],
+                 finals: list[str], first_ids: list, single: bool):
+        self.app, self.id, self.steps, self.barriers = app, wf_id, steps, barriers
+        self.finals, self.first_ids, self.single = finals, first_ids, single
+
+    @classmethod
+    def start(cls, app: App, top: Chain) -> Workflow:
+        q: Any = app.queue  # the local shards' router: route, arrive, barriers (checked below)
+        if not hasattr(q, "arrive"):
+            from ..errors import Unsupported
+            raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no results "
+                              "or barriers (docs/workflows.md)")
+        wf_id = uuid.uuid4().hex[:20]
+        ttl = max([limits.WORKFLOW_RESULT_S_DEFAULT] + [s.task.keep_result or 0 for s in signatures(top)])
+        builder = Builder(q.route, wf_id, float(ttl))
+        items = builder.build(top)
+        jobs = [{"body": b, "key": k, "queue": qn, "delay": d, "priority": p} for b, k, qn, d, p in items]
+        ids: list = []
+        for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
+            ids += q.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
+        last = top.steps[-1]
+        return cls(app, wf_id, builder.steps, builder.barriers, final_paths(top), ids, isinstance(last, Signature))
+
+    # ------------------------------------------------------------------ looking
+    def _look(self, q) -> tuple[list[int | None], dict[int, Any], dict]:
+        barriers = dict(zip(self.barriers, q.barriers(self.barriers))) if self.barriers else {}
+        jobs = step_jobs(self.steps, self.first_ids, barriers)
+        known = [j for j in jobs if j is not None]
+        results = {r.job_id: r for r in q.results(known)} if known else {}
+        return jobs, results, barriers
+
+    async def _alook(self, q) -> tuple[list[int | None], dict[int, Any], dict]:
+        barriers = dict(zip(self.barriers, await q.barriers(self.barriers))) if self.barriers else {}
+        jobs = step_jobs(self.steps, self.first_ids, barriers)
+        known = [j for j in jobs if j is not None]
+        results = {r.job_id: r for r in await q.results(known)} if known else {}
+        return jobs, results, barriers
+
+    def _verdict(self, jobs, results) -> tuple[bool, Any]:
+        failed = failure(self.steps, jobs, results)
+        if failed is not None:
+            raise failed
+        return finished(self.steps, jobs, results, self.finals, self.single)
+
+    def status(self) -> list[dict]:
+        """Every step: ``step`` (its path), ``task``, ``job_id`` (None until enqueued),
+        ``state`` (``pending`` before it is enqueued, then the job's: ``ready``, ``leased``,
+        ``succeeded``, ``dead``...), ``attempts``, ``progress``, ``note``, ``error``,
+        ``result_bytes``; a pending step also ``arrived`` of ``total``."""
+        jobs, results, barriers = self._look(self.app.queue)
+        return status_rows(self.steps, jobs, results, barriers)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The workflow's value once it is done: the last step's return value (a list of
+        the members' for one that ends with a group). JobFailed if a step was
+        dead-lettered, TimeoutError if not done within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = POLL_FIRST_S
+        while True:
+            done, value = self._verdict(*self._look(self.app.queue)[:2])
+            if done:
+                return value
+            wait = _next_wait(wait, deadline, self.id)
+            time.sleep(wait)
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        """As :meth:`result`, with the app's asyncio client (``await wf.result_async()``)."""
+        q = await self.app.aio()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = POLL_FIRST_S
+        while True:
+            done, value = self._verdict(*(await self._alook(q))[:2])
+            if done:
+                return value
+            wait = _next_wait(wait, deadline, self.id)
+            await asyncio.sleep(wait)
+
+    def cancel(self) -> dict:
+        """Stop what has not run: each barrier not fired yet is cancelled (nothing after it
+        is enqueued), then every job enqueued and not finished is cancelled
+        (:meth:`~shardq.client.router.Router.cancel`). Returns the counts."""
+        q: Any = self.app.queue
+        fired = 0
+        for shard, bid in self.barriers:
+            fired += q.cancel_barrier(shard, bid, limits.WORKFLOW_RESULT_S_DEFAULT) == "fired"
+        jobs, results, _ = self._look(q)
+        outcomes: dict[str, int] = {}
+        for job_id in jobs:
+            r = results.get(job_id) if job_id is not None else None
+            if r is None or r.state in ("succeeded", "gone"):
+                continue
+            what = q.cancel(job_id)
+            outcomes[what] = outcomes.get(what, 0) + 1
+        return {"barriers_cancelled": len(self.barriers) - fired, "jobs": outcomes}
+
+
+def _next_wait(wait: float, deadline: float | None, wf_id: str) -> float:
+    """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline);
+    TimeoutError once the deadline has passed."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"workflow {wf_id} not done in time")
+        return min(wait * 2, POLL_MAX_S, left)
+    return min(wait * 2, POLL_MAX_S)

@@ -1,0 +1,370 @@
+"""Results and workflows in one process (App.embedded, 2 shards): keep_result, app.result
+and app.status, chains, groups, chords (results in member order), a group after a step,
+failure and redrive, cancel, progress, the asyncio API, and what is refused."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import msgpack
+import pytest
+
+import shardq
+from shardq import chain, chord, group, limits
+from shardq.tasks import body as taskbody
+
+from support.service import wait_until
+
+
+@pytest.fixture(scope="module")
+def app():
+    a = shardq.App.embedded(shards=2, config={"queue_defaults": {"max_deliveries": 2}})
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def fresh(app):
+    app.tasks.clear()
+    yield app
+    app.tasks.clear()
+    for q in list(app.queue.stats()["queues"]):
+        while app.queue.dequeue_many(q, max_jobs=1000):
+            pass
+        app.queue.purge_dead_letters(q)
+
+
+def drain(app, queue="default"):
+    return app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01)
+
+
+def test_a_kept_result_is_returned_and_its_status_says_succeeded(fresh):
+    @fresh.task(keep_result=60)
+    def square(ctx, x: int) -> dict:
+        return {"x": x, "square": x * x, "raw": b"\x00\xff"}
+
+    job_id = square.send(7)
+    assert taskbody.decode_steps(fresh.queue.job(job_id)["body"])[3].keep_s == 60.0
+    assert fresh.status(job_id)["state"] == "ready"
+    drain(fresh)
+    assert fresh.result(job_id, timeout=10) == {"x": 7, "square": 49, "raw": b"\x00\xff"}
+    st = fresh.status(job_id)
+    assert st["state"] == "succeeded" and st["result_bytes"] == len(msgpack.packb(
+        {"x": 7, "square": 49, "raw": b"\x00\xff"}, use_bin_type=True))
+
+
+def test_a_task_without_keep_result_has_no_result_and_a_plain_body(fresh):
+    @fresh.task
+    def plain(ctx):
+        return 1
+
+    job_id = plain.send()
+    assert msgpack.unpackb(fresh.queue.job(job_id)["body"])["v"] == 1
+    drain(fresh)
+    with pytest.raises(shardq.NotFound, match="no result kept"):
+        fresh.result(job_id, timeout=5)
+
+
+def test_result_waits_until_timeout_for_a_job_nobody_runs(fresh):
+    @fresh.task(keep_result=60, queue="nobody")
+    def idle(ctx):
+        return 1
+
+    job_id = idle.send()
+    with pytest.raises(TimeoutError):
+        fresh.result(job_id, timeout=0.2)
+
+
+def test_a_chain_passes_each_result_to_the_next_step(fresh):
+    @fresh.task
+    def fetch(ctx, url: str) -> bytes:
+        return url.encode() + b"!"
+
+    @fresh.task
+    def parse(ctx, page: bytes, suffix: str) -> dict:
+        return {"page": page, "len": len(page), "suffix": suffix}
+
+    @fresh.task
+    def store(ctx, doc: dict) -> str:
+        return f"{doc['page'].decode()}:{doc['len']}{doc['suffix']}"
+
+    wf = chain(fetch.s("https://example.org"), parse.s("?"), store.s()).send()
+    assert isinstance(wf, shardq.Workflow)
+    assert [r["state"] for r in wf.status()] == ["ready", "pending", "pending"]
+    drain(fresh)
+    assert wf.result(timeout=10) == "https://example.org!:20?"
+    assert [r["state"] for r in wf.status()] == ["succeeded"] * 3
+
+
+def test_a_chord_callback_gets_every_result_in_member_order_once(fresh):
+    calls = []
+
+    @fresh.task(key=lambda d, **_: f"doc-{d}")
+    def score(ctx, d: int) -> int:
+        return d * 10
+
+    @fresh.task
+    def summarize(ctx, results: list, label: str) -> dict:
+        calls.append(list(results))
+        return {"label": label, "results": results}
+
+    members = 40
+    wf = chord(group(score.s(d) for d in range(members)), summarize.s("total")).send()
+    drain(fresh)
+    assert wf.result(timeout=10) == {"label": "total", "results": [d * 10 for d in range(members)]}
+    assert calls == [[d * 10 for d in range(members)]]
+    rows = wf.status()
+    assert len(rows) == members + 1 and all(r["state"] == "succeeded" for r in rows)
+
+
+def test_a_group_after_a_step_and_a_step_after_it(fresh):
+    @fresh.task
+    def base(ctx) -> int:
+        return 5
+
+    @fresh.task
+    def add(ctx, x: int, y: int) -> int:
+        return x + y
+
+    @fresh.task
+    def total(ctx, xs: list) -> int:
+        return sum(xs) * 100 + len(xs)
+
+    wf = chain(base.s(), group(add.s(1), add.s(2), chain(add.s(3), add.s(4))), total.s()).send()
+    drain(fresh)
+    assert wf.result(timeout=10) == (6 + 7 + 12) * 100 + 3
+
+
+def test_a_workflow_that_ends_with_a_group_returns_the_members_results(fresh):
+    @fresh.task
+    def twice(ctx, x: int) -> int:
+        return 2 * x
+
+    wf = group(twice.s(1), twice.s(2), twice.s(3)).send()
+    drain(fresh)
+    assert wf.result(timeout=10) == [2, 4, 6]
+
+
+def test_a_dead_member_fails_its_chord_and_a_redrive_resumes_it(fresh):
+    gate = {"fail": True}
+    ran = []
+
+    @fresh.task
+    def member(ctx, i: int) -> int:
+        if i == 3 and gate["fail"]:
+            raise shardq.Fail("member 3 is broken")
+        return i
+
+    @fresh.task
+    def callback(ctx, xs: list) -> int:
+        ran.append(xs)
+        return sum(xs)
+
+    wf = chord(group(member.s(i) for i in range(5)), callback.s()).send()
+    drain(fresh)
+    with pytest.raises(shardq.JobFailed, match="member 3 is broken") as err:
+        wf.result(timeout=10)
+    assert err.value.task == member.name and ran == []
+    rows = {r["step"]: r for r in wf.status()}
+    assert rows["0.0.3"]["state"] == "dead" and rows["0.1"]["state"] == "pending"
+    assert rows["0.1"]["arrived"] == 4 and rows["0.1"]["total"] == 5
+    gate["fail"] = False
+    assert fresh.queue.redrive("default", [err.value.job_id]) == 1
+    drain(fresh)
+    assert wf.result(timeout=10) == 10 and ran == [[0, 1, 2, 3, 4]]
+
+
+def test_cancel_stops_what_has_not_run(fresh):
+    @fresh.task(queue="later")
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task(queue="later")
+    def second(ctx, x: int) -> int:
+        return x + 1
+
+    wf = chain(first.s(), second.s()).send()
+    out = wf.cancel()
+    assert out == {"barriers_cancelled": 1, "jobs": {"cancelled": 1}}
+    assert [r["state"] for r in wf.status()] == ["gone", "cancelled"]
+    assert drain(fresh, "later").leased == 0
+
+
+def test_progress_is_visible_while_the_job_runs(fresh):
+    started, release = threading.Event(), threading.Event()
+
+    @fresh.task(keep_result=60)
+    def slow(ctx) -> str:
+        ctx.progress(0.5, "half way")
+        started.set()
+        release.wait(30)
+        return "done"
+
+    job_id = slow.send()
+    worker = threading.Thread(target=drain, args=(fresh,))
+    worker.start()
+    try:
+        assert started.wait(30)
+        wait_until(lambda: fresh.status(job_id)["progress"] == 0.5, 10, 0.01, "progress recorded")
+        st = fresh.status(job_id)
+        assert st["state"] == "leased" and st["note"] == "half way"
+    finally:
+        release.set()
+        worker.join(30)
+    assert fresh.result(job_id, timeout=10) == "done"
+
+
+def test_ctx_progress_refuses_a_fraction_outside_0_1(fresh):
+    seen = []
+
+    @fresh.task
+    def bad(ctx):
+        for value in (1.5, -0.1, True, "x%"):
+            try:
+                ctx.progress(value, "n") if not isinstance(value, str) else ctx.progress(0.2, value)
+            except shardq.InvalidJob as exc:
+                seen.append(str(exc))
+
+    bad.send()
+    drain(fresh)
+    assert len(seen) == 3 and all("fraction" in s for s in seen)
+
+
+def test_an_unencodable_or_too_large_return_value_fails_the_job_with_the_reason(fresh):
+    @fresh.task(keep_result=60)
+    def odd(ctx):
+        return {1, 2}
+
+    @fresh.task(keep_result=60)
+    def huge(ctx, n: int):
+        return b"x" * n
+
+    # the largest value that fits, msgpack header included, and one byte more
+    fits = limits.RESULT_BYTES_MAX - len(msgpack.packb(b"x" * limits.RESULT_BYTES_MAX)) + limits.RESULT_BYTES_MAX
+    ids = [odd.send(), huge.send(fits), huge.send(fits + 1)]
+    drain(fresh)
+    assert len(fresh.result(ids[1], timeout=10)) == fits
+    with pytest.raises(shardq.JobFailed, match="not a msgpack type"):
+        fresh.result(ids[0], timeout=10)
+    with pytest.raises(shardq.JobFailed, match="results are kept up to"):
+        fresh.result(ids[2], timeout=10)
+
+
+def test_the_asyncio_api(fresh):
+    @fresh.task(keep_result=60)
+    async def double(ctx, x: int) -> int:
+        return 2 * x
+
+    @fresh.task
+    async def inc(ctx, x: int) -> int:
+        return x + 1
+
+    job_id = double.send(21)
+    wf = chain(double.s(1), inc.s()).send()
+    drain(fresh)
+
+    async def main():
+        try:
+            return await fresh.result_async(job_id, timeout=10), await wf.result_async(timeout=10)
+        finally:
+            await fresh.aclose()
+
+    assert asyncio.run(main()) == (42, 3)
+
+
+def test_what_a_workflow_refuses_when_it_is_built(fresh):
+    @fresh.task
+    def t(ctx, x: int = 0) -> int:
+        return x
+
+    with pytest.raises(shardq.InvalidJob, match="at least one member"):
+        chain(t.s(), group(), t.s()).send()
+    with pytest.raises(shardq.InvalidJob, match="must end with a task"):
+        group(chain(t.s(), group(t.s(), t.s()))).send()
+    with pytest.raises(shardq.InvalidJob):
+        chain(t.s(1, 2, 3)).send()  # the task's signature refuses the call before anything is sent
+    with pytest.raises(shardq.InvalidJob, match="signatures"):
+        chain(t.s(), "not a step")
+
+
+def test_a_result_past_its_ttl_is_gone(fresh):
+    @fresh.task(keep_result=0.3)
+    def brief(ctx) -> int:
+        return 1
+
+    job_id = brief.send()
+    drain(fresh)
+    assert fresh.result(job_id, timeout=10) == 1
+    wait_until(lambda: fresh.status(job_id)["state"] == "gone", 10, 0.02, "the result expired")
+    with pytest.raises(shardq.NotFound):
+        fresh.result(job_id, timeout=1)
+
+
+def test_a_member_delivered_again_after_it_reported_is_counted_once(fresh):
+    """The window a SIGKILL hits (reported, not acked), made deterministic: member 0 runs
+    and reports but is never acked; member 1 finishes; member 0 comes back once its lease
+    runs out and reports again, when one more arrival would complete the barrier. Only
+    member 2 may complete it."""
+    from shardq.consumer.handling import DONE, execute
+    from shardq.tasks.dispatch import TaskHandler
+
+    calls = []
+
+    @fresh.task
+    def member(ctx, i: int) -> int:
+        return i * i
+
+    @fresh.task
+    def callback(ctx, xs: list) -> int:
+        calls.append(xs)
+        return len(xs)
+
+    q = fresh.queue
+    wf = chord(group(member.s(i) for i in range(3)), callback.s()).send()
+    handler = TaskHandler(fresh.tasks)
+
+    def index_of(lease):
+        return taskbody.decode(lease.body)[1][0]
+
+    def run(lease, ack=True):
+        assert execute(handler, lease, None, client=q) == (DONE, None, None)
+        if ack:
+            q.ack(lease)
+
+    leases = {index_of(lease): lease for lease in q.dequeue_many("default", max_jobs=3, visibility=0.3)}
+    assert sorted(leases) == [0, 1, 2]
+    run(leases[0], ack=False)            # reported; its worker "dies" before the ack
+    run(leases[1])
+    again: dict = {}
+
+    def both_back():
+        for lease in q.dequeue_many("default", max_jobs=3, visibility=30):
+            again[index_of(lease)] = lease
+        return len(again) == 2
+
+    wait_until(both_back, 10, 0.05, "members 0 and 2 delivered again")
+    assert again[0].attempt == 2
+    run(again[0])                        # its second report changes nothing
+    assert [r["state"] for r in wf.status()][-1] == "pending"
+    run(again[2])                        # the last member: now the callback is enqueued
+    drain(fresh)
+    assert wf.result(timeout=10) == 3 and calls == [[0, 1, 4]]
+
+
+def test_a_step_keeps_its_key_queue_delay_and_priority(fresh):
+    @fresh.task(queue="wf-a")
+    def first(ctx) -> str:
+        return "user-9"
+
+    @fresh.task(queue="wf-b", key=lambda who, **_: f"k-{who}")
+    def second(ctx, who: str) -> str:
+        return who
+
+    wf = chain(first.s(), second.s().set(delay=3600, priority=7)).send()
+    drain(fresh, "wf-a")
+    wait_until(lambda: wf.status()[1]["job_id"] is not None, 10, 0.01, "the second step enqueued")
+    info = fresh.queue.job(wf.status()[1]["job_id"])
+    # the key function saw None in the input's place: the key is fixed when the workflow is sent
+    assert (info["queue"], info["key"], info["state"], info["priority"]) == ("wf-b", "k-None", "delayed", 7)
+    assert info["deadline"] > info["enqueued_at"] + 3000
+    assert fresh.queue.cancel(info["job_id"]) == "cancelled"
