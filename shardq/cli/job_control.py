@@ -31,12 +31,38 @@ def register(sub, parent) -> None:
 def run(args) -> int:
     with common.connect(args) as q:
         if args.action == "show":
-            info = common.control_call(q, "job")(args.job_id)
-            body = info.pop("body")
-            info.update(common.body_fields(body, args.raw, _BODY_PREVIEW_BYTES))
-            info["body_bytes"] = len(body)
-            print(json.dumps(info))
+            print(json.dumps(show(q, args.job_id, args.raw)))
         else:
             # cancelled | purged | cancelling | gone: each is success (cancel is idempotent)
             print(common.control_call(q, "cancel")(args.job_id))
     return exits.OK
+
+
+def show(q, job_id: int, raw: bool = False) -> dict:
+    """What ``job show`` prints: the live job (its body decoded, a task's workflow fields
+    included), its progress, and its kept result's size and expiry; for a job acked with
+    its result kept, ``state`` ``succeeded`` and the result's figures. NotFound if the job
+    is neither live nor has a result kept."""
+    from ..client.results import look_up
+    info, outcome = look_up(_Control(q), job_id)
+    if info is None:
+        info = {"job_id": job_id, "state": "succeeded"}
+    else:
+        body = info.pop("body")
+        info.update(common.body_fields(body, raw, _BODY_PREVIEW_BYTES))
+        info["body_bytes"] = len(body)
+    if outcome is not None:
+        info.update(progress=outcome.fraction, note=outcome.note)
+        if outcome.state == "succeeded":
+            info.update(result_bytes=len(outcome.value or b""), result_expires_at=outcome.expires_at)
+    return info
+
+
+class _Control:
+    """``q`` with its ``job`` call as the CLI makes control calls (Unsupported, with the
+    reason, on a backend that has none)."""
+
+    def __init__(self, q):
+        self.job = common.control_call(q, "job")
+        if hasattr(q, "results"):
+            self.results = q.results

@@ -11,7 +11,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import InvalidJob, ProtocolError
+from ..errors import InvalidJob, NotFound, ProtocolError
 from ..protocol import validate
 from ..types import Lease
 from .core import Call
@@ -125,3 +125,18 @@ def in_order(count: int, where: list[list[int]], replies: list[list[Any]]) -> li
         for i, entry in zip(positions, entries):
             out[i] = entry
     return out
+
+
+def look_up(router: Any, job_id: int) -> tuple[dict | None, JobResult | None]:
+    """A job as ``shardq job show`` and the console show it: the live job (``router.job``,
+    None once it is not live) and its outcome (None from a backend that keeps no results).
+    NotFound if the job is neither live nor has a result kept."""
+    try:
+        info = router.job(job_id)
+    except NotFound:
+        info = None
+    outcome = router.results([job_id])[0] if hasattr(router, "results") else None
+    if info is None and (outcome is None or outcome.state != "succeeded"):
+        raise NotFound(f"job {job_id} not found: not live (finished, cancelled, purged or never enqueued) "
+                       "and no result kept")
+    return info, outcome

@@ -6,7 +6,8 @@ down or slow shows ``shardq_shard_up 0`` and its queues are absent for that scra
 never fails because of a shard. Restart counts and the last replay of a shard come from the
 supervisor, so they are there while the shard is down.
 
-Counters (``*_total``) count since the shard process started (queue counters) or since
+Counters (``*_total``: prometheus-client adds the suffix to a counter family's name)
+count since the shard process started (queue, results and workflow counters) or since
 ``shardq serve`` started (restarts): both reset on a restart, which ``rate()`` handles.
 The metric names and labels are listed in docs/operations.md ("Metrics").
 """
@@ -46,6 +47,19 @@ _LIMIT_HELP = {
     "max_group_in_flight_seen": "the most leases of one group live at once since the shard started",
     "group_rate_per_s": "the per-group rate in force, leases per second",
 }
+
+#: The workflow counters of a shard's ``metrics`` reply (shard/results.py,
+#: ``workflow_counters``), as (metric name, help); each counts since the shard started.
+_WORKFLOW_COUNTERS = {
+    "results_stored": ("shardq_results_stored", "results stored by workers (a result stored again, "
+                                                "by a second delivery, counts again), since the shard started"),
+    "barriers_fired": ("shardq_workflow_barriers_fired", "workflow barriers fired: callbacks enqueued "
+                                                         "(workflow steps started by their barrier), "
+                                                         "since the shard started"),
+    "barriers_cancelled": ("shardq_workflow_barriers_cancelled", "workflow barriers cancelled before they "
+                                                                 "fired, since the shard started"),
+}
+BARRIER_STATES = ("open", "fired", "cancelled")
 
 
 class ShardqCollector:
@@ -103,6 +117,7 @@ class ShardqCollector:
             g.counter("shardq_shard_loop_iterations", "iterations of the shard's event loop", [s],
                       sh["iterations"])
             g.gauge("shardq_shard_jobs", "live jobs on the shard (every state)", [s], sh["jobs"])
+            _workflows(g, s, sh)
             for key, name, doc in (("commit_seconds", "shardq_shard_commit_seconds",
                                     "time of one log commit: write and fdatasync"),
                                    ("commit_ops", "shardq_shard_commit_ops",
@@ -134,6 +149,25 @@ class ShardqCollector:
         g.gauge("shardq_scrape_duration_seconds", "time this scrape took to read every shard", [],
                 time.perf_counter() - t0, names=[])
         yield from g.families.values()
+
+
+def _workflows(g: _Families, s: str, sh: dict) -> None:
+    """A shard's results and workflow figures (docs/workflows.md): what it keeps now
+    (``stats``: ``results``, ``barriers``), and what it did since it started
+    (``workflow_counters``). A figure the reply lacks adds no series."""
+    if "results" in sh:
+        g.gauge("shardq_results_kept", "job results the shard keeps (until their keep_result expiry)", [s],
+                sh["results"])
+    barriers = sh.get("barriers") or {}
+    for state in BARRIER_STATES:
+        if state in barriers:
+            g.gauge("shardq_workflow_barriers", "workflow barriers the shard keeps, by state: open (waiting for "
+                    "members), fired and cancelled (kept as tombstones until they expire)", [s, state],
+                    barriers[state], names=["shard", "state"])
+    for key, value in (sh.get("workflow_counters") or {}).items():
+        if key in _WORKFLOW_COUNTERS:
+            name, doc = _WORKFLOW_COUNTERS[key]
+            g.counter(name, doc, [s], value)
 
 
 class _Families:

@@ -11,15 +11,20 @@ takes a JSON object of the fields openapi.py documents for it and no other: a ty
 """
 from __future__ import annotations
 
+import json
+import math
 import re
+from typing import Any
 
 from ... import limits
-from ...client.routing import job_id_from_text, queue_totals
+from ...client.results import look_up
+from ...client.routing import job_id_from_text, job_shard, queue_totals
 from ...config import check_limit
 from ...errors import InvalidConfig, InvalidJob
 from ...protocol import validate
 from ...shard.control import COUNTERS
 from ...shard.limiter import RUNTIME_KEYS
+from ...tasks import body as taskbody
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
 BODY_PREVIEW_BYTES = 200
@@ -83,6 +88,49 @@ def _limit_values(values) -> dict | None:
 def _preview(body: bytes) -> str:
     text = body[:BODY_PREVIEW_BYTES].decode("utf-8", "replace")
     return text + ("…" if len(body) > BODY_PREVIEW_BYTES else "")
+
+
+def _short(text: str) -> str:
+    """``text`` cut to BODY_PREVIEW_BYTES characters (a task name or a barrier id comes
+    from whoever enqueued the job, of any length)."""
+    return text[:BODY_PREVIEW_BYTES] + ("…" if len(text) > BODY_PREVIEW_BYTES else "")
+
+
+def _text(value: Any) -> str:
+    return _short(value if type(value) is str else repr(value))
+
+
+def _count(value: Any) -> int | None:
+    """An integer of a body's workflow fields, None when the body holds something else: a
+    body is written by whoever enqueued it, and only its shape is checked on the way in."""
+    return value if type(value) is int else None
+
+
+def _task(body: bytes) -> dict | None:
+    """A task body as the console shows it (``tasks.body.describe``): its name, its
+    arguments as JSON text cut like a body preview, and its workflow fields (``keep_result``
+    seconds; ``reports_to`` and ``inputs_from``: the barriers it completes and reads its
+    input from), null where the body has none. None if ``body`` is not a task body.
+
+    Every value is made a JSON value the document promises (the body's own types are not
+    checked inside its workflow fields, and a non-finite number is no JSON)."""
+    try:
+        task = taskbody.describe(body)
+        if task is None:
+            return None
+        args = json.dumps({"args": task["args"], "kwargs": task["kwargs"]}, ensure_ascii=False, default=repr)
+    except RecursionError:  # arguments nested deeper than describe() recurses: shown undecoded
+        return None
+    keep = task.get("keep_result")
+    report, inputs = task.get("reports_to"), task.get("inputs_from")
+    return {"name": _short(task["name"]),
+            "args": _short(args),
+            "keep_result": float(keep) if keep is not None and math.isfinite(keep) else None,
+            "reports_to": None if report is None else {
+                "barrier": _text(report["barrier"]), "shard": _count(report["shard"]),
+                "index": _count(report["index"]), "total": _count(report["total"])},
+            "inputs_from": None if inputs is None else {
+                "barrier": _text(inputs["barrier"]), "shard": _count(inputs["shard"])}}
 
 
 class ConsoleApi:
@@ -152,9 +200,24 @@ class ConsoleApi:
                 "cursor": page.cursor, "skipped_shards": page.skipped_shards}
 
     def job(self, job_id) -> dict:
-        info = self.router.job(_id(job_id))
-        body = info.pop("body")
-        info.update(job_id=str(info["job_id"]), body=_preview(body), body_bytes=len(body))
+        """What ``shardq job show`` shows of a job (cli/job_control.py): the live job, its
+        body previewed and a task body's workflow fields (``task``), its progress and its
+        kept result's size and expiry; a job acked whose result is still kept is
+        ``"state": "succeeded"`` with those figures only. NotFound (404) if the job is
+        neither live nor has a result kept."""
+        jid = _id(job_id)
+        shard = job_shard(jid, self.router.shards)  # NotFound for a shard this service lacks
+        info, outcome = look_up(self.router, jid)
+        if info is None:
+            info = {"job_id": jid, "shard": shard, "state": "succeeded"}
+        else:
+            body = info.pop("body")
+            info.update(body=_preview(body), body_bytes=len(body), task=_task(body))
+        info.update(job_id=str(jid), progress=None, note=None, result_bytes=None, result_expires_at=None)
+        if outcome is not None:
+            info.update(progress=outcome.fraction, note=outcome.note)
+            if outcome.state == "succeeded":
+                info.update(result_bytes=len(outcome.value or b""), result_expires_at=outcome.expires_at)
         return info
 
     # ------------------------------------------------------------------ actions

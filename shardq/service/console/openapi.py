@@ -72,6 +72,17 @@ _CAP = {"type": ["integer", "null"], "minimum": 1, "maximum": limits.CONCURRENCY
 _RATE = {"type": ["string", "null"], "maxLength": 64,
          "description": "leases started per second, minute or hour: \"50/s\", \"100/m\", \"5/h\""}
 
+# What a job look-up says of a job's outcome, live or not (docs/workflows.md).
+_OUTCOME = {
+    "progress": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                 "description": "the fraction its task last reported (ctx.progress), while it is live"},
+    "note": {"type": ["string", "null"], "maxLength": limits.PROGRESS_NOTE_BYTES_MAX,
+             "description": "the note its task last reported, while it is live"},
+    "result_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.RESULT_BYTES_MAX,
+                     "description": "the size of its kept result (msgpack); null: none kept"},
+    "result_expires_at": {"type": ["number", "null"], "description": "when its kept result expires"},
+}
+
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {"type": "object", "required": ["error", "message"],
               "properties": {"error": {"type": "string",
@@ -124,18 +135,50 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                                       "cursor": {"type": ["string", "null"], "pattern": CURSOR_PATTERN,
                                                  "description": "pass it back for the next page; null: no more"},
                                       "skipped_shards": {"type": "array", "items": _INT0}}},
-    "Job": {"type": "object",
-            "required": ["job_id", "shard", "queue", "key", "state", "attempts", "priority", "deadline", "error",
-                         "position", "cancelled", "queue_paused", "enqueued_at", "body", "body_bytes"],
-            "properties": {"job_id": _JOB_ID_TEXT, "shard": _INT0, "queue": {"type": "string"},
-                           "key": _nullable("string"),
-                           "state": {"enum": ["waiting", "delayed", "ready", "leased", "dead"]},
-                           "attempts": _INT0, "priority": {"type": "integer"}, "deadline": _nullable("number"),
-                           "error": _nullable("string"), "position": {"type": ["integer", "null"], "minimum": 0},
-                           "cancelled": {"type": "boolean"}, "queue_paused": {"type": "boolean"},
-                           "enqueued_at": _nullable("number"),
-                           "body": {"type": "string", "description": "the first 200 bytes, as text"},
-                           "body_bytes": _INT0}},
+    # A job look-up (what `shardq job show` prints): the live job, or one acked whose result
+    # is still kept ("succeeded"); the states of the two are apart, so one schema matches.
+    "Job": {"oneOf": [_ref("LiveJob"), _ref("SucceededJob")]},
+    "LiveJob": {"type": "object",
+                "required": ["job_id", "shard", "queue", "key", "state", "attempts", "priority", "deadline",
+                             "error", "position", "cancelled", "queue_paused", "enqueued_at", "body", "body_bytes",
+                             "task", *_OUTCOME],
+                "properties": {"job_id": _JOB_ID_TEXT, "shard": _INT0, "queue": {"type": "string"},
+                               "key": _nullable("string"),
+                               "state": {"enum": ["waiting", "delayed", "ready", "leased", "dead"]},
+                               "attempts": _INT0, "priority": {"type": "integer"},
+                               "deadline": _nullable("number"), "error": _nullable("string"),
+                               "position": {"type": ["integer", "null"], "minimum": 0},
+                               "cancelled": {"type": "boolean"}, "queue_paused": {"type": "boolean"},
+                               "enqueued_at": _nullable("number"),
+                               "body": {"type": "string", "description": "the first 200 bytes, as text"},
+                               "body_bytes": _INT0,
+                               "task": {"oneOf": [{"type": "null", "description": "not a task body"},
+                                                  _ref("Task")]},
+                               **_OUTCOME}},
+    "SucceededJob": {"type": "object", "additionalProperties": False,
+                     "description": "acked, its result kept (keep_result, or a workflow's step) until it expires",
+                     "required": ["job_id", "shard", "state", *_OUTCOME],
+                     "properties": {"job_id": _JOB_ID_TEXT, "shard": _INT0, "state": {"enum": ["succeeded"]},
+                                    **_OUTCOME}},
+    # A task body (tasks/body.py describe()): a workflow's step names the barrier it
+    # completes (reports_to) and the one it reads its input from (inputs_from). The values
+    # come from whoever enqueued the job: an integer field holding something else is null.
+    "Task": {"type": "object", "required": ["name", "args", "keep_result", "reports_to", "inputs_from"],
+             "properties": {
+                 "name": {"type": "string", "description": "the task's name (its first 200 characters)"},
+                 "args": {"type": "string", "description": "the first 200 characters of the arguments as "
+                                                           "JSON: {\"args\": [...], \"kwargs\": {...}}"},
+                 "keep_result": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                 "description": "seconds its result is kept after it succeeded"},
+                 "reports_to": {"oneOf": [{"type": "null"}, {
+                     "type": "object", "required": ["barrier", "shard", "index", "total"],
+                     "description": "the barrier this job completes: member index of total",
+                     "properties": {"barrier": {"type": "string"}, "shard": _nullable("integer"),
+                                    "index": _nullable("integer"), "total": _nullable("integer")}}]},
+                 "inputs_from": {"oneOf": [{"type": "null"}, {
+                     "type": "object", "required": ["barrier", "shard"],
+                     "description": "the barrier whose values are this job's input",
+                     "properties": {"barrier": {"type": "string"}, "shard": _nullable("integer")}}]}}},
     "QueueRequest": {"type": "object", "required": ["queue"], "additionalProperties": False,
                      "properties": {"queue": _QUEUE}},
     "QueueChange": {"type": "object", "required": ["queue", "changed_shards"],
@@ -256,9 +299,11 @@ _PATHS: dict[str, dict[str, Any]] = {
                 f"letters on the page, clamped to 1..{PAGE_MAX} (default 50)"),
          _query("cursor", {"type": "string", "pattern": CURSOR_PATTERN},
                 "the cursor of the previous page (empty or absent: the first page)")])},
-    "/api/job": {"get": _read("what the service knows of a live job", _json(_ref("Job"), "the job"),
+    "/api/job": {"get": _read("what the service knows of a job: live, or acked with its result kept",
+                              _json(_ref("Job"), "the job"),
                               [_query("id", _JOB_ID_TEXT, "the job id", required=True)],
-                              not_found="no live job of that id: finished, cancelled, purged or never enqueued")},
+                              not_found="no live job of that id and no result kept: finished, cancelled, "
+                                        "purged or never enqueued")},
     "/api/pause": {"post": _action("stop leasing from a queue, durably, on every shard", "QueueRequest",
                                    "QueueChange")},
     "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange")},

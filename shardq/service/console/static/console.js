@@ -393,13 +393,39 @@ const dlRedrive = (ids) => dlAction("redrive", ids);
 const dlPurge = (ids) => dlAction("purge", ids);
 
 // ---------------------------------------------------------------------------- job look-up
+// The rows of a job, in order: [field, label, how its text is made from the reply]. A row
+// whose field the reply lacks is left out (a job acked with its result kept has only its
+// id, shard, state, progress and result); the task rows need a task body.
 const JOB_FIELDS = [["job_id", "job id"], ["state", "state"], ["queue", "queue"], ["shard", "shard"],
   ["key", "key"], ["position", "jobs ahead in its key"], ["attempts", "deliveries"], ["priority", "priority"],
-  ["deadline", "deadline"], ["enqueued_at", "enqueued"], ["error", "last error"], ["cancelled", "cancelled"],
-  ["queue_paused", "queue paused"], ["body_bytes", "body bytes"], ["body", "body"]];
+  ["deadline", "deadline", (j) => when(j.deadline)], ["enqueued_at", "enqueued", (j) => when(j.enqueued_at)],
+  ["error", "last error"], ["cancelled", "cancelled"], ["queue_paused", "queue paused"],
+  ["progress", "progress", progressText], ["result_bytes", "result", resultText, "result"],
+  ["task", "task", (j) => j.task.name], ["task", "arguments", (j) => j.task.args, "args"],
+  ["task", "keeps its result", (j) => j.task.keep_result === null ? null : age(j.task.keep_result), "keep_result"],
+  ["task", "reports to", (j) => barrierText(j.task.reports_to), "reports_to"],
+  ["task", "input from", (j) => barrierText(j.task.inputs_from), "inputs_from"],
+  ["body_bytes", "body bytes"], ["body", "body"]];
 
 function when(t) {
   return t ? `${new Date(t * 1000).toLocaleString()} (${age(Math.abs(t - Date.now() / 1000))} ${t > Date.now() / 1000 ? "from now" : "ago"})` : "–";
+}
+
+function progressText(j) {  // what the task last said with ctx.progress(fraction, note)
+  const parts = [];
+  if (j.progress !== null && j.progress !== undefined) parts.push(`${num(j.progress * 100)} %`);
+  if (j.note !== null && j.note !== undefined) parts.push(j.note);
+  return parts.length ? parts.join(" · ") : null;
+}
+
+function resultText(j) {
+  return j.result_bytes === null ? "none kept" : `${bytes(j.result_bytes)}, kept until ${when(j.result_expires_at)}`;
+}
+
+function barrierText(b) {  // a workflow barrier of a task body (reports_to, inputs_from)
+  if (!b) return null;
+  const where = `barrier ${b.barrier} on shard ${b.shard ?? "?"}`;
+  return b.total === undefined ? where : `${where}: member ${b.index ?? "?"} of ${b.total ?? "?"}`;
 }
 
 async function lookUp(id) {
@@ -414,16 +440,16 @@ async function lookUp(id) {
   try {
     const j = await api(`/api/job?id=${encodeURIComponent(id)}`);
     if (ask !== jobAsked) return;
-    for (const [k, label] of JOB_FIELDS) {
-      let v = j[k];
-      if (k === "deadline" || k === "enqueued_at") v = when(v);
+    for (const [k, label, text, name] of JOB_FIELDS) {
+      if (!(k in j) || (k === "task" && !j.task)) continue;
+      const v = text ? text(j) : j[k];
       const tr = el("tr");
-      tr.dataset.field = k;
+      tr.dataset.field = name || k;
       tr.append(el("th", label), el("td", v === null || v === undefined ? "–" : v));
       body.append(tr);
     }
     jobShown = id;
-    $("#job-cancel").disabled = false;
+    $("#job-cancel").disabled = j.state === "succeeded";  // done: nothing left to cancel
     $("#job-result").dataset.state = j.state;
   } catch (e) {
     if (ask !== jobAsked) return;
