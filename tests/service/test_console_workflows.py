@@ -28,6 +28,7 @@ from shardq.service.console import openapi
 from shardq.service.http_server import HttpService
 
 from support import browser
+from support.task_apps import fresh_tasks
 from support.http_calls import api
 from support.service import wait_until
 
@@ -49,14 +50,9 @@ def app():
 
 @pytest.fixture
 def fresh(app):
-    app.tasks.clear()
-    yield app
-    app.tasks.clear()
-    q = app.queue
-    for name in list(q.stats()["queues"]):  # acked, so that no key stays held by a lease
-        while leases := q.dequeue_many(name, max_jobs=1000):
-            q.ack_many(leases)
-        q.purge_dead_letters(name)
+    """The shared app with no tasks; its queues emptied after the test."""
+    with fresh_tasks(app) as a:
+        yield a
 
 
 def look_up(app, job_id, status: int = 200) -> dict:

@@ -18,6 +18,7 @@ from shardq import limits
 from shardq.tasks.dispatch import TaskHandler
 from shardq.tasks.runner import check_retries, plan
 
+from support.task_apps import fresh_tasks
 from support.service import REPO
 
 
@@ -30,14 +31,9 @@ def app():
 
 @pytest.fixture
 def fresh(app):
-    """The shared app with its tasks cleared and its queues emptied after the test."""
-    app.tasks.clear()
-    yield app
-    app.tasks.clear()
-    for q in list(app.queue.stats()["queues"]):
-        while app.queue.dequeue_many(q, max_jobs=1000):
-            pass
-        app.queue.purge_dead_letters(q)
+    """The shared app with no tasks; its queues emptied after the test."""
+    with fresh_tasks(app) as a:
+        yield a
 
 
 def drain(app, queue, **kw):

@@ -13,6 +13,7 @@ import shardq
 from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
 
+from support.task_apps import fresh_tasks
 from support.service import wait_until
 
 
@@ -25,13 +26,9 @@ def app():
 
 @pytest.fixture
 def fresh(app):
-    app.tasks.clear()
-    yield app
-    app.tasks.clear()
-    for q in list(app.queue.stats()["queues"]):
-        while app.queue.dequeue_many(q, max_jobs=1000):
-            pass
-        app.queue.purge_dead_letters(q)
+    """The shared app with no tasks; its queues emptied after the test."""
+    with fresh_tasks(app) as a:
+        yield a
 
 
 def drain(app, queue="default"):
