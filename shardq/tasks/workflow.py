@@ -151,6 +151,7 @@ class Step:
     barrier: tuple[int, str] | None = None
     index: int | None = None
     item: list | None = field(default=None, repr=False)
+    reports: tuple[int, str, int] | None = None   # (shard, barrier id, member index) it arrives at
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Builder:
         self.route = route
         self.wf_id = wf_id
         self.ttl_s = ttl_s
+        self.finals: set[str] = set()
         self.count = 0
         self.steps: list[Step] = []
         self.barriers: list[tuple[int, str]] = []
@@ -182,6 +184,7 @@ class Builder:
         """The items to enqueue now (``[body, key, queue, delay, priority]``); the steps
         and barriers are left in :attr:`steps` and :attr:`barriers`."""
         _check_groups(top)
+        self.finals = set(final_paths(top))
         start = self.chain_items(top.steps, None, 0, None, "0", None)
         self.steps.sort(key=lambda step: [int(part) for part in step.path.split(".")])  # built from the end
         where = {id(item): i for i, item in enumerate(start)}
@@ -251,10 +254,14 @@ class Builder:
         report = None if target is None else [target.bid, target.shard, index, target.total, self.ttl_s,
                                               target.callback]
         name, args, kwargs, key, queue, delay, priority = call(sig, inputs is not None)
-        keep = float(sig.task.keep_result or self.ttl_s)
-        body = taskbody.encode(name, args, kwargs, None, taskbody.Steps(keep, report, inputs))
+        # A step's value goes to the barrier it reports to: only the workflow's own values
+        # (its final steps') and a task's asked-for ones are kept as results too.
+        keep = sig.task.keep_result or (self.ttl_s if path in self.finals else None)
+        body = taskbody.encode(name, args, kwargs, None,
+                               taskbody.Steps(None if keep is None else float(keep), report, inputs))
         item = [body, key, queue, delay, priority]
-        self.steps.append(Step(sig.task.name, path, started_by, item=item))
+        reports = None if target is None else (target.shard, target.bid, index)
+        self.steps.append(Step(sig.task.name, path, started_by, item=item, reports=reports))
         return item
 
 
@@ -366,7 +373,10 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
         row: dict[str, Any] = {"step": step.path, "task": step.task, "job_id": job_id}
         r = results.get(job_id) if job_id is not None else None
         if r is not None:
-            row.update(state=r.state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
+            state = r.state
+            if state == "gone" and step.reports is not None:
+                state = _reported_state(step.reports, barriers)
+            row.update(state=state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
                        result_bytes=None if r.value is None else len(r.value))
         else:
             b = barriers.get(step.barrier) if step.barrier is not None else None
@@ -376,6 +386,41 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
                 row.update(arrived=b.get("arrived"), total=b.get("total"))
         rows.append(row)
     return rows
+
+
+def _reported_state(reports: tuple[int, str, int], barriers: dict[tuple[int, str], dict | None]) -> str:
+    """The state of a step whose job is gone and whose value went to a barrier, not kept:
+    ``succeeded`` if the barrier counted it, ``cancelled`` if the barrier was cancelled,
+    else ``gone`` (cancelled or purged before it arrived)."""
+    shard, bid, index = reports
+    b = barriers.get((shard, bid))
+    if not b:
+        return "gone"
+    if b.get("cancelled"):
+        return "cancelled"
+    if b.get("fired_job") is not None:
+        return "succeeded"
+    missing = b.get("missing") or []
+    if index in missing:
+        return "gone"
+    # the barrier lists its first missing indexes only: below the last one listed (or with
+    # fewer than all listed) an index not listed has arrived
+    shown_all = b.get("total", 0) - b.get("arrived", 0) == len(missing)
+    return "succeeded" if shown_all or (missing and index < missing[-1]) else "gone"
+
+
+def watched(steps: list[Step], jobs: list[int | None], barriers: dict[tuple[int, str], dict | None],
+            finals: list[str]) -> list[int]:
+    """The jobs ``result()`` looks at: the final steps (their values), the fanout jobs, and
+    the members a barrier is still missing (the first it lists: a dead one is among them,
+    or will be once the others arrived). Never all of a large chord's members at each look."""
+    missing: set[tuple[int, str, int]] = set()
+    for (shard, bid), b in barriers.items():
+        if b and b.get("fired_job") is None and not b.get("cancelled"):
+            missing.update((shard, bid, i) for i in b.get("missing") or [])
+    final = set(finals)
+    return [job_id for step, job_id in zip(steps, jobs)
+            if job_id is not None and (step.path in final or step.task == FANOUT or step.reports in missing)]
 
 
 class Workflow:
@@ -409,17 +454,19 @@ class Workflow:
         return cls(app, wf_id, builder.steps, builder.barriers, final_paths(top), ids, isinstance(last, Signature))
 
     # ------------------------------------------------------------------ looking
-    def _look(self, q) -> tuple[list[int | None], dict[int, Any], dict]:
+    def _look(self, q, every: bool = True) -> tuple[list[int | None], dict[int, Any], dict]:
+        """Each step's job, the outcomes of every step's job (``every``) or of the ones
+        ``result()`` watches, and the barriers' states."""
         barriers = dict(zip(self.barriers, q.barriers(self.barriers))) if self.barriers else {}
         jobs = step_jobs(self.steps, self.first_ids, barriers)
-        known = [j for j in jobs if j is not None]
+        known = [j for j in jobs if j is not None] if every else watched(self.steps, jobs, barriers, self.finals)
         results = {r.job_id: r for r in q.results(known)} if known else {}
         return jobs, results, barriers
 
     async def _alook(self, q) -> tuple[list[int | None], dict[int, Any], dict]:
         barriers = dict(zip(self.barriers, await q.barriers(self.barriers))) if self.barriers else {}
         jobs = step_jobs(self.steps, self.first_ids, barriers)
-        known = [j for j in jobs if j is not None]
+        known = watched(self.steps, jobs, barriers, self.finals)
         results = {r.job_id: r for r in await q.results(known)} if known else {}
         return jobs, results, barriers
 
@@ -444,7 +491,7 @@ class Workflow:
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            done, value = self._verdict(*self._look(self.app.queue)[:2])
+            done, value = self._verdict(*self._look(self.app.queue, every=False)[:2])
             if done:
                 return value
             wait = _next_wait(wait, deadline, self.id)

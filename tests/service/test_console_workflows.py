@@ -71,7 +71,7 @@ def drain(app, queue: str) -> None:
 def send_chord(app, members: int = 3):
     """A chord of ``members`` ``score`` jobs (queue default) whose callback ``summarize``
     runs on queue ``sums``: running ``default`` alone leaves the callback enqueued, live."""
-    @app.task(key=lambda d: f"doc-{d}")
+    @app.task(key=lambda d: f"doc-{d}", keep_result=limits.WORKFLOW_RESULT_S_DEFAULT)
     def score(ctx, d: int) -> int:
         return d * 10
 
@@ -94,7 +94,7 @@ def test_a_member_shows_its_task_and_the_barrier_it_reports_to(fresh):
         assert task["name"] == row["task"] and task["args"].startswith('{"args": [')
         assert task["reports_to"] == {"barrier": barrier, "shard": shard, "index": index, "total": 3}
         assert task["inputs_from"] is None
-        assert task["keep_result"] == limits.WORKFLOW_RESULT_S_DEFAULT  # a workflow's default
+        assert task["keep_result"] == limits.WORKFLOW_RESULT_S_DEFAULT  # as its task says
         assert info["progress"] is None and info["note"] is None
         assert info["result_bytes"] is None and info["result_expires_at"] is None
 

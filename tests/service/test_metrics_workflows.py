@@ -60,7 +60,7 @@ def test_a_chord_and_a_cancelled_chain_show_in_the_metrics(app):
     for state in ("open", "fired", "cancelled"):
         assert total(before, "shardq_workflow_barriers", state=state) == 0
 
-    @app.task(key=lambda d: f"doc-{d}")
+    @app.task(key=lambda d: f"doc-{d}", keep_result=3600)
     def score(ctx, d: int) -> int:
         return d * d
 
@@ -83,7 +83,7 @@ def test_a_chord_and_a_cancelled_chain_show_in_the_metrics(app):
     stopped.cancel()
 
     m = scrape(app)
-    # every member that ran and the callback kept their results (a workflow keeps them a day)
+    # every member that ran (their task keeps results) and the callback (a workflow's last step) kept theirs
     assert total(m, "shardq_results_kept") == members + 2
     assert total(m, "shardq_results_stored_total") == members + 2
     assert total(m, "shardq_workflow_barriers_fired_total") == 1  # the callback, enqueued once

@@ -183,7 +183,7 @@ def test_cancel_stops_what_has_not_run(fresh):
     wf = chain(first.s(), second.s()).send()
     out = wf.cancel()
     assert out == {"barriers_cancelled": 1, "jobs": {"cancelled": 1}}
-    assert [r["state"] for r in wf.status()] == ["gone", "cancelled"]
+    assert [r["state"] for r in wf.status()] == ["cancelled", "cancelled"]
     assert drain(fresh, "later").leased == 0
 
 
