@@ -47,6 +47,8 @@ result         [[job_id, ...]]                                        [[state, v
                                                                       withheld], ...]
 arrive         [barrier_id, index, total, value: bytes, ttl_s,        "counted" | "repeated"
                 callback: [body, key, queue, delay, priority]]        | "fired" | "cancelled"
+arrive_many    [[[barrier_id, index, total, value, ttl_s, callback],  [outcome as arrive's
+                 ...]]                                                 | error, ...]
 barrier        [[barrier_id, ...]]                                    [{total, arrived,
                                                                       fired_job, cancelled,
                                                                       missing} | None, ...]
@@ -70,8 +72,10 @@ put_result to cancel_barrier are the results and workflow ops (``shardq/shard/re
 docs/design.md "Workflows and results"): ``put_result`` and ``progress`` are fenced by the
 lease token like an ack; a ``result`` row is :class:`ResultRow` (``withheld``: the value was
 left out to keep the reply within ``limits.REPLY_BYTES_MAX``: ask for that id alone); an
-``arrive`` that completes its barrier enqueues the callback in the same commit. Each may be
-re-sent: put_result and progress set the same value again, a re-sent arrive finds its
+``arrive`` that completes its barrier enqueues the callback in the same commit;
+``arrive_many`` is that for each of up to ``limits.BATCH_JOBS_MAX`` arrivals, answered one
+by one (an arrival refused leaves the others counted, as an ``ack`` of many does). Each may
+be re-sent: put_result and progress set the same value again, a re-sent arrive finds its
 index counted and answers "repeated" (also when the first one fired the barrier),
 cancel_barrier is idempotent, the others only read.
 
@@ -151,6 +155,7 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("progress", ("job_id", "token", "fraction", "note"), RESEND, "_progress"),
     Request("result", ("job_ids",), RESEND, "_result"),
     Request("arrive", ("barrier_id", "index", "total", "value", "ttl_s", "callback"), RESEND, "_arrive"),
+    Request("arrive_many", ("arrivals",), RESEND, "_arrive_many"),
     Request("barrier", ("barrier_ids",), RESEND, "_barrier"),
     Request("barrier_values", ("barrier_id",), RESEND, "_barrier_values"),
     Request("cancel_barrier", ("barrier_id", "ttl_s"), RESEND, "_cancel_barrier"),

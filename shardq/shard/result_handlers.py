@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import limits
+from ..errors import InvalidJob, InvariantViolation, ShardqError
+from ..protocol import wire as protocol
+
 if TYPE_CHECKING:
     from ..protocol.wire import ResultRow
     from .conn import FrameConn
@@ -36,6 +40,23 @@ class ResultHandlers:
     def _arrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
         barrier_id, index, total, value, ttl_s, callback = args
         return self.state.arrive(barrier_id, index, total, value, ttl_s, callback, now)
+
+    def _arrive_many(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[str | list[str]]:
+        (arrivals,) = args
+        if type(arrivals) is not list or len(arrivals) > limits.BATCH_JOBS_MAX:
+            raise InvalidJob(f"arrive_many: expected at most {limits.BATCH_JOBS_MAX} arrivals")
+        out: list[str | list[str]] = []  # per arrival: arrive's answer, or the error (protocol.error_payload)
+        for item in arrivals:
+            try:
+                if type(item) is not list or len(item) != 6:
+                    raise InvalidJob("arrive_many: each arrival is [barrier_id, index, total, value, ttl_s, callback]")
+                barrier_id, index, total, value, ttl_s, callback = item
+                out.append(self.state.arrive(barrier_id, index, total, value, ttl_s, callback, now))
+            except ShardqError as e:
+                if isinstance(e, InvariantViolation):
+                    raise
+                out.append(protocol.error_payload(e))
+        return out
 
     def _barrier(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[BarrierInfo | None]:
         return self.state.barrier_info(args[0], now)

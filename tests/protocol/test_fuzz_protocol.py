@@ -95,6 +95,8 @@ TEMPLATES = {
     "progress": [1 << 10, 1, 0.5, "note"],
     "result": [[1 << 10, 2 << 10]],
     "arrive": ["fz.b", 0, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]],
+    "arrive_many": [[["fz.d", 0, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]],
+                     ["fz.d", 1, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]]]],
     "barrier": [["fz.b", "fz.c"]],
     "barrier_values": ["fz.b"],
     "cancel_barrier": ["fz.c", 60.0],
