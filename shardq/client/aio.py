@@ -22,6 +22,8 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import itertools
 import os
@@ -462,6 +464,33 @@ class AsyncQueue:
     # As the threaded router's (same requests and replies: client/results.py).
     async def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
         await self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
+
+    async def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]:
+        """As :meth:`Router.report_many`: one frame per shard, per report None or its error."""
+        return (await self.settle_many([], reports))[1]
+
+    async def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
+                          ) -> tuple[list[BaseException | None], list[BaseException | None]]:
+        """As :meth:`Router.settle_many`: acks and reports in one round, one frame per shard."""
+        acks = listed(acks, "leases")
+        indexes, ack_calls = acks_by_shard(acks, self.shards)
+        calls, where, answers = res.report_calls(list(reports), self.shards)
+        started = [self._request(*call) for call in ack_calls + calls]
+        got: list = []
+        try:
+            for conn, req, fut in started:
+                try:
+                    got.append(await self._wait(conn, req, fut))
+                except ShardqError as exc:
+                    got.append(exc)
+        finally:
+            for conn, req, fut in started:
+                if not fut.done():
+                    conn.abandon(req, fut)
+            for lease in acks:
+                self._settled(lease)
+        return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):],
+                                 answers)
 
     async def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
         await self._call(*res.progress_call(lease, fraction, note, self.shards))

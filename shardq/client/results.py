@@ -11,10 +11,10 @@ import zlib
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import InvalidJob, NotFound, ProtocolError
-from ..protocol import validate
+from ..errors import InvalidJob, NotFound, ProtocolError, ShardqError
+from ..protocol import validate, wire
 from ..types import Lease
-from .core import Call
+from .core import Call, ack_error
 from .routing import job_shard, lease_shard
 
 #: The fields of one ``result`` reply entry, in order (docs/design.md).
@@ -95,6 +95,101 @@ def arrive_call(shard: int, barrier: str, index: int, total: int, value: bytes, 
     if not 0 <= shard < shards:
         raise InvalidJob(f"barrier {barrier}: shard {shard} is not one of this service's {shards}")
     return Call(shard, "arrive", [barrier_id(barrier), index, total, value, ttl(ttl_s), callback])
+
+
+def report_calls(reports: list[tuple[Lease, Any]], shards: int) -> tuple[list[Call], list[list[int]], list[Any]]:
+    """The requests of jobs' reports (``(lease, (op, args))``: a worker's
+    :class:`~shardq.consumer.handling.Report`, an ``arrive`` or a ``put_result``), each
+    checked as its one-call method checks it: ``(calls, where, answers)``. The arrivals
+    for one shard go in ``arrive_many`` calls, cut as a shard accepts them
+    (:func:`cut_arrivals`); ``where`` says which reports each call answers, in order;
+    ``answers`` has one entry per report, the error of one refused before it was sent
+    (else None)."""
+    calls: list[Call] = []
+    where: list[list[int]] = []
+    answers: list[Any] = [None] * len(reports)
+    arrivals: dict[int, list[tuple[int, list[Any]]]] = {}
+    for i, (lease, (op, args)) in enumerate(reports):
+        try:
+            if op == "arrive":
+                shard, barrier, index, total, value, ttl_s, callback = args
+                call = arrive_call(shard, barrier, index, total, value, ttl_s, callback, shards)
+                arrivals.setdefault(call.shard, []).append((i, call.args))
+                continue
+            if op != "put_result":
+                raise InvalidJob(f"unknown report {op!r}: arrive or put_result")
+            value, ttl_s = args
+            calls.append(put_result_call(lease, value, ttl_s, shards))
+            where.append([i])
+        except (ShardqError, TypeError, ValueError) as exc:  # ValueError: not as many args as the op takes
+            answers[i] = exc if isinstance(exc, ShardqError) else InvalidJob(f"{op}: {exc}")
+    for shard, items in sorted(arrivals.items()):
+        for part in cut_arrivals(items):
+            calls.append(Call(shard, "arrive_many", [[item for _, item in part]]))
+            where.append([i for i, _ in part])
+    return calls, where, answers
+
+
+def arrival_bytes(item: list[Any]) -> int:
+    """An upper bound of one ``arrive_many`` item's encoding in a frame, and of what it
+    logs (its arrival, and the callback job it may enqueue), without encoding it."""
+    barrier, _, _, value, _, callback = item
+    body, key, queue = (list(callback) + [None] * 3)[:3] if type(callback) in (list, tuple) else (None,) * 3
+    return (len(value) if type(value) is bytes else 0) + 8 * len(barrier) + 64 + validate.job_bytes(
+        body if type(body) is bytes else b"", key if type(key) is str else None, queue if type(queue) is str else "")
+
+
+def cut_arrivals(items: list[tuple[int, list[Any]]]) -> list[list[tuple[int, list[Any]]]]:
+    """One shard's arrivals cut into requests a shard accepts: at most BATCH_JOBS_MAX
+    arrivals and REQUEST_BYTES_MAX bytes each (so each fits one frame and one log record)."""
+    parts: list[list[tuple[int, list[Any]]]] = []
+    part: list[tuple[int, list[Any]]] = []
+    size = 64
+    for entry in items:
+        n = arrival_bytes(entry[1]) + 16
+        if part and (len(part) >= limits.BATCH_JOBS_MAX or size + n > limits.REQUEST_BYTES_MAX):
+            parts.append(part)
+            part, size = [], 64
+        part.append(entry)
+        size += n
+    if part:
+        parts.append(part)
+    return parts
+
+
+def round_outcome(acks: int, ack_indexes: list[list[int]], ack_replies: list[Any], calls: list[Call],
+                  where: list[list[int]], report_replies: list[Any], answers: list[Any]
+                  ) -> tuple[list[Any], list[Any]]:
+    """Per ack and per report of a ``settle_many`` round, None or its error, from each
+    call's reply or error (``acks_by_shard``'s indexes; ``report_calls``' where and
+    answers). A call that failed (an unavailable shard) fails every ack or report it
+    carried; an ``arrive_many`` answers each arrival (its outcome, or an error)."""
+    acked: list[Any] = [None] * acks
+    for idx, reply in zip(ack_indexes, ack_replies):
+        if isinstance(reply, BaseException):
+            for i in idx:
+                acked[i] = reply
+            continue
+        errs, resent = reply
+        for i, payload in zip(idx, errs):
+            if payload is not None:
+                acked[i] = ack_error(payload, resent)
+    for call, positions, reply in zip(calls, where, report_replies):
+        if isinstance(reply, BaseException):
+            for i in positions:
+                answers[i] = reply
+            continue
+        if call.op != "arrive_many":
+            continue  # a put_result: it landed
+        value, _ = reply
+        if type(value) is not list or len(value) != len(positions):
+            for i in positions:
+                answers[i] = ProtocolError("arrive_many: the reply has not one entry per arrival")
+            continue
+        for i, entry in zip(positions, value):
+            if type(entry) is list:
+                answers[i] = wire.error_from_payload(entry)
+    return acked, answers
 
 
 def barrier_calls(refs: list[tuple[int, str]], shards: int) -> tuple[list[Call], list[list[int]]]:

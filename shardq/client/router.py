@@ -29,6 +29,8 @@ and the asyncio client; this module moves the requests and waits, with threads.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import itertools
 import logging
 import os
@@ -722,6 +724,26 @@ class Router:
         """Keep ``value`` (msgpack bytes) as the result of ``lease``'s job for ``ttl_s``
         seconds; fenced like an ack (LeaseLost if the lease is no longer current)."""
         self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
+
+    def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]:
+        """Make finished jobs' reports (``(lease, (op, args))``, ``op`` an ``arrive`` or a
+        ``put_result``; a worker collects them with ``ctx.report``), pipelined, one frame
+        per shard: per report None (landed) or its error, in order. Each may be re-sent
+        (an arrival is counted once per index), so a broken connection only re-sends."""
+        return self.settle_many([], reports)[1]
+
+    def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
+                    ) -> tuple[list[BaseException | None], list[BaseException | None]]:
+        """Ack ``acks`` and make ``reports`` (as :meth:`report_many`) in one pipelined
+        round, one frame per shard: per ack and per report, None or its error (an
+        unavailable shard's for each call it did not answer). A worker sends the reports of
+        the jobs just finished with the acks of those whose reports landed before."""
+        acks = listed(acks, "leases")
+        indexes, ack_calls = acks_by_shard(acks, self.shards)
+        calls, where, answers = res.report_calls(list(reports), self.shards)
+        got = self._gather(ack_calls + calls) if ack_calls or calls else []
+        return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):],
+                                 answers)
 
     def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
         """Record how far ``lease``'s job got (durably; shown by ``results`` and ``job``)."""
