@@ -12,6 +12,8 @@
 * with an idempotency store, an async task's ``ctx.db`` is its transaction, run in a
   thread (:mod:`.aiotxn`): seen check, the task's statements, claim, lease check, commit.
   The loop does no SQLite work;
+* a finished job's reports (``ctx.report``: a workflow step's arrival, a kept result) are
+  awaited on the loop, merged with other jobs' per loop turn by the client, before its ack;
 * what each outcome sends (ack, merged per loop turn by the client; nack with backoff or
   ``Retry``'s delay; bury for ``Fail``), the commit margin, the outbox of settlements that
   met an unavailable shard (retried until they land or the lease ends) and the failed
@@ -37,7 +39,7 @@ from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
-from .handling import DONE, DUPLICATE, EXPIRED, Context, Result, execute
+from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
 from .policy import ACK, NACK, NOTHING, Outbox, Policy, Settle, UnavailableBackoff
 from .worker import CONCURRENCY_MAX, WorkerStats, _require
@@ -71,8 +73,9 @@ class AsyncContext(Context):
 
     __slots__ = ("_aextend",)
 
-    def __init__(self, lease: Lease, db: Any, aextend, client: LoopCalls | None = None):
-        super().__init__(lease, db, None, client=client)
+    def __init__(self, lease: Lease, db: Any, aextend, client: LoopCalls | None = None,
+                 reports: list[Report] | None = None):
+        super().__init__(lease, db, None, client=client, reports=reports)
         self._aextend = aextend
 
     async def extend(self, seconds: float) -> float:  # type: ignore[override]
@@ -120,11 +123,12 @@ class LoopCalls:
 
 
 class _Job:
-    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task", "ran", "parked")
+    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task", "ran", "parked", "reports")
 
     def __init__(self, lease: Lease, extend_at: float):
         self.lease, self.lost, self.extend_at = lease, False, extend_at
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
+        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
         self.task: asyncio.Task | None = None
         self.ran = False     # finished running, being settled: no more heartbeats
         self.parked = False  # its settlement waits in the outbox: it keeps its slot
@@ -306,7 +310,7 @@ class AsyncWorker:
                     result = await asyncio.to_thread(
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
                         lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
-                        max_deliveries=self.policy.max_deliveries, client=self._calls)
+                        max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
             job.ran = True
             settle = self.policy.settle(*result, lease, lost=job.lost)
             if settle.counted_at_once:
@@ -338,12 +342,13 @@ class AsyncWorker:
                 if not await txn.begin():
                     again = getattr(self.handler, "finish_duplicate", None)
                     if again is not None:
-                        ctx = AsyncContext(lease, None, lambda s: self._extend(job, s), self._calls)
+                        ctx = AsyncContext(lease, None, lambda s: self._extend(job, s), self._calls,
+                                           job.reports)
                         kept = await asyncio.to_thread(self.store.kept_result, lease.job_id)
                         await asyncio.to_thread(again, ctx, kept)
                     return DUPLICATE, None, None
                 db = txn.db
-            ctx = AsyncContext(lease, db, lambda s: self._extend(job, s), self._calls)
+            ctx = AsyncContext(lease, db, lambda s: self._extend(job, s), self._calls, job.reports)
             task, args, kwargs = self.handler.resolve(ctx)
             await self.handler.run_async(task, ctx, args, kwargs)
             if txn is None:
@@ -364,6 +369,7 @@ class AsyncWorker:
                     failure = store_exc  # as with the thread worker: the store's error wins
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            job.reports.clear()  # a failed attempt reports nothing
             return self.policy.failure(failure, lease, ctx)
 
     def _may_commit(self, job: _Job) -> bool:
@@ -372,7 +378,19 @@ class AsyncWorker:
 
     async def _send(self, job: _Job, settle: Settle) -> None:
         """Send an ack, nack or bury, first try or retry. Unsent for ShardUnavailable: it
-        goes to the outbox, and the job keeps its slot until it lands or its lease ends."""
+        goes to the outbox, and the job keeps its slot until it lands or its lease ends.
+        An ack goes after the job's reports (``ctx.report``) landed, as the policy says."""
+        if settle.op == ACK and job.reports:
+            decided = await self._report(job, settle)
+            if decided is None:
+                return  # parked in the outbox
+            if decided is not settle:
+                settle = decided
+                if settle.counted_at_once:
+                    self._count(settle.counter)
+                if settle.op == NOTHING:
+                    self._forget(job)
+                    return
         lease = job.lease
         try:
             if settle.op == ACK:
@@ -386,15 +404,40 @@ class AsyncWorker:
             exc = e
         answer = self.policy.answer(settle, lease, exc)
         if answer.retry:
-            self._unavailable(settle.op, exc)
-            job.parked = True
-            self.outbox.put(job, settle, lease)
-            if self._outbox_task is None or self._outbox_task.done():
-                self._outbox_task = asyncio.create_task(self._retry_outbox())
+            self._park(job, settle, exc)
             return
         if answer.counter is not None:
             self._count(answer.counter)
         self._forget(job)
+
+    async def _report(self, job: _Job, settle: Settle) -> Settle | None:
+        """Make the job's reports (merged with other jobs' per loop turn by the client):
+        ``settle`` if all landed; None if one met an unavailable shard (the job waits in
+        the outbox with what did not land); else what the policy sends instead."""
+        answers = await self.q.report_many([(job.lease, r) for r in job.reports])
+        outage = None
+        for exc in answers:
+            if exc is not None:
+                decided = self.policy.reported(settle, job.lease, exc)
+                if decided is None:
+                    outage = exc
+                elif decided is not settle:
+                    job.reports.clear()
+                    return decided
+        if outage is None:
+            job.reports.clear()
+            return settle
+        job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
+        self._park(job, settle, outage)
+        return None
+
+    def _park(self, job: _Job, settle: Settle, exc: BaseException | None) -> None:
+        """``settle`` met an unavailable shard: into the outbox; the job keeps its slot."""
+        self._unavailable(settle.op, exc)
+        job.parked = True
+        self.outbox.put(job, settle, job.lease)
+        if self._outbox_task is None or self._outbox_task.done():
+            self._outbox_task = asyncio.create_task(self._retry_outbox())
 
     async def _retry_outbox(self) -> None:
         """Retry what the outbox holds after each backoff wait, until it is empty."""

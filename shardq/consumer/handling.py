@@ -13,7 +13,7 @@ import logging
 import random
 import signal
 import traceback
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from collections.abc import Callable
 
 from .. import limits
@@ -46,6 +46,18 @@ class JobCalls(Protocol):
     def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
 
 
+class Report(NamedTuple):
+    """A call about a finished job, made after its effect committed and before its ack:
+    ``op`` is ``"arrive"`` (args: shard, barrier, index, total, value, ttl_s, callback) or
+    ``"put_result"`` (args: value, ttl_s; the lease is the job's)."""
+    op: str
+    args: tuple
+
+
+#: What :meth:`Context.report` may ask for.
+REPORT_OPS = frozenset(("arrive", "put_result"))
+
+
 class Context:
     """What a handler gets. ``db`` is where the idempotency transaction writes (None
     without a store): a DB-API cursor for SQLite, a psycopg cursor for PostgreSQL.
@@ -66,17 +78,22 @@ class Context:
     then fails, the note is added to its error text, so a dead letter says how far it got.
 
     ``client``: the worker's client for calls about this job (:class:`JobCalls`; None in
-    process mode). ``keep(value)`` and ``after_commit(fn)`` are for layers built on the
-    worker (tasks keep their results this way): ``value`` is kept with the job's processed
-    mark by an idempotency store, and ``fn()`` runs once the effect committed (right after
-    the handler without a store), before the ack; if it raises, the attempt fails.
+    process mode). ``keep(value)``, ``after_commit(fn)`` and ``report(...)`` are for layers
+    built on the worker (tasks keep their results this way): ``value`` is kept with the
+    job's processed mark by an idempotency store, and ``fn()`` runs once the effect
+    committed (right after the handler without a store), before the ack; if it raises, the
+    attempt fails. ``report(op, *args)`` (from ``fn``) asks for a call about the finished
+    job (:data:`REPORT_OPS`) that must land before its ack: a worker that collects them
+    (``reports``, a list) makes them itself, pipelined with other jobs' and before this
+    job's ack (:meth:`.policy.Policy.reported` says what their answers mean); otherwise the
+    call is made at once through ``client``.
     """
 
     __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "fraction",
-                 "client", "kept", "_after", "_extend")
+                 "client", "kept", "reports", "_after", "_extend")
 
     def __init__(self, lease: Lease, db: Any = None, extend: Callable[[float], float] | None = None, *,
-                 session: Any = None, client: JobCalls | None = None):
+                 session: Any = None, client: JobCalls | None = None, reports: list[Report] | None = None):
         self.job_id, self.key, self.body = lease.job_id, lease.key, lease.body
         self.attempt, self.queue, self.lease, self.db = lease.attempt, lease.queue, lease, db
         self.session = session
@@ -84,6 +101,7 @@ class Context:
         self.fraction: float | None = None
         self.client = client
         self.kept: bytes | None = None
+        self.reports = reports
         self._after: Callable[[], None] | None = None
         self._extend = extend
 
@@ -120,6 +138,19 @@ class Context:
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         self._after = fn
+
+    def report(self, op: str, *args: Any) -> None:
+        """A call about this finished job, made before its ack (see the class docstring):
+        ``report("arrive", shard, barrier, index, total, value, ttl_s, callback)`` or
+        ``report("put_result", value, ttl_s)``."""
+        if op not in REPORT_OPS:
+            raise ValueError(f"ctx.report: unknown op {op!r}; one of {sorted(REPORT_OPS)}")
+        if self.reports is not None:
+            self.reports.append(Report(op, args))
+        elif op == "put_result":
+            self.client.put_result(self.lease, *args)  # type: ignore[union-attr]
+        else:
+            self.client.arrive(*args)  # type: ignore[union-attr]
 
     def run_after(self) -> None:
         """Run what :meth:`after_commit` asked for (the effect has committed)."""
@@ -164,7 +195,8 @@ def cut_bytes(text: str, max_bytes: int) -> str:
 def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
             extend: Callable[[float], float] | None = None, *,
-            max_deliveries: int | None = None, client: JobCalls | None = None) -> Result:
+            max_deliveries: int | None = None, client: JobCalls | None = None,
+            reports: list[Report] | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
@@ -179,23 +211,25 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
     after the handler), before this returns DONE; what it kept with ``ctx.keep`` is claimed
     with the mark. A job skipped as seen goes to the handler's ``finish_duplicate(ctx,
     kept)``, if it has one, with what the first delivery kept (tasks report a skipped
-    step's result this way).
+    step's result this way). ``reports``: a list the context collects ``ctx.report`` calls
+    in, for the caller to make before the ack (None: they are made at once); it holds
+    something only when this returns DONE or DUPLICATE.
     """
     ctx = None
     try:
         if store is None:
-            ctx = Context(lease, None, extend, client=client)
+            ctx = Context(lease, None, extend, client=client, reports=reports)
             handler(ctx)
             ctx.run_after()
             return DONE, None, None
         if store.seen(lease.job_id):
             again = getattr(handler, "finish_duplicate", None)
             if again is not None:
-                ctx = Context(lease, None, extend, client=client)
+                ctx = Context(lease, None, extend, client=client, reports=reports)
                 again(ctx, store.kept_result(lease.job_id))
             return DUPLICATE, None, None
         with store.transaction() as txn:
-            ctx = Context(lease, txn.db, extend, session=txn.session, client=client)
+            ctx = Context(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
             handler(ctx)
             claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
             if not claimed:
@@ -207,6 +241,8 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
         ctx.run_after()
         return DONE, None, None
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
+        if reports:
+            reports.clear()  # a failed attempt reports nothing
         return failure_result(exc, lease, ctx, max_deliveries=max_deliveries)
 
 

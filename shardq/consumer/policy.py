@@ -12,6 +12,8 @@ between drivers, and drift shows in failure handling first (docs/guarantees.md).
   delivery, which dead-letters it), a bury (BURY; a nack with no delay on a queue that
   cannot bury), or nothing (the lease was lost or expired: the queue redelivers the job);
 * :meth:`Policy.may_commit`: the lease check before a commit, with the commit margin;
+* :meth:`Policy.reported`: a finished job's reports (``ctx.report``: an arrival at a
+  barrier, a kept result) go before its ack; what their answers mean for that ack;
 * :meth:`Policy.answer` and :class:`Outbox`: an ack, nack or bury that met
   ``ShardUnavailable`` is kept and retried, after each :class:`UnavailableBackoff` wait,
   until it lands or its lease's deadline passes;
@@ -127,6 +129,30 @@ class Policy:
                         lease.attempt, "rolled back" if outcome == LOST else outcome)
             return Settle(NOTHING, "lost")
         return Settle(ACK, "succeeded" if outcome == DONE else "duplicates")
+
+    def reported(self, settle: Settle, lease: Lease, exc: BaseException | None) -> Settle | None:
+        """What the answer to one of a finished job's reports (``ctx.report``: an arrival
+        at a barrier, a kept result; made before the job's ack ``settle``) means: None,
+        retry it (ShardUnavailable: the job waits in the outbox, its ack unsent, until the
+        report lands or the lease ends); else what to send for the job instead of ``settle``.
+
+        ``exc`` None: it landed (an arrival answered ``"repeated"`` had landed before), so
+        ``settle`` stands. LeaseLost or JobGone: the lease is gone (a result is fenced like
+        an ack); nothing is sent, the queue redelivers the job, and its redelivery reports
+        again (skipped as a duplicate with an idempotency store). Any other error (the
+        barrier refused the arrival, the callback's queue is full): a failed attempt, nacked
+        with backoff like a handler's failure, so its dead letter says why."""
+        if exc is None:
+            return settle
+        if isinstance(exc, ShardUnavailable):
+            return None
+        if isinstance(exc, (LeaseLost, JobGone)):
+            log.warning("job %s attempt %d: lease lost before its report landed (%s); not acking",
+                        lease.job_id, lease.attempt, error_text(exc))
+            return Settle(NOTHING, "lost")
+        log.warning("job %s attempt %d: its report was refused after its effect committed: %s",
+                    lease.job_id, lease.attempt, error_text(exc))
+        return self.settle(FAILED, error_text(exc), None, lease, lost=False)
 
     def answer(self, settle: Settle, lease: Lease, exc: BaseException | None) -> Answer:
         """The queue answered ``settle`` with ``exc`` (None: it landed).

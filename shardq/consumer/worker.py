@@ -18,6 +18,10 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
   it has passed, so a prefetched job never burns a delivery while it waits for a runner;
 * with an idempotency store: already seen -> skip the handler and ack; otherwise handler
   writes + claim in one transaction, committed only while the lease is still ours, then ack;
+* a finished job's reports (``ctx.report``: a workflow step's arrival, a kept result) are
+  made by the loop, in one pipelined round with other jobs' reports and acks
+  (``settle_many``), and the job is acked in the round after they landed; the runner has
+  meanwhile taken its next job;
 * what each outcome sends (ack; nack with full-jitter backoff and ``"Type: message"``, or
   with ``Retry``'s delay; bury for ``Fail``), the commit margin, the retry of settlements
   that met an unavailable shard and the failed outcome of a store error are the consumer
@@ -45,7 +49,8 @@ from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob, LeaseLost, ShardqError, ShardUnavailable
-from .handling import EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_run, error_text, execute
+from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Report, _child_init, _child_run, error_text,
+                       execute)
 from ..stopping import install_stop_signals
 from .idempotency import IdempotencyStore
 # The constants stay importable from here: callers and the docs' checked figures
@@ -85,11 +90,12 @@ class WorkerStats:
 
 
 class _Job:
-    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s")
+    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
 
     def __init__(self, lease: Lease, extend_at: float):
         self.lease, self.state, self.lost, self.extend_at = lease, PENDING, False, extend_at
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
+        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
 
     @property
     def ref(self) -> tuple:  # one delivery; a job can be redelivered to us
@@ -169,6 +175,8 @@ class Worker:
         self._pool_lock = threading.Lock()
         self.stats = WorkerStats()
         self._metrics = metrics  # a consumer.metrics.WorkerMetrics, or None
+        # The loop makes jobs' reports, pipelined, where the client can; else the runner does.
+        self._reports = hasattr(queue_or_router, "settle_many")
 
     # ------------------------------------------------------------------ public
     def stop(self) -> None:
@@ -194,6 +202,7 @@ class Worker:
             self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
         self._outbox = Outbox()
+        self._confirmed: list[tuple[_Job, Settle]] = []  # reports landed: acked in the next round
         self._idle = self._concurrency
         self._grace_end: float | None = None
         self._backoff = UnavailableBackoff()
@@ -245,6 +254,8 @@ class Worker:
             self._dispatch()
 
     def _wait_s(self, last_fill: int | None) -> float:
+        if self._confirmed:
+            return 0.0  # acks of reported jobs to send: the next round goes at once
         if self._backoff.s:
             return self._backoff.s  # a result or stop() still wakes the loop early
         if self._idle == self._concurrency and not self._in_flight:
@@ -268,7 +279,8 @@ class Worker:
 
     def _fill(self, max_jobs: int | None) -> int | None:
         """Lease up to the free capacity. Returns how many came, None if it did not ask."""
-        cap = self._concurrency + self._prefetch - len(self._in_flight)
+        # A job whose reports landed and whose ack goes in the next round holds no slot.
+        cap = self._concurrency + self._prefetch - len(self._in_flight) + len(self._confirmed)
         if max_jobs is not None:
             cap = min(cap, max_jobs - self._run_leased)
         cap = min(cap, limits.BATCH_JOBS_MAX)
@@ -306,9 +318,9 @@ class Worker:
 
     # ------------------------------------------------------------------ results
     def _settle(self, results: list[tuple[_Job, str, str | None, float | None]]) -> None:
-        """Settle finished runs as the policy says; retry the outbox first."""
-        self._retry_outbox()
-        acks: list[tuple[_Job, Settle]] = []
+        """Settle finished runs as the policy says; retry the outbox first. Acks go out in
+        one round with the reports of the jobs just finished (:meth:`_round`)."""
+        acks = self._retry_outbox()
         for job, outcome, error, delay in results:
             self._idle += 1
             if outcome == SKIPPED:
@@ -323,8 +335,55 @@ class Worker:
                 acks.append((job, settle))
             elif settle.op != NOTHING:
                 self._send(job, settle)
-        if acks:
-            self._ack(acks)
+        if acks or self._confirmed:
+            self._round(acks)
+
+    def _round(self, acks: list[tuple[_Job, Settle]]) -> None:
+        """Ack the jobs of ``acks`` with no report, and those whose reports landed in the
+        round before (``_confirmed``); make the reports (``ctx.report``) of the others, all
+        in one pipelined call (``settle_many``). A job is acked only after its reports
+        landed, so a job whose reports land now waits for the next round (the loop turns
+        again at once). A report that met an unavailable shard waits in the outbox with
+        what has not landed; one refused settles its job as the policy says
+        (:meth:`.policy.Policy.reported`)."""
+        reporting = [(job, settle) for job, settle in acks if job.reports]
+        ready = self._confirmed + [(job, settle) for job, settle in acks if not job.reports]
+        self._confirmed = []
+        if not reporting:
+            self._ack(ready)
+            return
+        acked, answers = self._q.settle_many([job.lease for job, _ in ready],
+                                             [(job.lease, r) for job, _ in reporting for r in job.reports])
+        outage = None
+        for (job, settle), exc in zip(ready, acked):
+            if isinstance(exc, ShardUnavailable):
+                outage = exc
+            self._answered(job, settle, exc, counted=True)  # an outage is counted once, below
+        at = 0
+        for job, settle in reporting:
+            mine = answers[at:at + len(job.reports)]
+            at += len(job.reports)
+            decided: Settle | None = settle
+            for exc in mine:
+                if exc is not None:
+                    decided = self._policy.reported(settle, job.lease, exc)
+                    if decided is None:
+                        outage = outage or exc
+                    elif decided is not settle:
+                        break
+            if decided is not None and decided is not settle:  # refused: not acked
+                job.reports.clear()
+                self._finish(job, decided.counter, keep=decided.op != NOTHING)
+                if decided.op != NOTHING:
+                    self._send(job, decided)
+            elif any(exc is not None for exc in mine):  # an outage: retry what did not land
+                job.reports[:] = [r for r, exc in zip(job.reports, mine) if exc is not None]
+                self._outbox.put(job, settle, job.lease)
+            else:
+                job.reports.clear()
+                self._confirmed.append((job, settle))
+        if outage is not None:
+            self._unavailable("settle", outage)  # one round: one outage counted
 
     def _ack(self, items: list[tuple[_Job, Settle]]) -> None:
         try:
@@ -373,21 +432,20 @@ class Worker:
         else:
             self._in_flight.pop(job.ref, None)
 
-    def _retry_outbox(self) -> None:
+    def _retry_outbox(self) -> list[tuple[_Job, Settle]]:
+        """Retry the outbox's nacks and buries; returns its acks, for this turn's round."""
         if not self._outbox:
-            return
+            return []
         retry, given_up = self._outbox.take(self._clock.now())
         for job, counter in given_up:  # the queue redelivers the job
             if counter is not None:
                 self._finish(job, counter)
             else:
                 self._in_flight.pop(job.ref, None)
-        acks = [(job, settle) for job, settle in retry if settle.op == ACK]
         for job, settle in retry:
             if settle.op != ACK:
                 self._send(job, settle)
-        if acks:
-            self._ack(acks)
+        return [(job, settle) for job, settle in retry if settle.op == ACK]
 
     def _extend_for_runner(self, req: _ExtendRequest) -> None:
         """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``."""
@@ -555,7 +613,8 @@ class Worker:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._policy.max_deliveries, client=self._q)
+                           max_deliveries=self._policy.max_deliveries, client=self._q,
+                           reports=job.reports if self._reports else None)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None

@@ -153,13 +153,14 @@ class TaskHandler:
         ctx.after_commit(lambda: self._report(ctx, steps, data))
 
     def _report(self, ctx: Context, steps: Steps, data: bytes) -> None:
-        # The barrier first: a step acked before it arrived would leave its workflow stuck.
-        client = _client(ctx)
+        # Both before the ack (ctx.report): a step acked before it arrived would leave its
+        # workflow stuck, and a result can only be put while the lease is held.
+        _client(ctx)
         if steps.report is not None:
             barrier, shard, index, total, ttl_s, callback = steps.report
-            client.arrive(shard, barrier, index, total, data, ttl_s, callback)
+            ctx.report("arrive", shard, barrier, index, total, data, ttl_s, callback)
         if steps.keep_s is not None:
-            client.put_result(ctx.lease, data, steps.keep_s)
+            ctx.report("put_result", data, steps.keep_s)
 
     def _inputs(self, ctx: Context, inputs: list) -> Any:
         barrier, shard, mode = inputs
@@ -175,7 +176,7 @@ class TaskHandler:
         values = client.barrier_values(shard, barrier)
         data = values[0] if mode == "one" else pack([unpack(v) for v in values])
         for member_shard, member_barrier, item in spawns:
-            client.arrive(member_shard, member_barrier, 0, 1, data, ttl_s, item)
+            ctx.report("arrive", member_shard, member_barrier, 0, 1, data, ttl_s, item)
 
     def task_of(self, body: bytes) -> Task | None:
         """The task a body names, or None (not a task body, or unknown: ``__call__`` or

@@ -27,7 +27,7 @@ from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
 from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
-from shardq.tasks.body import encode
+from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
 
 VISIBILITY_S = 30.0
@@ -82,6 +82,12 @@ class AsyncFacade:
 
     async def extend(self, lease, seconds: float):
         return self.q.extend(lease, seconds)
+
+    async def settle_many(self, acks, reports):
+        return self.q.settle_many(acks, reports)
+
+    async def report_many(self, reports):
+        return self.q.settle_many([], reports)[1]
 
     async def close(self) -> None:
         pass  # the test owns the FakeQueue
@@ -183,26 +189,33 @@ class Driver:
         self.q = BuryingQueue(self.clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
         self.app = shardq.App(router=self.q)
         self.task = None
+        self.keep_result: float | None = None
         self.worker = None
         self._thread: threading.Thread | None = None
 
-    def define(self, work) -> None:
+    def define(self, work, keep_result: float | None = None) -> None:
+        """``keep_result``: the task keeps its return value (``n``) that long: its worker
+        reports it (``ctx.report``) before the ack."""
+        self.keep_result = keep_result
         if self.kind == "sync":
-            @self.app.task(name="suite.task")
+            @self.app.task(name="suite.task", keep_result=keep_result)
             def task(ctx, n: int):
                 work(ctx, n)
                 if ctx.db is not None:
                     write_effect(ctx.db, ctx.job_id)
+                return n
         else:
-            @self.app.task(name="suite.task")
+            @self.app.task(name="suite.task", keep_result=keep_result)
             async def task(ctx, n: int):
                 await asyncio.to_thread(work, ctx, n)
                 if ctx.db is not None:
                     await ctx.db.run(write_effect, ctx.job_id)
+                return n
         self.task = task
 
     def send(self, n: int = 0) -> int:
-        return self.q.enqueue(encode(self.task.name, [n], {}))
+        steps = NO_STEPS if self.keep_result is None else Steps(self.keep_result, None, None)
+        return self.q.enqueue(encode(self.task.name, [n], {}, steps=steps))
 
     def start(self, store: IdempotencyStore | None = None) -> None:
         handler = TaskHandler(self.app.tasks, rng=TopRng())
@@ -311,6 +324,43 @@ def test_a_settlement_that_meets_a_shard_down_is_retried_and_lands_when_it_is_ba
     stats = driver.worker.stats
     assert stats.unavailable >= 3 and stats.lost == 0
     assert (stats.succeeded, stats.failed) == ((1, 0) if op == "ack" else (0, 1))
+
+
+def test_a_kept_result_lands_before_the_ack_which_waits_while_its_shard_is_down(driver):
+    """A finished job's reports (here its kept result) are made by the driver before its
+    ack; one that meets an unavailable shard is retried, the lease held and the ack unsent,
+    until it lands; then the ack goes."""
+    driver.define(lambda ctx, n: None, keep_result=60.0)
+    job_id = driver.send(7)
+    driver.q.unavailable["report"] = NEVER
+    driver.start()
+    wait_until(lambda: driver.unavailable("report") >= 3, what="the report retried while its shard is down")
+    assert driver.q.state(job_id) == LEASED and driver.q.ops("ack") == [] and driver.q.reported == []
+    with driver.q._cond:
+        driver.q.unavailable["report"] = 0  # the shard is back
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the ack, after the report")
+    driver.stop()
+    calls = driver.q.calls
+    assert calls.index(("report", "put_result", job_id)) < next(i for i, c in enumerate(calls) if c[0] == "ack")
+    (got_id, report), = driver.q.reported
+    assert got_id == job_id and report.op == "put_result" and report.args == (b"\x07", 60.0)
+    stats = driver.worker.stats
+    assert (stats.succeeded, stats.failed, stats.lost) == (1, 0, 0) and stats.unavailable >= 3
+
+
+def test_a_refused_report_fails_the_attempt_with_its_text_and_is_not_acked(driver):
+    """A report the shard refuses (a barrier over its limit, a callback's queue full) is a
+    failed attempt: nacked with backoff and the refusal's text, never acked."""
+    driver.define(lambda ctx, n: None, keep_result=60.0)
+    job_id = driver.send(1)
+    driver.q.refuse_reports = "barrier b: its values would take 33554433 bytes"
+    driver.start()
+    wait_until(lambda: driver.q.ops("nack"), what="the nack")
+    driver.stop()
+    (_, jid, delay, error), = driver.q.ops("nack")
+    assert jid == job_id and delay == 1.0 and error == "InvalidJob: barrier b: its values would take 33554433 bytes"
+    assert driver.q.ops("ack") == [] and driver.q.reported == [] and driver.q.state(job_id) == READY
+    assert (driver.worker.stats.succeeded, driver.worker.stats.failed) == (0, 1)
 
 
 def test_an_ack_still_unsent_when_the_lease_ends_is_given_up_and_the_redelivery_acks(driver):

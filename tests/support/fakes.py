@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from shardq.errors import JobGone, LeaseLost, ShardUnavailable
+from shardq.errors import InvalidJob, JobGone, LeaseLost, ShardUnavailable
 from shardq.types import DeadLetter, Lease
 
 READY, LEASED, ACKED, DEAD = "ready", "leased", "acked", "dead"
@@ -50,6 +50,8 @@ class FakeQueue:
         self.deliver_expired = 0               # the next N leases come with a deadline already passed
         self.closed = False
         self.max_leased = 0                    # most leases live at one time
+        self.refuse_reports: str | None = None  # set: every report is refused with this text
+        self.reported: list[tuple] = []        # (job_id, Report) of each report that landed
         self._next_id = 1
         self._next_token = 1
         self._cond = threading.Condition()
@@ -84,6 +86,45 @@ class FakeQueue:
             live = sum(1 for j in self.jobs.values() if j.state == LEASED)
             self.max_leased = max(self.max_leased, live)
             return out
+
+    # ------------------------------------------------------------------ reports (ctx.report)
+    def settle_many(self, acks, reports) -> tuple[list, list]:
+        """Acks, then reports (``(lease, Report)``), each answered None or its error: a
+        report meets ``unavailable["report"]`` like any op, and ``refuse_reports`` (an
+        error text) refuses it; a ``put_result`` needs the lease. Landed reports are in
+        ``reported`` as ``(job_id, Report)``."""
+        acked: list = []
+        for lease in acks:
+            try:
+                self.ack(lease)
+                acked.append(None)
+            except (ShardUnavailable, LeaseLost, JobGone) as exc:
+                acked.append(exc)
+        return acked, [self._report(lease, report) for lease, report in reports]
+
+    def _report(self, lease: Lease, report) -> BaseException | None:
+        try:
+            self._maybe_fail("report")
+        except ShardUnavailable as exc:
+            return exc
+        with self._cond:
+            if self.refuse_reports is not None:
+                self.calls.append(("refused", report.op, lease.job_id))
+                return InvalidJob(self.refuse_reports)
+            if report.op == "put_result":
+                try:
+                    self._current(lease)
+                except (LeaseLost, JobGone) as exc:
+                    return exc
+            self.calls.append(("report", report.op, lease.job_id))
+            self.reported.append((lease.job_id, report))
+        return None
+
+    def arrive(self, *args) -> str:  # the one-call path (a worker that does not collect reports)
+        raise AssertionError("the worker collects reports: it never calls arrive itself")
+
+    def put_result(self, *args) -> None:
+        raise AssertionError("the worker collects reports: it never calls put_result itself")
 
     def dequeue(self, queue: str, wait: float = 1.0) -> Lease | None:
         out = self.dequeue_many(queue, max_jobs=1, wait=wait)
