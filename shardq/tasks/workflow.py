@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 #: The internal task that starts a group that follows a step (see the module docstring).
 FANOUT = "shardq.fanout"
+#: Members watched per barrier no member has arrived at yet (``watched``): as many as a
+#: shard lists of a known barrier's missing members.
+UNSEEN_WATCHED = 20
+
 #: Result polling: the first wait, and the longest one between two looks.
 POLL_FIRST_S = 0.005
 POLL_MAX_S = 0.25
@@ -418,6 +422,15 @@ def watched(steps: list[Step], jobs: list[int | None], barriers: dict[tuple[int,
     for (shard, bid), b in barriers.items():
         if b and b.get("fired_job") is None and not b.get("cancelled"):
             missing.update((shard, bid, i) for i in b.get("missing") or [])
+    # A barrier no member has arrived at yet is unknown to its shard: its first members
+    # enqueued are watched as a known one's first missing would be (a chain step that
+    # died before its barrier ever saw an arrival is one of them).
+    unseen: dict[tuple[int, str], list[int]] = {}
+    for step, job_id in zip(steps, jobs):
+        if step.reports is not None and job_id is not None and barriers.get(step.reports[:2]) is None:
+            unseen.setdefault(step.reports[:2], []).append(step.reports[2])
+    for (shard, bid), indexes in unseen.items():
+        missing.update((shard, bid, i) for i in sorted(indexes)[:UNSEEN_WATCHED])
     final = set(finals)
     return [job_id for step, job_id in zip(steps, jobs)
             if job_id is not None and (step.path in final or step.task == FANOUT or step.reports in missing)]

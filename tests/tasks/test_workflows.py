@@ -171,6 +171,28 @@ def test_a_dead_member_fails_its_chord_and_a_redrive_resumes_it(fresh):
     assert wf.result(timeout=10) == 10 and ran == [[0, 1, 2, 3, 4]]
 
 
+def test_a_chain_step_dead_before_its_barrier_saw_any_arrival_fails_the_result(fresh):
+    """A chain step reports to a barrier of one member, which its shard knows only once
+    something arrived: result() still watches the step, and raises its failure instead of
+    waiting out its timeout."""
+    @fresh.task
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task
+    def dies(ctx, x: int) -> int:
+        raise shardq.Fail(f"step after {x} is broken")
+
+    @fresh.task
+    def last(ctx, x: int) -> int:
+        return x
+
+    wf = chain(first.s(), dies.s(), last.s()).send()
+    drain(fresh)
+    with pytest.raises(shardq.JobFailed, match="step 0.1 .* step after 1 is broken"):
+        wf.result(timeout=10)
+
+
 def test_cancel_stops_what_has_not_run(fresh):
     @fresh.task(queue="later")
     def first(ctx) -> int:
