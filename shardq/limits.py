@@ -65,6 +65,9 @@ BARRIER_MEMBERS_MAX = 100_000
 BARRIER_BYTES_MAX = 32 * 1024 * 1024
 #: A barrier id: ``<workflow id>.<node>``; the callback's dedup id is ``wf:<barrier id>``.
 BARRIER_ID_BYTES_MAX = DEDUP_ID_BYTES_MAX - 3
+#: A workflow's record (its steps, zlib-compressed msgpack: design.md, "Workflow records"):
+#: one fits a checkpoint record. A chord of BARRIER_MEMBERS_MAX members takes under 1 MiB.
+WORKFLOW_SPEC_BYTES_MAX = 8 * 1024 * 1024
 #: A progress note (``ctx.progress(fraction, note)``).
 PROGRESS_NOTE_BYTES_MAX = 512
 

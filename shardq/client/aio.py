@@ -520,6 +520,20 @@ class AsyncQueue:
         return await self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
                                                  self.shards))
 
+    async def put_workflow(self, wf_id: str, spec: bytes) -> str:
+        return await self._call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
+
+    async def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str:
+        return await self._call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)],
+                                                   self.shards))
+
+    async def workflow(self, wf_id: str) -> dict:
+        return await self._call(*res.workflow_call("workflow", wf_id, [], self.shards))
+
+    async def workflow_ids(self, shard: int, after: str | None = None,
+                           limit: int = limits.BATCH_JOBS_MAX) -> list[str]:
+        return await self._call(shard, "workflow_ids", [after, limit])
+
     async def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
         calls, where = res.barrier_calls(refs, self.shards)
         return res.in_order(len(refs), where, [v for v, _ in await self._call_all(calls)] if calls else [])

@@ -192,6 +192,13 @@ def round_outcome(acks: int, ack_indexes: list[list[int]], ack_replies: list[Any
     return acked, answers
 
 
+def workflow_call(op: str, wf_id: Any, args: list[Any], shards: int) -> Call:
+    """A request about the record of workflow ``wf_id``, to its home shard (a stable hash of
+    its id, as a barrier's): ``put_workflow``, ``end_workflow`` or ``workflow``."""
+    wf_id = barrier_id(wf_id)
+    return Call(barrier_shard(shards, wf_id), op, [wf_id] + args)
+
+
 def barrier_calls(refs: list[tuple[int, str]], shards: int) -> tuple[list[Call], list[list[int]]]:
     """One ``barrier`` call per shard for ``(shard, barrier id)`` pairs and, per call, the
     positions in ``refs`` its states answer."""

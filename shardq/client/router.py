@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from .. import limits
 from ..protocol import status_file
 from . import results as res
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
@@ -793,6 +794,26 @@ class Router:
         """Mark ``barrier`` cancelled (its callback is never enqueued): ``"cancelled"``, or
         ``"fired"`` if it already was."""
         return self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
+
+    def put_workflow(self, wf_id: str, spec: bytes) -> str:
+        """Keep the record of workflow ``wf_id`` (its steps) on its home shard: ``"put"``,
+        or ``"known"`` if it is kept already (docs/design.md, "Workflow records")."""
+        return self._call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
+
+    def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str:
+        """Record how ``wf_id`` ended (``succeeded``, ``failed``, ``cancelled``); the record
+        is kept ``ttl_s`` more seconds. Returns its state now (a first end is kept)."""
+        return self._call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)], self.shards))
+
+    def workflow(self, wf_id: str) -> dict:
+        """The record of ``wf_id``: ``spec``, ``state`` (``running`` or how it ended),
+        ``error``, ``started_at``, ``ended_at``, ``expires_at``. NotFound if none is kept."""
+        return self._call(*res.workflow_call("workflow", wf_id, [], self.shards))
+
+    def workflow_ids(self, shard: int, after: str | None = None, limit: int = limits.BATCH_JOBS_MAX) -> list[str]:
+        """Up to ``limit`` ids of the running workflows whose records ``shard`` keeps, in
+        id order, after ``after``."""
+        return self._call(shard, "workflow_ids", [after, limit])
 
     def close(self) -> None:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""

@@ -55,6 +55,13 @@ barrier        [[barrier_id, ...]]                                    [{total, a
 barrier_values [barrier_id]                                           [value, ...] (index
                                                                       order)
 cancel_barrier [barrier_id, ttl_s]                                    "cancelled" | "fired"
+put_workflow   [wf_id, spec: bytes]                                   "put" | "known"
+end_workflow   [wf_id, "succeeded" | "failed" | "cancelled", error,   its state now
+                ttl_s]
+workflow       [wf_id]                                                {spec, state, error,
+                                                                      started_at, ended_at,
+                                                                      expires_at}
+workflow_ids   [after_wf_id | None, limit]                            [wf_id, ...] (running)
 pause          [queue]                                                True if it changed
 resume         [queue]                                                True if it changed
 cancel         [job_id]                                               "cancelled" | "purged"
@@ -68,16 +75,18 @@ backup_cut     [staging dir name: backup-<pid>-<hex>]                 {files, se
                                                                       job_seq, ...}
 =============  =====================================================  ====================
 
-put_result to cancel_barrier are the results and workflow ops (``shardq/shard/results.py``,
-docs/design.md "Workflows and results"): ``put_result`` and ``progress`` are fenced by the
-lease token like an ack; a ``result`` row is :class:`ResultRow` (``withheld``: the value was
-left out to keep the reply within ``limits.REPLY_BYTES_MAX``: ask for that id alone); an
-``arrive`` that completes its barrier enqueues the callback in the same commit;
+put_result to workflow_ids are the results and workflow ops (``shardq/shard/results.py``
+and ``shardq/shard/workflows.py``, docs/design.md "Workflows and results"): ``put_result``
+and ``progress`` are fenced by the lease token like an ack; a ``result`` row is
+:class:`ResultRow` (``withheld``: the value was left out to keep the reply within
+``limits.REPLY_BYTES_MAX``: ask for that id alone); an ``arrive`` that completes its
+barrier enqueues the callback in the same commit;
 ``arrive_many`` is that for each of up to ``limits.BATCH_JOBS_MAX`` arrivals, answered one
 by one (an arrival refused leaves the others counted, as an ``ack`` of many does). Each may
 be re-sent: put_result and progress set the same value again, a re-sent arrive finds its
 index counted and answers "repeated" (also when the first one fired the barrier),
-cancel_barrier is idempotent, the others only read.
+cancel_barrier is idempotent, a re-sent put_workflow finds its record ("known") and a
+re-sent end_workflow its end (a record keeps its first), the others only read.
 
 From pause on, they are the control and metrics ops (:data:`CONTROL_ARITY`,
 ``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
@@ -159,6 +168,11 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("barrier", ("barrier_ids",), RESEND, "_barrier"),
     Request("barrier_values", ("barrier_id",), RESEND, "_barrier_values"),
     Request("cancel_barrier", ("barrier_id", "ttl_s"), RESEND, "_cancel_barrier"),
+    # a record is put once ("known" after) and ends once (its first end kept)
+    Request("put_workflow", ("wf_id", "spec"), RESEND, "_put_workflow"),
+    Request("end_workflow", ("wf_id", "state", "error", "ttl_s"), RESEND, "_end_workflow"),
+    Request("workflow", ("wf_id",), RESEND, "_workflow"),
+    Request("workflow_ids", ("after", "limit"), RESEND, "_workflow_ids"),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
     # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
     # only read.

@@ -186,6 +186,7 @@ class CheckpointCodec(StateCore):
             if b.kind != OPEN and b.expires_at is not None and b.expires_at <= now:
                 continue
             yield from self._barrier_ops(bid, b, chunk_bytes)
+        yield from self.workflow_checkpoint_ops()
 
     def _barrier_ops(self, bid: str, b: Barrier, chunk_bytes: int) -> Iterator[tuple[Op, int]]:
         head = 64 + 4 * len(bid)

@@ -19,6 +19,7 @@ Data layout, chosen so nothing is O(number of jobs) per request:
   present; higher priority is served first, FIFO within a priority.
 * shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
   against the job when popped, so acks and extensions never search a heap).
+* workflow records (:mod:`.workflows`): ``workflows`` workflow id -> :class:`WorkflowRecord`;
 * results, progress and barriers (:mod:`.results`): ``results`` job id -> (value,
   expires_at), ``progress`` job id -> (fraction, note) of live jobs, ``barriers`` barrier
   id -> :class:`Barrier`; what expires (results, fired or cancelled barriers) sits in a
@@ -73,8 +74,12 @@ OPEN, FIRED, CANCELLED_BARRIER = 0, 1, 2
 #: What the results and workflow ops count since this process started
 #: (:attr:`StateCore.workflow_totals`, by these indices; :mod:`.results`). Not logged, like
 #: :data:`COUNTERS`: counted on the live path only, so replay counts nothing again.
-WORKFLOW_COUNTERS = ("results_stored", "barriers_fired", "barriers_cancelled")
-RESULTS_STORED, BARRIERS_FIRED, BARRIERS_CANCELLED = range(len(WORKFLOW_COUNTERS))
+WORKFLOW_COUNTERS = ("results_stored", "barriers_fired", "barriers_cancelled", "workflows_started",
+                     "workflows_succeeded", "workflows_failed", "workflows_cancelled")
+(RESULTS_STORED, BARRIERS_FIRED, BARRIERS_CANCELLED, WORKFLOWS_STARTED, WORKFLOWS_SUCCEEDED,
+ WORKFLOWS_FAILED, WORKFLOWS_CANCELLED) = range(len(WORKFLOW_COUNTERS))
+#: How a workflow's record ends (:mod:`.workflows`); None is running.
+WORKFLOW_ENDS = ("succeeded", "failed", "cancelled")
 
 
 class Job:
@@ -168,6 +173,22 @@ class Barrier:
         self.size += len(value)
 
 
+class WorkflowRecord:
+    """A workflow's record on its home shard (:mod:`.workflows`): its steps (``spec``),
+    when it started, and how it ended. Running it is kept for ever; ended, until
+    ``expires_at``."""
+
+    __slots__ = ("spec", "started_at", "state", "error", "ended_at", "expires_at")
+
+    def __init__(self, spec: bytes, started_at: float) -> None:
+        self.spec = spec
+        self.started_at = started_at
+        self.state: str | None = None
+        self.error: str | None = None
+        self.ended_at: float | None = None
+        self.expires_at: float | None = None
+
+
 def new_queue(name: str, cfg: QueueConfig) -> QueueState:
     return GroupedQueueState(name, cfg) if cfg.group_separator is not None else QueueState(name, cfg)
 
@@ -213,7 +234,10 @@ class StateCore:
         self.workflow_totals = [0] * len(WORKFLOW_COUNTERS)  # since this process started
         self._result_expiry: list[tuple[float, int]] = []     # (expires_at, job id), a heap
         self._barrier_expiry: list[tuple[float, str]] = []    # (expires_at, barrier id), a heap
-        self._kept_due = float("inf")       # the earliest expiry in either heap (advance)
+        self.workflows: dict[str, WorkflowRecord] = {}       # workflow id -> its record (workflows.py)
+        self.workflows_running = 0          # records not ended (the supervisor's pong: its watcher)
+        self._workflow_expiry: list[tuple[float, str]] = []   # (expires_at, workflow id) of ended ones, a heap
+        self._kept_due = float("inf")       # the earliest expiry in these heaps (advance)
         #: code -> the method that applies it, derived from the one table of operations
         self._apply: dict[int, Callable[[Op], None]] = {
             code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
@@ -323,6 +347,11 @@ class StateCore:
         another part of the state (:mod:`.queues`): ShardState, which holds both, provides it."""
         raise NotImplementedError
 
+    def workflow_checkpoint_ops(self) -> list[tuple[Op, int]]:
+        """The workflow records as checkpoint operations (:mod:`.workflows` provides it;
+        the checkpoint codec, another part of the state, writes them)."""
+        raise NotImplementedError
+
     def _leased(self, job_id: int, token: int) -> Job:
         """The job, if ``token`` is its live lease; LeaseLost (JobGone when it is gone) or
         NotFound (not this shard's) otherwise. Settling a lease (leases.py) and what a
@@ -385,7 +414,20 @@ class StateCore:
             if b is not None and b.kind != OPEN and b.expires_at == expires_at:
                 del barriers[bid]
                 self.barrier_kinds[b.kind] -= 1
-        self._kept_due = min(heap[0][0] if heap else float("inf"), bheap[0][0] if bheap else float("inf"))
+        wheap = self._workflow_expiry
+        workflows = self.workflows
+        while wheap and wheap[0][0] <= now:
+            expires_at, wid = heapq.heappop(wheap)
+            w = workflows.get(wid)
+            if w is not None and w.expires_at == expires_at:
+                del workflows[wid]
+        self._kept_due = min(heap[0][0] if heap else float("inf"), bheap[0][0] if bheap else float("inf"),
+                             wheap[0][0] if wheap else float("inf"))
+
+    def _workflow_expires(self, wf_id: str, expires_at: float) -> None:
+        heapq.heappush(self._workflow_expiry, (expires_at, wf_id))
+        if expires_at < self._kept_due:
+            self._kept_due = expires_at
 
     def _room_for_queues(self, n: int) -> None:
         if len(self.queues) + n > limits.QUEUES_MAX:

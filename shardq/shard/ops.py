@@ -42,6 +42,8 @@ PROGRESS = 13
 ARRIVE = 14
 FIRED = 15
 BARRIER_CANCEL = 16
+WORKFLOW = 17      # a workflow's record (shardq/shard/workflows.py); checkpoints write it with its end
+WORKFLOW_END = 18
 # Checkpoint-only operations (a checkpoint is the live state written as operations).
 META = 20
 JOB = 21
@@ -225,6 +227,26 @@ class Barrier(NamedTuple):
     callback: list[Any] | None = None   # kept from the completing ARRIVE until FIRED
 
 
+class Workflow(NamedTuple):
+    # A workflow's record on its home shard: put when it is sent; checkpoints write it with
+    # its end (state, error, ended_at, expires_at), a live one with those None.
+    wf_id: str
+    spec: bytes              # its steps: zlib-compressed msgpack (shardq/tasks/workflow.py)
+    started_at: float
+    state: str | None = None       # None: running; "succeeded", "failed" or "cancelled"
+    error: str | None = None
+    ended_at: float | None = None
+    expires_at: float | None = None  # ended: forgotten then; running: kept for ever
+
+
+class WorkflowEnd(NamedTuple):
+    wf_id: str
+    state: str
+    error: str | None
+    ended_at: float
+    expires_at: float
+
+
 class Pause(NamedTuple):
     queue: str
     paused_at: float | None  # None: resumed
@@ -272,6 +294,8 @@ REGISTRY: dict[int, OpSpec] = {spec.code: spec for spec in (
     OpSpec(ARRIVE, "arrive", Arrive, "_apply_arrive"),
     OpSpec(FIRED, "fired", Fired, "_apply_fired"),
     OpSpec(BARRIER_CANCEL, "barrier_cancel", BarrierCancel, "_apply_barrier_cancel"),
+    OpSpec(WORKFLOW, "workflow", Workflow, "_apply_workflow"),
+    OpSpec(WORKFLOW_END, "workflow_end", WorkflowEnd, "_apply_workflow_end"),
     OpSpec(META, "meta", Meta, "_apply_meta"),
     OpSpec(JOB, "job", Job, "_apply_job"),
     OpSpec(DEDUP, "dedup", Dedup, "_apply_dedup"),

@@ -120,6 +120,7 @@ class ShardStats(TypedDict):
     replay_seconds: float
     results: int                     # results kept (results.py)
     barriers: dict[str, int]         # {"open": n, "fired": n, "cancelled": n}
+    workflows: dict[str, int]        # records kept: {"running": n, "succeeded": n, "failed": n, "cancelled": n}
     queue_metrics: NotRequired[dict[str, dict[str, float | None]]]
     workflow_counters: NotRequired[dict[str, int]]   # results.py, since the shard started
     commit_seconds: NotRequired[Snapshot]
@@ -581,7 +582,8 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 "waiting_dequeues": sum(map(len, self.lease_waiters.values())),
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
                 "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0,
-                "results": kept["results"], "barriers": kept["barriers"]}
+                "results": kept["results"], "barriers": kept["barriers"],
+                "workflows": self.state.workflow_states()}
 
     def _ping(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()

@@ -1,6 +1,7 @@
 """The shard process's handlers for the results and workflow ops (``put_result`` to
-``cancel_barrier`` in ``wire.REQUESTS``): thin wrappers over
-:class:`~shardq.shard.results.ResultOps`, a mixin of
+``workflow_ids`` in ``wire.REQUESTS``): thin wrappers over
+:class:`~shardq.shard.results.ResultOps` and :class:`~shardq.shard.workflows.WorkflowOps`,
+mixins of
 :class:`~shardq.shard.process.ShardServer`. Like every handler they run on the loop
 thread; what they change (a result, progress, an arrival with the callback it enqueues, a
 cancel) is logged and fsynced before the reply leaves, and an arrival's callback job is
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .conn import FrameConn
     from .control_handlers import Args
     from .results import BarrierInfo
+    from .workflows import WorkflowInfo
     from .state import ShardState
 
 
@@ -67,3 +69,18 @@ class ResultHandlers:
     def _cancel_barrier(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
         barrier_id, ttl_s = args
         return self.state.cancel_barrier(barrier_id, ttl_s, now)
+
+    def _put_workflow(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
+        wf_id, spec = args
+        return self.state.put_workflow(wf_id, spec, now)
+
+    def _end_workflow(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
+        wf_id, state, error, ttl_s = args
+        return self.state.end_workflow(wf_id, state, error, ttl_s, now)
+
+    def _workflow(self, args: Args, now: float, conn: FrameConn, rid: int) -> WorkflowInfo:
+        return self.state.workflow(args[0], now)
+
+    def _workflow_ids(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[str]:
+        after, limit = args
+        return self.state.running_workflows(after, limit)

@@ -19,6 +19,8 @@ changes, key lines, time) and on nothing else:
 :mod:`.control` (ControlOps)  pause, resume, cancel, job look-up, dead-letter pages,
                               metrics figures
 :mod:`.results` (ResultOps)   results, progress, workflow barriers (arrive, fire, cancel)
+:mod:`.workflows`             workflow records: put, end, read, list the running ones
+(WorkflowOps)
 :mod:`.checkpoint`            the checkpoint codec: snapshot, and applying checkpoint-only
 (CheckpointCodec)             operations
 ============================  ==========================================================
@@ -41,11 +43,12 @@ from .jobstate import TRANSITIONS, JobState
 from .leases import LeaseOps
 from .queues import QueueOps
 from .results import ResultOps
+from .workflows import WorkflowOps
 
 __all__ = ["ShardState", "JobState", "TRANSITIONS", "KEY_LIST_MAX", "Job", "QueueState", "StateCore"]
 
 
-class ShardState(QueueOps, LeaseOps, ControlOps, ResultOps, CheckpointCodec):
+class ShardState(QueueOps, LeaseOps, ControlOps, ResultOps, WorkflowOps, CheckpointCodec):
     """The state of one shard. See the module docstring for the guarantees and for which
     module holds which of its methods; every method is on this one object, as before the
     split, so callers and replay see no difference."""

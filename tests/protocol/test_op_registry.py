@@ -100,6 +100,9 @@ def _workload(state: ShardState) -> list[list]:
     run(state.arrive, "chord", 0, 2, b"v0", 60.0, callback, now)          # ARRIVE
     run(state.arrive, "chord", 1, 2, b"v1", 60.0, callback, now)          # ARRIVE, ENQUEUE, FIRED
     run(state.cancel_barrier, "other", 60.0, now)                        # BARRIER_CANCEL
+    run(state.put_workflow, "wf-1", b"spec", now)                        # WORKFLOW
+    run(state.put_workflow, "wf-2", b"spec", now)
+    run(state.end_workflow, "wf-2", "failed", "boom", 60.0, now)         # WORKFLOW_END: in the checkpoint too
     return logged
 
 
