@@ -33,10 +33,10 @@ from collections.abc import Callable
 
 from ..errors import ShardqError
 from . import (backup, common, console, dead_letters, exits, job_control, jobs, outbox, queue_control,
-               schedules, serve, sqs, stats, verify, wal, worker)
+               schedules, serve, sqs, stats, verify, wal, worker, workflow)
 
 GROUPS = (serve, console, jobs, stats, dead_letters, wal, backup, worker, verify, schedules, queue_control,
-          job_control, outbox, sqs)
+          job_control, workflow, outbox, sqs)
 
 
 class Parser(argparse.ArgumentParser):

@@ -58,8 +58,18 @@ _WORKFLOW_COUNTERS = {
                                                          "since the shard started"),
     "barriers_cancelled": ("shardq_workflow_barriers_cancelled", "workflow barriers cancelled before they "
                                                                  "fired, since the shard started"),
+    "workflows_started": ("shardq_workflows_started", "workflows sent (their records kept on this, their "
+                                                      "home shard), since the shard started"),
+    "workflows_succeeded": ("shardq_workflows_succeeded", "workflows whose every final step succeeded "
+                                                          "(recorded by the service's watcher), since the "
+                                                          "shard started"),
+    "workflows_failed": ("shardq_workflows_failed", "workflows with a step dead-lettered (recorded by the "
+                                                    "service's watcher), since the shard started"),
+    "workflows_cancelled": ("shardq_workflows_cancelled", "workflows cancelled (wf.cancel(), or a final "
+                                                          "step's result gone), since the shard started"),
 }
 BARRIER_STATES = ("open", "fired", "cancelled")
+WORKFLOW_STATES = ("running", "succeeded", "failed", "cancelled")
 
 
 class ShardqCollector:
@@ -164,6 +174,12 @@ def _workflows(g: _Families, s: str, sh: dict) -> None:
             g.gauge("shardq_workflow_barriers", "workflow barriers the shard keeps, by state: open (waiting for "
                     "members), fired and cancelled (kept as tombstones until they expire)", [s, state],
                     barriers[state], names=["shard", "state"])
+    workflows = sh.get("workflows") or {}
+    for state in WORKFLOW_STATES:
+        if state in workflows:
+            g.gauge("shardq_workflows", "workflow records this home shard keeps, by state: running, and "
+                    "succeeded, failed or cancelled (kept a day after they ended)", [s, state],
+                    workflows[state], names=["shard", "state"])
     for key, value in (sh.get("workflow_counters") or {}).items():
         if key in _WORKFLOW_COUNTERS:
             name, doc = _WORKFLOW_COUNTERS[key]

@@ -33,6 +33,9 @@
   others serve meanwhile. It raises only if no shard could start, or if something it
   starts fails (a shard cannot be spawned, the schedules are refused); whatever it
   raises, it has first stopped everything it started: shards, threads, the data dir lock.
+* Workflows: once the shards are up, a :class:`~.workflow_watch.WorkflowWatcher` thread
+  records how each workflow ends, looking only at the shards whose last ``pong`` said they
+  hold running workflow records.
 * Periodic jobs: once the shards are up, a :class:`~.scheduler.Scheduler` thread fires
   the config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
   ``service.schedule_modules``, through a router of its own.
@@ -132,6 +135,7 @@ class ShardHandle:
         self.hung: str | None = None          # why this run was killed as hung
         self.ready_info: dict = {}
         self.depth: tuple[int, int] | None = None  # (jobs held, ready) from its last pong
+        self.workflows_running = 0            # running workflow records, from its last pong
         self.ping_sent: float | None = None
         self.next_ping = 0.0
         self.lines = LineSplitter()           # this run's stdout, split into report lines
@@ -162,6 +166,7 @@ class Supervisor:
         self.board: StatusBoard | None = None
         self.clock = clock  # the scheduler's (tests pass a FakeClock); None: the system clock
         self.scheduler = None
+        self.workflow_watch = None            # the workflow watcher (service/workflow_watch.py)
         self._monitor_error: BaseException | None = None
         #: the service manager's socket (``serve`` passes one when NOTIFY_SOCKET is set);
         #: an embedded supervisor says nothing: its app owns the protocol
@@ -194,6 +199,7 @@ class Supervisor:
         try:
             self._start_shards(background)
             self._start_scheduler()
+            self._start_workflow_watch()
         except BaseException:
             # Whatever failed (a spawn, the schedules, a Ctrl-C while waiting), nothing of
             # this start may outlive it: a shard left running, or the lock left held,
@@ -253,6 +259,11 @@ class Supervisor:
             raise
         _event("scheduler-started", schedules=len(schedules))
 
+    def _start_workflow_watch(self) -> None:
+        from .workflow_watch import WorkflowWatcher
+        self.workflow_watch = WorkflowWatcher(
+            self.dd.path, lambda: [h.index for h in self.handles if h.workflows_running > 0]).start()
+
     def handle_signals(self, reload: Callable[[], Config] | None = None) -> None:
         """SIGTERM/SIGINT stop the service cleanly; a second one exits at once. ``serve``
         calls it before :meth:`start`, so a signal that comes while the shards or the HTTP
@@ -305,6 +316,9 @@ class Supervisor:
             self.scheduler.stop()
             self.scheduler.queue.close()
             self.scheduler = None
+        if self.workflow_watch is not None:
+            self.workflow_watch.stop()
+            self.workflow_watch = None
         self.stopping = True
         try:
             os.write(self._wake_w, b"x")
@@ -477,8 +491,9 @@ class Supervisor:
             h.busy = None
             h.next_ping = now + self._ping_interval()
             if rest:
-                jobs, ready = rest.split()
+                jobs, ready, *more = rest.split()
                 h.depth = (int(jobs), int(ready))
+                h.workflows_running = int(more[0]) if more else 0
         elif word == "reloaded":
             _event("shard-reloaded", shard=h.index, pid=h.proc.pid)
         elif word == "corrupt":

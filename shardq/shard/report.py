@@ -89,10 +89,11 @@ class SupervisorPipe:
             except (OSError, ValueError):
                 pass  # the supervisor is gone; PDEATHSIG ends us next
 
-    def pong(self, jobs: int, ready: int) -> None:
+    def pong(self, jobs: int, ready: int, workflows: int = 0) -> None:
         """The answer to a health ping (a byte on stdin), from the loop's own thread, with
-        the jobs held and ready (the queue depth)."""
-        self._line(f"pong {jobs} {ready}")
+        the jobs held and ready (the queue depth) and the running workflow records (the
+        service's watcher looks at a shard only while it holds some)."""
+        self._line(f"pong {jobs} {ready} {workflows}")
 
     def reloaded(self) -> None:
         """The queue settings of :data:`RELOAD_FILE` are in force."""

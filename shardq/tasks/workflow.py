@@ -18,12 +18,19 @@ This module builds the jobs (``Builder``, pure but for asking the router where a
 jobs live) and reads a workflow's state (``step_jobs``, ``failure``, ``finished``,
 ``status_rows``: pure); :class:`Workflow` drives them with the threaded client,
 ``result_async`` with the asyncio one.
+
+Each sent workflow also leaves a *record* on its home shard (docs/design.md, "Workflow
+records"): its steps (``spec_of``), so that any process can load it (``Workflow.load``),
+and, once the service's watcher saw it end (``Workflow.outcome``), how it ended. The record
+is for looking, never for running: a workflow runs the same without it.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable
@@ -31,7 +38,7 @@ from collections.abc import Iterable
 import msgpack
 
 from .. import limits
-from ..errors import InvalidJob, JobFailed, NotFound
+from ..errors import InvalidJob, JobFailed, NotFound, ShardqError
 from . import body as taskbody
 
 if TYPE_CHECKING:
@@ -39,6 +46,13 @@ if TYPE_CHECKING:
 
 #: The internal task that starts a group that follows a step (see the module docstring).
 FANOUT = "shardq.fanout"
+#: The format of a workflow record's spec (``spec_of``).
+SPEC_FORMAT = 1
+#: How long an ended workflow's record is kept.
+RECORD_KEPT_S = limits.WORKFLOW_RESULT_S_DEFAULT
+
+log = logging.getLogger("shardq.workflow")
+
 #: Members watched per barrier no member has arrived at yet (``watched``): as many as a
 #: shard lists of a known barrier's missing members.
 UNSEEN_WATCHED = 20
@@ -436,17 +450,76 @@ def watched(steps: list[Step], jobs: list[int | None], barriers: dict[tuple[int,
             if job_id is not None and (step.path in final or step.task == FANOUT or step.reports in missing)]
 
 
+def spec_of(steps: list[Step], barriers: list[tuple[int, str]], finals: list[str], first_ids: list,
+            single: bool) -> bytes:
+    """A workflow's record: what :meth:`Workflow.load` needs, zlib-compressed msgpack
+    (a chord's members repeat their task name and barrier: it compresses tenfold)."""
+    rows = [[s.task, s.path, list(s.barrier) if s.barrier else None, s.index, list(s.reports) if s.reports else None]
+            for s in steps]
+    return zlib.compress(msgpack.packb([SPEC_FORMAT, rows, [list(b) for b in barriers], finals, first_ids, single]))
+
+
+def from_spec(spec: bytes) -> tuple[list[Step], list[tuple[int, str]], list[str], list, bool]:
+    """The steps, barriers, finals, first job ids and ``single`` of a record; InvalidJob
+    for one this version does not read."""
+    try:
+        fmt, rows, barriers, finals, first_ids, single = msgpack.unpackb(zlib.decompress(spec), raw=False)
+    except Exception as exc:  # noqa: BLE001 - zlib and msgpack raise several types: all mean unreadable
+        raise InvalidJob(f"a workflow record this version cannot read ({type(exc).__name__})") from None
+    if fmt != SPEC_FORMAT:
+        raise InvalidJob(f"a workflow record of format {fmt!r}; this version reads {SPEC_FORMAT}")
+    try:
+        steps = [Step(_text(task), _text(path), _ref(barrier, 2), _index(index), None, _ref(reports, 3))
+                 for task, path, barrier, index, reports in rows]
+        refs = [_ref(b, 2) for b in barriers]
+        if not all(type(f) is str for f in finals) or not all(_index(i) is not None for i in first_ids) \
+                or type(single) is not bool:
+            raise TypeError("finals, first job ids or single")
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"a workflow record this version cannot read (malformed: {exc})") from None
+    return steps, [r for r in refs if r is not None], finals, first_ids, single
+
+
+def _text(value: Any) -> str:
+    if type(value) is not str:
+        raise TypeError(f"a text field holds {type(value).__name__}")
+    return value
+
+
+def _index(value: Any) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise TypeError(f"an index holds {value!r:.40}")
+    return value
+
+
+def _ref(value: Any, size: int) -> Any:
+    """``[shard, barrier id]`` (size 2) or ``[shard, barrier id, index]`` (3) as a tuple, or None."""
+    if value is None:
+        return None
+    if type(value) is not list or len(value) != size or type(value[0]) is not int or type(value[1]) is not str \
+            or (size == 3 and _index(value[2]) is None):
+        raise TypeError(f"a barrier reference holds {value!r:.60}")
+    return tuple(value)
+
+
 class Workflow:
     """A sent chain, group or chord. ``result()`` waits for its last step (or, for one that
     ends with a group, every member's) and returns its value; ``status()`` tells every
-    step's state; ``cancel()`` stops what has not run. The handle lives in the process
-    that sent the workflow; each step's job, once enqueued, can be looked at from anywhere
-    (``app.status(job_id)``, ``shardq job show``)."""
+    step's state; ``cancel()`` stops what has not run. The process that sent the workflow
+    holds its handle; any other loads one by id (:meth:`load`) from the workflow's record.
+    Each step's job, once enqueued, can be looked at from anywhere (``app.status(job_id)``,
+    ``shardq job show``)."""
 
-    def __init__(self, app: App, wf_id: str, steps: list[Step], barriers: list[tuple[int, str]],
-                 finals: list[str], first_ids: list, single: bool):
+    def __init__(self, app: App | None, wf_id: str, steps: list[Step], barriers: list[tuple[int, str]],
+                 finals: list[str], first_ids: list, single: bool, queue: Any = None):
         self.app, self.id, self.steps, self.barriers = app, wf_id, steps, barriers
         self.finals, self.first_ids, self.single = finals, first_ids, single
+        self._queue = queue
+
+    @property
+    def queue(self) -> Any:
+        """The client it looks with: the app's, or the one it was loaded with."""
+        return self._queue if self._queue is not None else self.app.queue  # type: ignore[union-attr]
 
     @classmethod
     def start(cls, app: App, top: Chain) -> Workflow:
@@ -459,12 +532,47 @@ class Workflow:
         ttl = max([limits.WORKFLOW_RESULT_S_DEFAULT] + [s.task.keep_result or 0 for s in signatures(top)])
         builder = Builder(q.route, wf_id, float(ttl))
         items = builder.build(top)
+        finals, single = final_paths(top), isinstance(top.steps[-1], Signature)
+        # The record's size, checked before anything is enqueued (each id adds at most 9 bytes).
+        room = len(spec_of(builder.steps, builder.barriers, finals, [], single)) + 9 * len(items)
+        if room > limits.WORKFLOW_SPEC_BYTES_MAX:
+            raise InvalidJob(f"workflow of {len(builder.steps)} steps: its record would take up to {room} bytes, "
+                             f"over limits.WORKFLOW_SPEC_BYTES_MAX ({limits.WORKFLOW_SPEC_BYTES_MAX}); split it")
         jobs = [{"body": b, "key": k, "queue": qn, "delay": d, "priority": p} for b, k, qn, d, p in items]
         ids: list = []
         for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
             ids += q.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
-        last = top.steps[-1]
-        return cls(app, wf_id, builder.steps, builder.barriers, final_paths(top), ids, isinstance(last, Signature))
+        wf = cls(app, wf_id, builder.steps, builder.barriers, finals, ids, single)
+        try:
+            q.put_workflow(wf_id, spec_of(wf.steps, wf.barriers, finals, ids, single))
+        except ShardqError as exc:  # it runs all the same: only the record is missing
+            log.warning("workflow %s: sent, but its record was not kept (%s: %s): it runs, and is not listed "
+                        "(metrics, console, shardq workflow show)", wf_id, type(exc).__name__, exc)
+        return wf
+
+    @classmethod
+    def load(cls, source: Any, wf_id: str) -> Workflow:
+        """The workflow ``wf_id`` as its record says, from any process: ``source`` is an
+        :class:`~shardq.tasks.app.App` or a router of the local shards. NotFound if no
+        record of it is kept (never sent from a version that keeps them, or ended and
+        expired)."""
+        q = source.queue if hasattr(source, "tasks") else source
+        steps, barriers, finals, first_ids, single = from_spec(q.workflow(wf_id)["spec"])
+        app = source if hasattr(source, "tasks") else None
+        return cls(app, wf_id, steps, barriers, finals, first_ids, single, queue=None if app else q)
+
+    def outcome(self) -> tuple[str, str | None] | None:
+        """How the workflow ended, from its jobs and barriers (what the service's watcher
+        records): ``("failed", error)`` once a step was dead-lettered, ``("succeeded",
+        None)`` once every final step succeeded, ``("cancelled", why)`` if a final step's
+        result is gone (cancelled, or expired before anyone looked); None while it runs."""
+        try:
+            done, _ = self._verdict(*self._look(self.queue, every=False)[:2])
+        except JobFailed as failed:
+            return "failed", str(failed)
+        except NotFound as gone:
+            return "cancelled", str(gone)
+        return ("succeeded", None) if done else None
 
     # ------------------------------------------------------------------ looking
     def _look(self, q, every: bool = True) -> tuple[list[int | None], dict[int, Any], dict]:
@@ -494,7 +602,7 @@ class Workflow:
         ``state`` (``pending`` before it is enqueued, then the job's: ``ready``, ``leased``,
         ``succeeded``, ``dead``...), ``attempts``, ``progress``, ``note``, ``error``,
         ``result_bytes``; a pending step also ``arrived`` of ``total``."""
-        jobs, results, barriers = self._look(self.app.queue)
+        jobs, results, barriers = self._look(self.queue)
         return status_rows(self.steps, jobs, results, barriers)
 
     def result(self, timeout: float | None = None) -> Any:
@@ -504,7 +612,7 @@ class Workflow:
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            done, value = self._verdict(*self._look(self.app.queue, every=False)[:2])
+            done, value = self._verdict(*self._look(self.queue, every=False)[:2])
             if done:
                 return value
             wait = _next_wait(wait, deadline, self.id)
@@ -512,6 +620,8 @@ class Workflow:
 
     async def result_async(self, timeout: float | None = None) -> Any:
         """As :meth:`result`, with the app's asyncio client (``await wf.result_async()``)."""
+        if self.app is None:
+            raise TypeError("result_async needs a workflow sent or loaded with an App (Workflow.load(app, id))")
         q = await self.app.aio()
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_FIRST_S
@@ -526,7 +636,7 @@ class Workflow:
         """Stop what has not run: each barrier not fired yet is cancelled (nothing after it
         is enqueued), then every job enqueued and not finished is cancelled
         (:meth:`~shardq.client.router.Router.cancel`). Returns the counts."""
-        q: Any = self.app.queue
+        q: Any = self.queue
         fired = 0
         for shard, bid in self.barriers:
             fired += q.cancel_barrier(shard, bid, limits.WORKFLOW_RESULT_S_DEFAULT) == "fired"
@@ -538,7 +648,33 @@ class Workflow:
                 continue
             what = q.cancel(job_id)
             outcomes[what] = outcomes.get(what, 0) + 1
+        try:
+            q.end_workflow(self.id, "cancelled", None, RECORD_KEPT_S)
+        except NotFound:
+            pass  # sent without a record (its put failed, or an older version sent it)
         return {"barriers_cancelled": len(self.barriers) - fired, "jobs": outcomes}
+
+
+#: Steps a description lists (``describe``); the counts by state cover every step.
+DESCRIBE_STEPS_MAX = 200
+
+
+def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict:
+    """A workflow as ``shardq workflow show`` and the console show it, from its record and
+    its steps' jobs, with the client ``q``: ``id``, ``state`` (``running``, or how it
+    ended as the service's watcher recorded it), ``error``, ``started_at``, ``ended_at``,
+    ``expires_at``, ``steps_total``, ``steps_by_state`` (every step's state counted),
+    ``steps`` (the first ``steps_max`` rows of :meth:`Workflow.status`, in step order) and
+    ``steps_shown``. NotFound if no record of it is kept."""
+    record = q.workflow(wf_id)
+    wf = Workflow.load(q, wf_id)
+    rows = wf.status()
+    by_state: dict[str, int] = {}
+    for row in rows:
+        by_state[row["state"]] = by_state.get(row["state"], 0) + 1
+    return {"id": wf_id, "state": record["state"], "error": record["error"], "started_at": record["started_at"],
+            "ended_at": record["ended_at"], "expires_at": record["expires_at"], "steps_total": len(rows),
+            "steps_by_state": by_state, "steps": rows[:steps_max], "steps_shown": min(len(rows), steps_max)}
 
 
 def _next_wait(wait: float, deadline: float | None, wf_id: str) -> float:

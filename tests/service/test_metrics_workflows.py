@@ -1,7 +1,8 @@
 """Results and workflows in the Prometheus metrics (issue 34; docs/operations.md, "Metrics"):
-what each shard keeps now (``shardq_results_kept``, ``shardq_workflow_barriers{state}``)
-and what it did since it started (``shardq_results_stored_total``,
-``shardq_workflow_barriers_fired_total``, ``shardq_workflow_barriers_cancelled_total``),
+what each shard keeps now (``shardq_results_kept``, ``shardq_workflow_barriers{state}``,
+``shardq_workflows{state}``) and what it did since it started (``shardq_results_stored_total``,
+``shardq_workflow_barriers_fired_total``, ``shardq_workflow_barriers_cancelled_total``,
+``shardq_workflows_{started,succeeded,failed,cancelled}_total``),
 scraped from the HTTP listener of an embedded service after a small chord ran and a
 chain was cancelled. Then the counters in the pure state: counted on the live path only,
 so a repeat counts nothing and replaying the log counts nothing again."""
@@ -19,6 +20,7 @@ from shardq.shard.state import ShardState
 
 from conftest import config_from
 from support.http_calls import request
+from support.service import wait_until
 
 TOKEN = "workflow-metrics-token-0123456789"
 T0 = 1_000_000.0
@@ -99,6 +101,19 @@ def test_a_chord_and_a_cancelled_chain_show_in_the_metrics(app):
     assert total(after, "shardq_workflow_barriers", state="cancelled") == 2
     assert total(after, "shardq_workflow_barriers_cancelled_total") == 2
 
+    # Whole workflows: three sent, two cancelled at once by wf.cancel(); the chord that ran
+    # is recorded succeeded by the service's watcher within a few seconds.
+    assert total(after, "shardq_workflows_started_total") == 3
+    assert total(after, "shardq_workflows_cancelled_total") == 2
+    assert total(after, "shardq_workflows", state="cancelled") == 2
+    wait_until(lambda: total(scrape(app), "shardq_workflows_succeeded_total") == 1, 30, 0.1,
+               "the watcher recording the chord succeeded")
+    last = scrape(app)
+    assert total(last, "shardq_workflows", state="succeeded") == 1
+    assert total(last, "shardq_workflows", state="running") == 0
+    assert total(last, "shardq_workflows_failed_total") == 0
+    assert shards_of(last, "shardq_workflows_started_total") == {"0", "1"}
+
 
 # ---------------------------------------------------------------------------- the counters
 def test_the_counters_count_the_live_path_once_and_replay_counts_nothing():
@@ -123,7 +138,12 @@ def test_the_counters_count_the_live_path_once_and_replay_counts_nothing():
     assert run("cancel_barrier", "b1", 60) == "fired"  # too late: not a cancel
     assert run("cancel_barrier", "b2", 60) == "cancelled"
     assert run("cancel_barrier", "b2", 60) == "cancelled"  # already: not counted again
-    want = {"results_stored": 2, "barriers_fired": 1, "barriers_cancelled": 1}
+    assert run("put_workflow", "wf1", b"spec") == "put"
+    assert run("put_workflow", "wf1", b"spec") == "known"  # a re-sent put: not counted again
+    assert run("end_workflow", "wf1", "failed", "boom", 60) == "failed"
+    assert run("end_workflow", "wf1", "succeeded", None, 60) == "failed"  # its first end kept: not counted
+    want = {"results_stored": 2, "barriers_fired": 1, "barriers_cancelled": 1, "workflows_started": 1,
+            "workflows_succeeded": 0, "workflows_failed": 1, "workflows_cancelled": 0}
     assert state.workflow_counters() == want
     assert state.workflow_stats() == {"results": 1, "barriers": {"open": 0, "fired": 1, "cancelled": 1}}
 
@@ -131,3 +151,5 @@ def test_the_counters_count_the_live_path_once_and_replay_counts_nothing():
     replayed.replay([log])
     assert replayed.workflow_stats() == state.workflow_stats()  # what is kept is logged ...
     assert replayed.workflow_counters() == dict.fromkeys(want, 0)  # ... what was done is not
+    assert replayed.workflow_states() == state.workflow_states() == {
+        "running": 0, "succeeded": 0, "failed": 1, "cancelled": 0}
