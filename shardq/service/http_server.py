@@ -23,6 +23,7 @@ Routes (described in full, with parameters, bodies and errors, by the OpenAPI do
     GET  /api/overview        queues, shards, totals
     GET  /api/dead-letters    ?queue=Q&limit=N&cursor=C
     GET  /api/job             ?id=JOB_ID
+    GET  /api/workflow        ?id=WORKFLOW_ID
     POST /api/pause|resume    {"queue": Q}
     POST /api/cancel          {"id": JOB_ID}
     POST /api/redrive|purge   {"queue": Q, "ids": [JOB_ID, ...]}
@@ -237,7 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
     # /openapi.json (tests/service/test_console_fuzz.py holds them equal). "/static/" is a prefix.
     _PUBLIC_GET = {"/login": "_login_page", "/openapi.json": "_openapi"}
     _GET = {"/": "_page", "/metrics": "_metrics", "/api/session": "_session", "/api/overview": "_overview",
-            "/api/dead-letters": "_dead_letters", "/api/job": "_job"}
+            "/api/dead-letters": "_dead_letters", "/api/job": "_job", "/api/workflow": "_workflow"}
     _PUBLIC_POST = {"/login": "_login", "/logout": "_logout"}
 
     @classmethod
@@ -311,6 +312,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _job(self, query: dict[str, str]) -> None:
         self._call(self.app.api.job, query.get("id"))
+
+    def _workflow(self, query: dict[str, str]) -> None:
+        self._call(self.app.api.workflow, query.get("id"))
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's handler naming
         target = self._target()

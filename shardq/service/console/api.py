@@ -25,6 +25,7 @@ from ...protocol import validate
 from ...shard.control import COUNTERS
 from ...shard.limiter import RUNTIME_KEYS
 from ...tasks import body as taskbody
+from ...tasks import workflow as workflows
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
 BODY_PREVIEW_BYTES = 200
@@ -48,6 +49,16 @@ def _ids(values) -> list[int]:
     if not isinstance(values, list) or not 0 < len(values) <= limits.BATCH_JOBS_MAX:
         raise InvalidJob(f"ids must be a list of 1 to {limits.BATCH_JOBS_MAX} job ids")
     return [_id(v) for v in values]
+
+
+def _workflow_id(value) -> str:
+    """A workflow id from the query, checked as the router checks a record's id
+    (client/results.py), with a message that names a workflow: InvalidJob, a 400."""
+    if type(value) is not str or not value \
+            or len(value.encode("utf-8", "surrogatepass")) > limits.BARRIER_ID_BYTES_MAX:
+        raise InvalidJob(f"a workflow id is a string of 1 to {limits.BARRIER_ID_BYTES_MAX} bytes (UTF-8), "
+                         f"got {value!r:.60}")
+    return value
 
 
 def _queue(value) -> str:
@@ -218,6 +229,21 @@ class ConsoleApi:
             info.update(progress=outcome.fraction, note=outcome.note)
             if outcome.state == "succeeded":
                 info.update(result_bytes=len(outcome.value or b""), result_expires_at=outcome.expires_at)
+        return info
+
+    def workflow(self, wf_id) -> dict:
+        """What ``shardq workflow show`` shows of a workflow (``tasks.workflow.describe``):
+        its record's state, error and times, every step counted by state, and the first
+        ``DESCRIBE_STEPS_MAX`` steps (``steps_shown`` of ``steps_total``), each with its job
+        id as a string, and its path and task name made text cut as a job look-up cuts a
+        task's name (a record is written by whoever sent the workflow). NotFound (404) if
+        no record of it is kept; InvalidJob (400) for an id no record can have, or a
+        record this version cannot read."""
+        # The module's figure, read at each call (describe's default was bound at import).
+        info = workflows.describe(self.router, _workflow_id(wf_id), workflows.DESCRIBE_STEPS_MAX)
+        for row in info["steps"]:
+            row.update(step=_text(row["step"]), task=_text(row["task"]),
+                       job_id=None if row["job_id"] is None else str(row["job_id"]))
         return info
 
     # ------------------------------------------------------------------ actions

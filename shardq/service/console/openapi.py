@@ -32,7 +32,8 @@ from typing import Any
 
 from ... import limits
 from ...shard.control import COUNTERS
-from .api import COUNT_KEYS, CURSOR_PATTERN, PAGE_MAX
+from ...tasks.workflow import DESCRIBE_STEPS_MAX
+from .api import BODY_PREVIEW_BYTES, COUNT_KEYS, CURSOR_PATTERN, PAGE_MAX
 
 OPENAPI_VERSION = "3.1.0"
 API_VERSION = "1"
@@ -82,6 +83,14 @@ _OUTCOME = {
                      "description": "the size of its kept result (msgpack); null: none kept"},
     "result_expires_at": {"type": ["number", "null"], "description": "when its kept result expires"},
 }
+
+# A workflow's step (tasks/workflow.py status_rows): "pending" until a barrier enqueues its
+# job, then its job's state; "succeeded" also for a step whose value went to a barrier that
+# counted it; "cancelled" (its barrier was), "gone" (cancelled, purged or expired).
+_STEP_STATES = ["pending", "waiting", "delayed", "ready", "leased", "succeeded", "dead", "cancelled", "gone"]
+_WORKFLOW_STATES = ["running", "succeeded", "failed", "cancelled"]
+_WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": limits.BARRIER_ID_BYTES_MAX,
+                "description": f"a workflow id (at most {limits.BARRIER_ID_BYTES_MAX} bytes as UTF-8)"}
 
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {"type": "object", "required": ["error", "message"],
@@ -179,6 +188,48 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                      "type": "object", "required": ["barrier", "shard"],
                      "description": "the barrier whose values are this job's input",
                      "properties": {"barrier": {"type": "string"}, "shard": _nullable("integer")}}]}}},
+    # A workflow look-up (what `shardq workflow show` prints: tasks/workflow.py describe()).
+    "Workflow": {
+        "type": "object", "additionalProperties": False,
+        "required": ["id", "state", "error", "started_at", "ended_at", "expires_at", "steps_total",
+                     "steps_by_state", "steps", "steps_shown"],
+        "properties": {
+            "id": _WORKFLOW_ID,
+            "state": {"enum": _WORKFLOW_STATES,
+                      "description": "running, or how it ended as the service's watcher recorded it "
+                                     "(within a few seconds of its last step)"},
+            "error": {"type": ["string", "null"],
+                      "description": "failed: the step that was dead-lettered and its error; cancelled: why"},
+            "started_at": {"type": "number", "description": "when it was sent (its record put)"},
+            "ended_at": {"type": ["number", "null"], "description": "when its end was recorded; null: running"},
+            "expires_at": {"type": ["number", "null"],
+                           "description": "when its ended record is dropped; null: running (kept)"},
+            "steps_total": _INT0,
+            "steps_by_state": {"type": "object", "propertyNames": {"enum": _STEP_STATES},
+                               "additionalProperties": {"type": "integer", "minimum": 1},
+                               "description": "every step (shown or not) counted by its state"},
+            "steps": {"type": "array", "items": _ref("WorkflowStep"),
+                      "description": f"the first steps in step order (at most {DESCRIBE_STEPS_MAX})"},
+            "steps_shown": {**_INT0, "description": "the length of steps; below steps_total: cut"}}},
+    "WorkflowStep": {
+        "type": "object", "additionalProperties": False,
+        "required": ["step", "task", "job_id", "state", "attempts", "progress", "note", "error", "result_bytes"],
+        "properties": {
+            "step": {"type": "string",
+                     "description": "its path: 0.k the top chain's step k, 0.k.j member j of a group there"},
+            "task": {"type": "string",
+                     "description": f"its task's name (its first {BODY_PREVIEW_BYTES} characters)"},
+            "job_id": {"type": ["string", "null"], "pattern": _JOB_ID_TEXT["pattern"],
+                       "description": "its job (ASCII digits); null until a barrier enqueues it"},
+            "state": {"enum": _STEP_STATES},
+            "attempts": {"type": ["integer", "null"], "minimum": 0,
+                         "description": "deliveries of its live job; null once it is not live"},
+            "progress": _OUTCOME["progress"], "note": _OUTCOME["note"],
+            "error": {"type": ["string", "null"], "description": "its job's last error"},
+            "result_bytes": _OUTCOME["result_bytes"],
+            "arrived": {"type": ["integer", "null"], "minimum": 0,
+                        "description": "a pending step whose barrier has seen an arrival: members arrived"},
+            "total": {"type": ["integer", "null"], "minimum": 1, "description": "... of this many"}}},
     "QueueRequest": {"type": "object", "required": ["queue"], "additionalProperties": False,
                      "properties": {"queue": _QUEUE}},
     "QueueChange": {"type": "object", "required": ["queue", "changed_shards"],
@@ -229,8 +280,8 @@ _HTML = {"description": "an HTML page", "content": {"text/html": {"schema": {"ty
 
 
 def _read(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None = None,
-          not_found: str | None = None) -> dict[str, Any]:
-    responses = {"200": ok, "400": _BAD, "401": _UNAUTHORIZED, "403": _DENIED, "503": _DOWN}
+          not_found: str | None = None, bad: str | None = None) -> dict[str, Any]:
+    responses = {"200": ok, "400": _error(bad) if bad else _BAD, "401": _UNAUTHORIZED, "403": _DENIED, "503": _DOWN}
     if not_found:
         responses["404"] = _error(not_found)
     return {"summary": summary, "security": _TOKEN, "parameters": params or [], "responses": responses}
@@ -304,6 +355,13 @@ _PATHS: dict[str, dict[str, Any]] = {
                               [_query("id", _JOB_ID_TEXT, "the job id", required=True)],
                               not_found="no live job of that id and no result kept: finished, cancelled, "
                                         "purged or never enqueued")},
+    "/api/workflow": {"get": _read("a workflow's record (how it ended, or that it runs) and its steps",
+                                   _json(_ref("Workflow"), "the workflow"),
+                                   [_query("id", _WORKFLOW_ID, "the workflow id (wf.id)", required=True)],
+                                   not_found="no record of that id: never sent with a record, or ended "
+                                             "and expired",
+                                   bad="an id no record can have, or a record this version cannot read "
+                                       "(InvalidJob)")},
     "/api/pause": {"post": _action("stop leasing from a queue, durably, on every shard", "QueueRequest",
                                    "QueueChange")},
     "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange")},

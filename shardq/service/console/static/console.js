@@ -1,5 +1,6 @@
-// The shardq console: polls /api/overview, draws the tables and charts, and sends the
-// actions (pause, resume, limits, redrive, purge, cancel) as JSON POSTs with the CSRF header.
+// The shardq console: polls /api/overview, draws the tables and charts, looks up jobs and
+// workflows, and sends the actions (pause, resume, limits, redrive, purge, cancel) as JSON
+// POSTs with the CSRF header.
 // Every value from the service is put into the page as text (textContent), never as HTML:
 // job bodies and errors come from whoever enqueued them.
 "use strict";
@@ -14,6 +15,7 @@ let dlNext = null;   // cursor of the next one
 let jobShown = null; // id of the job in the job panel
 let dlShown = 0;     // number of the latest dead-letter load: an older reply arriving late is dropped
 let jobAsked = 0;    // the same for job look-ups
+let wfAsked = 0;     // and for workflow look-ups
 let limitsQueue = null; // the queue whose limits the editor is open on
 let queueRows = {};     // the latest overview's queues by name (the editor's current values)
 
@@ -472,6 +474,84 @@ async function cancelJob() {
   await Promise.all([lookUp(jobShown), poll()]);
 }
 
+// ---------------------------------------------------------------------------- workflow look-up
+// A workflow's record and its first steps (GET /api/workflow: what `shardq workflow show`
+// prints). Its rows, in order: [field, label, how its text is made from the reply].
+const WF_FIELDS = [["id", "workflow id"], ["state", "state"], ["error", "error"],
+  ["started_at", "started", (w) => when(w.started_at)], ["ended_at", "ended", (w) => when(w.ended_at)],
+  ["expires_at", "record kept until", (w) => when(w.expires_at)], ["steps_by_state", "steps", stepCounts]];
+
+function stepCounts(w) {  // "6 steps: 5 succeeded · 1 pending", every step counted (shown or not)
+  const counts = Object.entries(w.steps_by_state).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  return `${w.steps_total} step${w.steps_total === 1 ? "" : "s"}` +
+    (counts.length ? `: ${counts.map(([state, n]) => `${n} ${state}`).join(" · ")}` : "");
+}
+
+function stepProgress(s) {  // a live job's last ctx.progress; a pending step's barrier arrivals
+  if (s.progress !== null && s.progress !== undefined) return `${num(s.progress * 100)} %`;
+  if (s.arrived !== null && s.arrived !== undefined) return `${s.arrived} of ${s.total ?? "?"} arrived`;
+  return "–";
+}
+
+function stepRow(s) {
+  const tr = el("tr");
+  tr.dataset.step = s.step;
+  tr.dataset.state = s.state;
+  const job = el("td", null, "job");
+  if (s.job_id === null) {
+    job.textContent = "–";
+  } else {  // its job, in the job panel
+    const b = el("button", s.job_id, "job-link");
+    b.type = "button";
+    b.title = "look this job up";
+    b.addEventListener("click", () => { lookUp(s.job_id); $("#job-form").scrollIntoView(); });
+    job.append(b);
+  }
+  tr.append(el("td", s.step, "step"), el("td", s.task, "text task"), job, el("td", s.state, "state"),
+            el("td", s.attempts ?? "–", "attempts"), el("td", stepProgress(s), "progress"),
+            el("td", s.note ?? "", "text note"), el("td", s.error ?? "", "text error"),
+            el("td", bytes(s.result_bytes), "result"));
+  return tr;
+}
+
+async function lookUpWorkflow(id) {
+  id = String(id || "").trim();
+  $("#wf-id").value = id;
+  const table = $("#wf-result");
+  const body = $("#wf-result tbody");
+  body.replaceChildren();
+  $("#wf-steps tbody").replaceChildren();
+  $("#wf-steps").hidden = true;
+  $("#wf-note").textContent = "";
+  const ask = ++wfAsked;
+  if (!id) return;
+  table.dataset.state = "loading";
+  try {
+    const w = await api(`/api/workflow?id=${encodeURIComponent(id)}`);
+    if (ask !== wfAsked) return;
+    for (const [k, label, text] of WF_FIELDS) {
+      const v = text ? text(w) : w[k];
+      const tr = el("tr");
+      tr.dataset.field = k;
+      tr.append(el("th", label), el("td", v === null || v === undefined ? "–" : v));
+      body.append(tr);
+    }
+    $("#wf-steps tbody").append(...w.steps.map(stepRow));
+    $("#wf-steps").hidden = w.steps.length === 0;
+    if (w.steps_shown < w.steps_total) {
+      $("#wf-note").textContent = `${w.steps_shown} of ${w.steps_total} steps shown (the counts above are of all)`;
+    }
+    table.dataset.state = w.state;
+  } catch (e) {
+    if (ask !== wfAsked) return;
+    const tr = el("tr");
+    tr.dataset.field = "error";
+    tr.append(el("th", "not found"), el("td", e.message));
+    body.append(tr);
+    table.dataset.state = "missing";
+  }
+}
+
 // ---------------------------------------------------------------------------- start
 async function start() {
   try {
@@ -495,6 +575,7 @@ async function start() {
   });
   $("#job-form").addEventListener("submit", (e) => { e.preventDefault(); lookUp($("#job-id").value); });
   $("#job-cancel").addEventListener("click", cancelJob);
+  $("#wf-form").addEventListener("submit", (e) => { e.preventDefault(); lookUpWorkflow($("#wf-id").value); });
   $("#limits-form").addEventListener("submit", (e) => { e.preventDefault(); sendLimits(false); });
   $("#limits-reset").addEventListener("click", () => sendLimits(true));
   $("#limits-close").addEventListener("click", closeLimits);
