@@ -231,6 +231,10 @@ def test_shard_paused_past_health_timeout_is_killed_and_restarted_without_loss()
 
 
 # ---------------------------------------------------------------- bit flips
+#: A record of one enqueue_many of 10 jobs holds more than this; an epoch or a sync mark less.
+BATCH_RECORD_BYTES_MIN = 150
+
+
 def _records(path: str) -> list[int]:
     """Offsets of the records of a log file."""
     with open(path, "rb") as f:
@@ -243,6 +247,14 @@ def _records(path: str) -> list[int]:
         out.append(off)
         off += HEADER.size + length
     return out
+
+
+def _batch_records(path: str) -> list[int]:
+    """Offsets of the records of a log file that hold a batch of jobs (longer than the
+    start's epoch and a sync mark, whose number before a batch depends on timing)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return [off for off in _records(path) if HEADER.unpack_from(data, off)[1] > BATCH_RECORD_BYTES_MIN]
 
 
 def _flip(path: str, offset: int) -> None:
@@ -276,7 +288,7 @@ def test_bit_flip_in_an_old_segment_refuses_start_then_check_and_repair():
         segments = sorted(n for n in os.listdir(shard_dir) if n.endswith(".wal"))
         assert len(segments) >= 3
         oldest = os.path.join(shard_dir, segments[0])
-        bad = _records(oldest)[3]  # a batch's record (after the start's epoch and a sync mark, or two batches)
+        bad = _batch_records(oldest)[1]  # the second batch's record: one batch before it, more after
         _flip(oldest, bad + HEADER.size + 5)
 
         with pytest.raises(AssertionError, match="exited"):
