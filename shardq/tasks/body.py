@@ -106,7 +106,8 @@ def describe(body: bytes) -> dict | None:
     console): ``{"name": ..., "args": [...], "kwargs": {...}}``, plus for a job of a
     workflow or one whose result is kept ``keep_result`` (seconds), ``reports_to``
     (``{"barrier", "shard", "index", "total"}``: the step or chord it completes) and
-    ``inputs_from`` (``{"barrier", "shard"}``); None if ``body`` is not a task body this
+    ``inputs_from`` (``{"barrier", "shard"}``) and ``workflow`` (the workflow's id, which
+    names its barriers); None if ``body`` is not a task body this
     version reads. Bytes inside the arguments become ``{"base64": "..."}``; it runs no
     code and changes nothing."""
     try:
@@ -122,6 +123,9 @@ def describe(body: bytes) -> dict | None:
             out["reports_to"] = _plain({"barrier": barrier, "shard": shard, "index": index, "total": total})
         if steps.inputs is not None:
             out["inputs_from"] = _plain({"barrier": steps.inputs[0], "shard": steps.inputs[1]})
+        barrier = (steps.report or steps.inputs or [None])[0]
+        if type(barrier) is str and "." in barrier:  # "<workflow id>.<n>": shardq workflow show takes the id
+            out["workflow"] = barrier.split(".", 1)[0]
     except RecursionError:  # arguments nested deeper than Python recurses: shown as bytes instead
         return None
     return out

@@ -46,6 +46,12 @@ def test_workflow_show_says_how_it_ended_and_lists_its_steps(svc):
 
         ok = chord(group(member.s(i) for i in range(4)), total.s()).send()
         bad = chain(member.s(1), broken.s(), total.s()).send()
+        member_job = ok.status()[0]["job_id"]
+        job = json.loads(subprocess.run(
+            [sys.executable, "-m", "shardq.cli", "job", "show", str(member_job), "--data-dir", svc.data_dir],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=REPO),
+            cwd=os.path.dirname(svc.data_dir)).stdout)
+        assert job["task"]["workflow"] == ok.id  # a step's look-up names its workflow
         running = json.loads(workflow_show(svc, ok.id).stdout)
         assert running["state"] == "running" and running["steps_total"] == 5
         assert running["steps_by_state"] == {"ready": 4, "pending": 1}
