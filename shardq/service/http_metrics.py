@@ -168,22 +168,22 @@ def _workflows(g: _Families, s: str, sh: dict) -> None:
     if "results" in sh:
         g.gauge("shardq_results_kept", "job results the shard keeps (until their keep_result expiry)", [s],
                 sh["results"])
-    barriers = sh.get("barriers") or {}
-    for state in BARRIER_STATES:
-        if state in barriers:
-            g.gauge("shardq_workflow_barriers", "workflow barriers the shard keeps, by state: open (waiting for "
-                    "members), fired and cancelled (kept as tombstones until they expire)", [s, state],
-                    barriers[state], names=["shard", "state"])
-    workflows = sh.get("workflows") or {}
-    for state in WORKFLOW_STATES:
-        if state in workflows:
-            g.gauge("shardq_workflows", "workflow records this home shard keeps, by state: running, and "
-                    "succeeded, failed or cancelled (kept a day after they ended)", [s, state],
-                    workflows[state], names=["shard", "state"])
+    _by_state(g, s, "shardq_workflow_barriers", "workflow barriers the shard keeps, by state: open (waiting "
+              "for members), fired and cancelled (kept as tombstones until they expire)",
+              BARRIER_STATES, sh.get("barriers"))
+    _by_state(g, s, "shardq_workflows", "workflow records this home shard keeps, by state: running, and "
+              "succeeded, failed or cancelled (kept a day after they ended)", WORKFLOW_STATES, sh.get("workflows"))
     for key, value in (sh.get("workflow_counters") or {}).items():
         if key in _WORKFLOW_COUNTERS:
             name, doc = _WORKFLOW_COUNTERS[key]
             g.counter(name, doc, [s], value)
+
+
+def _by_state(g: _Families, s: str, name: str, doc: str, states: tuple[str, ...], counts: dict | None) -> None:
+    """One gauge series per state the reply counts (labels shard, state)."""
+    for state in states:
+        if counts and state in counts:
+            g.gauge(name, doc, [s, state], counts[state], names=["shard", "state"])
 
 
 class _Families:
