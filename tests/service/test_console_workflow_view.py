@@ -26,15 +26,13 @@ import pytest
 
 import shardq
 from shardq import chain, chord, group, limits
-from shardq.config import HttpConfig
 from shardq.service.console import openapi
-from shardq.service.http_server import HttpService
 from shardq.tasks import workflow
 
 from support import browser
 from support.http_calls import api
 from support.service import wait_until
-from support.task_apps import fresh_tasks
+from support.task_apps import embedded_with_http, fresh_tasks
 
 TOKEN = "workflow-view-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -44,13 +42,9 @@ ENDED_WITHIN_S = 30  # the watcher looks every ~1 s once a shard's pong (~2.5 s)
 
 @pytest.fixture(scope="module")
 def app():
-    a = shardq.App.embedded(shards=2, config={"queue_defaults": {"max_deliveries": 1},
-                                              "queues": {"default": {}, "later": {}}})
-    http = HttpService(a.target, HttpConfig(listen="127.0.0.1:0", token=TOKEN)).start()
-    a.url = http.url
-    yield a
-    http.stop()
-    a.close()
+    with embedded_with_http(TOKEN, {"queue_defaults": {"max_deliveries": 1},
+                                              "queues": {"default": {}, "later": {}}}) as a:
+        yield a
 
 
 @pytest.fixture

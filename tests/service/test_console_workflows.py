@@ -23,12 +23,10 @@ import pytest
 
 import shardq
 from shardq import chord, group, limits
-from shardq.config import HttpConfig
 from shardq.service.console import openapi
-from shardq.service.http_server import HttpService
 
 from support import browser
-from support.task_apps import fresh_tasks
+from support.task_apps import embedded_with_http, fresh_tasks
 from support.http_calls import api
 from support.service import wait_until
 
@@ -39,13 +37,9 @@ DOC = openapi.document()
 
 @pytest.fixture(scope="module")
 def app():
-    a = shardq.App.embedded(shards=2, config={"queue_defaults": {"max_deliveries": 3},
-                                              "queues": {"default": {}, "sums": {}, "flaky": {}, "plain": {}}})
-    http = HttpService(a.target, HttpConfig(listen="127.0.0.1:0", token=TOKEN)).start()
-    a.url = http.url
-    yield a
-    http.stop()
-    a.close()
+    with embedded_with_http(TOKEN, {"queue_defaults": {"max_deliveries": 3},
+                                    "queues": {"default": {}, "sums": {}, "flaky": {}, "plain": {}}}) as a:
+        yield a
 
 
 @pytest.fixture

@@ -12,14 +12,12 @@ import msgpack
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import shardq
 from shardq import chain, chord, group
-from shardq.config import HttpConfig
-from shardq.service.http_server import HttpService
 from shardq.shard.state import ShardState
 
 from conftest import config_from
 from support.http_calls import request
+from support.task_apps import embedded_with_http
 from support.service import wait_until
 
 TOKEN = "workflow-metrics-token-0123456789"
@@ -29,12 +27,8 @@ CALLBACK = [b"callback-body", None, "default", 0, 0]
 
 @pytest.fixture(scope="module")
 def app():
-    a = shardq.App.embedded(shards=2, config={"queues": {"default": {}, "idle": {}}})
-    http = HttpService(a.target, HttpConfig(listen="127.0.0.1:0", token=TOKEN)).start()
-    a.url = http.url
-    yield a
-    http.stop()
-    a.close()
+    with embedded_with_http(TOKEN, {"queues": {"default": {}, "idle": {}}}) as a:
+        yield a
 
 
 def scrape(app) -> dict:

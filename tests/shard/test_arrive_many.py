@@ -10,14 +10,11 @@ import pytest
 
 from shardq import limits
 from shardq.client import results as res
-from shardq.client.router import shard_for_key
-from support.raw_shard import Raw
+from support.raw_shard import Raw, key_per_shard
 from support.service import Service
 
 SHARDS = 2
-KEYS: dict[int, str] = {}  # shard -> a key that lands there
-for i in range(100):
-    KEYS.setdefault(shard_for_key(f"k{i}", SHARDS), f"k{i}")
+KEYS = key_per_shard(SHARDS)  # shard -> a key that lands there
 
 
 @pytest.fixture

@@ -12,15 +12,12 @@ import time
 import pytest
 
 from shardq import limits
-from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
-from support.raw_shard import Raw
+from support.raw_shard import Raw, key_per_shard
 from support.service import Service, restarted, wait_until
 
 SHARDS = 2
-KEYS: dict[int, str] = {}  # shard -> a key that lands there
-for i in range(100):
-    KEYS.setdefault(shard_for_key(f"k{i}", SHARDS), f"k{i}")
+KEYS = key_per_shard(SHARDS)  # shard -> a key that lands there
 
 
 @pytest.fixture

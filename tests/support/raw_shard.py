@@ -1,10 +1,22 @@
-"""A raw connection to one shard process of a test service, for tests of the wire itself."""
+"""A raw connection to one shard process of a test service, for tests of the wire itself,
+and a key per shard to aim a job at one."""
 from __future__ import annotations
 
 import msgpack
 
+from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
 from shardq.protocol.sockio import connect_unix
+
+
+def key_per_shard(shards: int) -> dict[int, str]:
+    """A key that lands on each shard of ``shards``: shard -> key."""
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < shards:
+        keys.setdefault(shard_for_key(f"k{i}", shards), f"k{i}")
+        i += 1
+    return keys
 
 
 class Raw:

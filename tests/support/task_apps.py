@@ -1,5 +1,6 @@
 """A shared task app between tests: each test gets it with no tasks and leaves its queues
-empty (tests/tasks, tests/service)."""
+empty (tests/tasks, tests/service); and an embedded app with the HTTP listener of ``shardq
+serve`` on it."""
 from __future__ import annotations
 
 import contextlib
@@ -21,3 +22,22 @@ def fresh_tasks(app) -> Iterator:
             while leases := q.dequeue_many(name, max_jobs=1000):
                 q.ack_many(leases)
             q.purge_dead_letters(name)
+
+
+@contextlib.contextmanager
+def embedded_with_http(token: str, config: dict, shards: int = 2) -> Iterator:
+    """``shardq.App.embedded`` with the HTTP listener (console, API, metrics) on a free
+    loopback port, ``app.url``, bearer ``token``; both stopped afterwards."""
+    import shardq
+    from shardq.config import HttpConfig
+    from shardq.service.http_server import HttpService
+    app = shardq.App.embedded(shards=shards, config=config)
+    try:
+        http = HttpService(app.target, HttpConfig(listen="127.0.0.1:0", token=token)).start()
+        try:
+            app.url = http.url
+            yield app
+        finally:
+            http.stop()
+    finally:
+        app.close()
