@@ -235,7 +235,9 @@ class StateCore:
         self._result_expiry: list[tuple[float, int]] = []     # (expires_at, job id), a heap
         self._barrier_expiry: list[tuple[float, str]] = []    # (expires_at, barrier id), a heap
         self.workflows: dict[str, WorkflowRecord] = {}       # workflow id -> its record (workflows.py)
-        self.workflows_running = 0          # records not ended (the supervisor's pong: its watcher)
+        #: records kept by state ("running", and WORKFLOW_ENDS): stats, and the supervisor's
+        #: pong (its watcher looks at a shard while "running" is above 0)
+        self.workflow_counts: dict[str, int] = dict.fromkeys(("running",) + WORKFLOW_ENDS, 0)
         self._workflow_expiry: list[tuple[float, str]] = []   # (expires_at, workflow id) of ended ones, a heap
         self._kept_due = float("inf")       # the earliest expiry in these heaps (advance)
         #: code -> the method that applies it, derived from the one table of operations
@@ -421,6 +423,7 @@ class StateCore:
             w = workflows.get(wid)
             if w is not None and w.expires_at == expires_at:
                 del workflows[wid]
+                self.workflow_counts[w.state or "running"] -= 1
         self._kept_due = min(heap[0][0] if heap else float("inf"), bheap[0][0] if bheap else float("inf"),
                              wheap[0][0] if wheap else float("inf"))
 

@@ -685,7 +685,7 @@ def _health_answer(pipe: SupervisorPipe, state: ShardState, reload_path: str) ->
                 take_queue_settings(state, config)
                 log.info("queue settings reloaded from %s", reload_path)
                 pipe.reloaded()
-        pipe.pong(len(state.jobs), sum(q.counts[R] for q in state.queues.values()), state.workflows_running)
+        pipe.pong(len(state.jobs), sum(q.counts[R] for q in state.queues.values()), state.workflow_counts["running"])
     return answer
 
 

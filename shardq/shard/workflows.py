@@ -74,7 +74,9 @@ class WorkflowOps(StateCore):
             if w.expires_at is not None:
                 self._workflow_expires(rec.wf_id, w.expires_at)
         old = self.workflows.get(rec.wf_id)
-        self.workflows_running += (w.state is None) - (old is not None and old.state is None)
+        if old is not None:
+            self.workflow_counts[old.state or RUNNING] -= 1
+        self.workflow_counts[w.state or RUNNING] += 1
         self.workflows[rec.wf_id] = w
 
     def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float, now: float) -> str:
@@ -103,8 +105,8 @@ class WorkflowOps(StateCore):
         w = self.workflows.get(wf_id)
         if w is None:  # its record was lost (a salvaged log): the end alone says nothing to show
             return
-        if w.state is None:
-            self.workflows_running -= 1
+        self.workflow_counts[w.state or RUNNING] -= 1
+        self.workflow_counts[state] += 1
         w.state, w.error, w.ended_at, w.expires_at = state, error, ended_at, expires_at
         self._workflow_expires(wf_id, expires_at)
 
@@ -127,11 +129,9 @@ class WorkflowOps(StateCore):
         return ids[:limit]
 
     def workflow_states(self) -> dict[str, int]:
-        """Workflow records kept, by state (running, succeeded, failed, cancelled)."""
-        out = {RUNNING: 0, **{s: 0 for s in WORKFLOW_ENDS}}
-        for w in self.workflows.values():
-            out[w.state or RUNNING] += 1
-        return out
+        """Workflow records kept, by state (running, succeeded, failed, cancelled), as of
+        the last ``advance``: counted as records come and go, not by a pass over them."""
+        return dict(self.workflow_counts)
 
     def workflow_checkpoint_ops(self) -> list[tuple[Op, int]]:
         """(operation, an upper bound of its encoded size) per record kept, with its end."""
