@@ -6,7 +6,8 @@
     <data>/authkey            HMAC key for client authentication (mode 0600)
     <data>/http-token         the HTTP listener's token when none is configured (mode 0600)
     <data>/run/shard-<i>.sock unix sockets (directory mode 0700)
-    <data>/shard-<i>/         each shard's WAL segments and checkpoints
+    <data>/shard-<i>/         each shard's WAL segments and checkpoints, and its boot record
+                              (boot.json: shard/boot_fence.py)
     <data>/supervisor.lock    held (flock) by the running supervisor; holds its PID
 
 The data dir and run dir are created 0700 and the key file 0600. Refused with

@@ -46,6 +46,8 @@ _LIMIT_HELP = {
     "group_concurrency": "the per-group concurrency cap in force",
     "max_group_in_flight_seen": "the most leases of one group live at once since the shard started",
     "group_rate_per_s": "the per-group rate in force, leases per second",
+    "fenced_until": "Unix time before which the placed queue leases nothing, after a power cut "
+                    "(present only then: docs/limits.md)",
 }
 
 #: The workflow counters of a shard's ``metrics`` reply (shard/results.py,

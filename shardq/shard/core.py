@@ -205,6 +205,7 @@ class StateCore:
         #: shard owns a placed queue (config.owner_shard)
         self.shard_count = config.service.shards or 1
         self.limited: list[QueueState] = []  # the queues with limits (their wake-up times: next_deadline)
+        self.placed_fence = 0.0  # placed queues lease nothing before this time (fence_placed)
         self.max_pending = config.limits.max_pending_jobs
         self.max_dedup = config.limits.max_dedup_ids
         self.dedup_held = 0   # dedup entries kept over every queue (each until its window ends)
@@ -297,7 +298,15 @@ class StateCore:
     def _note_limited(self, q: QueueState) -> None:
         """Called for each queue the state adds: a limited one is looked at by next_deadline."""
         if q.lim is not None:
+            q.lim.fence_until = self.placed_fence
             self.limited.append(q)
+
+    def fence_placed(self, until: float) -> None:
+        """No placed queue leases anything before ``until`` (wall clock): leases that a
+        power cut may have taken from the log can still be running (boot_fence.py)."""
+        self.placed_fence = until
+        for q in self.limited:
+            q.lim.fence_until = until  # type: ignore[union-attr]  # limited: it has a limiter
 
     def _owner_check(self, q: QueueState) -> None:
         """A placed queue takes new jobs on its owner shard only (docs/limits.md): a client

@@ -134,6 +134,9 @@ class Limiter:
         self.order: list[tuple[tuple[int, int], str | None]] = []
         self.no_token: list[tuple[float, str | None]] = []   # (when a token is due, group)
         self.emptied: list[tuple[float, str | None]] = []    # idle lines to drop once their bucket is full
+        #: nothing is leased before this time: leases a power cut may have taken from the
+        #: log can still be running (boot_fence.py); 0: no fence
+        self.fence_until = 0.0
 
     # ------------------------------------------------------------------ settings
     def change(self, override: dict[str, Any] | None) -> None:
@@ -157,6 +160,8 @@ class Limiter:
     # ------------------------------------------------------------------ the queue-wide limits
     def allowance(self, inflight: int, now: float) -> int:
         """How many leases the queue-wide limits allow now (a large number: no such limit)."""
+        if now < self.fence_until:
+            return 0
         s, start = self.s, self.begin(now)
         n = limits.BATCH_JOBS_MAX
         if s.concurrency is not None:
@@ -175,7 +180,10 @@ class Limiter:
             self.max_seen = inflight
 
     def next_token(self, now: float) -> float | None:
-        """When the queue's bucket next holds a token, if it holds none now."""
+        """When the queue's bucket next holds a token, if it holds none now (or when the
+        fence ends, while it holds)."""
+        if now < self.fence_until:
+            return self.fence_until
         s = self.s
         if s.rate is None:
             return None
@@ -352,10 +360,12 @@ class Limiter:
         """What ``stats`` shows of the limits: in flight against the caps, tokens, jobs held back."""
         s, start = self.s, self.begin(now)
         out: dict[str, Any] = {"in_flight": inflight, "max_in_flight_seen": self.max_seen}
-        queue_held = False
+        queue_held = now < self.fence_until
+        if queue_held:
+            out["fenced_until"] = self.fence_until
         if s.concurrency is not None:
             out["concurrency"] = s.concurrency
-            queue_held = inflight >= s.concurrency
+            queue_held = queue_held or inflight >= s.concurrency
         if s.rate is not None:
             tokens = self.bucket.level(now, s.rate, s.burst, start)
             out.update(rate_per_s=s.rate, burst=s.burst, tokens=round(tokens, 3))

@@ -56,6 +56,8 @@ from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
 from ..protocol import wire as protocol
+from . import boot_fence
+from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
 from .control_handlers import Args, ControlHandlers, Handler
 from .conn import FrameConn
@@ -170,6 +172,10 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.lease_waiters: dict[str, list[LeaseWaiter]] = {}
         self.stopping = False
         self._early_lease = False  # set by _dequeue: this lease may leave before its fsync
+        #: a placed queue's lease of at most this visibility may leave before its fsync: the
+        #: next start fences placed queues if a power cut may have lost it (boot_fence.py);
+        #: 0 (no boot record: a shard run without main()) fsyncs every placed lease first
+        self.early_placed_s = 0.0
         self.iterations = 0
         self._scratch = bytearray(protocol.READ_BYTES)  # every read lands here first (wire.read_frames)
         self._wake_r, self._wake_w = os.pipe()
@@ -397,9 +403,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
         leases = state.dequeue(queue, now, visibility, max_jobs)
         jobs = state.jobs
         q = state.queues[queue] if leases else None
-        # A limited queue's leases are fsynced first: a lease lost by a machine crash would
-        # leave its job running uncounted, past the cap (docs/limits.md).
-        if q is not None and q.cfg.lease_sync == "batched" and q.lim is None:
+        # A placed queue's lease leaves before its fsync only if the boot record covers it:
+        # one lost by a machine crash leaves its job running uncounted, so the next start
+        # fences the queue until it has run out (docs/limits.md); a longer one waits.
+        if q is not None and q.cfg.lease_sync == "batched" and (
+                q.lim is None or all(l.deadline - now <= self.early_placed_s + VISIBILITY_EPS_S
+                                     for l in leases)):
             # The lease may leave before its record is durable, but never before the job's
             # enqueue is: a job a crash could lose must not reach a handler.
             durable = self.committer.durable_seq  # type: ignore[union-attr]  # the loop runs: it is set
@@ -724,6 +733,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
+    try:
+        boot = boot_fence.start(dd.shard_dir(a.index), a.index, config, SystemClock().now())
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
+        return EXIT_LOG_FAILED
+    shard.state.fence_placed(boot.fence_until)
     tune_gc()
     room_for_descriptors(config.limits.max_connections)
     pipe.watch_disk(files)  # a commit stalled on a slow disk is not a hang
@@ -733,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                          busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written),
                          health=(sys.stdin.fileno(), _health_answer(
                              pipe, shard.state, os.path.join(dd.run_dir, RELOAD_FILE))) if a.health_pipe else None)
+    server.early_placed_s = boot.early_visibility_s
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
 
@@ -770,6 +787,10 @@ def main(argv: list[str] | None = None) -> int:
             log.error("no checkpoint on the way down, the next start replays the log: %s", e)
             return EXIT_LOG_FAILED
     shard.close()
+    try:
+        boot_fence.stopped_cleanly(dd.shard_dir(a.index), boot)
+    except OSError as e:  # the next start takes this run for one that did not stop cleanly
+        log.error("stopped, but could not record it: %s", e)
     os.close(lock_fd)
     log.info("stopped cleanly")
     return EXIT_OK

@@ -9,6 +9,10 @@ without syncing at once. The synced size comes from the side file of the WAL's t
 sets for the service: ``<path> <inode> <synced bytes>`` per sync, the last line of an inode
 being its durable size.
 
+The machine restarts too: :func:`reboot` makes each shard's boot record name an earlier
+boot, so the restarted shards treat what their last run handed out before its fsync as a
+power cut may have lost it (placed queues are fenced: docs/limits.md, "Across restarts").
+
 The segment is preallocated, so a dropped page's old content is zeros: dropping and
 zeroing both write zeros over the unsynced bytes of the page (the synced bytes before them
 in the same page stay). Nothing acknowledged may be lost by this, because no reply leaves a
@@ -16,11 +20,13 @@ shard before the fdatasync that covers it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections import Counter
 
 from ..datadir import DataDir
+from ..shard import boot_fence
 from ..wal.format import parse_name
 
 PAGE_BYTES = 4096
@@ -44,6 +50,20 @@ def synced_sizes(side_file: str) -> dict[int, int]:
 def newest_segment(shard_dir: str) -> str | None:
     segments = [(p[0], n) for n in os.listdir(shard_dir) if (p := parse_name(n)) and p[1] == "wal"]
     return os.path.join(shard_dir, max(segments)[1]) if segments else None
+
+
+def reboot(data_dir: str) -> int:
+    """Make each shard's boot record name a boot before this one, as a machine's restart
+    after a power cut does (shard/boot_fence.py). Call only while no shard process runs.
+    Returns how many records it changed."""
+    dd = DataDir(data_dir)
+    changed = 0
+    for i in range(dd.shards()):
+        rec, _ = boot_fence.read(dd.shard_dir(i))
+        if rec is not None:
+            boot_fence.write(dd.shard_dir(i), dataclasses.replace(rec, boot_id=f"before-the-power-cut-{rec.boot_id}"))
+            changed += 1
+    return changed
 
 
 def lose_unsynced_pages(data_dir: str, side_file: str, rng: random.Random) -> Counter:

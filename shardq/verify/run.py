@@ -23,7 +23,7 @@ from .check import Report, check
 from .history import (CLOCK, FAILING, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
                       read_producer_history, read_worker_history)
 from .plan import KILL_PRODUCER, POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
-from .powercut import lose_unsynced_pages
+from .powercut import lose_unsynced_pages, reboot
 
 KiB = 1024
 
@@ -328,6 +328,7 @@ class Run:
             detail = ""
             if kind == POWER_CUT:
                 lost = lose_unsynced_pages(self.data_dir, self.sync_log, random.Random(f.seed))
+                reboot(self.data_dir)
                 self.power_cut_pages.update(lost)
                 detail = (f"{lost['pages_lost']} unsynced pages lost, {lost['pages_kept']} kept "
                           f"({lost['bytes_lost']} bytes); ")

@@ -119,6 +119,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                          "group_separator": {"type": "string"}, "fair": {"type": "boolean"}, "groups": _INT0,
                          "groups_held_back": _INT0, "max_group_in_flight_seen": _INT0,
                          "group_concurrency": _INT0, "group_rate_per_s": _NUMBER0, "group_burst": _NUMBER0,
+                         "fenced_until": {"type": "number", "description": "Unix time before which the queue "
+                                          "leases nothing, after a power cut (docs/limits.md)"},
                          "runtime_override": {"type": "object",
                                               "description": "the values changed at run time (null: removed)"}}},
     "Shard": {"type": "object", "required": ["shard", "up", "error"],

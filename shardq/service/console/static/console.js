@@ -185,6 +185,12 @@ function limitsCell(f) {
     part(`rate ${rateText(f.rate_per_s)}`, "lim-rate");
   }
   part(`${f.held_back} held back`, "lim-held");
+  if (f.fenced_until !== undefined) {
+    const fenced = el("span", `fenced until ${new Date(f.fenced_until * 1000).toLocaleTimeString()}`, "badge fenced");
+    fenced.title = "after a power cut no lease of this queue starts before then: leases the cut took " +
+                   "from the log may still be running (docs/limits.md, \"Across restarts\")";
+    td.append(fenced);
+  }
   if (f.group_separator !== undefined) {
     const caps = [f.group_concurrency !== undefined ? `cap ${f.group_concurrency}` : null,
                   f.group_rate_per_s !== undefined ? rateText(f.group_rate_per_s) : null].filter(Boolean);
