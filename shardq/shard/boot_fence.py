@@ -139,7 +139,9 @@ def write(shard_dir: str, rec: BootRecord) -> None:
 def start(shard_dir: str, index: int, config: Config, now: float,
           boot_id_path: str = BOOT_ID_PATH) -> BootRecord:
     """Read the last run's record, decide, write this run's (before the shard serves) and
-    say in the log why placed queues are fenced, if they are."""
+    say in the log why placed queues are fenced, if they are. If the record cannot be
+    written (a full disk), the run still starts, with the fence decided and no early
+    placed lease (``early_visibility_s`` 0): the old record, kept, fences no less."""
     prev, problem = read(shard_dir)
     boot_id = current_boot_id(boot_id_path)
     rec, why = decide(prev, problem is not None, boot_id, now, early_visibility_s(config, boot_id))
@@ -153,7 +155,12 @@ def start(shard_dir: str, index: int, config: Config, now: float,
     elif rec.fence_until > now:
         log.warning("shard %d: placed queues stay fenced for %.1f s more, as its last run left them "
                     "(docs/limits.md, \"Across restarts\")", index, rec.fence_until - now)
-    write(shard_dir, rec)
+    try:
+        write(shard_dir, rec)
+    except OSError as e:
+        log.error("shard %d: cannot write its boot record (%s): every lease of a placed queue waits for "
+                  "its fsync in this run", index, e)
+        return BootRecord(rec.boot_id, False, 0.0, rec.fence_until)
     return rec
 
 

@@ -733,12 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
-    try:
-        boot = boot_fence.start(dd.shard_dir(a.index), a.index, config, SystemClock().now())
-    except OSError as e:
-        log.error("cannot start: %s", e)
-        pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
-        return EXIT_LOG_FAILED
+    boot = boot_fence.start(dd.shard_dir(a.index), a.index, config, SystemClock().now())
     shard.state.fence_placed(boot.fence_until)
     tune_gc()
     room_for_descriptors(config.limits.max_connections)

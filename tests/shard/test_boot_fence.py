@@ -87,3 +87,21 @@ def test_the_boot_id_is_the_kernels_and_none_where_there_is_none(tmp_path):
     if os.path.exists(boot_fence.BOOT_ID_PATH):
         assert boot_fence.current_boot_id() == open(boot_fence.BOOT_ID_PATH).read().strip()
     assert boot_fence.current_boot_id(str(tmp_path / "missing")) is None
+
+
+def test_a_record_that_cannot_be_written_starts_the_run_without_early_placed_leases(tmp_path, monkeypatch, caplog):
+    """A full disk must not keep the shard down: the run starts, its placed leases wait for
+    their fsync, and the fence decided from the old record (kept) holds."""
+    boot = tmp_path / "boot_id"
+    boot.write_text(B)
+    boot_fence.write(str(tmp_path), BootRecord(A, False, 30.0, 0.0))     # a power cut under early leases
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(boot_fence, "write", full)
+    cfg = parse({"queues": {"a": {"concurrency": 2, "visibility_timeout": 5}}})
+    with caplog.at_level(logging.ERROR, "shardq.shard"):
+        rec = boot_fence.start(str(tmp_path), 0, cfg, NOW, str(boot))
+    assert rec == BootRecord(B, False, 0.0, NOW + 30) and "No space left" in caplog.text
+    monkeypatch.undo()
+    assert boot_fence.read(str(tmp_path))[0] == BootRecord(A, False, 30.0, 0.0)   # the old one, kept
