@@ -39,7 +39,8 @@ def measure(jobs: int, batch: int) -> dict:
         served = sum(a.user + a.system - b.user - b.system
                      for a, b in zip((p.cpu_times() for p in service), before))
     per_job = 1e6 / jobs
-    return {"shardq": shardq.__file__, "jobs": jobs, "batch": batch, "wall_us_per_job": round(wall * per_job, 2),
+    return {"shardq": shardq.__file__, "jobs": jobs, "batch": batch, "drained": got,
+            "wall_us_per_job": round(wall * per_job, 2),
             "client_cpu_us_per_job": round(cpu * per_job, 2), "service_cpu_us_per_job": round(served * per_job, 2)}
 
 
