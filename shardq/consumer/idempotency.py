@@ -23,8 +23,9 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable
 
 from .. import limits
@@ -193,6 +194,32 @@ class IdempotencyStore:
 
 
 # ---------------------------------------------------------------------------- SQLite
+_T = TypeVar("_T")
+#: The longest pause between two tries of a step SQLite refused without waiting.
+LOCKED_RETRY_PAUSE_S_MAX = 0.05
+
+
+def _while_locked(step: Callable[[], _T], timeout_s: float) -> _T:
+    """``step()``, tried again while SQLite answers ``database is locked``, for up to
+    ``timeout_s``; then that error.
+
+    For the steps SQLite refuses at once instead of waiting through its busy handler: the
+    switch of a database to WAL needs an exclusive lock, and when another process opens the
+    same file in the same instant (two workers started together on a new store) one of them
+    is answered ``SQLITE_BUSY`` with no wait. Nothing signals the other process's release,
+    so this polls, with pauses growing to ``LOCKED_RETRY_PAUSE_S_MAX``."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, LOCKED_RETRY_PAUSE_S_MAX)
+
+
 class _Cursor(sqlite3.Cursor):
     """``txn.db`` of a SqliteStore: a plain DB-API cursor whose first statement (or first
     look at ``.connection``) opens the transaction with the write lock held.
@@ -329,7 +356,7 @@ class SqliteStore(IdempotencyStore):
         self._conns: list[tuple[sqlite3.Connection, threading.RLock]] = []
         self._closed = False
         with self._use() as conn:
-            conn.executescript(SCHEMA + RESULTS_SCHEMA)
+            _while_locked(lambda: conn.executescript(SCHEMA + RESULTS_SCHEMA), self.busy_timeout_s)
 
     def _open(self) -> tuple[sqlite3.Connection, threading.RLock]:
         """This thread's connection and its lock, opened on first use."""
@@ -341,7 +368,8 @@ class SqliteStore(IdempotencyStore):
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
                                check_same_thread=False)  # used by its thread only; closed by close()
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = _while_locked(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0],
+                                 self.busy_timeout_s)
             if str(mode).lower() != "wal":
                 raise InvalidConfig(f"{self.path}: journal_mode is {mode!r}, WAL is required")
             conn.execute("PRAGMA synchronous=FULL")

@@ -267,3 +267,36 @@ def test_sqlite_write_lock_wait_is_bounded_by_the_busy_timeout(tmp_path):
     with store.transaction() as txn:  # the failed one left the lock free
         assert txn.claim(2)
     store.close()
+
+
+def test_a_step_refused_as_locked_is_tried_again_until_it_passes():
+    tries = []
+
+    def step():
+        tries.append(1)
+        if len(tries) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "wal"
+
+    assert idempotency._while_locked(step, 5.0) == "wal"
+    assert len(tries) == 3
+
+
+def test_a_step_still_locked_at_its_deadline_raises_and_other_errors_at_once():
+    tries = []
+
+    def locked():
+        tries.append(1)
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        idempotency._while_locked(locked, 0.0)
+    assert len(tries) == 1
+
+    def broken():
+        tries.append(1)
+        raise sqlite3.OperationalError("no such table: x")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        idempotency._while_locked(broken, 5.0)
+    assert len(tries) == 2

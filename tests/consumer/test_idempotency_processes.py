@@ -93,3 +93,41 @@ def test_two_worker_processes_of_8_threads_on_one_sqlite_store_fail_no_attempt(t
     assert sorted(r[2] for r in rows) == list(range(JOBS))     # one writer at a time
     assert "database is locked" not in log_text and " failed" not in log_text, log_text[-3000:]
     assert [w.returncode for w in workers] == [0, 0], log_text[-3000:]
+
+
+def _open_store_once(path: str, barrier, results) -> None:
+    from shardq.consumer.idempotency import SqliteStore
+    barrier.wait()
+    try:
+        SqliteStore(path).close()
+        results.put("")
+    except Exception as e:  # noqa: BLE001 - any error is reported to the test, which names it
+        results.put(repr(e))
+
+
+def test_processes_opening_a_new_store_in_the_same_instant_all_open_it(tmp):
+    """The switch to WAL takes an exclusive lock that SQLite refuses at once, without its
+    busy handler, to a process opening the file in the same instant: before the fix about
+    one round in three failed here with ``database is locked``."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(12):
+        db = os.path.join(tmp, f"new-{round_}.sqlite")
+        con = sqlite3.connect(db)  # a handler's database, in the default rollback journal
+        con.execute("CREATE TABLE effects (job_id TEXT PRIMARY KEY)")
+        con.commit()
+        con.close()
+        barrier, results = ctx.Barrier(8), ctx.Queue()
+        procs = [ctx.Process(target=_open_store_once, args=(db, barrier, results))
+                 for _ in range(8)]
+        for p in procs:
+            p.start()
+        errors = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert [e for e in errors if e] == [], f"round {round_}"
+        assert [p.exitcode for p in procs] == [0] * 8
+        con = sqlite3.connect(db)
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        con.close()
