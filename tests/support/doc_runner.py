@@ -54,6 +54,7 @@ import tomllib
 import psutil
 
 from support.doc_blocks import Block, matches
+from support.service import poll_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK_TIMEOUT_S = 60.0
@@ -146,10 +147,7 @@ def end_session(sid: int, grace_s: float = 5.0) -> list[int]:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace_s
-        while session_pids(sid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not session_pids(sid):
+        if poll_until(lambda: not session_pids(sid), time.monotonic() + grace_s, 0.02):
             break
     return left
 
@@ -178,12 +176,11 @@ class Sandbox:
             self.service = subprocess.Popen([self.path(".venv/bin/shardq"), "serve"], cwd=self.root,
                                             env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not catches_sigterm(self.service.pid):
-            if self.service.poll() is not None or time.monotonic() > deadline:
-                self.stop_service()
-                raise ExampleFailed(f"`.venv/bin/shardq serve` did not start:\n{self.service_tail()}")
-            time.sleep(0.02)
+        service = self.service
+        if not poll_until(lambda: service.poll() is not None or catches_sigterm(service.pid),
+                          time.monotonic() + READY_TIMEOUT_S, 0.02) or service.poll() is not None:
+            self.stop_service()
+            raise ExampleFailed(f"`.venv/bin/shardq serve` did not start:\n{self.service_tail()}")
 
     def stop_service(self) -> None:
         """SIGTERM the supervisor, record its exit status, end whatever it left by PID."""
@@ -328,14 +325,17 @@ class Sandbox:
 
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
-            while (main := _command_process(proc.pid)) is None or not catches_sigterm(main.pid):
+
+            def ready():
                 if proc.poll() is not None:
                     raise ExampleFailed(f"{block.where}: `{line}` exited {proc.returncode} before it "
                                         f"was ready" + _show(line, output()))
-                if time.monotonic() > deadline:
-                    raise ExampleFailed(f"{block.where}: `{line}` not ready after {READY_TIMEOUT_S:.0f} s"
-                                        + _show(line, output()))
-                time.sleep(0.02)
+                main = _command_process(proc.pid)
+                return main if main is not None and catches_sigterm(main.pid) else None
+            main = poll_until(ready, deadline, 0.02)
+            if main is None:
+                raise ExampleFailed(f"{block.where}: `{line}` not ready after {READY_TIMEOUT_S:.0f} s"
+                                    + _show(line, output()))
             if long_running(line) == "worker":
                 self._wait_queue_settled(block, line, deadline)
             main.send_signal(signal.SIGTERM)
@@ -357,13 +357,14 @@ class Sandbox:
         data_dir = _flag(argv, "--data-dir") or _flag(argv, "--connect")
         if data_dir is not None and os.path.abspath(self.path(data_dir)) != self.path("var/shardq"):
             return  # another service: nothing to look at
-        while True:
-            counts = self.client().stats()["queues"].get(queue, {})
-            if not counts.get("ready") and not counts.get("in_flight"):
-                return
-            if time.monotonic() > deadline:
-                raise ExampleFailed(f"{block.where}: `{line}` left {counts} in queue {queue!r}")
-            time.sleep(0.05)
+        counts: dict = {}
+
+        def settled() -> bool:
+            counts.clear()
+            counts.update(self.client().stats()["queues"].get(queue, {}))
+            return not counts.get("ready") and not counts.get("in_flight")
+        if not poll_until(settled, deadline, 0.05):
+            raise ExampleFailed(f"{block.where}: `{line}` left {counts} in queue {queue!r}")
 
     # ---------------------------------------------------------------- end
     def close(self) -> None:

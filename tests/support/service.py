@@ -23,16 +23,23 @@ def short_tmpdir(prefix: str = "sq") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.01, what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
+def poll_until(predicate, deadline: float, interval: float = 0.01):
+    """Poll ``predicate`` until it returns a truthy value (returned) or the monotonic
+    ``deadline`` passes (its last value is returned). The one sleeping poll of the tests:
+    every wait on another process's progress goes through here or :func:`wait_until`."""
     while True:
         value = predicate()
-        if value:
+        if value or time.monotonic() > deadline:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.01, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (AssertionError)."""
+    value = poll_until(predicate, time.monotonic() + timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value
 
 
 class Service:
@@ -195,16 +202,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            p = psutil.Process(pid)
-            if p.status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.01)
+    poll_until(lambda: _gone(pid), time.monotonic() + timeout)
 
 
 def _to_toml(cfg: dict) -> str:
