@@ -14,8 +14,12 @@ The mapping (docs/scale-out.md has the full table):
 * **Fencing.** An ack/nack/extend is refused locally with ``LeaseLost`` once the lease's
   deadline has passed (the local deadline is taken before the receive is sent, so it is
   never later than SQS's), or when this client already acked it (``JobGone``); SQS's own
-  invalid-receipt-handle errors also map to ``LeaseLost``. So the fence holds even on
-  servers that accept stale receipt handles.
+  invalid-receipt-handle errors also map to ``LeaseLost``. So the fence on an ack, nack or
+  extend holds even on servers that accept stale receipt handles. One step relies on the
+  server: a receive answered later than half the visibility (a long poll, or a process
+  stopped meanwhile) restarts the visibility before handing out, and a message another
+  consumer received in between is refused there because its handle is stale (AWS refuses
+  it; moto does not, so the tests' moto is made to).
 * Refused with :class:`~shardq.errors.Unsupported`: a per-job ``delay`` and a non-zero
   ``priority`` (SQS FIFO has neither), a ``nack`` delay past SQS's 12 h visibility limit,
   purging chosen dead letters by job id.

@@ -131,6 +131,67 @@ def test_ack_after_the_local_deadline_is_refused_without_a_request(q):
     assert sum(counts.values()) == 0
 
 
+class _LateClock:
+    """The client's clock, moved on by ``shift`` seconds the moment a receive is answered:
+    a long poll answered late, or a process stopped (SIGSTOP) while it was answered."""
+
+    def __init__(self, clock, api, shift: float):
+        self.clock, self.late = clock, 0.0
+        real = api.call
+
+        def call(op, **kw):
+            answer = real(op, **kw)
+            if op == "receive_message":
+                self.late = shift
+            return answer
+        api.call = call
+
+    def now(self) -> float:
+        return self.clock.now() + self.late
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic() + self.late
+
+
+def test_a_receive_answered_late_but_within_its_deadline_restarts_the_visibility(q):
+    q.enqueue(b"x")
+    q._clock = _LateClock(q._clock, q.api, 1.2)  # over half the 2 s visibility, under its margin
+    counts = count_requests(q)
+    before = time.time()
+    lease = q.dequeue(wait=1)
+    assert lease is not None and lease.body == b"x"
+    assert counts["ChangeMessageVisibilityBatch"] == 1
+    assert lease.deadline >= before + 1.2 + 2  # counted from the change, on the client's clock
+    q.ack(lease)
+
+
+def test_a_receive_answered_after_another_consumer_took_the_message_hands_out_nothing(q, target):
+    """Found by the worker-fault run: a worker stopped (SIGSTOP) while its receive was
+    answered wakes past the visibility timeout, after SQS handed the message to another
+    consumer. Restarting the visibility with its stale handle must fail (AWS refuses it; the
+    tests' moto is made to), and the message must not be handed out a second time."""
+    q.enqueue(b"x", key="k")
+    with shardq.connect(target) as other:
+        real = q.api.call
+        taken = []
+
+        def call(op, **kw):
+            answer = real(op, **kw)
+            if op == "receive_message" and answer.get("Messages") and not taken:
+                # held back until the visibility (2 s) ends and another consumer takes it
+                taken.append(wait_until(lambda: other.dequeue(wait=1), 10, 0, "the redelivery"))
+            return answer
+
+        q.api.call = call
+        counts = count_requests(q)
+        assert q.dequeue(wait=1) is None
+        assert counts["ChangeMessageVisibilityBatch"] == 1  # tried, and refused
+        (lease,) = taken
+        assert (lease.body, lease.attempt) == (b"x", 2)
+        assert q.dequeue() is None  # still held by the other consumer, not by q
+        other.ack(lease)
+
+
 def test_server_side_invalid_handle_is_lease_lost_per_entry(q):
     q.enqueue_many([{"body": b"a"}, {"body": b"b"}])
     leases = q.dequeue_many(max_jobs=2, wait=1)

@@ -7,16 +7,20 @@ stall the server past a deadline. A child process is also reachable the same way
 ``shardq worker`` subprocesses the tests SIGKILL, and it is ended by PID whatever happens.
 It binds port 0; the port is read from its startup line, so parallel sessions never collide.
 
-Two changes to moto, made when this file runs as the server. One: **ReceiveMessage is made atomic
+Three changes to moto, made when this file runs as the server. One: **ReceiveMessage is made atomic
 per queue**. moto's is not: two receives running at once in its threaded server can both
 see a message group as free and hand it, even the same message, to two consumers (AWS
 never does). No client can undo that, and the races made the several-consumer tests fail
 now and then, so the server is started with a per-queue lock around ReceiveMessage.
 A second: **a visibility timeout changed to 0 makes the message visible at once**, as on AWS;
 moto compares the clock with ``>`` and, when two reads return the same value, keeps the
-message pending, which reorders its group's redelivery. Everything else moto answers is moto
-as shipped; its deterministic differences from AWS are the strict xfail cases (docs/scale-out.md
-lists both). Two more changes only make the server faster (every SQS test waits on it):
+message pending, which reorders its group's redelivery. A third: **ChangeMessageVisibility
+takes only the message's latest receipt handle**, as on AWS; moto takes any handle the message
+ever had, so a consumer stopped while its receive was answered, which restarts the visibility
+as it wakes, held the message beside the consumer it went to meanwhile (a double lease that
+``shardq verify --target`` found). Everything else moto answers is moto as shipped; its
+deterministic differences from AWS are the strict xfail cases (docs/scale-out.md lists them
+and the three changes). Two more changes only make the server faster (every SQS test waits on it):
 requests are routed without listing moto's package directory each time, and the clock is
 read with ``time.time()``, the same seconds moto's datetime arithmetic computes, several
 times per message held on every request.
@@ -125,8 +129,8 @@ def raw_client(target: str):
 
 
 def serve_with_atomic_receive(argv: list[str]) -> None:
-    """Run ``moto.server`` with ReceiveMessage atomic per queue and the two speed-ups (see the
-    module docstring).
+    """Run ``moto.server`` with ReceiveMessage atomic per queue, the two other fixes and the
+    two speed-ups (see the module docstring).
     The scan runs under the queue's lock; a long poll waits outside it, as moto's own loop
     does between scans, so one waiting consumer never holds up another."""
     import threading
@@ -155,6 +159,20 @@ def serve_with_atomic_receive(argv: list[str]) -> None:
     # twice (about 1 in 10 nacks here) the message stays "pending", and moto's receive then
     # hands out the group's last pending message before its head.
     models.Message.visible = property(lambda self: models.unix_time_millis() >= self.visible_at)
+
+    # ChangeMessageVisibility takes only the message's latest receipt handle (AWS: each
+    # receive issues a new handle and the old one is invalid). moto takes any handle the
+    # message ever had, so a consumer that was stopped while its receive was answered, and
+    # restarts the visibility as it wakes, held the message beside its next consumer.
+    change_visibility = models.SQSBackend.change_message_visibility
+
+    def change_visibility_of_latest(self, queue_name, receipt_handle, visibility_timeout):
+        for message in self.get_queue(queue_name)._messages:
+            if message.had_receipt_handle(receipt_handle) and message.receipt_handle != receipt_handle:
+                raise models.ReceiptHandleIsInvalid
+        return change_visibility(self, queue_name, receipt_handle, visibility_timeout)
+
+    models.SQSBackend.change_message_visibility = change_visibility_of_latest
 
     locks: defaultdict = defaultdict(threading.Lock)
     guard = threading.Lock()
