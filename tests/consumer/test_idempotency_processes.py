@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from shardq.consumer.idempotency import SqliteStore
 from support.doc_runner import catches_sigterm
 from support.service import REPO, Service, short_tmpdir, wait_until
 
@@ -96,7 +97,6 @@ def test_two_worker_processes_of_8_threads_on_one_sqlite_store_fail_no_attempt(t
 
 
 def _open_store_once(path: str, barrier, results) -> None:
-    from shardq.consumer.idempotency import SqliteStore
     barrier.wait()
     try:
         SqliteStore(path).close()
@@ -111,7 +111,7 @@ def test_processes_opening_a_new_store_in_the_same_instant_all_open_it(tmp):
     one round in three failed here with ``database is locked``."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("fork")  # a child only opens a file and answers on a queue
     for round_ in range(12):
         db = os.path.join(tmp, f"new-{round_}.sqlite")
         con = sqlite3.connect(db)  # a handler's database, in the default rollback journal
