@@ -495,13 +495,13 @@ class AsyncQueue:
     async def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
         await self._call(*res.progress_call(lease, fraction, note, self.shards))
 
-    async def results(self, job_ids: list[JobId]) -> list[res.JobResult]:
+    async def results(self, job_ids: list[JobId], sizes: bool = False) -> list[res.JobResult]:
         job_ids = list(job_ids)
-        calls, where = res.result_calls(job_ids, self.shards)
+        calls, where = res.result_calls(job_ids, self.shards, sizes)
         entries = res.in_order(len(job_ids), where, [v for v, _ in await self._call_all(calls)] if calls else [])
         out = []
         for job_id, entry in zip(job_ids, entries):
-            got, withheld = res.job_result(job_id, entry)  # type: ignore[arg-type]  # this backend's ids are ints
+            got, withheld = res.job_result(job_id, entry, sizes)  # type: ignore[arg-type]  # this backend's ids are ints
             if withheld:
                 alone = await self._call(job_shard(job_id, self.shards), "result", [[job_id]])
                 got, _ = res.job_result(job_id, alone[0])  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ class JobResult(NamedTuple):
     fraction: float | None
     note: str | None
     expires_at: float | None
+    value_bytes: int | None = None  # the value's length (also when only sizes were read: value None)
 
 
 def barrier_shard(shards: int, barrier_id: str) -> int:
@@ -59,9 +60,9 @@ def progress_call(lease: Lease, fraction: float | None, note: str | None, shards
     return Call(lease_shard(lease, shards), "progress", [lease.job_id, lease.token, fraction, note])
 
 
-def result_calls(job_ids: list[Any], shards: int) -> tuple[list[Call], list[list[int]]]:
-    """One ``result`` call per shard (at most ``BATCH_JOBS_MAX`` ids each) and, per call,
-    the positions in ``job_ids`` its entries answer."""
+def result_calls(job_ids: list[Any], shards: int, sizes: bool = False) -> tuple[list[Call], list[list[int]]]:
+    """One ``result`` call per shard (at most ``BATCH_JOBS_MAX`` ids each; ``result_sizes``
+    with ``sizes``) and, per call, the positions in ``job_ids`` its entries answer."""
     by_shard: dict[int, list[int]] = {}
     for i, job_id in enumerate(job_ids):
         by_shard.setdefault(job_shard(job_id, shards), []).append(i)
@@ -69,18 +70,23 @@ def result_calls(job_ids: list[Any], shards: int) -> tuple[list[Call], list[list
     for shard, positions in sorted(by_shard.items()):
         for start in range(0, len(positions), limits.BATCH_JOBS_MAX):
             part = positions[start:start + limits.BATCH_JOBS_MAX]
-            calls.append(Call(shard, "result", [[job_ids[i] for i in part]]))
+            calls.append(Call(shard, "result_sizes" if sizes else "result", [[job_ids[i] for i in part]]))
             where.append(part)
     return calls, where
 
 
-def job_result(job_id: int, entry: Any) -> tuple[JobResult, bool]:
-    """One reply entry as a JobResult, and whether its value was withheld (ask again for
-    that job alone)."""
+def job_result(job_id: int, entry: Any, sizes: bool = False) -> tuple[JobResult, bool]:
+    """One reply entry (of ``result``, or of ``result_sizes`` with ``sizes``) as a
+    JobResult, and whether its value was withheld (ask again for that job alone)."""
     if type(entry) is not list or len(entry) != len(RESULT_FIELDS):
         raise ProtocolError(f"result: malformed entry for job {job_id}")
     state, value, error, attempts, fraction, note, expires_at, withheld = entry
-    return JobResult(job_id, state, value, error, attempts, fraction, note, expires_at), bool(withheld)
+    if sizes:
+        if value is not None and (type(value) is not int or value < 0):
+            raise ProtocolError(f"result_sizes: malformed size for job {job_id}")
+        return JobResult(job_id, state, None, error, attempts, fraction, note, expires_at, value), False
+    return (JobResult(job_id, state, value, error, attempts, fraction, note, expires_at,
+                      None if value is None else len(value)), bool(withheld))
 
 
 def barrier_id(value: Any) -> str:

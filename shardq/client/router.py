@@ -750,16 +750,17 @@ class Router:
         """Record how far ``lease``'s job got (durably; shown by ``results`` and ``job``)."""
         self._call(*res.progress_call(lease, fraction, note, self.shards))
 
-    def results(self, job_ids: list[int]) -> list[res.JobResult]:
+    def results(self, job_ids: list[int], sizes: bool = False) -> list[res.JobResult]:
         """Each job's outcome (:class:`~shardq.client.results.JobResult`), in order: one
         call per shard; a value left out to keep a reply under the frame limit is asked
-        for again alone."""
+        for again alone. With ``sizes``, only each value's length is read (``value_bytes``;
+        ``value`` is None)."""
         job_ids = list(job_ids)
-        calls, where = res.result_calls(job_ids, self.shards)
+        calls, where = res.result_calls(job_ids, self.shards, sizes)
         entries = res.in_order(len(job_ids), where, [v for v, _ in self._call_many(calls)] if calls else [])
         out = []
         for job_id, entry in zip(job_ids, entries):
-            got, withheld = res.job_result(job_id, entry)
+            got, withheld = res.job_result(job_id, entry, sizes)
             if withheld:
                 got, _ = res.job_result(job_id, self._call(job_shard(job_id, self.shards), "result", [[job_id]])[0])
             out.append(got)

@@ -45,6 +45,8 @@ result         [[job_id, ...]]                                        [[state, v
                                                                       attempts, fraction,
                                                                       note, expires_at,
                                                                       withheld], ...]
+result_sizes   [[job_id, ...]]                                        as result's, each value
+                                                                      its length (an int)
 arrive         [barrier_id, index, total, value: bytes, ttl_s,        "counted" | "repeated"
                 callback: [body, key, queue, delay, priority]]        | "fired" | "cancelled"
 arrive_many    [[[barrier_id, index, total, value, ttl_s, callback],  [outcome as arrive's
@@ -79,7 +81,8 @@ put_result to workflow_ids are the results and workflow ops (``shardq/shard/resu
 and ``shardq/shard/workflows.py``, docs/design.md "Workflows and results"): ``put_result``
 and ``progress`` are fenced by the lease token like an ack; a ``result`` row is
 :class:`ResultRow` (``withheld``: the value was left out to keep the reply within
-``limits.REPLY_BYTES_MAX``: ask for that id alone); an ``arrive`` that completes its
+``limits.REPLY_BYTES_MAX``: ask for that id alone), and a ``result_sizes`` row is the same
+with the value's length in bytes in place of the value (never withheld); an ``arrive`` that completes its
 barrier enqueues the callback in the same commit;
 ``arrive_many`` is that for each of up to ``limits.BATCH_JOBS_MAX`` arrivals, answered one
 by one (an arrival refused leaves the others counted, as an ``ack`` of many does). Each may
@@ -159,10 +162,11 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("set_limits", ("queue", "values"), RESEND, "_set_limits"),
     # Results and workflows (shardq/shard/results.py). put_result and progress set the same
     # value again; a re-sent arrive finds its index counted ("repeated") and changes nothing;
-    # cancel_barrier is idempotent; result, barrier and barrier_values only read.
+    # cancel_barrier is idempotent; result, result_sizes, barrier and barrier_values only read.
     Request("put_result", ("job_id", "token", "value", "ttl_s"), RESEND, "_put_result"),
     Request("progress", ("job_id", "token", "fraction", "note"), RESEND, "_progress"),
     Request("result", ("job_ids",), RESEND, "_result"),
+    Request("result_sizes", ("job_ids",), RESEND, "_result_sizes"),
     Request("arrive", ("barrier_id", "index", "total", "value", "ttl_s", "callback"), RESEND, "_arrive"),
     Request("arrive_many", ("arrivals",), RESEND, "_arrive_many"),
     Request("barrier", ("barrier_ids",), RESEND, "_barrier"),
@@ -225,7 +229,7 @@ class DeadRow(NamedTuple):
 class ResultRow(NamedTuple):
     """One job in a ``result`` reply, a msgpack array in this order."""
     state: str                 # "succeeded", a live job's state ("waiting", ..., "dead"), or "gone"
-    value: bytes | None        # succeeded: the result (None when withheld)
+    value: bytes | int | None  # succeeded: the result (None when withheld; its length for result_sizes)
     error: str | None          # a live job: its last error
     attempts: int | None       # a live job: its deliveries so far
     fraction: float | None     # a live job: its progress

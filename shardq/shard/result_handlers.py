@@ -39,6 +39,9 @@ class ResultHandlers:
     def _result(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[ResultRow]:
         return self.state.results_of(args[0], now)
 
+    def _result_sizes(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[ResultRow]:
+        return self.state.results_of(args[0], now, sizes=True)
+
     def _arrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
         barrier_id, index, total, value, ttl_s, callback = args
         return self.state.arrive(barrier_id, index, total, value, ttl_s, callback, now)

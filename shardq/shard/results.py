@@ -149,13 +149,16 @@ class ResultOps(StateCore):
         if jid in self.jobs:  # (a salvaged log may hold the progress of a job it lost)
             self.progress[jid] = (fraction, note)
 
-    def results_of(self, job_ids: list[int], now: float) -> list[ResultRow]:
+    def results_of(self, job_ids: list[int], now: float, sizes: bool = False) -> list[ResultRow]:
         """One row per id, in order: ``succeeded`` with the value while a result is kept
         (also for a job not yet acked), else the live job's state with its last error, its
         deliveries and its progress, else ``gone``. The values together stay within
         ``limits.REPLY_BYTES_MAX``: one that would pass it is left out (``withheld``; its
-        caller asks for that id alone, and one value always fits). InvalidJob for more
-        than ``limits.BATCH_JOBS_MAX`` ids, or an id that is not an int of this shard."""
+        caller asks for that id alone, and one value always fits). With ``sizes`` a row
+        holds its value's length in bytes instead of the value (the ``result_sizes``
+        request: a look at a workflow of many large results reads none of them), and
+        nothing is withheld. InvalidJob for more than ``limits.BATCH_JOBS_MAX`` ids, or an
+        id that is not an int of this shard."""
         if type(job_ids) not in (list, tuple) or len(job_ids) > limits.BATCH_JOBS_MAX:
             raise InvalidJob(f"result: expected a list of at most {limits.BATCH_JOBS_MAX} job ids")
         for jid in job_ids:
@@ -170,7 +173,8 @@ class ResultOps(StateCore):
             kept = results.get(jid)
             job = jobs.get(jid)
             if kept is not None and kept[1] > now:
-                rows.append(ResultRow(SUCCEEDED, kept[0], None, None, None, None, kept[1], False))
+                rows.append(ResultRow(SUCCEEDED, len(kept[0]) if sizes else kept[0], None, None, None, None,
+                                      kept[1], False))
                 room -= _ROW_FIXED_BYTES
             elif job is not None and job.state is not None:
                 error = errors.get(jid)
@@ -183,7 +187,7 @@ class ResultOps(StateCore):
         # The rows without their values always fit (BATCH_JOBS_MAX rows with every text at its
         # limit take about 26 MiB); the values fill what is left, in order.
         for i, row in enumerate(rows):
-            if row.value is not None:
+            if type(row.value) is bytes:
                 if len(row.value) <= room:
                     room -= len(row.value)
                 else:

@@ -395,7 +395,7 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
             if state == "gone" and step.reports is not None:
                 state = _reported_state(step.reports, barriers)
             row.update(state=state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
-                       result_bytes=None if r.value is None else len(r.value))
+                       result_bytes=r.value_bytes)
         else:
             b = barriers.get(step.barrier) if step.barrier is not None else None
             state = "cancelled" if b and b.get("cancelled") else "pending"
@@ -576,12 +576,13 @@ class Workflow:
 
     # ------------------------------------------------------------------ looking
     def _look(self, q, every: bool = True) -> tuple[list[int | None], dict[int, Any], dict]:
-        """Each step's job, the outcomes of every step's job (``every``) or of the ones
-        ``result()`` watches, and the barriers' states."""
+        """Each step's job, the outcomes of every step's job (``every``: their values'
+        sizes only) or of the ones ``result()`` watches (with their values), and the
+        barriers' states."""
         barriers = dict(zip(self.barriers, q.barriers(self.barriers))) if self.barriers else {}
         jobs = step_jobs(self.steps, self.first_ids, barriers)
         known = [j for j in jobs if j is not None] if every else watched(self.steps, jobs, barriers, self.finals)
-        results = {r.job_id: r for r in q.results(known)} if known else {}
+        results = {r.job_id: r for r in q.results(known, sizes=every)} if known else {}
         return jobs, results, barriers
 
     async def _alook(self, q) -> tuple[list[int | None], dict[int, Any], dict]:

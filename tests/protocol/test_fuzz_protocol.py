@@ -94,6 +94,7 @@ TEMPLATES = {
     "put_result": [1 << 10, 1, b"value", 60.0],
     "progress": [1 << 10, 1, 0.5, "note"],
     "result": [[1 << 10, 2 << 10]],
+    "result_sizes": [[1 << 10, 2 << 10]],
     "arrive": ["fz.b", 0, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]],
     "arrive_many": [[["fz.d", 0, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]],
                      ["fz.d", 1, 2, b"value", 60.0, [b"cb", "fz-key", "fuzzq", 0, 0]]]],

@@ -47,6 +47,11 @@ def test_results_progress_and_a_barrier_over_the_wire_survive_a_kill_and_a_resta
         assert raw.call("result", [job_id, other]) == [
             ["succeeded", big, None, None, None, None, pytest.approx(time.time() + 3600.0, abs=120), False],
             ["gone", None, None, None, None, None, None, False]]
+        assert raw.call("result_sizes", [job_id, other]) == [
+            ["succeeded", limits.RESULT_BYTES_MAX, None, None, None, None,
+             pytest.approx(time.time() + 3600.0, abs=120), False],
+            ["gone", None, None, None, None, None, None, False]]
+        assert raw.error("result_sizes", [(5 << 10) | 1])[0] == "InvalidJob"
         assert raw.error("put_result", job_id, token + 1, b"v", 60.0)[0] == "LeaseLost"
         assert raw.error("put_result", job_id, token, b"v" * (limits.RESULT_BYTES_MAX + 1), 60.0)[0] == "InvalidJob"
         assert raw.error("result", [(5 << 10) | 1])[0] == "InvalidJob"   # shard 1's job

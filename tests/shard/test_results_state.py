@@ -272,6 +272,28 @@ def test_result_values_past_the_reply_limit_are_withheld_and_each_comes_alone():
             assert row.value == bytes([i]) * limits.RESULT_BYTES_MAX
 
 
+def test_result_sizes_answer_every_values_length_in_one_reply_with_none_withheld():
+    """result_sizes (what a look at a workflow reads): the same rows with each value's
+    length, the 65 MiB of values that result withholds answered in one small reply."""
+    s = Shard()
+    n = limits.REPLY_BYTES_MAX // limits.RESULT_BYTES_MAX + 2
+    ids = []
+    for i in range(n):
+        jid, token = s.leased_job()
+        s.run("put_result", jid, token, bytes([i]) * (limits.RESULT_BYTES_MAX - i), 600.0)
+        s.run("ack", jid, token)
+        ids.append(jid)
+    live, _ = s.leased_job()
+    rows = s.state.results_of(ids + [live], s.now, sizes=True)  # reads only: nothing to log
+    assert [r.value for r in rows[:n]] == [limits.RESULT_BYTES_MAX - i for i in range(n)]
+    assert not any(r.withheld for r in rows) and {r.state for r in rows[:n]} == {"succeeded"}
+    assert rows[n].state == "leased" and rows[n].value is None
+    plain = s.state.results_of(ids + [live], s.now)
+    assert [r._replace(value=None, withheld=False) for r in rows] == \
+        [r._replace(value=None, withheld=False) for r in plain]  # the same rows but for the values
+    assert len(msgpack.packb([[1, 0, rows]])) < 64 * 1024
+
+
 # ---------------------------------------------------------------------------- progress
 def test_progress_is_checked_kept_while_live_and_dropped_when_the_job_leaves():
     s = Shard()

@@ -110,8 +110,19 @@ def test_a_chord_callback_gets_every_result_in_member_order_once(fresh):
     drain(fresh)
     assert wf.result(timeout=10) == {"label": "total", "results": [d * 10 for d in range(members)]}
     assert calls == [[d * 10 for d in range(members)]]
-    rows = wf.status()
+    q = fresh.queue
+    sent: list[str] = []
+    many = q._call_many
+    q._call_many = lambda calls, **kw: sent.extend(op for _s, op, _a in calls) or many(calls, **kw)
+    try:
+        rows = wf.status()
+    finally:
+        del q._call_many
     assert len(rows) == members + 1 and all(r["state"] == "succeeded" for r in rows)
+    assert "result" not in sent and "result_sizes" in sent  # a look reads sizes, no value
+    values = q.results([r["job_id"] for r in rows])
+    assert [r["result_bytes"] for r in rows] == [None if v.value is None else len(v.value) for v in values]
+    assert rows[-1]["result_bytes"] is not None
 
 
 def test_a_group_after_a_step_and_a_step_after_it(fresh):
