@@ -376,6 +376,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
             lws[:] = [w for w in lws if w[0] is not conn]
 
     def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float) -> Reply | _Deferred:
+        """One request's reply. No request ends the shard but a broken invariant: an
+        ``OSError`` of a handler's own I/O (``stats`` lists the log directory, which fails
+        with EMFILE when descriptors run out) answers ``ShardUnavailable`` and the shard
+        goes on. A failed log write is not one of these: the log raises ``LogFailed``,
+        from the committer, which stops the shard (exit 4) as before."""
+        ops_before = len(self.state._ops)
         try:
             handler = self._handlers.get(op)
             if handler is None or type(args) is not list or len(args) != _ARITY[op]:
@@ -389,6 +395,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             # A shape the validators did not foresee: the request is bad, not the shard.
             return [rid, protocol.ERR, ["ProtocolError", f"{op}: malformed arguments ({type(e).__name__})"]]
+        except OSError as e:
+            if len(self.state._ops) != ops_before:
+                raise  # half applied: only a restart and a replay make the state whole again
+            log.warning("%s failed, answered with an error: %s", op, e)
+            return [rid, protocol.ERR, ["ShardUnavailable",
+                                        f"shard {self.shard.shard_index} could not answer {op}: {e}"]]
 
     # ------------------------------------------------------------------ handlers
     def _enqueue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[int]:

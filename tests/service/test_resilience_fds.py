@@ -9,6 +9,7 @@ old connections and the supervisor's pings.
 """
 from __future__ import annotations
 
+import os
 import resource
 import threading
 
@@ -68,3 +69,55 @@ def test_a_shard_out_of_descriptors_accepts_again_once_the_flood_ends():
         wait_until(lambda: open_fds(pid) < FDS // 2, 10, 0.05, "the flood's descriptors to be freed")
         with shardq.connect(svc.data_dir, retry_s=5) as q:
             assert q.ping() == [pid]
+
+
+def _flood(sock: str, key: bytes, n: int) -> list:
+    conns, lock = [], threading.Lock()
+
+    def connect():
+        try:
+            c = connect_unix(sock, key, timeout=3)
+        except (OSError, EOFError, Exception):  # noqa: BLE001 - any failure to connect is expected here
+            return
+        with lock:
+            conns.append(c)
+
+    threads = [threading.Thread(target=connect) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return conns
+
+
+def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_serves_on():
+    """Issue 44, item 13: ``stats`` lists the log directory (``wal_disk_bytes``); out of
+    descriptors that fails with EMFILE, which ended the shard (exit 1, a restart). The
+    request is answered with an error instead, and the same process serves the next."""
+    with Service(shards=1) as svc:
+        pid = svc.shard_pids()[0]
+        dd = DataDir(svc.data_dir)
+        with svc.connect(retry_s=10) as q:
+            assert q.stats()["shards"][0]["pid"] == pid  # connected before the flood
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (FDS, FDS))
+            conns = _flood(dd.socket_path(0), dd.authkey(), FLOOD)
+            try:
+                # Whatever the flood left free, none now: the next descriptor is over the limit.
+                used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+                lowest_free = min(set(range(FDS + 1)) - used)
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, FDS))
+                shard = q.stats()["shards"][0]
+                assert shard["available"] is False
+                assert "Too many open files" in shard["error"] and "stats" in shard["error"]
+            finally:
+                for c in conns:
+                    c.close()
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (FDS, FDS))
+            assert q.ping() == [pid], "the shard must not have exited"
+            shard = q.stats()["shards"][0]
+            assert shard["available"] and shard["pid"] == pid and shard["wal_disk_bytes"] > 0
+            jid = q.enqueue(b"served on")
+            lease = q.dequeue()
+            assert lease.job_id == jid
+            q.ack(lease)
+        assert "stats failed, answered with an error" in svc.tail(400)
