@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import secrets
+import shlex
 import shutil
 from dataclasses import dataclass
 
@@ -54,6 +55,15 @@ class Restored:
     service_id: str
     manifest: Manifest
     shards: tuple[RestoredShard, ...]
+
+    def serve_command(self, config: str | None = None) -> str:
+        """The ``shardq serve`` that starts on the restored data dir *beside* the service
+        still running on the original, to check the copy before switching: its own data
+        dir and sockets, and its HTTP listener on any free port (printed at start), so
+        the port of the running service is not in the way."""
+        argv = ["shardq", "serve", "--data-dir", self.path, "--shards", str(self.manifest.shards),
+                "--http-listen", "127.0.0.1:0"]
+        return shlex.join(argv + (["--config", config] if config else []))
 
 
 def restore(backup_dir: str, data_dir: str) -> Restored:

@@ -58,6 +58,7 @@ def run_restore(args) -> int:
     for s in r.shards:
         print(f"shard {s.cut.shard}: {files(len(s.cut.files))}, {s.records} records verified; "
               f"{s.jobs} jobs as of the cut at {when(s.cut.time)}")
+    serve = r.serve_command(args.config and os.path.abspath(args.config))
     print(f"restored {r.manifest.shards} shards into {r.path} (service id {r.service_id}, restored from "
-          f"{r.manifest.service_id}); start it with: shardq serve --data-dir {r.path} --shards {r.manifest.shards}")
+          f"{r.manifest.service_id}); check it beside the running service with: {serve}")
     return exits.OK

@@ -1,14 +1,25 @@
 """``shardq serve``: run the shard supervisor in the foreground, and its HTTP listener
 (metrics and web console; ``[http] listen``, on by default on loopback).
 
+The listener's address is, first to last: ``--http-listen``, ``SHARDQ_HTTP_LISTEN``, the
+config's ``[http] listen``; ``""`` turns it off. It is bound once the data dir is checked
+and locked, before any shard starts: a port that is taken stops ``serve`` at once (exit 5,
+naming the port, the process holding it when psutil can tell, and the flag), never after
+it has said it is ready.
+
 Under a service manager (``NOTIFY_SOCKET``, systemd's ``Type=notify``) it speaks sd_notify
 (:mod:`shardq.service.notify`). SIGTERM/SIGINT stop it cleanly (exit 0 within
 ``STOP_GRACE_S`` + 5 s); SIGHUP reloads the config file (docs/operations.md, "Signals")."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
+import os
 import sys
 
+from ..config import Config, split_listen
+from ..errors import InvalidConfig
 from . import common
 
 log = logging.getLogger("shardq.supervisor")
@@ -17,26 +28,56 @@ log = logging.getLogger("shardq.supervisor")
 def register(sub, parent) -> None:
     s = sub.add_parser("serve", parents=[parent], help="run the shard supervisor (the service)")
     s.add_argument("--shards", type=int, help="number of shards (default: config; 0 = one per two CPUs)")
+    s.add_argument("--http-listen", type=_listen_arg, metavar="HOST:PORT",
+                   help='where the metrics and console listen, over [http] listen and SHARDQ_HTTP_LISTEN '
+                        '(port 0: any free port; "" turns the listener off)')
     s.set_defaults(fn=run)
+
+
+def _listen_arg(text: str) -> str:
+    if text:
+        try:
+            split_listen(text, "--http-listen")
+        except InvalidConfig as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def with_listen(cfg: Config, flag: str | None, env=os.environ) -> Config:
+    """``cfg`` with the listen address of ``--http-listen`` (``flag``), else of
+    ``SHARDQ_HTTP_LISTEN``, when either is given (``""``: off)."""
+    from ..service.http_server import LISTEN_ENV
+    listen, where = (flag, "--http-listen") if flag is not None else (env.get(LISTEN_ENV), LISTEN_ENV)
+    if listen is None:
+        return cfg
+    if listen:
+        split_listen(listen, where)  # InvalidConfig naming where the bad value came from
+    return dataclasses.replace(cfg, http=dataclasses.replace(cfg.http, listen=listen))
 
 
 def run(args) -> int:
     from ..service.notify import Notifier
     from ..service.supervisor import Supervisor
-    cfg = common.load_config(args.config)
+    cfg = with_listen(common.load_config(args.config), args.http_listen)
     log.info("event=config source=%s", common.config_source(args.config))
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
+    socks: list = []  # the listener's socket, bound once the data dir is locked, before any shard starts
     if cfg.http.listen:
-        from ..service.http_server import HttpService, resolve_token
+        from ..service.http_server import HttpService, bind_listen, resolve_token
         resolve_token(cfg.http)  # a bad token is refused before any shard starts
+
+        def bind() -> None:  # and a port that is taken, naming it and the flag
+            socks.append(bind_listen(cfg.http.listen))
     # before anything starts: a signal meanwhile is a clean stop (a SIGHUP waits for run())
-    sup.handle_signals(reload=lambda: _reread(args.config))
-    sup.start()
+    sup.handle_signals(reload=lambda: _reread(args.config, args.http_listen))
     try:
-        if cfg.http.listen:
-            http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir)
+        sup.start(before_shards=bind if cfg.http.listen else None)
+        if socks:
+            http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir, socks[0])
     except BaseException:
+        if socks and http is None:
+            socks[0].close()
         sup.stop()
         raise
     # The console's URL with its login (the token, as Jupyter prints it), so opening it stays
@@ -52,8 +93,9 @@ def run(args) -> int:
             http.stop()
 
 
-def _reread(path: str | None):
+def _reread(path: str | None, listen: str | None):
     """The config again, for SIGHUP, found as at start: ``--config``, else
-    config/shardq.toml if it is there now, else the built-in defaults."""
+    config/shardq.toml if it is there now, else the built-in defaults; with the listen
+    address of the command line or the environment, as at start."""
     log.info("event=reload source=%s", common.config_source(path))
-    return common.load_config(path)
+    return with_listen(common.load_config(path), listen)

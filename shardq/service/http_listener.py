@@ -50,6 +50,20 @@ def _refusal(status: int, reason: str) -> bytes:
             f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode() + text
 
 
+def bind(address: tuple, family: int) -> socket.socket:
+    """A TCP socket bound to ``address`` and listening (connections wait in its backlog
+    until a :class:`Listener` serves it); OSError (EADDRINUSE...) with nothing left open."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 @dataclass
 class Request:
     """One whole request for a worker: ``data`` holds its head, and its body when
@@ -81,17 +95,10 @@ class Listener:
 
     def __init__(self, address: tuple, family: int, handle: Callable[[Request], bool],
                  wants_body: Callable[[str, str, http.client.HTTPMessage], bool], *,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, sock: socket.socket | None = None):
         self.handle, self.wants_body = handle, wants_body
         self.clock = clock or SystemClock()
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(address)
-            self.sock.listen(64)
-        except OSError:
-            self.sock.close()
-            raise
+        self.sock = sock if sock is not None else bind(address, family)  # sock: bound by the caller already
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
         self._sel = selectors.DefaultSelector()

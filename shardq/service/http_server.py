@@ -36,6 +36,7 @@ security headers.
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -58,12 +59,15 @@ from ..errors import (Closed, InvalidConfig, InvalidJob, LeaseLost, NotFound, Qu
 from .console import openapi
 from .console.api import ConsoleApi
 from .http_auth import Auth
+from . import http_listener
 from .http_listener import Listener, Request
 from .http_metrics import ShardqCollector
 
 log = logging.getLogger("shardq.http")
 
 TOKEN_ENV = "SHARDQ_HTTP_TOKEN"
+LISTEN_ENV = "SHARDQ_HTTP_LISTEN"  # serve's listen address over [http] listen ("": off); --http-listen over both
+LISTEN_FLAG = "--http-listen"
 SCRAPE_TIMEOUT_S = 2.0           # a scrape waits at most this long for the shards
 ADDRESS_FILE = "http.json"       # in the data dir's run/ directory: where the listener is
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -120,6 +124,38 @@ def resolve_token(cfg: HttpConfig, data_dir=None) -> str | None:
     return token or None
 
 
+def bind_listen(listen: str) -> socket.socket:
+    """The listener's socket, bound and listening on ``listen`` (``host:port``): ``serve``
+    binds it before it starts any shard, so a port that is taken stops it at once, before
+    it says it is ready. InvalidConfig names the port, the process that holds it (when
+    psutil can tell: one of this user's) and how to move the listener or turn it off."""
+    host, port = split_listen(listen)
+    try:
+        return http_listener.bind((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        held = _holder(port) if e.errno == errno.EADDRINUSE else None
+        raise InvalidConfig(
+            f"http.listen {listen}: cannot listen on port {port}: {e.strerror or e}"
+            + (f" (held by {held})" if held else "")
+            + f"; move the listener with {LISTEN_FLAG} HOST:PORT ({LISTEN_FLAG} 127.0.0.1:0 takes any free "
+            f"port), or turn it off with {LISTEN_FLAG} \"\" (or {LISTEN_ENV}, or [http] listen in the config)"
+        ) from None
+
+
+def _holder(port: int) -> str | None:
+    """Which process listens on TCP ``port``, in words; None if psutil cannot tell (another
+    user's process, a platform that does not say)."""
+    import psutil
+    try:
+        for c in psutil.net_connections("inet"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                p = psutil.Process(c.pid)
+                return f"pid {c.pid}: {' '.join(' '.join(p.cmdline()).split())[:160] or p.name()}"
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
 class HttpService:
     """The listener; :meth:`start` binds and serves on a daemon thread, :meth:`stop` ends it."""
 
@@ -146,15 +182,16 @@ class HttpService:
         self.listener: Listener | None = None
         self._address_file: str | None = None
 
-    def start(self, run_dir: str | None = None) -> HttpService:
+    def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> HttpService:
+        """Serve on ``sock`` (from :func:`bind_listen`), else on a socket bound now."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body)
-        except OSError as e:
+            sock = sock if sock is not None else bind_listen(f"[{self.host}]:{self.port}" if ":" in self.host
+                                                              else f"{self.host}:{self.port}")
+        except InvalidConfig:
             self.router.close()
-            raise InvalidConfig(f"http.listen {self.host}:{self.port}: cannot listen: {e.strerror or e} "
-                                f"(set [http] listen = \"\" to turn the listener off, or pick another "
-                                f"port)") from None
+            raise
+        self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body, sock=sock)
         self.port = self.listener.address[1]
         self.listener.start()
         if run_dir:

@@ -177,7 +177,8 @@ class Supervisor:
         self._reload_wanted = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S) -> Supervisor:
+    def start(self, *, background: bool = False, start_timeout: float = START_TIMEOUT_S,
+              before_shards: Callable[[], None] | None = None) -> Supervisor:
         """Create/check the data dir, start every shard, wait until each is ready, failed
         (corrupt log), or failing again and again (backing off between restarts).
 
@@ -185,7 +186,10 @@ class Supervisor:
         one silent for ``start_timeout`` seconds is killed as hung and restarted. Shards
         that are down are logged at ERROR and keep being restarted while the others serve.
         Raises ShardCountMismatch if the data dir has another N; ShardUnavailable, with
-        every shard's reason, if no shard could start.
+        every shard's reason, if no shard could start. ``before_shards`` runs once the data
+        dir is checked and locked, before any shard is spawned (``serve`` binds its HTTP
+        listener there: a port that is taken fails before anything starts); what it
+        raises, start raises, having released the data dir.
         """
         n = self.dd.init(self.requested_shards)
         self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
@@ -197,6 +201,8 @@ class Supervisor:
         self.start_timeout = start_timeout
         self.handles = [ShardHandle(i) for i in range(n)]
         try:
+            if before_shards is not None:
+                before_shards()
             self._start_shards(background)
             self._start_scheduler()
             self._start_workflow_watch()

@@ -13,13 +13,19 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
+import psutil
 import pytest
+
+import shardq
 
 from shardq.backup.logfiles import LogFile, WriteChain
 from shardq.client.routing import job_shard
@@ -133,7 +139,7 @@ def test_a_backup_under_load_holds_what_was_acknowledged_before_it_and_nothing_s
 
     r = cli("restore", dest, "--data-dir", new)
     assert r.returncode == 0, r.stderr
-    assert f"start it with: shardq serve --data-dir {new} --shards 2" in r.stdout
+    assert f"beside the running service with: shardq serve --data-dir {new} --shards 2 " in r.stdout
     copy = live_jobs(new, 2)
 
     def shard_cut(jid: int) -> float:
@@ -305,3 +311,54 @@ def test_staged_files_outlive_compaction_and_stale_staging_dirs_go(tmp):
         assert os.path.isdir(os.path.join(svc.data_dir, "shard-0", f"backup-{os.getpid()}-cd"))  # ours lives
         r = cli("backup", os.path.join(tmp, "b"), "--data-dir", svc.data_dir)
         assert r.returncode == 2 and "is not empty" in r.stderr
+
+
+def test_restore_prints_a_serve_that_runs_beside_the_service_it_was_taken_from(tmp):
+    """Issue 44, items 9 and 14: an operator checks a restored copy before switching, while
+    the original still serves on the port of the config both read (config/shardq.toml in
+    the directory they run in). The command restore prints must start there and then, and
+    serve the copy's jobs; it named the taken port before (serve exited 5)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    os.mkdir(os.path.join(tmp, "config"))
+    with open(os.path.join(tmp, "config", "shardq.toml"), "w") as f:
+        f.write(f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    data, dest, new = (os.path.join(tmp, n) for n in ("data", "backup", "restored"))
+    with Service(data_dir=data, shards=2, config={"http": {"listen": f"127.0.0.1:{port}"}}) as svc:
+        assert svc.http_url() == f"http://127.0.0.1:{port}/"
+        with svc.connect() as q:
+            jid = q.enqueue(b"check me before switching", queue="billing")
+        assert cli("backup", dest, "--data-dir", data, cwd=tmp).returncode == 0
+        r = cli("restore", dest, "--data-dir", new, cwd=tmp)
+        assert r.returncode == 0, r.stderr
+        argv = shlex.split(re.search(r"beside the running service with: (.*)$", r.stdout, re.M)[1])
+        assert argv[:2] == ["shardq", "serve"]
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(os.path.join(tmp, "beside.log"), "wb") as log:
+            beside = subprocess.Popen([sys.executable, "-m", "shardq.cli", *argv[1:]], cwd=tmp, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            def copy_serves():
+                assert beside.poll() is None, open(os.path.join(tmp, "beside.log")).read()
+                try:
+                    with shardq.connect(new, retry_s=0.2) as c:
+                        return c.job(jid)
+                except shardq.ShardUnavailable:
+                    return None
+            job = wait_until(copy_serves, 30, 0.05, "the restored copy to serve")
+            assert job["queue"] == "billing" and job["state"] == "ready"
+            with svc.connect() as q:  # the original serves on, its job untouched
+                assert q.job(jid)["state"] == "ready"
+        finally:
+            kids = psutil.Process(beside.pid).children(recursive=True) if beside.poll() is None else []
+            beside.send_signal(signal.SIGTERM)
+            try:
+                assert beside.wait(20) == 0
+            finally:
+                for pid in [beside.pid, *(k.pid for k in kids)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
