@@ -9,12 +9,15 @@ differs into two lists:
   reads a queue's settings on every request, and nothing it logs depends on them (a
   lease's deadline, a dedup id's expiry are written as times), so the new values govern
   the next dequeue, enqueue, nack and lease expiry, and replay is unchanged;
-* **needs a restart** of ``serve``: everything else. The shard count and data dir are
-  fixed; limits, ``health_timeout``, ``busy_poll_us``, ``declare_queues``, schedules and the
-  HTTP listener are set up once, when a shard or the supervisor starts. So are a queue's
-  exact limits (``concurrency``, ``rate``, ...: config.LIMIT_KEYS), and a queue that
-  declares one, added or removed: limits place a queue's jobs on one shard
-  (docs/limits.md; ``shardq queue limit`` changes a placed queue's limits at run time).
+* **needs a restart** of ``serve``: everything else, each with why (:class:`Change`'s
+  ``why``, logged). The shard count and data dir are fixed; ``[limits]``, the rest of
+  ``[service]``, ``[schedules.*]`` and ``[http]`` are set up once, when a shard or the
+  supervisor starts. So are a queue's exact limits (``concurrency``, ``rate``, ...:
+  config.LIMIT_KEYS), and a queue that declares one, added or removed: limits place a
+  queue's jobs on one shard (docs/limits.md; ``shardq queue limit`` changes a placed
+  queue's limits at run time). Applying those at once was weighed and left: a new
+  schedule, a new placed queue and new limits each need the start-up path (placement,
+  the scheduler's state) re-run safely in a running service.
 
 :attr:`Plan.config` is the config in force afterwards: the old one with the applied keys
 replaced, so a shard that restarts later starts with the same settings as its peers, and
@@ -35,10 +38,23 @@ SECRET = "<secret>"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
+#: Why a change waits for a restart of ``serve``: logged with each such key (``why=``), and
+#: the table of docs/operations.md ("Reloading"), which a test holds to these.
+WHY_LIMIT = "a queue's limits are set when serve starts (shardq queue limit changes them at run time)"
+WHY_PLACED = "a queue that declares a limit is placed on one shard when serve starts"
+WHY_TABLE = {
+    "service": "set when serve starts (shards and data_dir: fixed for the data dir)",
+    "limits": "a shard's limits are set when serve starts",
+    "schedules": "the schedules are read when serve starts",
+    "http": "the HTTP listener is set up when serve starts",
+}
+
+
 class Change(NamedTuple):
     key: str          # dotted, as in the file: "queues.emails.max_deliveries"
     old: Any          # None: absent (or unset) before
     new: Any          # None: absent (or unset) now
+    why: str = ""     # why it waits for a restart; "" for a change applied at once
 
 
 class Plan(NamedTuple):
@@ -63,7 +79,10 @@ def _queue_changes(path: str, old: QueueConfig, new: QueueConfig, plan_: Plan) -
     for f in dataclasses.fields(QueueConfig):
         a, b = getattr(old, f.name), getattr(new, f.name)
         if a != b:
-            (plan_.restart if f.name in LIMIT_KEYS else plan_.applied).append(Change(f"{path}.{f.name}", a, b))
+            if f.name in LIMIT_KEYS:
+                plan_.restart.append(Change(f"{path}.{f.name}", a, b, WHY_LIMIT))
+            else:
+                plan_.applied.append(Change(f"{path}.{f.name}", a, b))
 
 
 def _keep_limits(new: QueueConfig, old: QueueConfig) -> QueueConfig:
@@ -84,7 +103,7 @@ def plan(old: Config, new: Config) -> Plan:
         q = new.queues[name] if added else old.queues[name]
         change = Change(f"queues.{_toml_key(name)}", None if added else "declared", "declared" if added else None)
         if q.placed():  # a placed queue comes and goes with a restart only
-            p.restart.append(change)
+            p.restart.append(change._replace(why=WHY_PLACED))
             if not added:
                 queues[name] = q
         else:
@@ -97,7 +116,10 @@ def plan(old: Config, new: Config) -> Plan:
     if old.http.token != new.http.token:  # to_dict leaves secrets out; never log one
         others.append(Change("http.token", SECRET if old.http.token else "", SECRET if new.http.token else ""))
     for c in others:
-        (p.applied if c.key in APPLIED_KEYS else p.restart).append(c)
+        if c.key in APPLIED_KEYS:
+            p.applied.append(c)
+        else:
+            p.restart.append(c._replace(why=WHY_TABLE.get(c.key.split(".", 1)[0], "read when serve starts")))
     config = dataclasses.replace(
         old, queue_defaults=_keep_limits(new.queue_defaults, old.queue_defaults), queues=queues,
         service=dataclasses.replace(old.service, restart_backoff_max=new.service.restart_backoff_max))

@@ -638,7 +638,7 @@ class Supervisor:
             _event("reload-applied", key=c.key, old=json.dumps(c.old), new=json.dumps(c.new))
         for c in p.restart:
             _event("reload-needs-restart", logging.WARNING, key=c.key, old=json.dumps(c.old),
-                   new=json.dumps(c.new), note='"takes effect when serve restarts"')
+                   new=json.dumps(c.new), why=json.dumps(c.why), note='"not applied: takes effect when serve restarts"')
         told = 0
         if p.applied:
             path = os.path.join(self.dd.run_dir, RELOAD_FILE)
@@ -658,7 +658,8 @@ class Supervisor:
                         told += 1
                     except (OSError, ValueError):  # ValueError: its pipe closed as it exited
                         pass  # its restart takes self.config from the command line
-        _event("reloaded", applied=len(p.applied), needs_restart=len(p.restart), shards_told=told)
+        _event("reloaded", applied=len(p.applied), needs_restart=len(p.restart), shards_told=told,
+               **({"not_applied": json.dumps(" ".join(c.key for c in p.restart))} if p.restart else {}))
         return p.applied, p.restart
 
     # ------------------------------------------------------------------ service manager

@@ -5,6 +5,7 @@ pure sorting of a reload's changes (:mod:`shardq.service.reload`)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -176,6 +177,56 @@ def test_sighup_applies_the_queue_settings_and_names_what_needs_a_restart():
         with svc.connect() as q:
             assert q.queue_config("default")["visibility_timeout"] == 7
         assert svc.proc.poll() is None
+
+
+def test_sighup_names_each_key_it_does_not_apply_and_why_and_leaves_it_as_it_was():
+    """Issue 44, item 10: a new queue with limits, a changed limit and a new schedule wait
+    for a restart: each is logged with why, the summary line names them all, and the
+    service goes on as before (docs/operations.md, "Reloading")."""
+    from shardq.service.reload import WHY_LIMIT, WHY_PLACED, WHY_TABLE
+    base = {"service": {"health_timeout": 2}, "http": {"listen": ""},
+            "queues": {"default": {}, "paced": {"concurrency": 1}}}
+    with Service(shards=1, config=base) as svc:
+        new = {**base, "queues": {"default": {}, "paced": {"concurrency": 3}, "reports": {"concurrency": 2},
+                                  "emails": {}},
+               "schedules": {"nightly": {"every_s": 3600, "body": "tick"}}}
+        with open(svc.data_dir.rstrip("/") + ".toml", "w") as f:
+            f.write(_toml(new))
+        os.kill(svc.proc.pid, signal.SIGHUP)
+        wait_until(lambda: "event=reloaded" in _log(svc), 20, 0.02, "the reload")
+        log = _log(svc)
+        why = {k: json.loads(w) for k, w in re.findall(r'event=reload-needs-restart key=(\S+) .* why=("[^"]*")', log)}
+        assert why == {"queues.paced.concurrency": WHY_LIMIT, "queues.reports": WHY_PLACED,
+                       "schedules.nightly": WHY_TABLE["schedules"]}, log
+        assert ('event=reloaded applied=1 needs_restart=3 shards_told=1 '
+                'not_applied="queues.paced.concurrency queues.reports schedules.nightly"') in log, log
+        assert "event=scheduler-started" not in log
+        with svc.connect() as q:
+            assert q.queue_config("paced")["concurrency"] == 1
+            assert "concurrency" not in q.queue_config("reports") and q.queue_config("reports")["shard"] is None
+        assert svc.proc.poll() is None
+
+
+def test_the_reload_table_of_the_docs_is_the_one_the_code_applies():
+    """docs/operations.md lists exactly the queue keys a reload applies and the limits it leaves."""
+    import dataclasses
+    from shardq.config import LIMIT_KEYS, QueueConfig
+    from shardq.service.reload import APPLIED_KEYS, WHY_TABLE
+    from support.service import REPO
+    with open(os.path.join(REPO, "docs", "operations.md")) as f:
+        rows = [line for line in f if line.startswith("| ") and line.rstrip().endswith(("| applied at once |",
+                                                                                         "| restart |"))
+                or line.startswith("| a queue's limits:")]
+    cells = {r.split(" | ")[0][2:]: r.split(" | ")[1].strip(" |\n") for r in rows}
+    applied_queue_keys = [k for k in cells if k.startswith("`[queue_defaults]`")]
+    assert re.findall(r"`(\w+)`", applied_queue_keys[0].split(":", 1)[1]) == [
+        f.name for f in dataclasses.fields(QueueConfig) if f.name not in LIMIT_KEYS]
+    limit_row = next(k for k in cells if k.startswith("a queue's limits"))
+    assert re.findall(r"`(\w+)`", limit_row) == list(LIMIT_KEYS) and cells[limit_row].startswith("restart")
+    assert [f"`{k}`" for k in APPLIED_KEYS] == [k for k, v in cells.items() if v == "applied at once"
+                                                and k.startswith("`service.")]
+    for table in WHY_TABLE:
+        assert any(k.startswith(f"`[{table}") for k, v in cells.items() if v.startswith("restart")), table
 
 
 # ---------------------------------------------------------------------- the plan, pure
