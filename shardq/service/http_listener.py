@@ -7,9 +7,12 @@ can connect hold threads: send half a request, or one byte now and then. This on
   until it is whole: the head (request line and headers) up to ``HTTP_HEAD_BYTES_MAX``
   (431 past it), then the body, but only when ``wants_body`` (the authentication check)
   says so and it is at most ``HTTP_BODY_BYTES_MAX``; a refused body is never read into
-  memory. Head and body must arrive within ``HTTP_REQUEST_S_MAX`` of the connection (or of
-  the previous response on a kept-alive one): a deadline for the whole request, which more
-  bytes do not extend (408, closed).
+  memory. A chunked body (``Transfer-Encoding: chunked``) is decoded as it arrives and
+  held to the same limit (413 past it, 400 if malformed); any other transfer coding, or
+  one beside a ``Content-Length``, is not read (the handler answers 411). Head and body
+  must arrive within ``HTTP_REQUEST_S_MAX`` of the connection (or of the previous response
+  on a kept-alive one): a deadline for the whole request, which more bytes do not extend
+  (408, closed).
 * **``HTTP_WORKERS`` threads** answer whole requests only: they never wait for a client to
   send. A client that does not take its response within ``HTTP_WRITE_S_MAX`` is cut off.
 * **At most ``HTTP_CONNECTIONS_MAX`` connections** are held. A new one past the cap closes the
@@ -42,6 +45,7 @@ log = logging.getLogger("shardq.http")
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HEAD, _BODY, _LINGER = "head", "body", "linger"
+CHUNKED = -2  # _body_of's length for a chunked body
 
 
 def _refusal(status: int, reason: str) -> bytes:
@@ -75,6 +79,64 @@ class Request:
     body_ready: bool
     keep_alive: bool
     rest: bytes = b""  # bytes after this request (pipelined): the start of the next one
+    body: bytes | None = None  # a chunked body, decoded (``data`` then holds the head only)
+
+
+class ChunkedBody:
+    """A ``Transfer-Encoding: chunked`` body (RFC 9112, 7.1), decoded as its bytes arrive.
+
+    :meth:`feed` takes what the connection's buffer holds from an offset on and returns
+    how far it got; the caller drops those bytes, so what is held is the decoded body (at
+    most ``limit`` bytes) and less than one read of the raw stream. Chunk extensions and
+    trailer fields are read and dropped. ``status`` is set when the body is refused: 413
+    once the chunk sizes add up past ``limit`` (before its bytes are read), 400 for a
+    malformed chunk."""
+
+    LINE_MAX = 4096  # a chunk-size line, or a trailer field
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.body = bytearray()
+        self.left = 0            # bytes of the current chunk's data still to come
+        self.crlf = False        # the CRLF after a chunk's data is due
+        self.trailers = False    # the last chunk came: trailer fields until a blank line
+        self.done = False
+        self.status = 0          # 400 or 413 once refused
+
+    def feed(self, buf: bytearray, pos: int) -> int:
+        while not (self.done or self.status):
+            if self.left:
+                take = min(self.left, len(buf) - pos)
+                self.body += buf[pos:pos + take]
+                pos, self.left = pos + take, self.left - take
+                if self.left:
+                    return pos
+                self.crlf = True
+            if self.crlf:
+                if len(buf) - pos < 2:
+                    return pos
+                if buf[pos:pos + 2] != b"\r\n":
+                    self.status = 400
+                    return pos
+                pos, self.crlf = pos + 2, False
+            end = buf.find(b"\r\n", pos, pos + self.LINE_MAX + 2)
+            if end < 0:
+                if len(buf) - pos > self.LINE_MAX:
+                    self.status = 400
+                return pos
+            line, pos = bytes(buf[pos:end]), end + 2
+            if self.trailers:
+                self.done = not line
+                continue
+            size = line.split(b";", 1)[0].strip()
+            if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+                self.status = 400
+            elif len(self.body) + int(size, 16) > self.limit:
+                self.status = 413
+            else:
+                self.left = int(size, 16)
+                self.trailers = self.left == 0
+        return pos
 
 
 @dataclass
@@ -87,6 +149,7 @@ class _Conn:
     scanned: int = 0    # bytes of buf already searched for the end of the head
     head_len: int = 0
     body_len: int = 0
+    chunked: ChunkedBody | None = None
 
 
 class Listener:
@@ -253,36 +316,52 @@ class Listener:
                 return self._dispatch(c, body_ready=False, keep_alive=length == 0)
             if expects:  # the client waits for this before it sends the body (curl, over 1 KiB)
                 self._send_quietly(c.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
-            c.body_len, c.phase = length, _BODY
-        if c.phase == _BODY and len(c.buf) >= c.head_len + c.body_len:
+            c.phase = _BODY
+            if length == CHUNKED:
+                c.chunked = ChunkedBody(limits.HTTP_BODY_BYTES_MAX)
+            else:
+                c.body_len = length
+        if c.phase == _BODY and c.chunked is not None:
+            ch = c.chunked
+            del c.buf[c.head_len:ch.feed(c.buf, c.head_len)]  # decoded: hold the body once
+            if ch.status:
+                reason = "Content Too Large" if ch.status == 413 else "Bad Request"
+                self._send_quietly(c.sock, _refusal(ch.status, reason))
+                return self._linger(c)
+            if ch.done:
+                self._dispatch(c, body_ready=True, keep_alive=True)
+        elif c.phase == _BODY and len(c.buf) >= c.head_len + c.body_len:
             self._dispatch(c, body_ready=True, keep_alive=True)
 
     def _body_of(self, head: bytes) -> tuple[int, bool, bool]:
-        """(Content-Length, whether to read it, whether the client expects 100 Continue). A
-        head the handler will refuse (malformed, chunked, too long a body, not authenticated)
-        gets no body read and no keep-alive."""
+        """(Content-Length or :data:`CHUNKED`, whether to read it, whether the client expects
+        100 Continue). A head the handler will refuse (malformed, a transfer coding other
+        than chunked or beside a Content-Length, too long a body, not authenticated) gets no
+        body read and no keep-alive."""
         line, _, rest = head.partition(b"\n")
         parts = line.split()
         try:
             headers = http.client.parse_headers(io.BytesIO(rest))
-            length = int(headers.get("Content-Length") or 0)
+            coding = headers.get_all("Transfer-Encoding") or []
+            length = int(headers.get("Content-Length") or 0) if not coding else CHUNKED
         except (http.client.HTTPException, ValueError):
             return -1, False, False
-        if headers.get("Transfer-Encoding"):
-            return -1, False, False
-        if not 0 < length <= limits.HTTP_BODY_BYTES_MAX or len(parts) < 2:
+        if coding and ([c.strip().lower() for c in coding] != ["chunked"] or "Content-Length" in headers):
+            return -1, False, False  # a coding we do not decode, or a smuggling attempt: never read
+        if not (0 < length <= limits.HTTP_BODY_BYTES_MAX or length == CHUNKED) or len(parts) < 2:
             return length, False, False
         method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
         expects = (headers.get("Expect") or "").lower() == "100-continue"
         return length, self.wants_body(method, target.partition("?")[0], headers), expects
 
     def _dispatch(self, c: _Conn, body_ready: bool, keep_alive: bool) -> None:
-        end = c.head_len + (c.body_len if body_ready else 0)
+        end = c.head_len + (c.body_len if body_ready else 0)  # a chunked body is out of buf already
         self._sel.unregister(c.sock)
         del self._held[c.sock]
         self._answering += 1
         self._work.put(Request(c.sock, c.peer, bytes(c.buf[:end]), body_ready, keep_alive,
-                               bytes(c.buf[end:]) if keep_alive else b""))
+                               bytes(c.buf[end:]) if keep_alive else b"",
+                               bytes(c.chunked.body) if c.chunked is not None and body_ready else None))
 
     def _linger(self, c: _Conn) -> None:
         try:

@@ -440,7 +440,16 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ helpers
     def _body(self) -> bytes | None:
         """The body the listener read, or None once a refusal is sent (413 for one over
-        ``limits.HTTP_BODY_BYTES_MAX``)."""
+        ``limits.HTTP_BODY_BYTES_MAX``; 411 for a transfer coding the listener does not
+        read: one other than ``chunked``, or beside a Content-Length). A chunked body
+        comes decoded, held to the same limit by the listener."""
+        if self.headers.get("Transfer-Encoding"):
+            if self.req.body is None:
+                self._json(HTTPStatus.LENGTH_REQUIRED, {
+                    "error": "LengthRequired",
+                    "message": "send the body with a Content-Length, or as Transfer-Encoding: chunked alone"})
+                return None
+            return self.req.body
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:

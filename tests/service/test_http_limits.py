@@ -77,6 +77,67 @@ def test_body_at_its_maximum_passes_and_one_byte_more_is_413(svc):
         assert "paused" not in q.stats()["queues"]["default"]
 
 
+def chunked(body: bytes, size: int) -> bytes:
+    """``body`` as chunks of ``size`` bytes (the first with an extension), the last chunk and
+    a trailer field."""
+    parts = [b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size]) if i == 0 else
+             b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size]) for i in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\nX-Trailer: yes\r\n\r\n"
+
+
+def post_chunked(svc, data: bytes, coding: str = "chunked", extra: str = "") -> tuple[int, bytes]:
+    head = (f"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{BEARER}"
+            f"Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n{extra}\r\n").encode()
+    return exchange(svc, head + data)
+
+
+def test_chunked_body_at_its_maximum_is_read_and_one_byte_more_is_413(svc):
+    """Issue 44, item 12: a chunked POST was read as an empty body (400 "queue is required")."""
+    def body(size: int) -> bytes:
+        b = b'{"queue": "default"}'
+        return b + b" " * (size - len(b))
+    with svc.connect() as q:
+        status, out = post_chunked(svc, chunked(body(limits.HTTP_BODY_BYTES_MAX), 65536 - 7))
+        assert status == 200, out[-300:]
+        assert q.stats()["queues"]["default"]["paused"] is True
+        q.resume("default")
+        assert post_chunked(svc, chunked(body(limits.HTTP_BODY_BYTES_MAX + 1), 65536 - 7))[0] == 413
+        # refused from the chunk sizes alone, before the bytes past the limit are read
+        assert post_chunked(svc, b"%x\r\n" % (limits.HTTP_BODY_BYTES_MAX + 1))[0] == 413
+        assert "paused" not in q.stats()["queues"]["default"]
+
+
+def test_other_transfer_codings_are_411_and_a_malformed_chunk_is_400(svc):
+    data = chunked(b'{"queue": "default"}', 5)
+    status, out = post_chunked(svc, data, coding="gzip, chunked")
+    assert status == 411 and b"LengthRequired" in out
+    status, out = post_chunked(svc, data, extra=f"Content-Length: {len(data)}\r\n")  # a smuggling shape
+    assert status == 411
+    assert post_chunked(svc, b"zz\r\n{}\r\n0\r\n\r\n")[0] == 400
+    assert post_chunked(svc, b"2\r\n{}XX0\r\n\r\n")[0] == 400
+    with svc.connect() as q:
+        assert "paused" not in q.stats()["queues"]["default"]
+
+
+def test_a_chunked_body_decodes_the_same_however_its_bytes_arrive():
+    from shardq.service.http_listener import ChunkedBody
+    body = bytes(range(256)) * 40
+    raw = chunked(body, 777) + b"NEXT"
+    whole = ChunkedBody(len(body))
+    assert whole.feed(bytearray(raw), 0) == len(raw) - 4 and whole.done and bytes(whole.body) == body
+    drip, buf, pos = ChunkedBody(len(body)), bytearray(), 0
+    for i in range(len(raw) - 4):  # one byte at a time, the consumed bytes dropped as the listener does
+        buf.append(raw[i])
+        del buf[:drip.feed(buf, 0)]
+    assert drip.done and not buf and bytes(drip.body) == body
+    over = ChunkedBody(len(body) - 1)
+    over.feed(bytearray(raw), 0)
+    assert over.status == 413 and len(over.body) < len(body)
+    long_line = ChunkedBody(10)
+    long_line.feed(bytearray(b"1" * (ChunkedBody.LINE_MAX + 1)), 0)
+    assert long_line.status == 400
+
+
 def test_a_body_is_not_awaited_before_authentication(svc):
     """An unauthenticated POST announcing a megabyte and sending none of it is refused at
     once: the listener does not wait for (or read) a body it would throw away."""

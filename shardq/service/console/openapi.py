@@ -17,7 +17,8 @@ What the document promises, and the server keeps:
   HTTP status phrase>, "message": <text>}`` with 400 (bad input: ``InvalidJob``; a bad limit
   value, named, or a queue without limits: ``InvalidConfig``), 401 (no
   token), 403 (CSRF, ``Origin`` or ``Host``), 404 (no such job or page), 405 (another
-  method; ``Allow`` names the route's), 413 (a body over ``limits.HTTP_BODY_BYTES_MAX``),
+  method; ``Allow`` names the route's), 411 (a transfer coding other than chunked alone),
+  413 (a body over ``limits.HTTP_BODY_BYTES_MAX``, with a Content-Length or chunked),
   415 (a POST that is not JSON) or 503 (a shard is down or full: ``ShardUnavailable``,
   ``QueueFull``); a 5xx other than 503 is a bug;
 * a JSON body with a field the operation does not take is refused (400), so a typo is not
@@ -293,6 +294,7 @@ def _action(summary: str, request: str, reply: str, not_found: str | None = None
             bad: str | None = None) -> dict[str, Any]:
     responses = {"200": _json(_ref(reply), "done"), "400": _error(bad) if bad else _BAD,
                  "401": _UNAUTHORIZED, "403": _DENIED,
+                 "411": _error("a transfer coding other than chunked alone"),
                  "413": _error(f"a body over {limits.HTTP_BODY_BYTES_MAX} bytes"),
                  "415": _error("the body is not application/json"), "503": _DOWN}
     if not_found:
