@@ -125,7 +125,7 @@ def test_a_chunked_body_decodes_the_same_however_its_bytes_arrive():
     raw = chunked(body, 777) + b"NEXT"
     whole = ChunkedBody(len(body))
     assert whole.feed(bytearray(raw), 0) == len(raw) - 4 and whole.done and bytes(whole.body) == body
-    drip, buf, pos = ChunkedBody(len(body)), bytearray(), 0
+    drip, buf = ChunkedBody(len(body)), bytearray()
     for i in range(len(raw) - 4):  # one byte at a time, the consumed bytes dropped as the listener does
         buf.append(raw[i])
         del buf[:drip.feed(buf, 0)]
