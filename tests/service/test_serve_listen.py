@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -123,10 +124,17 @@ def test_http_listen_moves_the_listener_over_the_environment_and_the_config(base
         serving(base, proc)
         url = wait_until(lambda: listener_url(base), 20, 0.02, "the listener's address file")
         assert url.startswith("http://127.0.0.1:") and f":{taken}/" not in url
+        # a reload reads the file again, with the same override: no change to report
+        with open(os.path.join(base, "shardq.toml"), "a") as f:
+            f.write("\n[queues.fresh]\n")
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_until(lambda: os.path.exists(os.path.join(base, "data", "run", "config.json")), 20, 0.02,
+                   "the reload")
     finally:
         rc, err = stop(proc)
     assert rc == 0, err
     assert f"metrics at {url}metrics" in err
+    assert re.search(r"event=reloaded applied=\d+ needs_restart=0 ", err) and "http.listen" not in err, err
 
 
 def test_an_empty_listen_address_in_the_environment_turns_the_listener_off(base, taken):
