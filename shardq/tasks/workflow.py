@@ -419,7 +419,7 @@ def verdict(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
         if step.path in final:
             return Verdict(ENDED, step, job_id, f"{_named(step, job_id)}: its job and its result are gone (its job "
                            "cancelled, e.g. by shardq job cancel, or purged; or its result expired)", lost=True)
-        if step.reports is not None and _reported_state(step.reports, barriers) == "gone":
+        if step.reports is not None and _not_arrived(step.reports, barriers):
             return Verdict(ENDED, step, job_id, f"{_named(step, job_id)} is gone before its value reached the next "
                            "step: its job was cancelled (shardq job cancel) or purged from the dead letters",
                            recheck=True)
@@ -448,6 +448,15 @@ def _stopped_at(steps: list[Step], jobs: list[int | None], results: dict[int, An
         if job_id is None:
             return step, None, "not started"
     return None, None, ""
+
+
+def _not_arrived(reports: tuple[int, str, int], barriers: dict[tuple[int, str], dict | None]) -> bool:
+    """Whether the barrier a step reports to shows that the step has not arrived: it knows
+    no arrival at all, or lists the step's index among its missing ones (only the first
+    are listed: an index past them is not known to be missing)."""
+    shard, bid, index = reports
+    b = barriers.get((shard, bid))
+    return b is None or (b.get("fired_job") is None and not b.get("cancelled") and index in (b.get("missing") or []))
 
 
 def _spawned(steps: list[Step], fanout: Step) -> list[tuple[int, str]]:

@@ -149,3 +149,17 @@ def test_a_fanout_gone_before_it_started_its_members_ends_the_workflow():
     assert v.state == ENDED and v.step.path == "0.1" and v.recheck
     barriers[(0, "wf1.3")] = dict(FIRED, fired_job=22)
     assert verdict(steps, jobs, rows, barriers, ["0.1.0", "0.1.1"], False).state == RUNNING
+
+
+def test_a_gone_member_past_the_missing_ones_a_barrier_lists_is_not_taken_for_a_cancelled_one():
+    # A chord of 30: the barrier lists its first 20 missing indexes (0..19); member 25 is
+    # gone (it arrived and was acked), as a look at every step (status) reads it.
+    steps = [Step("t.m", f"0.0.{i}", None, i, None, (0, "wf1.1", i)) for i in range(30)]
+    steps.append(Step("t.cb", "0.1", (0, "wf1.1"), None, None, None))
+    barrier = {"total": 30, "arrived": 9, "fired_job": None, "cancelled": False, "missing": list(range(20))}
+    jobs = list(range(100, 130)) + [None]
+    rows = {125: JobResult(125, "gone", None, None, None, None, None, None)}
+    assert verdict(steps, jobs, rows, {(0, "wf1.1"): barrier}, ["0.1"], False).state == RUNNING
+    rows[103] = JobResult(103, "gone", None, None, None, None, None, None)  # listed missing, and gone
+    v = verdict(steps, jobs, rows, {(0, "wf1.1"): barrier}, ["0.1"], False)
+    assert v.state == ENDED and v.step.path == "0.0.3" and v.job_id == 103

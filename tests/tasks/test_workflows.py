@@ -12,6 +12,7 @@ import pytest
 import shardq
 from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
+from shardq.tasks.workflow import describe
 
 from support.task_apps import fresh_tasks
 from support.service import wait_until
@@ -501,6 +502,9 @@ def test_a_middle_step_cancelled_by_an_operator_cancels_its_workflow(fresh, driv
     record = fresh.queue.workflow(wf.id)
     assert record["state"] == "cancelled" and f"step 0.1 ({b.name}, job {middle})" in record["error"]
     assert record["expires_at"] is not None
+    shown = describe(fresh.queue, wf.id)  # what `shardq workflow show` and the console show
+    assert (shown["state"], shown["error"]) == ("cancelled", record["error"])
+    assert shown["steps_by_state"] == {"succeeded": 1, "gone": 1, "pending": 1}
     with pytest.raises(shardq.WorkflowCancelled, match=rf"step 0\.1 \({b.name}, job {middle}\).*cancel") as err:
         result_of(fresh, wf, driver, timeout=None)
     assert err.value.job_id == middle
