@@ -13,7 +13,8 @@ import pytest
 import shardq
 from shardq.client.results import JobResult
 from shardq.errors import NotFound
-from shardq.tasks.workflow import ENDED, RUNNING, Step, Workflow, _adrive, _drive, verdict
+from shardq.tasks.reading import ENDED, RUNNING, verdict
+from shardq.tasks.workflow import Step, Workflow, _adrive, _drive
 
 WF = "wf1"
 B1 = (0, "wf1.1")
