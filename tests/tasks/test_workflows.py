@@ -570,3 +570,29 @@ def test_result_of_a_plain_job_times_out_naming_the_job(fresh):
 
     with pytest.raises(TimeoutError, match=f"^job {job_id} "):
         asyncio.run(main())
+
+
+def test_a_step_cancelled_while_it_runs_that_finishes_and_reports_lets_its_workflow_go_on(fresh):
+    started, release = threading.Event(), threading.Event()
+
+    @fresh.task(queue="wf-end")
+    def slow(ctx) -> int:
+        started.set()
+        release.wait(30)
+        return 1
+
+    @fresh.task(queue="wf-end")
+    def after(ctx, x: int) -> int:
+        return x + 1
+
+    wf = chain(slow.s(), after.s()).send()
+    worker = threading.Thread(target=drain, args=(fresh, "wf-end"))
+    worker.start()
+    try:
+        assert started.wait(30)
+        assert fresh.queue.cancel(job_of(wf, "0.0")) == "cancelling"  # too late: it runs
+    finally:
+        release.set()
+        worker.join(30)
+    drain(fresh, "wf-end")
+    assert wf.result(timeout=10) == 2
