@@ -510,9 +510,12 @@ class Workflow:
         if state == "succeeded" and v.values is not None:
             return self._value(v.values)
         if state == "failed":
-            record = yield "workflow", (self.id,)
-            raise JobFailed(f"workflow {self.id} failed: {record['error']} (since then: {v.why})", job_id=v.job_id,
-                            error=record["error"], task=task, step=step)
+            try:
+                error = (yield "workflow", (self.id,))["error"]
+            except NotFound:  # expired in between: its failure is all it said
+                error = None
+            raise JobFailed(f"workflow {self.id} failed: {error or 'a step was dead-lettered'} (since then: {v.why})",
+                            job_id=v.job_id, error=error, task=task, step=step)
         if state == "succeeded" or (state is None and v.lost):
             raise JobFailed(f"workflow {self.id} ended, but its result cannot be read: {v.why}", job_id=v.job_id,
                             error=v.why, task=task, step=step)
