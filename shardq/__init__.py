@@ -54,7 +54,7 @@ from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fa
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
                      ProtocolError, QueueFull, Retry, ShardCountMismatch, ShardqError, ShardUnavailable,
                      TooManyConnections, UnknownQueue, Unsupported, UsageError)
-from .errors import JobFailed, OutboxBehind, StoreUnavailable
+from .errors import JobFailed, OutboxBehind, StoreUnavailable, WorkflowCancelled
 from .types import DeadLetter, JobId, Lease
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ __all__ = [
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
     "PostgresStore", "StoreUnavailable", "OutboxBehind", "JobFailed", "chain", "group", "chord",
-    "Workflow",
+    "Workflow", "WorkflowCancelled",
 ]
 
 

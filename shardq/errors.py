@@ -14,6 +14,8 @@ All derive from :class:`ShardqError`. The name says who caused the error:
 * the disk: :class:`CorruptLog`, :class:`LogFailed`
 * a bug in shardq: :class:`InvariantViolation` (the shard crashes; its log rebuilds the state)
 * raised by a task to steer its job (not errors of shardq): :class:`Retry`, :class:`Fail`
+* a result asked for that will never come: :class:`JobFailed` (a job or a workflow
+  failed), :class:`WorkflowCancelled` (a workflow was cancelled)
 * your database (PostgreSQL store, outbox): :class:`StoreUnavailable`; the outbox relay
   fell behind its dedup window: :class:`OutboxBehind`
 
@@ -193,14 +195,27 @@ class OutboxBehind(ShardqError):
 
 class JobFailed(ShardqError):
     """A job whose result was asked for failed for good: it was dead-lettered (``error``:
-    its last error, ``job_id``: the job; for a workflow, the step that failed, ``task``
-    its task name). Redriving that job from the dead letters lets it, and its workflow,
-    finish."""
+    its last error, ``job_id``: the job; for a workflow, the step that failed, ``step``
+    its path and ``task`` its task name). Redriving that job from the dead letters lets
+    it, and its workflow, finish. A workflow also fails when its dead step was purged, or
+    when its result is gone (docs/workflows.md, "How a workflow ends")."""
 
     def __init__(self, message: str, job_id: object = None, error: str | None = None,
-                 task: str | None = None):
+                 task: str | None = None, step: str | None = None):
         super().__init__(message)
-        self.job_id, self.error, self.task = job_id, error, task
+        self.job_id, self.error, self.task, self.step = job_id, error, task, step
+
+
+class WorkflowCancelled(ShardqError):
+    """The workflow whose result was asked for was cancelled: by ``wf.cancel()``, or by a
+    cancel of one of its steps' jobs (``shardq job cancel``) before the step reported.
+    ``workflow_id``; ``step`` (a path), ``task`` and ``job_id`` (None if not enqueued)
+    name the step it stopped at; the message says why."""
+
+    def __init__(self, message: str, workflow_id: str | None = None, step: str | None = None,
+                 task: str | None = None, job_id: object = None):
+        super().__init__(message)
+        self.workflow_id, self.step, self.task, self.job_id = workflow_id, step, task, job_id
 
 
 #: Wire name -> class, for errors sent from a shard to a client.

@@ -6,9 +6,11 @@ watcher, one thread of the service, does. Every ``WATCH_S`` it lists the running
 of every shard, loads each workflow and computes its state from its jobs and barriers
 (:meth:`~shardq.tasks.workflow.Workflow.outcome`: the same reading ``wf.result()`` makes,
 a few calls per workflow, not one per member); one that ended gets its end recorded on its
-home shard (``end_workflow``), which counts it succeeded, failed or cancelled. So a
-workflow's record says how it ended within about ``WATCH_S`` of its last step, whoever
-sent it and whether or not anyone waits for its result. A shard that is down is skipped
+home shard (``end_workflow``), which counts it succeeded, failed or cancelled (a step's
+job gone before it reported, cancelled or purged, reads as cancelled; a record that says
+``failed`` keeps it: a record keeps its first end). So a workflow's record says how it
+ended within about ``WATCH_S`` of its last step, whoever sent it and whether or not
+anyone waits for its result. A shard that is down is skipped
 until it is back; a record this version cannot read is logged once and left running.
 """
 from __future__ import annotations

@@ -328,7 +328,7 @@ class App:
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"of job {job_id}")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
             time.sleep(wait)
 
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
@@ -342,7 +342,7 @@ class App:
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"of job {job_id}")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
             await asyncio.sleep(wait)
 
     # ------------------------------------------------------------------ running

@@ -3,7 +3,7 @@
 ::
 
     wf = chain(fetch.s(url), parse.s(), store.s()).send()    # -> Workflow
-    wf.result(timeout=30)          # the last step's return value (JobFailed, TimeoutError)
+    wf.result(timeout=30)          # the last step's return value (JobFailed, WorkflowCancelled, TimeoutError)
     c = chord(group(score.s(d) for d in docs), summarize.s()).send()
 
 How it holds (docs/design.md, "Workflows and results"): every step reports its result to a
@@ -15,9 +15,11 @@ whatever is killed in between. A group that follows a step is started by one
 member's shard), so each member is enqueued once too.
 
 This module builds the jobs (``Builder``, pure but for asking the router where a queue's
-jobs live) and reads a workflow's state (``step_jobs``, ``failure``, ``finished``,
-``status_rows``: pure); :class:`Workflow` drives them with the threaded client,
-``result_async`` with the asyncio one.
+jobs live); :mod:`.reading` reads a workflow's state from its jobs and barriers (pure).
+Every workflow ends (docs/workflows.md, "How a workflow ends"): ``reading.verdict`` says
+when, and the record decides what the jobs cannot tell (a gone job: cancelled, or
+purged). :class:`Workflow` reads them with generators of client calls, run by ``_drive``
+with the threaded client and ``_adrive`` with the asyncio one: one reading, two drivers.
 
 Each sent workflow also leaves a *record* on its home shard (docs/design.md, "Workflow
 records"): its steps (``spec_of``), so that any process can load it (``Workflow.load``),
@@ -33,29 +35,25 @@ import uuid
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 
 import msgpack
 
 from .. import limits
-from ..errors import InvalidJob, JobFailed, NotFound, ShardqError
+from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, WorkflowCancelled
 from . import body as taskbody
+from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Verdict, status_rows, step_jobs, verdict,
+                      watched)
 
 if TYPE_CHECKING:
     from .app import App, Task
 
-#: The internal task that starts a group that follows a step (see the module docstring).
-FANOUT = "shardq.fanout"
 #: The format of a workflow record's spec (``spec_of``).
 SPEC_FORMAT = 1
 #: How long an ended workflow's record is kept.
 RECORD_KEPT_S = limits.WORKFLOW_RESULT_S_DEFAULT
 
 log = logging.getLogger("shardq.workflow")
-
-#: Members watched per barrier no member has arrived at yet (``watched``): as many as a
-#: shard lists of a known barrier's missing members.
-UNSEEN_WATCHED = 20
 
 #: Result polling: the first wait, and the longest one between two looks.
 POLL_FIRST_S = 0.005
@@ -273,8 +271,9 @@ class Builder:
                                               target.callback]
         name, args, kwargs, key, queue, delay, priority = call(sig, inputs is not None)
         # A step's value goes to the barrier it reports to: only the workflow's own values
-        # (its final steps') and a task's asked-for ones are kept as results too.
-        keep = sig.task.keep_result or (self.ttl_s if path in self.finals else None)
+        # (its final steps', for the workflow's TTL, never less: a final result gone before
+        # the service saw it would end the workflow) and a task's asked-for ones are kept.
+        keep = self.ttl_s if path in self.finals else sig.task.keep_result
         body = taskbody.encode(name, args, kwargs, None,
                                taskbody.Steps(None if keep is None else float(keep), report, inputs))
         item = [body, key, queue, delay, priority]
@@ -339,115 +338,6 @@ def signatures(node: Any) -> Iterable[Signature]:
     else:
         for m in node.members:
             yield from signatures(m)
-
-
-# ---------------------------------------------------------------------------- reading
-def step_jobs(steps: list[Step], first_ids: list, barriers: dict[tuple[int, str], dict | None]) -> list[int | None]:
-    """Each step's job id: from the first batch, or the callback its barrier fired (None:
-    not enqueued yet)."""
-    out: list[int | None] = []
-    for step in steps:
-        if step.barrier is None:
-            out.append(first_ids[step.index] if step.index is not None else None)
-        else:
-            state = barriers.get(step.barrier)
-            out.append(state.get("fired_job") if state else None)
-    return out
-
-
-def failure(steps: list[Step], jobs: list[int | None], results: dict[int, Any]) -> JobFailed | None:
-    """The first step that was dead-lettered, as the JobFailed that ``result()`` raises."""
-    for step, job_id in zip(steps, jobs):
-        r = results.get(job_id) if job_id is not None else None
-        if r is not None and r.state == "dead":
-            return JobFailed(f"step {step.path} ({step.task}, job {job_id}) failed: {r.error}",
-                             job_id=job_id, error=r.error, task=step.task)
-    return None
-
-
-def finished(steps: list[Step], jobs: list[int | None], results: dict[int, Any], finals: list[str],
-             single: bool) -> tuple[bool, Any]:
-    """``(True, value)`` once every final step succeeded: its value, or the list of them for
-    a workflow that ends with a group. NotFound if a final step's result is gone (expired,
-    or the workflow was cancelled)."""
-    by_path = {step.path: job_id for step, job_id in zip(steps, jobs)}
-    values = []
-    for path in finals:
-        job_id = by_path.get(path)
-        r = results.get(job_id) if job_id is not None else None
-        if r is None or r.state != "succeeded":
-            if r is not None and r.state == "gone":
-                raise NotFound(f"step {path} (job {job_id}): its result is gone (expired, or cancelled)")
-            return False, None
-        values.append(unpack(r.value))
-    return True, values[0] if single else values
-
-
-def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
-                barriers: dict[tuple[int, str], dict | None]) -> list[dict]:
-    """One row per step: what ``Workflow.status()`` returns."""
-    rows = []
-    for step, job_id in zip(steps, jobs):
-        row: dict[str, Any] = {"step": step.path, "task": step.task, "job_id": job_id}
-        r = results.get(job_id) if job_id is not None else None
-        if r is not None:
-            state = r.state
-            if state == "gone" and step.reports is not None:
-                state = _reported_state(step.reports, barriers)
-            row.update(state=state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
-                       result_bytes=r.value_bytes)
-        else:
-            b = barriers.get(step.barrier) if step.barrier is not None else None
-            state = "cancelled" if b and b.get("cancelled") else "pending"
-            row.update(state=state, attempts=0, progress=None, note=None, error=None, result_bytes=None)
-            if b is not None:
-                row.update(arrived=b.get("arrived"), total=b.get("total"))
-        rows.append(row)
-    return rows
-
-
-def _reported_state(reports: tuple[int, str, int], barriers: dict[tuple[int, str], dict | None]) -> str:
-    """The state of a step whose job is gone and whose value went to a barrier, not kept:
-    ``succeeded`` if the barrier counted it, ``cancelled`` if the barrier was cancelled,
-    else ``gone`` (cancelled or purged before it arrived)."""
-    shard, bid, index = reports
-    b = barriers.get((shard, bid))
-    if not b:
-        return "gone"
-    if b.get("cancelled"):
-        return "cancelled"
-    if b.get("fired_job") is not None:
-        return "succeeded"
-    missing = b.get("missing") or []
-    if index in missing:
-        return "gone"
-    # the barrier lists its first missing indexes only: below the last one listed (or with
-    # fewer than all listed) an index not listed has arrived
-    shown_all = b.get("total", 0) - b.get("arrived", 0) == len(missing)
-    return "succeeded" if shown_all or (missing and index < missing[-1]) else "gone"
-
-
-def watched(steps: list[Step], jobs: list[int | None], barriers: dict[tuple[int, str], dict | None],
-            finals: list[str]) -> list[int]:
-    """The jobs ``result()`` looks at: the final steps (their values), the fanout jobs, and
-    the members a barrier is still missing (the first it lists: a dead one is among them,
-    or will be once the others arrived). Never all of a large chord's members at each look."""
-    missing: set[tuple[int, str, int]] = set()
-    for (shard, bid), b in barriers.items():
-        if b and b.get("fired_job") is None and not b.get("cancelled"):
-            missing.update((shard, bid, i) for i in b.get("missing") or [])
-    # A barrier no member has arrived at yet is unknown to its shard: its first members
-    # enqueued are watched as a known one's first missing would be (a chain step that
-    # died before its barrier ever saw an arrival is one of them).
-    unseen: dict[tuple[int, str], list[int]] = {}
-    for step, job_id in zip(steps, jobs):
-        if step.reports is not None and job_id is not None and barriers.get(step.reports[:2]) is None:
-            unseen.setdefault(step.reports[:2], []).append(step.reports[2])
-    for (shard, bid), indexes in unseen.items():
-        missing.update((shard, bid, i) for i in sorted(indexes)[:UNSEEN_WATCHED])
-    final = set(finals)
-    return [job_id for step, job_id in zip(steps, jobs)
-            if job_id is not None and (step.path in final or step.task == FANOUT or step.reports in missing)]
 
 
 def spec_of(steps: list[Step], barriers: list[tuple[int, str]], finals: list[str], first_ids: list,
@@ -563,40 +453,93 @@ class Workflow:
 
     def outcome(self) -> tuple[str, str | None] | None:
         """How the workflow ended, from its jobs and barriers (what the service's watcher
-        records): ``("failed", error)`` once a step was dead-lettered, ``("succeeded",
-        None)`` once every final step succeeded, ``("cancelled", why)`` if a final step's
-        result is gone (cancelled, or expired before anyone looked); None while it runs."""
-        try:
-            done, _ = self._verdict(*self._look(self.queue, every=False)[:2])
-        except JobFailed as failed:
-            return "failed", str(failed)
-        except NotFound as gone:
-            return "cancelled", str(gone)
-        return ("succeeded", None) if done else None
+        records): ``("failed", why)`` once a step was dead-lettered, ``("succeeded", None)``
+        once every final step succeeded, ``("cancelled", why)`` once it was cancelled
+        (``wf.cancel()``, a barrier cancelled) or a step's job is gone before it reported
+        (cancelled, or purged); None while it runs. ``why`` names the step."""
+        q = self.queue
+        *_, v = _drive(q, self._judge(q.shards, every=False))
+        if v.state == RUNNING:
+            return None
+        if v.state == SUCCEEDED:
+            return "succeeded", None
+        return ("failed" if v.state == FAILED else "cancelled"), v.why
 
     # ------------------------------------------------------------------ looking
+    # The reading is written once, as generators that yield the client calls they need
+    # (``(method, args)``) and are sent their replies: ``_drive`` runs them with the
+    # threaded client, ``_adrive`` with the asyncio one.
+    def _marker(self, shards: int) -> tuple[int, str]:
+        """The barrier ``wf.cancel()`` cancels first, whatever else has fired: the durable
+        sign, read with the workflow's barriers, that it was cancelled (no step uses it)."""
+        bid = f"{self.id}.cancel"
+        return zlib.crc32(bid.encode()) % shards, bid
+
+    def _judge(self, shards: int, every: bool) -> Generator[tuple[str, tuple], Any, tuple]:
+        """One look: each step's job, the results read (``every``: every step's, as sizes;
+        else those ``result()`` watches, with values), the barriers, and the
+        :class:`Verdict`. A step that reads as gone before it reported is confirmed by a
+        second read of the barriers (it may have reported, and been acked, in between)."""
+        states = yield "barriers", (self.barriers + [self._marker(shards)],)
+        barriers = dict(zip(self.barriers, states))
+        cancelled = bool(states[-1] and states[-1].get("cancelled"))
+        jobs = step_jobs(self.steps, self.first_ids, barriers)
+        known = [j for j in jobs if j is not None] if every else watched(self.steps, jobs, barriers, self.finals)
+        results = {r.job_id: r for r in (yield "results", (known, every))} if known else {}
+        v = verdict(self.steps, jobs, results, barriers, self.finals, cancelled)
+        if v.state == ENDED and v.recheck:
+            again = dict(zip(self.barriers, (yield "barriers", (self.barriers,))))
+            v = verdict(self.steps, jobs, results, again, self.finals, cancelled)
+        return jobs, results, barriers, v
+
+    def _answer(self, v: Verdict) -> Generator[tuple[str, tuple], Any, Any]:
+        """What ``result()`` says of an ended workflow: its value, or the error it raises.
+        An end the jobs cannot tell apart (a cancel from a dead step purged, a cancel from a
+        result gone) is told by the workflow's record, ended here as cancelled unless it
+        ended already (its first end is kept): ``failed`` raises JobFailed with the failure
+        it recorded, ``succeeded`` the value (or JobFailed: the result is gone since)."""
+        if v.state == SUCCEEDED:
+            return self._value(v.values)
+        step, task = (v.step.path, v.step.task) if v.step is not None else (None, None)
+        if v.state == FAILED:
+            raise JobFailed(v.why or "", job_id=v.job_id, error=v.error, task=task, step=step)
+        try:
+            state = yield "end_workflow", (self.id, "cancelled", v.why, RECORD_KEPT_S)
+        except NotFound:
+            state = None  # no record kept (its put failed, or it expired): the jobs alone say
+        if state == "succeeded" and v.values is not None:
+            return self._value(v.values)
+        if state == "failed":
+            try:
+                error = (yield "workflow", (self.id,))["error"]
+            except NotFound:  # expired in between: its failure is all it said
+                error = None
+            raise JobFailed(f"workflow {self.id} failed: {error or 'a step was dead-lettered'} (since then: {v.why})",
+                            job_id=v.job_id, error=error, task=task, step=step)
+        if state == "succeeded" or (state is None and v.lost):
+            raise JobFailed(f"workflow {self.id} ended, but its result cannot be read: {v.why}", job_id=v.job_id,
+                            error=v.why, task=task, step=step)
+        raise WorkflowCancelled(f"workflow {self.id} cancelled: {v.why}", workflow_id=self.id, step=step,
+                                task=task, job_id=v.job_id)
+
+    def _poll(self, shards: int) -> Generator[tuple[str, tuple], Any, tuple[bool, Any]]:
+        """One look for ``result()``: ``(True, value)`` once it ended (or the error raised),
+        ``(False, None)`` while it runs."""
+        *_, v = yield from self._judge(shards, every=False)
+        if v.state == RUNNING:
+            return False, None
+        return True, (yield from self._answer(v))
+
+    def _value(self, values: list | None) -> Any:
+        out = [unpack(v) for v in values or []]
+        return out[0] if self.single else out
+
     def _look(self, q, every: bool = True) -> tuple[list[int | None], dict[int, Any], dict]:
         """Each step's job, the outcomes of every step's job (``every``: their values'
         sizes only) or of the ones ``result()`` watches (with their values), and the
         barriers' states."""
-        barriers = dict(zip(self.barriers, q.barriers(self.barriers))) if self.barriers else {}
-        jobs = step_jobs(self.steps, self.first_ids, barriers)
-        known = [j for j in jobs if j is not None] if every else watched(self.steps, jobs, barriers, self.finals)
-        results = {r.job_id: r for r in q.results(known, sizes=every)} if known else {}
+        jobs, results, barriers, _ = _drive(q, self._judge(q.shards, every))
         return jobs, results, barriers
-
-    async def _alook(self, q) -> tuple[list[int | None], dict[int, Any], dict]:
-        barriers = dict(zip(self.barriers, await q.barriers(self.barriers))) if self.barriers else {}
-        jobs = step_jobs(self.steps, self.first_ids, barriers)
-        known = watched(self.steps, jobs, barriers, self.finals)
-        results = {r.job_id: r for r in await q.results(known)} if known else {}
-        return jobs, results, barriers
-
-    def _verdict(self, jobs, results) -> tuple[bool, Any]:
-        failed = failure(self.steps, jobs, results)
-        if failed is not None:
-            raise failed
-        return finished(self.steps, jobs, results, self.finals, self.single)
 
     def status(self) -> list[dict]:
         """Every step: ``step`` (its path), ``task``, ``job_id`` (None until enqueued),
@@ -608,15 +551,18 @@ class Workflow:
 
     def result(self, timeout: float | None = None) -> Any:
         """The workflow's value once it is done: the last step's return value (a list of
-        the members' for one that ends with a group). JobFailed if a step was
-        dead-lettered, TimeoutError if not done within ``timeout`` seconds."""
+        the members' for one that ends with a group). Once it has ended otherwise, at
+        once: JobFailed if a step was dead-lettered (or purged since, or its result is
+        gone), WorkflowCancelled if it was cancelled (``cancel()``, or a step's job
+        cancelled); both name the step. TimeoutError if it runs past ``timeout`` seconds."""
+        q = self.queue
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            done, value = self._verdict(*self._look(self.queue, every=False)[:2])
+            done, value = _drive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, self.id)
+            wait = _next_wait(wait, deadline, f"workflow {self.id}")
             time.sleep(wait)
 
     async def result_async(self, timeout: float | None = None) -> Any:
@@ -627,17 +573,27 @@ class Workflow:
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            done, value = self._verdict(*(await self._alook(q))[:2])
+            done, value = await _adrive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, self.id)
+            wait = _next_wait(wait, deadline, f"workflow {self.id}")
             await asyncio.sleep(wait)
 
     def cancel(self) -> dict:
-        """Stop what has not run: each barrier not fired yet is cancelled (nothing after it
-        is enqueued), then every job enqueued and not finished is cancelled
-        (:meth:`~shardq.client.router.Router.cancel`). Returns the counts."""
+        """Stop what has not run: its marker is cancelled (from then on ``result()``
+        raises WorkflowCancelled at once), then each barrier not fired yet (nothing after
+        it is enqueued), then every job enqueued and not finished
+        (:meth:`~shardq.client.router.Router.cancel`); the record ends ``cancelled``.
+        A workflow that had ended already keeps its end: one that succeeded is left as it
+        is, one that failed is recorded failed (and what is left of it cancelled). Returns
+        the counts and the record's ``state``."""
         q: Any = self.queue
+        *_, before = _drive(q, self._judge(q.shards, every=False))
+        if before.state == SUCCEEDED:
+            return {"barriers_cancelled": 0, "jobs": {}, "state": self._end(q, "succeeded", None)}
+        if before.state == FAILED:
+            self._end(q, "failed", before.why)
+        q.cancel_barrier(*self._marker(q.shards), RECORD_KEPT_S)
         fired = 0
         for shard, bid in self.barriers:
             fired += q.cancel_barrier(shard, bid, limits.WORKFLOW_RESULT_S_DEFAULT) == "fired"
@@ -649,11 +605,46 @@ class Workflow:
                 continue
             what = q.cancel(job_id)
             outcomes[what] = outcomes.get(what, 0) + 1
+        state = self._end(q, "cancelled", "cancelled by wf.cancel()")
+        return {"barriers_cancelled": len(self.barriers) - fired, "jobs": outcomes, "state": state}
+
+    def _end(self, q: Any, state: str, why: str | None) -> str:
+        """Record the end (its first end is kept): the state the record holds now."""
         try:
-            q.end_workflow(self.id, "cancelled", None, RECORD_KEPT_S)
+            return q.end_workflow(self.id, state, why, RECORD_KEPT_S)
         except NotFound:
-            pass  # sent without a record (its put failed, or an older version sent it)
-        return {"barriers_cancelled": len(self.barriers) - fired, "jobs": outcomes}
+            return state  # sent without a record (its put failed, or an older version sent it)
+
+
+def _drive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
+    """Run a reading generator with the threaded client ``q``: each call it yields is
+    made, and its reply (or its ShardqError) sent back; returns what it returns."""
+    reply: Any = None
+    error: ShardqError | None = None
+    while True:
+        try:
+            method, args = gen.throw(error) if error is not None else gen.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            reply, error = getattr(q, method)(*args), None
+        except ShardqError as exc:
+            reply, error = None, exc
+
+
+async def _adrive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
+    """As :func:`_drive`, with the asyncio client."""
+    reply: Any = None
+    error: ShardqError | None = None
+    while True:
+        try:
+            method, args = gen.throw(error) if error is not None else gen.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            reply, error = await getattr(q, method)(*args), None
+        except ShardqError as exc:
+            reply, error = None, exc
 
 
 #: Steps a description lists (``describe``); the counts by state cover every step.
@@ -678,12 +669,12 @@ def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict:
             "steps_by_state": by_state, "steps": rows[:steps_max], "steps_shown": min(len(rows), steps_max)}
 
 
-def _next_wait(wait: float, deadline: float | None, wf_id: str) -> float:
+def _next_wait(wait: float, deadline: float | None, what: str) -> float:
     """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline);
-    TimeoutError once the deadline has passed."""
+    TimeoutError (``"<what> not done in time"``) once the deadline has passed."""
     if deadline is not None:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"workflow {wf_id} not done in time")
+            raise TimeoutError(f"{what} not done in time")
         return min(wait * 2, POLL_MAX_S, left)
     return min(wait * 2, POLL_MAX_S)

@@ -10,6 +10,7 @@ EXPECTED = {
     "ShardCountMismatch", "NotADataDir", "DataDirLocked", "UsageError", "Unsupported",
     "CorruptLog", "LogFailed", "App", "Task", "Exponential", "Retry", "Fail", "aio", "Cancelled",
     "PostgresStore", "StoreUnavailable", "OutboxBehind", "JobFailed", "chain", "group", "chord", "Workflow",
+    "WorkflowCancelled",
 }
 
 

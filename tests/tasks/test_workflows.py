@@ -12,6 +12,7 @@ import pytest
 import shardq
 from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
+from shardq.tasks.workflow import describe
 
 from support.task_apps import fresh_tasks
 from support.service import wait_until
@@ -215,7 +216,7 @@ def test_cancel_stops_what_has_not_run(fresh):
 
     wf = chain(first.s(), second.s()).send()
     out = wf.cancel()
-    assert out == {"barriers_cancelled": 1, "jobs": {"cancelled": 1}}
+    assert out == {"barriers_cancelled": 1, "jobs": {"cancelled": 1}, "state": "cancelled"}
     assert [r["state"] for r in wf.status()] == ["cancelled", "cancelled"]
     assert drain(fresh, "later").leased == 0
 
@@ -398,3 +399,200 @@ def test_a_step_keeps_its_key_queue_delay_and_priority(fresh):
     assert (info["queue"], info["key"], info["state"], info["priority"]) == ("wf-b", "k-None", "delayed", 7)
     assert info["deadline"] > info["enqueued_at"] + 3000
     assert fresh.queue.cancel(info["job_id"]) == "cancelled"
+
+
+# ---------------------------------------------------------------------------- how workflows end
+# Each way a step can end (docs/workflows.md, "How a workflow ends"), read by result() on both
+# drivers: the threaded client (wf.result) and the asyncio one (wf.result_async).
+DRIVERS = ["thread", "asyncio"]
+
+
+def result_of(app, wf, driver: str, timeout: float | None = 5):
+    if driver == "thread":
+        return wf.result(timeout=timeout)
+
+    async def main():
+        try:
+            return await wf.result_async(timeout=timeout)
+        finally:
+            await app.aclose()
+
+    return asyncio.run(main())
+
+
+def job_of(wf, path: str) -> int:
+    return wait_until(lambda: {r["step"]: r["job_id"] for r in wf.status()}[path], 10, 0.01,
+                      f"step {path} enqueued")
+
+
+def record_state(app, wf) -> str:
+    return app.queue.workflow(wf.id)["state"]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_result_of_a_workflow_cancelled_before_its_last_step_is_enqueued_raises_at_once(fresh, driver):
+    @fresh.task(queue="nobody")
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task(queue="nobody")
+    def second(ctx, x: int) -> int:
+        return x + 1
+
+    wf = chain(first.s(), second.s()).send()
+    assert wf.cancel()["state"] == "cancelled"
+    with pytest.raises(shardq.WorkflowCancelled, match=r"step 0\.1 .*not started.*wf\.cancel\(\)") as err:
+        result_of(fresh, wf, driver)
+    assert (err.value.workflow_id, err.value.step, err.value.task) == (wf.id, "0.1", second.name)
+    assert record_state(fresh, wf) == "cancelled"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_result_of_a_workflow_cancelled_after_its_last_step_is_enqueued_or_leased_raises_at_once(fresh, driver):
+    @fresh.task(queue="wf-end")
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task(queue="wf-end")
+    def last(ctx, x: int) -> int:
+        return x + 1
+
+    enqueued = chain(first.s(), last.s()).send()
+    fresh.run_worker("wf-end", max_jobs=1, idle_wait_s=0.05, poll_s=0.01)
+    job_of(enqueued, "0.1")  # the last step is enqueued, ready
+    enqueued.cancel()
+    with pytest.raises(shardq.WorkflowCancelled, match=r"step 0\.1 "):
+        result_of(fresh, enqueued, driver)
+
+    # The last step running when the workflow is cancelled: result() does not wait for it,
+    # and says cancelled even once it stored its value.
+    running = chain(last.s(5)).send()
+    q = fresh.queue
+    (lease,) = q.dequeue_many("wf-end", max_jobs=1)
+    assert running.cancel()["jobs"] == {"cancelling": 1}
+    with pytest.raises(shardq.WorkflowCancelled, match=rf"step 0\.0 .*job {lease.job_id}"):
+        result_of(fresh, running, driver)
+    q.put_result(lease, msgpack.packb(6), 60)
+    with pytest.raises(shardq.Cancelled):
+        q.ack(lease)
+    with pytest.raises(shardq.WorkflowCancelled):
+        result_of(fresh, running, driver)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_middle_step_cancelled_by_an_operator_cancels_its_workflow(fresh, driver):
+    @fresh.task(queue="wf-end")
+    def a(ctx) -> int:
+        return 1
+
+    @fresh.task(queue="wf-end")
+    def b(ctx, x: int) -> int:
+        return x + 1
+
+    @fresh.task(queue="wf-end")
+    def c(ctx, x: int) -> int:
+        return x + 1
+
+    wf = chain(a.s(), b.s(), c.s()).send()
+    fresh.run_worker("wf-end", max_jobs=1, idle_wait_s=0.05, poll_s=0.01)
+    middle = job_of(wf, "0.1")
+    assert fresh.queue.cancel(middle) == "cancelled"  # what `shardq job cancel` does
+    # the service's watcher records the end, whether or not anyone asks for the result
+    wait_until(lambda: record_state(fresh, wf) != "running", 30, 0.05, "the watcher recording the end")
+    record = fresh.queue.workflow(wf.id)
+    assert record["state"] == "cancelled" and f"step 0.1 ({b.name}, job {middle})" in record["error"]
+    assert record["expires_at"] is not None
+    shown = describe(fresh.queue, wf.id)  # what `shardq workflow show` and the console show
+    assert (shown["state"], shown["error"]) == ("cancelled", record["error"])
+    assert shown["steps_by_state"] == {"succeeded": 1, "gone": 1, "pending": 1}
+    with pytest.raises(shardq.WorkflowCancelled, match=rf"step 0\.1 \({b.name}, job {middle}\).*cancel") as err:
+        result_of(fresh, wf, driver, timeout=None)
+    assert err.value.job_id == middle
+
+    # A chord's member cancelled: result() ends the record itself, at once.
+    @fresh.task(queue="wf-end")
+    def member(ctx, i: int) -> int:
+        return i
+
+    @fresh.task(queue="wf-end")
+    def total(ctx, xs: list) -> int:
+        return sum(xs)
+
+    cw = chord(group(member.s(i) for i in range(4)), total.s()).send()
+    gone = job_of(cw, "0.0.2")
+    assert fresh.queue.cancel(gone) == "cancelled"
+    drain(fresh, "wf-end")
+    with pytest.raises(shardq.WorkflowCancelled, match=rf"step 0\.0\.2 \({member.name}, job {gone}\)"):
+        result_of(fresh, cw, driver, timeout=None)
+    assert record_state(fresh, cw) == "cancelled"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_dead_step_then_purged_fails_its_workflow(fresh, driver):
+    @fresh.task
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task
+    def dies(ctx, x: int) -> int:
+        raise shardq.Fail(f"step after {x} is broken")
+
+    @fresh.task
+    def last(ctx, x: int) -> int:
+        return x
+
+    wf = chain(first.s(), dies.s(), last.s()).send()
+    drain(fresh)
+    wait_until(lambda: record_state(fresh, wf) == "failed", 30, 0.05, "the watcher recording the failure")
+    assert fresh.queue.purge_dead_letters("default") == 1  # `shardq dead-letters purge`
+    with pytest.raises(shardq.JobFailed, match=r"step 0\.1 .*step after 1 is broken") as err:
+        result_of(fresh, wf, driver, timeout=None)
+    assert (err.value.step, err.value.task) == ("0.1", dies.name)
+    assert record_state(fresh, wf) == "failed"
+
+
+def test_result_of_a_plain_job_times_out_naming_the_job(fresh):
+    @fresh.task(keep_result=60, queue="nobody")
+    def idle(ctx):
+        return 1
+
+    job_id = idle.send()
+    with pytest.raises(TimeoutError) as err:
+        fresh.result(job_id, timeout=0.05)
+    assert f"job {job_id}" in str(err.value) and "workflow" not in str(err.value)
+    assert "ready" in str(err.value)
+
+    async def main():
+        try:
+            return await fresh.result_async(job_id, timeout=0.05)
+        finally:
+            await fresh.aclose()
+
+    with pytest.raises(TimeoutError, match=f"^job {job_id} "):
+        asyncio.run(main())
+
+
+def test_a_step_cancelled_while_it_runs_that_finishes_and_reports_lets_its_workflow_go_on(fresh):
+    started, release = threading.Event(), threading.Event()
+
+    @fresh.task(queue="wf-end")
+    def slow(ctx) -> int:
+        started.set()
+        release.wait(30)
+        return 1
+
+    @fresh.task(queue="wf-end")
+    def after(ctx, x: int) -> int:
+        return x + 1
+
+    wf = chain(slow.s(), after.s()).send()
+    worker = threading.Thread(target=drain, args=(fresh, "wf-end"))
+    worker.start()
+    try:
+        assert started.wait(30)
+        assert fresh.queue.cancel(job_of(wf, "0.0")) == "cancelling"  # too late: it runs
+    finally:
+        release.set()
+        worker.join(30)
+    drain(fresh, "wf-end")
+    assert wf.result(timeout=10) == 2

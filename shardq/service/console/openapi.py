@@ -85,7 +85,7 @@ _OUTCOME = {
     "result_expires_at": {"type": ["number", "null"], "description": "when its kept result expires"},
 }
 
-# A workflow's step (tasks/workflow.py status_rows): "pending" until a barrier enqueues its
+# A workflow's step (tasks/reading.py status_rows): "pending" until a barrier enqueues its
 # job, then its job's state; "succeeded" also for a step whose value went to a barrier that
 # counted it; "cancelled" (its barrier was), "gone" (cancelled, purged or expired).
 _STEP_STATES = ["pending", "waiting", "delayed", "ready", "leased", "succeeded", "dead", "cancelled", "gone"]
