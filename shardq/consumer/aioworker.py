@@ -211,7 +211,7 @@ class AsyncWorker:
             self._started.set()
             try:
                 drained = await self._lease_loop()
-                await self._shutdown()
+                await self._shutdown(drained)
             finally:
                 heart.cancel()
             self.progress.final(self.stats, "queues drained (burst)" if drained else "stopped",
@@ -287,11 +287,12 @@ class AsyncWorker:
                 burst.answered(self.queue, token, held, len(leases))
         return False
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, drained: bool = False) -> None:
         """Let running jobs finish and settle (the outbox included) within the grace
         period; then cancel the jobs still running (released) and leave what the outbox
-        holds to expire."""
-        log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
+        holds to expire. ``drained``: burst found nothing left, nothing runs."""
+        if not drained:
+            log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
         loop = asyncio.get_running_loop()
         end = loop.time() + self.grace_s
         while self.jobs and loop.time() < end:
