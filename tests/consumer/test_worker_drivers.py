@@ -28,7 +28,7 @@ from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
 from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
-from shardq.consumer.policy import LOG_EVERY_S_MAX
+from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
@@ -523,3 +523,54 @@ def test_progress_and_burst_options_are_refused_the_same_way_by_every_driver(run
     with pytest.raises(InvalidConfig, match=words):
         cls(q, lambda ctx: None, **options)
     cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX)  # the limits themselves are fine
+
+
+def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():
+    """Queue a's job sends a job to queue b after b's worker found b empty: the workers of
+    both queues (a thread worker and an asyncio worker, one Burst) return only once that
+    job is done too."""
+    clock = FakeClock()
+    b_found_nothing = threading.Event()
+
+    class Watched(BuryingQueue):
+        def dequeue_many(self, queue, max_jobs=100, wait=0.0, visibility=None):
+            out = super().dequeue_many(queue, max_jobs=max_jobs, wait=wait, visibility=visibility)
+            if queue == "b" and not out and not b_found_nothing.is_set():
+                # b's first "nothing" arrives only after a's job sent b a job, was acked, and
+                # a's worker found a empty: the answer is stale by then, and must not count
+                b_found_nothing.set()
+                wait_until(lambda: self.state(first) == ACKED and burst._empty["a"] is not None,
+                           what="a drained")
+            return out
+
+    q = Watched(clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
+    done_in_b = []
+
+    def in_a(ctx):
+        assert b_found_nothing.wait(10)
+        q.enqueue(b"for b", queue="b")
+
+    burst = Burst(["a", "b"])
+    first = q.enqueue(b"for a", queue="a")
+    workers = [Worker(q, in_a, queue="a", clock=clock, poll_s=0.005, idle_wait_s=0.01, prune_every_s=None,
+                      burst=burst),
+               AsyncWorker(AsyncFacade(q), _PlainHandler(done_in_b.append), queue="b", clock=clock,
+                           idle_wait_s=0.01, burst=burst)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    wait_until(lambda: not any(t.is_alive() for t in threads), what="both burst workers returning")
+    assert q.state(first) == ACKED and len(done_in_b) == 1 and q.state(done_in_b[0]) == ACKED
+
+
+class _PlainHandler:
+    """A plain handler for the asyncio worker (no tasks): runs ``fn(job_id)`` in a thread."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, ctx):
+        self.fn(ctx.job_id)
+
+    def task_of(self, body):
+        return None
