@@ -193,8 +193,9 @@ class Worker:
 
     def run(self, max_jobs: int | None = None, until_idle: bool = False) -> WorkerStats:
         """Work until stopped; or until ``max_jobs`` leases (of this call) are settled; or, with
-        ``until_idle``, until a dequeue finds nothing and nothing is in flight. A stopped
-        worker stays stopped. Returns a copy of the counters."""
+        ``until_idle`` (or the worker's ``burst``), until its queue is drained: a dequeue asked
+        while nothing was in flight found nothing (:class:`.policy.Burst`). A stopped worker
+        stays stopped. Returns a copy of the counters."""
         old_handlers = self._install_signals()
         self._results = results = queue_mod.SimpleQueue()
         if self._stop_requested:
