@@ -18,7 +18,7 @@ import sys
 from typing import Any
 from collections.abc import Callable
 
-from ..consumer.policy import LOG_EVERY_S_DEFAULT
+from ..consumer.policy import LOG_EVERY_S_DEFAULT, LOG_EVERY_S_MAX
 from ..errors import UsageError
 from ..pgconn import is_url
 from . import common, exits
@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=1000, metavar="JOBS",
                    help="log a progress line every JOBS finished jobs (default 1000)")
     p.add_argument("--log-every-s", type=float, default=LOG_EVERY_S_DEFAULT, metavar="SECONDS",
-                   help=f"and every SECONDS in which a job finished (default {LOG_EVERY_S_DEFAULT:g}; at most 86400)")
+                   help=f"and every SECONDS in which a job finished (default {LOG_EVERY_S_DEFAULT:g}; "
+                        f"at most {LOG_EVERY_S_MAX:g})")
     p.add_argument("--burst", action="store_true",
                    help="exit 0 once every queue it serves has no job to lease and every job it "
                         "leased is settled (delayed jobs not yet due do not count)")
