@@ -3,7 +3,12 @@ against a running service.
 
 ``shardq worker myapp.tasks [more.modules ...]`` (modules, no colon): run every task of
 the modules, one worker per queue of their tasks (``--queue`` to pick some), routing each
-job by its task name (:mod:`shardq.tasks.runner`)."""
+job by its task name (:mod:`shardq.tasks.runner`).
+
+It says what it does: a start line (queues, concurrency, mode, idempotency store) once it
+is connected, progress every ``--log-every`` jobs and every ``--log-every-s`` seconds, a
+last line when it returns; ``--burst`` returns (exit 0) once every queue it serves is
+drained (:class:`shardq.consumer.policy.Burst` says exactly when)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +18,7 @@ import sys
 from typing import Any
 from collections.abc import Callable
 
+from ..consumer.policy import LOG_EVERY_S_DEFAULT, LOG_EVERY_S_MAX
 from ..errors import UsageError
 from ..pgconn import is_url
 from . import common, exits
@@ -44,7 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or a PostgreSQL URL (postgresql:// or postgres://; needs shardq[postgres])")
     p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--grace", type=float, default=30.0, help="seconds running jobs get on SIGTERM")
-    p.add_argument("--log-every", type=int, default=1000)
+    p.add_argument("--log-every", type=int, default=1000, metavar="JOBS",
+                   help="log a progress line every JOBS finished jobs (default 1000)")
+    p.add_argument("--log-every-s", type=float, default=LOG_EVERY_S_DEFAULT, metavar="SECONDS",
+                   help=f"and every SECONDS in which a job finished (default {LOG_EVERY_S_DEFAULT:g}; "
+                        f"at most {LOG_EVERY_S_MAX:g})")
+    p.add_argument("--burst", action="store_true",
+                   help="exit 0 once every queue it serves has no job to lease and every job it "
+                        "leased is settled (delayed jobs not yet due do not count)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics on this address (port 0: any free port; printed)")
@@ -66,6 +79,13 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         parent = os.path.dirname(os.path.abspath(args.idempotency))
         if not os.path.isdir(parent):
             raise UsageError(f"--idempotency {args.idempotency}: directory {parent} does not exist")
+    from ..consumer.policy import Progress
+    from ..errors import InvalidConfig
+    try:
+        Progress(args.log_every, args.log_every_s, 0.0)  # the drivers' own check, as flags
+    except InvalidConfig as exc:
+        flags = str(exc).replace("log_every_s", "--log-every-s").replace("log_every ", "--log-every ")
+        raise UsageError(flags) from None
     task_mode = not any(":" in t for t in args.handler)
     if not task_mode and len(args.handler) != 1:
         raise UsageError("give one module:function, or module names (no colon) of tasks")
@@ -105,14 +125,21 @@ def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict
         metrics = _serve_metrics(args)
         if task_mode:
             from ..tasks.runner import Options, TaskWorkers
-            TaskWorkers(args.handler, router, target, args.queue,
-                        Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
-                                grace_s=args.grace, log_every=args.log_every, metrics=metrics),
-                        idempotency_path=args.idempotency, store=store).run()
+            workers = TaskWorkers(args.handler, router, target, args.queue,
+                                  Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
+                                          grace_s=args.grace, log_every=args.log_every,
+                                          log_every_s=args.log_every_s, burst=args.burst, metrics=metrics),
+                                  idempotency_path=args.idempotency, store=store)
+            workers.build()  # refuses bad options before the start line
+            log.info("%s", start_line(args, workers.plan))
+            workers.run()
         else:
-            Worker(router, handler, queue=(args.queue or ["default"])[0], concurrency=args.concurrency,
-                   mode=args.mode, idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-                   log_every=args.log_every, metrics=metrics).run()
+            worker = Worker(router, handler, queue=queues[0], concurrency=args.concurrency,
+                            mode=args.mode, idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
+                            log_every=args.log_every, log_every_s=args.log_every_s, burst=args.burst,
+                            metrics=metrics)
+            log.info("%s", start_line(args, {queues[0]: args.mode}))
+            worker.run()
     finally:
         if router is not None:
             router.close()
@@ -122,6 +149,37 @@ def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict
 
 
 _PENDING = ("ready", "delayed", "waiting", "in_flight")
+_MODE_WORDS = {"thread": "threads", "process": "processes", "async": "asyncio"}
+
+
+def start_line(args, plan: dict[str, str]) -> str:
+    """What a worker says when it starts: its queues and the mode of each (``plan``:
+    queue -> "thread", "process" or "async"), what it runs, its concurrency, idempotency
+    store, progress settings and whether it stops when the queues are drained."""
+    task_mode = not any(":" in t for t in args.handler)
+    modes = {q: _MODE_WORDS["process" if m == "thread" and args.mode == "process" else m]
+             for q, m in sorted(plan.items())}
+    queues = ", ".join(f"{q} ({m})" for q, m in modes.items())
+    what = f"tasks of {' '.join(args.handler)}" if task_mode else f"handler {args.handler[0]}"
+    if not args.idempotency:
+        store = "no idempotency store (effects at least once)"
+    elif is_url(args.idempotency):
+        store = "idempotency store PostgreSQL " + _no_password(args.idempotency)
+    else:
+        store = f"idempotency store SQLite {args.idempotency}"
+    return (f"worker {os.getpid()} started: {what}; {'queues' if len(modes) > 1 else 'queue'} {queues}; "
+            f"concurrency {args.concurrency}{' per queue' if len(modes) > 1 else ''}; {store}; "
+            f"progress every {args.log_every} jobs and every {args.log_every_s:g}s"
+            + ("; --burst: exits once the queues are drained" if args.burst else ""))
+
+
+def _no_password(url: str) -> str:
+    """``url`` with its password, if any, shown as ``***``."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def check_queues(router, queues: list[str], tasks: dict | None, targets: list[str]) -> list[str]:

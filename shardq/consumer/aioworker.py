@@ -21,7 +21,10 @@
   same as the thread worker's; :mod:`.dispatch` applies the task's retries;
 * ``stop()`` (any thread): stop leasing (a waiting dequeue is cancelled, which leaves no
   lease behind), let running jobs finish for ``grace_s``, then cancel them (their
-  transactions roll back) and release their leases.
+  transactions roll back) and release their leases;
+* ``burst``: return once its queue is drained and every job it leased is settled, and the
+  progress lines: the policy's (:class:`.policy.Burst`, :class:`.policy.Progress`), as for
+  the thread worker.
 """
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ from ..types import Lease
 from .aiotxn import TxnThread
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
-from .policy import ACK, NACK, NOTHING, Outbox, Policy, Settle, UnavailableBackoff
+from .policy import (ACK, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
+                     UnavailableBackoff, burst_for)
 from .worker import CONCURRENCY_MAX, WorkerStats, _require
 
 log = logging.getLogger("shardq.worker")
@@ -145,7 +149,8 @@ class AsyncWorker:
                  log_every: int = 1000, heartbeat_fraction: float = 0.5, idle_wait_s: float = 1.0,
                  backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
                  clock: Clock | None = None, rng: random.Random | None = None,
-                 request_timeout_s: float = 5.0):
+                 request_timeout_s: float = 5.0, log_every_s: float = LOG_EVERY_S_DEFAULT,
+                 burst: bool | Burst = False):
         _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
                  f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
         _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
@@ -159,6 +164,8 @@ class AsyncWorker:
         self.outbox = Outbox()
         self.backoff = UnavailableBackoff()
         self.clock = clock or SystemClock()
+        self.progress = Progress(log_every, log_every_s, self.clock.monotonic(), queue)
+        self.burst = burst_for(burst, queue)
         self.request_timeout_s = request_timeout_s
         self.stats = WorkerStats()
         self.jobs: dict[tuple, _Job] = {}
@@ -203,10 +210,12 @@ class AsyncWorker:
             heart = asyncio.create_task(self._heartbeats())
             self._started.set()
             try:
-                await self._lease_loop()
-                await self._shutdown()
+                drained = await self._lease_loop()
+                await self._shutdown(drained)
             finally:
                 heart.cancel()
+            self.progress.final(self.stats, "queues drained (burst)" if drained else "stopped",
+                                self.clock.monotonic())
         finally:
             if owned:
                 await q.close()
@@ -236,14 +245,21 @@ class AsyncWorker:
             pass
 
     # ------------------------------------------------------------------ leasing
-    async def _lease_loop(self) -> None:
-        slot_free = self._slot_free
+    async def _lease_loop(self) -> bool:
+        """Lease until stopped; True if it ended because ``burst`` found its queues drained."""
+        slot_free, burst = self._slot_free, self.burst
         while not self._stop.is_set():
             room = self.concurrency - len(self.jobs)
-            if room <= 0:
+            done = burst is not None and burst.done
+            if done and not self.jobs:
+                return True
+            if room <= 0 or done:  # full, or drained: wait for a job to end
+                if burst is not None and not done:
+                    burst.busy(self.queue)
                 slot_free.clear()
                 await _first(self._stop.wait(), slot_free.wait())
                 continue
+            held, token = len(self.jobs), burst.asking() if burst is not None else 0
             dequeue = asyncio.ensure_future(self.q.dequeue_many(
                 self.queue, max_jobs=room, wait=self.idle_wait_s if not self.jobs else 0.2))
             stop = asyncio.ensure_future(self._stop.wait())
@@ -267,12 +283,16 @@ class AsyncWorker:
                 job = _Job(lease, now + self.heartbeat_fraction * (lease.deadline - now))
                 self.jobs[(lease.job_id, lease.token)] = job
                 job.task = asyncio.create_task(self._run_job(job))
+            if burst is not None:
+                burst.answered(self.queue, token, held, len(leases))
+        return False
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, drained: bool = False) -> None:
         """Let running jobs finish and settle (the outbox included) within the grace
         period; then cancel the jobs still running (released) and leave what the outbox
-        holds to expire."""
-        log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
+        holds to expire. ``drained``: burst found nothing left, nothing runs."""
+        if not drained:
+            log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
         loop = asyncio.get_running_loop()
         end = loop.time() + self.grace_s
         while self.jobs and loop.time() < end:
@@ -456,11 +476,7 @@ class AsyncWorker:
 
     def _count(self, counter: str) -> None:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        n = self.stats.processed
-        if n % self.log_every == 0:
-            log.info("%d jobs processed; %d ok, %d duplicate, %d failed, %d lost; in flight %d", n,
-                     self.stats.succeeded, self.stats.duplicates, self.stats.failed, self.stats.lost,
-                     len(self.jobs))
+        self.progress.counted(self.stats, len(self.jobs), self.clock.monotonic())
 
     # ------------------------------------------------------------------ leases
     async def _extend(self, job: _Job, seconds: float) -> float:
@@ -483,6 +499,7 @@ class AsyncWorker:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_TICK_S)
+            self.progress.tick(self.stats, len(self.jobs), self.clock.monotonic())
             now = self.clock.now()
             due = [j for j in self.jobs.values() if not j.lost and not j.ran and now >= j.extend_at]
             if due:

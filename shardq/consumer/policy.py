@@ -20,16 +20,19 @@ between drivers, and drift shows in failure handling first (docs/guarantees.md).
 * :meth:`Policy.failure`: an exception around the handler (the idempotency store at BEGIN,
   the claim, COMMIT or ROLLBACK; a lock timeout; a lost connection) is a failed attempt
   with its error text, retried with backoff like a handler's failure, never a job left to
-  expire silently.
+  expire silently;
+* :class:`Progress`: the progress lines (every N jobs, every N seconds, a last one);
+* :class:`Burst`: ``--burst``, when a worker's queues are drained and it may return.
 """
 from __future__ import annotations
 
 import logging
 import random
+import threading
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import JobGone, LeaseLost, ShardUnavailable
+from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
 from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Context, Result, backoff_delay,
                        error_text, failure_result)
@@ -228,3 +231,128 @@ class UnavailableBackoff:
         """How long to wait before retrying what met the outage (the outbox): the current
         backoff, at least the minimum even if another call has answered meanwhile."""
         return max(self.s, UNAVAILABLE_BACKOFF_S_MIN)
+
+
+LOG_EVERY_S_DEFAULT = 10.0       # a progress line at least this often while jobs finish
+LOG_EVERY_S_MAX = 86400.0
+
+
+class Progress:
+    """When a worker logs its progress, and what the line says: every ``every_jobs``
+    finished jobs, and every ``every_s`` seconds in which at least one job finished (an
+    idle worker stays quiet); :meth:`final` sums up a run when the worker returns.
+
+    Both limits are checked here, once for every driver: ``every_jobs`` an int >= 1,
+    ``every_s`` a number in (0, LOG_EVERY_S_MAX]; anything else is :class:`InvalidConfig`."""
+
+    def __init__(self, every_jobs: int, every_s: float, now: float, name: str = ""):
+        if isinstance(every_jobs, bool) or not isinstance(every_jobs, int) or every_jobs < 1:
+            raise InvalidConfig(f"log_every must be an int >= 1, not {every_jobs!r}")
+        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
+                or not 0 < every_s <= LOG_EVERY_S_MAX:
+            raise InvalidConfig(f"log_every_s must be a number of seconds in (0, {LOG_EVERY_S_MAX:g}], "
+                                f"not {every_s!r}")
+        self.every_jobs, self.every_s, self.name = every_jobs, float(every_s), name
+        self.n, self.t0, self.start = 0, now, now
+
+    def counted(self, stats: Any, in_flight: int, now: float) -> None:
+        """One more job finished; log a line if one is due."""
+        self.n += 1
+        if self.n >= self.every_jobs:
+            self._line(stats, in_flight, now)
+
+    def tick(self, stats: Any, in_flight: int, now: float) -> None:
+        """Called by the driver's loop now and then: log a line if ``every_s`` passed
+        since the last one and a job finished meanwhile."""
+        if self.n and now - self.t0 >= self.every_s:
+            self._line(stats, in_flight, now)
+
+    def final(self, stats: Any, why: str, now: float) -> None:
+        """The run is over (``why``: stopped, or the queues are empty)."""
+        elapsed = now - self.start
+        log.info("%s%s after %.1fs: %s", self._prefix(), why, elapsed, _totals(stats))
+
+    def _line(self, stats: Any, in_flight: int, now: float) -> None:
+        elapsed = now - self.t0
+        log.info("%s%d jobs in %.1fs (%.1f/s); total %s; in flight %d", self._prefix(), self.n, elapsed,
+                 self.n / elapsed if elapsed > 0 else 0.0, _totals(stats), in_flight)
+        self.n, self.t0 = 0, now
+
+    def _prefix(self) -> str:
+        return f"queue {self.name}: " if self.name else ""
+
+
+def _totals(stats: Any) -> str:
+    return (f"{stats.succeeded} ok, {stats.duplicates} duplicate, {stats.failed} failed, "
+            f"{stats.lost} lost, {stats.expired} expired")
+
+
+class Burst:
+    """``--burst``: when the workers of one process are done, shared by every driver.
+
+    A worker is done when its queues are *drained*: for every queue, a dequeue asked while
+    that queue's worker held no job (none running, none unsettled: every ack, nack, bury
+    and report answered, its outbox empty) found no job to lease, and no worker of the
+    group has held or leased a job since that dequeue was asked. The last clause covers a
+    job of one queue that sends a job to another: its worker is busy until the job is
+    settled, which makes every earlier "found nothing" stale, so each queue is asked again.
+
+    "No job to lease" is what a dequeue sees: jobs delayed and not yet due (a ``delay``,
+    a retry's backoff), jobs waiting behind their key's head, jobs held back by a limit or
+    a paused queue do not count, as RQ's burst mode ignores scheduled jobs; they run at
+    the next start. Jobs other workers hold do not count either.
+
+    Once done, it stays done: each worker returns as soon as it holds no job, leasing no
+    more. One object serves every worker of a process (a lock guards it: the drivers run
+    in threads of their own)."""
+
+    def __init__(self, queues: Any):
+        self._lock = threading.Lock()
+        self._epoch = 0
+        self._empty: dict[str, int | None] = {q: None for q in queues}
+        if not self._empty:
+            raise InvalidConfig("burst: no queue to drain")
+        self._done = False
+
+    def asking(self) -> int:
+        """Call right before a dequeue: the token to pass to :meth:`answered`."""
+        with self._lock:
+            return self._epoch
+
+    def answered(self, queue: str, token: int, held: int, found: int) -> bool:
+        """A dequeue of ``queue`` asked with ``token`` while its worker held ``held``
+        jobs found ``found``. Returns whether the group is done."""
+        with self._lock:
+            if held or found:
+                self._epoch += 1
+                self._empty[queue] = None
+            else:
+                self._empty[queue] = token
+            if not self._done and all(e == self._epoch for e in self._empty.values()):
+                self._done = True
+                log.info("burst: %s drained; exiting once every job is settled",
+                         ", ".join(sorted(self._empty)))
+            return self._done
+
+    def busy(self, queue: str) -> None:
+        """``queue``'s worker holds a job and asked nothing this turn."""
+        with self._lock:
+            self._epoch += 1
+            self._empty[queue] = None
+
+    @property
+    def done(self) -> bool:
+        with self._lock:
+            return self._done
+
+
+def burst_for(burst: Any, queue: str) -> Burst | None:
+    """A driver's ``burst`` argument: False/None (work until stopped), True (this queue
+    alone), or a :class:`Burst` shared with other workers."""
+    if burst is None or burst is False:
+        return None
+    if burst is True:
+        return Burst([queue])
+    if isinstance(burst, Burst):
+        return burst
+    raise InvalidConfig(f"burst must be a bool or a Burst, not {type(burst).__name__}")

@@ -4,7 +4,8 @@ A queue whose tasks are all plain functions gets a threaded :class:`~shardq.cons
 a queue with an ``async def`` task gets an :class:`~shardq.consumer.aioworker.AsyncWorker`
 (async tasks on its event loop, plain ones in threads). All of them run in this process,
 each in its own thread; SIGTERM/SIGINT stop them all (running jobs get the grace period),
-a second signal exits at once.
+a second signal exits at once. With ``burst`` they share one
+:class:`~shardq.consumer.policy.Burst`: all return once every queue is drained.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class Options:
     prefetch: int | None = None
     grace_s: float = 30.0
     log_every: int = 1000
+    log_every_s: float = 10.0
+    burst: bool = False
     metrics: Any = None  # a consumer.metrics.WorkerMetrics (thread-mode queues report to it)
     worker_extra: dict = field(default_factory=dict)
 
@@ -93,18 +96,21 @@ class TaskWorkers:
         from ..consumer.worker import Worker
         for warning in check_retries(self.tasks, getattr(self.router, "queue_config", lambda q: {})):
             log.warning("%s", warning)
+        from ..consumer.policy import Burst
         o = self.options
         handler = TaskHandler(self.tasks, self.modules)
+        burst = Burst(self.plan) if o.burst else False
         for queue, mode in sorted(self.plan.items()):
             if mode == "async":
                 from ..consumer.aioworker import AsyncWorker
                 w: Any = AsyncWorker(self.target, handler, queue=queue, concurrency=o.concurrency,
                                      idempotency=self.store, grace_s=o.grace_s, log_every=o.log_every,
-                                     **o.worker_extra)
+                                     log_every_s=o.log_every_s, burst=burst, **o.worker_extra)
             else:
                 w = Worker(self.router, handler, queue=queue, concurrency=o.concurrency, mode=o.mode,
                            idempotency=self.store, prefetch=o.prefetch, grace_s=o.grace_s,
-                           log_every=o.log_every, metrics=o.metrics, **o.worker_extra)
+                           log_every=o.log_every, log_every_s=o.log_every_s, burst=burst,
+                           metrics=o.metrics, **o.worker_extra)
             log.info("queue %r: %s worker, tasks: %s", queue, mode,
                      ", ".join(sorted(t.name for t in self.tasks.values() if t.queue == queue)) or "(none)")
             self.workers.append(w)

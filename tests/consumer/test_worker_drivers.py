@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 
@@ -27,6 +28,8 @@ from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
 from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
+from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
+from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
 
@@ -217,10 +220,11 @@ class Driver:
         steps = NO_STEPS if self.keep_result is None else Steps(self.keep_result, None, None)
         return self.q.enqueue(encode(self.task.name, [n], {}, steps=steps))
 
-    def start(self, store: IdempotencyStore | None = None) -> None:
+    def start(self, store: IdempotencyStore | None = None, **options) -> None:
+        """``options``: more arguments of the worker (``burst``, ``log_every_s``...)."""
         handler = TaskHandler(self.app.tasks, rng=TopRng())
         common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
-                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0)
+                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0, **options)
         if self.runner == "thread":
             self.worker = Worker(self.q, handler, poll_s=0.005, idle_wait_s=0.01,
                                  prune_every_s=None, **common)
@@ -228,6 +232,10 @@ class Driver:
             self.worker = AsyncWorker(AsyncFacade(self.q), handler, idle_wait_s=0.01, **common)
         self._thread = threading.Thread(target=self.worker.run, daemon=True, name="suite-worker")
         self._thread.start()
+
+    def returned(self) -> bool:
+        """Whether the worker's ``run`` has returned (by itself, unless stop() was called)."""
+        return self._thread is not None and not self._thread.is_alive()
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -448,3 +456,121 @@ def test_heartbeats_keep_a_job_that_outlives_its_lease(driver):
     driver.stop()
     assert runs == [1] and driver.q.job(job_id).attempts == 1
     assert driver.worker.stats.succeeded == 1 and driver.worker.stats.lost == 0
+
+
+# ---------------------------------------------------------------------------- burst, progress
+def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
+    """``burst``: the worker returns by itself, with every job it leased settled (here two
+    acks that met a shard down first, so they waited in the outbox), and leaves a job
+    whose retry is delayed and not yet due for the next start (as RQ's burst does)."""
+    def work(ctx, n):
+        if n == 0:
+            raise ValueError("later")
+
+    driver.define(work)
+    ids = [driver.send(n) for n in range(5)]
+    driver.q.unavailable["ack"] = driver.q.unavailable["ack_many"] = 2
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning by itself")
+    assert [driver.q.state(i) for i in ids[1:]] == [ACKED] * 4
+    delayed = driver.q.job(ids[0])
+    assert delayed.state == READY and delayed.ready_at == driver.clock.now() + 1.0  # its backoff
+    stats = driver.worker.stats
+    assert (stats.succeeded, stats.failed, stats.lost) == (4, 1, 0) and stats.unavailable >= 2
+
+
+def test_a_burst_worker_on_an_empty_queue_returns_at_once(driver):
+    driver.define(lambda ctx, n: None)
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert driver.worker.stats.leased == 0
+
+
+def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
+    """Fewer jobs than ``log_every``: a line once ``log_every_s`` has passed, and none
+    while no job finished; a last line when the worker returns."""
+    driver.define(lambda ctx, n: None)
+    ids = [driver.send(n) for n in range(3)]
+    with caplog.at_level(logging.INFO, logger="shardq.worker"):
+        driver.start(log_every=1000, log_every_s=5.0)
+        wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="every job acked")
+        progress = lambda: [r.getMessage() for r in caplog.records if " jobs in " in r.getMessage()]  # noqa: E731
+        assert progress() == []
+        driver.clock.advance(5.0)
+        wait_until(progress, what="a progress line after log_every_s")
+        driver.send(9)  # finishes less than log_every_s after the last line: no line
+        wait_until(lambda: driver.worker.stats.succeeded == 4, what="the fourth job")
+        driver.stop()
+    assert progress() == ["queue default: 3 jobs in 5.0s (0.6/s); total 3 ok, 0 duplicate, 0 failed, "
+                          "0 lost, 0 expired; in flight 0"]
+    assert "queue default: stopped after 5.0s: 4 ok, 0 duplicate, 0 failed, 0 lost, 0 expired" in [
+        r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+@pytest.mark.parametrize("options, words", [
+    ({"log_every": 0}, "log_every must be an int >= 1"),
+    ({"log_every": -3}, "log_every must be an int >= 1"),
+    ({"log_every": 2.5}, "log_every must be an int >= 1"),
+    ({"log_every_s": 0}, "log_every_s must be a number of seconds in"),
+    ({"log_every_s": LOG_EVERY_S_MAX * 2}, "log_every_s must be a number of seconds in"),
+    ({"burst": "yes"}, "burst must be a bool or a Burst"),
+])
+def test_progress_and_burst_options_are_refused_the_same_way_by_every_driver(runner, options, words):
+    """``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job."""
+    q = FakeQueue(FakeClock())
+    cls = Worker if runner == "thread" else AsyncWorker
+    with pytest.raises(InvalidConfig, match=words):
+        cls(q, lambda ctx: None, **options)
+    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX)  # the limits themselves are fine
+
+
+def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():
+    """Queue a's job sends a job to queue b after b's worker found b empty: the workers of
+    both queues (a thread worker and an asyncio worker, one Burst) return only once that
+    job is done too."""
+    clock = FakeClock()
+    b_found_nothing = threading.Event()
+
+    class Watched(BuryingQueue):
+        def dequeue_many(self, queue, max_jobs=100, wait=0.0, visibility=None):
+            out = super().dequeue_many(queue, max_jobs=max_jobs, wait=wait, visibility=visibility)
+            if queue == "b" and not out and not b_found_nothing.is_set():
+                # b's first "nothing" arrives only after a's job sent b a job, was acked, and
+                # a's worker found a empty: the answer is stale by then, and must not count
+                b_found_nothing.set()
+                wait_until(lambda: self.state(first) == ACKED and burst._empty["a"] is not None,
+                           what="a drained")
+            return out
+
+    q = Watched(clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
+    done_in_b = []
+
+    def in_a(ctx):
+        assert b_found_nothing.wait(10)
+        q.enqueue(b"for b", queue="b")
+
+    burst = Burst(["a", "b"])
+    first = q.enqueue(b"for a", queue="a")
+    workers = [Worker(q, in_a, queue="a", clock=clock, poll_s=0.005, idle_wait_s=0.01, prune_every_s=None,
+                      burst=burst),
+               AsyncWorker(AsyncFacade(q), _PlainHandler(done_in_b.append), queue="b", clock=clock,
+                           idle_wait_s=0.01, burst=burst)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    wait_until(lambda: not any(t.is_alive() for t in threads), what="both burst workers returning")
+    assert q.state(first) == ACKED and len(done_in_b) == 1 and q.state(done_in_b[0]) == ACKED
+
+
+class _PlainHandler:
+    """A plain handler for the asyncio worker (no tasks): runs ``fn(job_id)`` in a thread."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, ctx):
+        self.fn(ctx.job_id)
+
+    def task_of(self, body):
+        return None

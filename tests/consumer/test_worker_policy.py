@@ -7,9 +7,9 @@ import pytest
 
 from shardq.consumer import policy as policy_mod
 from shardq.consumer.handling import BURY, DONE, DUPLICATE, EXPIRED, FAILED, LOST, RETRY
-from shardq.consumer.policy import (ACK, BURY_NOW, NACK, NOTHING, Answer, Outbox, Policy, Settle,
-                                    UnavailableBackoff)
-from shardq.errors import Closed, JobGone, LeaseLost, OutcomeUnknown, ShardUnavailable
+from shardq.consumer.policy import (ACK, BURY_NOW, NACK, NOTHING, Answer, Burst, Outbox, Policy, Settle,
+                                    UnavailableBackoff, burst_for)
+from shardq.errors import Closed, InvalidConfig, JobGone, LeaseLost, OutcomeUnknown, ShardUnavailable
 from shardq.types import Lease
 
 
@@ -93,3 +93,41 @@ def test_the_unavailable_backoff_doubles_to_its_cap_and_resets():
     assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
     b.reset()
     assert b.s == 0.0 and b.failed() == 0.1
+
+
+# ---------------------------------------------------------------------------- burst
+def test_burst_is_done_when_each_queue_found_nothing_while_its_worker_held_nothing():
+    b = Burst(["a"])
+    t = b.asking()
+    assert not b.answered("a", t, held=1, found=0)  # it still held a job when it asked
+    t = b.asking()
+    assert not b.answered("a", t, held=0, found=2)  # found jobs
+    b.busy("a")                                     # full: asked nothing this turn
+    t = b.asking()
+    assert b.answered("a", t, held=0, found=0) and b.done
+    assert b.answered("a", b.asking(), held=0, found=5) and b.done  # done stays done
+
+
+def test_burst_asks_every_queue_again_after_any_worker_held_a_job():
+    """Queue a's job sends a job to queue b: b's earlier "found nothing" is stale once a's
+    worker held a job after b asked, so b must ask again before the group is done."""
+    b = Burst(["a", "b"])
+    tb = b.asking()
+    ta = b.asking()
+    assert not b.answered("a", ta, held=0, found=1)   # a leases the job that sends to b
+    assert not b.answered("b", tb, held=0, found=0)   # b asked before that: stale
+    assert not b.answered("a", b.asking(), held=1, found=0)
+    assert not b.answered("a", b.asking(), held=0, found=0)  # a drained; b's answer is old
+    assert not b.answered("b", b.asking(), held=0, found=1)  # b finds the job a sent
+    assert not b.answered("b", b.asking(), held=1, found=0)
+    assert not b.answered("b", b.asking(), held=0, found=0)
+    assert b.answered("a", b.asking(), held=0, found=0)      # both asked after the last busy turn
+
+
+def test_burst_arguments():
+    shared = Burst(["a", "b"])
+    assert burst_for(False, "a") is None and burst_for(None, "a") is None
+    assert burst_for(shared, "a") is shared
+    assert isinstance(burst_for(True, "a"), Burst)
+    with pytest.raises(InvalidConfig, match="no queue"):
+        Burst([])

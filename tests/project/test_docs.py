@@ -90,7 +90,8 @@ def test_markers_are_parsed_and_misspelt_ones_refused():
         ```text
         ...
         ```
-        <!-- file: pkg/mod.py -->
+        Save this as `pkg/mod.py`:
+
         ```python
         X = 1
         ```
@@ -107,7 +108,9 @@ def test_markers_are_parsed_and_misspelt_ones_refused():
     for bad, words in [("<!-- ilustration -->\n```sh\nx\n```\n", "unknown marker"),
                        ("```text\nx\n```\n<!-- output -->\n```text\ny\n```\n", "must follow a runnable"),
                        ("<!-- exit 2 -->\n```text\nx\n```\n", "not run"),
-                       ("<!-- file: ../x.py -->\n```python\nx\n```\n", "inside the repo"),
+                       ("Save this as `../x.py`:\n```python\nx\n```\n", "inside the repo"),
+                       ("`x.sh`:\n<!-- exit 2 -->\n```sh\nx\n```\n", "written, not run"),
+                       ("<!-- file: pkg/mod.py -->\n```python\nx\n```\n", "invisible to a reader"),
                        ("```sh\nnever closed\n", "never closed")]:
         with pytest.raises(MarkerError, match=words):
             parse(bad, "t.md")
@@ -137,6 +140,24 @@ def test_environment_steps_and_long_running_lines_are_recognised():
     assert long_running(".venv/bin/shardq worker --help") is None
     assert long_running(".venv/bin/shardq worker app:h &") is None
     assert long_running(".venv/bin/shardq enqueue 'shardq serve'") is None
+    assert long_running(".venv/bin/shardq worker app:h --burst  # ends by itself") is None
+
+
+@pytest.mark.parametrize("text, file", [
+    ("Save this as `myapp/tasks.py`:\n\n```python\nx = 1\n```\n", "myapp/tasks.py"),
+    ("`send.py`:\n```python\nx = 1\n```\n", "send.py"),
+    ("marks the job done. Save this as `a/b.toml`:\n<!-- illustration -->\n```toml\n```\n", None),
+    ("Run `send.py`:\n\n```sh\n.venv/bin/python send.py\n```\n", None),    # a command, not a file
+    ("Save this as `x.py`:\n\n\n```python\nx = 1\n```\n", None),            # two blank lines: not its name
+    ("It prints (see `x.py`): done\n```python\nx = 1\n```\n", None),
+])
+def test_a_file_is_named_in_visible_text_above_its_block(text, file):
+    if file is None and "illustration" in text:
+        with pytest.raises(MarkerError, match="written, not run"):
+            parse(text, "t.md")
+        return
+    block, = parse(text, "t.md")
+    assert block.file == file and block.runnable is (file is None)
 
 
 def test_a_wrong_example_fails_with_its_place_and_output():
@@ -174,7 +195,7 @@ def test_a_wrong_example_fails_with_its_place_and_output():
 
 def test_blocks_share_files_and_the_service_state_in_order():
     doc = textwrap.dedent("""\
-        <!-- file: app/greet.py -->
+        `app/greet.py`:
         ```python
         def hello():
             print("hello from app")
@@ -209,7 +230,8 @@ def test_blocks_share_files_and_the_service_state_in_order():
 
 def test_a_worker_line_works_its_queue_then_stops_cleanly():
     doc = textwrap.dedent("""\
-        <!-- file: jobs.py -->
+        Save this as `jobs.py`:
+
         ```python
         def handle(ctx):
             print("handled", ctx.body)
@@ -244,6 +266,7 @@ def test_the_marker_example_in_contributing_md_runs():
     example, = [b for b in doc_blocks.read("docs/contributing.md", REPO) if b.lang == "markdown"]
     blocks = parse(example.text, "docs/contributing.md (example)")
     assert [b.file or b.exit_code or b.lang for b in blocks] == ["myapp/jobs.py", 3, "console"]
+    assert "Save this as `myapp/jobs.py`:" in example.text  # visible, not a comment
     with Sandbox() as sb:
         for block in blocks:
             sb.run(block)

@@ -1,16 +1,23 @@
 """The fenced code blocks of a Markdown document, with the markers that say how to test them.
 
 A block is a fenced code block (```` ``` ```` or ``~~~``, any indent). Its language is the
-first word of the info string. One or more marker comments may stand alone on the lines
-right above the opening fence (no blank line between them and the fence):
+first word of the info string.
+
+A block is the content of a file when the reader is told so in visible text: the nearest
+text line above the fence (at most one blank line, and any markers, between them) is
+``Save this as `PATH`:`` (any words, then ``as `PATH`:``) or ``PATH`` alone in backticks,
+then a colon. It is written to PATH (relative to the repo root) in document order, not
+run. A reader on GitHub or the docs site sees that line; HTML comments they do not see,
+so the old ``<!-- file: PATH -->`` marker is refused.
+
+One or more marker comments may stand alone on the lines right above the opening fence
+(no blank line between them and the fence):
 
 ``<!-- illustration -->``  not run or checked: a sketch, a synopsis, a command that needs
                            another machine or minutes
 ``<!-- output -->``        this block is the expected output of the runnable block just
                            before it (no other block in between); ``...`` matches anything
 ``<!-- exit N -->``        the runnable block below must exit with status N (default 0)
-``<!-- file: PATH -->``    this block is the content of PATH (relative to the repo root),
-                           written there in document order instead of being run
 
 Any other comment right above a fence is an error, so a misspelt marker cannot silently
 turn an example off. The runner (``doc_runner``) decides what each language means.
@@ -28,7 +35,9 @@ RUNNABLE = {"sh", "bash", "console", "python"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 _MARKER = re.compile(r"^[ \t]*<!--\s*(?P<body>.*?)\s*-->[ \t]*$")
 _EXIT = re.compile(r"^exit (?P<code>\d{1,3})$")
-_FILE = re.compile(r"^file: (?P<path>\S+)$")
+_FILE = re.compile(r"^file:")
+# The visible file name: "Save this as `myapp/tasks.py`:" or "`myapp/tasks.py`:" alone.
+_FILE_LINE = re.compile(r"^[ \t]*(?:.*\bas[ \t]+)?`(?P<path>[^`\s]+)`:[ \t]*$")
 
 
 class MarkerError(ValueError):
@@ -43,7 +52,7 @@ class Block:
     text: str                  # the content, indent of the fence removed, ends with "\n" unless empty
     illustration: bool = False
     exit_code: int = 0
-    file: str | None = None    # <!-- file: PATH -->
+    file: str | None = None    # "Save this as `PATH`:" on the line above
     is_output: bool = False    # <!-- output -->: the expected output of the block before it
     output: Block | None = field(default=None, repr=False)  # set on the runnable block
 
@@ -82,7 +91,9 @@ def parse(text: str, path: str = "<doc>") -> list[Block]:
             raise MarkerError(f"{path}:{start + 1}: fence never closed")
         i += 1
         block = Block(path, start + 1, lang, "".join(l + "\n" for l in body))
-        _apply_markers(block, _markers_above(lines, start), blocks)
+        markers = _markers_above(lines, start)
+        _apply_markers(block, markers, blocks)
+        _apply_file_line(block, lines, start - len(markers))
         blocks.append(block)
     return blocks
 
@@ -112,18 +123,34 @@ def _apply_markers(block: Block, markers: list[tuple[int, str]], before: list[Bl
             prev.output = block
         elif m := _EXIT.match(body):
             block.exit_code = int(m["code"])
-        elif m := _FILE.match(body):
-            rel = os.path.normpath(m["path"])
-            if os.path.isabs(rel) or rel.startswith(".."):
-                raise MarkerError(f"{where}: file path must stay inside the repo: {m['path']}")
-            block.file = rel
+        elif _FILE.match(body):
+            raise MarkerError(f"{where}: <!-- {body} --> is invisible to a reader on GitHub or the docs "
+                              f"site: name the file in the text right above the block instead, as "
+                              f"\"Save this as `PATH`:\"")
         else:
             raise MarkerError(f"{where}: unknown marker <!-- {body} --> right above a fence "
-                              f"(known: illustration, output, exit N, file: PATH)")
+                              f"(known: illustration, output, exit N)")
     if block.exit_code and not block.runnable:
         raise MarkerError(f"{block.where}: <!-- exit N --> on a block that is not run")
     if block.exit_code and block.lang == "console":
         raise MarkerError(f"{block.where}: in a console block, show a status with `; echo \"exit $?\"`")
+
+
+def _apply_file_line(block: Block, lines: list[str], above: int) -> None:
+    """``block.file`` from the visible line naming it (see the module docstring); ``above``
+    is the index of the first line above the fence and its markers."""
+    j = above - 1
+    if j >= 0 and not lines[j].strip():
+        j -= 1  # one blank line between the text and the block
+    if j < 0 or not (m := _FILE_LINE.match(lines[j])):
+        return
+    where = f"{block.path}:{j + 1}"
+    rel = os.path.normpath(m["path"])
+    if os.path.isabs(rel) or rel.startswith(".."):
+        raise MarkerError(f"{where}: file path must stay inside the repo: {m['path']}")
+    if block.illustration or block.is_output or block.exit_code:
+        raise MarkerError(f"{where}: a block named as a file is written, not run: no marker on it")
+    block.file = rel
 
 
 def read(path: str, root: str) -> list[Block]:

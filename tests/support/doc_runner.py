@@ -19,11 +19,13 @@ How each block is run (markers: see :mod:`doc_blocks`):
   status and output as for ``sh``. Each block stands alone: names do not carry over from
   an earlier block, but the service's jobs do.
 * ``toml``: not run; it must be a (partial) shardq config: ``shardq.config.parse`` accepts it.
-* ``<!-- file: PATH -->``: the block is written to PATH in the sandbox at its place.
+* a block the text names as a file (``Save this as `PATH`:`` right above it, see
+  :mod:`doc_blocks`): written to PATH in the sandbox at its place.
 * anything else (``text``, ``json``, no language...): not run.
 
 Long-running commands: a line of a ``sh`` block that runs ``shardq serve`` or
-``shardq worker`` in the foreground (no ``&``, no ``--help``) would never end, so such a block
+``shardq worker`` in the foreground (no ``&``, no ``--help``, for a worker no ``--burst``:
+that one ends by itself and runs as any command) would never end, so such a block
 must hold only such lines. Each is started on its own, waited for until its process catches
 SIGTERM (``serve``: after every shard is ready; ``worker``: once it runs), and, for a worker,
 until the queue it names has nothing ready or in flight (it did the work the document gave
@@ -97,6 +99,8 @@ def long_running(line: str) -> str | None:
         return None
     if "--help" in words or (words and words[-1] == "&"):
         return None
+    if "--burst" in words and "worker" in words:
+        return None  # it exits 0 once its queues are drained: an ordinary command
     for i, w in enumerate(words[:-1]):
         program = os.path.basename(w) == "shardq" or (
             w in ("shardq", "shardq.cli") and i > 0 and words[i - 1] == "-m")
