@@ -197,7 +197,9 @@ class ConsoleApi:
         return row
 
     def dead_letters(self, queue, limit: int | str = 50, cursor: str | None = None) -> dict:
-        """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first."""
+        """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first.
+        Each letter's body as the job look-up shows it: a preview, and ``task`` (a task
+        body's name and arguments, :func:`_task`; null for any other body)."""
         if isinstance(limit, str) and re.fullmatch(LIMIT_PATTERN, limit):
             limit = int(limit)
         if not isinstance(limit, int) or isinstance(limit, bool):
@@ -206,8 +208,11 @@ class ConsoleApi:
             raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.40}")
         page = self.router.dead_letters_page(_queue(queue), min(max(limit, 1), PAGE_MAX), cursor or None,
                                              skip_unavailable=True)
+        # A task body decoded as the job panel decodes it (``task``, null for any other
+        # body), so a dead task reads as its name and arguments, not as msgpack bytes.
         return {"items": [{"id": str(d.job_id), "key": d.key, "attempts": d.attempts, "error": d.error,
-                           "body": _preview(d.body), "body_bytes": len(d.body)} for d in page.items],
+                           "body": _preview(d.body), "body_bytes": len(d.body), "task": _task(d.body)}
+                          for d in page.items],
                 "cursor": page.cursor, "skipped_shards": page.skipped_shards}
 
     def job(self, job_id) -> dict:
