@@ -25,6 +25,8 @@ def run(args) -> int:
     from ..service.supervisor import Supervisor
     cfg = common.load_config(args.config)
     log.info("event=config source=%s", common.config_source(args.config))
+    common.check_dir_arg(args.data_dir or cfg.service.data_dir,
+                         "--data-dir" if args.data_dir else "service.data_dir (the config's)", create=True)
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
     if cfg.http.listen:
