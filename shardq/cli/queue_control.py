@@ -85,15 +85,15 @@ def run(args) -> int:
 def check_exists(q, name: str) -> None:
     """UnknownQueue naming the queues that exist, unless the service holds ``name`` or its
     config declares it (the shards' ``queue_config`` says ``declared``)."""
+    try:
+        if q.queue_config(name).get("declared"):
+            return  # the cheap answer first: a stats reply lists every queue of every shard
+    except UnknownQueue:
+        pass  # declare_queues = true, and not declared: refused below unless the shards hold it
     st = q.stats()
     held = st.get("queues", {})
     if name in held:
         return
-    try:
-        if q.queue_config(name).get("declared"):
-            return
-    except UnknownQueue:
-        pass  # declare_queues = true, and not declared: refused below with the same message
     names = sorted(held)
     listed = ", ".join(names[:_LISTED_MAX]) + (f" and {len(names) - _LISTED_MAX} more" if len(names) > _LISTED_MAX
                                                else "") or "none"
