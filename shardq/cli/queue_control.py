@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 
 from ..config import check_limit
-from ..errors import InvalidConfig, UnknownQueue, UsageError
+from ..errors import InvalidConfig, UsageError
 from . import common, exits
 
 #: flag -> limit key; "none" removes that limit
 _LIMIT_FLAGS = ("concurrency", "rate", "burst", "group_concurrency", "group_rate")
-_LISTED_MAX = 20  # queue names an UnknownQueue message lists
 
 
 def register(sub, parent) -> None:
@@ -83,25 +82,9 @@ def run(args) -> int:
 
 
 def check_exists(q, name: str) -> None:
-    """UnknownQueue naming the queues that exist, unless the service holds ``name`` or its
-    config declares it (the shards' ``queue_config`` says ``declared``)."""
-    try:
-        if q.queue_config(name).get("declared"):
-            return  # the cheap answer first: a stats reply lists every queue of every shard
-    except UnknownQueue:
-        pass  # declare_queues = true, and not declared: refused below unless the shards hold it
-    st = q.stats()
-    held = st.get("queues", {})
-    if name in held:
-        return
-    names = sorted(held)
-    listed = ", ".join(names[:_LISTED_MAX]) + (f" and {len(names) - _LISTED_MAX} more" if len(names) > _LISTED_MAX
-                                               else "") or "none"
-    down = [sh["shard"] for sh in st.get("shards", []) if not sh.get("available", True)]
-    raise UnknownQueue(f"no queue {name!r}: the service holds no such queue and its config does not declare "
-                       f"it (queues that exist: {listed}"
-                       + (f"; shards {down} are down, so their queues are not listed" if down else "")
-                       + "); give --create to make a new one, or declare it as [queues.NAME] in the config")
+    """UnknownQueue naming the queues that exist, unless ``name`` is one (client/queue_names.py)."""
+    from ..client.queue_names import check_exists as known
+    known(q, name, create_hint="give --create to make a new one, or declare it as [queues.NAME] in the config")
 
 
 def _limit(args) -> int:

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ... import limits
+from ...client.queue_names import check_exists
 from ...client.results import look_up
 from ...client.routing import job_id_from_text, job_shard, queue_totals
 from ...config import check_limit
@@ -254,12 +255,19 @@ class ConsoleApi:
     # ------------------------------------------------------------------ actions
     # Each takes the JSON object of the request (the fields openapi.py documents, no other).
     def pause(self, data: dict) -> dict:
-        queue = _queue(_fields(data, "queue").get("queue"))
+        queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.pause(queue)}
 
     def resume(self, data: dict) -> dict:
-        queue = _queue(_fields(data, "queue").get("queue"))
+        queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.resume(queue)}
+
+    def _known(self, queue: str) -> str:
+        """``queue`` if it exists; UnknownQueue (a 400 naming those that do) for a name the
+        service neither holds nor declares, which an action would otherwise make a queue
+        of for good (as ``shardq queue`` refuses it; client/queue_names.py)."""
+        check_exists(self.router, queue, create_hint="declare it as [queues.NAME] in the config")
+        return queue
 
     def cancel(self, data: dict) -> dict:
         job_id = _id(_fields(data, "id").get("id"))
@@ -281,6 +289,7 @@ class ConsoleApi:
         if "values" not in data:  # a missing field must not read as "back to the config"
             raise InvalidJob("values is required: a map of the limits to change, or null for the config's")
         queue = _queue(data.get("queue"))
-        return {"queue": queue, "limits": self.router.set_limits(queue, _limit_values(data["values"]))}
+        values = _limit_values(data["values"])
+        return {"queue": self._known(queue), "limits": self.router.set_limits(queue, values)}
 
     ACTIONS = ("pause", "resume", "cancel", "redrive", "purge", "limits")

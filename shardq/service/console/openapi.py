@@ -291,6 +291,10 @@ def _read(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None 
     return {"summary": summary, "security": _TOKEN, "parameters": params or [], "responses": responses}
 
 
+_UNKNOWN_QUEUE = ("bad input (InvalidJob), or a queue that does not exist (UnknownQueue, naming those that do): "
+                  "one the service neither holds nor declares in its config is not made by naming it")
+
+
 def _action(summary: str, request: str, reply: str, not_found: str | None = None,
             bad: str | None = None) -> dict[str, Any]:
     responses = {"200": _json(_ref(reply), "done"), "400": _error(bad) if bad else _BAD,
@@ -367,8 +371,9 @@ _PATHS: dict[str, dict[str, Any]] = {
                                    bad="an id no record can have, or a record this version cannot read "
                                        "(InvalidJob)")},
     "/api/pause": {"post": _action("stop leasing from a queue, durably, on every shard", "QueueRequest",
-                                   "QueueChange")},
-    "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange")},
+                                   "QueueChange", bad=_UNKNOWN_QUEUE)},
+    "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange",
+                                    bad=_UNKNOWN_QUEUE)},
     "/api/cancel": {"post": _action("cancel a job (idempotent)", "CancelRequest", "CancelResult",
                                     not_found="the id names a shard this service does not have")},
     "/api/redrive": {"post": _action("move chosen dead letters back into their queue", "IdsRequest", "Redriven",
@@ -378,8 +383,9 @@ _PATHS: dict[str, dict[str, Any]] = {
     "/api/limits": {"post": _action(
         "change a limited queue's limits at run time, durably, on every shard (docs/limits.md)",
         "LimitsRequest", "LimitsChange",
-        bad="bad input (InvalidJob), a bad limit value (InvalidConfig, naming the key), or a queue whose "
-            "config declares no limit (InvalidConfig)")},
+        bad="bad input (InvalidJob), a queue that does not exist (UnknownQueue), a bad limit value "
+            "(InvalidConfig, naming the key, also for the limits together: a burst without a rate), or a "
+            "queue whose config declares no limit (InvalidConfig)")},
 }
 
 
