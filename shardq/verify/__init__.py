@@ -203,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         a = _child_parser(role).parse_args(argv[1:])
         return producer_main(a) if role == "_producer" else worker_main(a)
     a = build_parser().parse_args(argv)
-    if a.duration is None and not a.run and not a.disk_faults:
-        print(what_it_would_do(a))
-        return 2
+    asked = a.duration is not None or a.run  # a run starts only when asked (bare: says what it would do)
     a = settle_defaults(a)
     if a.disk_faults:
         return _disk_faults(a)
@@ -236,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.client == "aio" and a.target:
         print("error: --client aio needs the local service (the asyncio client has no SQS backend)",
               file=sys.stderr)
+        return 2
+    if not asked:
+        print(what_it_would_do(a))
         return 2
     return run(a)
 
