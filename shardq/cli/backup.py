@@ -54,6 +54,10 @@ def run_backup(args) -> int:
 
 def run_restore(args) -> int:
     from ..backup.restore import restore
+    if os.path.lexists(args.backup) and not os.path.isdir(args.backup):
+        from ..errors import UsageError
+        raise UsageError(f"{args.backup} is not a shardq backup: a backup is the directory `shardq backup` "
+                         "wrote, not a file")
     r = restore(args.backup, common.target(args))
     for s in r.shards:
         print(f"shard {s.cut.shard}: {files(len(s.cut.files))}, {s.records} records verified; "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -55,6 +56,43 @@ def config_source(path: str | None) -> str:
 def target(args) -> str:
     """Where the service is: ``--data-dir``, else the config's ``service.data_dir``."""
     return args.data_dir or load_config(args.config).service.data_dir
+
+
+def check_dir_arg(path: str, flag: str, *, create: bool) -> None:
+    """A directory the command line names, checked at its edge: UsageError (exit 2) naming
+    ``flag`` and ``path`` when it is something else than a directory, or (``create``) when it
+    cannot be created, rather than an OSError from deep inside the command."""
+    from ..errors import UsageError
+    if os.path.isdir(path):
+        return
+    if os.path.lexists(path):
+        raise UsageError(f"{flag} {path}: not a directory")
+    if not create:
+        raise UsageError(f"{flag} {path}: no such directory")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot create this directory: {e.strerror}") from None
+
+
+def no_such_job(job_id) -> Exception:
+    """The one error of every command that names a job that does not exist (``job show``,
+    ``job cancel``, ``ack``, ``nack``): NotFound, exit 2, this text. The service cannot tell a
+    job that never was from one that has ended, so neither does the message."""
+    from ..errors import NotFound
+    return NotFound(f"no such job: {job_id} (never enqueued, or finished, cancelled or purged since)")
+
+
+@contextlib.contextmanager
+def naming_a_job(job_id):
+    """Around a command's calls on one job: the service's ways of saying that the job does
+    not exist (NotFound; JobGone, an ack's or nack's) become :func:`no_such_job`. A lease
+    that is not current (LeaseLost, Cancelled) is not that, and passes."""
+    from ..errors import JobGone, NotFound
+    try:
+        yield
+    except (NotFound, JobGone):
+        raise no_such_job(job_id) from None
 
 
 def connect(args, **router_options):

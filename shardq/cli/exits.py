@@ -10,9 +10,9 @@ from ..errors import (AuthError, CorruptLog, InvalidConfig, InvalidJob, LeaseLos
 
 OK = 0
 FAILURE = 1     # the service or the disk failed: no service, a shard down, a log write failed, a corrupt log, QueueFull
-USAGE = 2       # the command line or the job was wrong: bad arguments, InvalidJob, NotFound, Unsupported
+USAGE = 2       # the command line or the job was wrong: bad arguments, InvalidJob, NotFound (no such job), Unsupported
 EMPTY = 3       # nothing to do: dequeue found no job
-LEASE_LOST = 4  # ack/nack/extend with a lease that is no longer current (LeaseLost, JobGone)
+LEASE_LOST = 4  # ack/nack/extend with a lease that is no longer current (LeaseLost, Cancelled)
 SETUP = 5       # the setup is wrong: config file, not a data dir, lock held, read-only, shard count, key file
 
 #: (code, meaning) for the documentation table.
@@ -22,10 +22,10 @@ TABLE = [
               "a shard is down or did not answer, a log write failed, `wal check` found corruption, "
               "`QueueFull`"),
     (USAGE, "usage or input error: bad arguments, an invalid job (`InvalidJob`, `UnknownQueue`), "
-            "a job id that does not exist (`NotFound`), a feature the backend cannot provide "
-            "(`Unsupported`: nothing was changed)"),
+            "a job id that does not exist (`NotFound: no such job`, the same from every command that "
+            "takes one), a feature the backend cannot provide (`Unsupported`: nothing was changed)"),
     (EMPTY, "nothing to dequeue"),
-    (LEASE_LOST, "the lease is no longer current (`LeaseLost`, `JobGone`): nothing was changed"),
+    (LEASE_LOST, "the lease is no longer current (`LeaseLost`, `Cancelled`): nothing was changed"),
     (SETUP, "setup error: bad config file, not a data dir, data dir held by another process "
             "(`DataDirLocked` names its PID) or not writable (`DataDirNotWritable`), shard count "
             "mismatch, unsafe key file or socket directory"),

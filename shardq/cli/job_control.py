@@ -1,4 +1,4 @@
-"""``shardq job show|cancel ID``: look a job up, or cancel it."""
+"""``shardq job [show] ID`` and ``shardq job cancel ID``: look a job up, or cancel it."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,8 @@ def _job_id(text: str) -> int:
 
     from ..client.routing import job_id_from_text
     from ..errors import InvalidJob
+    if text in ("show", "cancel"):  # `shardq job cancel` with the id left out
+        raise argparse.ArgumentTypeError(f"{text} needs a job id: shardq job {text} ID")
     try:
         return job_id_from_text(text)
     except InvalidJob as e:
@@ -21,20 +23,26 @@ def _job_id(text: str) -> int:
 
 
 def register(sub, parent) -> None:
-    s = sub.add_parser("job", parents=[parent], help="show or cancel one job by id")
-    s.add_argument("action", choices=["show", "cancel"])
+    s = sub.add_parser("job", parents=[parent], help="show or cancel one job by id (`shardq job ID`: show)")
+    # optional, so that `shardq job 5120` is `shardq job show 5120`
+    s.add_argument("action", nargs="?", choices=["show", "cancel"], default="show",
+                   help="show (the default) or cancel")
     s.add_argument("job_id", type=_job_id)
     common.add_raw_flag(s)
     s.set_defaults(fn=run)
 
 
 def run(args) -> int:
-    with common.connect(args) as q:
+    with common.connect(args) as q, common.naming_a_job(args.job_id):
         if args.action == "show":
             print(json.dumps(show(q, args.job_id, args.raw)))
         else:
-            # cancelled | purged | cancelling | gone: each is success (cancel is idempotent)
-            print(common.control_call(q, "cancel")(args.job_id))
+            # cancelled | purged | cancelling: done (cancel is idempotent while the job is
+            # there); gone: the job does not exist, the one error of every job command
+            done = common.control_call(q, "cancel")(args.job_id)
+            if done == "gone":
+                raise common.no_such_job(args.job_id)
+            print(done)
     return exits.OK
 
 

@@ -67,12 +67,12 @@ def _lease(args):
 
 
 def ack(args) -> int:
-    with common.connect(args) as q:
+    with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.ack(_lease(args))
     return exits.OK
 
 
 def nack(args) -> int:
-    with common.connect(args) as q:
+    with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.nack(_lease(args), delay=args.delay, error=args.error)
     return exits.OK

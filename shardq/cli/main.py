@@ -7,14 +7,15 @@
     shardq ack JOB_ID TOKEN | shardq nack JOB_ID TOKEN [--delay S] [--error TEXT]
     shardq stats [--json]
     shardq dead-letters list|redrive|purge [--queue Q] [--limit N] [--cursor C] [--id ID ...]
-    shardq queue pause|resume NAME
-    shardq job show|cancel ID
+    shardq queue pause|resume|limit NAME [--create] [--concurrency N] [...]
+    shardq job [show] ID | shardq job cancel ID
     shardq wal check [PATH] | shardq wal repair SHARD_DIR --force
     shardq worker module:function [--queue Q] [--concurrency N] [...]
     shardq worker myapp.tasks [more.modules] [--queue Q ...] [...]
     shardq schedules [--json]
     shardq outbox init|relay|status --dsn DSN [--table T]
-    shardq verify [--duration S] [--target sqs://...] [...]
+    shardq verify --duration S | --run [--target sqs://...] [...]   (bare: says what it would do)
+    shardq --version
     shardq sqs init [--config F] --connect sqs://<region>/<prefix>
 
 Every command that talks to the service finds it by ``--data-dir`` (alias ``--connect``),
@@ -51,8 +52,19 @@ class Parser(argparse.ArgumentParser):
         sys.exit(exits.USAGE)
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml's, as pip installed it)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed("shardq")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="shardq", description="durable sharded job queue")
+    p.add_argument("--version", action="version", version=f"shardq {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     parent = common.common_parser()
     for group in GROUPS:
@@ -84,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
-    if argv and argv[0] == "verify":
+    if not argv:
+        # Bare `shardq`: the help, on stdout, exit 0 (as `pip`, `docker`, `cargo` do), not
+        # argparse's "the following arguments are required" (docs/operations.md, "CLI").
+        parser.print_help()
+        return exits.OK
+    if argv[0] == "verify":
         args, rest = parser.parse_args(argv[:1]), argv[1:]
         return run_guarded(lambda: args.fn(args, rest))
     args = parser.parse_args(argv)

@@ -60,6 +60,8 @@ def run(args) -> int:
     from ..service.supervisor import Supervisor
     cfg = with_listen(common.load_config(args.config), args.http_listen)
     log.info("event=config source=%s", common.config_source(args.config))
+    common.check_dir_arg(args.data_dir or cfg.service.data_dir,
+                         "--data-dir" if args.data_dir else "service.data_dir (the config's)", create=True)
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
     socks: list = []  # the listener's socket, bound once the data dir is locked, before any shard starts

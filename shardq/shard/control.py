@@ -123,9 +123,7 @@ class ControlOps(StateCore):
                                 "the shards and no limit on it could be exact: declare one in its config "
                                 "(e.g. concurrency) and restart; later changes need no restart")
         if values is not None:
-            merged = dict(lim.override or {})
-            merged.update(check_override(values, q.cfg))
-            values = merged
+            values = check_override(values, q.cfg, lim.override, f"queues.{queue}")
         if queue not in self.queues:
             if owner_shard(queue, self.shard_count) != self.shard_index:
                 return lim.figures(0, 0, now)  # it holds none of the queue's jobs, and never will

@@ -21,12 +21,13 @@ Why each bound holds (the state calls this module; the proofs are in docs/limits
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..config import QueueConfig, check_limit, rate_per_s
+from ..config import QueueConfig, check_limit, check_limits, rate_per_s
 from ..errors import InvalidConfig
 from .jobstate import R
 
@@ -64,16 +65,21 @@ def settings(cfg: QueueConfig, override: dict[str, Any] | None = None) -> Settin
                     max(1.0, group_rate or 1.0))
 
 
-def check_override(values: Any, cfg: QueueConfig) -> dict[str, Any]:
-    """A run-time change of limits, each value checked as the config checks it
-    (InvalidConfig naming the key): ``{key: value or None}`` over :data:`RUNTIME_KEYS`."""
+def check_override(values: Any, cfg: QueueConfig, earlier: dict[str, Any] | None = None,
+                   path: str = "limits") -> dict[str, Any]:
+    """A run-time change of limits, checked exactly as the config checks a queue's limits:
+    each value by ``config.check_limit``, and the limits in force afterwards (``cfg`` with
+    the ``earlier`` override and this change applied) by ``config.check_limits``, the
+    config's own function, so a ``burst`` without a ``rate`` (or a group limit without the
+    config's ``group_separator``) is refused here as it is there. InvalidConfig names the
+    key under ``path`` (``queues.NAME``). Returns the merged override: ``{key: value or
+    None}`` over :data:`RUNTIME_KEYS`, None meaning that limit removed."""
     if type(values) is not dict or not values or not set(values) <= set(RUNTIME_KEYS):
         raise InvalidConfig(f"limits: expected a map of some of {', '.join(RUNTIME_KEYS)}, got {values!r:.80}")
-    out = {k: None if v is None else check_limit(k, k, v) for k, v in values.items()}
-    if cfg.group_separator is None and any(out.get(k) is not None for k in ("group_concurrency", "group_rate")):
-        raise InvalidConfig("group_concurrency, group_rate: need the queue's group_separator, which only "
-                            "its config sets (then a restart)")
-    return out
+    merged = dict(earlier or {})
+    merged.update({k: None if v is None else check_limit(f"{path}.{k}", k, v) for k, v in values.items()})
+    check_limits(path, dataclasses.replace(cfg, **merged))
+    return merged
 
 
 class Bucket:

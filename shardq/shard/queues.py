@@ -265,7 +265,10 @@ class QueueOps(StateCore):
                "dedup_window": cfg.dedup_window, "max_body_bytes": cfg.max_body_bytes,
                # where a client sends the queue's jobs: its owner shard if it is placed
                # (it declares limits: docs/limits.md), else None (by key)
-               "shard": owner_shard(queue, self.shard_count) if cfg.placed() else None}
+               "shard": owner_shard(queue, self.shard_count) if cfg.placed() else None,
+               # named under [queues] in the config (else it takes [queue_defaults]): a queue
+               # `shardq queue pause|resume|limit` may name before it holds anything
+               "declared": queue in self.config.queues}
         for key in LIMIT_KEYS:
             value = getattr(cfg, key)
             if value is not None and value is not False:

@@ -198,9 +198,14 @@ class App:
     a private service in a temp dir (tests). Import a module of tasks and nothing connects.
     """
 
-    def __init__(self, target: str | None = None, *, router: Queue | None = None):
+    def __init__(self, target: str | None = None, *, router: Queue | None = None, config=None):
         if (target is None) == (router is None):
             raise InvalidConfig("App needs a target (a data dir) or router=, not both")
+        from .. import config as config_mod
+        #: the service's config (a TOML path, a dict of its schema or a Config; None: not
+        #: known here), so that each task's ``retries`` is checked against its queue's
+        #: ``max_deliveries`` when it is declared, not only when a worker starts
+        self.config = None if config is None else config_mod.load(config)
         self.target = target
         self._queue = router
         self._owns_queue = router is None  # a router given to us is the caller's to close
@@ -219,7 +224,7 @@ class App:
             owned = tempfile.mkdtemp(prefix="sqapp", dir="/tmp")  # short: unix socket paths
             data_dir = owned + "/data"
         try:
-            app = cls(router=shardq.open(data_dir, shards=shards, config=config))
+            app = cls(router=shardq.open(data_dir, shards=shards, config=config), config=config)
         except BaseException:
             if owned:
                 shutil.rmtree(owned, ignore_errors=True)
@@ -264,6 +269,7 @@ class App:
         check_queue_name(queue, InvalidConfig)
         if retries is not None and (type(retries) is not int or not 0 <= retries <= RETRIES_MAX):
             raise InvalidConfig(f"retries must be None or an int in [0, {RETRIES_MAX}]")
+        self._check_retries(queue, retries)
         if key is not None and not (isinstance(key, str) or callable(key)):
             raise InvalidConfig("key must be None, a string or a function of the task's arguments")
         if backoff is not None and not isinstance(backoff, Exponential):
@@ -283,6 +289,22 @@ class App:
             return t
 
         return decorate if fn is None else decorate(fn)
+
+    def _check_retries(self, queue: str, retries: int | None) -> None:
+        """With the service's config known (``config=``): InvalidConfig for ``retries``
+        past what the queue's ``max_deliveries`` lets run (``max_deliveries - 1``: the
+        service dead-letters the job at its limit whatever the task says), naming the most
+        allowed. Without it the worker warns at start instead (tasks/runner.py)."""
+        if retries is None or self.config is None:
+            return
+        cfg = self.config.queue(queue)
+        if cfg is None:  # not declared, with declare_queues = true: its sends are refused anyway
+            return
+        if retries > cfg.max_deliveries - 1:
+            raise InvalidConfig(f"retries={retries} is more than queue {queue!r} allows: it dead-letters a job "
+                                f"after max_deliveries = {cfg.max_deliveries} deliveries, so the most allowed is "
+                                f"retries={cfg.max_deliveries - 1} (or raise max_deliveries to {retries + 1} "
+                                "in the service's config)")
 
     def periodic(self, *, cron: str | None = None, every_s: float | None = None,
                  timezone: str = "UTC", catch_up: bool = True, name: str | None = None,

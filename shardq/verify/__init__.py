@@ -73,9 +73,18 @@ __all__ = ["main", "run", "check", "Report", "Effect", "Enqueue", "LeaseRec", "b
            "worker_main", "plan", "Fault", "fingerprint"]
 
 
+#: seconds of faults of ``--run`` without ``--duration``
+DURATION_S_DEFAULT = 60.0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardq verify", description="chaos run + history checker")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
+    p.add_argument("--duration", type=float, default=None,
+                   help=f"seconds of faults; a run starts only with this or --run (default {DURATION_S_DEFAULT:g} "
+                        "with --run)")
+    p.add_argument("--run", action="store_true",
+                   help=f"start the run with the default --duration ({DURATION_S_DEFAULT:g} s); without it and "
+                        "without --duration, verify only says what it would do")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--workers", type=int, default=3)
@@ -151,6 +160,8 @@ def settle_defaults(a: argparse.Namespace) -> argparse.Namespace:
     """Fill in the defaults that depend on other options or on chance (the seed)."""
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 2**31)
+    if a.duration is None:
+        a.duration = DURATION_S_DEFAULT
     if a.worker_batch is None:
         a.worker_batch = 1 if a.target else 4
     return a
@@ -191,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         role = argv[0]
         a = _child_parser(role).parse_args(argv[1:])
         return producer_main(a) if role == "_producer" else worker_main(a)
-    a = settle_defaults(build_parser().parse_args(argv))
+    a = build_parser().parse_args(argv)
+    asked = a.duration is not None or a.run  # a run starts only when asked (bare: says what it would do)
+    a = settle_defaults(a)
     if a.disk_faults:
         return _disk_faults(a)
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:
@@ -222,7 +235,23 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --client aio needs the local service (the asyncio client has no SQS backend)",
               file=sys.stderr)
         return 2
+    if not asked:
+        print(what_it_would_do(a))
+        return 2
     return run(a)
+
+
+def what_it_would_do(a: argparse.Namespace) -> str:
+    """What a bare ``shardq verify`` prints instead of starting a run: a run starts a
+    service and kills its processes for a minute, which nobody should get by accident."""
+    where = a.target or f"a real shardq service of {a.shards} shards in " + (a.data_dir or "a new temp dir under /tmp")
+    return (f"shardq verify would start a chaos run for {DURATION_S_DEFAULT:g} s against {where}: {a.producers} "
+            f"producers and {a.workers} workers, their processes (and the service's) killed and paused every "
+            f"{a.fault_interval:g} s or so, then every job checked (none lost, duplicated, reordered or "
+            "altered). Its temp dir is removed when it ends, however it ends, unless --keep or a FAIL verdict "
+            "keeps it.\n"
+            f"Nothing was run: give --duration SECONDS, or --run for {DURATION_S_DEFAULT:g} s, to start it "
+            "(--disk-faults runs the disk-fault campaign instead; --help lists every option).")
 
 
 def _disk_faults(a: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ from ..wal.fileio import FAULT_SYNC_LOG_ENV
 from .diskfaults import Damage, apply, choose
 from .history import CLOCK
 from .plan import DISK_KINDS, DISK_TARGETS, DiskFault, disk_plan, fingerprint
-from .run import _alive, _short_tmpdir, _signal, _toml
+from .run import RunDir, _alive, _short_tmpdir, _signal, _toml
 
 KiB = 1024
 QUIET_S = 0.3            # an idle shard has written its last byte this long ago
@@ -408,6 +408,14 @@ def run_campaign(a) -> int:
         print(f"error: --data-dir {a.data_dir} is not empty; verify needs a fresh directory", file=sys.stderr)
         return 2
     c = Campaign(a)
+    tmp = RunDir(a, c.data_dir)
+    try:
+        return _campaign(a, c, tmp)
+    finally:
+        tmp.close()  # on every way out (SIGINT and SIGTERM too) but a LOSS verdict or --keep
+
+
+def _campaign(a, c: Campaign, tmp: RunDir) -> int:
     print(f"shardq verify --disk-faults seed={a.seed} shards={a.shards} faults={len(c.plan)} "
           f"data_dir={c.data_dir}", flush=True)
     print(f"replay: {replay_command(a)}", flush=True)
@@ -419,10 +427,13 @@ def run_campaign(a) -> int:
             c.outcomes.append(out)
             print(_line(out, len(c.plan), CLOCK.monotonic() - c.started), flush=True)
     except (RuntimeError, ShardqError, OSError) as e:
-        print(f"error: the campaign could not be carried out: {e}; files kept in {c.work}", file=sys.stderr)
+        print(f"error: the campaign could not be carried out: {e}; {tmp.fate(c.work)}", file=sys.stderr)
         return 2
     except SystemExit:
-        print(f"stopped by SIGTERM; files kept in {c.work}", file=sys.stderr, flush=True)
+        print(f"stopped by SIGTERM; {tmp.fate(c.work)}", file=sys.stderr, flush=True)
+        raise
+    except KeyboardInterrupt:
+        print(f"stopped by SIGINT; {tmp.fate(c.work)}", file=sys.stderr, flush=True)
         raise
     finally:
         c.cleanup()
@@ -436,9 +447,9 @@ def run_campaign(a) -> int:
                        "fingerprint": fingerprint(c.plan), "elapsed_s": round(CLOCK.monotonic() - c.started, 1),
                        "workload": {"ops": dict(c.ops), "live_at_end": len(c.live), "acked": c.acked},
                        "counts": counts, "faults": [asdict(o) for o in c.outcomes]}, f, indent=2)
-    if passed and not a.data_dir and not a.keep:
-        shutil.rmtree(os.path.dirname(c.data_dir), ignore_errors=True)
-    else:
+    if not passed:
+        tmp.keep()  # the damaged files are the evidence of the loss
+    if tmp.kept:
         print(f"data dir and logs kept in {c.data_dir} and {c.work}")
     return 0 if passed else 1
 

@@ -28,7 +28,7 @@ from .powercut import lose_unsynced_pages, reboot
 KiB = 1024
 
 
-_NOT_REPLAYED = {"help", "data_dir", "json", "keep"}  # where a run's files go, not what it does
+_NOT_REPLAYED = {"help", "data_dir", "json", "keep", "run"}  # where a run's files go, not what it does
 _ALWAYS_SHOWN = {"seed", "duration", "shards", "producers", "workers", "keys", "fault_interval"}
 
 
@@ -502,7 +502,29 @@ class Run:
         return dict(events)
 
 
+class RunDir:
+    """The temp dir a run made (none with ``--data-dir``): removed by :meth:`close` unless
+    kept (``--keep``, or :meth:`keep` for a FAIL verdict, whose files are its evidence)."""
+
+    def __init__(self, a, data_dir: str):
+        self.path = None if a.data_dir else os.path.dirname(data_dir)
+        self.kept = bool(getattr(a, "keep", False)) or self.path is None
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def fate(self, work: str) -> str:
+        """What happens to the run's files, in words, for a message about its end."""
+        return f"files kept in {work}" if self.kept else f"its temp dir {self.path} is removed (--keep keeps it)"
+
+    def close(self) -> None:
+        if not self.kept and self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 def run(a) -> int:
+    """A chaos run (see the package's docstring). Its temp dir is removed on every way out
+    (a pass, an error, SIGINT, SIGTERM) except a FAIL verdict or ``--keep``."""
     if getattr(a, "target", None):
         from .target import prepare
         problem = prepare(a)
@@ -513,6 +535,14 @@ def run(a) -> int:
         print(f"error: --data-dir {a.data_dir} is not empty; verify needs a fresh directory", file=sys.stderr)
         return 2
     r = Run(a)
+    tmp = RunDir(a, r.data_dir)
+    try:
+        return _run(a, r, tmp)
+    finally:
+        tmp.close()
+
+
+def _run(a, r: Run, tmp: RunDir) -> int:
     print(f"shardq verify seed={a.seed} duration={a.duration}s shards={a.shards} producers={a.producers} "
           f"workers={a.workers} keys={a.keys} visibility={a.visibility}s client={getattr(a, 'client', 'threads')} "
           f"data_dir={r.data_dir}", flush=True)
@@ -536,10 +566,13 @@ def run(a) -> int:
         r.stop_service()
         wal = r.wal_check()
     except RuntimeError as e:
-        print(f"error: the run could not be carried out: {e}; files kept in {r.work}", file=sys.stderr)
+        print(f"error: the run could not be carried out: {e}; {tmp.fate(r.work)}", file=sys.stderr)
         return 2
     except SystemExit:
-        print(f"stopped by SIGTERM; files kept in {r.work}", file=sys.stderr, flush=True)
+        print(f"stopped by SIGTERM; {tmp.fate(r.work)}", file=sys.stderr, flush=True)
+        raise
+    except KeyboardInterrupt:
+        print(f"stopped by SIGINT; {tmp.fate(r.work)}", file=sys.stderr, flush=True)
         raise
     finally:
         r.cleanup()
@@ -547,7 +580,7 @@ def run(a) -> int:
     enqueues = r._enqueues()
     if not any(op.outcome == "ok" for op in enqueues):
         print(f"error: the run could not be carried out: no enqueue was acknowledged, so it checked "
-              f"nothing; files kept in {r.work}", file=sys.stderr)
+              f"nothing; {tmp.fate(r.work)}", file=sys.stderr)
         return 2
     leases = [l for name, path in r.worker_files for l in read_worker_history(path, name)]
     effects = read_effects(r.db)
@@ -574,9 +607,9 @@ def run(a) -> int:
             json.dump({"passed": passed, "seed": a.seed, "args": {k: v for k, v in vars(a).items() if k != "fn"},
                        "faults": faults, "elapsed_s": round(CLOCK.monotonic() - r.started, 1),
                        **asdict(rep)}, f, indent=2, default=str)
-    if passed and not a.data_dir and not a.keep:
-        shutil.rmtree(os.path.dirname(r.data_dir), ignore_errors=True)
-    else:
+    if not passed:
+        tmp.keep()  # the histories are the evidence of what failed
+    if tmp.kept:
         print(f"data dir and histories kept in {r.data_dir} and {r.work}")
     return 0 if passed else 1
 

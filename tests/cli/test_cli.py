@@ -61,10 +61,12 @@ def test_enqueue_dequeue_ack(svc):
     for d in leases.values():
         r = cli(svc, "ack", str(d["job_id"]), str(d["token"]))
         assert r.returncode == 0, r.stderr
-    # The same ack again: the lease is gone; one error line, exit 4 (lease lost).
+    # The same ack again: the job is gone; one error line, the one of every command that
+    # names a job that does not exist (NotFound "no such job", exit 2; issue 44).
     r = cli(svc, "ack", str(jid), str(leases[jid]["token"]))
-    assert r.returncode == 4, r.stderr
-    assert len(err_lines(r)) == 1 and err_lines(r)[0].startswith(("error: LeaseLost:", "error: JobGone:")), r.stderr
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r) == [f"error: NotFound: no such job: {jid} (never enqueued, or finished, cancelled or "
+                            "purged since)"], r.stderr
     r = cli(svc, "dequeue")
     assert r.returncode == 3 and out(r) == ""  # nothing to lease
 

@@ -152,6 +152,16 @@ def test_redrive_and_purge_selected_dead_letters(driver, svc, q):
     wait_until(lambda: [d.job_id for d in q.dead_letters("mail")] == [ids[2]], 10, 0.05, "the purge")
 
 
+def test_a_dead_task_shows_its_name_and_arguments(driver, svc, q):
+    """Issue 44, item 7: the body cell of a task's dead letter read as raw msgpack."""
+    from shardq.tasks import body as taskbody
+    jid = q.enqueue(taskbody.encode("myapp.tasks.send_welcome", (42,), {"template": "short"}), queue="mail")
+    q.nack(q.dequeue("mail", wait=1), error="SMTPError: 550")
+    _show_dead_letters(driver, svc, "mail", 1)
+    assert texts(driver, f'tr[data-id="{jid}"] td.body') == [
+        'task myapp.tasks.send_welcome {"args": [42], "kwargs": {"template": "short"}}']
+
+
 # Holds the reply to every dead-letter request for the "default" queue until the test calls
 # the releases in window.__held, and sets window.__staleDrawn once the page has had that reply
 # (a task after its JSON is read: the console's handler runs in the microtasks before it).

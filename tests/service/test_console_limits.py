@@ -153,7 +153,8 @@ def test_a_bad_value_is_400_naming_the_key_and_changes_nothing(svc, values, key)
 
 @pytest.mark.parametrize("body, error, words", [
     ({"queue": "default", "values": {"concurrency": 5}}, "InvalidConfig", "declares no limit"),
-    ({"queue": "no-such-queue", "values": {"concurrency": 5}}, "InvalidConfig", "declares no limit"),
+    # not told to declare a limit in its config: it does not exist (issue 44)
+    ({"queue": "no-such-queue", "values": {"concurrency": 5}}, "UnknownQueue", "no queue 'no-such-queue'"),
     ({"queue": "guarded", "values": {"concurrency": 5}, "value": 1}, "InvalidJob", "unknown field"),
     ({"queue": "guarded"}, "InvalidJob", "values is required"),   # not read as "back to the config"
     ({"queue": "", "values": None}, "InvalidJob", "queue"),

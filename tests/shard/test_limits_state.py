@@ -248,6 +248,54 @@ def test_run_time_changes_are_checked_and_only_for_placed_queues():
     assert s.take_ops() == []
 
 
+def test_a_run_time_burst_without_a_rate_is_refused_as_the_config_refuses_it():
+    """Issue 44, item 12: a run-time ``burst`` on a queue with no ``rate`` was accepted,
+    shown as an override and ignored. The config's own check (``config.check_limits``) now
+    runs on the limits in force after the change, so the refusal is the config's, word for
+    word, and nothing is logged."""
+    with pytest.raises(InvalidConfig) as by_config:
+        parse({"queues": {"api": {"concurrency": 1, "burst": 5}}})
+    s = make({"api": {"concurrency": 1}, "paced": {"rate": "20/s", "burst": 5}})
+    with pytest.raises(InvalidConfig) as at_run_time:
+        s.set_limits("api", {"burst": 5}, T0)
+    assert str(at_run_time.value) == str(by_config.value) == "queues.api.burst: needs queues.api.rate " \
+                                                             "(burst is the tokens of the rate's bucket)"
+    with pytest.raises(InvalidConfig, match=r"queues\.paced\.burst: needs queues\.paced\.rate"):
+        s.set_limits("paced", {"rate": None}, T0)           # the config's burst would be left without its rate
+    with pytest.raises(InvalidConfig, match=r"queues\.api\.group_concurrency: needs queues\.api\.group_separator"):
+        s.set_limits("api", {"group_concurrency": 2}, T0)
+    assert s.take_ops() == []
+    s.set_limits("api", {"rate": "10/s"}, T0)                 # a rate first (an earlier change) ...
+    assert s.set_limits("api", {"burst": 3}, T0)["burst"] == 3    # ... then its burst is fine
+    with pytest.raises(InvalidConfig, match=r"queues\.api\.burst: needs queues\.api\.rate"):
+        s.set_limits("api", {"rate": None}, T0)             # checked against the merged override
+    assert s.queues["api"].lim.override == {"rate": "10/s", "burst": 3.0}
+    s.set_limits("paced", {"rate": None, "burst": None}, T0)  # both removed together: no bucket at all
+    assert s.queues["paced"].lim.s.rate is None
+
+
+def test_run_time_limits_at_their_maximum_and_one_past_it():
+    s = make({"api": {"concurrency": 1, "group_separator": "/"}})
+    top = {"concurrency": limits.CONCURRENCY_MAX, "rate": f"{int(limits.RATE_PER_S_MAX)}/s",
+           "burst": limits.BURST_MAX, "group_concurrency": limits.CONCURRENCY_MAX,
+           "group_rate": f"{int(limits.RATE_PER_S_MAX)}/s"}
+    s.set_limits("api", top, T0)
+    in_force = s.queues["api"].lim.s
+    assert (in_force.concurrency, in_force.rate, in_force.burst, in_force.group_concurrency,
+            in_force.group_rate) == (limits.CONCURRENCY_MAX, limits.RATE_PER_S_MAX, limits.BURST_MAX,
+                                     limits.CONCURRENCY_MAX, limits.RATE_PER_S_MAX)
+    past = {"concurrency": limits.CONCURRENCY_MAX + 1, "rate": f"{int(limits.RATE_PER_S_MAX) + 1}/s",
+            "burst": limits.BURST_MAX + 1, "group_concurrency": limits.CONCURRENCY_MAX + 1,
+            "group_rate": f"{int(limits.RATE_PER_S_MAX) + 1}/s"}
+    s.take_ops()
+    for key, value in past.items():
+        with pytest.raises(InvalidConfig, match=rf"queues\.api\.{key}"):
+            s.set_limits("api", {key: value}, T0)
+        with pytest.raises(InvalidConfig, match=rf"queues\.api\.{key}"):  # the config, the same way
+            parse({"queues": {"api": {"rate": "1/s", "group_separator": "/", key: value}}})
+    assert s.take_ops() == [] and s.queues["api"].lim.s.concurrency == limits.CONCURRENCY_MAX
+
+
 # ---------------------------------------------------------------------------- placement
 def test_a_placed_queue_takes_jobs_on_its_owner_shard_only():
     shards = 4

@@ -365,11 +365,18 @@ def test_ctx_db_commits_the_effect_once_with_the_idempotency_store(fresh):
 
 
 def test_retries_beyond_max_deliveries_are_reported(fresh):
-    @fresh.task(queue="t-warn", retries=10, name="greedy")
+    # The embedded app knows its service's config, so it refuses them at declaration
+    # (test_task_retries_at_declaration.py); an app without the config declares them, and
+    # the worker reports them at start.
+    with pytest.raises(shardq.InvalidConfig, match="the most allowed is retries=5"):
+        fresh.task(queue="t-warn", retries=10, name="greedy")(lambda ctx: None)
+    unaware = shardq.App(router=fresh.queue)
+
+    @unaware.task(queue="t-warn", retries=10, name="greedy")
     def greedy(ctx):
         pass
 
-    [msg] = check_retries(fresh.tasks, fresh.queue.queue_config)
+    [msg] = check_retries(unaware.tasks, fresh.queue.queue_config)
     assert "greedy" in msg and "max_deliveries=6" in msg and "at least 11" in msg
     assert "[queues.t-warn] max_deliveries = 11" in msg and "lower retries to 5" in msg
 

@@ -31,6 +31,8 @@ from shardq.verify import build_parser, settle_defaults
 from shardq.verify.plan import POWER_CUT, SERVICE_KINDS, kinds_for
 from shardq.verify.run import replay_command
 
+from support.service import wait_until
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -483,15 +485,59 @@ def test_a_run_stopped_by_sigterm_ends_every_process_it_started(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
-        assert "stopped by SIGTERM; files kept in" in err
+        assert f"stopped by SIGTERM; its temp dir {work} is removed" in err
         gone, alive = psutil.wait_procs(children, timeout=20)
         assert not alive, [p.pid for p in alive]
+        assert not os.path.exists(work)  # the temp dir too (issue 44, item 8)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if work:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_run_interrupted_by_sigint_removes_its_temp_dir(tmp_path):
+    """Issue 44, item 8: a run stopped with Ctrl-C (SIGINT, a KeyboardInterrupt) left its
+    temp dir (4.5 MB) behind. A real SIGINT, once the service runs: the run ends its
+    children, removes the dir and exits 130."""
+    import signal
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "verify", "--duration", "60", "--seed", "5",
+                             "--shards", "1", "--producers", "1", "--workers", "1", "--keys", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+    temp = None
+    try:
+        data_dir = re.search(r"data_dir=(\S+)", proc.stdout.readline()).group(1)
+        temp = os.path.dirname(data_dir)
+        assert temp.startswith("/tmp/sqv") and os.path.isdir(temp)
+        wait_until(lambda: os.path.exists(os.path.join(data_dir, "shardq.json")), 60, 0.05, "the service")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err[-2000:]
+        assert f"stopped by SIGINT; its temp dir {temp} is removed" in err
+        assert not os.path.exists(temp)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_bare_verify_says_what_it_would_do_and_runs_nothing(tmp_path):
+    """Issue 44, item 8: a bare ``shardq verify`` started a 60 s chaos run. Now it prints
+    what it would do and exits 2; ``--duration`` or ``--run`` starts a run."""
+    import glob
+    before = set(glob.glob("/tmp/sqv*"))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify"], capture_output=True, text=True,
+                          env=env, cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "would start a chaos run for 60 s" in proc.stdout
+    assert "Nothing was run: give --duration SECONDS, or --run for 60 s" in proc.stdout
+    assert set(glob.glob("/tmp/sqv*")) <= before  # no temp dir made
+    assert settle_defaults(build_parser().parse_args(["--run"])).duration == 60.0
 
 
 def test_reading_effects_tries_again_after_sqlites_locking_protocol_error(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ... import limits
+from ...client.queue_names import check_exists
 from ...client.results import look_up
 from ...client.routing import job_id_from_text, job_shard, queue_totals
 from ...config import check_limit
@@ -197,7 +198,9 @@ class ConsoleApi:
         return row
 
     def dead_letters(self, queue, limit: int | str = 50, cursor: str | None = None) -> dict:
-        """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first."""
+        """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first.
+        Each letter's body as the job look-up shows it: a preview, and ``task`` (a task
+        body's name and arguments, :func:`_task`; null for any other body)."""
         if isinstance(limit, str) and re.fullmatch(LIMIT_PATTERN, limit):
             limit = int(limit)
         if not isinstance(limit, int) or isinstance(limit, bool):
@@ -206,8 +209,11 @@ class ConsoleApi:
             raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.40}")
         page = self.router.dead_letters_page(_queue(queue), min(max(limit, 1), PAGE_MAX), cursor or None,
                                              skip_unavailable=True)
+        # A task body decoded as the job panel decodes it (``task``, null for any other
+        # body), so a dead task reads as its name and arguments, not as msgpack bytes.
         return {"items": [{"id": str(d.job_id), "key": d.key, "attempts": d.attempts, "error": d.error,
-                           "body": _preview(d.body), "body_bytes": len(d.body)} for d in page.items],
+                           "body": _preview(d.body), "body_bytes": len(d.body), "task": _task(d.body)}
+                          for d in page.items],
                 "cursor": page.cursor, "skipped_shards": page.skipped_shards}
 
     def job(self, job_id) -> dict:
@@ -249,12 +255,19 @@ class ConsoleApi:
     # ------------------------------------------------------------------ actions
     # Each takes the JSON object of the request (the fields openapi.py documents, no other).
     def pause(self, data: dict) -> dict:
-        queue = _queue(_fields(data, "queue").get("queue"))
+        queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.pause(queue)}
 
     def resume(self, data: dict) -> dict:
-        queue = _queue(_fields(data, "queue").get("queue"))
+        queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.resume(queue)}
+
+    def _known(self, queue: str) -> str:
+        """``queue`` if it exists; UnknownQueue (a 400 naming those that do) for a name the
+        service neither holds nor declares, which an action would otherwise make a queue
+        of for good (as ``shardq queue`` refuses it; client/queue_names.py)."""
+        check_exists(self.router, queue, create_hint="declare it as [queues.NAME] in the config")
+        return queue
 
     def cancel(self, data: dict) -> dict:
         job_id = _id(_fields(data, "id").get("id"))
@@ -276,6 +289,7 @@ class ConsoleApi:
         if "values" not in data:  # a missing field must not read as "back to the config"
             raise InvalidJob("values is required: a map of the limits to change, or null for the config's")
         queue = _queue(data.get("queue"))
-        return {"queue": queue, "limits": self.router.set_limits(queue, _limit_values(data["values"]))}
+        values = _limit_values(data["values"])
+        return {"queue": self._known(queue), "limits": self.router.set_limits(queue, values)}
 
     ACTIONS = ("pause", "resume", "cancel", "redrive", "purge", "limits")

@@ -137,11 +137,13 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                                 "shards": {"type": "array", "items": _ref("Shard")},
                                 "totals": {"type": "object", "required": [*COUNT_KEYS, *COUNTERS],
                                            "properties": {k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}}},
-    "DeadLetter": {"type": "object", "required": ["id", "key", "attempts", "error", "body", "body_bytes"],
+    "DeadLetter": {"type": "object", "required": ["id", "key", "attempts", "error", "body", "body_bytes", "task"],
                    "properties": {"id": _JOB_ID_TEXT, "key": _nullable("string"), "attempts": _INT0,
                                   "error": _nullable("string"),
                                   "body": {"type": "string", "description": "the first 200 bytes, as text"},
-                                  "body_bytes": _INT0}},
+                                  "body_bytes": _INT0,
+                                  "task": {"oneOf": [{"type": "null", "description": "not a task body"},
+                                                     _ref("Task")]}}},
     "DeadLetterPage": {"type": "object", "required": ["items", "cursor", "skipped_shards"],
                        "properties": {"items": {"type": "array", "items": _ref("DeadLetter")},
                                       "cursor": {"type": ["string", "null"], "pattern": CURSOR_PATTERN,
@@ -290,6 +292,10 @@ def _read(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None 
     return {"summary": summary, "security": _TOKEN, "parameters": params or [], "responses": responses}
 
 
+_UNKNOWN_QUEUE = ("bad input (InvalidJob), or a queue that does not exist (UnknownQueue, naming those that do): "
+                  "one the service neither holds nor declares in its config is not made by naming it")
+
+
 def _action(summary: str, request: str, reply: str, not_found: str | None = None,
             bad: str | None = None) -> dict[str, Any]:
     responses = {"200": _json(_ref(reply), "done"), "400": _error(bad) if bad else _BAD,
@@ -367,8 +373,9 @@ _PATHS: dict[str, dict[str, Any]] = {
                                    bad="an id no record can have, or a record this version cannot read "
                                        "(InvalidJob)")},
     "/api/pause": {"post": _action("stop leasing from a queue, durably, on every shard", "QueueRequest",
-                                   "QueueChange")},
-    "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange")},
+                                   "QueueChange", bad=_UNKNOWN_QUEUE)},
+    "/api/resume": {"post": _action("lease from a queue again", "QueueRequest", "QueueChange",
+                                    bad=_UNKNOWN_QUEUE)},
     "/api/cancel": {"post": _action("cancel a job (idempotent)", "CancelRequest", "CancelResult",
                                     not_found="the id names a shard this service does not have")},
     "/api/redrive": {"post": _action("move chosen dead letters back into their queue", "IdsRequest", "Redriven",
@@ -378,8 +385,9 @@ _PATHS: dict[str, dict[str, Any]] = {
     "/api/limits": {"post": _action(
         "change a limited queue's limits at run time, durably, on every shard (docs/limits.md)",
         "LimitsRequest", "LimitsChange",
-        bad="bad input (InvalidJob), a bad limit value (InvalidConfig, naming the key), or a queue whose "
-            "config declares no limit (InvalidConfig)")},
+        bad="bad input (InvalidJob), a queue that does not exist (UnknownQueue), a bad limit value "
+            "(InvalidConfig, naming the key, also for the limits together: a burst without a rate), or a "
+            "queue whose config declares no limit (InvalidConfig)")},
 }
 
 

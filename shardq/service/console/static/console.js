@@ -332,6 +332,10 @@ function updateSelection() {
   $("#dl-purge").disabled = n === 0;
 }
 
+function bodyText(d) {  // a task body as its name and arguments (decoded by the API), else the text
+  return d.task ? `task ${d.task.name} ${d.task.args}` : d.body;
+}
+
 async function loadDeadLetters(cursor) {
   const queue = $("#dl-queue").value;
   const table = $("#dead-letters");
@@ -360,7 +364,7 @@ async function loadDeadLetters(cursor) {
       box.addEventListener("change", updateSelection);
       pick.append(box);
       tr.append(pick, el("td", d.id, "id"), el("td", d.key ?? "–"), el("td", d.attempts),
-                el("td", d.error ?? "", "text error"), el("td", d.body, "text"));
+                el("td", d.error ?? "", "text error"), el("td", bodyText(d), "text body"));
       const acts = el("td");
       for (const [label, fn, cls] of [["redrive", dlRedrive, "redrive"], ["purge", dlPurge, "purge danger"],
                                       ["look up", (ids) => lookUp(ids[0]), "lookup"]]) {
