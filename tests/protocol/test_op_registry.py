@@ -11,6 +11,7 @@ import os
 import msgpack
 import pytest
 
+from shardq.errors import InvariantViolation
 from shardq.shard import ops
 from shardq.shard.state import ShardState
 
@@ -29,13 +30,50 @@ def test_names_and_codes_are_derived_from_the_registry():
     assert {value: name.lower() for name, value in constants.items()} == ops.NAMES
 
 
-def test_every_operation_has_an_apply_method_and_the_dispatch_table_is_the_registry(make_config):
+def test_every_operation_has_an_apply_method_and_the_dispatch_tables_are_the_registry(make_config):
     state = ShardState(0, make_config())
     assert set(state._apply) == set(ops.REGISTRY)
+    assert set(state._apply_record) == {spec.record for spec in ops.REGISTRY.values()}
+    assert ops.CODES == {spec.record: code for code, spec in ops.REGISTRY.items()}
     for code, spec in ops.REGISTRY.items():
         method = getattr(ShardState, spec.apply)
         assert callable(method), spec
-        assert state._apply[code].__func__ is method, spec
+        assert state._apply[code].__name__ == f"replay_{spec.record.__name__.lower()}", spec  # replay: fn(op)
+        assert state._apply_record[spec.record].__func__ is method, spec   # live: fn(*record)
+
+
+def test_each_apply_method_takes_its_records_fields_by_name_and_default():
+    """The record is the one declaration of an operation's fields: the method that applies
+    it takes them in the same order, under the same names, with the same defaults (an
+    older log's record lacks the fields with defaults)."""
+    import inspect
+    for spec in ops.REGISTRY.values():
+        params = list(inspect.signature(getattr(ShardState, spec.apply)).parameters.values())[1:]
+        assert tuple(p.name for p in params) == spec.record._fields, spec.name
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params), spec.name
+        defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        assert defaults == spec.record._field_defaults, spec.name
+
+
+def test_encode_leaves_off_trailing_defaults_and_a_checkpoint_writes_every_field():
+    assert ops.encode(ops.Release(7, 0, None)) == [ops.RELEASE, 7, 0, None]
+    assert ops.encode(ops.Release(7, 0, None, True)) == [ops.RELEASE, 7, 0, None, True]
+    assert ops.encode(ops.Enqueue(5, "q", None, b"b", 0, 0, None, 1.0)) == [ops.ENQUEUE, 5, "q", None, b"b", 0, 0,
+                                                                             None, 1.0]
+    assert ops.encode(ops.Arrive("b", 0, 2, b"v", None)) == [ops.ARRIVE, "b", 0, 2, b"v", None]  # no default: kept
+    assert ops.encode(ops.Workflow("w", b"s", 1.0)) == [ops.WORKFLOW, "w", b"s", 1.0]
+    assert ops.encode_whole(ops.Workflow("w", b"s", 1.0)) == [ops.WORKFLOW, "w", b"s", 1.0, None, None, None, None]
+    assert ops.encode(ops.Ack(3)) == [ops.ACK, 3]
+
+
+def test_replay_gives_an_old_record_its_defaults_and_ignores_later_fields(make_config):
+    state = ShardState(0, make_config())
+    state.replay([[[ops.ENQUEUE, 1 << 10, "default", None, b"x", 0, 0, None, T0],     # no dedup_expires
+                   [ops.LEASE, 1 << 10, 5, T0 + 30, "a later field"],
+                   [ops.RELEASE, 1 << 10, 0, None]]])                            # no undelivered
+    assert state.jobs[1 << 10].attempts == 1 and state.queues["default"].counts[2] == 1
+    with pytest.raises(InvariantViolation):
+        state.replay([[[ops.EXTEND, 1 << 10]]])                                  # a field without a default
 
 
 def test_operations_on_one_job_hold_its_id_first():
