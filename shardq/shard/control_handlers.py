@@ -1,9 +1,10 @@
-"""The shard process's handlers for the control and metrics ops (``wire.CONTROL_ARITY``):
-thin wrappers over :class:`~shardq.shard.control.ControlOps`, a mixin of
-:class:`~shardq.shard.process.ShardServer`, named by ``wire.REQUESTS`` like every handler.
-Like every handler they run on the loop thread, and what they change is logged and
-fsynced before the reply leaves. ``backup_cut`` changes nothing: it fixes where a backup's
-copy of the log ends (docs/backup.md)."""
+"""The shard process's handlers of the control and metrics ops (``wire.CONTROL_ARITY``)
+that do more than call their state method (pause, resume, cancel and job are served by the
+generic handler, :mod:`.calls`): dead-letter pages as reply rows, purge_ids, metrics and
+backup_cut. A mixin of :class:`~shardq.shard.process.ShardServer`, named by
+``wire.REQUESTS`` like every handler. Like every handler they run on the loop thread, and
+what they change is logged and fsynced before the reply leaves. ``backup_cut`` changes
+nothing: it fixes where a backup's copy of the log ends (docs/backup.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from ..clock import Clock
     from .committer import Committer
     from .conn import FrameConn
-    from .control import JobInfo
     from .durable import BackupCut, DurableShard
     from .process import ShardStats
     from .state import ShardState
@@ -41,18 +41,6 @@ class ControlHandlers:
 
     if TYPE_CHECKING:
         def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats: ...
-
-    def _pause(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        return self.state.pause(args[0], now)
-
-    def _resume(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        return self.state.resume(args[0], now)
-
-    def _cancel(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
-        return self.state.cancel(args[0], now)
-
-    def _job(self, args: Args, now: float, conn: FrameConn, rid: int) -> JobInfo:
-        return self.state.job_info(args[0])
 
     def _dead_page(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[wire.DeadRow]:
         queue, after, limit = args
@@ -107,8 +95,3 @@ class ControlHandlers:
         cut["job_seq"] = committer.durable_seq
         return cut
 
-
-def control_handlers(server: ControlHandlers) -> dict[str, Handler]:
-    """``{op: handler(args, now, conn, rid)}`` of the control ops for ``server`` (a
-    ShardServer): a view of ``wire.REQUESTS``."""
-    return {name: getattr(server, r.handler) for name, r in wire.REQUESTS.items() if r.control}

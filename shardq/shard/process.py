@@ -59,6 +59,7 @@ from ..protocol import wire as protocol
 from . import boot_fence
 from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
+from .calls import handlers
 from .control_handlers import Args, ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
@@ -131,9 +132,10 @@ class ShardStats(TypedDict):
 
 
 class ShardServer(ControlHandlers, ResultHandlers):
-    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. The handler
-    of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers;
-    the results and workflow ops': ResultHandlers)."""
+    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. Each op is
+    served as ``wire.REQUESTS`` says (:func:`.calls.handlers`): by the one generic handler,
+    which calls the state method it names, or by the method it names here (the control
+    ops': ControlHandlers; arrive_many: ResultHandlers)."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
                  busy: Callable[[str], AbstractContextManager[object]] | None = None,
@@ -182,7 +184,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         #: op -> handler(args, now, conn, rid), derived from the one table of ops
-        self._handlers: dict[str, Handler] = {name: getattr(self, r.handler) for name, r in protocol.REQUESTS.items()}
+        self._handlers: dict[str, Handler] = handlers(self)
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
@@ -481,9 +483,6 @@ class ShardServer(ControlHandlers, ResultHandlers):
             else:
                 del self.lease_waiters[queue]
 
-    def _note_priorities(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        self.state.note_priorities(args[0])
-
     def _peek(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
         queue, max_jobs = args
         self.state.advance(now)
@@ -511,14 +510,6 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if type(delivered) is not bool:
             raise InvalidJob("nack: delivered must be true or false")
         self.state.nack(job_id, token, now, delay or 0, error, delivered)
-
-    def _bury(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        job_id, token, error = args
-        self.state.bury(job_id, token, now, error)
-
-    def _extend(self, args: Args, now: float, conn: FrameConn, rid: int) -> float:
-        job_id, token, seconds = args
-        return self.state.extend(job_id, token, now, seconds)
 
     def _watch(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
         queue, timeout = args
@@ -566,16 +557,6 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if job_ids is not None and type(job_ids) is not list:
             raise InvalidJob("redrive: job_ids must be an array or null")
         return self.state.redrive(queue, now, job_ids)
-
-    def _purge_dead(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
-        return self.state.purge_dead(args[0], now)
-
-    def _set_limits(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
-        queue, values = args
-        return self.state.set_limits(queue, values, now)
-
-    def _queue_config(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
-        return self.state.queue_settings(args[0])
 
     def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
         lg = self.shard.log

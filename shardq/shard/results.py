@@ -146,6 +146,10 @@ class ResultOps(StateCore):
         if job_id in self.jobs:  # (a salvaged log may hold the progress of a job it lost)
             self.progress[job_id] = (fraction, note)
 
+    def result_sizes(self, job_ids: list[int], now: float) -> list[ResultRow]:
+        """:meth:`results_of` with each value's length in bytes in place of the value."""
+        return self.results_of(job_ids, now, sizes=True)
+
     def results_of(self, job_ids: list[int], now: float, sizes: bool = False) -> list[ResultRow]:
         """One row per id, in order: ``succeeded`` with the value while a result is kept
         (also for a job not yet acked), else the live job's state with its last error, its
@@ -199,9 +203,9 @@ class ResultOps(StateCore):
             return None
         return b
 
-    def arrive(self, barrier_id: str, index: int, total: int, value: bytes, ttl_s: float,
+    def arrive(self, barrier_id: str, member: int, total: int, value: bytes, ttl_s: float,
                callback: list[Any], now: float) -> str:
-        """Member ``index`` of barrier ``barrier_id`` (of ``total`` members) reports
+        """Member ``member`` (its index) of barrier ``barrier_id`` (of ``total`` members) reports
         ``value``. Returns COUNTED, REPEATED (the index had arrived, or the barrier fired:
         nothing changes), CANCELLED (nothing changes) or FIRED_NOW: the last member, whose
         arrival enqueues ``callback`` (``[body, key, queue, delay, priority]``, an enqueue
@@ -214,6 +218,7 @@ class ResultOps(StateCore):
         ``limits.BARRIER_BYTES_MAX``), ``ttl_s``, and the callback as an enqueue checks an
         item. A last arrival whose callback the enqueue refuses (QueueFull, ...) raises
         that error and logs nothing."""
+        index = member  # ("index" is a tuple method: the argument records name it member, as ops.Arrive does)
         self.advance(now)
         barrier_id = _barrier_id(barrier_id)
         total = validate.count("total", total, limits.BARRIER_MEMBERS_MAX)

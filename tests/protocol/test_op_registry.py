@@ -195,9 +195,9 @@ def test_the_bytes_written_are_those_of_the_format(make_config):
 def test_wire_tables_are_derived_from_the_requests():
     from shardq.protocol import wire
     assert wire.OPS == frozenset(wire.REQUESTS)
-    assert wire.ARITY == {name: len(r.args) for name, r in wire.REQUESTS.items()}
+    assert wire.ARITY == {name: len(r.args._fields) for name, r in wire.REQUESTS.items()}
     assert wire.RETRY == {name: r.retry for name, r in wire.REQUESTS.items()}
-    assert wire.CONTROL_ARITY == {name: len(r.args) for name, r in wire.REQUESTS.items() if r.control}
+    assert wire.CONTROL_ARITY == {name: len(r.args._fields) for name, r in wire.REQUESTS.items() if r.control}
     assert all(name == r.name and r.retry in (wire.RESEND, wire.UNKNOWN) for name, r in wire.REQUESTS.items())
     # the control ops are the eight the module's table lists last, and every op is in that table
     assert set(wire.CONTROL_ARITY) == {"pause", "resume", "cancel", "job", "dead_page", "purge_ids", "metrics",
@@ -206,23 +206,39 @@ def test_wire_tables_are_derived_from_the_requests():
     assert all(f"\n{name} " in table for name in wire.REQUESTS), [n for n in wire.REQUESTS if f"\n{n} " not in table]
 
 
-def test_every_wire_op_has_a_handler(tmp_path, make_config):
+def test_every_wire_op_calls_a_state_method_with_its_record_or_has_a_handler(tmp_path, make_config):
+    """A request names the state method it calls (served by the one generic handler, which
+    passes its argument record's fields by name) or, when it does more, a handler of its own."""
+    import inspect
+
     from shardq.protocol import wire
-    from shardq.shard.control_handlers import ControlHandlers, control_handlers
+    from shardq.shard.control_handlers import ControlHandlers
     from shardq.shard.durable import DurableShard
     from shardq.shard.process import ShardServer
     for r in wire.REQUESTS.values():
-        handler = getattr(ShardServer, r.handler, None)
-        assert callable(handler), r
-        assert (r.handler in vars(ControlHandlers)) == r.control, r  # control ops: control_handlers.py
+        assert (r.calls is None) != (r.handler is None), r
+        if r.calls is not None:
+            params = inspect.signature(getattr(ShardState, r.calls)).parameters
+            required = {n for n, p in params.items() if p.default is p.empty and n not in ("self", "now")}
+            assert set(r.args._fields) <= set(params) and required <= set(r.args._fields), r
+        else:
+            assert callable(getattr(ShardServer, r.handler, None)), r
+            if r.control:
+                assert r.handler in vars(ControlHandlers), r  # control ops: control_handlers.py
     shard = DurableShard(str(tmp_path / "s"), 0, make_config())
     shard.open()
     try:
         server = ShardServer(shard, str(tmp_path / "sock"), b"k" * 32)
         assert set(server._handlers) == wire.OPS
-        assert all(server._handlers[name].__func__ is getattr(ShardServer, r.handler)
-                   for name, r in wire.REQUESTS.items())
-        assert set(control_handlers(server)) == set(wire.CONTROL_ARITY)
+        for name, r in wire.REQUESTS.items():
+            h = server._handlers[name]
+            assert (h.__func__ is getattr(ShardServer, r.handler)) if r.handler else h.__name__ == f"state_call[{r.calls}]"
+        # the generic handler: the wire's args become the record, passed by name, with now
+        server._handlers["pause"](["default"], T0, None, 1)
+        assert shard.state.queues["default"].paused == T0
+        assert server._handlers["queue_config"](["default"], T0, None, 2)["visibility_timeout"] > 0
+        with pytest.raises(TypeError):
+            server._handlers["extend"]([1, 2], T0, None, 3)  # arity: _execute answers it as ProtocolError first
         server._poller.close()
         os.close(server._wake_r)
         os.close(server._wake_w)
