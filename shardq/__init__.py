@@ -112,10 +112,8 @@ def connect(target, **options) -> Queue:
     """A client of the queue service at ``target``: the data dir of a running ``shardq
     serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
     ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
-    from .backends import for_target
-    from .client.router import Router
-    backend = for_target(target)
-    return (backend or Router)(target, **options)
+    from .backends import connect as connect_target
+    return connect_target(target, **options)
 
 
 def __getattr__(name):

@@ -2,12 +2,27 @@
 
 One module (or a few ``<engine>_*.py`` modules) per engine; each implements the protocol
 and depends on it, never the other way round. :func:`for_target` is how
-``shardq.connect(target)`` picks one: ``sqs://<region>/<prefix>`` -> :mod:`.sqs`; anything
+``shardq.connect(target)`` (:func:`connect`, here so that the layers above the client may
+call it without the facade) picks one: ``sqs://<region>/<prefix>`` -> :mod:`.sqs`; anything
 else is not a backend target (the local shards' data dir).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..client.queue import Queue
+
 SCHEMES = ("sqs://",)
+
+
+def connect(target: Any, **options: Any) -> Queue:
+    """``shardq.connect``: the backend :func:`for_target` names, else a router to the local
+    shards of the data dir ``target``."""
+    from ..client.router import Router
+    backend = for_target(target)
+    queue: Queue = (backend or Router)(target, **options)
+    return queue
 
 
 def for_target(target) -> type | None:

@@ -231,8 +231,8 @@ class App:
     def queue(self) -> Queue:
         """The queue client (connected on first use)."""
         if self._queue is None:
-            import shardq
-            self._queue = shardq.connect(self.target)
+            from ..backends import connect
+            self._queue = connect(self.target)
         return self._queue
 
     async def aio(self):
