@@ -36,7 +36,6 @@ import asyncio
 import inspect
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
@@ -194,8 +193,9 @@ class App:
     """A set of tasks and the queue they are sent to.
 
     ``App("var/shardq")`` connects (lazily, on the first send) to a running ``shardq serve``;
-    ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``App.embedded()`` starts
-    a private service in a temp dir (tests). Import a module of tasks and nothing connects.
+    ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``shardq.App.embedded()``
+    starts a private service in a temp dir (tests; shardq/service/embedded.py, the layer that
+    may start one). Import a module of tasks and nothing connects.
     """
 
     def __init__(self, target: str | None = None, *, router: Queue | None = None):
@@ -208,24 +208,6 @@ class App:
         self._owned_dir: str | None = None
         self.tasks: dict[str, Task] = {}
         self.schedules: list = []  # shardq.schedules.Schedule, from @periodic
-
-    @classmethod
-    def embedded(cls, data_dir: str | None = None, shards: int = 1, config=None) -> App:
-        """An app with its own service (``shardq.open``) in ``data_dir`` (default: a new
-        temp dir, removed by :meth:`close`). For tests and single-process programs."""
-        import shardq
-        owned = None
-        if data_dir is None:
-            owned = tempfile.mkdtemp(prefix="sqapp", dir="/tmp")  # short: unix socket paths
-            data_dir = owned + "/data"
-        try:
-            app = cls(router=shardq.open(data_dir, shards=shards, config=config))
-        except BaseException:
-            if owned:
-                shutil.rmtree(owned, ignore_errors=True)
-            raise
-        app.target, app._owned_dir, app._owns_queue = data_dir, owned, True
-        return app
 
     @property
     def queue(self) -> Queue:
