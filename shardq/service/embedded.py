@@ -1,9 +1,12 @@
 """A service embedded in the calling process: ``shardq.open`` (:func:`open_service`) and
-``shardq.App`` (:class:`App`, the tasks layer's App plus :meth:`App.embedded`).
+``shardq.App`` (:class:`App`: the tasks layer's App plus :meth:`App.embedded` and
+:meth:`App.run_worker`, which run it all in this process).
 
-Here, in the service layer, because starting the supervisor is the service's job: the tasks
-layer sits below it (the scheduler and the workflow watcher use tasks), so its App cannot
-start a service itself, and nothing inside the package imports the ``shardq`` facade."""
+Here, in the service layer, because starting the supervisor is the service's job and a
+worker runs task jobs through their dispatcher: the tasks layer sits below both (the
+scheduler and the workflow watcher use tasks; the dispatcher uses the App), so its App can
+do neither without an import that points up or closes a cycle, and nothing inside the
+package imports the ``shardq`` facade."""
 from __future__ import annotations
 
 import shutil
@@ -32,7 +35,8 @@ def open_service(data_dir: str, shards: int | None = None, config: Any = None, *
 
 class App(tasks_app.App):
     """``shardq.App``: a set of tasks and the queue they are sent to (:class:`shardq.tasks.app.App`),
-    which can also start a private service of its own (:meth:`embedded`)."""
+    which can also start a private service of its own (:meth:`embedded`) and run its tasks
+    in this process (:meth:`run_worker`)."""
 
     @classmethod
     def embedded(cls, data_dir: str | None = None, shards: int = 1, config: Any = None) -> App:
@@ -52,3 +56,18 @@ class App(tasks_app.App):
             raise
         app.target, app._owned_dir, app._owns_queue = data_dir, owned, True
         return app
+
+    def run_worker(self, queue: str | None = None, *, until_idle: bool = True,
+                   max_jobs: int | None = None, **worker_options: Any) -> Any:
+        """Run this app's tasks in this process (tests): a :class:`~shardq.Worker` on
+        ``queue`` (default: every queue of the app's tasks, one after the other) until
+        it finds no more work. Returns the last worker's stats."""
+        from ..consumer.worker import Worker
+        from ..tasks.dispatch import TaskHandler
+        handler = TaskHandler(self.tasks)
+        queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
+        stats = None
+        for q in queues:
+            stats = Worker(self.queue, handler, queue=q, **worker_options).run(
+                max_jobs=max_jobs, until_idle=until_idle)
+        return stats

@@ -194,8 +194,9 @@ class App:
 
     ``App("var/shardq")`` connects (lazily, on the first send) to a running ``shardq serve``;
     ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``shardq.App.embedded()``
-    starts a private service in a temp dir (tests; shardq/service/embedded.py, the layer that
-    may start one). Import a module of tasks and nothing connects.
+    starts a private service in a temp dir and ``shardq.App.run_worker()`` runs the tasks in
+    this process (tests; shardq/service/embedded.py, a layer that may start a service and
+    run a worker). Import a module of tasks and nothing connects.
     """
 
     def __init__(self, target: str | None = None, *, router: Queue | None = None):
@@ -326,22 +327,6 @@ class App:
                 return value
             wait = _next_wait(wait, deadline, f"of job {job_id}")
             await asyncio.sleep(wait)
-
-    # ------------------------------------------------------------------ running
-    def run_worker(self, queue: str | None = None, *, until_idle: bool = True,
-                   max_jobs: int | None = None, **worker_options):
-        """Run this app's tasks in this process (tests): a :class:`~shardq.Worker` on
-        ``queue`` (default: every queue of the app's tasks, one after the other) until
-        it finds no more work. Returns the last worker's stats."""
-        from .dispatch import TaskHandler
-        from ..consumer.worker import Worker
-        handler = TaskHandler(self.tasks)
-        queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
-        stats = None
-        for q in queues:
-            stats = Worker(self.queue, handler, queue=q, **worker_options).run(
-                max_jobs=max_jobs, until_idle=until_idle)
-        return stats
 
     async def aclose(self) -> None:
         """Close this event loop's asyncio client."""
