@@ -40,7 +40,6 @@ import select
 import signal
 import socket
 import sys
-import time
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from collections.abc import Callable
@@ -154,6 +153,8 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.sock_path = sock_path
         self.authkey = authkey
         self.clock = clock or SystemClock()
+        #: the loop's own waits (busy polling) are timed in real time, whatever clock it serves by
+        self._real = SystemClock()
         self.conns: set[FrameConn] = set()
         #: per role (sockio.ROLES): a slot per connection, taken by the acceptor, given
         #: back by _drop
@@ -255,7 +256,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         replies to the committer (which fsyncs before it sends them)."""
         timeout = self._timeout()
         busy = self._busy
-        waited_from = time.monotonic()
+        waited_from = self._real.monotonic()
         # a lone client's next request comes a round trip after our reply: poll for it
         # before sleeping, while such waits have been short (shardq/busypoll.py)
         events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
@@ -266,7 +267,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
-        busy.note(time.monotonic() - waited_from)
+        busy.note(self._real.monotonic() - waited_from)
         batches: list[tuple[FrameConn, list[list[Any]]]] = []   # (conn, its decoded requests)
         conn: FrameConn | None
         for fd, _ in events:
