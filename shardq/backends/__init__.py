@@ -20,12 +20,14 @@ def connect(target: Any, **options: Any) -> Queue:
     """``shardq.connect``: the backend :func:`for_target` names, else a router to the local
     shards of the data dir ``target``."""
     from ..client.router import Router
-    backend = for_target(target)
-    queue: Queue = (backend or Router)(target, **options)
+    # (typed as any class: Router is not yet a Queue to mypy, its ids being list[int] where
+    # the protocol's are list[int | str], and a list is invariant; the client's to settle)
+    make: type[Any] = for_target(target) or Router
+    queue: Queue = make(target, **options)
     return queue
 
 
-def for_target(target) -> type | None:
+def for_target(target: object) -> type[Any] | None:
     """The backend class for ``target``, or None when it names the local shards."""
     if isinstance(target, str) and target.startswith("sqs://"):
         from .sqs import SqsQueue
