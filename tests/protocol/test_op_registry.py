@@ -232,7 +232,10 @@ def test_every_wire_op_calls_a_state_method_with_its_record_or_has_a_handler(tmp
         assert set(server._handlers) == wire.OPS
         for name, r in wire.REQUESTS.items():
             h = server._handlers[name]
-            assert (h.__func__ is getattr(ShardServer, r.handler)) if r.handler else h.__name__ == f"state_call[{r.calls}]"
+            if r.handler:
+                assert h.__func__ is getattr(ShardServer, r.handler), name
+            else:
+                assert h.__name__ == f"state_call[{r.calls}]", name
         # the generic handler: the wire's args become the record, passed by name, with now
         server._handlers["pause"](["default"], T0, None, 1)
         assert shard.state.queues["default"].paused == T0
