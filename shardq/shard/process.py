@@ -59,7 +59,7 @@ from . import boot_fence
 from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
 from .calls import handlers
-from .control_handlers import Args, ControlHandlers, Handler
+from .control_handlers import ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
 from .jobstate import R
@@ -394,14 +394,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
             return [rid, protocol.ERR, ["ProtocolError", f"{op}: malformed arguments ({type(e).__name__})"]]
 
     # ------------------------------------------------------------------ handlers
-    def _enqueue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[int]:
-        items, session = args
-        if type(items) is not list:
+    def _enqueue(self, args: protocol.EnqueueArgs, now: float, conn: FrameConn, rid: int) -> list[int]:
+        if type(args.items) is not list:
             raise InvalidJob("enqueue: items must be an array")
-        return self.state.enqueue_many(items, now, session)  # which checks the session
+        return self.state.enqueue_many(args.items, now, args.session)  # which checks the session
 
-    def _dequeue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.LeaseRow]:
-        queue, visibility, max_jobs = args
+    def _dequeue(self, args: protocol.DequeueArgs, now: float, conn: FrameConn, rid: int) -> list[protocol.LeaseRow]:
+        queue, visibility, max_jobs = args.queue, args.visibility, args.max_jobs
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
         jobs = state.jobs
@@ -427,24 +426,24 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     jobs[l.job_id].priority, prioritized)  # type: ignore[index]
                 for l in leases]
 
-    def _dequeue_wait(self, args: Args, now: float, conn: FrameConn,
+    def _dequeue_wait(self, args: protocol.DequeueWaitArgs, now: float, conn: FrameConn,
                       rid: int) -> list[protocol.LeaseRow] | _Deferred:
         """A dequeue that waits in the shard, up to ``wait_s``, for a job to lease. Served
         oldest first as jobs become ready (:meth:`_serve_lease_waiters`); [] at its deadline."""
-        queue, visibility, max_jobs, wait_s = args
+        queue, visibility, max_jobs, wait_s = args.queue, args.visibility, args.max_jobs, args.wait_s
         if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s):
             raise InvalidJob("dequeue_wait: wait_s must be a finite number of seconds")
-        rows = self._dequeue([queue, visibility, max_jobs], now, conn, rid)
+        rows = self._dequeue(protocol.DequeueArgs(queue, visibility, max_jobs), now, conn, rid)
         if rows or wait_s <= 0:
             return rows
         deadline = self.clock.monotonic() + min(float(wait_s), limits.WAIT_S_MAX)
         self.lease_waiters.setdefault(queue, []).append((conn, rid, visibility, max_jobs, deadline))
         return _DEFERRED
 
-    def _cancel_wait(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        """Withdraw this connection's waiting dequeue ``args[0]`` (a request id). True if it
+    def _cancel_wait(self, args: protocol.CancelWaitArgs, now: float, conn: FrameConn, rid: int) -> bool:
+        """Withdraw this connection's waiting dequeue ``args.request_id``. True if it
         was still waiting (it will get no reply); False if it was already answered."""
-        (wanted,) = args
+        wanted = args.request_id
         for queue, ws in self.lease_waiters.items():
             for i, w in enumerate(ws):
                 if w[0] is conn and w[1] == wanted:
@@ -484,13 +483,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
             else:
                 del self.lease_waiters[queue]
 
-    def _peek(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
-        queue, max_jobs = args
+    def _peek(self, args: protocol.PeekArgs, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
         self.state.advance(now)
-        return self.state.ready_priorities(queue, max_jobs)
+        return self.state.ready_priorities(args.queue, args.max_jobs)
 
-    def _ack(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[str] | None]:
-        (pairs,) = args
+    def _ack(self, args: protocol.AckArgs, now: float, conn: FrameConn, rid: int) -> list[list[str] | None]:
+        pairs = args.pairs
         if type(pairs) is not list or len(pairs) > limits.BATCH_JOBS_MAX:
             raise InvalidJob(f"ack: expected at most {limits.BATCH_JOBS_MAX} [job_id, token] pairs")
         out: list[list[str] | None] = []   # per pair: None, or the error (protocol.error_payload)
@@ -506,14 +504,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 out.append(protocol.error_payload(e))
         return out
 
-    def _nack(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        job_id, token, delay, error, delivered = args
-        if type(delivered) is not bool:
+    def _nack(self, args: protocol.NackArgs, now: float, conn: FrameConn, rid: int) -> None:
+        if type(args.delivered) is not bool:
             raise InvalidJob("nack: delivered must be true or false")
-        self.state.nack(job_id, token, now, delay or 0, error, delivered)
+        self.state.nack(args.job_id, args.token, now, args.delay or 0, args.error, args.delivered)
 
-    def _watch(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
-        queue, timeout = args
+    def _watch(self, args: protocol.WatchArgs, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
+        queue, timeout = args.queue, args.timeout_s
         if (type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not math.isfinite(timeout)):
             raise InvalidJob("watch: expects [queue, timeout_s] with a finite timeout")
@@ -544,8 +541,9 @@ class ShardServer(ControlHandlers, ResultHandlers):
             if not ws:
                 del self.watchers[queue]
 
-    def _dead_letters(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.DeadRow]:
-        queue, limit = args
+    def _dead_letters(self, args: protocol.DeadLettersArgs, now: float, conn: FrameConn,
+                      rid: int) -> list[protocol.DeadRow]:
+        queue, limit = args.queue, args.limit
         limit = 1000 if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidJob("dead_letters: limit must be a non-negative integer")
@@ -553,13 +551,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
         return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
                 for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
 
-    def _redrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
-        queue, job_ids = args
+    def _redrive(self, args: protocol.RedriveArgs, now: float, conn: FrameConn, rid: int) -> int:
+        queue, job_ids = args.queue, args.job_ids
         if job_ids is not None and type(job_ids) is not list:
             raise InvalidJob("redrive: job_ids must be an array or null")
         return self.state.redrive(queue, now, job_ids)
 
-    def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
+    def _stats(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> ShardStats:
         lg = self.shard.log
         kept: WorkflowStats = self.state.workflow_stats()  # as of this iteration's advance
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
@@ -576,7 +574,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 "results": kept["results"], "barriers": kept["barriers"],
                 "workflows": self.state.workflow_states()}
 
-    def _ping(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
+    def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
 
 

@@ -15,7 +15,6 @@ from ..protocol import wire as protocol
 
 if TYPE_CHECKING:
     from .conn import FrameConn
-    from .control_handlers import Args
     from .state import ShardState
 
 
@@ -24,8 +23,9 @@ class ResultHandlers:
 
     state: ShardState
 
-    def _arrive_many(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[str | list[str]]:
-        (arrivals,) = args
+    def _arrive_many(self, args: protocol.ArriveManyArgs, now: float, conn: FrameConn,
+                     rid: int) -> list[str | list[str]]:
+        arrivals = args.arrivals
         if type(arrivals) is not list or len(arrivals) > limits.BATCH_JOBS_MAX:
             raise InvalidJob(f"arrive_many: expected at most {limits.BATCH_JOBS_MAX} arrivals")
         out: list[str | list[str]] = []  # per arrival: arrive's answer, or the error (protocol.error_payload)
