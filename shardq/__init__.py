@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from .client.router import Router
     from .config import Config, QueueConfig
     from .consumer.postgres import PostgresStore
-    from .tasks.app import App, Exponential, Task
+    from .service.embedded import App
+    from .tasks.app import Exponential, Task
     from .consumer.worker import Worker
     from .tasks.workflow import Workflow, chain, chord, group
 
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
 # name -> (module, attribute; None: the module itself)
 _LAZY = {
     "Config": (".config", "Config"), "QueueConfig": (".config", "QueueConfig"),
-    "App": (".tasks.app", "App"), "Exponential": (".tasks.app", "Exponential"),
+    "App": (".service.embedded", "App"), "Exponential": (".tasks.app", "Exponential"),
     "Task": (".tasks.app", "Task"),
     "chain": (".tasks.workflow", "chain"), "group": (".tasks.workflow", "group"),
     "chord": (".tasks.workflow", "chord"), "Workflow": (".tasks.workflow", "Workflow"),
@@ -98,24 +99,16 @@ __all__ = [
 def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001 - shardq.open is the public API name (shadows the builtin inside this module only)
     """Start the service embedded in this process (supervisor thread + shard processes) and
     return a router to it; ``close()`` stops both. ``config``: dict, TOML path, or None."""
-    from .client.router import Router
-    from .service.supervisor import Supervisor
-    sup = Supervisor(data_dir, config, shards).start(background=True)
-    try:
-        return Router(sup.dd.path, supervisor=sup, **router_options)
-    except BaseException:
-        sup.stop()
-        raise
+    from .service.embedded import open_service
+    return open_service(data_dir, shards, config, **router_options)
 
 
 def connect(target, **options) -> Queue:
     """A client of the queue service at ``target``: the data dir of a running ``shardq
     serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
     ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
-    from .backends import for_target
-    from .client.router import Router
-    backend = for_target(target)
-    return (backend or Router)(target, **options)
+    from .backends import connect as connect_target
+    return connect_target(target, **options)
 
 
 def __getattr__(name):

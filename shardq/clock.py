@@ -1,4 +1,7 @@
-"""Time, injected. ``time.time()`` and ``time.monotonic()`` are read here and nowhere else.
+"""Time, injected. ``time.time()`` and ``time.monotonic()`` are read here; the shard and
+the log read no other clock (their state takes ``now``, their loops a :class:`Clock`), and
+``tests/project/test_time_reads.py`` lists the modules elsewhere that still do, a list that
+only shrinks.
 
 Deadlines (lease expiry, delays, dedup windows) are wall-clock seconds since the epoch,
 because they are written to the log and must mean the same thing after a restart.

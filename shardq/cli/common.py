@@ -1,4 +1,6 @@
-"""What every client command shares: where the service is, the config file, output helpers."""
+"""What every client command shares: where the service is, the config file, output helpers,
+the parser class with shardq's error form and the guard that turns an error into its line
+and exit code (main.py and worker.py's own entry point both use them)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +12,8 @@ import sys
 from collections.abc import Callable
 
 from .. import config as config_mod
+from ..errors import ShardqError
+from . import exits
 
 DEFAULT_CONFIG = "config/shardq.toml"
 
@@ -154,3 +158,34 @@ def control_call(q, name: str):
         from ..errors import Unsupported
         raise Unsupported(f"{name}: not supported by the {type(q).__name__} backend")
     return fn
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with shardq's error form: a bad command line prints one line
+    ``error: UsageError: <message> (see <prog> --help)`` and exits 2, like every other
+    error of the command (docs/operations.md, "Exit codes"), not argparse's usage block.
+    Sub-commands are parsed by this class too (argparse makes subparsers of the parent's
+    class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: UsageError: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(exits.USAGE)
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    """Run a command body; turn an error into one ``error:`` line and its exit code."""
+    try:
+        return fn()
+    except ShardqError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return exits.for_error(e)
+    except BrokenPipeError:
+        # The reader went away (`shardq stats | head`): what it wanted was delivered.
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exits.OK
+    except OSError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return exits.FAILURE
+    except KeyboardInterrupt:
+        return 130

@@ -28,28 +28,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from collections.abc import Callable
 
-from ..errors import ShardqError
 from . import (backup, common, console, dead_letters, exits, job_control, jobs, outbox, queue_control,
                schedules, serve, sqs, stats, verify, wal, worker, workflow)
+from .common import Parser, run_guarded
 
 GROUPS = (serve, console, jobs, stats, dead_letters, wal, backup, worker, verify, schedules, queue_control,
           job_control, workflow, outbox, sqs)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with shardq's error form: a bad command line prints one line
-    ``error: UsageError: <message> (see <prog> --help)`` and exits 2, like every other
-    error of the command (docs/operations.md, "Exit codes"), not argparse's usage block.
-    Sub-commands are parsed by this class too (argparse makes subparsers of the parent's
-    class)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"error: UsageError: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(exits.USAGE)
 
 
 def version() -> str:
@@ -70,25 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     for group in GROUPS:
         group.register(sub, parent)
     return p
-
-
-def run_guarded(fn: Callable[[], int]) -> int:
-    """Run a command body; turn an error into one ``error:`` line and its exit code."""
-    try:
-        return fn()
-    except ShardqError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return exits.for_error(e)
-    except BrokenPipeError:
-        # The reader went away (`shardq stats | head`): what it wanted was delivered.
-        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return exits.OK
-    except OSError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return exits.FAILURE
-    except KeyboardInterrupt:
-        return 130
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -224,7 +224,7 @@ def check_queues(router, queues: list[str], tasks: dict | None, targets: list[st
 def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = None) -> int:
     """The worker command on its own (tests, embedding): parse ``argv``, run, return the exit
     status; errors print ``error: Type: message`` like every ``shardq`` command."""
-    from .main import Parser, run_guarded
+    from .common import Parser, run_guarded
     p = Parser(prog="shardq worker", parents=[common.common_parser()],
                                 description="Run a handler, or every task of some modules.")
     add_arguments(p)

@@ -96,9 +96,11 @@ From pause on, they are the control and metrics ops (:data:`CONTROL_ARITY`,
 pause, resume, cancel and purge_ids are idempotent, the others only read; a re-sent
 backup_cut takes a new cut and replaces the staging dir of the first (docs/backup.md).
 
-Each op is declared once, in :data:`REQUESTS` (its args, retry policy and handler); the
-lease, dead-letter and result rows of the replies are :class:`LeaseRow`, :class:`DeadRow`
-and :class:`ResultRow`.
+Each op is declared once, in :data:`REQUESTS`: its argument record (:class:`NackArgs`, ...),
+its retry policy, and the state method it calls (the shard's one generic handler passes
+the record's fields to it by name) or the shard handler of an op that does more; the lease,
+dead-letter and result rows of the replies are :class:`LeaseRow`, :class:`DeadRow` and
+:class:`ResultRow`.
 """
 from __future__ import annotations
 
@@ -118,12 +120,186 @@ RESEND = "resend"    # safe to send again: read-only, or made idempotent (see be
 UNKNOWN = "unknown"  # never re-sent: the caller gets OutcomeUnknown
 
 
+# ---------------------------------------------------------------------------- arguments
+# Each request's arguments, a msgpack array on the wire in its record's order. The types say
+# what a well-formed request holds; the shard checks each value where it is used (the
+# state's validators), so a record is built from whatever the wire decoded.
+
+class EnqueueArgs(NamedTuple):
+    items: list[list[Any]]               # [[body, key, queue, delay, priority, dedup_id], ...]
+    session: list[int] | None            # [client, seq, low]
+
+
+class DequeueArgs(NamedTuple):
+    queue: str
+    visibility: float | None
+    max_jobs: int
+
+
+class PeekArgs(NamedTuple):
+    queue: str
+    max_jobs: int
+
+
+class QueueArgs(NamedTuple):             # an op on one queue (note_priorities, purge_dead, pause, ...)
+    queue: str
+
+
+class AckArgs(NamedTuple):
+    pairs: list[list[int]]               # [[job_id, token], ...]
+
+
+class NackArgs(NamedTuple):
+    job_id: int
+    token: int
+    delay: float | None
+    error: str | None
+    delivered: bool
+
+
+class BuryArgs(NamedTuple):
+    job_id: int
+    token: int
+    error: str | None
+
+
+class ExtendArgs(NamedTuple):
+    job_id: int
+    token: int
+    seconds: float
+
+
+class WatchArgs(NamedTuple):
+    queue: str
+    timeout_s: float
+
+
+class DeadLettersArgs(NamedTuple):
+    queue: str
+    limit: int | None
+
+
+class DequeueWaitArgs(NamedTuple):
+    queue: str
+    visibility: float | None
+    max_jobs: int
+    wait_s: float
+
+
+class CancelWaitArgs(NamedTuple):
+    request_id: int                      # of this connection's dequeue_wait
+
+
+class RedriveArgs(NamedTuple):
+    queue: str
+    job_ids: list[int] | None
+
+
+class NoArgs(NamedTuple):
+    pass
+
+
+class SetLimitsArgs(NamedTuple):
+    queue: str
+    values: dict[str, Any] | None        # None: back to the config's
+
+
+class PutResultArgs(NamedTuple):
+    job_id: int
+    token: int
+    value: bytes
+    ttl_s: float
+
+
+class ProgressArgs(NamedTuple):
+    job_id: int
+    token: int
+    fraction: float | None
+    note: str | None
+
+
+class JobIdsArgs(NamedTuple):
+    job_ids: list[int]
+
+
+class ArriveArgs(NamedTuple):
+    barrier_id: str
+    member: int                          # its index ("index" is a tuple method)
+    total: int
+    value: bytes
+    ttl_s: float
+    callback: list[Any]                  # [body, key, queue, delay, priority]
+
+
+class ArriveManyArgs(NamedTuple):
+    arrivals: list[list[Any]]            # [[barrier_id, index, total, value, ttl_s, callback], ...]
+
+
+class BarrierIdsArgs(NamedTuple):
+    barrier_ids: list[str]
+
+
+class BarrierArgs(NamedTuple):
+    barrier_id: str
+
+
+class CancelBarrierArgs(NamedTuple):
+    barrier_id: str
+    ttl_s: float
+
+
+class PutWorkflowArgs(NamedTuple):
+    wf_id: str
+    spec: bytes
+
+
+class EndWorkflowArgs(NamedTuple):
+    wf_id: str
+    state: str
+    error: str | None
+    ttl_s: float
+
+
+class WorkflowArgs(NamedTuple):
+    wf_id: str
+
+
+class AfterLimitArgs(NamedTuple):
+    after: str | None
+    limit: int
+
+
+class JobArgs(NamedTuple):
+    job_id: int
+
+
+class DeadPageArgs(NamedTuple):
+    queue: str
+    after: int | None
+    limit: int
+
+
+class PurgeIdsArgs(NamedTuple):
+    queue: str
+    job_ids: list[int]
+
+
+class BackupCutArgs(NamedTuple):
+    stage: str
+
+
+# ---------------------------------------------------------------------------- requests
 class Request(NamedTuple):
-    """One op of the wire, declared once in :data:`REQUESTS`."""
+    """One op of the wire, declared once in :data:`REQUESTS`: its argument record, its retry
+    policy, and what serves it in the shard: ``calls``, the state method the shard's one
+    generic handler calls with the record's fields by name (and ``now`` if it takes it),
+    or else ``handler``, a ShardServer method of its own (process.py, control_handlers.py,
+    result_handlers.py) for an op that does more than pass its arguments on."""
     name: str
-    args: tuple[str, ...]   # its args, in order (the arity is their count)
+    args: type[NamedTuple]  # its argument record (the arity is its field count)
     retry: str              # RESEND or UNKNOWN (above)
-    handler: str            # the ShardServer method that serves it (process.py, control_handlers.py)
+    calls: str | None = None     # the ShardState method it calls through the generic handler
+    handler: str | None = None   # else: the ShardServer method that serves it
     control: bool = False   # a control or metrics op (the last ones of the table above, from pause on)
 
 
@@ -132,73 +308,73 @@ class Request(NamedTuple):
 #: why next to it.
 REQUESTS: dict[str, Request] = {r.name: r for r in (
     # the session entry makes a re-sent enqueue return the first ids
-    Request("enqueue", ("items", "session"), RESEND, "_enqueue"),
+    Request("enqueue", EnqueueArgs, RESEND, handler="_enqueue"),
     # a second dequeue would lease (and count a delivery of) another job
-    Request("dequeue", ("queue", "visibility", "max_jobs"), UNKNOWN, "_dequeue"),
-    Request("peek", ("queue", "max_jobs"), RESEND, "_peek"),                      # read-only
-    Request("note_priorities", ("queue",), RESEND, "_note_priorities"),           # sets a sticky flag
+    Request("dequeue", DequeueArgs, UNKNOWN, handler="_dequeue"),
+    Request("peek", PeekArgs, RESEND, handler="_peek"),                           # read-only
+    Request("note_priorities", QueueArgs, RESEND, "note_priorities"),             # sets a sticky flag
     # JobGone in answer to the re-sent ack means the first one landed
-    Request("ack", ("pairs",), RESEND, "_ack"),
+    Request("ack", AckArgs, RESEND, handler="_ack"),
     # a re-sent nack after the first landed gets LeaseLost: ambiguous
-    Request("nack", ("job_id", "token", "delay", "error", "delivered"), UNKNOWN, "_nack"),
+    Request("nack", NackArgs, UNKNOWN, handler="_nack"),
     # likewise: the job is dead (first landed) or the lease expired
-    Request("bury", ("job_id", "token", "error"), UNKNOWN, "_bury"),
+    Request("bury", BuryArgs, UNKNOWN, "bury"),
     # sets the deadline again; LeaseLost if the lease is gone
-    Request("extend", ("job_id", "token", "seconds"), RESEND, "_extend"),
-    Request("watch", ("queue", "timeout_s"), RESEND, "_watch"),                   # read-only
-    Request("dead_letters", ("queue", "limit"), RESEND, "_dead_letters"),         # read-only
+    Request("extend", ExtendArgs, RESEND, "extend"),
+    Request("watch", WatchArgs, RESEND, handler="_watch"),                        # read-only
+    Request("dead_letters", DeadLettersArgs, RESEND, handler="_dead_letters"),    # read-only
     # likewise a second lease: never re-sent
-    Request("dequeue_wait", ("queue", "visibility", "max_jobs", "wait_s"), UNKNOWN, "_dequeue_wait"),
+    Request("dequeue_wait", DequeueWaitArgs, UNKNOWN, handler="_dequeue_wait"),
     # withdrawing twice changes nothing (a new connection has no waits)
-    Request("cancel_wait", ("request_id",), RESEND, "_cancel_wait"),
+    Request("cancel_wait", CancelWaitArgs, RESEND, handler="_cancel_wait"),
     # re-sent, it may move jobs that died after the first one
-    Request("redrive", ("queue", "job_ids"), UNKNOWN, "_redrive"),
+    Request("redrive", RedriveArgs, UNKNOWN, handler="_redrive"),
     # re-sent, it may purge dead letters that came after the first one
-    Request("purge_dead", ("queue",), UNKNOWN, "_purge_dead"),
-    Request("queue_config", ("queue",), RESEND, "_queue_config"),                 # read-only
-    Request("stats", (), RESEND, "_stats"),                                       # read-only
-    Request("ping", (), RESEND, "_ping"),                                         # read-only
+    Request("purge_dead", QueueArgs, UNKNOWN, "purge_dead"),
+    Request("queue_config", QueueArgs, RESEND, "queue_settings"),                 # read-only
+    Request("stats", NoArgs, RESEND, handler="_stats"),                           # read-only
+    Request("ping", NoArgs, RESEND, handler="_ping"),                             # read-only
     # sets the same values again (docs/limits.md): a re-sent change changes nothing more
-    Request("set_limits", ("queue", "values"), RESEND, "_set_limits"),
+    Request("set_limits", SetLimitsArgs, RESEND, "set_limits"),
     # Results and workflows (shardq/shard/results.py). put_result and progress set the same
     # value again; a re-sent arrive finds its index counted ("repeated") and changes nothing;
     # cancel_barrier is idempotent; result, result_sizes, barrier and barrier_values only read.
-    Request("put_result", ("job_id", "token", "value", "ttl_s"), RESEND, "_put_result"),
-    Request("progress", ("job_id", "token", "fraction", "note"), RESEND, "_progress"),
-    Request("result", ("job_ids",), RESEND, "_result"),
-    Request("result_sizes", ("job_ids",), RESEND, "_result_sizes"),
-    Request("arrive", ("barrier_id", "index", "total", "value", "ttl_s", "callback"), RESEND, "_arrive"),
-    Request("arrive_many", ("arrivals",), RESEND, "_arrive_many"),
-    Request("barrier", ("barrier_ids",), RESEND, "_barrier"),
-    Request("barrier_values", ("barrier_id",), RESEND, "_barrier_values"),
-    Request("cancel_barrier", ("barrier_id", "ttl_s"), RESEND, "_cancel_barrier"),
+    Request("put_result", PutResultArgs, RESEND, "put_result"),
+    Request("progress", ProgressArgs, RESEND, "set_progress"),
+    Request("result", JobIdsArgs, RESEND, "results_of"),
+    Request("result_sizes", JobIdsArgs, RESEND, "result_sizes"),
+    Request("arrive", ArriveArgs, RESEND, "arrive"),
+    Request("arrive_many", ArriveManyArgs, RESEND, handler="_arrive_many"),
+    Request("barrier", BarrierIdsArgs, RESEND, "barrier_info"),
+    Request("barrier_values", BarrierArgs, RESEND, "barrier_values"),
+    Request("cancel_barrier", CancelBarrierArgs, RESEND, "cancel_barrier"),
     # a record is put once ("known" after) and ends once (its first end kept)
-    Request("put_workflow", ("wf_id", "spec"), RESEND, "_put_workflow"),
-    Request("end_workflow", ("wf_id", "state", "error", "ttl_s"), RESEND, "_end_workflow"),
-    Request("workflow", ("wf_id",), RESEND, "_workflow"),
-    Request("workflow_ids", ("after", "limit"), RESEND, "_workflow_ids"),
+    Request("put_workflow", PutWorkflowArgs, RESEND, "put_workflow"),
+    Request("end_workflow", EndWorkflowArgs, RESEND, "end_workflow"),
+    Request("workflow", WorkflowArgs, RESEND, "workflow"),
+    Request("workflow_ids", AfterLimitArgs, RESEND, "running_workflows"),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
     # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
     # only read.
-    Request("pause", ("queue",), RESEND, "_pause", control=True),
-    Request("resume", ("queue",), RESEND, "_resume", control=True),
-    Request("cancel", ("job_id",), RESEND, "_cancel", control=True),
-    Request("job", ("job_id",), RESEND, "_job", control=True),
-    Request("dead_page", ("queue", "after", "limit"), RESEND, "_dead_page", control=True),
-    Request("purge_ids", ("queue", "job_ids"), RESEND, "_purge_ids", control=True),
-    Request("metrics", (), RESEND, "_metrics", control=True),
+    Request("pause", QueueArgs, RESEND, "pause", control=True),
+    Request("resume", QueueArgs, RESEND, "resume", control=True),
+    Request("cancel", JobArgs, RESEND, "cancel", control=True),
+    Request("job", JobArgs, RESEND, "job_info", control=True),
+    Request("dead_page", DeadPageArgs, RESEND, handler="_dead_page", control=True),
+    Request("purge_ids", PurgeIdsArgs, RESEND, handler="_purge_ids", control=True),
+    Request("metrics", NoArgs, RESEND, handler="_metrics", control=True),
     # a new cut replaces the first one's staging dir: the caller uses the reply it gets
-    Request("backup_cut", ("stage",), RESEND, "_backup_cut", control=True),
+    Request("backup_cut", BackupCutArgs, RESEND, handler="_backup_cut", control=True),
 )}
 
 #: Derived from :data:`REQUESTS`: every op name
 OPS = frozenset(REQUESTS)
 #: Derived from :data:`REQUESTS`: args arity per op
-ARITY = {name: len(r.args) for name, r in REQUESTS.items()}
+ARITY = {name: len(r.args._fields) for name, r in REQUESTS.items()}
 #: Derived from :data:`REQUESTS`: the retry policy per op
 RETRY = {name: r.retry for name, r in REQUESTS.items()}
 #: Derived from :data:`REQUESTS`: the control and metrics ops and their arity
-CONTROL_ARITY = {name: len(r.args) for name, r in REQUESTS.items() if r.control}
+CONTROL_ARITY = {name: len(r.args._fields) for name, r in REQUESTS.items() if r.control}
 
 
 class LeaseRow(NamedTuple):

@@ -96,9 +96,9 @@ def _event(name: str, level: int = logging.INFO, **fields) -> None:
 def child_env() -> dict[str, str]:
     """The environment for a child ``python -m shardq...``: it must import this same shardq,
     installed or not, so the directory holding the package goes first on PYTHONPATH."""
-    import shardq
     env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}  # only serve speaks to systemd
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(shardq.__file__)))
+    # (this file is <parent>/shardq/service/supervisor.py: not `import shardq`, the facade above every layer)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
     return env
 

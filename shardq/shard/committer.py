@@ -43,12 +43,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
-from ..clock import SystemClock
+from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
 from ..errors import LogFailed
 from .conn import SEND_TIMEOUT_S, FrameConn
@@ -70,7 +69,7 @@ Batch: TypeAlias = tuple[list[bytes], list[Send], list[FrameConn], Sequence[Send
 
 
 class Committer:
-    def __init__(self, log_: Log, exit_code: int):
+    def __init__(self, log_: Log, exit_code: int, clock: Clock | None = None):
         self.log = log_
         self.exit_code = exit_code
         self._items: deque[Batch] = deque()
@@ -85,7 +84,7 @@ class Committer:
         self._writing = False  # the thread is writing what it took: the loop must not append
         self._send_lock = threading.Lock()  # replies and closes, from the loop and the thread
         self._backlog: dict[FrameConn, None] = {}  # connections with replies their socket has not taken
-        self._monotonic = SystemClock.monotonic
+        self._monotonic = (clock or SystemClock()).monotonic  # sync deadlines and fsync times
         self.fsyncs = 0
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
@@ -315,12 +314,12 @@ class Committer:
             # Read before the fdatasync: every job up to seq is written, so it covers them.
             seq = self._written_seq
             payloads, self._unsynced_payloads = self._unsynced_payloads, []
-        t0 = time.perf_counter()
+        t0 = self._monotonic()
         try:
             self.log.sync()
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
-        seconds = time.perf_counter() - t0
+        seconds = self._monotonic() - t0
         self.fsyncs += 1
         with self._lock:
             if seq > self.durable_seq:

@@ -43,7 +43,6 @@ from .core import CANCELLED, Job, QueueState, StateCore
 from .core import COUNTERS as COUNTERS  # re-exported: the metrics and the console read it from here
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
 from .limiter import check_override
-from .ops import Op
 
 #: How far into a ready line the age of its first live job is looked for (entries of jobs
 #: cancelled while ready stay in the line until a dequeue passes them).
@@ -90,7 +89,7 @@ class ControlOps(StateCore):
         q = self._existing_queue(queue)
         if q.paused is not None:
             return False
-        self._emit([ops.PAUSE, queue, now])
+        self._emit(ops.Pause(queue, now))
         return True
 
     def resume(self, queue: str, now: float) -> bool:
@@ -99,13 +98,12 @@ class ControlOps(StateCore):
         q = self._existing_queue(queue)
         if q.paused is None:
             return False
-        self._emit([ops.PAUSE, queue, None])
+        self._emit(ops.Pause(queue, None))
         return True
 
-    def _apply_pause(self, op: Op) -> None:
-        qname, at = ops.read(ops.Pause, op)
-        q = self.queues.get(qname) or self._logged_queue(qname)
-        q.paused = at
+    def _apply_pause(self, queue: str, paused_at: float | None) -> None:
+        q = self.queues.get(queue) or self._logged_queue(queue)
+        q.paused = paused_at
 
     # ------------------------------------------------------------------ limits
     def set_limits(self, queue: str, values: dict[str, Any] | None, now: float) -> dict[str, Any]:
@@ -128,13 +126,12 @@ class ControlOps(StateCore):
             if owner_shard(queue, self.shard_count) != self.shard_index:
                 return lim.figures(0, 0, now)  # it holds none of the queue's jobs, and never will
             self._room_for_queues(1)  # a queue with no job yet is kept, and the change with it
-        self._emit([ops.LIMITS, queue, values])
+        self._emit(ops.Limits(queue, values))
         q = self.queues[queue]
         return q.lim.figures(q.counts[L], q.counts[R], now)  # type: ignore[union-attr]  # placed
 
-    def _apply_limits(self, op: Op) -> None:
-        qname, values = ops.read(ops.Limits, op)
-        q = self.queues.get(qname) or self._logged_queue(qname)
+    def _apply_limits(self, queue: str, values: dict[str, Any] | None) -> None:
+        q = self.queues.get(queue) or self._logged_queue(queue)
         if q.lim is not None:  # else today's config no longer places the queue: nothing to limit
             q.lim.change(values)
 
@@ -150,14 +147,14 @@ class ControlOps(StateCore):
         state = job.state
         if state == L:
             if job_id not in self.cancelled:
-                self._emit([ops.CANCEL, job_id])
+                self._emit(ops.Cancel(job_id))
                 job.q.totals[CANCELLED] += 1
             return CANCELLING
         job.q.totals[CANCELLED] += 1
         if state == X:
-            self._emit([ops.PURGE, job_id])
+            self._emit(ops.Purge(job_id))
             return PURGED
-        self._emit([ops.CANCEL, job_id])
+        self._emit(ops.Cancel(job_id))
         return CANCELLED_NOW
 
     def _job_or_gone(self, job_id: int) -> Job | None:
@@ -167,8 +164,8 @@ class ControlOps(StateCore):
             raise NotFound(f"job {job_id} does not belong to shard {self.shard_index}")
         return job
 
-    def _apply_cancel(self, op: Op) -> None:
-        jid = op[ops.JOB_ID]
+    def _apply_cancel(self, job_id: int) -> None:
+        jid = job_id
         job = self.jobs[jid]
         if job.state == L and jid not in self.cancelled:
             self.cancelled.add(jid)
@@ -236,7 +233,7 @@ class ControlOps(StateCore):
             raise InvalidJob(f"job_ids must be a list of at most {limits.BATCH_JOBS_MAX} ids")
         chosen = [j for j in dict.fromkeys(validate.integer("job_id", j) for j in job_ids) if j in q.dead]
         for jid in chosen:
-            self._emit([ops.PURGE, jid])
+            self._emit(ops.Purge(jid))
         return len(chosen)
 
     # ------------------------------------------------------------------ figures

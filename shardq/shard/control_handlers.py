@@ -1,9 +1,10 @@
-"""The shard process's handlers for the control and metrics ops (``wire.CONTROL_ARITY``):
-thin wrappers over :class:`~shardq.shard.control.ControlOps`, a mixin of
-:class:`~shardq.shard.process.ShardServer`, named by ``wire.REQUESTS`` like every handler.
-Like every handler they run on the loop thread, and what they change is logged and
-fsynced before the reply leaves. ``backup_cut`` changes nothing: it fixes where a backup's
-copy of the log ends (docs/backup.md)."""
+"""The shard process's handlers of the control and metrics ops (``wire.CONTROL_ARITY``)
+that do more than call their state method (pause, resume, cancel and job are served by the
+generic handler, :mod:`.calls`): dead-letter pages as reply rows, purge_ids, metrics and
+backup_cut. A mixin of :class:`~shardq.shard.process.ShardServer`, named by
+``wire.REQUESTS`` like every handler. Like every handler they run on the loop thread, and
+what they change is logged and fsynced before the reply leaves. ``backup_cut`` changes
+nothing: it fixes where a backup's copy of the log ends (docs/backup.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,17 +17,18 @@ if TYPE_CHECKING:
     from ..clock import Clock
     from .committer import Committer
     from .conn import FrameConn
-    from .control import JobInfo
     from .durable import BackupCut, DurableShard
     from .process import ShardStats
     from .state import ShardState
 
 #: A request's arguments as the wire decoded them: msgpack values, as many as the op's
-#: ``wire.ARITY`` (checked before a handler runs), each checked by the state method it
-#: reaches. Every handler is ``handler(args, now, conn, rid)``: :data:`Handler`.
+#: ``wire.ARITY`` (checked before a handler runs). The handler table (:mod:`.calls`) makes
+#: them the request's argument record (``wire.NackArgs``, ...) before a method of the server
+#: or the state sees them; each value is checked by the state method it reaches.
 Args: TypeAlias = list[Any]
-#: A handler: (args, now (wall clock), the client's connection, the request id) -> what the
-#: reply carries (a msgpack value), or process._DEFERRED for a reply sent later.
+#: An entry of the handler table: (args, now (wall clock), the client's connection, the
+#: request id) -> what the reply carries (a msgpack value), or process._DEFERRED for a reply
+#: sent later.
 Handler: TypeAlias = "Callable[[Args, float, FrameConn, int], object]"
 
 
@@ -40,33 +42,21 @@ class ControlHandlers:
     committer: Committer | None   # None until ShardServer.serve() starts it
 
     if TYPE_CHECKING:
-        def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats: ...
+        def _stats(self, args: wire.NoArgs, now: float, conn: FrameConn, rid: int) -> ShardStats: ...
 
-    def _pause(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        return self.state.pause(args[0], now)
-
-    def _resume(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        return self.state.resume(args[0], now)
-
-    def _cancel(self, args: Args, now: float, conn: FrameConn, rid: int) -> str:
-        return self.state.cancel(args[0], now)
-
-    def _job(self, args: Args, now: float, conn: FrameConn, rid: int) -> JobInfo:
-        return self.state.job_info(args[0])
-
-    def _dead_page(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[wire.DeadRow]:
-        queue, after, limit = args
+    def _dead_page(self, args: wire.DeadPageArgs, now: float, conn: FrameConn, rid: int) -> list[wire.DeadRow]:
+        queue, after, limit = args.queue, args.after, args.limit
         # (this shard's job ids are ints; the DeadLetter type also allows str ids, types.JobId)
         return [wire.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
                 for d in self.state.dead_page(queue, after, limit)]
 
-    def _purge_ids(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
-        queue, job_ids = args
+    def _purge_ids(self, args: wire.PurgeIdsArgs, now: float, conn: FrameConn, rid: int) -> int:
+        queue, job_ids = args.queue, args.job_ids
         if type(job_ids) is not list:
             raise InvalidJob("purge_ids: job_ids must be an array")
         return self.state.purge_ids(queue, job_ids, now)
 
-    def _metrics(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
+    def _metrics(self, args: wire.NoArgs, now: float, conn: FrameConn, rid: int) -> ShardStats:
         """One call for a whole scrape: the stats plus per-queue figures, the results and
         workflow counters and the committer's histograms. Reads only; the cost is one pass
         over the queues (not the jobs)."""
@@ -80,7 +70,7 @@ class ControlHandlers:
             out["fsyncs"] = committer.fsyncs
         return out
 
-    def _backup_cut(self, args: Args, now: float, conn: FrameConn, rid: int) -> BackupCut:
+    def _backup_cut(self, args: wire.BackupCutArgs, now: float, conn: FrameConn, rid: int) -> BackupCut:
         """Take this shard's backup cut: every write before it is synced and in the copy;
         none after it is (docs/backup.md).
 
@@ -99,7 +89,7 @@ class ControlHandlers:
         committer.drain()
         if self.shard.log.mark_wanted:
             committer.write_mark()  # False only while it flushes replies to a slow reader
-        cut = self.shard.stage_backup(args[0])
+        cut = self.shard.stage_backup(args.stage)
         # Every job numbered up to durable_seq is in the copy, and none after it: the
         # restore checks that its replay ends there.
         cut["shard"] = self.shard.shard_index
@@ -107,8 +97,3 @@ class ControlHandlers:
         cut["job_seq"] = committer.durable_seq
         return cut
 
-
-def control_handlers(server: ControlHandlers) -> dict[str, Handler]:
-    """``{op: handler(args, now, conn, rid)}`` of the control ops for ``server`` (a
-    ShardServer): a view of ``wire.REQUESTS``."""
-    return {name: getattr(server, r.handler) for name, r in wire.REQUESTS.items() if r.control}

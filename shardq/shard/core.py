@@ -222,7 +222,7 @@ class StateCore:
         self.sessions: OrderedDict[int, SessionEntry] = OrderedDict()  # client -> [last_seen, {seq: ids}]
         self._sessions_due = float("-inf")  # when the oldest session expires (advance)
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
-        self._ops: list[Op] = []
+        self._ops: list[tuple[Any, ...]] = []  # the records emitted since take_batch (ops.REGISTRY's types)
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
         self._now = float("-inf")
         self.cancelled: set[int] = set()   # leased jobs marked cancelled (control.py)
@@ -241,24 +241,30 @@ class StateCore:
         self.workflow_counts: dict[str, int] = dict.fromkeys(("running",) + WORKFLOW_ENDS, 0)
         self._workflow_expiry: list[tuple[float, str]] = []   # (expires_at, workflow id) of ended ones, a heap
         self._kept_due = float("inf")       # the earliest expiry in these heaps (advance)
-        #: code -> the method that applies it, derived from the one table of operations
+        # Derived from the one table of operations: record type -> the method that applies
+        # it (live: ``fn(*record)``), and code -> that method as a function of a logged list
+        # (replay: ops.replay_function, the fast path).
+        self._apply_record: dict[type, Callable[..., None]] = {
+            spec.record: getattr(self, spec.apply) for spec in ops.REGISTRY.values()}
         self._apply: dict[int, Callable[[Op], None]] = {
-            code: getattr(self, spec.apply) for code, spec in ops.REGISTRY.items()}
+            code: ops.replay_function(getattr(self, spec.apply), spec.record) for code, spec in ops.REGISTRY.items()}
 
     # ------------------------------------------------------------------ plumbing
     def take_ops(self) -> list[Op]:
-        """The operations produced since the last call; the caller persists them."""
+        """The operations produced since the last call, as the log holds them; the caller
+        persists them."""
         return self.take_batch()[0]
 
     def take_batch(self) -> tuple[list[Op], list[tuple[int, int]]]:
-        """The operations produced since the last call, and the index ranges among them
-        that must be logged in one record (a batch enqueue: all or nothing)."""
-        out, atomic = self._ops, self._atomic
+        """The operations produced since the last call, encoded for the log
+        (:func:`ops.encode`), and the index ranges among them that must be logged in one
+        record (a batch enqueue: all or nothing)."""
+        records, atomic = self._ops, self._atomic
         self._ops, self._atomic = [], []
-        return out, atomic
+        return ops.encode_all(records), atomic
 
     def apply(self, op: Op) -> None:
-        """Apply one logged operation (replay and live path alike)."""
+        """Apply one logged operation (as replay does; salvage applies them one by one)."""
         try:
             fn = self._apply[op[0]]
         except (KeyError, TypeError, IndexError):
@@ -266,7 +272,8 @@ class StateCore:
         fn(op)
 
     def replay(self, records: Iterable[list[Op]]) -> None:
-        """Apply every operation of every record, in order (the fast path of :meth:`apply`)."""
+        """Apply every operation of every record, in order: the fast path of :meth:`apply`,
+        which hands a logged list's fields to the apply function without building a record."""
         table = self._apply
         try:
             for record in records:
@@ -275,9 +282,10 @@ class StateCore:
         except (KeyError, TypeError, IndexError) as e:
             raise InvariantViolation(f"log operation could not be applied: {type(e).__name__}: {e}") from e
 
-    def _emit(self, op: Op) -> None:
-        self._apply[op[0]](op)
-        self._ops.append(op)
+    def _emit(self, record: tuple[Any, ...]) -> None:
+        """Apply ``record`` (an operation of ops.REGISTRY) and keep it for the log."""
+        self._apply_record[type(record)](*record)
+        self._ops.append(record)
 
     def _queue(self, name: str, *, create: bool = True) -> QueueState:
         """The queue ``name`` for a live request: UnknownQueue if the config does not
@@ -358,7 +366,7 @@ class StateCore:
         another part of the state (:mod:`.queues`): ShardState, which holds both, provides it."""
         raise NotImplementedError
 
-    def workflow_checkpoint_ops(self) -> list[tuple[Op, int]]:
+    def workflow_checkpoint_ops(self) -> list[tuple[ops.Workflow, int]]:
         """The workflow records as checkpoint operations (:mod:`.workflows` provides it;
         the checkpoint codec, another part of the state, writes them)."""
         raise NotImplementedError
@@ -541,10 +549,10 @@ class StateCore:
                 continue  # acked, released, extended or re-leased since
             job.q.totals[EXPIRED] += 1
             if self.cancelled and jid in self.cancelled:
-                self._emit([ops.CANCEL, jid])  # a cancelled lease ended: the job goes
+                self._emit(ops.Cancel(jid))  # a cancelled lease ended: the job goes
             elif job.attempts >= job.q.cfg.max_deliveries:
                 job.q.totals[DEAD_LETTERED] += 1
-                self._emit([ops.DEAD, jid, self.errors.get(jid) or f"lease expired after {job.attempts} deliveries"])
+                self._emit(ops.Dead(jid, self.errors.get(jid) or f"lease expired after {job.attempts} deliveries"))
             else:
                 del self.inflight[jid]
                 self._set(job, R)

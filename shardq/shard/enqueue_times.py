@@ -17,10 +17,6 @@ whose sequence is ``<= s``.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .ops import Op
 
 RESOLUTION_S = 1.0
 SAMPLES_MAX = 4096
@@ -53,9 +49,6 @@ class EnqueueTimes:
         (a job older than every sample, e.g. from a log written before this table existed)."""
         i = bisect.bisect_right(self.seqs, seq) - 1
         return self.times[i] if i >= 0 else None
-
-    def to_op(self, code: int) -> Op:
-        return [code, list(self.seqs), list(self.times)]
 
     def load(self, seqs: list[int], times: list[float]) -> None:
         self.seqs = list(seqs)

@@ -17,10 +17,9 @@ from ..protocol import validate
 from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, QueueState, StateCore
 from .jobstate import G, L, R, X
 from .limiter import Limiter
-from .ops import Op
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
-_JOB_ID = ops.JOB_ID
+_Lease, _Dead = ops.Lease, ops.Dead
 _BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
 
 
@@ -80,18 +79,18 @@ class LeaseOps(StateCore):
             if job.state is not R:
                 continue  # stale entry left by replay
             if job.attempts >= max_deliveries:
-                op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
-                self._apply_dead(op, popped=True)
-                emit_ops.append(op)
+                dead = _Dead(job.id, self.errors.get(job.id) or f"delivered {job.attempts} times")
+                self._dead(*dead, popped=True)  # as _emit, written out: the job left its deque already
+                emit_ops.append(dead)
                 q.totals[DEAD_LETTERED] += 1
                 continue
             token = self.next_token
             if token >> _EPOCH_BITS != self.epoch:  # a new epoch before any token in it
-                self._emit([ops.EPOCH, token >> _EPOCH_BITS])
+                self._emit(ops.Epoch(token >> _EPOCH_BITS))
             expires = now + vis
-            op = [ops.LEASE, job.id, token, expires]
-            self._apply_lease(op)
-            emit_ops.append(op)
+            lease = _Lease(job.id, token, expires)
+            self._apply_lease(*lease)  # as _emit, written out: this runs once per lease
+            emit_ops.append(lease)
             out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
             reply_left -= size
         q.totals[LEASED] += len(out)
@@ -121,26 +120,24 @@ class LeaseOps(StateCore):
                     break
                 if job.attempts >= max_deliveries:
                     lim.take(line, now, leased=False)
-                    op = [ops.DEAD, job.id, self.errors.get(job.id) or f"delivered {job.attempts} times"]
-                    self._apply_dead(op, popped=True)
-                    self._ops.append(op)
+                    dead = _Dead(job.id, self.errors.get(job.id) or f"delivered {job.attempts} times")
+                    self._dead(*dead, popped=True)
+                    self._ops.append(dead)
                     q.totals[DEAD_LETTERED] += 1
                     continue
                 lim.take(line, now, leased=True)
                 token = self.next_token
                 if token >> _EPOCH_BITS != self.epoch:
-                    self._emit([ops.EPOCH, token >> _EPOCH_BITS])
-                op = [ops.LEASE, job.id, token, now + vis]
-                self._apply_lease(op)
-                self._ops.append(op)
+                    self._emit(ops.Epoch(token >> _EPOCH_BITS))
+                self._emit(_Lease(job.id, token, now + vis))
                 out.append(Lease(job.id, job.key, job.body, q.name, job.attempts, token, now + vis))
                 reply_left -= size
             q.totals[LEASED] += len(out)
         lim.spent(len(out), q.counts[L], now)
         return out
 
-    def _apply_lease(self, op: Op) -> None:
-        _, jid, token, expires = op  # ops.Lease (once per lease: unpacked, no record built)
+    def _apply_lease(self, job_id: int, token: int, expires_at: float) -> None:
+        jid, expires = job_id, expires_at
         job = self.jobs[jid]
         self._set(job, L)
         job.attempts += 1
@@ -157,11 +154,11 @@ class LeaseOps(StateCore):
         job = self._leased(job_id, token)
         if self.cancelled:
             self._settle_cancelled(job_id, settle=True)
-        self._emit([ops.ACK, job_id])
+        self._emit(ops.Ack(job_id))
         job.q.totals[ACKED] += 1
 
-    def _apply_ack(self, op: Op) -> None:
-        job = self.jobs.pop(op[_JOB_ID])
+    def _apply_ack(self, job_id: int) -> None:
+        job = self.jobs.pop(job_id)
         self.inflight.pop(job.id, None)
         self.errors.pop(job.id, None)
         if self.progress:  # (a job's result outlives it; its progress does not)
@@ -181,17 +178,17 @@ class LeaseOps(StateCore):
         if self.cancelled:
             self._settle_cancelled(job_id, settle=True)
         if delivered is False:
-            self._emit([ops.RELEASE, job_id, 0, None, True])
+            self._emit(ops.Release(job_id, 0, None, True))
             return
         delay = validate.seconds("delay", delay, hi=limits.DELAY_S_MAX) if type(delay) is not int or delay else 0
         error = validate.error_text(error)
         job.q.totals[NACKED] += 1
         if job.attempts >= job.q.cfg.max_deliveries:
             job.q.totals[DEAD_LETTERED] += 1
-            self._emit([ops.DEAD, job_id, error or self.errors.get(job_id)
-                        or f"released after {job.attempts} deliveries"])
+            self._emit(ops.Dead(job_id, error or self.errors.get(job_id)
+                                or f"released after {job.attempts} deliveries"))
         else:
-            self._emit([ops.RELEASE, job_id, now + delay if delay else 0, error])
+            self._emit(ops.Release(job_id, now + delay if delay else 0, error))
 
     def bury(self, job_id: int, token: int, now: float, error: str | None = None) -> None:
         """Move a leased job to its queue's dead-letter queue now, whatever its delivery
@@ -199,10 +196,10 @@ class LeaseOps(StateCore):
         self.advance(now)
         self._leased(job_id, token)
         error = validate.error_text(error)
-        self._emit([ops.DEAD, job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"])
+        self._emit(ops.Dead(job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"))
 
-    def _apply_release(self, op: Op) -> None:
-        jid, ready_at, error, undelivered = ops.read(ops.Release, op)
+    def _apply_release(self, job_id: int, ready_at: float, error: str | None, undelivered: bool = False) -> None:
+        jid = job_id
         job = self.jobs[jid]
         if undelivered:  # the lease does not count
             job.attempts -= 1
@@ -220,12 +217,12 @@ class LeaseOps(StateCore):
         if self.cancelled:
             self._settle_cancelled(job_id, settle=False)
         expires = now + seconds
-        self._emit([ops.EXTEND, job_id, expires])
+        self._emit(ops.Extend(job_id, expires))
         return expires
 
-    def _apply_extend(self, op: Op) -> None:
-        jid, expires = ops.read(ops.Extend, op)
-        job = self.jobs[jid]
+    def _apply_extend(self, job_id: int, expires_at: float) -> None:
+        expires = expires_at
+        job = self.jobs[job_id]
         check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
         token = self.inflight[job.id][0]
         self.inflight[job.id] = (token, expires)
@@ -237,14 +234,18 @@ class LeaseOps(StateCore):
         if job_id not in self.cancelled:
             return
         if settle:
-            self._emit([ops.CANCEL, job_id])
+            self._emit(ops.Cancel(job_id))
             raise Cancelled(f"job {job_id} was cancelled while leased; it has been removed")
         raise Cancelled(f"job {job_id} was cancelled while leased; stop working on it "
                         f"(ack or nack removes it now, else it goes when the lease ends)")
 
     # ------------------------------------------------------------------ dead letters
-    def _apply_dead(self, op: Op, popped: bool = False) -> None:
-        _, jid, error = op  # ops.Dead
+    def _apply_dead(self, job_id: int, error: str) -> None:
+        self._dead(job_id, error, popped=False)
+
+    def _dead(self, jid: int, error: str, popped: bool) -> None:
+        """Dead-letter job ``jid``; ``popped``: the live lease path took it off its ready
+        deque already (replay and the other paths find it there)."""
         job = self.jobs[jid]
         if job.state is R and not popped:  # replay only: the live path popped it from its deque already
             try:
@@ -283,12 +284,12 @@ class LeaseOps(StateCore):
             if missing:
                 raise NotFound(f"not dead letters of {queue!r}: {missing[:5]}")
         for jid in chosen:
-            self._emit([ops.REDRIVE, jid])
+            self._emit(ops.Redrive(jid))
         q.totals[REDRIVEN] += len(chosen)
         return len(chosen)
 
-    def _apply_redrive(self, op: Op) -> None:
-        job = self.jobs[op[_JOB_ID]]
+    def _apply_redrive(self, job_id: int) -> None:
+        job = self.jobs[job_id]
         del job.q.dead[job.id]
         job.attempts = 0
         job.ready_at = 0
@@ -300,11 +301,11 @@ class LeaseOps(StateCore):
         q = self.queues.get(queue) or self._queue(queue, create=False)
         ids = list(q.dead)
         for jid in ids:
-            self._emit([ops.PURGE, jid])
+            self._emit(ops.Purge(jid))
         return len(ids)
 
-    def _apply_purge(self, op: Op) -> None:
-        job = self.jobs.pop(op[_JOB_ID])
+    def _apply_purge(self, job_id: int) -> None:
+        job = self.jobs.pop(job_id)
         self.errors.pop(job.id, None)
         if self.progress:
             self.progress.pop(job.id, None)
@@ -317,11 +318,10 @@ class LeaseOps(StateCore):
         makes it durable at once). Tokens of leases whose records a crash lost are all
         below it, so none is ever handed out again (with ``lease_sync = "batched"`` a lease
         may reach a worker before its record is durable)."""
-        self._emit([ops.EPOCH, max(self.epoch, self.next_token >> _EPOCH_BITS) + 1])
+        self._emit(ops.Epoch(max(self.epoch, self.next_token >> _EPOCH_BITS) + 1))
         return self.epoch
 
-    def _apply_epoch(self, op: Op) -> None:
-        (epoch,) = ops.read(ops.Epoch, op)
+    def _apply_epoch(self, epoch: int) -> None:
         self.epoch = max(self.epoch, epoch)
         self.next_token = max(self.next_token, self.epoch << _EPOCH_BITS)
         self.sync_forced = True  # an epoch is durable before any of its tokens is handed out

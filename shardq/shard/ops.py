@@ -1,13 +1,19 @@
 """Log operations: what a shard writes to its WAL and replays.
 
-Each WAL record is a msgpack list of operations; each operation is a list whose first item
-is one of the codes below, then its fields in the order its record type (:class:`Enqueue`,
-:class:`Lease`, ...) names them. The live path applies exactly the operations it logs,
-through the same functions replay uses, so replay rebuilds the same state by construction.
+The state emits each operation as its record (:class:`Enqueue`, :class:`Lease`, ...: a typed
+NamedTuple) and applies it at once, through the same function replay uses, so replay
+rebuilds the same state by construction. Lists exist only at the log boundary: on disk an
+operation is a msgpack list whose first item is its code, then the record's fields in order
+(:func:`encode`; a checkpoint writes every field, :func:`encode_whole`), and replay hands
+the fields of each list it reads straight to the apply function (no record built: the fast
+path of a replayed job).
 
 :data:`REGISTRY` is the one table of operations: code, name, record type and the
-:class:`~shardq.shard.state.ShardState` method that applies it. :data:`NAMES` and the
-state's dispatch table are derived from it (``test_op_registry.py`` of the tests checks them).
+:class:`~shardq.shard.state.ShardState` method that applies it, whose parameters are the
+record's fields, by name and default. :data:`NAMES`, :data:`CODES` and the state's two
+dispatch tables (by record type, live; by code, replay) are derived from it
+(``test_op_registry.py`` of the tests checks them). An operation is declared in four
+places: its code, its record, its row of the registry, its apply method.
 
 Codes are never reused and old records keep their meaning: a field added to an operation
 goes at the end of its list and has a default in its record, which :func:`read` gives a
@@ -18,11 +24,12 @@ the stored deadlines and the clock, so replay re-derives them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
-#: One logged operation: ``[code, field, ...]``, the fields in its record's order. The
-#: fields are msgpack values (read back from disk), so they are not typed here; each apply
-#: function unpacks them in the order its record names (or through :func:`read`).
+#: One operation as the log holds it: ``[code, field, ...]``, the fields in its record's
+#: order. The fields are msgpack values (read back from disk), so they are not typed here:
+#: replay passes them to the apply function, whose parameters are the record's fields.
 Op: TypeAlias = list[Any]
 
 ENQUEUE = 1
@@ -66,9 +73,9 @@ JOB_ID = 1
 
 
 # ---------------------------------------------------------------------------- records
-# The fields of each operation after its code, in log order. The hot apply functions
-# (enqueue, lease, ack, checkpoint jobs) unpack the list in this order rather than build a
-# record per job (a NamedTuple costs ~0.3 us per job, a tenth of a replayed enqueue).
+# The fields of each operation after its code, in log order. A field with a default may be
+# missing from an older record (the apply function's parameter has the same default);
+# :func:`encode` leaves off trailing fields at their default, as the live path always has.
 
 class Enqueue(NamedTuple):
     job_id: int
@@ -309,10 +316,72 @@ REGISTRY: dict[int, OpSpec] = {spec.code: spec for spec in (
 
 #: code -> name (derived from :data:`REGISTRY`)
 NAMES = {code: spec.name for code, spec in REGISTRY.items()}
+#: record type -> code (derived from :data:`REGISTRY`)
+CODES: dict[type, int] = {spec.record: code for code, spec in REGISTRY.items()}
+#: record type -> the defaults of its trailing fields, last first (what :func:`encode` may
+#: leave off), for the records that have any
+TRAILING_DEFAULTS: dict[type, tuple[Any, ...]] = {
+    spec.record: tuple(spec.record._field_defaults[f] for f in reversed(spec.record._fields)
+                       if f in spec.record._field_defaults)
+    for spec in REGISTRY.values() if spec.record._field_defaults}
 #: The codes of the operations on one job: their first field is the job id (:data:`JOB_ID`).
 JOB_OPS = frozenset(code for code, spec in REGISTRY.items() if spec.record._fields[0] == "job_id")
 
 R = TypeVar("R", bound=NamedTuple)
+
+
+def encode(record: tuple[Any, ...]) -> Op:
+    """``record`` (an operation the state emitted) as the log writes it: its code, then its
+    fields, less the trailing ones at their default (``None`` or ``False``: a field added
+    later, and only written when it says something)."""
+    op = [CODES[type(record)], *record]
+    for default in TRAILING_DEFAULTS.get(type(record), ()):
+        if op[-1] is not default:
+            break
+        op.pop()
+    return op
+
+
+def encode_all(records: list[tuple[Any, ...]]) -> list[Op]:
+    """:func:`encode` of each record (written out: it runs once per logged operation)."""
+    codes, trailing = CODES, TRAILING_DEFAULTS
+    out = []
+    for record in records:
+        kind = type(record)
+        op = [codes[kind], *record]
+        if kind in trailing:
+            for default in trailing[kind]:
+                if op[-1] is not default:
+                    break
+                op.pop()
+        out.append(op)
+    return out
+
+
+def replay_function(apply: Callable[..., None], record: type[NamedTuple]) -> Callable[[Op], None]:
+    """``apply`` (the method that applies ``record``'s operation) as a function of a logged
+    list: the replay fast path, generated from the record. It passes the fields by index,
+    builds no record (that would cost a third of a replayed lease), gives a field an older
+    record lacks its default, and ignores fields a later version appended. A list too
+    short for a field without a default raises IndexError."""
+    fields = record._fields
+    args = []
+    for i, name in enumerate(fields, start=1):
+        if name in record._field_defaults:
+            args.append(f"op[{i}] if len(op) > {i} else d{i}")
+        else:
+            args.append(f"op[{i}]")
+    env: dict[str, Any] = {"apply": apply}
+    env.update({f"d{i}": record._field_defaults[name] for i, name in enumerate(fields, start=1)
+                if name in record._field_defaults})
+    exec(f"def replay_{record.__name__.lower()}(op):\n    apply({', '.join(args)})\n", env)  # noqa: S102 - code built above from field indexes only
+    fn: Callable[[Op], None] = env[f"replay_{record.__name__.lower()}"]
+    return fn
+
+
+def encode_whole(record: tuple[Any, ...]) -> Op:
+    """``record`` with every field written, defaults too (checkpoints)."""
+    return [CODES[type(record)], *record]
 
 
 def read(record: type[R], op: Op) -> R:

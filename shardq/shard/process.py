@@ -40,7 +40,6 @@ import select
 import signal
 import socket
 import sys
-import time
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from collections.abc import Callable
@@ -59,7 +58,8 @@ from ..protocol import wire as protocol
 from . import boot_fence
 from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
-from .control_handlers import Args, ControlHandlers, Handler
+from .calls import handlers
+from .control_handlers import ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
 from .jobstate import R
@@ -131,9 +131,10 @@ class ShardStats(TypedDict):
 
 
 class ShardServer(ControlHandlers, ResultHandlers):
-    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. The handler
-    of each op is the method ``wire.REQUESTS`` names (the control ops': ControlHandlers;
-    the results and workflow ops': ResultHandlers)."""
+    """Serves one :class:`DurableShard` on a unix socket until :meth:`stop`. Each op is
+    served as ``wire.REQUESTS`` says (:func:`.calls.handlers`): by the one generic handler,
+    which calls the state method it names, or by the method it names here (the control
+    ops': ControlHandlers; arrive_many: ResultHandlers)."""
 
     def __init__(self, shard: DurableShard, sock_path: str, authkey: bytes, clock: Clock | None = None,
                  busy: Callable[[str], AbstractContextManager[object]] | None = None,
@@ -152,6 +153,8 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.sock_path = sock_path
         self.authkey = authkey
         self.clock = clock or SystemClock()
+        #: the loop's own waits (busy polling) are timed in real time, whatever clock it serves by
+        self._real = SystemClock()
         self.conns: set[FrameConn] = set()
         #: per role (sockio.ROLES): a slot per connection, taken by the acceptor, given
         #: back by _drop
@@ -182,7 +185,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         #: op -> handler(args, now, conn, rid), derived from the one table of ops
-        self._handlers: dict[str, Handler] = {name: getattr(self, r.handler) for name, r in protocol.REQUESTS.items()}
+        self._handlers: dict[str, Handler] = handlers(self)
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
@@ -253,7 +256,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         replies to the committer (which fsyncs before it sends them)."""
         timeout = self._timeout()
         busy = self._busy
-        waited_from = time.monotonic()
+        waited_from = self._real.monotonic()
         # a lone client's next request comes a round trip after our reply: poll for it
         # before sleeping, while such waits have been short (shardq/busypoll.py)
         events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
@@ -264,7 +267,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
-        busy.note(time.monotonic() - waited_from)
+        busy.note(self._real.monotonic() - waited_from)
         batches: list[tuple[FrameConn, list[list[Any]]]] = []   # (conn, its decoded requests)
         conn: FrameConn | None
         for fd, _ in events:
@@ -403,14 +406,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
                                         f"shard {self.shard.shard_index} could not answer {op}: {e}"]]
 
     # ------------------------------------------------------------------ handlers
-    def _enqueue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[int]:
-        items, session = args
-        if type(items) is not list:
+    def _enqueue(self, args: protocol.EnqueueArgs, now: float, conn: FrameConn, rid: int) -> list[int]:
+        if type(args.items) is not list:
             raise InvalidJob("enqueue: items must be an array")
-        return self.state.enqueue_many(items, now, session)  # which checks the session
+        return self.state.enqueue_many(args.items, now, args.session)  # which checks the session
 
-    def _dequeue(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.LeaseRow]:
-        queue, visibility, max_jobs = args
+    def _dequeue(self, args: protocol.DequeueArgs, now: float, conn: FrameConn, rid: int) -> list[protocol.LeaseRow]:
+        queue, visibility, max_jobs = args.queue, args.visibility, args.max_jobs
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
         jobs = state.jobs
@@ -436,24 +438,24 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     jobs[l.job_id].priority, prioritized)  # type: ignore[index]
                 for l in leases]
 
-    def _dequeue_wait(self, args: Args, now: float, conn: FrameConn,
+    def _dequeue_wait(self, args: protocol.DequeueWaitArgs, now: float, conn: FrameConn,
                       rid: int) -> list[protocol.LeaseRow] | _Deferred:
         """A dequeue that waits in the shard, up to ``wait_s``, for a job to lease. Served
         oldest first as jobs become ready (:meth:`_serve_lease_waiters`); [] at its deadline."""
-        queue, visibility, max_jobs, wait_s = args
+        queue, visibility, max_jobs, wait_s = args.queue, args.visibility, args.max_jobs, args.wait_s
         if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s):
             raise InvalidJob("dequeue_wait: wait_s must be a finite number of seconds")
-        rows = self._dequeue([queue, visibility, max_jobs], now, conn, rid)
+        rows = self._dequeue(protocol.DequeueArgs(queue, visibility, max_jobs), now, conn, rid)
         if rows or wait_s <= 0:
             return rows
         deadline = self.clock.monotonic() + min(float(wait_s), limits.WAIT_S_MAX)
         self.lease_waiters.setdefault(queue, []).append((conn, rid, visibility, max_jobs, deadline))
         return _DEFERRED
 
-    def _cancel_wait(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool:
-        """Withdraw this connection's waiting dequeue ``args[0]`` (a request id). True if it
+    def _cancel_wait(self, args: protocol.CancelWaitArgs, now: float, conn: FrameConn, rid: int) -> bool:
+        """Withdraw this connection's waiting dequeue ``args.request_id``. True if it
         was still waiting (it will get no reply); False if it was already answered."""
-        (wanted,) = args
+        wanted = args.request_id
         for queue, ws in self.lease_waiters.items():
             for i, w in enumerate(ws):
                 if w[0] is conn and w[1] == wanted:
@@ -493,16 +495,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
             else:
                 del self.lease_waiters[queue]
 
-    def _note_priorities(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        self.state.note_priorities(args[0])
-
-    def _peek(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
-        queue, max_jobs = args
+    def _peek(self, args: protocol.PeekArgs, now: float, conn: FrameConn, rid: int) -> list[list[int]]:
         self.state.advance(now)
-        return self.state.ready_priorities(queue, max_jobs)
+        return self.state.ready_priorities(args.queue, args.max_jobs)
 
-    def _ack(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[list[str] | None]:
-        (pairs,) = args
+    def _ack(self, args: protocol.AckArgs, now: float, conn: FrameConn, rid: int) -> list[list[str] | None]:
+        pairs = args.pairs
         if type(pairs) is not list or len(pairs) > limits.BATCH_JOBS_MAX:
             raise InvalidJob(f"ack: expected at most {limits.BATCH_JOBS_MAX} [job_id, token] pairs")
         out: list[list[str] | None] = []   # per pair: None, or the error (protocol.error_payload)
@@ -518,22 +516,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 out.append(protocol.error_payload(e))
         return out
 
-    def _nack(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        job_id, token, delay, error, delivered = args
-        if type(delivered) is not bool:
+    def _nack(self, args: protocol.NackArgs, now: float, conn: FrameConn, rid: int) -> None:
+        if type(args.delivered) is not bool:
             raise InvalidJob("nack: delivered must be true or false")
-        self.state.nack(job_id, token, now, delay or 0, error, delivered)
+        self.state.nack(args.job_id, args.token, now, args.delay or 0, args.error, args.delivered)
 
-    def _bury(self, args: Args, now: float, conn: FrameConn, rid: int) -> None:
-        job_id, token, error = args
-        self.state.bury(job_id, token, now, error)
-
-    def _extend(self, args: Args, now: float, conn: FrameConn, rid: int) -> float:
-        job_id, token, seconds = args
-        return self.state.extend(job_id, token, now, seconds)
-
-    def _watch(self, args: Args, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
-        queue, timeout = args
+    def _watch(self, args: protocol.WatchArgs, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
+        queue, timeout = args.queue, args.timeout_s
         if (type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not math.isfinite(timeout)):
             raise InvalidJob("watch: expects [queue, timeout_s] with a finite timeout")
@@ -564,8 +553,9 @@ class ShardServer(ControlHandlers, ResultHandlers):
             if not ws:
                 del self.watchers[queue]
 
-    def _dead_letters(self, args: Args, now: float, conn: FrameConn, rid: int) -> list[protocol.DeadRow]:
-        queue, limit = args
+    def _dead_letters(self, args: protocol.DeadLettersArgs, now: float, conn: FrameConn,
+                      rid: int) -> list[protocol.DeadRow]:
+        queue, limit = args.queue, args.limit
         limit = 1000 if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidJob("dead_letters: limit must be a non-negative integer")
@@ -573,23 +563,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
         return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
                 for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
 
-    def _redrive(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
-        queue, job_ids = args
+    def _redrive(self, args: protocol.RedriveArgs, now: float, conn: FrameConn, rid: int) -> int:
+        queue, job_ids = args.queue, args.job_ids
         if job_ids is not None and type(job_ids) is not list:
             raise InvalidJob("redrive: job_ids must be an array or null")
         return self.state.redrive(queue, now, job_ids)
 
-    def _purge_dead(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
-        return self.state.purge_dead(args[0], now)
-
-    def _set_limits(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
-        queue, values = args
-        return self.state.set_limits(queue, values, now)
-
-    def _queue_config(self, args: Args, now: float, conn: FrameConn, rid: int) -> dict[str, Any]:
-        return self.state.queue_settings(args[0])
-
-    def _stats(self, args: Args, now: float, conn: FrameConn, rid: int) -> ShardStats:
+    def _stats(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> ShardStats:
         lg = self.shard.log
         kept: WorkflowStats = self.state.workflow_stats()  # as of this iteration's advance
         return {"shard": self.shard.shard_index, "pid": os.getpid(), "queues": self.state.stats(),
@@ -606,7 +586,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 "results": kept["results"], "barriers": kept["barriers"],
                 "workflows": self.state.workflow_states()}
 
-    def _ping(self, args: Args, now: float, conn: FrameConn, rid: int) -> int:
+    def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
 
 

@@ -14,12 +14,10 @@ from . import ops
 from ..protocol import validate
 from .core import ENQUEUED, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
-from .ops import Op
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _INT63 = 1 << 63
-_ENQUEUE = ops.ENQUEUE
-_DEDUP_EXPIRES = ops.field(ops.Enqueue, "dedup_expires")
+_Enqueue = ops.Enqueue
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
 #: One job, every field at its maximum, always fits in a request: only batches are measured.
 _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
@@ -112,24 +110,24 @@ class QueueOps(StateCore):
                     continue
             jid = (self.next_seq << _SHARD_BITS) | self.shard_index
             if did is None:
-                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now]
+                op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now)
             else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
                 dedup_expires = now + q.cfg.dedup_window
-                op = [_ENQUEUE, jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires]
+                op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires)
                 batch_dedup[dkey] = (jid, dedup_expires)
-            apply_enqueue(op)  # as _emit, written out: this runs once per job
+            apply_enqueue(*op)  # as _emit, written out: this runs once per job
             emitted.append(op)
             q.totals[ENQUEUED] += 1
             ids.append(jid)
         if session is not None:
-            self._emit([ops.SESSION, cid, cseq, low, ids, now])
+            self._emit(ops.Session(cid, cseq, low, ids, now))
         if len(emitted) - first_op > 1:
             self._atomic.append((first_op, len(emitted)))
         return ids
 
-    def _apply_enqueue(self, op: Op) -> None:
-        # ops.Enqueue's fields, unpacked by hand: this runs once per job, live and in replay
-        _, jid, qname, key, body, prio, ready_at, did, created = op[:_DEDUP_EXPIRES]
+    def _apply_enqueue(self, job_id: int, queue: str, key: str | None, body: bytes, priority: int, ready_at: float,
+                       dedup_id: str | bytes | None, created_at: float, dedup_expires: float | None = None) -> None:
+        jid, qname, prio, did, created = job_id, queue, priority, dedup_id, created_at
         jobs = self.jobs
         if jid in jobs:  # (not check(): its message would be formatted on every call)
             check(False, f"duplicate job id {jid}")
@@ -143,15 +141,13 @@ class QueueOps(StateCore):
             self.next_seq = seq
         self.enqueue_times.note(seq - 1, created)
         # Records of format 1 and shardq 0.1 have no expiry: today's window stands in.
-        if len(op) > _DEDUP_EXPIRES:
-            expires = op[_DEDUP_EXPIRES]
-        else:
-            expires = created + q.cfg.dedup_window if did is not None else 0
-        if did is not None and expires > created:
-            q.dedup[(key, did)] = (jid, expires)
-            q.dedup_order.append((expires, (key, did)))
-            self.dedup_held += 1
-            self._prune_dedup(q, created)
+        if did is not None:
+            expires = created + q.cfg.dedup_window if dedup_expires is None else dedup_expires
+            if expires > created:
+                q.dedup[(key, did)] = (jid, expires)
+                q.dedup_order.append((expires, (key, did)))
+                self.dedup_held += 1
+                self._prune_dedup(q, created)
         self._append_to_key(job)
 
     def _prune_dedup(self, q: QueueState, now: float) -> None:
@@ -182,8 +178,9 @@ class QueueOps(StateCore):
                             f"{self.max_dedup} (limits.max_dedup_ids): each is kept for its queue's "
                             "dedup_window; retry later, or shorten the window")
 
-    def _apply_session(self, op: Op) -> None:
-        _, cid, cseq, low, ids, at = op  # ops.Session
+    def _apply_session(self, client_id: int, client_seq: int, client_low: int, job_ids: list[int],
+                       at: float) -> None:
+        cid, cseq, low, ids = client_id, client_seq, client_low, job_ids
         sessions = self.sessions
         entry = sessions.get(cid)
         if entry is None:
@@ -224,11 +221,10 @@ class QueueOps(StateCore):
         priorities); a queue that never uses priorities costs no comparison."""
         q = self._queue(queue)
         if not q.prioritized:
-            self._emit([ops.PRIORITIES, queue])
+            self._emit(ops.Priorities(queue))
 
-    def _apply_priorities(self, op: Op) -> None:
-        (qname,) = ops.read(ops.Priorities, op)
-        q = self.queues.get(qname) or self._logged_queue(qname)
+    def _apply_priorities(self, queue: str) -> None:
+        q = self.queues.get(queue) or self._logged_queue(queue)
         q.prioritized = True
 
     def has_ready(self, queue: str) -> bool:

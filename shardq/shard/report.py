@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO, TypeVar
 
+from ..clock import Clock, SystemClock
 from ..wal.fileio import Files, files_from_env
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -141,7 +142,7 @@ class SupervisorPipe:
             while True:
                 time.sleep(half)  # a period, not synchronisation: it samples disk_call_since
                 since = files.disk_call_since
-                if since is not None and not self._phases and time.monotonic() - since > half:
+                if since is not None and not self._phases and files.monotonic() - since > half:
                     self._line(f"progress disk {files.bytes_written}")
                     time.sleep(half)  # one line per interval is enough
 
@@ -160,8 +161,9 @@ class ReportingFiles:
     sync may run at once (the shard loop appends while its committer thread syncs), so each
     kind keeps its own start."""
 
-    def __init__(self, pipe: SupervisorPipe, inner: Files | None = None):
+    def __init__(self, pipe: SupervisorPipe, inner: Files | None = None, clock: Clock | None = None):
         self.pipe = pipe
+        self.monotonic = (clock or SystemClock()).monotonic  # when each disk call began
         self.inner = inner if inner is not None else files_from_env()
         self.bytes_written = 0
         self.bytes_read = 0
@@ -199,7 +201,7 @@ class ReportingFiles:
 
     # write and datasync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
-        self._write_since = time.monotonic()
+        self._write_since = self.monotonic()
         try:
             self.inner.write(fd, data)
         except OSError as e:
@@ -211,7 +213,7 @@ class ReportingFiles:
         self.bytes_written += len(data)
 
     def datasync(self, fd: int) -> None:
-        self._sync_since = time.monotonic()
+        self._sync_since = self.monotonic()
         try:
             self.inner.datasync(fd)
         except OSError as e:
@@ -235,7 +237,7 @@ class ReportingFiles:
         self._timed(self.inner.sync_dir, path, path=path)
 
     def _timed(self, fn: Callable[..., T], *args: object, fd: int | None = None, path: str | None = None) -> T:
-        self._sync_since = time.monotonic()
+        self._sync_since = self.monotonic()
         try:
             return self._call(fn, *args, fd=fd, path=path)
         finally:

@@ -34,7 +34,6 @@ from . import ops
 from .core import (BARRIERS_CANCELLED, BARRIERS_FIRED, CANCELLED_BARRIER, FIRED, OPEN, RESULTS_STORED,
                    WORKFLOW_COUNTERS, Barrier, StateCore)
 from .jobstate import STATE_NAMES
-from .ops import Op
 
 # What arrive() answers.
 COUNTED = "counted"        # logged; the barrier waits for more members
@@ -121,13 +120,12 @@ class ResultOps(StateCore):
         value = _value(value)
         ttl = _ttl(ttl_s)
         self._leased(job_id, token)
-        self._emit([ops.RESULT, job_id, value, now + ttl])
+        self._emit(ops.Result(job_id, value, now + ttl))
         self.workflow_totals[RESULTS_STORED] += 1
 
-    def _apply_result(self, op: Op) -> None:
-        jid, value, expires_at = ops.read(ops.Result, op)
-        self.results[jid] = (value, expires_at)
-        self._result_expires(jid, expires_at)
+    def _apply_result(self, job_id: int, value: bytes, expires_at: float) -> None:
+        self.results[job_id] = (value, expires_at)
+        self._result_expires(job_id, expires_at)
 
     def set_progress(self, job_id: int, token: int, fraction: float | None, note: str | None, now: float) -> None:
         """Note the leased job's progress: ``fraction`` in [0, 1] or None, ``note`` text of
@@ -142,12 +140,15 @@ class ResultOps(StateCore):
         if note is not None:
             note = _checked_text("note", note, limits.PROGRESS_NOTE_BYTES_MAX)
         self._leased(job_id, token)
-        self._emit([ops.PROGRESS, job_id, fraction, note])
+        self._emit(ops.Progress(job_id, fraction, note))
 
-    def _apply_progress(self, op: Op) -> None:
-        jid, fraction, note = ops.read(ops.Progress, op)
-        if jid in self.jobs:  # (a salvaged log may hold the progress of a job it lost)
-            self.progress[jid] = (fraction, note)
+    def _apply_progress(self, job_id: int, fraction: float | None, note: str | None) -> None:
+        if job_id in self.jobs:  # (a salvaged log may hold the progress of a job it lost)
+            self.progress[job_id] = (fraction, note)
+
+    def result_sizes(self, job_ids: list[int], now: float) -> list[ResultRow]:
+        """:meth:`results_of` with each value's length in bytes in place of the value."""
+        return self.results_of(job_ids, now, sizes=True)
 
     def results_of(self, job_ids: list[int], now: float, sizes: bool = False) -> list[ResultRow]:
         """One row per id, in order: ``succeeded`` with the value while a result is kept
@@ -202,9 +203,9 @@ class ResultOps(StateCore):
             return None
         return b
 
-    def arrive(self, barrier_id: str, index: int, total: int, value: bytes, ttl_s: float,
+    def arrive(self, barrier_id: str, member: int, total: int, value: bytes, ttl_s: float,
                callback: list[Any], now: float) -> str:
-        """Member ``index`` of barrier ``barrier_id`` (of ``total`` members) reports
+        """Member ``member`` (its index) of barrier ``barrier_id`` (of ``total`` members) reports
         ``value``. Returns COUNTED, REPEATED (the index had arrived, or the barrier fired:
         nothing changes), CANCELLED (nothing changes) or FIRED_NOW: the last member, whose
         arrival enqueues ``callback`` (``[body, key, queue, delay, priority]``, an enqueue
@@ -217,6 +218,7 @@ class ResultOps(StateCore):
         ``limits.BARRIER_BYTES_MAX``), ``ttl_s``, and the callback as an enqueue checks an
         item. A last arrival whose callback the enqueue refuses (QueueFull, ...) raises
         that error and logs nothing."""
+        index = member  # ("index" is a tuple method: the argument records name it member, as ops.Arrive does)
         self.advance(now)
         barrier_id = _barrier_id(barrier_id)
         total = validate.count("total", total, limits.BARRIER_MEMBERS_MAX)
@@ -242,13 +244,13 @@ class ResultOps(StateCore):
         item = self._callback_item(barrier_id, callback)
         first = len(self._ops)
         if arrived + 1 < total:
-            self._emit([ops.ARRIVE, barrier_id, index, total, value, None])
+            self._emit(ops.Arrive(barrier_id, index, total, value, None))
             return COUNTED
         # The last member: the enqueue goes first, so that a refusal leaves nothing logged.
         job_id = self._enqueue_callback(item, now)
         expires_at = _tombstone_expiry(now, ttl)
-        self._emit([ops.ARRIVE, barrier_id, index, total, value, expires_at, list(item[:5])])
-        self._emit([ops.FIRED, barrier_id, job_id, expires_at])
+        self._emit(ops.Arrive(barrier_id, index, total, value, expires_at, list(item[:5])))
+        self._emit(ops.Fired(barrier_id, job_id, expires_at))
         self._atomic.append((first, len(self._ops)))  # one record: fired with its last arrival
         self.workflow_totals[BARRIERS_FIRED] += 1
         return FIRED_NOW
@@ -261,8 +263,9 @@ class ResultOps(StateCore):
         checked = self._check_item((*callback, "wf:" + barrier_id), {})
         return checked[:6]
 
-    def _apply_arrive(self, op: Op) -> None:
-        bid, index, total, value, expires_at, callback = ops.read(ops.Arrive, op)
+    def _apply_arrive(self, barrier_id: str, member: int, total: int, value: bytes, expires_at: float | None,
+                      callback: list[Any] | None = None) -> None:
+        bid, index = barrier_id, member
         b = self.barriers.get(bid)
         if b is None or b.kind != OPEN:
             # The live path logs an arrival at a fired or cancelled barrier only once it has
@@ -274,8 +277,8 @@ class ResultOps(StateCore):
             b.callback = callback
             b.expires_at = expires_at
 
-    def _apply_fired(self, op: Op) -> None:
-        bid, job_id, expires_at = ops.read(ops.Fired, op)
+    def _apply_fired(self, barrier_id: str, job_id: int, expires_at: float) -> None:
+        bid = barrier_id
         b = self.barriers.get(bid)
         if b is None:  # its arrivals were lost (a salvaged log): the tombstone still counts
             b = Barrier(0)
@@ -309,7 +312,7 @@ class ResultOps(StateCore):
                             f"{e}); not fired, tried again at the next start")
                 continue
             expires_at = max(b.expires_at or 0.0, now + limits.BARRIER_TOMBSTONE_S)
-            self._emit([ops.FIRED, bid, job_id, expires_at])
+            self._emit(ops.Fired(bid, job_id, expires_at))
             self.workflow_totals[BARRIERS_FIRED] += 1
             done.append(f"barrier {bid!r}: every member had arrived, its FIRED was not logged: "
                         f"fired now as job {job_id}")
@@ -366,12 +369,12 @@ class ResultOps(StateCore):
             return FIRED_NOW
         if b is not None and b.cancelled:
             return CANCELLED
-        self._emit([ops.BARRIER_CANCEL, bid, _tombstone_expiry(now, ttl)])
+        self._emit(ops.BarrierCancel(bid, _tombstone_expiry(now, ttl)))
         self.workflow_totals[BARRIERS_CANCELLED] += 1
         return CANCELLED
 
-    def _apply_barrier_cancel(self, op: Op) -> None:
-        bid, expires_at = ops.read(ops.BarrierCancel, op)
+    def _apply_barrier_cancel(self, barrier_id: str, expires_at: float) -> None:
+        bid = barrier_id
         b = self.barriers.get(bid)
         if b is None or b.kind != OPEN:
             # Unknown, or (logged only then) a fired or cancelled one that expired: a new one.

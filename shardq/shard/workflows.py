@@ -21,7 +21,6 @@ from ..protocol import validate
 from . import ops
 from .core import (WORKFLOW_ENDS, WORKFLOWS_CANCELLED, WORKFLOWS_FAILED, WORKFLOWS_STARTED, WORKFLOWS_SUCCEEDED,
                    StateCore, WorkflowRecord)
-from .ops import Op
 
 #: What ``put_workflow`` answers.
 PUT, KNOWN = "put", "known"
@@ -62,22 +61,23 @@ class WorkflowOps(StateCore):
                              "(limits.WORKFLOW_SPEC_BYTES_MAX)")
         if wf_id in self.workflows:
             return KNOWN
-        self._emit([ops.WORKFLOW, wf_id, spec, now])
+        self._emit(ops.Workflow(wf_id, spec, now))
         self.workflow_totals[WORKFLOWS_STARTED] += 1
         return PUT
 
-    def _apply_workflow(self, op: Op) -> None:
-        rec = ops.read(ops.Workflow, op)
-        w = WorkflowRecord(rec.spec, rec.started_at)
-        if rec.state is not None:  # from a checkpoint: an ended record
-            w.state, w.error, w.ended_at, w.expires_at = rec.state, rec.error, rec.ended_at, rec.expires_at
-            if w.expires_at is not None:
-                self._workflow_expires(rec.wf_id, w.expires_at)
-        old = self.workflows.get(rec.wf_id)
+    def _apply_workflow(self, wf_id: str, spec: bytes, started_at: float, state: str | None = None,
+                        error: str | None = None, ended_at: float | None = None,
+                        expires_at: float | None = None) -> None:
+        w = WorkflowRecord(spec, started_at)
+        if state is not None:  # from a checkpoint: an ended record
+            w.state, w.error, w.ended_at, w.expires_at = state, error, ended_at, expires_at
+            if expires_at is not None:
+                self._workflow_expires(wf_id, expires_at)
+        old = self.workflows.get(wf_id)
         if old is not None:
             self.workflow_counts[old.state or RUNNING] -= 1
         self.workflow_counts[w.state or RUNNING] += 1
-        self.workflows[rec.wf_id] = w
+        self.workflows[wf_id] = w
 
     def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float, now: float) -> str:
         """Record how workflow ``wf_id`` ended (``state``: ``"succeeded"``, ``"failed"``
@@ -96,12 +96,12 @@ class WorkflowOps(StateCore):
             raise NotFound(f"workflow {wf_id!r} not found: never recorded, or ended and expired")
         if w.state is not None:
             return w.state
-        self._emit([ops.WORKFLOW_END, wf_id, state, error, now, now + ttl])
+        self._emit(ops.WorkflowEnd(wf_id, state, error, now, now + ttl))
         self.workflow_totals[_ENDED_COUNTER[state]] += 1
         return state
 
-    def _apply_workflow_end(self, op: Op) -> None:
-        wf_id, state, error, ended_at, expires_at = ops.read(ops.WorkflowEnd, op)
+    def _apply_workflow_end(self, wf_id: str, state: str, error: str | None, ended_at: float,
+                            expires_at: float) -> None:
         w = self.workflows.get(wf_id)
         if w is None:  # its record was lost (a salvaged log): the end alone says nothing to show
             return
@@ -133,10 +133,10 @@ class WorkflowOps(StateCore):
         the last ``advance``: counted as records come and go, not by a pass over them."""
         return dict(self.workflow_counts)
 
-    def workflow_checkpoint_ops(self) -> list[tuple[Op, int]]:
+    def workflow_checkpoint_ops(self) -> list[tuple[ops.Workflow, int]]:
         """(operation, an upper bound of its encoded size) per record kept, with its end."""
         now = self._now
-        return [([ops.WORKFLOW, wid, w.spec, w.started_at, w.state, w.error, w.ended_at, w.expires_at],
+        return [(ops.Workflow(wid, w.spec, w.started_at, w.state, w.error, w.ended_at, w.expires_at),
                  len(w.spec) + 8 * len(wid) + 4 * len(w.error or "") + 96)
                 for wid, w in self.workflows.items() if w.expires_at is None or w.expires_at > now]
 

@@ -36,7 +36,6 @@ import asyncio
 import inspect
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
@@ -194,8 +193,10 @@ class App:
     """A set of tasks and the queue they are sent to.
 
     ``App("var/shardq")`` connects (lazily, on the first send) to a running ``shardq serve``;
-    ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``App.embedded()`` starts
-    a private service in a temp dir (tests). Import a module of tasks and nothing connects.
+    ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``shardq.App.embedded()``
+    starts a private service in a temp dir and ``shardq.App.run_worker()`` runs the tasks in
+    this process (tests; shardq/service/embedded.py, a layer that may start a service and
+    run a worker). Import a module of tasks and nothing connects.
     """
 
     def __init__(self, target: str | None = None, *, router: Queue | None = None, config=None):
@@ -214,30 +215,12 @@ class App:
         self.tasks: dict[str, Task] = {}
         self.schedules: list = []  # shardq.schedules.Schedule, from @periodic
 
-    @classmethod
-    def embedded(cls, data_dir: str | None = None, shards: int = 1, config=None) -> App:
-        """An app with its own service (``shardq.open``) in ``data_dir`` (default: a new
-        temp dir, removed by :meth:`close`). For tests and single-process programs."""
-        import shardq
-        owned = None
-        if data_dir is None:
-            owned = tempfile.mkdtemp(prefix="sqapp", dir="/tmp")  # short: unix socket paths
-            data_dir = owned + "/data"
-        try:
-            app = cls(router=shardq.open(data_dir, shards=shards, config=config), config=config)
-        except BaseException:
-            if owned:
-                shutil.rmtree(owned, ignore_errors=True)
-            raise
-        app.target, app._owned_dir, app._owns_queue = data_dir, owned, True
-        return app
-
     @property
     def queue(self) -> Queue:
         """The queue client (connected on first use)."""
         if self._queue is None:
-            import shardq
-            self._queue = shardq.connect(self.target)
+            from ..backends import connect
+            self._queue = connect(self.target)
         return self._queue
 
     async def aio(self):
@@ -366,22 +349,6 @@ class App:
                 return value
             wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
             await asyncio.sleep(wait)
-
-    # ------------------------------------------------------------------ running
-    def run_worker(self, queue: str | None = None, *, until_idle: bool = True,
-                   max_jobs: int | None = None, **worker_options):
-        """Run this app's tasks in this process (tests): a :class:`~shardq.Worker` on
-        ``queue`` (default: every queue of the app's tasks, one after the other) until
-        it finds no more work. Returns the last worker's stats."""
-        from .dispatch import TaskHandler
-        from ..consumer.worker import Worker
-        handler = TaskHandler(self.tasks)
-        queues = [queue] if queue else sorted({t.queue for t in self.tasks.values()})
-        stats = None
-        for q in queues:
-            stats = Worker(self.queue, handler, queue=q, **worker_options).run(
-                max_jobs=max_jobs, until_idle=until_idle)
-        return stats
 
     async def aclose(self) -> None:
         """Close this event loop's asyncio client."""

@@ -22,6 +22,7 @@ from ..wal.fileio import FAULT_SYNC_LOG_ENV
 from .check import Report, check
 from .history import (CLOCK, FAILING, PROGRESS_EVERY_S, SCHEMA, Enqueue, parse_body, read_effects,
                       read_producer_history, read_worker_history)
+from .options import build_parser
 from .plan import KILL_PRODUCER, POWER_CUT, SERVICE_KINDS, Fault, fingerprint, kinds_for, plan
 from .powercut import lose_unsynced_pages, reboot
 
@@ -35,7 +36,6 @@ _ALWAYS_SHOWN = {"seed", "duration", "shards", "producers", "workers", "keys", "
 def replay_command(a) -> str:
     """The command that runs ``a`` again: every option that shapes the run, the seed (which
     fixes the fault schedule, not the interleaving) and each setting not at its default."""
-    from . import build_parser  # here: the package imports this module
     words = ["shardq", "verify"]
     for act in build_parser()._actions:
         if act.dest in _NOT_REPLAYED or not act.option_strings:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -29,6 +28,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 import msgpack
 
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..errors import Closed, CorruptLog, LogFailed
 from .fileio import Files, files_from_env
 from .format import (CHECKPOINT, CHECKPOINT_MAGIC, FORMAT, MAGIC_BYTES, SEGMENT, checkpoint_name, frame,
@@ -83,8 +83,10 @@ class Log:
     failed fsync the kernel may have dropped the dirty pages (PostgreSQL's lesson).
     """
 
-    def __init__(self, directory: str, *, segment_bytes: int, files: Files | None = None):
+    def __init__(self, directory: str, *, segment_bytes: int, files: Files | None = None,
+                 clock: Clock | None = None):
         self.directory = directory
+        self.clock = clock or SystemClock()  # times replay (stats.seconds)
         self.segment_bytes = segment_bytes
         self.files = files or files_from_env()
         self.writer: SegmentWriter | None = None
@@ -106,7 +108,7 @@ class Log:
         none after a torn tail. Raises CorruptLog (file, offset) rather than skip a record.
         Deletes nothing until every record has been read.
         """
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic()
         files = self.files
         os.makedirs(self.directory, exist_ok=True)
         names = sorted(files.listdir(self.directory))
@@ -160,7 +162,7 @@ class Log:
         files.datasync(self.writer.fd)
         files.sync_dir(self.directory)
         self.stats.segments = len(segments)
-        self.stats.seconds = time.perf_counter() - t0
+        self.stats.seconds = self.clock.monotonic() - t0
 
     def _check_sequence(self, base: int | None, segments: list[int]) -> None:
         for prev, seq in zip(segments, segments[1:]):

@@ -17,6 +17,7 @@ import pytest
 
 from shardq import limits
 from shardq.errors import InvalidJob, JobGone, LeaseLost, NotFound, QueueFull, UnknownQueue
+from shardq.shard import ops
 from shardq.shard.durable import Engine
 from shardq.shard.state import ShardState
 
@@ -614,7 +615,7 @@ def test_client_sessions_at_their_count_limit_forget_the_least_recently_seen(sha
     first = shard.enqueue_many(items, session=(1, 1, 1))
     now = clock.now()
     for cid in range(2, limits.CLIENT_SESSIONS_MAX + 1):  # logged with the next call, as enqueues would be
-        shard.state._emit([8, cid, 1, 1, [cid << 10], now])
+        shard.state._emit(ops.Session(cid, 1, 1, [cid << 10], now))
     shard.state.advance(now)
     assert len(shard.state.sessions) == limits.CLIENT_SESSIONS_MAX  # at the limit: every one kept
     assert shard.enqueue_many(items, session=(2, 1, 1)) == [2 << 10]  # client 2 seen again: now the newest
