@@ -75,13 +75,11 @@ from .status import StatusBoard
 from .lines import LineSplitter
 from .notify import ENV_KEYS, Notifier
 from .reload import plan as reload_plan
+from .supervision import (EXIT_LOG_FAILED, RESTART_BACKOFF_S_FIRST, STABLE_RUN_S, START_TIMEOUT_S,
+                          _describe_exit)
 
 log = logging.getLogger("shardq.supervisor")
 
-START_TIMEOUT_S = 60.0          # a starting shard that reports nothing for this long is hung
-RESTART_BACKOFF_S_FIRST = 0.5   # the delay before the second restart in a row; doubles after
-STABLE_RUN_S = 10.0             # ready this long (or restart_backoff_max if less): failures reset
-EXIT_LOG_FAILED = 4             # shardq.shard.process's exit code for a failed log write
 READ_BYTES = 64 * 1024          # one read of a shard's pipe: what a full pipe holds
 #: how long stop() gives the shards to finish their iteration, their commits and their
 #: checkpoint before it SIGKILLs them: with the HTTP listener's stop, ``serve`` exits
@@ -101,15 +99,6 @@ def child_env() -> dict[str, str]:
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(shardq.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
     return env
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal={signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal={-code}"
-    return f"code={code}"
 
 
 class ShardHandle:
