@@ -130,8 +130,9 @@ class Supervisor:
     reads their pipes, and carries out what it is told. Time comes from ``clock`` (the
     system clock by default; the scheduler's too), read nowhere else."""
 
-    def __init__(self, data_dir: str | None = None, config: Config | dict[str, object] | str | None = None,
-                 shards: int | None = None, *, python: str | None = None, stderr: int | None = None,
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None,
+                 config: Config | dict[str, object] | str | None = None, shards: int | None = None, *,
+                 python: str | None = None, stderr: int | IO[Any] | None = None,
                  clock: Clock | None = None, notifier: Notifier | None = None):
         self.config = load_config(config)
         self.dd = DataDir(data_dir or self.config.service.data_dir)
@@ -195,8 +196,9 @@ class Supervisor:
             if before_shards is not None:
                 before_shards()
             self._start_shards(background)
-            self._start_scheduler()
-            self._start_workflow_watch()
+            if not self.stopping:  # stopped while starting: start nothing more
+                self._start_scheduler()
+                self._start_workflow_watch()
         except BaseException:
             # Whatever failed (a spawn, the schedules, a Ctrl-C while waiting), nothing of
             # this start may outlive it: a shard left running, or the lock left held,
