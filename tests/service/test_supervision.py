@@ -321,3 +321,26 @@ def test_a_report_line_is_read_as_its_event(line, event):
 def test_a_malformed_report_line_raises_for_the_caller_to_log(line):
     with pytest.raises((ValueError, KeyError, TypeError)):
         parse_line(0, line)
+
+
+# ---------------------------------------------------------------------- time, injected
+CLOCK_READS = {"time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns"}
+
+
+def test_no_module_of_the_service_reads_the_clock_but_through_a_clock():
+    """shardq/clock.py is the one place time is read: the supervisor, its decisions and the
+    HTTP side take a Clock (a FakeClock in tests)."""
+    import ast
+    import pathlib
+
+    import shardq.service
+    found = []
+    for path in sorted(pathlib.Path(shardq.service.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr in CLOCK_READS
+                    and isinstance(node.value, ast.Name) and node.value.id == "time"):
+                found.append(f"{path.name}:{node.lineno} time.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "time":
+                found += [f"{path.name}:{node.lineno} from time import {a.name}" for a in node.names
+                          if a.name in CLOCK_READS]
+    assert found == []
