@@ -13,10 +13,9 @@ The metric names and labels are listed in docs/operations.md ("Metrics").
 """
 from __future__ import annotations
 
-import time
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..clock import Clock, SystemClock
 from ..shard.control import COUNTERS
 
 QUEUE_STATES = ("ready", "delayed", "waiting", "in_flight", "dead")
@@ -77,16 +76,17 @@ WORKFLOW_STATES = ("running", "succeeded", "failed", "cancelled")
 class ShardqCollector:
     """Registered in a ``CollectorRegistry``; ``collect()`` runs on every scrape."""
 
-    def __init__(self, router, supervisor=None, timeout_s: float = 2.0):
+    def __init__(self, router, supervisor=None, timeout_s: float = 2.0, clock: Clock | None = None):
         self.router = router
         self.supervisor = supervisor
         self.timeout_s = timeout_s
+        self.clock = clock or SystemClock()  # times the scrape
 
     def describe(self):
         return []  # no scrape at registration time
 
     def collect(self):
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic()
         shards = self.router.shard_metrics(self.timeout_s)
         handles = self.supervisor.handles if self.supervisor is not None else []
         g = _Families()
@@ -159,7 +159,7 @@ class ShardqCollector:
                         g.gauge(f"shardq_queue_limit_{key}", _LIMIT_HELP[key], labels, value,
                                 names=["queue", "shard"])
         g.gauge("shardq_scrape_duration_seconds", "time this scrape took to read every shard", [],
-                time.perf_counter() - t0, names=[])
+                self.clock.monotonic() - t0, names=[])
         yield from g.families.values()
 
 

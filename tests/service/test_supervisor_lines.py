@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import stat
 import sys
 import threading
@@ -86,6 +87,8 @@ if mode == "joined-start":
 elif mode == "noisy":  # a line over the limit, then one that does not parse, then ready
     os.write(out, b"progress replay " + b"9" * 70000 + b"\ncorrupt {not json\n")
     os.write(out, b"ready %d 0 0.0 0\n" % os.getpid())
+elif mode == "silent":  # replays for ever, saying nothing
+    pass
 else:
     os.write(out, b"ready %d 0 0.0 0\n" % os.getpid())
 n = 0
@@ -254,3 +257,45 @@ def test_a_line_too_long_or_malformed_is_logged_and_the_shard_still_starts(stand
         sup.stop()
         shutil.rmtree(os.path.dirname(data), ignore_errors=True)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["embedded-stop", "foreground-sigterm"])
+def test_a_stop_while_the_shards_start_ends_start_at_once_and_starts_nothing_more(stand_in, background):
+    """serve's SIGTERM (or an embedding app's stop()) while the shards replay: start()
+    returns at once, starts no scheduler, and every shard is stopped; it used to wait for
+    every shard to be ready (here: for ever, as they never are)."""
+    python, _ = stand_in("silent")
+    data = os.path.join(short_tmpdir(), "data")
+    cfg = {"schedules": {"x": {"every_s": 60, "body": "b", "queue": "cron"}}}
+    sup = Supervisor(data, cfg, 2, python=python)
+    pids: list[int] = []
+
+    def stop_once_spawned():
+        wait_until(lambda: len(sup.handles) == 2 and all(h.proc for h in sup.handles), 10, what="spawns")
+        pids.extend(h.proc.pid for h in sup.handles)
+        if background:
+            sup.stop()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)  # to the main thread, where start() waits
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    stopper = threading.Thread(target=stop_once_spawned)
+    try:
+        if not background:
+            sup.handle_signals()
+        stopper.start()
+        began = time.monotonic()
+        assert sup.start(background=background, start_timeout=30) is sup
+        took = time.monotonic() - began
+        stopper.join(10)
+        assert took < 10, f"start() took {took:.1f} s"
+        assert sup.stopping and sup.scheduler is None and sup.workflow_watch is None
+        assert [h.status for h in sup.handles] != ["ready", "ready"]
+        assert sup.run() == 0  # stops at once
+        assert all(h.status == "stopped" for h in sup.handles)
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+        sup.stop()
+        shutil.rmtree(os.path.dirname(data), ignore_errors=True)
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+    assert not [t for t in threading.enumerate() if t.name == "shardq-scheduler"]
