@@ -22,7 +22,7 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncio
 import itertools
@@ -34,18 +34,20 @@ from collections.abc import AsyncIterator, Iterable
 from .. import limits
 from ..clock import SystemClock
 from ..datadir import DataDir
+from ..protocol import status_file
 from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
-from ..types import DeadLetter, JobId, Lease
-from . import results as res
+from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
-                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_item, job_shard, lease_shard, listed,
-                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job,
+from .engine import AsyncExecutor, Calls, Effect, Op, Owner, Send, Settled, Status
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling, ack_error,
+                   check_dequeue, missed_notes, note_calls, wait_outcome)
+from .routing import (batch_ids, batch_queues, cut_requests, job_item, lease_shard, listed,
+                      placed_owner, queue_name, shard_for_key, shard_of_job,
                       split_by_shard)
 
 _now = SystemClock.now
+T = TypeVar("T")
 
 
 async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 30.0) -> AsyncQueue:
@@ -57,8 +59,10 @@ async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 3
     return q
 
 
-class AsyncQueue:
-    """See the module docstring. Create with :func:`connect`; one per event loop."""
+class AsyncQueue(Calls, AsyncExecutor):
+    """See the module docstring. Create with :func:`connect`; one per event loop. Its calls
+    beside the hot ones below come from the one table of both clients
+    (:class:`~shardq.client.engine.Calls`)."""
 
     def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0):
         dd = DataDir(data_dir)
@@ -94,6 +98,66 @@ class AsyncQueue:
                 await self.close()
                 raise r
 
+    # ------------------------------------------------------------------ the executor
+    async def _drive(self, op: Op[T]) -> T:
+        """Run one operation of the engine to its end as this coroutine: do what each
+        effect it yields says, and send it the outcome (an error, a cancellation
+        included, is thrown into it)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                outcome, error = await self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
+
+    async def _effect(self, effect: Effect) -> Any:
+        if type(effect) is Send:
+            calls, retry_s, timeout_s, errors = effect
+            if not errors:
+                if len(calls) == 1:
+                    conn, req, fut = self._request(*calls[0], retry_s=retry_s)
+                    return [await self._wait(conn, req, fut)]
+                return await (self._call_all(calls) if retry_s is None else self._call_all(calls, retry_s))
+            return await self._gather(calls, retry_s, timeout_s)
+        if type(effect) is Owner:
+            await self._learn_owner(effect.queue, effect.ask)
+            return self._owners[effect.queue]
+        if type(effect) is Status:
+            status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
+            return None
+        if type(effect) is Settled:
+            for lease in effect.leases:
+                self._settled(lease)
+            return None
+        raise TypeError(f"not an effect: {effect!r}")
+
+    async def _gather(self, calls: list[Call], retry_s: float | None, timeout_s: float | None) -> list:
+        """Several requests at once; per call ``(value, resent)`` or its error, in order,
+        waiting ``timeout_s`` at most for all (None: each its request timeout)."""
+        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
+        try:
+            if timeout_s is not None:
+                await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
+            got: list = []
+            for (conn, req, fut), (s, op, _) in zip(started, calls):
+                if timeout_s is not None and not fut.done():
+                    got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
+                    continue
+                try:
+                    got.append(await self._wait(conn, req, fut))
+                except Exception as exc:  # noqa: BLE001 - returned in its place
+                    got.append(exc)
+            return got
+        finally:
+            for conn, req, fut in started:
+                if not fut.done():
+                    conn.abandon(req, fut)
+
     # ------------------------------------------------------------------ plumbing
     async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future):
         try:
@@ -116,9 +180,9 @@ class AsyncQueue:
         conn, req, fut = self._request(shard, op, args, retry_s)
         return (await self._wait(conn, req, fut))[0]
 
-    async def _call_all(self, calls: list[tuple[int, str, list]]) -> list:
+    async def _call_all(self, calls: list[tuple[int, str, list]], retry_s: float | None = None) -> list:
         """Several requests at once (one frame per shard); results in order, first error raised."""
-        started = [self._request(s, op, args) for s, op, args in calls]
+        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:
             return [(await self._wait(c, r, f)) for c, r, f in started]
         finally:
@@ -361,40 +425,6 @@ class AsyncQueue:
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
 
-    async def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
-        """Ack many, one request per shard; per lease None or the error."""
-        leases = listed(leases, "leases")
-        indexes, calls = acks_by_shard(leases, self.shards)
-        try:
-            results = await self._call_all(calls)
-        finally:
-            for lease in leases:
-                self._settled(lease)
-        return ack_many_outcome(len(leases), indexes, results)
-
-    async def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
-                   delivered: bool = True) -> None:
-        """End the lease (visible again now, or after ``delay``); see Router.nack."""
-        shard = lease_shard(lease, self.shards)
-        delay = nack_delay(delay)
-        try:
-            await self._call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
-        finally:
-            self._settled(lease)
-
-    async def bury(self, lease: Lease, error: str | None = None) -> None:
-        """Dead-letter the leased job now, whatever its delivery count."""
-        shard = lease_shard(lease, self.shards)
-        try:
-            await self._call(shard, "bury", [lease.job_id, lease.token, error])
-        finally:
-            self._settled(lease)
-
-    async def extend(self, lease: Lease, seconds: float) -> Lease:
-        """Heartbeat: the lease now ends ``seconds`` from now."""
-        deadline = await self._call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
-        return lease._replace(deadline=deadline)
-
     def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
                 visibility: float | None = None) -> AsyncIterator[Lease]:
         """``async for lease in q.consume(queue, concurrency=50)``: leases, at most
@@ -423,126 +453,6 @@ class AsyncQueue:
         task = self.loop.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    # ------------------------------------------------------------------ admin
-    async def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
-        queue = queue_name(queue)  # not hashed by the shard as it is: a list was a ProtocolError
-        rows = await self._call_all([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
-        return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
-
-    async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
-        return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))
-
-    async def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
-        """As Router.purge_dead_letters: all dead letters of ``queue``, or only ``job_ids``."""
-        calls = purge_calls(self.shards, queue, job_ids)
-        return sum(n for n, _ in await self._call_all(calls)) if calls else 0
-
-    async def queue_config(self, queue: str = "default") -> dict:
-        cfg = self._queue_cfg.get(queue_name(queue))
-        if cfg is None:
-            cfg = self._queue_cfg[queue] = await self._call(0, "queue_config", [queue])
-            self._owners.setdefault(queue, placed_owner(cfg))
-        return cfg
-
-    async def stats(self) -> dict:
-        """As Router.stats: per shard, and totals per queue over the shards that answered."""
-        async def one(s):
-            try:
-                sh = await self._call(s, "stats", [], retry_s=min(self.retry_s, DOWN_PROBE_S))
-                sh["available"] = True
-            except ShardUnavailable as exc:
-                sh = {"shard": s, "available": False, "error": str(exc), "queues": {}}
-            return sh
-        shards = await asyncio.gather(*(one(s) for s in range(self.shards)))
-        return {"shards": list(shards), "queues": queue_totals(shards)}
-
-    async def ping(self) -> list[int]:
-        return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]
-
-    # ------------------------------------------------------------------ results and workflows
-    # As the threaded router's (same requests and replies: client/results.py).
-    async def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
-        await self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
-
-    async def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]:
-        """As :meth:`Router.report_many`: one frame per shard, per report None or its error."""
-        return (await self.settle_many([], reports))[1]
-
-    async def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
-                          ) -> tuple[list[BaseException | None], list[BaseException | None]]:
-        """As :meth:`Router.settle_many`: acks and reports in one round, one frame per shard."""
-        acks = listed(acks, "leases")
-        indexes, ack_calls = acks_by_shard(acks, self.shards)
-        calls, where, answers = res.report_calls(list(reports), self.shards)
-        started = [self._request(*call) for call in ack_calls + calls]
-        got: list = []
-        try:
-            for conn, req, fut in started:
-                try:
-                    got.append(await self._wait(conn, req, fut))
-                except ShardqError as exc:
-                    got.append(exc)
-        finally:
-            for conn, req, fut in started:
-                if not fut.done():
-                    conn.abandon(req, fut)
-            for lease in acks:
-                self._settled(lease)
-        return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):],
-                                 answers)
-
-    async def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
-        await self._call(*res.progress_call(lease, fraction, note, self.shards))
-
-    async def results(self, job_ids: list[JobId], sizes: bool = False) -> list[res.JobResult]:
-        job_ids = list(job_ids)
-        calls, where = res.result_calls(job_ids, self.shards, sizes)
-        entries = res.in_order(len(job_ids), where, [v for v, _ in await self._call_all(calls)] if calls else [])
-        out = []
-        for job_id, entry in zip(job_ids, entries):
-            got, withheld = res.job_result(job_id, entry, sizes)  # type: ignore[arg-type]  # this backend's ids are ints
-            if withheld:
-                alone = await self._call(job_shard(job_id, self.shards), "result", [[job_id]])
-                got, _ = res.job_result(job_id, alone[0])  # type: ignore[arg-type]
-            out.append(got)
-        return out
-
-    async def route(self, queue: str, key: str | None, barrier: str) -> int:
-        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
-        if queue not in self._owners:
-            await self._learn_owner(queue, shard)
-        owner = self._owners.get(queue)
-        return shard if owner is None else owner
-
-    async def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-                     callback: list) -> str:
-        return await self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
-                                                 self.shards))
-
-    async def put_workflow(self, wf_id: str, spec: bytes) -> str:
-        return await self._call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
-
-    async def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str:
-        return await self._call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)],
-                                                   self.shards))
-
-    async def workflow(self, wf_id: str) -> dict:
-        return await self._call(*res.workflow_call("workflow", wf_id, [], self.shards))
-
-    async def workflow_ids(self, shard: int, after: str | None = None,
-                           limit: int = limits.BATCH_JOBS_MAX) -> list[str]:
-        return await self._call(shard, "workflow_ids", [after, limit])
-
-    async def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
-        calls, where = res.barrier_calls(refs, self.shards)
-        return res.in_order(len(refs), where, [v for v, _ in await self._call_all(calls)] if calls else [])
-
-    async def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
-        return await self._call(shard, "barrier_values", [res.barrier_id(barrier)])
-
-    async def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> str:
-        return await self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
 
     async def close(self) -> None:
         """Close the connections. The replies of abandoned dequeues and withdrawn waits,

@@ -29,7 +29,7 @@ and the asyncio client; this module moves the requests and waits, with threads.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import itertools
 import logging
@@ -38,29 +38,29 @@ import threading
 import time
 from collections.abc import Iterable
 
-from .. import limits
 from ..protocol import status_file
-from . import results as res
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
-from ..errors import Closed, InvalidJob, ShardUnavailable
-from ..protocol import validate
-from ..types import DeadLetter, DeadLetterPage, Lease
+from ..errors import Closed, ShardUnavailable
+from ..types import Lease
+from .engine import Calls, Effect, Op, Owner, Send, Settled, Status, SyncExecutor
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
-                   ack_error, ack_many_outcome, acks_by_shard, after_break, check_dequeue, missed_notes, nack_delay,
-                   note_calls, release_call, wait_outcome)
+                   ack_error, after_break, check_dequeue, missed_notes, note_calls, release_call, wait_outcome)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
                       purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job, split_by_shard)
 
 log = logging.getLogger("shardq.router")
+T = TypeVar("T")
 
 
 
-class Router:
-    """Client of a running shardq service. See the module docstring for the guarantees."""
+class Router(Calls, SyncExecutor):
+    """Client of a running shardq service. See the module docstring for the guarantees.
+    Its calls beside the hot ones below come from the one table of both clients
+    (:class:`~shardq.client.engine.Calls`)."""
 
     def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
                  busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor=None, _role: str = "client"):
@@ -93,6 +93,49 @@ class Router:
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._withdrawing = 0                # withdrawn waits whose outcome is not known yet
         self._withdrawn = threading.Condition()
+
+    # ------------------------------------------------------------------ the executor
+    def _drive(self, op: Op[T]) -> T:
+        """Run one operation of the engine to its end in this thread: do what each effect
+        it yields says, and send it the outcome (an error is thrown into it)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                outcome, error = self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
+
+    def _effect(self, effect: Effect) -> Any:
+        if type(effect) is Send:
+            calls, retry_s, timeout_s, errors = effect
+            if len(calls) == 1 and timeout_s is None:  # the shortest path (call_solo)
+                shard, op, args = calls[0]
+                if not errors:
+                    return [self._call(shard, op, args, retry_s=retry_s, with_resent=True)]
+                try:
+                    return [self._call(shard, op, args, retry_s=retry_s, with_resent=True)]
+                except Exception as e:  # noqa: BLE001 - returned in its place
+                    return [e]
+            if errors:
+                return self._gather(calls, retry_s=retry_s, timeout=timeout_s)
+            return self._call_many(calls, retry_s=retry_s, timeout=timeout_s)
+        if type(effect) is Owner:
+            return self._learn_owner(effect.queue, effect.ask)
+        if type(effect) is Status:
+            if self._supervisor is not None:
+                for sh in effect.shards:
+                    sh.update(self._supervisor.process_stats(sh["shard"]))
+            else:
+                status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
+            return None
+        if type(effect) is Settled:
+            return None  # no consume() loop counts leases here
+        raise TypeError(f"not an effect: {effect!r}")
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
@@ -134,8 +177,10 @@ class Router:
         :meth:`_send` does; the later ones only on the connection it went on. One that
         finds that connection gone waits, unsent, and is sent again in its turn below,
         after every call before it has been answered or has failed."""
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        now = time.monotonic()
+        deadline = now + (self.retry_s if retry_s is None else retry_s)
         wait_s = timeout or self.request_timeout_s
+        end = None if timeout is None else now + timeout  # ``timeout``: for all the calls together
         futs: list = []
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
         for s, op, args in calls:
@@ -156,7 +201,7 @@ class Router:
                 resent = False
                 while not isinstance(futs[i], BaseException):
                     fut = futs[i]
-                    if not self.clients[s].wait(fut, wait_s):
+                    if not self.clients[s].wait(fut, wait_s if end is None else max(end - time.monotonic(), 0.0)):
                         futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
                         self.clients[s].forget(fut)  # nobody will read its reply
                         break
@@ -517,304 +562,6 @@ class Router:
                                    with_resent=True)
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
-
-    def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
-        """Ack many leases, one request per shard. Returns, per lease, None or the error."""
-        leases = listed(leases, "leases")
-        indexes, calls = acks_by_shard(leases, self.shards)
-        return ack_many_outcome(len(leases), indexes, self._call_many(calls))
-
-    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
-             delivered: bool = True) -> None:
-        """Release the lease now (delay 0) or make the job delayed for ``delay`` seconds.
-        ``error`` is kept as the job's last error (shown in dead letters).
-        ``delivered=False``: the job never reached a handler (an unstarted prefetch), so this
-        lease does not count towards ``max_deliveries``."""
-        shard = lease_shard(lease, self.shards)
-        delay = nack_delay(delay)
-        self._call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
-
-    def bury(self, lease: Lease, error: str | None = None) -> None:
-        """Move the leased job to the dead-letter queue now, with ``error`` as its error,
-        whatever its delivery count. LeaseLost if the lease is no longer current."""
-        self._call(lease_shard(lease, self.shards), "bury", [lease.job_id, lease.token, error])
-
-    def extend(self, lease: Lease, seconds: float) -> Lease:
-        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
-        deadline = self._call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
-        return lease._replace(deadline=deadline)
-
-    # ------------------------------------------------------------------ admin
-    def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
-        queue = queue_name(queue)
-        rows = self._call_many([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
-        return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
-
-    def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
-        """Move dead letters back into the queue with a fresh delivery count: all, or only
-        ``job_ids`` (checked first: ``InvalidJob`` for anything but integer ids of this
-        service's shards, and nothing is sent). Returns how many."""
-        return sum(n for n, _ in self._call_many(redrive_calls(self.shards, queue, job_ids)))
-
-    def purge_dead_letters(self, queue: str = "default", job_ids: list[int] | None = None) -> int:
-        """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
-        no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
-        calls = purge_calls(self.shards, queue, job_ids)
-        return sum(n for n, _ in self._call_many(calls)) if calls else 0
-
-    def queue_config(self, queue: str = "default") -> dict:
-        """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
-        queue = queue_name(queue)
-        cfg = self._queue_cfg.get(queue)
-        if cfg is None:
-            cfg = self._queue_cfg[queue] = self._call(0, "queue_config", [queue])
-            self._owners.setdefault(queue, placed_owner(cfg))
-        return cfg
-
-    def set_limits(self, queue: str, values: dict | None) -> dict:
-        """Change the limits of a queue that declares some, at run time and durably
-        (docs/limits.md): ``values`` maps some of concurrency, rate ("50/s"), burst,
-        group_concurrency, group_rate to a new value or None (that limit removed); None
-        goes back to the config's. Told to every shard (ShardUnavailable if one is down:
-        call again once it is back). Returns the limit figures of the queue's owner shard."""
-        replies = self._call_many([(s, "set_limits", [queue, values]) for s in range(self.shards)])
-        owner = placed_owner(self.queue_config(queue))
-        return replies[owner if owner is not None else 0][0]
-
-    def stats(self) -> dict:
-        """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
-        shards that answered (``"available": True``). A shard that is down appears as
-        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call.
-        Each shard also carries its supervisor's view (``status``, ``restarts``,
-        ``last_exit``; for one not ready, ``reason`` and ``restart_in_s``), from the embedded
-        supervisor or from the one of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
-        shards = []
-        for s in range(self.shards):
-            try:
-                sh = self._call(s, "stats", [], retry_s=min(self.retry_s, DOWN_PROBE_S))
-                sh["available"] = True
-            except ShardUnavailable as e:
-                sh = {"shard": s, "available": False, "error": str(e), "queues": {}}
-            shards.append(sh)
-        queues = queue_totals(shards)
-        if self._supervisor is not None:
-            for sh in shards:
-                sh.update(self._supervisor.process_stats(sh["shard"]))
-        else:
-            status_file.add_to(shards, DataDir(self.data_dir).run_dir)
-        return {"shards": shards, "queues": queues}
-
-    # ------------------------------------------------------------------ control (this backend)
-    # Pause, cancel, look-up and dead-letter paging are calls of the local shards' router,
-    # not of the Queue protocol: a backend that cannot do them (SQS) raises Unsupported.
-    def pause(self, queue: str = "default") -> int:
-        """Stop leasing from ``queue``, durably, on every shard (it stays paused across
-        restarts). Enqueue, ack, nack and extend keep working. Returns how many shards were
-        not paused yet. ShardUnavailable if a shard is down: the others are paused, and
-        calling again once it is back finishes the job (idempotent)."""
-        return self._on_every_shard("pause", queue)
-
-    def resume(self, queue: str = "default") -> int:
-        """Lease from ``queue`` again; returns how many shards were paused."""
-        return self._on_every_shard("resume", queue)
-
-    def _on_every_shard(self, op: str, queue: str) -> int:
-        if type(queue) is not str:
-            raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
-        return sum(bool(changed) for changed, _ in self._call_many([(s, op, [queue]) for s in range(self.shards)]))
-
-    def cancel(self, job_id: int) -> str:
-        """Cancel a job; idempotent. Returns ``"cancelled"`` (it was ready, delayed or
-        waiting: deleted, and the next job of its key moved up), ``"purged"`` (a dead
-        letter), ``"cancelling"`` (leased: the holder's next extend/ack/nack raises
-        :class:`~shardq.errors.Cancelled`; it is never delivered again) or ``"gone"`` (no
-        such job any more: finished, cancelled, purged, or never enqueued)."""
-        return self._call(job_shard(job_id, self.shards), "cancel", [job_id])
-
-    def job(self, job_id: int) -> dict:
-        """What the service knows of a live job: ``state`` (waiting, delayed, ready, leased,
-        dead), ``queue``, ``key``, ``attempts``, ``deadline`` (lease end, or when a delayed
-        job is due), ``error`` (the last one), ``position`` (jobs ahead of it in its key's
-        line; 0: it is the head), ``cancelled``, ``enqueued_at`` (to about a second),
-        ``body``, ``shard``. NotFound if it is not live (acked, cancelled, purged)."""
-        shard = job_shard(job_id, self.shards)
-        return dict(self._call(shard, "job", [job_id]), shard=shard)
-
-    def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,
-                          skip_unavailable: bool = False) -> DeadLetterPage:
-        """One page of dead letters with their errors, shard by shard, lowest id first within
-        a shard. Pass the returned ``cursor`` back for the next page (None: no more). A
-        redrive or purge between pages never makes the walk skip or repeat a letter.
-        ``skip_unavailable``: leave out a shard that is down (listed in ``skipped_shards``)
-        instead of raising ShardUnavailable."""
-        from ..types import DeadLetterPage
-        limit = validate.count("limit", limit, 1000)
-        shard, after = self._parse_cursor(cursor)
-        items: list[DeadLetter] = []
-        skipped: list[int] = []
-        while shard < self.shards and len(items) < limit:
-            want = limit - len(items)
-            try:
-                rows = self._call(shard, "dead_page", [queue, after, want],
-                                  **({"retry_s": min(self.retry_s, DOWN_PROBE_S)} if skip_unavailable else {}))
-            except ShardUnavailable:
-                if not skip_unavailable:
-                    raise
-                skipped.append(shard)
-                rows = []
-            items.extend(dead_letters_of(queue, rows))
-            if len(rows) < want:
-                shard, after = shard + 1, None
-            else:
-                after = rows[-1][0]
-        next_cursor = None if shard >= self.shards else f"{shard}:{'' if after is None else after}"
-        return DeadLetterPage(items, next_cursor, skipped)
-
-    def _parse_cursor(self, cursor) -> tuple[int, int | None]:
-        if cursor is None:
-            return 0, None
-        try:
-            shard_text, _, after_text = str(cursor).partition(":")
-            shard, after = int(shard_text), (int(after_text) if after_text else None)
-        except ValueError:
-            raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.60}") from None
-        if not 0 <= shard <= self.shards:
-            raise InvalidJob(f"not a dead-letter cursor of this service: {cursor!r:.60}")
-        return shard, after
-
-    def shard_metrics(self, timeout_s: float = 2.0) -> list[dict]:
-        """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
-        in all (a scrape). A shard that is down or slow appears as ``{"shard": i,
-        "available": False, "error": ...}``: this never raises ShardUnavailable."""
-        from ..errors import ShardqError
-        deadline = time.monotonic() + timeout_s
-        sent: list = []
-        for s in range(self.shards):
-            try:
-                sent.append(self._send(s, "metrics", [], min(deadline, time.monotonic() + DOWN_PROBE_S)))
-            except ShardqError as e:
-                sent.append(e)
-        out = []
-        for s, fut in enumerate(sent):
-            if isinstance(fut, BaseException):
-                error = fut
-            elif not self.clients[s].wait(fut, max(deadline - time.monotonic(), 0.0)):
-                error = f"no answer within {timeout_s:.1f} s"
-            else:
-                error = fut.error
-            if error is None:
-                out.append(dict(fut.value, available=True))
-            else:
-                out.append({"shard": s, "available": False, "error": str(error), "queues": {}})
-        return out
-
-    def ping(self) -> list[int]:
-        return [r for r, _ in self._call_many([(s, "ping", []) for s in range(self.shards)])]
-
-    def backup_cuts(self, stage: str) -> list[dict]:
-        """Every shard's backup cut, asked of all at once (``backup_cut``; docs/backup.md):
-        per shard, the log files hard-linked into ``<shard dir>/<stage>/`` and where the copy
-        of its newest segment ends. ShardUnavailable if a shard is down: a backup needs
-        every shard (the staging dirs of the others are the caller's to remove)."""
-        return [cut for cut, _ in self._call_many([(s, "backup_cut", [stage]) for s in range(self.shards)])]
-
-    # ------------------------------------------------------------------ results and workflows
-    # Calls of the local shards' router (docs/workflows.md); the tasks layer builds
-    # workflows on them. The requests and their replies are client/results.py's.
-    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
-        """Keep ``value`` (msgpack bytes) as the result of ``lease``'s job for ``ttl_s``
-        seconds; fenced like an ack (LeaseLost if the lease is no longer current)."""
-        self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
-
-    def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]:
-        """Make finished jobs' reports (``(lease, (op, args))``, ``op`` an ``arrive`` or a
-        ``put_result``; a worker collects them with ``ctx.report``), pipelined, one frame
-        per shard: per report None (landed) or its error, in order. Each may be re-sent
-        (an arrival is counted once per index), so a broken connection only re-sends."""
-        return self.settle_many([], reports)[1]
-
-    def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
-                    ) -> tuple[list[BaseException | None], list[BaseException | None]]:
-        """Ack ``acks`` and make ``reports`` (as :meth:`report_many`) in one pipelined
-        round, one frame per shard: per ack and per report, None or its error (an
-        unavailable shard's for each call it did not answer). A worker sends the reports of
-        the jobs just finished with the acks of those whose reports landed before."""
-        acks = listed(acks, "leases")
-        indexes, ack_calls = acks_by_shard(acks, self.shards)
-        calls, where, answers = res.report_calls(list(reports), self.shards)
-        got = self._gather(ack_calls + calls) if ack_calls or calls else []
-        return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):],
-                                 answers)
-
-    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
-        """Record how far ``lease``'s job got (durably; shown by ``results`` and ``job``)."""
-        self._call(*res.progress_call(lease, fraction, note, self.shards))
-
-    def results(self, job_ids: list[int], sizes: bool = False) -> list[res.JobResult]:
-        """Each job's outcome (:class:`~shardq.client.results.JobResult`), in order: one
-        call per shard; a value left out to keep a reply under the frame limit is asked
-        for again alone. With ``sizes``, only each value's length is read (``value_bytes``;
-        ``value`` is None)."""
-        job_ids = list(job_ids)
-        calls, where = res.result_calls(job_ids, self.shards, sizes)
-        entries = res.in_order(len(job_ids), where, [v for v, _ in self._call_many(calls)] if calls else [])
-        out = []
-        for job_id, entry in zip(job_ids, entries):
-            got, withheld = res.job_result(job_id, entry, sizes)
-            if withheld:
-                got, _ = res.job_result(job_id, self._call(job_shard(job_id, self.shards), "result", [[job_id]])[0])
-            out.append(got)
-        return out
-
-    def route(self, queue: str, key: str | None, barrier: str) -> int:
-        """The shard a job of ``queue`` with ``key`` is enqueued on: its queue's owner if
-        placed, else its key's shard; a keyless one goes where ``barrier`` hashes."""
-        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
-        owner = self._owners[queue] if queue in self._owners else self._learn_owner(queue, shard)
-        return shard if owner is None else owner
-
-    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-               callback: list) -> str:
-        """Report member ``index`` of ``total`` of ``barrier`` (on ``shard``) done with
-        ``value``; the last one makes that shard enqueue ``callback`` (an enqueue item),
-        once. ``"counted"``, ``"repeated"`` (already counted: nothing changed), ``"fired"``
-        or ``"cancelled"``."""
-        return self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
-                                               self.shards))
-
-    def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
-        """The state of each ``(shard, barrier id)``, in order (None: not known there)."""
-        calls, where = res.barrier_calls(refs, self.shards)
-        return res.in_order(len(refs), where, [v for v, _ in self._call_many(calls)] if calls else [])
-
-    def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
-        """The values of a complete barrier, in member order."""
-        return self._call(shard, "barrier_values", [res.barrier_id(barrier)])
-
-    def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> str:
-        """Mark ``barrier`` cancelled (its callback is never enqueued): ``"cancelled"``, or
-        ``"fired"`` if it already was."""
-        return self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
-
-    def put_workflow(self, wf_id: str, spec: bytes) -> str:
-        """Keep the record of workflow ``wf_id`` (its steps) on its home shard: ``"put"``,
-        or ``"known"`` if it is kept already (docs/design.md, "Workflow records")."""
-        return self._call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
-
-    def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str:
-        """Record how ``wf_id`` ended (``succeeded``, ``failed``, ``cancelled``); the record
-        is kept ``ttl_s`` more seconds. Returns its state now (a first end is kept)."""
-        return self._call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)], self.shards))
-
-    def workflow(self, wf_id: str) -> dict:
-        """The record of ``wf_id``: ``spec``, ``state`` (``running`` or how it ended),
-        ``error``, ``started_at``, ``ended_at``, ``expires_at``. NotFound if none is kept."""
-        return self._call(*res.workflow_call("workflow", wf_id, [], self.shards))
-
-    def workflow_ids(self, shard: int, after: str | None = None, limit: int = limits.BATCH_JOBS_MAX) -> list[str]:
-        """Up to ``limit`` ids of the running workflows whose records ``shard`` keeps, in
-        id order, after ``after``."""
-        return self._call(shard, "workflow_ids", [after, limit])
 
     def close(self) -> None:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""

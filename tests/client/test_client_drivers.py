@@ -387,3 +387,120 @@ def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
     with pytest.raises(shardq.InvalidJob):
         call(q)
     assert f.requests == []
+
+
+# ---------------------------------------------------------------------- one table of calls
+def test_both_clients_offer_every_call_of_the_one_table_with_the_same_signature():
+    """The calls come from one table (shardq/client/engine.py): neither client can lack a
+    call the other has (the asyncio client lacked pause, resume, cancel, job,
+    dead_letters_page, set_limits, shard_metrics and backup_cuts)."""
+    from shardq.client.aio import AsyncQueue
+    from shardq.client.engine import Calls, operation
+    from shardq.client.router import Router
+
+    def public(cls):
+        return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+
+    assert public(Router) <= public(AsyncQueue)
+    assert public(AsyncQueue) - public(Router) == {"consume", "spawn"}  # an async iterator and its task helper
+    table = {n for n, v in vars(Calls).items() if isinstance(v, operation)}
+    assert {"pause", "resume", "cancel", "job", "dead_letters_page", "set_limits", "shard_metrics",
+            "backup_cuts", "results", "settle_many", "nack", "extend"} <= table
+    for name in public(Router):
+        sync, aio = inspect.signature(getattr(Router, name)), inspect.signature(getattr(AsyncQueue, name))
+        assert list(sync.parameters) == list(aio.parameters), name
+        assert [p.default for p in sync.parameters.values()] == [p.default for p in aio.parameters.values()], name
+        assert inspect.iscoroutinefunction(getattr(AsyncQueue, name)) or name in ("consume", "spawn") \
+            or isinstance(getattr(Calls, name, None), operation), name
+
+
+def test_pause_and_resume_are_told_to_every_shard_and_count_the_shards_that_changed(fake, connect):
+    f = fake(3, lambda shard, op, args: shard != 2)
+    q = connect(f.dd.path)
+    assert q.pause(Q) == 2
+    assert q.resume(Q) == 2
+    assert sorted(f.requests) == sorted([(s, op, [Q]) for s in range(3) for op in ("pause", "resume")])
+    with pytest.raises(shardq.InvalidJob):
+        q.pause(["not", "a", "name"])
+    assert len(f.requests) == 6  # nothing sent
+
+
+def test_cancel_and_job_go_to_the_shard_the_id_names(fake, connect):
+    f = fake(3, lambda shard, op, args: "cancelled" if op == "cancel" else {"state": "ready", "queue": Q})
+    q = connect(f.dd.path)
+    assert q.cancel(job_id(5, 2)) == "cancelled"
+    assert q.job(job_id(6, 1)) == {"state": "ready", "queue": Q, "shard": 1}
+    assert f.requests == [(2, "cancel", [job_id(5, 2)]), (1, "job", [job_id(6, 1)])]
+    with pytest.raises(shardq.NotFound):
+        q.cancel(job_id(1, 7))  # a shard this service has not: it cannot be one of its jobs
+    with pytest.raises(shardq.InvalidJob):
+        q.job("not an id")
+    assert len(f.requests) == 2
+
+
+def dead_row(seq: int, shard: int) -> list:
+    return [job_id(seq, shard), None, b"dead", 3, "boom"]
+
+
+def test_dead_letters_page_walks_shard_by_shard_and_can_skip_a_shard_that_is_down(fake, connect):
+    def answer(shard, op, args):
+        _, after, want = args
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        rows = [dead_row(i, shard) for i in (1, 2, 3)]
+        return [r for r in rows if after is None or r[0] > after][:want]
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    page = q.dead_letters_page(Q, limit=2)
+    assert [d.job_id for d in page.items] == [job_id(1, 0), job_id(2, 0)] and page.cursor == f"0:{job_id(2, 0)}"
+    with pytest.raises(shardq.ShardUnavailable):
+        q.dead_letters_page(Q, limit=2, cursor=page.cursor)  # shard 0's last, then shard 1 is down
+    page = q.dead_letters_page(Q, limit=2, cursor=page.cursor, skip_unavailable=True)
+    assert [d.job_id for d in page.items] == [job_id(3, 0), job_id(1, 2)]
+    assert page.skipped_shards == [1] and page.cursor == f"2:{job_id(1, 2)}"
+    assert all(d.error == "boom" and d.queue == Q for d in page.items)
+    with pytest.raises(shardq.InvalidJob):
+        q.dead_letters_page(Q, cursor="7:")  # not a cursor of a 3-shard service
+
+
+def test_set_limits_is_told_to_every_shard_and_answers_the_owners_figures(fake, connect):
+    def answer(shard, op, args):
+        if op == "queue_config":
+            return {"shard": 1}
+        return {"concurrency": 4, "shard": shard}
+
+    f = fake(2, answer)
+    f.answers_placement = True
+    q = connect(f.dd.path)
+    assert q.set_limits(Q, {"concurrency": 4}) == {"concurrency": 4, "shard": 1}
+    assert sorted(f.sent("set_limits")) == [(0, "set_limits", [Q, {"concurrency": 4}]),
+                                            (1, "set_limits", [Q, {"concurrency": 4}])]
+
+
+def test_shard_metrics_reports_a_failed_or_slow_shard_as_unavailable_and_never_raises(fake, connect):
+    slow = threading.Event()
+
+    def answer(shard, op, args):
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        if shard == 2:
+            slow.wait(10)  # answers only after the scrape gave up on it
+        return {"shard": shard, "queues": {}}
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    try:
+        got = q.shard_metrics(timeout_s=0.3)
+    finally:
+        slow.set()
+    assert got[0] == {"shard": 0, "queues": {}, "available": True}
+    assert [(m["shard"], m["available"]) for m in got[1:]] == [(1, False), (2, False)]
+    assert "error" in got[1] and "error" in got[2]
+
+
+def test_backup_cuts_ask_every_shard_at_once(fake, connect):
+    f = fake(2, lambda shard, op, args: {"shard": shard, "stage": args[0]})
+    q = connect(f.dd.path)
+    assert q.backup_cuts("s1") == [{"shard": 0, "stage": "s1"}, {"shard": 1, "stage": "s1"}]
+    assert sorted(f.requests) == [(0, "backup_cut", ["s1"]), (1, "backup_cut", ["s1"])]
