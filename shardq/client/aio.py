@@ -39,12 +39,10 @@ from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .engine import AsyncExecutor, Calls, Effect, Op, Owner, Send, Settled, Status
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling, ack_error,
-                   check_dequeue, missed_notes, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, job_item, lease_shard, listed,
-                      placed_owner, queue_name, shard_for_key, shard_of_job,
-                      split_by_shard)
+from .engine import AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny
+from .core import DOWN_PROBE_S, Call, ack_error, missed_notes, note_calls, release_call
+from .routing import (batch_ids, batch_queues, cut_requests, job_item, lease_shard, leases_of, listed, placed_owner,
+                      shard_for_key, split_by_shard)
 
 _now = SystemClock.now
 T = TypeVar("T")
@@ -99,6 +97,9 @@ class AsyncQueue(Calls, AsyncExecutor):
                 raise r
 
     # ------------------------------------------------------------------ the executor
+    def _now(self) -> float:
+        return self.loop.time()
+
     async def _drive(self, op: Op[T]) -> T:
         """Run one operation of the engine to its end as this coroutine: do what each
         effect it yields says, and send it the outcome (an error, a cancellation
@@ -124,6 +125,14 @@ class AsyncQueue(Calls, AsyncExecutor):
                     return [await self._wait(conn, req, fut)]
                 return await (self._call_all(calls) if retry_s is None else self._call_all(calls, retry_s))
             return await self._gather(calls, retry_s, timeout_s)
+        if type(effect) is WaitAny:
+            return await self._wait_any(effect)
+        if type(effect) is Release:
+            self._release_leases(effect.leases)
+            return None
+        if type(effect) is Sleep:
+            await asyncio.sleep(effect.seconds)
+            return None
         if type(effect) is Owner:
             await self._learn_owner(effect.queue, effect.ask)
             return self._owners[effect.queue]
@@ -259,154 +268,48 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._prioritized.update(queues)
 
     # ------------------------------------------------------------------ consuming
-    async def dequeue(self, queue: str = "default", wait: float = 0.0,
-                      visibility: float | None = None) -> Lease | None:
-        leases = await self.dequeue_many(queue, max_jobs=1, wait=wait, visibility=visibility)
-        return leases[0] if leases else None
-
-    async def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
-                           visibility: float | None = None) -> list[Lease]:
-        """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
-        the first. Each lease is logged before it is returned, and fsynced first only on a
-        queue with ``lease_sync = "strict"`` (docs/guarantees.md, "Lease durability")."""
-        wait = check_dequeue(max_jobs, wait, visibility)
-        queue = queue_name(queue)
-        polling = Polling(self.shards, self.retry_s, self.loop.time() + wait)
-        first = next(self._rr) % self.shards
-        while True:
-            out, down, unknown = await self._lease_round(queue, visibility, max_jobs, first)
-            now = self.loop.time()
-            step = polling.after_round(out, down, unknown, now)
-            if step is Polling.RETURN:
-                return out
-            if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
-                await asyncio.sleep(DOWN_PROBE_S)
-                continue
-            remaining = polling.deadline - now
-            if queue not in self._prioritized:
-                out = await self._wait_lease(queue, visibility, max_jobs, remaining)
-                if out or self.loop.time() >= polling.deadline:
-                    return out
-                continue  # a shard's connection broke: a lease round finds what is up
-            woke = await self._watch(queue, remaining)
-            if woke is None:
-                if self.loop.time() >= polling.deadline:
-                    return []
-            else:
-                first = woke
-
-    async def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """Drive one :class:`~shardq.client.core.LeaseRound`, as the threaded router does. A
-        round that fails (a shard's error, Closed, or the caller cancelled) hands back every
-        lease it took, unstarted."""
-        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized,
-                         self._owners.get(queue))
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        try:
-            calls = rnd.start()
-            while calls:
-                if len(calls) == 1:  # the usual step: no task for a gather
-                    shard, op, args = calls[0]
-                    try:
-                        results = [await self._call(shard, op, args, retry_s=probe)]
-                    except Exception as e:  # noqa: BLE001 - the round decides what an error means
-                        results = [e]
-                else:
-                    results = await asyncio.gather(*[self._call(s, op, args, retry_s=probe) for s, op, args in calls],
-                                                   return_exceptions=True)
-                calls = rnd.receive(results)
-        except BaseException:
-            self._release_leases(rnd.abandon())
-            raise
-        finally:
-            if rnd.uses_priorities:
-                self._prioritized.add(queue)
-        return rnd.leases, rnd.down, rnd.unknown
-
-    async def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
-        """As :meth:`Router._wait_lease`: leave a waiting dequeue at every shard that is up and
-        return the leases of the first to answer with any (with those of any other that has
-        by then, up to ``max_jobs``); [] when none came within ``timeout`` or a connection
-        broke. The other waits are withdrawn (:meth:`ShardConn.abandon`). Cancelled, it
-        leaves no lease behind: what it was answered is released unstarted."""
-        owner = self._owners.get(queue)  # a placed queue waits at its owner only
-        started = [(conn,) + self._request(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout],
-                                           retry_s=0)[1:]
-                   for shard, conn in enumerate(self.conns) if conn.proto is not None and owner in (None, shard)]
+    async def _wait_any(self, effect: WaitAny) -> list | None:
+        """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
+        connected now; when it ends, the ones still open are abandoned
+        (:meth:`ShardConn.abandon` withdraws a waiting dequeue and forgets a watch).
+        Cancelled, it leaves no lease behind: what it was answered is released unstarted."""
+        started = [(i,) + self._request(shard, op, args, retry_s=0)
+                   for i, (shard, op, args) in enumerate(effect.calls) if self.conns[shard].proto is not None]
         if not started:
-            await asyncio.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
-            return []
-        # A shard that is down is looked at again soon, so its restart is waited on too.
-        asked = self.shards if owner is None else 1
-        limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == asked else min(timeout, DOWN_RECHECK_S)
-
-        def answers() -> list:
-            """Withdraw the waits still open; the answered ones' rows or errors."""
-            out: list = []
-            for conn, req, f in started:
-                if not f.done():
-                    conn.abandon(req, f)
-                elif f.cancelled():
-                    continue
-                elif f.exception() is None:
-                    out.append(f.result()[0])
-                elif not isinstance(f.exception(), ShardUnavailable):
-                    out.append(f.exception())
-            return out
-
+            return None
+        limit = effect.limit_s if len(started) == len(effect.calls) else effect.short_s
         try:
-            waiting = {f for _, _, f in started}
+            waiting = {f for _, _, _, f in started}
             end = self.loop.time() + limit
             while waiting:
                 done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
                                                    return_when=asyncio.FIRST_COMPLETED)
                 # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or any(f.cancelled() or f.exception() is not None or f.result()[0]
-                                   for f in done):
+                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()[0]
+                                                   for f in done):
                     break
         except BaseException:  # cancelled: nobody takes what was answered
-            self._release_leases(wait_outcome(queue, answers(), 0)[1])
+            for (_, op, args), got in zip(effect.calls, self._answers(effect, started)):
+                if op == "dequeue_wait" and type(got) is list and got:
+                    self._release_leases([lease for _, lease in leases_of(args[0], got)])
             raise
-        keep, release, uses_priorities, error = wait_outcome(queue, answers(), max_jobs)
-        if uses_priorities:
-            self._prioritized.add(queue)  # from now on, leases compare the shards
-        self._release_leases(release)
-        if error is not None:
-            raise error
-        return keep
+        return self._answers(effect, started)
 
-    def _release_leases(self, leases: list[Lease]) -> None:
-        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
-        for lease in leases:
-            self.spawn(self._release_one(lease.job_id, lease.token))
-
-    async def _watch(self, queue: str, timeout: float) -> int | None:
-        """Wait until some shard reports ready work in ``queue`` (its index) or timeout.
-        The watches are forgotten when this returns or is cancelled: harmless."""
-        started = []
-        for shard, conn in enumerate(self.conns):
-            if conn.proto is None:
-                continue  # down: the others serve
-            started.append((shard,) + self._request(shard, "watch", [queue, timeout], retry_s=0))
-        if not started:
-            await asyncio.sleep(min(timeout, 0.1))
-            return None
-        futs = {f: shard for shard, _, _, f in started}
-        try:
-            done, _ = await asyncio.wait(futs, timeout=timeout + 0.5, return_when=asyncio.FIRST_COMPLETED)
-            for f in done:
-                if not f.cancelled() and f.exception() is None and f.result()[0] is True:
-                    return futs[f]
-            for f in done:
-                exc = None if f.cancelled() else f.exception()
-                if exc is not None and not isinstance(exc, ShardUnavailable):
-                    raise exc
-            return None
-        finally:
-            for _, conn, req, f in started:
-                if not f.done():
-                    f.cancel()
+    @staticmethod
+    def _answers(effect: WaitAny, started: list) -> list:
+        """Abandon the waiting calls still open; per call its value, its error or None."""
+        out: list = [None] * len(effect.calls)
+        for i, conn, req, f in started:
+            if not f.done():
                 conn.abandon(req, f)
+                f.cancel()
+            elif f.cancelled():
+                continue
+            elif f.exception() is None:
+                out[i] = f.result()[0]
+            elif not isinstance(f.exception(), ShardUnavailable):  # its connection broke
+                out[i] = f.exception()
+        return out
 
     async def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current."""
@@ -440,12 +343,16 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     def _release_rows(self, shard: int, rows: list) -> None:
         """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
-        for r in rows:  # lease rows: r[0] the job id, r[4] the token
-            self.spawn(self._release_one(r[0], r[4]))
+        self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
-    async def _release_one(self, job_id, token) -> None:
+    def _release_leases(self, leases: list[Lease]) -> None:
+        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
+        for lease in leases:
+            self.spawn(self._release_one(lease))
+
+    async def _release_one(self, lease: Lease) -> None:
         try:
-            await self._call(shard_of_job(job_id), "nack", [job_id, token, 0, None, False])
+            await self._call(*release_call(lease))
         except ShardqError:
             pass  # it expires by itself
 
@@ -520,5 +427,4 @@ class _Consumer:
         finally:
             q._consumers.remove(self)
             left, self.buffer = list(self.buffer), deque()
-            for lease in left:
-                q.spawn(q._release_one(lease.job_id, lease.token))
+            q._release_leases(left)

@@ -23,15 +23,16 @@ fast path, the asyncio coalescing), deciding by the same core (:mod:`.core`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
 
 from .. import limits
-from ..errors import InvalidJob, ShardqError, ShardUnavailable
+from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import DeadLetter, DeadLetterPage, Lease
 from . import results as res
-from .core import DOWN_PROBE_S, Call, ack_many_outcome, acks_by_shard, nack_delay
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
+                   ack_many_outcome, acks_by_shard, check_dequeue, nack_delay, wait_outcome)
 from .routing import (dead_letters_of, job_shard, lease_shard, listed, placed_owner, purge_calls, queue_name,
                       queue_totals, redrive_calls, shard_for_key)
 
@@ -67,7 +68,33 @@ class Status(NamedTuple):
     shards: list[dict[str, Any]]
 
 
-Effect = Send | Owner | Settled | Status
+class Sleep(NamedTuple):
+    """Wait ``seconds`` (a back-off while shards are down)."""
+    seconds: float
+
+
+class Release(NamedTuple):
+    """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
+    for the replies: one that cannot be sent expires by itself."""
+    leases: list[Lease]
+
+
+class WaitAny(NamedTuple):
+    """Send the waiting ``calls`` (``dequeue_wait`` or ``watch``) to the shards that are
+    connected now, and wait until one is answered with something (a non-empty value or an
+    error; with ``first``, any reply), or every one is, or ``limit_s`` passes
+    (``short_s`` when a shard could not be asked: it is looked at again soon). The calls
+    still open are then withdrawn (a waiting dequeue; leases it makes anyway are released
+    when its reply comes) or forgotten (a watch). Sent, per call, its value, its error, or
+    None (not sent, withdrawn, or its connection broke); or None instead of the list when
+    no shard could be asked."""
+    calls: list[Call]
+    limit_s: float
+    short_s: float
+    first: bool = False
+
+
+Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny
 Op = Generator[Effect, Any, T]
 
 
@@ -150,6 +177,29 @@ class Calls:
     retry_s: float
     _queue_cfg: dict[str, Any]
     _owners: dict[str, int | None]
+    _prioritized: set[str]  # queues known to use priorities (sticky)
+    _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
+
+    def _now(self) -> float:
+        """The executor's monotonic clock (seconds)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- consuming
+    @operation
+    def dequeue(self, queue: str = "default", wait: float = 0.0, visibility: float | None = None) -> Op[Lease | None]:
+        """Lease one job, waiting up to ``wait`` seconds for one. None if none came."""
+        leases = yield from _dequeue_many(self, queue, 1, wait, visibility)
+        return leases[0] if leases else None
+
+    @operation
+    def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
+                     visibility: float | None = None) -> Op[list[Lease]]:
+        """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
+        the first. Each lease is logged, with its delivery count, before it is returned; it
+        is fsynced first only on a queue with ``lease_sync = "strict"`` (the default,
+        ``batched``, makes it durable with the next commit: docs/guarantees.md, "Lease
+        durability"). A job is leased only once its enqueue is durable."""
+        return (yield from _dequeue_many(self, queue, max_jobs, wait, visibility))
 
     # ---------------------------------------------------------------- settling
     @operation
@@ -459,6 +509,103 @@ class Calls:
         id order, after ``after``."""
         got: list[str] = yield from call(shard, "workflow_ids", [after, limit])
         return got
+
+
+# ---------------------------------------------------------------------- the dequeue loop
+def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: float | None) -> Op[list[Lease]]:
+    """Lease rounds until leases come, every shard is down past ``retry_s``, or the wait
+    ends; between rounds, a waiting dequeue at every shard (a queue with priorities
+    watches instead, then compares the shards)."""
+    queue = queue_name(queue)
+    wait = check_dequeue(max_jobs, wait, visibility)
+    polling = Polling(c.shards, c.retry_s, c._now() + wait)
+    first = next(c._rr) % c.shards
+    while True:
+        out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
+        now = c._now()
+        step = polling.after_round(out, down, unknown, now)
+        if step is Polling.RETURN:
+            return out
+        if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
+            yield Sleep(DOWN_PROBE_S)
+            continue
+        remaining = polling.deadline - now
+        if queue not in c._prioritized:
+            out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
+            if out or c._now() >= polling.deadline:
+                return out
+            continue  # a shard's connection broke: a lease round finds what is up
+        woke = yield from _watch(c, queue, remaining)
+        if woke is None:
+            if c._now() >= polling.deadline:
+                return []
+        else:
+            first = woke
+
+
+def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
+                 first: int) -> Op[tuple[list[Lease], list[ShardUnavailable], list[OutcomeUnknown]]]:
+    """One :class:`~.core.LeaseRound` (which shards, peeks, what to keep and release). A
+    shard that is down gets a short try, not the full retry window: its jobs can wait, the
+    other shards' should not. A round that fails, for any error (a cancelled caller
+    included), hands back every lease it took, unstarted."""
+    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue))
+    probe = min(c.retry_s, DOWN_PROBE_S)
+    try:
+        calls = rnd.start()
+        while calls:
+            got = yield Send(calls, probe, errors=True)
+            calls = rnd.receive([r if isinstance(r, BaseException) else r[0] for r in got])
+    except GeneratorExit:
+        raise
+    except BaseException:
+        taken = rnd.abandon()
+        if taken:
+            yield Release(taken)
+        raise
+    finally:
+        if rnd.uses_priorities:
+            c._prioritized.add(queue)
+    return rnd.leases, rnd.down, rnd.unknown
+
+
+def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, timeout: float) -> Op[list[Lease]]:
+    """Leave a waiting dequeue at every shard that is up (a placed queue: at its owner)
+    and return the leases of the first to answer with any (with those of any other that
+    has by then, up to ``max_jobs``; the rest released unstarted). [] when none came
+    within ``timeout``, or when a connection broke (that shard's lease, if it made one,
+    expires unheld)."""
+    owner = c._owners.get(queue)
+    asked = range(c.shards) if owner is None else [owner]
+    calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
+    got = yield WaitAny(calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
+    if got is None:
+        yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+        return []
+    keep, release, uses_priorities, error = wait_outcome(queue, [a for a in got if a is not None], max_jobs)
+    if uses_priorities:
+        c._prioritized.add(queue)  # from now on, leases compare the shards
+    if release:
+        yield Release(release)
+    if error is not None:
+        raise error
+    return keep
+
+
+def _watch(c: Calls, queue: str, timeout: float) -> Op[int | None]:
+    """Wait until some shard reports ready work in ``queue`` (its index) or ``timeout``."""
+    calls = [Call(s, "watch", [queue, timeout]) for s in range(c.shards)]
+    got = yield WaitAny(calls, timeout + 0.5, timeout + 0.5, first=True)
+    if got is None:
+        yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+        return None
+    for shard, a in enumerate(got):
+        if a is True:
+            return shard
+    for a in got:
+        if isinstance(a, BaseException):
+            raise a
+    return None
 
 
 # ---------------------------------------------------------------------- parts of the table

@@ -44,9 +44,8 @@ from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import Calls, Effect, Op, Owner, Send, Settled, Status, SyncExecutor
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, WITHDRAW_SETTLE_S, LeaseRound, Polling,
-                   ack_error, after_break, check_dequeue, missed_notes, note_calls, release_call, wait_outcome)
+from .engine import Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, WaitAny
+from .core import (DOWN_PROBE_S, WITHDRAW_SETTLE_S, ack_error, after_break, missed_notes, note_calls, release_call)
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -95,6 +94,9 @@ class Router(Calls, SyncExecutor):
         self._withdrawn = threading.Condition()
 
     # ------------------------------------------------------------------ the executor
+    def _now(self) -> float:
+        return time.monotonic()
+
     def _drive(self, op: Op[T]) -> T:
         """Run one operation of the engine to its end in this thread: do what each effect
         it yields says, and send it the outcome (an error is thrown into it)."""
@@ -124,6 +126,14 @@ class Router(Calls, SyncExecutor):
             if errors:
                 return self._gather(calls, retry_s=retry_s, timeout=timeout_s)
             return self._call_many(calls, retry_s=retry_s, timeout=timeout_s)
+        if type(effect) is WaitAny:
+            return self._wait_any(effect)
+        if type(effect) is Release:
+            self._release(effect.leases)
+            return None
+        if type(effect) is Sleep:
+            time.sleep(effect.seconds)
+            return None
         if type(effect) is Owner:
             return self._learn_owner(effect.queue, effect.ask)
         if type(effect) is Status:
@@ -352,128 +362,54 @@ class Router(Calls, SyncExecutor):
         self._prioritized.update(queues)
 
     # ------------------------------------------------------------------ consuming
-    def dequeue(self, queue: str = "default", wait: float = 0.0, visibility: float | None = None) -> Lease | None:
-        """Lease one job, waiting up to ``wait`` seconds for one. None if none came."""
-        leases = self.dequeue_many(queue, max_jobs=1, wait=wait, visibility=visibility)
-        return leases[0] if leases else None
-
-    def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
-                     visibility: float | None = None) -> list[Lease]:
-        """Lease up to ``max_jobs`` jobs across shards. Each lease is logged, with its
-        delivery count, before it is returned; it is fsynced first only on a queue with
-        ``lease_sync = "strict"`` (the default, ``batched``, makes it durable with the next
-        commit: docs/guarantees.md, "Lease durability"). A job is leased only once its
-        enqueue is durable."""
-        queue = queue_name(queue)
-        wait = check_dequeue(max_jobs, wait, visibility)
-        polling = Polling(self.shards, self.retry_s, time.monotonic() + wait)
-        first = next(self._rr) % self.shards
-        while True:
-            out, down, unknown = self._lease_round(queue, visibility, max_jobs, first)
-            now = time.monotonic()
-            step = polling.after_round(out, down, unknown, now)
-            if step is Polling.RETURN:
-                return out
-            if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
-                time.sleep(DOWN_PROBE_S)
-                continue
-            remaining = polling.deadline - now
-            if queue not in self._prioritized:
-                out = self._wait_lease(queue, visibility, max_jobs, remaining)
-                if out or time.monotonic() >= polling.deadline:
-                    return out
-                continue  # a shard's connection broke: a lease round finds what is up
-            woke = self._watch(queue, remaining)
-            if woke is None:
-                if time.monotonic() >= polling.deadline:
-                    return []
-            else:
-                first = woke
-
-    def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """Drive one :class:`~shardq.client.core.LeaseRound` (which shards, peeks, what to
-        keep and release). A shard that is down gets a short try, not the full retry
-        window: its jobs can wait, the other shards' should not. A round that fails hands
-        back every lease it took, unstarted. Returns (leases, down errors, unknown-outcome
-        errors)."""
-        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized,
-                         self._owners.get(queue))
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        try:
-            calls = rnd.start()
-            while calls:
-                calls = rnd.receive(self._results(calls, probe))
-        except BaseException:
-            self._release(rnd.abandon())
-            raise
-        finally:
-            if rnd.uses_priorities:
-                self._prioritized.add(queue)
-        return rnd.leases, rnd.down, rnd.unknown
-
-    def _results(self, calls: list, retry_s: float) -> list:
-        """Make ``calls``; per call its value or its error. One call takes the shortest path
-        (:meth:`_call`); several are pipelined (:meth:`_gather`)."""
-        if len(calls) == 1:
-            shard, op, args = calls[0]
-            try:
-                return [self._call(shard, op, args, retry_s=retry_s)]
-            except Exception as e:  # noqa: BLE001 - the round decides what an error means
-                return [e]
-        return [r if isinstance(r, BaseException) else r[0] for r in self._gather(calls, retry_s=retry_s)]
-
-    def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
-        """Leave a waiting dequeue at every shard that is up and return the leases of the
-        first to answer with any (of each that has by then, up to ``max_jobs``). The others
-        are withdrawn (``cancel_wait``); a lease one made before its withdrawal arrived is
-        released unstarted when its reply comes. [] when none came within ``timeout``, or
-        when a connection broke (that shard's lease, if it made one, expires unheld)."""
+    def _wait_any(self, effect: WaitAny) -> list | None:
+        """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
+        that are up, read their sockets in this thread (:func:`lead_any`) until one answers
+        with something, then withdraw the waiting dequeues still open (:meth:`_withdraw`)
+        and forget the watches."""
+        calls = effect.calls
         event = threading.Event()
         now = time.monotonic()
         parked: list[tuple[int, Future]] = []
-        owner = self._owners.get(queue)
-        asked = range(self.shards) if owner is None else [owner]  # a placed queue: its owner only
-        for shard in asked:
+        for i, (shard, op, args) in enumerate(calls):
             try:
-                fut = self._send(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout], now)
+                fut = self._send(shard, op, args, now)
             except ShardUnavailable:
                 continue  # down: the others serve
             fut.callback = lambda f: event.set()
-            parked.append((shard, fut))
+            parked.append((i, fut))
         if not parked:
-            time.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
-            return []
-        clients = [self.clients[shard] for shard, _ in parked]
-        deadline = now + timeout + WAIT_REPLY_MARGIN_S
-        if len(parked) < len(asked):  # a shard is down: withdraw and look again soon
-            deadline = now + min(timeout, DOWN_RECHECK_S)
+            return None
+        clients = [self.clients[calls[i].shard] for i, _ in parked]
+        # A shard that is down: withdraw and look again soon, so its restart is waited on too.
+        deadline = now + (effect.limit_s if len(parked) == len(calls) else effect.short_s)
         while True:
             event.clear()
             done = [fut for _, fut in parked if fut.done]
             # A lease, an error or a broken connection ends the wait (the caller's next
             # round reaches a restarted shard again); so does the end of every shard's wait.
-            if (any(f.error is not None or f.value for f in done) or len(done) == len(parked)
-                    or time.monotonic() >= deadline):
+            if ((done and effect.first) or any(f.error is not None or f.value for f in done)
+                    or len(done) == len(parked) or time.monotonic() >= deadline):
                 break
             if not lead_any(clients, deadline - time.monotonic()):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - time.monotonic())
-        answers: list = []
-        for shard, fut in parked:
+        out: list = [None] * len(calls)
+        for i, fut in parked:
+            shard, op, args = calls[i]
             if not fut.done:
-                self._withdraw(shard, fut, queue)
-            elif fut.error is None or not isinstance(fut.error, ConnectionLost):
-                answers.append(fut.value if fut.error is None else fut.error)
-        keep, release, uses_priorities, error = wait_outcome(queue, answers, max_jobs)
-        if uses_priorities:
-            self._prioritized.add(queue)  # from now on, leases compare the shards
-        self._release(release)
+                if op == "dequeue_wait":
+                    self._withdraw(shard, fut, args[0])
+                else:
+                    self.clients[shard].forget(fut)  # its reply, if it ever comes, is dropped
+            elif fut.error is None:
+                out[i] = fut.value
+            elif not isinstance(fut.error, ConnectionLost):
+                out[i] = fut.error
         for c in clients:
             c.hand_off()
-        if error is not None:
-            raise error
-        return keep
+        return out
 
     def _withdraw(self, shard: int, fut: Future, queue: str) -> None:
         """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway.
@@ -526,35 +462,6 @@ class Router(Calls, SyncExecutor):
                 self._send(*release_call(lease), time.monotonic(), lead=False)
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
-
-    def _watch(self, queue: str, timeout: float) -> int | None:
-        """Block until some shard reports ready work in ``queue`` (its index) or timeout."""
-        event = threading.Event()
-        futs: list[tuple[int, Future]] = []
-        for shard in range(self.shards):
-            try:
-                # A shard that is down is skipped at once (no retry wait): the others serve.
-                futs.append((shard, self._send(shard, "watch", [queue, timeout], time.monotonic(), lead=False)))
-            except ShardUnavailable:
-                continue
-        if not futs:
-            time.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
-            return None
-        for _, fut in futs:
-            fut.callback = lambda f: event.set()
-            if fut.done:
-                event.set()
-        event.wait(timeout + 0.5)
-        for shard, fut in futs:
-            if not fut.done:
-                self.clients[shard].forget(fut)  # its reply, if it ever comes, is dropped
-        for shard, fut in futs:
-            if fut.done and fut.error is None and fut.value is True:
-                return shard
-        for _, fut in futs:
-            if fut.done and fut.error is not None and not isinstance(fut.error, ConnectionLost):
-                raise fut.error
-        return None
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""

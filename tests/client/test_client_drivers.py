@@ -504,3 +504,59 @@ def test_backup_cuts_ask_every_shard_at_once(fake, connect):
     q = connect(f.dd.path)
     assert q.backup_cuts("s1") == [{"shard": 0, "stage": "s1"}, {"shard": 1, "stage": "s1"}]
     assert sorted(f.requests) == [(0, "backup_cut", ["s1"]), (1, "backup_cut", ["s1"])]
+
+
+# ---------------------------------------------------------------------- the waiting dequeue
+def test_a_waiting_dequeue_keeps_max_jobs_and_releases_what_the_other_shards_leased(fake, connect):
+    """Nothing is ready at the first round; both shards' waiting dequeues then answer with
+    a lease. The caller gets one; the other is handed back unstarted, on either driver
+    (the engine's _wait_lease, executed by each)."""
+    def answer(shard, op, args):
+        if op == "dequeue":
+            return []
+        if op == "dequeue_wait":
+            return [row(1, shard)]
+        if op == "cancel_wait":
+            return False  # already answered
+        return None
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    [lease] = q.dequeue_many(Q, max_jobs=1, wait=5)
+    other = 1 - lease.job_id % 2
+    wait_until(lambda: releases(f), 10, what="the other shard's lease released")
+    assert releases(f) == [(other, job_id(1, other), 101)]
+    assert {s for s, _, a in f.sent("dequeue_wait")} == {0, 1}
+    assert all(a[:3] == [Q, None, 1] and 0 < a[3] <= 5 for _, _, a in f.sent("dequeue_wait"))
+
+
+def test_a_waiting_dequeue_that_gets_nothing_returns_empty_after_its_wait(fake, connect):
+    f = fake(2, lambda shard, op, args: [] if op in ("dequeue", "dequeue_wait") else None)
+    q = connect(f.dd.path)
+    assert q.dequeue(Q, wait=0.3) is None
+    assert len(f.sent("dequeue_wait")) >= 2 and releases(f) == []
+
+
+def test_a_prioritized_queue_waits_with_a_watch_and_leases_where_work_is(fake, connect):
+    watched = threading.Event()
+
+    def answer(shard, op, args):
+        if op == "enqueue":
+            return [job_id(9, shard)]
+        if op == "watch":
+            if shard == 1:
+                watched.set()
+                return True
+            return False
+        if op == "dequeue":
+            return [row(2, 1, priority=5, uses_priorities=True)] if shard == 1 and watched.is_set() else []
+        if op == "peek":
+            return [[5, 1]] if shard == 1 and watched.is_set() else []
+        return None
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    q.enqueue(b"x", key="k", queue=Q, priority=5)  # this client compares the shards from now on
+    lease = q.dequeue(Q, wait=5)
+    assert lease.job_id == job_id(2, 1)
+    assert f.sent("watch") and not f.sent("dequeue_wait") and releases(f) == []
