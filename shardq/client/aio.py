@@ -29,7 +29,7 @@ import itertools
 import os
 
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 from .. import limits
 from ..clock import SystemClock
@@ -39,10 +39,10 @@ from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .engine import AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny
-from .core import DOWN_PROBE_S, Call, ack_error, missed_notes, note_calls, release_call
-from .routing import (batch_ids, batch_queues, cut_requests, job_item, lease_shard, leases_of, listed, placed_owner,
-                      shard_for_key, split_by_shard)
+from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny,
+                     note_priorities)
+from .core import Call, ack_error, release_call
+from .routing import (job_item, lease_shard, leases_of, placed_owner)
 
 _now = SystemClock.now
 T = TypeVar("T")
@@ -201,9 +201,6 @@ class AsyncQueue(Calls, AsyncExecutor):
                 elif not f.cancelled():
                     f.exception()  # a later call's error, not raised: retrieved, or asyncio logs it
 
-    def _shard_for(self, key) -> int:
-        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
-
     async def _learn_owner(self, queue: str, ask: int) -> None:
         """As :meth:`Router._learn_owner`: a queue's placement, asked once (docs/limits.md).
         Calls that meet an unknown queue at once share one question."""
@@ -225,7 +222,7 @@ class AsyncQueue(Calls, AsyncExecutor):
             raise Closed("client is closed")
         item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
-            await self._note_priorities([queue])
+            await self._drive(note_priorities(self, [queue]))
         shard = self._shard_for(key)
         if queue not in self._owners:
             await self._learn_owner(queue, shard)
@@ -239,35 +236,6 @@ class AsyncQueue(Calls, AsyncExecutor):
             conn.forget(fut)
             raise
 
-    async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
-        """Enqueue many jobs in as few requests per shard as the limits allow; ids
-        in input order. Per shard request all-or-nothing; not atomic across shards."""
-        jobs = listed(jobs, "jobs")
-        for name in batch_queues(jobs, queue) - self._owners.keys():
-            await self._learn_owner(name, self._shard_for(None))
-        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
-        new = prioritized - self._noted
-        if new:
-            await self._note_priorities(sorted(new))
-        calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
-        results = await self._call_all(calls)
-        return batch_ids(calls, results, shard_ids)
-
-    async def _note_priorities(self, queues: list[str]) -> None:
-        """As :meth:`Router._note_priorities`: every shard learns that ``queues`` use
-        priorities before the first prioritized enqueue to them."""
-        if self.shards == 1:
-            self._noted.update(queues)
-            return
-        calls = note_calls(queues, self.shards)
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        results = await asyncio.gather(*(self._call(s, op, args, retry_s=probe) for s, op, args in calls),
-                                       return_exceptions=True)
-        missed = missed_notes(calls, results)
-        self._noted.update(q for q in queues if q not in missed)
-        self._prioritized.update(queues)
-
-    # ------------------------------------------------------------------ consuming
     async def _wait_any(self, effect: WaitAny) -> list | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
         connected now; when it ends, the ones still open are abandoned

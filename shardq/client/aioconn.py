@@ -50,7 +50,7 @@ from .. import limits
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
-from .core import after_break, encode_frames
+from .core import Sessions, after_break, encode_frames
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
 RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
@@ -127,8 +127,7 @@ class ShardConn:
         self._flush_handle: asyncio.Handle | None = None
         self._reconnecting: asyncio.Task | None = None
         self._next_rid = 1
-        self._seq = 0
-        self._open_seqs: dict[int, None] = {}  # enqueue sessions not yet answered (insertion order)
+        self._sessions = Sessions(client_id)  # enqueue sessions not yet answered
         self._quiet: asyncio.Event | None = None  # set when no orphaned request is left (closing)
 
     # ------------------------------------------------------------------ connecting
@@ -260,13 +259,6 @@ class ShardConn:
         self._arm_timer(req)
         self.outbox.append(req)
 
-    def new_session(self) -> list:
-        self._seq += 1
-        seq = self._seq
-        low = next(iter(self._open_seqs), seq)
-        self._open_seqs[seq] = None
-        return [self.client_id, seq, low]
-
     def _flush(self) -> None:
         self._flush_handle = None
         self._merge()
@@ -283,7 +275,7 @@ class ShardConn:
                 self._finish(req)  # nobody waits for it (or the wait it withdraws) any more: never sent
                 continue
             if req.op == "enqueue" and req.session is None:
-                req.session = self.new_session()
+                req.session = self._sessions.open()
                 req.args[1] = req.session
             rid = self._next_rid
             self._next_rid = rid + 1
@@ -383,7 +375,7 @@ class ShardConn:
             req.timer.cancel()
             req.timer = None
         if req.session is not None:
-            self._open_seqs.pop(req.session[1], None)
+            self._sessions.close(req.session)
 
     def abandon(self, req: Req, fut: asyncio.Future) -> None:
         """``fut``'s caller gave up (cancelled, timed out, or another shard answered its

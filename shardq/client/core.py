@@ -113,6 +113,29 @@ def release_call(lease: Lease) -> Call:
                 [lease.job_id, lease.token, 0, None, False])
 
 
+# ---------------------------------------------------------------------- enqueue sessions
+class Sessions:
+    """The enqueue sessions of one client at one shard: each request carries ``[client
+    id, its seq, the lowest seq still unanswered]``, so the shard answers a request re-sent
+    after a broken connection with the ids of its first execution, and forgets the entries
+    of the requests answered before the lowest."""
+
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+        self._seq = 0
+        self._open: dict[int, None] = {}  # the seqs not yet answered, in order
+
+    def open(self) -> list[int]:
+        self._seq += 1
+        seq = self._seq
+        low = next(iter(self._open), seq)
+        self._open[seq] = None
+        return [self.client_id, seq, low]
+
+    def close(self, session: list[int]) -> None:
+        self._open.pop(session[1], None)
+
+
 # ---------------------------------------------------------------------- frames
 def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], object]) -> list[tuple[bytes, int]]:
     """The frames that carry ``requests`` (each ``[request_id, op, args]``), each with the

@@ -23,6 +23,7 @@ fast path, the asyncio coalescing), deciding by the same core (:mod:`.core`).
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
 
@@ -32,10 +33,11 @@ from ..protocol import validate
 from ..types import DeadLetter, DeadLetterPage, Lease
 from . import results as res
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
-                   ack_many_outcome, acks_by_shard, check_dequeue, nack_delay, wait_outcome)
-from .routing import (dead_letters_of, job_shard, lease_shard, listed, placed_owner, purge_calls, queue_name,
-                      queue_totals, redrive_calls, shard_for_key)
+                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
+                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
 
+log = logging.getLogger("shardq.router")
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -180,9 +182,38 @@ class Calls:
     _prioritized: set[str]  # queues known to use priorities (sticky)
     _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
 
+    _noted: set[str]        # queues every shard was told use priorities (note_priorities)
+
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
         raise NotImplementedError
+
+    def _shard_for(self, key: str | None) -> int:
+        """A job's shard by its key (a stable hash); a keyless one goes round-robin."""
+        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
+
+    # ---------------------------------------------------------------- producing
+    @operation
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> Op[list[int]]:
+        """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
+        ``priority``, ``dedup_id``) in one request per shard (more where a shard's part passes
+        ``BATCH_JOBS_MAX`` jobs or ``REQUEST_BYTES_MAX`` bytes, sent in order); ids come back
+        in input order.
+
+        Each request is all-or-nothing. Across requests it is not atomic: if one is refused
+        (e.g. QueueFull) the error is raised and the other requests' jobs may be in. Each
+        request carries an enqueue session (filled in by the executor when it is sent), so
+        one re-sent after a broken connection never adds its jobs twice."""
+        jobs = listed(jobs, "jobs")
+        for name in batch_queues(jobs, queue) - self._owners.keys():
+            yield Owner(name, self._shard_for(None))
+        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
+        new = prioritized - self._noted
+        if new:
+            yield from note_priorities(self, sorted(new))
+        calls = [Call(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
+        got = (yield Send(calls)) if calls else []
+        return batch_ids(calls, got, shard_ids)
 
     # ---------------------------------------------------------------- consuming
     @operation
@@ -509,6 +540,24 @@ class Calls:
         id order, after ``after``."""
         got: list[str] = yield from call(shard, "workflow_ids", [after, limit])
         return got
+
+
+# ---------------------------------------------------------------------- producing
+def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
+    """Tell every shard that ``queues`` use priorities, before the first enqueue of a
+    priority other than 0 to them, so that once it returns a lease from any shard says
+    so (see design.md, "Queue-wide priorities"). A shard that is down is told with the
+    next such enqueue; a typed refusal (an undeclared queue) is raised."""
+    if c.shards == 1:
+        c._noted.update(queues)
+        return
+    calls = note_calls(queues, c.shards)
+    missed = missed_notes(calls, (yield Send(calls, min(c.retry_s, DOWN_PROBE_S), errors=True)))
+    if missed:
+        log.info("note_priorities: a shard did not answer for %s; told again with the next "
+                 "prioritized enqueue", sorted(missed))
+    c._noted.update(q for q in queues if q not in missed)
+    c._prioritized.update(queues)
 
 
 # ---------------------------------------------------------------------- the dequeue loop

@@ -36,7 +36,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
 
 from ..protocol import status_file
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
@@ -44,8 +43,9 @@ from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, WaitAny
-from .core import (DOWN_PROBE_S, WITHDRAW_SETTLE_S, ack_error, after_break, missed_notes, note_calls, release_call)
+from .engine import (Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, WaitAny,
+                     note_priorities)
+from .core import WITHDRAW_SETTLE_S, Sessions, ack_error, after_break, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -80,8 +80,7 @@ class Router(Calls, SyncExecutor):
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
-        self._seq = itertools.count(1)
-        self._outstanding: list[dict[int, None]] = [{} for _ in range(self.shards)]
+        self._sessions = [Sessions(self.client_id) for _ in range(self.shards)]  # enqueue sessions, per shard
         self._rr = itertools.count()
         self._lock = threading.Lock()
         self._supervisor = supervisor
@@ -115,6 +114,8 @@ class Router(Calls, SyncExecutor):
     def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
             calls, retry_s, timeout_s, errors = effect
+            if calls[0][1] == "enqueue":
+                return self._enqueue_calls(calls)
             if len(calls) == 1 and timeout_s is None:  # the shortest path (call_solo)
                 shard, op, args = calls[0]
                 if not errors:
@@ -146,6 +147,20 @@ class Router(Calls, SyncExecutor):
         if type(effect) is Settled:
             return None  # no consume() loop counts leases here
         raise TypeError(f"not an effect: {effect!r}")
+
+    def _enqueue_calls(self, calls: list) -> list:
+        """``enqueue`` requests, each with a session of its own (:class:`~.core.Sessions`),
+        open until answered: a request re-sent after a broken connection is recognised by
+        the shard, which answers with the ids of its first execution."""
+        sessions = []
+        for shard, _, args in calls:
+            args[1] = self._session(shard)
+            sessions.append((shard, args[1]))
+        try:
+            return self._call_many(calls)
+        finally:
+            for shard, session in sessions:
+                self._done(shard, session)
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
@@ -272,11 +287,6 @@ class Router(Calls, SyncExecutor):
             resent = resent or lost.sent
 
     # ------------------------------------------------------------------ producing
-    def _shard_for(self, key) -> int:
-        if key is None:
-            return next(self._rr) % self.shards
-        return shard_for_key(key, self.shards)
-
     def _route(self, queue: str, key) -> int:
         """The shard of a job: its queue's owner if the queue declares limits (placed:
         docs/limits.md), else by key. A queue's placement is asked once, of the shard its
@@ -292,15 +302,11 @@ class Router(Calls, SyncExecutor):
 
     def _session(self, shard: int) -> list:
         with self._lock:
-            seq = next(self._seq)
-            pending = self._outstanding[shard]
-            low = next(iter(pending), seq)
-            pending[seq] = None
-        return [self.client_id, seq, low]
+            return self._sessions[shard].open()
 
     def _done(self, shard: int, session: list) -> None:
         with self._lock:
-            self._outstanding[shard].pop(session[1], None)
+            self._sessions[shard].close(session)
 
     def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> int:
         """Durably add a job; returns its id once the owning shard has fsynced it.
@@ -309,7 +315,7 @@ class Router(Calls, SyncExecutor):
         queue's dedup window returns the first job's id and adds nothing."""
         item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
-            self._note_priorities([queue])
+            self._drive(note_priorities(self, [queue]))
         shard = self._route(queue, key)
         session = self._session(shard)
         try:
@@ -317,51 +323,6 @@ class Router(Calls, SyncExecutor):
         finally:
             self._done(shard, session)
 
-    def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[int]:
-        """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
-        ``priority``, ``dedup_id``) in one request per shard (more where a shard's part passes
-        ``BATCH_JOBS_MAX`` jobs or ``REQUEST_BYTES_MAX`` bytes, sent in order); ids come back
-        in input order.
-
-        Each request is all-or-nothing. Across requests it is not atomic: if one is refused
-        (e.g. QueueFull) the error is raised and the other requests' jobs may be in."""
-        jobs = jobs if type(jobs) is list else list(jobs)
-        for name in batch_queues(jobs, queue) - self._owners.keys():
-            self._learn_owner(name, self._shard_for(None))
-        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
-        new = prioritized - self._noted
-        if new:
-            self._note_priorities(sorted(new))
-        calls, sessions = [], []
-        for shard, items in per_shard.items():
-            for chunk in cut_requests(items):
-                s = self._session(shard)
-                sessions.append((shard, s))
-                calls.append((shard, "enqueue", [chunk, s]))
-        try:
-            results = self._call_many(calls)
-        finally:
-            for shard, s in sessions:
-                self._done(shard, s)
-        return batch_ids(calls, results, shard_ids)
-
-    def _note_priorities(self, queues: list[str]) -> None:
-        """Tell every shard that ``queues`` use priorities, before the first enqueue of a
-        priority other than 0 to them, so that once it returns a lease from any shard says
-        so (see design.md, "Queue-wide priorities"). A shard that is down is told with the
-        next such enqueue; a typed refusal (an undeclared queue) is raised."""
-        if self.shards == 1:
-            self._noted.update(queues)
-            return
-        calls = note_calls(queues, self.shards)
-        missed = missed_notes(calls, self._gather(calls, retry_s=min(self.retry_s, DOWN_PROBE_S)))
-        if missed:
-            log.info("note_priorities: a shard did not answer for %s; told again with the next "
-                     "prioritized enqueue", sorted(missed))
-        self._noted.update(q for q in queues if q not in missed)
-        self._prioritized.update(queues)
-
-    # ------------------------------------------------------------------ consuming
     def _wait_any(self, effect: WaitAny) -> list | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
         that are up, read their sockets in this thread (:func:`lead_any`) until one answers

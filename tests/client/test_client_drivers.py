@@ -378,7 +378,9 @@ def test_a_shard_that_misses_the_priority_note_is_told_with_the_next_prioritized
     lambda q: q.extend("not a lease", 10),
     lambda q: q.ack_many(None),
     lambda q: q.dequeue_many(["not", "a", "name"]),
-], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list"])
+    lambda q: q.enqueue_many(None),  # the threaded client raised TypeError
+], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list",
+        "enqueue-many-none"])
 def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
     """Both drivers check what they are given in the one core before anything is sent
     (tests/client/test_aio_hostile.py drives the asyncio client with Hypothesis)."""
@@ -560,3 +562,22 @@ def test_a_prioritized_queue_waits_with_a_watch_and_leases_where_work_is(fake, c
     lease = q.dequeue(Q, wait=5)
     assert lease.job_id == job_id(2, 1)
     assert f.sent("watch") and not f.sent("dequeue_wait") and releases(f) == []
+
+
+def test_every_enqueue_request_carries_a_session_of_its_shard(fake, connect):
+    """One batch over two shards, then a single enqueue: each request carries ``[client
+    id, seq, lowest unanswered seq]`` from the client's sessions at that shard (the core's
+    Sessions, on both clients), so a re-sent request is answered from the first."""
+    counter = iter(range(1, 1000))
+    f = fake(2, lambda s, op, args: [job_id(next(counter), s) for _ in args[0]])
+    q = connect(f.dd.path)
+    keys = {shardq.client.routing.shard_for_key(f"k{i}", 2): f"k{i}" for i in range(10)}
+    ids = q.enqueue_many([{"body": b"a", "key": keys[0]}, {"body": b"b", "key": keys[1]}], queue=Q)
+    q.enqueue(b"c", key=keys[1], queue=Q)
+    assert [i % 2 for i in ids] == [0, 1]
+    sessions = [(s, a[1]) for s, _, a in f.sent("enqueue")]
+    assert len({session[0] for _, session in sessions}) == 1  # one client id
+    by_shard: dict[int, list] = {}
+    for shard, (_, seq, low) in sessions:
+        by_shard.setdefault(shard, []).append((seq, low))
+    assert by_shard[0] == [(1, 1)] and by_shard[1] == [(1, 1), (2, 2)]  # each answered before the next
