@@ -581,3 +581,20 @@ def test_every_enqueue_request_carries_a_session_of_its_shard(fake, connect):
     for shard, (_, seq, low) in sessions:
         by_shard.setdefault(shard, []).append((seq, low))
     assert by_shard[0] == [(1, 1)] and by_shard[1] == [(1, 1), (2, 2)]  # each answered before the next
+
+
+@pytest.mark.parametrize("bad", [{"job_id": 1 << 70}, {"job_id": 1 << 63}, {"token": 1 << 64}],
+                         ids=["id-past-64-bits", "id-at-2**63", "token-past-64-bits"])
+def test_ack_many_with_an_id_out_of_range_is_refused_before_any_shard_acks(fake, connect, bad):
+    """A lease of shard 1 and one whose id (on shard 0) is out of range: the encoder (or
+    the shard) refused only shard 0's request, after shard 1 had acked its lease: half
+    applied (found by test_aio_hostile.py's Hypothesis run; both clients did it). Now
+    nothing is sent."""
+    f = fake(2, serve_leases({}))
+    q = connect(f.dd.path)
+    good = shardq.Lease(job_id(1, 1), "h", b"", Q, 1, 7, 9e9)
+    with pytest.raises(shardq.InvalidJob, match="out of range"):
+        q.ack_many([good, good._replace(**bad)])
+    with pytest.raises(shardq.InvalidJob, match="out of range"):
+        q.settle_many([good, good._replace(**bad)], [])
+    assert f.requests == []
