@@ -29,7 +29,7 @@ import itertools
 import os
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from .. import limits
 from ..clock import SystemClock
@@ -41,7 +41,7 @@ from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
 from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny,
                      note_priorities)
-from .core import Call, ack_error, release_call
+from .core import ack_error, release_call
 from .routing import (job_item, lease_shard, leases_of, placed_owner)
 
 _now = SystemClock.now
@@ -145,7 +145,8 @@ class AsyncQueue(Calls, AsyncExecutor):
             return None
         raise TypeError(f"not an effect: {effect!r}")
 
-    async def _gather(self, calls: list[Call], retry_s: float | None, timeout_s: float | None) -> list:
+    async def _gather(self, calls: Sequence[tuple[int, str, list]], retry_s: float | None,
+                      timeout_s: float | None) -> list:
         """Several requests at once; per call ``(value, resent)`` or its error, in order,
         waiting ``timeout_s`` at most for all (None: each its request timeout)."""
         started = [self._request(s, op, args, retry_s) for s, op, args in calls]
@@ -189,7 +190,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         conn, req, fut = self._request(shard, op, args, retry_s)
         return (await self._wait(conn, req, fut))[0]
 
-    async def _call_all(self, calls: list[tuple[int, str, list]], retry_s: float | None = None) -> list:
+    async def _call_all(self, calls: Sequence[tuple[int, str, list]], retry_s: float | None = None) -> list:
         """Several requests at once (one frame per shard); results in order, first error raised."""
         started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:

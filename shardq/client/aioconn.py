@@ -68,7 +68,7 @@ class Req:
     __slots__ = ("op", "args", "parts", "sent", "resent", "retry_deadline", "timer", "session",
                  "on_orphan_reply", "rid", "merged")
 
-    def __init__(self, op: str, args: list | None, parts: list, retry_deadline: float, merged: bool = False):
+    def __init__(self, op: str, args: list, parts: list, retry_deadline: float, merged: bool = False):
         self.op, self.args, self.parts = op, args, parts
         self.sent = self.resent = False
         self.retry_deadline = retry_deadline

@@ -150,7 +150,7 @@ class ShardClient:
                                         max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())),
                                         self.role)
                 except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
-                    err = e
+                    err: BaseException = e
                 except ProtocolError as e:  # another wire version: trying again cannot help
                     raise ProtocolError(f"shard {self.index}: {e}") from None
                 except Exception as e:  # noqa: BLE001 - AuthenticationError and friends
@@ -366,7 +366,7 @@ class ShardClient:
             self._poller_fd = fd
         return self._poller.poll
 
-    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0, ready: bool = False):
+    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0, ready: object = False):
         """Read what the socket has (waiting up to ``timeout``, unless the caller saw it
         ``ready``; None: until something comes) and settle the futures of every complete
         reply. Only with ``_read_lock`` held. Returns ``(status, payload)`` of the reply to

@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 from ..protocol import status_file
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
@@ -148,7 +149,7 @@ class Router(Calls, SyncExecutor):
             return None  # no consume() loop counts leases here
         raise TypeError(f"not an effect: {effect!r}")
 
-    def _enqueue_calls(self, calls: list) -> list:
+    def _enqueue_calls(self, calls: Sequence[tuple[int, str, list]]) -> list:
         """``enqueue`` requests, each with a session of its own (:class:`~.core.Sessions`),
         open until answered: a request re-sent after a broken connection is recognised by
         the shard, which answers with the ids of its first execution."""
@@ -178,7 +179,7 @@ class Router(Calls, SyncExecutor):
             if time.monotonic() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
-    def _call_many(self, calls: list[tuple[int, str, list]], *, timeout: float | None = None,
+    def _call_many(self, calls: Sequence[tuple[int, str, list]], *, timeout: float | None = None,
                    retry_s: float | None = None) -> list:
         """Send requests to their shards (pipelined) and wait for all. A request whose
         connection broke is sent again, for up to ``retry_s`` (default: the router's), if it
@@ -192,7 +193,7 @@ class Router(Calls, SyncExecutor):
             out.append(result)
         return out
 
-    def _gather(self, calls: list[tuple[int, str, list]], *, timeout: float | None = None,
+    def _gather(self, calls: Sequence[tuple[int, str, list]], *, timeout: float | None = None,
                 retry_s: float | None = None) -> list:
         """Like :meth:`_call_many`, but each call's error is returned in its place instead of
         raised: ``(value, was_resent)`` or the exception, per call, in order.
@@ -207,6 +208,7 @@ class Router(Calls, SyncExecutor):
         wait_s = timeout or self.request_timeout_s
         end = None if timeout is None else now + timeout  # ``timeout``: for all the calls together
         futs: list = []
+        fut: Future | BaseException
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
         for s, op, args in calls:
             first = first_on.get(s)
@@ -225,12 +227,12 @@ class Router(Calls, SyncExecutor):
             for i, (s, op, args) in enumerate(calls):
                 resent = False
                 while not isinstance(futs[i], BaseException):
-                    fut = futs[i]
-                    if not self.clients[s].wait(fut, wait_s if end is None else max(end - time.monotonic(), 0.0)):
+                    sent: Future = futs[i]
+                    if not self.clients[s].wait(sent, wait_s if end is None else max(end - time.monotonic(), 0.0)):
                         futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
-                        self.clients[s].forget(fut)  # nobody will read its reply
+                        self.clients[s].forget(sent)  # nobody will read its reply
                         break
-                    lost = fut.error
+                    lost = sent.error
                     if not isinstance(lost, ConnectionLost):
                         break
                     error = after_break(s, op, lost.sent, time.monotonic() >= deadline, lost)
@@ -263,9 +265,10 @@ class Router(Calls, SyncExecutor):
         client = self.clients[shard]
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         resent = False
+        lost: BaseException | None
         while True:
             # Alone on the connection: no future (call_solo answers SHARED when not connected).
-            solo = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
+            solo: Any = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
             if solo is SHARED:
                 fut = self._send(shard, op, args, deadline)
                 if not client.wait(fut, self.request_timeout_s):
