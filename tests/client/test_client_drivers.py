@@ -598,3 +598,17 @@ def test_ack_many_with_an_id_out_of_range_is_refused_before_any_shard_acks(fake,
     with pytest.raises(shardq.InvalidJob, match="out of range"):
         q.settle_many([good, good._replace(**bad)], [])
     assert f.requests == []
+
+
+def test_stats_totals_the_shards_that_answered_and_lists_the_others_as_unavailable(fake, connect):
+    def answer(shard, op, args):
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        return {"shard": shard, "queues": {Q: {"ready": 2 + shard, "leased": 1}}}
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    got = q.stats()
+    assert [(sh["shard"], sh["available"]) for sh in got["shards"]] == [(0, True), (1, False), (2, True)]
+    assert "error" in got["shards"][1] and got["shards"][1]["queues"] == {}
+    assert got["queues"][Q]["ready"] == 2 + 4 and got["queues"][Q]["leased"] == 2
