@@ -29,7 +29,7 @@ import itertools
 import os
 
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 
 from .. import limits
 from ..clock import SystemClock
@@ -48,7 +48,8 @@ _now = SystemClock.now
 T = TypeVar("T")
 
 
-async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 30.0) -> AsyncQueue:
+async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
+                  request_timeout_s: float = 30.0) -> AsyncQueue:
     """An asyncio client of the ``shardq serve`` whose data dir is ``target``. Connects to
     every shard now (a shard that is down is connected to when first needed). Raises
     :class:`~shardq.errors.ServiceNotRunning` within a second when no service runs there."""
@@ -62,7 +63,8 @@ class AsyncQueue(Calls, AsyncExecutor):
     beside the hot ones below come from the one table of both clients
     (:class:`~shardq.client.engine.Calls`)."""
 
-    def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0):
+    def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
+                 request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()
@@ -73,12 +75,12 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
         self._rr = itertools.count()
-        self._queue_cfg: dict[str, dict] = {}
+        self._queue_cfg: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
-        self._asking: dict[str, asyncio.Future] = {}  # queue -> its placement question in flight
+        self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[_Consumer] = []
         self._closed = False
 
@@ -110,7 +112,8 @@ class AsyncQueue(Calls, AsyncExecutor):
             try:
                 effect = op.send(outcome) if error is None else op.throw(error)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                value: T = stop.value  # the operation's return value
+                return value
             try:
                 outcome, error = await self._effect(effect), None
             except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
@@ -145,15 +148,15 @@ class AsyncQueue(Calls, AsyncExecutor):
             return None
         raise TypeError(f"not an effect: {effect!r}")
 
-    async def _gather(self, calls: Sequence[tuple[int, str, list]], retry_s: float | None,
-                      timeout_s: float | None) -> list:
+    async def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None,
+                      timeout_s: float | None) -> list[Any]:
         """Several requests at once; per call ``(value, resent)`` or its error, in order,
         waiting ``timeout_s`` at most for all (None: each its request timeout)."""
         started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:
             if timeout_s is not None:
                 await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
-            got: list = []
+            got: list[Any] = []
             for (conn, req, fut), (s, op, _) in zip(started, calls):
                 if timeout_s is not None and not fut.done():
                     got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
@@ -169,14 +172,15 @@ class AsyncQueue(Calls, AsyncExecutor):
                     conn.abandon(req, fut)
 
     # ------------------------------------------------------------------ plumbing
-    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future):
+    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future[Any]) -> Any:
         try:
             return await fut
         except asyncio.CancelledError:
             conn.abandon(req, fut)
             raise
 
-    def _request(self, shard: int, op: str, args: list, retry_s: float | None = None):
+    def _request(self, shard: int, op: str, args: list[Any],
+                 retry_s: float | None = None) -> tuple[ShardConn, Req, asyncio.Future[Any]]:
         """Submit one request; returns (conn, req, future of (result, resent))."""
         if self._closed:
             raise Closed("client is closed")
@@ -186,11 +190,11 @@ class AsyncQueue(Calls, AsyncExecutor):
         conn.submit(req)
         return conn, req, fut
 
-    async def _call(self, shard: int, op: str, args: list, retry_s: float | None = None):
+    async def _call(self, shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Any:
         conn, req, fut = self._request(shard, op, args, retry_s)
         return (await self._wait(conn, req, fut))[0]
 
-    async def _call_all(self, calls: Sequence[tuple[int, str, list]], retry_s: float | None = None) -> list:
+    async def _call_all(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None) -> list[Any]:
         """Several requests at once (one frame per shard); results in order, first error raised."""
         started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:
@@ -217,7 +221,8 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._owners.setdefault(queue, placed_owner(cfg))
 
     # ------------------------------------------------------------------ producing
-    async def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> JobId:
+    async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
+                      priority: int = 0, dedup_id: str | None = None) -> JobId:
         """Durably add a job; returns its id once the owning shard has fsynced it."""
         if self._closed:
             raise Closed("client is closed")
@@ -232,12 +237,13 @@ class AsyncQueue(Calls, AsyncExecutor):
         fut = self.loop.create_future()
         conn.submit_enqueue(fut, item)
         try:
-            return (await fut)[0]
+            got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
+            return got[0]
         except asyncio.CancelledError:
             conn.forget(fut)
             raise
 
-    async def _wait_any(self, effect: WaitAny) -> list | None:
+    async def _wait_any(self, effect: WaitAny) -> list[Any] | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
         connected now; when it ends, the ones still open are abandoned
         (:meth:`ShardConn.abandon` withdraws a waiting dequeue and forgets a watch).
@@ -265,9 +271,9 @@ class AsyncQueue(Calls, AsyncExecutor):
         return self._answers(effect, started)
 
     @staticmethod
-    def _answers(effect: WaitAny, started: list) -> list:
+    def _answers(effect: WaitAny, started: list[Any]) -> list[Any]:
         """Abandon the waiting calls still open; per call its value, its error or None."""
-        out: list = [None] * len(effect.calls)
+        out: list[Any] = [None] * len(effect.calls)
         for i, conn, req, f in started:
             if not f.done():
                 conn.abandon(req, f)
@@ -310,7 +316,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         for c in self._consumers:
             c.settled(lease)
 
-    def _release_rows(self, shard: int, rows: list) -> None:
+    def _release_rows(self, shard: int, rows: list[Any]) -> None:
         """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
         self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
@@ -325,7 +331,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         except ShardqError:
             pass  # it expires by itself
 
-    def spawn(self, coro) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -345,17 +351,17 @@ class AsyncQueue(Calls, AsyncExecutor):
     async def __aenter__(self) -> AsyncQueue:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
 class _Consumer:
     """State of one ``consume()`` loop."""
 
-    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility):
+    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility: float | None):
         self.q, self.queue, self.concurrency = q, queue, concurrency
         self.wait, self.visibility = wait, visibility
-        self.held: dict[tuple, float] = {}   # (job_id, token) -> deadline
+        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> deadline
         self.buffer: deque[Lease] = deque()
         self.freed = asyncio.Event()
 

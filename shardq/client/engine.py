@@ -177,7 +177,7 @@ class Calls:
 
     shards: int
     retry_s: float
-    _queue_cfg: dict[str, Any]
+    _queue_cfg: dict[str, dict[str, Any]]
     _owners: dict[str, int | None]
     _prioritized: set[str]  # queues known to use priorities (sticky)
     _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
@@ -402,7 +402,8 @@ class Calls:
         call again once it is back). Returns the limit figures of the queue's owner shard."""
         replies = yield from call_all([Call(s, "set_limits", [queue, values]) for s in range(self.shards)])
         owner = placed_owner((yield from _queue_config(self, queue)))
-        return replies[owner if owner is not None else 0]  # type: ignore[no-any-return]  # a reply
+        figures: dict[str, Any] = replies[owner if owner is not None else 0]
+        return figures
 
     @operation
     def shard_metrics(self, timeout_s: float = 2.0) -> Op[list[dict[str, Any]]]:
@@ -664,7 +665,7 @@ def _queue_config(c: Calls, queue: str) -> Op[dict[str, Any]]:
     if cfg is None:
         cfg = c._queue_cfg[queue] = yield from call(0, "queue_config", [queue])
         c._owners.setdefault(queue, placed_owner(cfg))
-    return cfg  # type: ignore[no-any-return]  # a reply
+    return cfg
 
 
 def _on_every_shard(c: Calls, op: str, queue: str) -> Op[int]:

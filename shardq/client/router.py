@@ -62,8 +62,8 @@ class Router(Calls, SyncExecutor):
     Its calls beside the hot ones below come from the one table of both clients
     (:class:`~shardq.client.engine.Calls`)."""
 
-    def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor=None, _role: str = "client"):
+    def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor: Any = None, _role: str = "client") -> None:
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
         # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
@@ -86,7 +86,7 @@ class Router(Calls, SyncExecutor):
         self._lock = threading.Lock()
         self._supervisor = supervisor
         self._closed = False
-        self._queue_cfg: dict[str, dict] = {}
+        self._queue_cfg: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
@@ -106,7 +106,8 @@ class Router(Calls, SyncExecutor):
             try:
                 effect = op.send(outcome) if error is None else op.throw(error)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                value: T = stop.value  # the operation's return value
+                return value
             try:
                 outcome, error = self._effect(effect), None
             except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
@@ -149,7 +150,7 @@ class Router(Calls, SyncExecutor):
             return None  # no consume() loop counts leases here
         raise TypeError(f"not an effect: {effect!r}")
 
-    def _enqueue_calls(self, calls: Sequence[tuple[int, str, list]]) -> list:
+    def _enqueue_calls(self, calls: Sequence[tuple[int, str, list[Any]]]) -> list[Any]:
         """``enqueue`` requests, each with a session of its own (:class:`~.core.Sessions`),
         open until answered: a request re-sent after a broken connection is recognised by
         the shard, which answers with the ids of its first execution."""
@@ -164,7 +165,7 @@ class Router(Calls, SyncExecutor):
                 self._done(shard, session)
 
     # ------------------------------------------------------------------ plumbing
-    def _send(self, shard: int, op: str, args: list, deadline: float, *, lead: bool = True) -> Future:
+    def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
         """Submit one request, connecting first. Only a request that was never written is
         submitted again here; what to do with one that was is :meth:`_call_many`'s call.
         ``lead``: the caller waits with ``ShardClient.wait`` (reading its reply itself)."""
@@ -179,8 +180,8 @@ class Router(Calls, SyncExecutor):
             if time.monotonic() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
-    def _call_many(self, calls: Sequence[tuple[int, str, list]], *, timeout: float | None = None,
-                   retry_s: float | None = None) -> list:
+    def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
+                   retry_s: float | None = None) -> list[Any]:
         """Send requests to their shards (pipelined) and wait for all. A request whose
         connection broke is sent again, for up to ``retry_s`` (default: the router's), if it
         was never written or its op may be re-sent (:data:`~shardq.protocol.wire.RETRY`);
@@ -193,8 +194,8 @@ class Router(Calls, SyncExecutor):
             out.append(result)
         return out
 
-    def _gather(self, calls: Sequence[tuple[int, str, list]], *, timeout: float | None = None,
-                retry_s: float | None = None) -> list:
+    def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
+                retry_s: float | None = None) -> list[Any]:
         """Like :meth:`_call_many`, but each call's error is returned in its place instead of
         raised: ``(value, was_resent)`` or the exception, per call, in order.
 
@@ -207,7 +208,7 @@ class Router(Calls, SyncExecutor):
         deadline = now + (self.retry_s if retry_s is None else retry_s)
         wait_s = timeout or self.request_timeout_s
         end = None if timeout is None else now + timeout  # ``timeout``: for all the calls together
-        futs: list = []
+        futs: list[Any] = []
         fut: Future | BaseException
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
         for s, op, args in calls:
@@ -222,7 +223,7 @@ class Router(Calls, SyncExecutor):
             else:
                 fut = self.clients[s].submit(op, args, lead=True, on=first.conn)
             futs.append(fut)
-        results: list = []
+        results: list[Any] = []
         try:
             for i, (s, op, args) in enumerate(calls):
                 resent = False
@@ -257,8 +258,8 @@ class Router(Calls, SyncExecutor):
                     self.clients[s].forget(fut)
         return results
 
-    def _call(self, shard: int, op: str, args: list, *, retry_s: float | None = None,
-              with_resent: bool = False):
+    def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
+              with_resent: bool = False) -> Any:
         """One request, its value or its error: :meth:`_gather`'s rules for a single call,
         on the shortest path (most calls are one job at a time). ``with_resent``: return
         ``(value, was_resent)``, as :meth:`_gather` does."""
@@ -290,7 +291,7 @@ class Router(Calls, SyncExecutor):
             resent = resent or lost.sent
 
     # ------------------------------------------------------------------ producing
-    def _route(self, queue: str, key) -> int:
+    def _route(self, queue: str, key: str | None) -> int:
         """The shard of a job: its queue's owner if the queue declares limits (placed:
         docs/limits.md), else by key. A queue's placement is asked once, of the shard its
         job would go to by key (so a shard that is down stops only its own jobs)."""
@@ -303,15 +304,16 @@ class Router(Calls, SyncExecutor):
         self._queue_cfg.setdefault(queue, cfg)
         return self._owners.setdefault(queue, placed_owner(cfg))
 
-    def _session(self, shard: int) -> list:
+    def _session(self, shard: int) -> list[int]:
         with self._lock:
             return self._sessions[shard].open()
 
-    def _done(self, shard: int, session: list) -> None:
+    def _done(self, shard: int, session: list[int]) -> None:
         with self._lock:
             self._sessions[shard].close(session)
 
-    def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> int:
+    def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
+                priority: int = 0, dedup_id: str | None = None) -> int:
         """Durably add a job; returns its id once the owning shard has fsynced it.
 
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
@@ -322,11 +324,12 @@ class Router(Calls, SyncExecutor):
         shard = self._route(queue, key)
         session = self._session(shard)
         try:
-            return self._call(shard, "enqueue", [[item], session])[0]
+            ids: list[int] = self._call(shard, "enqueue", [[item], session])
+            return ids[0]
         finally:
             self._done(shard, session)
 
-    def _wait_any(self, effect: WaitAny) -> list | None:
+    def _wait_any(self, effect: WaitAny) -> list[Any] | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
         that are up, read their sockets in this thread (:func:`lead_any`) until one answers
         with something, then withdraw the waiting dequeues still open (:meth:`_withdraw`)
@@ -359,7 +362,7 @@ class Router(Calls, SyncExecutor):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - time.monotonic())
-        out: list = [None] * len(calls)
+        out: list[Any] = [None] * len(calls)
         for i, fut in parked:
             shard, op, args = calls[i]
             if not fut.done:
@@ -448,8 +451,8 @@ class Router(Calls, SyncExecutor):
         if self._supervisor is not None:
             self._supervisor.stop()
 
-    def __enter__(self):
+    def __enter__(self) -> Router:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
