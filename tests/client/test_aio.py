@@ -253,49 +253,6 @@ def test_a_timed_out_call_leaves_no_waiter():
         f.close()
 
 
-LEASE_ROW = [1 << 10, None, b"x", 1, 5, 9e9]
-
-
-@pytest.mark.parametrize("op, call, outcome", [
-    ("enqueue", lambda q: q.enqueue(b"job", key="k"), 42),
-    ("ack", lambda q: q.ack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), None),
-    ("extend", lambda q: q.extend(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9), 10), "lease"),
-    ("stats", lambda q: q._call(0, "stats", []), {"queues": {}}),
-    ("dequeue", lambda q: q.dequeue("default"), shardq.OutcomeUnknown),
-    ("nack", lambda q: q.nack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
-    ("bury", lambda q: q.bury(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
-    ("redrive", lambda q: q.redrive("default"), shardq.OutcomeUnknown),
-    ("purge_dead", lambda q: q.purge_dead_letters("default"), shardq.OutcomeUnknown),
-])
-def test_after_a_break_only_safe_ops_are_resent(op, call, outcome):
-    answers = {"enqueue": [42], "ack": [["JobGone", "gone"]], "extend": 123.0, "stats": {"queues": {}}}
-    f = FakeShard(["drop", lambda o, args: answers.get(o)])
-
-    async def main():
-        q = await shardq.aio.connect(f.dd.path, retry_s=5, request_timeout_s=5)
-        try:
-            if isinstance(outcome, type):
-                with pytest.raises(outcome, match="may or may not have been applied"):
-                    await call(q)
-                assert f.ops() == [op]                       # sent once, never again
-            else:
-                got = await call(q)
-                if outcome == "lease":
-                    assert got.deadline == 123.0
-                else:
-                    assert got == outcome                    # JobGone after a re-sent ack: success
-                assert f.ops() == [op, op]
-                if op == "enqueue":
-                    assert f.requests[0][2] == f.requests[1][2]  # the same session: dedup
-            assert pending_waiters(q) == 0
-        finally:
-            await q.close()
-    try:
-        run(main())
-    finally:
-        f.close()
-
-
 def test_the_wire_frames_are_multiprocessing_connection_frames():
     frame = [[1, "ping", []]]
     out = []

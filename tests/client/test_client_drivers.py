@@ -612,3 +612,67 @@ def test_stats_totals_the_shards_that_answered_and_lists_the_others_as_unavailab
     assert [(sh["shard"], sh["available"]) for sh in got["shards"]] == [(0, True), (1, False), (2, True)]
     assert "error" in got["shards"][1] and got["shards"][1]["queues"] == {}
     assert got["queues"][Q]["ready"] == 2 + 4 and got["queues"][Q]["leased"] == 2
+
+
+# ---------------------------------------------------------------------- a broken connection
+@pytest.fixture
+def scripted():
+    """``scripted(*script)``: a one-shard fake (tests/support/fake_shard.py) that plays one
+    action per connection; closed after the clients (requested before ``connect``)."""
+    from support.fake_shard import FakeShard
+    made = []
+
+    def make(*script):
+        f = FakeShard(script)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def left_pending(q) -> int:
+    """Requests a client still keeps for a reply (none once every call has returned)."""
+    if isinstance(q, SyncAsyncQueue):
+        return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.q.conns)
+    return sum(len(c._pending) for c in q.clients)
+
+
+LEASE = shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)
+
+
+@pytest.mark.parametrize("op, call, outcome", [
+    ("enqueue", lambda q: q.enqueue(b"job", key="k"), 42),
+    ("ack", lambda q: q.ack(LEASE), None),  # JobGone answering a re-sent ack: the first landed
+    ("extend", lambda q: q.extend(LEASE, 10).deadline, 123.0),
+    ("ping", lambda q: q.ping(), [7]),
+    ("dequeue", lambda q: q.dequeue("default"), shardq.OutcomeUnknown),
+    ("dequeue", lambda q: q.dequeue_many(max_jobs=10), shardq.OutcomeUnknown),
+    ("nack", lambda q: q.nack(LEASE), shardq.OutcomeUnknown),
+    ("bury", lambda q: q.bury(LEASE), shardq.OutcomeUnknown),
+    ("redrive", lambda q: q.redrive("default"), shardq.OutcomeUnknown),
+    ("redrive", lambda q: q.redrive("default", [1 << 10]), shardq.OutcomeUnknown),
+    ("purge_dead", lambda q: q.purge_dead_letters("default"), shardq.OutcomeUnknown),
+], ids=["enqueue", "ack", "extend", "ping", "dequeue", "dequeue_many", "nack", "bury", "redrive-all",
+        "redrive-ids", "purge"])
+def test_after_a_break_only_ops_that_may_be_resent_are_sent_again(scripted, connect, op, call, outcome):
+    """The shard reads the request, then drops the connection without answering. An op
+    that may be re-sent (wire.RETRY) is sent again on a new connection and succeeds (an
+    enqueue with the same session, so the shard answers from the first); any other raises
+    OutcomeUnknown and is sent once. The same on both clients (each had its own copy of
+    this test, and its own copy of the retry loop)."""
+    answers = {"enqueue": [42], "ack": [["JobGone", "gone"]], "extend": 123.0, "ping": 7}
+    f = scripted("drop", lambda o, args: answers[o] if o in answers else pytest.fail(f"{o} re-sent"))
+    q = connect(f.dd.path, retry_s=5)
+    if isinstance(outcome, type):
+        with pytest.raises(outcome, match="may or may not have been applied"):
+            call(q)
+        assert f.ops() == [op]  # sent once, never again
+        assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
+    else:
+        assert call(q) == outcome
+        assert f.ops() == [op, op]
+        if op == "enqueue":
+            assert f.requests[0][2] == f.requests[1][2]  # the same items and session: the shard dedups
+    assert left_pending(q) == 0
