@@ -22,7 +22,7 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncio
 import itertools
@@ -43,6 +43,10 @@ from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Set
                      note_priorities)
 from .core import ack_error, release_call
 from .routing import (job_item, lease_shard, leases_of, placed_owner)
+
+if TYPE_CHECKING:
+    from .contracts import AsyncQueue as AsyncQueueContract
+    from .contracts import AsyncResults
 
 _now = SystemClock.now
 T = TypeVar("T")
@@ -403,3 +407,8 @@ class _Consumer:
             q._consumers.remove(self)
             left, self.buffer = list(self.buffer), deque()
             q._release_leases(left)
+
+
+if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold
+    def _contracts(q: AsyncQueue) -> tuple[AsyncQueueContract, AsyncResults]:
+        return q, q

@@ -30,7 +30,7 @@ from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, ov
 from .. import limits
 from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
 from ..protocol import validate
-from ..types import DeadLetter, DeadLetterPage, Lease
+from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
@@ -194,7 +194,7 @@ class Calls:
 
     # ---------------------------------------------------------------- producing
     @operation
-    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> Op[list[int]]:
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> Op[list[JobId]]:
         """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
         ``priority``, ``dedup_id``) in one request per shard (more where a shard's part passes
         ``BATCH_JOBS_MAX`` jobs or ``REQUEST_BYTES_MAX`` bytes, sent in order); ids come back
@@ -283,14 +283,14 @@ class Calls:
         return [d for got in rows for d in dead_letters_of(queue, got)][:limit]
 
     @operation
-    def redrive(self, queue: str = "default", job_ids: list[int] | None = None) -> Op[int]:
+    def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> Op[int]:
         """Move dead letters back into the queue with a fresh delivery count: all, or only
         ``job_ids`` (checked first: ``InvalidJob`` for anything but integer ids of this
         service's shards, and nothing is sent). Returns how many."""
         return sum((yield from call_all(redrive_calls(self.shards, queue, job_ids))))
 
     @operation
-    def purge_dead_letters(self, queue: str = "default", job_ids: list[int] | None = None) -> Op[int]:
+    def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> Op[int]:
         """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
         no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
         return sum((yield from call_all(purge_calls(self.shards, queue, job_ids))))

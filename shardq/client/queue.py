@@ -26,7 +26,8 @@ The guarantees every backend keeps (tested by one contract suite, ``tests/consum
 Control calls (``pause``, ``resume``, ``cancel``, ``job``, ``dead_letters_page``,
 ``shard_metrics``) are not part of this protocol: the local shards' router has them; a
 backend may define them and raise ``Unsupported``, and the CLI reports ``Unsupported`` for a
-backend that lacks them (``shardq.cli.common.control_call``).
+backend that lacks them (``shardq.cli.common.control_call``). They, the asyncio queue and the
+results and workflow calls are declared in :mod:`shardq.client.contracts`.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ and the asyncio client; this module moves the requests and waits, with threads.
 """
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import itertools
 import logging
@@ -51,6 +51,10 @@ from .core import WITHDRAW_SETTLE_S, Sessions, ack_error, after_break, release_c
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
                       purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job, split_by_shard)
+
+if TYPE_CHECKING:
+    from .contracts import Control, Results
+    from .queue import Queue
 
 log = logging.getLogger("shardq.router")
 T = TypeVar("T")
@@ -456,3 +460,8 @@ class Router(Calls, SyncExecutor):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold
+    def _contracts(q: Router) -> tuple[Queue, Control, Results]:
+        return q, q, q

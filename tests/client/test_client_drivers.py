@@ -676,3 +676,31 @@ def test_after_a_break_only_ops_that_may_be_resent_are_sent_again(scripted, conn
         if op == "enqueue":
             assert f.requests[0][2] == f.requests[1][2]  # the same items and session: the shard dedups
     assert left_pending(q) == 0
+
+
+def test_both_clients_implement_the_declared_contracts():
+    """mypy checks the signatures (the TYPE_CHECKING blocks of router.py and aio.py); this
+    checks at run time that each member exists, as a coroutine on the asyncio client."""
+    from shardq.client import contracts
+    from shardq.client.aio import AsyncQueue
+    from shardq.client.router import Router
+
+    def members(proto) -> set[str]:
+        return {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+
+    from shardq.client.engine import operation
+
+    def made(cls, name) -> bool:  # a method of its own, or an entry of the one table
+        attr = getattr(cls, name, None)
+        return isinstance(attr, operation) or inspect.isfunction(attr)
+
+    for proto in (shardq.Queue, contracts.Control, contracts.Results):
+        for name in members(proto):
+            assert made(Router, name), (proto.__name__, name)
+    for proto in (contracts.AsyncQueue, contracts.AsyncResults):
+        for name in members(proto) - {"consume"}:
+            assert made(AsyncQueue, name), (proto.__name__, name)
+            assert isinstance(getattr(AsyncQueue, name), operation) or \
+                inspect.iscoroutinefunction(getattr(AsyncQueue, name)), name
+    assert members(contracts.AsyncResults) == members(contracts.Results)
+    assert members(contracts.AsyncQueue) - {"consume"} == members(shardq.Queue)
