@@ -13,7 +13,6 @@ from shardq.client import aioconn
 from shardq.protocol import wire
 
 from support.service import Service
-from support.fake_shard import FakeShard
 
 
 @pytest.fixture(scope="module")
@@ -236,21 +235,6 @@ def test_consume_holds_at_most_concurrency_leases(svc):
             assert len(set(seen)) == 23
             await q.ack_many(held)
     run(main())
-
-
-def test_a_timed_out_call_leaves_no_waiter():
-    f = FakeShard(["hang"])
-
-    async def main():
-        q = await shardq.aio.connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
-        with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
-            await q.ping()
-        assert pending_waiters(q) == 0
-        await q.close()
-    try:
-        run(main())
-    finally:
-        f.close()
 
 
 def test_the_wire_frames_are_multiprocessing_connection_frames():

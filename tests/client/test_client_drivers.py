@@ -704,3 +704,14 @@ def test_both_clients_implement_the_declared_contracts():
                 inspect.iscoroutinefunction(getattr(AsyncQueue, name)), name
     assert members(contracts.AsyncResults) == members(contracts.Results)
     assert members(contracts.AsyncQueue) - {"consume"} == members(shardq.Queue)
+
+
+def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
+    """A shard that reads the request and never answers: ShardUnavailable after the
+    request timeout, and the client keeps nothing for the reply (a future whose caller gave
+    up used to stay in the threaded client's pending table)."""
+    f = scripted("hang")
+    q = connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
+        q.ping()
+    assert left_pending(q) == 0

@@ -108,15 +108,6 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
     assert isinstance(second.error, ConnectionLost) and not second.error.sent
 
 
-def test_a_timed_out_request_leaves_nothing_pending(fake):
-    f, q = fake("hang")
-    q.request_timeout_s = 0.3
-    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
-        q.ping()
-    assert q.clients[0]._pending == {}
-    q.close()
-
-
 def test_future_set_races_have_one_winner():
     for _ in range(200):
         fut = Future()
