@@ -30,54 +30,6 @@ def pending_waiters(q) -> int:
     return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.conns)
 
 
-def test_the_operations_match_the_router(svc):
-    async def main():
-        async with await shardq.aio.connect(svc.data_dir) as q:
-            jid = await q.enqueue(b"a", key="k1", queue="par")
-            ids = await q.enqueue_many([{"body": b"b", "key": "k1"}, {"body": b"c", "delay": 3600}], queue="par")
-            assert await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d") == \
-                await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d")
-            [lease] = await q.dequeue_many("par", max_jobs=10)
-            assert (lease.job_id, lease.body, lease.key, lease.attempt) == (jid, b"a", "k1", 1)
-            longer = await q.extend(lease, 100)
-            assert longer.deadline > lease.deadline
-            await q.ack(longer)
-            with pytest.raises(shardq.JobGone):
-                await q.ack(longer)
-            nxt = await q.dequeue("par")
-            assert nxt.job_id == ids[0]
-            await q.nack(nxt, error="boom")
-            again = await q.dequeue("par")
-            assert again.job_id == ids[0] and again.attempt == 2
-            await q.bury(again, "given up")
-            [dl] = await q.dead_letters("par")
-            assert (dl.job_id, dl.error) == (ids[0], "given up")
-            assert await q.redrive("par") == 1
-            st = await q.stats()
-            assert st["queues"]["par"]["delayed"] == 1 and len(st["shards"]) == 2
-            assert (await q.queue_config("par"))["max_deliveries"] == 3
-            assert len(await q.ping()) == 2
-            with pytest.raises(shardq.InvalidJob):
-                await q.enqueue("not bytes")
-            with pytest.raises(shardq.LeaseLost):
-                await q.extend(again, 5)
-            assert await q.purge_dead_letters("par") == 0
-            doomed = await q.enqueue(b"doomed", key="k9", queue="par")
-            while (lease := await q.dequeue("par", wait=5)).job_id != doomed:
-                await q.ack(lease)  # the job redriven above comes first
-            await q.bury(lease, "chosen")
-            assert await q.purge_dead_letters("par", [doomed, doomed]) == 1
-            assert await q.purge_dead_letters("par", [doomed]) == 0  # again: nothing, no error
-            assert await q.dead_letters("par") == []
-            with pytest.raises(shardq.InvalidJob):
-                await q.purge_dead_letters("par", "not a list")
-            # the router reads what the asyncio client wrote, and the other way round
-            with svc.connect() as r:
-                rid = r.enqueue(b"from router", key="mixed", queue="par2")
-            assert (await q.dequeue("par2")).job_id == rid
-    run(main())
-
-
 def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, monkeypatch):
     frames = []
     real = aioconn.ShardConn._write

@@ -22,7 +22,7 @@ from shardq import limits
 from shardq.datadir import DataDir
 from shardq.protocol import sockio, validate, wire
 
-from support.service import short_tmpdir, wait_until
+from support.service import Service, short_tmpdir, wait_until
 
 Q = "jobs"
 
@@ -715,3 +715,67 @@ def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
     with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
         q.ping()
     assert left_pending(q) == 0
+
+
+# ---------------------------------------------------------------------- a real service
+@pytest.fixture(scope="module")
+def service():
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}}) as s:
+        yield s
+
+
+def test_the_whole_api_against_a_real_service(service, connect, request):
+    """Every call of the Queue protocol and the control calls, against ``shardq serve``,
+    on each client (the asyncio client had this test alone, and lacked the control calls).
+    Each driver uses queues of its own."""
+    par = "par-" + request.node.callspec.id
+    q = connect(service.data_dir)
+    jid = q.enqueue(b"a", key="k1", queue=par)
+    ids = q.enqueue_many([{"body": b"b", "key": "k1"}, {"body": b"c", "delay": 3600}], queue=par)
+    assert q.enqueue(b"a2", key="k1", queue=par, dedup_id="d") == q.enqueue(b"a2", key="k1", queue=par, dedup_id="d")
+    assert q.job(ids[1])["state"] == "delayed" and q.job(jid)["state"] == "ready"
+    assert q.pause(par) == 2
+    assert q.dequeue(par) is None  # paused on every shard
+    assert q.resume(par) == 2
+    [lease] = q.dequeue_many(par, max_jobs=10)
+    assert (lease.job_id, lease.body, lease.key, lease.attempt) == (jid, b"a", "k1", 1)
+    longer = q.extend(lease, 100)
+    assert longer.deadline > lease.deadline
+    q.ack(longer)
+    with pytest.raises(shardq.JobGone):
+        q.ack(longer)
+    nxt = q.dequeue(par)
+    assert nxt.job_id == ids[0]
+    q.nack(nxt, error="boom")
+    again = q.dequeue(par)
+    assert again.job_id == ids[0] and again.attempt == 2
+    q.bury(again, "given up")
+    [dl] = q.dead_letters(par)
+    assert (dl.job_id, dl.error) == (ids[0], "given up")
+    page = q.dead_letters_page(par, limit=10)
+    assert [d.job_id for d in page.items] == [ids[0]] and page.cursor is None
+    assert q.redrive(par) == 1
+    st = q.stats()
+    assert st["queues"][par]["delayed"] == 1 and len(st["shards"]) == 2
+    assert q.queue_config(par)["max_deliveries"] == 3
+    assert len(q.ping()) == 2
+    assert [m["available"] for m in q.shard_metrics()] == [True, True]
+    with pytest.raises(shardq.InvalidJob):
+        q.enqueue("not bytes")
+    with pytest.raises(shardq.LeaseLost):
+        q.extend(again, 5)
+    assert q.purge_dead_letters(par) == 0
+    assert q.cancel(ids[1]) == "cancelled" and q.cancel(ids[1]) == "gone"
+    doomed = q.enqueue(b"doomed", key="k9", queue=par)
+    while (lease := q.dequeue(par, wait=5)).job_id != doomed:
+        q.ack(lease)  # the job redriven above comes first
+    q.bury(lease, "chosen")
+    assert q.purge_dead_letters(par, [doomed, doomed]) == 1
+    assert q.purge_dead_letters(par, [doomed]) == 0  # again: nothing, no error
+    assert q.dead_letters(par) == []
+    with pytest.raises(shardq.InvalidJob):
+        q.purge_dead_letters(par, "not a list")
+    # each client reads what the other wrote
+    with service.connect() as r:
+        rid = r.enqueue(b"from the router", key="mixed", queue=par + "2")
+    assert q.dequeue(par + "2").job_id == rid
