@@ -779,3 +779,35 @@ def test_the_whole_api_against_a_real_service(service, connect, request):
     with service.connect() as r:
         rid = r.enqueue(b"from the router", key="mixed", queue=par + "2")
     assert q.dequeue(par + "2").job_id == rid
+
+
+def test_each_client_rides_out_shard_restarts(connect):
+    """Both shards SIGKILLed twice under one client: the very next calls ride out the
+    restarts (re-sent within retry_s where that is safe), nothing is lost (the router
+    had this test alone)."""
+    import os
+    import signal
+    with Service(config={"queue_defaults": {"visibility_timeout": 30}}) as svc:
+        q = connect(svc.data_dir, retry_s=15)
+        before = q.ping()
+        q.enqueue(b"before", key="a")
+        for pid in before:
+            os.kill(pid, signal.SIGKILL)
+        q.enqueue(b"after", key="a")  # no waiting: it rides out the restart
+        after = q.ping()
+        assert set(after).isdisjoint(before)
+        got = []
+        while (lease := q.dequeue()) is not None:  # one key: one lease at a time, in order
+            got.append(lease.body)
+            q.ack(lease)
+        assert got == [b"before", b"after"]
+        for pid in after:  # again, once the client has reconnected: still the same client
+            os.kill(pid, signal.SIGKILL)
+        assert set(q.ping()).isdisjoint(after)  # ping may be re-sent; a dequeue may not
+        assert q.dequeue(wait=0) is None
+
+        def restarts() -> int:
+            with open(svc.log_path, "rb") as f:
+                return f.read().decode(errors="replace").count("event=shard-restart")
+        wait_until(lambda: restarts() >= 4, 10, what="four restarts logged")
+        assert restarts() == 4
