@@ -22,33 +22,38 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncio
 import itertools
 import os
 
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Sequence
 
 from .. import limits
 from ..clock import SystemClock
 from ..datadir import DataDir
+from ..protocol import status_file
 from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
-from ..types import DeadLetter, JobId, Lease
-from . import results as res
+from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, LeaseRound, Polling, ack_error,
-                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_item, job_shard, lease_shard, listed,
-                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job,
-                      split_by_shard)
+from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny,
+                     note_priorities)
+from .core import ack_error, release_call
+from .routing import (job_item, lease_shard, leases_of, placed_owner)
+
+if TYPE_CHECKING:
+    from .contracts import AsyncQueue as AsyncQueueContract
+    from .contracts import AsyncResults
 
 _now = SystemClock.now
+T = TypeVar("T")
 
 
-async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 30.0) -> AsyncQueue:
+async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
+                  request_timeout_s: float = 30.0) -> AsyncQueue:
     """An asyncio client of the ``shardq serve`` whose data dir is ``target``. Connects to
     every shard now (a shard that is down is connected to when first needed). Raises
     :class:`~shardq.errors.ServiceNotRunning` within a second when no service runs there."""
@@ -57,10 +62,13 @@ async def connect(target, *, retry_s: float = 15.0, request_timeout_s: float = 3
     return q
 
 
-class AsyncQueue:
-    """See the module docstring. Create with :func:`connect`; one per event loop."""
+class AsyncQueue(Calls, AsyncExecutor):
+    """See the module docstring. Create with :func:`connect`; one per event loop. Its calls
+    beside the hot ones below come from the one table of both clients
+    (:class:`~shardq.client.engine.Calls`)."""
 
-    def __init__(self, data_dir, *, retry_s: float = 15.0, request_timeout_s: float = 30.0):
+    def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
+                 request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
         self.data_dir = dd.path
         self.shards = dd.shards()
@@ -71,12 +79,12 @@ class AsyncQueue:
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
         self._rr = itertools.count()
-        self._queue_cfg: dict[str, dict] = {}
+        self._queue_cfg: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
-        self._asking: dict[str, asyncio.Future] = {}  # queue -> its placement question in flight
+        self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[_Consumer] = []
         self._closed = False
 
@@ -94,15 +102,89 @@ class AsyncQueue:
                 await self.close()
                 raise r
 
+    # ------------------------------------------------------------------ the executor
+    def _now(self) -> float:
+        return self.loop.time()
+
+    async def _drive(self, op: Op[T]) -> T:
+        """Run one operation of the engine to its end as this coroutine: do what each
+        effect it yields says, and send it the outcome (an error, a cancellation
+        included, is thrown into it)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                value: T = stop.value  # the operation's return value
+                return value
+            try:
+                outcome, error = await self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
+
+    async def _effect(self, effect: Effect) -> Any:
+        if type(effect) is Send:
+            calls, retry_s, timeout_s, errors = effect
+            if not errors:
+                if len(calls) == 1:
+                    conn, req, fut = self._request(*calls[0], retry_s=retry_s)
+                    return [await self._wait(conn, req, fut)]
+                return await (self._call_all(calls) if retry_s is None else self._call_all(calls, retry_s))
+            return await self._gather(calls, retry_s, timeout_s)
+        if type(effect) is WaitAny:
+            return await self._wait_any(effect)
+        if type(effect) is Release:
+            self._release_leases(effect.leases)
+            return None
+        if type(effect) is Sleep:
+            await asyncio.sleep(effect.seconds)
+            return None
+        if type(effect) is Owner:
+            await self._learn_owner(effect.queue, effect.ask)
+            return self._owners[effect.queue]
+        if type(effect) is Status:
+            status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
+            return None
+        if type(effect) is Settled:
+            for lease in effect.leases:
+                self._settled(lease)
+            return None
+        raise TypeError(f"not an effect: {effect!r}")
+
+    async def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None,
+                      timeout_s: float | None) -> list[Any]:
+        """Several requests at once; per call ``(value, resent)`` or its error, in order,
+        waiting ``timeout_s`` at most for all (None: each its request timeout)."""
+        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
+        try:
+            if timeout_s is not None:
+                await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
+            got: list[Any] = []
+            for (conn, req, fut), (s, op, _) in zip(started, calls):
+                if timeout_s is not None and not fut.done():
+                    got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
+                    continue
+                try:
+                    got.append(await self._wait(conn, req, fut))
+                except Exception as exc:  # noqa: BLE001 - returned in its place
+                    got.append(exc)
+            return got
+        finally:
+            for conn, req, fut in started:
+                if not fut.done():
+                    conn.abandon(req, fut)
+
     # ------------------------------------------------------------------ plumbing
-    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future):
+    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future[Any]) -> Any:
         try:
             return await fut
         except asyncio.CancelledError:
             conn.abandon(req, fut)
             raise
 
-    def _request(self, shard: int, op: str, args: list, retry_s: float | None = None):
+    def _request(self, shard: int, op: str, args: list[Any],
+                 retry_s: float | None = None) -> tuple[ShardConn, Req, asyncio.Future[Any]]:
         """Submit one request; returns (conn, req, future of (result, resent))."""
         if self._closed:
             raise Closed("client is closed")
@@ -112,13 +194,13 @@ class AsyncQueue:
         conn.submit(req)
         return conn, req, fut
 
-    async def _call(self, shard: int, op: str, args: list, retry_s: float | None = None):
+    async def _call(self, shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Any:
         conn, req, fut = self._request(shard, op, args, retry_s)
         return (await self._wait(conn, req, fut))[0]
 
-    async def _call_all(self, calls: list[tuple[int, str, list]]) -> list:
+    async def _call_all(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None) -> list[Any]:
         """Several requests at once (one frame per shard); results in order, first error raised."""
-        started = [self._request(s, op, args) for s, op, args in calls]
+        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:
             return [(await self._wait(c, r, f)) for c, r, f in started]
         finally:
@@ -127,9 +209,6 @@ class AsyncQueue:
                     c.abandon(r, f)
                 elif not f.cancelled():
                     f.exception()  # a later call's error, not raised: retrieved, or asyncio logs it
-
-    def _shard_for(self, key) -> int:
-        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
 
     async def _learn_owner(self, queue: str, ask: int) -> None:
         """As :meth:`Router._learn_owner`: a queue's placement, asked once (docs/limits.md).
@@ -146,13 +225,14 @@ class AsyncQueue:
         self._owners.setdefault(queue, placed_owner(cfg))
 
     # ------------------------------------------------------------------ producing
-    async def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> JobId:
+    async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
+                      priority: int = 0, dedup_id: str | None = None) -> JobId:
         """Durably add a job; returns its id once the owning shard has fsynced it."""
         if self._closed:
             raise Closed("client is closed")
         item = job_item(body, key, queue, delay, priority, dedup_id)
         if priority and queue not in self._noted:
-            await self._note_priorities([queue])
+            await self._drive(note_priorities(self, [queue]))
         shard = self._shard_for(key)
         if queue not in self._owners:
             await self._learn_owner(queue, shard)
@@ -161,188 +241,54 @@ class AsyncQueue:
         fut = self.loop.create_future()
         conn.submit_enqueue(fut, item)
         try:
-            return (await fut)[0]
+            got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
+            return got[0]
         except asyncio.CancelledError:
             conn.forget(fut)
             raise
 
-    async def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
-        """Enqueue many jobs in as few requests per shard as the limits allow; ids
-        in input order. Per shard request all-or-nothing; not atomic across shards."""
-        jobs = listed(jobs, "jobs")
-        for name in batch_queues(jobs, queue) - self._owners.keys():
-            await self._learn_owner(name, self._shard_for(None))
-        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
-        new = prioritized - self._noted
-        if new:
-            await self._note_priorities(sorted(new))
-        calls = [(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
-        results = await self._call_all(calls)
-        return batch_ids(calls, results, shard_ids)
-
-    async def _note_priorities(self, queues: list[str]) -> None:
-        """As :meth:`Router._note_priorities`: every shard learns that ``queues`` use
-        priorities before the first prioritized enqueue to them."""
-        if self.shards == 1:
-            self._noted.update(queues)
-            return
-        calls = note_calls(queues, self.shards)
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        results = await asyncio.gather(*(self._call(s, op, args, retry_s=probe) for s, op, args in calls),
-                                       return_exceptions=True)
-        missed = missed_notes(calls, results)
-        self._noted.update(q for q in queues if q not in missed)
-        self._prioritized.update(queues)
-
-    # ------------------------------------------------------------------ consuming
-    async def dequeue(self, queue: str = "default", wait: float = 0.0,
-                      visibility: float | None = None) -> Lease | None:
-        leases = await self.dequeue_many(queue, max_jobs=1, wait=wait, visibility=visibility)
-        return leases[0] if leases else None
-
-    async def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
-                           visibility: float | None = None) -> list[Lease]:
-        """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
-        the first. Each lease is logged before it is returned, and fsynced first only on a
-        queue with ``lease_sync = "strict"`` (docs/guarantees.md, "Lease durability")."""
-        wait = check_dequeue(max_jobs, wait, visibility)
-        queue = queue_name(queue)
-        polling = Polling(self.shards, self.retry_s, self.loop.time() + wait)
-        first = next(self._rr) % self.shards
-        while True:
-            out, down, unknown = await self._lease_round(queue, visibility, max_jobs, first)
-            now = self.loop.time()
-            step = polling.after_round(out, down, unknown, now)
-            if step is Polling.RETURN:
-                return out
-            if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
-                await asyncio.sleep(DOWN_PROBE_S)
-                continue
-            remaining = polling.deadline - now
-            if queue not in self._prioritized:
-                out = await self._wait_lease(queue, visibility, max_jobs, remaining)
-                if out or self.loop.time() >= polling.deadline:
-                    return out
-                continue  # a shard's connection broke: a lease round finds what is up
-            woke = await self._watch(queue, remaining)
-            if woke is None:
-                if self.loop.time() >= polling.deadline:
-                    return []
-            else:
-                first = woke
-
-    async def _lease_round(self, queue: str, visibility, max_jobs: int, first: int):
-        """Drive one :class:`~shardq.client.core.LeaseRound`, as the threaded router does. A
-        round that fails (a shard's error, Closed, or the caller cancelled) hands back every
-        lease it took, unstarted."""
-        rnd = LeaseRound(queue, visibility, max_jobs, first, self.shards, queue in self._prioritized,
-                         self._owners.get(queue))
-        probe = min(self.retry_s, DOWN_PROBE_S)
-        try:
-            calls = rnd.start()
-            while calls:
-                if len(calls) == 1:  # the usual step: no task for a gather
-                    shard, op, args = calls[0]
-                    try:
-                        results = [await self._call(shard, op, args, retry_s=probe)]
-                    except Exception as e:  # noqa: BLE001 - the round decides what an error means
-                        results = [e]
-                else:
-                    results = await asyncio.gather(*[self._call(s, op, args, retry_s=probe) for s, op, args in calls],
-                                                   return_exceptions=True)
-                calls = rnd.receive(results)
-        except BaseException:
-            self._release_leases(rnd.abandon())
-            raise
-        finally:
-            if rnd.uses_priorities:
-                self._prioritized.add(queue)
-        return rnd.leases, rnd.down, rnd.unknown
-
-    async def _wait_lease(self, queue: str, visibility, max_jobs: int, timeout: float) -> list[Lease]:
-        """As :meth:`Router._wait_lease`: leave a waiting dequeue at every shard that is up and
-        return the leases of the first to answer with any (with those of any other that has
-        by then, up to ``max_jobs``); [] when none came within ``timeout`` or a connection
-        broke. The other waits are withdrawn (:meth:`ShardConn.abandon`). Cancelled, it
-        leaves no lease behind: what it was answered is released unstarted."""
-        owner = self._owners.get(queue)  # a placed queue waits at its owner only
-        started = [(conn,) + self._request(shard, "dequeue_wait", [queue, visibility, max_jobs, timeout],
-                                           retry_s=0)[1:]
-                   for shard, conn in enumerate(self.conns) if conn.proto is not None and owner in (None, shard)]
+    async def _wait_any(self, effect: WaitAny) -> list[Any] | None:
+        """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
+        connected now; when it ends, the ones still open are abandoned
+        (:meth:`ShardConn.abandon` withdraws a waiting dequeue and forgets a watch).
+        Cancelled, it leaves no lease behind: what it was answered is released unstarted."""
+        started = [(i,) + self._request(shard, op, args, retry_s=0)
+                   for i, (shard, op, args) in enumerate(effect.calls) if self.conns[shard].proto is not None]
         if not started:
-            await asyncio.sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
-            return []
-        # A shard that is down is looked at again soon, so its restart is waited on too.
-        asked = self.shards if owner is None else 1
-        limit = timeout + WAIT_REPLY_MARGIN_S if len(started) == asked else min(timeout, DOWN_RECHECK_S)
-
-        def answers() -> list:
-            """Withdraw the waits still open; the answered ones' rows or errors."""
-            out: list = []
-            for conn, req, f in started:
-                if not f.done():
-                    conn.abandon(req, f)
-                elif f.cancelled():
-                    continue
-                elif f.exception() is None:
-                    out.append(f.result()[0])
-                elif not isinstance(f.exception(), ShardUnavailable):
-                    out.append(f.exception())
-            return out
-
+            return None
+        limit = effect.limit_s if len(started) == len(effect.calls) else effect.short_s
         try:
-            waiting = {f for _, _, f in started}
+            waiting = {f for _, _, _, f in started}
             end = self.loop.time() + limit
             while waiting:
                 done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
                                                    return_when=asyncio.FIRST_COMPLETED)
                 # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or any(f.cancelled() or f.exception() is not None or f.result()[0]
-                                   for f in done):
+                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()[0]
+                                                   for f in done):
                     break
         except BaseException:  # cancelled: nobody takes what was answered
-            self._release_leases(wait_outcome(queue, answers(), 0)[1])
+            for (_, op, args), got in zip(effect.calls, self._answers(effect, started)):
+                if op == "dequeue_wait" and type(got) is list and got:
+                    self._release_leases([lease for _, lease in leases_of(args[0], got)])
             raise
-        keep, release, uses_priorities, error = wait_outcome(queue, answers(), max_jobs)
-        if uses_priorities:
-            self._prioritized.add(queue)  # from now on, leases compare the shards
-        self._release_leases(release)
-        if error is not None:
-            raise error
-        return keep
+        return self._answers(effect, started)
 
-    def _release_leases(self, leases: list[Lease]) -> None:
-        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
-        for lease in leases:
-            self.spawn(self._release_one(lease.job_id, lease.token))
-
-    async def _watch(self, queue: str, timeout: float) -> int | None:
-        """Wait until some shard reports ready work in ``queue`` (its index) or timeout.
-        The watches are forgotten when this returns or is cancelled: harmless."""
-        started = []
-        for shard, conn in enumerate(self.conns):
-            if conn.proto is None:
-                continue  # down: the others serve
-            started.append((shard,) + self._request(shard, "watch", [queue, timeout], retry_s=0))
-        if not started:
-            await asyncio.sleep(min(timeout, 0.1))
-            return None
-        futs = {f: shard for shard, _, _, f in started}
-        try:
-            done, _ = await asyncio.wait(futs, timeout=timeout + 0.5, return_when=asyncio.FIRST_COMPLETED)
-            for f in done:
-                if not f.cancelled() and f.exception() is None and f.result()[0] is True:
-                    return futs[f]
-            for f in done:
-                exc = None if f.cancelled() else f.exception()
-                if exc is not None and not isinstance(exc, ShardUnavailable):
-                    raise exc
-            return None
-        finally:
-            for _, conn, req, f in started:
-                if not f.done():
-                    f.cancel()
+    @staticmethod
+    def _answers(effect: WaitAny, started: list[Any]) -> list[Any]:
+        """Abandon the waiting calls still open; per call its value, its error or None."""
+        out: list[Any] = [None] * len(effect.calls)
+        for i, conn, req, f in started:
+            if not f.done():
                 conn.abandon(req, f)
+                f.cancel()
+            elif f.cancelled():
+                continue
+            elif f.exception() is None:
+                out[i] = f.result()[0]
+            elif not isinstance(f.exception(), ShardUnavailable):  # its connection broke
+                out[i] = f.exception()
+        return out
 
     async def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current."""
@@ -361,40 +307,6 @@ class AsyncQueue:
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
 
-    async def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
-        """Ack many, one request per shard; per lease None or the error."""
-        leases = listed(leases, "leases")
-        indexes, calls = acks_by_shard(leases, self.shards)
-        try:
-            results = await self._call_all(calls)
-        finally:
-            for lease in leases:
-                self._settled(lease)
-        return ack_many_outcome(len(leases), indexes, results)
-
-    async def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
-                   delivered: bool = True) -> None:
-        """End the lease (visible again now, or after ``delay``); see Router.nack."""
-        shard = lease_shard(lease, self.shards)
-        delay = nack_delay(delay)
-        try:
-            await self._call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
-        finally:
-            self._settled(lease)
-
-    async def bury(self, lease: Lease, error: str | None = None) -> None:
-        """Dead-letter the leased job now, whatever its delivery count."""
-        shard = lease_shard(lease, self.shards)
-        try:
-            await self._call(shard, "bury", [lease.job_id, lease.token, error])
-        finally:
-            self._settled(lease)
-
-    async def extend(self, lease: Lease, seconds: float) -> Lease:
-        """Heartbeat: the lease now ends ``seconds`` from now."""
-        deadline = await self._call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
-        return lease._replace(deadline=deadline)
-
     def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
                 visibility: float | None = None) -> AsyncIterator[Lease]:
         """``async for lease in q.consume(queue, concurrency=50)``: leases, at most
@@ -408,141 +320,25 @@ class AsyncQueue:
         for c in self._consumers:
             c.settled(lease)
 
-    def _release_rows(self, shard: int, rows: list) -> None:
+    def _release_rows(self, shard: int, rows: list[Any]) -> None:
         """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
-        for r in rows:  # lease rows: r[0] the job id, r[4] the token
-            self.spawn(self._release_one(r[0], r[4]))
+        self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
-    async def _release_one(self, job_id, token) -> None:
+    def _release_leases(self, leases: list[Lease]) -> None:
+        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
+        for lease in leases:
+            self.spawn(self._release_one(lease))
+
+    async def _release_one(self, lease: Lease) -> None:
         try:
-            await self._call(shard_of_job(job_id), "nack", [job_id, token, 0, None, False])
+            await self._call(*release_call(lease))
         except ShardqError:
             pass  # it expires by itself
 
-    def spawn(self, coro) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    # ------------------------------------------------------------------ admin
-    async def dead_letters(self, queue: str = "default", limit: int = 1000) -> list[DeadLetter]:
-        queue = queue_name(queue)  # not hashed by the shard as it is: a list was a ProtocolError
-        rows = await self._call_all([(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
-        return [d for res, _ in rows for d in dead_letters_of(queue, res)][:limit]
-
-    async def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
-        return sum(n for n, _ in await self._call_all(redrive_calls(self.shards, queue, job_ids)))
-
-    async def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
-        """As Router.purge_dead_letters: all dead letters of ``queue``, or only ``job_ids``."""
-        calls = purge_calls(self.shards, queue, job_ids)
-        return sum(n for n, _ in await self._call_all(calls)) if calls else 0
-
-    async def queue_config(self, queue: str = "default") -> dict:
-        cfg = self._queue_cfg.get(queue_name(queue))
-        if cfg is None:
-            cfg = self._queue_cfg[queue] = await self._call(0, "queue_config", [queue])
-            self._owners.setdefault(queue, placed_owner(cfg))
-        return cfg
-
-    async def stats(self) -> dict:
-        """As Router.stats: per shard, and totals per queue over the shards that answered."""
-        async def one(s):
-            try:
-                sh = await self._call(s, "stats", [], retry_s=min(self.retry_s, DOWN_PROBE_S))
-                sh["available"] = True
-            except ShardUnavailable as exc:
-                sh = {"shard": s, "available": False, "error": str(exc), "queues": {}}
-            return sh
-        shards = await asyncio.gather(*(one(s) for s in range(self.shards)))
-        return {"shards": list(shards), "queues": queue_totals(shards)}
-
-    async def ping(self) -> list[int]:
-        return [r for r, _ in await self._call_all([(s, "ping", []) for s in range(self.shards)])]
-
-    # ------------------------------------------------------------------ results and workflows
-    # As the threaded router's (same requests and replies: client/results.py).
-    async def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None:
-        await self._call(*res.put_result_call(lease, value, ttl_s, self.shards))
-
-    async def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]:
-        """As :meth:`Router.report_many`: one frame per shard, per report None or its error."""
-        return (await self.settle_many([], reports))[1]
-
-    async def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
-                          ) -> tuple[list[BaseException | None], list[BaseException | None]]:
-        """As :meth:`Router.settle_many`: acks and reports in one round, one frame per shard."""
-        acks = listed(acks, "leases")
-        indexes, ack_calls = acks_by_shard(acks, self.shards)
-        calls, where, answers = res.report_calls(list(reports), self.shards)
-        started = [self._request(*call) for call in ack_calls + calls]
-        got: list = []
-        try:
-            for conn, req, fut in started:
-                try:
-                    got.append(await self._wait(conn, req, fut))
-                except ShardqError as exc:
-                    got.append(exc)
-        finally:
-            for conn, req, fut in started:
-                if not fut.done():
-                    conn.abandon(req, fut)
-            for lease in acks:
-                self._settled(lease)
-        return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):],
-                                 answers)
-
-    async def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
-        await self._call(*res.progress_call(lease, fraction, note, self.shards))
-
-    async def results(self, job_ids: list[JobId], sizes: bool = False) -> list[res.JobResult]:
-        job_ids = list(job_ids)
-        calls, where = res.result_calls(job_ids, self.shards, sizes)
-        entries = res.in_order(len(job_ids), where, [v for v, _ in await self._call_all(calls)] if calls else [])
-        out = []
-        for job_id, entry in zip(job_ids, entries):
-            got, withheld = res.job_result(job_id, entry, sizes)  # type: ignore[arg-type]  # this backend's ids are ints
-            if withheld:
-                alone = await self._call(job_shard(job_id, self.shards), "result", [[job_id]])
-                got, _ = res.job_result(job_id, alone[0])  # type: ignore[arg-type]
-            out.append(got)
-        return out
-
-    async def route(self, queue: str, key: str | None, barrier: str) -> int:
-        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
-        if queue not in self._owners:
-            await self._learn_owner(queue, shard)
-        owner = self._owners.get(queue)
-        return shard if owner is None else owner
-
-    async def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-                     callback: list) -> str:
-        return await self._call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
-                                                 self.shards))
-
-    async def put_workflow(self, wf_id: str, spec: bytes) -> str:
-        return await self._call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
-
-    async def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str:
-        return await self._call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)],
-                                                   self.shards))
-
-    async def workflow(self, wf_id: str) -> dict:
-        return await self._call(*res.workflow_call("workflow", wf_id, [], self.shards))
-
-    async def workflow_ids(self, shard: int, after: str | None = None,
-                           limit: int = limits.BATCH_JOBS_MAX) -> list[str]:
-        return await self._call(shard, "workflow_ids", [after, limit])
-
-    async def barriers(self, refs: list[tuple[int, str]]) -> list[dict | None]:
-        calls, where = res.barrier_calls(refs, self.shards)
-        return res.in_order(len(refs), where, [v for v, _ in await self._call_all(calls)] if calls else [])
-
-    async def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
-        return await self._call(shard, "barrier_values", [res.barrier_id(barrier)])
-
-    async def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> str:
-        return await self._call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
 
     async def close(self) -> None:
         """Close the connections. The replies of abandoned dequeues and withdrawn waits,
@@ -559,17 +355,17 @@ class AsyncQueue:
     async def __aenter__(self) -> AsyncQueue:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
 class _Consumer:
     """State of one ``consume()`` loop."""
 
-    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility):
+    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility: float | None):
         self.q, self.queue, self.concurrency = q, queue, concurrency
         self.wait, self.visibility = wait, visibility
-        self.held: dict[tuple, float] = {}   # (job_id, token) -> deadline
+        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> deadline
         self.buffer: deque[Lease] = deque()
         self.freed = asyncio.Event()
 
@@ -610,5 +406,9 @@ class _Consumer:
         finally:
             q._consumers.remove(self)
             left, self.buffer = list(self.buffer), deque()
-            for lease in left:
-                q.spawn(q._release_one(lease.job_id, lease.token))
+            q._release_leases(left)
+
+
+if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold
+    def _contracts(q: AsyncQueue) -> tuple[AsyncQueueContract, AsyncResults]:
+        return q, q

@@ -41,7 +41,7 @@ import asyncio
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable
 
 import msgpack
@@ -50,7 +50,7 @@ from .. import limits
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
-from .core import after_break, encode_frames
+from .core import Sessions, after_break, encode_frames
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
 RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
@@ -68,12 +68,12 @@ class Req:
     __slots__ = ("op", "args", "parts", "sent", "resent", "retry_deadline", "timer", "session",
                  "on_orphan_reply", "rid", "merged")
 
-    def __init__(self, op: str, args: list | None, parts: list, retry_deadline: float, merged: bool = False):
+    def __init__(self, op: str, args: list[Any], parts: list[Any], retry_deadline: float, merged: bool = False):
         self.op, self.args, self.parts = op, args, parts
         self.sent = self.resent = False
         self.retry_deadline = retry_deadline
         self.timer: asyncio.TimerHandle | None = None
-        self.session: list | None = None
+        self.session: list[Any] | None = None
         self.on_orphan_reply: Callable[[Any], None] | None = None  # dequeue: release leases
         self.rid = 0
         self.merged = merged
@@ -85,8 +85,8 @@ class _Protocol(asyncio.Protocol):
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a unix stream's
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -103,7 +103,7 @@ class _Protocol(asyncio.Protocol):
                 return
             self.conn.on_replies(replies)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.conn.on_lost(self)
 
 
@@ -111,7 +111,7 @@ class ShardConn:
     """The connection to shard ``index``; the owner calls :meth:`submit` and awaits."""
 
     def __init__(self, index: int, address: str, authkey: bytes, client_id: int, retry_s: float,
-                 request_timeout_s: float, release: Callable[[int, list], None]):
+                 request_timeout_s: float, release: Callable[[int, list[Any]], None]):
         self.index, self.address, self.authkey = index, address, authkey
         self.client_id = client_id
         self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
@@ -122,13 +122,12 @@ class ShardConn:
         self.connects = 0
         self.outbox: list[Req] = []
         self.pending: dict[int, Req] = {}
-        self.enq_parts: list[tuple[asyncio.Future, list]] = []   # single enqueues of this turn
-        self.ack_parts: list[tuple[asyncio.Future, list]] = []   # single acks of this turn
+        self.enq_parts: list[tuple[asyncio.Future[Any], list[Any]]] = []   # single enqueues of this turn
+        self.ack_parts: list[tuple[asyncio.Future[Any], list[Any]]] = []   # single acks of this turn
         self._flush_handle: asyncio.Handle | None = None
-        self._reconnecting: asyncio.Task | None = None
+        self._reconnecting: asyncio.Task[Any] | None = None
         self._next_rid = 1
-        self._seq = 0
-        self._open_seqs: dict[int, None] = {}  # enqueue sessions not yet answered (insertion order)
+        self._sessions = Sessions(client_id)  # enqueue sessions not yet answered
         self._quiet: asyncio.Event | None = None  # set when no orphaned request is left (closing)
 
     # ------------------------------------------------------------------ connecting
@@ -205,11 +204,11 @@ class ShardConn:
         self.outbox.append(req)
         self._schedule_flush()
 
-    def submit_enqueue(self, fut: asyncio.Future, item: list) -> None:
+    def submit_enqueue(self, fut: asyncio.Future[Any], item: list[Any]) -> None:
         self.enq_parts.append((fut, item))
         self._schedule_flush()
 
-    def submit_ack(self, fut: asyncio.Future, pair: list) -> None:
+    def submit_ack(self, fut: asyncio.Future[Any], pair: list[Any]) -> None:
         self.ack_parts.append((fut, pair))
         self._schedule_flush()
 
@@ -232,7 +231,7 @@ class ShardConn:
         now = self.loop.time()
         if self.enq_parts:
             parts, self.enq_parts = self.enq_parts, []
-            chunk: list = []
+            chunk: list[Any] = []
             size = 0
             for fut, item in parts:
                 if fut.done():
@@ -254,18 +253,11 @@ class ShardConn:
                 self._arm_timer(req)
                 self.outbox.append(req)
 
-    def _add_merged_enqueue(self, chunk: list, now: float) -> None:
+    def _add_merged_enqueue(self, chunk: list[Any], now: float) -> None:
         req = Req("enqueue", [[item for _, item in chunk], None], [(f, 1) for f, _ in chunk],
                   now + self.retry_s, merged=True)
         self._arm_timer(req)
         self.outbox.append(req)
-
-    def new_session(self) -> list:
-        self._seq += 1
-        seq = self._seq
-        low = next(iter(self._open_seqs), seq)
-        self._open_seqs[seq] = None
-        return [self.client_id, seq, low]
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -283,7 +275,7 @@ class ShardConn:
                 self._finish(req)  # nobody waits for it (or the wait it withdraws) any more: never sent
                 continue
             if req.op == "enqueue" and req.session is None:
-                req.session = self.new_session()
+                req.session = self._sessions.open()
                 req.args[1] = req.session
             rid = self._next_rid
             self._next_rid = rid + 1
@@ -299,13 +291,13 @@ class ShardConn:
                 self._write(write, payload)
 
     @staticmethod
-    def _write(write, payload: bytes) -> None:
+    def _write(write: Callable[[bytes], object], payload: bytes) -> None:
         """Write one frame: ``payload`` (a msgpack array of requests) after its length."""
         n = len(payload)
         write((_HEADER.pack(n) if n <= 0x7FFFFFFF else _HEADER.pack(-1) + _BIG.pack(n)) + payload)
 
     # ------------------------------------------------------------------ replies
-    def on_replies(self, replies: list) -> None:
+    def on_replies(self, replies: list[Any]) -> None:
         pending = self.pending
         for rid, status, payload in replies:
             req = pending.pop(rid, None)
@@ -383,9 +375,9 @@ class ShardConn:
             req.timer.cancel()
             req.timer = None
         if req.session is not None:
-            self._open_seqs.pop(req.session[1], None)
+            self._sessions.close(req.session)
 
-    def abandon(self, req: Req, fut: asyncio.Future) -> None:
+    def abandon(self, req: Req, fut: asyncio.Future[Any]) -> None:
         """``fut``'s caller gave up (cancelled, timed out, or another shard answered its
         wait). Its waiter goes; a request left with no waiter leaves the outbox or the
         pending table, except that a written dequeue stays until its reply, to release its
@@ -406,7 +398,7 @@ class ShardConn:
             self.pending.pop(req.rid, None)
             self._finish(req)
 
-    def forget(self, fut: asyncio.Future) -> None:
+    def forget(self, fut: asyncio.Future[Any]) -> None:
         """A single enqueue/ack caller gave up: find the merged request holding its future
         (a rare path, so a scan) and abandon it there."""
         for req in list(self.pending.values()) + self.outbox:

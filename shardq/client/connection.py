@@ -33,6 +33,9 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from collections.abc import Callable
+from typing import Any
+
 import msgpack
 
 from ..protocol import wire as protocol
@@ -66,18 +69,18 @@ class Future:
 
     __slots__ = ("_lock", "done", "value", "error", "callback", "rid", "sent", "conn")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.done = False
         self.value = None
         self.error: BaseException | None = None
-        self.callback = None
+        self.callback: Callable[[Future], None] | None = None
         self.rid = 0
         self.sent = False
         self.conn: Connection | None = None  # the connection it was queued on
 
-    def set(self, value=None, error: BaseException | None = None) -> None:
+    def set(self, value: Any = None, error: BaseException | None = None) -> None:
         with _SET_LOCK:
             if self.done:
                 return
@@ -94,7 +97,7 @@ class Future:
             return True
         return self.done
 
-    def result(self, timeout: float | None = None):
+    def result(self, timeout: float | None = None) -> Any:
         if not self.wait(timeout):
             raise TimeoutError
         if self.error is not None:
@@ -114,7 +117,7 @@ class ShardClient:
         self._sending: Connection | None = None
         self._conn: Connection | None = None
         self._pending: dict[int, Future] = {}
-        self._outbox: list = []
+        self._outbox: list[tuple[Future, list[Any]]] = []
         self._flushing = False
         self._next_rid = 1
         self._closed = False
@@ -150,7 +153,7 @@ class ShardClient:
                                         max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())),
                                         self.role)
                 except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
-                    err = e
+                    err: BaseException = e
                 except ProtocolError as e:  # another wire version: trying again cannot help
                     raise ProtocolError(f"shard {self.index}: {e}") from None
                 except Exception as e:  # noqa: BLE001 - AuthenticationError and friends
@@ -179,7 +182,7 @@ class ShardClient:
             self._broken(conn)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list, *, lead: bool = False, on: Connection | None = None) -> Future:
+    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: Connection | None = None) -> Future:
         """Send one request (coalesced with other threads'). ``lead``: the caller will wait
         for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
         asked to read (for a reply settled by callback or polled). ``on``: the connection
@@ -191,7 +194,7 @@ class ShardClient:
             self._want_reader()
         return fut
 
-    def call_solo(self, op: str, args: list, timeout: float):
+    def call_solo(self, op: str, args: list[Any], timeout: float) -> Any:
         """One request on the shortest path, when this caller is alone on the connection
         (connected, nothing pending, no send in progress, nobody reading). Returns
         :data:`SHARED` without sending anything otherwise, or for a request the general path
@@ -259,7 +262,7 @@ class ShardClient:
             if self._pending:
                 self._want_reader()
 
-    def _submit(self, op: str, args: list, on: Connection | None = None) -> Future:
+    def _submit(self, op: str, args: list[Any], on: Connection | None = None) -> Future:
         fut = Future()
         with self._lock:
             conn = self._conn
@@ -320,7 +323,7 @@ class ShardClient:
                         self._idle.notify_all()
                 return
 
-    def _encode(self, batch: list) -> list[tuple[bytes, int]]:
+    def _encode(self, batch: list[tuple[Future, list[Any]]]) -> list[tuple[bytes, int]]:
         """The frames for ``batch`` (:func:`~shardq.client.core.encode_frames`), each with the
         index in ``batch`` its requests end at; a request refused there fails alone."""
         return encode_frames([req for _, req in batch], lambda i, error: self._refuse(batch[i][0], error))
@@ -358,7 +361,7 @@ class ShardClient:
                 fut.wait(remaining)
         return True
 
-    def _poll_for(self, fd: int):
+    def _poll_for(self, fd: int) -> Callable[[int], list[tuple[int, int]]]:
         """The ``poll`` method of a poller registered for ``fd`` (kept while the fd is)."""
         if self._poller_fd != fd:
             self._poller = select.poll()
@@ -366,7 +369,8 @@ class ShardClient:
             self._poller_fd = fd
         return self._poller.poll
 
-    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0, ready: bool = False):
+    def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0,
+                   ready: object = False) -> tuple[int, Any] | None:
         """Read what the socket has (waiting up to ``timeout``, unless the caller saw it
         ``ready``; None: until something comes) and settle the futures of every complete
         reply. Only with ``_read_lock`` held. Returns ``(status, payload)`` of the reply to
@@ -470,7 +474,7 @@ def lead_any(clients: list[ShardClient], timeout: float) -> bool:
     (or none is connected): the caller then waits to be woken. Futures the caller waits on
     must have been submitted with ``lead=True``; when it stops waiting with replies still
     due, it hands them to the reader threads (``ShardClient.hand_off``)."""
-    taken: list = []
+    taken: list[tuple[ShardClient, Connection]] = []
     try:
         for client in clients:
             conn = client._conn

@@ -38,6 +38,8 @@ DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down befor
 DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
 WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
 WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
+_WIRE_INT_MAX = (1 << 64) - 1  # the largest integer msgpack holds
+JOB_ID_MAX = (1 << 63) - 1     # the largest job id (validate.integer's rule)
 _ENCODE_ERRORS = (ValueError, TypeError, OverflowError)  # what msgpack raises for what it cannot hold
 
 
@@ -72,10 +74,18 @@ def ack_error(payload: Any, resent: bool) -> ShardqError | None:
 def acks_by_shard(leases: list[Lease], shards: int | None = None) -> tuple[list[list[int]], list[Call]]:
     """One ``ack`` call per shard for ``leases``: (the indexes of ``leases`` each call acks,
     the calls). Every lease is checked first (:func:`~.routing.lease_shard`: InvalidJob, and
-    nothing is sent, for what is not a lease of a service of ``shards`` shards)."""
+    nothing is sent, for what is not a lease of a service of ``shards`` shards, or whose id
+    or token is out of range: refused by the encoder or the shard, it would fail its
+    shard's request only, after the other shards had acked theirs)."""
     per_shard: dict[int, list[int]] = {}
     for i, lease in enumerate(leases):
         per_shard.setdefault(lease_shard(lease, shards), []).append(i)
+        job_id, token = lease.job_id, lease.token
+        if type(job_id) is int and job_id > JOB_ID_MAX or type(token) is int and not 0 <= token <= _WIRE_INT_MAX:
+            # else one shard's request fails (the encoder or the shard refuses it) after
+            # the other shards acked theirs: half applied
+            raise InvalidJob(f"not a lease: job {job_id} or token {token} is out of range (job ids are below "
+                             "2**63, tokens fit the wire's 64-bit integers)")
     calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
     return list(per_shard.values()), calls
 
@@ -111,6 +121,29 @@ def release_call(lease: Lease) -> Call:
     """The request that hands ``lease`` back unstarted: a nack now that is not a delivery."""
     return Call(shard_of_job(lease.job_id), "nack",  # type: ignore[arg-type]  # ints on shards
                 [lease.job_id, lease.token, 0, None, False])
+
+
+# ---------------------------------------------------------------------- enqueue sessions
+class Sessions:
+    """The enqueue sessions of one client at one shard: each request carries ``[client
+    id, its seq, the lowest seq still unanswered]``, so the shard answers a request re-sent
+    after a broken connection with the ids of its first execution, and forgets the entries
+    of the requests answered before the lowest."""
+
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+        self._seq = 0
+        self._open: dict[int, None] = {}  # the seqs not yet answered, in order
+
+    def open(self) -> list[int]:
+        self._seq += 1
+        seq = self._seq
+        low = next(iter(self._open), seq)
+        self._open[seq] = None
+        return [self.client_id, seq, low]
+
+    def close(self, session: list[int]) -> None:
+        self._open.pop(session[1], None)
 
 
 # ---------------------------------------------------------------------- frames

@@ -11,16 +11,16 @@ nothing is released and no second round trip is made.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Plan(NamedTuple):
-    keep: list      # leases to return
-    release: list   # leases to hand back unstarted
-    take: dict      # shard -> how many jobs to dequeue there
+    keep: list[Any]      # leases to return
+    release: list[Any]   # leases to hand back unstarted
+    take: dict[int, int]  # shard -> how many jobs to dequeue there
 
 
-def plan(held: Sequence[tuple[int, object]], peeks: dict[int, list], order: list[int], max_jobs: int) -> Plan:
+def plan(held: Sequence[tuple[int, object]], peeks: dict[int, list[Any]], order: list[int], max_jobs: int) -> Plan:
     """``held``: (priority, lease) from the shard asked first; ``peeks``: shard ->
     ``[[priority, ready count], ...]`` (highest first) from the others; ``order``: the
     shards in this call's rotation (ties between other shards go in this order)."""
@@ -46,7 +46,8 @@ def plan(held: Sequence[tuple[int, object]], peeks: dict[int, list], order: list
     return Plan(keep, release, take)
 
 
-def merge(keep: list, held: Sequence[tuple[int, object]], taken: Sequence[Sequence[tuple[int, object]]]) -> list:
+def merge(keep: list[Any], held: Sequence[tuple[int, object]],
+          taken: Sequence[Sequence[tuple[int, object]]]) -> list[Any]:
     """The leases a call returns: those it kept of ``held`` and those ``taken`` (``(priority,
     lease)`` per shard asked by the plan), highest priority first (stable)."""
     prio = {id(lease): p for p, lease in held}

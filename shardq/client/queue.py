@@ -26,11 +26,12 @@ The guarantees every backend keeps (tested by one contract suite, ``tests/consum
 Control calls (``pause``, ``resume``, ``cancel``, ``job``, ``dead_letters_page``,
 ``shard_metrics``) are not part of this protocol: the local shards' router has them; a
 backend may define them and raise ``Unsupported``, and the CLI reports ``Unsupported`` for a
-backend that lacks them (``shardq.cli.common.control_call``).
+backend that lacks them (``shardq.cli.common.control_call``). They, the asyncio queue and the
+results and workflow calls are declared in :mod:`shardq.client.contracts`.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from collections.abc import Iterable
 
 from ..types import DeadLetter, JobId, Lease
@@ -80,7 +81,7 @@ class Queue(Protocol):
         """Durably add a job; returns its id."""
         ...
 
-    def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[JobId]:
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> list[JobId]:
         """Add jobs given as dicts (``body`` and optionally ``key``, ``queue``, ``delay``,
         ``priority``, ``dedup_id``); ids in input order. Not atomic across shards/batches."""
         ...
@@ -120,7 +121,7 @@ class Queue(Protocol):
         new deadline (and, on some backends, a new token: use it from then on)."""
         ...
 
-    def queue_config(self, queue: str = "default") -> dict:
+    def queue_config(self, queue: str = "default") -> dict[str, Any]:
         """The settings of ``queue``: at least ``visibility_timeout`` and ``max_deliveries``."""
         ...
 
@@ -137,7 +138,7 @@ class Queue(Protocol):
         :class:`~shardq.errors.Unsupported` when ``job_ids`` is given."""
         ...
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """``{"queues": {name: {counts}}, ...}``; backends may add their own keys and say
         when counts are approximate (``"approximate": True``)."""
         ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .. import limits
@@ -230,7 +230,7 @@ def dead_letters_of(queue: str, rows: Iterable[list[Any]]) -> list[DeadLetter]:
     return [DeadLetter(job_id, key, body, queue, attempts, error) for job_id, key, body, attempts, error in rows]
 
 
-def batch_ids(calls: list[tuple[int, str, list[Any]]], results: list[Any], shard_ids: list[int]) -> list[Any]:
+def batch_ids(calls: Sequence[tuple[int, str, list[Any]]], results: list[Any], shard_ids: list[int]) -> list[Any]:
     """The ids of a batch sent as ``calls`` (``(shard, "enqueue", args)``, a shard's in
     order), from each call's ``(ids, resent)``, in input order."""
     ids_by_shard: dict[int, list[Any]] = {}

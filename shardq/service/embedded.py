@@ -47,9 +47,7 @@ class App(tasks_app.App):
             owned = tempfile.mkdtemp(prefix="sqapp", dir="/tmp")  # short: unix socket paths
             data_dir = owned + "/data"
         try:
-            # (Router is not yet a Queue to mypy: its ids are list[int], the protocol's list[int | str],
-            # and a list is invariant; the client's to settle)
-            app = cls(router=open_service(data_dir, shards=shards, config=config), config=config)  # type: ignore[arg-type]
+            app = cls(router=open_service(data_dir, shards=shards, config=config), config=config)
         except BaseException:
             if owned:
                 shutil.rmtree(owned, ignore_errors=True)

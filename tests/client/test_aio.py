@@ -13,7 +13,6 @@ from shardq.client import aioconn
 from shardq.protocol import wire
 
 from support.service import Service
-from support.fake_shard import FakeShard
 
 
 @pytest.fixture(scope="module")
@@ -29,54 +28,6 @@ def run(coro):
 def pending_waiters(q) -> int:
     """Requests still held for a caller, and single calls waiting to be merged."""
     return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.conns)
-
-
-def test_the_operations_match_the_router(svc):
-    async def main():
-        async with await shardq.aio.connect(svc.data_dir) as q:
-            jid = await q.enqueue(b"a", key="k1", queue="par")
-            ids = await q.enqueue_many([{"body": b"b", "key": "k1"}, {"body": b"c", "delay": 3600}], queue="par")
-            assert await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d") == \
-                await q.enqueue(b"a2", key="k1", queue="par", dedup_id="d")
-            [lease] = await q.dequeue_many("par", max_jobs=10)
-            assert (lease.job_id, lease.body, lease.key, lease.attempt) == (jid, b"a", "k1", 1)
-            longer = await q.extend(lease, 100)
-            assert longer.deadline > lease.deadline
-            await q.ack(longer)
-            with pytest.raises(shardq.JobGone):
-                await q.ack(longer)
-            nxt = await q.dequeue("par")
-            assert nxt.job_id == ids[0]
-            await q.nack(nxt, error="boom")
-            again = await q.dequeue("par")
-            assert again.job_id == ids[0] and again.attempt == 2
-            await q.bury(again, "given up")
-            [dl] = await q.dead_letters("par")
-            assert (dl.job_id, dl.error) == (ids[0], "given up")
-            assert await q.redrive("par") == 1
-            st = await q.stats()
-            assert st["queues"]["par"]["delayed"] == 1 and len(st["shards"]) == 2
-            assert (await q.queue_config("par"))["max_deliveries"] == 3
-            assert len(await q.ping()) == 2
-            with pytest.raises(shardq.InvalidJob):
-                await q.enqueue("not bytes")
-            with pytest.raises(shardq.LeaseLost):
-                await q.extend(again, 5)
-            assert await q.purge_dead_letters("par") == 0
-            doomed = await q.enqueue(b"doomed", key="k9", queue="par")
-            while (lease := await q.dequeue("par", wait=5)).job_id != doomed:
-                await q.ack(lease)  # the job redriven above comes first
-            await q.bury(lease, "chosen")
-            assert await q.purge_dead_letters("par", [doomed, doomed]) == 1
-            assert await q.purge_dead_letters("par", [doomed]) == 0  # again: nothing, no error
-            assert await q.dead_letters("par") == []
-            with pytest.raises(shardq.InvalidJob):
-                await q.purge_dead_letters("par", "not a list")
-            # the router reads what the asyncio client wrote, and the other way round
-            with svc.connect() as r:
-                rid = r.enqueue(b"from router", key="mixed", queue="par2")
-            assert (await q.dequeue("par2")).job_id == rid
-    run(main())
 
 
 def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, monkeypatch):
@@ -236,64 +187,6 @@ def test_consume_holds_at_most_concurrency_leases(svc):
             assert len(set(seen)) == 23
             await q.ack_many(held)
     run(main())
-
-
-def test_a_timed_out_call_leaves_no_waiter():
-    f = FakeShard(["hang"])
-
-    async def main():
-        q = await shardq.aio.connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
-        with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
-            await q.ping()
-        assert pending_waiters(q) == 0
-        await q.close()
-    try:
-        run(main())
-    finally:
-        f.close()
-
-
-LEASE_ROW = [1 << 10, None, b"x", 1, 5, 9e9]
-
-
-@pytest.mark.parametrize("op, call, outcome", [
-    ("enqueue", lambda q: q.enqueue(b"job", key="k"), 42),
-    ("ack", lambda q: q.ack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), None),
-    ("extend", lambda q: q.extend(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9), 10), "lease"),
-    ("stats", lambda q: q._call(0, "stats", []), {"queues": {}}),
-    ("dequeue", lambda q: q.dequeue("default"), shardq.OutcomeUnknown),
-    ("nack", lambda q: q.nack(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
-    ("bury", lambda q: q.bury(shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)), shardq.OutcomeUnknown),
-    ("redrive", lambda q: q.redrive("default"), shardq.OutcomeUnknown),
-    ("purge_dead", lambda q: q.purge_dead_letters("default"), shardq.OutcomeUnknown),
-])
-def test_after_a_break_only_safe_ops_are_resent(op, call, outcome):
-    answers = {"enqueue": [42], "ack": [["JobGone", "gone"]], "extend": 123.0, "stats": {"queues": {}}}
-    f = FakeShard(["drop", lambda o, args: answers.get(o)])
-
-    async def main():
-        q = await shardq.aio.connect(f.dd.path, retry_s=5, request_timeout_s=5)
-        try:
-            if isinstance(outcome, type):
-                with pytest.raises(outcome, match="may or may not have been applied"):
-                    await call(q)
-                assert f.ops() == [op]                       # sent once, never again
-            else:
-                got = await call(q)
-                if outcome == "lease":
-                    assert got.deadline == 123.0
-                else:
-                    assert got == outcome                    # JobGone after a re-sent ack: success
-                assert f.ops() == [op, op]
-                if op == "enqueue":
-                    assert f.requests[0][2] == f.requests[1][2]  # the same session: dedup
-            assert pending_waiters(q) == 0
-        finally:
-            await q.close()
-    try:
-        run(main())
-    finally:
-        f.close()
 
 
 def test_the_wire_frames_are_multiprocessing_connection_frames():

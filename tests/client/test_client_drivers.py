@@ -22,7 +22,7 @@ from shardq import limits
 from shardq.datadir import DataDir
 from shardq.protocol import sockio, validate, wire
 
-from support.service import short_tmpdir, wait_until
+from support.service import Service, short_tmpdir, wait_until
 
 Q = "jobs"
 
@@ -378,7 +378,9 @@ def test_a_shard_that_misses_the_priority_note_is_told_with_the_next_prioritized
     lambda q: q.extend("not a lease", 10),
     lambda q: q.ack_many(None),
     lambda q: q.dequeue_many(["not", "a", "name"]),
-], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list"])
+    lambda q: q.enqueue_many(None),  # the threaded client raised TypeError
+], ids=["lease-of-no-shard", "nack-delay-list", "extend-not-a-lease", "ack-many-none", "queue-a-list",
+        "enqueue-many-none"])
 def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
     """Both drivers check what they are given in the one core before anything is sent
     (tests/client/test_aio_hostile.py drives the asyncio client with Hypothesis)."""
@@ -387,3 +389,425 @@ def test_a_bad_argument_is_invalid_job_and_nothing_is_sent(fake, connect, call):
     with pytest.raises(shardq.InvalidJob):
         call(q)
     assert f.requests == []
+
+
+# ---------------------------------------------------------------------- one table of calls
+def test_both_clients_offer_every_call_of_the_one_table_with_the_same_signature():
+    """The calls come from one table (shardq/client/engine.py): neither client can lack a
+    call the other has (the asyncio client lacked pause, resume, cancel, job,
+    dead_letters_page, set_limits, shard_metrics and backup_cuts)."""
+    from shardq.client.aio import AsyncQueue
+    from shardq.client.engine import Calls, operation
+    from shardq.client.router import Router
+
+    def public(cls):
+        return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+
+    assert public(Router) <= public(AsyncQueue)
+    assert public(AsyncQueue) - public(Router) == {"consume", "spawn"}  # an async iterator and its task helper
+    table = {n for n, v in vars(Calls).items() if isinstance(v, operation)}
+    assert {"pause", "resume", "cancel", "job", "dead_letters_page", "set_limits", "shard_metrics",
+            "backup_cuts", "results", "settle_many", "nack", "extend"} <= table
+    for name in public(Router):
+        sync, aio = inspect.signature(getattr(Router, name)), inspect.signature(getattr(AsyncQueue, name))
+        assert list(sync.parameters) == list(aio.parameters), name
+        assert [p.default for p in sync.parameters.values()] == [p.default for p in aio.parameters.values()], name
+        assert inspect.iscoroutinefunction(getattr(AsyncQueue, name)) or name in ("consume", "spawn") \
+            or isinstance(getattr(Calls, name, None), operation), name
+
+
+def test_pause_and_resume_are_told_to_every_shard_and_count_the_shards_that_changed(fake, connect):
+    f = fake(3, lambda shard, op, args: shard != 2)
+    q = connect(f.dd.path)
+    assert q.pause(Q) == 2
+    assert q.resume(Q) == 2
+    assert sorted(f.requests) == sorted([(s, op, [Q]) for s in range(3) for op in ("pause", "resume")])
+    with pytest.raises(shardq.InvalidJob):
+        q.pause(["not", "a", "name"])
+    assert len(f.requests) == 6  # nothing sent
+
+
+def test_cancel_and_job_go_to_the_shard_the_id_names(fake, connect):
+    f = fake(3, lambda shard, op, args: "cancelled" if op == "cancel" else {"state": "ready", "queue": Q})
+    q = connect(f.dd.path)
+    assert q.cancel(job_id(5, 2)) == "cancelled"
+    assert q.job(job_id(6, 1)) == {"state": "ready", "queue": Q, "shard": 1}
+    assert f.requests == [(2, "cancel", [job_id(5, 2)]), (1, "job", [job_id(6, 1)])]
+    with pytest.raises(shardq.NotFound):
+        q.cancel(job_id(1, 7))  # a shard this service has not: it cannot be one of its jobs
+    with pytest.raises(shardq.InvalidJob):
+        q.job("not an id")
+    assert len(f.requests) == 2
+
+
+def dead_row(seq: int, shard: int) -> list:
+    return [job_id(seq, shard), None, b"dead", 3, "boom"]
+
+
+def test_dead_letters_page_walks_shard_by_shard_and_can_skip_a_shard_that_is_down(fake, connect):
+    def answer(shard, op, args):
+        _, after, want = args
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        rows = [dead_row(i, shard) for i in (1, 2, 3)]
+        return [r for r in rows if after is None or r[0] > after][:want]
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    page = q.dead_letters_page(Q, limit=2)
+    assert [d.job_id for d in page.items] == [job_id(1, 0), job_id(2, 0)] and page.cursor == f"0:{job_id(2, 0)}"
+    with pytest.raises(shardq.ShardUnavailable):
+        q.dead_letters_page(Q, limit=2, cursor=page.cursor)  # shard 0's last, then shard 1 is down
+    page = q.dead_letters_page(Q, limit=2, cursor=page.cursor, skip_unavailable=True)
+    assert [d.job_id for d in page.items] == [job_id(3, 0), job_id(1, 2)]
+    assert page.skipped_shards == [1] and page.cursor == f"2:{job_id(1, 2)}"
+    assert all(d.error == "boom" and d.queue == Q for d in page.items)
+    with pytest.raises(shardq.InvalidJob):
+        q.dead_letters_page(Q, cursor="7:")  # not a cursor of a 3-shard service
+
+
+def test_set_limits_is_told_to_every_shard_and_answers_the_owners_figures(fake, connect):
+    def answer(shard, op, args):
+        if op == "queue_config":
+            return {"shard": 1}
+        return {"concurrency": 4, "shard": shard}
+
+    f = fake(2, answer)
+    f.answers_placement = True
+    q = connect(f.dd.path)
+    assert q.set_limits(Q, {"concurrency": 4}) == {"concurrency": 4, "shard": 1}
+    assert sorted(f.sent("set_limits")) == [(0, "set_limits", [Q, {"concurrency": 4}]),
+                                            (1, "set_limits", [Q, {"concurrency": 4}])]
+
+
+def test_shard_metrics_reports_a_failed_or_slow_shard_as_unavailable_and_never_raises(fake, connect):
+    slow = threading.Event()
+
+    def answer(shard, op, args):
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        if shard == 2:
+            slow.wait(10)  # answers only after the scrape gave up on it
+        return {"shard": shard, "queues": {}}
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    try:
+        got = q.shard_metrics(timeout_s=0.3)
+    finally:
+        slow.set()
+    assert got[0] == {"shard": 0, "queues": {}, "available": True}
+    assert [(m["shard"], m["available"]) for m in got[1:]] == [(1, False), (2, False)]
+    assert "error" in got[1] and "error" in got[2]
+
+
+def test_backup_cuts_ask_every_shard_at_once(fake, connect):
+    f = fake(2, lambda shard, op, args: {"shard": shard, "stage": args[0]})
+    q = connect(f.dd.path)
+    assert q.backup_cuts("s1") == [{"shard": 0, "stage": "s1"}, {"shard": 1, "stage": "s1"}]
+    assert sorted(f.requests) == [(0, "backup_cut", ["s1"]), (1, "backup_cut", ["s1"])]
+
+
+# ---------------------------------------------------------------------- the waiting dequeue
+def test_a_waiting_dequeue_keeps_max_jobs_and_releases_what_the_other_shards_leased(fake, connect):
+    """Nothing is ready at the first round; both shards' waiting dequeues then answer with
+    a lease. The caller gets one; the other is handed back unstarted, on either driver
+    (the engine's _wait_lease, executed by each)."""
+    def answer(shard, op, args):
+        if op == "dequeue":
+            return []
+        if op == "dequeue_wait":
+            return [row(1, shard)]
+        if op == "cancel_wait":
+            return False  # already answered
+        return None
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    [lease] = q.dequeue_many(Q, max_jobs=1, wait=5)
+    other = 1 - lease.job_id % 2
+    wait_until(lambda: releases(f), 10, what="the other shard's lease released")
+    assert releases(f) == [(other, job_id(1, other), 101)]
+    assert {s for s, _, a in f.sent("dequeue_wait")} == {0, 1}
+    assert all(a[:3] == [Q, None, 1] and 0 < a[3] <= 5 for _, _, a in f.sent("dequeue_wait"))
+
+
+def test_a_waiting_dequeue_that_gets_nothing_returns_empty_after_its_wait(fake, connect):
+    f = fake(2, lambda shard, op, args: [] if op in ("dequeue", "dequeue_wait") else None)
+    q = connect(f.dd.path)
+    assert q.dequeue(Q, wait=0.3) is None
+    assert len(f.sent("dequeue_wait")) >= 2 and releases(f) == []
+
+
+def test_a_prioritized_queue_waits_with_a_watch_and_leases_where_work_is(fake, connect):
+    watched = threading.Event()
+
+    def answer(shard, op, args):
+        if op == "enqueue":
+            return [job_id(9, shard)]
+        if op == "watch":
+            if shard == 1:
+                watched.set()
+                return True
+            return False
+        if op == "dequeue":
+            return [row(2, 1, priority=5, uses_priorities=True)] if shard == 1 and watched.is_set() else []
+        if op == "peek":
+            return [[5, 1]] if shard == 1 and watched.is_set() else []
+        return None
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    q.enqueue(b"x", key="k", queue=Q, priority=5)  # this client compares the shards from now on
+    lease = q.dequeue(Q, wait=5)
+    assert lease.job_id == job_id(2, 1)
+    assert f.sent("watch") and not f.sent("dequeue_wait") and releases(f) == []
+
+
+def test_every_enqueue_request_carries_a_session_of_its_shard(fake, connect):
+    """One batch over two shards, then a single enqueue: each request carries ``[client
+    id, seq, lowest unanswered seq]`` from the client's sessions at that shard (the core's
+    Sessions, on both clients), so a re-sent request is answered from the first."""
+    counter = iter(range(1, 1000))
+    f = fake(2, lambda s, op, args: [job_id(next(counter), s) for _ in args[0]])
+    q = connect(f.dd.path)
+    keys = {shardq.client.routing.shard_for_key(f"k{i}", 2): f"k{i}" for i in range(10)}
+    ids = q.enqueue_many([{"body": b"a", "key": keys[0]}, {"body": b"b", "key": keys[1]}], queue=Q)
+    q.enqueue(b"c", key=keys[1], queue=Q)
+    assert [i % 2 for i in ids] == [0, 1]
+    sessions = [(s, a[1]) for s, _, a in f.sent("enqueue")]
+    assert len({session[0] for _, session in sessions}) == 1  # one client id
+    by_shard: dict[int, list] = {}
+    for shard, (_, seq, low) in sessions:
+        by_shard.setdefault(shard, []).append((seq, low))
+    assert by_shard[0] == [(1, 1)] and by_shard[1] == [(1, 1), (2, 2)]  # each answered before the next
+
+
+@pytest.mark.parametrize("bad", [{"job_id": 1 << 70}, {"job_id": 1 << 63}, {"token": 1 << 64}],
+                         ids=["id-past-64-bits", "id-at-2**63", "token-past-64-bits"])
+def test_ack_many_with_an_id_out_of_range_is_refused_before_any_shard_acks(fake, connect, bad):
+    """A lease of shard 1 and one whose id (on shard 0) is out of range: the encoder (or
+    the shard) refused only shard 0's request, after shard 1 had acked its lease: half
+    applied (found by test_aio_hostile.py's Hypothesis run; both clients did it). Now
+    nothing is sent."""
+    f = fake(2, serve_leases({}))
+    q = connect(f.dd.path)
+    good = shardq.Lease(job_id(1, 1), "h", b"", Q, 1, 7, 9e9)
+    with pytest.raises(shardq.InvalidJob, match="out of range"):
+        q.ack_many([good, good._replace(**bad)])
+    with pytest.raises(shardq.InvalidJob, match="out of range"):
+        q.settle_many([good, good._replace(**bad)], [])
+    assert f.requests == []
+
+
+def test_stats_totals_the_shards_that_answered_and_lists_the_others_as_unavailable(fake, connect):
+    def answer(shard, op, args):
+        if shard == 1:
+            return Refuse("ShardUnavailable")
+        return {"shard": shard, "queues": {Q: {"ready": 2 + shard, "leased": 1}}}
+
+    f = fake(3, answer)
+    q = connect(f.dd.path)
+    got = q.stats()
+    assert [(sh["shard"], sh["available"]) for sh in got["shards"]] == [(0, True), (1, False), (2, True)]
+    assert "error" in got["shards"][1] and got["shards"][1]["queues"] == {}
+    assert got["queues"][Q]["ready"] == 2 + 4 and got["queues"][Q]["leased"] == 2
+
+
+# ---------------------------------------------------------------------- a broken connection
+@pytest.fixture
+def scripted():
+    """``scripted(*script)``: a one-shard fake (tests/support/fake_shard.py) that plays one
+    action per connection; closed after the clients (requested before ``connect``)."""
+    from support.fake_shard import FakeShard
+    made = []
+
+    def make(*script):
+        f = FakeShard(script)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def left_pending(q) -> int:
+    """Requests a client still keeps for a reply (none once every call has returned)."""
+    if isinstance(q, SyncAsyncQueue):
+        return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.q.conns)
+    return sum(len(c._pending) for c in q.clients)
+
+
+LEASE = shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)
+
+
+@pytest.mark.parametrize("op, call, outcome", [
+    ("enqueue", lambda q: q.enqueue(b"job", key="k"), 42),
+    ("ack", lambda q: q.ack(LEASE), None),  # JobGone answering a re-sent ack: the first landed
+    ("extend", lambda q: q.extend(LEASE, 10).deadline, 123.0),
+    ("ping", lambda q: q.ping(), [7]),
+    ("dequeue", lambda q: q.dequeue("default"), shardq.OutcomeUnknown),
+    ("dequeue", lambda q: q.dequeue_many(max_jobs=10), shardq.OutcomeUnknown),
+    ("nack", lambda q: q.nack(LEASE), shardq.OutcomeUnknown),
+    ("bury", lambda q: q.bury(LEASE), shardq.OutcomeUnknown),
+    ("redrive", lambda q: q.redrive("default"), shardq.OutcomeUnknown),
+    ("redrive", lambda q: q.redrive("default", [1 << 10]), shardq.OutcomeUnknown),
+    ("purge_dead", lambda q: q.purge_dead_letters("default"), shardq.OutcomeUnknown),
+], ids=["enqueue", "ack", "extend", "ping", "dequeue", "dequeue_many", "nack", "bury", "redrive-all",
+        "redrive-ids", "purge"])
+def test_after_a_break_only_ops_that_may_be_resent_are_sent_again(scripted, connect, op, call, outcome):
+    """The shard reads the request, then drops the connection without answering. An op
+    that may be re-sent (wire.RETRY) is sent again on a new connection and succeeds (an
+    enqueue with the same session, so the shard answers from the first); any other raises
+    OutcomeUnknown and is sent once. The same on both clients (each had its own copy of
+    this test, and its own copy of the retry loop)."""
+    answers = {"enqueue": [42], "ack": [["JobGone", "gone"]], "extend": 123.0, "ping": 7}
+    f = scripted("drop", lambda o, args: answers[o] if o in answers else pytest.fail(f"{o} re-sent"))
+    q = connect(f.dd.path, retry_s=5)
+    if isinstance(outcome, type):
+        with pytest.raises(outcome, match="may or may not have been applied"):
+            call(q)
+        assert f.ops() == [op]  # sent once, never again
+        assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
+    else:
+        assert call(q) == outcome
+        assert f.ops() == [op, op]
+        if op == "enqueue":
+            assert f.requests[0][2] == f.requests[1][2]  # the same items and session: the shard dedups
+    assert left_pending(q) == 0
+
+
+def test_both_clients_implement_the_declared_contracts():
+    """mypy checks the signatures (the TYPE_CHECKING blocks of router.py and aio.py); this
+    checks at run time that each member exists, as a coroutine on the asyncio client."""
+    from shardq.client import contracts
+    from shardq.client.aio import AsyncQueue
+    from shardq.client.router import Router
+
+    def members(proto) -> set[str]:
+        return {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+
+    from shardq.client.engine import operation
+
+    def made(cls, name) -> bool:  # a method of its own, or an entry of the one table
+        attr = getattr(cls, name, None)
+        return isinstance(attr, operation) or inspect.isfunction(attr)
+
+    for proto in (shardq.Queue, contracts.Control, contracts.Results):
+        for name in members(proto):
+            assert made(Router, name), (proto.__name__, name)
+    for proto in (contracts.AsyncQueue, contracts.AsyncResults):
+        for name in members(proto) - {"consume"}:
+            assert made(AsyncQueue, name), (proto.__name__, name)
+            assert isinstance(getattr(AsyncQueue, name), operation) or \
+                inspect.iscoroutinefunction(getattr(AsyncQueue, name)), name
+    assert members(contracts.AsyncResults) == members(contracts.Results)
+    assert members(contracts.AsyncQueue) - {"consume"} == members(shardq.Queue)
+
+
+def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
+    """A shard that reads the request and never answers: ShardUnavailable after the
+    request timeout, and the client keeps nothing for the reply (a future whose caller gave
+    up used to stay in the threaded client's pending table)."""
+    f = scripted("hang")
+    q = connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
+        q.ping()
+    assert left_pending(q) == 0
+
+
+# ---------------------------------------------------------------------- a real service
+@pytest.fixture(scope="module")
+def service():
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}}) as s:
+        yield s
+
+
+def test_the_whole_api_against_a_real_service(service, connect, request):
+    """Every call of the Queue protocol and the control calls, against ``shardq serve``,
+    on each client (the asyncio client had this test alone, and lacked the control calls).
+    Each driver uses queues of its own."""
+    par = "par-" + request.node.callspec.id
+    q = connect(service.data_dir)
+    jid = q.enqueue(b"a", key="k1", queue=par)
+    ids = q.enqueue_many([{"body": b"b", "key": "k1"}, {"body": b"c", "delay": 3600}], queue=par)
+    assert q.enqueue(b"a2", key="k1", queue=par, dedup_id="d") == q.enqueue(b"a2", key="k1", queue=par, dedup_id="d")
+    assert q.job(ids[1])["state"] == "delayed" and q.job(jid)["state"] == "ready"
+    assert q.pause(par) == 2
+    assert q.dequeue(par) is None  # paused on every shard
+    assert q.resume(par) == 2
+    [lease] = q.dequeue_many(par, max_jobs=10)
+    assert (lease.job_id, lease.body, lease.key, lease.attempt) == (jid, b"a", "k1", 1)
+    longer = q.extend(lease, 100)
+    assert longer.deadline > lease.deadline
+    q.ack(longer)
+    with pytest.raises(shardq.JobGone):
+        q.ack(longer)
+    nxt = q.dequeue(par)
+    assert nxt.job_id == ids[0]
+    q.nack(nxt, error="boom")
+    again = q.dequeue(par)
+    assert again.job_id == ids[0] and again.attempt == 2
+    q.bury(again, "given up")
+    [dl] = q.dead_letters(par)
+    assert (dl.job_id, dl.error) == (ids[0], "given up")
+    page = q.dead_letters_page(par, limit=10)
+    assert [d.job_id for d in page.items] == [ids[0]] and page.cursor is None
+    assert q.redrive(par) == 1
+    st = q.stats()
+    assert st["queues"][par]["delayed"] == 1 and len(st["shards"]) == 2
+    assert q.queue_config(par)["max_deliveries"] == 3
+    assert len(q.ping()) == 2
+    assert [m["available"] for m in q.shard_metrics()] == [True, True]
+    with pytest.raises(shardq.InvalidJob):
+        q.enqueue("not bytes")
+    with pytest.raises(shardq.LeaseLost):
+        q.extend(again, 5)
+    assert q.purge_dead_letters(par) == 0
+    assert q.cancel(ids[1]) == "cancelled" and q.cancel(ids[1]) == "gone"
+    doomed = q.enqueue(b"doomed", key="k9", queue=par)
+    while (lease := q.dequeue(par, wait=5)).job_id != doomed:
+        q.ack(lease)  # the job redriven above comes first
+    q.bury(lease, "chosen")
+    assert q.purge_dead_letters(par, [doomed, doomed]) == 1
+    assert q.purge_dead_letters(par, [doomed]) == 0  # again: nothing, no error
+    assert q.dead_letters(par) == []
+    with pytest.raises(shardq.InvalidJob):
+        q.purge_dead_letters(par, "not a list")
+    # each client reads what the other wrote
+    with service.connect() as r:
+        rid = r.enqueue(b"from the router", key="mixed", queue=par + "2")
+    assert q.dequeue(par + "2").job_id == rid
+
+
+def test_each_client_rides_out_shard_restarts(connect):
+    """Both shards SIGKILLed twice under one client: the very next calls ride out the
+    restarts (re-sent within retry_s where that is safe), nothing is lost (the router
+    had this test alone)."""
+    import os
+    import signal
+    with Service(config={"queue_defaults": {"visibility_timeout": 30}}) as svc:
+        q = connect(svc.data_dir, retry_s=15)
+        before = q.ping()
+        q.enqueue(b"before", key="a")
+        for pid in before:
+            os.kill(pid, signal.SIGKILL)
+        q.enqueue(b"after", key="a")  # no waiting: it rides out the restart
+        after = q.ping()
+        assert set(after).isdisjoint(before)
+        got = []
+        while (lease := q.dequeue()) is not None:  # one key: one lease at a time, in order
+            got.append(lease.body)
+            q.ack(lease)
+        assert got == [b"before", b"after"]
+        for pid in after:  # again, once the client has reconnected: still the same client
+            os.kill(pid, signal.SIGKILL)
+        assert set(q.ping()).isdisjoint(after)  # ping may be re-sent; a dequeue may not
+        assert q.dequeue(wait=0) is None
+
+        def restarts() -> int:
+            with open(svc.log_path, "rb") as f:
+                return f.read().decode(errors="replace").count("event=shard-restart")
+        wait_until(lambda: restarts() >= 4, 10, what="four restarts logged")
+        assert restarts() == 4

@@ -1,8 +1,9 @@
-"""Which requests the router sends again after a broken connection (issue 9, item 6).
+"""The threaded connection across a broken connection (issue 9, item 6): per-shard order,
+what a send cut short leaves ``sent``, timeouts and the races of its futures.
 
-A fake shard (the real handshake and framing, scripted replies) makes the moment of the
-break exact: it reads a request, then drops the connection without answering. Ops that are
-safe to re-send are re-sent and succeed; the others raise OutcomeUnknown and are sent once.
+Which ops are sent again after a break is tested on both clients, in
+test_client_drivers.py. A fake shard (the real handshake and framing, scripted replies)
+makes the moment of the break exact.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import shardq
 from shardq import limits
 from shardq.client.connection import ConnectionLost, Future, ShardClient
 from shardq.protocol import wire
-from shardq.types import Lease
 
 from support.fake_shard import (FakeShard)
 
@@ -42,38 +42,6 @@ def test_every_op_has_a_retry_policy():
     # router asks every shard again (tests/shard/test_waiting_lease.py)
     assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "dequeue_wait", "nack", "bury",
                                                                         "redrive", "purge_dead"}
-
-
-def test_enqueue_is_resent_with_the_same_session(fake):
-    f, q = fake("drop", lambda op, args: [42])
-    assert q.enqueue(b"job", key="k") == 42
-    assert f.ops() == ["enqueue", "enqueue"]
-    assert f.requests[0][2] == f.requests[1][2]  # same items, same session: the shard dedups
-    q.close()
-
-
-def test_ack_is_resent_and_job_gone_on_the_retry_means_success(fake):
-    f, q = fake("drop", lambda op, args: [["JobGone", "job 7 is gone (already acked)"]])
-    q.ack(Lease(7 << 10, None, b"", "default", 1, 3, 0.0))
-    assert f.ops() == ["ack", "ack"]
-    q.close()
-
-
-@pytest.mark.parametrize("call, op", [
-    (lambda q: q.dequeue(), "dequeue"),
-    (lambda q: q.dequeue_many(max_jobs=10), "dequeue"),
-    (lambda q: q.nack(Lease(1 << 10, None, b"", "default", 1, 3, 0.0)), "nack"),
-    (lambda q: q.redrive("default"), "redrive"),
-    (lambda q: q.redrive("default", [1 << 10]), "redrive"),
-    (lambda q: q.purge_dead_letters("default"), "purge_dead"),
-])
-def test_unsafe_ops_are_sent_once_and_raise_outcome_unknown(fake, call, op):
-    f, q = fake("drop", lambda op, args: pytest.fail("must not be re-sent"))
-    with pytest.raises(shardq.OutcomeUnknown, match="may or may not have been applied"):
-        call(q)
-    assert f.ops() == [op]
-    assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
-    q.close()
 
 
 def test_a_batch_cut_into_requests_reaches_the_shard_in_order_across_a_broken_connection(fake, monkeypatch):
@@ -138,15 +106,6 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
     assert (rid, op, args[0]) == (first.rid, "dequeue", "q" * 600)
     assert isinstance(first.error, ConnectionLost) and first.error.sent  # the shard may have applied it
     assert isinstance(second.error, ConnectionLost) and not second.error.sent
-
-
-def test_a_timed_out_request_leaves_nothing_pending(fake):
-    f, q = fake("hang")
-    q.request_timeout_s = 0.3
-    with pytest.raises(shardq.ShardUnavailable, match="did not answer"):
-        q.ping()
-    assert q.clients[0]._pending == {}
-    q.close()
 
 
 def test_future_set_races_have_one_winner():

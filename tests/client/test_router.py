@@ -84,25 +84,6 @@ def test_key_placement_is_stable_across_processes_and_job_ids_name_their_shard(s
 
 
 # ---------------------------------------------------------------------- reconnects
-def test_router_reconnects_transparently_after_shard_restarts(svc):
-    with svc.connect(retry_s=15) as q:
-        before = q.ping()
-        q.enqueue(b"before", key="a")
-        for shard in (0, 1):
-            os.kill(before[shard], signal.SIGKILL)
-        # No waiting: the very next calls ride out the restart (retry within retry_s).
-        q.enqueue(b"after", key="a")
-        after = q.ping()
-        assert after[0] != before[0] and after[1] != before[1]
-        assert sorted(drain_bodies(q)) == [b"after", b"before"]
-        # Kill again after the router has reconnected once: still the same router object.
-        os.kill(after[0], signal.SIGKILL)
-        os.kill(after[1], signal.SIGKILL)
-        assert set(q.ping()).isdisjoint(after)  # ping may be re-sent; a dequeue may not
-        assert q.dequeue(wait=0) is None
-    assert log_count(svc, "event=shard-restart") == 4
-
-
 def test_sigkill_of_a_shard_under_load_loses_and_duplicates_nothing(svc):
     ok: dict[bytes, int] = {}          # body -> id, for every enqueue that returned
     unknown: list[bytes] = []          # enqueues that raised ShardUnavailable

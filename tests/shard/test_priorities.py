@@ -212,12 +212,12 @@ def test_the_asyncio_client_learns_the_flag_and_skips_peeks_on_plain_queues(svc)
     async def main():
         q = await aio.connect(svc.data_dir)
         sent = []
-        call = q._call
+        request = q._request  # every request of the asyncio client starts here
 
-        async def spy(shard, op, args, retry_s=None):
+        def spy(shard, op, args, retry_s=None):
             sent.append(op)
-            return await call(shard, op, args, retry_s)
-        q._call = spy
+            return request(shard, op, args, retry_s)
+        q._request = spy
         try:
             plain = 0
             while (lease := await q.dequeue("aioplain")) is not None:

@@ -1,0 +1,702 @@
+"""The client engine: every call of both clients, written once, as generators that do no I/O.
+
+An operation (:data:`Op`) is a generator that yields **effects** and is sent what became of
+them; its return value is what the caller gets:
+
+* :class:`Send` -- make these calls (pipelined, one frame per shard) and wait for all;
+  sent, per call, ``(value, was_resent)``; with ``errors=True`` an error stands in its
+  call's place, otherwise the first one is thrown into the operation.
+* :class:`Owner` -- the shard of all jobs of a queue placed because it declares limits
+  (docs/limits.md), asked once per client (the executor shares the question).
+* :class:`Settled` -- these leases are settled through this client (``consume`` counts them).
+* :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
+
+The threaded :class:`~shardq.client.router.Router` and the asyncio
+:class:`~shardq.client.aio.AsyncQueue` are executors: each runs an operation with one small
+loop (``_drive``) that does what an effect says, with threads or with coroutines. The
+public calls of both come from one table, :class:`Calls`: each entry is an
+:class:`operation`, which both clients inherit, so neither can lack a call the other has;
+the threaded client returns its value, the asyncio one a coroutine of it. The hot calls
+(``enqueue``, ``ack``, ``dequeue``) keep their own paths in each executor (the threaded
+fast path, the asyncio coalescing), deciding by the same core (:mod:`.core`).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
+from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
+
+from .. import limits
+from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..protocol import validate
+from ..types import DeadLetter, DeadLetterPage, JobId, Lease
+from . import results as res
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
+                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
+                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
+
+log = logging.getLogger("shardq.router")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------- effects
+class Send(NamedTuple):
+    """Make ``calls`` and wait for every reply. ``retry_s``: how long a call whose
+    connection broke may be sent again (None: the client's ``retry_s``); ``timeout_s``: how
+    long to wait for all (None: each call the client's request timeout); ``errors``: an
+    error is sent back in its call's place instead of thrown."""
+    calls: Sequence[tuple[int, str, list[Any]]]
+    retry_s: float | None = None
+    timeout_s: float | None = None
+    errors: bool = False
+
+
+class Owner(NamedTuple):
+    """The owner shard of ``queue`` if it is placed, else None; asked of shard ``ask``."""
+    queue: str
+    ask: int
+
+
+class Settled(NamedTuple):
+    """``leases`` are settled (acked, nacked, buried) through this client."""
+    leases: list[Lease]
+
+
+class Status(NamedTuple):
+    """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place."""
+    shards: list[dict[str, Any]]
+
+
+class Sleep(NamedTuple):
+    """Wait ``seconds`` (a back-off while shards are down)."""
+    seconds: float
+
+
+class Release(NamedTuple):
+    """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
+    for the replies: one that cannot be sent expires by itself."""
+    leases: list[Lease]
+
+
+class WaitAny(NamedTuple):
+    """Send the waiting ``calls`` (``dequeue_wait`` or ``watch``) to the shards that are
+    connected now, and wait until one is answered with something (a non-empty value or an
+    error; with ``first``, any reply), or every one is, or ``limit_s`` passes
+    (``short_s`` when a shard could not be asked: it is looked at again soon). The calls
+    still open are then withdrawn (a waiting dequeue; leases it makes anyway are released
+    when its reply comes) or forgotten (a watch). Sent, per call, its value, its error, or
+    None (not sent, withdrawn, or its connection broke); or None instead of the list when
+    no shard could be asked."""
+    calls: list[Call]
+    limit_s: float
+    short_s: float
+    first: bool = False
+
+
+Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny
+Op = Generator[Effect, Any, T]
+
+
+def call(shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Op[Any]:
+    """One request; its value (its error is raised)."""
+    ((value, _),) = yield Send([Call(shard, op, args)], retry_s)
+    return value
+
+
+def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
+    """Several requests at once; their values in order (the first error is raised)."""
+    if not calls:
+        return []
+    return [value for value, _ in (yield Send(calls))]
+
+
+# ---------------------------------------------------------------------- the executors
+class SyncExecutor:
+    """Runs operations to completion in the calling thread (:class:`~.router.Router`)."""
+
+    def _drive(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., T]:
+        def method(*args: Any, **kwargs: Any) -> T:
+            return self._drive(fn(self, *args, **kwargs))
+        return method
+
+
+class AsyncExecutor:
+    """Runs operations as coroutines (:class:`~.aio.AsyncQueue`)."""
+
+    async def _drive(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
+        async def method(*args: Any, **kwargs: Any) -> T:
+            return await self._drive(fn(self, *args, **kwargs))
+        return method
+
+
+class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like property
+    """An entry of the table: a generator method that becomes a method of each client,
+    which returns its value (threads) or a coroutine of it (asyncio). The bound method is
+    made once per client and kept on it."""
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Op[T]]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+        sig = inspect.signature(fn)
+        self.signature = sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> operation[P, T]: ...
+    @overload
+    def __get__(self, obj: SyncExecutor, owner: type) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: AsyncExecutor, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return self
+        bound = obj._bind(self.fn)
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(bound, attr, getattr(self.fn, attr))
+        bound.__signature__ = self.signature
+        obj.__dict__[self.name] = bound  # the next look-up finds it: no descriptor call
+        return bound
+
+
+# ---------------------------------------------------------------------- the table
+class Calls:
+    """The calls both clients make, each once. An executor sets these attributes."""
+
+    shards: int
+    retry_s: float
+    _queue_cfg: dict[str, dict[str, Any]]
+    _owners: dict[str, int | None]
+    _prioritized: set[str]  # queues known to use priorities (sticky)
+    _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
+
+    _noted: set[str]        # queues every shard was told use priorities (note_priorities)
+
+    def _now(self) -> float:
+        """The executor's monotonic clock (seconds)."""
+        raise NotImplementedError
+
+    def _shard_for(self, key: str | None) -> int:
+        """A job's shard by its key (a stable hash); a keyless one goes round-robin."""
+        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
+
+    # ---------------------------------------------------------------- producing
+    @operation
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> Op[list[JobId]]:
+        """Enqueue many jobs (dicts with ``body`` and optionally ``key``, ``queue``, ``delay``,
+        ``priority``, ``dedup_id``) in one request per shard (more where a shard's part passes
+        ``BATCH_JOBS_MAX`` jobs or ``REQUEST_BYTES_MAX`` bytes, sent in order); ids come back
+        in input order.
+
+        Each request is all-or-nothing. Across requests it is not atomic: if one is refused
+        (e.g. QueueFull) the error is raised and the other requests' jobs may be in. Each
+        request carries an enqueue session (filled in by the executor when it is sent), so
+        one re-sent after a broken connection never adds its jobs twice."""
+        jobs = listed(jobs, "jobs")
+        for name in batch_queues(jobs, queue) - self._owners.keys():
+            yield Owner(name, self._shard_for(None))
+        per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
+        new = prioritized - self._noted
+        if new:
+            yield from note_priorities(self, sorted(new))
+        calls = [Call(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
+        got = (yield Send(calls)) if calls else []
+        return batch_ids(calls, got, shard_ids)
+
+    # ---------------------------------------------------------------- consuming
+    @operation
+    def dequeue(self, queue: str = "default", wait: float = 0.0, visibility: float | None = None) -> Op[Lease | None]:
+        """Lease one job, waiting up to ``wait`` seconds for one. None if none came."""
+        leases = yield from _dequeue_many(self, queue, 1, wait, visibility)
+        return leases[0] if leases else None
+
+    @operation
+    def dequeue_many(self, queue: str = "default", max_jobs: int = 100, wait: float = 0.0,
+                     visibility: float | None = None) -> Op[list[Lease]]:
+        """Lease up to ``max_jobs`` jobs across shards, waiting up to ``wait`` seconds for
+        the first. Each lease is logged, with its delivery count, before it is returned; it
+        is fsynced first only on a queue with ``lease_sync = "strict"`` (the default,
+        ``batched``, makes it durable with the next commit: docs/guarantees.md, "Lease
+        durability"). A job is leased only once its enqueue is durable."""
+        return (yield from _dequeue_many(self, queue, max_jobs, wait, visibility))
+
+    # ---------------------------------------------------------------- settling
+    @operation
+    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *,
+             delivered: bool = True) -> Op[None]:
+        """Release the lease now (delay 0) or make the job delayed for ``delay`` seconds.
+        ``error`` is kept as the job's last error (shown in dead letters).
+        ``delivered=False``: the job never reached a handler (an unstarted prefetch), so this
+        lease does not count towards ``max_deliveries``."""
+        shard = lease_shard(lease, self.shards)
+        delay = nack_delay(delay)
+        try:
+            yield from call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
+        finally:
+            yield Settled([lease])
+
+    @operation
+    def bury(self, lease: Lease, error: str | None = None) -> Op[None]:
+        """Move the leased job to the dead-letter queue now, with ``error`` as its error,
+        whatever its delivery count. LeaseLost if the lease is no longer current."""
+        shard = lease_shard(lease, self.shards)
+        try:
+            yield from call(shard, "bury", [lease.job_id, lease.token, error])
+        finally:
+            yield Settled([lease])
+
+    @operation
+    def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
+        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
+        deadline = yield from call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
+        return lease._replace(deadline=deadline)
+
+    @operation
+    def ack_many(self, leases: Iterable[Lease]) -> Op[list[BaseException | None]]:
+        """Ack many leases, one request per shard. Returns, per lease, None or the error."""
+        leases = listed(leases, "leases")
+        indexes, calls = acks_by_shard(leases, self.shards)
+        try:
+            replies = (yield Send(calls)) if calls else []
+        finally:
+            yield Settled(leases)
+        return ack_many_outcome(len(leases), indexes, replies)
+
+    # ---------------------------------------------------------------- admin
+    @operation
+    def dead_letters(self, queue: str = "default", limit: int = 1000) -> Op[list[DeadLetter]]:
+        """Dead letters of ``queue`` with their errors, at most ``limit``."""
+        queue = queue_name(queue)  # not hashed by the shard as it is: a list was a ProtocolError
+        rows = yield from call_all([Call(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
+        return [d for got in rows for d in dead_letters_of(queue, got)][:limit]
+
+    @operation
+    def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> Op[int]:
+        """Move dead letters back into the queue with a fresh delivery count: all, or only
+        ``job_ids`` (checked first: ``InvalidJob`` for anything but integer ids of this
+        service's shards, and nothing is sent). Returns how many."""
+        return sum((yield from call_all(redrive_calls(self.shards, queue, job_ids))))
+
+    @operation
+    def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> Op[int]:
+        """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
+        no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
+        return sum((yield from call_all(purge_calls(self.shards, queue, job_ids))))
+
+    @operation
+    def queue_config(self, queue: str = "default") -> Op[dict[str, Any]]:
+        """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
+        return (yield from _queue_config(self, queue))
+
+    @operation
+    def stats(self) -> Op[dict[str, Any]]:
+        """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
+        shards that answered (``"available": True``). A shard that is down appears as
+        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call.
+        Each shard also carries its supervisor's view (``status``, ``restarts``,
+        ``last_exit``; for one not ready, ``reason`` and ``restart_in_s``), from the embedded
+        supervisor or from the one of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
+        calls = [Call(s, "stats", []) for s in range(self.shards)]
+        got = yield Send(calls, min(self.retry_s, DOWN_PROBE_S), errors=True)
+        shards: list[dict[str, Any]] = []
+        for s, r in enumerate(got):
+            if isinstance(r, ShardUnavailable):
+                shards.append({"shard": s, "available": False, "error": str(r), "queues": {}})
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                shards.append(dict(r[0], available=True))
+        queues = queue_totals(shards)
+        yield Status(shards)
+        return {"shards": shards, "queues": queues}
+
+    @operation
+    def ping(self) -> Op[list[int]]:
+        """Every shard's answer to a ping (its pid)."""
+        return (yield from call_all([Call(s, "ping", []) for s in range(self.shards)]))
+
+    # ---------------------------------------------------------------- control (this backend)
+    # Pause, cancel, look-up and dead-letter paging are calls of the local shards' clients,
+    # not of the Queue protocol: a backend that cannot do them (SQS) raises Unsupported.
+    @operation
+    def pause(self, queue: str = "default") -> Op[int]:
+        """Stop leasing from ``queue``, durably, on every shard (it stays paused across
+        restarts). Enqueue, ack, nack and extend keep working. Returns how many shards were
+        not paused yet. ShardUnavailable if a shard is down: the others are paused, and
+        calling again once it is back finishes the job (idempotent)."""
+        return (yield from _on_every_shard(self, "pause", queue))
+
+    @operation
+    def resume(self, queue: str = "default") -> Op[int]:
+        """Lease from ``queue`` again; returns how many shards were paused."""
+        return (yield from _on_every_shard(self, "resume", queue))
+
+    @operation
+    def cancel(self, job_id: int) -> Op[str]:
+        """Cancel a job; idempotent. Returns ``"cancelled"`` (it was ready, delayed or
+        waiting: deleted, and the next job of its key moved up), ``"purged"`` (a dead
+        letter), ``"cancelling"`` (leased: the holder's next extend/ack/nack raises
+        :class:`~shardq.errors.Cancelled`; it is never delivered again) or ``"gone"`` (no
+        such job any more: finished, cancelled, purged, or never enqueued)."""
+        got: str = yield from call(job_shard(job_id, self.shards), "cancel", [job_id])
+        return got
+
+    @operation
+    def job(self, job_id: int) -> Op[dict[str, Any]]:
+        """What the service knows of a live job: ``state`` (waiting, delayed, ready, leased,
+        dead), ``queue``, ``key``, ``attempts``, ``deadline`` (lease end, or when a delayed
+        job is due), ``error`` (the last one), ``position`` (jobs ahead of it in its key's
+        line; 0: it is the head), ``cancelled``, ``enqueued_at`` (to about a second),
+        ``body``, ``shard``. NotFound if it is not live (acked, cancelled, purged)."""
+        shard = job_shard(job_id, self.shards)
+        return dict((yield from call(shard, "job", [job_id])), shard=shard)
+
+    @operation
+    def dead_letters_page(self, queue: str = "default", limit: int = 100, cursor: str | None = None, *,
+                          skip_unavailable: bool = False) -> Op[DeadLetterPage]:
+        """One page of dead letters with their errors, shard by shard, lowest id first within
+        a shard. Pass the returned ``cursor`` back for the next page (None: no more). A
+        redrive or purge between pages never makes the walk skip or repeat a letter.
+        ``skip_unavailable``: leave out a shard that is down (listed in ``skipped_shards``)
+        instead of raising ShardUnavailable."""
+        limit = validate.count("limit", limit, 1000)
+        shard, after = parse_cursor(cursor, self.shards)
+        items: list[DeadLetter] = []
+        skipped: list[int] = []
+        retry_s = min(self.retry_s, DOWN_PROBE_S) if skip_unavailable else None
+        while shard < self.shards and len(items) < limit:
+            want = limit - len(items)
+            try:
+                rows = yield from call(shard, "dead_page", [queue, after, want], retry_s)
+            except ShardUnavailable:
+                if not skip_unavailable:
+                    raise
+                skipped.append(shard)
+                rows = []
+            items.extend(dead_letters_of(queue, rows))
+            if len(rows) < want:
+                shard, after = shard + 1, None
+            else:
+                after = rows[-1][0]
+        next_cursor = None if shard >= self.shards else f"{shard}:{'' if after is None else after}"
+        return DeadLetterPage(items, next_cursor, skipped)
+
+    @operation
+    def set_limits(self, queue: str, values: dict[str, Any] | None) -> Op[dict[str, Any]]:
+        """Change the limits of a queue that declares some, at run time and durably
+        (docs/limits.md): ``values`` maps some of concurrency, rate ("50/s"), burst,
+        group_concurrency, group_rate to a new value or None (that limit removed); None
+        goes back to the config's. Told to every shard (ShardUnavailable if one is down:
+        call again once it is back). Returns the limit figures of the queue's owner shard."""
+        replies = yield from call_all([Call(s, "set_limits", [queue, values]) for s in range(self.shards)])
+        owner = placed_owner((yield from _queue_config(self, queue)))
+        figures: dict[str, Any] = replies[owner if owner is not None else 0]
+        return figures
+
+    @operation
+    def shard_metrics(self, timeout_s: float = 2.0) -> Op[list[dict[str, Any]]]:
+        """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
+        in all (a scrape). A shard that is down or slow appears as ``{"shard": i,
+        "available": False, "error": ...}``: this never raises ShardUnavailable."""
+        calls = [Call(s, "metrics", []) for s in range(self.shards)]
+        try:
+            got = yield Send(calls, min(self.retry_s, DOWN_PROBE_S), timeout_s, errors=True)
+        except ShardqError as e:
+            got = [e] * len(calls)
+        return [{"shard": s, "available": False, "error": str(r), "queues": {}} if isinstance(r, BaseException)
+                else dict(r[0], available=True) for s, r in enumerate(got)]
+
+    @operation
+    def backup_cuts(self, stage: str) -> Op[list[dict[str, Any]]]:
+        """Every shard's backup cut, asked of all at once (``backup_cut``; docs/backup.md):
+        per shard, the log files hard-linked into ``<shard dir>/<stage>/`` and where the copy
+        of its newest segment ends. ShardUnavailable if a shard is down: a backup needs
+        every shard (the staging dirs of the others are the caller's to remove)."""
+        return (yield from call_all([Call(s, "backup_cut", [stage]) for s in range(self.shards)]))
+
+    # ---------------------------------------------------------------- results and workflows
+    # Calls of the local shards' clients (docs/workflows.md); the tasks layer builds
+    # workflows on them. The requests and their replies are client/results.py's.
+    @operation
+    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> Op[None]:
+        """Keep ``value`` (msgpack bytes) as the result of ``lease``'s job for ``ttl_s``
+        seconds; fenced like an ack (LeaseLost if the lease is no longer current)."""
+        yield from call(*res.put_result_call(lease, value, ttl_s, self.shards))
+
+    @operation
+    def report_many(self, reports: list[tuple[Lease, Any]]) -> Op[list[BaseException | None]]:
+        """Make finished jobs' reports (``(lease, (op, args))``, ``op`` an ``arrive`` or a
+        ``put_result``; a worker collects them with ``ctx.report``), pipelined, one frame
+        per shard: per report None (landed) or its error, in order. Each may be re-sent
+        (an arrival is counted once per index), so a broken connection only re-sends."""
+        return (yield from _settle_many(self, [], reports))[1]
+
+    @operation
+    def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
+                    ) -> Op[tuple[list[BaseException | None], list[BaseException | None]]]:
+        """Ack ``acks`` and make ``reports`` (as :meth:`report_many`) in one pipelined
+        round, one frame per shard: per ack and per report, None or its error (an
+        unavailable shard's for each call it did not answer). A worker sends the reports of
+        the jobs just finished with the acks of those whose reports landed before."""
+        return (yield from _settle_many(self, acks, reports))
+
+    @operation
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> Op[None]:
+        """Record how far ``lease``'s job got (durably; shown by ``results`` and ``job``)."""
+        yield from call(*res.progress_call(lease, fraction, note, self.shards))
+
+    @operation
+    def results(self, job_ids: list[int], sizes: bool = False) -> Op[list[res.JobResult]]:
+        """Each job's outcome (:class:`~shardq.client.results.JobResult`), in order: one
+        call per shard; a value left out to keep a reply under the frame limit is asked
+        for again alone. With ``sizes``, only each value's length is read (``value_bytes``;
+        ``value`` is None)."""
+        job_ids = list(job_ids)
+        calls, where = res.result_calls(job_ids, self.shards, sizes)
+        entries = res.in_order(len(job_ids), where, (yield from call_all(calls)))
+        out = []
+        for job_id, entry in zip(job_ids, entries):
+            got, withheld = res.job_result(job_id, entry, sizes)
+            if withheld:
+                alone = yield from call(job_shard(job_id, self.shards), "result", [[job_id]])
+                got, _ = res.job_result(job_id, alone[0])
+            out.append(got)
+        return out
+
+    @operation
+    def route(self, queue: str, key: str | None, barrier: str) -> Op[int]:
+        """The shard a job of ``queue`` with ``key`` is enqueued on: its queue's owner if
+        placed, else its key's shard; a keyless one goes where ``barrier`` hashes."""
+        shard = res.barrier_shard(self.shards, barrier) if key is None else shard_for_key(key, self.shards)
+        owner: int | None = self._owners[queue] if queue in self._owners else (yield Owner(queue, shard))
+        return shard if owner is None else owner
+
+    @operation
+    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+               callback: list[Any]) -> Op[str]:
+        """Report member ``index`` of ``total`` of ``barrier`` (on ``shard``) done with
+        ``value``; the last one makes that shard enqueue ``callback`` (an enqueue item),
+        once. ``"counted"``, ``"repeated"`` (already counted: nothing changed), ``"fired"``
+        or ``"cancelled"``."""
+        got: str = yield from call(*res.arrive_call(shard, barrier, index, total, value, ttl_s, callback,
+                                                    self.shards))
+        return got
+
+    @operation
+    def barriers(self, refs: list[tuple[int, str]]) -> Op[list[dict[str, Any] | None]]:
+        """The state of each ``(shard, barrier id)``, in order (None: not known there)."""
+        calls, where = res.barrier_calls(refs, self.shards)
+        return res.in_order(len(refs), where, (yield from call_all(calls)))
+
+    @operation
+    def barrier_values(self, shard: int, barrier: str) -> Op[list[bytes]]:
+        """The values of a complete barrier, in member order."""
+        got: list[bytes] = yield from call(shard, "barrier_values", [res.barrier_id(barrier)])
+        return got
+
+    @operation
+    def cancel_barrier(self, shard: int, barrier: str, ttl_s: float) -> Op[str]:
+        """Mark ``barrier`` cancelled (its callback is never enqueued): ``"cancelled"``, or
+        ``"fired"`` if it already was."""
+        got: str = yield from call(shard, "cancel_barrier", [res.barrier_id(barrier), res.ttl(ttl_s)])
+        return got
+
+    @operation
+    def put_workflow(self, wf_id: str, spec: bytes) -> Op[str]:
+        """Keep the record of workflow ``wf_id`` (its steps) on its home shard: ``"put"``,
+        or ``"known"`` if it is kept already (docs/design.md, "Workflow records")."""
+        got: str = yield from call(*res.workflow_call("put_workflow", wf_id, [spec], self.shards))
+        return got
+
+    @operation
+    def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> Op[str]:
+        """Record how ``wf_id`` ended (``succeeded``, ``failed``, ``cancelled``); the record
+        is kept ``ttl_s`` more seconds. Returns its state now (a first end is kept)."""
+        got: str = yield from call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)],
+                                                      self.shards))
+        return got
+
+    @operation
+    def workflow(self, wf_id: str) -> Op[dict[str, Any]]:
+        """The record of ``wf_id``: ``spec``, ``state`` (``running`` or how it ended),
+        ``error``, ``started_at``, ``ended_at``, ``expires_at``. NotFound if none is kept."""
+        got: dict[str, Any] = yield from call(*res.workflow_call("workflow", wf_id, [], self.shards))
+        return got
+
+    @operation
+    def workflow_ids(self, shard: int, after: str | None = None, limit: int = limits.BATCH_JOBS_MAX) -> Op[list[str]]:
+        """Up to ``limit`` ids of the running workflows whose records ``shard`` keeps, in
+        id order, after ``after``."""
+        got: list[str] = yield from call(shard, "workflow_ids", [after, limit])
+        return got
+
+
+# ---------------------------------------------------------------------- producing
+def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
+    """Tell every shard that ``queues`` use priorities, before the first enqueue of a
+    priority other than 0 to them, so that once it returns a lease from any shard says
+    so (see design.md, "Queue-wide priorities"). A shard that is down is told with the
+    next such enqueue; a typed refusal (an undeclared queue) is raised."""
+    if c.shards == 1:
+        c._noted.update(queues)
+        return
+    calls = note_calls(queues, c.shards)
+    missed = missed_notes(calls, (yield Send(calls, min(c.retry_s, DOWN_PROBE_S), errors=True)))
+    if missed:
+        log.info("note_priorities: a shard did not answer for %s; told again with the next "
+                 "prioritized enqueue", sorted(missed))
+    c._noted.update(q for q in queues if q not in missed)
+    c._prioritized.update(queues)
+
+
+# ---------------------------------------------------------------------- the dequeue loop
+def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: float | None) -> Op[list[Lease]]:
+    """Lease rounds until leases come, every shard is down past ``retry_s``, or the wait
+    ends; between rounds, a waiting dequeue at every shard (a queue with priorities
+    watches instead, then compares the shards)."""
+    queue = queue_name(queue)
+    wait = check_dequeue(max_jobs, wait, visibility)
+    polling = Polling(c.shards, c.retry_s, c._now() + wait)
+    first = next(c._rr) % c.shards
+    while True:
+        out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
+        now = c._now()
+        step = polling.after_round(out, down, unknown, now)
+        if step is Polling.RETURN:
+            return out
+        if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
+            yield Sleep(DOWN_PROBE_S)
+            continue
+        remaining = polling.deadline - now
+        if queue not in c._prioritized:
+            out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
+            if out or c._now() >= polling.deadline:
+                return out
+            continue  # a shard's connection broke: a lease round finds what is up
+        woke = yield from _watch(c, queue, remaining)
+        if woke is None:
+            if c._now() >= polling.deadline:
+                return []
+        else:
+            first = woke
+
+
+def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
+                 first: int) -> Op[tuple[list[Lease], list[ShardUnavailable], list[OutcomeUnknown]]]:
+    """One :class:`~.core.LeaseRound` (which shards, peeks, what to keep and release). A
+    shard that is down gets a short try, not the full retry window: its jobs can wait, the
+    other shards' should not. A round that fails, for any error (a cancelled caller
+    included), hands back every lease it took, unstarted."""
+    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue))
+    probe = min(c.retry_s, DOWN_PROBE_S)
+    try:
+        calls = rnd.start()
+        while calls:
+            got = yield Send(calls, probe, errors=True)
+            calls = rnd.receive([r if isinstance(r, BaseException) else r[0] for r in got])
+    except GeneratorExit:
+        raise
+    except BaseException:
+        taken = rnd.abandon()
+        if taken:
+            yield Release(taken)
+        raise
+    finally:
+        if rnd.uses_priorities:
+            c._prioritized.add(queue)
+    return rnd.leases, rnd.down, rnd.unknown
+
+
+def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, timeout: float) -> Op[list[Lease]]:
+    """Leave a waiting dequeue at every shard that is up (a placed queue: at its owner)
+    and return the leases of the first to answer with any (with those of any other that
+    has by then, up to ``max_jobs``; the rest released unstarted). [] when none came
+    within ``timeout``, or when a connection broke (that shard's lease, if it made one,
+    expires unheld)."""
+    owner = c._owners.get(queue)
+    asked = range(c.shards) if owner is None else [owner]
+    calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
+    got = yield WaitAny(calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
+    if got is None:
+        yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+        return []
+    keep, release, uses_priorities, error = wait_outcome(queue, [a for a in got if a is not None], max_jobs)
+    if uses_priorities:
+        c._prioritized.add(queue)  # from now on, leases compare the shards
+    if release:
+        yield Release(release)
+    if error is not None:
+        raise error
+    return keep
+
+
+def _watch(c: Calls, queue: str, timeout: float) -> Op[int | None]:
+    """Wait until some shard reports ready work in ``queue`` (its index) or ``timeout``."""
+    calls = [Call(s, "watch", [queue, timeout]) for s in range(c.shards)]
+    got = yield WaitAny(calls, timeout + 0.5, timeout + 0.5, first=True)
+    if got is None:
+        yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
+        return None
+    for shard, a in enumerate(got):
+        if a is True:
+            return shard
+    for a in got:
+        if isinstance(a, BaseException):
+            raise a
+    return None
+
+
+# ---------------------------------------------------------------------- parts of the table
+def _queue_config(c: Calls, queue: str) -> Op[dict[str, Any]]:
+    queue = queue_name(queue)
+    cfg = c._queue_cfg.get(queue)
+    if cfg is None:
+        cfg = c._queue_cfg[queue] = yield from call(0, "queue_config", [queue])
+        c._owners.setdefault(queue, placed_owner(cfg))
+    return cfg
+
+
+def _on_every_shard(c: Calls, op: str, queue: str) -> Op[int]:
+    if type(queue) is not str:
+        raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+    changed = yield from call_all([Call(s, op, [queue]) for s in range(c.shards)])
+    return sum(bool(x) for x in changed)
+
+
+def _settle_many(c: Calls, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
+                 ) -> Op[tuple[list[BaseException | None], list[BaseException | None]]]:
+    acks = listed(acks, "leases")
+    indexes, ack_calls = acks_by_shard(acks, c.shards)
+    calls, where, answers = res.report_calls(list(reports), c.shards)
+    try:
+        got = (yield Send(ack_calls + calls, errors=True)) if ack_calls or calls else []
+    finally:
+        if acks:
+            yield Settled(acks)
+    return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):], answers)
+
+
+def parse_cursor(cursor: object, shards: int) -> tuple[int, int | None]:
+    """A ``dead_letters_page`` cursor: (the shard to go on at, the id after which)."""
+    if cursor is None:
+        return 0, None
+    try:
+        shard_text, _, after_text = str(cursor).partition(":")
+        shard, after = int(shard_text), (int(after_text) if after_text else None)
+    except ValueError:
+        raise InvalidJob(f"not a dead-letter cursor: {cursor!r:.60}") from None
+    if not 0 <= shard <= shards:
+        raise InvalidJob(f"not a dead-letter cursor of this service: {cursor!r:.60}")
+    return shard, after
