@@ -121,3 +121,43 @@ def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_
             assert lease.job_id == jid
             q.ack(lease)
         assert "stats failed, answered with an error" in svc.tail(400)
+
+
+def test_a_flood_that_evicts_handshakes_first_still_says_descriptors_ran_out(caplog):
+    """Each kind of the acceptor's trouble is rate-limited on its own. They shared one
+    10 s limit: a flood whose silent connections evicted a handshake first (under load)
+    kept "Too many open files" out of the log, and the operator never learnt why new
+    clients waited (test_a_shard_out_of_descriptors_accepts_again_once_the_flood_ends)."""
+    import socket
+
+    from shardq.clock import FakeClock
+    from shardq.shard.acceptor import Acceptor, ConnectionSlots
+
+    listener, other = socket.socketpair()
+    silent, peer = socket.socketpair()
+    try:
+        acc = Acceptor(listener, b"key", lambda fc: None, clock=FakeClock(),
+                       slots={"client": ConnectionSlots(1), "service": ConnectionSlots(1)})
+        acc._pending[1] = (0.0, silent.fileno())  # a handshake that never speaks
+        with caplog.at_level("WARNING", logger="shardq.shard"):
+            assert acc._evict_oldest()
+            acc._back_off("accept failed: Too many open files")  # the same instant on its clock
+            acc._turn_away(_Sink(), "client", 1)
+            for _ in range(3):  # each again within its 10 s: counted, not logged
+                acc._pending[1] = (0.0, silent.fileno())
+                acc._evict_oldest()
+                acc._back_off("accept failed: Too many open files")
+        text = caplog.text
+        assert text.count("handshakes were waiting") == 1
+        assert text.count("Too many open files") == 1
+        assert text.count("turned a client away") == 1
+    finally:
+        for s in (listener, other, silent, peer):
+            s.close()
+
+
+class _Sink:
+    """A handshake's connection that takes what it is sent."""
+
+    def send_bytes(self, data):
+        pass
