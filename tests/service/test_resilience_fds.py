@@ -90,6 +90,19 @@ def _flood(sock: str, key: bytes, n: int) -> list:
     return conns
 
 
+def _stats_with_no_descriptor_free(q, pid: int) -> dict | None:
+    """Whatever the flood left free, none now: the shard's limit set to its lowest free
+    descriptor, so the next one it opens is over it; then ``stats``. Its answer if it found
+    none free, else None: a descriptor freed between the look and the request (the flood's
+    last handshakes end on their own timeouts, a connection the shard could not keep is
+    closed) lets the listing through, and the caller tries again."""
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = min(set(range(FDS + 1)) - used)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, FDS))
+    shard = q.stats()["shards"][0]
+    return None if shard["available"] else shard
+
+
 def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_serves_on():
     """Issue 44, item 13: ``stats`` lists the log directory (``wal_disk_bytes``); out of
     descriptors that fails with EMFILE, which ended the shard (exit 1, a restart). The
@@ -102,11 +115,8 @@ def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (FDS, FDS))
             conns = _flood(dd.socket_path(0), dd.authkey(), FLOOD)
             try:
-                # Whatever the flood left free, none now: the next descriptor is over the limit.
-                used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-                lowest_free = min(set(range(FDS + 1)) - used)
-                resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, FDS))
-                shard = q.stats()["shards"][0]
+                shard = wait_until(lambda: _stats_with_no_descriptor_free(q, pid), 10, 0.05,
+                                   "a stats request that finds no descriptor free")
                 assert shard["available"] is False
                 assert "Too many open files" in shard["error"] and "stats" in shard["error"]
             finally:
