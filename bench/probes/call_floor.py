@@ -23,8 +23,10 @@ before the measurement). The floor's server then writes the lease to its log wit
 fsync, as shardq's default ``lease_sync = "batched"`` does, and fsyncs the ack.
 
 Reported per call: wall microseconds, and the CPU microseconds of the client and of the
-servers (every process the peer runs; none for an in-process peer); for the servers also
-that CPU split into user and system time, and how often their threads blocked (voluntary
+servers (every process the peer runs; none for an in-process peer; the servers' from each
+thread's schedstat, in nanoseconds, where /proc's user and system times count 10 ms ticks);
+for the servers also that CPU split into user and system time in the proportion of those
+ticks, and how often their threads blocked (voluntary
 context switches of every thread: waits in epoll, in fdatasync, on a lock). ``--dir /dev/shm``
 takes the fsync out of the picture. ``--cpus same`` pins the client and the servers to one
 CPU, ``--cpus apart`` to two: the difference from the default shows what waking a process
@@ -48,6 +50,7 @@ import struct
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 import msgpack
 import psutil
@@ -116,32 +119,60 @@ def timed_calls(call, calls: int, gap_s: float) -> tuple[int, list[float]]:
     return ok, took
 
 
-def server_usage(procs: list[psutil.Process]) -> tuple[float, float, int]:
-    """User seconds, system seconds and voluntary context switches of ``procs``, summed
-    over every thread (psutil's count is the main thread's only)."""
-    user = system = blocks = 0
+class Usage(NamedTuple):
+    """What ``server_usage`` reads from the servers' threads at one moment."""
+
+    run_s: float     # seconds on a CPU, from each thread's schedstat (nanoseconds)
+    user_s: float    # user and system seconds as /proc's stat counts them: in whole clock
+    system_s: float  # ticks (10 ms), used only for how run_s splits
+    blocks: int      # voluntary context switches
+
+
+def server_usage(procs: list[psutil.Process]) -> Usage:
+    """The CPU time and voluntary context switches of ``procs``, summed over every thread
+    (psutil's switch count is the main thread's only). The CPU time is each thread's
+    schedstat, in nanoseconds: /proc's user and system times count whole 10 ms ticks, and
+    a server that spends 30 µs on each of 300 calls (the floor's, in ``--quick``) can see no
+    tick at all. A thread that ends between two reads takes its time with it."""
+    run = 0.0
+    user = system = 0.0
+    blocks = 0
     for proc in procs:
         t = proc.cpu_times()
         user += t.user
         system += t.system
         for tid in os.listdir(f"/proc/{proc.pid}/task"):
             try:
+                with open(f"/proc/{proc.pid}/task/{tid}/schedstat") as f:
+                    run += int(f.read().split()[0]) / 1e9
                 with open(f"/proc/{proc.pid}/task/{tid}/status") as f:
                     blocks += next(int(line.split()[1]) for line in f
                                    if line.startswith("voluntary_ctxt_switches"))
             except (FileNotFoundError, ProcessLookupError):
                 pass  # a thread that ended meanwhile
-    return user, system, blocks
+    return Usage(run, user, system, blocks)
 
 
-def _result(calls: int, ok: bool, took: list[float], client_s: float,
-            before: tuple[float, float, int], after: tuple[float, float, int]) -> dict:
-    user, system, blocks = (b - a for a, b in zip(before, after))
+def cpu_split(before: Usage, after: Usage) -> tuple[float, float]:
+    """The servers' CPU seconds between two reads, split into user and system time in the
+    proportion of the ticks counted meanwhile, as the kernel splits a process's precise run
+    time; with no tick in between, in the proportion of all the ticks so far; with none at
+    all, all user time (the kernel's rule)."""
+    run = max(after.run_s - before.run_s, 0.0)
+    user, system = after.user_s - before.user_s, after.system_s - before.system_s
+    if user + system <= 0:
+        user, system = after.user_s, after.system_s
+    share = user / (user + system) if user + system > 0 else 1.0
+    return run * share, run - run * share
+
+
+def _result(calls: int, ok: bool, took: list[float], client_s: float, before: Usage, after: Usage) -> dict:
+    user, system = cpu_split(before, after)
     return {"calls": calls, "ok": ok, "us_per_call": sum(took) / calls * 1e6,
             "us_p50": statistics.median(took) * 1e6,
             "client_cpu_us": client_s / calls * 1e6, "server_cpu_us": (user + system) / calls * 1e6,
             "server_user_us": user / calls * 1e6, "server_sys_us": system / calls * 1e6,
-            "server_blocks": blocks / calls}
+            "server_blocks": (after.blocks - before.blocks) / calls}
 
 
 #: ``--op``: what one timed call is

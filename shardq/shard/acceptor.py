@@ -12,8 +12,10 @@ away at the end of its handshake (:data:`~.sockio.TURNED_AWAY`), before it sends
 Guarantee: running out of descriptors (EMFILE, ENFILE), memory or buffers (ENOMEM,
 ENOBUFS) or threads never ends the acceptor. It backs off (10 ms doubling to 1 s; new
 connections wait in the listen backlog meanwhile), warns at most every 10 s, and accepts
-again as soon as something is freed. Every descriptor it makes is closed on every path.
-Only a closed listener ends it.
+again as soon as something is freed. Each kind of trouble (out of resources, handshakes
+evicted, clients turned away) has its own 10 s: a flood of silent connections, which
+evicts handshakes first, must not keep the log from saying that descriptors ran out.
+Every descriptor it makes is closed on every path. Only a closed listener ends it.
 """
 from __future__ import annotations
 
@@ -112,7 +114,9 @@ class Acceptor(threading.Thread):
         self._ids = 0
         self.evicted = 0
         self.clock = clock or SystemClock()
-        self.trouble = Throttled(self.clock)
+        self.trouble = Throttled(self.clock)  # out of descriptors, memory, buffers or threads
+        self.crowded = Throttled(self.clock)  # a handshake evicted for a newcomer
+        self.full = Throttled(self.clock)     # a connection turned away at its role's limit
         self.failures = 0  # in a row, since the last connection accepted
 
     def run(self) -> None:
@@ -157,7 +161,7 @@ class Acceptor(threading.Thread):
             except OSError:
                 pass  # it finished meanwhile
         self.evicted += 1
-        self.trouble.warn("all %d handshakes were waiting: dropped the oldest to let a new client in "
+        self.crowded.warn("all %d handshakes were waiting: dropped the oldest to let a new client in "
                           "(connections that do not authenticate)", HANDSHAKES_MAX)
         return True
 
@@ -217,12 +221,12 @@ class Acceptor(threading.Thread):
     def _turn_away(self, conn: Connection, role: str, n: int) -> None:
         """Tell a client the shard is full (it raises TooManyConnections), then close."""
         if role == "client":
-            self.trouble.warn("turned a client away: this shard holds its limit of %d connections "
+            self.full.warn("turned a client away: this shard holds its limit of %d connections "
                               "(limits.max_connections)", n)
             why = (f"the shard holds its limit of {n} client connections (limits.max_connections); "
                    f"close idle routers or raise the limit")
         else:
-            self.trouble.warn("turned a service connection away: this shard holds %d of them", n)
+            self.full.warn("turned a service connection away: this shard holds %d of them", n)
             why = f"the shard holds its {n} service connections"
         try:
             conn.send_bytes(TURNED_AWAY + why.encode())

@@ -725,6 +725,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
+    except LogFailed as e:  # the start's own record (a new token epoch) could not be written
+        log.error("cannot start: %s", e)
+        cause = e.__cause__
+        if not (isinstance(cause, OSError) and cause.errno in NO_SPACE):
+            pipe.failed("io_error", str(e), None)  # a full disk: ReportingFiles said so, with the file
+        return EXIT_LOG_FAILED
     boot = boot_fence.start(dd.shard_dir(a.index), a.index, config, SystemClock().now())
     shard.state.fence_placed(boot.fence_until)
     tune_gc()

@@ -23,7 +23,8 @@ a person goes to the shard's log (stderr) instead.
 * ``failed {"kind", "detail", "path"}`` -- why the shard is about to exit: ``disk_full``, a
   log write found no space (ENOSPC, EDQUOT; reported by :class:`ReportingFiles` as it
   happens, before the failed commit ends the process without a reply), or ``io_error``, the
-  log could not be opened at start. The supervisor restarts it with backoff until it works.
+  log could not be opened, or the start's own record written, at start. The supervisor
+  restarts it with backoff until it works.
 
 The other way, the supervisor writes single bytes on the shard's stdin pipe, which the
 shard's loop reads between iterations: :data:`PING` (answer with ``pong``) and

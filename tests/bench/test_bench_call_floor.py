@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from support.service import REPO
 
 
@@ -175,10 +177,10 @@ def test_server_blocks_count_every_thread():
     try:
         assert child.stdout.readline() == "slept\n"  # the thread blocked 50 times and lives on
         proc = psutil.Process(child.pid)
-        user, system, blocks = server_usage([proc])
-        assert blocks >= 50
+        usage = server_usage([proc])
+        assert usage.blocks >= 50
         assert proc.num_ctx_switches().voluntary < 50  # the main thread's own count
-        assert user >= 0 and system >= 0
+        assert usage.run_s > 0 and usage.user_s >= 0 and usage.system_s >= 0
     finally:
         child.kill()
         child.wait()
@@ -204,3 +206,45 @@ def test_call_floor_hands_the_busy_poll_budget_to_shardq(tmp_path, monkeypatch):
     assert res["ok"] is True and made == [{"shards": None, "busy_poll_us": 0}]
     res, _, _ = with_shardq(tmp_path, "--shardq-busy-poll-us", "0")
     assert res["shardq_busy_poll_us"] == 0 and res["runs"]["shardq"][0]["ok"] is True
+
+
+def test_server_cpu_is_read_in_nanoseconds_not_clock_ticks():
+    """The floor's server spends about 30 µs on each of --quick's 300 calls: 9 ms, less than
+    one 10 ms tick of /proc's stat, so a measurement in ticks could read 0 for it. The
+    schedstat time of a process that ran 2 ms reads 2 ms, and its split adds up to it."""
+    import psutil
+    from bench.probes.call_floor import cpu_split, server_usage
+    code = ("import sys, time\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "t = time.thread_time()\n"
+            "while time.thread_time() - t < 0.002:\n"
+            "    pass\n"
+            "print('spun', flush=True)\n"
+            "sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"  # started: its start-up is not measured
+        proc = psutil.Process(child.pid)
+        before = server_usage([proc])
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "spun\n"
+        after = server_usage([proc])
+        user, system = cpu_split(before, after)
+        assert 0.002 <= after.run_s - before.run_s < 1.0
+        assert user >= 0 and system >= 0 and abs(user + system - (after.run_s - before.run_s)) < 1e-9
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_cpu_split_follows_the_ticks_and_falls_back_on_all_of_them():
+    from bench.probes.call_floor import Usage, cpu_split
+    # ticks in the window: 1 user to 3 system
+    assert cpu_split(Usage(1.0, 0.5, 0.5, 0), Usage(1.4, 0.51, 0.53, 0)) == pytest.approx((0.1, 0.3))
+    # no tick in the window: the proportion of all the ticks so far
+    assert cpu_split(Usage(1.0, 0.3, 0.1, 0), Usage(1.004, 0.3, 0.1, 0)) == pytest.approx((0.003, 0.001))
+    # no tick ever: all user time, as the kernel splits it
+    assert cpu_split(Usage(0.0, 0.0, 0.0, 0), Usage(0.004, 0.0, 0.0, 0)) == pytest.approx((0.004, 0.0))

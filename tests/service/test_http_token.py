@@ -92,7 +92,9 @@ def test_a_token_file_the_group_or_others_can_read_is_refused():
     with open(path, "w") as f:
         f.write("x" * 43 + "\n")
     os.chmod(path, 0o644)
-    r = cli("serve", "--data-dir", data, "--shards", "1")
+    # any free port: not the repo config's 7781 (read from the working directory), which
+    # another serve may hold, and serve binds it before it reads the token file
+    r = cli("serve", "--data-dir", data, "--shards", "1", "--http-listen", "127.0.0.1:0")
     assert r.returncode == 5 and "refusing token file" in r.stderr and "chmod 600" in r.stderr, r.stderr[-2000:]
     assert "console at" not in r.stderr
 

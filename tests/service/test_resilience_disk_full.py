@@ -12,6 +12,7 @@ fail on the existing name).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import pytest
 
 import shardq
+from shardq.wal.fileio import Files
 from support.service import REPO, Service, short_tmpdir, wait_until
 
 BODY = 64 * 1024
@@ -113,3 +115,38 @@ def _try_enqueue(q, body):
         return q.enqueue(body)
     except shardq.ShardUnavailable:
         return None
+
+
+class _FullDisk(Files):
+    """A disk that takes reads and gives no space to any write (ENOSPC)."""
+
+    def write(self, fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_restart_that_finds_the_disk_full_exits_4_and_says_so(tmp_path, monkeypatch, capsys, caplog):
+    """A shard restarted on a full disk replays, then cannot write its start's own record
+    (the new token epoch): LogFailed, which escaped main() as an uncaught exception (exit 1,
+    a traceback) where a failed log write exits 4. The supervisor then showed
+    ``code=1: disk full`` as the last exit (the full-disk test above, under load, when
+    the restart came before it read ``stats``). In this process: the exit code and the
+    supervisor's line are the claim, and no process is needed for either."""
+    from shardq.config import parse
+    from shardq.datadir import DataDir
+    from shardq.shard import process, report
+    from shardq.shard.durable import DurableShard
+
+    data = str(tmp_path / "d")
+    dd = DataDir(data)
+    dd.init(1)
+    first = DurableShard(dd.shard_dir(0), 0, parse({}))  # its first run: a log to replay
+    first.open(0.0)
+    first.close()
+    monkeypatch.setattr(report, "files_from_env", _FullDisk)
+    code = process.main(["--data-dir", data, "--index", "0"])
+    out = capsys.readouterr()
+    assert code == process.EXIT_LOG_FAILED == 4, out.err[-3000:]
+    failed = [json.loads(line.removeprefix("failed ")) for line in out.out.splitlines() if line.startswith("failed ")]
+    assert failed == [{"kind": "disk_full", "path": os.path.join(data, "shard-0", "0000000000000001.wal"),
+                       "detail": "No space left on device (ENOSPC)"}]
+    assert "cannot start: write to " in caplog.text  # said, not raised (before: LogFailed escaped main)

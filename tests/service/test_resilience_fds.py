@@ -90,6 +90,19 @@ def _flood(sock: str, key: bytes, n: int) -> list:
     return conns
 
 
+def _stats_with_no_descriptor_free(q, pid: int) -> dict | None:
+    """Whatever the flood left free, none now: the shard's limit set to its lowest free
+    descriptor, so the next one it opens is over it; then ``stats``. Its answer if it found
+    none free, else None: a descriptor freed between the look and the request (the flood's
+    last handshakes end on their own timeouts, a connection the shard could not keep is
+    closed) lets the listing through, and the caller tries again."""
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = min(set(range(FDS + 1)) - used)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, FDS))
+    shard = q.stats()["shards"][0]
+    return None if shard["available"] else shard
+
+
 def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_serves_on():
     """Issue 44, item 13: ``stats`` lists the log directory (``wal_disk_bytes``); out of
     descriptors that fails with EMFILE, which ended the shard (exit 1, a restart). The
@@ -102,11 +115,8 @@ def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (FDS, FDS))
             conns = _flood(dd.socket_path(0), dd.authkey(), FLOOD)
             try:
-                # Whatever the flood left free, none now: the next descriptor is over the limit.
-                used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-                lowest_free = min(set(range(FDS + 1)) - used)
-                resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, FDS))
-                shard = q.stats()["shards"][0]
+                shard = wait_until(lambda: _stats_with_no_descriptor_free(q, pid), 10, 0.05,
+                                   "a stats request that finds no descriptor free")
                 assert shard["available"] is False
                 assert "Too many open files" in shard["error"] and "stats" in shard["error"]
             finally:
@@ -121,3 +131,43 @@ def test_a_request_that_fails_for_want_of_descriptors_is_answered_and_the_shard_
             assert lease.job_id == jid
             q.ack(lease)
         assert "stats failed, answered with an error" in svc.tail(400)
+
+
+def test_a_flood_that_evicts_handshakes_first_still_says_descriptors_ran_out(caplog):
+    """Each kind of the acceptor's trouble is rate-limited on its own. They shared one
+    10 s limit: a flood whose silent connections evicted a handshake first (under load)
+    kept "Too many open files" out of the log, and the operator never learnt why new
+    clients waited (test_a_shard_out_of_descriptors_accepts_again_once_the_flood_ends)."""
+    import socket
+
+    from shardq.clock import FakeClock
+    from shardq.shard.acceptor import Acceptor, ConnectionSlots
+
+    listener, other = socket.socketpair()
+    silent, peer = socket.socketpair()
+    try:
+        acc = Acceptor(listener, b"key", lambda fc: None, clock=FakeClock(),
+                       slots={"client": ConnectionSlots(1), "service": ConnectionSlots(1)})
+        acc._pending[1] = (0.0, silent.fileno())  # a handshake that never speaks
+        with caplog.at_level("WARNING", logger="shardq.shard"):
+            assert acc._evict_oldest()
+            acc._back_off("accept failed: Too many open files")  # the same instant on its clock
+            acc._turn_away(_Sink(), "client", 1)
+            for _ in range(3):  # each again within its 10 s: counted, not logged
+                acc._pending[1] = (0.0, silent.fileno())
+                acc._evict_oldest()
+                acc._back_off("accept failed: Too many open files")
+        text = caplog.text
+        assert text.count("handshakes were waiting") == 1
+        assert text.count("Too many open files") == 1
+        assert text.count("turned a client away") == 1
+    finally:
+        for s in (listener, other, silent, peer):
+            s.close()
+
+
+class _Sink:
+    """A handshake's connection that takes what it is sent."""
+
+    def send_bytes(self, data):
+        pass

@@ -105,7 +105,10 @@ def test_with_every_shard_failed_serve_exits_1_naming_each_reason_in_words():
                 q.enqueue(f"job {i}".encode())
         assert svc.stop() == 0
         path, offset = corrupt_a_middle_record(os.path.join(svc.data_dir, "shard-0"))
-        r = subprocess.run([sys.executable, "-m", "shardq.cli", "serve", "--data-dir", svc.data_dir, "--shards", "1"],
+        # Any free port: serve binds its listener before the shards start, and the repo's
+        # config (read from the working directory) names 7781, which another serve may hold.
+        r = subprocess.run([sys.executable, "-m", "shardq.cli", "serve", "--data-dir", svc.data_dir, "--shards", "1",
+                            "--http-listen", "127.0.0.1:0"],
                            capture_output=True, text=True, timeout=60, env=ENV, stdin=subprocess.DEVNULL)
         assert r.returncode == 1, r.stderr[-3000:]
         last = r.stderr.strip().splitlines()[-1]
