@@ -1,0 +1,31 @@
+"""bench.pairs runs two source trees in ABBA order and reports new ÷ old per figure. Here
+both trees are this checkout, at a tiny size: the harness runs end to end, each run measures
+every figure asked, and each ratio is the quotient of the two runs' own figures. No timing
+is asserted (docs/performance.md holds the figures)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_pairs_run_both_trees_in_abba_order_and_report_each_ratio(tmp_path):
+    out = tmp_path / "pairs.json"
+    r = subprocess.run([sys.executable, "-m", "bench.pairs", "--old", REPO, "--new", REPO, "--pairs", "2",
+                        "--figures", "A", "--jobs", "100", "--json", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [list(run) for run in res["runs"]] == [["old", "new"], ["new", "old"]]  # A B, B A
+    ratios: dict[str, list[float]] = {"A": []}
+    for run in res["runs"]:
+        for fig in ("A",):
+            assert run["old"][fig] > 0 and run["new"][fig] > 0
+            ratios[fig].append(run["new"][fig] / run["old"][fig])
+    for fig, rs in ratios.items():
+        s = res["summary"][fig]
+        assert s["pairs"] == 2 and s["min"] == min(rs) and s["max"] == max(rs)
+        assert math.isclose(s["geomean"], math.sqrt(rs[0] * rs[1]))
+        assert f"{fig}: new/old {s['geomean']:.3f}" in r.stdout
