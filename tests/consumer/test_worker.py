@@ -13,11 +13,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from support.service import wait_until
 from support.fakes import ACKED, DEAD, READY, FakeQueue
 from shardq.clock import FakeClock, SystemClock
 from shardq.errors import InvalidConfig
@@ -29,13 +29,6 @@ from shardq.cli.worker import main
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01}
 
-
-def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.002)  # poll interval, not synchronisation
 
 
 def in_background(worker: Worker, **run_kw):

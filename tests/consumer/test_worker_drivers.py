@@ -23,6 +23,7 @@ import time
 import pytest
 
 import shardq
+from support.service import wait_until
 from support.fakes import ACKED, DEAD, LEASED, READY, FakeQueue
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
@@ -168,13 +169,6 @@ class TopRng:
     def uniform(self, a, b):
         return b
 
-
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.002)  # poll interval, not synchronisation
 
 
 # ---------------------------------------------------------------------------- drivers
