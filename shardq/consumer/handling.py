@@ -8,6 +8,7 @@ at all. The ack comes after the commit (in :mod:`shardq.consumer.worker`).
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import logging
 import random
@@ -23,12 +24,28 @@ from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 
-# Outcomes of one run of a job. RETRY: the handler raised Retry (nack with its delay);
-# BURY: it raised Fail (dead-letter now).
+
+
+class Outcome(enum.StrEnum):
+    """The outcome of one run of a job. RETRY: the handler raised Retry (nack with its
+    delay); BURY: it raised Fail (dead-letter now). A str, so it logs and pickles as its
+    value (process mode sends it back from the child)."""
+
+    DONE = "done"
+    DUPLICATE = "duplicate"
+    FAILED = "failed"
+    LOST = "lost"
+    EXPIRED = "expired"
+    SKIPPED = "skipped"
+    RETRY = "retry"
+    BURY = "bury"
+
+
 DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
-    "done", "duplicate", "failed", "lost", "expired", "skipped", "retry", "bury")
+    Outcome.DONE, Outcome.DUPLICATE, Outcome.FAILED, Outcome.LOST, Outcome.EXPIRED, Outcome.SKIPPED,
+    Outcome.RETRY, Outcome.BURY)
 #: (outcome, error text, retry delay in seconds or None)
-Result = tuple[str, "str | None", "float | None"]
+Result = tuple[Outcome, "str | None", "float | None"]
 
 
 class JobCalls(Protocol):
