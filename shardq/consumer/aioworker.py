@@ -46,7 +46,8 @@ from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
 from .policy import (ACK, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
                      UnavailableBackoff, burst_for)
-from .worker import CONCURRENCY_MAX, WorkerStats, _require
+from .core import WorkerStats
+from .worker import CONCURRENCY_MAX, _require
 
 log = logging.getLogger("shardq.worker")
 

@@ -54,6 +54,7 @@ from ..errors import Closed, InvalidConfig, InvalidJob, LeaseLost, ShardqError, 
 from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Report, _child_init, _child_run, error_text,
                        execute)
 from ..stopping import install_stop_signals
+from .core import WorkerStats
 from .idempotency import IdempotencyStore
 # The constants stay importable from here: callers and the docs' checked figures
 # (tests/project/test_docs_claims.py) name them as this module's.
@@ -73,23 +74,6 @@ PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
     "pending", "queued", "running", "committing", "finished", "abandoned")
 _WAKE = object()  # put on the results queue by stop()
-
-
-@dataclasses.dataclass
-class WorkerStats:
-    leased: int = 0       # leases received
-    succeeded: int = 0    # handler ran (and committed), acked
-    duplicates: int = 0   # already processed: handler skipped, acked
-    failed: int = 0       # handler raised: nacked with backoff
-    lost: int = 0         # lease lost: not acked, the redelivery wins
-    expired: int = 0      # deadline passed before it started: not run
-    released: int = 0     # not started, handed back (stop, or waited too long for a runner)
-    abandoned: int = 0    # still running when the grace period ended: lease released
-    unavailable: int = 0  # ShardUnavailable answers seen
-
-    @property
-    def processed(self) -> int:
-        return self.succeeded + self.duplicates + self.failed + self.lost + self.expired
 
 
 class _Job:
