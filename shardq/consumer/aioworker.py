@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,17 +37,16 @@ import random
 import threading
 from typing import Any, Protocol
 
-from .. import limits
 from ..client import aio
 from ..clock import Clock, SystemClock
-from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
+from ..errors import ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
-from .policy import (ACK, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
-                     UnavailableBackoff, burst_for)
-from .core import WorkerStats
+from .policy import (ACK, Counter, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
+                     burst_for)
+from .core import ExtendAnswer, Held, JobState, R, Steps, WorkerCore, WorkerStats
 from .worker import CONCURRENCY_MAX, _require
 
 log = logging.getLogger("shardq.worker")
@@ -127,15 +127,12 @@ class LoopCalls:
         return self._wait(self._q.barrier_values(shard, barrier))
 
 
-class _Job:
-    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task", "ran", "parked", "reports")
+class _Job(Held):
+    __slots__ = ("task", "parked")
 
     def __init__(self, lease: Lease, extend_at: float):
-        self.lease, self.lost, self.extend_at = lease, False, extend_at
-        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
-        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
+        super().__init__(lease, extend_at, JobState.RUNNING)  # FINISHED once run: no more heartbeats
         self.task: asyncio.Task | None = None
-        self.ran = False     # finished running, being settled: no more heartbeats
         self.parked = False  # its settlement waits in the outbox: it keeps its slot
 
 
@@ -163,13 +160,16 @@ class AsyncWorker:
         self.policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
                              rng=rng or random.Random())
         self.outbox = Outbox()
-        self.backoff = UnavailableBackoff()
         self.clock = clock or SystemClock()
-        self.progress = Progress(log_every, log_every_s, self.clock.monotonic(), queue)
+        # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
+        self.core = WorkerCore(self.policy, Progress(log_every, log_every_s, self.clock.monotonic(), queue),
+                               self.clock, heartbeat_fraction=float(heartbeat_fraction),
+                               lock=contextlib.nullcontext())
+        self.progress, self.backoff = self.core.progress, self.core.backoff
         self.burst = burst_for(burst, queue)
         self.request_timeout_s = request_timeout_s
-        self.stats = WorkerStats()
-        self.jobs: dict[tuple, _Job] = {}
+        self.stats = self.core.stats
+        self.jobs = self.core.jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
         self._stop: asyncio.Event | None = None
@@ -234,10 +234,7 @@ class AsyncWorker:
 
     def _unavailable(self, what: str, exc: BaseException | None) -> float:
         """Count and log a ShardUnavailable answer; how long to wait before the next try."""
-        self.stats.unavailable += 1
-        wait = self.backoff.failed()
-        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
-        return wait
+        return self.core.unavailable(what, exc)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
@@ -281,7 +278,7 @@ class AsyncWorker:
             now = self.clock.now()
             self.stats.leased += len(leases)
             for lease in leases:
-                job = _Job(lease, now + self.heartbeat_fraction * (lease.deadline - now))
+                job = _Job(lease, self.core.extend_at(lease, now))
                 self.jobs[(lease.job_id, lease.token)] = job
                 job.task = asyncio.create_task(self._run_job(job))
             if burst is not None:
@@ -332,7 +329,7 @@ class AsyncWorker:
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
                         lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
                         max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
-            job.ran = True
+            job.state = JobState.FINISHED
             settle = self.policy.settle(*result, lease, lost=job.lost)
             if settle.counted_at_once:
                 self._count(settle.counter)
@@ -475,45 +472,34 @@ class AsyncWorker:
         if self.jobs.pop((job.lease.job_id, job.lease.token), None) is not None:
             self._slot_free.set()
 
-    def _count(self, counter: str) -> None:
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        self.progress.counted(self.stats, len(self.jobs), self.clock.monotonic())
+    def _count(self, counter: Counter) -> None:
+        self.core.count(counter)
 
     # ------------------------------------------------------------------ leases
     async def _extend(self, job: _Job, seconds: float) -> float:
-        """``ctx.extend``: extend now; later heartbeats renew by ``seconds``."""
-        seconds = float(seconds)
-        if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
-            raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
-        if job.lost:
-            raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
-        try:
-            new = await self.q.extend(job.lease, seconds)
-        except LeaseLost:
-            job.lost = True
-            raise
-        now = self.clock.now()
-        job.lease, job.lease_s = new, seconds
-        job.extend_at = now + self.heartbeat_fraction * (new.deadline - now)
-        return new.deadline
+        """``ctx.extend``, made by the core (:meth:`.core.WorkerCore.extend`)."""
+        return await self._drive(self.core.extend(job, seconds))
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_TICK_S)
             self.progress.tick(self.stats, len(self.jobs), self.clock.monotonic())
-            now = self.clock.now()
-            due = [j for j in self.jobs.values() if not j.lost and not j.ran and now >= j.extend_at]
-            if due:
-                await asyncio.gather(*(self._beat(j) for j in due))
+            await self._drive(self.core.heartbeat(self.clock.now()))
 
-    async def _beat(self, job: _Job) -> None:
+    async def _drive(self, steps: Steps[R]) -> R:
+        """Run a core operation, awaiting each call it asks for."""
         try:
-            await self._extend(job, job.lease_s or self.policy.visibility_s)
-        except LeaseLost as exc:
-            log.warning("job %s attempt %d: lease lost while running (%s); its effects will be "
-                        "rolled back and it will not be acked", job.lease.job_id, job.lease.attempt, exc)
-        except ShardUnavailable as exc:
-            self._unavailable("extend", exc)
+            effect = next(steps)
+            while True:
+                answer: ExtendAnswer
+                try:
+                    answer = await self.q.extend(effect.lease, effect.seconds)
+                except Exception as exc:  # noqa: BLE001 - the core decides what an error means
+                    answer = exc
+                effect = steps.send(answer)
+        except StopIteration as stop:
+            result: R = stop.value
+            return result
 
 
 async def _first(*aws) -> None:

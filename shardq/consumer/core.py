@@ -2,6 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+import logging
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from .. import limits
+from ..clock import Clock
+from ..errors import InvalidJob, LeaseLost, ShardUnavailable
+from ..types import JobId, Lease, Token
+from .handling import Report
+from .policy import Counter, Policy, Progress, UnavailableBackoff
+
+if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
+    from .metrics import WorkerMetrics
+
+log = logging.getLogger("shardq.worker")
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -19,3 +37,165 @@ class WorkerStats:
     @property
     def processed(self) -> int:
         return self.succeeded + self.duplicates + self.failed + self.lost + self.expired
+
+
+class JobState(enum.StrEnum):
+    """A job in a runner's hands::
+
+        PENDING (leased, waiting for a runner) -> QUEUED (given to an idle runner) -> RUNNING
+          -> COMMITTING (the idempotency transaction passed its lease check) -> FINISHED
+          -> acked / nacked / dropped (lease lost); ABANDONED: still running when the grace
+          period ended (its lease released).
+
+    Heartbeats extend the lease of every job not yet FINISHED or ABANDONED."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMMITTING = "committing"
+    FINISHED = "finished"
+    ABANDONED = "abandoned"
+
+
+_BEATING = frozenset((JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobState.COMMITTING))
+
+
+class Held:
+    """One delivery in a runner's hands. ``lease``, ``state`` and ``lost`` are read by the
+    threads that run handlers: they change under the core's lock. A runner subclasses it
+    for what only it needs (the asyncio task, a parked flag)."""
+
+    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
+
+    def __init__(self, lease: Lease, extend_at: float, state: JobState = JobState.PENDING):
+        self.lease, self.state, self.lost, self.extend_at = lease, state, False, extend_at
+        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
+        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
+
+    @property
+    def ref(self) -> tuple[JobId, Token]:  # one delivery; a job can be redelivered to us
+        return self.lease.job_id, self.lease.token
+
+
+class Extend(NamedTuple):
+    """Effect: extend ``lease`` (of ``job``) by ``seconds``; send back the new lease, or the
+    exception the call raised."""
+
+    job: Held
+    lease: Lease
+    seconds: float
+
+
+#: What a runner sends back for an :class:`Extend`: the new lease, or the call's exception.
+ExtendAnswer = Lease | BaseException
+Steps = Generator[Extend, ExtendAnswer, R]
+
+
+class WorkerCore:
+    """What a worker holds and decides, whatever runs its handlers: the jobs in hand, the
+    counters and progress lines, the backoff after ShardUnavailable, and the heartbeat
+    (when each lease is due, what an answer means). No I/O: an operation that needs the
+    queue is a generator that yields an effect (:class:`Extend`) and is sent its answer;
+    each runner executes it with its own few lines (:func:`drive`, or an ``await`` loop).
+
+    ``lock`` guards what handler threads read (a job's lease, state and lost flag);
+    a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
+
+    def __init__(self, policy: Policy, progress: Progress, clock: Clock, *, heartbeat_fraction: float,
+                 lock: AbstractContextManager[Any], metrics: WorkerMetrics | None = None):
+        self.policy, self.progress, self.clock, self.lock = policy, progress, clock, lock
+        self.heartbeat_fraction = heartbeat_fraction
+        self.metrics = metrics
+        self.stats = WorkerStats()
+        self.backoff = UnavailableBackoff()
+        self.jobs: dict[tuple[JobId, Token], Held] = {}
+
+    # ------------------------------------------------------------------ counting
+    def count(self, counter: Counter, lease: Lease | None = None) -> None:
+        """One job finished, counting under ``counter``: stats, metrics, a progress line if due."""
+        setattr(self.stats, counter.value, getattr(self.stats, counter.value) + 1)
+        if self.metrics is not None and lease is not None:
+            self.metrics.finished(lease, counter.value)
+        self.progress.counted(self.stats, len(self.jobs), self.clock.monotonic())
+
+    def unavailable(self, what: str, exc: BaseException | None) -> float:
+        """Count and log a ShardUnavailable answer; how long to wait before the next try."""
+        self.stats.unavailable += 1
+        wait = self.backoff.failed()
+        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
+        return wait
+
+    # ------------------------------------------------------------------ leases
+    def extend_at(self, lease: Lease, now: float) -> float:
+        """When the heartbeat next extends ``lease``: ``heartbeat_fraction`` of what is left."""
+        return now + self.heartbeat_fraction * (lease.deadline - now)
+
+    def heartbeat(self, now: float) -> Steps[None]:
+        """One heartbeat tick: extend, one at a time, every lease whose time has come. A
+        lease lost is marked (its job is not acked, its transaction rolls back). At the
+        first ShardUnavailable the tick ends (the next one retries, beginning with the
+        same lease); an extend that answers resets the backoff."""
+        for job in list(self.jobs.values()):
+            if now < job.extend_at:
+                continue
+            with self.lock:
+                if job.lost or job.state not in _BEATING:
+                    continue
+                lease = job.lease
+            answer = yield Extend(job, lease, job.lease_s or self.policy.visibility_s)
+            if isinstance(answer, LeaseLost):
+                with self.lock:
+                    job.lost = True
+                log.warning("job %s attempt %d: lease lost while running (%s); its effects will "
+                            "be rolled back and it will not be acked", job.lease.job_id,
+                            job.lease.attempt, answer)
+                continue
+            if isinstance(answer, ShardUnavailable):
+                self.unavailable("extend", answer)
+                return
+            if isinstance(answer, BaseException):
+                raise answer
+            self.backoff.reset()
+            with self.lock:
+                job.lease = answer
+            job.extend_at = self.extend_at(answer, now)
+
+    def extend(self, job: Held, seconds: float) -> Steps[float]:
+        """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``.
+        Returns the new deadline; raises InvalidJob (seconds out of range), LeaseLost (the
+        job is marked lost) or what the call raised (the handler decides)."""
+        seconds = float(seconds)
+        if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
+            raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
+        with self.lock:
+            if job.lost:
+                raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
+            lease = job.lease
+        answer = yield Extend(job, lease, seconds)
+        if isinstance(answer, LeaseLost):
+            with self.lock:
+                job.lost = True
+            raise answer
+        if isinstance(answer, BaseException):
+            raise answer
+        now = self.clock.now()
+        with self.lock:
+            job.lease, job.lease_s = answer, seconds
+        job.extend_at = self.extend_at(answer, now)
+        return answer.deadline
+
+
+def drive(steps: Steps[R], extend: Callable[[Lease, float], Lease]) -> R:
+    """Run a core operation with blocking calls (the thread and process runners)."""
+    try:
+        effect = next(steps)
+        while True:
+            answer: ExtendAnswer
+            try:
+                answer = extend(effect.lease, effect.seconds)
+            except Exception as exc:  # noqa: BLE001 - the core decides what an error means
+                answer = exc
+            effect = steps.send(answer)
+    except StopIteration as stop:
+        result: R = stop.value
+        return result

@@ -58,7 +58,7 @@ class JobCalls(Protocol):
     def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None: ...
 
     def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-               callback: list) -> str: ...
+               callback: list[Any]) -> str: ...
 
     def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
 
@@ -68,7 +68,7 @@ class Report(NamedTuple):
     ``op`` is ``"arrive"`` (args: shard, barrier, index, total, value, ttl_s, callback) or
     ``"put_result"`` (args: value, ttl_s; the lease is the job's)."""
     op: str
-    args: tuple
+    args: tuple[Any, ...]
 
 
 #: What :meth:`Context.report` may ask for.
@@ -343,7 +343,7 @@ def with_traceback(text: str, exc: BaseException) -> str:
 _CHILD: dict[str, Any] = {}
 
 
-def _child_init(handler: Handler, spec: tuple | None, parent_pid: int | None = None) -> None:
+def _child_init(handler: Handler, spec: tuple[Any, ...] | None, parent_pid: int | None = None) -> None:
     # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
     # group); children finish their job and are SIGKILLed if the grace period ends. A parent
     # SIGKILLed sends nothing: the children notice it gone and end too.
@@ -375,4 +375,5 @@ def load_handler(spec: str) -> Handler:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"{spec} is not callable")
-    return obj
+    handler: Handler = obj
+    return handler

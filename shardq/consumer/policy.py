@@ -106,7 +106,7 @@ class Policy:
         self.visibility_s = limits.VISIBILITY_TIMEOUT_S_DEFAULT
         self.max_deliveries = limits.MAX_DELIVERIES_DEFAULT
 
-    def configure(self, queue_config: dict) -> None:
+    def configure(self, queue_config: dict[str, Any]) -> None:
         """Take the queue's lease length and delivery limit (the queue's defaults if absent)."""
         self.visibility_s = float(queue_config.get("visibility_timeout", limits.VISIBILITY_TIMEOUT_S_DEFAULT))
         self.max_deliveries = int(queue_config.get("max_deliveries", limits.MAX_DELIVERIES_DEFAULT))

@@ -26,7 +26,10 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
   with ``Retry``'s delay; bury for ``Fail``), the commit margin, the retry of settlements
   that met an unavailable shard and the failed outcome of a store error are the consumer
   policy's (:mod:`.policy`), shared with the asyncio runner;
-* ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
+* the jobs in hand, the counters, the backoff after ShardUnavailable, the heartbeat and
+  ``ctx.extend`` are the worker core's (:class:`.core.WorkerCore`), shared with the asyncio
+  runner: this loop only makes the calls it asks for. ``ctx.extend(seconds)`` from a runner
+  is a request to the loop, which makes the call;
 * stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
   for ``grace_s``, then release the rest and return. A second signal exits at once;
 * ``burst``: return once its queue is drained and every job it leased is settled
@@ -50,15 +53,15 @@ from concurrent.futures.process import BrokenProcessPool
 from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidConfig, InvalidJob, LeaseLost, ShardqError, ShardUnavailable
-from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Report, _child_init, _child_run, error_text,
+from ..errors import Closed, InvalidConfig, ShardqError, ShardUnavailable
+from .handling import (EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_run, error_text,
                        execute)
 from ..stopping import install_stop_signals
-from .core import WorkerStats
+from .core import Held as _Job, JobState, WorkerCore, WorkerStats, drive
 from .idempotency import IdempotencyStore
 # The constants stay importable from here: callers and the docs' checked figures
 # (tests/project/test_docs_claims.py) name them as this module's.
-from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
+from .policy import (ACK, NACK, NOTHING, Counter, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
                      LOG_EVERY_S_DEFAULT, UNAVAILABLE_BACKOFF_S_MIN, Burst, Outbox, Policy, Progress, Settle,
                      UnavailableBackoff, burst_for)
 from ..types import Lease
@@ -70,23 +73,11 @@ POLL_S = 0.1                     # longest the loop blocks while handlers run
 IDLE_WAIT_S = 1.0                # long-poll wait of dequeue when nothing is in flight
 PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 
-# Job states inside the worker.
+# Job states inside the worker (core.JobState).
 PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
-    "pending", "queued", "running", "committing", "finished", "abandoned")
+    JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobState.COMMITTING, JobState.FINISHED,
+    JobState.ABANDONED)
 _WAKE = object()  # put on the results queue by stop()
-
-
-class _Job:
-    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
-
-    def __init__(self, lease: Lease, extend_at: float):
-        self.lease, self.state, self.lost, self.extend_at = lease, PENDING, False, extend_at
-        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
-        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
-
-    @property
-    def ref(self) -> tuple:  # one delivery; a job can be redelivered to us
-        return self.lease.job_id, self.lease.token
 
 
 class _ExtendRequest:
@@ -147,21 +138,23 @@ class Worker:
         self._store = idempotency
         self._policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
                               rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
-        self._heartbeat_fraction = float(heartbeat_fraction)
         self._grace_s = float(grace_s)
         self._clock = clock or SystemClock()
-        self._progress = Progress(log_every, log_every_s, self._clock.monotonic(), queue)
+        self._core = WorkerCore(self._policy, Progress(log_every, log_every_s, self._clock.monotonic(), queue),
+                                self._clock, heartbeat_fraction=float(heartbeat_fraction),
+                                lock=threading.Lock(), metrics=metrics)
+        self._progress = self._core.progress
         self._burst = burst_for(burst, queue)
         self._poll_s, self._idle_wait_s = float(poll_s), float(idle_wait_s)
         self._prune_every_s = prune_every_s
-        self._lock = threading.Lock()      # guards _Job.lease/state/lost between loop and runners
+        self._lock = self._core.lock       # guards _Job.lease/state/lost between loop and runners
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
         self._stop_at: float | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pool_gen = 0
         self._pool_lock = threading.Lock()
-        self.stats = WorkerStats()
+        self.stats = self._core.stats
         self._metrics = metrics  # a consumer.metrics.WorkerMetrics, or None
         # The loop makes jobs' reports, pipelined, where the client can; else the runner does.
         self._reports = hasattr(queue_or_router, "settle_many")
@@ -185,16 +178,16 @@ class Worker:
         if self._stop_requested:
             results.put(_WAKE)
         self._work = work = queue_mod.SimpleQueue()
-        self._in_flight: dict[tuple, _Job] = {}
+        self._core.jobs = {}
         if self._metrics is not None:
-            in_flight = self._in_flight
+            in_flight = self._core.jobs
             self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
         self._outbox = Outbox()
         self._confirmed: list[tuple[_Job, Settle]] = []  # reports landed: acked in the next round
         self._idle = self._concurrency
         self._grace_end: float | None = None
-        self._backoff = UnavailableBackoff()
+        self._core.backoff = UnavailableBackoff()
         self._run_leased = 0
         burst = self._burst if self._burst is not None else Burst([self._queue]) if until_idle else None
         runners: list[threading.Thread] = []
@@ -232,33 +225,33 @@ class Worker:
             self._settle(self._collect(self._wait_s(last_fill)))
             self._heartbeat()
             self._dispatch()
-            self._progress.tick(self.stats, len(self._in_flight), self._clock.monotonic())
+            self._progress.tick(self.stats, len(self._core.jobs), self._clock.monotonic())
             last_fill = None
             if self._stop_requested:
                 if self._shutdown_step():
                     return "stopped"
             else:
-                if max_jobs is not None and self._run_leased >= max_jobs and not self._in_flight:
+                if max_jobs is not None and self._run_leased >= max_jobs and not self._core.jobs:
                     return f"{max_jobs} jobs done"
                 if burst is not None and burst.done:
-                    if not self._in_flight:
+                    if not self._core.jobs:
                         return "queues drained (burst)"
                 else:
-                    held, token = len(self._in_flight), burst.asking() if burst is not None else 0
+                    held, token = len(self._core.jobs), burst.asking() if burst is not None else 0
                     last_fill = self._fill(max_jobs)
                     if burst is not None:
                         if last_fill is None:
                             burst.busy(self._queue)
-                        elif burst.answered(self._queue, token, held, last_fill) and not self._in_flight:
+                        elif burst.answered(self._queue, token, held, last_fill) and not self._core.jobs:
                             return "queues drained (burst)"
             self._dispatch()
 
     def _wait_s(self, last_fill: int | None) -> float:
         if self._confirmed:
             return 0.0  # acks of reported jobs to send: the next round goes at once
-        if self._backoff.s:
-            return self._backoff.s  # a result or stop() still wakes the loop early
-        if self._idle == self._concurrency and not self._in_flight:
+        if self._core.backoff.s:
+            return self._core.backoff.s  # a result or stop() still wakes the loop early
+        if self._idle == self._concurrency and not self._core.jobs:
             return 0.0  # nothing in flight: the dequeue long-polls instead
         if last_fill and self._idle > 0:
             return 0.0  # the queue had jobs and a runner is free: keep pulling
@@ -280,23 +273,23 @@ class Worker:
     def _fill(self, max_jobs: int | None) -> int | None:
         """Lease up to the free capacity. Returns how many came, None if it did not ask."""
         # A job whose reports landed and whose ack goes in the next round holds no slot.
-        cap = self._concurrency + self._prefetch - len(self._in_flight) + len(self._confirmed)
+        cap = self._concurrency + self._prefetch - len(self._core.jobs) + len(self._confirmed)
         if max_jobs is not None:
             cap = min(cap, max_jobs - self._run_leased)
         cap = min(cap, limits.BATCH_JOBS_MAX)
         if cap <= 0:
             return None
-        wait = self._idle_wait_s if not self._in_flight else 0.0
+        wait = self._idle_wait_s if not self._core.jobs else 0.0
         try:
             leases = self._q.dequeue_many(self._queue, max_jobs=cap, wait=wait, visibility=None)
         except ShardUnavailable as exc:
             self._unavailable("dequeue", exc)
             return None
-        self._backoff.reset()
+        self._core.backoff.reset()
         now = self._clock.now()
         for lease in leases:
-            job = _Job(lease, now + self._heartbeat_fraction * (lease.deadline - now))
-            self._in_flight[job.ref] = job
+            job = _Job(lease, self._core.extend_at(lease, now))
+            self._core.jobs[job.ref] = job
             self._pending.append(job)
         self.stats.leased += len(leases)
         self._run_leased += len(leases)
@@ -430,7 +423,7 @@ class Worker:
         elif answer.counter is not None:
             self._finish(job, answer.counter)
         else:
-            self._in_flight.pop(job.ref, None)
+            self._core.jobs.pop(job.ref, None)
 
     def _retry_outbox(self) -> list[tuple[_Job, Settle]]:
         """Retry the outbox's nacks and buries; returns its acks, for this turn's round."""
@@ -441,34 +434,17 @@ class Worker:
             if counter is not None:
                 self._finish(job, counter)
             else:
-                self._in_flight.pop(job.ref, None)
+                self._core.jobs.pop(job.ref, None)
         for job, settle in retry:
             if settle.op != ACK:
                 self._send(job, settle)
         return [(job, settle) for job, settle in retry if settle.op == ACK]
 
     def _extend_for_runner(self, req: _ExtendRequest) -> None:
-        """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``."""
-        job = req.job
+        """``ctx.extend(seconds)``, made by the core (:meth:`.core.WorkerCore.extend`)."""
         try:
-            seconds = float(req.seconds)
-            if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
-                raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
-            with self._lock:
-                if job.lost:
-                    raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
-                lease = job.lease
-            new = self._q.extend(lease, seconds)
-            now = self._clock.now()
-            with self._lock:
-                job.lease, job.lease_s = new, seconds
-            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
-            req.deadline = new.deadline
-        except LeaseLost as exc:
-            with self._lock:
-                job.lost = True
-            req.error = exc
-        except Exception as exc:  # noqa: BLE001 - ShardUnavailable, InvalidJob: the handler decides
+            req.deadline = drive(self._core.extend(req.job, req.seconds), self._q.extend)
+        except Exception as exc:  # noqa: BLE001 - LeaseLost, ShardUnavailable, InvalidJob: the handler decides
             req.error = exc
         req.done.set()
 
@@ -484,42 +460,16 @@ class Worker:
             raise req.error
         return req.deadline
 
-    def _finish(self, job: _Job, counter: str, keep: bool = False) -> None:
+    def _finish(self, job: _Job, counter: Counter, keep: bool = False) -> None:
         if not keep:
-            self._in_flight.pop(job.ref, None)
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        if self._metrics is not None:
-            self._metrics.finished(job.lease, counter)
-        self._progress.counted(self.stats, len(self._in_flight), self._clock.monotonic())
+            self._core.jobs.pop(job.ref, None)
+        self._core.count(counter, job.lease)
 
     # ------------------------------------------------------------------ leases
     def _heartbeat(self) -> None:
-        now = self._clock.now()
-        for job in list(self._in_flight.values()):
-            if now < job.extend_at:
-                continue
-            with self._lock:
-                state, lost = job.state, job.lost
-            if lost or state not in (PENDING, QUEUED, RUNNING, COMMITTING):
-                continue
-            try:
-                new = self._q.extend(job.lease, job.lease_s or self._policy.visibility_s)
-            except LeaseLost as exc:
-                with self._lock:
-                    job.lost = True
-                log.warning("job %s attempt %d: lease lost while running (%s); its effects will "
-                            "be rolled back and it will not be acked", job.lease.job_id,
-                            job.lease.attempt, exc)
-                continue
-            except ShardUnavailable as exc:
-                self._unavailable("extend", exc)
-                return
-            self._backoff.reset()
-            with self._lock:
-                job.lease = new
-            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
+        drive(self._core.heartbeat(self._clock.now()), self._q.extend)
 
-    def _release(self, job: _Job, counter: str, *, started: bool) -> None:
+    def _release(self, job: _Job, counter: Counter, *, started: bool) -> None:
         """Hand a lease back now (nack, delay 0); errors only mean it expires by itself.
         A lease whose handler never started is not counted as a delivery."""
         try:
@@ -529,12 +479,11 @@ class Worker:
                 self._q.nack(job.lease, delay=0.0, delivered=False)
         except ShardqError as exc:
             log.info("job %s: release failed (%s); its lease will expire", job.lease.job_id, exc)
-        self._in_flight.pop(job.ref, None)
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        self._core.jobs.pop(job.ref, None)
+        setattr(self.stats, counter.value, getattr(self.stats, counter.value) + 1)
 
     def _unavailable(self, what: str, exc: BaseException | None) -> None:
-        self.stats.unavailable += 1
-        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, self._backoff.failed())
+        self._core.unavailable(what, exc)
 
     def _load_config(self) -> None:
         get = getattr(self._q, "queue_config", None)
@@ -545,8 +494,8 @@ class Worker:
                 break
             except ShardUnavailable as exc:
                 self._unavailable("queue_config", exc)
-                self._collect(self._backoff.s)  # sleeps; stop() wakes it
-        self._backoff.reset()
+                self._collect(self._core.backoff.s)  # sleeps; stop() wakes it
+        self._core.backoff.reset()
         self._policy.configure(cfg)
 
     # ------------------------------------------------------------------ shutdown
@@ -557,22 +506,22 @@ class Worker:
             log.info("stopping: %d running, releasing %d not started; grace %.1fs",
                      self._concurrency - self._idle, len(self._pending), self._grace_s)
             while self._pending:
-                self._release(self._pending.popleft(), "released", started=False)
-        if not self._in_flight:
+                self._release(self._pending.popleft(), Counter.RELEASED, started=False)
+        if not self._core.jobs:
             return True
         if self._clock.monotonic() < self._grace_end:
             return False
         n = 0
-        for job in list(self._in_flight.values()):
+        for job in list(self._core.jobs.values()):
             with self._lock:
                 state = job.state
                 if state in (QUEUED, RUNNING):
                     job.state, job.lost = ABANDONED, True
             if state in (QUEUED, RUNNING):
                 n += 1
-                self._release(job, "abandoned", started=True)
+                self._release(job, Counter.ABANDONED, started=True)
         log.warning("grace period over: released the leases of %d running job(s); %d left to "
-                    "expire", n, len(self._in_flight))
+                    "expire", n, len(self._core.jobs))
         return True
 
     def _install_signals(self) -> dict | None:

@@ -452,6 +452,42 @@ def test_heartbeats_keep_a_job_that_outlives_its_lease(driver):
     assert driver.worker.stats.succeeded == 1 and driver.worker.stats.lost == 0
 
 
+def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_the_backoff(driver, caplog):
+    """After ShardUnavailable the heartbeat extends no other lease in that tick (the next
+    tick starts again with the first), and the next lease it extends resets the backoff, so
+    a later outage waits the minimum again. The asyncio runner used to extend the other
+    leases of the tick and keep doubling its backoff (issue 45)."""
+    release = threading.Event()
+    running = []
+
+    def work(ctx, n):
+        running.append(n)
+        assert release.wait(10)
+
+    driver.define(work)
+    ids = [driver.send(n) for n in range(2)]
+    with caplog.at_level(logging.WARNING, logger="shardq.worker"):
+        driver.start()
+        wait_until(lambda: len(running) == 2, what="both jobs running")
+        extended = lambda: [op[1] for op in driver.q.ops("extend") if op[3]]  # noqa: E731 - the successful ones
+        with driver.q._cond:
+            driver.q.unavailable["extend"] = 1
+        driver.clock.advance(VISIBILITY_S / 2 + 1)
+        wait_until(lambda: len(extended()) >= 2, what="both leases extended after the outage")
+        assert extended()[:2] == ids  # the tick ended at the outage: the next one began with ids[0]
+        with driver.q._cond:
+            driver.q.unavailable["extend"] = 1
+        driver.clock.advance(VISIBILITY_S / 2 + 1)
+        wait_until(lambda: len(extended()) >= 4, what="both leases extended after the second outage")
+        release.set()
+        wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="both acked")
+        driver.stop()
+    waits = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records
+             if r.getMessage().startswith("extend: shard unavailable")]
+    assert waits == ["0.1s", "0.1s"]  # reset by the extend that answered in between
+    assert driver.worker.stats.unavailable == 2 and driver.worker.stats.lost == 0
+
+
 # ---------------------------------------------------------------------------- burst, progress
 def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
     """``burst``: the worker returns by itself, with every job it leased settled (here two
