@@ -44,14 +44,15 @@ from ..types import Lease
 from .aiotxn import TxnThread
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
-from .policy import (ACK, Counter, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
+from .policy import (ACK, Counter, NACK, NOTHING, Outbox, Policy, Progress, Settle,
                      burst_for)
 from .core import ExtendAnswer, Held, JobState, R, Steps, WorkerCore, WorkerStats
-from .worker import CONCURRENCY_MAX, _require
+from .options import WorkerOptions, options_of
 
 log = logging.getLogger("shardq.worker")
 
 HEARTBEAT_TICK_S = 0.1  # how often leases are checked for a heartbeat
+ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
 
 
 
@@ -142,32 +143,29 @@ class AsyncWorker:
     connects, and closes its client at the end) or an open asyncio queue client (the
     caller's: used, not closed)."""
 
-    def __init__(self, target, handler: AsyncHandler, queue: str = "default", concurrency: int = 50,
-                 idempotency: IdempotencyStore | None = None, grace_s: float = 30.0,
-                 log_every: int = 1000, heartbeat_fraction: float = 0.5, idle_wait_s: float = 1.0,
-                 backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
-                 clock: Clock | None = None, rng: random.Random | None = None,
-                 request_timeout_s: float = 5.0, log_every_s: float = LOG_EVERY_S_DEFAULT,
-                 burst: bool | Burst = False):
-        _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
-                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
-        _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
-        _require(grace_s >= 0 and idle_wait_s >= 0, "bad grace_s/idle_wait_s")
-        self.target, self.handler, self.queue = target, handler, queue
-        self.concurrency, self.store, self.grace_s = concurrency, idempotency, float(grace_s)
-        self.log_every, self.heartbeat_fraction = log_every, heartbeat_fraction
-        self.idle_wait_s = idle_wait_s
-        self.policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+    def __init__(self, target: Any, handler: AsyncHandler, options: WorkerOptions | None = None, *,
+                 idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
+                 rng: random.Random | None = None, **settings: Any):
+        """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
+        (``queue=``, ``concurrency=``, ``burst=``...), which make one; by keywords,
+        ``concurrency`` is 50 unless given."""
+        o = options_of(options, {"concurrency": ASYNC_CONCURRENCY_DEFAULT, **settings} if options is None else settings)
+        self.options = o
+        self.target, self.handler, self.queue = target, handler, o.queue
+        self.concurrency, self.store, self.grace_s = o.concurrency, idempotency, float(o.grace_s)
+        self.log_every, self.heartbeat_fraction = o.log_every, o.heartbeat_fraction
+        self.idle_wait_s = o.idle_wait_s
+        self.policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                              rng=rng or random.Random())
         self.outbox = Outbox()
         self.clock = clock or SystemClock()
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
-        self.core = WorkerCore(self.policy, Progress(log_every, log_every_s, self.clock.monotonic(), queue),
-                               self.clock, heartbeat_fraction=float(heartbeat_fraction),
+        self.core = WorkerCore(self.policy, Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue),
+                               self.clock, heartbeat_fraction=float(o.heartbeat_fraction),
                                lock=contextlib.nullcontext())
         self.progress, self.backoff = self.core.progress, self.core.backoff
-        self.burst = burst_for(burst, queue)
-        self.request_timeout_s = request_timeout_s
+        self.burst = burst_for(o.burst, o.queue)
+        self.request_timeout_s = o.request_timeout_s
         self.stats = self.core.stats
         self.jobs = self.core.jobs
         self._loop: asyncio.AbstractEventLoop | None = None

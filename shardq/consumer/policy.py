@@ -271,12 +271,7 @@ class Progress:
     ``every_s`` a number in (0, LOG_EVERY_S_MAX]; anything else is :class:`InvalidConfig`."""
 
     def __init__(self, every_jobs: int, every_s: float, now: float, name: str = ""):
-        if isinstance(every_jobs, bool) or not isinstance(every_jobs, int) or every_jobs < 1:
-            raise InvalidConfig(f"log_every must be an int >= 1, not {every_jobs!r}")
-        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
-                or not 0 < every_s <= LOG_EVERY_S_MAX:
-            raise InvalidConfig(f"log_every_s must be a number of seconds in (0, {LOG_EVERY_S_MAX:g}], "
-                                f"not {every_s!r}")
+        check_progress(every_jobs, every_s)
         self.every_jobs, self.every_s, self.name = every_jobs, float(every_s), name
         self.n, self.t0, self.start = 0, now, now
 
@@ -305,6 +300,17 @@ class Progress:
 
     def _prefix(self) -> str:
         return f"queue {self.name}: " if self.name else ""
+
+
+def check_progress(every_jobs: object, every_s: object) -> None:
+    """The progress limits (:class:`Progress`): InvalidConfig unless ``every_jobs`` is an
+    int >= 1 and ``every_s`` a number in (0, LOG_EVERY_S_MAX]."""
+    if isinstance(every_jobs, bool) or not isinstance(every_jobs, int) or every_jobs < 1:
+        raise InvalidConfig(f"log_every must be an int >= 1, not {every_jobs!r}")
+    if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
+            or not 0 < every_s <= LOG_EVERY_S_MAX:
+        raise InvalidConfig(f"log_every_s must be a number of seconds in (0, {LOG_EVERY_S_MAX:g}], "
+                            f"not {every_s!r}")
 
 
 def _totals(stats: Any) -> str:

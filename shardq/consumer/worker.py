@@ -49,6 +49,7 @@ import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any
 
 from .. import limits
 from ..client.queue import Queue
@@ -59,6 +60,8 @@ from .handling import (EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_ru
 from ..stopping import install_stop_signals
 from .core import Held as _Job, JobState, WorkerCore, WorkerStats, drive
 from .idempotency import IdempotencyStore
+from .options import (CONCURRENCY_MAX, IDLE_WAIT_S, POLL_S, PRUNE_EVERY_S, Mode,  # noqa: F401 - re-exported: named as this module's
+                      WorkerOptions, options_of)
 # The constants stay importable from here: callers and the docs' checked figures
 # (tests/project/test_docs_claims.py) name them as this module's.
 from .policy import (ACK, NACK, NOTHING, Counter, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
@@ -66,12 +69,11 @@ from .policy import (ACK, NACK, NOTHING, Counter, COMMIT_MARGIN_S, UNAVAILABLE_B
                      UnavailableBackoff, burst_for)
 from ..types import Lease
 
+if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
+    from .metrics import WorkerMetrics
+
 log = logging.getLogger("shardq.worker")
 
-CONCURRENCY_MAX = 1024
-POLL_S = 0.1                     # longest the loop blocks while handlers run
-IDLE_WAIT_S = 1.0                # long-poll wait of dequeue when nothing is in flight
-PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 
 # Job states inside the worker (core.JobState).
 PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
@@ -95,28 +97,14 @@ class _ExtendRequest:
 class Worker:
     """Runs ``handler(ctx)`` on jobs of ``queue``. See the module docstring."""
 
-    def __init__(self, queue_or_router: Queue, handler: Handler, queue: str = "default",
-                 concurrency: int = 8, mode: str = "thread",
-                 idempotency: IdempotencyStore | None = None, prefetch: int | None = None,
-                 backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
-                 heartbeat_fraction: float = 0.5, grace_s: float = 30.0, log_every: int = 1000,
-                 clock: Clock | None = None, rng: random.Random | None = None,
-                 poll_s: float = POLL_S, idle_wait_s: float = IDLE_WAIT_S,
-                 prune_every_s: float | None = PRUNE_EVERY_S, metrics=None,
-                 log_every_s: float = LOG_EVERY_S_DEFAULT, burst: bool | Burst = False):
-        if prefetch is None:
-            prefetch = max(1, concurrency // 4) if isinstance(concurrency, int) else 0
-        _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
-                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
-        _require(isinstance(prefetch, int) and 0 <= prefetch <= concurrency,
-                 "prefetch must be an int in [0, concurrency]")
-        _require(mode in ("thread", "process"), "mode must be 'thread' or 'process'")
-        _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
-        _require(0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX,
-                 "need 0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX")
-        _require(grace_s >= 0 and poll_s > 0 and idle_wait_s >= 0, "bad grace_s/poll_s/idle_wait_s")
+    def __init__(self, queue_or_router: Queue, handler: Handler, options: WorkerOptions | None = None, *,
+                 idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
+                 rng: random.Random | None = None, metrics: WorkerMetrics | None = None, **settings: Any):
+        """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
+        (``queue=``, ``concurrency=``, ``burst=``...), which make one."""
+        o = options_of(options, settings)
         _require(callable(handler), "handler must be callable")
-        if mode == "process":
+        if o.mode == Mode.PROCESS:
             try:
                 pickle.dumps(handler)
             except Exception as exc:  # noqa: BLE001 - pickle raises several types for what it cannot pickle
@@ -129,24 +117,25 @@ class Worker:
         service_id = getattr(queue_or_router, "service_id", None)
         if idempotency is not None and isinstance(service_id, str):
             idempotency.bind(service_id)
+        self.options = o
         self._q = queue_or_router
         self._handler = handler
-        self._queue = queue
-        self._concurrency = concurrency
-        self._prefetch = prefetch
-        self._mode = mode
+        self._queue = o.queue
+        self._concurrency = o.concurrency
+        self._prefetch = o.prefetch or 0
+        self._mode = o.mode
         self._store = idempotency
-        self._policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+        self._policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                               rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
-        self._grace_s = float(grace_s)
+        self._grace_s = float(o.grace_s)
         self._clock = clock or SystemClock()
-        self._core = WorkerCore(self._policy, Progress(log_every, log_every_s, self._clock.monotonic(), queue),
-                                self._clock, heartbeat_fraction=float(heartbeat_fraction),
+        self._core = WorkerCore(self._policy, Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue),
+                                self._clock, heartbeat_fraction=float(o.heartbeat_fraction),
                                 lock=threading.Lock(), metrics=metrics)
         self._progress = self._core.progress
-        self._burst = burst_for(burst, queue)
-        self._poll_s, self._idle_wait_s = float(poll_s), float(idle_wait_s)
-        self._prune_every_s = prune_every_s
+        self._burst = burst_for(o.burst, o.queue)
+        self._poll_s, self._idle_wait_s = float(o.poll_s), float(o.idle_wait_s)
+        self._prune_every_s = o.prune_every_s
         self._lock = self._core.lock       # guards _Job.lease/state/lost between loop and runners
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
@@ -194,7 +183,7 @@ class Worker:
         pruner_stop = threading.Event()
         try:
             self._load_config()
-            if self._mode == "process":
+            if self._mode == Mode.PROCESS:
                 self._pool = self._make_pool()
             for i in range(self._concurrency):
                 t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
@@ -546,7 +535,7 @@ class Worker:
             lease = job.lease
         started = self._clock.monotonic()
         try:
-            if self._mode == "process":
+            if self._mode == Mode.PROCESS:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),

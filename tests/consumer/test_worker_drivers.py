@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -33,6 +34,8 @@ from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
+from shardq.consumer.options import CONCURRENCY_MAX, WorkerOptions
+from shardq.limits import DELAY_S_MAX
 
 VISIBILITY_S = 30.0
 MAX_DELIVERIES = 4
@@ -545,14 +548,43 @@ def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
     ({"log_every_s": 0}, "log_every_s must be a number of seconds in"),
     ({"log_every_s": LOG_EVERY_S_MAX * 2}, "log_every_s must be a number of seconds in"),
     ({"burst": "yes"}, "burst must be a bool or a Burst"),
+    ({"concurrency": 0}, "concurrency must be an int in"),
+    ({"concurrency": CONCURRENCY_MAX + 1}, "concurrency must be an int in"),
+    ({"heartbeat_fraction": 1.0}, "heartbeat_fraction must be in"),
+    ({"backoff_base_s": 2.0, "backoff_cap_s": 1.0}, "backoff_base_s <= backoff_cap_s"),
+    ({"backoff_cap_s": DELAY_S_MAX + 1}, "backoff_cap_s <= limits.DELAY_S_MAX"),
+    ({"grace_s": -1.0}, "bad grace_s"),
+    ({"request_timeout_s": 0}, "request_timeout_s must be"),
 ])
-def test_progress_and_burst_options_are_refused_the_same_way_by_every_driver(runner, options, words):
-    """``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job."""
+def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, words):
+    """One record (:class:`WorkerOptions`) checks every setting for every runner:
+    ``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job, and
+    it took backoffs that the threaded worker refuses."""
     q = FakeQueue(FakeClock())
     cls = Worker if runner == "thread" else AsyncWorker
     with pytest.raises(InvalidConfig, match=words):
         cls(q, lambda ctx: None, **options)
-    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX)  # the limits themselves are fine
+    with pytest.raises(InvalidConfig, match=words):
+        WorkerOptions(**options)
+    # the limits themselves are fine
+    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX, concurrency=CONCURRENCY_MAX,
+        backoff_base_s=DELAY_S_MAX, backoff_cap_s=DELAY_S_MAX)
+
+
+@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+def test_a_worker_takes_one_frozen_options_record_or_its_fields_as_keywords(runner):
+    q = FakeQueue(FakeClock())
+    cls = Worker if runner == "thread" else AsyncWorker
+    options = WorkerOptions(queue="q1", concurrency=3, grace_s=2.0)
+    assert cls(q, lambda ctx: None, options).options == options
+    assert cls(q, lambda ctx: None, queue="q1", concurrency=3, grace_s=2.0).options == options
+    assert options.prefetch == 1  # None: max(1, concurrency // 4), resolved in the record
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.concurrency = 5  # type: ignore[misc]
+    with pytest.raises(InvalidConfig, match="not both"):
+        cls(q, lambda ctx: None, options, concurrency=4)
+    with pytest.raises(InvalidConfig, match="options must be a WorkerOptions"):
+        cls(q, lambda ctx: None, "q1")
 
 
 def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():
