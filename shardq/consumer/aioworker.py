@@ -44,7 +44,7 @@ from ..types import Lease
 from .aiotxn import TxnThread
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
-from .policy import (ACK, Counter, NACK, NOTHING, Outbox, Policy, Progress, Settle,
+from .policy import (ACK, NACK, NOTHING, Policy, Progress, Settle,
                      burst_for)
 from .core import ExtendAnswer, Held, JobState, R, Steps, WorkerCore, WorkerStats
 from .options import WorkerOptions, options_of
@@ -157,7 +157,6 @@ class AsyncWorker:
         self.idle_wait_s = o.idle_wait_s
         self.policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                              rng=rng or random.Random())
-        self.outbox = Outbox()
         self.clock = clock or SystemClock()
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
         self.core = WorkerCore(self.policy, Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue),
@@ -327,10 +326,7 @@ class AsyncWorker:
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
                         lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
                         max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
-            job.state = JobState.FINISHED
-            settle = self.policy.settle(*result, lease, lost=job.lost)
-            if settle.counted_at_once:
-                self._count(settle.counter)
+            settle = self.core.finished(job, result)
             if settle.op != NOTHING:
                 await self._send(job, settle)
         except asyncio.CancelledError:  # the grace period ended
@@ -395,18 +391,22 @@ class AsyncWorker:
     async def _send(self, job: _Job, settle: Settle) -> None:
         """Send an ack, nack or bury, first try or retry. Unsent for ShardUnavailable: it
         goes to the outbox, and the job keeps its slot until it lands or its lease ends.
-        An ack goes after the job's reports (``ctx.report``) landed, as the policy says."""
+        An ack goes after the job's reports (``ctx.report``) landed, as the core says
+        (:meth:`.core.WorkerCore.reported`); the reports are merged with other jobs' per
+        loop turn by the client."""
         if settle.op == ACK and job.reports:
-            decided = await self._report(job, settle)
-            if decided is None:
-                return  # parked in the outbox
-            if decided is not settle:
-                settle = decided
-                if settle.counted_at_once:
-                    self._count(settle.counter)
-                if settle.op == NOTHING:
+            answers = await self.q.report_many([(job.lease, r) for r in job.reports])
+            decided, outage = self.core.reported(job, settle, answers)
+            if decided is None:  # met an unavailable shard: parked with what did not land
+                self.core.unavailable(settle.op, outage)
+                self.core.outbox.put(job, settle, job.lease)
+                self._park(job)
+                return
+            if decided is not settle:  # refused: not acked
+                if decided.op == NOTHING:
                     self._forget(job)
                     return
+                settle = decided
         lease = job.lease
         try:
             if settle.op == ACK:
@@ -418,60 +418,28 @@ class AsyncWorker:
             exc = None
         except ShardqError as e:
             exc = e
-        answer = self.policy.answer(settle, lease, exc)
-        if answer.retry:
-            self._park(job, settle, exc)
-            return
-        if answer.counter is not None:
-            self._count(answer.counter)
-        self._forget(job)
+        if self.core.answered(job, settle, exc):
+            self._park(job)
+        else:
+            self._slot_free.set()
 
-    async def _report(self, job: _Job, settle: Settle) -> Settle | None:
-        """Make the job's reports (merged with other jobs' per loop turn by the client):
-        ``settle`` if all landed; None if one met an unavailable shard (the job waits in
-        the outbox with what did not land); else what the policy sends instead."""
-        answers = await self.q.report_many([(job.lease, r) for r in job.reports])
-        outage = None
-        for exc in answers:
-            if exc is not None:
-                decided = self.policy.reported(settle, job.lease, exc)
-                if decided is None:
-                    outage = exc
-                elif decided is not settle:
-                    job.reports.clear()
-                    return decided
-        if outage is None:
-            job.reports.clear()
-            return settle
-        job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
-        self._park(job, settle, outage)
-        return None
-
-    def _park(self, job: _Job, settle: Settle, exc: BaseException | None) -> None:
-        """``settle`` met an unavailable shard: into the outbox; the job keeps its slot."""
-        self._unavailable(settle.op, exc)
+    def _park(self, job: _Job) -> None:
+        """The job's settlement waits in the outbox: it keeps its slot until it lands."""
         job.parked = True
-        self.outbox.put(job, settle, job.lease)
         if self._outbox_task is None or self._outbox_task.done():
             self._outbox_task = asyncio.create_task(self._retry_outbox())
 
     async def _retry_outbox(self) -> None:
         """Retry what the outbox holds after each backoff wait, until it is empty."""
-        while len(self.outbox):
-            await asyncio.sleep(self.backoff.retry_s)
-            retry, given_up = self.outbox.take(self.clock.now())
-            for job, counter in given_up:  # the queue redelivers the job
-                if counter is not None:
-                    self._count(counter)
-                self._forget(job)
+        while len(self.core.outbox):
+            await asyncio.sleep(self.core.backoff.retry_s)
+            retry = self.core.outbox_due()
+            self._slot_free.set()  # what was given up left the worker's hands
             await asyncio.gather(*(self._send(job, settle) for job, settle in retry))
 
     def _forget(self, job: _Job) -> None:
-        if self.jobs.pop((job.lease.job_id, job.lease.token), None) is not None:
-            self._slot_free.set()
-
-    def _count(self, counter: Counter) -> None:
-        self.core.count(counter)
+        self.core.forget(job)
+        self._slot_free.set()
 
     # ------------------------------------------------------------------ leases
     async def _extend(self, job: _Job, seconds: float) -> float:

@@ -12,8 +12,8 @@ from .. import limits
 from ..clock import Clock
 from ..errors import InvalidJob, LeaseLost, ShardUnavailable
 from ..types import JobId, Lease, Token
-from .handling import Report
-from .policy import Counter, Policy, Progress, UnavailableBackoff
+from .handling import Report, Result
+from .policy import NOTHING, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -108,6 +108,7 @@ class WorkerCore:
         self.metrics = metrics
         self.stats = WorkerStats()
         self.backoff = UnavailableBackoff()
+        self.outbox: Outbox[Held] = Outbox()
         self.jobs: dict[tuple[JobId, Token], Held] = {}
 
     # ------------------------------------------------------------------ counting
@@ -124,6 +125,79 @@ class WorkerCore:
         wait = self.backoff.failed()
         log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
         return wait
+
+    def forget(self, job: Held) -> None:
+        """The job is settled (or given up): it leaves the worker's hands."""
+        self.jobs.pop(job.ref, None)
+
+    def _finish(self, job: Held, counter: Counter, keep: bool = False) -> None:
+        if not keep:
+            self.forget(job)
+        self.count(counter, job.lease)
+
+    # ------------------------------------------------------------------ settling
+    def finished(self, job: Held, result: Result) -> Settle:
+        """A run ended with ``result``: what to send (:meth:`.policy.Policy.settle`). A nack
+        or bury counts at once and keeps the job in hand until it lands; NOTHING (the lease
+        is lost or expired) lets it go; an ack counts when it lands (:meth:`answered`)."""
+        with self.lock:
+            job.state = JobState.FINISHED
+            lost = job.lost
+        settle = self.policy.settle(*result, job.lease, lost=lost)
+        if settle.counted_at_once:
+            self._finish(job, settle.counter, keep=settle.op != NOTHING)
+        return settle
+
+    def answered(self, job: Held, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
+        """The queue answered ``settle`` with ``exc`` (None: it landed). True: it met an
+        unavailable shard and waits in the outbox (the outage is counted unless
+        ``counted``: a round of many settlements counts one); else the job is settled."""
+        answer = self.policy.answer(settle, job.lease, exc)
+        if answer.retry:
+            if not counted:
+                self.unavailable(settle.op, exc)
+            self.outbox.put(job, settle, job.lease)
+            return True
+        if answer.counter is not None:
+            self._finish(job, answer.counter)
+        else:
+            self.forget(job)
+        return False
+
+    def reported(self, job: Held, settle: Settle,
+                 answers: list[BaseException | None]) -> tuple[Settle | None, BaseException | None]:
+        """The answers to ``job.reports`` (``ctx.report``, made before the ack ``settle``):
+        ``(settle, None)`` if all landed; ``(None, outage)`` if one met an unavailable shard
+        (``job.reports`` keeps what did not land; the runner parks the job in the outbox);
+        else the refusal the policy sends instead (:meth:`.policy.Policy.reported`),
+        counted here: the runner sends it unless it is NOTHING."""
+        outage: BaseException | None = None
+        for exc in answers:
+            if exc is None:
+                continue
+            decided = self.policy.reported(settle, job.lease, exc)
+            if decided is None:
+                outage = outage or exc
+            elif decided is not settle:
+                job.reports.clear()
+                self._finish(job, decided.counter, keep=decided.op != NOTHING)
+                return decided, None
+        if outage is None:
+            job.reports.clear()
+            return settle, None
+        job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
+        return None, outage
+
+    def outbox_due(self) -> list[tuple[Held, Settle]]:
+        """Empty the outbox: what to send again; what waited past its lease's deadline is
+        given up (an ack counts as lost; the queue redelivers the job)."""
+        retry, given_up = self.outbox.take(self.clock.now())
+        for job, counter in given_up:
+            if counter is not None:
+                self._finish(job, counter)
+            else:
+                self.forget(job)
+        return retry
 
     # ------------------------------------------------------------------ leases
     def extend_at(self, lease: Lease, now: float) -> float:

@@ -30,7 +30,7 @@ import enum
 import logging
 import random
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import limits
 from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
@@ -39,6 +39,7 @@ from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Context, Outcom
                        error_text, failure_result)
 
 log = logging.getLogger("shardq.worker")
+J = TypeVar("J")  # what an Outbox keeps with each settlement: the runner's job
 
 COMMIT_MARGIN_S = 1.0            # commit only with this much lease left (at most 10% of it)
 UNAVAILABLE_BACKOFF_S_MIN = 0.1  # after ShardUnavailable, wait this long, doubling ...
@@ -207,26 +208,26 @@ class Policy:
         return Answer(False)
 
 
-class Outbox:
+class Outbox(Generic[J]):
     """Settlements that met an unavailable shard, each with the lease it settles. The
     driver retries them after each backoff wait; :meth:`take` gives up those whose lease
     has ended (the queue redelivers the job)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Any, Settle, Lease]] = []
+        self._items: list[tuple[J, Settle, Lease]] = []
 
-    def put(self, job: Any, settle: Settle, lease: Lease) -> None:
+    def put(self, job: J, settle: Settle, lease: Lease) -> None:
         self._items.append((job, settle, lease))
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def take(self, now: float) -> tuple[list[tuple[Any, Settle]], list[tuple[Any, Counter | None]]]:
+    def take(self, now: float) -> tuple[list[tuple[J, Settle]], list[tuple[J, Counter | None]]]:
         """Empty the outbox: ``(to retry, given up)``; a given-up job comes with the counter
         it now counts under (``lost`` for an ack; a nack or bury was counted already)."""
         items, self._items = self._items, []
-        retry: list[tuple[Any, Settle]] = []
-        given_up: list[tuple[Any, Counter | None]] = []
+        retry: list[tuple[J, Settle]] = []
+        given_up: list[tuple[J, Counter | None]] = []
         for job, settle, lease in items:
             if now < lease.deadline:
                 retry.append((job, settle))

@@ -55,7 +55,7 @@ from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, ShardqError, ShardUnavailable
-from .handling import (EXPIRED, FAILED, SKIPPED, Handler, _child_init, _child_run, error_text,
+from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Outcome, _child_init, _child_run, error_text,
                        execute)
 from ..stopping import install_stop_signals
 from .core import Held as _Job, JobState, WorkerCore, WorkerStats, drive
@@ -172,7 +172,7 @@ class Worker:
             in_flight = self._core.jobs
             self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
-        self._outbox = Outbox()
+        self._core.outbox = Outbox()
         self._confirmed: list[tuple[_Job, Settle]] = []  # reports landed: acked in the next round
         self._idle = self._concurrency
         self._grace_end: float | None = None
@@ -246,7 +246,7 @@ class Worker:
             return 0.0  # the queue had jobs and a runner is free: keep pulling
         return self._poll_s
 
-    def _collect(self, timeout: float) -> list[tuple[_Job, str, str | None, float | None]]:
+    def _collect(self, timeout: float) -> list[tuple[_Job, Outcome, str | None, float | None]]:
         out: list = []
         try:
             item = self._results.get(timeout=timeout) if timeout > 0 else self._results.get_nowait()
@@ -296,23 +296,18 @@ class Worker:
             self._work.put(job)
 
     def _expired(self, job: _Job) -> None:
-        self._finish(job, self._policy.settle(EXPIRED, None, None, job.lease, lost=False).counter)
+        self._core.finished(job, (EXPIRED, None, None))
 
     # ------------------------------------------------------------------ results
-    def _settle(self, results: list[tuple[_Job, str, str | None, float | None]]) -> None:
-        """Settle finished runs as the policy says; retry the outbox first. Acks go out in
+    def _settle(self, results: list[tuple[_Job, Outcome, str | None, float | None]]) -> None:
+        """Settle finished runs as the core says; retry the outbox first. Acks go out in
         one round with the reports of the jobs just finished (:meth:`_round`)."""
         acks = self._retry_outbox()
         for job, outcome, error, delay in results:
             self._idle += 1
             if outcome == SKIPPED:
                 continue
-            with self._lock:
-                job.state = FINISHED
-                lost = job.lost
-            settle = self._policy.settle(outcome, error, delay, job.lease, lost=lost)
-            if settle.counted_at_once:  # a nack or bury keeps the job in flight until it lands
-                self._finish(job, settle.counter, keep=settle.op != NOTHING)
+            settle = self._core.finished(job, (outcome, error, delay))
             if settle.op == ACK:
                 acks.append((job, settle))
             elif settle.op != NOTHING:
@@ -326,8 +321,8 @@ class Worker:
         in one pipelined call (``settle_many``). A job is acked only after its reports
         landed, so a job whose reports land now waits for the next round (the loop turns
         again at once). A report that met an unavailable shard waits in the outbox with
-        what has not landed; one refused settles its job as the policy says
-        (:meth:`.policy.Policy.reported`)."""
+        what has not landed; one refused settles its job as the core says
+        (:meth:`.core.WorkerCore.reported`)."""
         reporting = [(job, settle) for job, settle in acks if job.reports]
         ready = self._confirmed + [(job, settle) for job, settle in acks if not job.reports]
         self._confirmed = []
@@ -340,29 +335,19 @@ class Worker:
         for (job, settle), exc in zip(ready, acked):
             if isinstance(exc, ShardUnavailable):
                 outage = exc
-            self._answered(job, settle, exc, counted=True)  # an outage is counted once, below
+            self._core.answered(job, settle, exc, counted=True)  # an outage is counted once, below
         at = 0
         for job, settle in reporting:
             mine = answers[at:at + len(job.reports)]
             at += len(job.reports)
-            decided: Settle | None = settle
-            for exc in mine:
-                if exc is not None:
-                    decided = self._policy.reported(settle, job.lease, exc)
-                    if decided is None:
-                        outage = outage or exc
-                    elif decided is not settle:
-                        break
-            if decided is not None and decided is not settle:  # refused: not acked
-                job.reports.clear()
-                self._finish(job, decided.counter, keep=decided.op != NOTHING)
+            decided, unavailable = self._core.reported(job, settle, mine)
+            if decided is None:  # an outage: the job waits in the outbox with what did not land
+                outage = outage or unavailable
+                self._core.outbox.put(job, settle, job.lease)
+            elif decided is not settle:  # refused: not acked
                 if decided.op != NOTHING:
                     self._send(job, decided)
-            elif any(exc is not None for exc in mine):  # an outage: retry what did not land
-                job.reports[:] = [r for r, exc in zip(job.reports, mine) if exc is not None]
-                self._outbox.put(job, settle, job.lease)
             else:
-                job.reports.clear()
                 self._confirmed.append((job, settle))
         if outage is not None:
             self._unavailable("settle", outage)  # one round: one outage counted
@@ -375,7 +360,7 @@ class Worker:
             self._unavailable("ack", exc)  # one call failed: one outage counted
             answers, counted = [exc] * len(items), True
         for (job, settle), answer in zip(items, answers):
-            self._answered(job, settle, answer, counted)
+            self._core.answered(job, settle, answer, counted=counted)
 
     def _ack_many(self, leases: list[Lease]) -> list[BaseException | None]:
         ack_many = getattr(self._q, "ack_many", None)
@@ -400,30 +385,13 @@ class Worker:
             exc = None
         except ShardqError as e:
             exc = e
-        self._answered(job, settle, exc)
-
-    def _answered(self, job: _Job, settle: Settle, exc: BaseException | None,
-                  counted: bool = False) -> None:
-        answer = self._policy.answer(settle, job.lease, exc)
-        if answer.retry:
-            if not counted:
-                self._unavailable(settle.op, exc)
-            self._outbox.put(job, settle, job.lease)
-        elif answer.counter is not None:
-            self._finish(job, answer.counter)
-        else:
-            self._core.jobs.pop(job.ref, None)
+        self._core.answered(job, settle, exc)
 
     def _retry_outbox(self) -> list[tuple[_Job, Settle]]:
         """Retry the outbox's nacks and buries; returns its acks, for this turn's round."""
-        if not self._outbox:
+        if not self._core.outbox:
             return []
-        retry, given_up = self._outbox.take(self._clock.now())
-        for job, counter in given_up:  # the queue redelivers the job
-            if counter is not None:
-                self._finish(job, counter)
-            else:
-                self._core.jobs.pop(job.ref, None)
+        retry = self._core.outbox_due()
         for job, settle in retry:
             if settle.op != ACK:
                 self._send(job, settle)
@@ -448,11 +416,6 @@ class Worker:
         if req.error is not None:
             raise req.error
         return req.deadline
-
-    def _finish(self, job: _Job, counter: Counter, keep: bool = False) -> None:
-        if not keep:
-            self._core.jobs.pop(job.ref, None)
-        self._core.count(counter, job.lease)
 
     # ------------------------------------------------------------------ leases
     def _heartbeat(self) -> None:
