@@ -271,12 +271,7 @@ class AsyncWorker:
                 continue
             except asyncio.CancelledError:
                 break
-            self.backoff.reset()
-            now = self.clock.now()
-            self.stats.leased += len(leases)
-            for lease in leases:
-                job = _Job(lease, self.core.extend_at(lease, now))
-                self.jobs[(lease.job_id, lease.token)] = job
+            for job in self.core.leased(leases, self.clock.now(), _Job):
                 job.task = asyncio.create_task(self._run_job(job))
             if burst is not None:
                 burst.answered(self.queue, token, held, len(leases))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves 
 
 log = logging.getLogger("shardq.worker")
 R = TypeVar("R")
+H = TypeVar("H", bound="Held")
 
 
 @dataclasses.dataclass
@@ -125,6 +126,17 @@ class WorkerCore:
         wait = self.backoff.failed()
         log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
         return wait
+
+    def leased(self, leases: list[Lease], now: float, make: Callable[[Lease, float], H]) -> list[H]:
+        """A dequeue answered ``leases`` (an answer: the backoff resets): each becomes a
+        job in hand, ``make(lease, extend_at)``, its first heartbeat due at
+        ``heartbeat_fraction`` of the lease."""
+        self.backoff.reset()
+        self.stats.leased += len(leases)
+        jobs = [make(lease, self.extend_at(lease, now)) for lease in leases]
+        for job in jobs:
+            self.jobs[job.ref] = job
+        return jobs
 
     def forget(self, job: Held) -> None:
         """The job is settled (or given up): it leaves the worker's hands."""

@@ -274,13 +274,7 @@ class Worker:
         except ShardUnavailable as exc:
             self._unavailable("dequeue", exc)
             return None
-        self._core.backoff.reset()
-        now = self._clock.now()
-        for lease in leases:
-            job = _Job(lease, self._core.extend_at(lease, now))
-            self._core.jobs[job.ref] = job
-            self._pending.append(job)
-        self.stats.leased += len(leases)
+        self._pending.extend(self._core.leased(leases, self._clock.now(), _Job))
         self._run_leased += len(leases)
         return len(leases)
 
