@@ -95,27 +95,6 @@ def store_rows(store):
         return txn.db.fetchall()
 
 
-def test_stop_lets_running_jobs_finish_within_the_grace_period(app):
-    started, _release = threading.Event(), asyncio.Event()
-    done = []
-
-    @app.task(queue="aw-stop", name="aw.slow")
-    async def slow(ctx, n: int):
-        started.set()
-        await asyncio.sleep(0.3)
-        done.append(n)
-
-    slow.send_many([((n,), {}) for n in range(3)])
-    w, t = start(app, "aw-stop", concurrency=3, grace_s=10)
-    try:
-        assert started.wait(10)
-        w.stop()
-        t.join(20)
-    finally:
-        w.stop()
-    assert sorted(done) == [0, 1, 2] and settled(app, "aw-stop")
-
-
 def test_after_the_grace_period_running_jobs_are_cancelled_and_released(app):
     started = threading.Event()
 

@@ -250,39 +250,6 @@ def test_prefetched_lease_is_heartbeated_too():
     assert q.job(b).attempts == 1  # waiting for a runner did not burn a delivery
 
 
-@pytest.mark.parametrize("with_store", [True, False])
-def test_lease_lost_no_ack_and_rolled_back(with_store):
-    clock, q = make(vis=30)
-    store = MemoryStore(clock=clock) if with_store else None
-    job_id = q.enqueue(b"a")
-    started, release = threading.Event(), threading.Event()
-    attempts = []
-
-    def handler(ctx):
-        attempts.append(ctx.attempt)
-        if ctx.db is not None:
-            ctx.db["effect"] = ctx.attempt
-        if ctx.attempt == 1:
-            started.set()
-            release.wait(5)
-
-    worker = Worker(q, handler, concurrency=1, prefetch=0, idempotency=store, clock=clock, **FAST)
-    t, out = in_background(worker, max_jobs=2)
-    assert started.wait(5)
-    clock.advance(31)  # the lease expires before any heartbeat: the queue takes the job back
-    wait_until(lambda: any(not op[3] for op in q.ops("extend")), what="heartbeat sees LeaseLost")
-    if with_store:
-        assert not store.seen(job_id)
-    release.set()  # the handler finishes late: its transaction is rolled back, no ack
-    t.join(5)
-    assert attempts == [1, 2]
-    acks = q.ops("ack")
-    assert len(acks) == 1 and acks[0][2] == q.job(job_id).history[-2][1]  # only lease 2
-    assert out["stats"].lost == 1 and out["stats"].succeeded == 1
-    if with_store:
-        assert store.data == {"effect": 2}  # the redelivery's effect, once
-
-
 def test_deadline_passed_lease_is_not_started():
     clock, q = make()
     job_id = q.enqueue(b"a")

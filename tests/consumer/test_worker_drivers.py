@@ -491,6 +491,55 @@ def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_
     assert driver.worker.stats.unavailable == 2 and driver.worker.stats.lost == 0
 
 
+def test_a_lease_lost_while_running_is_not_acked_and_its_effect_rolls_back(driver):
+    """The lease expires under a running job (no heartbeat came in time): the heartbeat
+    finds it lost, the late finish commits nothing and is not acked; the redelivery runs,
+    commits its effect once and is acked."""
+    store = MemoryStore(clock=driver.clock)
+    started, release = threading.Event(), threading.Event()
+    attempts = []
+
+    def work(ctx, n):
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            started.set()
+            assert release.wait(10)
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start(store)
+    assert started.wait(10)
+    driver.clock.advance(VISIBILITY_S + 1)  # past the deadline before any heartbeat
+    wait_until(lambda: any(not op[3] for op in driver.q.ops("extend")), what="a heartbeat finding it lost")
+    release.set()
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the redelivery acked")
+    driver.stop()
+    assert attempts == [1, 2] and effects(store) == {job_id: 1}
+    (_, _, token), = driver.q.ops("ack")
+    assert token == driver.q.job(job_id).history[-2][1]  # the second lease's ack, the only one
+    assert (driver.worker.stats.lost, driver.worker.stats.succeeded) == (1, 1)
+
+
+def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
+    release = threading.Event()
+    running = []
+
+    def work(ctx, n):
+        running.append(n)
+        assert release.wait(10)
+
+    driver.define(work)
+    ids = [driver.send(n) for n in range(2)]
+    driver.start()
+    wait_until(lambda: len(running) == 2, what="both jobs running")
+    driver.worker.stop()
+    assert not driver.returned()  # waiting for the running jobs
+    release.set()
+    wait_until(driver.returned, what="the worker returning once they finished")
+    assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
+    assert driver.worker.stats.succeeded == 2 and driver.worker.stats.abandoned == 0
+
+
 # ---------------------------------------------------------------------------- burst, progress
 def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
     """``burst``: the worker returns by itself, with every job it leased settled (here two
