@@ -161,7 +161,7 @@ class AsyncWorker:
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
         self.core = WorkerCore(self.policy, Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue),
                                self.clock, heartbeat_fraction=float(o.heartbeat_fraction),
-                               lock=contextlib.nullcontext())
+                               lock=contextlib.nullcontext(), grace_s=float(o.grace_s))
         self.progress, self.backoff = self.core.progress, self.core.backoff
         self.burst = burst_for(o.burst, o.queue)
         self.request_timeout_s = o.request_timeout_s
@@ -181,6 +181,7 @@ class AsyncWorker:
     def stop(self) -> None:
         """Stop leasing and finish (see the module docstring). Safe from any thread."""
         self._stop_requested = True
+        self.core.stopping(self.clock.monotonic())  # the grace period counts from here
         loop, ev = self._loop, self._stop
         if loop is not None and ev is not None:
             try:
@@ -283,15 +284,16 @@ class AsyncWorker:
         holds to expire. ``drained``: burst found nothing left, nothing runs."""
         if not drained:
             log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.grace_s
-        while self.jobs and loop.time() < end:
+        end = self.core.grace_end(self.clock.monotonic())  # on the worker's clock, as for threads
+        while self.jobs and self.clock.monotonic() < end:
             busy = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
             if self._outbox_task is not None and not self._outbox_task.done():
                 busy.append(self._outbox_task)
             if not busy:
                 break
-            await asyncio.wait(busy, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+            # In slices: a clock that is not the loop's (a test's) is read again after each.
+            await asyncio.wait(busy, timeout=min(HEARTBEAT_TICK_S, end - self.clock.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
         left = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for t in left:
             t.cancel()

@@ -103,9 +103,11 @@ class WorkerCore:
     a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
 
     def __init__(self, policy: Policy, progress: Progress, clock: Clock, *, heartbeat_fraction: float,
-                 lock: AbstractContextManager[Any], metrics: WorkerMetrics | None = None):
+                 lock: AbstractContextManager[Any], grace_s: float = 30.0,
+                 metrics: WorkerMetrics | None = None):
         self.policy, self.progress, self.clock, self.lock = policy, progress, clock, lock
-        self.heartbeat_fraction = heartbeat_fraction
+        self.heartbeat_fraction, self.grace_s = heartbeat_fraction, grace_s
+        self.stop_at: float | None = None  # clock.monotonic() when stop() was first asked
         self.metrics = metrics
         self.stats = WorkerStats()
         self.backoff = UnavailableBackoff()
@@ -210,6 +212,17 @@ class WorkerCore:
             else:
                 self.forget(job)
         return retry
+
+    # ------------------------------------------------------------------ shutdown
+    def stopping(self, now: float) -> None:
+        """stop() was asked (at monotonic ``now``): the grace period counts from the first ask."""
+        if self.stop_at is None:
+            self.stop_at = now
+
+    def grace_end(self, now: float) -> float:
+        """When running jobs stop being waited for (monotonic, the worker's clock):
+        ``grace_s`` after the first stop(), or after ``now`` if none was asked."""
+        return (self.stop_at if self.stop_at is not None else now) + self.grace_s
 
     # ------------------------------------------------------------------ leases
     def extend_at(self, lease: Lease, now: float) -> float:

@@ -131,7 +131,7 @@ class Worker:
         self._clock = clock or SystemClock()
         self._core = WorkerCore(self._policy, Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue),
                                 self._clock, heartbeat_fraction=float(o.heartbeat_fraction),
-                                lock=threading.Lock(), metrics=metrics)
+                                lock=threading.Lock(), grace_s=float(o.grace_s), metrics=metrics)
         self._progress = self._core.progress
         self._burst = burst_for(o.burst, o.queue)
         self._poll_s, self._idle_wait_s = float(o.poll_s), float(o.idle_wait_s)
@@ -139,7 +139,6 @@ class Worker:
         self._lock = self._core.lock       # guards _Job.lease/state/lost between loop and runners
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
-        self._stop_at: float | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pool_gen = 0
         self._pool_lock = threading.Lock()
@@ -152,8 +151,7 @@ class Worker:
     def stop(self) -> None:
         """Stop leasing; running handlers get ``grace_s`` to finish. Safe from any thread
         and from a signal handler (it sets a flag and wakes the loop, nothing else)."""
-        if self._stop_at is None:
-            self._stop_at = self._clock.monotonic()  # the grace period counts from here
+        self._core.stopping(self._clock.monotonic())  # the grace period counts from here
         self._stop_requested = True
         self._results.put(_WAKE)  # SimpleQueue.put is reentrant
 
@@ -448,7 +446,7 @@ class Worker:
     def _shutdown_step(self) -> bool:
         """One loop turn while stopping. True when the loop should return."""
         if self._grace_end is None:
-            self._grace_end = (self._stop_at or self._clock.monotonic()) + self._grace_s
+            self._grace_end = self._core.grace_end(self._clock.monotonic())
             log.info("stopping: %d running, releasing %d not started; grace %.1fs",
                      self._concurrency - self._idle, len(self._pending), self._grace_s)
             while self._pending:

@@ -221,7 +221,8 @@ class Driver:
         """``options``: more arguments of the worker (``burst``, ``log_every_s``...)."""
         handler = TaskHandler(self.app.tasks, rng=TopRng())
         common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
-                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0, **options)
+                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0)
+        common.update(options)
         if self.runner == "thread":
             self.worker = Worker(self.q, handler, poll_s=0.005, idle_wait_s=0.01,
                                  prune_every_s=None, **common)
@@ -538,6 +539,32 @@ def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
     wait_until(driver.returned, what="the worker returning once they finished")
     assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
     assert driver.worker.stats.succeeded == 2 and driver.worker.stats.abandoned == 0
+
+
+def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
+    """The grace period runs on the worker's clock (the asyncio runner used the event loop's
+    own, so a worker on another clock waited out ``grace_s`` in real time): once it is
+    over, the jobs still running are released for redelivery and counted abandoned."""
+    started, release = threading.Event(), threading.Event()
+
+    def work(ctx, n):
+        started.set()
+        assert release.wait(20)
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start(grace_s=10.0)
+    try:
+        assert started.wait(10)
+        driver.worker.stop()
+        driver.clock.advance(11.0)  # past the grace period, not past the lease
+        wait_until(lambda: driver.q.ops("nack"), timeout=5, what="the release after the grace period")
+        assert driver.q.ops("nack") == [("nack", job_id, 0.0, None)] and driver.q.state(job_id) == READY
+        assert driver.worker.stats.abandoned == 1
+    finally:
+        release.set()  # asyncio.run() waits for the threads it started before it returns
+    wait_until(driver.returned, what="the worker returning")
+    assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
 
 
 # ---------------------------------------------------------------------------- burst, progress
