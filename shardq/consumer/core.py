@@ -1,4 +1,20 @@
-"""The worker core: what every runner (threads, processes, asyncio) keeps and decides."""
+"""The worker core: what every runner (threads, processes, asyncio) keeps and decides.
+
+No I/O and no clock of its own (the runner's :class:`~shardq.clock.Clock` is injected):
+:class:`WorkerCore` holds the jobs in hand, the counters, the backoff after
+ShardUnavailable, the outbox of settlements that met an outage, the heartbeat due times and
+the shutdown grace period, and is told what happened: ``leased``, ``finished`` (a run's
+result), ``answered`` (the queue's answer to a settlement), ``reported`` (to a job's
+reports, made before its ack), ``outbox_due``, ``stopping``. An operation that needs the
+queue while it decides (a heartbeat tick, ``ctx.extend``) is a generator that yields an
+:class:`Extend` effect and is sent its answer; the threaded runner executes it with
+:func:`drive`, the asyncio runner with an ``await`` loop of the same shape.
+
+What the runners still do themselves: waiting (threads and a results queue; tasks on an
+event loop), the dequeue call and its long poll, the batching of acks and reports
+(``settle_many`` for threads; the asyncio client merges per loop turn), releasing leases
+at shutdown, and running handlers (threads, a process pool, asyncio tasks).
+"""
 from __future__ import annotations
 
 import dataclasses
