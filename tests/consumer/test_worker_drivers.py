@@ -567,6 +567,42 @@ def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
     assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
 
 
+def test_a_lease_delivered_after_its_deadline_is_not_started(driver):
+    """Delivered late (celery#7918): the deadline has passed before the job could start,
+    so it is not run; its redelivery is."""
+    attempts = []
+    driver.define(lambda ctx, n: attempts.append(ctx.attempt))
+    job_id = driver.send()
+    driver.q.deliver_expired = 1
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert attempts == [2] and driver.q.state(job_id) == ACKED
+    assert (driver.worker.stats.expired, driver.worker.stats.succeeded) == (1, 1)
+
+
+def test_a_job_already_processed_is_not_run_again_and_is_acked(driver):
+    store = MemoryStore(clock=driver.clock)
+    calls = []
+    driver.define(lambda ctx, n: calls.append(n))
+    job_id = driver.send()
+    with store.transaction() as txn:
+        txn.claim(job_id)
+    driver.start(store, burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert calls == [] and driver.q.state(job_id) == ACKED and driver.worker.stats.duplicates == 1
+
+
+def test_outages_of_the_config_the_dequeue_and_the_ack_are_waited_out(driver):
+    driver.define(lambda ctx, n: None)
+    ids = [driver.send(n) for n in range(2)]
+    # acks: in one ack_many on the threaded runner, one ack per job on the asyncio one
+    driver.q.unavailable.update({"queue_config": 1, "dequeue_many": 2, "ack": 1})
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
+    assert driver.worker.stats.unavailable == 4 and driver.worker.stats.succeeded == 2
+
+
 # ---------------------------------------------------------------------------- burst, progress
 def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
     """``burst``: the worker returns by itself, with every job it leased settled (here two
