@@ -159,7 +159,8 @@ class AsyncWorker:
                              rng=rng or random.Random())
         self.clock = clock or SystemClock()
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
-        self.core = WorkerCore(self.policy, Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue),
+        progress = Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue)
+        self.core: WorkerCore[_Job] = WorkerCore(self.policy, progress,
                                self.clock, heartbeat_fraction=float(o.heartbeat_fraction),
                                lock=contextlib.nullcontext(), grace_s=float(o.grace_s))
         self.progress, self.backoff = self.core.progress, self.core.backoff
@@ -169,7 +170,7 @@ class AsyncWorker:
         self.jobs = self.core.jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
-        self._stop: asyncio.Event | None = None
+        self._stop = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._stop_requested = False
         self._started = threading.Event()
         self._outbox_task: asyncio.Task | None = None
@@ -183,7 +184,7 @@ class AsyncWorker:
         self._stop_requested = True
         self.core.stopping(self.clock.monotonic())  # the grace period counts from here
         loop, ev = self._loop, self._stop
-        if loop is not None and ev is not None:
+        if loop is not None:
             try:
                 loop.call_soon_threadsafe(ev.set)
             except RuntimeError:
@@ -255,7 +256,8 @@ class AsyncWorker:
                 slot_free.clear()
                 await _first(self._stop.wait(), slot_free.wait())
                 continue
-            held, token = len(self.jobs), burst.asking() if burst is not None else 0
+            held = len(self.jobs)
+            token = self.core.burst_token(burst, self.queue) if burst is not None else 0
             dequeue = asyncio.ensure_future(self.q.dequeue_many(
                 self.queue, max_jobs=room, wait=self.idle_wait_s if not self.jobs else 0.2))
             stop = asyncio.ensure_future(self._stop.wait())
@@ -319,9 +321,10 @@ class AsyncWorker:
                 if task is not None and task.is_async:
                     result = await self._execute_async(job)
                 else:  # plain task, unknown task or bad body: the thread path says why
+                    loop = asyncio.get_running_loop()
                     result = await asyncio.to_thread(
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
-                        lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
+                        lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result(),
                         max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
             settle = self.core.finished(job, result)
             if settle.op != NOTHING:

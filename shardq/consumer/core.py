@@ -22,14 +22,14 @@ import enum
 import logging
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from .. import limits
 from ..clock import Clock
 from ..errors import InvalidJob, LeaseLost, ShardUnavailable
 from ..types import JobId, Lease, Token
 from .handling import Report, Result
-from .policy import NOTHING, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
+from .policy import NOTHING, Burst, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -108,7 +108,7 @@ ExtendAnswer = Lease | BaseException
 Steps = Generator[Extend, ExtendAnswer, R]
 
 
-class WorkerCore:
+class WorkerCore(Generic[H]):
     """What a worker holds and decides, whatever runs its handlers: the jobs in hand, the
     counters and progress lines, the backoff after ShardUnavailable, and the heartbeat
     (when each lease is due, what an answer means). No I/O: an operation that needs the
@@ -127,8 +127,10 @@ class WorkerCore:
         self.metrics = metrics
         self.stats = WorkerStats()
         self.backoff = UnavailableBackoff()
-        self.outbox: Outbox[Held] = Outbox()
-        self.jobs: dict[tuple[JobId, Token], Held] = {}
+        self.outbox: Outbox[H] = Outbox()
+        self.jobs: dict[tuple[JobId, Token], H] = {}
+        self.let_go = 0  # jobs that left the worker's hands (settled or given up), ever
+        self._let_go_seen = 0
 
     # ------------------------------------------------------------------ counting
     def count(self, counter: Counter, lease: Lease | None = None) -> None:
@@ -156,17 +158,28 @@ class WorkerCore:
             self.jobs[job.ref] = job
         return jobs
 
-    def forget(self, job: Held) -> None:
+    def forget(self, job: H) -> None:
         """The job is settled (or given up): it leaves the worker's hands."""
-        self.jobs.pop(job.ref, None)
+        if self.jobs.pop(job.ref, None) is not None:
+            self.let_go += 1
 
-    def _finish(self, job: Held, counter: Counter, keep: bool = False) -> None:
+    def burst_token(self, burst: Burst, queue: str) -> int:
+        """``burst.asking()`` before a dequeue of ``queue``. A job that left this worker's
+        hands since its last dequeue may have sent another queue work after that queue's
+        worker found it empty: the group's "found nothing" answers so far are stale
+        (``burst.busy``), even when this worker's loop never turned while it held the job."""
+        if self.let_go != self._let_go_seen:
+            self._let_go_seen = self.let_go
+            burst.busy(queue)
+        return burst.asking()
+
+    def _finish(self, job: H, counter: Counter, keep: bool = False) -> None:
         if not keep:
             self.forget(job)
         self.count(counter, job.lease)
 
     # ------------------------------------------------------------------ settling
-    def finished(self, job: Held, result: Result) -> Settle:
+    def finished(self, job: H, result: Result) -> Settle:
         """A run ended with ``result``: what to send (:meth:`.policy.Policy.settle`). A nack
         or bury counts at once and keeps the job in hand until it lands; NOTHING (the lease
         is lost or expired) lets it go; an ack counts when it lands (:meth:`answered`)."""
@@ -178,7 +191,7 @@ class WorkerCore:
             self._finish(job, settle.counter, keep=settle.op != NOTHING)
         return settle
 
-    def answered(self, job: Held, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
+    def answered(self, job: H, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
         """The queue answered ``settle`` with ``exc`` (None: it landed). True: it met an
         unavailable shard and waits in the outbox (the outage is counted unless
         ``counted``: a round of many settlements counts one); else the job is settled."""
@@ -194,7 +207,7 @@ class WorkerCore:
             self.forget(job)
         return False
 
-    def reported(self, job: Held, settle: Settle,
+    def reported(self, job: H, settle: Settle,
                  answers: list[BaseException | None]) -> tuple[Settle | None, BaseException | None]:
         """The answers to ``job.reports`` (``ctx.report``, made before the ack ``settle``):
         ``(settle, None)`` if all landed; ``(None, outage)`` if one met an unavailable shard
@@ -218,7 +231,7 @@ class WorkerCore:
         job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
         return None, outage
 
-    def outbox_due(self) -> list[tuple[Held, Settle]]:
+    def outbox_due(self) -> list[tuple[H, Settle]]:
         """Empty the outbox: what to send again; what waited past its lease's deadline is
         given up (an ack counts as lost; the queue redelivers the job)."""
         retry, given_up = self.outbox.take(self.clock.now())
@@ -275,7 +288,7 @@ class WorkerCore:
                 job.lease = answer
             job.extend_at = self.extend_at(answer, now)
 
-    def extend(self, job: Held, seconds: float) -> Steps[float]:
+    def extend(self, job: H, seconds: float) -> Steps[float]:
         """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``.
         Returns the new deadline; raises InvalidJob (seconds out of range), LeaseLost (the
         job is marked lost) or what the call raised (the handler decides)."""

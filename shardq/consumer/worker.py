@@ -90,7 +90,7 @@ class _ExtendRequest:
     def __init__(self, job: _Job, seconds: float):
         self.job, self.seconds = job, seconds
         self.done = threading.Event()
-        self.deadline: float | None = None
+        self.deadline = 0.0  # the new deadline, once done and no error
         self.error: BaseException | None = None
 
 
@@ -129,7 +129,8 @@ class Worker:
                               rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
         self._grace_s = float(o.grace_s)
         self._clock = clock or SystemClock()
-        self._core = WorkerCore(self._policy, Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue),
+        progress = Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue)
+        self._core: WorkerCore[_Job] = WorkerCore(self._policy, progress,
                                 self._clock, heartbeat_fraction=float(o.heartbeat_fraction),
                                 lock=threading.Lock(), grace_s=float(o.grace_s), metrics=metrics)
         self._progress = self._core.progress
@@ -161,10 +162,12 @@ class Worker:
         while nothing was in flight found nothing (:class:`.policy.Burst`). A stopped worker
         stays stopped. Returns a copy of the counters."""
         old_handlers = self._install_signals()
-        self._results = results = queue_mod.SimpleQueue()
+        results: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._results = results
         if self._stop_requested:
             results.put(_WAKE)
-        self._work = work = queue_mod.SimpleQueue()
+        work: queue_mod.SimpleQueue[_Job | None] = queue_mod.SimpleQueue()
+        self._work = work
         self._core.jobs = {}
         if self._metrics is not None:
             in_flight = self._core.jobs
@@ -224,7 +227,8 @@ class Worker:
                     if not self._core.jobs:
                         return "queues drained (burst)"
                 else:
-                    held, token = len(self._core.jobs), burst.asking() if burst is not None else 0
+                    held = len(self._core.jobs)
+                    token = self._core.burst_token(burst, self._queue) if burst is not None else 0
                     last_fill = self._fill(max_jobs)
                     if burst is not None:
                         if last_fill is None:
@@ -321,9 +325,9 @@ class Worker:
         if not reporting:
             self._ack(ready)
             return
-        acked, answers = self._q.settle_many([job.lease for job, _ in ready],
-                                             [(job.lease, r) for job, _ in reporting for r in job.reports])
-        outage = None
+        acked, answers = self._q.settle_many(  # type: ignore[attr-defined]  # not in the Queue protocol; _reports says the client has it
+            [job.lease for job, _ in ready], [(job.lease, r) for job, _ in reporting for r in job.reports])
+        outage: BaseException | None = None
         for (job, settle), exc in zip(ready, acked):
             if isinstance(exc, ShardUnavailable):
                 outage = exc
@@ -494,7 +498,8 @@ class Worker:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._policy.max_deliveries, client=self._q,
+                           max_deliveries=self._policy.max_deliveries,
+                           client=self._q,  # type: ignore[arg-type]  # the router has JobCalls' methods; the Queue protocol lacks them (issue 45, item 3)
                            reports=job.reports if self._reports else None)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
@@ -525,6 +530,8 @@ class Worker:
     def _run_in_pool(self, lease: Lease) -> tuple[str, str | None, float | None]:
         with self._pool_lock:
             pool, gen = self._pool, self._pool_gen
+        if pool is None:
+            raise Closed("the worker's process pool is closed")
         try:
             return pool.submit(_child_run, lease, self._policy.max_deliveries).result()
         except BrokenProcessPool:

@@ -11,7 +11,7 @@ import pytest
 from shardq.clock import FakeClock
 from shardq.consumer.core import Extend, Held, JobState, WorkerCore
 from shardq.consumer.handling import DONE, FAILED, Report
-from shardq.consumer.policy import ACK, NACK, NOTHING, UNAVAILABLE_BACKOFF_S_MIN, Policy, Progress
+from shardq.consumer.policy import ACK, NACK, NOTHING, UNAVAILABLE_BACKOFF_S_MIN, Burst, Policy, Progress
 from shardq.errors import InvalidJob, JobGone, LeaseLost, ShardUnavailable
 from shardq.limits import VISIBILITY_TIMEOUT_S_MAX
 from shardq.types import Lease
@@ -148,3 +148,19 @@ def test_reports_land_before_the_ack_an_outage_keeps_what_did_not_land_a_refusal
     assert decided.op == NACK and decided.error == "InvalidJob: barrier full" and core.stats.failed == 1
     lost, _ = core.reported(a, ok, [JobGone("gone")])
     assert lost.op == NOTHING and core.stats.lost == 1 and a.ref not in core.jobs
+
+
+def test_a_job_let_go_makes_the_burst_answers_asked_while_it_was_held_stale():
+    """Queue b's worker asks (and will find nothing); meanwhile a's job, held all along
+    without a's loop turning, sends b a job and is settled; a then finds a empty. b's
+    answer, asked while a held that job, must not end the burst (it once could)."""
+    clock = FakeClock()
+    core = make_core(clock)
+    burst = Burst(["a", "b"])
+    job, = core.leased(leases(clock, 1), clock.now(), Held)
+    b_token = burst.asking()          # b's dequeue, asked while a holds its job
+    core.forget(job)                  # a's job settled (it sent b a job)
+    a_token = core.burst_token(burst, "a")
+    assert not burst.answered("a", a_token, 0, 0)
+    assert not burst.answered("b", b_token, 0, 0)  # stale: b asks again and finds the job
+    assert burst.answered("b", burst.asking(), 0, 0)  # b's next empty answer counts
