@@ -26,10 +26,11 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
   with ``Retry``'s delay; bury for ``Fail``), the commit margin, the retry of settlements
   that met an unavailable shard and the failed outcome of a store error are the consumer
   policy's (:mod:`.policy`), shared with the asyncio runner;
-* the jobs in hand, the counters, the backoff after ShardUnavailable, the heartbeat and
-  ``ctx.extend`` are the worker core's (:class:`.core.WorkerCore`), shared with the asyncio
-  runner: this loop only makes the calls it asks for. ``ctx.extend(seconds)`` from a runner
-  is a request to the loop, which makes the call;
+* the jobs in hand, the counters, the backoff after ShardUnavailable, the outbox of
+  settlements that met it, what a run's result and the queue's answers mean, the heartbeat,
+  ``ctx.extend`` and the grace period are the worker core's (:class:`.core.WorkerCore`),
+  shared with the asyncio runner: this loop makes the calls it decides and waits.
+  ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
 * stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
   for ``grace_s``, then release the rest and return. A second signal exits at once;
 * ``burst``: return once its queue is drained and every job it leased is settled
