@@ -108,6 +108,7 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
 
 
 def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict | None, handler: Any) -> int:
+    from ..consumer.options import WorkerOptions
     from ..consumer.worker import Worker
     target = common.target(args)
     if connect is None:
@@ -123,21 +124,18 @@ def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict
         for warning in check_queues(router, queues, tasks, args.handler):
             log.warning("%s", warning)
         metrics = _serve_metrics(args)
+        options = WorkerOptions(queue=queues[0], concurrency=args.concurrency, mode=args.mode,
+                                prefetch=args.prefetch, grace_s=args.grace, log_every=args.log_every,
+                                log_every_s=args.log_every_s, burst=args.burst)
         if task_mode:
-            from ..tasks.runner import Options, TaskWorkers
-            workers = TaskWorkers(args.handler, router, target, args.queue,
-                                  Options(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch,
-                                          grace_s=args.grace, log_every=args.log_every,
-                                          log_every_s=args.log_every_s, burst=args.burst, metrics=metrics),
-                                  idempotency_path=args.idempotency, store=store)
+            from ..tasks.runner import TaskWorkers
+            workers = TaskWorkers(args.handler, router, target, args.queue, options,
+                                  idempotency_path=args.idempotency, store=store, metrics=metrics)
             workers.build()  # refuses bad options before the start line
             log.info("%s", start_line(args, workers.plan))
             workers.run()
         else:
-            worker = Worker(router, handler, queue=queues[0], concurrency=args.concurrency,
-                            mode=args.mode, idempotency=store, prefetch=args.prefetch, grace_s=args.grace,
-                            log_every=args.log_every, log_every_s=args.log_every_s, burst=args.burst,
-                            metrics=metrics)
+            worker = Worker(router, handler, options, idempotency=store, metrics=metrics)
             log.info("%s", start_line(args, {queues[0]: args.mode}))
             worker.run()
     finally:

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,21 +37,22 @@ import random
 import threading
 from typing import Any, Protocol
 
-from .. import limits
 from ..client import aio
 from ..clock import Clock, SystemClock
-from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
+from ..errors import ShardqError, ShardUnavailable
 from ..types import Lease
 from .aiotxn import TxnThread
 from .handling import DONE, DUPLICATE, EXPIRED, Context, Report, Result, execute
 from .idempotency import IdempotencyStore
-from .policy import (ACK, LOG_EVERY_S_DEFAULT, NACK, NOTHING, Burst, Outbox, Policy, Progress, Settle,
-                     UnavailableBackoff, burst_for)
-from .worker import CONCURRENCY_MAX, WorkerStats, _require
+from .policy import (ACK, NACK, NOTHING, Policy, Progress, Settle,
+                     burst_for)
+from .core import ExtendAnswer, Held, JobState, R, Steps, WorkerCore, WorkerStats
+from .options import WorkerOptions, options_of
 
 log = logging.getLogger("shardq.worker")
 
 HEARTBEAT_TICK_S = 0.1  # how often leases are checked for a heartbeat
+ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
 
 
 
@@ -126,15 +128,12 @@ class LoopCalls:
         return self._wait(self._q.barrier_values(shard, barrier))
 
 
-class _Job:
-    __slots__ = ("lease", "lost", "extend_at", "lease_s", "task", "ran", "parked", "reports")
+class _Job(Held):
+    __slots__ = ("task", "parked")
 
     def __init__(self, lease: Lease, extend_at: float):
-        self.lease, self.lost, self.extend_at = lease, False, extend_at
-        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
-        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
+        super().__init__(lease, extend_at, JobState.RUNNING)  # FINISHED once run: no more heartbeats
         self.task: asyncio.Task | None = None
-        self.ran = False     # finished running, being settled: no more heartbeats
         self.parked = False  # its settlement waits in the outbox: it keeps its slot
 
 
@@ -144,34 +143,34 @@ class AsyncWorker:
     connects, and closes its client at the end) or an open asyncio queue client (the
     caller's: used, not closed)."""
 
-    def __init__(self, target, handler: AsyncHandler, queue: str = "default", concurrency: int = 50,
-                 idempotency: IdempotencyStore | None = None, grace_s: float = 30.0,
-                 log_every: int = 1000, heartbeat_fraction: float = 0.5, idle_wait_s: float = 1.0,
-                 backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
-                 clock: Clock | None = None, rng: random.Random | None = None,
-                 request_timeout_s: float = 5.0, log_every_s: float = LOG_EVERY_S_DEFAULT,
-                 burst: bool | Burst = False):
-        _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
-                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
-        _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
-        _require(grace_s >= 0 and idle_wait_s >= 0, "bad grace_s/idle_wait_s")
-        self.target, self.handler, self.queue = target, handler, queue
-        self.concurrency, self.store, self.grace_s = concurrency, idempotency, float(grace_s)
-        self.log_every, self.heartbeat_fraction = log_every, heartbeat_fraction
-        self.idle_wait_s = idle_wait_s
-        self.policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+    def __init__(self, target: Any, handler: AsyncHandler, options: WorkerOptions | None = None, *,
+                 idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
+                 rng: random.Random | None = None, **settings: Any):
+        """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
+        (``queue=``, ``concurrency=``, ``burst=``...), which make one; by keywords,
+        ``concurrency`` is 50 unless given."""
+        o = options_of(options, {"concurrency": ASYNC_CONCURRENCY_DEFAULT, **settings} if options is None else settings)
+        self.options = o
+        self.target, self.handler, self.queue = target, handler, o.queue
+        self.concurrency, self.store, self.grace_s = o.concurrency, idempotency, float(o.grace_s)
+        self.log_every, self.heartbeat_fraction = o.log_every, o.heartbeat_fraction
+        self.idle_wait_s = o.idle_wait_s
+        self.policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                              rng=rng or random.Random())
-        self.outbox = Outbox()
-        self.backoff = UnavailableBackoff()
         self.clock = clock or SystemClock()
-        self.progress = Progress(log_every, log_every_s, self.clock.monotonic(), queue)
-        self.burst = burst_for(burst, queue)
-        self.request_timeout_s = request_timeout_s
-        self.stats = WorkerStats()
-        self.jobs: dict[tuple, _Job] = {}
+        # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
+        progress = Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue)
+        self.core: WorkerCore[_Job] = WorkerCore(self.policy, progress,
+                               self.clock, heartbeat_fraction=float(o.heartbeat_fraction),
+                               lock=contextlib.nullcontext(), grace_s=float(o.grace_s))
+        self.progress, self.backoff = self.core.progress, self.core.backoff
+        self.burst = burst_for(o.burst, o.queue)
+        self.request_timeout_s = o.request_timeout_s
+        self.stats = self.core.stats
+        self.jobs = self.core.jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
-        self._stop: asyncio.Event | None = None
+        self._stop = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._stop_requested = False
         self._started = threading.Event()
         self._outbox_task: asyncio.Task | None = None
@@ -183,8 +182,9 @@ class AsyncWorker:
     def stop(self) -> None:
         """Stop leasing and finish (see the module docstring). Safe from any thread."""
         self._stop_requested = True
+        self.core.stopping(self.clock.monotonic())  # the grace period counts from here
         loop, ev = self._loop, self._stop
-        if loop is not None and ev is not None:
+        if loop is not None:
             try:
                 loop.call_soon_threadsafe(ev.set)
             except RuntimeError:
@@ -233,10 +233,7 @@ class AsyncWorker:
 
     def _unavailable(self, what: str, exc: BaseException | None) -> float:
         """Count and log a ShardUnavailable answer; how long to wait before the next try."""
-        self.stats.unavailable += 1
-        wait = self.backoff.failed()
-        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
-        return wait
+        return self.core.unavailable(what, exc)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
@@ -259,7 +256,8 @@ class AsyncWorker:
                 slot_free.clear()
                 await _first(self._stop.wait(), slot_free.wait())
                 continue
-            held, token = len(self.jobs), burst.asking() if burst is not None else 0
+            held = len(self.jobs)
+            token = self.core.burst_token(burst, self.queue) if burst is not None else 0
             dequeue = asyncio.ensure_future(self.q.dequeue_many(
                 self.queue, max_jobs=room, wait=self.idle_wait_s if not self.jobs else 0.2))
             stop = asyncio.ensure_future(self._stop.wait())
@@ -276,12 +274,7 @@ class AsyncWorker:
                 continue
             except asyncio.CancelledError:
                 break
-            self.backoff.reset()
-            now = self.clock.now()
-            self.stats.leased += len(leases)
-            for lease in leases:
-                job = _Job(lease, now + self.heartbeat_fraction * (lease.deadline - now))
-                self.jobs[(lease.job_id, lease.token)] = job
+            for job in self.core.leased(leases, self.clock.now(), _Job):
                 job.task = asyncio.create_task(self._run_job(job))
             if burst is not None:
                 burst.answered(self.queue, token, held, len(leases))
@@ -293,15 +286,16 @@ class AsyncWorker:
         holds to expire. ``drained``: burst found nothing left, nothing runs."""
         if not drained:
             log.info("stopping: %d running; grace %.1fs", len(self.jobs), self.grace_s)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.grace_s
-        while self.jobs and loop.time() < end:
+        end = self.core.grace_end(self.clock.monotonic())  # on the worker's clock, as for threads
+        while self.jobs and self.clock.monotonic() < end:
             busy = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
             if self._outbox_task is not None and not self._outbox_task.done():
                 busy.append(self._outbox_task)
             if not busy:
                 break
-            await asyncio.wait(busy, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+            # In slices: a clock that is not the loop's (a test's) is read again after each.
+            await asyncio.wait(busy, timeout=min(HEARTBEAT_TICK_S, end - self.clock.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
         left = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for t in left:
             t.cancel()
@@ -327,14 +321,12 @@ class AsyncWorker:
                 if task is not None and task.is_async:
                     result = await self._execute_async(job)
                 else:  # plain task, unknown task or bad body: the thread path says why
+                    loop = asyncio.get_running_loop()
                     result = await asyncio.to_thread(
                         execute, self.handler, lease, self.store, lambda: self._may_commit(job),
-                        lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), self._loop).result(),
+                        lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result(),
                         max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
-            job.ran = True
-            settle = self.policy.settle(*result, lease, lost=job.lost)
-            if settle.counted_at_once:
-                self._count(settle.counter)
+            settle = self.core.finished(job, result)
             if settle.op != NOTHING:
                 await self._send(job, settle)
         except asyncio.CancelledError:  # the grace period ended
@@ -399,18 +391,22 @@ class AsyncWorker:
     async def _send(self, job: _Job, settle: Settle) -> None:
         """Send an ack, nack or bury, first try or retry. Unsent for ShardUnavailable: it
         goes to the outbox, and the job keeps its slot until it lands or its lease ends.
-        An ack goes after the job's reports (``ctx.report``) landed, as the policy says."""
+        An ack goes after the job's reports (``ctx.report``) landed, as the core says
+        (:meth:`.core.WorkerCore.reported`); the reports are merged with other jobs' per
+        loop turn by the client."""
         if settle.op == ACK and job.reports:
-            decided = await self._report(job, settle)
-            if decided is None:
-                return  # parked in the outbox
-            if decided is not settle:
-                settle = decided
-                if settle.counted_at_once:
-                    self._count(settle.counter)
-                if settle.op == NOTHING:
+            answers = await self.q.report_many([(job.lease, r) for r in job.reports])
+            decided, outage = self.core.reported(job, settle, answers)
+            if decided is None:  # met an unavailable shard: parked with what did not land
+                self.core.unavailable(settle.op, outage)
+                self.core.outbox.put(job, settle, job.lease)
+                self._park(job)
+                return
+            if decided is not settle:  # refused: not acked
+                if decided.op == NOTHING:
                     self._forget(job)
                     return
+                settle = decided
         lease = job.lease
         try:
             if settle.op == ACK:
@@ -422,97 +418,54 @@ class AsyncWorker:
             exc = None
         except ShardqError as e:
             exc = e
-        answer = self.policy.answer(settle, lease, exc)
-        if answer.retry:
-            self._park(job, settle, exc)
-            return
-        if answer.counter is not None:
-            self._count(answer.counter)
-        self._forget(job)
+        if self.core.answered(job, settle, exc):
+            self._park(job)
+        else:
+            self._slot_free.set()
 
-    async def _report(self, job: _Job, settle: Settle) -> Settle | None:
-        """Make the job's reports (merged with other jobs' per loop turn by the client):
-        ``settle`` if all landed; None if one met an unavailable shard (the job waits in
-        the outbox with what did not land); else what the policy sends instead."""
-        answers = await self.q.report_many([(job.lease, r) for r in job.reports])
-        outage = None
-        for exc in answers:
-            if exc is not None:
-                decided = self.policy.reported(settle, job.lease, exc)
-                if decided is None:
-                    outage = exc
-                elif decided is not settle:
-                    job.reports.clear()
-                    return decided
-        if outage is None:
-            job.reports.clear()
-            return settle
-        job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
-        self._park(job, settle, outage)
-        return None
-
-    def _park(self, job: _Job, settle: Settle, exc: BaseException | None) -> None:
-        """``settle`` met an unavailable shard: into the outbox; the job keeps its slot."""
-        self._unavailable(settle.op, exc)
+    def _park(self, job: _Job) -> None:
+        """The job's settlement waits in the outbox: it keeps its slot until it lands."""
         job.parked = True
-        self.outbox.put(job, settle, job.lease)
         if self._outbox_task is None or self._outbox_task.done():
             self._outbox_task = asyncio.create_task(self._retry_outbox())
 
     async def _retry_outbox(self) -> None:
         """Retry what the outbox holds after each backoff wait, until it is empty."""
-        while len(self.outbox):
-            await asyncio.sleep(self.backoff.retry_s)
-            retry, given_up = self.outbox.take(self.clock.now())
-            for job, counter in given_up:  # the queue redelivers the job
-                if counter is not None:
-                    self._count(counter)
-                self._forget(job)
+        while len(self.core.outbox):
+            await asyncio.sleep(self.core.backoff.retry_s)
+            retry = self.core.outbox_due()
+            self._slot_free.set()  # what was given up left the worker's hands
             await asyncio.gather(*(self._send(job, settle) for job, settle in retry))
 
     def _forget(self, job: _Job) -> None:
-        if self.jobs.pop((job.lease.job_id, job.lease.token), None) is not None:
-            self._slot_free.set()
-
-    def _count(self, counter: str) -> None:
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        self.progress.counted(self.stats, len(self.jobs), self.clock.monotonic())
+        self.core.forget(job)
+        self._slot_free.set()
 
     # ------------------------------------------------------------------ leases
     async def _extend(self, job: _Job, seconds: float) -> float:
-        """``ctx.extend``: extend now; later heartbeats renew by ``seconds``."""
-        seconds = float(seconds)
-        if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
-            raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
-        if job.lost:
-            raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
-        try:
-            new = await self.q.extend(job.lease, seconds)
-        except LeaseLost:
-            job.lost = True
-            raise
-        now = self.clock.now()
-        job.lease, job.lease_s = new, seconds
-        job.extend_at = now + self.heartbeat_fraction * (new.deadline - now)
-        return new.deadline
+        """``ctx.extend``, made by the core (:meth:`.core.WorkerCore.extend`)."""
+        return await self._drive(self.core.extend(job, seconds))
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_TICK_S)
             self.progress.tick(self.stats, len(self.jobs), self.clock.monotonic())
-            now = self.clock.now()
-            due = [j for j in self.jobs.values() if not j.lost and not j.ran and now >= j.extend_at]
-            if due:
-                await asyncio.gather(*(self._beat(j) for j in due))
+            await self._drive(self.core.heartbeat(self.clock.now()))
 
-    async def _beat(self, job: _Job) -> None:
+    async def _drive(self, steps: Steps[R]) -> R:
+        """Run a core operation, awaiting each call it asks for."""
         try:
-            await self._extend(job, job.lease_s or self.policy.visibility_s)
-        except LeaseLost as exc:
-            log.warning("job %s attempt %d: lease lost while running (%s); its effects will be "
-                        "rolled back and it will not be acked", job.lease.job_id, job.lease.attempt, exc)
-        except ShardUnavailable as exc:
-            self._unavailable("extend", exc)
+            effect = next(steps)
+            while True:
+                answer: ExtendAnswer
+                try:
+                    answer = await self.q.extend(effect.lease, effect.seconds)
+                except Exception as exc:  # noqa: BLE001 - the core decides what an error means
+                    answer = exc
+                effect = steps.send(answer)
+        except StopIteration as stop:
+            result: R = stop.value
+            return result
 
 
 async def _first(*aws) -> None:

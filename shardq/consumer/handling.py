@@ -8,6 +8,7 @@ at all. The ack comes after the commit (in :mod:`shardq.consumer.worker`).
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import logging
 import random
@@ -23,12 +24,28 @@ from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 
-# Outcomes of one run of a job. RETRY: the handler raised Retry (nack with its delay);
-# BURY: it raised Fail (dead-letter now).
+
+
+class Outcome(enum.StrEnum):
+    """The outcome of one run of a job. RETRY: the handler raised Retry (nack with its
+    delay); BURY: it raised Fail (dead-letter now). A str, so it logs and pickles as its
+    value (process mode sends it back from the child)."""
+
+    DONE = "done"
+    DUPLICATE = "duplicate"
+    FAILED = "failed"
+    LOST = "lost"
+    EXPIRED = "expired"
+    SKIPPED = "skipped"
+    RETRY = "retry"
+    BURY = "bury"
+
+
 DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
-    "done", "duplicate", "failed", "lost", "expired", "skipped", "retry", "bury")
+    Outcome.DONE, Outcome.DUPLICATE, Outcome.FAILED, Outcome.LOST, Outcome.EXPIRED, Outcome.SKIPPED,
+    Outcome.RETRY, Outcome.BURY)
 #: (outcome, error text, retry delay in seconds or None)
-Result = tuple[str, "str | None", "float | None"]
+Result = tuple[Outcome, "str | None", "float | None"]
 
 
 class JobCalls(Protocol):
@@ -41,7 +58,7 @@ class JobCalls(Protocol):
     def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None: ...
 
     def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-               callback: list) -> str: ...
+               callback: list[Any]) -> str: ...
 
     def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
 
@@ -51,7 +68,7 @@ class Report(NamedTuple):
     ``op`` is ``"arrive"`` (args: shard, barrier, index, total, value, ttl_s, callback) or
     ``"put_result"`` (args: value, ttl_s; the lease is the job's)."""
     op: str
-    args: tuple
+    args: tuple[Any, ...]
 
 
 #: What :meth:`Context.report` may ask for.
@@ -326,7 +343,7 @@ def with_traceback(text: str, exc: BaseException) -> str:
 _CHILD: dict[str, Any] = {}
 
 
-def _child_init(handler: Handler, spec: tuple | None, parent_pid: int | None = None) -> None:
+def _child_init(handler: Handler, spec: tuple[Any, ...] | None, parent_pid: int | None = None) -> None:
     # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
     # group); children finish their job and are SIGKILLed if the grace period ends. A parent
     # SIGKILLed sends nothing: the children notice it gone and end too.
@@ -358,4 +375,5 @@ def load_handler(spec: str) -> Handler:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"{spec} is not callable")
-    return obj
+    handler: Handler = obj
+    return handler

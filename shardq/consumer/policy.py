@@ -26,25 +26,51 @@ between drivers, and drift shows in failure handling first (docs/guarantees.md).
 """
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import limits
 from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
-from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Context, Result, backoff_delay,
+from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Context, Outcome, Result, backoff_delay,
                        error_text, failure_result)
 
 log = logging.getLogger("shardq.worker")
+J = TypeVar("J")  # what an Outbox keeps with each settlement: the runner's job
 
 COMMIT_MARGIN_S = 1.0            # commit only with this much lease left (at most 10% of it)
 UNAVAILABLE_BACKOFF_S_MIN = 0.1  # after ShardUnavailable, wait this long, doubling ...
 UNAVAILABLE_BACKOFF_S_MAX = 5.0  # ... up to this
 
-# What to tell the queue about one delivery.
-ACK, NACK, BURY_NOW, NOTHING = "ack", "nack", "bury", "nothing"
+
+
+class SettleKind(enum.StrEnum):
+    """What to tell the queue about one delivery (a str: it logs as its value)."""
+
+    ACK = "ack"
+    NACK = "nack"
+    BURY_NOW = "bury"
+    NOTHING = "nothing"
+
+
+ACK, NACK, BURY_NOW, NOTHING = SettleKind.ACK, SettleKind.NACK, SettleKind.BURY_NOW, SettleKind.NOTHING
+
+
+class Counter(enum.StrEnum):
+    """A ``WorkerStats`` counter; its value is the field's name."""
+
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    DUPLICATES = "duplicates"
+    FAILED = "failed"
+    LOST = "lost"
+    EXPIRED = "expired"
+    RELEASED = "released"
+    ABANDONED = "abandoned"
+    UNAVAILABLE = "unavailable"
 
 
 class Settle(NamedTuple):
@@ -52,8 +78,8 @@ class Settle(NamedTuple):
     an ack counts when it lands (and as ``lost`` if it never does); anything else counts
     at once, when it is decided."""
 
-    op: str                   # ACK, NACK, BURY_NOW or NOTHING
-    counter: str
+    op: SettleKind
+    counter: Counter
     delay_s: float = 0.0      # NACK: when the job is visible again
     error: str | None = None  # NACK, BURY_NOW: the job's error text
 
@@ -67,7 +93,7 @@ class Answer(NamedTuple):
     unavailable: keep it in the outbox), else settled, counting ``counter`` now if set."""
 
     retry: bool
-    counter: str | None = None
+    counter: Counter | None = None
 
 
 class Policy:
@@ -81,7 +107,7 @@ class Policy:
         self.visibility_s = limits.VISIBILITY_TIMEOUT_S_DEFAULT
         self.max_deliveries = limits.MAX_DELIVERIES_DEFAULT
 
-    def configure(self, queue_config: dict) -> None:
+    def configure(self, queue_config: dict[str, Any]) -> None:
         """Take the queue's lease length and delivery limit (the queue's defaults if absent)."""
         self.visibility_s = float(queue_config.get("visibility_timeout", limits.VISIBILITY_TIMEOUT_S_DEFAULT))
         self.max_deliveries = int(queue_config.get("max_deliveries", limits.MAX_DELIVERIES_DEFAULT))
@@ -101,7 +127,7 @@ class Policy:
         return failure_result(exc, lease, ctx, max_deliveries=self.max_deliveries)
 
     # ------------------------------------------------------------------ after the run
-    def settle(self, outcome: str, error: str | None, delay: float | None, lease: Lease, *,
+    def settle(self, outcome: Outcome, error: str | None, delay: float | None, lease: Lease, *,
                lost: bool) -> Settle:
         """What to send for one run's ``(outcome, error, delay)``. ``lost``: a heartbeat
         saw the lease lost (or the commit margin passed): nothing is sent, the queue
@@ -109,29 +135,29 @@ class Policy:
         if outcome == EXPIRED:
             log.warning("job %s attempt %d: lease expired before it started; not running it",
                         lease.job_id, lease.attempt)
-            return Settle(NOTHING, "expired")
+            return Settle(NOTHING, Counter.EXPIRED)
         if outcome in (FAILED, RETRY, BURY):
             if lost:
-                return Settle(NOTHING, "failed")
+                return Settle(NOTHING, Counter.FAILED)
             if outcome == BURY:
                 if self.can_bury:
-                    return Settle(BURY_NOW, "failed", 0.0, error)
+                    return Settle(BURY_NOW, Counter.FAILED, 0.0, error)
                 log.warning("job %s: this queue cannot dead-letter early; retrying it until "
                             "max_deliveries instead", lease.job_id)
-                return Settle(NACK, "failed", 0.0, error)
+                return Settle(NACK, Counter.FAILED, 0.0, error)
             if outcome == RETRY and delay is not None:
-                return Settle(NACK, "failed", max(0.0, min(float(delay), limits.DELAY_S_MAX)), error)
+                return Settle(NACK, Counter.FAILED, max(0.0, min(float(delay), limits.DELAY_S_MAX)), error)
             if lease.attempt >= self.max_deliveries:
                 log.warning("job %s failed its last delivery (%d of %d); the queue dead-letters it",
                             lease.job_id, lease.attempt, self.max_deliveries)
-                return Settle(NACK, "failed", 0.0, error)
-            return Settle(NACK, "failed", backoff_delay(lease.attempt, self.backoff_base_s,
+                return Settle(NACK, Counter.FAILED, 0.0, error)
+            return Settle(NACK, Counter.FAILED, backoff_delay(lease.attempt, self.backoff_base_s,
                                                         self.backoff_cap_s, self.rng), error)
         if outcome == LOST or lost:
             log.warning("job %s attempt %d: lease lost; not acking (%s)", lease.job_id,
                         lease.attempt, "rolled back" if outcome == LOST else outcome)
-            return Settle(NOTHING, "lost")
-        return Settle(ACK, "succeeded" if outcome == DONE else "duplicates")
+            return Settle(NOTHING, Counter.LOST)
+        return Settle(ACK, Counter.SUCCEEDED if outcome == DONE else Counter.DUPLICATES)
 
     def reported(self, settle: Settle, lease: Lease, exc: BaseException | None) -> Settle | None:
         """What the answer to one of a finished job's reports (``ctx.report``: an arrival
@@ -152,7 +178,7 @@ class Policy:
         if isinstance(exc, (LeaseLost, JobGone)):
             log.warning("job %s attempt %d: lease lost before its report landed (%s); not acking",
                         lease.job_id, lease.attempt, error_text(exc))
-            return Settle(NOTHING, "lost")
+            return Settle(NOTHING, Counter.LOST)
         log.warning("job %s attempt %d: its report was refused after its effect committed: %s",
                     lease.job_id, lease.attempt, error_text(exc))
         return self.settle(FAILED, error_text(exc), None, lease, lost=False)
@@ -173,7 +199,7 @@ class Policy:
             if isinstance(exc, JobGone):
                 return Answer(False, settle.counter)
             log.warning("job %s: ack failed (%s); the queue will redeliver it", lease.job_id, error_text(exc))
-            return Answer(False, "lost")
+            return Answer(False, Counter.LOST)
         if isinstance(exc, LeaseLost):
             log.info("job %s: %s after the lease was lost", lease.job_id, settle.op)
         else:
@@ -182,32 +208,32 @@ class Policy:
         return Answer(False)
 
 
-class Outbox:
+class Outbox(Generic[J]):
     """Settlements that met an unavailable shard, each with the lease it settles. The
     driver retries them after each backoff wait; :meth:`take` gives up those whose lease
     has ended (the queue redelivers the job)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Any, Settle, Lease]] = []
+        self._items: list[tuple[J, Settle, Lease]] = []
 
-    def put(self, job: Any, settle: Settle, lease: Lease) -> None:
+    def put(self, job: J, settle: Settle, lease: Lease) -> None:
         self._items.append((job, settle, lease))
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def take(self, now: float) -> tuple[list[tuple[Any, Settle]], list[tuple[Any, str | None]]]:
+    def take(self, now: float) -> tuple[list[tuple[J, Settle]], list[tuple[J, Counter | None]]]:
         """Empty the outbox: ``(to retry, given up)``; a given-up job comes with the counter
         it now counts under (``lost`` for an ack; a nack or bury was counted already)."""
         items, self._items = self._items, []
-        retry: list[tuple[Any, Settle]] = []
-        given_up: list[tuple[Any, str | None]] = []
+        retry: list[tuple[J, Settle]] = []
+        given_up: list[tuple[J, Counter | None]] = []
         for job, settle, lease in items:
             if now < lease.deadline:
                 retry.append((job, settle))
             else:
                 log.warning("job %s: gave up %s after the lease ended", lease.job_id, settle.op)
-                given_up.append((job, "lost" if settle.op == ACK else None))
+                given_up.append((job, Counter.LOST if settle.op == ACK else None))
         return retry, given_up
 
 
@@ -246,12 +272,7 @@ class Progress:
     ``every_s`` a number in (0, LOG_EVERY_S_MAX]; anything else is :class:`InvalidConfig`."""
 
     def __init__(self, every_jobs: int, every_s: float, now: float, name: str = ""):
-        if isinstance(every_jobs, bool) or not isinstance(every_jobs, int) or every_jobs < 1:
-            raise InvalidConfig(f"log_every must be an int >= 1, not {every_jobs!r}")
-        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
-                or not 0 < every_s <= LOG_EVERY_S_MAX:
-            raise InvalidConfig(f"log_every_s must be a number of seconds in (0, {LOG_EVERY_S_MAX:g}], "
-                                f"not {every_s!r}")
+        check_progress(every_jobs, every_s)
         self.every_jobs, self.every_s, self.name = every_jobs, float(every_s), name
         self.n, self.t0, self.start = 0, now, now
 
@@ -280,6 +301,17 @@ class Progress:
 
     def _prefix(self) -> str:
         return f"queue {self.name}: " if self.name else ""
+
+
+def check_progress(every_jobs: object, every_s: object) -> None:
+    """The progress limits (:class:`Progress`): InvalidConfig unless ``every_jobs`` is an
+    int >= 1 and ``every_s`` a number in (0, LOG_EVERY_S_MAX]."""
+    if isinstance(every_jobs, bool) or not isinstance(every_jobs, int) or every_jobs < 1:
+        raise InvalidConfig(f"log_every must be an int >= 1, not {every_jobs!r}")
+    if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
+            or not 0 < every_s <= LOG_EVERY_S_MAX:
+        raise InvalidConfig(f"log_every_s must be a number of seconds in (0, {LOG_EVERY_S_MAX:g}], "
+                            f"not {every_s!r}")
 
 
 def _totals(stats: Any) -> str:

@@ -26,7 +26,11 @@ The loop holds at most ``concurrency + prefetch`` leases. Rules (docs/guarantees
   with ``Retry``'s delay; bury for ``Fail``), the commit margin, the retry of settlements
   that met an unavailable shard and the failed outcome of a store error are the consumer
   policy's (:mod:`.policy`), shared with the asyncio runner;
-* ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
+* the jobs in hand, the counters, the backoff after ShardUnavailable, the outbox of
+  settlements that met it, what a run's result and the queue's answers mean, the heartbeat,
+  ``ctx.extend`` and the grace period are the worker core's (:class:`.core.WorkerCore`),
+  shared with the asyncio runner: this loop makes the calls it decides and waits.
+  ``ctx.extend(seconds)`` from a runner is a request to the loop, which makes the call;
 * stop(), SIGTERM, SIGINT: stop leasing, release pending leases, let running handlers finish
   for ``grace_s``, then release the rest and return. A second signal exits at once;
 * ``burst``: return once its queue is drained and every job it leased is settled
@@ -46,63 +50,37 @@ import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any
 
 from .. import limits
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidConfig, InvalidJob, LeaseLost, ShardqError, ShardUnavailable
-from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Report, _child_init, _child_run, error_text,
+from ..errors import Closed, InvalidConfig, ShardqError, ShardUnavailable
+from .handling import (EXPIRED, FAILED, SKIPPED, Handler, Outcome, _child_init, _child_run, error_text,
                        execute)
 from ..stopping import install_stop_signals
+from .core import Held as _Job, JobState, WorkerCore, WorkerStats, drive
 from .idempotency import IdempotencyStore
+from .options import (CONCURRENCY_MAX, IDLE_WAIT_S, POLL_S, PRUNE_EVERY_S, Mode,  # noqa: F401 - re-exported: named as this module's
+                      WorkerOptions, options_of)
 # The constants stay importable from here: callers and the docs' checked figures
 # (tests/project/test_docs_claims.py) name them as this module's.
-from .policy import (ACK, NACK, NOTHING, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
+from .policy import (ACK, NACK, NOTHING, Counter, COMMIT_MARGIN_S, UNAVAILABLE_BACKOFF_S_MAX,  # noqa: F401 - re-exported: named as this module's (comment above)
                      LOG_EVERY_S_DEFAULT, UNAVAILABLE_BACKOFF_S_MIN, Burst, Outbox, Policy, Progress, Settle,
                      UnavailableBackoff, burst_for)
 from ..types import Lease
 
+if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
+    from .metrics import WorkerMetrics
+
 log = logging.getLogger("shardq.worker")
 
-CONCURRENCY_MAX = 1024
-POLL_S = 0.1                     # longest the loop blocks while handlers run
-IDLE_WAIT_S = 1.0                # long-poll wait of dequeue when nothing is in flight
-PRUNE_EVERY_S = 3600.0           # idempotency store pruning period
 
-# Job states inside the worker.
+# Job states inside the worker (core.JobState).
 PENDING, QUEUED, RUNNING, COMMITTING, FINISHED, ABANDONED = (
-    "pending", "queued", "running", "committing", "finished", "abandoned")
+    JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobState.COMMITTING, JobState.FINISHED,
+    JobState.ABANDONED)
 _WAKE = object()  # put on the results queue by stop()
-
-
-@dataclasses.dataclass
-class WorkerStats:
-    leased: int = 0       # leases received
-    succeeded: int = 0    # handler ran (and committed), acked
-    duplicates: int = 0   # already processed: handler skipped, acked
-    failed: int = 0       # handler raised: nacked with backoff
-    lost: int = 0         # lease lost: not acked, the redelivery wins
-    expired: int = 0      # deadline passed before it started: not run
-    released: int = 0     # not started, handed back (stop, or waited too long for a runner)
-    abandoned: int = 0    # still running when the grace period ended: lease released
-    unavailable: int = 0  # ShardUnavailable answers seen
-
-    @property
-    def processed(self) -> int:
-        return self.succeeded + self.duplicates + self.failed + self.lost + self.expired
-
-
-class _Job:
-    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
-
-    def __init__(self, lease: Lease, extend_at: float):
-        self.lease, self.state, self.lost, self.extend_at = lease, PENDING, False, extend_at
-        self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
-        self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
-
-    @property
-    def ref(self) -> tuple:  # one delivery; a job can be redelivered to us
-        return self.lease.job_id, self.lease.token
 
 
 class _ExtendRequest:
@@ -113,35 +91,21 @@ class _ExtendRequest:
     def __init__(self, job: _Job, seconds: float):
         self.job, self.seconds = job, seconds
         self.done = threading.Event()
-        self.deadline: float | None = None
+        self.deadline = 0.0  # the new deadline, once done and no error
         self.error: BaseException | None = None
 
 
 class Worker:
     """Runs ``handler(ctx)`` on jobs of ``queue``. See the module docstring."""
 
-    def __init__(self, queue_or_router: Queue, handler: Handler, queue: str = "default",
-                 concurrency: int = 8, mode: str = "thread",
-                 idempotency: IdempotencyStore | None = None, prefetch: int | None = None,
-                 backoff_base_s: float = 1.0, backoff_cap_s: float = 300.0,
-                 heartbeat_fraction: float = 0.5, grace_s: float = 30.0, log_every: int = 1000,
-                 clock: Clock | None = None, rng: random.Random | None = None,
-                 poll_s: float = POLL_S, idle_wait_s: float = IDLE_WAIT_S,
-                 prune_every_s: float | None = PRUNE_EVERY_S, metrics=None,
-                 log_every_s: float = LOG_EVERY_S_DEFAULT, burst: bool | Burst = False):
-        if prefetch is None:
-            prefetch = max(1, concurrency // 4) if isinstance(concurrency, int) else 0
-        _require(isinstance(concurrency, int) and 1 <= concurrency <= CONCURRENCY_MAX,
-                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
-        _require(isinstance(prefetch, int) and 0 <= prefetch <= concurrency,
-                 "prefetch must be an int in [0, concurrency]")
-        _require(mode in ("thread", "process"), "mode must be 'thread' or 'process'")
-        _require(0 < heartbeat_fraction < 1, "heartbeat_fraction must be in (0, 1)")
-        _require(0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX,
-                 "need 0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX")
-        _require(grace_s >= 0 and poll_s > 0 and idle_wait_s >= 0, "bad grace_s/poll_s/idle_wait_s")
+    def __init__(self, queue_or_router: Queue, handler: Handler, options: WorkerOptions | None = None, *,
+                 idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
+                 rng: random.Random | None = None, metrics: WorkerMetrics | None = None, **settings: Any):
+        """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
+        (``queue=``, ``concurrency=``, ``burst=``...), which make one."""
+        o = options_of(options, settings)
         _require(callable(handler), "handler must be callable")
-        if mode == "process":
+        if o.mode == Mode.PROCESS:
             try:
                 pickle.dumps(handler)
             except Exception as exc:  # noqa: BLE001 - pickle raises several types for what it cannot pickle
@@ -154,30 +118,33 @@ class Worker:
         service_id = getattr(queue_or_router, "service_id", None)
         if idempotency is not None and isinstance(service_id, str):
             idempotency.bind(service_id)
+        self.options = o
         self._q = queue_or_router
         self._handler = handler
-        self._queue = queue
-        self._concurrency = concurrency
-        self._prefetch = prefetch
-        self._mode = mode
+        self._queue = o.queue
+        self._concurrency = o.concurrency
+        self._prefetch = o.prefetch or 0
+        self._mode = o.mode
         self._store = idempotency
-        self._policy = Policy(backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+        self._policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                               rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
-        self._heartbeat_fraction = float(heartbeat_fraction)
-        self._grace_s = float(grace_s)
+        self._grace_s = float(o.grace_s)
         self._clock = clock or SystemClock()
-        self._progress = Progress(log_every, log_every_s, self._clock.monotonic(), queue)
-        self._burst = burst_for(burst, queue)
-        self._poll_s, self._idle_wait_s = float(poll_s), float(idle_wait_s)
-        self._prune_every_s = prune_every_s
-        self._lock = threading.Lock()      # guards _Job.lease/state/lost between loop and runners
+        progress = Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue)
+        self._core: WorkerCore[_Job] = WorkerCore(self._policy, progress,
+                                self._clock, heartbeat_fraction=float(o.heartbeat_fraction),
+                                lock=threading.Lock(), grace_s=float(o.grace_s), metrics=metrics)
+        self._progress = self._core.progress
+        self._burst = burst_for(o.burst, o.queue)
+        self._poll_s, self._idle_wait_s = float(o.poll_s), float(o.idle_wait_s)
+        self._prune_every_s = o.prune_every_s
+        self._lock = self._core.lock       # guards _Job.lease/state/lost between loop and runners
         self._results: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         self._stop_requested = False
-        self._stop_at: float | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pool_gen = 0
         self._pool_lock = threading.Lock()
-        self.stats = WorkerStats()
+        self.stats = self._core.stats
         self._metrics = metrics  # a consumer.metrics.WorkerMetrics, or None
         # The loop makes jobs' reports, pipelined, where the client can; else the runner does.
         self._reports = hasattr(queue_or_router, "settle_many")
@@ -186,8 +153,7 @@ class Worker:
     def stop(self) -> None:
         """Stop leasing; running handlers get ``grace_s`` to finish. Safe from any thread
         and from a signal handler (it sets a flag and wakes the loop, nothing else)."""
-        if self._stop_at is None:
-            self._stop_at = self._clock.monotonic()  # the grace period counts from here
+        self._core.stopping(self._clock.monotonic())  # the grace period counts from here
         self._stop_requested = True
         self._results.put(_WAKE)  # SimpleQueue.put is reentrant
 
@@ -197,27 +163,29 @@ class Worker:
         while nothing was in flight found nothing (:class:`.policy.Burst`). A stopped worker
         stays stopped. Returns a copy of the counters."""
         old_handlers = self._install_signals()
-        self._results = results = queue_mod.SimpleQueue()
+        results: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._results = results
         if self._stop_requested:
             results.put(_WAKE)
-        self._work = work = queue_mod.SimpleQueue()
-        self._in_flight: dict[tuple, _Job] = {}
+        work: queue_mod.SimpleQueue[_Job | None] = queue_mod.SimpleQueue()
+        self._work = work
+        self._core.jobs = {}
         if self._metrics is not None:
-            in_flight = self._in_flight
+            in_flight = self._core.jobs
             self._metrics.count_in_flight(lambda: len(in_flight))
         self._pending: deque[_Job] = deque()
-        self._outbox = Outbox()
+        self._core.outbox = Outbox()
         self._confirmed: list[tuple[_Job, Settle]] = []  # reports landed: acked in the next round
         self._idle = self._concurrency
         self._grace_end: float | None = None
-        self._backoff = UnavailableBackoff()
+        self._core.backoff = UnavailableBackoff()
         self._run_leased = 0
         burst = self._burst if self._burst is not None else Burst([self._queue]) if until_idle else None
         runners: list[threading.Thread] = []
         pruner_stop = threading.Event()
         try:
             self._load_config()
-            if self._mode == "process":
+            if self._mode == Mode.PROCESS:
                 self._pool = self._make_pool()
             for i in range(self._concurrency):
                 t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
@@ -248,39 +216,40 @@ class Worker:
             self._settle(self._collect(self._wait_s(last_fill)))
             self._heartbeat()
             self._dispatch()
-            self._progress.tick(self.stats, len(self._in_flight), self._clock.monotonic())
+            self._progress.tick(self.stats, len(self._core.jobs), self._clock.monotonic())
             last_fill = None
             if self._stop_requested:
                 if self._shutdown_step():
                     return "stopped"
             else:
-                if max_jobs is not None and self._run_leased >= max_jobs and not self._in_flight:
+                if max_jobs is not None and self._run_leased >= max_jobs and not self._core.jobs:
                     return f"{max_jobs} jobs done"
                 if burst is not None and burst.done:
-                    if not self._in_flight:
+                    if not self._core.jobs:
                         return "queues drained (burst)"
                 else:
-                    held, token = len(self._in_flight), burst.asking() if burst is not None else 0
+                    held = len(self._core.jobs)
+                    token = self._core.burst_token(burst, self._queue) if burst is not None else 0
                     last_fill = self._fill(max_jobs)
                     if burst is not None:
                         if last_fill is None:
                             burst.busy(self._queue)
-                        elif burst.answered(self._queue, token, held, last_fill) and not self._in_flight:
+                        elif burst.answered(self._queue, token, held, last_fill) and not self._core.jobs:
                             return "queues drained (burst)"
             self._dispatch()
 
     def _wait_s(self, last_fill: int | None) -> float:
         if self._confirmed:
             return 0.0  # acks of reported jobs to send: the next round goes at once
-        if self._backoff.s:
-            return self._backoff.s  # a result or stop() still wakes the loop early
-        if self._idle == self._concurrency and not self._in_flight:
+        if self._core.backoff.s:
+            return self._core.backoff.s  # a result or stop() still wakes the loop early
+        if self._idle == self._concurrency and not self._core.jobs:
             return 0.0  # nothing in flight: the dequeue long-polls instead
         if last_fill and self._idle > 0:
             return 0.0  # the queue had jobs and a runner is free: keep pulling
         return self._poll_s
 
-    def _collect(self, timeout: float) -> list[tuple[_Job, str, str | None, float | None]]:
+    def _collect(self, timeout: float) -> list[tuple[_Job, Outcome, str | None, float | None]]:
         out: list = []
         try:
             item = self._results.get(timeout=timeout) if timeout > 0 else self._results.get_nowait()
@@ -296,25 +265,19 @@ class Worker:
     def _fill(self, max_jobs: int | None) -> int | None:
         """Lease up to the free capacity. Returns how many came, None if it did not ask."""
         # A job whose reports landed and whose ack goes in the next round holds no slot.
-        cap = self._concurrency + self._prefetch - len(self._in_flight) + len(self._confirmed)
+        cap = self._concurrency + self._prefetch - len(self._core.jobs) + len(self._confirmed)
         if max_jobs is not None:
             cap = min(cap, max_jobs - self._run_leased)
         cap = min(cap, limits.BATCH_JOBS_MAX)
         if cap <= 0:
             return None
-        wait = self._idle_wait_s if not self._in_flight else 0.0
+        wait = self._idle_wait_s if not self._core.jobs else 0.0
         try:
             leases = self._q.dequeue_many(self._queue, max_jobs=cap, wait=wait, visibility=None)
         except ShardUnavailable as exc:
             self._unavailable("dequeue", exc)
             return None
-        self._backoff.reset()
-        now = self._clock.now()
-        for lease in leases:
-            job = _Job(lease, now + self._heartbeat_fraction * (lease.deadline - now))
-            self._in_flight[job.ref] = job
-            self._pending.append(job)
-        self.stats.leased += len(leases)
+        self._pending.extend(self._core.leased(leases, self._clock.now(), _Job))
         self._run_leased += len(leases)
         return len(leases)
 
@@ -330,23 +293,18 @@ class Worker:
             self._work.put(job)
 
     def _expired(self, job: _Job) -> None:
-        self._finish(job, self._policy.settle(EXPIRED, None, None, job.lease, lost=False).counter)
+        self._core.finished(job, (EXPIRED, None, None))
 
     # ------------------------------------------------------------------ results
-    def _settle(self, results: list[tuple[_Job, str, str | None, float | None]]) -> None:
-        """Settle finished runs as the policy says; retry the outbox first. Acks go out in
+    def _settle(self, results: list[tuple[_Job, Outcome, str | None, float | None]]) -> None:
+        """Settle finished runs as the core says; retry the outbox first. Acks go out in
         one round with the reports of the jobs just finished (:meth:`_round`)."""
         acks = self._retry_outbox()
         for job, outcome, error, delay in results:
             self._idle += 1
             if outcome == SKIPPED:
                 continue
-            with self._lock:
-                job.state = FINISHED
-                lost = job.lost
-            settle = self._policy.settle(outcome, error, delay, job.lease, lost=lost)
-            if settle.counted_at_once:  # a nack or bury keeps the job in flight until it lands
-                self._finish(job, settle.counter, keep=settle.op != NOTHING)
+            settle = self._core.finished(job, (outcome, error, delay))
             if settle.op == ACK:
                 acks.append((job, settle))
             elif settle.op != NOTHING:
@@ -360,43 +318,33 @@ class Worker:
         in one pipelined call (``settle_many``). A job is acked only after its reports
         landed, so a job whose reports land now waits for the next round (the loop turns
         again at once). A report that met an unavailable shard waits in the outbox with
-        what has not landed; one refused settles its job as the policy says
-        (:meth:`.policy.Policy.reported`)."""
+        what has not landed; one refused settles its job as the core says
+        (:meth:`.core.WorkerCore.reported`)."""
         reporting = [(job, settle) for job, settle in acks if job.reports]
         ready = self._confirmed + [(job, settle) for job, settle in acks if not job.reports]
         self._confirmed = []
         if not reporting:
             self._ack(ready)
             return
-        acked, answers = self._q.settle_many([job.lease for job, _ in ready],
-                                             [(job.lease, r) for job, _ in reporting for r in job.reports])
-        outage = None
+        acked, answers = self._q.settle_many(  # type: ignore[attr-defined]  # not in the Queue protocol; _reports says the client has it
+            [job.lease for job, _ in ready], [(job.lease, r) for job, _ in reporting for r in job.reports])
+        outage: BaseException | None = None
         for (job, settle), exc in zip(ready, acked):
             if isinstance(exc, ShardUnavailable):
                 outage = exc
-            self._answered(job, settle, exc, counted=True)  # an outage is counted once, below
+            self._core.answered(job, settle, exc, counted=True)  # an outage is counted once, below
         at = 0
         for job, settle in reporting:
             mine = answers[at:at + len(job.reports)]
             at += len(job.reports)
-            decided: Settle | None = settle
-            for exc in mine:
-                if exc is not None:
-                    decided = self._policy.reported(settle, job.lease, exc)
-                    if decided is None:
-                        outage = outage or exc
-                    elif decided is not settle:
-                        break
-            if decided is not None and decided is not settle:  # refused: not acked
-                job.reports.clear()
-                self._finish(job, decided.counter, keep=decided.op != NOTHING)
+            decided, unavailable = self._core.reported(job, settle, mine)
+            if decided is None:  # an outage: the job waits in the outbox with what did not land
+                outage = outage or unavailable
+                self._core.outbox.put(job, settle, job.lease)
+            elif decided is not settle:  # refused: not acked
                 if decided.op != NOTHING:
                     self._send(job, decided)
-            elif any(exc is not None for exc in mine):  # an outage: retry what did not land
-                job.reports[:] = [r for r, exc in zip(job.reports, mine) if exc is not None]
-                self._outbox.put(job, settle, job.lease)
             else:
-                job.reports.clear()
                 self._confirmed.append((job, settle))
         if outage is not None:
             self._unavailable("settle", outage)  # one round: one outage counted
@@ -409,7 +357,7 @@ class Worker:
             self._unavailable("ack", exc)  # one call failed: one outage counted
             answers, counted = [exc] * len(items), True
         for (job, settle), answer in zip(items, answers):
-            self._answered(job, settle, answer, counted)
+            self._core.answered(job, settle, answer, counted=counted)
 
     def _ack_many(self, leases: list[Lease]) -> list[BaseException | None]:
         ack_many = getattr(self._q, "ack_many", None)
@@ -434,57 +382,23 @@ class Worker:
             exc = None
         except ShardqError as e:
             exc = e
-        self._answered(job, settle, exc)
-
-    def _answered(self, job: _Job, settle: Settle, exc: BaseException | None,
-                  counted: bool = False) -> None:
-        answer = self._policy.answer(settle, job.lease, exc)
-        if answer.retry:
-            if not counted:
-                self._unavailable(settle.op, exc)
-            self._outbox.put(job, settle, job.lease)
-        elif answer.counter is not None:
-            self._finish(job, answer.counter)
-        else:
-            self._in_flight.pop(job.ref, None)
+        self._core.answered(job, settle, exc)
 
     def _retry_outbox(self) -> list[tuple[_Job, Settle]]:
         """Retry the outbox's nacks and buries; returns its acks, for this turn's round."""
-        if not self._outbox:
+        if not self._core.outbox:
             return []
-        retry, given_up = self._outbox.take(self._clock.now())
-        for job, counter in given_up:  # the queue redelivers the job
-            if counter is not None:
-                self._finish(job, counter)
-            else:
-                self._in_flight.pop(job.ref, None)
+        retry = self._core.outbox_due()
         for job, settle in retry:
             if settle.op != ACK:
                 self._send(job, settle)
         return [(job, settle) for job, settle in retry if settle.op == ACK]
 
     def _extend_for_runner(self, req: _ExtendRequest) -> None:
-        """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``."""
-        job = req.job
+        """``ctx.extend(seconds)``, made by the core (:meth:`.core.WorkerCore.extend`)."""
         try:
-            seconds = float(req.seconds)
-            if not 0 < seconds <= limits.VISIBILITY_TIMEOUT_S_MAX:
-                raise InvalidJob(f"ctx.extend: seconds must be in (0, {limits.VISIBILITY_TIMEOUT_S_MAX}]")
-            with self._lock:
-                if job.lost:
-                    raise LeaseLost(f"job {job.lease.job_id}: the lease was lost")
-                lease = job.lease
-            new = self._q.extend(lease, seconds)
-            now = self._clock.now()
-            with self._lock:
-                job.lease, job.lease_s = new, seconds
-            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
-            req.deadline = new.deadline
-        except LeaseLost as exc:
-            with self._lock:
-                job.lost = True
-            req.error = exc
-        except Exception as exc:  # noqa: BLE001 - ShardUnavailable, InvalidJob: the handler decides
+            req.deadline = drive(self._core.extend(req.job, req.seconds), self._q.extend)
+        except Exception as exc:  # noqa: BLE001 - LeaseLost, ShardUnavailable, InvalidJob: the handler decides
             req.error = exc
         req.done.set()
 
@@ -500,42 +414,11 @@ class Worker:
             raise req.error
         return req.deadline
 
-    def _finish(self, job: _Job, counter: str, keep: bool = False) -> None:
-        if not keep:
-            self._in_flight.pop(job.ref, None)
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        if self._metrics is not None:
-            self._metrics.finished(job.lease, counter)
-        self._progress.counted(self.stats, len(self._in_flight), self._clock.monotonic())
-
     # ------------------------------------------------------------------ leases
     def _heartbeat(self) -> None:
-        now = self._clock.now()
-        for job in list(self._in_flight.values()):
-            if now < job.extend_at:
-                continue
-            with self._lock:
-                state, lost = job.state, job.lost
-            if lost or state not in (PENDING, QUEUED, RUNNING, COMMITTING):
-                continue
-            try:
-                new = self._q.extend(job.lease, job.lease_s or self._policy.visibility_s)
-            except LeaseLost as exc:
-                with self._lock:
-                    job.lost = True
-                log.warning("job %s attempt %d: lease lost while running (%s); its effects will "
-                            "be rolled back and it will not be acked", job.lease.job_id,
-                            job.lease.attempt, exc)
-                continue
-            except ShardUnavailable as exc:
-                self._unavailable("extend", exc)
-                return
-            self._backoff.reset()
-            with self._lock:
-                job.lease = new
-            job.extend_at = now + self._heartbeat_fraction * (new.deadline - now)
+        drive(self._core.heartbeat(self._clock.now()), self._q.extend)
 
-    def _release(self, job: _Job, counter: str, *, started: bool) -> None:
+    def _release(self, job: _Job, counter: Counter, *, started: bool) -> None:
         """Hand a lease back now (nack, delay 0); errors only mean it expires by itself.
         A lease whose handler never started is not counted as a delivery."""
         try:
@@ -545,12 +428,11 @@ class Worker:
                 self._q.nack(job.lease, delay=0.0, delivered=False)
         except ShardqError as exc:
             log.info("job %s: release failed (%s); its lease will expire", job.lease.job_id, exc)
-        self._in_flight.pop(job.ref, None)
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        self._core.jobs.pop(job.ref, None)
+        setattr(self.stats, counter.value, getattr(self.stats, counter.value) + 1)
 
     def _unavailable(self, what: str, exc: BaseException | None) -> None:
-        self.stats.unavailable += 1
-        log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, self._backoff.failed())
+        self._core.unavailable(what, exc)
 
     def _load_config(self) -> None:
         get = getattr(self._q, "queue_config", None)
@@ -561,34 +443,34 @@ class Worker:
                 break
             except ShardUnavailable as exc:
                 self._unavailable("queue_config", exc)
-                self._collect(self._backoff.s)  # sleeps; stop() wakes it
-        self._backoff.reset()
+                self._collect(self._core.backoff.s)  # sleeps; stop() wakes it
+        self._core.backoff.reset()
         self._policy.configure(cfg)
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown_step(self) -> bool:
         """One loop turn while stopping. True when the loop should return."""
         if self._grace_end is None:
-            self._grace_end = (self._stop_at or self._clock.monotonic()) + self._grace_s
+            self._grace_end = self._core.grace_end(self._clock.monotonic())
             log.info("stopping: %d running, releasing %d not started; grace %.1fs",
                      self._concurrency - self._idle, len(self._pending), self._grace_s)
             while self._pending:
-                self._release(self._pending.popleft(), "released", started=False)
-        if not self._in_flight:
+                self._release(self._pending.popleft(), Counter.RELEASED, started=False)
+        if not self._core.jobs:
             return True
         if self._clock.monotonic() < self._grace_end:
             return False
         n = 0
-        for job in list(self._in_flight.values()):
+        for job in list(self._core.jobs.values()):
             with self._lock:
                 state = job.state
                 if state in (QUEUED, RUNNING):
                     job.state, job.lost = ABANDONED, True
             if state in (QUEUED, RUNNING):
                 n += 1
-                self._release(job, "abandoned", started=True)
+                self._release(job, Counter.ABANDONED, started=True)
         log.warning("grace period over: released the leases of %d running job(s); %d left to "
-                    "expire", n, len(self._in_flight))
+                    "expire", n, len(self._core.jobs))
         return True
 
     def _install_signals(self) -> dict | None:
@@ -613,11 +495,12 @@ class Worker:
             lease = job.lease
         started = self._clock.monotonic()
         try:
-            if self._mode == "process":
+            if self._mode == Mode.PROCESS:
                 return self._run_in_pool(lease)
             return execute(self._handler, lease, self._store, lambda: self._may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._policy.max_deliveries, client=self._q,
+                           max_deliveries=self._policy.max_deliveries,
+                           client=self._q,  # type: ignore[arg-type]  # the router has JobCalls' methods; the Queue protocol lacks them (issue 45, item 3)
                            reports=job.reports if self._reports else None)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
@@ -648,6 +531,8 @@ class Worker:
     def _run_in_pool(self, lease: Lease) -> tuple[str, str | None, float | None]:
         with self._pool_lock:
             pool, gen = self._pool, self._pool_gen
+        if pool is None:
+            raise Closed("the worker's process pool is closed")
         try:
             return pool.submit(_child_run, lease, self._policy.max_deliveries).result()
         except BrokenProcessPool:

@@ -14,29 +14,17 @@ import logging
 import re
 import signal
 import threading
-from dataclasses import dataclass, field
+import dataclasses
 from typing import Any
 from collections.abc import Callable
 
+from ..consumer.options import WorkerOptions
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks
 from .app import Task
 from ..stopping import install_stop_signals
 
 log = logging.getLogger("shardq.worker")
-
-
-@dataclass
-class Options:
-    concurrency: int = 8
-    mode: str = "thread"
-    prefetch: int | None = None
-    grace_s: float = 30.0
-    log_every: int = 1000
-    log_every_s: float = 10.0
-    burst: bool = False
-    metrics: Any = None  # a consumer.metrics.WorkerMetrics (thread-mode queues report to it)
-    worker_extra: dict = field(default_factory=dict)
 
 
 def plan(tasks: dict[str, Task], queues: list[str] | None) -> dict[str, str]:
@@ -84,11 +72,15 @@ class TaskWorkers:
     """The workers of one ``shardq worker MODULE...`` process."""
 
     def __init__(self, modules: list[str], router: Any, target: str, queues: list[str] | None,
-                 options: Options, idempotency_path: str | None = None, store: Any = None):
+                 options: WorkerOptions, idempotency_path: str | None = None, store: Any = None,
+                 metrics: Any = None):
+        """``options``: every worker's (its ``queue`` aside); ``burst`` True: one
+        :class:`~shardq.consumer.policy.Burst` shared by all. ``metrics``: a
+        :class:`~shardq.consumer.metrics.WorkerMetrics` thread-mode queues report to."""
         self.modules = modules
         self.tasks = load_tasks(modules)
         self.plan = plan(self.tasks, queues)
-        self.router, self.target, self.options = router, target, options
+        self.router, self.target, self.options, self.metrics = router, target, options, metrics
         self.idempotency_path, self.store = idempotency_path, store
         self.workers: list[Any] = []
 
@@ -101,16 +93,12 @@ class TaskWorkers:
         handler = TaskHandler(self.tasks, self.modules)
         burst = Burst(self.plan) if o.burst else False
         for queue, mode in sorted(self.plan.items()):
+            options = dataclasses.replace(o, queue=queue, burst=burst)
             if mode == "async":
                 from ..consumer.aioworker import AsyncWorker
-                w: Any = AsyncWorker(self.target, handler, queue=queue, concurrency=o.concurrency,
-                                     idempotency=self.store, grace_s=o.grace_s, log_every=o.log_every,
-                                     log_every_s=o.log_every_s, burst=burst, **o.worker_extra)
+                w: Any = AsyncWorker(self.target, handler, options, idempotency=self.store)
             else:
-                w = Worker(self.router, handler, queue=queue, concurrency=o.concurrency, mode=o.mode,
-                           idempotency=self.store, prefetch=o.prefetch, grace_s=o.grace_s,
-                           log_every=o.log_every, log_every_s=o.log_every_s, burst=burst,
-                           metrics=o.metrics, **o.worker_extra)
+                w = Worker(self.router, handler, options, idempotency=self.store, metrics=self.metrics)
             log.info("queue %r: %s worker, tasks: %s", queue, mode,
                      ", ".join(sorted(t.name for t in self.tasks.values() if t.queue == queue)) or "(none)")
             self.workers.append(w)

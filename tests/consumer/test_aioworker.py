@@ -95,48 +95,6 @@ def store_rows(store):
         return txn.db.fetchall()
 
 
-def test_stop_lets_running_jobs_finish_within_the_grace_period(app):
-    started, _release = threading.Event(), asyncio.Event()
-    done = []
-
-    @app.task(queue="aw-stop", name="aw.slow")
-    async def slow(ctx, n: int):
-        started.set()
-        await asyncio.sleep(0.3)
-        done.append(n)
-
-    slow.send_many([((n,), {}) for n in range(3)])
-    w, t = start(app, "aw-stop", concurrency=3, grace_s=10)
-    try:
-        assert started.wait(10)
-        w.stop()
-        t.join(20)
-    finally:
-        w.stop()
-    assert sorted(done) == [0, 1, 2] and settled(app, "aw-stop")
-
-
-def test_after_the_grace_period_running_jobs_are_cancelled_and_released(app):
-    started = threading.Event()
-
-    @app.task(queue="aw-grace", name="aw.forever")
-    async def forever(ctx):
-        started.set()
-        await asyncio.sleep(3600)
-
-    jid = forever.send()
-    w, t = start(app, "aw-grace", concurrency=2, grace_s=0.2)
-    assert started.wait(10)
-    w.stop()
-    t.join(20)
-    assert not t.is_alive() and w.stats.abandoned == 1
-    c = counts(app, "aw-grace")
-    assert c["in_flight"] == 0 and c["ready"] == 1               # released, not left to expire
-    lease = app.queue.dequeue("aw-grace")
-    assert lease.job_id == jid and lease.attempt == 2
-    app.queue.ack(lease)
-
-
 def test_send_async_uses_the_apps_asyncio_client(app):
     @app.task(queue="aw-send", key=lambda user_id, **_: f"u{user_id}", name="aw.sent")
     async def sent(ctx, user_id: int, text: str = "hi"):

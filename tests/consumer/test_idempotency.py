@@ -10,6 +10,7 @@ from shardq.consumer import idempotency
 from shardq.clock import FakeClock
 from shardq.errors import InvalidConfig, InvalidJob
 from shardq.consumer.idempotency import MemoryStore, SqliteStore
+from support.store_contract import stores
 from support.store_contract import (DAY, test_claim_once_then_seen, test_exception_rolls_back_the_claim,  # noqa: F401 - the store contract's tests, run here against this module's make_store
                                     test_abort_rolls_back_the_claim, test_prune_after_retention,
                                     test_retention_is_configurable,
@@ -20,19 +21,8 @@ from support.store_contract import (DAY, test_claim_once_then_seen, test_excepti
 
 @pytest.fixture(params=["memory", "sqlite"])
 def make_store(request, tmp_path):
-    stores = []
-
-    def make(**kw):
-        if request.param == "memory":
-            store = MemoryStore(**kw)
-        else:
-            store = SqliteStore(tmp_path / "idem.sqlite", **kw)
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+    with stores(request.param, request, tmp_path) as make:
+        yield make
 
 
 @pytest.mark.parametrize("bad", [-1, 2**63, 1.5, "", "x" * 1025, b"1", None, True])

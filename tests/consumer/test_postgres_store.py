@@ -14,6 +14,7 @@ from shardq.consumer import postgres as pgstore
 from shardq.consumer.handling import DONE, DUPLICATE, FAILED, execute
 from shardq.errors import InvalidConfig, InvalidJob, StoreUnavailable
 from shardq.types import Lease
+from support.store_contract import stores
 # The contract every store keeps, run here against PostgresStore (make_store below).
 from support.store_contract import (test_abort_rolls_back_the_claim, test_claim_once_then_seen,  # noqa: F401 - the imported contract tests run here against PostgresStore
                               test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
@@ -25,17 +26,9 @@ psycopg = pytest.importorskip("psycopg")
 
 
 @pytest.fixture
-def make_store(pg_dsn):  # noqa: F811 - the pytest fixture imported from pg, requested by name
-    stores = []
-
-    def make(**kw):
-        store = pgstore.PostgresStore(pg_dsn, **kw)
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+def make_store(request, tmp_path):
+    with stores("postgres", request, tmp_path) as make:
+        yield make
 
 
 @pytest.fixture

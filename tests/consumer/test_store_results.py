@@ -15,7 +15,8 @@ from shardq import limits
 from shardq.clock import FakeClock
 from shardq.consumer.aiotxn import TxnThread
 from shardq.consumer.handling import DONE, DUPLICATE
-from shardq.consumer.idempotency import MemoryStore, SqliteStore
+from shardq.consumer.idempotency import SqliteStore
+from support.store_contract import stores
 from shardq.errors import Closed, InvalidJob
 
 DAY = 86400.0
@@ -24,22 +25,8 @@ SQS_ID = "6f1c2d3e-0000-4a5b-8c9d-0123456789ab"  # a string job id, as SQS gives
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request, tmp_path):
-    stores = []
-
-    def make(**kw):
-        if request.param == "memory":
-            store = MemoryStore(**kw)
-        elif request.param == "sqlite":
-            store = SqliteStore(tmp_path / "idem.sqlite", **kw)
-        else:
-            from shardq.consumer.postgres import PostgresStore
-            store = PostgresStore(request.getfixturevalue("pg_dsn"), **kw)
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+    with stores(request.param, request, tmp_path) as make:
+        yield make
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from support.service import wait_until
 from support.fakes import ACKED, DEAD, READY, FakeQueue
 from shardq.clock import FakeClock, SystemClock
 from shardq.errors import InvalidConfig
@@ -29,13 +29,6 @@ from shardq.cli.worker import main
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01}
 
-
-def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.002)  # poll interval, not synchronisation
 
 
 def in_background(worker: Worker, **run_kw):
@@ -173,17 +166,6 @@ def test_crash_after_commit_before_ack_is_skipped_on_redelivery():
     assert stats.duplicates == 1
 
 
-def test_already_processed_skips_handler_and_acks():
-    clock, q = make()
-    store = MemoryStore(clock=clock)
-    job_id = q.enqueue(b"a")
-    with store.transaction() as txn:
-        txn.claim(job_id)
-    calls = []
-    stats = Worker(q, calls.append, idempotency=store, clock=clock, **FAST).run(until_idle=True)
-    assert calls == [] and q.state(job_id) == ACKED and stats.duplicates == 1
-
-
 def test_sqlite_handler_error_leaves_no_effect_and_no_mark(tmp_path):
     clock, q = make()
     path = tmp_path / "effects.sqlite"
@@ -257,50 +239,6 @@ def test_prefetched_lease_is_heartbeated_too():
     assert q.job(b).attempts == 1  # waiting for a runner did not burn a delivery
 
 
-@pytest.mark.parametrize("with_store", [True, False])
-def test_lease_lost_no_ack_and_rolled_back(with_store):
-    clock, q = make(vis=30)
-    store = MemoryStore(clock=clock) if with_store else None
-    job_id = q.enqueue(b"a")
-    started, release = threading.Event(), threading.Event()
-    attempts = []
-
-    def handler(ctx):
-        attempts.append(ctx.attempt)
-        if ctx.db is not None:
-            ctx.db["effect"] = ctx.attempt
-        if ctx.attempt == 1:
-            started.set()
-            release.wait(5)
-
-    worker = Worker(q, handler, concurrency=1, prefetch=0, idempotency=store, clock=clock, **FAST)
-    t, out = in_background(worker, max_jobs=2)
-    assert started.wait(5)
-    clock.advance(31)  # the lease expires before any heartbeat: the queue takes the job back
-    wait_until(lambda: any(not op[3] for op in q.ops("extend")), what="heartbeat sees LeaseLost")
-    if with_store:
-        assert not store.seen(job_id)
-    release.set()  # the handler finishes late: its transaction is rolled back, no ack
-    t.join(5)
-    assert attempts == [1, 2]
-    acks = q.ops("ack")
-    assert len(acks) == 1 and acks[0][2] == q.job(job_id).history[-2][1]  # only lease 2
-    assert out["stats"].lost == 1 and out["stats"].succeeded == 1
-    if with_store:
-        assert store.data == {"effect": 2}  # the redelivery's effect, once
-
-
-def test_deadline_passed_lease_is_not_started():
-    clock, q = make()
-    job_id = q.enqueue(b"a")
-    q.deliver_expired = 1  # delivered late (celery#7918): the deadline has already passed
-    attempts = []
-    stats = Worker(q, lambda ctx: attempts.append(ctx.attempt), clock=clock,
-                   **FAST).run(until_idle=True)
-    assert attempts == [2]  # not the stale first delivery
-    assert stats.expired == 1 and stats.succeeded == 1 and q.state(job_id) == ACKED
-
-
 # ---------------------------------------------------------------------------- failures
 def test_backoff_delay_is_full_jitter_capped():
     top = TopRng()
@@ -339,34 +277,6 @@ def test_handler_error_nacks_with_growing_backoff_then_dead_letter():
     assert q.state(job_id) == DEAD
     assert q.dead[0].attempts == 4 and q.dead[0].error == "ValueError: boom 4"
     assert worker.stats.failed == 4
-
-
-def test_survives_shard_unavailable():
-    clock, q = make()
-    ids = [q.enqueue(b"x") for _ in range(3)]
-    q.unavailable = {"queue_config": 1, "dequeue_many": 2, "ack_many": 1}
-    stats = Worker(q, lambda ctx: None, concurrency=3, clock=clock, **FAST).run(until_idle=True)
-    assert all(q.state(i) == ACKED for i in ids)
-    assert stats.unavailable == 4 and stats.succeeded == 3
-
-
-def test_heartbeat_survives_shard_unavailable():
-    clock, q = make(vis=30)
-    job_id = q.enqueue(b"x")
-    started, release = threading.Event(), threading.Event()
-
-    def handler(ctx):
-        started.set()
-        release.wait(5)
-
-    q.unavailable = {"extend": 1}
-    t, _ = in_background(Worker(q, handler, concurrency=1, clock=clock, **FAST), max_jobs=1)
-    assert started.wait(5)
-    clock.advance(16)
-    wait_until(lambda: q.ops("extend"), what="extend after the outage")
-    release.set()
-    t.join(5)
-    assert q.state(job_id) == ACKED and ("unavailable", "extend") in q.calls
 
 
 # ---------------------------------------------------------------------------- shutdown

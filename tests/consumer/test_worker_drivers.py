@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ import time
 import pytest
 
 import shardq
+from support.service import wait_until
 from support.fakes import ACKED, DEAD, LEASED, READY, FakeQueue
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
@@ -32,6 +34,8 @@ from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
+from shardq.consumer.options import CONCURRENCY_MAX, WorkerOptions
+from shardq.limits import DELAY_S_MAX
 
 VISIBILITY_S = 30.0
 MAX_DELIVERIES = 4
@@ -169,13 +173,6 @@ class TopRng:
         return b
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.002)  # poll interval, not synchronisation
-
 
 # ---------------------------------------------------------------------------- drivers
 class Driver:
@@ -224,7 +221,8 @@ class Driver:
         """``options``: more arguments of the worker (``burst``, ``log_every_s``...)."""
         handler = TaskHandler(self.app.tasks, rng=TopRng())
         common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
-                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0, **options)
+                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0)
+        common.update(options)
         if self.runner == "thread":
             self.worker = Worker(self.q, handler, poll_s=0.005, idle_wait_s=0.01,
                                  prune_every_s=None, **common)
@@ -458,6 +456,153 @@ def test_heartbeats_keep_a_job_that_outlives_its_lease(driver):
     assert driver.worker.stats.succeeded == 1 and driver.worker.stats.lost == 0
 
 
+def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_the_backoff(driver, caplog):
+    """After ShardUnavailable the heartbeat extends no other lease in that tick (the next
+    tick starts again with the first), and the next lease it extends resets the backoff, so
+    a later outage waits the minimum again. The asyncio runner used to extend the other
+    leases of the tick and keep doubling its backoff (issue 45)."""
+    release = threading.Event()
+    running = []
+
+    def work(ctx, n):
+        running.append(n)
+        assert release.wait(10)
+
+    driver.define(work)
+    ids = [driver.send(n) for n in range(2)]
+    with caplog.at_level(logging.WARNING, logger="shardq.worker"):
+        driver.start()
+        wait_until(lambda: len(running) == 2, what="both jobs running")
+        extended = lambda: [op[1] for op in driver.q.ops("extend") if op[3]]  # noqa: E731 - the successful ones
+        with driver.q._cond:
+            driver.q.unavailable["extend"] = 1
+        driver.clock.advance(VISIBILITY_S / 2 + 1)
+        wait_until(lambda: len(extended()) >= 2, what="both leases extended after the outage")
+        assert extended()[:2] == ids  # the tick ended at the outage: the next one began with ids[0]
+        with driver.q._cond:
+            driver.q.unavailable["extend"] = 1
+        driver.clock.advance(VISIBILITY_S / 2 + 1)
+        wait_until(lambda: len(extended()) >= 4, what="both leases extended after the second outage")
+        release.set()
+        wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="both acked")
+        driver.stop()
+    waits = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records
+             if r.getMessage().startswith("extend: shard unavailable")]
+    assert waits == ["0.1s", "0.1s"]  # reset by the extend that answered in between
+    assert driver.worker.stats.unavailable == 2 and driver.worker.stats.lost == 0
+
+
+def test_a_lease_lost_while_running_is_not_acked_and_its_effect_rolls_back(driver):
+    """The lease expires under a running job (no heartbeat came in time): the heartbeat
+    finds it lost, the late finish commits nothing and is not acked; the redelivery runs,
+    commits its effect once and is acked."""
+    store = MemoryStore(clock=driver.clock)
+    started, release = threading.Event(), threading.Event()
+    attempts = []
+
+    def work(ctx, n):
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            started.set()
+            assert release.wait(10)
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start(store)
+    assert started.wait(10)
+    driver.clock.advance(VISIBILITY_S + 1)  # past the deadline before any heartbeat
+    wait_until(lambda: any(not op[3] for op in driver.q.ops("extend")), what="a heartbeat finding it lost")
+    release.set()
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the redelivery acked")
+    driver.stop()
+    assert attempts == [1, 2] and effects(store) == {job_id: 1}
+    (_, _, token), = driver.q.ops("ack")
+    assert token == driver.q.job(job_id).history[-2][1]  # the second lease's ack, the only one
+    assert (driver.worker.stats.lost, driver.worker.stats.succeeded) == (1, 1)
+
+
+def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
+    release = threading.Event()
+    running = []
+
+    def work(ctx, n):
+        running.append(n)
+        assert release.wait(10)
+
+    driver.define(work)
+    ids = [driver.send(n) for n in range(2)]
+    driver.start()
+    wait_until(lambda: len(running) == 2, what="both jobs running")
+    driver.worker.stop()
+    assert not driver.returned()  # waiting for the running jobs
+    release.set()
+    wait_until(driver.returned, what="the worker returning once they finished")
+    assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
+    assert driver.worker.stats.succeeded == 2 and driver.worker.stats.abandoned == 0
+
+
+def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
+    """The grace period runs on the worker's clock (the asyncio runner used the event loop's
+    own, so a worker on another clock waited out ``grace_s`` in real time): once it is
+    over, the jobs still running are released for redelivery and counted abandoned."""
+    started, release = threading.Event(), threading.Event()
+
+    def work(ctx, n):
+        started.set()
+        assert release.wait(20)
+
+    driver.define(work)
+    job_id = driver.send()
+    driver.start(grace_s=10.0)
+    try:
+        assert started.wait(10)
+        driver.worker.stop()
+        driver.clock.advance(11.0)  # past the grace period, not past the lease
+        wait_until(lambda: driver.q.ops("nack"), timeout=5, what="the release after the grace period")
+        assert driver.q.ops("nack") == [("nack", job_id, 0.0, None)] and driver.q.state(job_id) == READY
+        assert driver.worker.stats.abandoned == 1
+    finally:
+        release.set()  # asyncio.run() waits for the threads it started before it returns
+    wait_until(driver.returned, what="the worker returning")
+    assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
+
+
+def test_a_lease_delivered_after_its_deadline_is_not_started(driver):
+    """Delivered late (celery#7918): the deadline has passed before the job could start,
+    so it is not run; its redelivery is."""
+    attempts = []
+    driver.define(lambda ctx, n: attempts.append(ctx.attempt))
+    job_id = driver.send()
+    driver.q.deliver_expired = 1
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert attempts == [2] and driver.q.state(job_id) == ACKED
+    assert (driver.worker.stats.expired, driver.worker.stats.succeeded) == (1, 1)
+
+
+def test_a_job_already_processed_is_not_run_again_and_is_acked(driver):
+    store = MemoryStore(clock=driver.clock)
+    calls = []
+    driver.define(lambda ctx, n: calls.append(n))
+    job_id = driver.send()
+    with store.transaction() as txn:
+        txn.claim(job_id)
+    driver.start(store, burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert calls == [] and driver.q.state(job_id) == ACKED and driver.worker.stats.duplicates == 1
+
+
+def test_outages_of_the_config_the_dequeue_and_the_ack_are_waited_out(driver):
+    driver.define(lambda ctx, n: None)
+    ids = [driver.send(n) for n in range(2)]
+    # acks: in one ack_many on the threaded runner, one ack per job on the asyncio one
+    driver.q.unavailable.update({"queue_config": 1, "dequeue_many": 2, "ack": 1})
+    driver.start(burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
+    assert driver.worker.stats.unavailable == 4 and driver.worker.stats.succeeded == 2
+
+
 # ---------------------------------------------------------------------------- burst, progress
 def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
     """``burst``: the worker returns by itself, with every job it leased settled (here two
@@ -515,14 +660,43 @@ def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
     ({"log_every_s": 0}, "log_every_s must be a number of seconds in"),
     ({"log_every_s": LOG_EVERY_S_MAX * 2}, "log_every_s must be a number of seconds in"),
     ({"burst": "yes"}, "burst must be a bool or a Burst"),
+    ({"concurrency": 0}, "concurrency must be an int in"),
+    ({"concurrency": CONCURRENCY_MAX + 1}, "concurrency must be an int in"),
+    ({"heartbeat_fraction": 1.0}, "heartbeat_fraction must be in"),
+    ({"backoff_base_s": 2.0, "backoff_cap_s": 1.0}, "backoff_base_s <= backoff_cap_s"),
+    ({"backoff_cap_s": DELAY_S_MAX + 1}, "backoff_cap_s <= limits.DELAY_S_MAX"),
+    ({"grace_s": -1.0}, "bad grace_s"),
+    ({"request_timeout_s": 0}, "request_timeout_s must be"),
 ])
-def test_progress_and_burst_options_are_refused_the_same_way_by_every_driver(runner, options, words):
-    """``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job."""
+def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, words):
+    """One record (:class:`WorkerOptions`) checks every setting for every runner:
+    ``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job, and
+    it took backoffs that the threaded worker refuses."""
     q = FakeQueue(FakeClock())
     cls = Worker if runner == "thread" else AsyncWorker
     with pytest.raises(InvalidConfig, match=words):
         cls(q, lambda ctx: None, **options)
-    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX)  # the limits themselves are fine
+    with pytest.raises(InvalidConfig, match=words):
+        WorkerOptions(**options)
+    # the limits themselves are fine
+    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX, concurrency=CONCURRENCY_MAX,
+        backoff_base_s=DELAY_S_MAX, backoff_cap_s=DELAY_S_MAX)
+
+
+@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+def test_a_worker_takes_one_frozen_options_record_or_its_fields_as_keywords(runner):
+    q = FakeQueue(FakeClock())
+    cls = Worker if runner == "thread" else AsyncWorker
+    options = WorkerOptions(queue="q1", concurrency=3, grace_s=2.0)
+    assert cls(q, lambda ctx: None, options).options == options
+    assert cls(q, lambda ctx: None, queue="q1", concurrency=3, grace_s=2.0).options == options
+    assert options.prefetch == 1  # None: max(1, concurrency // 4), resolved in the record
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.concurrency = 5  # type: ignore[misc]
+    with pytest.raises(InvalidConfig, match="not both"):
+        cls(q, lambda ctx: None, options, concurrency=4)
+    with pytest.raises(InvalidConfig, match="options must be a WorkerOptions"):
+        cls(q, lambda ctx: None, "q1")
 
 
 def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():

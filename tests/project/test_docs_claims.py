@@ -8,6 +8,7 @@ repeated here.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import glob
@@ -308,8 +309,8 @@ def _router_default(name):
 
 
 def _worker_default(name):
-    from shardq.consumer.worker import Worker
-    return inspect.signature(Worker).parameters[name].default
+    from shardq.consumer.options import WorkerOptions  # the settings of every worker runner
+    return {f.name: f.default for f in dataclasses.fields(WorkerOptions)}[name]
 
 
 def _const(module, name):

@@ -1,10 +1,13 @@
 """The contract every idempotency store keeps, as tests taking a ``make_store`` fixture.
 
 Imported by tests/consumer/test_idempotency.py (memory, SQLite) and
-tests/consumer/test_postgres_store.py (PostgreSQL), which define ``make_store``."""
+tests/consumer/test_postgres_store.py (PostgreSQL), whose ``make_store`` fixtures, and
+test_store_results.py's, are :func:`stores` of their kinds."""
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,6 +16,31 @@ from shardq.errors import Closed
 
 
 DAY = 86400.0
+
+
+@contextlib.contextmanager
+def stores(kind: str, request, tmp_path) -> Iterator:
+    """``make(**kw)``: a new idempotency store of ``kind`` (memory, sqlite: one file in
+    ``tmp_path``, postgres: the ``pg_dsn`` fixture's server), each closed at the end."""
+    from shardq.consumer.idempotency import MemoryStore, SqliteStore
+    made = []
+
+    def make(**kw):
+        if kind == "memory":
+            store = MemoryStore(**kw)
+        elif kind == "sqlite":
+            store = SqliteStore(tmp_path / "idem.sqlite", **kw)
+        else:
+            from shardq.consumer.postgres import PostgresStore
+            store = PostgresStore(request.getfixturevalue("pg_dsn"), **kw)
+        made.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in made:
+            store.close()
 
 
 # ---------------------------------------------------------------------------- contract
