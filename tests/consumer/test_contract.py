@@ -371,9 +371,17 @@ def test_worker_effects_exactly_once_with_sigkilled_worker_processes(backend):
     try:
         db = _setup(tmp)  # the handler of test_worker_processes: effect + job id in one transaction
         q = backend.connect()
-        keys, per_key = 6, 16  # enough work left for the 4th kill however fast the workers drain
-        ids = q.enqueue_many([{"body": f"k{k}:{s}".encode(), "key": f"k{k}", "queue": "kill"}
-                              for s in range(per_key) for k in range(keys)])
+        # Work arrives in a phase before each kill, so every kill finds jobs to cut into however
+        # fast the workers drain (all of it up front, the workers could finish before the 4th).
+        keys, per_phase, kills_wanted = 6, 4, 4
+        ids: list = []
+
+        def enqueue_phase(p: int) -> None:
+            ids.extend(q.enqueue_many([{"body": f"k{k}:{s}".encode(), "key": f"k{k}", "queue": "kill"}
+                                       for s in range(p * per_phase, (p + 1) * per_phase)
+                                       for k in range(keys)]))
+
+        enqueue_phase(0)
         env = dict(os.environ, PYTHONPATH=REPO)
         log = open(os.path.join(tmp, "workers.log"), "ab")
 
@@ -387,7 +395,7 @@ def test_worker_effects_exactly_once_with_sigkilled_worker_processes(backend):
         workers = [worker(), worker()]
         kills = 0
         try:
-            while kills < 4 and len(_effects(db)) < len(ids):
+            while kills < kills_wanted:
                 done = len(_effects(db))
                 wait_until(lambda: len(_effects(db)) >= min(len(ids), done + rng.randint(3, 8)), 60, 0.02,
                            "progress between kills")
@@ -396,6 +404,7 @@ def test_worker_effects_exactly_once_with_sigkilled_worker_processes(backend):
                 workers[victim].wait()
                 kills += 1
                 workers[victim] = worker()
+                enqueue_phase(kills)
             wait_until(lambda: len(_effects(db)) >= len(ids), 120, 0.05, "every job's effect")
             wait_until(lambda: q.stats()["queues"]["kill"]["ready"] == 0
                        and q.stats()["queues"]["kill"]["in_flight"] == 0, 60, 0.1, "every job acked")
