@@ -33,21 +33,30 @@ def run(args) -> int:
     # before anything starts: a signal meanwhile is a clean stop (a SIGHUP waits for run())
     sup.handle_signals(reload=lambda: _reread(args.config))
     sup.start()
+    sqs = None
     try:
         if cfg.http.listen:
             http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir)
+        if cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before READY like the console
+            from ..sqs_api.server import SqsService
+            sqs = SqsService(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir)
     except BaseException:
+        if http is not None:
+            http.stop()
         sup.stop()
         raise
     # The console's URL with its login (the token, as Jupyter prints it), so opening it stays
     # one step; on stderr of the user who started the service, never in the shards' logs.
     print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
-          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else ""),
+          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else "")
+          + (f"; SQS API at {sqs.url}" if sqs else ""),
           file=sys.stderr, flush=True)
     sup.announce_ready()
     try:
         return sup.run()
     finally:
+        if sqs is not None:
+            sqs.stop()
         if http is not None:
             http.stop()
 

@@ -81,8 +81,12 @@ class Listener:
 
     def __init__(self, address: tuple, family: int, handle: Callable[[Request], bool],
                  wants_body: Callable[[str, str, http.client.HTTPMessage], bool], *,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, workers: int = limits.HTTP_WORKERS,
+                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX):
+        # workers, body_bytes_max: the SQS listener's (shardq/sqs_api/) are larger: its long
+        # polls hold a worker each, and a 1 MiB message arrives escaped.
         self.handle, self.wants_body = handle, wants_body
+        self.workers, self.body_bytes_max = workers, body_bytes_max
         self.clock = clock or SystemClock()
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -111,7 +115,7 @@ class Listener:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._threads = [threading.Thread(target=self._receive, name="shardq-http", daemon=True)]
         self._threads += [threading.Thread(target=self._answer, name=f"shardq-http-{i}", daemon=True)
-                          for i in range(limits.HTTP_WORKERS)]
+                          for i in range(self.workers)]
         for t in self._threads:
             t.start()
 
@@ -120,7 +124,7 @@ class Listener:
         the response it is writing first, for at most ``HTTP_WRITE_S_MAX``)."""
         self._stopping.set()
         self._wake()
-        for _ in range(limits.HTTP_WORKERS):
+        for _ in range(self.workers):
             self._work.put(None)
         for t in self._threads:
             t.join(limits.HTTP_WRITE_S_MAX + 1)
@@ -263,7 +267,7 @@ class Listener:
             return -1, False, False
         if headers.get("Transfer-Encoding"):
             return -1, False, False
-        if not 0 < length <= limits.HTTP_BODY_BYTES_MAX or len(parts) < 2:
+        if not 0 < length <= self.body_bytes_max or len(parts) < 2:
             return length, False, False
         method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
         expects = (headers.get("Expect") or "").lower() == "100-continue"
