@@ -12,6 +12,7 @@ import botocore.exceptions
 import pytest
 
 import shardq
+from shardq.sqs_api.message import md5_of_attributes, md5_of_body
 from tests.support.sqs_listener import client, sqs_service, sqs_url
 
 MIB = 1024 * 1024
@@ -178,11 +179,12 @@ def test_send_receive_delete_with_attributes_and_md5s(sqs, queue):
     sent = sqs.send_message(QueueUrl=queue, MessageBody="body ✓", MessageAttributes=attrs,
                             MessageSystemAttributes={"AWSTraceHeader": {"DataType": "String",
                                                                         "StringValue": "Root=1-abc"}})
-    assert "MD5OfMessageSystemAttributes" in sent  # boto3 checked the body's and attributes' MD5s
+    assert sent["MD5OfMessageAttributes"] == md5_of_attributes(attrs) and "MD5OfMessageSystemAttributes" in sent
     got = sqs.receive_message(QueueUrl=queue, MessageAttributeNames=["All"], AttributeNames=["All"])["Messages"]
     (msg,) = got
     assert msg["MessageId"] == sent["MessageId"] and msg["Body"] == "body ✓"
-    assert msg["MessageAttributes"] == attrs
+    assert msg["MessageAttributes"] == attrs and msg["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert msg["MD5OfBody"] == sent["MD5OfMessageBody"] == md5_of_body("body ✓")
     a = msg["Attributes"]
     assert a["ApproximateReceiveCount"] == "1" and a["AWSTraceHeader"] == "Root=1-abc"
     assert abs(int(a["SentTimestamp"]) - time.time() * 1000) < 60_000
@@ -194,7 +196,8 @@ def test_attribute_selection_by_name_and_prefix(sqs, queue):
     attrs = {f"{p}.{i}": {"DataType": "String", "StringValue": "v"} for p in ("a", "b") for i in range(2)}
     sqs.send_message(QueueUrl=queue, MessageBody="x", MessageAttributes=attrs)
     msg = sqs.receive_message(QueueUrl=queue, MessageAttributeNames=["a.*"])["Messages"][0]
-    assert set(msg["MessageAttributes"]) == {"a.0", "a.1"}  # and boto3 checked the MD5 of these two
+    assert set(msg["MessageAttributes"]) == {"a.0", "a.1"}
+    assert msg["MD5OfMessageAttributes"] == md5_of_attributes({k: attrs[k] for k in ("a.0", "a.1")})
 
 
 def test_a_body_and_attributes_at_1_mib_pass_and_a_byte_more_is_refused(sqs, queue):
