@@ -415,3 +415,16 @@ def test_what_boto3_sends_a_shardq_worker_leases_and_the_other_way_round(sqs, sv
     bodies = {m["Body"]: m.get("MessageAttributes") for m in got}
     assert bodies["from shardq"] is None
     assert bodies["//4gYmluYXJ5"] == {"shardq.body-encoding": {"DataType": "String", "StringValue": "base64"}}
+
+
+def test_a_long_poll_whose_client_has_gone_hands_it_nothing(sqs, svc, queue):
+    host = urlsplit(svc.url)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    conn.request("POST", "/", json.dumps({"QueueUrl": queue, "WaitTimeSeconds": 20}),
+                 {"X-Amz-Target": "AmazonSQS.ReceiveMessage", "Content-Type": "application/x-amz-json-1.0"})
+    time.sleep(0.3)  # the poll is waiting; then its client goes (a worker stopped mid-poll)
+    conn.sock.close()
+    sqs.send_message(QueueUrl=queue, MessageBody="for the living")
+    msgs = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=10, AttributeNames=["ApproximateReceiveCount"])
+    (m,) = msgs["Messages"]
+    assert m["Body"] == "for the living" and m["Attributes"]["ApproximateReceiveCount"] == "1"
