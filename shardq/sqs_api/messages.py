@@ -30,6 +30,7 @@ VISIBILITY_ZERO_S = 0.001       # a receive with VisibilityTimeout 0: shardq lea
 FIRST_RECEIVES_KEPT = 100_000   # ApproximateFirstReceiveTimestamp: remembered in memory (approximate)
 ATTEMPTS_KEPT = 10_000          # ReceiveRequestAttemptId answers kept (FIFO), each for 5 minutes
 ATTEMPT_S = 300.0
+POLL_SLICE_S = 2.0              # a long poll checks that its client is still there this often
 SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp",
                 "SequenceNumber", "MessageDeduplicationId", "MessageGroupId", "AWSTraceHeader",
                 "DeadLetterQueueSourceArn")
@@ -49,6 +50,8 @@ class MessageActions:
         self._first: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._attempts: collections.OrderedDict[tuple[str, str], tuple[float, dict]] = collections.OrderedDict()
         self._memo_lock = threading.Lock()
+        #: per request thread: ``gone()`` says whether the client closed its connection
+        self.caller = threading.local()
 
     def queue(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
@@ -188,9 +191,18 @@ class MessageActions:
                     return again
         deadline = self.clock.monotonic() + wait
         out: list[dict[str, Any]] = []
+        gone = getattr(self.caller, "gone", None) or (lambda: False)
         while True:
             remaining = max(0.0, deadline - self.clock.monotonic())
-            leases = self.router.dequeue_many(name, max_jobs=n, wait=remaining, visibility=vis or VISIBILITY_ZERO_S)
+            # A long poll waits in slices and looks at its connection between them: a client
+            # that has gone (a worker stopped mid-poll) must not be handed messages it will
+            # never see, which would stay invisible for the whole visibility timeout.
+            leases = self.router.dequeue_many(name, max_jobs=n, wait=min(remaining, POLL_SLICE_S),
+                                              visibility=vis or VISIBILITY_ZERO_S)
+            if gone():
+                for lease in leases:
+                    self.router.nack(lease, 0.0, delivered=False)  # unstarted: not a receive
+                return {}
             now_ms = int(self.clock.now() * 1000)
             for lease in leases:
                 msg = self._deliver(name, rec, lease, now_ms, wanted, names)

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import select
 import socket
 import uuid
 from urllib.parse import urlsplit
@@ -30,6 +31,19 @@ from .sigv4 import Verifier
 
 log = logging.getLogger("shardq.sqs_api")
 ADDRESS_FILE = "sqs-api.json"  # in the data dir's run/ directory: where the listener is
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the client has closed its side (EOF waiting), without reading its data."""
+    try:
+        # poll first: recv on a socket with a timeout would wait for data
+        if not select.select([sock], [], [], 0)[0]:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):  # reset, or closed here
+        return True
 
 
 class SqsService:
@@ -142,6 +156,7 @@ class SqsService:
                 form = body.decode("utf-8", "replace") if method == "POST" else url.query
                 action, params = protocol.decode_query(form, url.path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
+            self.api.caller.gone = lambda: _closed(req.sock)
             result = self.api.call(action, params, host)
         except SqsApiError as e:
             return self._error(req, e, is_json, request_id, keep)

@@ -12,6 +12,7 @@ import botocore.exceptions
 import pytest
 
 import shardq
+from shardq.sqs_api.message import md5_of_attributes, md5_of_body
 from tests.support.sqs_listener import client, sqs_service, sqs_url
 
 MIB = 1024 * 1024
@@ -178,11 +179,12 @@ def test_send_receive_delete_with_attributes_and_md5s(sqs, queue):
     sent = sqs.send_message(QueueUrl=queue, MessageBody="body ✓", MessageAttributes=attrs,
                             MessageSystemAttributes={"AWSTraceHeader": {"DataType": "String",
                                                                         "StringValue": "Root=1-abc"}})
-    assert "MD5OfMessageSystemAttributes" in sent  # boto3 checked the body's and attributes' MD5s
+    assert sent["MD5OfMessageAttributes"] == md5_of_attributes(attrs) and "MD5OfMessageSystemAttributes" in sent
     got = sqs.receive_message(QueueUrl=queue, MessageAttributeNames=["All"], AttributeNames=["All"])["Messages"]
     (msg,) = got
     assert msg["MessageId"] == sent["MessageId"] and msg["Body"] == "body ✓"
-    assert msg["MessageAttributes"] == attrs
+    assert msg["MessageAttributes"] == attrs and msg["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert msg["MD5OfBody"] == sent["MD5OfMessageBody"] == md5_of_body("body ✓")
     a = msg["Attributes"]
     assert a["ApproximateReceiveCount"] == "1" and a["AWSTraceHeader"] == "Root=1-abc"
     assert abs(int(a["SentTimestamp"]) - time.time() * 1000) < 60_000
@@ -194,7 +196,8 @@ def test_attribute_selection_by_name_and_prefix(sqs, queue):
     attrs = {f"{p}.{i}": {"DataType": "String", "StringValue": "v"} for p in ("a", "b") for i in range(2)}
     sqs.send_message(QueueUrl=queue, MessageBody="x", MessageAttributes=attrs)
     msg = sqs.receive_message(QueueUrl=queue, MessageAttributeNames=["a.*"])["Messages"][0]
-    assert set(msg["MessageAttributes"]) == {"a.0", "a.1"}  # and boto3 checked the MD5 of these two
+    assert set(msg["MessageAttributes"]) == {"a.0", "a.1"}
+    assert msg["MD5OfMessageAttributes"] == md5_of_attributes({k: attrs[k] for k in ("a.0", "a.1")})
 
 
 def test_a_body_and_attributes_at_1_mib_pass_and_a_byte_more_is_refused(sqs, queue):
@@ -412,3 +415,16 @@ def test_what_boto3_sends_a_shardq_worker_leases_and_the_other_way_round(sqs, sv
     bodies = {m["Body"]: m.get("MessageAttributes") for m in got}
     assert bodies["from shardq"] is None
     assert bodies["//4gYmluYXJ5"] == {"shardq.body-encoding": {"DataType": "String", "StringValue": "base64"}}
+
+
+def test_a_long_poll_whose_client_has_gone_hands_it_nothing(sqs, svc, queue):
+    host = urlsplit(svc.url)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    conn.request("POST", "/", json.dumps({"QueueUrl": queue, "WaitTimeSeconds": 20}),
+                 {"X-Amz-Target": "AmazonSQS.ReceiveMessage", "Content-Type": "application/x-amz-json-1.0"})
+    time.sleep(0.3)  # the poll is waiting; then its client goes (a worker stopped mid-poll)
+    conn.sock.close()
+    sqs.send_message(QueueUrl=queue, MessageBody="for the living")
+    msgs = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=10, AttributeNames=["ApproximateReceiveCount"])
+    (m,) = msgs["Messages"]
+    assert m["Body"] == "for the living" and m["Attributes"]["ApproximateReceiveCount"] == "1"
