@@ -20,7 +20,7 @@ def make_app(endpoint: str, queue: str, effects_path: str) -> Celery:
         broker_transport_options={
             "is_secure": False,          # http://, the listener is on loopback
             "region": "us-east-1",
-            "wait_time_seconds": 1,      # short long polls: a stopped worker leaves within a second
+            "wait_time_seconds": 10,     # long polls, as Celery's docs set them: one is pending when the worker stops
             "polling_interval": 0.1,
             "visibility_timeout": 60,
         },

@@ -83,4 +83,9 @@ def test_a_celery_worker_runs_every_task_once_through_the_sqs_listener(tmp_path)
             rc = _stop(worker)
             log.close()
         assert rc == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        # The stopped worker's long poll (10 s) was pending on the listener: it must not take the next
+        # message with it to the closed connection (it would stay invisible for the visibility timeout).
+        sqs.send_message(QueueUrl=url, MessageBody="after the worker left")
+        got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5).get("Messages", [])
+        assert [m["Body"] for m in got] == ["after the worker left"]
     assert sorted(_effects(effects)) == list(range(TASKS))
