@@ -5,6 +5,7 @@ the reason, never stored and ignored: ``Policy`` (one principal: the configured 
 docs/sqs-api.md), KMS encryption (``KmsMasterKeyId``, ``SqsManagedSseEnabled = true``)."""
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -168,8 +169,11 @@ def _redrive_allow_policy(text: str) -> str:
 def redrive(attrs: dict[str, str]) -> tuple[str, int] | None:
     """(dead-letter queue name, maxReceiveCount) of a queue with a redrive policy."""
     text = attrs.get("RedrivePolicy")
-    if not text:
-        return None
+    return _redrive_of(text) if text else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _redrive_of(text: str) -> tuple[str, int] | None:  # read on every receive: parsed once
     obj = json.loads(text)
     arn = parse_arn(obj["deadLetterTargetArn"])
     return (arn[2], int(obj["maxReceiveCount"])) if arn else None

@@ -60,10 +60,11 @@ class Catalog:
 
     # ------------------------------------------------------------------ reads
     def get(self, name: str) -> dict[str, Any] | None:
-        """A copy of the queue's record (``attributes``, ``tags``, ``created``, ``modified``)."""
+        """The queue's record (``attributes``, ``tags``, ``created``, ``modified``), not to be
+        changed: a change replaces a record's dicts instead of changing them, so a record
+        read once stays whole (read on every request: no copy)."""
         with self._lock:
-            q = self._data["queues"].get(name)
-            return copy.deepcopy(q) if q is not None else None
+            return self._data["queues"].get(name)
 
     def names(self) -> list[str]:
         with self._lock:
@@ -110,8 +111,8 @@ class Catalog:
     def set_attributes(self, name: str, attributes: dict[str, str]) -> None:
         with self._lock:
             q = self._queue(name)
-            q["attributes"].update(attributes)
-            q["modified"] = int(self.clock.now())
+            self._data["queues"][name] = dict(q, attributes={**q["attributes"], **attributes},
+                                              modified=int(self.clock.now()))
             self._save()
 
     def set_tags(self, name: str, add: dict[str, str], remove: list[str], max_tags: int) -> None:
@@ -123,7 +124,7 @@ class Catalog:
                 tags.pop(k, None)
             if len(tags) > max_tags:
                 raise fault("InvalidParameterValue", f"Too many tags: a queue has at most {max_tags}.")
-            q["tags"] = tags
+            self._data["queues"][name] = dict(q, tags=tags)
             self._save()
 
     def _queue(self, name: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""The SQS listener of ``shardq serve``: the console's HTTP stack (:mod:`shardq.service.
-http_listener`: one receiver thread, bounded heads and bodies, an overall deadline per
-request, a connection cap) with more workers, since each long poll holds one for up to 20
-s, and a body limit that fits a 1 MiB batch however it is encoded.
+"""The SQS listener of ``shardq serve``: the console's HTTP stack
+(:mod:`shardq.service.http_listener`: one receiver thread, bounded heads and bodies, an
+overall deadline per request, a connection cap) with more workers, since each long poll
+holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is encoded.
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
 header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), answered in

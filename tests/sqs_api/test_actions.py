@@ -428,3 +428,19 @@ def test_a_long_poll_whose_client_has_gone_hands_it_nothing(sqs, svc, queue):
     msgs = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=10, AttributeNames=["ApproximateReceiveCount"])
     (m,) = msgs["Messages"]
     assert m["Body"] == "for the living" and m["Attributes"]["ApproximateReceiveCount"] == "1"
+
+
+def test_a_redrive_allow_policy_decides_which_sources_may_name_a_dead_letter_queue(sqs):
+    dlq = sqs.create_queue(QueueName="picky", Attributes={"RedriveAllowPolicy": json.dumps(
+        {"redrivePermission": "byQueue", "sourceQueueArns": ["arn:aws:sqs:us-east-1:000000000000:allowed"]})})
+    arn = sqs.get_queue_attributes(QueueUrl=dlq["QueueUrl"], AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = {"RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 3})}
+    sqs.create_queue(QueueName="allowed", Attributes=policy)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        sqs.create_queue(QueueName="not-allowed", Attributes=policy)
+    assert code(e.value) == "InvalidParameterValue"
+    fifo_dlq = sqs.create_queue(QueueName="dlq.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    fifo_arn = sqs.get_queue_attributes(QueueUrl=fifo_dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    with pytest.raises(botocore.exceptions.ClientError):  # a standard queue's DLQ is a standard queue
+        sqs.create_queue(QueueName="mixed", Attributes={"RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": fifo_arn, "maxReceiveCount": 3})})
