@@ -4,6 +4,7 @@ FIFO queue, every call a producer and a consumer make (js/check_sqs.mjs), result
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -82,3 +83,9 @@ def test_fifo_queue_keeps_group_order_one_in_flight_and_dedups(js_run):
         for m in rnd["received"] + rnd["while_in_flight"]:
             delivered[m["group"]].append(m["body"])
     assert delivered == {g: [f"{g}{i}" for i in range(5)] for g in "abc"}
+
+
+def test_a_message_of_1_mib_goes_both_ways_with_its_md5(js_run):
+    big = js_run[0]["largest"]
+    expected = hashlib.md5(("é" * (512 * 1024)).encode()).hexdigest()
+    assert big == {"body_bytes": 1024 * 1024, "md5_sent": expected, "md5_received": expected, "same_body": True}

@@ -173,8 +173,20 @@ async function fifo() {
   return out;
 }
 
+// The largest message SQS allows: 1 MiB of UTF-8 (two bytes a character), its MD5 checked by the SDK both ways.
+async function largest() {
+  const { QueueUrl } = await client.send(new CreateQueueCommand({ QueueName: `${prefix}-big` }));
+  const body = "é".repeat(512 * 1024);
+  const sent = await client.send(new SendMessageCommand({ QueueUrl, MessageBody: body }));
+  const [m] = await receiveAll(QueueUrl, 1);
+  await client.send(new DeleteMessageCommand({ QueueUrl, ReceiptHandle: m.ReceiptHandle }));
+  await client.send(new DeleteQueueCommand({ QueueUrl }));
+  return { body_bytes: Buffer.byteLength(body, "utf8"), md5_sent: sent.MD5OfMessageBody, md5_received: m.MD5OfBody,
+           same_body: m.Body === body };
+}
+
 try {
-  const result = { standard: await standard(), fifo: await fifo() };
+  const result = { standard: await standard(), fifo: await fifo(), largest: await largest() };
   process.stdout.write(JSON.stringify(result) + "\n");
 } catch (err) {
   process.stderr.write(`${err.name}: ${err.message}\n${err.stack}\n`);
