@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import limits
@@ -22,6 +22,9 @@ from .catalog import Catalog
 from .faults import fault, invalid, no_queue
 from .messages import MessageActions
 from .moves import MoveTasks
+
+if TYPE_CHECKING:
+    from ..client.router import Router
 
 log = logging.getLogger("shardq.sqs_api")
 
@@ -45,7 +48,7 @@ PURGE_ROUND_JOBS = 1000
 
 
 class SqsApi(MessageActions):
-    def __init__(self, router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
+    def __init__(self, router: Router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
         self.router, self.catalog, self.cfg = router, catalog, cfg
         self.clock = clock or SystemClock()
         self.service_id = getattr(router, "service_id", None) or "shardq"
@@ -57,7 +60,8 @@ class SqsApi(MessageActions):
         method = ACTIONS.get(action)
         if method is None:
             raise fault("InvalidAction", f"The action {action[:100]} is not valid for this endpoint.")
-        return getattr(self, method)(params, host)
+        result: dict[str, Any] = getattr(self, method)(params, host)
+        return result
 
     # ------------------------------------------------------------------ names
     def arn(self, name: str) -> str:

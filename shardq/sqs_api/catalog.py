@@ -64,7 +64,8 @@ class Catalog:
         changed: a change replaces a record's dicts instead of changing them, so a record
         read once stays whole (read on every request: no copy)."""
         with self._lock:
-            return self._data["queues"].get(name)
+            q: dict[str, Any] | None = self._data["queues"].get(name)
+            return q
 
     def names(self) -> list[str]:
         with self._lock:
@@ -128,7 +129,7 @@ class Catalog:
             self._save()
 
     def _queue(self, name: str) -> dict[str, Any]:
-        q = self._data["queues"].get(name)
+        q: dict[str, Any] | None = self._data["queues"].get(name)
         if q is None:
             raise fault("QueueDoesNotExist", "The specified queue does not exist.")
         return q
@@ -136,7 +137,8 @@ class Catalog:
     # ------------------------------------------------------------------ message move tasks
     def tasks(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return copy.deepcopy(self._data["tasks"])
+            tasks: dict[str, dict[str, Any]] = copy.deepcopy(self._data["tasks"])
+            return tasks
 
     def put_task(self, handle: str, task: dict[str, Any]) -> None:
         with self._lock:
