@@ -189,6 +189,15 @@ class SqsApi(MessageActions):
         if not qattr.allows_source(rec["attributes"], self.arn(name)):
             raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
                           f"the dead-letter queue's RedriveAllowPolicy does not allow this source queue.")
+        # shardq dead-letters a job past the queue's max_deliveries at lease time, into its own
+        # dead letters: the receive that moves a message here (receive maxReceiveCount + 1)
+        # must come first, or messages would leave the SQS API silently
+        deliveries = self.router.queue_config(name).get("max_deliveries", 0)
+        if target[1] >= deliveries:
+            raise fault("InvalidAttributeValue", f"Invalid value for the parameter RedrivePolicy. Reason: "
+                                                 f"maxReceiveCount {target[1]} must be below the shardq queue's "
+                                                 f"max_deliveries ({deliveries}): raise max_deliveries in "
+                                                 f"[queue_defaults] or [queues.\"{name}\"] of the config.")
 
     def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
