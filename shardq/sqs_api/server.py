@@ -136,6 +136,8 @@ class SqsService:
                 url = urlsplit(target)
             except ValueError:
                 raise fault("MalformedQueryString", "The request target is not a URL.") from None
+            if headers.get("Transfer-Encoding"):  # never read (the Listener reads Content-Length bodies only)
+                raise fault("InvalidParameterValue", "Transfer-Encoding is not supported: send Content-Length.")
             length = int(headers.get("Content-Length") or 0) if (headers.get("Content-Length") or "0").isdigit() else -1
             if method == "POST" and length and not req.body_ready:
                 if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
