@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig
+from ..errors import UnknownQueue
 from . import attributes as qattr
 from . import params as p
 from .catalog import Catalog
@@ -94,6 +95,11 @@ class SqsApi(MessageActions):
         if fifo and given.get("FifoQueue") != "true":
             raise invalid("The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
                           "underscores, must end with .fifo suffix. Set FifoQueue to true to create one.")
+        try:
+            self.router.queue_config(name)
+        except UnknownQueue:
+            raise invalid(f"The shardq service takes declared queues only (service.declare_queues = true): "
+                          f"declare [queues.\"{name}\"] in its config first.") from None
         self._check_redrive(name, given)
         tags = self._check_tags(params.get("tags"))
         attrs = qattr.defaults(fifo)

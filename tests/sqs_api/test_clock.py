@@ -83,3 +83,14 @@ def test_a_max_receive_count_that_shardq_would_dead_letter_first_is_refused(api)
         api.call("SetQueueAttributes", {"QueueUrl": url(api, "five"), "Attributes": {
             "RedrivePolicy": policy % 5}}, HOST)
     assert e.value.code == "InvalidAttributeValue" and "max_deliveries" in e.value.message
+
+
+def test_create_queue_on_a_service_of_declared_queues_names_the_config(tmp_path):
+    with Service(shards=1, config={"http": {"listen": ""}, "service": {"declare_queues": True},
+                                   "queues": {"declared": {}}}) as svc, shardq.connect(svc.data_dir) as router:
+        api = SqsApi(router, Catalog(str(tmp_path)), SqsApiConfig())
+        assert url(api, "declared").endswith("/declared")
+        with pytest.raises(SqsApiError) as e:
+            url(api, "undeclared")
+        assert e.value.code == "InvalidParameterValue" and "declare_queues" in e.value.message
+        api.close()
