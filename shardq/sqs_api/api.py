@@ -10,18 +10,22 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig
+from ..errors import UnknownQueue
 from . import attributes as qattr
 from . import params as p
 from .catalog import Catalog
 from .faults import fault, invalid, no_queue
 from .messages import MessageActions
 from .moves import MoveTasks
+
+if TYPE_CHECKING:
+    from ..client.router import Router
 
 log = logging.getLogger("shardq.sqs_api")
 
@@ -45,7 +49,7 @@ PURGE_ROUND_JOBS = 1000
 
 
 class SqsApi(MessageActions):
-    def __init__(self, router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
+    def __init__(self, router: Router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
         self.router, self.catalog, self.cfg = router, catalog, cfg
         self.clock = clock or SystemClock()
         self.service_id = getattr(router, "service_id", None) or "shardq"
@@ -57,7 +61,8 @@ class SqsApi(MessageActions):
         method = ACTIONS.get(action)
         if method is None:
             raise fault("InvalidAction", f"The action {action[:100]} is not valid for this endpoint.")
-        return getattr(self, method)(params, host)
+        result: dict[str, Any] = getattr(self, method)(params, host)
+        return result
 
     # ------------------------------------------------------------------ names
     def arn(self, name: str) -> str:
@@ -90,6 +95,11 @@ class SqsApi(MessageActions):
         if fifo and given.get("FifoQueue") != "true":
             raise invalid("The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
                           "underscores, must end with .fifo suffix. Set FifoQueue to true to create one.")
+        try:
+            self.router.queue_config(name)
+        except UnknownQueue:
+            raise invalid(f"The shardq service takes declared queues only (service.declare_queues = true): "
+                          f"declare [queues.\"{name}\"] in its config first.") from None
         self._check_redrive(name, given)
         tags = self._check_tags(params.get("tags"))
         attrs = qattr.defaults(fifo)
@@ -185,6 +195,15 @@ class SqsApi(MessageActions):
         if not qattr.allows_source(rec["attributes"], self.arn(name)):
             raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
                           f"the dead-letter queue's RedriveAllowPolicy does not allow this source queue.")
+        # shardq dead-letters a job past the queue's max_deliveries at lease time, into its own
+        # dead letters: the receive that moves a message here (receive maxReceiveCount + 1)
+        # must come first, or messages would leave the SQS API silently
+        deliveries = self.router.queue_config(name).get("max_deliveries", 0)
+        if target[1] >= deliveries:
+            raise fault("InvalidAttributeValue", f"Invalid value for the parameter RedrivePolicy. Reason: "
+                                                 f"maxReceiveCount {target[1]} must be below the shardq queue's "
+                                                 f"max_deliveries ({deliveries}): raise max_deliveries in "
+                                                 f"[queue_defaults] or [queues.\"{name}\"] of the config.")
 
     def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)

@@ -21,6 +21,7 @@ from .faults import fault
 FILE = "catalog.json"
 DIR = "sqs-api"
 DELETED_RECENTLY_S = 60.0  # AWS: a deleted queue's name may be used again after 60 s
+TASKS_KEPT = 10            # ended message move tasks kept per source queue
 
 
 class Catalog:
@@ -36,16 +37,24 @@ class Catalog:
             with open(self.path, "rb") as f:
                 self._data = json.load(f)
         except FileNotFoundError:
-            self._data = {"version": 1, "key": secrets.token_hex(32), "queues": {}, "deleted": {}, "tasks": {}}
-            self._save()
+            fresh = {"version": 1, "key": secrets.token_hex(32), "queues": {}, "deleted": {}, "tasks": {}}
+            self._write(fresh)
+            self._data = fresh
         self.key = bytes.fromhex(self._data["key"])
 
-    def _save(self) -> None:
+    def _commit(self, **tables: Any) -> None:
+        """Make ``tables`` (new top-level values) durable, then current: a write that fails
+        (disk full) leaves the catalog as it was, in memory and on disk."""
+        new = dict(self._data, **tables)
+        self._write(new)
+        self._data = new
+
+    def _write(self, data: dict[str, Any]) -> None:
         tmp = self.path + ".tmp"
-        data = json.dumps(self._data, separators=(",", ":"), sort_keys=True).encode()
+        raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
+            view = memoryview(raw)
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
@@ -64,7 +73,8 @@ class Catalog:
         changed: a change replaces a record's dicts instead of changing them, so a record
         read once stays whole (read on every request: no copy)."""
         with self._lock:
-            return self._data["queues"].get(name)
+            q: dict[str, Any] | None = self._data["queues"].get(name)
+            return q
 
     def names(self) -> list[str]:
         with self._lock:
@@ -94,26 +104,22 @@ class Catalog:
             if gone is not None and now - gone < DELETED_RECENTLY_S:
                 raise fault("QueueDeletedRecently", "You must wait 60 seconds after deleting a queue before you "
                                                     "can create another queue with the same name.")
-            self._data["deleted"] = {n: t for n, t in self._data["deleted"].items()
-                                     if now - t < DELETED_RECENTLY_S and n != name}
-            self._data["queues"][name] = {"attributes": attributes, "tags": tags, "created": int(now),
-                                          "modified": int(now)}
-            self._save()
+            deleted = {n: t for n, t in self._data["deleted"].items() if now - t < DELETED_RECENTLY_S and n != name}
+            record = {"attributes": attributes, "tags": tags, "created": int(now), "modified": int(now)}
+            self._commit(queues={**self._data["queues"], name: record}, deleted=deleted)
             return True
 
     def delete(self, name: str) -> None:
         with self._lock:
-            if self._data["queues"].pop(name, None) is None:
-                raise fault("QueueDoesNotExist", "The specified queue does not exist.")
-            self._data["deleted"][name] = self.clock.now()
-            self._save()
+            self._queue(name)
+            self._commit(queues={n: q for n, q in self._data["queues"].items() if n != name},
+                         deleted={**self._data["deleted"], name: self.clock.now()})
 
     def set_attributes(self, name: str, attributes: dict[str, str]) -> None:
         with self._lock:
             q = self._queue(name)
-            self._data["queues"][name] = dict(q, attributes={**q["attributes"], **attributes},
-                                              modified=int(self.clock.now()))
-            self._save()
+            record = dict(q, attributes={**q["attributes"], **attributes}, modified=int(self.clock.now()))
+            self._commit(queues={**self._data["queues"], name: record})
 
     def set_tags(self, name: str, add: dict[str, str], remove: list[str], max_tags: int) -> None:
         with self._lock:
@@ -124,11 +130,10 @@ class Catalog:
                 tags.pop(k, None)
             if len(tags) > max_tags:
                 raise fault("InvalidParameterValue", f"Too many tags: a queue has at most {max_tags}.")
-            self._data["queues"][name] = dict(q, tags=tags)
-            self._save()
+            self._commit(queues={**self._data["queues"], name: dict(q, tags=tags)})
 
     def _queue(self, name: str) -> dict[str, Any]:
-        q = self._data["queues"].get(name)
+        q: dict[str, Any] | None = self._data["queues"].get(name)
         if q is None:
             raise fault("QueueDoesNotExist", "The specified queue does not exist.")
         return q
@@ -136,10 +141,14 @@ class Catalog:
     # ------------------------------------------------------------------ message move tasks
     def tasks(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return copy.deepcopy(self._data["tasks"])
+            tasks: dict[str, dict[str, Any]] = copy.deepcopy(self._data["tasks"])
+            return tasks
 
     def put_task(self, handle: str, task: dict[str, Any]) -> None:
         with self._lock:
-            self._data["tasks"][handle] = task
-            # keep the last 10 ended tasks per source, as AWS lists them
-            self._save()
+            tasks = {**self._data["tasks"], handle: task}
+            ended = sorted((t["StartedTimestamp"], h) for h, t in tasks.items()
+                           if t["SourceArn"] == task["SourceArn"] and t["Status"] not in ("RUNNING", "CANCELLING"))
+            for _, old in ended[:-TASKS_KEPT]:  # AWS lists the last 10 of a source
+                del tasks[old]
+            self._commit(tasks=tasks)

@@ -48,7 +48,9 @@ class MessageActions:
 
     def __init__(self) -> None:
         self._first: collections.OrderedDict[int, int] = collections.OrderedDict()
-        self._attempts: collections.OrderedDict[tuple[str, str], tuple[float, dict]] = collections.OrderedDict()
+        # (queue, ReceiveRequestAttemptId) -> (kept until, the answer)
+        self._attempts: collections.OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = \
+            collections.OrderedDict()
         self._memo_lock = threading.Lock()
         #: per request thread: ``gone()`` says whether the client closed its connection
         self.caller = threading.local()

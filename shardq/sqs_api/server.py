@@ -19,6 +19,7 @@ import uuid
 from urllib.parse import urlsplit
 
 from .. import limits
+from ..client.router import Router
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import InvalidConfig, ShardqError, SqsApiError
@@ -49,13 +50,12 @@ def _closed(sock: socket.socket) -> bool:
 class SqsService:
     """The listener; :meth:`start` binds and serves on daemon threads, :meth:`stop` ends it."""
 
-    def __init__(self, data_dir, cfg: SqsApiConfig, *, clock: Clock | None = None):
-        import shardq
+    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
         self.cfg = cfg
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
-        self.router = shardq.connect(self.data_dir, retry_s=5.0)
+        self.router = Router(self.data_dir, retry_s=5.0)  # shardq.Router: what shardq.connect gives
         self.catalog = Catalog(self.data_dir, self.clock)
         self.api = SqsApi(self.router, self.catalog, cfg, self.clock)
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
@@ -101,7 +101,7 @@ class SqsService:
         self.router.close()
 
     # ------------------------------------------------------------------ requests
-    def _wants_body(self, method: str, path: str, headers) -> bool:
+    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
         """Read a body only for a POST that names our key id (when keys are set)."""
         if method != "POST":
             return False
@@ -136,6 +136,8 @@ class SqsService:
                 url = urlsplit(target)
             except ValueError:
                 raise fault("MalformedQueryString", "The request target is not a URL.") from None
+            if headers.get("Transfer-Encoding"):  # never read (the Listener reads Content-Length bodies only)
+                raise fault("InvalidParameterValue", "Transfer-Encoding is not supported: send Content-Length.")
             length = int(headers.get("Content-Length") or 0) if (headers.get("Content-Length") or "0").isdigit() else -1
             if method == "POST" and length and not req.body_ready:
                 if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
@@ -181,7 +183,8 @@ class SqsService:
                           (("x-amzn-RequestId", request_id),), keep)
 
     @staticmethod
-    def _send(req: Request, status: int, data: bytes, ctype: str, headers, keep: bool) -> bool:
+    def _send(req: Request, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
+              keep: bool) -> bool:
         reason = http.client.responses.get(status, "Error")
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import re
 import time
+from email.message import Message
 from urllib.parse import parse_qsl, quote
 
 from .. import limits
@@ -71,7 +72,7 @@ class Verifier:
     def __init__(self, access_key_id: str, secret_access_key: str, region: str):
         self.key_id, self.secret, self.region = access_key_id, secret_access_key, region
 
-    def verify(self, method: str, raw_path: str, query: str, headers, body: bytes, now: float) -> None:
+    def verify(self, method: str, raw_path: str, query: str, headers: Message, body: bytes, now: float) -> None:
         """Raise the SqsApiError AWS answers unless the request is signed with our key."""
         q = dict(parse_qsl(query, keep_blank_values=True))
         auth = headers.get("Authorization")

@@ -18,7 +18,8 @@ HOST = "127.0.0.1:9324"
 
 @pytest.fixture(scope="module")
 def svc():
-    with Service(shards=1, config={"http": {"listen": ""}, "queue_defaults": dict(QUEUE_DEFAULTS)}) as s:
+    with Service(shards=1, config={"http": {"listen": ""}, "queue_defaults": dict(QUEUE_DEFAULTS),
+                                   "queues": {"five": {"max_deliveries": 5}}}) as s:
         yield s
 
 
@@ -71,3 +72,25 @@ def test_a_receive_retried_with_its_attempt_id_gets_the_same_messages(api):
                                         "ReceiveRequestAttemptId": "try-1"}, HOST)
     assert again == first and len(first["Messages"]) == 2
     assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": q, "ReceiveRequestAttemptId": "try-2"}, HOST)
+
+
+def test_a_max_receive_count_that_shardq_would_dead_letter_first_is_refused(api):
+    dlq = url(api, "dlq5")
+    arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]}, HOST)
+    policy = f'{{"deadLetterTargetArn": "{arn["Attributes"]["QueueArn"]}", "maxReceiveCount": %d}}'
+    url(api, "five", RedrivePolicy=policy % 4)  # the 5th receive moves it: shardq's 5th lease
+    with pytest.raises(SqsApiError) as e:
+        api.call("SetQueueAttributes", {"QueueUrl": url(api, "five"), "Attributes": {
+            "RedrivePolicy": policy % 5}}, HOST)
+    assert e.value.code == "InvalidAttributeValue" and "max_deliveries" in e.value.message
+
+
+def test_create_queue_on_a_service_of_declared_queues_names_the_config(tmp_path):
+    with Service(shards=1, config={"http": {"listen": ""}, "service": {"declare_queues": True},
+                                   "queues": {"declared": {}}}) as svc, shardq.connect(svc.data_dir) as router:
+        api = SqsApi(router, Catalog(str(tmp_path)), SqsApiConfig())
+        assert url(api, "declared").endswith("/declared")
+        with pytest.raises(SqsApiError) as e:
+            url(api, "undeclared")
+        assert e.value.code == "InvalidParameterValue" and "declare_queues" in e.value.message
+        api.close()

@@ -108,3 +108,10 @@ def test_hundreds_of_half_open_and_slow_drip_connections_cost_no_threads(svc):
         stop.set()
         for s in conns:
             s.close()
+
+
+def test_a_chunked_body_is_refused_not_taken_for_an_empty_one(svc):
+    head = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Amz-Target: AmazonSQS.CreateQueue\r\n"
+            b"Content-Type: application/x-amz-json-1.0\r\nTransfer-Encoding: chunked\r\n\r\n")
+    status, data = exchange(svc.port, head + b'15\r\n{"QueueName": "chunk"}\r\n0\r\n\r\n')
+    assert status == 400 and b"Transfer-Encoding" in data and data.count(b"HTTP/1.1 ") == 1

@@ -117,3 +117,23 @@ def test_the_config_table_names_each_bad_key():
     keyed = config.parse({"sqs_api": {"listen": "0.0.0.0:9324", "access_key_id": "AKIDSHARDQTEST0001",
                                       "secret_access_key": "s" * 40}})
     assert "sqs_api" not in keyed.to_dict() and "s" * 40 not in repr(keyed)
+
+
+def test_the_catalog_answers_only_what_is_on_disk(tmp_path, monkeypatch):
+    from shardq.sqs_api.catalog import Catalog
+    cat = Catalog(str(tmp_path))
+    cat.create("kept", {"VisibilityTimeout": "30"}, {}, {"t": "1"})
+    assert Catalog(str(tmp_path)).get("kept")["tags"] == {"t": "1"}  # a new process reads it back
+    key = cat.key
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("shardq.sqs_api.catalog.os.fsync", full)
+    with pytest.raises(OSError):
+        cat.create("lost", {}, {}, {})
+    with pytest.raises(OSError):
+        cat.set_attributes("kept", {"VisibilityTimeout": "99"})
+    assert cat.get("lost") is None and cat.get("kept")["attributes"]["VisibilityTimeout"] == "30"
+    monkeypatch.undo()
+    again = Catalog(str(tmp_path))
+    assert again.names() == ["kept"] and again.key == key  # receipt handles stay valid across restarts
