@@ -445,3 +445,27 @@ def test_a_redrive_allow_policy_decides_which_sources_may_name_a_dead_letter_que
     with pytest.raises(botocore.exceptions.ClientError):  # a standard queue's DLQ is a standard queue
         sqs.create_queue(QueueName="mixed", Attributes={"RedrivePolicy": json.dumps(
             {"deadLetterTargetArn": fifo_arn, "maxReceiveCount": 3})})
+
+
+def test_a_fifo_dead_letter_queue_moves_back_keeping_each_group_in_order(sqs):
+    dlq = sqs.create_queue(QueueName="fdead.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    src = sqs.create_queue(QueueName="fsrc.fifo", Attributes={"FifoQueue": "true", "RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": arn, "maxReceiveCount": 1})})["QueueUrl"]
+    for i in range(3):
+        sqs.send_message(QueueUrl=src, MessageBody=f"m{i}", MessageGroupId="g", MessageDeduplicationId=str(i))
+    for _ in range(3):  # each message: received once, released, then moved by the next receive
+        h = sqs.receive_message(QueueUrl=src)["Messages"][0]["ReceiptHandle"]
+        sqs.change_message_visibility(QueueUrl=src, ReceiptHandle=h, VisibilityTimeout=0)
+        sqs.receive_message(QueueUrl=src)
+    sqs.start_message_move_task(SourceArn=arn)
+    deadline = time.monotonic() + 20
+    while sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    bodies = []
+    while msgs := sqs.receive_message(QueueUrl=src, AttributeNames=["MessageGroupId"]).get("Messages"):
+        assert msgs[0]["Attributes"]["MessageGroupId"] == "g"
+        bodies.append(msgs[0]["Body"])
+        sqs.delete_message(QueueUrl=src, ReceiptHandle=msgs[0]["ReceiptHandle"])
+    assert bodies == ["m0", "m1", "m2"]
