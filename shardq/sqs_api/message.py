@@ -1,10 +1,11 @@
 """Messages as SQS sees them, as shardq jobs: pure functions, no I/O.
 
-* **The job body.** A message sent with nothing but its body (and its group and dedup ids on
-  a FIFO queue) is stored as that body, UTF-8: a ``shardq worker`` leases exactly what a
-  boto3 producer sent. A message that carries more (message attributes, the
-  ``AWSTraceHeader`` system attribute, a standard queue's MessageGroupId, or the move to a
-  dead-letter queue) is stored as an *envelope* (which then keeps an explicit dedup id too):
+* **The job body.** A message sent with nothing but its body (and, on a FIFO queue, its
+  group and a content-based dedup id) is stored as that body, UTF-8: a ``shardq worker``
+  leases exactly what a boto3 producer sent. A message that carries more (message
+  attributes, the ``AWSTraceHeader`` system attribute, an explicit MessageDeduplicationId,
+  which receives give back as AWS does, a standard queue's MessageGroupId, or the move to a
+  dead-letter queue) is stored as an *envelope*:
   :data:`MAGIC`, one line of JSON with what it carries, then the body. No SQS body can start
   with :data:`MAGIC` (it holds a NUL, a character SQS refuses), so the two never mix;
   :func:`unwrap` gives a worker the body and the attributes.
@@ -170,11 +171,11 @@ def wrap(body: str, *, sent_ms: int, attrs: dict[str, dict[str, Any]], system: d
         head["s"] = to_wire(system)
     if group is not None:
         head["g"] = group
-    data = body.encode("utf-8")
-    if not head:
-        return data  # an explicit dedup id alone does not make an envelope: FIFO producers give one
     if dedup_id is not None:
         head["d"] = dedup_id
+    data = body.encode("utf-8")
+    if not head:
+        return data
     head["t"] = sent_ms
     return rewrap(data, head)
 
@@ -187,7 +188,8 @@ def rewrap(data: bytes, head: dict[str, Any]) -> bytes:
 def unwrap(job_body: bytes) -> tuple[bytes, dict[str, Any]]:
     """A job body's message body and what rode with it: ``{"a": message attributes, "s":
     system attributes, "d": dedup id, "g": a standard queue's MessageGroupId, "q": the
-    dead-letter source ARN, "t": sent (ms)}`` (the keys present), binary values base64. A
+    dead-letter source ARN, "m": the MessageId it had before a move, "t": sent (ms)}`` (the
+    keys present), binary values base64. A
     body without an envelope comes back unchanged, with ``{}``. For shardq workers that
     consume what SQS producers send."""
     if not job_body.startswith(MAGIC):

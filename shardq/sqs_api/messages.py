@@ -251,7 +251,7 @@ class MessageActions:
                 while len(self._first) > FIRST_RECEIVES_KEPT:
                     self._first.popitem(last=False)
         msg: dict[str, Any] = {
-            "MessageId": m.message_id(self.service_id, job_id),
+            "MessageId": head.get("m") or m.message_id(self.service_id, job_id),  # "m": kept by a move
             "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, now_ms),
             "MD5OfBody": m.md5_of_body(body), "Body": body}
         if wanted:
@@ -282,7 +282,7 @@ class MessageActions:
             dedup = head.get("d")
             if dedup is None and rec_attrs.get("ContentBasedDeduplication") == "true":
                 dedup = hashlib.sha256(m.unwrap(lease.body)[0]).hexdigest()  # content-based: the body's SHA-256
-            if dedup is not None:  # an explicit id of a bare body is not kept (docs/sqs-api.md)
+            if dedup is not None:
                 out["MessageDeduplicationId"] = dedup
         elif head.get("g") is not None:
             out["MessageGroupId"] = head["g"]
@@ -300,7 +300,8 @@ class MessageActions:
         if self.catalog.get(dlq) is None:
             return False
         data, _ = m.unwrap(lease.body)
-        moved = dict(head, q=self.arn(name))
+        # AWS keeps a message's MessageId (and attributes) when it moves it to a dead-letter queue
+        moved = dict(head, q=self.arn(name), m=head.get("m") or m.message_id(self.service_id, int(lease.job_id)))
         moved.setdefault("t", int(self.clock.now() * 1000))
         self.router.enqueue(m.rewrap(data, moved), key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
                             dedup_id=f"shardq-dlq:{self.service_id}:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])

@@ -1,6 +1,7 @@
 """Message move tasks (StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask):
 moving the messages of a dead-letter queue back to where they came from (their
-DeadLetterQueueSourceArn) or to a chosen queue, on a thread, one task per source at a time.
+DeadLetterQueueSourceArn) or to a chosen queue of the same type, on a thread, one task per
+source at a time; a FIFO message keeps its group.
 
 A message is enqueued at its destination, then acked at the source; the enqueue carries a
 dedup id of the message, so a crash between the two cannot make two. A task's record is
@@ -40,12 +41,8 @@ class MoveTasks:
         source = self._queue_of(source_arn)
         if not self.api.catalog.sources_of(source_arn):
             raise invalid("Source queue must be configured as a Dead Letter Queue.")
-        if dest_arn is not None:
-            dest = self._queue_of(dest_arn)
-            if dest.endswith(".fifo") or source.endswith(".fifo"):
-                raise fault("UnsupportedOperation", "Message move tasks are for standard queues (as in AWS).")
-        if source.endswith(".fifo"):
-            raise fault("UnsupportedOperation", "Message move tasks are for standard queues (as in AWS).")
+        if dest_arn is not None and self._queue_of(dest_arn).endswith(".fifo") != source.endswith(".fifo"):
+            raise invalid("The destination queue must be of the same type as the source (FIFO or standard).")
         with self._lock:
             if any(t["SourceArn"] == source_arn and t["Status"] in ("RUNNING", "CANCELLING")
                    for t in self.api.catalog.tasks().values()):
@@ -93,7 +90,8 @@ class MoveTasks:
                         raise invalid(f"message {lease.job_id} has no source queue to go back to")
                     rest = {k: v for k, v in head.items() if k != "q"}
                     body = m.rewrap(data, rest) if rest else data
-                    router.enqueue(body, queue=parsed[2],
+                    # a FIFO message keeps its group (the key), so its group's order holds
+                    router.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
                                    dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
                     try:
                         router.ack(lease)

@@ -8,6 +8,7 @@ header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), ans
 its protocol's form."""
 from __future__ import annotations
 
+import email.utils
 import http.client
 import io
 import json
@@ -182,11 +183,12 @@ class SqsService:
         return self._send(req, e.status, protocol.xml_error(e, request_id), "text/xml",
                           (("x-amzn-RequestId", request_id),), keep)
 
-    @staticmethod
-    def _send(req: Request, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
+    def _send(self, req: Request, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
               keep: bool) -> bool:
         reason = http.client.responses.get(status, "Error")
+        # Date: SDKs (Java, Go) correct their clock skew from it after a signature refusal
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
+                 f"Date: {email.utils.formatdate(self.clock.now(), usegmt=True)}",
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
         req.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
         return keep

@@ -12,7 +12,7 @@ import botocore.exceptions
 import pytest
 
 import shardq
-from shardq.sqs_api.message import md5_of_attributes, md5_of_body
+from shardq.sqs_api.message import md5_of_attributes, md5_of_body, unwrap
 from tests.support.sqs_listener import client, sqs_service, sqs_url
 
 MIB = 1024 * 1024
@@ -341,11 +341,7 @@ def test_fifo_groups_keep_order_and_one_message_in_flight(sqs, fifo):
     assert sorted(m["Body"] for m in second) == ["a1", "b1"]
     for m in second:
         assert int(m["Attributes"]["SequenceNumber"]) > seqs[m["Attributes"]["MessageGroupId"]]
-        assert "MessageDeduplicationId" not in m["Attributes"]  # a bare body keeps no explicit id
-    sqs.send_message(QueueUrl=fifo, MessageBody="with", MessageGroupId="c", MessageDeduplicationId="kept",
-                     MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}})
-    (m,) = sqs.receive_message(QueueUrl=fifo, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
-    assert m["Attributes"]["MessageDeduplicationId"] == "kept"
+        assert m["Attributes"]["MessageDeduplicationId"] == m["Body"]  # given back, as AWS does
 
 
 def test_fifo_dedup_answers_the_first_send_within_the_window(sqs):
@@ -404,10 +400,15 @@ def test_redrive_moves_a_message_past_max_receive_count_and_a_move_task_brings_i
 def test_what_boto3_sends_a_shardq_worker_leases_and_the_other_way_round(sqs, svc):
     url = sqs.create_queue(QueueName="both.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
     plain = sqs.create_queue(QueueName="both")["QueueUrl"]
-    sqs.send_message(QueueUrl=url, MessageBody="from boto3", MessageGroupId="album-1", MessageDeduplicationId="1")
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"ContentBasedDeduplication": "true"})
+    sqs.send_message(QueueUrl=url, MessageBody="from boto3", MessageGroupId="album-1")
+    sqs.send_message(QueueUrl=url, MessageBody="with its id", MessageGroupId="album-1", MessageDeduplicationId="2")
     with shardq.connect(svc.data_dir) as q:
         lease = q.dequeue("both.fifo", wait=5)
-        assert (lease.body, lease.key) == (b"from boto3", "album-1")
+        assert (lease.body, lease.key) == (b"from boto3", "album-1")  # the body itself
+        q.ack(lease)
+        lease = q.dequeue("both.fifo", wait=5)  # an explicit dedup id rides in an envelope
+        assert unwrap(lease.body) == (b"with its id", {"d": "2", "t": unwrap(lease.body)[1]["t"]})
         q.ack(lease)
         q.enqueue(b"from shardq", queue="both")
         q.enqueue(b"\xff\xfe binary", queue="both")
@@ -444,3 +445,27 @@ def test_a_redrive_allow_policy_decides_which_sources_may_name_a_dead_letter_que
     with pytest.raises(botocore.exceptions.ClientError):  # a standard queue's DLQ is a standard queue
         sqs.create_queue(QueueName="mixed", Attributes={"RedrivePolicy": json.dumps(
             {"deadLetterTargetArn": fifo_arn, "maxReceiveCount": 3})})
+
+
+def test_a_fifo_dead_letter_queue_moves_back_keeping_each_group_in_order(sqs):
+    dlq = sqs.create_queue(QueueName="fdead.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    src = sqs.create_queue(QueueName="fsrc.fifo", Attributes={"FifoQueue": "true", "RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": arn, "maxReceiveCount": 1})})["QueueUrl"]
+    for i in range(3):
+        sqs.send_message(QueueUrl=src, MessageBody=f"m{i}", MessageGroupId="g", MessageDeduplicationId=str(i))
+    for _ in range(3):  # each message: received once, released, then moved by the next receive
+        h = sqs.receive_message(QueueUrl=src)["Messages"][0]["ReceiptHandle"]
+        sqs.change_message_visibility(QueueUrl=src, ReceiptHandle=h, VisibilityTimeout=0)
+        sqs.receive_message(QueueUrl=src)
+    sqs.start_message_move_task(SourceArn=arn)
+    deadline = time.monotonic() + 20
+    while sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    bodies = []
+    while msgs := sqs.receive_message(QueueUrl=src, AttributeNames=["MessageGroupId"]).get("Messages"):
+        assert msgs[0]["Attributes"]["MessageGroupId"] == "g"
+        bodies.append(msgs[0]["Body"])
+        sqs.delete_message(QueueUrl=src, ReceiptHandle=msgs[0]["ReceiptHandle"])
+    assert bodies == ["m0", "m1", "m2"]

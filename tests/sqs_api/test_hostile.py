@@ -115,3 +115,25 @@ def test_a_chunked_body_is_refused_not_taken_for_an_empty_one(svc):
             b"Content-Type: application/x-amz-json-1.0\r\nTransfer-Encoding: chunked\r\n\r\n")
     status, data = exchange(svc.port, head + b'15\r\n{"QueueName": "chunk"}\r\n0\r\n\r\n')
     assert status == 400 and b"Transfer-Encoding" in data and data.count(b"HTTP/1.1 ") == 1
+
+
+def test_a_crowd_of_long_polls_does_not_hold_up_a_send(svc):
+    """Every connection the listener may hold has a worker: 100 consumers waiting in long
+    polls (a Celery fleet) leave a producer's send answered at once."""
+    exchange(svc.port, request(json.dumps({"QueueName": "crowd"}).encode(), "AmazonSQS.CreateQueue"))
+    url = f"http://127.0.0.1:{svc.port}/000000000000/crowd"
+    polls = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", svc.port), timeout=15)
+            s.sendall(request(json.dumps({"QueueUrl": url, "WaitTimeSeconds": 20}).encode(),
+                              "AmazonSQS.ReceiveMessage", extra="", pad=0).replace(b"Connection: close", b"X: y"))
+            polls.append(s)
+        time.sleep(0.5)  # the polls are waiting (they answer nothing until a message comes)
+        start = time.monotonic()
+        status, _ = exchange(svc.port, request(json.dumps({"QueueUrl": url, "MessageBody": "go"}).encode(),
+                                               "AmazonSQS.SendMessage"))
+        assert status == 200 and time.monotonic() - start < 2.0
+    finally:
+        for s in polls:
+            s.close()
