@@ -1,6 +1,8 @@
 """The AWS SDK for JavaScript v3 (``@aws-sdk/client-sqs``, from npm; it rejects a message whose
 body MD5 differs) against a real ``shardq serve`` with the SQS listener on: a standard and a
-FIFO queue, every call a producer and a consumer make (js/check_sqs.mjs), results asserted here."""
+FIFO queue, every call a producer and a consumer make (js/check_sqs.mjs), results asserted here.
+Each runs twice: on a loopback listener with no keys, and on one with keys, where every request
+carries the JS SDK's own SigV4 signature (a signer no one here wrote) and the listener checks it."""
 from __future__ import annotations
 
 import base64
@@ -12,17 +14,25 @@ import subprocess
 import pytest
 
 from support.sqs_clients import CREDENTIALS, JS_DIR, js_sdk_installed
-from support.sqs_listener import sqs_service, sqs_url
+from support.sqs_listener import KEY_ID, SECRET, sqs_service, sqs_url
 
 FIRST_BODY = "first ✓ message: ünïcödé and <xml> & \"quotes\""  # as check_sqs.mjs sends it
 
 
-@pytest.fixture(scope="module")
-def js_run():
+def _env(url: str, keys: bool, **kw) -> dict:
+    env = dict(os.environ, SQS_ENDPOINT=url, QUEUE_PREFIX="js", **CREDENTIALS, **kw)
+    if keys:
+        env.update(AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET)
+    return env
+
+
+@pytest.fixture(scope="module", params=["no keys", "keys"])
+def js_run(request):
     node = js_sdk_installed()
-    with sqs_service() as svc:
+    keys = request.param == "keys"
+    with sqs_service(keys=keys) as svc:
         url = sqs_url(svc).rstrip("/")
-        env = dict(os.environ, SQS_ENDPOINT=url, QUEUE_PREFIX="js", **CREDENTIALS)
+        env = _env(url, keys)
         r = subprocess.run([node, "check_sqs.mjs"], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"{r.stderr[-3000:]}\n--- service log ---\n{svc.tail()}"
         yield json.loads(r.stdout), url
@@ -89,3 +99,31 @@ def test_a_message_of_1_mib_goes_both_ways_with_its_md5(js_run):
     big = js_run[0]["largest"]
     expected = hashlib.md5(("é" * (512 * 1024)).encode()).hexdigest()
     assert big == {"body_bytes": 1024 * 1024, "md5_sent": expected, "md5_received": expected, "same_body": True}
+
+
+# A request signed with a wrong secret or by an unknown key id: AWS's error, as the SDK names it.
+WRONG_SIGNATURES = """
+import { SQSClient, ListQueuesCommand } from "@aws-sdk/client-sqs";
+const out = {};
+for (const [name, accessKeyId, secretAccessKey] of [
+    ["right", process.env.KEY_ID, process.env.SECRET],
+    ["wrong secret", process.env.KEY_ID, "not-the-secret-0123456789"],
+    ["unknown key", "AKIDUNKNOWNKEY000001", process.env.SECRET]]) {
+  const c = new SQSClient({ endpoint: process.env.SQS_ENDPOINT, region: "us-east-1", maxAttempts: 1,
+                            credentials: { accessKeyId, secretAccessKey } });
+  try { await c.send(new ListQueuesCommand({})); out[name] = "ok"; }
+  catch (e) { out[name] = [e.name, e.$metadata?.httpStatusCode]; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_a_wrong_signature_gets_aws_error_in_the_js_sdk():
+    node = js_sdk_installed()
+    with sqs_service(keys=True) as svc:
+        env = _env(sqs_url(svc).rstrip("/"), True, KEY_ID=KEY_ID, SECRET=SECRET)
+        r = subprocess.run([node, "--input-type=module", "-e", WRONG_SIGNATURES], cwd=JS_DIR, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout) == {"right": "ok", "wrong secret": ["SignatureDoesNotMatch", 403],
+                                    "unknown key": ["InvalidClientTokenId", 403]}
