@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import threading
 from typing import Any
 
@@ -25,6 +26,8 @@ from . import handles
 from . import message as m
 from . import params as p
 from .faults import fault, invalid, missing
+
+log = logging.getLogger("shardq.sqs_api")
 
 VISIBILITY_ZERO_S = 0.001       # a receive with VisibilityTimeout 0: shardq leases are never 0 long
 FIRST_RECEIVES_KEPT = 100_000   # ApproximateFirstReceiveTimestamp: remembered in memory (approximate)
@@ -171,11 +174,10 @@ class MessageActions:
     def receive_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         attrs = rec["attributes"]
-        n = p.integer(params, "MaxNumberOfMessages", 1, limits.SQS_API_RECEIVE_MAX, 1)
-        vis = p.integer(params, "VisibilityTimeout", 0, limits.SQS_VISIBILITY_S_MAX, int(attrs["VisibilityTimeout"]))
-        wait = p.integer(params, "WaitTimeSeconds", 0, limits.SQS_WAIT_S_MAX,
-                         int(attrs["ReceiveMessageWaitTimeSeconds"]))
-        assert n is not None and vis is not None and wait is not None
+        n = p.integer_or(params, "MaxNumberOfMessages", 1, limits.SQS_API_RECEIVE_MAX, 1)
+        vis = p.integer_or(params, "VisibilityTimeout", 0, limits.SQS_VISIBILITY_S_MAX, int(attrs["VisibilityTimeout"]))
+        wait = p.integer_or(params, "WaitTimeSeconds", 0, limits.SQS_WAIT_S_MAX,
+                            int(attrs["ReceiveMessageWaitTimeSeconds"]))
         system = {*p.string_list(params, "AttributeNames"), *p.string_list(params, "MessageSystemAttributeNames")}
         for s in system:
             if s not in SYSTEM_NAMES and s != "All" and s not in qattr.ALL_NAMES:
@@ -193,6 +195,7 @@ class MessageActions:
                     return again
         deadline = self.clock.monotonic() + wait
         out: list[dict[str, Any]] = []
+        handed: list[Lease] = []  # the leases of ``out``
         gone = getattr(self.caller, "gone", None) or (lambda: False)
         while True:
             remaining = max(0.0, deadline - self.clock.monotonic())
@@ -202,14 +205,19 @@ class MessageActions:
             leases = self.router.dequeue_many(name, max_jobs=n, wait=min(remaining, POLL_SLICE_S),
                                               visibility=vis or VISIBILITY_ZERO_S)
             if gone():
-                for lease in leases:
-                    self.router.nack(lease, 0.0, delivered=False)  # unstarted: not a receive
+                self._release(leases)
                 return {}
             now_ms = int(self.clock.now() * 1000)
-            for lease in leases:
-                msg = self._deliver(name, rec, lease, now_ms, wanted, names)
+            for i, lease in enumerate(leases):
+                try:
+                    msg = self._deliver(name, rec, lease, now_ms, wanted, names)
+                except BaseException:
+                    # nothing of this receive reaches the client: hand every lease back
+                    self._release(handed + leases[i:])
+                    raise
                 if msg is not None:
                     out.append(msg)
+                    handed.append(lease)
             if out or remaining <= 0:
                 break
         answer = {"Messages": out} if out else {}
@@ -219,6 +227,14 @@ class MessageActions:
                 while len(self._attempts) > ATTEMPTS_KEPT:
                     self._attempts.popitem(last=False)
         return answer
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Give back leases whose messages no client saw: unstarted, so not a receive."""
+        for lease in leases:
+            try:
+                self.router.nack(lease, 0.0, delivered=False)
+            except ShardqError as e:  # lost, or the shard is down: it expires by itself
+                log.info("event=sqs-api-release-failed job=%s error=%s", lease.job_id, e)
 
     def _attempt_answer(self, name: str, attempt: str) -> dict[str, Any] | None:
         """The answer of an earlier receive with this ReceiveRequestAttemptId, while its
