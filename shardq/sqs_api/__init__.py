@@ -2,6 +2,7 @@
 of shardq's public API, so an SQS queue is the shardq queue of the same name.
 
 * ``server`` -- the listener (the console's bounded HTTP stack) and each request's path;
+  ``head`` -- the request line and headers, read once;
 * ``sigv4`` -- signature checks; ``protocol`` -- AWS JSON 1.0 and the query protocol;
 * ``api`` -- the queue actions; ``messages`` -- the message actions; ``moves`` -- message
   move tasks;

@@ -73,8 +73,7 @@ class SqsApi(MessageActions):
 
     def queue(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """(name, catalog record) of the request's QueueUrl; NonExistentQueue if unknown."""
-        url = p.string(params, "QueueUrl", required=True)
-        assert url is not None
+        url = p.required(params, "QueueUrl")
         try:
             path = urlsplit(url).path if "://" in url else url
         except ValueError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import threading
 from typing import Any
 
@@ -26,10 +27,13 @@ from . import message as m
 from . import params as p
 from .faults import fault, invalid, missing
 
+log = logging.getLogger("shardq.sqs_api")
+
 VISIBILITY_ZERO_S = 0.001       # a receive with VisibilityTimeout 0: shardq leases are never 0 long
 FIRST_RECEIVES_KEPT = 100_000   # ApproximateFirstReceiveTimestamp: remembered in memory (approximate)
 ATTEMPTS_KEPT = 10_000          # ReceiveRequestAttemptId answers kept (FIFO), each for 5 minutes
 ATTEMPT_S = 300.0
+QUEUE_DEDUP_KEPT = 1_000_000    # queue-scope dedup ids remembered (in memory, each for the window)
 POLL_SLICE_S = 2.0              # a long poll checks that its client is still there this often
 SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp",
                 "SequenceNumber", "MessageDeduplicationId", "MessageGroupId", "AWSTraceHeader",
@@ -52,6 +56,8 @@ class MessageActions:
         self._attempts: collections.OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = \
             collections.OrderedDict()
         self._memo_lock = threading.Lock()
+        # (queue, dedup id) -> (job id, remembered until): DeduplicationScope = queue across groups
+        self._queue_dedup: collections.OrderedDict[tuple[str, str], tuple[int, float]] = collections.OrderedDict()
         #: per request thread: ``gone()`` says whether the client closed its connection
         self.caller = threading.local()
 
@@ -119,10 +125,38 @@ class MessageActions:
             out["MD5OfMessageAttributes"] = m.md5_of_attributes(mattrs)
         if sattrs:
             out["MD5OfMessageSystemAttributes"] = m.md5_of_attributes(sattrs)
+        if fifo and attrs.get("DeduplicationScope", "queue") == "queue":
+            out["queue_dedup"] = dedup
         return out
 
+    def _first_send(self, name: str, prepared: dict[str, Any]) -> int | None:
+        """The job of an earlier send with this dedup id in another group of the queue
+        (DeduplicationScope = queue), if this process remembers one within the window.
+        Within one group shardq's own dedup answers, durably (docs/sqs-api.md)."""
+        dedup = prepared.get("queue_dedup")
+        if dedup is None:
+            return None
+        with self._memo_lock:
+            kept = self._queue_dedup.get((name, dedup))
+            if kept is not None and kept[1] > self.clock.monotonic():
+                return kept[0]
+        return None
+
+    def _remember(self, name: str, prepared: dict[str, Any], job_id: int) -> None:
+        dedup = prepared.get("queue_dedup")
+        if dedup is None:
+            return
+        window = float(self.router.queue_config(name).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
+        now = self.clock.monotonic()
+        with self._memo_lock:
+            self._queue_dedup.setdefault((name, dedup), (job_id, now + window))
+            while len(self._queue_dedup) > QUEUE_DEDUP_KEPT or (
+                    self._queue_dedup and next(iter(self._queue_dedup.values()))[1] <= now):
+                self._queue_dedup.popitem(last=False)
+
     def _sent(self, name: str, job_id: int, prepared: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in prepared.items() if k != "job"}
+        self._remember(name, prepared, job_id)
+        out = {k: v for k, v in prepared.items() if k not in ("job", "queue_dedup")}
         out["MessageId"] = m.message_id(self.service_id, job_id)
         if name.endswith(".fifo"):
             out["SequenceNumber"] = m.sequence_number(job_id)
@@ -131,6 +165,9 @@ class MessageActions:
     def send_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         prepared = self._prepare(name, rec, params)
+        first = self._first_send(name, prepared)
+        if first is not None:
+            return self._sent(name, first, prepared)
         job = prepared["job"]
         job_id = self.router.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
                                      dedup_id=job["dedup_id"])
@@ -158,24 +195,32 @@ class MessageActions:
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
         successful: list[dict[str, Any]] = []
-        if ok:
-            try:
-                ids = self.router.enqueue_many([prep["job"] for _, prep in ok], queue=name)
-            except ShardqError as err:
-                failed += [batch_error(eid, err) for eid, _ in ok]
+        todo: list[tuple[str, dict[str, Any]]] = []
+        for eid, prep in ok:
+            first = self._first_send(name, prep)
+            if first is None:
+                todo.append((eid, prep))
             else:
-                successful = [dict(self._sent(name, jid, prep), Id=eid) for (eid, prep), jid in zip(ok, ids)]
+                successful.append(dict(self._sent(name, first, prep), Id=eid))
+        if todo:
+            try:
+                ids = self.router.enqueue_many([prep["job"] for _, prep in todo], queue=name)
+            except ShardqError as err:
+                failed += [batch_error(eid, err) for eid, _ in todo]
+            else:
+                successful += [dict(self._sent(name, jid, prep), Id=eid) for (eid, prep), jid in zip(todo, ids)]
+        order = {e["Id"]: i for i, e in enumerate(entries)}
+        successful.sort(key=lambda e: order[e["Id"]])
         return {"Successful": successful, "Failed": failed}
 
     # ------------------------------------------------------------------ receive
     def receive_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         attrs = rec["attributes"]
-        n = p.integer(params, "MaxNumberOfMessages", 1, limits.SQS_API_RECEIVE_MAX, 1)
-        vis = p.integer(params, "VisibilityTimeout", 0, limits.SQS_VISIBILITY_S_MAX, int(attrs["VisibilityTimeout"]))
-        wait = p.integer(params, "WaitTimeSeconds", 0, limits.SQS_WAIT_S_MAX,
-                         int(attrs["ReceiveMessageWaitTimeSeconds"]))
-        assert n is not None and vis is not None and wait is not None
+        n = p.integer_or(params, "MaxNumberOfMessages", 1, limits.SQS_API_RECEIVE_MAX, 1)
+        vis = p.integer_or(params, "VisibilityTimeout", 0, limits.SQS_VISIBILITY_S_MAX, int(attrs["VisibilityTimeout"]))
+        wait = p.integer_or(params, "WaitTimeSeconds", 0, limits.SQS_WAIT_S_MAX,
+                            int(attrs["ReceiveMessageWaitTimeSeconds"]))
         system = {*p.string_list(params, "AttributeNames"), *p.string_list(params, "MessageSystemAttributeNames")}
         for s in system:
             if s not in SYSTEM_NAMES and s != "All" and s not in qattr.ALL_NAMES:
@@ -193,6 +238,7 @@ class MessageActions:
                     return again
         deadline = self.clock.monotonic() + wait
         out: list[dict[str, Any]] = []
+        handed: list[Lease] = []  # the leases of ``out``
         gone = getattr(self.caller, "gone", None) or (lambda: False)
         while True:
             remaining = max(0.0, deadline - self.clock.monotonic())
@@ -202,14 +248,19 @@ class MessageActions:
             leases = self.router.dequeue_many(name, max_jobs=n, wait=min(remaining, POLL_SLICE_S),
                                               visibility=vis or VISIBILITY_ZERO_S)
             if gone():
-                for lease in leases:
-                    self.router.nack(lease, 0.0, delivered=False)  # unstarted: not a receive
+                self._release(leases)
                 return {}
             now_ms = int(self.clock.now() * 1000)
-            for lease in leases:
-                msg = self._deliver(name, rec, lease, now_ms, wanted, names)
+            for i, lease in enumerate(leases):
+                try:
+                    msg = self._deliver(name, rec, lease, now_ms, wanted, names)
+                except BaseException:
+                    # nothing of this receive reaches the client: hand every lease back
+                    self._release(handed + leases[i:])
+                    raise
                 if msg is not None:
                     out.append(msg)
+                    handed.append(lease)
             if out or remaining <= 0:
                 break
         answer = {"Messages": out} if out else {}
@@ -219,6 +270,14 @@ class MessageActions:
                 while len(self._attempts) > ATTEMPTS_KEPT:
                     self._attempts.popitem(last=False)
         return answer
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Give back leases whose messages no client saw: unstarted, so not a receive."""
+        for lease in leases:
+            try:
+                self.router.nack(lease, 0.0, delivered=False)
+            except ShardqError as e:  # lost, or the shard is down: it expires by itself
+                log.info("event=sqs-api-release-failed job=%s error=%s", lease.job_id, e)
 
     def _attempt_answer(self, name: str, attempt: str) -> dict[str, Any] | None:
         """The answer of an earlier receive with this ReceiveRequestAttemptId, while its

@@ -22,6 +22,20 @@ def string(params: dict[str, Any], name: str, *, required: bool = False) -> str 
     return value
 
 
+def required(params: dict[str, Any], name: str) -> str:
+    """A string parameter the request must carry: MissingParameter without it."""
+    value = string(params, name)
+    if value is None:
+        raise missing(name)
+    return value
+
+
+def integer_or(params: dict[str, Any], name: str, lo: int, hi: int, default: int) -> int:
+    """An integer parameter, ``default`` when absent."""
+    value = integer(params, name, lo, hi)
+    return default if value is None else value
+
+
 def integer(params: dict[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int | None:
     value = params.get(name)
     if value is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import email.utils
 import http.client
-import io
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import InvalidConfig, ShardqError, SqsApiError
 from ..service.http_listener import Listener, Request
-from . import protocol
+from . import head, protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
@@ -112,22 +111,14 @@ class SqsService:
         return f"Credential={self.cfg.access_key_id}/" in auth
 
     def _handle(self, req: Request) -> bool:
-        head, _, rest = req.data.partition(b"\n")
-        parts = head.decode("latin-1").split()
         keep = req.keep_alive
-        try:
-            headers = http.client.parse_headers(io.BytesIO(rest))
-        except http.client.HTTPException:
-            headers = http.client.HTTPMessage()
-            parts = []
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        headers = head.parse(req.data)
+        if headers is None:
             return self._send(req, 400, b"bad request\n", "text/plain", (), False)
-        method, target, version = parts
+        method, target, version = headers.method, headers.target, headers.version
         if version == "HTTP/1.0" or (headers.get("Connection") or "").lower() == "close":
             keep = False
-        body_start = req.data.find(b"\r\n\r\n")
-        body_start = body_start + 4 if body_start >= 0 else req.data.find(b"\n\n") + 2
-        body = req.data[body_start:] if req.body_ready else b""
+        body = req.data[headers.body_at:] if req.body_ready else b""
         request_id = str(uuid.uuid4())
         is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
             protocol.JSON_TYPE)

@@ -13,11 +13,19 @@ import hashlib
 import hmac
 import re
 import time
-from email.message import Message
+from typing import Protocol
 from urllib.parse import parse_qsl, quote
 
 from .. import limits
 from .faults import fault
+
+class Headers(Protocol):
+    """What the check reads of a request's headers (names without case)."""
+
+    def get(self, name: str, default: None = None) -> str | None: ...
+
+    def get_all(self, name: str) -> list[str] | None: ...
+
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -72,7 +80,7 @@ class Verifier:
     def __init__(self, access_key_id: str, secret_access_key: str, region: str):
         self.key_id, self.secret, self.region = access_key_id, secret_access_key, region
 
-    def verify(self, method: str, raw_path: str, query: str, headers: Message, body: bytes, now: float) -> None:
+    def verify(self, method: str, raw_path: str, query: str, headers: Headers, body: bytes, now: float) -> None:
         """Raise the SqsApiError AWS answers unless the request is signed with our key."""
         q = dict(parse_qsl(query, keep_blank_values=True))
         auth = headers.get("Authorization")

@@ -469,3 +469,19 @@ def test_a_fifo_dead_letter_queue_moves_back_keeping_each_group_in_order(sqs):
         bodies.append(msgs[0]["Body"])
         sqs.delete_message(QueueUrl=src, ReceiptHandle=msgs[0]["ReceiptHandle"])
     assert bodies == ["m0", "m1", "m2"]
+
+
+def test_dedup_scope_queue_spans_groups_and_message_group_scope_does_not(sqs):
+    q = sqs.create_queue(QueueName="scope-q.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    per_group = {"FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    g = sqs.create_queue(QueueName="scope-g.fifo", Attributes=per_group)["QueueUrl"]
+    for url, same in ((q, True), (g, False)):
+        a = sqs.send_message(QueueUrl=url, MessageBody="x", MessageGroupId="a", MessageDeduplicationId="d")
+        b = sqs.send_message(QueueUrl=url, MessageBody="x", MessageGroupId="b", MessageDeduplicationId="d")
+        c = sqs.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": "1", "MessageBody": "x", "MessageGroupId": "c", "MessageDeduplicationId": "d"},
+            {"Id": "2", "MessageBody": "y", "MessageGroupId": "c", "MessageDeduplicationId": "e"}])["Successful"]
+        assert [e["Id"] for e in c] == ["1", "2"]
+        assert (a["MessageId"] == b["MessageId"] == c[0]["MessageId"]) is same, url
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+        assert len(got) == (2 if same else 3)  # one head per group: a and c (b held only a duplicate), or a, b, c

@@ -10,7 +10,7 @@ from shardq.config import SqsApiConfig
 from shardq.errors import SqsApiError
 from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
-from tests.support.service import Service
+from tests.support.service import Service, wait_until
 from tests.support.sqs_listener import QUEUE_DEFAULTS
 
 HOST = "127.0.0.1:9324"
@@ -94,3 +94,37 @@ def test_create_queue_on_a_service_of_declared_queues_names_the_config(tmp_path)
             url(api, "undeclared")
         assert e.value.code == "InvalidParameterValue" and "declare_queues" in e.value.message
         api.close()
+
+
+def test_a_receive_that_fails_half_way_hands_every_lease_back(api):
+    dlq = url(api, "dlq-down")
+    arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]}, HOST)
+    q = url(api, "half", RedrivePolicy=f'{{"deadLetterTargetArn": "{arn["Attributes"]["QueueArn"]}", '
+                                       f'"maxReceiveCount": 1}}')
+    api.call("SendMessageBatch", {"QueueUrl": q, "Entries": [{"Id": str(i), "MessageBody": str(i)}
+                                                            for i in range(3)]}, HOST)
+    got = api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10, "VisibilityTimeout": 0}, HOST)
+    assert len(got["Messages"]) == 3  # each received once: the next receive moves them
+    real = api.router
+
+    class DlqDown:  # the dead-letter queue's shard is unreachable
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def enqueue(self, *a, **kw):
+            raise shardq.ShardUnavailable("the dead-letter queue's shard is down")
+    api.router = DlqDown()
+
+    def fails() -> bool:  # once the shard has taken back the 0-second leases
+        try:
+            api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10}, HOST)
+        except shardq.ShardUnavailable:
+            return True
+        return False
+    wait_until(fails, 10, what="a receive that finds the messages and cannot move them")
+    api.router = real
+    counts = api.call("GetQueueAttributes", {"QueueUrl": q, "AttributeNames": ["All"]}, HOST)["Attributes"]
+    assert counts["ApproximateNumberOfMessagesNotVisible"] == "0"  # none held for nobody
+    api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10}, HOST)  # moves them now
+    moved = api.call("ReceiveMessage", {"QueueUrl": dlq, "MaxNumberOfMessages": 10}, HOST)["Messages"]
+    assert sorted(m["Body"] for m in moved) == ["0", "1", "2"]

@@ -137,3 +137,19 @@ def test_a_crowd_of_long_polls_does_not_hold_up_a_send(svc):
     finally:
         for s in polls:
             s.close()
+
+
+def test_serve_refuses_to_start_on_a_taken_address_naming_the_key(svc, tmp_path):
+    from tests.support.service import Service
+    other = Service(data_dir=str(tmp_path / "d"), shards=1, config={
+        "http": {"listen": ""}, "sqs_api": {"listen": f"127.0.0.1:{svc.port}"}})
+    try:
+        other.start(timeout=20)  # the shards may answer before the listener is refused
+    except AssertionError:
+        pass
+    try:
+        assert other.proc.wait(20) != 0
+        assert "sqs_api.listen" in other.tail() and "cannot listen" in other.tail()
+    finally:
+        other.stop()
+        other.log.close()

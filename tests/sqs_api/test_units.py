@@ -136,3 +136,23 @@ def test_the_catalog_answers_only_what_is_on_disk(tmp_path, monkeypatch):
     monkeypatch.undo()
     again = Catalog(str(tmp_path))
     assert again.names() == ["kept"] and again.key == key  # receipt handles stay valid across restarts
+
+
+def test_a_request_head_is_read_as_the_stdlib_reads_it():
+    import http.client
+    import io
+
+    from shardq.sqs_api import head
+    raw = (b"POST /q?x=1 HTTP/1.1\r\nHost: 127.0.0.1:9324\r\nX-Amz-Target:  AmazonSQS.SendMessage \r\n"
+           b"x-amz-meta: a\r\nX-Amz-Meta: b\r\nX-Folded: one\r\n two\r\nContent-Length: 2\r\n\r\n{}")
+    h = head.parse(raw)
+    std = http.client.parse_headers(io.BytesIO(raw.split(b"\r\n", 1)[1]))
+    assert (h.method, h.target, h.version, raw[h.body_at:]) == ("POST", "/q?x=1", "HTTP/1.1", b"{}")
+    for name in ("host", "X-AMZ-TARGET", "Content-Length", "missing"):
+        assert h.get(name) == std.get(name) or h.get(name) == (std.get(name) or "").strip(), name
+    assert h.get_all("x-amz-meta") == std.get_all("x-amz-meta") == ["a", "b"]
+    assert h.get("x-folded") == "one two"
+    for bad in (b"GET /\r\n\r\n", b"GET / HTTP/2\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n",
+                b"GET / HTTP/1.1\r\n folded first\r\n\r\n", b"GET / HTTP/1.1\r\nName : v\r\n\r\n", b""):
+        assert head.parse(bad) is None, bad
+    assert head.parse(b"GET / HTTP/1.1\nHost: x\n\nrest").body_at == len(b"GET / HTTP/1.1\nHost: x\n\n")
