@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import zlib
 from typing import NamedTuple
@@ -34,7 +33,7 @@ def _queue_tag(queue: str) -> int:
 
 def encode(key: bytes, queue: str, job_id: int, token: int, received_ms: int) -> str:
     payload = msgpack.packb([_VERSION, job_id, token, _queue_tag(queue), received_ms])
-    mac = hmac.new(key, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+    mac = hmac.digest(key, payload, "sha256")[:_MAC_BYTES]
     return base64.urlsafe_b64encode(payload + mac).decode().rstrip("=")
 
 
@@ -50,7 +49,7 @@ def decode(key: bytes, queue: str, handle: object) -> Receipt:
     except (binascii.Error, ValueError):
         raise bad from None
     payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-    good = hmac.new(key, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+    good = hmac.digest(key, payload, "sha256")[:_MAC_BYTES]
     if len(raw) <= _MAC_BYTES or not hmac.compare_digest(mac, good):
         raise bad
     try:

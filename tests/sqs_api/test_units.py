@@ -156,3 +156,10 @@ def test_a_request_head_is_read_as_the_stdlib_reads_it():
                 b"GET / HTTP/1.1\r\n folded first\r\n\r\n", b"GET / HTTP/1.1\r\nName : v\r\n\r\n", b""):
         assert head.parse(bad) is None, bad
     assert head.parse(b"GET / HTTP/1.1\nHost: x\n\nrest").body_at == len(b"GET / HTTP/1.1\nHost: x\n\n")
+
+
+def test_message_ids_are_uuid5_of_the_service_and_job():
+    import uuid
+    for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
+        want = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shardq:{service}:{job}"))
+        assert message.message_id(service, job) == want
