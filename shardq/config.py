@@ -50,6 +50,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 import tomllib
 import zlib
 from dataclasses import dataclass, field
@@ -221,6 +222,17 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SqsApiConfig:
+    """The SQS-compatible listener of ``shardq serve`` (:mod:`shardq.sqs_api`)."""
+
+    listen: str = ""               # "" = off
+    region: str = "us-east-1"
+    account_id: str = "000000000000"
+    access_key_id: str = ""
+    secret_access_key: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -228,6 +240,7 @@ class Config:
     queues: dict[str, QueueConfig] = field(default_factory=lambda: {"default": QueueConfig()})
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     http: HttpConfig = field(default_factory=HttpConfig)
+    sqs_api: SqsApiConfig = field(default_factory=SqsApiConfig)
 
     def queue(self, name: str) -> QueueConfig | None:
         """The settings of ``name``; None if undeclared and queues must be declared."""
@@ -245,7 +258,8 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """The config as the TOML schema, less secrets (``http.token``): this dict travels on
-        shard command lines, which every local user can read."""
+        shard command lines, which every local user can read. ``sqs_api`` is left out whole:
+        the shards never use it, and its keys are only valid together."""
         return {
             "service": dataclasses.asdict(self.service),
             "limits": dataclasses.asdict(self.limits),
@@ -385,7 +399,7 @@ def parse(raw: dict[str, Any]) -> Config:
     """Validate a config dict (the TOML schema) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise InvalidConfig(f"config: expected a table, got {raw!r}")
-    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues", "schedules", "http"}
+    unknown = set(raw) - {"service", "limits", "queue_defaults", "queues", "schedules", "http", "sqs_api"}
     if unknown:
         raise InvalidConfig(f"{sorted(unknown)[0]}: unknown key")
     service = _section("service", raw.get("service", {}), ServiceConfig(), _SERVICE_BOUNDS,
@@ -408,8 +422,12 @@ def parse(raw: dict[str, Any]) -> Config:
     http = _section("http", raw.get("http", {}), HttpConfig(), {},
                     {"listen": _listen, "token": _token, "auth": _http_auth, "metrics_public": _boolean})
     _check_http(http)
+    sqs_api = _section("sqs_api", raw.get("sqs_api", {}), SqsApiConfig(), {},
+                       {"listen": _listen, "region": _region, "account_id": _account_id,
+                        "access_key_id": _access_key_id, "secret_access_key": _secret_access_key})
+    _check_sqs_api(sqs_api)
     return Config(service=service, limits=lim, queue_defaults=defaults, queues=queues,
-                  schedules=schedules, http=http)
+                  schedules=schedules, http=http, sqs_api=sqs_api)
 
 
 HTTP_TOKEN_CHARS_MIN = 16
@@ -466,6 +484,54 @@ def _check_http(http: HttpConfig) -> None:
             raise InvalidConfig(f"http.auth = \"none\" is allowed on a loopback listen address only, "
                                 f"not {http.listen!r}: anyone who can reach it could read jobs and "
                                 f"pause, cancel and purge")
+
+
+_REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+-[0-9]+\Z")
+_ACCOUNT_ID = re.compile(r"[0-9]{12}\Z")
+_ACCESS_KEY_ID = re.compile(r"[A-Za-z0-9]{16,128}\Z")
+SQS_SECRET_CHARS_MIN = 16
+
+
+def _region(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not _REGION.match(value):
+        raise InvalidConfig(f"{path}: expected an AWS region name such as \"us-east-1\", got {value!r}")
+    return value
+
+
+def _account_id(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not _ACCOUNT_ID.match(value):
+        raise InvalidConfig(f"{path}: expected 12 digits (a string, such as \"000000000000\"), got {value!r}")
+    return value
+
+
+def _access_key_id(path: str, value: Any) -> str:
+    if not isinstance(value, str) or (value and not _ACCESS_KEY_ID.match(value)):
+        raise InvalidConfig(f"{path}: expected \"\" or 16 to 128 letters and digits (as AWS key ids are), "
+                            f"got {value!r}")
+    return value
+
+
+def _secret_access_key(path: str, value: Any) -> str:
+    if not isinstance(value, str) or (value and (len(value) < SQS_SECRET_CHARS_MIN or not value.isascii()
+                                                 or not value.isprintable())):
+        raise InvalidConfig(f"{path}: expected \"\" or a secret of at least {SQS_SECRET_CHARS_MIN} printable "
+                            f"ASCII characters")
+    return value
+
+
+def _check_sqs_api(cfg: SqsApiConfig) -> None:
+    """Keys both set or both unset; without keys (no signature checked), a loopback listener
+    only: anyone who can reach it could read and delete every message."""
+    if bool(cfg.access_key_id) != bool(cfg.secret_access_key):
+        missing = "secret_access_key" if cfg.access_key_id else "access_key_id"
+        raise InvalidConfig(f"sqs_api.{missing}: set both access_key_id and secret_access_key, or neither")
+    if cfg.listen and not cfg.access_key_id:
+        host, _ = split_listen(cfg.listen, "sqs_api.listen")
+        if not is_loopback(host):
+            raise InvalidConfig(f"sqs_api.listen {cfg.listen!r} is not a loopback address: set "
+                                f"sqs_api.access_key_id and sqs_api.secret_access_key (without them no "
+                                f"signature is checked, and anyone who can reach it could read and delete "
+                                f"every message)")
 
 
 def _token(path: str, value: Any) -> str:

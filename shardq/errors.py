@@ -234,3 +234,17 @@ def check(condition: bool, message: str) -> None:
     """Always-on invariant check (unlike ``assert``, survives ``python -O``)."""
     if not condition:
         raise InvariantViolation(message)
+
+
+class SqsApiError(ShardqError):
+    """A request to the SQS-compatible listener (:mod:`shardq.sqs_api`) was refused, as AWS
+    refuses it: ``code`` is the error's name in AWS's API model (the JSON ``__type``),
+    ``query_code`` its legacy query-protocol code (``x-amzn-query-error``), ``status`` the
+    HTTP status and ``sender`` whether the caller is at fault (else the service is). The
+    codes are listed once, in :mod:`shardq.sqs_api.faults`."""
+
+    def __init__(self, code: str, message: str, query_code: str | None = None, status: int = 400,
+                 sender: bool = True):
+        super().__init__(message)
+        self.code, self.message, self.status, self.sender = code, message, status, sender
+        self.query_code = query_code or code

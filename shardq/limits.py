@@ -124,6 +124,7 @@ SQS_QUEUE_NAME_CHARS_MAX = 80            # ".fifo" included
 SQS_GROUP_ID_CHARS_MAX = 128
 SQS_DEDUP_ID_CHARS_MAX = 128
 
+
 # The HTTP listener of `shardq serve` (metrics, console; fixed, not configurable). Its
 # threads are 1 + HTTP_WORKERS whatever the number of connections: one thread holds every
 # connection until its request has fully arrived, the workers only ever see whole requests.
@@ -136,3 +137,16 @@ HTTP_REQUEST_S_MAX = 10.0                # head and body must arrive within this
 HTTP_WRITE_S_MAX = 10.0                  # a response must be taken by the client within this
 HTTP_LINGER_S_MAX = 2.0                  # after refusing a request, what the client still sends is read
                                          # and dropped for at most this long before closing
+
+# The SQS-compatible listener of `shardq serve` (shardq/sqs_api/; AWS's own limits above, plus):
+# threads answering requests, as many as connections may be held: a long poll holds its thread
+# for up to 20 s, and a send must never wait behind a crowd of polls for one
+SQS_API_WORKERS = HTTP_CONNECTIONS_MAX
+SQS_API_BODY_BYTES_MAX = 4 * 1024 * 1024 # a request body: a 1 MiB batch, JSON-escaped or URL-encoded, fits
+SQS_API_RECEIVE_MAX = 10                 # ReceiveMessage MaxNumberOfMessages
+SQS_API_ENTRY_ID_CHARS_MAX = 80          # a batch entry's Id
+SQS_API_LIST_MAX = 1000                  # ListQueues / ListDeadLetterSourceQueues MaxResults
+SQS_API_TAGS_MAX = 50                    # tags per queue
+SQS_API_ATTRIBUTES_MAX = 10              # message attributes per message
+SQS_API_DELAY_S_MAX = 900                # DelaySeconds
+SQS_API_CLOCK_SKEW_S = 15 * 60           # a signed request's X-Amz-Date may be this far off

@@ -64,33 +64,46 @@ def run(args) -> int:
                          "--data-dir" if args.data_dir else "service.data_dir (the config's)", create=True)
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
-    socks: list = []  # the listener's socket, bound once the data dir is locked, before any shard starts
+    socks: list = []  # the listeners' sockets, bound once the data dir is locked, before any shard starts
     if cfg.http.listen:
         from ..service.http_server import HttpService, bind_listen, resolve_token
         resolve_token(cfg.http)  # a bad token is refused before any shard starts
 
-        def bind() -> None:  # and a port that is taken, naming it and the flag
+    def bind() -> None:  # the listeners' ports; one that is taken stops serve, naming it and its key
+        if cfg.http.listen:
             socks.append(bind_listen(cfg.http.listen))
+        if cfg.sqs_api.listen:
+            from ..sqs_api.server import bind_sqs_listen
+            socks.append(bind_sqs_listen(cfg.sqs_api.listen))
     # before anything starts: a signal meanwhile is a clean stop (a SIGHUP waits for run())
     sup.handle_signals(reload=lambda: _reread(args.config, args.http_listen))
+    sqs = None
     try:
-        sup.start(before_shards=bind if cfg.http.listen else None)
-        if socks:
-            http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir, socks[0])
+        sup.start(before_shards=bind if (cfg.http.listen or cfg.sqs_api.listen) else None)
+        if cfg.http.listen:
+            http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir, socks.pop(0))
+        if cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before any shard starts, like the console
+            from ..sqs_api.server import SqsService
+            sqs = SqsService(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
     except BaseException:
-        if socks and http is None:
-            socks[0].close()
+        for sock in socks:  # bound, not yet served
+            sock.close()
+        if http is not None:
+            http.stop()
         sup.stop()
         raise
     # The console's URL with its login (the token, as Jupyter prints it), so opening it stays
     # one step; on stderr of the user who started the service, never in the shards' logs.
     print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
-          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else ""),
+          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else "")
+          + (f"; SQS API at {sqs.url}" if sqs else ""),
           file=sys.stderr, flush=True)
     sup.announce_ready()
     try:
         return sup.run()
     finally:
+        if sqs is not None:
+            sqs.stop()
         if http is not None:
             http.stop()
 

@@ -158,8 +158,12 @@ class Listener:
 
     def __init__(self, address: tuple, family: int, handle: Callable[[Request], bool],
                  wants_body: Callable[[str, str, http.client.HTTPMessage], bool], *,
-                 clock: Clock | None = None, sock: socket.socket | None = None):
+                 clock: Clock | None = None, workers: int = limits.HTTP_WORKERS,
+                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, sock: socket.socket | None = None):
+        # workers, body_bytes_max: the SQS listener's (shardq/sqs_api/) are larger: its long
+        # polls hold a worker each, and a 1 MiB message arrives escaped.
         self.handle, self.wants_body = handle, wants_body
+        self.workers, self.body_bytes_max = workers, body_bytes_max
         self.clock = clock or SystemClock()
         self.sock = sock if sock is not None else bind(address, family)  # sock: bound by the caller already
         self.sock.setblocking(False)
@@ -181,7 +185,7 @@ class Listener:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._threads = [threading.Thread(target=self._receive, name="shardq-http", daemon=True)]
         self._threads += [threading.Thread(target=self._answer, name=f"shardq-http-{i}", daemon=True)
-                          for i in range(limits.HTTP_WORKERS)]
+                          for i in range(self.workers)]
         for t in self._threads:
             t.start()
 
@@ -190,7 +194,7 @@ class Listener:
         the response it is writing first, for at most ``HTTP_WRITE_S_MAX``)."""
         self._stopping.set()
         self._wake()
-        for _ in range(limits.HTTP_WORKERS):
+        for _ in range(self.workers):
             self._work.put(None)
         for t in self._threads:
             t.join(limits.HTTP_WRITE_S_MAX + 1)
@@ -318,7 +322,7 @@ class Listener:
                 self._send_quietly(c.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
             c.phase = _BODY
             if length == CHUNKED:
-                c.chunked = ChunkedBody(limits.HTTP_BODY_BYTES_MAX)
+                c.chunked = ChunkedBody(self.body_bytes_max)
             else:
                 c.body_len = length
         if c.phase == _BODY and c.chunked is not None:
@@ -348,7 +352,7 @@ class Listener:
             return -1, False, False
         if coding and ([c.strip().lower() for c in coding] != ["chunked"] or "Content-Length" in headers):
             return -1, False, False  # a coding we do not decode, or a smuggling attempt: never read
-        if not (0 < length <= limits.HTTP_BODY_BYTES_MAX or length == CHUNKED) or len(parts) < 2:
+        if not (0 < length <= self.body_bytes_max or length == CHUNKED) or len(parts) < 2:
             return length, False, False
         method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
         expects = (headers.get("Expect") or "").lower() == "100-continue"

@@ -1,0 +1,299 @@
+"""The SQS actions, over shardq's public client API (a :class:`~shardq.client.router.Router`)
+and the :class:`.catalog.Catalog` of queues.
+
+``SqsApi.call(action, params, host)`` takes a request's parameters in the JSON protocol's
+shapes and returns its result in the same shapes (the protocol layer turns both into the
+query protocol's form and XML as needed), or raises :class:`~shardq.errors.SqsApiError`.
+The queue actions are here; the message actions in :mod:`.messages`."""
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from .. import limits
+from ..clock import Clock, SystemClock
+from ..config import SqsApiConfig
+from ..errors import UnknownQueue
+from . import attributes as qattr
+from . import params as p
+from .catalog import Catalog
+from .faults import fault, invalid, no_queue
+from .messages import MessageActions
+from .moves import MoveTasks
+
+if TYPE_CHECKING:
+    from ..client.router import Router
+
+log = logging.getLogger("shardq.sqs_api")
+
+#: Every action of the API model, and its method.
+ACTIONS = {
+    "CreateQueue": "create_queue", "DeleteQueue": "delete_queue", "GetQueueUrl": "get_queue_url",
+    "ListQueues": "list_queues", "GetQueueAttributes": "get_queue_attributes",
+    "SetQueueAttributes": "set_queue_attributes", "PurgeQueue": "purge_queue",
+    "ListDeadLetterSourceQueues": "list_dead_letter_source_queues", "TagQueue": "tag_queue",
+    "UntagQueue": "untag_queue", "ListQueueTags": "list_queue_tags", "AddPermission": "add_permission",
+    "RemovePermission": "remove_permission", "SendMessage": "send_message", "SendMessageBatch": "send_message_batch",
+    "ReceiveMessage": "receive_message", "DeleteMessage": "delete_message",
+    "DeleteMessageBatch": "delete_message_batch",
+    "ChangeMessageVisibility": "change_message_visibility",
+    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
+    "StartMessageMoveTask": "start_message_move_task", "ListMessageMoveTasks": "list_message_move_tasks",
+    "CancelMessageMoveTask": "cancel_message_move_task",
+}
+PURGE_EVERY_S = 60.0   # AWS: one PurgeQueue per queue per 60 s
+PURGE_ROUND_JOBS = 1000
+
+
+class SqsApi(MessageActions):
+    def __init__(self, router: Router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
+        self.router, self.catalog, self.cfg = router, catalog, cfg
+        self.clock = clock or SystemClock()
+        self.service_id = getattr(router, "service_id", None) or "shardq"
+        self._purged: dict[str, float] = {}
+        self.moves = MoveTasks(self)
+        MessageActions.__init__(self)
+
+    def call(self, action: str, params: dict[str, Any], host: str) -> dict[str, Any]:
+        method = ACTIONS.get(action)
+        if method is None:
+            raise fault("InvalidAction", f"The action {action[:100]} is not valid for this endpoint.")
+        result: dict[str, Any] = getattr(self, method)(params, host)
+        return result
+
+    # ------------------------------------------------------------------ names
+    def arn(self, name: str) -> str:
+        return f"arn:aws:sqs:{self.cfg.region}:{self.cfg.account_id}:{name}"
+
+    def url(self, host: str, name: str) -> str:
+        return f"http://{host}/{self.cfg.account_id}/{name}"
+
+    def queue(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(name, catalog record) of the request's QueueUrl; NonExistentQueue if unknown."""
+        url = p.required(params, "QueueUrl")
+        try:
+            path = urlsplit(url).path if "://" in url else url
+        except ValueError:
+            raise no_queue() from None
+        parts = [s for s in path.split("/") if s]
+        if not parts or (len(parts) == 2 and parts[0] != self.cfg.account_id) or len(parts) > 2:
+            raise no_queue()
+        rec = self.catalog.get(parts[-1])
+        if rec is None:
+            raise no_queue()
+        return parts[-1], rec
+
+    # ------------------------------------------------------------------ queues
+    def create_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name = qattr.check_queue_name(p.string(params, "QueueName", required=True))
+        fifo = name.endswith(".fifo")
+        given = qattr.check(params.get("Attributes"), fifo, creating=True)
+        if fifo and given.get("FifoQueue") != "true":
+            raise invalid("The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
+                          "underscores, must end with .fifo suffix. Set FifoQueue to true to create one.")
+        try:
+            self.router.queue_config(name)
+        except UnknownQueue:
+            raise invalid(f"The shardq service takes declared queues only (service.declare_queues = true): "
+                          f"declare [queues.\"{name}\"] in its config first.") from None
+        self._check_redrive(name, given)
+        tags = self._check_tags(params.get("tags"))
+        attrs = qattr.defaults(fifo)
+        attrs.update(given)
+        self.catalog.create(name, attrs, given, tags)  # False: it exists with these attributes (AWS: its URL)
+        return {"QueueUrl": self.url(host, name)}
+
+    def delete_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        self.catalog.delete(name)
+        self._drain(name)
+        return {}
+
+    def get_queue_url(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name = p.string(params, "QueueName", required=True)
+        owner = p.string(params, "QueueOwnerAWSAccountId")
+        if owner is not None and owner != self.cfg.account_id:
+            raise no_queue()
+        if not isinstance(name, str) or self.catalog.get(name) is None:
+            raise no_queue()
+        return {"QueueUrl": self.url(host, name)}
+
+    def list_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        prefix = p.string(params, "QueueNamePrefix") or ""
+        names = [n for n in self.catalog.names() if n.startswith(prefix)]
+        urls, token = self._page(names, params)
+        out: dict[str, Any] = {"QueueUrls": [self.url(host, n) for n in urls]} if urls else {}
+        if token:
+            out["NextToken"] = token
+        return out
+
+    def _page(self, names: list[str], params: dict[str, Any]) -> tuple[list[str], str | None]:
+        """One page of sorted ``names``: after NextToken, up to MaxResults (1000 without it;
+        a NextToken only with MaxResults, as AWS)."""
+        max_results = p.integer(params, "MaxResults", 1, limits.SQS_API_LIST_MAX)
+        token = p.string(params, "NextToken")
+        if token:
+            try:
+                after = base64.urlsafe_b64decode(token.encode()).decode()
+            except (binascii.Error, ValueError):
+                raise invalid("Invalid NextToken value.") from None
+            names = [n for n in names if n > after]
+        if max_results is None:
+            return names[:limits.SQS_API_LIST_MAX], None
+        page = names[:max_results]
+        more = len(names) > max_results
+        return page, base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None
+
+    def get_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, rec = self.queue(params)
+        wanted = p.string_list(params, "AttributeNames")
+        for w in wanted:
+            if w not in qattr.ALL_NAMES:
+                raise fault("InvalidAttributeName", f"Unknown Attribute {w}.")
+        fifo = name.endswith(".fifo")
+        if "All" in wanted:
+            wanted = [*rec["attributes"], *qattr.READ_ONLY]
+        attrs = dict(rec["attributes"])
+        attrs["QueueArn"] = self.arn(name)
+        attrs["CreatedTimestamp"] = str(rec["created"])
+        attrs["LastModifiedTimestamp"] = str(rec["modified"])
+        if any(w.startswith("Approximate") for w in wanted):
+            attrs.update(self._counts(name))
+        # an attribute set to "" (a removed RedrivePolicy) is not shown, as AWS
+        out = {w: attrs[w] for w in wanted if attrs.get(w) and (w not in qattr.FIFO_ONLY or fifo)}
+        return {"Attributes": out} if out else {}
+
+    def _counts(self, name: str) -> dict[str, str]:
+        counts = self.router.stats()["queues"].get(name, {})
+        return {"ApproximateNumberOfMessages": str(counts.get("ready", 0) + counts.get("waiting", 0)),
+                "ApproximateNumberOfMessagesNotVisible": str(counts.get("in_flight", 0)),
+                "ApproximateNumberOfMessagesDelayed": str(counts.get("delayed", 0))}
+
+    def set_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        given = qattr.check(params.get("Attributes"), name.endswith(".fifo"), creating=False)
+        self._check_redrive(name, given)
+        self.catalog.set_attributes(name, given)
+        return {}
+
+    def _check_redrive(self, name: str, given: dict[str, str]) -> None:
+        target = qattr.redrive(given)
+        if target is None:
+            return
+        dlq, _ = target
+        rec = self.catalog.get(dlq)
+        if rec is None or dlq == name:
+            raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
+                          f"Dead letter target does not exist.")
+        if dlq.endswith(".fifo") != name.endswith(".fifo"):
+            raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
+                          f"Dead-letter queue must be of the same type as the source queue (FIFO or standard).")
+        if not qattr.allows_source(rec["attributes"], self.arn(name)):
+            raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
+                          f"the dead-letter queue's RedriveAllowPolicy does not allow this source queue.")
+        # shardq dead-letters a job past the queue's max_deliveries at lease time, into its own
+        # dead letters: the receive that moves a message here (receive maxReceiveCount + 1)
+        # must come first, or messages would leave the SQS API silently
+        deliveries = self.router.queue_config(name).get("max_deliveries", 0)
+        if target[1] >= deliveries:
+            raise fault("InvalidAttributeValue", f"Invalid value for the parameter RedrivePolicy. Reason: "
+                                                 f"maxReceiveCount {target[1]} must be below the shardq queue's "
+                                                 f"max_deliveries ({deliveries}): raise max_deliveries in "
+                                                 f"[queue_defaults] or [queues.\"{name}\"] of the config.")
+
+    def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        now = self.clock.monotonic()
+        last = self._purged.get(name)
+        if last is not None and now - last < PURGE_EVERY_S:
+            raise fault("PurgeQueueInProgress", f"Only one PurgeQueue operation on {name} is allowed every 60 "
+                                                f"seconds.")
+        self._purged[name] = now
+        self._drain(name)
+        return {}
+
+    def _drain(self, name: str) -> int:
+        """Delete every message that can be received now (ready ones; on a FIFO queue each
+        group's next one as the one before goes). In-flight and delayed messages stay:
+        shardq's client has no call that removes them (docs/sqs-api.md)."""
+        gone = 0
+        while True:
+            leases = self.router.dequeue_many(name, max_jobs=PURGE_ROUND_JOBS, wait=0.0, visibility=60.0)
+            if not leases:
+                return gone
+            self.router.ack_many(leases)
+            gone += len(leases)
+
+    def list_dead_letter_source_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        urls, token = self._page(self.catalog.sources_of(self.arn(name)), params)
+        out: dict[str, Any] = {"queueUrls": [self.url(host, n) for n in urls]}
+        if token:
+            out["NextToken"] = token
+        return out
+
+    # ------------------------------------------------------------------ tags
+    @staticmethod
+    def _check_tags(tags: Any) -> dict[str, str]:
+        if tags is None:
+            return {}
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise invalid("Tags must be a map of strings.")
+        if len(tags) > limits.SQS_API_TAGS_MAX:
+            raise invalid(f"Too many tags: a queue has at most {limits.SQS_API_TAGS_MAX}.")
+        for k, v in tags.items():
+            if not 1 <= len(k) <= 128 or len(v) > 256:
+                raise invalid("Tag keys are 1 to 128 characters, values up to 256.")
+        return dict(tags)
+
+    def tag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        tags = self._check_tags(params.get("Tags"))
+        if not tags:
+            raise missing_tags()
+        self.catalog.set_tags(name, tags, [], limits.SQS_API_TAGS_MAX)
+        return {}
+
+    def untag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        name, _ = self.queue(params)
+        keys = p.string_list(params, "TagKeys")
+        if not keys:
+            raise fault("MissingParameter", "The request must contain the parameter TagKeys.")
+        self.catalog.set_tags(name, {}, keys, limits.SQS_API_TAGS_MAX)
+        return {}
+
+    def list_queue_tags(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        _, rec = self.queue(params)
+        return {"Tags": rec["tags"]} if rec["tags"] else {}
+
+    # ------------------------------------------------------------------ permissions: refused
+    def add_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        self.queue(params)
+        raise fault("UnsupportedOperation", "AddPermission is not supported: shardq has one principal (the "
+                                            "configured access key, or loopback callers), and no access policy "
+                                            "to extend (docs/sqs-api.md).")
+
+    def remove_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        self.queue(params)
+        raise fault("UnsupportedOperation", "RemovePermission is not supported: shardq has one principal and no "
+                                            "access policy (docs/sqs-api.md).")
+
+    # ------------------------------------------------------------------ message move tasks
+    def start_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        return self.moves.start(params)
+
+    def list_message_move_tasks(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        return self.moves.list(params)
+
+    def cancel_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        return self.moves.cancel(params)
+
+    def close(self) -> None:
+        self.moves.close()
+
+
+def missing_tags() -> Exception:
+    return fault("MissingParameter", "The request must contain the parameter Tags.")

@@ -1,0 +1,248 @@
+"""Messages as SQS sees them, as shardq jobs: pure functions, no I/O.
+
+* **The job body.** A message sent with nothing but its body (and, on a FIFO queue, its
+  group and a content-based dedup id) is stored as that body, UTF-8: a ``shardq worker``
+  leases exactly what a boto3 producer sent. A message that carries more (message
+  attributes, the ``AWSTraceHeader`` system attribute, an explicit MessageDeduplicationId,
+  which receives give back as AWS does, a standard queue's MessageGroupId, or the move to a
+  dead-letter queue) is stored as an *envelope*:
+  :data:`MAGIC`, one line of JSON with what it carries, then the body. No SQS body can start
+  with :data:`MAGIC` (it holds a NUL, a character SQS refuses), so the two never mix;
+  :func:`unwrap` gives a worker the body and the attributes.
+* **The other way.** A job enqueued by shardq's own client is received with its body as the
+  message body when it is text SQS allows; otherwise base64-encoded, with the String message
+  attribute ``shardq.body-encoding = base64`` saying so.
+* **MD5s** as AWS computes them (SDKs check them): the body's UTF-8; the attributes sorted by
+  name, each as length-prefixed name, data type, transport byte (1 string, 2 binary) and
+  length-prefixed value.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import struct
+import uuid
+from typing import Any
+
+from .. import limits
+from .faults import fault, invalid
+
+MAGIC = b"\x00sqs1\n"
+BODY_ENCODING_ATTRIBUTE = "shardq.body-encoding"
+# What SQS allows in a body and a String attribute (#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
+# #x10000-#x10FFFF): the complement, to search for.
+_BAD_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
+_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[^\x00-\x1f]{1,250})?\Z")
+_GROUP_OR_DEDUP = re.compile(r"[!-~]{1,128}\Z")  # ASCII 33-126: letters, digits, punctuation
+SYSTEM_ATTRIBUTES_FOR_SENDS = ("AWSTraceHeader",)
+
+
+def check_text(what: str, text: str) -> None:
+    """InvalidMessageContents for a character SQS refuses."""
+    m = _BAD_CHARS.search(text)
+    if m is not None:
+        raise fault("InvalidMessageContents",
+                    f"Invalid characters found in {what}: U+{ord(m.group()):04X}. Valid Unicode characters are "
+                    f"#x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF")
+
+
+def check_group_or_dedup(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not _GROUP_OR_DEDUP.match(value):
+        raise invalid(f"Value {str(value)[:140]!r} for parameter {what} is invalid. Reason: it must be 1 to "
+                      f"128 characters of letters, digits and punctuation (!\"#$%&'()*+,-./:;<=>?@[\\]^_`{{|}}~).")
+    return value
+
+
+def check_attributes(attrs: Any, system: bool = False) -> dict[str, dict[str, Any]]:
+    """Message attributes as sent (``{name: {DataType, StringValue | BinaryValue}}``),
+    checked as SQS checks them; BinaryValue decoded to bytes. InvalidParameterValue."""
+    kind = "MessageSystemAttributes" if system else "MessageAttributes"
+    if attrs is None:
+        return {}
+    if not isinstance(attrs, dict):
+        raise invalid(f"{kind} must be a map")
+    if len(attrs) > limits.SQS_API_ATTRIBUTES_MAX:
+        raise invalid(f"Number of message attributes [{len(attrs)}] exceeds the allowed maximum "
+                      f"[{limits.SQS_API_ATTRIBUTES_MAX}].")
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in attrs.items():
+        if system:
+            if name not in SYSTEM_ATTRIBUTES_FOR_SENDS:
+                raise invalid(f"Message system attribute name '{name}' is invalid.")
+        elif (not isinstance(name, str) or not _ATTR_NAME.match(name) or name.startswith(".")
+              or name.endswith(".") or ".." in name or name.lower().startswith(("aws.", "amazon."))):
+            raise invalid(f"Message attribute name '{str(name)[:260]}' is invalid: up to 256 letters, digits, "
+                          f"'_', '-' and '.', not starting or ending with '.', no '..', not starting with "
+                          f"'AWS.' or 'Amazon.'.")
+        if not isinstance(value, dict):
+            raise invalid(f"The message attribute '{name}' must be a structure.")
+        dtype = value.get("DataType")
+        if not isinstance(dtype, str) or not dtype:
+            raise invalid(f"The message attribute '{name}' must contain a non-empty attribute type.")
+        if not _DATA_TYPE.match(dtype):
+            raise invalid(f"The type of message attribute '{name}' is invalid. You must use only the following "
+                          f"supported type prefixes: Binary, Number, String.")
+        has_s, has_b = value.get("StringValue") is not None, value.get("BinaryValue") is not None
+        if dtype.startswith("Binary"):
+            if not has_b or has_s:
+                raise invalid(f"The message attribute '{name}' with type 'Binary' must use field 'Binary'.")
+            raw = value["BinaryValue"]
+            if isinstance(raw, str):
+                try:
+                    raw = base64.b64decode(raw, validate=True)
+                except (binascii.Error, ValueError):
+                    raise invalid(f"The message attribute '{name}' has a BinaryValue that is not base64.") from None
+            if not isinstance(raw, bytes) or not raw:
+                raise invalid(f"The message attribute '{name}' must contain a non-empty message attribute value.")
+            out[name] = {"DataType": dtype, "BinaryValue": raw}
+        else:
+            if not has_s or has_b:
+                raise invalid(f"The message attribute '{name}' with type '{dtype.split('.')[0]}' must use field "
+                              f"'String'.")
+            text = value["StringValue"]
+            if not isinstance(text, str) or not text:
+                raise invalid(f"The message attribute '{name}' must contain a non-empty message attribute value.")
+            check_text(f"message attribute '{name}'", text)
+            if dtype.startswith("Number") and not _is_number(text):
+                raise invalid(f"Can't cast the value of message (user) attribute '{name}' to a number.")
+            out[name] = {"DataType": dtype, "StringValue": text}
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return len(text.replace("-", "").replace(".", "").lstrip("0")) <= 38
+
+
+def attributes_size(attrs: dict[str, dict[str, Any]]) -> int:
+    """Bytes the attributes count towards the message size: name, type and value."""
+    return sum(len(n.encode()) + len(a["DataType"].encode())
+               + len(a["BinaryValue"] if "BinaryValue" in a else a["StringValue"].encode())
+               for n, a in attrs.items())
+
+
+def md5_of_body(body: str) -> str:
+    return hashlib.md5(body.encode("utf-8")).hexdigest()  # noqa: S324 - AWS's checksum, not security
+
+
+def md5_of_attributes(attrs: dict[str, dict[str, Any]]) -> str | None:
+    """AWS's MD5OfMessageAttributes (and of system attributes); None for none."""
+    if not attrs:
+        return None
+    h = hashlib.md5()  # noqa: S324 - AWS's checksum, not security
+    for name in sorted(attrs):
+        a = attrs[name]
+        for part in (name.encode(), a["DataType"].encode()):
+            h.update(struct.pack(">I", len(part)) + part)
+        if "BinaryValue" in a:
+            value, transport = a["BinaryValue"], b"\x02"
+        else:
+            value, transport = a["StringValue"].encode(), b"\x01"
+        h.update(transport + struct.pack(">I", len(value)) + value)
+    return h.hexdigest()
+
+
+def to_wire(attrs: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Attributes as an answer carries them (binary values base64)."""
+    out = {}
+    for name, a in attrs.items():
+        if "BinaryValue" in a:
+            out[name] = {"DataType": a["DataType"], "BinaryValue": base64.b64encode(a["BinaryValue"]).decode()}
+        else:
+            out[name] = {"DataType": a["DataType"], "StringValue": a["StringValue"]}
+    return out
+
+
+def wrap(body: str, *, sent_ms: int, attrs: dict[str, dict[str, Any]], system: dict[str, dict[str, Any]],
+         dedup_id: str | None = None, group: str | None = None) -> bytes:
+    """The job body of a message: the body itself when nothing else must ride with it.
+    ``group``: a standard queue's MessageGroupId (on a FIFO queue the group is the key)."""
+    head: dict[str, Any] = {}
+    if attrs:
+        head["a"] = to_wire(attrs)
+    if system:
+        head["s"] = to_wire(system)
+    if group is not None:
+        head["g"] = group
+    if dedup_id is not None:
+        head["d"] = dedup_id
+    data = body.encode("utf-8")
+    if not head:
+        return data
+    head["t"] = sent_ms
+    return rewrap(data, head)
+
+
+def rewrap(data: bytes, head: dict[str, Any]) -> bytes:
+    """An envelope of ``data`` with ``head`` (as :func:`unwrap` gives them)."""
+    return MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n" + data
+
+
+def unwrap(job_body: bytes) -> tuple[bytes, dict[str, Any]]:
+    """A job body's message body and what rode with it: ``{"a": message attributes, "s":
+    system attributes, "d": dedup id, "g": a standard queue's MessageGroupId, "q": the
+    dead-letter source ARN, "m": the MessageId it had before a move, "t": sent (ms)}`` (the
+    keys present), binary values base64. A
+    body without an envelope comes back unchanged, with ``{}``. For shardq workers that
+    consume what SQS producers send."""
+    if not job_body.startswith(MAGIC):
+        return job_body, {}
+    end = job_body.find(b"\n", len(MAGIC))
+    try:
+        head = json.loads(job_body[len(MAGIC):end]) if end > 0 else None
+    except ValueError:
+        head = None
+    if not isinstance(head, dict):
+        return job_body, {}  # not one of ours after all: shown as it is
+    return job_body[end + 1:], head
+
+
+def from_wire(attrs: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, a in attrs.items():
+        if "BinaryValue" in a:
+            out[name] = {"DataType": a["DataType"], "BinaryValue": base64.b64decode(a["BinaryValue"])}
+        else:
+            out[name] = {"DataType": a["DataType"], "StringValue": a["StringValue"]}
+    return out
+
+
+def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
+    """(message body, envelope head, message attributes) of a job, as a receive shows it."""
+    data, head = unwrap(job_body)
+    attrs = from_wire(head.get("a", {}))
+    try:
+        text = data.decode("utf-8")
+        if _BAD_CHARS.search(text) is None:
+            return text, head, attrs
+    except UnicodeDecodeError:
+        pass
+    attrs = dict(attrs)
+    attrs[BODY_ENCODING_ATTRIBUTE] = {"DataType": "String", "StringValue": "base64"}
+    return base64.b64encode(data).decode(), head, attrs
+
+
+def message_id(service_id: str, job_id: int) -> str:
+    """A stable UUID per job (``uuid5(NAMESPACE_URL, "shardq:<service>:<job id>")``): a
+    duplicate send answers the first send's id. Formatted by hand: once per message."""
+    d = bytearray(hashlib.sha1(_URL_NAMESPACE + f"shardq:{service_id}:{job_id}".encode()).digest()[:16])
+    d[6] = (d[6] & 0x0F) | 0x50   # version 5
+    d[8] = (d[8] & 0x3F) | 0x80   # the RFC 4122 variant
+    h = d.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
+
+
+def sequence_number(job_id: int) -> str:
+    """SQS's 20-or-more-digit SequenceNumber: the job id, which grows within a shard, so
+    within a key (a message group)."""
+    return f"{job_id:020d}"

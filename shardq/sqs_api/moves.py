@@ -1,0 +1,146 @@
+"""Message move tasks (StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask):
+moving the messages of a dead-letter queue back to where they came from (their
+DeadLetterQueueSourceArn) or to a chosen queue of the same type, on a thread, one task per
+source at a time; a FIFO message keeps its group.
+
+A message is enqueued at its destination, then acked at the source; the enqueue carries a
+dedup id of the message, so a crash between the two cannot make two. A task's record is
+kept in the catalog; a task running when the service stopped is listed FAILED."""
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import Any
+
+from .. import limits
+from ..errors import LeaseLost, ShardqError
+from . import attributes as qattr
+from . import message as m
+from . import params as p
+from .faults import fault, invalid
+
+ROUND = 10
+RATE_MAX = 500
+
+
+class MoveTasks:
+    def __init__(self, api: Any):
+        self.api = api
+        self._cancel: dict[str, threading.Event] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        for handle, task in api.catalog.tasks().items():
+            if task["Status"] in ("RUNNING", "CANCELLING"):
+                api.catalog.put_task(handle, dict(task, Status="FAILED",
+                                                  FailureReason="the service stopped while the task ran"))
+
+    def start(self, params: dict[str, Any]) -> dict[str, Any]:
+        source_arn = p.string(params, "SourceArn", required=True)
+        dest_arn = p.string(params, "DestinationArn")
+        rate = p.integer(params, "MaxNumberOfMessagesPerSecond", 1, RATE_MAX)
+        source = self._queue_of(source_arn)
+        if not self.api.catalog.sources_of(source_arn):
+            raise invalid("Source queue must be configured as a Dead Letter Queue.")
+        if dest_arn is not None and self._queue_of(dest_arn).endswith(".fifo") != source.endswith(".fifo"):
+            raise invalid("The destination queue must be of the same type as the source (FIFO or standard).")
+        with self._lock:
+            if any(t["SourceArn"] == source_arn and t["Status"] in ("RUNNING", "CANCELLING")
+                   for t in self.api.catalog.tasks().values()):
+                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
+            handle = secrets.token_urlsafe(24)
+            counts = self.api._counts(source)
+            task = {"TaskHandle": handle, "Status": "RUNNING", "SourceArn": source_arn,
+                    "StartedTimestamp": int(self.api.clock.now() * 1000), "ApproximateNumberOfMessagesMoved": 0,
+                    "ApproximateNumberOfMessagesToMove": int(counts["ApproximateNumberOfMessages"])}
+            if dest_arn is not None:
+                task["DestinationArn"] = dest_arn
+            if rate is not None:
+                task["MaxNumberOfMessagesPerSecond"] = rate
+            self.api.catalog.put_task(handle, task)
+            self._cancel[handle] = threading.Event()
+            t = threading.Thread(target=self._run, args=(handle, source, dest_arn, rate),
+                                 name="shardq-sqs-move", daemon=True)
+            self._threads.append(t)
+        t.start()
+        return {"TaskHandle": handle}
+
+    def _queue_of(self, arn: str | None) -> str:
+        parsed = qattr.parse_arn(arn)
+        if parsed is None or parsed[1] != self.api.cfg.account_id or self.api.catalog.get(parsed[2]) is None:
+            raise fault("ResourceNotFoundException", f"The resource that you specified for the ARN {arn} does "
+                                                     f"not exist.")
+        return parsed[2]
+
+    def _run(self, handle: str, source: str, dest_arn: str | None, rate: int | None) -> None:
+        router, moved = self.api.router, 0
+        stop = self._cancel[handle]
+        status, reason = "COMPLETED", None
+        try:
+            while not stop.is_set():
+                began = self.api.clock.monotonic()
+                leases = router.dequeue_many(source, max_jobs=min(ROUND, rate or ROUND), wait=0.0, visibility=60.0)
+                if not leases:
+                    break
+                for lease in leases:
+                    data, head = m.unwrap(lease.body)
+                    target = dest_arn or head.get("q")
+                    parsed = qattr.parse_arn(target)
+                    if parsed is None or self.api.catalog.get(parsed[2]) is None:
+                        router.nack(lease, 0.0, delivered=False)
+                        raise invalid(f"message {lease.job_id} has no source queue to go back to")
+                    rest = {k: v for k, v in head.items() if k != "q"}
+                    body = m.rewrap(data, rest) if rest else data
+                    # a FIFO message keeps its group (the key), so its group's order holds
+                    router.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
+                                   dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
+                    try:
+                        router.ack(lease)
+                    except LeaseLost:
+                        pass
+                    moved += 1
+                self._update(handle, ApproximateNumberOfMessagesMoved=moved)
+                if rate:
+                    stop.wait(max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began)))
+            if stop.is_set():
+                status = "CANCELLED"
+        except ShardqError as e:
+            status, reason = "FAILED", str(e)[:200]
+        fields: dict[str, Any] = {"Status": status, "ApproximateNumberOfMessagesMoved": moved}
+        if reason:
+            fields["FailureReason"] = reason
+        self._update(handle, **fields)
+
+    def _update(self, handle: str, **fields: Any) -> None:
+        with self._lock:
+            task = self.api.catalog.tasks().get(handle)
+            if task is not None:
+                self.api.catalog.put_task(handle, dict(task, **fields))
+
+    def list(self, params: dict[str, Any]) -> dict[str, Any]:
+        source_arn = p.string(params, "SourceArn", required=True)
+        limit = p.integer(params, "MaxResults", 1, 10, 1)
+        self._queue_of(source_arn)
+        tasks = sorted((t for t in self.api.catalog.tasks().values() if t["SourceArn"] == source_arn),
+                       key=lambda t: -t["StartedTimestamp"])[:limit]
+        out = []
+        for t in tasks:
+            t = dict(t)
+            if t["Status"] != "RUNNING":
+                t.pop("TaskHandle", None)  # AWS gives the handle of a running task only
+            out.append(t)
+        return {"Results": out}
+
+    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        handle = p.string(params, "TaskHandle", required=True) or ""
+        task = self.api.catalog.tasks().get(handle)
+        if task is None or task["Status"] != "RUNNING":
+            raise fault("ResourceNotFoundException", "The task handle does not name a running task.")
+        self._update(handle, Status="CANCELLING")
+        self._cancel[handle].set()
+        return {"ApproximateNumberOfMessagesMoved": task["ApproximateNumberOfMessagesMoved"]}
+
+    def close(self) -> None:
+        for ev in self._cancel.values():
+            ev.set()
+        for t in self._threads:
+            t.join(5)

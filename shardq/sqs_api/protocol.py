@@ -1,0 +1,174 @@
+"""The two wire forms of the SQS API, both turned into one form: an action name and its
+parameters in the JSON protocol's shapes; results and errors back the same way.
+
+* **AWS JSON 1.0** (current SDKs): ``POST /``, ``X-Amz-Target: AmazonSQS.<Action>``,
+  ``Content-Type: application/x-amz-json-1.0``, a JSON object. Errors: ``{"__type":
+  "com.amazonaws.sqs#<Name>", "message": ...}`` with ``x-amzn-query-error: <code>;Sender``.
+* **Query** (older SDKs and tools): ``Action=...&Version=2012-11-05`` form-encoded (POST
+  body, or the query string of a GET), lists and maps flattened as ``AttributeName.1``,
+  ``Attribute.1.Name``/``.Value``; answers in XML, errors as ``ErrorResponse``. The element
+  names are those of the API's query model, in the tables below. A request sent to the
+  queue's URL without a ``QueueUrl`` parameter takes its path as the queue, as SQS does.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl
+from xml.sax.saxutils import escape
+
+from ..errors import SqsApiError
+from .faults import fault
+
+JSON_TYPE = "application/x-amz-json-1.0"
+TARGET_PREFIX = "AmazonSQS."
+XMLNS = "http://queue.amazonaws.com/doc/2012-11-05/"
+
+# query name -> JSON member (lists of strings)
+_LISTS = {"AttributeName": "AttributeNames", "MessageAttributeName": "MessageAttributeNames",
+          "MessageSystemAttributeName": "MessageSystemAttributeNames", "TagKey": "TagKeys",
+          "AWSAccountId": "AWSAccountIds", "ActionName": "Actions"}
+# query name -> (JSON member, key element, value element)
+_MAPS = {"Attribute": ("Attributes", "Name", "Value"), "MessageAttribute": ("MessageAttributes", "Name", "Value"),
+         "MessageSystemAttribute": ("MessageSystemAttributes", "Name", "Value"), "Tag": ("Tags", "Key", "Value")}
+_ENTRIES = ("SendMessageBatchRequestEntry", "DeleteMessageBatchRequestEntry",
+            "ChangeMessageVisibilityBatchRequestEntry")
+# answers: JSON member -> query element of each item (lists) / (element, key, value) (maps)
+_OUT_LISTS = {"QueueUrls": "QueueUrl", "queueUrls": "QueueUrl", "Messages": "Message",
+              "Failed": "BatchResultErrorEntry", "Results": "ListMessageMoveTasksResultEntry"}
+_OUT_MAPS = {"Attributes": ("Attribute", "Name", "Value"), "MessageAttributes": ("MessageAttribute", "Name", "Value"),
+             "Tags": ("Tag", "Key", "Value")}
+# actions whose answer has no Result element
+_NO_RESULT = {"DeleteQueue", "SetQueueAttributes", "PurgeQueue", "TagQueue", "UntagQueue", "AddPermission",
+              "RemovePermission", "DeleteMessage", "ChangeMessageVisibility"}
+
+
+def decode_json(target: str | None, body: bytes) -> tuple[str, dict[str, Any]]:
+    if not target or not target.startswith(TARGET_PREFIX):
+        raise fault("InvalidAction", f"The action {str(target)[:100]} is not valid for this endpoint "
+                                     f"(X-Amz-Target must be AmazonSQS.<Action>).")
+    try:
+        params = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        params = None
+    if not isinstance(params, dict):
+        raise fault("InvalidParameterValue", "The request body is not a JSON object.")
+    return target[len(TARGET_PREFIX):], params
+
+
+def decode_query(form: str, path: str) -> tuple[str, dict[str, Any]]:
+    try:
+        pairs = parse_qsl(form, keep_blank_values=True, strict_parsing=False, max_num_fields=100_000)
+    except ValueError:
+        raise fault("MalformedQueryString", "The query string is malformed.") from None
+    root: dict[str, Any] = {}
+    for key, value in pairs:
+        node = root
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise fault("MalformedQueryString", f"Parameter {key[:100]} conflicts with another.")
+            node = nxt
+        if isinstance(node.get(parts[-1]), dict):
+            raise fault("MalformedQueryString", f"Parameter {key[:100]} conflicts with another.")
+        node[parts[-1]] = value
+    action = root.pop("Action", None)
+    root.pop("Version", None)
+    if not isinstance(action, str) or not action:
+        raise fault("MissingParameter", "The request must contain the parameter Action.")
+    params = _struct(root, action)
+    parts = [s for s in path.split("/") if s]
+    if "QueueUrl" not in params and len(parts) == 2:
+        params["QueueUrl"] = "/" + "/".join(parts)
+    return action, params
+
+
+def _indexed(node: Any, name: str) -> list[Any]:
+    if not isinstance(node, dict) or not all(k.isdigit() for k in node):
+        raise fault("MalformedQueryString", f"{name} must be numbered from 1: {name}.1, {name}.2, ...")
+    return [node[k] for k in sorted(node, key=int)]
+
+
+def _struct(node: dict[str, Any], action: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _LISTS:
+            out[_LISTS[key]] = _indexed(value, key)
+        elif key in _MAPS:
+            member, kname, vname = _MAPS[key]
+            if key == "Tag" and action == "CreateQueue":
+                member = "tags"
+            items = {}
+            for item in _indexed(value, key):
+                if not isinstance(item, dict) or kname not in item:
+                    raise fault("MalformedQueryString", f"{key}.N.{kname} is missing.")
+                items[item[kname]] = item.get(vname)
+            out[member] = items
+        elif key in _ENTRIES:
+            out["Entries"] = [_struct(e, action) if isinstance(e, dict) else e for e in _indexed(value, key)]
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- answers
+def encode_json(result: dict[str, Any]) -> bytes:
+    return json.dumps(result, separators=(",", ":")).encode()
+
+
+def json_error(e: SqsApiError) -> tuple[bytes, list[tuple[str, str]]]:
+    body = json.dumps({"__type": f"com.amazonaws.sqs#{e.code}", "message": e.message}).encode()
+    return body, [("x-amzn-query-error", f"{e.query_code};{'Sender' if e.sender else 'Receiver'}")]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    # XML 1.0 turns a raw CR into LF: keep it as a character reference
+    return escape(str(value)).replace("\r", "&#xD;")
+
+
+def _xml(name: str, value: Any, action: str, out: list[str]) -> None:
+    if isinstance(value, dict):
+        if name in _OUT_MAPS:
+            elem, kname, vname = _OUT_MAPS[name]
+            for k, v in value.items():
+                out.append(f"<{elem}><{kname}>{_text(k)}</{kname}>")
+                _xml(vname, v, action, out)
+                out.append(f"</{elem}>")
+            return
+        out.append(f"<{name}>")
+        for k, v in value.items():
+            _xml(k, v, action, out)
+        out.append(f"</{name}>")
+    elif isinstance(value, list):
+        elem = f"{action}ResultEntry" if name == "Successful" else _OUT_LISTS.get(name, name)
+        for item in value:
+            if isinstance(item, dict):
+                out.append(f"<{elem}>")
+                for k, v in item.items():
+                    _xml(k, v, action, out)
+                out.append(f"</{elem}>")
+            else:
+                out.append(f"<{elem}>{_text(item)}</{elem}>")
+    else:
+        out.append(f"<{name}>{_text(value)}</{name}>")
+
+
+def encode_xml(action: str, result: dict[str, Any], request_id: str) -> bytes:
+    out = [f'<?xml version="1.0"?><{action}Response xmlns="{XMLNS}">']
+    if action not in _NO_RESULT:
+        out.append(f"<{action}Result>")
+        for k, v in result.items():
+            _xml(k, v, action, out)
+        out.append(f"</{action}Result>")
+    out.append(f"<ResponseMetadata><RequestId>{request_id}</RequestId></ResponseMetadata></{action}Response>")
+    return "".join(out).encode()
+
+
+def xml_error(e: SqsApiError, request_id: str) -> bytes:
+    return (f'<?xml version="1.0"?><ErrorResponse xmlns="{XMLNS}"><Error><Type>'
+            f'{"Sender" if e.sender else "Receiver"}</Type><Code>{_text(e.query_code)}</Code><Message>'
+            f"{_text(e.message)}</Message><Detail/></Error><RequestId>{request_id}</RequestId></ErrorResponse>"
+            ).encode()

@@ -1,0 +1,201 @@
+"""The SQS listener of ``shardq serve``: the console's HTTP stack
+(:mod:`shardq.service.http_listener`: one receiver thread, bounded heads and bodies, an
+overall deadline per request, a connection cap) with more workers, since each long poll
+holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is encoded.
+
+Each request: SigV4 checked when keys are set (before the body is read, the Authorization
+header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), answered in
+its protocol's form."""
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import logging
+import os
+import select
+import socket
+import uuid
+from urllib.parse import urlsplit
+
+from .. import limits
+from ..client.router import Router
+from ..clock import Clock, SystemClock
+from ..config import SqsApiConfig, split_listen
+from ..errors import InvalidConfig, ShardqError, SqsApiError
+from ..service.http_listener import Listener, Request, bind
+from . import head, protocol
+from .api import SqsApi
+from .catalog import Catalog
+from .faults import as_sqs, fault
+from .sigv4 import Verifier
+
+log = logging.getLogger("shardq.sqs_api")
+ADDRESS_FILE = "sqs-api.json"  # in the data dir's run/ directory: where the listener is
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the client has closed its side (EOF waiting), without reading its data."""
+    try:
+        # poll first: recv on a socket with a timeout would wait for data
+        if not select.select([sock], [], [], 0)[0]:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):  # reset, or closed here
+        return True
+
+
+def bind_sqs_listen(listen: str) -> socket.socket:
+    """The SQS listener's socket, bound and listening on ``listen`` (``host:port``);
+    InvalidConfig names the key and how to turn it off when it cannot be had."""
+    host, port = split_listen(listen, "sqs_api.listen")
+    try:
+        return bind((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        raise InvalidConfig(f"sqs_api.listen {listen}: cannot listen: {e.strerror or e} (set "
+                            f"[sqs_api] listen = \"\" to turn it off, or pick another port)") from None
+
+
+class SqsService:
+    """The listener; :meth:`start` binds and serves on daemon threads, :meth:`stop` ends it."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
+        self.cfg = cfg
+        self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
+        self.clock = clock or SystemClock()
+        self.data_dir = str(data_dir)
+        self.router = Router(self.data_dir, retry_s=5.0)  # shardq.Router: what shardq.connect gives
+        self.catalog = Catalog(self.data_dir, self.clock)
+        self.api = SqsApi(self.router, self.catalog, cfg, self.clock)
+        self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
+        self.listener: Listener | None = None
+        self._address_file: str | None = None
+
+    def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> SqsService:
+        """Serve on ``sock`` (bound by :func:`bind_sqs_listen`, as ``serve`` does before any
+        shard starts), or bind ``listen`` now."""
+        try:
+            if sock is None:
+                sock = bind_sqs_listen(self.cfg.listen)
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body,
+                                     workers=limits.SQS_API_WORKERS, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
+                                     sock=sock)
+        except BaseException:
+            self.api.close()
+            self.router.close()
+            raise
+        self.port = self.listener.address[1]
+        self.listener.start()
+        if run_dir:
+            self._address_file = os.path.join(run_dir, ADDRESS_FILE)
+            tmp = self._address_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"}, f)
+            os.replace(tmp, self._address_file)
+        log.info("event=sqs-api-listening url=%s auth=%s", self.url, "sigv4" if self.verifier else "open-loopback")
+        return self
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+        if self._address_file:
+            try:
+                os.unlink(self._address_file)
+            except FileNotFoundError:
+                pass
+        self.api.close()
+        self.router.close()
+
+    # ------------------------------------------------------------------ requests
+    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
+        """Read a body only for a POST that names our key id (when keys are set)."""
+        if method != "POST":
+            return False
+        if self.verifier is None:
+            return True
+        auth = headers.get("Authorization") or ""
+        return f"Credential={self.cfg.access_key_id}/" in auth
+
+    def _handle(self, req: Request) -> bool:
+        keep = req.keep_alive
+        headers = head.parse(req.data)
+        if headers is None:
+            return self._send(req, 400, b"bad request\n", "text/plain", (), False)
+        method, target, version = headers.method, headers.target, headers.version
+        if version == "HTTP/1.0" or (headers.get("Connection") or "").lower() == "close":
+            keep = False
+        # a chunked body comes decoded in req.body (held to this listener's body limit)
+        body = req.body if req.body is not None else req.data[headers.body_at:] if req.body_ready else b""
+        request_id = str(uuid.uuid4())
+        is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
+            protocol.JSON_TYPE)
+        action = "?"
+        try:
+            try:
+                url = urlsplit(target)
+            except ValueError:
+                raise fault("MalformedQueryString", "The request target is not a URL.") from None
+            if headers.get("Transfer-Encoding") and req.body is None:  # a coding the Listener does not decode
+                raise fault("InvalidParameterValue", "Transfer-Encoding other than chunked is not supported.")
+            length = int(headers.get("Content-Length") or 0) if (headers.get("Content-Length") or "0").isdigit() else -1
+            if method == "POST" and length and not req.body_ready:
+                if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
+                    raise fault("InvalidParameterValue", f"The request body is over "
+                                                         f"{limits.SQS_API_BODY_BYTES_MAX} bytes.")
+                if self.verifier is not None:
+                    raise fault("MissingAuthenticationToken" if not headers.get("Authorization")
+                                else "InvalidClientTokenId", "The security token included in the request is invalid."
+                                if headers.get("Authorization") else "Request is missing Authentication Token")
+                raise fault("InvalidParameterValue", "The request body was not read.")
+            if method not in ("POST", "GET"):
+                raise fault("InvalidAction", f"{method[:20]} is not supported: send POST (or GET, query protocol).")
+            if self.verifier is not None:
+                self.verifier.verify(method, url.path or "/", url.query, headers, body, self.clock.now())
+            if is_json and method == "POST":
+                action, params = protocol.decode_json(headers.get("X-Amz-Target"), body)
+            else:
+                form = body.decode("utf-8", "replace") if method == "POST" else url.query
+                action, params = protocol.decode_query(form, url.path)
+            host = headers.get("Host") or f"{self.host}:{self.port}"
+            self.api.caller.gone = lambda: _closed(req.sock)
+            result = self.api.call(action, params, host)
+        except SqsApiError as e:
+            return self._error(req, e, is_json, request_id, keep)
+        except ShardqError as e:
+            return self._error(req, as_sqs(e), is_json, request_id, keep)
+        except Exception:  # noqa: BLE001 - a bug answers InternalFailure, the worker lives on
+            log.exception("event=sqs-api-error action=%s", action)
+            return self._error(req, fault("InternalFailure", "The request processing has failed because of an "
+                                                             "unknown error."), is_json, request_id, keep)
+        if is_json:
+            data, ctype = protocol.encode_json(result), protocol.JSON_TYPE
+        else:
+            data, ctype = protocol.encode_xml(action, result, request_id), "text/xml"
+        return self._send(req, 200, data, ctype, (("x-amzn-RequestId", request_id),), keep)
+
+    def _error(self, req: Request, e: SqsApiError, is_json: bool, request_id: str, keep: bool) -> bool:
+        if is_json:
+            data, extra = protocol.json_error(e)
+            return self._send(req, e.status, data, protocol.JSON_TYPE,
+                              (("x-amzn-RequestId", request_id), *extra), keep)
+        return self._send(req, e.status, protocol.xml_error(e, request_id), "text/xml",
+                          (("x-amzn-RequestId", request_id),), keep)
+
+    def _send(self, req: Request, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
+              keep: bool) -> bool:
+        reason = http.client.responses.get(status, "Error")
+        # Date: SDKs (Java, Go) correct their clock skew from it after a signature refusal
+        lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
+                 f"Date: {email.utils.formatdate(self.clock.now(), usegmt=True)}",
+                 f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
+        req.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+        return keep

@@ -1,0 +1,165 @@
+"""The pure parts, in process: MD5s as AWS computes them (moto's implementation, which
+the SDKs that check MD5s accept, as the oracle), envelopes, receipt handles, queue
+attributes, the query form, and the [sqs_api] config table."""
+from __future__ import annotations
+
+import base64
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from moto.sqs.models import Message as MotoMessage
+
+from shardq import config
+from shardq.errors import InvalidConfig, SqsApiError
+from shardq.sqs_api import attributes, handles, message, protocol
+
+names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)).filter(
+    lambda c: message._BAD_CHARS.search(c) is None), min_size=1, max_size=50)
+values = st.one_of(
+    st.builds(lambda t, v: {"DataType": t, "StringValue": v}, st.sampled_from(["String", "String.x", "Number"]),
+              texts),
+    st.builds(lambda v: {"DataType": "Binary", "BinaryValue": v}, st.binary(min_size=1, max_size=50)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(names, values, min_size=1, max_size=10))
+def test_md5_of_attributes_is_awss(attrs):
+    oracle = MotoMessage("id", "body")
+    oracle.message_attributes = attrs
+    assert message.md5_of_attributes(attrs) == oracle.attribute_md5
+
+
+def test_md5_known_value():
+    # the JS SDK v3's and the Java SDK's algorithm, by hand: sorted names, length-prefixed parts
+    attrs = {"b": {"DataType": "Binary", "BinaryValue": b"\x01"}, "a": {"DataType": "String", "StringValue": "x"}}
+    # md5(\0\0\0\1 "a" \0\0\0\6 "String" \1 \0\0\0\1 "x" \0\0\0\1 "b" \0\0\0\6 "Binary" \2 \0\0\0\1 \1)
+    assert message.md5_of_attributes(attrs) == "00b20ddba5ce5486e92e6154f9c21903"
+    assert message.md5_of_body("hello") == "5d41402abc4b2a76b9719d911017c592"
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts, st.dictionaries(names, values, max_size=3), st.sampled_from([None, "dedup-1"]))
+def test_an_envelope_gives_back_what_went_in(body, attrs, dedup):
+    job = message.wrap(body, sent_ms=123, attrs=attrs, system={}, dedup_id=dedup)
+    if not attrs and dedup is None:
+        assert job == body.encode()  # a plain message is its body: what a shardq worker reads
+    text, head, got = message.presented(job)
+    assert text == body and got == attrs and head.get("d") == dedup
+
+
+def test_a_body_that_is_not_sqs_text_is_presented_base64():
+    for raw in (b"\xff\x00", b"nul \x00 inside", b"\x00sqs1\nnot json\nrest"):
+        text, _, attrs = message.presented(raw)
+        assert base64.b64decode(text) == raw
+        assert attrs[message.BODY_ENCODING_ATTRIBUTE]["StringValue"] == "base64"
+
+
+def test_receipt_handles_are_bound_to_their_key_and_queue():
+    key = b"k" * 32
+    h = handles.encode(key, "q", 5 << 10, 2**62 + 7, 1_700_000_000_000)
+    assert handles.decode(key, "q", h) == (5 << 10, 2**62 + 7, 1_700_000_000_000)
+    for bad_key, queue, handle in ((b"x" * 32, "q", h), (key, "other", h), (key, "q", h[:-2] + "zz"),
+                                   (key, "q", ""), (key, "q", "!" * 2000), (key, "q", None)):
+        with pytest.raises(SqsApiError) as e:
+            handles.decode(bad_key, queue, handle)
+        assert e.value.code == "ReceiptHandleIsInvalid"
+
+
+def test_queue_attribute_checks():
+    assert attributes.check({"VisibilityTimeout": 5}, False, creating=True) == {"VisibilityTimeout": "5"}
+    rp = attributes.check({"RedrivePolicy": '{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:000000000000:d",'
+                                           '"maxReceiveCount":"1000"}'}, False, creating=False)
+    assert attributes.redrive(rp) == ("d", 1000)
+    for attrs, fifo, want in (({"RedrivePolicy": '{"deadLetterTargetArn":"x","maxReceiveCount":1}'}, False,
+                               "InvalidAttributeValue"),
+                              ({"RedrivePolicy": '{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:000000000000:d",'
+                                                 '"maxReceiveCount":1001}'}, False, "InvalidAttributeValue"),
+                              ({"FifoQueue": "true"}, False, "InvalidAttributeValue"),
+                              ({"DeduplicationScope": "queue"}, False, "InvalidAttributeName"),
+                              ({"DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perQueue"}, True,
+                               "InvalidAttributeValue"),
+                              ({"KmsMasterKeyId": "alias/x"}, False, "InvalidAttributeValue"),
+                              ({"Bogus": "1"}, False, "InvalidAttributeName")):
+        with pytest.raises(SqsApiError) as e:
+            attributes.check(attrs, fifo, creating=True)
+        assert e.value.code == want, attrs
+
+
+def test_the_query_form_becomes_the_json_shapes():
+    action, params = protocol.decode_query(
+        "Action=SendMessageBatch&QueueUrl=u&SendMessageBatchRequestEntry.2.Id=b&SendMessageBatchRequestEntry.1.Id=a"
+        "&SendMessageBatchRequestEntry.1.MessageAttribute.1.Name=n"
+        "&SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.DataType=String"
+        "&SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.StringValue=v", "/")
+    assert action == "SendMessageBatch"
+    assert params == {"QueueUrl": "u", "Entries": [
+        {"Id": "a", "MessageAttributes": {"n": {"DataType": "String", "StringValue": "v"}}}, {"Id": "b"}]}
+    with pytest.raises(SqsApiError):
+        protocol.decode_query("Action=X&AttributeName.x=1", "/")
+
+
+def test_the_config_table_names_each_bad_key():
+    assert config.parse({}).sqs_api.listen == ""
+    ok = config.parse({"sqs_api": {"listen": "[::1]:9324", "region": "eu-west-3", "account_id": "123456789012"}})
+    assert ok.sqs_api.region == "eu-west-3"
+    for raw, where in (({"listen": "0.0.0.0:9324"}, "sqs_api.listen"), ({"listen": 9324}, "sqs_api.listen"),
+                       ({"region": "Mars"}, "sqs_api.region"), ({"account_id": 12}, "sqs_api.account_id"),
+                       ({"access_key_id": "short"}, "sqs_api.access_key_id"),
+                       ({"access_key_id": "AKIDSHARDQTEST0001"}, "sqs_api.secret_access_key"),
+                       ({"secret_access_key": "s" * 40}, "sqs_api.access_key_id"),
+                       ({"secret_access_key": "short"}, "sqs_api.secret_access_key"), ({"port": 1}, "sqs_api.port")):
+        with pytest.raises(InvalidConfig) as e:
+            config.parse({"sqs_api": raw})
+        assert str(e.value).startswith(where), (raw, str(e.value))
+    keyed = config.parse({"sqs_api": {"listen": "0.0.0.0:9324", "access_key_id": "AKIDSHARDQTEST0001",
+                                      "secret_access_key": "s" * 40}})
+    assert "sqs_api" not in keyed.to_dict() and "s" * 40 not in repr(keyed)
+
+
+def test_the_catalog_answers_only_what_is_on_disk(tmp_path, monkeypatch):
+    from shardq.sqs_api.catalog import Catalog
+    cat = Catalog(str(tmp_path))
+    cat.create("kept", {"VisibilityTimeout": "30"}, {}, {"t": "1"})
+    assert Catalog(str(tmp_path)).get("kept")["tags"] == {"t": "1"}  # a new process reads it back
+    key = cat.key
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("shardq.sqs_api.catalog.os.fsync", full)
+    with pytest.raises(OSError):
+        cat.create("lost", {}, {}, {})
+    with pytest.raises(OSError):
+        cat.set_attributes("kept", {"VisibilityTimeout": "99"})
+    assert cat.get("lost") is None and cat.get("kept")["attributes"]["VisibilityTimeout"] == "30"
+    monkeypatch.undo()
+    again = Catalog(str(tmp_path))
+    assert again.names() == ["kept"] and again.key == key  # receipt handles stay valid across restarts
+
+
+def test_a_request_head_is_read_as_the_stdlib_reads_it():
+    import http.client
+    import io
+
+    from shardq.sqs_api import head
+    raw = (b"POST /q?x=1 HTTP/1.1\r\nHost: 127.0.0.1:9324\r\nX-Amz-Target:  AmazonSQS.SendMessage \r\n"
+           b"x-amz-meta: a\r\nX-Amz-Meta: b\r\nX-Folded: one\r\n two\r\nContent-Length: 2\r\n\r\n{}")
+    h = head.parse(raw)
+    std = http.client.parse_headers(io.BytesIO(raw.split(b"\r\n", 1)[1]))
+    assert (h.method, h.target, h.version, raw[h.body_at:]) == ("POST", "/q?x=1", "HTTP/1.1", b"{}")
+    for name in ("host", "X-AMZ-TARGET", "Content-Length", "missing"):
+        assert h.get(name) == std.get(name) or h.get(name) == (std.get(name) or "").strip(), name
+    assert h.get_all("x-amz-meta") == std.get_all("x-amz-meta") == ["a", "b"]
+    assert h.get("x-folded") == "one two"
+    for bad in (b"GET /\r\n\r\n", b"GET / HTTP/2\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n",
+                b"GET / HTTP/1.1\r\n folded first\r\n\r\n", b"GET / HTTP/1.1\r\nName : v\r\n\r\n", b""):
+        assert head.parse(bad) is None, bad
+    assert head.parse(b"GET / HTTP/1.1\nHost: x\n\nrest").body_at == len(b"GET / HTTP/1.1\nHost: x\n\n")
+
+
+def test_message_ids_are_uuid5_of_the_service_and_job():
+    import uuid
+    for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
+        want = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shardq:{service}:{job}"))
+        assert message.message_id(service, job) == want

@@ -1,0 +1,42 @@
+"""What the tests of SQS clients that no one here wrote need beside ``support.sqs_listener``
+(tests/sqs_clients/: the AWS SDK for JavaScript v3, Celery on kombu's SQS transport, boto3
+against the native client): the JS SDK's npm project, installed from its lock file, and the
+environment every SDK reads its region and (dummy) key pair from."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from support.service import REPO
+
+JS_DIR = os.path.join(REPO, "tests", "sqs_clients", "js")
+# A listener with no keys takes any signature; the SDKs still sign, and refuse to run without a pair.
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def js_sdk_installed() -> str:
+    """``npm ci`` the JS project once per lock file (a stamp in node_modules says which);
+    returns the ``node`` to run. Skips with setup-system's message when node or npm is
+    missing; fails when they are there and the install fails."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("node and npm are not installed: run `bash .ci/setup-system` (apt-get install nodejs npm)")
+    with open(os.path.join(JS_DIR, "package-lock.json"), "rb") as f:
+        lock = hashlib.sha256(f.read()).hexdigest()
+    stamp = os.path.join(JS_DIR, "node_modules", ".shardq-lock-sha256")
+    try:
+        with open(stamp) as f:
+            if f.read() == lock:
+                return node
+    except OSError:
+        pass
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel", "error"], cwd=JS_DIR,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"npm ci failed in {JS_DIR}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+    with open(stamp, "w") as f:
+        f.write(lock)
+    return node
