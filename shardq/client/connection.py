@@ -40,6 +40,7 @@ import msgpack
 
 from ..protocol import wire as protocol
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
 from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
@@ -107,8 +108,9 @@ class Future:
 
 class ShardClient:
     def __init__(self, index: int, address: str, authkey: bytes, role: str = "client",
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT):
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, clock: Clock | None = None):
         self.index = index
+        self._mono = (clock or SystemClock()).monotonic  # every deadline here is on this clock
         self.address = address
         self.authkey = authkey
         self.role = role  # what the handshake says this connection is (protocol.sockio)
@@ -150,7 +152,7 @@ class ShardClient:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
                     conn = connect_unix(self.address, self.authkey,
-                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())),
+                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self._mono())),
                                         self.role)
                 except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
                     err: BaseException = e
@@ -167,7 +169,7 @@ class ShardClient:
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
                                      name=f"shardq-reader-{self.index}").start()
                     return
-            if time.monotonic() + delay > deadline:
+            if self._mono() + delay > deadline:
                 if isinstance(err, TooManyConnections):
                     raise TooManyConnections(f"shard {self.index} turned this router away: {err}")
                 raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
@@ -231,7 +233,7 @@ class ShardClient:
             busy = self._busy
             try:
                 fd = conn.fileno()
-                sent_at = time.monotonic()
+                sent_at = self._mono()
                 _write_frame(fd, data)
             except (OSError, ValueError):
                 self._broken(conn)
@@ -242,17 +244,17 @@ class ShardClient:
                 deadline = sent_at + timeout
                 ready = busy.wanted() and busy.spin(self._poll_for(fd), self._pending)
                 while True:
-                    reply = self._read_once(conn, max(deadline - time.monotonic(), 0.0), rid, ready)
+                    reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
                     if reply is not None:
-                        busy.note(time.monotonic() - sent_at)
+                        busy.note(self._mono() - sent_at)
                         status, payload = reply
                         if status == protocol.OK:
                             return payload, None
                         return None, protocol.error_from_payload(payload)
                     if self._conn is not conn:
                         return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
-                    if time.monotonic() >= deadline:
+                    if self._mono() >= deadline:
                         return None, TimeoutError()
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)
@@ -337,9 +339,9 @@ class ShardClient:
         """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
         socket itself while no one else does (the leader), settling every reply it reads;
         otherwise waits to be woken by whoever reads (a leader, or the reader thread)."""
-        deadline = time.monotonic() + timeout
+        deadline = self._mono() + timeout
         while not fut.done:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._mono()
             if remaining <= 0:
                 return fut.done
             conn = self._conn

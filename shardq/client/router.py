@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from ..protocol import status_file
 from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
+from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
@@ -67,7 +68,8 @@ class Router(Calls, SyncExecutor):
     (:class:`~shardq.client.engine.Calls`)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor: Any = None, _role: str = "client") -> None:
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor: Any = None, _role: str = "client",
+                 clock: Clock | None = None) -> None:
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
         # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
@@ -80,7 +82,10 @@ class Router(Calls, SyncExecutor):
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
             busy_poll_us = 0  # serve's own calls are not latency-bound: no CPU spent on them
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us)
+        # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
+        self.clock = clock or SystemClock()
+        self._mono = self.clock.monotonic
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock)
                         for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
@@ -99,7 +104,7 @@ class Router(Calls, SyncExecutor):
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
-        return time.monotonic()
+        return self._mono()
 
     def _drive(self, op: Op[T]) -> T:
         """Run one operation of the engine to its end in this thread: do what each effect
@@ -181,7 +186,7 @@ class Router(Calls, SyncExecutor):
             fut = client.submit(op, args, lead=lead)
             if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
                 return fut
-            if time.monotonic() >= deadline:
+            if self._mono() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
     def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
@@ -208,7 +213,7 @@ class Router(Calls, SyncExecutor):
         :meth:`_send` does; the later ones only on the connection it went on. One that
         finds that connection gone waits, unsent, and is sent again in its turn below,
         after every call before it has been answered or has failed."""
-        now = time.monotonic()
+        now = self._mono()
         deadline = now + (self.retry_s if retry_s is None else retry_s)
         wait_s = timeout or self.request_timeout_s
         end = None if timeout is None else now + timeout  # ``timeout``: for all the calls together
@@ -233,14 +238,14 @@ class Router(Calls, SyncExecutor):
                 resent = False
                 while not isinstance(futs[i], BaseException):
                     sent: Future = futs[i]
-                    if not self.clients[s].wait(sent, wait_s if end is None else max(end - time.monotonic(), 0.0)):
+                    if not self.clients[s].wait(sent, wait_s if end is None else max(end - self._mono(), 0.0)):
                         futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
                         self.clients[s].forget(sent)  # nobody will read its reply
                         break
                     lost = sent.error
                     if not isinstance(lost, ConnectionLost):
                         break
-                    error = after_break(s, op, lost.sent, time.monotonic() >= deadline, lost)
+                    error = after_break(s, op, lost.sent, self._mono() >= deadline, lost)
                     if error is not None:
                         futs[i] = error
                     else:
@@ -268,7 +273,7 @@ class Router(Calls, SyncExecutor):
         on the shortest path (most calls are one job at a time). ``with_resent``: return
         ``(value, was_resent)``, as :meth:`_gather` does."""
         client = self.clients[shard]
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
         resent = False
         lost: BaseException | None
         while True:
@@ -289,7 +294,7 @@ class Router(Calls, SyncExecutor):
                 raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
             if not isinstance(lost, ConnectionLost):
                 raise lost
-            error = after_break(shard, op, lost.sent, time.monotonic() >= deadline, lost)
+            error = after_break(shard, op, lost.sent, self._mono() >= deadline, lost)
             if error is not None:
                 raise error
             resent = resent or lost.sent
@@ -340,7 +345,7 @@ class Router(Calls, SyncExecutor):
         and forget the watches."""
         calls = effect.calls
         event = threading.Event()
-        now = time.monotonic()
+        now = self._mono()
         parked: list[tuple[int, Future]] = []
         for i, (shard, op, args) in enumerate(calls):
             try:
@@ -360,12 +365,12 @@ class Router(Calls, SyncExecutor):
             # A lease, an error or a broken connection ends the wait (the caller's next
             # round reaches a restarted shard again); so does the end of every shard's wait.
             if ((done and effect.first) or any(f.error is not None or f.value for f in done)
-                    or len(done) == len(parked) or time.monotonic() >= deadline):
+                    or len(done) == len(parked) or self._mono() >= deadline):
                 break
-            if not lead_any(clients, deadline - time.monotonic()):
+            if not lead_any(clients, deadline - self._mono()):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
-                event.wait(deadline - time.monotonic())
+                event.wait(deadline - self._mono())
         out: list[Any] = [None] * len(calls)
         for i, fut in parked:
             shard, op, args = calls[i]
@@ -409,7 +414,7 @@ class Router(Calls, SyncExecutor):
             # otherwise its reply (or its connection's end) is on the way: settle() runs
 
         try:
-            cancel = self._send(shard, "cancel_wait", [fut.rid], time.monotonic(), lead=False)
+            cancel = self._send(shard, "cancel_wait", [fut.rid], self._mono(), lead=False)
         except (ShardUnavailable, Closed):
             # Its connection broke (or the router closed): the waiting dequeue went with it.
             if once.acquire(blocking=False):
@@ -430,7 +435,7 @@ class Router(Calls, SyncExecutor):
         that cannot be sent expires by itself."""
         for lease in leases:
             try:
-                self._send(*release_call(lease), time.monotonic(), lead=False)
+                self._send(*release_call(lease), self._mono(), lead=False)
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 
