@@ -11,7 +11,7 @@ every pending future fails with :class:`ConnectionLost`, which says whether the 
 been written (``sent``): the owner may re-send a request never written, and decides by the
 op's retry policy (:data:`shardq.protocol.wire.RETRY`) for one that was; a request queued
 with ``on=`` goes only on that connection, so a caller's later request cannot overtake
-an earlier one that must be re-sent (:meth:`Router._gather`). Each future is taken
+an earlier one that must be re-sent (:meth:`Router._transmit`). Each future is taken
 out of the pending table exactly once (by the reader, by the breaking of the connection, or
 by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
 
@@ -45,17 +45,7 @@ from ..conditions import CountedCondition
 from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
-from .core import encode_frames
-
-
-class ConnectionLost(Exception):
-    """The connection broke before the reply came (internal; the router re-sends or raises
-    ShardUnavailable / OutcomeUnknown). ``sent``: the request had been written to the socket,
-    so the shard may have applied it."""
-
-    def __init__(self, message: str, sent: bool):
-        super().__init__(message)
-        self.sent = sent
+from .core import ConnectionLost as ConnectionLost, encode_frames  # re-exported: tests import it from here
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always

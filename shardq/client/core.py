@@ -51,6 +51,17 @@ class Call(NamedTuple):
 
 
 # ---------------------------------------------------------------------- the retry table
+class ConnectionLost(Exception):
+    """The connection broke before the reply came: what a driver reports for a call of a
+    :class:`~.engine.Transmit` (the engine then re-sends, or raises ShardUnavailable /
+    OutcomeUnknown: :func:`after_break`). ``sent``: the request had been written to the
+    socket, so the shard may have applied it."""
+
+    def __init__(self, message: str, sent: bool):
+        super().__init__(message)
+        self.sent = sent
+
+
 def after_break(shard: int, op: str, sent: bool, expired: bool, why: object = "connection lost") -> ShardqError | None:
     """What becomes of a request whose connection broke before its reply: None, send it
     again (on a new connection); else the error its caller gets. ``sent``: it was written,
