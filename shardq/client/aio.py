@@ -22,7 +22,7 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import asyncio
 import itertools
@@ -39,7 +39,7 @@ from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, Transmit,
+from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit,
                      WaitAny, call, deliver, note_priorities)
 from .core import ConnectionLost, ack_error, release_call
 from .routing import (job_item, lease_shard, leases_of, placed_owner)
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from .contracts import AsyncResults
 
 _now = SystemClock.now
-T = TypeVar("T")
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
@@ -111,23 +110,6 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     def _done(self, shard: int, session: list[int]) -> None:
         self.conns[shard].sessions.close(session)
-
-    async def _drive(self, op: Op[T]) -> T:
-        """Run one operation of the engine to its end as this coroutine: do what each
-        effect it yields says, and send it the outcome (an error, a cancellation
-        included, is thrown into it)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = await self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
 
     async def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:

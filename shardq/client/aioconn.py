@@ -51,10 +51,10 @@ from .. import limits
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
-from .core import ConnectionLost, Sessions, after_break, encode_frames
+from .core import (RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, ConnectionLost, Sessions, after_break, encode_frames,
+                   failed_connect, unreachable)
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
-RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
 _HEADER = struct.Struct("!i")
 _BIG = struct.Struct("!Q")
 _OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # the caller times these; no request timeout
@@ -148,14 +148,10 @@ class ShardConn:
                     conn.close()
                 sock.setblocking(False)
                 _, proto = await self.loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
-            except (OSError, EOFError) as exc:
+            except Exception as exc:  # noqa: BLE001 - failed_connect says which are worth another try
+                if (fatal := failed_connect(self.index, exc)) is not None:
+                    raise fatal from None
                 err: BaseException = exc
-            except ProtocolError as exc:  # another wire version: trying again cannot help
-                raise ProtocolError(f"shard {self.index}: {exc}") from None
-            except Exception as exc:  # noqa: BLE001 - AuthenticationError and friends; retried until retry_s
-                if type(exc).__name__ == "AuthenticationError":
-                    raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
-                err = exc
             else:
                 if self.closed:
                     proto.transport.close()
@@ -165,9 +161,7 @@ class ShardConn:
                 self._schedule_flush()
                 return
             if self.loop.time() + delay > deadline:
-                if isinstance(err, TooManyConnections):
-                    raise TooManyConnections(f"shard {self.index} turned this client away: {err}")
-                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+                raise unreachable(self.index, self.address, err, "client")
             await asyncio.sleep(delay)  # backoff between connection attempts
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 

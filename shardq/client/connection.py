@@ -42,10 +42,11 @@ from ..protocol import wire as protocol
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
-from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
+from ..errors import ProtocolError, ShardUnavailable
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
-from .core import ConnectionLost as ConnectionLost, encode_frames  # re-exported: tests import it from here
+from .core import ConnectionLost as ConnectionLost  # re-exported: tests import it from here
+from .core import RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, encode_frames, failed_connect, unreachable
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
@@ -133,7 +134,7 @@ class ShardClient:
         """Connect if not connected, retrying until ``deadline`` (monotonic)."""
         if self._conn is not None:
             return
-        delay = 0.005
+        delay = RECONNECT_DELAY_S_MIN
         while True:
             with self._lock:
                 if self._conn is not None:
@@ -144,14 +145,10 @@ class ShardClient:
                     conn = connect_unix(self.address, self.authkey,
                                         max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self._mono())),
                                         self.role)
-                except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
+                except Exception as e:  # noqa: BLE001 - failed_connect says which are worth another try
+                    if (fatal := failed_connect(self.index, e)) is not None:
+                        raise fatal from None
                     err: BaseException = e
-                except ProtocolError as e:  # another wire version: trying again cannot help
-                    raise ProtocolError(f"shard {self.index}: {e}") from None
-                except Exception as e:  # noqa: BLE001 - AuthenticationError and friends
-                    if type(e).__name__ == "AuthenticationError":
-                        raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
-                    err = e
                 else:
                     self._conn = conn
                     self._buf = bytearray()
@@ -160,11 +157,9 @@ class ShardClient:
                                      name=f"shardq-reader-{self.index}").start()
                     return
             if self._mono() + delay > deadline:
-                if isinstance(err, TooManyConnections):
-                    raise TooManyConnections(f"shard {self.index} turned this router away: {err}")
-                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+                raise unreachable(self.index, self.address, err, "router")
             time.sleep(delay)  # backoff between connection attempts, not synchronisation
-            delay = min(delay * 2, 0.2)
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
     def close(self) -> None:
         with self._lock:

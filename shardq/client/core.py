@@ -26,7 +26,8 @@ from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..errors import (AuthError, InvalidJob, JobGone, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable,
+                      TooManyConnections)
 from ..protocol import validate, wire
 from ..types import Lease
 from .priority import merge, plan
@@ -48,6 +49,30 @@ class Call(NamedTuple):
     shard: int
     op: str
     args: list[Any]
+
+
+# ---------------------------------------------------------------------- connecting
+RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2  # back-off between connection attempts
+
+
+def failed_connect(shard: int, exc: Exception) -> ShardqError | None:
+    """What a failed connection attempt means, on both connections: the error to raise now
+    where trying again cannot help (another wire version, a wrong key), else None: try
+    again (absent, refused, reset, silent, turned away) until the deadline, then
+    :func:`unreachable`."""
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(f"shard {shard}: {exc}")
+    if type(exc).__name__ == "AuthenticationError":
+        return AuthError(f"shard {shard}: authentication failed (wrong key file?)")
+    return None
+
+
+def unreachable(shard: int, address: str, err: BaseException, who: str) -> ShardUnavailable:
+    """The error of a shard no attempt reached before the deadline (``err``: the last
+    attempt's); ``who``: the client, as the message names it."""
+    if isinstance(err, TooManyConnections):
+        return TooManyConnections(f"shard {shard} turned this {who} away: {err}")
+    return ShardUnavailable(f"shard {shard} at {address} is not reachable: {err}")
 
 
 # ---------------------------------------------------------------------- the retry table

@@ -182,8 +182,25 @@ def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
 class SyncExecutor:
     """Runs operations to completion in the calling thread (:class:`~.router.Router`)."""
 
-    def _drive(self, op: Op[T]) -> T:
+    def _effect(self, effect: Effect) -> Any:
+        """Do ``effect``; its outcome (an error is raised)."""
         raise NotImplementedError
+
+    def _drive(self, op: Op[T]) -> T:
+        """Run one operation to its end in this thread: do what each effect it yields
+        says, and send it the outcome (an error is thrown into it)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                value: T = stop.value  # the operation's return value
+                return value
+            try:
+                outcome, error = self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., T]:
         def method(*args: Any, **kwargs: Any) -> T:
@@ -194,8 +211,25 @@ class SyncExecutor:
 class AsyncExecutor:
     """Runs operations as coroutines (:class:`~.aio.AsyncQueue`)."""
 
-    async def _drive(self, op: Op[T]) -> T:
+    async def _effect(self, effect: Effect) -> Any:
+        """Do ``effect``; its outcome (an error is raised)."""
         raise NotImplementedError
+
+    async def _drive(self, op: Op[T]) -> T:
+        """Run one operation to its end as this coroutine, as :meth:`SyncExecutor._drive`
+        does in a thread (a cancellation is thrown into it too)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                value: T = stop.value  # the operation's return value
+                return value
+            try:
+                outcome, error = await self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
         async def method(*args: Any, **kwargs: Any) -> T:

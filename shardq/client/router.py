@@ -29,7 +29,7 @@ and the asyncio client; this module moves the requests and waits, with threads.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import itertools
 import logging
@@ -45,7 +45,7 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
+from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
                      WaitAny, deliver, note_priorities)
 from .core import WITHDRAW_SETTLE_S, ConnectionLost, Sessions, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 log = logging.getLogger("shardq.router")
-T = TypeVar("T")
 
 
 
@@ -105,22 +104,6 @@ class Router(Calls, SyncExecutor):
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
         return self._mono()
-
-    def _drive(self, op: Op[T]) -> T:
-        """Run one operation of the engine to its end in this thread: do what each effect
-        it yields says, and send it the outcome (an error is thrown into it)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
 
     def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
