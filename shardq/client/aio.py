@@ -22,14 +22,14 @@ kept and released; this module moves the requests and awaits.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import asyncio
 import itertools
 import os
 
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine
 
 from .. import limits
 from ..clock import SystemClock
@@ -39,9 +39,9 @@ from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import Req, ShardConn
-from .engine import (AsyncExecutor, Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, WaitAny,
-                     note_priorities)
-from .core import ack_error, release_call
+from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit,
+                     WaitAny, call, deliver, note_priorities)
+from .core import ConnectionLost, ack_error, release_call
 from .routing import (job_item, lease_shard, leases_of, placed_owner)
 
 if TYPE_CHECKING:
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from .contracts import AsyncResults
 
 _now = SystemClock.now
-T = TypeVar("T")
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
@@ -106,32 +105,19 @@ class AsyncQueue(Calls, AsyncExecutor):
     def _now(self) -> float:
         return self.loop.time()
 
-    async def _drive(self, op: Op[T]) -> T:
-        """Run one operation of the engine to its end as this coroutine: do what each
-        effect it yields says, and send it the outcome (an error, a cancellation
-        included, is thrown into it)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = await self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
+    def _session(self, shard: int) -> list[int]:
+        return self.conns[shard].sessions.open()
+
+    def _done(self, shard: int, session: list[int]) -> None:
+        self.conns[shard].sessions.close(session)
 
     async def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
             calls, retry_s, timeout_s, errors = effect
-            if not errors:
-                if len(calls) == 1:
-                    conn, req, fut = self._request(*calls[0], retry_s=retry_s)
-                    return [await self._wait(conn, req, fut)]
-                return await (self._call_all(calls) if retry_s is None else self._call_all(calls, retry_s))
-            return await self._gather(calls, retry_s, timeout_s)
+            deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
+            return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
+        if type(effect) is Transmit:
+            return await self._transmit(effect)
         if type(effect) is WaitAny:
             return await self._wait_any(effect)
         if type(effect) is Release:
@@ -152,10 +138,14 @@ class AsyncQueue(Calls, AsyncExecutor):
             return None
         raise TypeError(f"not an effect: {effect!r}")
 
-    async def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None,
-                      timeout_s: float | None) -> list[Any]:
-        """Several requests at once; per call ``(value, resent)`` or its error, in order,
-        waiting ``timeout_s`` at most for all (None: each its request timeout)."""
+    async def _transmit(self, effect: Transmit) -> list[Any]:
+        """Do a :class:`~shardq.client.engine.Transmit`: the calls sent at once (in their
+        order per shard: one turn, one frame), each its value, its error or its
+        :class:`~.core.ConnectionLost` in its place, waiting ``timeout_s`` at most for all
+        (None: each its request timeout). The connection reports a break here
+        (``Req.report``); the engine decides what is sent again."""
+        calls, deadline, timeout_s = effect
+        retry_s = deadline - self.loop.time()
         started = [self._request(s, op, args, retry_s) for s, op, args in calls]
         try:
             if timeout_s is not None:
@@ -166,7 +156,7 @@ class AsyncQueue(Calls, AsyncExecutor):
                     got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
                     continue
                 try:
-                    got.append(await self._wait(conn, req, fut))
+                    got.append((await self._wait(conn, req, fut))[0])
                 except Exception as exc:  # noqa: BLE001 - returned in its place
                     got.append(exc)
             return got
@@ -185,30 +175,20 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     def _request(self, shard: int, op: str, args: list[Any],
                  retry_s: float | None = None) -> tuple[ShardConn, Req, asyncio.Future[Any]]:
-        """Submit one request; returns (conn, req, future of (result, resent))."""
+        """Submit one request; returns (conn, req, future of (result, resent)). A break
+        fails it with :class:`~.core.ConnectionLost` (``Req.report``): what is sent again
+        is the engine's decision (:func:`~.engine.deliver`), not the connection's."""
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[shard]
         fut = self.loop.create_future()
         req = Req(op, args, [(fut, None)], self.loop.time() + (self.retry_s if retry_s is None else retry_s))
+        req.report = True
         conn.submit(req)
         return conn, req, fut
 
     async def _call(self, shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Any:
-        conn, req, fut = self._request(shard, op, args, retry_s)
-        return (await self._wait(conn, req, fut))[0]
-
-    async def _call_all(self, calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None) -> list[Any]:
-        """Several requests at once (one frame per shard); results in order, first error raised."""
-        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
-        try:
-            return [(await self._wait(c, r, f)) for c, r, f in started]
-        finally:
-            for c, r, f in started:
-                if not f.done():
-                    c.abandon(r, f)
-                elif not f.cancelled():
-                    f.exception()  # a later call's error, not raised: retrieved, or asyncio logs it
+        return await self._drive(call(shard, op, args, retry_s))
 
     async def _learn_owner(self, queue: str, ask: int) -> None:
         """As :meth:`Router._learn_owner`: a queue's placement, asked once (docs/limits.md).
@@ -286,7 +266,7 @@ class AsyncQueue(Calls, AsyncExecutor):
                 continue
             elif f.exception() is None:
                 out[i] = f.result()[0]
-            elif not isinstance(f.exception(), ShardUnavailable):  # its connection broke
+            elif not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):  # its connection broke
                 out[i] = f.exception()
         return out
 

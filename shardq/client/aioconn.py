@@ -17,13 +17,14 @@ the retry policy. Used by :mod:`shardq.client.aio`.
   cost the shard about one request per turn, like a batch. A merged enqueue that the shard
   refuses as a whole (all-or-nothing) is re-sent call by call, so one caller's bad queue
   never fails another's job.
-* **Retry policy** (:data:`shardq.protocol.wire.RETRY`, applied by
-  :func:`~shardq.client.core.after_break`): after the connection breaks, a request
-  never written is sent again on the new connection; one that was written is re-sent if its
-  op allows (enqueue, ack, extend, reads) and fails with
-  :class:`~shardq.errors.OutcomeUnknown` otherwise (dequeue, nack, bury, redrive, purge).
-  Reconnects are retried until each request's ``retry_s`` deadline, then
-  :class:`~shardq.errors.ShardUnavailable`.
+* **After a break** the connection decides nothing for the client's calls: every request
+  it was given by :class:`~shardq.client.aio.AsyncQueue` fails with
+  :class:`~shardq.client.core.ConnectionLost` (``sent``: it was written), and the engine
+  (:func:`~shardq.client.engine.deliver`, the threaded client's too) decides what is sent
+  again. The exception is the merged enqueues and acks of the hot path, which only the
+  connection knows: they are re-queued here, with their sessions, by the same retry table
+  (:func:`~shardq.client.core.after_break`). Reconnects are retried until each request's
+  deadline, then :class:`~shardq.errors.ShardUnavailable`.
 * **Giving up.** A caller that is cancelled or times out removes its waiter: a request
   nobody waits for any more is dropped from the outbox (never sent) or from the pending
   table (its reply is ignored). The one exception is a ``dequeue`` already written: its
@@ -50,10 +51,10 @@ from .. import limits
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
-from .core import Sessions, after_break, encode_frames
+from .core import (RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, ConnectionLost, Sessions, after_break, encode_frames,
+                   failed_connect, unreachable)
 
 MERGE_BYTES_MAX = 8 * 1024 * 1024           # a merged enqueue holds at most this many body bytes
-RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2
 _HEADER = struct.Struct("!i")
 _BIG = struct.Struct("!Q")
 _OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # the caller times these; no request timeout
@@ -66,7 +67,7 @@ class Req:
     request are theirs (1 for a single call; None: the whole result)."""
 
     __slots__ = ("op", "args", "parts", "sent", "resent", "retry_deadline", "timer", "session",
-                 "on_orphan_reply", "rid", "merged")
+                 "on_orphan_reply", "rid", "merged", "report")
 
     def __init__(self, op: str, args: list[Any], parts: list[Any], retry_deadline: float, merged: bool = False):
         self.op, self.args, self.parts = op, args, parts
@@ -77,6 +78,7 @@ class Req:
         self.on_orphan_reply: Callable[[Any], None] | None = None  # dequeue: release leases
         self.rid = 0
         self.merged = merged
+        self.report = False  # a break fails it with ConnectionLost: the engine decides (engine.deliver)
 
 
 class _Protocol(asyncio.Protocol):
@@ -127,7 +129,7 @@ class ShardConn:
         self._flush_handle: asyncio.Handle | None = None
         self._reconnecting: asyncio.Task[Any] | None = None
         self._next_rid = 1
-        self._sessions = Sessions(client_id)  # enqueue sessions not yet answered
+        self.sessions = Sessions(client_id)  # enqueue sessions not yet answered
         self._quiet: asyncio.Event | None = None  # set when no orphaned request is left (closing)
 
     # ------------------------------------------------------------------ connecting
@@ -146,14 +148,10 @@ class ShardConn:
                     conn.close()
                 sock.setblocking(False)
                 _, proto = await self.loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
-            except (OSError, EOFError) as exc:
+            except Exception as exc:  # noqa: BLE001 - failed_connect says which are worth another try
+                if (fatal := failed_connect(self.index, exc)) is not None:
+                    raise fatal from None
                 err: BaseException = exc
-            except ProtocolError as exc:  # another wire version: trying again cannot help
-                raise ProtocolError(f"shard {self.index}: {exc}") from None
-            except Exception as exc:  # noqa: BLE001 - AuthenticationError and friends; retried until retry_s
-                if type(exc).__name__ == "AuthenticationError":
-                    raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
-                err = exc
             else:
                 if self.closed:
                     proto.transport.close()
@@ -163,9 +161,7 @@ class ShardConn:
                 self._schedule_flush()
                 return
             if self.loop.time() + delay > deadline:
-                if isinstance(err, TooManyConnections):
-                    raise TooManyConnections(f"shard {self.index} turned this client away: {err}")
-                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+                raise unreachable(self.index, self.address, err, "client")
             await asyncio.sleep(delay)  # backoff between connection attempts
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
@@ -274,8 +270,8 @@ class ShardConn:
                                   or req.op == "cancel_wait" and req.args[0] not in self.pending):
                 self._finish(req)  # nobody waits for it (or the wait it withdraws) any more: never sent
                 continue
-            if req.op == "enqueue" and req.session is None:
-                req.session = self._sessions.open()
+            if req.op == "enqueue" and req.args[1] is None:  # a merged one (the engine's have theirs)
+                req.session = self.sessions.open()
                 req.args[1] = req.session
             rid = self._next_rid
             self._next_rid = rid + 1
@@ -375,7 +371,7 @@ class ShardConn:
             req.timer.cancel()
             req.timer = None
         if req.session is not None:
-            self._sessions.close(req.session)
+            self.sessions.close(req.session)
 
     def abandon(self, req: Req, fut: asyncio.Future[Any]) -> None:
         """``fut``'s caller gave up (cancelled, timed out, or another shard answered its
@@ -441,6 +437,9 @@ class ShardConn:
         for req in reqs:
             if req.on_orphan_reply is not None and not req.parts:
                 self._finish(req)  # an abandoned dequeue: its leases (if any) expire
+                continue
+            if req.report:
+                self._fail(req, ConnectionLost(f"connection to shard {self.index} lost", sent=req.sent))
                 continue
             error = after_break(self.index, req.op, req.sent, now >= req.retry_deadline)
             if error is not None:

@@ -11,7 +11,7 @@ every pending future fails with :class:`ConnectionLost`, which says whether the 
 been written (``sent``): the owner may re-send a request never written, and decides by the
 op's retry policy (:data:`shardq.protocol.wire.RETRY`) for one that was; a request queued
 with ``on=`` goes only on that connection, so a caller's later request cannot overtake
-an earlier one that must be re-sent (:meth:`Router._gather`). Each future is taken
+an earlier one that must be re-sent (:meth:`Router._transmit`). Each future is taken
 out of the pending table exactly once (by the reader, by the breaking of the connection, or
 by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
 
@@ -40,21 +40,13 @@ import msgpack
 
 from ..protocol import wire as protocol
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
-from ..errors import AuthError, ProtocolError, ShardUnavailable, TooManyConnections
+from ..errors import ProtocolError, ShardUnavailable
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
-from .core import encode_frames
-
-
-class ConnectionLost(Exception):
-    """The connection broke before the reply came (internal; the router re-sends or raises
-    ShardUnavailable / OutcomeUnknown). ``sent``: the request had been written to the socket,
-    so the shard may have applied it."""
-
-    def __init__(self, message: str, sent: bool):
-        super().__init__(message)
-        self.sent = sent
+from .core import ConnectionLost as ConnectionLost  # re-exported: tests import it from here
+from .core import RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, encode_frames, failed_connect, unreachable
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
@@ -107,8 +99,9 @@ class Future:
 
 class ShardClient:
     def __init__(self, index: int, address: str, authkey: bytes, role: str = "client",
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT):
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, clock: Clock | None = None):
         self.index = index
+        self._mono = (clock or SystemClock()).monotonic  # every deadline here is on this clock
         self.address = address
         self.authkey = authkey
         self.role = role  # what the handshake says this connection is (protocol.sockio)
@@ -141,7 +134,7 @@ class ShardClient:
         """Connect if not connected, retrying until ``deadline`` (monotonic)."""
         if self._conn is not None:
             return
-        delay = 0.005
+        delay = RECONNECT_DELAY_S_MIN
         while True:
             with self._lock:
                 if self._conn is not None:
@@ -150,16 +143,12 @@ class ShardClient:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
                     conn = connect_unix(self.address, self.authkey,
-                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())),
+                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self._mono())),
                                         self.role)
-                except (OSError, EOFError) as e:  # absent, refused, reset, or silent (timeout)
+                except Exception as e:  # noqa: BLE001 - failed_connect says which are worth another try
+                    if (fatal := failed_connect(self.index, e)) is not None:
+                        raise fatal from None
                     err: BaseException = e
-                except ProtocolError as e:  # another wire version: trying again cannot help
-                    raise ProtocolError(f"shard {self.index}: {e}") from None
-                except Exception as e:  # noqa: BLE001 - AuthenticationError and friends
-                    if type(e).__name__ == "AuthenticationError":
-                        raise AuthError(f"shard {self.index}: authentication failed (wrong key file?)") from None
-                    err = e
                 else:
                     self._conn = conn
                     self._buf = bytearray()
@@ -167,12 +156,10 @@ class ShardClient:
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
                                      name=f"shardq-reader-{self.index}").start()
                     return
-            if time.monotonic() + delay > deadline:
-                if isinstance(err, TooManyConnections):
-                    raise TooManyConnections(f"shard {self.index} turned this router away: {err}")
-                raise ShardUnavailable(f"shard {self.index} at {self.address} is not reachable: {err}")
+            if self._mono() + delay > deadline:
+                raise unreachable(self.index, self.address, err, "router")
             time.sleep(delay)  # backoff between connection attempts, not synchronisation
-            delay = min(delay * 2, 0.2)
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
     def close(self) -> None:
         with self._lock:
@@ -231,7 +218,7 @@ class ShardClient:
             busy = self._busy
             try:
                 fd = conn.fileno()
-                sent_at = time.monotonic()
+                sent_at = self._mono()
                 _write_frame(fd, data)
             except (OSError, ValueError):
                 self._broken(conn)
@@ -242,17 +229,17 @@ class ShardClient:
                 deadline = sent_at + timeout
                 ready = busy.wanted() and busy.spin(self._poll_for(fd), self._pending)
                 while True:
-                    reply = self._read_once(conn, max(deadline - time.monotonic(), 0.0), rid, ready)
+                    reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
                     if reply is not None:
-                        busy.note(time.monotonic() - sent_at)
+                        busy.note(self._mono() - sent_at)
                         status, payload = reply
                         if status == protocol.OK:
                             return payload, None
                         return None, protocol.error_from_payload(payload)
                     if self._conn is not conn:
                         return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
-                    if time.monotonic() >= deadline:
+                    if self._mono() >= deadline:
                         return None, TimeoutError()
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)
@@ -337,9 +324,9 @@ class ShardClient:
         """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
         socket itself while no one else does (the leader), settling every reply it reads;
         otherwise waits to be woken by whoever reads (a leader, or the reader thread)."""
-        deadline = time.monotonic() + timeout
+        deadline = self._mono() + timeout
         while not fut.done:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._mono()
             if remaining <= 0:
                 return fut.done
             conn = self._conn

@@ -26,7 +26,8 @@ from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import InvalidJob, JobGone, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..errors import (AuthError, InvalidJob, JobGone, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable,
+                      TooManyConnections)
 from ..protocol import validate, wire
 from ..types import Lease
 from .priority import merge, plan
@@ -50,7 +51,42 @@ class Call(NamedTuple):
     args: list[Any]
 
 
+# ---------------------------------------------------------------------- connecting
+RECONNECT_DELAY_S_MIN, RECONNECT_DELAY_S_MAX = 0.005, 0.2  # back-off between connection attempts
+
+
+def failed_connect(shard: int, exc: Exception) -> ShardqError | None:
+    """What a failed connection attempt means, on both connections: the error to raise now
+    where trying again cannot help (another wire version, a wrong key), else None: try
+    again (absent, refused, reset, silent, turned away) until the deadline, then
+    :func:`unreachable`."""
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(f"shard {shard}: {exc}")
+    if type(exc).__name__ == "AuthenticationError":
+        return AuthError(f"shard {shard}: authentication failed (wrong key file?)")
+    return None
+
+
+def unreachable(shard: int, address: str, err: BaseException, who: str) -> ShardUnavailable:
+    """The error of a shard no attempt reached before the deadline (``err``: the last
+    attempt's); ``who``: the client, as the message names it."""
+    if isinstance(err, TooManyConnections):
+        return TooManyConnections(f"shard {shard} turned this {who} away: {err}")
+    return ShardUnavailable(f"shard {shard} at {address} is not reachable: {err}")
+
+
 # ---------------------------------------------------------------------- the retry table
+class ConnectionLost(Exception):
+    """The connection broke before the reply came: what a driver reports for a call of a
+    :class:`~.engine.Transmit` (the engine then re-sends, or raises ShardUnavailable /
+    OutcomeUnknown: :func:`after_break`). ``sent``: the request had been written to the
+    socket, so the shard may have applied it."""
+
+    def __init__(self, message: str, sent: bool):
+        super().__init__(message)
+        self.sent = sent
+
+
 def after_break(shard: int, op: str, sent: bool, expired: bool, why: object = "connection lost") -> ShardqError | None:
     """What becomes of a request whose connection broke before its reply: None, send it
     again (on a new connection); else the error its caller gets. ``sent``: it was written,

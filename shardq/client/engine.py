@@ -11,6 +11,10 @@ them; its return value is what the caller gets:
 * :class:`Settled` -- these leases are settled through this client (``consume`` counts them).
 * :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
 
+A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after a broken
+connection, written once; its one effect, :class:`Transmit`, sends each call once and
+reports a broken connection (:class:`~.core.ConnectionLost`) instead of re-sending.
+
 The threaded :class:`~shardq.client.router.Router` and the asyncio
 :class:`~shardq.client.aio.AsyncQueue` are executors: each runs an operation with one small
 loop (``_drive``) that does what an effect says, with threads or with coroutines. The
@@ -32,7 +36,8 @@ from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, ConnectionLost, LeaseRound, Polling,
+                   after_break,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
@@ -96,8 +101,68 @@ class WaitAny(NamedTuple):
     first: bool = False
 
 
-Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny
+class Transmit(NamedTuple):
+    """Make ``calls`` once, pipelined, and wait for every reply: the calls to one shard go
+    in their order on one connection, so a later one never reaches the shard before an
+    earlier one that broke. Connecting may take until ``deadline`` (the executor's
+    monotonic clock); ``timeout_s`` as :class:`Send`'s. Sent, per call, its value, its
+    error, or a :class:`~.core.ConnectionLost` when its connection broke before the reply
+    (what happens next is :func:`deliver`'s decision, not the executor's)."""
+    calls: Sequence[tuple[int, str, list[Any]]]
+    deadline: float
+    timeout_s: float | None = None
+
+
+Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny | Transmit
 Op = Generator[Effect, Any, T]
+
+
+def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
+            timeout_s: float | None = None, errors: bool = False,
+            got: list[Any] | None = None) -> Op[list[Any]]:
+    """How both clients do a :class:`Send`: the retry after a broken connection, written
+    once. The calls are transmitted (:class:`Transmit`); those whose connection broke are
+    decided by :func:`~.core.after_break` (re-sent, in their order, until ``deadline`` on
+    ``ex``'s clock; or ShardUnavailable / OutcomeUnknown) and transmitted again, until each
+    has its outcome. An ``enqueue`` without a session gets one of its shard
+    (:class:`~.core.Sessions`), kept open until its outcome is known: a re-sent enqueue
+    carries the session of the first, so the shard answers with the first's ids. Returns
+    ``(value, was_resent)`` per call, in order; an error stands in its place with
+    ``errors``, else the first one is raised. ``got``: the outcomes of a first
+    transmission the executor made itself (the threaded fast path)."""
+    opened = [(shard, args) for shard, op, args in calls if op == "enqueue" and args[1] is None]
+    for shard, args in opened:
+        args[1] = ex._session(shard)
+    out: list[Any] = [None] * len(calls)
+    resent = [False] * len(calls)
+    todo = list(range(len(calls)))
+    try:
+        while todo:
+            if got is None:
+                got = yield Transmit([calls[i] for i in todo], deadline, timeout_s)
+            again = []
+            expired: bool | None = None
+            for i, outcome in zip(todo, got):
+                if type(outcome) is ConnectionLost:
+                    if expired is None:
+                        expired = ex._now() >= deadline
+                    shard, op, _ = calls[i]
+                    error = after_break(shard, op, outcome.sent, expired, outcome)
+                    if error is None:
+                        resent[i] = resent[i] or outcome.sent
+                        again.append(i)
+                        continue
+                    outcome = error
+                out[i] = outcome if isinstance(outcome, BaseException) else (outcome, resent[i])
+            todo, got = again, None
+    finally:
+        for shard, args in opened:
+            ex._done(shard, args[1])
+    if not errors:
+        for outcome in out:
+            if isinstance(outcome, BaseException):
+                raise outcome
+    return out
 
 
 def call(shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Op[Any]:
@@ -117,8 +182,25 @@ def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
 class SyncExecutor:
     """Runs operations to completion in the calling thread (:class:`~.router.Router`)."""
 
-    def _drive(self, op: Op[T]) -> T:
+    def _effect(self, effect: Effect) -> Any:
+        """Do ``effect``; its outcome (an error is raised)."""
         raise NotImplementedError
+
+    def _drive(self, op: Op[T]) -> T:
+        """Run one operation to its end in this thread: do what each effect it yields
+        says, and send it the outcome (an error is thrown into it)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                value: T = stop.value  # the operation's return value
+                return value
+            try:
+                outcome, error = self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., T]:
         def method(*args: Any, **kwargs: Any) -> T:
@@ -129,8 +211,25 @@ class SyncExecutor:
 class AsyncExecutor:
     """Runs operations as coroutines (:class:`~.aio.AsyncQueue`)."""
 
-    async def _drive(self, op: Op[T]) -> T:
+    async def _effect(self, effect: Effect) -> Any:
+        """Do ``effect``; its outcome (an error is raised)."""
         raise NotImplementedError
+
+    async def _drive(self, op: Op[T]) -> T:
+        """Run one operation to its end as this coroutine, as :meth:`SyncExecutor._drive`
+        does in a thread (a cancellation is thrown into it too)."""
+        outcome: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(outcome) if error is None else op.throw(error)
+            except StopIteration as stop:
+                value: T = stop.value  # the operation's return value
+                return value
+            try:
+                outcome, error = await self._effect(effect), None
+            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
+                outcome, error = None, e
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
         async def method(*args: Any, **kwargs: Any) -> T:
@@ -186,6 +285,14 @@ class Calls:
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
+        raise NotImplementedError
+
+    def _session(self, shard: int) -> list[int]:
+        """Open an enqueue session of ``shard`` (:class:`~.core.Sessions`)."""
+        raise NotImplementedError
+
+    def _done(self, shard: int, session: list[int]) -> None:
+        """Close ``session``: its enqueue's outcome is known."""
         raise NotImplementedError
 
     def _shard_for(self, key: str | None) -> int:

@@ -235,7 +235,7 @@ def in_order(count: int, where: list[list[int]], replies: list[list[Any]]) -> li
     return out
 
 
-def look_up(router: Any, job_id: int) -> tuple[dict | None, JobResult | None]:
+def look_up(router: Any, job_id: int) -> tuple[dict[str, Any] | None, JobResult | None]:
     """A job as ``shardq job show`` and the console show it: the live job (``router.job``,
     None once it is not live) and its outcome (None from a backend that keeps no results).
     NotFound if the job is neither live nor has a result kept."""

@@ -29,7 +29,7 @@ and the asyncio client; this module moves the requests and waits, with threads.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import itertools
 import logging
@@ -39,14 +39,15 @@ import time
 from collections.abc import Sequence
 
 from ..protocol import status_file
-from .connection import SHARED, ConnectionLost, Future, ShardClient, lead_any
+from .connection import SHARED, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
+from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (Calls, Effect, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, WaitAny,
-                     note_priorities)
-from .core import WITHDRAW_SETTLE_S, Sessions, ack_error, after_break, release_call
+from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
+                     WaitAny, deliver, note_priorities)
+from .core import WITHDRAW_SETTLE_S, ConnectionLost, Sessions, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 log = logging.getLogger("shardq.router")
-T = TypeVar("T")
 
 
 
@@ -67,7 +67,8 @@ class Router(Calls, SyncExecutor):
     (:class:`~shardq.client.engine.Calls`)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor: Any = None, _role: str = "client") -> None:
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, supervisor: Any = None, _role: str = "client",
+                 clock: Clock | None = None) -> None:
         # _role "service": a part of shardq serve itself (HTTP listener, schedules), whose
         # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
@@ -80,7 +81,10 @@ class Router(Calls, SyncExecutor):
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
             busy_poll_us = 0  # serve's own calls are not latency-bound: no CPU spent on them
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us)
+        # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
+        self.clock = clock or SystemClock()
+        self._mono = self.clock.monotonic
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock)
                         for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
@@ -99,29 +103,13 @@ class Router(Calls, SyncExecutor):
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
-        return time.monotonic()
-
-    def _drive(self, op: Op[T]) -> T:
-        """Run one operation of the engine to its end in this thread: do what each effect
-        it yields says, and send it the outcome (an error is thrown into it)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
+        return self._mono()
 
     def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
             calls, retry_s, timeout_s, errors = effect
-            if calls[0][1] == "enqueue":
-                return self._enqueue_calls(calls)
+            if calls[0][1] == "enqueue":  # each gets its session in the engine (deliver)
+                return self._call_many(calls)
             if len(calls) == 1 and timeout_s is None:  # the shortest path (call_solo)
                 shard, op, args = calls[0]
                 if not errors:
@@ -133,6 +121,8 @@ class Router(Calls, SyncExecutor):
             if errors:
                 return self._gather(calls, retry_s=retry_s, timeout=timeout_s)
             return self._call_many(calls, retry_s=retry_s, timeout=timeout_s)
+        if type(effect) is Transmit:
+            return self._transmit(effect)
         if type(effect) is WaitAny:
             return self._wait_any(effect)
         if type(effect) is Release:
@@ -154,20 +144,6 @@ class Router(Calls, SyncExecutor):
             return None  # no consume() loop counts leases here
         raise TypeError(f"not an effect: {effect!r}")
 
-    def _enqueue_calls(self, calls: Sequence[tuple[int, str, list[Any]]]) -> list[Any]:
-        """``enqueue`` requests, each with a session of its own (:class:`~.core.Sessions`),
-        open until answered: a request re-sent after a broken connection is recognised by
-        the shard, which answers with the ids of its first execution."""
-        sessions = []
-        for shard, _, args in calls:
-            args[1] = self._session(shard)
-            sessions.append((shard, args[1]))
-        try:
-            return self._call_many(calls)
-        finally:
-            for shard, session in sessions:
-                self._done(shard, session)
-
     # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
         """Submit one request, connecting first. Only a request that was never written is
@@ -181,37 +157,35 @@ class Router(Calls, SyncExecutor):
             fut = client.submit(op, args, lead=lead)
             if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
                 return fut
-            if time.monotonic() >= deadline:
+            if self._mono() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
     def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
                    retry_s: float | None = None) -> list[Any]:
-        """Send requests to their shards (pipelined) and wait for all. A request whose
-        connection broke is sent again, for up to ``retry_s`` (default: the router's), if it
-        was never written or its op may be re-sent (:data:`~shardq.protocol.wire.RETRY`);
-        otherwise its outcome is unknown and :class:`OutcomeUnknown` is raised. Returns
-        ``(value, was_resent)`` per call, in order; the first error is raised."""
-        out = []
-        for result in self._gather(calls, timeout=timeout, retry_s=retry_s):
-            if isinstance(result, BaseException):
-                raise result
-            out.append(result)
-        return out
+        """Send requests to their shards (pipelined) and wait for all, the engine's way
+        (:func:`~.engine.deliver`: a call whose connection broke is sent again, for up to
+        ``retry_s``, default the router's, if it was never written or its op may be
+        re-sent; else OutcomeUnknown). Returns ``(value, was_resent)`` per call, in order;
+        the first error is raised."""
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+        return self._drive(deliver(self, calls, deadline, timeout))
 
     def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
                 retry_s: float | None = None) -> list[Any]:
         """Like :meth:`_call_many`, but each call's error is returned in its place instead of
-        raised: ``(value, was_resent)`` or the exception, per call, in order.
+        raised: ``(value, was_resent)`` or the exception, per call, in order."""
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+        return self._drive(deliver(self, calls, deadline, timeout, errors=True))
 
-        The calls to one shard reach it in their order, also across a broken connection (a
-        batch cut into several requests keeps its per-key order): the first is sent as
-        :meth:`_send` does; the later ones only on the connection it went on. One that
-        finds that connection gone waits, unsent, and is sent again in its turn below,
-        after every call before it has been answered or has failed."""
-        now = time.monotonic()
-        deadline = now + (self.retry_s if retry_s is None else retry_s)
+    def _transmit(self, effect: Transmit) -> list[Any]:
+        """Do a :class:`~.engine.Transmit`: each call sent once, its value, its error or its
+        :class:`ConnectionLost` in its place. The calls to one shard reach it in their order:
+        the first is sent as :meth:`_send` does (connecting first); the later ones only on
+        the connection it went on, so one that finds that connection gone fails unsent, and
+        the engine sends it again after the calls before it."""
+        calls, deadline, timeout = effect
         wait_s = timeout or self.request_timeout_s
-        end = None if timeout is None else now + timeout  # ``timeout``: for all the calls together
+        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
         futs: list[Any] = []
         fut: Future | BaseException
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
@@ -229,70 +203,41 @@ class Router(Calls, SyncExecutor):
             futs.append(fut)
         results: list[Any] = []
         try:
-            for i, (s, op, args) in enumerate(calls):
-                resent = False
-                while not isinstance(futs[i], BaseException):
-                    sent: Future = futs[i]
-                    if not self.clients[s].wait(sent, wait_s if end is None else max(end - time.monotonic(), 0.0)):
-                        futs[i] = ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s")
-                        self.clients[s].forget(sent)  # nobody will read its reply
-                        break
-                    lost = sent.error
-                    if not isinstance(lost, ConnectionLost):
-                        break
-                    error = after_break(s, op, lost.sent, time.monotonic() >= deadline, lost)
-                    if error is not None:
-                        futs[i] = error
-                    else:
-                        resent = resent or lost.sent
-                        try:
-                            futs[i] = self._send(s, op, args, deadline)
-                        except ShardUnavailable as e:
-                            futs[i] = e
-                f = futs[i]
+            for (s, op, _), f in zip(calls, futs):
                 if isinstance(f, BaseException):
                     results.append(f)
-                elif f.error is not None:
-                    results.append(f.error)
+                elif not self.clients[s].wait(f, wait_s if end is None else max(end - self._mono(), 0.0)):
+                    self.clients[s].forget(f)  # nobody will read its reply
+                    results.append(ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s"))
                 else:
-                    results.append((f.value, resent))
+                    results.append(f.value if f.error is None else f.error)
         finally:
-            for (s, _, _), fut in zip(calls, futs):
-                if not isinstance(fut, BaseException) and not fut.done:
-                    self.clients[s].forget(fut)
+            for (s, _, _), f in zip(calls, futs):
+                if not isinstance(f, BaseException) and not f.done:
+                    self.clients[s].forget(f)
         return results
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
               with_resent: bool = False) -> Any:
-        """One request, its value or its error: :meth:`_gather`'s rules for a single call,
-        on the shortest path (most calls are one job at a time). ``with_resent``: return
-        ``(value, was_resent)``, as :meth:`_gather` does."""
+        """One request, its value or its error: :meth:`_call_many`'s rules for a single call,
+        on the shortest path (most calls are one job at a time): alone on the connection, it
+        is sent and read in this thread (``call_solo``); a broken connection, or company,
+        hands it to the engine (:func:`~.engine.deliver`). ``with_resent``: return
+        ``(value, was_resent)``."""
         client = self.clients[shard]
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        resent = False
-        lost: BaseException | None
-        while True:
-            # Alone on the connection: no future (call_solo answers SHARED when not connected).
-            solo: Any = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
-            if solo is SHARED:
-                fut = self._send(shard, op, args, deadline)
-                if not client.wait(fut, self.request_timeout_s):
-                    client.forget(fut)
-                    lost = TimeoutError()
-                else:
-                    value, lost = fut.value, fut.error
-            else:
-                value, lost = solo
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+        # Alone on the connection: no future (call_solo answers SHARED when not connected).
+        solo: Any = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
+        got = None
+        if solo is not SHARED:
+            value, lost = solo
             if lost is None:
-                return (value, resent) if with_resent else value
+                return (value, False) if with_resent else value
             if type(lost) is TimeoutError:
                 raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
-            if not isinstance(lost, ConnectionLost):
-                raise lost
-            error = after_break(shard, op, lost.sent, time.monotonic() >= deadline, lost)
-            if error is not None:
-                raise error
-            resent = resent or lost.sent
+            got = [lost]
+        [(value, resent)] = self._drive(deliver(self, [(shard, op, args)], deadline, got=got))
+        return (value, resent) if with_resent else value
 
     # ------------------------------------------------------------------ producing
     def _route(self, queue: str, key: str | None) -> int:
@@ -340,7 +285,7 @@ class Router(Calls, SyncExecutor):
         and forget the watches."""
         calls = effect.calls
         event = threading.Event()
-        now = time.monotonic()
+        now = self._mono()
         parked: list[tuple[int, Future]] = []
         for i, (shard, op, args) in enumerate(calls):
             try:
@@ -360,12 +305,12 @@ class Router(Calls, SyncExecutor):
             # A lease, an error or a broken connection ends the wait (the caller's next
             # round reaches a restarted shard again); so does the end of every shard's wait.
             if ((done and effect.first) or any(f.error is not None or f.value for f in done)
-                    or len(done) == len(parked) or time.monotonic() >= deadline):
+                    or len(done) == len(parked) or self._mono() >= deadline):
                 break
-            if not lead_any(clients, deadline - time.monotonic()):
+            if not lead_any(clients, deadline - self._mono()):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
-                event.wait(deadline - time.monotonic())
+                event.wait(deadline - self._mono())
         out: list[Any] = [None] * len(calls)
         for i, fut in parked:
             shard, op, args = calls[i]
@@ -409,7 +354,7 @@ class Router(Calls, SyncExecutor):
             # otherwise its reply (or its connection's end) is on the way: settle() runs
 
         try:
-            cancel = self._send(shard, "cancel_wait", [fut.rid], time.monotonic(), lead=False)
+            cancel = self._send(shard, "cancel_wait", [fut.rid], self._mono(), lead=False)
         except (ShardUnavailable, Closed):
             # Its connection broke (or the router closed): the waiting dequeue went with it.
             if once.acquire(blocking=False):
@@ -430,7 +375,7 @@ class Router(Calls, SyncExecutor):
         that cannot be sent expires by itself."""
         for lease in leases:
             try:
-                self._send(*release_call(lease), time.monotonic(), lead=False)
+                self._send(*release_call(lease), self._mono(), lead=False)
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 

@@ -666,15 +666,39 @@ def test_after_a_break_only_ops_that_may_be_resent_are_sent_again(scripted, conn
     f = scripted("drop", lambda o, args: answers[o] if o in answers else pytest.fail(f"{o} re-sent"))
     q = connect(f.dd.path, retry_s=5)
     if isinstance(outcome, type):
-        with pytest.raises(outcome, match="may or may not have been applied"):
+        with pytest.raises(outcome) as raised:
             call(q)
+        # the same decision (engine.deliver), so the same words on both clients
+        assert str(raised.value) == (f"shard 0: {op} was sent but the connection broke before its reply; "
+                                     "it may or may not have been applied")
         assert f.ops() == [op]  # sent once, never again
+        assert [len(c) for c in f.by_conn] == [1]
         assert isinstance(shardq.OutcomeUnknown("x"), shardq.ShardUnavailable)  # old handlers still catch it
     else:
         assert call(q) == outcome
         assert f.ops() == [op, op]
+        assert [len(c) for c in f.by_conn] == [1, 1]  # once on each connection: re-sent once, not more
         if op == "enqueue":
             assert f.requests[0][2] == f.requests[1][2]  # the same items and session: the shard dedups
+    assert left_pending(q) == 0
+
+
+def test_a_break_mid_call_resends_a_shards_requests_in_order_with_their_sessions(scripted, connect):
+    """A batch one shard gets as two requests (one over the job limit) whose connection
+    breaks after the shard read what was written: on the new connection both go again, in
+    the batch's order, each with the session (and items) it had, so the shard would answer
+    the ids of a first execution. Both clients re-send through the engine's one loop
+    (engine.deliver); the asyncio client used to re-queue in its connection."""
+    f = scripted("drop", ("serve", lambda op, args: list(range(len(args[0])))))
+    q = connect(f.dd.path, retry_s=5)
+    n = limits.BATCH_JOBS_MAX + 1
+    ids = q.enqueue_many([{"body": b"%d" % i, "key": "k"} for i in range(n)])
+    assert len(ids) == n
+    dropped, served = f.by_conn
+    assert [len(args[0]) for _, _, args in served] == [limits.BATCH_JOBS_MAX, 1]  # in the batch's order
+    assert dropped and [args for _, _, args in dropped] == [args for _, _, args in served][:len(dropped)]
+    sessions = [args[1] for _, _, args in served]
+    assert sessions[0] != sessions[1] and all(s is not None for s in sessions)
     assert left_pending(q) == 0
 
 

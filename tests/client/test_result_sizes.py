@@ -67,12 +67,12 @@ def test_the_asyncio_client_reads_the_same_sizes(kept):
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
             sent: list[str] = []
-            many = q._call_all
+            transmit = q._transmit
 
-            async def counted(calls):
-                sent.extend(_ops(calls))
-                return await many(calls)
-            q._call_all = counted
+            async def counted(effect):
+                sent.extend(_ops(effect.calls))
+                return await transmit(effect)
+            q._transmit = counted
             got = await q.results(ids + [ready], sizes=True)
             return got, sent
 

@@ -197,3 +197,40 @@ def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
     assert waited == [True] and fut.value == "reply"
     client.close()
     server.close()
+
+
+def test_the_router_and_its_connections_read_time_from_the_clock_they_are_given():
+    """Router and ShardClient take a Clock (shardq/clock.py) and read no time themselves:
+    with a clock on which every reading is 100 s after the last, a request whose
+    connection breaks finds its request timeout or its retry deadline (5 s each) passed
+    and is not sent again (ShardUnavailable); on the real clock the same break is re-sent
+    and answered."""
+    from shardq.clock import Clock
+    from shardq.client.router import Router
+
+    class Leaping(Clock):
+        t = 0.0
+
+        def now(self) -> float:
+            return 1e9
+
+        def monotonic(self) -> float:
+            self.t += 100.0
+            return self.t
+
+    for clock, outcome in ((Leaping(), shardq.ShardUnavailable), (None, [7])):
+        f = FakeShard(["drop", ("serve", lambda op, args: 7)])
+        q = Router(f.dd.path, retry_s=5, request_timeout_s=5, clock=clock)
+        try:
+            if outcome is shardq.ShardUnavailable:
+                with pytest.raises(shardq.ShardUnavailable):
+                    q.ping()
+                assert f.dropped.wait(5)
+                q.close()
+                assert f.ops() == ["ping"]  # sent once
+            else:
+                assert q.ping() == outcome
+                assert f.ops() == ["ping", "ping"]
+        finally:
+            q.close()
+            f.close()
