@@ -44,20 +44,27 @@ RECV_TIMEOUT_S = 30.0
 ALONE_QUEUE = "wake-parts-alone"  # enqueues timed with no consumer waiting
 
 
-def _consumer(data_dir: str, conn) -> None:
-    """Lease, ack and report (woke, got, body) for each job until the ``stop`` job."""
-    import shardq
-    from shardq.client.router import Router
+def _time_the_watch(woke: list[float]) -> None:
+    """Note in ``woke`` when a ``watch`` answers: the client engine's one watch, which both
+    clients run (this process only)."""
+    from shardq.client import engine
 
-    woke: list[float] = []
-    watch = Router._watch
+    watch = engine._watch
 
-    def timed_watch(self, queue, timeout):
-        shard = watch(self, queue, timeout)
+    def timed_watch(c, queue, timeout):
+        shard = yield from watch(c, queue, timeout)
         woke.append(time.monotonic())
         return shard
 
-    Router._watch = timed_watch  # this process only: it times the watch's answer
+    engine._watch = timed_watch
+
+
+def _consumer(data_dir: str, conn) -> None:
+    """Lease, ack and report (woke, got, body) for each job until the ``stop`` job."""
+    import shardq
+
+    woke: list[float] = []
+    _time_the_watch(woke)
     try:
         with shardq.connect(data_dir) as q:
             conn.send(("ready", None))
@@ -80,17 +87,9 @@ def _aio_consumer(data_dir: str, conn) -> None:
     import asyncio
 
     import shardq
-    from shardq.client.aio import AsyncQueue
 
     woke: list[float] = []
-    watch = AsyncQueue._watch
-
-    async def timed_watch(self, queue, timeout):
-        shard = await watch(self, queue, timeout)
-        woke.append(time.monotonic())
-        return shard
-
-    AsyncQueue._watch = timed_watch  # this process only: it times the watch's answer
+    _time_the_watch(woke)
 
     async def main():
         async with await shardq.aio.connect(data_dir) as q:
