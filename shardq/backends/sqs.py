@@ -61,6 +61,13 @@ BUFFER_MAX = 200            # stop receiving more while this many followers are 
 _SYS_ATTRS = sqs_dead.SYS_ATTRS
 
 
+def _receipt(lease: Lease) -> str:
+    """An sqs lease's token, its receipt handle; InvalidJob for any other token."""
+    if not isinstance(lease.token, str) or not lease.token:
+        raise InvalidJob(f"not an sqs lease token: {lease.token!r}")
+    return lease.token
+
+
 def _warn_overtaken(sent: list, failed: list) -> None:
     """Log each message group in which SQS accepted a message while failing an earlier one
     of the same SendMessageBatch on its side: the earlier one, re-sent, lands behind it, and
@@ -154,12 +161,11 @@ class SqsQueue:
 
     def _live(self, lease: Lease, now: float) -> Held | None:
         """The fence, checked locally before any request: raises LeaseLost/JobGone."""
-        if not isinstance(lease.token, str) or not lease.token:
-            raise InvalidJob(f"not an sqs lease token: {lease.token!r}")
+        token = _receipt(lease)
         with self._lock:
-            if lease.token in self._acked:
+            if token in self._acked:
                 raise JobGone(f"job {lease.job_id}: this lease was already acked")
-            held = self._leases.get(lease.token)
+            held = self._leases.get(token)
         deadline = held.deadline if held is not None else lease.deadline
         if deadline > 0 and now >= deadline:
             self._lost(lease, now)
@@ -168,9 +174,10 @@ class SqsQueue:
 
     def _lost(self, lease: Lease, now: float) -> None:
         """The lease ended without an ack: forget it; release its group's followers."""
+        token = _receipt(lease)
         with self._lock:
-            held = self._leases.pop(lease.token, None)
-            release = self._buffer.drop(held.queue, held.msg.group, lease.token, now) if held else []
+            held = self._leases.pop(token, None)
+            release = self._buffer.drop(held.queue, held.msg.group, token, now) if held else []
         self._release(release)
 
     def _release(self, held: list[Held], first: tuple[Held, int] | None = None) -> None:
@@ -325,9 +332,11 @@ class SqsQueue:
             by_queue.setdefault(h.queue, []).append(i)
         for queue, idx in by_queue.items():
             entries = [{"ReceiptHandle": held[i].msg.receipt, "VisibilityTimeout": seconds} for i in idx]
+
+            def fail(k: int, err: ShardqError, idx: list[int] = idx) -> None:
+                failed.add(idx[k])
             try:
-                self.api.batch("change_message_visibility_batch", self.api.queue(queue).url, entries,
-                               lambda k, e, idx=idx: failed.add(idx[k]))
+                self.api.batch("change_message_visibility_batch", self.api.queue(queue).url, entries, fail)
             except ShardqError as e:
                 log.warning("extending %d held messages failed: %s", len(idx), e)
                 failed.update(idx)
@@ -347,13 +356,14 @@ class SqsQueue:
         self._acked_ok(lease)
 
     def _acked_ok(self, lease: Lease) -> None:
+        token = _receipt(lease)
         with self._lock:
-            held = self._leases.pop(lease.token, None)
-            self._acked[lease.token] = None
+            held = self._leases.pop(token, None)
+            self._acked[token] = None
             while len(self._acked) > ACKED_MEMORY:
                 self._acked.popitem(last=False)
             if held is not None:
-                self._buffer.acked(held.queue, held.msg.group, lease.token, self._clock.now())
+                self._buffer.acked(held.queue, held.msg.group, token, self._clock.now())
 
     def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many (DeleteMessageBatch, 10 per request); per lease, None or the error."""
@@ -402,9 +412,10 @@ class SqsQueue:
                                   f"hides a message at most 12 h from its receipt ({allowed:.0f} s left)")
         if error:
             log.info("job %s attempt %s nacked: %s", lease.job_id, lease.attempt, error)
+        token = _receipt(lease)
         with self._lock:
-            self._leases.pop(lease.token, None)
-            followers = (self._buffer.drop(held.queue, held.msg.group, lease.token, now)
+            self._leases.pop(token, None)
+            followers = (self._buffer.drop(held.queue, held.msg.group, token, now)
                          if held is not None else [])
         try:
             self.api.call("change_message_visibility", QueueUrl=self._info(lease.queue).url,
@@ -425,7 +436,7 @@ class SqsQueue:
         held = self._live(lease, now)
         info = self._info(lease.queue)
         group = (held.msg.group if held is not None else None) or group_id(lease.key)
-        dedup = redrive_dedup_id(self.api.need_redrive_key(info), str(lease.job_id), "bury:" + lease.token,
+        dedup = redrive_dedup_id(self.api.need_redrive_key(info), str(lease.job_id), "bury:" + _receipt(lease),
                                  group, lease.key, lease.body)
         copy = encode(lease.body, lease.key, dedup, group=group, error=error)
         if copy.size > info.max_message_bytes:  # a body at the limit leaves no room for the text
@@ -456,7 +467,7 @@ class SqsQueue:
         with self._lock:
             if held is not None:
                 held.deadline = deadline
-                self._buffer.head_extended(held.queue, held.msg.group, lease.token, deadline)
+                self._buffer.head_extended(held.queue, held.msg.group, _receipt(lease), deadline)
         return lease._replace(deadline=deadline)
 
     # ------------------------------------------------------------------ the keeper thread

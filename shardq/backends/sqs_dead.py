@@ -134,18 +134,19 @@ def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None
                 else:
                     fresh.append(held)
             idle = 0 if fresh else idle + 1
-            take = [h for h in fresh if isinstance(h.msg, Incoming) and (wanted is None or h.msg.job_id in wanted)]
-            taken = {h.msg.message_id for h in take}
+            take = [(h, h.msg) for h in fresh
+                    if isinstance(h.msg, Incoming) and (wanted is None or h.msg.job_id in wanted)]
+            taken = {m.message_id for _, m in take}
             skipped.update((h.msg.message_id, h) for h in fresh if h.msg.message_id not in taken)
             if take:
                 try:
-                    _send_copies(api, info, [h.msg for h in take])
+                    _send_copies(api, info, [m for _, m in take])
                 except ShardqError:
-                    skipped.update((h.msg.message_id, h) for h in take)  # shown again below
+                    skipped.update((m.message_id, h) for h, m in take)  # shown again below
                     raise
-                for h in take:
-                    copied[h.msg.message_id] = h
-                    sent_jobs.add(h.msg.job_id)
+                for h, m in take:
+                    copied[m.message_id] = h
+                    sent_jobs.add(m.job_id)
             # Delete what was copied now, and copied letters received again (a new receipt).
             pending = [copied[m.message_id] for m in batch if m.message_id in copied]
             if pending:
@@ -164,7 +165,10 @@ def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None
         except ShardqError as e:  # they reappear when their hide ends
             log.warning("redrive: showing %d passed-over dead letters again failed: %s", len(skipped), e)
     if copied:
-        ids = ", ".join(sorted(h.msg.job_id for h in copied.values()))
+        # A letter received again decodes as before, unless the queue's redrive key went
+        # meanwhile (a Foreign then): its message id names it.
+        ids = ", ".join(sorted(h.msg.job_id if isinstance(h.msg, Incoming) else h.msg.message_id
+                               for h in copied.values()))
         raise ShardUnavailable(f"redrive of queue {info.name!r}: job(s) {ids} are back in the queue, but "
                                "their dead letters could not be deleted; a redrive within 5 minutes "
                                "adds no second copy (run it again now), a later one would")

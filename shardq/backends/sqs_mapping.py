@@ -31,6 +31,7 @@ import hmac
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -195,8 +196,9 @@ class Outgoing:
     dedup: str
     size: int
 
-    def entry(self) -> dict:
-        e = {"MessageBody": self.body, "MessageGroupId": self.group, "MessageDeduplicationId": self.dedup}
+    def entry(self) -> dict[str, Any]:
+        e: dict[str, Any] = {"MessageBody": self.body, "MessageGroupId": self.group,
+                             "MessageDeduplicationId": self.dedup}
         if self.attributes:
             e["MessageAttributes"] = self.attributes
         return e
@@ -216,9 +218,10 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
     InvalidJob for a key or dedup id that is not valid text; characters SQS refuses in a
     String attribute (NUL, a lone surrogate) in ``error`` become U+FFFD, since a bury must
     not fail over the text of the error that caused it."""
-    attrs: dict = {}
+    attrs: dict[str, Any] = {}
     if error:
         attrs[ATTR_ERROR] = {"DataType": "String", "StringValue": _NOT_SQS_TEXT.sub("\ufffd", error)}
+    text: str | None
     try:
         text = body.decode("utf-8")
         if _NOT_SQS_TEXT.search(text):
@@ -231,8 +234,11 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
     if key is not None:
         attrs[ATTR_KEY] = {"DataType": "Binary", "BinaryValue": _utf8(key, "key")}
     size = len(text.encode()) + sum(_attr_size(n, a) for n, a in attrs.items())
-    return Outgoing(text, attrs, group or group_id(key), dedup_id(key, dedup) if group is None else dedup,
-                    size)
+    if group is None:
+        group, dedup = group_id(key), dedup_id(key, dedup)
+    elif not isinstance(dedup, str):  # a copy's caller made its dedup id (redrive_dedup_id, foreign_dedup_id)
+        raise TypeError(f"a copy's dedup id is made by its caller, not {dedup!r}")
+    return Outgoing(text, attrs, group, dedup, size)
 
 
 @dataclass(frozen=True)
