@@ -46,6 +46,7 @@ import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -62,6 +63,9 @@ from .http_auth import Auth
 from . import http_listener
 from .http_listener import Listener, Request
 from .http_metrics import ShardqCollector
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 log = logging.getLogger("shardq.http")
 
@@ -504,8 +508,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-class _SocketWriter(io.RawIOBase):
-    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole)."""
+class _SocketWriter(io.BufferedIOBase):
+    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole),
+    so it writes all of ``b`` or raises, as a buffered writer does."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
@@ -513,6 +518,6 @@ class _SocketWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b: ReadableBuffer, /) -> int:
         self._sock.sendall(b)
-        return len(b)
+        return memoryview(b).nbytes
