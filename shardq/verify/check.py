@@ -37,8 +37,9 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
     rep = Report(counts=dict.fromkeys(FAILING, 0))
     invoked: dict[tuple, tuple[Enqueue, int | None]] = {}   # (key, seq) -> (op, id if ok)
     for op in enqueues:
+        ids = op.ids if op.outcome == "ok" else None  # an ok call's ids, in item order
         for i, item in enumerate(op.items):
-            invoked[tuple(item)] = (op, op.ids[i] if op.outcome == "ok" else None)
+            invoked[tuple(item)] = (op, None if ids is None else ids[i])
 
     # Effects by (key, seq), in commit order.
     applied: dict[tuple, list[Effect]] = defaultdict(list)
@@ -77,8 +78,8 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
     def order_check(included, count_as: str | None) -> int:
         last: dict[str, tuple[int, Effect]] = {}
         bad = 0
-        for e in sorted((effs[0] for effs in applied.values()), key=lambda e: e.order):
-            _, key, seq = parse_body(e.body)
+        for (key, seq), e in sorted(((kseq, effs[0]) for kseq, effs in applied.items()),
+                                    key=lambda ke: ke[1].order):
             if not included((key, seq)):
                 continue
             prev = last.get(key)

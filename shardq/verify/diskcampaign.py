@@ -39,12 +39,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..protocol import status_file
 from ..datadir import DataDir
 from ..errors import NotFound, ShardqError
-from ..service.supervisor import START_TIMEOUT_S, child_env
+from ..service.supervision import START_TIMEOUT_S
+from ..service.supervisor import child_env
 from ..wal.fileio import FAULT_SYNC_LOG_ENV
 from .diskfaults import Damage, apply, choose
 from .history import CLOCK
@@ -217,8 +220,8 @@ class Campaign:
         big = self.rng.random() < 0.15  # some records span several sectors and pages
         return self.rng.randbytes(self.rng.randint(600, 3000) if big else self.rng.randint(16, 300))
 
-    def _item(self) -> dict:
-        item = {"body": self._body()}
+    def _item(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"body": self._body()}
         if self.rng.random() < 0.6:
             item["key"] = f"k{self.rng.randrange(KEYS):02d}"
         if self.rng.random() < 0.2:
@@ -305,7 +308,7 @@ class Campaign:
         if service.poll() is not None:
             raise RuntimeError(f"shardq serve exited with {service.returncode}; see the service.log")
         chosen = None
-        with shardq.connect(self.data_dir, retry_s=5, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.data_dir, retry_s=5, request_timeout_s=10)) as q:
             for _ in range(ROUNDS_MAX):
                 self.workload_round(q)
                 self.wait_idle(q)
@@ -343,13 +346,13 @@ class Campaign:
         import shardq
         if proc.poll() is not None:
             return LOSS, f"the service exited with {proc.returncode}"
-        with shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10)) as q:
             shards = q.stats()["shards"]
             found = {i: self.found(q, i, sh) for i, sh in enumerate(shards) if sh.get("available")}
         return judge(shard, damage, shards, found)
 
     def expected(self, shard: int) -> dict[int, bytes]:
-        from ..client.router import shard_of_job
+        from ..client.routing import shard_of_job
         return {j: b for j, b in self.live.items() if shard_of_job(j) == shard}
 
     def found(self, q, shard: int, stats: dict) -> Found:
@@ -372,14 +375,14 @@ class Campaign:
         done = subprocess.run([sys.executable, "-m", "shardq.cli", "wal", "repair", shard_dir, "--force"],
                               capture_output=True, text=True, env=child_env(), timeout=300, check=False)
         said = (done.stdout + done.stderr).strip().splitlines()
-        result = {"rc": done.returncode, "said": said[-1] if said else "", "expected": len(self.expected(shard)),
-                  "back": 0, "started": False}
+        result: dict[str, Any] = {"rc": done.returncode, "said": said[-1] if said else "",
+                                  "expected": len(self.expected(shard)), "back": 0, "started": False}
         if done.returncode != 0:
             return result
         proc = self.start(self.fault_dir, f"fault-{index:04d}-repaired.log", hook=False)
         if proc.poll() is not None:
             return result
-        with shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10)) as q:
             sh = q.stats()["shards"][shard]
             if sh.get("available"):
                 got = self.found(q, shard, sh)

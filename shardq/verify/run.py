@@ -63,6 +63,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _target(f: Fault) -> int:
+    """The shard, worker or producer a fault acts on (every kind but a service kill names one)."""
+    if f.target is None:
+        raise ValueError(f"fault {f.kind} at {f.at_s:.1f} s names no target")
+    return f.target
+
+
 def _signal(pid: int, sig: int) -> bool:
     try:
         os.kill(pid, sig)
@@ -165,14 +172,21 @@ class Run:
                                     "--shards", str(self.a.shards)], "service.log")
         self._wait_ready()
 
+    @property
+    def _svc(self) -> subprocess.Popen[bytes]:
+        """The service process (started by :meth:`start_service`)."""
+        if self.service is None:
+            raise RuntimeError("the service is not started")
+        return self.service
+
     def _wait_ready(self, timeout: float = 60.0) -> None:
-        import shardq
+        from ..client.router import Router
         deadline = CLOCK.monotonic() + timeout
         while True:
-            if self.service.poll() is not None:
-                raise RuntimeError(f"shardq serve exited with {self.service.returncode}; see {self.log_path}")
+            if self._svc.poll() is not None:
+                raise RuntimeError(f"shardq serve exited with {self._svc.returncode}; see {self.log_path}")
             try:
-                with shardq.connect(self.data_dir, retry_s=0.5, request_timeout_s=2) as q:
+                with Router(self.data_dir, retry_s=0.5, request_timeout_s=2) as q:  # the local shards
                     q.ping()
                 return
             except (ShardqError, OSError):
@@ -183,15 +197,15 @@ class Run:
     def service_pids(self) -> list[int]:
         import psutil
         try:
-            return [self.service.pid] + [c.pid for c in psutil.Process(self.service.pid).children(recursive=True)]
+            return [self._svc.pid] + [c.pid for c in psutil.Process(self._svc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
-            return [self.service.pid]
+            return [self._svc.pid]
 
     def shard_pids(self) -> dict[int, int]:
         import psutil
         out = {}
         try:
-            for c in psutil.Process(self.service.pid).children():
+            for c in psutil.Process(self._svc.pid).children():
                 cmd = c.cmdline()
                 if "shardq.shard.process" in cmd and "--index" in cmd:
                     out[int(cmd[cmd.index("--index") + 1])] = c.pid
@@ -203,7 +217,7 @@ class Run:
         pids = self.service_pids()
         for pid in pids:
             _signal(pid, signal.SIGKILL)
-        self.service.wait()
+        self._svc.wait()
         self._wait_gone(pids)
 
     @staticmethod
@@ -308,7 +322,7 @@ class Run:
         not running, e.g. still restarting after an earlier fault)."""
         kind = f.kind
         if kind in ("kill_shard", "pause_shard"):
-            pid = self.shard_pids().get(f.target)
+            pid = self.shard_pids().get(_target(f))
             if pid is None:
                 self.skipped[kind] += 1
                 return f"skipped: shard {f.target} not running"
@@ -335,18 +349,20 @@ class Run:
             self.start_service()
             detail += f"restarted in {CLOCK.monotonic() - t0:.1f} s"
         elif kind == "kill_worker":
-            _signal(self.workers[f.target].pid, signal.SIGKILL)
-            self.workers[f.target].wait()
-            self.start_worker(f.target)
+            t = _target(f)
+            _signal(self.workers[t].pid, signal.SIGKILL)
+            self.workers[t].wait()
+            self.start_worker(t)
             detail = f"worker {f.target}"
         elif kind == KILL_PRODUCER:
-            proc = self.producers[f.target]
+            t = _target(f)
+            proc = self.producers[t]
             _signal(proc.pid, signal.SIGKILL)
             proc.wait()
-            self.producers[f.target] = self.start_producer(f.target, resume=True)
+            self.producers[t] = self.start_producer(t, resume=True)
             detail = f"producer {f.target}"
         elif kind == "pause_worker":
-            pid = self.workers[f.target].pid
+            pid = self.workers[_target(f)].pid
             _signal(pid, signal.SIGSTOP)
             self.sleep(f.seconds)
             _signal(pid, signal.SIGCONT)
@@ -482,7 +498,7 @@ class Run:
         return dict(statuses)
 
     def service_events(self) -> dict:
-        events = Counter()
+        events: Counter[str] = Counter()
         try:
             with open(self.log_path, errors="replace") as f:
                 for line in f:

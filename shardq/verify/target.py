@@ -14,6 +14,7 @@ bug has its own strict-xfail test (tests/consumer/test_contract.py); ``--worker-
 from __future__ import annotations
 
 import math
+from contextlib import closing
 
 
 def prepare(a) -> str | None:
@@ -33,7 +34,7 @@ def prepare(a) -> str | None:
         for line in init(Api(parse_target(a.target)), config):
             print(f"sqs init: {line}", flush=True)
         import shardq
-        with shardq.connect(a.target) as q:
+        with closing(shardq.connect(a.target)) as q:
             counts = q.stats()["queues"].get("default", {})
     except ShardqError as e:
         return f"{type(e).__name__}: {e}"
