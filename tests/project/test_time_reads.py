@@ -19,7 +19,6 @@ READS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_c
 ALLOWED = {
     "shardq/clock.py": 2,
     "shardq/backup/take.py": 2,
-    "shardq/busypoll.py": 1,
     "shardq/cli/backup.py": 2,
     "shardq/client/connection.py": 8,
     "shardq/client/router.py": 13,
