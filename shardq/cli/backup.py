@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 
+from ..clock import Clock, SystemClock
 from . import common, exits
 
 
@@ -38,11 +38,12 @@ def files(n: int) -> str:
     return f"{n} file" if n == 1 else f"{n} files"
 
 
-def run_backup(args) -> int:
+def run_backup(args, clock: Clock | None = None) -> int:
     from ..backup.take import backup
-    t0 = time.monotonic()
-    m = backup(common.target(args), args.dest)
-    seconds = time.monotonic() - t0
+    clock = clock or SystemClock()
+    t0 = clock.monotonic()
+    m = backup(common.target(args), args.dest, clock)
+    seconds = clock.monotonic() - t0
     dest = os.path.abspath(args.dest)
     for c in m.cuts:
         print(f"shard {c.shard}: cut at {when(c.time)}: {c.segment} up to byte {c.offset} (write {c.write}, "

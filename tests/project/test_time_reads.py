@@ -18,8 +18,6 @@ READS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_c
 #: file -> how many time reads it still has (the to-do list; clock.py is the one place meant for them)
 ALLOWED = {
     "shardq/clock.py": 2,
-    "shardq/backup/take.py": 2,
-    "shardq/cli/backup.py": 2,
     "shardq/client/connection.py": 8,
     "shardq/client/router.py": 13,
     "shardq/consumer/idempotency.py": 2,
