@@ -43,6 +43,7 @@ from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
 from collections.abc import Callable, Iterable
 
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..errors import InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
 from ..types import JobId
 from . import body as taskbody
@@ -196,10 +197,12 @@ class App:
     ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``shardq.App.embedded()``
     starts a private service in a temp dir and ``shardq.App.run_worker()`` runs the tasks in
     this process (tests; shardq/service/embedded.py, a layer that may start a service and
-    run a worker). Import a module of tasks and nothing connects.
+    run a worker). Import a module of tasks and nothing connects. ``clock`` times the waits
+    of :meth:`result` and of its workflows' ``result`` (the system clock by default).
     """
 
-    def __init__(self, target: str | None = None, *, router: Queue | None = None, config=None):
+    def __init__(self, target: str | None = None, *, router: Queue | None = None, config=None,
+                 clock: Clock | None = None):
         if (target is None) == (router is None):
             raise InvalidConfig("App needs a target (a data dir) or router=, not both")
         from .. import config as config_mod
@@ -208,6 +211,7 @@ class App:
         #: ``max_deliveries`` when it is declared, not only when a worker starts
         self.config = None if config is None else config_mod.load(config)
         self.target = target
+        self.clock = clock or SystemClock()
         self._queue = router
         self._owns_queue = router is None  # a router given to us is the caller's to close
         self._aio: dict[Any, Any] = {}  # event loop -> its asyncio client
@@ -326,28 +330,28 @@ class App:
         ``timeout`` seconds, NotFound if its result is gone (not kept, or expired)."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
         q = _results_of(self.queue)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             (r,) = q.results([job_id])
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})", self.clock)
             time.sleep(wait)
 
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
         """As :meth:`result`, with this loop's asyncio client."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
         q = _results_of(await self.aio())
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             (r,) = await q.results([job_id])
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})", self.clock)
             await asyncio.sleep(wait)
 
     async def aclose(self) -> None:

@@ -40,6 +40,7 @@ from collections.abc import Generator, Iterable
 import msgpack
 
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, WorkflowCancelled
 from . import body as taskbody
 from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Verdict, status_rows, step_jobs, verdict,
@@ -406,6 +407,10 @@ class Workflow:
         self.finals, self.first_ids, self.single = finals, first_ids, single
         self._queue = queue
 
+    def _clock(self) -> Clock:
+        """The clock its waits are timed by: the app's (a workflow loaded without one: the system's)."""
+        return self.app.clock if self.app is not None else SystemClock()
+
     @property
     def queue(self) -> Any:
         """The client it looks with: the app's, or the one it was loaded with."""
@@ -555,28 +560,28 @@ class Workflow:
         once: JobFailed if a step was dead-lettered (or purged since, or its result is
         gone), WorkflowCancelled if it was cancelled (``cancel()``, or a step's job
         cancelled); both name the step. TimeoutError if it runs past ``timeout`` seconds."""
-        q = self.queue
-        deadline = None if timeout is None else time.monotonic() + timeout
+        q, clock = self.queue, self._clock()
+        deadline = None if timeout is None else clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             done, value = _drive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, f"workflow {self.id}")
+            wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
             time.sleep(wait)
 
     async def result_async(self, timeout: float | None = None) -> Any:
         """As :meth:`result`, with the app's asyncio client (``await wf.result_async()``)."""
         if self.app is None:
             raise TypeError("result_async needs a workflow sent or loaded with an App (Workflow.load(app, id))")
-        q = await self.app.aio()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        q, clock = await self.app.aio(), self.app.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             done, value = await _adrive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, f"workflow {self.id}")
+            wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
             await asyncio.sleep(wait)
 
     def cancel(self) -> dict:
@@ -669,11 +674,12 @@ def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict:
             "steps_by_state": by_state, "steps": rows[:steps_max], "steps_shown": min(len(rows), steps_max)}
 
 
-def _next_wait(wait: float, deadline: float | None, what: str) -> float:
-    """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline);
-    TimeoutError (``"<what> not done in time"``) once the deadline has passed."""
+def _next_wait(wait: float, deadline: float | None, what: str, clock: Clock) -> float:
+    """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline,
+    a reading of ``clock``'s monotonic time); TimeoutError (``"<what> not done in time"``)
+    once the deadline has passed."""
     if deadline is not None:
-        left = deadline - time.monotonic()
+        left = deadline - clock.monotonic()
         if left <= 0:
             raise TimeoutError(f"{what} not done in time")
         return min(wait * 2, POLL_MAX_S, left)

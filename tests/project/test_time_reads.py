@@ -21,8 +21,6 @@ ALLOWED = {
     "shardq/client/connection.py": 8,
     "shardq/client/router.py": 13,
     "shardq/consumer/idempotency.py": 2,
-    "shardq/tasks/app.py": 2,
-    "shardq/tasks/workflow.py": 3,
 }
 
 
