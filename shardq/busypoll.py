@@ -83,7 +83,8 @@ class BusyPoll:
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
 
-    def spin(self, poll: Callable[[int], list], others: Sized = (), limit_s: float | None = None) -> list:
+    def spin(self, poll: Callable[[int], list[tuple[int, int]]], others: Sized = (),
+             limit_s: float | None = None) -> list[tuple[int, int]]:
         """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's) until it reports
         something ready, and return what it reported; or return [] once the budget (or
         ``limit_s``, if shorter) is spent or ``others`` (a connection's pending requests of

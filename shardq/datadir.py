@@ -25,6 +25,7 @@ import os
 import secrets
 import stat
 import time
+from typing import Any
 
 from . import limits
 from .clock import Clock, SystemClock
@@ -48,7 +49,7 @@ _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DataDir:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = os.path.abspath(os.fspath(path))
 
     # layout
@@ -140,10 +141,10 @@ class DataDir:
     def exists(self) -> bool:
         return os.path.exists(os.path.join(self.path, META))
 
-    def _meta(self) -> dict:
+    def _meta(self) -> dict[str, Any]:
         try:
             with open(os.path.join(self.path, META)) as f:
-                meta = json.load(f)
+                meta: dict[str, Any] = json.load(f)
         except FileNotFoundError:
             raise NotADataDir(f"{self.path} is not a shardq data dir (no {META}); "
                                 "start `shardq serve` on it first") from None

@@ -392,12 +392,12 @@ def status(dsn: str, table: str = TABLE_DEFAULT) -> dict[str, Any]:
     (a relay died or failed mid-batch) and the oldest such attempt, rows rejected."""
     t = pgconn.TableName(table)
     with pgconn.connect(dsn, what=f"outbox ({table})") as conn:
-        pending, oldest = conn.execute(
+        pending, oldest = pgconn.one_row(conn.execute(
             f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(created_at))::float8 "
-            f"FROM {t.q()}").fetchone()
-        attempted, oldest_attempt = conn.execute(
+            f"FROM {t.q()}"))
+        attempted, oldest_attempt = pgconn.one_row(conn.execute(
             f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(first_at))::float8 "
-            f"FROM {t.q('_attempts')}").fetchone()
-        rejected = conn.execute(f"SELECT count(*) FROM {t.q('_rejected')}").fetchone()[0]
+            f"FROM {t.q('_attempts')}"))
+        (rejected,) = pgconn.one_row(conn.execute(f"SELECT count(*) FROM {t.q('_rejected')}"))
     return {"table": table, "pending": pending, "oldest_s": oldest, "attempted": attempted,
             "oldest_attempt_s": oldest_attempt, "rejected": rejected}
