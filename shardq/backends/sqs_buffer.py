@@ -42,7 +42,7 @@ class Held:
 @dataclass
 class _Group:
     head: Held | None                     # handed out, not yet acked; None: available
-    followers: deque = field(default_factory=deque)
+    followers: deque[Held] = field(default_factory=deque)
     available_since: float | None = None
 
 

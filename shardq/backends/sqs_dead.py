@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, ShardqError, ShardUnavailable
-from ..types import DeadLetter
+from ..types import DeadLetter, JobId
 from .sqs_client import Api, QueueInfo, chunks_by_size
 from .sqs_mapping import (ATTR_ERROR, Foreign, Incoming, decode, encode, foreign_dedup_id,
                           redrive_dedup_id)
@@ -69,13 +70,13 @@ def _scan(api: Api, info: QueueInfo, limit: int) -> Iterator[Incoming | Foreign]
             yield m
 
 
-def _show_again(api: Api, info: QueueInfo, msgs: list) -> None:
+def _show_again(api: Api, info: QueueInfo, msgs: Sequence[Incoming | Foreign]) -> None:
     if msgs:
         api.batch("change_message_visibility_batch", info.dlq_url,
                   [{"ReceiptHandle": m.receipt, "VisibilityTimeout": 0} for m in msgs], lambda i, e: None)
 
 
-def _delete(api: Api, info: QueueInfo, msgs: list) -> set[int]:
+def _delete(api: Api, info: QueueInfo, msgs: Sequence[Incoming | Foreign]) -> set[int]:
     """Delete dead letters; returns the indexes of those that were not deleted."""
     failed: set[int] = set()
     api.batch("delete_message_batch", info.dlq_url, [{"ReceiptHandle": m.receipt} for m in msgs],
@@ -96,7 +97,7 @@ def list_dead(api: Api, info: QueueInfo, limit: int) -> list[DeadLetter]:
     return [_letter(m, info) for m in msgs]
 
 
-def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None = None) -> int:
+def redrive(api: Api, info: QueueInfo, job_ids: Iterable[JobId] | None, clock: Clock | None = None) -> int:
     """Move dead letters (all, or ``job_ids``) back; returns how many moved. Returns only
     once each letter it copied is deleted from the dead-letter queue; if one cannot be (its
     copy is in the queue), raises :class:`ShardUnavailable` naming its job id."""
@@ -195,7 +196,7 @@ def _send_copies(api: Api, info: QueueInfo, take: list[Incoming]) -> None:
     secret = api.need_redrive_key(info)
     copies = [encode(m.body, m.key, redrive_dedup_id(secret, m.job_id, m.message_id, m.group, m.key, m.body),
                      group=m.group) for m in take]
-    errors: list = []
+    errors: list[ShardqError] = []
     for chunk in chunks_by_size(copies, lambda c: c.size, limits.SQS_BATCH_ENTRIES_MAX,
                                 limits.SQS_BATCH_BYTES_MAX):
         api.batch("send_message_batch", info.url, [c.entry() for c in chunk], lambda i, e: errors.append(e))
@@ -229,7 +230,7 @@ def move_foreign(api: Api, info: QueueInfo, foreign: list[Foreign]) -> None:
                         "received again", info.name, f.message_id, e)
 
 
-def _resendable(attr) -> dict | None:
+def _resendable(attr: object) -> dict[str, Any] | None:
     """A received message attribute in the form SendMessage takes, or None."""
     if not isinstance(attr, dict) or not isinstance(attr.get("DataType"), str):
         return None

@@ -92,7 +92,7 @@ def parse_target(target: str) -> Target:
     return Target(parts.netloc, prefix, endpoint)
 
 
-def queue_names(prefix: str, queue) -> tuple[str, str]:
+def queue_names(prefix: str, queue: object) -> tuple[str, str]:
     """(FIFO queue name, its dead-letter queue's name) of shardq queue ``queue``."""
     if not isinstance(queue, str) or not _QUEUE_PART.fullmatch(queue):
         raise InvalidJob(f"queue {queue!r}: on the sqs backend a queue name is letters, digits and '-'")
@@ -153,7 +153,7 @@ _REDRIVE = re.compile(rf"^r([\x21-\x2d\x2f-\x7e]{{1,{REDRIVE_JOB_ID_CHARS_MAX}}}
                       rf"\.([0-9a-f]{{{REDRIVE_MAC_CHARS}}})$")
 
 
-def parse_redrive_key(value) -> bytes | None:
+def parse_redrive_key(value: object) -> bytes | None:
     """The redrive key from its tag value, or None when it is missing or malformed."""
     if not isinstance(value, str) or len(value) != 2 * REDRIVE_KEY_BYTES or value.strip(_HEX):
         return None
@@ -191,7 +191,7 @@ class Outgoing:
     """One message ready for SendMessage(Batch), with its size as SQS counts it."""
 
     body: str
-    attributes: dict
+    attributes: dict[str, Any]
     group: str
     dedup: str
     size: int
@@ -204,7 +204,7 @@ class Outgoing:
         return e
 
 
-def _attr_size(name: str, attr: dict) -> int:
+def _attr_size(name: str, attr: dict[str, Any]) -> int:
     value = attr.get("BinaryValue")
     if value is None:
         value = attr["StringValue"].encode()
@@ -263,13 +263,13 @@ class Foreign:
     receipt: str
     group: str
     text: str            # the MessageBody as received
-    attributes: dict     # the message attributes as received
+    attributes: dict[str, Any]  # the message attributes as received
     attempt: int
     reason: str
     error: str | None = None  # a String ``shardq.error`` it carries (a moved one's reason)
 
 
-def _binary(attrs: dict, name: str) -> bytes | None:
+def _binary(attrs: dict[str, Any], name: str) -> bytes | None:
     attr = attrs.get(name)
     if attr is None:
         return None
@@ -279,7 +279,7 @@ def _binary(attrs: dict, name: str) -> bytes | None:
     return bytes(value)
 
 
-def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *,
+def decode(msg: dict[str, Any], secret: Callable[[], bytes | None], max_body_bytes: int, *,
            dead: bool = False) -> Incoming | Foreign:
     """A received message as shardq wrote it, or :class:`Foreign` with the reason; never
     raises for what a sender put in the message. ``secret`` returns the queue's redrive
@@ -331,7 +331,7 @@ def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *
     return Incoming(job_id, msg["MessageId"], key, body, attempt, group, msg["ReceiptHandle"], error)
 
 
-def _job_id(message_id: str, dedup, secret: Callable[[], bytes | None], group: str, key: str | None,
+def _job_id(message_id: str, dedup: object, secret: Callable[[], bytes | None], group: str, key: str | None,
             body: bytes, dead: bool) -> str:
     """The job id a message's dedup id gives it: its own message id, or, for a redriven or
     buried copy whose mac verifies, the id it carries."""
