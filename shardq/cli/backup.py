@@ -1,6 +1,8 @@
 """``shardq backup DEST`` and ``shardq restore BACKUP --data-dir NEW`` (docs/backup.md)."""
 from __future__ import annotations
 
+import argparse
+
 import datetime
 import os
 
@@ -8,7 +10,7 @@ from ..clock import Clock, SystemClock
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     b = sub.add_parser("backup", parents=[parent],
                        help="copy every shard of the running service into DEST, consistently, while it serves",
                        description="Take a cut of every shard of the service running on --data-dir and copy its "
@@ -38,7 +40,7 @@ def files(n: int) -> str:
     return f"{n} file" if n == 1 else f"{n} files"
 
 
-def run_backup(args, clock: Clock | None = None) -> int:
+def run_backup(args: argparse.Namespace, clock: Clock | None = None) -> int:
     from ..backup.take import backup
     clock = clock or SystemClock()
     t0 = clock.monotonic()
@@ -53,7 +55,7 @@ def run_backup(args, clock: Clock | None = None) -> int:
     return exits.OK
 
 
-def run_restore(args) -> int:
+def run_restore(args: argparse.Namespace) -> int:
     from ..backup.restore import restore
     if os.path.lexists(args.backup) and not os.path.isdir(args.backup):
         from ..errors import UsageError
