@@ -13,11 +13,12 @@ bug has its own strict-xfail test (tests/consumer/test_contract.py); ``--worker-
 """
 from __future__ import annotations
 
+import argparse
 import math
 from contextlib import closing
 
 
-def prepare(a) -> str | None:
+def prepare(a: argparse.Namespace) -> str | None:
     """Create the target's queue for the run; a reason it cannot be used, or None."""
     from ..backends import for_target
     from ..config import parse
