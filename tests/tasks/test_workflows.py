@@ -603,6 +603,23 @@ def test_result_waits_are_timed_by_the_apps_clock(fresh):
             asyncio.run(main())
 
 
+def test_an_app_made_with_a_router_refuses_asyncio_calls_with_a_typed_error(fresh):
+    # It has no data dir to connect an asyncio client to: this was a TypeError from deep
+    # inside the data dir code.
+    @fresh.task(keep_result=60, queue="nobody")
+    def idle(ctx):
+        return 1
+
+    job_id = idle.send()
+    borrowed = shardq.App(router=fresh.queue)
+
+    async def main():
+        return await borrowed.result_async(job_id, timeout=1)
+
+    with pytest.raises(shardq.InvalidConfig, match="router="):
+        asyncio.run(main())
+
+
 def test_a_step_cancelled_while_it_runs_that_finishes_and_reports_lets_its_workflow_go_on(fresh):
     started, release = threading.Event(), threading.Event()
 
