@@ -48,7 +48,7 @@ running on the default config)::
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import (AuthError, Cancelled, Closed, CorruptLog, DataDirLocked, Fail, InvalidConfig,
                      InvalidJob, JobGone, LeaseLost, LogFailed, NotADataDir, NotFound, OutcomeUnknown,
@@ -96,14 +96,14 @@ __all__ = [
 ]
 
 
-def open(data_dir, shards: int | None = None, config=None, **router_options) -> Router:  # noqa: A001 - shardq.open is the public API name (shadows the builtin inside this module only)
+def open(data_dir: str, shards: int | None = None, config: Any = None, **router_options: Any) -> Router:  # noqa: A001 - shardq.open is the public API name (shadows the builtin inside this module only)
     """Start the service embedded in this process (supervisor thread + shard processes) and
     return a router to it; ``close()`` stops both. ``config``: dict, TOML path, or None."""
     from .service.embedded import open_service
     return open_service(data_dir, shards, config, **router_options)
 
 
-def connect(target, **options) -> Queue:
+def connect(target: Any, **options: Any) -> Queue:
     """A client of the queue service at ``target``: the data dir of a running ``shardq
     serve`` (a path), or ``sqs://<region>/<prefix>[?endpoint=URL]`` (Amazon SQS FIFO,
     ``pip install shardq[sqs]``). Every backend returns a :class:`Queue`."""
@@ -111,7 +111,7 @@ def connect(target, **options) -> Queue:
     return connect_target(target, **options)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     try:
         module, attribute = _LAZY[name]
     except KeyError:
@@ -124,5 +124,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))

@@ -23,9 +23,9 @@ counts as received, are not.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sized
 
+from .clock import Clock, SystemClock
 from .errors import InvalidConfig
 
 #: The default budget: about one fdatasync of a small record on the VMs measured, so that an
@@ -49,17 +49,19 @@ def usable_cpus() -> int:
 
 class BusyPoll:
     """The busy-poll policy of one connection (used by one caller at a time: the solo path
-    holds the connection's read lock), or of one shard's loop."""
+    holds the connection's read lock), or of one shard's loop. ``clock``: its monotonic
+    reading times the spin; a real one (the default), since a spin waits in real time."""
 
-    __slots__ = ("budget_s", "_average_s", "_shared")
+    __slots__ = ("budget_s", "_average_s", "_shared", "_clock")
 
-    def __init__(self, budget_us: int = BUSY_POLL_US_DEFAULT):
+    def __init__(self, budget_us: int = BUSY_POLL_US_DEFAULT, clock: Clock | None = None):
         if type(budget_us) is not int or not 0 <= budget_us <= BUSY_POLL_US_MAX:
             raise InvalidConfig(f"busy_poll_us must be an int from 0 (off) to {BUSY_POLL_US_MAX}, "
                                 f"got {budget_us!r}")
         self.budget_s = budget_us / 1e6 if usable_cpus() > 1 else 0.0
         self._average_s = 0.0
         self._shared = 0.0  # moving share of recent calls that found the connection in use
+        self._clock = clock or SystemClock()
 
     def wanted(self) -> bool:
         """Poll without sleeping for this call: on, recent replies came within the budget,
@@ -81,14 +83,15 @@ class BusyPoll:
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
 
-    def spin(self, poll: Callable[[int], list], others: Sized = (), limit_s: float | None = None) -> list:
+    def spin(self, poll: Callable[[int], list[tuple[int, int]]], others: Sized = (),
+             limit_s: float | None = None) -> list[tuple[int, int]]:
         """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's) until it reports
         something ready, and return what it reported; or return [] once the budget (or
         ``limit_s``, if shorter) is spent or ``others`` (a connection's pending requests of
         other threads) is no longer empty: the caller is no longer alone, and sleeps as the
         general path's callers do. Between calls it yields the CPU, so that any other
         runnable thread or process goes first."""
-        clock = time.monotonic
+        clock = self._clock.monotonic
         end = clock() + (self.budget_s if limit_s is None else min(self.budget_s, limit_s))
         while True:
             ready = poll(0)

@@ -12,7 +12,7 @@ class CountedCondition(threading.Condition):
     on return), so a thread that holds the lock and reads 0 knows nobody can miss the
     signal."""
 
-    def __init__(self, lock) -> None:
+    def __init__(self, lock: threading.Lock | threading.RLock) -> None:
         super().__init__(lock)
         self.waiters = 0
 

@@ -133,16 +133,18 @@ def rate_per_s(path: str, value: Any) -> float:
 
 
 def _rate(path: str, value: Any) -> str:
-    rate_per_s(path, value)
-    return value.strip()
+    rate_per_s(path, value)  # a str, or InvalidConfig
+    return str(value).strip()
 
 
 def _concurrency(path: str, value: Any) -> int:
-    return _number(path, value, integer=True, lo=1, hi=limits.CONCURRENCY_MAX)
+    n: int = _number(path, value, integer=True, lo=1, hi=limits.CONCURRENCY_MAX)
+    return n
 
 
 def _burst(path: str, value: Any) -> float:
-    return _number(path, value, integer=False, lo=1, hi=limits.BURST_MAX)
+    x: float = _number(path, value, integer=False, lo=1, hi=limits.BURST_MAX)
+    return x
 
 
 def _separator(path: str, value: Any) -> str:
@@ -287,13 +289,13 @@ def _number(path: str, value: Any, *, integer: bool, lo: float, hi: float) -> An
     return value if integer else float(value)
 
 
-_QUEUE_BOUNDS = {
+_QUEUE_BOUNDS: dict[str, tuple[bool, float, float]] = {
     "visibility_timeout": (False, 0.001, limits.VISIBILITY_TIMEOUT_S_MAX),
     "max_deliveries": (True, 1, 1_000_000),
     "dedup_window": (False, 0, 7 * 24 * 3600.0),
     "max_body_bytes": (True, 1, limits.BODY_BYTES_MAX_CEILING),
 }
-_SERVICE_BOUNDS = {
+_SERVICE_BOUNDS: dict[str, tuple[bool, float, float]] = {
     "shards": (True, 0, limits.SHARDS_MAX),
     "health_timeout": (False, 0.1, 3600.0),
     "restart_backoff_max": (False, 0.5, 3600.0),
@@ -305,7 +307,7 @@ _SERVICE_REMOVED = {
                      "exponential backoff (service.restart_backoff_max); remove this key",
     "restart_window": "see service.restart_backoff_max; remove this key",
 }
-_LIMITS_BOUNDS = {
+_LIMITS_BOUNDS: dict[str, tuple[bool, float, float]] = {
     "max_pending_jobs": (True, 1, 10**9),
     "max_dedup_ids": (True, 1, 10**9),
     "max_connections": (True, 1, 2**20),
@@ -317,13 +319,14 @@ _LIMITS_BOUNDS = {
 def _lease_sync(path: str, value: Any) -> str:
     if value not in LEASE_SYNC_CHOICES:
         raise InvalidConfig(f"{path}: expected one of {', '.join(map(repr, LEASE_SYNC_CHOICES))}, got {value!r}")
-    return value
+    return str(value)
 
 
 _QUEUE_CHOICES: dict[str, Any] = {"lease_sync": _lease_sync}  # and the limits, once their checkers are defined
 
 
-def _section(path: str, raw: Any, base: Any, bounds: dict, extra: dict | None = None) -> Any:
+def _section(path: str, raw: Any, base: Any, bounds: dict[str, tuple[bool, float, float]],
+             extra: dict[str, Any] | None = None) -> Any:
     if not isinstance(raw, dict):
         raise InvalidConfig(f"{path}: expected a table, got {raw!r}")
     values = {}
@@ -360,14 +363,15 @@ def _modules(path: str, value: Any) -> tuple[str, ...]:
 
 
 def _every(path: str, value: Any) -> float:
-    return _number(path, value, integer=False, lo=1.0, hi=366 * 86400.0)
+    x: float = _number(path, value, integer=False, lo=1.0, hi=366 * 86400.0)
+    return x
 
 
 def _schedule(name: Any, raw: Any) -> ScheduleConfig:
     where = f"schedules.{name}"
     if not isinstance(name, str) or not name:
         raise InvalidConfig(f"{where}: a schedule name must be a non-empty string")
-    sc = _section(where, raw, ScheduleConfig(), {}, {
+    sc: ScheduleConfig = _section(where, raw, ScheduleConfig(), {}, {
         "cron": _string, "every_s": _every, "task": _string, "body": _string, "queue": _string,
         "key": _string, "timezone": _string, "catch_up": _boolean})
     if (sc.cron is None) == (sc.every_s is None):
@@ -468,7 +472,7 @@ def split_listen(value: str, path: str = "http.listen") -> tuple[str, int]:
 def _http_auth(path: str, value: Any) -> str:
     if value not in HTTP_AUTH_MODES:
         raise InvalidConfig(f"{path}: expected one of {', '.join(map(repr, HTTP_AUTH_MODES))}, got {value!r}")
-    return value
+    return str(value)
 
 
 def _check_http(http: HttpConfig) -> None:
@@ -540,7 +544,7 @@ def _token(path: str, value: Any) -> str:
     return value
 
 
-def load(source: str | os.PathLike | dict | Config | None) -> Config:
+def load(source: str | os.PathLike[str] | dict[str, Any] | Config | None) -> Config:
     """A :class:`Config` from a TOML path, a dict of the same schema, or None (defaults)."""
     if source is None:
         return Config()

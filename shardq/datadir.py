@@ -25,8 +25,10 @@ import os
 import secrets
 import stat
 import time
+from typing import Any
 
 from . import limits
+from .clock import Clock, SystemClock
 from .config import HTTP_TOKEN_CHARS_MIN
 from .errors import (AuthError, DataDirLocked, DataDirNotWritable, InvalidConfig, NotADataDir,
                      ServiceNotRunning, ShardCountMismatch)
@@ -47,7 +49,7 @@ _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DataDir:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = os.path.abspath(os.fspath(path))
 
     # layout
@@ -139,10 +141,10 @@ class DataDir:
     def exists(self) -> bool:
         return os.path.exists(os.path.join(self.path, META))
 
-    def _meta(self) -> dict:
+    def _meta(self) -> dict[str, Any]:
         try:
             with open(os.path.join(self.path, META)) as f:
-                meta = json.load(f)
+                meta: dict[str, Any] = json.load(f)
         except FileNotFoundError:
             raise NotADataDir(f"{self.path} is not a shardq data dir (no {META}); "
                                 "start `shardq serve` on it first") from None
@@ -197,21 +199,23 @@ class DataDir:
         return DataDirNotWritable(f"the data dir {self.path} must be writable by this user "
                                   f"(uid {os.geteuid()}): {e.strerror}: {e.filename or self.path}")
 
-    def lock(self, name: str) -> int:
+    def lock(self, name: str, clock: Clock | None = None) -> int:
         """Take an exclusive lock file and write this process's PID into it, or raise
-        DataDirLocked naming the PID of the process that holds it."""
+        DataDirLocked naming the PID of the process that holds it (after a short wait, timed
+        by ``clock``'s monotonic reading, the system clock by default)."""
+        clock = clock or SystemClock()
         path = os.path.join(self.path, name)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise self._not_writable(e) from None
-        deadline = time.monotonic() + LOCK_PROBE_WAIT_S
+        deadline = clock.monotonic() + LOCK_PROBE_WAIT_S
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if clock.monotonic() >= deadline:
                     holder = _pid_in(fd)
                     os.close(fd)
                     who = f" (pid {holder})" if holder else ""
@@ -241,16 +245,18 @@ class DataDir:
             os.close(fd)  # releases the shared lock, if it was taken
         return False
 
-    def require_service(self, grace_s: float = SERVICE_START_GRACE_S) -> None:
+    def require_service(self, grace_s: float = SERVICE_START_GRACE_S, clock: Clock | None = None) -> None:
         """Return at once if a service runs on this data dir; raise ServiceNotRunning,
         within ``grace_s``, if its supervisor lock stays free. The router and the asyncio
         client call it when they are created, so a command against a stopped service fails
         in under a second instead of retrying for ``retry_s``. A data dir no supervisor has
         served yet (no lock file: one being created now, or shards a test runs alone) is
-        left to the client's own retrying."""
-        deadline = time.monotonic() + grace_s
+        left to the client's own retrying. ``grace_s`` is timed by ``clock`` (the system clock
+        by default)."""
+        clock = clock or SystemClock()
+        deadline = clock.monotonic() + grace_s
         while self.service_running() is False:
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise ServiceNotRunning(f"no shardq service is running on {self.path}: start it with "
                                         f"shardq serve --data-dir {self.path}")
             time.sleep(_POLL_S)  # a polled deadline: a supervisor may be taking its lock now

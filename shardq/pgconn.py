@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from .clock import Clock
 from .errors import InvalidConfig, StoreUnavailable
+
+if TYPE_CHECKING:
+    from psycopg import Connection, Cursor
 
 CONNECT_TIMEOUT_S = 10      # libpq connect_timeout for every connection shardq opens
 RECONNECT_S_DEFAULT = 30.0  # how long a lost connection is retried before StoreUnavailable
@@ -28,7 +32,7 @@ _RETRY_S_MIN, _RETRY_S_MAX = 0.05, 2.0
 _TABLE = re.compile(r"^(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-9_]{0,53})$")
 
 
-def psycopg():
+def psycopg() -> ModuleType:
     """The psycopg module, or InvalidConfig saying how to install it."""
     try:
         import psycopg as mod
@@ -79,15 +83,25 @@ def _describe(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def connect(dsn: str, *, autocommit: bool = True, what: str = "database", **kwargs):
+def connect(dsn: str, *, autocommit: bool = True, what: str = "database", **kwargs: Any) -> Connection[Any]:
     """Open a psycopg connection; typed errors (see the module docstring)."""
     pg = psycopg()
     try:
-        return pg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
+        conn: Connection[Any] = pg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S,
+                                           **kwargs)
+        return conn
     except pg.ProgrammingError as exc:  # libpq could not parse the DSN
         raise InvalidConfig(f"{what}: bad PostgreSQL DSN: {_describe(exc)}") from None
     except pg.OperationalError as exc:
         raise StoreUnavailable(f"{what}: cannot connect to PostgreSQL: {_describe(exc)}") from None
+
+
+def one_row(cursor: Cursor[Any]) -> Any:
+    """The row of a query that always returns one (an aggregate with no GROUP BY)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("no row from a query that always returns one")
+    return row
 
 
 def retry_disconnects(fn: Callable[[], Any], retry_s: float, *, clock: Clock, what: str,
@@ -120,7 +134,7 @@ def retry_disconnects(fn: Callable[[], Any], retry_s: float, *, clock: Clock, wh
         delay = min(_RETRY_S_MAX, delay * 2)
 
 
-def is_disconnect(exc: BaseException, conn=None) -> bool:
+def is_disconnect(exc: BaseException, conn: Connection[Any] | None = None) -> bool:
     """True if ``exc`` means the connection is gone (server restart, network), not that a
     statement was wrong. With ``conn``: only if that connection is now unusable."""
     pg = psycopg()

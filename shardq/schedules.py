@@ -24,12 +24,16 @@ import datetime as dt
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
 from . import limits
 from .errors import InvalidConfig
+
+if TYPE_CHECKING:
+    from .config import ScheduleConfig
 
 EVERY_S_MIN = 1.0
 EVERY_S_MAX = 366 * 86400.0
@@ -117,11 +121,16 @@ def plan(schedule: Schedule, last: float | None, now: float, started_at: float) 
     return None, latest  # missed while down, catch_up = false: skipped
 
 
-def from_config(name: str, sc, task_body: Callable[[str], bytes]) -> Schedule:
+def from_config(name: str, sc: ScheduleConfig, task_body: Callable[[str], bytes]) -> Schedule:
     """The schedule of a ``[schedules.<name>]`` table (a :class:`~shardq.config.ScheduleConfig`):
     ``task`` becomes ``task_body(task)`` (the scheduler passes the task body of a call with no
     arguments, :func:`shardq.tasks.body.encode`), ``body`` its UTF-8 bytes."""
-    body = task_body(sc.task) if sc.task is not None else sc.body.encode("utf-8")
+    if sc.task is not None:
+        body = task_body(sc.task)
+    elif sc.body is not None:
+        body = sc.body.encode("utf-8")
+    else:  # the config refuses a schedule with neither: this is a caller's own ScheduleConfig
+        raise InvalidConfig(f"schedule {name!r} has neither task nor body")
     return Schedule.create(name, queue=sc.queue, body=body, key=sc.key, cron=sc.cron,
                            every_s=sc.every_s, timezone=sc.timezone, catch_up=sc.catch_up,
                            task=sc.task, where=f"schedules.{name}")

@@ -10,9 +10,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+#: the handlers a signal had before: what :func:`restore_signals` puts back
+Handlers = dict[signal.Signals, Any]
 
 
-def install_stop_signals(stop: Callable[[], None], name: str) -> dict | None:
+def install_stop_signals(stop: Callable[[], None], name: str) -> Handlers | None:
     """Route SIGTERM and SIGINT to ``stop()`` (which must only set flags: it runs in a
     signal handler); a second signal prints ``<name>: second signal`` and exits 1. Only in
     the main thread; returns the previous handlers for :func:`restore_signals`, or None."""
@@ -20,7 +25,7 @@ def install_stop_signals(stop: Callable[[], None], name: str) -> dict | None:
         return None
     received = [0]
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         received[0] += 1
         if received[0] > 1:
             os.write(2, f"{name}: second signal, exiting now\n".encode())
@@ -36,7 +41,7 @@ class StopBeforeStart(BaseException):
     retry, a handler's import) swallows it."""
 
 
-def stop_while_starting() -> dict | None:
+def stop_while_starting() -> Handlers | None:
     """Make SIGTERM/SIGINT, until a loop installs its own handlers, a clean stop of a command
     that is still starting (importing the handler, connecting, opening its store): the
     handler raises :class:`StopBeforeStart`, which the command turns into exit 0, as it
@@ -46,13 +51,13 @@ def stop_while_starting() -> dict | None:
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         raise StopBeforeStart(signal.Signals(signum).name)
 
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def restore_signals(old: dict | None) -> None:
+def restore_signals(old: Handlers | None) -> None:
     for sig, handler in (old or {}).items():
         signal.signal(sig, handler)
 

@@ -37,12 +37,13 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidJob, JobGone, LeaseLost, ShardqError, ShardUnavailable, Unsupported
 from ..protocol import validate
-from ..types import DeadLetter, Lease
+from ..types import DeadLetter, JobId, Lease
 from .sqs_buffer import HeadBuffer, Held
 from .sqs_client import Api, QueueInfo, chunks_by_size
 from . import sqs_dead
@@ -61,7 +62,15 @@ BUFFER_MAX = 200            # stop receiving more while this many followers are 
 _SYS_ATTRS = sqs_dead.SYS_ATTRS
 
 
-def _warn_overtaken(sent: list, failed: list) -> None:
+def _receipt(lease: Lease) -> str:
+    """An sqs lease's token, its receipt handle; InvalidJob for any other token."""
+    if not isinstance(lease.token, str) or not lease.token:
+        raise InvalidJob(f"not an sqs lease token: {lease.token!r}")
+    return lease.token
+
+
+def _warn_overtaken(sent: list[tuple[int, QueueInfo, Outgoing]],
+                    failed: list[tuple[int, QueueInfo, Outgoing]]) -> None:
     """Log each message group in which SQS accepted a message while failing an earlier one
     of the same SendMessageBatch on its side: the earlier one, re-sent, lands behind it, and
     nothing can move it back (a message cannot be un-sent). AWS documents that a batch is
@@ -89,7 +98,7 @@ class SqsQueue:
     refuses = ("delay", "priority")
 
     def __init__(self, target: str, *, retry_s: float = 15.0, request_timeout_s: float = 30.0,
-                 max_attempts: int | None = None, clock: Clock | None = None, client=None):
+                 max_attempts: int | None = None, clock: Clock | None = None, client: Any = None):
         self.target = parse_target(target)
         if max_attempts is None:  # botocore's backoff grows to ~20 s; keep within retry_s
             max_attempts = max(2, min(8, int(math.log2(max(retry_s, 1.0))) + 2))
@@ -118,8 +127,9 @@ class SqsQueue:
     def _account(self) -> str:
         import boto3
         try:
-            return boto3.session.Session().client("sts", region_name=self.target.region) \
+            account: str = boto3.session.Session().client("sts", region_name=self.target.region) \
                 .get_caller_identity()["Account"]
+            return account
         except Exception as e:  # noqa: BLE001 - identity is best effort; the prefix still binds
             log.warning("cannot read the AWS account id (%s); the service id names no account", e)
             return "unknown-account"
@@ -133,7 +143,8 @@ class SqsQueue:
         self._check_open()
         return self.api.queue(queue)
 
-    def _outgoing(self, body, key, queue, delay, priority, dedup) -> tuple[QueueInfo, Outgoing]:
+    def _outgoing(self, body: bytes, key: str | None, queue: str, delay: float, priority: int,
+                  dedup: str | bytes | None) -> tuple[QueueInfo, Outgoing]:
         body = validate.body(body, limits.SQS_MESSAGE_BYTES_MAX)
         key = validate.key(key)
         if delay != 0:
@@ -154,12 +165,11 @@ class SqsQueue:
 
     def _live(self, lease: Lease, now: float) -> Held | None:
         """The fence, checked locally before any request: raises LeaseLost/JobGone."""
-        if not isinstance(lease.token, str) or not lease.token:
-            raise InvalidJob(f"not an sqs lease token: {lease.token!r}")
+        token = _receipt(lease)
         with self._lock:
-            if lease.token in self._acked:
+            if token in self._acked:
                 raise JobGone(f"job {lease.job_id}: this lease was already acked")
-            held = self._leases.get(lease.token)
+            held = self._leases.get(token)
         deadline = held.deadline if held is not None else lease.deadline
         if deadline > 0 and now >= deadline:
             self._lost(lease, now)
@@ -168,9 +178,10 @@ class SqsQueue:
 
     def _lost(self, lease: Lease, now: float) -> None:
         """The lease ended without an ack: forget it; release its group's followers."""
+        token = _receipt(lease)
         with self._lock:
-            held = self._leases.pop(lease.token, None)
-            release = self._buffer.drop(held.queue, held.msg.group, lease.token, now) if held else []
+            held = self._leases.pop(token, None)
+            release = self._buffer.drop(held.queue, held.msg.group, token, now) if held else []
         self._release(release)
 
     def _release(self, held: list[Held], first: tuple[Held, int] | None = None) -> None:
@@ -195,13 +206,15 @@ class SqsQueue:
         return Lease(m.job_id, m.key, m.body, h.queue, m.attempt, m.receipt, h.deadline)
 
     # ------------------------------------------------------------------ producing
-    def enqueue(self, body, key=None, queue="default", delay=0, priority=0, dedup_id=None) -> str:
+    def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
+                priority: int = 0, dedup_id: str | None = None) -> str:
         """Durably add a job (SQS has stored it when SendMessage answers); returns its id.
         ``dedup_id``: scoped to (queue, key), SQS's fixed 5-minute window."""
         info, out = self._outgoing(body, key, queue, delay, priority, dedup_id)
-        return self.api.call("send_message", QueueUrl=info.url, **out.entry())["MessageId"]
+        job_id: str = self.api.call("send_message", QueueUrl=info.url, **out.entry())["MessageId"]
+        return job_id
 
-    def enqueue_many(self, jobs: Iterable[dict], queue: str = "default") -> list[str]:
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> list[str]:
         """Every job is checked before anything is sent (bad input adds nothing). Sent in
         SendMessageBatch calls of at most 10 entries and 1 MiB, in input order. Entries SQS
         failed on its side are re-sent (same dedup ids, so a retry adds nothing twice); an
@@ -223,9 +236,9 @@ class SqsQueue:
             for chunk in chunks_by_size(qitems, lambda it: it[2].size, limits.SQS_BATCH_ENTRIES_MAX,
                                         limits.SQS_BATCH_BYTES_MAX):
                 self._send_chunk(chunk, ids)
-        return ids  # type: ignore[return-value]
+        return ids  # type: ignore[return-value]  # every entry set: _send_chunk fills its chunk's or raises
 
-    def _send_chunk(self, chunk: list[tuple[int, QueueInfo, Outgoing]], ids: list) -> None:
+    def _send_chunk(self, chunk: list[tuple[int, QueueInfo, Outgoing]], ids: list[str | None]) -> None:
         url = chunk[0][1].url
         pending = chunk
         for _attempt in range(SEND_RETRIES + 1):
@@ -325,9 +338,11 @@ class SqsQueue:
             by_queue.setdefault(h.queue, []).append(i)
         for queue, idx in by_queue.items():
             entries = [{"ReceiptHandle": held[i].msg.receipt, "VisibilityTimeout": seconds} for i in idx]
+
+            def fail(k: int, err: ShardqError, idx: list[int] = idx) -> None:
+                failed.add(idx[k])
             try:
-                self.api.batch("change_message_visibility_batch", self.api.queue(queue).url, entries,
-                               lambda k, e, idx=idx: failed.add(idx[k]))
+                self.api.batch("change_message_visibility_batch", self.api.queue(queue).url, entries, fail)
             except ShardqError as e:
                 log.warning("extending %d held messages failed: %s", len(idx), e)
                 failed.update(idx)
@@ -347,13 +362,14 @@ class SqsQueue:
         self._acked_ok(lease)
 
     def _acked_ok(self, lease: Lease) -> None:
+        token = _receipt(lease)
         with self._lock:
-            held = self._leases.pop(lease.token, None)
-            self._acked[lease.token] = None
+            held = self._leases.pop(token, None)
+            self._acked[token] = None
             while len(self._acked) > ACKED_MEMORY:
                 self._acked.popitem(last=False)
             if held is not None:
-                self._buffer.acked(held.queue, held.msg.group, lease.token, self._clock.now())
+                self._buffer.acked(held.queue, held.msg.group, token, self._clock.now())
 
     def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:
         """Ack many (DeleteMessageBatch, 10 per request); per lease, None or the error."""
@@ -368,7 +384,7 @@ class SqsQueue:
             except ShardqError as e:
                 out[i] = e
         for url, idx in by_queue.items():
-            def failed(k: int, err: ShardqError, idx=idx) -> None:
+            def failed(k: int, err: ShardqError, idx: list[int] = idx) -> None:
                 out[idx[k]] = err
             try:
                 self.api.batch("delete_message_batch", url,
@@ -402,9 +418,10 @@ class SqsQueue:
                                   f"hides a message at most 12 h from its receipt ({allowed:.0f} s left)")
         if error:
             log.info("job %s attempt %s nacked: %s", lease.job_id, lease.attempt, error)
+        token = _receipt(lease)
         with self._lock:
-            self._leases.pop(lease.token, None)
-            followers = (self._buffer.drop(held.queue, held.msg.group, lease.token, now)
+            self._leases.pop(token, None)
+            followers = (self._buffer.drop(held.queue, held.msg.group, token, now)
                          if held is not None else [])
         try:
             self.api.call("change_message_visibility", QueueUrl=self._info(lease.queue).url,
@@ -425,7 +442,7 @@ class SqsQueue:
         held = self._live(lease, now)
         info = self._info(lease.queue)
         group = (held.msg.group if held is not None else None) or group_id(lease.key)
-        dedup = redrive_dedup_id(self.api.need_redrive_key(info), str(lease.job_id), "bury:" + lease.token,
+        dedup = redrive_dedup_id(self.api.need_redrive_key(info), str(lease.job_id), "bury:" + _receipt(lease),
                                  group, lease.key, lease.body)
         copy = encode(lease.body, lease.key, dedup, group=group, error=error)
         if copy.size > info.max_message_bytes:  # a body at the limit leaves no room for the text
@@ -456,7 +473,7 @@ class SqsQueue:
         with self._lock:
             if held is not None:
                 held.deadline = deadline
-                self._buffer.head_extended(held.queue, held.msg.group, lease.token, deadline)
+                self._buffer.head_extended(held.queue, held.msg.group, _receipt(lease), deadline)
         return lease._replace(deadline=deadline)
 
     # ------------------------------------------------------------------ the keeper thread
@@ -492,7 +509,7 @@ class SqsQueue:
                 log.warning("sqs keeper: a request failed; retrying at the next due time", exc_info=True)
 
     # ------------------------------------------------------------------ settings, dead letters
-    def queue_config(self, queue: str = "default") -> dict:
+    def queue_config(self, queue: str = "default") -> dict[str, Any]:
         info = self._info(queue)
         return {"visibility_timeout": float(info.visibility_s), "max_deliveries": info.max_deliveries,
                 "dedup_window": limits.SQS_DEDUP_WINDOW_S, "max_body_bytes": info.max_message_bytes,
@@ -504,12 +521,12 @@ class SqsQueue:
         validate.count("limit", limit, 10**6)
         return sqs_dead.list_dead(self.api, self._info(queue), limit)
 
-    def redrive(self, queue: str = "default", job_ids: list | None = None) -> int:
+    def redrive(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
         """Move dead letters (all, or ``job_ids``) back to the tail of their key with a fresh
         delivery count, keeping their job ids (done by this client: :mod:`.sqs_dead`)."""
         return sqs_dead.redrive(self.api, self._info(queue), job_ids, self._clock)
 
-    def purge_dead_letters(self, queue: str = "default", job_ids: list | None = None) -> int:
+    def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> int:
         """Delete every dead letter of ``queue`` (receive + delete: :mod:`.sqs_dead`).
         Purging chosen ``job_ids`` is not supported on SQS: :class:`Unsupported`, nothing
         deleted (redrive them by id, or purge all)."""
@@ -519,7 +536,7 @@ class SqsQueue:
         return sqs_dead.purge(self.api, self._info(queue))
 
     # ------------------------------------------------------------------ admin
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Per queue under the prefix, from SQS's queue attributes: **approximate** counts
         (SQS says so itself); ``waiting`` and ``keys`` are not known on SQS."""
         self._check_open()
@@ -573,8 +590,8 @@ class SqsQueue:
             release = self._buffer.release_all(self._clock.now())
         self._release(release)
 
-    def __enter__(self):
+    def __enter__(self) -> SqsQueue:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

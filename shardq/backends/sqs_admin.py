@@ -100,7 +100,7 @@ def _ensure_key(api: Api, dlq_url: str) -> str:
     return f" (tag {REDRIVE_KEY_TAG} added)"
 
 
-def _same(key: str, have, want: str) -> bool:
+def _same(key: str, have: str | None, want: str) -> bool:
     if have is None:
         return False
     if key == "RedrivePolicy":

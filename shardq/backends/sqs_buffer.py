@@ -42,7 +42,7 @@ class Held:
 @dataclass
 class _Group:
     head: Held | None                     # handed out, not yet acked; None: available
-    followers: deque = field(default_factory=deque)
+    followers: deque[Held] = field(default_factory=deque)
     available_since: float | None = None
 
 
@@ -75,7 +75,7 @@ class HeadBuffer:
 
     def take_available(self, queue: str, now: float, limit: int) -> list[Held]:
         """Followers whose predecessor was acked, to hand out now (at most ``limit``)."""
-        out = []
+        out: list[Held] = []
         for k, g in list(self._groups.items()):
             if len(out) >= limit:
                 break
@@ -125,7 +125,8 @@ class HeadBuffer:
 
     def due(self, now: float) -> tuple[list[Held], list[Held]]:
         """(followers to extend, followers to release in order) at ``now``."""
-        extend, release = [], []
+        extend: list[Held] = []
+        release: list[Held] = []
         for k, g in list(self._groups.items()):
             live = [f for f in g.followers if f.deadline > now]
             if g.head is not None:

@@ -13,15 +13,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .. import limits
 from ..errors import AuthError, InvalidConfig, InvalidJob, ShardqError, ShardUnavailable, UnknownQueue
 from .sqs_mapping import REDRIVE_KEY_TAG, Target, error_for, parse_redrive_key, queue_names
 
 MAX_ATTEMPTS_DEFAULT = 5
+T = TypeVar("T")
 
 
-def make_client(target: Target, *, request_timeout_s: float, max_attempts: int):
+def make_client(target: Target, *, request_timeout_s: float, max_attempts: int) -> Any:
     try:
         import boto3
         from botocore.config import Config
@@ -55,7 +57,7 @@ class QueueInfo:
 class Api:
     """Calls SQS; thread-safe (boto3 clients are)."""
 
-    def __init__(self, target: Target, client=None, *, request_timeout_s: float = 30.0,
+    def __init__(self, target: Target, client: Any = None, *, request_timeout_s: float = 30.0,
                  max_attempts: int = MAX_ATTEMPTS_DEFAULT):
         self.target = target
         self.client = client or make_client(target, request_timeout_s=request_timeout_s,
@@ -64,11 +66,12 @@ class Api:
         self._keys: dict[str, bytes | None] = {}
         self._lock = threading.Lock()
 
-    def call(self, op: str, **params) -> dict:
+    def call(self, op: str, **params: Any) -> dict[str, Any]:
         from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
                                          ParamValidationError)
         try:
-            return getattr(self.client, op)(**params)
+            answer: dict[str, Any] = getattr(self.client, op)(**params)
+            return answer
         except ClientError as e:
             err = e.response.get("Error", {})
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -80,7 +83,7 @@ class Api:
         except BotoCoreError as e:  # connection refused/reset, timeouts: after botocore's retries
             raise ShardUnavailable(f"{op}: {e}") from None
 
-    def batch(self, op: str, url: str, entries: list[dict],
+    def batch(self, op: str, url: str, entries: list[dict[str, Any]],
               on_fail: Callable[[int, ShardqError], None]) -> None:
         """Run ``op`` (a ``*Batch`` call) over ``entries`` in chunks of 10; entry ``i`` gets
         an ``Id`` of ``str(i)``. Calls ``on_fail(i, error)`` per failed entry."""
@@ -140,7 +143,7 @@ class Api:
         return key
 
 
-def max_receive_count(attrs: dict) -> int:
+def max_receive_count(attrs: dict[str, Any]) -> int:
     import json
     policy = attrs.get("RedrivePolicy")
     if not policy:
@@ -148,11 +151,12 @@ def max_receive_count(attrs: dict) -> int:
     return int(json.loads(policy)["maxReceiveCount"])
 
 
-def chunks_by_size(items: Iterable, size_of: Callable, max_count: int, max_bytes: int) -> list[list]:
+def chunks_by_size(items: Iterable[T], size_of: Callable[[T], int], max_count: int,
+                   max_bytes: int) -> list[list[T]]:
     """Consecutive chunks of at most ``max_count`` items and ``max_bytes`` bytes (an item
     larger than ``max_bytes`` on its own is the caller's error: it is checked before)."""
-    out: list[list] = []
-    cur: list = []
+    out: list[list[T]] = []
+    cur: list[T] = []
     cur_bytes = 0
     for item in items:
         n = size_of(item)

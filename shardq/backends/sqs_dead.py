@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, ShardqError, ShardUnavailable
-from ..types import DeadLetter
+from ..types import DeadLetter, JobId
 from .sqs_client import Api, QueueInfo, chunks_by_size
 from .sqs_mapping import (ATTR_ERROR, Foreign, Incoming, decode, encode, foreign_dedup_id,
                           redrive_dedup_id)
@@ -69,13 +70,13 @@ def _scan(api: Api, info: QueueInfo, limit: int) -> Iterator[Incoming | Foreign]
             yield m
 
 
-def _show_again(api: Api, info: QueueInfo, msgs: list) -> None:
+def _show_again(api: Api, info: QueueInfo, msgs: Sequence[Incoming | Foreign]) -> None:
     if msgs:
         api.batch("change_message_visibility_batch", info.dlq_url,
                   [{"ReceiptHandle": m.receipt, "VisibilityTimeout": 0} for m in msgs], lambda i, e: None)
 
 
-def _delete(api: Api, info: QueueInfo, msgs: list) -> set[int]:
+def _delete(api: Api, info: QueueInfo, msgs: Sequence[Incoming | Foreign]) -> set[int]:
     """Delete dead letters; returns the indexes of those that were not deleted."""
     failed: set[int] = set()
     api.batch("delete_message_batch", info.dlq_url, [{"ReceiptHandle": m.receipt} for m in msgs],
@@ -96,7 +97,7 @@ def list_dead(api: Api, info: QueueInfo, limit: int) -> list[DeadLetter]:
     return [_letter(m, info) for m in msgs]
 
 
-def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None = None) -> int:
+def redrive(api: Api, info: QueueInfo, job_ids: Iterable[JobId] | None, clock: Clock | None = None) -> int:
     """Move dead letters (all, or ``job_ids``) back; returns how many moved. Returns only
     once each letter it copied is deleted from the dead-letter queue; if one cannot be (its
     copy is in the queue), raises :class:`ShardUnavailable` naming its job id."""
@@ -134,18 +135,19 @@ def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None
                 else:
                     fresh.append(held)
             idle = 0 if fresh else idle + 1
-            take = [h for h in fresh if isinstance(h.msg, Incoming) and (wanted is None or h.msg.job_id in wanted)]
-            taken = {h.msg.message_id for h in take}
+            take = [(h, h.msg) for h in fresh
+                    if isinstance(h.msg, Incoming) and (wanted is None or h.msg.job_id in wanted)]
+            taken = {m.message_id for _, m in take}
             skipped.update((h.msg.message_id, h) for h in fresh if h.msg.message_id not in taken)
             if take:
                 try:
-                    _send_copies(api, info, [h.msg for h in take])
+                    _send_copies(api, info, [m for _, m in take])
                 except ShardqError:
-                    skipped.update((h.msg.message_id, h) for h in take)  # shown again below
+                    skipped.update((m.message_id, h) for h, m in take)  # shown again below
                     raise
-                for h in take:
-                    copied[h.msg.message_id] = h
-                    sent_jobs.add(h.msg.job_id)
+                for h, m in take:
+                    copied[m.message_id] = h
+                    sent_jobs.add(m.job_id)
             # Delete what was copied now, and copied letters received again (a new receipt).
             pending = [copied[m.message_id] for m in batch if m.message_id in copied]
             if pending:
@@ -164,7 +166,10 @@ def redrive(api: Api, info: QueueInfo, job_ids: list | None, clock: Clock | None
         except ShardqError as e:  # they reappear when their hide ends
             log.warning("redrive: showing %d passed-over dead letters again failed: %s", len(skipped), e)
     if copied:
-        ids = ", ".join(sorted(h.msg.job_id for h in copied.values()))
+        # A letter received again decodes as before, unless the queue's redrive key went
+        # meanwhile (a Foreign then): its message id names it.
+        ids = ", ".join(sorted(h.msg.job_id if isinstance(h.msg, Incoming) else h.msg.message_id
+                               for h in copied.values()))
         raise ShardUnavailable(f"redrive of queue {info.name!r}: job(s) {ids} are back in the queue, but "
                                "their dead letters could not be deleted; a redrive within 5 minutes "
                                "adds no second copy (run it again now), a later one would")
@@ -191,7 +196,7 @@ def _send_copies(api: Api, info: QueueInfo, take: list[Incoming]) -> None:
     secret = api.need_redrive_key(info)
     copies = [encode(m.body, m.key, redrive_dedup_id(secret, m.job_id, m.message_id, m.group, m.key, m.body),
                      group=m.group) for m in take]
-    errors: list = []
+    errors: list[ShardqError] = []
     for chunk in chunks_by_size(copies, lambda c: c.size, limits.SQS_BATCH_ENTRIES_MAX,
                                 limits.SQS_BATCH_BYTES_MAX):
         api.batch("send_message_batch", info.url, [c.entry() for c in chunk], lambda i, e: errors.append(e))
@@ -225,7 +230,7 @@ def move_foreign(api: Api, info: QueueInfo, foreign: list[Foreign]) -> None:
                         "received again", info.name, f.message_id, e)
 
 
-def _resendable(attr) -> dict | None:
+def _resendable(attr: object) -> dict[str, Any] | None:
     """A received message attribute in the form SendMessage takes, or None."""
     if not isinstance(attr, dict) or not isinstance(attr.get("DataType"), str):
         return None

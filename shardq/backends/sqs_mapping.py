@@ -31,6 +31,7 @@ import hmac
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -91,7 +92,7 @@ def parse_target(target: str) -> Target:
     return Target(parts.netloc, prefix, endpoint)
 
 
-def queue_names(prefix: str, queue) -> tuple[str, str]:
+def queue_names(prefix: str, queue: object) -> tuple[str, str]:
     """(FIFO queue name, its dead-letter queue's name) of shardq queue ``queue``."""
     if not isinstance(queue, str) or not _QUEUE_PART.fullmatch(queue):
         raise InvalidJob(f"queue {queue!r}: on the sqs backend a queue name is letters, digits and '-'")
@@ -152,7 +153,7 @@ _REDRIVE = re.compile(rf"^r([\x21-\x2d\x2f-\x7e]{{1,{REDRIVE_JOB_ID_CHARS_MAX}}}
                       rf"\.([0-9a-f]{{{REDRIVE_MAC_CHARS}}})$")
 
 
-def parse_redrive_key(value) -> bytes | None:
+def parse_redrive_key(value: object) -> bytes | None:
     """The redrive key from its tag value, or None when it is missing or malformed."""
     if not isinstance(value, str) or len(value) != 2 * REDRIVE_KEY_BYTES or value.strip(_HEX):
         return None
@@ -190,19 +191,20 @@ class Outgoing:
     """One message ready for SendMessage(Batch), with its size as SQS counts it."""
 
     body: str
-    attributes: dict
+    attributes: dict[str, Any]
     group: str
     dedup: str
     size: int
 
-    def entry(self) -> dict:
-        e = {"MessageBody": self.body, "MessageGroupId": self.group, "MessageDeduplicationId": self.dedup}
+    def entry(self) -> dict[str, Any]:
+        e: dict[str, Any] = {"MessageBody": self.body, "MessageGroupId": self.group,
+                             "MessageDeduplicationId": self.dedup}
         if self.attributes:
             e["MessageAttributes"] = self.attributes
         return e
 
 
-def _attr_size(name: str, attr: dict) -> int:
+def _attr_size(name: str, attr: dict[str, Any]) -> int:
     value = attr.get("BinaryValue")
     if value is None:
         value = attr["StringValue"].encode()
@@ -216,9 +218,10 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
     InvalidJob for a key or dedup id that is not valid text; characters SQS refuses in a
     String attribute (NUL, a lone surrogate) in ``error`` become U+FFFD, since a bury must
     not fail over the text of the error that caused it."""
-    attrs: dict = {}
+    attrs: dict[str, Any] = {}
     if error:
         attrs[ATTR_ERROR] = {"DataType": "String", "StringValue": _NOT_SQS_TEXT.sub("\ufffd", error)}
+    text: str | None
     try:
         text = body.decode("utf-8")
         if _NOT_SQS_TEXT.search(text):
@@ -231,8 +234,11 @@ def encode(body: bytes, key: str | None, dedup: str | bytes | None, *, group: st
     if key is not None:
         attrs[ATTR_KEY] = {"DataType": "Binary", "BinaryValue": _utf8(key, "key")}
     size = len(text.encode()) + sum(_attr_size(n, a) for n, a in attrs.items())
-    return Outgoing(text, attrs, group or group_id(key), dedup_id(key, dedup) if group is None else dedup,
-                    size)
+    if group is None:
+        group, dedup = group_id(key), dedup_id(key, dedup)
+    elif not isinstance(dedup, str):  # a copy's caller made its dedup id (redrive_dedup_id, foreign_dedup_id)
+        raise TypeError(f"a copy's dedup id is made by its caller, not {dedup!r}")
+    return Outgoing(text, attrs, group, dedup, size)
 
 
 @dataclass(frozen=True)
@@ -257,13 +263,13 @@ class Foreign:
     receipt: str
     group: str
     text: str            # the MessageBody as received
-    attributes: dict     # the message attributes as received
+    attributes: dict[str, Any]  # the message attributes as received
     attempt: int
     reason: str
     error: str | None = None  # a String ``shardq.error`` it carries (a moved one's reason)
 
 
-def _binary(attrs: dict, name: str) -> bytes | None:
+def _binary(attrs: dict[str, Any], name: str) -> bytes | None:
     attr = attrs.get(name)
     if attr is None:
         return None
@@ -273,7 +279,7 @@ def _binary(attrs: dict, name: str) -> bytes | None:
     return bytes(value)
 
 
-def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *,
+def decode(msg: dict[str, Any], secret: Callable[[], bytes | None], max_body_bytes: int, *,
            dead: bool = False) -> Incoming | Foreign:
     """A received message as shardq wrote it, or :class:`Foreign` with the reason; never
     raises for what a sender put in the message. ``secret`` returns the queue's redrive
@@ -325,7 +331,7 @@ def decode(msg: dict, secret: Callable[[], bytes | None], max_body_bytes: int, *
     return Incoming(job_id, msg["MessageId"], key, body, attempt, group, msg["ReceiptHandle"], error)
 
 
-def _job_id(message_id: str, dedup, secret: Callable[[], bytes | None], group: str, key: str | None,
+def _job_id(message_id: str, dedup: object, secret: Callable[[], bytes | None], group: str, key: str | None,
             body: bytes, dead: bool) -> str:
     """The job id a message's dedup id gives it: its own message id, or, for a redriven or
     buried copy whose mac verifies, the id it carries."""

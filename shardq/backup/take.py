@@ -25,11 +25,11 @@ import os
 import secrets
 import shutil
 import stat
-import time
 from importlib import metadata
 from typing import Any
 
 from ..client.router import Router
+from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import CorruptLog, ProtocolError, ServiceNotRunning, UsageError
 from ..protocol.status_file import pid_alive
@@ -41,14 +41,17 @@ from .manifest import KEY, MANIFEST, META, SCHEDULES, FileEntry, Manifest, Shard
 log = logging.getLogger("shardq.backup")
 
 
-def backup(data_dir: str, dest: str) -> Manifest:
+def backup(data_dir: str, dest: str, clock: Clock | None = None) -> Manifest:
     """Copy every shard of the service running on ``data_dir`` into ``dest`` (a new or
     empty directory, created 0700). Returns the manifest written last.
 
     Guarantee: every enqueue acknowledged before this call began is in the copy; no enqueue
     a shard acknowledged after its cut is (the copy of its log ends exactly at the cut);
     a job acked during the backup may be in it (at-least-once). ServiceNotRunning or
-    ShardUnavailable if a shard cannot be asked: a backup holds every shard or nothing."""
+    ShardUnavailable if a shard cannot be asked: a backup holds every shard or nothing.
+    The manifest's start and end times are ``clock``'s wall readings (the system clock by
+    default)."""
+    clock = clock or SystemClock()
     dd = DataDir(data_dir)
     shards = dd.shards()
     if dd.service_running() is None:  # never served: no shard would answer, however long we waited
@@ -62,7 +65,7 @@ def backup(data_dir: str, dest: str) -> Manifest:
     created = _prepare(dest)
     stage = f"backup-{os.getpid()}-{secrets.token_hex(4)}"
     _remove_stale_stages(dd, shards)
-    started = time.time()
+    started = clock.now()
     try:
         try:
             with Router(dd.path) as router:
@@ -74,7 +77,7 @@ def backup(data_dir: str, dest: str) -> Manifest:
         files = [_write(dest, KEY, key), _write(dest, META, meta)]
         if ticks is not None:
             files.append(_write(dest, SCHEDULES, ticks))
-        manifest = Manifest(_version(), dd.service_id(), dd.path, shards, started, time.time(), tuple(files), cuts)
+        manifest = Manifest(_version(), dd.service_id(), dd.path, shards, started, clock.now(), tuple(files), cuts)
         tmp = os.path.join(dest, MANIFEST + ".tmp")
         write_private(tmp, manifest.encode())
         os.rename(tmp, os.path.join(dest, MANIFEST))

@@ -1,14 +1,16 @@
 """``shardq backup DEST`` and ``shardq restore BACKUP --data-dir NEW`` (docs/backup.md)."""
 from __future__ import annotations
 
+import argparse
+
 import datetime
 import os
-import time
 
+from ..clock import Clock, SystemClock
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     b = sub.add_parser("backup", parents=[parent],
                        help="copy every shard of the running service into DEST, consistently, while it serves",
                        description="Take a cut of every shard of the service running on --data-dir and copy its "
@@ -38,11 +40,12 @@ def files(n: int) -> str:
     return f"{n} file" if n == 1 else f"{n} files"
 
 
-def run_backup(args) -> int:
+def run_backup(args: argparse.Namespace, clock: Clock | None = None) -> int:
     from ..backup.take import backup
-    t0 = time.monotonic()
-    m = backup(common.target(args), args.dest)
-    seconds = time.monotonic() - t0
+    clock = clock or SystemClock()
+    t0 = clock.monotonic()
+    m = backup(common.target(args), args.dest, clock)
+    seconds = clock.monotonic() - t0
     dest = os.path.abspath(args.dest)
     for c in m.cuts:
         print(f"shard {c.shard}: cut at {when(c.time)}: {c.segment} up to byte {c.offset} (write {c.write}, "
@@ -52,7 +55,7 @@ def run_backup(args) -> int:
     return exits.OK
 
 
-def run_restore(args) -> int:
+def run_restore(args: argparse.Namespace) -> int:
     from ..backup.restore import restore
     if os.path.lexists(args.backup) and not os.path.isdir(args.backup):
         from ..errors import UsageError

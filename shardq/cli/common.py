@@ -9,11 +9,16 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import config as config_mod
 from ..errors import ShardqError
 from . import exits
+
+if TYPE_CHECKING:
+    #: what ``register(sub, parent)`` of each command module adds its parsers to
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_CONFIG = "config/shardq.toml"
 
@@ -57,7 +62,7 @@ def config_source(path: str | None) -> str:
     return os.path.abspath(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else "built-in defaults (no file)"
 
 
-def target(args) -> str:
+def target(args: argparse.Namespace) -> str:
     """Where the service is: ``--data-dir``, else the config's ``service.data_dir``."""
     return args.data_dir or load_config(args.config).service.data_dir
 
@@ -79,7 +84,7 @@ def check_dir_arg(path: str, flag: str, *, create: bool) -> None:
         raise UsageError(f"{flag} {path}: cannot create this directory: {e.strerror}") from None
 
 
-def no_such_job(job_id) -> Exception:
+def no_such_job(job_id: object) -> Exception:
     """The one error of every command that names a job that does not exist (``job show``,
     ``job cancel``, ``ack``, ``nack``): NotFound, exit 2, this text. The service cannot tell a
     job that never was from one that has ended, so neither does the message."""
@@ -88,7 +93,7 @@ def no_such_job(job_id) -> Exception:
 
 
 @contextlib.contextmanager
-def naming_a_job(job_id):
+def naming_a_job(job_id: object) -> Iterator[None]:
     """Around a command's calls on one job: the service's ways of saying that the job does
     not exist (NotFound; JobGone, an ack's or nack's) become :func:`no_such_job`. A lease
     that is not current (LeaseLost, Cancelled) is not that, and passes."""
@@ -99,8 +104,9 @@ def naming_a_job(job_id):
         raise no_such_job(job_id) from None
 
 
-def connect(args, **router_options):
-    """A client of the service the command line names."""
+def connect(args: argparse.Namespace, **router_options: Any) -> Any:
+    """A client of the service the command line names (a Queue; typed Any, since commands
+    use it as a context manager and reach the router's own calls through control_call)."""
     import shardq
     return shardq.connect(target(args), **router_options)
 
@@ -113,7 +119,7 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
-def body_fields(body: bytes, raw: bool = False, limit_bytes: int | None = None) -> dict:
+def body_fields(body: bytes, raw: bool = False, limit_bytes: int | None = None) -> dict[str, Any]:
     """A job body as the JSON field that fits it, one of three:
 
     * ``{"task": {"name", "args", "kwargs"}}``: a task body (shardq's msgpack format), decoded;
@@ -146,14 +152,14 @@ def add_raw_flag(p: argparse.ArgumentParser) -> None:
                         "body decoded as task, UTF-8 text as body, anything else as body_base64)")
 
 
-def print_json(obj) -> None:
+def print_json(obj: object) -> None:
     print(json.dumps(obj, default=str), file=sys.stdout)
 
 
-def control_call(q, name: str):
+def control_call(q: object, name: str) -> Callable[..., Any]:
     """``q``'s control call ``name`` (pause, resume, cancel, job, dead_letters_page): these
     are calls of the local shards' router, not of the Queue protocol."""
-    fn = getattr(q, name, None)
+    fn: Callable[..., Any] | None = getattr(q, name, None)
     if fn is None:
         from ..errors import Unsupported
         raise Unsupported(f"{name}: not supported by the {type(q).__name__} backend")
@@ -167,7 +173,7 @@ class Parser(argparse.ArgumentParser):
     Sub-commands are parsed by this class too (argparse makes subparsers of the parent's
     class)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print(f"error: UsageError: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(exits.USAGE)
 

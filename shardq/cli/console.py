@@ -3,19 +3,21 @@
 token (``[http] token``, ``SHARDQ_HTTP_TOKEN``, else ``<data dir>/http-token``)."""
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 
 from . import common
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("console", parents=[parent],
                        help="print the URL that opens the web console of the running service, logged in")
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..datadir import DataDir
     from ..errors import ServiceNotRunning
     from ..service.http_server import ADDRESS_FILE, TOKEN_ENV, login_url

@@ -7,15 +7,18 @@ one held none.
 """
 from __future__ import annotations
 
+import argparse
+
 import json
 import sys
+from typing import Any
 
 from ..errors import UsageError
 from . import common, exits
 from .jobs import _ref
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("dead-letters", parents=[parent], help="list, redrive or purge dead letters")
     s.add_argument("action", choices=["list", "redrive", "purge"])
     s.add_argument("--queue", default=None,
@@ -30,7 +33,7 @@ def register(sub, parent) -> None:
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.cursor is not None and args.queue is None:
         raise UsageError("--cursor needs --queue: a cursor continues the pages of one queue")
     with common.connect(args) as q:
@@ -57,14 +60,14 @@ def run(args) -> int:
     return exits.OK
 
 
-def dead_counts(q) -> dict[str, int]:
+def dead_counts(q: Any) -> dict[str, int]:
     """Queue -> how many dead letters it holds, for the queues that hold any (approximate on
     SQS, like its stats)."""
     return {name: int(c["dead"]) for name, c in q.stats()["queues"].items()
             if isinstance(c.get("dead"), int) and c["dead"] > 0}
 
 
-def _list(q, queue: str, args, more_flags: str) -> None:
+def _list(q: Any, queue: str, args: argparse.Namespace, more_flags: str) -> None:
     if args.cursor is None and not hasattr(q, "dead_letters_page"):
         items, cursor = q.dead_letters(queue, limit=args.limit), None  # any backend
     else:

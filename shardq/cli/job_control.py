@@ -1,7 +1,10 @@
 """``shardq job [show] ID`` and ``shardq job cancel ID``: look a job up, or cancel it."""
 from __future__ import annotations
 
+import argparse
+
 import json
+from typing import Any
 
 from . import common, exits
 
@@ -22,7 +25,7 @@ def _job_id(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("job", parents=[parent], help="show or cancel one job by id (`shardq job ID`: show)")
     # optional, so that `shardq job 5120` is `shardq job show 5120`
     s.add_argument("action", nargs="?", choices=["show", "cancel"], default="show",
@@ -32,7 +35,7 @@ def register(sub, parent) -> None:
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         if args.action == "show":
             print(json.dumps(show(q, args.job_id, args.raw)))
@@ -46,7 +49,7 @@ def run(args) -> int:
     return exits.OK
 
 
-def show(q, job_id: int, raw: bool = False) -> dict:
+def show(q: Any, job_id: int, raw: bool = False) -> dict[str, Any]:
     """What ``job show`` prints: the live job (its body decoded, a task's workflow fields
     included), its progress, and its kept result's size and expiry; for a job acked with
     its result kept, ``state`` ``succeeded`` and the result's figures. NotFound if the job
@@ -70,7 +73,7 @@ class _Control:
     """``q`` with its ``job`` call as the CLI makes control calls (Unsupported, with the
     reason, on a backend that has none)."""
 
-    def __init__(self, q):
+    def __init__(self, q: Any) -> None:
         self.job = common.control_call(q, "job")
         if hasattr(q, "results"):
             self.results = q.results

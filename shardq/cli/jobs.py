@@ -1,14 +1,17 @@
 """``shardq enqueue|dequeue|ack|nack``: one job at a time, from a shell."""
 from __future__ import annotations
 
+import argparse
+
 import json
 import sys
 
 from ..client.routing import job_id_from_text
+from ..types import Lease
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("enqueue", parents=[parent], help="enqueue one job; prints its id")
     s.add_argument("body", help="job body (UTF-8 text), or - to read bytes from stdin")
     s.add_argument("--key")
@@ -37,7 +40,7 @@ def register(sub, parent) -> None:
         s.set_defaults(fn=fn)
 
 
-def enqueue(args) -> int:
+def enqueue(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body != "-" else sys.stdin.buffer.read()
     with common.connect(args) as q:
         print(q.enqueue(body, key=args.key, queue=args.queue, delay=args.delay, priority=args.priority,
@@ -45,7 +48,7 @@ def enqueue(args) -> int:
     return exits.OK
 
 
-def dequeue(args) -> int:
+def dequeue(args: argparse.Namespace) -> int:
     with common.connect(args) as q:
         leases = q.dequeue_many(args.queue, max_jobs=args.max, wait=args.wait, visibility=args.visibility)
     for l in leases:
@@ -59,20 +62,20 @@ def _ref(text: str) -> int | str:
     return job_id_from_text(text) if text.isascii() and text.isdigit() else text
 
 
-def _lease(args):
+def _lease(args: argparse.Namespace) -> Lease:
     from ..types import Lease
     # The local shards find a job by its id; the sqs backend acks in queue "default" (the
     # CLI's queue; a token of another queue is refused there with LeaseLost).
     return Lease(args.job_id, None, b"", "default", 0, args.token, 0.0)
 
 
-def ack(args) -> int:
+def ack(args: argparse.Namespace) -> int:
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.ack(_lease(args))
     return exits.OK
 
 
-def nack(args) -> int:
+def nack(args: argparse.Namespace) -> int:
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.nack(_lease(args), delay=args.delay, error=args.error)
     return exits.OK

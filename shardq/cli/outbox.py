@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     p = sub.add_parser("outbox", help="transactional enqueue: the outbox table and its relay")
     cmds = p.add_subparsers(dest="outbox_command", required=True)
     db = argparse.ArgumentParser(add_help=False)
@@ -35,28 +36,28 @@ def register(sub, parent) -> None:
     s.set_defaults(fn=run_status)
 
 
-def _table(args) -> dict:
+def _table(args: argparse.Namespace) -> dict[str, Any]:
     return {} if args.table is None else {"table": args.table}
 
 
-def run_init(args) -> int:
+def run_init(args: argparse.Namespace) -> int:
     from ..outbox import install
     scope = install(args.dsn, **_table(args))
     common.print_json({"table": args.table or "shardq_outbox", "scope": scope})
     return exits.OK
 
 
-def run_status(args) -> int:
+def run_status(args: argparse.Namespace) -> int:
     from ..outbox import status
     common.print_json(status(args.dsn, **_table(args)))
     return exits.OK
 
 
-def run_relay(args) -> int:
+def run_relay(args: argparse.Namespace) -> int:
     return common.stoppable_while_starting("shardq outbox relay", lambda: _relay(args))
 
 
-def _relay(args) -> int:
+def _relay(args: argparse.Namespace) -> int:
     from ..outbox import Relay
     logging.getLogger().setLevel(args.log_level.upper())
     options = _table(args)

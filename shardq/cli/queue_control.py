@@ -12,6 +12,8 @@ together are checked by the shard, against the queue's config, with the config's
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from ..config import check_limit
 from ..errors import InvalidConfig, UsageError
@@ -21,7 +23,7 @@ from . import common, exits
 _LIMIT_FLAGS = ("concurrency", "rate", "burst", "group_concurrency", "group_rate")
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("queue", parents=[parent],
                        help="pause or resume a queue (a paused queue leases nothing; enqueue, "
                             "ack, nack and extend keep working), or change its limits")
@@ -47,10 +49,10 @@ class _Removed:
 REMOVED = _Removed()
 
 
-def _limit_value(key: str):
+def _limit_value(key: str) -> Callable[[str], Any]:
     """argparse's type for ``--KEY``: the value as the config checks it (check_limit), so a
     bad one is a usage error (exit 2) naming the flag, and nothing reaches the service."""
-    def parse(text: str):
+    def parse(text: str) -> Any:
         if text.strip().lower() == "none":
             return REMOVED
         value: object = text
@@ -66,7 +68,7 @@ def _limit_value(key: str):
     return parse
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.action != "limit" and (args.reset or any(getattr(args, k) is not None for k in _LIMIT_FLAGS)):
         raise UsageError(f"queue {args.action} takes no limit flags (they belong to queue limit)")
     if args.action == "limit":
@@ -81,13 +83,13 @@ def run(args) -> int:
     return exits.OK
 
 
-def check_exists(q, name: str) -> None:
+def check_exists(q: Any, name: str) -> None:
     """UnknownQueue naming the queues that exist, unless ``name`` is one (client/queue_names.py)."""
     from ..client.queue_names import check_exists as known
     known(q, name, create_hint="give --create to make a new one, or declare it as [queues.NAME] in the config")
 
 
-def _limit(args) -> int:
+def _limit(args: argparse.Namespace) -> int:
     values = {k: None if v is REMOVED else v for k in _LIMIT_FLAGS if (v := getattr(args, k)) is not None}
     if args.reset == bool(values):
         raise UsageError("queue limit: give --reset or at least one of "

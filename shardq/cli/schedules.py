@@ -5,17 +5,19 @@ has one, the scheduler's record of the last tick fired. It needs no running serv
 """
 from __future__ import annotations
 
+import argparse
+
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("schedules", parents=[parent],
                        help="list the periodic jobs with their next fire times")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..clock import SystemClock
     from ..service.scheduler import collect_schedules, load_state, state_path
     from ..schedules import iso, local_iso

@@ -16,7 +16,9 @@ import argparse
 import dataclasses
 import logging
 import os
+import socket
 import sys
+from collections.abc import Mapping
 
 from ..config import Config, split_listen
 from ..errors import InvalidConfig
@@ -25,7 +27,7 @@ from . import common
 log = logging.getLogger("shardq.supervisor")
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("serve", parents=[parent], help="run the shard supervisor (the service)")
     s.add_argument("--shards", type=int, help="number of shards (default: config; 0 = one per two CPUs)")
     s.add_argument("--http-listen", type=_listen_arg, metavar="HOST:PORT",
@@ -43,7 +45,7 @@ def _listen_arg(text: str) -> str:
     return text
 
 
-def with_listen(cfg: Config, flag: str | None, env=os.environ) -> Config:
+def with_listen(cfg: Config, flag: str | None, env: Mapping[str, str] = os.environ) -> Config:
     """``cfg`` with the listen address of ``--http-listen`` (``flag``), else of
     ``SHARDQ_HTTP_LISTEN``, when either is given (``""``: off)."""
     from ..service.http_server import LISTEN_ENV
@@ -55,7 +57,7 @@ def with_listen(cfg: Config, flag: str | None, env=os.environ) -> Config:
     return dataclasses.replace(cfg, http=dataclasses.replace(cfg.http, listen=listen))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..service.notify import Notifier
     from ..service.supervisor import Supervisor
     cfg = with_listen(common.load_config(args.config), args.http_listen)
@@ -64,7 +66,7 @@ def run(args) -> int:
                          "--data-dir" if args.data_dir else "service.data_dir (the config's)", create=True)
     sup = Supervisor(args.data_dir or cfg.service.data_dir, cfg, args.shards, notifier=Notifier())
     http = None
-    socks: list = []  # the listeners' sockets, bound once the data dir is locked, before any shard starts
+    socks: list[socket.socket] = []  # the listeners', bound once the data dir is locked, before any shard starts
     if cfg.http.listen:
         from ..service.http_server import HttpService, bind_listen, resolve_token
         resolve_token(cfg.http)  # a bad token is refused before any shard starts
@@ -108,7 +110,7 @@ def run(args) -> int:
             http.stop()
 
 
-def _reread(path: str | None, listen: str | None):
+def _reread(path: str | None, listen: str | None) -> Config:
     """The config again, for SIGHUP, found as at start: ``--config``, else
     config/shardq.toml if it is there now, else the built-in defaults; with the listen
     address of the command line or the environment, as at start."""

@@ -2,11 +2,13 @@
 SQS FIFO queues (and their dead-letter queues) of a config; prints what it did."""
 from __future__ import annotations
 
+import argparse
+
 from ..errors import UsageError
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("sqs", help="Amazon SQS FIFO backend: set up queues")
     inner = s.add_subparsers(dest="sqs_command", required=True)
     i = inner.add_parser("init", parents=[parent],
@@ -17,7 +19,7 @@ def register(sub, parent) -> None:
     i.set_defaults(fn=init)
 
 
-def init(args) -> int:
+def init(args: argparse.Namespace) -> int:
     from ..backends.sqs_admin import init as init_queues
     from ..backends.sqs_client import Api
     from ..backends.sqs_mapping import parse_target

@@ -1,21 +1,24 @@
 """``shardq stats``: per-queue counts and per-shard figures."""
 from __future__ import annotations
 
+import argparse
+
 import json
+from typing import Any
 
 from . import common, exits
 
 COLUMNS = ["ready", "delayed", "waiting", "in_flight", "dead", "keys"]
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("stats", parents=[parent],
                        help=f"per-queue and per-shard figures (exit {exits.FAILURE} if a shard is down)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     with common.connect(args) as q:
         st = q.stats()
     down = [sh for sh in st["shards"] if not sh.get("available")]
@@ -26,7 +29,7 @@ def run(args) -> int:
     return exits.FAILURE if down else exits.OK
 
 
-def _table(st: dict) -> None:
+def _table(st: dict[str, Any]) -> None:
     print(f"{'queue':<20}" + "".join(f"{c:>11}" for c in COLUMNS))
     for name, c in sorted(st["queues"].items()):
         print(f"{name:<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS)
@@ -43,13 +46,13 @@ def _table(st: dict) -> None:
               f"{sh['clients']:>9}")
 
 
-def why_down(sh: dict) -> str:
+def why_down(sh: dict[str, Any]) -> str:
     """A down shard in words: the supervisor's status and reason when it published them
     (``restarting in 4 s: disk full: ...``, ``failed: corrupt log ... at offset N: ...``),
     else the error of the attempt to reach it."""
     status, reason = sh.get("status"), sh.get("reason")
     if status is None or (status in ("ready", "starting") and not reason):
-        return sh.get("error", "")
+        return str(sh.get("error", ""))
     if status == "restarting" and sh.get("restart_in_s") is not None:
         status = f"restarting in {sh['restart_in_s']:g} s"
     return f"{status}: {reason}" if reason else status

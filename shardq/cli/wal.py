@@ -1,13 +1,15 @@
 """``shardq wal check [PATH]`` and ``shardq wal repair SHARD_DIR --force``: offline log tools."""
 from __future__ import annotations
 
+import argparse
+
 import os
 
 from ..errors import UsageError
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("wal", help="check logs offline, or repair one shard dir")
     actions = s.add_subparsers(dest="action", required=True)
     c = actions.add_parser("check", parents=[parent],
@@ -35,7 +37,7 @@ def _shard_dirs(path: str) -> list[str]:
     return [path]
 
 
-def check(args) -> int:
+def check(args: argparse.Namespace) -> int:
     from ..wal import repair as wal_repair
     bad = 0
     for d in _shard_dirs(args.path or common.target(args)):
@@ -49,7 +51,7 @@ def check(args) -> int:
     return exits.FAILURE if bad else exits.OK
 
 
-def repair(args) -> int:
+def repair(args: argparse.Namespace) -> int:
     from ..wal import repair as wal_repair
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: no such directory")

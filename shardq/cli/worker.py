@@ -17,16 +17,22 @@ import os
 import sys
 from typing import Any
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..consumer.policy import LOG_EVERY_S_DEFAULT, LOG_EVERY_S_MAX
 from ..errors import UsageError
 from ..pgconn import is_url
 from . import common, exits
 
+if TYPE_CHECKING:
+    from ..consumer.idempotency import IdempotencyStore
+    from ..consumer.metrics import WorkerMetrics
+    from ..types import Lease
+
 log = logging.getLogger("shardq.worker")
 
 
-def open_store(target: str):
+def open_store(target: str) -> IdempotencyStore:
     """The idempotency store ``--idempotency`` names, picked by the URL scheme: a PostgreSQL
     URL opens a :class:`~shardq.consumer.postgres.PostgresStore`, anything else is a SQLite file."""
     if is_url(target):
@@ -63,13 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve Prometheus metrics on this address (port 0: any free port; printed)")
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("worker", parents=[parent], help="run a handler, or every task of some modules")
     add_arguments(s)
     s.set_defaults(fn=run)
 
 
-def run(args, connect: Callable[..., Any] | None = None) -> int:
+def run(args: argparse.Namespace, connect: Callable[..., Any] | None = None) -> int:
     from ..consumer.handling import load_handler
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(args.log_level.upper())
@@ -107,7 +113,8 @@ def run(args, connect: Callable[..., Any] | None = None) -> int:
         "shardq worker", lambda: _work(args, connect, task_mode, tasks, None if task_mode else handler))
 
 
-def _work(args, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict | None, handler: Any) -> int:
+def _work(args: argparse.Namespace, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict[str, Any] | None,
+          handler: Any) -> int:
     from ..consumer.options import WorkerOptions
     from ..consumer.worker import Worker
     target = common.target(args)
@@ -150,7 +157,7 @@ _PENDING = ("ready", "delayed", "waiting", "in_flight")
 _MODE_WORDS = {"thread": "threads", "process": "processes", "async": "asyncio"}
 
 
-def start_line(args, plan: dict[str, str]) -> str:
+def start_line(args: argparse.Namespace, plan: dict[str, str]) -> str:
     """What a worker says when it starts: its queues and the mode of each (``plan``:
     queue -> "thread", "process" or "async"), what it runs, its concurrency, idempotency
     store, progress settings and whether it stops when the queues are drained."""
@@ -180,7 +187,7 @@ def _no_password(url: str) -> str:
     return url.replace(f":{parts.password}@", ":***@", 1)
 
 
-def check_queues(router, queues: list[str], tasks: dict | None, targets: list[str]) -> list[str]:
+def check_queues(router: Any, queues: list[str], tasks: dict[str, Any] | None, targets: list[str]) -> list[str]:
     """Check at start the queues a worker is about to wait on, so a misspelt ``--queue``
     is not an idle worker. Raises UnknownQueue for a queue the service refuses (not
     declared, with ``declare_queues``) and UsageError for a queue of a task worker that no
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None, connect: Callable[..., Any] | None = Non
     return run_guarded(lambda: run(args, connect))
 
 
-def _task_name(lease) -> str:
+def _task_name(lease: Lease) -> str:
     """The task a job calls (the metrics label of ``shardq worker MODULE``)."""
     from ..tasks import body as taskbody
     try:
@@ -239,7 +246,7 @@ def _task_name(lease) -> str:
         return "(not a task)"
 
 
-def _serve_metrics(args):
+def _serve_metrics(args: argparse.Namespace) -> WorkerMetrics | None:
     """``--metrics HOST:PORT``: a WorkerMetrics served on that address, or None."""
     if not args.metrics:
         return None

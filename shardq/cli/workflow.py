@@ -1,12 +1,14 @@
 """``shardq workflow show ID``: a workflow's record and its steps (docs/workflows.md)."""
 from __future__ import annotations
 
+import argparse
+
 import json
 
 from . import common, exits
 
 
-def register(sub, parent) -> None:
+def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("workflow", parents=[parent],
                        help="show a workflow by id: how it ended (or that it runs), and its steps")
     s.add_argument("action", choices=["show"])
@@ -16,7 +18,7 @@ def register(sub, parent) -> None:
     s.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..errors import InvalidJob, Unsupported
     from ..tasks.workflow import DESCRIBE_STEPS_MAX, describe
     steps = DESCRIBE_STEPS_MAX if args.steps is None else args.steps

@@ -35,7 +35,7 @@ def _insert_sql(table: str) -> str:
             "VALUES (%s, %s, %s, %s, clock_timestamp() + %s::float8 * interval '1 second') RETURNING id")
 
 
-def driver_connection(conn: Any):
+def driver_connection(conn: Any) -> Any:
     """The psycopg connection (or cursor) under ``conn``: a psycopg ``Connection`` or
     ``Cursor`` as is; an SQLAlchemy ``Session`` or ``Connection`` -> its psycopg connection
     in the same transaction (a session's transaction begins here if it had not)."""
@@ -73,10 +73,11 @@ def enqueue(conn: Any, body: bytes, *, key: str | None = None, queue: str = "def
         raise InvalidConfig(f"outbox table {table} does not exist: create it with "
                             f"shardq.outbox.install(dsn) or `shardq outbox init --dsn ...` "
                             "(the relay creates it too when it starts)") from None
-    return row[0]
+    row_id: int = row[0]
+    return row_id
 
 
-def _check_target(db, table: str, delay: float, priority: int) -> None:
+def _check_target(db: Any, table: str, delay: float, priority: int) -> None:
     """Unsupported if the relays' queue refuses this job's delay or priority (recorded by
     each relay at start as ``<backend>:<field>,...``; nothing recorded, or no right to read
     it: the relay checks)."""

@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import limits, pgconn
 from ..client.queue import Queue
@@ -72,6 +72,17 @@ def refused_fields(queue: Queue) -> tuple[str, ...]:
     as its backend declares them (``refuses``); none for the local shards."""
     fields = getattr(queue, "refuses", ())
     return tuple(sorted(f for f in fields if f in ("delay", "priority")))
+
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+
+class _Conns(NamedTuple):
+    """A relay's three sessions: batches, attempt marks (autocommit), and LISTEN."""
+    main: Connection[Any]
+    marks: Connection[Any]
+    listen: Connection[Any]
 
 
 class _Row(NamedTuple):
@@ -113,7 +124,7 @@ class Relay:
         self._dsn, self._q = dsn, queue
         self._batch_rows, self._poll_s = batch_rows, float(poll_s)
         self._clock = clock or SystemClock()
-        self._conn = self._marks = self._listen = None
+        self._conns: _Conns | None = None
         self._scope: str | None = None
         self._windows: dict[str, float] = {}
         self._held = 0  # rows the last batch locked but had to leave for per-key order
@@ -163,7 +174,7 @@ class Relay:
             self._connect()  # the first connection fails loudly: bad DSN, no server, no rights
             while not self._stopping:
                 try:
-                    if self._conn is None:
+                    if self._conns is None:
                         self._connect()
                     moved = self.relay_batch()
                     backoff = 0.0
@@ -184,9 +195,8 @@ class Relay:
 
     def relay_batch(self) -> int:
         """Move one batch; returns how many rows left the outbox (sent or rejected)."""
-        if self._conn is None:
-            self._connect()
-        conn = self._conn
+        conns = self._conns or self._connect()
+        conn = conns.main
         with conn.transaction():
             locked = [_Row(*r) for r in conn.execute(self._sql["lock"], (self._batch_rows,))]
             rows = self._in_key_order(conn, locked)
@@ -197,7 +207,7 @@ class Relay:
             self._check_window(rows)
             ids = [r.id for r in rows]
             bodies = dict(conn.execute(self._sql["bodies"], (ids,)).fetchall())
-            self._marks.execute(self._sql["attempt"], (ids,))  # autocommit: durable before the send
+            conns.marks.execute(self._sql["attempt"], (ids,))  # autocommit: durable before the send
             rejected = self._send(rows, bodies)
             for row, error in rejected:
                 conn.execute(self._sql["reject"], (error, row.id))
@@ -213,7 +223,7 @@ class Relay:
         self._disconnect()
 
     # ------------------------------------------------------------------ one batch
-    def _in_key_order(self, conn, rows: list[_Row]) -> list[_Row]:
+    def _in_key_order(self, conn: Connection[Any], rows: list[_Row]) -> list[_Row]:
         """The rows that may go now: per key, the longest run, from the key's oldest row,
         of rows this batch holds with no row of the key between them."""
         by_key: dict[tuple[str, str], list[_Row]] = {}
@@ -248,24 +258,24 @@ class Relay:
         return rows
 
     def _check_window(self, rows: list[_Row]) -> None:
-        again = [r for r in rows if r.attempted_ago is not None]
+        again = [(r, r.attempted_ago) for r in rows if r.attempted_ago is not None]
         if not again:
             return
         self.stats.resent += len(again)
         log.warning("outbox %s: sending %d row(s) again, first sent up to %.1f s ago (a batch "
                     "did not finish); the queue deduplicates them", self.table, len(again),
-                    max(r.attempted_ago for r in again))
+                    max(ago for _, ago in again))
         behind = []
-        for r in again:
+        for r, ago in again:
             safe = self._safe_window(r.queue)
-            if r.attempted_ago > safe:
-                behind.append((r, safe))
+            if ago > safe:
+                behind.append((r, ago, safe))
         if behind:
-            r, safe = behind[0]
-            ids = ", ".join(str(b.id) for b, _ in behind[:10]) + (" ..." if len(behind) > 10 else "")
+            r, ago, safe = behind[0]
+            ids = ", ".join(str(b.id) for b, _, _ in behind[:10]) + (" ..." if len(behind) > 10 else "")
             raise OutboxBehind(
                 f"outbox {self.table}: {len(behind)} row(s) (ids {ids}) were first sent to the queue "
-                f"{r.attempted_ago:.0f} s ago, more than the {safe:.0f} s the queue's dedup window "
+                f"{ago:.0f} s ago, more than the {safe:.0f} s the queue's dedup window "
                 f"(less a safety margin) covers; sending them again could enqueue duplicates. "
                 f"Check whether jobs with dedup_id 'outbox:{self._scope}:<id>' were delivered, then "
                 f"delete those rows from {self.table} (if they were) or their rows in "
@@ -309,7 +319,7 @@ class Relay:
         return rejected
 
     # ------------------------------------------------------------------ connections, waiting
-    def _connect(self) -> None:
+    def _connect(self) -> _Conns:
         self._disconnect()
         what = f"outbox relay ({self.table})"
         conns = []
@@ -329,17 +339,16 @@ class Relay:
             if pgconn.is_disconnect(exc):
                 raise pgconn.unavailable(exc, what) from None
             raise
-        self._conn, self._marks, self._listen = conn, marks, listen
+        self._conns = _Conns(conn, marks, listen)
+        return self._conns
 
     def _disconnect(self) -> None:
-        conns = (self._conn, self._marks, self._listen)
-        self._conn = self._marks = self._listen = None
-        for c in conns:
-            if c is not None:
-                try:
-                    c.close()
-                except Exception:  # noqa: BLE001 - closing a dead connection
-                    pass
+        conns, self._conns = self._conns, None
+        for c in conns or ():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
 
     def _failed(self, exc: BaseException, backoff: float) -> float:
         self.stats.unavailable += 1
@@ -361,7 +370,8 @@ class Relay:
 
     def _wait(self, timeout: float) -> None:
         """Sleep until another session commits a NOTIFY on the channel, or ``timeout``."""
-        own = self._conn.info.backend_pid
+        conns = self._conns or self._connect()  # connected by the batch before
+        own = conns.main.info.backend_pid
         deadline = self._clock.monotonic() + timeout
         self.waiting = True
         try:
@@ -369,9 +379,9 @@ class Relay:
                 left = deadline - self._clock.monotonic()
                 if left <= 0:
                     return
-                if any(n.pid != own for n in self._listen.notifies(timeout=min(left, STOP_CHECK_S))):
+                if any(n.pid != own for n in conns.listen.notifies(timeout=min(left, STOP_CHECK_S))):
                     break
-            for _ in self._listen.notifies(timeout=0):  # drained: the next batch sees those rows
+            for _ in conns.listen.notifies(timeout=0):  # drained: the next batch sees those rows
                 pass
         finally:
             self.waiting = False
@@ -382,12 +392,12 @@ def status(dsn: str, table: str = TABLE_DEFAULT) -> dict[str, Any]:
     (a relay died or failed mid-batch) and the oldest such attempt, rows rejected."""
     t = pgconn.TableName(table)
     with pgconn.connect(dsn, what=f"outbox ({table})") as conn:
-        pending, oldest = conn.execute(
+        pending, oldest = pgconn.one_row(conn.execute(
             f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(created_at))::float8 "
-            f"FROM {t.q()}").fetchone()
-        attempted, oldest_attempt = conn.execute(
+            f"FROM {t.q()}"))
+        attempted, oldest_attempt = pgconn.one_row(conn.execute(
             f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(first_at))::float8 "
-            f"FROM {t.q('_attempts')}").fetchone()
-        rejected = conn.execute(f"SELECT count(*) FROM {t.q('_rejected')}").fetchone()[0]
+            f"FROM {t.q('_attempts')}"))
+        (rejected,) = pgconn.one_row(conn.execute(f"SELECT count(*) FROM {t.q('_rejected')}"))
     return {"table": table, "pending": pending, "oldest_s": oldest, "attempted": attempted,
             "oldest_attempt_s": oldest_attempt, "rejected": rejected}

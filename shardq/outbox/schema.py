@@ -18,8 +18,12 @@ waiting relay wakes when the inserting transaction commits (and not before).
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from .. import pgconn
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 TABLE_DEFAULT = "shardq_outbox"
 
@@ -58,7 +62,7 @@ def schema_sql(table: str | pgconn.TableName) -> list[str]:
     ]
 
 
-def install(db, table: str | pgconn.TableName = TABLE_DEFAULT) -> str:
+def install(db: str | Connection[Any], table: str | pgconn.TableName = TABLE_DEFAULT) -> str:
     """Create the outbox tables if missing and return the table's dedup scope. ``db``: a
     psycopg connection in autocommit mode (or a DSN). Safe to run from many processes at
     once (an advisory lock serialises it)."""
@@ -76,4 +80,5 @@ def install(db, table: str | pgconn.TableName = TABLE_DEFAULT) -> str:
                        f"FOR EACH STATEMENT EXECUTE FUNCTION {table.q('_notify')}()")
         db.execute(f"INSERT INTO {table.q('_meta')} (name, value) VALUES ('scope', %s) "
                    "ON CONFLICT (name) DO NOTHING", (uuid.uuid4().hex,))
-        return db.execute(f"SELECT value FROM {table.q('_meta')} WHERE name = 'scope'").fetchone()[0]
+        scope: str = pgconn.one_row(db.execute(f"SELECT value FROM {table.q('_meta')} WHERE name = 'scope'"))[0]
+        return scope

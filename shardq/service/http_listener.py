@@ -37,6 +37,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import limits
 from ..clock import Clock, SystemClock
@@ -54,7 +55,7 @@ def _refusal(status: int, reason: str) -> bytes:
             f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode() + text
 
 
-def bind(address: tuple, family: int) -> socket.socket:
+def bind(address: tuple[Any, ...], family: int) -> socket.socket:
     """A TCP socket bound to ``address`` and listening (connections wait in its backlog
     until a :class:`Listener` serves it); OSError (EADDRINUSE...) with nothing left open."""
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -74,7 +75,7 @@ class Request:
     ``body_ready``. ``keep_alive`` False: the connection is closed after the response
     whatever the handler says (its body was refused and is still on the wire)."""
     sock: socket.socket
-    peer: tuple
+    peer: tuple[Any, ...]
     data: bytes
     body_ready: bool
     keep_alive: bool
@@ -142,7 +143,7 @@ class ChunkedBody:
 @dataclass
 class _Conn:
     sock: socket.socket
-    peer: tuple
+    peer: tuple[Any, ...]
     deadline: float
     phase: str = _HEAD
     buf: bytearray = field(default_factory=bytearray)
@@ -156,7 +157,7 @@ class Listener:
     """Serves ``address`` with ``handle(request) -> keep the connection open`` on the workers.
     ``wants_body(method, path, headers)`` decides, from the head alone, whether a body is read."""
 
-    def __init__(self, address: tuple, family: int, handle: Callable[[Request], bool],
+    def __init__(self, address: tuple[Any, ...], family: int, handle: Callable[[Request], bool],
                  wants_body: Callable[[str, str, http.client.HTTPMessage], bool], *,
                  clock: Clock | None = None, workers: int = limits.HTTP_WORKERS,
                  body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, sock: socket.socket | None = None):
@@ -175,7 +176,7 @@ class Listener:
         self._held: dict[socket.socket, _Conn] = {}  # in the receiver; insertion order = waiting longest first
         self._answering = 0                           # handed to workers, not back yet
         self._work: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self._back: queue.SimpleQueue[tuple[socket.socket | None, tuple, bytes, bool]] = queue.SimpleQueue()
+        self._back: queue.SimpleQueue[tuple[socket.socket | None, tuple[Any, ...], bytes, bool]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 

@@ -13,10 +13,19 @@ The metric names and labels are listed in docs/operations.md ("Metrics").
 """
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..clock import Clock, SystemClock
 from ..shard.control import COUNTERS
+
+if TYPE_CHECKING:
+    from ..client.router import Router
+    from .supervisor import Supervisor
+
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
 
 QUEUE_STATES = ("ready", "delayed", "waiting", "in_flight", "dead")
 _COUNTER_HELP = {
@@ -76,16 +85,17 @@ WORKFLOW_STATES = ("running", "succeeded", "failed", "cancelled")
 class ShardqCollector:
     """Registered in a ``CollectorRegistry``; ``collect()`` runs on every scrape."""
 
-    def __init__(self, router, supervisor=None, timeout_s: float = 2.0, clock: Clock | None = None):
+    def __init__(self, router: Router, supervisor: Supervisor | None = None, timeout_s: float = 2.0,
+                 clock: Clock | None = None):
         self.router = router
         self.supervisor = supervisor
         self.timeout_s = timeout_s
         self.clock = clock or SystemClock()  # times the scrape
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # no scrape at registration time
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         t0 = self.clock.monotonic()
         shards = self.router.shard_metrics(self.timeout_s)
         handles = self.supervisor.handles if self.supervisor is not None else []
@@ -163,7 +173,7 @@ class ShardqCollector:
         yield from g.families.values()
 
 
-def _workflows(g: _Families, s: str, sh: dict) -> None:
+def _workflows(g: _Families, s: str, sh: dict[str, Any]) -> None:
     """A shard's results and workflow figures (docs/workflows.md): what it keeps now
     (``stats``: ``results``, ``barriers``), and what it did since it started
     (``workflow_counters``). A figure the reply lacks adds no series."""
@@ -181,7 +191,8 @@ def _workflows(g: _Families, s: str, sh: dict) -> None:
             g.counter(name, doc, [s], value)
 
 
-def _by_state(g: _Families, s: str, name: str, doc: str, states: tuple[str, ...], counts: dict | None) -> None:
+def _by_state(g: _Families, s: str, name: str, doc: str, states: tuple[str, ...],
+              counts: dict[str, int] | None) -> None:
     """One gauge series per state the reply counts (labels shard, state)."""
     for state in states:
         if counts and state in counts:
@@ -191,23 +202,27 @@ def _by_state(g: _Families, s: str, name: str, doc: str, states: tuple[str, ...]
 class _Families:
     """Metric families by name, created on first use with their label names."""
 
-    def __init__(self):
-        self.families: dict = {}
+    def __init__(self) -> None:
+        self.families: dict[str, Any] = {}  # name -> its Gauge-, Counter- or HistogramMetricFamily
 
-    def _family(self, cls, name, doc, names):
-        fam = self.families.get(name)
+    def _family(self, cls: type[F], name: str, doc: str, names: list[str]) -> F:
+        fam: F | None = self.families.get(name)
         if fam is None:
             fam = self.families[name] = cls(name, doc, labels=names)
         return fam
 
-    def gauge(self, name, doc, labels, value, names=("shard",)):
+    def gauge(self, name: str, doc: str, labels: list[str], value: float,
+              names: Sequence[str] = ("shard",)) -> None:
         self._family(GaugeMetricFamily, name, doc, list(names)).add_metric(labels, value)
 
-    def counter(self, name, doc, labels, value, names=("shard",)):
+    def counter(self, name: str, doc: str, labels: list[str], value: float,
+                names: Sequence[str] = ("shard",)) -> None:
         self._family(CounterMetricFamily, name, doc, list(names)).add_metric(labels, value)
 
-    def histogram(self, name, doc, labels, snap, names=("shard",)):
-        cumulative, buckets = 0, []
+    def histogram(self, name: str, doc: str, labels: list[str], snap: dict[str, Any],
+                  names: Sequence[str] = ("shard",)) -> None:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
         for bound, n in zip(snap["bounds"] + [float("inf")], snap["counts"]):
             cumulative += n
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))

@@ -37,6 +37,7 @@ security headers.
 from __future__ import annotations
 
 import errno
+import http.client
 import io
 import json
 import logging
@@ -46,6 +47,8 @@ import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -62,6 +65,11 @@ from .http_auth import Auth
 from . import http_listener
 from .http_listener import Listener, Request
 from .http_metrics import ShardqCollector
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    from .supervisor import Supervisor
 
 log = logging.getLogger("shardq.http")
 
@@ -96,7 +104,7 @@ _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_R
 _TOKEN_IN_URL = re.compile(r"(token=)[^&\s]*")
 
 
-def resolve_token(cfg: HttpConfig, data_dir=None) -> str | None:
+def resolve_token(cfg: HttpConfig, data_dir: str | None = None) -> str | None:
     """The token: the config's, else ``SHARDQ_HTTP_TOKEN``, else the one kept in
     ``<data_dir>/http-token`` (made there at first start); None only for ``auth = "none"``,
     or when there is none yet and no ``data_dir`` (``shardq serve`` calls this without one to
@@ -159,8 +167,8 @@ def _holder(port: int) -> str | None:
 class HttpService:
     """The listener; :meth:`start` binds and serves on a daemon thread, :meth:`stop` ends it."""
 
-    def __init__(self, data_dir, cfg: HttpConfig, supervisor=None, *, token: str | None = None,
-                 scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
+    def __init__(self, data_dir: str, cfg: HttpConfig, supervisor: Supervisor | None = None, *,
+                 token: str | None = None, scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
         host, port = split_listen(cfg.listen)
         self.token = token if token is not None else resolve_token(cfg, data_dir)
         if self.token is None and (cfg.auth != "none" or not is_loopback(host)):
@@ -218,7 +226,7 @@ class HttpService:
         """Answer one whole request; True: the connection may carry another."""
         return _Handler(req, self).run()
 
-    def _wants_body(self, method: str, path: str, headers) -> bool:
+    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
         """Whether a request's body is worth reading, from its head: a POST to log in or out,
         or one that is authenticated. Any other body is never read (the handler refuses the
         request first)."""
@@ -267,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
         # The listener sent "100 Continue" already, and only for a body it went on to read.
         return True
 
-    def log_message(self, fmt, *args) -> None:  # access log at debug level, not on stderr
+    def log_message(self, fmt: str, *args: Any) -> None:  # access log at debug level, not on stderr
         log.debug("%s %s", self.address_string(), _TOKEN_IN_URL.sub(r"\1...", fmt % args))
 
     # ------------------------------------------------------------------ dispatch
@@ -306,7 +314,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._static(path[len("/static/"):])
         public = self._PUBLIC_GET.get(path)
         if public is not None:
-            return getattr(self, public)(query)
+            getattr(self, public)(query)
+            return None
         how = self.app.auth.identify(self.headers)
         if how is None and path == "/metrics" and self.app.auth.metrics_open(self.headers):
             how = "metrics"  # for this path only: the /metrics route answers it
@@ -318,7 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
         route = self._GET.get(path)
         if route is None:
             return self._not_allowed()
-        return getattr(self, route)(query)
+        getattr(self, route)(query)
+        return None
 
     def _login_page(self, query: dict[str, str]) -> None:
         if "token" in query:  # the printed URL: log in, then drop the token from the address bar
@@ -366,7 +376,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body()
             if body is None:
                 return None
-            return getattr(self, public)(body)
+            getattr(self, public)(body)
+            return None
         # Authentication first, the body after: a client that may not act cannot make the
         # listener read (or wait for) a megabyte.
         how = auth.identify(self.headers)
@@ -409,7 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                    "message": f"{self.command} is not allowed here"},
                    headers=(("Allow", ", ".join(allowed)),))
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[[], None]:
         # http.server looks up do_<METHOD> for the request's method: every method but GET
         # and POST, known (HEAD, PUT, QUERY...) or not, is answered by _not_allowed.
         if name.startswith("do_"):
@@ -463,7 +474,7 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length) if length else b""
 
-    def _call(self, fn, *args) -> None:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             result = fn(*args)
         except ShardqError as e:
@@ -490,7 +501,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
 
-    def _json(self, status: int, obj, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def _json(self, status: int, obj: Any, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self._send(status, json.dumps(obj, default=str).encode(), "application/json", headers)
 
     def _send(self, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
@@ -504,8 +515,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-class _SocketWriter(io.RawIOBase):
-    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole)."""
+class _SocketWriter(io.BufferedIOBase):
+    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole),
+    so it writes all of ``b`` or raises, as a buffered writer does."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
@@ -513,6 +525,6 @@ class _SocketWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b: ReadableBuffer, /) -> int:
         self._sock.sendall(b)
-        return len(b)
+        return memoryview(b).nbytes

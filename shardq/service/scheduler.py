@@ -18,11 +18,17 @@ import json
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from ..clock import Clock, SystemClock
 from ..errors import ShardqError
 from ..schedules import Schedule, from_config, iso, plan
+from ..types import JobId
 from ..tasks.body import encode
+
+if TYPE_CHECKING:
+    from ..client.queue import Queue
+    from ..config import Config
 
 log = logging.getLogger("shardq.scheduler")
 
@@ -31,7 +37,7 @@ WAKE_S_MAX = 1.0      # longest sleep: also how soon a failed enqueue is retried
 STATE_FORMAT = 1
 
 
-def collect_schedules(config) -> list[Schedule]:
+def collect_schedules(config: Config) -> list[Schedule]:
     """The config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
     ``service.schedule_modules`` (imported with the current directory on sys.path)."""
     import sys
@@ -90,7 +96,7 @@ class Scheduler:
     """Fires ``schedules`` into ``queue``; ``start()`` runs it in a thread, ``run_once(now)``
     is one step (tests call it with a fake clock)."""
 
-    def __init__(self, schedules: list[Schedule], queue, data_dir: str, clock: Clock | None = None):
+    def __init__(self, schedules: list[Schedule], queue: Queue, data_dir: str, clock: Clock | None = None):
         names = [s.name for s in schedules]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
@@ -107,13 +113,13 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def run_once(self, now: float | None = None) -> list[tuple[str, float, object]]:
+    def run_once(self, now: float | None = None) -> list[tuple[str, float, JobId]]:
         """Fire what is due at ``now``; returns ``[(name, tick, job_id), ...]``."""
         with self._lock:
             return self._run_once(self.clock.now() if now is None else now)
 
-    def _run_once(self, now: float) -> list[tuple[str, float, object]]:
-        out = []
+    def _run_once(self, now: float) -> list[tuple[str, float, JobId]]:
+        out: list[tuple[str, float, JobId]] = []
         changed = False
         for s in self.schedules:
             tick, new_last = plan(s, self.last.get(s.name), now, self.started_at)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..clock import SystemClock
 from ..protocol.status_file import BYTES_PER_SHARD, REASON_CHARS_MAX, path
@@ -25,7 +26,7 @@ class StatusBoard:
             pass  # no room even for this: publish() writes what it can
         self.failed_once = False
 
-    def publish(self, shards: list[dict]) -> bool:
+    def publish(self, shards: list[dict[str, Any]]) -> bool:
         """Overwrite the file with ``shards`` (one dict per shard). False if it could not be
         written (the caller logs that once); never raises."""
         rows = [dict(sh, reason=(sh.get("reason") or "")[:REASON_CHARS_MAX] or None) for sh in shards]

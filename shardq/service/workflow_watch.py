@@ -18,8 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidJob, NotFound, ShardqError
+
+if TYPE_CHECKING:
+    from ..client.router import Router
 
 log = logging.getLogger("shardq.service")
 
@@ -35,9 +40,10 @@ class WorkflowWatcher:
     records), through a router of the service's own, opened on the first look that needs
     one and closed by :meth:`stop`. ``target``: the data dir, or an open router (tests)."""
 
-    def __init__(self, target, shards=None, every_s: float = WATCH_S):
+    def __init__(self, target: str | os.PathLike[str] | Router, shards: Callable[[], Collection[int]] | None = None,
+                 every_s: float = WATCH_S):
         self._target = target
-        self.router = None if isinstance(target, (str, os.PathLike)) else target
+        self.router: Router | None = None if isinstance(target, (str, os.PathLike)) else target
         self._shards = shards
         self.every_s = every_s
         self.ended = 0                      # ends recorded since it started
@@ -72,7 +78,7 @@ class WorkflowWatcher:
             return 0  # no shard holds a running workflow: nothing to connect for
         if self.router is None:
             from ..client.router import Router
-            self.router = Router(self._target, _role="service")
+            self.router = Router(self._target, _role="service")  # type: ignore[arg-type]  # a path: else router is set
         ended = 0
         for shard in range(self.router.shards) if shards is None else shards:
             after = None

@@ -162,7 +162,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                       "service": ConnectionSlots(SERVICE_CONNECTIONS_MAX)}
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
-        self._busy = BusyPoll(shard.config.service.busy_poll_us)  # how the loop waits (iterate)
+        self._busy = BusyPoll(shard.config.service.busy_poll_us, self._real)  # how the loop waits (iterate)
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
         #: the pipelined committer, started by serve() before the loop runs (a driver of

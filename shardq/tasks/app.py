@@ -43,12 +43,15 @@ from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
 from collections.abc import Callable, Iterable
 
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..errors import InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
 from ..types import JobId
 from . import body as taskbody
 
 if TYPE_CHECKING:
+    from ..client.aio import AsyncQueue
     from ..client.queue import Queue
+    from ..schedules import Schedule
     from .workflow import Signature
 
 P = ParamSpec("P")
@@ -65,7 +68,7 @@ class Exponential:
     base_s: float = 1.0
     cap_s: float = 300.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (isinstance(self.base_s, (int, float)) and isinstance(self.cap_s, (int, float))
                 and 0 <= self.base_s <= self.cap_s <= limits.DELAY_S_MAX):
             raise InvalidConfig(f"Exponential: need 0 <= base_s <= cap_s <= {limits.DELAY_S_MAX:.0f}")
@@ -90,7 +93,8 @@ class Task(Generic[P, R]):
         self.__doc__, self.__wrapped__ = fn.__doc__, fn
 
     def __call__(self, ctx: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(ctx, *args, **kwargs)
+        result: R = self.fn(ctx, *args, **kwargs)
+        return result
 
     def __repr__(self) -> str:
         return f"<task {self.name} queue={self.queue!r}>"
@@ -122,10 +126,10 @@ class Task(Generic[P, R]):
             return self._queue().enqueue(**self.job(args, kwargs, delay, priority, dedup_id))
         return send
 
-    def send_many(self, calls: Iterable[tuple[tuple | list, dict]]) -> list[JobId]:
+    def send_many(self, calls: Iterable[tuple[tuple[Any, ...] | list[Any], dict[str, Any]]]) -> list[JobId]:
         """Enqueue many calls ``[(args, kwargs), ...]`` in one batch call; ids in order.
         Every call is checked before anything is sent."""
-        jobs = []
+        jobs: list[dict[str, Any]] = []
         for call in calls:
             if not (isinstance(call, (tuple, list)) and len(call) == 2
                     and isinstance(call[0], (tuple, list)) and isinstance(call[1], dict)):
@@ -145,7 +149,8 @@ class Task(Generic[P, R]):
             _results_of(q)
         return await q.enqueue(**self.job(args, kwargs))
 
-    def job(self, args, kwargs, delay: float = 0, priority: int = 0, dedup_id: str | None = None) -> dict:
+    def job(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], delay: float = 0, priority: int = 0,
+            dedup_id: str | None = None) -> dict[str, Any]:
         """The enqueue arguments of one call, checked (signature, key, msgpack)."""
         try:
             bound = self.signature.bind(None, *args, **kwargs)
@@ -196,10 +201,12 @@ class App:
     ``App(router=q)`` uses any :class:`~shardq.client.queue.Queue`; ``shardq.App.embedded()``
     starts a private service in a temp dir and ``shardq.App.run_worker()`` runs the tasks in
     this process (tests; shardq/service/embedded.py, a layer that may start a service and
-    run a worker). Import a module of tasks and nothing connects.
+    run a worker). Import a module of tasks and nothing connects. ``clock`` times the waits
+    of :meth:`result` and of its workflows' ``result`` (the system clock by default).
     """
 
-    def __init__(self, target: str | None = None, *, router: Queue | None = None, config=None):
+    def __init__(self, target: str | None = None, *, router: Queue | None = None, config: Any = None,
+                 clock: Clock | None = None):
         if (target is None) == (router is None):
             raise InvalidConfig("App needs a target (a data dir) or router=, not both")
         from .. import config as config_mod
@@ -208,12 +215,13 @@ class App:
         #: ``max_deliveries`` when it is declared, not only when a worker starts
         self.config = None if config is None else config_mod.load(config)
         self.target = target
+        self.clock = clock or SystemClock()
         self._queue = router
         self._owns_queue = router is None  # a router given to us is the caller's to close
         self._aio: dict[Any, Any] = {}  # event loop -> its asyncio client
         self._owned_dir: str | None = None
-        self.tasks: dict[str, Task] = {}
-        self.schedules: list = []  # shardq.schedules.Schedule, from @periodic
+        self.tasks: dict[str, Task[..., Any]] = {}
+        self.schedules: list[Schedule] = []  # from @periodic
 
     @property
     def queue(self) -> Queue:
@@ -223,11 +231,15 @@ class App:
             self._queue = connect(self.target)
         return self._queue
 
-    async def aio(self):
-        """The asyncio client of the running event loop (one per loop, connected once)."""
+    async def aio(self) -> AsyncQueue:
+        """The asyncio client of the running event loop (one per loop, connected once).
+        InvalidConfig for an app made with ``router=``: it has no data dir to connect to."""
         loop = asyncio.get_running_loop()
-        q = self._aio.get(loop)
+        q: AsyncQueue | None = self._aio.get(loop)
         if q is None:
+            if self.target is None:
+                raise InvalidConfig("this App was made with router=, so it has no data dir for an asyncio "
+                                    "client: make it with App(target) to use the *_async calls")
             from ..client import aio
             q = self._aio[loop] = await aio.connect(self.target)
         return q
@@ -242,8 +254,13 @@ class App:
              name: str | None = None,
              keep_result: float | None = None) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
-    def task(self, fn=None, /, *, queue="default", key=None, retries=None, backoff=None, name=None,
-             keep_result=None):
+    # mypy reports the implementation as not accepting overload 2's parameters while fn is
+    # positional-only (it accepts them: all keyword-only, fn left out); without the "/" it
+    # passes, but fn would become a keyword too.
+    def task(self, fn: Callable[..., Any] | None = None, /, *, queue: str = "default",  # type: ignore[misc]
+             key: str | Callable[..., str] | None = None, retries: int | None = None,
+             backoff: Exponential | None = None, name: str | None = None,
+             keep_result: float | None = None) -> Any:
         """Declare a task. ``name`` defaults to ``module.qualname``; keep it stable, it is
         how workers find the function (a renamed task's queued jobs would be dead-lettered
         as unknown). ``keep_result``: seconds the service keeps each job's return value
@@ -261,13 +278,13 @@ class App:
                                         or not 0 < keep_result <= limits.KEEP_RESULT_S_MAX):
             raise InvalidConfig(f"keep_result must be None or seconds in (0, {limits.KEEP_RESULT_S_MAX:.0f}]")
 
-        def decorate(f):
+        def decorate(f: Callable[..., Any]) -> Task[..., Any]:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise InvalidConfig("a task name must be a non-empty string")
             if task_name in self.tasks and self.tasks[task_name].fn is not f:
                 raise InvalidConfig(f"two tasks are named {task_name!r}")
-            t = Task(self, f, task_name, queue, key, retries, backoff or Exponential(), keep_result)
+            t: Task[..., Any] = Task(self, f, task_name, queue, key, retries, backoff or Exponential(), keep_result)
             self.tasks[task_name] = t
             return t
 
@@ -291,14 +308,14 @@ class App:
 
     def periodic(self, *, cron: str | None = None, every_s: float | None = None,
                  timezone: str = "UTC", catch_up: bool = True, name: str | None = None,
-                 queue: str = "default", key: str | None = None) -> Callable[[Any], Task]:
+                 queue: str = "default", key: str | None = None) -> Callable[[Any], Task[..., Any]]:
         """Run a task (no arguments besides ctx) on a schedule: ``cron`` (5 fields, in
         ``timezone``) or every ``every_s`` seconds. ``shardq serve`` fires the ticks of the
         modules listed in its config's ``service.schedule_modules`` (see docs/tasks.md).
         Stack it on ``@app.task(...)`` to choose the queue, key and retries."""
         from ..schedules import Schedule
 
-        def decorate(fn) -> Task:
+        def decorate(fn: Any) -> Task[..., Any]:
             t = fn if isinstance(fn, Task) else self.task(queue=queue, key=key)(fn)
             sched_key = key if key is not None else (t.key if isinstance(t.key, str) else None)
             body = taskbody.encode(t.name, (), {}, t.signature)
@@ -311,7 +328,7 @@ class App:
         return decorate
 
     # ------------------------------------------------------------------ results
-    def status(self, job_id: JobId) -> dict:
+    def status(self, job_id: JobId) -> dict[str, Any]:
         """What the service says of one job's outcome: ``state`` (``succeeded``, or the live
         job's: ``ready``, ``delayed``, ``waiting``, ``leased``, ``dead``; or ``gone``),
         ``attempts``, ``progress``, ``note``, ``error``, ``result_bytes``, ``expires_at``."""
@@ -326,28 +343,28 @@ class App:
         ``timeout`` seconds, NotFound if its result is gone (not kept, or expired)."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
         q = _results_of(self.queue)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             (r,) = q.results([job_id])
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})", self.clock)
             time.sleep(wait)
 
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
         """As :meth:`result`, with this loop's asyncio client."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
         q = _results_of(await self.aio())
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             (r,) = await q.results([job_id])
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
-            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})")
+            wait = _next_wait(wait, deadline, f"job {job_id} (still {r.state})", self.clock)
             await asyncio.sleep(wait)
 
     async def aclose(self) -> None:
@@ -369,6 +386,6 @@ class App:
     def __enter__(self) -> App:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 

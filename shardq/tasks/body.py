@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import msgpack
@@ -36,14 +37,15 @@ class BadBody(Exception):
 class Steps(NamedTuple):
     """The version-2 fields of a task body (all None in a version-1 body)."""
     keep_s: float | None          # "r": seconds to keep the result
-    report: list | None           # "w": [barrier id, shard, index, total, ttl_s, callback item]
-    inputs: list | None           # "in": [barrier id, shard, "one" | "all"]
+    report: list[Any] | None      # "w": [barrier id, shard, index, total, ttl_s, callback item]
+    inputs: list[Any] | None      # "in": [barrier id, shard, "one" | "all"]
 
 
 NO_STEPS = Steps(None, None, None)
 
 
-def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signature | None = None,
+def encode(name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
+           signature: inspect.Signature | None = None,
            steps: Steps = NO_STEPS) -> bytes:
     """The body for a call of task ``name``. InvalidJob names the argument msgpack refused
     (by parameter name when ``signature`` is given)."""
@@ -54,7 +56,8 @@ def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signa
             if value is not None:
                 obj[field] = value
     try:
-        return _packb(obj)
+        packed: bytes = _packb(obj)
+        return packed
     except (TypeError, ValueError, OverflowError):
         pass
     for where, value in _labelled(args, kwargs, signature):
@@ -67,13 +70,13 @@ def encode(name: str, args: tuple | list, kwargs: dict, signature: inspect.Signa
     raise InvalidJob(f"task {name}: the arguments cannot be encoded")  # not reached in practice
 
 
-def decode(body: bytes) -> tuple[str, list, dict]:
+def decode(body: bytes) -> tuple[str, list[Any], dict[str, Any]]:
     """``(name, args, kwargs)`` of a task body; BadBody says why it is not one."""
     name, args, kwargs, _ = decode_steps(body)
     return name, args, kwargs
 
 
-def decode_steps(body: bytes) -> tuple[str, list, dict, Steps]:
+def decode_steps(body: bytes) -> tuple[str, list[Any], dict[str, Any], Steps]:
     """As :func:`decode`, and the body's version-2 fields."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
@@ -101,7 +104,7 @@ def decode_steps(body: bytes) -> tuple[str, list, dict, Steps]:
     return name, args, kwargs, steps
 
 
-def describe(body: bytes) -> dict | None:
+def describe(body: bytes) -> dict[str, Any] | None:
     """A task body as plain JSON values, for people and tools that show jobs (the CLI, the
     console): ``{"name": ..., "args": [...], "kwargs": {...}}``, plus for a job of a
     workflow or one whose result is kept ``keep_result`` (seconds), ``reports_to``
@@ -144,8 +147,9 @@ def _plain(value: Any) -> Any:
     return repr(value)  # a msgpack extension type: shown, not interpreted
 
 
-def _labelled(args, kwargs, signature):
-    names = []
+def _labelled(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
+              signature: inspect.Signature | None) -> Iterator[tuple[str, Any]]:
+    names: list[str] = []
     if signature is not None:
         params = list(signature.parameters.values())[1:]  # after ctx
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 from .. import limits
@@ -19,7 +20,8 @@ from ..errors import Fail, Retry
 from ..consumer.handling import Context, error_text
 from .body import BadBody, Steps, decode, decode_steps
 from .app import App, Task
-from .workflow import FANOUT, pack, unpack
+from .reading import FANOUT
+from .workflow import pack, unpack
 
 KNOWN_NAMES_SHOWN = 20  # an unknown-task error lists at most this many known names
 
@@ -29,7 +31,7 @@ class TaskHandler:
 
     Picklable as the list of modules it was loaded from (process mode re-imports them)."""
 
-    def __init__(self, tasks: dict[str, Task], modules: list[str] | None = None,
+    def __init__(self, tasks: dict[str, Task[..., Any]], modules: list[str] | None = None,
                  rng: random.Random | None = None):
         self.tasks = dict(tasks)
         self.modules = modules
@@ -39,25 +41,25 @@ class TaskHandler:
     def from_modules(cls, modules: list[str]) -> TaskHandler:
         return cls(load_tasks(modules), modules)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[list[str]], TaskHandler], tuple[list[str]]]:
         if self.modules is None:
             raise TypeError("a TaskHandler built from tasks (not modules) cannot be sent to a process")
         return (TaskHandler.from_modules, (self.modules,))
 
     # ------------------------------------------------------------------ routing
-    def resolve(self, ctx: Context) -> tuple[Task, list, dict]:
+    def resolve(self, ctx: Context) -> tuple[Task[..., Any], list[Any], dict[str, Any]]:
         """The task and arguments of the job; Fail (dead-letter now) if there is none."""
         name, args, kwargs, _ = self._decode(ctx)
         return self._task(name), args, kwargs
 
     @staticmethod
-    def _decode(ctx: Context) -> tuple[str, list, dict, Steps]:
+    def _decode(ctx: Context) -> tuple[str, list[Any], dict[str, Any], Steps]:
         try:
             return decode_steps(ctx.body)
         except BadBody as exc:
             raise Fail(f"{exc}; dead-lettered without running") from None
 
-    def _task(self, name: str) -> Task:
+    def _task(self, name: str) -> Task[..., Any]:
         task = self.tasks.get(name)
         if task is None:
             known = sorted(self.tasks)
@@ -66,7 +68,7 @@ class TaskHandler:
                        "Deploy the task to the workers of this queue, then redrive the dead letter")
         return task
 
-    def failure(self, task: Task, attempt: int, exc: BaseException) -> BaseException:
+    def failure(self, task: Task[..., Any], attempt: int, exc: BaseException) -> BaseException:
         """What a task's exception means for its job: a Retry (with a delay) or a Fail."""
         if isinstance(exc, Fail):
             return exc
@@ -104,7 +106,7 @@ class TaskHandler:
         self._keep(ctx, task, steps, value)
         return value
 
-    async def run_async(self, task: Task, ctx: Context, args: list, kwargs: dict) -> Any:
+    async def run_async(self, task: Task[..., Any], ctx: Context, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Await an async task on the running loop (the asyncio worker's path; a sync task
         goes through ``__call__`` in a thread instead). Its inputs, if it is a workflow
         step, are fetched in a thread (the client calls of ``ctx.client`` block)."""
@@ -137,7 +139,7 @@ class TaskHandler:
                        "be reported; run it again by hand if its workflow needs it")
         self._report(ctx, steps, kept)
 
-    def _keep(self, ctx: Context, task: Task, steps: Steps, value: Any) -> None:
+    def _keep(self, ctx: Context, task: Task[..., Any], steps: Steps, value: Any) -> None:
         """A task's return value, to be kept and reported once its effect commits."""
         if steps.keep_s is None and steps.report is None:
             return
@@ -162,12 +164,12 @@ class TaskHandler:
         if steps.keep_s is not None:
             ctx.report("put_result", data, steps.keep_s)
 
-    def _inputs(self, ctx: Context, inputs: list) -> Any:
+    def _inputs(self, ctx: Context, inputs: list[Any]) -> Any:
         barrier, shard, mode = inputs
         values = _client(ctx).barrier_values(shard, barrier)
         return unpack(values[0]) if mode == "one" else [unpack(v) for v in values]
 
-    def _fan_out(self, ctx: Context, args: list, steps: Steps) -> None:
+    def _fan_out(self, ctx: Context, args: list[Any], steps: Steps) -> None:
         """Start the members of a group that follows a step: each arrives at its own barrier
         (one member, counted once), which enqueues it with the input."""
         spawns, ttl_s = args
@@ -178,7 +180,7 @@ class TaskHandler:
         for member_shard, member_barrier, item in spawns:
             ctx.report("arrive", member_shard, member_barrier, 0, 1, data, ttl_s, item)
 
-    def task_of(self, body: bytes) -> Task | None:
+    def task_of(self, body: bytes) -> Task[..., Any] | None:
         """The task a body names, or None (not a task body, or unknown: ``__call__`` or
         ``resolve`` then says why)."""
         try:
@@ -195,10 +197,10 @@ def _client(ctx: Context) -> Any:
     return client
 
 
-def load_tasks(modules: list[str]) -> dict[str, Task]:
+def load_tasks(modules: list[str]) -> dict[str, Task[..., Any]]:
     """Import ``modules`` and collect the tasks of every :class:`App` they define (a
     module attribute that is an App, or a Task)."""
-    tasks: dict[str, Task] = {}
+    tasks: dict[str, Task[..., Any]] = {}
     for name in modules:
         mod = importlib.import_module(name)
         for value in list(vars(mod).values()):

@@ -21,9 +21,11 @@ FANOUT = "shardq.fanout"
 #: Members watched per barrier no member has arrived at yet (``watched``): as many as a
 #: shard lists of a known barrier's missing members.
 UNSEEN_WATCHED = 20
+#: barrier (shard, id) -> its state as the shard lists it (None: not known there)
+Barriers = dict[tuple[int, str], dict[str, Any] | None]
 
 
-def step_jobs(steps: list[Step], first_ids: list, barriers: dict[tuple[int, str], dict | None]) -> list[int | None]:
+def step_jobs(steps: list[Step], first_ids: list[int], barriers: Barriers) -> list[int | None]:
     """Each step's job id: from the first batch, or the callback its barrier fired (None:
     not enqueued yet)."""
     out: list[int | None] = []
@@ -54,7 +56,7 @@ class Verdict(NamedTuple):
     job_id: int | None = None
     why: str | None = None
     error: str | None = None
-    values: list | None = None
+    values: list[Any] | None = None
     lost: bool = False
     recheck: bool = False
 
@@ -64,7 +66,7 @@ def _named(step: Step, job_id: int | None) -> str:
 
 
 def verdict(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
-            barriers: dict[tuple[int, str], dict | None], finals: list[str], cancelled: bool) -> Verdict:
+            barriers: Barriers, finals: list[str], cancelled: bool) -> Verdict:
     """How the workflow stands; the first that holds: FAILED (a step dead-lettered); ENDED
     by ``wf.cancel()`` (``cancelled``: its marker says so); SUCCEEDED (every final step's
     result kept); ENDED by a barrier cancelled before it started its step, by a step whose
@@ -112,7 +114,7 @@ def verdict(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
 
 
 def _stopped_at(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
-                barriers: dict[tuple[int, str], dict | None], final: set[str]) -> tuple[Step | None, int | None, str]:
+                barriers: Barriers, final: set[str]) -> tuple[Step | None, int | None, str]:
     """The step a cancelled workflow stopped at: the first whose result was read and is
     neither kept nor counted by its barrier (running, or cancelled), else the first not
     enqueued; and what became of it."""
@@ -130,7 +132,7 @@ def _stopped_at(steps: list[Step], jobs: list[int | None], results: dict[int, An
     return None, None, ""
 
 
-def _not_arrived(reports: tuple[int, str, int], barriers: dict[tuple[int, str], dict | None]) -> bool:
+def _not_arrived(reports: tuple[int, str, int], barriers: Barriers) -> bool:
     """Whether the barrier a step reports to shows that the step has not arrived: it knows
     no arrival at all, or lists the step's index among its missing ones (only the first
     are listed: an index past them is not known to be missing)."""
@@ -152,7 +154,7 @@ def _spawned(steps: list[Step], fanout: Step) -> list[tuple[int, str]]:
 
 
 def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, Any],
-                barriers: dict[tuple[int, str], dict | None]) -> list[dict]:
+                barriers: Barriers) -> list[dict[str, Any]]:
     """One row per step: what ``Workflow.status()`` returns."""
     rows = []
     for step, job_id in zip(steps, jobs):
@@ -174,7 +176,7 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
     return rows
 
 
-def _reported_state(reports: tuple[int, str, int], barriers: dict[tuple[int, str], dict | None]) -> str:
+def _reported_state(reports: tuple[int, str, int], barriers: Barriers) -> str:
     """The state of a step whose job is gone and whose value went to a barrier, not kept:
     ``succeeded`` if the barrier counted it, ``cancelled`` if the barrier was cancelled,
     else ``gone`` (cancelled or purged before it arrived)."""
@@ -195,7 +197,7 @@ def _reported_state(reports: tuple[int, str, int], barriers: dict[tuple[int, str
     return "succeeded" if shown_all or (missing and index < missing[-1]) else "gone"
 
 
-def watched(steps: list[Step], jobs: list[int | None], barriers: dict[tuple[int, str], dict | None],
+def watched(steps: list[Step], jobs: list[int | None], barriers: Barriers,
             finals: list[str]) -> list[int]:
     """The jobs ``result()`` looks at: the final steps (their values), the fanout jobs, and
     the members a barrier is still missing (the first it lists: a dead one is among them,

@@ -27,9 +27,9 @@ from ..stopping import install_stop_signals
 log = logging.getLogger("shardq.worker")
 
 
-def plan(tasks: dict[str, Task], queues: list[str] | None) -> dict[str, str]:
+def plan(tasks: dict[str, Task[..., Any]], queues: list[str] | None) -> dict[str, str]:
     """queue -> "async" or "thread": the mode of each queue's worker."""
-    by_queue: dict[str, list[Task]] = {}
+    by_queue: dict[str, list[Task[..., Any]]] = {}
     for t in tasks.values():
         by_queue.setdefault(t.queue, []).append(t)
     if queues:
@@ -41,7 +41,7 @@ def plan(tasks: dict[str, Task], queues: list[str] | None) -> dict[str, str]:
     return {q: "async" if any(t.is_async for t in ts) else "thread" for q, ts in by_queue.items()}
 
 
-def check_retries(tasks: dict[str, Task], queue_config: Callable[[str], dict]) -> list[str]:
+def check_retries(tasks: dict[str, Task[..., Any]], queue_config: Callable[[str], dict[str, Any]]) -> list[str]:
     """Warnings for tasks whose ``retries`` the queue's ``max_deliveries`` cuts short.
 
     The queue's limit is the hard one (the service, or SQS's ``maxReceiveCount``, counts
@@ -114,7 +114,7 @@ class TaskWorkers:
         old = install_stop_signals(self.stop, "shardq worker")
         errors: list[BaseException] = []
 
-        def run_one(w):
+        def run_one(w: Any) -> None:
             try:
                 w.run()
             except BaseException as exc:  # noqa: BLE001 - reported below, the others stop too

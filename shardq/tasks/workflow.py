@@ -35,14 +35,15 @@ import uuid
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 
 import msgpack
 
 from .. import limits
+from ..clock import Clock, SystemClock
 from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, WorkflowCancelled
 from . import body as taskbody
-from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Verdict, status_rows, step_jobs, verdict,
+from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Barriers, Verdict, status_rows, step_jobs, verdict,
                       watched)
 
 if TYPE_CHECKING:
@@ -74,9 +75,9 @@ def unpack(data: bytes) -> Any:
 class Signature:
     """A task call not sent yet (``task.s(*args, **kwargs)``). In a chain the step gets
     the previous step's return value as its first argument after ``ctx``."""
-    task: Task
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
+    task: Task[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
     delay: float = 0
     priority: int = 0
 
@@ -166,7 +167,7 @@ class Step:
     path: str
     barrier: tuple[int, str] | None = None
     index: int | None = None
-    item: list | None = field(default=None, repr=False)
+    item: list[Any] | None = field(default=None, repr=False)
     reports: tuple[int, str, int] | None = None   # (shard, barrier id, member index) it arrives at
 
 
@@ -177,7 +178,7 @@ class Target:
     bid: str
     shard: int
     total: int
-    callback: list
+    callback: list[Any]
 
 
 class Builder:
@@ -187,7 +188,7 @@ class Builder:
     Paths name the steps: the top chain's step ``k`` is ``0.k``, member ``j`` of a group
     there ``0.k.j``, and step ``m`` of a chain that is that member ``0.k.j.m``."""
 
-    def __init__(self, route, wf_id: str, ttl_s: float):
+    def __init__(self, route: Callable[[str, str | None, str], int], wf_id: str, ttl_s: float):
         self.route = route
         self.wf_id = wf_id
         self.ttl_s = ttl_s
@@ -196,7 +197,7 @@ class Builder:
         self.steps: list[Step] = []
         self.barriers: list[tuple[int, str]] = []
 
-    def build(self, top: Chain) -> list[list]:
+    def build(self, top: Chain) -> list[list[Any]]:
         """The items to enqueue now (``[body, key, queue, delay, priority]``); the steps
         and barriers are left in :attr:`steps` and :attr:`barriers`."""
         _check_groups(top)
@@ -212,8 +213,8 @@ class Builder:
         self.count += 1
         return f"{self.wf_id}.{self.count}"
 
-    def chain_items(self, steps: list, target: Target | None, index: int, inputs: list | None, path: str,
-                    started_by: tuple[int, str] | None) -> list[list]:
+    def chain_items(self, steps: list[Any], target: Target | None, index: int, inputs: list[Any] | None, path: str,
+                    started_by: tuple[int, str] | None) -> list[list[Any]]:
         """The jobs that start a chain whose last step reports to ``target`` at ``index``.
         Built from the end: each step is the callback of the barrier its predecessor
         reports to, and that barrier lives where the step's first job is enqueued."""
@@ -230,12 +231,12 @@ class Builder:
             tgt, idx = Target(bid, shard, total, callback), 0
         return self.node_items(steps[0], tgt, idx, inputs, f"{path}.0", started_by, False)
 
-    def node_items(self, node: Any, target: Target | None, index: int, inputs: list | None, path: str,
-                   started_by: tuple[int, str] | None, by_barrier: bool) -> list[list]:
+    def node_items(self, node: Any, target: Target | None, index: int, inputs: list[Any] | None, path: str,
+                   started_by: tuple[int, str] | None, by_barrier: bool) -> list[list[Any]]:
         if isinstance(node, Signature):
             return [self.signature_item(node, target, index, inputs, path, started_by)]
         if not by_barrier:
-            items: list[list] = []
+            items: list[list[Any]] = []
             for j, m in enumerate(node.members):
                 items += self.member_items(m, target, index + j, inputs, f"{path}.{j}", started_by)
             return items
@@ -255,8 +256,8 @@ class Builder:
         self.steps.append(Step(FANOUT, path, started_by, item=item))
         return [item]
 
-    def member_items(self, member: Any, target: Target | None, index: int, inputs: list | None, path: str,
-                     started_by: tuple[int, str] | None) -> list[list]:
+    def member_items(self, member: Any, target: Target | None, index: int, inputs: list[Any] | None, path: str,
+                     started_by: tuple[int, str] | None) -> list[list[Any]]:
         if isinstance(member, Signature):
             return [self.signature_item(member, target, index, inputs, path, started_by)]
         if not isinstance(member.steps[-1], Signature):
@@ -265,8 +266,8 @@ class Builder:
             raise InvalidJob("a chain inside a group that follows a step must start with a task, not a group")
         return self.chain_items(member.steps, target, index, inputs, path, started_by)
 
-    def signature_item(self, sig: Signature, target: Target | None, index: int, inputs: list | None,
-                       path: str, started_by: tuple[int, str] | None) -> list:
+    def signature_item(self, sig: Signature, target: Target | None, index: int, inputs: list[Any] | None,
+                       path: str, started_by: tuple[int, str] | None) -> list[Any]:
         report = None if target is None else [target.bid, target.shard, index, target.total, self.ttl_s,
                                               target.callback]
         name, args, kwargs, key, queue, delay, priority = call(sig, inputs is not None)
@@ -282,7 +283,7 @@ class Builder:
         return item
 
 
-def call(sig: Signature, with_input: bool) -> tuple[str, list, dict, str | None, str, float, int]:
+def call(sig: Signature, with_input: bool) -> tuple[str, list[Any], dict[str, Any], str | None, str, float, int]:
     """A signature's call checked as ``task.send`` checks it (signature, key, msgpack).
     ``with_input``: the step gets an input first, not known yet: None stands in for it
     (its key function, if any, sees None there), and it is not sent."""
@@ -340,7 +341,7 @@ def signatures(node: Any) -> Iterable[Signature]:
             yield from signatures(m)
 
 
-def spec_of(steps: list[Step], barriers: list[tuple[int, str]], finals: list[str], first_ids: list,
+def spec_of(steps: list[Step], barriers: list[tuple[int, str]], finals: list[str], first_ids: list[Any],
             single: bool) -> bytes:
     """A workflow's record: what :meth:`Workflow.load` needs, zlib-compressed msgpack
     (a chord's members repeat their task name and barrier: it compresses tenfold)."""
@@ -349,7 +350,7 @@ def spec_of(steps: list[Step], barriers: list[tuple[int, str]], finals: list[str
     return zlib.compress(msgpack.packb([SPEC_FORMAT, rows, [list(b) for b in barriers], finals, first_ids, single]))
 
 
-def from_spec(spec: bytes) -> tuple[list[Step], list[tuple[int, str]], list[str], list, bool]:
+def from_spec(spec: bytes) -> tuple[list[Step], list[tuple[int, str]], list[str], list[Any], bool]:
     """The steps, barriers, finals, first job ids and ``single`` of a record; InvalidJob
     for one this version does not read."""
     try:
@@ -401,10 +402,14 @@ class Workflow:
     ``shardq job show``)."""
 
     def __init__(self, app: App | None, wf_id: str, steps: list[Step], barriers: list[tuple[int, str]],
-                 finals: list[str], first_ids: list, single: bool, queue: Any = None):
+                 finals: list[str], first_ids: list[Any], single: bool, queue: Any = None):
         self.app, self.id, self.steps, self.barriers = app, wf_id, steps, barriers
         self.finals, self.first_ids, self.single = finals, first_ids, single
         self._queue = queue
+
+    def _clock(self) -> Clock:
+        """The clock its waits are timed by: the app's (a workflow loaded without one: the system's)."""
+        return self.app.clock if self.app is not None else SystemClock()
 
     @property
     def queue(self) -> Any:
@@ -429,7 +434,7 @@ class Workflow:
             raise InvalidJob(f"workflow of {len(builder.steps)} steps: its record would take up to {room} bytes, "
                              f"over limits.WORKFLOW_SPEC_BYTES_MAX ({limits.WORKFLOW_SPEC_BYTES_MAX}); split it")
         jobs = [{"body": b, "key": k, "queue": qn, "delay": d, "priority": p} for b, k, qn, d, p in items]
-        ids: list = []
+        ids: list[Any] = []
         for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
             ids += q.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
         wf = cls(app, wf_id, builder.steps, builder.barriers, finals, ids, single)
@@ -475,7 +480,7 @@ class Workflow:
         bid = f"{self.id}.cancel"
         return zlib.crc32(bid.encode()) % shards, bid
 
-    def _judge(self, shards: int, every: bool) -> Generator[tuple[str, tuple], Any, tuple]:
+    def _judge(self, shards: int, every: bool) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[Any, ...]]:
         """One look: each step's job, the results read (``every``: every step's, as sizes;
         else those ``result()`` watches, with values), the barriers, and the
         :class:`Verdict`. A step that reads as gone before it reported is confirmed by a
@@ -492,7 +497,7 @@ class Workflow:
             v = verdict(self.steps, jobs, results, again, self.finals, cancelled)
         return jobs, results, barriers, v
 
-    def _answer(self, v: Verdict) -> Generator[tuple[str, tuple], Any, Any]:
+    def _answer(self, v: Verdict) -> Generator[tuple[str, tuple[Any, ...]], Any, Any]:
         """What ``result()`` says of an ended workflow: its value, or the error it raises.
         An end the jobs cannot tell apart (a cancel from a dead step purged, a cancel from a
         result gone) is told by the workflow's record, ended here as cancelled unless it
@@ -522,7 +527,7 @@ class Workflow:
         raise WorkflowCancelled(f"workflow {self.id} cancelled: {v.why}", workflow_id=self.id, step=step,
                                 task=task, job_id=v.job_id)
 
-    def _poll(self, shards: int) -> Generator[tuple[str, tuple], Any, tuple[bool, Any]]:
+    def _poll(self, shards: int) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[bool, Any]]:
         """One look for ``result()``: ``(True, value)`` once it ended (or the error raised),
         ``(False, None)`` while it runs."""
         *_, v = yield from self._judge(shards, every=False)
@@ -530,18 +535,18 @@ class Workflow:
             return False, None
         return True, (yield from self._answer(v))
 
-    def _value(self, values: list | None) -> Any:
+    def _value(self, values: list[Any] | None) -> Any:
         out = [unpack(v) for v in values or []]
         return out[0] if self.single else out
 
-    def _look(self, q, every: bool = True) -> tuple[list[int | None], dict[int, Any], dict]:
+    def _look(self, q: Any, every: bool = True) -> tuple[list[int | None], dict[int, Any], Barriers]:
         """Each step's job, the outcomes of every step's job (``every``: their values'
         sizes only) or of the ones ``result()`` watches (with their values), and the
         barriers' states."""
         jobs, results, barriers, _ = _drive(q, self._judge(q.shards, every))
         return jobs, results, barriers
 
-    def status(self) -> list[dict]:
+    def status(self) -> list[dict[str, Any]]:
         """Every step: ``step`` (its path), ``task``, ``job_id`` (None until enqueued),
         ``state`` (``pending`` before it is enqueued, then the job's: ``ready``, ``leased``,
         ``succeeded``, ``dead``...), ``attempts``, ``progress``, ``note``, ``error``,
@@ -555,31 +560,31 @@ class Workflow:
         once: JobFailed if a step was dead-lettered (or purged since, or its result is
         gone), WorkflowCancelled if it was cancelled (``cancel()``, or a step's job
         cancelled); both name the step. TimeoutError if it runs past ``timeout`` seconds."""
-        q = self.queue
-        deadline = None if timeout is None else time.monotonic() + timeout
+        q, clock = self.queue, self._clock()
+        deadline = None if timeout is None else clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             done, value = _drive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, f"workflow {self.id}")
+            wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
             time.sleep(wait)
 
     async def result_async(self, timeout: float | None = None) -> Any:
         """As :meth:`result`, with the app's asyncio client (``await wf.result_async()``)."""
         if self.app is None:
             raise TypeError("result_async needs a workflow sent or loaded with an App (Workflow.load(app, id))")
-        q = await self.app.aio()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        q, clock = await self.app.aio(), self.app.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
             done, value = await _adrive(q, self._poll(q.shards))
             if done:
                 return value
-            wait = _next_wait(wait, deadline, f"workflow {self.id}")
+            wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
             await asyncio.sleep(wait)
 
-    def cancel(self) -> dict:
+    def cancel(self) -> dict[str, Any]:
         """Stop what has not run: its marker is cancelled (from then on ``result()``
         raises WorkflowCancelled at once), then each barrier not fired yet (nothing after
         it is enqueued), then every job enqueued and not finished
@@ -611,12 +616,13 @@ class Workflow:
     def _end(self, q: Any, state: str, why: str | None) -> str:
         """Record the end (its first end is kept): the state the record holds now."""
         try:
-            return q.end_workflow(self.id, state, why, RECORD_KEPT_S)
+            recorded: str = q.end_workflow(self.id, state, why, RECORD_KEPT_S)
+            return recorded
         except NotFound:
             return state  # sent without a record (its put failed, or an older version sent it)
 
 
-def _drive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
+def _drive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
     """Run a reading generator with the threaded client ``q``: each call it yields is
     made, and its reply (or its ShardqError) sent back; returns what it returns."""
     reply: Any = None
@@ -632,7 +638,7 @@ def _drive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
             reply, error = None, exc
 
 
-async def _adrive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
+async def _adrive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
     """As :func:`_drive`, with the asyncio client."""
     reply: Any = None
     error: ShardqError | None = None
@@ -651,7 +657,7 @@ async def _adrive(q: Any, gen: Generator[tuple[str, tuple], Any, Any]) -> Any:
 DESCRIBE_STEPS_MAX = 200
 
 
-def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict:
+def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict[str, Any]:
     """A workflow as ``shardq workflow show`` and the console show it, from its record and
     its steps' jobs, with the client ``q``: ``id``, ``state`` (``running``, or how it
     ended as the service's watcher recorded it), ``error``, ``started_at``, ``ended_at``,
@@ -669,11 +675,12 @@ def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict:
             "steps_by_state": by_state, "steps": rows[:steps_max], "steps_shown": min(len(rows), steps_max)}
 
 
-def _next_wait(wait: float, deadline: float | None, what: str) -> float:
-    """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline);
-    TimeoutError (``"<what> not done in time"``) once the deadline has passed."""
+def _next_wait(wait: float, deadline: float | None, what: str, clock: Clock) -> float:
+    """The next pause between looks (doubling up to POLL_MAX_S, never past the deadline,
+    a reading of ``clock``'s monotonic time); TimeoutError (``"<what> not done in time"``)
+    once the deadline has passed."""
     if deadline is not None:
-        left = deadline - time.monotonic()
+        left = deadline - clock.monotonic()
         if left <= 0:
             raise TimeoutError(f"{what} not done in time")
         return min(wait * 2, POLL_MAX_S, left)

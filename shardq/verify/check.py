@@ -2,24 +2,27 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from ..shard.ops import TOKEN_EPOCH_BITS
+from ..types import JobId
 from .history import EXAMPLES_MAX, FAILING, Effect, Enqueue, LeaseRec, body_digest, body_for, parse_body
 
 
 @dataclass
 class Report:
-    counts: dict = field(default_factory=dict)
-    examples: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[Any]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return all(self.counts.get(k, 0) == 0 for k in FAILING)
 
-    def bad(self, what: str, example) -> None:
+    def bad(self, what: str, example: Any) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
         ex = self.examples.setdefault(what, [])
         if len(ex) < EXAMPLES_MAX:
@@ -35,13 +38,14 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
     before a restart lives, or two deliveries of one job with the same attempt number, fail
     the run (under ``"batched"`` a power cut may cause both: counted as information)."""
     rep = Report(counts=dict.fromkeys(FAILING, 0))
-    invoked: dict[tuple, tuple[Enqueue, int | None]] = {}   # (key, seq) -> (op, id if ok)
+    invoked: dict[tuple[Any, ...], tuple[Enqueue, JobId | None]] = {}   # (key, seq) -> (op, id if ok)
     for op in enqueues:
+        ids = op.ids if op.outcome == "ok" else None  # an ok call's ids, in item order
         for i, item in enumerate(op.items):
-            invoked[tuple(item)] = (op, op.ids[i] if op.outcome == "ok" else None)
+            invoked[tuple(item)] = (op, None if ids is None else ids[i])
 
     # Effects by (key, seq), in commit order.
-    applied: dict[tuple, list[Effect]] = defaultdict(list)
+    applied: dict[tuple[Any, ...], list[Effect]] = defaultdict(list)
     for e in sorted(effects, key=lambda e: e.order):
         parsed = parse_body(e.body)
         if parsed is None or (e.lease_key is not None and parsed[1] != e.lease_key):
@@ -74,11 +78,11 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
             ambiguous += 1
             recovered += kseq in applied
 
-    def order_check(included, count_as: str | None) -> int:
+    def order_check(included: Callable[[tuple[Any, ...]], bool], count_as: str | None) -> int:
         last: dict[str, tuple[int, Effect]] = {}
         bad = 0
-        for e in sorted((effs[0] for effs in applied.values()), key=lambda e: e.order):
-            _, key, seq = parse_body(e.body)
+        for (key, seq), e in sorted(((kseq, effs[0]) for kseq, effs in applied.items()),
+                                    key=lambda ke: ke[1].order):
             if not included((key, seq)):
                 continue
             prev = last.get(key)
@@ -125,7 +129,7 @@ def check(enqueues: list[Enqueue], leases: list[LeaseRec], effects: list[Effect]
     return rep
 
 
-def _epoch(token) -> int | None:
+def _epoch(token: object) -> int | None:
     """The shard start a local lease token belongs to (tokens of other backends: None)."""
     return token >> TOKEN_EPOCH_BITS if isinstance(token, int) else None
 
@@ -151,7 +155,7 @@ def _check_leases(rep: Report, leases: list[LeaseRec], strict: bool = False) -> 
                                            "tokens": [first.token, l.token], "workers": [first.worker, l.worker]})
             else:
                 rep.info["attempts_reused"] = rep.info.get("attempts_reused", 0) + 1
-    by_key: dict = defaultdict(list)
+    by_key: dict[str, list[LeaseRec]] = defaultdict(list)
     for l in leases:
         if l.key is not None:
             by_key[l.key].append(l)

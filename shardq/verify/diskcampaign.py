@@ -29,6 +29,7 @@ draw lands on.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -38,13 +39,18 @@ import signal
 import subprocess
 import sys
 import time
+from types import FrameType
 from collections import Counter
+from contextlib import closing
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..protocol import status_file
 from ..datadir import DataDir
 from ..errors import NotFound, ShardqError
-from ..service.supervisor import START_TIMEOUT_S, child_env
+from ..types import Lease
+from ..service.supervision import START_TIMEOUT_S
+from ..service.supervisor import child_env
 from ..wal.fileio import FAULT_SYNC_LOG_ENV
 from .diskfaults import Damage, apply, choose
 from .history import CLOCK
@@ -76,7 +82,7 @@ class Outcome:
     verdict: str = ""
     why: str = ""              # the refusal's reason, or what went missing
     torn_cut: bool = False     # the restarted service logged a torn tail cut
-    repair: dict | None = None  # after a refusal: exit code, jobs of the shard back of expected
+    repair: dict[str, Any] | None = None  # after a refusal: exit code, jobs of the shard back of expected
 
 
 @dataclass
@@ -103,7 +109,7 @@ def _eg(ids: list[int]) -> str:
     return f" (e.g. {', '.join(map(str, ids[:3]))})" if ids else ""
 
 
-def judge(shard: int, damage: Damage, shards: list[dict], found: dict[int, Found]) -> tuple[str, str]:
+def judge(shard: int, damage: Damage, shards: list[dict[str, Any]], found: dict[int, Found]) -> tuple[str, str]:
     """The verdict on one fault, and why: from ``stats()["shards"]`` of the restarted
     service and what each shard that answered holds (``found``)."""
     for i, sh in enumerate(shards):
@@ -130,7 +136,7 @@ def judge(shard: int, damage: Damage, shards: list[dict], found: dict[int, Found
 class Campaign:
     """One campaign: owns every process it starts and ends them by PID."""
 
-    def __init__(self, a):
+    def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.plan = disk_plan(a.seed, a.faults_per_kind)
         self.data_dir = a.data_dir or os.path.join(_short_tmpdir(), "data")
@@ -141,9 +147,9 @@ class Campaign:
         self.rng = random.Random(f"{a.seed}/disk-workload")
         self.live: dict[int, bytes] = {}      # acknowledged, not acked: job id -> body
         self.acked = 0
-        self.held: list = []                  # leases kept across the kill, settled next phase
-        self.ops: Counter = Counter()
-        self.spawned: list[subprocess.Popen] = []
+        self.held: list[Lease] = []                # leases kept across the kill, settled next phase
+        self.ops: Counter[str] = Counter()
+        self.spawned: list[subprocess.Popen[bytes]] = []
         self.outcomes: list[Outcome] = []
         self.started = CLOCK.monotonic()
 
@@ -161,7 +167,7 @@ class Campaign:
             }))
         return path
 
-    def start(self, path: str, log_name: str, hook: bool) -> subprocess.Popen:
+    def start(self, path: str, log_name: str, hook: bool) -> subprocess.Popen[bytes]:
         """``shardq serve`` on ``path``, waited for until every shard is ready or failed.
         ``hook``: its shards note each sync in the side file (only the campaign's own data
         dir: the files of a damaged copy say nothing about what was synced)."""
@@ -189,7 +195,7 @@ class Campaign:
                                    f"see {os.path.join(self.work, log_name)}")
             time.sleep(0.02)  # poll with a deadline
 
-    def kill(self, proc: subprocess.Popen) -> None:
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the supervisor and every shard of it, by PID; wait until they are gone."""
         import psutil
         try:
@@ -209,7 +215,7 @@ class Campaign:
                 self.kill(proc)
         self.spawned = []  # every one has been waited for
 
-    def on_sigterm(self, signum, _frame) -> None:
+    def on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)  # unwinds through run_campaign's finally
 
     # ------------------------------------------------------------------ workload
@@ -217,15 +223,15 @@ class Campaign:
         big = self.rng.random() < 0.15  # some records span several sectors and pages
         return self.rng.randbytes(self.rng.randint(600, 3000) if big else self.rng.randint(16, 300))
 
-    def _item(self) -> dict:
-        item = {"body": self._body()}
+    def _item(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"body": self._body()}
         if self.rng.random() < 0.6:
             item["key"] = f"k{self.rng.randrange(KEYS):02d}"
         if self.rng.random() < 0.2:
             item["dedup_id"] = f"d{self.rng.randrange(2**48):x}"
         return item
 
-    def workload_round(self, q) -> None:
+    def workload_round(self, q: Any) -> None:
         """Settle the held leases, enqueue, lease; ack, nack or hold each lease. Any error
         is the harness's (nothing is damaged here): it stops the campaign."""
         held, self.held = self.held, []
@@ -246,20 +252,20 @@ class Campaign:
             self.ops["lease"] += 1
             self._settle(q, lease, hold=True)
 
-    def _settle(self, q, lease, hold: bool) -> None:
+    def _settle(self, q: Any, lease: Lease, hold: bool) -> None:
         u = self.rng.random()
         if hold and u < 0.15:
             self.held.append(lease)
         elif u < 0.8:
             q.ack(lease)
-            self.live.pop(lease.job_id)
+            self.live.pop(int(lease.job_id))  # the local shards' ids are ints
             self.acked += 1
             self.ops["ack"] += 1
         else:
             q.nack(lease)
             self.ops["nack"] += 1
 
-    def wait_idle(self, q) -> None:
+    def wait_idle(self, q: Any) -> None:
         """Every call was answered; a round trip to every shard proves each finished the
         iterations before it (their commits and compactions); then wait until no shard
         file and no sync note has changed for ``QUIET_S`` (an idle shard may still write,
@@ -278,7 +284,7 @@ class Campaign:
                 raise RuntimeError("the service did not go idle within 30 s")
             time.sleep(0.02)  # poll with a deadline
 
-    def _disk_state(self) -> tuple:
+    def _disk_state(self) -> tuple[Any, ...]:
         dd = DataDir(self.data_dir)
         files = []
         for i in range(self.a.shards):
@@ -305,7 +311,7 @@ class Campaign:
         if service.poll() is not None:
             raise RuntimeError(f"shardq serve exited with {service.returncode}; see the service.log")
         chosen = None
-        with shardq.connect(self.data_dir, retry_s=5, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.data_dir, retry_s=5, request_timeout_s=10)) as q:
             for _ in range(ROUNDS_MAX):
                 self.workload_round(q)
                 self.wait_idle(q)
@@ -339,20 +345,20 @@ class Campaign:
     def apply_fault(self, damage: Damage, writes: list[tuple[int, bytes]]) -> None:
         apply(damage.path, writes)
 
-    def observe(self, proc: subprocess.Popen, shard: int, damage: Damage) -> tuple[str, str]:
+    def observe(self, proc: subprocess.Popen[bytes], shard: int, damage: Damage) -> tuple[str, str]:
         import shardq
         if proc.poll() is not None:
             return LOSS, f"the service exited with {proc.returncode}"
-        with shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10)) as q:
             shards = q.stats()["shards"]
             found = {i: self.found(q, i, sh) for i, sh in enumerate(shards) if sh.get("available")}
         return judge(shard, damage, shards, found)
 
     def expected(self, shard: int) -> dict[int, bytes]:
-        from ..client.router import shard_of_job
+        from ..client.routing import shard_of_job
         return {j: b for j, b in self.live.items() if shard_of_job(j) == shard}
 
-    def found(self, q, shard: int, stats: dict) -> Found:
+    def found(self, q: Any, shard: int, stats: dict[str, Any]) -> Found:
         missing, changed = [], []
         expected = self.expected(shard)
         for job_id, body in sorted(expected.items()):
@@ -365,21 +371,21 @@ class Campaign:
                 missing.append(job_id)
         return Found(missing, changed, max(stats.get("jobs", 0) - len(expected), 0))
 
-    def repair(self, index: int, shard: int) -> dict:
+    def repair(self, index: int, shard: int) -> dict[str, Any]:
         """``shardq wal repair --force`` on the refused shard, then what came back."""
         import shardq
         shard_dir = self.shard_dirs(self.fault_dir)[shard]
         done = subprocess.run([sys.executable, "-m", "shardq.cli", "wal", "repair", shard_dir, "--force"],
                               capture_output=True, text=True, env=child_env(), timeout=300, check=False)
         said = (done.stdout + done.stderr).strip().splitlines()
-        result = {"rc": done.returncode, "said": said[-1] if said else "", "expected": len(self.expected(shard)),
-                  "back": 0, "started": False}
+        result: dict[str, Any] = {"rc": done.returncode, "said": said[-1] if said else "",
+                                  "expected": len(self.expected(shard)), "back": 0, "started": False}
         if done.returncode != 0:
             return result
         proc = self.start(self.fault_dir, f"fault-{index:04d}-repaired.log", hook=False)
         if proc.poll() is not None:
             return result
-        with shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10) as q:
+        with closing(shardq.connect(self.fault_dir, retry_s=1, request_timeout_s=10)) as q:
             sh = q.stats()["shards"][shard]
             if sh.get("available"):
                 got = self.found(q, shard, sh)
@@ -398,12 +404,12 @@ def _logged(path: str, text: str) -> bool:
         return False
 
 
-def replay_command(a) -> str:
+def replay_command(a: argparse.Namespace) -> str:
     return (f"shardq verify --disk-faults --seed {a.seed} --shards {a.shards} "
             f"--faults-per-kind {a.faults_per_kind}")
 
 
-def run_campaign(a) -> int:
+def run_campaign(a: argparse.Namespace) -> int:
     if a.data_dir and os.path.exists(a.data_dir) and os.listdir(a.data_dir):
         print(f"error: --data-dir {a.data_dir} is not empty; verify needs a fresh directory", file=sys.stderr)
         return 2
@@ -415,7 +421,7 @@ def run_campaign(a) -> int:
         tmp.close()  # on every way out (SIGINT and SIGTERM too) but a LOSS verdict or --keep
 
 
-def _campaign(a, c: Campaign, tmp: RunDir) -> int:
+def _campaign(a: argparse.Namespace, c: Campaign, tmp: RunDir) -> int:
     print(f"shardq verify --disk-faults seed={a.seed} shards={a.shards} faults={len(c.plan)} "
           f"data_dir={c.data_dir}", flush=True)
     print(f"replay: {replay_command(a)}", flush=True)
@@ -488,7 +494,7 @@ def _line(o: Outcome, n: int, elapsed: float) -> str:
     return text
 
 
-def _print_summary(a, c: Campaign, counts: dict, passed: bool) -> None:
+def _print_summary(a: argparse.Namespace, c: Campaign, counts: dict[str, Any], passed: bool) -> None:
     print()
     print(f"shardq verify --disk-faults summary (seed {a.seed}, {CLOCK.monotonic() - c.started:.0f} s, "
           f"{len(c.outcomes)} faults, fingerprint {fingerprint(c.plan)})")

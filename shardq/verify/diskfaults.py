@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..wal.format import parse_name
 from .plan import DISK_KINDS
@@ -75,7 +76,8 @@ class Damage:
                f"({self.synced} bytes synced)"
 
 
-def draw(kind: str, data: bytes, synced: int, rng: random.Random) -> tuple[list[tuple[int, bytes]], dict] | None:
+def draw(kind: str, data: bytes, synced: int,
+         rng: random.Random) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | None:
     """The writes that make ``kind`` of damage to ``data`` (the file's bytes, of which the
     first ``synced`` were synced): ``[(offset, new bytes)]`` inside ``[0, synced)``, and
     the details (``bit``, ``source``, ``lost_original``). None if no draw changes a byte."""

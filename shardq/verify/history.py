@@ -6,10 +6,13 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .. import limits
 from ..clock import SystemClock
+from ..types import JobId
 
 
 CLOCK = SystemClock()
@@ -38,9 +41,9 @@ class Enqueue:
 
     producer: int
     op: int
-    items: list
+    items: list[tuple[str, int]]
     outcome: str = "info"
-    ids: list | None = None
+    ids: list[JobId] | None = None
     error: str | None = None
     t0: float = 0.0
     t1: float | None = None
@@ -127,7 +130,7 @@ def parse_body(body: bytes) -> tuple[int, str, int] | None:
         return None
 
 
-def _json_lines(path: str):
+def _json_lines(path: str) -> Iterator[dict[str, Any]]:
     """Decoded lines of a history file; a torn last line (writer killed) is skipped."""
     try:
         with open(path, "rb") as f:
@@ -169,7 +172,8 @@ def read_worker_history(path: str, worker: str) -> list[LeaseRec]:
             jid, key, attempt, token, deadline = r["l"]
             recs[(jid, token)] = LeaseRec(worker, jid, key, attempt, token, deadline, r["t0"], r["t1"])
             continue
-        rec = recs.get((r.get("j"), r.get("tok")))
+        logged: tuple[Any, Any] = (r.get("j"), r.get("tok"))  # (job id, token) as the writer logged them
+        rec = recs.get(logged)
         if rec is None:
             continue
         if "s" in r:

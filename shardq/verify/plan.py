@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 
 #: Faults against our own service and the workers, in the order a round is dealt from.
@@ -81,7 +82,7 @@ def plan(seed: int, kinds: tuple[str, ...], *, duration_s: float, interval_s: fl
     return faults, (t if faults[-1].at_s >= duration_s else duration_s)
 
 
-def fingerprint(faults: list[Fault]) -> str:
+def fingerprint(faults: Sequence[Fault | DiskFault]) -> str:
     """A short digest of a plan: equal for two runs with the same seed and arguments."""
     return hashlib.sha256(repr([astuple(f) for f in faults]).encode()).hexdigest()[:12]
 

@@ -66,14 +66,14 @@ def reboot(data_dir: str) -> int:
     return changed
 
 
-def lose_unsynced_pages(data_dir: str, side_file: str, rng: random.Random) -> Counter:
+def lose_unsynced_pages(data_dir: str, side_file: str, rng: random.Random) -> Counter[str]:
     """Keep, drop or zero (``rng``) each page of each shard's newest segment holding bytes
     written after its last sync. Call only while no shard process runs. Returns counts:
     ``segments`` looked at, ``unknown`` (no sync recorded: left alone), ``pages_kept``,
     ``pages_lost``, ``bytes_lost``."""
     sizes = synced_sizes(side_file)
     dd = DataDir(data_dir)
-    out: Counter = Counter()
+    out: Counter[str] = Counter()
     for i in range(dd.shards()):
         path = newest_segment(dd.shard_dir(i))
         if path is None:

@@ -2,17 +2,23 @@
 (``python -m shardq.verify _producer|_worker``)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
 import sqlite3
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
-
+from ..types import JobId, Lease
 from .history import CLOCK, STALL_POINTS, START_MARGIN_S, body_digest, body_for, body_header, dedup_id_for
 
 
 CLIENTS = ("threads", "aio")
+T = TypeVar("T")
+#: writes one record to a role's history file (``_hist``)
+Write = Callable[..., None]
 
 
 class _AioClient:
@@ -20,29 +26,29 @@ class _AioClient:
     run to completion on a loop of its own, so the same producer and worker code drives
     either client. Its reconnects, re-sends and sessions are the asyncio client's own."""
 
-    def __init__(self, data_dir: str, retry_s: float, request_timeout_s: float):
+    def __init__(self, data_dir: str, retry_s: float, request_timeout_s: float) -> None:
         import asyncio
 
         from ..client import aio
         self._loop = asyncio.new_event_loop()
         self._q = self._run(aio.connect(data_dir, retry_s=retry_s, request_timeout_s=request_timeout_s))
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(coro)
 
-    def enqueue_many(self, jobs):
+    def enqueue_many(self, jobs: list[dict[str, Any]]) -> list[JobId]:
         return self._run(self._q.enqueue_many(jobs))
 
-    def dequeue_many(self, max_jobs: int, wait: float):
+    def dequeue_many(self, max_jobs: int, wait: float) -> list[Lease]:
         return self._run(self._q.dequeue_many(max_jobs=max_jobs, wait=wait))
 
-    def ack(self, lease) -> None:
+    def ack(self, lease: Lease) -> None:
         self._run(self._q.ack(lease))
 
-    def nack(self, lease, delay: float = 0.0, error: str | None = None) -> None:
+    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None) -> None:
         self._run(self._q.nack(lease, delay, error))
 
-    def extend(self, lease, seconds: float):
+    def extend(self, lease: Lease, seconds: float) -> Lease:
         return self._run(self._q.extend(lease, seconds))
 
     def close(self) -> None:
@@ -50,7 +56,7 @@ class _AioClient:
         self._loop.close()
 
 
-def _connect(a):
+def _connect(a: argparse.Namespace) -> Any:
     """The client ``--client`` names, with the role's retry budget as its request timeout
     (said in the role's log)."""
     client = getattr(a, "client", "threads")
@@ -61,22 +67,22 @@ def _connect(a):
     return shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
 
 
-def _hist(path: str):
+def _hist(path: str) -> Write:
     f = open(path, "a")  # noqa: SIM115 - open for the life of the process, flushed per record
 
-    def write(**rec) -> None:
+    def write(**rec: Any) -> None:
         f.write(json.dumps(rec, separators=(",", ":")) + "\n")
         f.flush()
     return write
 
 
-def _taken_up(history: str, keys: list[str]) -> tuple[dict, int, tuple | None]:
+def _taken_up(history: str, keys: list[str]) -> tuple[dict[str, Any], int, tuple[Any, ...] | None]:
     """What a killed producer left (``--resume``): each key's last sequence number, the last
     call number, and that call's ``(op, items, delays)`` if it has no answer. A line torn by
     the kill is ended, so the next record starts a line of its own."""
     from .history import _json_lines
     seqs = dict.fromkeys(keys, 0)
-    calls: dict[int, dict] = {}
+    calls: dict[int, dict[str, Any]] = {}
     answered = set()
     for r in _json_lines(history):
         if "i" in r:
@@ -99,7 +105,7 @@ def _taken_up(history: str, keys: list[str]) -> tuple[dict, int, tuple | None]:
     return seqs, last, open_call
 
 
-def _send(q, write, a, op: int, jobs: list) -> None:
+def _send(q: Any, write: Write, a: argparse.Namespace, op: int, jobs: list[Any]) -> None:
     """One enqueue call and its outcome. With ``--dedup``, what an application does with a
     dedup id: a call of unknown outcome is sent again, before any later job of its keys,
     until it is answered (or the producers are stopped)."""
@@ -117,7 +123,7 @@ def _send(q, write, a, op: int, jobs: list) -> None:
             write(r=op, t=CLOCK.now(), err=err)
 
 
-def _jobs(a, items: list, delays: list) -> list:
+def _jobs(a: argparse.Namespace, items: list[Any], delays: list[Any]) -> list[Any]:
     jobs = [{"body": body_for(a.index, k, s, a.body_bytes), "key": k} for k, s in items]
     for job, (k, s), d in zip(jobs, items, delays or [0] * len(items)):
         if a.dedup:
@@ -127,7 +133,7 @@ def _jobs(a, items: list, delays: list) -> list:
     return jobs
 
 
-def producer_main(a) -> int:
+def producer_main(a: argparse.Namespace) -> int:
     keys = a.keys.split(",")
     rng = random.Random(f"{a.seed}/producer/{a.index}" + ("/resumed" if a.resume else ""))
     seqs, op, open_call = _taken_up(a.history, keys) if a.resume else (dict.fromkeys(keys, 0), 0, None)
@@ -158,7 +164,7 @@ def producer_main(a) -> int:
     return 0
 
 
-def worker_main(a) -> int:
+def worker_main(a: argparse.Namespace) -> int:
     from ..errors import JobGone, LeaseLost, ShardqError
     rng = random.Random(f"{a.seed}/worker/{a.name}")
     write = _hist(a.history)
@@ -166,7 +172,7 @@ def worker_main(a) -> int:
     db.execute("PRAGMA synchronous=FULL")
     q = _connect(a)
 
-    def stall(where: str, stall_at: str | None, l) -> None:
+    def stall(where: str, stall_at: str | None, l: Lease) -> None:
         if where == stall_at:  # a fault: a GC pause or slow handler outliving the lease
             write(s=where, j=l.job_id, tok=l.token, t=CLOCK.now())
             time.sleep(max(l.deadline - CLOCK.now(), 0) + a.stall_s)
@@ -222,7 +228,7 @@ def worker_main(a) -> int:
     return 0
 
 
-def _fail(q, write, l, delay: float) -> None:
+def _fail(q: Any, write: Write, l: Lease, delay: float) -> None:
     """A handler that failed: no effect (its transaction never commits), and the job handed
     back with a ``nack`` of ``delay`` seconds (its retry backoff), during which it stays at
     the head of its key and blocks it."""
@@ -237,14 +243,14 @@ def _fail(q, write, l, delay: float) -> None:
     write(a=result, j=l.job_id, tok=l.token, t0=ta, t1=CLOCK.now())
 
 
-def _extend(q, write, l, seconds: float):
+def _extend(q: Any, write: Write, l: Lease, seconds: float) -> Lease | None:
     """A long handler's heartbeat: extend the lease by ``seconds``, then work past its first
     deadline (inside the new one), where another worker getting the job would be two leases
     at once. Returns the extended lease, or None when it was lost (not started then)."""
     from ..errors import ShardqError
     t = CLOCK.now()
     try:
-        longer = q.extend(l, seconds)
+        longer: Lease = q.extend(l, seconds)
     except ShardqError as e:  # lost, or unknown: either way the job is not started
         write(e=l.job_id, j=l.job_id, tok=l.token, t=t, err=type(e).__name__)
         return None

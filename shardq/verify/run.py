@@ -1,6 +1,7 @@
 """The chaos run itself: a real service, producers, workers, a seeded fault schedule, the drain."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -12,8 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import FrameType
 from collections import Counter
 from dataclasses import asdict
+from typing import Any
 
 from ..errors import ShardqError
 from ..service.supervisor import child_env
@@ -33,7 +36,7 @@ _NOT_REPLAYED = {"help", "data_dir", "json", "keep", "run"}  # where a run's fil
 _ALWAYS_SHOWN = {"seed", "duration", "shards", "producers", "workers", "keys", "fault_interval"}
 
 
-def replay_command(a) -> str:
+def replay_command(a: argparse.Namespace) -> str:
     """The command that runs ``a`` again: every option that shapes the run, the seed (which
     fixes the fault schedule, not the interleaving) and each setting not at its default."""
     words = ["shardq", "verify"]
@@ -58,9 +61,17 @@ def _short_tmpdir() -> str:
 def _alive(pid: int) -> bool:
     import psutil
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        alive: bool = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return alive
     except psutil.NoSuchProcess:
         return False
+
+
+def _target(f: Fault) -> int:
+    """The shard, worker or producer a fault acts on (every kind but a service kill names one)."""
+    if f.target is None:
+        raise ValueError(f"fault {f.kind} at {f.at_s:.1f} s names no target")
+    return f.target
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -71,7 +82,7 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
-def _toml(cfg: dict) -> str:
+def _toml(cfg: dict[str, Any]) -> str:
     out = []
     for section, body in cfg.items():
         out.append(f"[{section}]")
@@ -82,7 +93,7 @@ def _toml(cfg: dict) -> str:
 class Run:
     """One chaos run: owns every process it starts and ends them by PID."""
 
-    def __init__(self, a):
+    def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.target = getattr(a, "target", None)   # another backend: no service of ours
         self.runners = getattr(a, "worker_kind", "loop").startswith("runner")  # workers: the standard runner
@@ -99,29 +110,29 @@ class Run:
         self.stop_producers = os.path.join(self.work, "stop-producers")
         self.stop_workers = os.path.join(self.work, "stop-workers")
         self.log_path = os.path.join(self.work, "service.log")
-        self.service: subprocess.Popen | None = None
-        self.spawned: list[subprocess.Popen] = []  # every child, whatever role it was given
+        self.service: subprocess.Popen[bytes] | None = None
+        self.spawned: list[subprocess.Popen[bytes]] = []  # every child, whatever role it was given
         self.spawning = False
         self.stop_signal = 0   # a SIGTERM that came while a child was being started
-        self.producers: list[subprocess.Popen] = []
-        self.workers: dict[int, subprocess.Popen] = {}
+        self.producers: list[subprocess.Popen[bytes]] = []
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.worker_files: list[tuple[str, str]] = []
-        self.incarnation: Counter = Counter()
-        self.faults: Counter = Counter()
-        self.skipped: Counter = Counter()      # planned faults whose target was not running
-        self.power_cut_pages: Counter = Counter()
-        self.unexpected_exits: Counter = Counter()
+        self.incarnation: Counter[int] = Counter()
+        self.faults: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()      # planned faults whose target was not running
+        self.power_cut_pages: Counter[str] = Counter()
+        self.unexpected_exits: Counter[str] = Counter()
         self.started = CLOCK.monotonic()
         self.next_progress = self.started + PROGRESS_EVERY_S
         self._effects_seen = 0
-        self._delivered: set = set()
+        self._delivered: set[Any] = set()
         self.env = child_env()
         self.sync_log = os.path.join(self.work, "synced-sizes.log")
         if POWER_CUT in self.kinds:  # the WAL's test hook: which bytes of a segment were synced
             self.env[FAULT_SYNC_LOG_ENV] = self.sync_log
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, env: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
         """Start a child and record it before anything can interrupt: a SIGTERM that comes
         meanwhile is acted on once the child is in ``spawned``, where cleanup finds it."""
         out = open(os.path.join(self.work, log_name), "ab")  # noqa: SIM115 - closed below, once inherited
@@ -137,13 +148,13 @@ class Run:
             raise SystemExit(128 + self.stop_signal)
         return proc
 
-    def on_sigterm(self, signum, _frame) -> None:
+    def on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         if self.spawning:
             self.stop_signal = signum
             return
         raise SystemExit(128 + signum)  # unwinds through run()'s finally, which ends every child
 
-    def service_config(self) -> dict:
+    def service_config(self) -> dict[str, Any]:
         """Small segments and a low compaction threshold, so rotations and compactions
         happen all through the run, also with large bodies (about 8 bodies a segment, 16
         between compactions at least)."""
@@ -165,14 +176,21 @@ class Run:
                                     "--shards", str(self.a.shards)], "service.log")
         self._wait_ready()
 
+    @property
+    def _svc(self) -> subprocess.Popen[bytes]:
+        """The service process (started by :meth:`start_service`)."""
+        if self.service is None:
+            raise RuntimeError("the service is not started")
+        return self.service
+
     def _wait_ready(self, timeout: float = 60.0) -> None:
-        import shardq
+        from ..client.router import Router
         deadline = CLOCK.monotonic() + timeout
         while True:
-            if self.service.poll() is not None:
-                raise RuntimeError(f"shardq serve exited with {self.service.returncode}; see {self.log_path}")
+            if self._svc.poll() is not None:
+                raise RuntimeError(f"shardq serve exited with {self._svc.returncode}; see {self.log_path}")
             try:
-                with shardq.connect(self.data_dir, retry_s=0.5, request_timeout_s=2) as q:
+                with Router(self.data_dir, retry_s=0.5, request_timeout_s=2) as q:  # the local shards
                     q.ping()
                 return
             except (ShardqError, OSError):
@@ -183,15 +201,15 @@ class Run:
     def service_pids(self) -> list[int]:
         import psutil
         try:
-            return [self.service.pid] + [c.pid for c in psutil.Process(self.service.pid).children(recursive=True)]
+            return [self._svc.pid] + [c.pid for c in psutil.Process(self._svc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
-            return [self.service.pid]
+            return [self._svc.pid]
 
     def shard_pids(self) -> dict[int, int]:
         import psutil
         out = {}
         try:
-            for c in psutil.Process(self.service.pid).children():
+            for c in psutil.Process(self._svc.pid).children():
                 cmd = c.cmdline()
                 if "shardq.shard.process" in cmd and "--index" in cmd:
                     out[int(cmd[cmd.index("--index") + 1])] = c.pid
@@ -203,7 +221,7 @@ class Run:
         pids = self.service_pids()
         for pid in pids:
             _signal(pid, signal.SIGKILL)
-        self.service.wait()
+        self._svc.wait()
         self._wait_gone(pids)
 
     @staticmethod
@@ -216,7 +234,7 @@ class Run:
         for p in range(self.a.producers):
             self.producers.append(self.start_producer(p))
 
-    def start_producer(self, p: int, resume: bool = False) -> subprocess.Popen:
+    def start_producer(self, p: int, resume: bool = False) -> subprocess.Popen[bytes]:
         """Producer ``p``; ``resume``: a new process after a kill, which takes its keys'
         sequence numbers (and, with --dedup, the call left without an answer) from the
         history the killed one wrote."""
@@ -252,7 +270,7 @@ class Run:
              "--extend-prob", str(getattr(self.a, "extend_prob", 0.0)), "--extend-s", str(2 * self.a.visibility)],
             f"worker-{w}.log")
 
-    def _spawn_runner(self, name: str, hist: str, w: int) -> subprocess.Popen:
+    def _spawn_runner(self, name: str, hist: str, w: int) -> subprocess.Popen[bytes]:
         """The standard worker runner (``shardq worker``, threads, the SQLite idempotency
         store in the effect database) with the verify handler (:mod:`.runner`)."""
         from .runner import ENV
@@ -308,7 +326,7 @@ class Run:
         not running, e.g. still restarting after an earlier fault)."""
         kind = f.kind
         if kind in ("kill_shard", "pause_shard"):
-            pid = self.shard_pids().get(f.target)
+            pid = self.shard_pids().get(_target(f))
             if pid is None:
                 self.skipped[kind] += 1
                 return f"skipped: shard {f.target} not running"
@@ -335,18 +353,20 @@ class Run:
             self.start_service()
             detail += f"restarted in {CLOCK.monotonic() - t0:.1f} s"
         elif kind == "kill_worker":
-            _signal(self.workers[f.target].pid, signal.SIGKILL)
-            self.workers[f.target].wait()
-            self.start_worker(f.target)
+            t = _target(f)
+            _signal(self.workers[t].pid, signal.SIGKILL)
+            self.workers[t].wait()
+            self.start_worker(t)
             detail = f"worker {f.target}"
         elif kind == KILL_PRODUCER:
-            proc = self.producers[f.target]
+            t = _target(f)
+            proc = self.producers[t]
             _signal(proc.pid, signal.SIGKILL)
             proc.wait()
-            self.producers[f.target] = self.start_producer(f.target, resume=True)
+            self.producers[t] = self.start_producer(t, resume=True)
             detail = f"producer {f.target}"
         elif kind == "pause_worker":
-            pid = self.workers[f.target].pid
+            pid = self.workers[_target(f)].pid
             _signal(pid, signal.SIGSTOP)
             self.sleep(f.seconds)
             _signal(pid, signal.SIGCONT)
@@ -373,7 +393,7 @@ class Run:
         return [op for p in range(self.a.producers)
                 for op in read_producer_history(os.path.join(self.work, f"producer-{p}.jsonl"), p)]
 
-    def _applied(self) -> set:
+    def _applied(self) -> set[Any]:
         for e in read_effects(self.db, self._effects_seen):
             self._effects_seen = max(self._effects_seen, e.order)
             parsed = parse_body(e.body)
@@ -390,7 +410,7 @@ class Run:
                   + " ".join(f"{k}={self.faults[k]}" for k in self.kinds if self.faults[k]))
 
     # ------------------------------------------------------------------ drain and check
-    def drain(self) -> dict:
+    def drain(self) -> dict[str, Any]:
         import shardq
         open(self.stop_producers, "w").close()
         deadline = CLOCK.monotonic() + 60
@@ -472,7 +492,7 @@ class Run:
             proc.wait()
             self._wait_gone(pids)
 
-    def wal_check(self) -> dict:
+    def wal_check(self) -> dict[str, Any]:
         if self.target:
             return {}
         from ..datadir import DataDir
@@ -481,8 +501,8 @@ class Run:
         statuses = Counter(r.status for i in range(dd.shards()) for r in repair.check(dd.shard_dir(i)))
         return dict(statuses)
 
-    def service_events(self) -> dict:
-        events = Counter()
+    def service_events(self) -> dict[str, Any]:
+        events: Counter[str] = Counter()
         try:
             with open(self.log_path, errors="replace") as f:
                 for line in f:
@@ -506,7 +526,7 @@ class RunDir:
     """The temp dir a run made (none with ``--data-dir``): removed by :meth:`close` unless
     kept (``--keep``, or :meth:`keep` for a FAIL verdict, whose files are its evidence)."""
 
-    def __init__(self, a, data_dir: str):
+    def __init__(self, a: argparse.Namespace, data_dir: str) -> None:
         self.path = None if a.data_dir else os.path.dirname(data_dir)
         self.kept = bool(getattr(a, "keep", False)) or self.path is None
 
@@ -522,7 +542,7 @@ class RunDir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def run(a) -> int:
+def run(a: argparse.Namespace) -> int:
     """A chaos run (see the package's docstring). Its temp dir is removed on every way out
     (a pass, an error, SIGINT, SIGTERM) except a FAIL verdict or ``--keep``."""
     if getattr(a, "target", None):
@@ -542,7 +562,7 @@ def run(a) -> int:
         tmp.close()
 
 
-def _run(a, r: Run, tmp: RunDir) -> int:
+def _run(a: argparse.Namespace, r: Run, tmp: RunDir) -> int:
     print(f"shardq verify seed={a.seed} duration={a.duration}s shards={a.shards} producers={a.producers} "
           f"workers={a.workers} keys={a.keys} visibility={a.visibility}s client={getattr(a, 'client', 'threads')} "
           f"data_dir={r.data_dir}", flush=True)
@@ -614,7 +634,8 @@ def _run(a, r: Run, tmp: RunDir) -> int:
     return 0 if passed else 1
 
 
-def _print_summary(a, rep: Report, faults: dict, passed: bool, elapsed: float, kinds=SERVICE_KINDS) -> None:
+def _print_summary(a: argparse.Namespace, rep: Report, faults: dict[str, Any],
+                   passed: bool, elapsed: float, kinds: tuple[str, ...] = SERVICE_KINDS) -> None:
     i = rep.info
     print()
     print(f"shardq verify summary  (seed {a.seed}, {elapsed:.0f} s, bodies of "

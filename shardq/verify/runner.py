@@ -14,9 +14,13 @@ import os
 import random
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Retry
 from .history import CLOCK, body_digest, body_header
+
+if TYPE_CHECKING:
+    from ..consumer.handling import Context
 
 ENV = "SHARDQ_VERIFY_RUNNER"
 #: The runner's effect table: like the worker loop's, but a job id may appear twice, so
@@ -29,10 +33,10 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS effects (
     body_digest TEXT)"""
 
 _lock = threading.Lock()
-_state: dict = {}
+_state: dict[str, Any] = {}
 
 
-def _settings() -> dict:
+def _settings() -> dict[str, Any]:
     with _lock:
         if not _state:
             cfg = json.loads(os.environ[ENV])
@@ -41,19 +45,19 @@ def _settings() -> dict:
         return _state
 
 
-def _write(s: dict, **rec) -> None:
+def _write(s: dict[str, Any], **rec: Any) -> None:
     line = json.dumps(rec, separators=(",", ":")) + "\n"
     with _lock:
         s["file"].write(line)
         s["file"].flush()
 
 
-def _draw(s: dict, p: float) -> bool:
+def _draw(s: dict[str, Any], p: float) -> bool:
     with _lock:
         return p > 0 and s["rng"].random() < p
 
 
-def handle(ctx) -> None:
+def handle(ctx: Context) -> None:
     """One job, as the chaos run checks it: every lease logged when the handler starts (its
     earliest possible grant is before that) and when it ends (the lease ends no earlier)."""
     s = _settings()

@@ -13,10 +13,12 @@ bug has its own strict-xfail test (tests/consumer/test_contract.py); ``--worker-
 """
 from __future__ import annotations
 
+import argparse
 import math
+from contextlib import closing
 
 
-def prepare(a) -> str | None:
+def prepare(a: argparse.Namespace) -> str | None:
     """Create the target's queue for the run; a reason it cannot be used, or None."""
     from ..backends import for_target
     from ..config import parse
@@ -33,7 +35,7 @@ def prepare(a) -> str | None:
         for line in init(Api(parse_target(a.target)), config):
             print(f"sqs init: {line}", flush=True)
         import shardq
-        with shardq.connect(a.target) as q:
+        with closing(shardq.connect(a.target)) as q:
             counts = q.stats()["queues"].get("default", {})
     except ShardqError as e:
         return f"{type(e).__name__}: {e}"

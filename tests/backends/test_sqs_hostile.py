@@ -235,3 +235,31 @@ def test_a_letter_that_cannot_be_deleted_is_named(target, q, monkeypatch):
     monkeypatch.setattr(q.api, "call", refuse_deletes)
     with pytest.raises(shardq.ShardUnavailable, match=job_id):
         q.redrive(job_ids=[job_id])
+
+
+def test_a_redrive_whose_letter_comes_back_foreign_still_names_what_it_left(target, q, monkeypatch):
+    # The letter is copied, its delete keeps failing, and when it is received again the
+    # queue's redrive key is gone (its tag removed meanwhile): it decodes as Foreign. The
+    # redrive must still end with ShardUnavailable naming it, not an AttributeError.
+    _dead(q, 1)
+    monkeypatch.setattr(sqs_dead, "LIST_HIDE_S", 1)
+    key_reads = []
+    redrive_key = q.api.redrive_key
+
+    def key_then_none(info):
+        key_reads.append(info.name)
+        return redrive_key(info) if len(key_reads) <= 2 else None  # decode, then the copy's mac
+
+    batch = q.api.batch
+
+    def deletes_fail(op, url, entries, on_fail):
+        if op != "delete_message_batch":
+            return batch(op, url, entries, on_fail)
+        for i in range(len(entries)):
+            on_fail(i, shardq.ShardUnavailable("delete_message_batch: connection reset (test)"))
+
+    monkeypatch.setattr(q.api, "redrive_key", key_then_none)
+    monkeypatch.setattr(q.api, "batch", deletes_fail)
+    with pytest.raises(shardq.ShardUnavailable, match=r"job\(s\) \S+ are back in the queue"):
+        q.redrive()
+    assert len(key_reads) > 2  # received again after the key went

@@ -362,3 +362,14 @@ def test_restore_prints_a_serve_that_runs_beside_the_service_it_was_taken_from(t
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+
+
+def test_the_manifest_times_come_from_the_callers_clock(tmp):
+    from shardq.backup.take import backup
+    from shardq.clock import FakeClock
+    with Service(data_dir=os.path.join(tmp, "data"), shards=1, config=CONFIG) as svc:
+        m = backup(svc.data_dir, os.path.join(tmp, "backup"), FakeClock(1234.5))
+    assert (m.started, m.finished) == (1234.5, 1234.5)
+    with open(os.path.join(tmp, "backup", "manifest.json")) as f:
+        written = json.load(f)["manifest"]
+    assert (written["started"], written["finished"]) == (1234.5, 1234.5)

@@ -13,6 +13,7 @@ import pytest
 import shardq
 from shardq import busypoll
 from shardq.busypoll import BUSY_POLL_US_DEFAULT, BUSY_POLL_US_MAX, BusyPoll
+from shardq.clock import FakeClock
 from shardq.client.router import Router
 from shardq.errors import InvalidConfig
 
@@ -91,6 +92,19 @@ def test_spin_gives_up_after_its_budget(two_cpus):
     assert busy.spin(never, {}) == []
     assert time.monotonic() - started >= 0.002  # the whole budget was spent polling
     assert calls and set(calls) == {0}  # never a sleeping poll
+
+
+def test_spin_times_its_budget_by_the_clock_it_is_given(two_cpus):
+    clock = FakeClock()
+    calls = []
+
+    def never(timeout):
+        calls.append(timeout)
+        clock.advance(0.001)  # each poll takes 1 ms of this clock's time
+        return []
+
+    assert BusyPoll(2000, clock).spin(never, {}) == []
+    assert len(calls) == 2  # at 1 ms still within the 2 ms budget, at 2 ms spent
 
 
 def test_spin_stops_when_another_thread_waits_on_the_connection(two_cpus):

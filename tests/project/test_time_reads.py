@@ -18,13 +18,7 @@ READS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_c
 #: file -> how many time reads it still has (the to-do list; clock.py is the one place meant for them)
 ALLOWED = {
     "shardq/clock.py": 2,
-    "shardq/backup/take.py": 2,
-    "shardq/busypoll.py": 1,
-    "shardq/cli/backup.py": 2,
     "shardq/consumer/idempotency.py": 2,
-    "shardq/datadir.py": 4,
-    "shardq/tasks/app.py": 2,
-    "shardq/tasks/workflow.py": 3,
 }
 
 

@@ -12,7 +12,8 @@ import pytest
 import shardq
 from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
-from shardq.tasks.workflow import describe
+from shardq.clock import FakeClock
+from shardq.tasks.workflow import Workflow, describe
 
 from support.task_apps import fresh_tasks
 from support.service import wait_until
@@ -569,6 +570,53 @@ def test_result_of_a_plain_job_times_out_naming_the_job(fresh):
             await fresh.aclose()
 
     with pytest.raises(TimeoutError, match=f"^job {job_id} "):
+        asyncio.run(main())
+
+
+class Ticking(FakeClock):
+    """Each monotonic reading is an hour after the last: any timeout has passed when next read."""
+
+    def monotonic(self) -> float:
+        return self.advance(3600.0)
+
+
+def test_result_waits_are_timed_by_the_apps_clock(fresh):
+    @fresh.task(keep_result=60, queue="nobody")
+    def idle(ctx, *previous):
+        return 1
+
+    job_id = idle.send()
+    wf = chain(idle.s(), idle.s()).send()
+    with shardq.App(fresh.target, clock=Ticking()) as ticking:
+        with pytest.raises(TimeoutError, match=f"^job {job_id} "):
+            ticking.result(job_id, timeout=60)  # not 60 s of real time: the app's clock is past it at once
+        with pytest.raises(TimeoutError, match=f"^workflow {wf.id} "):
+            Workflow.load(ticking, wf.id).result(timeout=60)
+
+        async def main():
+            try:
+                return await Workflow.load(ticking, wf.id).result_async(timeout=60)
+            finally:
+                await ticking.aclose()
+
+        with pytest.raises(TimeoutError, match=f"^workflow {wf.id} "):
+            asyncio.run(main())
+
+
+def test_an_app_made_with_a_router_refuses_asyncio_calls_with_a_typed_error(fresh):
+    # It has no data dir to connect an asyncio client to: this was a TypeError from deep
+    # inside the data dir code.
+    @fresh.task(keep_result=60, queue="nobody")
+    def idle(ctx):
+        return 1
+
+    job_id = idle.send()
+    borrowed = shardq.App(router=fresh.queue)
+
+    async def main():
+        return await borrowed.result_async(job_id, timeout=1)
+
+    with pytest.raises(shardq.InvalidConfig, match="router="):
         asyncio.run(main())
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import limits
 from ...client.queue_names import check_exists
@@ -27,6 +27,11 @@ from ...shard.control import COUNTERS
 from ...shard.limiter import RUNTIME_KEYS
 from ...tasks import body as taskbody
 from ...tasks import workflow as workflows
+from ...types import JobId
+
+if TYPE_CHECKING:
+    from ...client.router import Router
+    from ..supervisor import Supervisor
 
 COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")
 BODY_PREVIEW_BYTES = 200
@@ -37,7 +42,7 @@ CURSOR_PATTERN = r"^([0-9]{1,4}:[0-9]{0,19})?$"  # "<shard>:<last id>" as the ro
 LIMIT_PATTERN = r"^-?[0-9]{1,9}$"
 
 
-def _id(value) -> int:
+def _id(value: object) -> int:
     """A job id from JSON (a string of ASCII digits or an integer), checked as the router
     checks it (client/routing.py): InvalidJob, a 400, for anything else."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -46,13 +51,13 @@ def _id(value) -> int:
     return job_id_from_text(value)
 
 
-def _ids(values) -> list[int]:
+def _ids(values: object) -> list[JobId]:
     if not isinstance(values, list) or not 0 < len(values) <= limits.BATCH_JOBS_MAX:
         raise InvalidJob(f"ids must be a list of 1 to {limits.BATCH_JOBS_MAX} job ids")
-    return [_id(v) for v in values]
+    return [_id(v) for v in values]  # the local shards' ids: ints
 
 
-def _workflow_id(value) -> str:
+def _workflow_id(value: object) -> str:
     """A workflow id from the query, checked as the router checks a record's id
     (client/results.py), with a message that names a workflow: InvalidJob, a 400."""
     if type(value) is not str or not value \
@@ -62,13 +67,13 @@ def _workflow_id(value) -> str:
     return value
 
 
-def _queue(value) -> str:
+def _queue(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidJob("queue must be a non-empty string")
     return value
 
 
-def _fields(data: dict, *names: str) -> dict:
+def _fields(data: dict[str, Any], *names: str) -> dict[str, Any]:
     """``data``, refused (InvalidJob) when it holds a field the action does not take: a
     typo (``"queues"``) must not pass for a request that names nothing."""
     extra = sorted(set(data) - set(names))
@@ -77,7 +82,7 @@ def _fields(data: dict, *names: str) -> dict:
     return data
 
 
-def _limit_values(values) -> dict | None:
+def _limit_values(values: object) -> dict[str, Any] | None:
     """The ``values`` of a limits change, checked before any shard sees them, as the config
     checks them (InvalidConfig naming the key): None (back to the config's), or a map of
     some of :data:`RUNTIME_KEYS` to a value or None (that limit removed). The shards check
@@ -118,7 +123,7 @@ def _count(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
-def _task(body: bytes) -> dict | None:
+def _task(body: bytes) -> dict[str, Any] | None:
     """A task body as the console shows it (``tasks.body.describe``): its name, its
     arguments as JSON text cut like a body preview, and its workflow fields (``keep_result``
     seconds; ``reports_to`` and ``inputs_from``: the barriers it completes and reads its
@@ -146,16 +151,16 @@ def _task(body: bytes) -> dict | None:
 
 
 class ConsoleApi:
-    def __init__(self, router, supervisor=None, timeout_s: float = 2.0):
+    def __init__(self, router: Router, supervisor: Supervisor | None = None, timeout_s: float = 2.0):
         self.router = router
         self.supervisor = supervisor
         self.timeout_s = timeout_s
 
     # ------------------------------------------------------------------ reads
-    def overview(self) -> dict:
+    def overview(self) -> dict[str, Any]:
         """Queues (summed over the shards that answered), shards, and totals for the charts."""
         shards = self.router.shard_metrics(self.timeout_s)
-        queues: dict[str, dict] = {}
+        queues: dict[str, dict[str, Any]] = {}
         for sh in shards:
             for name, fig in sh.get("queue_metrics", {}).items():
                 counts = sh["queues"].get(name, {})
@@ -181,7 +186,7 @@ class ConsoleApi:
                 "shards": [self._shard_row(sh) for sh in shards],
                 "totals": {k: sum(q[k] for q in queues.values()) for k in COUNT_KEYS + COUNTERS}}
 
-    def _shard_row(self, sh: dict) -> dict:
+    def _shard_row(self, sh: dict[str, Any]) -> dict[str, Any]:
         row = {"shard": sh["shard"], "up": bool(sh.get("available")), "error": sh.get("error")}
         for k in ("pid", "jobs", "wal_bytes", "segments", "clients", "compactions", "replay_records",
                   "replay_seconds"):
@@ -197,7 +202,7 @@ class ConsoleApi:
                 row["replay_seconds"] = h.ready_info.get("replay_s")
         return row
 
-    def dead_letters(self, queue, limit: int | str = 50, cursor: str | None = None) -> dict:
+    def dead_letters(self, queue: object, limit: int | str = 50, cursor: str | None = None) -> dict[str, Any]:
         """One page; ``limit`` is clamped to 1..PAGE_MAX; ``cursor`` None or "" for the first.
         Each letter's body as the job look-up shows it: a preview, and ``task`` (a task
         body's name and arguments, :func:`_task`; null for any other body)."""
@@ -216,7 +221,7 @@ class ConsoleApi:
                           for d in page.items],
                 "cursor": page.cursor, "skipped_shards": page.skipped_shards}
 
-    def job(self, job_id) -> dict:
+    def job(self, job_id: object) -> dict[str, Any]:
         """What ``shardq job show`` shows of a job (cli/job_control.py): the live job, its
         body previewed and a task body's workflow fields (``task``), its progress and its
         kept result's size and expiry; a job acked whose result is still kept is
@@ -237,7 +242,7 @@ class ConsoleApi:
                 info.update(result_bytes=len(outcome.value or b""), result_expires_at=outcome.expires_at)
         return info
 
-    def workflow(self, wf_id) -> dict:
+    def workflow(self, wf_id: object) -> dict[str, Any]:
         """What ``shardq workflow show`` shows of a workflow (``tasks.workflow.describe``):
         its record's state, error and times, every step counted by state, and the first
         ``DESCRIBE_STEPS_MAX`` steps (``steps_shown`` of ``steps_total``), each with its job
@@ -254,11 +259,11 @@ class ConsoleApi:
 
     # ------------------------------------------------------------------ actions
     # Each takes the JSON object of the request (the fields openapi.py documents, no other).
-    def pause(self, data: dict) -> dict:
+    def pause(self, data: dict[str, Any]) -> dict[str, Any]:
         queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.pause(queue)}
 
-    def resume(self, data: dict) -> dict:
+    def resume(self, data: dict[str, Any]) -> dict[str, Any]:
         queue = self._known(_queue(_fields(data, "queue").get("queue")))
         return {"queue": queue, "changed_shards": self.router.resume(queue)}
 
@@ -269,19 +274,19 @@ class ConsoleApi:
         check_exists(self.router, queue, create_hint="declare it as [queues.NAME] in the config")
         return queue
 
-    def cancel(self, data: dict) -> dict:
+    def cancel(self, data: dict[str, Any]) -> dict[str, Any]:
         job_id = _id(_fields(data, "id").get("id"))
         return {"id": str(job_id), "result": self.router.cancel(job_id)}
 
-    def redrive(self, data: dict) -> dict:
+    def redrive(self, data: dict[str, Any]) -> dict[str, Any]:
         _fields(data, "queue", "ids")
         return {"redriven": self.router.redrive(_queue(data.get("queue")), _ids(data.get("ids")))}
 
-    def purge(self, data: dict) -> dict:
+    def purge(self, data: dict[str, Any]) -> dict[str, Any]:
         _fields(data, "queue", "ids")
         return {"purged": self.router.purge_dead_letters(_queue(data.get("queue")), _ids(data.get("ids")))}
 
-    def limits(self, data: dict) -> dict:
+    def limits(self, data: dict[str, Any]) -> dict[str, Any]:
         """Change a limited queue's limits at run time (``Router.set_limits``, as ``shardq
         queue limit``): ``values`` null goes back to the config's. Returns the owner
         shard's figures afterwards."""
