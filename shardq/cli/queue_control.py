@@ -1,4 +1,6 @@
 """``shardq queue pause|resume NAME``: stop or restart leasing from a queue, durably.
+``shardq queue purge NAME``: delete every job of a queue but its dead letters (ready,
+delayed, waiting, leased), durably; prints how many.
 ``shardq queue limit NAME [--concurrency N] [--rate 50/s] ...``: change the limits of a queue
 that declares some, at run time and durably (docs/limits.md).
 
@@ -26,8 +28,9 @@ _LIMIT_FLAGS = ("concurrency", "rate", "burst", "group_concurrency", "group_rate
 def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("queue", parents=[parent],
                        help="pause or resume a queue (a paused queue leases nothing; enqueue, "
-                            "ack, nack and extend keep working), or change its limits")
-    s.add_argument("action", choices=["pause", "resume", "limit"])
+                            "ack, nack and extend keep working), purge it (every job but its dead "
+                            "letters, leased ones too), or change its limits")
+    s.add_argument("action", choices=["pause", "resume", "purge", "limit"])
     s.add_argument("name", help="the queue: one the service holds or its config declares (else --create)")
     s.add_argument("--create", action="store_true",
                    help="NAME is a new queue: pause (or limit) it before it holds any job")
@@ -73,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"queue {args.action} takes no limit flags (they belong to queue limit)")
     if args.action == "limit":
         return _limit(args)
+    if args.action == "purge":
+        return _purge(args)
     with common.connect(args) as q:
         call = common.control_call(q, args.action)
         if not args.create:
@@ -87,6 +92,17 @@ def check_exists(q: Any, name: str) -> None:
     """UnknownQueue naming the queues that exist, unless ``name`` is one (client/queue_names.py)."""
     from ..client.queue_names import check_exists as known
     known(q, name, create_hint="give --create to make a new one, or declare it as [queues.NAME] in the config")
+
+
+def _purge(args: argparse.Namespace) -> int:
+    if args.create:
+        raise UsageError("queue purge takes no --create: a new queue holds nothing to purge")
+    with common.connect(args) as q:
+        call = common.control_call(q, "purge")
+        check_exists(q, args.name)
+        gone = call(args.name)
+    print(f"purged: {args.name} ({gone} job{'' if gone == 1 else 's'} deleted)")
+    return exits.OK
 
 
 def _limit(args: argparse.Namespace) -> int:

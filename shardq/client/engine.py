@@ -403,6 +403,17 @@ class Calls:
         return sum((yield from call_all(purge_calls(self.shards, queue, job_ids))))
 
     @operation
+    def purge(self, queue: str) -> Op[int]:
+        """Delete every job of ``queue`` on every shard but its dead letters: waiting,
+        delayed, ready and leased (a purged lease's ack, nack or extend raises
+        :class:`~shardq.errors.JobGone`). Returns how many went. Like ``redrive``, it is
+        never re-sent: a connection lost meanwhile raises ``OutcomeUnknown``, and calling
+        again finishes the job (it may then also delete jobs enqueued since)."""
+        if type(queue) is not str:
+            raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
+        return sum((yield from call_all([Call(s, "purge_queue", [queue]) for s in range(self.shards)])))
+
+    @operation
     def queue_config(self, queue: str = "default") -> Op[dict[str, Any]]:
         """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
         return (yield from _queue_config(self, queue))

@@ -23,7 +23,7 @@ The guarantees every backend keeps (tested by one contract suite, ``tests/consum
 * A feature a backend cannot provide faithfully raises :class:`~shardq.errors.Unsupported`
   naming the feature and the backend; an argument is never silently ignored.
 
-Control calls (``pause``, ``resume``, ``cancel``, ``job``, ``dead_letters_page``,
+Control calls (``pause``, ``resume``, ``purge``, ``cancel``, ``job``, ``dead_letters_page``,
 ``shard_metrics``) are not part of this protocol: the local shards' router has them; a
 backend may define them and raise ``Unsupported``, and the CLI reports ``Unsupported`` for a
 backend that lacks them (``shardq.cli.common.control_call``). They, the asyncio queue and the

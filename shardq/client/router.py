@@ -15,8 +15,8 @@ and the asyncio client; this module moves the requests and waits, with threads.
 * Each op has an explicit retry policy (:data:`shardq.protocol.wire.RETRY`): a request never
   written is always sent again; one that was written is re-sent only if that is safe
   (enqueue, ack, extend, reads, pause, resume, cancel, ``purge_dead_letters`` of chosen
-  ids, withdrawing a wait). ``dequeue``, ``nack``, ``bury``, ``redrive`` and
-  ``purge_dead_letters`` of all dead letters are never re-sent: a broken connection raises
+  ids, withdrawing a wait). ``dequeue``, ``nack``, ``bury``, ``redrive``, ``purge``
+  and ``purge_dead_letters`` of all dead letters are never re-sent: a broken connection raises
   :class:`~shardq.errors.OutcomeUnknown`. Nor is a waiting dequeue (``dequeue_wait``): a
   broken connection ends that shard's wait.
 * ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,

@@ -34,6 +34,8 @@ cancel_wait    [request_id of this connection's dequeue_wait]         True (with
 dead_letters   [queue, limit]                                         [[id, key, body, attempts, error]]
 redrive        [queue, [job_id, ...] | None]                          count
 purge_dead     [queue]                                                count
+purge_queue    [queue]                                                count (every job but
+                                                                      the dead letters)
 queue_config   [queue]                                                {settings}
 stats          []                                                     {...}
 ping           []                                                     pid
@@ -331,6 +333,8 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("redrive", RedriveArgs, UNKNOWN, handler="_redrive"),
     # re-sent, it may purge dead letters that came after the first one
     Request("purge_dead", QueueArgs, UNKNOWN, "purge_dead"),
+    # likewise: re-sent, it would delete jobs enqueued after the first one
+    Request("purge_queue", QueueArgs, UNKNOWN, "purge_queue"),
     Request("queue_config", QueueArgs, RESEND, "queue_settings"),                 # read-only
     Request("stats", NoArgs, RESEND, handler="_stats"),                           # read-only
     Request("ping", NoArgs, RESEND, handler="_ping"),                             # read-only

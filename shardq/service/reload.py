@@ -11,8 +11,9 @@ differs into two lists:
   the next dequeue, enqueue, nack and lease expiry, and replay is unchanged;
 * **needs a restart** of ``serve``: everything else, each with why (:class:`Change`'s
   ``why``, logged). The shard count and data dir are fixed; ``[limits]``, the rest of
-  ``[service]``, ``[schedules.*]`` and ``[http]`` are set up once, when a shard or the
-  supervisor starts. So are a queue's exact limits (``concurrency``, ``rate``, ...:
+  ``[service]``, ``[schedules.*]``, ``[http]`` and ``[sqs_api]`` are set up once, when a
+  shard or the supervisor starts (the SQS listener's socket is bound, and its keys
+  checked together, before any shard starts). So are a queue's exact limits (``concurrency``, ``rate``, ...:
   config.LIMIT_KEYS), and a queue that declares one, added or removed: limits place a
   queue's jobs on one shard (docs/limits.md; ``shardq queue limit`` changes a placed
   queue's limits at run time). Applying those at once was weighed and left: a new
@@ -30,11 +31,13 @@ import json
 import re
 from typing import Any, NamedTuple
 
-from ..config import LIMIT_KEYS, Config, QueueConfig
+from ..config import LIMIT_KEYS, Config, QueueConfig, SqsApiConfig
 
 APPLIED_KEYS = ("service.restart_backoff_max",)
 QUEUE_TABLES = ("queue_defaults", "queues")
 SECRET = "<secret>"
+#: Keys whose values are never logged: a change shows as SECRET (set) or "" (unset).
+SECRET_KEYS = frozenset({"http.token", "sqs_api.secret_access_key"})
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -47,6 +50,7 @@ WHY_TABLE = {
     "limits": "a shard's limits are set when serve starts",
     "schedules": "the schedules are read when serve starts",
     "http": "the HTTP listener is set up when serve starts",
+    "sqs_api": "the SQS listener is set up when serve starts",
 }
 
 
@@ -115,6 +119,14 @@ def plan(old: Config, new: Config) -> Plan:
           {k: v for k, v in new.to_dict().items() if k not in QUEUE_TABLES}, "", others)
     if old.http.token != new.http.token:  # to_dict leaves secrets out; never log one
         others.append(Change("http.token", SECRET if old.http.token else "", SECRET if new.http.token else ""))
+    # to_dict leaves [sqs_api] out whole (the shards never read it): compared key by key
+    for f in dataclasses.fields(SqsApiConfig):
+        a, b = getattr(old.sqs_api, f.name), getattr(new.sqs_api, f.name)
+        if a != b:
+            key = f"sqs_api.{f.name}"
+            if key in SECRET_KEYS:
+                a, b = SECRET if a else "", SECRET if b else ""
+            others.append(Change(key, a, b))
     for c in others:
         if c.key in APPLIED_KEYS:
             p.applied.append(c)

@@ -23,6 +23,10 @@ Semantics (docs/operations.md, "Pause, resume, cancel"):
   ``Cancelled`` and deletes the job; otherwise the job is deleted when its lease ends. A
   marked job is never delivered again, and until it is deleted it still holds its key, so
   the key's next job is never leased while the cancelled one may still be running.
+* **Purge of a queue** (``purge_queue``) deletes every job of the queue on this shard but
+  its dead letters, in one logged operation: waiting, delayed, ready and leased alike. A
+  purged lease is not current any more (its holder's ack, nack or extend gets
+  :class:`~shardq.errors.JobGone`), and no key stays blocked.
 * **Counters** (enqueued, leased, ...) count what this process did since it started; they
   are not logged, so a restart starts them at zero (Prometheus ``rate()`` handles resets).
 """
@@ -185,6 +189,43 @@ class ControlOps(StateCore):
             self.progress.pop(jid, None)
         # A ready job's entry stays in its ready line; dequeue skips jobs that are not READY.
         self._set(job, G)
+
+    # ------------------------------------------------------------------ purge a queue
+    def purge_queue(self, queue: str, now: float) -> int:
+        """Delete every job of ``queue`` on this shard that is not a dead letter: waiting,
+        delayed, ready and leased. Their leases stop being current at once (a late ack,
+        nack or extend gets JobGone), and the keys they held are free. Dead letters stay
+        (``purge_dead``). Returns how many jobs went; none logs nothing. A re-sent purge
+        would delete jobs enqueued since the first, so it is never re-sent (wire.UNKNOWN).
+        Costs one pass over the shard's jobs: an operator's call, not a hot path."""
+        self.advance(now)
+        q = self._existing_queue(queue)
+        live = q.counts[W] + q.counts[D] + q.counts[R] + q.counts[L]
+        if live:
+            self._emit(ops.PurgeQueue(queue))
+        return live
+
+    def _apply_purge_queue(self, queue: str) -> None:
+        q = self.queues.get(queue)
+        if q is None:
+            return
+        doomed = [job for job in self.jobs.values() if job.q is q and job.state is not X]
+        for job in doomed:
+            jid = job.id
+            del self.jobs[jid]
+            self.inflight.pop(jid, None)  # its entry in the lease heap is skipped when popped
+            self.errors.pop(jid, None)
+            self.cancelled.discard(jid)
+            if self.progress:
+                self.progress.pop(jid, None)
+            self._set(job, G)
+        # Every job of every key went: no line is left. Entries in the ready lines (and a
+        # grouped queue's group lines, the delayed heap) are skipped as stale when reached;
+        # a plain queue's ready lines hold nothing else, so they go now.
+        q.keys.clear()
+        if type(q) is QueueState:
+            q.ready.clear()
+            q.prios.clear()
 
     # ------------------------------------------------------------------ look-up
     def job_info(self, job_id: int) -> JobInfo:

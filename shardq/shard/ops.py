@@ -62,6 +62,7 @@ BARRIER = 24
 PAUSE = 30
 CANCEL = 31
 LIMITS = 32  # also in checkpoints, per queue whose limits were changed at run time
+PURGE_QUEUE = 33  # live only: a checkpoint holds no job it deleted
 ENQUEUE_TIMES = 40  # checkpoint only
 
 #: Lease tokens are (epoch << TOKEN_EPOCH_BITS) + a counter within the epoch.
@@ -271,6 +272,12 @@ class Limits(NamedTuple):
     values: dict[str, Any] | None
 
 
+class PurgeQueue(NamedTuple):
+    # Every job of the queue that is not a dead letter is deleted: waiting, delayed, ready
+    # and leased (those leases are no longer current: a late ack gets JobGone).
+    queue: str
+
+
 class EnqueueTimes(NamedTuple):  # the sampled enqueue times (enqueue_times.py)
     seqs: list[int]
     times: list[float]
@@ -311,6 +318,7 @@ REGISTRY: dict[int, OpSpec] = {spec.code: spec for spec in (
     OpSpec(PAUSE, "pause", Pause, "_apply_pause"),
     OpSpec(CANCEL, "cancel", Cancel, "_apply_cancel"),
     OpSpec(LIMITS, "limits", Limits, "_apply_limits"),
+    OpSpec(PURGE_QUEUE, "purge_queue", PurgeQueue, "_apply_purge_queue"),
     OpSpec(ENQUEUE_TIMES, "enqueue_times", EnqueueTimes, "_apply_enqueue_times"),
 )}
 

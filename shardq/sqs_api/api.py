@@ -45,7 +45,6 @@ ACTIONS = {
     "CancelMessageMoveTask": "cancel_message_move_task",
 }
 PURGE_EVERY_S = 60.0   # AWS: one PurgeQueue per queue per 60 s
-PURGE_ROUND_JOBS = 1000
 
 
 class SqsApi(MessageActions):
@@ -216,16 +215,11 @@ class SqsApi(MessageActions):
         return {}
 
     def _drain(self, name: str) -> int:
-        """Delete every message that can be received now (ready ones; on a FIFO queue each
-        group's next one as the one before goes). In-flight and delayed messages stay:
-        shardq's client has no call that removes them (docs/sqs-api.md)."""
-        gone = 0
-        while True:
-            leases = self.router.dequeue_many(name, max_jobs=PURGE_ROUND_JOBS, wait=0.0, visibility=60.0)
-            if not leases:
-                return gone
-            self.router.ack_many(leases)
-            gone += len(leases)
+        """Delete every message of the queue: received or not, delayed or not (the shard's
+        ``purge_queue``, logged and fsynced before the answer). A receipt handle of a
+        deleted message deletes or changes nothing after."""
+        gone: int = self.router.purge(name)
+        return gone
 
     def list_dead_letter_source_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)

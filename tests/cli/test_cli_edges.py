@@ -102,7 +102,7 @@ def test_restore_of_a_file_is_a_usage_error(capsys, tmp_path):
 
 # ---------------------------------------------------------------------------- items 8, 11, 12: queue
 def test_queue_commands_refuse_an_unknown_queue_naming_those_that_exist(capsys, svc):
-    for action in ("pause", "resume", "limit"):
+    for action in ("pause", "resume", "purge", "limit"):
         extra = ("--concurrency", "3") if action == "limit" else ()
         rc, _, err = shardq(capsys, "queue", action, "nosuchqueue", *extra, svc=svc)
         assert rc == 2, err
@@ -123,6 +123,20 @@ def test_create_makes_a_new_queue_on_purpose(capsys, svc):
     assert (rc, out.strip()) == (0, "paused: brand-new"), err
     assert svc.q.stats()["queues"]["brand-new"].get("paused")
     assert shardq(capsys, "queue", "resume", "brand-new", svc=svc)[:2] == (0, "resumed: brand-new\n")
+
+
+def test_queue_purge_deletes_every_live_job_and_says_how_many(capsys, svc):
+    svc.q.enqueue_many([{"body": b"a", "key": "k"}, {"body": b"b", "key": "k"}, {"body": b"c", "delay": 3600}],
+                       queue="to-purge")
+    held = svc.q.dequeue("to-purge", visibility=600)
+    rc, out, err = shardq(capsys, "queue", "purge", "to-purge", svc=svc)
+    assert (rc, out) == (0, "purged: to-purge (3 jobs deleted)\n"), err
+    counts = svc.q.stats()["queues"]["to-purge"]
+    assert (counts["ready"], counts["waiting"], counts["delayed"], counts["in_flight"]) == (0, 0, 0, 0)
+    assert shardq(capsys, "queue", "purge", "to-purge", svc=svc)[:2] == (0, "purged: to-purge (0 jobs deleted)\n")
+    assert held is not None
+    rc, _, err = shardq(capsys, "queue", "purge", "to-purge", "--create", svc=svc)
+    assert rc == 2 and "UsageError" in err
 
 
 @pytest.mark.parametrize("flag,value,words", [

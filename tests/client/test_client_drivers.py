@@ -427,6 +427,17 @@ def test_pause_and_resume_are_told_to_every_shard_and_count_the_shards_that_chan
     assert len(f.requests) == 6  # nothing sent
 
 
+def test_purge_is_told_to_every_shard_and_sums_what_each_deleted(fake, connect):
+    f = fake(3, lambda shard, op, args: 10 * shard + 1)
+    q = connect(f.dd.path)
+    assert q.purge(Q) == 1 + 11 + 21
+    assert sorted(f.requests) == [(s, "purge_queue", [Q]) for s in range(3)]
+    with pytest.raises(shardq.InvalidJob):
+        q.purge(["not", "a", "name"])
+    assert len(f.requests) == 3  # nothing sent
+    assert wire.RETRY["purge_queue"] == wire.UNKNOWN  # re-sent, it would delete jobs enqueued since
+
+
 def test_cancel_and_job_go_to_the_shard_the_id_names(fake, connect):
     f = fake(3, lambda shard, op, args: "cancelled" if op == "cancel" else {"state": "ready", "queue": Q})
     q = connect(f.dd.path)
@@ -835,3 +846,31 @@ def test_each_client_rides_out_shard_restarts(connect):
                 return f.read().decode(errors="replace").count("event=shard-restart")
         wait_until(lambda: restarts() >= 4, 10, what="four restarts logged")
         assert restarts() == 4
+
+
+def test_a_purge_deletes_every_live_job_and_survives_a_kill(connect):
+    """``purge`` deletes ready, delayed, waiting and leased jobs on every shard (dead letters
+    stay); it is logged and fsynced before the answer, so a SIGKILL of the whole service
+    right after brings none of them back."""
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}}) as svc:
+        q = connect(svc.data_dir)
+        q.enqueue_many([{"body": b"k%d" % i, "key": "k"} for i in range(3)], queue="p")   # 1 ready, 2 waiting
+        q.enqueue_many([{"body": b"r%d" % i} for i in range(20)], queue="p")            # on both shards
+        q.enqueue_many([{"body": b"d%d" % i, "delay": 3600} for i in range(4)], queue="p")
+        q.enqueue(b"other", queue="kept")
+        held = q.dequeue_many("p", max_jobs=5, visibility=600)
+        dead = q.dequeue("p", visibility=600)
+        q.bury(dead, "stays")
+        assert q.purge("p") == 3 + 20 + 4 - 1
+        assert q.purge("p") == 0
+        with pytest.raises(shardq.JobGone):
+            q.ack(held[0])
+        assert q.enqueue(b"after", key="k", queue="p")                                 # the key is free
+        svc.kill_all()
+        svc.start()
+        again = connect(svc.data_dir)
+        counts = again.stats()["queues"]
+        assert (counts["p"]["ready"], counts["p"]["delayed"], counts["p"]["in_flight"], counts["p"]["dead"]) \
+            == (1, 0, 0, 1)
+        assert counts["kept"]["ready"] == 1
+        assert again.dequeue("p").body == b"after"

@@ -118,6 +118,7 @@ TEMPLATES = {
     "dead_letters": ["default", 10],
     "redrive": ["fuzzq", None],
     "purge_dead": ["fuzzq"],
+    "purge_queue": ["fuzzp"],   # a queue of its own: the others' jobs stay for the checks below
     "queue_config": ["default"],
     "note_priorities": ["fuzzq"],
     "stats": [],
@@ -238,7 +239,7 @@ def _rejected(reply, reqs) -> bool:
             if op in ("stats", "ping", "queue_config", "dead_letters", "job", "dead_page", "metrics") \
                     or (op == "dequeue" and payload == []) \
                     or (op == "ack" and all(e is not None for e in payload)) \
-                    or (op in ("redrive", "purge_dead", "purge_ids") and payload == 0) \
+                    or (op in ("redrive", "purge_dead", "purge_ids", "purge_queue") and payload == 0) \
                     or (op in ("pause", "resume") and payload is False) or (op == "cancel" and payload == "gone"):
                 continue
             return False
@@ -346,6 +347,8 @@ INVALID = [  # (request args, expected error) -- all sent to shard 0 in one fram
     ("redrive", ["default", [OTHER]], "NotFound"),
     ("redrive", ["default", [-3]], "InvalidJob"),
     ("purge_dead", [""], "InvalidJob"),
+    ("purge_queue", [""], "InvalidJob"),
+    ("purge_queue", [["x"]], "ProtocolError"),
     ("queue_config", [""], "InvalidJob"),
     ("queue_config", [[1]], "ProtocolError"),
     ("pause", [""], "InvalidJob"),

@@ -249,6 +249,29 @@ def test_a_reload_plan_sorts_each_change_and_keeps_the_rest_in_force():
     assert plan(cfg, cfg) == ([], [], cfg)
 
 
+def test_a_reload_reports_each_changed_sqs_api_key_as_needing_a_restart():
+    """[sqs_api] is left out of to_dict (the shards never read it): a SIGHUP that changed it
+    used to report nothing. Each changed key waits for a restart, its secret never shown."""
+    import dataclasses
+    from shardq.service.reload import WHY_TABLE
+    old = parse({"sqs_api": {"listen": "127.0.0.1:9324"}})
+    new = parse({"sqs_api": {"listen": "0.0.0.0:9325", "region": "eu-west-1", "account_id": "123456789012",
+                             "access_key_id": "AKIDEXAMPLE00000", "secret_access_key": "s3cr3t-value-0123456789"}})
+    p = plan(old, new)
+    assert p.applied == []
+    assert {c.key: (c.old, c.new, c.why) for c in p.restart} == {
+        "sqs_api.listen": ("127.0.0.1:9324", "0.0.0.0:9325", WHY_TABLE["sqs_api"]),
+        "sqs_api.region": ("us-east-1", "eu-west-1", WHY_TABLE["sqs_api"]),
+        "sqs_api.account_id": ("000000000000", "123456789012", WHY_TABLE["sqs_api"]),
+        "sqs_api.access_key_id": ("", "AKIDEXAMPLE00000", WHY_TABLE["sqs_api"]),
+        "sqs_api.secret_access_key": ("", SECRET, WHY_TABLE["sqs_api"])}
+    assert "s3cr3t-value-0123456789" not in repr(p.restart)
+    assert p.config.sqs_api == old.sqs_api  # nothing of it in force before the restart
+    rotated = parse({"sqs_api": dict(dataclasses.asdict(new.sqs_api), secret_access_key="another-secret-0123456789")})
+    assert [(c.key, c.old, c.new) for c in plan(new, rotated).restart] == [
+        ("sqs_api.secret_access_key", SECRET, SECRET)]
+
+
 def test_a_reload_leaves_exact_limits_to_a_restart():
     """A queue's limits (docs/limits.md) place its jobs on one shard: a reload keeps them,
     and a queue that declares one neither comes nor goes."""

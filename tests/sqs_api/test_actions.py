@@ -158,6 +158,45 @@ def test_purge(sqs, queue, fifo):
     assert "Messages" not in sqs.receive_message(QueueUrl=fifo)
 
 
+def _counts(sqs, url):
+    got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return [int(got[a]) for a in ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                                  "ApproximateNumberOfMessagesDelayed")]
+
+
+def test_purge_deletes_messages_in_flight_and_delayed_too(sqs, queue, fifo):
+    """AWS's PurgeQueue deletes every message; it once deleted only what could be received."""
+    sqs.send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"m{i}"} for i in range(3)])
+    sqs.send_message(QueueUrl=queue, MessageBody="later", DelaySeconds=900)
+    held = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1, VisibilityTimeout=600)["Messages"][0]
+    assert _counts(sqs, queue) == [2, 1, 1]
+    sqs.purge_queue(QueueUrl=queue)
+    assert _counts(sqs, queue) == [0, 0, 0]
+    with pytest.raises(botocore.exceptions.ClientError):  # its handle holds nothing any more
+        sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=held["ReceiptHandle"], VisibilityTimeout=0)
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=held["ReceiptHandle"])  # deleted already: success
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
+    # a FIFO group whose head is in flight: the whole group goes, and the group is free after
+    for i in range(3):
+        sqs.send_message(QueueUrl=fifo, MessageBody=f"m{i}", MessageGroupId="g", MessageDeduplicationId=f"d{i}")
+    assert sqs.receive_message(QueueUrl=fifo, VisibilityTimeout=600)["Messages"][0]["Body"] == "m0"
+    sqs.purge_queue(QueueUrl=fifo)
+    assert _counts(sqs, fifo) == [0, 0, 0]
+    sqs.send_message(QueueUrl=fifo, MessageBody="after", MessageGroupId="g", MessageDeduplicationId="after")
+    assert [m["Body"] for m in sqs.receive_message(QueueUrl=fifo)["Messages"]] == ["after"]
+
+
+def test_delete_queue_deletes_messages_in_flight_and_delayed_too(sqs, svc):
+    url = sqs.create_queue(QueueName="gone-whole")["QueueUrl"]
+    sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": "x"} for i in range(3)])
+    sqs.send_message(QueueUrl=url, MessageBody="later", DelaySeconds=900)
+    sqs.receive_message(QueueUrl=url, VisibilityTimeout=600)
+    sqs.delete_queue(QueueUrl=url)
+    with shardq.connect(svc.data_dir) as q:  # nothing is left to show up if it is created again
+        counts = q.stats()["queues"].get("gone-whole", {})
+    assert not any(counts.get(s) for s in ("ready", "waiting", "delayed", "in_flight")), counts
+
+
 def test_unknown_action_and_a_bad_body_over_raw_http(svc):
     host = urlsplit(svc.url)
     conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
