@@ -41,7 +41,7 @@ def test_every_op_has_a_retry_policy():
     # dequeue_wait is never re-sent either: a broken connection ends the wait, and the
     # router asks every shard again (tests/shard/test_waiting_lease.py)
     assert {op for op, p in wire.RETRY.items() if p == wire.UNKNOWN} == {"dequeue", "dequeue_wait", "nack", "bury",
-                                                                        "redrive", "purge_dead"}
+                                                                        "redrive", "purge_dead", "purge_queue"}
 
 
 def test_a_batch_cut_into_requests_reaches_the_shard_in_order_across_a_broken_connection(fake, monkeypatch):

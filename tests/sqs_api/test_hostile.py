@@ -114,7 +114,7 @@ def test_a_chunked_body_is_read_not_taken_for_an_empty_one(svc):
     """The console's listener decodes chunked bodies (held to this listener's body limit):
     the request is the one its chunks spell, never an empty body."""
     body = json.dumps({"QueueName": "chunk"}).encode()
-    head = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Amz-Target: AmazonSQS.CreateQueue\r\n"
+    head = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Amz-Target: AmazonSQS.CreateQueue\r\n"
             b"Content-Type: application/x-amz-json-1.0\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:7], body[7:])) + b"0\r\n\r\n"
     status, data = exchange(svc.port, head + chunks)
