@@ -12,6 +12,7 @@ import botocore.exceptions
 import pytest
 
 import shardq
+from support.service import wait_until
 from shardq.sqs_api.message import md5_of_attributes, md5_of_body, unwrap
 from tests.support.sqs_listener import client, sqs_service, sqs_url
 
@@ -424,12 +425,9 @@ def test_redrive_moves_a_message_past_max_receive_count_and_a_move_task_brings_i
     assert sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [src]
     sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=moved["ReceiptHandle"], VisibilityTimeout=0)
     task = sqs.start_message_move_task(SourceArn=arn)["TaskHandle"]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        (t,) = sqs.list_message_move_tasks(SourceArn=arn)["Results"]
-        if t["Status"] != "RUNNING":
-            break
-        time.sleep(0.05)
+    wait_until(lambda: sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] != "RUNNING", 20, 0.05,
+               "the move task")
+    (t,) = sqs.list_message_move_tasks(SourceArn=arn)["Results"]
     assert t["Status"] == "COMPLETED" and t["ApproximateNumberOfMessagesMoved"] == 1 and task
     back = sqs.receive_message(QueueUrl=src, MessageAttributeNames=["All"])["Messages"][0]
     assert back["Body"] == "poison" and back["MessageAttributes"]["k"]["StringValue"] == "kept"
@@ -498,10 +496,8 @@ def test_a_fifo_dead_letter_queue_moves_back_keeping_each_group_in_order(sqs):
         sqs.change_message_visibility(QueueUrl=src, ReceiptHandle=h, VisibilityTimeout=0)
         sqs.receive_message(QueueUrl=src)
     sqs.start_message_move_task(SourceArn=arn)
-    deadline = time.monotonic() + 20
-    while sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] == "RUNNING":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] != "RUNNING", 20, 0.05,
+               "the move task")
     bodies = []
     while msgs := sqs.receive_message(QueueUrl=src, AttributeNames=["MessageGroupId"]).get("Messages"):
         assert msgs[0]["Attributes"]["MessageGroupId"] == "g"
