@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import http.client
 import io
+import json
 import logging
+import os
 import queue
 import re
 import selectors
@@ -67,6 +69,25 @@ def bind(address: tuple[Any, ...], family: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def publish_address(run_dir: str, name: str, info: dict[str, object]) -> str:
+    """Write ``info`` as JSON to ``run_dir/name`` whole (a temp file renamed over it), so a
+    reader never sees half of it; the path, for :func:`unpublish_address`."""
+    path = os.path.join(run_dir, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(info, f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def unpublish_address(path: str | None) -> None:
+    """Remove a file :func:`publish_address` wrote (gone already: nothing to do)."""
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @dataclass

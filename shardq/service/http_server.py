@@ -63,7 +63,7 @@ from .console import openapi
 from .console.api import ConsoleApi
 from .http_auth import Auth
 from . import http_listener
-from .http_listener import Listener, Request
+from .http_listener import Listener, Request, publish_address, unpublish_address
 from .http_metrics import ShardqCollector
 
 if TYPE_CHECKING:
@@ -203,11 +203,8 @@ class HttpService:
         self.port = self.listener.address[1]
         self.listener.start()
         if run_dir:
-            self._address_file = os.path.join(run_dir, ADDRESS_FILE)
-            tmp = self._address_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid()}, f)
-            os.replace(tmp, self._address_file)
+            self._address_file = publish_address(run_dir, ADDRESS_FILE, {
+                "url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid()})
         log.info("event=http-listening url=%s auth=%s", self.url, "token" if self.token else "open-loopback")
         return self
 
@@ -238,11 +235,7 @@ class HttpService:
         if self.listener is not None:
             self.listener.stop()
             self.listener = None
-        if self._address_file:
-            try:
-                os.unlink(self._address_file)
-            except FileNotFoundError:
-                pass
+        unpublish_address(self._address_file)
         self.router.close()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import email.utils
 import http.client
-import json
 import logging
 import os
 import select
@@ -23,7 +22,7 @@ from ..client.router import Router
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import InvalidConfig, ShardqError, SqsApiError
-from ..service.http_listener import Listener, Request, bind
+from ..service.http_listener import Listener, Request, bind, publish_address, unpublish_address
 from . import head, protocol
 from .api import SqsApi
 from .catalog import Catalog
@@ -90,11 +89,8 @@ class SqsService:
         self.port = self.listener.address[1]
         self.listener.start()
         if run_dir:
-            self._address_file = os.path.join(run_dir, ADDRESS_FILE)
-            tmp = self._address_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"}, f)
-            os.replace(tmp, self._address_file)
+            self._address_file = publish_address(run_dir, ADDRESS_FILE, {
+                "url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"})
         log.info("event=sqs-api-listening url=%s auth=%s", self.url, "sigv4" if self.verifier else "open-loopback")
         return self
 
@@ -107,11 +103,7 @@ class SqsService:
         if self.listener is not None:
             self.listener.stop()
             self.listener = None
-        if self._address_file:
-            try:
-                os.unlink(self._address_file)
-            except FileNotFoundError:
-                pass
+        unpublish_address(self._address_file)
         self.api.close()
         self.router.close()
 
