@@ -229,6 +229,16 @@ class Catalog:
         with self._changing():
             self._put_task(handle, task)
 
+    def start_task(self, handle: str, task: dict[str, Any], active: tuple[str, ...]) -> bool:
+        """Add ``task`` unless a task of its source is in one of the ``active`` states (in
+        one step under the flock: two processes cannot both start one); False if one is."""
+        with self._changing():
+            if any(t["SourceArn"] == task["SourceArn"] and t["Status"] in active
+                   for t in self._data["tasks"].values()):
+                return False
+            self._put_task(handle, task)
+            return True
+
     def update_task(self, handle: str, only_if: tuple[str, ...] = (), **fields: Any) -> dict[str, Any] | None:
         """Change fields of a task in one step (read, change, write under the flock); None if
         there is no such task, or its status is not one of ``only_if`` (when given)."""

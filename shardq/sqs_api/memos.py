@@ -68,23 +68,33 @@ class Memos:
         """Per claim: ``Memo(True, value)`` if this call made the memo, ``Memo(False, the
         earlier value)`` if a live one was there, None if the one there has lapsed. One
         enqueue request per shard (fsynced), then one ``job()`` look-up per claim."""
+        return self.enqueue_and_claim([], claims)[1]
+
+    def enqueue_and_claim(self, jobs: list[dict[str, Any]], claims: Sequence[Claim]
+                          ) -> tuple[list[int], list[Memo | None]]:
+        """Enqueue ``jobs`` (job dicts naming their queue) and the memos of ``claims`` in one
+        ``enqueue_many``: one request per shard, sent together, so their fsyncs overlap.
+        Returns the jobs' ids and the claims' memos (as :meth:`claim_many`)."""
         if not claims:
-            return []
+            return (self.router.enqueue_many(jobs) if jobs else []), []
         self._start_sweeper()
         now_ms = int(self.clock.now() * 1000)
         nonce = secrets.token_hex(8)
-        jobs = [{"body": json.dumps({"v": c.value, "u": now_ms + int(c.lifetime_s * 1000), "n": f"{nonce}.{i}"},
-                                    separators=(",", ":")).encode(),
-                 "key": f"{c.kind}\n{c.scope}", "delay": max(1.0, c.lifetime_s), "dedup_id": DEDUP}
-                for i, c in enumerate(claims)]
+        memos = [{"body": json.dumps({"v": c.value, "u": now_ms + int(c.lifetime_s * 1000), "n": f"{nonce}.{i}"},
+                                     separators=(",", ":")).encode(),
+                  "key": f"{c.kind}\n{c.scope}", "delay": max(1.0, c.lifetime_s), "dedup_id": DEDUP,
+                  "queue": QUEUE}
+                 for i, c in enumerate(claims)]
         try:
-            ids = self.router.enqueue_many(jobs, queue=QUEUE)
-        except UnknownQueue:
+            ids = self.router.enqueue_many(jobs + memos, queue=QUEUE)
+        except UnknownQueue as e:
+            if QUEUE not in str(e):
+                raise
             raise fault("InternalFailure", f"The SQS API keeps its memos in the shardq queue {QUEUE!r}, which this "
                                          f"service does not declare (service.declare_queues = true): declare "
                                          f"[queues.\"{QUEUE}\"] in its config.") from None
         out: list[Memo | None] = []
-        for i, (c, job_id) in enumerate(zip(claims, ids)):
+        for i, (c, job_id) in enumerate(zip(claims, ids[len(jobs):])):
             try:
                 memo = json.loads(self.router.job(job_id)["body"])
             except NotFound:  # lapsed and swept meanwhile
@@ -96,7 +106,7 @@ class Memos:
                 out.append(Memo(False, memo.get("v")))
             else:
                 out.append(None)
-        return out
+        return ids[:len(jobs)], out
 
     # ------------------------------------------------------------------ the sweeper
     def _start_sweeper(self) -> None:

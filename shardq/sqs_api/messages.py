@@ -7,10 +7,10 @@
   within the queue's ``dedup_window`` (300 s by default, as SQS) answers the first send's
   MessageId and SequenceNumber. A standard queue's MessageGroupId rides in the envelope.
 * DeduplicationScope = queue (FIFO's default): a dedup id also stands across groups. The
-  message is enqueued first (its group's dedup answers within the group), then the id is
-  claimed for the queue in a memo (:mod:`.memos`): if another group's message holds it, this
-  one is cancelled and the send answers the other's MessageId. A crash between the two steps
-  can leave both messages (at least once), never none.
+  message and the claim of its id for the queue (a memo, :mod:`.memos`) are enqueued
+  together; if another group claimed the id first, this message is cancelled and the send
+  answers that group's message. A crash between the two writes can leave a duplicate, never
+  an answered send with nothing behind it (:meth:`MessageActions._enqueue`).
 * A receive is ``dequeue_many`` with the visibility as the lease; the receipt handle is the
   lease (:mod:`.handles`). A message past its queue's ``maxReceiveCount`` is moved to the
   dead-letter queue when a receive finds it, as SQS does: enqueued there, then acked here.
@@ -142,20 +142,25 @@ class MessageActions:
             out["queue_dedup"] = dedup
         return out
 
-    def _queue_scope(self, name: str, sent: list[tuple[dict[str, Any], int]]) -> list[int]:
-        """The job id each send answers, given the job its enqueue returned: DeduplicationScope
-        = queue claims each dedup id for the queue (:mod:`.memos`); a send whose id another
-        group's message claimed first answers that one's, and its own job, a duplicate, is
-        cancelled. Enqueue first, then claim: a crash between the two leaves a message that
-        may be a duplicate, never a send answered with nothing behind it."""
-        claims = [(i, Claim("d", f"{name}\n{prep['queue_dedup']}", job_id, self._dedup_window(name)))
-                  for i, (prep, job_id) in enumerate(sent) if prep.get("queue_dedup") is not None]
-        ids = [job_id for _, job_id in sent]
-        if not claims:
-            return ids
-        for (i, _), memo in zip(claims, self.memos.claim_many([c for _, c in claims])):
-            if memo is None or memo.mine or memo.value == ids[i]:
-                continue  # claimed here; or lapsed (the window has passed): this send stands alone
+    def _enqueue(self, name: str, prepared: list[dict[str, Any]]) -> list[int]:
+        """Enqueue the jobs of sends to ``name``; the job id each send answers.
+
+        DeduplicationScope = queue: each send's dedup id is claimed for the queue in a memo
+        (:mod:`.memos`) whose value is the send's group, enqueued in the same ``enqueue_many``
+        as the messages (their fsyncs overlap). A send whose id another group claimed first
+        is a duplicate: its own copy is cancelled and it answers the message of that group
+        with this id (an enqueue there with the dedup id finds it; if the first send never got
+        that far, a crash, this one's body goes there). Whatever the order the two writes
+        reach the disk in, a crash between them leaves at most a duplicate, never an answered
+        send with nothing behind it."""
+        jobs = [dict(prep["job"], queue=name) for prep in prepared]
+        window = self._dedup_window(name) if any(prep.get("queue_dedup") for prep in prepared) else 0.0
+        claims = [(i, Claim("d", f"{name}\n{prep['queue_dedup']}", prep["job"]["key"], window))
+                  for i, prep in enumerate(prepared) if prep.get("queue_dedup") is not None]
+        ids, memos = self.memos.enqueue_and_claim(jobs, [c for _, c in claims])
+        for (i, claim), memo in zip(claims, memos):
+            if memo is None or memo.mine or memo.value == claim.value:
+                continue  # claimed here; the same group (shardq's dedup answered); or lapsed
             try:
                 outcome = self.router.cancel(ids[i])
             except ShardqError as e:  # it stays: a duplicate, never a loss
@@ -163,7 +168,9 @@ class MessageActions:
             else:
                 if outcome == "cancelling":  # received already: that delivery stands
                     log.info("event=sqs-api-duplicate-received job=%s", ids[i])
-            ids[i] = int(memo.value)
+            job = prepared[i]["job"]
+            ids[i] = self.router.enqueue(job["body"], key=str(memo.value), queue=name, delay=job["delay"],
+                                         dedup_id=job["dedup_id"])
         return ids
 
     def _dedup_window(self, name: str) -> float:
@@ -179,10 +186,7 @@ class MessageActions:
     def send_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         prepared = self._prepare(name, rec, params)
-        job = prepared["job"]
-        job_id = self.router.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
-                                     dedup_id=job["dedup_id"])
-        (job_id,) = self._queue_scope(name, [(prepared, job_id)])
+        (job_id,) = self._enqueue(name, [prepared])
         return self._sent(name, job_id, prepared)
 
     def send_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
@@ -209,8 +213,7 @@ class MessageActions:
         successful: list[dict[str, Any]] = []
         if ok:
             try:
-                ids = self.router.enqueue_many([prep["job"] for _, prep in ok], queue=name)
-                ids = self._queue_scope(name, [(prep, jid) for (_, prep), jid in zip(ok, ids)])
+                ids = self._enqueue(name, [prep for _, prep in ok])
             except ShardqError as err:
                 failed += [batch_error(eid, err) for eid, _ in ok]
             else:

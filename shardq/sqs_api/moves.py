@@ -55,9 +55,6 @@ class MoveTasks:
             raise invalid("The destination queue must be of the same type as the source (FIFO or standard).")
         self._sweep()
         with self._lock:
-            if any(t["SourceArn"] == source_arn and t["Status"] in ACTIVE
-                   for t in self.api.catalog.tasks().values()):
-                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
             handle = secrets.token_urlsafe(24)
             counts = self.api._counts(source)
             task = {"TaskHandle": handle, "Status": "RUNNING", "SourceArn": source_arn,
@@ -68,7 +65,8 @@ class MoveTasks:
                 task["DestinationArn"] = dest_arn
             if rate is not None:
                 task["MaxNumberOfMessagesPerSecond"] = rate
-            self.api.catalog.put_task(handle, task)
+            if not self.api.catalog.start_task(handle, task, ACTIVE):  # checked under the catalog's flock
+                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
             self._cancel[handle] = threading.Event()
             t = threading.Thread(target=self._run, args=(handle, source, dest_arn, rate),
                                  name="shardq-sqs-move", daemon=True)

@@ -96,19 +96,25 @@ def test_a_dedup_id_spans_the_groups_of_a_queue_across_processes(pair):
     assert sorted(m["Body"] for m in got) == ["four", "one"]  # the duplicates of g2 and g3 were cancelled
 
 
-def test_a_send_whose_dedup_claim_fails_is_answered_again_by_its_retry_with_one_message(pair):
-    """Enqueue, then claim: a failure (a crash) between the two loses nothing, and the
-    sender's retry answers the one message there is."""
+@pytest.mark.parametrize("written", ["the message", "the claim"])
+def test_a_send_cut_between_its_two_writes_is_answered_by_its_retry_with_one_message(pair, written):
+    """A send's message and its dedup claim are two writes (to two shards): whichever one a
+    crash leaves alone, nothing answered is lost, and the sender's retry answers the one
+    message there is, which a send of the id in another group answers too."""
     a, b = pair
-    q = url(a, "claim.fifo", FifoQueue="true")
-    real = a.memos.claim_many
+    q = url(a, f"cut-{written[4:8]}.fifo", FifoQueue="true")
+    real = a.memos.enqueue_and_claim
 
-    def down(claims):
-        raise shardq.ShardUnavailable("the memo's shard is down")
-    a.memos.claim_many = down
+    def cut(jobs, claims):  # one write done, then the crash
+        if written == "the message":
+            a.router.enqueue_many(jobs)
+        else:
+            real([], claims)
+        raise shardq.ShardUnavailable("the other write's shard is down")
+    a.memos.enqueue_and_claim = cut
     with pytest.raises(shardq.ShardUnavailable):
         send(a, q, "body", "g", "d")
-    a.memos.claim_many = real
+    a.memos.enqueue_and_claim = real
     retried = send(b, q, "body", "g", "d")
     assert send(a, q, "body", "other", "d")["MessageId"] == retried["MessageId"]
     got = receive(a, q)["Messages"]
@@ -174,6 +180,9 @@ def test_a_move_task_runs_on_when_another_process_starts_and_stops_when_another_
     try:  # a process that starts later: the task of a live one is not its to fail
         (task,) = late.call("ListMessageMoveTasks", {"SourceArn": arn}, HOST)["Results"]
         assert task["Status"] == "RUNNING" and not any(k.startswith("_") for k in task)
+        with pytest.raises(SqsApiError) as e:  # one task per source, whichever process asks
+            b.call("StartMessageMoveTask", {"SourceArn": arn}, HOST)
+        assert e.value.code == "UnsupportedOperation"
         b.call("CancelMessageMoveTask", {"TaskHandle": task["TaskHandle"]}, HOST)
         wait_until(lambda: late.call("ListMessageMoveTasks", {"SourceArn": arn}, HOST)["Results"][0]["Status"]
                    == "CANCELLED", 10, 0.05, what="the task, cancelled by another process, to stop")
