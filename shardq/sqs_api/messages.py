@@ -50,9 +50,17 @@ SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "Approxi
 
 
 class Received(NamedTuple):
-    """A lease to hand out, and when it was received (ms)."""
+    """A lease to hand out, when it was received (ms), and its message as a receive shows it
+    (:func:`.message.presented`: body, envelope head, message attributes; read once)."""
     lease: Lease
     at_ms: int
+    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]]]
+
+    @property
+    def sent_ms(self) -> int | None:
+        """When it was sent, if its envelope says (a bare body does not)."""
+        sent = self.shown[1].get("t")
+        return sent if isinstance(sent, int) else None
 
 
 class MessageActions:
@@ -282,14 +290,15 @@ class MessageActions:
                 return []
             now_ms = int(self.clock.now() * 1000)
             for i, lease in enumerate(leases):
+                got = Received(lease, now_ms, m.presented(lease.body))
                 try:
-                    keep = self._keep(name, rec, lease, now_ms)
+                    keep = self._keep(name, rec, got)
                 except BaseException:
                     # nothing of this receive reaches the client: hand every lease back
                     self._release([r.lease for r in out] + leases[i:])
                     raise
                 if keep:
-                    out.append(Received(lease, now_ms))
+                    out.append(got)
             if out or remaining <= 0:
                 return out
 
@@ -338,19 +347,18 @@ class MessageActions:
             except NotFound:
                 continue  # deleted since
             if job.get("state") == "leased":
-                again.append(Received(Lease(job_id, key, job["body"], name, count, token, 0.0), at_ms))
+                lease = Lease(job_id, key, job["body"], name, count, token, 0.0)
+                again.append(Received(lease, at_ms, m.presented(lease.body)))
         if not again:
             return None
         return {"Messages": self._present_all(name, rec, again, wanted, names)}
 
     # ------------------------------------------------------------------ presenting messages
-    def _keep(self, name: str, rec: dict[str, Any], lease: Lease, now_ms: int) -> bool:
+    def _keep(self, name: str, rec: dict[str, Any], r: Received) -> bool:
         """Whether a lease's message is handed out: not when past its retention (deleted) or
         past maxReceiveCount (moved to the dead-letter queue)."""
-        attrs = rec["attributes"]
-        _, head, _ = m.presented(lease.body)
-        sent = head.get("t")
-        if isinstance(sent, int) and now_ms - sent > int(attrs["MessageRetentionPeriod"]) * 1000:
+        attrs, lease, head, sent = rec["attributes"], r.lease, r.shown[1], r.sent_ms
+        if sent is not None and r.at_ms - sent > int(attrs["MessageRetentionPeriod"]) * 1000:
             self._forget(lease)
             return False
         target = qattr.redrive(attrs)
@@ -372,16 +380,15 @@ class MessageActions:
         for r in received:
             job_id, first = int(r.lease.job_id), r.lease.attempt == 1
             if (first and rec.get("first_receives")) or (not first and "ApproximateFirstReceiveTimestamp" in wanted):
-                sent = m.presented(r.lease.body)[1].get("t")
-                value = r.at_ms if first else (sent if isinstance(sent, int) else r.at_ms)
+                value = r.at_ms if first else (r.sent_ms or r.at_ms)
                 claims.append((job_id, Claim("f", f"{name}\n{job_id}", value, self._memo_window())))
         out: dict[int, int] = {}
         for (job_id, claim), memo in zip(claims, self.memos.claim_many([c for _, c in claims])):
             out[job_id] = int(memo.value) if memo is not None else int(claim.value)
-        for r in received:  # not remembered: the first receive is this one, or before it the sent time
-            if int(r.lease.job_id) not in out and r.lease.attempt != 1:
-                sent = m.presented(r.lease.body)[1].get("t")
-                out[int(r.lease.job_id)] = sent if isinstance(sent, int) else r.at_ms
+        if "ApproximateFirstReceiveTimestamp" in wanted:
+            for r in received:  # not remembered: the first receive is this one, or before it the sent time
+                if int(r.lease.job_id) not in out and r.lease.attempt != 1:
+                    out[int(r.lease.job_id)] = r.sent_ms or r.at_ms
         return out
 
     def _memo_window(self) -> float:
@@ -395,7 +402,7 @@ class MessageActions:
         """The message of one lease, as ReceiveMessage answers it."""
         lease, attrs = r.lease, rec["attributes"]
         job_id, token = int(lease.job_id), int(lease.token)
-        body, head, mattrs = m.presented(lease.body)
+        body, head, mattrs = r.shown
         msg: dict[str, Any] = {
             "MessageId": head.get("m") or m.message_id(self.service_id, job_id),  # "m": kept by a move
             "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, r.at_ms),
