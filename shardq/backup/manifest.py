@@ -7,7 +7,8 @@ backup without one is incomplete and ``restore`` refuses it. It holds::
         "format": 1, "kind": "shardq-backup", "shardq_version": "0.1.0",
         "service_id": "...", "source": "/abs/data/dir", "shards": N,
         "started": <unix s>, "finished": <unix s>,
-        "files": [{"path": "shardq.json", "bytes": n, "sha256": "..."}, {"path": "authkey", ...}, ...],
+        "files": [{"path": "shardq.json", "bytes": n, "sha256": "..."}, {"path": "authkey", ...},
+                  ..., {"path": "sqs-api/catalog.json", ...}],
         "cuts": [{"shard": 0, "time": <unix s>, "segment": "0000000000000002.wal", "offset": n,
                   "write": w, "job_seq": s,
                   "files": [{"path": "shard-0/0000000000000002.ckpt", "bytes": n, "sha256": "...",
@@ -28,14 +29,18 @@ from typing import Any
 
 from ..errors import CorruptLog, UsageError
 from ..wal.format import SEGMENT, parse_name
+from . import sqs_catalog
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 KIND = "shardq-backup"
 #: The data dir's own files a backup holds: its metadata, the HMAC key (so that clients and
-#: ``serve`` of the restored data dir use the same key), the scheduler's last ticks.
-META, KEY, SCHEDULES = "shardq.json", "authkey", "schedules.json"
-TOP_FILES = (META, KEY, SCHEDULES)
+#: ``serve`` of the restored data dir use the same key), the scheduler's last ticks, the SQS
+#: API's catalog (its queues and the key of its receipt handles). The last two only where
+#: the data dir has them: a backup without them (one taken before the SQS API was backed
+#: up, too) restores as it always did.
+META, KEY, SCHEDULES, SQS_CATALOG = "shardq.json", "authkey", "schedules.json", sqs_catalog.PATH
+TOP_FILES = (META, KEY, SCHEDULES, SQS_CATALOG)
 
 
 @dataclass(frozen=True)

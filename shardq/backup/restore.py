@@ -15,7 +15,11 @@ untouched or complete. Checks, each a :class:`~shardq.errors.CorruptLog` naming 
   number are the ones the shard reported at its cut;
 * the key file: a regular file of this user that nobody else may read (as ``serve``
   requires; AuthError otherwise) whose SHA-256 matches; the metadata: its SHA-256 and
-  shard count.
+  shard count; the SQS API's catalog, where the backup has one: its SHA-256, and that it
+  is a catalog with its receipt handle key (:mod:`.sqs_catalog`).
+
+The catalog is restored as it was, handle key included, so receipt handles given out
+before the backup still work on the messages the copy holds in flight.
 
 The restored data dir gets a **new service id** (``restored_from`` in ``shardq.json``
 names the old one): job numbers after the cut will be given again, to other jobs, so an
@@ -38,8 +42,9 @@ from ..datadir import _read_private
 from ..errors import CorruptLog, InvariantViolation, UsageError
 from ..shard.state import ShardState
 from ..wal.format import parse_name
+from . import sqs_catalog
 from .logfiles import LogFile, WriteChain, read_listed, sha256, sync_dir, write_private
-from .manifest import KEY, META, SCHEDULES, FileEntry, Manifest, ShardCut
+from .manifest import KEY, META, SCHEDULES, SQS_CATALOG, FileEntry, Manifest, ShardCut
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,15 @@ def _restore_top(backup_dir: str, out: str, manifest: Manifest) -> str:
         ticks = read_listed(path, listed[SCHEDULES].bytes)
         _check_hash(path, ticks, listed[SCHEDULES])
         write_private(os.path.join(out, SCHEDULES), ticks)
+    if SQS_CATALOG in listed:
+        path = os.path.join(backup_dir, SQS_CATALOG)
+        catalog = read_listed(path, listed[SQS_CATALOG].bytes)
+        _check_hash(path, catalog, listed[SQS_CATALOG])
+        sqs_catalog.check(path, catalog)
+        catalog_dir = os.path.join(out, os.path.dirname(SQS_CATALOG))
+        os.mkdir(catalog_dir, 0o700)
+        write_private(os.path.join(out, SQS_CATALOG), catalog)
+        sync_dir(catalog_dir)
     return str(meta["id"])
 
 

@@ -12,8 +12,13 @@ Steps (docs/backup.md):
 3. copy each shard's files from there, the newest segment only up to its cut, reading
    every record as replay would (a damaged source fails the backup, naming file and
    offset) and hashing it; each copy is fsynced;
-4. remove the staging dirs (also on failure), write the key file (0600), the metadata and
-   the ticks, then the manifest, last, so a backup that did not finish has none.
+4. read the SQS API's catalog, if the data dir has one (:mod:`.sqs_catalog`), *after* the
+   cuts: a queue is made before any message is sent to it, so every queue holding a
+   message in the copy is in it (unless deleted during the backup), and every change of a
+   queue acknowledged before the backup began;
+5. remove the staging dirs (also on failure), write the key file (0600), the metadata,
+   the ticks and the catalog, then the manifest, last, so a backup that did not finish
+   has none.
 
 Producers and workers see one pause per shard (a drain and at most one fdatasync, as
 before a compaction), then only the I/O of the copy.
@@ -35,8 +40,9 @@ from ..errors import CorruptLog, ProtocolError, ServiceNotRunning, UsageError
 from ..protocol.status_file import pid_alive
 from ..shard.durable import BACKUP_STAGE
 from ..wal.format import SEGMENT, parse_name
+from . import sqs_catalog
 from .logfiles import LogFile, WriteChain, sha256, sync_dir, write_private
-from .manifest import KEY, MANIFEST, META, SCHEDULES, FileEntry, Manifest, ShardCut
+from .manifest import KEY, MANIFEST, META, SCHEDULES, SQS_CATALOG, FileEntry, Manifest, ShardCut
 
 log = logging.getLogger("shardq.backup")
 
@@ -49,6 +55,7 @@ def backup(data_dir: str, dest: str, clock: Clock | None = None) -> Manifest:
     a shard acknowledged after its cut is (the copy of its log ends exactly at the cut);
     a job acked during the backup may be in it (at-least-once). ServiceNotRunning or
     ShardUnavailable if a shard cannot be asked: a backup holds every shard or nothing.
+    The SQS API's catalog, if the data dir has one, is copied as it was after the cuts.
     The manifest's start and end times are ``clock``'s wall readings (the system clock by
     default)."""
     clock = clock or SystemClock()
@@ -71,12 +78,17 @@ def backup(data_dir: str, dest: str, clock: Clock | None = None) -> Manifest:
             with Router(dd.path) as router:
                 replies = router.backup_cuts(stage)
             cuts = tuple(_copy_shard(dd, dest, stage, reply) for reply in replies)
+            catalog = sqs_catalog.snapshot(dd.path)  # after the cuts: see the module docstring
         finally:
             for i in range(shards):
                 shutil.rmtree(os.path.join(dd.shard_dir(i), stage), ignore_errors=True)
         files = [_write(dest, KEY, key), _write(dest, META, meta)]
         if ticks is not None:
             files.append(_write(dest, SCHEDULES, ticks))
+        if catalog is not None:
+            os.mkdir(os.path.join(dest, os.path.dirname(SQS_CATALOG)), 0o700)
+            files.append(_write(dest, SQS_CATALOG, catalog))
+            sync_dir(os.path.join(dest, os.path.dirname(SQS_CATALOG)))
         manifest = Manifest(_version(), dd.service_id(), dd.path, shards, started, clock.now(), tuple(files), cuts)
         tmp = os.path.join(dest, MANIFEST + ".tmp")
         write_private(tmp, manifest.encode())
