@@ -3,10 +3,11 @@
 Queues made and changed through the SQS API, a message sent and one received, then
 ``backup`` and ``restore``: ``serve`` of the restored copy answers GetQueueUrl, the same
 attributes and tags, and the receipt handle given out before the backup still deletes its
-message (the handle key came along). Only the catalog is copied, not its lock file or the
-owner files of live processes. A damaged catalog in a backup is refused naming it, and a
-backup of a data dir that never ran the SQS API (as every backup taken before this change)
-restores without one.
+message (the handle key came along), and a move task that was running in a process of the
+original is listed FAILED. Only the catalog is copied, not its lock file or the owner files
+of live processes; it is read without its lock, whole. A damaged catalog in a backup is
+refused naming it, and a backup of a data dir that never ran the SQS API (as every backup
+taken before this change) restores without one.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import hmac
 import json
 import os
 import shutil
+import threading
 
 import botocore.exceptions
 import pytest
@@ -67,9 +69,21 @@ def taken():
                                          HOST)["Attributes"]
             assert {k: got["attributes"][k] for k in COUNTS} == dict.fromkeys(COUNTS, "1")
             got["handle"], got["key"] = msg["ReceiptHandle"], api.catalog.key
+            # a message move task running in this process while the backup is taken (1 message
+            # a second, 10 to move: it runs for 9 s at least)
+            moves = api.call("CreateQueue", {"QueueName": "moves"}, HOST)["QueueUrl"]
+            back = api.call("CreateQueue", {"QueueName": "moves-dlq"}, HOST)["QueueUrl"]
+            got["back_arn"] = back_arn = api.arn("moves-dlq")
+            api.call("SetQueueAttributes", {"QueueUrl": moves, "Attributes": {"RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": back_arn, "maxReceiveCount": 4})}}, HOST)
+            for i in range(10):
+                api.call("SendMessage", {"QueueUrl": back, "MessageBody": f"dead {i}"}, HOST)
+            api.call("StartMessageMoveTask", {"SourceArn": back_arn, "DestinationArn": api.arn("moves"),
+                                              "MaxNumberOfMessagesPerSecond": 1}, HOST)
             owners = os.listdir(os.path.join(svc.data_dir, "sqs-api", "owners"))
             assert owners  # this process's, live while the backup runs
             backup(svc.data_dir, got["after"])
+            assert [t["Status"] for t in api.catalog.tasks().values()] == ["RUNNING"]  # still, after the backup
         finally:
             api.close()
             api.router.close()
@@ -105,6 +119,9 @@ def test_a_restored_copy_serves_the_sqs_queues_and_the_receipt_handles_given_bef
             sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=_resigned(taken["handle"], forged.key),
                                           VisibilityTimeout=5)
         assert e.value.response["Error"]["Code"] == "ReceiptHandleIsInvalid"
+        # the move task that ran in a process of the original is no task of the copy's processes
+        (task,) = sqs.list_message_move_tasks(SourceArn=taken["back_arn"])["Results"]
+        assert task["Status"] == "FAILED"
         (left,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)["Messages"]
         assert left["Body"] in ("first", "second")
 
@@ -193,3 +210,30 @@ def test_the_backup_reads_the_file_the_sqs_api_writes_and_refuses_a_damaged_one(
         with pytest.raises(CorruptLog, match=reason) as e:
             sqs_catalog.snapshot(tmp)
         assert e.value.path == path
+
+
+def test_a_snapshot_taken_while_the_catalog_changes_is_one_whole_version(tmp):
+    """No lock is taken: the SQS API replaces the file by rename, so each read sees one whole
+    version (a file rewritten in place would be read half old, half new)."""
+    catalog = Catalog(tmp)
+    catalog.create("q", {"VisibilityTimeout": "0"}, {}, {})
+    done = threading.Event()
+
+    def change() -> None:
+        try:
+            for i in range(1, 60):
+                catalog.set_attributes("q", {"VisibilityTimeout": str(i), "Policy": "x" * (i * 97 % 4000)})
+        finally:
+            done.set()
+    t = threading.Thread(target=change)
+    t.start()
+    seen = set()
+    try:
+        while not done.is_set():
+            doc = json.loads(sqs_catalog.snapshot(tmp))  # checked whole: CorruptLog otherwise
+            attrs = doc["queues"]["q"]["attributes"]
+            seen.add(int(attrs["VisibilityTimeout"]))
+            assert len(attrs.get("Policy", "")) == int(attrs["VisibilityTimeout"]) * 97 % 4000
+    finally:
+        t.join(30)
+    assert len(seen) > 1  # it did read while the file changed
