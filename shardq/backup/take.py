@@ -173,7 +173,7 @@ def _copy_shard(dd: DataDir, dest: str, stage: str, reply: Any) -> ShardCut:
         lf.check()
         write_private(os.path.join(out, name), data)
         entries.append(FileEntry(f"{under}/{name}", size, sha256(data), lf.version, lf.records_read))
-    if parse_name(segment)[1] != SEGMENT or chain.next_write - 1 != write:  # type: ignore[index]
+    if parse_name(segment)[1] != SEGMENT or chain.next_write - 1 != write:  # type: ignore[index]  # a segment's name, parsed when listed
         raise CorruptLog(os.path.join(dd.shard_dir(shard), segment), offset,
                          f"the copy ends at write {chain.next_write - 1}, the shard's cut at write {write}")
     sync_dir(out)

@@ -414,7 +414,7 @@ class Workflow:
     @property
     def queue(self) -> Any:
         """The client it looks with: the app's, or the one it was loaded with."""
-        return self._queue if self._queue is not None else self.app.queue  # type: ignore[union-attr]
+        return self._queue if self._queue is not None else self.app.queue  # type: ignore[union-attr]  # one is set: load() passes a queue exactly when it has no app
 
     @classmethod
     def start(cls, app: App, top: Chain) -> Workflow:
