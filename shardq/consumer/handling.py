@@ -213,7 +213,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
             extend: Callable[[float], float] | None = None, *,
             max_deliveries: int | None = None, client: JobCalls | None = None,
-            reports: list[Report] | None = None) -> Result:
+            reports: list[Report] | None = None, context: Callable[..., Context] | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
@@ -230,23 +230,25 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
     kept)``, if it has one, with what the first delivery kept (tasks report a skipped
     step's result this way). ``reports``: a list the context collects ``ctx.report`` calls
     in, for the caller to make before the ack (None: they are made at once); it holds
-    something only when this returns DONE or DUPLICATE.
+    something only when this returns DONE or DUPLICATE. ``context`` makes the handler's
+    context (with :class:`Context`'s arguments; the asyncio runner's makes an async one).
     """
     ctx = None
+    make = context or Context
     try:
         if store is None:
-            ctx = Context(lease, None, extend, client=client, reports=reports)
+            ctx = make(lease, None, extend, client=client, reports=reports)
             handler(ctx)
             ctx.run_after()
             return DONE, None, None
         if store.seen(lease.job_id):
             again = getattr(handler, "finish_duplicate", None)
             if again is not None:
-                ctx = Context(lease, None, extend, client=client, reports=reports)
+                ctx = make(lease, None, extend, client=client, reports=reports)
                 again(ctx, store.kept_result(lease.job_id))
             return DUPLICATE, None, None
         with store.transaction() as txn:
-            ctx = Context(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
+            ctx = make(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
             handler(ctx)
             claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
             if not claimed:

@@ -90,6 +90,9 @@ class AsyncFacade:
     async def extend(self, lease, seconds: float):
         return self.q.extend(lease, seconds)
 
+    async def ack_many(self, leases):
+        return self.q.ack_many(leases)
+
     async def settle_many(self, acks, reports):
         return self.q.settle_many(acks, reports)
 
