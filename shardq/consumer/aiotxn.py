@@ -35,43 +35,35 @@ def _executemany(cur: Any, sql: str, rows: Iterable[Any]) -> int:
 
 class InlineDb:
     """The async ``ctx.db`` API over a cursor in this very thread (an async task run by a
-    thread worker, on a loop of its own)."""
+    thread worker, on a loop of its own). Every call goes through :meth:`run`."""
 
     def __init__(self, cursor: Any):
         self.cursor = cursor
 
     async def execute(self, sql: str, params: Any = ()) -> list[Any]:
-        return _execute(self.cursor, sql, params)
+        return list(await self.run(_execute, sql, params))
 
     async def executemany(self, sql: str, rows: Iterable[Any]) -> int:
-        return _executemany(self.cursor, sql, rows)
+        return int(await self.run(_executemany, sql, rows))
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(self.cursor, *args)
 
 
-class _BridgedDb:
+class _BridgedDb(InlineDb):
     """The async ``ctx.db`` of a task whose transaction lives in another thread: each call
     is run there (:meth:`_OnLoop.__call__` serves them) and awaited here."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__(None)
         self._loop = loop
         self.requests: queue_mod.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = \
             queue_mod.SimpleQueue()
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         fut = self._loop.create_future()
         self.requests.put((fn, args, fut))
         return await fut
-
-    async def execute(self, sql: str, params: Any = ()) -> list[Any]:
-        return list(await self._call(_execute, sql, params))
-
-    async def executemany(self, sql: str, rows: Iterable[Any]) -> int:
-        return int(await self._call(_executemany, sql, rows))
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self._call(fn, *args)
 
 
 class _OnLoop:

@@ -31,7 +31,7 @@ from ..types import Lease
 from .aiotxn import run_async
 from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
 from .handling import Context, Report, Result, execute, log
-from .idempotency import IdempotencyStore
+from .idempotency import IdempotencyStore, start_pruner
 from .options import WorkerOptions, options_of
 from .policy import Policy, Progress, burst_for
 
@@ -160,9 +160,12 @@ class AsyncWorker:
         q = await aio.connect(self.target, request_timeout_s=self.options.request_timeout_s) if owned else self.target
         self.q, self._calls = q, LoopCalls(q, self._loop)
         self.core.reset()
+        pruner = None
         try:
-            if self.store is not None and isinstance(q.service_id, str):
-                await asyncio.to_thread(self.store.bind, q.service_id)
+            if self.store is not None:
+                if isinstance(q.service_id, str):
+                    await asyncio.to_thread(self.store.bind, q.service_id)
+                pruner = start_pruner(self.store, self.clock, self.options.prune_every_s)
             why = await adrive(self.core.run(burst=self.burst), self._perform)
             left = [job.task for job in self.core.jobs.values() if job.task is not None and not job.task.done()]
             for task in left:  # released at the grace period's end
@@ -170,6 +173,8 @@ class AsyncWorker:
             await asyncio.gather(*left, return_exceptions=True)
             self.core.progress.final(self.stats, why, self.clock.monotonic())
         finally:
+            if pruner is not None:
+                pruner.set()
             if owned:
                 await q.close()
         return dataclasses.replace(self.stats)

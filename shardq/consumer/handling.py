@@ -11,14 +11,19 @@ from __future__ import annotations
 import enum
 import importlib
 import logging
+import multiprocessing
+import os
 import random
 import signal
+import threading
 import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple, Protocol
 from collections.abc import Callable
 
 from .. import limits
-from ..errors import Fail, InvalidJob, Retry, ShardqError, Unsupported
+from ..errors import Closed, Fail, InvalidJob, Retry, ShardqError, Unsupported
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
@@ -365,6 +370,51 @@ def _child_run(lease: Lease, max_deliveries: int | None = None) -> Result:
     # No lease check before the commit here (the lease lives in the parent); the UNIQUE
     # claim still keeps the effect to one commit. See docs/guarantees.md.
     return execute(_CHILD["handler"], lease, _CHILD["store"], None, max_deliveries=max_deliveries)
+
+
+class ProcessPool:
+    """The thread runner's process mode: ``size`` spawned processes, each running jobs with
+    ``handler`` and the store ``spec`` reopens (:func:`_child_run`). A pool broken by a
+    child that died is replaced by the first runner to notice; its job failed."""
+
+    def __init__(self, size: int, handler: Handler, spec: tuple[Any, ...] | None):
+        self._args = size, handler, spec
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = self._make()
+        self._gen = 0
+
+    def _make(self) -> ProcessPoolExecutor:
+        size, handler, spec = self._args
+        return ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_child_init, initargs=(handler, spec, os.getpid()))
+
+    def run(self, lease: Lease, max_deliveries: int) -> Result:
+        with self._lock:
+            pool, gen = self._pool, self._gen
+        if pool is None:
+            raise Closed("the worker's process pool is closed")
+        try:
+            result: Result = pool.submit(_child_run, lease, max_deliveries).result()
+            return result
+        except BrokenProcessPool:
+            with self._lock:
+                if self._gen == gen and self._pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool, self._gen = self._make(), gen + 1
+            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
+
+    def close(self, kill: bool) -> None:
+        """``kill``: a child may still run a job; it ignores SIGTERM/SIGINT (the group gets
+        them too), so SIGKILL."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:
+            procs = getattr(pool, "_processes", None) or {}  # no public API before 3.14
+            for proc in list(procs.values()):
+                proc.kill()
+        pool.shutdown(wait=not kill, cancel_futures=True)
 
 
 def load_handler(spec: str) -> Handler:

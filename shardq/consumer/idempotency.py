@@ -20,6 +20,7 @@ See docs/guarantees.md for what this does and does not promise.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
+
+log = logging.getLogger("shardq.worker")
 
 #: How long a processed mark is kept. A delivery of the same job id after this (a redrive
 #: from the dead-letter queue weeks later) runs the handler again. Bounded by time, never
@@ -191,6 +194,30 @@ class IdempotencyStore:
         """``(factory, args, kwargs)``, picklable, that opens this store in another process
         (the worker's process mode)."""
         raise TypeError(f"{type(self).__name__} cannot be opened in another process")
+
+
+def start_pruner(store: IdempotencyStore, clock: Clock, every_s: float | None) -> threading.Event:
+    """Prune ``store`` now and every ``every_s`` seconds (None: never) in a daemon thread of
+    its own, so a prune waiting for the write lock never delays a worker's loop, until the
+    event returned is set (or the store is closed)."""
+    stop = threading.Event()
+
+    def prune_loop() -> None:
+        while True:
+            try:
+                n = store.prune(clock.now())
+                if n:
+                    log.info("idempotency store: pruned %d marks", n)
+            except Closed:
+                return
+            except Exception:
+                log.warning("idempotency store: prune failed", exc_info=True)
+            if stop.wait(every_s):
+                return
+
+    if every_s is not None:
+        threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
+    return stop
 
 
 # ---------------------------------------------------------------------------- SQLite

@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing
-import os
 import pickle
 import queue as queue_mod
 import random
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig
 from ..stopping import install_stop_signals
-from ..types import Lease
 from .core import Effect, Held, Start, Wait, WorkerCore, WorkerStats, drive
-from .handling import FAILED, Handler, Result, _child_init, _child_run, error_text, execute
-from .idempotency import IdempotencyStore
+from .handling import FAILED, Handler, ProcessPool, Result, error_text, execute
+from .idempotency import IdempotencyStore, start_pruner
 from .options import Mode, WorkerOptions, options_of
 from .policy import Burst, Policy, Progress, burst_for
 
@@ -47,16 +43,12 @@ log = logging.getLogger("shardq.worker")
 _WAKE = object()  # put on the results queue by stop()
 
 
-class _ExtendRequest:
-    """``ctx.extend`` from a runner thread, answered by the loop."""
+class _ExtendRequest(NamedTuple):
+    """``ctx.extend`` from a runner thread, made by the loop, which answers it."""
 
-    __slots__ = ("job", "seconds", "done", "deadline", "error")
-
-    def __init__(self, job: Held, seconds: float):
-        self.job, self.seconds = job, seconds
-        self.done = threading.Event()
-        self.deadline = 0.0  # the new deadline, once done and no error
-        self.error: BaseException | None = None
+    job: Held
+    seconds: float
+    answer: Future[float]
 
 
 class Worker:
@@ -92,9 +84,7 @@ class Worker:
         self._burst = burst_for(o.burst, o.queue)
         self._results: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
         self._work: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_gen = 0
-        self._pool_lock = threading.Lock()
+        self._pool: ProcessPool | None = None
         self.stats = self._core.stats
         self._metrics = metrics
         # The loop makes jobs' reports, pipelined, where the client can; else the runner does.
@@ -124,27 +114,30 @@ class Worker:
             self._metrics.count_in_flight(lambda: len(in_flight))
         burst = self._burst if self._burst is not None else Burst([self.options.queue]) if until_idle else None
         runners: list[threading.Thread] = []
-        pruner_stop = threading.Event()
+        pruner = threading.Event()
         try:
             if self.options.mode == Mode.PROCESS:
-                self._pool = self._make_pool()
+                spec = self._store.reopen_spec() if self._store is not None else None
+                self._pool = ProcessPool(self.options.concurrency, self._handler, spec)
             for i in range(self.options.concurrency):
                 t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
                                      name=f"shardq-runner-{i}")
                 t.start()
                 runners.append(t)
-            self._start_pruner(pruner_stop)
+            if self._store is not None:
+                pruner = start_pruner(self._store, self._clock, self.options.prune_every_s)
             why = drive(core.run(max_jobs, burst), self._perform)
             core.progress.final(self.stats, why, self._clock.monotonic())
         finally:
-            pruner_stop.set()
+            pruner.set()
             abandoned = core.idle < self.options.concurrency  # some runner may never come back
             for _ in runners:
                 work.put(None)
             if not abandoned:
                 for t in runners:
                     t.join()
-            self._close_pool(kill=abandoned)
+            if self._pool is not None:
+                self._pool.close(kill=abandoned)
             for sig, handler in (old_handlers or {}).items():
                 signal.signal(sig, handler)
         return dataclasses.replace(self.stats)
@@ -160,32 +153,29 @@ class Worker:
         try:  # the runs that finished, waiting up to effect.seconds for the first
             item = self._results.get(timeout=effect.seconds) if effect.seconds > 0 else self._results.get_nowait()
             while True:
-                if type(item) is _ExtendRequest:
-                    self._extend_for_runner(item)
+                if type(item) is _ExtendRequest:  # a runner's ctx.extend: made here, answered there
+                    job, seconds, answer = item
+                    try:
+                        answer.set_result(drive(self._core.extend(job, seconds), self._perform))
+                    except Exception as exc:  # noqa: BLE001 - LeaseLost, ShardUnavailable, InvalidJob: the handler decides
+                        answer.set_exception(exc)
                 elif item is not _WAKE:
                     out.append(item)
                 item = self._results.get_nowait()
         except queue_mod.Empty:
             return out
 
-    def _extend_for_runner(self, req: _ExtendRequest) -> None:
-        try:
-            req.deadline = drive(self._core.extend(req.job, req.seconds), self._perform)
-        except Exception as exc:  # noqa: BLE001 - LeaseLost, ShardUnavailable, InvalidJob: the handler decides
-            req.error = exc
-        req.done.set()
-
     def _ask_extend(self, job: Held, seconds: float) -> float:
         """A runner's ``ctx.extend``: ask the loop and wait for its answer."""
-        req = _ExtendRequest(job, seconds)
-        self._results.put(req)
-        while not req.done.wait(1.0):
-            grace_at = self._core.grace_at
-            if grace_at is not None and self._clock.monotonic() > grace_at + 5:
-                raise Closed("the worker stopped before the extend was made")
-        if req.error is not None:
-            raise req.error
-        return req.deadline
+        answer: Future[float] = Future()
+        self._results.put(_ExtendRequest(job, seconds, answer))
+        while True:
+            try:
+                return answer.result(1.0)
+            except TimeoutError:
+                grace_at = self._core.grace_at
+                if grace_at is not None and self._clock.monotonic() > grace_at + 5:
+                    raise Closed("the worker stopped before the extend was made") from None
 
     # ------------------------------------------------------------------ runners
     def _runner(self, work: queue_mod.SimpleQueue[Held | None], results: queue_mod.SimpleQueue[Any]) -> None:
@@ -198,8 +188,8 @@ class Worker:
             return not_run
         lease, started = job.lease, self._clock.monotonic()
         try:
-            if self.options.mode == Mode.PROCESS:
-                return self._run_in_pool(lease)
+            if self._pool is not None:
+                return self._pool.run(lease, self._policy.max_deliveries)
             return execute(self._handler, lease, self._store, lambda: self._core.may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
                            max_deliveries=self._policy.max_deliveries,
@@ -211,55 +201,3 @@ class Worker:
         finally:
             if self._metrics is not None:
                 self._metrics.handled(lease, self._clock.monotonic() - started)
-
-    # ------------------------------------------------------------------ process mode
-    def _make_pool(self) -> ProcessPoolExecutor:
-        spec = self._store.reopen_spec() if self._store is not None else None
-        return ProcessPoolExecutor(max_workers=self.options.concurrency,
-                                   mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_child_init, initargs=(self._handler, spec, os.getpid()))
-
-    def _run_in_pool(self, lease: Lease) -> Result:
-        with self._pool_lock:
-            pool, gen = self._pool, self._pool_gen
-        if pool is None:
-            raise Closed("the worker's process pool is closed")
-        try:
-            return pool.submit(_child_run, lease, self._policy.max_deliveries).result()
-        except BrokenProcessPool:
-            with self._pool_lock:
-                if self._pool_gen == gen:  # the first runner to notice replaces the pool
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    self._pool, self._pool_gen = self._make_pool(), gen + 1
-            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
-
-    def _close_pool(self, kill: bool) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if kill:  # children ignore SIGTERM/SIGINT (the group gets them too): SIGKILL
-            procs = getattr(pool, "_processes", None) or {}  # no public API before 3.14
-            for proc in list(procs.values()):
-                proc.kill()
-        pool.shutdown(wait=not kill, cancel_futures=True)
-
-    def _start_pruner(self, stop: threading.Event) -> None:
-        store, every = self._store, self.options.prune_every_s
-        if store is None or every is None:
-            return
-
-        # Its own thread: a prune waiting for the write lock never delays a heartbeat.
-        def prune_loop() -> None:
-            while True:
-                try:
-                    n = store.prune(self._clock.now())
-                    if n:
-                        log.info("idempotency store: pruned %d marks", n)
-                except Closed:
-                    return
-                except Exception:
-                    log.warning("idempotency store: prune failed", exc_info=True)
-                if stop.wait(every):
-                    return
-
-        threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
