@@ -140,6 +140,7 @@ class AsyncWorker:
         self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
         self._wake = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._done: list[tuple[Held, Result]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # the jobs running
 
     # ------------------------------------------------------------------ public
     def run(self) -> WorkerStats:
@@ -167,7 +168,7 @@ class AsyncWorker:
                     await asyncio.to_thread(self.store.bind, q.service_id)
                 pruner = start_pruner(self.store, self.clock, self.options.prune_every_s)
             why = await adrive(self.core.run(burst=self.burst), self._perform)
-            left = [job.task for job in self.core.jobs.values() if job.task is not None and not job.task.done()]
+            left = [task for task in self._tasks if not task.done()]
             for task in left:  # released at the grace period's end
                 task.cancel()
             await asyncio.gather(*left, return_exceptions=True)
@@ -182,7 +183,9 @@ class AsyncWorker:
     # ------------------------------------------------------------------ the loop's effects
     async def _perform(self, effect: Any) -> Any:
         if isinstance(effect, Start):
-            effect.job.task = asyncio.create_task(self._run(effect.job))
+            task = asyncio.create_task(self._run(effect.job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return None
         if isinstance(effect, Wait) or (isinstance(effect, Dequeue) and effect.wait > 0):
             self._wake.clear()  # set by a job that finished, or by stop()

@@ -87,16 +87,14 @@ _BEATING = frozenset((JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobSt
 
 class Held:
     """One delivery in a runner's hands. ``lease``, ``state`` and ``lost`` are read by the
-    threads that run handlers: they change under the core's lock. ``task``: what the runner
-    keeps to cancel the run (the asyncio task), if anything."""
+    threads that run handlers: they change under the core's lock."""
 
-    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports", "task")
+    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
 
     def __init__(self, lease: Lease, extend_at: float, state: JobState = JobState.PENDING):
         self.lease, self.state, self.lost, self.extend_at = lease, state, False, extend_at
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
         self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
-        self.task: Any = None
 
     @property
     def ref(self) -> tuple[JobId, Token]:  # one delivery; a job can be redelivered to us
