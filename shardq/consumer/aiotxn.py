@@ -109,7 +109,8 @@ async def run_async(run: RunAsync, lease: Any, store: Any, context: Callable[...
         ctx = context(lease, None, None, client=kwargs["client"], reports=kwargs["reports"])
         try:
             await run(ctx)
-            await asyncio.to_thread(ctx.run_after)
+            if ctx.has_after:  # it may block (a client call): in a thread
+                await asyncio.to_thread(ctx.run_after)
             return DONE, None, None
         except asyncio.CancelledError:
             raise

@@ -131,7 +131,7 @@ class AsyncWorker:
         self.clock = clock or SystemClock()
         progress = Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue)
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
-        self.core: WorkerCore[Held] = WorkerCore(self.policy, progress, self.clock,
+        self.core: WorkerCore = WorkerCore(self.policy, progress, self.clock,
                                                  dataclasses.replace(o, prefetch=0),
                                                  lock=contextlib.nullcontext())
         self.burst = burst_for(o.burst, o.queue)
@@ -141,6 +141,7 @@ class AsyncWorker:
         self._wake = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._done: list[tuple[Held, Result]] = []
         self._tasks: set[asyncio.Task[None]] = set()  # the jobs running
+        self._finish_duplicate = getattr(handler, "finish_duplicate", None)
 
     # ------------------------------------------------------------------ public
     def run(self) -> WorkerStats:
@@ -226,19 +227,19 @@ class AsyncWorker:
         self._wake.set()
 
     async def _execute(self, job: Held) -> Result:
-        lease = job.lease
-        calls: dict[str, Any] = dict(max_deliveries=self.policy.max_deliveries, client=self._calls,
-                                     reports=job.reports, may_commit=lambda: self.core.may_commit(job))
+        lease, may_commit = job.lease, functools.partial(self.core.may_commit, job)
         task = self.handler.task_of(lease.body)
         if task is None or not task.is_async:  # plain task, unknown task or bad body: the thread path says why
             loop = asyncio.get_running_loop()
-            calls["extend"] = lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result()
-            return await asyncio.to_thread(execute, self.handler, lease, self.store, **calls)
+            return await asyncio.to_thread(
+                execute, self.handler, lease, self.store, may_commit,
+                lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result(),
+                max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
+        context = functools.partial(AsyncContext, aextend=functools.partial(self._extend, job))
+        return await run_async(self._run_task, lease, self.store, context, failure=self.policy.failure,
+                               finish_duplicate=self._finish_duplicate, may_commit=may_commit,
+                               max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
 
-        async def run(ctx: AsyncContext) -> None:
-            task, args, kwargs = self.handler.resolve(ctx)
-            await self.handler.run_async(task, ctx, args, kwargs)
-
-        context = functools.partial(AsyncContext, aextend=lambda s: self._extend(job, s))
-        return await run_async(run, lease, self.store, context, failure=self.policy.failure,
-                               finish_duplicate=getattr(self.handler, "finish_duplicate", None), **calls)
+    async def _run_task(self, ctx: AsyncContext) -> None:
+        task, args, kwargs = self.handler.resolve(ctx)
+        await self.handler.run_async(task, ctx, args, kwargs)

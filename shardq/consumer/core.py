@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .. import limits
 from ..clock import Clock
@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves 
 
 log = logging.getLogger("shardq.worker")
 R = TypeVar("R")
-H = TypeVar("H", bound="Held")
 
 
 @dataclasses.dataclass
@@ -159,8 +158,9 @@ class SettleMany(NamedTuple):
 
 
 class Send(NamedTuple):
-    """A nack or a bury (``settle``) of ``lease``; or, ``released``, a nack with no delay that
-    hands a job in hand back at shutdown (``delivered`` False: its handler never started)."""
+    """A nack or a bury (``settle``) of ``lease``; or, for a settle of NOTHING, a nack with
+    no delay that hands a job in hand back at shutdown (``delivered`` False: its handler
+    never started)."""
 
     lease: Lease
     settle: Settle
@@ -175,8 +175,8 @@ class Send(NamedTuple):
 
 
 Effect = Wait | Start | ReadConfig | Dequeue | Extend | SettleMany | Send
-#: What a runner sends back for a call: its answer, or the exception it raised.
-ExtendAnswer = Lease | BaseException
+#: A core operation: yields effects, is sent each one's answer (a call's value or the
+#: exception it raised), returns R.
 Steps = Generator[Any, Any, R]
 
 
@@ -190,19 +190,16 @@ def _error(answer: Any) -> BaseException | None:
     return answer
 
 
-class WorkerCore(Generic[H]):
+class WorkerCore:
     """What a worker holds and decides, whatever runs its handlers (see the module
     docstring). ``lock`` guards what handler threads read (a job's lease, state and lost
-    flag); a runner whose handlers share its thread passes ``contextlib.nullcontext()``.
-    ``make(lease, extend_at)`` makes a job in hand (a runner's :class:`Held`)."""
+    flag); a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
 
     def __init__(self, policy: Policy, progress: Progress, clock: Clock, options: WorkerOptions, *,
-                 lock: AbstractContextManager[Any], make: Callable[[Lease, float], H] | None = None,
-                 metrics: WorkerMetrics | None = None):
+                 lock: AbstractContextManager[Any], metrics: WorkerMetrics | None = None):
         self.policy, self.progress, self.clock, self.lock = policy, progress, clock, lock
         self.options, self.metrics = options, metrics
         self.heartbeat_fraction, self.grace_s = float(options.heartbeat_fraction), float(options.grace_s)
-        self.make: Callable[[Lease, float], H] = make or Held  # type: ignore[assignment]  # H defaults to Held
         self.stop_at: float | None = None  # clock.monotonic() when stop() was first asked
         self.stats = WorkerStats()
         self.let_go = 0  # jobs that left the worker's hands (settled or given up), ever
@@ -212,10 +209,10 @@ class WorkerCore(Generic[H]):
     def reset(self) -> None:
         """A new run: nothing in hand."""
         self.backoff = UnavailableBackoff()
-        self.outbox: Outbox[H] = Outbox()
-        self.jobs: dict[tuple[JobId, Token], H] = {}
-        self.pending: deque[H] = deque()      # leased, waiting for a runner
-        self.confirmed: list[tuple[H, Settle]] = []  # reports landed: acked in the next round
+        self.outbox: Outbox[Held] = Outbox()
+        self.jobs: dict[tuple[JobId, Token], Held] = {}
+        self.pending: deque[Held] = deque()      # leased, waiting for a runner
+        self.confirmed: list[tuple[Held, Settle]] = []  # reports landed: acked in the next round
         self.idle = self.options.concurrency  # runners free
         self.run_leased = 0
         self.grace_at: float | None = None
@@ -314,12 +311,12 @@ class WorkerCore(Generic[H]):
             self.idle -= 1
             yield Start(job)
 
-    def _finished(self, results: list[tuple[H, Result]]) -> list[tuple[H, Result]]:
+    def _finished(self, results: list[tuple[Held, Result]]) -> list[tuple[Held, Result]]:
         self.idle += len(results)
         return [(job, result) for job, result in results if result[0] != SKIPPED]
 
     # ------------------------------------------------------------------ a runner's checks
-    def start(self, job: H) -> Result | None:
+    def start(self, job: Held) -> Result | None:
         """A runner is about to run ``job``: None (it runs: RUNNING), or the result instead
         (SKIPPED: released meanwhile; EXPIRED: its lease ended before it started, celery#7918)."""
         with self.lock:
@@ -330,7 +327,7 @@ class WorkerCore(Generic[H]):
             job.state = JobState.RUNNING
         return None
 
-    def may_commit(self, job: H) -> bool:
+    def may_commit(self, job: Held) -> bool:
         """The lease check right before the commit (the runner's thread): local knowledge
         only, so the client is used by the loop alone (:meth:`.policy.Policy.may_commit`)."""
         with self.lock:
@@ -357,17 +354,17 @@ class WorkerCore(Generic[H]):
         log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
         return wait
 
-    def leased(self, leases: list[Lease], now: float) -> list[H]:
+    def leased(self, leases: list[Lease], now: float) -> list[Held]:
         """A dequeue answered ``leases`` (an answer: the backoff resets): each becomes a
         job in hand, its first heartbeat due at ``heartbeat_fraction`` of the lease."""
         self.backoff.reset()
         self.stats.leased += len(leases)
-        jobs = [self.make(lease, self.extend_at(lease, now)) for lease in leases]
+        jobs = [Held(lease, self.extend_at(lease, now)) for lease in leases]
         for job in jobs:
             self.jobs[job.ref] = job
         return jobs
 
-    def forget(self, job: H) -> None:
+    def forget(self, job: Held) -> None:
         """The job is settled (or given up): it leaves the worker's hands."""
         if self.jobs.pop(job.ref, None) is not None:
             self.let_go += 1
@@ -382,13 +379,13 @@ class WorkerCore(Generic[H]):
             burst.busy(queue)
         return burst.asking()
 
-    def _finish(self, job: H, counter: Counter, keep: bool = False) -> None:
+    def _finish(self, job: Held, counter: Counter, keep: bool = False) -> None:
         if not keep:
             self.forget(job)
         self.count(counter, job.lease)
 
     # ------------------------------------------------------------------ settling
-    def settle(self, results: list[tuple[H, Result]]) -> Steps[None]:
+    def settle(self, results: list[tuple[Held, Result]]) -> Steps[None]:
         """Settle finished runs as the policy says, after retrying the outbox: nacks and
         buries one call each; acks in one round with the reports of the jobs just finished
         (:meth:`settle_round`)."""
@@ -401,11 +398,11 @@ class WorkerCore(Generic[H]):
         if acks or self.confirmed:
             yield from self.settle_round(acks)
 
-    def send(self, job: H, settle: Settle) -> Steps[None]:
+    def send(self, job: Held, settle: Settle) -> Steps[None]:
         """A nack or a bury, first try or retry."""
         self.answered(job, settle, _error((yield Send(job.lease, settle))))
 
-    def settle_round(self, acks: list[tuple[H, Settle]]) -> Steps[None]:
+    def settle_round(self, acks: list[tuple[Held, Settle]]) -> Steps[None]:
         """Ack the jobs of ``acks`` with no report, and those whose reports landed in the
         round before (``confirmed``); make the reports (``ctx.report``) of the others, all
         in one pipelined call. A job is acked only after its reports landed, so a job whose
@@ -445,7 +442,7 @@ class WorkerCore(Generic[H]):
         if outage is not None:
             self.unavailable("ack" if not effect.reports else "settle", outage)
 
-    def finished(self, job: H, result: Result) -> Settle:
+    def finished(self, job: Held, result: Result) -> Settle:
         """A run ended with ``result``: what to send (:meth:`.policy.Policy.settle`). A nack
         or bury counts at once and keeps the job in hand until it lands; NOTHING (the lease
         is lost or expired) lets it go; an ack counts when it lands (:meth:`answered`)."""
@@ -457,7 +454,7 @@ class WorkerCore(Generic[H]):
             self._finish(job, settle.counter, keep=settle.op != NOTHING)
         return settle
 
-    def answered(self, job: H, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
+    def answered(self, job: Held, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
         """The queue answered ``settle`` with ``exc`` (None: it landed). True: it met an
         unavailable shard and waits in the outbox (the outage is counted unless
         ``counted``: a round of many settlements counts one); else the job is settled."""
@@ -473,7 +470,7 @@ class WorkerCore(Generic[H]):
             self.forget(job)
         return False
 
-    def reported(self, job: H, settle: Settle,
+    def reported(self, job: Held, settle: Settle,
                  answers: list[BaseException | None]) -> tuple[Settle | None, BaseException | None]:
         """The answers to ``job.reports`` (``ctx.report``, made before the ack ``settle``):
         ``(settle, None)`` if all landed; ``(None, outage)`` if one met an unavailable shard
@@ -497,7 +494,7 @@ class WorkerCore(Generic[H]):
         job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
         return None, outage
 
-    def outbox_due(self) -> list[tuple[H, Settle]]:
+    def outbox_due(self) -> list[tuple[Held, Settle]]:
         """Empty the outbox: what to send again; what waited past its lease's deadline is
         given up (an ack counts as lost; the queue redelivers the job)."""
         retry, given_up = self.outbox.take(self.clock.now())
@@ -542,7 +539,7 @@ class WorkerCore(Generic[H]):
                     "expire", len(running), len(self.jobs))
         return True
 
-    def release(self, job: H, counter: Counter) -> Steps[None]:
+    def release(self, job: Held, counter: Counter) -> Steps[None]:
         """Hand a job in hand back now (a nack with no delay; an error only means its lease
         expires by itself). A job whose handler never started is not counted as a delivery."""
         with self.lock:
@@ -589,7 +586,7 @@ class WorkerCore(Generic[H]):
                 job.lease = answer
             job.extend_at = self.extend_at(answer, now)
 
-    def extend(self, job: H, seconds: float) -> Steps[float]:
+    def extend(self, job: Held, seconds: float) -> Steps[float]:
         """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``.
         Returns the new deadline; raises InvalidJob (seconds out of range), LeaseLost (the
         job is marked lost) or what the call raised (the handler decides)."""

@@ -179,6 +179,12 @@ class Context:
         if self._after is not None:
             self._after()
 
+    @property
+    def has_after(self) -> bool:
+        """Whether :meth:`after_commit` asked for something (an asyncio runner need not
+        hop to a thread for nothing)."""
+        return self._after is not None
+
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
 
