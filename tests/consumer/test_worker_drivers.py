@@ -132,10 +132,11 @@ class Driver:
         self.keep_result = keep_result
         self.ctl.put_work(work)
 
-    def send(self, n: int = 0) -> int:
+    def send(self, n: int = 0, job_id: int | None = None) -> int:
+        """``job_id``: deliver that id (again), as after a crash between the commit and the ack."""
         steps = NO_STEPS if self.keep_result is None else Steps(self.keep_result, None, None)
         name = "suite.task" if self.kind == "sync" else "suite.atask"
-        return self.q.enqueue(encode(name, [n, self.ctl.path], {}, steps=steps))
+        return self.q.enqueue(encode(name, [n, self.ctl.path], {}, steps=steps), job_id=job_id)
 
     def store(self, flaky: bool = False) -> IdempotencyStore:
         """An idempotency store the runner can use: in memory, or SQLite for the process
@@ -480,6 +481,50 @@ def test_a_job_already_processed_is_not_run_again_and_is_acked(driver):
     assert driver.ctl.read("ran") == [] and driver.q.state(job_id) == ACKED and driver.worker.stats.duplicates == 1
 
 
+def test_a_job_id_delivered_again_after_its_commit_runs_once_and_both_are_acked(driver):
+    """As after a crash between the commit and the ack: the second delivery finds the mark."""
+    store = driver.store()
+    driver.define(log_n)
+    driver.send(1, job_id=100)
+    driver.send(2, job_id=100)
+    driver.start(store, concurrency=1, burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert driver.ctl.read("ran") == [1] and effects(store) == {100: 1} and store.seen(100)
+    assert [j.state for j in driver.q.jobs.values()] == [ACKED, ACKED]
+    assert (driver.worker.stats.succeeded, driver.worker.stats.duplicates) == (1, 1)
+
+
+def test_two_deliveries_of_one_id_running_at_once_commit_one_effect(driver):
+    """Both are past the seen check before either commits: the UNIQUE claim lets one commit,
+    the other is a duplicate; both are acked."""
+    store = driver.store()
+    driver.define(hold)
+    driver.send(1, job_id=7)
+    driver.send(2, job_id=7)
+    driver.start(store, burst=True)
+    wait_until(lambda: len(driver.ctl.read("running")) == 2, what="both running")
+    driver.ctl.set("release")
+    wait_until(driver.returned, what="the burst worker returning")
+    assert effects(store) == {7: 1} and all(j.state == ACKED for j in driver.q.jobs.values())
+    assert (driver.worker.stats.succeeded, driver.worker.stats.duplicates) == (1, 1)
+
+
+def test_a_worker_never_holds_more_than_concurrency_plus_prefetch(driver):
+    """Saturated (every runner busy), a worker holds ``concurrency + prefetch`` leases: the
+    thread and process runners prefetch, the asyncio runner starts each job as it is leased
+    (its prefetch is 0)."""
+    driver.define(hold)
+    for n in range(8):
+        driver.send(n)
+    driver.start(concurrency=3, prefetch=1, burst=True)
+    wait_until(lambda: len(driver.ctl.read("running")) == 3, what="three running")
+    wait_until(lambda: driver.q.max_leased == (3 if driver.runner == "asyncio" else 4), what="the prefetch")
+    driver.ctl.set("release")
+    wait_until(driver.returned, what="the burst worker returning")
+    assert driver.q.max_leased == (3 if driver.runner == "asyncio" else 4)
+    assert all(j.state == ACKED for j in driver.q.jobs.values()) and driver.worker.stats.succeeded == 8
+
+
 def test_the_idempotency_store_is_pruned_when_the_worker_starts_and_every_prune_every_s(driver):
     """Every runner prunes its store (the asyncio runner used to keep every mark for ever)."""
     store = driver.store()
@@ -525,6 +570,18 @@ def test_a_burst_worker_on_an_empty_queue_returns_at_once(driver):
     driver.start(burst=True)
     wait_until(driver.returned, what="the burst worker returning")
     assert driver.worker.stats.leased == 0
+
+
+def test_a_progress_line_every_log_every_jobs(driver, caplog):
+    driver.define(nothing)
+    for n in range(5):
+        driver.send(n)
+    with caplog.at_level(logging.INFO, logger="shardq.worker"):
+        driver.start(concurrency=1, log_every=2, burst=True)
+        wait_until(driver.returned, what="the burst worker returning")
+    lines = [r.getMessage() for r in caplog.records if " jobs in " in r.getMessage()]
+    assert len(lines) == 2 and all(line.startswith("queue default: 2 jobs in ") for line in lines)
+    assert "failed" in lines[0] and "in flight" in lines[0]
 
 
 def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
