@@ -131,9 +131,8 @@ class AsyncWorker:
         self.clock = clock or SystemClock()
         progress = Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue)
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
-        self.core: WorkerCore = WorkerCore(self.policy, progress, self.clock,
-                                                 dataclasses.replace(o, prefetch=0),
-                                                 lock=contextlib.nullcontext())
+        self.core = WorkerCore(self.policy, progress, self.clock, dataclasses.replace(o, prefetch=0),
+                               lock=contextlib.nullcontext())
         self.burst = burst_for(o.burst, o.queue)
         self.stats = self.core.stats
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,7 +191,8 @@ class AsyncWorker:
             self._wake.clear()  # set by a job that finished, or by stop()
             if isinstance(effect, Dequeue):  # nothing in flight: a long poll that stop() cancels
                 return await self._dequeue(effect)
-            if not self._done and effect.seconds > 0:
+            unseen_stop = self.core.stop_at is not None and self.core.grace_at is None  # its wake-up may be spent
+            if not self._done and effect.seconds > 0 and not unseen_stop:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), effect.seconds)
             else:

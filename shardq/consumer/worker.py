@@ -79,8 +79,7 @@ class Worker:
         self._policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
                               rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
         progress = Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue)
-        self._core: WorkerCore = WorkerCore(self._policy, progress, self._clock, o,
-                                                  lock=threading.Lock(), metrics=metrics)
+        self._core = WorkerCore(self._policy, progress, self._clock, o, lock=threading.Lock(), metrics=metrics)
         self._burst = burst_for(o.burst, o.queue)
         self._results: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
         self._work: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
