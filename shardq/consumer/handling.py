@@ -4,7 +4,7 @@
 processed; otherwise it runs the handler inside the store's transaction, claims the job id
 (UNIQUE) in that same transaction, checks the lease is still ours, and only then commits,
 so the handler's writes through ``ctx.db`` and the "processed" mark land together or not
-at all. The ack comes after the commit (in :mod:`shardq.consumer.worker`).
+at all. The ack comes after the commit (the worker core's round, :mod:`shardq.consumer.core`).
 """
 from __future__ import annotations
 
