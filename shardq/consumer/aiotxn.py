@@ -1,167 +1,138 @@
-"""``ctx.db`` for ``async def`` tasks: the idempotency transaction, driven from the loop,
-run in a thread.
+"""``async def`` tasks on the asyncio runner, and ``ctx.db`` for them.
 
-A SQLite transaction belongs to one thread and blocks while it works, so an async task's
-transaction lives in a thread of its own (:class:`TxnThread`) for the length of the job:
-the seen check, ``BEGIN``, every statement the task awaits, the claim, the lease check
-and the commit all run there, in that order, as in :func:`~shardq.consumer.handling.execute`.
-The event loop never touches the database; it only awaits the thread's answers.
-
-An async task uses ``await ctx.db.execute(sql, params)`` (returns the rows),
-``await ctx.db.executemany(sql, rows)`` and ``await ctx.db.run(fn, *args)`` (``fn(cursor,
-*args)`` in the transaction's thread, for anything else).
+Without an idempotency store the task is awaited on the loop. With one, the job goes through
+the same :func:`~shardq.consumer.handling.execute` as every other (seen check, BEGIN, the
+task, claim, lease check, commit, in that order) in a thread of its own: a SQLite
+transaction belongs to one thread and blocks while it works. That thread starts the task
+on the loop and, until it ends, runs the statements the task awaits on ``ctx.db``
+(``await ctx.db.execute(sql, params)`` returns the rows; ``executemany(sql, rows)``;
+``run(fn, *args)`` calls ``fn(cursor, *args)`` there). The loop never touches the database.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue as queue_mod
 import threading
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from collections.abc import Callable
 
-from .handling import DONE, DUPLICATE, LOST
-from .idempotency import IdempotencyStore
+from .handling import DONE, Context, Result, execute
+
+#: ``run(ctx)``: the task's coroutine for a job (its context made by the runner)
+RunAsync = Callable[[Any], Awaitable[Any]]
 
 
-def _execute(cur, sql: str, params=()) -> list:
+def _execute(cur: Any, sql: str, params: Any = ()) -> list[Any]:
     cur.execute(sql, params)
     return cur.fetchall() if cur.description is not None else []
 
 
-def _executemany(cur, sql: str, rows) -> int:
+def _executemany(cur: Any, sql: str, rows: Iterable[Any]) -> int:
     cur.executemany(sql, rows)
-    return cur.rowcount
+    return int(cur.rowcount)
 
 
 class InlineDb:
     """The async ``ctx.db`` API over a cursor in this very thread (an async task run by a
-    thread worker, on a loop of its own)."""
+    thread worker, on a loop of its own). Every call goes through :meth:`run`."""
 
     def __init__(self, cursor: Any):
         self.cursor = cursor
 
-    async def execute(self, sql: str, params=()) -> list:
-        return _execute(self.cursor, sql, params)
+    async def execute(self, sql: str, params: Any = ()) -> list[Any]:
+        return list(await self.run(_execute, sql, params))
 
-    async def executemany(self, sql: str, rows) -> int:
-        return _executemany(self.cursor, sql, rows)
+    async def executemany(self, sql: str, rows: Iterable[Any]) -> int:
+        return int(await self.run(_executemany, sql, rows))
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(self.cursor, *args)
 
 
-_COMMIT, _ABORT = object(), object()
+class _BridgedDb(InlineDb):
+    """The async ``ctx.db`` of a task whose transaction lives in another thread: each call
+    is run there (:meth:`_OnLoop.__call__` serves them) and awaited here."""
 
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__(None)
+        self._loop = loop
+        self.requests: queue_mod.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = \
+            queue_mod.SimpleQueue()
 
-class TxnThread:
-    """One job's idempotency transaction in its own thread. Use::
-
-        txn = TxnThread(store, job_id, may_commit)
-        if await txn.begin():              # False: already processed (skip, ack)
-            try:
-                value = await task(ctx with db=txn.db)
-            except BaseException:
-                await txn.finish(commit=False); raise
-            outcome = await txn.finish(commit=True, result=encoded)  # DONE, DUPLICATE or LOST
-
-    ``result`` (bytes, optional) is kept with the job's mark (``Txn.claim``). With
-    ``read_kept=True``, a job found processed (``begin()`` False, or ``DUPLICATE``) has the
-    result its first delivery kept in ``kept_result``, read in the transaction's thread so
-    the loop never touches the database.
-    """
-
-    def __init__(self, store: IdempotencyStore, job_id: int | str,
-                 may_commit: Callable[[], bool] | None, read_kept: bool = False):
-        self._store, self._job_id, self._may_commit = store, job_id, may_commit
-        self._read_kept = read_kept
-        self.kept_result: bytes | None = None
-        self._requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
-        self._loop = asyncio.get_running_loop()
-        self._begun: asyncio.Future = self._loop.create_future()
-        self._ended: asyncio.Future = self._loop.create_future()
-        self.db = _BridgedDb(self)
-
-    async def begin(self) -> bool:
-        threading.Thread(target=self._run, daemon=True, name=f"shardq-txn-{self._job_id}").start()
-        return await self._begun
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         fut = self._loop.create_future()
-        self._requests.put((fn, args, fut))
+        self.requests.put((fn, args, fut))
         return await fut
 
-    async def finish(self, commit: bool, result: bytes | None = None) -> str:
-        """Claim (keeping ``result`` with the mark) + lease check + commit (``commit``) or
-        roll back; the outcome."""
-        self._requests.put((_COMMIT if commit else _ABORT, (result,), None))
-        return await asyncio.shield(self._ended)
 
-    # ------------------------------------------------------------------ the thread
-    def _answer(self, fut: asyncio.Future, value=None, error: BaseException | None = None) -> None:
-        def set_it():
-            if not fut.done():
-                if error is not None:
-                    fut.set_exception(error)
-                else:
-                    fut.set_result(value)
+class _OnLoop:
+    """The handler :func:`execute` calls in the transaction's thread: start the task on the
+    loop, serve its ``ctx.db`` calls with the transaction's cursor until it ends."""
+
+    def __init__(self, run: RunAsync, loop: asyncio.AbstractEventLoop, finish_duplicate: Any):
+        self.run, self.loop, self.finish_duplicate = run, loop, finish_duplicate
+        self.fut: concurrent.futures.Future[Any] | None = None
+
+    def __call__(self, ctx: Context) -> Any:
+        cursor, db = ctx.db, _BridgedDb(self.loop)
+        ctx.db = db
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(self.run(ctx), self.loop)  # type: ignore[arg-type]  # a coroutine
+        self.fut = fut
+        fut.add_done_callback(lambda _: db.requests.put(None))
+        while (request := db.requests.get()) is not None:
+            fn, args, answer = request
+            try:
+                value, error = fn(cursor, *args), None
+            except BaseException as exc:  # noqa: BLE001 - the task decides
+                value, error = None, exc
+            self.loop.call_soon_threadsafe(_settle, answer, value, error)
+        return fut.result()
+
+
+def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if not fut.done():
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+
+async def run_async(run: RunAsync, lease: Any, store: Any, context: Callable[..., Context], *,
+                    failure: Callable[[BaseException, Any, Context | None], Result],
+                    finish_duplicate: Any = None, **kwargs: Any) -> Result:
+    """One job of an ``async def`` task: ``run(ctx)`` awaited on the loop, without a store;
+    with one, in :func:`execute` (``kwargs`` are its: may_commit, max_deliveries, client,
+    reports) in a thread of its own. A cancelled job cancels the task (its transaction rolls
+    back) and raises CancelledError."""
+    if store is None:
+        ctx = context(lease, None, None, client=kwargs["client"], reports=kwargs["reports"])
         try:
-            self._loop.call_soon_threadsafe(set_it)
+            await run(ctx)
+            if ctx.has_after:  # it may block (a client call): in a thread
+                await asyncio.to_thread(ctx.run_after)
+            return DONE, None, None
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a task must never kill its runner
+            if ctx.reports:
+                ctx.reports.clear()  # a failed attempt reports nothing
+            return failure(exc, lease, ctx)
+    loop = asyncio.get_running_loop()
+    handler = _OnLoop(run, loop, finish_duplicate)
+    done: asyncio.Future[Result] = loop.create_future()
+
+    def in_thread() -> None:
+        result = execute(handler, lease, store, context=context, **kwargs)
+        try:
+            loop.call_soon_threadsafe(_settle, done, result, None)
         except RuntimeError:
             pass  # the loop is closed: nobody waits any more
 
-    def _run(self) -> None:
-        try:
-            if self._store.seen(self._job_id):
-                self._keep_result()
-                self._answer(self._begun, False)
-                return
-            with self._store.transaction() as txn:
-                self._answer(self._begun, True)
-                outcome = self._serve(txn)
-            if outcome == DUPLICATE:
-                self._keep_result()  # the other delivery's, committed: read after our rollback
-            self._answer(self._ended, outcome)
-        except BaseException as exc:  # noqa: BLE001 - reported to the loop, never lost
-            self._answer(self._begun, error=exc)
-            self._answer(self._ended, error=exc)
-
-    def _keep_result(self) -> None:
-        if self._read_kept:
-            self.kept_result = self._store.kept_result(self._job_id)
-
-    def _serve(self, txn) -> str:
-        while True:
-            fn, args, fut = self._requests.get()
-            if fn is _ABORT:
-                txn.abort()
-                return LOST
-            if fn is _COMMIT:
-                # No result: claim(job_id) alone, as a store written before results takes it.
-                claimed = txn.claim(self._job_id) if args[0] is None else txn.claim(self._job_id, args[0])
-                if not claimed:
-                    txn.abort()  # another delivery committed it while we ran
-                    return DUPLICATE
-                if self._may_commit is not None and not self._may_commit():
-                    txn.abort()  # lease lost: roll back, the redelivery wins
-                    return LOST
-                return DONE
-            try:
-                self._answer(fut, fn(txn.db, *args))
-            except BaseException as exc:  # noqa: BLE001 - the task decides
-                self._answer(fut, error=exc)
-
-
-class _BridgedDb:
-    """The async ``ctx.db`` of :class:`TxnThread`."""
-
-    def __init__(self, txn: TxnThread):
-        self._txn = txn
-
-    async def execute(self, sql: str, params=()) -> list:
-        return await self._txn.call(_execute, sql, params)
-
-    async def executemany(self, sql: str, rows) -> int:
-        return await self._txn.call(_executemany, sql, rows)
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self._txn.call(fn, *args)
+    threading.Thread(target=in_thread, daemon=True, name=f"shardq-txn-{lease.job_id}").start()
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        if handler.fut is not None:
+            handler.fut.cancel()
+        raise

@@ -1,42 +1,49 @@
 """The worker core: what every runner (threads, processes, asyncio) keeps and decides.
 
 No I/O and no clock of its own (the runner's :class:`~shardq.clock.Clock` is injected):
-:class:`WorkerCore` holds the jobs in hand, the counters, the backoff after
-ShardUnavailable, the outbox of settlements that met an outage, the heartbeat due times and
-the shutdown grace period, and is told what happened: ``leased``, ``finished`` (a run's
-result), ``answered`` (the queue's answer to a settlement), ``reported`` (to a job's
-reports, made before its ack), ``outbox_due``, ``stopping``. An operation that needs the
-queue while it decides (a heartbeat tick, ``ctx.extend``) is a generator that yields an
-:class:`Extend` effect and is sent its answer; the threaded runner executes it with
-:func:`drive`, the asyncio runner with an ``await`` loop of the same shape.
+:class:`WorkerCore` holds the jobs in hand (leased, waiting for a runner, running,
+settling), the counters, the backoff after ShardUnavailable, the outbox of settlements
+that met an outage, the heartbeat due times, the reports made before acks and the shutdown
+grace period. Its whole loop, :meth:`WorkerCore.run`, is a generator that yields effects and
+is sent their outcomes:
 
-What the runners still do themselves: waiting (threads and a results queue; tasks on an
-event loop), the dequeue call and its long poll, the batching of acks and reports
-(``settle_many`` for threads; the asyncio client merges per loop turn), releasing leases
-at shutdown, and running handlers (threads, a process pool, asyncio tasks).
+* :class:`Wait` (until a run finishes, stop() is asked, or ``seconds`` pass; answered with
+  the runs that finished, ``(job, result)``), :class:`Start` (run this job's handler);
+* the queue calls :class:`ReadConfig`, :class:`Dequeue`, :class:`Extend`,
+  :class:`SettleMany` (acks and reports, many at once), :class:`Send` (a nack, a bury, or
+  the release of a job in hand at shutdown), each answered with the call's return value or
+  the exception it raised. Every call effect names its client call once (``call(q)``): the
+  same line serves the blocking client and the asyncio one, whose call returns the awaitable.
+
+The runners only execute effects: :func:`drive` (threads and processes: a runner thread or
+a process pool runs each job; ``ctx.extend`` is a request to the loop) and the asyncio
+runner's ``await`` loop of the same shape (asyncio tasks run the jobs). Both run
+:func:`~.handling.execute` for each job, with :meth:`WorkerCore.start` and
+:meth:`WorkerCore.may_commit` as its checks before the run and before the commit.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Generator
+from collections import deque
+from collections.abc import Awaitable, Callable, Generator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .. import limits
 from ..clock import Clock
-from ..errors import InvalidJob, LeaseLost, ShardUnavailable
+from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import JobId, Lease, Token
-from .handling import Report, Result
-from .policy import NOTHING, Burst, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
+from .handling import EXPIRED, SKIPPED, Report, Result
+from .options import WorkerOptions
+from .policy import ACK, BURY_NOW, NOTHING, Burst, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
 
 log = logging.getLogger("shardq.worker")
 R = TypeVar("R")
-H = TypeVar("H", bound="Held")
 
 
 @dataclasses.dataclass
@@ -61,8 +68,8 @@ class JobState(enum.StrEnum):
 
         PENDING (leased, waiting for a runner) -> QUEUED (given to an idle runner) -> RUNNING
           -> COMMITTING (the idempotency transaction passed its lease check) -> FINISHED
-          -> acked / nacked / dropped (lease lost); ABANDONED: still running when the grace
-          period ended (its lease released).
+          -> acked / nacked / dropped (lease lost); ABANDONED: released at shutdown (not
+          started, or still running when the grace period ended).
 
     Heartbeats extend the lease of every job not yet FINISHED or ABANDONED."""
 
@@ -79,8 +86,7 @@ _BEATING = frozenset((JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobSt
 
 class Held:
     """One delivery in a runner's hands. ``lease``, ``state`` and ``lost`` are read by the
-    threads that run handlers: they change under the core's lock. A runner subclasses it
-    for what only it needs (the asyncio task, a parked flag)."""
+    threads that run handlers: they change under the core's lock."""
 
     __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
 
@@ -94,43 +100,244 @@ class Held:
         return self.lease.job_id, self.lease.token
 
 
+# ---------------------------------------------------------------------------- effects
+class Wait(NamedTuple):
+    """Wait until a run finishes, stop() is asked, or ``seconds`` pass (0: only look);
+    answered with the runs that finished meanwhile, ``[(job, result)]``."""
+
+    seconds: float
+
+
+class Start(NamedTuple):
+    """Run ``job``'s handler (a runner thread, a pool process, an asyncio task); its
+    ``(job, result)`` comes back in a :class:`Wait` answer."""
+
+    job: Held
+
+
+class ReadConfig(NamedTuple):
+    """The queue's config (its lease length and delivery limit)."""
+
+    queue: str
+
+    def call(self, q: Any) -> Any:
+        return q.queue_config(self.queue)
+
+
+class Dequeue(NamedTuple):
+    """Lease up to ``max_jobs`` jobs, waiting up to ``wait`` seconds for the first."""
+
+    queue: str
+    max_jobs: int
+    wait: float
+
+    def call(self, q: Any) -> Any:
+        return q.dequeue_many(self.queue, max_jobs=self.max_jobs, wait=self.wait, visibility=None)
+
+
 class Extend(NamedTuple):
-    """Effect: extend ``lease`` (of ``job``) by ``seconds``; send back the new lease, or the
-    exception the call raised."""
+    """Extend ``lease`` (of ``job``) by ``seconds``; answered with the new lease."""
 
     job: Held
     lease: Lease
     seconds: float
 
-
-#: What a runner sends back for an :class:`Extend`: the new lease, or the call's exception.
-ExtendAnswer = Lease | BaseException
-Steps = Generator[Extend, ExtendAnswer, R]
+    def call(self, q: Any) -> Any:
+        return q.extend(self.lease, self.seconds)
 
 
-class WorkerCore(Generic[H]):
-    """What a worker holds and decides, whatever runs its handlers: the jobs in hand, the
-    counters and progress lines, the backoff after ShardUnavailable, and the heartbeat
-    (when each lease is due, what an answer means). No I/O: an operation that needs the
-    queue is a generator that yields an effect (:class:`Extend`) and is sent its answer;
-    each runner executes it with its own few lines (:func:`drive`, or an ``await`` loop).
+class SettleMany(NamedTuple):
+    """Ack ``acks`` and make ``reports`` (``ctx.report``, before those jobs' acks) in one
+    pipelined round: answered per ack (and per report) with None or the error."""
 
-    ``lock`` guards what handler threads read (a job's lease, state and lost flag);
-    a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
+    acks: list[Lease]
+    reports: list[tuple[Lease, Report]]
 
-    def __init__(self, policy: Policy, progress: Progress, clock: Clock, *, heartbeat_fraction: float,
-                 lock: AbstractContextManager[Any], grace_s: float = 30.0,
-                 metrics: WorkerMetrics | None = None):
+    def call(self, q: Any) -> Any:
+        return q.settle_many(self.acks, self.reports) if self.reports else q.ack_many(self.acks)
+
+
+class Send(NamedTuple):
+    """A nack or a bury (``settle``) of ``lease``; or, for a settle of NOTHING, a nack with
+    no delay that hands a job in hand back at shutdown (``delivered`` False: its handler
+    never started)."""
+
+    lease: Lease
+    settle: Settle
+    delivered: bool = True
+
+    def call(self, q: Any) -> Any:
+        if self.settle.op == BURY_NOW:
+            return q.bury(self.lease, self.settle.error)
+        if not self.delivered:
+            return q.nack(self.lease, delay=0.0, delivered=False)
+        return q.nack(self.lease, delay=self.settle.delay_s, error=self.settle.error)
+
+
+Effect = Wait | Start | ReadConfig | Dequeue | Extend | SettleMany | Send
+#: A core operation: yields effects, is sent each one's answer (a call's value or the
+#: exception it raised), returns R.
+Steps = Generator[Any, Any, R]
+
+
+def _error(answer: Any) -> BaseException | None:
+    """A settlement's answer as the error it is (None: it landed). An exception that is not
+    the queue's (a bug) is raised, as the call itself would have."""
+    if not isinstance(answer, BaseException):
+        return None
+    if not isinstance(answer, ShardqError):
+        raise answer
+    return answer
+
+
+class WorkerCore:
+    """What a worker holds and decides, whatever runs its handlers (see the module
+    docstring). ``lock`` guards what handler threads read (a job's lease, state and lost
+    flag); a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
+
+    def __init__(self, policy: Policy, progress: Progress, clock: Clock, options: WorkerOptions, *,
+                 lock: AbstractContextManager[Any], metrics: WorkerMetrics | None = None):
         self.policy, self.progress, self.clock, self.lock = policy, progress, clock, lock
-        self.heartbeat_fraction, self.grace_s = heartbeat_fraction, grace_s
+        self.options, self.metrics = options, metrics
+        self.heartbeat_fraction, self.grace_s = float(options.heartbeat_fraction), float(options.grace_s)
         self.stop_at: float | None = None  # clock.monotonic() when stop() was first asked
-        self.metrics = metrics
         self.stats = WorkerStats()
-        self.backoff = UnavailableBackoff()
-        self.outbox: Outbox[H] = Outbox()
-        self.jobs: dict[tuple[JobId, Token], H] = {}
         self.let_go = 0  # jobs that left the worker's hands (settled or given up), ever
         self._let_go_seen = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """A new run: nothing in hand."""
+        self.backoff = UnavailableBackoff()
+        self.outbox: Outbox[Held] = Outbox()
+        self.jobs: dict[tuple[JobId, Token], Held] = {}
+        self.pending: deque[Held] = deque()      # leased, waiting for a runner
+        self.confirmed: list[tuple[Held, Settle]] = []  # reports landed: acked in the next round
+        self.idle = self.options.concurrency  # runners free
+        self.run_leased = 0
+        self.grace_at: float | None = None
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, max_jobs: int | None = None, burst: Burst | None = None) -> Steps[str]:
+        """The worker's loop: read the queue's config, then lease, start, heartbeat and settle
+        until stopped (and the grace period is over), ``max_jobs`` leases are settled, or
+        ``burst`` says the queues are drained. Returns why it ended (for the last log line)."""
+        queue = self.options.queue
+        yield from self.configure()
+        last_fill: int | None = None
+        while True:
+            yield from self.settle(self._finished((yield Wait(self.wait_s(last_fill)))))
+            yield from self.heartbeat(self.clock.now())
+            yield from self.dispatch()
+            self.progress.tick(self.stats, len(self.jobs), self.clock.monotonic())
+            last_fill = None
+            if self.stop_at is not None:
+                if (yield from self.shutdown_step()):
+                    return "stopped"
+            elif max_jobs is not None and self.run_leased >= max_jobs and not self.jobs:
+                return f"{max_jobs} jobs done"
+            elif burst is not None and burst.done:
+                if not self.jobs:
+                    return "queues drained (burst)"
+            else:
+                held = len(self.jobs)
+                token = self.burst_token(burst, queue) if burst is not None else 0
+                last_fill = yield from self.fill(max_jobs)
+                if burst is not None:
+                    if last_fill is None:
+                        burst.busy(queue)
+                    elif burst.answered(queue, token, held, last_fill) and not self.jobs:
+                        return "queues drained (burst)"
+            yield from self.dispatch()
+
+    def configure(self) -> Steps[None]:
+        """Read the queue's config (waiting out outages, until stopped) into the policy."""
+        cfg: dict[str, Any] = {}
+        while self.stop_at is None:
+            answer = yield ReadConfig(self.options.queue)
+            if not isinstance(answer, BaseException):
+                cfg = answer
+                break
+            if not isinstance(answer, ShardUnavailable):
+                raise answer
+            yield Wait(self.unavailable("queue_config", answer))
+        self.backoff.reset()
+        self.policy.configure(cfg)
+
+    def wait_s(self, last_fill: int | None) -> float:
+        """How long the loop may wait for a run to finish before its next turn."""
+        if self.confirmed:
+            return 0.0  # acks of reported jobs to send: the next round goes at once
+        if self.backoff.s:
+            return self.backoff.s  # a result or stop() still wakes the loop early
+        if self.idle == self.options.concurrency and not self.jobs:
+            return 0.0  # nothing in flight: the dequeue long-polls instead
+        if last_fill and self.idle > 0:
+            return 0.0  # the queue had jobs and a runner is free: keep pulling
+        return self.options.poll_s
+
+    def fill(self, max_jobs: int | None) -> Steps[int | None]:
+        """Lease up to the free capacity (``concurrency + prefetch``): how many came, None
+        if it did not ask (or met an outage)."""
+        # A job whose reports landed and whose ack goes in the next round holds no slot.
+        cap = self.options.concurrency + (self.options.prefetch or 0) - len(self.jobs) + len(self.confirmed)
+        if max_jobs is not None:
+            cap = min(cap, max_jobs - self.run_leased)
+        cap = min(cap, limits.BATCH_JOBS_MAX)
+        if cap <= 0:
+            return None
+        wait = self.options.idle_wait_s if not self.jobs else 0.0
+        answer = yield Dequeue(self.options.queue, cap, wait)
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, ShardUnavailable):
+                raise answer
+            self.unavailable("dequeue", answer)
+            return None
+        self.pending.extend(self.leased(answer, self.clock.now()))
+        self.run_leased += len(answer)
+        return len(answer)
+
+    def dispatch(self) -> Steps[None]:
+        """Start pending jobs on idle runners; one whose lease ended meanwhile is not run."""
+        now = self.clock.now()
+        while self.pending and self.idle > 0:
+            job = self.pending.popleft()
+            if job.state != JobState.PENDING:
+                continue  # released at shutdown
+            if now >= job.lease.deadline:
+                self.finished(job, (EXPIRED, None, None))
+                continue
+            job.state = JobState.QUEUED
+            self.idle -= 1
+            yield Start(job)
+
+    def _finished(self, results: list[tuple[Held, Result]]) -> list[tuple[Held, Result]]:
+        self.idle += len(results)
+        return [(job, result) for job, result in results if result[0] != SKIPPED]
+
+    # ------------------------------------------------------------------ a runner's checks
+    def start(self, job: Held) -> Result | None:
+        """A runner is about to run ``job``: None (it runs: RUNNING), or the result instead
+        (SKIPPED: released meanwhile; EXPIRED: its lease ended before it started, celery#7918)."""
+        with self.lock:
+            if job.state != JobState.QUEUED:
+                return SKIPPED, None, None
+            if self.clock.now() >= job.lease.deadline:
+                return EXPIRED, None, None
+            job.state = JobState.RUNNING
+        return None
+
+    def may_commit(self, job: Held) -> bool:
+        """The lease check right before the commit (the runner's thread): local knowledge
+        only, so the client is used by the loop alone (:meth:`.policy.Policy.may_commit`)."""
+        with self.lock:
+            if job.lost or job.state != JobState.RUNNING:
+                return False
+            if not self.policy.may_commit(False, job.lease.deadline, self.clock.now()):
+                job.lost = True
+                return False
+            job.state = JobState.COMMITTING
+            return True
 
     # ------------------------------------------------------------------ counting
     def count(self, counter: Counter, lease: Lease | None = None) -> None:
@@ -147,18 +354,17 @@ class WorkerCore(Generic[H]):
         log.warning("%s: shard unavailable (%s); retrying in %.1fs", what, exc, wait)
         return wait
 
-    def leased(self, leases: list[Lease], now: float, make: Callable[[Lease, float], H]) -> list[H]:
+    def leased(self, leases: list[Lease], now: float) -> list[Held]:
         """A dequeue answered ``leases`` (an answer: the backoff resets): each becomes a
-        job in hand, ``make(lease, extend_at)``, its first heartbeat due at
-        ``heartbeat_fraction`` of the lease."""
+        job in hand, its first heartbeat due at ``heartbeat_fraction`` of the lease."""
         self.backoff.reset()
         self.stats.leased += len(leases)
-        jobs = [make(lease, self.extend_at(lease, now)) for lease in leases]
+        jobs = [Held(lease, self.extend_at(lease, now)) for lease in leases]
         for job in jobs:
             self.jobs[job.ref] = job
         return jobs
 
-    def forget(self, job: H) -> None:
+    def forget(self, job: Held) -> None:
         """The job is settled (or given up): it leaves the worker's hands."""
         if self.jobs.pop(job.ref, None) is not None:
             self.let_go += 1
@@ -173,13 +379,70 @@ class WorkerCore(Generic[H]):
             burst.busy(queue)
         return burst.asking()
 
-    def _finish(self, job: H, counter: Counter, keep: bool = False) -> None:
+    def _finish(self, job: Held, counter: Counter, keep: bool = False) -> None:
         if not keep:
             self.forget(job)
         self.count(counter, job.lease)
 
     # ------------------------------------------------------------------ settling
-    def finished(self, job: H, result: Result) -> Settle:
+    def settle(self, results: list[tuple[Held, Result]]) -> Steps[None]:
+        """Settle finished runs as the policy says, after retrying the outbox: nacks and
+        buries one call each; acks in one round with the reports of the jobs just finished
+        (:meth:`settle_round`)."""
+        decided = (self.outbox_due() if self.outbox else []) + [
+            (job, self.finished(job, result)) for job, result in results]
+        acks = [(job, settle) for job, settle in decided if settle.op == ACK]
+        for job, settle in decided:
+            if settle.op not in (ACK, NOTHING):
+                yield from self.send(job, settle)
+        if acks or self.confirmed:
+            yield from self.settle_round(acks)
+
+    def send(self, job: Held, settle: Settle) -> Steps[None]:
+        """A nack or a bury, first try or retry."""
+        self.answered(job, settle, _error((yield Send(job.lease, settle))))
+
+    def settle_round(self, acks: list[tuple[Held, Settle]]) -> Steps[None]:
+        """Ack the jobs of ``acks`` with no report, and those whose reports landed in the
+        round before (``confirmed``); make the reports (``ctx.report``) of the others, all
+        in one pipelined call. A job is acked only after its reports landed, so a job whose
+        reports land now waits for the next round (the loop turns again at once). A report
+        that met an unavailable shard waits in the outbox with what has not landed; one
+        refused settles its job as :meth:`reported` says. One round: one outage counted."""
+        reporting = [(job, settle) for job, settle in acks if job.reports]
+        ready = self.confirmed + [(job, settle) for job, settle in acks if not job.reports]
+        self.confirmed = []
+        effect = SettleMany([job.lease for job, _ in ready],
+                            [(job.lease, r) for job, _ in reporting for r in job.reports])
+        answer = yield effect
+        failed = _error(answer)
+        if failed is not None:  # the whole call
+            acked: list[BaseException | None] = [failed] * len(ready)
+            answers: list[BaseException | None] = [failed] * len(effect.reports)
+        else:
+            acked, answers = answer if effect.reports else (answer, [])
+        outage: BaseException | None = None
+        for (job, settle), exc in zip(ready, acked):
+            if isinstance(exc, ShardUnavailable):
+                outage = exc
+            self.answered(job, settle, exc, counted=True)
+        at = 0
+        for job, settle in reporting:
+            mine = answers[at:at + len(job.reports)]
+            at += len(job.reports)
+            decided, unavailable = self.reported(job, settle, mine)
+            if decided is None:  # an outage: the job waits in the outbox with what did not land
+                outage = outage or unavailable
+                self.outbox.put(job, settle, job.lease)
+            elif decided is not settle:  # refused: not acked
+                if decided.op != NOTHING:
+                    yield from self.send(job, decided)
+            else:
+                self.confirmed.append((job, settle))
+        if outage is not None:
+            self.unavailable("ack" if not effect.reports else "settle", outage)
+
+    def finished(self, job: Held, result: Result) -> Settle:
         """A run ended with ``result``: what to send (:meth:`.policy.Policy.settle`). A nack
         or bury counts at once and keeps the job in hand until it lands; NOTHING (the lease
         is lost or expired) lets it go; an ack counts when it lands (:meth:`answered`)."""
@@ -191,7 +454,7 @@ class WorkerCore(Generic[H]):
             self._finish(job, settle.counter, keep=settle.op != NOTHING)
         return settle
 
-    def answered(self, job: H, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
+    def answered(self, job: Held, settle: Settle, exc: BaseException | None, *, counted: bool = False) -> bool:
         """The queue answered ``settle`` with ``exc`` (None: it landed). True: it met an
         unavailable shard and waits in the outbox (the outage is counted unless
         ``counted``: a round of many settlements counts one); else the job is settled."""
@@ -207,13 +470,13 @@ class WorkerCore(Generic[H]):
             self.forget(job)
         return False
 
-    def reported(self, job: H, settle: Settle,
+    def reported(self, job: Held, settle: Settle,
                  answers: list[BaseException | None]) -> tuple[Settle | None, BaseException | None]:
         """The answers to ``job.reports`` (``ctx.report``, made before the ack ``settle``):
         ``(settle, None)`` if all landed; ``(None, outage)`` if one met an unavailable shard
-        (``job.reports`` keeps what did not land; the runner parks the job in the outbox);
-        else the refusal the policy sends instead (:meth:`.policy.Policy.reported`),
-        counted here: the runner sends it unless it is NOTHING."""
+        (``job.reports`` keeps what did not land; the job waits in the outbox); else the
+        refusal the policy sends instead (:meth:`.policy.Policy.reported`), counted here:
+        sent unless it is NOTHING."""
         outage: BaseException | None = None
         for exc in answers:
             if exc is None:
@@ -231,7 +494,7 @@ class WorkerCore(Generic[H]):
         job.reports[:] = [r for r, exc in zip(job.reports, answers) if exc is not None]
         return None, outage
 
-    def outbox_due(self) -> list[tuple[H, Settle]]:
+    def outbox_due(self) -> list[tuple[Held, Settle]]:
         """Empty the outbox: what to send again; what waited past its lease's deadline is
         given up (an ack counts as lost; the queue redelivers the job)."""
         retry, given_up = self.outbox.take(self.clock.now())
@@ -252,6 +515,41 @@ class WorkerCore(Generic[H]):
         """When running jobs stop being waited for (monotonic, the worker's clock):
         ``grace_s`` after the first stop(), or after ``now`` if none was asked."""
         return (self.stop_at if self.stop_at is not None else now) + self.grace_s
+
+    def shutdown_step(self) -> Steps[bool]:
+        """One loop turn while stopping: at the first, release the jobs not started; True
+        (the loop returns) once nothing is in hand, or the grace period is over: then the
+        jobs still running are released (ABANDONED, their leases lost) and what waits in
+        the outbox is left to expire."""
+        now = self.clock.monotonic()
+        if self.grace_at is None:
+            self.grace_at = self.grace_end(now)
+            log.info("stopping: %d running, releasing %d not started; grace %.1fs",
+                     self.options.concurrency - self.idle, len(self.pending), self.grace_s)
+            while self.pending:
+                yield from self.release(self.pending.popleft(), Counter.RELEASED)
+        if not self.jobs:
+            return True
+        if now < self.grace_at:
+            return False
+        running = [job for job in list(self.jobs.values()) if job.state in (JobState.QUEUED, JobState.RUNNING)]
+        for job in running:
+            yield from self.release(job, Counter.ABANDONED)
+        log.warning("grace period over: released the leases of %d running job(s); %d left to "
+                    "expire", len(running), len(self.jobs))
+        return True
+
+    def release(self, job: Held, counter: Counter) -> Steps[None]:
+        """Hand a job in hand back now (a nack with no delay; an error only means its lease
+        expires by itself). A job whose handler never started is not counted as a delivery."""
+        with self.lock:
+            started = job.state != JobState.PENDING
+            job.state, job.lost = JobState.ABANDONED, True
+        answer = yield Send(job.lease, Settle(NOTHING, counter), delivered=started)
+        if isinstance(answer, BaseException):
+            log.info("job %s: release failed (%s); its lease will expire", job.lease.job_id, answer)
+        self.jobs.pop(job.ref, None)
+        setattr(self.stats, counter.value, getattr(self.stats, counter.value) + 1)
 
     # ------------------------------------------------------------------ leases
     def extend_at(self, lease: Lease, now: float) -> float:
@@ -288,7 +586,7 @@ class WorkerCore(Generic[H]):
                 job.lease = answer
             job.extend_at = self.extend_at(answer, now)
 
-    def extend(self, job: H, seconds: float) -> Steps[float]:
+    def extend(self, job: Held, seconds: float) -> Steps[float]:
         """``ctx.extend(seconds)``: extend now; later heartbeats renew by ``seconds``.
         Returns the new deadline; raises InvalidJob (seconds out of range), LeaseLost (the
         job is marked lost) or what the call raised (the handler decides)."""
@@ -310,20 +608,40 @@ class WorkerCore(Generic[H]):
         with self.lock:
             job.lease, job.lease_s = answer, seconds
         job.extend_at = self.extend_at(answer, now)
-        return answer.deadline
+        return float(answer.deadline)
 
 
-def drive(steps: Steps[R], extend: Callable[[Lease, float], Lease]) -> R:
-    """Run a core operation with blocking calls (the thread and process runners)."""
+def drive(steps: Steps[R], perform: Callable[[Any], Any]) -> R:
+    """Run a core operation with blocking calls (the thread and process runners):
+    ``perform(effect)`` executes each effect. A call's exception is its answer: the core
+    decides what it means."""
+    answer: Any = None
     try:
-        effect = next(steps)
         while True:
-            answer: ExtendAnswer
-            try:
-                answer = extend(effect.lease, effect.seconds)
-            except Exception as exc:  # noqa: BLE001 - the core decides what an error means
-                answer = exc
             effect = steps.send(answer)
+            try:
+                answer = perform(effect)
+            except Exception as exc:  # noqa: BLE001 - the core decides what an error means
+                if isinstance(effect, (Wait, Start)):
+                    raise
+                answer = exc
+    except StopIteration as stop:
+        result: R = stop.value
+        return result
+
+
+async def adrive(steps: Steps[R], perform: Callable[[Any], Awaitable[Any]]) -> R:
+    """:func:`drive` for the asyncio runner: ``perform(effect)`` is awaited."""
+    answer: Any = None
+    try:
+        while True:
+            effect = steps.send(answer)
+            try:
+                answer = await perform(effect)
+            except Exception as exc:  # noqa: BLE001 - the core decides what an error means
+                if isinstance(effect, (Wait, Start)):
+                    raise
+                answer = exc
     except StopIteration as stop:
         result: R = stop.value
         return result

@@ -4,21 +4,26 @@
 processed; otherwise it runs the handler inside the store's transaction, claims the job id
 (UNIQUE) in that same transaction, checks the lease is still ours, and only then commits,
 so the handler's writes through ``ctx.db`` and the "processed" mark land together or not
-at all. The ack comes after the commit (in :mod:`shardq.consumer.worker`).
+at all. The ack comes after the commit (the worker core's round, :mod:`shardq.consumer.core`).
 """
 from __future__ import annotations
 
 import enum
 import importlib
 import logging
+import multiprocessing
+import os
 import random
 import signal
+import threading
 import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple, Protocol
 from collections.abc import Callable
 
 from .. import limits
-from ..errors import Fail, InvalidJob, Retry, ShardqError, Unsupported
+from ..errors import Closed, Fail, InvalidJob, Retry, ShardqError, Unsupported
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
@@ -174,6 +179,12 @@ class Context:
         if self._after is not None:
             self._after()
 
+    @property
+    def has_after(self) -> bool:
+        """Whether :meth:`after_commit` asked for something (an asyncio runner need not
+        hop to a thread for nothing)."""
+        return self._after is not None
+
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id}, queue={self.queue!r}, attempt={self.attempt})"
 
@@ -213,7 +224,7 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
             extend: Callable[[float], float] | None = None, *,
             max_deliveries: int | None = None, client: JobCalls | None = None,
-            reports: list[Report] | None = None) -> Result:
+            reports: list[Report] | None = None, context: Callable[..., Context] | None = None) -> Result:
     """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
 
     With a store: skip if seen; else handler, claim, lease check, commit, in that order.
@@ -230,23 +241,25 @@ def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
     kept)``, if it has one, with what the first delivery kept (tasks report a skipped
     step's result this way). ``reports``: a list the context collects ``ctx.report`` calls
     in, for the caller to make before the ack (None: they are made at once); it holds
-    something only when this returns DONE or DUPLICATE.
+    something only when this returns DONE or DUPLICATE. ``context`` makes the handler's
+    context (with :class:`Context`'s arguments; the asyncio runner's makes an async one).
     """
     ctx = None
+    make = context or Context
     try:
         if store is None:
-            ctx = Context(lease, None, extend, client=client, reports=reports)
+            ctx = make(lease, None, extend, client=client, reports=reports)
             handler(ctx)
             ctx.run_after()
             return DONE, None, None
         if store.seen(lease.job_id):
             again = getattr(handler, "finish_duplicate", None)
             if again is not None:
-                ctx = Context(lease, None, extend, client=client, reports=reports)
+                ctx = make(lease, None, extend, client=client, reports=reports)
                 again(ctx, store.kept_result(lease.job_id))
             return DUPLICATE, None, None
         with store.transaction() as txn:
-            ctx = Context(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
+            ctx = make(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
             handler(ctx)
             claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
             if not claimed:
@@ -363,6 +376,51 @@ def _child_run(lease: Lease, max_deliveries: int | None = None) -> Result:
     # No lease check before the commit here (the lease lives in the parent); the UNIQUE
     # claim still keeps the effect to one commit. See docs/guarantees.md.
     return execute(_CHILD["handler"], lease, _CHILD["store"], None, max_deliveries=max_deliveries)
+
+
+class ProcessPool:
+    """The thread runner's process mode: ``size`` spawned processes, each running jobs with
+    ``handler`` and the store ``spec`` reopens (:func:`_child_run`). A pool broken by a
+    child that died is replaced by the first runner to notice; its job failed."""
+
+    def __init__(self, size: int, handler: Handler, spec: tuple[Any, ...] | None):
+        self._args = size, handler, spec
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = self._make()
+        self._gen = 0
+
+    def _make(self) -> ProcessPoolExecutor:
+        size, handler, spec = self._args
+        return ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_child_init, initargs=(handler, spec, os.getpid()))
+
+    def run(self, lease: Lease, max_deliveries: int) -> Result:
+        with self._lock:
+            pool, gen = self._pool, self._gen
+        if pool is None:
+            raise Closed("the worker's process pool is closed")
+        try:
+            result: Result = pool.submit(_child_run, lease, max_deliveries).result()
+            return result
+        except BrokenProcessPool:
+            with self._lock:
+                if self._gen == gen and self._pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool, self._gen = self._make(), gen + 1
+            return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
+
+    def close(self, kill: bool) -> None:
+        """``kill``: a child may still run a job; it ignores SIGTERM/SIGINT (the group gets
+        them too), so SIGKILL."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:
+            procs = getattr(pool, "_processes", None) or {}  # no public API before 3.14
+            for proc in list(procs.values()):
+                proc.kill()
+        pool.shutdown(wait=not kill, cancel_futures=True)
 
 
 def load_handler(spec: str) -> Handler:

@@ -20,17 +20,20 @@ See docs/guarantees.md for what this does and does not promise.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, MutableMapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from collections.abc import Callable
 
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
+
+log = logging.getLogger("shardq.worker")
 
 #: How long a processed mark is kept. A delivery of the same job id after this (a redrive
 #: from the dead-letter queue weeks later) runs the handler again. Bounded by time, never
@@ -187,19 +190,46 @@ class IdempotencyStore:
         """Record ``service_id`` if none is recorded; return the recorded one."""
         raise NotImplementedError
 
-    def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple, dict]:
+    def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple[Any, ...], dict[str, Any]]:
         """``(factory, args, kwargs)``, picklable, that opens this store in another process
         (the worker's process mode)."""
         raise TypeError(f"{type(self).__name__} cannot be opened in another process")
+
+
+def start_pruner(store: IdempotencyStore, clock: Clock, every_s: float | None) -> threading.Event:
+    """Prune ``store`` now and every ``every_s`` seconds (None: never) in a daemon thread of
+    its own, so a prune waiting for the write lock never delays a worker's loop, until the
+    event returned is set (or the store is closed)."""
+    stop = threading.Event()
+
+    def prune_loop() -> None:
+        while True:
+            try:
+                n = store.prune(clock.now())
+                if n:
+                    log.info("idempotency store: pruned %d marks", n)
+            except Closed:
+                return
+            except Exception:
+                log.warning("idempotency store: prune failed", exc_info=True)
+            if stop.wait(every_s):
+                return
+
+    if every_s is not None:
+        threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
+    return stop
 
 
 # ---------------------------------------------------------------------------- SQLite
 _T = TypeVar("_T")
 #: The longest pause between two tries of a step SQLite refused without waiting.
 LOCKED_RETRY_PAUSE_S_MAX = 0.05
+# The wait for another process's lock runs in real time whatever clock the store keeps its
+# marks by (a test's FakeClock never moves on its own: the wait would never end).
+_WAIT_CLOCK: Clock = SystemClock()
 
 
-def _while_locked(step: Callable[[], _T], timeout_s: float) -> _T:
+def _while_locked(step: Callable[[], _T], timeout_s: float, clock: Clock = _WAIT_CLOCK) -> _T:
     """``step()``, tried again while SQLite answers ``database is locked``, for up to
     ``timeout_s``; then that error.
 
@@ -208,13 +238,13 @@ def _while_locked(step: Callable[[], _T], timeout_s: float) -> _T:
     same file in the same instant (two workers started together on a new store) one of them
     is answered ``SQLITE_BUSY`` with no wait. Nothing signals the other process's release,
     so this polls, with pauses growing to ``LOCKED_RETRY_PAUSE_S_MAX``."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     pause = 0.001
     while True:
         try:
             return step()
         except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() >= deadline:
+            if "locked" not in str(e) or clock.monotonic() >= deadline:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, LOCKED_RETRY_PAUSE_S_MAX)
@@ -233,15 +263,15 @@ class _Cursor(sqlite3.Cursor):
 
     _begin: Callable[[], bool]
 
-    def execute(self, sql, parameters=(), /):
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
         self._begin()
         return super().execute(sql, parameters)
 
-    def executemany(self, sql, seq_of_parameters, /):
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
         self._begin()
         return super().executemany(sql, seq_of_parameters)
 
-    def executescript(self, sql_script, /):
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
         self._begin()  # sqlite3 then COMMITs first: claim() refuses the ended transaction
         return super().executescript(sql_script)
 
@@ -332,7 +362,7 @@ class SqliteStore(IdempotencyStore):
     Job ids are unique within one shardq data dir: use one store (file) per data dir.
     """
 
-    def __init__(self, path: str | os.PathLike, retention_s: float = RETENTION_S_DEFAULT,
+    def __init__(self, path: str | os.PathLike[str], retention_s: float = RETENTION_S_DEFAULT,
                  clock: Clock | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S_DEFAULT):
         path = os.fspath(path)
         if not path or path == ":memory:" or "mode=memory" in path:
@@ -360,7 +390,7 @@ class SqliteStore(IdempotencyStore):
 
     def _open(self) -> tuple[sqlite3.Connection, threading.RLock]:
         """This thread's connection and its lock, opened on first use."""
-        pair = getattr(self._local, "pair", None)
+        pair: tuple[sqlite3.Connection, threading.RLock] | None = getattr(self._local, "pair", None)
         if pair is not None:
             return pair
         if self._closed:
@@ -398,7 +428,8 @@ class SqliteStore(IdempotencyStore):
         with self._use() as conn:
             conn.execute(f"INSERT OR IGNORE INTO {TABLE}_meta(name, value) VALUES ('service', ?)",
                          (service_id,))
-            return conn.execute(f"SELECT value FROM {TABLE}_meta WHERE name = 'service'").fetchone()[0]
+            bound: str = conn.execute(f"SELECT value FROM {TABLE}_meta WHERE name = 'service'").fetchone()[0]
+            return bound
 
     def _take_write_lock(self, conn: sqlite3.Connection) -> None:
         """This thread's turn as the store's writer, then ``BEGIN IMMEDIATE``."""
@@ -504,7 +535,7 @@ class SqliteStore(IdempotencyStore):
                 finally:
                     lock.release()
 
-    def reopen_spec(self):
+    def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple[Any, ...], dict[str, Any]]:
         return (SqliteStore, (self.path,),
                 {"retention_s": self.retention_s, "busy_timeout_s": self.busy_timeout_s})
 
@@ -513,16 +544,16 @@ class SqliteStore(IdempotencyStore):
 _DELETED = object()
 
 
-class _Overlay(MutableMapping):
+class _Overlay(MutableMapping[Any, Any]):
     """``txn.db`` of a MemoryStore: reads see committed data plus this transaction's
     writes; writes are staged and applied at commit. Assign values, do not mutate them."""
 
-    def __init__(self, base: dict, lock: threading.Condition):
+    def __init__(self, base: dict[Any, Any], lock: threading.Condition):
         self._base = base
         self._lock = lock
-        self.writes: dict = {}
+        self.writes: dict[Any, Any] = {}
 
-    def __getitem__(self, k):
+    def __getitem__(self, k: Any) -> Any:
         if k in self.writes:
             v = self.writes[k]
             if v is _DELETED:
@@ -531,21 +562,21 @@ class _Overlay(MutableMapping):
         with self._lock:
             return self._base[k]
 
-    def __setitem__(self, k, v) -> None:
+    def __setitem__(self, k: Any, v: Any) -> None:
         self.writes[k] = v
 
-    def __delitem__(self, k) -> None:
+    def __delitem__(self, k: Any) -> None:
         if k not in self:
             raise KeyError(k)
         self.writes[k] = _DELETED
 
-    def _keys(self) -> list:
+    def _keys(self) -> list[Any]:
         with self._lock:
             keys = dict.fromkeys(self._base)
         keys.update(dict.fromkeys(self.writes))
         return [k for k in keys if self.writes.get(k, None) is not _DELETED]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._keys())
 
     def __len__(self) -> int:
@@ -582,11 +613,12 @@ class MemoryStore(IdempotencyStore):
         self.busy_timeout_s = float(busy_timeout_s)
         self._clock = clock or SystemClock()
         self._cond = threading.Condition()
-        self.data: dict = {}
+        self.data: dict[Any, Any] = {}
         self.processed: dict[int | str, float] = {}   # job id -> processed_at (committed marks)
         self.results: dict[int | str, bytes] = {}     # job id -> result kept with its mark
         self._open_claims: dict[int | str, _MemoryTxn] = {}
         self._closed = False
+        self.service: str | None = None  # the service id bound, once bound
 
     def _check_open(self) -> None:
         if self._closed:
@@ -594,7 +626,8 @@ class MemoryStore(IdempotencyStore):
 
     def _bound_service(self, service_id: str) -> str:
         with self._cond:
-            self.__dict__.setdefault("service", service_id)
+            if self.service is None:
+                self.service = service_id
             return self.service
 
     @contextlib.contextmanager

@@ -59,4 +59,5 @@ class WorkerMetrics:
         thread; returns the address bound."""
         host, port = split_listen(listen, "--metrics")
         server, _thread = start_http_server(port, host, registry=self.registry)
-        return server.server_address[0], server.server_address[1]
+        address: tuple[str, int] = server.server_address[:2]  # type: ignore[assignment]  # an AF_INET(6) server: str host
+        return address

@@ -35,9 +35,9 @@ class Mode(enum.StrEnum):
 class WorkerOptions:
     """A worker's settings. ``prefetch`` None: ``max(1, concurrency // 4)`` (the record
     holds the number). ``burst``: False, True (return once this queue is drained) or a
-    :class:`~shardq.consumer.policy.Burst` shared with other workers. ``mode``,
-    ``prefetch``, ``poll_s`` and ``prune_every_s`` are the threaded runner's;
-    ``request_timeout_s`` the asyncio runner's, for the client it connects."""
+    :class:`~shardq.consumer.policy.Burst` shared with other workers. ``mode`` and
+    ``prefetch`` are the threaded runner's (the asyncio runner starts a job as soon as it
+    is leased); ``request_timeout_s`` the asyncio runner's, for the client it connects."""
 
     queue: str = "default"
     concurrency: int = 8

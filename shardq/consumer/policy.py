@@ -2,10 +2,9 @@
 
 No I/O, no clock, no threads: each call takes what it needs (an outcome, a lease, ``now``)
 and says what to send; the only side effect is a log line on logger ``shardq.worker``. The
-thread and process runners (:class:`~shardq.consumer.worker.Worker`) and the asyncio runner
-(:class:`~shardq.consumer.aioworker.AsyncWorker`) are drivers over it: they make the queue
-calls, wait, and report the answers back. Written once, the rules cannot drift apart
-between drivers, and drift shows in failure handling first (docs/guarantees.md).
+worker core (:mod:`shardq.consumer.core`) asks it, whichever runner executes the core's
+effects (threads, processes, asyncio). Written once, the rules cannot drift apart between
+runners, and drift shows in failure handling first (docs/guarantees.md).
 
 * :meth:`Policy.settle`: an outcome becomes an ack (DONE, DUPLICATE), a nack with the
   handler's delay (RETRY) or with full-jitter backoff (FAILED; no delay on the queue's last

@@ -49,6 +49,8 @@ from .idempotency import (BUSY_TIMEOUT_S_DEFAULT, PRUNE_BATCH_ROWS, RETENTION_S_
 
 TABLE_DEFAULT = "shardq_processed"
 WHAT = "idempotency store"
+#: A transaction begun: (cursor's connection, ORM session or None, its start time, end(commit))
+_Begun = tuple[Any, Any, Any, Callable[[bool], None]]
 
 
 def job_key(job_id: Any) -> str:
@@ -83,7 +85,7 @@ def schema_sql(table: str | pgconn.TableName) -> list[str]:
 
 
 class _PgTxn(Txn):
-    def __init__(self, conn, session, started_at, sql: dict[str, str], clock: Clock):
+    def __init__(self, conn: Any, session: Any, started_at: Any, sql: dict[str, str], clock: Clock):
         super().__init__()
         self.db, self.session = conn.cursor(), session  # a DB-API cursor, as with SQLite
         self._conn, self._started_at, self._sql, self._clock = conn, started_at, sql, clock
@@ -97,6 +99,7 @@ class _PgTxn(Txn):
         elif self._conn.info.transaction_status not in (pq.TransactionStatus.INTRANS,
                                                      pq.TransactionStatus.INERROR):
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through ctx.db)")
+        params: tuple[Any, ...]
         if result is None:
             sql, params = self._sql["claim"], (key, self._clock.now())
         else:
@@ -105,7 +108,7 @@ class _PgTxn(Txn):
         if started_at != self._started_at:  # now() is the transaction's start: a new one began
             raise RuntimeError("the transaction was ended inside it (do not COMMIT through "
                                "ctx.db or ctx.session)")
-        return inserted == 1
+        return bool(inserted == 1)
 
 
 class PostgresStore(IdempotencyStore):
@@ -130,7 +133,8 @@ class PostgresStore(IdempotencyStore):
         self.lock_timeout_s = float(lock_timeout_s)
         self.reconnect_s = float(reconnect_s)
         self._clock = clock or SystemClock()
-        self._sessionmaker = self._engine = None
+        self._sessionmaker: Any = None  # sqlalchemy's sessionmaker and Engine (an optional import)
+        self._engine: Any = None
         self._owns_engine = _owns_engine
         if isinstance(target, str):
             self.dsn: str | None = target
@@ -139,7 +143,7 @@ class PostgresStore(IdempotencyStore):
             self._sessionmaker, self._engine = _sqlalchemy(target)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._conns: list = []
+        self._conns: list[tuple[Any, threading.RLock]] = []
         self._closed = False
         t, r = self.table.q(), self.table.q("_results")
         self._sql = {
@@ -179,18 +183,21 @@ class PostgresStore(IdempotencyStore):
     def _thread_lock(self) -> threading.RLock:
         """Held by this thread while it uses its connection: close() never closes a
         connection in the middle of a call."""
-        lock = getattr(self._local, "lock", None)
+        lock: threading.RLock | None = getattr(self._local, "lock", None)
         if lock is None:
             lock = self._local.lock = threading.RLock()
         return lock
 
-    def _thread_conn(self):
+    def _thread_conn(self) -> Any:
         """This thread's autocommit connection (DSN mode), opened on first use."""
         self._check_open()
         conn = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed:
             return conn
-        conn = pgconn.connect(self.dsn, what=WHAT, application_name=f"shardq worker pid={os.getpid()}")
+        dsn = self.dsn
+        if dsn is None:  # no engine means a DSN (__init__)
+            raise InvalidConfig(f"{WHAT}: no DSN to connect with")
+        conn = pgconn.connect(dsn, what=WHAT, application_name=f"shardq worker pid={os.getpid()}")
         with self._lock:
             if self._closed:
                 conn.close()
@@ -227,7 +234,7 @@ class PostgresStore(IdempotencyStore):
     def _retrying(self, fn: Callable[[Any], Any], retry_s: float | None = None) -> Any:
         """``fn(conn)`` on an autocommit connection; after a lost connection, again on a new
         one for up to ``reconnect_s`` (``fn`` did nothing on the dead one)."""
-        def once():
+        def once() -> Any:
             with self._autocommit() as db:
                 return fn(db)
         return pgconn.retry_disconnects(
@@ -236,7 +243,7 @@ class PostgresStore(IdempotencyStore):
             stop=lambda: self._closed)
 
     def _create_schema(self) -> None:
-        def create(db):
+        def create(db: Any) -> None:
             # CREATE ... IF NOT EXISTS races with itself; workers starting together take turns.
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"shardq:{self.table}",))
@@ -246,15 +253,15 @@ class PostgresStore(IdempotencyStore):
 
     # ------------------------------------------------------------------ the interface
     def _bound_service(self, service_id: str) -> str:
-        def bind(db):
+        def bind(db: Any) -> str:
             with db.transaction():
                 db.execute(self._sql["bind"], (service_id,))
-                return db.execute(self._sql["bound"]).fetchone()[0]
-        return self._retrying(bind)
+                return str(db.execute(self._sql["bound"]).fetchone()[0])
+        return str(self._retrying(bind))
 
     def seen(self, job_id: Any) -> bool:
         key = job_key(job_id)
-        return self._retrying(lambda db: db.execute(self._sql["seen"], (key,)).fetchone() is not None)
+        return bool(self._retrying(lambda db: db.execute(self._sql["seen"], (key,)).fetchone() is not None))
 
     def kept_result(self, job_id: Any) -> bytes | None:
         key = job_key(job_id)
@@ -271,7 +278,7 @@ class PostgresStore(IdempotencyStore):
     def _delete_older(self, sql: str, cutoff: float) -> int:
         total = 0
         while True:  # each batch is its own short transaction
-            n = self._retrying(lambda db: db.execute(self._sql[sql], (cutoff, PRUNE_BATCH_ROWS)).rowcount)
+            n: int = self._retrying(lambda db: db.execute(self._sql[sql], (cutoff, PRUNE_BATCH_ROWS)).rowcount)
             total += n
             if n < PRUNE_BATCH_ROWS:
                 return total
@@ -280,6 +287,8 @@ class PostgresStore(IdempotencyStore):
     def transaction(self) -> Iterator[Txn]:
         if getattr(self._local, "in_txn", False):
             raise RuntimeError("nested idempotency transaction in one thread")
+        begin: Callable[[], _Begun]
+        lock: contextlib.AbstractContextManager[Any]
         if self._engine is not None:
             begin, lock = self._begin_session, contextlib.nullcontext()
         else:
@@ -301,10 +310,10 @@ class PostgresStore(IdempotencyStore):
                 if self._closed and self._engine is None:
                     self._drop_thread_conn()  # close() left it to us
 
-    def _begin_conn(self):
+    def _begin_conn(self) -> _Begun:
         idle = pgconn.psycopg().pq.TransactionStatus.IDLE
 
-        def begin(db):
+        def begin(db: Any) -> tuple[Any, Any]:
             if db.info.transaction_status != idle:  # left open by a failure: start clean
                 db.execute("ROLLBACK")
             cur = db.execute(self._sql["begin"])
@@ -328,10 +337,10 @@ class PostgresStore(IdempotencyStore):
                         raise
         return db, None, started_at, end
 
-    def _begin_session(self):
+    def _begin_session(self) -> _Begun:
         ms = str(int(self.lock_timeout_s * 1000))
 
-        def begin():
+        def begin() -> tuple[Any, Any, Any]:
             session = self._sessionmaker()
             try:
                 db = session.connection().connection.driver_connection
@@ -379,8 +388,8 @@ class PostgresStore(IdempotencyStore):
         if self._owns_engine and self._engine is not None:
             self._engine.dispose()
 
-    def reopen_spec(self):
-        kwargs = {"table": self.table.name, "retention_s": self.retention_s,
+    def reopen_spec(self) -> tuple[Callable[..., IdempotencyStore], tuple[Any, ...], dict[str, Any]]:
+        kwargs: dict[str, Any] = {"table": self.table.name, "retention_s": self.retention_s,
                   "lock_timeout_s": self.lock_timeout_s, "reconnect_s": self.reconnect_s}
         if self._engine is None:
             return (PostgresStore, (self.dsn,), kwargs)
@@ -389,7 +398,7 @@ class PostgresStore(IdempotencyStore):
 
 
 # ---------------------------------------------------------------------------- SQLAlchemy
-def _sqlalchemy(target: Any):
+def _sqlalchemy(target: Any) -> tuple[Any, Any]:
     """(sessionmaker, engine) from an Engine or a sessionmaker; InvalidConfig otherwise."""
     try:
         import sqlalchemy
@@ -400,7 +409,7 @@ def _sqlalchemy(target: Any):
     if isinstance(target, sqlalchemy.engine.Engine):
         engine, maker = target, sessionmaker(bind=target)
     elif isinstance(target, sessionmaker):
-        engine, maker = target.kw.get("bind"), target
+        engine, maker = target.kw.get("bind"), target  # type: ignore[assignment]  # checked on the next line
         if not isinstance(engine, sqlalchemy.engine.Engine):
             raise InvalidConfig(f"{WHAT}: the sessionmaker must be bound to an Engine (bind=engine)")
     else:
@@ -412,11 +421,12 @@ def _sqlalchemy(target: Any):
     return maker, engine
 
 
-def _from_sqlalchemy_url(url: str, **kwargs) -> PostgresStore:
+def _from_sqlalchemy_url(url: str, **kwargs: Any) -> PostgresStore:
     import sqlalchemy
     return PostgresStore(sqlalchemy.create_engine(url), _owns_engine=True, **kwargs)
 
 
-def _orig(exc: BaseException | None) -> BaseException | None:
+def _orig(exc: BaseException) -> BaseException:
     """The driver's exception under an SQLAlchemy wrapper (``DBAPIError.orig``)."""
-    return getattr(exc, "orig", None) or exc
+    orig = getattr(exc, "orig", None)
+    return orig if isinstance(orig, BaseException) else exc

@@ -26,11 +26,11 @@ CONFIG = {"queue_defaults": {"visibility_timeout": 1, "max_deliveries": 1000}}
 
 # The worker's handler. One job of each key kills the worker process, once, at one of three
 # steps: before the handler writes, inside its transaction, or after the commit and before
-# the ack (by wrapping the worker's ack: a failpoint in the test's own module). The crash log
+# the ack (by wrapping the worker core's acks effect: a failpoint in the test's own module). The crash log
 # says which jobs have crashed already (a kill also takes down the other jobs in flight).
 HANDLER = textwrap.dedent("""
     import os, signal
-    from shardq.consumer import worker as _worker
+    from shardq.consumer import core as _core
 
     def _crash_mode(lease):
         log = os.environ.get("CRASH_LOG")
@@ -49,15 +49,15 @@ HANDLER = textwrap.dedent("""
             f.write(f"{mode} {lease.job_id}\\n")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    _ack = _worker.Worker._ack
+    _acks = _core.SettleMany.call
 
-    def _ack_or_die(self, items):
-        for job, _ in items:
-            if _crash_mode(job.lease) == "after_commit":
-                _die("after_commit", job.lease)
-        return _ack(self, items)
+    def _ack_or_die(self, q):
+        for lease in self.acks:
+            if _crash_mode(lease) == "after_commit":
+                _die("after_commit", lease)
+        return _acks(self, q)
 
-    _worker.Worker._ack = _ack_or_die
+    _core.SettleMany.call = _ack_or_die
 
     def handle(ctx):
         mode = _crash_mode(ctx.lease)

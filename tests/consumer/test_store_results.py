@@ -1,7 +1,7 @@
 """Results kept with processed marks (issue 34): ``txn.claim(job_id, result)`` and
 ``store.kept_result(job_id)``, on MemoryStore, SqliteStore and PostgresStore (a real
 server through support.pg; those cases skip with the reason where there is none), then
-stores written by the previous version, then the asyncio transaction thread."""
+stores written by the previous version, then an async task's transaction in its thread."""
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +13,9 @@ import pytest
 from support.pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name below
 from shardq import limits
 from shardq.clock import FakeClock
-from shardq.consumer.aiotxn import TxnThread
-from shardq.consumer.handling import DONE, DUPLICATE
+from shardq.consumer.aiotxn import run_async
+from shardq.consumer.handling import DONE, DUPLICATE, FAILED, Context, failure_result
+from shardq.types import Lease
 from shardq.consumer.idempotency import SqliteStore
 from support.store_contract import stores
 from shardq.errors import Closed, InvalidJob
@@ -360,41 +361,40 @@ def test_postgres_result_with_an_sqlalchemy_session(pg, pg_dsn):  # noqa: F811 -
 
 
 # ---------------------------------------------------------------------------- asyncio
-def test_txn_thread_keeps_the_result_and_reads_it_back_for_a_skip(store):
-    async def main():
-        txn = TxnThread(store, 11, None)
-        assert await txn.begin()
-        assert await txn.finish(commit=True, result=b"first") == DONE
-        again = TxnThread(store, 11, None, read_kept=True)
-        assert not await again.begin()  # seen: skipped
-        return again.kept_result
+def _run_async(store, job_id: int, body):
+    """One job of an ``async def`` task through the asyncio runner's path with a store:
+    ``body(ctx)`` runs on the loop after a statement in the transaction's thread. Returns
+    the outcome and what a skipped delivery was given back (``finish_duplicate``)."""
+    lease = Lease(job_id, None, b"", "default", 1, 1, 10.0**12)
+    given_back = []
 
-    assert asyncio.run(main()) == b"first"
+    async def run(ctx):
+        assert await ctx.db.run(lambda cur: threading.current_thread().name) != threading.current_thread().name
+        body(ctx)
+
+    async def main():
+        return await run_async(run, lease, store, Context, failure=failure_result,
+                               finish_duplicate=lambda ctx, kept: given_back.append(kept),
+                               may_commit=None, max_deliveries=None, client=None, reports=None)
+
+    return asyncio.run(main())[0], given_back
+
+
+def test_an_async_task_keeps_its_result_and_a_skipped_delivery_gets_it_back(store):
+    assert _run_async(store, 11, lambda ctx: ctx.keep(b"first")) == (DONE, [])
     assert store.kept_result(11) == b"first"
+    assert _run_async(store, 11, lambda ctx: ctx.keep(b"again")) == (DUPLICATE, [b"first"])
 
 
-def test_txn_thread_duplicate_reads_the_winner_result(store):
-    async def main():
-        txn = TxnThread(store, 12, None, read_kept=True)
-        assert await txn.begin()  # not seen yet; another delivery commits meanwhile
-        await asyncio.to_thread(_commit_elsewhere, store, 12, b"winner")
-        assert await txn.finish(commit=True, result=b"loser") == DUPLICATE
-        return txn.kept_result
-
-    assert asyncio.run(main()) == b"winner"
-
-
-def test_txn_thread_without_a_result_claims_as_before(store):
-    async def main():
-        txn = TxnThread(store, 13, None, read_kept=True)
-        assert await txn.begin()
-        assert await txn.finish(commit=True) == DONE
-        return txn.kept_result
-
-    assert asyncio.run(main()) is None
+def test_an_async_task_without_a_result_claims_as_before(store):
+    assert _run_async(store, 13, lambda ctx: None) == (DONE, [])
     assert store.seen(13) and store.kept_result(13) is None
 
 
-def _commit_elsewhere(store, job_id, result: bytes) -> None:
-    with store.transaction() as txn:
-        assert txn.claim(job_id, result)
+def test_an_async_task_that_fails_rolls_back_its_mark(store):
+    def fail(ctx):
+        ctx.keep(b"never")
+        raise ValueError("no")
+
+    assert _run_async(store, 14, fail) == (FAILED, [])
+    assert not store.seen(14) and store.kept_result(14) is None

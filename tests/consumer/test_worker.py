@@ -1,10 +1,11 @@
-"""Worker tests against the in-memory FakeQueue (tests/support/fakes.py), driven by a FakeClock.
+"""The thread runner's own tests (its prefetch, ``run(max_jobs)``, signals, the CLI, a seeded
+chaos run, the real service), against the in-memory FakeQueue (tests/support/fakes.py) on a
+FakeClock. What every runner does is tested once for all in test_worker_drivers.py.
 
 Synchronisation is by events and by polls with a deadline, never by sleeping.
 """
 from __future__ import annotations
 
-import logging
 import os
 import random
 import signal
@@ -55,38 +56,6 @@ class TopRng:
 
 
 # ---------------------------------------------------------------------------- basics
-def test_runs_every_job_once_and_acks():
-    clock, q = make()
-    ids = [q.enqueue(b"%d" % i) for i in range(10)]
-    seen = []
-    lock = threading.Lock()
-
-    def handler(ctx):
-        with lock:
-            seen.append((ctx.job_id, ctx.body, ctx.attempt, ctx.queue, ctx.db))
-
-    stats = Worker(q, handler, concurrency=4, clock=clock, **FAST).run(until_idle=True)
-    assert sorted(s[0] for s in seen) == ids
-    assert all(attempt == 1 and queue == "default" and db is None
-               for _, _, attempt, queue, db in seen)
-    assert all(q.state(i) == ACKED for i in ids)
-    assert stats.succeeded == 10 and stats.processed == 10
-
-
-def test_never_holds_more_than_concurrency_plus_prefetch():
-    clock, q = make()
-    for _i in range(12):
-        q.enqueue(b"x")
-    barrier = threading.Barrier(3)
-
-    def handler(ctx):
-        barrier.wait(5)  # all three runners busy at once: the worker is saturated
-
-    Worker(q, handler, concurrency=3, prefetch=1, clock=clock, **FAST).run(until_idle=True)
-    assert q.max_leased == 4
-    assert all(j.state == ACKED for j in q.jobs.values())
-
-
 def test_max_jobs():
     clock, q = make()
     for _i in range(5):
@@ -109,44 +78,6 @@ def test_bad_settings():
 
 
 # ---------------------------------------------------------------------------- idempotency
-def test_same_job_id_twice_effect_once_both_acked():
-    clock, q = make()
-    store = MemoryStore(clock=clock)
-    q.enqueue(b"a", job_id=100)
-    q.enqueue(b"a", job_id=100)  # delivered again, as after a crash between commit and ack
-    calls = []
-
-    def handler(ctx):
-        calls.append(ctx.job_id)
-        ctx.db[("effect", ctx.job_id)] = ctx.db.get(("effect", ctx.job_id), 0) + 1
-
-    stats = Worker(q, handler, concurrency=1, idempotency=store, clock=clock,
-                   **FAST).run(until_idle=True)
-    assert calls == [100]
-    assert store.data == {("effect", 100): 1} and store.seen(100)
-    assert [j.state for j in q.jobs.values()] == [ACKED, ACKED]
-    assert stats.succeeded == 1 and stats.duplicates == 1
-
-
-def test_concurrent_duplicates_commit_once():
-    """Two deliveries of one id running at the same time: the UNIQUE claim lets one commit."""
-    clock, q = make()
-    store = MemoryStore(clock=clock)
-    q.enqueue(b"a", job_id=7)
-    q.enqueue(b"a", job_id=7)
-    both = threading.Barrier(2)
-
-    def handler(ctx):
-        both.wait(5)  # both are past the "seen" check before either commits
-        ctx.db["n"] = ctx.db.get("n", 0) + 1
-
-    stats = Worker(q, handler, concurrency=2, idempotency=store, clock=clock,
-                   **FAST).run(until_idle=True)
-    assert store.data == {"n": 1}
-    assert stats.succeeded == 1 and stats.duplicates == 1
-    assert all(j.state == ACKED for j in q.jobs.values())
-
-
 def test_crash_after_commit_before_ack_is_skipped_on_redelivery():
     clock, q = make()
     store = MemoryStore(clock=clock)
@@ -192,30 +123,6 @@ def test_sqlite_handler_error_leaves_no_effect_and_no_mark(tmp_path):
 
 
 # ---------------------------------------------------------------------------- leases
-def test_heartbeat_extends_a_slow_job():
-    clock, q = make(vis=30)
-    job_id = q.enqueue(b"slow")
-    started, release = threading.Event(), threading.Event()
-    calls = []
-
-    def handler(ctx):
-        calls.append(ctx.attempt)
-        started.set()
-        release.wait(5)
-
-    worker = Worker(q, handler, concurrency=1, prefetch=0, clock=clock, **FAST)
-    t, out = in_background(worker, max_jobs=1)
-    assert started.wait(5)
-    clock.advance(16)  # past half of the 30 s lease
-    wait_until(lambda: len(q.ops("extend")) == 1, what="first extend")
-    clock.advance(20)  # past the first deadline (30), before the extended one (46)
-    wait_until(lambda: len(q.ops("extend")) == 2, what="second extend")
-    release.set()
-    t.join(5)
-    assert calls == [1] and q.state(job_id) == ACKED
-    assert all(op[3] for op in q.ops("extend")) and out["stats"].succeeded == 1
-
-
 def test_prefetched_lease_is_heartbeated_too():
     clock, q = make(vis=30)
     a, b = q.enqueue(b"a"), q.enqueue(b"b")
@@ -383,18 +290,6 @@ def test_second_signal_exits_at_once():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 1 and "second signal" in err and "returned" not in out
-
-
-# ---------------------------------------------------------------------------- logging
-def test_progress_line_every_log_every_jobs(caplog):
-    clock, q = make()
-    for _ in range(5):
-        q.enqueue(b"x")
-    with caplog.at_level(logging.INFO, logger="shardq.worker"):
-        Worker(q, lambda ctx: None, concurrency=1, log_every=2, clock=clock,
-               **FAST).run(until_idle=True)
-    lines = [r.getMessage() for r in caplog.records if "jobs in" in r.getMessage()]
-    assert len(lines) == 2 and "failed" in lines[0] and "in flight" in lines[0]
 
 
 # ---------------------------------------------------------------------------- process mode

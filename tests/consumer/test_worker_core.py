@@ -9,7 +9,8 @@ import contextlib
 import pytest
 
 from shardq.clock import FakeClock
-from shardq.consumer.core import Extend, Held, JobState, WorkerCore
+from shardq.consumer.core import Extend, JobState, WorkerCore
+from shardq.consumer.options import WorkerOptions
 from shardq.consumer.handling import DONE, FAILED, Report
 from shardq.consumer.policy import ACK, NACK, NOTHING, UNAVAILABLE_BACKOFF_S_MIN, Burst, Policy, Progress
 from shardq.errors import InvalidJob, JobGone, LeaseLost, ShardUnavailable
@@ -25,7 +26,7 @@ class TopRng:
 def make_core(clock: FakeClock) -> WorkerCore:
     policy = Policy(backoff_base_s=1.0, backoff_cap_s=10.0, rng=TopRng())
     policy.configure({"visibility_timeout": 30, "max_deliveries": 4})
-    return WorkerCore(policy, Progress(1000, 10.0, clock.monotonic()), clock, heartbeat_fraction=0.5,
+    return WorkerCore(policy, Progress(1000, 10.0, clock.monotonic()), clock, WorkerOptions(heartbeat_fraction=0.5),
                       lock=contextlib.nullcontext())
 
 
@@ -49,7 +50,7 @@ def test_leased_jobs_are_held_with_their_first_heartbeat_at_the_fraction():
     clock = FakeClock()
     core = make_core(clock)
     core.backoff.failed()
-    jobs = core.leased(leases(clock, 2), clock.now(), Held)
+    jobs = core.leased(leases(clock, 2), clock.now())
     assert [j.state for j in jobs] == [JobState.PENDING] * 2 and list(core.jobs.values()) == jobs
     assert [j.extend_at for j in jobs] == [clock.now() + 15.0] * 2
     assert core.stats.leased == 2 and core.backoff.s == 0.0  # an answer resets the backoff
@@ -58,7 +59,7 @@ def test_leased_jobs_are_held_with_their_first_heartbeat_at_the_fraction():
 def test_heartbeat_extends_due_leases_one_at_a_time_and_stops_at_the_first_outage():
     clock = FakeClock()
     core = make_core(clock)
-    a, b, c = core.leased(leases(clock, 3), clock.now(), Held)
+    a, b, c = core.leased(leases(clock, 3), clock.now())
     c.state = JobState.FINISHED  # being settled: no more heartbeats
     assert run(core.heartbeat(clock.now()), lambda e: e.lease)[0] == []  # nothing due yet
     clock.advance(16.0)
@@ -74,7 +75,7 @@ def test_heartbeat_extends_due_leases_one_at_a_time_and_stops_at_the_first_outag
 def test_a_heartbeat_that_finds_the_lease_lost_marks_it_and_goes_on():
     clock = FakeClock()
     core = make_core(clock)
-    a, b = core.leased(leases(clock, 2), clock.now(), Held)
+    a, b = core.leased(leases(clock, 2), clock.now())
     clock.advance(16.0)
     effects, _ = run(core.heartbeat(clock.now()),
                      lambda e: LeaseLost("stale") if e.job is a else e.lease)
@@ -87,7 +88,7 @@ def test_a_heartbeat_that_finds_the_lease_lost_marks_it_and_goes_on():
 def test_ctx_extend_out_of_range_is_refused_before_any_call(seconds):
     clock = FakeClock()
     core = make_core(clock)
-    job, = core.leased(leases(clock, 1), clock.now(), Held)
+    job, = core.leased(leases(clock, 1), clock.now())
     with pytest.raises(InvalidJob):
         next(core.extend(job, seconds))
 
@@ -95,7 +96,7 @@ def test_ctx_extend_out_of_range_is_refused_before_any_call(seconds):
 def test_ctx_extend_sets_the_lease_length_of_later_heartbeats_and_a_lost_lease_raises():
     clock = FakeClock()
     core = make_core(clock)
-    job, = core.leased(leases(clock, 1), clock.now(), Held)
+    job, = core.leased(leases(clock, 1), clock.now())
     effects, deadline = run(core.extend(job, VISIBILITY_TIMEOUT_S_MAX),
                             lambda e: e.lease._replace(deadline=clock.now() + e.seconds))
     assert effects[0].seconds == VISIBILITY_TIMEOUT_S_MAX and deadline == clock.now() + VISIBILITY_TIMEOUT_S_MAX
@@ -110,7 +111,7 @@ def test_ctx_extend_sets_the_lease_length_of_later_heartbeats_and_a_lost_lease_r
 def test_an_ack_that_meets_an_outage_waits_in_the_outbox_until_it_lands_or_the_lease_ends():
     clock = FakeClock()
     core = make_core(clock)
-    a, b = core.leased(leases(clock, 2), clock.now(), Held)
+    a, b = core.leased(leases(clock, 2), clock.now())
     settle = core.finished(a, (DONE, None, None))
     assert settle.op == ACK and core.stats.succeeded == 0  # counts when it lands
     assert core.answered(a, settle, ShardUnavailable("down")) and core.stats.unavailable == 1
@@ -125,7 +126,7 @@ def test_an_ack_that_meets_an_outage_waits_in_the_outbox_until_it_lands_or_the_l
 def test_a_failure_counts_at_once_and_stays_in_hand_until_its_nack_lands():
     clock = FakeClock()
     core = make_core(clock)
-    job, = core.leased(leases(clock, 1), clock.now(), Held)
+    job, = core.leased(leases(clock, 1), clock.now())
     settle = core.finished(job, (FAILED, "E: x", None))
     assert (settle.op, settle.delay_s, core.stats.failed) == (NACK, 1.0, 1) and job.ref in core.jobs
     assert not core.answered(job, settle, None) and core.jobs == {} and core.stats.failed == 1
@@ -134,7 +135,7 @@ def test_a_failure_counts_at_once_and_stays_in_hand_until_its_nack_lands():
 def test_reports_land_before_the_ack_an_outage_keeps_what_did_not_land_a_refusal_fails_it():
     clock = FakeClock()
     core = make_core(clock)
-    a, b, c = core.leased(leases(clock, 3), clock.now(), Held)
+    a, b, c = core.leased(leases(clock, 3), clock.now())
     r1, r2 = Report("put_result", (b"1", 60.0)), Report("arrive", (0, "bar", 0, 2, b"", 60.0, []))
     for job in (a, b, c):
         job.reports[:] = [r1, r2]
@@ -157,7 +158,7 @@ def test_a_job_let_go_makes_the_burst_answers_asked_while_it_was_held_stale():
     clock = FakeClock()
     core = make_core(clock)
     burst = Burst(["a", "b"])
-    job, = core.leased(leases(clock, 1), clock.now(), Held)
+    job, = core.leased(leases(clock, 1), clock.now())
     b_token = burst.asking()          # b's dequeue, asked while a holds its job
     core.forget(job)                  # a's job settled (it sent b a job)
     a_token = core.burst_token(burst, "a")

@@ -1,35 +1,41 @@
-"""One behaviour suite for every worker driver.
+"""One behaviour suite for every worker runner.
 
-Each scenario is one test taking the ``driver`` fixture, so it runs on the threaded runner
-(:class:`~shardq.consumer.worker.Worker`) and on the asyncio runner
-(:class:`~shardq.consumer.aioworker.AsyncWorker`), each with a plain and an ``async def``
-task: a scenario cannot be written for one driver only. Both run against the in-memory
-FakeQueue of tests/support/fakes.py (the asyncio one through a thin async facade over the same
-object) on a FakeClock, so a lease expires only when a test moves the clock, and both see
-the same injected failures: a shard that is down for one op (``FakeQueue.unavailable``), an
-idempotency store that fails at BEGIN, at the claim, at COMMIT or at ROLLBACK
-(:class:`FlakyStore`).
+Each scenario is one test taking the ``driver`` fixture, so it runs on the thread runner
+(:class:`~shardq.consumer.worker.Worker`), the process runner (``Worker(mode="process")``: the
+task runs in a pool process) and the asyncio runner (:class:`~shardq.consumer.aioworker.AsyncWorker`),
+with a plain and an ``async def`` task (the process runner with a plain one: its start-up
+costs): a scenario cannot be written for one runner only. The tasks are
+tests/support/driver_tasks.py's; what one does is a function of that module the test picks,
+and it reports back through files, so the same scenario runs in a pool process. Every
+runner works against the in-memory FakeQueue of tests/support/fakes.py (the asyncio one
+through a thin async facade over the same object) on a FakeClock, so a lease expires only
+when a test moves the clock, and all see the same injected failures: a shard that is down
+for one op (``FakeQueue.unavailable``), an idempotency store that fails at BEGIN, at the
+claim, at COMMIT or at ROLLBACK (:class:`~support.driver_tasks.FlakyStore`). Where a runner
+differs by design (process mode keeps no results and checks the lease before the commit in
+the parent only: docs/guarantees.md), the scenario says what each one does.
 
 Synchronisation is by events and by polls with a deadline, never by sleeping.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
+import functools
 import logging
+import os
 import threading
 import time
 
 import pytest
 
-import shardq
 from support.service import wait_until
 from support.fakes import ACKED, DEAD, LEASED, READY, FakeQueue
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
-from shardq.tasks.dispatch import TaskHandler
-from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, Txn
+from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, SqliteStore
+from support.driver_tasks import (Ctl, FlakyStore, TopRng, boom, effects, fail_as, fail_first, fail_job_zero,
+                                  handler, hold, hold_first, log_attempt, log_n, nothing)
 from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
@@ -90,6 +96,9 @@ class AsyncFacade:
     async def extend(self, lease, seconds: float):
         return self.q.extend(lease, seconds)
 
+    async def ack_many(self, leases):
+        return self.q.ack_many(leases)
+
     async def settle_many(self, acks, reports):
         return self.q.settle_many(acks, reports)
 
@@ -100,95 +109,19 @@ class AsyncFacade:
         pass  # the test owns the FakeQueue
 
 
-class StoreDown(ConnectionError):
-    """What a store raises when its database is gone (PostgreSQL down, a lost connection)."""
-
-
-class FlakyStore(IdempotencyStore):
-    """A MemoryStore whose next operations fail at named points: ``fail["begin"] = 1``
-    makes the next transaction fail at BEGIN; also ``"claim"``, ``"commit"`` (the COMMIT
-    fails: nothing lands) and ``"rollback"`` (rolling back after a failed task fails)."""
-
-    def __init__(self, clock):
-        self.inner = MemoryStore(clock=clock)
-        self.retention_s = self.inner.retention_s
-        self.fail: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _take(self, point: str) -> bool:
-        with self._lock:
-            n = self.fail.get(point, 0)
-            if n:
-                self.fail[point] = n - 1
-            return bool(n)
-
-    def trip(self, point: str) -> None:
-        if self._take(point):
-            raise StoreDown(f"the database went away at {point.upper()}")
-
-    @contextlib.contextmanager
-    def transaction(self):
-        self.trip("begin")
-        with self.inner.transaction() as txn:
-            try:
-                yield _FlakyTxn(self, txn)
-            except BaseException:
-                self.trip("rollback")  # raised inside: the inner transaction rolls back too
-                raise
-            # Raised inside too: nothing lands, as when the database's COMMIT (or the
-            # ROLLBACK of an aborted transaction) fails.
-            self.trip("rollback" if txn.aborted else "commit")
-
-    def seen(self, job_id) -> bool:
-        return self.inner.seen(job_id)
-
-    def prune(self, now: float) -> int:
-        return self.inner.prune(now)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def _bound_service(self, service_id: str) -> str:
-        return self.inner._bound_service(service_id)
-
-
-class _FlakyTxn(Txn):
-    def __init__(self, store: FlakyStore, inner: Txn):
-        super().__init__()
-        self._store, self._inner = store, inner
-        self.db, self.session = inner.db, inner.session
-
-    def claim(self, job_id) -> bool:
-        self._store.trip("claim")
-        return self._inner.claim(job_id)
-
-    def abort(self) -> None:
-        self._inner.abort()
-
-
-class TopRng:
-    """Full jitter at its upper bound, so every backoff is predictable."""
-
-    def uniform(self, a, b):
-        return b
-
-
-
 # ---------------------------------------------------------------------------- drivers
 class Driver:
-    """One worker driver running one kind of task, on a FakeQueue and a FakeClock.
+    """One worker runner running one kind of task, on a FakeQueue and a FakeClock.
 
-    ``define(work)`` declares the task: ``work(ctx, n)`` is plain code (it may block on an
-    event or raise) that the task runs, as its body (plain task) or in a thread (async
-    task); the task then writes its effect through ``ctx.db`` when there is a store.
+    ``define(work)`` picks what the task does (a function of support.driver_tasks, see
+    there); the task then writes its effect through ``ctx.db`` when there is a store.
     ``start(store)`` runs the worker in a thread until ``stop()``."""
 
-    def __init__(self, runner: str, kind: str):
-        self.runner, self.kind = runner, kind
+    def __init__(self, runner: str, kind: str, tmp: str):
+        self.runner, self.kind, self.tmp = runner, kind, tmp
+        self.ctl = Ctl(tmp)
         self.clock = FakeClock()
         self.q = BuryingQueue(self.clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
-        self.app = shardq.App(router=self.q)
-        self.task = None
         self.keep_result: float | None = None
         self.worker = None
         self._thread: threading.Thread | None = None
@@ -197,37 +130,31 @@ class Driver:
         """``keep_result``: the task keeps its return value (``n``) that long: its worker
         reports it (``ctx.report``) before the ack."""
         self.keep_result = keep_result
-        if self.kind == "sync":
-            @self.app.task(name="suite.task", keep_result=keep_result)
-            def task(ctx, n: int):
-                work(ctx, n)
-                if ctx.db is not None:
-                    write_effect(ctx.db, ctx.job_id)
-                return n
-        else:
-            @self.app.task(name="suite.task", keep_result=keep_result)
-            async def task(ctx, n: int):
-                await asyncio.to_thread(work, ctx, n)
-                if ctx.db is not None:
-                    await ctx.db.run(write_effect, ctx.job_id)
-                return n
-        self.task = task
+        self.ctl.put_work(work)
 
-    def send(self, n: int = 0) -> int:
+    def send(self, n: int = 0, job_id: int | None = None) -> int:
+        """``job_id``: deliver that id (again), as after a crash between the commit and the ack."""
         steps = NO_STEPS if self.keep_result is None else Steps(self.keep_result, None, None)
-        return self.q.enqueue(encode(self.task.name, [n], {}, steps=steps))
+        name = "suite.task" if self.kind == "sync" else "suite.atask"
+        return self.q.enqueue(encode(name, [n, self.ctl.path], {}, steps=steps), job_id=job_id)
+
+    def store(self, flaky: bool = False) -> IdempotencyStore:
+        """An idempotency store the runner can use: in memory, or SQLite for the process
+        runner (its pool processes open it again); ``flaky``: a FlakyStore around it."""
+        store = (SqliteStore(os.path.join(self.tmp, "idem.sqlite"), clock=self.clock)
+                 if self.runner == "process" else MemoryStore(clock=self.clock))
+        return FlakyStore(store, self.tmp) if flaky else store
 
     def start(self, store: IdempotencyStore | None = None, **options) -> None:
         """``options``: more arguments of the worker (``burst``, ``log_every_s``...)."""
-        handler = TaskHandler(self.app.tasks, rng=TopRng())
         common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
-                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0)
+                      rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0,
+                      idle_wait_s=0.01, prune_every_s=None)
         common.update(options)
-        if self.runner == "thread":
-            self.worker = Worker(self.q, handler, poll_s=0.005, idle_wait_s=0.01,
-                                 prune_every_s=None, **common)
+        if self.runner == "asyncio":
+            self.worker = AsyncWorker(AsyncFacade(self.q), handler(), **common)
         else:
-            self.worker = AsyncWorker(AsyncFacade(self.q), handler, idle_wait_s=0.01, **common)
+            self.worker = Worker(self.q, handler(), mode=self.runner, poll_s=0.005, **common)
         self._thread = threading.Thread(target=self.worker.run, daemon=True, name="suite-worker")
         self._thread.start()
 
@@ -246,27 +173,19 @@ class Driver:
             return self.q.calls.count(("unavailable", op))
 
 
-def write_effect(db, job_id) -> None:
-    db[("effect", job_id)] = db.get(("effect", job_id), 0) + 1
-
-
-@pytest.fixture(params=[("thread", "sync"), ("thread", "async"), ("asyncio", "async"), ("asyncio", "sync")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def driver(request):
-    d = Driver(*request.param)
+@pytest.fixture(params=[("thread", "sync"), ("thread", "async"), ("process", "sync"), ("asyncio", "async"),
+                        ("asyncio", "sync")], ids=lambda p: f"{p[0]}-{p[1]}")
+def driver(request, tmp_path):
+    d = Driver(*request.param, str(tmp_path))
     yield d
+    d.ctl.set("release")  # a task still held lets go
     d.stop()
-
-
-def effects(store) -> dict:
-    inner = store.inner if isinstance(store, FlakyStore) else store
-    return {k[1]: v for k, v in inner.data.items()}
 
 
 # ---------------------------------------------------------------------------- scenarios
 def test_success_is_acked_with_its_effect_once(driver):
-    store = MemoryStore(clock=driver.clock)
-    driver.define(lambda ctx, n: None)
+    store = driver.store()
+    driver.define(nothing)
     ids = [driver.send(n) for n in range(3)]
     driver.start(store)
     wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="every job acked")
@@ -276,10 +195,7 @@ def test_success_is_acked_with_its_effect_once(driver):
 
 
 def test_an_error_is_nacked_with_backoff_then_dead_lettered_with_its_text(driver):
-    def work(ctx, n):
-        raise ValueError(f"boom {ctx.attempt}")
-
-    driver.define(work)
+    driver.define(boom)
     job_id = driver.send()
     driver.start()
     delays = []
@@ -302,13 +218,7 @@ def test_an_error_is_nacked_with_backoff_then_dead_lettered_with_its_text(driver
 def test_a_settlement_that_meets_a_shard_down_is_retried_and_lands_when_it_is_back(driver, op):
     """The outbox: an ack, a nack or a bury that got ShardUnavailable is kept and retried,
     with the lease held (not lost, not redelivered), until the shard answers."""
-    def work(ctx, n):
-        if op == "nack":
-            raise ValueError("try again")
-        if op == "bury":
-            raise shardq.Fail("no such user")
-
-    driver.define(work)
+    driver.define(functools.partial(fail_as, op))
     job_id = driver.send()
     driver.q.unavailable[op] = NEVER
     driver.start()
@@ -333,13 +243,16 @@ def test_a_settlement_that_meets_a_shard_down_is_retried_and_lands_when_it_is_ba
 
 
 def test_a_kept_result_lands_before_the_ack_which_waits_while_its_shard_is_down(driver):
-    """A finished job's reports (here its kept result) are made by the driver before its
+    """A finished job's reports (here its kept result) are made by the runner before its
     ack; one that meets an unavailable shard is retried, the lease held and the ack unsent,
-    until it lands; then the ack goes."""
-    driver.define(lambda ctx, n: None, keep_result=60.0)
+    until it lands; then the ack goes. The process runner keeps no results (its pool
+    processes have no client): such a job is dead-lettered at once, saying so."""
+    driver.define(nothing, keep_result=60.0)
     job_id = driver.send(7)
     driver.q.unavailable["report"] = NEVER
     driver.start()
+    if _refuses_results(driver, job_id):
+        return
     wait_until(lambda: driver.unavailable("report") >= 3, what="the report retried while its shard is down")
     assert driver.q.state(job_id) == LEASED and driver.q.ops("ack") == [] and driver.q.reported == []
     with driver.q._cond:
@@ -357,10 +270,12 @@ def test_a_kept_result_lands_before_the_ack_which_waits_while_its_shard_is_down(
 def test_a_refused_report_fails_the_attempt_with_its_text_and_is_not_acked(driver):
     """A report the shard refuses (a barrier over its limit, a callback's queue full) is a
     failed attempt: nacked with backoff and the refusal's text, never acked."""
-    driver.define(lambda ctx, n: None, keep_result=60.0)
+    driver.define(nothing, keep_result=60.0)
     job_id = driver.send(1)
     driver.q.refuse_reports = "barrier b: its values would take 33554433 bytes"
     driver.start()
+    if _refuses_results(driver, job_id):
+        return
     wait_until(lambda: driver.q.ops("nack"), what="the nack")
     driver.stop()
     (_, jid, delay, error), = driver.q.ops("nack")
@@ -369,11 +284,22 @@ def test_a_refused_report_fails_the_attempt_with_its_text_and_is_not_acked(drive
     assert (driver.worker.stats.succeeded, driver.worker.stats.failed) == (0, 1)
 
 
+def _refuses_results(driver, job_id) -> bool:
+    """The process runner: the job that keeps a result is dead-lettered with the reason."""
+    if driver.runner != "process":
+        return False
+    wait_until(lambda: driver.q.state(job_id) == DEAD, what="dead-lettered")
+    driver.stop()
+    assert "needs a worker in thread or asyncio mode" in driver.q.dead[0].error and driver.q.reported == []
+    assert driver.q.ops("ack") == [] and driver.worker.stats.failed == 1
+    return True
+
+
 def test_an_ack_still_unsent_when_the_lease_ends_is_given_up_and_the_redelivery_acks(driver):
     """Past the lease's deadline the outbox gives the ack up (the queue redelivers the job);
     the store's mark makes the redelivery a duplicate, acked once the shard is back."""
-    store = MemoryStore(clock=driver.clock)
-    driver.define(lambda ctx, n: None)
+    store = driver.store()
+    driver.define(nothing)
     job_id = driver.send()
     driver.q.unavailable["ack"] = NEVER
     driver.start(store)
@@ -394,9 +320,9 @@ def test_an_ack_still_unsent_when_the_lease_ends_is_given_up_and_the_redelivery_
 def test_an_idempotency_store_error_is_a_failed_attempt_with_its_text(driver, point):
     """The store down at BEGIN, at the claim or at COMMIT: the attempt fails (rolled back,
     nacked with the worker's backoff and the error text), it is not left to expire."""
-    store = FlakyStore(driver.clock)
-    store.fail[point] = 1
-    driver.define(lambda ctx, n: None)
+    store = driver.store(flaky=True)
+    store.arm(point)
+    driver.define(nothing)
     job_id = driver.send()
     driver.start(store)
     wait_until(lambda: driver.q.ops("nack"), what="the failed attempt nacked")
@@ -413,14 +339,9 @@ def test_an_idempotency_store_error_is_a_failed_attempt_with_its_text(driver, po
 def test_a_failed_rollback_is_a_failed_attempt_with_its_text(driver):
     """The task fails and rolling its transaction back fails too (the connection is gone):
     the store's error is the attempt's failure, nacked, never a silent lease expiry."""
-    store = FlakyStore(driver.clock)
-    store.fail["rollback"] = 1
-
-    def work(ctx, n):
-        if ctx.attempt == 1:
-            raise ValueError("the task failed first")
-
-    driver.define(work)
+    store = driver.store(flaky=True)
+    store.arm("rollback")
+    driver.define(fail_first)
     job_id = driver.send()
     driver.start(store)
     wait_until(lambda: driver.q.ops("nack"), what="the failed attempt nacked")
@@ -432,27 +353,19 @@ def test_a_failed_rollback_is_a_failed_attempt_with_its_text(driver):
 
 
 def test_heartbeats_keep_a_job_that_outlives_its_lease(driver):
-    started, release = threading.Event(), threading.Event()
-    runs = []
-
-    def work(ctx, n):
-        runs.append(ctx.attempt)
-        started.set()
-        assert release.wait(10)
-
-    driver.define(work)
+    driver.define(hold)
     job_id = driver.send()
     driver.start()
-    assert started.wait(10)
+    assert driver.ctl.wait("started")
     extended = lambda: [op for op in driver.q.ops("extend") if op[3]]  # noqa: E731 - the successful ones
     driver.clock.advance(VISIBILITY_S / 2 + 1)  # past half the lease: a heartbeat is due
     wait_until(lambda: len(extended()) >= 1, what="the first heartbeat")
     driver.clock.advance(VISIBILITY_S / 2 + 5)  # past the first deadline, before the extended one
     wait_until(lambda: len(extended()) >= 2, what="the second heartbeat")
-    release.set()
+    driver.ctl.set("release")
     wait_until(lambda: driver.q.state(job_id) == ACKED, what="acked")
     driver.stop()
-    assert runs == [1] and driver.q.job(job_id).attempts == 1
+    assert driver.ctl.read("attempts") == [1] and driver.q.job(job_id).attempts == 1
     assert driver.worker.stats.succeeded == 1 and driver.worker.stats.lost == 0
 
 
@@ -461,18 +374,11 @@ def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_
     tick starts again with the first), and the next lease it extends resets the backoff, so
     a later outage waits the minimum again. The asyncio runner used to extend the other
     leases of the tick and keep doubling its backoff (issue 45)."""
-    release = threading.Event()
-    running = []
-
-    def work(ctx, n):
-        running.append(n)
-        assert release.wait(10)
-
-    driver.define(work)
+    driver.define(hold)
     ids = [driver.send(n) for n in range(2)]
     with caplog.at_level(logging.WARNING, logger="shardq.worker"):
         driver.start()
-        wait_until(lambda: len(running) == 2, what="both jobs running")
+        wait_until(lambda: len(driver.ctl.read("running")) == 2, what="both jobs running")
         extended = lambda: [op[1] for op in driver.q.ops("extend") if op[3]]  # noqa: E731 - the successful ones
         with driver.q._cond:
             driver.q.unavailable["extend"] = 1
@@ -483,7 +389,7 @@ def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_
             driver.q.unavailable["extend"] = 1
         driver.clock.advance(VISIBILITY_S / 2 + 1)
         wait_until(lambda: len(extended()) >= 4, what="both leases extended after the second outage")
-        release.set()
+        driver.ctl.set("release")
         wait_until(lambda: all(driver.q.state(i) == ACKED for i in ids), what="both acked")
         driver.stop()
     waits = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records
@@ -495,47 +401,38 @@ def test_a_heartbeat_that_meets_a_shard_down_ends_its_tick_and_an_answer_resets_
 def test_a_lease_lost_while_running_is_not_acked_and_its_effect_rolls_back(driver):
     """The lease expires under a running job (no heartbeat came in time): the heartbeat
     finds it lost, the late finish commits nothing and is not acked; the redelivery runs,
-    commits its effect once and is acked."""
-    store = MemoryStore(clock=driver.clock)
-    started, release = threading.Event(), threading.Event()
-    attempts = []
-
-    def work(ctx, n):
-        attempts.append(ctx.attempt)
-        if ctx.attempt == 1:
-            started.set()
-            assert release.wait(10)
-
-    driver.define(work)
+    commits its effect once and is acked. The process runner checks the lease in the parent
+    only (docs/guarantees.md): the late finish commits in its pool process, is not acked,
+    and the redelivery finds the mark and is acked as a duplicate; the effect is once all
+    the same."""
+    store = driver.store()
+    driver.define(hold_first)
     job_id = driver.send()
     driver.start(store)
-    assert started.wait(10)
+    assert driver.ctl.wait("started")
     driver.clock.advance(VISIBILITY_S + 1)  # past the deadline before any heartbeat
     wait_until(lambda: any(not op[3] for op in driver.q.ops("extend")), what="a heartbeat finding it lost")
-    release.set()
+    driver.ctl.set("release")
     wait_until(lambda: driver.q.state(job_id) == ACKED, what="the redelivery acked")
     driver.stop()
-    assert attempts == [1, 2] and effects(store) == {job_id: 1}
+    assert effects(store) == {job_id: 1}
     (_, _, token), = driver.q.ops("ack")
     assert token == driver.q.job(job_id).history[-2][1]  # the second lease's ack, the only one
-    assert (driver.worker.stats.lost, driver.worker.stats.succeeded) == (1, 1)
+    stats = driver.worker.stats
+    if driver.runner == "process":
+        assert driver.ctl.read("attempts") == [1] and (stats.lost, stats.duplicates) == (1, 1)
+    else:
+        assert driver.ctl.read("attempts") == [1, 2] and (stats.lost, stats.succeeded) == (1, 1)
 
 
 def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
-    release = threading.Event()
-    running = []
-
-    def work(ctx, n):
-        running.append(n)
-        assert release.wait(10)
-
-    driver.define(work)
+    driver.define(hold)
     ids = [driver.send(n) for n in range(2)]
     driver.start()
-    wait_until(lambda: len(running) == 2, what="both jobs running")
+    wait_until(lambda: len(driver.ctl.read("running")) == 2, what="both jobs running")
     driver.worker.stop()
     assert not driver.returned()  # waiting for the running jobs
-    release.set()
+    driver.ctl.set("release")
     wait_until(driver.returned, what="the worker returning once they finished")
     assert [driver.q.state(i) for i in ids] == [ACKED, ACKED]
     assert driver.worker.stats.succeeded == 2 and driver.worker.stats.abandoned == 0
@@ -545,24 +442,18 @@ def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
     """The grace period runs on the worker's clock (the asyncio runner used the event loop's
     own, so a worker on another clock waited out ``grace_s`` in real time): once it is
     over, the jobs still running are released for redelivery and counted abandoned."""
-    started, release = threading.Event(), threading.Event()
-
-    def work(ctx, n):
-        started.set()
-        assert release.wait(20)
-
-    driver.define(work)
+    driver.define(hold)
     job_id = driver.send()
     driver.start(grace_s=10.0)
     try:
-        assert started.wait(10)
+        assert driver.ctl.wait("started")
         driver.worker.stop()
         driver.clock.advance(11.0)  # past the grace period, not past the lease
         wait_until(lambda: driver.q.ops("nack"), timeout=5, what="the release after the grace period")
         assert driver.q.ops("nack") == [("nack", job_id, 0.0, None)] and driver.q.state(job_id) == READY
         assert driver.worker.stats.abandoned == 1
     finally:
-        release.set()  # asyncio.run() waits for the threads it started before it returns
+        driver.ctl.set("release")  # asyncio.run() waits for the threads it started before it returns
     wait_until(driver.returned, what="the worker returning")
     assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
 
@@ -570,30 +461,84 @@ def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
 def test_a_lease_delivered_after_its_deadline_is_not_started(driver):
     """Delivered late (celery#7918): the deadline has passed before the job could start,
     so it is not run; its redelivery is."""
-    attempts = []
-    driver.define(lambda ctx, n: attempts.append(ctx.attempt))
+    driver.define(log_attempt)
     job_id = driver.send()
     driver.q.deliver_expired = 1
     driver.start(burst=True)
     wait_until(driver.returned, what="the burst worker returning")
-    assert attempts == [2] and driver.q.state(job_id) == ACKED
+    assert driver.ctl.read("attempts") == [2] and driver.q.state(job_id) == ACKED
     assert (driver.worker.stats.expired, driver.worker.stats.succeeded) == (1, 1)
 
 
 def test_a_job_already_processed_is_not_run_again_and_is_acked(driver):
-    store = MemoryStore(clock=driver.clock)
-    calls = []
-    driver.define(lambda ctx, n: calls.append(n))
+    store = driver.store()
+    driver.define(log_n)
     job_id = driver.send()
     with store.transaction() as txn:
         txn.claim(job_id)
     driver.start(store, burst=True)
     wait_until(driver.returned, what="the burst worker returning")
-    assert calls == [] and driver.q.state(job_id) == ACKED and driver.worker.stats.duplicates == 1
+    assert driver.ctl.read("ran") == [] and driver.q.state(job_id) == ACKED and driver.worker.stats.duplicates == 1
+
+
+def test_a_job_id_delivered_again_after_its_commit_runs_once_and_both_are_acked(driver):
+    """As after a crash between the commit and the ack: the second delivery finds the mark."""
+    store = driver.store()
+    driver.define(log_n)
+    driver.send(1, job_id=100)
+    driver.send(2, job_id=100)
+    driver.start(store, concurrency=1, burst=True)
+    wait_until(driver.returned, what="the burst worker returning")
+    assert driver.ctl.read("ran") == [1] and effects(store) == {100: 1} and store.seen(100)
+    assert [j.state for j in driver.q.jobs.values()] == [ACKED, ACKED]
+    assert (driver.worker.stats.succeeded, driver.worker.stats.duplicates) == (1, 1)
+
+
+def test_two_deliveries_of_one_id_running_at_once_commit_one_effect(driver):
+    """Both are past the seen check before either commits: the UNIQUE claim lets one commit,
+    the other is a duplicate; both are acked."""
+    store = driver.store()
+    driver.define(hold)
+    driver.send(1, job_id=7)
+    driver.send(2, job_id=7)
+    driver.start(store, burst=True)
+    wait_until(lambda: len(driver.ctl.read("running")) == 2, what="both running")
+    driver.ctl.set("release")
+    wait_until(driver.returned, what="the burst worker returning")
+    assert effects(store) == {7: 1} and all(j.state == ACKED for j in driver.q.jobs.values())
+    assert (driver.worker.stats.succeeded, driver.worker.stats.duplicates) == (1, 1)
+
+
+def test_a_worker_never_holds_more_than_concurrency_plus_prefetch(driver):
+    """Saturated (every runner busy), a worker holds ``concurrency + prefetch`` leases: the
+    thread and process runners prefetch, the asyncio runner starts each job as it is leased
+    (its prefetch is 0)."""
+    driver.define(hold)
+    for n in range(8):
+        driver.send(n)
+    driver.start(concurrency=3, prefetch=1, burst=True)
+    wait_until(lambda: len(driver.ctl.read("running")) == 3, what="three running")
+    wait_until(lambda: driver.q.max_leased == (3 if driver.runner == "asyncio" else 4), what="the prefetch")
+    driver.ctl.set("release")
+    wait_until(driver.returned, what="the burst worker returning")
+    assert driver.q.max_leased == (3 if driver.runner == "asyncio" else 4)
+    assert all(j.state == ACKED for j in driver.q.jobs.values()) and driver.worker.stats.succeeded == 8
+
+
+def test_the_idempotency_store_is_pruned_when_the_worker_starts_and_every_prune_every_s(driver):
+    """Every runner prunes its store (the asyncio runner used to keep every mark for ever)."""
+    store = driver.store()
+    with store.transaction() as txn:
+        txn.claim(1)
+    driver.clock.advance(store.retention_s + 1)  # the mark is past its retention
+    driver.define(nothing)
+    driver.start(store, prune_every_s=3600.0)
+    wait_until(lambda: not store.seen(1), what="the old mark pruned")
+    driver.stop()
 
 
 def test_outages_of_the_config_the_dequeue_and_the_ack_are_waited_out(driver):
-    driver.define(lambda ctx, n: None)
+    driver.define(nothing)
     ids = [driver.send(n) for n in range(2)]
     # acks: in one ack_many on the threaded runner, one ack per job on the asyncio one
     driver.q.unavailable.update({"queue_config": 1, "dequeue_many": 2, "ack": 1})
@@ -608,11 +553,7 @@ def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
     """``burst``: the worker returns by itself, with every job it leased settled (here two
     acks that met a shard down first, so they waited in the outbox), and leaves a job
     whose retry is delayed and not yet due for the next start (as RQ's burst does)."""
-    def work(ctx, n):
-        if n == 0:
-            raise ValueError("later")
-
-    driver.define(work)
+    driver.define(fail_job_zero)
     ids = [driver.send(n) for n in range(5)]
     driver.q.unavailable["ack"] = driver.q.unavailable["ack_many"] = 2
     driver.start(burst=True)
@@ -625,16 +566,28 @@ def test_burst_returns_once_the_queue_is_drained_and_every_job_settled(driver):
 
 
 def test_a_burst_worker_on_an_empty_queue_returns_at_once(driver):
-    driver.define(lambda ctx, n: None)
+    driver.define(nothing)
     driver.start(burst=True)
     wait_until(driver.returned, what="the burst worker returning")
     assert driver.worker.stats.leased == 0
 
 
+def test_a_progress_line_every_log_every_jobs(driver, caplog):
+    driver.define(nothing)
+    for n in range(5):
+        driver.send(n)
+    with caplog.at_level(logging.INFO, logger="shardq.worker"):
+        driver.start(concurrency=1, log_every=2, burst=True)
+        wait_until(driver.returned, what="the burst worker returning")
+    lines = [r.getMessage() for r in caplog.records if " jobs in " in r.getMessage()]
+    assert len(lines) == 2 and all(line.startswith("queue default: 2 jobs in ") for line in lines)
+    assert "failed" in lines[0] and "in flight" in lines[0]
+
+
 def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
     """Fewer jobs than ``log_every``: a line once ``log_every_s`` has passed, and none
     while no job finished; a last line when the worker returns."""
-    driver.define(lambda ctx, n: None)
+    driver.define(nothing)
     ids = [driver.send(n) for n in range(3)]
     with caplog.at_level(logging.INFO, logger="shardq.worker"):
         driver.start(log_every=1000, log_every_s=5.0)
@@ -652,7 +605,15 @@ def test_progress_every_n_seconds_as_well_as_every_n_jobs(driver, caplog):
         r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+RUNNERS = ["thread", "process", "asyncio"]
+
+
+def runner_class(runner: str):
+    """The runner's class, and the setting that picks it (process mode)."""
+    return (AsyncWorker, {}) if runner == "asyncio" else (Worker, {"mode": runner})
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("options, words", [
     ({"log_every": 0}, "log_every must be an int >= 1"),
     ({"log_every": -3}, "log_every must be an int >= 1"),
@@ -673,30 +634,30 @@ def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, w
     ``AsyncWorker(log_every=0)`` used to start and then divide by zero on its first job, and
     it took backoffs that the threaded worker refuses."""
     q = FakeQueue(FakeClock())
-    cls = Worker if runner == "thread" else AsyncWorker
+    cls, mode = runner_class(runner)
     with pytest.raises(InvalidConfig, match=words):
-        cls(q, lambda ctx: None, **options)
+        cls(q, handler(), **mode, **options)
     with pytest.raises(InvalidConfig, match=words):
         WorkerOptions(**options)
     # the limits themselves are fine
-    cls(q, lambda ctx: None, log_every=1, log_every_s=LOG_EVERY_S_MAX, concurrency=CONCURRENCY_MAX,
+    cls(q, handler(), **mode, log_every=1, log_every_s=LOG_EVERY_S_MAX, concurrency=CONCURRENCY_MAX,
         backoff_base_s=DELAY_S_MAX, backoff_cap_s=DELAY_S_MAX)
 
 
-@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_a_worker_takes_one_frozen_options_record_or_its_fields_as_keywords(runner):
     q = FakeQueue(FakeClock())
-    cls = Worker if runner == "thread" else AsyncWorker
-    options = WorkerOptions(queue="q1", concurrency=3, grace_s=2.0)
-    assert cls(q, lambda ctx: None, options).options == options
-    assert cls(q, lambda ctx: None, queue="q1", concurrency=3, grace_s=2.0).options == options
+    cls, mode = runner_class(runner)
+    options = WorkerOptions(queue="q1", concurrency=3, grace_s=2.0, **mode)
+    assert cls(q, handler(), options).options == options
+    assert cls(q, handler(), queue="q1", concurrency=3, grace_s=2.0, **mode).options == options
     assert options.prefetch == 1  # None: max(1, concurrency // 4), resolved in the record
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.concurrency = 5  # type: ignore[misc]
     with pytest.raises(InvalidConfig, match="not both"):
-        cls(q, lambda ctx: None, options, concurrency=4)
+        cls(q, handler(), options, concurrency=4)
     with pytest.raises(InvalidConfig, match="options must be a WorkerOptions"):
-        cls(q, lambda ctx: None, "q1")
+        cls(q, handler(), "q1")
 
 
 def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():
