@@ -163,6 +163,10 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
         self._busy = BusyPoll(shard.config.service.busy_poll_us, self._real)  # how the loop waits (iterate)
+        #: the last iteration sent a reply: its client's next request may come a round trip
+        #: later, the only wait worth polling for (a parked dequeue_wait, a health ping or a
+        #: lease expiry answers nobody, and nothing comes back to it soon)
+        self._answered = True
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
         #: the pipelined committer, started by serve() before the loop runs (a driver of
@@ -258,8 +262,10 @@ class ShardServer(ControlHandlers, ResultHandlers):
         busy = self._busy
         waited_from = self._real.monotonic()
         # a lone client's next request comes a round trip after our reply: poll for it
-        # before sleeping, while such waits have been short (shardq/busypoll.py)
-        events = busy.spin(self._poller.poll, (), timeout) if timeout != 0 and busy.wanted() else None
+        # before sleeping, while such waits have been short (shardq/busypoll.py); after an
+        # iteration that answered nobody, no request is a round trip away: sleep at once
+        events = (busy.spin(self._poller.poll, (), timeout)
+                  if timeout != 0 and self._answered and busy.wanted() else None)
         if not events:
             if timeout is None and self.shard.log.mark_pending and not (
                     self.shard.log.mark_wanted
@@ -320,6 +326,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 late.setdefault(conn, []).extend(out)
             early = {}
             state.sync_forced = False
+        self._answered = bool(late or early)
         closes, self._closes = self._closes, []
         self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
             self.shard.take_payloads(), self._frames(late) if late else [], closes,
