@@ -61,14 +61,16 @@ def _save(fig, path: str) -> None:
 
 
 def plot_throughput(peers: dict, path: str) -> bool:
+    def rate(name: str, figure: str) -> float:
+        return (peers[name]["figures"].get(figure, {}).get("summary") or {}).get("jobs_per_s") or float("nan")
+
     names = [n for n, p in peers.items() if p.get("status") == "ok"]
-    if not names:
-        return False
+    if not any(rate(n, f) > 0 for n in names for f in THROUGHPUT):
+        return False  # a run of latency figures only (L, W): no bar to draw
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        values = [(peers[name]["figures"].get(f, {}).get("summary") or {}).get("jobs_per_s")
-                  or float("nan") for f in THROUGHPUT]
+        values = [rate(name, f) for f in THROUGHPUT]
         ax.bar([x + i * width for x in range(len(THROUGHPUT))], values, width, label=name)
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(THROUGHPUT))],
                   labels=THROUGHPUT)

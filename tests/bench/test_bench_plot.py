@@ -23,3 +23,16 @@ def test_latency_png_draws_every_peer_that_has_samples(tmp_path):
     assert plot_latency(peers, str(path)) and path.stat().st_size > 1000
     assert not plot_latency({"skipped": {"status": "skipped"}}, str(tmp_path / "none.png"))
     assert not (tmp_path / "none.png").exists()
+
+
+def test_a_run_of_latency_figures_only_gets_latency_png_and_no_empty_throughput_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    from bench.plot import main
+    run = {"latency_cdf_us": [200.0, 300.0], "wake_cdf_us": [400.0, 500.0]}
+    figures = {"L@500": {"runs": [run], "summary": {}}, "W": {"runs": [run], "summary": {}}}
+    path = tmp_path / "lw.json"
+    path.write_text(json.dumps({"peers": {"shardq": {"status": "ok", "figures": figures}}}))
+    assert main([str(path)]) == 0
+    assert (tmp_path / "latency.png").exists() and not (tmp_path / "throughput.png").exists()
