@@ -11,21 +11,24 @@ all processes share, so the steps of one call line up across the three processes
 
 * **L**: ``enqueue`` of one job (100-byte body, a key), ``--l-gap-ms`` after each reply (2 ms:
   figure L's 500/s; every call starts from idle). Split: the client up to its request's
-  write; the shard's wake-up (the write to its epoll reporting it); read and decode;
+  write; the write and the shard's wake-up (until its epoll reports it); read and decode;
   validation and the state; the loop until the log append; the append; the fdatasync;
-  until the reply's write; the client's wake-up (the reply's write to the client's read);
-  the client after it.
+  until the reply's write; the write and the client's wake-up (until it reads the reply);
+  the client after it. Each write is noted just before it, on the writer's side.
 * **W**: a consumer process waits in ``dequeue(wait=5)``; the producer enqueues one job, and
   ``--w-gap-ms`` after the consumer holds it (the ack untimed before the pause), the next.
   Split as L for the enqueue, then from the fdatasync to the lease's write to the consumer,
-  the consumer's wake-up, and the consumer until ``dequeue`` returns.
+  its write and the consumer's wake-up, and the consumer until ``dequeue`` returns.
+* **A** (first, untimed step by step): ``--calls`` enqueues back to back, for the CPU per call.
 
 Per step: p50 and p99 in microseconds (each step's own percentiles: they do not add up to
-the call's), and the threads each path crosses (a hand-off from one thread to another is
-a wake-up, and a wait for the interpreter's lock held by another, up to the 5 ms switch
-interval). Also the shard's cyclic collections during the run. Exit status 0 when every
-call returned and every job reached the consumer once; 1 otherwise. No timing is checked.
-docs/performance.md, "Where a lone call's time goes".
+the call's), each figure's five slowest samples step by step, and the threads each path
+crosses (a hand-off from one thread to another is a wake-up, and a wait for the
+interpreter's lock held by another, up to the 5 ms switch interval). Also the CPU per call of
+A, L and W on both ends (each thread's schedstat; the client's calling thread), the shard
+loop's iterations per call, and the shard's cyclic collections during the run. Exit status
+0 when every job reached the consumer once; 1 otherwise. No timing is checked.
+docs/performance.md, "Figures L and W: where a lone call's and a wake-up's time goes".
 """
 from __future__ import annotations
 
