@@ -43,6 +43,20 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
     return {"p50": rank(0.50), "p99": rank(0.99)}
 
 
+CDF_POINTS_MAX = 500  # order statistics kept per run for a latency CDF (bench.plot's latency.png)
+
+
+def cdf_us(seconds: list[float]) -> list[float]:
+    """``seconds`` sorted, in microseconds, thinned to at most CDF_POINTS_MAX evenly spaced
+    order statistics (the fastest and the slowest always among them): enough to draw the
+    distribution and its tail, small enough for a JSON kept beside the figures."""
+    ordered = sorted(seconds)
+    n = len(ordered)
+    if n > CDF_POINTS_MAX:
+        ordered = [ordered[round(i * (n - 1) / (CDF_POINTS_MAX - 1))] for i in range(CDF_POINTS_MAX)]
+    return [round(x * 1e6, 1) for x in ordered]
+
+
 def paced_enqueue(client: Client, items: list[Item], rate_per_s: float,
                   time_cap_s: float) -> dict[str, Any]:
     """Figure L at ``rate_per_s``; stops early once ``time_cap_s`` has passed."""
@@ -64,7 +78,8 @@ def paced_enqueue(client: Client, items: list[Item], rate_per_s: float,
             break
     return {"offered_per_s": rate_per_s, "samples": len(calls),
             "achieved_per_s": len(calls) / (end - start) if end > start else 0.0,
-            "call_ms": percentiles_ms(calls), "latency_ms": percentiles_ms(latencies)}
+            "call_ms": percentiles_ms(calls), "latency_ms": percentiles_ms(latencies),
+            "latency_cdf_us": cdf_us(latencies)}
 
 
 def wake_consumer(client: Client, conn) -> None:
@@ -160,5 +175,5 @@ def wake_up(adapter: Adapter, items: list[Item], idle_s: float,
             worker.join()
     delivery = check((body for body, _key in items), delivered)
     return {"mode": "process" if spec is not None else "thread", "samples": len(waits),
-            "wake_ms": percentiles_ms(waits), "idle_cpu_percent": cpu,
+            "wake_ms": percentiles_ms(waits), "wake_cdf_us": cdf_us(waits), "idle_cpu_percent": cpu,
             "delivery": delivery.to_dict()}

@@ -4,6 +4,9 @@
   unbatched and batched side by side (figure S; only if the JSON has it).
 * ``throughput.png``: the median jobs/s of figures A-M, one bar per peer.
 * ``wk.png``: figure Wk, the median enqueue and drain rates of each runner@broker row.
+* ``latency.png``: figures L at 500/s and W, one line per peer (every run's samples
+  together): the share of calls slower than each latency, on log scales, so the tail
+  shows, not only p50 and p99.
 * ``scale_procs.png``: from a ``bench.scale_procs`` JSON (it has ``"cells"``): jobs/s
   against producer processes, one line per shard count.
 """
@@ -58,14 +61,16 @@ def _save(fig, path: str) -> None:
 
 
 def plot_throughput(peers: dict, path: str) -> bool:
+    def rate(name: str, figure: str) -> float:
+        return (peers[name]["figures"].get(figure, {}).get("summary") or {}).get("jobs_per_s") or float("nan")
+
     names = [n for n, p in peers.items() if p.get("status") == "ok"]
-    if not names:
-        return False
+    if not any(rate(n, f) > 0 for n in names for f in THROUGHPUT):
+        return False  # a run of latency figures only (L, W): no bar to draw
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        values = [(peers[name]["figures"].get(f, {}).get("summary") or {}).get("jobs_per_s")
-                  or float("nan") for f in THROUGHPUT]
+        values = [rate(name, f) for f in THROUGHPUT]
         ax.bar([x + i * width for x in range(len(THROUGHPUT))], values, width, label=name)
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(THROUGHPUT))],
                   labels=THROUGHPUT)
@@ -100,6 +105,41 @@ def plot_wk(rows: dict, path: str) -> bool:
     ax.legend()
     _save(fig, path)
     return True
+
+
+#: latency.png's panels: (figure, the runs' key with the CDF, title)
+LATENCY_PANELS = (("L@500", "latency_cdf_us", "L: enqueue at 500/s, from its due time"),
+                  ("W", "wake_cdf_us", "W: enqueue to the waiting consumer's lease"))
+
+
+def plot_latency(peers: dict, path: str) -> bool:
+    """Complementary CDFs of figures L@500 and W, one line per peer."""
+    drawn = False
+    fig, axes = plt.subplots(1, len(LATENCY_PANELS), figsize=(6 * len(LATENCY_PANELS), 4.5), squeeze=False)
+    for ax, (figure, key, title) in zip(axes[0], LATENCY_PANELS):
+        for name, peer in peers.items():
+            runs = ((peer.get("figures") or {}).get(figure) or {}).get("runs") or []
+            xs = sorted(x for r in runs for x in r.get(key) or [])
+            if not xs:
+                continue
+            n = len(xs)
+            ax.step([x / 1e3 for x in xs], [(n - i) / n for i in range(n)], where="post", label=name)
+            drawn = True
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(1 / 1000, 1.05)
+        ax.axhline(0.01, color="grey", lw=0.8, ls=":")  # p99
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")   # p50
+        ax.set_xlabel("ms (log scale)")
+        ax.set_ylabel("share of calls slower (log scale)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    if drawn:
+        _save(fig, path)
+    else:
+        plt.close(fig)
+    return drawn
 
 
 def plot_scale_procs(data: dict, path: str) -> bool:
@@ -142,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         made.append("throughput.png")
     if plot_wk(results.get("wk") or {}, os.path.join(out, "wk.png")):
         made.append("wk.png")
+    if plot_latency(results.get("peers", {}), os.path.join(out, "latency.png")):
+        made.append("latency.png")
     for name in made:
         print(os.path.join(out, name))
     return 0

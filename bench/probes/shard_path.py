@@ -42,7 +42,7 @@ from shardq.config import parse as parse_config
 from shardq.shard.committer import Committer
 from shardq.shard.conn import FrameConn
 from shardq.shard.durable import DurableShard
-from shardq.shard.process import ShardServer, tune_gc
+from shardq.shard.process import ShardServer, tune_gc, untune_gc
 from shardq.shard.report import ReportingFiles, SupervisorPipe
 
 BODY = b"x" * 100
@@ -106,6 +106,7 @@ class Loop:
         self.server._poller.close()
         self._sock.close()
         self.shard.close()
+        untune_gc()
 
 
 def _timed(fn, calls: int, repeats: int) -> float:

@@ -60,6 +60,9 @@ def test_quick_benchmark_runs_and_delivers_every_job_once(tmp_path):
         if run["acked_while_producing"] < run["jobs"]:
             assert run["drain_after_per_s"] > 0, (name, run)
         assert figures[name]["summary"]["enqueue_per_s"] == run["enqueue_per_s"], name
+    for name, key in (("L@500", "latency_cdf_us"), ("W", "wake_cdf_us")):  # bench.plot's latency.png
+        cdf = figures[name]["runs"][0][key]
+        assert cdf and cdf == sorted(cdf) and cdf[0] > 0, (name, cdf[:5])
     assert "M  after the producers: drain [jobs/s]" in text
     assert not results["wk"]  # Wk not chosen: not run
     # shardq as the default config runs it on this machine, and the run says how many shards

@@ -1,0 +1,104 @@
+"""The shard loop's part of a wake-up (figure W), in one process through socketpairs: a job
+enqueued while a consumer waits in ``dequeue_wait`` is leased to it in the same iteration,
+its lease written after the fsync that makes the job durable; and a loop whose last
+iteration answered nobody (a parked wait) sleeps for its next request at once instead of
+polling for it (shardq/shard/process.py, ``iterate``)."""
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgpack
+import pytest
+
+from shardq import busypoll
+from shardq.busypoll import BusyPoll
+from shardq.shard.conn import FrameConn
+from shardq.wal.log import Log
+
+_LEN = struct.Struct("!i")
+
+
+@pytest.fixture
+def loop(tmp_path, monkeypatch):
+    from bench.probes.shard_path import Loop
+    monkeypatch.setattr(busypoll, "usable_cpus", lambda: 2)  # a loop that may poll
+    lp = Loop(str(tmp_path), preload=0)
+    yield lp
+    lp.close()
+
+
+def second_client(lp) -> tuple[socket.socket, int]:
+    """Another client connection on the loop's shard (the consumer): our end, and the
+    shard's descriptor for it."""
+    ours, theirs = socket.socketpair()
+    conn = FrameConn(theirs.detach())
+    srv = lp.server
+    srv.conns.add(conn)
+    srv._by_fd[conn.fd] = conn
+    srv._poller.register(conn.fd, 1)  # EPOLLIN
+    return ours, conn.fd
+
+
+def send(sock: socket.socket, rid: int, op: str, args: list) -> None:
+    data = msgpack.packb([[rid, op, args]])
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def park_a_wait(lp, consumer: socket.socket, queue: str = "default") -> None:
+    send(consumer, 1, "dequeue_wait", [queue, None, 1, 5.0])
+    lp.server.iterate()
+    assert sum(map(len, lp.server.lease_waiters.values())) == 1
+
+
+def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_after_its_fsync(loop, monkeypatch):
+    producer_fd = next(iter(loop.server._by_fd))  # the loop's own client
+    consumer, consumer_fd = second_client(loop)
+    park_a_wait(loop, consumer)
+    order: list[object] = []
+    real_send, real_sync = FrameConn.send, Log.sync
+
+    def noting_send(self, frame):
+        order.append(self.fd)
+        return real_send(self, frame)
+
+    def noting_sync(self):
+        order.append("fdatasync")
+        return real_sync(self)
+    monkeypatch.setattr(FrameConn, "send", noting_send)
+    monkeypatch.setattr(Log, "sync", noting_sync)
+    loop.enqueue()  # one iteration: the enqueue, the waiter's lease, one fsync, the replies
+    assert loop.failures == 0
+    assert order[0] == "fdatasync" and sorted(order[1:]) == sorted([consumer_fd, producer_fd])
+    data = consumer.recv(1 << 16)
+    ((rid, status, rows),) = msgpack.unpackb(data[_LEN.size:], raw=False)
+    assert (rid, status, len(rows)) == (1, 0, 1)
+    assert rows[0][2] == b"x" * 100  # the body the producer sent
+    consumer.close()
+
+
+def spins_counted(monkeypatch) -> list[object]:
+    spins: list[object] = []
+    real = BusyPoll.spin
+
+    def spin(self, poll, others=(), limit_s=None):
+        got = real(self, poll, others, limit_s)
+        spins.append(got)
+        return got
+    monkeypatch.setattr(BusyPoll, "spin", spin)
+    return spins
+
+
+def test_after_an_iteration_that_answered_nobody_the_loop_sleeps_at_once(loop, monkeypatch):
+    spins = spins_counted(monkeypatch)
+    for _ in range(3):
+        loop.enqueue()
+    assert loop.failures == 0 and len(spins) == 3  # each answered: the next wait polled
+    consumer, _ = second_client(loop)
+    park_a_wait(loop, consumer, queue="empty")  # polled for (the last enqueue was answered)
+    assert len(spins) == 4
+    loop.enqueue()  # after the parked wait nobody was answered: no poll before this one
+    assert loop.failures == 0 and len(spins) == 4
+    loop.enqueue()  # answered again: the next wait polls
+    assert len(spins) == 5
+    consumer.close()
