@@ -38,7 +38,8 @@ from ..protocol import status_file
 from ..errors import Closed, ShardqError, ShardUnavailable
 from ..protocol import validate
 from ..types import JobId, Lease
-from .aioconn import Req, ShardConn
+from .aioconn import ShardConn
+from .channel import Request
 from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit,
                      WaitAny, call, deliver, note_priorities)
 from .core import ConnectionLost, ack_error, release_call
@@ -106,10 +107,10 @@ class AsyncQueue(Calls, AsyncExecutor):
         return self.loop.time()
 
     def _session(self, shard: int) -> list[int]:
-        return self.conns[shard].sessions.open()
+        return self.conns[shard].chan.sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
-        self.conns[shard].sessions.close(session)
+        self.conns[shard].chan.sessions.close(session)
 
     async def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
@@ -142,50 +143,35 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Do a :class:`~shardq.client.engine.Transmit`: the calls sent at once (in their
         order per shard: one turn, one frame), each its value, its error or its
         :class:`~.core.ConnectionLost` in its place, waiting ``timeout_s`` at most for all
-        (None: each its request timeout). The connection reports a break here
-        (``Req.report``); the engine decides what is sent again."""
+        (None: each its request timeout); the engine decides what is sent again."""
         calls, deadline, timeout_s = effect
-        retry_s = deadline - self.loop.time()
-        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
+        started = [self._request(s, op, args, deadline - self.loop.time()) for s, op, args in calls]
         try:
             if timeout_s is not None:
                 await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
             got: list[Any] = []
-            for (conn, req, fut), (s, op, _) in zip(started, calls):
+            for (_, _, fut), (s, op, _) in zip(started, calls):
                 if timeout_s is not None and not fut.done():
                     got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
                     continue
                 try:
-                    got.append((await self._wait(conn, req, fut))[0])
+                    got.append(await fut)
+                except asyncio.CancelledError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - returned in its place
                     got.append(exc)
             return got
         finally:
             for conn, req, fut in started:
-                if not fut.done():
+                if not fut.done() or fut.cancelled():
                     conn.abandon(req, fut)
 
-    # ------------------------------------------------------------------ plumbing
-    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future[Any]) -> Any:
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            conn.abandon(req, fut)
-            raise
-
     def _request(self, shard: int, op: str, args: list[Any],
-                 retry_s: float | None = None) -> tuple[ShardConn, Req, asyncio.Future[Any]]:
-        """Submit one request; returns (conn, req, future of (result, resent)). A break
-        fails it with :class:`~.core.ConnectionLost` (``Req.report``): what is sent again
-        is the engine's decision (:func:`~.engine.deliver`), not the connection's."""
+                 retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[shard]
-        fut = self.loop.create_future()
-        req = Req(op, args, [(fut, None)], self.loop.time() + (self.retry_s if retry_s is None else retry_s))
-        req.report = True
-        conn.submit(req)
-        return conn, req, fut
+        return (conn, *conn.request(op, args, retry_s))
 
     async def _call(self, shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Any:
         return await self._drive(call(shard, op, args, retry_s))
@@ -218,8 +204,7 @@ class AsyncQueue(Calls, AsyncExecutor):
             await self._learn_owner(queue, shard)
         owner = self._owners[queue]
         conn = self.conns[shard if owner is None else owner]  # a placed queue: its owner
-        fut = self.loop.create_future()
-        conn.submit_enqueue(fut, item)
+        fut = conn.enqueue(item)
         try:
             got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
             return got[0]
@@ -244,7 +229,7 @@ class AsyncQueue(Calls, AsyncExecutor):
                 done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
                                                    return_when=asyncio.FIRST_COMPLETED)
                 # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()[0]
+                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()
                                                    for f in done):
                     break
         except BaseException:  # cancelled: nobody takes what was answered
@@ -265,7 +250,7 @@ class AsyncQueue(Calls, AsyncExecutor):
             elif f.cancelled():
                 continue
             elif f.exception() is None:
-                out[i] = f.result()[0]
+                out[i] = f.result()
             elif not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):  # its connection broke
                 out[i] = f.exception()
         return out
@@ -275,8 +260,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[lease_shard(lease, self.shards)]
-        fut = self.loop.create_future()
-        conn.submit_ack(fut, [lease.job_id, lease.token])
+        fut = conn.ack([lease.job_id, lease.token])
         try:
             err, resent = await fut
         except asyncio.CancelledError:

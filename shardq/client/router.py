@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..protocol import status_file
 from .connection import SHARED, Future, ShardClient, lead_any
@@ -47,7 +47,7 @@ from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
                      WaitAny, deliver, note_priorities)
-from .core import WITHDRAW_SETTLE_S, ConnectionLost, Sessions, ack_error, release_call
+from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -84,22 +84,18 @@ class Router(Calls, SyncExecutor):
         # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock)
-                        for i in range(self.shards)]
+        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
+                                    self._release_rows) for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
-        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
-        self._sessions = [Sessions(self.client_id) for _ in range(self.shards)]  # enqueue sessions, per shard
         self._rr = itertools.count()
-        self._lock = threading.Lock()
         self._supervisor = supervisor
         self._closed = False
         self._queue_cfg: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
-        self._withdrawing = 0                # withdrawn waits whose outcome is not known yet
-        self._withdrawn = threading.Condition()
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
@@ -199,7 +195,7 @@ class Router(Calls, SyncExecutor):
             elif isinstance(first, BaseException):
                 fut = ShardUnavailable(str(first))  # as its first call: nothing to send it on
             else:
-                fut = self.clients[s].submit(op, args, lead=True, on=first.conn)
+                fut = self.clients[s].submit(op, args, lead=True, on=first.req.epoch if first.req else -1)
             futs.append(fut)
         results: list[Any] = []
         try:
@@ -254,12 +250,14 @@ class Router(Calls, SyncExecutor):
         return self._owners.setdefault(queue, placed_owner(cfg))
 
     def _session(self, shard: int) -> list[int]:
-        with self._lock:
-            return self._sessions[shard].open()
+        client = self.clients[shard]
+        with client._lock:
+            return client.chan.sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
-        with self._lock:
-            self._sessions[shard].close(session)
+        client = self.clients[shard]
+        with client._lock:
+            client.chan.sessions.close(session)
 
     def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
                 priority: int = 0, dedup_id: str | None = None) -> int:
@@ -281,8 +279,8 @@ class Router(Calls, SyncExecutor):
     def _wait_any(self, effect: WaitAny) -> list[Any] | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
         that are up, read their sockets in this thread (:func:`lead_any`) until one answers
-        with something, then withdraw the waiting dequeues still open (:meth:`_withdraw`)
-        and forget the watches."""
+        with something, then withdraw the waiting dequeues still open and forget the watches
+        (:meth:`~.channel.Channel.abandon`)."""
         calls = effect.calls
         event = threading.Event()
         now = self._mono()
@@ -313,12 +311,12 @@ class Router(Calls, SyncExecutor):
                 event.wait(deadline - self._mono())
         out: list[Any] = [None] * len(calls)
         for i, fut in parked:
-            shard, op, args = calls[i]
             if not fut.done:
-                if op == "dequeue_wait":
-                    self._withdraw(shard, fut, args[0])
-                else:
-                    self.clients[shard].forget(fut)  # its reply, if it ever comes, is dropped
+                if calls[i].op == "dequeue_wait":  # withdrawn; what it leases anyway is released
+                    fut.callback = self._orphaned()
+                self.clients[calls[i].shard].forget(fut)  # a watch is dropped
+                if fut.done and fut.callback is not None:
+                    fut.callback(fut)  # answered just before: its leases are nobody's
             elif fut.error is None:
                 out[i] = fut.value
             elif not isinstance(fut.error, ConnectionLost):
@@ -327,48 +325,12 @@ class Router(Calls, SyncExecutor):
             c.hand_off()
         return out
 
-    def _withdraw(self, shard: int, fut: Future, queue: str) -> None:
-        """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway.
-        Until the shard says which (withdrawn, or answered first), :meth:`close` waits."""
+    def _orphaned(self) -> Callable[[Future], None]:
         once = threading.Lock()
+        return lambda f: self._release_rows(f.value) if once.acquire(False) and f.error is None and f.value else None
 
-        def settle(f: Future) -> None:
-            if once.acquire(blocking=False):
-                if f.error is None and f.value:
-                    self._release([lease for _, lease in leases_of(queue, f.value)])
-                self._withdraw_settled()
-
-        with self._withdrawn:
-            self._withdrawing += 1
-        fut.callback = settle
-        if fut.done:
-            settle(fut)
-            return
-        client = self.clients[shard]
-
-        def answered(c: Future) -> None:
-            if c.error is None and c.value is True:  # withdrawn: no reply will come
-                client.forget(fut)
-                if once.acquire(blocking=False):
-                    self._withdraw_settled()
-            # otherwise its reply (or its connection's end) is on the way: settle() runs
-
-        try:
-            cancel = self._send(shard, "cancel_wait", [fut.rid], self._mono(), lead=False)
-        except (ShardUnavailable, Closed):
-            # Its connection broke (or the router closed): the waiting dequeue went with it.
-            if once.acquire(blocking=False):
-                self._withdraw_settled()
-            return
-        cancel.callback = answered
-        if cancel.done:
-            answered(cancel)
-
-    def _withdraw_settled(self) -> None:
-        with self._withdrawn:
-            self._withdrawing -= 1
-            if self._withdrawing <= 0:
-                self._withdrawn.notify_all()
+    def _release_rows(self, rows: list[Any]) -> None:
+        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
     def _release(self, leases: list[Lease]) -> None:
         """Give leases back unstarted (their delivery not counted), without waiting; one
@@ -392,8 +354,9 @@ class Router(Calls, SyncExecutor):
             return
         # A withdrawn wait's lease may still be on its way: let it come and be released
         # (unstarted), rather than expire held by nobody with its delivery counted.
-        with self._withdrawn:
-            self._withdrawn.wait_for(lambda: self._withdrawing <= 0, WITHDRAW_SETTLE_S)
+        end = self._mono() + WITHDRAW_SETTLE_S
+        for c in self.clients:
+            c.settle_orphans(max(0.0, end - self._mono()))
         self._closed = True
         for c in self.clients:
             c.close()

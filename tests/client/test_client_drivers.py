@@ -646,8 +646,9 @@ def scripted():
 def left_pending(q) -> int:
     """Requests a client still keeps for a reply (none once every call has returned)."""
     if isinstance(q, SyncAsyncQueue):
-        return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.q.conns)
-    return sum(len(c._pending) for c in q.clients)
+        return sum(len(c.chan.pending) + len(c.chan.outbox) + len(c.chan.enq_parts) + len(c.chan.ack_parts)
+                   for c in q.q.conns)
+    return sum(len(c.chan.pending) for c in q.clients)
 
 
 LEASE = shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)
