@@ -200,3 +200,19 @@ def test_the_wire_frames_are_multiprocessing_connection_frames():
     out, _ = chan.flush(0.0)
     assert out[0][:4] == len(msgpack.packb(frame)).to_bytes(4, "big") and msgpack.unpackb(out[0][4:]) == frame
     assert wire.RETRY["bury"] is wire.UNKNOWN
+
+
+def test_a_caller_leaving_a_merged_enqueue_leaves_the_others_their_own_ids(svc):
+    """Three single enqueues merged into one request; the first caller is cancelled after
+    it was written. The others get their own jobs' ids: the leaving part used to be taken
+    out of the request, so each later caller got the id before its own."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            await q.queue_config("leave")  # its placement, asked before the first enqueue
+            tasks = [asyncio.ensure_future(q.enqueue(b"b%d" % i, key="same", queue="leave")) for i in range(3)]
+            while not any(r.op == "enqueue" for c in q.conns for r in getattr(c, "chan", c).pending.values()):
+                await asyncio.sleep(0)  # until the merged request is written
+            tasks[0].cancel()
+            ids = await asyncio.gather(*tasks[1:])
+            assert [(await q.job(job_id))["body"] for job_id in ids] == [b"b1", b"b2"]
+    run(main())
