@@ -64,10 +64,10 @@ class ShardConn:
     """The connection to shard ``index``; the client makes requests and awaits their futures."""
 
     def __init__(self, index: int, address: str, authkey: bytes, client_id: int, retry_s: float,
-                 request_timeout_s: float, release: Callable[[int, list[Any]], None]):
+                 request_timeout_s: float, release: Callable[[list[Any]], None]):
         self.index, self.address, self.authkey = index, address, authkey
         self.chan = Channel(index, client_id, retry_s, request_timeout_s)
-        self._release = release  # (shard, wire lease rows) -> release them (orphaned dequeue)
+        self._release = release  # wire lease rows nobody takes (an orphaned reply) -> release them
         self.loop = asyncio.get_running_loop()
         self.proto: _Protocol | None = None
         self.connects = 0
@@ -188,7 +188,7 @@ class ShardConn:
     def _settle(self, done: list[Completion]) -> None:
         for fut, value, error in done:
             if fut is RELEASE:
-                self._release(self.index, value)
+                self._release(value)
             elif not fut.done():
                 if error is None:
                     fut.set_result(value)

@@ -662,6 +662,19 @@ class Calls:
 
 
 # ---------------------------------------------------------------------- producing
+def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
+    """The shard of one job (the hot ``enqueue`` of both clients): its queue's owner if the
+    queue is placed because it declares limits (docs/limits.md), else by key. What must be
+    known first is asked first: a priority's note to every shard (:func:`note_priorities`)
+    and the queue's placement, asked once, of the shard its job would go to by key (so a
+    shard that is down stops only its own jobs)."""
+    if priority and queue not in c._noted:
+        yield from note_priorities(c, [queue])
+    shard = c._shard_for(key)
+    owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
+    return shard if owner is None else owner
+
+
 def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
     """Tell every shard that ``queues`` use priorities, before the first enqueue of a
     priority other than 0 to them, so that once it returns a lease from any shard says
