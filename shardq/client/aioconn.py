@@ -27,9 +27,9 @@ import msgpack
 
 from ..errors import AuthError, Closed, ProtocolError, ShardUnavailable
 from ..protocol import wire
-from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..protocol.sockio import connect_unix
 from .channel import RELEASE, Channel, Completion, Request
-from .core import RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, failed_connect, unreachable
+from .core import Attempts
 
 
 class _Protocol(asyncio.Protocol):
@@ -78,36 +78,29 @@ class ShardConn:
 
     async def connect(self, deadline: float) -> None:
         """Connect and authenticate, retrying until ``deadline`` (loop time)."""
-        delay = RECONNECT_DELAY_S_MIN
+        attempts = Attempts(self.index, self.address, "client", deadline)
         while True:
             if self.chan.closed:
                 raise Closed("client is closed")
-            timeout = max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self.loop.time()))
             try:
-                conn = await asyncio.to_thread(connect_unix, self.address, self.authkey, timeout)
+                conn = await asyncio.to_thread(connect_unix, self.address, self.authkey,
+                                               attempts.timeout(self.loop.time()))
                 try:
                     sock = socket.socket(fileno=os.dup(conn.fileno()))  # the loop's from here on
                 finally:
                     conn.close()
                 sock.setblocking(False)
                 _, proto = await self.loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
-            except Exception as exc:  # noqa: BLE001 - failed_connect says which are worth another try
-                if (fatal := failed_connect(self.index, exc)) is not None:
-                    raise fatal from None
-                err: BaseException = exc
-            else:
-                if self.chan.closed:
-                    proto.transport.close()
-                    raise Closed("client is closed")
-                self.proto = proto
-                self.chan.connected()
-                self.connects += 1
-                self._schedule_flush()
-                return
-            if self.loop.time() + delay > deadline:
-                raise unreachable(self.index, self.address, err, "client")
-            await asyncio.sleep(delay)  # backoff between connection attempts
-            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
+            except Exception as exc:  # noqa: BLE001 - Attempts.failed says which are worth another try
+                await asyncio.sleep(attempts.failed(exc, self.loop.time()))  # back-off between attempts
+                continue
+            if self.chan.closed:
+                proto.transport.close()
+                raise Closed("client is closed")
+            self.proto = proto
+            self.chan.connected()
+            self.connects += 1
+            return self._schedule_flush()
 
     async def _reconnect(self) -> None:
         while self.proto is None and (deadline := self.chan.reconnect_deadline()) is not None:

@@ -39,11 +39,11 @@ from .. import limits
 from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
 from ..errors import ProtocolError, ShardUnavailable
-from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..protocol.sockio import connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 from .channel import RELEASE, Channel, Completion, Request
 from .core import ConnectionLost as ConnectionLost  # re-exported: tests import it from here
-from .core import RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, failed_connect, unreachable
+from .core import Attempts
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
@@ -84,13 +84,6 @@ class Future:
             return True
         return self.done
 
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.wait(timeout):
-            raise TimeoutError
-        if self.error is not None:
-            raise self.error
-        return self.value
-
 
 class ShardClient:
     def __init__(self, index: int, address: str, authkey: bytes, role: str = "client",
@@ -125,22 +118,17 @@ class ShardClient:
 
     def ensure_connected(self, deadline: float) -> None:
         """Connect if not connected, retrying until ``deadline`` (monotonic)."""
-        if self._conn is not None:
-            return
-        delay = RECONNECT_DELAY_S_MIN
-        while True:
+        attempts = Attempts(self.index, self.address, "router", deadline)
+        while self._conn is None:
             with self._lock:
                 if self._conn is not None:
                     return
                 if self.chan.closed:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
-                    conn = connect_unix(self.address, self.authkey,
-                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self._mono())), self.role)
-                except Exception as e:  # noqa: BLE001 - failed_connect says which are worth another try
-                    if (fatal := failed_connect(self.index, e)) is not None:
-                        raise fatal from None
-                    err: BaseException = e
+                    conn = connect_unix(self.address, self.authkey, attempts.timeout(self._mono()), self.role)
+                except Exception as e:  # noqa: BLE001 - Attempts.failed says which are worth another try
+                    delay = attempts.failed(e, self._mono())
                 else:
                     self._conn, self._buf = conn, bytearray()
                     self.chan.connected()
@@ -148,10 +136,7 @@ class ShardClient:
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
                                      name=f"shardq-reader-{self.index}").start()
                     return
-            if self._mono() + delay > deadline:
-                raise unreachable(self.index, self.address, err, "router")
             time.sleep(delay)  # backoff between connection attempts, not synchronisation
-            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
     def close(self) -> None:
         with self._lock:

@@ -15,14 +15,21 @@ A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after
 connection, written once; its one effect, :class:`Transmit`, sends each call once and
 reports a broken connection (:class:`~.core.ConnectionLost`) instead of re-sending.
 
-The threaded :class:`~shardq.client.router.Router` and the asyncio
-:class:`~shardq.client.aio.AsyncQueue` are executors: each runs an operation with one small
-loop (``_drive``) that does what an effect says, with threads or with coroutines. The
-public calls of both come from one table, :class:`Calls`: each entry is an
-:class:`operation`, which both clients inherit, so neither can lack a call the other has;
-the threaded client returns its value, the asyncio one a coroutine of it. The hot calls
-(``enqueue``, ``ack``, ``dequeue``) keep their own paths in each executor (the threaded
-fast path, the asyncio coalescing), deciding by the same core (:mod:`.core`).
+**How the executors are built.** The threaded :class:`~shardq.client.router.Router` and the
+asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one small loop
+(``_drive``) that does what an effect says, with threads or with coroutines; the public calls
+of both come from one table, :class:`Calls`: each entry is an :class:`operation`, which both
+clients inherit, so neither can lack a call the other has (the threaded client returns its
+value, the asyncio one a coroutine of it). Below them, each client's connection to a shard
+(:class:`~.connection.ShardClient`, :class:`~.aioconn.ShardConn`) is a shell around one
+sans-I/O state machine, :class:`~.channel.Channel`: request ids, the pending table, frames,
+the merging of single enqueues and acks, deadlines, what a break means for each request,
+orphaned leases and withdrawals are decided there, once; the shells move bytes, keep the
+clock and wake their callers. The hot calls (``enqueue``, ``ack``) keep short paths in each
+executor, deciding by the same code (:func:`place`, :func:`~.core.ack_error`): the threaded
+fast path (one call in flight, sent and read by its caller, with a busy poll:
+``ShardClient.call_solo``) is a special case inside the threaded executor, and the asyncio
+client merges the single calls of one event-loop turn in the channel.
 """
 from __future__ import annotations
 
