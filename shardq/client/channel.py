@@ -193,7 +193,8 @@ class Channel:
             elif req.merged and req.op == "enqueue" and len(req.waiters) > 1:
                 for w, item in zip(req.waiters, req.args[0]):  # all-or-nothing: re-sent item by item
                     if w is not None:
-                        self.outbox.append(Request("enqueue", [[item], None], [w], req.retry_deadline, True, False))
+                        single = Request("enqueue", [[item], None], [w], req.retry_deadline, True, False)
+                        self._queue(single, req.deadline - (self.timeout_s or 0.0))  # the merged one's deadline
             else:
                 done.extend(self._fail(req, wire.error_from_payload(payload)))
         return done
@@ -305,7 +306,10 @@ class Channel:
     def _queue(self, req: Request, now: float) -> None:
         if self.timeout_s is not None and req.op not in OWN_DEADLINE:
             req.deadline = now + self.timeout_s
-            self._deadlines.append(req)
+            queue = self._deadlines
+            while queue and queue[0].done:  # answered: most are, in order (keeps the queue short)
+                queue.popleft()
+            queue.append(req)
         self.outbox.append(req)
 
     def _merge(self, t: float) -> None:

@@ -241,3 +241,25 @@ def test_what_a_break_means_for_a_merged_request_follows_the_retry_table(op):
         assert done == [] and chan.outbox == [req]
     else:
         assert isinstance(done[0][2], OutcomeUnknown)
+
+
+def test_answered_requests_leave_the_deadline_queue_as_new_ones_come():
+    """Every request but a wait has a deadline; an answered one must not stay queued (with
+    its bodies) until the timer reaches it, under a steady stream of requests."""
+    chan = up(timeout_s=30.0)
+    for i in range(1000):
+        req = chan.submit("ping", [], i, float(i) / 1000)
+        chan.flush(float(i) / 1000)
+        assert chan.replies([ok(req.rid, 1)]) == [(i, 1, None)]
+    assert len(chan._deadlines) <= 1
+
+
+def test_the_items_of_a_refused_merge_keep_its_deadline():
+    chan = up(timeout_s=30.0)
+    chan.enqueue_part([b"1", None, "ok", 0, 0, None], "a")
+    chan.enqueue_part([b"2", None, "nope", 0, 0, None], "b")
+    (rid, _, _), = sent(chan.flush(10.0)[0])
+    chan.replies([[rid, wire.ERR, ["UnknownQueue", "nope"]]])
+    chan.flush(20.0)
+    assert chan.next_deadline() == 40.0
+    assert sorted(w for w, _, e in chan.tick(40.0) if isinstance(e, ShardUnavailable)) == ["a", "b"]
