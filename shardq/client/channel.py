@@ -237,6 +237,15 @@ class Channel:
             self.pending.pop(req.rid, None)
             self._finish(req)
 
+    def left(self, rid: int, op: str) -> None:
+        """The caller of request ``rid``, which the executor wrote itself (:meth:`take_rid`),
+        left before its reply: a ``dequeue`` is kept, as :meth:`abandon` keeps one, so that
+        what its reply leases is released."""
+        if op == "dequeue" and self.up:
+            req = Request(op, [], [], 0.0, report=False)
+            req.rid, req.sent, req.orphan, req.epoch = rid, True, _ORPHAN, self.epoch
+            self.pending[rid] = req
+
     def forget(self, waiter: Any) -> None:
         """A single enqueue's or ack's caller left: its part of a merged request goes (a
         rare path, so a scan)."""

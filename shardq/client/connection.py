@@ -242,6 +242,8 @@ class ShardClient:
                     if self._conn is not conn:
                         return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
                     if self._mono() >= deadline:
+                        with self._lock:
+                            self.chan.left(rid, op)  # a late dequeue's leases are released
                         return None, TimeoutError()
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)
