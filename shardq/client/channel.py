@@ -97,7 +97,7 @@ class Channel:
         self.outbox: list[Request] = []
         self.enq_parts: list[tuple[Any, list[Any]]] = []
         self.ack_parts: list[tuple[Any, list[Any]]] = []
-        self._rid = 1
+        self.next_rid = 1       # the next request's id
         self._deadlines: deque[Request] = deque()  # by deadline: every request times out after the same
         self._frames: list[list[Request]] = []     # the requests of each frame of the last flush
 
@@ -109,8 +109,8 @@ class Channel:
 
     def take_rid(self) -> int:
         """An id for a request the executor writes itself (the threaded lone-call path)."""
-        rid = self._rid
-        self._rid = rid + 1
+        rid = self.next_rid
+        self.next_rid = rid + 1
         return rid
 
     def idle(self) -> bool:

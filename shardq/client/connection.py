@@ -201,13 +201,15 @@ class ShardClient:
             self._busy.note_shared()
             return SHARED
         try:
+            chan = self.chan  # (its attributes read inline: this is the hottest path)
             with self._lock:
                 conn = self._conn
-                if conn is None or self._flushing or not self.chan.idle():
+                if conn is None or self._flushing or chan.pending or chan.outbox:
                     if conn is not None:
                         self._busy.note_shared()
                     return SHARED
-                rid = self.chan.take_rid()
+                rid = chan.next_rid
+                chan.next_rid = rid + 1
                 self._flushing = True  # others queue behind this send; _flush below sends theirs
                 self._sending = conn
             try:
@@ -250,7 +252,8 @@ class ShardClient:
                 return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
         finally:
             self._read_lock.release()
-            self.hand_off()
+            if self.chan.pending:
+                self._want_reader()
 
     def _flush(self) -> None:
         """Write what the channel has to send, until nothing is left (only the thread that
@@ -258,13 +261,14 @@ class ShardClient:
         while True:
             with self._lock:
                 conn = self._conn
-                frames, done = self.chan.flush(0.0) if conn is not None else ([], [])
+                frames, done = self.chan.flush(0.0) if conn is not None and self.chan.outbox else ([], [])
                 self._sending = conn if frames else None
                 if not frames:
                     self._flushing = False
                     if self._idle.waiters:
                         self._idle.notify_all()
-            self._settle(done)
+            if done:
+                self._settle(done)
             if not frames:
                 return
             written = 0

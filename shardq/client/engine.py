@@ -302,6 +302,15 @@ class Calls:
         """Close ``session``: its enqueue's outcome is known."""
         raise NotImplementedError
 
+    def _placed(self, queue: str, key: str | None, priority: int) -> int | None:
+        """:func:`place`'s answer on the hot path, when nothing must be asked first (None:
+        run :func:`place`)."""
+        if priority and queue not in self._noted or queue not in self._owners:
+            return None
+        shard = self._shard_for(key)
+        owner = self._owners[queue]
+        return shard if owner is None else owner
+
     def _shard_for(self, key: str | None) -> int:
         """A job's shard by its key (a stable hash); a keyless one goes round-robin."""
         return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)

@@ -208,7 +208,9 @@ class Router(Calls, SyncExecutor):
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
         queue's dedup window returns the first job's id and adds nothing."""
         item = job_item(body, key, queue, delay, priority, dedup_id)
-        shard = self._drive(place(self, queue, key, priority))
+        shard = self._placed(queue, key, priority)
+        if shard is None:
+            shard = self._drive(place(self, queue, key, priority))
         session = self._session(shard)
         try:
             ids: list[int] = self._call(shard, "enqueue", [[item], session])
