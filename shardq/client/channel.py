@@ -116,6 +116,11 @@ class Channel:
     def idle(self) -> bool:
         return not self.pending and not self.outbox
 
+    def __len__(self) -> int:
+        """The requests due a reply or waiting to be written: a reader that finds none may
+        sleep, since a request written later was queued after it looked."""
+        return len(self.pending) + len(self.outbox)
+
     def submit(self, op: str, args: list[Any], waiter: Any, now: float, retry_s: float | None = None,
                on: int = 0) -> Request | BaseException:
         """Queue a request for the next :meth:`flush`; the request, or at once the error

@@ -231,7 +231,7 @@ class ShardClient:
             self._flush()  # clears the send flag, after sending whatever others queued meanwhile
             try:
                 deadline = sent_at + timeout
-                ready = busy.wanted() and busy.spin(self._poll_for(fd), self.chan.pending)
+                ready = busy.wanted() and busy.spin(self._poll_for(fd), chan)
                 while True:
                     reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
@@ -252,7 +252,7 @@ class ShardClient:
                 return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
         finally:
             self._read_lock.release()
-            if self.chan.pending:
+            if chan.pending or chan.outbox:
                 self._want_reader()
 
     def _flush(self) -> None:
@@ -351,7 +351,7 @@ class ShardClient:
 
     def hand_off(self) -> None:
         """A leader leaves: replies still due are read by the reader thread."""
-        if self.chan.pending:
+        if self.chan:  # replies due, or requests that will be written and answered
             self._want_reader()
 
     def _want_reader(self) -> None:
@@ -373,9 +373,11 @@ class ShardClient:
                     self._reader_wanted = False
                     self._reader_active = True
                 try:
-                    while self._conn is conn and self.chan.pending:
+                    # not only the requests written: one queued but not yet written was
+                    # queued before its caller asked for a reader, and is read for too
+                    while self._conn is conn and self.chan:
                         with self._read_lock:
-                            if self._conn is not conn or not self.chan.pending:
+                            if self._conn is not conn or not self.chan:
                                 break
                             self._read_once(conn, None)
                 finally:

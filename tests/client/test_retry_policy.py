@@ -243,3 +243,32 @@ def test_the_router_and_its_connections_read_time_from_the_clock_they_are_given(
         finally:
             q.close()
             f.close()
+
+
+def test_a_request_queued_behind_another_threads_send_is_read_for():
+    """A request waits in the outbox while another thread writes; the reader thread, asked
+    to read for it, must not go back to sleep because nothing was written yet: the reply
+    that comes once it is written is then read by nobody (seen with 200 threads enqueuing
+    on one router: a caller waited out its 30 s request timeout)."""
+    import socket
+    import time
+    from multiprocessing.connection import Connection
+
+    from support.service import poll_until
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    client.chan.connected()
+    threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
+    server = Connection(b.detach())
+    client._flushing = True  # another thread is writing: ours waits in the outbox
+    fut = client.submit("stats", [], lead=False)  # its caller asks the reader thread to read
+    poll_until(lambda: client._read_lock.locked(), time.monotonic() + 1.0)  # the reader, reading for it
+    client._flushing = False
+    client._flush()
+    (rid, _, _), = msgpack.unpackb(server.recv_bytes(), raw=False)
+    server.send_bytes(msgpack.packb([[rid, wire.OK, "reply"]]))
+    assert fut.wait(5) and fut.value == "reply"
+    client.close()
+    server.close()
