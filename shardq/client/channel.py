@@ -78,7 +78,7 @@ class Request:
         self.epoch = 0                       # the connection it was written on
 
     def live(self) -> bool:
-        return any(w is not None for w in self.waiters)
+        return self.waiters.count(None) != len(self.waiters)
 
 
 class Channel:
@@ -153,19 +153,26 @@ class Channel:
             return [], []
         reqs, self.outbox = self.outbox, []
         out: list[Request] = []
+        rid, epoch, pending = self.next_rid, self.epoch, self.pending
         for req in reqs:
             if req.orphan is None and not req.live() or req.target is not None and req.target.done:
                 self._finish(req)  # nobody waits for it (or for the wait it withdraws): never sent
                 continue
             if req.op == "enqueue" and req.args[1] is None:  # a merged one (the engine's have theirs)
                 req.args[1] = req.session = self.sessions.open()
-            req.rid = self.take_rid()
-            req.sent, req.epoch = True, self.epoch
-            self.pending[req.rid] = req
+            req.rid, req.sent, req.epoch = rid, True, epoch
+            pending[rid] = req
+            rid += 1
             out.append(req)
+        self.next_rid = rid
         done: list[Completion] = []
+        if not out:
+            return [], done
         encoded = encode_frames([[r.rid, r.op, r.args] for r in out],
                                 lambda i, error: done.extend(self._fail(out[i], error)))
+        if len(encoded) == 1:  # the usual case
+            self._frames = [out]
+            return [_HEADER.pack(len(encoded[0][0])) + encoded[0][0]], done
         frames, self._frames, start = [], [], 0
         for payload, end in encoded:
             frames.append(_HEADER.pack(len(payload)) + payload)
@@ -181,7 +188,9 @@ class Channel:
             req = pending.pop(rid, None)
             if req is None:
                 continue  # a watch or a request whose callers left
-            self._finish(req)
+            req.done = True
+            if req.session is not None:
+                self._finish(req)
             if req.orphan is not None:
                 if req.orphan is _WITHDRAWN:
                     if payload is True and req.target is not None and pending.get(req.target.rid) is req.target:

@@ -263,3 +263,14 @@ def test_the_items_of_a_refused_merge_keep_its_deadline():
     chan.flush(20.0)
     assert chan.next_deadline() == 40.0
     assert sorted(w for w, _, e in chan.tick(40.0) if isinstance(e, ShardUnavailable)) == ["a", "b"]
+
+
+def test_a_flush_with_nothing_left_to_send_writes_no_frame():
+    """A withdrawal whose wait was answered meanwhile is dropped at the flush; nothing else
+    is queued, so no frame goes (an empty one used to)."""
+    chan = up()
+    wait = chan.submit("dequeue_wait", ["q", None, 1, 5.0], "w", 0.0)
+    chan.flush(0.0)
+    chan.abandon(wait, "w")  # queues its cancel_wait
+    assert chan.replies([ok(wait.rid, [])]) == []  # answered first, with nothing
+    assert chan.flush(0.0) == ([], []) and chan.idle()
