@@ -231,7 +231,7 @@ class ShardClient:
             self._flush()  # clears the send flag, after sending whatever others queued meanwhile
             try:
                 deadline = sent_at + timeout
-                ready = busy.wanted() and busy.spin(self._poll_for(fd), chan)
+                ready = busy.wanted() and busy.spin(self._poll_for(fd), chan.pending)
                 while True:
                     reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
