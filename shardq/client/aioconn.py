@@ -158,8 +158,8 @@ class ShardConn:
             return  # connection_lost follows, and flushes
         frames, done = self.chan.flush(self.loop.time())
         self._settle(done)
-        if frames:
-            write = proto.transport.write  # type: ignore[union-attr]  # frames come only while connected
+        if frames and proto is not None and proto.transport is not None:  # (frames come only while connected)
+            write = proto.transport.write
             for frame in frames:
                 write(frame)
         elif self.chan.outbox and not self.chan.up and (self._reconnecting is None or self._reconnecting.done()):

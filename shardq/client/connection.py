@@ -269,16 +269,16 @@ class ShardClient:
                         self._idle.notify_all()
             if done:
                 self._settle(done)
-            if not frames:
+            if not frames or conn is None:  # (frames come only while connected)
                 return
             written = 0
             try:
-                fd = conn.fileno()  # type: ignore[union-attr]  # frames come only while connected
+                fd = conn.fileno()
                 for data in frames:
                     _write_frame(fd, data)
                     written += 1
             except (OSError, ValueError):
-                self._broken(conn, written)  # type: ignore[arg-type]  # as above
+                self._broken(conn, written)
 
     def _settle(self, done: list[Completion]) -> None:
         for waiter, value, error in done:
