@@ -1,24 +1,19 @@
 """The asyncio client: ``q = await shardq.aio.connect("var/shardq")``.
 
-The same wire protocol, authentication, typed errors and retry rules as the threaded
-:class:`~shardq.client.router.Router`, as coroutines on asyncio unix-socket transports
-(:mod:`.aioconn` holds the connection: handshake, pipelining, coalescing, reconnects). Both
-drive one client core (:mod:`.core`, :mod:`.routing`), which decides what is sent, re-sent,
-kept and released; this module moves the requests and awaits.
+An executor of the client engine (:mod:`.engine`), as the threaded
+:class:`~shardq.client.router.Router` is: the same calls, wire protocol, typed errors and
+retry rules, as coroutines over one asyncio connection per shard (:mod:`.aioconn`, a shell
+around the connection state machine of :mod:`.channel`). Keys map to shards as in the
+router, so both clients can be mixed.
 
-* Keys map to shards as in the router (``crc32(key) % N``), so both clients can be mixed.
 * Calls made in one event-loop turn leave in one frame per shard; single-job ``enqueue``
   and single-lease ``ack`` calls of a turn are merged into one request per shard, so many
   coroutines each sending one job cost what one batch does.
-* ``dequeue(wait=...)`` long-polls as the router does: it asks every shard, then leaves a
-  waiting dequeue (``dequeue_wait``) at each, and the first shard with a job answers with
-  the lease; the others are withdrawn (a queue with priorities waits with a ``watch``).
-  Cancelling it leaves no lease behind: a watch is forgotten; a waiting dequeue is
-  withdrawn; a dequeue already written is left to answer. Whatever a request its caller
-  left leases is released at once (a ``nack`` that does not count as a delivery).
+* Cancelling a call leaves no lease behind: a watch is forgotten; a waiting dequeue is
+  withdrawn; a dequeue already written is left to answer, and whatever a request its
+  caller left leases is released at once (a ``nack`` that does not count as a delivery).
 * ``async for lease in q.consume("emails", concurrency=50)`` yields leases, holding at most
-  ``concurrency`` that are not yet settled (acked, nacked, buried or expired) through
-  this client.
+  ``concurrency`` that are not yet settled through this client (:mod:`.aioconsume`).
 """
 from __future__ import annotations
 
@@ -27,28 +22,24 @@ from typing import TYPE_CHECKING, Any
 import asyncio
 import itertools
 import os
-
-from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 
 from .. import limits
-from ..clock import SystemClock
 from ..datadir import DataDir
-from ..protocol import status_file
 from ..errors import Closed, ShardqError, ShardUnavailable
-from ..protocol import validate
+from ..protocol import status_file, validate
 from ..types import JobId, Lease
-from .aioconn import Req, ShardConn
-from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit,
-                     WaitAny, call, deliver, note_priorities)
+from .aioconn import ShardConn
+from .aioconsume import Consumer
+from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .routing import (job_item, lease_shard, leases_of, placed_owner)
+from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit, WaitAny,
+                     call, deliver, place)
+from .routing import job_item, lease_shard, leases_of, placed_owner
 
 if TYPE_CHECKING:
     from .contracts import AsyncQueue as AsyncQueueContract
     from .contracts import AsyncResults
-
-_now = SystemClock.now
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
@@ -69,9 +60,7 @@ class AsyncQueue(Calls, AsyncExecutor):
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
-        self.data_dir = dd.path
-        self.shards = dd.shards()
-        self.service_id = dd.service_id()
+        self.data_dir, self.shards, self.service_id = dd.path, dd.shards(), dd.service_id()
         self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
         self._key = dd.authkey()
         self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
@@ -84,19 +73,17 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._background: set[asyncio.Task[Any]] = set()
-        self._consumers: list[_Consumer] = []
+        self._consumers: list[Consumer] = []
         self._closed = False
 
     async def _open(self) -> None:
         self.loop = asyncio.get_running_loop()
         # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
         await asyncio.to_thread(DataDir(self.data_dir).require_service)
-        self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s,
-                                self.request_timeout_s, self._release_rows)
-                      for i, path in enumerate(self._sockets)]
+        self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s, self.request_timeout_s,
+                                self._release_rows) for i, path in enumerate(self._sockets)]
         deadline = self.loop.time() + min(self.retry_s, 2.0)
-        results = await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True)
-        for r in results:
+        for r in await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True):
             if isinstance(r, BaseException) and not isinstance(r, ShardUnavailable):
                 await self.close()
                 raise r
@@ -106,10 +93,10 @@ class AsyncQueue(Calls, AsyncExecutor):
         return self.loop.time()
 
     def _session(self, shard: int) -> list[int]:
-        return self.conns[shard].sessions.open()
+        return self.conns[shard].chan.sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
-        self.conns[shard].sessions.close(session)
+        self.conns[shard].chan.sessions.close(session)
 
     async def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
@@ -121,130 +108,82 @@ class AsyncQueue(Calls, AsyncExecutor):
         if type(effect) is WaitAny:
             return await self._wait_any(effect)
         if type(effect) is Release:
-            self._release_leases(effect.leases)
-            return None
+            return self._release_leases(effect.leases)
         if type(effect) is Sleep:
-            await asyncio.sleep(effect.seconds)
-            return None
+            return await asyncio.sleep(effect.seconds)
         if type(effect) is Owner:
-            await self._learn_owner(effect.queue, effect.ask)
-            return self._owners[effect.queue]
+            return await self._learn_owner(effect.queue, effect.ask)
         if type(effect) is Status:
-            status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
-            return None
+            return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
         if type(effect) is Settled:
-            for lease in effect.leases:
-                self._settled(lease)
-            return None
+            return self._settled(effect.leases)
         raise TypeError(f"not an effect: {effect!r}")
 
     async def _transmit(self, effect: Transmit) -> list[Any]:
         """Do a :class:`~shardq.client.engine.Transmit`: the calls sent at once (in their
         order per shard: one turn, one frame), each its value, its error or its
         :class:`~.core.ConnectionLost` in its place, waiting ``timeout_s`` at most for all
-        (None: each its request timeout). The connection reports a break here
-        (``Req.report``); the engine decides what is sent again."""
+        (None: each its request timeout); the engine decides what is sent again."""
         calls, deadline, timeout_s = effect
-        retry_s = deadline - self.loop.time()
-        started = [self._request(s, op, args, retry_s) for s, op, args in calls]
+        started = [self._request(s, op, args, deadline - self.loop.time()) for s, op, args in calls]
         try:
             if timeout_s is not None:
                 await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
             got: list[Any] = []
-            for (conn, req, fut), (s, op, _) in zip(started, calls):
+            for (_, _, fut), (s, op, _) in zip(started, calls):
                 if timeout_s is not None and not fut.done():
                     got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
                     continue
                 try:
-                    got.append((await self._wait(conn, req, fut))[0])
+                    got.append(await fut)
+                except asyncio.CancelledError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - returned in its place
                     got.append(exc)
             return got
         finally:
             for conn, req, fut in started:
-                if not fut.done():
+                if not fut.done() or fut.cancelled():
                     conn.abandon(req, fut)
 
-    # ------------------------------------------------------------------ plumbing
-    async def _wait(self, conn: ShardConn, req: Req, fut: asyncio.Future[Any]) -> Any:
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            conn.abandon(req, fut)
-            raise
-
     def _request(self, shard: int, op: str, args: list[Any],
-                 retry_s: float | None = None) -> tuple[ShardConn, Req, asyncio.Future[Any]]:
-        """Submit one request; returns (conn, req, future of (result, resent)). A break
-        fails it with :class:`~.core.ConnectionLost` (``Req.report``): what is sent again
-        is the engine's decision (:func:`~.engine.deliver`), not the connection's."""
+                 retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[shard]
-        fut = self.loop.create_future()
-        req = Req(op, args, [(fut, None)], self.loop.time() + (self.retry_s if retry_s is None else retry_s))
-        req.report = True
-        conn.submit(req)
-        return conn, req, fut
+        return (conn, *conn.request(op, args, retry_s))
 
-    async def _call(self, shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Any:
-        return await self._drive(call(shard, op, args, retry_s))
-
-    async def _learn_owner(self, queue: str, ask: int) -> None:
-        """As :meth:`Router._learn_owner`: a queue's placement, asked once (docs/limits.md).
-        Calls that meet an unknown queue at once share one question."""
+    async def _learn_owner(self, queue: str, ask: int) -> int | None:
+        """Do an :class:`~.engine.Owner`: calls that meet an unknown queue at once share one
+        question."""
         asking = self._asking.get(queue)
         if asking is None:
-            asking = self._asking[queue] = asyncio.ensure_future(self._call(ask, "queue_config", [queue]))
+            asking = self._asking[queue] = asyncio.ensure_future(self._drive(call(ask, "queue_config", [queue])))
         try:
             cfg = await asyncio.shield(asking)
         finally:
             if asking.done() and self._asking.get(queue) is asking:
                 del self._asking[queue]
         self._queue_cfg.setdefault(queue, cfg)
-        self._owners.setdefault(queue, placed_owner(cfg))
-
-    # ------------------------------------------------------------------ producing
-    async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
-                      priority: int = 0, dedup_id: str | None = None) -> JobId:
-        """Durably add a job; returns its id once the owning shard has fsynced it."""
-        if self._closed:
-            raise Closed("client is closed")
-        item = job_item(body, key, queue, delay, priority, dedup_id)
-        if priority and queue not in self._noted:
-            await self._drive(note_priorities(self, [queue]))
-        shard = self._shard_for(key)
-        if queue not in self._owners:
-            await self._learn_owner(queue, shard)
-        owner = self._owners[queue]
-        conn = self.conns[shard if owner is None else owner]  # a placed queue: its owner
-        fut = self.loop.create_future()
-        conn.submit_enqueue(fut, item)
-        try:
-            got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
-            return got[0]
-        except asyncio.CancelledError:
-            conn.forget(fut)
-            raise
+        return self._owners.setdefault(queue, placed_owner(cfg))
 
     async def _wait_any(self, effect: WaitAny) -> list[Any] | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
-        connected now; when it ends, the ones still open are abandoned
-        (:meth:`ShardConn.abandon` withdraws a waiting dequeue and forgets a watch).
-        Cancelled, it leaves no lease behind: what it was answered is released unstarted."""
+        connected now; when it ends, the ones still open are abandoned (a waiting dequeue
+        withdrawn, a watch forgotten). Cancelled, it leaves no lease behind: what it was
+        answered is released unstarted."""
         started = [(i,) + self._request(shard, op, args, retry_s=0)
                    for i, (shard, op, args) in enumerate(effect.calls) if self.conns[shard].proto is not None]
         if not started:
             return None
-        limit = effect.limit_s if len(started) == len(effect.calls) else effect.short_s
         try:
             waiting = {f for _, _, _, f in started}
-            end = self.loop.time() + limit
+            end = self.loop.time() + (effect.limit_s if len(started) == len(effect.calls) else effect.short_s)
             while waiting:
                 done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
                                                    return_when=asyncio.FIRST_COMPLETED)
                 # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()[0]
+                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()
                                                    for f in done):
                     break
         except BaseException:  # cancelled: nobody takes what was answered
@@ -262,28 +201,42 @@ class AsyncQueue(Calls, AsyncExecutor):
             if not f.done():
                 conn.abandon(req, f)
                 f.cancel()
-            elif f.cancelled():
-                continue
-            elif f.exception() is None:
-                out[i] = f.result()[0]
-            elif not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):  # its connection broke
-                out[i] = f.exception()
+            elif not f.cancelled() and f.exception() is None:
+                out[i] = f.result()
+            elif not f.cancelled() and not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):
+                out[i] = f.exception()  # not a broken connection
         return out
+
+    # ------------------------------------------------------------------ the hot calls
+    async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
+                      priority: int = 0, dedup_id: str | None = None) -> JobId:
+        """Durably add a job; returns its id once the owning shard has fsynced it."""
+        if self._closed:
+            raise Closed("client is closed")
+        item = job_item(body, key, queue, delay, priority, dedup_id)
+        shard = self._placed(queue, key, priority)
+        conn = self.conns[shard if shard is not None else await self._drive(place(self, queue, key, priority))]
+        fut = conn.enqueue(item)
+        try:
+            got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
+            return got[0]
+        except asyncio.CancelledError:
+            conn.forget(fut)
+            raise
 
     async def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current."""
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[lease_shard(lease, self.shards)]
-        fut = self.loop.create_future()
-        conn.submit_ack(fut, [lease.job_id, lease.token])
+        fut = conn.ack([lease.job_id, lease.token])
         try:
             err, resent = await fut
         except asyncio.CancelledError:
             conn.forget(fut)
             raise
         finally:
-            self._settled(lease)
+            self._settled([lease])
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
 
@@ -294,14 +247,14 @@ class AsyncQueue(Calls, AsyncExecutor):
         buries it, or its deadline passes). Leaving the loop releases leases fetched but
         not yet handed out (not counted as deliveries)."""
         validate.count("concurrency", concurrency, limits.BATCH_JOBS_MAX)
-        return _Consumer(self, queue, concurrency, wait, visibility).run()
+        return Consumer(self, queue, concurrency, wait, visibility).run()
 
-    def _settled(self, lease: Lease) -> None:
+    def _settled(self, leases: list[Lease]) -> None:
         for c in self._consumers:
-            c.settled(lease)
+            for lease in leases:
+                c.settled(lease)
 
-    def _release_rows(self, shard: int, rows: list[Any]) -> None:
-        """Release leases nobody will get (an abandoned dequeue's reply): not deliveries."""
+    def _release_rows(self, rows: list[Any]) -> None:
         self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
     def _release_leases(self, leases: list[Lease]) -> None:
@@ -311,7 +264,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def _release_one(self, lease: Lease) -> None:
         try:
-            await self._call(*release_call(lease))
+            await self._drive(call(*release_call(lease)))
         except ShardqError:
             pass  # it expires by itself
 
@@ -337,56 +290,6 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-class _Consumer:
-    """State of one ``consume()`` loop."""
-
-    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility: float | None):
-        self.q, self.queue, self.concurrency = q, queue, concurrency
-        self.wait, self.visibility = wait, visibility
-        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> deadline
-        self.buffer: deque[Lease] = deque()
-        self.freed = asyncio.Event()
-
-    def settled(self, lease: Lease) -> None:
-        if self.held.pop((lease.job_id, lease.token), None) is not None:
-            self.freed.set()
-
-    def _expire(self) -> float | None:
-        now = _now()  # lease deadlines are wall-clock seconds
-        for ref, deadline in list(self.held.items()):
-            if deadline <= now:
-                del self.held[ref]
-        return min(self.held.values(), default=None)
-
-    async def run(self) -> AsyncIterator[Lease]:
-        q = self.q
-        q._consumers.append(self)
-        try:
-            while True:
-                if not self.buffer:
-                    soonest = self._expire()
-                    room = self.concurrency - len(self.held)
-                    if room <= 0:
-                        self.freed.clear()
-                        timeout = None if soonest is None else max(0.0, soonest - _now())
-                        try:
-                            await asyncio.wait_for(self.freed.wait(), timeout)
-                        except TimeoutError:
-                            pass
-                        continue
-                    leases = await q.dequeue_many(self.queue, max_jobs=room, wait=self.wait,
-                                                  visibility=self.visibility)
-                    for lease in leases:
-                        self.held[(lease.job_id, lease.token)] = lease.deadline
-                    self.buffer.extend(leases)
-                    continue
-                yield self.buffer.popleft()
-        finally:
-            q._consumers.remove(self)
-            left, self.buffer = list(self.buffer), deque()
-            q._release_leases(left)
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

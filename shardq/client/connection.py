@@ -1,25 +1,21 @@
-"""One authenticated connection from a router to a shard, shared by many threads.
+"""One authenticated connection from a router to a shard, shared by many threads: a shell
+around the connection's state machine (:class:`~.channel.Channel`: request ids, the table
+of requests due a reply, frames, what a break means, withdrawals), which it drives under
+one lock, moving bytes and waking threads.
 
 Requests from concurrent threads are coalesced: whichever thread finds no send in progress
-sends everything queued so far as one frame (pipelining without a sender thread). Replies
-are read leader/follower style: a caller waiting for its reply (:meth:`ShardClient.wait`)
-reads the socket itself when no one else does, and settles every reply it reads, so a
-single-threaded caller gets its reply with no thread hand-off; when it leaves with other
-replies still due, or for replies nobody waits on in person (watches, callbacks), the
-connection's reader thread reads. Futures are matched by request id. If the connection breaks,
-every pending future fails with :class:`ConnectionLost`, which says whether the request had
-been written (``sent``): the owner may re-send a request never written, and decides by the
-op's retry policy (:data:`shardq.protocol.wire.RETRY`) for one that was; a request queued
-with ``on=`` goes only on that connection, so a caller's later request cannot overtake
-an earlier one that must be re-sent (:meth:`Router._transmit`). Each future is taken
-out of the pending table exactly once (by the reader, by the breaking of the connection, or
-by :meth:`ShardClient.forget` when its caller gives up), so it is set at most once.
+sends everything queued so far (pipelining without a sender thread). Replies are read
+leader/follower style: a caller waiting for its reply (:meth:`ShardClient.wait`) reads the
+socket itself when no one else does, and settles every reply it reads, so a single-threaded
+caller gets its reply with no thread hand-off; when it leaves with other replies still due,
+or for replies nobody waits on in person (watches, callbacks), the connection's reader
+thread reads. A request queued with ``on=`` goes only on that connection, so a caller's
+later request cannot overtake an earlier one that must be re-sent (``Router._transmit``).
 
 A caller alone on the connection (nothing pending, no send in progress, the socket free to
-read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry, no
-outbox; it sends its frame and reads until its own reply, settling any others it reads
-as a leader does. The moment anyone else uses the connection, calls take the general path.
-While its replies have been coming quickly, such a caller first polls for its reply without
+read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry; it
+sends its frame and reads until its own reply, settling any others it reads as a leader
+does. While its replies have been coming quickly, it first polls for its reply without
 sleeping, for up to the router's ``busy_poll_us`` (:mod:`shardq.busypoll`): on the machines
 measured, waking from a sleep cost a lone call more than the wait itself.
 """
@@ -43,10 +39,11 @@ from .. import limits
 from ..clock import Clock, SystemClock
 from ..conditions import CountedCondition
 from ..errors import ProtocolError, ShardUnavailable
-from ..protocol.sockio import HANDSHAKE_TIMEOUT_S, connect_unix
+from ..protocol.sockio import connect_unix
 from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
+from .channel import RELEASE, Channel, Completion, Request
 from .core import ConnectionLost as ConnectionLost  # re-exported: tests import it from here
-from .core import RECONNECT_DELAY_S_MAX, RECONNECT_DELAY_S_MIN, encode_frames, failed_connect, unreachable
+from .core import Attempts
 
 
 _SET_LOCK = threading.Lock()  # makes Future.set a test-and-set: one setter wins, always
@@ -59,7 +56,7 @@ class Future:
     ``set`` may race (reader vs. a breaking connection): the first call wins, later ones
     change nothing, and the lock is released exactly once."""
 
-    __slots__ = ("_lock", "done", "value", "error", "callback", "rid", "sent", "conn")
+    __slots__ = ("_lock", "done", "value", "error", "callback", "req")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -68,9 +65,7 @@ class Future:
         self.value = None
         self.error: BaseException | None = None
         self.callback: Callable[[Future], None] | None = None
-        self.rid = 0
-        self.sent = False
-        self.conn: Connection | None = None  # the connection it was queued on
+        self.req: Request | None = None  # its request in the channel (None: failed at once)
 
     def set(self, value: Any = None, error: BaseException | None = None) -> None:
         with _SET_LOCK:
@@ -89,31 +84,22 @@ class Future:
             return True
         return self.done
 
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.wait(timeout):
-            raise TimeoutError
-        if self.error is not None:
-            raise self.error
-        return self.value
-
 
 class ShardClient:
     def __init__(self, index: int, address: str, authkey: bytes, role: str = "client",
-                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, clock: Clock | None = None):
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT, clock: Clock | None = None, client_id: int = 0,
+                 release: Callable[[list[Any]], None] | None = None):
         self.index = index
         self._mono = (clock or SystemClock()).monotonic  # every deadline here is on this clock
-        self.address = address
-        self.authkey = authkey
+        self.address, self.authkey = address, authkey
         self.role = role  # what the handshake says this connection is (protocol.sockio)
+        self.chan = Channel(index, client_id, 0.0, hold=False)  # only ever used with _lock held
+        self._release = release  # lease rows nobody will take (an abandoned dequeue's reply)
         self._lock = threading.Lock()
-        self._idle = CountedCondition(self._lock)  # signalled when a send finishes, if awaited
+        self._idle = CountedCondition(self._lock)  # signalled when a send ends, or orphans settle
         self._sending: Connection | None = None
         self._conn: Connection | None = None
-        self._pending: dict[int, Future] = {}
-        self._outbox: list[tuple[Future, list[Any]]] = []
         self._flushing = False
-        self._next_rid = 1
-        self._closed = False
         self._read_lock = threading.Lock()     # held by whoever reads the socket (a leader)
         self._reader_cond = threading.Condition()
         self._reader_wanted = False             # replies are due that no caller will read
@@ -132,54 +118,74 @@ class ShardClient:
 
     def ensure_connected(self, deadline: float) -> None:
         """Connect if not connected, retrying until ``deadline`` (monotonic)."""
-        if self._conn is not None:
-            return
-        delay = RECONNECT_DELAY_S_MIN
-        while True:
+        attempts = Attempts(self.index, self.address, "router", deadline)
+        while self._conn is None:
             with self._lock:
                 if self._conn is not None:
                     return
-                if self._closed:
+                if self.chan.closed:
                     raise ShardUnavailable(f"shard {self.index}: router closed")
                 try:
-                    conn = connect_unix(self.address, self.authkey,
-                                        max(0.05, min(HANDSHAKE_TIMEOUT_S, deadline - self._mono())),
-                                        self.role)
-                except Exception as e:  # noqa: BLE001 - failed_connect says which are worth another try
-                    if (fatal := failed_connect(self.index, e)) is not None:
-                        raise fatal from None
-                    err: BaseException = e
+                    conn = connect_unix(self.address, self.authkey, attempts.timeout(self._mono()), self.role)
+                except Exception as e:  # noqa: BLE001 - Attempts.failed says which are worth another try
+                    delay = attempts.failed(e, self._mono())
                 else:
-                    self._conn = conn
-                    self._buf = bytearray()
+                    self._conn, self._buf = conn, bytearray()
+                    self.chan.connected()
                     self.connects += 1
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
                                      name=f"shardq-reader-{self.index}").start()
                     return
-            if self._mono() + delay > deadline:
-                raise unreachable(self.index, self.address, err, "router")
             time.sleep(delay)  # backoff between connection attempts, not synchronisation
-            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
+            self.chan.closed = True
             conn = self._conn
         if conn is not None:
             self._broken(conn)
 
+    def settle_orphans(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the replies of abandoned dequeues and withdrawn waits,
+        so that a lease one of them made is released as it comes (before a close)."""
+        self._want_reader()
+        with self._lock:
+            self._idle.wait_for(lambda: self._conn is None or not self.chan.orphans(), timeout)
+
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: Connection | None = None) -> Future:
+    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: int = 0) -> Future:
         """Send one request (coalesced with other threads'). ``lead``: the caller will wait
         for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
-        asked to read (for a reply settled by callback or polled). ``on``: the connection
-        it must go on (an earlier request's ``Future.conn``); on any other, or none, it
-        fails at once with ConnectionLost, unsent, so it can never reach the shard before
-        a request written earlier on a connection that broke."""
-        fut = self._submit(op, args, on)
+        asked to read. ``on``: the connection it must go on (an earlier request's
+        ``Future.req.epoch``); on any other, or none, it fails at once with ConnectionLost,
+        unsent (:meth:`Channel.submit`)."""
+        fut = Future()
+        with self._lock:
+            got = self.chan.submit(op, args, fut, 0.0, on=on)
+            if isinstance(got, BaseException):
+                fut.set(error=got)
+                return fut
+            fut.req = got
+            flush = not self._flushing
+            self._flushing = True
+        if flush:
+            self._flush()  # else the thread sending now takes ours too
         if not lead and not fut.done:
             self._want_reader()
         return fut
+
+    def forget(self, fut: Future) -> None:
+        """The caller stopped waiting for ``fut`` (timeout, cancellation, another shard's
+        answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn)."""
+        if fut.req is None:
+            return
+        with self._lock:
+            self.chan.abandon(fut.req, fut)
+            flush = bool(self.chan.outbox) and not self._flushing
+            self._flushing = self._flushing or flush
+        if flush:
+            self._flush()
+        self.hand_off()
 
     def call_solo(self, op: str, args: list[Any], timeout: float) -> Any:
         """One request on the shortest path, when this caller is alone on the connection
@@ -188,24 +194,22 @@ class ShardClient:
         must refuse with its precise error (one that cannot be encoded or is over the frame
         limit). Else ``(value, error)``: the reply's value, or the shard's error, a
         :class:`ConnectionLost` (``sent`` as for a future), or :class:`TimeoutError` when no
-        reply came within ``timeout`` (a late one is then dropped).
-
-        Other threads may submit meanwhile: their requests queued while this one is written
-        go out right after it (:meth:`_flush`), and replies read here for them settle their
-        futures; whoever still waits is handed to the reader thread on the way out. The wait
-        for the reply starts with a busy poll when :class:`BusyPoll` says so."""
+        reply came within ``timeout`` (a late one is then dropped). Other threads' requests
+        queued meanwhile go out right after it, and replies read here settle their futures;
+        the wait starts with a busy poll when :class:`BusyPoll` says so."""
         if not self._read_lock.acquire(blocking=False):
             self._busy.note_shared()
             return SHARED
         try:
+            chan = self.chan  # (its attributes read inline: this is the hottest path)
             with self._lock:
                 conn = self._conn
-                if conn is None or self._flushing or self._pending:
+                if conn is None or self._flushing or chan.pending or chan.outbox:
                     if conn is not None:
                         self._busy.note_shared()
                     return SHARED
-                rid = self._next_rid
-                self._next_rid = rid + 1
+                rid = chan.next_rid
+                chan.next_rid = rid + 1
                 self._flushing = True  # others queue behind this send; _flush below sends theirs
                 self._sending = conn
             try:
@@ -219,7 +223,7 @@ class ShardClient:
             try:
                 fd = conn.fileno()
                 sent_at = self._mono()
-                _write_frame(fd, data)
+                _write_frame(fd, _LEN.pack(len(data)) + data)
             except (OSError, ValueError):
                 self._broken(conn)
                 self._flush()
@@ -227,7 +231,7 @@ class ShardClient:
             self._flush()  # clears the send flag, after sending whatever others queued meanwhile
             try:
                 deadline = sent_at + timeout
-                ready = busy.wanted() and busy.spin(self._poll_for(fd), self._pending)
+                ready = busy.wanted() and busy.spin(self._poll_for(fd), chan.pending)
                 while True:
                     reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
@@ -240,85 +244,49 @@ class ShardClient:
                     if self._conn is not conn:
                         return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
                     if self._mono() >= deadline:
+                        with self._lock:
+                            self.chan.left(rid, op)  # a late dequeue's leases are released
                         return None, TimeoutError()
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)
                 return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
         finally:
             self._read_lock.release()
-            if self._pending:
+            if chan.pending or chan.outbox:
                 self._want_reader()
 
-    def _submit(self, op: str, args: list[Any], on: Connection | None = None) -> Future:
-        fut = Future()
-        with self._lock:
-            conn = self._conn
-            if conn is None or (on is not None and conn is not on):
-                why = "not connected" if conn is None else "the connection an earlier request went on broke"
-                fut.set(error=ConnectionLost(f"shard {self.index}: {why}", sent=False))
-                return fut
-            fut.conn = conn
-            rid = self._next_rid
-            self._next_rid = rid + 1
-            fut.rid = rid
-            self._pending[rid] = fut
-            self._outbox.append((fut, [rid, op, args]))
-            if self._flushing:
-                return fut  # the thread sending now will take ours too
-            self._flushing = True
-        self._flush()
-        return fut
-
-    def forget(self, fut: Future) -> None:
-        """The caller stopped waiting for ``fut`` (timeout, cancellation): take it out of
-        the pending table so nothing is kept for a reply nobody reads."""
-        self._pending.pop(fut.rid, None)
-
     def _flush(self) -> None:
+        """Write what the channel has to send, until nothing is left (only the thread that
+        set ``_flushing``)."""
         while True:
             with self._lock:
-                batch, self._outbox = self._outbox, []
                 conn = self._conn
-                if not batch or conn is None:
+                frames, done = self.chan.flush(0.0) if conn is not None and self.chan.outbox else ([], [])
+                self._sending = conn if frames else None
+                if not frames:
                     self._flushing = False
-                    self._sending = None
                     if self._idle.waiters:
                         self._idle.notify_all()
-                    return
-                self._sending = conn
-                for fut, _ in batch:
-                    fut.sent = True  # from here on the shard may see it (see below)
-            frames: list[tuple[bytes, int]] = []
+            if done:
+                self._settle(done)
+            if not frames or conn is None:  # (frames come only while connected)
+                return
             written = 0
             try:
                 fd = conn.fileno()
-                frames = self._encode(batch)
-                for data, _ in frames:
+                for data in frames:
                     _write_frame(fd, data)
                     written += 1
             except (OSError, ValueError):
-                # A shard executes only whole frames: the requests of the frame this send
-                # cut short, and of the frames after it, were not applied and may be sent
-                # again. Those of frames written whole may have been: they stay ``sent``.
-                for fut, _ in batch[frames[written - 1][1] if written else 0:]:
-                    fut.sent = False
-                self._broken(conn)
-                with self._lock:
-                    self._flushing = False
-                    self._sending = None
-                    if self._idle.waiters:
-                        self._idle.notify_all()
-                return
+                self._broken(conn, written)
 
-    def _encode(self, batch: list[tuple[Future, list[Any]]]) -> list[tuple[bytes, int]]:
-        """The frames for ``batch`` (:func:`~shardq.client.core.encode_frames`), each with the
-        index in ``batch`` its requests end at; a request refused there fails alone."""
-        return encode_frames([req for _, req in batch], lambda i, error: self._refuse(batch[i][0], error))
-
-    def _refuse(self, fut: Future, error: BaseException) -> None:
-        self._pending.pop(fut.rid, None)
-        fut.sent = False
-        fut.set(error=error)
+    def _settle(self, done: list[Completion]) -> None:
+        for waiter, value, error in done:
+            if waiter is RELEASE:
+                if self._release is not None:
+                    self._release(value)
+            else:
+                waiter.set(value, error)
 
     def wait(self, fut: Future, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
@@ -340,10 +308,8 @@ class ShardClient:
                     self._read_lock.release()
                 self.hand_off()  # replies others wait for: the reader thread takes over
             else:
-                # Someone else holds the socket. A leader hands over to the reader thread
-                # when it leaves with replies still due; but the reader thread itself may be
-                # just leaving, having found nothing pending before our request was queued.
-                # Asking for it here makes sure someone reads for us.
+                # Someone else holds the socket; the reader thread may be just leaving, having
+                # found nothing pending before our request was queued: ask for it.
                 self._want_reader()
                 fut.wait(remaining)
         return True
@@ -359,36 +325,33 @@ class ShardClient:
     def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0,
                    ready: object = False) -> tuple[int, Any] | None:
         """Read what the socket has (waiting up to ``timeout``, unless the caller saw it
-        ``ready``; None: until something comes) and settle the futures of every complete
-        reply. Only with ``_read_lock`` held. Returns ``(status, payload)`` of the reply to
-        request ``mine`` (a :meth:`call_solo` caller's, which has no future) if it was read,
-        else None."""
+        ``ready``; None: until something comes) and settle every complete reply. Only with
+        ``_read_lock`` held. Returns ``(status, payload)`` of the reply to request ``mine``
+        (a :meth:`call_solo` caller's, which has no future) if it was read, else None."""
         fd = conn.fileno()
         if timeout is not None and not ready:
             if not self._poll_for(fd)(max(0, int(timeout * 1000) + 1)):
                 return None
-        pending = self._pending
-        unpackb = msgpack.unpackb
         found = None
-        # Each frame is decoded before the next read (it may be a view of the scratch buffer);
-        # one over the limit is refused.
+        # Each frame is decoded before the next read (it may be a view of the scratch buffer).
         for frame in protocol.read_frames(fd, self._buf, self._scratch):
-            for rid, status, payload in unpackb(frame, raw=False, use_list=True):
-                if rid == mine:
-                    found = status, payload
-                    continue
-                fut = pending.pop(rid, None)
-                if fut is None:
-                    continue  # a watch whose caller stopped waiting
-                if status == protocol.OK:
-                    fut.set(payload)
-                else:
-                    fut.set(error=protocol.error_from_payload(payload))
+            replies = msgpack.unpackb(frame, raw=False, use_list=True)
+            if mine:
+                for rid, status, payload in replies:
+                    if rid == mine:
+                        found = status, payload
+                if len(replies) == 1 and found is not None and replies[0][0] == mine:
+                    continue  # the lone call's reply alone: nothing for the channel
+            with self._lock:
+                done = self.chan.replies(replies)
+                if self._idle.waiters:
+                    self._idle.notify_all()
+            self._settle(done)
         return found
 
     def hand_off(self) -> None:
         """A leader leaves: replies still due are read by the reader thread."""
-        if self._pending:
+        if self.chan:  # replies due, or requests that will be written and answered
             self._want_reader()
 
     def _want_reader(self) -> None:
@@ -410,9 +373,11 @@ class ShardClient:
                     self._reader_wanted = False
                     self._reader_active = True
                 try:
-                    while self._conn is conn and self._pending:
+                    # not only the requests written: one queued but not yet written was
+                    # queued before its caller asked for a reader, and is read for too
+                    while self._conn is conn and self.chan:
                         with self._read_lock:
-                            if self._conn is not conn or not self._pending:
+                            if self._conn is not conn or not self.chan:
                                 break
                             self._read_once(conn, None)
                 finally:
@@ -427,26 +392,19 @@ class ShardClient:
             with self._read_lock:  # a leader may still be reading it
                 conn.close()
 
-    def _broken(self, conn: Connection) -> None:
+    def _broken(self, conn: Connection, whole_frames: int | None = None) -> None:
+        """``conn`` broke (a write failed after ``whole_frames`` frames of the last flush)."""
         with self._lock:
             if self._conn is not conn:
                 return
             self._conn = None
-            pending, self._pending = self._pending, {}
-            self._outbox = []
+            done = self.chan.broken(0.0, whole_frames)
+            if self._idle.waiters:
+                self._idle.notify_all()
         _shutdown(conn)  # a blocked read returns; the reader thread closes it
         with self._reader_cond:
             self._reader_cond.notify()
-        # The old reader may still pop replies from ``pending``: take each future out with
-        # an atomic pop rather than iterate the dict, so each is set by one thread only.
-        failed = []
-        for rid in list(pending):
-            fut = pending.pop(rid, None)
-            if fut is not None:
-                failed.append(fut)
-        message = f"connection to shard {self.index} lost"
-        for fut in failed:
-            fut.set(error=ConnectionLost(message, sent=fut.sent))
+        self._settle(done)
 
 
 _LEN = struct.Struct("!i")
@@ -493,9 +451,9 @@ def lead_any(clients: list[ShardClient], timeout: float) -> bool:
 
 
 def _write_frame(fd: int, data: bytes) -> None:
-    """One frame of ``multiprocessing.connection``'s framing (what the shard reads), in one
-    write where the socket takes it (``Connection.send_bytes`` checks and copies more)."""
-    view = memoryview(_LEN.pack(len(data)) + data)  # frames are at most FRAME_BYTES_MAX
+    """One frame (its length header and payload: ``multiprocessing.connection``'s framing,
+    what the shard reads), in one write where the socket takes it."""
+    view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 

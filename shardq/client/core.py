@@ -29,6 +29,7 @@ from .. import limits
 from ..errors import (AuthError, InvalidJob, JobGone, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable,
                       TooManyConnections)
 from ..protocol import validate, wire
+from ..protocol.sockio import HANDSHAKE_TIMEOUT_S
 from ..types import Lease
 from .priority import merge, plan
 from .routing import lease_shard, leases_of, shard_of_job
@@ -65,6 +66,27 @@ def failed_connect(shard: int, exc: Exception) -> ShardqError | None:
     if type(exc).__name__ == "AuthenticationError":
         return AuthError(f"shard {shard}: authentication failed (wrong key file?)")
     return None
+
+
+class Attempts:
+    """The attempts of one connect of either connection to ``shard``, until ``deadline`` (its
+    monotonic clock): each a handshake of at most :meth:`timeout`; after one that failed,
+    :meth:`failed` gives the back-off before the next, or raises what ends them."""
+
+    def __init__(self, shard: int, address: str, who: str, deadline: float) -> None:
+        self.shard, self.address, self.who, self.deadline = shard, address, who, deadline
+        self.delay = RECONNECT_DELAY_S_MIN
+
+    def timeout(self, now: float) -> float:
+        return max(0.05, min(HANDSHAKE_TIMEOUT_S, self.deadline - now))
+
+    def failed(self, exc: Exception, now: float) -> float:
+        if (fatal := failed_connect(self.shard, exc)) is not None:
+            raise fatal from None
+        if now + self.delay > self.deadline:
+            raise unreachable(self.shard, self.address, exc, self.who) from None
+        delay, self.delay = self.delay, min(self.delay * 2, RECONNECT_DELAY_S_MAX)
+        return delay
 
 
 def unreachable(shard: int, address: str, err: BaseException, who: str) -> ShardUnavailable:

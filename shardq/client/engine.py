@@ -15,14 +15,21 @@ A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after
 connection, written once; its one effect, :class:`Transmit`, sends each call once and
 reports a broken connection (:class:`~.core.ConnectionLost`) instead of re-sending.
 
-The threaded :class:`~shardq.client.router.Router` and the asyncio
-:class:`~shardq.client.aio.AsyncQueue` are executors: each runs an operation with one small
-loop (``_drive``) that does what an effect says, with threads or with coroutines. The
-public calls of both come from one table, :class:`Calls`: each entry is an
-:class:`operation`, which both clients inherit, so neither can lack a call the other has;
-the threaded client returns its value, the asyncio one a coroutine of it. The hot calls
-(``enqueue``, ``ack``, ``dequeue``) keep their own paths in each executor (the threaded
-fast path, the asyncio coalescing), deciding by the same core (:mod:`.core`).
+**How the executors are built.** The threaded :class:`~shardq.client.router.Router` and the
+asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one small loop
+(``_drive``) that does what an effect says, with threads or with coroutines; the public calls
+of both come from one table, :class:`Calls`: each entry is an :class:`operation`, which both
+clients inherit, so neither can lack a call the other has (the threaded client returns its
+value, the asyncio one a coroutine of it). Below them, each client's connection to a shard
+(:class:`~.connection.ShardClient`, :class:`~.aioconn.ShardConn`) is a shell around one
+sans-I/O state machine, :class:`~.channel.Channel`: request ids, the pending table, frames,
+the merging of single enqueues and acks, deadlines, what a break means for each request,
+orphaned leases and withdrawals are decided there, once; the shells move bytes, keep the
+clock and wake their callers. The hot calls (``enqueue``, ``ack``) keep short paths in each
+executor, deciding by the same code (:func:`place`, :func:`~.core.ack_error`): the threaded
+fast path (one call in flight, sent and read by its caller, with a busy poll:
+``ShardClient.call_solo``) is a special case inside the threaded executor, and the asyncio
+client merges the single calls of one event-loop turn in the channel.
 """
 from __future__ import annotations
 
@@ -294,6 +301,15 @@ class Calls:
     def _done(self, shard: int, session: list[int]) -> None:
         """Close ``session``: its enqueue's outcome is known."""
         raise NotImplementedError
+
+    def _placed(self, queue: str, key: str | None, priority: int) -> int | None:
+        """:func:`place`'s answer on the hot path, when nothing must be asked first (None:
+        run :func:`place`)."""
+        if priority and queue not in self._noted or queue not in self._owners:
+            return None
+        shard = self._shard_for(key)
+        owner = self._owners[queue]
+        return shard if owner is None else owner
 
     def _shard_for(self, key: str | None) -> int:
         """A job's shard by its key (a stable hash); a keyless one goes round-robin."""
@@ -662,6 +678,19 @@ class Calls:
 
 
 # ---------------------------------------------------------------------- producing
+def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
+    """The shard of one job (the hot ``enqueue`` of both clients): its queue's owner if the
+    queue is placed because it declares limits (docs/limits.md), else by key. What must be
+    known first is asked first: a priority's note to every shard (:func:`note_priorities`)
+    and the queue's placement, asked once, of the shard its job would go to by key (so a
+    shard that is down stops only its own jobs)."""
+    if priority and queue not in c._noted:
+        yield from note_priorities(c, [queue])
+    shard = c._shard_for(key)
+    owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
+    return shard if owner is None else owner
+
+
 def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
     """Tell every shard that ``queues`` use priorities, before the first enqueue of a
     priority other than 0 to them, so that once it returns a lease from any shard says

@@ -1,31 +1,11 @@
-"""The router: the client object producer and worker apps embed (``shardq.connect``).
+"""The router: the threaded client producer and worker apps embed (``shardq.connect``).
 
-A threaded driver of the client core (:mod:`.core`, :mod:`.routing`): the rules below (routing,
-lease rounds, retries, frames, what is released) are decided there, once for this router
-and the asyncio client; this module moves the requests and waits, with threads.
-
-* Keys map to shards by a stable hash (CRC-32 of the UTF-8 key, mod N): the same key goes to
-  the same shard in every process and every run. Keyless jobs are spread round-robin.
-* A job id names its shard in its low bits, so ack/nack/extend need no lookup.
-* Every enqueue carries a session ``(client id, request seq, lowest unanswered seq)``. If the
-  shard dies with the request in flight, the router reconnects and resends it unchanged;
-  the shard recognises the session entry and answers with the ids of the first execution,
-  so a retry never creates a duplicate. A shard that does not come back within
-  ``retry_s`` gives :class:`~shardq.errors.ShardUnavailable`, never a silent loss.
-* Each op has an explicit retry policy (:data:`shardq.protocol.wire.RETRY`): a request never
-  written is always sent again; one that was written is re-sent only if that is safe
-  (enqueue, ack, extend, reads, pause, resume, cancel, ``purge_dead_letters`` of chosen
-  ids, withdrawing a wait). ``dequeue``, ``nack``, ``bury``, ``redrive``, ``purge``
-  and ``purge_dead_letters`` of all dead letters are never re-sent: a broken connection raises
-  :class:`~shardq.errors.OutcomeUnknown`. Nor is a waiting dequeue (``dequeue_wait``): a
-  broken connection ends that shard's wait.
-* ``dequeue(wait=...)`` long-polls: it asks each shard once (starting at a rotating shard,
-  for fairness), then leaves a waiting dequeue (``dequeue_wait``) at every shard and takes
-  the leases of the first that answers with any; the others are withdrawn, and leases
-  they made before the withdrawal arrived are released unstarted. The lease comes with
-  the commit of the enqueue that made its job ready, so the consumer wakes once, with the
-  job. A queue that uses priorities ``watch``es instead, then compares the shards.
-* One router can be shared by many threads; their requests are pipelined per shard.
+An executor of the client engine (:mod:`.engine`: every call, the retry after a break, the
+lease rounds and waits) over one connection per shard (:mod:`.connection`, a shell around
+the connection state machine of :mod:`.channel`); it moves requests and waits, with threads.
+The guarantees (routing, sessions, the retry table, long polls) are the engine's and the
+core's (:mod:`.core`). One router can be shared by many threads; their requests are
+pipelined per shard. A lone call takes the fast path (``ShardClient.call_solo``).
 """
 from __future__ import annotations
 
@@ -36,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..protocol import status_file
 from .connection import SHARED, Future, ShardClient, lead_any
@@ -46,8 +26,8 @@ from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
-                     WaitAny, deliver, note_priorities)
-from .core import WITHDRAW_SETTLE_S, ConnectionLost, Sessions, ack_error, release_call
+                     WaitAny, deliver, place)
+from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -84,22 +64,18 @@ class Router(Calls, SyncExecutor):
         # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock)
-                        for i in range(self.shards)]
+        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
+                                    self._release_rows) for i in range(self.shards)]
         self.retry_s = retry_s
         self.request_timeout_s = request_timeout_s
-        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
-        self._sessions = [Sessions(self.client_id) for _ in range(self.shards)]  # enqueue sessions, per shard
         self._rr = itertools.count()
-        self._lock = threading.Lock()
         self._supervisor = supervisor
         self._closed = False
         self._queue_cfg: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
         self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
-        self._withdrawing = 0                # withdrawn waits whose outcome is not known yet
-        self._withdrawn = threading.Condition()
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
@@ -108,47 +84,40 @@ class Router(Calls, SyncExecutor):
     def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
             calls, retry_s, timeout_s, errors = effect
-            if calls[0][1] == "enqueue":  # each gets its session in the engine (deliver)
-                return self._call_many(calls)
-            if len(calls) == 1 and timeout_s is None:  # the shortest path (call_solo)
-                shard, op, args = calls[0]
-                if not errors:
-                    return [self._call(shard, op, args, retry_s=retry_s, with_resent=True)]
+            if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
                 try:
-                    return [self._call(shard, op, args, retry_s=retry_s, with_resent=True)]
-                except Exception as e:  # noqa: BLE001 - returned in its place
-                    return [e]
-            if errors:
-                return self._gather(calls, retry_s=retry_s, timeout=timeout_s)
-            return self._call_many(calls, retry_s=retry_s, timeout=timeout_s)
+                    return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
+                except Exception as e:
+                    if not errors:
+                        raise
+                    return [e]  # returned in its place
+            return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
         if type(effect) is Transmit:
             return self._transmit(effect)
         if type(effect) is WaitAny:
             return self._wait_any(effect)
         if type(effect) is Release:
-            self._release(effect.leases)
-            return None
+            return self._release(effect.leases)
         if type(effect) is Sleep:
-            time.sleep(effect.seconds)
-            return None
+            return time.sleep(effect.seconds)
         if type(effect) is Owner:
-            return self._learn_owner(effect.queue, effect.ask)
+            cfg = self._call(effect.ask, "queue_config", [effect.queue])
+            self._queue_cfg.setdefault(effect.queue, cfg)
+            return self._owners.setdefault(effect.queue, placed_owner(cfg))
         if type(effect) is Status:
-            if self._supervisor is not None:
-                for sh in effect.shards:
-                    sh.update(self._supervisor.process_stats(sh["shard"]))
-            else:
-                status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
+            if self._supervisor is None:
+                return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
+            for sh in effect.shards:
+                sh.update(self._supervisor.process_stats(sh["shard"]))
             return None
         if type(effect) is Settled:
             return None  # no consume() loop counts leases here
         raise TypeError(f"not an effect: {effect!r}")
 
-    # ------------------------------------------------------------------ plumbing
     def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
-        """Submit one request, connecting first. Only a request that was never written is
-        submitted again here; what to do with one that was is :meth:`_call_many`'s call.
-        ``lead``: the caller waits with ``ShardClient.wait`` (reading its reply itself)."""
+        """Submit one request, connecting first; one never written is submitted again here
+        (what becomes of one that was is the engine's decision). ``lead``: the caller waits
+        with ``ShardClient.wait`` (reading its reply itself)."""
         client = self.clients[shard]
         while True:
             if self._closed:
@@ -161,73 +130,55 @@ class Router(Calls, SyncExecutor):
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
     def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
-                   retry_s: float | None = None) -> list[Any]:
-        """Send requests to their shards (pipelined) and wait for all, the engine's way
-        (:func:`~.engine.deliver`: a call whose connection broke is sent again, for up to
-        ``retry_s``, default the router's, if it was never written or its op may be
-        re-sent; else OutcomeUnknown). Returns ``(value, was_resent)`` per call, in order;
-        the first error is raised."""
+                   retry_s: float | None = None, errors: bool = False) -> list[Any]:
+        """A :class:`~.engine.Send`, done by the engine's :func:`~.engine.deliver`."""
         deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        return self._drive(deliver(self, calls, deadline, timeout))
-
-    def _gather(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
-                retry_s: float | None = None) -> list[Any]:
-        """Like :meth:`_call_many`, but each call's error is returned in its place instead of
-        raised: ``(value, was_resent)`` or the exception, per call, in order."""
-        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        return self._drive(deliver(self, calls, deadline, timeout, errors=True))
+        return self._drive(deliver(self, calls, deadline, timeout, errors))
 
     def _transmit(self, effect: Transmit) -> list[Any]:
-        """Do a :class:`~.engine.Transmit`: each call sent once, its value, its error or its
-        :class:`ConnectionLost` in its place. The calls to one shard reach it in their order:
+        """Do a :class:`~.engine.Transmit`. The calls to one shard reach it in their order:
         the first is sent as :meth:`_send` does (connecting first); the later ones only on
-        the connection it went on, so one that finds that connection gone fails unsent, and
-        the engine sends it again after the calls before it."""
+        the connection it went on (``on=``), so one that finds it gone fails unsent, and the
+        engine sends it again after the calls before it."""
         calls, deadline, timeout = effect
         wait_s = timeout or self.request_timeout_s
         end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
-        futs: list[Any] = []
-        fut: Future | BaseException
+        futs: list[Future | BaseException] = []
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
         for s, op, args in calls:
             first = first_on.get(s)
             if first is None:
                 try:
-                    first_on[s] = fut = self._send(s, op, args, deadline)
+                    first = first_on[s] = self._send(s, op, args, deadline)
                 except ShardUnavailable as e:
-                    first_on[s] = fut = e
+                    first = first_on[s] = e
+                futs.append(first)
             elif isinstance(first, BaseException):
-                fut = ShardUnavailable(str(first))  # as its first call: nothing to send it on
+                futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
             else:
-                fut = self.clients[s].submit(op, args, lead=True, on=first.conn)
-            futs.append(fut)
+                futs.append(self.clients[s].submit(op, args, lead=True, on=first.req.epoch if first.req else -1))
         results: list[Any] = []
         try:
             for (s, op, _), f in zip(calls, futs):
                 if isinstance(f, BaseException):
                     results.append(f)
                 elif not self.clients[s].wait(f, wait_s if end is None else max(end - self._mono(), 0.0)):
-                    self.clients[s].forget(f)  # nobody will read its reply
                     results.append(ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s"))
                 else:
                     results.append(f.value if f.error is None else f.error)
         finally:
             for (s, _, _), f in zip(calls, futs):
                 if not isinstance(f, BaseException) and not f.done:
-                    self.clients[s].forget(f)
+                    self.clients[s].forget(f)  # nobody will read its reply
         return results
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
               with_resent: bool = False) -> Any:
-        """One request, its value or its error: :meth:`_call_many`'s rules for a single call,
-        on the shortest path (most calls are one job at a time): alone on the connection, it
-        is sent and read in this thread (``call_solo``); a broken connection, or company,
-        hands it to the engine (:func:`~.engine.deliver`). ``with_resent``: return
-        ``(value, was_resent)``."""
-        client = self.clients[shard]
+        """One request, its value (``with_resent``: and whether it was re-sent) or its
+        error, on the shortest path: alone on the connection, it is sent and read in this
+        thread (``call_solo``); a break, or company, hands it to the engine."""
         deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        # Alone on the connection: no future (call_solo answers SHARED when not connected).
-        solo: Any = SHARED if self._closed else client.call_solo(op, args, self.request_timeout_s)
+        solo: Any = SHARED if self._closed else self.clients[shard].call_solo(op, args, self.request_timeout_s)
         got = None
         if solo is not SHARED:
             value, lost = solo
@@ -239,28 +190,17 @@ class Router(Calls, SyncExecutor):
         [(value, resent)] = self._drive(deliver(self, [(shard, op, args)], deadline, got=got))
         return (value, resent) if with_resent else value
 
-    # ------------------------------------------------------------------ producing
-    def _route(self, queue: str, key: str | None) -> int:
-        """The shard of a job: its queue's owner if the queue declares limits (placed:
-        docs/limits.md), else by key. A queue's placement is asked once, of the shard its
-        job would go to by key (so a shard that is down stops only its own jobs)."""
-        shard = self._shard_for(key)
-        owner = self._owners[queue] if queue in self._owners else self._learn_owner(queue, shard)
-        return shard if owner is None else owner
-
-    def _learn_owner(self, queue: str, ask: int) -> int | None:
-        cfg = self._call(ask, "queue_config", [queue])
-        self._queue_cfg.setdefault(queue, cfg)
-        return self._owners.setdefault(queue, placed_owner(cfg))
-
     def _session(self, shard: int) -> list[int]:
-        with self._lock:
-            return self._sessions[shard].open()
+        client = self.clients[shard]
+        with client._lock:
+            return client.chan.sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
-        with self._lock:
-            self._sessions[shard].close(session)
+        client = self.clients[shard]
+        with client._lock:
+            client.chan.sessions.close(session)
 
+    # ------------------------------------------------------------------ the hot calls
     def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
                 priority: int = 0, dedup_id: str | None = None) -> int:
         """Durably add a job; returns its id once the owning shard has fsynced it.
@@ -268,9 +208,9 @@ class Router(Calls, SyncExecutor):
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
         queue's dedup window returns the first job's id and adds nothing."""
         item = job_item(body, key, queue, delay, priority, dedup_id)
-        if priority and queue not in self._noted:
-            self._drive(note_priorities(self, [queue]))
-        shard = self._route(queue, key)
+        shard = self._placed(queue, key, priority)
+        if shard is None:
+            shard = self._drive(place(self, queue, key, priority))
         session = self._session(shard)
         try:
             ids: list[int] = self._call(shard, "enqueue", [[item], session])
@@ -278,11 +218,18 @@ class Router(Calls, SyncExecutor):
         finally:
             self._done(shard, session)
 
+    def ack(self, lease: Lease) -> None:
+        """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
+        errs, retried = self._call(lease_shard(lease, self.shards), "ack", [[[lease.job_id, lease.token]]],
+                                   with_resent=True)
+        if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
+            raise err
+
     def _wait_any(self, effect: WaitAny) -> list[Any] | None:
         """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
         that are up, read their sockets in this thread (:func:`lead_any`) until one answers
-        with something, then withdraw the waiting dequeues still open (:meth:`_withdraw`)
-        and forget the watches."""
+        with something, then withdraw the waiting dequeues still open and forget the watches
+        (:meth:`~.channel.Channel.abandon`)."""
         calls = effect.calls
         event = threading.Event()
         now = self._mono()
@@ -313,12 +260,12 @@ class Router(Calls, SyncExecutor):
                 event.wait(deadline - self._mono())
         out: list[Any] = [None] * len(calls)
         for i, fut in parked:
-            shard, op, args = calls[i]
             if not fut.done:
-                if op == "dequeue_wait":
-                    self._withdraw(shard, fut, args[0])
-                else:
-                    self.clients[shard].forget(fut)  # its reply, if it ever comes, is dropped
+                if calls[i].op == "dequeue_wait":  # withdrawn; what it leases anyway is released
+                    fut.callback = self._orphaned()
+                self.clients[calls[i].shard].forget(fut)  # a watch is dropped
+                if fut.done and fut.callback is not None:
+                    fut.callback(fut)  # answered just before: its leases are nobody's
             elif fut.error is None:
                 out[i] = fut.value
             elif not isinstance(fut.error, ConnectionLost):
@@ -327,48 +274,12 @@ class Router(Calls, SyncExecutor):
             c.hand_off()
         return out
 
-    def _withdraw(self, shard: int, fut: Future, queue: str) -> None:
-        """Withdraw a waiting dequeue nobody waits for now; release what it leases anyway.
-        Until the shard says which (withdrawn, or answered first), :meth:`close` waits."""
+    def _orphaned(self) -> Callable[[Future], None]:
         once = threading.Lock()
+        return lambda f: self._release_rows(f.value) if once.acquire(False) and f.error is None and f.value else None
 
-        def settle(f: Future) -> None:
-            if once.acquire(blocking=False):
-                if f.error is None and f.value:
-                    self._release([lease for _, lease in leases_of(queue, f.value)])
-                self._withdraw_settled()
-
-        with self._withdrawn:
-            self._withdrawing += 1
-        fut.callback = settle
-        if fut.done:
-            settle(fut)
-            return
-        client = self.clients[shard]
-
-        def answered(c: Future) -> None:
-            if c.error is None and c.value is True:  # withdrawn: no reply will come
-                client.forget(fut)
-                if once.acquire(blocking=False):
-                    self._withdraw_settled()
-            # otherwise its reply (or its connection's end) is on the way: settle() runs
-
-        try:
-            cancel = self._send(shard, "cancel_wait", [fut.rid], self._mono(), lead=False)
-        except (ShardUnavailable, Closed):
-            # Its connection broke (or the router closed): the waiting dequeue went with it.
-            if once.acquire(blocking=False):
-                self._withdraw_settled()
-            return
-        cancel.callback = answered
-        if cancel.done:
-            answered(cancel)
-
-    def _withdraw_settled(self) -> None:
-        with self._withdrawn:
-            self._withdrawing -= 1
-            if self._withdrawing <= 0:
-                self._withdrawn.notify_all()
+    def _release_rows(self, rows: list[Any]) -> None:
+        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
 
     def _release(self, leases: list[Lease]) -> None:
         """Give leases back unstarted (their delivery not counted), without waiting; one
@@ -379,21 +290,15 @@ class Router(Calls, SyncExecutor):
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 
-    def ack(self, lease: Lease) -> None:
-        """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
-        errs, retried = self._call(lease_shard(lease, self.shards), "ack", [[[lease.job_id, lease.token]]],
-                                   with_resent=True)
-        if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
-            raise err
-
     def close(self) -> None:
         """Close connections; an embedded service (``shardq.open``) is stopped too."""
         if self._closed:
             return
         # A withdrawn wait's lease may still be on its way: let it come and be released
         # (unstarted), rather than expire held by nobody with its delivery counted.
-        with self._withdrawn:
-            self._withdrawn.wait_for(lambda: self._withdrawing <= 0, WITHDRAW_SETTLE_S)
+        end = self._mono() + WITHDRAW_SETTLE_S
+        for c in self.clients:
+            c.settle_orphans(max(0.0, end - self._mono()))
         self._closed = True
         for c in self.clients:
             c.close()

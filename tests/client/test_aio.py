@@ -9,7 +9,7 @@ import pytest
 
 import shardq
 from shardq import limits
-from shardq.client import aioconn
+from shardq.client import channel
 from shardq.protocol import wire
 
 from support.service import Service
@@ -27,19 +27,22 @@ def run(coro):
 
 def pending_waiters(q) -> int:
     """Requests still held for a caller, and single calls waiting to be merged."""
-    return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.conns)
+    return sum(len(c.chan.pending) + len(c.chan.outbox) + len(c.chan.enq_parts) + len(c.chan.ack_parts)
+               for c in q.conns)
 
 
 def test_single_calls_of_one_turn_are_merged_into_one_request_per_shard(svc, monkeypatch):
     frames = []
-    real = aioconn.ShardConn._write
+    real = channel.Channel.flush
 
-    def spy(write, payload):
-        frame = msgpack.unpackb(payload, raw=False)
-        frames.append([(op, len(args[0]) if op in ("enqueue", "ack") else 1) for _, op, args in frame])
-        return real(write, payload)
+    def spy(self, now):
+        out, done = real(self, now)
+        for data in out:
+            frame = msgpack.unpackb(data[4:], raw=False)
+            frames.append([(op, len(args[0]) if op in ("enqueue", "ack") else 1) for _, op, args in frame])
+        return out, done
 
-    monkeypatch.setattr(aioconn.ShardConn, "_write", staticmethod(spy))
+    monkeypatch.setattr(channel.Channel, "flush", spy)
 
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
@@ -122,7 +125,7 @@ def test_cancelling_a_waiting_dequeue_leaves_no_lease_behind(svc, phase):
                 if phase == "waiting":
                     await until(lambda: waiting_at_shards(svc) == [1, 1], "a waiting dequeue at both shards")
                 else:
-                    await until(lambda: sum(r.op == "watch" for c in q.conns for r in c.pending.values()) == 2,
+                    await until(lambda: sum(r.op == "watch" for c in q.conns for r in c.chan.pending.values()) == 2,
                                 "a watch at both shards")
                 t.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -138,7 +141,7 @@ def test_cancelling_a_waiting_dequeue_leaves_no_lease_behind(svc, phase):
                 t = asyncio.create_task(q.dequeue(queue))
                 for _ in range(20):                     # until its request is written
                     await asyncio.sleep(0)
-                    written = [r for c in q.conns for r in c.pending.values() if r.op == "dequeue"]
+                    written = [r for c in q.conns for r in c.chan.pending.values() if r.op == "dequeue"]
                     if written:
                         break
                 assert written and not t.done()
@@ -191,7 +194,25 @@ def test_consume_holds_at_most_concurrency_leases(svc):
 
 def test_the_wire_frames_are_multiprocessing_connection_frames():
     frame = [[1, "ping", []]]
-    out = []
-    aioconn.ShardConn._write(out.append, msgpack.packb(frame))
+    chan = channel.Channel(0, 7, 5.0)
+    chan.connected()
+    chan.submit("ping", [], object(), 0.0)
+    out, _ = chan.flush(0.0)
     assert out[0][:4] == len(msgpack.packb(frame)).to_bytes(4, "big") and msgpack.unpackb(out[0][4:]) == frame
     assert wire.RETRY["bury"] is wire.UNKNOWN
+
+
+def test_a_caller_leaving_a_merged_enqueue_leaves_the_others_their_own_ids(svc):
+    """Three single enqueues merged into one request; the first caller is cancelled after
+    it was written. The others get their own jobs' ids: the leaving part used to be taken
+    out of the request, so each later caller got the id before its own."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            await q.queue_config("leave")  # its placement, asked before the first enqueue
+            tasks = [asyncio.ensure_future(q.enqueue(b"b%d" % i, key="same", queue="leave")) for i in range(3)]
+            while not any(r.op == "enqueue" for c in q.conns for r in getattr(c, "chan", c).pending.values()):
+                await asyncio.sleep(0)  # until the merged request is written
+            tasks[0].cancel()
+            ids = await asyncio.gather(*tasks[1:])
+            assert [(await q.job(job_id))["body"] for job_id in ids] == [b"b1", b"b2"]
+    run(main())

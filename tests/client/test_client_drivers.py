@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import socket
 import threading
+import time
 from multiprocessing.connection import Listener
 
 import msgpack
@@ -646,8 +647,9 @@ def scripted():
 def left_pending(q) -> int:
     """Requests a client still keeps for a reply (none once every call has returned)."""
     if isinstance(q, SyncAsyncQueue):
-        return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in q.q.conns)
-    return sum(len(c._pending) for c in q.clients)
+        return sum(len(c.chan.pending) + len(c.chan.outbox) + len(c.chan.enq_parts) + len(c.chan.ack_parts)
+                   for c in q.q.conns)
+    return sum(len(c.chan.pending) for c in q.clients)
 
 
 LEASE = shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)
@@ -874,3 +876,20 @@ def test_a_purge_deletes_every_live_job_and_survives_a_kill(connect):
             == (1, 0, 0, 1)
         assert counts["kept"]["ready"] == 1
         assert again.dequeue("p").body == b"after"
+
+
+def test_a_dequeue_answered_after_its_request_timeout_has_its_leases_released(fake, connect):
+    """The shard answers a dequeue after the caller gave up on it (request timeout): nobody
+    will take that lease, so it is released unstarted at once, not left to expire with its
+    delivery counted. The threaded client's lone-call path dropped such a reply."""
+    def answer(shard, op, args):
+        if op == "dequeue":
+            time.sleep(0.6)  # the shard is slow: past the caller's 0.3 s request timeout
+            return [row(1, 0)]
+        return None  # the release
+    f = fake(1, answer)
+    q = connect(f.dd.path, request_timeout_s=0.3)
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer dequeue"):
+        q.dequeue("default")
+    wait_until(lambda: releases(f), 10, what="the late lease released")
+    assert releases(f) == [(0, job_id(1, 0), 101)]

@@ -85,6 +85,7 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
     client = ShardClient(0, "unused", b"k" * 32)
     conn = Connection(a.detach())
     client._conn = conn
+    client.chan.connected()
     monkeypatch.setattr(limits, "FRAME_BYTES_MAX", 1000)  # two requests of 600 bytes: two frames
     write_frame = connection._write_frame
     frames = []
@@ -103,7 +104,7 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
     client._flush()
     assert len(frames) == 1
     (rid, op, args), = msgpack.unpackb(Connection(b.detach()).recv_bytes(), raw=False)
-    assert (rid, op, args[0]) == (first.rid, "dequeue", "q" * 600)
+    assert (rid, op, args[0]) == (first.req.rid, "dequeue", "q" * 600)
     assert isinstance(first.error, ConnectionLost) and first.error.sent  # the shard may have applied it
     assert isinstance(second.error, ConnectionLost) and not second.error.sent
 
@@ -130,30 +131,36 @@ def test_future_set_races_have_one_winner():
 
 
 def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
-    """_broken used to iterate the pending dict while the reader thread popped from it."""
+    """_broken used to iterate the pending dict while the reader thread popped from it; both
+    now go through the channel under the connection's lock: each request is settled once,
+    by its reply or by the break."""
     import socket
     from multiprocessing.connection import Connection
+
+    from shardq.client.channel import Request
     for _ in range(20):
         a, b = socket.socketpair()
         client = ShardClient(0, "unused", b"k" * 32)
         conn = Connection(a.detach())
         client._conn = conn
+        client.chan.connected()
         futs = {}
-        for rid in range(1, 20_001):
+        for rid in range(1, 2_001):
             fut = Future()
-            fut.rid, fut.sent = rid, True
-            futs[rid] = client._pending[rid] = fut
-        pending = client._pending
+            req = Request("ping", [], [fut], 0.0)
+            req.rid, req.sent = rid, True
+            futs[rid] = fut
+            client.chan.pending[rid] = req
         popped = []
         start = threading.Event()
 
-        def reader():  # what _read_replies does with each reply
+        def reader():  # what _read_once does with each reply
             start.wait()
-            for rid in range(1, 20_001):
-                fut = pending.pop(rid, None)
-                if fut is not None:
-                    popped.append(rid)
-                    fut.set("reply")
+            for rid in range(1, 2_001):
+                with client._lock:
+                    done = client.chan.replies([[rid, wire.OK, "reply"]])
+                popped.extend(rid for _, _, _ in done)
+                client._settle(done)
 
         t = threading.Thread(target=reader)
         t.start()
@@ -162,7 +169,8 @@ def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
         t.join()
         assert all(f.done for f in futs.values())
         lost = [r for r, f in futs.items() if isinstance(f.error, ConnectionLost)]
-        assert sorted(lost + popped) == list(range(1, 20_001))  # each taken by exactly one side
+        replied = [r for r, f in futs.items() if f.value == "reply"]
+        assert sorted(lost + replied) == list(range(1, 2_001)) and len(replied) == len(popped)
         assert all(futs[r].error.sent for r in lost)
         conn.close()
         b.close()
@@ -180,6 +188,7 @@ def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
     client = ShardClient(0, "unused", b"k" * 32)
     conn = Connection(a.detach())
     client._conn = conn
+    client.chan.connected()
     threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
     server = Connection(b.detach())
     client._read_lock.acquire()  # the reader thread, checking for pending replies
@@ -234,3 +243,32 @@ def test_the_router_and_its_connections_read_time_from_the_clock_they_are_given(
         finally:
             q.close()
             f.close()
+
+
+def test_a_request_queued_behind_another_threads_send_is_read_for():
+    """A request waits in the outbox while another thread writes; the reader thread, asked
+    to read for it, must not go back to sleep because nothing was written yet: the reply
+    that comes once it is written is then read by nobody (seen with 200 threads enqueuing
+    on one router: a caller waited out its 30 s request timeout)."""
+    import socket
+    import time
+    from multiprocessing.connection import Connection
+
+    from support.service import poll_until
+    a, b = socket.socketpair()
+    client = ShardClient(0, "unused", b"k" * 32)
+    conn = Connection(a.detach())
+    client._conn = conn
+    client.chan.connected()
+    threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
+    server = Connection(b.detach())
+    client._flushing = True  # another thread is writing: ours waits in the outbox
+    fut = client.submit("stats", [], lead=False)  # its caller asks the reader thread to read
+    poll_until(lambda: client._read_lock.locked(), time.monotonic() + 1.0)  # the reader, reading for it
+    client._flushing = False
+    client._flush()
+    (rid, _, _), = msgpack.unpackb(server.recv_bytes(), raw=False)
+    server.send_bytes(msgpack.packb([[rid, wire.OK, "reply"]]))
+    assert fut.wait(5) and fut.value == "reply"
+    client.close()
+    server.close()

@@ -1,0 +1,66 @@
+"""``AsyncQueue.consume``: the loop that yields leases, holding at most ``concurrency`` that
+are not yet settled (acked, nacked, buried or expired) through its client."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from ..clock import SystemClock
+from ..types import Lease
+
+if TYPE_CHECKING:
+    from .aio import AsyncQueue
+
+_now = SystemClock.now
+
+
+class Consumer:
+    """State of one ``consume()`` loop."""
+
+    def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility: float | None):
+        self.q, self.queue, self.concurrency = q, queue, concurrency
+        self.wait, self.visibility = wait, visibility
+        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> deadline
+        self.buffer: deque[Lease] = deque()
+        self.freed = asyncio.Event()
+
+    def settled(self, lease: Lease) -> None:
+        if self.held.pop((lease.job_id, lease.token), None) is not None:
+            self.freed.set()
+
+    def _expire(self) -> float | None:
+        now = _now()  # lease deadlines are wall-clock seconds
+        for ref, deadline in list(self.held.items()):
+            if deadline <= now:
+                del self.held[ref]
+        return min(self.held.values(), default=None)
+
+    async def run(self) -> AsyncIterator[Lease]:
+        q = self.q
+        q._consumers.append(self)
+        try:
+            while True:
+                if not self.buffer:
+                    soonest = self._expire()
+                    room = self.concurrency - len(self.held)
+                    if room <= 0:
+                        self.freed.clear()
+                        timeout = None if soonest is None else max(0.0, soonest - _now())
+                        try:
+                            await asyncio.wait_for(self.freed.wait(), timeout)
+                        except TimeoutError:
+                            pass
+                        continue
+                    leases = await q.dequeue_many(self.queue, max_jobs=room, wait=self.wait,
+                                                  visibility=self.visibility)
+                    for lease in leases:
+                        self.held[(lease.job_id, lease.token)] = lease.deadline
+                    self.buffer.extend(leases)
+                    continue
+                yield self.buffer.popleft()
+        finally:
+            q._consumers.remove(self)
+            left, self.buffer = list(self.buffer), deque()
+            q._release_leases(left)
