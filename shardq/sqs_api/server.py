@@ -22,8 +22,9 @@ from ..client.router import Router
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import InvalidConfig, ShardqError, SqsApiError
+from ..service import http_head as head
 from ..service.http_listener import Listener, Request, bind, publish_address, unpublish_address
-from . import head, protocol
+from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
