@@ -5,16 +5,18 @@ holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
 header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), answered in
-its protocol's form."""
+its protocol's form. A worker that has answered keeps its connection for the next request
+(``SQS_API_HOLD_S``: SDKs send back to back), as every connection has a worker here."""
 from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import logging
 import os
+import secrets
 import select
 import socket
-import uuid
 from urllib.parse import urlsplit
 
 from .. import limits
@@ -72,6 +74,13 @@ class SqsService:
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
         self.listener: Listener | None = None
         self._address_file: str | None = None
+        # request ids: unique per process start (random) and request (a counter; next() of a
+        # count is atomic, a generator's is not), UUID-shaped as AWS's; uuid4() read the
+        # kernel's random source once a request
+        r = secrets.token_hex(10)
+        self._request_prefix = f"{r[:8]}-{r[8:12]}-{r[12:16]}-{r[16:]}-"
+        self._request_count = itertools.count()
+        self._date: tuple[int, str] = (-1, "")  # (second, Date header): formatted once a second
 
     def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> SqsService:
         """Serve on ``sock`` (bound by :func:`bind_sqs_listen`, as ``serve`` does before any
@@ -82,7 +91,7 @@ class SqsService:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body,
                                      workers=limits.SQS_API_WORKERS, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
-                                     sock=sock)
+                                     sock=sock, hold_s=limits.SQS_API_HOLD_S)
         except BaseException:
             self.api.close()
             self.router.close()
@@ -109,7 +118,7 @@ class SqsService:
         self.router.close()
 
     # ------------------------------------------------------------------ requests
-    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
+    def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
         """Read a body only for a POST that names our key id (when keys are set)."""
         if method != "POST":
             return False
@@ -120,7 +129,7 @@ class SqsService:
 
     def _handle(self, req: Request) -> bool:
         keep = req.keep_alive
-        headers = head.parse(req.data)
+        headers = req.head  # parsed once, by the Listener
         if headers is None:
             return self._send(req, 400, b"bad request\n", "text/plain", (), False)
         method, target, version = headers.method, headers.target, headers.version
@@ -128,7 +137,7 @@ class SqsService:
             keep = False
         # a chunked body comes decoded in req.body (held to this listener's body limit)
         body = req.body if req.body is not None else req.data[headers.body_at:] if req.body_ready else b""
-        request_id = str(uuid.uuid4())
+        request_id = f"{self._request_prefix}{next(self._request_count) & 0xFFFFFFFFFFFF:012x}"
         is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
             protocol.JSON_TYPE)
         action = "?"
@@ -187,8 +196,11 @@ class SqsService:
               keep: bool) -> bool:
         reason = http.client.responses.get(status, "Error")
         # Date: SDKs (Java, Go) correct their clock skew from it after a signature refusal
+        now = int(self.clock.now())
+        if self._date[0] != now:
+            self._date = (now, email.utils.formatdate(now, usegmt=True))
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
-                 f"Date: {email.utils.formatdate(self.clock.now(), usegmt=True)}",
+                 f"Date: {self._date[1]}",
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
         req.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
         return keep
