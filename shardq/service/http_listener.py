@@ -41,6 +41,7 @@ import logging
 import os
 import queue
 import re
+import select
 import selectors
 import socket
 import threading
@@ -112,6 +113,25 @@ class Request:
     rest: bytes = b""  # bytes after this request (pipelined): the start of the next one
     body: bytes | None = None  # a chunked body, decoded (``data`` then holds the head only)
     head: Head | None = None  # the parsed head; None: not an HTTP/1.x request head
+
+    def send_all(self, data: bytes) -> None:
+        """Write ``data`` whole, within ``HTTP_WRITE_S_MAX`` (OSError past it). A held
+        connection's socket stays non-blocking (``hold_s``): one ``send`` when the kernel
+        takes it all, as it does a response that fits the socket's buffer, without the poll
+        a socket timeout makes before every call; else the rest as ``sendall`` writes it."""
+        if self.sock.gettimeout() != 0.0:
+            self.sock.sendall(data)
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            self.sock.settimeout(limits.HTTP_WRITE_S_MAX)
+            try:
+                self.sock.sendall(memoryview(data)[sent:])
+            finally:
+                self.sock.setblocking(False)
 
 
 class ChunkedBody:
@@ -441,9 +461,10 @@ class Listener:
     def _answer_one(self, req: Request) -> Request | None:
         """Answer ``req``; its connection's next request when this worker is to answer it
         too (``hold_s``), else None: the connection went back to the receiver, or is closed."""
-        # sendall's timeout bounds a whole write (Python 3.5+), not each chunk; a timeout
-        # puts the socket in the blocking-with-timeout mode a worker needs.
-        req.sock.settimeout(limits.HTTP_WRITE_S_MAX)
+        # sendall's timeout bounds a whole write (Python 3.5+), not each chunk. A holding
+        # listener's handler writes with req.send_all, on the non-blocking socket as is.
+        if not self.hold_s:
+            req.sock.settimeout(limits.HTTP_WRITE_S_MAX)
         keep: bool | None
         try:
             keep = self.handle(req) and req.keep_alive
@@ -474,6 +495,8 @@ class Listener:
         sock, buf = req.sock, bytearray(req.rest)
         since = self.clock.monotonic()
         until = since + self.hold_s
+        waiter = select.poll()  # the socket stays non-blocking: wait here, then recv at once
+        waiter.register(sock, select.POLLIN)
         while True:
             m = _HEAD_END.search(buf)
             if m is not None or len(buf) > limits.HTTP_HEAD_BYTES_MAX:
@@ -492,10 +515,11 @@ class Listener:
             if left <= 0 or self._stopping.is_set():
                 break
             try:
-                sock.settimeout(left)
+                if not waiter.poll(max(1, int(left * 1000))):
+                    continue  # the loop's deadline check ends it
                 data = sock.recv(65536)
-            except TimeoutError:
-                break
+            except (BlockingIOError, InterruptedError):
+                continue
             except OSError:
                 data = b""
             if not data:  # the client closed it (or reset it)

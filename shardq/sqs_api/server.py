@@ -202,5 +202,5 @@ class SqsService:
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
                  f"Date: {self._date[1]}",
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
-        req.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+        req.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
         return keep

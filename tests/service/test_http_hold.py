@@ -26,6 +26,7 @@ def _post(path: str, body: bytes, extra: str = "") -> bytes:
 @pytest.fixture()
 def listener(monkeypatch):
     monkeypatch.setattr(limits, "HTTP_CONNECTIONS_MAX", 4)  # hold_s needs a worker per connection
+    _left.clear()
     seen: list[tuple[str, int, bytes]] = []
 
     def handle(req: Request) -> bool:
@@ -33,7 +34,9 @@ def listener(monkeypatch):
         body = req.data[req.head.body_at:] if req.body_ready else b""
         seen.append((req.head.target, threading.get_ident(), body))
         text = f"{req.head.target} {len(body)}".encode()
-        req.sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text))
+        if req.head.target.startswith("/big"):  # more than a socket's buffer takes at once
+            text = text.ljust(int(req.head.target[4:]), b".")
+        req.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text))
         return True
     lst = Listener(("127.0.0.1", 0), socket.AF_INET, handle, lambda method, path, head: True,
                    workers=4, hold_s=HOLD_S)
@@ -43,9 +46,12 @@ def listener(monkeypatch):
     lst.stop()
 
 
+_left: dict[int, bytes] = {}  # bytes read past the responses asked for, per socket
+
+
 def _answers(s: socket.socket, n: int) -> list[bytes]:
     """The bodies of the next ``n`` responses on ``s``."""
-    buf, out = b"", []
+    buf, out = _left.pop(s.fileno(), b""), []
     while len(out) < n:
         head, sep, rest = buf.partition(b"\r\n\r\n")
         if sep:
@@ -54,9 +60,10 @@ def _answers(s: socket.socket, n: int) -> list[bytes]:
                 out.append(rest[:size])
                 buf = rest[size:]
                 continue
-        chunk = s.recv(65536)
+        chunk = s.recv(1 << 20)
         assert chunk, "closed"
         buf += chunk
+    _left[s.fileno()] = buf
     return out
 
 
@@ -92,10 +99,20 @@ def test_expect_100_continue_after_a_kept_request_is_the_receivers(listener):
     with socket.create_connection(listener.address, timeout=5) as s:
         s.sendall(_get("/a"))
         assert _answers(s, 1) == [b"/a 0"]
-        s.sendall(_post("/big", b"", "Expect: 100-continue\r\n").replace(b"Length: 0", b"Length: 3"))
+        s.sendall(_post("/expect", b"", "Expect: 100-continue\r\n").replace(b"Length: 0", b"Length: 3"))
         assert s.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(b"abc")
-        assert _answers(s, 1) == [b"/big 3"]
+        assert _answers(s, 1) == [b"/expect 3"]
+
+
+def test_a_response_larger_than_the_socket_buffer_is_written_whole_to_a_slow_reader(listener):
+    size = 32 * 1024 * 1024  # more than the two sockets' buffers hold
+    with socket.create_connection(listener.address, timeout=5) as s:
+        s.sendall(_get("/a") + _get(f"/big{size}") + _get("/c"))
+        assert _answers(s, 1) == [b"/a 0"]
+        time.sleep(0.2)  # the worker meets a full buffer: what is under test is its wait, not ours
+        big, last = _answers(s, 2)
+        assert len(big) == size and big.startswith(f"/big{size} 0".encode()) and last == b"/c 0"
 
 
 def test_a_head_over_its_limit_after_a_kept_request_is_refused_with_431(listener):
