@@ -52,7 +52,6 @@ class SqsApi(MessageActions):
         self.router, self.catalog, self.cfg = router, catalog, cfg
         self.clock = clock or SystemClock()
         self.service_id = getattr(router, "service_id", None) or "shardq"
-        self._purged: dict[str, float] = {}
         self.moves = MoveTasks(self)
         MessageActions.__init__(self)
 
@@ -205,12 +204,7 @@ class SqsApi(MessageActions):
 
     def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
-        now = self.clock.monotonic()
-        last = self._purged.get(name)
-        if last is not None and now - last < PURGE_EVERY_S:
-            raise fault("PurgeQueueInProgress", f"Only one PurgeQueue operation on {name} is allowed every 60 "
-                                                f"seconds.")
-        self._purged[name] = now
+        self.catalog.stamp_purge(name, PURGE_EVERY_S)  # in the catalog: every process sees it; before the purge
         self._drain(name)
         return {}
 
@@ -287,6 +281,7 @@ class SqsApi(MessageActions):
 
     def close(self) -> None:
         self.moves.close()
+        self.memos.close()
 
 
 def missing_tags() -> Exception:

@@ -6,9 +6,18 @@
   the body's SHA-256 with ContentBasedDeduplication) is the job's ``dedup_id``: a duplicate
   within the queue's ``dedup_window`` (300 s by default, as SQS) answers the first send's
   MessageId and SequenceNumber. A standard queue's MessageGroupId rides in the envelope.
+* DeduplicationScope = queue (FIFO's default): a dedup id also stands across groups. The
+  message and the claim of its id for the queue (a memo, :mod:`.memos`) are enqueued
+  together; if another group claimed the id first, this message is cancelled and the send
+  answers that group's message. A crash between the two writes can leave a duplicate, never
+  an answered send with nothing behind it (:meth:`MessageActions._enqueue`).
 * A receive is ``dequeue_many`` with the visibility as the lease; the receipt handle is the
   lease (:mod:`.handles`). A message past its queue's ``maxReceiveCount`` is moved to the
   dead-letter queue when a receive finds it, as SQS does: enqueued there, then acked here.
+  A FIFO receive with a ReceiveRequestAttemptId writes its receipts in a memo before it
+  answers; a retry (in any process, after a restart too) answers them again while they are
+  in flight. First receive times are memos too, on a queue where a receive has asked for
+  ApproximateFirstReceiveTimestamp.
 """
 from __future__ import annotations
 
@@ -16,28 +25,42 @@ import collections
 import hashlib
 import logging
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import JobGone, LeaseLost, NotFound, ShardqError
+from ..errors import JobGone, LeaseLost, NotFound, ShardqError, UnknownQueue
 from ..types import Lease
 from . import attributes as qattr
 from . import handles
 from . import message as m
 from . import params as p
 from .faults import fault, invalid, missing
+from .memos import QUEUE as MEMO_QUEUE
+from .memos import Claim, Memos
 
 log = logging.getLogger("shardq.sqs_api")
 
 VISIBILITY_ZERO_S = 0.001       # a receive with VisibilityTimeout 0: shardq leases are never 0 long
-FIRST_RECEIVES_KEPT = 100_000   # ApproximateFirstReceiveTimestamp: remembered in memory (approximate)
-ATTEMPTS_KEPT = 10_000          # ReceiveRequestAttemptId answers kept (FIFO), each for 5 minutes
-ATTEMPT_S = 300.0
-QUEUE_DEDUP_KEPT = 1_000_000    # queue-scope dedup ids remembered (in memory, each for the window)
+ATTEMPT_S = 300.0               # a ReceiveRequestAttemptId's answer: at most 5 minutes (AWS)
+ATTEMPTS_NOTED = 10_000         # attempt ids this process answered lately (a retry skips its receive)
 POLL_SLICE_S = 2.0              # a long poll checks that its client is still there this often
 SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp",
                 "SequenceNumber", "MessageDeduplicationId", "MessageGroupId", "AWSTraceHeader",
                 "DeadLetterQueueSourceArn")
+
+
+class Received(NamedTuple):
+    """A lease to hand out, when it was received (ms), and its message as a receive shows it
+    (:func:`.message.presented`: body, envelope head, message attributes; read once)."""
+    lease: Lease
+    at_ms: int
+    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]]]
+
+    @property
+    def sent_ms(self) -> int | None:
+        """When it was sent, if its envelope says (a bare body does not)."""
+        sent = self.shown[1].get("t")
+        return sent if isinstance(sent, int) else None
 
 
 class MessageActions:
@@ -51,13 +74,11 @@ class MessageActions:
     service_id: str
 
     def __init__(self) -> None:
-        self._first: collections.OrderedDict[int, int] = collections.OrderedDict()
-        # (queue, ReceiveRequestAttemptId) -> (kept until, the answer)
-        self._attempts: collections.OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = \
-            collections.OrderedDict()
-        self._memo_lock = threading.Lock()
-        # (queue, dedup id) -> (job id, remembered until): DeduplicationScope = queue across groups
-        self._queue_dedup: collections.OrderedDict[tuple[str, str], tuple[int, float]] = collections.OrderedDict()
+        self.memos = Memos(self.router, self.clock)
+        # (queue, ReceiveRequestAttemptId) -> until (monotonic): answered here lately, so a retry
+        # reads its memo before any receive (the memo itself is what every process shares)
+        self._attempted: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+        self._attempted_lock = threading.Lock()
         #: per request thread: ``gone()`` says whether the client closed its connection
         self.caller = threading.local()
 
@@ -129,33 +150,41 @@ class MessageActions:
             out["queue_dedup"] = dedup
         return out
 
-    def _first_send(self, name: str, prepared: dict[str, Any]) -> int | None:
-        """The job of an earlier send with this dedup id in another group of the queue
-        (DeduplicationScope = queue), if this process remembers one within the window.
-        Within one group shardq's own dedup answers, durably (docs/sqs-api.md)."""
-        dedup = prepared.get("queue_dedup")
-        if dedup is None:
-            return None
-        with self._memo_lock:
-            kept = self._queue_dedup.get((name, dedup))
-            if kept is not None and kept[1] > self.clock.monotonic():
-                return kept[0]
-        return None
+    def _enqueue(self, name: str, prepared: list[dict[str, Any]]) -> list[int]:
+        """Enqueue the jobs of sends to ``name``; the job id each send answers.
 
-    def _remember(self, name: str, prepared: dict[str, Any], job_id: int) -> None:
-        dedup = prepared.get("queue_dedup")
-        if dedup is None:
-            return
-        window = float(self.router.queue_config(name).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
-        now = self.clock.monotonic()
-        with self._memo_lock:
-            self._queue_dedup.setdefault((name, dedup), (job_id, now + window))
-            while len(self._queue_dedup) > QUEUE_DEDUP_KEPT or (
-                    self._queue_dedup and next(iter(self._queue_dedup.values()))[1] <= now):
-                self._queue_dedup.popitem(last=False)
+        DeduplicationScope = queue: each send's dedup id is claimed for the queue in a memo
+        (:mod:`.memos`) whose value is the send's group, enqueued in the same ``enqueue_many``
+        as the messages (their fsyncs overlap). A send whose id another group claimed first
+        is a duplicate: its own copy is cancelled and it answers the message of that group
+        with this id (an enqueue there with the dedup id finds it; if the first send never got
+        that far, a crash, this one's body goes there). Whatever the order the two writes
+        reach the disk in, a crash between them leaves at most a duplicate, never an answered
+        send with nothing behind it."""
+        jobs = [dict(prep["job"], queue=name) for prep in prepared]
+        window = self._dedup_window(name) if any(prep.get("queue_dedup") for prep in prepared) else 0.0
+        claims = [(i, Claim("d", f"{name}\n{prep['queue_dedup']}", prep["job"]["key"], window))
+                  for i, prep in enumerate(prepared) if prep.get("queue_dedup") is not None]
+        ids, memos = self.memos.enqueue_and_claim(jobs, [c for _, c in claims])
+        for (i, claim), memo in zip(claims, memos):
+            if memo is None or memo.mine or memo.value == claim.value:
+                continue  # claimed here; the same group (shardq's dedup answered); or lapsed
+            try:
+                outcome = self.router.cancel(ids[i])
+            except ShardqError as e:  # it stays: a duplicate, never a loss
+                log.info("event=sqs-api-duplicate-kept job=%s error=%s", ids[i], e)
+            else:
+                if outcome == "cancelling":  # received already: that delivery stands
+                    log.info("event=sqs-api-duplicate-received job=%s", ids[i])
+            job = prepared[i]["job"]
+            ids[i] = self.router.enqueue(job["body"], key=str(memo.value), queue=name, delay=job["delay"],
+                                         dedup_id=job["dedup_id"])
+        return ids
+
+    def _dedup_window(self, name: str) -> float:
+        return float(self.router.queue_config(name).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
 
     def _sent(self, name: str, job_id: int, prepared: dict[str, Any]) -> dict[str, Any]:
-        self._remember(name, prepared, job_id)
         out = {k: v for k, v in prepared.items() if k not in ("job", "queue_dedup")}
         out["MessageId"] = m.message_id(self.service_id, job_id)
         if name.endswith(".fifo"):
@@ -165,12 +194,7 @@ class MessageActions:
     def send_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         prepared = self._prepare(name, rec, params)
-        first = self._first_send(name, prepared)
-        if first is not None:
-            return self._sent(name, first, prepared)
-        job = prepared["job"]
-        job_id = self.router.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
-                                     dedup_id=job["dedup_id"])
+        (job_id,) = self._enqueue(name, [prepared])
         return self._sent(name, job_id, prepared)
 
     def send_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
@@ -195,20 +219,13 @@ class MessageActions:
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
         successful: list[dict[str, Any]] = []
-        todo: list[tuple[str, dict[str, Any]]] = []
-        for eid, prep in ok:
-            first = self._first_send(name, prep)
-            if first is None:
-                todo.append((eid, prep))
-            else:
-                successful.append(dict(self._sent(name, first, prep), Id=eid))
-        if todo:
+        if ok:
             try:
-                ids = self.router.enqueue_many([prep["job"] for _, prep in todo], queue=name)
+                ids = self._enqueue(name, [prep for _, prep in ok])
             except ShardqError as err:
-                failed += [batch_error(eid, err) for eid, _ in todo]
+                failed += [batch_error(eid, err) for eid, _ in ok]
             else:
-                successful += [dict(self._sent(name, jid, prep), Id=eid) for (eid, prep), jid in zip(todo, ids)]
+                successful += [dict(self._sent(name, jid, prep), Id=eid) for (eid, prep), jid in zip(ok, ids)]
         order = {e["Id"]: i for i, e in enumerate(entries)}
         successful.sort(key=lambda e: order[e["Id"]])
         return {"Successful": successful, "Failed": failed}
@@ -227,18 +244,39 @@ class MessageActions:
                 raise fault("InvalidAttributeName", f"Unknown Attribute {s}.")
         wanted = set(SYSTEM_NAMES) if "All" in system else system & set(SYSTEM_NAMES)
         names = p.string_list(params, "MessageAttributeNames")
+        if "ApproximateFirstReceiveTimestamp" in wanted and not rec.get("first_receives"):
+            # from now on this queue's first receives are remembered (memos): asked once, kept
+            self.catalog.note_first_receives(name)
+            rec = self.catalog.get(name) or rec
         attempt = p.string(params, "ReceiveRequestAttemptId")
         if attempt is not None:
             if not name.endswith(".fifo"):
                 attempt = None  # AWS ignores it on standard queues
             else:
                 m.check_group_or_dedup("ReceiveRequestAttemptId", attempt)
-                again = self._attempt_answer(name, attempt)
-                if again is not None:
+                if self._answered_here(name, attempt):
+                    again = self._attempt_answer(name, rec, attempt, None, wanted, names)
+                    if again is not None:
+                        return again
+        received = self._receive(name, rec, n, vis, wait)
+        if not received:
+            return {}
+        try:
+            out = self._present_all(name, rec, received, wanted, names)
+            if attempt is not None:
+                again = self._attempt_answer(name, rec, attempt, (received, vis), wanted, names)
+                if again is not None:  # an earlier receive with this attempt id: its answer, ours back
+                    self._release([r.lease for r in received])
                     return again
+        except BaseException:
+            self._release([r.lease for r in received])  # nothing of this receive reaches the client
+            raise
+        return {"Messages": out}
+
+    def _receive(self, name: str, rec: dict[str, Any], n: int, vis: int, wait: int) -> list[Received]:
+        """Lease up to ``n`` messages to hand out, waiting up to ``wait`` s for the first."""
         deadline = self.clock.monotonic() + wait
-        out: list[dict[str, Any]] = []
-        handed: list[Lease] = []  # the leases of ``out``
+        out: list[Received] = []
         gone = getattr(self.caller, "gone", None) or (lambda: False)
         while True:
             remaining = max(0.0, deadline - self.clock.monotonic())
@@ -249,27 +287,20 @@ class MessageActions:
                                               visibility=vis or VISIBILITY_ZERO_S)
             if gone():
                 self._release(leases)
-                return {}
+                return []
             now_ms = int(self.clock.now() * 1000)
             for i, lease in enumerate(leases):
+                got = Received(lease, now_ms, m.presented(lease.body))
                 try:
-                    msg = self._deliver(name, rec, lease, now_ms, wanted, names)
+                    keep = self._keep(name, rec, got)
                 except BaseException:
                     # nothing of this receive reaches the client: hand every lease back
-                    self._release(handed + leases[i:])
+                    self._release([r.lease for r in out] + leases[i:])
                     raise
-                if msg is not None:
-                    out.append(msg)
-                    handed.append(lease)
+                if keep:
+                    out.append(got)
             if out or remaining <= 0:
-                break
-        answer = {"Messages": out} if out else {}
-        if attempt is not None and out:
-            with self._memo_lock:
-                self._attempts[(name, attempt)] = (self.clock.monotonic() + min(ATTEMPT_S, vis), answer)
-                while len(self._attempts) > ATTEMPTS_KEPT:
-                    self._attempts.popitem(last=False)
-        return answer
+                return out
 
     def _release(self, leases: list[Lease]) -> None:
         """Give back leases whose messages no client saw: unstarted, so not a receive."""
@@ -279,39 +310,102 @@ class MessageActions:
             except ShardqError as e:  # lost, or the shard is down: it expires by itself
                 log.info("event=sqs-api-release-failed job=%s error=%s", lease.job_id, e)
 
-    def _attempt_answer(self, name: str, attempt: str) -> dict[str, Any] | None:
-        """The answer of an earlier receive with this ReceiveRequestAttemptId, while its
-        messages are still in flight (a retry of a receive whose answer was lost)."""
-        with self._memo_lock:
-            kept = self._attempts.get((name, attempt))
-            if kept is None or kept[0] < self.clock.monotonic():
-                self._attempts.pop((name, attempt), None)
-                return None
-            return kept[1]
+    # ------------------------------------------------------------------ ReceiveRequestAttemptId
+    def _answered_here(self, name: str, attempt: str) -> bool:
+        with self._attempted_lock:
+            until = self._attempted.get((name, attempt))
+            if until is not None and until < self.clock.monotonic():
+                del self._attempted[(name, attempt)]
+                until = None
+            return until is not None
 
-    def _deliver(self, name: str, rec: dict[str, Any], lease: Lease, now_ms: int, wanted: set[str],
-                 names: list[str]) -> dict[str, Any] | None:
-        """The message of one lease; None when it is not handed out: past its retention
-        (deleted) or past maxReceiveCount (moved to the dead-letter queue)."""
-        attrs = rec["attributes"]
-        job_id, token = int(lease.job_id), int(lease.token)
-        body, head, mattrs = m.presented(lease.body)
-        sent = head.get("t")
-        if isinstance(sent, int) and now_ms - sent > int(attrs["MessageRetentionPeriod"]) * 1000:
+    def _attempt_answer(self, name: str, rec: dict[str, Any], attempt: str,
+                        ours: tuple[list[Received], int] | None, wanted: set[str],
+                        names: list[str]) -> dict[str, Any] | None:
+        """The answer of an earlier receive with this ReceiveRequestAttemptId (in any process,
+        before a restart too) while its messages are still in flight, or None. With ``ours``
+        (this receive's messages, its visibility), this receive's receipts are written as
+        the attempt's memo first, before it answers; without, the memo is only looked at."""
+        if ours is None:
+            receipts: list[list[Any]] = []
+            life = 0.0
+        else:
+            receipts = [[r.lease.job_id, r.lease.token, r.at_ms, r.lease.attempt, r.lease.key] for r in ours[0]]
+            life = min(ATTEMPT_S, float(ours[1]))
+        memo = self.memos.claim("a", f"{name}\n{attempt}", receipts, life)
+        if memo is None or memo.mine:
+            if memo is not None and ours is not None:
+                with self._attempted_lock:
+                    self._attempted[(name, attempt)] = self.clock.monotonic() + life
+                    while len(self._attempted) > ATTEMPTS_NOTED:
+                        self._attempted.popitem(last=False)
+            return None
+        again: list[Received] = []
+        for job_id, token, at_ms, count, key in memo.value:
+            try:
+                job = self.router.job(job_id)
+            except NotFound:
+                continue  # deleted since
+            if job.get("state") == "leased":
+                lease = Lease(job_id, key, job["body"], name, count, token, 0.0)
+                again.append(Received(lease, at_ms, m.presented(lease.body)))
+        if not again:
+            return None
+        return {"Messages": self._present_all(name, rec, again, wanted, names)}
+
+    # ------------------------------------------------------------------ presenting messages
+    def _keep(self, name: str, rec: dict[str, Any], r: Received) -> bool:
+        """Whether a lease's message is handed out: not when past its retention (deleted) or
+        past maxReceiveCount (moved to the dead-letter queue)."""
+        attrs, lease, head, sent = rec["attributes"], r.lease, r.shown[1], r.sent_ms
+        if sent is not None and r.at_ms - sent > int(attrs["MessageRetentionPeriod"]) * 1000:
             self._forget(lease)
-            return None
+            return False
         target = qattr.redrive(attrs)
-        if target is not None and lease.attempt > target[1] and self._move(name, lease, head, target[0]):
-            return None
-        with self._memo_lock:
-            first = self._first.get(job_id)
-            if first is None:
-                first = self._first[job_id] = now_ms if lease.attempt == 1 else (sent or now_ms)
-                while len(self._first) > FIRST_RECEIVES_KEPT:
-                    self._first.popitem(last=False)
+        return not (target is not None and lease.attempt > target[1] and self._move(name, lease, head, target[0]))
+
+    def _present_all(self, name: str, rec: dict[str, Any], received: list[Received], wanted: set[str],
+                     names: list[str]) -> list[dict[str, Any]]:
+        firsts = self._first_receives(name, rec, received, wanted)
+        return [self._present(name, rec, r, wanted, names, firsts.get(int(r.lease.job_id), r.at_ms))
+                for r in received]
+
+    def _first_receives(self, name: str, rec: dict[str, Any], received: list[Received],
+                        wanted: set[str]) -> dict[int, int]:
+        """ApproximateFirstReceiveTimestamp of each message, by job id, from memos: written at
+        a message's first receive on a queue where a receive has asked for it (the catalog
+        says so), read back when asked for. A message first received before that, or whose
+        memo has lapsed (the memo queue's dedup_window), gives its sent time."""
+        claims: list[tuple[int, Claim]] = []
+        for r in received:
+            job_id, first = int(r.lease.job_id), r.lease.attempt == 1
+            if (first and rec.get("first_receives")) or (not first and "ApproximateFirstReceiveTimestamp" in wanted):
+                value = r.at_ms if first else (r.sent_ms or r.at_ms)
+                claims.append((job_id, Claim("f", f"{name}\n{job_id}", value, self._memo_window())))
+        out: dict[int, int] = {}
+        for (job_id, claim), memo in zip(claims, self.memos.claim_many([c for _, c in claims])):
+            out[job_id] = int(memo.value) if memo is not None else int(claim.value)
+        if "ApproximateFirstReceiveTimestamp" in wanted:
+            for r in received:  # not remembered: the first receive is this one, or before it the sent time
+                if int(r.lease.job_id) not in out and r.lease.attempt != 1:
+                    out[int(r.lease.job_id)] = r.sent_ms or r.at_ms
+        return out
+
+    def _memo_window(self) -> float:
+        try:
+            return float(self.router.queue_config(MEMO_QUEUE).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
+        except UnknownQueue:  # not declared: the claim says so, naming the config
+            return limits.SQS_DEDUP_WINDOW_S
+
+    def _present(self, name: str, rec: dict[str, Any], r: Received, wanted: set[str], names: list[str],
+                 first: int) -> dict[str, Any]:
+        """The message of one lease, as ReceiveMessage answers it."""
+        lease, attrs = r.lease, rec["attributes"]
+        job_id, token = int(lease.job_id), int(lease.token)
+        body, head, mattrs = r.shown
         msg: dict[str, Any] = {
             "MessageId": head.get("m") or m.message_id(self.service_id, job_id),  # "m": kept by a move
-            "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, now_ms),
+            "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, r.at_ms),
             "MD5OfBody": m.md5_of_body(body), "Body": body}
         if wanted:
             msg["Attributes"] = self._system(name, attrs, lease, head, wanted, first)

@@ -5,7 +5,10 @@ source at a time; a FIFO message keeps its group.
 
 A message is enqueued at its destination, then acked at the source; the enqueue carries a
 dedup id of the message, so a crash between the two cannot make two. A task's record is
-kept in the catalog; a task running when the service stopped is listed FAILED."""
+kept in the catalog, shared by every process of the SQS API: a task runs in the process
+that started it, which holds a lock for as long as it lives (:class:`.catalog.Owner`), and
+looks at its record between rounds, so a CancelMessageMoveTask answered by another process
+stops it. A task whose process is gone (stopped, killed) is listed FAILED."""
 from __future__ import annotations
 
 import secrets
@@ -15,12 +18,14 @@ from typing import Any
 from .. import limits
 from ..errors import LeaseLost, ShardqError
 from . import attributes as qattr
+from .catalog import Owner, alive
 from . import message as m
 from . import params as p
 from .faults import fault, invalid
 
 ROUND = 10
 RATE_MAX = 500
+ACTIVE = ("RUNNING", "CANCELLING")
 
 
 class MoveTasks:
@@ -29,10 +34,15 @@ class MoveTasks:
         self._cancel: dict[str, threading.Event] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        for handle, task in api.catalog.tasks().items():
-            if task["Status"] in ("RUNNING", "CANCELLING"):
-                api.catalog.put_task(handle, dict(task, Status="FAILED",
-                                                  FailureReason="the service stopped while the task ran"))
+        self.owner = Owner(api.catalog.dir)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """List FAILED the running tasks whose process is gone."""
+        for handle, task in self.api.catalog.tasks().items():
+            if task["Status"] in ACTIVE and not alive(self.api.catalog.dir, task.get("_owner")):
+                self.api.catalog.update_task(handle, only_if=ACTIVE, Status="FAILED",
+                                             FailureReason="the service stopped while the task ran")
 
     def start(self, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = p.string(params, "SourceArn", required=True)
@@ -43,20 +53,20 @@ class MoveTasks:
             raise invalid("Source queue must be configured as a Dead Letter Queue.")
         if dest_arn is not None and self._queue_of(dest_arn).endswith(".fifo") != source.endswith(".fifo"):
             raise invalid("The destination queue must be of the same type as the source (FIFO or standard).")
+        self._sweep()
         with self._lock:
-            if any(t["SourceArn"] == source_arn and t["Status"] in ("RUNNING", "CANCELLING")
-                   for t in self.api.catalog.tasks().values()):
-                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
             handle = secrets.token_urlsafe(24)
             counts = self.api._counts(source)
             task = {"TaskHandle": handle, "Status": "RUNNING", "SourceArn": source_arn,
                     "StartedTimestamp": int(self.api.clock.now() * 1000), "ApproximateNumberOfMessagesMoved": 0,
-                    "ApproximateNumberOfMessagesToMove": int(counts["ApproximateNumberOfMessages"])}
+                    "ApproximateNumberOfMessagesToMove": int(counts["ApproximateNumberOfMessages"]),
+                    "_owner": self.owner.id}  # "_": kept, never listed
             if dest_arn is not None:
                 task["DestinationArn"] = dest_arn
             if rate is not None:
                 task["MaxNumberOfMessagesPerSecond"] = rate
-            self.api.catalog.put_task(handle, task)
+            if not self.api.catalog.start_task(handle, task, ACTIVE):  # checked under the catalog's flock
+                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
             self._cancel[handle] = threading.Event()
             t = threading.Thread(target=self._run, args=(handle, source, dest_arn, rate),
                                  name="shardq-sqs-move", daemon=True)
@@ -76,7 +86,7 @@ class MoveTasks:
         stop = self._cancel[handle]
         status, reason = "COMPLETED", None
         try:
-            while not stop.is_set():
+            while not self._stopped(handle, stop):
                 began = self.api.clock.monotonic()
                 leases = router.dequeue_many(source, max_jobs=min(ROUND, rate or ROUND), wait=0.0, visibility=60.0)
                 if not leases:
@@ -101,7 +111,7 @@ class MoveTasks:
                 self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:
                     stop.wait(max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began)))
-            if stop.is_set():
+            if self._stopped(handle, stop):
                 status = "CANCELLED"
         except ShardqError as e:
             status, reason = "FAILED", str(e)[:200]
@@ -110,21 +120,25 @@ class MoveTasks:
             fields["FailureReason"] = reason
         self._update(handle, **fields)
 
+    def _stopped(self, handle: str, stop: threading.Event) -> bool:
+        """Cancelled here, or by another process (the record says CANCELLING)."""
+        if not stop.is_set() and self.api.catalog.tasks().get(handle, {}).get("Status") == "CANCELLING":
+            stop.set()
+        return stop.is_set()
+
     def _update(self, handle: str, **fields: Any) -> None:
-        with self._lock:
-            task = self.api.catalog.tasks().get(handle)
-            if task is not None:
-                self.api.catalog.put_task(handle, dict(task, **fields))
+        self.api.catalog.update_task(handle, **fields)
 
     def list(self, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = p.string(params, "SourceArn", required=True)
         limit = p.integer(params, "MaxResults", 1, 10, 1)
         self._queue_of(source_arn)
+        self._sweep()
         tasks = sorted((t for t in self.api.catalog.tasks().values() if t["SourceArn"] == source_arn),
                        key=lambda t: -t["StartedTimestamp"])[:limit]
         out = []
         for t in tasks:
-            t = dict(t)
+            t = {k: v for k, v in t.items() if not k.startswith("_")}
             if t["Status"] != "RUNNING":
                 t.pop("TaskHandle", None)  # AWS gives the handle of a running task only
             out.append(t)
@@ -132,11 +146,13 @@ class MoveTasks:
 
     def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         handle = p.string(params, "TaskHandle", required=True) or ""
-        task = self.api.catalog.tasks().get(handle)
-        if task is None or task["Status"] != "RUNNING":
+        self._sweep()
+        # the process that runs it sees CANCELLING between two rounds
+        task = self.api.catalog.update_task(handle, only_if=("RUNNING",), Status="CANCELLING")
+        if task is None:
             raise fault("ResourceNotFoundException", "The task handle does not name a running task.")
-        self._update(handle, Status="CANCELLING")
-        self._cancel[handle].set()
+        if handle in self._cancel:
+            self._cancel[handle].set()
         return {"ApproximateNumberOfMessagesMoved": task["ApproximateNumberOfMessagesMoved"]}
 
     def close(self) -> None:
@@ -144,3 +160,4 @@ class MoveTasks:
             ev.set()
         for t in self._threads:
             t.join(5)
+        self.owner.close()

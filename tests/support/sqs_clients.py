@@ -40,3 +40,26 @@ def js_sdk_installed() -> str:
     with open(stamp, "w") as f:
         f.write(lock)
     return node
+
+
+GO_DIR = os.path.join(REPO, "tests", "sqs_clients", "go")
+# Debian's packaged AWS SDK for Go v2 (golang-github-aws-aws-sdk-go-v2-dev): GOPATH mode, offline
+GO_PATH = "/usr/share/gocode"
+GO_SQS = os.path.join(GO_PATH, "src", "github.com", "aws", "aws-sdk-go-v2", "service", "sqs")
+
+
+def go_sdk_binary(out_dir: str) -> str:
+    """Build tests/sqs_clients/go/check_sqs.go into ``out_dir`` with Debian's Go toolchain and
+    its packaged SDK (no network: GOPATH mode, GOPROXY off); returns the binary. Skips with
+    setup-system's message when go or the SDK is missing; fails when the build does."""
+    go = shutil.which("go")
+    if not go or not os.path.isdir(GO_SQS):
+        pytest.skip("go or the AWS SDK for Go v2 is not installed: run `bash .ci/setup-system` "
+                    "(apt-get install golang-go golang-github-aws-aws-sdk-go-v2-dev)")
+    binary = os.path.join(out_dir, "check_sqs")
+    env = dict(os.environ, GO111MODULE="off", GOPATH=GO_PATH, GOPROXY="off", GOFLAGS="",
+               GOCACHE=os.path.join(out_dir, "go-build"))
+    r = subprocess.run([go, "build", "-o", binary, "check_sqs.go"], cwd=GO_DIR, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, f"go build failed in {GO_DIR}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+    return binary
