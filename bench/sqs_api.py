@@ -1,12 +1,13 @@
 """The SQS API of ``shardq serve`` against moto's server and against shardq's own client (issue 46).
 
     python -m bench.sqs_api [--messages 20000] [--moto-messages 2000] [--clients 4,16] [--calls 2000]
-                            [--shards 2] [--json PATH] [--quick]
+                            [--shards 2] [--sqs-processes 1] [--json PATH] [--quick]
 
 Three targets, in one run, on one machine:
 
 * ``sqs``: ``shardq serve`` (``--shards``, its WAL fsynced before each reply) with
-  ``[sqs_api] listen = "127.0.0.1:0"``, spoken to over the SQS API (AWS JSON 1.0);
+  ``[sqs_api] listen = "127.0.0.1:0"`` and ``processes = --sqs-processes``, spoken to over the
+  SQS API (AWS JSON 1.0);
 * ``moto``: ``python -m moto.server`` as shipped (in memory, nothing fsynced): what users run
   locally today;
 * ``native``: the same ``shardq serve``, through ``shardq.connect`` (its own protocol).
@@ -63,12 +64,12 @@ TARGETS = {"send_vs_moto": 10.0, "drain_vs_moto": 10.0, "sqs_vs_native": 0.5, "s
 class ShardqService:
     """``shardq serve`` with the SQS listener on a free port, data in a fresh temp dir."""
 
-    def __init__(self, shards: int):
+    def __init__(self, shards: int, processes: int = 1):
         self.root = tempfile.mkdtemp(prefix="sqsbench", dir="/tmp")
         self.data_dir = os.path.join(self.root, "data")
         cfg = os.path.join(self.root, "shardq.toml")
         with open(cfg, "w") as f:
-            f.write('[http]\nlisten = "127.0.0.1:0"\n[sqs_api]\nlisten = "127.0.0.1:0"\n'
+            f.write(f'[http]\nlisten = "127.0.0.1:0"\n[sqs_api]\nlisten = "127.0.0.1:0"\nprocesses = {processes}\n'
                     f'[queues.{json.dumps(QUEUE)}]\nvisibility_timeout = {VISIBILITY_S}\n')
         self.log = open(os.path.join(self.root, "serve.log"), "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "serve", "--config", cfg, "--data-dir",
@@ -387,7 +388,8 @@ def _cell(target: str, clients: int, n: int, send, drain) -> list[dict]:
              **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected")}}]
 
 
-def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int) -> dict:
+def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int,
+        sqs_processes: int = 1) -> dict:
     rows: list[dict] = []
     single: dict[str, dict] = {}
     moto = MotoService()
@@ -399,7 +401,7 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
         single["moto"] = _sqs_single(moto.url, moto_q, max(100, calls // 10), "motosingle")
     finally:
         moto.stop()
-    svc = ShardqService(shards)
+    svc = ShardqService(shards, sqs_processes)
     try:
         sqs_q = _queue_url(svc.url)
         for c in clients:
@@ -412,8 +414,8 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
     finally:
         svc.stop()
     return {"meta": {"messages": messages, "moto_messages": moto_messages, "clients": clients, "calls": calls,
-                     "shards": shards, "batch": BATCH, "body_bytes": BODY_BYTES, "cpus": os.cpu_count(),
-                     "python": sys.version.split()[0]},
+                     "shards": shards, "sqs_processes": sqs_processes, "batch": BATCH, "body_bytes": BODY_BYTES,
+                     "cpus": os.cpu_count(), "python": sys.version.split()[0]},
             "throughput": rows, "single": single, "targets": check_targets(rows, single),
             # moto's receive is not atomic (tests/support/sqs_server.py): its duplicates are reported, not held
             # against the run, which checks shardq's two faces.
@@ -469,12 +471,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="4,16")
     p.add_argument("--calls", type=int, default=2_000, help="single SendMessage / enqueue calls timed")
     p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--sqs-processes", type=int, default=1, help="[sqs_api] processes of the shardq serve")
     p.add_argument("--json", help="write the whole result here")
     p.add_argument("--quick", action="store_true", help="200 messages (moto 50), 100 calls")
     a = p.parse_args(argv)
     if a.quick:
         a.messages, a.moto_messages, a.calls = 200, 50, 100
-    res = run(a.messages, a.moto_messages, [int(c) for c in a.clients.split(",")], a.calls, a.shards)
+    res = run(a.messages, a.moto_messages, [int(c) for c in a.clients.split(",")], a.calls, a.shards,
+              a.sqs_processes)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
