@@ -49,6 +49,12 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+def _split_target(target: str) -> tuple[str, str]:
+    """(path, query) of a request target ("/" for none); ValueError for one that is no URL."""
+    url = urlsplit(target)
+    return url.path or "/", url.query
+
+
 def bind_sqs_listen(listen: str) -> socket.socket:
     """The SQS listener's socket, bound and listening on ``listen`` (``host:port``);
     InvalidConfig names the key and how to turn it off when it cannot be had."""
@@ -143,12 +149,13 @@ class SqsService:
         action = "?"
         try:
             try:
-                url = urlsplit(target)
+                path, query = ("/", "") if target == "/" else _split_target(target)  # "/": every JSON request
             except ValueError:
                 raise fault("MalformedQueryString", "The request target is not a URL.") from None
             if headers.get("Transfer-Encoding") and req.body is None:  # a coding the Listener does not decode
                 raise fault("InvalidParameterValue", "Transfer-Encoding other than chunked is not supported.")
-            length = int(headers.get("Content-Length") or 0) if (headers.get("Content-Length") or "0").isdigit() else -1
+            given = headers.get("Content-Length") or "0"
+            length = int(given) if given.isdigit() else -1
             if method == "POST" and length and not req.body_ready:
                 if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
                     raise fault("InvalidParameterValue", f"The request body is over "
@@ -161,12 +168,12 @@ class SqsService:
             if method not in ("POST", "GET"):
                 raise fault("InvalidAction", f"{method[:20]} is not supported: send POST (or GET, query protocol).")
             if self.verifier is not None:
-                self.verifier.verify(method, url.path or "/", url.query, headers, body, self.clock.now())
+                self.verifier.verify(method, path, query, headers, body, self.clock.now())
             if is_json and method == "POST":
                 action, params = protocol.decode_json(headers.get("X-Amz-Target"), body)
             else:
-                form = body.decode("utf-8", "replace") if method == "POST" else url.query
-                action, params = protocol.decode_query(form, url.path)
+                form = body.decode("utf-8", "replace") if method == "POST" else query
+                action, params = protocol.decode_query(form, path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
             self.api.caller.gone = lambda: _closed(req.sock)
             result = self.api.call(action, params, host)
