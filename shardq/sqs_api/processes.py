@@ -148,6 +148,8 @@ class SqsProcesses:
                         self._await_ready(c, time.monotonic() + START_TIMEOUT_S)
                     except ShardUnavailable as e:
                         log.error("event=sqs-api-restart-failed index=%d reason=%s", c.index, json.dumps(str(e)))
+                        if c.proc is not None and c.proc.poll() is None:
+                            c.proc.kill()  # hung on its way up: the next round starts another
                     c.restarts += 1
                     c.pause_s = min(RESTART_PAUSE_S_MAX, max(0.1, c.pause_s * 2))
                     self._publish()
