@@ -5,6 +5,7 @@ processes have) and durable across a SIGKILL of the whole service: the catalog, 
 message move tasks (docs/sqs-api.md, "Shared and durable")."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -210,6 +211,13 @@ def test_memos_cancel_and_purges_survive_a_kill_9_of_the_service():
             c.send_message(QueueUrl=fifo, MessageBody="two", MessageGroupId="b", MessageDeduplicationId="e")
             first = c.receive_message(QueueUrl=fifo, MaxNumberOfMessages=1, ReceiveRequestAttemptId="k",
                                       VisibilityTimeout=600, AttributeNames=["All"])
+            dlq = c.create_queue(QueueName="kept-dlq")["QueueUrl"]
+            dlq_arn = c.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            c.create_queue(QueueName="kept-src", Attributes={"RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 3})})
+            c.send_message_batch(QueueUrl=dlq, Entries=[{"Id": str(i), "MessageBody": str(i)} for i in range(10)])
+            c.start_message_move_task(SourceArn=dlq_arn, DestinationArn=dlq_arn.replace("-dlq", "-src"),
+                                      MaxNumberOfMessagesPerSecond=1)  # still running at the kill
             c.purge_queue(QueueUrl=std)  # also makes the leases above durable (a logged op on every shard)
             svc.kill_all()
             svc.start()
@@ -228,6 +236,8 @@ def test_memos_cancel_and_purges_survive_a_kill_9_of_the_service():
             assert mine and mine[0]["Attributes"][FIRST] == m["Attributes"][FIRST]
             assert mine[0]["Attributes"]["ApproximateReceiveCount"] == "2"
             assert sorted(x["Body"] for x in back) == ["one", "two"]  # "three" was a duplicate of "one"
+            (task,) = c.list_message_move_tasks(SourceArn=dlq_arn)["Results"]  # its process is gone
+            assert task["Status"] == "FAILED" and task["ApproximateNumberOfMessagesMoved"] < 10
     finally:
         shutil.rmtree(os.path.dirname(data_dir), ignore_errors=True)
 
