@@ -1,18 +1,19 @@
 """The SQS API of ``shardq serve`` against moto's server and against shardq's own client (issue 46).
 
     python -m bench.sqs_api [--messages 20000] [--moto-messages 2000] [--clients 4,16] [--calls 2000]
-                            [--shards 2] [--json PATH] [--quick]
+                            [--shards 2] [--sqs-processes 1] [--probe-s 1] [--json PATH] [--quick]
 
 Three targets, in one run, on one machine:
 
 * ``sqs``: ``shardq serve`` (``--shards``, its WAL fsynced before each reply) with
-  ``[sqs_api] listen = "127.0.0.1:0"``, spoken to over the SQS API (AWS JSON 1.0);
+  ``[sqs_api] listen = "127.0.0.1:0"`` and ``processes = --sqs-processes``, spoken to over the
+  SQS API (AWS JSON 1.0);
 * ``moto``: ``python -m moto.server`` as shipped (in memory, nothing fsynced): what users run
   locally today;
 * ``native``: the same ``shardq serve``, through ``shardq.connect`` (its own protocol).
 
 Figures, each with 4 and 16 concurrent clients (``--clients``), threads of this process, each
-with its own keep-alive connection (one ``http.client.HTTPConnection`` per SQS client, one
+with its own keep-alive connection (a socket per SQS client, ``--sqs-client``; one
 ``shardq.connect`` per native client):
 
 * **send**: SendMessageBatch of 10 messages of 100 bytes (native: ``enqueue_many`` of 10);
@@ -24,10 +25,18 @@ with its own keep-alive connection (one ``http.client.HTTPConnection`` per SQS c
   ``--calls`` calls after 100 unmeasured ones. Against shardq, each SendMessage is followed
   by a native ``enqueue`` on the same thread, timed apart, so that both meet the same load.
 
+The machine's probes open the run (``bench/physical.py``, ``--probe-s`` each): ``fsync_per_s``
+(write 100 bytes and fsync, in a loop, in the temp dir the data dirs live in) and
+``pipe_rtt_per_s`` (a ping-pong with a child process): these VMs differ by up to 2x from one
+day to the next, and these say how this one stood.
+
 The SQS clients speak raw HTTP with bodies built before the clock starts and a fixed
 ``Authorization`` header (no keys are configured: on loopback any signature is taken), so
 the figures measure the servers rather than an SDK's request building (botocore costs about
-as much CPU per call as the shard does). moto gets fewer messages (``--moto-messages``): it
+as much CPU per call as the shard does). By default (``--sqs-client raw``) each reads its
+responses by their Content-Length on a plain socket; ``http.client``, the other choice,
+parses every response's headers with the email package, which on a 2-CPU machine takes from
+the server about as much CPU as the server's own HTTP handling. moto gets fewer messages (``--moto-messages``): it
 is slower by an order of magnitude, and rates are per second. The targets of issue 46 are
 checked against the same run and printed; no timing is asserted by any test.
 """
@@ -40,6 +49,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +59,8 @@ import time
 import uuid
 
 import shardq
+
+from .physical import measure as measure_machine
 
 QUEUE = "bench-sqs"
 BODY_BYTES = 100
@@ -63,12 +75,12 @@ TARGETS = {"send_vs_moto": 10.0, "drain_vs_moto": 10.0, "sqs_vs_native": 0.5, "s
 class ShardqService:
     """``shardq serve`` with the SQS listener on a free port, data in a fresh temp dir."""
 
-    def __init__(self, shards: int):
+    def __init__(self, shards: int, processes: int = 1):
         self.root = tempfile.mkdtemp(prefix="sqsbench", dir="/tmp")
         self.data_dir = os.path.join(self.root, "data")
         cfg = os.path.join(self.root, "shardq.toml")
         with open(cfg, "w") as f:
-            f.write('[http]\nlisten = "127.0.0.1:0"\n[sqs_api]\nlisten = "127.0.0.1:0"\n'
+            f.write(f'[http]\nlisten = "127.0.0.1:0"\n[sqs_api]\nlisten = "127.0.0.1:0"\nprocesses = {processes}\n'
                     f'[queues.{json.dumps(QUEUE)}]\nvisibility_timeout = {VISIBILITY_S}\n')
         self.log = open(os.path.join(self.root, "serve.log"), "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "serve", "--config", cfg, "--data-dir",
@@ -158,8 +170,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 # --------------------------------------------------------------------------- clients
-class SqsClient:
-    """One keep-alive connection speaking AWS JSON 1.0."""
+class HttpClientSqs:
+    """One keep-alive connection speaking AWS JSON 1.0 through ``http.client``."""
 
     def __init__(self, url: str):
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -178,6 +190,65 @@ class SqsClient:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class RawSqs:
+    """One keep-alive connection speaking AWS JSON 1.0 on a plain socket: each request's head
+    written with its body in one send, each response read by its Content-Length (to the
+    connection's end without one), the connection made again after a ``Connection: close``.
+    What a lean HTTP client costs: ``http.client`` parses each response's headers with the
+    email package, about as much CPU as the server's whole HTTP handling, taken from the
+    same 2 CPUs the server runs on (--sqs-client http.client measures with it)."""
+
+    def __init__(self, url: str):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.address = (host, int(port))
+        self.head = (f"POST / HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/x-amz-json-1.0\r\n"
+                     f"X-Amz-Date: 20260101T000000Z\r\nAuthorization: {AUTH}\r\nX-Amz-Target: AmazonSQS.")
+        self.sock: socket.socket | None = None
+        self.buf = b""
+
+    def call(self, action: str, body: bytes) -> dict:
+        if self.sock is None:
+            self.sock, self.buf = socket.create_connection(self.address, timeout=60), b""
+        self.sock.sendall(f"{self.head}{action}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            self._read()
+        head, self.buf = self.buf[:end].decode("latin-1").lower(), self.buf[end + 4:]
+        status = int(head.split(" ", 2)[1])
+        length = re.search(r"\ncontent-length: *(\d+)", head)
+        close = "\nconnection: close" in head or head.startswith("http/1.0")
+        if length is None:
+            while self._read(eof_ok=True):
+                pass
+            data, self.buf, close = self.buf, b"", True
+        else:
+            while len(self.buf) < int(length.group(1)):
+                self._read()
+            data, self.buf = self.buf[:int(length.group(1))], self.buf[int(length.group(1)):]
+        if close:
+            self.close()
+        if status != 200:
+            raise RuntimeError(f"{action}: HTTP {status}: {data[:300]!r}")
+        return json.loads(data) if data else {}
+
+    def _read(self, eof_ok: bool = False) -> bool:
+        if self.sock is None:
+            raise ConnectionError("closed")
+        chunk = self.sock.recv(1 << 20)
+        if not chunk and not eof_ok:
+            raise ConnectionError("the server closed the connection mid-response")
+        self.buf += chunk
+        return bool(chunk)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+CLIENTS = {"raw": RawSqs, "http.client": HttpClientSqs}
+SqsClient = RawSqs  # chosen by --sqs-client (main)
 
 
 def _bodies(n: int, tag: str) -> list[str]:
@@ -387,9 +458,17 @@ def _cell(target: str, clients: int, n: int, send, drain) -> list[dict]:
              **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected")}}]
 
 
-def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int) -> dict:
+def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int,
+        sqs_processes: int = 1, probe_s: float = 1.0) -> dict:
     rows: list[dict] = []
     single: dict[str, dict] = {}
+    probe_dir = tempfile.mkdtemp(prefix="sqsbench-probe", dir="/tmp")
+    try:
+        probes = {k: round(v, 1) for k, v in measure_machine(probe_dir, probe_s).items()}
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    print(f"  machine: fsync {probes['fsync_per_s']:,.0f}/s, pipe round trip {probes['pipe_rtt_per_s']:,.0f}/s",
+          file=sys.stderr, flush=True)
     moto = MotoService()
     try:
         moto_q = _queue_url(moto.url)
@@ -399,7 +478,7 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
         single["moto"] = _sqs_single(moto.url, moto_q, max(100, calls // 10), "motosingle")
     finally:
         moto.stop()
-    svc = ShardqService(shards)
+    svc = ShardqService(shards, sqs_processes)
     try:
         sqs_q = _queue_url(svc.url)
         for c in clients:
@@ -412,9 +491,11 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
     finally:
         svc.stop()
     return {"meta": {"messages": messages, "moto_messages": moto_messages, "clients": clients, "calls": calls,
-                     "shards": shards, "batch": BATCH, "body_bytes": BODY_BYTES, "cpus": os.cpu_count(),
-                     "python": sys.version.split()[0]},
-            "throughput": rows, "single": single, "targets": check_targets(rows, single),
+                     "shards": shards, "sqs_processes": sqs_processes,
+                     "sqs_client": {cls: name for name, cls in CLIENTS.items()}[SqsClient],
+                     "batch": BATCH, "body_bytes": BODY_BYTES,
+                     "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "probes": probes, "throughput": rows, "single": single, "targets": check_targets(rows, single),
             # moto's receive is not atomic (tests/support/sqs_server.py): its duplicates are reported, not held
             # against the run, which checks shardq's two faces.
             "ok": all(r.get("delivered_once", True) for r in rows if r["target"] != "moto")}
@@ -441,7 +522,11 @@ def check_targets(rows: list[dict], single: dict) -> list[dict]:
 
 
 def report(res: dict) -> str:
-    lines = [f"{'figure':<8}{'clients':>8}{'moto/s':>11}{'sqs/s':>11}{'native/s':>11}"
+    probes = res.get("probes") or {}
+    lines = [f"machine: fsync {probes.get('fsync_per_s', 0):,.0f}/s, pipe round trip "
+             f"{probes.get('pipe_rtt_per_s', 0):,.0f}/s; {res['meta']['cpus']} CPUs; SQS processes "
+             f"{res['meta'].get('sqs_processes', 1)}",
+             f"{'figure':<8}{'clients':>8}{'moto/s':>11}{'sqs/s':>11}{'native/s':>11}"
              f"{'sqs/moto':>10}{'sqs/native':>12}"]
     rate = {(r["target"], r["figure"], r["clients"]): r["per_s"] for r in res["throughput"]}
     for figure in ("send", "drain"):
@@ -469,12 +554,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="4,16")
     p.add_argument("--calls", type=int, default=2_000, help="single SendMessage / enqueue calls timed")
     p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--sqs-processes", type=int, default=1, help="[sqs_api] processes of the shardq serve")
     p.add_argument("--json", help="write the whole result here")
+    p.add_argument("--probe-s", type=float, default=1.0, help="seconds each machine probe runs")
+    p.add_argument("--sqs-client", choices=sorted(CLIENTS), default="raw",
+                   help="the SQS clients' HTTP: a plain socket (raw) or http.client")
     p.add_argument("--quick", action="store_true", help="200 messages (moto 50), 100 calls")
     a = p.parse_args(argv)
+    global SqsClient
+    SqsClient = CLIENTS[a.sqs_client]
     if a.quick:
-        a.messages, a.moto_messages, a.calls = 200, 50, 100
-    res = run(a.messages, a.moto_messages, [int(c) for c in a.clients.split(",")], a.calls, a.shards)
+        a.messages, a.moto_messages, a.calls, a.probe_s = 200, 50, 100, 0.1
+    res = run(a.messages, a.moto_messages, [int(c) for c in a.clients.split(",")], a.calls, a.shards,
+              a.sqs_processes, a.probe_s)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -232,6 +232,7 @@ class SqsApiConfig:
     account_id: str = "000000000000"
     access_key_id: str = ""
     secret_access_key: str = field(default="", repr=False)
+    processes: int = 1             # listener processes sharing its port (shardq/sqs_api/processes.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +427,8 @@ def parse(raw: dict[str, Any]) -> Config:
     http = _section("http", raw.get("http", {}), HttpConfig(), {},
                     {"listen": _listen, "token": _token, "auth": _http_auth, "metrics_public": _boolean})
     _check_http(http)
-    sqs_api = _section("sqs_api", raw.get("sqs_api", {}), SqsApiConfig(), {},
+    sqs_api = _section("sqs_api", raw.get("sqs_api", {}), SqsApiConfig(),
+                       {"processes": (True, 1, limits.SQS_API_PROCESSES_MAX)},
                        {"listen": _listen, "region": _region, "account_id": _account_id,
                         "access_key_id": _access_key_id, "secret_access_key": _secret_access_key})
     _check_sqs_api(sqs_api)

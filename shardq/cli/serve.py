@@ -20,9 +20,15 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from typing import TYPE_CHECKING
+
 from ..config import Config, split_listen
 from ..errors import InvalidConfig
 from . import common
+
+if TYPE_CHECKING:
+    from ..sqs_api.processes import SqsProcesses
+    from ..sqs_api.server import SqsService
 
 log = logging.getLogger("shardq.supervisor")
 
@@ -79,12 +85,15 @@ def run(args: argparse.Namespace) -> int:
             socks.append(bind_sqs_listen(cfg.sqs_api.listen))
     # before anything starts: a signal meanwhile is a clean stop (a SIGHUP waits for run())
     sup.handle_signals(reload=lambda: _reread(args.config, args.http_listen))
-    sqs = None
+    sqs: SqsService | SqsProcesses | None = None
     try:
         sup.start(before_shards=bind if (cfg.http.listen or cfg.sqs_api.listen) else None)
         if cfg.http.listen:
             http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir, socks.pop(0))
-        if cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before any shard starts, like the console
+        if cfg.sqs_api.listen and cfg.sqs_api.processes > 1:  # processes of their own, sharing the socket
+            from ..sqs_api.processes import SqsProcesses
+            sqs = SqsProcesses(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
+        elif cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before any shard starts, like the console
             from ..sqs_api.server import SqsService
             sqs = SqsService(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
     except BaseException:

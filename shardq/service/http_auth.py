@@ -29,6 +29,7 @@ from email.message import Message
 from http.cookies import CookieError, SimpleCookie
 
 from ..config import is_loopback
+from .http_head import Head
 
 COOKIE = "shardq_session"
 def _host_of(host_header: str) -> str:
@@ -61,14 +62,14 @@ class Auth:
     def logout_cookie() -> str:
         return f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
 
-    def host_ok(self, headers: Message) -> bool:
+    def host_ok(self, headers: Message | Head) -> bool:
         """Without a token, only a loopback ``Host`` (DNS-rebinding defence)."""
         if self.token:
             return True
         host = headers.get("Host") or ""
         return bool(host) and is_loopback(_host_of(host))
 
-    def metrics_open(self, headers: Message) -> bool:
+    def metrics_open(self, headers: Message | Head) -> bool:
         """``/metrics`` without the token: allowed, and asked with a loopback ``Host`` (a
         rebound domain must not read it from a browser)."""
         host = headers.get("Host") or ""
@@ -77,7 +78,7 @@ class Auth:
     def login_ok(self, token: str) -> bool:
         return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
-    def identify(self, headers: Message) -> str | None:
+    def identify(self, headers: Message | Head) -> str | None:
         """``"bearer"``, ``"cookie"``, ``"open"`` (no token configured) or None (refused)."""
         if self.token is None:
             return "open"
@@ -93,7 +94,7 @@ class Auth:
             return "cookie"
         return None
 
-    def csrf_ok(self, headers: Message, how: str) -> bool:
+    def csrf_ok(self, headers: Message | Head, how: str) -> bool:
         """A state-changing request: bearer-authenticated, or the CSRF header and a
         same-origin ``Origin`` (when the browser sends one)."""
         if how == "bearer":

@@ -37,7 +37,6 @@ security headers.
 from __future__ import annotations
 
 import errno
-import http.client
 import io
 import json
 import logging
@@ -62,6 +61,7 @@ from ..errors import (Closed, InvalidConfig, InvalidJob, LeaseLost, NotFound, Qu
 from .console import openapi
 from .console.api import ConsoleApi
 from .http_auth import Auth
+from .http_head import Head
 from . import http_listener
 from .http_listener import Listener, Request, publish_address, unpublish_address
 from .http_metrics import ShardqCollector
@@ -223,7 +223,7 @@ class HttpService:
         """Answer one whole request; True: the connection may carry another."""
         return _Handler(req, self).run()
 
-    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
+    def _wants_body(self, method: str, path: str, headers: Head) -> bool:
         """Whether a request's body is worth reading, from its head: a POST to log in or out,
         or one that is authenticated. Any other body is never read (the handler refuses the
         request first)."""

@@ -113,8 +113,11 @@ def _struct(node: dict[str, Any], action: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- answers
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # made once: json.dumps with options makes one a call
+
+
 def encode_json(result: dict[str, Any]) -> bytes:
-    return json.dumps(result, separators=(",", ":")).encode()
+    return _ENCODE(result).encode()
 
 
 def json_error(e: SqsApiError) -> tuple[bytes, list[tuple[str, str]]]:

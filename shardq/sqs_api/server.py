@@ -5,16 +5,18 @@ holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
 header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), answered in
-its protocol's form."""
+its protocol's form. A worker that has answered keeps its connection for the next request
+(``SQS_API_HOLD_S``: SDKs send back to back), as every connection has a worker here."""
 from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import logging
 import os
+import secrets
 import select
 import socket
-import uuid
 from urllib.parse import urlsplit
 
 from .. import limits
@@ -22,8 +24,9 @@ from ..client.router import Router
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import InvalidConfig, ShardqError, SqsApiError
+from ..service import http_head as head
 from ..service.http_listener import Listener, Request, bind, publish_address, unpublish_address
-from . import head, protocol
+from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
@@ -44,6 +47,12 @@ def _closed(sock: socket.socket) -> bool:
         return False
     except (OSError, ValueError):  # reset, or closed here
         return True
+
+
+def _split_target(target: str) -> tuple[str, str]:
+    """(path, query) of a request target ("/" for none); ValueError for one that is no URL."""
+    url = urlsplit(target)
+    return url.path or "/", url.query
 
 
 def bind_sqs_listen(listen: str) -> socket.socket:
@@ -71,6 +80,13 @@ class SqsService:
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
         self.listener: Listener | None = None
         self._address_file: str | None = None
+        # request ids: unique per process start (random) and request (a counter; next() of a
+        # count is atomic, a generator's is not), UUID-shaped as AWS's; uuid4() read the
+        # kernel's random source once a request
+        r = secrets.token_hex(10)
+        self._request_prefix = f"{r[:8]}-{r[8:12]}-{r[12:16]}-{r[16:]}-"
+        self._request_count = itertools.count()
+        self._date: tuple[int, str] = (-1, "")  # (second, Date header): formatted once a second
 
     def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> SqsService:
         """Serve on ``sock`` (bound by :func:`bind_sqs_listen`, as ``serve`` does before any
@@ -81,7 +97,7 @@ class SqsService:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body,
                                      workers=limits.SQS_API_WORKERS, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
-                                     sock=sock)
+                                     sock=sock, hold_s=limits.SQS_API_HOLD_S)
         except BaseException:
             self.api.close()
             self.router.close()
@@ -108,7 +124,7 @@ class SqsService:
         self.router.close()
 
     # ------------------------------------------------------------------ requests
-    def _wants_body(self, method: str, path: str, headers: http.client.HTTPMessage) -> bool:
+    def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
         """Read a body only for a POST that names our key id (when keys are set)."""
         if method != "POST":
             return False
@@ -119,7 +135,7 @@ class SqsService:
 
     def _handle(self, req: Request) -> bool:
         keep = req.keep_alive
-        headers = head.parse(req.data)
+        headers = req.head  # parsed once, by the Listener
         if headers is None:
             return self._send(req, 400, b"bad request\n", "text/plain", (), False)
         method, target, version = headers.method, headers.target, headers.version
@@ -127,18 +143,19 @@ class SqsService:
             keep = False
         # a chunked body comes decoded in req.body (held to this listener's body limit)
         body = req.body if req.body is not None else req.data[headers.body_at:] if req.body_ready else b""
-        request_id = str(uuid.uuid4())
+        request_id = f"{self._request_prefix}{next(self._request_count) & 0xFFFFFFFFFFFF:012x}"
         is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
             protocol.JSON_TYPE)
         action = "?"
         try:
             try:
-                url = urlsplit(target)
+                path, query = ("/", "") if target == "/" else _split_target(target)  # "/": every JSON request
             except ValueError:
                 raise fault("MalformedQueryString", "The request target is not a URL.") from None
             if headers.get("Transfer-Encoding") and req.body is None:  # a coding the Listener does not decode
                 raise fault("InvalidParameterValue", "Transfer-Encoding other than chunked is not supported.")
-            length = int(headers.get("Content-Length") or 0) if (headers.get("Content-Length") or "0").isdigit() else -1
+            given = headers.get("Content-Length") or "0"
+            length = int(given) if given.isdigit() else -1
             if method == "POST" and length and not req.body_ready:
                 if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
                     raise fault("InvalidParameterValue", f"The request body is over "
@@ -151,12 +168,12 @@ class SqsService:
             if method not in ("POST", "GET"):
                 raise fault("InvalidAction", f"{method[:20]} is not supported: send POST (or GET, query protocol).")
             if self.verifier is not None:
-                self.verifier.verify(method, url.path or "/", url.query, headers, body, self.clock.now())
+                self.verifier.verify(method, path, query, headers, body, self.clock.now())
             if is_json and method == "POST":
                 action, params = protocol.decode_json(headers.get("X-Amz-Target"), body)
             else:
-                form = body.decode("utf-8", "replace") if method == "POST" else url.query
-                action, params = protocol.decode_query(form, url.path)
+                form = body.decode("utf-8", "replace") if method == "POST" else query
+                action, params = protocol.decode_query(form, path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
             self.api.caller.gone = lambda: _closed(req.sock)
             result = self.api.call(action, params, host)
@@ -186,8 +203,11 @@ class SqsService:
               keep: bool) -> bool:
         reason = http.client.responses.get(status, "Error")
         # Date: SDKs (Java, Go) correct their clock skew from it after a signature refusal
+        now = int(self.clock.now())
+        if self._date[0] != now:
+            self._date = (now, email.utils.formatdate(now, usegmt=True))
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
-                 f"Date: {email.utils.formatdate(self.clock.now(), usegmt=True)}",
+                 f"Date: {self._date[1]}",
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
-        req.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+        req.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
         return keep

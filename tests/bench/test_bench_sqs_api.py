@@ -24,4 +24,5 @@ def test_sqs_api_benchmark_runs(tmp_path):
     assert all(cells[c]["per_s"] > 0 for c in cells)
     assert set(res["single"]) == {"moto", "sqs", "native"} and res["single"]["sqs"]["calls"] == 100
     assert len(res["targets"]) == 5  # send and drain against moto and native, and the single call's p99
-    assert "sqs/moto" in r.stdout
+    assert "sqs/moto" in r.stdout and "machine: fsync" in r.stdout
+    assert res["probes"]["fsync_per_s"] > 0 and res["probes"]["pipe_rtt_per_s"] > 0

@@ -142,7 +142,7 @@ def test_a_request_head_is_read_as_the_stdlib_reads_it():
     import http.client
     import io
 
-    from shardq.sqs_api import head
+    from shardq.service import http_head as head
     raw = (b"POST /q?x=1 HTTP/1.1\r\nHost: 127.0.0.1:9324\r\nX-Amz-Target:  AmazonSQS.SendMessage \r\n"
            b"x-amz-meta: a\r\nX-Amz-Meta: b\r\nX-Folded: one\r\n two\r\nContent-Length: 2\r\n\r\n{}")
     h = head.parse(raw)

@@ -1,12 +1,14 @@
 """A request head, read once and fast: the request line and the headers, names compared
 without case, as ``email.message.Message`` answers ``get`` and ``get_all`` (what the
-handler and the SigV4 check ask). The stdlib's parser (``http.client.parse_headers``) cost
-40% of a small request's handling; this one does what a request to this listener needs."""
+listener's body check, the handlers and the SigV4 check ask). The HTTP listener
+(:mod:`.http_listener`) parses each head once with it and hands it on with the request:
+the stdlib's parser (``http.client.parse_headers``) cost 40% of a small request's handling,
+and the listener and the SQS handler each ran a parser."""
 from __future__ import annotations
 
 import re
 
-_LINE_END = re.compile(rb"\r?\n")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line, as the listener finds it
 
 
 class Head:
@@ -25,30 +27,27 @@ class Head:
     def get_all(self, name: str) -> list[str] | None:
         return self._fields.get(name.lower())
 
+    def __contains__(self, name: str) -> bool:
+        return name.lower() in self._fields
+
 
 def parse(data: bytes) -> Head | None:
     """The head at the start of ``data`` (which the Listener has checked ends with a blank
     line within its limit); None for one that is not an HTTP/1.x request head."""
-    lines: list[bytes] = []
-    pos = 0
-    while True:
-        m = _LINE_END.search(data, pos)
-        if m is None:
-            return None
-        line = data[pos:m.start()]
-        pos = m.end()
-        if not line:
-            break
-        lines.append(line)
-    if not lines:
+    m = _HEAD_END.search(data)
+    if m is None or m.start() == 0:
         return None
-    request = lines[0].decode("latin-1").split()
+    # lines end in \r\n or \n; the last one's end is in the match already
+    lines = data[:m.start()].decode("latin-1").split("\n")
+    last_line = lines.pop()
+    lines = [line[:-1] if line[-1:] == "\r" else line for line in lines]
+    lines.append(last_line)
+    request = lines[0].split()
     if len(request) != 3 or not request[2].startswith("HTTP/1."):
         return None
     fields: dict[str, list[str]] = {}
     last: list[str] | None = None
-    for raw in lines[1:]:
-        text = raw.decode("latin-1")
+    for text in lines[1:]:
         if text[:1] in (" ", "\t"):  # an obsolete folded continuation of the line before
             if last is None:
                 return None
@@ -59,4 +58,4 @@ def parse(data: bytes) -> Head | None:
             return None
         last = fields.setdefault(name.lower(), [])
         last.append(value.strip())
-    return Head(request[0], request[1], request[2], fields, pos)
+    return Head(request[0], request[1], request[2], fields, m.end())
