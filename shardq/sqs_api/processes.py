@@ -25,9 +25,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
+from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import ShardUnavailable
 from ..service.http_listener import publish_address, unpublish_address
@@ -52,8 +52,10 @@ class _Child:
 class SqsProcesses:
     """``start(run_dir, sock)`` spawns ``cfg.processes`` children serving ``sock``; ``stop()``."""
 
-    def __init__(self, data_dir: str, cfg: SqsApiConfig, *, python: str | None = None):
+    def __init__(self, data_dir: str, cfg: SqsApiConfig, *, python: str | None = None,
+                 clock: Clock | None = None):
         self.data_dir, self.cfg = data_dir, cfg
+        self._clock = clock or SystemClock()
         self.python = python or sys.executable
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.children = [_Child(i) for i in range(cfg.processes)]
@@ -79,7 +81,7 @@ class SqsProcesses:
             with self._lock:
                 for c in self.children:
                     self._spawn(c)
-            deadline = time.monotonic() + START_TIMEOUT_S
+            deadline = self._clock.monotonic() + START_TIMEOUT_S
             for c in self.children:
                 self._await_ready(c, deadline)
         except BaseException:
@@ -116,7 +118,7 @@ class SqsProcesses:
         proc = c.proc
         if proc is None or proc.stdout is None:
             raise ShardUnavailable(f"SQS listener process {c.index} did not start")
-        left = deadline - time.monotonic()
+        left = deadline - self._clock.monotonic()
         ready = select.select([proc.stdout], [], [], max(0.0, left))[0]
         line = proc.stdout.readline() if ready else b""
         if line != READY:
@@ -145,7 +147,7 @@ class SqsProcesses:
                         return
                     try:
                         self._spawn(c)
-                        self._await_ready(c, time.monotonic() + START_TIMEOUT_S)
+                        self._await_ready(c, self._clock.monotonic() + START_TIMEOUT_S)
                     except ShardUnavailable as e:
                         log.error("event=sqs-api-restart-failed index=%d reason=%s", c.index, json.dumps(str(e)))
                         if c.proc is not None and c.proc.poll() is None:
@@ -174,10 +176,10 @@ class SqsProcesses:
                     proc.stdin.close()  # its stdin's end: it stops serving and exits
                 except OSError:
                     pass
-        deadline = time.monotonic() + grace_s
+        deadline = self._clock.monotonic() + grace_s
         for proc in procs:
             try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
+                proc.wait(max(0.0, deadline - self._clock.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
