@@ -17,7 +17,7 @@ from shardq import limits
 from shardq.clock import FakeClock
 from shardq.config import parse as parse_config
 from shardq.protocol.sockio import connect_unix
-from shardq.shard.core import LEASE_HEAP_SLACK
+from shardq.shard.core import DELAYED_HEAP_SLACK, LEASE_HEAP_SLACK
 from shardq.shard.durable import DurableShard
 from shardq.shard.process import ShardServer
 from shardq.shard.state import ShardState
@@ -99,6 +99,27 @@ def test_a_replayed_shard_rebuilds_the_same_lease_heap(tmp_path):
         assert not again.state.inflight
     finally:
         again.close()
+
+
+def test_the_delayed_heap_follows_the_jobs_held_at_the_longest_delay():
+    """5,000 jobs delayed by DELAY_S_MAX (a year), each cancelled at once: before, each left its
+    entry on the heap for the year (5,000); now it holds at most twice the jobs held plus
+    DELAYED_HEAP_SLACK, and the delayed job kept all along is ready at its time, not before."""
+    state = ShardState(0, parse_config({}))
+    (kept,) = state.enqueue_many([[b"kept", None, "q", limits.DELAY_S_MAX, 0, None]], T0)
+    now = T0
+    for _ in range(5000):
+        now += 0.001
+        (jid,) = state.enqueue_many([[b"x", None, "q", limits.DELAY_S_MAX, 0, None]], now)
+        assert len(state.delayed) <= 2 * len(state.jobs) + DELAYED_HEAP_SLACK  # as of the last push
+        state.cancel(jid, now)
+        state.take_ops()
+    assert len(state.jobs) == 1
+    assert len(state.delayed) <= 2 * 2 + DELAYED_HEAP_SLACK
+    state.advance(T0 + limits.DELAY_S_MAX - 0.001)
+    assert state.dequeue("q", T0 + limits.DELAY_S_MAX - 0.001) == []
+    state.advance(T0 + limits.DELAY_S_MAX)
+    assert [l.job_id for l in state.dequeue("q", T0 + limits.DELAY_S_MAX)] == [kept]
 
 
 # ---------------------------------------------------------------------------- connections
