@@ -7,7 +7,6 @@ when they are logged live. A mixin of
 only; pure (it encodes, it writes nothing)."""
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,7 +148,7 @@ class CheckpointCodec(StateCore):
                 q.keys[key] = [job]
             self._set(job, L)
             self.inflight[jid] = (token, expires)
-            heapq.heappush(self.leases, (expires, token, jid))
+            self._push_lease(expires, token, jid)
             return
         self._append_to_key(job)
 

@@ -18,7 +18,11 @@ Data layout, chosen so nothing is O(number of jobs) per request:
 * per queue: one FIFO deque of READY jobs per priority, and a sorted list of priorities
   present; higher priority is served first, FIFO within a priority.
 * shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
-  against the job when popped, so acks and extensions never search a heap).
+  against the job when popped, so acks and extensions never search a heap). The entries an
+  ack, release or extension left behind are dropped once they outnumber the live leases
+  (:meth:`StateCore._push_lease`): the heap holds at most twice the leases in flight plus
+  ``LEASE_HEAP_SLACK``, whatever the visibility timeout; those of delayed jobs cancelled or
+  purged before their time, once they outnumber the jobs held (:meth:`StateCore._push_delayed`).
 * workflow records (:mod:`.workflows`): ``workflows`` workflow id -> :class:`WorkflowRecord`;
 * results, progress and barriers (:mod:`.results`): ``results`` job id -> (value,
   expires_at), ``progress`` job id -> (fraction, note) of live jobs, ``barriers`` barrier
@@ -54,6 +58,16 @@ ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = r
 #: one job; most keys hold a handful) and in a deque once it grows past this, where
 #: removing the head of a list would start to cost a real copy.
 KEY_LIST_MAX = 64
+
+#: Stale lease entries the heap may hold beyond the live ones before it is rebuilt
+#: (:meth:`StateCore._push_lease`). Without a bound, each acked lease would stay there until
+#: its deadline: at the 12 h visibility maximum, 43 million entries (about 6 GiB) for a
+#: thousand lease + ack a second.
+LEASE_HEAP_SLACK = 1024
+#: The same for the heap of delayed jobs (:meth:`StateCore._push_delayed`), whose entries of
+#: jobs cancelled or purged before their time would otherwise stay until it came (up to
+#: ``limits.DELAY_S_MAX``, a year).
+DELAYED_HEAP_SLACK = 1024
 
 _INT63 = 1 << 63
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
@@ -487,7 +501,7 @@ class StateCore:
         """``job`` just became the head of its key (or is keyless): ready, or delayed."""
         if job.ready_at and job.ready_at > self._now:
             self._set(job, D)
-            heapq.heappush(self.delayed, (job.ready_at, job.id))
+            self._push_delayed(job.ready_at, job.id)
         else:
             self._set(job, R)
             job.q.push_ready(job)
@@ -561,6 +575,40 @@ class StateCore:
             self._expire_sessions(now)
         if now >= self._kept_due:
             self._expire_kept(now)
+
+    def _push_lease(self, expires_at: float, token: int, job_id: int) -> None:
+        """Put a lease's deadline on the heap :meth:`advance` expires leases from. An entry
+        is live while ``inflight`` holds its (token, deadline); the rest (acked, released,
+        extended, re-leased) are skipped when popped. Once the heap holds more than twice
+        the live leases plus ``LEASE_HEAP_SLACK``, it is rebuilt from its live entries:
+        each rebuild drops at least half of what it scans, so it costs O(1) per push
+        amortized, and the heap's size follows the leases in flight, not the lease rate
+        times the visibility timeout. Replay and a checkpoint's leases come through here too."""
+        leases = self.leases
+        heapq.heappush(leases, (expires_at, token, job_id))
+        inflight = self.inflight
+        if len(leases) > 2 * len(inflight) + LEASE_HEAP_SLACK:
+            live = [e for e in leases if inflight.get(e[2]) == (e[1], e[0])]
+            heapq.heapify(live)
+            leases[:] = live
+
+    def _push_delayed(self, ready_at: float, job_id: int) -> None:
+        """Put a delayed job's due time on the heap :meth:`advance` readies jobs from. An
+        entry is live while its job is delayed until that time; once the heap holds more
+        than twice the jobs held plus ``DELAYED_HEAP_SLACK``, it is rebuilt from its live
+        entries (at most one per job), at O(1) amortized per push as for the leases."""
+        delayed = self.delayed
+        heapq.heappush(delayed, (ready_at, job_id))
+        jobs = self.jobs
+        if len(delayed) > 2 * len(jobs) + DELAYED_HEAP_SLACK:
+            live = []
+            for e in delayed:
+                job = jobs.get(e[1])
+                if job is not None and job.state is D and job.ready_at == e[0]:
+                    live.append(e)
+            live = list(dict.fromkeys(live))  # a job delayed twice until the same time: one entry
+            heapq.heapify(live)
+            delayed[:] = live
 
     def _expire_sessions(self, now: float) -> None:
         """Forget the least recently seen clients past the TTL or the count limit, and note

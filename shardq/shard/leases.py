@@ -6,7 +6,6 @@ every change a logged operation)."""
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Iterable
 
 from .. import limits
@@ -144,7 +143,7 @@ class LeaseOps(StateCore):
         self.inflight[jid] = (token, expires)
         if token >= self.next_token:
             self.next_token = token + 1
-        heapq.heappush(self.leases, (expires, token, jid))
+        self._push_lease(expires, token, jid)
 
     # ------------------------------------------------------------------ settle a lease
     # (StateCore._leased checks the token: results.py checks a worker's reports with it too)
@@ -226,7 +225,7 @@ class LeaseOps(StateCore):
         check(job.state is L, f"extend of job {job.id} in state {job.state!r}")
         token = self.inflight[job.id][0]
         self.inflight[job.id] = (token, expires)
-        heapq.heappush(self.leases, (expires, token, job.id))
+        self._push_lease(expires, token, job.id)
 
     def _settle_cancelled(self, job_id: int, settle: bool) -> None:
         """Called by ack/nack (``settle``) and extend once the token is known to be the live
