@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -73,3 +74,16 @@ def exit_with_parent(parent_pid: int, every_s: float = 0.5) -> None:
             time.sleep(every_s)  # polling the parent: no event tells a process its parent died
         os._exit(0)
     threading.Thread(target=watch, name="shardq-parent-watch", daemon=True).start()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent (the supervisor, ``serve``) dies, so
+    no orphan keeps writing a log or answering on a port; exit at once (status 0) if the
+    parent is already gone, having died before the signal was armed."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)

@@ -55,6 +55,7 @@ from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
 from ..protocol import wire as protocol
+from ..stopping import die_with_parent
 from . import boot_fence
 from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
@@ -682,17 +683,6 @@ def _lock_shard_dir(path: str) -> int:
     return fd
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL us when the supervisor dies: no orphan keeps writing the log."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        sys.exit(EXIT_OK)  # the parent died before we armed the signal
-
-
 def take_queue_settings(state: ShardState, config: Config) -> None:
     """Put the queue settings of ``config`` in force on a live state (a reload, see
     shardq/service/reload.py). The queues the state holds take their new settings; one no
@@ -738,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="answer each byte on stdin with a 'pong' line on stdout (the supervisor's pings)")
     a = p.parse_args(argv)
     if a.parent_pid:
-        _die_with_parent(a.parent_pid)
+        die_with_parent(a.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
     config = parse_config(json.loads(a.config))

@@ -18,19 +18,9 @@ import sys
 import threading
 
 from ..config import SqsApiConfig
+from ..stopping import die_with_parent
 
 READY = b"ready\n"
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL us when ``serve`` dies: no orphan answers on its port."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        sys.exit(0)  # serve died before the signal was armed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent-pid", type=int, default=0)
     a = p.parse_args(argv)
     if a.parent_pid:
-        _die_with_parent(a.parent_pid)
+        die_with_parent(a.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s sqs-api-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
     cfg = SqsApiConfig(**json.loads(sys.stdin.buffer.readline()))
