@@ -13,7 +13,11 @@ from shardq.consumer.aioworker import AsyncWorker
 from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import SqliteStore
 
+from support.driver_tasks import write_effect
+from support.fakes import READY, AsyncFacade, BuryingQueue
 from support.service import Service, wait_until
+from shardq.clock import FakeClock
+from shardq.consumer.idempotency import MemoryStore
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +135,64 @@ def test_heartbeats_keep_a_job_longer_than_its_lease(app):
         w.stop()
         t.join(20)
     assert runs == [1] and w.stats.succeeded == 1 and w.stats.lost == 0
+
+
+# ---------------------------------------------------------------------------- the event loop's own mechanics
+class _Forever:
+    """An async task (for the asyncio runner, no task registry): writes its effect through
+    ``ctx.db``, then waits for ever; says whether it was cancelled."""
+
+    is_async = True
+
+    def __init__(self):
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    def __call__(self, ctx):
+        raise AssertionError("an async task: never run in a thread")
+
+    def task_of(self, body):
+        return self
+
+    def resolve(self, ctx):
+        return self, [], {}
+
+    async def run_async(self, task, ctx, args, kwargs):
+        await ctx.db.run(write_effect, ctx.job_id)
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_period_ends():
+    """Runner-specific: only an asyncio task can be cancelled. At the grace period's end
+    every runner releases the jobs still running (test_worker_drivers.py,
+    test_after_the_grace_period_...): a thread runs on with its commit refused, a pool
+    process is killed; the asyncio runner cancels their tasks before ``run_async`` returns,
+    so on the caller's loop (not asyncio.run, which cancels what is left anyway) nothing
+    runs on. Before 00eae35 it looked for them among the jobs the core still held, which
+    the release had just emptied: none was cancelled."""
+    clock = FakeClock()
+    q = BuryingQueue(clock, visibility_timeout=30.0)
+    job_id = q.enqueue(b"forever")
+    store = MemoryStore(clock=clock)
+    task = _Forever()
+
+    async def main():
+        w = AsyncWorker(AsyncFacade(q), task, concurrency=1, grace_s=10.0, idempotency=store, clock=clock,
+                        idle_wait_s=0.01, prune_every_s=None)
+        run = asyncio.create_task(w.run_async())
+        await asyncio.wait_for(task.started.wait(), 10)
+        w.stop()
+        clock.advance(11.0)  # past the grace period, not past the lease
+        stats = await asyncio.wait_for(run, 10)
+        assert task.cancelled, "run_async returned with the job still running"
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats.abandoned == 1 and stats.succeeded == 0
+    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY
+    assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
