@@ -1,5 +1,7 @@
-"""The asyncio worker in this process against real shards: async and plain tasks, retries,
-Fail, unknown names, ctx.extend, the idempotency store off the loop, graceful shutdown."""
+"""What is the asyncio runner's own: which thread runs an async and a plain task, the
+awaitable ``ctx.extend`` and ``ctx.db``, the cancellation of its jobs' asyncio tasks at the
+grace period's end; and the App's ``send_async``. Everything else a worker does is tested
+once for every runner in test_worker_drivers.py. One real service for the module."""
 from __future__ import annotations
 
 import asyncio
@@ -49,32 +51,29 @@ def settled(app, queue) -> bool:
     return all(c.get(k, 0) == 0 for k in ("ready", "in_flight", "delayed", "waiting"))
 
 
-def test_async_and_plain_tasks_retries_fail_and_unknown_names(app, tmp_path):
+def test_asyncio_runner_runs_async_tasks_on_its_loop_and_plain_ones_in_threads(app, tmp_path):
+    """Runner-specific: where the asyncio runner runs what. An ``async def`` task runs on
+    the event loop's thread, awaits ``ctx.extend`` and ``ctx.db`` (whose statements run in
+    the transaction's own thread); a plain task runs in a thread, off the loop. Retries,
+    Fail, unknown names and heartbeats on a real service are the behaviour suite's, on
+    every runner (test_worker_drivers.py::test_against_the_real_service)."""
     store = SqliteStore(str(tmp_path / "fx.sqlite"))
     with store.transaction() as txn:
         txn.db.execute("CREATE TABLE fx (job_id INTEGER, n INTEGER, thread TEXT)")
     loop_threads = set()
-    attempts: dict[int, int] = {}
 
-    @app.task(queue="aw", retries=2, backoff=shardq.Exponential(0, 0), name="aw.async")
+    @app.task(queue="aw", name="aw.async")
     async def a(ctx, n: int):
         loop_threads.add(threading.current_thread().name)
-        attempts[n] = ctx.attempt
-        if n == 13 and ctx.attempt < 3:
-            raise ValueError("unlucky")
-        if n == 99:
-            raise shardq.Fail("never")
         deadline = await ctx.extend(30)
         assert deadline > ctx.lease.deadline
         await ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "loop"))
 
     @app.task(queue="aw", name="aw.plain")
     def p(ctx, n: int):
-        assert threading.current_thread().name not in loop_threads
-        ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "thread"))
+        ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, threading.current_thread().name))
 
-    ids = a.send_many([((n,), {}) for n in range(20)]) + [a.send(99), p.send(7)]
-    app.queue.enqueue(msgpack.packb({"t": "aw.gone", "a": [], "k": {}, "v": 1}), queue="aw")
+    ids = a.send_many([((n,), {}) for n in range(5)]) + [p.send(7)]
     w, t = start(app, "aw", concurrency=8, idempotency=store)
     try:
         wait_until(lambda: settled(app, "aw"), 30, 0.05, "every job settled")
@@ -83,14 +82,10 @@ def test_async_and_plain_tasks_retries_fail_and_unknown_names(app, tmp_path):
         t.join(20)
     assert not t.is_alive()
     rows = sorted(store_rows(store))
-    assert [r[1] for r in rows if r[2] == "loop"] == list(range(20))
-    assert [r[1] for r in rows if r[2] == "thread"] == [7]
-    assert len({r[0] for r in rows}) == 21 and {r[0] for r in rows} <= set(ids)
-    assert attempts[13] == 3
-    dead = {d.error.split(":")[0]: d for d in app.queue.dead_letters("aw")}
-    assert dead["never"].attempts == 1
-    assert any(k.startswith("unknown task 'aw.gone'") for k in dead)
-    assert w.stats.succeeded == 21
+    assert [r[1] for r in rows if r[2] == "loop"] == list(range(5))
+    (plain,) = [r for r in rows if r[2] != "loop"]
+    assert plain[1] == 7 and plain[2] not in loop_threads and len(loop_threads) == 1
+    assert {r[0] for r in rows} == set(ids) and w.stats.succeeded == 6
 
 
 def store_rows(store):
@@ -100,6 +95,7 @@ def store_rows(store):
 
 
 def test_send_async_uses_the_apps_asyncio_client(app):
+    """Not a runner's: ``task.send_async`` goes through the App's asyncio client."""
     @app.task(queue="aw-send", key=lambda user_id, **_: f"u{user_id}", name="aw.sent")
     async def sent(ctx, user_id: int, text: str = "hi"):
         pass
@@ -117,24 +113,6 @@ def test_send_async_uses_the_apps_asyncio_client(app):
     assert {l.key for l in leases} == {f"u{i}" for i in range(50)}
     assert msgpack.unpackb(leases[0].body)["k"] == {"text": "x"}
     app.queue.ack_many(leases)
-
-
-def test_heartbeats_keep_a_job_longer_than_its_lease(app):
-    runs = []
-
-    @app.task(queue="aw-beat", name="aw.long")
-    async def long(ctx):
-        runs.append(ctx.attempt)
-        await asyncio.sleep(3.0)                     # the queue's lease is 2 s
-
-    long.send()
-    w, t = start(app, "aw-beat", concurrency=2)
-    try:
-        wait_until(lambda: settled(app, "aw-beat"), 20, 0.05, "the long job acked")
-    finally:
-        w.stop()
-        t.join(20)
-    assert runs == [1] and w.stats.succeeded == 1 and w.stats.lost == 0
 
 
 # ---------------------------------------------------------------------------- the event loop's own mechanics
