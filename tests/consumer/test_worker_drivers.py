@@ -13,7 +13,11 @@ when a test moves the clock, and all see the same injected failures: a shard tha
 for one op (``FakeQueue.unavailable``), an idempotency store that fails at BEGIN, at the
 claim, at COMMIT or at ROLLBACK (:class:`~support.driver_tasks.FlakyStore`). Where a runner
 differs by design (process mode keeps no results and checks the lease before the commit in
-the parent only: docs/guarantees.md), the scenario says what each one does.
+the parent only: docs/guarantees.md; the asyncio runner prefetches nothing), the scenario
+says what each one does. A few scenarios run a plain handler (no task: support.driver_tasks.Raw),
+a worker process (signals), or the real service (shard processes, one for the module, a
+queue per runner, through the router and the asyncio client). What stays in
+test_worker.py and test_aioworker.py is one runner's own mechanism, and says so.
 
 Synchronisation is by events and by polls with a deadline, never by sleeping.
 """
