@@ -769,12 +769,22 @@ def test_sigterm_to_a_worker_running_in_the_main_thread_stops_it_gracefully(driv
     """``run()`` in the main thread takes SIGTERM and SIGINT over while it runs (a stop, as
     stop()) and gives them back when it returns. The asyncio runner took no signals (the
     SIGTERM killed the process; only the CLI's TaskWorkers installed them): it does now."""
-    before = signal.getsignal(signal.SIGTERM)
-    driver.define(functools.partial(sigterm_first, os.getpid()))  # the pool process's parent, too
-    ids = [driver.send(n) for n in range(3)]
-    stats = driver.build(concurrency=1, prefetch=1).run()
-    assert driver.q.state(ids[0]) == ACKED and stats.succeeded >= 1
-    assert signal.getsignal(signal.SIGTERM) is before
+    caught_here = []
+
+    def fallback(signum, frame):  # a runner that takes no signals: a failure, not a killed pytest
+        caught_here.append(signum)
+        driver.worker.stop()
+
+    before = signal.signal(signal.SIGTERM, fallback)
+    try:
+        driver.define(functools.partial(sigterm_first, os.getpid()))  # the pool process's parent, too
+        ids = [driver.send(n) for n in range(3)]
+        stats = driver.build(concurrency=1, prefetch=1).run()
+        assert caught_here == [], "the runner left SIGTERM to the process's own handler"
+        assert driver.q.state(ids[0]) == ACKED and stats.succeeded >= 1
+        assert signal.getsignal(signal.SIGTERM) is fallback  # given back
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 SCRIPT = textwrap.dedent("""
