@@ -9,7 +9,8 @@ tree's own shardq, and the shard processes it starts (``child_env``), are the on
     git worktree add /tmp/old f411784
     python -m bench.pairs --old /tmp/old --new . --pairs 4 --figures A,C,C2,M --jobs 5000
 
-It prints and writes (``--json``) each pair's ratios and their geometric mean per figure.
+It prints and writes (``--json``) each pair's ratios and their geometric mean per figure;
+figure Wk gives one ratio per worker runner (``--figures Wk --runners shardq``: ``Wk shardq@shardq``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import tempfile
 
 
 def run_once(tree: str, figures: str, jobs: int, extra: list[str]) -> dict[str, float]:
-    """One ``bench.run`` of ``tree``: jobs/s per figure."""
+    """One ``bench.run`` of ``tree``: jobs/s per figure (:func:`figures_of`)."""
     with tempfile.TemporaryDirectory(prefix="sqpairs") as tmp:
         out = os.path.join(tmp, "r.json")
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
@@ -32,9 +33,22 @@ def run_once(tree: str, figures: str, jobs: int, extra: list[str]) -> dict[str, 
                         *extra], cwd=os.path.abspath(tree), env=env, check=True,
                        stdout=subprocess.DEVNULL)
         with open(out) as f:
-            figs = json.load(f)["peers"]["shardq"]["figures"]
-    return {name: fig["summary"]["jobs_per_s"] for name, fig in figs.items()
-            if fig.get("summary", {}).get("jobs_per_s")}
+            return figures_of(json.load(f))
+
+
+def figures_of(results: dict) -> dict[str, float]:
+    """jobs/s per figure of one ``bench.run`` result: shardq's figures (``peers.shardq``,
+    absent when only Wk ran) and figure Wk, one per worker runner (``wk``, keyed
+    ``runner@broker``), named ``Wk runner@broker``."""
+    out: dict[str, float] = {}
+    shardq = results.get("peers", {}).get("shardq", {})
+    for name, fig in shardq.get("figures", {}).items():
+        if fig.get("summary", {}).get("jobs_per_s"):
+            out[name] = fig["summary"]["jobs_per_s"]
+    for variant, row in results.get("wk", {}).items():
+        if row.get("summary", {}).get("jobs_per_s"):
+            out[f"Wk {variant}"] = row["summary"]["jobs_per_s"]
+    return out
 
 
 def geomean(xs: list[float]) -> float:

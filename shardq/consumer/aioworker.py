@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from ..client import aio
 from ..clock import Clock, SystemClock
 from ..errors import ShardqError
+from ..stopping import install_stop_signals, restore_signals
 from ..types import Lease
 from .aiotxn import run_async
 from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
@@ -143,8 +144,16 @@ class AsyncWorker:
         self._finish_duplicate = getattr(handler, "finish_duplicate", None)
 
     # ------------------------------------------------------------------ public
-    def run(self) -> WorkerStats:
-        return asyncio.run(self.run_async())
+    def run(self, max_jobs: int | None = None) -> WorkerStats:
+        """Work until stopped, until ``max_jobs`` leases (of this call) are settled, or (with
+        ``burst``) until the queue is drained, as :meth:`.worker.Worker.run`. In the main
+        thread SIGTERM and SIGINT stop it, a second signal exits at once, as for
+        :class:`.worker.Worker` (:meth:`run_async` leaves the signals to the caller's loop)."""
+        old_handlers = install_stop_signals(self.stop, "shardq worker")
+        try:
+            return asyncio.run(self.run_async(max_jobs))
+        finally:
+            restore_signals(old_handlers)
 
     def stop(self) -> None:
         """Stop leasing and finish (see the module docstring). Safe from any thread."""
@@ -154,7 +163,7 @@ class AsyncWorker:
             with contextlib.suppress(RuntimeError):  # the loop has finished
                 loop.call_soon_threadsafe(wake.set)
 
-    async def run_async(self) -> WorkerStats:
+    async def run_async(self, max_jobs: int | None = None) -> WorkerStats:
         self._loop = asyncio.get_running_loop()
         self._wake, self._done = asyncio.Event(), []
         owned = isinstance(self.target, (str, os.PathLike))
@@ -167,7 +176,7 @@ class AsyncWorker:
                 if isinstance(q.service_id, str):
                     await asyncio.to_thread(self.store.bind, q.service_id)
                 pruner = start_pruner(self.store, self.clock, self.options.prune_every_s)
-            why = await adrive(self.core.run(burst=self.burst), self._perform)
+            why = await adrive(self.core.run(max_jobs, burst=self.burst), self._perform)
             left = [task for task in self._tasks if not task.done()]
             for task in left:  # released at the grace period's end
                 task.cancel()

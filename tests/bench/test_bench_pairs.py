@@ -29,3 +29,30 @@ def test_pairs_run_both_trees_in_abba_order_and_report_each_ratio(tmp_path):
         assert s["pairs"] == 2 and s["min"] == min(rs) and s["max"] == max(rs)
         assert math.isclose(s["geomean"], math.sqrt(rs[0] * rs[1]))
         assert f"{fig}: new/old {s['geomean']:.3f}" in r.stdout
+
+
+def test_a_run_of_figure_wk_alone_gives_one_ratio_name_per_worker_runner(monkeypatch):
+    """Figure Wk's results live under ``wk`` (one row per runner@broker), not under
+    ``peers.shardq``, which a run of Wk alone does not have: run_once used to raise
+    KeyError: 'shardq' there. bench.run is stood in for by what it writes."""
+    from bench import pairs
+
+    wk_only = {"peers": {}, "wk": {
+        "shardq@shardq": {"status": "ok", "summary": {"jobs_per_s": 1500.0, "errors": []}},
+        "shardq-idem@shardq": {"status": "ok", "summary": {"jobs_per_s": 900.0, "errors": []}},
+        "celery@redis-always": {"status": "skipped", "summary": {"jobs_per_s": None, "errors": ["x"]}}}}
+    both = {"peers": {"shardq": {"figures": {"A": {"summary": {"jobs_per_s": 4000.0}},
+                                             "M": {"summary": {"jobs_per_s": None}}}}},
+            "wk": {"shardq@shardq": {"status": "ok", "summary": {"jobs_per_s": 1200.0}}}}
+    seen = []
+
+    def fake_run(argv, **kw):
+        seen.append(argv[argv.index("--figures") + 1])
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump(wk_only if seen[-1] == "Wk" else both, f)
+
+    monkeypatch.setattr(pairs.subprocess, "run", fake_run)
+    assert pairs.run_once(REPO, "Wk", 100, ["--runners", "shardq"]) == {
+        "Wk shardq@shardq": 1500.0, "Wk shardq-idem@shardq": 900.0}
+    assert pairs.run_once(REPO, "A,M,Wk", 100, []) == {"A": 4000.0, "Wk shardq@shardq": 1200.0}
+    assert seen == ["Wk", "A,M,Wk"]

@@ -1,5 +1,7 @@
-"""The asyncio worker in this process against real shards: async and plain tasks, retries,
-Fail, unknown names, ctx.extend, the idempotency store off the loop, graceful shutdown."""
+"""What is the asyncio runner's own: which thread runs an async and a plain task, the
+awaitable ``ctx.extend`` and ``ctx.db``, the cancellation of its jobs' asyncio tasks at the
+grace period's end; and the App's ``send_async``. Everything else a worker does is tested
+once for every runner in test_worker_drivers.py. One real service for the module."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +15,11 @@ from shardq.consumer.aioworker import AsyncWorker
 from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import SqliteStore
 
+from support.driver_tasks import write_effect
+from support.fakes import READY, AsyncFacade, BuryingQueue
 from support.service import Service, wait_until
+from shardq.clock import FakeClock
+from shardq.consumer.idempotency import MemoryStore
 
 
 @pytest.fixture(scope="module")
@@ -45,32 +51,29 @@ def settled(app, queue) -> bool:
     return all(c.get(k, 0) == 0 for k in ("ready", "in_flight", "delayed", "waiting"))
 
 
-def test_async_and_plain_tasks_retries_fail_and_unknown_names(app, tmp_path):
+def test_asyncio_runner_runs_async_tasks_on_its_loop_and_plain_ones_in_threads(app, tmp_path):
+    """Runner-specific: where the asyncio runner runs what. An ``async def`` task runs on
+    the event loop's thread, awaits ``ctx.extend`` and ``ctx.db`` (whose statements run in
+    the transaction's own thread); a plain task runs in a thread, off the loop. Retries,
+    Fail, unknown names and heartbeats on a real service are the behaviour suite's, on
+    every runner (test_worker_drivers.py::test_against_the_real_service)."""
     store = SqliteStore(str(tmp_path / "fx.sqlite"))
     with store.transaction() as txn:
         txn.db.execute("CREATE TABLE fx (job_id INTEGER, n INTEGER, thread TEXT)")
     loop_threads = set()
-    attempts: dict[int, int] = {}
 
-    @app.task(queue="aw", retries=2, backoff=shardq.Exponential(0, 0), name="aw.async")
+    @app.task(queue="aw", name="aw.async")
     async def a(ctx, n: int):
         loop_threads.add(threading.current_thread().name)
-        attempts[n] = ctx.attempt
-        if n == 13 and ctx.attempt < 3:
-            raise ValueError("unlucky")
-        if n == 99:
-            raise shardq.Fail("never")
         deadline = await ctx.extend(30)
         assert deadline > ctx.lease.deadline
         await ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "loop"))
 
     @app.task(queue="aw", name="aw.plain")
     def p(ctx, n: int):
-        assert threading.current_thread().name not in loop_threads
-        ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, "thread"))
+        ctx.db.execute("INSERT INTO fx VALUES (?, ?, ?)", (ctx.job_id, n, threading.current_thread().name))
 
-    ids = a.send_many([((n,), {}) for n in range(20)]) + [a.send(99), p.send(7)]
-    app.queue.enqueue(msgpack.packb({"t": "aw.gone", "a": [], "k": {}, "v": 1}), queue="aw")
+    ids = a.send_many([((n,), {}) for n in range(5)]) + [p.send(7)]
     w, t = start(app, "aw", concurrency=8, idempotency=store)
     try:
         wait_until(lambda: settled(app, "aw"), 30, 0.05, "every job settled")
@@ -79,14 +82,10 @@ def test_async_and_plain_tasks_retries_fail_and_unknown_names(app, tmp_path):
         t.join(20)
     assert not t.is_alive()
     rows = sorted(store_rows(store))
-    assert [r[1] for r in rows if r[2] == "loop"] == list(range(20))
-    assert [r[1] for r in rows if r[2] == "thread"] == [7]
-    assert len({r[0] for r in rows}) == 21 and {r[0] for r in rows} <= set(ids)
-    assert attempts[13] == 3
-    dead = {d.error.split(":")[0]: d for d in app.queue.dead_letters("aw")}
-    assert dead["never"].attempts == 1
-    assert any(k.startswith("unknown task 'aw.gone'") for k in dead)
-    assert w.stats.succeeded == 21
+    assert [r[1] for r in rows if r[2] == "loop"] == list(range(5))
+    (plain,) = [r for r in rows if r[2] != "loop"]
+    assert plain[1] == 7 and plain[2] not in loop_threads and len(loop_threads) == 1
+    assert {r[0] for r in rows} == set(ids) and w.stats.succeeded == 6
 
 
 def store_rows(store):
@@ -96,6 +95,7 @@ def store_rows(store):
 
 
 def test_send_async_uses_the_apps_asyncio_client(app):
+    """Not a runner's: ``task.send_async`` goes through the App's asyncio client."""
     @app.task(queue="aw-send", key=lambda user_id, **_: f"u{user_id}", name="aw.sent")
     async def sent(ctx, user_id: int, text: str = "hi"):
         pass
@@ -115,19 +115,62 @@ def test_send_async_uses_the_apps_asyncio_client(app):
     app.queue.ack_many(leases)
 
 
-def test_heartbeats_keep_a_job_longer_than_its_lease(app):
-    runs = []
+# ---------------------------------------------------------------------------- the event loop's own mechanics
+class _Forever:
+    """An async task (for the asyncio runner, no task registry): writes its effect through
+    ``ctx.db``, then waits for ever; says whether it was cancelled."""
 
-    @app.task(queue="aw-beat", name="aw.long")
-    async def long(ctx):
-        runs.append(ctx.attempt)
-        await asyncio.sleep(3.0)                     # the queue's lease is 2 s
+    is_async = True
 
-    long.send()
-    w, t = start(app, "aw-beat", concurrency=2)
-    try:
-        wait_until(lambda: settled(app, "aw-beat"), 20, 0.05, "the long job acked")
-    finally:
+    def __init__(self):
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    def __call__(self, ctx):
+        raise AssertionError("an async task: never run in a thread")
+
+    def task_of(self, body):
+        return self
+
+    def resolve(self, ctx):
+        return self, [], {}
+
+    async def run_async(self, task, ctx, args, kwargs):
+        await ctx.db.run(write_effect, ctx.job_id)
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_period_ends():
+    """Runner-specific: only an asyncio task can be cancelled. At the grace period's end
+    every runner releases the jobs still running (test_worker_drivers.py,
+    test_after_the_grace_period_...): a thread runs on with its commit refused, a pool
+    process is killed; the asyncio runner cancels their tasks before ``run_async`` returns,
+    so on the caller's loop (not asyncio.run, which cancels what is left anyway) nothing
+    runs on. Before 00eae35 it looked for them among the jobs the core still held, which
+    the release had just emptied: none was cancelled."""
+    clock = FakeClock()
+    q = BuryingQueue(clock, visibility_timeout=30.0)
+    job_id = q.enqueue(b"forever")
+    store = MemoryStore(clock=clock)
+    task = _Forever()
+
+    async def main():
+        w = AsyncWorker(AsyncFacade(q), task, concurrency=1, grace_s=10.0, idempotency=store, clock=clock,
+                        idle_wait_s=0.01, prune_every_s=None)
+        run = asyncio.create_task(w.run_async())
+        await asyncio.wait_for(task.started.wait(), 10)
         w.stop()
-        t.join(20)
-    assert runs == [1] and w.stats.succeeded == 1 and w.stats.lost == 0
+        clock.advance(11.0)  # past the grace period, not past the lease
+        stats = await asyncio.wait_for(run, 10)
+        assert task.cancelled, "run_async returned with the job still running"
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats.abandoned == 1 and stats.succeeded == 0
+    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY
+    assert store.data == {} and not store.seen(job_id)  # its transaction rolled back

@@ -13,29 +13,37 @@ when a test moves the clock, and all see the same injected failures: a shard tha
 for one op (``FakeQueue.unavailable``), an idempotency store that fails at BEGIN, at the
 claim, at COMMIT or at ROLLBACK (:class:`~support.driver_tasks.FlakyStore`). Where a runner
 differs by design (process mode keeps no results and checks the lease before the commit in
-the parent only: docs/guarantees.md), the scenario says what each one does.
+the parent only: docs/guarantees.md; the asyncio runner prefetches nothing), the scenario
+says what each one does. A few scenarios run a plain handler (no task: support.driver_tasks.Raw),
+a worker process (signals), or the real service (shard processes, one for the module, a
+queue per runner, through the router and the asyncio client). What stays in
+test_worker.py and test_aioworker.py is one runner's own mechanism, and says so.
 
 Synchronisation is by events and by polls with a deadline, never by sleeping.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
 import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
-import time
 
 import pytest
 
-from support.service import wait_until
-from support.fakes import ACKED, DEAD, LEASED, READY, FakeQueue
+from support.service import REPO, Service, wait_until
+from support.fakes import ACKED, DEAD, LEASED, READY, AsyncFacade, BuryingQueue, FakeQueue
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import AsyncWorker
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, SqliteStore
-from support.driver_tasks import (Ctl, FlakyStore, TopRng, boom, effects, fail_as, fail_first, fail_job_zero,
-                                  handler, hold, hold_first, log_attempt, log_n, nothing)
+from support.driver_tasks import (Ctl, FlakyStore, Raw, TopRng, boom, effects, fail_as, fail_first,
+                                  fail_first_after_effect, fail_job_zero, handler, hold, hold_first, log_attempt,
+                                  log_n, nothing, service_work, sigterm_first, wait_sent, chaos)
 from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
@@ -46,67 +54,6 @@ from shardq.limits import DELAY_S_MAX
 VISIBILITY_S = 30.0
 MAX_DELIVERIES = 4
 NEVER = 10**9  # FakeQueue.unavailable count: down until the test brings the shard back
-
-
-# ---------------------------------------------------------------------------- fakes
-class BuryingQueue(FakeQueue):
-    """FakeQueue plus ``bury`` (dead-letter now, with the error), as a shard has it."""
-
-    def bury(self, lease, error=None) -> None:
-        self._maybe_fail("bury")
-        with self._cond:
-            job = self._current(lease)
-            self.calls.append(("bury", lease.job_id, error))
-            job.error = error
-            job.token = 0
-            self._kill(job)
-            self._cond.notify_all()
-
-
-class AsyncFacade:
-    """The asyncio client's API over a FakeQueue: the same jobs, the same failures."""
-
-    service_id = None
-
-    def __init__(self, q: FakeQueue):
-        self.q = q
-
-    async def queue_config(self, queue: str) -> dict:
-        return self.q.queue_config(queue)
-
-    async def dequeue_many(self, queue: str, max_jobs: int = 100, wait: float = 0.0,
-                           visibility: float | None = None):
-        end = time.monotonic() + wait
-        while True:  # never blocks the loop; a cancelled wait leaves no lease behind
-            out = self.q.dequeue_many(queue, max_jobs=max_jobs, wait=0, visibility=visibility)
-            if out or time.monotonic() >= end:
-                return out
-            await asyncio.sleep(0.002)  # the fake's poll interval (its clock notifies no one)
-
-    async def ack(self, lease) -> None:
-        self.q.ack(lease)
-
-    async def nack(self, lease, delay: float = 0.0, error: str | None = None, *,
-                   delivered: bool = True) -> None:
-        self.q.nack(lease, delay=delay, error=error, delivered=delivered)
-
-    async def bury(self, lease, error: str | None = None) -> None:
-        self.q.bury(lease, error)
-
-    async def extend(self, lease, seconds: float):
-        return self.q.extend(lease, seconds)
-
-    async def ack_many(self, leases):
-        return self.q.ack_many(leases)
-
-    async def settle_many(self, acks, reports):
-        return self.q.settle_many(acks, reports)
-
-    async def report_many(self, reports):
-        return self.q.settle_many([], reports)[1]
-
-    async def close(self) -> None:
-        pass  # the test owns the FakeQueue
 
 
 # ---------------------------------------------------------------------------- drivers
@@ -145,25 +92,37 @@ class Driver:
                  if self.runner == "process" else MemoryStore(clock=self.clock))
         return FlakyStore(store, self.tmp) if flaky else store
 
-    def start(self, store: IdempotencyStore | None = None, **options) -> None:
-        """``options``: more arguments of the worker (``burst``, ``log_every_s``...)."""
+    def send_raw(self) -> int:
+        """A job for a plain handler (``start(raw=True)``): its body is the control directory."""
+        return self.q.enqueue(self.ctl.path.encode())
+
+    def start(self, store: IdempotencyStore | None = None, max_jobs: int | None = None, raw: bool = False,
+              **options) -> None:
+        """``options``: more arguments of the worker (``burst``, ``log_every_s``...);
+        ``max_jobs``: ``run(max_jobs)``; ``raw``: a plain handler (:class:`Raw`), no task."""
+        self.build(store, raw, **options)
+        self._thread = threading.Thread(target=self.worker.run, args=(max_jobs,), daemon=True, name="suite-worker")
+        self._thread.start()
+
+    def build(self, store: IdempotencyStore | None = None, raw: bool = False, **options):
+        """The worker :meth:`start` runs (``worker.run()`` in this thread is the test's)."""
         common = dict(queue="default", concurrency=2, idempotency=store, clock=self.clock,
                       rng=TopRng(), backoff_base_s=1.0, backoff_cap_s=300.0, grace_s=5.0,
                       idle_wait_s=0.01, prune_every_s=None)
         common.update(options)
+        work = Raw() if raw else handler()
         if self.runner == "asyncio":
-            self.worker = AsyncWorker(AsyncFacade(self.q), handler(), **common)
+            self.worker = AsyncWorker(AsyncFacade(self.q), work, **common)
         else:
-            self.worker = Worker(self.q, handler(), mode=self.runner, poll_s=0.005, **common)
-        self._thread = threading.Thread(target=self.worker.run, daemon=True, name="suite-worker")
-        self._thread.start()
+            self.worker = Worker(self.q, work, mode=self.runner, poll_s=0.005, **common)
+        return self.worker
 
     def returned(self) -> bool:
         """Whether the worker's ``run`` has returned (by itself, unless stop() was called)."""
         return self._thread is not None and not self._thread.is_alive()
 
     def stop(self) -> None:
-        if self.worker is not None:
+        if self.worker is not None and self._thread is not None:  # else run() was the test's
             self.worker.stop()
             self._thread.join(10)
             assert not self._thread.is_alive(), "the worker did not stop"
@@ -192,6 +151,56 @@ def test_success_is_acked_with_its_effect_once(driver):
     driver.stop()
     assert effects(store) == {i: 1 for i in ids} and all(store.seen(i) for i in ids)
     assert driver.worker.stats.succeeded == 3 and driver.worker.stats.failed == 0
+
+
+def test_run_max_jobs_returns_once_that_many_leases_are_settled(driver):
+    """``run(max_jobs)``: never more leased than that (the prefetch too), the rest left ready.
+    The asyncio runner took no ``max_jobs`` (its core did): it does now (issue 45)."""
+    driver.define(nothing)
+    ids = [driver.send(n) for n in range(5)]
+    driver.start(max_jobs=3, concurrency=2, prefetch=2)
+    wait_until(driver.returned, what="run(max_jobs=3) returning by itself")
+    assert (driver.worker.stats.leased, driver.worker.stats.succeeded) == (3, 3)
+    assert [driver.q.state(i) for i in ids] == [ACKED] * 3 + [READY] * 2
+    assert driver.q.job(ids[3]).attempts == 0
+
+
+def test_an_effect_written_before_an_error_rolls_back_and_leaves_no_mark(driver):
+    store = driver.store()
+    driver.define(fail_first_after_effect)
+    job_id = driver.send()
+    driver.start(store)
+    wait_until(lambda: driver.q.ops("nack"), what="the failed attempt nacked")
+    assert effects(store) == {} and not store.seen(job_id)
+    (_, jid, delay, error), = driver.q.ops("nack")
+    assert (jid, delay, error.splitlines()[0]) == (job_id, 1.0, "RuntimeError: after the write")
+    driver.clock.advance(1.0)  # the backoff
+    wait_until(lambda: driver.q.state(job_id) == ACKED, what="the retry acked")
+    driver.stop()
+    assert effects(store) == {job_id: 1} and store.seen(job_id) and driver.q.job(job_id).attempts == 2
+
+
+def test_a_plain_handler_gets_the_workers_backoff_capped_and_its_last_failure_is_not_delayed(driver):
+    """A plain handler (no task, so no task's retry policy): the worker's own full-jitter
+    backoff, doubling up to ``backoff_cap_s``; the failure that dead-letters is not delayed."""
+    driver.define(boom)
+    job_id = driver.send_raw()
+    driver.start(raw=True, backoff_base_s=1.0, backoff_cap_s=3.0)
+    delays = []
+    for attempt in range(1, MAX_DELIVERIES + 1):
+        wait_until(lambda: len(driver.q.ops("nack")) == attempt, what=f"nack {attempt}")
+        _, jid, delay, error = driver.q.ops("nack")[-1]
+        assert (jid, error.splitlines()[0]) == (job_id, f"ValueError: boom {attempt}")
+        delays.append(delay)
+        if delay:
+            assert driver.q.state(job_id) == READY and driver.q.job(job_id).ready_at == driver.clock.now() + delay
+            driver.clock.advance(delay)  # delayed, not a long lease: nothing runs before this
+    assert delays == [1.0, 2.0, 3.0, 0.0]
+    wait_until(lambda: driver.q.state(job_id) == DEAD, what="dead-lettered")
+    driver.stop()
+    assert driver.q.dead[0].attempts == MAX_DELIVERIES
+    assert driver.q.dead[0].error.splitlines()[0] == f"ValueError: boom {MAX_DELIVERIES}"
+    assert driver.worker.stats.failed == MAX_DELIVERIES
 
 
 def test_an_error_is_nacked_with_backoff_then_dead_lettered_with_its_text(driver):
@@ -425,6 +434,55 @@ def test_a_lease_lost_while_running_is_not_acked_and_its_effect_rolls_back(drive
         assert driver.ctl.read("attempts") == [1, 2] and (stats.lost, stats.succeeded) == (1, 1)
 
 
+def test_a_prefetched_lease_is_heartbeated_while_it_waits_for_a_runner(driver):
+    """One runner, prefetch 1: the thread and process runners hold a second lease while the
+    first job runs, and extend it too; waiting did not burn a delivery. The asyncio runner
+    starts each job as it is leased (prefetch 0): it holds one lease, the second job waits
+    in the queue, unleased."""
+    driver.define(hold)
+    a, b = driver.send(0), driver.send(1)
+    driver.start(concurrency=1, prefetch=1)
+    assert driver.ctl.wait("started")
+    prefetches = driver.runner != "asyncio"
+    if prefetches:
+        wait_until(lambda: driver.q.max_leased == 2, what="a running, b prefetched")
+    extended = lambda: {op[1] for op in driver.q.ops("extend") if op[3]}  # noqa: E731 - the successful ones
+    for step in (1, 2):  # 16 s, then 32 s: past the first deadline (30)
+        driver.clock.advance(16)
+        wait_until(lambda: len([op for op in driver.q.ops("extend") if op[3]]) >= step * (2 if prefetches else 1),
+                   what="the leases held extended")
+    assert extended() == ({a, b} if prefetches else {a})
+    assert driver.q.max_leased == (2 if prefetches else 1) and driver.q.job(b).attempts == (1 if prefetches else 0)
+    driver.ctl.set("release")
+    wait_until(lambda: driver.q.state(b) == ACKED, what="both acked")
+    driver.stop()
+    assert driver.q.state(a) == ACKED and driver.q.job(b).attempts == 1 and driver.worker.stats.lost == 0
+
+
+def test_stop_releases_the_prefetched_leases_at_once_uncounted(driver):
+    """stop(): the leases not started yet are released at once (``delivered=False``: not a
+    delivery), while the running jobs finish. The asyncio runner prefetches nothing: there
+    is nothing to release."""
+    driver.define(hold)
+    ids = [driver.send(n) for n in range(4)]
+    driver.start(concurrency=2, prefetch=1)
+    prefetches = driver.runner != "asyncio"
+    wait_until(lambda: len(driver.ctl.read("running")) == 2, what="2 running")
+    wait_until(lambda: driver.q.max_leased == (3 if prefetches else 2), what="1 prefetched")
+    driver.worker.stop()
+    if prefetches:
+        wait_until(lambda: driver.q.ops("nack"), what="the pending lease released")
+        assert driver.q.ops("nack") == [("nack", ids[2], 0.0, None)]
+    assert not driver.returned()  # still waiting for the running jobs
+    driver.ctl.set("release")
+    wait_until(driver.returned, what="the worker returning")
+    assert [driver.q.state(i) for i in ids] == [ACKED, ACKED, READY, READY]
+    assert driver.q.job(ids[2]).attempts == 0 and driver.q.job(ids[3]).attempts == 0
+    stats = driver.worker.stats
+    assert (stats.succeeded, stats.released) == (2, 1 if prefetches else 0)
+    assert driver.q.ops("nack") == ([("nack", ids[2], 0.0, None)] if prefetches else [])
+
+
 def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
     driver.define(hold)
     ids = [driver.send(n) for n in range(2)]
@@ -441,10 +499,12 @@ def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
 def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
     """The grace period runs on the worker's clock (the asyncio runner used the event loop's
     own, so a worker on another clock waited out ``grace_s`` in real time): once it is
-    over, the jobs still running are released for redelivery and counted abandoned."""
+    over, the jobs still running are released for redelivery and counted abandoned, and
+    whatever they wrote rolls back."""
+    store = driver.store()
     driver.define(hold)
     job_id = driver.send()
-    driver.start(grace_s=10.0)
+    driver.start(store, grace_s=10.0)
     try:
         assert driver.ctl.wait("started")
         driver.worker.stop()
@@ -455,7 +515,12 @@ def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
     finally:
         driver.ctl.set("release")  # asyncio.run() waits for the threads it started before it returns
     wait_until(driver.returned, what="the worker returning")
+    # The abandoned job ends after all (a runner thread lets go, a pool process was killed,
+    # an asyncio task was cancelled): its transaction must not commit.
+    wait_until(lambda: not any(t.name.startswith("shardq-runner") for t in threading.enumerate()),
+               what="the runner threads ending")
     assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
+    assert effects(store) == {} and not store.seen(job_id)
 
 
 def test_a_lease_delivered_after_its_deadline_is_not_started(driver):
@@ -628,6 +693,9 @@ def runner_class(runner: str):
     ({"backoff_cap_s": DELAY_S_MAX + 1}, "backoff_cap_s <= limits.DELAY_S_MAX"),
     ({"grace_s": -1.0}, "bad grace_s"),
     ({"request_timeout_s": 0}, "request_timeout_s must be"),
+    ({"prefetch": -1}, "prefetch must be an int in"),
+    ({"concurrency": 4, "prefetch": 5}, "prefetch must be an int in"),
+    ({"mode": "fork"}, "mode must be 'thread' or 'process'"),
 ])
 def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, words):
     """One record (:class:`WorkerOptions`) checks every setting for every runner:
@@ -636,7 +704,7 @@ def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, w
     q = FakeQueue(FakeClock())
     cls, mode = runner_class(runner)
     with pytest.raises(InvalidConfig, match=words):
-        cls(q, handler(), **mode, **options)
+        cls(q, handler(), **{**mode, **options})
     with pytest.raises(InvalidConfig, match=words):
         WorkerOptions(**options)
     # the limits themselves are fine
@@ -660,42 +728,229 @@ def test_a_worker_takes_one_frozen_options_record_or_its_fields_as_keywords(runn
         cls(q, handler(), "q1")
 
 
-def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another():
+def test_a_shared_burst_waits_for_the_job_one_queue_sends_to_another(driver):
     """Queue a's job sends a job to queue b after b's worker found b empty: the workers of
-    both queues (a thread worker and an asyncio worker, one Burst) return only once that
-    job is done too."""
-    clock = FakeClock()
+    both queues (the driver's runner on a, another runner on b: asyncio, or the thread
+    runner beside an asyncio a; one Burst) return only once that job is done too. The send
+    is made by the test while a's job runs (a pool process has no client of its own)."""
     b_found_nothing = threading.Event()
+    q, burst = driver.q, Burst(["default", "b"])
+    plain_dequeue = q.dequeue_many
 
-    class Watched(BuryingQueue):
-        def dequeue_many(self, queue, max_jobs=100, wait=0.0, visibility=None):
-            out = super().dequeue_many(queue, max_jobs=max_jobs, wait=wait, visibility=visibility)
-            if queue == "b" and not out and not b_found_nothing.is_set():
-                # b's first "nothing" arrives only after a's job sent b a job, was acked, and
-                # a's worker found a empty: the answer is stale by then, and must not count
-                b_found_nothing.set()
-                wait_until(lambda: self.state(first) == ACKED and burst._empty["a"] is not None,
-                           what="a drained")
-            return out
+    def watched(queue, max_jobs=100, wait=0.0, visibility=None):
+        out = plain_dequeue(queue, max_jobs=max_jobs, wait=wait, visibility=visibility)
+        if queue == "b" and not out and not b_found_nothing.is_set():
+            # b's first "nothing" arrives only after a's job sent b a job, was acked, and
+            # a's worker found a empty: the answer is stale by then, and must not count
+            b_found_nothing.set()
+            wait_until(lambda: q.state(first) == ACKED and burst._empty["default"] is not None, what="a drained")
+        return out
 
-    q = Watched(clock, visibility_timeout=VISIBILITY_S, max_deliveries=MAX_DELIVERIES)
-    done_in_b = []
-
-    def in_a(ctx):
-        assert b_found_nothing.wait(10)
-        q.enqueue(b"for b", queue="b")
-
-    burst = Burst(["a", "b"])
-    first = q.enqueue(b"for a", queue="a")
-    workers = [Worker(q, in_a, queue="a", clock=clock, poll_s=0.005, idle_wait_s=0.01, prune_every_s=None,
-                      burst=burst),
-               AsyncWorker(AsyncFacade(q), _PlainHandler(done_in_b.append), queue="b", clock=clock,
-                           idle_wait_s=0.01, burst=burst)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for t in threads:
-        t.start()
-    wait_until(lambda: not any(t.is_alive() for t in threads), what="both burst workers returning")
+    q.dequeue_many = watched  # the instance's: the asyncio facade calls it too
+    driver.define(wait_sent)
+    first = driver.send()
+    done_in_b: list[int] = []
+    on_b = _PlainHandler(done_in_b.append)
+    b_worker = (Worker(q, on_b, queue="b", clock=driver.clock, poll_s=0.005, idle_wait_s=0.01, prune_every_s=None,
+                       burst=burst) if driver.runner == "asyncio" else
+                AsyncWorker(AsyncFacade(q), on_b, queue="b", clock=driver.clock, idle_wait_s=0.01, burst=burst))
+    b_thread = threading.Thread(target=b_worker.run, daemon=True)
+    b_thread.start()
+    driver.start(burst=burst)
+    assert driver.ctl.wait("running") and b_found_nothing.wait(10)
+    q.enqueue(b"for b", queue="b")  # a's job's send
+    driver.ctl.set("sent")
+    wait_until(lambda: driver.returned() and not b_thread.is_alive(), what="both burst workers returning")
     assert q.state(first) == ACKED and len(done_in_b) == 1 and q.state(done_in_b[0]) == ACKED
+
+
+# ---------------------------------------------------------------------------- signals
+def test_sigterm_to_a_worker_running_in_the_main_thread_stops_it_gracefully(driver):
+    """``run()`` in the main thread takes SIGTERM and SIGINT over while it runs (a stop, as
+    stop()) and gives them back when it returns. The asyncio runner took no signals (the
+    SIGTERM killed the process; only the CLI's TaskWorkers installed them): it does now."""
+    caught_here = []
+
+    def fallback(signum, frame):  # a runner that takes no signals: a failure, not a killed pytest
+        caught_here.append(signum)
+        driver.worker.stop()
+
+    before = signal.signal(signal.SIGTERM, fallback)
+    try:
+        driver.define(functools.partial(sigterm_first, os.getpid()))  # the pool process's parent, too
+        ids = [driver.send(n) for n in range(3)]
+        stats = driver.build(concurrency=1, prefetch=1).run()
+        assert caught_here == [], "the runner left SIGTERM to the process's own handler"
+        assert driver.q.state(ids[0]) == ACKED and stats.succeeded >= 1
+        assert signal.getsignal(signal.SIGTERM) is fallback  # given back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [{repo!r}, {tests!r}]
+    from support.fakes import AsyncFacade, FakeQueue
+    from support.driver_tasks import AsyncHold, Ctl, Raw, hold
+    from shardq.clock import SystemClock
+    from shardq.consumer.aioworker import AsyncWorker
+    from shardq.consumer.worker import Worker
+    runner, ctl = sys.argv[1], sys.argv[2]
+    Ctl(ctl).put_work(hold)
+    q = FakeQueue(SystemClock())
+    q.enqueue(ctl.encode())
+    options = dict(concurrency=1, grace_s=0.2, idle_wait_s=0.01, prune_every_s=None)
+    if runner == "asyncio":
+        AsyncWorker(AsyncFacade(q), AsyncHold(), **options).run()
+    else:
+        Worker(q, Raw(), mode=runner, poll_s=0.01, **options).run()
+    print("returned", q.ops("nack"), flush=True)
+""")
+
+
+def _spawn_blocked_worker(runner: str, ctl: Ctl) -> subprocess.Popen:
+    """A worker process whose one job never ends (it waits for a release that never comes)."""
+    script = SCRIPT.format(repo=REPO, tests=os.path.join(REPO, "tests"))
+    proc = subprocess.Popen([sys.executable, "-c", script, runner, ctl.path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert ctl.wait("started", 30), proc.stderr.read() if proc.poll() is not None else "no start"
+    return proc
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_sigterm_then_the_grace_period_exits_0_and_releases_the_running_job(runner, tmp_path):
+    proc = _spawn_blocked_worker(runner, Ctl(str(tmp_path)))
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "returned [('nack', 1, 0.0, None)]" in out
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_second_signal_exits_at_once(runner, tmp_path):
+    proc = _spawn_blocked_worker(runner, Ctl(str(tmp_path)))
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1 and "second signal" in err and "returned" not in out
+
+
+# ---------------------------------------------------------------------------- simulation
+@pytest.mark.parametrize("seed", range(6))
+def test_seeded_chaos_keeps_effects_exactly_once(driver, seed, monkeypatch):
+    """Random task failures, pauses that outlive the lease (the fence must roll back; the
+    process runner's late commit in its pool process makes the redelivery a duplicate),
+    duplicate deliveries and shard outages, in rounds: every job ends acked or dead, no
+    effect is committed twice, every mark has its effect and every acked job's effect is
+    there. Outcomes are a function of (seed, job id, attempt); thread timing still varies,
+    so the seed narrows, not replays."""
+    import shardq.consumer.policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "UNAVAILABLE_BACKOFF_S_MIN", 0.001)
+    monkeypatch.setattr(policy_mod, "UNAVAILABLE_BACKOFF_S_MAX", 0.004)
+    q, rng, store = driver.q, random.Random(seed), driver.store()
+    driver.define(functools.partial(chaos, seed))
+    ids = [driver.send(n) for n in range(30)]
+    for job_id in rng.sample(ids, 8):
+        driver.send(0, job_id=job_id)  # delivered twice
+    resumed: set = set()
+    pauser_done = threading.Event()
+
+    def pauser():  # a paused attempt: the clock moves past its lease, then it goes on
+        while not pauser_done.is_set():
+            for job_attempt in driver.ctl.read("pause"):
+                if job_attempt not in resumed:
+                    resumed.add(job_attempt)
+                    driver.clock.advance(VISIBILITY_S + 1)
+                    driver.ctl.set("resumed-{}-{}".format(*job_attempt))
+            pauser_done.wait(0.005)  # a poll interval: pauses are logged to files
+
+    def quiet() -> bool:  # nothing leased, nothing due: the round is over
+        with q._cond:
+            q._advance()
+            now = driver.clock.now()
+            return not any(j.state == LEASED or (j.state == READY and j.ready_at <= now) for j in q.jobs.values())
+
+    threading.Thread(target=pauser, daemon=True).start()
+    try:
+        for round_ in range(60):
+            with q._cond:
+                q.unavailable = {op: rng.randrange(2) for op in ("dequeue_many", "ack_many", "ack", "extend", "nack")}
+            if round_ == 0:
+                driver.start(store, concurrency=4, backoff_cap_s=5.0)
+            else:
+                driver.clock.advance(rng.choice([1, 5, 31]))
+            wait_until(quiet, what=f"seed {seed}: the round settling")
+            if all(j.state in (ACKED, DEAD) for j in q.jobs.values()):
+                break
+        driver.stop()
+    finally:
+        pauser_done.set()
+    states = {j.uid: j.state for j in q.jobs.values()}
+    assert set(states.values()) <= {ACKED, DEAD}, f"seed {seed}: {states}"
+    done = effects(store)
+    assert all(v == 1 for v in done.values()), f"seed {seed}: an effect committed twice: {done}"
+    assert {i for i in ids if store.seen(i)} == set(done), f"seed {seed}: effect and mark disagree"
+    acked = {j.job_id for j in q.jobs.values() if j.state == ACKED}
+    assert acked <= set(done), f"seed {seed}: acked without its effect"
+    assert resumed and q.ops("nack"), f"seed {seed}: no pause past a lease, or no failure"
+
+
+# ---------------------------------------------------------------------------- the real service
+@pytest.fixture(scope="module")
+def service():
+    """One service (shard processes) for the module: each runner works a queue of its own."""
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 2, "visibility_timeout": 2}}) as svc:
+        yield svc
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_against_the_real_service(service, runner, tmp_path):
+    """The client API each runner uses (the router, the asyncio client), against shard
+    processes on real time, with plain and ``async def`` tasks mixed: failures retried then
+    dead-lettered with their text, a Fail buried at once, an unknown task name dead-lettered
+    (never a crash loop), a job longer than its 2 s lease kept by heartbeats, every effect
+    once in the SQLite store."""
+    queue, ctl = f"real-{runner}", Ctl(str(tmp_path))
+    ctl.put_work(service_work)
+    q = service.connect()
+    store = SqliteStore(str(tmp_path / "effects.sqlite"))
+    worker = None
+    try:
+        def send(n: int, name: str | None = None) -> int:
+            name = name or ("suite.quick" if n % 2 == 0 else "suite.aquick")
+            return q.enqueue(encode(name, [n, ctl.path], {}), key=f"k{n % 4}", queue=queue)
+
+        ids = {n: send(n) for n in [*range(20), 99]}
+        gone = send(1, "suite.gone")
+        options = dict(queue=queue, concurrency=4, idempotency=store, prune_every_s=None, idle_wait_s=0.05)
+        worker = (AsyncWorker(service.data_dir, handler(), **options) if runner == "asyncio" else
+                  Worker(q, handler(), mode=runner, poll_s=0.005, **options))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+
+        def settled() -> bool:
+            c = q.stats()["queues"].get(queue, {})
+            return c.get("dead") == 3 and all(c.get(k, 0) == 0 for k in ("ready", "in_flight", "delayed", "waiting"))
+
+        wait_until(settled, 60, 0.05, "every job settled")
+        worker.stop()
+        thread.join(20)
+        assert not thread.is_alive()
+        done = [i for n, i in ids.items() if n not in (7, 99)]
+        assert effects(store) == {i: 1 for i in done}
+        dead = {d.job_id: (d.attempts, d.error.splitlines()[0]) for d in q.dead_letters(queue)}
+        assert dead[ids[7]] == (2, "ValueError: seven") and dead[ids[99]] == (1, "never")
+        assert dead[gone][0] == 1 and dead[gone][1].startswith("unknown task 'suite.gone'")
+        ran = ctl.read("ran")
+        assert sorted(a for n, a in ran if n == 13) == [1, 2] and [a for n, a in ran if n == 5] == [1]
+        stats = worker.stats
+        assert (stats.succeeded, stats.lost) == (19, 0)
+    finally:
+        if worker is not None:
+            worker.stop()
+        q.close()
+        store.close()
 
 
 class _PlainHandler:

@@ -3,10 +3,12 @@ driver settles by. The drivers' behaviour is tested once for all of them in
 tests/consumer/test_worker_drivers.py; this pins the rules they share."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from shardq.consumer import policy as policy_mod
-from shardq.consumer.handling import BURY, DONE, DUPLICATE, EXPIRED, FAILED, LOST, RETRY
+from shardq.consumer.handling import BURY, DONE, DUPLICATE, EXPIRED, FAILED, LOST, RETRY, backoff_delay, error_text
 from shardq.consumer.policy import (ACK, BURY_NOW, NACK, NOTHING, Answer, Burst, Outbox, Policy, Settle,
                                     UnavailableBackoff, burst_for)
 from shardq.errors import Closed, InvalidConfig, JobGone, LeaseLost, OutcomeUnknown, ShardUnavailable
@@ -131,3 +133,18 @@ def test_burst_arguments():
     assert isinstance(burst_for(True, "a"), Burst)
     with pytest.raises(InvalidConfig, match="no queue"):
         Burst([])
+
+
+# ---------------------------------------------------------------------------- backoff and error text (handling)
+def test_backoff_delay_is_full_jitter_capped():
+    top = TopRng()
+    assert [backoff_delay(a, 1.0, 10.0, top) for a in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    assert backoff_delay(10_000, 1.0, 300.0, top) == 300.0
+    rng = random.Random(1)
+    samples = [backoff_delay(3, 1.0, 300.0, rng) for _ in range(200)]
+    assert all(0 <= s <= 4 for s in samples) and min(samples) < 1 and max(samples) > 3
+
+
+def test_error_text():
+    assert error_text(ValueError("boom")) == "ValueError: boom"
+    assert len(error_text(ValueError("é" * 5000)).encode()) <= 2048

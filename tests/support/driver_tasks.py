@@ -8,7 +8,9 @@ below or a ``functools.partial`` of one) and where the task tells the test what 
 :class:`Ctl`'s events and logs are files, so they cross processes). With an idempotency store
 the task then writes its effect through ``ctx.db``: a row for SQLite (the process runner's
 store), a counter for the in-memory store. :class:`FlakyStore` fails at named points, which
-the test arms as files, so a store reopened in a pool process fails the same way.
+the test arms as files, so a store reopened in a pool process fails the same way. A work
+function may return an exception: the task raises it after writing its effect. :class:`Raw`
+is the same for a plain handler (no task).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import asyncio
 import contextlib
 import os
 import pickle
+import random
+import signal
 import time
 from typing import Any
 
@@ -80,19 +84,52 @@ def write_effect(db: Any, job_id: int) -> None:
 @app.task(name="suite.task")
 def task(ctx: Any, n: int, ctl: str) -> int:
     c = Ctl(ctl)
-    c.work()(ctx, n, c)
+    then = c.work()(ctx, n, c)
     if ctx.db is not None:
         write_effect(ctx.db, ctx.job_id)
+    if isinstance(then, BaseException):
+        raise then  # what the work returned, raised after the effect: it must roll back
     return n
 
 
 @app.task(name="suite.atask")
 async def atask(ctx: Any, n: int, ctl: str) -> int:
     c = Ctl(ctl)
-    await asyncio.to_thread(c.work(), ctx, n, c)
+    then = await asyncio.to_thread(c.work(), ctx, n, c)
     if ctx.db is not None:
         await ctx.db.run(write_effect, ctx.job_id)
+    if isinstance(then, BaseException):
+        raise then
     return n
+
+
+@app.task(name="suite.quick", backoff=shardq.Exponential(0, 0))
+def quick(ctx: Any, n: int, ctl: str) -> int:
+    """As :func:`task`, retried at once (a real service's clock is real)."""
+    return task.fn(ctx, n, ctl)
+
+
+@app.task(name="suite.aquick", backoff=shardq.Exponential(0, 0))
+async def aquick(ctx: Any, n: int, ctl: str) -> int:
+    return await atask.fn(ctx, n, ctl)
+
+
+class Raw:
+    """A plain handler, no task (``Worker(q, fn)``, ``shardq worker mod:fn``): the job's
+    body is the control directory; failures get the worker's backoff, not a task's.
+    Picklable (module-level), and an asyncio runner's handler too (it names no task, so
+    the runner calls it in a thread)."""
+
+    def __call__(self, ctx: Any) -> None:
+        c = Ctl(ctx.body.decode())
+        then = c.work()(ctx, 0, c)
+        if ctx.db is not None:
+            write_effect(ctx.db, ctx.job_id)
+        if isinstance(then, BaseException):
+            raise then
+
+    def task_of(self, body: bytes) -> None:
+        return None
 
 
 class TopRng:
@@ -218,6 +255,75 @@ def fail_as(op: str, ctx: Any, n: int, ctl: Ctl) -> None:
         raise ValueError("try again")
     if op == "bury":
         raise shardq.Fail("no such user")
+
+
+def fail_first_after_effect(ctx: Any, n: int, ctl: Ctl) -> BaseException | None:
+    """The first attempt fails after the task wrote its effect."""
+    return RuntimeError("after the write") if ctx.attempt == 1 else None
+
+
+def wait_sent(ctx: Any, n: int, ctl: Ctl) -> None:
+    """Say it runs, then wait until the test has sent a job to another queue on its behalf
+    (the job's "send", made where the queue is)."""
+    ctl.set("running")
+    assert ctl.wait("sent", 20)
+
+
+LONGER_THAN_THE_LEASE_S = 2.5  # the real-service queue's lease is 2 s
+
+
+def service_work(ctx: Any, n: int, ctl: Ctl) -> None:
+    """The real-service scenario: job 7 always fails, 13 fails once, 99 gives up (Fail), 5
+    runs longer than its lease; each logs ``(n, attempt)``."""
+    ctl.log("ran", (n, ctx.attempt))
+    if n == 7:
+        raise ValueError("seven")
+    if n == 13 and ctx.attempt == 1:
+        raise ValueError("unlucky")
+    if n == 99:
+        raise shardq.Fail("never")
+    if n == 5:
+        time.sleep(LONGER_THAN_THE_LEASE_S)  # the job's own length, not a wait for anything
+
+
+def chaos(seed: int, ctx: Any, n: int, ctl: Ctl) -> None:
+    """The seeded chaos run's task: what an attempt does is a function of (seed, job id,
+    attempt): fail (30%), or pause until the test has moved the clock past its lease (10%:
+    it logs ``pause`` and waits for ``resumed-JOB-ATTEMPT``), or succeed."""
+    roll = random.Random(f"{seed}/{ctx.job_id}/{ctx.attempt}").random()
+    if roll < 0.3:
+        raise RuntimeError(f"roll {roll:.2f}")
+    if roll < 0.4:
+        ctl.log("pause", (ctx.job_id, ctx.attempt))
+        assert ctl.wait(f"resumed-{ctx.job_id}-{ctx.attempt}", 20)
+
+
+def sigterm_first(pid: int, ctx: Any, n: int, ctl: Ctl) -> None:
+    """Job 0's first attempt sends SIGTERM to ``pid`` (the worker's process): once, for a
+    second signal would exit it at once."""
+    if n == 0 and ctx.attempt == 1:
+        os.kill(pid, signal.SIGTERM)
+
+
+class AsyncHold:
+    """A handler whose one task never ends, as an ``async def`` would on the asyncio runner
+    (a thread there would hold ``asyncio.run`` until it ends): sets ``started`` in the
+    control directory (the job's body) and waits for ever, until cancelled."""
+
+    is_async = True
+
+    def __call__(self, ctx: Any) -> None:
+        raise AssertionError("an async task: never run in a thread")
+
+    def task_of(self, body: bytes) -> AsyncHold:
+        return self
+
+    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        return self, [], {}
+
+    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+        Ctl(ctx.body.decode()).set("started")
+        await asyncio.Event().wait()
 
 
 def fail_first(ctx: Any, n: int, ctl: Ctl) -> None:

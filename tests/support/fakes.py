@@ -10,10 +10,15 @@ per key). Thread-safe. Every call is recorded in ``calls`` for assertions.
 ``enqueue(job_id=...)`` may reuse a job id: the fake then delivers that id twice, which is
 how a test stands in for "redelivered after it was processed" (a crash between the commit
 and the ack) without a crash.
+
+:class:`BuryingQueue` adds ``bury`` as a shard has it; :class:`AsyncFacade` is the asyncio
+client's API over one FakeQueue, for the asyncio runner.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 
 from shardq.errors import InvalidJob, JobGone, LeaseLost, ShardUnavailable
@@ -264,3 +269,63 @@ class FakeQueue:
         if job.deadline <= self.clock.now():
             raise LeaseLost(f"job {lease.job_id}: lease {lease.token} expired")
         return job
+
+
+class BuryingQueue(FakeQueue):
+    """FakeQueue plus ``bury`` (dead-letter now, with the error), as a shard has it."""
+
+    def bury(self, lease, error=None) -> None:
+        self._maybe_fail("bury")
+        with self._cond:
+            job = self._current(lease)
+            self.calls.append(("bury", lease.job_id, error))
+            job.error = error
+            job.token = 0
+            self._kill(job)
+            self._cond.notify_all()
+
+
+class AsyncFacade:
+    """The asyncio client's API over a FakeQueue: the same jobs, the same failures."""
+
+    service_id = None
+
+    def __init__(self, q: FakeQueue):
+        self.q = q
+
+    async def queue_config(self, queue: str) -> dict:
+        return self.q.queue_config(queue)
+
+    async def dequeue_many(self, queue: str, max_jobs: int = 100, wait: float = 0.0,
+                           visibility: float | None = None):
+        end = time.monotonic() + wait
+        while True:  # never blocks the loop; a cancelled wait leaves no lease behind
+            out = self.q.dequeue_many(queue, max_jobs=max_jobs, wait=0, visibility=visibility)
+            if out or time.monotonic() >= end:
+                return out
+            await asyncio.sleep(0.002)  # the fake's poll interval (its clock notifies no one)
+
+    async def ack(self, lease) -> None:
+        self.q.ack(lease)
+
+    async def nack(self, lease, delay: float = 0.0, error: str | None = None, *,
+                   delivered: bool = True) -> None:
+        self.q.nack(lease, delay=delay, error=error, delivered=delivered)
+
+    async def bury(self, lease, error: str | None = None) -> None:
+        self.q.bury(lease, error)
+
+    async def extend(self, lease, seconds: float):
+        return self.q.extend(lease, seconds)
+
+    async def ack_many(self, leases):
+        return self.q.ack_many(leases)
+
+    async def settle_many(self, acks, reports):
+        return self.q.settle_many(acks, reports)
+
+    async def report_many(self, reports):
+        return self.q.settle_many([], reports)[1]
+
+    async def close(self) -> None:
+        pass  # the test owns the FakeQueue
