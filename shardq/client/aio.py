@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import asyncio
-import itertools
 import os
 from collections.abc import AsyncIterator, Coroutine
 
@@ -60,18 +59,13 @@ class AsyncQueue(Calls, AsyncExecutor):
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
-        self.data_dir, self.shards, self.service_id = dd.path, dd.shards(), dd.service_id()
-        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self.data_dir, self.service_id, self.request_timeout_s = dd.path, dd.service_id(), request_timeout_s
+        self._init_calls(dd.shards(), retry_s)
         self._key = dd.authkey()
         self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
-        self._rr = itertools.count()
-        self._queue_cfg: dict[str, dict[str, Any]] = {}
-        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
-        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
-        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
         self._closed = False

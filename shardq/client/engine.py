@@ -34,6 +34,7 @@ client merges the single calls of one event-loop turn in the channel.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
@@ -279,16 +280,25 @@ class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like proper
 
 # ---------------------------------------------------------------------- the table
 class Calls:
-    """The calls both clients make, each once. An executor sets these attributes."""
+    """The calls both clients make, each once. An executor sets these attributes
+    (:meth:`_init_calls`)."""
 
     shards: int
     retry_s: float
-    _queue_cfg: dict[str, dict[str, Any]]
-    _owners: dict[str, int | None]
+    _queue_cfg: dict[str, dict[str, Any]]  # queue -> its config, asked once
+    _owners: dict[str, int | None]  # queue -> the shard of all its jobs if placed (docs/limits.md)
     _prioritized: set[str]  # queues known to use priorities (sticky)
     _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
 
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
+    _idle: set[str]         # queues whose last dequeue of this client got nothing
+
+    def _init_calls(self, shards: int, retry_s: float) -> None:
+        """The table's state, set by each executor's constructor."""
+        self.shards, self.retry_s = shards, retry_s
+        self._rr = itertools.count()
+        self._queue_cfg, self._owners = {}, {}
+        self._prioritized, self._noted, self._idle = set(), set(), set()
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
@@ -717,12 +727,19 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     wait = check_dequeue(max_jobs, wait, visibility)
     polling = Polling(c.shards, c.retry_s, c._now() + wait)
     first = next(c._rr) % c.shards
+    # A shard answers a waiting dequeue at once when it has a job ready, so one that asks a
+    # single shard, or follows an empty answer, waits at once: no plain round before it.
+    if wait and queue not in c._prioritized and (c.shards == 1 or c._owners.get(queue) is not None
+                                                  or queue in c._idle):
+        out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
+        if out or c._now() >= polling.deadline:
+            return _note_idle(c, queue, out)
     while True:
         out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
         now = c._now()
         step = polling.after_round(out, down, unknown, now)
         if step is Polling.RETURN:
-            return out
+            return _note_idle(c, queue, out)
         if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
             yield Sleep(DOWN_PROBE_S)
             continue
@@ -730,7 +747,7 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
         if queue not in c._prioritized:
             out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
             if out or c._now() >= polling.deadline:
-                return out
+                return _note_idle(c, queue, out)
             continue  # a shard's connection broke: a lease round finds what is up
         woke = yield from _watch(c, queue, remaining)
         if woke is None:
@@ -738,6 +755,15 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
                 return []
         else:
             first = woke
+
+
+def _note_idle(c: Calls, queue: str, out: list[Lease]) -> list[Lease]:
+    """``out``, the queue noted idle when it is empty (its next waiting dequeue waits at once)."""
+    if out:
+        c._idle.discard(queue)
+    else:
+        c._idle.add(queue)
+    return out
 
 
 def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,

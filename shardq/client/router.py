@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import itertools
 import logging
 import os
 import threading
@@ -67,15 +66,10 @@ class Router(Calls, SyncExecutor):
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
-        self.retry_s = retry_s
+        self._init_calls(self.shards, retry_s)
         self.request_timeout_s = request_timeout_s
-        self._rr = itertools.count()
         self._supervisor = supervisor
         self._closed = False
-        self._queue_cfg: dict[str, dict[str, Any]] = {}
-        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
-        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
-        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
