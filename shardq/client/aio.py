@@ -32,8 +32,8 @@ from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit, WaitAny,
-                     call, deliver, place)
+from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
+                     Transmit, Wake, call, deliver, place)
 from .routing import job_item, lease_shard, leases_of, placed_owner
 
 if TYPE_CHECKING:
@@ -99,8 +99,13 @@ class AsyncQueue(Calls, AsyncExecutor):
             return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
         if type(effect) is Transmit:
             return await self._transmit(effect)
-        if type(effect) is WaitAny:
-            return await self._wait_any(effect)
+        if type(effect) is Wake:
+            return await self._wake(effect)
+        if type(effect) is Park:  # only to the shards connected now (no wait for a reconnect)
+            return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
+                          for s, op, args in effect.calls]
+        if type(effect) is Abandon:
+            return self._abandon(effect)
         if type(effect) is Release:
             return self._release_leases(effect.leases)
         if type(effect) is Sleep:
@@ -161,45 +166,23 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._queue_cfg.setdefault(queue, cfg)
         return self._owners.setdefault(queue, placed_owner(cfg))
 
-    async def _wait_any(self, effect: WaitAny) -> list[Any] | None:
-        """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
-        connected now; when it ends, the ones still open are abandoned (a waiting dequeue
-        withdrawn, a watch forgotten). Cancelled, it leaves no lease behind: what it was
-        answered is released unstarted."""
-        started = [(i,) + self._request(shard, op, args, retry_s=0)
-                   for i, (shard, op, args) in enumerate(effect.calls) if self.conns[shard].proto is not None]
-        if not started:
-            return None
-        try:
-            waiting = {f for _, _, _, f in started}
-            end = self.loop.time() + (effect.limit_s if len(started) == len(effect.calls) else effect.short_s)
-            while waiting:
-                done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()
-                                                   for f in done):
-                    break
-        except BaseException:  # cancelled: nobody takes what was answered
-            for (_, op, args), got in zip(effect.calls, self._answers(effect, started)):
-                if op == "dequeue_wait" and type(got) is list and got:
-                    self._release_leases([lease for _, lease in leases_of(args[0], got)])
-            raise
-        return self._answers(effect, started)
+    async def _wake(self, effect: Wake) -> list[Any]:
+        """Do a :class:`~shardq.client.engine.Wake`."""
+        _, _, handles, deadline, settled = effect
+        futs = [h[2] for h in handles if h is not None]
+        if sum(f.done() for f in futs) <= settled:
+            await asyncio.wait([f for f in futs if not f.done()], timeout=max(0.0, deadline - self.loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        return [_outcome(h) for h in handles]
 
     @staticmethod
-    def _answers(effect: WaitAny, started: list[Any]) -> list[Any]:
-        """Abandon the waiting calls still open; per call its value, its error or None."""
-        out: list[Any] = [None] * len(effect.calls)
-        for i, conn, req, f in started:
-            if not f.done():
-                conn.abandon(req, f)
-                f.cancel()
-            elif not f.cancelled() and f.exception() is None:
-                out[i] = f.result()
-            elif not f.cancelled() and not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):
-                out[i] = f.exception()  # not a broken connection
-        return out
+    def _abandon(effect: Abandon) -> list[Any]:
+        """Do an :class:`~shardq.client.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        for h in effect.handles:
+            if h is not None and not h[2].done():
+                h[0].abandon(h[1], h[2])
+                h[2].cancel()
+        return [_outcome(h) for h in effect.handles]
 
     # ------------------------------------------------------------------ the hot calls
     async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
@@ -284,6 +267,14 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | None) -> Any:
+    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    if handle is None or not handle[2].done():
+        return OPEN
+    fut = handle[2]
+    return ConnectionLost("abandoned", sent=True) if fut.cancelled() else fut.exception() or fut.result()
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

@@ -47,7 +47,7 @@ from . import results as res
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, ConnectionLost, LeaseRound, Polling,
                    after_break,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
 
 log = logging.getLogger("shardq.router")
@@ -94,19 +94,35 @@ class Release(NamedTuple):
     leases: list[Lease]
 
 
-class WaitAny(NamedTuple):
-    """Send the waiting ``calls`` (``dequeue_wait`` or ``watch``) to the shards that are
-    connected now, and wait until one is answered with something (a non-empty value or an
-    error; with ``first``, any reply), or every one is, or ``limit_s`` passes
-    (``short_s`` when a shard could not be asked: it is looked at again soon). The calls
-    still open are then withdrawn (a waiting dequeue; leases it makes anyway are released
-    when its reply comes) or forgotten (a watch). Sent, per call, its value, its error, or
-    None (not sent, withdrawn, or its connection broke); or None instead of the list when
-    no shard could be asked."""
+class Park(NamedTuple):
+    """Send each waiting call (``dequeue_wait``, ``watch``) whose shard is connected now.
+    Sent ``(token, handles)``: per call a handle, or None where it was not sent; the
+    ``token`` (the executor's own) goes back with the handles in :class:`Wake` and
+    :class:`Abandon`."""
     calls: list[Call]
-    limit_s: float
-    short_s: float
-    first: bool = False
+
+
+class Wake(NamedTuple):
+    """Wait until more than ``settled`` of ``handles`` are answered, or ``deadline`` passes
+    (the executor's clock). Sent, per handle, :data:`OPEN` or what it was answered: its
+    value or its error (a broken connection's too)."""
+    token: Any
+    calls: list[Call]
+    handles: list[Any]
+    deadline: float
+    settled: int
+
+
+class Abandon(NamedTuple):
+    """Give up the ``handles`` still open: a waiting dequeue is withdrawn (what it leases
+    anyway is released when its reply comes), a watch forgotten. Sent, per handle, what it
+    was answered (as :class:`Wake`), or :data:`OPEN` for one abandoned."""
+    token: Any
+    calls: list[Call]
+    handles: list[Any]
+
+
+OPEN = None  # a handle not answered (yet): Wake's and Abandon's outcome for it
 
 
 class Transmit(NamedTuple):
@@ -121,7 +137,7 @@ class Transmit(NamedTuple):
     timeout_s: float | None = None
 
 
-Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny | Transmit
+Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Transmit
 Op = Generator[Effect, Any, T]
 
 
@@ -184,6 +200,45 @@ def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
     if not calls:
         return []
     return [value for value, _ in (yield Send(calls))]
+
+
+def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
+             first: bool = False) -> Op[list[Any] | None]:
+    """Leave the waiting ``calls`` (``dequeue_wait`` or ``watch``) at the shards that are
+    connected now, and wait until one is answered with something (a non-empty value or an
+    error; with ``first``, any reply), or every one is, or ``limit_s`` passes (``short_s``
+    when a shard could not be asked: it is looked at again soon). The calls still open are
+    then abandoned (:class:`Abandon`). Returns, per call, its value, its error, or None (not
+    sent, abandoned, or its connection broke); None instead of the list when no shard could
+    be asked. Stopped by an error (a cancelled caller), it abandons them too and hands back
+    unstarted the leases of the waiting dequeues answered, which nobody will take."""
+    token, handles = yield Park(calls)
+    parked = sum(h is not None for h in handles)
+    if not parked:
+        return None
+    deadline = c._now() + (limit_s if parked == len(calls) else short_s)
+    settled = 0
+    try:
+        while True:
+            got = yield Wake(token, calls, handles, deadline, settled)
+            done = [a for a, h in zip(got, handles) if h is not None and a is not OPEN]
+            # A lease, an error or a broken connection ends the wait (the caller's next
+            # round reaches a restarted shard again); so does the end of every shard's wait.
+            if ((done and first) or any(isinstance(a, BaseException) or a for a in done)
+                    or len(done) == parked or c._now() >= deadline):
+                break
+            settled = len(done)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        got = yield Abandon(token, calls, handles)
+        taken = [lease for (_, op, args), a in zip(calls, got) if op == "dequeue_wait" and type(a) is list
+                 for _, lease in leases_of(args[0], a)]
+        if taken:
+            yield Release(taken)
+        raise
+    got = yield Abandon(token, calls, handles)
+    return [None if isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
 
 
 # ---------------------------------------------------------------------- the executors
@@ -801,7 +856,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
     owner = c._owners.get(queue)
     asked = range(c.shards) if owner is None else [owner]
     calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
-    got = yield WaitAny(calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
+    got = yield from wait_any(c, calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
         return []
@@ -818,7 +873,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
 def _watch(c: Calls, queue: str, timeout: float) -> Op[int | None]:
     """Wait until some shard reports ready work in ``queue`` (its index) or ``timeout``."""
     calls = [Call(s, "watch", [queue, timeout]) for s in range(c.shards)]
-    got = yield WaitAny(calls, timeout + 0.5, timeout + 0.5, first=True)
+    got = yield from wait_any(c, calls, timeout + 0.5, timeout + 0.5, first=True)
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
         return None

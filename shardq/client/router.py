@@ -24,9 +24,9 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
-                     WaitAny, deliver, place)
-from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
+from .engine import (OPEN, Abandon, Calls, Effect, Owner, Park, Release, Send, Settled, Sleep, Status, SyncExecutor,
+                     Transmit, Wake, deliver, place)
+from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -88,8 +88,12 @@ class Router(Calls, SyncExecutor):
             return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
         if type(effect) is Transmit:
             return self._transmit(effect)
-        if type(effect) is WaitAny:
-            return self._wait_any(effect)
+        if type(effect) is Wake:
+            return self._wake(effect)
+        if type(effect) is Park:
+            return self._park(effect.calls)
+        if type(effect) is Abandon:
+            return self._abandon(effect)
         if type(effect) is Release:
             return self._release(effect.leases)
         if type(effect) is Sleep:
@@ -219,53 +223,50 @@ class Router(Calls, SyncExecutor):
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
 
-    def _wait_any(self, effect: WaitAny) -> list[Any] | None:
-        """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
-        that are up, read their sockets in this thread (:func:`lead_any`) until one answers
-        with something, then withdraw the waiting dequeues still open and forget the watches
-        (:meth:`~.channel.Channel.abandon`)."""
-        calls = effect.calls
+    def _park(self, calls: list[Call]) -> tuple[threading.Event, list[Future | None]]:
+        """Do a :class:`~.engine.Park`; the token is the event the replies set."""
         event = threading.Event()
-        now = self._mono()
-        parked: list[tuple[int, Future]] = []
-        for i, (shard, op, args) in enumerate(calls):
+        handles: list[Future | None] = []
+        for shard, op, args in calls:
             try:
-                fut = self._send(shard, op, args, now)
+                fut = self._send(shard, op, args, self._mono())
             except ShardUnavailable:
-                continue  # down: the others serve
+                handles.append(None)  # down: the others serve
+                continue
             fut.callback = lambda f: event.set()
-            parked.append((i, fut))
-        if not parked:
-            return None
-        clients = [self.clients[calls[i].shard] for i, _ in parked]
-        # A shard that is down: withdraw and look again soon, so its restart is waited on too.
-        deadline = now + (effect.limit_s if len(parked) == len(calls) else effect.short_s)
+            handles.append(fut)
+        return event, handles
+
+    def _wake(self, effect: Wake) -> list[Any]:
+        """Do a :class:`~.engine.Wake`: read the sockets in this thread (:func:`lead_any`),
+        or, while another thread reads one, wait to be woken."""
+        event, calls, handles, deadline, settled = effect
+        futs = [f for f in handles if f is not None]
+        clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
         while True:
             event.clear()
-            done = [fut for _, fut in parked if fut.done]
-            # A lease, an error or a broken connection ends the wait (the caller's next
-            # round reaches a restarted shard again); so does the end of every shard's wait.
-            if ((done and effect.first) or any(f.error is not None or f.value for f in done)
-                    or len(done) == len(parked) or self._mono() >= deadline):
-                break
+            if sum(f.done for f in futs) > settled or self._mono() >= deadline:
+                return [_outcome(f) for f in handles]
             if not lead_any(clients, deadline - self._mono()):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - self._mono())
-        out: list[Any] = [None] * len(calls)
-        for i, fut in parked:
-            if not fut.done:
-                if calls[i].op == "dequeue_wait":  # withdrawn; what it leases anyway is released
+
+    def _abandon(self, effect: Abandon) -> list[Any]:
+        """Do an :class:`~.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        _, calls, handles = effect
+        out = []
+        for (shard, op, _), fut in zip(calls, handles):
+            if fut is not None and not fut.done:
+                if op == "dequeue_wait":  # withdrawn; what it leases anyway is released
                     fut.callback = self._orphaned()
-                self.clients[calls[i].shard].forget(fut)  # a watch is dropped
+                self.clients[shard].forget(fut)  # a watch is dropped
                 if fut.done and fut.callback is not None:
                     fut.callback(fut)  # answered just before: its leases are nobody's
-            elif fut.error is None:
-                out[i] = fut.value
-            elif not isinstance(fut.error, ConnectionLost):
-                out[i] = fut.error
-        for c in clients:
-            c.hand_off()
+                fut = None
+            out.append(_outcome(fut))
+        for shard, _, _ in calls:
+            self.clients[shard].hand_off()
         return out
 
     def _orphaned(self) -> Callable[[Future], None]:
@@ -304,6 +305,13 @@ class Router(Calls, SyncExecutor):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _outcome(fut: Future | None) -> Any:
+    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    if fut is None or not fut.done:
+        return OPEN
+    return fut.value if fut.error is None else fut.error
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold
