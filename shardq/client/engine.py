@@ -788,13 +788,15 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
                                                   or queue in c._idle):
         out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
         if out or c._now() >= polling.deadline:
-            return _note_idle(c, queue, out)
+            (c._idle.discard if out else c._idle.add)(queue)  # noted for the next dequeue
+            return out
     while True:
         out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
         now = c._now()
         step = polling.after_round(out, down, unknown, now)
         if step is Polling.RETURN:
-            return _note_idle(c, queue, out)
+            (c._idle.discard if out else c._idle.add)(queue)  # (no function call: the hot path)
+            return out
         if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
             yield Sleep(DOWN_PROBE_S)
             continue
@@ -802,7 +804,8 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
         if queue not in c._prioritized:
             out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
             if out or c._now() >= polling.deadline:
-                return _note_idle(c, queue, out)
+                (c._idle.discard if out else c._idle.add)(queue)
+                return out
             continue  # a shard's connection broke: a lease round finds what is up
         woke = yield from _watch(c, queue, remaining)
         if woke is None:
@@ -810,15 +813,6 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
                 return []
         else:
             first = woke
-
-
-def _note_idle(c: Calls, queue: str, out: list[Lease]) -> list[Lease]:
-    """``out``, the queue noted idle when it is empty (its next waiting dequeue waits at once)."""
-    if out:
-        c._idle.discard(queue)
-    else:
-        c._idle.add(queue)
-    return out
 
 
 def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
