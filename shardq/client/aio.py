@@ -32,8 +32,8 @@ from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
-                     Transmit, Wake, call, deliver, place)
+from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
+                     Status, Submit, Wake, call, deliver, place)
 from .routing import job_item, lease_shard, leases_of, placed_owner
 
 if TYPE_CHECKING:
@@ -97,8 +97,10 @@ class AsyncQueue(Calls, AsyncExecutor):
             calls, retry_s, timeout_s, errors = effect
             deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
             return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
-        if type(effect) is Transmit:
-            return await self._transmit(effect)
+        if type(effect) is Submit:  # (in their order per shard: one turn, one frame)
+            return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
+        if type(effect) is Collect:
+            return await self._collect(effect)
         if type(effect) is Wake:
             return await self._wake(effect)
         if type(effect) is Park:  # only to the shards connected now (no wait for a reconnect)
@@ -117,33 +119,6 @@ class AsyncQueue(Calls, AsyncExecutor):
         if type(effect) is Settled:
             return self._settled(effect.leases)
         raise TypeError(f"not an effect: {effect!r}")
-
-    async def _transmit(self, effect: Transmit) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Transmit`: the calls sent at once (in their
-        order per shard: one turn, one frame), each its value, its error or its
-        :class:`~.core.ConnectionLost` in its place, waiting ``timeout_s`` at most for all
-        (None: each its request timeout); the engine decides what is sent again."""
-        calls, deadline, timeout_s = effect
-        started = [self._request(s, op, args, deadline - self.loop.time()) for s, op, args in calls]
-        try:
-            if timeout_s is not None:
-                await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
-            got: list[Any] = []
-            for (_, _, fut), (s, op, _) in zip(started, calls):
-                if timeout_s is not None and not fut.done():
-                    got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
-                    continue
-                try:
-                    got.append(await fut)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - returned in its place
-                    got.append(exc)
-            return got
-        finally:
-            for conn, req, fut in started:
-                if not fut.done() or fut.cancelled():
-                    conn.abandon(req, fut)
 
     def _request(self, shard: int, op: str, args: list[Any],
                  retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
@@ -176,10 +151,26 @@ class AsyncQueue(Calls, AsyncExecutor):
         return [_outcome(h) for h in handles]
 
     @staticmethod
+    async def _collect(effect: Collect) -> list[Any]:
+        """Do a :class:`~shardq.client.engine.Collect`."""
+        if effect.timeout_s is not None:
+            await asyncio.wait([h[2] for h in effect.handles], timeout=effect.timeout_s)
+        else:
+            for _, _, fut in effect.handles:
+                if not fut.done():
+                    try:
+                        await fut
+                    except Exception:  # noqa: BLE001, S110 - read in its place below
+                        pass
+        # as _outcome, inline (no call per request); nothing here cancels a request's future
+        return [(fut.exception() or fut.result()) if fut.done() else OPEN for _, _, fut in effect.handles]
+
+    @staticmethod
     def _abandon(effect: Abandon) -> list[Any]:
         """Do an :class:`~shardq.client.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         for h in effect.handles:
-            if h is not None and not h[2].done():
+            # (cancelled: its caller's cancellation reached the future it awaited)
+            if h is not None and (not h[2].done() or h[2].cancelled()):
                 h[0].abandon(h[1], h[2])
                 h[2].cancel()
         return [_outcome(h) for h in effect.handles]

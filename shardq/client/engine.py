@@ -12,8 +12,9 @@ them; its return value is what the caller gets:
 * :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
 
 A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after a broken
-connection, written once; its one effect, :class:`Transmit`, sends each call once and
-reports a broken connection (:class:`~.core.ConnectionLost`) instead of re-sending.
+connection, written once; it sends each call once (:func:`transmit`: the effects
+:class:`Submit`, :class:`Collect`, :class:`Abandon`), told of a broken connection
+(:class:`~.core.ConnectionLost`) instead of re-sending.
 
 **How the executors are built.** The threaded :class:`~shardq.client.router.Router` and the
 asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one small loop
@@ -118,26 +119,32 @@ class Abandon(NamedTuple):
     anyway is released when its reply comes), a watch forgotten. Sent, per handle, what it
     was answered (as :class:`Wake`), or :data:`OPEN` for one abandoned."""
     token: Any
-    calls: list[Call]
+    calls: Sequence[tuple[int, str, list[Any]]]
     handles: list[Any]
 
 
-OPEN = None  # a handle not answered (yet): Wake's and Abandon's outcome for it
+OPEN: Any = object()  # a handle not answered (yet): Wake's and Abandon's outcome for it
 
 
-class Transmit(NamedTuple):
-    """Make ``calls`` once, pipelined, and wait for every reply: the calls to one shard go
-    in their order on one connection, so a later one never reaches the shard before an
-    earlier one that broke. Connecting may take until ``deadline`` (the executor's
-    monotonic clock); ``timeout_s`` as :class:`Send`'s. Sent, per call, its value, its
-    error, or a :class:`~.core.ConnectionLost` when its connection broke before the reply
-    (what happens next is :func:`deliver`'s decision, not the executor's)."""
+class Submit(NamedTuple):
+    """Make ``calls`` once, pipelined: the calls to one shard go in their order on one
+    connection, so a later one never reaches the shard before an earlier one that broke.
+    Connecting may take until ``deadline`` (the executor's clock). Sent, per call, a handle
+    (for :class:`Collect` and :class:`Abandon`)."""
     calls: Sequence[tuple[int, str, list[Any]]]
     deadline: float
-    timeout_s: float | None = None
 
 
-Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Transmit
+class Collect(NamedTuple):
+    """Wait for the replies of ``handles`` (a :class:`Submit`'s): ``timeout_s`` at most for
+    all together (None: each its request timeout). Sent, per handle, :data:`OPEN` or what it
+    was answered (as :class:`Wake`)."""
+    calls: Sequence[tuple[int, str, list[Any]]]
+    handles: list[Any]
+    timeout_s: float | None
+
+
+Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Submit | Collect
 Op = Generator[Effect, Any, T]
 
 
@@ -145,7 +152,7 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
             timeout_s: float | None = None, errors: bool = False,
             got: list[Any] | None = None) -> Op[list[Any]]:
     """How both clients do a :class:`Send`: the retry after a broken connection, written
-    once. The calls are transmitted (:class:`Transmit`); those whose connection broke are
+    once. The calls are transmitted (:func:`transmit`); those whose connection broke are
     decided by :func:`~.core.after_break` (re-sent, in their order, until ``deadline`` on
     ``ex``'s clock; or ShardUnavailable / OutcomeUnknown) and transmitted again, until each
     has its outcome. An ``enqueue`` without a session gets one of its shard
@@ -163,7 +170,7 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     try:
         while todo:
             if got is None:
-                got = yield Transmit([calls[i] for i in todo], deadline, timeout_s)
+                got = yield from transmit(ex, [calls[i] for i in todo], deadline, timeout_s)
             again = []
             expired: bool | None = None
             for i, outcome in zip(todo, got):
@@ -238,7 +245,29 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
             yield Release(taken)
         raise
     got = yield Abandon(token, calls, handles)
-    return [None if isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
+    return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
+
+
+def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
+             timeout_s: float | None = None) -> Op[list[Any]]:
+    """Make ``calls`` once, pipelined (:class:`Submit`), and wait for every reply; connecting
+    may take until ``deadline``, ``timeout_s`` as :class:`Send`'s. Returns, per call, its
+    value, its error, or a :class:`~.core.ConnectionLost` when its connection broke before
+    the reply (what happens next is :func:`deliver`'s decision, not the executor's). A call
+    not answered in time is abandoned, and so is every one still open when it is stopped."""
+    handles = yield Submit(calls, deadline)
+    try:
+        got = yield Collect(calls, handles, timeout_s)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Abandon(None, calls, handles)
+        raise
+    if OPEN in got:  # (identity first: no value equals it)
+        got = yield Abandon(None, calls, handles)
+    wait_s = timeout_s or c.request_timeout_s
+    return [ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s") if a is OPEN else a
+            for (s, op, _), a in zip(calls, got)]
 
 
 # ---------------------------------------------------------------------- the executors
@@ -340,6 +369,7 @@ class Calls:
 
     shards: int
     retry_s: float
+    request_timeout_s: float
     _queue_cfg: dict[str, dict[str, Any]]  # queue -> its config, asked once
     _owners: dict[str, int | None]  # queue -> the shard of all its jobs if placed (docs/limits.md)
     _prioritized: set[str]  # queues known to use priorities (sticky)

@@ -24,8 +24,8 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (OPEN, Abandon, Calls, Effect, Owner, Park, Release, Send, Settled, Sleep, Status, SyncExecutor,
-                     Transmit, Wake, deliver, place)
+from .engine import (OPEN, Abandon, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
+                     Submit, SyncExecutor, Wake, deliver, place)
 from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
@@ -86,8 +86,10 @@ class Router(Calls, SyncExecutor):
                         raise
                     return [e]  # returned in its place
             return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
-        if type(effect) is Transmit:
-            return self._transmit(effect)
+        if type(effect) is Submit:
+            return self._submit(effect)
+        if type(effect) is Collect:
+            return self._collect(effect)
         if type(effect) is Wake:
             return self._wake(effect)
         if type(effect) is Park:
@@ -133,21 +135,18 @@ class Router(Calls, SyncExecutor):
         deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
         return self._drive(deliver(self, calls, deadline, timeout, errors))
 
-    def _transmit(self, effect: Transmit) -> list[Any]:
-        """Do a :class:`~.engine.Transmit`. The calls to one shard reach it in their order:
-        the first is sent as :meth:`_send` does (connecting first); the later ones only on
-        the connection it went on (``on=``), so one that finds it gone fails unsent, and the
+    def _submit(self, effect: Submit) -> list[Future | BaseException]:
+        """Do a :class:`~.engine.Submit`: the first call to a shard is sent as :meth:`_send`
+        does (connecting first; its error stands in its place); the later ones only on the
+        connection it went on (``on=``), so one that finds it gone fails unsent, and the
         engine sends it again after the calls before it."""
-        calls, deadline, timeout = effect
-        wait_s = timeout or self.request_timeout_s
-        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
         futs: list[Future | BaseException] = []
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
-        for s, op, args in calls:
+        for s, op, args in effect.calls:
             first = first_on.get(s)
             if first is None:
                 try:
-                    first = first_on[s] = self._send(s, op, args, deadline)
+                    first = first_on[s] = self._send(s, op, args, effect.deadline)
                 except ShardUnavailable as e:
                     first = first_on[s] = e
                 futs.append(first)
@@ -155,20 +154,16 @@ class Router(Calls, SyncExecutor):
                 futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
             else:
                 futs.append(self.clients[s].submit(op, args, lead=True, on=first.req.epoch if first.req else -1))
-        results: list[Any] = []
-        try:
-            for (s, op, _), f in zip(calls, futs):
-                if isinstance(f, BaseException):
-                    results.append(f)
-                elif not self.clients[s].wait(f, wait_s if end is None else max(end - self._mono(), 0.0)):
-                    results.append(ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s"))
-                else:
-                    results.append(f.value if f.error is None else f.error)
-        finally:
-            for (s, _, _), f in zip(calls, futs):
-                if not isinstance(f, BaseException) and not f.done:
-                    self.clients[s].forget(f)  # nobody will read its reply
-        return results
+        return futs
+
+    def _collect(self, effect: Collect) -> list[Any]:
+        """Do a :class:`~.engine.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
+        calls, handles, timeout = effect
+        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
+        for (s, _, _), f in zip(calls, handles):
+            if isinstance(f, Future):
+                self.clients[s].wait(f, self.request_timeout_s if end is None else max(end - self._mono(), 0.0))
+        return [_outcome(f) for f in handles]
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
               with_resent: bool = False) -> Any:
@@ -257,7 +252,7 @@ class Router(Calls, SyncExecutor):
         _, calls, handles = effect
         out = []
         for (shard, op, _), fut in zip(calls, handles):
-            if fut is not None and not fut.done:
+            if isinstance(fut, Future) and not fut.done:
                 if op == "dequeue_wait":  # withdrawn; what it leases anyway is released
                     fut.callback = self._orphaned()
                 self.clients[shard].forget(fut)  # a watch is dropped
@@ -265,8 +260,9 @@ class Router(Calls, SyncExecutor):
                     fut.callback(fut)  # answered just before: its leases are nobody's
                 fut = None
             out.append(_outcome(fut))
-        for shard, _, _ in calls:
-            self.clients[shard].hand_off()
+        if effect.token is not None:  # (a wait's: its leader leaves)
+            for shard, _, _ in calls:
+                self.clients[shard].hand_off()
         return out
 
     def _orphaned(self) -> Callable[[Future], None]:
@@ -307,8 +303,10 @@ class Router(Calls, SyncExecutor):
         self.close()
 
 
-def _outcome(fut: Future | None) -> Any:
-    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+def _outcome(fut: Future | BaseException | None) -> Any:
+    """What a call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    if isinstance(fut, BaseException):
+        return fut
     if fut is None or not fut.done:
         return OPEN
     return fut.value if fut.error is None else fut.error
