@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import asyncio
-import itertools
 import os
 from collections.abc import AsyncIterator, Coroutine
 
@@ -33,8 +32,8 @@ from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .engine import (AsyncExecutor, Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, Transmit, WaitAny,
-                     call, deliver, place)
+from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
+                     Status, Submit, Wake, call, deliver, place)
 from .routing import job_item, lease_shard, leases_of, placed_owner
 
 if TYPE_CHECKING:
@@ -60,18 +59,13 @@ class AsyncQueue(Calls, AsyncExecutor):
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
-        self.data_dir, self.shards, self.service_id = dd.path, dd.shards(), dd.service_id()
-        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self.data_dir, self.service_id, self.request_timeout_s = dd.path, dd.service_id(), request_timeout_s
+        self._init_calls(dd.shards(), retry_s)
         self._key = dd.authkey()
         self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
-        self._rr = itertools.count()
-        self._queue_cfg: dict[str, dict[str, Any]] = {}
-        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
         self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
-        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
-        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
         self._closed = False
@@ -103,10 +97,17 @@ class AsyncQueue(Calls, AsyncExecutor):
             calls, retry_s, timeout_s, errors = effect
             deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
             return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
-        if type(effect) is Transmit:
-            return await self._transmit(effect)
-        if type(effect) is WaitAny:
-            return await self._wait_any(effect)
+        if type(effect) is Submit:  # (in their order per shard: one turn, one frame)
+            return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
+        if type(effect) is Collect:
+            return await self._collect(effect)
+        if type(effect) is Wake:
+            return await self._wake(effect)
+        if type(effect) is Park:  # only to the shards connected now (no wait for a reconnect)
+            return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
+                          for s, op, args in effect.calls]
+        if type(effect) is Abandon:
+            return self._abandon(effect)
         if type(effect) is Release:
             return self._release_leases(effect.leases)
         if type(effect) is Sleep:
@@ -118,33 +119,6 @@ class AsyncQueue(Calls, AsyncExecutor):
         if type(effect) is Settled:
             return self._settled(effect.leases)
         raise TypeError(f"not an effect: {effect!r}")
-
-    async def _transmit(self, effect: Transmit) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Transmit`: the calls sent at once (in their
-        order per shard: one turn, one frame), each its value, its error or its
-        :class:`~.core.ConnectionLost` in its place, waiting ``timeout_s`` at most for all
-        (None: each its request timeout); the engine decides what is sent again."""
-        calls, deadline, timeout_s = effect
-        started = [self._request(s, op, args, deadline - self.loop.time()) for s, op, args in calls]
-        try:
-            if timeout_s is not None:
-                await asyncio.wait([f for _, _, f in started], timeout=timeout_s)
-            got: list[Any] = []
-            for (_, _, fut), (s, op, _) in zip(started, calls):
-                if timeout_s is not None and not fut.done():
-                    got.append(ShardUnavailable(f"shard {s} did not answer {op} within {timeout_s:.1f} s"))
-                    continue
-                try:
-                    got.append(await fut)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - returned in its place
-                    got.append(exc)
-            return got
-        finally:
-            for conn, req, fut in started:
-                if not fut.done() or fut.cancelled():
-                    conn.abandon(req, fut)
 
     def _request(self, shard: int, op: str, args: list[Any],
                  retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
@@ -167,45 +141,39 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._queue_cfg.setdefault(queue, cfg)
         return self._owners.setdefault(queue, placed_owner(cfg))
 
-    async def _wait_any(self, effect: WaitAny) -> list[Any] | None:
-        """Do a :class:`~shardq.client.engine.WaitAny`: the waiting calls go to the shards
-        connected now; when it ends, the ones still open are abandoned (a waiting dequeue
-        withdrawn, a watch forgotten). Cancelled, it leaves no lease behind: what it was
-        answered is released unstarted."""
-        started = [(i,) + self._request(shard, op, args, retry_s=0)
-                   for i, (shard, op, args) in enumerate(effect.calls) if self.conns[shard].proto is not None]
-        if not started:
-            return None
-        try:
-            waiting = {f for _, _, _, f in started}
-            end = self.loop.time() + (effect.limit_s if len(started) == len(effect.calls) else effect.short_s)
-            while waiting:
-                done, waiting = await asyncio.wait(waiting, timeout=max(0.0, end - self.loop.time()),
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                # A lease, an error or a broken connection ends the wait; so does its end.
-                if not done or effect.first or any(f.cancelled() or f.exception() is not None or f.result()
-                                                   for f in done):
-                    break
-        except BaseException:  # cancelled: nobody takes what was answered
-            for (_, op, args), got in zip(effect.calls, self._answers(effect, started)):
-                if op == "dequeue_wait" and type(got) is list and got:
-                    self._release_leases([lease for _, lease in leases_of(args[0], got)])
-            raise
-        return self._answers(effect, started)
+    async def _wake(self, effect: Wake) -> list[Any]:
+        """Do a :class:`~shardq.client.engine.Wake`."""
+        _, _, handles, deadline, settled = effect
+        futs = [h[2] for h in handles if h is not None]
+        if sum(f.done() for f in futs) <= settled:
+            await asyncio.wait([f for f in futs if not f.done()], timeout=max(0.0, deadline - self.loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        return [_outcome(h) for h in handles]
 
     @staticmethod
-    def _answers(effect: WaitAny, started: list[Any]) -> list[Any]:
-        """Abandon the waiting calls still open; per call its value, its error or None."""
-        out: list[Any] = [None] * len(effect.calls)
-        for i, conn, req, f in started:
-            if not f.done():
-                conn.abandon(req, f)
-                f.cancel()
-            elif not f.cancelled() and f.exception() is None:
-                out[i] = f.result()
-            elif not f.cancelled() and not isinstance(f.exception(), (ShardUnavailable, ConnectionLost)):
-                out[i] = f.exception()  # not a broken connection
-        return out
+    async def _collect(effect: Collect) -> list[Any]:
+        """Do a :class:`~shardq.client.engine.Collect`."""
+        if effect.timeout_s is not None:
+            await asyncio.wait([h[2] for h in effect.handles], timeout=effect.timeout_s)
+        else:
+            for _, _, fut in effect.handles:
+                if not fut.done():
+                    try:
+                        await fut
+                    except Exception:  # noqa: BLE001, S110 - read in its place below
+                        pass
+        # as _outcome, inline (no call per request); nothing here cancels a request's future
+        return [(fut.exception() or fut.result()) if fut.done() else OPEN for _, _, fut in effect.handles]
+
+    @staticmethod
+    def _abandon(effect: Abandon) -> list[Any]:
+        """Do an :class:`~shardq.client.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        for h in effect.handles:
+            # (cancelled: its caller's cancellation reached the future it awaited)
+            if h is not None and (not h[2].done() or h[2].cancelled()):
+                h[0].abandon(h[1], h[2])
+                h[2].cancel()
+        return [_outcome(h) for h in effect.handles]
 
     # ------------------------------------------------------------------ the hot calls
     async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
@@ -290,6 +258,14 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | None) -> Any:
+    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    if handle is None or not handle[2].done():
+        return OPEN
+    fut = handle[2]
+    return ConnectionLost("abandoned", sent=True) if fut.cancelled() else fut.exception() or fut.result()
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

@@ -10,7 +10,7 @@ socket itself when no one else does, and settles every reply it reads, so a sing
 caller gets its reply with no thread hand-off; when it leaves with other replies still due,
 or for replies nobody waits on in person (watches, callbacks), the connection's reader
 thread reads. A request queued with ``on=`` goes only on that connection, so a caller's
-later request cannot overtake an earlier one that must be re-sent (``Router._transmit``).
+later request cannot overtake an earlier one that must be re-sent (``Router._submit``).
 
 A caller alone on the connection (nothing pending, no send in progress, the socket free to
 read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry; it

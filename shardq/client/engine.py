@@ -12,8 +12,9 @@ them; its return value is what the caller gets:
 * :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
 
 A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after a broken
-connection, written once; its one effect, :class:`Transmit`, sends each call once and
-reports a broken connection (:class:`~.core.ConnectionLost`) instead of re-sending.
+connection, written once; it sends each call once (:func:`transmit`: the effects
+:class:`Submit`, :class:`Collect`, :class:`Abandon`), told of a broken connection
+(:class:`~.core.ConnectionLost`) instead of re-sending.
 
 **How the executors are built.** The threaded :class:`~shardq.client.router.Router` and the
 asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one small loop
@@ -34,6 +35,7 @@ client merges the single calls of one event-loop turn in the channel.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
@@ -46,7 +48,7 @@ from . import results as res
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, ConnectionLost, LeaseRound, Polling,
                    after_break,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
 
 log = logging.getLogger("shardq.router")
@@ -93,34 +95,56 @@ class Release(NamedTuple):
     leases: list[Lease]
 
 
-class WaitAny(NamedTuple):
-    """Send the waiting ``calls`` (``dequeue_wait`` or ``watch``) to the shards that are
-    connected now, and wait until one is answered with something (a non-empty value or an
-    error; with ``first``, any reply), or every one is, or ``limit_s`` passes
-    (``short_s`` when a shard could not be asked: it is looked at again soon). The calls
-    still open are then withdrawn (a waiting dequeue; leases it makes anyway are released
-    when its reply comes) or forgotten (a watch). Sent, per call, its value, its error, or
-    None (not sent, withdrawn, or its connection broke); or None instead of the list when
-    no shard could be asked."""
+class Park(NamedTuple):
+    """Send each waiting call (``dequeue_wait``, ``watch``) whose shard is connected now.
+    Sent ``(token, handles)``: per call a handle, or None where it was not sent; the
+    ``token`` (the executor's own) goes back with the handles in :class:`Wake` and
+    :class:`Abandon`."""
     calls: list[Call]
-    limit_s: float
-    short_s: float
-    first: bool = False
 
 
-class Transmit(NamedTuple):
-    """Make ``calls`` once, pipelined, and wait for every reply: the calls to one shard go
-    in their order on one connection, so a later one never reaches the shard before an
-    earlier one that broke. Connecting may take until ``deadline`` (the executor's
-    monotonic clock); ``timeout_s`` as :class:`Send`'s. Sent, per call, its value, its
-    error, or a :class:`~.core.ConnectionLost` when its connection broke before the reply
-    (what happens next is :func:`deliver`'s decision, not the executor's)."""
+class Wake(NamedTuple):
+    """Wait until more than ``settled`` of ``handles`` are answered, or ``deadline`` passes
+    (the executor's clock). Sent, per handle, :data:`OPEN` or what it was answered: its
+    value or its error (a broken connection's too)."""
+    token: Any
+    calls: list[Call]
+    handles: list[Any]
+    deadline: float
+    settled: int
+
+
+class Abandon(NamedTuple):
+    """Give up the ``handles`` still open: a waiting dequeue is withdrawn (what it leases
+    anyway is released when its reply comes), a watch forgotten. Sent, per handle, what it
+    was answered (as :class:`Wake`), or :data:`OPEN` for one abandoned."""
+    token: Any
+    calls: Sequence[tuple[int, str, list[Any]]]
+    handles: list[Any]
+
+
+OPEN: Any = object()  # a handle not answered (yet): Wake's and Abandon's outcome for it
+
+
+class Submit(NamedTuple):
+    """Make ``calls`` once, pipelined: the calls to one shard go in their order on one
+    connection, so a later one never reaches the shard before an earlier one that broke.
+    Connecting may take until ``deadline`` (the executor's clock). Sent, per call, a handle
+    (for :class:`Collect` and :class:`Abandon`)."""
     calls: Sequence[tuple[int, str, list[Any]]]
     deadline: float
-    timeout_s: float | None = None
 
 
-Effect = Send | Owner | Settled | Status | Sleep | Release | WaitAny | Transmit
+class Collect(NamedTuple):
+    """Wait for the replies of ``handles`` (a :class:`Submit`'s): ``timeout_s`` at most for
+    all together (None: each its request timeout). Sent, per handle, :data:`OPEN` or what it
+    was answered (as :class:`Wake`)."""
+    calls: Sequence[tuple[int, str, list[Any]]]
+    handles: list[Any]
+    timeout_s: float | None
+
+
+Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Submit | Collect
 Op = Generator[Effect, Any, T]
 
 
@@ -128,7 +152,7 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
             timeout_s: float | None = None, errors: bool = False,
             got: list[Any] | None = None) -> Op[list[Any]]:
     """How both clients do a :class:`Send`: the retry after a broken connection, written
-    once. The calls are transmitted (:class:`Transmit`); those whose connection broke are
+    once. The calls are transmitted (:func:`transmit`); those whose connection broke are
     decided by :func:`~.core.after_break` (re-sent, in their order, until ``deadline`` on
     ``ex``'s clock; or ShardUnavailable / OutcomeUnknown) and transmitted again, until each
     has its outcome. An ``enqueue`` without a session gets one of its shard
@@ -146,7 +170,7 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     try:
         while todo:
             if got is None:
-                got = yield Transmit([calls[i] for i in todo], deadline, timeout_s)
+                got = yield from transmit(ex, [calls[i] for i in todo], deadline, timeout_s)
             again = []
             expired: bool | None = None
             for i, outcome in zip(todo, got):
@@ -183,6 +207,67 @@ def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
     if not calls:
         return []
     return [value for value, _ in (yield Send(calls))]
+
+
+def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
+             first: bool = False) -> Op[list[Any] | None]:
+    """Leave the waiting ``calls`` (``dequeue_wait`` or ``watch``) at the shards that are
+    connected now, and wait until one is answered with something (a non-empty value or an
+    error; with ``first``, any reply), or every one is, or ``limit_s`` passes (``short_s``
+    when a shard could not be asked: it is looked at again soon). The calls still open are
+    then abandoned (:class:`Abandon`). Returns, per call, its value, its error, or None (not
+    sent, abandoned, or its connection broke); None instead of the list when no shard could
+    be asked. Stopped by an error (a cancelled caller), it abandons them too and hands back
+    unstarted the leases of the waiting dequeues answered, which nobody will take."""
+    token, handles = yield Park(calls)
+    parked = sum(h is not None for h in handles)
+    if not parked:
+        return None
+    deadline = c._now() + (limit_s if parked == len(calls) else short_s)
+    settled = 0
+    try:
+        while True:
+            got = yield Wake(token, calls, handles, deadline, settled)
+            done = [a for a, h in zip(got, handles) if h is not None and a is not OPEN]
+            # A lease, an error or a broken connection ends the wait (the caller's next
+            # round reaches a restarted shard again); so does the end of every shard's wait.
+            if ((done and first) or any(isinstance(a, BaseException) or a for a in done)
+                    or len(done) == parked or c._now() >= deadline):
+                break
+            settled = len(done)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        got = yield Abandon(token, calls, handles)
+        taken = [lease for (_, op, args), a in zip(calls, got) if op == "dequeue_wait" and type(a) is list
+                 for _, lease in leases_of(args[0], a)]
+        if taken:
+            yield Release(taken)
+        raise
+    got = yield Abandon(token, calls, handles)
+    return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
+
+
+def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
+             timeout_s: float | None = None) -> Op[list[Any]]:
+    """Make ``calls`` once, pipelined (:class:`Submit`), and wait for every reply; connecting
+    may take until ``deadline``, ``timeout_s`` as :class:`Send`'s. Returns, per call, its
+    value, its error, or a :class:`~.core.ConnectionLost` when its connection broke before
+    the reply (what happens next is :func:`deliver`'s decision, not the executor's). A call
+    not answered in time is abandoned, and so is every one still open when it is stopped."""
+    handles = yield Submit(calls, deadline)
+    try:
+        got = yield Collect(calls, handles, timeout_s)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Abandon(None, calls, handles)
+        raise
+    if OPEN in got:  # (identity first: no value equals it)
+        got = yield Abandon(None, calls, handles)
+    wait_s = timeout_s or c.request_timeout_s
+    return [ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s") if a is OPEN else a
+            for (s, op, _), a in zip(calls, got)]
 
 
 # ---------------------------------------------------------------------- the executors
@@ -279,16 +364,26 @@ class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like proper
 
 # ---------------------------------------------------------------------- the table
 class Calls:
-    """The calls both clients make, each once. An executor sets these attributes."""
+    """The calls both clients make, each once. An executor sets these attributes
+    (:meth:`_init_calls`)."""
 
     shards: int
     retry_s: float
-    _queue_cfg: dict[str, dict[str, Any]]
-    _owners: dict[str, int | None]
+    request_timeout_s: float
+    _queue_cfg: dict[str, dict[str, Any]]  # queue -> its config, asked once
+    _owners: dict[str, int | None]  # queue -> the shard of all its jobs if placed (docs/limits.md)
     _prioritized: set[str]  # queues known to use priorities (sticky)
     _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
 
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
+    _idle: set[str]         # queues whose last dequeue of this client got nothing
+
+    def _init_calls(self, shards: int, retry_s: float) -> None:
+        """The table's state, set by each executor's constructor."""
+        self.shards, self.retry_s = shards, retry_s
+        self._rr = itertools.count()
+        self._queue_cfg, self._owners = {}, {}
+        self._prioritized, self._noted, self._idle = set(), set(), set()
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
@@ -717,11 +812,20 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     wait = check_dequeue(max_jobs, wait, visibility)
     polling = Polling(c.shards, c.retry_s, c._now() + wait)
     first = next(c._rr) % c.shards
+    # A shard answers a waiting dequeue at once when it has a job ready, so one that asks a
+    # single shard, or follows an empty answer, waits at once: no plain round before it.
+    if wait and queue not in c._prioritized and (c.shards == 1 or c._owners.get(queue) is not None
+                                                  or queue in c._idle):
+        out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
+        if out or c._now() >= polling.deadline:
+            (c._idle.discard if out else c._idle.add)(queue)  # noted for the next dequeue
+            return out
     while True:
         out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
         now = c._now()
         step = polling.after_round(out, down, unknown, now)
         if step is Polling.RETURN:
+            (c._idle.discard if out else c._idle.add)(queue)  # (no function call: the hot path)
             return out
         if step is Polling.PROBE:  # every shard down: ask again until retry_s or the wait ends
             yield Sleep(DOWN_PROBE_S)
@@ -730,6 +834,7 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
         if queue not in c._prioritized:
             out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
             if out or c._now() >= polling.deadline:
+                (c._idle.discard if out else c._idle.add)(queue)
                 return out
             continue  # a shard's connection broke: a lease round finds what is up
         woke = yield from _watch(c, queue, remaining)
@@ -775,7 +880,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
     owner = c._owners.get(queue)
     asked = range(c.shards) if owner is None else [owner]
     calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
-    got = yield WaitAny(calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
+    got = yield from wait_any(c, calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
         return []
@@ -792,7 +897,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
 def _watch(c: Calls, queue: str, timeout: float) -> Op[int | None]:
     """Wait until some shard reports ready work in ``queue`` (its index) or ``timeout``."""
     calls = [Call(s, "watch", [queue, timeout]) for s in range(c.shards)]
-    got = yield WaitAny(calls, timeout + 0.5, timeout + 0.5, first=True)
+    got = yield from wait_any(c, calls, timeout + 0.5, timeout + 0.5, first=True)
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
         return None

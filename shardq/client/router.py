@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import itertools
 import logging
 import os
 import threading
@@ -25,9 +24,9 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (Calls, Effect, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, Transmit,
-                     WaitAny, deliver, place)
-from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
+from .engine import (OPEN, Abandon, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
+                     Submit, SyncExecutor, Wake, deliver, place)
+from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
                       batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
@@ -67,15 +66,10 @@ class Router(Calls, SyncExecutor):
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
-        self.retry_s = retry_s
+        self._init_calls(self.shards, retry_s)
         self.request_timeout_s = request_timeout_s
-        self._rr = itertools.count()
         self._supervisor = supervisor
         self._closed = False
-        self._queue_cfg: dict[str, dict[str, Any]] = {}
-        self._owners: dict[str, int | None] = {}  # queue -> the shard of all its jobs if placed (docs/limits.md)
-        self._prioritized: set[str] = set()  # queues known to use priorities (sticky)
-        self._noted: set[str] = set()        # queues every shard was told so (note_priorities)
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
@@ -92,10 +86,16 @@ class Router(Calls, SyncExecutor):
                         raise
                     return [e]  # returned in its place
             return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
-        if type(effect) is Transmit:
-            return self._transmit(effect)
-        if type(effect) is WaitAny:
-            return self._wait_any(effect)
+        if type(effect) is Submit:
+            return self._submit(effect)
+        if type(effect) is Collect:
+            return self._collect(effect)
+        if type(effect) is Wake:
+            return self._wake(effect)
+        if type(effect) is Park:
+            return self._park(effect.calls)
+        if type(effect) is Abandon:
+            return self._abandon(effect)
         if type(effect) is Release:
             return self._release(effect.leases)
         if type(effect) is Sleep:
@@ -135,21 +135,18 @@ class Router(Calls, SyncExecutor):
         deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
         return self._drive(deliver(self, calls, deadline, timeout, errors))
 
-    def _transmit(self, effect: Transmit) -> list[Any]:
-        """Do a :class:`~.engine.Transmit`. The calls to one shard reach it in their order:
-        the first is sent as :meth:`_send` does (connecting first); the later ones only on
-        the connection it went on (``on=``), so one that finds it gone fails unsent, and the
+    def _submit(self, effect: Submit) -> list[Future | BaseException]:
+        """Do a :class:`~.engine.Submit`: the first call to a shard is sent as :meth:`_send`
+        does (connecting first; its error stands in its place); the later ones only on the
+        connection it went on (``on=``), so one that finds it gone fails unsent, and the
         engine sends it again after the calls before it."""
-        calls, deadline, timeout = effect
-        wait_s = timeout or self.request_timeout_s
-        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
         futs: list[Future | BaseException] = []
         first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
-        for s, op, args in calls:
+        for s, op, args in effect.calls:
             first = first_on.get(s)
             if first is None:
                 try:
-                    first = first_on[s] = self._send(s, op, args, deadline)
+                    first = first_on[s] = self._send(s, op, args, effect.deadline)
                 except ShardUnavailable as e:
                     first = first_on[s] = e
                 futs.append(first)
@@ -157,20 +154,16 @@ class Router(Calls, SyncExecutor):
                 futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
             else:
                 futs.append(self.clients[s].submit(op, args, lead=True, on=first.req.epoch if first.req else -1))
-        results: list[Any] = []
-        try:
-            for (s, op, _), f in zip(calls, futs):
-                if isinstance(f, BaseException):
-                    results.append(f)
-                elif not self.clients[s].wait(f, wait_s if end is None else max(end - self._mono(), 0.0)):
-                    results.append(ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s"))
-                else:
-                    results.append(f.value if f.error is None else f.error)
-        finally:
-            for (s, _, _), f in zip(calls, futs):
-                if not isinstance(f, BaseException) and not f.done:
-                    self.clients[s].forget(f)  # nobody will read its reply
-        return results
+        return futs
+
+    def _collect(self, effect: Collect) -> list[Any]:
+        """Do a :class:`~.engine.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
+        calls, handles, timeout = effect
+        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
+        for (s, _, _), f in zip(calls, handles):
+            if isinstance(f, Future):
+                self.clients[s].wait(f, self.request_timeout_s if end is None else max(end - self._mono(), 0.0))
+        return [_outcome(f) for f in handles]
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
               with_resent: bool = False) -> Any:
@@ -225,53 +218,51 @@ class Router(Calls, SyncExecutor):
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
 
-    def _wait_any(self, effect: WaitAny) -> list[Any] | None:
-        """Do a :class:`~shardq.client.engine.WaitAny`: park the waiting calls at the shards
-        that are up, read their sockets in this thread (:func:`lead_any`) until one answers
-        with something, then withdraw the waiting dequeues still open and forget the watches
-        (:meth:`~.channel.Channel.abandon`)."""
-        calls = effect.calls
+    def _park(self, calls: list[Call]) -> tuple[threading.Event, list[Future | None]]:
+        """Do a :class:`~.engine.Park`; the token is the event the replies set."""
         event = threading.Event()
-        now = self._mono()
-        parked: list[tuple[int, Future]] = []
-        for i, (shard, op, args) in enumerate(calls):
+        handles: list[Future | None] = []
+        for shard, op, args in calls:
             try:
-                fut = self._send(shard, op, args, now)
+                fut = self._send(shard, op, args, self._mono())
             except ShardUnavailable:
-                continue  # down: the others serve
+                handles.append(None)  # down: the others serve
+                continue
             fut.callback = lambda f: event.set()
-            parked.append((i, fut))
-        if not parked:
-            return None
-        clients = [self.clients[calls[i].shard] for i, _ in parked]
-        # A shard that is down: withdraw and look again soon, so its restart is waited on too.
-        deadline = now + (effect.limit_s if len(parked) == len(calls) else effect.short_s)
+            handles.append(fut)
+        return event, handles
+
+    def _wake(self, effect: Wake) -> list[Any]:
+        """Do a :class:`~.engine.Wake`: read the sockets in this thread (:func:`lead_any`),
+        or, while another thread reads one, wait to be woken."""
+        event, calls, handles, deadline, settled = effect
+        futs = [f for f in handles if f is not None]
+        clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
         while True:
             event.clear()
-            done = [fut for _, fut in parked if fut.done]
-            # A lease, an error or a broken connection ends the wait (the caller's next
-            # round reaches a restarted shard again); so does the end of every shard's wait.
-            if ((done and effect.first) or any(f.error is not None or f.value for f in done)
-                    or len(done) == len(parked) or self._mono() >= deadline):
-                break
+            if sum(f.done for f in futs) > settled or self._mono() >= deadline:
+                return [_outcome(f) for f in handles]
             if not lead_any(clients, deadline - self._mono()):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - self._mono())
-        out: list[Any] = [None] * len(calls)
-        for i, fut in parked:
-            if not fut.done:
-                if calls[i].op == "dequeue_wait":  # withdrawn; what it leases anyway is released
+
+    def _abandon(self, effect: Abandon) -> list[Any]:
+        """Do an :class:`~.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        _, calls, handles = effect
+        out = []
+        for (shard, op, _), fut in zip(calls, handles):
+            if isinstance(fut, Future) and not fut.done:
+                if op == "dequeue_wait":  # withdrawn; what it leases anyway is released
                     fut.callback = self._orphaned()
-                self.clients[calls[i].shard].forget(fut)  # a watch is dropped
+                self.clients[shard].forget(fut)  # a watch is dropped
                 if fut.done and fut.callback is not None:
                     fut.callback(fut)  # answered just before: its leases are nobody's
-            elif fut.error is None:
-                out[i] = fut.value
-            elif not isinstance(fut.error, ConnectionLost):
-                out[i] = fut.error
-        for c in clients:
-            c.hand_off()
+                fut = None
+            out.append(_outcome(fut))
+        if effect.token is not None:  # (a wait's: its leader leaves)
+            for shard, _, _ in calls:
+                self.clients[shard].hand_off()
         return out
 
     def _orphaned(self) -> Callable[[Future], None]:
@@ -310,6 +301,15 @@ class Router(Calls, SyncExecutor):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _outcome(fut: Future | BaseException | None) -> Any:
+    """What a call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    if isinstance(fut, BaseException):
+        return fut
+    if fut is None or not fut.done:
+        return OPEN
+    return fut.value if fut.error is None else fut.error
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

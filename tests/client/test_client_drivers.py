@@ -551,6 +551,42 @@ def test_a_waiting_dequeue_that_gets_nothing_returns_empty_after_its_wait(fake, 
     assert len(f.sent("dequeue_wait")) >= 2 and releases(f) == []
 
 
+def test_a_waiting_dequeue_goes_straight_to_the_shards_wait_when_it_asks_one_shard_or_found_nothing(
+        fake, connect):
+    """A shard answers ``dequeue_wait`` at once when a job is ready (shard/process.py), so
+    the plain ``dequeue`` before it is a round trip for nothing (issue 47): with one
+    shard every waiting dequeue sends only ``dequeue_wait``; with several, one that follows
+    an empty answer of the queue does, and one that follows a lease starts with a round."""
+    ready: list[list] = []
+
+    def answer(shard, op, args):
+        if op in ("dequeue", "dequeue_wait"):
+            if not ready and op == "dequeue_wait":
+                time.sleep(min(args[3], 0.2))  # the shard's long poll, cut short
+            return [ready.pop()] if ready else []
+        return None
+
+    one = fake(1, answer)
+    q = connect(one.dd.path)
+    assert q.dequeue(Q, wait=0.2) is None
+    ready.append(row(1, 0))
+    assert q.dequeue(Q, wait=5).job_id == job_id(1, 0)
+    assert q.dequeue(Q) is None  # no wait: a plain dequeue
+    assert [op for _, op, _ in one.requests] == ["dequeue_wait", "dequeue_wait", "dequeue"]
+
+    two = fake(2, answer)
+    q = connect(two.dd.path)
+    assert q.dequeue(Q, wait=0.2) is None  # a round, then the wait at both shards
+    rounds = len(two.sent("dequeue"))
+    assert rounds >= 1 and len(two.sent("dequeue_wait")) == 2
+    ready.append(row(2, 1))
+    assert q.dequeue(Q, wait=5).job_id == job_id(2, 1)
+    assert len(two.sent("dequeue")) == rounds  # it followed an empty answer: no round first
+    assert q.dequeue(Q, wait=0.2) is None
+    assert len(two.sent("dequeue")) > rounds  # it followed a lease: a round first
+    assert releases(one) == releases(two) == []
+
+
 def test_a_prioritized_queue_waits_with_a_watch_and_leases_where_work_is(fake, connect):
     watched = threading.Event()
 
