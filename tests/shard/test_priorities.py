@@ -99,14 +99,15 @@ def _key_on(shard: int, shards: int = 3) -> str:
 
 
 def _peeks_seen(router: Router) -> list:
-    """Wrap the router's multi-request path and record every op it sends."""
+    """Wrap the router's multi-request path (its executor of the engine's ``Collect``) and
+    record every op it sends."""
     sent = []
-    gather = router._gather
+    collect = router._collect
 
-    def spy(calls, **kw):
-        sent.extend(op for _, op, _ in calls)
-        return gather(calls, **kw)
-    router._gather = spy
+    def spy(effect):
+        sent.extend(op for _, op, _ in effect.calls)
+        return collect(effect)
+    router._collect = spy
     return sent
 
 
@@ -142,17 +143,17 @@ def test_a_fresh_consumer_learns_from_its_first_lease_that_the_queue_uses_priori
 
 def test_a_shard_that_misses_the_note_is_told_with_the_next_prioritized_enqueue(svc):
     with svc.connect() as q:
-        gather = q._gather
+        collect = q._collect
         refused = []
 
-        def one_shard_down(calls, **kw):
-            out = gather(calls, **kw)
-            for i, (shard, op, _) in enumerate(calls):
+        def one_shard_down(effect):
+            out = collect(effect)
+            for i, (shard, op, _) in enumerate(effect.calls):
                 if op == "note_priorities" and shard == 1 and not refused:
                     refused.append(shard)
                     out[i] = shardq.ShardUnavailable("shard 1 is down (test)")
             return out
-        q._gather = one_shard_down
+        q._collect = one_shard_down
         sent = _peeks_seen(q)
         q.enqueue(b"a", queue="missed", priority=3)  # goes ahead
         assert refused == [1] and "missed" not in q._noted and "missed" in q._prioritized

@@ -17,6 +17,7 @@ import pytest
 
 import shardq
 from support.service import Service, restarted, wait_until
+from shardq.client.engine import Abandon
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
 from shardq.protocol.sockio import connect_unix
@@ -99,7 +100,7 @@ def test_a_lease_a_withdrawn_wait_made_is_released_unstarted(svc):
         job = q.enqueue(b"x", key=KEYS[0])
         fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18, lead=False)
         assert q.clients[0].wait(fut, 10) and fut.error is None and fut.value[0][0] == job
-        q._withdraw(0, fut, "default")  # as if its wait had lost to another shard's lease
+        q._release_rows(fut.value)  # the engine's Release of a wait that lost to another shard's lease
         lease = wait_until(lambda: q.dequeue(wait=0), timeout=10, what="the released job")
         assert (lease.job_id, lease.attempt) == (job, 1)  # its first delivery, not its second
 
@@ -111,8 +112,9 @@ def test_a_router_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
     with svc.connect() as producer:
         job = producer.enqueue(b"x", key=KEYS[0])
     q = svc.connect()
-    fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18, lead=False)
-    q._withdraw(0, fut, "default")  # most often before the reply is read
+    args = ["default", None, 1, 5.0]
+    fut = q._send(0, "dequeue_wait", args, 1e18, lead=False)
+    q._abandon(Abandon(None, [(0, "dequeue_wait", args)], [fut]))  # most often before the reply is read
     q.close()
     with svc.connect() as q2:
         lease = wait_until(lambda: q2.dequeue(wait=0), timeout=10, what="the released job")
@@ -240,7 +242,7 @@ async def polled(predicate, what: str, timeout: float = 20.0):
 
 def held_by(q) -> int:
     """Requests the asyncio client still keeps for a caller or a withdrawal."""
-    return sum(len(c.pending) + len(c.outbox) for c in q.conns)
+    return sum(len(c.chan.pending) + len(c.chan.outbox) for c in q.conns)
 
 
 async def next_lease(q):
@@ -316,7 +318,7 @@ def test_an_asyncio_withdrawal_releases_what_the_wait_leased(svc, answered):
             job = await q.enqueue(b"x", key=KEYS[0]) if answered else None
             conn, req, fut = q._request(0, "dequeue_wait", ["default", None, 1, 20.0], retry_s=0)
             await asyncio.sleep(0)  # the flush writes it; its reply cannot have been read yet
-            assert req.sent and conn.pending.get(req.rid) is req and not fut.done()
+            assert req.sent and conn.chan.pending.get(req.rid) is req and not fut.done()
             if not answered:
                 await polled(lambda: waiting(svc)[0] == 1, "the wait parked")
             conn.abandon(req, fut)
@@ -351,7 +353,7 @@ def test_an_asyncio_client_closed_just_after_a_withdrawal_still_releases_its_lea
         job = await q.enqueue(b"x", key=KEYS[0])
         conn, req, fut = q._request(0, "dequeue_wait", ["default", None, 1, 20.0], retry_s=0)
         await asyncio.sleep(0)  # written; its reply, the lease, not yet read
-        assert conn.pending.get(req.rid) is req and not fut.done()
+        assert conn.chan.pending.get(req.rid) is req and not fut.done()
         conn.abandon(req, fut)
         await q.close()
         async with await shardq.aio.connect(svc.data_dir) as q2:
