@@ -304,6 +304,9 @@ class _Drain:
         self.lock = threading.Lock()
         self.first = self.last = 0.0
         self.deadline = time.monotonic() + 600
+        # receives (all, and those that got nothing) and the seconds spent in each half of a cycle
+        self.receives = self.empty = 0
+        self.receive_s = self.delete_s = 0.0
 
     def started(self) -> None:
         with self.lock:
@@ -314,14 +317,29 @@ class _Drain:
             self.bodies.extend(bodies)
             self.last = time.perf_counter()
 
+    def timed(self, got: int, receive_s: float, delete_s: float = 0.0) -> None:
+        """One receive that got ``got`` messages (an empty one's wait is not counted in the
+        times: the drain's last receives wait out WaitTimeSeconds once all is gone)."""
+        with self.lock:
+            self.receives += 1
+            self.empty += not got
+            if got:
+                self.receive_s += receive_s
+                self.delete_s += delete_s
+
     def more(self) -> bool:
         return len(self.bodies) < self.expected and time.monotonic() < self.deadline
 
     def result(self, sent: list[str]) -> dict:
         got = self.bodies
         unique = set(got)
+        full = max(1, self.receives - self.empty)
         return {"seconds": self.last - self.first, "received": len(got), "duplicates": len(got) - len(unique),
-                "missing": len(set(sent) - unique), "unexpected": len(unique - set(sent))}
+                "missing": len(set(sent) - unique), "unexpected": len(unique - set(sent)),
+                "receives": self.receives, "empty_receives": self.empty,
+                "per_receive": round(len(got) / max(1, self.receives), 2),
+                "receive_ms": round(self.receive_s / full * 1e3, 3),
+                "delete_ms": round(self.delete_s / full * 1e3, 3)}
 
 
 def _sqs_drain(url: str, queue_url: str, sent: list[str], clients: int) -> dict:
@@ -333,11 +351,15 @@ def _sqs_drain(url: str, queue_url: str, sent: list[str], clients: int) -> dict:
     def drain(c: SqsClient):
         while state.more():
             state.started()
+            t0 = time.perf_counter()
             msgs = c.call("ReceiveMessage", receive).get("Messages", [])
+            t1 = time.perf_counter()
             if not msgs:
+                state.timed(0, t1 - t0)
                 continue
             r = c.call("DeleteMessageBatch", json.dumps({"QueueUrl": queue_url, "Entries": [
                 {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(msgs)]}).encode())
+            state.timed(len(msgs), t1 - t0, time.perf_counter() - t1)
             if r.get("Failed"):
                 raise RuntimeError(f"DeleteMessageBatch failed: {r['Failed'][:3]}")
             state.done([m["Body"] for m in msgs])
@@ -370,10 +392,15 @@ def _native_drain(data_dir: str, sent: list[str], clients: int) -> dict:
     def drain(q):
         while state.more():
             state.started()
+            t0 = time.perf_counter()
             leases = q.dequeue_many(QUEUE, max_jobs=BATCH, wait=1.0)
+            t1 = time.perf_counter()
             if not leases:
+                state.timed(0, t1 - t0)
                 continue
-            errors = [e for e in q.ack_many(leases) if e is not None]
+            acked = q.ack_many(leases)
+            state.timed(len(leases), t1 - t0, time.perf_counter() - t1)
+            errors = [e for e in acked if e is not None]
             if errors:
                 raise RuntimeError(f"ack_many failed: {errors[:3]}")
             state.done([le.body.decode() for le in leases])
@@ -455,7 +482,8 @@ def _cell(target: str, clients: int, n: int, send, drain) -> list[dict]:
              "per_s": round(n / send_s, 1)},
             {"target": target, "figure": "drain", "clients": clients, "messages": n, "seconds": round(d["seconds"], 4),
              "per_s": round(n / d["seconds"], 1) if d["seconds"] > 0 else None, "delivered_once": ok,
-             **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected")}}]
+             **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected", "receives", "empty_receives",
+                                  "per_receive", "receive_ms", "delete_ms")}}]
 
 
 def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int,
@@ -534,6 +562,11 @@ def report(res: dict) -> str:
             m, s, n = (rate.get((t, figure, c)) for t in ("moto", "sqs", "native"))
             lines.append(f"{figure:<8}{c:>8}{m or 0:>11,.0f}{s or 0:>11,.0f}{n or 0:>11,.0f}"
                          f"{(s / m if s and m else 0):>10.2f}{(s / n if s and n else 0):>12.2f}")
+    for r in res["throughput"]:
+        if r["figure"] == "drain" and "receives" in r:
+            lines.append(f"drain {r['target']:<7}{r['clients']:>3} clients: {r['per_receive']:.2f} a receive "
+                         f"({r['receives']:,} receives, {r['empty_receives']:,} empty), receive "
+                         f"{r['receive_ms']:.3f} ms, delete {r['delete_ms']:.3f} ms")
     for name, p in res["single"].items():
         lines.append(f"single {name:<7} p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms  ({p['calls']} calls)")
     for t in res["targets"]:
