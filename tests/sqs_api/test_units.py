@@ -7,6 +7,7 @@ import base64
 import threading
 import hmac
 import zlib
+from typing import Any
 
 import msgpack
 import pytest
@@ -17,6 +18,7 @@ from moto.sqs.models import Message as MotoMessage
 from shardq import config
 from shardq.errors import InvalidConfig, SqsApiError
 from shardq.sqs_api import attributes, handles, message, protocol
+from shardq.sqs_api.catalog import Catalog
 from shardq.sqs_api.routers import Routers
 
 names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
@@ -231,3 +233,20 @@ def test_each_request_borrows_a_router_of_its_own_up_to_the_cap():
         pool.close()
         assert shared.closed and not again.closed and sum(r.closed for r in made[1:]) == 1
     assert again.closed
+
+
+def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_another_writer(tmp_path):
+    """Catalog.get: a request reads its queue without the catalog's lock while the file is
+    the one read last (request threads queued on it cost a switch each), and reads the file
+    again once another catalog (another process) has replaced it."""
+    here, there = Catalog(str(tmp_path)), Catalog(str(tmp_path))
+    here.create("q", {"VisibilityTimeout": "30"}, {}, {})
+    assert there.get("q")["attributes"] == {"VisibilityTimeout": "30"}  # written by the other
+    with there._lock:  # held: a read of an unchanged file does not wait for it
+        got: list[Any] = []
+        reader = threading.Thread(target=lambda: got.append(there.get("q")))
+        reader.start()
+        reader.join(5)
+        assert got and got[0]["attributes"] == {"VisibilityTimeout": "30"}
+    here.set_attributes("q", {"VisibilityTimeout": "40"})
+    assert there.get("q")["attributes"]["VisibilityTimeout"] == "40"
