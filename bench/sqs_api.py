@@ -20,7 +20,11 @@ with its own keep-alive connection (a socket per SQS client, ``--sqs-client``; o
 * **drain**: ReceiveMessage of up to 10 + DeleteMessageBatch of what came (native:
   ``dequeue_many(max_jobs=10)`` + ``ack_many``), until every message sent has been deleted,
   timed from the first receive to the last delete; every body is checked against those sent
-  (missing, duplicated);
+  (missing, duplicated). Each drain row also counts its receives (all, empty: the last ones
+  wait out WaitTimeSeconds 1 once all is gone; messages a receive), the mean time of a
+  receive that got messages and of its delete as the client sees them, and, against
+  shardq, the CPU each request cost ``serve`` itself (the SQS listener, ``processes = 1``),
+  its child processes (the shards) and the clients, from ``/proc`` (Linux);
 * **single**: one client, SendMessage one at a time, the time of each call; p50 and p99 over
   ``--calls`` calls after 100 unmeasured ones. Against shardq, each SendMessage is followed
   by a native ``enqueue`` on the same thread, timed apart, so that both meet the same load.
@@ -139,6 +143,35 @@ class MotoService:
             os.unlink(self.log_path)
         except OSError:
             pass
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, all its threads; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _cpu_split(pid: int | None) -> tuple[float, float, float]:
+    """(CPU seconds of ``pid``, of its child processes, of this process) so far."""
+    me = os.times()
+    if pid is None:
+        return 0.0, 0.0, me.user + me.system
+    return _cpu_s(pid), sum(_cpu_s(c) for c in _children(pid)), me.user + me.system
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -304,6 +337,9 @@ class _Drain:
         self.lock = threading.Lock()
         self.first = self.last = 0.0
         self.deadline = time.monotonic() + 600
+        # receives (all, and those that got nothing) and the seconds spent in each half of a cycle
+        self.receives = self.empty = 0
+        self.receive_s = self.delete_s = 0.0
 
     def started(self) -> None:
         with self.lock:
@@ -314,14 +350,29 @@ class _Drain:
             self.bodies.extend(bodies)
             self.last = time.perf_counter()
 
+    def timed(self, got: int, receive_s: float, delete_s: float = 0.0) -> None:
+        """One receive that got ``got`` messages (an empty one's wait is not counted in the
+        times: the drain's last receives wait out WaitTimeSeconds once all is gone)."""
+        with self.lock:
+            self.receives += 1
+            self.empty += not got
+            if got:
+                self.receive_s += receive_s
+                self.delete_s += delete_s
+
     def more(self) -> bool:
         return len(self.bodies) < self.expected and time.monotonic() < self.deadline
 
     def result(self, sent: list[str]) -> dict:
         got = self.bodies
         unique = set(got)
+        full = max(1, self.receives - self.empty)
         return {"seconds": self.last - self.first, "received": len(got), "duplicates": len(got) - len(unique),
-                "missing": len(set(sent) - unique), "unexpected": len(unique - set(sent))}
+                "missing": len(set(sent) - unique), "unexpected": len(unique - set(sent)),
+                "receives": self.receives, "empty_receives": self.empty,
+                "per_receive": round(len(got) / max(1, self.receives), 2),
+                "receive_ms": round(self.receive_s / full * 1e3, 3),
+                "delete_ms": round(self.delete_s / full * 1e3, 3)}
 
 
 def _sqs_drain(url: str, queue_url: str, sent: list[str], clients: int) -> dict:
@@ -333,11 +384,15 @@ def _sqs_drain(url: str, queue_url: str, sent: list[str], clients: int) -> dict:
     def drain(c: SqsClient):
         while state.more():
             state.started()
+            t0 = time.perf_counter()
             msgs = c.call("ReceiveMessage", receive).get("Messages", [])
+            t1 = time.perf_counter()
             if not msgs:
+                state.timed(0, t1 - t0)
                 continue
             r = c.call("DeleteMessageBatch", json.dumps({"QueueUrl": queue_url, "Entries": [
                 {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(msgs)]}).encode())
+            state.timed(len(msgs), t1 - t0, time.perf_counter() - t1)
             if r.get("Failed"):
                 raise RuntimeError(f"DeleteMessageBatch failed: {r['Failed'][:3]}")
             state.done([m["Body"] for m in msgs])
@@ -370,10 +425,15 @@ def _native_drain(data_dir: str, sent: list[str], clients: int) -> dict:
     def drain(q):
         while state.more():
             state.started()
+            t0 = time.perf_counter()
             leases = q.dequeue_many(QUEUE, max_jobs=BATCH, wait=1.0)
+            t1 = time.perf_counter()
             if not leases:
+                state.timed(0, t1 - t0)
                 continue
-            errors = [e for e in q.ack_many(leases) if e is not None]
+            acked = q.ack_many(leases)
+            state.timed(len(leases), t1 - t0, time.perf_counter() - t1)
+            errors = [e for e in acked if e is not None]
             if errors:
                 raise RuntimeError(f"ack_many failed: {errors[:3]}")
             state.done([le.body.decode() for le in leases])
@@ -445,17 +505,29 @@ def _purge(url: str, queue_url: str) -> None:
         c.close()
 
 
-def _cell(target: str, clients: int, n: int, send, drain) -> list[dict]:
+def _cell(target: str, clients: int, n: int, send, drain, server_pid: int | None = None) -> list[dict]:
+    """One cell: send, then drain; with ``server_pid`` (shardq serve), the drain's CPU per
+    request (a receive that got messages, or a delete) of serve itself (its SQS listener
+    when ``processes = 1``), of its child processes (the shards, and the listener processes
+    otherwise) and of the clients (this process)."""
     sent = _bodies(n, f"{target}{clients}-{uuid.uuid4().hex[:6]}")
     print(f"  {target}: {clients} clients, {n} messages", file=sys.stderr, flush=True)
     send_s = send(sent)
+    before = _cpu_split(server_pid)
     d = drain(sent)
+    after = _cpu_split(server_pid)
+    requests = 2 * max(1, d["receives"] - d["empty_receives"])
+    if server_pid is not None:
+        d["cpu_us_per_request"] = {k: round((b - a) / requests * 1e6) for k, a, b in
+                                   zip(("serve", "children", "clients"), before, after)}
     ok = d["missing"] == 0 and d["duplicates"] == 0 and d["unexpected"] == 0
     return [{"target": target, "figure": "send", "clients": clients, "messages": n, "seconds": round(send_s, 4),
              "per_s": round(n / send_s, 1)},
             {"target": target, "figure": "drain", "clients": clients, "messages": n, "seconds": round(d["seconds"], 4),
              "per_s": round(n / d["seconds"], 1) if d["seconds"] > 0 else None, "delivered_once": ok,
-             **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected")}}]
+             **{k: d[k] for k in ("received", "duplicates", "missing", "unexpected", "receives", "empty_receives",
+                                  "per_receive", "receive_ms", "delete_ms") if k in d},
+             **({"cpu_us_per_request": d["cpu_us_per_request"]} if "cpu_us_per_request" in d else {})}]
 
 
 def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int,
@@ -483,9 +555,9 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
         sqs_q = _queue_url(svc.url)
         for c in clients:
             rows += _cell("sqs", c, messages, lambda s: _sqs_send(svc.url, sqs_q, s, c),
-                          lambda s: _sqs_drain(svc.url, sqs_q, s, c))
+                          lambda s: _sqs_drain(svc.url, sqs_q, s, c), svc.proc.pid)
             rows += _cell("native", c, messages, lambda s: _native_send(svc.data_dir, s, c),
-                          lambda s: _native_drain(svc.data_dir, s, c))
+                          lambda s: _native_drain(svc.data_dir, s, c), svc.proc.pid)
         single["sqs"], single["native"] = _paired_single(svc.url, sqs_q, svc.data_dir, calls)
         _purge(svc.url, sqs_q)
     finally:
@@ -534,6 +606,13 @@ def report(res: dict) -> str:
             m, s, n = (rate.get((t, figure, c)) for t in ("moto", "sqs", "native"))
             lines.append(f"{figure:<8}{c:>8}{m or 0:>11,.0f}{s or 0:>11,.0f}{n or 0:>11,.0f}"
                          f"{(s / m if s and m else 0):>10.2f}{(s / n if s and n else 0):>12.2f}")
+    for r in res["throughput"]:
+        if r["figure"] == "drain" and "receives" in r:
+            lines.append(f"drain {r['target']:<7}{r['clients']:>3} clients: {r['per_receive']:.2f} a receive "
+                         f"({r['receives']:,} receives, {r['empty_receives']:,} empty), receive "
+                         f"{r['receive_ms']:.3f} ms, delete {r['delete_ms']:.3f} ms"
+                         + ("; CPU us a request: serve {serve}, its children {children}, clients {clients}".format(
+                             **r["cpu_us_per_request"]) if "cpu_us_per_request" in r else ""))
     for name, p in res["single"].items():
         lines.append(f"single {name:<7} p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms  ({p['calls']} calls)")
     for t in res["targets"]:

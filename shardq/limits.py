@@ -142,6 +142,8 @@ HTTP_LINGER_S_MAX = 2.0                  # after refusing a request, what the cl
 # threads answering requests, as many as connections may be held: a long poll holds its thread
 # for up to 20 s, and a send must never wait behind a crowd of polls for one
 SQS_API_WORKERS = HTTP_CONNECTIONS_MAX
+SQS_API_ROUTERS_MAX = 32                 # a listener process's routers of their own for requests running at once
+                                         # (shardq/sqs_api/routers.py); past it requests share one
 SQS_API_PROCESSES_MAX = 64               # [sqs_api] processes: listener processes sharing its port
 SQS_API_HOLD_S = 0.5                    # a worker that has answered keeps its connection this long for the
                                          # next request (SDKs send back to back): two thread hand-overs fewer

@@ -4,13 +4,19 @@ A handle carries the job id, the lease's fencing token, the queue (a CRC of its 
 when it was received, MACed with a key kept in the data dir. So a handle cannot be forged or
 moved to another queue, and an old delivery's handle holds an old token: the shard refuses it
 (``LeaseLost``) once the message has been received again, so it never deletes or changes the
-newer delivery."""
+newer delivery.
+
+The MAC is keyed BLAKE2b (version 2; RFC 7693's keyed mode is a MAC by design), 16 bytes: a
+fifth of HMAC-SHA256's cost, and a receive of 10 and its delete make 20 of them. Handles of
+version 1 (HMAC-SHA256, made before) are still taken, so a message received before an
+upgrade can be deleted after it."""
 from __future__ import annotations
 
-import base64
 import binascii
+import hashlib
 import hmac
 import zlib
+from functools import lru_cache
 from typing import NamedTuple
 
 import msgpack
@@ -18,7 +24,12 @@ import msgpack
 from .faults import fault
 
 _MAC_BYTES = 16
-_VERSION = 1
+_VERSION = 2
+_HMAC_VERSION = 1
+_HANDLE_CHARS_MAX = 1024
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_blake2b = hashlib.blake2b
 
 
 class Receipt(NamedTuple):
@@ -27,35 +38,48 @@ class Receipt(NamedTuple):
     received_ms: int
 
 
+@lru_cache(maxsize=1024)
 def _queue_tag(queue: str) -> int:
     return zlib.crc32(queue.encode("utf-8"))
 
 
+def _mac(version: int, key: bytes, payload: bytes) -> bytes:
+    if version == _HMAC_VERSION:
+        return hmac.digest(key, payload, "sha256")[:_MAC_BYTES]
+    return _blake2b(payload, digest_size=_MAC_BYTES, key=key).digest()
+
+
 def encode(key: bytes, queue: str, job_id: int, token: int, received_ms: int) -> str:
     payload = msgpack.packb([_VERSION, job_id, token, _queue_tag(queue), received_ms])
-    mac = hmac.digest(key, payload, "sha256")[:_MAC_BYTES]
-    return base64.urlsafe_b64encode(payload + mac).decode().rstrip("=")
+    raw = payload + _blake2b(payload, digest_size=_MAC_BYTES, key=key).digest()
+    # base64url without padding (binascii directly: base64's wrappers cost as much again)
+    return binascii.b2a_base64(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
 
 
 def decode(key: bytes, queue: str, handle: object) -> Receipt:
     """The lease behind ``handle``; ReceiptHandleIsInvalid for anything this service did not
     make for ``queue``."""
-    bad = fault("ReceiptHandleIsInvalid", f"The input receipt handle \"{str(handle)[:100]}\" is not a valid "
-                                          f"receipt handle.")
-    if not isinstance(handle, str) or not 0 < len(handle) <= 1024:
-        raise bad
+    if not isinstance(handle, str) or not 0 < len(handle) <= _HANDLE_CHARS_MAX:
+        raise _bad(handle)
     try:
-        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
-    except (binascii.Error, ValueError):
-        raise bad from None
+        text = handle.encode("ascii").translate(_FROM_URLSAFE)
+        raw = binascii.a2b_base64(text + b"=" * (-len(text) % 4), strict_mode=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        raise _bad(handle) from None
     payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-    good = hmac.digest(key, payload, "sha256")[:_MAC_BYTES]
-    if len(raw) <= _MAC_BYTES or not hmac.compare_digest(mac, good):
-        raise bad
+    version = payload[1] if len(payload) > 1 else -1  # [fixarray, version (a positive fixint), ...]
+    if len(raw) <= _MAC_BYTES or version not in (_VERSION, _HMAC_VERSION) \
+            or not hmac.compare_digest(mac, _mac(version, key, payload)):
+        raise _bad(handle)
     try:
-        version, job_id, token, tag, received_ms = msgpack.unpackb(payload)
+        _, job_id, token, tag, received_ms = msgpack.unpackb(payload)
     except (ValueError, TypeError, msgpack.UnpackException):
-        raise bad from None
-    if version != _VERSION or tag != _queue_tag(queue):
-        raise bad
+        raise _bad(handle) from None
+    if tag != _queue_tag(queue):
+        raise _bad(handle)
     return Receipt(job_id, token, received_ms)
+
+
+def _bad(handle: object) -> Exception:
+    return fault("ReceiptHandleIsInvalid", f"The input receipt handle \"{str(handle)[:100]}\" is not a valid "
+                                           f"receipt handle.")

@@ -4,8 +4,9 @@ overall deadline per request, a connection cap) with more workers, since each lo
 holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is encoded.
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
-header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`), answered in
-its protocol's form. A worker that has answered keeps its connection for the next request
+header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`) on a router it
+borrows for the time (:mod:`.routers`: no request waits on another's connection), answered
+in its protocol's form. A worker that has answered keeps its connection for the next request
 (``SQS_API_HOLD_S``: SDKs send back to back), as every connection has a worker here."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import secrets
 import select
 import socket
+from typing import cast
 from urllib.parse import urlsplit
 
 from .. import limits
@@ -30,6 +32,7 @@ from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
+from .routers import Routers
 from .sigv4 import Verifier
 
 log = logging.getLogger("shardq.sqs_api")
@@ -74,9 +77,11 @@ class SqsService:
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
-        self.router = Router(self.data_dir, retry_s=5.0)  # shardq.Router: what shardq.connect gives
+        # shardq.Router: what shardq.connect gives; one for each request running (.routers)
+        self.routers = Routers(lambda: Router(self.data_dir, retry_s=5.0, busy_poll_us=0))
         self.catalog = Catalog(self.data_dir, self.clock)
-        self.api = SqsApi(self.router, self.catalog, cfg, self.clock)
+        # the API's router: the one its request borrowed (a Routers passes for a Router)
+        self.api = SqsApi(cast(Router, self.routers), self.catalog, cfg, self.clock)
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
         self.listener: Listener | None = None
         self._address_file: str | None = None
@@ -100,7 +105,7 @@ class SqsService:
                                      sock=sock, hold_s=limits.SQS_API_HOLD_S)
         except BaseException:
             self.api.close()
-            self.router.close()
+            self.routers.close()
             raise
         self.port = self.listener.address[1]
         self.listener.start()
@@ -121,7 +126,7 @@ class SqsService:
             self.listener = None
         unpublish_address(self._address_file)
         self.api.close()
-        self.router.close()
+        self.routers.close()
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
@@ -176,7 +181,8 @@ class SqsService:
                 action, params = protocol.decode_query(form, path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
             self.api.caller.gone = lambda: _closed(req.sock)
-            result = self.api.call(action, params, host)
+            with self.routers.borrowed():
+                result = self.api.call(action, params, host)
         except SqsApiError as e:
             return self._error(req, e, is_json, request_id, keep)
         except ShardqError as e:

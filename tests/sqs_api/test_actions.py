@@ -311,6 +311,23 @@ def test_receive_limits(sqs, queue):
         assert code(e.value) == "InvalidParameterValue", kw
 
 
+def test_a_receive_of_ten_gets_ten_ready_at_once_from_every_shard_and_group(sqs, queue):
+    """A standard queue's messages have no key (a MessageGroupId is not one), so ten ready
+    messages of one group, on whichever shards, come in one receive of 10 without waiting
+    (WaitTimeSeconds 0); with none ready it answers at once; one DeleteMessageBatch deletes
+    them all."""
+    sqs.send_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "MessageBody": f"m{i}", "MessageGroupId": "g"}
+                                                    for i in range(10)])
+    began = time.monotonic()
+    got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=0)["Messages"]
+    assert sorted(m["Body"] for m in got) == sorted(f"m{i}" for i in range(10))
+    done = sqs.delete_message_batch(QueueUrl=queue, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                             for i, m in enumerate(got)])
+    assert len(done["Successful"]) == 10 and not done.get("Failed")
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+    assert time.monotonic() - began < 5  # neither receive waited for a second
+
+
 def test_a_long_poll_wakes_when_a_message_arrives(sqs, queue):
     out = {}
 

@@ -4,7 +4,12 @@ attributes, the query form, and the [sqs_api] config table."""
 from __future__ import annotations
 
 import base64
+import threading
+import hmac
+import zlib
+from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +18,8 @@ from moto.sqs.models import Message as MotoMessage
 from shardq import config
 from shardq.errors import InvalidConfig, SqsApiError
 from shardq.sqs_api import attributes, handles, message, protocol
+from shardq.sqs_api.catalog import Catalog
+from shardq.sqs_api.routers import Routers
 
 names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)).filter(
@@ -64,6 +71,23 @@ def test_receipt_handles_are_bound_to_their_key_and_queue():
                                    (key, "q", ""), (key, "q", "!" * 2000), (key, "q", None)):
         with pytest.raises(SqsApiError) as e:
             handles.decode(bad_key, queue, handle)
+        assert e.value.code == "ReceiptHandleIsInvalid"
+
+
+def test_receipt_handles_of_version_1_made_before_an_upgrade_are_still_taken():
+    """Version 1 handles (HMAC-SHA256) of messages received before an upgrade delete them
+    after it; a version other than 1 and 2, or a version 1 handle under another key, is refused."""
+    key = b"k" * 32
+
+    def made(version: int, mac_key: bytes, queue: str = "q") -> str:
+        payload = msgpack.packb([version, 5, 7, zlib.crc32(queue.encode()), 99])
+        mac = hmac.digest(mac_key, payload, "sha256")[:16]
+        return base64.urlsafe_b64encode(payload + mac).decode().rstrip("=")
+    assert handles.decode(key, "q", made(1, key)) == (5, 7, 99)
+    assert handles.encode(key, "q", 5, 7, 99) != made(1, key)  # new handles are version 2
+    for handle, queue in ((made(1, b"x" * 32), "q"), (made(3, key), "q"), (made(1, key), "other")):
+        with pytest.raises(SqsApiError) as e:
+            handles.decode(key, queue, handle)
         assert e.value.code == "ReceiptHandleIsInvalid"
 
 
@@ -163,3 +187,66 @@ def test_message_ids_are_uuid5_of_the_service_and_job():
     for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
         want = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shardq:{service}:{job}"))
         assert message.message_id(service, job) == want
+
+
+def test_each_request_borrows_a_router_of_its_own_up_to_the_cap():
+    """routers.Routers: a thread's calls go to the router it borrowed (the shared one outside
+    a request, or once ``most`` are out); one given back is taken again before a new one is
+    made; close() closes the idle ones at once and a borrowed one when it comes back."""
+    class Fake:
+        def __init__(self, n: int):
+            self.n, self.closed = n, False
+
+        def close(self) -> None:
+            self.closed = True
+    made: list[Fake] = []
+
+    def make() -> Fake:
+        made.append(Fake(len(made)))
+        return made[-1]
+    pool = Routers(make, most=2)
+    shared = pool.shared
+    assert pool.n == shared.n == 0 and pool.made == 0
+    inside, go = threading.Barrier(3), threading.Event()
+    seen: dict[str, int] = {}
+
+    def request(name: str) -> None:
+        with pool.borrowed() as r:
+            seen[name] = pool.n
+            assert r.n == pool.n
+            inside.wait(5)
+            go.wait(5)
+    threads = [threading.Thread(target=request, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    inside.wait(5)
+    with pool.borrowed() as third:  # two out: the third request shares
+        assert third is shared and pool.n == 0
+    go.set()
+    for t in threads:
+        t.join(5)
+    assert sorted(seen.values()) == [1, 2] and pool.made == 2
+    with pool.borrowed() as again:
+        assert again in made[1:] and pool.made == 2  # taken again, none made
+        with pool.borrowed() as nested:
+            assert nested is again
+        pool.close()
+        assert shared.closed and not again.closed and sum(r.closed for r in made[1:]) == 1
+    assert again.closed
+
+
+def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_another_writer(tmp_path):
+    """Catalog.get: a request reads its queue without the catalog's lock while the file is
+    the one read last (request threads queued on it cost a switch each), and reads the file
+    again once another catalog (another process) has replaced it."""
+    here, there = Catalog(str(tmp_path)), Catalog(str(tmp_path))
+    here.create("q", {"VisibilityTimeout": "30"}, {}, {})
+    assert there.get("q")["attributes"] == {"VisibilityTimeout": "30"}  # written by the other
+    with there._lock:  # held: a read of an unchanged file does not wait for it
+        got: list[Any] = []
+        reader = threading.Thread(target=lambda: got.append(there.get("q")))
+        reader.start()
+        reader.join(5)
+        assert got and got[0]["attributes"] == {"VisibilityTimeout": "30"}
+    here.set_attributes("q", {"VisibilityTimeout": "40"})
+    assert there.get("q")["attributes"]["VisibilityTimeout"] == "40"
