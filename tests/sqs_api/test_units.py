@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from moto.sqs.models import Message as MotoMessage
 
-from shardq import config
+from shardq import config, limits
 from shardq.errors import InvalidConfig, SqsApiError
 from shardq.sqs_api import attributes, handles, message, protocol
 from shardq.sqs_api.catalog import Catalog
@@ -189,7 +189,8 @@ def test_message_ids_are_uuid5_of_the_service_and_job():
         assert message.message_id(service, job) == want
 
 
-def test_each_request_borrows_a_router_of_its_own_up_to_the_cap():
+@pytest.mark.parametrize("most", [2, limits.SQS_API_ROUTERS_MAX])
+def test_each_request_borrows_a_router_of_its_own_up_to_the_cap(most):
     """routers.Routers: a thread's calls go to the router it borrowed (the shared one outside
     a request, or once ``most`` are out); one given back is taken again before a new one is
     made; close() closes the idle ones at once and a borrowed one when it comes back."""
@@ -204,10 +205,10 @@ def test_each_request_borrows_a_router_of_its_own_up_to_the_cap():
     def make() -> Fake:
         made.append(Fake(len(made)))
         return made[-1]
-    pool = Routers(make, most=2)
+    pool = Routers(make, most=most)
     shared = pool.shared
     assert pool.n == shared.n == 0 and pool.made == 0
-    inside, go = threading.Barrier(3), threading.Event()
+    inside, go = threading.Barrier(most + 1), threading.Event()
     seen: dict[str, int] = {}
 
     def request(name: str) -> None:
@@ -216,22 +217,22 @@ def test_each_request_borrows_a_router_of_its_own_up_to_the_cap():
             assert r.n == pool.n
             inside.wait(5)
             go.wait(5)
-    threads = [threading.Thread(target=request, args=(n,)) for n in ("a", "b")]
+    threads = [threading.Thread(target=request, args=(str(n),)) for n in range(most)]
     for t in threads:
         t.start()
     inside.wait(5)
-    with pool.borrowed() as third:  # two out: the third request shares
+    with pool.borrowed() as third:  # ``most`` out: the next request shares
         assert third is shared and pool.n == 0
     go.set()
     for t in threads:
         t.join(5)
-    assert sorted(seen.values()) == [1, 2] and pool.made == 2
+    assert sorted(seen.values()) == list(range(1, most + 1)) and pool.made == most
     with pool.borrowed() as again:
-        assert again in made[1:] and pool.made == 2  # taken again, none made
+        assert again in made[1:] and pool.made == most  # taken again, none made
         with pool.borrowed() as nested:
             assert nested is again
         pool.close()
-        assert shared.closed and not again.closed and sum(r.closed for r in made[1:]) == 1
+        assert shared.closed and not again.closed and sum(r.closed for r in made[1:]) == most - 1
     assert again.closed
 
 
