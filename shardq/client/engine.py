@@ -812,10 +812,11 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     wait = check_dequeue(max_jobs, wait, visibility)
     polling = Polling(c.shards, c.retry_s, c._now() + wait)
     first = next(c._rr) % c.shards
-    # A shard answers a waiting dequeue at once when it has a job ready, so one that asks a
-    # single shard, or follows an empty answer, waits at once: no plain round before it.
-    if wait and queue not in c._prioritized and (c.shards == 1 or c._owners.get(queue) is not None
-                                                  or queue in c._idle):
+    # A shard answers a waiting dequeue at once when it has a job ready, so one that follows
+    # an empty answer waits at once: no plain round before it. One that follows a lease starts
+    # with the round: on a busy queue a plain dequeue takes the lone-call path (busy-polled,
+    # figure C), which a wait does not.
+    if wait and queue not in c._prioritized and queue in c._idle:
         out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
         if out or c._now() >= polling.deadline:
             (c._idle.discard if out else c._idle.add)(queue)  # noted for the next dequeue

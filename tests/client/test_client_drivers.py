@@ -551,12 +551,12 @@ def test_a_waiting_dequeue_that_gets_nothing_returns_empty_after_its_wait(fake, 
     assert len(f.sent("dequeue_wait")) >= 2 and releases(f) == []
 
 
-def test_a_waiting_dequeue_goes_straight_to_the_shards_wait_when_it_asks_one_shard_or_found_nothing(
-        fake, connect):
+def test_a_waiting_dequeue_goes_straight_to_the_shards_wait_when_the_queue_was_found_empty(fake, connect):
     """A shard answers ``dequeue_wait`` at once when a job is ready (shard/process.py), so
-    the plain ``dequeue`` before it is a round trip for nothing (issue 47): with one
-    shard every waiting dequeue sends only ``dequeue_wait``; with several, one that follows
-    an empty answer of the queue does, and one that follows a lease starts with a round."""
+    after an empty answer the plain ``dequeue`` before it is a round trip for nothing (issue
+    47): a waiting dequeue that follows the queue's empty answer sends only ``dequeue_wait``;
+    one that follows a lease starts with a round (on a busy queue the plain dequeue, on the
+    lone-call path, is the faster call: figure C)."""
     ready: list[list] = []
 
     def answer(shard, op, args):
@@ -568,11 +568,11 @@ def test_a_waiting_dequeue_goes_straight_to_the_shards_wait_when_it_asks_one_sha
 
     one = fake(1, answer)
     q = connect(one.dd.path)
-    assert q.dequeue(Q, wait=0.2) is None
+    assert q.dequeue(Q, wait=0.2) is None  # a round, then the wait
     ready.append(row(1, 0))
-    assert q.dequeue(Q, wait=5).job_id == job_id(1, 0)
+    assert q.dequeue(Q, wait=5).job_id == job_id(1, 0)  # it followed an empty answer: the wait alone
     assert q.dequeue(Q) is None  # no wait: a plain dequeue
-    assert [op for _, op, _ in one.requests] == ["dequeue_wait", "dequeue_wait", "dequeue"]
+    assert [op for _, op, _ in one.requests] == ["dequeue", "dequeue_wait", "dequeue_wait", "dequeue"]
 
     two = fake(2, answer)
     q = connect(two.dd.path)
