@@ -10,7 +10,9 @@ tree's own shardq, and the shard processes it starts (``child_env``), are the on
     python -m bench.pairs --old /tmp/old --new . --pairs 4 --figures A,C,C2,M --jobs 5000
 
 It prints and writes (``--json``) each pair's ratios and their geometric mean per figure;
-figure Wk gives one ratio per worker runner (``--figures Wk --runners shardq``: ``Wk shardq@shardq``).
+figure Wk gives one ratio per worker runner (``--figures Wk --runners shardq``: ``Wk shardq@shardq``);
+figure ``aio`` runs ``python -m bench.aio`` (the asyncio client beside the threaded router) and
+gives one ratio per row of it (``aio produce/asyncio``, ``aio drain/threads``, ...).
 """
 from __future__ import annotations
 
@@ -24,7 +26,29 @@ import tempfile
 
 
 def run_once(tree: str, figures: str, jobs: int, extra: list[str]) -> dict[str, float]:
-    """One ``bench.run`` of ``tree``: jobs/s per figure (:func:`figures_of`)."""
+    """One ``bench.run`` of ``tree``: jobs/s per figure (:func:`figures_of`); figure ``aio``
+    by one ``bench.aio`` run (:func:`aio_once`)."""
+    names = figures.split(",")
+    out = aio_once(tree, jobs) if "aio" in names else {}
+    rest = ",".join(n for n in names if n != "aio")
+    return {**run_figures(tree, rest, jobs, extra), **out} if rest else out
+
+
+def aio_once(tree: str, jobs: int) -> dict[str, float]:
+    """One ``bench.aio`` run of ``tree``: jobs/s per row, named ``aio <figure>/<client>``."""
+    with tempfile.TemporaryDirectory(prefix="sqpairs") as tmp:
+        out = os.path.join(tmp, "aio.json")
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        subprocess.run([sys.executable, "-m", "bench.aio", "--jobs", str(jobs), "--json", out],
+                       cwd=os.path.abspath(tree), env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(out) as f:
+            rows = json.load(f)["figures"]
+        return {f"aio {name}": row["jobs_per_s"] for name, row in rows.items()}
+
+
+def run_figures(tree: str, figures: str, jobs: int, extra: list[str]) -> dict[str, float]:
+    """One ``bench.run`` of ``tree`` for ``figures``."""
     with tempfile.TemporaryDirectory(prefix="sqpairs") as tmp:
         out = os.path.join(tmp, "r.json")
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))

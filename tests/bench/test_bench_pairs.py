@@ -56,3 +56,24 @@ def test_a_run_of_figure_wk_alone_gives_one_ratio_name_per_worker_runner(monkeyp
         "Wk shardq@shardq": 1500.0, "Wk shardq-idem@shardq": 900.0}
     assert pairs.run_once(REPO, "A,M,Wk", 100, []) == {"A": 4000.0, "Wk shardq@shardq": 1200.0}
     assert seen == ["Wk", "A,M,Wk"]
+
+
+def test_figure_aio_runs_bench_aio_of_the_tree_and_names_a_ratio_per_row(monkeypatch):
+    """``--figures aio`` runs ``bench.aio`` (not ``bench.run``), with the tree first on
+    PYTHONPATH, and names each of its rows; the other figures still go to ``bench.run``."""
+    from bench import pairs
+
+    aio = {"figures": {"produce/asyncio": {"jobs_per_s": 9000}, "drain/threads": {"jobs_per_s": 4000}}}
+    run = {"peers": {"shardq": {"figures": {"A": {"summary": {"jobs_per_s": 4000.0}}}}}}
+    seen = []
+
+    def fake_run(argv, **kw):
+        seen.append((argv[2], kw["env"]["PYTHONPATH"]))
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump(aio if argv[2] == "bench.aio" else run, f)
+
+    monkeypatch.setattr(pairs.subprocess, "run", fake_run)
+    assert pairs.run_once(REPO, "aio", 100, []) == {"aio produce/asyncio": 9000, "aio drain/threads": 4000}
+    assert pairs.run_once(REPO, "A,aio", 100, []) == {"A": 4000.0, "aio produce/asyncio": 9000,
+                                                       "aio drain/threads": 4000}
+    assert seen == [("bench.aio", REPO), ("bench.aio", REPO), ("bench.run", REPO)]
