@@ -41,7 +41,8 @@ import msgpack
 
 from .. import limits
 from ..clock import Clock, SystemClock
-from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, WorkflowCancelled
+from ..client.contracts import Results
+from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, Unsupported, WorkflowCancelled
 from . import body as taskbody
 from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Barriers, Verdict, status_rows, step_jobs, verdict,
                       watched)
@@ -418,9 +419,8 @@ class Workflow:
 
     @classmethod
     def start(cls, app: App, top: Chain) -> Workflow:
-        q: Any = app.queue  # the local shards' router: route, arrive, barriers (checked below)
-        if not hasattr(q, "arrive"):
-            from ..errors import Unsupported
+        q = app.queue
+        if not isinstance(q, Results):
             raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no results "
                               "or barriers (docs/workflows.md)")
         wf_id = uuid.uuid4().hex[:20]
@@ -446,14 +446,18 @@ class Workflow:
         return wf
 
     @classmethod
-    def load(cls, source: Any, wf_id: str) -> Workflow:
+    def load(cls, source: App | Results, wf_id: str) -> Workflow:
         """The workflow ``wf_id`` as its record says, from any process: ``source`` is an
-        :class:`~shardq.tasks.app.App` or a router of the local shards. NotFound if no
-        record of it is kept (never sent from a version that keeps them, or ended and
-        expired)."""
-        q = source.queue if hasattr(source, "tasks") else source
+        :class:`~shardq.tasks.app.App` or a client with the results and workflow calls
+        (:class:`~shardq.client.contracts.Results`: a router of the local shards). NotFound
+        if no record of it is kept (never sent from a version that keeps them, or ended and
+        expired); Unsupported for an app whose queue keeps none."""
+        app = None if isinstance(source, Results) else source
+        q = source if app is None else app.queue
+        if not isinstance(q, Results):
+            raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no "
+                              "workflow records (docs/workflows.md)")
         steps, barriers, finals, first_ids, single = from_spec(q.workflow(wf_id)["spec"])
-        app = source if hasattr(source, "tasks") else None
         return cls(app, wf_id, steps, barriers, finals, first_ids, single, queue=None if app else q)
 
     def outcome(self) -> tuple[str, str | None] | None:

@@ -22,7 +22,7 @@ from shardq.client.router import Router
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import LoopCalls
 
-from support.fakes import AsyncFacade, BuryingQueue, FakeQueue
+from support.fakes import AsyncFacade, BuryingQueue, FakeQueue, PlainQueue
 
 SYNC = [shardq.Queue, Control, Results, JobCalls, Settles, Buries]
 ASYNC = [contracts.AsyncQueue, contracts.AsyncResults]
@@ -34,6 +34,7 @@ TABLE: dict[type, set[type]] = {
     LoopCalls: {JobCalls},  # the asyncio runner's blocking calls about a job
     FakeQueue: {JobCalls, Settles},
     BuryingQueue: {JobCalls, Settles, Buries},
+    PlainQueue: {Buries},  # what SQS offers of these
     AsyncQueue: {contracts.AsyncQueue, contracts.AsyncResults},
     AsyncFacade: set(),  # the asyncio runner's fake: the few calls it makes
 }
@@ -67,13 +68,9 @@ def test_each_client_class_offers_exactly_the_contracts_of_its_row(cls):
 def test_the_fakes_answer_isinstance_as_their_rows_say():
     """The runtime check the worker makes (a method set to None is absent)."""
     checkable = [shardq.Queue, Results, JobCalls, Settles, Buries]  # Control: no one asks isinstance
-    for cls in (FakeQueue, BuryingQueue):
+    for cls in (FakeQueue, BuryingQueue, PlainQueue):
         q = cls(FakeClock())
         assert {p for p in checkable if isinstance(q, p)} == TABLE[cls]
-
-    class NoReports(BuryingQueue):
-        settle_many = None
-    assert not isinstance(NoReports(FakeClock()), Settles) and isinstance(NoReports(FakeClock()), Buries)
 
 
 def params(fn) -> list[tuple[str, object, object]]:

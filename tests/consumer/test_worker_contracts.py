@@ -15,7 +15,7 @@ from shardq.consumer.aioworker import AsyncWorker
 from shardq.consumer.worker import Worker
 from shardq.errors import Fail, Unsupported
 
-from support.fakes import ACKED, DEAD, READY, AsyncFacade, BuryingQueue, FakeQueue
+from support.fakes import ACKED, DEAD, READY, AsyncFacade, BuryingQueue, FakeQueue, PlainQueue
 
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01, "concurrency": 1}
 
@@ -29,12 +29,6 @@ class OneCallQueue(BuryingQueue):
         self._maybe_fail("put_result")
         with self._cond:
             self.calls.append(("put_result", lease.job_id, value))
-
-
-class PlainQueue(BuryingQueue):
-    """The Queue's calls only, as SQS has them: no calls about a job, no ``settle_many``."""
-
-    settle_many = arrive = put_result = progress = barrier_values = None
 
 
 def run_one(q, handler) -> None:

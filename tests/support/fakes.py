@@ -11,7 +11,8 @@ per key). Thread-safe. Every call is recorded in ``calls`` for assertions.
 how a test stands in for "redelivered after it was processed" (a crash between the commit
 and the ack) without a crash.
 
-:class:`BuryingQueue` adds ``bury`` as a shard has it; :class:`AsyncFacade` is the asyncio
+:class:`BuryingQueue` adds ``bury`` as a shard has it; :class:`PlainQueue` takes away what
+SQS lacks; :class:`AsyncFacade` is the asyncio
 client's API over one FakeQueue, for the asyncio runner. Which declared contracts
 (shardq/client/contracts.py) each one offers, and so which path a worker takes on it, is
 in the table of tests/client/test_contracts.py.
@@ -295,6 +296,14 @@ class BuryingQueue(FakeQueue):
             job.token = 0
             self._kill(job)
             self._cond.notify_all()
+
+
+class PlainQueue(BuryingQueue):
+    """BuryingQueue with the Queue protocol's calls only, as SQS has them: no calls about a
+    job (results, progress, barriers) and no ``settle_many`` (a method set to None is
+    absent to ``isinstance`` against a protocol)."""
+
+    settle_many = arrive = put_result = progress = barrier_values = None
 
 
 class AsyncFacade:
