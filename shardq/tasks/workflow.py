@@ -34,14 +34,14 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 from collections.abc import Callable, Generator, Iterable
 
 import msgpack
 
 from .. import limits
 from ..clock import Clock, SystemClock
-from ..client.contracts import Results
+from ..client.contracts import AsyncResults, Results
 from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, Unsupported, WorkflowCancelled
 from . import body as taskbody
 from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Barriers, Verdict, status_rows, step_jobs, verdict,
@@ -56,6 +56,14 @@ SPEC_FORMAT = 1
 RECORD_KEPT_S = limits.WORKFLOW_RESULT_S_DEFAULT
 
 log = logging.getLogger("shardq.workflow")
+
+#: The client calls a reading generator yields, by name: methods of
+#: :class:`~shardq.client.contracts.Results` and of its asyncio twin, which ``_drive`` and
+#: ``_adrive`` call by that name (tests/tasks/test_task_contracts.py checks they are).
+ReadCall: TypeAlias = Literal["barriers", "results", "end_workflow", "workflow"]
+_T = TypeVar("_T")
+#: A reading: yields ``(call, args)``, is sent the reply, returns ``_T``.
+Reading: TypeAlias = Generator[tuple[ReadCall, tuple[Any, ...]], Any, _T]
 
 #: Result polling: the first wait, and the longest one between two looks.
 POLL_FIRST_S = 0.005
@@ -484,7 +492,7 @@ class Workflow:
         bid = f"{self.id}.cancel"
         return zlib.crc32(bid.encode()) % shards, bid
 
-    def _judge(self, shards: int, every: bool) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[Any, ...]]:
+    def _judge(self, shards: int, every: bool) -> Reading[tuple[Any, ...]]:
         """One look: each step's job, the results read (``every``: every step's, as sizes;
         else those ``result()`` watches, with values), the barriers, and the
         :class:`Verdict`. A step that reads as gone before it reported is confirmed by a
@@ -501,7 +509,7 @@ class Workflow:
             v = verdict(self.steps, jobs, results, again, self.finals, cancelled)
         return jobs, results, barriers, v
 
-    def _answer(self, v: Verdict) -> Generator[tuple[str, tuple[Any, ...]], Any, Any]:
+    def _answer(self, v: Verdict) -> Reading[Any]:
         """What ``result()`` says of an ended workflow: its value, or the error it raises.
         An end the jobs cannot tell apart (a cancel from a dead step purged, a cancel from a
         result gone) is told by the workflow's record, ended here as cancelled unless it
@@ -531,7 +539,7 @@ class Workflow:
         raise WorkflowCancelled(f"workflow {self.id} cancelled: {v.why}", workflow_id=self.id, step=step,
                                 task=task, job_id=v.job_id)
 
-    def _poll(self, shards: int) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[bool, Any]]:
+    def _poll(self, shards: int) -> Reading[tuple[bool, Any]]:
         """One look for ``result()``: ``(True, value)`` once it ended (or the error raised),
         ``(False, None)`` while it runs."""
         *_, v = yield from self._judge(shards, every=False)
@@ -626,7 +634,7 @@ class Workflow:
             return state  # sent without a record (its put failed, or an older version sent it)
 
 
-def _drive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
+def _drive(q: Results, gen: Reading[Any]) -> Any:
     """Run a reading generator with the threaded client ``q``: each call it yields is
     made, and its reply (or its ShardqError) sent back; returns what it returns."""
     reply: Any = None
@@ -642,7 +650,7 @@ def _drive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any
             reply, error = None, exc
 
 
-async def _adrive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
+async def _adrive(q: AsyncResults, gen: Reading[Any]) -> Any:
     """As :func:`_drive`, with the asyncio client."""
     reply: Any = None
     error: ShardqError | None = None

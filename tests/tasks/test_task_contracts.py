@@ -77,3 +77,17 @@ def test_workflow_load_takes_a_results_client_or_an_app():
         Workflow.load(q, "wf1")
     with pytest.raises(NotFound, match="wf2"):  # an app: its queue is asked
         Workflow.load(make_app(q)[0], "wf2")
+
+
+def test_the_calls_a_workflow_reading_yields_are_methods_of_both_results_contracts():
+    """The reading is driven by name (``getattr(q, call)``); mypy checks each yielded name
+    is a ReadCall, this that each ReadCall is a call of the Results contracts."""
+    from typing import get_args
+
+    from shardq.client.contracts import AsyncResults
+    from shardq.tasks.workflow import ReadCall
+
+    def methods(proto) -> set[str]:
+        return {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+    assert set(get_args(ReadCall)) <= methods(Results) & methods(AsyncResults)
+    assert len(get_args(ReadCall)) == 4
