@@ -5,11 +5,12 @@ builds on, and the capabilities a worker or the tasks layer chooses a path by.
 Code that needs one of these types its argument with the protocol, instead of probing
 with ``hasattr``; where a client may or may not offer one (the local shards keep results,
 SQS keeps none), ``isinstance(q, Contract)`` decides (they are ``runtime_checkable``), and
-narrows ``q`` so that mypy checks the calls made on that path. mypy checks that the
-backends implement what they declare (the ``TYPE_CHECKING`` blocks at the end of
-:mod:`.router`, :mod:`.aio` and :mod:`shardq.backends.sqs`), so a call added to one client
-and its protocol but not the other fails the type check; ``tests/client/test_contracts.py``
-holds the table of which backend class (test fakes included) offers which contract.
+narrows ``q`` so that mypy checks the calls made on that path. mypy checks that both
+clients of the local shards implement what they declare (the ``TYPE_CHECKING`` blocks at
+the end of :mod:`.router` and :mod:`.aio`), so a call added to one client and its protocol
+but not the other fails the type check; ``tests/client/test_contracts.py`` holds the table
+of which client class (SqsQueue and the test fakes included) offers which contract, and
+checks SqsQueue's signatures against the Queue protocol's.
 """
 from __future__ import annotations
 

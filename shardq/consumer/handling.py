@@ -87,15 +87,16 @@ class Context:
 
     ``client``: the worker's client for calls about this job
     (:class:`~shardq.client.contracts.JobCalls`; None in process mode, and where the
-    worker's client has no such calls: SQS). ``keep(value)``, ``after_commit(fn)`` and ``report(...)`` are for layers
-    built on the worker (tasks keep their results this way): ``value`` is kept with the
-    job's processed mark by an idempotency store, and ``fn()`` runs once the effect
-    committed (right after the handler without a store), before the ack; if it raises, the
-    attempt fails. ``report(op, *args)`` (from ``fn``) asks for a call about the finished
-    job (:data:`REPORT_OPS`) that must land before its ack: a worker that collects them
-    (``reports``, a list) makes them itself, pipelined with other jobs' and before this
-    job's ack (:meth:`.policy.Policy.reported` says what their answers mean); otherwise the
-    call is made at once through ``client``.
+    worker's client has no such calls: SQS). ``keep(value)``, ``after_commit(fn)`` and
+    ``report(...)`` are for layers built on the worker (tasks keep their results this
+    way): ``value`` is kept with the job's processed mark by an idempotency store, and
+    ``fn()`` runs once the effect committed (right after the handler without a store),
+    before the ack; if it raises, the attempt fails. ``report(op, *args)`` (from ``fn``)
+    asks for a call about the finished job (:data:`REPORT_OPS`) that must land before its
+    ack: a worker that collects them (``reports``, a list) makes them itself, pipelined
+    with other jobs' and before this job's ack (:meth:`.policy.Policy.reported` says what
+    their answers mean); otherwise the call is made at once through ``client``
+    (Unsupported without one).
     """
 
     __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "fraction",
