@@ -139,9 +139,9 @@ class Settles(Protocol):
 
 @runtime_checkable
 class Buries(Protocol):
-    """A client that dead-letters a leased job at once (:meth:`Queue.bury
-    <shardq.client.queue.Queue.bury>`). Every backend has it; a worker on a client without
-    it (a partial test double) nacks a ``Fail`` instead, and the job reaches the dead
-    letters at ``max_deliveries``."""
+    """A client that dead-letters a leased job at once
+    (:meth:`~shardq.client.queue.Queue.bury`). Every backend has it; a worker on a client
+    without it (a partial test double) nacks a ``Fail`` instead, and the job reaches the
+    dead letters at ``max_deliveries``."""
 
     def bury(self, lease: Lease, error: str | None = None) -> None: ...
