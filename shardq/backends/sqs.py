@@ -214,7 +214,7 @@ class SqsQueue:
         job_id: str = self.api.call("send_message", QueueUrl=info.url, **out.entry())["MessageId"]
         return job_id
 
-    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> list[str]:
+    def enqueue_many(self, jobs: Iterable[dict[str, Any]], queue: str = "default") -> list[JobId]:
         """Every job is checked before anything is sent (bad input adds nothing). Sent in
         SendMessageBatch calls of at most 10 entries and 1 MiB, in input order. Entries SQS
         failed on its side are re-sent (same dedup ids, so a retry adds nothing twice); an

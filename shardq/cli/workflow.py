@@ -19,13 +19,14 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..client.contracts import Results
     from ..errors import InvalidJob, Unsupported
     from ..tasks.workflow import DESCRIBE_STEPS_MAX, describe
     steps = DESCRIBE_STEPS_MAX if args.steps is None else args.steps
     if steps < 0:
         raise InvalidJob(f"--steps must be 0 or more, got {steps}")
     with common.connect(args) as q:
-        if not hasattr(q, "workflow"):
+        if not isinstance(q, Results):
             raise Unsupported(f"{type(q).__name__} keeps no workflow records (the local shards' service does)")
         print(json.dumps(describe(q, args.workflow_id, steps)))
     return exits.OK

@@ -1,14 +1,21 @@
 """The declared contracts beside :class:`~shardq.client.queue.Queue`: the asyncio queue, the
-control calls of the local service, and the results and workflow calls the tasks layer
-builds on. Code that needs one of these types its argument with the protocol, instead of
-probing with ``hasattr``. mypy checks that both clients of the local shards implement
-them (the ``TYPE_CHECKING`` blocks at the end of :mod:`.router` and :mod:`.aio`), so a call
-added to one client and its protocol but not the other fails the type check.
+control calls of the local service, the results and workflow calls the tasks layer
+builds on, and the capabilities a worker or the tasks layer chooses a path by.
+
+Code that needs one of these types its argument with the protocol, instead of probing
+with ``hasattr``; where a client may or may not offer one (the local shards keep results,
+SQS keeps none), ``isinstance(q, Contract)`` decides (they are ``runtime_checkable``), and
+narrows ``q`` so that mypy checks the calls made on that path. mypy checks that both
+clients of the local shards implement what they declare (the ``TYPE_CHECKING`` blocks at
+the end of :mod:`.router` and :mod:`.aio`), so a call added to one client and its protocol
+but not the other fails the type check; ``tests/client/test_contracts.py`` holds the table
+of which client class (SqsQueue and the test fakes included) offers which contract, and
+checks SqsQueue's signatures against the Queue protocol's.
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from .results import JobResult
@@ -59,8 +66,10 @@ class Control(Protocol):
     def backup_cuts(self, stage: str) -> list[dict[str, Any]]: ...
 
 
+@runtime_checkable
 class Results(Protocol):
-    """The results and workflow calls (docs/workflows.md) the tasks layer builds on."""
+    """The results and workflow calls (docs/workflows.md) the tasks layer builds on: the
+    local shards' router has them, SQS does not (``app.result``, workflows: Unsupported)."""
 
     def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None: ...
     def report_many(self, reports: list[tuple[Lease, Any]]) -> list[BaseException | None]: ...
@@ -99,3 +108,40 @@ class AsyncResults(Protocol):
     async def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> str: ...
     async def workflow(self, wf_id: str) -> dict[str, Any]: ...
     async def workflow_ids(self, shard: int, after: str | None = None, limit: int = ...) -> list[str]: ...
+
+
+# ---------------------------------------------------------------------- what a worker chooses by
+@runtime_checkable
+class JobCalls(Protocol):
+    """The calls a running job may make about itself
+    (:attr:`shardq.consumer.handling.Context.client`): the worker's own client, blocking.
+    A subset of :class:`Results`, with the same signatures. The local shards' router has
+    them; a worker on a client without them (SQS) gives its jobs no client, and a task that
+    needs one (``keep_result``, a workflow step) fails with a reason."""
+
+    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None: ...
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None: ...
+    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
+               callback: list[Any]) -> str: ...
+    def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """A client that acks jobs and makes their reports (``ctx.report``) in one pipelined
+    round, each report before its job's ack: a worker on it collects the reports and sends
+    them with the acks; on another client a report is made at once through
+    :class:`JobCalls`."""
+
+    def settle_many(self, acks: Iterable[Lease], reports: list[tuple[Lease, Any]]
+                    ) -> tuple[list[BaseException | None], list[BaseException | None]]: ...
+
+
+@runtime_checkable
+class Buries(Protocol):
+    """A client that dead-letters a leased job at once
+    (:meth:`~shardq.client.queue.Queue.bury`). Every backend has it; a worker on a client
+    without it (a partial test double) nacks a ``Fail`` instead, and the job reaches the
+    dead letters at ``max_deliveries``."""
+
+    def bury(self, lease: Lease, error: str | None = None) -> None: ...

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from ..client import aio
+from ..client.contracts import AsyncResults
 from ..clock import Clock, SystemClock
 from ..errors import ShardqError
 from ..stopping import install_stop_signals, restore_signals
@@ -37,6 +38,7 @@ from .options import WorkerOptions, options_of
 from .policy import Policy, Progress, burst_for
 
 ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
+PROGRESS_DRAIN_S = 2.0  # at the end, progress calls still on their way get this long (as in the client's close)
 
 
 class AsyncTask(Protocol):
@@ -79,12 +81,14 @@ class AsyncContext(Context):
 
 
 class LoopCalls:
-    """The asyncio client's calls about a running job (:class:`~.handling.JobCalls`),
+    """The asyncio client's calls about a running job (:class:`~shardq.client.contracts.JobCalls`),
     made blocking for code in another thread than the loop's (sync tasks, and what
-    ``ctx.after_commit`` asked, run in threads)."""
+    ``ctx.after_commit`` asked, run in threads). The progress calls it sends without waiting
+    are its own to finish: :meth:`drain` gives them a moment at the worker's end."""
 
-    def __init__(self, q: Any, loop: asyncio.AbstractEventLoop):
+    def __init__(self, q: AsyncResults, loop: asyncio.AbstractEventLoop):
         self._q, self._loop = q, loop
+        self._sending: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
 
     def _wait(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -102,8 +106,14 @@ class LoopCalls:
                 await self._q.progress(lease, fraction, note)
             except ShardqError as exc:
                 log.warning("job %s: progress not recorded: %s: %s", lease.job_id, type(exc).__name__, exc)
-        spawn = getattr(self._q, "spawn", None)
-        (spawn or self._loop.create_task)(send())
+        task = self._loop.create_task(send())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the progress calls still being sent (on the loop)."""
+        if self._sending:
+            await asyncio.wait(list(self._sending), timeout=timeout_s)
 
     def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
                callback: list[Any]) -> str:
@@ -168,7 +178,8 @@ class AsyncWorker:
         self._wake, self._done = asyncio.Event(), []
         owned = isinstance(self.target, (str, os.PathLike))
         q = await aio.connect(self.target, request_timeout_s=self.options.request_timeout_s) if owned else self.target
-        self.q, self._calls = q, LoopCalls(q, self._loop)
+        calls = self._calls = LoopCalls(q, self._loop)
+        self.q = q
         self.core.reset()
         pruner = None
         try:
@@ -185,6 +196,7 @@ class AsyncWorker:
         finally:
             if pruner is not None:
                 pruner.set()
+            await calls.drain(PROGRESS_DRAIN_S)
             if owned:
                 await q.close()
         return dataclasses.replace(self.stats)

@@ -19,10 +19,11 @@ import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 from collections.abc import Callable
 
 from .. import limits
+from ..client.contracts import JobCalls
 from ..errors import Closed, Fail, InvalidJob, Retry, ShardqError, Unsupported
 from .idempotency import IdempotencyStore
 from ..types import Lease
@@ -51,21 +52,6 @@ DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
     Outcome.RETRY, Outcome.BURY)
 #: (outcome, error text, retry delay in seconds or None)
 Result = tuple[Outcome, "str | None", "float | None"]
-
-
-class JobCalls(Protocol):
-    """The calls a running job may make about itself (:attr:`Context.client`): the
-    worker's own client, blocking. The local shards' routers have them; a backend that
-    keeps no results (SQS) does not."""
-
-    def put_result(self, lease: Lease, value: bytes, ttl_s: float) -> None: ...
-
-    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None: ...
-
-    def arrive(self, shard: int, barrier: str, index: int, total: int, value: bytes, ttl_s: float,
-               callback: list[Any]) -> str: ...
-
-    def barrier_values(self, shard: int, barrier: str) -> list[bytes]: ...
 
 
 class Report(NamedTuple):
@@ -99,16 +85,18 @@ class Context:
     show`` read it); a failure to write it is logged, never the job's failure. If the job
     then fails, the note is added to its error text, so a dead letter says how far it got.
 
-    ``client``: the worker's client for calls about this job (:class:`JobCalls`; None in
-    process mode). ``keep(value)``, ``after_commit(fn)`` and ``report(...)`` are for layers
-    built on the worker (tasks keep their results this way): ``value`` is kept with the
-    job's processed mark by an idempotency store, and ``fn()`` runs once the effect
-    committed (right after the handler without a store), before the ack; if it raises, the
-    attempt fails. ``report(op, *args)`` (from ``fn``) asks for a call about the finished
-    job (:data:`REPORT_OPS`) that must land before its ack: a worker that collects them
-    (``reports``, a list) makes them itself, pipelined with other jobs' and before this
-    job's ack (:meth:`.policy.Policy.reported` says what their answers mean); otherwise the
-    call is made at once through ``client``.
+    ``client``: the worker's client for calls about this job
+    (:class:`~shardq.client.contracts.JobCalls`; None in process mode, and where the
+    worker's client has no such calls: SQS). ``keep(value)``, ``after_commit(fn)`` and
+    ``report(...)`` are for layers built on the worker (tasks keep their results this
+    way): ``value`` is kept with the job's processed mark by an idempotency store, and
+    ``fn()`` runs once the effect committed (right after the handler without a store),
+    before the ack; if it raises, the attempt fails. ``report(op, *args)`` (from ``fn``)
+    asks for a call about the finished job (:data:`REPORT_OPS`) that must land before its
+    ack: a worker that collects them (``reports``, a list) makes them itself, pipelined
+    with other jobs' and before this job's ack (:meth:`.policy.Policy.reported` says what
+    their answers mean); otherwise the call is made at once through ``client``
+    (Unsupported without one).
     """
 
     __slots__ = ("job_id", "key", "body", "attempt", "queue", "lease", "db", "session", "note", "fraction",
@@ -147,11 +135,10 @@ class Context:
         self._report()
 
     def _report(self) -> None:
-        report = getattr(self.client, "progress", None)
-        if report is None:
-            return
+        if self.client is None:
+            return  # logged above: no client keeps progress here (process mode, SQS)
         try:
-            report(self.lease, self.fraction, self.note)
+            self.client.progress(self.lease, self.fraction, self.note)
         except ShardqError as exc:
             log.warning("job %s: progress not recorded: %s: %s", self.job_id, type(exc).__name__, exc)
 
@@ -169,10 +156,13 @@ class Context:
             raise ValueError(f"ctx.report: unknown op {op!r}; one of {sorted(REPORT_OPS)}")
         if self.reports is not None:
             self.reports.append(Report(op, args))
+        elif self.client is None:
+            raise Unsupported(f"ctx.report({op!r}) needs a worker whose client keeps results and barriers "
+                              "(thread or asyncio mode on the local shards' service)")
         elif op == "put_result":
-            self.client.put_result(self.lease, *args)  # type: ignore[union-attr]
+            self.client.put_result(self.lease, *args)
         else:
-            self.client.arrive(*args)  # type: ignore[union-attr]
+            self.client.arrive(*args)
 
     def run_after(self) -> None:
         """Run what :meth:`after_commit` asked for (the effect has committed)."""

@@ -26,6 +26,7 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..client.contracts import Buries, JobCalls, Settles
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig
@@ -71,13 +72,13 @@ class Worker:
                 idempotency is None or idempotency.reopen_spec()
             except TypeError as exc:
                 raise InvalidConfig(f"process mode: {exc}") from None
-        service_id = getattr(queue_or_router, "service_id", None)
+        service_id = queue_or_router.service_id
         if idempotency is not None and isinstance(service_id, str):
             idempotency.bind(service_id)
         self.options, self._q, self._handler, self._store = o, queue_or_router, handler, idempotency
         self._clock = clock or SystemClock()
         self._policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
-                              rng=rng or random.Random(), can_bury=hasattr(queue_or_router, "bury"))
+                              rng=rng or random.Random(), can_bury=isinstance(queue_or_router, Buries))
         progress = Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue)
         self._core = WorkerCore(self._policy, progress, self._clock, o, lock=threading.Lock(), metrics=metrics)
         self._burst = burst_for(o.burst, o.queue)
@@ -86,8 +87,10 @@ class Worker:
         self._pool: ProcessPool | None = None
         self.stats = self._core.stats
         self._metrics = metrics
-        # The loop makes jobs' reports, pipelined, where the client can; else the runner does.
-        self._reports = hasattr(queue_or_router, "settle_many")
+        # The loop makes jobs' reports, pipelined, where the client can; else the runner does,
+        # through the calls about a job, where the client has them (else a job gets no client).
+        self._reports = isinstance(queue_or_router, Settles)
+        self._calls: JobCalls | None = queue_or_router if isinstance(queue_or_router, JobCalls) else None
 
     # ------------------------------------------------------------------ public
     def stop(self) -> None:
@@ -192,7 +195,7 @@ class Worker:
             return execute(self._handler, lease, self._store, lambda: self._core.may_commit(job),
                            lambda seconds: self._ask_extend(job, seconds),
                            max_deliveries=self._policy.max_deliveries,
-                           client=self._q,  # type: ignore[arg-type]  # the router has JobCalls' methods; the Queue protocol lacks them (issue 45, item 3)
+                           client=self._calls,
                            reports=job.reports if self._reports else None)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)

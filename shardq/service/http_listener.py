@@ -47,7 +47,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .. import limits
 from ..clock import Clock, SystemClock
@@ -281,7 +281,7 @@ class Listener:
                         self._accept()
                     elif key.fileobj is self._wake_r:
                         self._take_back()
-                    elif (c := self._held.get(key.fileobj)) is not None:  # type: ignore[call-overload]
+                    elif (c := self._held.get(cast(socket.socket, key.fileobj))) is not None:  # the rest: sockets
                         self._readable(c)  # (one closed earlier in this batch, by the cap, is skipped)
                 now = self.clock.monotonic()
                 for c in [c for c in self._held.values() if c.deadline <= now]:

@@ -47,7 +47,7 @@ class ControlHandlers:
     def _dead_page(self, args: wire.DeadPageArgs, now: float, conn: FrameConn, rid: int) -> list[wire.DeadRow]:
         queue, after, limit = args.queue, args.after, args.limit
         # (this shard's job ids are ints; the DeadLetter type also allows str ids, types.JobId)
-        return [wire.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
+        return [wire.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]  # int ids here
                 for d in self.state.dead_page(queue, after, limit)]
 
     def _purge_ids(self, args: wire.PurgeIdsArgs, now: float, conn: FrameConn, rid: int) -> int:

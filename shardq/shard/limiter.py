@@ -198,7 +198,7 @@ class Limiter:
 
     # ------------------------------------------------------------------ groups
     def group(self, key: str | None) -> str | None:
-        return None if key is None else key.partition(self.sep)[0]  # type: ignore[arg-type]
+        return None if key is None else key.partition(self.sep)[0]  # type: ignore[arg-type]  # grouped: sep set
 
     def push(self, job: Any) -> None:
         """``job`` (of this grouped queue) became READY: it joins the end of its group's

@@ -436,14 +436,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
             durable = self.committer.durable_seq  # type: ignore[union-attr]  # the loop runs: it is set
             # (each ``type: ignore`` on a lease's job_id below: this shard's ids are ints; the
             # Lease type also allows the str ids of other backends, types.JobId)
-            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable  # type: ignore[operator]
+            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable  # type: ignore[operator]  # int ids here
                                     for l in leases)
         if not leases:
             return []
         prioritized = state.queues[queue].prioritized
         row = protocol.LeaseRow
-        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,  # type: ignore[arg-type]
-                    jobs[l.job_id].priority, prioritized)  # type: ignore[index]
+        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,  # type: ignore[arg-type]  # int ids here
+                    jobs[l.job_id].priority, prioritized)  # type: ignore[index]  # int ids here
                 for l in leases]
 
     def _dequeue_wait(self, args: protocol.DequeueWaitArgs, now: float, conn: FrameConn,
@@ -568,7 +568,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidJob("dead_letters: limit must be a non-negative integer")
         # (this shard's job ids are ints; the DeadLetter type also allows str ids, types.JobId)
-        return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]
+        return [protocol.DeadRow(d.job_id, d.key, d.body, d.attempts, d.error)  # type: ignore[arg-type]  # int ids here
                 for d in self.state.dead_letters(queue, min(limit, limits.BATCH_JOBS_MAX))]
 
     def _redrive(self, args: protocol.RedriveArgs, now: float, conn: FrameConn, rid: int) -> int:

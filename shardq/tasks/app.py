@@ -43,8 +43,10 @@ from typing import (TYPE_CHECKING, Any, Concatenate, Generic,
 from collections.abc import Callable, Iterable
 
 from .. import limits
+from ..client.contracts import Results
 from ..clock import Clock, SystemClock
 from ..errors import InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
+from ..protocol import validate
 from ..types import JobId
 from . import body as taskbody
 
@@ -115,8 +117,8 @@ class Task(Generic[P, R]):
     def _queue(self) -> Queue:
         """The app's queue; Unsupported if this task keeps results and it cannot."""
         q = self.app.queue
-        if self.keep_result:
-            _results_of(q)
+        if self.keep_result and not issubclass(type(q), Results):  # isinstance, by the class: see _results_of
+            _results_of(q)  # raises
         return q
 
     def send_with(self, *, delay: float = 0, priority: int = 0,
@@ -144,9 +146,7 @@ class Task(Generic[P, R]):
 
     async def send_async(self, *args: P.args, **kwargs: P.kwargs) -> JobId:
         """``await task.send_async(...)``: enqueue through the app's asyncio client."""
-        q = await self.app.aio()
-        if self.keep_result:
-            _results_of(q)
+        q = await self.app.aio()  # the asyncio client keeps results (contracts.AsyncResults)
         return await q.enqueue(**self.job(args, kwargs))
 
     def job(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], delay: float = 0, priority: int = 0,
@@ -175,8 +175,12 @@ class Task(Generic[P, R]):
 _PENDING = object()
 
 
-def _results_of(q: Any) -> Any:
-    if not hasattr(q, "results"):
+def _results_of(q: Queue) -> Results:
+    """``q`` as a client that keeps results; Unsupported where it keeps none (SQS). On a
+    send, where it counts, ``issubclass(type(q), Results)`` asks the same of the class
+    (the methods are the class's), cached: about 0.25 us, where ``isinstance`` against a
+    protocol takes about 8 us on Python 3.11."""
+    if not isinstance(q, Results):
         raise Unsupported(f"results need the local shards' service; {type(q).__name__} keeps none "
                           "(docs/workflows.md)")
     return q
@@ -332,7 +336,7 @@ class App:
         """What the service says of one job's outcome: ``state`` (``succeeded``, or the live
         job's: ``ready``, ``delayed``, ``waiting``, ``leased``, ``dead``; or ``gone``),
         ``attempts``, ``progress``, ``note``, ``error``, ``result_bytes``, ``expires_at``."""
-        (r,) = _results_of(self.queue).results([job_id])
+        (r,) = _results_of(self.queue).results([validate.integer("job_id", job_id)])
         return {"job_id": r.job_id, "state": r.state, "attempts": r.attempts, "progress": r.fraction,
                 "note": r.note, "error": r.error, "result_bytes": None if r.value is None else len(r.value),
                 "expires_at": r.expires_at}
@@ -343,10 +347,11 @@ class App:
         ``timeout`` seconds, NotFound if its result is gone (not kept, or expired)."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
         q = _results_of(self.queue)
+        ids = [validate.integer("job_id", job_id)]  # the local shards' ids (as the client checks them)
         deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            (r,) = q.results([job_id])
+            (r,) = q.results(ids)
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
@@ -356,11 +361,12 @@ class App:
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
         """As :meth:`result`, with this loop's asyncio client."""
         from .workflow import POLL_FIRST_S, _next_wait, unpack
-        q = _results_of(await self.aio())
+        q = await self.aio()  # the asyncio client keeps results (contracts.AsyncResults)
+        ids = [validate.integer("job_id", job_id)]  # the local shards' ids (as the client checks them)
         deadline = None if timeout is None else self.clock.monotonic() + timeout
         wait = POLL_FIRST_S
         while True:
-            (r,) = await q.results([job_id])
+            (r,) = await q.results(ids)
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value

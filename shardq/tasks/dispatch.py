@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import Fail, Retry
+from ..client.contracts import JobCalls
 from ..consumer.handling import Context, error_text
 from .body import BadBody, Steps, decode, decode_steps
 from .app import App, Task
@@ -174,7 +175,9 @@ class TaskHandler:
         (one member, counted once), which enqueues it with the input."""
         spawns, ttl_s = args
         client = _client(ctx)
-        barrier, shard, mode = steps.inputs or (None, None, None)
+        if steps.inputs is None:  # the builder always sets them: a body made by hand
+            raise Fail(f"job {ctx.job_id}: a fan-out body without its inputs (the barrier it reads)")
+        barrier, shard, mode = steps.inputs
         values = client.barrier_values(shard, barrier)
         data = values[0] if mode == "one" else pack([unpack(v) for v in values])
         for member_shard, member_barrier, item in spawns:
@@ -189,9 +192,10 @@ class TaskHandler:
             return None
 
 
-def _client(ctx: Context) -> Any:
+def _client(ctx: Context) -> JobCalls:
+    """The job's client for calls about itself; Fail where the worker gives it none."""
     client = ctx.client
-    if client is None or not hasattr(client, "arrive"):
+    if client is None:
         raise Fail("this job keeps its result or is a workflow step: that needs a worker in thread or asyncio "
                    "mode (not process mode) on the local shards' service (the SQS backend keeps no results)")
     return client

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 from collections.abc import Callable
 
+from ..client.queue import Queue
 from ..consumer.options import WorkerOptions
 from ..errors import InvalidConfig, ShardqError
 from .dispatch import TaskHandler, load_tasks
@@ -71,7 +72,7 @@ def _toml_key(name: str) -> str:
 class TaskWorkers:
     """The workers of one ``shardq worker MODULE...`` process."""
 
-    def __init__(self, modules: list[str], router: Any, target: str, queues: list[str] | None,
+    def __init__(self, modules: list[str], router: Queue, target: str, queues: list[str] | None,
                  options: WorkerOptions, idempotency_path: str | None = None, store: Any = None,
                  metrics: Any = None):
         """``options``: every worker's (its ``queue`` aside); ``burst`` True: one
@@ -86,7 +87,7 @@ class TaskWorkers:
 
     def build(self) -> None:
         from ..consumer.worker import Worker
-        for warning in check_retries(self.tasks, getattr(self.router, "queue_config", lambda q: {})):
+        for warning in check_retries(self.tasks, self.router.queue_config):
             log.warning("%s", warning)
         from ..consumer.policy import Burst
         o = self.options

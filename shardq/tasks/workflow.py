@@ -34,14 +34,15 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 from collections.abc import Callable, Generator, Iterable
 
 import msgpack
 
 from .. import limits
 from ..clock import Clock, SystemClock
-from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, WorkflowCancelled
+from ..client.contracts import AsyncResults, Results
+from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, Unsupported, WorkflowCancelled
 from . import body as taskbody
 from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Barriers, Verdict, status_rows, step_jobs, verdict,
                       watched)
@@ -55,6 +56,14 @@ SPEC_FORMAT = 1
 RECORD_KEPT_S = limits.WORKFLOW_RESULT_S_DEFAULT
 
 log = logging.getLogger("shardq.workflow")
+
+#: The client calls a reading generator yields, by name: methods of
+#: :class:`~shardq.client.contracts.Results` and of its asyncio twin, which ``_drive`` and
+#: ``_adrive`` call by that name (tests/tasks/test_task_contracts.py checks they are).
+ReadCall: TypeAlias = Literal["barriers", "results", "end_workflow", "workflow"]
+_T = TypeVar("_T")
+#: A reading: yields ``(call, args)``, is sent the reply, returns ``_T``.
+Reading: TypeAlias = Generator[tuple[ReadCall, tuple[Any, ...]], Any, _T]
 
 #: Result polling: the first wait, and the longest one between two looks.
 POLL_FIRST_S = 0.005
@@ -418,9 +427,8 @@ class Workflow:
 
     @classmethod
     def start(cls, app: App, top: Chain) -> Workflow:
-        q: Any = app.queue  # the local shards' router: route, arrive, barriers (checked below)
-        if not hasattr(q, "arrive"):
-            from ..errors import Unsupported
+        q = app.queue
+        if not isinstance(q, Results):
             raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no results "
                               "or barriers (docs/workflows.md)")
         wf_id = uuid.uuid4().hex[:20]
@@ -446,14 +454,18 @@ class Workflow:
         return wf
 
     @classmethod
-    def load(cls, source: Any, wf_id: str) -> Workflow:
+    def load(cls, source: App | Results, wf_id: str) -> Workflow:
         """The workflow ``wf_id`` as its record says, from any process: ``source`` is an
-        :class:`~shardq.tasks.app.App` or a router of the local shards. NotFound if no
-        record of it is kept (never sent from a version that keeps them, or ended and
-        expired)."""
-        q = source.queue if hasattr(source, "tasks") else source
+        :class:`~shardq.tasks.app.App` or a client with the results and workflow calls
+        (:class:`~shardq.client.contracts.Results`: a router of the local shards). NotFound
+        if no record of it is kept (never sent from a version that keeps them, or ended and
+        expired); Unsupported for an app whose queue keeps none."""
+        app = None if isinstance(source, Results) else source
+        q = source if app is None else app.queue
+        if not isinstance(q, Results):
+            raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no "
+                              "workflow records (docs/workflows.md)")
         steps, barriers, finals, first_ids, single = from_spec(q.workflow(wf_id)["spec"])
-        app = source if hasattr(source, "tasks") else None
         return cls(app, wf_id, steps, barriers, finals, first_ids, single, queue=None if app else q)
 
     def outcome(self) -> tuple[str, str | None] | None:
@@ -480,7 +492,7 @@ class Workflow:
         bid = f"{self.id}.cancel"
         return zlib.crc32(bid.encode()) % shards, bid
 
-    def _judge(self, shards: int, every: bool) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[Any, ...]]:
+    def _judge(self, shards: int, every: bool) -> Reading[tuple[Any, ...]]:
         """One look: each step's job, the results read (``every``: every step's, as sizes;
         else those ``result()`` watches, with values), the barriers, and the
         :class:`Verdict`. A step that reads as gone before it reported is confirmed by a
@@ -497,7 +509,7 @@ class Workflow:
             v = verdict(self.steps, jobs, results, again, self.finals, cancelled)
         return jobs, results, barriers, v
 
-    def _answer(self, v: Verdict) -> Generator[tuple[str, tuple[Any, ...]], Any, Any]:
+    def _answer(self, v: Verdict) -> Reading[Any]:
         """What ``result()`` says of an ended workflow: its value, or the error it raises.
         An end the jobs cannot tell apart (a cancel from a dead step purged, a cancel from a
         result gone) is told by the workflow's record, ended here as cancelled unless it
@@ -527,7 +539,7 @@ class Workflow:
         raise WorkflowCancelled(f"workflow {self.id} cancelled: {v.why}", workflow_id=self.id, step=step,
                                 task=task, job_id=v.job_id)
 
-    def _poll(self, shards: int) -> Generator[tuple[str, tuple[Any, ...]], Any, tuple[bool, Any]]:
+    def _poll(self, shards: int) -> Reading[tuple[bool, Any]]:
         """One look for ``result()``: ``(True, value)`` once it ended (or the error raised),
         ``(False, None)`` while it runs."""
         *_, v = yield from self._judge(shards, every=False)
@@ -622,7 +634,7 @@ class Workflow:
             return state  # sent without a record (its put failed, or an older version sent it)
 
 
-def _drive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
+def _drive(q: Results, gen: Reading[Any]) -> Any:
     """Run a reading generator with the threaded client ``q``: each call it yields is
     made, and its reply (or its ShardqError) sent back; returns what it returns."""
     reply: Any = None
@@ -638,7 +650,7 @@ def _drive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any
             reply, error = None, exc
 
 
-async def _adrive(q: Any, gen: Generator[tuple[str, tuple[Any, ...]], Any, Any]) -> Any:
+async def _adrive(q: AsyncResults, gen: Reading[Any]) -> Any:
     """As :func:`_drive`, with the asyncio client."""
     reply: Any = None
     error: ShardqError | None = None

@@ -51,6 +51,8 @@ def test_refused_features_say_so_on_the_command_line(target, capsys):
     t, _ = target
     assert main(["enqueue", "x", "--delay", "5", "--connect", t]) == exits.USAGE
     assert "error: Unsupported: per-job delay" in capsys.readouterr().err
+    assert main(["workflow", "show", "wf1", "--connect", t]) == exits.USAGE  # no Results contract
+    assert "error: Unsupported: SqsQueue keeps no workflow records" in capsys.readouterr().err
 
 
 def test_ack_and_dead_letters_commands_with_connect_sqs(target, capsys):

@@ -11,8 +11,11 @@ per key). Thread-safe. Every call is recorded in ``calls`` for assertions.
 how a test stands in for "redelivered after it was processed" (a crash between the commit
 and the ack) without a crash.
 
-:class:`BuryingQueue` adds ``bury`` as a shard has it; :class:`AsyncFacade` is the asyncio
-client's API over one FakeQueue, for the asyncio runner.
+:class:`BuryingQueue` adds ``bury`` as a shard has it; :class:`PlainQueue` takes away what
+SQS lacks; :class:`AsyncFacade` is the asyncio
+client's API over one FakeQueue, for the asyncio runner. Which declared contracts
+(shardq/client/contracts.py) each one offers, and so which path a worker takes on it, is
+in the table of tests/client/test_contracts.py.
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ class FakeJob:
 
 
 class FakeQueue:
+    service_id: str | None = None  # no service: an idempotency store is not bound
+
     def __init__(self, clock, visibility_timeout: float = 30.0, max_deliveries: int = 5):
         self.clock = clock
         self.visibility_timeout = visibility_timeout
@@ -57,6 +62,7 @@ class FakeQueue:
         self.max_leased = 0                    # most leases live at one time
         self.refuse_reports: str | None = None  # set: every report is refused with this text
         self.reported: list[tuple] = []        # (job_id, Report) of each report that landed
+        self.progressed: list[tuple] = []      # (job_id, fraction, note) of each ctx.progress
         self._next_id = 1
         self._next_token = 1
         self._cond = threading.Condition()
@@ -130,6 +136,13 @@ class FakeQueue:
 
     def put_result(self, *args) -> None:
         raise AssertionError("the worker collects reports: it never calls put_result itself")
+
+    def progress(self, lease: Lease, fraction: float | None, note: str | None) -> None:
+        with self._cond:
+            self.progressed.append((lease.job_id, fraction, note))
+
+    def barrier_values(self, shard: int, barrier: str) -> list[bytes]:
+        raise AssertionError("no workflow here: no step reads a barrier's values")
 
     def dequeue(self, queue: str, wait: float = 1.0) -> Lease | None:
         out = self.dequeue_many(queue, max_jobs=1, wait=wait)
@@ -283,6 +296,14 @@ class BuryingQueue(FakeQueue):
             job.token = 0
             self._kill(job)
             self._cond.notify_all()
+
+
+class PlainQueue(BuryingQueue):
+    """BuryingQueue with the Queue protocol's calls only, as SQS has them: no calls about a
+    job (results, progress, barriers) and no ``settle_many`` (a method set to None is
+    absent to ``isinstance`` against a protocol)."""
+
+    settle_many = arrive = put_result = progress = barrier_values = None
 
 
 class AsyncFacade:
