@@ -161,6 +161,13 @@ class MessageActions:
         that far, a crash, this one's body goes there). Whatever the order the two writes
         reach the disk in, a crash between them leaves at most a duplicate, never an answered
         send with nothing behind it."""
+        if len(prepared) == 1 and prepared[0].get("queue_dedup") is None:
+            # one job and no claim: the router's enqueue, a lone call sent and answered in
+            # this thread as a native enqueue is; enqueue_many takes the general path (its
+            # reply read after a hand-off), about 0.1 ms more for a lone SendMessage
+            job = prepared[0]["job"]
+            return [self.router.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
+                                        dedup_id=job["dedup_id"])]
         jobs = [dict(prep["job"], queue=name) for prep in prepared]
         window = self._dedup_window(name) if any(prep.get("queue_dedup") for prep in prepared) else 0.0
         claims = [(i, Claim("d", f"{name}\n{prep['queue_dedup']}", prep["job"]["key"], window))
