@@ -11,6 +11,8 @@ from shardq.config import SqsApiConfig
 from shardq.sqs_api import attributes
 from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
+from shardq.sqs_api.messages import WAITED_S
+from shardq.types import Lease
 
 HOST = "127.0.0.1:9324"
 
@@ -20,9 +22,10 @@ class SpyRouter:
 
     service_id = "spy"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.next_id = 100
+        self.clock, self.takes_s = clock, 0.0
 
     def queue_config(self, name: str) -> dict[str, Any]:
         return {}
@@ -32,6 +35,15 @@ class SpyRouter:
         self.calls.append(("enqueue", queue, key, delay, dedup_id))
         self.next_id += 1
         return self.next_id
+
+    def dequeue_many(self, queue: str, max_jobs: int = 100, wait: float = 0.0,
+                     visibility: float | None = None) -> list[Lease]:
+        self.calls.append(("dequeue_many", queue, max_jobs))
+        self.clock.advance(self.takes_s)  # how long the shard took to answer (a wait)
+        return [Lease(i, None, f"m{i}".encode(), queue, 1, 7, 0.0) for i in range(max_jobs)]
+
+    def nack(self, lease: Lease, delay: float = 0.0, error: str | None = None, *, delivered: bool = True) -> None:
+        self.calls.append(("nack", lease.job_id, delivered))
 
     def enqueue_many(self, jobs: list[dict[str, Any]], queue: str | None = None) -> list[int]:
         self.calls.append(("enqueue_many", len(jobs)))
@@ -46,7 +58,7 @@ def api(tmp_path):
     catalog.create("plain", attributes.defaults(False), {}, {})
     group_scoped = dict(attributes.defaults(True), DeduplicationScope="messageGroup")
     catalog.create("grouped.fifo", group_scoped, {}, {})
-    spy = SpyRouter()
+    spy = SpyRouter(clock)
     sqs = SqsApi(spy, catalog, SqsApiConfig(), clock)  # type: ignore[arg-type]
     yield sqs, spy
     sqs.close()
@@ -68,3 +80,23 @@ def test_a_lone_send_is_the_routers_enqueue_and_a_batch_one_enqueue_many(api):
     out = sqs.send_message_batch({"QueueUrl": f"http://{HOST}/000000000000/plain", "Entries": [
         {"Id": "a", "MessageBody": "x"}, {"Id": "b", "MessageBody": "y"}]}, HOST)
     assert spy.calls == [("enqueue_many", 2)] and [e["Id"] for e in out["Successful"]] == ["a", "b"]
+
+
+def test_a_receive_looks_at_its_client_only_after_a_dequeue_that_waited(api):
+    """A receive whose dequeue came back at once hands its messages out without looking at
+    the connection (its client sent the request a moment ago); one whose dequeue waited
+    (WAITED_S or more) looks, and hands back what it got when the client has gone."""
+    sqs, spy = api
+    looked: list[bool] = []
+
+    def gone() -> bool:
+        looked.append(True)
+        return True
+    sqs.caller.gone = gone
+    params = {"QueueUrl": f"http://{HOST}/000000000000/plain", "MaxNumberOfMessages": 2, "WaitTimeSeconds": 20}
+    got = sqs.receive_message(dict(params), HOST)
+    assert [m["Body"] for m in got["Messages"]] == ["m0", "m1"] and not looked
+    spy.calls.clear()
+    spy.takes_s = WAITED_S
+    assert sqs.receive_message(dict(params), HOST) == {} and looked == [True]
+    assert spy.calls == [("dequeue_many", "plain", 2), ("nack", 0, False), ("nack", 1, False)]  # not deliveries
