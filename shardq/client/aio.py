@@ -32,8 +32,9 @@ from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
-                     Status, Submit, Wake, call, deliver, place)
+from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
+                      Status, Submit, Wake, call, deliver)
+from .engine import Calls, place
 from .routing import job_item, lease_shard, leases_of, placed_owner
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         return (conn, *conn.request(op, args, retry_s))
 
     async def _learn_owner(self, queue: str, ask: int) -> int | None:
-        """Do an :class:`~.engine.Owner`: calls that meet an unknown queue at once share one
+        """Do an :class:`~.effects.Owner`: calls that meet an unknown queue at once share one
         question."""
         asking = self._asking.get(queue)
         if asking is None:
@@ -142,7 +143,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         return self._owners.setdefault(queue, placed_owner(cfg))
 
     async def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Wake`."""
+        """Do a :class:`~shardq.client.effects.Wake`."""
         _, _, handles, deadline, settled = effect
         futs = [h[2] for h in handles if h is not None]
         if sum(f.done() for f in futs) <= settled:
@@ -152,7 +153,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     @staticmethod
     async def _collect(effect: Collect) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Collect`."""
+        """Do a :class:`~shardq.client.effects.Collect`."""
         if effect.timeout_s is not None:
             await asyncio.wait([h[2] for h in effect.handles], timeout=effect.timeout_s)
         else:
@@ -167,7 +168,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     @staticmethod
     def _abandon(effect: Abandon) -> list[Any]:
-        """Do an :class:`~shardq.client.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        """Do an :class:`~shardq.client.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         for h in effect.handles:
             # (cancelled: its caller's cancellation reached the future it awaited)
             if h is not None and (not h[2].done() or h[2].cancelled()):
@@ -261,7 +262,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
 
 def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | None) -> Any:
-    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    """What a waiting call was answered: :data:`~.effects.OPEN`, its value or its error."""
     if handle is None or not handle[2].done():
         return OPEN
     fut = handle[2]

@@ -24,7 +24,7 @@ waiter being whatever the executor handed in (a threaded future, an asyncio futu
   queue never fails another's job.
 * **A break** (:meth:`Channel.broken`). A request made with ``report`` (every call the
   engine makes) fails with :class:`~.core.ConnectionLost`, saying whether it was written:
-  what is sent again is the engine's decision (:func:`~.engine.deliver`). A merged request,
+  what is sent again is the engine's decision (:func:`~.effects.deliver`). A merged request,
   which only the connection knows, is decided here by the same table
   (:func:`~.core.after_break`): re-queued in order, with its session, or failed. With
   ``hold`` (the asyncio connection, which reconnects by itself) requests not yet written

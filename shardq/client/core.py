@@ -100,7 +100,7 @@ def unreachable(shard: int, address: str, err: BaseException, who: str) -> Shard
 # ---------------------------------------------------------------------- the retry table
 class ConnectionLost(Exception):
     """The connection broke before the reply came: what a driver reports for a call of a
-    :func:`~.engine.transmit` (the engine then re-sends, or raises ShardUnavailable /
+    :func:`~.effects.transmit` (the engine then re-sends, or raises ShardUnavailable /
     OutcomeUnknown: :func:`after_break`). ``sent``: the request had been written to the
     socket, so the shard may have applied it."""
 

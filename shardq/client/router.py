@@ -24,8 +24,9 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (OPEN, Abandon, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
-                     Submit, SyncExecutor, Wake, deliver, place)
+from .effects import (OPEN, Abandon, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status, Submit,
+                      SyncExecutor, Wake, deliver)
+from .engine import Calls, place
 from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
 # Routing lives in .routing; these names are imported from here too (tests, tools).
 from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
@@ -131,12 +132,12 @@ class Router(Calls, SyncExecutor):
 
     def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
                    retry_s: float | None = None, errors: bool = False) -> list[Any]:
-        """A :class:`~.engine.Send`, done by the engine's :func:`~.engine.deliver`."""
+        """A :class:`~.effects.Send`, done by the engine's :func:`~.effects.deliver`."""
         deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
         return self._drive(deliver(self, calls, deadline, timeout, errors))
 
     def _submit(self, effect: Submit) -> list[Future | BaseException]:
-        """Do a :class:`~.engine.Submit`: the first call to a shard is sent as :meth:`_send`
+        """Do a :class:`~.effects.Submit`: the first call to a shard is sent as :meth:`_send`
         does (connecting first; its error stands in its place); the later ones only on the
         connection it went on (``on=``), so one that finds it gone fails unsent, and the
         engine sends it again after the calls before it."""
@@ -157,7 +158,7 @@ class Router(Calls, SyncExecutor):
         return futs
 
     def _collect(self, effect: Collect) -> list[Any]:
-        """Do a :class:`~.engine.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
+        """Do a :class:`~.effects.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
         calls, handles, timeout = effect
         end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
         for (s, _, _), f in zip(calls, handles):
@@ -219,7 +220,7 @@ class Router(Calls, SyncExecutor):
             raise err
 
     def _park(self, calls: list[Call]) -> tuple[threading.Event, list[Future | None]]:
-        """Do a :class:`~.engine.Park`; the token is the event the replies set."""
+        """Do a :class:`~.effects.Park`; the token is the event the replies set."""
         event = threading.Event()
         handles: list[Future | None] = []
         for shard, op, args in calls:
@@ -233,7 +234,7 @@ class Router(Calls, SyncExecutor):
         return event, handles
 
     def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~.engine.Wake`: read the sockets in this thread (:func:`lead_any`),
+        """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`lead_any`),
         or, while another thread reads one, wait to be woken."""
         event, calls, handles, deadline, settled = effect
         futs = [f for f in handles if f is not None]
@@ -248,7 +249,7 @@ class Router(Calls, SyncExecutor):
                 event.wait(deadline - self._mono())
 
     def _abandon(self, effect: Abandon) -> list[Any]:
-        """Do an :class:`~.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         _, calls, handles = effect
         out = []
         for (shard, op, _), fut in zip(calls, handles):
@@ -304,7 +305,7 @@ class Router(Calls, SyncExecutor):
 
 
 def _outcome(fut: Future | BaseException | None) -> Any:
-    """What a call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    """What a call was answered: :data:`~.effects.OPEN`, its value or its error."""
     if isinstance(fut, BaseException):
         return fut
     if fut is None or not fut.done:

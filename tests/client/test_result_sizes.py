@@ -10,7 +10,7 @@ import pytest
 
 import shardq
 from shardq import limits
-from shardq.client.engine import Submit
+from shardq.client.effects import Submit
 from shardq.client.routing import job_shard, shard_for_key
 from support.service import Service
 

@@ -17,7 +17,7 @@ import pytest
 
 import shardq
 from support.service import Service, restarted, wait_until
-from shardq.client.engine import Abandon
+from shardq.client.effects import Abandon
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
 from shardq.protocol.sockio import connect_unix
