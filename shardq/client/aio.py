@@ -26,16 +26,16 @@ from collections.abc import AsyncIterator, Coroutine
 from .. import limits
 from ..datadir import DataDir
 from ..errors import Closed, ShardqError, ShardUnavailable
-from ..protocol import status_file, validate
+from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
-                      Status, Submit, Wake, call, deliver)
-from .engine import Calls, place
-from .routing import job_item, lease_shard, leases_of, placed_owner
+from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Effect, Owner, Park, Send, Sleep, Submit, Wake, call,
+                      deliver)
+from .engine import Calls, learn_owner, place
+from .routing import job_item, lease_shard
 
 if TYPE_CHECKING:
     from .contracts import AsyncQueue as AsyncQueueContract
@@ -77,6 +77,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s, self.request_timeout_s,
                                 self._release_rows) for i, path in enumerate(self._sockets)]
+        self._chans = [c.chan for c in self.conns]
         deadline = self.loop.time() + min(self.retry_s, 2.0)
         for r in await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True):
             if isinstance(r, BaseException) and not isinstance(r, ShardUnavailable):
@@ -86,12 +87,6 @@ class AsyncQueue(Calls, AsyncExecutor):
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
         return self.loop.time()
-
-    def _session(self, shard: int) -> list[int]:
-        return self.conns[shard].chan.sessions.open()
-
-    def _done(self, shard: int, session: list[int]) -> None:
-        self.conns[shard].chan.sessions.close(session)
 
     async def _effect(self, effect: Effect) -> Any:
         if type(effect) is Send:
@@ -109,16 +104,10 @@ class AsyncQueue(Calls, AsyncExecutor):
                           for s, op, args in effect.calls]
         if type(effect) is Abandon:
             return self._abandon(effect)
-        if type(effect) is Release:
-            return self._release_leases(effect.leases)
         if type(effect) is Sleep:
             return await asyncio.sleep(effect.seconds)
         if type(effect) is Owner:
             return await self._learn_owner(effect.queue, effect.ask)
-        if type(effect) is Status:
-            return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
-        if type(effect) is Settled:
-            return self._settled(effect.leases)
         raise TypeError(f"not an effect: {effect!r}")
 
     def _request(self, shard: int, op: str, args: list[Any],
@@ -133,14 +122,12 @@ class AsyncQueue(Calls, AsyncExecutor):
         question."""
         asking = self._asking.get(queue)
         if asking is None:
-            asking = self._asking[queue] = asyncio.ensure_future(self._drive(call(ask, "queue_config", [queue])))
+            asking = self._asking[queue] = asyncio.ensure_future(self._drive(learn_owner(self, queue, ask)))
         try:
-            cfg = await asyncio.shield(asking)
+            return await asyncio.shield(asking)
         finally:
             if asking.done() and self._asking.get(queue) is asking:
                 del self._asking[queue]
-        self._queue_cfg.setdefault(queue, cfg)
-        return self._owners.setdefault(queue, placed_owner(cfg))
 
     async def _wake(self, effect: Wake) -> list[Any]:
         """Do a :class:`~shardq.client.effects.Wake`."""
@@ -223,11 +210,7 @@ class AsyncQueue(Calls, AsyncExecutor):
             for lease in leases:
                 c.settled(lease)
 
-    def _release_rows(self, rows: list[Any]) -> None:
-        self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
-
-    def _release_leases(self, leases: list[Lease]) -> None:
-        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
+    def _release(self, leases: list[Lease]) -> None:
         for lease in leases:
             self.spawn(self._release_one(lease))
 

@@ -11,8 +11,10 @@ them; its return value is what the caller gets:
   call's place, otherwise the first one is thrown into the operation.
 * :class:`Owner` -- the shard of all jobs of a queue placed because it declares limits
   (docs/limits.md), asked once per client (the executor shares the question).
-* :class:`Settled` -- these leases are settled through this client (``consume`` counts them).
-* :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
+* :class:`Sleep` -- wait (a back-off while shards are down).
+
+What does not wait (release leases, note settled ones, open a session, read the clock) is
+no effect: the operation calls its client's method (:class:`~.engine.Calls`).
 
 A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after a broken
 connection, written once; it sends each call once (:func:`transmit`: the effects
@@ -25,7 +27,6 @@ from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..errors import ShardUnavailable
-from ..types import Lease
 from .core import Call, ConnectionLost, after_break
 from .routing import leases_of
 
@@ -53,25 +54,9 @@ class Owner(NamedTuple):
     ask: int
 
 
-class Settled(NamedTuple):
-    """``leases`` are settled (acked, nacked, buried) through this client."""
-    leases: list[Lease]
-
-
-class Status(NamedTuple):
-    """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place."""
-    shards: list[dict[str, Any]]
-
-
 class Sleep(NamedTuple):
     """Wait ``seconds`` (a back-off while shards are down)."""
     seconds: float
-
-
-class Release(NamedTuple):
-    """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
-    for the replies: one that cannot be sent expires by itself."""
-    leases: list[Lease]
 
 
 class Park(NamedTuple):
@@ -123,7 +108,7 @@ class Collect(NamedTuple):
     timeout_s: float | None
 
 
-Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Submit | Collect
+Effect = Send | Owner | Sleep | Park | Wake | Abandon | Submit | Collect
 Op = Generator[Effect, Any, T]
 
 
@@ -221,7 +206,7 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
         taken = [lease for (_, op, args), a in zip(calls, got) if op == "dequeue_wait" and type(a) is list
                  for _, lease in leases_of(args[0], a)]
         if taken:
-            yield Release(taken)
+            c._release(taken)
         raise
     got = yield Abandon(token, calls, handles)
     return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]

@@ -28,14 +28,15 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .. import limits
 from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
-from ..protocol import validate
+from ..datadir import DataDir
+from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
+from .channel import Channel
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
-from .effects import (AsyncExecutor, Op, Owner, Release, Send, Settled, Sleep, Status, SyncExecutor, call, call_all,
-                      wait_any)
-from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, listed,
+from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
+from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
 
 log = logging.getLogger("shardq.router")
@@ -91,6 +92,8 @@ class Calls:
 
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
     _idle: set[str]         # queues whose last dequeue of this client got nothing
+    _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
+    data_dir: str
 
     def _init_calls(self, shards: int, retry_s: float) -> None:
         """The table's state, set by each executor's constructor."""
@@ -103,13 +106,33 @@ class Calls:
         """The executor's monotonic clock (seconds)."""
         raise NotImplementedError
 
+    # What does not wait is done by these methods, called by the operations themselves;
+    # what waits is an effect (:mod:`.effects`).
     def _session(self, shard: int) -> list[int]:
         """Open an enqueue session of ``shard`` (:class:`~.core.Sessions`)."""
-        raise NotImplementedError
+        return self._chans[shard].sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
         """Close ``session``: its enqueue's outcome is known."""
+        self._chans[shard].sessions.close(session)
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
+        for the replies: one that cannot be sent expires by itself."""
         raise NotImplementedError
+
+    def _release_rows(self, rows: list[Any]) -> None:
+        """:meth:`_release` the leases of wire rows nobody takes (an orphaned reply's)."""
+        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
+
+    def _settled(self, leases: list[Lease]) -> None:
+        """``leases`` are settled (acked, nacked, buried) through this client (``consume``
+        counts them)."""
+
+    def _add_status(self, shards: list[dict[str, Any]]) -> None:
+        """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place:
+        from the status file of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
+        status_file.add_to(shards, DataDir(self.data_dir).run_dir)
 
     def _placed(self, queue: str, key: str | None, priority: int) -> int | None:
         """:func:`place`'s answer on the hot path, when nothing must be asked first (None:
@@ -177,7 +200,7 @@ class Calls:
         try:
             yield from call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
         finally:
-            yield Settled([lease])
+            self._settled([lease])
 
     @operation
     def bury(self, lease: Lease, error: str | None = None) -> Op[None]:
@@ -187,7 +210,7 @@ class Calls:
         try:
             yield from call(shard, "bury", [lease.job_id, lease.token, error])
         finally:
-            yield Settled([lease])
+            self._settled([lease])
 
     @operation
     def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
@@ -203,7 +226,7 @@ class Calls:
         try:
             replies = (yield Send(calls)) if calls else []
         finally:
-            yield Settled(leases)
+            self._settled(leases)
         return ack_many_outcome(len(leases), indexes, replies)
 
     # ---------------------------------------------------------------- admin
@@ -262,7 +285,7 @@ class Calls:
             else:
                 shards.append(dict(r[0], available=True))
         queues = queue_totals(shards)
-        yield Status(shards)
+        self._add_status(shards)
         return {"shards": shards, "queues": queues}
 
     @operation
@@ -500,6 +523,14 @@ def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
     return shard if owner is None else owner
 
 
+def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:
+    """What an :class:`~.effects.Owner` asks: ``queue``'s config, of shard ``ask``, kept
+    with its owner shard (None: not placed)."""
+    cfg = yield from call(ask, "queue_config", [queue])
+    c._queue_cfg.setdefault(queue, cfg)
+    return c._owners.setdefault(queue, placed_owner(cfg))
+
+
 def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
     """Tell every shard that ``queues`` use priorities, before the first enqueue of a
     priority other than 0 to them, so that once it returns a lease from any shard says
@@ -578,7 +609,7 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     except BaseException:
         taken = rnd.abandon()
         if taken:
-            yield Release(taken)
+            c._release(taken)
         raise
     finally:
         if rnd.uses_priorities:
@@ -603,7 +634,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
     if uses_priorities:
         c._prioritized.add(queue)  # from now on, leases compare the shards
     if release:
-        yield Release(release)
+        c._release(release)
     if error is not None:
         raise error
     return keep
@@ -651,7 +682,7 @@ def _settle_many(c: Calls, acks: Iterable[Lease], reports: list[tuple[Lease, Any
         got = (yield Send(ack_calls + calls, errors=True)) if ack_calls or calls else []
     finally:
         if acks:
-            yield Settled(acks)
+            c._settled(acks)
     return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):], answers)
 
 

@@ -15,23 +15,19 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from ..protocol import status_file
 from .connection import SHARED, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .effects import (OPEN, Abandon, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status, Submit,
-                      SyncExecutor, Wake, deliver)
-from .engine import Calls, place
+from .effects import OPEN, Abandon, Collect, Effect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
+from .engine import Calls, learn_owner, place
 from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
-# Routing lives in .routing; these names are imported from here too (tests, tools).
-from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
-                      batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
-                      purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job, split_by_shard)
+from .routing import job_item, lease_shard
+from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
 if TYPE_CHECKING:
     from .contracts import Control, Results
@@ -67,6 +63,7 @@ class Router(Calls, SyncExecutor):
         self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
+        self._chans = [c.chan for c in self.clients]
         self._init_calls(self.shards, retry_s)
         self.request_timeout_s = request_timeout_s
         self._supervisor = supervisor
@@ -86,7 +83,8 @@ class Router(Calls, SyncExecutor):
                     if not errors:
                         raise
                     return [e]  # returned in its place
-            return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
+            deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+            return self._drive(deliver(self, calls, deadline, timeout_s, errors))
         if type(effect) is Submit:
             return self._submit(effect)
         if type(effect) is Collect:
@@ -97,22 +95,10 @@ class Router(Calls, SyncExecutor):
             return self._park(effect.calls)
         if type(effect) is Abandon:
             return self._abandon(effect)
-        if type(effect) is Release:
-            return self._release(effect.leases)
         if type(effect) is Sleep:
             return time.sleep(effect.seconds)
         if type(effect) is Owner:
-            cfg = self._call(effect.ask, "queue_config", [effect.queue])
-            self._queue_cfg.setdefault(effect.queue, cfg)
-            return self._owners.setdefault(effect.queue, placed_owner(cfg))
-        if type(effect) is Status:
-            if self._supervisor is None:
-                return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
-            for sh in effect.shards:
-                sh.update(self._supervisor.process_stats(sh["shard"]))
-            return None
-        if type(effect) is Settled:
-            return None  # no consume() loop counts leases here
+            return self._drive(learn_owner(self, effect.queue, effect.ask))
         raise TypeError(f"not an effect: {effect!r}")
 
     def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
@@ -129,12 +115,6 @@ class Router(Calls, SyncExecutor):
                 return fut
             if self._mono() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
-
-    def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
-                   retry_s: float | None = None, errors: bool = False) -> list[Any]:
-        """A :class:`~.effects.Send`, done by the engine's :func:`~.effects.deliver`."""
-        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        return self._drive(deliver(self, calls, deadline, timeout, errors))
 
     def _submit(self, effect: Submit) -> list[Future | BaseException]:
         """Do a :class:`~.effects.Submit`: the first call to a shard is sent as :meth:`_send`
@@ -184,15 +164,11 @@ class Router(Calls, SyncExecutor):
         [(value, resent)] = self._drive(deliver(self, [(shard, op, args)], deadline, got=got))
         return (value, resent) if with_resent else value
 
-    def _session(self, shard: int) -> list[int]:
-        client = self.clients[shard]
-        with client._lock:
-            return client.chan.sessions.open()
-
-    def _done(self, shard: int, session: list[int]) -> None:
-        client = self.clients[shard]
-        with client._lock:
-            client.chan.sessions.close(session)
+    def _add_status(self, shards: list[dict[str, Any]]) -> None:
+        if self._supervisor is None:
+            return super()._add_status(shards)
+        for sh in shards:  # the embedded supervisor's view
+            sh.update(self._supervisor.process_stats(sh["shard"]))
 
     # ------------------------------------------------------------------ the hot calls
     def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
@@ -270,12 +246,7 @@ class Router(Calls, SyncExecutor):
         once = threading.Lock()
         return lambda f: self._release_rows(f.value) if once.acquire(False) and f.error is None and f.value else None
 
-    def _release_rows(self, rows: list[Any]) -> None:
-        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
-
     def _release(self, leases: list[Lease]) -> None:
-        """Give leases back unstarted (their delivery not counted), without waiting; one
-        that cannot be sent expires by itself."""
         for lease in leases:
             try:
                 self._send(*release_call(lease), self._mono(), lead=False)

@@ -10,7 +10,7 @@ import pytest
 
 import shardq
 from shardq import limits
-from shardq.client.effects import Submit
+from shardq.client.effects import Send, Submit
 from shardq.client.routing import job_shard, shard_for_key
 from support.service import Service
 
@@ -48,9 +48,8 @@ def test_the_threaded_router_reads_every_size_in_one_request_per_shard(kept, mon
     svc, ids, sizes, ready = kept
     with svc.connect() as q:
         sent: list[str] = []
-        many, one = q._call_many, q._call
-        monkeypatch.setattr(q, "_call_many", lambda calls, **kw: sent.extend(_ops(calls)) or many(calls, **kw))
-        monkeypatch.setattr(q, "_call", lambda shard, op, args, **kw: sent.append(op) or one(shard, op, args, **kw))
+        effect_of = q._effect  # each Send's calls (a lone one, or those deliver transmits)
+        monkeypatch.setattr(q, "_effect", lambda e: (type(e) is Send and sent.extend(_ops(e.calls))) or effect_of(e))
         got = q.results(ids + [ready], sizes=True)
         assert [r.value_bytes for r in got[:-1]] == [sizes[j] for j in ids]
         assert {r.state for r in got[:-1]} == {"succeeded"} and got[-1].state == "ready"
