@@ -32,7 +32,7 @@ from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Effect, Owner, Park, Send, Sleep, Submit, Wake, call,
+from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Owner, Park, Send, Sleep, Submit, Wake, call,
                       deliver)
 from .engine import Calls, learn_owner, place
 from .routing import job_item, lease_shard
@@ -62,6 +62,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         dd = DataDir(data_dir)
         self.data_dir, self.service_id, self.request_timeout_s = dd.path, dd.service_id(), request_timeout_s
         self._init_calls(dd.shards(), retry_s)
+        self._bind_effects()
         self._key = dd.authkey()
         self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
@@ -88,27 +89,21 @@ class AsyncQueue(Calls, AsyncExecutor):
     def _now(self) -> float:
         return self.loop.time()
 
-    async def _effect(self, effect: Effect) -> Any:
-        if type(effect) is Send:
-            calls, retry_s, timeout_s, errors = effect
-            deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
-            return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
-        if type(effect) is Submit:  # (in their order per shard: one turn, one frame)
-            return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
-        if type(effect) is Collect:
-            return await self._collect(effect)
-        if type(effect) is Wake:
-            return await self._wake(effect)
-        if type(effect) is Park:  # only to the shards connected now (no wait for a reconnect)
-            return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
-                          for s, op, args in effect.calls]
-        if type(effect) is Abandon:
-            return self._abandon(effect)
-        if type(effect) is Sleep:
-            return await asyncio.sleep(effect.seconds)
-        if type(effect) is Owner:
-            return await self._learn_owner(effect.queue, effect.ask)
-        raise TypeError(f"not an effect: {effect!r}")
+    async def _do_send(self, effect: Send) -> list[Any]:
+        calls, retry_s, timeout_s, errors = effect
+        deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
+        return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
+
+    async def _submit(self, effect: Submit) -> list[Any]:  # (in their order per shard: one turn, one frame)
+        return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
+
+    async def _park(self, effect: Park) -> tuple[None, list[Any]]:  # only to the shards connected now
+        return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
+                      for s, op, args in effect.calls]
+
+    @staticmethod
+    async def _sleep(effect: Sleep) -> None:
+        await asyncio.sleep(effect.seconds)
 
     def _request(self, shard: int, op: str, args: list[Any],
                  retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
@@ -117,9 +112,10 @@ class AsyncQueue(Calls, AsyncExecutor):
         conn = self.conns[shard]
         return (conn, *conn.request(op, args, retry_s))
 
-    async def _learn_owner(self, queue: str, ask: int) -> int | None:
+    async def _learn_owner(self, effect: Owner) -> int | None:
         """Do an :class:`~.effects.Owner`: calls that meet an unknown queue at once share one
         question."""
+        queue, ask = effect
         asking = self._asking.get(queue)
         if asking is None:
             asking = self._asking[queue] = asyncio.ensure_future(self._drive(learn_owner(self, queue, ask)))
@@ -154,7 +150,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         return [(fut.exception() or fut.result()) if fut.done() else OPEN for _, _, fut in effect.handles]
 
     @staticmethod
-    def _abandon(effect: Abandon) -> list[Any]:
+    async def _abandon(effect: Abandon) -> list[Any]:
         """Do an :class:`~shardq.client.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         for h in effect.handles:
             # (cancelled: its caller's cancellation reached the future it awaited)

@@ -235,16 +235,24 @@ def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
 
 
 # ---------------------------------------------------------------------- the executors
+#: The method of an executor that does each effect: given the effect, it returns its outcome
+#: (an error is raised). Each executor binds them once (``_bind_effects``).
+HANDLERS = {Send: "_do_send", Owner: "_learn_owner", Sleep: "_sleep", Park: "_park", Wake: "_wake",
+            Abandon: "_abandon", Submit: "_submit", Collect: "_collect"}
+
+
 class SyncExecutor:
     """Runs operations to completion in the calling thread (:class:`~.router.Router`)."""
 
-    def _effect(self, effect: Effect) -> Any:
-        """Do ``effect``; its outcome (an error is raised)."""
-        raise NotImplementedError
+    _handlers: dict[type, Callable[[Any], Any]]  # effect type -> the bound method doing it
+
+    def _bind_effects(self) -> None:
+        self._handlers = {kind: getattr(self, name) for kind, name in HANDLERS.items()}
 
     def _drive(self, op: Op[T]) -> T:
         """Run one operation to its end in this thread: do what each effect it yields
         says, and send it the outcome (an error is thrown into it)."""
+        handlers = self._handlers
         outcome: Any = None
         error: BaseException | None = None
         while True:
@@ -254,7 +262,7 @@ class SyncExecutor:
                 value: T = stop.value  # the operation's return value
                 return value
             try:
-                outcome, error = self._effect(effect), None
+                outcome, error = handlers[type(effect)](effect), None
             except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
                 outcome, error = None, e
 
@@ -265,15 +273,18 @@ class SyncExecutor:
 
 
 class AsyncExecutor:
-    """Runs operations as coroutines (:class:`~.aio.AsyncQueue`)."""
+    """Runs operations as coroutines (:class:`~.aio.AsyncQueue`); its effects' methods
+    (:data:`HANDLERS`) are coroutine functions."""
 
-    async def _effect(self, effect: Effect) -> Any:
-        """Do ``effect``; its outcome (an error is raised)."""
-        raise NotImplementedError
+    _handlers: dict[type, Callable[[Any], Coroutine[Any, Any, Any]]]
+
+    def _bind_effects(self) -> None:
+        self._handlers = {kind: getattr(self, name) for kind, name in HANDLERS.items()}
 
     async def _drive(self, op: Op[T]) -> T:
         """Run one operation to its end as this coroutine, as :meth:`SyncExecutor._drive`
         does in a thread (a cancellation is thrown into it too)."""
+        handlers = self._handlers
         outcome: Any = None
         error: BaseException | None = None
         while True:
@@ -283,7 +294,7 @@ class AsyncExecutor:
                 value: T = stop.value  # the operation's return value
                 return value
             try:
-                outcome, error = await self._effect(effect), None
+                outcome, error = await handlers[type(effect)](effect), None
             except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
                 outcome, error = None, e
 

@@ -23,9 +23,9 @@ from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .effects import OPEN, Abandon, Collect, Effect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
+from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
 from .engine import Calls, learn_owner, place
-from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
+from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
@@ -65,6 +65,7 @@ class Router(Calls, SyncExecutor):
                                     self._release_rows) for i in range(self.shards)]
         self._chans = [c.chan for c in self.clients]
         self._init_calls(self.shards, retry_s)
+        self._bind_effects()
         self.request_timeout_s = request_timeout_s
         self._supervisor = supervisor
         self._closed = False
@@ -73,33 +74,24 @@ class Router(Calls, SyncExecutor):
     def _now(self) -> float:
         return self._mono()
 
-    def _effect(self, effect: Effect) -> Any:
-        if type(effect) is Send:
-            calls, retry_s, timeout_s, errors = effect
-            if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
-                try:
-                    return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
-                except Exception as e:
-                    if not errors:
-                        raise
-                    return [e]  # returned in its place
-            deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-            return self._drive(deliver(self, calls, deadline, timeout_s, errors))
-        if type(effect) is Submit:
-            return self._submit(effect)
-        if type(effect) is Collect:
-            return self._collect(effect)
-        if type(effect) is Wake:
-            return self._wake(effect)
-        if type(effect) is Park:
-            return self._park(effect.calls)
-        if type(effect) is Abandon:
-            return self._abandon(effect)
-        if type(effect) is Sleep:
-            return time.sleep(effect.seconds)
-        if type(effect) is Owner:
-            return self._drive(learn_owner(self, effect.queue, effect.ask))
-        raise TypeError(f"not an effect: {effect!r}")
+    def _do_send(self, effect: Send) -> list[Any]:
+        calls, retry_s, timeout_s, errors = effect
+        if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
+            try:
+                return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
+            except Exception as e:
+                if not errors:
+                    raise
+                return [e]  # returned in its place
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+        return self._drive(deliver(self, calls, deadline, timeout_s, errors))
+
+    def _learn_owner(self, effect: Owner) -> int | None:
+        return self._drive(learn_owner(self, effect.queue, effect.ask))
+
+    @staticmethod
+    def _sleep(effect: Sleep) -> None:
+        time.sleep(effect.seconds)
 
     def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
         """Submit one request, connecting first; one never written is submitted again here
@@ -195,11 +187,11 @@ class Router(Calls, SyncExecutor):
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
 
-    def _park(self, calls: list[Call]) -> tuple[threading.Event, list[Future | None]]:
+    def _park(self, effect: Park) -> tuple[threading.Event, list[Future | None]]:
         """Do a :class:`~.effects.Park`; the token is the event the replies set."""
         event = threading.Event()
         handles: list[Future | None] = []
-        for shard, op, args in calls:
+        for shard, op, args in effect.calls:
             try:
                 fut = self._send(shard, op, args, self._mono())
             except ShardUnavailable:

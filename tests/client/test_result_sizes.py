@@ -48,8 +48,8 @@ def test_the_threaded_router_reads_every_size_in_one_request_per_shard(kept, mon
     svc, ids, sizes, ready = kept
     with svc.connect() as q:
         sent: list[str] = []
-        effect_of = q._effect  # each Send's calls (a lone one, or those deliver transmits)
-        monkeypatch.setattr(q, "_effect", lambda e: (type(e) is Send and sent.extend(_ops(e.calls))) or effect_of(e))
+        send = q._handlers[Send]  # each Send's calls (a lone one, or those deliver transmits)
+        monkeypatch.setitem(q._handlers, Send, lambda e: sent.extend(_ops(e.calls)) or send(e))
         got = q.results(ids + [ready], sizes=True)
         assert [r.value_bytes for r in got[:-1]] == [sizes[j] for j in ids]
         assert {r.state for r in got[:-1]} == {"succeeded"} and got[-1].state == "ready"
@@ -67,13 +67,12 @@ def test_the_asyncio_client_reads_the_same_sizes(kept):
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
             sent: list[str] = []
-            effect_of = q._effect
+            submit = q._handlers[Submit]
 
-            async def counted(effect):
-                if type(effect) is Submit:  # each request, sent once
-                    sent.extend(_ops(effect.calls))
-                return await effect_of(effect)
-            q._effect = counted
+            async def counted(effect):  # each request, sent once
+                sent.extend(_ops(effect.calls))
+                return await submit(effect)
+            q._handlers[Submit] = counted
             got = await q.results(ids + [ready], sizes=True)
             return got, sent
 
