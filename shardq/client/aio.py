@@ -60,23 +60,20 @@ class AsyncQueue(Calls, AsyncExecutor):
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
-        self.data_dir, self.service_id, self.request_timeout_s = dd.path, dd.service_id(), request_timeout_s
-        self._init_calls(dd.shards(), retry_s)
+        self._init_calls(dd, retry_s, request_timeout_s)
         self._bind_effects()
         self._key = dd.authkey()
-        self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
         self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
-        self._closed = False
 
     async def _open(self) -> None:
         self.loop = asyncio.get_running_loop()
         # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
         await asyncio.to_thread(DataDir(self.data_dir).require_service)
-        self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s, self.request_timeout_s,
+        self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
                                 self._release_rows) for i, path in enumerate(self._sockets)]
         self._chans = [c.chan for c in self.conns]
         deadline = self.loop.time() + min(self.retry_s, 2.0)

@@ -231,11 +231,16 @@ class Channel:
             queue.popleft()
         return queue[0].deadline if queue else None
 
-    def abandon(self, req: Request, waiter: Any) -> None:
-        """``waiter`` stopped waiting for ``req`` (see the module doc)."""
+    def abandon(self, req: Request, waiter: Any) -> bool:
+        """``waiter`` stopped waiting for ``req`` (see the module doc). True when its reply
+        came first: the completion that settles ``waiter`` is already handed out (a
+        threaded shell resolves it outside its lock), and what it leased is the caller's to
+        take or release, as for any reply."""
+        if req.done:
+            return waiter in req.waiters
         req.waiters = [None if w is waiter else w for w in req.waiters]
-        if req.live() or req.done:
-            return
+        if req.live():
+            return False
         if not req.sent:
             if req in self.outbox:
                 self.outbox.remove(req)
@@ -250,6 +255,7 @@ class Channel:
         else:
             self.pending.pop(req.rid, None)
             self._finish(req)
+        return False
 
     def left(self, rid: int, op: str) -> None:
         """The caller of request ``rid``, which the executor wrote itself (:meth:`take_rid`),

@@ -174,18 +174,20 @@ class ShardClient:
             self._want_reader()
         return fut
 
-    def forget(self, fut: Future) -> None:
+    def forget(self, fut: Future) -> bool:
         """The caller stopped waiting for ``fut`` (timeout, cancellation, another shard's
-        answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn)."""
+        answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn). True when its
+        reply came first: ``fut`` is being settled by the thread that read it."""
         if fut.req is None:
-            return
+            return False
         with self._lock:
-            self.chan.abandon(fut.req, fut)
+            answered = self.chan.abandon(fut.req, fut)
             flush = bool(self.chan.outbox) and not self._flushing
             self._flushing = self._flushing or flush
         if flush:
             self._flush()
         self.hand_off()
+        return answered
 
     def call_solo(self, op: str, args: list[Any], timeout: float) -> Any:
         """One request on the shortest path, when this caller is alone on the connection

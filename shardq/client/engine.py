@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import os
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -93,11 +94,14 @@ class Calls:
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
     _idle: set[str]         # queues whose last dequeue of this client got nothing
     _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
-    data_dir: str
 
-    def _init_calls(self, shards: int, retry_s: float) -> None:
-        """The table's state, set by each executor's constructor."""
-        self.shards, self.retry_s = shards, retry_s
+    def _init_calls(self, dd: DataDir, retry_s: float, request_timeout_s: float) -> None:
+        """The client of the service in ``dd``, and the table's state: set by each
+        executor's constructor."""
+        self.data_dir, self.service_id, self.shards = dd.path, dd.service_id(), dd.shards()
+        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1  # its enqueue sessions' (core.Sessions)
+        self._closed = False
         self._rr = itertools.count()
         self._queue_cfg, self._owners = {}, {}
         self._prioritized, self._noted, self._idle = set(), set(), set()

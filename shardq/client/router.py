@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 
 from .connection import SHARED, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
@@ -49,10 +48,7 @@ class Router(Calls, SyncExecutor):
         # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
         dd = DataDir(data_dir)
-        self.data_dir = dd.path
-        self.shards = dd.shards()
-        self.service_id = dd.service_id()
-        key = dd.authkey()
+        self._init_calls(dd, retry_s, request_timeout_s)
         if supervisor is None:
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
@@ -60,15 +56,11 @@ class Router(Calls, SyncExecutor):
         # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
+        self.clients = [ShardClient(i, dd.socket_path(i), dd.authkey(), _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
         self._chans = [c.chan for c in self.clients]
-        self._init_calls(self.shards, retry_s)
         self._bind_effects()
-        self.request_timeout_s = request_timeout_s
         self._supervisor = supervisor
-        self._closed = False
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
@@ -219,24 +211,15 @@ class Router(Calls, SyncExecutor):
     def _abandon(self, effect: Abandon) -> list[Any]:
         """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         _, calls, handles = effect
-        out = []
-        for (shard, op, _), fut in zip(calls, handles):
-            if isinstance(fut, Future) and not fut.done:
-                if op == "dequeue_wait":  # withdrawn; what it leases anyway is released
-                    fut.callback = self._orphaned()
-                self.clients[shard].forget(fut)  # a watch is dropped
-                if fut.done and fut.callback is not None:
-                    fut.callback(fut)  # answered just before: its leases are nobody's
-                fut = None
-            out.append(_outcome(fut))
+        for (shard, _, _), fut in zip(calls, handles):
+            # answered just before: its reply is settled by the thread that read it, and
+            # goes back to the operation (which takes or releases its leases), as asyncio's
+            if isinstance(fut, Future) and not fut.done and self.clients[shard].forget(fut):
+                fut.wait(WITHDRAW_SETTLE_S)
         if effect.token is not None:  # (a wait's: its leader leaves)
             for shard, _, _ in calls:
                 self.clients[shard].hand_off()
-        return out
-
-    def _orphaned(self) -> Callable[[Future], None]:
-        once = threading.Lock()
-        return lambda f: self._release_rows(f.value) if once.acquire(False) and f.error is None and f.value else None
+        return [_outcome(f) for f in handles]
 
     def _release(self, leases: list[Lease]) -> None:
         for lease in leases:
