@@ -248,10 +248,7 @@ class Channel:
         elif req.op == "dequeue" and self.pending.get(req.rid) is req:
             req.orphan = _ORPHAN
         elif req.op == "dequeue_wait" and self.pending.get(req.rid) is req:
-            req.orphan = _ORPHAN  # a reply that beats the withdrawal: its leases are released
-            cancel = Request("cancel_wait", [req.rid], [], 0.0, report=False)
-            cancel.orphan, cancel.target = _WITHDRAWN, req
-            self.outbox.append(cancel)
+            self._withdraw(req)
         else:
             self.pending.pop(req.rid, None)
             self._finish(req)
@@ -260,11 +257,20 @@ class Channel:
     def left(self, rid: int, op: str) -> None:
         """The caller of request ``rid``, which the executor wrote itself (:meth:`take_rid`),
         left before its reply: a ``dequeue`` is kept, as :meth:`abandon` keeps one, so that
-        what its reply leases is released."""
-        if op == "dequeue" and self.up:
+        what its reply leases is released; a ``dequeue_wait`` is withdrawn too."""
+        if op in ("dequeue", "dequeue_wait") and self.up:
             req = Request(op, [], [], 0.0, report=False)
             req.rid, req.sent, req.orphan, req.epoch = rid, True, _ORPHAN, self.epoch
             self.pending[rid] = req
+            if op == "dequeue_wait":
+                self._withdraw(req)
+
+    def _withdraw(self, req: Request) -> None:
+        """Withdraw the written wait ``req`` (``cancel_wait``)."""
+        req.orphan = _ORPHAN  # a reply that beats the withdrawal: its leases are released
+        cancel = Request("cancel_wait", [req.rid], [], 0.0, report=False)
+        cancel.orphan, cancel.target = _WITHDRAWN, req
+        self.outbox.append(cancel)
 
     def forget(self, waiter: Any) -> None:
         """A single enqueue's or ack's caller left: its part of a merged request goes (a

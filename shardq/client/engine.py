@@ -563,8 +563,8 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     first = next(c._rr) % c.shards
     # A shard answers a waiting dequeue at once when it has a job ready, so one that follows
     # an empty answer waits at once: no plain round before it. One that follows a lease starts
-    # with the round: on a busy queue a plain dequeue takes the lone-call path (busy-polled,
-    # figure C), which a wait does not.
+    # with the round: on a busy queue a plain dequeue's reply is busy-polled for (figure C);
+    # a wait's is not (the threaded lone-call path takes a lone wait too, without the poll).
     if wait and queue not in c._prioritized and queue in c._idle:
         out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
         if out or c._now() >= polling.deadline:

@@ -24,7 +24,7 @@ from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
 from .engine import Calls, learn_owner, place
-from .core import WITHDRAW_SETTLE_S, ConnectionLost, ack_error, release_call
+from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
@@ -183,7 +183,10 @@ class Router(Calls, SyncExecutor):
         """Do a :class:`~.effects.Park`; the token is the event the replies set."""
         event = threading.Event()
         handles: list[Future | None] = []
-        for shard, op, args in effect.calls:
+        calls = effect.calls
+        if len(calls) == 1 and calls[0].op == "dequeue_wait" and self.clients[calls[0].shard].connected:
+            return event, [Future()]  # sent by the waiting caller itself, on the lone-call path (_wake)
+        for shard, op, args in calls:
             try:
                 fut = self._send(shard, op, args, self._mono())
             except ShardUnavailable:
@@ -197,6 +200,8 @@ class Router(Calls, SyncExecutor):
         """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`lead_any`),
         or, while another thread reads one, wait to be woken."""
         event, calls, handles, deadline, settled = effect
+        if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
+            self._wait_solo(calls[0], lone, deadline)
         futs = [f for f in handles if f is not None]
         clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
         while True:
@@ -207,6 +212,17 @@ class Router(Calls, SyncExecutor):
                 for c in clients:  # another thread reads one of the sockets: be woken
                     c.hand_off()
                 event.wait(deadline - self._mono())
+
+    def _wait_solo(self, call: Call, fut: Future, deadline: float) -> None:
+        """A lone waiting dequeue (:meth:`_park`): sent and read by this thread
+        (``call_solo``), no future or pending entry; withdrawn there if its wait passes
+        ``deadline``. A connection another thread uses meanwhile: sent as any other."""
+        client = self.clients[call.shard]
+        got: Any = SHARED if self._closed else client.call_solo(call.op, call.args, deadline - self._mono(), True)
+        if got is SHARED:
+            client.submit(call.op, call.args, lead=True, fut=fut)  # (no connection: fails unsent)
+        elif type(got[1]) is not TimeoutError:  # (timed out: withdrawn, and OPEN)
+            fut.set(*got)
 
     def _abandon(self, effect: Abandon) -> list[Any]:
         """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
