@@ -107,12 +107,6 @@ class Channel:
         self.epoch += 1
         self.up = True
 
-    def take_rid(self) -> int:
-        """An id for a request the executor writes itself (the threaded lone-call path)."""
-        rid = self.next_rid
-        self.next_rid = rid + 1
-        return rid
-
     def idle(self) -> bool:
         return not self.pending and not self.outbox
 
@@ -255,9 +249,10 @@ class Channel:
         return False
 
     def left(self, rid: int, op: str) -> None:
-        """The caller of request ``rid``, which the executor wrote itself (:meth:`take_rid`),
-        left before its reply: a ``dequeue`` is kept, as :meth:`abandon` keeps one, so that
-        what its reply leases is released; a ``dequeue_wait`` is withdrawn too."""
+        """The caller of request ``rid``, which the executor wrote itself (the threaded
+        lone-call path, its id taken from ``next_rid``), left before its reply: a
+        ``dequeue`` is kept, as :meth:`abandon` keeps one, so that what its reply leases is
+        released; a ``dequeue_wait`` is withdrawn too."""
         if op in ("dequeue", "dequeue_wait") and self.up:
             req = Request(op, [], [], 0.0, report=False)
             req.rid, req.sent, req.orphan, req.epoch = rid, True, _ORPHAN, self.epoch
