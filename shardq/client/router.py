@@ -184,14 +184,15 @@ class Router(Calls, SyncExecutor):
         event = threading.Event()
         handles: list[Future | None] = []
         calls = effect.calls
-        if len(calls) == 1 and calls[0].op == "dequeue_wait" and self.clients[calls[0].shard].connected:
-            return event, [Future()]  # sent by the waiting caller itself, on the lone-call path (_wake)
         for shard, op, args in calls:
-            try:
-                fut = self._send(shard, op, args, self._mono())
-            except ShardUnavailable:
-                handles.append(None)  # down: the others serve
-                continue
+            if len(calls) == 1 and op == "dequeue_wait" and self.clients[shard].connected:
+                fut = Future()  # sent by the waiting caller itself, on the lone-call path (_wait_solo)
+            else:
+                try:
+                    fut = self._send(shard, op, args, self._mono())
+                except ShardUnavailable:
+                    handles.append(None)  # down: the others serve
+                    continue
             fut.callback = lambda f: event.set()
             handles.append(fut)
         return event, handles

@@ -524,3 +524,33 @@ def test_a_lone_waiting_dequeue_takes_the_lone_call_path_and_is_withdrawn_when_i
     finally:
         late.set()
         f.close()
+
+
+def test_a_lone_waiting_dequeue_that_finds_its_connection_in_use_is_sent_as_any_other(monkeypatch):
+    """The lone-call path declines (another thread took the connection between the wait's
+    start and its send): the wait is sent on the general path with the same handle, and
+    its lease comes back."""
+    from shardq import limits
+    from shardq.client import connection
+    from support.fake_shard import FakeShards
+
+    real_solo = connection.ShardClient.call_solo
+    declined = []
+
+    def solo(self, op, args, timeout, *wait):
+        if op == "dequeue_wait":
+            declined.append(op)
+            return connection.SHARED
+        return real_solo(self, op, args, timeout, *wait)
+
+    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    row = [1 << limits.JOB_ID_SHARD_BITS, None, b"job", 1, 101, 9e9, 0, False]
+    f = FakeShards(1, lambda shard, op, args: [row] if op == "dequeue_wait" else [] if op == "dequeue" else None)
+    try:
+        with shardq.connect(f.dd.path, retry_s=2, request_timeout_s=10) as q:
+            started = time.monotonic()
+            lease = q.dequeue("default", wait=5)
+            assert lease is not None and lease.job_id == row[0] and declined == ["dequeue_wait"]
+            assert time.monotonic() - started < 4  # woken by its reply, not by the end of the wait
+    finally:
+        f.close()
