@@ -26,15 +26,16 @@ from collections.abc import AsyncIterator, Coroutine
 from .. import limits
 from ..datadir import DataDir
 from ..errors import Closed, ShardqError, ShardUnavailable
-from ..protocol import status_file, validate
+from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .engine import (OPEN, Abandon, AsyncExecutor, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep,
-                     Status, Submit, Wake, call, deliver, place)
-from .routing import job_item, lease_shard, leases_of, placed_owner
+from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Owner, Park, Send, Sleep, Submit, Wake, call,
+                      deliver)
+from .engine import Calls, learn_owner, place
+from .routing import job_item, lease_shard
 
 if TYPE_CHECKING:
     from .contracts import AsyncQueue as AsyncQueueContract
@@ -59,23 +60,22 @@ class AsyncQueue(Calls, AsyncExecutor):
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0) -> None:
         dd = DataDir(data_dir)
-        self.data_dir, self.service_id, self.request_timeout_s = dd.path, dd.service_id(), request_timeout_s
-        self._init_calls(dd.shards(), retry_s)
+        self._init_calls(dd, retry_s, request_timeout_s)
+        self._bind_effects()
         self._key = dd.authkey()
-        self._client_id = int.from_bytes(os.urandom(8), "little") >> 1
         self._sockets = [dd.socket_path(i) for i in range(self.shards)]
         self.conns: list[ShardConn] = []
         self._asking: dict[str, asyncio.Future[Any]] = {}  # queue -> its placement question in flight
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
-        self._closed = False
 
     async def _open(self) -> None:
         self.loop = asyncio.get_running_loop()
         # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
         await asyncio.to_thread(DataDir(self.data_dir).require_service)
-        self.conns = [ShardConn(i, path, self._key, self._client_id, self.retry_s, self.request_timeout_s,
+        self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
                                 self._release_rows) for i, path in enumerate(self._sockets)]
+        self._chans = [c.chan for c in self.conns]
         deadline = self.loop.time() + min(self.retry_s, 2.0)
         for r in await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True):
             if isinstance(r, BaseException) and not isinstance(r, ShardUnavailable):
@@ -86,39 +86,21 @@ class AsyncQueue(Calls, AsyncExecutor):
     def _now(self) -> float:
         return self.loop.time()
 
-    def _session(self, shard: int) -> list[int]:
-        return self.conns[shard].chan.sessions.open()
+    async def _do_send(self, effect: Send) -> list[Any]:
+        calls, retry_s, timeout_s, errors = effect
+        deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
+        return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
 
-    def _done(self, shard: int, session: list[int]) -> None:
-        self.conns[shard].chan.sessions.close(session)
+    async def _submit(self, effect: Submit) -> list[Any]:  # (in their order per shard: one turn, one frame)
+        return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
 
-    async def _effect(self, effect: Effect) -> Any:
-        if type(effect) is Send:
-            calls, retry_s, timeout_s, errors = effect
-            deadline = self.loop.time() + (self.retry_s if retry_s is None else retry_s)
-            return await self._drive(deliver(self, calls, deadline, timeout_s, errors))
-        if type(effect) is Submit:  # (in their order per shard: one turn, one frame)
-            return [self._request(s, op, args, effect.deadline - self.loop.time()) for s, op, args in effect.calls]
-        if type(effect) is Collect:
-            return await self._collect(effect)
-        if type(effect) is Wake:
-            return await self._wake(effect)
-        if type(effect) is Park:  # only to the shards connected now (no wait for a reconnect)
-            return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
-                          for s, op, args in effect.calls]
-        if type(effect) is Abandon:
-            return self._abandon(effect)
-        if type(effect) is Release:
-            return self._release_leases(effect.leases)
-        if type(effect) is Sleep:
-            return await asyncio.sleep(effect.seconds)
-        if type(effect) is Owner:
-            return await self._learn_owner(effect.queue, effect.ask)
-        if type(effect) is Status:
-            return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
-        if type(effect) is Settled:
-            return self._settled(effect.leases)
-        raise TypeError(f"not an effect: {effect!r}")
+    async def _park(self, effect: Park) -> tuple[None, list[Any]]:  # only to the shards connected now
+        return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
+                      for s, op, args in effect.calls]
+
+    @staticmethod
+    async def _sleep(effect: Sleep) -> None:
+        await asyncio.sleep(effect.seconds)
 
     def _request(self, shard: int, op: str, args: list[Any],
                  retry_s: float | None = None) -> tuple[ShardConn, Request | None, asyncio.Future[Any]]:
@@ -127,22 +109,21 @@ class AsyncQueue(Calls, AsyncExecutor):
         conn = self.conns[shard]
         return (conn, *conn.request(op, args, retry_s))
 
-    async def _learn_owner(self, queue: str, ask: int) -> int | None:
-        """Do an :class:`~.engine.Owner`: calls that meet an unknown queue at once share one
+    async def _learn_owner(self, effect: Owner) -> int | None:
+        """Do an :class:`~.effects.Owner`: calls that meet an unknown queue at once share one
         question."""
+        queue, ask = effect
         asking = self._asking.get(queue)
         if asking is None:
-            asking = self._asking[queue] = asyncio.ensure_future(self._drive(call(ask, "queue_config", [queue])))
+            asking = self._asking[queue] = asyncio.ensure_future(self._drive(learn_owner(self, queue, ask)))
         try:
-            cfg = await asyncio.shield(asking)
+            return await asyncio.shield(asking)
         finally:
             if asking.done() and self._asking.get(queue) is asking:
                 del self._asking[queue]
-        self._queue_cfg.setdefault(queue, cfg)
-        return self._owners.setdefault(queue, placed_owner(cfg))
 
     async def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Wake`."""
+        """Do a :class:`~shardq.client.effects.Wake`."""
         _, _, handles, deadline, settled = effect
         futs = [h[2] for h in handles if h is not None]
         if sum(f.done() for f in futs) <= settled:
@@ -152,7 +133,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     @staticmethod
     async def _collect(effect: Collect) -> list[Any]:
-        """Do a :class:`~shardq.client.engine.Collect`."""
+        """Do a :class:`~shardq.client.effects.Collect`."""
         if effect.timeout_s is not None:
             await asyncio.wait([h[2] for h in effect.handles], timeout=effect.timeout_s)
         else:
@@ -166,8 +147,8 @@ class AsyncQueue(Calls, AsyncExecutor):
         return [(fut.exception() or fut.result()) if fut.done() else OPEN for _, _, fut in effect.handles]
 
     @staticmethod
-    def _abandon(effect: Abandon) -> list[Any]:
-        """Do an :class:`~shardq.client.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+    async def _abandon(effect: Abandon) -> list[Any]:
+        """Do an :class:`~shardq.client.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         for h in effect.handles:
             # (cancelled: its caller's cancellation reached the future it awaited)
             if h is not None and (not h[2].done() or h[2].cancelled()):
@@ -222,11 +203,7 @@ class AsyncQueue(Calls, AsyncExecutor):
             for lease in leases:
                 c.settled(lease)
 
-    def _release_rows(self, rows: list[Any]) -> None:
-        self._release_leases([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
-
-    def _release_leases(self, leases: list[Lease]) -> None:
-        """Hand ``leases`` back unstarted (not deliveries), without waiting."""
+    def _release(self, leases: list[Lease]) -> None:
         for lease in leases:
             self.spawn(self._release_one(lease))
 
@@ -261,7 +238,7 @@ class AsyncQueue(Calls, AsyncExecutor):
 
 
 def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | None) -> Any:
-    """What a waiting call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    """What a waiting call was answered: :data:`~.effects.OPEN`, its value or its error."""
     if handle is None or not handle[2].done():
         return OPEN
     fut = handle[2]

@@ -63,4 +63,4 @@ class Consumer:
         finally:
             q._consumers.remove(self)
             left, self.buffer = list(self.buffer), deque()
-            q._release_leases(left)
+            q._release(left)

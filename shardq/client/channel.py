@@ -24,7 +24,7 @@ waiter being whatever the executor handed in (a threaded future, an asyncio futu
   queue never fails another's job.
 * **A break** (:meth:`Channel.broken`). A request made with ``report`` (every call the
   engine makes) fails with :class:`~.core.ConnectionLost`, saying whether it was written:
-  what is sent again is the engine's decision (:func:`~.engine.deliver`). A merged request,
+  what is sent again is the engine's decision (:func:`~.effects.deliver`). A merged request,
   which only the connection knows, is decided here by the same table
   (:func:`~.core.after_break`): re-queued in order, with its session, or failed. With
   ``hold`` (the asyncio connection, which reconnects by itself) requests not yet written
@@ -106,12 +106,6 @@ class Channel:
         """A new connection is up."""
         self.epoch += 1
         self.up = True
-
-    def take_rid(self) -> int:
-        """An id for a request the executor writes itself (the threaded lone-call path)."""
-        rid = self.next_rid
-        self.next_rid = rid + 1
-        return rid
 
     def idle(self) -> bool:
         return not self.pending and not self.outbox
@@ -231,11 +225,16 @@ class Channel:
             queue.popleft()
         return queue[0].deadline if queue else None
 
-    def abandon(self, req: Request, waiter: Any) -> None:
-        """``waiter`` stopped waiting for ``req`` (see the module doc)."""
+    def abandon(self, req: Request, waiter: Any) -> bool:
+        """``waiter`` stopped waiting for ``req`` (see the module doc). True when its reply
+        came first: the completion that settles ``waiter`` is already handed out (a
+        threaded shell resolves it outside its lock), and what it leased is the caller's to
+        take or release, as for any reply."""
+        if req.done:
+            return waiter in req.waiters
         req.waiters = [None if w is waiter else w for w in req.waiters]
-        if req.live() or req.done:
-            return
+        if req.live():
+            return False
         if not req.sent:
             if req in self.outbox:
                 self.outbox.remove(req)
@@ -243,22 +242,30 @@ class Channel:
         elif req.op == "dequeue" and self.pending.get(req.rid) is req:
             req.orphan = _ORPHAN
         elif req.op == "dequeue_wait" and self.pending.get(req.rid) is req:
-            req.orphan = _ORPHAN  # a reply that beats the withdrawal: its leases are released
-            cancel = Request("cancel_wait", [req.rid], [], 0.0, report=False)
-            cancel.orphan, cancel.target = _WITHDRAWN, req
-            self.outbox.append(cancel)
+            self._withdraw(req)
         else:
             self.pending.pop(req.rid, None)
             self._finish(req)
+        return False
 
     def left(self, rid: int, op: str) -> None:
-        """The caller of request ``rid``, which the executor wrote itself (:meth:`take_rid`),
-        left before its reply: a ``dequeue`` is kept, as :meth:`abandon` keeps one, so that
-        what its reply leases is released."""
-        if op == "dequeue" and self.up:
+        """The caller of request ``rid``, which the executor wrote itself (the threaded
+        lone-call path, its id taken from ``next_rid``), left before its reply: a
+        ``dequeue`` is kept, as :meth:`abandon` keeps one, so that what its reply leases is
+        released; a ``dequeue_wait`` is withdrawn too."""
+        if op in ("dequeue", "dequeue_wait") and self.up:
             req = Request(op, [], [], 0.0, report=False)
             req.rid, req.sent, req.orphan, req.epoch = rid, True, _ORPHAN, self.epoch
             self.pending[rid] = req
+            if op == "dequeue_wait":
+                self._withdraw(req)
+
+    def _withdraw(self, req: Request) -> None:
+        """Withdraw the written wait ``req`` (``cancel_wait``)."""
+        req.orphan = _ORPHAN  # a reply that beats the withdrawal: its leases are released
+        cancel = Request("cancel_wait", [req.rid], [], 0.0, report=False)
+        cancel.orphan, cancel.target = _WITHDRAWN, req
+        self.outbox.append(cancel)
 
     def forget(self, waiter: Any) -> None:
         """A single enqueue's or ack's caller left: its part of a merged request goes (a

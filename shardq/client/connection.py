@@ -17,7 +17,9 @@ read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending
 sends its frame and reads until its own reply, settling any others it reads as a leader
 does. While its replies have been coming quickly, it first polls for its reply without
 sleeping, for up to the router's ``busy_poll_us`` (:mod:`shardq.busypoll`): on the machines
-measured, waking from a sleep cost a lone call more than the wait itself.
+measured, waking from a sleep cost a lone call more than the wait itself. A lone waiting
+dequeue takes this path too (``Router._wait_solo``), without the poll: its reply is not
+about to come.
 """
 from __future__ import annotations
 
@@ -153,13 +155,14 @@ class ShardClient:
             self._idle.wait_for(lambda: self._conn is None or not self.chan.orphans(), timeout)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: int = 0) -> Future:
+    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: int = 0, fut: Future | None = None) -> Future:
         """Send one request (coalesced with other threads'). ``lead``: the caller will wait
         for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
         asked to read. ``on``: the connection it must go on (an earlier request's
         ``Future.req.epoch``); on any other, or none, it fails at once with ConnectionLost,
-        unsent (:meth:`Channel.submit`)."""
-        fut = Future()
+        unsent (:meth:`Channel.submit`). ``fut``: the caller's (new) future to settle."""
+        if fut is None:
+            fut = Future()
         with self._lock:
             got = self.chan.submit(op, args, fut, 0.0, on=on)
             if isinstance(got, BaseException):
@@ -174,20 +177,22 @@ class ShardClient:
             self._want_reader()
         return fut
 
-    def forget(self, fut: Future) -> None:
+    def forget(self, fut: Future) -> bool:
         """The caller stopped waiting for ``fut`` (timeout, cancellation, another shard's
-        answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn)."""
+        answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn). True when its
+        reply came first: ``fut`` is being settled by the thread that read it."""
         if fut.req is None:
-            return
+            return False
         with self._lock:
-            self.chan.abandon(fut.req, fut)
+            answered = self.chan.abandon(fut.req, fut)
             flush = bool(self.chan.outbox) and not self._flushing
             self._flushing = self._flushing or flush
         if flush:
             self._flush()
         self.hand_off()
+        return answered
 
-    def call_solo(self, op: str, args: list[Any], timeout: float) -> Any:
+    def call_solo(self, op: str, args: list[Any], timeout: float, wait: bool = False) -> Any:
         """One request on the shortest path, when this caller is alone on the connection
         (connected, nothing pending, no send in progress, nobody reading). Returns
         :data:`SHARED` without sending anything otherwise, or for a request the general path
@@ -196,7 +201,9 @@ class ShardClient:
         :class:`ConnectionLost` (``sent`` as for a future), or :class:`TimeoutError` when no
         reply came within ``timeout`` (a late one is then dropped). Other threads' requests
         queued meanwhile go out right after it, and replies read here settle their futures;
-        the wait starts with a busy poll when :class:`BusyPoll` says so."""
+        the wait starts with a busy poll when :class:`BusyPoll` says so, unless the request
+        itself waits (``wait``: a ``dequeue_wait``, withdrawn if it times out), whose reply
+        is not about to come."""
         if not self._read_lock.acquire(blocking=False):
             self._busy.note_shared()
             return SHARED
@@ -231,12 +238,13 @@ class ShardClient:
             self._flush()  # clears the send flag, after sending whatever others queued meanwhile
             try:
                 deadline = sent_at + timeout
-                ready = busy.wanted() and busy.spin(self._poll_for(fd), chan.pending)
+                ready = not wait and busy.wanted() and busy.spin(self._poll_for(fd), chan.pending)
                 while True:
                     reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
                     ready = False
                     if reply is not None:
-                        busy.note(self._mono() - sent_at)
+                        if not wait:
+                            busy.note(self._mono() - sent_at)
                         status, payload = reply
                         if status == protocol.OK:
                             return payload, None
@@ -245,7 +253,11 @@ class ShardClient:
                         return None, ConnectionLost(f"connection to shard {self.index} lost", sent=True)
                     if self._mono() >= deadline:
                         with self._lock:
-                            self.chan.left(rid, op)  # a late dequeue's leases are released
+                            self.chan.left(rid, op)  # a late dequeue's leases are released; a wait withdrawn
+                            flush = bool(chan.outbox) and not self._flushing
+                            self._flushing = self._flushing or flush
+                        if flush:
+                            self._flush()
                         return None, TimeoutError()
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 self._broken(conn)

@@ -22,6 +22,7 @@ bytes and wait; every rule below is written once, here (routing is in :mod:`.rou
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
@@ -100,7 +101,7 @@ def unreachable(shard: int, address: str, err: BaseException, who: str) -> Shard
 # ---------------------------------------------------------------------- the retry table
 class ConnectionLost(Exception):
     """The connection broke before the reply came: what a driver reports for a call of a
-    :func:`~.engine.transmit` (the engine then re-sends, or raises ShardUnavailable /
+    :func:`~.effects.transmit` (the engine then re-sends, or raises ShardUnavailable /
     OutcomeUnknown: :func:`after_break`). ``sent``: the request had been written to the
     socket, so the shard may have applied it."""
 
@@ -192,16 +193,19 @@ class Sessions:
         self.client_id = client_id
         self._seq = 0
         self._open: dict[int, None] = {}  # the seqs not yet answered, in order
+        self._lock = threading.Lock()     # the threaded client's callers open them at once
 
     def open(self) -> list[int]:
-        self._seq += 1
-        seq = self._seq
-        low = next(iter(self._open), seq)
-        self._open[seq] = None
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            low = next(iter(self._open), seq)
+            self._open[seq] = None
         return [self.client_id, seq, low]
 
     def close(self, session: list[int]) -> None:
-        self._open.pop(session[1], None)
+        with self._lock:
+            self._open.pop(session[1], None)
 
 
 # ---------------------------------------------------------------------- frames

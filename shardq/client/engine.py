@@ -1,20 +1,6 @@
 """The client engine: every call of both clients, written once, as generators that do no I/O.
 
-An operation (:data:`Op`) is a generator that yields **effects** and is sent what became of
-them; its return value is what the caller gets:
-
-* :class:`Send` -- make these calls (pipelined, one frame per shard) and wait for all;
-  sent, per call, ``(value, was_resent)``; with ``errors=True`` an error stands in its
-  call's place, otherwise the first one is thrown into the operation.
-* :class:`Owner` -- the shard of all jobs of a queue placed because it declares limits
-  (docs/limits.md), asked once per client (the executor shares the question).
-* :class:`Settled` -- these leases are settled through this client (``consume`` counts them).
-* :class:`Status` -- add the supervisor's view to ``stats()``'s shard rows.
-
-A :class:`Send` is itself done by an operation, :func:`deliver`: the retry after a broken
-connection, written once; it sends each call once (:func:`transmit`: the effects
-:class:`Submit`, :class:`Collect`, :class:`Abandon`), told of a broken connection
-(:class:`~.core.ConnectionLost`) instead of re-sending.
+The effects an operation yields, and the loops that run one, are :mod:`.effects`'s.
 
 **How the executors are built.** The threaded :class:`~shardq.client.router.Router` and the
 asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one small loop
@@ -37,296 +23,26 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Sequence
-from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, overload
+import os
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .. import limits
 from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
-from ..protocol import validate
+from ..datadir import DataDir
+from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, ConnectionLost, LeaseRound, Polling,
-                   after_break,
+from .channel import Channel
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
+from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
 
 log = logging.getLogger("shardq.router")
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-# ---------------------------------------------------------------------- effects
-class Send(NamedTuple):
-    """Make ``calls`` and wait for every reply. ``retry_s``: how long a call whose
-    connection broke may be sent again (None: the client's ``retry_s``); ``timeout_s``: how
-    long to wait for all (None: each call the client's request timeout); ``errors``: an
-    error is sent back in its call's place instead of thrown."""
-    calls: Sequence[tuple[int, str, list[Any]]]
-    retry_s: float | None = None
-    timeout_s: float | None = None
-    errors: bool = False
-
-
-class Owner(NamedTuple):
-    """The owner shard of ``queue`` if it is placed, else None; asked of shard ``ask``."""
-    queue: str
-    ask: int
-
-
-class Settled(NamedTuple):
-    """``leases`` are settled (acked, nacked, buried) through this client."""
-    leases: list[Lease]
-
-
-class Status(NamedTuple):
-    """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place."""
-    shards: list[dict[str, Any]]
-
-
-class Sleep(NamedTuple):
-    """Wait ``seconds`` (a back-off while shards are down)."""
-    seconds: float
-
-
-class Release(NamedTuple):
-    """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
-    for the replies: one that cannot be sent expires by itself."""
-    leases: list[Lease]
-
-
-class Park(NamedTuple):
-    """Send each waiting call (``dequeue_wait``, ``watch``) whose shard is connected now.
-    Sent ``(token, handles)``: per call a handle, or None where it was not sent; the
-    ``token`` (the executor's own) goes back with the handles in :class:`Wake` and
-    :class:`Abandon`."""
-    calls: list[Call]
-
-
-class Wake(NamedTuple):
-    """Wait until more than ``settled`` of ``handles`` are answered, or ``deadline`` passes
-    (the executor's clock). Sent, per handle, :data:`OPEN` or what it was answered: its
-    value or its error (a broken connection's too)."""
-    token: Any
-    calls: list[Call]
-    handles: list[Any]
-    deadline: float
-    settled: int
-
-
-class Abandon(NamedTuple):
-    """Give up the ``handles`` still open: a waiting dequeue is withdrawn (what it leases
-    anyway is released when its reply comes), a watch forgotten. Sent, per handle, what it
-    was answered (as :class:`Wake`), or :data:`OPEN` for one abandoned."""
-    token: Any
-    calls: Sequence[tuple[int, str, list[Any]]]
-    handles: list[Any]
-
-
-OPEN: Any = object()  # a handle not answered (yet): Wake's and Abandon's outcome for it
-
-
-class Submit(NamedTuple):
-    """Make ``calls`` once, pipelined: the calls to one shard go in their order on one
-    connection, so a later one never reaches the shard before an earlier one that broke.
-    Connecting may take until ``deadline`` (the executor's clock). Sent, per call, a handle
-    (for :class:`Collect` and :class:`Abandon`)."""
-    calls: Sequence[tuple[int, str, list[Any]]]
-    deadline: float
-
-
-class Collect(NamedTuple):
-    """Wait for the replies of ``handles`` (a :class:`Submit`'s): ``timeout_s`` at most for
-    all together (None: each its request timeout). Sent, per handle, :data:`OPEN` or what it
-    was answered (as :class:`Wake`)."""
-    calls: Sequence[tuple[int, str, list[Any]]]
-    handles: list[Any]
-    timeout_s: float | None
-
-
-Effect = Send | Owner | Settled | Status | Sleep | Release | Park | Wake | Abandon | Submit | Collect
-Op = Generator[Effect, Any, T]
-
-
-def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
-            timeout_s: float | None = None, errors: bool = False,
-            got: list[Any] | None = None) -> Op[list[Any]]:
-    """How both clients do a :class:`Send`: the retry after a broken connection, written
-    once. The calls are transmitted (:func:`transmit`); those whose connection broke are
-    decided by :func:`~.core.after_break` (re-sent, in their order, until ``deadline`` on
-    ``ex``'s clock; or ShardUnavailable / OutcomeUnknown) and transmitted again, until each
-    has its outcome. An ``enqueue`` without a session gets one of its shard
-    (:class:`~.core.Sessions`), kept open until its outcome is known: a re-sent enqueue
-    carries the session of the first, so the shard answers with the first's ids. Returns
-    ``(value, was_resent)`` per call, in order; an error stands in its place with
-    ``errors``, else the first one is raised. ``got``: the outcomes of a first
-    transmission the executor made itself (the threaded fast path)."""
-    opened = [(shard, args) for shard, op, args in calls if op == "enqueue" and args[1] is None]
-    for shard, args in opened:
-        args[1] = ex._session(shard)
-    out: list[Any] = [None] * len(calls)
-    resent = [False] * len(calls)
-    todo = list(range(len(calls)))
-    try:
-        while todo:
-            if got is None:
-                got = yield from transmit(ex, [calls[i] for i in todo], deadline, timeout_s)
-            again = []
-            expired: bool | None = None
-            for i, outcome in zip(todo, got):
-                if type(outcome) is ConnectionLost:
-                    if expired is None:
-                        expired = ex._now() >= deadline
-                    shard, op, _ = calls[i]
-                    error = after_break(shard, op, outcome.sent, expired, outcome)
-                    if error is None:
-                        resent[i] = resent[i] or outcome.sent
-                        again.append(i)
-                        continue
-                    outcome = error
-                out[i] = outcome if isinstance(outcome, BaseException) else (outcome, resent[i])
-            todo, got = again, None
-    finally:
-        for shard, args in opened:
-            ex._done(shard, args[1])
-    if not errors:
-        for outcome in out:
-            if isinstance(outcome, BaseException):
-                raise outcome
-    return out
-
-
-def call(shard: int, op: str, args: list[Any], retry_s: float | None = None) -> Op[Any]:
-    """One request; its value (its error is raised)."""
-    ((value, _),) = yield Send([Call(shard, op, args)], retry_s)
-    return value
-
-
-def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
-    """Several requests at once; their values in order (the first error is raised)."""
-    if not calls:
-        return []
-    return [value for value, _ in (yield Send(calls))]
-
-
-def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
-             first: bool = False) -> Op[list[Any] | None]:
-    """Leave the waiting ``calls`` (``dequeue_wait`` or ``watch``) at the shards that are
-    connected now, and wait until one is answered with something (a non-empty value or an
-    error; with ``first``, any reply), or every one is, or ``limit_s`` passes (``short_s``
-    when a shard could not be asked: it is looked at again soon). The calls still open are
-    then abandoned (:class:`Abandon`). Returns, per call, its value, its error, or None (not
-    sent, abandoned, or its connection broke); None instead of the list when no shard could
-    be asked. Stopped by an error (a cancelled caller), it abandons them too and hands back
-    unstarted the leases of the waiting dequeues answered, which nobody will take."""
-    token, handles = yield Park(calls)
-    parked = sum(h is not None for h in handles)
-    if not parked:
-        return None
-    deadline = c._now() + (limit_s if parked == len(calls) else short_s)
-    settled = 0
-    try:
-        while True:
-            got = yield Wake(token, calls, handles, deadline, settled)
-            done = [a for a, h in zip(got, handles) if h is not None and a is not OPEN]
-            # A lease, an error or a broken connection ends the wait (the caller's next
-            # round reaches a restarted shard again); so does the end of every shard's wait.
-            if ((done and first) or any(isinstance(a, BaseException) or a for a in done)
-                    or len(done) == parked or c._now() >= deadline):
-                break
-            settled = len(done)
-    except GeneratorExit:
-        raise
-    except BaseException:
-        got = yield Abandon(token, calls, handles)
-        taken = [lease for (_, op, args), a in zip(calls, got) if op == "dequeue_wait" and type(a) is list
-                 for _, lease in leases_of(args[0], a)]
-        if taken:
-            yield Release(taken)
-        raise
-    got = yield Abandon(token, calls, handles)
-    return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
-
-
-def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
-             timeout_s: float | None = None) -> Op[list[Any]]:
-    """Make ``calls`` once, pipelined (:class:`Submit`), and wait for every reply; connecting
-    may take until ``deadline``, ``timeout_s`` as :class:`Send`'s. Returns, per call, its
-    value, its error, or a :class:`~.core.ConnectionLost` when its connection broke before
-    the reply (what happens next is :func:`deliver`'s decision, not the executor's). A call
-    not answered in time is abandoned, and so is every one still open when it is stopped."""
-    handles = yield Submit(calls, deadline)
-    try:
-        got = yield Collect(calls, handles, timeout_s)
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield Abandon(None, calls, handles)
-        raise
-    if OPEN in got:  # (identity first: no value equals it)
-        got = yield Abandon(None, calls, handles)
-    wait_s = timeout_s or c.request_timeout_s
-    return [ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s") if a is OPEN else a
-            for (s, op, _), a in zip(calls, got)]
-
-
-# ---------------------------------------------------------------------- the executors
-class SyncExecutor:
-    """Runs operations to completion in the calling thread (:class:`~.router.Router`)."""
-
-    def _effect(self, effect: Effect) -> Any:
-        """Do ``effect``; its outcome (an error is raised)."""
-        raise NotImplementedError
-
-    def _drive(self, op: Op[T]) -> T:
-        """Run one operation to its end in this thread: do what each effect it yields
-        says, and send it the outcome (an error is thrown into it)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
-
-    def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., T]:
-        def method(*args: Any, **kwargs: Any) -> T:
-            return self._drive(fn(self, *args, **kwargs))
-        return method
-
-
-class AsyncExecutor:
-    """Runs operations as coroutines (:class:`~.aio.AsyncQueue`)."""
-
-    async def _effect(self, effect: Effect) -> Any:
-        """Do ``effect``; its outcome (an error is raised)."""
-        raise NotImplementedError
-
-    async def _drive(self, op: Op[T]) -> T:
-        """Run one operation to its end as this coroutine, as :meth:`SyncExecutor._drive`
-        does in a thread (a cancellation is thrown into it too)."""
-        outcome: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = op.send(outcome) if error is None else op.throw(error)
-            except StopIteration as stop:
-                value: T = stop.value  # the operation's return value
-                return value
-            try:
-                outcome, error = await self._effect(effect), None
-            except BaseException as e:  # noqa: BLE001 - the operation decides, then raises it
-                outcome, error = None, e
-
-    def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
-        async def method(*args: Any, **kwargs: Any) -> T:
-            return await self._drive(fn(self, *args, **kwargs))
-        return method
 
 
 class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like property
@@ -377,10 +93,15 @@ class Calls:
 
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
     _idle: set[str]         # queues whose last dequeue of this client got nothing
+    _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
 
-    def _init_calls(self, shards: int, retry_s: float) -> None:
-        """The table's state, set by each executor's constructor."""
-        self.shards, self.retry_s = shards, retry_s
+    def _init_calls(self, dd: DataDir, retry_s: float, request_timeout_s: float) -> None:
+        """The client of the service in ``dd``, and the table's state: set by each
+        executor's constructor."""
+        self.data_dir, self.service_id, self.shards = dd.path, dd.service_id(), dd.shards()
+        self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
+        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1  # its enqueue sessions' (core.Sessions)
+        self._closed = False
         self._rr = itertools.count()
         self._queue_cfg, self._owners = {}, {}
         self._prioritized, self._noted, self._idle = set(), set(), set()
@@ -389,13 +110,33 @@ class Calls:
         """The executor's monotonic clock (seconds)."""
         raise NotImplementedError
 
+    # What does not wait is done by these methods, called by the operations themselves;
+    # what waits is an effect (:mod:`.effects`).
     def _session(self, shard: int) -> list[int]:
         """Open an enqueue session of ``shard`` (:class:`~.core.Sessions`)."""
-        raise NotImplementedError
+        return self._chans[shard].sessions.open()
 
     def _done(self, shard: int, session: list[int]) -> None:
         """Close ``session``: its enqueue's outcome is known."""
+        self._chans[shard].sessions.close(session)
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Hand ``leases`` back unstarted (a ``nack`` that is not a delivery), without waiting
+        for the replies: one that cannot be sent expires by itself."""
         raise NotImplementedError
+
+    def _release_rows(self, rows: list[Any]) -> None:
+        """:meth:`_release` the leases of wire rows nobody takes (an orphaned reply's)."""
+        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
+
+    def _settled(self, leases: list[Lease]) -> None:
+        """``leases`` are settled (acked, nacked, buried) through this client (``consume``
+        counts them)."""
+
+    def _add_status(self, shards: list[dict[str, Any]]) -> None:
+        """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place:
+        from the status file of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
+        status_file.add_to(shards, DataDir(self.data_dir).run_dir)
 
     def _placed(self, queue: str, key: str | None, priority: int) -> int | None:
         """:func:`place`'s answer on the hot path, when nothing must be asked first (None:
@@ -463,7 +204,7 @@ class Calls:
         try:
             yield from call(shard, "nack", [lease.job_id, lease.token, delay, error, delivered])
         finally:
-            yield Settled([lease])
+            self._settled([lease])
 
     @operation
     def bury(self, lease: Lease, error: str | None = None) -> Op[None]:
@@ -473,7 +214,7 @@ class Calls:
         try:
             yield from call(shard, "bury", [lease.job_id, lease.token, error])
         finally:
-            yield Settled([lease])
+            self._settled([lease])
 
     @operation
     def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
@@ -489,7 +230,7 @@ class Calls:
         try:
             replies = (yield Send(calls)) if calls else []
         finally:
-            yield Settled(leases)
+            self._settled(leases)
         return ack_many_outcome(len(leases), indexes, replies)
 
     # ---------------------------------------------------------------- admin
@@ -548,7 +289,7 @@ class Calls:
             else:
                 shards.append(dict(r[0], available=True))
         queues = queue_totals(shards)
-        yield Status(shards)
+        self._add_status(shards)
         return {"shards": shards, "queues": queues}
 
     @operation
@@ -786,6 +527,14 @@ def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
     return shard if owner is None else owner
 
 
+def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:
+    """What an :class:`~.effects.Owner` asks: ``queue``'s config, of shard ``ask``, kept
+    with its owner shard (None: not placed)."""
+    cfg = yield from call(ask, "queue_config", [queue])
+    c._queue_cfg.setdefault(queue, cfg)
+    return c._owners.setdefault(queue, placed_owner(cfg))
+
+
 def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
     """Tell every shard that ``queues`` use priorities, before the first enqueue of a
     priority other than 0 to them, so that once it returns a lease from any shard says
@@ -814,8 +563,8 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     first = next(c._rr) % c.shards
     # A shard answers a waiting dequeue at once when it has a job ready, so one that follows
     # an empty answer waits at once: no plain round before it. One that follows a lease starts
-    # with the round: on a busy queue a plain dequeue takes the lone-call path (busy-polled,
-    # figure C), which a wait does not.
+    # with the round: on a busy queue a plain dequeue's reply is busy-polled for (figure C);
+    # a wait's is not (the threaded lone-call path takes a lone wait too, without the poll).
     if wait and queue not in c._prioritized and queue in c._idle:
         out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
         if out or c._now() >= polling.deadline:
@@ -864,7 +613,7 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     except BaseException:
         taken = rnd.abandon()
         if taken:
-            yield Release(taken)
+            c._release(taken)
         raise
     finally:
         if rnd.uses_priorities:
@@ -889,7 +638,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
     if uses_priorities:
         c._prioritized.add(queue)  # from now on, leases compare the shards
     if release:
-        yield Release(release)
+        c._release(release)
     if error is not None:
         raise error
     return keep
@@ -937,7 +686,7 @@ def _settle_many(c: Calls, acks: Iterable[Lease], reports: list[tuple[Lease, Any
         got = (yield Send(ack_calls + calls, errors=True)) if ack_calls or calls else []
     finally:
         if acks:
-            yield Settled(acks)
+            c._settled(acks)
     return res.round_outcome(len(acks), indexes, got[:len(ack_calls)], calls, where, got[len(ack_calls):], answers)
 
 

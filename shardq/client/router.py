@@ -15,22 +15,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
 
-from ..protocol import status_file
 from .connection import SHARED, Future, ShardClient, lead_any
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
-from .engine import (OPEN, Abandon, Calls, Collect, Effect, Owner, Park, Release, Send, Settled, Sleep, Status,
-                     Submit, SyncExecutor, Wake, deliver, place)
+from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
+from .engine import Calls, learn_owner, place
 from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
-# Routing lives in .routing; these names are imported from here too (tests, tools).
-from .routing import (_usual_batch, batch_ids, cut_requests, group_by_shard, in_input_order, job_item,  # noqa: F401 - re-exported: these names are imported from here too (tests, tools)
-                      batch_queues, dead_letters_of, job_shard, lease_shard, leases_of, listed, placed_owner,
-                      purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, shard_of_job, split_by_shard)
+from .routing import job_item, lease_shard
+from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
 if TYPE_CHECKING:
     from .contracts import Control, Results
@@ -52,10 +48,7 @@ class Router(Calls, SyncExecutor):
         # connections a shard holds apart from its clients' limit (protocol/sockio.py)
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
         dd = DataDir(data_dir)
-        self.data_dir = dd.path
-        self.shards = dd.shards()
-        self.service_id = dd.service_id()
-        key = dd.authkey()
+        self._init_calls(dd, retry_s, request_timeout_s)
         if supervisor is None:
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
@@ -63,56 +56,34 @@ class Router(Calls, SyncExecutor):
         # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
+        self.clients = [ShardClient(i, dd.socket_path(i), dd.authkey(), _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
-        self._init_calls(self.shards, retry_s)
-        self.request_timeout_s = request_timeout_s
+        self._chans = [c.chan for c in self.clients]
+        self._bind_effects()
         self._supervisor = supervisor
-        self._closed = False
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
         return self._mono()
 
-    def _effect(self, effect: Effect) -> Any:
-        if type(effect) is Send:
-            calls, retry_s, timeout_s, errors = effect
-            if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
-                try:
-                    return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
-                except Exception as e:
-                    if not errors:
-                        raise
-                    return [e]  # returned in its place
-            return self._call_many(calls, retry_s=retry_s, timeout=timeout_s, errors=errors)
-        if type(effect) is Submit:
-            return self._submit(effect)
-        if type(effect) is Collect:
-            return self._collect(effect)
-        if type(effect) is Wake:
-            return self._wake(effect)
-        if type(effect) is Park:
-            return self._park(effect.calls)
-        if type(effect) is Abandon:
-            return self._abandon(effect)
-        if type(effect) is Release:
-            return self._release(effect.leases)
-        if type(effect) is Sleep:
-            return time.sleep(effect.seconds)
-        if type(effect) is Owner:
-            cfg = self._call(effect.ask, "queue_config", [effect.queue])
-            self._queue_cfg.setdefault(effect.queue, cfg)
-            return self._owners.setdefault(effect.queue, placed_owner(cfg))
-        if type(effect) is Status:
-            if self._supervisor is None:
-                return status_file.add_to(effect.shards, DataDir(self.data_dir).run_dir)
-            for sh in effect.shards:
-                sh.update(self._supervisor.process_stats(sh["shard"]))
-            return None
-        if type(effect) is Settled:
-            return None  # no consume() loop counts leases here
-        raise TypeError(f"not an effect: {effect!r}")
+    def _do_send(self, effect: Send) -> list[Any]:
+        calls, retry_s, timeout_s, errors = effect
+        if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
+            try:
+                return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
+            except Exception as e:
+                if not errors:
+                    raise
+                return [e]  # returned in its place
+        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
+        return self._drive(deliver(self, calls, deadline, timeout_s, errors))
+
+    def _learn_owner(self, effect: Owner) -> int | None:
+        return self._drive(learn_owner(self, effect.queue, effect.ask))
+
+    @staticmethod
+    def _sleep(effect: Sleep) -> None:
+        time.sleep(effect.seconds)
 
     def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
         """Submit one request, connecting first; one never written is submitted again here
@@ -129,14 +100,8 @@ class Router(Calls, SyncExecutor):
             if self._mono() >= deadline:
                 raise ShardUnavailable(f"shard {shard}: {fut.error}")
 
-    def _call_many(self, calls: Sequence[tuple[int, str, list[Any]]], *, timeout: float | None = None,
-                   retry_s: float | None = None, errors: bool = False) -> list[Any]:
-        """A :class:`~.engine.Send`, done by the engine's :func:`~.engine.deliver`."""
-        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        return self._drive(deliver(self, calls, deadline, timeout, errors))
-
     def _submit(self, effect: Submit) -> list[Future | BaseException]:
-        """Do a :class:`~.engine.Submit`: the first call to a shard is sent as :meth:`_send`
+        """Do a :class:`~.effects.Submit`: the first call to a shard is sent as :meth:`_send`
         does (connecting first; its error stands in its place); the later ones only on the
         connection it went on (``on=``), so one that finds it gone fails unsent, and the
         engine sends it again after the calls before it."""
@@ -157,7 +122,7 @@ class Router(Calls, SyncExecutor):
         return futs
 
     def _collect(self, effect: Collect) -> list[Any]:
-        """Do a :class:`~.engine.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
+        """Do a :class:`~.effects.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
         calls, handles, timeout = effect
         end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
         for (s, _, _), f in zip(calls, handles):
@@ -183,15 +148,11 @@ class Router(Calls, SyncExecutor):
         [(value, resent)] = self._drive(deliver(self, [(shard, op, args)], deadline, got=got))
         return (value, resent) if with_resent else value
 
-    def _session(self, shard: int) -> list[int]:
-        client = self.clients[shard]
-        with client._lock:
-            return client.chan.sessions.open()
-
-    def _done(self, shard: int, session: list[int]) -> None:
-        client = self.clients[shard]
-        with client._lock:
-            client.chan.sessions.close(session)
+    def _add_status(self, shards: list[dict[str, Any]]) -> None:
+        if self._supervisor is None:
+            return super()._add_status(shards)
+        for sh in shards:  # the embedded supervisor's view
+            sh.update(self._supervisor.process_stats(sh["shard"]))
 
     # ------------------------------------------------------------------ the hot calls
     def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
@@ -218,24 +179,30 @@ class Router(Calls, SyncExecutor):
         if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
             raise err
 
-    def _park(self, calls: list[Call]) -> tuple[threading.Event, list[Future | None]]:
-        """Do a :class:`~.engine.Park`; the token is the event the replies set."""
+    def _park(self, effect: Park) -> tuple[threading.Event, list[Future | None]]:
+        """Do a :class:`~.effects.Park`; the token is the event the replies set."""
         event = threading.Event()
         handles: list[Future | None] = []
+        calls = effect.calls
         for shard, op, args in calls:
-            try:
-                fut = self._send(shard, op, args, self._mono())
-            except ShardUnavailable:
-                handles.append(None)  # down: the others serve
-                continue
+            if len(calls) == 1 and op == "dequeue_wait" and self.clients[shard].connected:
+                fut = Future()  # sent by the waiting caller itself, on the lone-call path (_wait_solo)
+            else:
+                try:
+                    fut = self._send(shard, op, args, self._mono())
+                except ShardUnavailable:
+                    handles.append(None)  # down: the others serve
+                    continue
             fut.callback = lambda f: event.set()
             handles.append(fut)
         return event, handles
 
     def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~.engine.Wake`: read the sockets in this thread (:func:`lead_any`),
+        """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`lead_any`),
         or, while another thread reads one, wait to be woken."""
         event, calls, handles, deadline, settled = effect
+        if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
+            self._wait_solo(calls[0], lone, deadline)
         futs = [f for f in handles if f is not None]
         clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
         while True:
@@ -247,34 +214,31 @@ class Router(Calls, SyncExecutor):
                     c.hand_off()
                 event.wait(deadline - self._mono())
 
+    def _wait_solo(self, call: Call, fut: Future, deadline: float) -> None:
+        """A lone waiting dequeue (:meth:`_park`): sent and read by this thread
+        (``call_solo``), no future or pending entry; withdrawn there if its wait passes
+        ``deadline``. A connection another thread uses meanwhile: sent as any other."""
+        client = self.clients[call.shard]
+        got: Any = SHARED if self._closed else client.call_solo(call.op, call.args, deadline - self._mono(), True)
+        if got is SHARED:
+            client.submit(call.op, call.args, lead=True, fut=fut)  # (no connection: fails unsent)
+        elif type(got[1]) is not TimeoutError:  # (timed out: withdrawn, and OPEN)
+            fut.set(*got)
+
     def _abandon(self, effect: Abandon) -> list[Any]:
-        """Do an :class:`~.engine.Abandon` (:meth:`~.channel.Channel.abandon`)."""
+        """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
         _, calls, handles = effect
-        out = []
-        for (shard, op, _), fut in zip(calls, handles):
-            if isinstance(fut, Future) and not fut.done:
-                if op == "dequeue_wait":  # withdrawn; what it leases anyway is released
-                    fut.callback = self._orphaned()
-                self.clients[shard].forget(fut)  # a watch is dropped
-                if fut.done and fut.callback is not None:
-                    fut.callback(fut)  # answered just before: its leases are nobody's
-                fut = None
-            out.append(_outcome(fut))
+        for (shard, _, _), fut in zip(calls, handles):
+            # answered just before: its reply is settled by the thread that read it, and
+            # goes back to the operation (which takes or releases its leases), as asyncio's
+            if isinstance(fut, Future) and not fut.done and self.clients[shard].forget(fut):
+                fut.wait(WITHDRAW_SETTLE_S)
         if effect.token is not None:  # (a wait's: its leader leaves)
             for shard, _, _ in calls:
                 self.clients[shard].hand_off()
-        return out
-
-    def _orphaned(self) -> Callable[[Future], None]:
-        once = threading.Lock()
-        return lambda f: self._release_rows(f.value) if once.acquire(False) and f.error is None and f.value else None
-
-    def _release_rows(self, rows: list[Any]) -> None:
-        self._release([lease for _, lease in leases_of("", rows)])  # a release needs no queue name
+        return [_outcome(f) for f in handles]
 
     def _release(self, leases: list[Lease]) -> None:
-        """Give leases back unstarted (their delivery not counted), without waiting; one
-        that cannot be sent expires by itself."""
         for lease in leases:
             try:
                 self._send(*release_call(lease), self._mono(), lead=False)
@@ -304,7 +268,7 @@ class Router(Calls, SyncExecutor):
 
 
 def _outcome(fut: Future | BaseException | None) -> Any:
-    """What a call was answered: :data:`~.engine.OPEN`, its value or its error."""
+    """What a call was answered: :data:`~.effects.OPEN`, its value or its error."""
     if isinstance(fut, BaseException):
         return fut
     if fut is None or not fut.done:

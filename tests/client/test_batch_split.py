@@ -1,7 +1,7 @@
 """A batch measured, checked and split by C loops gives what the job-by-job loop gave.
 
-``validate.jobs_bytes`` (the size bound of many jobs), ``router.cut_requests`` (one shard's
-items cut into requests) and ``router.split_by_shard`` (a batch of job dicts checked and
+``validate.jobs_bytes`` (the size bound of many jobs), ``routing.cut_requests`` (one shard's
+items cut into requests) and ``routing.split_by_shard`` (a batch of job dicts checked and
 grouped by shard) each have a path for the usual batch that takes no Python step per job.
 Here each is held to the job-by-job definition it replaced, at the limits and around them.
 """
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardq import limits
-from shardq.client.router import (_usual_batch, cut_requests, in_input_order, shard_for_key,
-                                  split_by_shard)
+from shardq.client.routing import (_usual_batch, cut_requests, in_input_order, shard_for_key,
+                                   split_by_shard)
 from shardq.config import parse as parse_config
 from shardq.errors import InvalidJob, UnknownQueue
 from shardq.protocol import validate

@@ -186,6 +186,21 @@ def test_a_waiting_dequeue_nobody_waits_for_is_withdrawn_and_a_late_answer_relea
     assert not chan.pending and not chan.orphans()
 
 
+def test_a_waiter_leaving_after_its_reply_was_read_is_told_so_and_nothing_is_withdrawn():
+    """A threaded shell settles a reply outside its lock: a caller that leaves in between
+    learns that its reply came (it takes or releases the leases), instead of leaving them
+    with nobody (the threaded client had a second release path for this)."""
+    chan = up()
+    wait = chan.submit("dequeue_wait", ["q", None, 1, 5.0], "w", 0.0)
+    chan.flush(0.0)
+    assert chan.replies([ok(wait.rid, [["row"]])]) == [("w", [["row"]], None)]  # not yet resolved
+    assert chan.abandon(wait, "w") is True
+    assert chan.flush(0.0) == ([], []) and not chan.orphans()  # no cancel_wait, no release
+    other = chan.submit("dequeue_wait", ["q", None, 1, 5.0], "x", 0.0)
+    chan.flush(0.0)
+    assert chan.abandon(other, "x") is False and chan.orphans()  # not answered: withdrawn
+
+
 def test_a_request_abandoned_before_it_was_written_is_never_sent():
     chan = up()
     req = chan.submit("ping", [], "p", 0.0)

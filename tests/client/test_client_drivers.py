@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 import threading
 import time
-from multiprocessing.connection import Listener
 
-import msgpack
 import pytest
 
 import shardq
 from shardq import limits
-from shardq.datadir import DataDir
-from shardq.protocol import sockio, validate, wire
+from shardq.protocol import validate, wire
 
-from support.service import Service, short_tmpdir, wait_until
+from support.fake_shard import FakeShards, Refuse
+from support.service import Service, wait_until
 
 Q = "jobs"
 
@@ -73,96 +70,6 @@ def connect(request):
 
 
 # ---------------------------------------------------------------------- fake shards
-class Refuse:
-    """A reply of error ``name`` (a class of shardq.errors, as a shard sends it)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-
-class FakeShards:
-    """Serves every shard of a new ``shards``-shard data dir. ``answer(shard, op, args)``
-    gives each request's result, or a :class:`Refuse`. ``requests`` holds ``(shard, op,
-    args)`` of every request read, ``frames`` the length of every frame read."""
-
-    def __init__(self, shards: int, answer):
-        self.dd = DataDir(short_tmpdir())
-        self.dd.init(shards)
-        self.answer = answer
-        self.answers_placement = False  # True: queue_config goes to ``answer`` like any op
-        self.requests: list[tuple[int, str, list]] = []
-        self.frames: list[int] = []
-        self.lock = threading.Lock()
-        self.closing = False
-        self.conns: list = []
-        self.listeners = [Listener(self.dd.socket_path(i), "AF_UNIX", authkey=self.dd.authkey())
-                          for i in range(shards)]
-        self.threads = [threading.Thread(target=self._accept, args=(i,), daemon=True) for i in range(shards)]
-        for t in self.threads:
-            t.start()
-
-    def _accept(self, shard: int) -> None:
-        while True:
-            try:
-                conn = self.listeners[shard].accept()
-            except Exception:  # noqa: BLE001 - closed, or close()'s wake-up failed the handshake
-                return
-            if self.closing:
-                conn.close()
-                return
-            conn.recv_bytes()  # the client's hello
-            conn.send_bytes(sockio.ADMITTED)
-            self.conns.append(conn)
-            threading.Thread(target=self._serve, args=(shard, conn), daemon=True).start()
-
-    def _serve(self, shard: int, conn) -> None:
-        while True:
-            try:
-                data = conn.recv_bytes()
-            except (EOFError, OSError):
-                return
-            replies = []
-            requests = msgpack.unpackb(data, raw=False)
-            if self.answers_placement or any(op != "queue_config" for _, op, _ in requests):
-                with self.lock:
-                    self.frames.append(len(data))
-            for rid, op, args in requests:
-                if op == "queue_config" and not self.answers_placement:
-                    # a router asks a queue's placement once, before its first enqueue of it
-                    # (docs/limits.md): an unplaced queue, not counted among the requests
-                    replies.append([rid, wire.OK, {}])
-                    continue
-                with self.lock:
-                    self.requests.append((shard, op, args))
-                result = self.answer(shard, op, args)
-                if isinstance(result, Refuse):
-                    replies.append([rid, wire.ERR, [result.name, f"shard {shard} refuses {op} (test)"]])
-                else:
-                    replies.append([rid, wire.OK, result])
-            try:
-                conn.send_bytes(msgpack.packb(replies))
-            except OSError:
-                return
-
-    def sent(self, *ops: str) -> list[tuple[int, str, list]]:
-        with self.lock:
-            return [r for r in self.requests if r[1] in ops]
-
-    def close(self) -> None:
-        self.closing = True
-        for i, listener in enumerate(self.listeners):
-            with socket.socket(socket.AF_UNIX) as s:  # wakes accept(), which closing does not
-                try:
-                    s.connect(self.dd.socket_path(i))
-                except OSError:
-                    pass
-            listener.close()
-        for t in self.threads:
-            t.join(5)
-        for c in self.conns:
-            c.close()
-
-
 @pytest.fixture
 def fake():
     made = []
@@ -665,13 +572,12 @@ def test_stats_totals_the_shards_that_answered_and_lists_the_others_as_unavailab
 # ---------------------------------------------------------------------- a broken connection
 @pytest.fixture
 def scripted():
-    """``scripted(*script)``: a one-shard fake (tests/support/fake_shard.py) that plays one
+    """``scripted(*script)``: a one-shard fake that plays one
     action per connection; closed after the clients (requested before ``connect``)."""
-    from support.fake_shard import FakeShard
     made = []
 
     def make(*script):
-        f = FakeShard(script)
+        f = FakeShards(script=script)
         made.append(f)
         return f
 

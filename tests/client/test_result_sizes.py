@@ -10,7 +10,7 @@ import pytest
 
 import shardq
 from shardq import limits
-from shardq.client.engine import Submit
+from shardq.client.effects import Send, Submit
 from shardq.client.routing import job_shard, shard_for_key
 from support.service import Service
 
@@ -48,9 +48,8 @@ def test_the_threaded_router_reads_every_size_in_one_request_per_shard(kept, mon
     svc, ids, sizes, ready = kept
     with svc.connect() as q:
         sent: list[str] = []
-        many, one = q._call_many, q._call
-        monkeypatch.setattr(q, "_call_many", lambda calls, **kw: sent.extend(_ops(calls)) or many(calls, **kw))
-        monkeypatch.setattr(q, "_call", lambda shard, op, args, **kw: sent.append(op) or one(shard, op, args, **kw))
+        send = q._handlers[Send]  # each Send's calls (a lone one, or those deliver transmits)
+        monkeypatch.setitem(q._handlers, Send, lambda e: sent.extend(_ops(e.calls)) or send(e))
         got = q.results(ids + [ready], sizes=True)
         assert [r.value_bytes for r in got[:-1]] == [sizes[j] for j in ids]
         assert {r.state for r in got[:-1]} == {"succeeded"} and got[-1].state == "ready"
@@ -68,13 +67,12 @@ def test_the_asyncio_client_reads_the_same_sizes(kept):
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
             sent: list[str] = []
-            effect_of = q._effect
+            submit = q._handlers[Submit]
 
-            async def counted(effect):
-                if type(effect) is Submit:  # each request, sent once
-                    sent.extend(_ops(effect.calls))
-                return await effect_of(effect)
-            q._effect = counted
+            async def counted(effect):  # each request, sent once
+                sent.extend(_ops(effect.calls))
+                return await submit(effect)
+            q._handlers[Submit] = counted
             got = await q.results(ids + [ready], sizes=True)
             return got, sent
 

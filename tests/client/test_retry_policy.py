@@ -17,7 +17,7 @@ from shardq import limits
 from shardq.client.connection import ConnectionLost, Future, ShardClient
 from shardq.protocol import wire
 
-from support.fake_shard import (FakeShard)
+from support.fake_shard import FakeShards
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def fake():
     made = []
 
     def make(*script):
-        f = FakeShard(script)
+        f = FakeShards(script=script)
         q = shardq.connect(f.dd.path, retry_s=5, request_timeout_s=5)
         made.append((f, q))
         return f, q
@@ -228,7 +228,7 @@ def test_the_router_and_its_connections_read_time_from_the_clock_they_are_given(
             return self.t
 
     for clock, outcome in ((Leaping(), shardq.ShardUnavailable), (None, [7])):
-        f = FakeShard(["drop", ("serve", lambda op, args: 7)])
+        f = FakeShards(script=["drop", ("serve", lambda op, args: 7)])
         q = Router(f.dd.path, retry_s=5, request_timeout_s=5, clock=clock)
         try:
             if outcome is shardq.ShardUnavailable:

@@ -473,3 +473,84 @@ def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
         second = q.enqueue(b"next", key=A)
         assert q.job(second)["body"] == b"next"
         assert sorted(drain_bodies(q)) == [b"late", b"next"]  # the timed-out call was applied
+
+
+def test_a_lone_waiting_dequeue_takes_the_lone_call_path_and_is_withdrawn_when_it_passes(monkeypatch):
+    """Issue 47: a waiting dequeue alone on its connection is sent and read by its caller
+    (``call_solo``: no future, no pending entry, no hand-off), as a lone dequeue is. One
+    whose reply does not come within its wait is withdrawn (``cancel_wait``), and the lease
+    the shard answers late is released unstarted, not left to expire with its delivery
+    counted."""
+    from shardq import limits
+    from shardq.client import connection
+    from support.fake_shard import FakeShards
+
+    paths = Counter()
+    real_solo, real_submit = connection.ShardClient.call_solo, connection.ShardClient.submit
+
+    def solo(self, op, args, timeout, *wait):
+        out = real_solo(self, op, args, timeout, *wait)
+        paths[op, "shared" if out is connection.SHARED else "solo"] += 1
+        return out
+
+    def submit(self, op, args, **kw):
+        paths[op, "general"] += 1
+        return real_submit(self, op, args, **kw)
+
+    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    monkeypatch.setattr(connection.ShardClient, "submit", submit)
+    late = threading.Event()  # the shard answers the second wait only once it is set
+    rows = [[(n << limits.JOB_ID_SHARD_BITS), None, b"job", 1, 100 + n, 9e9, 0, False] for n in (1, 2)]
+
+    def answer(shard, op, args):
+        if op == "dequeue_wait":
+            if len(f.sent("dequeue_wait")) == 2:
+                late.wait(10)
+                return [rows[1]]
+            return [rows[0]]
+        return [] if op == "dequeue" else None
+
+    f = FakeShards(1, answer)
+    try:
+        with shardq.connect(f.dd.path, retry_s=2, request_timeout_s=10) as q:
+            lease = q.dequeue("default", wait=5)  # the plain dequeue finds nothing: it waits
+            assert lease is not None and lease.job_id == rows[0][0]
+            assert paths[("dequeue_wait", "solo")] == 1 and ("dequeue_wait", "general") not in paths, paths
+            assert q.dequeue("default", wait=0.2) is None  # its reply does not come within 0.2 + 0.5 s
+            late.set()  # (the fake reads the withdrawal, written before, once it has answered)
+            wait_until(lambda: f.sent("cancel_wait"), 5, what="the withdrawal")
+            wait_until(lambda: [a[:3] + a[4:] for _, _, a in f.sent("nack")] == [[rows[1][0], rows[1][4], 0, False]],
+                       5, what="the late lease released unstarted")
+    finally:
+        late.set()
+        f.close()
+
+
+def test_a_lone_waiting_dequeue_that_finds_its_connection_in_use_is_sent_as_any_other(monkeypatch):
+    """The lone-call path declines (another thread took the connection between the wait's
+    start and its send): the wait is sent on the general path with the same handle, and
+    its lease comes back."""
+    from shardq import limits
+    from shardq.client import connection
+    from support.fake_shard import FakeShards
+
+    real_solo = connection.ShardClient.call_solo
+    declined = []
+
+    def solo(self, op, args, timeout, *wait):
+        if op == "dequeue_wait":
+            declined.append(op)
+            return connection.SHARED
+        return real_solo(self, op, args, timeout, *wait)
+
+    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    row = [1 << limits.JOB_ID_SHARD_BITS, None, b"job", 1, 101, 9e9, 0, False]
+    f = FakeShards(1, lambda shard, op, args: [row] if op == "dequeue_wait" else [] if op == "dequeue" else None)
+    try:
+        with shardq.connect(f.dd.path, retry_s=2, request_timeout_s=10) as q:
+            started = time.monotonic()
+            lease = q.dequeue("default", wait=5)
+            assert lease is not None and lease.job_id == row[0] and declined == ["dequeue_wait"]
+            assert time.monotonic() - started < 4  # woken by its reply, not by the end of the wait
+    finally:
+        f.close()

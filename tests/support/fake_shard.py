@@ -1,9 +1,12 @@
-"""A scripted shard on a unix socket, for the client tests: drops, hangs and canned answers."""
+"""Scripted shards on unix sockets, for the client tests: the real handshake and framing,
+replies chosen per request, and drops and hangs per connection."""
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Listener
+from typing import Any
 
 import msgpack
 
@@ -12,30 +15,56 @@ from shardq.protocol import sockio, wire
 from support.service import short_tmpdir
 
 
-class FakeShard:
-    """Serves shard 0 of a one-shard data dir. ``script`` is one action per connection:
-    ``"drop"`` (read one frame, close, set ``dropped``), ``"hang"`` (read one frame, never
-    answer), a function ``(op, args) -> result`` (answer every request of one frame with
-    OK results) or ``("serve", function)`` (the same for every frame until the client
-    closes). ``requests`` holds every request read, ``by_conn`` those of each connection."""
+class Refuse:
+    """A reply of error ``name`` (a class of shardq.errors, as a shard sends it)."""
 
-    def __init__(self, script):
+    def __init__(self, name: str):
+        self.name = name
+
+
+class FakeShards:
+    """Serves every shard of a new ``shards``-shard data dir, each connection in a thread of
+    its own.
+
+    ``answer(shard, op, args)`` gives each request's result, or a :class:`Refuse`. Or
+    ``script``: one action per connection, in the order they come (then no more are
+    accepted): ``"drop"`` (read one frame, close, set ``dropped``), ``"hang"`` (read one
+    frame, never answer), a function ``(op, args) -> result`` (answer every request of one
+    frame) or ``("serve", function)`` (the same for every frame until the client closes).
+
+    A client asks a queue's placement (``queue_config``) before its first enqueue of it
+    (docs/limits.md): an unplaced queue is answered, outside the script and the record,
+    unless ``answers_placement`` (then it goes to ``answer`` like any op). ``requests``
+    holds ``(shard, op, args)`` of every request read, ``by_conn`` those of each
+    connection, ``frames`` the length of every frame read."""
+
+    def __init__(self, shards: int = 1, answer: Callable[[int, str, list[Any]], Any] | None = None, *,
+                 script: Sequence[Any] | None = None):
         self.dd = DataDir(short_tmpdir())
-        self.dd.init(1)
-        self.script = list(script)
-        self.requests: list[list] = []
-        self.by_conn: list[list[list]] = []
+        self.dd.init(shards)
+        self.answer = answer
+        self.script = None if script is None else list(script)
+        self.answers_placement = False
+        self.requests: list[tuple[int, str, list[Any]]] = []
+        self.by_conn: list[list[tuple[int, str, list[Any]]]] = []
+        self.frames: list[int] = []
         self.dropped = threading.Event()
-        self.listener = Listener(self.dd.socket_path(0), "AF_UNIX", authkey=self.dd.authkey())
-        self.conns = []
+        self.lock = threading.Lock()
         self.closing = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.conns: list[Any] = []
+        self.listeners = [Listener(self.dd.socket_path(i), "AF_UNIX", authkey=self.dd.authkey())
+                          for i in range(shards)]
+        self.threads = [threading.Thread(target=self._accept, args=(i,), daemon=True) for i in range(shards)]
+        for t in self.threads:
+            t.start()
 
-    def _serve(self):
-        for action in self.script:
+    def _accept(self, shard: int) -> None:
+        while True:
+            with self.lock:
+                if self.script == []:
+                    return  # every scripted connection was made
             try:
-                conn = self.listener.accept()
+                conn = self.listeners[shard].accept()
             except Exception:  # noqa: BLE001 - closed, or close()'s wake-up failed the handshake
                 return
             if self.closing:
@@ -43,44 +72,74 @@ class FakeShard:
                 return
             conn.recv_bytes()  # the client's hello
             conn.send_bytes(sockio.ADMITTED)  # the shard's verdict that ends a handshake
-            self.conns.append(conn)
-            self.by_conn.append([])
-            serve = type(action) is tuple
-            while True:
-                try:
-                    reqs = msgpack.unpackb(conn.recv_bytes(), raw=False)
-                except (EOFError, OSError):
-                    break  # the client closed a connection this action serves
-                if all(op == "queue_config" for _, op, _ in reqs):
-                    # a router asks a queue's placement before its first enqueue of it
-                    # (docs/limits.md): an unplaced queue, outside the script and the record
-                    conn.send_bytes(msgpack.packb([[rid, wire.OK, {}] for rid, _, _ in reqs]))
+            with self.lock:
+                self.conns.append(conn)
+                self.by_conn.append([])
+                mine = self.by_conn[-1]
+                action = self.script.pop(0) if self.script else ("serve", None)
+            threading.Thread(target=self._serve, args=(shard, conn, action, mine), daemon=True).start()
+
+    def _serve(self, shard: int, conn: Any, action: Any, mine: list[tuple[int, str, list[Any]]]) -> None:
+        serve = type(action) is tuple
+        if serve and action[1] is not None:
+            action = action[1]
+        while True:
+            try:
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the client closed a connection this action serves
+            requests = msgpack.unpackb(data, raw=False)
+            placement = not self.answers_placement and all(op == "queue_config" for _, op, _ in requests)
+            replies = []
+            for rid, op, args in requests:
+                if op == "queue_config" and not self.answers_placement:
+                    replies.append([rid, wire.OK, {}])  # an unplaced queue, not counted among the requests
                     continue
-                self.requests.extend(reqs)
-                self.by_conn[-1].extend(reqs)
-                if action == "drop":
-                    conn.close()
-                    self.dropped.set()
-                elif action != "hang":
-                    answer = action[1] if serve else action
-                    conn.send_bytes(msgpack.packb([[rid, wire.OK, answer(op, args)] for rid, op, args in reqs]))
-                if not serve:
-                    break
+                with self.lock:
+                    self.requests.append((shard, op, args))
+                    mine.append((shard, op, args))
+                if action in ("drop", "hang"):
+                    continue
+                result = self.answer(shard, op, args) if action == ("serve", None) else action(op, args)
+                if isinstance(result, Refuse):
+                    replies.append([rid, wire.ERR, [result.name, f"shard {shard} refuses {op} (test)"]])
+                else:
+                    replies.append([rid, wire.OK, result])
+            if not placement:
+                with self.lock:
+                    self.frames.append(len(data))
+            if action == "drop" and not placement:
+                conn.close()
+                self.dropped.set()
+                return
+            if action != "hang" or placement:
+                try:
+                    conn.send_bytes(msgpack.packb(replies))
+                except OSError:
+                    return
+            if not serve and not placement:
+                return  # one frame played: the connection stays open, unread
+
+    def sent(self, *ops: str) -> list[tuple[int, str, list[Any]]]:
+        with self.lock:
+            return [r for r in self.requests if r[1] in ops]
 
     def ops(self) -> list[str]:
         return [op for _, op, _ in self.requests]
 
-    def close(self):
-        # A script step the client never reached leaves the thread in accept(), which
-        # closing the listener does not wake: a bare connection (no handshake) does.
+    def close(self) -> None:
+        # A thread waiting in accept() is not woken by closing the listener: a bare
+        # connection (no handshake) does.
         self.closing = True
-        with socket.socket(socket.AF_UNIX) as s:
-            try:
-                s.connect(self.dd.socket_path(0))
-            except OSError:
-                pass  # nobody listening any more
-        self.listener.close()
-        self.thread.join(5)
-        assert not self.thread.is_alive(), "the fake shard's thread did not end"
+        for i, listener in enumerate(self.listeners):
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect(self.dd.socket_path(i))
+                except OSError:
+                    pass  # nobody listening any more
+            listener.close()
+        for t in self.threads:
+            t.join(5)
+            assert not t.is_alive(), "a fake shard's accept thread did not end"
         for c in self.conns:
             c.close()

@@ -12,6 +12,7 @@ import pytest
 import shardq
 from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
+from shardq.client.effects import Send
 from shardq.clock import FakeClock
 from shardq.tasks.workflow import Workflow, describe
 
@@ -114,12 +115,12 @@ def test_a_chord_callback_gets_every_result_in_member_order_once(fresh):
     assert calls == [[d * 10 for d in range(members)]]
     q = fresh.queue
     sent: list[str] = []
-    many = q._call_many
-    q._call_many = lambda calls, **kw: sent.extend(op for _s, op, _a in calls) or many(calls, **kw)
+    send = q._handlers[Send]  # every request of every Send effect
+    q._handlers[Send] = lambda effect: sent.extend(op for _s, op, _a in effect.calls) or send(effect)
     try:
         rows = wf.status()
     finally:
-        del q._call_many
+        q._handlers[Send] = send
     assert len(rows) == members + 1 and all(r["state"] == "succeeded" for r in rows)
     assert "result" not in sent and "result_sizes" in sent  # a look reads sizes, no value
     values = q.results([r["job_id"] for r in rows])
