@@ -37,7 +37,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import limits
 from ..clock import Clock, SystemClock
@@ -595,3 +595,10 @@ class SqsQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:  # mypy checks that the SQS backend is a Queue (client/queue.py)
+    from ..client.queue import Queue
+
+    def _contract(q: SqsQueue) -> Queue:
+        return q

@@ -73,8 +73,10 @@ class Queue(Protocol):
 
     #: A stable id of the service behind this client (the local data dir's id, or the SQS
     #: account/region/prefix). Idempotency stores bind to it: job ids are only unique
-    #: within one service.
-    service_id: str | None
+    #: within one service. Read-only here (a property of the SQS backend; an attribute of the
+    #: local clients), so every backend is a Queue to the type checker.
+    @property
+    def service_id(self) -> str | None: ...
 
     def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
                 priority: int = 0, dedup_id: str | None = None) -> JobId:
