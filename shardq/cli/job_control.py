@@ -54,8 +54,9 @@ def show(q: Any, job_id: int, raw: bool = False) -> dict[str, Any]:
     included), its progress, and its kept result's size and expiry; for a job acked with
     its result kept, ``state`` ``succeeded`` and the result's figures. NotFound if the job
     is neither live nor has a result kept."""
+    from ..client.contracts import Results
     from ..client.results import look_up
-    info, outcome = look_up(_Control(q), job_id)
+    info, outcome = look_up(common.control_call(q, "job"), q.results if isinstance(q, Results) else None, job_id)
     if info is None:
         info = {"job_id": job_id, "state": "succeeded"}
     else:
@@ -67,13 +68,3 @@ def show(q: Any, job_id: int, raw: bool = False) -> dict[str, Any]:
         if outcome.state == "succeeded":
             info.update(result_bytes=len(outcome.value or b""), result_expires_at=outcome.expires_at)
     return info
-
-
-class _Control:
-    """``q`` with its ``job`` call as the CLI makes control calls (Unsupported, with the
-    reason, on a backend that has none)."""
-
-    def __init__(self, q: Any) -> None:
-        self.job = common.control_call(q, "job")
-        if hasattr(q, "results"):
-            self.results = q.results

@@ -8,6 +8,7 @@ twice is the same, an arrival is counted once per index, the others read.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import limits
@@ -235,15 +236,16 @@ def in_order(count: int, where: list[list[int]], replies: list[list[Any]]) -> li
     return out
 
 
-def look_up(router: Any, job_id: int) -> tuple[dict[str, Any] | None, JobResult | None]:
-    """A job as ``shardq job show`` and the console show it: the live job (``router.job``,
-    None once it is not live) and its outcome (None from a backend that keeps no results).
-    NotFound if the job is neither live nor has a result kept."""
+def look_up(job: Callable[[int], dict[str, Any]], results: Callable[[list[int]], list[JobResult]] | None,
+            job_id: int) -> tuple[dict[str, Any] | None, JobResult | None]:
+    """A job as ``shardq job show`` and the console show it: the live job (``job``, a
+    router's ``job`` call: None once it is not live) and its outcome (``results``: None for a
+    backend that keeps none). NotFound if the job is neither live nor has a result kept."""
     try:
-        info = router.job(job_id)
+        info = job(job_id)
     except NotFound:
         info = None
-    outcome = router.results([job_id])[0] if hasattr(router, "results") else None
+    outcome = results([job_id])[0] if results is not None else None
     if info is None and (outcome is None or outcome.state != "succeeded"):
         raise NotFound(f"job {job_id} not found: not live (finished, cancelled, purged or never enqueued) "
                        "and no result kept")

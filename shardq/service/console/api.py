@@ -229,7 +229,7 @@ class ConsoleApi:
         neither live nor has a result kept."""
         jid = _id(job_id)
         shard = job_shard(jid, self.router.shards)  # NotFound for a shard this service lacks
-        info, outcome = look_up(self.router, jid)
+        info, outcome = look_up(self.router.job, self.router.results, jid)
         if info is None:
             info = {"job_id": jid, "shard": shard, "state": "succeeded"}
         else:
