@@ -376,7 +376,7 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", "--duration", CHAOS_S,
-                           "--fault-interval", "1.5", "--seed", "20261130", "--rate", "60", "--drain-timeout", "60",
+                           "--fault-interval", "1.2", "--seed", "20261130", "--rate", "60", "--drain-timeout", "60",
                            "--keep", "--stall-prob", "0.01", "--power-cuts",
                            "--body-bytes", "65536", "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env, cwd=str(tmp_path), check=False)
@@ -395,7 +395,7 @@ def test_short_chaos_run_passes_and_its_tampered_histories_fail(tmp_path):
         assert pages["segments"] >= 2 and pages.get("unknown", 0) == 0, pages   # every cut knew the synced size
         assert rep["info"]["service"].get("compactions", 0) > 0, rep["info"]["service"]
         plan_now = plan(20261130, kinds_for(target=False, power_cuts=True), duration_s=float(CHAOS_S),
-                        interval_s=1.5, shards=2, workers=3, visibility_s=1.0, health_timeout_s=3.0)[0]
+                        interval_s=1.2, shards=2, workers=3, visibility_s=1.0, health_timeout_s=3.0)[0]
         assert rep["info"]["schedule"]["fingerprint"] == fingerprint(plan_now)
 
         enq, leases, effects = _load(kept.group(2))
