@@ -1,5 +1,11 @@
 """``shardq verify --target sqs://...`` against moto: worker kills and stalls, then the history
-checker, which must pass."""
+checker, which must pass.
+
+Sizes: 5 s of faults (each kind dealt at least once, a round of two faults planned in
+about 3 s) at 15 jobs a second per producer, about 180 jobs: enough for every count asserted
+below, and few enough that the drain through moto (about 40 jobs a second with one lease
+per worker) takes a second or two instead of the 17 s it took at 40 a second for 8 s. The
+longer run on moto is in docs/scale-out.md."""
 from __future__ import annotations
 
 import json
@@ -20,8 +26,8 @@ def _verify(args, tmp_path, timeout=240):
 def test_verify_against_sqs_passes_with_worker_faults(moto, tmp_path):
     out = tmp_path / "report.json"
     target = moto.target()
-    proc = _verify(["--target", target, "--duration", "8", "--fault-interval", "1.5", "--seed", "13",
-                    "--rate", "40", "--stall-prob", "0.01", "--drain-timeout", "90", "--json", str(out),
+    proc = _verify(["--target", target, "--duration", "5", "--fault-interval", "1.5", "--seed", "13",
+                    "--rate", "15", "--stall-prob", "0.01", "--drain-timeout", "90", "--json", str(out),
                     "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.05"],
                    tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -48,8 +54,8 @@ def test_verify_against_sqs_with_the_worker_runner_passes(moto, tmp_path):
     """The worker runner on the SQS backend (one lease at a time there: moto mis-orders a
     timed-out batch of one group), its handler failing and extending some jobs."""
     out = tmp_path / "report.json"
-    proc = _verify(["--target", moto.target(), "--duration", "8", "--fault-interval", "1.5", "--seed", "14",
-                    "--rate", "30", "--drain-timeout", "90", "--json", str(out), "--worker-kind", "runner",
+    proc = _verify(["--target", moto.target(), "--duration", "5", "--fault-interval", "1.5", "--seed", "14",
+                    "--rate", "15", "--drain-timeout", "90", "--json", str(out), "--worker-kind", "runner",
                     "--dedup", "--nack-prob", "0.05", "--extend-prob", "0.05"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     rep = json.loads(out.read_text())

@@ -80,8 +80,11 @@ def test_a_benchmark_stopped_by_sigterm_stops_the_servers_it_started(tmp_path):
     import time
     import psutil
     where = tempfile.mkdtemp(prefix="sqb", dir="/tmp")  # unix socket paths must stay short
-    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--runs", "1", "--no-install", "--only", "shardq",
-                             "--figures", "M", "--no-scaling", "--json", str(tmp_path / "r.json"), "--tmpdir", where],
+    # --quick for its 0.2 s physical limits (1 s each otherwise, before any shard starts);
+    # --jobs 10000, so figure M is still long when the SIGTERM comes.
+    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--quick", "--jobs", "10000", "--runs", "1",
+                             "--no-install", "--only", "shardq", "--figures", "M", "--no-scaling",
+                             "--json", str(tmp_path / "r.json"), "--tmpdir", where],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def servers() -> list:

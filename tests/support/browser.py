@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 
 import psutil
 
@@ -37,6 +38,7 @@ def chromium(width: int = 1280, height: int = 1000):
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a browser or driver
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service as DriverService
+    from selenium.webdriver.remote.webdriver import WebDriver as RemoteWebDriver
 
     profile = tempfile.mkdtemp(prefix="sq-chromium-")
     opts = webdriver.ChromeOptions()
@@ -61,7 +63,11 @@ def chromium(width: int = 1280, height: int = 1000):
                 pass
         if driver is not None:
             try:
-                driver.quit()
+                # Ending the session closes the browser. Not driver.quit(): its service.stop()
+                # asks chromedriver to shut down and, finding it still listening just after
+                # the request, sleeps a whole second (selenium 4); the driver process is
+                # ended by PID below instead.
+                RemoteWebDriver.quit(driver)
             except Exception:  # noqa: BLE001 - best-effort cleanup
                 pass
         for p in procs:
@@ -69,5 +75,20 @@ def chromium(width: int = 1280, height: int = 1000):
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(procs, timeout=10)
+        # Dead is enough: a killed browser process whose parent (chromedriver) is gone is
+        # a zombie until PID 1 reaps it, which psutil.wait_procs would wait for (1-2 s
+        # under this VM's PID 1, per browser).
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.01)  # poll with a deadline
+        if service.process is not None:
+            service.process.wait(10)  # the Popen learns its exit too
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _running(p: psutil.Process) -> bool:
+    """``p`` (the process seen at the start, not a later one with its PID) still runs."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
