@@ -16,6 +16,7 @@ from shardq.backends.sqs import SqsQueue
 from shardq.consumer.idempotency import SqliteStore
 from support.service import wait_until
 from support.sqs_server import fresh_target, init_queues, raw_client
+from support.task_apps import make_app
 
 CONFIG = {"queues": {"default": {"visibility_timeout": 2, "max_deliveries": 3,
                                  "max_body_bytes": limits.SQS_MESSAGE_BYTES_MAX}}}
@@ -222,15 +223,7 @@ def test_features_sqs_fifo_lacks_are_refused_by_name(q, kw, feature):
 
 
 def test_results_and_workflows_are_refused_with_the_reason_and_nothing_is_sent(q):
-    app = shardq.App(router=q)
-
-    @app.task(keep_result=60)
-    def kept(ctx) -> int:
-        return 1
-
-    @app.task
-    def plain(ctx, x: int = 0) -> int:
-        return x
+    app, kept, plain = make_app(q)
 
     with pytest.raises(shardq.Unsupported, match="keeps none"):
         kept.send()

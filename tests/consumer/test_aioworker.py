@@ -16,7 +16,7 @@ from shardq.tasks.dispatch import TaskHandler
 from shardq.consumer.idempotency import SqliteStore
 
 from support.driver_tasks import write_effect
-from support.fakes import READY, AsyncFacade, BuryingQueue
+from support.fakes import READY, AsyncFacade, AsyncTask, BuryingQueue
 from support.service import Service, wait_until
 from shardq.clock import FakeClock
 from shardq.consumer.idempotency import MemoryStore
@@ -116,24 +116,13 @@ def test_send_async_uses_the_apps_asyncio_client(app):
 
 
 # ---------------------------------------------------------------------------- the event loop's own mechanics
-class _Forever:
-    """An async task (for the asyncio runner, no task registry): writes its effect through
-    ``ctx.db``, then waits for ever; says whether it was cancelled."""
-
-    is_async = True
+class _Forever(AsyncTask):
+    """An async task: writes its effect through ``ctx.db``, then waits for ever; says
+    whether it was cancelled."""
 
     def __init__(self):
         self.started = asyncio.Event()
         self.cancelled = False
-
-    def __call__(self, ctx):
-        raise AssertionError("an async task: never run in a thread")
-
-    def task_of(self, body):
-        return self
-
-    def resolve(self, ctx):
-        return self, [], {}
 
     async def run_async(self, task, ctx, args, kwargs):
         await ctx.db.run(write_effect, ctx.job_id)

@@ -15,7 +15,7 @@ from shardq.consumer.aioworker import AsyncWorker
 from shardq.consumer.worker import Worker
 from shardq.errors import Fail, Unsupported
 
-from support.fakes import ACKED, DEAD, READY, AsyncFacade, BuryingQueue, FakeQueue, PlainQueue
+from support.fakes import ACKED, DEAD, READY, AsyncFacade, AsyncTask, BuryingQueue, FakeQueue, PlainQueue
 
 FAST = {"poll_s": 0.005, "idle_wait_s": 0.01, "concurrency": 1}
 
@@ -90,19 +90,8 @@ class SlowProgress(AsyncFacade):
         self.q.progress(lease, fraction, note)
 
 
-class _ReportsProgress:
-    """An async task (for the asyncio runner, no task registry) that reports progress and ends."""
-
-    is_async = True
-
-    def __call__(self, ctx):
-        raise AssertionError("an async task: never run in a thread")
-
-    def task_of(self, body):
-        return self
-
-    def resolve(self, ctx):
-        return self, [], {}
+class _ReportsProgress(AsyncTask):
+    """An async task that reports progress and ends."""
 
     async def run_async(self, task, ctx, args, kwargs):
         ctx.progress(0.5, "half")  # sent without waiting: the job ends before it lands

@@ -350,3 +350,19 @@ class AsyncFacade:
 
     async def close(self) -> None:
         pass  # the test owns the FakeQueue
+
+
+class AsyncTask:
+    """A handler the asyncio runner takes as an async task with no task registry: a
+    subclass writes ``run_async``; a thread never runs it."""
+
+    is_async = True
+
+    def __call__(self, ctx):
+        raise AssertionError("an async task: never run in a thread")
+
+    def task_of(self, body):
+        return self
+
+    def resolve(self, ctx):
+        return self, [], {}

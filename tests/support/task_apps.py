@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import shardq
+
 
 @contextlib.contextmanager
 def fresh_tasks(app) -> Iterator:
@@ -41,3 +43,18 @@ def embedded_with_http(token: str, config: dict, shards: int = 2) -> Iterator:
             http.stop()
     finally:
         app.close()
+
+
+def make_app(q) -> tuple[shardq.App, object, object]:
+    """An app on ``q`` with a task that keeps its result (``kept``) and one that does not
+    (``plain``, returns its argument)."""
+    app = shardq.App(router=q)
+
+    @app.task(keep_result=60)
+    def kept(ctx) -> int:
+        return 1
+
+    @app.task
+    def plain(ctx, x: int = 0) -> int:
+        return x
+    return app, kept, plain

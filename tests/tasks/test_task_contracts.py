@@ -17,19 +17,7 @@ from shardq.tasks.dispatch import TaskHandler
 from shardq.tasks.workflow import Workflow
 
 from support.fakes import DEAD, BuryingQueue, PlainQueue
-
-
-def make_app(q) -> tuple[shardq.App, object, object]:
-    app = shardq.App(router=q)
-
-    @app.task(keep_result=60)
-    def kept(ctx) -> int:
-        return 1
-
-    @app.task
-    def plain(ctx, x: int = 0) -> int:
-        return x
-    return app, kept, plain
+from support.task_apps import make_app
 
 
 def test_results_and_workflows_on_a_client_without_them_are_refused_and_nothing_is_sent():
