@@ -11,7 +11,7 @@ from support.service import REPO
 def test_fsync_idle_probe_runs(tmp_path):
     out = tmp_path / "fsync.json"
     r = subprocess.run([sys.executable, "-m", "bench.probes.fsync_idle", "--quick", "--gaps-ms", "1,5",
-                        "--dir", str(tmp_path), "--json", str(out)],
+                        "--file-mib", "2", "--dir", str(tmp_path), "--json", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
