@@ -10,7 +10,10 @@ left is the CPU a lone request costs in the loop, hot in the caches. Two shapes:
 
 * ``enqueue``: one job (100-byte body, a key) with a router session, as figure A sends it;
 * ``lease+ack``: a ``dequeue`` of one job then its ``ack`` (figure C), default
-  ``lease_sync = "batched"``.
+  ``lease_sync = "batched"``;
+* ``wake``: figure W's iteration: a second client waits in ``dequeue_wait``, and one job's
+  enqueue is served with the waiter's lease in its iteration (only that iteration is timed
+  and traced; the waiter's ack and its next ``dequeue_wait`` come before each call, untimed).
 
 Reported per request shape: microseconds per call (the minimum over ``--repeats`` rounds of
 ``--calls`` calls: the least disturbed round of this machine), and the Python bytecodes
@@ -46,6 +49,7 @@ from shardq.shard.process import ShardServer, tune_gc, untune_gc
 from shardq.shard.report import ReportingFiles, SupervisorPipe
 
 BODY = b"x" * 100
+WAKE_QUEUE = "woken"  # shape "wake": empty until each call's enqueue
 CLIENT_ID = 77
 _LEN = struct.Struct("!i")
 TOP_FUNCTIONS = 12
@@ -76,8 +80,15 @@ class Loop:
         srv.conns.add(conn)
         srv._by_fd[conn.fd] = conn
         srv._poller.register(conn.fd, select.EPOLLIN)
+        waiter, theirs = socket.socketpair()  # the consumer of shape "wake"
+        self._waiter = waiter
+        conn = FrameConn(theirs.detach())
+        srv.conns.add(conn)
+        srv._by_fd[conn.fd] = conn
+        srv._poller.register(conn.fd, select.EPOLLIN)
         self.rid = 0
         self.failures = 0
+        self._held: list | None = None  # the waiter's lease, acked before its next wait
 
     def call(self, op: str, args: list):
         self.rid += 1
@@ -90,8 +101,8 @@ class Loop:
             self.failures += 1
         return result
 
-    def enqueue(self) -> None:
-        self.call("enqueue", [[[BODY, f"k{self.rid % 1000}", "default", 0, 0, None]],
+    def enqueue(self, queue: str = "default") -> None:
+        self.call("enqueue", [[[BODY, f"k{self.rid % 1000}", queue, 0, 0, None]],
                               [CLIENT_ID, self.rid + 1, self.rid + 1]])
 
     def lease_ack(self) -> None:
@@ -101,25 +112,65 @@ class Loop:
         else:
             self.failures += 1
 
+    def _waiter_call(self, op: str, args: list) -> None:
+        self.rid += 1
+        req = msgpack.packb([[self.rid, op, args]])
+        self._waiter.send(_LEN.pack(len(req)) + req)
+
+    def park(self) -> None:
+        """The waiter acks what it holds and waits again (untimed: before each "wake")."""
+        if self._held is not None:
+            self._waiter_call("ack", [[self._held]])
+            self.server.iterate()
+            self._reply(self._waiter)
+        self._waiter_call("dequeue_wait", [WAKE_QUEUE, None, 1, 5.0])
+        self.server.iterate()
+
+    def wake(self) -> None:
+        """An enqueue whose iteration leases the job to the parked waiter."""
+        self.enqueue(WAKE_QUEUE)
+        lease = self._reply(self._waiter)
+        if lease:
+            self._held = [lease[0][0], lease[0][4]]
+        else:
+            self.failures += 1
+            self._held = None
+
+    def _reply(self, sock: socket.socket):
+        data = sock.recv(1 << 16)
+        ((rid, status, result),) = msgpack.unpackb(data[_LEN.size:], raw=False)
+        if status != 0:
+            self.failures += 1
+        return result
+
     def close(self) -> None:
         self.server.committer.stop()
         self.server._poller.close()
         self._sock.close()
+        self._waiter.close()
         self.shard.close()
         untune_gc()
 
 
-def _timed(fn, calls: int, repeats: int) -> float:
+def _nothing() -> None:
+    pass
+
+
+def _timed(fn, calls: int, repeats: int, setup=_nothing) -> float:
     best = float("inf")
+    clock = time.perf_counter
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        took = 0.0
         for _ in range(calls):
+            setup()
+            t0 = clock()
             fn()
-        best = min(best, time.perf_counter() - t0)
+            took += clock() - t0
+        best = min(best, took)
     return best / calls * 1e6
 
 
-def _bytecodes(fn, calls: int) -> tuple[float, list]:
+def _bytecodes(fn, calls: int, setup=_nothing) -> tuple[float, list]:
     """Bytecodes executed per call of ``fn``, in total and per function (most first)."""
     counts: collections.Counter = collections.Counter()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # the repo
@@ -136,12 +187,13 @@ def _bytecodes(fn, calls: int) -> tuple[float, list]:
             return opcode
         return opcode
 
-    sys.settrace(tracer)
-    try:
-        for _ in range(calls):
+    for _ in range(calls):
+        setup()
+        sys.settrace(tracer)
+        try:
             fn()
-    finally:
-        sys.settrace(None)
+        finally:
+            sys.settrace(None)
     this = os.path.relpath(__file__, root)
     counts = collections.Counter({k: v for k, v in counts.items() if k[0] != this})  # not the driver
     top = [[f"{path}:{name}", n / calls] for (path, name), n in counts.most_common(TOP_FUNCTIONS)]
@@ -166,11 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         preload = warm + a.calls * a.repeats + traced
         loop = Loop(tmp, preload)
         try:
-            for name, fn in (("enqueue", loop.enqueue), ("lease+ack", loop.lease_ack)):
+            for name, fn, setup in (("enqueue", loop.enqueue, _nothing), ("lease+ack", loop.lease_ack, _nothing),
+                                    ("wake", loop.wake, loop.park)):
                 for _ in range(warm):
+                    setup()
                     fn()
-                us = _timed(fn, a.calls, a.repeats)
-                per_call, top = _bytecodes(fn, traced)
+                us = _timed(fn, a.calls, a.repeats, setup)
+                per_call, top = _bytecodes(fn, traced, setup)
                 results[name] = {"us_per_call": us, "bytecodes_per_call": per_call, "top": top}
         finally:
             failures = loop.failures

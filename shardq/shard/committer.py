@@ -186,7 +186,7 @@ class Committer:
             elif self._unsynced_since is not None and self._stopping:
                 synced = self._sync()
                 if synced is not None:
-                    self._observe(*synced)
+                    self._synced(*synced)
             self._flush_backlog(final=self._stopping and not items)
             with self._lock:
                 self._busy = False
@@ -282,7 +282,7 @@ class Committer:
             if closes:
                 self._close(closes)
         if synced is not None:
-            self._observe(*synced)  # after the replies: no caller waits for the bookkeeping
+            self._synced(*synced)  # after the replies: no caller waits for the bookkeeping
         if self._backlog:
             with self._work:
                 self._work.notify()  # the committer thread flushes it (see _run)
@@ -300,9 +300,11 @@ class Committer:
                 self._unsynced_since = self._monotonic()
             self._unsynced_payloads.extend(payloads)
 
-    def _sync(self) -> tuple[float, list[bytes]] | None:
+    def _sync(self) -> tuple[int, float, list[bytes]] | None:
         """fdatasync what was written before this call, if anything is unsynced; return what
-        :meth:`_observe` records once the replies it covers are sent."""
+        :meth:`_synced` notes once the replies it covers are sent (the highest job sequence
+        number it covers, its seconds, its payloads): nothing but those replies waits for it,
+        and a reply that waits for an fdatasync waits for nothing else."""
         if not self.log.unsynced:
             # Synced by other means (a rotation seals its segment with an fdatasync): nothing
             # is due. Left set, sync_due would stay in the past and the loop spin on it.
@@ -319,14 +321,20 @@ class Committer:
             self.log.sync()
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
-        seconds = self._monotonic() - t0
+        return seq, self._monotonic() - t0, payloads
+
+    def _synced(self, seq: int, seconds: float, payloads: list[bytes]) -> None:
+        """The bookkeeping of an fdatasync (:meth:`_sync`), after the replies it covers: jobs
+        up to ``seq`` are durable (a lease of one may go before its own fsync from now on:
+        until now it waited for the next, which is only later, never wrong), nothing is due
+        unless an append raced the fdatasync, and the metrics."""
         self.fsyncs += 1
         with self._lock:
             if seq > self.durable_seq:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
                 self._unsynced_since = None
-        return seconds, payloads
+        self._observe(seconds, payloads)
 
     def _fail(self, e: BaseException) -> None:
         log.error("log commit failed; exiting without replying so the supervisor "

@@ -224,7 +224,38 @@ def test_an_early_reply_does_not_wait_for_another_batchs_fsync(slow, rotation_du
     assert c.durable_seq == 1 and log_.unsynced and c.sync_due() is not None
     c.submit([], [(b, b"synced")], [], sync=True, seq=2)
     assert read_frame(b_peer, timeout=5.0) == b"synced"
+    c.drain()  # the fdatasync's bookkeeping follows its replies
     assert c.durable_seq == 2 and not log_.unsynced and c.sync_due() is None
+
+
+def test_a_reply_that_waits_for_an_fdatasync_leaves_before_its_bookkeeping(monkeypatch):
+    """Between an fdatasync and the replies it covers there is nothing else: durable_seq,
+    the sync deadline and the metrics are noted after the replies are written (a lease
+    that could have gone early meanwhile waits for the next fsync: later, never wrong)."""
+    log_ = SlowSyncLog()
+    log_.release.set()
+    c = Committer(log_, exit_code=4)
+    conn, peer = pair(1700)
+    readable_at_bookkeeping: list[bool] = []
+    synced = c._synced
+
+    def noting(*args):
+        try:
+            readable_at_bookkeeping.append(bool(peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)))
+        except BlockingIOError:
+            readable_at_bookkeeping.append(False)
+        synced(*args)
+    monkeypatch.setattr(c, "_synced", noting)
+    try:
+        c.submit([b"enqueue-of-job-1"], [(conn, b"enqueued")], [], inline=True, sync=True, seq=1)
+        assert readable_at_bookkeeping == [True]  # inline: this thread did it all, in that order
+        assert read_frame(peer, timeout=5.0) == b"enqueued"
+        assert c.durable_seq == 1 and c.fsyncs == 1 and c.sync_due() is None
+        assert c.commit_seconds.snapshot()["count"] == 1
+    finally:
+        c.stop()
+        conn.close()
+        peer.close()
 
 
 def test_an_early_reply_left_to_a_slow_reader_is_flushed_though_the_thread_went_idle(slow):
