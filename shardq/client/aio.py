@@ -165,12 +165,12 @@ class AsyncQueue(Calls, AsyncExecutor):
         item = job_item(body, key, queue, delay, priority, dedup_id)
         shard = self._placed(queue, key, priority)
         conn = self.conns[shard if shard is not None else await self._drive(place(self, queue, key, priority))]
-        fut = conn.enqueue(item)
+        fut = conn.merged(conn.chan.enqueue_part, item)
         try:
             got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
             return got[0]
         except asyncio.CancelledError:
-            conn.forget(fut)
+            conn.chan.forget(fut)  # (its part of the merged request)
             raise
 
     async def ack(self, lease: Lease) -> None:
@@ -178,11 +178,11 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             raise Closed("client is closed")
         conn = self.conns[lease_shard(lease, self.shards)]
-        fut = conn.ack([lease.job_id, lease.token])
+        fut = conn.merged(conn.chan.ack_part, [lease.job_id, lease.token])
         try:
             err, resent = await fut
         except asyncio.CancelledError:
-            conn.forget(fut)
+            conn.chan.forget(fut)  # (its part of the merged request)
             raise
         finally:
             self._settled([lease])

@@ -123,17 +123,12 @@ class ShardConn:
         self._schedule_flush()
         return got, fut
 
-    def enqueue(self, item: list[Any]) -> asyncio.Future[Any]:
-        """A single-job enqueue, merged with this turn's others: its ``(id, resent)``."""
+    def merged(self, add: Callable[[list[Any], Any], None], item: list[Any]) -> asyncio.Future[Any]:
+        """A single-job enqueue or single-lease ack (``add``: the channel's
+        :meth:`~.channel.Channel.enqueue_part` or :meth:`~.channel.Channel.ack_part`), merged
+        with this turn's others: its future gets ``(id, resent)`` or ``(error, resent)``."""
         fut = self.loop.create_future()
-        self.chan.enqueue_part(item, fut)
-        self._schedule_flush()
-        return fut
-
-    def ack(self, pair: list[Any]) -> asyncio.Future[Any]:
-        """A single-lease ack, merged with this turn's others: its ``(error, resent)``."""
-        fut = self.loop.create_future()
-        self.chan.ack_part(pair, fut)
+        add(item, fut)
         self._schedule_flush()
         return fut
 
@@ -143,9 +138,6 @@ class ShardConn:
             self.chan.abandon(req, fut)
         if self.chan.outbox:
             self._schedule_flush()  # a withdrawal
-
-    def forget(self, fut: asyncio.Future[Any]) -> None:
-        self.chan.forget(fut)
 
     def _schedule_flush(self) -> None:
         if self._flush_handle is None and not self.chan.closed:

@@ -302,29 +302,13 @@ class ShardClient:
 
     def wait(self, fut: Future, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
-        socket itself while no one else does (the leader), settling every reply it reads;
-        otherwise waits to be woken by whoever reads (a leader, or the reader thread)."""
-        deadline = self._mono() + timeout
-        while not fut.done:
-            remaining = deadline - self._mono()
-            if remaining <= 0:
-                return fut.done
-            conn = self._conn
-            if conn is not None and self._read_lock.acquire(blocking=False):
-                try:
-                    if not fut.done and self._conn is conn:
-                        self._read_once(conn, remaining)
-                except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
-                    self._broken(conn)
-                finally:
-                    self._read_lock.release()
-                self.hand_off()  # replies others wait for: the reader thread takes over
-            else:
-                # Someone else holds the socket; the reader thread may be just leaving, having
-                # found nothing pending before our request was queued: ask for it.
-                self._want_reader()
-                fut.wait(remaining)
-        return True
+        socket itself while no one else does (the leader, :func:`lead`), settling every
+        reply it reads; otherwise waits to be woken by whoever reads (a leader, or the
+        reader thread). Replies still due when it leaves are the reader thread's."""
+        if not fut.done:
+            lead([self], lambda: fut.done, self._mono() + timeout, fut.wait)
+            self.hand_off()
+        return fut.done
 
     def _poll_for(self, fd: int) -> Callable[[int], list[tuple[int, int]]]:
         """The ``poll`` method of a poller registered for ``fd`` (kept while the fd is)."""
@@ -423,6 +407,22 @@ _LEN = struct.Struct("!i")
 READ_BYTES = 256 << 10  # one read of replies takes at most this much
 
 
+def lead(clients: list[ShardClient], done: Callable[[], bool], deadline: float,
+         sleep: Callable[[float], object]) -> None:
+    """Until ``done()`` or ``deadline`` (the clients' clock): lead (:func:`lead_any`) while
+    no other thread reads one of the sockets; else ask the reader threads for the replies
+    due and ``sleep`` until woken, by the settling of what ``done`` looks at."""
+    mono = clients[0]._mono
+    while not done():
+        remaining = deadline - mono()
+        if remaining <= 0:
+            return
+        if not lead_any(clients, remaining):
+            for client in clients:
+                client.hand_off()
+            sleep(remaining)
+
+
 def lead_any(clients: list[ShardClient], timeout: float) -> bool:
     """Read the sockets of ``clients`` in this thread for up to ``timeout`` seconds, until
     one has something to read, and settle every reply read (a leader over many sockets, as
@@ -453,7 +453,7 @@ def lead_any(clients: list[ShardClient], timeout: float) -> bool:
         for fd, _ in poller.poll(max(0, int(timeout * 1000) + 1)):
             client, conn = by_fd[fd]
             try:
-                client._read_once(conn, 0)
+                client._read_once(conn, 0, ready=True)  # (poll said so)
             except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
                 client._broken(conn)
         return True

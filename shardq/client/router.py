@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from .connection import SHARED, Future, ShardClient, lead_any
+from .connection import SHARED, Future, ShardClient, lead
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
@@ -198,21 +198,16 @@ class Router(Calls, SyncExecutor):
         return event, handles
 
     def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`lead_any`),
+        """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`~.connection.lead`),
         or, while another thread reads one, wait to be woken."""
         event, calls, handles, deadline, settled = effect
         if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
             self._wait_solo(calls[0], lone, deadline)
         futs = [f for f in handles if f is not None]
         clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
-        while True:
-            event.clear()
-            if sum(f.done for f in futs) > settled or self._mono() >= deadline:
-                return [_outcome(f) for f in handles]
-            if not lead_any(clients, deadline - self._mono()):
-                for c in clients:  # another thread reads one of the sockets: be woken
-                    c.hand_off()
-                event.wait(deadline - self._mono())
+        event.clear()  # (each future is settled before it sets the event: done() sees it)
+        lead(clients, lambda: sum(f.done for f in futs) > settled, deadline, event.wait)
+        return [_outcome(f) for f in handles]
 
     def _wait_solo(self, call: Call, fut: Future, deadline: float) -> None:
         """A lone waiting dequeue (:meth:`_park`): sent and read by this thread
