@@ -49,6 +49,7 @@ class Router(Calls, SyncExecutor):
         # busy_poll_us: how long a lone call polls for its reply before it sleeps (shardq/busypoll.py)
         dd = DataDir(data_dir)
         self._init_calls(dd, retry_s, request_timeout_s)
+        key = dd.authkey()  # before the service check: a key file others can read is refused as such
         if supervisor is None:
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
@@ -56,7 +57,7 @@ class Router(Calls, SyncExecutor):
         # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.clients = [ShardClient(i, dd.socket_path(i), dd.authkey(), _role, busy_poll_us, self.clock, self.client_id,
+        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
                                     self._release_rows) for i in range(self.shards)]
         self._chans = [c.chan for c in self.clients]
         self._bind_effects()

@@ -13,6 +13,7 @@ import pytest
 
 import shardq
 from shardq.client.priority import plan
+from shardq.client.effects import Collect
 from shardq.client.router import Router, shard_for_key, shard_of_job
 from shardq.shard.durable import DurableShard
 
@@ -99,15 +100,15 @@ def _key_on(shard: int, shards: int = 3) -> str:
 
 
 def _peeks_seen(router: Router) -> list:
-    """Wrap the router's multi-request path (its executor of the engine's ``Collect``) and
+    """Wrap the router's multi-request path (its handler of the engine's ``Collect`` effect) and
     record every op it sends."""
     sent = []
-    collect = router._collect
+    collect = router._handlers[Collect]
 
     def spy(effect):
         sent.extend(op for _, op, _ in effect.calls)
         return collect(effect)
-    router._collect = spy
+    router._handlers[Collect] = spy
     return sent
 
 
@@ -143,7 +144,7 @@ def test_a_fresh_consumer_learns_from_its_first_lease_that_the_queue_uses_priori
 
 def test_a_shard_that_misses_the_note_is_told_with_the_next_prioritized_enqueue(svc):
     with svc.connect() as q:
-        collect = q._collect
+        collect = q._handlers[Collect]
         refused = []
 
         def one_shard_down(effect):
@@ -153,7 +154,7 @@ def test_a_shard_that_misses_the_note_is_told_with_the_next_prioritized_enqueue(
                     refused.append(shard)
                     out[i] = shardq.ShardUnavailable("shard 1 is down (test)")
             return out
-        q._collect = one_shard_down
+        q._handlers[Collect] = one_shard_down
         sent = _peeks_seen(q)
         q.enqueue(b"a", queue="missed", priority=3)  # goes ahead
         assert refused == [1] and "missed" not in q._noted and "missed" in q._prioritized
