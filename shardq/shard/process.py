@@ -164,9 +164,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
         self._busy = BusyPoll(shard.config.service.busy_poll_us, self._real)  # how the loop waits (iterate)
-        #: the last iteration sent a reply: its client's next request may come a round trip
-        #: later, the only wait worth polling for (a parked dequeue_wait, a health ping or a
-        #: lease expiry answers nobody, and nothing comes back to it soon)
+        #: the last iteration sent a reply to a connection of role "client": its next request
+        #: may come a round trip later, the only wait worth polling for (a parked
+        #: dequeue_wait, a health ping or a lease expiry answers nobody, and a "service"
+        #: connection, serve's own or the SQS listener's, never polls for its reply, so its
+        #: next request comes late: nothing comes back soon)
         self._answered = True
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
@@ -327,7 +329,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 late.setdefault(conn, []).extend(out)
             early = {}
             state.sync_forced = False
-        self._answered = bool(late or early)
+        self._answered = _to_a_client(late) or _to_a_client(early)
         closes, self._closes = self._closes, []
         self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
             self.shard.take_payloads(), self._frames(late) if late else [], closes,
@@ -596,6 +598,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
+
+
+def _to_a_client(replies: dict[FrameConn, list[Reply]]) -> bool:
+    """Some reply goes to a connection of role "client" (one that polls for its replies)."""
+    for conn in replies:
+        if conn.role == "client":
+            return True
+    return False
 
 
 def _reply_frames(replies: list[Reply]) -> list[bytes]:
