@@ -79,7 +79,8 @@ class BusyPoll:
         twice the budget counts as twice the budget: long enough to turn polling off once
         most waits are, not so long that one idle minute keeps it off for the next burst."""
         self._average_s += (min(took_s, 2 * self.budget_s) - self._average_s) * _NEWEST
-        self._shared -= self._shared * _NEWEST
+        if self._shared:  # (a shard's loop never shares: 0.0 for good)
+            self._shared -= self._shared * _NEWEST
 
     def note_shared(self) -> None:
         """A call found the connection in use by another thread (it takes the general path).

@@ -73,6 +73,7 @@ _INT63 = 1 << 63
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
+_CLIENT_SESSIONS_MAX = limits.CLIENT_SESSIONS_MAX
 
 #: A producer dedup entry's key within its queue: (job key, dedup id).
 DedupKey: TypeAlias = tuple[str | None, str | bytes]
@@ -548,6 +549,19 @@ class StateCore:
         :meth:`_expire_kept`).
         """
         self._now = now
+        delayed = self.delayed
+        if delayed and delayed[0][0] <= now:  # (the usual call finds nothing due: it tests only)
+            self._ready_delayed(now)
+        leases = self.leases
+        if leases and leases[0][0] <= now:
+            self._expire_leases(now)
+        if now >= self._sessions_due or len(self.sessions) > _CLIENT_SESSIONS_MAX:
+            self._expire_sessions(now)
+        if now >= self._kept_due:
+            self._expire_kept(now)
+
+    def _ready_delayed(self, now: float) -> None:
+        """(advance) Delayed jobs due by ``now`` become ready, earliest first."""
         delayed, jobs = self.delayed, self.jobs
         while delayed and delayed[0][0] <= now:
             ready_at, jid = heapq.heappop(delayed)
@@ -555,7 +569,10 @@ class StateCore:
             if job is not None and job.state is D and job.ready_at == ready_at:
                 self._set(job, R)
                 job.q.push_ready(job)
-        leases = self.leases
+
+    def _expire_leases(self, now: float) -> None:
+        """(advance) Leases expired by ``now`` end, earliest first."""
+        leases, jobs = self.leases, self.jobs
         while leases and leases[0][0] <= now:
             expires_at, token, jid = heapq.heappop(leases)
             job = jobs.get(jid)
@@ -571,10 +588,6 @@ class StateCore:
                 del self.inflight[jid]
                 self._set(job, R)
                 job.q.push_ready(job)
-        if now >= self._sessions_due or len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
-            self._expire_sessions(now)
-        if now >= self._kept_due:
-            self._expire_kept(now)
 
     def _push_lease(self, expires_at: float, token: int, job_id: int) -> None:
         """Put a lease's deadline on the heap :meth:`advance` expires leases from. An entry

@@ -85,6 +85,7 @@ STOP_CHECKPOINT_SHARE = 0.5
 STOP_CHECKPOINT_MIN_BYTES = 1 << 20
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _ARITY, _OK = protocol.ARITY, protocol.OK
+_FRAME_BYTES_MAX = limits.FRAME_BYTES_MAX
 
 
 class _Deferred(Enum):
@@ -359,8 +360,15 @@ class ShardServer(ControlHandlers, ResultHandlers):
         return due is not None and self.clock.monotonic() >= due
 
     def _frames(self, replies: dict[FrameConn, list[Reply]]) -> list[Send]:
-        return [(conn, frame) for conn, out in replies.items() if conn in self.conns
-                for frame in _reply_frames(out)]
+        conns, pack, frames = self.conns, protocol.pack, []
+        for conn, out in replies.items():
+            if conn in conns:
+                data = pack(out)  # one frame, unless together the replies pass the limit
+                if len(data) <= _FRAME_BYTES_MAX or len(out) == 1:
+                    frames.append((conn, data))
+                else:
+                    frames.extend((conn, frame) for frame in _reply_frames(out))
+        return frames
 
     def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a

@@ -14,7 +14,7 @@ import pytest
 from shardq import busypoll
 from shardq.busypoll import BusyPoll
 from shardq.shard.conn import FrameConn
-from shardq.wal.log import Log
+from shardq.wal.writer import SegmentWriter
 
 _LEN = struct.Struct("!i")
 
@@ -56,7 +56,7 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
     consumer, consumer_fd = second_client(loop)
     park_a_wait(loop, consumer)
     order: list[object] = []
-    real_send, real_sync = FrameConn.send, Log.sync
+    real_send, real_sync = FrameConn.send, SegmentWriter.sync  # (a commit's fdatasync, whichever call)
 
     def noting_send(self, frame):
         order.append(self.fd)
@@ -66,7 +66,7 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
         order.append("fdatasync")
         return real_sync(self)
     monkeypatch.setattr(FrameConn, "send", noting_send)
-    monkeypatch.setattr(Log, "sync", noting_sync)
+    monkeypatch.setattr(SegmentWriter, "sync", noting_sync)
     loop.enqueue()  # one iteration: the enqueue, the waiter's lease, one fsync, the replies
     assert loop.failures == 0
     assert order[0] == "fdatasync" and sorted(order[1:]) == sorted([consumer_fd, producer_fd])
