@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
@@ -486,17 +487,19 @@ class StateCore:
 
     def _set(self, job: Job, new: JobState) -> None:
         old = job.state
+        q = job.q
         if old is None:
             if new not in FROM_NEW:
                 check(False, f"job {job.id}: illegal transition new -> {new!r}")
         else:
             if (old, new) not in TRANSITIONS:
                 check(False, f"job {job.id}: illegal transition {old!r} -> {new!r}")
-            job.q.counts[old] -= 1
-        job.q.counts[new] += 1
+            q.counts[old] -= 1
+        q.counts[new] += 1
         job.state = new
-        if (old is L or new is L) and job.q.lim is not None and job.q.lim.sep is not None:
-            job.q.lim.moved(job, old is L, new is L)  # a group's leases in flight
+        lim = q.lim
+        if lim is not None and lim.sep is not None and (old is L or new is L):
+            lim.moved(job, old is L, new is L)  # a group's leases in flight
 
     def _make_available(self, job: Job) -> None:
         """``job`` just became the head of its key (or is keyless): ready, or delayed."""
@@ -643,7 +646,7 @@ class StateCore:
         if self.leases:
             times.append(self.leases[0][0])
         now = self._now
-        if self.limited and now > float("-inf"):
+        if self.limited and now > -math.inf:
             for q in self.limited:  # jobs held back for a token: when the next one is due
                 lim = q.lim
                 if q.counts[R] and q.paused is None and lim is not None:

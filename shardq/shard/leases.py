@@ -18,7 +18,7 @@ from .jobstate import G, L, R, X
 from .limiter import Limiter
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
-_Lease, _Dead = ops.Lease, ops.Dead
+_Lease, _Dead, _new = ops.Lease, ops.Dead, ops.new
 _BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
 
 
@@ -87,10 +87,10 @@ class LeaseOps(StateCore):
             if token >> _EPOCH_BITS != self.epoch:  # a new epoch before any token in it
                 self._emit(ops.Epoch(token >> _EPOCH_BITS))
             expires = now + vis
-            lease = _Lease(job.id, token, expires)
+            lease = _new(_Lease, (job.id, token, expires))
             self._apply_lease(*lease)  # as _emit, written out: this runs once per lease
             emit_ops.append(lease)
-            out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            out.append(_new(Lease, (job.id, job.key, job.body, queue, job.attempts, token, expires)))
             reply_left -= size
         q.totals[LEASED] += len(out)
         return out

@@ -64,6 +64,7 @@ from .control_handlers import ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
 from .jobstate import R
+from .ops import new
 from .histogram import Snapshot
 from .queues import QueueStats
 from .report import NO_SPACE, RELOAD, RELOAD_FILE, ReportingFiles, SupervisorPipe
@@ -249,11 +250,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if not waiting and sync_due is None:
             return None  # idle: block until a client speaks (no CPU while idle)
         mono = self.clock.monotonic()
-        t = float("inf") if sync_due is None else sync_due - mono
+        t = math.inf if sync_due is None else sync_due - mono
         if waiting:
-            watch_due = min((w[2] for ws in self.watchers.values() for w in ws), default=math.inf)
-            wait_due = min((w[4] for ws in self.lease_waiters.values() for w in ws), default=math.inf)
-            t = min(t, watch_due - mono, wait_due - mono)
+            if self.watchers:
+                t = min(t, min(w[2] for ws in self.watchers.values() for w in ws) - mono)
+            for ws in self.lease_waiters.values():  # (usually one queue's: no generator)
+                for w in ws:
+                    if w[4] - mono < t:
+                        t = w[4] - mono
             due = self.state.next_deadline()
             if due is not None:
                 t = min(t, due - self.clock.now())
@@ -313,7 +317,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
             for rid, op, args in requests:
                 before = len(pending)
                 self._early_lease = False
-                reply = self._execute(conn, rid, op, args, now)
+                reply = self._execute(conn, rid, op, args, now, before)
                 if reply is _DEFERRED:
                     continue
                 if len(pending) == before or self._early_lease:
@@ -396,13 +400,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
         for lws in self.lease_waiters.values():
             lws[:] = [w for w in lws if w[0] is not conn]
 
-    def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float) -> Reply | _Deferred:
+    def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float,
+                 ops_before: int) -> Reply | _Deferred:
         """One request's reply. No request ends the shard but a broken invariant: an
         ``OSError`` of a handler's own I/O (``stats`` lists the log directory, which fails
         with EMFILE when descriptors run out) answers ``ShardUnavailable`` and the shard
         goes on. A failed log write is not one of these: the log raises ``LogFailed``,
-        from the committer, which stops the shard (exit 4) as before."""
-        ops_before = len(self.state._ops)
+        from the committer, which stops the shard (exit 4) as before. ``ops_before``: how
+        many operations the state held for the log before this request."""
         try:
             handler = self._handlers.get(op)
             if handler is None or type(args) is not list or len(args) != _ARITY[op]:
@@ -433,12 +438,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
         queue, visibility, max_jobs = args.queue, args.visibility, args.max_jobs
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
-        jobs = state.jobs
-        q = state.queues[queue] if leases else None
+        if not leases:
+            return []
+        q = state.queues[queue]
         # A placed queue's lease leaves before its fsync only if the boot record covers it:
         # one lost by a machine crash leaves its job running uncounted, so the next start
         # fences the queue until it has run out (docs/limits.md); a longer one waits.
-        if q is not None and q.cfg.lease_sync == "batched" and (
+        if q.cfg.lease_sync == "batched" and (
                 q.lim is None or all(l.deadline - now <= self.early_placed_s + VISIBILITY_EPS_S
                                      for l in leases)):
             # The lease may leave before its record is durable, but never before the job's
@@ -446,14 +452,16 @@ class ShardServer(ControlHandlers, ResultHandlers):
             durable = self.committer.durable_seq  # type: ignore[union-attr]  # the loop runs: it is set
             # (each ``type: ignore`` on a lease's job_id below: this shard's ids are ints; the
             # Lease type also allows the str ids of other backends, types.JobId)
-            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable  # type: ignore[operator]  # int ids here
-                                    for l in leases)
-        if not leases:
-            return []
-        prioritized = state.queues[queue].prioritized
+            early = True
+            for l in leases:  # (not all(): a generator costs more than the usual one lease)
+                if l.job_id >> _SHARD_BITS > durable:  # type: ignore[operator]  # int ids here
+                    early = False
+                    break
+            self._early_lease = early
+        jobs, prioritized = state.jobs, q.prioritized
         row = protocol.LeaseRow
-        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,  # type: ignore[arg-type]  # int ids here
-                    jobs[l.job_id].priority, prioritized)  # type: ignore[index]  # int ids here
+        return [new(row, (l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,
+                          jobs[l.job_id].priority, prioritized))  # type: ignore[index]  # int ids here
                 for l in leases]
 
     def _dequeue_wait(self, args: protocol.DequeueWaitArgs, now: float, conn: FrameConn,
@@ -497,7 +505,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 conn, rid, visibility, max_jobs, _ = ws[0]
                 self._early_lease = False
                 reply: Reply = self._execute(  # type: ignore[assignment]  # a dequeue is never _DEFERRED
-                    conn, rid, "dequeue", [queue, visibility, max_jobs], now)
+                    conn, rid, "dequeue", [queue, visibility, max_jobs], now, len(state._ops))
                 if reply[1] == _OK and not reply[2]:
                     break  # ready jobs it may not take (their keys are leased): wait on
                 del ws[0]

@@ -17,7 +17,7 @@ from .jobstate import D, L, R, W, X
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _INT63 = 1 << 63
-_Enqueue = ops.Enqueue
+_Enqueue, _Session, _new = ops.Enqueue, ops.Session, ops.new
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
 #: One job, every field at its maximum, always fits in a request: only batches are measured.
 _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
@@ -110,7 +110,7 @@ class QueueOps(StateCore):
                     continue
             jid = (self.next_seq << _SHARD_BITS) | self.shard_index
             if did is None:
-                op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now)
+                op = _new(_Enqueue, (jid, qname, k, b, prio, now + delay if delay else 0, None, now, None))
             else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
                 dedup_expires = now + q.cfg.dedup_window
                 op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires)
@@ -120,7 +120,7 @@ class QueueOps(StateCore):
             q.totals[ENQUEUED] += 1
             ids.append(jid)
         if session is not None:
-            self._emit(ops.Session(cid, cseq, low, ids, now))
+            self._emit(_new(_Session, (cid, cseq, low, ids, now)))
         if len(emitted) - first_op > 1:
             self._atomic.append((first_op, len(emitted)))
         return ids
