@@ -74,7 +74,6 @@ _INT63 = 1 << 63
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
-_CLIENT_SESSIONS_MAX = limits.CLIENT_SESSIONS_MAX
 
 #: A producer dedup entry's key within its queue: (job key, dedup id).
 DedupKey: TypeAlias = tuple[str | None, str | bytes]
@@ -236,7 +235,9 @@ class StateCore:
         self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
         self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
         self.sessions: OrderedDict[int, SessionEntry] = OrderedDict()  # client -> [last_seen, {seq: ids}]
-        self._sessions_due = float("-inf")  # when the oldest session expires (advance)
+        #: when the oldest session expires, or -inf once there are more than
+        #: CLIENT_SESSIONS_MAX (the session's apply sets it): advance() forgets some then
+        self._sessions_due = float("-inf")
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
         self._ops: list[tuple[Any, ...]] = []  # the records emitted since take_batch (ops.REGISTRY's types)
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
@@ -558,7 +559,7 @@ class StateCore:
         leases = self.leases
         if leases and leases[0][0] <= now:
             self._expire_leases(now)
-        if now >= self._sessions_due or len(self.sessions) > _CLIENT_SESSIONS_MAX:
+        if now >= self._sessions_due:  # (due at once when a client past the limit was added)
             self._expire_sessions(now)
         if now >= self._kept_due:
             self._expire_kept(now)

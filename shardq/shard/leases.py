@@ -18,7 +18,7 @@ from .jobstate import G, L, R, X
 from .limiter import Limiter
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
-_Lease, _Dead, _new = ops.Lease, ops.Dead, ops.new
+_Lease, _Dead, _Ack, _new = ops.Lease, ops.Dead, ops.Ack, ops.new
 _BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
 
 
@@ -153,7 +153,8 @@ class LeaseOps(StateCore):
         job = self._leased(job_id, token)
         if self.cancelled:
             self._settle_cancelled(job_id, settle=True)
-        self._emit(ops.Ack(job_id))
+        self._apply_ack(job_id)  # as _emit, written out: this runs once per ack
+        self._ops.append(_new(_Ack, (job_id,)))
         job.q.totals[ACKED] += 1
 
     def _apply_ack(self, job_id: int) -> None:

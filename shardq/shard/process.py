@@ -86,6 +86,7 @@ STOP_CHECKPOINT_SHARE = 0.5
 STOP_CHECKPOINT_MIN_BYTES = 1 << 20
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _ARITY, _OK = protocol.ARITY, protocol.OK
+read_frames, decode_requests = protocol.read_frames, protocol.decode_requests
 _FRAME_BYTES_MAX = limits.FRAME_BYTES_MAX
 
 
@@ -377,9 +378,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
     def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
         busy client cannot starve the rest and a stalled one cannot block the loop."""
-        try:
-            for data in conn.read_frames(self._scratch):
-                batches.append((conn, protocol.decode_requests(data)))
+        try:  # (conn.read_frames written out: it runs on every readiness event)
+            for data in read_frames(conn.fd, conn.buf, self._scratch):
+                batches.append((conn, decode_requests(data)))
+        except BlockingIOError:
+            pass  # nothing to read after all
         except ProtocolError as e:
             self._drop(conn, str(e))
         except (EOFError, OSError) as e:
