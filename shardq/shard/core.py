@@ -70,7 +70,6 @@ LEASE_HEAP_SLACK = 1024
 #: ``limits.DELAY_S_MAX``, a year).
 DELAYED_HEAP_SLACK = 1024
 
-_INT63 = 1 << 63
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
@@ -392,7 +391,8 @@ class StateCore:
         """The job, if ``token`` is its live lease; LeaseLost (JobGone when it is gone) or
         NotFound (not this shard's) otherwise. Settling a lease (leases.py) and what a
         worker reports while it holds one (results.py) check it alike."""
-        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
+        # (both in [0, 2**63) exactly when their OR is: one test for the two)
+        if not (type(job_id) is int and type(token) is int and not (job_id | token) >> 63):
             validate.integer("job_id", job_id)  # raises the precise error
             validate.integer("token", token)
         job = self.jobs.get(job_id)

@@ -17,7 +17,6 @@ from .core import ENQUEUED, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
-_INT63 = 1 << 63
 _Enqueue, _Session, _new = ops.Enqueue, ops.Session, ops.new
 _CLIENT_SESSIONS_MAX = limits.CLIENT_SESSIONS_MAX
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
@@ -68,8 +67,8 @@ class QueueOps(StateCore):
             if type(session) not in (tuple, list) or len(session) != 3:
                 raise InvalidJob("session must be (client, seq, low)")
             cid, cseq, low = session
-            if not (type(cid) is int and type(cseq) is int and type(low) is int  # the usual shape
-                    and 0 <= cid < _INT63 and 0 <= cseq < _INT63 and 0 <= low < _INT63):
+            # the usual shape: three ints, each in [0, 2**63) (then, and only then, so is their OR)
+            if not (type(cid) is int and type(cseq) is int and type(low) is int and not (cid | cseq | low) >> 63):
                 cid, cseq, low = (validate.integer("session", v) for v in session)
             entry = self.sessions.get(cid)
             if entry is not None and cseq in entry[1]:
