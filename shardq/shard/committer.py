@@ -129,10 +129,20 @@ class Committer:
                     self._work.notify()  # the thread may have flushed the rest and gone to sleep
             return
         try:
-            if sync and payloads and not early:
-                self._commit_alone(payloads, sends, closes, seq)
-            else:
+            if sync:
+                if payloads and not early:
+                    self._commit_alone(payloads, sends, closes, seq)
+                else:
+                    self._process([item])
+            elif sends or closes:
                 self._process([item])
+            else:  # early replies only (batched leases, reads): written, answered, synced later
+                if payloads:
+                    self._write(payloads, seq)
+                self._send(early)
+                if self._backlog:
+                    with self._work:
+                        self._work.notify()  # the committer thread flushes it (see _run)
         finally:
             with self._lock:
                 self._busy = False
