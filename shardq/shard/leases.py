@@ -136,14 +136,13 @@ class LeaseOps(StateCore):
         return out
 
     def _apply_lease(self, job_id: int, token: int, expires_at: float) -> None:
-        jid, expires = job_id, expires_at
-        job = self.jobs[jid]
+        job = self.jobs[job_id]
         self._set(job, L)
         job.attempts += 1
-        self.inflight[jid] = (token, expires)
+        self.inflight[job_id] = (token, expires_at)
         if token >= self.next_token:
             self.next_token = token + 1
-        self._push_lease(expires, token, jid)
+        self._push_lease(expires_at, token, job_id)
 
     # ------------------------------------------------------------------ settle a lease
     # (StateCore._leased checks the token: results.py checks a worker's reports with it too)
