@@ -12,7 +12,9 @@ of network cards.
 A shard's loop does the same before it sleeps for its next request
 (``service.busy_poll_us``): a lone client's next request comes a round trip after the
 last reply, and the shard that wakes for it pays what the caller did. So it polls only
-after an iteration that sent a reply (shardq/shard/process.py).
+after an iteration that sent a reply to a connection of role "client" (a "service" one,
+serve's own or the SQS listener's, does not poll, and its next request comes late:
+shardq/shard/process.py).
 
 Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
 recent waits (a moving average) took longer than the budget, so a slow disk, a loaded
@@ -77,7 +79,8 @@ class BusyPoll:
         twice the budget counts as twice the budget: long enough to turn polling off once
         most waits are, not so long that one idle minute keeps it off for the next burst."""
         self._average_s += (min(took_s, 2 * self.budget_s) - self._average_s) * _NEWEST
-        self._shared -= self._shared * _NEWEST
+        if self._shared:  # (a shard's loop never shares: 0.0 for good)
+            self._shared -= self._shared * _NEWEST
 
     def note_shared(self) -> None:
         """A call found the connection in use by another thread (it takes the general path).

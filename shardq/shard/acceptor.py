@@ -214,6 +214,7 @@ class Acceptor(threading.Thread):
                     conn.close()
             fc = FrameConn(own)
             fc.slots = slots
+            fc.role = role
             self.deliver(fc)
         finally:
             self.busy.release()

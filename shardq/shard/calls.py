@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..protocol.wire import REQUESTS
+from .ops import new
 
 if TYPE_CHECKING:
     from .conn import FrameConn
@@ -45,7 +46,7 @@ def server_call(method: Callable[[Any, float, FrameConn, int], object], record: 
     """The table's entry of a request served by ``method`` of the server, which takes its
     argument ``record``."""
     def handle(args: Args, now: float, conn: FrameConn, rid: int) -> object:
-        return method(record(*args), now, conn, rid)
+        return method(new(record, args), now, conn, rid)  # args: a list of its arity (the loop checked)
     handle.__qualname__ = handle.__name__ = f"server_call[{method.__name__}]"
     return handle
 

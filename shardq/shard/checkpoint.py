@@ -166,6 +166,8 @@ class CheckpointCodec(StateCore):
         entry = self.sessions.get(cid)
         if entry is None:
             self.sessions[cid] = [seen, {s: ids for s, ids in seqs}]
+            if len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
+                self._sessions_due = float("-inf")  # the next advance() forgets the least recent
         else:
             entry[1].update(seqs)
 

@@ -129,7 +129,20 @@ class Committer:
                     self._work.notify()  # the thread may have flushed the rest and gone to sleep
             return
         try:
-            self._process([item])
+            if sync:
+                if payloads and not early:
+                    self._commit_alone(payloads, sends, closes, seq)
+                else:
+                    self._process([item])
+            elif sends or closes:
+                self._process([item])
+            else:  # early replies only (batched leases, reads): written, answered, synced later
+                if payloads:
+                    self._write(payloads, seq)
+                self._send(early)
+                if self._backlog:
+                    with self._work:
+                        self._work.notify()  # the committer thread flushes it (see _run)
         finally:
             with self._lock:
                 self._busy = False
@@ -262,27 +275,67 @@ class Committer:
         then send the late replies and close what was asked, in order. Written before any
         reply leaves, a record survives a crash of this process whatever its reply said."""
         if len(items) == 1:  # the loop's inline commit: most iterations at light load
-            payloads, _, _, one_early, sync, seq = items[0]
-            early = [one_early] if one_early else []
+            payloads, late, closes, one_early, sync, seq = items[0]
+            if payloads:
+                self._write(payloads, seq)
+            if one_early:
+                self._send(one_early)
         else:
             payloads = [p for it in items for p in it[0]]
             sync = any(it[4] for it in items)
             seq = max(it[5] for it in items)
-            early = [it[3] for it in items if it[3]]
-        if payloads:
-            self._write(payloads, seq)
-        for sends in early:
-            self._send(sends)
+            if payloads:
+                self._write(payloads, seq)
+            for it in items:
+                if it[3]:
+                    self._send(it[3])
         if self._writing:
             with self._lock:
                 self._writing = False  # the loop may append from here, beside the fdatasync
         synced = self._sync() if sync else None
-        for _, sends, closes, _, _, _ in items:
-            self._send(sends)
+        if len(items) == 1:
+            if late:
+                self._send(late)
             if closes:
                 self._close(closes)
+        else:
+            for _, late, closes, _, _, _ in items:
+                self._send(late)
+                if closes:
+                    self._close(closes)
         if synced is not None:
             self._synced(*synced)  # after the replies: no caller waits for the bookkeeping
+        if self._backlog:
+            with self._work:
+                self._work.notify()  # the committer thread flushes it (see _run)
+
+    def _commit_alone(self, payloads: list[bytes], sends: list[Send], closes: list[FrameConn], seq: int) -> None:
+        """:meth:`_process` of one synced batch with no early reply, on the loop thread while
+        the committer thread is idle (a lone caller's request: the usual inline commit):
+        the same steps in the same order, its write and fdatasync in one call of the log.
+        The caller holds ``_busy``, so nobody else reads or writes the bookkeeping meanwhile
+        (the thread waits for work, and a commit beside it needs it busy): no lock. The
+        fdatasync covers every earlier unsynced write too, so they become durable with it."""
+        t0 = self._monotonic()
+        try:
+            self.log.commit(payloads, sync=True)
+        except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+            self._fail(e)
+        seconds = self._monotonic() - t0
+        self._send(sends)
+        if closes:
+            self._close(closes)
+        self.fsyncs += 1
+        if seq < self._written_seq:  # an earlier unsynced write (a batched lease's) reached further
+            seq = self._written_seq
+        self._written_seq = seq
+        if seq > self.durable_seq:
+            self.durable_seq = seq
+        unsynced, self._unsynced_since = self._unsynced_payloads, None
+        if unsynced:
+            self._unsynced_payloads = []
+            payloads = unsynced + payloads
+        self._observe(seconds, payloads)
         if self._backlog:
             with self._work:
                 self._work.notify()  # the committer thread flushes it (see _run)
@@ -343,8 +396,9 @@ class Committer:
         os._exit(self.exit_code)
 
     def _observe(self, seconds: float, payloads: list[bytes]) -> None:
+        """The metrics of one fdatasync, the last of its bookkeeping."""
         self.commit_seconds.observe(seconds)
-        self.commit_ops.observe(sum(map(ops_in, payloads)))
+        self.commit_ops.observe(ops_in(payloads[0]) if len(payloads) == 1 else sum(map(ops_in, payloads)))
 
     def _send(self, sends: Sequence[Send]) -> None:
         with self._send_lock:  # the loop's early replies and the thread's, never interleaved

@@ -32,7 +32,8 @@ class FrameConn:
     committer writes it when the client reads again (or drops a client that stops reading
     for ``SEND_TIMEOUT_S``), so one slow reader never delays another client's replies."""
 
-    __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent", "slots")
+    __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent", "slots",
+                 "role")
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -44,6 +45,9 @@ class FrameConn:
         self.progress_at = 0.0   # when the backlog last shrank or began (the committer's clock)
         self.close_when_sent = False
         self.slots: ConnectionSlots | None = None  # the acceptor's ConnectionSlots this connection holds one of
+        #: who is at the other end (protocol/sockio.py ROLES), as its hello said: the loop
+        #: polls for the next request only after replying to a "client" (process.py)
+        self.role = "client"
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:

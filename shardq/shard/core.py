@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
@@ -69,7 +70,6 @@ LEASE_HEAP_SLACK = 1024
 #: ``limits.DELAY_S_MAX``, a year).
 DELAYED_HEAP_SLACK = 1024
 
-_INT63 = 1 << 63
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4
@@ -234,7 +234,9 @@ class StateCore:
         self.epoch = 0               # lease tokens are >= epoch << TOKEN_EPOCH_BITS (begin_epoch)
         self.sync_forced = False     # an operation that must be durable before any reply (EPOCH)
         self.sessions: OrderedDict[int, SessionEntry] = OrderedDict()  # client -> [last_seen, {seq: ids}]
-        self._sessions_due = float("-inf")  # when the oldest session expires (advance)
+        #: when the oldest session expires, or -inf once there are more than
+        #: CLIENT_SESSIONS_MAX (the session's apply sets it): advance() forgets some then
+        self._sessions_due = float("-inf")
         self.undeclared: set[str] = set()  # queues the log holds and today's config does not declare
         self._ops: list[tuple[Any, ...]] = []  # the records emitted since take_batch (ops.REGISTRY's types)
         self._atomic: list[tuple[int, int]] = []  # index ranges of _ops that share one record
@@ -389,7 +391,8 @@ class StateCore:
         """The job, if ``token`` is its live lease; LeaseLost (JobGone when it is gone) or
         NotFound (not this shard's) otherwise. Settling a lease (leases.py) and what a
         worker reports while it holds one (results.py) check it alike."""
-        if not (type(job_id) is int and type(token) is int and 0 <= job_id < _INT63 and 0 <= token < _INT63):
+        # (both in [0, 2**63) exactly when their OR is: one test for the two)
+        if not (type(job_id) is int and type(token) is int and not (job_id | token) >> 63):
             validate.integer("job_id", job_id)  # raises the precise error
             validate.integer("token", token)
         job = self.jobs.get(job_id)
@@ -485,17 +488,19 @@ class StateCore:
 
     def _set(self, job: Job, new: JobState) -> None:
         old = job.state
+        q = job.q
         if old is None:
             if new not in FROM_NEW:
                 check(False, f"job {job.id}: illegal transition new -> {new!r}")
         else:
             if (old, new) not in TRANSITIONS:
                 check(False, f"job {job.id}: illegal transition {old!r} -> {new!r}")
-            job.q.counts[old] -= 1
-        job.q.counts[new] += 1
+            q.counts[old] -= 1
+        q.counts[new] += 1
         job.state = new
-        if (old is L or new is L) and job.q.lim is not None and job.q.lim.sep is not None:
-            job.q.lim.moved(job, old is L, new is L)  # a group's leases in flight
+        lim = q.lim
+        if lim is not None and lim.sep is not None and (old is L or new is L):
+            lim.moved(job, old is L, new is L)  # a group's leases in flight
 
     def _make_available(self, job: Job) -> None:
         """``job`` just became the head of its key (or is keyless): ready, or delayed."""
@@ -548,6 +553,19 @@ class StateCore:
         :meth:`_expire_kept`).
         """
         self._now = now
+        delayed = self.delayed
+        if delayed and delayed[0][0] <= now:  # (the usual call finds nothing due: it tests only)
+            self._ready_delayed(now)
+        leases = self.leases
+        if leases and leases[0][0] <= now:
+            self._expire_leases(now)
+        if now >= self._sessions_due:  # (due at once when a client past the limit was added)
+            self._expire_sessions(now)
+        if now >= self._kept_due:
+            self._expire_kept(now)
+
+    def _ready_delayed(self, now: float) -> None:
+        """(advance) Delayed jobs due by ``now`` become ready, earliest first."""
         delayed, jobs = self.delayed, self.jobs
         while delayed and delayed[0][0] <= now:
             ready_at, jid = heapq.heappop(delayed)
@@ -555,7 +573,10 @@ class StateCore:
             if job is not None and job.state is D and job.ready_at == ready_at:
                 self._set(job, R)
                 job.q.push_ready(job)
-        leases = self.leases
+
+    def _expire_leases(self, now: float) -> None:
+        """(advance) Leases expired by ``now`` end, earliest first."""
+        leases, jobs = self.leases, self.jobs
         while leases and leases[0][0] <= now:
             expires_at, token, jid = heapq.heappop(leases)
             job = jobs.get(jid)
@@ -571,10 +592,6 @@ class StateCore:
                 del self.inflight[jid]
                 self._set(job, R)
                 job.q.push_ready(job)
-        if now >= self._sessions_due or len(self.sessions) > limits.CLIENT_SESSIONS_MAX:
-            self._expire_sessions(now)
-        if now >= self._kept_due:
-            self._expire_kept(now)
 
     def _push_lease(self, expires_at: float, token: int, job_id: int) -> None:
         """Put a lease's deadline on the heap :meth:`advance` expires leases from. An entry
@@ -630,7 +647,7 @@ class StateCore:
         if self.leases:
             times.append(self.leases[0][0])
         now = self._now
-        if self.limited and now > float("-inf"):
+        if self.limited and now > -math.inf:
             for q in self.limited:  # jobs held back for a token: when the next one is due
                 lim = q.lim
                 if q.counts[R] and q.paused is None and lim is not None:

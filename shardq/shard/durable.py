@@ -80,6 +80,7 @@ class DurableShard:
         self.clock = clock or SystemClock()
         self.shard_index = shard_index
         self.config = config
+        self._compact_min_bytes = config.limits.compact_min_bytes  # (read on every commit)
         self.state = ShardState(shard_index, config)
         self.log = Log(directory, segment_bytes=config.limits.segment_bytes, files=files, clock=self.clock)
         self.replay_stats: ReplayStats | None = None
@@ -148,7 +149,8 @@ class DurableShard:
 
     def compaction_due(self) -> bool:
         lg = self.log
-        return lg.bytes_since_checkpoint > max(self.config.limits.compact_min_bytes, 2 * lg.checkpoint_bytes)
+        return (lg.bytes_since_checkpoint > self._compact_min_bytes
+                and lg.bytes_since_checkpoint > 2 * lg.checkpoint_bytes)
 
     def compact(self) -> None:
         """Write a checkpoint of the live state and drop the history it replaces."""

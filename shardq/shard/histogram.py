@@ -15,6 +15,7 @@ COMMIT_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
                           0.1, 0.25, 0.5, 1.0, 2.5)
 #: log operations made durable by one fsync (group commit), 1 to 16,384.
 COMMIT_OPS_BUCKETS = tuple(float(2 ** i) for i in range(15))
+_bisect_left = bisect.bisect_left
 
 
 class Snapshot(TypedDict):
@@ -26,20 +27,23 @@ class Snapshot(TypedDict):
 
 
 class Histogram:
-    __slots__ = ("bounds", "counts", "sum", "count")
+    __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)   # per bucket; the last one is +Inf
         self.sum = 0.0
-        self.count = 0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # upper bounds are inclusive
+        self.counts[_bisect_left(self.bounds, value)] += 1  # upper bounds are inclusive
         self.sum += value
-        self.count += 1
+
+    @property
+    def count(self) -> int:
+        """Values observed (the buckets' total: not counted apart on every observation)."""
+        return sum(self.counts)
 
     def snapshot(self) -> Snapshot:
         """``{"bounds": [...], "counts": [...per bucket, +Inf last], "sum": s, "count": n}``."""
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum,
-                "count": self.count}
+        counts = list(self.counts)
+        return {"bounds": list(self.bounds), "counts": counts, "sum": self.sum, "count": sum(counts)}

@@ -18,7 +18,7 @@ from .jobstate import G, L, R, X
 from .limiter import Limiter
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
-_Lease, _Dead = ops.Lease, ops.Dead
+_Lease, _Dead, _Ack, _new = ops.Lease, ops.Dead, ops.Ack, ops.new
 _BATCH_JOBS_MAX = limits.BATCH_JOBS_MAX
 
 
@@ -87,10 +87,10 @@ class LeaseOps(StateCore):
             if token >> _EPOCH_BITS != self.epoch:  # a new epoch before any token in it
                 self._emit(ops.Epoch(token >> _EPOCH_BITS))
             expires = now + vis
-            lease = _Lease(job.id, token, expires)
+            lease = _new(_Lease, (job.id, token, expires))
             self._apply_lease(*lease)  # as _emit, written out: this runs once per lease
             emit_ops.append(lease)
-            out.append(Lease(job.id, job.key, job.body, queue, job.attempts, token, expires))
+            out.append(_new(Lease, (job.id, job.key, job.body, queue, job.attempts, token, expires)))
             reply_left -= size
         q.totals[LEASED] += len(out)
         return out
@@ -136,14 +136,13 @@ class LeaseOps(StateCore):
         return out
 
     def _apply_lease(self, job_id: int, token: int, expires_at: float) -> None:
-        jid, expires = job_id, expires_at
-        job = self.jobs[jid]
+        job = self.jobs[job_id]
         self._set(job, L)
         job.attempts += 1
-        self.inflight[jid] = (token, expires)
+        self.inflight[job_id] = (token, expires_at)
         if token >= self.next_token:
             self.next_token = token + 1
-        self._push_lease(expires, token, jid)
+        self._push_lease(expires_at, token, job_id)
 
     # ------------------------------------------------------------------ settle a lease
     # (StateCore._leased checks the token: results.py checks a worker's reports with it too)
@@ -153,7 +152,8 @@ class LeaseOps(StateCore):
         job = self._leased(job_id, token)
         if self.cancelled:
             self._settle_cancelled(job_id, settle=True)
-        self._emit(ops.Ack(job_id))
+        self._apply_ack(job_id)  # as _emit, written out: this runs once per ack
+        self._ops.append(_new(_Ack, (job_id,)))
         job.q.totals[ACKED] += 1
 
     def _apply_ack(self, job_id: int) -> None:

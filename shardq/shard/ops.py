@@ -337,6 +337,12 @@ JOB_OPS = frozenset(code for code, spec in REGISTRY.items() if spec.record._fiel
 
 R = TypeVar("R", bound=NamedTuple)
 
+#: ``new(Record, (field, ...))``: a record (any NamedTuple) from a tuple of all its fields
+#: in order, without the Python-level ``__new__`` of a NamedTuple (about ten bytecodes a
+#: record). For the records every request builds (enqueue, lease, their replies); elsewhere
+#: the record's own constructor reads better.
+new = tuple.__new__
+
 
 def encode(record: tuple[Any, ...]) -> Op:
     """``record`` (an operation the state emitted) as the log writes it: its code, then its

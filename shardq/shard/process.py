@@ -64,6 +64,7 @@ from .control_handlers import ControlHandlers, Handler
 from .conn import FrameConn
 from .durable import DurableShard
 from .jobstate import R
+from .ops import new
 from .histogram import Snapshot
 from .queues import QueueStats
 from .report import NO_SPACE, RELOAD, RELOAD_FILE, ReportingFiles, SupervisorPipe
@@ -85,6 +86,8 @@ STOP_CHECKPOINT_SHARE = 0.5
 STOP_CHECKPOINT_MIN_BYTES = 1 << 20
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
 _ARITY, _OK = protocol.ARITY, protocol.OK
+read_frames, decode_requests = protocol.read_frames, protocol.decode_requests
+_FRAME_BYTES_MAX = limits.FRAME_BYTES_MAX
 
 
 class _Deferred(Enum):
@@ -164,9 +167,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.incoming: deque[FrameConn] = deque()
         self._poller = select.epoll()              # the wake pipe and every client
         self._busy = BusyPoll(shard.config.service.busy_poll_us, self._real)  # how the loop waits (iterate)
-        #: the last iteration sent a reply: its client's next request may come a round trip
-        #: later, the only wait worth polling for (a parked dequeue_wait, a health ping or a
-        #: lease expiry answers nobody, and nothing comes back to it soon)
+        #: the last iteration sent a reply to a connection of role "client": its next request
+        #: may come a round trip later, the only wait worth polling for (a parked
+        #: dequeue_wait, a health ping or a lease expiry answers nobody, and a "service"
+        #: connection, serve's own or the SQS listener's, never polls for its reply, so its
+        #: next request comes late: nothing comes back soon)
         self._answered = True
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
@@ -246,11 +251,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if not waiting and sync_due is None:
             return None  # idle: block until a client speaks (no CPU while idle)
         mono = self.clock.monotonic()
-        t = float("inf") if sync_due is None else sync_due - mono
+        t = math.inf if sync_due is None else sync_due - mono
         if waiting:
-            watch_due = min((w[2] for ws in self.watchers.values() for w in ws), default=math.inf)
-            wait_due = min((w[4] for ws in self.lease_waiters.values() for w in ws), default=math.inf)
-            t = min(t, watch_due - mono, wait_due - mono)
+            if self.watchers:
+                t = min(t, min(w[2] for ws in self.watchers.values() for w in ws) - mono)
+            for ws in self.lease_waiters.values():  # (usually one queue's: no generator)
+                for w in ws:
+                    if w[4] - mono < t:
+                        t = w[4] - mono
             due = self.state.next_deadline()
             if due is not None:
                 t = min(t, due - self.clock.now())
@@ -310,7 +318,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
             for rid, op, args in requests:
                 before = len(pending)
                 self._early_lease = False
-                reply = self._execute(conn, rid, op, args, now)
+                reply = self._execute(conn, rid, op, args, now, before)
                 if reply is _DEFERRED:
                     continue
                 if len(pending) == before or self._early_lease:
@@ -327,7 +335,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 late.setdefault(conn, []).extend(out)
             early = {}
             state.sync_forced = False
-        self._answered = bool(late or early)
+        self._answered = _to_a_client(late) or _to_a_client(early)
         closes, self._closes = self._closes, []
         self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
             self.shard.take_payloads(), self._frames(late) if late else [], closes,
@@ -357,15 +365,24 @@ class ShardServer(ControlHandlers, ResultHandlers):
         return due is not None and self.clock.monotonic() >= due
 
     def _frames(self, replies: dict[FrameConn, list[Reply]]) -> list[Send]:
-        return [(conn, frame) for conn, out in replies.items() if conn in self.conns
-                for frame in _reply_frames(out)]
+        conns, pack, frames = self.conns, protocol.pack, []
+        for conn, out in replies.items():
+            if conn in conns:
+                data = pack(out)  # one frame, unless together the replies pass the limit
+                if len(data) <= _FRAME_BYTES_MAX or len(out) == 1:
+                    frames.append((conn, data))
+                else:
+                    frames.extend((conn, frame) for frame in _reply_frames(out))
+        return frames
 
     def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
         busy client cannot starve the rest and a stalled one cannot block the loop."""
-        try:
-            for data in conn.read_frames(self._scratch):
-                batches.append((conn, protocol.decode_requests(data)))
+        try:  # (conn.read_frames written out: it runs on every readiness event)
+            for data in read_frames(conn.fd, conn.buf, self._scratch):
+                batches.append((conn, decode_requests(data)))
+        except BlockingIOError:
+            pass  # nothing to read after all
         except ProtocolError as e:
             self._drop(conn, str(e))
         except (EOFError, OSError) as e:
@@ -386,13 +403,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
         for lws in self.lease_waiters.values():
             lws[:] = [w for w in lws if w[0] is not conn]
 
-    def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float) -> Reply | _Deferred:
+    def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float,
+                 ops_before: int) -> Reply | _Deferred:
         """One request's reply. No request ends the shard but a broken invariant: an
         ``OSError`` of a handler's own I/O (``stats`` lists the log directory, which fails
         with EMFILE when descriptors run out) answers ``ShardUnavailable`` and the shard
         goes on. A failed log write is not one of these: the log raises ``LogFailed``,
-        from the committer, which stops the shard (exit 4) as before."""
-        ops_before = len(self.state._ops)
+        from the committer, which stops the shard (exit 4) as before. ``ops_before``: how
+        many operations the state held for the log before this request."""
         try:
             handler = self._handlers.get(op)
             if handler is None or type(args) is not list or len(args) != _ARITY[op]:
@@ -423,12 +441,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
         queue, visibility, max_jobs = args.queue, args.visibility, args.max_jobs
         state = self.state
         leases = state.dequeue(queue, now, visibility, max_jobs)
-        jobs = state.jobs
-        q = state.queues[queue] if leases else None
+        if not leases:
+            return []
+        q = state.queues[queue]
         # A placed queue's lease leaves before its fsync only if the boot record covers it:
         # one lost by a machine crash leaves its job running uncounted, so the next start
         # fences the queue until it has run out (docs/limits.md); a longer one waits.
-        if q is not None and q.cfg.lease_sync == "batched" and (
+        if q.cfg.lease_sync == "batched" and (
                 q.lim is None or all(l.deadline - now <= self.early_placed_s + VISIBILITY_EPS_S
                                      for l in leases)):
             # The lease may leave before its record is durable, but never before the job's
@@ -436,14 +455,16 @@ class ShardServer(ControlHandlers, ResultHandlers):
             durable = self.committer.durable_seq  # type: ignore[union-attr]  # the loop runs: it is set
             # (each ``type: ignore`` on a lease's job_id below: this shard's ids are ints; the
             # Lease type also allows the str ids of other backends, types.JobId)
-            self._early_lease = all((l.job_id >> _SHARD_BITS) <= durable  # type: ignore[operator]  # int ids here
-                                    for l in leases)
-        if not leases:
-            return []
-        prioritized = state.queues[queue].prioritized
+            early = True
+            for l in leases:  # (not all(): a generator costs more than the usual one lease)
+                if l.job_id >> _SHARD_BITS > durable:  # type: ignore[operator]  # int ids here
+                    early = False
+                    break
+            self._early_lease = early
+        jobs, prioritized = state.jobs, q.prioritized
         row = protocol.LeaseRow
-        return [row(l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,  # type: ignore[arg-type]  # int ids here
-                    jobs[l.job_id].priority, prioritized)  # type: ignore[index]  # int ids here
+        return [new(row, (l.job_id, l.key, l.body, l.attempt, l.token, l.deadline,
+                          jobs[l.job_id].priority, prioritized))  # type: ignore[index]  # int ids here
                 for l in leases]
 
     def _dequeue_wait(self, args: protocol.DequeueWaitArgs, now: float, conn: FrameConn,
@@ -487,7 +508,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 conn, rid, visibility, max_jobs, _ = ws[0]
                 self._early_lease = False
                 reply: Reply = self._execute(  # type: ignore[assignment]  # a dequeue is never _DEFERRED
-                    conn, rid, "dequeue", [queue, visibility, max_jobs], now)
+                    conn, rid, "dequeue", [queue, visibility, max_jobs], now, len(state._ops))
                 if reply[1] == _OK and not reply[2]:
                     break  # ready jobs it may not take (their keys are leased): wait on
                 del ws[0]
@@ -596,6 +617,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
+
+
+def _to_a_client(replies: dict[FrameConn, list[Reply]]) -> bool:
+    """Some reply goes to a connection of role "client" (one that polls for its replies)."""
+    for conn in replies:
+        if conn.role == "client":
+            return True
+    return False
 
 
 def _reply_frames(replies: list[Reply]) -> list[bytes]:

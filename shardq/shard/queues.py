@@ -4,6 +4,7 @@ sessions) and what a queue shows (ready priorities, stats, settings). A mixin of
 only; pure like it (no I/O, ``now`` from the caller, every change a logged operation)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypeAlias, TypedDict
 
@@ -16,8 +17,8 @@ from .core import ENQUEUED, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
-_INT63 = 1 << 63
-_Enqueue = ops.Enqueue
+_Enqueue, _Session, _new = ops.Enqueue, ops.Session, ops.new
+_CLIENT_SESSIONS_MAX = limits.CLIENT_SESSIONS_MAX
 _BATCH_JOBS_MAX, _REQUEST_BYTES_MAX = limits.BATCH_JOBS_MAX, limits.REQUEST_BYTES_MAX
 #: One job, every field at its maximum, always fits in a request: only batches are measured.
 _ONE_JOB_FITS = (64 + 16 + validate.job_bytes(b"", "k" * limits.KEY_BYTES_MAX, "q" * limits.QUEUE_NAME_BYTES_MAX,
@@ -66,8 +67,8 @@ class QueueOps(StateCore):
             if type(session) not in (tuple, list) or len(session) != 3:
                 raise InvalidJob("session must be (client, seq, low)")
             cid, cseq, low = session
-            if not (type(cid) is int and type(cseq) is int and type(low) is int  # the usual shape
-                    and 0 <= cid < _INT63 and 0 <= cseq < _INT63 and 0 <= low < _INT63):
+            # the usual shape: three ints, each in [0, 2**63) (then, and only then, so is their OR)
+            if not (type(cid) is int and type(cseq) is int and type(low) is int and not (cid | cseq | low) >> 63):
                 cid, cseq, low = (validate.integer("session", v) for v in session)
             entry = self.sessions.get(cid)
             if entry is not None and cseq in entry[1]:
@@ -110,7 +111,7 @@ class QueueOps(StateCore):
                     continue
             jid = (self.next_seq << _SHARD_BITS) | self.shard_index
             if did is None:
-                op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now)
+                op = _new(_Enqueue, (jid, qname, k, b, prio, now + delay if delay else 0, None, now, None))
             else:  # the dedup entry's expiry is logged: a later change of dedup_window replays nothing
                 dedup_expires = now + q.cfg.dedup_window
                 op = _Enqueue(jid, qname, k, b, prio, now + delay if delay else 0, did, now, dedup_expires)
@@ -120,34 +121,35 @@ class QueueOps(StateCore):
             q.totals[ENQUEUED] += 1
             ids.append(jid)
         if session is not None:
-            self._emit(ops.Session(cid, cseq, low, ids, now))
+            sop = _new(_Session, (cid, cseq, low, ids, now))
+            self._apply_session(*sop)  # as _emit, written out: this runs once per request
+            emitted.append(sop)
         if len(emitted) - first_op > 1:
             self._atomic.append((first_op, len(emitted)))
         return ids
 
     def _apply_enqueue(self, job_id: int, queue: str, key: str | None, body: bytes, priority: int, ready_at: float,
                        dedup_id: str | bytes | None, created_at: float, dedup_expires: float | None = None) -> None:
-        jid, qname, prio, did, created = job_id, queue, priority, dedup_id, created_at
         jobs = self.jobs
-        if jid in jobs:  # (not check(): its message would be formatted on every call)
-            check(False, f"duplicate job id {jid}")
-        q = self.queues.get(qname) or self._logged_queue(qname)
-        job = Job(jid, q, key, body, prio, ready_at)
-        jobs[jid] = job
-        if prio:
+        if job_id in jobs:  # (not check(): its message would be formatted on every call)
+            check(False, f"duplicate job id {job_id}")
+        q = self.queues.get(queue) or self._logged_queue(queue)
+        job = Job(job_id, q, key, body, priority, ready_at)
+        jobs[job_id] = job
+        if priority:
             q.prioritized = True
-        seq = (jid >> _SHARD_BITS) + 1
+        seq = (job_id >> _SHARD_BITS) + 1
         if seq > self.next_seq:
             self.next_seq = seq
-        self.enqueue_times.note(seq - 1, created)
+        self.enqueue_times.note(seq - 1, created_at)
         # Records of format 1 and shardq 0.1 have no expiry: today's window stands in.
-        if did is not None:
-            expires = created + q.cfg.dedup_window if dedup_expires is None else dedup_expires
-            if expires > created:
-                q.dedup[(key, did)] = (jid, expires)
-                q.dedup_order.append((expires, (key, did)))
+        if dedup_id is not None:
+            expires = created_at + q.cfg.dedup_window if dedup_expires is None else dedup_expires
+            if expires > created_at:
+                q.dedup[(key, dedup_id)] = (job_id, expires)
+                q.dedup_order.append((expires, (key, dedup_id)))
                 self.dedup_held += 1
-                self._prune_dedup(q, created)
+                self._prune_dedup(q, created_at)
         self._append_to_key(job)
 
     def _prune_dedup(self, q: QueueState, now: float) -> None:
@@ -180,19 +182,21 @@ class QueueOps(StateCore):
 
     def _apply_session(self, client_id: int, client_seq: int, client_low: int, job_ids: list[int],
                        at: float) -> None:
-        cid, cseq, low, ids = client_id, client_seq, client_low, job_ids
         sessions = self.sessions
-        entry = sessions.get(cid)
+        entry = sessions.get(client_id)
         if entry is None:
-            entry = sessions[cid] = [at, {}]
+            entry = sessions[client_id] = [at, {}]
+            if len(sessions) > _CLIENT_SESSIONS_MAX:
+                self._sessions_due = -math.inf  # the next advance() forgets the least recent
         else:
-            sessions.move_to_end(cid)  # most recently seen last
+            sessions.move_to_end(client_id)  # most recently seen last
             entry[0] = at
         seqs = entry[1]
         if seqs:
-            for old in [s for s in seqs if s < low]:
-                del seqs[old]
-        seqs[cseq] = ids
+            for old in list(seqs):  # (a copy: deleting while iterating)
+                if old < client_low:
+                    del seqs[old]
+        seqs[client_seq] = job_ids
 
     # ------------------------------------------------------------------ inspection
     def ready_priorities(self, queue: str, max_jobs: int) -> list[list[int]]:

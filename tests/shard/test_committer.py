@@ -237,15 +237,16 @@ def test_a_reply_that_waits_for_an_fdatasync_leaves_before_its_bookkeeping(monke
     c = Committer(log_, exit_code=4)
     conn, peer = pair(1700)
     readable_at_bookkeeping: list[bool] = []
-    synced = c._synced
+    observe = c._observe  # the metrics: the last of the bookkeeping (durable_seq, sync_due before them)
 
     def noting(*args):
         try:
             readable_at_bookkeeping.append(bool(peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)))
         except BlockingIOError:
             readable_at_bookkeeping.append(False)
-        synced(*args)
-    monkeypatch.setattr(c, "_synced", noting)
+        assert c.durable_seq == 0 or readable_at_bookkeeping[-1]  # never durable before the reply left
+        observe(*args)
+    monkeypatch.setattr(c, "_observe", noting)
     try:
         c.submit([b"enqueue-of-job-1"], [(conn, b"enqueued")], [], inline=True, sync=True, seq=1)
         assert readable_at_bookkeeping == [True]  # inline: this thread did it all, in that order

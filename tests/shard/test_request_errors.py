@@ -31,12 +31,12 @@ def test_an_oserror_in_a_handler_answers_that_request_and_the_next_is_served(ser
     def emfile():
         raise OSError(errno.EMFILE, "Too many open files")
     monkeypatch.setattr(server.shard.log, "allocated_bytes", emfile)
-    rid, status, payload = server._execute(None, 7, "stats", [], 1000.0)
+    rid, status, payload = server._execute(None, 7, "stats", [], 1000.0, len(server.state._ops))
     assert (rid, status) == (7, wire.ERR)
     assert payload[0] == "ShardUnavailable" and "stats" in payload[1] and "Too many open files" in payload[1]
     assert server.state._ops == []  # nothing to log
     monkeypatch.undo()
-    assert server._execute(None, 8, "stats", [], 1000.0)[2]["wal_disk_bytes"] >= 0
+    assert server._execute(None, 8, "stats", [], 1000.0, len(server.state._ops))[2]["wal_disk_bytes"] >= 0
 
 
 def test_an_oserror_after_the_state_changed_is_not_swallowed(server):
@@ -47,4 +47,5 @@ def test_an_oserror_after_the_state_changed_is_not_swallowed(server):
         raise OSError(errno.EIO, "after the state changed")
     server._handlers["enqueue"] = enqueue_then_fail
     with pytest.raises(OSError, match="after the state changed"):
-        server._execute(None, 9, "enqueue", [[[b"x", None, "default", 0, 0, None]], None], 1000.0)
+        server._execute(None, 9, "enqueue", [[[b"x", None, "default", 0, 0, None]], None], 1000.0,
+                        len(server.state._ops))

@@ -629,9 +629,13 @@ def test_client_sessions_at_their_count_limit_forget_the_least_recently_seen(sha
 
 def test_a_session_of_any_integer_kind_or_a_bad_one_is_checked_like_before(shard):
     items = [(b"a", None, "default", 0, 0, None)]
-    for bad in [(7, -1, 1), (7, 1, True), (7, 1, 2**63), (7, "1", 1), (7, 1), None.__class__]:
+    for bad in [(7, -1, 1), (7, 1, True), (7, 1, 2**63), (2**63, 1, 1), (7, -2**63, 1), (7, "1", 1), (7, 1),
+                None.__class__]:
         with pytest.raises(InvalidJob):
             shard.enqueue_many(items, session=bad)
+    top = 2**63 - 1  # each at its largest: accepted, and answered again as the same request
+    at_top = shard.enqueue_many(items, session=(top, top, top))
+    assert shard.enqueue_many(items, session=(top, top, top)) == at_top
 
     class Seq(int):
         pass

@@ -14,7 +14,7 @@ import pytest
 from shardq import busypoll
 from shardq.busypoll import BusyPoll
 from shardq.shard.conn import FrameConn
-from shardq.wal.log import Log
+from shardq.wal.writer import SegmentWriter
 
 _LEN = struct.Struct("!i")
 
@@ -56,7 +56,7 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
     consumer, consumer_fd = second_client(loop)
     park_a_wait(loop, consumer)
     order: list[object] = []
-    real_send, real_sync = FrameConn.send, Log.sync
+    real_send, real_sync = FrameConn.send, SegmentWriter.sync  # (a commit's fdatasync, whichever call)
 
     def noting_send(self, frame):
         order.append(self.fd)
@@ -66,7 +66,7 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
         order.append("fdatasync")
         return real_sync(self)
     monkeypatch.setattr(FrameConn, "send", noting_send)
-    monkeypatch.setattr(Log, "sync", noting_sync)
+    monkeypatch.setattr(SegmentWriter, "sync", noting_sync)
     loop.enqueue()  # one iteration: the enqueue, the waiter's lease, one fsync, the replies
     assert loop.failures == 0
     assert order[0] == "fdatasync" and sorted(order[1:]) == sorted([consumer_fd, producer_fd])
@@ -102,3 +102,50 @@ def test_after_an_iteration_that_answered_nobody_the_loop_sleeps_at_once(loop, m
     loop.enqueue()  # answered again: the next wait polls
     assert len(spins) == 5
     consumer.close()
+
+
+def test_a_reply_to_a_service_connection_does_not_arm_the_spin_and_one_to_a_client_does(loop, monkeypatch):
+    """serve's own calls and the SQS listener's routers (role "service") never poll for
+    their replies, so their next request comes late: the loop sleeps at once after
+    answering only them (issue 46), and polls after answering a client."""
+    spins = spins_counted(monkeypatch)
+    producer = next(iter(loop.server._by_fd.values()))  # the connection loop.enqueue speaks on
+    producer.role = "service"
+    loop.enqueue()  # its wait follows the loop's start (answered): polled
+    assert loop.failures == 0 and len(spins) == 1
+    loop.enqueue()  # the last reply went to a service connection: no poll
+    loop.enqueue()
+    assert loop.failures == 0 and len(spins) == 1
+    producer.role = "client"
+    loop.enqueue()  # still after a reply to the service connection: no poll
+    assert len(spins) == 1
+    loop.enqueue()  # after a reply to a client: polled
+    assert loop.failures == 0 and len(spins) == 2
+
+
+def test_the_acceptor_gives_each_connection_the_role_its_hello_names(tmp_path):
+    import threading
+
+    from shardq.protocol.sockio import connect_unix
+    from shardq.shard.acceptor import Acceptor
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    got: list[FrameConn] = []
+    arrived = threading.Event()
+
+    def deliver(fc: FrameConn) -> None:
+        got.append(fc)
+        arrived.set()
+    Acceptor(listener, b"key", deliver).start()
+    try:
+        for role in ("service", "client"):
+            arrived.clear()
+            connect_unix(path, b"key", role=role).close()
+            assert arrived.wait(10)
+        assert [fc.role for fc in got] == ["service", "client"]
+    finally:
+        listener.close()
+        for fc in got:
+            fc.close()
