@@ -1,25 +1,22 @@
-"""One authenticated connection from a router to a shard, shared by many threads: a shell
-around the connection's state machine (:class:`~.channel.Channel`: request ids, the table
-of requests due a reply, frames, what a break means, withdrawals), which it drives under
-one lock, moving bytes and waking threads.
+"""One authenticated connection from a router to a shard, shared by many threads: a shell around the
+connection's state machine (:class:`~.channel.Channel`: request ids, the table of requests due a reply,
+frames, what a break means, withdrawals), which it drives under one lock, moving bytes and waking threads.
 
-Requests from concurrent threads are coalesced: whichever thread finds no send in progress
-sends everything queued so far (pipelining without a sender thread). Replies are read
-leader/follower style: a caller waiting for its reply (:meth:`ShardClient.wait`) reads the
-socket itself when no one else does, and settles every reply it reads, so a single-threaded
-caller gets its reply with no thread hand-off; when it leaves with other replies still due,
-or for replies nobody waits on in person (watches, callbacks), the connection's reader
-thread reads. A request queued with ``on=`` goes only on that connection, so a caller's
-later request cannot overtake an earlier one that must be re-sent (``Router._submit``).
+Requests from concurrent threads are coalesced: whichever thread finds no send in progress sends everything
+queued so far (pipelining without a sender thread). Replies are read leader/follower style: a caller waiting
+for its reply (:meth:`ShardClient.wait`) reads the socket itself when no one else does, and settles every
+reply it reads, so a single-threaded caller gets its reply with no thread hand-off; when it leaves with
+other replies still due, or for replies nobody waits on in person (watches, callbacks), the connection's
+reader thread reads. A request queued with ``on=`` goes only on that connection, so a caller's later request
+cannot overtake an earlier one that must be re-sent (``Router._submit``).
 
-A caller alone on the connection (nothing pending, no send in progress, the socket free to
-read) takes a shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry; it
-sends its frame and reads until its own reply, settling any others it reads as a leader
-does. While its replies have been coming quickly, it first polls for its reply without
-sleeping, for up to the router's ``busy_poll_us`` (:mod:`shardq.busypoll`): on the machines
-measured, waking from a sleep cost a lone call more than the wait itself. A lone waiting
-dequeue takes this path too (``Router._wait_solo``), without the poll: its reply is not
-about to come.
+A caller alone on the connection (nothing pending, no send in progress, the socket free to read) takes a
+shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry; it sends its frame and reads until
+its own reply, settling any others it reads as a leader does. While its replies have been coming quickly, it
+first polls for its reply without sleeping, for up to the router's ``busy_poll_us``
+(:mod:`shardq.busypoll`): on the machines measured, waking from a sleep cost a lone call more than the wait
+itself. A lone waiting dequeue takes this path too (``Router._wait_solo``), without the poll: its reply is
+not about to come.
 """
 from __future__ import annotations
 
@@ -101,6 +98,7 @@ class ShardClient:
         self._idle = CountedCondition(self._lock)  # signalled when a send ends, or orphans settle
         self._sending: Connection | None = None
         self._conn: Connection | None = None
+        self._fd = -1  # the descriptor of _conn, set with it (a lone call reads it under _lock)
         self._flushing = False
         self._read_lock = threading.Lock()     # held by whoever reads the socket (a leader)
         self._reader_cond = threading.Condition()
@@ -132,7 +130,7 @@ class ShardClient:
                 except Exception as e:  # noqa: BLE001 - Attempts.failed says which are worth another try
                     delay = attempts.failed(e, self._mono())
                 else:
-                    self._conn, self._buf = conn, bytearray()
+                    self._conn, self._fd, self._buf = conn, conn.fileno(), bytearray()
                     self.chan.connected()
                     self.connects += 1
                     threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
@@ -204,13 +202,13 @@ class ShardClient:
         the wait starts with a busy poll when :class:`BusyPoll` says so, unless the request
         itself waits (``wait``: a ``dequeue_wait``, withdrawn if it times out), whose reply
         is not about to come."""
-        if not self._read_lock.acquire(blocking=False):
+        if not self._read_lock.acquire(False):
             self._busy.note_shared()
             return SHARED
         try:
             chan = self.chan  # (its attributes read inline: this is the hottest path)
             with self._lock:
-                conn = self._conn
+                conn, fd = self._conn, self._fd
                 if conn is None or self._flushing or chan.pending or chan.outbox:
                     if conn is not None:
                         self._busy.note_shared()
@@ -228,7 +226,6 @@ class ShardClient:
                 return SHARED
             busy = self._busy
             try:
-                fd = conn.fileno()
                 sent_at = self._mono()
                 _write_frame(fd, _LEN.pack(len(data)) + data)
             except (OSError, ValueError):
@@ -240,7 +237,7 @@ class ShardClient:
                 deadline = sent_at + timeout
                 ready = not wait and busy.wanted() and busy.spin(self._poll_for(fd), chan.pending)
                 while True:
-                    reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready)
+                    reply = self._read_once(conn, max(deadline - self._mono(), 0.0), rid, ready, fd)
                     ready = False
                     if reply is not None:
                         if not wait:
@@ -319,25 +316,26 @@ class ShardClient:
         return self._poller.poll
 
     def _read_once(self, conn: Connection, timeout: float | None, mine: int = 0,
-                   ready: object = False) -> tuple[int, Any] | None:
+                   ready: object = False, fd: int = -1) -> tuple[int, Any] | None:
         """Read what the socket has (waiting up to ``timeout``, unless the caller saw it
         ``ready``; None: until something comes) and settle every complete reply. Only with
         ``_read_lock`` held. Returns ``(status, payload)`` of the reply to request ``mine``
-        (a :meth:`call_solo` caller's, which has no future) if it was read, else None."""
-        fd = conn.fileno()
+        (a :meth:`call_solo` caller's, which has no future; ``fd``: ``conn``'s) if it was read."""
+        fd = conn.fileno() if fd < 0 else fd
         if timeout is not None and not ready:
-            if not self._poll_for(fd)(max(0, int(timeout * 1000) + 1)):
+            poll = self._poller.poll if self._poller_fd == fd else self._poll_for(fd)
+            if not poll(max(0, int(timeout * 1000) + 1)):
                 return None
         found = None
         # Each frame is decoded before the next read (it may be a view of the scratch buffer).
         for frame in protocol.read_frames(fd, self._buf, self._scratch):
             replies = msgpack.unpackb(frame, raw=False, use_list=True)
             if mine:
+                if len(replies) == 1 and replies[0][0] == mine:
+                    found = replies[0][1:]  # ([status, payload]) the lone call's reply alone: not the channel's
+                    continue
                 for rid, status, payload in replies:
-                    if rid == mine:
-                        found = status, payload
-                if len(replies) == 1 and found is not None and replies[0][0] == mine:
-                    continue  # the lone call's reply alone: nothing for the channel
+                    found = (status, payload) if rid == mine else found
             with self._lock:
                 done = self.chan.replies(replies)
                 if self._idle.waiters:
@@ -347,7 +345,7 @@ class ShardClient:
 
     def hand_off(self) -> None:
         """A leader leaves: replies still due are read by the reader thread."""
-        if self.chan:  # replies due, or requests that will be written and answered
+        if self.chan.pending or self.chan.outbox:  # replies due, or requests to be written and answered
             self._want_reader()
 
     def _want_reader(self) -> None:
@@ -465,7 +463,7 @@ def lead_any(clients: list[ShardClient], timeout: float) -> bool:
 def _write_frame(fd: int, data: bytes) -> None:
     """One frame (its length header and payload: ``multiprocessing.connection``'s framing,
     what the shard reads), in one write where the socket takes it."""
-    view = memoryview(data)
+    view = memoryview(data)[os.write(fd, data):]  # (one write, the usual case; the rest if cut short)
     while view:
         view = view[os.write(fd, view):]
 

@@ -389,22 +389,28 @@ class LeaseRound:
 
 def wait_outcome(queue: str, answers: list[Any],
                  max_jobs: int) -> tuple[list[Lease], list[Lease], bool, BaseException | None]:
-    """What the waiting dequeues of one wait come to: ``answers`` holds, per shard that
-    answered, its lease rows or its error (a withdrawn wait, or one whose connection broke,
-    is left out). Returns ``(keep, release, uses_priorities, error)``: the first
-    ``max_jobs`` leases to return, the others to release unstarted, whether a lease says the
-    queue uses priorities, and the first error, to raise only when no lease is kept."""
-    rows: list[Any] = []
+    """What the waiting dequeues of one wait come to: ``answers`` holds, per shard asked,
+    its lease rows, its error, or None (not sent, withdrawn, or its connection broke).
+    Returns ``(keep, release, uses_priorities, error)``: the first ``max_jobs`` leases to
+    return, the others to release unstarted, whether a lease says the queue uses
+    priorities, and the first error, to raise only when no lease is kept. (One loop, no
+    helper: the end of a wake-up, figure W.)"""
+    keep: list[Lease] = []
+    release: list[Lease] = []
     error = None
+    uses = False
     for a in answers:
+        if a is None:
+            continue
         if isinstance(a, BaseException):
             error = error or a
-        else:
-            rows += a
-    pairs = leases_of(queue, rows)
-    keep = [lease for _, lease in pairs[:max_jobs]]
-    release = [lease for _, lease in pairs[max_jobs:]]
-    return keep, release, any(r[wire.USES_PRIORITIES] for r in rows), None if keep else error
+            continue
+        # unpacked by name in wire.LeaseRow's order, as routing.leases_of does
+        for job_id, key, body, attempt, token, deadline, _priority, uses_priorities in a:
+            (keep if len(keep) < max_jobs else release).append(
+                Lease(job_id, key, body, queue, attempt, token, deadline))
+            uses = uses or uses_priorities
+    return keep, release, uses, None if keep else error
 
 
 class Polling:

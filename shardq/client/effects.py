@@ -195,7 +195,8 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
             done = [a for a, h in zip(got, handles) if h is not None and a is not OPEN]
             # A lease, an error or a broken connection ends the wait (the caller's next
             # round reaches a restarted shard again); so does the end of every shard's wait.
-            if ((done and first) or any(isinstance(a, BaseException) or a for a in done)
+            # (An error is true, as a non-empty value is: ``any`` alone, no generator.)
+            if ((done and first) or any(done)
                     or len(done) == parked or c._now() >= deadline):
                 break
             settled = len(done)

@@ -143,7 +143,7 @@ class Calls:
         run :func:`place`)."""
         if priority and queue not in self._noted or queue not in self._owners:
             return None
-        shard = self._shard_for(key)
+        shard = next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)  # (_shard_for)
         owner = self._owners[queue]
         return shard if owner is None else owner
 
@@ -634,7 +634,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
         return []
-    keep, release, uses_priorities, error = wait_outcome(queue, [a for a in got if a is not None], max_jobs)
+    keep, release, uses_priorities, error = wait_outcome(queue, got, max_jobs)
     if uses_priorities:
         c._prioritized.add(queue)  # from now on, leases compare the shards
     if release:

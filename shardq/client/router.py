@@ -1,11 +1,10 @@
 """The router: the threaded client producer and worker apps embed (``shardq.connect``).
 
-An executor of the client engine (:mod:`.engine`: every call, the retry after a break, the
-lease rounds and waits) over one connection per shard (:mod:`.connection`, a shell around
-the connection state machine of :mod:`.channel`); it moves requests and waits, with threads.
-The guarantees (routing, sessions, the retry table, long polls) are the engine's and the
-core's (:mod:`.core`). One router can be shared by many threads; their requests are
-pipelined per shard. A lone call takes the fast path (``ShardClient.call_solo``).
+An executor of the client engine (:mod:`.engine`: every call, the retry after a break, the lease rounds and
+waits) over one connection per shard (:mod:`.connection`, a shell around the connection state machine of
+:mod:`.channel`); it moves requests and waits, with threads. The guarantees (routing, sessions, the retry
+table, long polls) are the engine's and the core's (:mod:`.core`). One router can be shared by many threads;
+their requests are pipelined per shard. A lone call takes the fast path (``ShardClient.call_solo``).
 """
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 log = logging.getLogger("shardq.router")
-
 
 
 class Router(Calls, SyncExecutor):
@@ -166,12 +164,12 @@ class Router(Calls, SyncExecutor):
         shard = self._placed(queue, key, priority)
         if shard is None:
             shard = self._drive(place(self, queue, key, priority))
-        session = self._session(shard)
+        session = (sessions := self._chans[shard].sessions).open()  # (Calls._session, one call less)
         try:
             ids: list[int] = self._call(shard, "enqueue", [[item], session])
             return ids[0]
         finally:
-            self._done(shard, session)
+            sessions.close(session)
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
@@ -203,23 +201,27 @@ class Router(Calls, SyncExecutor):
         or, while another thread reads one, wait to be woken."""
         event, calls, handles, deadline, settled = effect
         if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
-            self._wait_solo(calls[0], lone, deadline)
+            if (got := self._wait_solo(calls[0], lone, deadline)) is not None:
+                return [got]  # read by this thread on the lone-call path: nobody to wake, nothing to lead
         futs = [f for f in handles if f is not None]
         clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
         event.clear()  # (each future is settled before it sets the event: done() sees it)
         lead(clients, lambda: sum(f.done for f in futs) > settled, deadline, event.wait)
         return [_outcome(f) for f in handles]
 
-    def _wait_solo(self, call: Call, fut: Future, deadline: float) -> None:
-        """A lone waiting dequeue (:meth:`_park`): sent and read by this thread
-        (``call_solo``), no future or pending entry; withdrawn there if its wait passes
-        ``deadline``. A connection another thread uses meanwhile: sent as any other."""
+    def _wait_solo(self, call: Call, fut: Future, deadline: float) -> Any:
+        """A lone waiting dequeue (:meth:`_park`), sent and read by this thread (``call_solo``);
+        its outcome as :class:`~.effects.Wake`'s (:data:`OPEN`: withdrawn past ``deadline``), or
+        None when a connection another thread uses meanwhile had it sent as any other (``fut``)."""
         client = self.clients[call.shard]
         got: Any = SHARED if self._closed else client.call_solo(call.op, call.args, deadline - self._mono(), True)
         if got is SHARED:
             client.submit(call.op, call.args, lead=True, fut=fut)  # (no connection: fails unsent)
-        elif type(got[1]) is not TimeoutError:  # (timed out: withdrawn, and OPEN)
-            fut.set(*got)
+            return None
+        if type(got[1]) is TimeoutError:
+            return OPEN
+        (fut.value, fut.error), fut.done = got, True  # only this thread knows ``fut``: no lock, no wake-up
+        return got[0] if got[1] is None else got[1]
 
     def _abandon(self, effect: Abandon) -> list[Any]:
         """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""

@@ -108,6 +108,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -421,12 +422,9 @@ class ResultRow(NamedTuple):
 OK = 0
 ERR = 1
 
-_packb = msgpack.Packer().pack
-
-
-def pack(obj: Any) -> bytes:
-    data: bytes = _packb(obj)
-    return data
+#: A frame's payload encoded: msgpack's C encoder itself, no Python frame around it (each
+#: call of a lone request's path counts: docs/performance.md, "Figures L and W").
+pack: Callable[[Any], bytes] = msgpack.Packer().pack
 
 
 _LEN = struct.Struct("!i")
