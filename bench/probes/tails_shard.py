@@ -17,8 +17,9 @@ Events, each ``[name, t, thread, extra]``:
 * ``decode``: ``wire.decode_requests`` took extra seconds;
 * ``exec`` / ``exec_end``: ``ShardServer._execute`` (validation and the state; extra: the op);
 * ``submit`` / ``submit_end``: ``Committer.submit`` (extra: inline asked);
-* ``write`` / ``write_end``: ``Committer._write`` (the log append, unsynced);
-* ``sync`` / ``sync_end``: ``Log.sync`` (the fdatasync);
+* ``write`` / ``write_end``: ``Files.write`` (the log append's write syscall, whichever path
+  of the committer makes it: a lone commit writes and syncs in one call of the log);
+* ``sync`` / ``sync_end``: ``Files.datasync`` (the fdatasync);
 * ``send``: one reply frame is about to be written to a client (extra: its descriptor);
 * ``gc``: a cyclic collection ended (extra: [generation, seconds, objects collected]).
 """
@@ -42,7 +43,7 @@ def install(events: list[list[Any]]) -> None:
     from shardq.shard import committer as committer_mod
     from shardq.shard import conn as conn_mod
     from shardq.shard import process
-    from shardq.wal import log as log_mod
+    from shardq.wal import fileio
 
     clock, ident, note = time.monotonic, threading.get_ident, events.append
 
@@ -63,8 +64,8 @@ def install(events: list[list[Any]]) -> None:
     around(process.ShardServer, "_read", "read")
     around(process.ShardServer, "_execute", "exec", lambda a, k: a[2])
     around(committer_mod.Committer, "submit", "submit", lambda a, k: bool(k.get("inline")))
-    around(committer_mod.Committer, "_write", "write")
-    around(log_mod.Log, "sync", "sync")
+    around(fileio.Files, "write", "write")
+    around(fileio.Files, "datasync", "sync")
 
     decode = wire.decode_requests
 
