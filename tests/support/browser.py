@@ -14,6 +14,8 @@ import time
 
 import psutil
 
+from .service import poll_until
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -78,9 +80,7 @@ def chromium(width: int = 1280, height: int = 1000):
         # Dead is enough: a killed browser process whose parent (chromedriver) is gone is
         # a zombie until PID 1 reaps it, which psutil.wait_procs would wait for (1-2 s
         # under this VM's PID 1, per browser).
-        deadline = time.monotonic() + 10
-        while any(_running(p) for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.01)  # poll with a deadline
+        poll_until(lambda: not any(_running(p) for p in procs), time.monotonic() + 10)
         if service.process is not None:
             service.process.wait(10)  # the Popen learns its exit too
         shutil.rmtree(profile, ignore_errors=True)
