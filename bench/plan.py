@@ -17,6 +17,10 @@ from .jobs import make_items
 from .peers.base import Adapter
 
 LATENCY_RATES_PER_S = (500, 5000)
+#: The batched figures (B, C2, D2) move this many times ``jobs``: at 10,000 a shardq B run is 100 calls
+#: in about 60 ms, where one slow fsync or start-up cost moved the median by 30% (Redis's B 96k-138k/s
+#: within one run); 100,000 take about a second.
+BATCHED_SCALE = 10
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,11 @@ class Settings:
     wk_jobs: int           # figure Wk: no-op jobs per worker runner and run
     wk_deadline_s: float   # figure Wk: the longest one runner may take to drain them
     wk_settle_s: float     # figure Wk: after the last job ran, wait this long for duplicates
+
+    @property
+    def batched_jobs(self) -> int:
+        """Jobs of the batched figures (B, C2, D2): ``BATCHED_SCALE`` times ``jobs``."""
+        return self.jobs * BATCHED_SCALE
 
     @classmethod
     def full(cls) -> Settings:
@@ -57,7 +66,7 @@ def _a_c(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
 
 
 def _b_c2(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
-    items = make_items(tag + "B", s.jobs)
+    items = make_items(tag + "B", s.batched_jobs)
     record("B", workloads.enqueue_batched(adapter, items))
     record("C2", workloads.drain(adapter, items, batch=True, stall_s=s.stall_s))
 
@@ -74,7 +83,7 @@ def _d(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
 
 
 def _d2(adapter: Adapter, s: Settings, tag: str, record: Record) -> None:
-    items = make_items(tag + "E", s.jobs)
+    items = make_items(tag + "E", s.batched_jobs)
     record("D2", mpmc.run(adapter, items, batch=True, stall_s=s.stall_s,
                           deadline_s=s.deadline_s))
 
