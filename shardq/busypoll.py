@@ -13,8 +13,8 @@ A shard's loop does the same before it sleeps for its next request
 (``service.busy_poll_us``): a lone client's next request comes a round trip after the
 last reply, and the shard that wakes for it pays what the caller did. So it polls only
 after an iteration that sent a reply to a connection of role "client" (a "service" one,
-serve's own or the SQS listener's, does not poll, and its next request comes late:
-shardq/shard/process.py).
+serve's own, does not poll, and its next request comes late: shardq/shard/process.py; the
+SQS listener's routers connect as clients, so they are polled for, though they do not poll).
 
 Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
 recent waits (a moving average) took longer than the budget, so a slow disk, a loaded

@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
             from ..sqs_api.processes import SqsProcesses
             sqs = SqsProcesses(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
         elif cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before any shard starts, like the console
-            from ..sqs_api.server import SqsService
+            from ..sqs_api.server import SqsService, tune_gc
             sqs = SqsService(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
+            tune_gc()  # this process answers SQS requests now (a listener child tunes its own)
     except BaseException:
         for sock in socks:  # bound, not yet served
             sock.close()

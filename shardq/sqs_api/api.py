@@ -51,7 +51,7 @@ class SqsApi(MessageActions):
     def __init__(self, router: Router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
         self.router, self.catalog, self.cfg = router, catalog, cfg
         self.clock = clock or SystemClock()
-        self.service_id = getattr(router, "service_id", None) or "shardq"
+        self.service_id = router.service_id or "shardq"  # None: a data dir made before service ids
         self.moves = MoveTasks(self)
         MessageActions.__init__(self)
 

@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches serve, which stops us
-    from .server import SqsService
+    from .server import SqsService, tune_gc
     svc = SqsService(a.data_dir, cfg).start(sock=socket.socket(fileno=a.fd))
+    tune_gc()
     try:
         os.write(sys.stdout.fileno(), READY)
 

@@ -25,6 +25,7 @@ import collections
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import limits
@@ -64,6 +65,18 @@ class Received(NamedTuple):
         return sent if isinstance(sent, int) else None
 
 
+def _never() -> bool:
+    return False
+
+
+class Caller(threading.local):
+    """The client of the request a thread runs: ``gone()`` says whether it has closed its
+    connection (the listener sets it per request; a thread it has not set it on: never)."""
+
+    def __init__(self) -> None:
+        self.gone: Callable[[], bool] = _never
+
+
 class MessageActions:
     """A mixin of :class:`~shardq.sqs_api.api.SqsApi` (which gives ``router``, ``catalog``,
     ``cfg``, ``clock``, ``queue()``, ``arn()``)."""
@@ -81,7 +94,7 @@ class MessageActions:
         self._attempted: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
         self._attempted_lock = threading.Lock()
         #: per request thread: ``gone()`` says whether the client closed its connection
-        self.caller = threading.local()
+        self.caller = Caller()
 
     def queue(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
@@ -285,7 +298,7 @@ class MessageActions:
         """Lease up to ``n`` messages to hand out, waiting up to ``wait`` s for the first."""
         deadline = self.clock.monotonic() + wait
         out: list[Received] = []
-        gone = getattr(self.caller, "gone", None) or (lambda: False)
+        gone = self.caller.gone
         while True:
             asked = self.clock.monotonic()
             remaining = max(0.0, deadline - asked)

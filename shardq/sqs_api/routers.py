@@ -14,8 +14,10 @@ one process holds to ``(SQS_API_ROUTERS_MAX + 1) x shards``).
 
 Their calls do not busy-poll (``busy_poll_us = 0``): a listener's many threads share the
 CPUs with the shards, and a thread spinning for its reply takes a CPU from the shard that
-is to send it. A :class:`Routers` is used where a router is: attributes not its own are
-those of the router the calling thread has borrowed, or of the shared one."""
+is to send it. They connect as clients, not as ``service`` (a shard holds 16 of those, fewer
+than the routers here), so a shard still polls for their next request after answering them.
+A :class:`Routers` is used where a router is: attributes not its own are those of the router
+the calling thread has borrowed, or of the shared one."""
 from __future__ import annotations
 
 import contextlib

@@ -251,3 +251,36 @@ def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_anoth
         assert got and got[0]["attributes"] == {"VisibilityTimeout": "30"}
     here.set_attributes("q", {"VisibilityTimeout": "40"})
     assert there.get("q")["attributes"]["VisibilityTimeout"] == "40"
+
+
+def test_a_listener_process_tunes_its_collector_and_a_thread_without_a_client_has_none_gone():
+    """tune_gc (serve and a listener child call it once the listener serves): what was built
+    to start is frozen, young collections come every GC_YOUNG net allocations, not 700;
+    cycles are still collected (nothing frozen after). The API's caller: a thread the
+    listener has not set is never told its client has gone."""
+    import gc
+
+    from shardq.sqs_api.messages import Caller
+    from shardq.sqs_api.server import GC_YOUNG, tune_gc
+    before, enabled = gc.get_threshold(), gc.isenabled()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_YOUNG, 10, 10) and GC_YOUNG > before[0]
+        assert gc.get_freeze_count() > 0
+        gc.disable()  # the cycle below is collected by the explicit pass, not by chance
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect(0) >= 1
+    finally:
+        if enabled:
+            gc.enable()
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    caller = Caller()
+    caller.gone = lambda: True
+    seen: list[bool] = []
+    t = threading.Thread(target=lambda: seen.append(caller.gone()))
+    t.start()
+    t.join()
+    assert seen == [False] and caller.gone()
