@@ -232,13 +232,8 @@ class WorkerCore:
         queue alone with ``until_idle``) says the queues are drained. Returns why it ended,
         which the last progress line says."""
         self.reset()
-        burst = self.burst if self.burst is not None else Burst([self.options.queue]) if until_idle else None
-        why = yield from self._loop(max_jobs, burst)
-        self.progress.final(self.stats, why, self.clock.monotonic())
-        return why
-
-    def _loop(self, max_jobs: int | None, burst: Burst | None) -> Steps[str]:
         queue = self.options.queue
+        burst = self.burst if self.burst is not None else Burst([queue]) if until_idle else None
         yield from self.configure()
         last_fill: int | None = None
         while True:
@@ -249,12 +244,12 @@ class WorkerCore:
             last_fill = None
             if self.stop_at is not None:
                 if (yield from self.shutdown_step()):
-                    return "stopped"
+                    return self.ended("stopped")
             elif max_jobs is not None and self.run_leased >= max_jobs and not self.jobs:
-                return f"{max_jobs} jobs done"
+                return self.ended(f"{max_jobs} jobs done")
             elif burst is not None and burst.done:
                 if not self.jobs:
-                    return "queues drained (burst)"
+                    return self.ended("queues drained (burst)")
             else:
                 held = len(self.jobs)
                 token = self.burst_token(burst, queue) if burst is not None else 0
@@ -263,8 +258,13 @@ class WorkerCore:
                     if last_fill is None:
                         burst.busy(queue)
                     elif burst.answered(queue, token, held, last_fill) and not self.jobs:
-                        return "queues drained (burst)"
+                        return self.ended("queues drained (burst)")
             yield from self.dispatch()
+
+    def ended(self, why: str) -> str:
+        """The loop returns ``why`` (it ended): the last progress line says it."""
+        self.progress.final(self.stats, why, self.clock.monotonic())
+        return why
 
     def configure(self) -> Steps[None]:
         """Read the queue's config (waiting out outages, until stopped) into the policy."""
