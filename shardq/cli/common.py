@@ -17,6 +17,7 @@ from ..errors import ShardqError
 from . import exits
 
 if TYPE_CHECKING:
+    from ..client.contracts import Control
     #: what ``register(sub, parent)`` of each command module adds its parsers to
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -106,7 +107,7 @@ def naming_a_job(job_id: object) -> Iterator[None]:
 
 def connect(args: argparse.Namespace, **router_options: Any) -> Any:
     """A client of the service the command line names (a Queue; typed Any, since commands
-    use it as a context manager and reach the router's own calls through control_call)."""
+    use it as a context manager and reach the router's own calls through :func:`control_call`)."""
     import shardq
     return shardq.connect(target(args), **router_options)
 
@@ -156,14 +157,15 @@ def print_json(obj: object) -> None:
     print(json.dumps(obj, default=str), file=sys.stdout)
 
 
-def control_call(q: object, name: str) -> Callable[..., Any]:
-    """``q``'s control call ``name`` (pause, resume, cancel, job, dead_letters_page): these
-    are calls of the local shards' router, not of the Queue protocol."""
-    fn: Callable[..., Any] | None = getattr(q, name, None)
-    if fn is None:
+def control_call(q: object, call: str) -> Control:
+    """``q`` as a client with the control calls (pause, resume, purge, cancel, job,
+    dead_letters_page, set_limits: :class:`~shardq.client.contracts.Control`, the local
+    shards' router's, not the Queue protocol's); else Unsupported, naming the ``call`` asked."""
+    from ..client.contracts import Control
+    if not isinstance(q, Control):
         from ..errors import Unsupported
-        raise Unsupported(f"{name}: not supported by the {type(q).__name__} backend")
-    return fn
+        raise Unsupported(f"{call}: not supported by the {type(q).__name__} backend")
+    return q
 
 
 class Parser(argparse.ArgumentParser):

@@ -68,10 +68,11 @@ def dead_counts(q: Any) -> dict[str, int]:
 
 
 def _list(q: Any, queue: str, args: argparse.Namespace, more_flags: str) -> None:
-    if args.cursor is None and not hasattr(q, "dead_letters_page"):
+    from ..client.contracts import Control
+    if args.cursor is None and not isinstance(q, Control):
         items, cursor = q.dead_letters(queue, limit=args.limit), None  # any backend
     else:
-        page = common.control_call(q, "dead_letters_page")(queue, args.limit, args.cursor)
+        page = common.control_call(q, "dead_letters_page").dead_letters_page(queue, args.limit, args.cursor)
         items, cursor = page.items, page.cursor
     for d in items:
         print(json.dumps({"queue": queue, "job_id": d.job_id, "key": d.key, "attempts": d.attempts,

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             # cancelled | purged | cancelling: done (cancel is idempotent while the job is
             # there); gone: the job does not exist, the one error of every job command
-            done = common.control_call(q, "cancel")(args.job_id)
+            done = common.control_call(q, "cancel").cancel(args.job_id)
             if done == "gone":
                 raise common.no_such_job(args.job_id)
             print(done)
@@ -56,7 +56,7 @@ def show(q: Any, job_id: int, raw: bool = False) -> dict[str, Any]:
     is neither live nor has a result kept."""
     from ..client.contracts import Results
     from ..client.results import look_up
-    info, outcome = look_up(common.control_call(q, "job"), q.results if isinstance(q, Results) else None, job_id)
+    info, outcome = look_up(common.control_call(q, "job").job, q.results if isinstance(q, Results) else None, job_id)
     if info is None:
         info = {"job_id": job_id, "state": "succeeded"}
     else:

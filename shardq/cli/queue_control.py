@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "purge":
         return _purge(args)
     with common.connect(args) as q:
-        call = common.control_call(q, args.action)
+        control = common.control_call(q, args.action)
+        call = control.pause if args.action == "pause" else control.resume
         if not args.create:
             check_exists(q, args.name)
         changed = call(args.name)
@@ -98,9 +99,9 @@ def _purge(args: argparse.Namespace) -> int:
     if args.create:
         raise UsageError("queue purge takes no --create: a new queue holds nothing to purge")
     with common.connect(args) as q:
-        call = common.control_call(q, "purge")
+        purge = common.control_call(q, "purge").purge
         check_exists(q, args.name)
-        gone = call(args.name)
+        gone = purge(args.name)
     print(f"purged: {args.name} ({gone} job{'' if gone == 1 else 's'} deleted)")
     return exits.OK
 
@@ -111,7 +112,7 @@ def _limit(args: argparse.Namespace) -> int:
         raise UsageError("queue limit: give --reset or at least one of "
                          + ", ".join(f"--{_flag(k)}" for k in _LIMIT_FLAGS))
     with common.connect(args) as q:
-        call = common.control_call(q, "set_limits")
+        call = common.control_call(q, "set_limits").set_limits
         if not args.create:
             check_exists(q, args.name)
         try:

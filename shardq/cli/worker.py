@@ -195,9 +195,10 @@ def check_queues(router: Any, queues: list[str], tasks: dict[str, Any] | None, t
     Returns warnings for a handler's queue the service has never seen and that holds no
     jobs (jobs may still come). Each names the queues that hold jobs. With a shard down the
     counts are incomplete, and only the declaration is checked."""
+    from ..client.queue import Queue
     from ..errors import UnknownQueue
-    if not hasattr(router, "stats"):
-        return []  # a stand-in queue object that cannot count its jobs
+    if not isinstance(router, Queue):
+        return []  # a stand-in queue object (not a whole Queue) that cannot count its jobs
     st = router.stats()
     complete = all(sh.get("available", True) for sh in st.get("shards", []))
     counts = st.get("queues", {})

@@ -50,9 +50,10 @@ class AsyncQueue(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
 class Control(Protocol):
-    """The control calls of the local shards (not of every backend: the CLI reports
-    ``Unsupported`` for one that lacks them)."""
+    """The control calls of the local shards (not of every backend: the CLI asks
+    ``isinstance(q, Control)`` and reports ``Unsupported`` for one that lacks them)."""
 
     def pause(self, queue: str = "default") -> int: ...
     def resume(self, queue: str = "default") -> int: ...

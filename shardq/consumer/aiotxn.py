@@ -1,7 +1,7 @@
 """``async def`` tasks on the asyncio runner, and ``ctx.db`` for them.
 
 Without an idempotency store the task is awaited on the loop. With one, the job goes through
-the same :func:`~shardq.consumer.handling.execute` as every other (seen check, BEGIN, the
+the same :meth:`~shardq.consumer.handling.Runs.run` as every other (seen check, BEGIN, the
 task, claim, lease check, commit, in that order) in a thread of its own: a SQLite
 transaction belongs to one thread and blocks while it works. That thread starts the task
 on the loop and, until it ends, runs the statements the task awaits on ``ctx.db``
@@ -17,7 +17,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from .handling import DONE, Context, Result, execute
+from ..types import Lease
+from .handling import DONE, Context, Report, Result, Runs, failed
 
 #: ``run(ctx)``: the task's coroutine for a job (its context made by the runner)
 RunAsync = Callable[[Any], Awaitable[Any]]
@@ -67,11 +68,11 @@ class _BridgedDb(InlineDb):
 
 
 class _OnLoop:
-    """The handler :func:`execute` calls in the transaction's thread: start the task on the
+    """The handler :meth:`Runs.run` calls in the transaction's thread: start the task on the
     loop, serve its ``ctx.db`` calls with the transaction's cursor until it ends."""
 
-    def __init__(self, run: RunAsync, loop: asyncio.AbstractEventLoop, finish_duplicate: Any):
-        self.run, self.loop, self.finish_duplicate = run, loop, finish_duplicate
+    def __init__(self, run: RunAsync, loop: asyncio.AbstractEventLoop):
+        self.run, self.loop = run, loop
         self.fut: concurrent.futures.Future[Any] | None = None
 
     def __call__(self, ctx: Context) -> Any:
@@ -98,15 +99,15 @@ def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -
             fut.set_result(value)
 
 
-async def run_async(run: RunAsync, lease: Any, store: Any, context: Callable[..., Context], *,
-                    failure: Callable[[BaseException, Any, Context | None], Result],
-                    finish_duplicate: Any = None, **kwargs: Any) -> Result:
-    """One job of an ``async def`` task: ``run(ctx)`` awaited on the loop, without a store;
-    with one, in :func:`execute` (``kwargs`` are its: may_commit, max_deliveries, client,
-    reports) in a thread of its own. A cancelled job cancels the task (its transaction rolls
-    back) and raises CancelledError."""
-    if store is None:
-        ctx = context(lease, None, None, client=kwargs["client"], reports=kwargs["reports"])
+async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[..., Context],
+                    may_commit: Callable[[], bool] | None, reports: list[Report] | None,
+                    max_deliveries: int | None) -> Result:
+    """One job of an ``async def`` task, as ``runs`` runs its jobs: ``run(ctx)`` awaited on
+    the loop, without a store; with one, in :meth:`Runs.run` in a thread of its own. A
+    cancelled job cancels the task (its transaction rolls back) and raises CancelledError."""
+    if runs.store is None:
+        reports = reports if runs.collect else None
+        ctx = context(lease, None, None, client=runs.client, reports=reports)
         try:
             await run(ctx)
             if ctx.has_after:  # it may block (a client call): in a thread
@@ -115,15 +116,14 @@ async def run_async(run: RunAsync, lease: Any, store: Any, context: Callable[...
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - a task must never kill its runner
-            if ctx.reports:
-                ctx.reports.clear()  # a failed attempt reports nothing
-            return failure(exc, lease, ctx)
+            return failed(exc, lease, ctx, reports, max_deliveries)
     loop = asyncio.get_running_loop()
-    handler = _OnLoop(run, loop, finish_duplicate)
+    handler = _OnLoop(run, loop)
     done: asyncio.Future[Result] = loop.create_future()
 
     def in_thread() -> None:
-        result = execute(handler, lease, store, context=context, **kwargs)
+        result = runs.run(lease, may_commit, None, reports, max_deliveries=max_deliveries, handler=handler,
+                          context=context)
         try:
             loop.call_soon_threadsafe(_settle, done, result, None)
         except RuntimeError:

@@ -8,7 +8,7 @@ there, as for the thread worker. Up to ``concurrency`` jobs run at once, each an
 task: an ``async def`` task is awaited on the loop (with an idempotency store, its
 transaction runs in a thread of its own: :mod:`.aiotxn`); a plain function, or a body that
 names no async task (an unknown task or a bad body is dead-lettered, never a crash loop),
-runs in a thread (``asyncio.to_thread``) through the same :func:`~.handling.execute`.
+runs in a thread (``asyncio.to_thread``) through the same :meth:`~.handling.Runs.run`.
 ``await ctx.extend(s)`` sets a job's lease length. ``stop()`` (any thread): stop leasing
 (a waiting dequeue is cancelled, which leaves no lease behind), let running jobs finish for
 ``grace_s``, then release their leases and cancel them (their transactions roll back).
@@ -32,10 +32,9 @@ from ..stopping import install_stop_signals, restore_signals
 from ..types import Lease
 from .aiotxn import run_async
 from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
-from .handling import Context, Report, Result, execute, log
-from .idempotency import IdempotencyStore, start_pruner
+from .handling import Context, Report, Result, Runs, log
+from .idempotency import IdempotencyStore, pruning
 from .options import WorkerOptions, options_of
-from .policy import Policy, Progress, burst_for
 
 ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
 PROGRESS_DRAIN_S = 2.0  # at the end, progress calls still on their way get this long (as in the client's close)
@@ -137,21 +136,17 @@ class AsyncWorker:
         ``concurrency`` is 50 unless given. ``prefetch`` is 0: a job leased starts at once."""
         o = options_of(options, {"concurrency": ASYNC_CONCURRENCY_DEFAULT, **settings} if options is None else settings)
         self.options, self.target, self.handler, self.store = o, target, handler, idempotency
-        self.policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
-                             rng=rng or random.Random())
-        self.clock = clock or SystemClock()
-        progress = Progress(o.log_every, o.log_every_s, self.clock.monotonic(), o.queue)
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
-        self.core = WorkerCore(self.policy, progress, self.clock, dataclasses.replace(o, prefetch=0),
-                               lock=contextlib.nullcontext())
-        self.burst = burst_for(o.burst, o.queue)
-        self.stats = self.core.stats
+        self.core = WorkerCore(dataclasses.replace(o, prefetch=0), clock or SystemClock(),
+                               lock=contextlib.nullcontext(), rng=rng)
+        self.clock, self.stats = self.core.clock, self.core.stats
+        # A job's calls go through the client's blocking LoopCalls (bound in run_async); its
+        # reports go with the acks.
+        self.runs = Runs(handler, idempotency, collect=True)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._calls: LoopCalls | None = None  # the client's calls about a job, for threads
         self._wake = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._done: list[tuple[Held, Result]] = []
         self._tasks: set[asyncio.Task[None]] = set()  # the jobs running
-        self._finish_duplicate = getattr(handler, "finish_duplicate", None)
 
     # ------------------------------------------------------------------ public
     def run(self, max_jobs: int | None = None) -> WorkerStats:
@@ -167,7 +162,7 @@ class AsyncWorker:
 
     def stop(self) -> None:
         """Stop leasing and finish (see the module docstring). Safe from any thread."""
-        self.core.stopping(self.clock.monotonic())  # the grace period counts from here
+        self.core.stopping()  # the grace period counts from here
         loop, wake = self._loop, self._wake
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has finished
@@ -178,24 +173,18 @@ class AsyncWorker:
         self._wake, self._done = asyncio.Event(), []
         owned = isinstance(self.target, (str, os.PathLike))
         q = await aio.connect(self.target, request_timeout_s=self.options.request_timeout_s) if owned else self.target
-        calls = self._calls = LoopCalls(q, self._loop)
+        calls = self.runs.client = LoopCalls(q, self._loop)
         self.q = q
-        self.core.reset()
-        pruner = None
         try:
-            if self.store is not None:
-                if isinstance(q.service_id, str):
-                    await asyncio.to_thread(self.store.bind, q.service_id)
-                pruner = start_pruner(self.store, self.clock, self.options.prune_every_s)
-            why = await adrive(self.core.run(max_jobs, burst=self.burst), self._perform)
+            if self.store is not None and isinstance(q.service_id, str):
+                await asyncio.to_thread(self.store.bind, q.service_id)
+            with pruning(self.store, self.clock, self.options.prune_every_s):
+                await adrive(self.core.run(max_jobs), self._perform)
             left = [task for task in self._tasks if not task.done()]
             for task in left:  # released at the grace period's end
                 task.cancel()
             await asyncio.gather(*left, return_exceptions=True)
-            self.core.progress.final(self.stats, why, self.clock.monotonic())
         finally:
-            if pruner is not None:
-                pruner.set()
             await calls.drain(PROGRESS_DRAIN_S)
             if owned:
                 await q.close()
@@ -249,17 +238,15 @@ class AsyncWorker:
 
     async def _execute(self, job: Held) -> Result:
         lease, may_commit = job.lease, functools.partial(self.core.may_commit, job)
-        task = self.handler.task_of(lease.body)
+        limit, task = self.core.policy.max_deliveries, self.handler.task_of(lease.body)
         if task is None or not task.is_async:  # plain task, unknown task or bad body: the thread path says why
             loop = asyncio.get_running_loop()
             return await asyncio.to_thread(
-                execute, self.handler, lease, self.store, may_commit,
+                self.runs.run, lease, may_commit,
                 lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result(),
-                max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
+                job.reports, max_deliveries=limit)
         context = functools.partial(AsyncContext, aextend=functools.partial(self._extend, job))
-        return await run_async(self._run_task, lease, self.store, context, failure=self.policy.failure,
-                               finish_duplicate=self._finish_duplicate, may_commit=may_commit,
-                               max_deliveries=self.policy.max_deliveries, client=self._calls, reports=job.reports)
+        return await run_async(self.runs, self._run_task, lease, context, may_commit, job.reports, limit)
 
     async def _run_task(self, ctx: AsyncContext) -> None:
         task, args, kwargs = self.handler.resolve(ctx)

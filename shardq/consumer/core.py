@@ -18,7 +18,7 @@ is sent their outcomes:
 The runners only execute effects: :func:`drive` (threads and processes: a runner thread or
 a process pool runs each job; ``ctx.extend`` is a request to the loop) and the asyncio
 runner's ``await`` loop of the same shape (asyncio tasks run the jobs). Both run
-:func:`~.handling.execute` for each job, with :meth:`WorkerCore.start` and
+:meth:`~.handling.Runs.run` for each job, with :meth:`WorkerCore.start` and
 :meth:`WorkerCore.may_commit` as its checks before the run and before the commit.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import AbstractContextManager
@@ -37,7 +38,8 @@ from ..errors import InvalidJob, LeaseLost, ShardqError, ShardUnavailable
 from ..types import JobId, Lease, Token
 from .handling import EXPIRED, SKIPPED, Report, Result
 from .options import WorkerOptions
-from .policy import ACK, BURY_NOW, NOTHING, Burst, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff
+from .policy import (ACK, BURY_NOW, NOTHING, Burst, Counter, Outbox, Policy, Progress, Settle, UnavailableBackoff,
+                     burst_for)
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -195,10 +197,15 @@ class WorkerCore:
     docstring). ``lock`` guards what handler threads read (a job's lease, state and lost
     flag); a runner whose handlers share its thread passes ``contextlib.nullcontext()``."""
 
-    def __init__(self, policy: Policy, progress: Progress, clock: Clock, options: WorkerOptions, *,
-                 lock: AbstractContextManager[Any], metrics: WorkerMetrics | None = None):
-        self.policy, self.progress, self.clock, self.lock = policy, progress, clock, lock
-        self.options, self.metrics = options, metrics
+    def __init__(self, options: WorkerOptions, clock: Clock, *, lock: AbstractContextManager[Any],
+                 rng: random.Random | None = None, can_bury: bool = True, metrics: WorkerMetrics | None = None):
+        """The policy, the progress lines and the burst come from ``options`` (every runner's
+        the same way); ``can_bury``: the queue client can dead-letter a job at once."""
+        self.clock, self.lock, self.options, self.metrics = clock, lock, options, metrics
+        self.policy = Policy(backoff_base_s=options.backoff_base_s, backoff_cap_s=options.backoff_cap_s,
+                             rng=rng or random.Random(), can_bury=can_bury)
+        self.progress = Progress(options.log_every, options.log_every_s, clock.monotonic(), options.queue)
+        self.burst = burst_for(options.burst, options.queue)
         self.heartbeat_fraction, self.grace_s = float(options.heartbeat_fraction), float(options.grace_s)
         self.stop_at: float | None = None  # clock.monotonic() when stop() was first asked
         self.stats = WorkerStats()
@@ -218,11 +225,15 @@ class WorkerCore:
         self.grace_at: float | None = None
 
     # ------------------------------------------------------------------ the loop
-    def run(self, max_jobs: int | None = None, burst: Burst | None = None) -> Steps[str]:
-        """The worker's loop: read the queue's config, then lease, start, heartbeat and settle
-        until stopped (and the grace period is over), ``max_jobs`` leases are settled, or
-        ``burst`` says the queues are drained. Returns why it ended (for the last log line)."""
+    def run(self, max_jobs: int | None = None, until_idle: bool = False) -> Steps[str]:
+        """The worker's loop, from nothing in hand: read the queue's config, then lease,
+        start, heartbeat and settle until stopped (and the grace period is over),
+        ``max_jobs`` leases are settled, or the burst (the options' ``burst``, else this
+        queue alone with ``until_idle``) says the queues are drained. Returns why it ended,
+        which the last progress line says."""
+        self.reset()
         queue = self.options.queue
+        burst = self.burst if self.burst is not None else Burst([queue]) if until_idle else None
         yield from self.configure()
         last_fill: int | None = None
         while True:
@@ -233,12 +244,12 @@ class WorkerCore:
             last_fill = None
             if self.stop_at is not None:
                 if (yield from self.shutdown_step()):
-                    return "stopped"
+                    return self.ended("stopped")
             elif max_jobs is not None and self.run_leased >= max_jobs and not self.jobs:
-                return f"{max_jobs} jobs done"
+                return self.ended(f"{max_jobs} jobs done")
             elif burst is not None and burst.done:
                 if not self.jobs:
-                    return "queues drained (burst)"
+                    return self.ended("queues drained (burst)")
             else:
                 held = len(self.jobs)
                 token = self.burst_token(burst, queue) if burst is not None else 0
@@ -247,8 +258,13 @@ class WorkerCore:
                     if last_fill is None:
                         burst.busy(queue)
                     elif burst.answered(queue, token, held, last_fill) and not self.jobs:
-                        return "queues drained (burst)"
+                        return self.ended("queues drained (burst)")
             yield from self.dispatch()
+
+    def ended(self, why: str) -> str:
+        """The loop returns ``why`` (it ended): the last progress line says it."""
+        self.progress.final(self.stats, why, self.clock.monotonic())
+        return why
 
     def configure(self) -> Steps[None]:
         """Read the queue's config (waiting out outages, until stopped) into the policy."""
@@ -506,10 +522,10 @@ class WorkerCore:
         return retry
 
     # ------------------------------------------------------------------ shutdown
-    def stopping(self, now: float) -> None:
-        """stop() was asked (at monotonic ``now``): the grace period counts from the first ask."""
+    def stopping(self) -> None:
+        """stop() was asked (any thread): the grace period counts from the first ask."""
         if self.stop_at is None:
-            self.stop_at = now
+            self.stop_at = self.clock.monotonic()
 
     def grace_end(self, now: float) -> float:
         """When running jobs stop being waited for (monotonic, the worker's clock):

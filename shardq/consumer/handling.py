@@ -1,6 +1,6 @@
 """Running one job: the handler's context, the exactly-once-effect transaction, backoff.
 
-:func:`execute` is the idempotent consumer. With a store it skips a job id already
+:meth:`Runs.run` is the idempotent consumer. With a store it skips a job id already
 processed; otherwise it runs the handler inside the store's transaction, claims the job id
 (UNIQUE) in that same transaction, checks the lease is still ours, and only then commits,
 so the handler's writes through ``ctx.db`` and the "processed" mark land together or not
@@ -19,7 +19,7 @@ import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 from collections.abc import Callable
 
 from .. import limits
@@ -210,60 +210,104 @@ def cut_bytes(text: str, max_bytes: int) -> str:
     return text
 
 
+@runtime_checkable
+class FinishesDuplicates(Protocol):
+    """A handler's optional hook (:class:`shardq.tasks.dispatch.TaskHandler` has it): a
+    delivery skipped because an earlier one committed goes to ``finish_duplicate(ctx,
+    kept)`` with what that one kept (``ctx.keep``), so a layer can report a skipped step's
+    result again. Looked up once, by ``isinstance``, when a :class:`Runs` is made."""
+
+    def finish_duplicate(self, ctx: Context, kept: bytes | None) -> None: ...
+
+
+class Runs:
+    """How one worker runs its jobs, decided once when it is made, whichever runner runs
+    them (a runner thread, a pool process, an asyncio task): ``handler`` and its
+    :class:`FinishesDuplicates` hook, the idempotency ``store``, the ``client`` a job's own
+    calls go to (None: the job gets none), and whether a job's ``ctx.report`` calls are
+    collected for the worker's settle round (``collect``) or made at once through
+    ``client``. :meth:`run` runs one job."""
+
+    def __init__(self, handler: Handler, store: IdempotencyStore | None, client: JobCalls | None = None, *,
+                 collect: bool = False):
+        self.handler, self.store, self.client, self.collect = handler, store, client, collect
+        self.finish_duplicate = handler.finish_duplicate if isinstance(handler, FinishesDuplicates) else None
+
+    def run(self, lease: Lease, may_commit: Callable[[], bool] | None = None,
+            extend: Callable[[float], float] | None = None, reports: list[Report] | None = None, *,
+            max_deliveries: int | None = None, handler: Handler | None = None,
+            context: Callable[..., Context] | None = None) -> Result:
+        """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
+
+        With a store: skip if seen; else handler, claim, lease check, commit, in that order.
+        The claim comes last so the write lock is held as briefly as the handler allows, and
+        the lease check comes after the claim, right before the commit. Returns
+        ``(outcome, error, delay_s)``; a handler that raises :class:`~shardq.errors.Retry` or
+        :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
+        ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
+        the log (see :func:`failure_result`).
+
+        What the handler asked with ``ctx.after_commit`` runs after the commit (without a store:
+        after the handler), before this returns DONE; what it kept with ``ctx.keep`` is claimed
+        with the mark. A job skipped as seen goes to the :class:`FinishesDuplicates` hook, if
+        the handler has one, with what the first delivery kept (tasks report a skipped step's
+        result this way). ``reports``: the job's list the context collects ``ctx.report``
+        calls in, for the worker to make before the ack (where ``collect``; else they are made
+        at once); it holds something only when this returns DONE or DUPLICATE. ``handler``
+        runs instead of the worker's (the asyncio runner's bridge to an ``async def`` task);
+        ``context`` makes the handler's context (with :class:`Context`'s arguments; the
+        asyncio runner's makes an async one).
+        """
+        ctx = None
+        make, run, store = context or Context, handler or self.handler, self.store
+        reports = reports if self.collect else None
+        try:
+            if store is None:
+                ctx = make(lease, None, extend, client=self.client, reports=reports)
+                run(ctx)
+                ctx.run_after()
+                return DONE, None, None
+            if store.seen(lease.job_id):
+                if self.finish_duplicate is not None:
+                    ctx = make(lease, None, extend, client=self.client, reports=reports)
+                    self.finish_duplicate(ctx, store.kept_result(lease.job_id))
+                return DUPLICATE, None, None
+            with store.transaction() as txn:
+                ctx = make(lease, txn.db, extend, session=txn.session, client=self.client, reports=reports)
+                run(ctx)
+                claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
+                if not claimed:
+                    txn.abort()  # another delivery committed it while we ran
+                    return DUPLICATE, None, None
+                if may_commit is not None and not may_commit():
+                    txn.abort()  # lease lost: roll back, the redelivery wins
+                    return LOST, None, None
+            ctx.run_after()
+            return DONE, None, None
+        except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
+            return failed(exc, lease, ctx, reports, max_deliveries)
+
+
 def execute(handler: Handler, lease: Lease, store: IdempotencyStore | None,
             may_commit: Callable[[], bool] | None = None,
             extend: Callable[[float], float] | None = None, *,
             max_deliveries: int | None = None, client: JobCalls | None = None,
-            reports: list[Report] | None = None, context: Callable[..., Context] | None = None) -> Result:
-    """Run one job (in a runner thread, or in a pool process with ``may_commit=None``).
+            reports: list[Report] | None = None) -> Result:
+    """One job run as a worker's :class:`Runs` of ``handler`` runs it (:meth:`Runs.run`)."""
+    return Runs(handler, store, client, collect=True).run(lease, may_commit, extend, reports,
+                                                          max_deliveries=max_deliveries)
 
-    With a store: skip if seen; else handler, claim, lease check, commit, in that order.
-    The claim comes last so the write lock is held as briefly as the handler allows, and
-    the lease check comes after the claim, right before the commit. Returns
-    ``(outcome, error, delay_s)``; a handler that raises :class:`~shardq.errors.Retry` or
-    :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
-    ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
-    the log (see :func:`failure_result`).
 
-    What the handler asked with ``ctx.after_commit`` runs after the commit (without a store:
-    after the handler), before this returns DONE; what it kept with ``ctx.keep`` is claimed
-    with the mark. A job skipped as seen goes to the handler's ``finish_duplicate(ctx,
-    kept)``, if it has one, with what the first delivery kept (tasks report a skipped
-    step's result this way). ``reports``: a list the context collects ``ctx.report`` calls
-    in, for the caller to make before the ack (None: they are made at once); it holds
-    something only when this returns DONE or DUPLICATE. ``context`` makes the handler's
-    context (with :class:`Context`'s arguments; the asyncio runner's makes an async one).
-    """
-    ctx = None
-    make = context or Context
-    try:
-        if store is None:
-            ctx = make(lease, None, extend, client=client, reports=reports)
-            handler(ctx)
-            ctx.run_after()
-            return DONE, None, None
-        if store.seen(lease.job_id):
-            again = getattr(handler, "finish_duplicate", None)
-            if again is not None:
-                ctx = make(lease, None, extend, client=client, reports=reports)
-                again(ctx, store.kept_result(lease.job_id))
-            return DUPLICATE, None, None
-        with store.transaction() as txn:
-            ctx = make(lease, txn.db, extend, session=txn.session, client=client, reports=reports)
-            handler(ctx)
-            claimed = txn.claim(lease.job_id) if ctx.kept is None else txn.claim(lease.job_id, result=ctx.kept)
-            if not claimed:
-                txn.abort()  # another delivery committed it while we ran
-                return DUPLICATE, None, None
-            if may_commit is not None and not may_commit():
-                txn.abort()  # lease lost: roll back, the redelivery wins
-                return LOST, None, None
-        ctx.run_after()
-        return DONE, None, None
-    except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
-        if reports:
-            reports.clear()  # a failed attempt reports nothing
-        return failure_result(exc, lease, ctx, max_deliveries=max_deliveries)
+def failed(exc: BaseException, lease: Lease, ctx: Context | None, reports: list[Report] | None,
+           max_deliveries: int | None) -> Result:
+    """The outcome of an attempt that raised ``exc`` (:func:`failure_result`): the handler's
+    error, or the store's around it. A store error (down at BEGIN, at the claim, at COMMIT or
+    at ROLLBACK) is FAILED with ``"Type: message"``, so the job is nacked with backoff and its
+    dead letter says why; the transaction was rolled back (or never committed). A failed
+    attempt reports nothing: what it collected in ``reports`` is dropped."""
+    if reports:
+        reports.clear()
+    return failure_result(exc, lease, ctx, max_deliveries=max_deliveries)
 
 
 def failure_result(exc: BaseException, lease: Lease, ctx: Context | None, *,
@@ -359,13 +403,14 @@ def _child_init(handler: Handler, spec: tuple[Any, ...] | None, parent_pid: int 
     if spec is not None:
         factory, args, kwargs = spec
         store = factory(*args, **kwargs)
-    _CHILD.update(handler=handler, store=store)
+    _CHILD["runs"] = Runs(handler, store)
 
 
 def _child_run(lease: Lease, max_deliveries: int | None = None) -> Result:
     # No lease check before the commit here (the lease lives in the parent); the UNIQUE
     # claim still keeps the effect to one commit. See docs/guarantees.md.
-    return execute(_CHILD["handler"], lease, _CHILD["store"], None, max_deliveries=max_deliveries)
+    runs: Runs = _CHILD["runs"]
+    return runs.run(lease, max_deliveries=max_deliveries)
 
 
 class ProcessPool:

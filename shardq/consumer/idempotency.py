@@ -196,13 +196,14 @@ class IdempotencyStore:
         raise TypeError(f"{type(self).__name__} cannot be opened in another process")
 
 
-def start_pruner(store: IdempotencyStore, clock: Clock, every_s: float | None) -> threading.Event:
-    """Prune ``store`` now and every ``every_s`` seconds (None: never) in a daemon thread of
-    its own, so a prune waiting for the write lock never delays a worker's loop, until the
-    event returned is set (or the store is closed)."""
+@contextlib.contextmanager
+def pruning(store: IdempotencyStore | None, clock: Clock, every_s: float | None) -> Iterator[None]:
+    """While the block runs, prune ``store`` (None: a worker without one) at its start and
+    every ``every_s`` seconds (None: never) in a daemon thread of its own, so a prune
+    waiting for the write lock never delays a worker's loop (or until the store is closed)."""
     stop = threading.Event()
 
-    def prune_loop() -> None:
+    def prune_loop(store: IdempotencyStore) -> None:
         while True:
             try:
                 n = store.prune(clock.now())
@@ -215,9 +216,12 @@ def start_pruner(store: IdempotencyStore, clock: Clock, every_s: float | None) -
             if stop.wait(every_s):
                 return
 
-    if every_s is not None:
-        threading.Thread(target=prune_loop, daemon=True, name="shardq-pruner").start()
-    return stop
+    if store is not None and every_s is not None:
+        threading.Thread(target=prune_loop, args=(store,), daemon=True, name="shardq-pruner").start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 # ---------------------------------------------------------------------------- SQLite

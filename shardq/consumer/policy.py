@@ -16,10 +16,10 @@ runners, and drift shows in failure handling first (docs/guarantees.md).
 * :meth:`Policy.answer` and :class:`Outbox`: an ack, nack or bury that met
   ``ShardUnavailable`` is kept and retried, after each :class:`UnavailableBackoff` wait,
   until it lands or its lease's deadline passes;
-* :meth:`Policy.failure`: an exception around the handler (the idempotency store at BEGIN,
-  the claim, COMMIT or ROLLBACK; a lock timeout; a lost connection) is a failed attempt
-  with its error text, retried with backoff like a handler's failure, never a job left to
-  expire silently;
+* an exception around the handler (the idempotency store at BEGIN, the claim, COMMIT or
+  ROLLBACK; a lock timeout; a lost connection) is a failed attempt with its error text
+  (:func:`~.handling.failed`), retried with backoff like a handler's failure (:meth:`Policy.settle`),
+  never a job left to expire silently;
 * :class:`Progress`: the progress lines (every N jobs, every N seconds, a last one);
 * :class:`Burst`: ``--burst``, when a worker's queues are drained and it may return.
 """
@@ -34,8 +34,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from .. import limits
 from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
-from .handling import (BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Context, Outcome, Result, backoff_delay,
-                       error_text, failure_result)
+from .handling import BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Outcome, backoff_delay, error_text
 
 log = logging.getLogger("shardq.worker")
 J = TypeVar("J")  # what an Outbox keeps with each settlement: the runner's job
@@ -117,13 +116,6 @@ class Policy:
         than the commit margin, ``min(1 s, 10% of the lease)``, is left. Local knowledge
         only: the queue expires a lease at its stored deadline and never earlier."""
         return not lost and now < deadline - min(COMMIT_MARGIN_S, 0.1 * self.visibility_s)
-
-    def failure(self, exc: BaseException, lease: Lease, ctx: Context | None = None) -> Result:
-        """The outcome of an attempt that raised ``exc``: the handler's error, or the
-        store's around it. A store error (down at BEGIN, at the claim, at COMMIT or at
-        ROLLBACK) is FAILED with ``"Type: message"``, so the job is nacked with backoff and
-        its dead letter says why; the transaction was rolled back (or never committed)."""
-        return failure_result(exc, lease, ctx, max_deliveries=self.max_deliveries)
 
     # ------------------------------------------------------------------ after the run
     def settle(self, outcome: Outcome, error: str | None, delay: float | None, lease: Lease, *,

@@ -3,7 +3,7 @@
 The thread that calls :meth:`Worker.run` is the *loop*: it drives the core's loop
 (:meth:`.core.WorkerCore.run`) with :func:`.core.drive` and is the only thread that talks
 to the queue, so the router need not be thread-safe. ``concurrency`` *runner* threads each
-run one job at a time (:func:`.handling.execute`); in process mode a runner hands its job to
+run one job at a time (:meth:`.handling.Runs.run`); in process mode a runner hands its job to
 a process pool and waits for the result. ``ctx.extend(seconds)`` from a runner is a request
 to the loop, which makes the call (:meth:`.core.WorkerCore.extend`).
 
@@ -21,7 +21,6 @@ import logging
 import pickle
 import queue as queue_mod
 import random
-import signal
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -30,12 +29,11 @@ from ..client.contracts import Buries, JobCalls, Settles
 from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig
-from ..stopping import install_stop_signals
+from ..stopping import install_stop_signals, restore_signals
 from .core import Effect, Held, Start, Wait, WorkerCore, WorkerStats, drive
-from .handling import FAILED, Handler, ProcessPool, Result, error_text, execute
-from .idempotency import IdempotencyStore, start_pruner
+from .handling import FAILED, Handler, ProcessPool, Result, Runs, error_text
+from .idempotency import IdempotencyStore, pruning
 from .options import Mode, WorkerOptions, options_of
-from .policy import Burst, Policy, Progress, burst_for
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -75,28 +73,23 @@ class Worker:
         service_id = queue_or_router.service_id
         if idempotency is not None and isinstance(service_id, str):
             idempotency.bind(service_id)
-        self.options, self._q, self._handler, self._store = o, queue_or_router, handler, idempotency
-        self._clock = clock or SystemClock()
-        self._policy = Policy(backoff_base_s=o.backoff_base_s, backoff_cap_s=o.backoff_cap_s,
-                              rng=rng or random.Random(), can_bury=isinstance(queue_or_router, Buries))
-        progress = Progress(o.log_every, o.log_every_s, self._clock.monotonic(), o.queue)
-        self._core = WorkerCore(self._policy, progress, self._clock, o, lock=threading.Lock(), metrics=metrics)
-        self._burst = burst_for(o.burst, o.queue)
+        self.options, self._q, self._store, self._metrics = o, queue_or_router, idempotency, metrics
+        self._core = core = WorkerCore(o, clock or SystemClock(), lock=threading.Lock(), rng=rng,
+                                       can_bury=isinstance(queue_or_router, Buries), metrics=metrics)
+        self._clock, self.stats = core.clock, core.stats
+        # The loop makes jobs' reports, pipelined, where the client can; else the runner does,
+        # through the calls about a job, where the client has them (else a job gets no client).
+        self._runs = Runs(handler, idempotency, queue_or_router if isinstance(queue_or_router, JobCalls) else None,
+                          collect=isinstance(queue_or_router, Settles))
         self._results: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
         self._work: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
         self._pool: ProcessPool | None = None
-        self.stats = self._core.stats
-        self._metrics = metrics
-        # The loop makes jobs' reports, pipelined, where the client can; else the runner does,
-        # through the calls about a job, where the client has them (else a job gets no client).
-        self._reports = isinstance(queue_or_router, Settles)
-        self._calls: JobCalls | None = queue_or_router if isinstance(queue_or_router, JobCalls) else None
 
     # ------------------------------------------------------------------ public
     def stop(self) -> None:
         """Stop leasing; running handlers get ``grace_s`` to finish. Safe from any thread
         and from a signal handler (it sets a flag and wakes the loop, nothing else)."""
-        self._core.stopping(self._clock.monotonic())  # the grace period counts from here
+        self._core.stopping()  # the grace period counts from here
         self._results.put(_WAKE)  # SimpleQueue.put is reentrant
 
     def run(self, max_jobs: int | None = None, until_idle: bool = False) -> WorkerStats:
@@ -110,28 +103,21 @@ class Worker:
             results.put(_WAKE)
         self._work = work = queue_mod.SimpleQueue[Held | None]()
         core = self._core
-        core.reset()
         if self._metrics is not None:
-            in_flight = core.jobs
-            self._metrics.count_in_flight(lambda: len(in_flight))
-        burst = self._burst if self._burst is not None else Burst([self.options.queue]) if until_idle else None
+            self._metrics.count_in_flight(lambda: len(core.jobs))
         runners: list[threading.Thread] = []
-        pruner = threading.Event()
         try:
             if self.options.mode == Mode.PROCESS:
                 spec = self._store.reopen_spec() if self._store is not None else None
-                self._pool = ProcessPool(self.options.concurrency, self._handler, spec)
+                self._pool = ProcessPool(self.options.concurrency, self._runs.handler, spec)
             for i in range(self.options.concurrency):
                 t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
                                      name=f"shardq-runner-{i}")
                 t.start()
                 runners.append(t)
-            if self._store is not None:
-                pruner = start_pruner(self._store, self._clock, self.options.prune_every_s)
-            why = drive(core.run(max_jobs, burst), self._perform)
-            core.progress.final(self.stats, why, self._clock.monotonic())
+            with pruning(self._store, self._clock, self.options.prune_every_s):
+                drive(core.run(max_jobs, until_idle), self._perform)
         finally:
-            pruner.set()
             abandoned = core.idle < self.options.concurrency  # some runner may never come back
             for _ in runners:
                 work.put(None)
@@ -140,8 +126,7 @@ class Worker:
                     t.join()
             if self._pool is not None:
                 self._pool.close(kill=abandoned)
-            for sig, handler in (old_handlers or {}).items():
-                signal.signal(sig, handler)
+            restore_signals(old_handlers)
         return dataclasses.replace(self.stats)
 
     # ------------------------------------------------------------------ the loop's effects
@@ -190,13 +175,11 @@ class Worker:
             return not_run
         lease, started = job.lease, self._clock.monotonic()
         try:
+            limit = self._core.policy.max_deliveries
             if self._pool is not None:
-                return self._pool.run(lease, self._policy.max_deliveries)
-            return execute(self._handler, lease, self._store, lambda: self._core.may_commit(job),
-                           lambda seconds: self._ask_extend(job, seconds),
-                           max_deliveries=self._policy.max_deliveries,
-                           client=self._calls,
-                           reports=job.reports if self._reports else None)
+                return self._pool.run(lease, limit)
+            return self._runs.run(lease, lambda: self._core.may_commit(job), lambda s: self._ask_extend(job, s),
+                                  job.reports, max_deliveries=limit)
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None

@@ -1,7 +1,8 @@
 """Which declared contract (shardq/client/contracts.py, and the Queue protocol) each client
-class offers. A worker and the tasks layer choose their path by ``isinstance(q, Contract)``
-(a bury or a nack for ``Fail``, reports with the acks, a client for a job's own calls,
-results and workflows or ``Unsupported``), so a class that gains or loses one of these
+class offers. A worker, the tasks layer and the command line choose their path by
+``isinstance(q, Contract)`` (a bury or a nack for ``Fail``, reports with the acks, a client for
+a job's own calls, results and workflows or ``Unsupported``, the control calls or
+``Unsupported``, a worker's check of its queues), so a class that gains or loses one of these
 methods changes what they do: the table below says what each class is meant to offer, and
 a class that differs from its row fails here, where the class is named. mypy checks the
 signatures of the local shards' two clients (the ``TYPE_CHECKING`` blocks of router.py and
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from typing import Protocol
+from unittest import mock
 
 import pytest
 
@@ -19,8 +21,11 @@ from shardq.client import contracts
 from shardq.client.aio import AsyncQueue
 from shardq.client.contracts import Buries, Control, JobCalls, Results, Settles
 from shardq.client.router import Router
+from shardq.cli import common
+from shardq.cli.worker import check_queues
 from shardq.clock import FakeClock
 from shardq.consumer.aioworker import LoopCalls
+from shardq.errors import Unsupported
 
 from support.fakes import AsyncFacade, BuryingQueue, FakeQueue, PlainQueue
 
@@ -67,7 +72,7 @@ def test_each_client_class_offers_exactly_the_contracts_of_its_row(cls):
 
 def test_the_fakes_answer_isinstance_as_their_rows_say():
     """The runtime check the worker makes (a method set to None is absent)."""
-    checkable = [shardq.Queue, Results, JobCalls, Settles, Buries]  # Control: no one asks isinstance
+    checkable = [shardq.Queue, Control, Results, JobCalls, Settles, Buries]
     for cls in (FakeQueue, BuryingQueue, PlainQueue):
         q = cls(FakeClock())
         assert {p for p in checkable if isinstance(q, p)} == TABLE[cls]
@@ -90,3 +95,18 @@ def test_the_capabilities_are_declared_as_the_calls_they_name():
 def test_sqs_queue_takes_every_call_of_the_queue_protocol_as_declared():
     for name in methods(shardq.Queue):
         assert params(getattr(SqsQueue, name)) == params(getattr(shardq.Queue, name)), name
+
+
+def test_the_command_line_chooses_by_the_declared_contracts():
+    """The control calls (``queue pause``, ``job cancel``, ``dead-letters list --cursor``...)
+    go to a client that declares Control, whole; one that does not (SQS, a stand-in with a
+    few of the calls) gets Unsupported naming the call asked and the backend. A worker
+    checks its queues on a whole Queue only: a stand-in is not asked for its counts."""
+    router = mock.create_autospec(Router, instance=True)
+    assert common.control_call(router, "pause") is router
+    partial = type("Partial", (), {"pause": lambda self, queue="default": 1})()
+    for q in (PlainQueue(FakeClock()), partial):
+        with pytest.raises(Unsupported, match=f"^pause: not supported by the {type(q).__name__} backend$"):
+            common.control_call(q, "pause")
+    stand_in = mock.Mock(spec=["stats", "queue_config"])
+    assert check_queues(stand_in, ["default"], None, ["m:f"]) == [] and not stand_in.method_calls

@@ -14,7 +14,7 @@ from support.pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by 
 from shardq import limits
 from shardq.clock import FakeClock
 from shardq.consumer.aiotxn import run_async
-from shardq.consumer.handling import DONE, DUPLICATE, FAILED, Context, failure_result
+from shardq.consumer.handling import DONE, DUPLICATE, FAILED, Context, Runs
 from shardq.types import Lease
 from shardq.consumer.idempotency import SqliteStore
 from support.store_contract import stores
@@ -372,10 +372,15 @@ def _run_async(store, job_id: int, body):
         assert await ctx.db.run(lambda cur: threading.current_thread().name) != threading.current_thread().name
         body(ctx)
 
+    class Handler:  # a task handler's hook (FinishesDuplicates); the task itself is ``run``
+        def __call__(self, ctx):
+            raise AssertionError("the async path awaits the task instead")
+
+        def finish_duplicate(self, ctx, kept):
+            given_back.append(kept)
+
     async def main():
-        return await run_async(run, lease, store, Context, failure=failure_result,
-                               finish_duplicate=lambda ctx, kept: given_back.append(kept),
-                               may_commit=None, max_deliveries=None, client=None, reports=None)
+        return await run_async(Runs(Handler(), store), run, lease, Context, None, None, None)
 
     return asyncio.run(main())[0], given_back
 

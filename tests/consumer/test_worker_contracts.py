@@ -106,3 +106,33 @@ def test_the_asyncio_runner_lands_the_progress_calls_it_sent_before_it_returns()
     job_id = q.enqueue(b"x")
     AsyncWorker(SlowProgress(q), _ReportsProgress(), **FAST).run(max_jobs=1)
     assert q.state(job_id) == ACKED and q.progressed == [(job_id, 0.5, "half")]
+
+
+class Hooked:
+    """A handler with the optional hook (FinishesDuplicates), as TaskHandler has it."""
+
+    def __init__(self):
+        self.ran, self.given_back = [], []
+
+    def __call__(self, ctx):
+        self.ran.append(ctx.job_id)
+
+    def finish_duplicate(self, ctx, kept):
+        self.given_back.append((ctx.job_id, kept))
+
+
+def test_a_skipped_delivery_goes_to_the_handlers_declared_hook_only_where_it_has_one():
+    """The hook is a declared contract (handling.FinishesDuplicates), looked up once when the
+    worker is built; a hook set to None is absent, as isinstance counts it."""
+    from shardq.consumer.handling import FinishesDuplicates
+    from shardq.consumer.idempotency import MemoryStore
+    plain = type("Unhooked", (Hooked,), {"finish_duplicate": None})()
+    assert isinstance(Hooked(), FinishesDuplicates) and not isinstance(plain, FinishesDuplicates)
+    for handler, given_back in ((Hooked(), [b"first"]), (plain, [])):
+        q, store = FakeQueue(SystemClock()), MemoryStore()
+        job_id = q.enqueue(b"x")
+        with store.transaction() as txn:
+            txn.claim(job_id, result=b"first")  # an earlier delivery committed
+        Worker(q, handler, idempotency=store, **FAST).run(max_jobs=1)
+        assert handler.ran == [] and q.state(job_id) == ACKED
+        assert [kept for _, kept in getattr(handler, "given_back", [])] == given_back

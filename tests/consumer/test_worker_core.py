@@ -12,7 +12,7 @@ from shardq.clock import FakeClock
 from shardq.consumer.core import Extend, JobState, WorkerCore
 from shardq.consumer.options import WorkerOptions
 from shardq.consumer.handling import DONE, FAILED, Report
-from shardq.consumer.policy import ACK, NACK, NOTHING, UNAVAILABLE_BACKOFF_S_MIN, Burst, Policy, Progress
+from shardq.consumer.policy import ACK, NACK, NOTHING, UNAVAILABLE_BACKOFF_S_MIN, Burst
 from shardq.errors import InvalidJob, JobGone, LeaseLost, ShardUnavailable
 from shardq.limits import VISIBILITY_TIMEOUT_S_MAX
 from shardq.types import Lease
@@ -24,10 +24,10 @@ class TopRng:
 
 
 def make_core(clock: FakeClock) -> WorkerCore:
-    policy = Policy(backoff_base_s=1.0, backoff_cap_s=10.0, rng=TopRng())
-    policy.configure({"visibility_timeout": 30, "max_deliveries": 4})
-    return WorkerCore(policy, Progress(1000, 10.0, clock.monotonic()), clock, WorkerOptions(heartbeat_fraction=0.5),
-                      lock=contextlib.nullcontext())
+    core = WorkerCore(WorkerOptions(heartbeat_fraction=0.5, backoff_base_s=1.0, backoff_cap_s=10.0), clock,
+                      lock=contextlib.nullcontext(), rng=TopRng())
+    core.policy.configure({"visibility_timeout": 30, "max_deliveries": 4})
+    return core
 
 
 def leases(clock: FakeClock, n: int) -> list[Lease]:
