@@ -9,6 +9,8 @@ request frame, run one iteration, read the reply. No process sleeps or wakes, so
 left is the CPU a lone request costs in the loop, hot in the caches. Two shapes:
 
 * ``enqueue``: one job (100-byte body, a key) with a router session, as figure A sends it;
+* ``batch``: 100 such jobs in one request with a session, as figure B's ``enqueue_many`` sends
+  them (microseconds and bytecodes per request: divide by 100 for a job's);
 * ``lease+ack``: a ``dequeue`` of one job then its ``ack`` (figure C), default
   ``lease_sync = "batched"``;
 * ``wake``: figure W's iteration: a second client waits in ``dequeue_wait``, and one job's
@@ -51,6 +53,7 @@ from shardq.shard.report import ReportingFiles, SupervisorPipe
 BODY = b"x" * 100
 WAKE_QUEUE = "woken"  # shape "wake": empty until each call's enqueue
 CLIENT_ID = 77
+BATCH = 100  # shape "batch": figure B's request
 _LEN = struct.Struct("!i")
 TOP_FUNCTIONS = 12
 
@@ -89,6 +92,7 @@ class Loop:
         self.rid = 0
         self.failures = 0
         self._held: list | None = None  # the waiter's lease, acked before its next wait
+        self._batch_items = [[BODY, f"k{i % 1000}", "default", 0, 0, None] for i in range(BATCH)]
 
     def call(self, op: str, args: list):
         self.rid += 1
@@ -104,6 +108,9 @@ class Loop:
     def enqueue(self, queue: str = "default") -> None:
         self.call("enqueue", [[[BODY, f"k{self.rid % 1000}", queue, 0, 0, None]],
                               [CLIENT_ID, self.rid + 1, self.rid + 1]])
+
+    def batch(self) -> None:
+        self.call("enqueue", [self._batch_items, [CLIENT_ID, self.rid + 1, self.rid + 1]])
 
     def lease_ack(self) -> None:
         lease = self.call("dequeue", ["default", None, 1])
@@ -219,20 +226,21 @@ def main(argv: list[str] | None = None) -> int:
         loop = Loop(tmp, preload)
         try:
             for name, fn, setup in (("enqueue", loop.enqueue, _nothing), ("lease+ack", loop.lease_ack, _nothing),
-                                    ("wake", loop.wake, loop.park)):
-                for _ in range(warm):
+                                    ("wake", loop.wake, loop.park), ("batch", loop.batch, _nothing)):
+                calls = a.calls if name != "batch" else max(1, a.calls // 10)  # its jobs pile up
+                for _ in range(warm if name != "batch" else 20):
                     setup()
                     fn()
-                us = _timed(fn, a.calls, a.repeats, setup)
-                per_call, top = _bytecodes(fn, traced, setup)
-                results[name] = {"us_per_call": us, "bytecodes_per_call": per_call, "top": top}
+                us = _timed(fn, calls, a.repeats, setup)
+                per_call, top = _bytecodes(fn, min(calls, traced), setup)
+                results[name] = {"calls": calls, "us_per_call": us, "bytecodes_per_call": per_call, "top": top}
         finally:
             failures = loop.failures
             loop.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for name, r in results.items():
-        print(f"{name:10s} {r['us_per_call']:7.1f} us per call (best of {a.repeats} x {a.calls}), "
+        print(f"{name:10s} {r['us_per_call']:7.1f} us per call (best of {a.repeats} x {r['calls']}), "
               f"{r['bytecodes_per_call']:6.0f} bytecodes per call")
         for where, n in r["top"]:
             print(f"    {n:7.1f}  {where}")

@@ -5,6 +5,7 @@ only; pure like it (no I/O, ``now`` from the caller, every change a logged opera
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypeAlias, TypedDict
 
@@ -13,7 +14,7 @@ from ..config import LIMIT_KEYS, owner_shard
 from ..errors import InvalidJob, QueueFull, check
 from . import ops
 from ..protocol import validate
-from .core import ENQUEUED, Job, QueueState, StateCore
+from .core import _KEY_FAST_CHARS, ENQUEUED, KEY_LIST_MAX, Job, QueueState, StateCore
 from .jobstate import D, L, R, W, X
 
 _SHARD_BITS = limits.JOB_ID_SHARD_BITS
@@ -78,12 +79,13 @@ class QueueOps(StateCore):
             raise InvalidJob(f"a batch holds 1 to {_BATCH_JOBS_MAX} jobs, got {n}")
         if len(self.jobs) + n > self.max_pending:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
-        checked: list[_Checked] = []
         new_queues: dict[str, QueueState] = {}
         log_bytes = 64 + 16 * n  # the session op and its job ids
-        check = self._check_item
-        for item in items:
-            checked.append(check(item, new_queues))
+        if n == 1:  # a lone job (figure A): no batch loop
+            checked = [self._check_item(items[0], new_queues)]
+            usual = checked[0][5] is None and not checked[0][3]
+        else:
+            checked, usual = self._check_items(items, new_queues)
         if n > 1 or not _ONE_JOB_FITS:
             log_bytes += validate.jobs_bytes(checked)
         if self.dedup_held + n > self.max_dedup:
@@ -99,6 +101,94 @@ class QueueOps(StateCore):
             self._note_limited(q)
         emitted = self._ops
         first_op = len(emitted)
+        if usual:
+            ids = self._add_usual(checked, now)
+        else:
+            ids = self._add_jobs(checked, now)
+        if session is not None:
+            sop = _new(_Session, (cid, cseq, low, ids, now))
+            self._apply_session(*sop)  # as _emit, written out: this runs once per request
+            emitted.append(sop)
+        if len(emitted) - first_op > 1:
+            self._atomic.append((first_op, len(emitted)))
+        return ids
+
+    def _check_items(self, items: Sequence[Any], new_queues: dict[str, QueueState]) -> tuple[list[_Checked], bool]:
+        """:meth:`_check_item` of each item, and whether every one is usual (no dedup id,
+        no delay: :meth:`_add_usual` may add them). An item of the usual shape (a bytes
+        body within its queue's limit, no key or a short one, delay and priority 0, no
+        dedup id) in the queue of the item before it is checked here in one test: what
+        depends on the queue alone (its look-up, declaration, owner, body limit) is checked
+        once for a run of one queue's items. Any other item, or one that fails that test,
+        goes through :meth:`_check_item`, which raises the precise error."""
+        check_item = self._check_item
+        checked: list[_Checked] = []
+        append = checked.append
+        usual = True
+        run: str | None = None  # the queue of the item before (checked), its state, its body limit
+        q: QueueState | None = None
+        max_body = 0
+        for item in items:
+            if type(item) is list and len(item) == 6:
+                b, k, qname, delay, prio, did = item
+                if (qname == run and type(qname) is str and type(b) is bytes and 0 < len(b) <= max_body
+                        and (k is None or (type(k) is str and 0 < len(k) <= _KEY_FAST_CHARS))
+                        and did is None and type(delay) is int and not delay and type(prio) is int and not prio):
+                    append((b, k, qname, 0, 0, None, q))  # type: ignore[arg-type]  # q: run's, not None
+                    continue
+            c = check_item(item, new_queues)
+            append(c)
+            if c[5] is not None or c[3]:
+                usual = False
+            run, q = c[2], c[6]
+            max_body = q.cfg.max_body_bytes
+        return checked, usual
+
+    def _add_usual(self, checked: list[_Checked], now: float) -> list[int]:
+        """Add checked jobs with no dedup id and no delay; their ids. Each is logged and
+        applied as :meth:`_apply_enqueue` applies its record in replay, written out for the
+        batch: what is the same for every job (the enqueue time, sampled once: they share
+        ``now``; ``next_seq``, set once) is done once, a job becomes ready or waits behind
+        its key's head as :meth:`_append_to_key` would place it (NEW -> READY or WAITING,
+        both in FROM_NEW; neither moves a limiter's leases). tests/shard/test_batch_enqueue.py
+        checks that replaying the records rebuilds exactly this state."""
+        jobs, emitted, idx = self.jobs, self._ops, self.shard_index
+        seq = self.next_seq
+        self.enqueue_times.note(seq, now)  # the first job's: the batch's others would change nothing
+        ids = []
+        for b, k, qname, _delay, prio, _did, q in checked:
+            jid = (seq << _SHARD_BITS) | idx
+            seq += 1
+            emitted.append(_new(_Enqueue, (jid, qname, k, b, prio, 0, None, now, None)))
+            if jid in jobs:
+                check(False, f"duplicate job id {jid}")
+            job = jobs[jid] = Job(jid, q, k, b, prio, 0)
+            ids.append(jid)
+            q.totals[ENQUEUED] += 1
+            if prio:
+                q.prioritized = True
+            if k is not None:
+                keys = q.keys
+                kq = keys.get(k)
+                if kq is not None:
+                    kq.append(job)
+                    if type(kq) is list and len(kq) > KEY_LIST_MAX:
+                        keys[k] = deque(kq)
+                    job.key = kq[0].key  # one string object per key, not one per job (memory)
+                    job.state = W
+                    q.counts[W] += 1
+                    continue
+                keys[k] = [job]
+            job.state = R
+            q.counts[R] += 1
+            q.push_ready(job)
+        self.next_seq = seq
+        return ids
+
+    def _add_jobs(self, checked: list[_Checked], now: float) -> list[int]:
+        """Add checked jobs of any kind (dedup ids, delays), one record applied at a time;
+        their ids (a dedup id's first job's for a repeat within its window)."""
+        emitted = self._ops
         apply_enqueue = self._apply_enqueue
         ids = []
         batch_dedup: dict[tuple[str, str | None, str | bytes], tuple[int, float]] = {}
@@ -120,12 +210,6 @@ class QueueOps(StateCore):
             emitted.append(op)
             q.totals[ENQUEUED] += 1
             ids.append(jid)
-        if session is not None:
-            sop = _new(_Session, (cid, cseq, low, ids, now))
-            self._apply_session(*sop)  # as _emit, written out: this runs once per request
-            emitted.append(sop)
-        if len(emitted) - first_op > 1:
-            self._atomic.append((first_op, len(emitted)))
         return ids
 
     def _apply_enqueue(self, job_id: int, queue: str, key: str | None, body: bytes, priority: int, ready_at: float,

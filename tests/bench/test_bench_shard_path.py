@@ -1,5 +1,6 @@
 """bench/probes/shard_path.py runs end to end in quick mode: every reply was OK, every request shape
-were timed, and the bytecode counts name the shard's own functions. No timing is asserted."""
+(figure B's request of 100 jobs too) was timed, and the bytecode counts name the shard's own
+functions. No timing is asserted."""
 import json
 import subprocess
 import sys
@@ -14,7 +15,8 @@ def test_shard_path_benchmark_runs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["ok"] is True and res["calls"] == 200
-    assert set(res["results"]) == {"enqueue", "lease+ack", "wake"}
+    assert set(res["results"]) == {"enqueue", "lease+ack", "wake", "batch"}
+    assert res["results"]["batch"]["calls"] == 20  # a tenth: its jobs pile up
     for shape in res["results"].values():
         assert shape["us_per_call"] > 0
         # a lone request runs hundreds of bytecodes in the shard; none of them are the driver's
@@ -25,6 +27,9 @@ def test_shard_path_benchmark_runs(tmp_path):
     # each shape names the module that does its work (not one function: they move between refactors)
     assert any(w.startswith("shardq/shard/queues.py:") for w, _ in res["results"]["enqueue"]["top"])
     assert any(w.startswith("shardq/shard/leases.py:") for w, _ in res["results"]["lease+ack"]["top"])
+    # figure B's request of 100 jobs: many times a lone job's work
+    assert any(w.startswith("shardq/shard/queues.py:") for w, _ in res["results"]["batch"]["top"])
+    assert res["results"]["batch"]["bytecodes_per_call"] > 10 * res["results"]["enqueue"]["bytecodes_per_call"]
     # figure W's iteration: the enqueue and the waiter's lease, both in its traced part
     wake = [w for w, _ in res["results"]["wake"]["top"]]
     assert any(w.startswith("shardq/shard/queues.py:") for w in wake)
