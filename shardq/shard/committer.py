@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from bisect import bisect_left as _bisect_left
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias
@@ -64,8 +65,8 @@ UNSYNCED_S_MAX = 0.01     # longest a written, unsynced batch (batched leases) w
 
 #: A reply to send: (connection, frame).
 Send: TypeAlias = tuple[FrameConn, bytes]
-#: One submitted iteration: (payloads, late sends, closes, early sends, sync, seq); see submit.
-Batch: TypeAlias = tuple[list[bytes], list[Send], list[FrameConn], Sequence[Send], bool, int]
+#: One submitted iteration: (payloads, late sends, closes, early sends, sync, seq, ops); see submit.
+Batch: TypeAlias = tuple[list[bytes], list[Send], list[FrameConn], Sequence[Send], bool, int, int]
 
 
 class Committer:
@@ -89,18 +90,20 @@ class Committer:
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
         self._unsynced_since: float | None = None
-        self._unsynced_payloads: list[bytes] = []  # written since the last fdatasync (metrics)
+        self._unsynced_ops = 0  # log operations written since the last fdatasync (metrics)
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
         self._thread = threading.Thread(target=self._run, name="shardq-committer", daemon=True)
         self._thread.start()
 
     def submit(self, payloads: list[bytes], sends: list[Send], closes: list[FrameConn], *, inline: bool = False,
-               early: Sequence[Send] = (), sync: bool = True, seq: int = 0) -> None:
+               early: Sequence[Send] = (), sync: bool = True, seq: int = 0, ops: int = 0) -> None:
         """Queue one iteration's log payloads (often none or one), its ``(conn, frame)``
         replies (``early``: sent once the payloads are written; ``sends``: after their
         fsync), connections to close after them, whether the batch must be fsynced
-        (``sync``), and the highest job sequence number it may hold (``seq``).
+        (``sync``), the highest job sequence number it may hold (``seq``), and how many log
+        operations the payloads hold (``ops``: the caller counted them as it made them; the
+        ``commit_ops`` metric counts them per fdatasync, and reads no payload for it).
 
         ``inline``: if nothing is queued or being written, do the work on the calling thread
         now. A light load gains nothing from the pipeline and saves a thread hand-off (tens
@@ -108,7 +111,7 @@ class Committer:
         finds the thread past its writes (syncing, sending) appends and answers them here
         too, and queues only its fsync and late replies."""
         item: Batch | None
-        item = (payloads, sends, closes, early, sync, seq)  # None: sent beside the thread (below)
+        item = (payloads, sends, closes, early, sync, seq, ops)  # None: sent beside the thread (below)
         with self._lock:
             if inline and not self._items and not self._busy:
                 self._busy = True
@@ -120,25 +123,25 @@ class Committer:
                 return
         if item is None:
             if payloads:
-                self._write(payloads, seq)
+                self._write(payloads, seq, ops)
             self._send(early)
             with self._lock:
                 if sync or sends or closes:
-                    self._queue(([], sends, closes, (), sync, seq))
+                    self._queue(([], sends, closes, (), sync, seq, 0))
                 elif self._backlog:
                     self._work.notify()  # the thread may have flushed the rest and gone to sleep
             return
         try:
             if sync:
                 if payloads and not early:
-                    self._commit_alone(payloads, sends, closes, seq)
+                    self._commit_alone(payloads, sends, closes, seq, ops)
                 else:
                     self._process([item])
             elif sends or closes:
                 self._process([item])
             else:  # early replies only (batched leases, reads): written, answered, synced later
                 if payloads:
-                    self._write(payloads, seq)
+                    self._write(payloads, seq, ops)
                 self._send(early)
                 if self._backlog:
                     with self._work:
@@ -275,9 +278,9 @@ class Committer:
         then send the late replies and close what was asked, in order. Written before any
         reply leaves, a record survives a crash of this process whatever its reply said."""
         if len(items) == 1:  # the loop's inline commit: most iterations at light load
-            payloads, late, closes, one_early, sync, seq = items[0]
+            payloads, late, closes, one_early, sync, seq, ops = items[0]
             if payloads:
-                self._write(payloads, seq)
+                self._write(payloads, seq, ops)
             if one_early:
                 self._send(one_early)
         else:
@@ -285,7 +288,7 @@ class Committer:
             sync = any(it[4] for it in items)
             seq = max(it[5] for it in items)
             if payloads:
-                self._write(payloads, seq)
+                self._write(payloads, seq, sum(it[6] for it in items))
             for it in items:
                 if it[3]:
                     self._send(it[3])
@@ -299,7 +302,7 @@ class Committer:
             if closes:
                 self._close(closes)
         else:
-            for _, late, closes, _, _, _ in items:
+            for _, late, closes, _, _, _, _ in items:
                 self._send(late)
                 if closes:
                     self._close(closes)
@@ -309,7 +312,8 @@ class Committer:
             with self._work:
                 self._work.notify()  # the committer thread flushes it (see _run)
 
-    def _commit_alone(self, payloads: list[bytes], sends: list[Send], closes: list[FrameConn], seq: int) -> None:
+    def _commit_alone(self, payloads: list[bytes], sends: list[Send], closes: list[FrameConn], seq: int,
+                      ops: int) -> None:
         """:meth:`_process` of one synced batch with no early reply, on the loop thread while
         the committer thread is idle (a lone caller's request: the usual inline commit):
         the same steps in the same order, its write and fdatasync in one call of the log.
@@ -331,17 +335,19 @@ class Committer:
         self._written_seq = seq
         if seq > self.durable_seq:
             self.durable_seq = seq
-        unsynced, self._unsynced_since = self._unsynced_payloads, None
+        self._unsynced_since = None
+        unsynced = self._unsynced_ops
         if unsynced:
-            self._unsynced_payloads = []
-            payloads = unsynced + payloads
-        self._observe(seconds, payloads)
+            self._unsynced_ops = 0
+            ops += unsynced
+        self._observe(seconds, ops)
         if self._backlog:
             with self._work:
                 self._work.notify()  # the committer thread flushes it (see _run)
 
-    def _write(self, payloads: list[bytes], seq: int) -> None:
-        """Append ``payloads`` unsynced (the loop or the thread: one appender at a time)."""
+    def _write(self, payloads: list[bytes], seq: int, ops: int) -> None:
+        """Append ``payloads`` (``ops`` log operations) unsynced (the loop or the thread: one
+        appender at a time)."""
         try:
             self.log.commit(payloads, sync=False)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
@@ -351,12 +357,12 @@ class Committer:
                 self._written_seq = seq
             if self._unsynced_since is None:
                 self._unsynced_since = self._monotonic()
-            self._unsynced_payloads.extend(payloads)
+            self._unsynced_ops += ops
 
-    def _sync(self) -> tuple[int, float, list[bytes]] | None:
+    def _sync(self) -> tuple[int, float, int] | None:
         """fdatasync what was written before this call, if anything is unsynced; return what
         :meth:`_synced` notes once the replies it covers are sent (the highest job sequence
-        number it covers, its seconds, its payloads): nothing but those replies waits for it,
+        number it covers, its seconds, its log operations): nothing but those replies waits for it,
         and a reply that waits for an fdatasync waits for nothing else."""
         if not self.log.unsynced:
             # Synced by other means (a rotation seals its segment with an fdatasync): nothing
@@ -368,15 +374,15 @@ class Committer:
         with self._lock:
             # Read before the fdatasync: every job up to seq is written, so it covers them.
             seq = self._written_seq
-            payloads, self._unsynced_payloads = self._unsynced_payloads, []
+            ops, self._unsynced_ops = self._unsynced_ops, 0
         t0 = self._monotonic()
         try:
             self.log.sync()
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
-        return seq, self._monotonic() - t0, payloads
+        return seq, self._monotonic() - t0, ops
 
-    def _synced(self, seq: int, seconds: float, payloads: list[bytes]) -> None:
+    def _synced(self, seq: int, seconds: float, ops: int) -> None:
         """The bookkeeping of an fdatasync (:meth:`_sync`), after the replies it covers: jobs
         up to ``seq`` are durable (a lease of one may go before its own fsync from now on:
         until now it waited for the next, which is only later, never wrong), nothing is due
@@ -387,7 +393,7 @@ class Committer:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
                 self._unsynced_since = None
-        self._observe(seconds, payloads)
+        self._observe(seconds, ops)
 
     def _fail(self, e: BaseException) -> None:
         log.error("log commit failed; exiting without replying so the supervisor "
@@ -395,10 +401,16 @@ class Committer:
         logging.shutdown()
         os._exit(self.exit_code)
 
-    def _observe(self, seconds: float, payloads: list[bytes]) -> None:
-        """The metrics of one fdatasync, the last of its bookkeeping."""
-        self.commit_seconds.observe(seconds)
-        self.commit_ops.observe(ops_in(payloads[0]) if len(payloads) == 1 else sum(map(ops_in, payloads)))
+    def _observe(self, seconds: float, ops: int) -> None:
+        """The metrics of one fdatasync (its seconds, the log operations it made durable),
+        the last of its bookkeeping; Histogram.observe written out for both, as this runs
+        once per fdatasync."""
+        h = self.commit_seconds
+        h.counts[_bisect_left(h.bounds, seconds)] += 1
+        h.sum += seconds
+        h = self.commit_ops
+        h.counts[_bisect_left(h.bounds, ops)] += 1
+        h.sum += ops
 
     def _send(self, sends: Sequence[Send]) -> None:
         with self._send_lock:  # the loop's early replies and the thread's, never interleaved
@@ -422,15 +434,3 @@ class Committer:
                 else:
                     conn.close()
 
-
-def ops_in(payload: bytes) -> int:
-    """How many operations a record payload holds, from its msgpack array header alone (a
-    payload is one packed list of operations; see DurableShard.take_payload)."""
-    first = payload[0]
-    if 0x90 <= first <= 0x9F:
-        return first & 0x0F
-    if first == 0xDC:
-        return int.from_bytes(payload[1:3], "big")
-    if first == 0xDD:
-        return int.from_bytes(payload[1:5], "big")
-    return 1

@@ -337,10 +337,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
             state.sync_forced = False
         self._answered = _to_a_client(late) or _to_a_client(early)
         closes, self._closes = self._closes, []
+        n_ops = len(state._ops)  # one log operation each (the fdatasync's metrics count them)
         self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
             self.shard.take_payloads(), self._frames(late) if late else [], closes,
             inline=n_requests <= INLINE_REQUESTS_MAX,
-            early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1)
+            early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1, ops=n_ops)
         if self.shard.compaction_due():
             # the checkpoint must follow every record before it
             self.committer.drain()  # type: ignore[union-attr]  # the loop runs: it is set

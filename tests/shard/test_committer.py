@@ -322,7 +322,33 @@ def test_records_synced_by_a_rotation_leave_no_sync_due(committer):
     batch the loop then submits finds nothing unsynced: sync_due must clear, or the loop,
     seeing it in the past, would submit synced batches with a zero timeout until the next
     synced write (an idle shard spinning)."""
-    committer._write([b"lease"], 1)  # NoLog: the record is "written"
+    committer._write([b"lease"], 1, 1)  # NoLog: the record is "written"
     assert committer.sync_due() is not None
     assert committer._sync() is None  # the log says nothing is unsynced
     assert committer.sync_due() is None
+
+
+def test_an_fdatasyncs_metrics_count_the_operations_of_every_write_it_covers():
+    """commit_ops counts the log operations an fdatasync makes durable: those of the unsynced
+    writes it covers (a batched lease's) with its own, as the caller counted them (``ops``),
+    and commit_seconds one observation: as Histogram.observe would (the committer writes
+    observe out for both, once per fdatasync)."""
+    from shardq.shard.histogram import COMMIT_OPS_BUCKETS, Histogram
+    c = Committer(NoLog(), exit_code=4)
+    conn, peer = pair(1702)
+    try:
+        c.submit([b"lease"], [], [], inline=True, early=[(conn, b"leased")], sync=False, seq=1, ops=1)
+        assert c.commit_ops.snapshot()["count"] == 0 and c.sync_due() is not None  # written, not synced
+        c.submit([b"acks", b"more acks"], [(conn, b"acked")], [], inline=True, sync=True, seq=1, ops=22)
+        expected = Histogram(COMMIT_OPS_BUCKETS)
+        expected.observe(1 + 22)
+        assert c.commit_ops.snapshot() == expected.snapshot()
+        seconds = c.commit_seconds.snapshot()
+        assert seconds["count"] == 1 and seconds["sum"] >= 0.0 and c.fsyncs == 1
+        assert read_frame(peer, timeout=5.0) == b"leased" and read_frame(peer, timeout=5.0) == b"acked"
+        c.submit([], [], [], inline=True, sync=True)  # nothing written since: no fdatasync, no metric
+        assert c.commit_ops.snapshot() == expected.snapshot()
+    finally:
+        c.stop()
+        conn.close()
+        peer.close()
