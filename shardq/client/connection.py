@@ -53,9 +53,10 @@ SHARED = object()
 class Future:
     """A reply slot. ``wait`` blocks on a plain lock, the cheapest wake-up CPython has.
     ``set`` may race (reader vs. a breaking connection): the first call wins, later ones
-    change nothing, and the lock is released exactly once."""
+    change nothing, and the lock is released exactly once. Once set it lets go of its
+    request (``req``; ``epoch`` stays), so the two leave no garbage cycle behind."""
 
-    __slots__ = ("_lock", "done", "value", "error", "callback", "req")
+    __slots__ = ("_lock", "done", "value", "error", "callback", "req", "epoch")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -64,13 +65,15 @@ class Future:
         self.value = None
         self.error: BaseException | None = None
         self.callback: Callable[[Future], None] | None = None
-        self.req: Request | None = None  # its request in the channel (None: failed at once)
+        self.req: Request | None = None  # its request in the channel, until settled (None: failed at once)
+        self.epoch = -1  # the connection its request went on (-1: none)
 
     def set(self, value: Any = None, error: BaseException | None = None) -> None:
         with _SET_LOCK:
             if self.done:
                 return
             self.value, self.error, self.done = value, error, True
+        self.req = None  # (after ``done``: a caller that finds no request finds it settled)
         self._lock.release()
         if self.callback is not None:
             self.callback(self)
@@ -157,7 +160,7 @@ class ShardClient:
         """Send one request (coalesced with other threads'). ``lead``: the caller will wait
         for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
         asked to read. ``on``: the connection it must go on (an earlier request's
-        ``Future.req.epoch``); on any other, or none, it fails at once with ConnectionLost,
+        ``Future.epoch``); on any other, or none, it fails at once with ConnectionLost,
         unsent (:meth:`Channel.submit`). ``fut``: the caller's (new) future to settle."""
         if fut is None:
             fut = Future()
@@ -166,7 +169,7 @@ class ShardClient:
             if isinstance(got, BaseException):
                 fut.set(error=got)
                 return fut
-            fut.req = got
+            fut.req, fut.epoch = got, got.epoch
             flush = not self._flushing
             self._flushing = True
         if flush:
@@ -179,10 +182,11 @@ class ShardClient:
         """The caller stopped waiting for ``fut`` (timeout, cancellation, another shard's
         answer): :meth:`Channel.abandon` (a waiting dequeue is withdrawn). True when its
         reply came first: ``fut`` is being settled by the thread that read it."""
-        if fut.req is None:
+        req = fut.req
+        if req is None:  # failed at once, or settled already
             return False
         with self._lock:
-            answered = self.chan.abandon(fut.req, fut)
+            answered = self.chan.abandon(req, fut)
             flush = bool(self.chan.outbox) and not self._flushing
             self._flushing = self._flushing or flush
         if flush:

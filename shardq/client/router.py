@@ -117,7 +117,7 @@ class Router(Calls, SyncExecutor):
             elif isinstance(first, BaseException):
                 futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
             else:
-                futs.append(self.clients[s].submit(op, args, lead=True, on=first.req.epoch if first.req else -1))
+                futs.append(self.clients[s].submit(op, args, lead=True, on=first.epoch))
         return futs
 
     def _collect(self, effect: Collect) -> list[Any]:

@@ -100,11 +100,12 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
     client._flushing = True  # another thread is sending: both queue for one send
     first = client.submit("dequeue", ["q" * 600, None, 1], lead=True)
     second = client.submit("dequeue", ["r" * 600, None, 1], lead=True)
+    first_req = first.req  # (a settled future lets go of its request)
     client._flushing = False
     client._flush()
     assert len(frames) == 1
     (rid, op, args), = msgpack.unpackb(Connection(b.detach()).recv_bytes(), raw=False)
-    assert (rid, op, args[0]) == (first.req.rid, "dequeue", "q" * 600)
+    assert (rid, op, args[0]) == (first_req.rid, "dequeue", "q" * 600)
     assert isinstance(first.error, ConnectionLost) and first.error.sent  # the shard may have applied it
     assert isinstance(second.error, ConnectionLost) and not second.error.sent
 
