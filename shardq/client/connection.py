@@ -3,17 +3,16 @@ connection's state machine (:class:`~.channel.Channel`: request ids, the table o
 frames, what a break means, withdrawals), which it drives under one lock, moving bytes and waking threads.
 
 Requests from concurrent threads are coalesced: whichever thread finds no send in progress sends everything
-queued so far (pipelining without a sender thread). Replies are read leader/follower style: a caller waiting
-for its reply (:meth:`ShardClient.wait`) reads the socket itself when no one else does, and settles every
-reply it reads, so a single-threaded caller gets its reply with no thread hand-off; when it leaves with
-other replies still due, or for replies nobody waits on in person (watches, callbacks), the connection's
-reader thread reads. A request queued with ``on=`` goes only on that connection, so a caller's later request
-cannot overtake an earlier one that must be re-sent (``Router._submit``).
+queued so far (pipelining without a sender thread). Every reply but a lone call's (below) is read by the
+connection's reader thread, which reads while replies are due and sleeps while none is; a caller waiting
+for its reply sleeps on its :class:`Future` until that thread settles it. A request queued with ``on=`` goes
+only on that connection, so a caller's later request cannot overtake an earlier one that must be re-sent
+(``Router._submit``).
 
 A caller alone on the connection (nothing pending, no send in progress, the socket free to read) takes a
 shorter path, :meth:`ShardClient.call_solo`: no future, no pending entry; it sends its frame and reads until
-its own reply, settling any others it reads as a leader does. While its replies have been coming quickly, it
-first polls for its reply without sleeping, for up to the router's ``busy_poll_us``
+its own reply, settling any others it reads (the reader thread waits for it meanwhile). While its replies
+have been coming quickly, it first polls for its reply without sleeping, for up to the router's ``busy_poll_us``
 (:mod:`shardq.busypoll`): on the machines measured, waking from a sleep cost a lone call more than the wait
 itself. A lone waiting dequeue takes this path too (``Router._wait_solo``), without the poll: its reply is
 not about to come.
@@ -103,13 +102,13 @@ class ShardClient:
         self._conn: Connection | None = None
         self._fd = -1  # the descriptor of _conn, set with it (a lone call reads it under _lock)
         self._flushing = False
-        self._read_lock = threading.Lock()     # held by whoever reads the socket (a leader)
+        self._read_lock = threading.Lock()     # held by whoever reads the socket (reader thread, lone call)
         self._reader_cond = threading.Condition()
-        self._reader_wanted = False             # replies are due that no caller will read
+        self._reader_wanted = False             # replies are due that no lone call will read
         self._reader_active = False
         self._buf = bytearray()                 # bytes read but not yet a whole frame
         self._scratch = bytearray(READ_BYTES)   # what one read lands in (see wire.read_frames)
-        self._poller = select.poll()            # readability of the connection (leaders)
+        self._poller = select.poll()            # readability of the connection (lone calls)
         self._poller_fd = -1
         self._busy = BusyPoll(busy_poll_us)     # how call_solo waits for its reply
         self.connects = 0
@@ -156,12 +155,12 @@ class ShardClient:
             self._idle.wait_for(lambda: self._conn is None or not self.chan.orphans(), timeout)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, op: str, args: list[Any], *, lead: bool = False, on: int = 0, fut: Future | None = None) -> Future:
-        """Send one request (coalesced with other threads'). ``lead``: the caller will wait
-        for it with :meth:`wait`, reading its reply itself; otherwise the reader thread is
-        asked to read. ``on``: the connection it must go on (an earlier request's
-        ``Future.epoch``); on any other, or none, it fails at once with ConnectionLost,
-        unsent (:meth:`Channel.submit`). ``fut``: the caller's (new) future to settle."""
+    def submit(self, op: str, args: list[Any], *, on: int = 0, fut: Future | None = None) -> Future:
+        """Send one request (coalesced with other threads'); the reader thread reads its
+        reply and settles the future. ``on``: the connection it must go on (an earlier
+        request's ``Future.epoch``); on any other, or none, it fails at once with
+        ConnectionLost, unsent (:meth:`Channel.submit`). ``fut``: the caller's (new) future
+        to settle."""
         if fut is None:
             fut = Future()
         with self._lock:
@@ -174,7 +173,7 @@ class ShardClient:
             self._flushing = True
         if flush:
             self._flush()  # else the thread sending now takes ours too
-        if not lead and not fut.done:
+        if not fut.done:
             self._want_reader()
         return fut
 
@@ -190,8 +189,7 @@ class ShardClient:
             flush = bool(self.chan.outbox) and not self._flushing
             self._flushing = self._flushing or flush
         if flush:
-            self._flush()
-        self.hand_off()
+            self._flush()  # a withdrawal (cancel_wait), read for as the wait it withdraws
         return answered
 
     def call_solo(self, op: str, args: list[Any], timeout: float, wait: bool = False) -> Any:
@@ -301,16 +299,6 @@ class ShardClient:
             else:
                 waiter.set(value, error)
 
-    def wait(self, fut: Future, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``fut``; True once it is settled. Reads the
-        socket itself while no one else does (the leader, :func:`lead`), settling every
-        reply it reads; otherwise waits to be woken by whoever reads (a leader, or the
-        reader thread). Replies still due when it leaves are the reader thread's."""
-        if not fut.done:
-            lead([self], lambda: fut.done, self._mono() + timeout, fut.wait)
-            self.hand_off()
-        return fut.done
-
     def _poll_for(self, fd: int) -> Callable[[int], list[tuple[int, int]]]:
         """The ``poll`` method of a poller registered for ``fd`` (kept while the fd is)."""
         if self._poller_fd != fd:
@@ -347,11 +335,6 @@ class ShardClient:
             self._settle(done)
         return found
 
-    def hand_off(self) -> None:
-        """A leader leaves: replies still due are read by the reader thread."""
-        if self.chan.pending or self.chan.outbox:  # replies due, or requests to be written and answered
-            self._want_reader()
-
     def _want_reader(self) -> None:
         with self._reader_cond:
             self._reader_wanted = True
@@ -359,8 +342,9 @@ class ShardClient:
                 self._reader_cond.notify()
 
     def _read_loop(self, conn: Connection) -> None:
-        """The connection's reader thread: reads while replies are due that no caller is
-        reading for, then sleeps until asked again. It owns ``conn``: the only thread that
+        """The connection's reader thread: reads while replies are due (waiting for the read
+        lock while a lone call reads its own), then sleeps until asked again (a request
+        submitted, or left due by a lone call). It owns ``conn``: the only thread that
         closes it, once no send and no reader uses it, so its descriptor number can never
         be reused under another thread's read or write."""
         try:
@@ -387,7 +371,7 @@ class ShardClient:
             with self._lock:
                 while self._sending is conn:
                     self._idle.wait()
-            with self._read_lock:  # a leader may still be reading it
+            with self._read_lock:  # a lone call may still be reading it
                 conn.close()
 
     def _broken(self, conn: Connection, whole_frames: int | None = None) -> None:
@@ -407,61 +391,6 @@ class ShardClient:
 
 _LEN = struct.Struct("!i")
 READ_BYTES = 256 << 10  # one read of replies takes at most this much
-
-
-def lead(clients: list[ShardClient], done: Callable[[], bool], deadline: float,
-         sleep: Callable[[float], object]) -> None:
-    """Until ``done()`` or ``deadline`` (the clients' clock): lead (:func:`lead_any`) while
-    no other thread reads one of the sockets; else ask the reader threads for the replies
-    due and ``sleep`` until woken, by the settling of what ``done`` looks at."""
-    mono = clients[0]._mono
-    while not done():
-        remaining = deadline - mono()
-        if remaining <= 0:
-            return
-        if not lead_any(clients, remaining):
-            for client in clients:
-                client.hand_off()
-            sleep(remaining)
-
-
-def lead_any(clients: list[ShardClient], timeout: float) -> bool:
-    """Read the sockets of ``clients`` in this thread for up to ``timeout`` seconds, until
-    one has something to read, and settle every reply read (a leader over many sockets, as
-    :meth:`ShardClient.wait` is over one): a waiting caller wakes on its reply with no
-    reader-thread hand-off. False, reading nothing, when another thread reads one of them
-    (or none is connected): the caller then waits to be woken. Futures the caller waits on
-    must have been submitted with ``lead=True``; when it stops waiting with replies still
-    due, it hands them to the reader threads (``ShardClient.hand_off``)."""
-    taken: list[tuple[ShardClient, Connection]] = []
-    try:
-        for client in clients:
-            conn = client._conn
-            if conn is None:
-                continue
-            if not client._read_lock.acquire(blocking=False):
-                return False
-            taken.append((client, conn))
-        if not taken:
-            return False
-        poller = select.poll()
-        by_fd = {}
-        for client, conn in taken:
-            if client._conn is conn:
-                by_fd[conn.fileno()] = (client, conn)
-                poller.register(conn.fileno(), select.POLLIN)
-        if not by_fd:
-            return True  # every connection broke meanwhile: its futures are settled, look again
-        for fd, _ in poller.poll(max(0, int(timeout * 1000) + 1)):
-            client, conn = by_fd[fd]
-            try:
-                client._read_once(conn, 0, ready=True)  # (poll said so)
-            except (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError):
-                client._broken(conn)
-        return True
-    finally:
-        for client, _ in taken:
-            client._read_lock.release()
 
 
 def _write_frame(fd: int, data: bytes) -> None:

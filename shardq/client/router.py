@@ -4,7 +4,8 @@ An executor of the client engine (:mod:`.engine`: every call, the retry after a 
 waits) over one connection per shard (:mod:`.connection`, a shell around the connection state machine of
 :mod:`.channel`); it moves requests and waits, with threads. The guarantees (routing, sessions, the retry
 table, long polls) are the engine's and the core's (:mod:`.core`). One router can be shared by many threads;
-their requests are pipelined per shard. A lone call takes the fast path (``ShardClient.call_solo``).
+their requests are pipelined per shard, and their replies read by each connection's reader thread, which
+wakes the caller. A lone call takes the fast path (``ShardClient.call_solo``): it reads its reply itself.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import threading
 import time
 
-from .connection import SHARED, Future, ShardClient, lead
+from .connection import SHARED, Future, ShardClient
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
@@ -84,16 +85,15 @@ class Router(Calls, SyncExecutor):
     def _sleep(effect: Sleep) -> None:
         time.sleep(effect.seconds)
 
-    def _send(self, shard: int, op: str, args: list[Any], deadline: float, *, lead: bool = True) -> Future:
+    def _send(self, shard: int, op: str, args: list[Any], deadline: float) -> Future:
         """Submit one request, connecting first; one never written is submitted again here
-        (what becomes of one that was is the engine's decision). ``lead``: the caller waits
-        with ``ShardClient.wait`` (reading its reply itself)."""
+        (what becomes of one that was is the engine's decision)."""
         client = self.clients[shard]
         while True:
             if self._closed:
                 raise Closed("router is closed")
             client.ensure_connected(deadline)
-            fut = client.submit(op, args, lead=lead)
+            fut = client.submit(op, args)
             if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
                 return fut
             if self._mono() >= deadline:
@@ -117,16 +117,16 @@ class Router(Calls, SyncExecutor):
             elif isinstance(first, BaseException):
                 futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
             else:
-                futs.append(self.clients[s].submit(op, args, lead=True, on=first.epoch))
+                futs.append(self.clients[s].submit(op, args, on=first.epoch))
         return futs
 
     def _collect(self, effect: Collect) -> list[Any]:
-        """Do a :class:`~.effects.Collect`, reading the replies in this thread (``ShardClient.wait``)."""
-        calls, handles, timeout = effect
+        """Do a :class:`~.effects.Collect`: sleep on each future until the reader thread settles it."""
+        _, handles, timeout = effect
         end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
-        for (s, _, _), f in zip(calls, handles):
+        for f in handles:
             if isinstance(f, Future):
-                self.clients[s].wait(f, self.request_timeout_s if end is None else max(end - self._mono(), 0.0))
+                f.wait(self.request_timeout_s if end is None else end - self._mono())
         return [_outcome(f) for f in handles]
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
@@ -197,17 +197,19 @@ class Router(Calls, SyncExecutor):
         return event, handles
 
     def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~.effects.Wake`: read the sockets in this thread (:func:`~.connection.lead`),
-        or, while another thread reads one, wait to be woken."""
+        """Do a :class:`~.effects.Wake`: sleep on the event until the reader threads have
+        settled one more of the futures, or the deadline passes."""
         event, calls, handles, deadline, settled = effect
         if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
             if (got := self._wait_solo(calls[0], lone, deadline)) is not None:
-                return [got]  # read by this thread on the lone-call path: nobody to wake, nothing to lead
+                return [got]  # read by this thread on the lone-call path: nobody to wake
         futs = [f for f in handles if f is not None]
-        clients = [self.clients[c.shard] for c, f in zip(calls, handles) if f is not None]
-        event.clear()  # (each future is settled before it sets the event: done() sees it)
-        lead(clients, lambda: sum(f.done for f in futs) > settled, deadline, event.wait)
-        return [_outcome(f) for f in handles]
+        while True:
+            event.clear()  # before the count: a future settled after it sets the event again
+            remaining = deadline - self._mono()
+            if remaining <= 0 or sum(f.done for f in futs) > settled:
+                return [_outcome(f) for f in handles]
+            event.wait(remaining)
 
     def _wait_solo(self, call: Call, fut: Future, deadline: float) -> Any:
         """A lone waiting dequeue (:meth:`_park`), sent and read by this thread (``call_solo``);
@@ -216,7 +218,7 @@ class Router(Calls, SyncExecutor):
         client = self.clients[call.shard]
         got: Any = SHARED if self._closed else client.call_solo(call.op, call.args, deadline - self._mono(), True)
         if got is SHARED:
-            client.submit(call.op, call.args, lead=True, fut=fut)  # (no connection: fails unsent)
+            client.submit(call.op, call.args, fut=fut)  # (no connection: fails unsent)
             return None
         if type(got[1]) is TimeoutError:
             return OPEN
@@ -231,15 +233,12 @@ class Router(Calls, SyncExecutor):
             # goes back to the operation (which takes or releases its leases), as asyncio's
             if isinstance(fut, Future) and not fut.done and self.clients[shard].forget(fut):
                 fut.wait(WITHDRAW_SETTLE_S)
-        if effect.token is not None:  # (a wait's: its leader leaves)
-            for shard, _, _ in calls:
-                self.clients[shard].hand_off()
         return [_outcome(f) for f in handles]
 
     def _release(self, leases: list[Lease]) -> None:
         for lease in leases:
             try:
-                self._send(*release_call(lease), self._mono(), lead=False)
+                self._send(*release_call(lease), self._mono())
             except (ShardUnavailable, Closed) as e:
                 log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
 

@@ -98,8 +98,8 @@ def test_a_send_cut_short_leaves_sent_the_requests_of_frames_written_whole(monke
 
     monkeypatch.setattr(connection, "_write_frame", write_one_frame_then_break)
     client._flushing = True  # another thread is sending: both queue for one send
-    first = client.submit("dequeue", ["q" * 600, None, 1], lead=True)
-    second = client.submit("dequeue", ["r" * 600, None, 1], lead=True)
+    first = client.submit("dequeue", ["q" * 600, None, 1])
+    second = client.submit("dequeue", ["r" * 600, None, 1])
     first_req = first.req  # (a settled future lets go of its request)
     client._flushing = False
     client._flush()
@@ -177,14 +177,17 @@ def test_a_breaking_connection_and_the_reader_never_both_take_a_future():
         b.close()
 
 
-def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
-    """The reader thread takes the read lock, finds nothing pending and leaves; a caller
-    whose request was queued just then found the lock taken and waited for a reader that
-    was going to sleep: its reply sat unread until its timeout (CI saw 'did not answer ack
-    within 30 s' after a shard restart)."""
+def test_a_request_submitted_while_the_socket_is_taken_is_read_once_it_is_free():
+    """A request is submitted while another holds the read lock (a lone call reading its
+    own reply, or the reader thread about to find nothing pending and leave): the reader
+    thread, woken for it, waits for the lock and reads its reply; it is never left unread
+    (CI once saw 'did not answer ack within 30 s' after a shard restart, when a caller met
+    a reader that was going to sleep)."""
     import socket
     import time
     from multiprocessing.connection import Connection
+
+    from support.service import poll_until
     a, b = socket.socketpair()
     client = ShardClient(0, "unused", b"k" * 32)
     conn = Connection(a.detach())
@@ -192,19 +195,14 @@ def test_a_caller_that_finds_the_socket_taken_is_never_left_unread():
     client.chan.connected()
     threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
     server = Connection(b.detach())
-    client._read_lock.acquire()  # the reader thread, checking for pending replies
-    fut = client.submit("stats", [], lead=True)
+    client._read_lock.acquire()  # another reader, reading for itself
+    fut = client.submit("stats", [])
     (rid, _, _), = msgpack.unpackb(server.recv_bytes(), raw=False)
     server.send_bytes(msgpack.packb([[rid, wire.OK, "reply"]]))
-    waited = []
-    waiter = threading.Thread(target=lambda: waited.append(client.wait(fut, 5)))
-    waiter.start()
-    deadline = time.monotonic() + 1.0
-    while not client._reader_wanted and time.monotonic() < deadline:
-        time.sleep(0.001)  # polled deadline: the waiter has met the taken lock
-    client._read_lock.release()  # ... and leaves, having found nothing pending
-    waiter.join(10)
-    assert waited == [True] and fut.value == "reply"
+    poll_until(lambda: client._reader_active, time.monotonic() + 5.0)  # the reader thread, woken for it
+    assert not fut.wait(0.05)  # ... waits for the lock meanwhile
+    client._read_lock.release()  # ... and leaves, having read nothing
+    assert fut.wait(5) and fut.value == "reply"
     client.close()
     server.close()
 
@@ -264,7 +262,7 @@ def test_a_request_queued_behind_another_threads_send_is_read_for():
     threading.Thread(target=client._read_loop, args=(conn,), daemon=True).start()
     server = Connection(b.detach())
     client._flushing = True  # another thread is writing: ours waits in the outbox
-    fut = client.submit("stats", [], lead=False)  # its caller asks the reader thread to read
+    fut = client.submit("stats", [])  # its caller asks the reader thread to read
     poll_until(lambda: client._read_lock.locked(), time.monotonic() + 1.0)  # the reader, reading for it
     client._flushing = False
     client._flush()

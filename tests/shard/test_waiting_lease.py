@@ -98,8 +98,8 @@ def test_jobs_arriving_at_both_shards_at_once_reach_a_one_job_wait_and_the_next_
 def test_a_lease_a_withdrawn_wait_made_is_released_unstarted(svc):
     with svc.connect() as q:
         job = q.enqueue(b"x", key=KEYS[0])
-        fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18, lead=False)
-        assert q.clients[0].wait(fut, 10) and fut.error is None and fut.value[0][0] == job
+        fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18)
+        assert fut.wait(10) and fut.error is None and fut.value[0][0] == job
         q._release_rows(fut.value)  # the engine's Release of a wait that lost to another shard's lease
         lease = wait_until(lambda: q.dequeue(wait=0), timeout=10, what="the released job")
         assert (lease.job_id, lease.attempt) == (job, 1)  # its first delivery, not its second
@@ -113,7 +113,7 @@ def test_a_router_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
         job = producer.enqueue(b"x", key=KEYS[0])
     q = svc.connect()
     args = ["default", None, 1, 5.0]
-    fut = q._send(0, "dequeue_wait", args, 1e18, lead=False)
+    fut = q._send(0, "dequeue_wait", args, 1e18)
     (got,) = q._abandon(Abandon(None, [(0, "dequeue_wait", args)], [fut]))  # most often before the reply is read
     if type(got) is list:  # answered first: the lease is the caller's to release (as the engine's wait_any does)
         q._release_rows(got)
@@ -206,30 +206,6 @@ def test_a_wait_at_its_limits_takes_a_whole_batch(svc):
         assert 0 < len(leases) <= limits.BATCH_JOBS_MAX and {l.job_id for l in leases} <= set(ids)
         assert len({l.job_id for l in leases}) == len(leases)
         wait_until(lambda: waiting(svc) == [0, 0], what="both waits gone")
-
-
-def test_a_leader_whose_connections_all_broke_meanwhile_does_not_sleep_out_the_wait():
-    """lead_any takes a socket's read lock, then finds the connection replaced (it broke
-    between the two looks): with nothing left to poll it must return at once, not wait
-    out the timeout with no descriptor that could wake it."""
-    from shardq.client.connection import lead_any
-
-    class Broken:
-        def __init__(self):
-            self._read_lock = threading.Lock()
-            self.looks = 0
-
-        @property
-        def _conn(self):
-            self.looks += 1
-            return object() if self.looks == 1 else None  # gone by the second look
-
-    client = Broken()
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (lead_any([client], 60.0), done.set()), daemon=True)
-    t.start()
-    assert done.wait(10), "lead_any slept out its 60 s timeout with nothing to poll"
-    assert client._read_lock.acquire(blocking=False)  # and it let the lock go
 
 
 # --------------------------------------------------------------- the asyncio client
