@@ -4,12 +4,16 @@ overall deadline per request, a connection cap) with more workers, since each lo
 holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is encoded.
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
-header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`) on a router it
-borrows for the time (:mod:`.routers`: no request waits on another's connection), answered
-in its protocol's form. A worker that has answered keeps its connection for the next request
-(``SQS_API_HOLD_S``: SDKs send back to back), as every connection has a worker here."""
+header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`) as a coroutine
+on the listener's event loop (a thread of its own) over the process's one
+:class:`~shardq.client.aio.AsyncQueue`, answered in its protocol's form. A worker that has
+answered keeps its connection for the next request (``SQS_API_HOLD_S``: SDKs send back to
+back), as every connection has a worker here. A long poll whose client has gone is
+cancelled, and hands nothing out (:mod:`.messages`)."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import email.utils
 import gc
 import http.client
@@ -19,25 +23,32 @@ import os
 import secrets
 import select
 import socket
-from typing import cast
+import threading
+from collections.abc import Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 from .. import limits
-from ..client.router import Router
+from ..client import aio
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
-from ..errors import InvalidConfig, ShardqError, SqsApiError
+from ..errors import InvalidConfig, ShardqError, ShardUnavailable, SqsApiError
 from ..service import http_head as head
 from ..service.http_listener import Listener, Request, bind, publish_address, unpublish_address
 from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
-from .routers import Routers
 from .sigv4 import Verifier
 
 log = logging.getLogger("shardq.sqs_api")
 ADDRESS_FILE = "sqs-api.json"  # in the data dir's run/ directory: where the listener is
+START_S = 30.0          # the loop connects to the shards within this, or start() fails
+#: Listener processes that connect as a part of serve (role "service", which a shard does not
+#: busy-poll after answering) while ``[sqs_api] processes`` is at most this: a shard holds 16
+#: service connections (shard/acceptor.py), serve's own parts take a few, and a restarted
+#: process's old one may still be open. More processes connect as clients (always admitted).
+SERVICE_ROLE_PROCESSES_MAX = 8
 
 
 #: Young objects (net allocations of containers) between two of a listener process's
@@ -72,6 +83,30 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """The listener's event loop: the one place that chooses its implementation."""
+    return asyncio.new_event_loop()
+
+
+async def _watched(sock: socket.socket, call: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """``call``'s answer; cancelled if the client closes its connection meanwhile (a long
+    poll whose client has gone hands nothing out). The loop watches the socket until it
+    first has something to read: its end, or the client's next request (then no more)."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(call)
+    fd = sock.fileno()
+
+    def readable() -> None:
+        loop.remove_reader(fd)
+        if _closed(sock):
+            task.cancel()
+    loop.add_reader(fd, readable)
+    try:
+        return await task
+    finally:
+        loop.remove_reader(fd)
+
+
 def _split_target(target: str) -> tuple[str, str]:
     """(path, query) of a request target ("/" for none); ValueError for one that is no URL."""
     url = urlsplit(target)
@@ -90,18 +125,19 @@ def bind_sqs_listen(listen: str) -> socket.socket:
 
 
 class SqsService:
-    """The listener; :meth:`start` binds and serves on daemon threads, :meth:`stop` ends it."""
+    """The listener; :meth:`start` binds and serves on daemon threads and runs the API on
+    an event loop in a thread of its own; :meth:`stop` ends both."""
 
     def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
         self.cfg = cfg
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
-        # shardq.Router: what shardq.connect gives; one for each request running (.routers)
-        self.routers = Routers(lambda: Router(self.data_dir, retry_s=5.0, busy_poll_us=0))
         self.catalog = Catalog(self.data_dir, self.clock)
-        # the API's router: the one its request borrowed (a Routers passes for a Router)
-        self.api = SqsApi(cast(Router, self.routers), self.catalog, cfg, self.clock)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.q: aio.AsyncQueue | None = None      # made on the loop (an AsyncQueue is its loop's)
+        self.api: SqsApi | None = None
+        self._thread: threading.Thread | None = None
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
         self.listener: Listener | None = None
         self._address_file: str | None = None
@@ -119,13 +155,16 @@ class SqsService:
         try:
             if sock is None:
                 sock = bind_sqs_listen(self.cfg.listen)
+            loop = self.loop = new_loop()
+            self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="shardq-sqs-api", daemon=True)
+            self._thread.start()
+            asyncio.run_coroutine_threadsafe(self._start(), loop).result(START_S)
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body,
                                      workers=limits.SQS_API_WORKERS, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
                                      sock=sock, hold_s=limits.SQS_API_HOLD_S)
         except BaseException:
-            self.api.close()
-            self.routers.close()
+            self._stop_loop()
             raise
         self.port = self.listener.address[1]
         self.listener.start()
@@ -134,6 +173,36 @@ class SqsService:
                 "url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"})
         log.info("event=sqs-api-listening url=%s auth=%s", self.url, "sigv4" if self.verifier else "open-loopback")
         return self
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
+
+    async def _start(self) -> None:
+        role = "service" if self.cfg.processes <= SERVICE_ROLE_PROCESSES_MAX else "client"
+        self.q = await aio.connect(self.data_dir, retry_s=5.0, _role=role)
+        self.api = SqsApi(self.q, self.catalog, self.cfg, self.clock)
+
+    async def _close(self) -> None:
+        if self.api is not None:
+            await self.api.close()
+        if self.q is not None:
+            await self.q.close()
+
+    def _stop_loop(self) -> None:
+        loop, self.loop = self.loop, None
+        if loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._close(), loop).result(15)
+        except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
+            log.exception("event=sqs-api-stop-failed")
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        if not loop.is_running():
+            loop.close()
 
     @property
     def url(self) -> str:
@@ -145,8 +214,7 @@ class SqsService:
             self.listener.stop()
             self.listener = None
         unpublish_address(self._address_file)
-        self.api.close()
-        self.routers.close()
+        self._stop_loop()
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
@@ -200,9 +268,7 @@ class SqsService:
                 form = body.decode("utf-8", "replace") if method == "POST" else query
                 action, params = protocol.decode_query(form, path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
-            self.api.caller.gone = lambda: _closed(req.sock)
-            with self.routers.borrowed():
-                result = self.api.call(action, params, host)
+            result = self._run(req.sock, action, params, host)
         except SqsApiError as e:
             return self._error(req, e, is_json, request_id, keep)
         except ShardqError as e:
@@ -216,6 +282,18 @@ class SqsService:
         else:
             data, ctype = protocol.encode_xml(action, result, request_id), "text/xml"
         return self._send(req, 200, data, ctype, (("x-amzn-RequestId", request_id),), keep)
+
+    def _run(self, sock: socket.socket, action: str, params: dict[str, Any], host: str) -> dict[str, Any]:
+        """The API's answer, run on the loop (this worker thread waits for it)."""
+        loop, api = self.loop, self.api
+        if loop is None or api is None:
+            raise ShardUnavailable("the SQS listener is stopping")
+        try:
+            result: dict[str, Any] = asyncio.run_coroutine_threadsafe(
+                _watched(sock, api.call(action, params, host)), loop).result()
+        except concurrent.futures.CancelledError:
+            raise ShardUnavailable("the client has gone") from None
+        return result
 
     def _error(self, req: Request, e: SqsApiError, is_json: bool, request_id: str, keep: bool) -> bool:
         if is_json:
