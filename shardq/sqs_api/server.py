@@ -48,7 +48,7 @@ START_S = 30.0   # the loop connects to the shards and serves within this, or st
 #: service connections (shard/acceptor.py), serve's own parts take a few, and a restarted
 #: process's old one may still be open. More processes connect as clients (always admitted).
 SERVICE_ROLE_PROCESSES_MAX = 8
-STOP_GRACE_S = 5.0  # requests being answered at a stop get this long (a long poll is cancelled after)
+STOP_GRACE_S = 2.0  # requests being answered at a stop get this long (then cancelled: a long poll hands nothing out)
 
 
 #: Young objects (net allocations of containers) between two of a listener process's

@@ -120,12 +120,14 @@ def test_a_listener_holds_one_service_connection_per_shard_whatever_its_requests
     """The listener's requests share one asyncio client, connected as a part of serve
     (role ``service``: a shard does not busy-poll after answering it): while a long poll
     waits and eight clients send at once, each shard holds one more service connection
-    and no more client connections than before, and the sends are not held up by the poll."""
+    and no more client connections than before, and the sends are not held up by the poll.
+    With more listener processes than SERVICE_ROLE_PROCESSES_MAX (a shard holds 16 service
+    connections), each connects as a client instead."""
     import concurrent.futures
     import time
 
     import shardq
-    from shardq.sqs_api.server import SqsService
+    from shardq.sqs_api.server import SERVICE_ROLE_PROCESSES_MAX, SqsService
     from tests.support.service import Service, wait_until
     from tests.support.sqs_listener import client
 
@@ -148,3 +150,9 @@ def test_a_listener_holds_one_service_connection_per_shard_whatever_its_requests
         finally:
             sqs.stop()
         wait_until(lambda: held(r) == before, 10, what="the listener's connections closed")
+        many = SqsApiConfig(listen="127.0.0.1:0", processes=SERVICE_ROLE_PROCESSES_MAX + 1)
+        sqs = SqsService(svc.data_dir, many).start()
+        try:
+            assert held(r) == [(s, n + 1) for s, n in before]
+        finally:
+            sqs.stop()
