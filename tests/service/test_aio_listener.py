@@ -168,6 +168,9 @@ def test_body_at_its_maximum_is_read_and_one_byte_more_is_not_awaited(served):
         out = to_close(s)
     assert out.startswith(b"HTTP/1.1 413 ") and out.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in out
     assert served.seen[-1] == ("/b", None, False)
+    # sent anyway: dropped as it comes (not held), and the client reads the answer, not a reset
+    status, out = exchange(served, post("/b", body + b"x"))
+    assert status == 413 and out.count(b"HTTP/1.1 ") == 1 and served.seen[-1] == ("/b", None, False)
     # not wanted (authentication): not read either, whatever its size
     status, _ = exchange(served, post("/unwanted", b"12345"))
     assert status == 413 and served.seen[-1] == ("/unwanted", None, False)
