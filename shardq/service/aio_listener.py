@@ -85,14 +85,7 @@ class AioResponse:
 
 Handler = Callable[[AioRequest], Awaitable[AioResponse]]
 
-_REASONS = {s.value: s.phrase for s in http.HTTPStatus}
-
-
-def _status_line(status: int) -> bytes:
-    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode()
-
-
-_STATUS_LINES: dict[int, bytes] = {}
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 
 
 class AioListener:
@@ -296,7 +289,7 @@ class _Conn(asyncio.Protocol):
                 self._dispatch(head, bytes(ch.body), True)
         elif len(buf) >= self.body_len:
             n = self.body_len
-            body = buf if n == len(buf) and type(buf) is bytes else bytes(buf[:n])
+            body = buf if n == len(buf) and type(buf) is bytes else bytes(memoryview(buf)[:n])
             self.buf = buf[n:]
             self._dispatch(head, body, True)
 
@@ -324,7 +317,7 @@ class _Conn(asyncio.Protocol):
         if self.phase == _CLOSED:
             return
         keep = req.keep_alive and resp.keep_alive and not self.lst._closing
-        status = _STATUS_LINES.get(resp.status) or _STATUS_LINES.setdefault(resp.status, _status_line(resp.status))
+        status = _STATUS_LINES.get(resp.status) or f"HTTP/1.1 {resp.status} Unknown\r\n".encode()
         fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
         connection = ("keep-alive" if keep else "close")
         self.keep = keep
@@ -406,7 +399,7 @@ class _Conn(asyncio.Protocol):
             return self._arm(self.deadline)
         if phase == _WRITE:
             log.debug("event=http-write-timeout peer=%s", self.peer)
-            return self.abort()
-        if phase != _LINGER and (self.buf or phase == _BODY):
-            self.transport.write(refusal(408, "Request Timeout"))
-        self.close()
+        elif phase != _LINGER and (self.buf or phase == _BODY):
+            self.transport.write(refusal(408, "Request Timeout"))  # what the kernel takes goes out
+        # cut, not closed: close() would wait for a client that does not read to take what is written
+        self.abort()

@@ -1,10 +1,14 @@
 """The event loop's HTTP listener (shardq/service/aio_listener.py) in process, on real sockets on
-127.0.0.1, with a small echo handler: every bound of the threaded listener's at its maximum and
-one past it, deadlines with short constants, the connection cap at its real value, pipelined
-requests in order, and a handler cancelled when its client goes."""
+127.0.0.1, with a small echo handler. The bounds are one set of scenarios run against both
+listeners, the event loop's and the threaded one (http_listener.Listener), so that they cannot
+drift: every limit at its maximum and one past it, deadlines with short constants, the
+connection cap at its real value, pipelined requests in order. What only the event loop's has
+(a handler cancelled when its client goes, close's grace, HTTP/1.0 keep-alive decided by the
+listener) is tested on it alone."""
 from __future__ import annotations
 
 import asyncio
+import http
 import socket
 import struct
 import threading
@@ -14,29 +18,72 @@ import pytest
 
 from shardq import limits
 from shardq.service.aio_listener import AioListener, AioRequest, AioResponse
-from shardq.service.http_listener import bind
+from shardq.service.http_head import Head
+from shardq.service.http_listener import Listener, Request, bind
+from shardq.service.http_rules import refusal
 
 from support.service import wait_until
 
 
-class Served:
-    """An AioListener on a loop of its own thread; the test talks to it with blocking sockets."""
+def wants_body(method: str, path: str, head: Head) -> bool:
+    return path != "/unwanted"  # the authentication check's place
 
-    def __init__(self, body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX):
-        self.seen: list[tuple[str, bytes | None, bool]] = []   # (target, body, keep_alive), as started
-        self.running: set[str] = set()                        # targets whose handler runs now
+
+def answer(head: Head, body: bytes | None, keep: bool) -> AioResponse:
+    """The echo handler's answer, whichever listener it runs on."""
+    if body is None:  # not read: answered as the console's handler answers
+        status = 411 if head.get("Transfer-Encoding") else 413 if head.method == "POST" else 401
+        return AioResponse(status, b"refused\n", keep_alive=False)
+    if head.target.startswith("/big"):
+        return AioResponse(200, b"b" * int(head.target[4:]))
+    text = f"{head.method} {head.target} {len(body)} {'keep' if keep else 'close'}"
+    return AioResponse(200, text.encode(), (("Content-Type", "text/plain"),))
+
+
+class Served:
+    """A listener serving the echo handler; the test talks to it with blocking sockets. A
+    request for ``/hold...`` is answered once the test releases it."""
+
+    address: tuple
+    seen: list[tuple[str, bytes | None, bool]]   # (target, body, keep_alive), as the handler starts
+    running: set[str]                            # targets whose handler runs now
+
+    def connections(self) -> int:
+        raise NotImplementedError
+
+    def answering(self) -> int:
+        """Connections whose request is being answered."""
+        raise NotImplementedError
+
+    def release(self, target: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class AioServed(Served):
+    """An AioListener on a loop of its own thread."""
+
+    def __init__(self):
+        self.seen, self.running = [], set()
         self.cancelled: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo,
-                               lambda method, path, head: path != "/unwanted", body_bytes_max=body_bytes_max)
+        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo, wants_body)
         self.call(self.lst.start())
         self.address = self.lst.address
 
     def call(self, coro, timeout: float = 20.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def connections(self) -> int:
+        return self.lst.connections
+
+    def answering(self) -> int:
+        return self.lst.connections - len(self.lst._waiting)
 
     def release(self, target: str) -> None:
         self.loop.call_soon_threadsafe(lambda: self._gate(target).set())
@@ -49,31 +96,86 @@ class Served:
         self.seen.append((target, req.body, req.keep_alive))
         self.running.add(target)
         try:
-            if target.startswith("/hold"):  # answered once the test releases it
+            if target.startswith("/hold"):
                 await self._gate(target).wait()
         except asyncio.CancelledError:
             self.cancelled.append(target)
             raise
         finally:
             self.running.discard(target)
-        if req.body is None:  # not read: answered as the console's handler answers
-            status = 411 if req.head.get("Transfer-Encoding") else 413 if req.head.method == "POST" else 401
-            return AioResponse(status, b"refused\n", keep_alive=False)
-        if target.startswith("/big"):
-            return AioResponse(200, b"b" * int(target[4:]))
-        text = f"{req.head.method} {target} {len(req.body)} {'keep' if req.keep_alive else 'close'}"
-        return AioResponse(200, text.encode(), (("Content-Type", "text/plain"),))
+        return answer(req.head, req.body, req.keep_alive)
 
     def close(self, grace_s: float = 1.0) -> None:
         self.call(self.lst.close(grace_s))
+        self.stop_loop()
+
+    def stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
 
 
+class ThreadServed(Served):
+    """The threaded Listener, its handler written as the SQS listener's is (keep-alive decided
+    from the head, the response written whole)."""
+
+    def __init__(self):
+        self.seen, self.running = [], set()
+        self.gates: dict[str, threading.Event] = {}
+        self.lst = Listener(("127.0.0.1", 0), socket.AF_INET, self.echo, wants_body,
+                            sock=bind(("127.0.0.1", 0), socket.AF_INET))
+        self.lst.start()
+        self.address = self.lst.address
+
+    def connections(self) -> int:
+        return len(self.lst._held) + self.lst._answering
+
+    def answering(self) -> int:
+        return self.lst._answering
+
+    def release(self, target: str) -> None:
+        self.gates.setdefault(target, threading.Event()).set()
+
+    def echo(self, req: Request) -> bool:
+        head = req.head
+        if head is None:
+            req.send_all(refusal(400, "Bad Request"))
+            return False
+        keep = req.keep_alive and head.version != "HTTP/1.0" and (head.get("Connection") or "").lower() != "close"
+        plain = not head.get("Transfer-Encoding") and not int(head.get("Content-Length") or 0)
+        body = req.body if req.body is not None else req.data[head.body_at:] if req.body_ready else \
+            b"" if plain else None
+        self.seen.append((head.target, body, keep))
+        self.running.add(head.target)
+        try:
+            if head.target.startswith("/hold"):
+                self.gates.setdefault(head.target, threading.Event()).wait(20)
+        finally:
+            self.running.discard(head.target)
+        resp = answer(head, body, keep)
+        keep = keep and resp.keep_alive
+        fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
+        req.send_all(b"HTTP/1.1 %d %s\r\n%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
+            resp.status, http.HTTPStatus(resp.status).phrase.encode(), fields.encode(), len(resp.body),
+            b"keep-alive" if keep else b"close", resp.body))
+        return keep
+
+    def close(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+        self.lst.stop()
+
+
+@pytest.fixture(params=["aio", "threads"])
+def served(request):
+    s = AioServed() if request.param == "aio" else ThreadServed()
+    yield s
+    s.close()
+
+
 @pytest.fixture()
-def served():
-    s = Served()
+def aio():
+    s = AioServed()
     yield s
     s.close()
 
@@ -168,6 +270,9 @@ def test_body_at_its_maximum_is_read_and_one_byte_more_is_not_awaited(served):
         out = to_close(s)
     assert out.startswith(b"HTTP/1.1 413 ") and out.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in out
     assert served.seen[-1] == ("/b", None, False)
+    # sent anyway: dropped as it comes (not held), and the client reads the answer, not a reset
+    status, out = exchange(served, post("/b", body + b"x"))
+    assert status == 413 and out.count(b"HTTP/1.1 ") == 1 and served.seen[-1] == ("/b", None, False)
     # not wanted (authentication): not read either, whatever its size
     status, _ = exchange(served, post("/unwanted", b"12345"))
     assert status == 413 and served.seen[-1] == ("/unwanted", None, False)
@@ -217,7 +322,7 @@ def test_a_request_has_an_overall_deadline_that_more_bytes_do_not_extend(served,
         start = time.monotonic()
         assert to_close(s) == b""
         assert 0.6 - 0.05 <= time.monotonic() - start <= 0.6 + 1.5
-    wait_until(lambda: served.lst.connections == 0, 5, what="connections closed")
+    wait_until(lambda: served.connections() == 0, 5, what="connections closed")
 
 
 def test_a_response_not_taken_in_time_cuts_the_connection(served, monkeypatch):
@@ -227,7 +332,7 @@ def test_a_response_not_taken_in_time_cuts_the_connection(served, monkeypatch):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         s.sendall(get(f"/big{size}"))
         wait_until(lambda: served.seen, 5, what="the request answered")
-        wait_until(lambda: served.lst.connections == 0, 5, what="the connection cut")
+        wait_until(lambda: served.connections() == 0, 5, what="the connection cut")
         got = 0
         try:
             while chunk := s.recv(1 << 20):
@@ -244,27 +349,27 @@ def test_the_connection_cap_closes_the_longest_waiting_and_refuses_503_when_all_
     try:
         for i in range(cap):
             if i % 32 == 0:  # within the listen backlog: a connect past it is retried a second later
-                wait_until(lambda: served.lst.connections == i, 10, what="connections accepted")
+                wait_until(lambda: served.connections() == i, 10, what="connections accepted")
             s = connect(served)
             s.sendall(b"GET / HTTP/1.1\r\nHost: ")  # and nothing more
             half.append(s)
-        wait_until(lambda: served.lst.connections == cap, 10, what="every connection held")
+        wait_until(lambda: served.connections() == cap, 10, what="every connection held")
         # one past the cap: the longest waiting goes, the new one is answered
         assert exchange(served, get("/new", "Connection: close\r\n"))[0] == 200
         half[0].settimeout(5)
         assert half[0].recv(100) == b""
-        assert served.lst.connections <= cap
+        assert served.connections() <= cap
         for s in half:
             s.close()
         half.clear()
-        wait_until(lambda: served.lst.connections == 0, 10, what="the half-sent connections let go")
+        wait_until(lambda: served.connections() == 0, 10, what="the half-sent connections let go")
         for i in range(cap):
             if i % 32 == 0:
-                wait_until(lambda: len(served.running) == i, 10, what="requests being answered")
+                wait_until(lambda: served.answering() == i, 10, what="requests being answered")
             s = connect(served)
             s.sendall(get(f"/hold{i}"))
             half.append(s)
-        wait_until(lambda: len(served.running) == cap, 10, what="every request being answered")
+        wait_until(lambda: served.answering() == cap, 10, what="every request being answered")
         assert threading.active_count() == threads  # no thread per connection or request
         # every held connection is being answered: the new one is refused as it comes (a client
         # that sends before it reads may see a reset instead: its request is never read)
@@ -298,7 +403,8 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time(served):
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in out and out.endswith(b"close")
 
 
-def test_http_1_0_closes_unless_it_asks_for_keep_alive(served):
+def test_http_1_0_closes_unless_it_asks_for_keep_alive(aio):
+    served = aio
     status, out = exchange(served, get("/old", version="HTTP/1.0") + get("/never", version="HTTP/1.0"))
     assert status == 200 and out.count(b"HTTP/1.1 ") == 1 and out.endswith(b"GET /old 0 close")
     with connect(served) as s:
@@ -321,7 +427,8 @@ def test_expect_100_continue_is_answered_when_the_body_is_wanted(served):
     assert status == 413 and b"100 Continue" not in out
 
 
-def test_a_handler_is_cancelled_when_its_client_goes(served):
+def test_a_handler_is_cancelled_when_its_client_goes(aio):
+    served = aio
     with connect(served) as s:  # closed: EOF
         s.sendall(get("/hold-eof"))
         wait_until(lambda: "/hold-eof" in served.running, 5, what="the request answered")
@@ -332,11 +439,11 @@ def test_a_handler_is_cancelled_when_its_client_goes(served):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
     wait_until(lambda: "/hold-reset" in served.cancelled, 5, what="the handler cancelled")
-    wait_until(lambda: served.lst.connections == 0, 5, what="connections let go")
+    wait_until(lambda: served.connections() == 0, 5, what="connections let go")
 
 
 def test_close_answers_within_its_grace_then_cancels_and_closes_everything():
-    served = Served()
+    served = AioServed()
     idle, held, late = connect(served), connect(served), connect(served)
     try:
         held.sendall(get("/hold-answered"))
@@ -350,12 +457,10 @@ def test_close_answers_within_its_grace_then_cancels_and_closes_everything():
         out = to_close(held)  # answered, then closed
         assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in out
         closing.result(10)
-        assert served.cancelled == ["/hold-late"] and served.lst.connections == 0
+        assert served.cancelled == ["/hold-late"] and served.connections() == 0
         late.settimeout(5)
         assert to_close(late) == b""
     finally:
         for s in (idle, held, late):
             s.close()
-        served.loop.call_soon_threadsafe(served.loop.stop)
-        served.thread.join(10)
-        served.loop.close()
+        served.stop_loop()
