@@ -9,9 +9,10 @@ into the query protocol's form and XML as needed), or raises
 :mod:`.messages`. An ``SqsApi`` is used on its queue's event loop only. Cancelling a call
 (the listener does when its client has gone) leaves no lease behind (:mod:`.messages`).
 The catalog is a small file read from memory while unchanged; its writes (the queue
-actions, rare) fsync on the loop."""
+actions, rare) lock and fsync it in a thread (``asyncio.to_thread``), off the loop."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -106,12 +107,13 @@ class SqsApi(MessageActions):
         tags = self._check_tags(params.get("tags"))
         attrs = qattr.defaults(fifo)
         attrs.update(given)
-        self.catalog.create(name, attrs, given, tags)  # False: it exists with these attributes (AWS: its URL)
+        # False: it exists with these attributes (AWS: its URL)
+        await asyncio.to_thread(self.catalog.create, name, attrs, given, tags)
         return {"QueueUrl": self.url(host, name)}
 
     async def delete_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
-        self.catalog.delete(name)
+        await asyncio.to_thread(self.catalog.delete, name)
         await self._drain(name)
         return {}
 
@@ -179,7 +181,7 @@ class SqsApi(MessageActions):
         name, _ = self.queue(params)
         given = qattr.check(params.get("Attributes"), name.endswith(".fifo"), creating=False)
         await self._check_redrive(name, given)
-        self.catalog.set_attributes(name, given)
+        await asyncio.to_thread(self.catalog.set_attributes, name, given)
         return {}
 
     async def _check_redrive(self, name: str, given: dict[str, str]) -> None:
@@ -209,7 +211,8 @@ class SqsApi(MessageActions):
 
     async def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
-        self.catalog.stamp_purge(name, PURGE_EVERY_S)  # in the catalog: every process sees it; before the purge
+        # in the catalog: every process sees it; before the purge
+        await asyncio.to_thread(self.catalog.stamp_purge, name, PURGE_EVERY_S)
         await self._drain(name)
         return {}
 
@@ -247,7 +250,7 @@ class SqsApi(MessageActions):
         tags = self._check_tags(params.get("Tags"))
         if not tags:
             raise missing_tags()
-        self.catalog.set_tags(name, tags, [], limits.SQS_API_TAGS_MAX)
+        await asyncio.to_thread(self.catalog.set_tags, name, tags, [], limits.SQS_API_TAGS_MAX)
         return {}
 
     async def untag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
@@ -255,7 +258,7 @@ class SqsApi(MessageActions):
         keys = p.string_list(params, "TagKeys")
         if not keys:
             raise fault("MissingParameter", "The request must contain the parameter TagKeys.")
-        self.catalog.set_tags(name, {}, keys, limits.SQS_API_TAGS_MAX)
+        await asyncio.to_thread(self.catalog.set_tags, name, {}, keys, limits.SQS_API_TAGS_MAX)
         return {}
 
     async def list_queue_tags(self, params: dict[str, Any], host: str) -> dict[str, Any]:
@@ -282,7 +285,7 @@ class SqsApi(MessageActions):
         return self.moves.list(params)
 
     async def cancel_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
-        return self.moves.cancel(params)
+        return await self.moves.cancel(params)
 
     async def close(self) -> None:
         """End the background work (move tasks, the memo sweeper); the queue is the caller's."""

@@ -251,7 +251,7 @@ class MessageActions:
         names = p.string_list(params, "MessageAttributeNames")
         if "ApproximateFirstReceiveTimestamp" in wanted and not rec.get("first_receives"):
             # from now on this queue's first receives are remembered (memos): asked once, kept
-            self.catalog.note_first_receives(name)
+            await asyncio.to_thread(self.catalog.note_first_receives, name)  # a catalog write: off the loop
             rec = self.catalog.get(name) or rec
         attempt = p.string(params, "ReceiveRequestAttemptId")
         if attempt is not None:

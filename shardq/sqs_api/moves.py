@@ -64,8 +64,8 @@ class MoveTasks:
             task["DestinationArn"] = dest_arn
         if rate is not None:
             task["MaxNumberOfMessagesPerSecond"] = rate
-        # checked under the catalog's flock (every process); on the loop from here to the task's start
-        if not self.api.catalog.start_task(handle, task, ACTIVE):
+        # checked under the catalog's flock (every process); its writes are off the loop
+        if not await asyncio.to_thread(self.api.catalog.start_task, handle, task, ACTIVE):
             raise fault("UnsupportedOperation", "A message move task is already running on this source.")
         self._cancel[handle] = asyncio.Event()
         t = asyncio.get_running_loop().create_task(self._run(handle, source, dest_arn, rate), name="shardq-sqs-move")
@@ -107,7 +107,7 @@ class MoveTasks:
                     except LeaseLost:
                         pass
                     moved += 1
-                self._update(handle, ApproximateNumberOfMessagesMoved=moved)
+                await self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:
                     pause = max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began))
                     with contextlib.suppress(TimeoutError):
@@ -119,7 +119,7 @@ class MoveTasks:
         fields: dict[str, Any] = {"Status": status, "ApproximateNumberOfMessagesMoved": moved}
         if reason:
             fields["FailureReason"] = reason
-        self._update(handle, **fields)
+        await self._update(handle, **fields)
 
     def _stopped(self, handle: str, stop: asyncio.Event) -> bool:
         """Cancelled here, or by another process (the record says CANCELLING)."""
@@ -127,8 +127,8 @@ class MoveTasks:
             stop.set()
         return stop.is_set()
 
-    def _update(self, handle: str, **fields: Any) -> None:
-        self.api.catalog.update_task(handle, **fields)
+    async def _update(self, handle: str, **fields: Any) -> None:
+        await asyncio.to_thread(self.api.catalog.update_task, handle, **fields)
 
     def list(self, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = p.string(params, "SourceArn", required=True)
@@ -145,11 +145,11 @@ class MoveTasks:
             out.append(t)
         return {"Results": out}
 
-    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         handle = p.string(params, "TaskHandle", required=True) or ""
         self._sweep()
         # the process that runs it sees CANCELLING between two rounds
-        task = self.api.catalog.update_task(handle, only_if=("RUNNING",), Status="CANCELLING")
+        task = await asyncio.to_thread(self.api.catalog.update_task, handle, only_if=("RUNNING",), Status="CANCELLING")
         if task is None:
             raise fault("ResourceNotFoundException", "The task handle does not name a running task.")
         if handle in self._cancel:
