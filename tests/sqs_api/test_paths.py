@@ -135,7 +135,9 @@ def test_a_listener_holds_one_service_connection_per_shard_whatever_its_requests
         return [(s["service_connections"], s["clients"]) for s in r.stats()["shards"]]
     with Service(shards=2, config={"http": {"listen": ""}}) as svc, shardq.connect(svc.data_dir) as r:
         before = held(r)
-        sqs = SqsService(svc.data_dir, SqsApiConfig(listen="127.0.0.1:0")).start()
+        # as many processes as connect as a part of serve (each a listener like this one)
+        most = SqsApiConfig(listen="127.0.0.1:0", processes=SERVICE_ROLE_PROCESSES_MAX)
+        sqs = SqsService(svc.data_dir, most).start()
         try:
             c = client(sqs.url)
             url = c.create_queue(QueueName="shared")["QueueUrl"]
