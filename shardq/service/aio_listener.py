@@ -91,7 +91,9 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in
 class AioListener:
     """Serves ``sock`` (bound and listening: :func:`.http_listener.bind`) on the running loop
     with ``await handle(request) -> response``. ``wants_body(method, path, head)`` decides, from
-    the head alone, whether a body is read. The listener owns ``sock`` from :meth:`start`."""
+    the head alone, whether a body is read. The listener owns ``sock`` from :meth:`start`.
+    Deadlines are read from ``clock`` (``monotonic()``); the loop's timers only wake the listener
+    to check them, so a clock that has not reached a deadline re-arms its timer."""
 
     def __init__(self, sock: socket.socket, handle: Handler, wants_body: Callable[[str, str, Head], bool], *,
                  body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, clock: Clock | None = None) -> None:

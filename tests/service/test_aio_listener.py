@@ -17,8 +17,10 @@ import time
 import pytest
 
 from shardq import limits
+from shardq.clock import Clock, FakeClock
 from shardq.service.aio_listener import AioListener, AioRequest, AioResponse
 from shardq.service.http_head import Head
+from shardq.service import aio_listener, http_listener
 from shardq.service.http_listener import Listener, Request, bind
 from shardq.service.http_rules import refusal
 
@@ -65,14 +67,14 @@ class Served:
 class AioServed(Served):
     """An AioListener on a loop of its own thread."""
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None):
         self.seen, self.running = [], set()
         self.cancelled: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo, wants_body)
+        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo, wants_body, clock=clock)
         self.call(self.lst.start())
         self.address = self.lst.address
 
@@ -119,11 +121,11 @@ class ThreadServed(Served):
     """The threaded Listener, its handler written as the SQS listener's is (keep-alive decided
     from the head, the response written whole)."""
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None):
         self.seen, self.running = [], set()
         self.gates: dict[str, threading.Event] = {}
         self.lst = Listener(("127.0.0.1", 0), socket.AF_INET, self.echo, wants_body,
-                            sock=bind(("127.0.0.1", 0), socket.AF_INET))
+                            sock=bind(("127.0.0.1", 0), socket.AF_INET), clock=clock)
         self.lst.start()
         self.address = self.lst.address
 
@@ -166,9 +168,17 @@ class ThreadServed(Served):
         self.lst.stop()
 
 
-@pytest.fixture(params=["aio", "threads"])
-def served(request):
-    s = AioServed() if request.param == "aio" else ThreadServed()
+DRIVERS = {"aio": AioServed, "threads": ThreadServed}
+
+
+@pytest.fixture(params=list(DRIVERS))
+def driver(request):
+    return DRIVERS[request.param]
+
+
+@pytest.fixture()
+def served(driver):
+    s = driver()
     yield s
     s.close()
 
@@ -323,6 +333,41 @@ def test_a_request_has_an_overall_deadline_that_more_bytes_do_not_extend(served,
         assert to_close(s) == b""
         assert 0.6 - 0.05 <= time.monotonic() - start <= 0.6 + 1.5
     wait_until(lambda: served.connections() == 0, 5, what="connections closed")
+
+
+def test_deadlines_are_read_from_the_injected_clock(driver, monkeypatch):
+    monkeypatch.setattr(limits, "HTTP_REQUEST_S_MAX", 0.2)
+    clock = FakeClock()
+    served = driver(clock)
+    try:
+        with connect(served) as s:
+            s.sendall(b"GET / HTTP/1.1\r\n")
+            s.settimeout(0.6)  # three times the deadline in real time: the clock has not moved
+            with pytest.raises(TimeoutError):
+                s.recv(100)
+            clock.advance(0.2)
+            s.settimeout(5)
+            assert s.recv(100).startswith(b"HTTP/1.1 408 ")
+    finally:
+        served.close()
+
+
+def test_each_head_is_parsed_once_however_its_bytes_arrive(served, monkeypatch):
+    calls = []
+
+    def counted(data):
+        calls.append(bytes(data[:4]))
+        return parse(data)
+    parse = http_listener.parse_head
+    monkeypatch.setattr(http_listener, "parse_head", counted)
+    monkeypatch.setattr(aio_listener, "parse_head", counted)
+    with connect(served) as s:
+        s.sendall(get("/a") + post("/b", b"xyz") + get("/c"))  # in one read, most likely
+        assert [b for _, b in responses(s, 3)] == [b"GET /a 0 keep", b"POST /b 3 keep", b"GET /c 0 keep"]
+        for byte in post("/d", b"12"):  # a drip
+            s.sendall(bytes([byte]))
+        assert responses(s, 1) == [(200, b"POST /d 2 keep")]
+    assert calls == [b"GET ", b"POST", b"GET ", b"POST"]
 
 
 def test_a_response_not_taken_in_time_cuts_the_connection(served, monkeypatch):
