@@ -147,7 +147,9 @@ class SqsService:
         role = "service" if self.cfg.processes <= SERVICE_ROLE_PROCESSES_MAX else "client"
         self.q = await aio.connect(self.data_dir, retry_s=5.0, _role=role)
         self.api = SqsApi(self.q, self.catalog, self.cfg, self.clock)
-        self.listener = AioListener(sock, self._handle, self._wants_body, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX)
+        # one clock for the listener's deadlines, SigV4's window and the API's times
+        self.listener = AioListener(sock, self._handle, self._wants_body, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
+                                    clock=self.clock)
         await self.listener.start()
         self.port = self.listener.address[1]
 
