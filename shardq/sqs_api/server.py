@@ -183,6 +183,7 @@ class SqsService:
             await self.api.close()
         if self.q is not None:
             await self.q.close()
+        await asyncio.get_running_loop().shutdown_default_executor()  # catalog writes' and handshakes' threads
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
