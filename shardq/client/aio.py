@@ -43,11 +43,12 @@ if TYPE_CHECKING:
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
-                  request_timeout_s: float = 30.0) -> AsyncQueue:
+                  request_timeout_s: float = 30.0, _role: str = "client") -> AsyncQueue:
     """An asyncio client of the ``shardq serve`` whose data dir is ``target``. Connects to
     every shard now (a shard that is down is connected to when first needed). Raises
-    :class:`~shardq.errors.ServiceNotRunning` within a second when no service runs there."""
-    q = AsyncQueue(target, retry_s=retry_s, request_timeout_s=request_timeout_s)
+    :class:`~shardq.errors.ServiceNotRunning` within a second when no service runs there.
+    ``_role`` as :class:`~shardq.client.router.Router`'s."""
+    q = AsyncQueue(target, retry_s=retry_s, request_timeout_s=request_timeout_s, _role=_role)
     await q._open()
     return q
 
@@ -58,8 +59,12 @@ class AsyncQueue(Calls, AsyncExecutor):
     (:class:`~shardq.client.engine.Calls`)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0, _role: str = "client") -> None:
+        # _role "service": a part of shardq serve itself (its SQS listener), whose connections
+        # a shard holds apart from its clients' limit and does not busy-poll after answering
+        # (protocol/sockio.py), as the Router's
         dd = DataDir(data_dir)
+        self._role = _role
         self._init_calls(dd, retry_s, request_timeout_s)
         self._bind_effects()
         self._key = dd.authkey()
@@ -74,7 +79,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
         await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
-                                self._release_rows) for i, path in enumerate(self._sockets)]
+                                self._release_rows, self._role) for i, path in enumerate(self._sockets)]
         self._chans = [c.chan for c in self.conns]
         deadline = self.loop.time() + min(self.retry_s, 2.0)
         for r in await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True):

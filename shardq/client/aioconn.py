@@ -64,8 +64,8 @@ class ShardConn:
     """The connection to shard ``index``; the client makes requests and awaits their futures."""
 
     def __init__(self, index: int, address: str, authkey: bytes, client_id: int, retry_s: float,
-                 request_timeout_s: float, release: Callable[[list[Any]], None]):
-        self.index, self.address, self.authkey = index, address, authkey
+                 request_timeout_s: float, release: Callable[[list[Any]], None], role: str = "client"):
+        self.index, self.address, self.authkey, self.role = index, address, authkey, role
         self.chan = Channel(index, client_id, retry_s, request_timeout_s)
         self._release = release  # wire lease rows nobody takes (an orphaned reply) -> release them
         self.loop = asyncio.get_running_loop()
@@ -78,13 +78,13 @@ class ShardConn:
 
     async def connect(self, deadline: float) -> None:
         """Connect and authenticate, retrying until ``deadline`` (loop time)."""
-        attempts = Attempts(self.index, self.address, "client", deadline)
+        attempts = Attempts(self.index, self.address, self.role, deadline)
         while True:
             if self.chan.closed:
                 raise Closed("client is closed")
             try:
                 conn = await asyncio.to_thread(connect_unix, self.address, self.authkey,
-                                               attempts.timeout(self.loop.time()))
+                                               attempts.timeout(self.loop.time()), self.role)
                 try:
                     sock = socket.socket(fileno=os.dup(conn.fileno()))  # the loop's from here on
                 finally:

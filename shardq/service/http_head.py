@@ -1,14 +1,14 @@
 """A request head, read once and fast: the request line and the headers, names compared
 without case, as ``email.message.Message`` answers ``get`` and ``get_all`` (what the
-listener's body check, the handlers and the SigV4 check ask). The HTTP listener
-(:mod:`.http_listener`) parses each head once with it and hands it on with the request:
-the stdlib's parser (``http.client.parse_headers``) cost 40% of a small request's handling,
+listener's body check, the handlers and the SigV4 check ask). Both HTTP listeners
+(:mod:`.http_listener`, :mod:`.aio_listener`) parse each head once with it and hand it on
+with the request: the stdlib's parser (``http.client.parse_headers``) cost 40% of a small request's handling,
 and the listener and the SQS handler each ran a parser."""
 from __future__ import annotations
 
 import re
 
-_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line, as the listener finds it
+HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line, as the listener finds it
 
 
 class Head:
@@ -31,10 +31,10 @@ class Head:
         return name.lower() in self._fields
 
 
-def parse(data: bytes) -> Head | None:
+def parse(data: bytes | bytearray) -> Head | None:
     """The head at the start of ``data`` (which the Listener has checked ends with a blank
     line within its limit); None for one that is not an HTTP/1.x request head."""
-    m = _HEAD_END.search(data)
+    m = HEAD_END.search(data)
     if m is None or m.start() == 0:
         return None
     # lines end in \r\n or \n; the last one's end is in the match already

@@ -26,7 +26,8 @@ can connect hold threads: send half a request, or one byte now and then. This on
   connection whose request has waited longest (a client that sends its request at once is
   never the one), or, when every held one is being answered, is itself refused with 503.
 * Each head is parsed once (:mod:`.http_head`), by the receiver; the handler gets it with
-  the request.
+  the request. The body rules, the refusals and the chunk decoder are :mod:`.http_rules`'s,
+  shared with the event loop's listener (:mod:`.aio_listener`).
 * After a refused request (its body not read), the listener stops sending and drops what
   the client still sends for at most ``HTTP_LINGER_S_MAX``, so that the client reads the
   refusal instead of a reset.
@@ -40,7 +41,6 @@ import json
 import logging
 import os
 import queue
-import re
 import select
 import selectors
 import socket
@@ -51,20 +51,14 @@ from typing import Any, cast
 
 from .. import limits
 from ..clock import Clock, SystemClock
-from .http_head import Head
+from .http_head import HEAD_END, Head
 from .http_head import parse as parse_head
+from .http_rules import CHUNKED, CONTINUE, ChunkedBody, body_of
+from .http_rules import refusal as _refusal
 
 log = logging.getLogger("shardq.http")
 
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HEAD, _BODY, _LINGER = "head", "body", "linger"
-CHUNKED = -2  # _body_of's length for a chunked body
-
-
-def _refusal(status: int, reason: str) -> bytes:
-    text = f"{reason}\n".encode()
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode() + text
 
 
 def bind(address: tuple[Any, ...], family: int) -> socket.socket:
@@ -132,63 +126,6 @@ class Request:
                 self.sock.sendall(memoryview(data)[sent:])
             finally:
                 self.sock.setblocking(False)
-
-
-class ChunkedBody:
-    """A ``Transfer-Encoding: chunked`` body (RFC 9112, 7.1), decoded as its bytes arrive.
-
-    :meth:`feed` takes what the connection's buffer holds from an offset on and returns
-    how far it got; the caller drops those bytes, so what is held is the decoded body (at
-    most ``limit`` bytes) and less than one read of the raw stream. Chunk extensions and
-    trailer fields are read and dropped. ``status`` is set when the body is refused: 413
-    once the chunk sizes add up past ``limit`` (before its bytes are read), 400 for a
-    malformed chunk."""
-
-    LINE_MAX = 4096  # a chunk-size line, or a trailer field
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.body = bytearray()
-        self.left = 0            # bytes of the current chunk's data still to come
-        self.crlf = False        # the CRLF after a chunk's data is due
-        self.trailers = False    # the last chunk came: trailer fields until a blank line
-        self.done = False
-        self.status = 0          # 400 or 413 once refused
-
-    def feed(self, buf: bytearray, pos: int) -> int:
-        while not (self.done or self.status):
-            if self.left:
-                take = min(self.left, len(buf) - pos)
-                self.body += buf[pos:pos + take]
-                pos, self.left = pos + take, self.left - take
-                if self.left:
-                    return pos
-                self.crlf = True
-            if self.crlf:
-                if len(buf) - pos < 2:
-                    return pos
-                if buf[pos:pos + 2] != b"\r\n":
-                    self.status = 400
-                    return pos
-                pos, self.crlf = pos + 2, False
-            end = buf.find(b"\r\n", pos, pos + self.LINE_MAX + 2)
-            if end < 0:
-                if len(buf) - pos > self.LINE_MAX:
-                    self.status = 400
-                return pos
-            line, pos = bytes(buf[pos:end]), end + 2
-            if self.trailers:
-                self.done = not line
-                continue
-            size = line.split(b";", 1)[0].strip()
-            if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
-                self.status = 400
-            elif len(self.body) + int(size, 16) > self.limit:
-                self.status = 413
-            else:
-                self.left = int(size, 16)
-                self.trailers = self.left == 0
-        return pos
 
 
 @dataclass
@@ -368,7 +305,7 @@ class Listener:
     def _progress(self, c: _Conn) -> None:
         if c.phase == _HEAD:
             # Search only the last 3 old bytes and the new ones: a drip costs O(bytes).
-            m = _HEAD_END.search(c.buf, max(0, c.scanned - 3))
+            m = HEAD_END.search(c.buf, max(0, c.scanned - 3))
             c.scanned = len(c.buf)
             if m is None or m.end() > limits.HTTP_HEAD_BYTES_MAX:
                 if m is not None or len(c.buf) > limits.HTTP_HEAD_BYTES_MAX:
@@ -380,7 +317,7 @@ class Listener:
             if not wanted:
                 return self._dispatch(c, body_ready=False, keep_alive=length == 0)
             if expects:  # the client waits for this before it sends the body (curl, over 1 KiB)
-                self._send_quietly(c.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._send_quietly(c.sock, CONTINUE)
             c.phase = _BODY
             if length == CHUNKED:
                 c.chunked = ChunkedBody(self.body_bytes_max)
@@ -390,8 +327,7 @@ class Listener:
             ch = c.chunked
             del c.buf[c.head_len:ch.feed(c.buf, c.head_len)]  # decoded: hold the body once
             if ch.status:
-                reason = "Content Too Large" if ch.status == 413 else "Bad Request"
-                self._send_quietly(c.sock, _refusal(ch.status, reason))
+                self._send_quietly(c.sock, _refusal(ch.status, ch.reason))
                 return self._linger(c)
             if ch.done:
                 self._dispatch(c, body_ready=True, keep_alive=True)
@@ -399,24 +335,13 @@ class Listener:
             self._dispatch(c, body_ready=True, keep_alive=True)
 
     def _body_of(self, data: bytes) -> tuple[Head | None, int, bool, bool]:
-        """(the parsed head, Content-Length or :data:`CHUNKED`, whether to read it, whether
-        the client expects 100 Continue). A head the handler will refuse (malformed, a
-        transfer coding other than chunked or beside a Content-Length, too long a body, not
-        authenticated) gets no body read and no keep-alive."""
+        """(the parsed head, then :func:`.http_rules.body_of`'s length, whether to read the
+        body and whether the client expects 100 Continue). A head that does not parse gets
+        no body read and no keep-alive: the handler answers 400."""
         head = parse_head(data)
         if head is None:
             return None, -1, False, False
-        coding = head.get_all("Transfer-Encoding") or []
-        try:
-            length = int(head.get("Content-Length") or 0) if not coding else CHUNKED
-        except ValueError:
-            return head, -1, False, False
-        if coding and ([c.strip().lower() for c in coding] != ["chunked"] or "Content-Length" in head):
-            return head, -1, False, False  # a coding we do not decode, or a smuggling attempt: never read
-        if not (0 < length <= self.body_bytes_max or length == CHUNKED):
-            return head, length, False, False
-        expects = (head.get("Expect") or "").lower() == "100-continue"
-        return head, length, self.wants_body(head.method, head.target.partition("?")[0], head), expects
+        return (head, *body_of(head, self.body_bytes_max, self.wants_body))
 
     def _dispatch(self, c: _Conn, body_ready: bool, keep_alive: bool) -> None:
         end = c.head_len + (c.body_len if body_ready else 0)  # a chunked body is out of buf already
@@ -498,7 +423,7 @@ class Listener:
         waiter = select.poll()  # the socket stays non-blocking: wait here, then recv at once
         waiter.register(sock, select.POLLIN)
         while True:
-            m = _HEAD_END.search(buf)
+            m = HEAD_END.search(buf)
             if m is not None or len(buf) > limits.HTTP_HEAD_BYTES_MAX:
                 if m is None or m.end() > limits.HTTP_HEAD_BYTES_MAX:
                     break  # the receiver refuses it

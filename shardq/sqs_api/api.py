@@ -1,12 +1,18 @@
-"""The SQS actions, over shardq's public client API (a :class:`~shardq.client.router.Router`)
-and the :class:`.catalog.Catalog` of queues.
+"""The SQS actions, as coroutines over shardq's public asyncio client (one
+:class:`~shardq.client.aio.AsyncQueue` per listener process, shared by every request it
+runs) and the :class:`.catalog.Catalog` of queues.
 
-``SqsApi.call(action, params, host)`` takes a request's parameters in the JSON protocol's
-shapes and returns its result in the same shapes (the protocol layer turns both into the
-query protocol's form and XML as needed), or raises :class:`~shardq.errors.SqsApiError`.
-The queue actions are here; the message actions in :mod:`.messages`."""
+``await SqsApi.call(action, params, host)`` takes a request's parameters in the JSON
+protocol's shapes and returns its result in the same shapes (the protocol layer turns both
+into the query protocol's form and XML as needed), or raises
+:class:`~shardq.errors.SqsApiError`. The queue actions are here; the message actions in
+:mod:`.messages`. An ``SqsApi`` is used on its queue's event loop only. Cancelling a call
+(the listener does when its client has gone) leaves no lease behind (:mod:`.messages`).
+The catalog is a small file read from memory while unchanged; its writes (the queue
+actions, rare) lock and fsync it in a thread (``asyncio.to_thread``), off the loop."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -25,7 +31,7 @@ from .messages import MessageActions
 from .moves import MoveTasks
 
 if TYPE_CHECKING:
-    from ..client.router import Router
+    from ..client.aio import AsyncQueue
 
 log = logging.getLogger("shardq.sqs_api")
 
@@ -48,18 +54,18 @@ PURGE_EVERY_S = 60.0   # AWS: one PurgeQueue per queue per 60 s
 
 
 class SqsApi(MessageActions):
-    def __init__(self, router: Router, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
-        self.router, self.catalog, self.cfg = router, catalog, cfg
+    def __init__(self, q: AsyncQueue, catalog: Catalog, cfg: SqsApiConfig, clock: Clock | None = None):
+        self.q, self.catalog, self.cfg = q, catalog, cfg
         self.clock = clock or SystemClock()
-        self.service_id = router.service_id or "shardq"  # None: a data dir made before service ids
+        self.service_id = q.service_id or "shardq"  # None: a data dir made before service ids
         self.moves = MoveTasks(self)
         MessageActions.__init__(self)
 
-    def call(self, action: str, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def call(self, action: str, params: dict[str, Any], host: str) -> dict[str, Any]:
         method = ACTIONS.get(action)
         if method is None:
             raise fault("InvalidAction", f"The action {action[:100]} is not valid for this endpoint.")
-        result: dict[str, Any] = getattr(self, method)(params, host)
+        result: dict[str, Any] = await getattr(self, method)(params, host)
         return result
 
     # ------------------------------------------------------------------ names
@@ -85,7 +91,7 @@ class SqsApi(MessageActions):
         return parts[-1], rec
 
     # ------------------------------------------------------------------ queues
-    def create_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def create_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name = qattr.check_queue_name(p.string(params, "QueueName", required=True))
         fifo = name.endswith(".fifo")
         given = qattr.check(params.get("Attributes"), fifo, creating=True)
@@ -93,24 +99,25 @@ class SqsApi(MessageActions):
             raise invalid("The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
                           "underscores, must end with .fifo suffix. Set FifoQueue to true to create one.")
         try:
-            self.router.queue_config(name)
+            await self.q.queue_config(name)
         except UnknownQueue:
             raise invalid(f"The shardq service takes declared queues only (service.declare_queues = true): "
                           f"declare [queues.\"{name}\"] in its config first.") from None
-        self._check_redrive(name, given)
+        await self._check_redrive(name, given)
         tags = self._check_tags(params.get("tags"))
         attrs = qattr.defaults(fifo)
         attrs.update(given)
-        self.catalog.create(name, attrs, given, tags)  # False: it exists with these attributes (AWS: its URL)
+        # False: it exists with these attributes (AWS: its URL)
+        await asyncio.to_thread(self.catalog.create, name, attrs, given, tags)
         return {"QueueUrl": self.url(host, name)}
 
-    def delete_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def delete_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
-        self.catalog.delete(name)
-        self._drain(name)
+        await asyncio.to_thread(self.catalog.delete, name)
+        await self._drain(name)
         return {}
 
-    def get_queue_url(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def get_queue_url(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name = p.string(params, "QueueName", required=True)
         owner = p.string(params, "QueueOwnerAWSAccountId")
         if owner is not None and owner != self.cfg.account_id:
@@ -119,7 +126,7 @@ class SqsApi(MessageActions):
             raise no_queue()
         return {"QueueUrl": self.url(host, name)}
 
-    def list_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def list_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         prefix = p.string(params, "QueueNamePrefix") or ""
         names = [n for n in self.catalog.names() if n.startswith(prefix)]
         urls, token = self._page(names, params)
@@ -145,7 +152,7 @@ class SqsApi(MessageActions):
         more = len(names) > max_results
         return page, base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None
 
-    def get_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def get_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         wanted = p.string_list(params, "AttributeNames")
         for w in wanted:
@@ -159,25 +166,25 @@ class SqsApi(MessageActions):
         attrs["CreatedTimestamp"] = str(rec["created"])
         attrs["LastModifiedTimestamp"] = str(rec["modified"])
         if any(w.startswith("Approximate") for w in wanted):
-            attrs.update(self._counts(name))
+            attrs.update(await self._counts(name))
         # an attribute set to "" (a removed RedrivePolicy) is not shown, as AWS
         out = {w: attrs[w] for w in wanted if attrs.get(w) and (w not in qattr.FIFO_ONLY or fifo)}
         return {"Attributes": out} if out else {}
 
-    def _counts(self, name: str) -> dict[str, str]:
-        counts = self.router.stats()["queues"].get(name, {})
+    async def _counts(self, name: str) -> dict[str, str]:
+        counts = (await self.q.stats())["queues"].get(name, {})
         return {"ApproximateNumberOfMessages": str(counts.get("ready", 0) + counts.get("waiting", 0)),
                 "ApproximateNumberOfMessagesNotVisible": str(counts.get("in_flight", 0)),
                 "ApproximateNumberOfMessagesDelayed": str(counts.get("delayed", 0))}
 
-    def set_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def set_queue_attributes(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         given = qattr.check(params.get("Attributes"), name.endswith(".fifo"), creating=False)
-        self._check_redrive(name, given)
-        self.catalog.set_attributes(name, given)
+        await self._check_redrive(name, given)
+        await asyncio.to_thread(self.catalog.set_attributes, name, given)
         return {}
 
-    def _check_redrive(self, name: str, given: dict[str, str]) -> None:
+    async def _check_redrive(self, name: str, given: dict[str, str]) -> None:
         target = qattr.redrive(given)
         if target is None:
             return
@@ -195,27 +202,28 @@ class SqsApi(MessageActions):
         # shardq dead-letters a job past the queue's max_deliveries at lease time, into its own
         # dead letters: the receive that moves a message here (receive maxReceiveCount + 1)
         # must come first, or messages would leave the SQS API silently
-        deliveries = self.router.queue_config(name).get("max_deliveries", 0)
+        deliveries = (await self.q.queue_config(name)).get("max_deliveries", 0)
         if target[1] >= deliveries:
             raise fault("InvalidAttributeValue", f"Invalid value for the parameter RedrivePolicy. Reason: "
                                                  f"maxReceiveCount {target[1]} must be below the shardq queue's "
                                                  f"max_deliveries ({deliveries}): raise max_deliveries in "
                                                  f"[queue_defaults] or [queues.\"{name}\"] of the config.")
 
-    def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def purge_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
-        self.catalog.stamp_purge(name, PURGE_EVERY_S)  # in the catalog: every process sees it; before the purge
-        self._drain(name)
+        # in the catalog: every process sees it; before the purge
+        await asyncio.to_thread(self.catalog.stamp_purge, name, PURGE_EVERY_S)
+        await self._drain(name)
         return {}
 
-    def _drain(self, name: str) -> int:
+    async def _drain(self, name: str) -> int:
         """Delete every message of the queue: received or not, delayed or not (the shard's
         ``purge_queue``, logged and fsynced before the answer). A receipt handle of a
         deleted message deletes or changes nothing after."""
-        gone: int = self.router.purge(name)
+        gone: int = await self.q.purge(name)
         return gone
 
-    def list_dead_letter_source_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def list_dead_letter_source_queues(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         urls, token = self._page(self.catalog.sources_of(self.arn(name)), params)
         out: dict[str, Any] = {"queueUrls": [self.url(host, n) for n in urls]}
@@ -237,51 +245,53 @@ class SqsApi(MessageActions):
                 raise invalid("Tag keys are 1 to 128 characters, values up to 256.")
         return dict(tags)
 
-    def tag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def tag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         tags = self._check_tags(params.get("Tags"))
         if not tags:
             raise missing_tags()
-        self.catalog.set_tags(name, tags, [], limits.SQS_API_TAGS_MAX)
+        await asyncio.to_thread(self.catalog.set_tags, name, tags, [], limits.SQS_API_TAGS_MAX)
         return {}
 
-    def untag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def untag_queue(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         keys = p.string_list(params, "TagKeys")
         if not keys:
             raise fault("MissingParameter", "The request must contain the parameter TagKeys.")
-        self.catalog.set_tags(name, {}, keys, limits.SQS_API_TAGS_MAX)
+        await asyncio.to_thread(self.catalog.set_tags, name, {}, keys, limits.SQS_API_TAGS_MAX)
         return {}
 
-    def list_queue_tags(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def list_queue_tags(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         _, rec = self.queue(params)
         return {"Tags": rec["tags"]} if rec["tags"] else {}
 
     # ------------------------------------------------------------------ permissions: refused
-    def add_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def add_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         self.queue(params)
         raise fault("UnsupportedOperation", "AddPermission is not supported: shardq has one principal (the "
                                             "configured access key, or loopback callers), and no access policy "
                                             "to extend (docs/sqs-api.md).")
 
-    def remove_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def remove_permission(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         self.queue(params)
         raise fault("UnsupportedOperation", "RemovePermission is not supported: shardq has one principal and no "
                                             "access policy (docs/sqs-api.md).")
 
     # ------------------------------------------------------------------ message move tasks
-    def start_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
-        return self.moves.start(params)
+    async def start_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        return await self.moves.start(params)
 
-    def list_message_move_tasks(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def list_message_move_tasks(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         return self.moves.list(params)
 
-    def cancel_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
-        return self.moves.cancel(params)
+    async def cancel_message_move_task(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+        return await self.moves.cancel(params)
 
-    def close(self) -> None:
-        self.moves.close()
-        self.memos.close()
+    async def close(self) -> None:
+        """End the background work (move tasks, the memo sweeper); the queue is the caller's."""
+        await self.moves.close()
+        await self.memos.close()
+        await self.released()
 
 
 def missing_tags() -> Exception:

@@ -13,17 +13,17 @@ same job, whose body is read back with ``job()``: JSON ``{"v": value, "u": lapse
 (it claimed the key) or an earlier one (whose value it then uses).
 
 A memo is enqueued delayed for as long as it means something; once due, the sweeper (a
-thread of each SQS API process, every :data:`SWEEP_EVERY_S`) leases and acks it. The dedup
+task on the event loop of each SQS API process, every :data:`SWEEP_EVERY_S`) leases and acks it. The dedup
 entry of its key outlives it until the memo queue's ``dedup_window`` ends (shardq keeps a
 dedup id after the job is gone): a claim of a key whose memo has lapsed within that time
 gets ``None`` (it can neither use the old value nor write a new one).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
-import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -53,30 +53,30 @@ class Memo(NamedTuple):
 
 
 class Memos:
-    """The memos of one SQS API process (see the module docstring)."""
+    """The memos of one SQS API process (see the module docstring), over its
+    :class:`~shardq.client.aio.AsyncQueue` ``q``; used on that queue's event loop only."""
 
-    def __init__(self, router: Any, clock: Clock):
-        self.router, self.clock = router, clock
-        self._stop = threading.Event()
-        self._sweeper: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+    def __init__(self, q: Any, clock: Clock):
+        self.q, self.clock = q, clock
+        self._stopped = False
+        self._sweeper: asyncio.Task[None] | None = None
 
-    def claim(self, kind: str, scope: str, value: Any, lifetime_s: float) -> Memo | None:
-        return self.claim_many([Claim(kind, scope, value, lifetime_s)])[0]
+    async def claim(self, kind: str, scope: str, value: Any, lifetime_s: float) -> Memo | None:
+        return (await self.claim_many([Claim(kind, scope, value, lifetime_s)]))[0]
 
-    def claim_many(self, claims: Sequence[Claim]) -> list[Memo | None]:
+    async def claim_many(self, claims: Sequence[Claim]) -> list[Memo | None]:
         """Per claim: ``Memo(True, value)`` if this call made the memo, ``Memo(False, the
         earlier value)`` if a live one was there, None if the one there has lapsed. One
         enqueue request per shard (fsynced), then one ``job()`` look-up per claim."""
-        return self.enqueue_and_claim([], claims)[1]
+        return (await self.enqueue_and_claim([], claims))[1]
 
-    def enqueue_and_claim(self, jobs: list[dict[str, Any]], claims: Sequence[Claim]
+    async def enqueue_and_claim(self, jobs: list[dict[str, Any]], claims: Sequence[Claim]
                           ) -> tuple[list[int], list[Memo | None]]:
         """Enqueue ``jobs`` (job dicts naming their queue) and the memos of ``claims`` in one
         ``enqueue_many``: one request per shard, sent together, so their fsyncs overlap.
         Returns the jobs' ids and the claims' memos (as :meth:`claim_many`)."""
         if not claims:
-            return (self.router.enqueue_many(jobs) if jobs else []), []
+            return (await self.q.enqueue_many(jobs) if jobs else []), []
         self._start_sweeper()
         now_ms = int(self.clock.now() * 1000)
         nonce = secrets.token_hex(8)
@@ -86,7 +86,7 @@ class Memos:
                   "queue": QUEUE}
                  for i, c in enumerate(claims)]
         try:
-            ids = self.router.enqueue_many(jobs + memos, queue=QUEUE)
+            ids = await self.q.enqueue_many(jobs + memos, queue=QUEUE)
         except UnknownQueue as e:
             if QUEUE not in str(e):
                 raise
@@ -94,12 +94,15 @@ class Memos:
                                          f"service does not declare (service.declare_queues = true): declare "
                                          f"[queues.\"{QUEUE}\"] in its config.") from None
         out: list[Memo | None] = []
-        for i, (c, job_id) in enumerate(zip(claims, ids[len(jobs):])):
-            try:
-                memo = json.loads(self.router.job(job_id)["body"])
-            except NotFound:  # lapsed and swept meanwhile
+        # the look-ups at once: on the loop, each is a request of the same turn
+        found = await asyncio.gather(*(self.q.job(job_id) for job_id in ids[len(jobs):]), return_exceptions=True)
+        for i, (c, job) in enumerate(zip(claims, found)):
+            if isinstance(job, NotFound):  # lapsed and swept meanwhile
                 out.append(None)
                 continue
+            if isinstance(job, BaseException):
+                raise job
+            memo = json.loads(job["body"])
             if memo.get("n") == f"{nonce}.{i}":
                 out.append(Memo(True, c.value))
             elif memo.get("u", 0) > now_ms:
@@ -110,32 +113,30 @@ class Memos:
 
     # ------------------------------------------------------------------ the sweeper
     def _start_sweeper(self) -> None:
-        if self._sweeper is not None:
-            return
-        with self._start_lock:
-            if self._sweeper is None and not self._stop.is_set():
-                self._sweeper = threading.Thread(target=self._sweep_loop, name="shardq-sqs-memos", daemon=True)
-                self._sweeper.start()
+        if self._sweeper is None and not self._stopped:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="shardq-sqs-memos")
 
-    def _sweep_loop(self) -> None:
-        while not self._stop.wait(SWEEP_EVERY_S):
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
             try:
-                self.sweep()
+                await self.sweep()
             except ShardqError as e:  # a shard down: the next round
                 log.info("event=sqs-api-memo-sweep-failed error=%s", e)
 
-    def sweep(self) -> int:
+    async def sweep(self) -> int:
         """Delete the memos that have lapsed (they are due: their delay was their life)."""
         gone = 0
-        while not self._stop.is_set():
-            leases = self.router.dequeue_many(QUEUE, max_jobs=SWEEP_BATCH, wait=0.0, visibility=SWEEP_LEASE_S)
+        while not self._stopped:
+            leases = await self.q.dequeue_many(QUEUE, max_jobs=SWEEP_BATCH, wait=0.0, visibility=SWEEP_LEASE_S)
             if not leases:
                 break
-            self.router.ack_many(leases)
+            await self.q.ack_many(leases)
             gone += len(leases)
         return gone
 
-    def close(self) -> None:
-        self._stop.set()
+    async def close(self) -> None:
+        self._stopped = True
         if self._sweeper is not None:
-            self._sweeper.join(5)
+            self._sweeper.cancel()  # a round cut short: what it leased expires, and is swept next time
+            await asyncio.gather(self._sweeper, return_exceptions=True)

@@ -12,20 +12,21 @@
   answers that group's message. A crash between the two writes can leave a duplicate, never
   an answered send with nothing behind it (:meth:`MessageActions._enqueue`).
 * A receive is ``dequeue_many`` with the visibility as the lease; the receipt handle is the
-  lease (:mod:`.handles`). A message past its queue's ``maxReceiveCount`` is moved to the
-  dead-letter queue when a receive finds it, as SQS does: enqueued there, then acked here.
-  A FIFO receive with a ReceiveRequestAttemptId writes its receipts in a memo before it
-  answers; a retry (in any process, after a restart too) answers them again while they are
-  in flight. First receive times are memos too, on a queue where a receive has asked for
-  ApproximateFirstReceiveTimestamp.
+  lease (:mod:`.handles`). A receive cancelled (its client has gone: the listener cancels
+  its task) hands nothing out: a dequeue still waiting is withdrawn by the client, and
+  leases it already holds are released (not counted as deliveries). A message past its
+  queue's ``maxReceiveCount`` is moved to the dead-letter queue when a receive finds it, as
+  SQS does: enqueued there, then acked here. A FIFO receive with a ReceiveRequestAttemptId
+  writes its receipts in a memo before it answers; a retry (in any process, after a restart
+  too) answers them again while they are in flight. First receive times are memos too, on
+  a queue where a receive has asked for ApproximateFirstReceiveTimestamp.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import logging
-import threading
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import limits
@@ -44,8 +45,6 @@ log = logging.getLogger("shardq.sqs_api")
 VISIBILITY_ZERO_S = 0.001       # a receive with VisibilityTimeout 0: shardq leases are never 0 long
 ATTEMPT_S = 300.0               # a ReceiveRequestAttemptId's answer: at most 5 minutes (AWS)
 ATTEMPTS_NOTED = 10_000         # attempt ids this process answered lately (a retry skips its receive)
-POLL_SLICE_S = 2.0              # a long poll checks that its client is still there this often
-WAITED_S = 0.05                 # ... after a dequeue that took this long (one that did not wait: no need)
 SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp",
                 "SequenceNumber", "MessageDeduplicationId", "MessageGroupId", "AWSTraceHeader",
                 "DeadLetterQueueSourceArn")
@@ -65,36 +64,22 @@ class Received(NamedTuple):
         return sent if isinstance(sent, int) else None
 
 
-def _never() -> bool:
-    return False
-
-
-class Caller(threading.local):
-    """The client of the request a thread runs: ``gone()`` says whether it has closed its
-    connection (the listener sets it per request; a thread it has not set it on: never)."""
-
-    def __init__(self) -> None:
-        self.gone: Callable[[], bool] = _never
-
-
 class MessageActions:
-    """A mixin of :class:`~shardq.sqs_api.api.SqsApi` (which gives ``router``, ``catalog``,
+    """A mixin of :class:`~shardq.sqs_api.api.SqsApi` (which gives ``q``, ``catalog``,
     ``cfg``, ``clock``, ``queue()``, ``arn()``)."""
 
-    router: Any
+    q: Any
     catalog: Any
     cfg: Any
     clock: Any
     service_id: str
 
     def __init__(self) -> None:
-        self.memos = Memos(self.router, self.clock)
+        self.memos = Memos(self.q, self.clock)
         # (queue, ReceiveRequestAttemptId) -> until (monotonic): answered here lately, so a retry
         # reads its memo before any receive (the memo itself is what every process shares)
         self._attempted: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
-        self._attempted_lock = threading.Lock()
-        #: per request thread: ``gone()`` says whether the client closed its connection
-        self.caller = Caller()
+        self._releases: set[asyncio.Task[None]] = set()  # hand-backs under way (each outlives its request)
 
     def queue(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
@@ -103,7 +88,7 @@ class MessageActions:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ send
-    def _prepare(self, name: str, rec: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
+    async def _prepare(self, name: str, rec: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
         """One message of a send, checked and made into a job (``job``) with its answer's
         MD5s; SqsApiError for anything AWS refuses."""
         attrs = rec["attributes"]
@@ -148,7 +133,7 @@ class MessageActions:
         sent_ms = int(self.clock.now() * 1000)
         job_body = m.wrap(body, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
                           group=None if fifo else group)
-        ceiling = self.router.queue_config(name).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT)
+        ceiling = (await self.q.queue_config(name)).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT)
         if len(job_body) > ceiling:
             raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter than "
                           f"{ceiling - (len(job_body) - size)} bytes here: the shardq queue {name!r} has "
@@ -164,7 +149,7 @@ class MessageActions:
             out["queue_dedup"] = dedup
         return out
 
-    def _enqueue(self, name: str, prepared: list[dict[str, Any]]) -> list[int]:
+    async def _enqueue(self, name: str, prepared: list[dict[str, Any]]) -> list[int]:
         """Enqueue the jobs of sends to ``name``; the job id each send answers.
 
         DeduplicationScope = queue: each send's dedup id is claimed for the queue in a memo
@@ -176,34 +161,33 @@ class MessageActions:
         reach the disk in, a crash between them leaves at most a duplicate, never an answered
         send with nothing behind it."""
         if len(prepared) == 1 and prepared[0].get("queue_dedup") is None:
-            # one job and no claim: the router's enqueue, a lone call sent and answered in
-            # this thread as a native enqueue is; enqueue_many takes the general path (its
-            # reply read after a hand-off), about 0.1 ms more for a lone SendMessage
+            # one job and no claim: the client's enqueue, merged with the other lone sends of
+            # this loop turn into one request per shard (enqueue_many is a request of its own)
             job = prepared[0]["job"]
-            return [self.router.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
-                                        dedup_id=job["dedup_id"])]
+            return [await self.q.enqueue(job["body"], key=job["key"], queue=name, delay=job["delay"],
+                                         dedup_id=job["dedup_id"])]
         jobs = [dict(prep["job"], queue=name) for prep in prepared]
-        window = self._dedup_window(name) if any(prep.get("queue_dedup") for prep in prepared) else 0.0
+        window = await self._dedup_window(name) if any(prep.get("queue_dedup") for prep in prepared) else 0.0
         claims = [(i, Claim("d", f"{name}\n{prep['queue_dedup']}", prep["job"]["key"], window))
                   for i, prep in enumerate(prepared) if prep.get("queue_dedup") is not None]
-        ids, memos = self.memos.enqueue_and_claim(jobs, [c for _, c in claims])
+        ids, memos = await self.memos.enqueue_and_claim(jobs, [c for _, c in claims])
         for (i, claim), memo in zip(claims, memos):
             if memo is None or memo.mine or memo.value == claim.value:
                 continue  # claimed here; the same group (shardq's dedup answered); or lapsed
             try:
-                outcome = self.router.cancel(ids[i])
+                outcome = await self.q.cancel(ids[i])
             except ShardqError as e:  # it stays: a duplicate, never a loss
                 log.info("event=sqs-api-duplicate-kept job=%s error=%s", ids[i], e)
             else:
                 if outcome == "cancelling":  # received already: that delivery stands
                     log.info("event=sqs-api-duplicate-received job=%s", ids[i])
             job = prepared[i]["job"]
-            ids[i] = self.router.enqueue(job["body"], key=str(memo.value), queue=name, delay=job["delay"],
-                                         dedup_id=job["dedup_id"])
+            ids[i] = await self.q.enqueue(job["body"], key=str(memo.value), queue=name, delay=job["delay"],
+                                          dedup_id=job["dedup_id"])
         return ids
 
-    def _dedup_window(self, name: str) -> float:
-        return float(self.router.queue_config(name).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
+    async def _dedup_window(self, name: str) -> float:
+        return float((await self.q.queue_config(name)).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
 
     def _sent(self, name: str, job_id: int, prepared: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in prepared.items() if k not in ("job", "queue_dedup")}
@@ -212,13 +196,13 @@ class MessageActions:
             out["SequenceNumber"] = m.sequence_number(job_id)
         return out
 
-    def send_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def send_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
-        prepared = self._prepare(name, rec, params)
-        (job_id,) = self._enqueue(name, [prepared])
+        prepared = await self._prepare(name, rec, params)
+        (job_id,) = await self._enqueue(name, [prepared])
         return self._sent(name, job_id, prepared)
 
-    def send_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def send_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         entries = p.entries(params, limits.SQS_BATCH_ENTRIES_MAX, limits.SQS_API_ENTRY_ID_CHARS_MAX)
         total = 0
@@ -236,13 +220,13 @@ class MessageActions:
         failed: list[dict[str, Any]] = []
         for e in entries:
             try:
-                ok.append((e["Id"], self._prepare(name, rec, e)))
+                ok.append((e["Id"], await self._prepare(name, rec, e)))
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
         successful: list[dict[str, Any]] = []
         if ok:
             try:
-                ids = self._enqueue(name, [prep for _, prep in ok])
+                ids = await self._enqueue(name, [prep for _, prep in ok])
             except ShardqError as err:
                 failed += [batch_error(eid, err) for eid, _ in ok]
             else:
@@ -252,7 +236,7 @@ class MessageActions:
         return {"Successful": successful, "Failed": failed}
 
     # ------------------------------------------------------------------ receive
-    def receive_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def receive_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, rec = self.queue(params)
         attrs = rec["attributes"]
         n = p.integer_or(params, "MaxNumberOfMessages", 1, limits.SQS_API_RECEIVE_MAX, 1)
@@ -267,7 +251,7 @@ class MessageActions:
         names = p.string_list(params, "MessageAttributeNames")
         if "ApproximateFirstReceiveTimestamp" in wanted and not rec.get("first_receives"):
             # from now on this queue's first receives are remembered (memos): asked once, kept
-            self.catalog.note_first_receives(name)
+            await asyncio.to_thread(self.catalog.note_first_receives, name)  # a catalog write: off the loop
             rec = self.catalog.get(name) or rec
         attempt = p.string(params, "ReceiveRequestAttemptId")
         if attempt is not None:
@@ -276,75 +260,84 @@ class MessageActions:
             else:
                 m.check_group_or_dedup("ReceiveRequestAttemptId", attempt)
                 if self._answered_here(name, attempt):
-                    again = self._attempt_answer(name, rec, attempt, None, wanted, names)
+                    again = await self._attempt_answer(name, rec, attempt, None, wanted, names)
                     if again is not None:
                         return again
-        received = self._receive(name, rec, n, vis, wait)
+        received = await self._receive(name, rec, n, vis, wait)
         if not received:
             return {}
         try:
-            out = self._present_all(name, rec, received, wanted, names)
+            out = await self._present_all(name, rec, received, wanted, names)
             if attempt is not None:
-                again = self._attempt_answer(name, rec, attempt, (received, vis), wanted, names)
+                again = await self._attempt_answer(name, rec, attempt, (received, vis), wanted, names)
                 if again is not None:  # an earlier receive with this attempt id: its answer, ours back
-                    self._release([r.lease for r in received])
+                    await self._release([r.lease for r in received])
                     return again
-        except BaseException:
-            self._release([r.lease for r in received])  # nothing of this receive reaches the client
+        except BaseException:  # a cancellation too (the client has gone)
+            await self._release([r.lease for r in received])  # nothing of this receive reaches the client
             raise
         return {"Messages": out}
 
-    def _receive(self, name: str, rec: dict[str, Any], n: int, vis: int, wait: int) -> list[Received]:
-        """Lease up to ``n`` messages to hand out, waiting up to ``wait`` s for the first."""
+    async def _receive(self, name: str, rec: dict[str, Any], n: int, vis: int, wait: int) -> list[Received]:
+        """Lease up to ``n`` messages to hand out, waiting up to ``wait`` s for the first.
+
+        A cancellation (the listener cancels a request whose client has gone: a worker
+        stopped mid-poll) hands out nothing, so nothing stays invisible for a visibility
+        timeout that no one will see: a dequeue still waiting is withdrawn by the client
+        (:mod:`shardq.client.aio`), and leases taken here are released."""
         deadline = self.clock.monotonic() + wait
         out: list[Received] = []
-        gone = self.caller.gone
         while True:
-            asked = self.clock.monotonic()
-            remaining = max(0.0, deadline - asked)
-            # A long poll waits in slices and looks at its connection between them: a client
-            # that has gone (a worker stopped mid-poll) must not be handed messages it will
-            # never see, which would stay invisible for the whole visibility timeout. A call
-            # that came back at once did not wait: its client sent the request a moment ago,
-            # as any request's client did, and the look (a select and a peek, each a release
-            # of the interpreter's lock that another request thread takes) is spared.
-            leases = self.router.dequeue_many(name, max_jobs=n, wait=min(remaining, POLL_SLICE_S),
-                                              visibility=vis or VISIBILITY_ZERO_S)
-            if self.clock.monotonic() - asked >= WAITED_S and gone():
-                self._release(leases)
-                return []
+            remaining = max(0.0, deadline - self.clock.monotonic())
+            leases = await self.q.dequeue_many(name, max_jobs=n, wait=remaining, visibility=vis or VISIBILITY_ZERO_S)
             now_ms = int(self.clock.now() * 1000)
             for i, lease in enumerate(leases):
                 got = Received(lease, now_ms, m.presented(lease.body))
                 try:
-                    keep = self._keep(name, rec, got)
+                    keep = await self._keep(name, rec, got)
                 except BaseException:
                     # nothing of this receive reaches the client: hand every lease back
-                    self._release([r.lease for r in out] + leases[i:])
+                    await self._release([r.lease for r in out] + leases[i:])
                     raise
                 if keep:
                     out.append(got)
             if out or remaining <= 0:
                 return out
 
-    def _release(self, leases: list[Lease]) -> None:
-        """Give back leases whose messages no client saw: unstarted, so not a receive."""
-        for lease in leases:
-            try:
-                self.router.nack(lease, 0.0, delivered=False)
-            except ShardqError as e:  # lost, or the shard is down: it expires by itself
-                log.info("event=sqs-api-release-failed job=%s error=%s", lease.job_id, e)
+    async def _release(self, leases: list[Lease]) -> None:
+        """Give back leases whose messages no client saw: unstarted, so not a receive. The
+        hand-back runs as a task of its own: a request cancelled again meanwhile does not
+        cut it short (:meth:`released` waits for those under way)."""
+        if not leases:
+            return
+        task = asyncio.get_running_loop().create_task(self._release_all(leases))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        await asyncio.shield(task)
+
+    async def _release_all(self, leases: list[Lease]) -> None:
+        outcomes = await asyncio.gather(*(self.q.nack(lease, 0.0, delivered=False) for lease in leases),
+                                        return_exceptions=True)
+        for lease, outcome in zip(leases, outcomes):
+            if isinstance(outcome, ShardqError):  # lost, or the shard is down: it expires by itself
+                log.info("event=sqs-api-release-failed job=%s error=%s", lease.job_id, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def released(self) -> None:
+        """Wait for the hand-backs under way (closing)."""
+        while self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
 
     # ------------------------------------------------------------------ ReceiveRequestAttemptId
     def _answered_here(self, name: str, attempt: str) -> bool:
-        with self._attempted_lock:
-            until = self._attempted.get((name, attempt))
-            if until is not None and until < self.clock.monotonic():
-                del self._attempted[(name, attempt)]
-                until = None
-            return until is not None
+        until = self._attempted.get((name, attempt))
+        if until is not None and until < self.clock.monotonic():
+            del self._attempted[(name, attempt)]
+            until = None
+        return until is not None
 
-    def _attempt_answer(self, name: str, rec: dict[str, Any], attempt: str,
+    async def _attempt_answer(self, name: str, rec: dict[str, Any], attempt: str,
                         ours: tuple[list[Received], int] | None, wanted: set[str],
                         names: list[str]) -> dict[str, Any] | None:
         """The answer of an earlier receive with this ReceiveRequestAttemptId (in any process,
@@ -357,45 +350,46 @@ class MessageActions:
         else:
             receipts = [[r.lease.job_id, r.lease.token, r.at_ms, r.lease.attempt, r.lease.key] for r in ours[0]]
             life = min(ATTEMPT_S, float(ours[1]))
-        memo = self.memos.claim("a", f"{name}\n{attempt}", receipts, life)
+        memo = await self.memos.claim("a", f"{name}\n{attempt}", receipts, life)
         if memo is None or memo.mine:
             if memo is not None and ours is not None:
-                with self._attempted_lock:
-                    self._attempted[(name, attempt)] = self.clock.monotonic() + life
-                    while len(self._attempted) > ATTEMPTS_NOTED:
-                        self._attempted.popitem(last=False)
+                self._attempted[(name, attempt)] = self.clock.monotonic() + life
+                while len(self._attempted) > ATTEMPTS_NOTED:
+                    self._attempted.popitem(last=False)
             return None
         again: list[Received] = []
-        for job_id, token, at_ms, count, key in memo.value:
-            try:
-                job = self.router.job(job_id)
-            except NotFound:
+        jobs = await asyncio.gather(*(self.q.job(r[0]) for r in memo.value), return_exceptions=True)
+        for (job_id, token, at_ms, count, key), job in zip(memo.value, jobs):
+            if isinstance(job, NotFound):
                 continue  # deleted since
+            if isinstance(job, BaseException):
+                raise job
             if job.get("state") == "leased":
                 lease = Lease(job_id, key, job["body"], name, count, token, 0.0)
                 again.append(Received(lease, at_ms, m.presented(lease.body)))
         if not again:
             return None
-        return {"Messages": self._present_all(name, rec, again, wanted, names)}
+        return {"Messages": await self._present_all(name, rec, again, wanted, names)}
 
     # ------------------------------------------------------------------ presenting messages
-    def _keep(self, name: str, rec: dict[str, Any], r: Received) -> bool:
+    async def _keep(self, name: str, rec: dict[str, Any], r: Received) -> bool:
         """Whether a lease's message is handed out: not when past its retention (deleted) or
         past maxReceiveCount (moved to the dead-letter queue)."""
         attrs, lease, head, sent = rec["attributes"], r.lease, r.shown[1], r.sent_ms
         if sent is not None and r.at_ms - sent > int(attrs["MessageRetentionPeriod"]) * 1000:
-            self._forget(lease)
+            await self._forget(lease)
             return False
         target = qattr.redrive(attrs)
-        return not (target is not None and lease.attempt > target[1] and self._move(name, lease, head, target[0]))
+        return not (target is not None and lease.attempt > target[1] and
+                    await self._move(name, lease, head, target[0]))
 
-    def _present_all(self, name: str, rec: dict[str, Any], received: list[Received], wanted: set[str],
-                     names: list[str]) -> list[dict[str, Any]]:
-        firsts = self._first_receives(name, rec, received, wanted)
-        return [self._present(name, rec, r, wanted, names, firsts.get(int(r.lease.job_id), r.at_ms))
+    async def _present_all(self, name: str, rec: dict[str, Any], received: list[Received], wanted: set[str],
+                           names: list[str]) -> list[dict[str, Any]]:
+        firsts = await self._first_receives(name, rec, received, wanted)
+        return [await self._present(name, rec, r, wanted, names, firsts.get(int(r.lease.job_id), r.at_ms))
                 for r in received]
 
-    def _first_receives(self, name: str, rec: dict[str, Any], received: list[Received],
+    async def _first_receives(self, name: str, rec: dict[str, Any], received: list[Received],
                         wanted: set[str]) -> dict[int, int]:
         """ApproximateFirstReceiveTimestamp of each message, by job id, from memos: written at
         a message's first receive on a queue where a receive has asked for it (the catalog
@@ -406,9 +400,10 @@ class MessageActions:
             job_id, first = int(r.lease.job_id), r.lease.attempt == 1
             if (first and rec.get("first_receives")) or (not first and "ApproximateFirstReceiveTimestamp" in wanted):
                 value = r.at_ms if first else (r.sent_ms or r.at_ms)
-                claims.append((job_id, Claim("f", f"{name}\n{job_id}", value, self._memo_window())))
+                claims.append((job_id, Claim("f", f"{name}\n{job_id}", value, await self._memo_window())))
         out: dict[int, int] = {}
-        for (job_id, claim), memo in zip(claims, self.memos.claim_many([c for _, c in claims])):
+        memos = await self.memos.claim_many([c for _, c in claims]) if claims else []
+        for (job_id, claim), memo in zip(claims, memos):
             out[job_id] = int(memo.value) if memo is not None else int(claim.value)
         if "ApproximateFirstReceiveTimestamp" in wanted:
             for r in received:  # not remembered: the first receive is this one, or before it the sent time
@@ -416,13 +411,13 @@ class MessageActions:
                     out[int(r.lease.job_id)] = r.sent_ms or r.at_ms
         return out
 
-    def _memo_window(self) -> float:
+    async def _memo_window(self) -> float:
         try:
-            return float(self.router.queue_config(MEMO_QUEUE).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
+            return float((await self.q.queue_config(MEMO_QUEUE)).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
         except UnknownQueue:  # not declared: the claim says so, naming the config
             return limits.SQS_DEDUP_WINDOW_S
 
-    def _present(self, name: str, rec: dict[str, Any], r: Received, wanted: set[str], names: list[str],
+    async def _present(self, name: str, rec: dict[str, Any], r: Received, wanted: set[str], names: list[str],
                  first: int) -> dict[str, Any]:
         """The message of one lease, as ReceiveMessage answers it."""
         lease, attrs = r.lease, rec["attributes"]
@@ -433,14 +428,14 @@ class MessageActions:
             "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, r.at_ms),
             "MD5OfBody": m.md5_of_body(body), "Body": body}
         if wanted:
-            msg["Attributes"] = self._system(name, attrs, lease, head, wanted, first)
+            msg["Attributes"] = await self._system(name, attrs, lease, head, wanted, first)
         chosen = {k: v for k, v in mattrs.items() if _selected(k, names)}
         if chosen:
             msg["MessageAttributes"] = m.to_wire(chosen)
             msg["MD5OfMessageAttributes"] = m.md5_of_attributes(chosen)
         return msg
 
-    def _system(self, name: str, rec_attrs: dict[str, str], lease: Lease, head: dict[str, Any],
+    async def _system(self, name: str, rec_attrs: dict[str, str], lease: Lease, head: dict[str, Any],
                 wanted: set[str], first: int) -> dict[str, str]:
         fifo = name.endswith(".fifo")
         out = {"SenderId": self.cfg.access_key_id or self.cfg.account_id,
@@ -450,7 +445,7 @@ class MessageActions:
             sent = head.get("t")
             if not isinstance(sent, int):  # a bare body: the job's enqueue time, to about a second
                 try:
-                    sent = int(self.router.job(lease.job_id)["enqueued_at"] * 1000)
+                    sent = int((await self.q.job(lease.job_id))["enqueued_at"] * 1000)
                 except (NotFound, KeyError, TypeError):
                     sent = first
             out["SentTimestamp"] = str(sent)
@@ -471,7 +466,7 @@ class MessageActions:
             out["DeadLetterQueueSourceArn"] = head["q"]
         return {k: v for k, v in out.items() if k in wanted}
 
-    def _move(self, name: str, lease: Lease, head: dict[str, Any], dlq: str) -> bool:
+    async def _move(self, name: str, lease: Lease, head: dict[str, Any], dlq: str) -> bool:
         """Move a message past maxReceiveCount to its dead-letter queue: enqueue there (with
         a dedup id of this job, so a crash between the two steps cannot make two), then ack
         here. False if the dead-letter queue is gone (the message is delivered, as AWS)."""
@@ -481,14 +476,14 @@ class MessageActions:
         # AWS keeps a message's MessageId (and attributes) when it moves it to a dead-letter queue
         moved = dict(head, q=self.arn(name), m=head.get("m") or m.message_id(self.service_id, int(lease.job_id)))
         moved.setdefault("t", int(self.clock.now() * 1000))
-        self.router.enqueue(m.rewrap(data, moved), key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
-                            dedup_id=f"shardq-dlq:{self.service_id}:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
-        self._forget(lease)
+        await self.q.enqueue(m.rewrap(data, moved), key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
+                             dedup_id=f"shardq-dlq:{self.service_id}:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
+        await self._forget(lease)
         return True
 
-    def _forget(self, lease: Lease) -> None:
+    async def _forget(self, lease: Lease) -> None:
         try:
-            self.router.ack(lease)
+            await self.q.ack(lease)
         except LeaseLost:
             pass  # expired meanwhile: the next receive finds it again
 
@@ -497,16 +492,16 @@ class MessageActions:
         r = handles.decode(self.catalog.key, name, handle)
         return Lease(r.job_id, None, b"", name, 0, r.token, 0.0), r.received_ms
 
-    def delete_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def delete_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         lease, _ = self._lease(name, p.string(params, "ReceiptHandle", required=True))
         try:
-            self.router.ack(lease)
+            await self.q.ack(lease)
         except LeaseLost as e:
             _deleted_anyway(name, e)
         return {}
 
-    def delete_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def delete_message_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         entries = p.entries(params, limits.SQS_BATCH_ENTRIES_MAX, limits.SQS_API_ENTRY_ID_CHARS_MAX)
         failed: list[dict[str, Any]] = []
@@ -517,7 +512,7 @@ class MessageActions:
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
         successful = []
-        results = self.router.ack_many([lease for _, lease in todo]) if todo else []
+        results = await self.q.ack_many([lease for _, lease in todo]) if todo else []
         for (eid, _), outcome in zip(todo, results):
             try:
                 if isinstance(outcome, LeaseLost):
@@ -529,7 +524,7 @@ class MessageActions:
                 failed.append(batch_error(eid, e2))
         return {"Successful": successful, "Failed": failed}
 
-    def _change(self, name: str, handle: Any, vis_value: Any) -> None:
+    async def _change(self, name: str, handle: Any, vis_value: Any) -> None:
         lease, received_ms = self._lease(name, handle)
         vis = p.integer({"VisibilityTimeout": vis_value}, "VisibilityTimeout", 0, limits.SQS_VISIBILITY_S_MAX)
         if vis is None:
@@ -540,31 +535,35 @@ class MessageActions:
                           f"for the message is beyond the limit [{limits.SQS_VISIBILITY_S_MAX} seconds]")
         try:
             if vis == 0:
-                self.router.nack(lease, 0.0)
+                await self.q.nack(lease, 0.0)
             else:
-                self.router.extend(lease, float(vis))
+                await self.q.extend(lease, float(vis))
         except LeaseLost:
             raise fault("MessageNotInflight", "The message referred to isn't in flight: its receipt handle is "
                                               "from an earlier receive, or it was deleted.") from None
 
-    def change_message_visibility(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def change_message_visibility(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         handle = p.string(params, "ReceiptHandle", required=True)
         if params.get("VisibilityTimeout") is None:
             raise missing("VisibilityTimeout")
-        self._change(name, handle, params.get("VisibilityTimeout"))
+        await self._change(name, handle, params.get("VisibilityTimeout"))
         return {}
 
-    def change_message_visibility_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
+    async def change_message_visibility_batch(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
         entries = p.entries(params, limits.SQS_BATCH_ENTRIES_MAX, limits.SQS_API_ENTRY_ID_CHARS_MAX)
         successful, failed = [], []
-        for e in entries:
-            try:
-                self._change(name, e.get("ReceiptHandle"), e.get("VisibilityTimeout"))
+        # the entries at once: their calls leave in one loop turn, one request per shard
+        outcomes = await asyncio.gather(*(self._change(name, e.get("ReceiptHandle"), e.get("VisibilityTimeout"))
+                                          for e in entries), return_exceptions=True)
+        for e, outcome in zip(entries, outcomes):
+            if outcome is None:
                 successful.append({"Id": e["Id"]})
-            except ShardqError as err:
-                failed.append(batch_error(e["Id"], err))
+            elif isinstance(outcome, ShardqError):
+                failed.append(batch_error(e["Id"], outcome))
+            else:
+                raise outcome
         return {"Successful": successful, "Failed": failed}
 
 

@@ -1,7 +1,7 @@
 """Message move tasks (StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask):
 moving the messages of a dead-letter queue back to where they came from (their
-DeadLetterQueueSourceArn) or to a chosen queue of the same type, on a thread, one task per
-source at a time; a FIFO message keeps its group.
+DeadLetterQueueSourceArn) or to a chosen queue of the same type, as a task on the listener's
+event loop, one task per source at a time; a FIFO message keeps its group.
 
 A message is enqueued at its destination, then acked at the source; the enqueue carries a
 dedup id of the message, so a crash between the two cannot make two. A task's record is
@@ -11,8 +11,9 @@ looks at its record between rounds, so a CancelMessageMoveTask answered by anoth
 stops it. A task whose process is gone (stopped, killed) is listed FAILED."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
-import threading
 from typing import Any
 
 from .. import limits
@@ -31,9 +32,8 @@ ACTIVE = ("RUNNING", "CANCELLING")
 class MoveTasks:
     def __init__(self, api: Any):
         self.api = api
-        self._cancel: dict[str, threading.Event] = {}
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        self._cancel: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
         self.owner = Owner(api.catalog.dir)
         self._sweep()
 
@@ -44,7 +44,7 @@ class MoveTasks:
                 self.api.catalog.update_task(handle, only_if=ACTIVE, Status="FAILED",
                                              FailureReason="the service stopped while the task ran")
 
-    def start(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = p.string(params, "SourceArn", required=True)
         dest_arn = p.string(params, "DestinationArn")
         rate = p.integer(params, "MaxNumberOfMessagesPerSecond", 1, RATE_MAX)
@@ -54,24 +54,23 @@ class MoveTasks:
         if dest_arn is not None and self._queue_of(dest_arn).endswith(".fifo") != source.endswith(".fifo"):
             raise invalid("The destination queue must be of the same type as the source (FIFO or standard).")
         self._sweep()
-        with self._lock:
-            handle = secrets.token_urlsafe(24)
-            counts = self.api._counts(source)
-            task = {"TaskHandle": handle, "Status": "RUNNING", "SourceArn": source_arn,
-                    "StartedTimestamp": int(self.api.clock.now() * 1000), "ApproximateNumberOfMessagesMoved": 0,
-                    "ApproximateNumberOfMessagesToMove": int(counts["ApproximateNumberOfMessages"]),
-                    "_owner": self.owner.id}  # "_": kept, never listed
-            if dest_arn is not None:
-                task["DestinationArn"] = dest_arn
-            if rate is not None:
-                task["MaxNumberOfMessagesPerSecond"] = rate
-            if not self.api.catalog.start_task(handle, task, ACTIVE):  # checked under the catalog's flock
-                raise fault("UnsupportedOperation", "A message move task is already running on this source.")
-            self._cancel[handle] = threading.Event()
-            t = threading.Thread(target=self._run, args=(handle, source, dest_arn, rate),
-                                 name="shardq-sqs-move", daemon=True)
-            self._threads.append(t)
-        t.start()
+        handle = secrets.token_urlsafe(24)
+        counts = await self.api._counts(source)
+        task = {"TaskHandle": handle, "Status": "RUNNING", "SourceArn": source_arn,
+                "StartedTimestamp": int(self.api.clock.now() * 1000), "ApproximateNumberOfMessagesMoved": 0,
+                "ApproximateNumberOfMessagesToMove": int(counts["ApproximateNumberOfMessages"]),
+                "_owner": self.owner.id}  # "_": kept, never listed
+        if dest_arn is not None:
+            task["DestinationArn"] = dest_arn
+        if rate is not None:
+            task["MaxNumberOfMessagesPerSecond"] = rate
+        # checked under the catalog's flock (every process); its writes are off the loop
+        if not await asyncio.to_thread(self.api.catalog.start_task, handle, task, ACTIVE):
+            raise fault("UnsupportedOperation", "A message move task is already running on this source.")
+        self._cancel[handle] = asyncio.Event()
+        t = asyncio.get_running_loop().create_task(self._run(handle, source, dest_arn, rate), name="shardq-sqs-move")
+        self._tasks.append(t)
+        t.add_done_callback(self._tasks.remove)
         return {"TaskHandle": handle}
 
     def _queue_of(self, arn: str | None) -> str:
@@ -81,14 +80,14 @@ class MoveTasks:
                                                      f"not exist.")
         return parsed[2]
 
-    def _run(self, handle: str, source: str, dest_arn: str | None, rate: int | None) -> None:
-        router, moved = self.api.router, 0
+    async def _run(self, handle: str, source: str, dest_arn: str | None, rate: int | None) -> None:
+        q, moved = self.api.q, 0
         stop = self._cancel[handle]
         status, reason = "COMPLETED", None
         try:
             while not self._stopped(handle, stop):
                 began = self.api.clock.monotonic()
-                leases = router.dequeue_many(source, max_jobs=min(ROUND, rate or ROUND), wait=0.0, visibility=60.0)
+                leases = await q.dequeue_many(source, max_jobs=min(ROUND, rate or ROUND), wait=0.0, visibility=60.0)
                 if not leases:
                     break
                 for lease in leases:
@@ -96,21 +95,23 @@ class MoveTasks:
                     target = dest_arn or head.get("q")
                     parsed = qattr.parse_arn(target)
                     if parsed is None or self.api.catalog.get(parsed[2]) is None:
-                        router.nack(lease, 0.0, delivered=False)
+                        await q.nack(lease, 0.0, delivered=False)
                         raise invalid(f"message {lease.job_id} has no source queue to go back to")
                     rest = {k: v for k, v in head.items() if k != "q"}
                     body = m.rewrap(data, rest) if rest else data
                     # a FIFO message keeps its group (the key), so its group's order holds
-                    router.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
+                    await q.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
                                    dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
                     try:
-                        router.ack(lease)
+                        await q.ack(lease)
                     except LeaseLost:
                         pass
                     moved += 1
-                self._update(handle, ApproximateNumberOfMessagesMoved=moved)
+                await self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:
-                    stop.wait(max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began)))
+                    pause = max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), pause)
             if self._stopped(handle, stop):
                 status = "CANCELLED"
         except ShardqError as e:
@@ -118,16 +119,16 @@ class MoveTasks:
         fields: dict[str, Any] = {"Status": status, "ApproximateNumberOfMessagesMoved": moved}
         if reason:
             fields["FailureReason"] = reason
-        self._update(handle, **fields)
+        await self._update(handle, **fields)
 
-    def _stopped(self, handle: str, stop: threading.Event) -> bool:
+    def _stopped(self, handle: str, stop: asyncio.Event) -> bool:
         """Cancelled here, or by another process (the record says CANCELLING)."""
         if not stop.is_set() and self.api.catalog.tasks().get(handle, {}).get("Status") == "CANCELLING":
             stop.set()
         return stop.is_set()
 
-    def _update(self, handle: str, **fields: Any) -> None:
-        self.api.catalog.update_task(handle, **fields)
+    async def _update(self, handle: str, **fields: Any) -> None:
+        await asyncio.to_thread(self.api.catalog.update_task, handle, **fields)
 
     def list(self, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = p.string(params, "SourceArn", required=True)
@@ -144,20 +145,20 @@ class MoveTasks:
             out.append(t)
         return {"Results": out}
 
-    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         handle = p.string(params, "TaskHandle", required=True) or ""
         self._sweep()
         # the process that runs it sees CANCELLING between two rounds
-        task = self.api.catalog.update_task(handle, only_if=("RUNNING",), Status="CANCELLING")
+        task = await asyncio.to_thread(self.api.catalog.update_task, handle, only_if=("RUNNING",), Status="CANCELLING")
         if task is None:
             raise fault("ResourceNotFoundException", "The task handle does not name a running task.")
         if handle in self._cancel:
             self._cancel[handle].set()
         return {"ApproximateNumberOfMessagesMoved": task["ApproximateNumberOfMessagesMoved"]}
 
-    def close(self) -> None:
+    async def close(self) -> None:
         for ev in self._cancel.values():
             ev.set()
-        for t in self._threads:
-            t.join(5)
+        if self._tasks:  # each ends at its next round (a round: ten messages)
+            await asyncio.wait(list(self._tasks), timeout=5)
         self.owner.close()

@@ -1,7 +1,7 @@
 """``[sqs_api] processes`` > 1: the SQS listener as that many processes of ``serve``,
 started and restarted here as the supervisor does its shards.
 
-One process answers every SQS request in threads under one interpreter lock; several share
+One process answers every SQS request on one event loop, under one interpreter lock; several share
 the listening socket ``serve`` bound before any shard started (each inherits it; the kernel
 gives each new connection to one of them), so the SQS path can use more than one CPU. Every
 process reaches the shards through the public client API and shares what the SQS layer keeps
@@ -38,7 +38,7 @@ log = logging.getLogger("shardq.sqs_api")
 
 START_TIMEOUT_S = 30.0      # a process that does not serve within this at start fails serve's start
 RESTART_PAUSE_S_MAX = 5.0   # the longest pause before a process that keeps dying is started again
-STOP_GRACE_S = 12.0         # a stopping process may finish a long poll's slice and its writes
+STOP_GRACE_S = 12.0         # a stopping process finishes its requests (2 s: server.STOP_GRACE_S) and its writes
 
 
 @dataclasses.dataclass

@@ -1,49 +1,60 @@
-"""The SQS listener of ``shardq serve``: the console's HTTP stack
-(:mod:`shardq.service.http_listener`: one receiver thread, bounded heads and bodies, an
-overall deadline per request, a connection cap) with more workers, since each long poll
-holds one for up to 20 s, and a body limit that fits a 1 MiB batch however it is encoded.
+"""The SQS listener of ``shardq serve``: one event loop, in a thread of its own (of serve, or
+of a listener child), serving the asyncio HTTP listener
+(:class:`shardq.service.aio_listener.AioListener`: the console's bounds on heads, bodies,
+request deadlines, slow clients and connections, no thread per connection or request) with
+a body limit that fits a 1 MiB batch however it is encoded.
 
 Each request: SigV4 checked when keys are set (before the body is read, the Authorization
-header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`) on a router it
-borrows for the time (:mod:`.routers`: no request waits on another's connection), answered
-in its protocol's form. A worker that has answered keeps its connection for the next request
-(``SQS_API_HOLD_S``: SDKs send back to back), as every connection has a worker here."""
+header must name our key id), decoded (:mod:`.protocol`), run (:mod:`.api`) as a coroutine
+over the process's one :class:`~shardq.client.aio.AsyncQueue`, answered in its protocol's
+form. Requests running at once share the queue's connections: the calls made in one loop
+turn leave in one frame per shard, and a shard's replies are read as they arrive, with no
+hand-off between threads. The queue connects to the shards as a part of serve (role
+``service``), so a shard does not busy-poll after answering it. A long poll whose client
+has gone is cancelled by the listener, and hands nothing out (:mod:`.messages`)."""
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import gc
-import http.client
 import itertools
 import logging
 import os
 import secrets
-import select
 import socket
-from typing import cast
+import threading
 from urllib.parse import urlsplit
 
 from .. import limits
-from ..client.router import Router
+from ..client import aio
+from ..client.aio import AsyncQueue
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
-from ..errors import InvalidConfig, ShardqError, SqsApiError
+from ..errors import InvalidConfig, ShardqError, ShardUnavailable, SqsApiError
 from ..service import http_head as head
-from ..service.http_listener import Listener, Request, bind, publish_address, unpublish_address
+from ..service.aio_listener import AioListener, AioRequest, AioResponse
+from ..service.http_listener import bind, publish_address, unpublish_address
 from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
 from .faults import as_sqs, fault
-from .routers import Routers
 from .sigv4 import Verifier
 
 log = logging.getLogger("shardq.sqs_api")
 ADDRESS_FILE = "sqs-api.json"  # in the data dir's run/ directory: where the listener is
+START_S = 30.0   # the loop connects to the shards and serves within this, or start() fails
+#: Listener processes that connect as a part of serve (role "service", which a shard does not
+#: busy-poll after answering) while ``[sqs_api] processes`` is at most this: a shard holds 16
+#: service connections (shard/acceptor.py), serve's own parts take a few, and a restarted
+#: process's old one may still be open. More processes connect as clients (always admitted).
+SERVICE_ROLE_PROCESSES_MAX = 8
+STOP_GRACE_S = 2.0  # requests being answered at a stop get this long (then cancelled: a long poll hands nothing out)
 
 
 #: Young objects (net allocations of containers) between two of a listener process's
 #: collections: 10 times the interpreter's 700. Its requests leave garbage cycles (a batch
-#: send's client futures: about 26 objects), which at 700 set off a young collection every
-#: ~27 batch requests and, every tenth, a middle one of up to ~1 ms that a lone call waits out.
+#: send's client futures), which at 700 set off a young collection every few dozen batch
+#: requests and, every tenth, a middle one of up to ~1 ms that a lone call waits out.
 GC_YOUNG = 7_000
 
 
@@ -59,17 +70,9 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG, 10, 10)
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the client has closed its side (EOF waiting), without reading its data."""
-    try:
-        # poll first: recv on a socket with a timeout would wait for data
-        if not select.select([sock], [], [], 0)[0]:
-            return False
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except (OSError, ValueError):  # reset, or closed here
-        return True
+def new_loop() -> asyncio.AbstractEventLoop:
+    """The listener's event loop: the one place that chooses its implementation."""
+    return asyncio.new_event_loop()
 
 
 def _split_target(target: str) -> tuple[str, str]:
@@ -90,24 +93,24 @@ def bind_sqs_listen(listen: str) -> socket.socket:
 
 
 class SqsService:
-    """The listener; :meth:`start` binds and serves on daemon threads, :meth:`stop` ends it."""
+    """The listener; :meth:`start` serves on an event loop in a thread of its own,
+    :meth:`stop` ends it."""
 
     def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
         self.cfg = cfg
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
-        # shardq.Router: what shardq.connect gives; one for each request running (.routers)
-        self.routers = Routers(lambda: Router(self.data_dir, retry_s=5.0, busy_poll_us=0))
         self.catalog = Catalog(self.data_dir, self.clock)
-        # the API's router: the one its request borrowed (a Routers passes for a Router)
-        self.api = SqsApi(cast(Router, self.routers), self.catalog, cfg, self.clock)
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
-        self.listener: Listener | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.q: AsyncQueue | None = None          # made on the loop (an AsyncQueue is its loop's)
+        self.api: SqsApi | None = None
+        self.listener: AioListener | None = None
+        self._thread: threading.Thread | None = None
         self._address_file: str | None = None
-        # request ids: unique per process start (random) and request (a counter; next() of a
-        # count is atomic, a generator's is not), UUID-shaped as AWS's; uuid4() read the
-        # kernel's random source once a request
+        # request ids: unique per process start (random) and request (a counter), UUID-shaped
+        # as AWS's; uuid4() read the kernel's random source once a request
         r = secrets.token_hex(10)
         self._request_prefix = f"{r[:8]}-{r[8:12]}-{r[12:16]}-{r[16:]}-"
         self._request_count = itertools.count()
@@ -115,25 +118,40 @@ class SqsService:
 
     def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> SqsService:
         """Serve on ``sock`` (bound by :func:`bind_sqs_listen`, as ``serve`` does before any
-        shard starts), or bind ``listen`` now."""
+        shard starts), or bind ``listen`` now. Returns once the listener serves."""
+        if sock is None:
+            sock = bind_sqs_listen(self.cfg.listen)
+        loop = self.loop = new_loop()
+        self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="shardq-sqs-api", daemon=True)
+        self._thread.start()
         try:
-            if sock is None:
-                sock = bind_sqs_listen(self.cfg.listen)
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body,
-                                     workers=limits.SQS_API_WORKERS, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
-                                     sock=sock, hold_s=limits.SQS_API_HOLD_S)
-        except BaseException:
-            self.api.close()
-            self.routers.close()
+            asyncio.run_coroutine_threadsafe(self._start(sock), loop).result(START_S)
+        except BaseException as e:
+            self.stop()
+            sock.close()
+            if isinstance(e, TimeoutError):
+                raise ShardUnavailable(f"the SQS listener did not start within {START_S:.0f} s") from None
             raise
-        self.port = self.listener.address[1]
-        self.listener.start()
         if run_dir:
             self._address_file = publish_address(run_dir, ADDRESS_FILE, {
                 "url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"})
         log.info("event=sqs-api-listening url=%s auth=%s", self.url, "sigv4" if self.verifier else "open-loopback")
         return self
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
+
+    async def _start(self, sock: socket.socket) -> None:
+        role = "service" if self.cfg.processes <= SERVICE_ROLE_PROCESSES_MAX else "client"
+        self.q = await aio.connect(self.data_dir, retry_s=5.0, _role=role)
+        self.api = SqsApi(self.q, self.catalog, self.cfg, self.clock)
+        # one clock for the listener's deadlines, SigV4's window and the API's times
+        self.listener = AioListener(sock, self._handle, self._wants_body, body_bytes_max=limits.SQS_API_BODY_BYTES_MAX,
+                                    clock=self.clock)
+        await self.listener.start()
+        self.port = self.listener.address[1]
 
     @property
     def url(self) -> str:
@@ -141,12 +159,31 @@ class SqsService:
         return f"http://{host}:{self.port}/"
 
     def stop(self) -> None:
-        if self.listener is not None:
-            self.listener.stop()
-            self.listener = None
+        """Stop accepting, give the requests being answered :data:`STOP_GRACE_S`, end the
+        background work, close the shards' connections, end the loop's thread."""
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop(), loop).result(STOP_GRACE_S + 15)
+            except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
+                log.exception("event=sqs-api-stop-failed")
+            loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None:
+                self._thread.join(10)
+            if not loop.is_running():
+                loop.close()
         unpublish_address(self._address_file)
-        self.api.close()
-        self.routers.close()
+        self._address_file = None
+
+    async def _stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.close(STOP_GRACE_S)
+            self.listener = None
+        if self.api is not None:
+            await self.api.close()
+        if self.q is not None:
+            await self.q.close()
+        await asyncio.get_running_loop().shutdown_default_executor()  # catalog writes' and handshakes' threads
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
@@ -158,16 +195,10 @@ class SqsService:
         auth = headers.get("Authorization") or ""
         return f"Credential={self.cfg.access_key_id}/" in auth
 
-    def _handle(self, req: Request) -> bool:
-        keep = req.keep_alive
-        headers = req.head  # parsed once, by the Listener
-        if headers is None:
-            return self._send(req, 400, b"bad request\n", "text/plain", (), False)
+    async def _handle(self, req: AioRequest) -> AioResponse:
+        headers = req.head  # parsed once, by the listener
         method, target, version = headers.method, headers.target, headers.version
-        if version == "HTTP/1.0" or (headers.get("Connection") or "").lower() == "close":
-            keep = False
-        # a chunked body comes decoded in req.body (held to this listener's body limit)
-        body = req.body if req.body is not None else req.data[headers.body_at:] if req.body_ready else b""
+        keep = req.keep_alive and version != "HTTP/1.0" and (headers.get("Connection") or "").lower() != "close"
         request_id = f"{self._request_prefix}{next(self._request_count) & 0xFFFFFFFFFFFF:012x}"
         is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
             protocol.JSON_TYPE)
@@ -177,19 +208,24 @@ class SqsService:
                 path, query = ("/", "") if target == "/" else _split_target(target)  # "/": every JSON request
             except ValueError:
                 raise fault("MalformedQueryString", "The request target is not a URL.") from None
-            if headers.get("Transfer-Encoding") and req.body is None:  # a coding the Listener does not decode
-                raise fault("InvalidParameterValue", "Transfer-Encoding other than chunked is not supported.")
-            given = headers.get("Content-Length") or "0"
-            length = int(given) if given.isdigit() else -1
-            if method == "POST" and length and not req.body_ready:
-                if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
-                    raise fault("InvalidParameterValue", f"The request body is over "
-                                                         f"{limits.SQS_API_BODY_BYTES_MAX} bytes.")
-                if self.verifier is not None:
-                    raise fault("MissingAuthenticationToken" if not headers.get("Authorization")
-                                else "InvalidClientTokenId", "The security token included in the request is invalid."
-                                if headers.get("Authorization") else "Request is missing Authentication Token")
-                raise fault("InvalidParameterValue", "The request body was not read.")
+            # a chunked body comes decoded (held to this listener's body limit); None: not read
+            body = req.body
+            if body is None:
+                body = b""
+                if headers.get("Transfer-Encoding"):  # a coding the listener does not decode
+                    raise fault("InvalidParameterValue", "Transfer-Encoding other than chunked is not supported.")
+                given = headers.get("Content-Length") or "0"
+                length = int(given) if given.isdigit() else -1
+                if method == "POST" and length:
+                    if length < 0 or length > limits.SQS_API_BODY_BYTES_MAX:
+                        raise fault("InvalidParameterValue", f"The request body is over "
+                                                             f"{limits.SQS_API_BODY_BYTES_MAX} bytes.")
+                    if self.verifier is not None:
+                        raise fault("MissingAuthenticationToken" if not headers.get("Authorization")
+                                    else "InvalidClientTokenId", "The security token included in the request is "
+                                    "invalid." if headers.get("Authorization") else
+                                    "Request is missing Authentication Token")
+                    raise fault("InvalidParameterValue", "The request body was not read.")
             if method not in ("POST", "GET"):
                 raise fault("InvalidAction", f"{method[:20]} is not supported: send POST (or GET, query protocol).")
             if self.verifier is not None:
@@ -200,40 +236,35 @@ class SqsService:
                 form = body.decode("utf-8", "replace") if method == "POST" else query
                 action, params = protocol.decode_query(form, path)
             host = headers.get("Host") or f"{self.host}:{self.port}"
-            self.api.caller.gone = lambda: _closed(req.sock)
-            with self.routers.borrowed():
-                result = self.api.call(action, params, host)
+            api = self.api
+            if api is None:  # (between start and stop only)
+                raise ShardUnavailable("the SQS listener is stopping")
+            result = await api.call(action, params, host)
         except SqsApiError as e:
-            return self._error(req, e, is_json, request_id, keep)
+            return self._error(e, is_json, request_id, keep)
         except ShardqError as e:
-            return self._error(req, as_sqs(e), is_json, request_id, keep)
-        except Exception:  # noqa: BLE001 - a bug answers InternalFailure, the worker lives on
+            return self._error(as_sqs(e), is_json, request_id, keep)
+        except Exception:  # noqa: BLE001 - a bug answers InternalFailure, the listener lives on
             log.exception("event=sqs-api-error action=%s", action)
-            return self._error(req, fault("InternalFailure", "The request processing has failed because of an "
-                                                             "unknown error."), is_json, request_id, keep)
+            return self._error(fault("InternalFailure", "The request processing has failed because of an "
+                                                        "unknown error."), is_json, request_id, keep)
         if is_json:
             data, ctype = protocol.encode_json(result), protocol.JSON_TYPE
         else:
             data, ctype = protocol.encode_xml(action, result, request_id), "text/xml"
-        return self._send(req, 200, data, ctype, (("x-amzn-RequestId", request_id),), keep)
+        return self._response(200, data, ctype, (("x-amzn-RequestId", request_id),), keep)
 
-    def _error(self, req: Request, e: SqsApiError, is_json: bool, request_id: str, keep: bool) -> bool:
+    def _error(self, e: SqsApiError, is_json: bool, request_id: str, keep: bool) -> AioResponse:
         if is_json:
             data, extra = protocol.json_error(e)
-            return self._send(req, e.status, data, protocol.JSON_TYPE,
-                              (("x-amzn-RequestId", request_id), *extra), keep)
-        return self._send(req, e.status, protocol.xml_error(e, request_id), "text/xml",
-                          (("x-amzn-RequestId", request_id),), keep)
+            return self._response(e.status, data, protocol.JSON_TYPE, (("x-amzn-RequestId", request_id), *extra), keep)
+        return self._response(e.status, protocol.xml_error(e, request_id), "text/xml",
+                              (("x-amzn-RequestId", request_id),), keep)
 
-    def _send(self, req: Request, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
-              keep: bool) -> bool:
-        reason = http.client.responses.get(status, "Error")
+    def _response(self, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...],
+                  keep: bool) -> AioResponse:
         # Date: SDKs (Java, Go) correct their clock skew from it after a signature refusal
         now = int(self.clock.now())
         if self._date[0] != now:
             self._date = (now, email.utils.formatdate(now, usegmt=True))
-        lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
-                 f"Date: {self._date[1]}",
-                 f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in headers)]
-        req.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
-        return keep
+        return AioResponse(status, data, (("Content-Type", ctype), ("Date", self._date[1]), *headers), keep)

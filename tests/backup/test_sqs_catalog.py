@@ -22,19 +22,17 @@ import threading
 import botocore.exceptions
 import pytest
 
-import shardq
 from shardq.backup import sqs_catalog
 from shardq.backup.logfiles import sha256
 from shardq.backup.manifest import MANIFEST, Manifest
 from shardq.backup.restore import restore
 from shardq.backup.take import backup
-from shardq.config import SqsApiConfig
 from shardq.errors import CorruptLog
 from shardq.sqs_api import catalog as sqs_api_catalog
-from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
 
 from support.service import Service, short_tmpdir
+from support.sqs_inproc import InProcessApi
 from support.sqs_listener import QUEUE_DEFAULTS, client, sqs_service, sqs_url
 
 HOST = "127.0.0.1:9324"
@@ -52,7 +50,7 @@ def taken():
         with svc.connect() as q:
             q.enqueue(b"a plain shardq job", queue="plain")
         backup(svc.data_dir, got["before"])
-        api = SqsApi(shardq.connect(svc.data_dir), Catalog(svc.data_dir), SqsApiConfig())
+        api = InProcessApi(svc.data_dir, Catalog(svc.data_dir))
         try:
             dlq = api.call("CreateQueue", {"QueueName": "orders-dlq"}, HOST)["QueueUrl"]
             dlq_arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]},
@@ -86,7 +84,6 @@ def taken():
             assert [t["Status"] for t in api.catalog.tasks().values()] == ["RUNNING"]  # still, after the backup
         finally:
             api.close()
-            api.router.close()
     yield got
     shutil.rmtree(base, ignore_errors=True)
 

@@ -6,11 +6,10 @@ import pytest
 
 import shardq
 from shardq.clock import FakeClock
-from shardq.config import SqsApiConfig
 from shardq.errors import SqsApiError
-from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
 from tests.support.service import Service, wait_until
+from tests.support.sqs_inproc import InProcessApi
 from tests.support.sqs_listener import QUEUE_DEFAULTS
 
 HOST = "127.0.0.1:9324"
@@ -26,11 +25,9 @@ def svc():
 @pytest.fixture
 def api(svc, tmp_path):
     clock = FakeClock(1_800_000_000.0)
-    router = shardq.connect(svc.data_dir)
-    a = SqsApi(router, Catalog(str(tmp_path), clock), SqsApiConfig(), clock)
+    a = InProcessApi(svc.data_dir, Catalog(str(tmp_path), clock), clock=clock)
     yield a
     a.close()
-    router.close()
 
 
 def url(api, name, **attrs):
@@ -87,8 +84,8 @@ def test_a_max_receive_count_that_shardq_would_dead_letter_first_is_refused(api)
 
 def test_create_queue_on_a_service_of_declared_queues_names_the_config(tmp_path):
     with Service(shards=1, config={"http": {"listen": ""}, "service": {"declare_queues": True},
-                                   "queues": {"declared": {}}}) as svc, shardq.connect(svc.data_dir) as router:
-        api = SqsApi(router, Catalog(str(tmp_path)), SqsApiConfig())
+                                   "queues": {"declared": {}}}) as svc:
+        api = InProcessApi(svc.data_dir, Catalog(str(tmp_path)))
         assert url(api, "declared").endswith("/declared")
         with pytest.raises(SqsApiError) as e:
             url(api, "undeclared")
@@ -105,15 +102,15 @@ def test_a_receive_that_fails_half_way_hands_every_lease_back(api):
                                                             for i in range(3)]}, HOST)
     got = api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10, "VisibilityTimeout": 0}, HOST)
     assert len(got["Messages"]) == 3  # each received once: the next receive moves them
-    real = api.router
+    real = api.q
 
     class DlqDown:  # the dead-letter queue's shard is unreachable
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def enqueue(self, *a, **kw):
+        async def enqueue(self, *a, **kw):
             raise shardq.ShardUnavailable("the dead-letter queue's shard is down")
-    api.router = DlqDown()
+    api.sqs.q = DlqDown()
 
     def fails() -> bool:  # once the shard has taken back the 0-second leases
         try:
@@ -122,7 +119,7 @@ def test_a_receive_that_fails_half_way_hands_every_lease_back(api):
             return True
         return False
     wait_until(fails, 10, what="a receive that finds the messages and cannot move them")
-    api.router = real
+    api.sqs.q = real
     counts = api.call("GetQueueAttributes", {"QueueUrl": q, "AttributeNames": ["All"]}, HOST)["Attributes"]
     assert counts["ApproximateNumberOfMessagesNotVisible"] == "0"  # none held for nobody
     api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10}, HOST)  # moves them now

@@ -1,9 +1,10 @@
 """The SQS listener against hostile clients: the console listener's checks
-(tests/service/test_http_limits.py) on this listener, which runs on the same Listener with
-its own worker count and body limit. Heads and bodies bounded, each at its maximum; with
-keys, a body is not awaited before its Authorization header names the key; hundreds of
-half-sent and slow-drip connections cost no threads while requests are still answered.
-(The overall request deadline is the Listener's own code, timed in test_http_limits.py.)"""
+(tests/service/test_http_limits.py) on this listener, which runs on the asyncio listener
+(shardq/service/aio_listener.py) with its own body limit. Heads and bodies bounded, each at
+its maximum; with keys, a body is not awaited before its Authorization header names the
+key; hundreds of half-sent and slow-drip connections cost no threads while requests are
+still answered. (The overall request deadline is the listener's own code, timed in
+tests/service/test_aio_listener.py.)"""
 from __future__ import annotations
 
 import json
@@ -103,7 +104,7 @@ def test_hundreds_of_half_open_and_slow_drip_connections_cost_no_threads(svc):
         for _ in range(5):
             assert timed() < 1.0
             peak = max(peak, serve.num_threads())
-        assert peak <= baseline, (baseline, peak)  # 1 + SQS_API_WORKERS threads, started with it
+        assert peak <= baseline, (baseline, peak)  # one event loop's thread, started with it
     finally:
         stop.set()
         for s in conns:
@@ -124,7 +125,7 @@ def test_a_chunked_body_is_read_not_taken_for_an_empty_one(svc):
 
 
 def test_a_crowd_of_long_polls_does_not_hold_up_a_send(svc):
-    """Every connection the listener may hold has a worker: 100 consumers waiting in long
+    """Requests run as tasks on one loop over one client: 100 consumers waiting in long
     polls (a Celery fleet) leave a producer's send answered at once."""
     exchange(svc.port, request(json.dumps({"QueueName": "crowd"}).encode(), "AmazonSQS.CreateQueue"))
     url = f"http://127.0.0.1:{svc.port}/000000000000/crowd"

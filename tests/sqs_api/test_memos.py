@@ -13,12 +13,11 @@ import pytest
 
 import shardq
 from shardq.clock import FakeClock
-from shardq.config import SqsApiConfig
 from shardq.errors import SqsApiError
 from shardq.sqs_api import memos
-from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog, Owner, alive
 from tests.support.service import Service, short_tmpdir, wait_until
+from tests.support.sqs_inproc import InProcessApi
 from tests.support.sqs_listener import QUEUE_DEFAULTS, client, sqs_service, sqs_url
 
 HOST = "127.0.0.1:9324"
@@ -33,15 +32,15 @@ def svc():
 
 @pytest.fixture
 def pair(svc, tmp_path):
-    """Two SQS API processes of one data dir (one clock, so their times can be told apart)."""
+    """Two SQS API processes of one data dir (one clock, so their times can be told apart),
+    each with its own client and event loop."""
     clock = FakeClock(1_800_000_000.0)
     apis = []
     for _ in range(2):
-        apis.append(SqsApi(shardq.connect(svc.data_dir), Catalog(str(tmp_path), clock), SqsApiConfig(), clock))
+        apis.append(InProcessApi(svc.data_dir, Catalog(str(tmp_path), clock), clock=clock))
     yield apis
     for a in apis:
         a.close()
-        a.router.close()
 
 
 def url(api, name, **attrs):
@@ -106,11 +105,11 @@ def test_a_send_cut_between_its_two_writes_is_answered_by_its_retry_with_one_mes
     q = url(a, f"cut-{written[4:8]}.fifo", FifoQueue="true")
     real = a.memos.enqueue_and_claim
 
-    def cut(jobs, claims):  # one write done, then the crash
+    async def cut(jobs, claims):  # one write done, then the crash
         if written == "the message":
-            a.router.enqueue_many(jobs)
+            await a.q.enqueue_many(jobs)
         else:
-            real([], claims)
+            await real([], claims)
         raise shardq.ShardUnavailable("the other write's shard is down")
     a.memos.enqueue_and_claim = cut
     with pytest.raises(shardq.ShardUnavailable):
@@ -157,10 +156,10 @@ def test_lapsed_memos_are_swept(pair, svc):
     q = url(a, "swept.fifo", FifoQueue="true", ContentBasedDeduplication="true")
     send(a, q, "x", "g", "x")
     claims = [memos.Claim("t", f"sweep-{i}", i, 0.0) for i in range(3)]  # lapse at once (due in 1 s)
-    assert [m.mine for m in a.memos.claim_many(claims)] == [True, True, True]
+    assert [m.mine for m in a.run(a.memos.claim_many(claims))] == [True, True, True]
     with shardq.connect(svc.data_dir) as r:
         wait_until(lambda: r.stats()["queues"].get(memos.QUEUE, {}).get("ready", 0) >= 3, 10, what="memos due")
-        assert a.memos.sweep() >= 3
+        assert a.run(a.memos.sweep()) >= 3
         assert r.stats()["queues"][memos.QUEUE].get("ready", 0) == 0
     assert a.call("ListQueues", {}, HOST)["QueueUrls"] == [q]  # the memo queue is no SQS queue
 
@@ -177,7 +176,7 @@ def test_a_move_task_runs_on_when_another_process_starts_and_stops_when_another_
                                                             for i in range(10)]}, HOST)
     a.call("StartMessageMoveTask", {"SourceArn": arn, "DestinationArn": src_arn["Attributes"]["QueueArn"],
                                     "MaxNumberOfMessagesPerSecond": 1}, HOST)
-    late = SqsApi(shardq.connect(svc.data_dir), Catalog(str(tmp_path), a.clock), SqsApiConfig(), a.clock)
+    late = InProcessApi(svc.data_dir, Catalog(str(tmp_path), a.clock), clock=a.clock)
     try:  # a process that starts later: the task of a live one is not its to fail
         (task,) = late.call("ListMessageMoveTasks", {"SourceArn": arn}, HOST)["Results"]
         assert task["Status"] == "RUNNING" and not any(k.startswith("_") for k in task)
@@ -189,7 +188,6 @@ def test_a_move_task_runs_on_when_another_process_starts_and_stops_when_another_
                    == "CANCELLED", 10, 0.05, what="the task, cancelled by another process, to stop")
     finally:
         late.close()
-        late.router.close()
 
 
 def test_a_process_holds_its_owner_lock_until_it_is_gone(tmp_path):
@@ -244,8 +242,8 @@ def test_memos_cancel_and_purges_survive_a_kill_9_of_the_service():
 
 def test_a_service_of_declared_queues_without_the_memo_queue_is_named_in_the_error(tmp_path):
     with Service(shards=1, config={"http": {"listen": ""}, "service": {"declare_queues": True},
-                                   "queues": {"d.fifo": {}}}) as svc, shardq.connect(svc.data_dir) as router:
-        api = SqsApi(router, Catalog(str(tmp_path)), SqsApiConfig())
+                                   "queues": {"d.fifo": {}}}) as svc:
+        api = InProcessApi(svc.data_dir, Catalog(str(tmp_path)))
         try:
             q = url(api, "d.fifo", FifoQueue="true")
             with pytest.raises(SqsApiError) as e:

@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from moto.sqs.models import Message as MotoMessage
 
-from shardq import config, limits
+from shardq import config
 from shardq.errors import InvalidConfig, SqsApiError
 from shardq.sqs_api import attributes, handles, message, protocol
 from shardq.sqs_api.catalog import Catalog
-from shardq.sqs_api.routers import Routers
 
 names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)).filter(
@@ -189,53 +188,6 @@ def test_message_ids_are_uuid5_of_the_service_and_job():
         assert message.message_id(service, job) == want
 
 
-@pytest.mark.parametrize("most", [2, limits.SQS_API_ROUTERS_MAX])
-def test_each_request_borrows_a_router_of_its_own_up_to_the_cap(most):
-    """routers.Routers: a thread's calls go to the router it borrowed (the shared one outside
-    a request, or once ``most`` are out); one given back is taken again before a new one is
-    made; close() closes the idle ones at once and a borrowed one when it comes back."""
-    class Fake:
-        def __init__(self, n: int):
-            self.n, self.closed = n, False
-
-        def close(self) -> None:
-            self.closed = True
-    made: list[Fake] = []
-
-    def make() -> Fake:
-        made.append(Fake(len(made)))
-        return made[-1]
-    pool = Routers(make, most=most)
-    shared = pool.shared
-    assert pool.n == shared.n == 0 and pool.made == 0
-    inside, go = threading.Barrier(most + 1), threading.Event()
-    seen: dict[str, int] = {}
-
-    def request(name: str) -> None:
-        with pool.borrowed() as r:
-            seen[name] = pool.n
-            assert r.n == pool.n
-            inside.wait(5)
-            go.wait(5)
-    threads = [threading.Thread(target=request, args=(str(n),)) for n in range(most)]
-    for t in threads:
-        t.start()
-    inside.wait(5)
-    with pool.borrowed() as third:  # ``most`` out: the next request shares
-        assert third is shared and pool.n == 0
-    go.set()
-    for t in threads:
-        t.join(5)
-    assert sorted(seen.values()) == list(range(1, most + 1)) and pool.made == most
-    with pool.borrowed() as again:
-        assert again in made[1:] and pool.made == most  # taken again, none made
-        with pool.borrowed() as nested:
-            assert nested is again
-        pool.close()
-        assert shared.closed and not again.closed and sum(r.closed for r in made[1:]) == most - 1
-    assert again.closed
-
-
 def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_another_writer(tmp_path):
     """Catalog.get: a request reads its queue without the catalog's lock while the file is
     the one read last (request threads queued on it cost a switch each), and reads the file
@@ -253,14 +205,12 @@ def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_anoth
     assert there.get("q")["attributes"]["VisibilityTimeout"] == "40"
 
 
-def test_a_listener_process_tunes_its_collector_and_a_thread_without_a_client_has_none_gone():
+def test_a_listener_process_tunes_its_collector():
     """tune_gc (serve and a listener child call it once the listener serves): what was built
     to start is frozen, young collections come every GC_YOUNG net allocations, not 700;
-    cycles are still collected (nothing frozen after). The API's caller: a thread the
-    listener has not set is never told its client has gone."""
+    cycles are still collected (nothing frozen after)."""
     import gc
 
-    from shardq.sqs_api.messages import Caller
     from shardq.sqs_api.server import GC_YOUNG, tune_gc
     before, enabled = gc.get_threshold(), gc.isenabled()
     try:
@@ -277,10 +227,3 @@ def test_a_listener_process_tunes_its_collector_and_a_thread_without_a_client_ha
             gc.enable()
         gc.unfreeze()
         gc.set_threshold(*before)
-    caller = Caller()
-    caller.gone = lambda: True
-    seen: list[bool] = []
-    t = threading.Thread(target=lambda: seen.append(caller.gone()))
-    t.start()
-    t.join()
-    assert seen == [False] and caller.gone()
