@@ -138,15 +138,9 @@ HTTP_WRITE_S_MAX = 10.0                  # a response must be taken by the clien
 HTTP_LINGER_S_MAX = 2.0                  # after refusing a request, what the client still sends is read
                                          # and dropped for at most this long before closing
 
-# The SQS-compatible listener of `shardq serve` (shardq/sqs_api/; AWS's own limits above, plus):
-# threads answering requests, as many as connections may be held: a long poll holds its thread
-# for up to 20 s, and a send must never wait behind a crowd of polls for one
-SQS_API_WORKERS = HTTP_CONNECTIONS_MAX
-SQS_API_ROUTERS_MAX = 32                 # a listener process's routers of their own for requests running at once
-                                         # (shardq/sqs_api/routers.py); past it requests share one
+# The SQS-compatible listener of `shardq serve` (shardq/sqs_api/; AWS's own limits above, plus;
+# its connections are the HTTP listener's, HTTP_CONNECTIONS_MAX, on one event loop a process):
 SQS_API_PROCESSES_MAX = 64               # [sqs_api] processes: listener processes sharing its port
-SQS_API_HOLD_S = 0.5                    # a worker that has answered keeps its connection this long for the
-                                         # next request (SDKs send back to back): two thread hand-overs fewer
 SQS_API_BODY_BYTES_MAX = 4 * 1024 * 1024 # a request body: a 1 MiB batch, JSON-escaped or URL-encoded, fits
 SQS_API_RECEIVE_MAX = 10                 # ReceiveMessage MaxNumberOfMessages
 SQS_API_ENTRY_ID_CHARS_MAX = 80          # a batch entry's Id

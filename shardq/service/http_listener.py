@@ -15,13 +15,6 @@ can connect hold threads: send half a request, or one byte now and then. This on
   (408, closed).
 * **``HTTP_WORKERS`` threads** answer whole requests only: they never wait for a client to
   send. A client that does not take its response within ``HTTP_WRITE_S_MAX`` is cut off.
-  Only a listener with a worker for every connection it may hold (the SQS listener: ``hold_s``)
-  lets a worker that has answered keep the connection for at most ``hold_s``: the next request,
-  when it comes whole and plain (its body, if any, wanted and sized, no ``Expect``, no chunks)
-  within that time, is answered by the same worker, without the two thread hand-overs and the
-  poller changes that passing it through the receiver costs; anything else, or nothing, goes
-  back to the receiver, with its bytes and under the deadline it had. Such a connection counts
-  as being answered meanwhile.
 * **At most ``HTTP_CONNECTIONS_MAX`` connections** are held. A new one past the cap closes the
   connection whose request has waited longest (a client that sends its request at once is
   never the one), or, when every held one is being answered, is itself refused with 503.
@@ -41,7 +34,6 @@ import json
 import logging
 import os
 import queue
-import select
 import selectors
 import socket
 import threading
@@ -108,25 +100,6 @@ class Request:
     body: bytes | None = None  # a chunked body, decoded (``data`` then holds the head only)
     head: Head | None = None  # the parsed head; None: not an HTTP/1.x request head
 
-    def send_all(self, data: bytes) -> None:
-        """Write ``data`` whole, within ``HTTP_WRITE_S_MAX`` (OSError past it). A held
-        connection's socket stays non-blocking (``hold_s``): one ``send`` when the kernel
-        takes it all, as it does a response that fits the socket's buffer, without the poll
-        a socket timeout makes before every call; else the rest as ``sendall`` writes it."""
-        if self.sock.gettimeout() != 0.0:
-            self.sock.sendall(data)
-            return
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        if sent < len(data):
-            self.sock.settimeout(limits.HTTP_WRITE_S_MAX)
-            try:
-                self.sock.sendall(memoryview(data)[sent:])
-            finally:
-                self.sock.setblocking(False)
-
 
 @dataclass
 class _Conn:
@@ -149,16 +122,9 @@ class Listener:
     def __init__(self, address: tuple[Any, ...], family: int, handle: Callable[[Request], bool],
                  wants_body: Callable[[str, str, Head], bool], *,
                  clock: Clock | None = None, workers: int = limits.HTTP_WORKERS,
-                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, sock: socket.socket | None = None,
-                 hold_s: float = 0.0):
-        # workers, body_bytes_max: the SQS listener's (shardq/sqs_api/) are larger: its long
-        # polls hold a worker each, and a 1 MiB message arrives escaped. hold_s only where
-        # every connection has its worker (workers >= HTTP_CONNECTIONS_MAX): else a client
-        # that sends nothing would hold a worker that others wait for.
-        if hold_s and workers < limits.HTTP_CONNECTIONS_MAX:
-            raise ValueError("hold_s needs a worker for every connection")
+                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, sock: socket.socket | None = None):
         self.handle, self.wants_body = handle, wants_body
-        self.workers, self.body_bytes_max, self.hold_s = workers, body_bytes_max, hold_s
+        self.workers, self.body_bytes_max = workers, body_bytes_max
         self.clock = clock or SystemClock()
         self.sock = sock if sock is not None else bind(address, family)  # sock: bound by the caller already
         self.sock.setblocking(False)
@@ -170,8 +136,8 @@ class Listener:
         self._held: dict[socket.socket, _Conn] = {}  # in the receiver; insertion order = waiting longest first
         self._answering = 0                           # handed to workers, not back yet
         self._work: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        # (socket or None: closed, peer, bytes of its next request, kept alive, when its deadline started)
-        self._back: queue.SimpleQueue[tuple[socket.socket | None, tuple[Any, ...], bytes, bool, float | None]] = \
+        # (socket or None: closed, peer, bytes of its next request, kept alive)
+        self._back: queue.SimpleQueue[tuple[socket.socket | None, tuple[Any, ...], bytes, bool]] = \
             queue.SimpleQueue()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -269,7 +235,7 @@ class Listener:
             pass
         while True:
             try:
-                sock, peer, rest, keep, since = self._back.get_nowait()
+                sock, peer, rest, keep = self._back.get_nowait()
             except queue.Empty:
                 return
             self._answering -= 1
@@ -278,8 +244,7 @@ class Listener:
             sock.setblocking(False)
             now = self.clock.monotonic()
             if keep:
-                start = now if since is None else since  # a worker held it meanwhile: the same deadline
-                self._hold(_Conn(sock, peer, start + limits.HTTP_REQUEST_S_MAX, buf=bytearray(rest)))
+                self._hold(_Conn(sock, peer, now + limits.HTTP_REQUEST_S_MAX, buf=bytearray(rest)))
                 continue
             try:  # the refusal is sent: tell the client, then drop what it still sends
                 sock.shutdown(socket.SHUT_WR)
@@ -380,16 +345,12 @@ class Listener:
     # ------------------------------------------------------------------ workers
     def _answer(self) -> None:
         while (req := self._work.get()) is not None:
-            while req is not None:
-                req = self._answer_one(req)
+            self._answer_one(req)
 
-    def _answer_one(self, req: Request) -> Request | None:
-        """Answer ``req``; its connection's next request when this worker is to answer it
-        too (``hold_s``), else None: the connection went back to the receiver, or is closed."""
-        # sendall's timeout bounds a whole write (Python 3.5+), not each chunk. A holding
-        # listener's handler writes with req.send_all, on the non-blocking socket as is.
-        if not self.hold_s:
-            req.sock.settimeout(limits.HTTP_WRITE_S_MAX)
+    def _answer_one(self, req: Request) -> None:
+        """Answer ``req``; its connection goes back to the receiver, or is closed."""
+        # sendall's timeout bounds a whole write (Python 3.5+), not each chunk
+        req.sock.settimeout(limits.HTTP_WRITE_S_MAX)
         keep: bool | None
         try:
             keep = self.handle(req) and req.keep_alive
@@ -404,58 +365,8 @@ class Listener:
         if self._stopping.is_set():
             if keep is not None:
                 req.sock.close()
-            return None
-        if keep and self.hold_s:
-            return self._next_here(req)
+            return
         # Back to the receiver, which keeps the count of connections being answered;
         # None: closed here.
-        self._back.put((req.sock if keep is not None else None, req.peer, req.rest, bool(keep), None))
+        self._back.put((req.sock if keep is not None else None, req.peer, req.rest, bool(keep)))
         self._wake()
-        return None
-
-    def _next_here(self, req: Request) -> Request | None:
-        """The connection's next request if it comes whole and plain within ``hold_s`` (see
-        the module's docstring); else the connection back to the receiver with what came of
-        it, under the deadline that started now, and None."""
-        sock, buf = req.sock, bytearray(req.rest)
-        since = self.clock.monotonic()
-        until = since + self.hold_s
-        waiter = select.poll()  # the socket stays non-blocking: wait here, then recv at once
-        waiter.register(sock, select.POLLIN)
-        while True:
-            m = HEAD_END.search(buf)
-            if m is not None or len(buf) > limits.HTTP_HEAD_BYTES_MAX:
-                if m is None or m.end() > limits.HTTP_HEAD_BYTES_MAX:
-                    break  # the receiver refuses it
-                head, length, wanted, expects = self._body_of(bytes(buf[:m.end()]))
-                if length == 0:
-                    end, ready = m.end(), False
-                elif length > 0 and wanted and not expects:
-                    end, ready = m.end() + length, True
-                else:
-                    break  # refused, chunked, or waiting for 100 Continue: the receiver's
-                if len(buf) >= end:
-                    return Request(sock, req.peer, bytes(buf[:end]), ready, True, bytes(buf[end:]), None, head)
-            left = until - self.clock.monotonic()
-            if left <= 0 or self._stopping.is_set():
-                break
-            try:
-                if not waiter.poll(max(1, int(left * 1000))):
-                    continue  # the loop's deadline check ends it
-                data = sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                data = b""
-            if not data:  # the client closed it (or reset it)
-                sock.close()
-                self._back.put((None, req.peer, b"", False, None))
-                self._wake()
-                return None
-            buf += data
-        if self._stopping.is_set():
-            sock.close()
-            return None
-        self._back.put((sock, req.peer, bytes(buf), True, since))
-        self._wake()
-        return None

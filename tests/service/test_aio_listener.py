@@ -141,7 +141,7 @@ class ThreadServed(Served):
     def echo(self, req: Request) -> bool:
         head = req.head
         if head is None:
-            req.send_all(refusal(400, "Bad Request"))
+            req.sock.sendall(refusal(400, "Bad Request"))
             return False
         keep = req.keep_alive and head.version != "HTTP/1.0" and (head.get("Connection") or "").lower() != "close"
         plain = not head.get("Transfer-Encoding") and not int(head.get("Content-Length") or 0)
@@ -157,7 +157,7 @@ class ThreadServed(Served):
         resp = answer(head, body, keep)
         keep = keep and resp.keep_alive
         fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
-        req.send_all(b"HTTP/1.1 %d %s\r\n%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
+        req.sock.sendall(b"HTTP/1.1 %d %s\r\n%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
             resp.status, http.HTTPStatus(resp.status).phrase.encode(), fields.encode(), len(resp.body),
             b"keep-alive" if keep else b"close", resp.body))
         return keep
