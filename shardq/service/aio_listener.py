@@ -1,5 +1,5 @@
-"""An HTTP/1.1 listener on one asyncio event loop, with the threaded :class:`.http_listener.Listener`'s
-bounds: no thread per connection or request, bounded bytes, overall deadlines.
+"""An HTTP/1.1 listener on one asyncio event loop (the SQS API's and the console's): no thread
+per connection or request, bounded bytes, overall deadlines.
 
 Each connection is an :class:`asyncio.Protocol` that reads its request until it is whole, then
 hands it to the handler as a task, and writes the response the handler returns with one
@@ -10,7 +10,7 @@ on from that read.
   parsed with :func:`.http_head.parse`, the project's own parser: h11 was measured at 42 us a
   request and response on this project's VM, against ~140 us for a whole SQS request on an event
   loop, too dear on the hot path. A head that does not parse gets 400.
-* **The body** follows :func:`.http_rules.body_of`, as in the threaded listener: it is read only
+* **The body** follows :func:`.http_rules.body_of`: it is read only
   when ``wants_body`` (the authentication check) says so and it is at most ``body_bytes_max``; a
   refused body is never read into memory (the handler gets ``body=None`` and ``keep_alive``
   False, and answers: 413, 411, 401...). A chunked body is decoded as it arrives
@@ -30,6 +30,11 @@ on from that read.
 * **The client's departure cancels its request**: when a connection is lost (EOF or reset) while
   its handler runs, the handler's task is cancelled (a long poll whose client has gone must hand
   nothing out). The connection is kept reading while its request is answered for that reason.
+  With ``answer_after_eof`` (the console's: its requests are short and change state only
+  when asked to, so a client that half-closes after its request, as scripts do, is still
+  answered) an EOF while a request is answered is not a departure: the response is written
+  (``Connection: close``), then the connection closed; requests pipelined behind it are not
+  answered.
 * After a response that does not keep the connection (a refused body is still on the wire,
   HTTP/1.0 without keep-alive, ``Connection: close``, the handler's choice), the listener stops
   sending and drops what the client still sends for at most ``HTTP_LINGER_S_MAX``, so that the
@@ -76,7 +81,8 @@ class AioRequest:
 @dataclass(slots=True)
 class AioResponse:
     """The handler's answer. ``Content-Length`` and ``Connection`` are the listener's to write;
-    ``keep_alive`` False closes the connection after it."""
+    ``keep_alive`` False closes the connection after it. To a ``HEAD`` the listener sends the
+    head only, with the body's ``Content-Length``."""
     status: int
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
@@ -93,11 +99,14 @@ class AioListener:
     with ``await handle(request) -> response``. ``wants_body(method, path, head)`` decides, from
     the head alone, whether a body is read. The listener owns ``sock`` from :meth:`start`.
     Deadlines are read from ``clock`` (``monotonic()``); the loop's timers only wake the listener
-    to check them, so a clock that has not reached a deadline re-arms its timer."""
+    to check them, so a clock that has not reached a deadline re-arms its timer. ``answer_after_eof``:
+    a client's EOF (not a reset) while its request is answered does not cancel it (module docstring)."""
 
     def __init__(self, sock: socket.socket, handle: Handler, wants_body: Callable[[str, str, Head], bool], *,
-                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, clock: Clock | None = None) -> None:
+                 body_bytes_max: int = limits.HTTP_BODY_BYTES_MAX, clock: Clock | None = None,
+                 answer_after_eof: bool = False) -> None:
         self.sock, self.handle, self.wants_body = sock, handle, wants_body
+        self.answer_after_eof = answer_after_eof
         self.body_bytes_max = body_bytes_max
         self.clock = clock or SystemClock()
         self._address: tuple[Any, ...] = sock.getsockname()
@@ -175,7 +184,7 @@ class _Conn(asyncio.Protocol):
     transport: asyncio.Transport  # set by connection_made, before anything else is called
 
     __slots__ = ("lst", "loop", "transport", "peer", "phase", "buf", "scanned", "head", "body_len", "chunked",
-                 "keep", "deadline", "timer", "task", "paused_writing", "paused_reading")
+                 "keep", "deadline", "timer", "task", "paused_writing", "paused_reading", "eof")
 
     def __init__(self, lst: AioListener, loop: asyncio.AbstractEventLoop):
         self.lst, self.loop = lst, loop
@@ -192,6 +201,7 @@ class _Conn(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.paused_writing = False
         self.paused_reading = False
+        self.eof = False                    # the client half-closed while answered (answer_after_eof)
 
     # ------------------------------------------------------------------ asyncio's calls
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,6 +231,9 @@ class _Conn(asyncio.Protocol):
         # _LINGER, _CLOSED: dropped
 
     def eof_received(self) -> bool:
+        if self.lst.answer_after_eof and (self.phase == _ANSWER or self.phase == _WRITE):
+            self.eof = True  # answered, then closed: nothing more can come
+            return True
         return False  # the transport closes; connection_lost cancels a running handler
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -318,13 +331,15 @@ class _Conn(asyncio.Protocol):
             self.task = None
         if self.phase == _CLOSED:
             return
-        keep = req.keep_alive and resp.keep_alive and not self.lst._closing
+        keep = req.keep_alive and resp.keep_alive and not self.lst._closing and not self.eof
         status = _STATUS_LINES.get(resp.status) or f"HTTP/1.1 {resp.status} Unknown\r\n".encode()
         fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
         connection = ("keep-alive" if keep else "close")
         self.keep = keep
+        # a HEAD's response is the head alone; its Content-Length still says the body's (RFC 9110 9.3.2)
         self.transport.write(b"%s%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
-            status, fields.encode("latin-1"), len(resp.body), connection.encode(), resp.body))
+            status, fields.encode("latin-1"), len(resp.body), connection.encode(),
+            b"" if req.head.method == "HEAD" else resp.body))
         if self.paused_writing:  # the kernel did not take it whole: the client has this long
             self.phase = _WRITE
             self._deadline(self.lst.clock.monotonic() + limits.HTTP_WRITE_S_MAX)
@@ -334,6 +349,8 @@ class _Conn(asyncio.Protocol):
     def _written(self) -> None:
         """The response is taken: the next request, under a deadline that starts now; or, not
         kept, linger."""
+        if self.eof:  # the client sends nothing more: nothing to linger for
+            return self.close()
         if not self.keep:
             return self._linger()
         if self.lst._closing:

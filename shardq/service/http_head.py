@@ -1,9 +1,9 @@
 """A request head, read once and fast: the request line and the headers, names compared
 without case, as ``email.message.Message`` answers ``get`` and ``get_all`` (what the
-listener's body check, the handlers and the SigV4 check ask). Both HTTP listeners
-(:mod:`.http_listener`, :mod:`.aio_listener`) parse each head once with it and hand it on
-with the request: the stdlib's parser (``http.client.parse_headers``) cost 40% of a small request's handling,
-and the listener and the SQS handler each ran a parser."""
+listener's body check, the handlers and the SigV4 check ask). The HTTP listener
+(:mod:`.aio_listener`) parses each head once with it and hands it on with the request: the
+stdlib's parser (``http.client.parse_headers``) cost 40% of a small request's handling, and
+the listener and the SQS handler each ran a parser."""
 from __future__ import annotations
 
 import re
@@ -30,9 +30,13 @@ class Head:
     def __contains__(self, name: str) -> bool:
         return name.lower() in self._fields
 
+    def field_count(self) -> int:
+        """Header fields in the head (a name sent twice counts twice)."""
+        return sum(map(len, self._fields.values()))
+
 
 def parse(data: bytes | bytearray) -> Head | None:
-    """The head at the start of ``data`` (which the Listener has checked ends with a blank
+    """The head at the start of ``data`` (which the listener has checked ends with a blank
     line within its limit); None for one that is not an HTTP/1.x request head."""
     m = HEAD_END.search(data)
     if m is None or m.start() == 0:

@@ -1,14 +1,17 @@
 """The HTTP listener of ``shardq serve``: Prometheus metrics at ``/metrics``, the web console
 at ``/`` and its JSON API under ``/api/``.
 
-It runs on threads of the supervisor process and talks to the shards like any client (one
-router), so it is never on a shard's hot path: a scrape costs each shard one ``metrics``
-request. Security is in :mod:`.http_auth`: a token always (the configured one, else one made
-in ``<data dir>/http-token``) unless ``[http] auth = "none"`` on loopback, ``/metrics`` open
-on loopback unless ``metrics_public = false``, CSRF checks on every state-changing request
-(always a ``POST``). Connections are held by :mod:`.http_listener`: a fixed number of
-threads, bounded heads and bodies, an overall deadline per request, and a body read only for
-a request that passed authentication.
+It runs in the supervisor process and talks to the shards like any client (one router), so
+it is never on a shard's hot path: a scrape costs each shard one ``metrics`` request.
+Security is in :mod:`.http_auth`: a token always (the configured one, else one made in
+``<data dir>/http-token``) unless ``[http] auth = "none"`` on loopback, ``/metrics`` open on
+loopback unless ``metrics_public = false``, CSRF checks on every state-changing request
+(always a ``POST``). Connections are held by :mod:`.aio_listener` on one event loop, in a
+thread of its own (:mod:`.loop_thread`): bounded heads and bodies, an overall deadline per
+request, a body read only for a request that passed authentication, no thread per
+connection. The handlers stay synchronous (they call the threaded router, with short
+timeouts): each whole request is answered in a thread of the loop's default executor
+(``asyncio.to_thread``), which bounds their number, and returns the response whole.
 
 Routes (described in full, with parameters, bodies and errors, by the OpenAPI document of
 :mod:`.console.openapi`; the handler's route tables and it are held equal by a test)::
@@ -30,21 +33,22 @@ Routes (described in full, with parameters, bodies and errors, by the OpenAPI do
     POST /api/limits          {"queue": Q, "values": {"concurrency": N, "rate": "50/s", ...} | null}
     GET|POST /login, POST /logout
 
-Any other method gets 405 with ``Allow`` on a route (404 elsewhere), and what http.server
-refuses by itself (a malformed request line or header) the same JSON error, with the
-security headers.
+Any other method gets 405 with ``Allow`` on a route (404 elsewhere), and a head of more
+than 100 fields (what http.server refused by itself) 431, the same JSON error with the
+security headers. A ``HEAD`` gets the head of what a ``GET`` of its path would get, without
+the body (the listener drops it).
 """
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import errno
-import io
 import json
 import logging
 import os
 import re
 import socket
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,15 +64,15 @@ from ..errors import (Closed, InvalidConfig, InvalidJob, LeaseLost, NotFound, Qu
                       ShardUnavailable, Unsupported)
 from .console import openapi
 from .console.api import ConsoleApi
+from .aio_listener import AioListener, AioRequest, AioResponse
 from .http_auth import Auth
 from .http_head import Head
 from . import http_listener
-from .http_listener import Listener, Request, publish_address, unpublish_address
+from .http_listener import publish_address, unpublish_address
 from .http_metrics import ShardqCollector
+from .loop_thread import LoopThread
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
-
     from .supervisor import Supervisor
 
 log = logging.getLogger("shardq.http")
@@ -78,6 +82,9 @@ LISTEN_ENV = "SHARDQ_HTTP_LISTEN"  # serve's listen address over [http] listen (
 LISTEN_FLAG = "--http-listen"
 SCRAPE_TIMEOUT_S = 2.0           # a scrape waits at most this long for the shards
 ADDRESS_FILE = "http.json"       # in the data dir's run/ directory: where the listener is
+START_S = 10.0                   # the loop serves within this, or start() fails
+STOP_GRACE_S = SCRAPE_TIMEOUT_S + 1.0  # a request being answered (its router calls' timeout) may finish
+HEADERS_MAX = 100                # header fields in a head: 431 past it, as http.server refused
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 SECURITY_HEADERS = (
@@ -165,7 +172,8 @@ def _holder(port: int) -> str | None:
 
 
 class HttpService:
-    """The listener; :meth:`start` binds and serves on a daemon thread, :meth:`stop` ends it."""
+    """The listener; :meth:`start` binds and serves on an event loop in a daemon thread,
+    :meth:`stop` ends it."""
 
     def __init__(self, data_dir: str, cfg: HttpConfig, supervisor: Supervisor | None = None, *,
                  token: str | None = None, scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
@@ -187,21 +195,28 @@ class HttpService:
         self.openapi = json.dumps(openapi.document()).encode()  # GET /openapi.json: the same bytes each time
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardqCollector(self.router, supervisor, scrape_timeout_s))
-        self.listener: Listener | None = None
+        self.listener: AioListener | None = None
+        self._loop: LoopThread | None = None
         self._address_file: str | None = None
 
     def start(self, run_dir: str | None = None, sock: socket.socket | None = None) -> HttpService:
-        """Serve on ``sock`` (from :func:`bind_listen`), else on a socket bound now."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        """Serve on ``sock`` (from :func:`bind_listen`), else on a socket bound now; returns
+        once the listener serves."""
         try:
             sock = sock if sock is not None else bind_listen(f"[{self.host}]:{self.port}" if ":" in self.host
                                                               else f"{self.host}:{self.port}")
         except InvalidConfig:
             self.router.close()
             raise
-        self.listener = Listener((self.host, self.port), family, self._handle, self._wants_body, sock=sock)
+        self.listener = AioListener(sock, self._handle, self._wants_body, answer_after_eof=True)
         self.port = self.listener.address[1]
-        self.listener.start()
+        self._loop = LoopThread("shardq-http")
+        try:
+            self._loop.call(self.listener.start(), START_S)
+        except BaseException:
+            self.stop()
+            sock.close()
+            raise
         if run_dir:
             self._address_file = publish_address(run_dir, ADDRESS_FILE, {
                 "url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid()})
@@ -219,9 +234,11 @@ class HttpService:
         the user who may have it)."""
         return login_url(self.url, self.token)
 
-    def _handle(self, req: Request) -> bool:
-        """Answer one whole request; True: the connection may carry another."""
-        return _Handler(req, self).run()
+    async def _handle(self, req: AioRequest) -> AioResponse:
+        """Answer one whole request in a thread of the loop's default executor: the handler
+        blocks on the router. A client that goes away cancels the wait, not the thread (its
+        router calls end within their timeout; the response is dropped)."""
+        return await asyncio.to_thread(_Handler(req, self).run)
 
     def _wants_body(self, method: str, path: str, headers: Head) -> bool:
         """Whether a request's body is worth reading, from its head: a POST to log in or out,
@@ -232,11 +249,24 @@ class HttpService:
         return path in ("/login", "/logout") or self.auth.identify(headers) is not None
 
     def stop(self) -> None:
-        if self.listener is not None:
-            self.listener.stop()
-            self.listener = None
+        """Stop accepting, give the requests being answered :data:`STOP_GRACE_S`, wait for
+        the handlers' threads, end the loop's thread, close the router."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            try:
+                loop.call(self._stop(), STOP_GRACE_S + 15)
+            except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
+                log.exception("event=http-stop-failed")
+            loop.close()
+        self.listener = None
         unpublish_address(self._address_file)
+        self._address_file = None
         self.router.close()
+
+    async def _stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.close(STOP_GRACE_S)
+        await asyncio.get_running_loop().shutdown_default_executor()  # the handlers' threads
 
 
 def login_url(url: str, token: str | None) -> str:
@@ -245,31 +275,37 @@ def login_url(url: str, token: str | None) -> str:
     return f"{url}login?token={quote(token, safe='')}" if token else url
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "shardq"
-    sys_version = ""
-    protocol_version = "HTTP/1.1"
+class _Handler:
+    """One whole request (its body too, when the client may send one: the listener has read
+    it), answered by :meth:`run` as one :class:`.AioResponse` (status, headers, body), never
+    written to a socket here. Synchronous: it runs in a thread of the loop's executor."""
 
-    # Not socketserver's life cycle: the listener has already read the whole request (its
-    # body too, when the client may send one), so parsing it never waits on the client.
-    def __init__(self, req: Request, app: HttpService):  # not super().__init__: it would serve the socket
+    def __init__(self, req: AioRequest, app: HttpService):
         self.req, self.app = req, app
-        self.request, self.client_address = req.sock, req.peer
-        self.rfile = io.BytesIO(req.data)
-        self.wfile = _SocketWriter(req.sock)
-        self.close_connection = True
+        self.headers: Head = req.head
+        self.command = req.head.method
+        # as http.server: "//x" is a path, not a network location ("GET //evil.com/")
+        target = req.head.target
+        self.path = "/" + target.lstrip("/") if target.startswith("//") else target
+        self.response: AioResponse | None = None
 
-    def run(self) -> bool:
-        """Answer the request; True when the connection may carry another."""
-        self.handle_one_request()
-        return not self.close_connection
-
-    def handle_expect_100(self) -> bool:
-        # The listener sent "100 Continue" already, and only for a body it went on to read.
-        return True
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # access log at debug level, not on stderr
-        log.debug("%s %s", self.address_string(), _TOKEN_IN_URL.sub(r"\1...", fmt % args))
+    def run(self) -> AioResponse:
+        """The response; its ``keep_alive`` False closes the connection after it."""
+        if self.headers.field_count() > HEADERS_MAX:
+            self._error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers")
+        else:
+            getattr(self, "do_" + self.command)()
+        resp = self.response
+        if resp is None:  # every route answers: a handler that did not is a bug, not a hang
+            log.error("event=http-no-response method=%s", self.command)
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "InternalError", "message": "no response"})
+            resp = self.response
+            if resp is None:
+                raise RuntimeError("the handler made no response")
+        # access log at debug level (the token in a logged target is masked)
+        log.debug('%s "%s %s %s" %d %d', self.req.peer[0] if self.req.peer else "-", self.command,
+                  _TOKEN_IN_URL.sub(r"\1...", self.path), self.headers.version, resp.status, len(resp.body))
+        return resp
 
     # ------------------------------------------------------------------ dispatch
     # The routes, as tables: routes() must equal the routes of the document served at
@@ -420,17 +456,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._not_allowed
         raise AttributeError(name)
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """What http.server sends by itself (a malformed request line or header, an unknown
-        method): the API's JSON error with the security headers, and the connection closed,
-        instead of its HTML page."""
-        self.close_connection = True
-        try:
-            status = HTTPStatus(code)
-            name, phrase = status.phrase.replace(" ", "").replace("-", ""), status.phrase
-        except ValueError:
-            name = phrase = str(code)
-        self._json(code, {"error": name, "message": (message or phrase)[:200]}, headers=(("Connection", "close"),))
+    def _error(self, code: int, message: str) -> None:
+        """What http.server refused by itself (a head of too many fields): the API's JSON
+        error with the security headers, and the connection closed."""
+        status = HTTPStatus(code)
+        self._json(code, {"error": status.phrase.replace(" ", "").replace("-", ""), "message": message[:200]},
+                   keep_alive=False)
 
     def _login(self, body: bytes) -> None:
         token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1]
@@ -462,10 +493,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                        {"error": "InvalidJob", "message": f"body over {limits.HTTP_BODY_BYTES_MAX} bytes"})
             return None
-        if length and not self.req.body_ready:  # cannot happen: the listener reads it for these
+        if length and self.req.body is None:  # cannot happen: the listener reads it for these
             self._json(HTTPStatus.BAD_REQUEST, {"error": "InvalidJob", "message": "body not read"})
             return None
-        return self.rfile.read(length) if length else b""
+        return self.req.body if length else b""
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -485,39 +516,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, data, STATIC_TYPES[os.path.splitext(name)[1]])
 
     def _redirect(self, where: str, cookie: str | None = None) -> None:
-        self.send_response(HTTPStatus.SEE_OTHER)
-        self.send_header("Location", where)
-        if cookie:
-            self.send_header("Set-Cookie", cookie)
-        self.send_header("Content-Length", "0")
-        for k, v in SECURITY_HEADERS:
-            self.send_header(k, v)
-        self.end_headers()
+        headers = (("Location", where),) + ((("Set-Cookie", cookie),) if cookie else ())
+        self.response = AioResponse(HTTPStatus.SEE_OTHER, b"", (*_server_headers(), *headers, *SECURITY_HEADERS))
 
-    def _json(self, status: int, obj: Any, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        self._send(status, json.dumps(obj, default=str).encode(), "application/json", headers)
+    def _json(self, status: int, obj: Any, headers: tuple[tuple[str, str], ...] = (), *,
+              keep_alive: bool = True) -> None:
+        self._send(status, json.dumps(obj, default=str).encode(), "application/json", headers, keep_alive)
 
-    def _send(self, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (*SECURITY_HEADERS, *headers):
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":  # a HEAD's reply has the head only (its length still says the body's)
-            self.wfile.write(data)
+    def _send(self, status: int, data: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = (),
+              keep_alive: bool = True) -> None:
+        # Content-Length and Connection are the listener's; so is dropping a HEAD's body
+        self.response = AioResponse(status, data, (*_server_headers(), ("Content-Type", ctype),
+                                                   *SECURITY_HEADERS, *headers), keep_alive)
 
 
-class _SocketWriter(io.BufferedIOBase):
-    """``wfile``: each write is one ``sendall`` (bounded by the socket's timeout as a whole),
-    so it writes all of ``b`` or raises, as a buffered writer does."""
-
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: ReadableBuffer, /) -> int:
-        self._sock.sendall(b)
-        return memoryview(b).nbytes
+def _server_headers() -> tuple[tuple[str, str], ...]:
+    """The fields http.server put first in every response."""
+    return (("Server", "shardq"), ("Date", email.utils.formatdate(usegmt=True)))

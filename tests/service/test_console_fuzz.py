@@ -32,7 +32,7 @@ from schemathesis import GenerationMode
 from shardq import limits
 from shardq.errors import QueueFull, ShardUnavailable
 from shardq.service.console import openapi
-from shardq.service.http_server import _Handler
+from shardq.service.http_server import HEADERS_MAX, _Handler
 
 from support.service import Service
 from support.http_calls import request
@@ -288,11 +288,15 @@ def test_json_nested_past_the_parsers_depth_is_400_not_a_dropped_connection(svc)
 
 def test_a_malformed_request_line_gets_the_apis_json_error_with_the_security_headers(svc):
     """http.server's own error page was HTML, without Content-Security-Policy."""
-    headers = b"".join(b"X-%d: y\r\n" % i for i in range(101))  # http.client takes 100 at most
+    headers = b"".join(b"X-%d: y\r\n" % i for i in range(100))  # http.client takes 100 at most
     reply = raw(svc.url, b"GET /api/overview HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
     head, _, body = reply.partition(b"\r\n\r\n")
     assert status_of(reply) == 431 and b"Content-Security-Policy" in head and b"X-Frame-Options: DENY" in head
-    assert json.loads(body)["error"] == "RequestHeaderFieldsTooLarge"
+    assert json.loads(body)["error"] == "RequestHeaderFieldsTooLarge" and b"Connection: close" in head
+    # at the maximum (HEADERS_MAX fields, Host included) it is served
+    reply = raw(svc.url, b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers[:-len(b"X-99: y\r\n")]
+                + b"\r\n")
+    assert status_of(reply) == 200 and HEADERS_MAX == 100
 
 
 @pytest.mark.parametrize("error, status", [(QueueFull("full"), 503), (ShardUnavailable("down"), 503)])

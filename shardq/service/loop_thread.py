@@ -1,0 +1,37 @@
+"""An asyncio event loop that runs forever in a daemon thread of its own: how a listener on
+:class:`.aio_listener.AioListener` lives inside ``serve``'s synchronous process (the console;
+the SQS listener's loop has the same shape)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """A new event loop, running in a daemon thread named ``name`` from construction on;
+    :meth:`call` runs a coroutine on it from another thread, :meth:`close` ends it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """``coro``'s result, run on the loop; TimeoutError past ``timeout_s`` (it runs on)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self, join_s: float = 10.0) -> None:
+        """Stop the loop and wait up to ``join_s`` for its thread; the loop is closed once it
+        has stopped (a loop still running is left to the daemon thread's end)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(join_s)
+        if not self.loop.is_running():
+            self.loop.close()
