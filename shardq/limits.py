@@ -125,10 +125,9 @@ SQS_GROUP_ID_CHARS_MAX = 128
 SQS_DEDUP_ID_CHARS_MAX = 128
 
 
-# The HTTP listener of `shardq serve` (metrics, console; fixed, not configurable). Its
-# threads are 1 + HTTP_WORKERS whatever the number of connections: one thread holds every
-# connection until its request has fully arrived, the workers only ever see whole requests.
-HTTP_WORKERS = 8                         # threads that answer requests
+# The HTTP listeners of `shardq serve` (metrics and console; the SQS API's too, with its own
+# body limit; fixed, not configurable). One event loop holds every connection until its
+# request has fully arrived: no thread per connection.
 HTTP_CONNECTIONS_MAX = 256               # open at once; past it the longest-waiting unfinished one is closed
 HTTP_HEAD_BYTES_MAX = 16 * 1024          # request line and headers, up to the blank line: 431 past it
 HTTP_BODY_BYTES_MAX = 1024 * 1024        # a POST body (10,000 ids fit several times over): 413 past it

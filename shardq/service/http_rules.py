@@ -1,7 +1,6 @@
-"""What both HTTP listeners (the threaded :mod:`.http_listener` and the event loop's
-:mod:`.aio_listener`) decide the same way, written once: the refusals they send themselves,
-the body-length rules of a request head, and the chunked-body decoder. No I/O here: each
-listener moves the bytes, this says what they mean."""
+"""What the HTTP listener (:mod:`.aio_listener`) decides, with no I/O: the refusals it sends
+itself, the body-length rules of a request head, and the chunked-body decoder. The listener
+moves the bytes, this says what they mean."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,14 +1,11 @@
-"""The event loop's HTTP listener (shardq/service/aio_listener.py) in process, on real sockets on
-127.0.0.1, with a small echo handler. The bounds are one set of scenarios run against both
-listeners, the event loop's and the threaded one (http_listener.Listener), so that they cannot
-drift: every limit at its maximum and one past it, deadlines with short constants, the
-connection cap at its real value, pipelined requests in order. What only the event loop's has
-(a handler cancelled when its client goes, close's grace, HTTP/1.0 keep-alive decided by the
-listener) is tested on it alone."""
+"""The event loop's HTTP listener (shardq/service/aio_listener.py: the SQS API's and the console's)
+in process, on real sockets on 127.0.0.1, with a small echo handler: every limit at its maximum
+and one past it, deadlines with short constants, the connection cap at its real value, pipelined
+requests in order, a handler cancelled when its client goes, HTTP/1.0 keep-alive decided by the
+listener, a HEAD answered with the head alone."""
 from __future__ import annotations
 
 import asyncio
-import http
 import socket
 import struct
 import threading
@@ -20,9 +17,8 @@ from shardq import limits
 from shardq.clock import Clock, FakeClock
 from shardq.service.aio_listener import AioListener, AioRequest, AioResponse
 from shardq.service.http_head import Head
-from shardq.service import aio_listener, http_listener
-from shardq.service.http_listener import Listener, Request, bind
-from shardq.service.http_rules import refusal
+from shardq.service import aio_listener
+from shardq.service.http_listener import bind
 
 from support.service import wait_until
 
@@ -32,7 +28,7 @@ def wants_body(method: str, path: str, head: Head) -> bool:
 
 
 def answer(head: Head, body: bytes | None, keep: bool) -> AioResponse:
-    """The echo handler's answer, whichever listener it runs on."""
+    """The echo handler's answer."""
     if body is None:  # not read: answered as the console's handler answers
         status = 411 if head.get("Transfer-Encoding") else 413 if head.method == "POST" else 401
         return AioResponse(status, b"refused\n", keep_alive=False)
@@ -43,38 +39,21 @@ def answer(head: Head, body: bytes | None, keep: bool) -> AioResponse:
 
 
 class Served:
-    """A listener serving the echo handler; the test talks to it with blocking sockets. A
-    request for ``/hold...`` is answered once the test releases it."""
+    """An AioListener on a loop of its own thread, serving the echo handler; the test talks to it
+    with blocking sockets. A request for ``/hold...`` is answered once the test releases it."""
 
-    address: tuple
     seen: list[tuple[str, bytes | None, bool]]   # (target, body, keep_alive), as the handler starts
     running: set[str]                            # targets whose handler runs now
 
-    def connections(self) -> int:
-        raise NotImplementedError
-
-    def answering(self) -> int:
-        """Connections whose request is being answered."""
-        raise NotImplementedError
-
-    def release(self, target: str) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class AioServed(Served):
-    """An AioListener on a loop of its own thread."""
-
-    def __init__(self, clock: Clock | None = None):
+    def __init__(self, clock: Clock | None = None, answer_after_eof: bool = False):
         self.seen, self.running = [], set()
         self.cancelled: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo, wants_body, clock=clock)
+        self.lst = AioListener(bind(("127.0.0.1", 0), socket.AF_INET), self.echo, wants_body, clock=clock,
+                               answer_after_eof=answer_after_eof)
         self.call(self.lst.start())
         self.address = self.lst.address
 
@@ -85,6 +64,7 @@ class AioServed(Served):
         return self.lst.connections
 
     def answering(self) -> int:
+        """Connections whose request is being answered."""
         return self.lst.connections - len(self.lst._waiting)
 
     def release(self, target: str) -> None:
@@ -117,75 +97,9 @@ class AioServed(Served):
         self.loop.close()
 
 
-class ThreadServed(Served):
-    """The threaded Listener, its handler written as the SQS listener's is (keep-alive decided
-    from the head, the response written whole)."""
-
-    def __init__(self, clock: Clock | None = None):
-        self.seen, self.running = [], set()
-        self.gates: dict[str, threading.Event] = {}
-        self.lst = Listener(("127.0.0.1", 0), socket.AF_INET, self.echo, wants_body,
-                            sock=bind(("127.0.0.1", 0), socket.AF_INET), clock=clock)
-        self.lst.start()
-        self.address = self.lst.address
-
-    def connections(self) -> int:
-        return len(self.lst._held) + self.lst._answering
-
-    def answering(self) -> int:
-        return self.lst._answering
-
-    def release(self, target: str) -> None:
-        self.gates.setdefault(target, threading.Event()).set()
-
-    def echo(self, req: Request) -> bool:
-        head = req.head
-        if head is None:
-            req.sock.sendall(refusal(400, "Bad Request"))
-            return False
-        keep = req.keep_alive and head.version != "HTTP/1.0" and (head.get("Connection") or "").lower() != "close"
-        plain = not head.get("Transfer-Encoding") and not int(head.get("Content-Length") or 0)
-        body = req.body if req.body is not None else req.data[head.body_at:] if req.body_ready else \
-            b"" if plain else None
-        self.seen.append((head.target, body, keep))
-        self.running.add(head.target)
-        try:
-            if head.target.startswith("/hold"):
-                self.gates.setdefault(head.target, threading.Event()).wait(20)
-        finally:
-            self.running.discard(head.target)
-        resp = answer(head, body, keep)
-        keep = keep and resp.keep_alive
-        fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
-        req.sock.sendall(b"HTTP/1.1 %d %s\r\n%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
-            resp.status, http.HTTPStatus(resp.status).phrase.encode(), fields.encode(), len(resp.body),
-            b"keep-alive" if keep else b"close", resp.body))
-        return keep
-
-    def close(self) -> None:
-        for gate in self.gates.values():
-            gate.set()
-        self.lst.stop()
-
-
-DRIVERS = {"aio": AioServed, "threads": ThreadServed}
-
-
-@pytest.fixture(params=list(DRIVERS))
-def driver(request):
-    return DRIVERS[request.param]
-
-
 @pytest.fixture()
-def served(driver):
-    s = driver()
-    yield s
-    s.close()
-
-
-@pytest.fixture()
-def aio():
-    s = AioServed()
+def served():
+    s = Served()
     yield s
     s.close()
 
@@ -335,10 +249,10 @@ def test_a_request_has_an_overall_deadline_that_more_bytes_do_not_extend(served,
     wait_until(lambda: served.connections() == 0, 5, what="connections closed")
 
 
-def test_deadlines_are_read_from_the_injected_clock(driver, monkeypatch):
+def test_deadlines_are_read_from_the_injected_clock(monkeypatch):
     monkeypatch.setattr(limits, "HTTP_REQUEST_S_MAX", 0.2)
     clock = FakeClock()
-    served = driver(clock)
+    served = Served(clock)
     try:
         with connect(served) as s:
             s.sendall(b"GET / HTTP/1.1\r\n")
@@ -358,8 +272,7 @@ def test_each_head_is_parsed_once_however_its_bytes_arrive(served, monkeypatch):
     def counted(data):
         calls.append(bytes(data[:4]))
         return parse(data)
-    parse = http_listener.parse_head
-    monkeypatch.setattr(http_listener, "parse_head", counted)
+    parse = aio_listener.parse_head
     monkeypatch.setattr(aio_listener, "parse_head", counted)
     with connect(served) as s:
         s.sendall(get("/a") + post("/b", b"xyz") + get("/c"))  # in one read, most likely
@@ -448,8 +361,7 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time(served):
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in out and out.endswith(b"close")
 
 
-def test_http_1_0_closes_unless_it_asks_for_keep_alive(aio):
-    served = aio
+def test_http_1_0_closes_unless_it_asks_for_keep_alive(served):
     status, out = exchange(served, get("/old", version="HTTP/1.0") + get("/never", version="HTTP/1.0"))
     assert status == 200 and out.count(b"HTTP/1.1 ") == 1 and out.endswith(b"GET /old 0 close")
     with connect(served) as s:
@@ -472,8 +384,7 @@ def test_expect_100_continue_is_answered_when_the_body_is_wanted(served):
     assert status == 413 and b"100 Continue" not in out
 
 
-def test_a_handler_is_cancelled_when_its_client_goes(aio):
-    served = aio
+def test_a_handler_is_cancelled_when_its_client_goes(served):
     with connect(served) as s:  # closed: EOF
         s.sendall(get("/hold-eof"))
         wait_until(lambda: "/hold-eof" in served.running, 5, what="the request answered")
@@ -488,7 +399,7 @@ def test_a_handler_is_cancelled_when_its_client_goes(aio):
 
 
 def test_close_answers_within_its_grace_then_cancels_and_closes_everything():
-    served = AioServed()
+    served = Served()
     idle, held, late = connect(served), connect(served), connect(served)
     try:
         held.sendall(get("/hold-answered"))
@@ -509,3 +420,40 @@ def test_close_answers_within_its_grace_then_cancels_and_closes_everything():
         for s in (idle, held, late):
             s.close()
         served.stop_loop()
+
+
+def test_a_head_gets_the_head_alone_with_the_bodys_length_and_the_connection_carries_on(served):
+    """The body went out after a HEAD's head: a client read it as the start of the next response."""
+    with connect(served) as s:
+        s.sendall(b"HEAD /big5 HTTP/1.1\r\nHost: x\r\n\r\n" + get("/after"))
+        out = b""
+        while not out.endswith(b"GET /after 0 keep"):
+            chunk = s.recv(65536)
+            assert chunk, out
+            out += chunk
+    first, second = out.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 ") and first.endswith(b"Content-Length: 5\r\nConnection: keep-alive\r\n\r\n")
+    assert second.startswith(b"200 ") and second.endswith(b"\r\n\r\nGET /after 0 keep")
+
+
+def test_with_answer_after_eof_a_half_closed_client_is_answered_then_closed():
+    """The console's listener: a script that sends its request and half-closes got nothing."""
+    served = Served(answer_after_eof=True)
+    try:
+        with connect(served) as s:
+            s.sendall(get("/hold-half") + get("/never"))
+            s.shutdown(socket.SHUT_WR)
+            wait_until(lambda: "/hold-half" in served.running, 5, what="the request answered")
+            served.release("/hold-half")
+            out = to_close(s)  # closed at once after the response, no linger
+        assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in out and out.count(b"HTTP/1.1 ") == 1
+        assert served.cancelled == [] and [t for t, _, _ in served.seen] == ["/hold-half"]
+        s = connect(served)  # a reset still cancels
+        s.sendall(get("/hold-reset"))
+        wait_until(lambda: "/hold-reset" in served.running, 5, what="the request answered")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        wait_until(lambda: "/hold-reset" in served.cancelled, 5, what="the handler cancelled")
+        wait_until(lambda: served.connections() == 0, 5, what="connections let go")
+    finally:
+        served.close()
