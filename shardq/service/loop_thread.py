@@ -1,6 +1,6 @@
 """An asyncio event loop that runs forever in a daemon thread of its own: how a listener on
-:class:`.aio_listener.AioListener` lives inside ``serve``'s synchronous process (the console;
-the SQS listener's loop has the same shape)."""
+:class:`.aio_listener.AioListener` lives inside ``serve``'s synchronous process (the console's and
+the SQS listener's: shardq/sqs_api/server.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -22,7 +22,6 @@ import logging
 import os
 import secrets
 import socket
-import threading
 from urllib.parse import urlsplit
 
 from .. import limits
@@ -34,6 +33,7 @@ from ..errors import InvalidConfig, ShardqError, ShardUnavailable, SqsApiError
 from ..service import http_head as head
 from ..service.aio_listener import AioListener, AioRequest, AioResponse
 from ..service.http_listener import bind, publish_address, unpublish_address
+from ..service.loop_thread import LoopThread
 from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
@@ -70,11 +70,6 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG, 10, 10)
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
-    """The listener's event loop: the one place that chooses its implementation."""
-    return asyncio.new_event_loop()
-
-
 def _split_target(target: str) -> tuple[str, str]:
     """(path, query) of a request target ("/" for none); ValueError for one that is no URL."""
     url = urlsplit(target)
@@ -103,11 +98,10 @@ class SqsService:
         self.data_dir = str(data_dir)
         self.catalog = Catalog(self.data_dir, self.clock)
         self.verifier = Verifier(cfg.access_key_id, cfg.secret_access_key, cfg.region) if cfg.access_key_id else None
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: LoopThread | None = None  # the listener's loop (uvloop measured, not kept: performance.md)
         self.q: AsyncQueue | None = None          # made on the loop (an AsyncQueue is its loop's)
         self.api: SqsApi | None = None
         self.listener: AioListener | None = None
-        self._thread: threading.Thread | None = None
         self._address_file: str | None = None
         # request ids: unique per process start (random) and request (a counter), UUID-shaped
         # as AWS's; uuid4() read the kernel's random source once a request
@@ -121,11 +115,9 @@ class SqsService:
         shard starts), or bind ``listen`` now. Returns once the listener serves."""
         if sock is None:
             sock = bind_sqs_listen(self.cfg.listen)
-        loop = self.loop = new_loop()
-        self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="shardq-sqs-api", daemon=True)
-        self._thread.start()
+        lt = self.loop_thread = LoopThread("shardq-sqs-api")
         try:
-            asyncio.run_coroutine_threadsafe(self._start(sock), loop).result(START_S)
+            lt.call(self._start(sock), START_S)
         except BaseException as e:
             self.stop()
             sock.close()
@@ -137,11 +129,6 @@ class SqsService:
                 "url": self.url, "pid": os.getpid(), "auth": "sigv4" if self.verifier else "open"})
         log.info("event=sqs-api-listening url=%s auth=%s", self.url, "sigv4" if self.verifier else "open-loopback")
         return self
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_forever()
 
     async def _start(self, sock: socket.socket) -> None:
         role = "service" if self.cfg.processes <= SERVICE_ROLE_PROCESSES_MAX else "client"
@@ -161,17 +148,13 @@ class SqsService:
     def stop(self) -> None:
         """Stop accepting, give the requests being answered :data:`STOP_GRACE_S`, end the
         background work, close the shards' connections, end the loop's thread."""
-        loop, self.loop = self.loop, None
-        if loop is not None:
+        lt, self.loop_thread = self.loop_thread, None
+        if lt is not None:
             try:
-                asyncio.run_coroutine_threadsafe(self._stop(), loop).result(STOP_GRACE_S + 15)
+                lt.call(self._stop(), STOP_GRACE_S + 15)
             except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
                 log.exception("event=sqs-api-stop-failed")
-            loop.call_soon_threadsafe(loop.stop)
-            if self._thread is not None:
-                self._thread.join(10)
-            if not loop.is_running():
-                loop.close()
+            lt.close(10)
         unpublish_address(self._address_file)
         self._address_file = None
 

@@ -3,8 +3,6 @@ over an asyncio client of its own, on an event loop in a thread of its own (as t
 runs it), for tests that call its actions without HTTP."""
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Coroutine
 from typing import Any
 
@@ -13,23 +11,7 @@ from shardq.clock import Clock
 from shardq.config import SqsApiConfig
 from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
-
-
-class Loop:
-    """An event loop running in a daemon thread; :meth:`run` waits for a coroutine on it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+from shardq.service.loop_thread import LoopThread
 
 
 class InProcessApi:
@@ -39,16 +21,16 @@ class InProcessApi:
 
     def __init__(self, data_dir: str, catalog: Catalog, cfg: SqsApiConfig | None = None,
                  clock: Clock | None = None) -> None:
-        self._loop = Loop()
+        self._loop = LoopThread("sqs-inproc")
         try:
-            q = self._loop.run(shardq.aio.connect(data_dir))
+            q = self._loop.call(shardq.aio.connect(data_dir), 60)
         except BaseException:
             self._loop.close()
             raise
         self.sqs = SqsApi(q, catalog, cfg or SqsApiConfig(), clock)
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
-        return self._loop.run(coro, timeout)
+        return self._loop.call(coro, timeout)
 
     def call(self, action: str, params: dict[str, Any], host: str) -> dict[str, Any]:
         result: dict[str, Any] = self.run(self.sqs.call(action, params, host))
