@@ -512,7 +512,10 @@ def test_a_run_interrupted_by_sigint_removes_its_temp_dir(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "verify", "--duration", "60", "--seed", "5",
                              "--shards", "1", "--producers", "1", "--workers", "1", "--keys", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path),
+                            # Ctrl-C's default in the run, however the suite was started: a suite run in the
+                            # background (nohup, `&` in a script) has SIGINT ignored, which a child inherits
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     temp = None
     try:
         data_dir = re.search(r"data_dir=(\S+)", proc.stdout.readline()).group(1)
