@@ -253,11 +253,7 @@ class HttpService:
         the handlers' threads, end the loop's thread, close the router."""
         loop, self._loop = self._loop, None
         if loop is not None:
-            try:
-                loop.call(self._stop(), STOP_GRACE_S + 15)
-            except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
-                log.exception("event=http-stop-failed")
-            loop.close()
+            loop.finish(self._stop(), STOP_GRACE_S + 15, log, "http-stop-failed")
         self.listener = None
         unpublish_address(self._address_file)
         self._address_file = None

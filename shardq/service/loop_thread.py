@@ -4,6 +4,7 @@ the SQS listener's: shardq/sqs_api/server.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -27,6 +28,15 @@ class LoopThread:
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         """``coro``'s result, run on the loop; TimeoutError past ``timeout_s`` (it runs on)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def finish(self, coro: Coroutine[Any, Any, Any], timeout_s: float, log: logging.Logger, event: str) -> None:
+        """Run ``coro`` (a listener's orderly stop) on the loop, then :meth:`close` it; a stop that
+        fails or passes ``timeout_s`` is logged as ``event`` (on ``log``) and the loop ends all the same."""
+        try:
+            self.call(coro, timeout_s)
+        except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
+            log.exception("event=%s", event)
+        self.close()
 
     def close(self, join_s: float = 10.0) -> None:
         """Stop the loop and wait up to ``join_s`` for its thread; the loop is closed once it

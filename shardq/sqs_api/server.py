@@ -150,11 +150,7 @@ class SqsService:
         background work, close the shards' connections, end the loop's thread."""
         lt, self.loop_thread = self.loop_thread, None
         if lt is not None:
-            try:
-                lt.call(self._stop(), STOP_GRACE_S + 15)
-            except Exception:  # noqa: BLE001 - stopping goes on: the loop ends below whatever failed
-                log.exception("event=sqs-api-stop-failed")
-            lt.close(10)
+            lt.finish(self._stop(), STOP_GRACE_S + 15, log, "sqs-api-stop-failed")
         unpublish_address(self._address_file)
         self._address_file = None
 

@@ -384,18 +384,24 @@ def test_expect_100_continue_is_answered_when_the_body_is_wanted(served):
     assert status == 413 and b"100 Continue" not in out
 
 
-def test_a_handler_is_cancelled_when_its_client_goes(served):
-    with connect(served) as s:  # closed: EOF
-        s.sendall(get("/hold-eof"))
-        wait_until(lambda: "/hold-eof" in served.running, 5, what="the request answered")
-    wait_until(lambda: "/hold-eof" in served.cancelled, 5, what="the handler cancelled")
-    s = connect(served)  # reset: SO_LINGER 0
+def reset_is_cancelled(served) -> None:
+    """A request whose client resets its connection (SO_LINGER 0) mid-answer: its handler is
+    cancelled and the connection let go."""
+    s = connect(served)
     s.sendall(get("/hold-reset"))
     wait_until(lambda: "/hold-reset" in served.running, 5, what="the request answered")
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
     wait_until(lambda: "/hold-reset" in served.cancelled, 5, what="the handler cancelled")
     wait_until(lambda: served.connections() == 0, 5, what="connections let go")
+
+
+def test_a_handler_is_cancelled_when_its_client_goes(served):
+    with connect(served) as s:  # closed: EOF
+        s.sendall(get("/hold-eof"))
+        wait_until(lambda: "/hold-eof" in served.running, 5, what="the request answered")
+    wait_until(lambda: "/hold-eof" in served.cancelled, 5, what="the handler cancelled")
+    reset_is_cancelled(served)
 
 
 def test_close_answers_within_its_grace_then_cancels_and_closes_everything():
@@ -448,12 +454,6 @@ def test_with_answer_after_eof_a_half_closed_client_is_answered_then_closed():
             out = to_close(s)  # closed at once after the response, no linger
         assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in out and out.count(b"HTTP/1.1 ") == 1
         assert served.cancelled == [] and [t for t, _, _ in served.seen] == ["/hold-half"]
-        s = connect(served)  # a reset still cancels
-        s.sendall(get("/hold-reset"))
-        wait_until(lambda: "/hold-reset" in served.running, 5, what="the request answered")
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        s.close()
-        wait_until(lambda: "/hold-reset" in served.cancelled, 5, what="the handler cancelled")
-        wait_until(lambda: served.connections() == 0, 5, what="connections let go")
+        reset_is_cancelled(served)  # a reset still cancels
     finally:
         served.close()
