@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sized
+from typing import TypeVar
 
 from .clock import Clock, SystemClock
 from .errors import InvalidConfig
@@ -36,6 +37,8 @@ from .errors import InvalidConfig
 BUSY_POLL_US_DEFAULT = 300
 #: The largest budget accepted: beyond this a caller spends more CPU than most waits take.
 BUSY_POLL_US_MAX = 10_000
+T = TypeVar("T")
+
 #: Weight of the newest call in the moving averages: about the last 8 calls count.
 _NEWEST = 0.125
 #: Above this share of calls finding the connection in use, nobody polls without sleeping.
@@ -87,9 +90,9 @@ class BusyPoll:
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
 
-    def spin(self, poll: Callable[[int], list[tuple[int, int]]], others: Sized = (),
-             limit_s: float | None = None) -> list[tuple[int, int]]:
-        """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's) until it reports
+    def spin(self, poll: Callable[[int], list[T]], others: Sized = (),
+             limit_s: float | None = None) -> list[T]:
+        """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's, or a selector's ``select``) until it reports
         something ready, and return what it reported; or return [] once the budget (or
         ``limit_s``, if shorter) is spent or ``others`` (a connection's pending requests of
         other threads) is no longer empty: the caller is no longer alone, and sleeps as the

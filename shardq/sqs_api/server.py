@@ -10,8 +10,11 @@ over the process's one :class:`~shardq.client.aio.AsyncQueue`, answered in its p
 form. Requests running at once share the queue's connections: the calls made in one loop
 turn leave in one frame per shard, and a shard's replies are read as they arrive, with no
 hand-off between threads. The queue connects to the shards as a part of serve (role
-``service``), so a shard does not busy-poll after answering it. A long poll whose client
-has gone is cancelled by the listener, and hands nothing out (:mod:`.messages`)."""
+``service``), so a shard does not busy-poll after answering it; the loop polls instead
+(:mod:`shardq.service.spin_selector`, ``[service] busy_poll_us``): for a shard's reply while
+one request is answered alone, and for the next request after an answer that left none, so a
+lone client's call wakes the loop from a sleep neither time. A long poll whose client has
+gone is cancelled by the listener, and hands nothing out (:mod:`.messages`)."""
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +28,7 @@ import socket
 from urllib.parse import urlsplit
 
 from .. import limits
+from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 from ..client import aio
 from ..client.aio import AsyncQueue
 from ..clock import Clock, SystemClock
@@ -34,6 +38,7 @@ from ..service import http_head as head
 from ..service.aio_listener import AioListener, AioRequest, AioResponse
 from ..service.http_listener import bind, publish_address, unpublish_address
 from ..service.loop_thread import LoopThread
+from ..service.spin_selector import SpinSelector
 from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
@@ -91,8 +96,12 @@ class SqsService:
     """The listener; :meth:`start` serves on an event loop in a thread of its own,
     :meth:`stop` ends it."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
+    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None,
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT):
         self.cfg = cfg
+        # the loop's waits ([service] busy_poll_us): for a lone request's reply; for the next request
+        self.busy_reply, self.busy_next = BusyPoll(busy_poll_us), BusyPoll(busy_poll_us)
+        self._responses = 0  # the listener's count of responses at the last wait
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
@@ -115,7 +124,8 @@ class SqsService:
         shard starts), or bind ``listen`` now. Returns once the listener serves."""
         if sock is None:
             sock = bind_sqs_listen(self.cfg.listen)
-        lt = self.loop_thread = LoopThread("shardq-sqs-api")
+        # a lone request's reply is polled for (spin_selector.py): one wake-up less, ~0.1 ms
+        lt = self.loop_thread = LoopThread("shardq-sqs-api", SpinSelector(self._poll_policy))
         try:
             lt.call(self._start(sock), START_S)
         except BaseException as e:
@@ -163,6 +173,21 @@ class SqsService:
         if self.q is not None:
             await self.q.close()
         await asyncio.get_running_loop().shutdown_default_executor()  # catalog writes' and handshakes' threads
+
+    def _poll_policy(self) -> BusyPoll | None:
+        """How the loop's next wait polls: for a lone request's reply (one request being
+        answered: more is load, where polling would take CPU from the shards and clients),
+        or for the next request right after a response went out with none left to answer."""
+        listener = self.listener
+        if listener is None:
+            return None
+        answering, responses = listener.answering, listener.responses
+        if answering == 1:
+            return self.busy_reply
+        if answering == 0 and responses != self._responses:
+            self._responses = responses
+            return self.busy_next
+        return None
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:
