@@ -176,17 +176,24 @@ class SqsService:
 
     def _poll_policy(self) -> BusyPoll | None:
         """How the loop's next wait polls: for a lone request's reply (one request being
-        answered: more is load, where polling would take CPU from the shards and clients),
-        or for the next request right after a response went out with none left to answer."""
+        answered), or for the next request right after a response went out with none left to
+        answer. A wait with several requests under way is load: it polls for neither, and
+        counts as shared (:meth:`BusyPoll.note_shared`), so that while such waits are common
+        (clients taking turns, each alone for a moment) neither polls, and the CPU stays with
+        the shards and the clients."""
         listener = self.listener
         if listener is None:
             return None
         answering, responses = listener.answering, listener.responses
         if answering == 1:
             return self.busy_reply
-        if answering == 0 and responses != self._responses:
+        if answering == 0:
+            if responses == self._responses:
+                return None
             self._responses = responses
             return self.busy_next
+        self.busy_reply.note_shared()
+        self.busy_next.note_shared()
         return None
 
     # ------------------------------------------------------------------ requests

@@ -104,8 +104,15 @@ def test_the_sqs_listener_polls_for_a_lone_requests_reply_and_for_the_next_reque
     assert sqs._poll_policy() is None  # not listening yet
     sqs.listener = SimpleNamespace(answering=1, responses=0)  # type: ignore[assignment]
     assert sqs._poll_policy() is sqs.busy_reply  # one request: its reply from a shard comes soon
-    sqs.listener = SimpleNamespace(answering=2, responses=0)  # type: ignore[assignment]
-    assert sqs._poll_policy() is None  # load: polling would take the CPU the shards and clients need
     sqs.listener = SimpleNamespace(answering=0, responses=1)  # type: ignore[assignment]
     assert sqs._poll_policy() is sqs.busy_next  # answered: a lone client's next request comes soon
     assert sqs._poll_policy() is None  # once per answer: an idle listener sleeps
+    assert sqs.busy_reply.wanted() and sqs.busy_next.wanted()
+    for _ in range(4):
+        sqs.listener = SimpleNamespace(answering=2, responses=1)  # type: ignore[assignment]
+        assert sqs._poll_policy() is None  # load: polling would take the CPU the shards and clients need
+    # clients taking turns leave one request answered now and then: not alone, so no polling
+    assert not sqs.busy_reply.wanted() and not sqs.busy_next.wanted()
+    for _ in range(16):
+        sqs.busy_reply.note(0.000_100)  # lone requests again, their replies quick: it polls again
+    assert sqs.busy_reply.wanted()
