@@ -15,6 +15,8 @@ last reply, and the shard that wakes for it pays what the caller did. So it poll
 after an iteration that sent a reply to a connection of role "client" (a "service" one,
 serve's own, does not poll, and its next request comes late: shardq/shard/process.py; the
 SQS listener's routers connect as clients, so they are polled for, though they do not poll).
+The SQS listener's event loop polls the same way for a lone request's reply from a shard and
+for a lone client's next request (:mod:`shardq.service.spin_selector`).
 
 Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
 recent waits (a moving average) took longer than the budget, so a slow disk, a loaded
