@@ -15,12 +15,15 @@ prints the N functions called most a request of each action.
 
 Counts are per request, averaged over ``--requests``; receives and deletes each take
 ``--requests`` batches of 10 messages, sent before them (``SendMessageBatch``, not counted).
-No figure is checked: it is a probe, for pairs of trees (old and new, on the same machine)."""
+No figure is checked: it is a probe, for pairs of trees (old and new, on the same machine). Exit
+status 1 if a receive got less than 10 messages or a delete failed (then the usual path was not
+what ran)."""
 from __future__ import annotations
 
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import sys
 import time
@@ -30,6 +33,14 @@ from shardq.config import SqsApiConfig
 from shardq.sqs_api.server import SqsService
 
 from .. import sqs_api as bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _where(path: str, line: int, name: str) -> str:
+    """``shardq/sqs_api/messages.py:250:_receive`` (a repository's file), else the file's name."""
+    where = os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path.rsplit("/", 1)[-1]
+    return f"{where}:{line}:{name}"
 
 
 def _on_loop(sqs: SqsService, fn: Any) -> Any:
@@ -57,8 +68,7 @@ def _measure(sqs: SqsService, requests: list[tuple[str, bytes]], client: Any, pr
         out["calls"] = round(st.total_calls / len(requests), 1)  # type: ignore[attr-defined]
         if top:
             rows = sorted(st.stats.items(), key=lambda kv: -kv[1][1])[:top]  # type: ignore[attr-defined]
-            out["top"] = [(f"{f.rsplit('/', 1)[-1]}:{line}:{name}", round(v[1] / len(requests), 2))
-                          for (f, line, name), v in rows]
+            out["top"] = [(_where(f, line, name), round(v[1] / len(requests), 2)) for (f, line, name), v in rows]
     return out
 
 
@@ -75,6 +85,19 @@ class _Keeping:
         return got
 
 
+class _Deleting:
+    """A client that counts the entries its delete batches did not delete."""
+
+    def __init__(self, c: Any):
+        self.c = c
+        self.failed = 0
+
+    def call(self, action: str, body: bytes) -> dict:
+        got: dict = self.c.call(action, body)
+        self.failed += len(got.get("Failed", []))
+        return got
+
+
 def run(n: int, top: int) -> dict[str, Any]:
     svc = bench.ShardqService(2)
     sqs = SqsService(svc.data_dir, SqsApiConfig(listen="127.0.0.1:0"), busy_poll_us=0).start()
@@ -83,6 +106,7 @@ def run(n: int, top: int) -> dict[str, Any]:
         qurl = bench._queue_url(url)
         c = bench.SqsClient(url)
         results: dict[str, Any] = {}
+        ok = True
         for profile in (False, True):
             sends = [("SendMessage", json.dumps({"QueueUrl": qurl, "MessageBody": b}).encode())
                      for b in bench._bodies(n, f"lone{profile}")]
@@ -99,9 +123,12 @@ def run(n: int, top: int) -> dict[str, Any]:
             deletes = [("DeleteMessageBatch", json.dumps({"QueueUrl": qurl, "Entries": [
                 {"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(batch)]}).encode())
                 for batch in handles if batch]
-            results.setdefault("DeleteMessageBatch", {}).update(_measure(sqs, deletes, c, profile, top))
+            deleting = _Deleting(c)
+            results.setdefault("DeleteMessageBatch", {}).update(_measure(sqs, deletes, deleting, profile, top))
+            # every receive got a full batch and every handle deleted its message: the path measured is the usual one
+            ok = ok and all(len(b) == bench.BATCH for b in handles) and len(deletes) == n and not deleting.failed
         c.close()
-        return {"requests": n, "actions": results}
+        return {"requests": n, "ok": ok, "actions": results}
     finally:
         sqs.stop()
         svc.stop()
@@ -121,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
-    return 0
+    return 0 if res["ok"] else 1
 
 
 if __name__ == "__main__":
