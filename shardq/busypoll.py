@@ -34,13 +34,13 @@ from typing import TypeVar
 from .clock import Clock, SystemClock
 from .errors import InvalidConfig
 
+T = TypeVar("T")  # what a spin's poll reports
+
 #: The default budget: about one fdatasync of a small record on the VMs measured, so that an
 #: enqueue's reply usually comes within it.
 BUSY_POLL_US_DEFAULT = 300
 #: The largest budget accepted: beyond this a caller spends more CPU than most waits take.
 BUSY_POLL_US_MAX = 10_000
-T = TypeVar("T")
-
 #: Weight of the newest call in the moving averages: about the last 8 calls count.
 _NEWEST = 0.125
 #: Above this share of calls finding the connection in use, nobody polls without sleeping.

@@ -1,20 +1,21 @@
-"""An event loop's selector that busy-polls while a reply is about to come: how the SQS
-listener's loop waits for a shard's reply to a lone request (shardq/sqs_api/server.py).
+"""An event loop's selector that busy-polls while what it waits for is about to come: how the
+SQS listener's loop waits (shardq/sqs_api/server.py).
 
 A lone SendMessage wakes the listener's loop twice: for the client's request, and for the
-shard's reply to the enqueue it sent. The second wake-up, from a sleep in ``epoll_wait``,
-costs what a lone client's costs (:mod:`shardq.busypoll`): the scheduler's work, an idle
-virtual CPU woken by its host, cold caches. So while ``wanted()`` says a reply is worth
-polling for (the listener: exactly one request being answered), and the policy's recent
-waits of that kind were short, :meth:`SpinSelector.select` polls without sleeping
-(``select(0)``, yielding the CPU between polls) for up to the budget before it sleeps.
+shard's reply to the enqueue it sent. A wake-up from a sleep in ``epoll_wait`` costs what a
+lone client's costs (:mod:`shardq.busypoll`): the scheduler's work, an idle virtual CPU woken
+by its host, cold caches. So before each wait that may sleep, :meth:`SpinSelector.select`
+asks its owner's ``policy()`` which :class:`~shardq.busypoll.BusyPoll` governs this wait (the
+listener: the one for a shard's reply while one request is answered alone, the one for the
+next request right after an answer; None under load), and while that policy's recent waits
+were short it polls without sleeping (``select(0)``, yielding the CPU between polls) for up
+to the budget before it sleeps.
 
-Guarantee: only the wait changes, never what is ready or when a callback runs: a wait with
-nothing due sooner (``timeout``) polls at most the budget and at most ``timeout``; a loop
-with ready callbacks (``timeout`` 0) or with several requests under way (load, where a
-spin would only take CPU from the shards and the clients on the same machine) never polls;
-and the policy turns itself off while the waits take longer than the budget (a long poll
-waiting for a message, a slow disk, a loaded machine)."""
+Guarantee: only the wait changes, never what is ready or when a callback runs: a wait polls
+at most the budget and at most its ``timeout`` (the loop's next timer); a wait of 0 (ready
+callbacks) and a wait whose policy is None never poll; and a policy turns itself off while
+its waits take longer than the budget (a long poll waiting for a message, a slow disk, a
+loaded machine)."""
 from __future__ import annotations
 
 import selectors

@@ -244,7 +244,7 @@ def message_id(service_id: str, job_id: int) -> str:
 def message_ids(service_id: str) -> Callable[[int], str]:
     """:func:`message_id` of one service, as ``message_id(job_id)``: the hash of the prefix
     made once (a receive makes ten), each id formatted by hand."""
-    prefix = hashlib.sha1(_URL_NAMESPACE + f"shardq:{service_id}:".encode())  # noqa: S324 - uuid5 is SHA-1
+    prefix = hashlib.sha1(_URL_NAMESPACE + f"shardq:{service_id}:".encode())  # uuid5's hash
 
     def message_id(job_id: int) -> str:
         h = prefix.copy()

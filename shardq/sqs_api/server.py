@@ -124,7 +124,7 @@ class SqsService:
         shard starts), or bind ``listen`` now. Returns once the listener serves."""
         if sock is None:
             sock = bind_sqs_listen(self.cfg.listen)
-        # a lone request's reply is polled for (spin_selector.py): one wake-up less, ~0.1 ms
+        # a lone client's waits are polled for (_poll_policy): ~0.1 ms less a SendMessage (performance.md)
         lt = self.loop_thread = LoopThread("shardq-sqs-api", SpinSelector(self._poll_policy))
         try:
             lt.call(self._start(sock), START_S)
