@@ -15,6 +15,8 @@ last reply, and the shard that wakes for it pays what the caller did. So it poll
 after an iteration that sent a reply to a connection of role "client" (a "service" one,
 serve's own, does not poll, and its next request comes late: shardq/shard/process.py; the
 SQS listener's routers connect as clients, so they are polled for, though they do not poll).
+The SQS listener's event loop polls the same way for a lone request's reply from a shard and
+for a lone client's next request (:mod:`shardq.service.spin_selector`).
 
 Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
 recent waits (a moving average) took longer than the budget, so a slow disk, a loaded
@@ -27,9 +29,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sized
+from typing import TypeVar
 
 from .clock import Clock, SystemClock
 from .errors import InvalidConfig
+
+T = TypeVar("T")  # what a spin's poll reports
 
 #: The default budget: about one fdatasync of a small record on the VMs measured, so that an
 #: enqueue's reply usually comes within it.
@@ -87,9 +92,9 @@ class BusyPoll:
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
 
-    def spin(self, poll: Callable[[int], list[tuple[int, int]]], others: Sized = (),
-             limit_s: float | None = None) -> list[tuple[int, int]]:
-        """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's) until it reports
+    def spin(self, poll: Callable[[int], list[T]], others: Sized = (),
+             limit_s: float | None = None) -> list[T]:
+        """Call ``poll(0)`` (a ``select.poll`` or ``epoll`` object's, or a selector's ``select``) until it reports
         something ready, and return what it reported; or return [] once the budget (or
         ``limit_s``, if shorter) is spent or ``others`` (a connection's pending requests of
         other threads) is no longer empty: the caller is no longer alone, and sleeps as the

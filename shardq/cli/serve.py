@@ -92,10 +92,12 @@ def run(args: argparse.Namespace) -> int:
             http = HttpService(sup.dd.path, cfg.http, sup).start(sup.dd.run_dir, socks.pop(0))
         if cfg.sqs_api.listen and cfg.sqs_api.processes > 1:  # processes of their own, sharing the socket
             from ..sqs_api.processes import SqsProcesses
-            sqs = SqsProcesses(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
+            sqs = SqsProcesses(sup.dd.path, cfg.sqs_api, busy_poll_us=cfg.service.busy_poll_us).start(
+                sup.dd.run_dir, socks.pop(0))
         elif cfg.sqs_api.listen:  # the SQS API (shardq/sqs_api/), bound before any shard starts, like the console
             from ..sqs_api.server import SqsService, tune_gc
-            sqs = SqsService(sup.dd.path, cfg.sqs_api).start(sup.dd.run_dir, socks.pop(0))
+            sqs = SqsService(sup.dd.path, cfg.sqs_api, busy_poll_us=cfg.service.busy_poll_us).start(
+                sup.dd.run_dir, socks.pop(0))
             tune_gc()  # this process answers SQS requests now (a listener child tunes its own)
     except BaseException:
         for sock in socks:  # bound, not yet served

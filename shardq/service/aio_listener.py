@@ -115,6 +115,7 @@ class AioListener:
         self._waiting: dict[_Conn, None] = {}   # those not being answered; insertion order = waiting longest first
         self._closing = False
         self._emptied: asyncio.Event | None = None  # set by the last connection to go, while closing
+        self.responses = 0                          # written so far (a response's write counts it)
 
     @property
     def address(self) -> tuple[Any, ...]:
@@ -124,6 +125,12 @@ class AioListener:
     def connections(self) -> int:
         """Connections held now."""
         return len(self._conns)
+
+    @property
+    def answering(self) -> int:
+        """Connections whose request is being answered (or its response written) now: every
+        held one that is not waiting for a request (nor lingering)."""
+        return len(self._conns) - len(self._waiting)
 
     async def start(self) -> None:
         """Serving on the running loop when it returns."""
@@ -340,6 +347,7 @@ class _Conn(asyncio.Protocol):
         self.transport.write(b"%s%sContent-Length: %d\r\nConnection: %s\r\n\r\n%s" % (
             status, fields.encode("latin-1"), len(resp.body), connection.encode(),
             b"" if req.head.method == "HEAD" else resp.body))
+        self.lst.responses += 1
         if self.paused_writing:  # the kernel did not take it whole: the client has this long
             self.phase = _WRITE
             self._deadline(self.lst.clock.monotonic() + limits.HTTP_WRITE_S_MAX)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import selectors
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -14,10 +15,11 @@ T = TypeVar("T")
 
 class LoopThread:
     """A new event loop, running in a daemon thread named ``name`` from construction on;
-    :meth:`call` runs a coroutine on it from another thread, :meth:`close` ends it."""
+    :meth:`call` runs a coroutine on it from another thread, :meth:`close` ends it.
+    ``selector``: the loop's (the SQS listener's busy-polls: :mod:`.spin_selector`)."""
 
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, name: str, selector: selectors.BaseSelector | None = None) -> None:
+        self.loop = asyncio.new_event_loop() if selector is None else asyncio.SelectorEventLoop(selector)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

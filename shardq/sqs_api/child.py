@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 
+from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..config import SqsApiConfig
 from ..stopping import die_with_parent
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fd", type=int, required=True, help="the listening socket, inherited")
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--parent-pid", type=int, default=0)
+    p.add_argument("--busy-poll-us", type=int, default=BUSY_POLL_US_DEFAULT, help="[service] busy_poll_us")
     a = p.parse_args(argv)
     if a.parent_pid:
         die_with_parent(a.parent_pid)
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches serve, which stops us
     from .server import SqsService, tune_gc
-    svc = SqsService(a.data_dir, cfg).start(sock=socket.socket(fileno=a.fd))
+    svc = SqsService(a.data_dir, cfg, busy_poll_us=a.busy_poll_us).start(sock=socket.socket(fileno=a.fd))
     tune_gc()
     try:
         os.write(sys.stdout.fileno(), READY)

@@ -16,6 +16,7 @@ import binascii
 import hashlib
 import hmac
 import zlib
+from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ _HANDLE_CHARS_MAX = 1024
 _TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 _blake2b = hashlib.blake2b
+_b2a, _a2b = binascii.b2a_base64, binascii.a2b_base64
 
 
 class Receipt(NamedTuple):
@@ -59,34 +61,63 @@ def _mac(version: int, key: bytes, payload: bytes) -> bytes:
 
 
 def encode(key: bytes, queue: str, job_id: int, token: int, received_ms: int) -> str:
-    payload = msgpack.packb([_VERSION, job_id, token, _queue_tag(queue), received_ms])
-    raw = payload + _mac(_VERSION, key, payload)
-    # base64url without padding (binascii directly: base64's wrappers cost as much again)
-    return binascii.b2a_base64(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+    return encoder(key, queue)(job_id, token, received_ms)
+
+
+def encoder(key: bytes, queue: str) -> Callable[[int, int, int], str]:
+    """:func:`encode` for one key and queue, as ``encode(job_id, token, received_ms)``: what
+    is the same for every handle of a receive (the queue's tag, the keyed MAC, a packer) made
+    once."""
+    tag, keyed, pack = _queue_tag(queue), _keyed(key), msgpack.Packer().pack
+
+    def encode(job_id: int, token: int, received_ms: int) -> str:
+        payload = pack([_VERSION, job_id, token, tag, received_ms])
+        h = keyed.copy()
+        h.update(payload)
+        # base64url without padding (binascii directly: base64's wrappers cost as much again)
+        return _b2a(payload + h.digest(), newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+    return encode
 
 
 def decode(key: bytes, queue: str, handle: object) -> Receipt:
     """The lease behind ``handle``; ReceiptHandleIsInvalid for anything this service did not
     make for ``queue``."""
-    if not isinstance(handle, str) or not 0 < len(handle) <= _HANDLE_CHARS_MAX:
-        raise _bad(handle)
-    try:
-        text = handle.encode("ascii").translate(_FROM_URLSAFE)
-        raw = binascii.a2b_base64(text + b"=" * (-len(text) % 4), strict_mode=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        raise _bad(handle) from None
-    payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-    version = payload[1] if len(payload) > 1 else -1  # [fixarray, version (a positive fixint), ...]
-    if len(raw) <= _MAC_BYTES or version not in (_VERSION, _HMAC_VERSION) \
-            or not hmac.compare_digest(mac, _mac(version, key, payload)):
-        raise _bad(handle)
-    try:
-        _, job_id, token, tag, received_ms = msgpack.unpackb(payload)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        raise _bad(handle) from None
-    if tag != _queue_tag(queue):
-        raise _bad(handle)
-    return Receipt(job_id, token, received_ms)
+    return Receipt(*decoder(key, queue)(handle))
+
+
+def decoder(key: bytes, queue: str) -> Callable[[object], tuple[int, int, int]]:
+    """:func:`decode` for one key and queue, as ``decode(handle) -> (job_id, token,
+    received_ms)``: the queue's tag and the keyed MAC made once for a batch's handles."""
+    tag, keyed = _queue_tag(queue), _keyed(key)
+
+    def decode(handle: object) -> tuple[int, int, int]:
+        if not isinstance(handle, str) or not 0 < len(handle) <= _HANDLE_CHARS_MAX:
+            raise _bad(handle)
+        try:
+            text = handle.encode("ascii").translate(_FROM_URLSAFE)
+            raw = _a2b(text + b"=" * (-len(text) % 4), strict_mode=True)
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            raise _bad(handle) from None
+        payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
+        version = payload[1] if len(payload) > 1 else -1  # [fixarray, version (a positive fixint), ...]
+        if version == _VERSION:
+            h = keyed.copy()
+            h.update(payload)
+            expected = h.digest()
+        elif version == _HMAC_VERSION:
+            expected = _mac(version, key, payload)
+        else:
+            raise _bad(handle)
+        if len(raw) <= _MAC_BYTES or not hmac.compare_digest(mac, expected):
+            raise _bad(handle)
+        try:
+            _, job_id, token, got_tag, received_ms = msgpack.unpackb(payload)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            raise _bad(handle) from None
+        if got_tag != tag:
+            raise _bad(handle)
+        return job_id, token, received_ms
+    return decode
 
 
 def _bad(handle: object) -> Exception:

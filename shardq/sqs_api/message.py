@@ -25,6 +25,7 @@ import json
 import re
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .. import limits
@@ -216,8 +217,13 @@ def from_wire(attrs: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
 
 def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
     """(message body, envelope head, message attributes) of a job, as a receive shows it."""
-    data, head = unwrap(job_body)
-    attrs = from_wire(head.get("a", {}))
+    if not job_body.startswith(MAGIC):  # a bare body (the usual message): no envelope to read
+        data: bytes = job_body
+        head: dict[str, Any] = {}
+        attrs: dict[str, dict[str, Any]] = {}
+    else:
+        data, head = unwrap(job_body)
+        attrs = from_wire(head.get("a", {}))
     try:
         text = data.decode("utf-8")
         if _BAD_CHARS.search(text) is None:
@@ -231,12 +237,24 @@ def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str,
 
 def message_id(service_id: str, job_id: int) -> str:
     """A stable UUID per job (``uuid5(NAMESPACE_URL, "shardq:<service>:<job id>")``): a
-    duplicate send answers the first send's id. Formatted by hand: once per message."""
-    d = bytearray(hashlib.sha1(_URL_NAMESPACE + f"shardq:{service_id}:{job_id}".encode()).digest()[:16])
-    d[6] = (d[6] & 0x0F) | 0x50   # version 5
-    d[8] = (d[8] & 0x3F) | 0x80   # the RFC 4122 variant
-    h = d.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    duplicate send answers the first send's id."""
+    return message_ids(service_id)(job_id)
+
+
+def message_ids(service_id: str) -> Callable[[int], str]:
+    """:func:`message_id` of one service, as ``message_id(job_id)``: the hash of the prefix
+    made once (a receive makes ten), each id formatted by hand."""
+    prefix = hashlib.sha1(_URL_NAMESPACE + f"shardq:{service_id}:".encode())  # uuid5's hash
+
+    def message_id(job_id: int) -> str:
+        h = prefix.copy()
+        h.update(b"%d" % job_id)
+        d = bytearray(h.digest()[:16])
+        d[6] = (d[6] & 0x0F) | 0x50   # version 5
+        d[8] = (d[8] & 0x3F) | 0x80   # the RFC 4122 variant
+        x = d.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    return message_id
 
 
 _URL_NAMESPACE = uuid.NAMESPACE_URL.bytes

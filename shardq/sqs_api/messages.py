@@ -76,6 +76,7 @@ class MessageActions:
 
     def __init__(self) -> None:
         self.memos = Memos(self.q, self.clock)
+        self.message_id = m.message_ids(self.service_id)  # a job's MessageId: m.message_id of this service
         # (queue, ReceiveRequestAttemptId) -> until (monotonic): answered here lately, so a retry
         # reads its memo before any receive (the memo itself is what every process shares)
         self._attempted: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
@@ -191,7 +192,7 @@ class MessageActions:
 
     def _sent(self, name: str, job_id: int, prepared: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in prepared.items() if k not in ("job", "queue_dedup")}
-        out["MessageId"] = m.message_id(self.service_id, job_id)
+        out["MessageId"] = self.message_id(job_id)
         if name.endswith(".fifo"):
             out["SequenceNumber"] = m.sequence_number(job_id)
         return out
@@ -287,12 +288,23 @@ class MessageActions:
         (:mod:`shardq.client.aio`), and leases taken here are released."""
         deadline = self.clock.monotonic() + wait
         out: list[Received] = []
+        # what decides whether a message may have to go (_keep), read once a receive
+        attrs = rec["attributes"]
+        retention_ms = int(attrs["MessageRetentionPeriod"]) * 1000
+        target = qattr.redrive(attrs)
+        receives_max = target[1] if target is not None else None
+        presented = m.presented
         while True:
             remaining = max(0.0, deadline - self.clock.monotonic())
             leases = await self.q.dequeue_many(name, max_jobs=n, wait=remaining, visibility=vis or VISIBILITY_ZERO_S)
             now_ms = int(self.clock.now() * 1000)
             for i, lease in enumerate(leases):
-                got = Received(lease, now_ms, m.presented(lease.body))
+                got = Received(lease, now_ms, presented(lease.body))
+                sent = got.shown[1].get("t")  # a bare body ({} head) has no sent time: never past retention
+                if not ((receives_max is not None and lease.attempt > receives_max)
+                        or (isinstance(sent, int) and now_ms - sent > retention_ms)):
+                    out.append(got)  # the usual message: kept, without a coroutine of its own
+                    continue
                 try:
                     keep = await self._keep(name, rec, got)
                 except BaseException:
@@ -385,9 +397,34 @@ class MessageActions:
 
     async def _present_all(self, name: str, rec: dict[str, Any], received: list[Received], wanted: set[str],
                            names: list[str]) -> list[dict[str, Any]]:
-        firsts = await self._first_receives(name, rec, received, wanted)
-        return [await self._present(name, rec, r, wanted, names, firsts.get(int(r.lease.job_id), r.at_ms))
-                for r in received]
+        """The messages of ``received`` as ReceiveMessage answers them. What is the same for
+        every message of the receive (the handle's MAC and queue tag, the message ids'
+        prefix) is made once; a message's system attributes and first receive time are
+        looked up only when asked for (or remembered for the queue)."""
+        firsts = (await self._first_receives(name, rec, received, wanted)
+                  if rec.get("first_receives") or "ApproximateFirstReceiveTimestamp" in wanted else {})
+        handle = handles.encoder(self.catalog.key, name)
+        message_id = self.message_id
+        md5 = m.md5_of_body
+        out = []
+        for r in received:
+            lease = r.lease
+            job_id = int(lease.job_id)
+            body, head, mattrs = r.shown
+            msg: dict[str, Any] = {
+                "MessageId": head.get("m") or message_id(job_id),  # "m": kept by a move
+                "ReceiptHandle": handle(job_id, int(lease.token), r.at_ms),
+                "MD5OfBody": md5(body), "Body": body}
+            if wanted:
+                msg["Attributes"] = await self._system(name, rec["attributes"], lease, head, wanted,
+                                                       firsts.get(job_id, r.at_ms))
+            if mattrs and names:
+                chosen = {k: v for k, v in mattrs.items() if _selected(k, names)}
+                if chosen:
+                    msg["MessageAttributes"] = m.to_wire(chosen)
+                    msg["MD5OfMessageAttributes"] = m.md5_of_attributes(chosen)
+            out.append(msg)
+        return out
 
     async def _first_receives(self, name: str, rec: dict[str, Any], received: list[Received],
                         wanted: set[str]) -> dict[int, int]:
@@ -416,24 +453,6 @@ class MessageActions:
             return float((await self.q.queue_config(MEMO_QUEUE)).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
         except UnknownQueue:  # not declared: the claim says so, naming the config
             return limits.SQS_DEDUP_WINDOW_S
-
-    async def _present(self, name: str, rec: dict[str, Any], r: Received, wanted: set[str], names: list[str],
-                 first: int) -> dict[str, Any]:
-        """The message of one lease, as ReceiveMessage answers it."""
-        lease, attrs = r.lease, rec["attributes"]
-        job_id, token = int(lease.job_id), int(lease.token)
-        body, head, mattrs = r.shown
-        msg: dict[str, Any] = {
-            "MessageId": head.get("m") or m.message_id(self.service_id, job_id),  # "m": kept by a move
-            "ReceiptHandle": handles.encode(self.catalog.key, name, job_id, token, r.at_ms),
-            "MD5OfBody": m.md5_of_body(body), "Body": body}
-        if wanted:
-            msg["Attributes"] = await self._system(name, attrs, lease, head, wanted, first)
-        chosen = {k: v for k, v in mattrs.items() if _selected(k, names)}
-        if chosen:
-            msg["MessageAttributes"] = m.to_wire(chosen)
-            msg["MD5OfMessageAttributes"] = m.md5_of_attributes(chosen)
-        return msg
 
     async def _system(self, name: str, rec_attrs: dict[str, str], lease: Lease, head: dict[str, Any],
                 wanted: set[str], first: int) -> dict[str, str]:
@@ -474,7 +493,7 @@ class MessageActions:
             return False
         data, _ = m.unwrap(lease.body)
         # AWS keeps a message's MessageId (and attributes) when it moves it to a dead-letter queue
-        moved = dict(head, q=self.arn(name), m=head.get("m") or m.message_id(self.service_id, int(lease.job_id)))
+        moved = dict(head, q=self.arn(name), m=head.get("m") or self.message_id(int(lease.job_id)))
         moved.setdefault("t", int(self.clock.now() * 1000))
         await self.q.enqueue(m.rewrap(data, moved), key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
                              dedup_id=f"shardq-dlq:{self.service_id}:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
@@ -489,8 +508,8 @@ class MessageActions:
 
     # ------------------------------------------------------------------ delete, visibility
     def _lease(self, name: str, handle: Any) -> tuple[Lease, int]:
-        r = handles.decode(self.catalog.key, name, handle)
-        return Lease(r.job_id, None, b"", name, 0, r.token, 0.0), r.received_ms
+        job_id, token, received_ms = handles.decoder(self.catalog.key, name)(handle)
+        return Lease(job_id, None, b"", name, 0, token, 0.0), received_ms
 
     async def delete_message(self, params: dict[str, Any], host: str) -> dict[str, Any]:
         name, _ = self.queue(params)
@@ -505,19 +524,27 @@ class MessageActions:
         name, _ = self.queue(params)
         entries = p.entries(params, limits.SQS_BATCH_ENTRIES_MAX, limits.SQS_API_ENTRY_ID_CHARS_MAX)
         failed: list[dict[str, Any]] = []
-        todo: list[tuple[str, Lease]] = []
+        ids: list[str] = []
+        leases: list[Lease] = []
+        decode = handles.decoder(self.catalog.key, name)  # the batch's handles: one queue, one key
         for e in entries:
             try:
-                todo.append((e["Id"], self._lease(name, e.get("ReceiptHandle"))[0]))
+                job_id, token, _ = decode(e.get("ReceiptHandle"))
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
+            else:
+                ids.append(e["Id"])
+                leases.append(Lease(job_id, None, b"", name, 0, token, 0.0))
         successful = []
-        results = await self.q.ack_many([lease for _, lease in todo]) if todo else []
-        for (eid, _), outcome in zip(todo, results):
+        results = await self.q.ack_many(leases) if leases else []
+        for eid, outcome in zip(ids, results):
+            if outcome is None:
+                successful.append({"Id": eid})
+                continue
             try:
                 if isinstance(outcome, LeaseLost):
                     _deleted_anyway(name, outcome)
-                elif outcome is not None:
+                else:
                     raise outcome
                 successful.append({"Id": eid})
             except ShardqError as e2:

@@ -27,6 +27,7 @@ import sys
 import threading
 from typing import Any
 
+from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..config import SqsApiConfig, split_listen
 from ..errors import ShardUnavailable
@@ -53,8 +54,9 @@ class SqsProcesses:
     """``start(run_dir, sock)`` spawns ``cfg.processes`` children serving ``sock``; ``stop()``."""
 
     def __init__(self, data_dir: str, cfg: SqsApiConfig, *, python: str | None = None,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, busy_poll_us: int = BUSY_POLL_US_DEFAULT):
         self.data_dir, self.cfg = data_dir, cfg
+        self.busy_poll_us = busy_poll_us  # each child's loop's (server.py)
         self._clock = clock or SystemClock()
         self.python = python or sys.executable
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
@@ -100,7 +102,7 @@ class SqsProcesses:
             raise ShardUnavailable("the SQS listener's socket is gone")
         fd = self._sock.fileno()
         cmd = [self.python, "-m", "shardq.sqs_api.child", "--data-dir", self.data_dir, "--fd", str(fd),
-               "--index", str(c.index), "--parent-pid", str(os.getpid())]
+               "--index", str(c.index), "--parent-pid", str(os.getpid()), "--busy-poll-us", str(self.busy_poll_us)]
         from ..service.supervisor import child_env
         try:
             c.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,),

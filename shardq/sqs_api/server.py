@@ -10,8 +10,11 @@ over the process's one :class:`~shardq.client.aio.AsyncQueue`, answered in its p
 form. Requests running at once share the queue's connections: the calls made in one loop
 turn leave in one frame per shard, and a shard's replies are read as they arrive, with no
 hand-off between threads. The queue connects to the shards as a part of serve (role
-``service``), so a shard does not busy-poll after answering it. A long poll whose client
-has gone is cancelled by the listener, and hands nothing out (:mod:`.messages`)."""
+``service``), so a shard does not busy-poll after answering it; the loop polls instead
+(:mod:`shardq.service.spin_selector`, ``[service] busy_poll_us``): for a shard's reply while
+one request is answered alone, and for the next request after an answer that left none, so a
+lone client's call wakes the loop from a sleep neither time. A long poll whose client has
+gone is cancelled by the listener, and hands nothing out (:mod:`.messages`)."""
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +28,7 @@ import socket
 from urllib.parse import urlsplit
 
 from .. import limits
+from ..busypoll import BUSY_POLL_US_DEFAULT, BusyPoll
 from ..client import aio
 from ..client.aio import AsyncQueue
 from ..clock import Clock, SystemClock
@@ -34,6 +38,7 @@ from ..service import http_head as head
 from ..service.aio_listener import AioListener, AioRequest, AioResponse
 from ..service.http_listener import bind, publish_address, unpublish_address
 from ..service.loop_thread import LoopThread
+from ..service.spin_selector import SpinSelector
 from . import protocol
 from .api import SqsApi
 from .catalog import Catalog
@@ -91,8 +96,12 @@ class SqsService:
     """The listener; :meth:`start` serves on an event loop in a thread of its own,
     :meth:`stop` ends it."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None):
+    def __init__(self, data_dir: str | os.PathLike[str], cfg: SqsApiConfig, *, clock: Clock | None = None,
+                 busy_poll_us: int = BUSY_POLL_US_DEFAULT):
         self.cfg = cfg
+        # the loop's waits ([service] busy_poll_us): for a lone request's reply; for the next request
+        self.busy_reply, self.busy_next = BusyPoll(busy_poll_us), BusyPoll(busy_poll_us)
+        self._responses = 0  # the listener's count of responses at the last wait
         self.host, self.port = split_listen(cfg.listen, "sqs_api.listen")
         self.clock = clock or SystemClock()
         self.data_dir = str(data_dir)
@@ -115,7 +124,8 @@ class SqsService:
         shard starts), or bind ``listen`` now. Returns once the listener serves."""
         if sock is None:
             sock = bind_sqs_listen(self.cfg.listen)
-        lt = self.loop_thread = LoopThread("shardq-sqs-api")
+        # a lone client's waits are polled for (_poll_policy): ~0.1 ms less a SendMessage (performance.md)
+        lt = self.loop_thread = LoopThread("shardq-sqs-api", SpinSelector(self._poll_policy))
         try:
             lt.call(self._start(sock), START_S)
         except BaseException as e:
@@ -163,6 +173,28 @@ class SqsService:
         if self.q is not None:
             await self.q.close()
         await asyncio.get_running_loop().shutdown_default_executor()  # catalog writes' and handshakes' threads
+
+    def _poll_policy(self) -> BusyPoll | None:
+        """How the loop's next wait polls: for a lone request's reply (one request being
+        answered), or for the next request right after a response went out with none left to
+        answer. A wait with several requests under way is load: it polls for neither, and
+        counts as shared (:meth:`BusyPoll.note_shared`), so that while such waits are common
+        (clients taking turns, each alone for a moment) neither polls, and the CPU stays with
+        the shards and the clients."""
+        listener = self.listener
+        if listener is None:
+            return None
+        answering, responses = listener.answering, listener.responses
+        if answering == 1:
+            return self.busy_reply
+        if answering == 0:
+            if responses == self._responses:
+                return None
+            self._responses = responses
+            return self.busy_next
+        self.busy_reply.note_shared()
+        self.busy_next.note_shared()
+        return None
 
     # ------------------------------------------------------------------ requests
     def _wants_body(self, method: str, path: str, headers: head.Head) -> bool:

@@ -65,7 +65,7 @@ class Served:
 
     def answering(self) -> int:
         """Connections whose request is being answered."""
-        return self.lst.connections - len(self.lst._waiting)
+        return self.lst.answering
 
     def release(self, target: str) -> None:
         self.loop.call_soon_threadsafe(lambda: self._gate(target).set())
@@ -359,6 +359,19 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time(served):
         s.sendall(get("/last", "Connection: close\r\n"))
         out = to_close(s)
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in out and out.endswith(b"close")
+
+
+def test_the_requests_being_answered_and_the_responses_written_are_counted(served):
+    """What the SQS listener's loop decides its busy-polling by (shardq/sqs_api/server.py)."""
+    with connect(served) as s, connect(served) as idle:
+        idle.sendall(b"GET /half")  # a request still being read is not being answered
+        s.sendall(get("/hold-a"))
+        wait_until(lambda: "/hold-a" in served.running, 5, what="the request answered")
+        assert (served.lst.answering, served.lst.responses, served.connections()) == (1, 0, 2)
+        served.release("/hold-a")
+        assert responses(s, 1) == [(200, b"GET /hold-a 0 keep")]
+        wait_until(lambda: served.lst.answering == 0, 5, what="the response written")
+        assert served.lst.responses == 1
 
 
 def test_http_1_0_closes_unless_it_asks_for_keep_alive(served):

@@ -73,6 +73,20 @@ def test_receipt_handles_are_bound_to_their_key_and_queue():
         assert e.value.code == "ReceiptHandleIsInvalid"
 
 
+def test_a_receives_encoder_and_a_batchs_decoder_make_and_take_the_same_handles():
+    """What a receive (handles.encoder: one a receive) and a delete batch (handles.decoder)
+    use is the one handle format, fenced the same way."""
+    key = b"k" * 32
+    encode, decode = handles.encoder(key, "q"), handles.decoder(key, "q")
+    for job_id, token, at_ms in ((5, 7, 99), (5 << 10, 2**62 + 7, 1_700_000_000_000)):
+        h = encode(job_id, token, at_ms)
+        assert h == handles.encode(key, "q", job_id, token, at_ms) and encode(job_id, token, at_ms) == h
+        assert decode(h) == handles.decode(key, "q", h) == (job_id, token, at_ms)
+    with pytest.raises(SqsApiError) as e:
+        handles.decoder(key, "other")(encode(5, 7, 99))
+    assert e.value.code == "ReceiptHandleIsInvalid"
+
+
 def test_receipt_handles_of_version_1_made_before_an_upgrade_are_still_taken():
     """Version 1 handles (HMAC-SHA256) of messages received before an upgrade delete them
     after it; a version other than 1 and 2, or a version 1 handle under another key, is refused."""
@@ -186,6 +200,7 @@ def test_message_ids_are_uuid5_of_the_service_and_job():
     for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
         want = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shardq:{service}:{job}"))
         assert message.message_id(service, job) == want
+        assert message.message_ids(service)(job) == want  # a receive's, prefix hashed once
 
 
 def test_a_catalog_read_takes_no_lock_while_the_file_is_unchanged_and_sees_another_writer(tmp_path):
