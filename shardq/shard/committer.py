@@ -110,18 +110,16 @@ class Committer:
         of microseconds) on every request's latency. An iteration with early replies that
         finds the thread past its writes (syncing, sending) appends and answers them here
         too, and queues only its fsync and late replies."""
-        item: Batch | None
-        item = (payloads, sends, closes, early, sync, seq, ops)  # None: sent beside the thread (below)
         with self._lock:
             if inline and not self._items and not self._busy:
-                self._busy = True
+                self._busy = alone = True
             elif (early and self._busy and not self._items and not self._writing
                     and not self.log.rotation_due):
-                item = None  # beside the thread's fdatasync: it never starts a segment
+                alone = False  # beside the thread's fdatasync (below): it never starts a segment
             else:
-                self._queue(item)
+                self._queue((payloads, sends, closes, early, sync, seq, ops))
                 return
-        if item is None:
+        if not alone:  # beside the thread's fdatasync
             if payloads:
                 self._write(payloads, seq, ops)
             self._send(early)
@@ -136,20 +134,24 @@ class Committer:
                 if payloads and not early:
                     self._commit_alone(payloads, sends, closes, seq, ops)
                 else:
-                    self._process([item])
+                    self._process([(payloads, sends, closes, early, sync, seq, ops)])
             elif sends or closes:
-                self._process([item])
+                self._process([(payloads, sends, closes, early, sync, seq, ops)])
             else:  # early replies only (batched leases, reads): written, answered, synced later
                 if payloads:
-                    self._write(payloads, seq, ops)
+                    self._write_alone(payloads, seq, ops)
                 self._send(early)
                 if self._backlog:
                     with self._work:
                         self._work.notify()  # the committer thread flushes it (see _run)
         finally:
-            with self._lock:
-                self._busy = False
-                if self._idle.waiters:
+            # No lock to let go: only the loop's own calls (drain, a held-back submit,
+            # write_mark) ever wait on _idle, and this is the loop, so none waits now; and
+            # the thread never reads _busy, it only takes it for a backlog flush, which
+            # nothing here depends on.
+            self._busy = False
+            if self._idle.waiters:
+                with self._lock:
                     self._idle.notify_all()
 
     def _queue(self, item: Batch) -> None:
@@ -358,6 +360,20 @@ class Committer:
             if self._unsynced_since is None:
                 self._unsynced_since = self._monotonic()
             self._unsynced_ops += ops
+
+    def _write_alone(self, payloads: list[bytes], seq: int, ops: int) -> None:
+        """:meth:`_write` by the loop committing inline: the caller holds ``_busy``, so the
+        thread is idle and no ``_sync`` reads the bookkeeping meanwhile (as in
+        :meth:`_commit_alone`): no lock."""
+        try:
+            self.log.commit(payloads, sync=False)
+        except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+            self._fail(e)
+        if seq > self._written_seq:
+            self._written_seq = seq
+        if self._unsynced_since is None:
+            self._unsynced_since = self._monotonic()
+        self._unsynced_ops += ops
 
     def _sync(self) -> tuple[int, float, int] | None:
         """fdatasync what was written before this call, if anything is unsynced; return what
