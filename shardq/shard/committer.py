@@ -86,7 +86,6 @@ class Committer:
         self._send_lock = threading.Lock()  # replies and closes, from the loop and the thread
         self._backlog: dict[FrameConn, None] = {}  # connections with replies their socket has not taken
         self._monotonic = (clock or SystemClock()).monotonic  # sync deadlines and fsync times
-        self.fsyncs = 0
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
         self._unsynced_since: float | None = None
@@ -331,7 +330,6 @@ class Committer:
         self._send(sends)
         if closes:
             self._close(closes)
-        self.fsyncs += 1
         if seq < self._written_seq:  # an earlier unsynced write (a batched lease's) reached further
             seq = self._written_seq
         self._written_seq = seq
@@ -403,13 +401,17 @@ class Committer:
         up to ``seq`` are durable (a lease of one may go before its own fsync from now on:
         until now it waited for the next, which is only later, never wrong), nothing is due
         unless an append raced the fdatasync, and the metrics."""
-        self.fsyncs += 1
         with self._lock:
             if seq > self.durable_seq:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
                 self._unsynced_since = None
         self._observe(seconds, ops)
+
+    @property
+    def fsyncs(self) -> int:
+        """fdatasyncs made: each is one observation of ``commit_seconds`` (not counted apart)."""
+        return sum(self.commit_seconds.counts)
 
     def _fail(self, e: BaseException) -> None:
         log.error("log commit failed; exiting without replying so the supervisor "
