@@ -86,7 +86,6 @@ class Committer:
         self._send_lock = threading.Lock()  # replies and closes, from the loop and the thread
         self._backlog: dict[FrameConn, None] = {}  # connections with replies their socket has not taken
         self._monotonic = (clock or SystemClock()).monotonic  # sync deadlines and fsync times
-        self.fsyncs = 0
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
         self._unsynced_since: float | None = None
@@ -110,18 +109,16 @@ class Committer:
         of microseconds) on every request's latency. An iteration with early replies that
         finds the thread past its writes (syncing, sending) appends and answers them here
         too, and queues only its fsync and late replies."""
-        item: Batch | None
-        item = (payloads, sends, closes, early, sync, seq, ops)  # None: sent beside the thread (below)
         with self._lock:
             if inline and not self._items and not self._busy:
-                self._busy = True
+                self._busy = alone = True
             elif (early and self._busy and not self._items and not self._writing
                     and not self.log.rotation_due):
-                item = None  # beside the thread's fdatasync: it never starts a segment
+                alone = False  # beside the thread's fdatasync (below): it never starts a segment
             else:
-                self._queue(item)
+                self._queue((payloads, sends, closes, early, sync, seq, ops))
                 return
-        if item is None:
+        if not alone:  # beside the thread's fdatasync
             if payloads:
                 self._write(payloads, seq, ops)
             self._send(early)
@@ -136,20 +133,24 @@ class Committer:
                 if payloads and not early:
                     self._commit_alone(payloads, sends, closes, seq, ops)
                 else:
-                    self._process([item])
+                    self._process([(payloads, sends, closes, early, sync, seq, ops)])
             elif sends or closes:
-                self._process([item])
+                self._process([(payloads, sends, closes, early, sync, seq, ops)])
             else:  # early replies only (batched leases, reads): written, answered, synced later
                 if payloads:
-                    self._write(payloads, seq, ops)
+                    self._write_alone(payloads, seq, ops)
                 self._send(early)
                 if self._backlog:
                     with self._work:
                         self._work.notify()  # the committer thread flushes it (see _run)
         finally:
-            with self._lock:
-                self._busy = False
-                if self._idle.waiters:
+            # No lock to let go: only the loop's own calls (drain, a held-back submit,
+            # write_mark) ever wait on _idle, and this is the loop, so none waits now; and
+            # the thread never reads _busy, it only takes it for a backlog flush, which
+            # nothing here depends on.
+            self._busy = False
+            if self._idle.waiters:
+                with self._lock:
                     self._idle.notify_all()
 
     def _queue(self, item: Batch) -> None:
@@ -329,7 +330,6 @@ class Committer:
         self._send(sends)
         if closes:
             self._close(closes)
-        self.fsyncs += 1
         if seq < self._written_seq:  # an earlier unsynced write (a batched lease's) reached further
             seq = self._written_seq
         self._written_seq = seq
@@ -359,6 +359,20 @@ class Committer:
                 self._unsynced_since = self._monotonic()
             self._unsynced_ops += ops
 
+    def _write_alone(self, payloads: list[bytes], seq: int, ops: int) -> None:
+        """:meth:`_write` by the loop committing inline: the caller holds ``_busy``, so the
+        thread is idle and no ``_sync`` reads the bookkeeping meanwhile (as in
+        :meth:`_commit_alone`): no lock."""
+        try:
+            self.log.commit(payloads, sync=False)
+        except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+            self._fail(e)
+        if seq > self._written_seq:
+            self._written_seq = seq
+        if self._unsynced_since is None:
+            self._unsynced_since = self._monotonic()
+        self._unsynced_ops += ops
+
     def _sync(self) -> tuple[int, float, int] | None:
         """fdatasync what was written before this call, if anything is unsynced; return what
         :meth:`_synced` notes once the replies it covers are sent (the highest job sequence
@@ -387,13 +401,17 @@ class Committer:
         up to ``seq`` are durable (a lease of one may go before its own fsync from now on:
         until now it waited for the next, which is only later, never wrong), nothing is due
         unless an append raced the fdatasync, and the metrics."""
-        self.fsyncs += 1
         with self._lock:
             if seq > self.durable_seq:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
                 self._unsynced_since = None
         self._observe(seconds, ops)
+
+    @property
+    def fsyncs(self) -> int:
+        """fdatasyncs made: each is one observation of ``commit_seconds`` (not counted apart)."""
+        return sum(self.commit_seconds.counts)
 
     def _fail(self, e: BaseException) -> None:
         log.error("log commit failed; exiting without replying so the supervisor "

@@ -329,16 +329,23 @@ class ShardServer(ControlHandlers, ResultHandlers):
             self._serve_lease_waiters(now, early, late)
         if self.watchers:
             self._notify_watchers(early)
-        sync = bool(late) or state.sync_forced or self._sync_overdue()
+        committer = self.committer
+        if late or state.sync_forced:
+            sync = True
+        else:  # written, unsynced records (batched leases) have waited their longest?
+            due = committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
+            sync = due is not None and self.clock.monotonic() >= due
         if state.sync_forced:  # a new token epoch: nothing of this iteration leaves before it
             for conn, out in early.items():
                 late.setdefault(conn, []).extend(out)
             early = {}
             state.sync_forced = False
-        self._answered = _to_a_client(late) or _to_a_client(early)
-        closes, self._closes = self._closes, []
+        self._answered = False  # until _frames frames a reply to a "client" connection
+        closes = self._closes
+        if closes:
+            self._closes = []
         n_ops = len(state._ops)  # one log operation each (the fdatasync's metrics count them)
-        self.committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
+        committer.submit(  # type: ignore[union-attr]  # the loop runs: it is set
             self.shard.take_payloads(), self._frames(late) if late else [], closes,
             inline=n_requests <= INLINE_REQUESTS_MAX,
             early=self._frames(early) if early else [], sync=sync, seq=state.next_seq - 1, ops=n_ops)
@@ -360,15 +367,15 @@ class ShardServer(ControlHandlers, ResultHandlers):
             self._poller.unregister(self._health_fd)
             self._health_fd = -1
 
-    def _sync_overdue(self) -> bool:
-        """Written, unsynced records (batched leases) have waited their longest."""
-        due = self.committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
-        return due is not None and self.clock.monotonic() >= due
-
     def _frames(self, replies: dict[FrameConn, list[Reply]]) -> list[Send]:
+        """The frames of each connection's replies; sets ``_answered`` if one goes to a
+        connection of role "client" (one that polls for its replies: the loop polls for its
+        next request, :meth:`iterate`)."""
         conns, pack, frames = self.conns, protocol.pack, []
         for conn, out in replies.items():
             if conn in conns:
+                if conn.role == "client":
+                    self._answered = True
                 data = pack(out)  # one frame, unless together the replies pass the limit
                 if len(data) <= _FRAME_BYTES_MAX or len(out) == 1:
                     frames.append((conn, data))
@@ -618,14 +625,6 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
-
-
-def _to_a_client(replies: dict[FrameConn, list[Reply]]) -> bool:
-    """Some reply goes to a connection of role "client" (one that polls for its replies)."""
-    for conn in replies:
-        if conn.role == "client":
-            return True
-    return False
 
 
 def _reply_frames(replies: list[Reply]) -> list[bytes]:

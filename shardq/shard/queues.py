@@ -80,14 +80,13 @@ class QueueOps(StateCore):
         if len(self.jobs) + n > self.max_pending:
             raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
         new_queues: dict[str, QueueState] = {}
-        log_bytes = 64 + 16 * n  # the session op and its job ids
         if n == 1:  # a lone job (figure A): no batch loop
             checked = [self._check_item(items[0], new_queues)]
             usual = checked[0][5] is None and not checked[0][3]
         else:
             checked, usual = self._check_items(items, new_queues)
-        if n > 1 or not _ONE_JOB_FITS:
-            log_bytes += validate.jobs_bytes(checked)
+        # the session op and its job ids, and the jobs (one job always fits: not measured)
+        log_bytes = 64 + 16 * n + validate.jobs_bytes(checked) if n > 1 or not _ONE_JOB_FITS else 0
         if self.dedup_held + n > self.max_dedup:
             self._room_for_dedup_ids(checked, now)
         if log_bytes > _REQUEST_BYTES_MAX:
@@ -96,9 +95,9 @@ class QueueOps(StateCore):
                              f"{_REQUEST_BYTES_MAX}-byte limit of one request; send it in smaller batches")
         if new_queues:
             self._room_for_queues(len(new_queues))
-        self.queues.update(new_queues)  # every item is valid: from here on nothing can refuse
-        for q in new_queues.values():
-            self._note_limited(q)
+            self.queues.update(new_queues)  # every item is valid: from here on nothing can refuse
+            for q in new_queues.values():
+                self._note_limited(q)
         emitted = self._ops
         first_op = len(emitted)
         if usual:

@@ -200,7 +200,7 @@ class ReportingFiles:
         fd: int = self._call(self.inner.create, path, path=path)  # typed: a SlowDiskFiles inner gives Any
         return fd
 
-    # write and datasync run on every commit: _call's work written out, one call less.
+    # write, datasync and write_sync run on every commit: _call's work written out, one call less.
     def write(self, fd: int, data: bytes) -> None:
         self._write_since = self.monotonic()
         try:
@@ -223,6 +223,20 @@ class ReportingFiles:
             raise
         finally:
             self._sync_since = None
+
+    def write_sync(self, fd: int, data: bytes) -> None:
+        """:meth:`write` and :meth:`datasync` in one call (a synced commit), timed as one
+        disk call."""
+        self._write_since = self.monotonic()
+        try:
+            self.inner.write_sync(fd, data)
+        except OSError as e:
+            if e.errno in NO_SPACE:
+                self._report_no_space(e, fd, None)
+            raise
+        finally:
+            self._write_since = None
+        self.bytes_written += len(data)
 
     def fsync(self, fd: int) -> None:
         self._timed(self.inner.fsync, fd, fd=fd)

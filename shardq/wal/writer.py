@@ -94,19 +94,26 @@ class SegmentWriter:
         """Append one record per payload, then one fdatasync (``sync``; otherwise the next
         :meth:`sync` or synced commit makes them durable: fdatasync covers every earlier
         write of the file). Returns bytes written."""
-        if payloads:
-            write, synced = self.written + 1, self.synced
-            data = frame(payloads[0], SEGMENT, write, synced) if len(payloads) == 1 else \
-                frame_write(payloads, write, synced)
-            self.files.write(self.fd, data)
-            self.size += len(data)
-            self.written = write  # after the write: a sync that reads this covers it
-            self.vouched = synced
+        if not payloads:
+            if sync:
+                self.sync()
+            return 0
+        write, synced = self.written + 1, self.synced
+        data = frame(payloads[0], SEGMENT, write, synced) if len(payloads) == 1 else \
+            frame_write(payloads, write, synced)
+        n = len(data)
+        if sync:  # one call: the write, then an fdatasync of it and every write before it
+            # (``written`` moves after both: the caller appends and syncs, so no other
+            # thread syncs or appends meanwhile, and none reads a number in between)
+            self.files.write_sync(self.fd, data)
+            self.size += n
+            self.written = self.synced = write
         else:
-            data = b""
-        if sync:
-            self.sync()
-        return len(data)
+            self.files.write(self.fd, data)
+            self.size += n
+            self.written = write  # after the write: a sync that reads this covers it
+        self.vouched = synced
+        return n
 
     @property
     def mark_pending(self) -> bool:

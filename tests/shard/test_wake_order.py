@@ -14,7 +14,7 @@ import pytest
 from shardq import busypoll
 from shardq.busypoll import BusyPoll
 from shardq.shard.conn import FrameConn
-from shardq.wal.writer import SegmentWriter
+from shardq.wal.fileio import Files
 
 _LEN = struct.Struct("!i")
 
@@ -56,17 +56,23 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
     consumer, consumer_fd = second_client(loop)
     park_a_wait(loop, consumer)
     order: list[object] = []
-    real_send, real_sync = FrameConn.send, SegmentWriter.sync  # (a commit's fdatasync, whichever call)
+    # (a commit's fdatasync, whichever call makes it: alone, or after its write)
+    real_send, real_sync, real_write_sync = FrameConn.send, Files.datasync, Files.write_sync
 
     def noting_send(self, frame):
         order.append(self.fd)
         return real_send(self, frame)
 
-    def noting_sync(self):
+    def noting_sync(self, fd):
         order.append("fdatasync")
-        return real_sync(self)
+        return real_sync(self, fd)
+
+    def noting_write_sync(self, fd, data):
+        real_write_sync(self, fd, data)
+        order.append("fdatasync")
     monkeypatch.setattr(FrameConn, "send", noting_send)
-    monkeypatch.setattr(SegmentWriter, "sync", noting_sync)
+    monkeypatch.setattr(Files, "datasync", noting_sync)
+    monkeypatch.setattr(Files, "write_sync", noting_write_sync)
     loop.enqueue()  # one iteration: the enqueue, the waiter's lease, one fsync, the replies
     assert loop.failures == 0
     assert order[0] == "fdatasync" and sorted(order[1:]) == sorted([consumer_fd, producer_fd])

@@ -524,3 +524,40 @@ def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path
     log.close()  # writes a sync mark, then seals: truncates and fsyncs
     size = log.writer.size
     assert size > len(b"\x91\x01") + 8 and synced_sizes(str(side)).get(inode) == size and files.bytes_written > 0
+
+
+def test_a_synced_commit_makes_the_hooks_own_write_and_datasync(tmp_path, monkeypatch):
+    """A synced commit is one ``write_sync`` call (wal/fileio.py). Where a subclass changes
+    ``write`` or ``datasync`` (the power-cut model's sync log, the test doubles), its own two
+    calls are made: the synced size is recorded at the commit, not only at the close, and a
+    fault armed for the datasync fires there."""
+    import errno
+    import io
+
+    from support.faults import FaultyFiles
+    from shardq.errors import LogFailed
+    from shardq.shard.report import ReportingFiles, SupervisorPipe
+    from shardq.verify.powercut import synced_sizes
+    from shardq.wal.fileio import FAULT_SYNC_LOG_ENV
+    from shardq.wal.log import Log
+
+    side = tmp_path / "synced.log"
+    monkeypatch.setenv(FAULT_SYNC_LOG_ENV, str(side))
+    files = ReportingFiles(SupervisorPipe(io.StringIO()))
+    os.mkdir(tmp_path / "shard")
+    log = Log(str(tmp_path / "shard"), segment_bytes=1 << 20, files=files)
+    list(log.replay())
+    log.commit([b"\x91\x01"], sync=True)
+    inode = os.fstat(log.writer.fd).st_ino
+    assert synced_sizes(str(side)).get(inode) == log.writer.size and files.bytes_written > 0
+    log.close()
+
+    faulty = FaultyFiles(kinds=("datasync",), error=errno.EIO)
+    os.mkdir(tmp_path / "other")
+    log = Log(str(tmp_path / "other"), segment_bytes=1 << 20, files=faulty)
+    list(log.replay())
+    faulty.fail_at = faulty.count + 1  # the next datasync
+    with pytest.raises(LogFailed):
+        log.commit([b"\x91\x01"], sync=True)
+    assert faulty.failed is not None and faulty.failed[0] == "datasync"
+    assert [kind for kind, _ in faulty.calls[-2:]] == ["write", "datasync"]
