@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from bench import report, targets
+from support.service import poll_until
 from bench.mpmc import phases
 from bench import run as bench_run_module
 from bench.workers import brokers
@@ -99,9 +100,7 @@ def test_a_benchmark_stopped_by_sigterm_stops_the_servers_it_started(tmp_path):
         return found
 
     try:
-        deadline = time.monotonic() + 120
-        while not servers() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)  # polled with a deadline
+        poll_until(lambda: servers() or proc.poll() is not None, time.monotonic() + 120, 0.1)
         shards = servers()
         assert shards, ("the benchmark never started a shard", proc.poll() is None or proc.stderr.read()[-2000:])
         proc.send_signal(signal.SIGTERM)

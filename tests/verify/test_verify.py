@@ -31,7 +31,7 @@ from shardq.verify import build_parser, settle_defaults
 from shardq.verify.plan import POWER_CUT, SERVICE_KINDS, kinds_for
 from shardq.verify.run import replay_command
 
-from support.service import wait_until
+from support.service import poll_until, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: How long most chaos runs below plan faults for (``--duration``). The CI setting, 1 s, is
@@ -484,9 +484,8 @@ def test_a_run_stopped_by_sigterm_ends_every_process_it_started(tmp_path):
                     continue
             return found
 
-        deadline = time.monotonic() + 60
-        while len(started()) < 2 + 2 + 3 + 1 and time.monotonic() < deadline:  # serve, 2 shards, 3 workers, a producer
-            time.sleep(0.1)  # polled with a deadline
+        # serve, 2 shards, 3 workers, a producer
+        poll_until(lambda: len(started()) >= 2 + 2 + 3 + 1, time.monotonic() + 60, 0.1)
         children = started()
         assert len(children) >= 8, [c.info["cmdline"] for c in children]
         proc.send_signal(signal.SIGTERM)
