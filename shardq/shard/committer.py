@@ -88,7 +88,9 @@ class Committer:
         self._monotonic = (clock or SystemClock()).monotonic  # sync deadlines and fsync times
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
-        self._unsynced_since: float | None = None
+        #: when written, unsynced records must be fsynced at the latest (monotonic), or None:
+        #: an attribute, as the shard loop reads it every iteration (:meth:`sync_due`)
+        self.sync_due_at: float | None = None
         self._unsynced_ops = 0  # log operations written since the last fdatasync (metrics)
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
@@ -190,7 +192,7 @@ class Committer:
                 if not self._items and self._backlog and not self._stopping:
                     self._work.wait(FLUSH_POLL_S)  # a submit wakes it at once
                 if (not self._items and self._stopping and not self._backlog
-                        and self._unsynced_since is None):
+                        and self.sync_due_at is None):
                     return
                 items = list(self._items)
                 self._items.clear()
@@ -200,7 +202,7 @@ class Committer:
                     self._idle.notify_all()  # a submit held back may queue again
             if items:
                 self._process(items)
-            elif self._unsynced_since is not None and self._stopping:
+            elif self.sync_due_at is not None and self._stopping:
                 synced = self._sync()
                 if synced is not None:
                     self._synced(*synced)
@@ -235,8 +237,7 @@ class Committer:
     def sync_due(self) -> float | None:
         """When written, unsynced records must be fsynced at the latest (monotonic), or
         None. The shard loop wakes for it and submits a synced batch: no thread hand-off."""
-        since = self._unsynced_since
-        return None if since is None else since + UNSYNCED_S_MAX
+        return self.sync_due_at
 
     def _flush_backlog(self, final: bool = False) -> None:
         """Write what waits for slow readers; drop those that took nothing for
@@ -335,7 +336,7 @@ class Committer:
         self._written_seq = seq
         if seq > self.durable_seq:
             self.durable_seq = seq
-        self._unsynced_since = None
+        self.sync_due_at = None
         unsynced = self._unsynced_ops
         if unsynced:
             self._unsynced_ops = 0
@@ -355,8 +356,8 @@ class Committer:
         with self._lock:  # against _sync's bookkeeping on the other thread
             if seq > self._written_seq:
                 self._written_seq = seq
-            if self._unsynced_since is None:
-                self._unsynced_since = self._monotonic()
+            if self.sync_due_at is None:
+                self.sync_due_at = self._monotonic() + UNSYNCED_S_MAX
             self._unsynced_ops += ops
 
     def _write_alone(self, payloads: list[bytes], seq: int, ops: int) -> None:
@@ -369,8 +370,8 @@ class Committer:
             self._fail(e)
         if seq > self._written_seq:
             self._written_seq = seq
-        if self._unsynced_since is None:
-            self._unsynced_since = self._monotonic()
+        if self.sync_due_at is None:
+            self.sync_due_at = self._monotonic() + UNSYNCED_S_MAX
         self._unsynced_ops += ops
 
     def _sync(self) -> tuple[int, float, int] | None:
@@ -383,7 +384,7 @@ class Committer:
             # is due. Left set, sync_due would stay in the past and the loop spin on it.
             with self._lock:
                 if not self.log.unsynced:
-                    self._unsynced_since = None
+                    self.sync_due_at = None
             return None
         with self._lock:
             # Read before the fdatasync: every job up to seq is written, so it covers them.
@@ -405,7 +406,7 @@ class Committer:
             if seq > self.durable_seq:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
-                self._unsynced_since = None
+                self.sync_due_at = None
         self._observe(seconds, ops)
 
     @property
