@@ -213,20 +213,24 @@ class Committer:
                     self._idle.notify_all()
 
     def write_mark(self) -> bool:
-        """Append a sync mark (``Log.mark``) if every write is synced and the thread is idle;
-        False if the thread is busy (try again shortly). The loop calls it before it sleeps,
-        so the writes of an idle shard are vouched for: damage to them later is refused as
+        """Append a sync mark (``Log.mark``) if one is wanted (every write synced: the log's
+        ``mark_wanted``, tested here, so a caller need not) and the thread is idle. True once
+        no mark is pending (this one written, or none due); False if the thread is busy or a
+        write is not synced yet (try again shortly). The loop calls it before it sleeps, so
+        the writes of an idle shard are vouched for: damage to them later is refused as
         corruption, never cut as a torn write (wal/reader.py)."""
         with self._lock:
             if self._items or self._busy:
                 return False
             self._busy = True  # the appender now: submits queue behind it
+        log_ = self.log
         try:
-            if self.log.mark_wanted:
-                try:
-                    self.log.mark()
-                except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
-                    self._fail(e)
+            if not log_.mark_wanted:
+                return not log_.mark_pending
+            try:
+                log_.mark()
+            except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+                self._fail(e)
         finally:
             with self._lock:
                 self._busy = False
@@ -324,7 +328,7 @@ class Committer:
         fdatasync covers every earlier unsynced write too, so they become durable with it."""
         t0 = self._monotonic()
         try:
-            self.log.commit(payloads, sync=True)
+            self.log.commit(payloads, True)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         seconds = self._monotonic() - t0
@@ -350,7 +354,7 @@ class Committer:
         """Append ``payloads`` (``ops`` log operations) unsynced (the loop or the thread: one
         appender at a time)."""
         try:
-            self.log.commit(payloads, sync=False)
+            self.log.commit(payloads, False)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         with self._lock:  # against _sync's bookkeeping on the other thread
@@ -365,7 +369,7 @@ class Committer:
         thread is idle and no ``_sync`` reads the bookkeeping meanwhile (as in
         :meth:`_commit_alone`): no lock."""
         try:
-            self.log.commit(payloads, sync=False)
+            self.log.commit(payloads, False)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         if seq > self._written_seq:

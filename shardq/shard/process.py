@@ -282,9 +282,8 @@ class ShardServer(ControlHandlers, ResultHandlers):
         # iteration that answered nobody, no request is a round trip away: sleep at once
         events = busy.spin_if_wanted(self._poller.poll, timeout) if timeout != 0 and self._answered else None
         if not events:
-            if timeout is None and self.shard.log.mark_pending and not (
-                    self.shard.log.mark_wanted
-                    and self.committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
+            if (timeout is None and self.shard.log.mark_pending
+                    and not committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
                 timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
