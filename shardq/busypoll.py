@@ -96,12 +96,15 @@ class BusyPoll:
     def spin_if_wanted(self, poll: Callable[[int], list[T]], limit_s: float | None = None) -> list[T]:
         """:meth:`spin` with no ``others`` if :meth:`wanted`, else [] at once: one call for a
         loop that asks on every iteration (the shard's). Its first ``poll(0)`` comes before
-        the spin's clock starts, so a wait that finds something ready reads no clock; the
-        spin after it keeps to the budget."""
+        the spin's clock starts, so a wait that finds something ready reads no clock; after
+        a miss it yields the CPU, as between any two looks, and the spin keeps to the budget."""
         budget = self.budget_s
         if 0.0 < budget and self._average_s <= budget and self._shared <= _SHARED_MAX:
             ready = poll(0)
-            return ready if ready else self.spin(poll, (), limit_s)
+            if ready:
+                return ready
+            os.sched_yield()  # (not two polls back to back: the spin's first comes next)
+            return self.spin(poll, (), limit_s)
         return []
 
     def spin(self, poll: Callable[[int], list[T]], others: Sized = (),
