@@ -18,7 +18,8 @@ SQS listener's routers connect as clients, so they are polled for, though they d
 The SQS listener's event loop polls the same way for a lone request's reply from a shard and
 for a lone client's next request (:mod:`shardq.service.spin_selector`).
 
-Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling, and none while
+Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling (the shard's loop,
+through :meth:`BusyPoll.spin_if_wanted`, one look more before the budget's clock starts), and none while
 recent waits (a moving average) took longer than the budget, so a slow disk, a loaded
 machine or a client that pauses between calls turns it off by itself, and it comes back
 on when they stop; a process allowed only one CPU never polls (the other side could not
@@ -91,6 +92,20 @@ class BusyPoll:
         """A call found the connection in use by another thread (it takes the general path).
         Several threads may note at once: a lost update only nudges a heuristic."""
         self._shared += (1.0 - self._shared) * _NEWEST
+
+    def spin_if_wanted(self, poll: Callable[[int], list[T]], limit_s: float | None = None) -> list[T]:
+        """:meth:`spin` with no ``others`` if :meth:`wanted`, else [] at once: one call for a
+        loop that asks on every iteration (the shard's). Its first ``poll(0)`` comes before
+        the spin's clock starts, so a wait that finds something ready reads no clock; after
+        a miss it yields the CPU, as between any two looks, and the spin keeps to the budget."""
+        budget = self.budget_s
+        if 0.0 < budget and self._average_s <= budget and self._shared <= _SHARED_MAX:
+            ready = poll(0)
+            if ready:
+                return ready
+            os.sched_yield()  # (not two polls back to back: the spin's first comes next)
+            return self.spin(poll, (), limit_s)
+        return []
 
     def spin(self, poll: Callable[[int], list[T]], others: Sized = (),
              limit_s: float | None = None) -> list[T]:

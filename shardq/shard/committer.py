@@ -88,7 +88,9 @@ class Committer:
         self._monotonic = (clock or SystemClock()).monotonic  # sync deadlines and fsync times
         self.durable_seq = 0      # every job with a sequence number up to this is durable
         self._written_seq = 0
-        self._unsynced_since: float | None = None
+        #: when written, unsynced records must be fsynced at the latest (monotonic), or None:
+        #: an attribute, as the shard loop reads it every iteration (:meth:`sync_due`)
+        self.sync_due_at: float | None = None
         self._unsynced_ops = 0  # log operations written since the last fdatasync (metrics)
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)  # write + fdatasync, for metrics
         self.commit_ops = Histogram(COMMIT_OPS_BUCKETS)          # log operations per fsync
@@ -190,7 +192,7 @@ class Committer:
                 if not self._items and self._backlog and not self._stopping:
                     self._work.wait(FLUSH_POLL_S)  # a submit wakes it at once
                 if (not self._items and self._stopping and not self._backlog
-                        and self._unsynced_since is None):
+                        and self.sync_due_at is None):
                     return
                 items = list(self._items)
                 self._items.clear()
@@ -200,7 +202,7 @@ class Committer:
                     self._idle.notify_all()  # a submit held back may queue again
             if items:
                 self._process(items)
-            elif self._unsynced_since is not None and self._stopping:
+            elif self.sync_due_at is not None and self._stopping:
                 synced = self._sync()
                 if synced is not None:
                     self._synced(*synced)
@@ -211,20 +213,24 @@ class Committer:
                     self._idle.notify_all()
 
     def write_mark(self) -> bool:
-        """Append a sync mark (``Log.mark``) if every write is synced and the thread is idle;
-        False if the thread is busy (try again shortly). The loop calls it before it sleeps,
-        so the writes of an idle shard are vouched for: damage to them later is refused as
+        """Append a sync mark (``Log.mark``) if one is wanted (every write synced: the log's
+        ``mark_wanted``, tested here, so a caller need not) and the thread is idle. True once
+        no mark is pending (this one written, or none due); False if the thread is busy or a
+        write is not synced yet (try again shortly). The loop calls it before it sleeps, so
+        the writes of an idle shard are vouched for: damage to them later is refused as
         corruption, never cut as a torn write (wal/reader.py)."""
         with self._lock:
             if self._items or self._busy:
                 return False
             self._busy = True  # the appender now: submits queue behind it
+        log_ = self.log
         try:
-            if self.log.mark_wanted:
-                try:
-                    self.log.mark()
-                except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
-                    self._fail(e)
+            if not log_.mark_wanted:
+                return not log_.mark_pending
+            try:
+                log_.mark()
+            except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
+                self._fail(e)
         finally:
             with self._lock:
                 self._busy = False
@@ -235,8 +241,7 @@ class Committer:
     def sync_due(self) -> float | None:
         """When written, unsynced records must be fsynced at the latest (monotonic), or
         None. The shard loop wakes for it and submits a synced batch: no thread hand-off."""
-        since = self._unsynced_since
-        return None if since is None else since + UNSYNCED_S_MAX
+        return self.sync_due_at
 
     def _flush_backlog(self, final: bool = False) -> None:
         """Write what waits for slow readers; drop those that took nothing for
@@ -323,7 +328,7 @@ class Committer:
         fdatasync covers every earlier unsynced write too, so they become durable with it."""
         t0 = self._monotonic()
         try:
-            self.log.commit(payloads, sync=True)
+            self.log.commit(payloads, True)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         seconds = self._monotonic() - t0
@@ -335,7 +340,7 @@ class Committer:
         self._written_seq = seq
         if seq > self.durable_seq:
             self.durable_seq = seq
-        self._unsynced_since = None
+        self.sync_due_at = None
         unsynced = self._unsynced_ops
         if unsynced:
             self._unsynced_ops = 0
@@ -349,14 +354,14 @@ class Committer:
         """Append ``payloads`` (``ops`` log operations) unsynced (the loop or the thread: one
         appender at a time)."""
         try:
-            self.log.commit(payloads, sync=False)
+            self.log.commit(payloads, False)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         with self._lock:  # against _sync's bookkeeping on the other thread
             if seq > self._written_seq:
                 self._written_seq = seq
-            if self._unsynced_since is None:
-                self._unsynced_since = self._monotonic()
+            if self.sync_due_at is None:
+                self.sync_due_at = self._monotonic() + UNSYNCED_S_MAX
             self._unsynced_ops += ops
 
     def _write_alone(self, payloads: list[bytes], seq: int, ops: int) -> None:
@@ -364,13 +369,13 @@ class Committer:
         thread is idle and no ``_sync`` reads the bookkeeping meanwhile (as in
         :meth:`_commit_alone`): no lock."""
         try:
-            self.log.commit(payloads, sync=False)
+            self.log.commit(payloads, False)
         except (LogFailed, Exception) as e:  # noqa: BLE001 - any failure here is fatal
             self._fail(e)
         if seq > self._written_seq:
             self._written_seq = seq
-        if self._unsynced_since is None:
-            self._unsynced_since = self._monotonic()
+        if self.sync_due_at is None:
+            self.sync_due_at = self._monotonic() + UNSYNCED_S_MAX
         self._unsynced_ops += ops
 
     def _sync(self) -> tuple[int, float, int] | None:
@@ -383,7 +388,7 @@ class Committer:
             # is due. Left set, sync_due would stay in the past and the loop spin on it.
             with self._lock:
                 if not self.log.unsynced:
-                    self._unsynced_since = None
+                    self.sync_due_at = None
             return None
         with self._lock:
             # Read before the fdatasync: every job up to seq is written, so it covers them.
@@ -405,7 +410,7 @@ class Committer:
             if seq > self.durable_seq:
                 self.durable_seq = seq
             if not self.log.unsynced:  # else an append raced the fdatasync: still due
-                self._unsynced_since = None
+                self.sync_due_at = None
         self._observe(seconds, ops)
 
     @property

@@ -87,8 +87,7 @@ class ControlHandlers:
         committer.drain()
         committer.submit([], [], [], inline=True, sync=True)
         committer.drain()
-        if self.shard.log.mark_wanted:
-            committer.write_mark()  # False only while it flushes replies to a slow reader
+        committer.write_mark()  # False only while it flushes replies to a slow reader
         cut = self.shard.stage_backup(args.stage)
         # Every job numbered up to durable_seq is in the copy, and none after it: the
         # restore checks that its replay ends there.

@@ -159,6 +159,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self.clock = clock or SystemClock()
         #: the loop's own waits (busy polling) are timed in real time, whatever clock it serves by
         self._real = SystemClock()
+        self._mono = self._real.monotonic  # (bound once: read twice an iteration)
         self.conns: set[FrameConn] = set()
         #: per role (sockio.ROLES): a slot per connection, taken by the acceptor, given
         #: back by _drop
@@ -246,10 +247,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     # ------------------------------------------------------------------ the loop
     def _timeout(self) -> float | None:
-        sync_due = self.committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
+        """How long the loop may wait for its next event: the next sync due, a waiter's
+        deadline, the state's next deadline; None (block until a client speaks: no CPU while
+        idle) if there is none, which :meth:`iterate` tests before it calls this."""
+        sync_due = self.committer.sync_due_at  # type: ignore[union-attr]  # the loop runs: it is set
         waiting = self.watchers or self.lease_waiters
         if not waiting and sync_due is None:
-            return None  # idle: block until a client speaks (no CPU while idle)
+            return None
         mono = self.clock.monotonic()
         t = math.inf if sync_due is None else sync_due - mono
         if waiting:
@@ -267,22 +271,23 @@ class ShardServer(ControlHandlers, ResultHandlers):
     def iterate(self) -> None:
         """One iteration: read what is ready, apply, then hand the log payload and the
         replies to the committer (which fsyncs before it sends them)."""
-        timeout = self._timeout()
+        committer = self.committer
+        # (_timeout's idle case tested here: no sync due and no waiter, the usual iteration)
+        timeout = (None if committer.sync_due_at is None  # type: ignore[union-attr]  # the loop runs: it is set
+                   and not self.watchers and not self.lease_waiters else self._timeout())
         busy = self._busy
-        waited_from = self._real.monotonic()
+        waited_from = self._mono()
         # a lone client's next request comes a round trip after our reply: poll for it
         # before sleeping, while such waits have been short (shardq/busypoll.py); after an
         # iteration that answered nobody, no request is a round trip away: sleep at once
-        events = (busy.spin(self._poller.poll, (), timeout)
-                  if timeout != 0 and self._answered and busy.wanted() else None)
+        events = busy.spin_if_wanted(self._poller.poll, timeout) if timeout != 0 and self._answered else None
         if not events:
-            if timeout is None and self.shard.log.mark_pending and not (
-                    self.shard.log.mark_wanted
-                    and self.committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
+            if (timeout is None and self.shard.log.mark_pending
+                    and not committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
                 timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
-        busy.note(self._real.monotonic() - waited_from)
+        busy.note(self._mono() - waited_from)
         batches: list[tuple[FrameConn, list[list[Any]]]] = []   # (conn, its decoded requests)
         conn: FrameConn | None
         for fd, _ in events:
@@ -329,11 +334,10 @@ class ShardServer(ControlHandlers, ResultHandlers):
             self._serve_lease_waiters(now, early, late)
         if self.watchers:
             self._notify_watchers(early)
-        committer = self.committer
         if late or state.sync_forced:
             sync = True
         else:  # written, unsynced records (batched leases) have waited their longest?
-            due = committer.sync_due()  # type: ignore[union-attr]  # the loop runs: it is set
+            due = committer.sync_due_at  # type: ignore[union-attr]  # the loop runs: it is set
             sync = due is not None and self.clock.monotonic() >= due
         if state.sync_forced:  # a new token epoch: nothing of this iteration leaves before it
             for conn, out in early.items():

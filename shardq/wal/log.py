@@ -92,6 +92,11 @@ class Log:
         self.writer: SegmentWriter | None = None
         self.failed: BaseException | None = None
         self.closed = False
+        # The writer while this log may write: set once replay has made what it read durable
+        # (and by each rotation), None once a call failed or the log closed. The hot calls
+        # (commit, sync, the sync mark's) test this one attribute; when it is None,
+        # _check_usable says why, from the three above.
+        self._usable: SegmentWriter | None = None
         self.stats = ReplayStats()
         self.checkpoint_bytes = 0
         self.segments: list[int] = []  # sequence numbers of segments after the checkpoint
@@ -161,6 +166,7 @@ class Log:
         # batch answered from its session); a power cut must not take it back.
         files.datasync(self.writer.fd)
         files.sync_dir(self.directory)
+        self._usable = self.writer
         self.stats.segments = len(segments)
         self.stats.seconds = self.clock.monotonic() - t0
 
@@ -282,6 +288,7 @@ class Log:
     def _fail(self, e: OSError, what: str) -> LogFailed:
         """Mark the log unusable after a failed call (the fsync is never retried)."""
         self.failed = e
+        self._usable = None
         return LogFailed(f"{what} failed: {e}")
 
     def _check_usable(self) -> SegmentWriter:
@@ -303,8 +310,8 @@ class Log:
         fdatasync: they survive a crash of the process (the kernel holds them) but not of
         the machine until the next synced commit or :meth:`sync`.
         """
-        writer = self.writer
-        if self.failed is not None or self.closed or writer is None:
+        writer = self._usable
+        if writer is None:
             writer = self._check_usable()  # raises why
         try:
             if writer.size >= self.segment_bytes:
@@ -328,8 +335,8 @@ class Log:
         It never starts a segment, so one other thread may commit unsynced records meanwhile
         (the shard loop, while its committer thread syncs: shard/committer.py); they stay
         unsynced."""
-        writer = self.writer
-        if self.failed is not None or self.closed or writer is None:
+        writer = self._usable
+        if writer is None:
             writer = self._check_usable()  # raises why
         try:
             writer.sync()
@@ -340,7 +347,7 @@ class Log:
         """Seal the newest segment and start the next; returns the new writer."""
         old = self._check_usable()
         old.seal()  # before the next segment exists: only the newest may end in zeros
-        new = self.writer = self._create_segment(old.seq + 1, old.written)  # sealed: all synced
+        new = self.writer = self._usable = self._create_segment(old.seq + 1, old.written)  # sealed: all synced
         self.segments.append(new.seq)
         old.close()
         return new
@@ -416,19 +423,21 @@ class Log:
     @property
     def mark_pending(self) -> bool:
         """No record vouches for the last write yet: a sync mark is due once it is synced."""
-        return self.writer is not None and self.failed is None and not self.closed and self.writer.mark_pending
+        writer = self._usable
+        return writer is not None and writer.mark_pending
 
     @property
     def mark_wanted(self) -> bool:
         """A sync mark is pending and every write is synced: :meth:`mark` may run now."""
-        return self.writer is not None and self.failed is None and not self.closed and self.writer.mark_wanted
+        writer = self._usable
+        return writer is not None and writer.mark_wanted
 
     def mark(self) -> None:
         """Append a sync mark (no fdatasync): from then on, damage to the writes before it
         reads as damage (CorruptLog), never as a torn write. The shard writes one when it
         goes idle. Never starts a segment; same caller rules as :meth:`commit`."""
-        writer = self.writer
-        if self.failed is not None or self.closed or writer is None:
+        writer = self._usable
+        if writer is None:
             writer = self._check_usable()  # raises why
         try:
             writer.mark()
@@ -438,6 +447,7 @@ class Log:
     def close(self) -> None:
         """Close; after a clean close the newest segment ends at its last record, a sync
         mark that vouches for every write before it."""
+        self._usable = None
         if self.writer is not None:
             try:
                 if self.failed is None and not self.closed:

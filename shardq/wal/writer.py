@@ -45,10 +45,6 @@ class SegmentWriter:
         # (a replayed log, or a sealed segment).
         self.written = last_write
         self.synced = last_write
-        # The highest ``synced`` any record of this log states: writes up to it are vouched
-        # for by a later record. 0 at first: a replayed log's last write is vouched for by
-        # the first mark.
-        self.vouched = 0
         self.marked = -1  # the number of the last sync mark written
 
     @classmethod
@@ -112,7 +108,6 @@ class SegmentWriter:
             self.files.write(self.fd, data)
             self.size += n
             self.written = write  # after the write: a sync that reads this covers it
-        self.vouched = synced
         return n
 
     @property
@@ -134,7 +129,6 @@ class SegmentWriter:
         self.files.write(self.fd, data)
         self.size += len(data)
         self.written = self.marked = write
-        self.vouched = synced
 
     def sync(self) -> None:
         """fdatasync every record written before this call. One other thread may append

@@ -118,6 +118,24 @@ def test_spin_stops_when_another_thread_waits_on_the_connection(two_cpus):
     assert calls == [0]  # one look, then the caller sleeps as the general path's do
 
 
+def test_spin_if_wanted_polls_only_when_wanted_and_spins_on_after_a_first_look(two_cpus):
+    calls = []
+
+    def never(timeout):
+        calls.append(timeout)
+        return []
+
+    busy = BusyPoll(2000)
+    started = time.monotonic()
+    assert busy.spin_if_wanted(never) == []
+    assert time.monotonic() - started >= 0.002 and set(calls) == {0}  # the spin ran its budget
+    assert busy.spin_if_wanted(lambda timeout: [(3, 1)]) == [(3, 1)]  # the first look found it
+    for _ in range(16):
+        busy.note(1.0)  # waits far over the budget: not wanted
+    calls.clear()
+    assert not busy.wanted() and busy.spin_if_wanted(never) == [] and calls == []  # not even a look
+
+
 @pytest.fixture
 def service():
     root = short_tmpdir()
@@ -129,15 +147,31 @@ def service():
 
 
 def counting_spins(monkeypatch):
+    """What each wait that polled found: a router's spin, a shard loop's spin_if_wanted
+    when wanted (one entry, whether its first poll found the request or its spin did)."""
     spins = []
-    real = BusyPoll.spin
+    real, real_if_wanted = BusyPoll.spin, BusyPoll.spin_if_wanted
+    inside = []
 
     def spin(self, poll, others=(), limit_s=None):
         got = real(self, poll, others, limit_s)
-        spins.append(got)
+        if not inside:
+            spins.append(got)
+        return got
+
+    def spin_if_wanted(self, poll, limit_s=None):
+        polled = self.wanted()
+        inside.append(True)
+        try:
+            got = real_if_wanted(self, poll, limit_s)
+        finally:
+            inside.pop()
+        if polled:
+            spins.append(got)
         return got
 
     monkeypatch.setattr(BusyPoll, "spin", spin)
+    monkeypatch.setattr(BusyPoll, "spin_if_wanted", spin_if_wanted)
     return spins
 
 

@@ -352,3 +352,26 @@ def test_an_fdatasyncs_metrics_count_the_operations_of_every_write_it_covers():
         c.stop()
         conn.close()
         peer.close()
+
+
+def test_write_mark_marks_only_synced_writes_and_says_when_none_is_pending(tmp_path):
+    """write_mark tests the log's mark_wanted itself (the loop and the backup cut call it
+    without testing first): a write not yet synced gets no mark (False: try again), a synced
+    one gets one (True), and with none pending it writes nothing (True)."""
+    from shardq.wal import Log
+    log_ = Log(str(tmp_path), segment_bytes=1 << 20)
+    for _ in log_.replay():
+        pass
+    c = Committer(log_, exit_code=4)
+    try:
+        assert c.write_mark() and not log_.mark_pending  # the replayed log's first mark (it vouches for the replay)
+        c.submit([b"\x90"], [], [], inline=True, sync=False, seq=1)  # written, not synced
+        written = log_.writer.written
+        assert log_.mark_pending and not c.write_mark()  # not synced: no mark yet
+        assert log_.writer.written == written
+        log_.sync()
+        assert c.write_mark() and log_.writer.written == written + 1 and not log_.mark_pending
+        assert c.write_mark() and log_.writer.written == written + 1  # none pending: nothing written
+    finally:
+        c.stop()
+        log_.close()

@@ -84,14 +84,17 @@ def test_a_waiting_consumers_lease_leaves_in_the_iteration_of_the_enqueue_and_af
 
 
 def spins_counted(monkeypatch) -> list[object]:
+    """What each of the loop's waits that polled found (spin_if_wanted, when wanted)."""
     spins: list[object] = []
-    real = BusyPoll.spin
+    real = BusyPoll.spin_if_wanted
 
-    def spin(self, poll, others=(), limit_s=None):
-        got = real(self, poll, others, limit_s)
-        spins.append(got)
+    def spin_if_wanted(self, poll, limit_s=None):
+        polled = self.wanted()
+        got = real(self, poll, limit_s)
+        if polled:
+            spins.append(got)
         return got
-    monkeypatch.setattr(BusyPoll, "spin", spin)
+    monkeypatch.setattr(BusyPoll, "spin_if_wanted", spin_if_wanted)
     return spins
 
 

@@ -509,6 +509,11 @@ def test_an_io_error_at_any_call_fails_the_log_and_loses_nothing_committed(tmp_p
                     log.commit([payload(10**6)])
                 with pytest.raises(LogFailed):
                     log.compact(checkpoint_of(committed))
+                with pytest.raises(LogFailed):
+                    log.sync()
+                with pytest.raises(LogFailed):
+                    log.mark()
+                assert not log.mark_pending and not log.mark_wanted  # the shard's loop never tries
             assert files.syncs_after_failure() == []
             log.close()
             log, got = open_log(d, segment_bytes=256)
