@@ -340,7 +340,7 @@ class _Conn(asyncio.Protocol):
             return
         keep = req.keep_alive and resp.keep_alive and not self.lst._closing and not self.eof
         status = _STATUS_LINES.get(resp.status) or f"HTTP/1.1 {resp.status} Unknown\r\n".encode()
-        fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
+        fields = "".join([f"{k}: {v}\r\n" for k, v in resp.headers])
         connection = ("keep-alive" if keep else "close")
         self.keep = keep
         # a HEAD's response is the head alone; its Content-Length still says the body's (RFC 9110 9.3.2)

@@ -195,6 +195,33 @@ def test_a_request_head_is_read_as_the_stdlib_reads_it():
     assert head.parse(b"GET / HTTP/1.1\nHost: x\n\nrest").body_at == len(b"GET / HTTP/1.1\nHost: x\n\n")
 
 
+def test_a_usual_head_read_by_its_regular_expressions_is_the_head_read_line_by_line():
+    """http_head.parse reads the usual head with two regular expressions; any head (seeded
+    random lines of spaces, CRs, colons, tokens and latin-1 whitespace) reads the same as
+    line by line, the fast path taken or not."""
+    import random
+
+    from shardq.service import http_head as head
+    rnd = random.Random(46)
+    parts = [" ", "\t", "\r", "\n", ":", "a", "B", "-", "x", "\x0b", "\xa0", "\x85", "/", "HTTP/1.1", "\r\n", "\n "]
+    usual = 0
+    for _ in range(4000):
+        lines = ["GET / HTTP/1.1" if rnd.random() < .7 else "".join(rnd.choices(parts, k=rnd.randint(1, 6)))]
+        for _ in range(rnd.randint(0, 4)):
+            lines.append(rnd.choice(["Host:", "X-a:", "x-A:", ""]) + "".join(rnd.choices(parts, k=rnd.randint(0, 6))))
+        raw = ("".join(line + rnd.choice(["\r\n", "\n"]) for line in lines) + "\r\nbody").encode("latin-1")
+        m = head.HEAD_END.search(raw)
+        if m is None or m.start() == 0:
+            continue
+        fast, slow = head.parse(raw), head._parse_lines(raw, m)
+        usual += head._USUAL.fullmatch(raw[:m.end()].decode("latin-1")) is not None
+        assert (fast is None) == (slow is None), raw
+        if fast is not None and slow is not None:
+            assert (fast.method, fast.target, fast.version, fast.body_at, fast._fields) == (
+                slow.method, slow.target, slow.version, slow.body_at, slow._fields), raw
+    assert usual > 1000  # both paths ran
+
+
 def test_message_ids_are_uuid5_of_the_service_and_job():
     import uuid
     for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
