@@ -98,9 +98,11 @@ class MessageActions:
         if not body:
             raise missing("MessageBody")
         m.check_text("the message body", body)
-        mattrs = m.check_attributes(e.get("MessageAttributes"))
-        sattrs = m.check_attributes(e.get("MessageSystemAttributes"), system=True)
-        size = len(body.encode("utf-8")) + m.attributes_size(mattrs)
+        given, given_system = e.get("MessageAttributes"), e.get("MessageSystemAttributes")
+        mattrs = m.check_attributes(given) if given is not None else {}
+        sattrs = m.check_attributes(given_system, system=True) if given_system is not None else {}
+        data = body.encode("utf-8")  # once: the size, the job's body and the MD5 read it
+        size = len(data) + m.attributes_size(mattrs) if mattrs else len(data)
         max_size = int(attrs["MaximumMessageSize"])
         if size > max_size:
             raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter than {max_size} "
@@ -132,7 +134,7 @@ class MessageActions:
         if delay is None:
             delay = int(attrs.get("DelaySeconds", "0"))
         sent_ms = int(self.clock.now() * 1000)
-        job_body = m.wrap(body, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
+        job_body = m.wrap(data, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
                           group=None if fifo else group)
         ceiling = (await self.q.queue_config(name)).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT)
         if len(job_body) > ceiling:
@@ -141,7 +143,7 @@ class MessageActions:
                           f"max_body_bytes = {ceiling} (raise it in [queue_defaults] or [queues.{name}]).")
         out: dict[str, Any] = {"job": {"body": job_body, "key": group if fifo else None, "delay": delay,
                                        "dedup_id": dedup},
-                               "MD5OfMessageBody": m.md5_of_body(body)}
+                               "MD5OfMessageBody": m.md5_of_utf8(data)}
         if mattrs:
             out["MD5OfMessageAttributes"] = m.md5_of_attributes(mattrs)
         if sattrs:

@@ -42,13 +42,14 @@ def test_md5_known_value():
     attrs = {"b": {"DataType": "Binary", "BinaryValue": b"\x01"}, "a": {"DataType": "String", "StringValue": "x"}}
     # md5(\0\0\0\1 "a" \0\0\0\6 "String" \1 \0\0\0\1 "x" \0\0\0\1 "b" \0\0\0\6 "Binary" \2 \0\0\0\1 \1)
     assert message.md5_of_attributes(attrs) == "00b20ddba5ce5486e92e6154f9c21903"
-    assert message.md5_of_body("hello") == "5d41402abc4b2a76b9719d911017c592"
+    assert message.md5_of_body("hello") == message.md5_of_utf8(b"hello") == "5d41402abc4b2a76b9719d911017c592"
 
 
 @settings(max_examples=100, deadline=None)
 @given(texts, st.dictionaries(names, values, max_size=3), st.sampled_from([None, "dedup-1"]))
 def test_an_envelope_gives_back_what_went_in(body, attrs, dedup):
     job = message.wrap(body, sent_ms=123, attrs=attrs, system={}, dedup_id=dedup)
+    assert message.wrap(body.encode(), sent_ms=123, attrs=attrs, system={}, dedup_id=dedup) == job  # a send's bytes
     if not attrs and dedup is None:
         assert job == body.encode()  # a plain message is its body: what a shardq worker reads
     text, head, got = message.presented(job)
