@@ -73,7 +73,7 @@ def _parse_lines(data: bytes | bytearray, m: re.Match[bytes]) -> Head | None:
     request = lines[0].split()
     if len(request) != 3 or not request[2].startswith("HTTP/1."):
         return None
-    fields = {}
+    fields: dict[str, list[str]] = {}
     last: list[str] | None = None
     for text in lines[1:]:
         if text[:1] in (" ", "\t"):  # an obsolete folded continuation of the line before

@@ -221,8 +221,9 @@ def from_wire(attrs: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
-    """(message body, envelope head, message attributes) of a job, as a receive shows it."""
+def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], bytes]:
+    """(message body, envelope head, message attributes, the body's UTF-8 bytes: what
+    MD5OfBody hashes, held already) of a job, as a receive shows it."""
     if not job_body.startswith(MAGIC):  # a bare body (the usual message): no envelope to read
         data: bytes = job_body
         head: dict[str, Any] = {}
@@ -233,12 +234,13 @@ def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str,
     try:
         text = data.decode("utf-8")
         if _BAD_CHARS.search(text) is None:
-            return text, head, attrs
+            return text, head, attrs, data
     except UnicodeDecodeError:
         pass
     attrs = dict(attrs)
     attrs[BODY_ENCODING_ATTRIBUTE] = {"DataType": "String", "StringValue": "base64"}
-    return base64.b64encode(data).decode(), head, attrs
+    shown = base64.b64encode(data)
+    return shown.decode(), head, attrs, shown
 
 
 def message_id(service_id: str, job_id: int) -> str:

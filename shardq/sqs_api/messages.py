@@ -52,10 +52,11 @@ SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "Approxi
 
 class Received(NamedTuple):
     """A lease to hand out, when it was received (ms), and its message as a receive shows it
-    (:func:`.message.presented`: body, envelope head, message attributes; read once)."""
+    (:func:`.message.presented`: body, envelope head, message attributes, the body's UTF-8;
+    read once)."""
     lease: Lease
     at_ms: int
-    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]]]
+    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]], bytes]
 
     @property
     def sent_ms(self) -> int | None:
@@ -407,16 +408,16 @@ class MessageActions:
                   if rec.get("first_receives") or "ApproximateFirstReceiveTimestamp" in wanted else {})
         handle = handles.encoder(self.catalog.key, name)
         message_id = self.message_id
-        md5 = m.md5_of_body
+        md5 = m.md5_of_utf8
         out = []
         for r in received:
             lease = r.lease
             job_id = int(lease.job_id)
-            body, head, mattrs = r.shown
+            body, head, mattrs, utf8 = r.shown
             msg: dict[str, Any] = {
                 "MessageId": head.get("m") or message_id(job_id),  # "m": kept by a move
                 "ReceiptHandle": handle(job_id, int(lease.token), r.at_ms),
-                "MD5OfBody": md5(body), "Body": body}
+                "MD5OfBody": md5(utf8), "Body": body}
             if wanted:
                 msg["Attributes"] = await self._system(name, rec["attributes"], lease, head, wanted,
                                                        firsts.get(job_id, r.at_ms))

@@ -52,14 +52,14 @@ def test_an_envelope_gives_back_what_went_in(body, attrs, dedup):
     assert message.wrap(body.encode(), sent_ms=123, attrs=attrs, system={}, dedup_id=dedup) == job  # a send's bytes
     if not attrs and dedup is None:
         assert job == body.encode()  # a plain message is its body: what a shardq worker reads
-    text, head, got = message.presented(job)
-    assert text == body and got == attrs and head.get("d") == dedup
+    text, head, got, utf8 = message.presented(job)
+    assert text == body and got == attrs and head.get("d") == dedup and utf8 == body.encode()
 
 
 def test_a_body_that_is_not_sqs_text_is_presented_base64():
     for raw in (b"\xff\x00", b"nul \x00 inside", b"\x00sqs1\nnot json\nrest"):
-        text, _, attrs = message.presented(raw)
-        assert base64.b64decode(text) == raw
+        text, _, attrs, utf8 = message.presented(raw)
+        assert base64.b64decode(text) == raw and utf8 == text.encode()  # MD5OfBody: of the text shown
         assert attrs[message.BODY_ENCODING_ATTRIBUTE]["StringValue"] == "base64"
 
 
