@@ -10,8 +10,11 @@ timing), answering raw JSON 1.0 requests sent one at a time from the main thread
 keep-alive connection (``bench.sqs_api``'s client). Each action runs twice: once timed
 (``time.thread_time`` of the loop's thread: the listener's CPU, HTTP and send syscalls
 included), once under ``cProfile`` on that thread alone, whose call count (every Python
-function and builtin called, ``total_calls``) does not depend on the machine. ``--top N``
-prints the N functions called most a request of each action.
+function and builtin called, ``total_calls``) does not depend on the machine, nor does the
+count of the event loop's turns a request (``_run_once``). ``--top N`` prints the N functions
+called most a request of each action. A third run of lone SendMessages times the loop
+thread's two stretches of each: request read -> shard write, shard reply read -> response
+write (p50 and p99; ``recv`` and ``send`` noted as they return).
 
 Counts are per request, averaged over ``--requests``; receives and deletes each take
 ``--requests`` batches of 10 messages, sent before them (``SendMessageBatch``, not counted).

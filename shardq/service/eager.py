@@ -40,17 +40,15 @@ def _rest(coro: Coroutine[Any, Any, T], waiting: Any) -> Generator[Any, Any, T]:
     yields goes to the task, each the task sends or throws goes back to it."""
     while True:
         try:
-            sent = yield waiting
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as e:  # noqa: BLE001 - a cancellation, thrown in by the task: the coroutine's
             try:
+                sent = yield waiting
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - a cancellation, thrown in by the task: the coroutine's
                 waiting = coro.throw(e)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        else:
-            try:
+            else:
                 waiting = coro.send(sent)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+        except StopIteration as done:  # (from the coroutine: the task never throws one in)
+            result: T = done.value
+            return result
