@@ -13,10 +13,12 @@ A shard's loop does the same before it sleeps for its next request
 (``service.busy_poll_us``): a lone client's next request comes a round trip after the
 last reply, and the shard that wakes for it pays what the caller did. So it polls only
 after an iteration that sent a reply to a connection of role "client" (a "service" one,
-serve's own, does not poll, and its next request comes late: shardq/shard/process.py; the
-SQS listener's routers connect as clients, so they are polled for, though they do not poll).
-The SQS listener's event loop polls the same way for a lone request's reply from a shard and
-for a lone client's next request (:mod:`shardq.service.spin_selector`).
+serve's own, does not poll, and its next request comes late: shardq/shard/process.py). The
+SQS listener connects as such a part of serve (role "service", while ``[sqs_api] processes``
+is at most 8; more processes connect as clients: shardq/sqs_api/server.py), so a shard does
+not poll after answering it; the listener's event loop polls instead, the same way, for a
+lone request's reply from a shard and for a lone client's next request
+(:mod:`shardq.service.spin_selector`).
 
 Guarantee: a wait spends at most ``budget_us`` microseconds of CPU polling (the shard's loop,
 through :meth:`BusyPoll.spin_if_wanted`, one look more before the budget's clock starts), and none while

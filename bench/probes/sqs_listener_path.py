@@ -10,8 +10,11 @@ timing), answering raw JSON 1.0 requests sent one at a time from the main thread
 keep-alive connection (``bench.sqs_api``'s client). Each action runs twice: once timed
 (``time.thread_time`` of the loop's thread: the listener's CPU, HTTP and send syscalls
 included), once under ``cProfile`` on that thread alone, whose call count (every Python
-function and builtin called, ``total_calls``) does not depend on the machine. ``--top N``
-prints the N functions called most a request of each action.
+function and builtin called, ``total_calls``) does not depend on the machine, nor does the
+count of the event loop's turns a request (``_run_once``). ``--top N`` prints the N functions
+called most a request of each action. A third run of lone SendMessages times the loop
+thread's two stretches of each: request read -> shard write, shard reply read -> response
+write (p50 and p99; ``recv`` and ``send`` noted as they return).
 
 Counts are per request, averaged over ``--requests``; receives and deletes each take
 ``--requests`` batches of 10 messages, sent before them (``SendMessageBatch``, not counted).
@@ -25,7 +28,10 @@ import cProfile
 import json
 import os
 import pstats
+import socket
+import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -66,10 +72,50 @@ def _measure(sqs: SqsService, requests: list[tuple[str, bytes]], client: Any, pr
     if prof is not None:
         st = pstats.Stats(prof)
         out["calls"] = round(st.total_calls / len(requests), 1)  # type: ignore[attr-defined]
+        turns = sum(v[1] for (f, _, name), v in st.stats.items()  # type: ignore[attr-defined]
+                    if name == "_run_once" and f.endswith("base_events.py"))
+        out["loop_turns"] = round(turns / len(requests), 2)  # the event loop's iterations
         if top:
             rows = sorted(st.stats.items(), key=lambda kv: -kv[1][1])[:top]  # type: ignore[attr-defined]
             out["top"] = [(_where(f, line, name), round(v[1] / len(requests), 2)) for (f, line, name), v in rows]
     return out
+
+
+def _segments(sqs: SqsService, requests: list[tuple[str, bytes]], client: Any) -> dict[str, float]:
+    """p50 and p99 of the loop thread's two stretches of a lone request, in microseconds:
+    from the request's read (``recv`` on a TCP socket) to the first write to a shard (``send``
+    on a unix socket), and from the shard's reply's read to the response's write. The
+    sockets' ``recv`` and ``send`` are wrapped to note the time, on the loop's thread only."""
+    loop_thread = sqs.loop_thread._thread.ident  # type: ignore[union-attr]
+    events: list[tuple[int, str]] = []
+    recv, send = socket.socket.recv, socket.socket.send
+
+    def noting(op: str, fn: Any) -> Any:
+        def wrapped(sock: socket.socket, *a: Any) -> Any:
+            out = fn(sock, *a)
+            if threading.get_ident() == loop_thread:
+                events.append((time.perf_counter_ns(), op + ("u" if sock.family == socket.AF_UNIX else "t")))
+            return out
+        return wrapped
+    socket.socket.recv, socket.socket.send = noting("r", recv), noting("s", send)  # type: ignore[method-assign]
+    try:
+        for action, body in requests:
+            client.call(action, body)
+    finally:
+        socket.socket.recv, socket.socket.send = recv, send  # type: ignore[method-assign]
+    to_shard, to_client = [], []
+    read_at = None
+    for at, op in events:
+        if op in ("rt", "ru"):
+            read_at = at
+        elif read_at is not None:
+            (to_shard if op == "su" else to_client).append((at - read_at) / 1000)
+            read_at = None
+
+    def pct(xs: list[float], q: int) -> float:
+        return round(statistics.quantiles(xs, n=100)[q - 1], 1) if len(xs) > 1 else 0.0
+    return {"to_shard_p50_us": pct(to_shard, 50), "to_shard_p99_us": pct(to_shard, 99),
+            "to_client_p50_us": pct(to_client, 50), "to_client_p99_us": pct(to_client, 99)}
 
 
 class _Keeping:
@@ -111,6 +157,10 @@ def run(n: int, top: int) -> dict[str, Any]:
             sends = [("SendMessage", json.dumps({"QueueUrl": qurl, "MessageBody": b}).encode())
                      for b in bench._bodies(n, f"lone{profile}")]
             results.setdefault("SendMessage", {}).update(_measure(sqs, sends, c, profile, top))
+            if not profile:
+                sends = [("SendMessage", json.dumps({"QueueUrl": qurl, "MessageBody": b}).encode())
+                         for b in bench._bodies(n, "stretches")]
+                results["SendMessage"].update(_segments(sqs, sends, c))
             bodies = bench._bodies(n * bench.BATCH, f"batch{profile}")
             for lo in range(0, len(bodies), bench.BATCH):
                 c.call("SendMessageBatch", json.dumps({"QueueUrl": qurl, "Entries": [
@@ -142,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     res = run(a.requests, a.top)
     for action, r in res["actions"].items():
-        print(f"{action:<20} calls {r['calls']:>8.1f}  listener CPU {r['cpu_us']:>7.1f} us a request")
+        print(f"{action:<20} calls {r['calls']:>8.1f}  loop turns {r['loop_turns']:>5.2f}  "
+              f"listener CPU {r['cpu_us']:>7.1f} us a request")
+        if "to_shard_p50_us" in r:
+            print(f"    request read -> shard write p50/p99 {r['to_shard_p50_us']}/{r['to_shard_p99_us']} us, "
+                  f"reply read -> response write {r['to_client_p50_us']}/{r['to_client_p99_us']} us")
         for name, count in r.get("top", []):
             print(f"    {count:>7.2f}  {name}")
     if a.json:

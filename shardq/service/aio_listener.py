@@ -2,7 +2,8 @@
 per connection or request, bounded bytes, overall deadlines.
 
 Each connection is an :class:`asyncio.Protocol` that reads its request until it is whole, then
-hands it to the handler as a task, and writes the response the handler returns with one
+hands it to the handler (started in the same loop turn, a task from its first wait on:
+:mod:`.eager`), and writes the response the handler returns with one
 ``transport.write``. A request whose head and body arrive in one read is parsed once and handed
 on from that read.
 
@@ -54,6 +55,7 @@ from typing import Any, cast
 
 from .. import limits
 from ..clock import Clock, SystemClock
+from . import eager
 from .http_head import HEAD_END, Head
 from .http_head import parse as parse_head
 from .http_rules import CHUNKED, CONTINUE, ChunkedBody, body_of, refusal
@@ -316,7 +318,8 @@ class _Conn(asyncio.Protocol):
             self._dispatch(head, body, True)
 
     def _dispatch(self, head: Head, body: bytes | None, keep: bool) -> None:
-        """Hand the whole request to the handler, as a task of its own."""
+        """Hand the whole request to the handler: started at once, a task of its own from its
+        first wait on (:mod:`.eager`)."""
         if head.version == "HTTP/1.0":
             keep = keep and (head.get("Connection") or "").lower() == "keep-alive"
         elif (head.get("Connection") or "").lower() == "close":
@@ -325,7 +328,11 @@ class _Conn(asyncio.Protocol):
         self.lst._waiting.pop(self, None)
         if not keep:
             self.buf = b""  # what follows is a refused body, or nothing to answer
-        self.task = self.loop.create_task(self._answer(AioRequest(head, body, self.peer, keep)))
+        answer = self._answer(AioRequest(head, body, self.peer, keep))
+        if self.buf:  # requests pipelined behind it: a task, so that answering them never nests
+            self.task = self.loop.create_task(answer)
+        else:  # its first step in this loop turn, a task only if it waits (eager.py)
+            self.task, _ = eager.start(self.loop, answer)
 
     async def _answer(self, req: AioRequest) -> None:
         try:
@@ -340,7 +347,7 @@ class _Conn(asyncio.Protocol):
             return
         keep = req.keep_alive and resp.keep_alive and not self.lst._closing and not self.eof
         status = _STATUS_LINES.get(resp.status) or f"HTTP/1.1 {resp.status} Unknown\r\n".encode()
-        fields = "".join(f"{k}: {v}\r\n" for k, v in resp.headers)
+        fields = "".join([f"{k}: {v}\r\n" for k, v in resp.headers])
         connection = ("keep-alive" if keep else "close")
         self.keep = keep
         # a HEAD's response is the head alone; its Content-Length still says the body's (RFC 9110 9.3.2)

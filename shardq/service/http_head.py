@@ -9,6 +9,15 @@ from __future__ import annotations
 import re
 
 HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line, as the listener finds it
+# The usual head, read by two regular expressions instead of a few calls a line: a request
+# line of three words, fields "token: value" (value without a CR, and stripped as str.strip
+# strips: \s is the same set of characters), lines ending in CRLF or LF. Any other head
+# (a folded line, stray whitespace, a CR inside a line) is read line by line, as before.
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_WS = r"[^\S\r\n]*"  # whitespace within a line
+_FIELD = rf"({_TOKEN}):{_WS}((?:[^\r\n]*\S)?){_WS}\r?\n"
+_USUAL = re.compile(rf"(\S+)[ \t]+(\S+)[ \t]+(HTTP/1\.\S*)[ \t]*\r?\n((?:{_TOKEN}:[^\r\n]*\r?\n)*)\r?\n")
+_FIELDS = re.compile(_FIELD)
 
 
 class Head:
@@ -41,6 +50,21 @@ def parse(data: bytes | bytearray) -> Head | None:
     m = HEAD_END.search(data)
     if m is None or m.start() == 0:
         return None
+    usual = _USUAL.fullmatch(data[:m.end()].decode("latin-1"))
+    if usual is not None:
+        method, target, version, block = usual.groups()
+        fields: dict[str, list[str]] = {}
+        for name, value in _FIELDS.findall(block):
+            name = name.lower()
+            if name in fields:
+                fields[name].append(value)
+            else:
+                fields[name] = [value]
+        return Head(method, target, version, fields, m.end())
+    return _parse_lines(data, m)
+
+
+def _parse_lines(data: bytes | bytearray, m: re.Match[bytes]) -> Head | None:
     # lines end in \r\n or \n; the last one's end is in the match already
     lines = data[:m.start()].decode("latin-1").split("\n")
     last_line = lines.pop()

@@ -133,6 +133,11 @@ def md5_of_body(body: str) -> str:
     return hashlib.md5(body.encode("utf-8")).hexdigest()  # noqa: S324 - AWS's checksum, not security
 
 
+def md5_of_utf8(data: bytes) -> str:
+    """:func:`md5_of_body` of the body's UTF-8 bytes (a send has them already)."""
+    return hashlib.md5(data).hexdigest()  # noqa: S324 - AWS's checksum, not security
+
+
 def md5_of_attributes(attrs: dict[str, dict[str, Any]]) -> str | None:
     """AWS's MD5OfMessageAttributes (and of system attributes); None for none."""
     if not attrs:
@@ -161,10 +166,11 @@ def to_wire(attrs: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     return out
 
 
-def wrap(body: str, *, sent_ms: int, attrs: dict[str, dict[str, Any]], system: dict[str, dict[str, Any]],
+def wrap(body: str | bytes, *, sent_ms: int, attrs: dict[str, dict[str, Any]], system: dict[str, dict[str, Any]],
          dedup_id: str | None = None, group: str | None = None) -> bytes:
-    """The job body of a message: the body itself when nothing else must ride with it.
-    ``group``: a standard queue's MessageGroupId (on a FIFO queue the group is the key)."""
+    """The job body of a message (``body``: its text, or the text's UTF-8 bytes): the body
+    itself when nothing else must ride with it. ``group``: a standard queue's MessageGroupId
+    (on a FIFO queue the group is the key)."""
     head: dict[str, Any] = {}
     if attrs:
         head["a"] = to_wire(attrs)
@@ -174,7 +180,7 @@ def wrap(body: str, *, sent_ms: int, attrs: dict[str, dict[str, Any]], system: d
         head["g"] = group
     if dedup_id is not None:
         head["d"] = dedup_id
-    data = body.encode("utf-8")
+    data = body if isinstance(body, bytes) else body.encode("utf-8")
     if not head:
         return data
     head["t"] = sent_ms
@@ -215,8 +221,9 @@ def from_wire(attrs: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
-    """(message body, envelope head, message attributes) of a job, as a receive shows it."""
+def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], bytes]:
+    """(message body, envelope head, message attributes, the body's UTF-8 bytes: what
+    MD5OfBody hashes, held already) of a job, as a receive shows it."""
     if not job_body.startswith(MAGIC):  # a bare body (the usual message): no envelope to read
         data: bytes = job_body
         head: dict[str, Any] = {}
@@ -227,12 +234,13 @@ def presented(job_body: bytes) -> tuple[str, dict[str, Any], dict[str, dict[str,
     try:
         text = data.decode("utf-8")
         if _BAD_CHARS.search(text) is None:
-            return text, head, attrs
+            return text, head, attrs, data
     except UnicodeDecodeError:
         pass
     attrs = dict(attrs)
     attrs[BODY_ENCODING_ATTRIBUTE] = {"DataType": "String", "StringValue": "base64"}
-    return base64.b64encode(data).decode(), head, attrs
+    shown = base64.b64encode(data)
+    return shown.decode(), head, attrs, shown
 
 
 def message_id(service_id: str, job_id: int) -> str:

@@ -52,10 +52,11 @@ SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "Approxi
 
 class Received(NamedTuple):
     """A lease to hand out, when it was received (ms), and its message as a receive shows it
-    (:func:`.message.presented`: body, envelope head, message attributes; read once)."""
+    (:func:`.message.presented`: body, envelope head, message attributes, the body's UTF-8;
+    read once)."""
     lease: Lease
     at_ms: int
-    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]]]
+    shown: tuple[str, dict[str, Any], dict[str, dict[str, Any]], bytes]
 
     @property
     def sent_ms(self) -> int | None:
@@ -98,9 +99,11 @@ class MessageActions:
         if not body:
             raise missing("MessageBody")
         m.check_text("the message body", body)
-        mattrs = m.check_attributes(e.get("MessageAttributes"))
-        sattrs = m.check_attributes(e.get("MessageSystemAttributes"), system=True)
-        size = len(body.encode("utf-8")) + m.attributes_size(mattrs)
+        given, given_system = e.get("MessageAttributes"), e.get("MessageSystemAttributes")
+        mattrs = m.check_attributes(given) if given is not None else {}
+        sattrs = m.check_attributes(given_system, system=True) if given_system is not None else {}
+        data = body.encode("utf-8")  # once: the size, the job's body and the MD5 read it
+        size = len(data) + m.attributes_size(mattrs) if mattrs else len(data)
         max_size = int(attrs["MaximumMessageSize"])
         if size > max_size:
             raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter than {max_size} "
@@ -132,7 +135,7 @@ class MessageActions:
         if delay is None:
             delay = int(attrs.get("DelaySeconds", "0"))
         sent_ms = int(self.clock.now() * 1000)
-        job_body = m.wrap(body, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
+        job_body = m.wrap(data, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
                           group=None if fifo else group)
         ceiling = (await self.q.queue_config(name)).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT)
         if len(job_body) > ceiling:
@@ -141,7 +144,7 @@ class MessageActions:
                           f"max_body_bytes = {ceiling} (raise it in [queue_defaults] or [queues.{name}]).")
         out: dict[str, Any] = {"job": {"body": job_body, "key": group if fifo else None, "delay": delay,
                                        "dedup_id": dedup},
-                               "MD5OfMessageBody": m.md5_of_body(body)}
+                               "MD5OfMessageBody": m.md5_of_utf8(data)}
         if mattrs:
             out["MD5OfMessageAttributes"] = m.md5_of_attributes(mattrs)
         if sattrs:
@@ -405,16 +408,16 @@ class MessageActions:
                   if rec.get("first_receives") or "ApproximateFirstReceiveTimestamp" in wanted else {})
         handle = handles.encoder(self.catalog.key, name)
         message_id = self.message_id
-        md5 = m.md5_of_body
+        md5 = m.md5_of_utf8
         out = []
         for r in received:
             lease = r.lease
             job_id = int(lease.job_id)
-            body, head, mattrs = r.shown
+            body, head, mattrs, utf8 = r.shown
             msg: dict[str, Any] = {
                 "MessageId": head.get("m") or message_id(job_id),  # "m": kept by a move
                 "ReceiptHandle": handle(job_id, int(lease.token), r.at_ms),
-                "MD5OfBody": md5(body), "Body": body}
+                "MD5OfBody": md5(utf8), "Body": body}
             if wanted:
                 msg["Attributes"] = await self._system(name, rec["attributes"], lease, head, wanted,
                                                        firsts.get(job_id, r.at_ms))

@@ -43,12 +43,19 @@ _NO_RESULT = {"DeleteQueue", "SetQueueAttributes", "PurgeQueue", "TagQueue", "Un
               "RemovePermission", "DeleteMessage", "ChangeMessageVisibility"}
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # made once: json.dumps with options makes one a call
+_DECODE = json.JSONDecoder().decode  # json.loads's, without its checks of bytes
+
+
 def decode_json(target: str | None, body: bytes) -> tuple[str, dict[str, Any]]:
     if not target or not target.startswith(TARGET_PREFIX):
         raise fault("InvalidAction", f"The action {str(target)[:100]} is not valid for this endpoint "
                                      f"(X-Amz-Target must be AmazonSQS.<Action>).")
     try:
-        params = json.loads(body or b"{}")
+        if body[:1] == b"{" and body[1:2] != b"\x00":  # UTF-8, as json.loads would detect it: decoded here
+            params = _DECODE(body.decode("utf-8", "surrogatepass"))
+        else:
+            params = json.loads(body or b"{}")
     except (ValueError, RecursionError):
         params = None
     if not isinstance(params, dict):
@@ -113,7 +120,6 @@ def _struct(node: dict[str, Any], action: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- answers
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # made once: json.dumps with options makes one a call
 
 
 def encode_json(result: dict[str, Any]) -> bytes:

@@ -209,10 +209,11 @@ class SqsService:
     async def _handle(self, req: AioRequest) -> AioResponse:
         headers = req.head  # parsed once, by the listener
         method, target, version = headers.method, headers.target, headers.version
-        keep = req.keep_alive and version != "HTTP/1.0" and (headers.get("Connection") or "").lower() != "close"
+        # the listener's keep_alive has read Connection already (close, or 1.0 without keep-alive)
+        keep = req.keep_alive and version != "HTTP/1.0"
         request_id = f"{self._request_prefix}{next(self._request_count) & 0xFFFFFFFFFFFF:012x}"
-        is_json = bool(headers.get("X-Amz-Target")) or (headers.get("Content-Type") or "").startswith(
-            protocol.JSON_TYPE)
+        amz_target = headers.get("X-Amz-Target")
+        is_json = bool(amz_target) or (headers.get("Content-Type") or "").startswith(protocol.JSON_TYPE)
         action = "?"
         try:
             try:
@@ -242,7 +243,7 @@ class SqsService:
             if self.verifier is not None:
                 self.verifier.verify(method, path, query, headers, body, self.clock.now())
             if is_json and method == "POST":
-                action, params = protocol.decode_json(headers.get("X-Amz-Target"), body)
+                action, params = protocol.decode_json(amz_target, body)
             else:
                 form = body.decode("utf-8", "replace") if method == "POST" else query
                 action, params = protocol.decode_query(form, path)

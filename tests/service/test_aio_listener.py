@@ -47,6 +47,7 @@ class Served:
 
     def __init__(self, clock: Clock | None = None, answer_after_eof: bool = False):
         self.seen, self.running = [], set()
+        self.in_task: list[tuple[str, bool]] = []  # (target, whether its handler started in a task)
         self.cancelled: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.loop = asyncio.new_event_loop()
@@ -76,6 +77,7 @@ class Served:
     async def echo(self, req: AioRequest) -> AioResponse:
         target = req.head.target
         self.seen.append((target, req.body, req.keep_alive))
+        self.in_task.append((target, asyncio.current_task() is not None))
         self.running.add(target)
         try:
             if target.startswith("/hold"):
@@ -359,6 +361,23 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time(served):
         s.sendall(get("/last", "Connection: close\r\n"))
         out = to_close(s)
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in out and out.endswith(b"close")
+
+
+def test_a_lone_request_is_answered_from_its_read_and_one_pipelined_behind_another_by_a_task(served):
+    """A handler starts in the loop turn that read its request (service/eager.py: a task only
+    once it waits), unless more requests wait behind it: then as a task, so that a run of
+    pipelined requests answered at once never nests."""
+    with connect(served) as s:
+        s.sendall(get("/lone"))
+        assert responses(s, 1) == [(200, b"GET /lone 0 keep")]
+        s.sendall(get("/hold-held"))  # started at once, then waits: cancellable, as a task's
+        wait_until(lambda: "/hold-held" in served.running, 5, what="the held request answered")
+        served.release("/hold-held")
+        assert responses(s, 1) == [(200, b"GET /hold-held 0 keep")]
+        s.sendall(get("/ahead") + get("/behind"))
+        assert responses(s, 2) == [(200, b"GET /ahead 0 keep"), (200, b"GET /behind 0 keep")]
+    # (/behind starts in /ahead's task's last step, which read it: at once, within that task)
+    assert served.in_task == [("/lone", False), ("/hold-held", False), ("/ahead", True), ("/behind", True)]
 
 
 def test_the_requests_being_answered_and_the_responses_written_are_counted(served):

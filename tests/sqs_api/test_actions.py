@@ -14,7 +14,7 @@ import pytest
 import shardq
 from support.service import wait_until
 from shardq.sqs_api.message import md5_of_attributes, md5_of_body, unwrap
-from tests.support.sqs_listener import client, sqs_service, sqs_url
+from tests.support.sqs_listener import client, parked, sqs_service, sqs_url, waiting_dequeues
 
 MIB = 1024 * 1024
 
@@ -328,8 +328,9 @@ def test_a_receive_of_ten_gets_ten_ready_at_once_from_every_shard_and_group(sqs,
     assert time.monotonic() - began < 5  # neither receive waited for a second
 
 
-def test_a_long_poll_wakes_when_a_message_arrives(sqs, queue):
+def test_a_long_poll_wakes_when_a_message_arrives(sqs, svc, queue):
     out = {}
+    before = waiting_dequeues(svc)
 
     def receive():
         began = time.monotonic()
@@ -337,7 +338,8 @@ def test_a_long_poll_wakes_when_a_message_arrives(sqs, queue):
         out["s"] = time.monotonic() - began
     t = threading.Thread(target=receive)
     t.start()
-    time.sleep(0.5)  # the poll is waiting (nothing to synchronise on from outside: it is the point)
+    parked(svc, before, 1, "the long poll waiting at the shards")
+    assert "msgs" not in out  # it waits: the message below is what wakes it
     sqs.send_message(QueueUrl=queue, MessageBody="wake")
     t.join(25)
     assert [m["Body"] for m in out["msgs"]] == ["wake"] and out["s"] < 10
@@ -474,11 +476,13 @@ def test_what_boto3_sends_a_shardq_worker_leases_and_the_other_way_round(sqs, sv
 
 def test_a_long_poll_whose_client_has_gone_hands_it_nothing(sqs, svc, queue):
     host = urlsplit(svc.url)
+    before = waiting_dequeues(svc)
     conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
     conn.request("POST", "/", json.dumps({"QueueUrl": queue, "WaitTimeSeconds": 20}),
                  {"X-Amz-Target": "AmazonSQS.ReceiveMessage", "Content-Type": "application/x-amz-json-1.0"})
-    time.sleep(0.3)  # the poll is waiting; then its client goes (a worker stopped mid-poll)
+    parked(svc, before, 1, "the long poll waiting at the shards")  # then its client goes (a worker stopped mid-poll)
     conn.sock.close()
+    parked(svc, before, 0, "the long poll withdrawn from the shards")  # the listener cancelled it
     sqs.send_message(QueueUrl=queue, MessageBody="for the living")
     msgs = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=10, AttributeNames=["ApproximateReceiveCount"])
     (m,) = msgs["Messages"]

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from shardq import limits
-from tests.support.sqs_listener import sqs_service, sqs_url
+from tests.support.sqs_listener import parked, sqs_service, sqs_url, waiting_dequeues
 
 
 def _port(svc) -> int:
@@ -130,17 +130,19 @@ def test_a_crowd_of_long_polls_does_not_hold_up_a_send(svc):
     exchange(svc.port, request(json.dumps({"QueueName": "crowd"}).encode(), "AmazonSQS.CreateQueue"))
     url = f"http://127.0.0.1:{svc.port}/000000000000/crowd"
     polls = []
+    before = waiting_dequeues(svc)
     try:
         for _ in range(100):
             s = socket.create_connection(("127.0.0.1", svc.port), timeout=15)
             s.sendall(request(json.dumps({"QueueUrl": url, "WaitTimeSeconds": 20}).encode(),
                               "AmazonSQS.ReceiveMessage", extra="", pad=0).replace(b"Connection: close", b"X: y"))
             polls.append(s)
-        time.sleep(0.5)  # the polls are waiting (they answer nothing until a message comes)
+        parked(svc, before, 100, "the 100 long polls waiting at the shard")
         start = time.monotonic()
         status, _ = exchange(svc.port, request(json.dumps({"QueueUrl": url, "MessageBody": "go"}).encode(),
                                                "AmazonSQS.SendMessage"))
         assert status == 200 and time.monotonic() - start < 2.0
+        parked(svc, before, 99, "one poll answered, 99 still waiting")  # the count was these polls'
     finally:
         for s in polls:
             s.close()

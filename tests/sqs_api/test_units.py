@@ -42,23 +42,24 @@ def test_md5_known_value():
     attrs = {"b": {"DataType": "Binary", "BinaryValue": b"\x01"}, "a": {"DataType": "String", "StringValue": "x"}}
     # md5(\0\0\0\1 "a" \0\0\0\6 "String" \1 \0\0\0\1 "x" \0\0\0\1 "b" \0\0\0\6 "Binary" \2 \0\0\0\1 \1)
     assert message.md5_of_attributes(attrs) == "00b20ddba5ce5486e92e6154f9c21903"
-    assert message.md5_of_body("hello") == "5d41402abc4b2a76b9719d911017c592"
+    assert message.md5_of_body("hello") == message.md5_of_utf8(b"hello") == "5d41402abc4b2a76b9719d911017c592"
 
 
 @settings(max_examples=100, deadline=None)
 @given(texts, st.dictionaries(names, values, max_size=3), st.sampled_from([None, "dedup-1"]))
 def test_an_envelope_gives_back_what_went_in(body, attrs, dedup):
     job = message.wrap(body, sent_ms=123, attrs=attrs, system={}, dedup_id=dedup)
+    assert message.wrap(body.encode(), sent_ms=123, attrs=attrs, system={}, dedup_id=dedup) == job  # a send's bytes
     if not attrs and dedup is None:
         assert job == body.encode()  # a plain message is its body: what a shardq worker reads
-    text, head, got = message.presented(job)
-    assert text == body and got == attrs and head.get("d") == dedup
+    text, head, got, utf8 = message.presented(job)
+    assert text == body and got == attrs and head.get("d") == dedup and utf8 == body.encode()
 
 
 def test_a_body_that_is_not_sqs_text_is_presented_base64():
     for raw in (b"\xff\x00", b"nul \x00 inside", b"\x00sqs1\nnot json\nrest"):
-        text, _, attrs = message.presented(raw)
-        assert base64.b64decode(text) == raw
+        text, _, attrs, utf8 = message.presented(raw)
+        assert base64.b64decode(text) == raw and utf8 == text.encode()  # MD5OfBody: of the text shown
         assert attrs[message.BODY_ENCODING_ATTRIBUTE]["StringValue"] == "base64"
 
 
@@ -193,6 +194,33 @@ def test_a_request_head_is_read_as_the_stdlib_reads_it():
                 b"GET / HTTP/1.1\r\n folded first\r\n\r\n", b"GET / HTTP/1.1\r\nName : v\r\n\r\n", b""):
         assert head.parse(bad) is None, bad
     assert head.parse(b"GET / HTTP/1.1\nHost: x\n\nrest").body_at == len(b"GET / HTTP/1.1\nHost: x\n\n")
+
+
+def test_a_usual_head_read_by_its_regular_expressions_is_the_head_read_line_by_line():
+    """http_head.parse reads the usual head with two regular expressions; any head (seeded
+    random lines of spaces, CRs, colons, tokens and latin-1 whitespace) reads the same as
+    line by line, the fast path taken or not."""
+    import random
+
+    from shardq.service import http_head as head
+    rnd = random.Random(46)
+    parts = [" ", "\t", "\r", "\n", ":", "a", "B", "-", "x", "\x0b", "\xa0", "\x85", "/", "HTTP/1.1", "\r\n", "\n "]
+    usual = 0
+    for _ in range(4000):
+        lines = ["GET / HTTP/1.1" if rnd.random() < .7 else "".join(rnd.choices(parts, k=rnd.randint(1, 6)))]
+        for _ in range(rnd.randint(0, 4)):
+            lines.append(rnd.choice(["Host:", "X-a:", "x-A:", ""]) + "".join(rnd.choices(parts, k=rnd.randint(0, 6))))
+        raw = ("".join(line + rnd.choice(["\r\n", "\n"]) for line in lines) + "\r\nbody").encode("latin-1")
+        m = head.HEAD_END.search(raw)
+        if m is None or m.start() == 0:
+            continue
+        fast, slow = head.parse(raw), head._parse_lines(raw, m)
+        usual += head._USUAL.fullmatch(raw[:m.end()].decode("latin-1")) is not None
+        assert (fast is None) == (slow is None), raw
+        if fast is not None and slow is not None:
+            assert (fast.method, fast.target, fast.version, fast.body_at, fast._fields) == (
+                slow.method, slow.target, slow.version, slow.body_at, slow._fields), raw
+    assert usual > 1000  # both paths ran
 
 
 def test_message_ids_are_uuid5_of_the_service_and_job():

@@ -37,6 +37,19 @@ def sqs_url(svc: Service) -> str:
     return wait_until(current, 20, 0.02, "the SQS listener's address file")
 
 
+def waiting_dequeues(svc: Service) -> list[int]:
+    """Each shard's waiting dequeues parked now: a long poll the listener has read and sent
+    on waits at every shard (its dequeue parked there), so a test polls this, not a sleep."""
+    with svc.connect() as q:
+        return [sh.get("waiting_dequeues", 0) for sh in q.stats()["shards"]]
+
+
+def parked(svc: Service, before: list[int], more: int, what: str) -> None:
+    """Wait until ``more`` long polls wait at every shard beyond ``before``."""
+    want = [n + more for n in before]
+    wait_until(lambda: waiting_dequeues(svc) == want, 20, 0.02, what)
+
+
 def client(url: str, protocol: str = "json", key_id: str = KEY_ID, secret: str = SECRET, **config):
     """A boto3 SQS client of ``url``; ``protocol="query"`` makes botocore send the query
     protocol (the API model's protocol switched, with the query names of the members)."""
