@@ -80,60 +80,54 @@ def test_spin_returns_at_once_when_the_reply_is_there(two_cpus):
         b.close()
 
 
-def test_spin_gives_up_after_its_budget(two_cpus):
-    calls = []
+class Never:
+    """A poll that never finds anything ready; ``calls`` holds the timeouts it was given
+    (``tick``: how far each call moves ``clock``)."""
 
-    def never(timeout):
-        calls.append(timeout)
+    def __init__(self, clock: FakeClock | None = None, tick: float = 0.0):
+        self.calls: list[float] = []
+        self.clock, self.tick = clock, tick
+
+    def __call__(self, timeout: float) -> list:
+        self.calls.append(timeout)
+        if self.clock is not None:
+            self.clock.advance(self.tick)  # each poll takes this long on that clock
         return []
 
+
+def test_spin_gives_up_after_its_budget(two_cpus):
+    never = Never()
     busy = BusyPoll(2000)
     started = time.monotonic()
     assert busy.spin(never, {}) == []
     assert time.monotonic() - started >= 0.002  # the whole budget was spent polling
-    assert calls and set(calls) == {0}  # never a sleeping poll
+    assert never.calls and set(never.calls) == {0}  # never a sleeping poll
 
 
 def test_spin_times_its_budget_by_the_clock_it_is_given(two_cpus):
     clock = FakeClock()
-    calls = []
-
-    def never(timeout):
-        calls.append(timeout)
-        clock.advance(0.001)  # each poll takes 1 ms of this clock's time
-        return []
-
+    never = Never(clock, 0.001)  # each poll takes 1 ms of this clock's time
     assert BusyPoll(2000, clock).spin(never, {}) == []
-    assert len(calls) == 2  # at 1 ms still within the 2 ms budget, at 2 ms spent
+    assert len(never.calls) == 2  # at 1 ms still within the 2 ms budget, at 2 ms spent
 
 
 def test_spin_stops_when_another_thread_waits_on_the_connection(two_cpus):
-    calls = []
-
-    def never(timeout):
-        calls.append(timeout)
-        return []
-
+    never = Never()
     assert BusyPoll(BUSY_POLL_US_MAX).spin(never, {7: object()}) == []
-    assert calls == [0]  # one look, then the caller sleeps as the general path's do
+    assert never.calls == [0]  # one look, then the caller sleeps as the general path's do
 
 
 def test_spin_if_wanted_polls_only_when_wanted_and_spins_on_after_a_first_look(two_cpus):
-    calls = []
-
-    def never(timeout):
-        calls.append(timeout)
-        return []
-
+    never = Never()
     busy = BusyPoll(2000)
     started = time.monotonic()
     assert busy.spin_if_wanted(never) == []
-    assert time.monotonic() - started >= 0.002 and set(calls) == {0}  # the spin ran its budget
+    assert time.monotonic() - started >= 0.002 and set(never.calls) == {0}  # the spin ran its budget
     assert busy.spin_if_wanted(lambda timeout: [(3, 1)]) == [(3, 1)]  # the first look found it
     for _ in range(16):
         busy.note(1.0)  # waits far over the budget: not wanted
-    calls.clear()
-    assert not busy.wanted() and busy.spin_if_wanted(never) == [] and calls == []  # not even a look
+    never.calls.clear()
+    assert not busy.wanted() and busy.spin_if_wanted(never) == [] and never.calls == []  # not even a look
 
 
 @pytest.fixture

@@ -502,14 +502,12 @@ def test_the_same_append_torn_twice_keeps_both_torn_copies_and_starts(tmp_path, 
     assert _jobs(Engine(str(tmp_path), config, clock=clock)) == {first: b"first", jid: body}
 
 
-def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path, monkeypatch):
-    """The shard process wraps its file calls to report progress and a full disk; the
-    wrapper must still go through the hook that records synced sizes, or every power cut
-    of `shardq verify --power-cuts` is left alone as "unknown" (and tests nothing)."""
+def _reporting_log_with_one_commit(tmp_path, monkeypatch):
+    """A log written through the shard process's reporting wrapper with the power-cut model's
+    sync log on, after one synced commit: (the sync log, the wrapper, the log, its inode)."""
     import io
 
     from shardq.shard.report import ReportingFiles, SupervisorPipe
-    from shardq.verify.powercut import synced_sizes
     from shardq.wal.fileio import FAULT_SYNC_LOG_ENV
     from shardq.wal.log import Log
 
@@ -520,7 +518,17 @@ def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path
     log = Log(str(tmp_path / "shard"), segment_bytes=1 << 20, files=files)
     list(log.replay())
     log.commit([b"\x91\x01"], sync=True)
-    inode = os.fstat(log.writer.fd).st_ino
+    return side, files, log, os.fstat(log.writer.fd).st_ino
+
+
+def test_a_shard_process_log_keeps_the_sync_hook_of_the_power_cut_model(tmp_path, monkeypatch):
+    """The shard process wraps its file calls to report progress and a full disk; the
+    wrapper must still go through the hook that records synced sizes, or every power cut
+    of `shardq verify --power-cuts` is left alone as "unknown" (and tests nothing)."""
+
+    from shardq.verify.powercut import synced_sizes
+
+    side, files, log, inode = _reporting_log_with_one_commit(tmp_path, monkeypatch)
     log.close()  # writes a sync mark, then seals: truncates and fsyncs
     size = log.writer.size
     assert size > len(b"\x91\x01") + 8 and synced_sizes(str(side)).get(inode) == size and files.bytes_written > 0
@@ -532,23 +540,13 @@ def test_a_synced_commit_makes_the_hooks_own_write_and_datasync(tmp_path, monkey
     calls are made: the synced size is recorded at the commit, not only at the close, and a
     fault armed for the datasync fires there."""
     import errno
-    import io
 
     from support.faults import FaultyFiles
     from shardq.errors import LogFailed
-    from shardq.shard.report import ReportingFiles, SupervisorPipe
     from shardq.verify.powercut import synced_sizes
-    from shardq.wal.fileio import FAULT_SYNC_LOG_ENV
     from shardq.wal.log import Log
 
-    side = tmp_path / "synced.log"
-    monkeypatch.setenv(FAULT_SYNC_LOG_ENV, str(side))
-    files = ReportingFiles(SupervisorPipe(io.StringIO()))
-    os.mkdir(tmp_path / "shard")
-    log = Log(str(tmp_path / "shard"), segment_bytes=1 << 20, files=files)
-    list(log.replay())
-    log.commit([b"\x91\x01"], sync=True)
-    inode = os.fstat(log.writer.fd).st_ino
+    side, files, log, inode = _reporting_log_with_one_commit(tmp_path, monkeypatch)
     assert synced_sizes(str(side)).get(inode) == log.writer.size and files.bytes_written > 0
     log.close()
 
