@@ -101,6 +101,7 @@ class BusyPoll:
         the spin's clock starts, so a wait that finds something ready reads no clock; after
         a miss it yields the CPU, as between any two looks, and the spin keeps to the budget."""
         budget = self.budget_s
+        # wanted()'s test written out: the shard's loop asks on every iteration (one call less)
         if 0.0 < budget and self._average_s <= budget and self._shared <= _SHARED_MAX:
             ready = poll(0)
             if ready:
