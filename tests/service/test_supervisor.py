@@ -228,7 +228,8 @@ def test_sigterm_stops_every_shard_cleanly_with_exit_code_0():
 
         t = threading.Thread(target=long_poll)
         t.start()
-        wait_until(lambda: all(c.connected for c in blocked.clients), 5, what="the long poll to connect")
+        wait_until(lambda: blocked._io and all(c.chan.pending for c in blocked._io.conns), 5,
+                   what="the long poll written to every shard")
         pids = svc.shard_pids()
         rc = svc.stop()
         t.join(10)
