@@ -136,13 +136,20 @@ class Router(Calls, SyncExecutor):
 
     def _do_send(self, effect: Send) -> list[Any]:
         calls, retry_s, timeout_s, errors = effect
-        if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
+        if len(calls) == 1 and timeout_s is None:  # the shortest path: a lane, else one request there
+            shard, op, args = calls[0]
+            session = op == "enqueue" and args[1] is None  # (a batch's: deliver's rule)
+            if session:
+                args[1] = self._session(shard)
             try:
-                return [self._call(*calls[0], retry_s=retry_s)]
+                return [self._call(shard, op, args, retry_s=retry_s)]
             except Exception as e:
                 if not errors:
                     raise
                 return [e]  # returned in its place
+            finally:
+                if session:
+                    self._done(shard, args[1])
         return self._on_io(lambda io: io._do_send(effect))
 
     def _learn_owner(self, effect: Owner) -> int | None:
