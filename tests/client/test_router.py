@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 import shardq
-from support.service import REPO, Service, restarted, short_tmpdir, wait_until
+from support.service import REPO, Service, parked_long_poll, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
@@ -404,17 +404,7 @@ def test_closing_a_router_ends_a_wait_another_thread_has_on_its_io_thread(svc):
     connections) when another thread closes the router: its call ends at once (Closed, or
     nothing leased), not when its 20 s wait would, and close() returns."""
     q = svc.connect()
-    out: list = []
-
-    def wait() -> None:
-        try:
-            out.append(q.dequeue_many("idle", wait=20))
-        except shardq.Closed as e:
-            out.append(e)
-
-    t = threading.Thread(target=wait)
-    t.start()
-    wait_until(lambda: q._io and all(c.chan.pending for c in q._io.conns), 5, what="the wait at both shards")
+    t, out = parked_long_poll(q, "idle", 20)
     started = time.monotonic()
     q.close()
     t.join(10)
