@@ -328,6 +328,8 @@ class _Reply:
 
     def start(self, io: AsyncQueue, start: Callable[[AsyncQueue], Awaitable[Any]]) -> None:
         try:
+            if io._closed:  # (closing: a task made now might never run)
+                raise Closed("router is closed")
             self.fut = asyncio.ensure_future(start(io))
         except BaseException as e:  # noqa: BLE001 - raised in the waiting thread
             self.error = e
