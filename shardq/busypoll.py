@@ -5,9 +5,9 @@ the wake-up (the scheduler's work and, on a virtual machine, the host waking an 
 virtual CPU) and caches gone cold by the time the caller runs again. Measured on 2-CPU
 VMs, a lone caller's enqueue took 0.7 times as long, and a lease and its ack 0.6 times,
 when it polled its socket without sleeping (docs/performance.md, "Busy-polling for the
-reply"). So :meth:`~shardq.client.connection.ShardClient.call_solo` polls without sleeping, yielding the CPU between
-polls, for up to a budget before it sleeps, as the kernel's ``busy_read`` does for sockets
-of network cards.
+reply"). So a lone call on the router's lane (:meth:`~shardq.client.connection.Lane.call`)
+polls without sleeping, yielding the CPU between polls, for up to a budget before it
+sleeps, as the kernel's ``busy_read`` does for sockets of network cards.
 
 A shard's loop does the same before it sleeps for its next request
 (``service.busy_poll_us``): a lone client's next request comes a round trip after the
@@ -59,8 +59,8 @@ def usable_cpus() -> int:
 
 
 class BusyPoll:
-    """The busy-poll policy of one connection (used by one caller at a time: the solo path
-    holds the connection's read lock), or of one shard's loop. ``clock``: its monotonic
+    """The busy-poll policy of one connection (used by one caller at a time: the one on
+    the lane), or of one shard's loop. ``clock``: its monotonic
     reading times the spin; a real one (the default), since a spin waits in real time."""
 
     __slots__ = ("budget_s", "_average_s", "_shared", "_clock")

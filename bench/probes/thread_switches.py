@@ -5,7 +5,8 @@ context switches and CPU of each kind of thread, counted by the kernel (``/proc`
     python -m bench.probes.thread_switches [--threads 16] [--jobs 8000] [--runs 3] [--shards 2] [--json PATH]
     python -m bench.probes.thread_switches --quick        # 400 jobs, 1 run: checks that it runs
 
-Per job, for the producer threads, the routers' reader threads, and the shard processes
+Per job, for the producer threads, the router's I/O thread (the calls that meet their shard's
+lane taken are done there), and the shard processes
 (every thread of each): voluntary switches (the thread blocked: a lock, a read, a poll),
 involuntary ones (the scheduler preempted it) and CPU microseconds. Throughput on a shared
 2-core VM moves by a third between runs; the switch counts move by a few percent, so they
@@ -58,10 +59,10 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
         q = shardq.open(os.path.join(tmp, "d"), shards=shards)
         try:
             shard_pids = q.ping()
-            for s in range(shards * 8):  # connect every shard (and start their readers) first
-                q.enqueue(b"warm", key=f"warm-{s}")
-            readers = {t.native_id for t in threading.enumerate() if t.name.startswith("shardq-reader")}
-            before = {"readers": [thread_counts(me, t) for t in readers],
+            # connect every shard's lane and (a batch goes the shared way) start the I/O thread first
+            q.enqueue_many([{"body": b"warm", "key": f"warm-{s}"} for s in range(shards * 8)])
+            io = {t.native_id for t in threading.enumerate() if t.name == "shardq-io"}
+            before = {"io": [thread_counts(me, t) for t in io],
                       "shards": [process_counts(p) for p in shard_pids]}
             per = jobs // threads
             producers: list = []
@@ -81,7 +82,7 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
             for w in workers:
                 w.join()
             seconds = time.perf_counter() - t0
-            after = {"readers": [thread_counts(me, t) for t in readers],
+            after = {"io": [thread_counts(me, t) for t in io],
                      "shards": [process_counts(p) for p in shard_pids]}
             done = per * threads
             counts = q.stats()["queues"]["default"]
@@ -96,7 +97,7 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
     return {
         "jobs": done, "seconds": seconds, "jobs_per_s": done / seconds, "enqueued_ok": held == done,
         "producers": per_job([(0, 0, 0.0)] * len(producers), producers),
-        "readers": per_job(before["readers"], after["readers"]),
+        "io": per_job(before["io"], after["io"]),
         "shards": per_job(before["shards"], after["shards"]),
     }
 
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     print(f"{a.threads} threads, {a.shards} shards, {a.jobs} jobs, medians of {a.runs}: "
           f"{med(lambda r: r['jobs_per_s']):,.0f} jobs/s")
     print(f"{'per job':10s} {'voluntary':>10s} {'involuntary':>12s} {'CPU µs':>8s}")
-    for kind in ("producers", "readers", "shards"):
+    for kind in ("producers", "io", "shards"):
         print(f"{kind:10s} {med(lambda r: r[kind]['voluntary']):10.2f} "
               f"{med(lambda r: r[kind]['involuntary']):12.2f} {med(lambda r: r[kind]['cpu_us']):8.0f}")
     ok = all(r["enqueued_ok"] for r in runs)

@@ -74,10 +74,10 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
 
-    async def _open(self) -> None:
+    async def _open(self, check: bool = True) -> None:
         self.loop = asyncio.get_running_loop()
-        # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
-        await asyncio.to_thread(DataDir(self.data_dir).require_service)
+        if check:  # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
+            await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
                                 self._release_rows, self._role) for i, path in enumerate(self._sockets)]
         self._chans = [c.chan for c in self.conns]

@@ -128,6 +128,9 @@ class ShardConn:
         :meth:`~.channel.Channel.enqueue_part` or :meth:`~.channel.Channel.ack_part`), merged
         with this turn's others: its future gets ``(id, resent)`` or ``(error, resent)``."""
         fut = self.loop.create_future()
+        if self.chan.closed:
+            fut.set_exception(Closed("client is closed"))
+            return fut
         add(item, fut)
         self._schedule_flush()
         return fut

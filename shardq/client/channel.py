@@ -8,14 +8,15 @@ request deadlines, what a break means for each request, the leases of replies no
 for, and the withdrawal of a waiting dequeue nobody waits for. Time comes in as numbers
 (``now``, on the executor's monotonic clock); bytes go out as frames and come in as decoded
 replies. Every input returns the **completions** it caused: ``(waiter, value, error)``, a
-waiter being whatever the executor handed in (a threaded future, an asyncio future), or
+waiter being whatever the executor handed in (an asyncio future; nothing, for the threaded
+lone-call lane), or
 :data:`RELEASE` with lease rows to hand back unstarted. The executor resolves them.
 
 * **Frames.** :meth:`Channel.flush` gives ids to the outbox's requests (merging first) and
   returns their frames, one unless they pass the frame limit (:func:`~.core.encode_frames`);
-  a request that cannot be encoded fails alone. Only whole frames are applied by a shard:
-  after a write cut short, :meth:`Channel.broken` is told how many frames went whole, and
-  the requests of the others count as never written.
+  a request that cannot be encoded fails alone. A frame handed to the connection counts as
+  written (the asyncio transport buffers what the socket does not take yet): after a break,
+  its requests' outcome is unknown to the engine's retry table, never assumed unsent.
 * **Merging.** Single-job enqueues (:meth:`Channel.enqueue_part`) and single-lease acks
   (:meth:`Channel.ack_part`) queued between two flushes leave as one request each (cut at
   ``BATCH_JOBS_MAX`` items, enqueues at :data:`MERGE_BYTES_MAX` body bytes); each waiter
@@ -28,8 +29,9 @@ waiter being whatever the executor handed in (a threaded future, an asyncio futu
   which only the connection knows, is decided here by the same table
   (:func:`~.core.after_break`): re-queued in order, with its session, or failed. With
   ``hold`` (the asyncio connection, which reconnects by itself) requests not yet written
-  wait for the next connection until their retry deadline; without (the threaded one,
-  whose callers connect first), they fail unsent at once.
+  wait for the next connection until their retry deadline, in their order, so a later one
+  never overtakes one written before the break; without (the threaded lone-call lane,
+  which writes its one request itself), they fail unsent at once.
 * **Giving up** (:meth:`Channel.abandon`, :meth:`Channel.tick`). A waiter that leaves takes
   its part only; a request left with no waiter leaves the outbox or the table, except a
   written ``dequeue``, kept until its reply so that its leases are released, and a written
@@ -62,7 +64,7 @@ class Request:
     where that caller left)."""
 
     __slots__ = ("rid", "op", "args", "waiters", "sent", "resent", "retry_deadline", "deadline", "session",
-                 "merged", "report", "orphan", "target", "done", "epoch")
+                 "merged", "report", "orphan", "target", "done")
 
     def __init__(self, op: str, args: list[Any], waiters: list[Any], retry_deadline: float,
                  merged: bool = False, report: bool = True) -> None:
@@ -75,7 +77,6 @@ class Request:
         self.merged, self.report = merged, report
         self.orphan: str | None = None      # _ORPHAN: release what its reply leases; _WITHDRAWN: a cancel_wait
         self.target: Request | None = None  # the wait a cancel_wait withdraws
-        self.epoch = 0                       # the connection it was written on
 
     def live(self) -> bool:
         return self.waiters.count(None) != len(self.waiters)
@@ -90,7 +91,6 @@ class Channel:
                  hold: bool = True) -> None:
         self.shard, self.retry_s, self.timeout_s, self.hold = shard, retry_s, timeout_s, hold
         self.sessions = Sessions(client_id)  # enqueue sessions not yet answered
-        self.epoch = 0          # connections made so far; the current one, while ``up``
         self.up = False
         self.closed = False
         self.pending: dict[int, Request] = {}
@@ -99,12 +99,10 @@ class Channel:
         self.ack_parts: list[tuple[Any, list[Any]]] = []
         self.next_rid = 1       # the next request's id
         self._deadlines: deque[Request] = deque()  # by deadline: every request times out after the same
-        self._frames: list[list[Request]] = []     # the requests of each frame of the last flush
 
     # ------------------------------------------------------------------ inputs
     def connected(self) -> None:
         """A new connection is up."""
-        self.epoch += 1
         self.up = True
 
     def idle(self) -> bool:
@@ -115,19 +113,16 @@ class Channel:
         sleep, since a request written later was queued after it looked."""
         return len(self.pending) + len(self.outbox)
 
-    def submit(self, op: str, args: list[Any], waiter: Any, now: float, retry_s: float | None = None,
-               on: int = 0) -> Request | BaseException:
+    def submit(self, op: str, args: list[Any], waiter: Any, now: float,
+               retry_s: float | None = None) -> Request | BaseException:
         """Queue a request for the next :meth:`flush`; the request, or at once the error
         its waiter gets: Closed, or (without ``hold``) a ConnectionLost, unsent, when no
-        connection is up, or when it is not connection ``on`` (an earlier request's
-        ``epoch``): a request never overtakes one written before a break."""
+        connection is up."""
         if self.closed:
             return Closed("client is closed")
-        if (not self.up and not self.hold) or (on and (on != self.epoch or not self.up)):
-            why = "not connected" if not self.up else "the connection an earlier request went on broke"
-            return ConnectionLost(f"shard {self.shard}: {why}", sent=False)
+        if not self.up and not self.hold:
+            return ConnectionLost(f"shard {self.shard}: not connected", sent=False)
         req = Request(op, args, [waiter], now + (self.retry_s if retry_s is None else retry_s))
-        req.epoch = self.epoch
         self._queue(req, now)
         return req
 
@@ -147,14 +142,14 @@ class Channel:
             return [], []
         reqs, self.outbox = self.outbox, []
         out: list[Request] = []
-        rid, epoch, pending = self.next_rid, self.epoch, self.pending
+        rid, pending = self.next_rid, self.pending
         for req in reqs:
             if req.orphan is None and not req.live() or req.target is not None and req.target.done:
                 self._finish(req)  # nobody waits for it (or for the wait it withdraws): never sent
                 continue
             if req.op == "enqueue" and req.args[1] is None:  # a merged one (the engine's have theirs)
                 req.args[1] = req.session = self.sessions.open()
-            req.rid, req.sent, req.epoch = rid, True, epoch
+            req.rid, req.sent = rid, True
             pending[rid] = req
             rid += 1
             out.append(req)
@@ -164,15 +159,7 @@ class Channel:
             return [], done
         encoded = encode_frames([[r.rid, r.op, r.args] for r in out],
                                 lambda i, error: done.extend(self._fail(out[i], error)))
-        if len(encoded) == 1:  # the usual case
-            self._frames = [out]
-            return [_HEADER.pack(len(encoded[0][0])) + encoded[0][0]], done
-        frames, self._frames, start = [], [], 0
-        for payload, end in encoded:
-            frames.append(_HEADER.pack(len(payload)) + payload)
-            self._frames.append(out[start:end])
-            start = end
-        return frames, done
+        return [_HEADER.pack(len(payload)) + payload for payload, _ in encoded], done
 
     def replies(self, replies: Iterable[list[Any]]) -> list[Completion]:
         """Decoded replies ``[rid, status, payload]``: who gets what."""
@@ -227,9 +214,8 @@ class Channel:
 
     def abandon(self, req: Request, waiter: Any) -> bool:
         """``waiter`` stopped waiting for ``req`` (see the module doc). True when its reply
-        came first: the completion that settles ``waiter`` is already handed out (a
-        threaded shell resolves it outside its lock), and what it leased is the caller's to
-        take or release, as for any reply."""
+        came first: the completion that settles ``waiter`` is already handed out, and what
+        it leased is the caller's to take or release, as for any reply."""
         if req.done:
             return waiter in req.waiters
         req.waiters = [None if w is waiter else w for w in req.waiters]
@@ -255,7 +241,7 @@ class Channel:
         released; a ``dequeue_wait`` is withdrawn too."""
         if op in ("dequeue", "dequeue_wait") and self.up:
             req = Request(op, [], [], 0.0, report=False)
-            req.rid, req.sent, req.orphan, req.epoch = rid, True, _ORPHAN, self.epoch
+            req.rid, req.sent, req.orphan = rid, True, _ORPHAN
             self.pending[rid] = req
             if op == "dequeue_wait":
                 self._withdraw(req)
@@ -277,13 +263,9 @@ class Channel:
                 self.abandon(req, waiter)
                 return
 
-    def broken(self, now: float, whole_frames: int | None = None) -> list[Completion]:
-        """The connection broke (``whole_frames``: of the last flush, how many frames were
-        written whole before a write failed; None: all). See the module doc."""
-        if whole_frames is not None:
-            for reqs in self._frames[whole_frames:]:
-                for req in reqs:
-                    req.sent = False
+    def broken(self, now: float) -> list[Completion]:
+        """The connection broke: every request handed to it counts as written (see the
+        module doc)."""
         self.up = False
         reqs = sorted(self.pending.values(), key=lambda r: r.rid)
         self.pending = {}

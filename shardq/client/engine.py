@@ -7,16 +7,14 @@ asyncio :class:`~shardq.client.aio.AsyncQueue` each run an operation with one sm
 (``_drive``) that does what an effect says, with threads or with coroutines; the public calls
 of both come from one table, :class:`Calls`: each entry is an :class:`operation`, which both
 clients inherit, so neither can lack a call the other has (the threaded client returns its
-value, the asyncio one a coroutine of it). Below them, each client's connection to a shard
-(:class:`~.connection.ShardClient`, :class:`~.aioconn.ShardConn`) is a shell around one
-sans-I/O state machine, :class:`~.channel.Channel`: request ids, the pending table, frames,
-the merging of single enqueues and acks, deadlines, what a break means for each request,
-orphaned leases and withdrawals are decided there, once; the shells move bytes, keep the
-clock and wake their callers. The hot calls (``enqueue``, ``ack``) keep short paths in each
-executor, deciding by the same code (:func:`place`, :func:`~.core.ack_error`): the threaded
-fast path (one call in flight, sent and read by its caller, with a busy poll:
-``ShardClient.call_solo``) is a special case inside the threaded executor, and the asyncio
-client merges the single calls of one event-loop turn in the channel.
+value, the asyncio one a coroutine of it). Below them, the asyncio connection to a shard
+(:class:`~.aioconn.ShardConn`) is a shell around one sans-I/O state machine,
+:class:`~.channel.Channel`: request ids, the pending table, frames, the merging of single
+enqueues and acks, deadlines, what a break means for each request, orphaned leases and
+withdrawals are decided there, once; the shell moves bytes, keeps the clock and wakes its
+callers. The router hands every effect it cannot do alone to an asyncio client on its I/O
+thread; what it does alone is a lone call on its shard's lane (:class:`~.connection.Lane`:
+sent and read by its caller, with a busy poll), a special case inside the threaded executor.
 """
 from __future__ import annotations
 

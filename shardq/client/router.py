@@ -1,22 +1,34 @@
 """The router: the threaded client producer and worker apps embed (``shardq.connect``).
 
 An executor of the client engine (:mod:`.engine`: every call, the retry after a break, the lease rounds and
-waits) over one connection per shard (:mod:`.connection`, a shell around the connection state machine of
-:mod:`.channel`); it moves requests and waits, with threads. The guarantees (routing, sessions, the retry
-table, long polls) are the engine's and the core's (:mod:`.core`). One router can be shared by many threads;
-their requests are pipelined per shard, and their replies read by each connection's reader thread, which
-wakes the caller. A lone call takes the fast path (``ShardClient.call_solo``): it reads its reply itself.
+waits) for threads. The guarantees (routing, sessions, the retry table, long polls) are the engine's and the
+core's (:mod:`.core`). One router can be shared by many threads. It moves calls two ways:
+
+* **A single call** that finds a free lane of its shard (:class:`~.connection.Lanes`: up to
+  ``LANES_MAX`` blocking connections, one caller on each) is written and read by its caller there: no
+  other thread, no hand-off, a busy poll for the reply. A waiting dequeue alone too.
+* **Everything else** (a call that finds every lane taken, batches across shards, waits on many shards,
+  watches, re-sends after a break) is done by the asyncio client (:class:`~.aio.AsyncQueue`) on the
+  router's I/O thread, started when first needed: its connections pipeline many threads' calls, merge their
+  single enqueues and acks into one request per shard and turn, and reconnect. A thread hands it the
+  effect and sleeps until the I/O thread settles it.
+
+Both ways share each shard's enqueue sessions (:class:`~.core.Sessions`), so an enqueue re-sent the other
+way is still answered with its first ids.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import asyncio
 import logging
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
-from .connection import SHARED, Future, ShardClient
+from .aio import AsyncQueue
+from .connection import SHARED, Lanes
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
@@ -24,7 +36,7 @@ from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
 from .engine import Calls, learn_owner, place
-from .core import WITHDRAW_SETTLE_S, Call, ConnectionLost, ack_error, release_call
+from .core import ConnectionLost, ack_error
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
@@ -33,6 +45,8 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 log = logging.getLogger("shardq.router")
+T = TypeVar("T")
+_SLICE_S = 1.0  # a thread waiting for the I/O thread looks this often whether it was stopped
 
 
 class Router(Calls, SyncExecutor):
@@ -53,14 +67,68 @@ class Router(Calls, SyncExecutor):
             dd.require_service()  # fail now, not after retry_s, when no service runs at all
         if _role == "service":
             busy_poll_us = 0  # serve's own calls are not latency-bound: no CPU spent on them
-        # clock: every deadline, retry and wait of this router and its connections (shardq/clock.py)
+        # clock: every deadline and retry of this router and its lanes (shardq/clock.py)
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
-        self.clients = [ShardClient(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
-                                    self._release_rows) for i in range(self.shards)]
-        self._chans = [c.chan for c in self.clients]
+        self._role = _role
+        self.lanes = [Lanes(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
+                            self._release_rows) for i in range(self.shards)]
+        self._chans = [lane.chan for lane in self.lanes]  # their enqueue sessions serve both ways
+        self._io: AsyncQueue | None = None
+        self._io_thread: threading.Thread | None = None
+        self._io_lock = threading.Lock()
         self._bind_effects()
         self._supervisor = supervisor
+
+    # ------------------------------------------------------------------ the I/O thread
+    def _shared(self) -> AsyncQueue:
+        """The asyncio client on this router's I/O thread, started by the first call that needs it."""
+        io = self._io
+        if io is not None:
+            return io
+        with self._io_lock:
+            if self._closed:
+                raise Closed("router is closed")
+            if self._io is None:
+                io = AsyncQueue(self.data_dir, retry_s=self.retry_s, request_timeout_s=self.request_timeout_s,
+                                _role=self._role)
+                loop = asyncio.new_event_loop()
+                self._io_thread = threading.Thread(target=loop.run_forever, daemon=True, name="shardq-io")
+                self._io_thread.start()
+                try:
+                    asyncio.run_coroutine_threadsafe(io._open(check=False), loop).result()
+                except BaseException:
+                    loop.call_soon_threadsafe(loop.stop)
+                    raise
+                for conn, chan in zip(io.conns, self._chans):
+                    conn.chan.sessions = chan.sessions
+                self._io = io
+            return self._io
+
+    def _on_io(self, start: Callable[[AsyncQueue], Awaitable[T]]) -> T:
+        """Run ``start(io)`` on the I/O thread (a coroutine as a task; a future, a merged
+        call's, as it is) and sleep until it ends; its value, or its error raised. An error
+        in this thread (KeyboardInterrupt) cancels it there: the operation abandons its calls."""
+        io = self._shared()
+        reply = _Reply()
+        try:
+            io.loop.call_soon_threadsafe(reply.start, io, start)
+            while not reply.wait(_SLICE_S):  # what runs there ends by its own deadlines
+                if io.loop.is_closed():
+                    raise Closed("router is closed")
+        except RuntimeError:  # its loop is closed
+            raise Closed("router is closed") from None
+        except BaseException:
+            if not io.loop.is_closed():
+                io.loop.call_soon_threadsafe(reply.cancel)
+            raise
+        if reply.error is not None:
+            raise reply.error
+        return cast(T, reply.value)
+
+    def _io_time(self, io: AsyncQueue, deadline: float) -> float:
+        """``deadline`` on this router's clock, on the I/O thread's."""
+        return io.loop.time() + (deadline - self._mono())
 
     # ------------------------------------------------------------------ the executor
     def _now(self) -> float:
@@ -68,15 +136,21 @@ class Router(Calls, SyncExecutor):
 
     def _do_send(self, effect: Send) -> list[Any]:
         calls, retry_s, timeout_s, errors = effect
-        if len(calls) == 1 and timeout_s is None and calls[0][1] != "enqueue":  # the shortest path
+        if len(calls) == 1 and timeout_s is None:  # the shortest path: a lane, else one request there
+            shard, op, args = calls[0]
+            session = op == "enqueue" and args[1] is None  # (a batch's: deliver's rule)
+            if session:
+                args[1] = self._session(shard)
             try:
-                return [self._call(*calls[0], retry_s=retry_s, with_resent=True)]
+                return [self._call(shard, op, args, retry_s=retry_s)]
             except Exception as e:
                 if not errors:
                     raise
                 return [e]  # returned in its place
-        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        return self._drive(deliver(self, calls, deadline, timeout_s, errors))
+            finally:
+                if session:
+                    self._done(shard, args[1])
+        return self._on_io(lambda io: io._do_send(effect))
 
     def _learn_owner(self, effect: Owner) -> int | None:
         return self._drive(learn_owner(self, effect.queue, effect.ask))
@@ -85,67 +159,37 @@ class Router(Calls, SyncExecutor):
     def _sleep(effect: Sleep) -> None:
         time.sleep(effect.seconds)
 
-    def _send(self, shard: int, op: str, args: list[Any], deadline: float) -> Future:
-        """Submit one request, connecting first; one never written is submitted again here
-        (what becomes of one that was is the engine's decision)."""
-        client = self.clients[shard]
-        while True:
-            if self._closed:
-                raise Closed("router is closed")
-            client.ensure_connected(deadline)
-            fut = client.submit(op, args)
-            if not (fut.done and isinstance(fut.error, ConnectionLost) and not fut.error.sent):
-                return fut
-            if self._mono() >= deadline:
-                raise ShardUnavailable(f"shard {shard}: {fut.error}")
-
-    def _submit(self, effect: Submit) -> list[Future | BaseException]:
-        """Do a :class:`~.effects.Submit`: the first call to a shard is sent as :meth:`_send`
-        does (connecting first; its error stands in its place); the later ones only on the
-        connection it went on (``on=``), so one that finds it gone fails unsent, and the
-        engine sends it again after the calls before it."""
-        futs: list[Future | BaseException] = []
-        first_on: dict[int, Future | BaseException] = {}  # shard -> its first call's future or error
-        for s, op, args in effect.calls:
-            first = first_on.get(s)
-            if first is None:
-                try:
-                    first = first_on[s] = self._send(s, op, args, effect.deadline)
-                except ShardUnavailable as e:
-                    first = first_on[s] = e
-                futs.append(first)
-            elif isinstance(first, BaseException):
-                futs.append(ShardUnavailable(str(first)))  # as its first call: nothing to send it on
-            else:
-                futs.append(self.clients[s].submit(op, args, on=first.epoch))
-        return futs
+    def _submit(self, effect: Submit) -> list[Any]:
+        return self._on_io(
+            lambda io: io._submit(effect._replace(deadline=self._io_time(io, effect.deadline))))
 
     def _collect(self, effect: Collect) -> list[Any]:
-        """Do a :class:`~.effects.Collect`: sleep on each future until the reader thread settles it."""
-        _, handles, timeout = effect
-        end = None if timeout is None else self._mono() + timeout  # ``timeout``: for all the calls together
-        for f in handles:
-            if isinstance(f, Future):
-                f.wait(self.request_timeout_s if end is None else end - self._mono())
-        return [_outcome(f) for f in handles]
+        return self._on_io(lambda io: io._collect(effect))
 
-    def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
-              with_resent: bool = False) -> Any:
-        """One request, its value (``with_resent``: and whether it was re-sent) or its
-        error, on the shortest path: alone on the connection, it is sent and read in this
-        thread (``call_solo``); a break, or company, hands it to the engine."""
-        deadline = self._mono() + (self.retry_s if retry_s is None else retry_s)
-        solo: Any = SHARED if self._closed else self.clients[shard].call_solo(op, args, self.request_timeout_s)
-        got = None
-        if solo is not SHARED:
-            value, lost = solo
-            if lost is None:
-                return (value, False) if with_resent else value
-            if type(lost) is TimeoutError:
-                raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
-            got = [lost]
-        [(value, resent)] = self._drive(deliver(self, [(shard, op, args)], deadline, got=got))
-        return (value, resent) if with_resent else value
+    def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None) -> tuple[Any, bool]:
+        """One request and whether it was re-sent (its error is raised): on the lane when it is
+        free, else the shared way."""
+        start = self._mono()
+        got = self.lanes[shard].call(op, args, self.request_timeout_s)
+        if got is SHARED:  # one request on the I/O thread's connection, no operation there
+            try:
+                got = self._on_io(lambda io: io._request(shard, op, args, retry_s)[2]), None
+            except ConnectionLost as lost:
+                got = None, lost
+        return self._after_lane(shard, op, args, got, start + (self.retry_s if retry_s is None else retry_s))
+
+    def _after_lane(self, shard: int, op: str, args: list[Any], got: tuple[Any, Any],
+                    deadline: float) -> tuple[Any, bool]:
+        """What a call made once comes to, and whether it was re-sent: a break is the engine's
+        to decide (:func:`~.effects.deliver`, until ``deadline``), its re-sends going the
+        shared way."""
+        value, lost = got
+        if lost is None:
+            return value, False
+        if type(lost) is TimeoutError:
+            raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
+        ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
+        return value, resent
 
     def _add_status(self, shards: list[dict[str, Any]]) -> None:
         if self._supervisor is None:
@@ -165,95 +209,90 @@ class Router(Calls, SyncExecutor):
         if shard is None:
             shard = self._drive(place(self, queue, key, priority))
         session = (sessions := self._chans[shard].sessions).open()  # (Calls._session, one call less)
+        start = self._mono()
         try:
-            ids: list[int] = self._call(shard, "enqueue", [[item], session])
+            got = self.lanes[shard].call("enqueue", args := [[item], session], self.request_timeout_s)
+            if got is SHARED:
+                job_id: int = self._on_io(lambda io: (c := io.conns[shard]).merged(c.chan.enqueue_part, item))[0]
+                return job_id
+            ids: list[int] = self._after_lane(shard, "enqueue", args, got, start + self.retry_s)[0]
             return ids[0]
         finally:
             sessions.close(session)
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
-        errs, retried = self._call(lease_shard(lease, self.shards), "ack", [[[lease.job_id, lease.token]]],
-                                   with_resent=True)
-        if errs[0] is not None and (err := ack_error(errs[0], retried)) is not None:
-            raise err
+        shard, pair, start = lease_shard(lease, self.shards), [lease.job_id, lease.token], self._mono()
+        got = self.lanes[shard].call("ack", args := [[pair]], self.request_timeout_s)
+        if got is SHARED:
+            err, resent = self._on_io(lambda io: (c := io.conns[shard]).merged(c.chan.ack_part, pair))
+        else:
+            (err,), resent = self._after_lane(shard, "ack", args, got, start + self.retry_s)
+        if err is not None and (error := ack_error(err, resent)) is not None:
+            raise error
 
-    def _park(self, effect: Park) -> tuple[threading.Event, list[Future | None]]:
-        """Do a :class:`~.effects.Park`; the token is the event the replies set."""
-        event = threading.Event()
-        handles: list[Future | None] = []
+    # ------------------------------------------------------------------ waits
+    def _park(self, effect: Park) -> tuple[None, list[Any]]:
+        """Do a :class:`~.effects.Park`: a lone waiting dequeue whose lane is free is only
+        noted (its caller sends it on the lane in :meth:`_wake`); the others go the shared way."""
         calls = effect.calls
-        for shard, op, args in calls:
-            if len(calls) == 1 and op == "dequeue_wait" and self.clients[shard].connected:
-                fut = Future()  # sent by the waiting caller itself, on the lone-call path (_wait_solo)
-            else:
-                try:
-                    fut = self._send(shard, op, args, self._mono())
-                except ShardUnavailable:
-                    handles.append(None)  # down: the others serve
-                    continue
-            fut.callback = lambda f: event.set()
-            handles.append(fut)
-        return event, handles
+        if len(calls) == 1 and calls[0].op == "dequeue_wait" and not self.lanes[calls[0].shard].busy():
+            return None, [_Lone()]
+        return self._on_io(lambda io: io._park(effect))
 
     def _wake(self, effect: Wake) -> list[Any]:
-        """Do a :class:`~.effects.Wake`: sleep on the event until the reader threads have
-        settled one more of the futures, or the deadline passes."""
-        event, calls, handles, deadline, settled = effect
-        if len(handles) == 1 and (lone := handles[0]) is not None and lone.req is None and not lone.done:
-            if (got := self._wait_solo(calls[0], lone, deadline)) is not None:
-                return [got]  # read by this thread on the lone-call path: nobody to wake
-        futs = [f for f in handles if f is not None]
-        while True:
-            event.clear()  # before the count: a future settled after it sets the event again
-            remaining = deadline - self._mono()
-            if remaining <= 0 or sum(f.done for f in futs) > settled:
-                return [_outcome(f) for f in handles]
-            event.wait(remaining)
-
-    def _wait_solo(self, call: Call, fut: Future, deadline: float) -> Any:
-        """A lone waiting dequeue (:meth:`_park`), sent and read by this thread (``call_solo``);
-        its outcome as :class:`~.effects.Wake`'s (:data:`OPEN`: withdrawn past ``deadline``), or
-        None when a connection another thread uses meanwhile had it sent as any other (``fut``)."""
-        client = self.clients[call.shard]
-        got: Any = SHARED if self._closed else client.call_solo(call.op, call.args, deadline - self._mono(), True)
-        if got is SHARED:
-            client.submit(call.op, call.args, fut=fut)  # (no connection: fails unsent)
-            return None
-        if type(got[1]) is TimeoutError:
-            return OPEN
-        (fut.value, fut.error), fut.done = got, True  # only this thread knows ``fut``: no lock, no wake-up
-        return got[0] if got[1] is None else got[1]
+        """Do a :class:`~.effects.Wake`; a lone wait (:meth:`_park`) is sent and read here."""
+        handles = effect.handles
+        if handles and type(lone := handles[0]) is _Lone:
+            if lone.done:
+                return [lone.outcome]
+            (call,) = effect.calls
+            got = self.lanes[call.shard].call(call.op, call.args, effect.deadline - self._mono(), True)
+            if got is not SHARED:
+                if type(got[1]) is TimeoutError:
+                    return [OPEN]  # withdrawn on the lane
+                lone.done, lone.outcome = True, got[0] if got[1] is None else got[1]
+                return [lone.outcome]
+            # the lane was taken meanwhile: the wait goes the shared way, in the lone one's place
+            _, (handles[0],) = self._on_io(lambda io: io._park(Park(effect.calls)))
+            if handles[0] is None:
+                return [ShardUnavailable(f"shard {call.shard} is not connected")]
+        deadline = effect.deadline
+        return self._on_io(
+            lambda io: io._wake(effect._replace(deadline=self._io_time(io, deadline))))
 
     def _abandon(self, effect: Abandon) -> list[Any]:
-        """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`)."""
-        _, calls, handles = effect
-        for (shard, _, _), fut in zip(calls, handles):
-            # answered just before: its reply is settled by the thread that read it, and
-            # goes back to the operation (which takes or releases its leases), as asyncio's
-            if isinstance(fut, Future) and not fut.done and self.clients[shard].forget(fut):
-                fut.wait(WITHDRAW_SETTLE_S)
-        return [_outcome(f) for f in handles]
+        """Do an :class:`~.effects.Abandon` (:meth:`~.channel.Channel.abandon`); a lone wait
+        not answered was withdrawn on the lane already."""
+        handles = effect.handles
+        if handles and type(lone := handles[0]) is _Lone:
+            return [lone.outcome if lone.done else OPEN]
+        return self._on_io(lambda io: io._abandon(effect))
 
     def _release(self, leases: list[Lease]) -> None:
-        for lease in leases:
-            try:
-                self._send(*release_call(lease), self._mono())
-            except (ShardUnavailable, Closed) as e:
-                log.info("releasing lease %s failed (%s); it expires by itself", lease.job_id, e)
+        try:
+            io = self._shared()
+            io.loop.call_soon_threadsafe(io._release, leases)
+        except (Closed, RuntimeError) as e:
+            log.info("releasing %d leases failed (%s); they expire by themselves", len(leases), e)
 
     def close(self) -> None:
-        """Close connections; an embedded service (``shardq.open``) is stopped too."""
-        if self._closed:
-            return
-        # A withdrawn wait's lease may still be on its way: let it come and be released
-        # (unstarted), rather than expire held by nobody with its delivery counted.
-        end = self._mono() + WITHDRAW_SETTLE_S
-        for c in self.clients:
-            c.settle_orphans(max(0.0, end - self._mono()))
-        self._closed = True
-        for c in self.clients:
-            c.close()
+        """Close the lanes and the I/O thread's connections (a withdrawn wait's lease still on
+        its way gets a moment to come and be released); an embedded service
+        (``shardq.open``) is stopped too."""
+        with self._io_lock:
+            if self._closed:
+                return
+            self._closed = True
+            io = self._io
+        for lane in self.lanes:
+            lane.close()
+        if io is not None:
+            asyncio.run_coroutine_threadsafe(_close(io), io.loop).result()
+            io.loop.call_soon_threadsafe(io.loop.stop)
+            assert self._io_thread is not None  # (started with io)
+            self._io_thread.join()
+            io.loop.close()
         if self._supervisor is not None:
             self._supervisor.stop()
 
@@ -264,13 +303,64 @@ class Router(Calls, SyncExecutor):
         self.close()
 
 
-def _outcome(fut: Future | BaseException | None) -> Any:
-    """What a call was answered: :data:`~.effects.OPEN`, its value or its error."""
-    if isinstance(fut, BaseException):
-        return fut
-    if fut is None or not fut.done:
-        return OPEN
-    return fut.value if fut.error is None else fut.error
+class _Lone:
+    """The handle of a lone waiting dequeue (:meth:`Router._park`): its outcome once the
+    lane brought it."""
+
+    __slots__ = ("done", "outcome")
+
+    def __init__(self) -> None:
+        self.done, self.outcome = False, None
+
+
+class _Reply:
+    """What the I/O thread hands a waiting thread (:meth:`Router._on_io`): ``wait`` blocks
+    on a plain lock, the cheapest wake-up CPython has; the I/O thread sets it once."""
+
+    __slots__ = ("_lock", "fut", "value", "error")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.fut: asyncio.Future[Any] | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def start(self, io: AsyncQueue, start: Callable[[AsyncQueue], Awaitable[Any]]) -> None:
+        try:
+            if io._closed:  # (closing: a task made now might never run)
+                raise Closed("router is closed")
+            self.fut = asyncio.ensure_future(start(io))
+        except BaseException as e:  # noqa: BLE001 - raised in the waiting thread
+            self.error = e
+            self._lock.release()
+        else:
+            self.fut.add_done_callback(self._set)
+
+    def _set(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self.error = Closed("router is closed")
+        elif (error := fut.exception()) is not None:
+            self.error = error
+        else:
+            self.value = fut.result()
+        self._lock.release()
+
+    def cancel(self) -> None:
+        if self.fut is not None:
+            self.fut.cancel()
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+
+async def _close(io: AsyncQueue) -> None:
+    """On the I/O thread: close the asyncio client, then end what is left running there."""
+    await io.close()
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

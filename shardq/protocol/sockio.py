@@ -15,6 +15,7 @@ before sending anything, so it knows no request of its reached the shard.
 """
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
@@ -45,6 +46,22 @@ def role_of(message: bytes) -> str | None:
     fields = dict(f.split(b"=", 1) for f in message[len(_HELLO_PREFIX):].split() if b"=" in f)
     role = fields.get(b"role", b"").decode("ascii", "replace")
     return role if role in ROLES else None
+
+
+def shut(fd: int) -> None:
+    """End the socket ``fd`` for both directions without freeing the descriptor: a thread
+    blocked on it returns (EOF), and its owner closes it once nobody uses it, so the number
+    is never reused under another thread's read or write. Nothing if it is gone already."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        s.close()
 
 
 def socket_timeouts(fd: int, seconds: float) -> None:

@@ -31,7 +31,8 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 
 from ..clock import Clock, SystemClock
 from .conn import FrameConn
-from ..protocol.sockio import ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MAX, role_of, socket_timeouts
+from ..protocol.sockio import (ADMITTED, HANDSHAKE_TIMEOUT_S, TURNED_AWAY, VERDICT_BYTES_MAX, role_of, shut,
+                               socket_timeouts)
 
 log = logging.getLogger("shardq.shard")
 
@@ -152,14 +153,7 @@ class Acceptor(threading.Thread):
                 return False
             key = min(self._pending, key=lambda k: self._pending[k][0])
             _, fd = self._pending.pop(key)
-            try:
-                s = socket.socket(fileno=os.dup(fd))
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                finally:
-                    s.close()
-            except OSError:
-                pass  # it finished meanwhile
+            shut(fd)  # (nothing if it finished meanwhile)
         self.evicted += 1
         self.crowded.warn("all %d handshakes were waiting: dropped the oldest to let a new client in "
                           "(connections that do not authenticate)", HANDSHAKES_MAX)

@@ -11,11 +11,11 @@ is ever unpickled: payloads are msgpack, decoded by :mod:`shardq.protocol.wire`.
 from __future__ import annotations
 
 import os
-import socket
 import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ..protocol.sockio import shut
 from ..protocol.wire import read_frames
 
 if TYPE_CHECKING:
@@ -104,14 +104,7 @@ class FrameConn:
         """Stop the connection without freeing the descriptor: the loop reads EOF, drops
         it, and only then is it closed, so the number cannot be reused under the loop."""
         self.dead = True
-        try:
-            s = socket.socket(fileno=os.dup(self.fd))
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            finally:
-                s.close()
-        except OSError:
-            pass
+        shut(self.fd)
 
     def close(self) -> None:
         if not self.closed:

@@ -122,17 +122,6 @@ def test_a_break_reports_each_engine_call_with_whether_it_was_written():
     assert isinstance(chan.submit("ping", [], "x", 1.0), ConnectionLost)  # not connected: unsent, at once
 
 
-def test_after_a_write_cut_short_only_the_whole_frames_count_as_written(monkeypatch):
-    monkeypatch.setattr(limits, "FRAME_BYTES_MAX", 1000)
-    chan = up(hold=False)
-    chan.submit("dequeue", ["q" * 600, None, 1], "first", 0.0)
-    chan.submit("dequeue", ["r" * 600, None, 1], "second", 0.0)
-    frames, _ = chan.flush(0.0)
-    assert len(frames) == 2
-    done = chan.broken(0.0, whole_frames=1)
-    assert {w: e.sent for w, _, e in done} == {"first": True, "second": False}
-
-
 def test_a_merged_request_is_decided_by_the_retry_table_and_requeued_with_its_session():
     chan = up()
     chan.enqueue_part([b"j", None, "default", 0, 0, None], "e")
@@ -222,16 +211,6 @@ def test_a_break_drops_orphans_and_withdrawals_and_no_connection_fails_what_wait
     assert chan.reconnect_deadline() == 5.0
     (w, _, e), = chan.unreachable(ShardUnavailable("gone"))
     assert w == "p" and str(e) == "shard 3: gone"
-
-
-def test_a_request_on_a_connection_that_broke_never_overtakes_one_written_before():
-    chan = up(hold=False)
-    first = chan.submit("enqueue", [[], [77, 1, 1]], "a", 0.0)
-    chan.flush(0.0)
-    chan.broken(0.0)
-    chan.connected()
-    later = chan.submit("enqueue", [[], [77, 2, 1]], "b", 0.0, on=first.epoch)
-    assert isinstance(later, ConnectionLost) and not later.sent
 
 
 def test_closing_fails_everything_with_closed():

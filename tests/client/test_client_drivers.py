@@ -64,6 +64,7 @@ def connect(request):
         made.append(q)
         return q
 
+    make.threaded = request.param == "threaded"  # type: ignore[attr-defined]
     yield make
     for q in made:
         q.close()
@@ -588,10 +589,10 @@ def scripted():
 
 def left_pending(q) -> int:
     """Requests a client still keeps for a reply (none once every call has returned)."""
-    if isinstance(q, SyncAsyncQueue):
-        return sum(len(c.chan.pending) + len(c.chan.outbox) + len(c.chan.enq_parts) + len(c.chan.ack_parts)
-                   for c in q.q.conns)
-    return sum(len(c.chan.pending) for c in q.clients)
+    # the asyncio client's connections; the router's lanes and its I/O thread's
+    chans = [c.chan for c in q.q.conns] if isinstance(q, SyncAsyncQueue) else \
+        [lane.chan for lanes in q.lanes for lane in lanes.all] + [c.chan for c in (q._io.conns if q._io else [])]
+    return sum(len(c.pending) + len(c.outbox) + len(c.enq_parts) + len(c.ack_parts) for c in chans)
 
 
 LEASE = shardq.Lease(1 << 10, None, b"", "default", 1, 5, 9e9)
@@ -644,12 +645,14 @@ def test_a_break_mid_call_resends_a_shards_requests_in_order_with_their_sessions
     the batch's order, each with the session (and items) it had, so the shard would answer
     the ids of a first execution. Both clients re-send through the engine's one loop
     (engine.deliver); the asyncio client used to re-queue in its connection."""
-    f = scripted("drop", ("serve", lambda op, args: list(range(len(args[0])))))
+    serve = ("serve", lambda op, args: list(range(len(args[0]))))
+    # (the router asks the queue's placement alone: on its lane, a connection of its own)
+    f = scripted(*[serve] * connect.threaded, "drop", serve)
     q = connect(f.dd.path, retry_s=5)
     n = limits.BATCH_JOBS_MAX + 1
     ids = q.enqueue_many([{"body": b"%d" % i, "key": "k"} for i in range(n)])
     assert len(ids) == n
-    dropped, served = f.by_conn
+    dropped, served = f.by_conn[connect.threaded:]
     assert [len(args[0]) for _, _, args in served] == [limits.BATCH_JOBS_MAX, 1]  # in the batch's order
     assert dropped and [args for _, _, args in dropped] == [args for _, _, args in served][:len(dropped)]
     sessions = [args[1] for _, _, args in served]

@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 import shardq
-from support.service import REPO, Service, restarted, short_tmpdir, wait_until
+from support.service import REPO, Service, parked_long_poll, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
 from shardq.errors import AuthError, ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
@@ -382,17 +382,34 @@ def test_closing_a_router_releases_its_shard_connections_and_threads(svc):
     def clients(q) -> list[int]:
         return [sh["clients"] for sh in q.stats()["shards"]]
 
-    def readers() -> int:
-        return sum(t.name.startswith("shardq-reader") for t in threading.enumerate())
+    def io_threads() -> int:
+        return sum(t.name == "shardq-io" for t in threading.enumerate())
 
     with svc.connect() as q:
-        base_clients, base_readers = clients(q), readers()
+        base_clients, base_io = clients(q), io_threads()
         for _ in range(10):
             r = svc.connect()
-            r.ping()
+            r.ping()  # every shard at once: the shared way, on the router's I/O thread
+            r.enqueue(b"x", key=A)  # alone: on a lane
+            assert io_threads() == base_io + 1 and sum(lanes.connects for lanes in r.lanes) == 1
             r.close()
+            assert io_threads() == base_io  # joined by close()
+            with pytest.raises(shardq.Closed):
+                r.enqueue(b"y", key=A)
         wait_until(lambda: clients(q) == base_clients, 3, 0.05, "shards to see the closed connections")
-        wait_until(lambda: readers() == base_readers, 3, 0.05, "reader threads to end")
+
+
+def test_closing_a_router_ends_a_wait_another_thread_has_on_its_io_thread(svc):
+    """A thread waits the shared way (a dequeue over both shards, parked on the I/O thread's
+    connections) when another thread closes the router: its call ends at once (Closed, or
+    nothing leased), not when its 20 s wait would, and close() returns."""
+    q = svc.connect()
+    t, out = parked_long_poll(q, "idle", 20)
+    started = time.monotonic()
+    q.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - started < 5
+    assert len(out) == 1 and (isinstance(out[0], shardq.Closed) or out[0] == []), out
 
 
 def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
@@ -412,46 +429,51 @@ def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
     assert damaged == [], f"{len(damaged)} of 40 child outputs lost bytes to a stale reader: {damaged[:3]}"
 
 
-def test_a_lone_caller_takes_the_solo_path_and_threads_sharing_a_connection_lose_nothing(svc, monkeypatch):
-    """A caller alone on a connection sends and reads its own reply with no future
-    (``ShardClient.call_solo``); callers that find the connection busy take the general
-    path, and replies one path reads settle the other's callers. Both paths must run here,
-    and every enqueue must come back with its own job's id."""
+def count_lanes(monkeypatch) -> Counter:
+    """Counts each call a lane was offered, by op and by way: ``lane`` (it made it) or
+    ``shared`` (it declined: taken, or not connected)."""
     from shardq.client import connection
 
-    paths = Counter()
-    real_solo, real_submit = connection.ShardClient.call_solo, connection.ShardClient.submit
+    paths: Counter = Counter()
+    real = connection.Lanes.call
 
-    def solo(self, op, args, timeout):
-        out = real_solo(self, op, args, timeout)
-        paths["shared" if out is connection.SHARED else "solo"] += 1
+    def call(self, op, args, timeout, *wait):
+        out = real(self, op, args, timeout, *wait)
+        paths[op, "shared" if out is connection.SHARED else "lane"] += 1
         return out
 
-    def submit(self, op, args, **kw):
-        paths["general"] += 1
-        return real_submit(self, op, args, **kw)
+    monkeypatch.setattr(connection.Lanes, "call", call)
+    return paths
 
-    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
-    monkeypatch.setattr(connection.ShardClient, "submit", submit)
+
+def test_a_lone_caller_takes_its_lane_and_threads_meeting_it_taken_lose_nothing(svc, monkeypatch):
+    """A caller on a free lane of its shard sends and reads its own reply there; callers
+    that find every lane taken (more threads than ``LANES_MAX``) go the shared way (the I/O
+    thread's connection, their single enqueues merged). Both ways must run here, and every
+    enqueue must come back with its own job's id."""
+    from shardq.client.connection import LANES_MAX
+
+    paths = count_lanes(monkeypatch)
     with svc.connect() as q:
         q.ping()
         q.queue_config("default")  # the queue's placement, asked once before its first enqueue
         paths.clear()
         q.enqueue(b"alone", key=A)
-        assert paths == {"solo": 1}, paths  # no future, no pending entry for a lone call
+        assert paths == {("enqueue", "lane"): 1}, paths
 
         ids: dict[bytes, int] = {}
         def produce(t: int) -> None:
             for i in range(150):
                 body = f"{t}-{i}".encode()
-                ids[body] = q.enqueue(body, key=A)  # one key: one shard, one connection
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+                ids[body] = q.enqueue(body, key=A)  # one key: one shard, one lane
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(2 * LANES_MAX)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        assert paths["solo"] > 1 and paths["general"] > 0, paths
-        assert len(set(ids.values())) == len(ids) == 8 * 150
+        assert paths["enqueue", "lane"] > 1 and paths["enqueue", "shared"] > 0, paths
+        assert len(set(ids.values())) == len(ids) == 2 * LANES_MAX * 150
+        assert 1 < len(q.lanes[SHARD_A].all) <= LANES_MAX
         for body, job_id in ids.items():
             assert q.job(job_id)["body"] == body
         assert sorted(drain_bodies(q)) == sorted([b"alone", *ids])
@@ -475,30 +497,15 @@ def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
         assert sorted(drain_bodies(q)) == [b"late", b"next"]  # the timed-out call was applied
 
 
-def test_a_lone_waiting_dequeue_takes_the_lone_call_path_and_is_withdrawn_when_it_passes(monkeypatch):
-    """Issue 47: a waiting dequeue alone on its connection is sent and read by its caller
-    (``call_solo``: no future, no pending entry, no hand-off), as a lone dequeue is. One
-    whose reply does not come within its wait is withdrawn (``cancel_wait``), and the lease
-    the shard answers late is released unstarted, not left to expire with its delivery
-    counted."""
+def test_a_lone_waiting_dequeue_takes_its_lane_and_is_withdrawn_when_it_passes(monkeypatch):
+    """Issue 47: a waiting dequeue alone is sent and read by its caller on the shard's lane
+    (no future, no hand-off), as a lone dequeue is. One whose reply does not come within
+    its wait is withdrawn (``cancel_wait``), and the lease the shard answers late is released
+    unstarted, not left to expire with its delivery counted."""
     from shardq import limits
-    from shardq.client import connection
     from support.fake_shard import FakeShards
 
-    paths = Counter()
-    real_solo, real_submit = connection.ShardClient.call_solo, connection.ShardClient.submit
-
-    def solo(self, op, args, timeout, *wait):
-        out = real_solo(self, op, args, timeout, *wait)
-        paths[op, "shared" if out is connection.SHARED else "solo"] += 1
-        return out
-
-    def submit(self, op, args, **kw):
-        paths[op, "general"] += 1
-        return real_submit(self, op, args, **kw)
-
-    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
-    monkeypatch.setattr(connection.ShardClient, "submit", submit)
+    paths = count_lanes(monkeypatch)
     late = threading.Event()  # the shard answers the second wait only once it is set
     rows = [[(n << limits.JOB_ID_SHARD_BITS), None, b"job", 1, 100 + n, 9e9, 0, False] for n in (1, 2)]
 
@@ -515,10 +522,13 @@ def test_a_lone_waiting_dequeue_takes_the_lone_call_path_and_is_withdrawn_when_i
         with shardq.connect(f.dd.path, retry_s=2, request_timeout_s=10) as q:
             lease = q.dequeue("default", wait=5)  # the plain dequeue finds nothing: it waits
             assert lease is not None and lease.job_id == rows[0][0]
-            assert paths[("dequeue_wait", "solo")] == 1 and ("dequeue_wait", "general") not in paths, paths
+            assert paths == {("dequeue", "lane"): 1, ("dequeue_wait", "lane"): 1}, paths
             assert q.dequeue("default", wait=0.2) is None  # its reply does not come within 0.2 + 0.5 s
             late.set()  # (the fake reads the withdrawal, written before, once it has answered)
             wait_until(lambda: f.sent("cancel_wait"), 5, what="the withdrawal")
+            # The shard stalled past the withdrawal's settling time: the late reply waits on
+            # the lane for its next caller, which reads it and releases its lease.
+            assert q.ping() == [None]
             wait_until(lambda: [a[:3] + a[4:] for _, _, a in f.sent("nack")] == [[rows[1][0], rows[1][4], 0, False]],
                        5, what="the late lease released unstarted")
     finally:
@@ -526,24 +536,23 @@ def test_a_lone_waiting_dequeue_takes_the_lone_call_path_and_is_withdrawn_when_i
         f.close()
 
 
-def test_a_lone_waiting_dequeue_that_finds_its_connection_in_use_is_sent_as_any_other(monkeypatch):
-    """The lone-call path declines (another thread took the connection between the wait's
-    start and its send): the wait is sent on the general path with the same handle, and
-    its lease comes back."""
+def test_a_lone_waiting_dequeue_that_finds_its_lane_taken_goes_the_shared_way(monkeypatch):
+    """The lane declines (another thread took it between the wait's start and its send):
+    the wait goes the shared way in the lone one's place, and its lease comes back."""
     from shardq import limits
     from shardq.client import connection
     from support.fake_shard import FakeShards
 
-    real_solo = connection.ShardClient.call_solo
+    real = connection.Lanes.call
     declined = []
 
-    def solo(self, op, args, timeout, *wait):
+    def call(self, op, args, timeout, *wait):
         if op == "dequeue_wait":
             declined.append(op)
             return connection.SHARED
-        return real_solo(self, op, args, timeout, *wait)
+        return real(self, op, args, timeout, *wait)
 
-    monkeypatch.setattr(connection.ShardClient, "call_solo", solo)
+    monkeypatch.setattr(connection.Lanes, "call", call)
     row = [1 << limits.JOB_ID_SHARD_BITS, None, b"job", 1, 101, 9e9, 0, False]
     f = FakeShards(1, lambda shard, op, args: [row] if op == "dequeue_wait" else [] if op == "dequeue" else None)
     try:
@@ -557,14 +566,14 @@ def test_a_lone_waiting_dequeue_that_finds_its_connection_in_use_is_sent_as_any_
 
 
 def test_a_settled_request_leaves_no_garbage_cycle():
-    """A future lets go of its request once settled: calls on the general path (two shards
-    at once: futures settled by the reader threads) leave nothing for the cyclic collector
-    (the SQS listener counted ~26 objects a batch send in ``Future.req`` <-> ``Request.waiters``
-    cycles)."""
+    """Calls the shared way (two shards at once: settled by the I/O thread) leave nothing
+    for the cyclic collector (the SQS listener once counted ~26 objects a batch send in
+    ``Future.req`` <-> ``Request.waiters`` cycles)."""
+    import asyncio
     import gc
 
     from shardq.client.channel import Request
-    from shardq.client.connection import Future
+    from shardq.client.router import _Reply
     from support.fake_shard import FakeShards
 
     f = FakeShards(2, lambda shard, op, args: 7)
@@ -578,7 +587,7 @@ def test_a_settled_request_leaves_no_garbage_cycle():
                 for _ in range(20):
                     assert q.ping() == [7, 7]
                 gc.collect()
-                cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (Future, Request))]
+                cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (asyncio.Future, _Reply, Request))]
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()

@@ -125,8 +125,7 @@ def test_a_batch_at_batch_jobs_max_and_one_at_the_request_size_limit():
             # a shard accepts (each within REQUEST_BYTES_MAX); none is refused.
             big = [{"body": body_of(i, CEILING), "queue": "huge", "key": "big"} for i in range(6)]
             big_ids = q.enqueue_many(big)
-            clients = q.clients[0]
-            assert len(set(big_ids)) == 6 and clients.connects == 1
+            assert len(set(big_ids)) == 6 and q._shared().conns[0].connects == 1  # (a batch goes the shared way)
         restart_after_sigkill(svc)
         with svc.connect() as q:
             got = drain_all(q, "default", len(ids))

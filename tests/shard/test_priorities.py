@@ -99,16 +99,23 @@ def _key_on(shard: int, shards: int = 3) -> str:
     return next(k for k in (f"k{i}" for i in range(1000)) if shard_for_key(k, shards) == shard)
 
 
-def _peeks_seen(router: Router) -> list:
-    """Wrap the router's multi-request path (its handler of the engine's ``Collect`` effect) and
-    record every op it sends."""
-    sent = []
-    collect = router._handlers[Collect]
+def _spy_collect(router: Router, see) -> None:
+    """Wrap the router's multi-request path (the handler of the engine's ``Collect`` effect of
+    the asyncio client on its I/O thread): ``see(effect, outcomes)`` may change the outcomes."""
+    io = router._shared()
+    collect = io._handlers[Collect]
 
-    def spy(effect):
-        sent.extend(op for _, op, _ in effect.calls)
-        return collect(effect)
-    router._handlers[Collect] = spy
+    async def spy(effect):
+        out = await collect(effect)
+        see(effect, out)
+        return out
+    io._handlers[Collect] = spy
+
+
+def _peeks_seen(router: Router) -> list:
+    """Record every op the router's multi-request path sends (:func:`_spy_collect`)."""
+    sent = []
+    _spy_collect(router, lambda effect, out: sent.extend(op for _, op, _ in effect.calls))
     return sent
 
 
@@ -144,17 +151,14 @@ def test_a_fresh_consumer_learns_from_its_first_lease_that_the_queue_uses_priori
 
 def test_a_shard_that_misses_the_note_is_told_with_the_next_prioritized_enqueue(svc):
     with svc.connect() as q:
-        collect = q._handlers[Collect]
         refused = []
 
-        def one_shard_down(effect):
-            out = collect(effect)
+        def one_shard_down(effect, out):
             for i, (shard, op, _) in enumerate(effect.calls):
                 if op == "note_priorities" and shard == 1 and not refused:
                     refused.append(shard)
                     out[i] = shardq.ShardUnavailable("shard 1 is down (test)")
-            return out
-        q._handlers[Collect] = one_shard_down
+        _spy_collect(q, one_shard_down)
         sent = _peeks_seen(q)
         q.enqueue(b"a", queue="missed", priority=3)  # goes ahead
         assert refused == [1] and "missed" not in q._noted and "missed" in q._prioritized

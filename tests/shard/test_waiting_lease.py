@@ -17,7 +17,8 @@ import pytest
 
 import shardq
 from support.service import Service, restarted, wait_until
-from shardq.client.effects import Abandon
+from shardq.client.core import Call
+from shardq.client.effects import Abandon, Send, Submit
 from shardq.client.router import shard_for_key
 from shardq.datadir import DataDir
 from shardq.protocol.sockio import connect_unix
@@ -98,9 +99,9 @@ def test_jobs_arriving_at_both_shards_at_once_reach_a_one_job_wait_and_the_next_
 def test_a_lease_a_withdrawn_wait_made_is_released_unstarted(svc):
     with svc.connect() as q:
         job = q.enqueue(b"x", key=KEYS[0])
-        fut = q._send(0, "dequeue_wait", ["default", None, 1, 5.0], 1e18)
-        assert fut.wait(10) and fut.error is None and fut.value[0][0] == job
-        q._release_rows(fut.value)  # the engine's Release of a wait that lost to another shard's lease
+        [(rows, _)] = q._do_send(Send([Call(0, "dequeue_wait", ["default", None, 1, 5.0])]))
+        assert rows[0][0] == job
+        q._release_rows(rows)  # the engine's Release of a wait that lost to another shard's lease
         lease = wait_until(lambda: q.dequeue(wait=0), timeout=10, what="the released job")
         assert (lease.job_id, lease.attempt) == (job, 1)  # its first delivery, not its second
 
@@ -113,8 +114,9 @@ def test_a_router_closed_just_after_a_withdrawal_still_releases_its_lease(svc):
         job = producer.enqueue(b"x", key=KEYS[0])
     q = svc.connect()
     args = ["default", None, 1, 5.0]
-    fut = q._send(0, "dequeue_wait", args, 1e18)
-    (got,) = q._abandon(Abandon(None, [(0, "dequeue_wait", args)], [fut]))  # most often before the reply is read
+    calls = [Call(0, "dequeue_wait", args)]
+    handles = q._submit(Submit(calls, q._now() + 5))  # the shared way: the I/O thread's connection
+    (got,) = q._abandon(Abandon(None, calls, handles))  # most often before the reply is read
     if type(got) is list:  # answered first: the lease is the caller's to release (as the engine's wait_any does)
         q._release_rows(got)
     q.close()

@@ -23,6 +23,26 @@ def short_tmpdir(prefix: str = "sq") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
+def parked_long_poll(q, queue: str, wait: float):
+    """A thread whose ``q.dequeue_many(queue, wait=wait)`` (its leases, or the ShardqError
+    it raised) lands in the list returned beside it; returned once its wait is written to
+    every shard (the router's I/O thread carries a wait over several shards)."""
+    import threading
+
+    out: list = []
+
+    def poll() -> None:
+        try:
+            out.append(q.dequeue_many(queue, wait=wait))
+        except shardq.ShardqError as e:
+            out.append(e)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    wait_until(lambda: q._io and all(c.chan.pending for c in q._io.conns), 5, what="the long poll at every shard")
+    return t, out
+
+
 def poll_until(predicate, deadline: float, interval: float = 0.01):
     """Poll ``predicate`` until it returns a truthy value (returned) or the monotonic
     ``deadline`` passes (its last value is returned). The one sleeping poll of the tests:
