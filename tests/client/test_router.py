@@ -479,6 +479,33 @@ def test_a_lone_caller_takes_its_lane_and_threads_meeting_it_taken_lose_nothing(
         assert sorted(drain_bodies(q)) == sorted([b"alone", *ids])
 
 
+def test_a_shard_opens_lanes_max_lanes_and_the_caller_beyond_goes_the_shared_way():
+    """At the limit: LANES_MAX threads each wait alone on a one-shard router, each on a lane
+    of its own (all of them open); the next one finds every lane taken and waits the shared
+    way, on the I/O thread. One job each wakes them all, every job leased once."""
+    from shardq.client.connection import LANES_MAX
+
+    with Service(shards=1) as one:
+        q = one.connect()
+        try:
+            got: list = []
+            threads = [threading.Thread(target=lambda: got.append(q.dequeue("idle", wait=20)))
+                       for _ in range(LANES_MAX)]
+            for t in threads:
+                t.start()
+            wait_until(lambda: sum(lane.lock.locked() for lane in q.lanes[0].all) == LANES_MAX, 10,
+                       what="every lane taken by a wait")
+            assert len(q.lanes[0].all) == LANES_MAX and q.lanes[0].busy()
+            t, out = parked_long_poll(q, "idle", 20)  # the next: the shared way
+            threads.append(t)
+            ids = q.enqueue_many([{"body": b"%d" % i} for i in range(LANES_MAX + 1)], queue="idle")
+            for t in threads:
+                t.join(20)
+            assert sorted(lease.job_id for lease in [*got, *out[0]]) == sorted(ids)
+        finally:
+            q.close()
+
+
 def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
     """The shard stops (SIGSTOP) during a lone call: the call fails with ShardUnavailable
     after ``request_timeout_s``; once the shard runs again, the late reply of that call is
