@@ -159,7 +159,7 @@ class Channel:
             return [], done
         encoded = encode_frames([[r.rid, r.op, r.args] for r in out],
                                 lambda i, error: done.extend(self._fail(out[i], error)))
-        return [_HEADER.pack(len(payload)) + payload for payload, _ in encoded], done
+        return [_HEADER.pack(len(payload)) + payload for payload in encoded], done
 
     def replies(self, replies: Iterable[list[Any]]) -> list[Completion]:
         """Decoded replies ``[rid, status, payload]``: who gets what."""

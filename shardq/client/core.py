@@ -209,10 +209,9 @@ class Sessions:
 
 
 # ---------------------------------------------------------------------- frames
-def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], object]) -> list[tuple[bytes, int]]:
-    """The frames that carry ``requests`` (each ``[request_id, op, args]``), each with the
-    index in ``requests`` its requests end at: one frame, unless together they pass
-    ``limits.FRAME_BYTES_MAX``. A request that cannot be encoded (text with a lone
+def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], object]) -> list[bytes]:
+    """The frames that carry ``requests`` (each ``[request_id, op, args]``), in order: one
+    frame, unless together they pass ``limits.FRAME_BYTES_MAX``. A request that cannot be encoded (text with a lone
     surrogate, an integer msgpack cannot hold), or that alone passes the limit, is left out
     and given to ``refuse(index, InvalidJob)``, so it fails alone instead of breaking the
     connection for every caller. Every frame returned is within the limit."""
@@ -220,10 +219,10 @@ def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], objec
     try:
         data = wire.pack(requests)
         if len(data) <= frame_max:
-            return [(data, len(requests))]
+            return [data]
     except _ENCODE_ERRORS:
         pass
-    frames: list[tuple[bytes, int]] = []
+    frames: list[bytes] = []
     parts: list[bytes] = []
     size = 0
     for i, req in enumerate(requests):
@@ -237,12 +236,12 @@ def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], objec
                                  f"{frame_max}-byte frame limit"))
             continue
         if parts and size + len(one) + 5 > frame_max:  # 5: the largest array header
-            frames.append((wire.pack_array(parts), i))
+            frames.append(wire.pack_array(parts))
             parts, size = [], 0
         parts.append(one)
         size += len(one)
     if parts:
-        frames.append((wire.pack_array(parts), len(requests)))
+        frames.append(wire.pack_array(parts))
     return frames
 
 
