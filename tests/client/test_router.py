@@ -496,7 +496,9 @@ def test_a_shard_opens_lanes_max_lanes_and_the_caller_beyond_goes_the_shared_way
             wait_until(lambda: sum(lane.lock.locked() for lane in q.lanes[0].all) == LANES_MAX, 10,
                        what="every lane taken by a wait")
             assert len(q.lanes[0].all) == LANES_MAX and q.lanes[0].busy()
-            t, out = parked_long_poll(q, "idle", 20)  # the next: the shared way
+            # The next waits the shared way, for one job: the shard may park it before a lane's
+            # wait it has not yet read, so a larger batch could take a lane waiter's job.
+            t, out = parked_long_poll(q, "idle", 20, max_jobs=1)
             threads.append(t)
             ids = q.enqueue_many([{"body": b"%d" % i} for i in range(LANES_MAX + 1)], queue="idle")
             for t in threads:

@@ -23,8 +23,8 @@ def short_tmpdir(prefix: str = "sq") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
-def parked_long_poll(q, queue: str, wait: float):
-    """A thread whose ``q.dequeue_many(queue, wait=wait)`` (its leases, or the ShardqError
+def parked_long_poll(q, queue: str, wait: float, max_jobs: int = 100):
+    """A thread whose ``q.dequeue_many(queue, max_jobs, wait=wait)`` (its leases, or the ShardqError
     it raised) lands in the list returned beside it; returned once its wait is written to
     every shard (the router's I/O thread carries a wait over several shards)."""
     import threading
@@ -33,7 +33,7 @@ def parked_long_poll(q, queue: str, wait: float):
 
     def poll() -> None:
         try:
-            out.append(q.dequeue_many(queue, wait=wait))
+            out.append(q.dequeue_many(queue, max_jobs, wait=wait))
         except shardq.ShardqError as e:
             out.append(e)
 
