@@ -7,6 +7,8 @@ core's (:mod:`.core`). One router can be shared by many threads. It moves calls 
 * **A single call** that finds a free lane of its shard (:class:`~.connection.Lanes`: up to
   ``LANES_MAX`` blocking connections, one caller on each) is written and read by its caller there: no
   other thread, no hand-off, a busy poll for the reply. A waiting dequeue alone too.
+* **Single enqueues and acks** that meet their shard's first lane taken are combined
+  (:mod:`.combine`): one leader sends all that wait as one request, on a lane.
 * **Everything else** (a call that finds every lane taken, batches across shards, waits on many shards,
   watches, re-sends after a break) is done by the asyncio client (:class:`~.aio.AsyncQueue`) on the
   router's I/O thread, started when first needed: its connections pipeline many threads' calls, merge their
@@ -27,12 +29,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+from functools import partial
+
 from .aio import AsyncQueue
+from .combine import Combiner
 from .connection import SHARED, Lanes
 from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
-from ..errors import Closed, ShardUnavailable
+from ..errors import Closed, ShardqError, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
 from .engine import Calls, learn_owner, place
@@ -74,6 +79,8 @@ class Router(Calls, SyncExecutor):
         self.lanes = [Lanes(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
                             self._release_rows) for i in range(self.shards)]
         self._chans = [lane.chan for lane in self.lanes]  # their enqueue sessions serve both ways
+        self._combiners = [(Combiner(partial(self._round, i, "enqueue")), Combiner(partial(self._round, i, "ack")))
+                           for i in range(self.shards)]
         self._io: AsyncQueue | None = None
         self._io_thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
@@ -208,28 +215,49 @@ class Router(Calls, SyncExecutor):
         shard = self._placed(queue, key, priority)
         if shard is None:
             shard = self._drive(place(self, queue, key, priority))
-        session = (sessions := self._chans[shard].sessions).open()  # (Calls._session, one call less)
-        start = self._mono()
-        try:
-            got = self.lanes[shard].call("enqueue", args := [[item], session], self.request_timeout_s)
-            if got is SHARED:
-                job_id: int = self._on_io(lambda io: (c := io.conns[shard]).merged(c.chan.enqueue_part, item))[0]
-                return job_id
-            ids: list[int] = self._after_lane(shard, "enqueue", args, got, start + self.retry_s)[0]
-            return ids[0]
-        finally:
-            sessions.close(session)
+        if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
+            job_id: int = self._combiners[shard][0].call(item, len(body))
+        else:
+            (job_id,) = self._round(shard, "enqueue", [item])  # (a lone caller's: on the lane)
+        return job_id
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
-        shard, pair, start = lease_shard(lease, self.shards), [lease.job_id, lease.token], self._mono()
-        got = self.lanes[shard].call("ack", args := [[pair]], self.request_timeout_s)
-        if got is SHARED:
-            err, resent = self._on_io(lambda io: (c := io.conns[shard]).merged(c.chan.ack_part, pair))
+        shard, pair = lease_shard(lease, self.shards), [lease.job_id, lease.token]
+        if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
+            err, resent = self._combiners[shard][1].call(pair)
         else:
-            (err,), resent = self._after_lane(shard, "ack", args, got, start + self.retry_s)
+            (err,), resent = self._call(shard, "ack", [[pair]])  # (a lone caller's: on the lane)
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
+
+    def _round(self, shard: int, op: str, items: list[Any]) -> list[Any]:
+        """A round of combined single enqueues or acks (:mod:`.combine`), or a lone caller's:
+        one request, an enqueue's with a session of its own, so a re-send after a break is
+        answered with the first ids. One the shard refuses as a whole (all-or-nothing: nothing
+        was applied) is made again item by item, so one caller's bad item never fails
+        another's. Each item's job id, or ``(error payload, resent)`` for an ack."""
+        enqueue = op == "enqueue"
+        if enqueue:
+            session = (sessions := self._chans[shard].sessions).open()
+        try:
+            values, resent = self._call(shard, op, [items, session] if enqueue else [items])
+            return values if enqueue else [(err, resent) for err in values]
+        except (ShardUnavailable, Closed):  # (its outcome may be unknown: never made again)
+            raise
+        except ShardqError:
+            if len(items) == 1:
+                raise
+        finally:
+            if enqueue:
+                sessions.close(session)
+        out: list[Any] = []
+        for item in items:
+            try:
+                out.append(self._round(shard, op, [item])[0])
+            except ShardqError as e:
+                out.append(e)
+        return out
 
     # ------------------------------------------------------------------ waits
     def _park(self, effect: Park) -> tuple[None, list[Any]]:

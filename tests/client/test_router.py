@@ -24,7 +24,7 @@ import pytest
 import shardq
 from support.service import REPO, Service, parked_long_poll, restarted, short_tmpdir, wait_until
 from shardq.datadir import DataDir
-from shardq.errors import AuthError, ShardUnavailable
+from shardq.errors import AuthError, InvalidJob, ShardUnavailable
 from shardq.client.router import shard_for_key, shard_of_job
 from shardq.protocol.sockio import connect_unix
 
@@ -110,8 +110,8 @@ def test_sigkill_of_a_shard_under_load_loses_and_duplicates_nothing(svc):
         except BaseException as e:  # noqa: BLE001 - reported by the test's main thread
             errors.append(e)
 
-    shared = svc.connect(retry_s=10)
-    routers = [shared, shared, svc.connect(retry_s=10), svc.connect(retry_s=10)]
+    shared = svc.connect(retry_s=10)  # six threads: combined rounds (shardq/client/combine.py) meet the kills too
+    routers = [*[shared] * 6, svc.connect(retry_s=10), svc.connect(retry_s=10)]
     threads = [threading.Thread(target=produce, args=(t, r)) for t, r in enumerate(routers)]
     try:
         for t in threads:
@@ -133,6 +133,7 @@ def test_sigkill_of_a_shard_under_load_loses_and_duplicates_nothing(svc):
         for r in set(routers):
             r.close()
     assert log_count(svc, "event=shard-restart") == 5
+    assert sum(c.rounds for pair in shared._combiners for c in pair) > 0
     with svc.connect() as q:
         delivered = drain_bodies(q)
     dups = [b for b, n in Counter(delivered).items() if n > 1]
@@ -446,11 +447,10 @@ def count_lanes(monkeypatch) -> Counter:
     return paths
 
 
-def test_a_lone_caller_takes_its_lane_and_threads_meeting_it_taken_lose_nothing(svc, monkeypatch):
-    """A caller on a free lane of its shard sends and reads its own reply there; callers
-    that find every lane taken (more threads than ``LANES_MAX``) go the shared way (the I/O
-    thread's connection, their single enqueues merged). Both ways must run here, and every
-    enqueue must come back with its own job's id."""
+def test_a_lone_caller_takes_its_lane_and_threads_meeting_it_taken_are_combined_losing_nothing(svc, monkeypatch):
+    """A caller on a free lane of its shard sends and reads its own reply there; threads
+    whose single enqueue meets that lane taken are combined (shardq/client/combine.py): one
+    request a round for them all. Every enqueue must come back with its own job's id."""
     from shardq.client.connection import LANES_MAX
 
     paths = count_lanes(monkeypatch)
@@ -465,18 +465,36 @@ def test_a_lone_caller_takes_its_lane_and_threads_meeting_it_taken_lose_nothing(
         def produce(t: int) -> None:
             for i in range(150):
                 body = f"{t}-{i}".encode()
-                ids[body] = q.enqueue(body, key=A)  # one key: one shard, one lane
+                ids[body] = q.enqueue(body, key=A)  # one key: one shard
         threads = [threading.Thread(target=produce, args=(t,)) for t in range(2 * LANES_MAX)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        assert paths["enqueue", "lane"] > 1 and paths["enqueue", "shared"] > 0, paths
         assert len(set(ids.values())) == len(ids) == 2 * LANES_MAX * 150
-        assert 1 < len(q.lanes[SHARD_A].all) <= LANES_MAX
+        assert q._combiners[SHARD_A][0].rounds > 0
+        assert paths["enqueue", "lane"] < 1 + len(ids), paths  # rounds carried several
         for body, job_id in ids.items():
             assert q.job(job_id)["body"] == body
         assert sorted(drain_bodies(q)) == sorted([b"alone", *ids])
+
+
+def test_a_single_enqueue_whose_lanes_cannot_connect_goes_the_shared_way(svc, monkeypatch):
+    """After a failed connect a shard's lanes are not tried for DOWN_S: a single enqueue
+    and ack go the shared way (the I/O thread's connection, which retries), and arrive."""
+    paths = count_lanes(monkeypatch)
+    with svc.connect() as q:
+        q.ping()
+        for lanes in q.lanes:
+            lanes.all[0].broken()
+            lanes.down_until = time.monotonic() + 3600
+        paths.clear()
+        job_id = q.enqueue(b"shared", key=A)
+        lease = q.dequeue("default")
+        assert lease is not None and lease.job_id == job_id and lease.body == b"shared"
+        q.ack(lease)
+        assert paths["enqueue", "shared"] == paths["ack", "shared"] == 1, paths
+        assert q.stats()["queues"]["default"]["ready"] == 0
 
 
 def test_a_shard_opens_lanes_max_lanes_and_the_caller_beyond_goes_the_shared_way():
@@ -624,3 +642,31 @@ def test_a_settled_request_leaves_no_garbage_cycle():
             assert cyclic == []
     finally:
         f.close()
+
+
+def test_a_combined_enqueue_refused_as_a_whole_is_made_again_item_by_item(svc):
+    """The router's round: one request for every item; one the shard refuses whole (a
+    malformed item) is made again item by item, so only its caller fails."""
+    with svc.connect() as q:
+        q.ping()
+        shard = q._placed("default", "k", 0)
+        shard = 0 if shard is None else shard
+        good = shardq.client.routing.job_item(b"good", None, "default", 0, 0, None)
+        out = q._round(shard, "enqueue", [good, [b"bad", None, "default", 0, 0]])  # five fields
+        assert isinstance(out[1], InvalidJob) and isinstance(out[0], int)
+        assert q.job(out[0])["body"] == b"good" and q.stats()["queues"]["default"]["ready"] == 1
+
+
+def test_a_combined_ack_refused_as_a_whole_is_made_again_item_by_item(svc):
+    """An ack round whose request the shard (or the encoder) refuses whole (a lease id out
+    of range): made again lease by lease, so the good lease is acked and only the bad one's
+    caller fails."""
+    with svc.connect() as q:
+        job_id = q.enqueue(b"a", key=A)
+        lease = q.dequeue("default")
+        assert lease is not None and lease.job_id == job_id
+        good, bad = [lease.job_id, lease.token], [1 << 70, lease.token]
+        out = q._round(SHARD_A, "ack", [good, bad])
+        assert out[0] == (None, False) and isinstance(out[1], InvalidJob), out
+        with pytest.raises(shardq.errors.NotFound):  # acked: gone
+            q.job(job_id)

@@ -1,0 +1,117 @@
+"""Flat combining of single calls (the threaded router's): threads whose single enqueue or
+ack meets its shard's first lane taken hand their item to one leader, which sends every item
+waiting as one request and hands each caller its own outcome.
+
+A crowd of threads on one router then costs the shard one request per round, not one per
+thread (the batch path: a fifth of the shard's Python a job), and the kernel one connection's
+reads. A round carries what queued while the last was out, so it grows with the load, as a
+group commit does; a thread alone never waits for one.
+
+The guarantee is each caller's: it gets its item's outcome (a value or the error raised),
+exactly as if it had made its own call. What a round means on the wire (one request, its
+session, the re-send after a break, a refusal of the whole split item by item) is the
+``send`` function's (:class:`~.router.Router`). A leader serves one round and hands the lead
+to the first thread still waiting, so no caller serves others for long.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .. import limits
+from ..errors import OutcomeUnknown
+
+ROUND_BYTES_MAX = 8 * 1024 * 1024  # a round's items hold at most this many body bytes (as a merged request's)
+
+
+class _Slot:
+    """One caller's item and, once its round ends, its outcome. ``lock`` is held until then
+    (or until the caller is made leader): the cheapest sleep and wake-up CPython has."""
+
+    __slots__ = ("item", "size", "lock", "outcome", "lead")
+
+    def __init__(self, item: Any, size: int) -> None:
+        self.item, self.size = item, size
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.outcome: Any = None
+        self.lead = False
+
+
+class Combiner:
+    """Combines the single calls of one kind to one shard. ``send(items)``: one request
+    carrying ``items``, returning one outcome each (a value, or an exception in its place);
+    an exception it raises is every item's."""
+
+    def __init__(self, send: Callable[[list[Any]], list[Any]]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._waiting: list[_Slot] = []
+        self._leading = False
+        self.rounds = 0  # rounds sent (tests, probes)
+
+    def call(self, item: Any, size: int = 0) -> Any:
+        """``item``'s outcome: its value, or its error raised. ``size``: its body bytes."""
+        slot = _Slot(item, size)
+        with self._lock:
+            self._waiting.append(slot)
+            slot.lead = not self._leading
+            self._leading = True
+        if not slot.lead:
+            try:
+                slot.lock.acquire()  # until its round ends, or the lead is handed to it
+            except BaseException:  # (KeyboardInterrupt): leave without stranding the others
+                with self._lock:
+                    if not slot.lead and slot in self._waiting:
+                        self._waiting.remove(slot)  # not sent: nothing to undo
+                        raise
+                if slot.lead:
+                    self._round()  # the lead came meanwhile: serve it, then leave
+                raise
+            if not slot.lead:
+                return _result(slot.outcome)
+        self._round()
+        return _result(slot.outcome)
+
+    def _round(self) -> None:
+        """Send the first waiting items as one request; hand the lead on, then the outcomes."""
+        with self._lock:
+            batch = _take(self._waiting)
+            self._waiting = self._waiting[len(batch):]
+        outcomes: list[Any] | None = None
+        try:
+            outcomes = self._send([s.item for s in batch])
+        except Exception as e:  # noqa: BLE001 - every item's, raised in each caller
+            outcomes = [e] * len(batch)
+        finally:
+            if outcomes is None:  # the leader was interrupted mid-round
+                outcomes = [OutcomeUnknown("the call was interrupted; it may have been applied")] * len(batch)
+            self.rounds += 1
+            with self._lock:
+                nxt = self._waiting[0] if self._waiting else None
+                self._leading = nxt is not None
+                if nxt is not None:
+                    nxt.lead = True
+            if nxt is not None:  # first: its round's send overlaps the wake-ups below
+                nxt.lock.release()
+            for s, outcome in zip(batch, outcomes):
+                s.outcome = outcome
+                if not s.lead:
+                    s.lock.release()
+
+
+def _take(waiting: list[_Slot]) -> list[_Slot]:
+    """The first slots that fit one request (at least one)."""
+    size = 0
+    for i, s in enumerate(waiting):
+        size += s.size
+        if i and (i >= limits.BATCH_JOBS_MAX or size > ROUND_BYTES_MAX):
+            return waiting[:i]
+    return waiting[:]
+
+
+def _result(outcome: Any) -> Any:
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome

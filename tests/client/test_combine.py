@@ -1,0 +1,119 @@
+"""Flat combining of single calls (shardq/client/combine.py): rounds carry what waited,
+each caller gets its own item's outcome, the lead is handed on, and no caller is stranded."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from shardq.client import combine
+from shardq.client.combine import Combiner
+from support.service import wait_until
+
+
+class Gate:
+    """A ``send`` that holds its first round until ``n`` callers wait behind it; records
+    every round's items and answers each item doubled (or an error for ``"bad"``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.rounds, self.comb = n, [], None
+
+    def __call__(self, items):
+        if not self.rounds:
+            wait_until(lambda: len(self.comb._waiting) >= self.n, 10, what=f"{self.n} callers waiting")
+        self.rounds.append(list(items))
+        return [ValueError(i) if i == "bad" else i * 2 for i in items]
+
+
+def run_callers(comb, items):
+    out: dict = {}
+
+    def one(item):
+        try:
+            out[item] = comb.call(item)
+        except BaseException as e:  # noqa: BLE001 - the outcome under test
+            out[item] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in items]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def test_callers_waiting_behind_a_round_go_in_the_next_one_each_with_its_own_outcome():
+    gate = Gate(5)
+    comb = gate.comb = Combiner(gate)
+    threads, out = run_callers(comb, [1])
+    wait_until(lambda: gate.rounds or comb._leading, 5, what="the first round under way")
+    more, out2 = run_callers(comb, [2, 3, "bad", 5, 6])
+    for t in [*threads, *more]:
+        t.join(10)
+    assert gate.rounds[0] == [1] and sorted(map(str, gate.rounds[1])) == ["2", "3", "5", "6", "bad"]
+    assert comb.rounds == 2 and not comb._leading and not comb._waiting
+    assert out == {1: 2} and {k: v for k, v in out2.items() if k != "bad"} == {2: 4, 3: 6, 5: 10, 6: 12}
+    assert isinstance(out2["bad"], ValueError)
+
+
+def test_a_send_that_raises_fails_its_round_and_the_next_caller_leads():
+    calls = []
+
+    def send(items):
+        calls.append(items)
+        if len(calls) == 1:
+            raise ConnectionError("down")
+        return items
+
+    comb = Combiner(send)
+    with pytest.raises(ConnectionError):
+        comb.call("a")
+    assert comb.call("b") == "b" and not comb._leading
+
+
+def test_a_round_is_cut_at_its_byte_limit():
+    gate = Gate(3)
+    comb = gate.comb = Combiner(gate)
+    big = combine.ROUND_BYTES_MAX // 2 + 1
+    first, _ = run_callers(comb, [0])
+    wait_until(lambda: comb._leading, 5, what="the first round under way")
+    threads = []
+    for i in (1, 2, 3):  # queued in this order, each more than half a round's bytes
+        t = threading.Thread(target=comb.call, args=(i, big))
+        t.start()
+        wait_until(lambda i=i: len(comb._waiting) >= i, 5, what="queued")
+        threads.append(t)
+    for t in [*first, *threads]:
+        t.join(10)
+    assert gate.rounds == [[0], [1], [2], [3]]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread")
+def test_a_caller_interrupted_while_waiting_leaves_unsent_and_strands_nobody():
+    """KeyboardInterrupt in a caller waiting for the next round: its item leaves the queue
+    (nothing sent), and the callers behind it still get a leader."""
+    released, rounds = threading.Event(), []
+
+    def send(items):
+        rounds.append(list(items))
+        if len(rounds) == 1:
+            released.wait(10)  # the first round stays out until the interrupt was taken
+        return [i * 2 for i in items]
+
+    comb = Combiner(send)
+    first, out = run_callers(comb, [1])
+    wait_until(lambda: rounds, 5, what="the first round under way")
+
+    def interrupt():
+        wait_until(lambda: len(comb._waiting) >= 1, 5, what="the main thread waiting")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        comb.call(7)
+    behind, out2 = run_callers(comb, [8])
+    wait_until(lambda: len(comb._waiting) >= 1, 5, what="a caller behind")
+    released.set()
+    for t in [*first, *behind]:
+        t.join(10)
+    assert out == {1: 2} and out2 == {8: 16} and rounds == [[1], [8]] and not comb._leading
