@@ -22,7 +22,9 @@ from typing import Any
 from .. import limits
 from ..errors import OutcomeUnknown
 
-ROUND_BYTES_MAX = 8 * 1024 * 1024  # a round's items hold at most this many body bytes (as a merged request's)
+# A round's items hold at most this many body bytes (as a merged request's): with BATCH_JOBS_MAX
+# items' keys, queues and dedup ids at their longest, its request stays far below REQUEST_BYTES_MAX.
+ROUND_BYTES_MAX = 8 * 1024 * 1024
 
 
 class _Slot:

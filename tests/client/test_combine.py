@@ -71,6 +71,21 @@ def test_a_send_that_raises_fails_its_round_and_the_next_caller_leads():
     assert comb.call("b") == "b" and not comb._leading
 
 
+def test_a_round_takes_at_most_batch_jobs_max_items_and_round_bytes_max_bytes():
+    """At the limits: BATCH_JOBS_MAX + 1 items waiting go as BATCH_JOBS_MAX, then one; items
+    of exactly ROUND_BYTES_MAX bytes together go in one round, one byte more cuts it; an
+    item larger than a round goes alone."""
+    from shardq import limits
+
+    take = combine._take
+    many = [combine._Slot(i, 0) for i in range(limits.BATCH_JOBS_MAX + 1)]
+    assert len(take(many)) == limits.BATCH_JOBS_MAX
+    half = combine.ROUND_BYTES_MAX // 2
+    assert len(take([combine._Slot(0, half), combine._Slot(1, half)])) == 2
+    assert len(take([combine._Slot(0, half), combine._Slot(1, half + 1)])) == 1
+    assert len(take([combine._Slot(0, combine.ROUND_BYTES_MAX + 1), combine._Slot(1, 1)])) == 1
+
+
 def test_a_round_is_cut_at_its_byte_limit():
     gate = Gate(3)
     comb = gate.comb = Combiner(gate)

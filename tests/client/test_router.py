@@ -670,3 +670,23 @@ def test_a_combined_ack_refused_as_a_whole_is_made_again_item_by_item(svc):
         assert out[0] == (None, False) and isinstance(out[1], InvalidJob), out
         with pytest.raises(shardq.errors.NotFound):  # acked: gone
             q.job(job_id)
+
+
+def test_a_combined_round_at_its_limits_is_one_request_the_shard_takes(svc):
+    """The largest round the combiner makes (shardq/client/combine.py): BATCH_JOBS_MAX
+    enqueues, keys and dedup ids at their longest, ROUND_BYTES_MAX bytes of bodies, goes as
+    one request (far below the frame limit) and every job is added once."""
+    from shardq import limits
+    from shardq.client.combine import ROUND_BYTES_MAX
+
+    n = limits.BATCH_JOBS_MAX
+    body = ROUND_BYTES_MAX // n
+    with svc.connect() as q:
+        q.ping()
+        key = "k" * limits.KEY_BYTES_MAX
+        shard = shard_for_key(key, 2)
+        items = [shardq.client.routing.job_item(b"%0*d" % (body, i), key, "default", 0, 0,
+                                                str(i).zfill(limits.DEDUP_ID_BYTES_MAX)) for i in range(n)]
+        ids = q._round(shard, "enqueue", items)
+        assert len(set(ids)) == n and all(isinstance(i, int) for i in ids)
+        assert q.stats()["queues"]["default"]["ready"] + q.stats()["queues"]["default"].get("waiting", 0) == n
