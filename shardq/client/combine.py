@@ -11,7 +11,8 @@ The guarantee is each caller's: it gets its item's outcome (a value or the error
 exactly as if it had made its own call. What a round means on the wire (one request, its
 session, the re-send after a break, a refusal of the whole split item by item) is the
 ``send`` function's (:class:`~.router.Router`). A leader serves one round and hands the lead
-to the first thread still waiting, so no caller serves others for long.
+to the first thread still waiting, so no caller serves others for long; :data:`LEADERS` rounds
+may be out at once.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..errors import OutcomeUnknown
 # A round's items hold at most this many body bytes (as a merged request's): with BATCH_JOBS_MAX
 # items' keys, queues and dedup ids at their longest, its request stays far below REQUEST_BYTES_MAX.
 ROUND_BYTES_MAX = 8 * 1024 * 1024
+LEADERS = 2  # rounds of one kind out at once to one shard: the second overlaps the first's fsync
 
 
 class _Slot:
@@ -44,22 +46,24 @@ class _Slot:
 class Combiner:
     """Combines the single calls of one kind to one shard. ``send(items)``: one request
     carrying ``items``, returning one outcome each (a value, or an exception in its place);
-    an exception it raises is every item's."""
+    an exception it raises is every item's. ``leaders``: rounds out at once."""
 
-    def __init__(self, send: Callable[[list[Any]], list[Any]]) -> None:
+    def __init__(self, send: Callable[[list[Any]], list[Any]], leaders: int = LEADERS) -> None:
         self._send = send
         self._lock = threading.Lock()
         self._waiting: list[_Slot] = []
-        self._leading = False
+        self._leaders, self._leaders_max = 0, leaders
         self.rounds = 0  # rounds sent (tests, probes)
 
     def call(self, item: Any, size: int = 0) -> Any:
         """``item``'s outcome: its value, or its error raised. ``size``: its body bytes."""
         slot = _Slot(item, size)
         with self._lock:
-            self._waiting.append(slot)
-            slot.lead = not self._leading
-            self._leading = True
+            if self._leaders < self._leaders_max:
+                self._leaders += 1
+                slot.lead = True
+            else:
+                self._waiting.append(slot)
         if not slot.lead:
             try:
                 slot.lock.acquire()  # until its round ends, or the lead is handed to it
@@ -69,18 +73,19 @@ class Combiner:
                         self._waiting.remove(slot)  # not sent: nothing to undo
                         raise
                 if slot.lead:
-                    self._round()  # the lead came meanwhile: serve it, then leave
+                    self._round(slot)  # the lead came meanwhile: serve it, then leave
                 raise
             if not slot.lead:
                 return _result(slot.outcome)
-        self._round()
+        self._round(slot)
         return _result(slot.outcome)
 
-    def _round(self) -> None:
-        """Send the first waiting items as one request; hand the lead on, then the outcomes."""
+    def _round(self, lead: _Slot) -> None:
+        """Send the leader's item and the first waiting ones as one request; hand the lead
+        on, then the outcomes."""
         with self._lock:
-            batch = _take(self._waiting)
-            self._waiting = self._waiting[len(batch):]
+            batch = _take(lead, self._waiting)
+            self._waiting = self._waiting[len(batch) - 1:]
         outcomes: list[Any] | None = None
         try:
             outcomes = self._send([s.item for s in batch])
@@ -91,26 +96,27 @@ class Combiner:
                 outcomes = [OutcomeUnknown("the call was interrupted; it may have been applied")] * len(batch)
             self.rounds += 1
             with self._lock:
-                nxt = self._waiting[0] if self._waiting else None
-                self._leading = nxt is not None
-                if nxt is not None:
+                nxt = self._waiting.pop(0) if self._waiting else None
+                if nxt is None:
+                    self._leaders -= 1
+                else:
                     nxt.lead = True
             if nxt is not None:  # first: its round's send overlaps the wake-ups below
                 nxt.lock.release()
             for s, outcome in zip(batch, outcomes):
                 s.outcome = outcome
-                if not s.lead:
+                if s is not lead:
                     s.lock.release()
 
 
-def _take(waiting: list[_Slot]) -> list[_Slot]:
-    """The first slots that fit one request (at least one)."""
-    size = 0
+def _take(lead: _Slot, waiting: list[_Slot]) -> list[_Slot]:
+    """The leader's slot and the first waiting ones that fit one request with it."""
+    size = lead.size
     for i, s in enumerate(waiting):
         size += s.size
-        if i and (i >= limits.BATCH_JOBS_MAX or size > ROUND_BYTES_MAX):
-            return waiting[:i]
-    return waiting[:]
+        if i + 1 >= limits.BATCH_JOBS_MAX or size > ROUND_BYTES_MAX:
+            return [lead, *waiting[:i]]
+    return [lead, *waiting]
 
 
 def _result(outcome: Any) -> Any:
