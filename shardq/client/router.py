@@ -2,7 +2,7 @@
 
 An executor of the client engine (:mod:`.engine`: every call, the retry after a break, the lease rounds and
 waits) for threads. The guarantees (routing, sessions, the retry table, long polls) are the engine's and the
-core's (:mod:`.core`). One router can be shared by many threads. It moves calls two ways:
+core's (:mod:`.core`). One router can be shared by many threads. It moves calls three ways:
 
 * **A single call** that finds a free lane of its shard (:class:`~.connection.Lanes`: up to
   ``LANES_MAX`` blocking connections, one caller on each) is written and read by its caller there: no
@@ -11,9 +11,8 @@ core's (:mod:`.core`). One router can be shared by many threads. It moves calls 
   (:mod:`.combine`): one leader sends all that wait as one request, on a lane.
 * **Everything else** (a call that finds every lane taken, batches across shards, waits on many shards,
   watches, re-sends after a break) is done by the asyncio client (:class:`~.aio.AsyncQueue`) on the
-  router's I/O thread, started when first needed: its connections pipeline many threads' calls, merge their
-  single enqueues and acks into one request per shard and turn, and reconnect. A thread hands it the
-  effect and sleeps until the I/O thread settles it.
+  router's I/O thread, started when first needed: its connections pipeline many threads' calls and
+  reconnect. A thread hands it the effect and sleeps until the I/O thread settles it.
 
 Both ways share each shard's enqueue sessions (:class:`~.core.Sessions`), so an enqueue re-sent the other
 way is still answered with its first ids.
