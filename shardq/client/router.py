@@ -112,8 +112,8 @@ class Router(Calls, SyncExecutor):
             return self._io
 
     def _on_io(self, start: Callable[[AsyncQueue], Awaitable[T]]) -> T:
-        """Run ``start(io)`` on the I/O thread (a coroutine as a task; a future, a merged
-        call's, as it is) and sleep until it ends; its value, or its error raised. An error
+        """Run ``start(io)`` on the I/O thread (a coroutine as a task; a future, a request's,
+        as it is) and sleep until it ends; its value, or its error raised. An error
         in this thread (KeyboardInterrupt) cancels it there: the operation abandons its calls."""
         io = self._shared()
         reply = _Reply()
@@ -216,9 +216,13 @@ class Router(Calls, SyncExecutor):
             shard = self._drive(place(self, queue, key, priority))
         if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
             job_id: int = self._combiners[shard][0].call(item, len(body))
-        else:
-            (job_id,) = self._round(shard, "enqueue", [item])  # (a lone caller's: on the lane)
-        return job_id
+            return job_id
+        session = (sessions := self._chans[shard].sessions).open()  # (Calls._session, one call less)
+        try:
+            ((job_id,), _) = self._call(shard, "enqueue", [[item], session])  # a lone caller's: on the lane
+            return job_id
+        finally:
+            sessions.close(session)
 
     def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
@@ -231,11 +235,11 @@ class Router(Calls, SyncExecutor):
             raise error
 
     def _round(self, shard: int, op: str, items: list[Any]) -> list[Any]:
-        """A round of combined single enqueues or acks (:mod:`.combine`), or a lone caller's:
-        one request, an enqueue's with a session of its own, so a re-send after a break is
-        answered with the first ids. One the shard refuses as a whole (all-or-nothing: nothing
-        was applied) is made again item by item, so one caller's bad item never fails
-        another's. Each item's job id, or ``(error payload, resent)`` for an ack."""
+        """A round of combined single enqueues or acks (:mod:`.combine`): one request, an
+        enqueue's with a session of its own, so a re-send after a break is answered with the
+        first ids. One the shard refuses as a whole (all-or-nothing: nothing was applied) is
+        made again item by item, so one caller's bad item never fails another's. Each item's
+        job id, or ``(error payload, resent)`` for an ack."""
         enqueue = op == "enqueue"
         if enqueue:
             session = (sessions := self._chans[shard].sessions).open()
