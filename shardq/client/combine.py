@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import limits
-from ..errors import OutcomeUnknown
+from ..errors import OutcomeUnknown, ShardUnavailable
 
 # A round's items hold at most this many body bytes (as a merged request's): with BATCH_JOBS_MAX
 # items' keys, queues and dedup ids at their longest, its request stays far below REQUEST_BYTES_MAX.
@@ -55,8 +55,10 @@ class Combiner:
         self._leaders, self._leaders_max = 0, leaders
         self.rounds = 0  # rounds sent (tests, probes)
 
-    def call(self, item: Any, size: int = 0) -> Any:
-        """``item``'s outcome: its value, or its error raised. ``size``: its body bytes."""
+    def call(self, item: Any, size: int = 0, timeout: float | None = None) -> Any:
+        """``item``'s outcome: its value, or its error raised. ``size``: its body bytes.
+        ``timeout``: how long it may wait for a round to take it; past that, still unsent, it
+        leaves with ShardUnavailable (once taken, its round's own deadlines end it)."""
         slot = _Slot(item, size)
         with self._lock:
             if self._leaders < self._leaders_max:
@@ -65,20 +67,33 @@ class Combiner:
             else:
                 self._waiting.append(slot)
         if not slot.lead:
-            try:
-                slot.lock.acquire()  # until its round ends, or the lead is handed to it
-            except BaseException:  # (KeyboardInterrupt): leave without stranding the others
-                with self._lock:
-                    if not slot.lead and slot in self._waiting:
-                        self._waiting.remove(slot)  # not sent: nothing to undo
-                        raise
-                if slot.lead:
-                    self._round(slot)  # the lead came meanwhile: serve it, then leave
-                raise
+            if not self._wait(slot, timeout):
+                raise ShardUnavailable(f"no round took this call within {timeout:.1f} s; it was not sent")
             if not slot.lead:
                 return _result(slot.outcome)
         self._round(slot)
         return _result(slot.outcome)
+
+    def _wait(self, slot: _Slot, timeout: float | None) -> bool:
+        """Sleep until the slot's round ends or the lead is handed to it: False when
+        ``timeout`` passed first with its item unsent (it leaves the queue)."""
+        try:
+            if slot.lock.acquire(timeout=-1 if timeout is None else timeout):
+                return True
+            with self._lock:
+                if not slot.lead and slot in self._waiting:
+                    self._waiting.remove(slot)
+                    return False
+            slot.lock.acquire()  # taken into a round meanwhile, or given the lead: it comes
+            return True
+        except BaseException:  # (KeyboardInterrupt): leave without stranding the others
+            with self._lock:
+                if not slot.lead and slot in self._waiting:
+                    self._waiting.remove(slot)  # not sent: nothing to undo
+                    raise
+            if slot.lead:
+                self._round(slot)  # the lead came meanwhile: serve it, then leave
+            raise
 
     def _round(self, lead: _Slot) -> None:
         """Send the leader's item and the first waiting ones as one request; hand the lead

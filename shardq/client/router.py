@@ -215,7 +215,7 @@ class Router(Calls, SyncExecutor):
         if shard is None:
             shard = self._drive(place(self, queue, key, priority))
         if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
-            job_id: int = self._combiners[shard][0].call(item, len(body))
+            job_id: int = self._combiners[shard][0].call(item, len(body), self.request_timeout_s)
             return job_id
         session = (sessions := self._chans[shard].sessions).open()  # (Calls._session, one call less)
         try:
@@ -228,7 +228,7 @@ class Router(Calls, SyncExecutor):
         """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
         shard, pair = lease_shard(lease, self.shards), [lease.job_id, lease.token]
         if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
-            err, resent = self._combiners[shard][1].call(pair)
+            err, resent = self._combiners[shard][1].call(pair, 0, self.request_timeout_s)
         else:
             (err,), resent = self._call(shard, "ack", [[pair]])  # (a lone caller's: on the lane)
         if err is not None and (error := ack_error(err, resent)) is not None:

@@ -12,6 +12,7 @@ import pytest
 
 from shardq.client import combine
 from shardq.client.combine import Combiner
+from shardq.errors import ShardUnavailable
 from support.service import wait_until
 
 
@@ -194,3 +195,27 @@ def test_with_two_leaders_a_second_round_goes_while_the_first_is_out():
     for t in first:
         t.join(10)
     assert out == {1: 2} and rounds == [[1], [2]] and comb._leaders == 0
+
+
+def test_a_caller_no_round_takes_within_its_timeout_leaves_unsent():
+    """The round out holds its reply past a waiting caller's timeout: that caller leaves
+    with ShardUnavailable and its item is in no round; the callers behind it still go."""
+    held, rounds = threading.Event(), []
+
+    def send(items):
+        rounds.append(list(items))
+        if len(rounds) == 1:
+            held.wait(10)
+        return [i * 2 for i in items]
+
+    comb = Combiner(send, leaders=1)
+    first, out = run_callers(comb, [1])
+    wait_until(lambda: rounds, 5, what="the first round out")
+    with pytest.raises(ShardUnavailable, match="not sent"):
+        comb.call(7, 0, timeout=0.05)
+    behind, out2 = run_callers(comb, [8])
+    wait_until(lambda: comb._waiting, 5, what="a caller behind")
+    held.set()
+    for t in [*first, *behind]:
+        t.join(10)
+    assert out == {1: 2} and out2 == {8: 16} and rounds == [[1], [8]] and comb._leaders == 0
