@@ -174,26 +174,21 @@ class Router(Calls, SyncExecutor):
 
     def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None) -> tuple[Any, bool]:
         """One request and whether it was re-sent (its error is raised): on the lane when it is
-        free, else the shared way."""
+        free, else the shared way. A break is the engine's to decide (:func:`~.effects.deliver`,
+        until ``retry_s``), its re-sends going the shared way."""
         start = self._mono()
         got = self.lanes[shard].call(op, args, self.request_timeout_s)
         if got is SHARED:  # one request on the I/O thread's connection, no operation there
             try:
                 got = self._on_io(lambda io: io._request(shard, op, args, retry_s)[2]), None
-            except ConnectionLost as lost:
-                got = None, lost
-        return self._after_lane(shard, op, args, got, start + (self.retry_s if retry_s is None else retry_s))
-
-    def _after_lane(self, shard: int, op: str, args: list[Any], got: tuple[Any, Any],
-                    deadline: float) -> tuple[Any, bool]:
-        """What a call made once comes to, and whether it was re-sent: a break is the engine's
-        to decide (:func:`~.effects.deliver`, until ``deadline``), its re-sends going the
-        shared way."""
+            except ConnectionLost as e:
+                got = None, e
         value, lost = got
         if lost is None:
             return value, False
         if type(lost) is TimeoutError:
             raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
+        deadline = start + (self.retry_s if retry_s is None else retry_s)
         ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
         return value, resent
 
