@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from functools import partial
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 
@@ -690,3 +691,15 @@ def test_a_combined_round_at_its_limits_is_one_request_the_shard_takes(svc):
         ids = q._round(shard, "enqueue", items)
         assert len(set(ids)) == n and all(isinstance(i, int) for i in ids)
         assert q.stats()["queues"]["default"]["ready"] + q.stats()["queues"]["default"].get("waiting", 0) == n
+
+
+def test_a_combined_round_with_one_dedup_id_twice_adds_one_job_as_two_calls_would(svc):
+    """Two callers' enqueues with the same dedup id, queue and key in one round: the shard
+    answers both with the first job's id and adds one job, as it does for two calls."""
+    with svc.connect() as q:
+        q.ping()
+        item = partial(shardq.client.routing.job_item, key=A, queue="default", delay=0, priority=0, dedup_id="once")
+        ids = q._round(SHARD_A, "enqueue", [item(b"first"), item(b"second")])
+        assert ids[0] == ids[1] and q.job(ids[0])["body"] == b"first"
+        assert q.enqueue(b"third", key=A, dedup_id="once") == ids[0]
+        assert drain_bodies(q) == [b"first"]
