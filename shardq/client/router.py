@@ -27,7 +27,6 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-
 from functools import partial
 
 from .aio import AsyncQueue
