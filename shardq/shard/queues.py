@@ -4,6 +4,7 @@ sessions) and what a queue shows (ready priorities, stats, settings). A mixin of
 only; pure like it (no I/O, ``now`` from the caller, every change a logged operation)."""
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -121,13 +122,18 @@ class QueueOps(StateCore):
         once for a run of one queue's items. Any other item, or one that fails that test,
         goes through :meth:`_check_item`, which raises the precise error."""
         check_item = self._check_item
-        checked: list[_Checked] = []
+        first = check_item(items[0], new_queues)
+        usual = first[5] is None and not first[3]
+        run: str | None = first[2]  # the queue of the item before (checked), its state, its body limit
+        q: QueueState | None = first[6]
+        max_body = first[6].cfg.max_body_bytes
+        rest = _usual_run(items, first[2], max_body, first[6])
+        if rest is not None:  # the usual batch: the others checked by C loops, no Python step a job
+            rest.insert(0, first)
+            return rest, usual
+        checked: list[_Checked] = [first]
         append = checked.append
-        usual = True
-        run: str | None = None  # the queue of the item before (checked), its state, its body limit
-        q: QueueState | None = None
-        max_body = 0
-        for item in items:
+        for item in items[1:]:
             if type(item) is list and len(item) == 6:
                 b, k, qname, delay, prio, did = item
                 if (qname == run and type(qname) is str and type(b) is bytes and 0 < len(b) <= max_body
@@ -359,3 +365,33 @@ class QueueOps(StateCore):
         if q.lim is not None and q.lim.override:
             out["runtime_override"] = dict(q.lim.override)
         return out
+
+
+_ZERO, _NONE = itertools.repeat(0), itertools.repeat(None)
+_KEY_TYPES = {str, type(None)}
+
+
+def _usual_run(items: Sequence[Any], qname: str, max_body: int, q: QueueState) -> list[Any] | None:
+    """The checked tuples of ``items[1:]`` when every one is of the usual shape in queue
+    ``qname`` (what :meth:`Queues._check_items`'s one test per item accepts: a six-field
+    list, a bytes body of 1 to ``max_body`` bytes, no key or a str of 1 to _KEY_FAST_CHARS
+    characters, delay and priority the int 0, no dedup id), tested column by column with C
+    loops; None for any other batch, which the loop checks item by item. Types are tested
+    before values, so nothing unhashable reaches a set."""
+    rest = items[1:]
+    if not rest:
+        return []
+    if set(map(type, rest)) != {list} or set(map(len, rest)) != {6}:
+        return None
+    bodies, keys, names, delays, prios, dids = zip(*rest)
+    if (set(map(type, names)) != {str} or set(names) != {qname} or set(map(type, bodies)) != {bytes}
+            or not 0 < min(map(len, bodies)) <= max(map(len, bodies)) <= max_body
+            or not set(map(type, keys)) <= _KEY_TYPES or set(map(type, delays)) != {int}
+            or set(map(type, prios)) != {int} or set(delays) != {0} or set(prios) != {0}
+            or dids.count(None) != len(dids)):
+        return None
+    named = set(keys)
+    named.discard(None)
+    if named and ("" in named or max(map(len, named)) > _KEY_FAST_CHARS):
+        return None
+    return list(zip(bodies, keys, names, _ZERO, _ZERO, _NONE, itertools.repeat(q)))

@@ -162,3 +162,43 @@ def test_a_batch_at_the_limits_goes_whole(make_config):
 ])
 def test_encode_all_writes_each_record_as_encode_does(record):
     assert ops.encode_all([record]) == [ops.encode(record)]
+
+
+def _one_off(item: list) -> list:
+    """Variants of a usual item, each a shape the column test of a usual run must not take
+    (some still valid, checked item by item; some refused)."""
+    b, k, q, d, p, did = item
+    return [[b, k, q, d, p], (b, k, q, d, p, did), [b, k, "other", d, p, did], [b, k, q, True, p, did],
+            [b, k, q, False, p, did], [b, k, q, d, 0.0, did],
+            [b, k, q, 0.0, p, did], [b, k, q, d, False, did], [b, k, q, d, 2, did], [b, k, q, 5, p, did],
+            [b, "", q, d, p, did], [b, "k" * (limits.KEY_BYTES_MAX + 1), q, d, p, did], [b, ["k"], q, d, p, did],
+            [b"", k, q, d, p, did], ["text", k, q, d, p, did], [bytearray(b), k, q, d, p, did],
+            [b, k, ["default"], d, p, did], [b, k, q, d, p, "once"], [b, k, q, d, p, [1]], [b, 7, q, d, p, did],
+            [b, "é" * 40, q, d, p, did]]
+
+
+def test_a_usual_run_tested_by_columns_takes_only_what_the_item_by_item_test_takes(make_config, monkeypatch):
+    """The column test of a usual batch (``_usual_run``, C loops over each field) against
+    the item-by-item check it stands in for: a usual batch with one item changed anywhere, in
+    every way the per-item test would not take, gives the same ids, the same refusal and the
+    same state either way."""
+    from shardq.shard import queues
+
+    def run(items, by_columns: bool):
+        if not by_columns:
+            monkeypatch.setattr(queues, "_usual_run", lambda *a: None)
+        state = ShardState(0, make_config(queues=QUEUES))
+        try:
+            out = state.enqueue_many(items, T0)
+        except Exception as e:  # noqa: BLE001 - compared below
+            out = type(e)
+        finally:
+            monkeypatch.undo()
+        return out, fingerprint(state)
+
+    base = [[b"x%d" % i, f"k{i % 3}" if i % 2 else None, "default", 0, 0, None] for i in range(8)]
+    assert run(base, True) == run(base, False) and isinstance(run(base, True)[0], list)
+    for at in (1, 4, 7):
+        for variant in _one_off(base[at]):
+            items = [*base[:at], variant, *base[at + 1:]]
+            assert run(items, True) == run(items, False), (at, variant)
