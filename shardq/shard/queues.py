@@ -155,39 +155,43 @@ class QueueOps(StateCore):
         batch: what is the same for every job (the enqueue time, sampled once: they share
         ``now``; ``next_seq``, set once) is done once, a job becomes ready or waits behind
         its key's head as :meth:`_append_to_key` would place it (NEW -> READY or WAITING,
-        both in FROM_NEW; neither moves a limiter's leases). tests/shard/test_batch_enqueue.py
-        checks that replaying the records rebuilds exactly this state."""
-        jobs, emitted, idx = self.jobs, self._ops, self.shard_index
-        seq = self.next_seq
+        both in FROM_NEW; neither moves a limiter's leases). The ids, records and jobs are
+        made by C loops (``map``, ``zip``); only the placement is a Python step a job.
+        tests/shard/test_batch_enqueue.py checks that replaying the records rebuilds exactly
+        this state."""
+        jobs, n, seq = self.jobs, len(checked), self.next_seq
         self.enqueue_times.note(seq, now)  # the first job's: the batch's others would change nothing
-        ids = []
-        for b, k, qname, _delay, prio, _did, q in checked:
-            jid = (seq << _SHARD_BITS) | idx
-            seq += 1
-            emitted.append(_new(_Enqueue, (jid, qname, k, b, prio, 0, None, now, None)))
-            if jid in jobs:
-                check(False, f"duplicate job id {jid}")
-            job = jobs[jid] = Job(jid, q, k, b, prio, 0)
-            ids.append(jid)
+        bodies, keys, names, _, prios, _, qs = zip(*checked)
+        ids = list(map(int.__or__, map(int.__lshift__, range(seq, seq + n), _SHIFT),
+                       itertools.repeat(self.shard_index)))
+        if not jobs.keys().isdisjoint(ids):
+            check(False, f"duplicate job id among {ids[0]}..{ids[-1]}")
+        self._ops.extend(map(_new, itertools.repeat(_Enqueue),
+                             zip(ids, names, keys, bodies, prios, _ZERO, _NONE, itertools.repeat(now), _NONE)))
+        new = list(map(Job, ids, qs, keys, bodies, prios, _ZERO))
+        jobs.update(zip(ids, new))
+        for job in new:
+            q = job.q
             q.totals[ENQUEUED] += 1
-            if prio:
+            if job.priority:
                 q.prioritized = True
+            k = job.key
             if k is not None:
-                keys = q.keys
-                kq = keys.get(k)
+                keys_of = q.keys
+                kq = keys_of.get(k)
                 if kq is not None:
                     kq.append(job)
                     if type(kq) is list and len(kq) > KEY_LIST_MAX:
-                        keys[k] = deque(kq)
+                        keys_of[k] = deque(kq)
                     job.key = kq[0].key  # one string object per key, not one per job (memory)
                     job.state = W
                     q.counts[W] += 1
                     continue
-                keys[k] = [job]
+                keys_of[k] = [job]
             job.state = R
             q.counts[R] += 1
             q.push_ready(job)
-        self.next_seq = seq
+        self.next_seq = seq + n
         return ids
 
     def _add_jobs(self, checked: list[_Checked], now: float) -> list[int]:
@@ -368,6 +372,7 @@ class QueueOps(StateCore):
 
 
 _ZERO, _NONE = itertools.repeat(0), itertools.repeat(None)
+_SHIFT = itertools.repeat(_SHARD_BITS)
 _KEY_TYPES = {str, type(None)}
 
 
