@@ -131,13 +131,7 @@ def batch_queues(jobs: list[Any], queue: Any) -> set[Any]:
     """The queue names a batch of job dicts names (the router learns each one's placement
     before it routes the batch; the jobs are checked later, in :func:`split_by_shard`)."""
     # only strings: a name of another type is refused later, and may not even be hashable
-    names: set[Any] = {queue} if type(queue) is str else set()
-    if set(map(type, jobs)) == {dict}:  # the usual batch: C loops, no Python step a job
-        named = list(map(dict.get, jobs, itertools.repeat("queue")))
-        if set(map(type, named)) <= _NAME_TYPES:
-            names.update(named)
-            names.discard(None)
-            return names
+    names = {queue} if type(queue) is str else set()
     for job in jobs:
         if type(job) is dict and type(job.get("queue")) is str:
             names.add(job["queue"])
@@ -182,7 +176,6 @@ def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callab
 
 
 _ZEROS, _NONES = itertools.repeat(0), itertools.repeat(None)  # a usual job's delay, priority, dedup id
-_NAME_TYPES = {str, type(None)}  # a job's queue: named, or the batch's
 
 
 def _usual_batch(jobs: list[Any], queue: object,

@@ -4,7 +4,6 @@ sessions) and what a queue shows (ready priorities, stats, settings). A mixin of
 only; pure like it (no I/O, ``now`` from the caller, every change a logged operation)."""
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -122,18 +121,13 @@ class QueueOps(StateCore):
         once for a run of one queue's items. Any other item, or one that fails that test,
         goes through :meth:`_check_item`, which raises the precise error."""
         check_item = self._check_item
-        first = check_item(items[0], new_queues)
-        usual = first[5] is None and not first[3]
-        run: str | None = first[2]  # the queue of the item before (checked), its state, its body limit
-        q: QueueState | None = first[6]
-        max_body = first[6].cfg.max_body_bytes
-        rest = _usual_run(items, first[2], max_body, first[6])
-        if rest is not None:  # the usual batch: the others checked by C loops, no Python step a job
-            rest.insert(0, first)
-            return rest, usual
-        checked: list[_Checked] = [first]
+        checked: list[_Checked] = []
         append = checked.append
-        for item in items[1:]:
+        usual = True
+        run: str | None = None  # the queue of the item before (checked), its state, its body limit
+        q: QueueState | None = None
+        max_body = 0
+        for item in items:
             if type(item) is list and len(item) == 6:
                 b, k, qname, delay, prio, did = item
                 if (qname == run and type(qname) is str and type(b) is bytes and 0 < len(b) <= max_body
@@ -155,43 +149,39 @@ class QueueOps(StateCore):
         batch: what is the same for every job (the enqueue time, sampled once: they share
         ``now``; ``next_seq``, set once) is done once, a job becomes ready or waits behind
         its key's head as :meth:`_append_to_key` would place it (NEW -> READY or WAITING,
-        both in FROM_NEW; neither moves a limiter's leases). The ids, records and jobs are
-        made by C loops (``map``, ``zip``); only the placement is a Python step a job.
-        tests/shard/test_batch_enqueue.py checks that replaying the records rebuilds exactly
-        this state."""
-        jobs, n, seq = self.jobs, len(checked), self.next_seq
+        both in FROM_NEW; neither moves a limiter's leases). tests/shard/test_batch_enqueue.py
+        checks that replaying the records rebuilds exactly this state."""
+        jobs, emitted, idx = self.jobs, self._ops, self.shard_index
+        seq = self.next_seq
         self.enqueue_times.note(seq, now)  # the first job's: the batch's others would change nothing
-        bodies, keys, names, _, prios, _, qs = zip(*checked)
-        ids = list(map(int.__or__, map(int.__lshift__, range(seq, seq + n), _SHIFT),
-                       itertools.repeat(self.shard_index)))
-        if not jobs.keys().isdisjoint(ids):
-            check(False, f"duplicate job id among {ids[0]}..{ids[-1]}")
-        self._ops.extend(map(_new, itertools.repeat(_Enqueue),
-                             zip(ids, names, keys, bodies, prios, _ZERO, _NONE, itertools.repeat(now), _NONE)))
-        new = list(map(Job, ids, qs, keys, bodies, prios, _ZERO))
-        jobs.update(zip(ids, new))
-        for job in new:
-            q = job.q
+        ids = []
+        for b, k, qname, _delay, prio, _did, q in checked:
+            jid = (seq << _SHARD_BITS) | idx
+            seq += 1
+            emitted.append(_new(_Enqueue, (jid, qname, k, b, prio, 0, None, now, None)))
+            if jid in jobs:
+                check(False, f"duplicate job id {jid}")
+            job = jobs[jid] = Job(jid, q, k, b, prio, 0)
+            ids.append(jid)
             q.totals[ENQUEUED] += 1
-            if job.priority:
+            if prio:
                 q.prioritized = True
-            k = job.key
             if k is not None:
-                keys_of = q.keys
-                kq = keys_of.get(k)
+                keys = q.keys
+                kq = keys.get(k)
                 if kq is not None:
                     kq.append(job)
                     if type(kq) is list and len(kq) > KEY_LIST_MAX:
-                        keys_of[k] = deque(kq)
+                        keys[k] = deque(kq)
                     job.key = kq[0].key  # one string object per key, not one per job (memory)
                     job.state = W
                     q.counts[W] += 1
                     continue
-                keys_of[k] = [job]
+                keys[k] = [job]
             job.state = R
             q.counts[R] += 1
             q.push_ready(job)
-        self.next_seq = seq + n
+        self.next_seq = seq
         return ids
 
     def _add_jobs(self, checked: list[_Checked], now: float) -> list[int]:
@@ -369,34 +359,3 @@ class QueueOps(StateCore):
         if q.lim is not None and q.lim.override:
             out["runtime_override"] = dict(q.lim.override)
         return out
-
-
-_ZERO, _NONE = itertools.repeat(0), itertools.repeat(None)
-_SHIFT = itertools.repeat(_SHARD_BITS)
-_KEY_TYPES = {str, type(None)}
-
-
-def _usual_run(items: Sequence[Any], qname: str, max_body: int, q: QueueState) -> list[Any] | None:
-    """The checked tuples of ``items[1:]`` when every one is of the usual shape in queue
-    ``qname`` (what :meth:`Queues._check_items`'s one test per item accepts: a six-field
-    list, a bytes body of 1 to ``max_body`` bytes, no key or a str of 1 to _KEY_FAST_CHARS
-    characters, delay and priority the int 0, no dedup id), tested column by column with C
-    loops; None for any other batch, which the loop checks item by item. Types are tested
-    before values, so nothing unhashable reaches a set."""
-    rest = items[1:]
-    if not rest:
-        return []
-    if set(map(type, rest)) != {list} or set(map(len, rest)) != {6}:
-        return None
-    bodies, keys, names, delays, prios, dids = zip(*rest)
-    if (set(map(type, names)) != {str} or set(names) != {qname} or set(map(type, bodies)) != {bytes}
-            or not 0 < min(map(len, bodies)) <= max(map(len, bodies)) <= max_body
-            or not set(map(type, keys)) <= _KEY_TYPES or set(map(type, delays)) != {int}
-            or set(map(type, prios)) != {int} or set(delays) != {0} or set(prios) != {0}
-            or dids.count(None) != len(dids)):
-        return None
-    named = set(keys)
-    named.discard(None)
-    if named and ("" in named or max(map(len, named)) > _KEY_FAST_CHARS):
-        return None
-    return list(zip(bodies, keys, names, _ZERO, _ZERO, _NONE, itertools.repeat(q)))

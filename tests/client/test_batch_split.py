@@ -202,29 +202,3 @@ def test_one_bad_job_in_a_usual_batch_gets_its_error_and_nothing_is_applied(bad,
     assert state.jobs == jobs_before and state.take_ops() == []
     assert len(state.enqueue_many(batch[:4] + [[b"x" * 100, "k" * limits.KEY_BYTES_MAX, "default", 0, 0, None]],
                                   1_000_000.0)) == 5  # each at its limit
-
-
-def _queues_job_by_job(jobs, queue):
-    """``batch_queues`` as the loop it had: the batch's queue, and each job dict's own
-    queue name where it is a string."""
-    names = {queue} if type(queue) is str else set()
-    for job in jobs:
-        if type(job) is dict and type(job.get("queue")) is str:
-            names.add(job["queue"])
-    return names
-
-
-_QUEUE_VALUES = st.one_of(st.none(), st.sampled_from(["default", "a", "b", "é"]), st.integers(),
-                          st.lists(st.integers(), max_size=2))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.fixed_dictionaries({"body": st.just(b"x")}, optional={"queue": _QUEUE_VALUES}),
-                          st.just("not a dict"), st.just(None)), max_size=12),
-       st.one_of(st.just("default"), st.none(), st.just(["x"])))
-def test_batch_queues_by_columns_names_what_the_job_by_job_loop_names(jobs, queue):
-    """The batch's queue names, taken by C loops from a batch of dicts, against the loop:
-    names that are no strings (unhashable ones too) and jobs that are no dicts included."""
-    from shardq.client.routing import batch_queues
-
-    assert batch_queues(jobs, queue) == _queues_job_by_job(jobs, queue)
