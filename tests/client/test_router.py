@@ -414,6 +414,42 @@ def test_closing_a_router_ends_a_wait_another_thread_has_on_its_io_thread(svc):
     assert len(out) == 1 and (isinstance(out[0], shardq.Closed) or out[0] == []), out
 
 
+def test_closing_a_router_while_threads_enqueue_in_combined_rounds_ends_every_call(svc):
+    """Sixteen threads enqueue on one shard (combined rounds, shardq/client/combine.py) when
+    another thread closes the router: every call ends, with its id or Closed, and close()
+    returns; every id returned is a job the shard holds."""
+    q = svc.connect()
+    got: list = []
+    guard = threading.Lock()
+
+    def produce(t: int) -> None:
+        for i in range(10_000):
+            try:
+                out = (b"%d-%d" % (t, i), q.enqueue(b"%d-%d" % (t, i), key=A))
+            except shardq.ShardqError as e:
+                out = (None, e)
+            with guard:
+                got.append(out)
+            if out[0] is None:
+                return
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(16)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: sum(c.rounds for c in q._combiners[SHARD_A]) >= 20, 20, what="combined rounds")
+    started = time.monotonic()
+    q.close()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads) and time.monotonic() - started < 10
+    ends = [e for body, e in got if body is None]
+    assert len(ends) == 16 and all(isinstance(e, shardq.Closed) for e in ends), ends[:3]
+    with svc.connect() as r:
+        for body, job_id in got:
+            if body is not None:
+                assert r.job(job_id)["body"] == body
+
+
 def test_a_closed_router_never_reads_from_a_reused_descriptor(svc):
     """Closing a router must not leave a reader thread that reads whatever file later gets
     the same descriptor number (here: a child's stdout pipe, created right after)."""
