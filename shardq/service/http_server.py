@@ -7,7 +7,7 @@ Security is in :mod:`.http_auth`: a token always (the configured one, else one m
 ``<data dir>/http-token``) unless ``[http] auth = "none"`` on loopback, ``/metrics`` open on
 loopback unless ``metrics_public = false``, CSRF checks on every state-changing request
 (always a ``POST``). Connections are held by :mod:`.aio_listener` on one event loop, in a
-thread of its own (:mod:`.loop_thread`): bounded heads and bodies, an overall deadline per
+thread of its own (:mod:`shardq.loop_thread`): bounded heads and bodies, an overall deadline per
 request, a body read only for a request that passed authentication, no thread per
 connection. The handlers stay synchronous (they call the threaded router, with short
 timeouts): each whole request is answered in a thread of the loop's default executor
@@ -70,7 +70,7 @@ from .http_head import Head
 from . import http_listener
 from .http_listener import publish_address, unpublish_address
 from .http_metrics import ShardqCollector
-from .loop_thread import LoopThread
+from ..loop_thread import LoopThread
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor

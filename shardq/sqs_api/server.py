@@ -37,7 +37,7 @@ from ..errors import InvalidConfig, ShardqError, ShardUnavailable, SqsApiError
 from ..service import http_head as head
 from ..service.aio_listener import AioListener, AioRequest, AioResponse
 from ..service.http_listener import bind, publish_address, unpublish_address
-from ..service.loop_thread import LoopThread
+from ..loop_thread import LoopThread
 from ..service.spin_selector import SpinSelector
 from . import protocol
 from .api import SqsApi

@@ -11,7 +11,7 @@ from shardq.clock import Clock
 from shardq.config import SqsApiConfig
 from shardq.sqs_api.api import SqsApi
 from shardq.sqs_api.catalog import Catalog
-from shardq.service.loop_thread import LoopThread
+from shardq.loop_thread import LoopThread
 
 
 class InProcessApi:
