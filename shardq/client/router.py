@@ -19,9 +19,8 @@ way is still answered with its first ids.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import asyncio
 import logging
 import os
 import threading
@@ -33,6 +32,7 @@ from .aio import AsyncQueue
 from .combine import Combiner
 from .connection import SHARED, Lanes
 from ..busypoll import BUSY_POLL_US_DEFAULT
+from ..loop_thread import LoopThread
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
 from ..errors import Closed, ShardqError, ShardUnavailable
@@ -80,7 +80,7 @@ class Router(Calls, SyncExecutor):
         self._combiners = [(Combiner(partial(self._round, i, "enqueue")), Combiner(partial(self._round, i, "ack")))
                            for i in range(self.shards)]
         self._io: AsyncQueue | None = None
-        self._io_thread: threading.Thread | None = None
+        self._io_thread: LoopThread | None = None
         self._io_lock = threading.Lock()
         self._bind_effects()
         self._supervisor = supervisor
@@ -97,39 +97,24 @@ class Router(Calls, SyncExecutor):
             if self._io is None:
                 io = AsyncQueue(self.data_dir, retry_s=self.retry_s, request_timeout_s=self.request_timeout_s,
                                 _role=self._role)
-                loop = asyncio.new_event_loop()
-                self._io_thread = threading.Thread(target=loop.run_forever, daemon=True, name="shardq-io")
-                self._io_thread.start()
+                lt = LoopThread("shardq-io", owner="router")
                 try:
-                    asyncio.run_coroutine_threadsafe(io._open(check=False), loop).result()
+                    lt.call(io._open(check=False), None)
                 except BaseException:
-                    loop.call_soon_threadsafe(loop.stop)
+                    lt.close()
                     raise
                 for conn, chan in zip(io.conns, self._chans):
                     conn.chan.sessions = chan.sessions
-                self._io = io
+                self._io_thread, self._io = lt, io
             return self._io
 
     def _on_io(self, start: Callable[[AsyncQueue], Awaitable[T]]) -> T:
-        """Run ``start(io)`` on the I/O thread (a coroutine as a task; a future, a request's,
-        as it is) and sleep until it ends; its value, or its error raised. An error
-        in this thread (KeyboardInterrupt) cancels it there: the operation abandons its calls."""
+        """Run ``start(io)`` on the I/O thread and sleep until it ends (:meth:`LoopThread.wait`:
+        an error in this thread, KeyboardInterrupt, cancels it there, and the operation
+        abandons its calls)."""
         io = self._shared()
-        reply = _Reply()
-        try:
-            io.loop.call_soon_threadsafe(reply.start, io, start)
-            while not reply.wait(_SLICE_S):  # what runs there ends by its own deadlines
-                if io.loop.is_closed():
-                    raise Closed("router is closed")
-        except RuntimeError:  # its loop is closed
-            raise Closed("router is closed") from None
-        except BaseException:
-            if not io.loop.is_closed():
-                io.loop.call_soon_threadsafe(reply.cancel)
-            raise
-        if reply.error is not None:
-            raise reply.error
-        return cast(T, reply.value)
+        assert self._io_thread is not None  # (started with io)
+        return self._io_thread.wait(lambda: start(io), _SLICE_S)
 
     def _io_time(self, io: AsyncQueue, deadline: float) -> float:
         """``deadline`` on this router's clock, on the I/O thread's."""
@@ -313,11 +298,9 @@ class Router(Calls, SyncExecutor):
         for lane in self.lanes:
             lane.close()
         if io is not None:
-            asyncio.run_coroutine_threadsafe(_close(io), io.loop).result()
-            io.loop.call_soon_threadsafe(io.loop.stop)
             assert self._io_thread is not None  # (started with io)
-            self._io_thread.join()
-            io.loop.close()
+            self._io_thread.call(io.close(), None)
+            self._io_thread.close()
         if self._supervisor is not None:
             self._supervisor.stop()
 
@@ -336,56 +319,6 @@ class _Lone:
 
     def __init__(self) -> None:
         self.done, self.outcome = False, None
-
-
-class _Reply:
-    """What the I/O thread hands a waiting thread (:meth:`Router._on_io`): ``wait`` blocks
-    on a plain lock, the cheapest wake-up CPython has; the I/O thread sets it once."""
-
-    __slots__ = ("_lock", "fut", "value", "error")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self.fut: asyncio.Future[Any] | None = None
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def start(self, io: AsyncQueue, start: Callable[[AsyncQueue], Awaitable[Any]]) -> None:
-        try:
-            if io._closed:  # (closing: a task made now might never run)
-                raise Closed("router is closed")
-            self.fut = asyncio.ensure_future(start(io))
-        except BaseException as e:  # noqa: BLE001 - raised in the waiting thread
-            self.error = e
-            self._lock.release()
-        else:
-            self.fut.add_done_callback(self._set)
-
-    def _set(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            self.error = Closed("router is closed")
-        elif (error := fut.exception()) is not None:
-            self.error = error
-        else:
-            self.value = fut.result()
-        self._lock.release()
-
-    def cancel(self) -> None:
-        if self.fut is not None:
-            self.fut.cancel()
-
-    def wait(self, timeout: float) -> bool:
-        return self._lock.acquire(timeout=timeout)
-
-
-async def _close(io: AsyncQueue) -> None:
-    """On the I/O thread: close the asyncio client, then end what is left running there."""
-    await io.close()
-    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in others:
-        task.cancel()
-    await asyncio.gather(*others, return_exceptions=True)
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

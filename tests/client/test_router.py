@@ -657,7 +657,7 @@ def test_a_settled_request_leaves_no_garbage_cycle():
     import gc
 
     from shardq.client.channel import Request
-    from shardq.client.router import _Reply
+    from shardq.loop_thread import _Reply
     from support.fake_shard import FakeShards
 
     f = FakeShards(2, lambda shard, op, args: 7)
