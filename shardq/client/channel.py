@@ -50,7 +50,10 @@ from ..errors import Closed, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from .core import ConnectionLost, Sessions, after_break, encode_frames
 
-MERGE_BYTES_MAX = 8 * 1024 * 1024  # a merged enqueue holds at most this many body bytes
+# A merged enqueue (or a combined round: combine.py) holds at most this many body bytes: with
+# BATCH_JOBS_MAX items' keys, queues and dedup ids at their longest, its request stays far below
+# REQUEST_BYTES_MAX.
+MERGE_BYTES_MAX = 8 * 1024 * 1024
 OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # their callers time them: no request deadline
 RELEASE = object()  # the waiter of a completion whose value is lease rows to hand back unstarted
 _HEADER = struct.Struct("!i")

@@ -22,10 +22,8 @@ from typing import Any
 
 from .. import limits
 from ..errors import OutcomeUnknown, ShardUnavailable
+from .channel import MERGE_BYTES_MAX  # a round's body bytes, as a merged request's (the asyncio client's)
 
-# A round's items hold at most this many body bytes (as a merged request's): with BATCH_JOBS_MAX
-# items' keys, queues and dedup ids at their longest, its request stays far below REQUEST_BYTES_MAX.
-ROUND_BYTES_MAX = 8 * 1024 * 1024
 LEADERS = 2  # rounds of one kind out at once to one shard: the second overlaps the first's fsync
 
 
@@ -129,7 +127,7 @@ def _take(lead: _Slot, waiting: list[_Slot]) -> list[_Slot]:
     size = lead.size
     for i, s in enumerate(waiting):
         size += s.size
-        if i + 1 >= limits.BATCH_JOBS_MAX or size > ROUND_BYTES_MAX:
+        if i + 1 >= limits.BATCH_JOBS_MAX or size > MERGE_BYTES_MAX:
             return [lead, *waiting[:i]]
     return [lead, *waiting]
 

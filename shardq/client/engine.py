@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .. import limits
-from ..errors import InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..errors import Closed, InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
 from ..datadir import DataDir
 from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
@@ -523,6 +523,32 @@ def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
     shard = c._shard_for(key)
     owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
     return shard if owner is None else owner
+
+
+def combined(shard: int, op: str, items: list[Any]) -> Op[list[Any]]:
+    """A round of single enqueues or acks combined into one request (the threaded router's,
+    :mod:`.combine`), an enqueue's with a session of its own (:func:`~.effects.deliver` opens
+    it), so a re-send after a break is answered with the first ids. One the shard refuses as a
+    whole (all-or-nothing: nothing was applied) is made again item by item, so one caller's bad
+    item never fails another's; an outcome that may be unknown (ShardUnavailable, Closed) is
+    never made again. Each item's job id, or ``(error payload, resent)`` for an ack, or its
+    error in its place."""
+    enqueue = op == "enqueue"
+    try:
+        ((values, resent),) = yield Send([Call(shard, op, [items, None] if enqueue else [items])])
+        return values if enqueue else [(err, resent) for err in values]
+    except (ShardUnavailable, Closed):
+        raise
+    except ShardqError:
+        if len(items) == 1:
+            raise
+    out: list[Any] = []
+    for item in items:
+        try:
+            out.append((yield from combined(shard, op, [item]))[0])
+        except ShardqError as e:
+            out.append(e)
+    return out
 
 
 def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:

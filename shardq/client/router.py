@@ -35,10 +35,10 @@ from ..busypoll import BUSY_POLL_US_DEFAULT
 from ..loop_thread import LoopThread
 from ..clock import Clock, SystemClock
 from ..datadir import DataDir
-from ..errors import Closed, ShardqError, ShardUnavailable
+from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
-from .engine import Calls, learn_owner, place
+from .engine import Calls, combined, learn_owner, place
 from .core import ConnectionLost, ack_error
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
@@ -78,7 +78,7 @@ class Router(Calls, SyncExecutor):
                             self._release_rows) for i in range(self.shards)]
         self._chans = [lane.chan for lane in self.lanes]  # their enqueue sessions serve both ways
         self._combiners = [(Combiner(partial(self._round, i, "enqueue")), Combiner(partial(self._round, i, "ack")))
-                           for i in range(self.shards)]
+                           for i in range(self.shards)]  # a round: engine.combined
         self._io: AsyncQueue | None = None
         self._io_thread: LoopThread | None = None
         self._io_lock = threading.Lock()
@@ -176,6 +176,9 @@ class Router(Calls, SyncExecutor):
         ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
         return value, resent
 
+    def _round(self, shard: int, op: str, items: list[Any]) -> list[Any]:
+        return self._drive(combined(shard, op, items))
+
     def _add_status(self, shards: list[dict[str, Any]]) -> None:
         if self._supervisor is None:
             return super()._add_status(shards)
@@ -212,34 +215,6 @@ class Router(Calls, SyncExecutor):
             (err,), resent = self._call(shard, "ack", [[pair]])  # (a lone caller's: on the lane)
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
-
-    def _round(self, shard: int, op: str, items: list[Any]) -> list[Any]:
-        """A round of combined single enqueues or acks (:mod:`.combine`): one request, an
-        enqueue's with a session of its own, so a re-send after a break is answered with the
-        first ids. One the shard refuses as a whole (all-or-nothing: nothing was applied) is
-        made again item by item, so one caller's bad item never fails another's. Each item's
-        job id, or ``(error payload, resent)`` for an ack."""
-        enqueue = op == "enqueue"
-        if enqueue:
-            session = (sessions := self._chans[shard].sessions).open()
-        try:
-            values, resent = self._call(shard, op, [items, session] if enqueue else [items])
-            return values if enqueue else [(err, resent) for err in values]
-        except (ShardUnavailable, Closed):  # (its outcome may be unknown: never made again)
-            raise
-        except ShardqError:
-            if len(items) == 1:
-                raise
-        finally:
-            if enqueue:
-                sessions.close(session)
-        out: list[Any] = []
-        for item in items:
-            try:
-                out.append(self._round(shard, op, [item])[0])
-            except ShardqError as e:
-                out.append(e)
-        return out
 
     # ------------------------------------------------------------------ waits
     def _park(self, effect: Park) -> tuple[None, list[Any]]:

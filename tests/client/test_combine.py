@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from shardq.client import combine
+from shardq.client.channel import MERGE_BYTES_MAX
 from shardq.client.combine import Combiner
 from shardq.errors import ShardUnavailable
 from support.service import wait_until
@@ -76,23 +77,23 @@ def test_a_send_that_raises_fails_its_round_and_the_next_caller_leads():
 
 def test_a_round_takes_at_most_batch_jobs_max_items_and_round_bytes_max_bytes():
     """At the limits: BATCH_JOBS_MAX + 1 items waiting go as BATCH_JOBS_MAX, then one; items
-    of exactly ROUND_BYTES_MAX bytes together go in one round, one byte more cuts it; an
+    of exactly MERGE_BYTES_MAX bytes together go in one round, one byte more cuts it; an
     item larger than a round goes alone."""
     from shardq import limits
 
     take, slot = combine._take, combine._Slot
     many = [slot(i, 0) for i in range(limits.BATCH_JOBS_MAX)]
     assert len(take(slot("lead", 0), many)) == limits.BATCH_JOBS_MAX
-    half = combine.ROUND_BYTES_MAX // 2
+    half = MERGE_BYTES_MAX // 2
     assert len(take(slot(0, half), [slot(1, half)])) == 2
     assert len(take(slot(0, half), [slot(1, half + 1)])) == 1
-    assert len(take(slot(0, combine.ROUND_BYTES_MAX + 1), [slot(1, 1)])) == 1
+    assert len(take(slot(0, MERGE_BYTES_MAX + 1), [slot(1, 1)])) == 1
 
 
 def test_a_round_is_cut_at_its_byte_limit():
     gate = Gate(3)
     comb = gate.comb = Combiner(gate, leaders=1)
-    big = combine.ROUND_BYTES_MAX // 2 + 1
+    big = MERGE_BYTES_MAX // 2 + 1
     first, _ = run_callers(comb, [0])
     wait_until(lambda: comb._leaders, 5, what="the first round under way")
     threads = []

@@ -711,13 +711,13 @@ def test_a_combined_ack_refused_as_a_whole_is_made_again_item_by_item(svc):
 
 def test_a_combined_round_at_its_limits_is_one_request_the_shard_takes(svc):
     """The largest round the combiner makes (shardq/client/combine.py): BATCH_JOBS_MAX
-    enqueues, keys and dedup ids at their longest, ROUND_BYTES_MAX bytes of bodies, goes as
+    enqueues, keys and dedup ids at their longest, MERGE_BYTES_MAX bytes of bodies, goes as
     one request (far below the frame limit) and every job is added once."""
     from shardq import limits
-    from shardq.client.combine import ROUND_BYTES_MAX
+    from shardq.client.channel import MERGE_BYTES_MAX
 
     n = limits.BATCH_JOBS_MAX
-    body = ROUND_BYTES_MAX // n
+    body = MERGE_BYTES_MAX // n
     with svc.connect() as q:
         q.ping()
         key = "k" * limits.KEY_BYTES_MAX
