@@ -117,6 +117,7 @@ def plot_latency(peers: dict, path: str) -> bool:
     drawn = False
     fig, axes = plt.subplots(1, len(LATENCY_PANELS), figsize=(6 * len(LATENCY_PANELS), 4.5), squeeze=False)
     for ax, (figure, key, title) in zip(axes[0], LATENCY_PANELS):
+        lines = 0
         for name, peer in peers.items():
             runs = ((peer.get("figures") or {}).get(figure) or {}).get("runs") or []
             xs = sorted(x for r in runs for x in r.get(key) or [])
@@ -124,7 +125,7 @@ def plot_latency(peers: dict, path: str) -> bool:
                 continue
             n = len(xs)
             ax.step([x / 1e3 for x in xs], [(n - i) / n for i in range(n)], where="post", label=name)
-            drawn = True
+            lines += 1
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_ylim(1 / 1000, 1.05)
@@ -134,7 +135,9 @@ def plot_latency(peers: dict, path: str) -> bool:
         ax.set_ylabel("share of calls slower (log scale)")
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
-        ax.legend()
+        if lines:  # (a panel no peer has samples for stays empty, with no legend)
+            ax.legend()
+            drawn = True
     if drawn:
         _save(fig, path)
     else:
