@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -102,7 +103,9 @@ class Service:
         if self.proc.poll() is not None:
             raise AssertionError(f"shardq serve exited with {self.proc.returncode}: {self.tail()}")
         try:
-            with shardq.connect(self.data_dir, retry_s=0.2, request_timeout_s=2) as q:
+            # retry_s short: a shard not listening yet fails this poll at once (the next is 20 ms
+            # later) instead of waiting out the router's back-off between connects
+            with shardq.connect(self.data_dir, retry_s=0.01, request_timeout_s=2) as q:
                 if self.wait_for is None:
                     q.ping()
                     return True
@@ -151,10 +154,7 @@ class Service:
             return self.proc.returncode if self.proc else None
         pids = self.all_pids()
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = wait_exit(self.proc, 20)
         for pid in pids:  # clean up by PID whatever happened
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -227,6 +227,26 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
+    """``proc``'s exit status once it exits, or None past ``timeout`` (it runs on). Woken by
+    the exit itself (a pidfd polled), not by ``Popen.wait``'s sleeps of up to 50 ms."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # reaped already, or no pidfds here
+        fd = None
+    if fd is not None:
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(int(timeout * 1000))
+        finally:
+            os.close(fd)
+    try:
+        return proc.wait(0 if fd is not None else timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
