@@ -148,3 +148,8 @@ SQS_API_TAGS_MAX = 50                    # tags per queue
 SQS_API_ATTRIBUTES_MAX = 10              # message attributes per message
 SQS_API_DELAY_S_MAX = 900                # DelaySeconds
 SQS_API_CLOCK_SKEW_S = 15 * 60           # a signed request's X-Amz-Date may be this far off
+
+# A worker's progress line (shardq/consumer/policy.py), here so that the CLI's parser, built
+# by every command, names them without importing the consumer.
+LOG_EVERY_S_DEFAULT = 10.0       # a progress line at least this often while jobs finish
+LOG_EVERY_S_MAX = 86400.0

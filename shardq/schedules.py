@@ -24,10 +24,8 @@ import datetime as dt
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import croniter
 
 from . import limits
 from .errors import InvalidConfig
@@ -67,7 +65,7 @@ class Schedule:
         if (cron is None) == (every_s is None):
             raise InvalidConfig(f"{at}: give exactly one of cron and every_s")
         if cron is not None and (not isinstance(cron, str) or len(cron.split()) != 5
-                                 or not croniter.is_valid(cron)):
+                                 or not _croniter().is_valid(cron)):
             raise InvalidConfig(f"{at}.cron: {cron!r} is not a 5-field cron expression")
         if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float))
                                     or not EVERY_S_MIN <= every_s <= EVERY_S_MAX):
@@ -90,14 +88,14 @@ class Schedule:
         if self.every_s is not None:
             return (math.floor(t / self.every_s) + 1) * self.every_s
         start = dt.datetime.fromtimestamp(math.floor(t), ZoneInfo(self.timezone))
-        return float(croniter(self.cron, start).get_next(float))
+        return float(_croniter()(self.cron, start).get_next(float))
 
     def last_at_or_before(self, t: float) -> float:
         """The latest tick at or before ``t``."""
         if self.every_s is not None:
             return math.floor(t / self.every_s) * self.every_s
         start = dt.datetime.fromtimestamp(math.floor(t) + 1, ZoneInfo(self.timezone))
-        return float(croniter(self.cron, start).get_prev(float))
+        return float(_croniter()(self.cron, start).get_prev(float))
 
     def dedup_id(self, tick: float) -> str:
         return f"{self.name}:{iso(tick)}"
@@ -143,3 +141,10 @@ def iso(t: float) -> str:
 
 def local_iso(t: float, timezone: str) -> str:
     return dt.datetime.fromtimestamp(t, ZoneInfo(timezone)).isoformat(timespec="seconds")
+
+
+def _croniter() -> Any:  # (croniter has no types)
+    """croniter, imported on first use: every process that reads a config imports this
+    module (a shard, each CLI command), and most never meet a cron schedule."""
+    from croniter import croniter as cls
+    return cls

@@ -19,8 +19,8 @@ from typing import Any
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..consumer.policy import LOG_EVERY_S_DEFAULT, LOG_EVERY_S_MAX
 from ..errors import UsageError
+from ..limits import LOG_EVERY_S_DEFAULT, LOG_EVERY_S_MAX
 from ..pgconn import is_url
 from . import common, exits
 

@@ -16,7 +16,8 @@ import numbers
 
 from .. import limits
 from ..errors import InvalidConfig
-from .policy import LOG_EVERY_S_DEFAULT, Burst, check_progress
+from ..limits import LOG_EVERY_S_DEFAULT
+from .policy import Burst, check_progress
 
 CONCURRENCY_MAX = 1024           # handlers (threads, processes, asyncio tasks) of one worker
 POLL_S = 0.1                     # longest the threaded loop blocks while handlers run

@@ -32,6 +32,7 @@ import threading
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import limits
+from ..limits import LOG_EVERY_S_MAX
 from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
 from .handling import BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Outcome, backoff_delay, error_text
@@ -250,8 +251,6 @@ class UnavailableBackoff:
         return max(self.s, UNAVAILABLE_BACKOFF_S_MIN)
 
 
-LOG_EVERY_S_DEFAULT = 10.0       # a progress line at least this often while jobs finish
-LOG_EVERY_S_MAX = 86400.0
 
 
 class Progress:

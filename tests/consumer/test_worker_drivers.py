@@ -44,7 +44,8 @@ from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, SqliteSto
 from support.driver_tasks import (Ctl, FlakyStore, Raw, TopRng, boom, effects, fail_as, fail_first,
                                   fail_first_after_effect, fail_job_zero, handler, hold, hold_first, log_attempt,
                                   log_n, nothing, service_work, sigterm_first, wait_sent, chaos)
-from shardq.consumer.policy import LOG_EVERY_S_MAX, Burst
+from shardq.consumer.policy import Burst
+from shardq.limits import LOG_EVERY_S_MAX
 from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker

@@ -59,3 +59,22 @@ def test_a_shard_process_and_a_bare_import_load_only_what_they_use():
     assert not shard & {"shardq.client.router", "shardq.client.connection", "shardq.tasks.app",
                         "asyncio"}, shard
     assert set(shardq.__all__) <= set(dir(shardq))  # completion and help() list the lazy names too
+
+
+def test_the_cli_parser_imports_no_commands_dependencies():
+    """Every ``shardq`` command builds the whole parser first: it must not import what only
+    some command needs (the worker's consumer, croniter, importlib.metadata for --version),
+    which every command would then pay at start-up. ``--version`` still reads the version."""
+    import json
+    import subprocess
+    import sys
+    probe = ("import json, sys; from shardq.cli.main import build_parser; build_parser(); "
+             "print(json.dumps(sorted(sys.modules)))")
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                                           text=True).stdout))
+    assert "shardq.cli.worker" in loaded and "shardq.config" in loaded  # the probe sees imports
+    assert not loaded & {"shardq.consumer.policy", "shardq.consumer.handling", "croniter", "importlib.metadata",
+                         "shardq.client.router", "asyncio"}, sorted(loaded)
+    out = subprocess.run([sys.executable, "-m", "shardq.cli", "--version"], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.startswith("shardq ") and len(out.split()) == 2, out
