@@ -84,11 +84,13 @@ class ShardqService:
         self.data_dir = os.path.join(self.root, "data")
         cfg = os.path.join(self.root, "shardq.toml")
         with open(cfg, "w") as f:
-            f.write(f'[http]\nlisten = "127.0.0.1:0"\n[sqs_api]\nlisten = "127.0.0.1:0"\nprocesses = {processes}\n'
+            f.write(f'[sqs_api]\nlisten = "127.0.0.1:0"\nprocesses = {processes}\n'
                     f'[queues.{json.dumps(QUEUE)}]\nvisibility_timeout = {VISIBILITY_S}\n')
         self.log = open(os.path.join(self.root, "serve.log"), "wb")
+        # the metrics listener on any free port by the flag, which beats a SHARDQ_HTTP_LISTEN
+        # of the user's shell (naming their own service's port, maybe) as a config would not
         self.proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "serve", "--config", cfg, "--data-dir",
-                                      self.data_dir, "--shards", str(shards)],
+                                      self.data_dir, "--shards", str(shards), "--http-listen", "127.0.0.1:0"],
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             self.url = _wait(self._listening, 60, "shardq serve's SQS listener")

@@ -87,11 +87,13 @@ class ServeAdapter(Adapter):
         self.data_dir = os.path.join(tmpdir, "d")
         cfg = os.path.join(tmpdir, "shardq.toml")
         with open(cfg, "w") as f:
-            f.write('[queues.default]\nvisibility_timeout = 30\n[http]\nlisten = "%s"\n'
-                    % ("127.0.0.1:0" if self.http else ""))
+            f.write('[queues.default]\nvisibility_timeout = 30\n')
         self.log = open(os.path.join(tmpdir, "serve.log"), "ab")
+        # the listener (any free port, or off) by the flag: a SHARDQ_HTTP_LISTEN of the user's
+        # shell beats a config, not the flag
         self.proc = subprocess.Popen([sys.executable, "-m", "shardq.cli", "serve", "--config", cfg, "--data-dir",
-                                      self.data_dir, "--shards", str(self.shards)], stdout=self.log,
+                                      self.data_dir, "--shards", str(self.shards),
+                                      "--http-listen", "127.0.0.1:0" if self.http else ""], stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

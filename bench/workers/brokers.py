@@ -75,51 +75,17 @@ def _redis(kind: str, tmpdir: str) -> Broker:
     return broker
 
 
-def default_config_on_a_free_port(dest: str) -> str:
-    """Write the repo's default config to ``dest`` with its HTTP listener on a free port.
-
-    The runner is measured against `shardq serve` as a user runs it from the repo, listener
-    included; only the port differs, because the default one may be held by the user's own
-    service (the README's first command), which would make this one exit with a setup error.
-    Raises RuntimeError if the result is not the default config with that one change."""
-    from shardq import config as shardq_config
-    source = os.path.join(REPO, "config", "shardq.toml")
-    lines = open(source).read().splitlines() if os.path.exists(source) else []
-    free = 'listen = "127.0.0.1:0"  # bench: any free port (the default may be in use)'
-    table, done, out = "", False, []
-    for line in lines:
-        stripped = line.strip()
-        if stripped.startswith("["):
-            if table == "http" and not done:
-                out.append(free)
-                done = True
-            table = stripped[1:stripped.index("]")].strip() if "]" in stripped else stripped
-        if table == "http" and stripped.split("=")[0].strip() == "listen" and "=" in stripped:
-            out.append(free)
-            done = True
-            continue
-        out.append(line)
-    if not done:
-        out += [free] if table == "http" else ["[http]", free]
-    with open(dest, "w") as f:
-        f.write("\n".join(out) + "\n")
-    want = shardq_config.load(source if os.path.exists(source) else None).to_dict()
-    got = shardq_config.load(dest).to_dict()
-    want["http"]["listen"] = "127.0.0.1:0"
-    if got != want:
-        raise RuntimeError(f"{dest} is not the default config with only [http] listen changed")
-    return dest
-
-
 def _shardq(tmpdir: str, shards: int) -> Broker:
     try:
         import shardq
     except Exception as e:  # noqa: BLE001 - any import failure skips the peer
         raise SkipPeer(f"import shardq failed: {type(e).__name__}: {e}") from None
     data_dir = os.path.join(tmpdir, "shardq")
+    # As a user runs it from the repo (its config, listener included), but the listener on any
+    # free port: the default one, or the one SHARDQ_HTTP_LISTEN names, may be held by the user's
+    # own service (the README's first command), and the flag beats both.
     argv = [sys.executable, "-m", "shardq.cli", "serve", "--data-dir", data_dir,
-            "--shards", str(shards)]
-    argv += ["--config", default_config_on_a_free_port(os.path.join(tmpdir, "shardq.toml"))]
+            "--shards", str(shards), "--http-listen", "127.0.0.1:0"]
     log_path = os.path.join(tmpdir, "shardq-serve.log")
     proc = servers.spawn(argv, log_path, cwd=REPO)
     broker = Broker("shardq", f"shardq serve, {shards} shards: WAL fsynced before each reply",

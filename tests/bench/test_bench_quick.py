@@ -16,7 +16,6 @@ from bench import report, targets
 from support.service import poll_until
 from bench.mpmc import phases
 from bench import run as bench_run_module
-from bench.workers import brokers
 from bench.workers.record import RecordReader
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -140,9 +139,10 @@ def test_worker_runners_run_every_job_once(tmp_path):
     assert "Wk >= 2x the fastest runner on Redis always" in text
 
 
-def test_shardq_rows_run_while_a_service_holds_the_default_http_port(tmp_path):
+def test_shardq_rows_run_while_a_service_holds_the_default_http_port(tmp_path, monkeypatch):
     # A user who started the service (README's first command) and then runs the benchmark:
-    # the runner's own `shardq serve` must not try the port the user's service holds.
+    # the runner's own `shardq serve` must not try the port the user's service holds, the
+    # default one or one the user's shell names in SHARDQ_HTTP_LISTEN (which beats a config).
     from shardq import config as shardq_config
     host, port = shardq_config.split_listen(shardq_config.load(
         os.path.join(REPO, "config", "shardq.toml")).http.listen)
@@ -152,6 +152,7 @@ def test_shardq_rows_run_while_a_service_holds_the_default_http_port(tmp_path):
         holder.listen(1)
     except OSError as e:
         assert e.errno == errno.EADDRINUSE, e  # held already: the case under test
+    monkeypatch.setenv("SHARDQ_HTTP_LISTEN", f"{host}:{port}")
     try:
         results, text = bench_run(tmp_path, "--only", "shardq", "--figures", "Wk",
                                   "--wk-jobs", "20", "--runners", "shardq,shardq-idem")
@@ -161,16 +162,6 @@ def test_shardq_rows_run_while_a_service_holds_the_default_http_port(tmp_path):
         row = results["wk"][name]
         assert row["status"] == "ok", (name, row.get("reason"))
         assert row["summary"]["exactly_once"] is True, (name, row["runs"])
-
-
-def test_a_free_port_config_is_the_default_config_with_only_the_listener_moved(tmp_path):
-    from shardq import config as shardq_config
-    path = brokers.default_config_on_a_free_port(str(tmp_path / "shardq.toml"))
-    default = shardq_config.load(os.path.join(REPO, "config", "shardq.toml"))
-    got = shardq_config.load(path)
-    assert default.http.listen != "127.0.0.1:0" and got.http.listen == "127.0.0.1:0"
-    assert {k: v for k, v in got.to_dict().items() if k != "http"} == \
-        {k: v for k, v in default.to_dict().items() if k != "http"}
 
 
 def test_shardq_skipped_fails_the_run_and_a_peer_skipped_does_not():

@@ -7,8 +7,10 @@ document, blocks in document order). docs/contributing.md says the same for doc 
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import socket
 import subprocess
 import textwrap
 
@@ -16,20 +18,47 @@ import pytest
 
 from support import doc_blocks
 from support.doc_blocks import MarkerError, matches, parse
-from support.doc_runner import REPO, ExampleFailed, Sandbox, given_steps_dropped, long_running
+from support.doc_runner import DEFAULT_LISTEN, REPO, ExampleFailed, Sandbox, given_steps_dropped, long_running
 
 DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
 
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_examples_run_as_written(doc):
+    """Each document's examples, in a sandbox of their own, while the default HTTP port is
+    held, as it is on a machine where the reader runs the README's first command (the
+    service) and then its second (these tests): the sandbox does not need that port."""
     blocks = doc_blocks.read(doc, REPO)
-    with Sandbox() as sb:
-        for block in blocks:
-            sb.run(block)
-        sb.stop_service()
-        # `serve` exits 0 on SIGTERM and leaves no shard behind (docs/operations.md), every time.
-        assert all(code == 0 for code in sb.stop_codes), (sb.stop_codes, sb.service_tail())
+    holder = socket.socket()
+    try:
+        host, port = DEFAULT_LISTEN.rsplit(":", 1)
+        holder.bind((host, int(port)))
+        holder.listen(1)
+    except OSError as e:
+        assert e.errno == errno.EADDRINUSE, e  # held already: the case under test
+    try:
+        with Sandbox() as sb:
+            for block in blocks:
+                sb.run(block)
+            sb.stop_service()
+            # `serve` exits 0 on SIGTERM and leaves no shard behind (docs/operations.md), every time.
+            assert all(code == 0 for code in sb.stop_codes), (sb.stop_codes, sb.service_tail())
+    finally:
+        holder.close()
+
+
+def test_the_sandbox_listens_on_a_port_of_its_own_and_reads_the_examples_so():
+    """The default listener's address the sandbox stands in for is the one shardq and the
+    repo's config use, and an example's ``127.0.0.1:7781`` (with its output) becomes the
+    sandbox's own address."""
+    from shardq.config import Config, load
+    assert Config().http.listen == DEFAULT_LISTEN == load(os.path.join(REPO, "config", "shardq.toml")).http.listen
+    with Sandbox(service=False) as sb:
+        assert sb.env["SHARDQ_HTTP_LISTEN"] == sb.listen != DEFAULT_LISTEN
+        block = parse("```sh\ncurl -s http://127.0.0.1:7781/metrics\n```\n"
+                      "<!-- output -->\n```text\nhttp://127.0.0.1:7781/\n```\n", "x.md")[0]
+        here = sb._here(block)
+        assert here.text == f"curl -s http://{sb.listen}/metrics\n" and here.output.text == f"http://{sb.listen}/\n"
 
 
 def test_the_documents_hold_examples_that_run():

@@ -6,6 +6,10 @@ from the repo), ``.venv`` (a link to the venv running the tests, so ``.venv/bin/
 ``.venv/bin/python`` work) and, once the service runs, ``var/shardq``. Its service is
 ``.venv/bin/shardq serve`` started there with no flags, exactly as the README says.
 Examples run with that directory as cwd and ``PYTHONPATH`` pointing at the code under test.
+One thing differs from the reader's machine: the sandbox's HTTP listener is on a free port of
+its own (``SHARDQ_HTTP_LISTEN``), and every ``127.0.0.1:7781`` (the default ``http.listen``) in
+an example and its output is read as that port. A service the reader already runs (the
+README's first command) holds 7781, and so may another sandbox.
 
 How each block is run (markers: see :mod:`doc_blocks`):
 
@@ -42,11 +46,13 @@ is left in that session is ended by PID (SIGTERM, then SIGKILL).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +67,7 @@ from support.service import poll_until
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60.0
+DEFAULT_LISTEN = "127.0.0.1:7781"  # http.listen's default (docs/operations.md); a test keeps them equal
 
 _GIVEN = re.compile(r"^(?:python3 -m venv \.venv|\.venv/bin/pip install -q -e (?:\.|'\.\[test\]')"
                     r"|bash \.ci/setup-system)\s*(?:&&\s*|$)")
@@ -168,6 +175,8 @@ class Sandbox:
         self.env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         PYTHONUNBUFFERED="1")
         self.env.pop("PYTHONSAFEPATH", None)
+        self.listen = f"127.0.0.1:{_free_port()}"  # the sandbox's HTTP listener (see the module doc)
+        self.env["SHARDQ_HTTP_LISTEN"] = self.listen
         self.want_service = service
         self.service: subprocess.Popen | None = None
         self.service_log = os.path.join(self.base, "serve.log")
@@ -225,6 +234,7 @@ class Sandbox:
         """Do what ``block`` asks (see the module docstring); ExampleFailed if it fails."""
         if block.illustration or block.is_output:
             return
+        block = self._here(block)
         if block.file is not None:
             dest = self.path(block.file)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -261,6 +271,14 @@ class Sandbox:
         if block.output is not None and not matches(block.output.text, out):
             raise ExampleFailed(f"{block.where}: output does not match {block.output.where}"
                                 + _show(block.text, out, block.output.text))
+
+    def _here(self, block: Block) -> Block:
+        """``block`` (and its output) with the default listener's address read as the sandbox's."""
+        if DEFAULT_LISTEN not in block.text + (block.output.text if block.output else ""):
+            return block
+        output = block.output and dataclasses.replace(block.output,
+                                                      text=block.output.text.replace(DEFAULT_LISTEN, self.listen))
+        return dataclasses.replace(block, text=block.text.replace(DEFAULT_LISTEN, self.listen), output=output)
 
     def _call(self, argv: list[str], block: Block) -> tuple[int, str]:
         proc = subprocess.Popen(argv, cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
@@ -426,3 +444,9 @@ def _show(text: str, out: str, expected: str | None = None) -> str:
     if expected is not None:
         s += f"\n--- expected ---\n{expected.rstrip()}"
     return s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
