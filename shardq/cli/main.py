@@ -52,7 +52,7 @@ class _Version(argparse.Action):
     """``--version``: prints ``shardq <version>`` and exits, the version read only then
     (``importlib.metadata`` costs every other command ~10 ms of start-up)."""
 
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
                          help="show program's version number and exit")
 
