@@ -168,8 +168,10 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             raise Closed("client is closed")
         item = job_item(body, key, queue, delay, priority, dedup_id)
-        shard = self._placed(queue, key, priority)
-        conn = self.conns[shard if shard is not None else await self._drive(place(self, queue, key, priority))]
+        shard = self._placed(queue, key, priority, dedup_id)
+        if shard is None:
+            shard = await self._drive(place(self, queue, key, priority, dedup_id))
+        conn = self.conns[shard]
         fut = conn.merged(conn.chan.enqueue_part, item)
         try:
             got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue

@@ -36,7 +36,8 @@ from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, Leas
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
-                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_key, split_by_shard)
+                      placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_dedup_id,
+                      shard_for_key, split_by_shard)
 
 log = logging.getLogger("shardq.router")
 P = ParamSpec("P")
@@ -136,18 +137,21 @@ class Calls:
         from the status file of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
         status_file.add_to(shards, DataDir(self.data_dir).run_dir)
 
-    def _placed(self, queue: str, key: str | None, priority: int) -> int | None:
+    def _placed(self, queue: str, key: str | None, priority: int, dedup_id: str | bytes | None = None) -> int | None:
         """:func:`place`'s answer on the hot path, when nothing must be asked first (None:
         run :func:`place`)."""
         if priority and queue not in self._noted or queue not in self._owners:
             return None
-        shard = next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)  # (_shard_for)
         owner = self._owners[queue]
-        return shard if owner is None else owner
+        return self._shard_for(key, dedup_id) if owner is None else owner
 
-    def _shard_for(self, key: str | None) -> int:
-        """A job's shard by its key (a stable hash); a keyless one goes round-robin."""
-        return next(self._rr) % self.shards if key is None else shard_for_key(key, self.shards)
+    def _shard_for(self, key: str | None, dedup_id: str | bytes | None = None) -> int:
+        """A job's shard by its key (a stable hash); a keyless one by its dedup id's, so that a
+        repeat meets the first where its dedup window is kept; any other keyless one goes
+        round-robin."""
+        if key is not None:
+            return shard_for_key(key, self.shards)
+        return next(self._rr) % self.shards if dedup_id is None else shard_for_dedup_id(dedup_id, self.shards)
 
     # ---------------------------------------------------------------- producing
     @operation
@@ -512,15 +516,16 @@ class Calls:
 
 
 # ---------------------------------------------------------------------- producing
-def place(c: Calls, queue: str, key: str | None, priority: int) -> Op[int]:
+def place(c: Calls, queue: str, key: str | None, priority: int, dedup_id: str | bytes | None = None) -> Op[int]:
     """The shard of one job (the hot ``enqueue`` of both clients): its queue's owner if the
-    queue is placed because it declares limits (docs/limits.md), else by key. What must be
+    queue is placed because it declares limits (docs/limits.md), else by key (by dedup id,
+    keyless: :meth:`Calls._shard_for`). What must be
     known first is asked first: a priority's note to every shard (:func:`note_priorities`)
     and the queue's placement, asked once, of the shard its job would go to by key (so a
     shard that is down stops only its own jobs)."""
     if priority and queue not in c._noted:
         yield from note_priorities(c, [queue])
-    shard = c._shard_for(key)
+    shard = c._shard_for(key, dedup_id)
     owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
     return shard if owner is None else owner
 

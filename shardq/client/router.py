@@ -193,9 +193,9 @@ class Router(Calls, SyncExecutor):
         ``dedup_id``: a second enqueue with the same id (same queue and key) within the
         queue's dedup window returns the first job's id and adds nothing."""
         item = job_item(body, key, queue, delay, priority, dedup_id)
-        shard = self._placed(queue, key, priority)
+        shard = self._placed(queue, key, priority, dedup_id)
         if shard is None:
-            shard = self._drive(place(self, queue, key, priority))
+            shard = self._drive(place(self, queue, key, priority, dedup_id))
         if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
             job_id: int = self._combiners[shard][0].call(item, len(body), self.request_timeout_s)
             return job_id

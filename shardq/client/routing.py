@@ -37,6 +37,13 @@ def shard_for_key(key: str, shards: int) -> int:
         raise InvalidJob("key is not valid text (it holds a lone surrogate)") from None
 
 
+def shard_for_dedup_id(dedup_id: str | bytes, shards: int) -> int:
+    """The shard of a keyless job with ``dedup_id`` (a checked one: text or bytes): stable as
+    :func:`shard_for_key`, so that every repeat of the id meets the first on the one shard
+    that keeps its dedup window."""
+    return zlib.crc32(dedup_id.encode("utf-8") if isinstance(dedup_id, str) else dedup_id) % shards
+
+
 def shard_of_job(job_id: int) -> int:
     return job_id & _SHARD_MASK
 
@@ -138,12 +145,12 @@ def batch_queues(jobs: list[Any], queue: Any) -> set[Any]:
     return names
 
 
-def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callable[[str | None], int],
+def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callable[[str | None, Any], int],
                    shards: int, owners: dict[str, int | None] | None = None,
                    ) -> tuple[dict[int, list[list[Any]]], list[int], set[str]]:
     """Check a batch of job dicts (all of them before any is sent) and group their wire
     items by shard: ``({shard: [item, ...]}, the shard of each job in input order, the
-    queues given a priority other than 0)``. ``shard_for`` routes one key; ``shards`` is
+    queues given a priority other than 0)``. ``shard_for`` routes one job by its key and dedup id; ``shards`` is
     how many there are; ``owners`` maps a placed queue to the shard that holds all its jobs
     (:func:`placed_owner`)."""
     jobs = listed(jobs, "jobs")
@@ -166,7 +173,7 @@ def split_by_shard(jobs: Iterable[dict[str, Any]], queue: str, shard_for: Callab
         if item[4]:
             prioritized.add(item[2])
         owner = owners.get(item[2]) if owners is not None else None
-        shard = shard_for(key) if owner is None else owner
+        shard = shard_for(key, item[5]) if owner is None else owner
         bucket = per_shard.get(shard)
         if bucket is None:
             bucket = per_shard[shard] = []

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardq import limits
-from shardq.client.routing import (_usual_batch, cut_requests, in_input_order, shard_for_key,
+from shardq.client.routing import (_usual_batch, cut_requests, in_input_order, shard_for_dedup_id, shard_for_key,
                                    split_by_shard)
 from shardq.config import parse as parse_config
 from shardq.errors import InvalidJob, UnknownQueue
@@ -104,9 +104,17 @@ usual_jobs = st.lists(st.fixed_dictionaries({"body": st.binary(min_size=1, max_s
 
 
 def _rr():
-    """A round-robin router for keyless jobs, as Router._shard_for (fresh per call)."""
+    """A router as Router._shard_for (fresh per call): by key, a keyless job by its dedup id,
+    any other keyless one round-robin."""
     state = iter(range(10**9))
-    return lambda shards: (lambda key: next(state) % shards if key is None else shard_for_key(key, shards))
+
+    def route(shards):
+        def shard_for(key, dedup_id=None):
+            if key is not None:
+                return shard_for_key(key, shards)
+            return next(state) % shards if dedup_id is None else shard_for_dedup_id(dedup_id, shards)
+        return shard_for
+    return route
 
 
 @settings(max_examples=200)

@@ -539,6 +539,24 @@ def test_every_enqueue_request_carries_a_session_of_its_shard(fake, connect):
     assert by_shard[0] == [(1, 1)] and by_shard[1] == [(1, 1), (2, 2)]  # each answered before the next
 
 
+def test_a_keyless_job_with_a_dedup_id_goes_where_the_id_hashes_every_time(fake, connect):
+    """A shard keeps the dedup window of its own jobs, so every repeat of a keyless job's
+    dedup id must reach the shard the first one did, alone or in a batch (both clients):
+    placed round-robin, the second went to the other shard and was added again. Keyless
+    jobs without a dedup id still take turns."""
+    counter = iter(range(1, 1000))
+    f = fake(2, lambda s, op, args: [job_id(next(counter), s) for _ in args[0]])
+    q = connect(f.dd.path)
+    ids = {shardq.client.routing.shard_for_dedup_id(f"order-{i}", 2): f"order-{i}" for i in range(10)}
+    for did in (ids[0], ids[1], b"bytes-id"):
+        want = shardq.client.routing.shard_for_dedup_id(did, 2)
+        got = [q.enqueue(b"x", queue=Q, dedup_id=did) % 2 for _ in range(3)]
+        got += [i % 2 for i in q.enqueue_many([{"body": b"y", "dedup_id": did}, {"body": b"z", "dedup_id": did}],
+                                              queue=Q)]
+        assert got == [want] * 5
+    assert {q.enqueue(b"x", queue=Q) % 2 for _ in range(2)} == {0, 1}
+
+
 @pytest.mark.parametrize("bad", [{"job_id": 1 << 70}, {"job_id": 1 << 63}, {"token": 1 << 64}],
                          ids=["id-past-64-bits", "id-at-2**63", "token-past-64-bits"])
 def test_ack_many_with_an_id_out_of_range_is_refused_before_any_shard_acks(fake, connect, bad):

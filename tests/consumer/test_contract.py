@@ -264,6 +264,18 @@ def test_dedup_id_adds_the_job_once_per_key(q):
     assert sorted(l.body for l in drain(q)) == [b"first", b"other key"]
 
 
+def test_dedup_id_of_a_keyless_job_holds_on_every_shard(q):
+    """A keyless job's dedup id is scoped to (queue, no key) however many shards there are
+    (the local backend has two): a repeat, alone or in a batch, meets the first one."""
+    q.enqueue(b"first", dedup_id="order-k1")
+    for _ in range(3):  # (placed round-robin, every other one went to the other shard)
+        q.enqueue(b"again", dedup_id="order-k1")
+    q.enqueue_many([{"body": b"batch"}, {"body": b"batch", "dedup_id": "order-k2"},
+                    {"body": b"batch again", "dedup_id": "order-k2"}])
+    q.enqueue_many([{"body": b"next batch", "dedup_id": "order-k2"}, {"body": b"again", "dedup_id": "order-k1"}])
+    assert sorted(l.body for l in drain(q)) == [b"batch", b"batch", b"first"]
+
+
 def test_dedup_retry_returns_the_first_id(backend, q):
     backend.server_differs("answers a deduplicated send with a fresh MessageId (AWS answers "
                            "with the first message's id)")

@@ -167,10 +167,13 @@ class _CrashAfterSend:
         return getattr(self._q, name)
 
 
-def test_a_relay_dying_after_the_send_is_deduplicated_by_the_next(dsn, q):
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+def test_a_relay_dying_after_the_send_is_deduplicated_by_the_next(dsn, q, keyed):
+    """The resend meets the first send's dedup ids on two shards, keyless rows too (their
+    dedup ids place them, not a turn of the router that happens to send them)."""
     with psycopg.connect(dsn) as conn:
         for i in range(5):
-            outbox.enqueue(conn, f"job {i}".encode(), key=f"k{i % 2}")
+            outbox.enqueue(conn, f"job {i}".encode(), key=f"k{i % 2}" if keyed else None)
     dying = outbox.Relay(dsn, _CrashAfterSend(q), batch_rows=3)
     with pytest.raises(_Crash):
         dying.relay_batch()
