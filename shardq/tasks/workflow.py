@@ -143,8 +143,8 @@ class Chain:
     def send(self) -> Workflow:
         """Enqueue the jobs that start the workflow (one batch call per 10,000); returns
         once they are durable."""
-        app = _app_of(self)
-        return Workflow.start(app, self)
+        _check_groups(self)  # (an empty group first has no task to name the app)
+        return Workflow.start(_app_of(self), self)
 
 
 def chain(*steps: Any) -> Chain:

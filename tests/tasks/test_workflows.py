@@ -312,6 +312,9 @@ def test_what_a_workflow_refuses_when_it_is_built(fresh):
 
     with pytest.raises(shardq.InvalidJob, match="at least one member"):
         chain(t.s(), group(), t.s()).send()
+    for empty in (group(), group([]), chord(group(t.s(x) for x in []), t.s()), chain(group(), t.s())):
+        with pytest.raises(shardq.InvalidJob, match="at least one member"):  # an empty group first too
+            empty.send()
     with pytest.raises(shardq.InvalidJob, match="must end with a task"):
         group(chain(t.s(), group(t.s(), t.s()))).send()
     with pytest.raises(shardq.InvalidJob):
