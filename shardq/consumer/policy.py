@@ -33,7 +33,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import limits
 from ..limits import LOG_EVERY_S_MAX
-from ..errors import InvalidConfig, JobGone, LeaseLost, ShardUnavailable
+from ..errors import Cancelled, InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
 from .handling import BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Outcome, backoff_delay, error_text
 
@@ -190,7 +190,10 @@ class Policy:
         if settle.op == ACK:
             if isinstance(exc, JobGone):
                 return Answer(False, settle.counter)
-            log.warning("job %s: ack failed (%s); the queue will redeliver it", lease.job_id, error_text(exc))
+            if isinstance(exc, Cancelled):  # (the ack deleted it: never delivered again)
+                log.info("job %s: cancelled while it ran; removed, not redelivered", lease.job_id)
+            else:
+                log.warning("job %s: ack failed (%s); the queue will redeliver it", lease.job_id, error_text(exc))
             return Answer(False, Counter.LOST)
         if isinstance(exc, LeaseLost):
             log.info("job %s: %s after the lease was lost", lease.job_id, settle.op)

@@ -11,7 +11,7 @@ from shardq.consumer import policy as policy_mod
 from shardq.consumer.handling import BURY, DONE, DUPLICATE, EXPIRED, FAILED, LOST, RETRY, backoff_delay, error_text
 from shardq.consumer.policy import (ACK, BURY_NOW, NACK, NOTHING, Answer, Burst, Outbox, Policy, Settle,
                                     UnavailableBackoff, burst_for)
-from shardq.errors import Closed, InvalidConfig, JobGone, LeaseLost, OutcomeUnknown, ShardUnavailable
+from shardq.errors import Cancelled, Closed, InvalidConfig, JobGone, LeaseLost, OutcomeUnknown, ShardUnavailable
 from shardq.types import Lease
 
 
@@ -74,6 +74,19 @@ def test_the_commit_margin_is_one_second_or_a_tenth_of_the_lease():
 ])
 def test_the_queues_answer_to_a_settlement(settle, exc, expected):
     assert make().answer(settle, lease(), exc) == expected
+
+
+@pytest.mark.parametrize("exc, says", [
+    (LeaseLost("job 7: lease 1 expired"),
+     "ack failed (LeaseLost: job 7: lease 1 expired); the queue will redeliver it"),
+    (Cancelled("job 7 was cancelled while leased"), "cancelled while it ran; removed, not redelivered"),
+])
+def test_an_ack_that_did_not_land_says_whether_the_job_comes_back(exc, says, caplog):
+    """A cancelled job's ack deletes it (Cancelled is a LeaseLost): the log must not promise
+    a redelivery that never comes. Both count as lost."""
+    with caplog.at_level("INFO", logger=policy_mod.log.name):
+        assert make().answer(Settle(ACK, "succeeded"), lease(), exc) == Answer(False, "lost")
+    assert [r.getMessage() for r in caplog.records] == [f"job 7: {says}"]
 
 
 def test_the_outbox_gives_up_what_outlived_its_lease():
