@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from typing import Any
 from collections.abc import Callable
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
+# the WorkerOptions fields these flags set, named as the flags in a refusal
+_FLAGS = {"concurrency": "--concurrency", "prefetch": "--prefetch", "grace_s": "--grace", "log_every": "--log-every",
+          "log_every_s": "--log-every-s", "queue name": "--queue"}
+_FIELD = re.compile("|".join(rf"\b{re.escape(f)}\b" for f in sorted(_FLAGS, key=len, reverse=True)))
 
 
 def open_store(target: str) -> IdempotencyStore:
@@ -85,13 +90,16 @@ def run(args: argparse.Namespace, connect: Callable[..., Any] | None = None) -> 
         parent = os.path.dirname(os.path.abspath(args.idempotency))
         if not os.path.isdir(parent):
             raise UsageError(f"--idempotency {args.idempotency}: directory {parent} does not exist")
-    from ..consumer.policy import Progress
+    from ..config import check_queue_name
+    from ..consumer.options import WorkerOptions
     from ..errors import InvalidConfig
-    try:
-        Progress(args.log_every, args.log_every_s, 0.0)  # the drivers' own check, as flags
+    try:  # the runners' own checks, before connecting, told as the flags
+        WorkerOptions(concurrency=args.concurrency, mode=args.mode, prefetch=args.prefetch, grace_s=args.grace,
+                      log_every=args.log_every, log_every_s=args.log_every_s)
+        for queue in args.queue or ():
+            check_queue_name(queue, InvalidConfig)
     except InvalidConfig as exc:
-        flags = str(exc).replace("log_every_s", "--log-every-s").replace("log_every ", "--log-every ")
-        raise UsageError(flags) from None
+        raise UsageError(_FIELD.sub(lambda m: _FLAGS[m.group(0)], str(exc))) from None
     task_mode = not any(":" in t for t in args.handler)
     if not task_mode and len(args.handler) != 1:
         raise UsageError("give one module:function, or module names (no colon) of tasks")

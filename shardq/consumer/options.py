@@ -15,6 +15,7 @@ import enum
 import numbers
 
 from .. import limits
+from ..config import check_queue_name
 from ..errors import InvalidConfig
 from ..limits import LOG_EVERY_S_DEFAULT
 from .policy import Burst, check_progress
@@ -58,27 +59,32 @@ class WorkerOptions:
 
     def __post_init__(self) -> None:
         c = self.concurrency
-        _require(_is_int(c) and 1 <= c <= CONCURRENCY_MAX, f"concurrency must be an int in [1, {CONCURRENCY_MAX}]")
+        _require(_is_int(c) and 1 <= c <= CONCURRENCY_MAX,
+                 f"concurrency must be an int in [1, {CONCURRENCY_MAX}], got {c!r}")
         prefetch = max(1, c // 4) if self.prefetch is None else self.prefetch
-        _require(_is_int(prefetch) and 0 <= prefetch <= c, "prefetch must be an int in [0, concurrency]")
+        _require(_is_int(prefetch) and 0 <= prefetch <= c, f"prefetch must be an int in [0, concurrency = {c}], "
+                                                            f"got {prefetch!r}")
         object.__setattr__(self, "prefetch", prefetch)
-        _require(self.mode in ("thread", "process"), "mode must be 'thread' or 'process'")
+        _require(self.mode in ("thread", "process"), f"mode must be 'thread' or 'process', got {self.mode!r}")
         object.__setattr__(self, "mode", Mode(self.mode))
         _require(_is_number(self.heartbeat_fraction) and 0 < self.heartbeat_fraction < 1,
-                 "heartbeat_fraction must be in (0, 1)")
+                 f"heartbeat_fraction must be in (0, 1), got {self.heartbeat_fraction!r}")
         _require(_is_number(self.backoff_base_s) and _is_number(self.backoff_cap_s)
                  and 0 <= self.backoff_base_s <= self.backoff_cap_s <= limits.DELAY_S_MAX,
-                 "need 0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX")
-        _require(_is_number(self.grace_s) and self.grace_s >= 0 and _is_number(self.poll_s) and self.poll_s > 0
-                 and _is_number(self.idle_wait_s) and self.idle_wait_s >= 0, "bad grace_s/poll_s/idle_wait_s")
+                 f"need 0 <= backoff_base_s <= backoff_cap_s <= limits.DELAY_S_MAX, got {self.backoff_base_s!r} "
+                 f"and {self.backoff_cap_s!r}")
+        for name, low, value in (("grace_s", 0, self.grace_s), ("poll_s", None, self.poll_s),
+                                 ("idle_wait_s", 0, self.idle_wait_s)):
+            _require(_is_number(value) and (value > 0 if low is None else value >= low),
+                     f"{name} must be a number of seconds {'> 0' if low is None else '>= 0'}, got {value!r}")
         _require(self.prune_every_s is None or (_is_number(self.prune_every_s) and self.prune_every_s > 0),
-                 "prune_every_s must be None or a number of seconds > 0")
+                 f"prune_every_s must be None or a number of seconds > 0, got {self.prune_every_s!r}")
         _require(_is_number(self.request_timeout_s) and self.request_timeout_s > 0,
-                 "request_timeout_s must be a number of seconds > 0")
+                 f"request_timeout_s must be a number of seconds > 0, got {self.request_timeout_s!r}")
         check_progress(self.log_every, self.log_every_s)
         if self.burst is not None and not isinstance(self.burst, (bool, Burst)):
             raise InvalidConfig(f"burst must be a bool or a Burst, not {type(self.burst).__name__}")
-        _require(isinstance(self.queue, str), "queue must be a str")
+        check_queue_name(self.queue, InvalidConfig)  # (an empty one failed only at the first dequeue)
 
 
 def _is_int(v: object) -> bool:

@@ -66,12 +66,15 @@ def test_burst_drains_the_queue_then_exits_0_after_a_start_line(svc, tmp_path, m
     assert (counts["ready"], counts["in_flight"], counts["delayed"], counts["dead"]) == (0, 0, 1, 0)
 
 
-def test_a_worker_without_a_store_says_so_and_bad_progress_flags_exit_2(svc, tmp_path):
+def test_a_worker_without_a_store_says_so_and_bad_flags_exit_2_naming_flag_and_value(svc, tmp_path):
     (tmp_path / "burst_handler.py").write_text(HANDLER)
     r = worker(svc, str(tmp_path), "burst_handler:handle", "--queue", "burst-empty", "--burst")
     assert r.returncode == 0, r.stderr
     assert "queue burst-empty (threads); concurrency 8; no idempotency store (effects at least once)" in r.stderr
-    for flag, value in [("--log-every", "0"), ("--log-every-s", "0"), ("--log-every-s", "1e9")]:
+    for flag, value in [("--log-every", "0"), ("--log-every-s", "0"), ("--log-every-s", "1e9"),
+                        ("--concurrency", "0"), ("--concurrency", "1025"), ("--prefetch", "-1"), ("--grace", "-1"),
+                        ("--queue", "")]:
         r = worker(svc, str(tmp_path), "burst_handler:handle", flag, value)
-        assert r.returncode == 2, r.stderr
+        assert r.returncode == 2, r.stderr  # (a bad flag's exit status, not a setup error's 5)
         assert f"error: UsageError: {flag} must be" in r.stderr, r.stderr
+        assert f"got {value!r}" in r.stderr or f"got {value}" in r.stderr or flag.startswith("--log"), r.stderr

@@ -50,7 +50,7 @@ from shardq.errors import InvalidConfig
 from shardq.tasks.body import NO_STEPS, Steps, encode
 from shardq.consumer.worker import Worker
 from shardq.consumer.options import CONCURRENCY_MAX, WorkerOptions
-from shardq.limits import DELAY_S_MAX
+from shardq.limits import DELAY_S_MAX, QUEUE_NAME_BYTES_MAX
 
 VISIBILITY_S = 30.0
 MAX_DELIVERIES = 4
@@ -687,12 +687,17 @@ def runner_class(runner: str):
     ({"log_every_s": 0}, "log_every_s must be a number of seconds in"),
     ({"log_every_s": LOG_EVERY_S_MAX * 2}, "log_every_s must be a number of seconds in"),
     ({"burst": "yes"}, "burst must be a bool or a Burst"),
-    ({"concurrency": 0}, "concurrency must be an int in"),
+    ({"concurrency": 0}, r"concurrency must be an int in \[1, 1024\], got 0"),
     ({"concurrency": CONCURRENCY_MAX + 1}, "concurrency must be an int in"),
     ({"heartbeat_fraction": 1.0}, "heartbeat_fraction must be in"),
     ({"backoff_base_s": 2.0, "backoff_cap_s": 1.0}, "backoff_base_s <= backoff_cap_s"),
     ({"backoff_cap_s": DELAY_S_MAX + 1}, "backoff_cap_s <= limits.DELAY_S_MAX"),
-    ({"grace_s": -1.0}, "bad grace_s"),
+    ({"grace_s": -1.0}, r"grace_s must be a number of seconds >= 0, got -1\.0"),
+    ({"poll_s": 0}, r"poll_s must be a number of seconds > 0, got 0"),
+    ({"idle_wait_s": float("nan")}, r"idle_wait_s must be a number of seconds >= 0, got nan"),
+    ({"queue": ""}, "queue name must be a non-empty string"),
+    ({"queue": "q" * 129}, "queue name must be a non-empty string of at most 128 bytes"),
+    ({"queue": 7}, "queue name must be a non-empty string"),
     ({"request_timeout_s": 0}, "request_timeout_s must be"),
     ({"prefetch": -1}, "prefetch must be an int in"),
     ({"concurrency": 4, "prefetch": 5}, "prefetch must be an int in"),
@@ -710,7 +715,7 @@ def test_bad_options_are_refused_the_same_way_by_every_driver(runner, options, w
         WorkerOptions(**options)
     # the limits themselves are fine
     cls(q, handler(), **mode, log_every=1, log_every_s=LOG_EVERY_S_MAX, concurrency=CONCURRENCY_MAX,
-        backoff_base_s=DELAY_S_MAX, backoff_cap_s=DELAY_S_MAX)
+        backoff_base_s=DELAY_S_MAX, backoff_cap_s=DELAY_S_MAX, queue="q" * QUEUE_NAME_BYTES_MAX)
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
