@@ -251,6 +251,42 @@ def test_the_cli_synopsis_flags_exist():
                 assert flag in options, f"{part.strip()}: {flag}"
 
 
+def test_every_command_the_docs_show_names_flags_and_choices_that_exist():
+    """Each `shardq COMMAND ...` span of the docs and the README: its flags exist for that
+    command (verify's own parser for `shardq verify`), and a flag with choices is given one
+    of them (the worker reference once told of a `--mode asyncio` the CLI refuses)."""
+    import argparse
+
+    from shardq.cli.main import build_parser
+    from shardq.verify import build_parser as verify_parser
+    commands = subparsers(build_parser())
+    checked, wrong = 0, []
+    for path in sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)) + [
+            os.path.join(REPO, "README.md")]:
+        for span in re.findall(r"`([^`\n]+)`", doc(os.path.relpath(path, REPO))):
+            words = span.split()
+            if len(words) < 2 or words[0] not in ("shardq", ".venv/bin/shardq") or words[1] not in commands:
+                continue
+            parser = verify_parser() if words[1] == "verify" else commands[words[1]]
+            nested = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+            if len(words) > 2 and words[2] in nested:
+                parser = nested[words[2]]
+            options = parser._option_string_actions
+            for i, word in enumerate(words):
+                flag, _, given = word.partition("=")
+                if not re.fullmatch(r"--[a-z][\w-]*", flag):
+                    continue
+                checked += 1
+                if flag not in options:
+                    wrong.append(f"{path}: `{span}`: no {flag}")
+                    continue
+                value = given or (words[i + 1] if i + 1 < len(words) else "")
+                choices = options[flag].choices
+                if choices and re.fullmatch(r"[a-z][\w-]*", value) and value not in choices:
+                    wrong.append(f"{path}: `{span}`: {flag} {value} is none of {sorted(choices)}")
+    assert checked > 30 and not wrong, wrong
+
+
 def test_the_verify_synopsis_flags_exist():
     from shardq.verify import build_parser
     block = block_containing("docs/reliability.md", "shardq verify --duration S | --run")
