@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable
 from .. import limits
 from ..client.contracts import Results
 from ..clock import Clock, SystemClock
-from ..errors import InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
+from ..errors import Closed, InvalidConfig, InvalidJob, JobFailed, NotFound, Unsupported
 from ..protocol import validate
 from ..types import JobId
 from . import body as taskbody
@@ -224,12 +224,15 @@ class App:
         self._owns_queue = router is None  # a router given to us is the caller's to close
         self._aio: dict[Any, Any] = {}  # event loop -> its asyncio client
         self._owned_dir: str | None = None
+        self._closed = False
         self.tasks: dict[str, Task[..., Any]] = {}
         self.schedules: list[Schedule] = []  # from @periodic
 
     @property
     def queue(self) -> Queue:
-        """The queue client (connected on first use)."""
+        """The queue client (connected on first use); Closed once :meth:`close` ran."""
+        if self._closed:
+            raise Closed("app is closed")
         if self._queue is None:
             from ..backends import connect
             self._queue = connect(self.target)
@@ -238,6 +241,8 @@ class App:
     async def aio(self) -> AsyncQueue:
         """The asyncio client of the running event loop (one per loop, connected once).
         InvalidConfig for an app made with ``router=``: it has no data dir to connect to."""
+        if self._closed:
+            raise Closed("app is closed")
         loop = asyncio.get_running_loop()
         q: AsyncQueue | None = self._aio.get(loop)
         if q is None:
@@ -380,8 +385,10 @@ class App:
             await q.close()
 
     def close(self) -> None:
-        """Close the client this app opened (and stop the embedded service). Asyncio
-        clients belong to their event loops: close them with :meth:`aclose`."""
+        """Close the client this app opened (and stop the embedded service); every later
+        call through the app raises Closed, as a closed client's do (it used to connect
+        again). Asyncio clients belong to their event loops: close them with :meth:`aclose`."""
+        self._closed = True
         if self._queue is not None and self._owns_queue:
             self._queue.close()
             self._queue = None

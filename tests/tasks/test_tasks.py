@@ -502,3 +502,28 @@ def test_send_keeps_the_signature_for_mypy(tmp_path):
     errors = {int(line.split(":")[1]) for line in proc.stdout.splitlines()
               if line.startswith(str(path)) and ": error:" in line}
     assert errors == expected, proc.stdout + proc.stderr
+
+
+def test_a_closed_app_refuses_every_call_with_closed_as_a_closed_client_does(tmp_path):
+    """After close(), a send through the app raised nothing and connected again (App(dir)),
+    or failed with NotADataDir, the embedded service's dir being gone (App.embedded())."""
+    import asyncio
+
+    from support.service import Service
+    with Service(shards=1) as svc:
+        for app in (shardq.App(svc.data_dir), shardq.App.embedded()):
+            @app.task
+            def ping(ctx, n: int) -> int:
+                return n
+
+            assert ping.send(1) > 0  # (connects)
+            app.close()
+            with pytest.raises(shardq.Closed, match="app is closed"):
+                ping.send(2)
+            with pytest.raises(shardq.Closed, match="app is closed"):
+                app.queue  # noqa: B018 - the property is the call under test
+            with pytest.raises(shardq.Closed, match="app is closed"):
+                asyncio.run(ping.send_async(3))
+            app.close()  # (again: nothing left to close)
+        with shardq.connect(svc.data_dir) as q:
+            assert len(q.dequeue_many(ping.queue, max_jobs=10)) == 1  # the first App's send; none after close
