@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..client.routing import job_id_from_text
+from ..client.routing import job_id_from_text, job_shard
 from ..types import Lease
 from . import common, exits
 
@@ -62,8 +62,13 @@ def _ref(text: str) -> int | str:
     return job_id_from_text(text) if text.isascii() and text.isdigit() else text
 
 
-def _lease(args: argparse.Namespace) -> Lease:
+def _lease(args: argparse.Namespace, q: object) -> Lease:
+    from ..client.router import Router
     from ..types import Lease
+    if isinstance(q, Router) and isinstance(args.job_id, int):
+        # an id no shard of this service made is no such job, as job show and job cancel
+        # say (NotFound), not the bad lease that the router's ack would call it
+        job_shard(args.job_id, q.shards)
     # The local shards find a job by its id; the sqs backend acks in queue "default" (the
     # CLI's queue; a token of another queue is refused there with LeaseLost).
     return Lease(args.job_id, None, b"", "default", 0, args.token, 0.0)
@@ -71,11 +76,11 @@ def _lease(args: argparse.Namespace) -> Lease:
 
 def ack(args: argparse.Namespace) -> int:
     with common.connect(args) as q, common.naming_a_job(args.job_id):
-        q.ack(_lease(args))
+        q.ack(_lease(args, q))
     return exits.OK
 
 
 def nack(args: argparse.Namespace) -> int:
     with common.connect(args) as q, common.naming_a_job(args.job_id):
-        q.nack(_lease(args), delay=args.delay, error=args.error)
+        q.nack(_lease(args, q), delay=args.delay, error=args.error)
     return exits.OK

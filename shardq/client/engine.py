@@ -321,7 +321,8 @@ class Calls:
         waiting: deleted, and the next job of its key moved up), ``"purged"`` (a dead
         letter), ``"cancelling"`` (leased: the holder's next extend/ack/nack raises
         :class:`~shardq.errors.Cancelled`; it is never delivered again) or ``"gone"`` (no
-        such job any more: finished, cancelled, purged, or never enqueued)."""
+        such job any more: finished, cancelled, purged, or never enqueued). NotFound for an
+        id that names a shard this service does not have (no shard of it made that id)."""
         got: str = yield from call(job_shard(job_id, self.shards), "cancel", [job_id])
         return got
 

@@ -67,11 +67,13 @@ def test_job_with_an_id_alone_means_show(capsys, svc):
 
 
 def test_every_command_that_takes_a_job_id_says_no_such_job_alike(capsys, svc):
-    unknown = 5120 * 1024  # of shard 0, never enqueued
-    for args in (("job", str(unknown)), ("job", "show", str(unknown)), ("job", "cancel", str(unknown)),
-                 ("ack", str(unknown), "7"), ("nack", str(unknown), "7")):
-        rc, _, err = shardq(capsys, *args, svc=svc)
-        assert (rc, err) == (2, NO_SUCH.format(unknown)), args
+    # of shard 0, never enqueued; and one naming a shard this service lacks (ack and nack
+    # called it an InvalidJob, 'not a lease of this service', where the others said NotFound)
+    for unknown in (5120 * 1024, 5):
+        for args in (("job", str(unknown)), ("job", "show", str(unknown)), ("job", "cancel", str(unknown)),
+                     ("ack", str(unknown), "7"), ("nack", str(unknown), "7")):
+            rc, _, err = shardq(capsys, *args, svc=svc)
+            assert (rc, err) == (2, NO_SUCH.format(unknown)), args
     # a job that was there and is done: the same (an ack's JobGone, a cancel's "gone")
     jid = svc.q.enqueue(b"done soon", queue="spare")
     (lease,) = svc.q.dequeue_many("spare", max_jobs=1, wait=5)
