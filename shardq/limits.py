@@ -148,6 +148,9 @@ SQS_API_TAGS_MAX = 50                    # tags per queue
 SQS_API_ATTRIBUTES_MAX = 10              # message attributes per message
 SQS_API_DELAY_S_MAX = 900                # DelaySeconds
 SQS_API_CLOCK_SKEW_S = 15 * 60           # a signed request's X-Amz-Date may be this far off
+SQS_API_NUMBER_DIGITS_MAX = 38           # a Number message attribute's precision
+SQS_API_NUMBER_EXP_MIN = -128            # a nonzero Number is at least 10**this and at most 10**MAX in size
+SQS_API_NUMBER_EXP_MAX = 126
 
 # A worker's progress line (shardq/consumer/policy.py), here so that the CLI's parser, built
 # by every command, names them without importing the consumer.

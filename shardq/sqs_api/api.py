@@ -72,6 +72,14 @@ class SqsApi(MessageActions):
     def arn(self, name: str) -> str:
         return f"arn:aws:sqs:{self.cfg.region}:{self.cfg.account_id}:{name}"
 
+    def local_name(self, arn: Any) -> str | None:
+        """The queue name in ``arn`` if it is a queue ARN of this service (its region and
+        account), whether or not the queue exists; None otherwise (it names no queue here)."""
+        parsed = qattr.parse_arn(arn)
+        if parsed is None or parsed[:2] != (self.cfg.region, self.cfg.account_id):
+            return None
+        return parsed[2]
+
     def url(self, host: str, name: str) -> str:
         return f"http://{host}/{self.cfg.account_id}/{name}"
 
@@ -107,6 +115,7 @@ class SqsApi(MessageActions):
         tags = self._check_tags(params.get("tags"))
         attrs = qattr.defaults(fifo)
         attrs.update(given)
+        qattr.check_together(attrs, given)
         # False: it exists with these attributes (AWS: its URL)
         await asyncio.to_thread(self.catalog.create, name, attrs, given, tags)
         return {"QueueUrl": self.url(host, name)}
@@ -181,7 +190,8 @@ class SqsApi(MessageActions):
         name, _ = self.queue(params)
         given = qattr.check(params.get("Attributes"), name.endswith(".fifo"), creating=False)
         await self._check_redrive(name, given)
-        await asyncio.to_thread(self.catalog.set_attributes, name, given)
+        await asyncio.to_thread(self.catalog.set_attributes, name, given,
+                                lambda attrs: qattr.check_together(attrs, given))
         return {}
 
     async def _check_redrive(self, name: str, given: dict[str, str]) -> None:
@@ -190,7 +200,7 @@ class SqsApi(MessageActions):
             return
         dlq, _ = target
         rec = self.catalog.get(dlq)
-        if rec is None or dlq == name:
+        if rec is None or dlq == name or self.local_name(qattr.redrive_target(given)) is None:
             raise invalid(f"Value {given['RedrivePolicy']} for parameter RedrivePolicy is invalid. Reason: "
                           f"Dead letter target does not exist.")
         if dlq.endswith(".fifo") != name.endswith(".fifo"):

@@ -114,9 +114,20 @@ def check(given: Any, fifo: bool, *, creating: bool) -> dict[str, str]:
             if text:
                 raise _bad(name, "shardq does not encrypt messages at rest (docs/sqs-api.md).")
             out[name] = ""
-    if fifo and out.get("DeduplicationScope") == "messageGroup" and out.get("FifoThroughputLimit") == "perQueue":
-        raise _bad("FifoThroughputLimit", "with DeduplicationScope messageGroup it must be perMessageGroupId.")
     return out
+
+
+def check_together(attrs: dict[str, str], given: dict[str, str]) -> None:
+    """The rule between two attributes, on a queue's attributes as a CreateQueue or
+    SetQueueAttributes would leave them (``attrs``), when ``given`` names either: "The
+    perMessageGroupId value is allowed only when the value for DeduplicationScope is
+    messageGroup" (AWS's API reference; DeduplicationScope is queue unless set). A queue
+    that holds the pair already (made before this rule) keeps it until one is changed."""
+    if "FifoThroughputLimit" not in given and "DeduplicationScope" not in given:
+        return
+    if attrs.get("FifoThroughputLimit") == "perMessageGroupId" and attrs.get("DeduplicationScope") != "messageGroup":
+        raise _bad("FifoThroughputLimit", "The perMessageGroupId value is allowed only when the value for "
+                                          "DeduplicationScope is messageGroup.")
 
 
 def _json_object(name: str, text: str) -> dict[str, Any]:
@@ -177,6 +188,12 @@ def _redrive_of(text: str) -> tuple[str, int] | None:  # read on every receive: 
     obj = json.loads(text)
     arn = parse_arn(obj["deadLetterTargetArn"])
     return (arn[2], int(obj["maxReceiveCount"])) if arn else None
+
+
+def redrive_target(attrs: dict[str, str]) -> str | None:
+    """The deadLetterTargetArn of a queue's redrive policy, if it has one."""
+    text = attrs.get("RedrivePolicy")
+    return str(json.loads(text)["deadLetterTargetArn"]) if text else None
 
 
 def allows_source(dlq_attrs: dict[str, str], source_arn: str) -> bool:

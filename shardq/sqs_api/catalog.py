@@ -23,10 +23,11 @@ import os
 import secrets
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..clock import Clock, SystemClock
+from .attributes import redrive_target
 from .faults import fault
 
 FILE = "catalog.json"
@@ -148,7 +149,7 @@ class Catalog:
         """Queues whose RedrivePolicy names ``dlq_arn``, by name."""
         with self._lock:
             return sorted(n for n, q in self._read()["queues"].items()
-                          if dlq_arn in q["attributes"].get("RedrivePolicy", ""))
+                          if redrive_target(q["attributes"]) == dlq_arn)
 
     # ------------------------------------------------------------------ changes
     def create(self, name: str, attributes: dict[str, str], given: dict[str, str], tags: dict[str, str]) -> bool:
@@ -179,10 +180,16 @@ class Catalog:
             self._commit(queues={n: q for n, q in self._data["queues"].items() if n != name},
                          deleted={**self._data["deleted"], name: self.clock.now()})
 
-    def set_attributes(self, name: str, attributes: dict[str, str]) -> None:
+    def set_attributes(self, name: str, attributes: dict[str, str],
+                       check: Callable[[dict[str, str]], None] | None = None) -> None:
+        """Set attributes of ``name``; ``check`` (if given) is called with the attributes as
+        they would be, under the lock, and may refuse them by raising."""
         with self._changing():
             q = self._queue(name)
-            record = dict(q, attributes={**q["attributes"], **attributes}, modified=int(self.clock.now()))
+            merged = {**q["attributes"], **attributes}
+            if check is not None:
+                check(merged)
+            record = dict(q, attributes=merged, modified=int(self.clock.now()))
             self._commit(queues={**self._data["queues"], name: record})
 
     def set_tags(self, name: str, add: dict[str, str], remove: list[str], max_tags: int) -> None:

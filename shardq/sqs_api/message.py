@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import decimal
 import hashlib
 import json
 import re
@@ -39,6 +40,9 @@ _BAD_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 _ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}\Z")
 _DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[^\x00-\x1f]{1,250})?\Z")
 _GROUP_OR_DEDUP = re.compile(r"[!-~]{1,128}\Z")  # ASCII 33-126: letters, digits, punctuation
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+_NUMBER_SIZE_MIN = decimal.Decimal(10) ** limits.SQS_API_NUMBER_EXP_MIN  # a nonzero Number's size (AWS)
+_NUMBER_SIZE_MAX = decimal.Decimal(10) ** limits.SQS_API_NUMBER_EXP_MAX
 SYSTEM_ATTRIBUTES_FOR_SENDS = ("AWSTraceHeader",)
 
 
@@ -115,11 +119,18 @@ def check_attributes(attrs: Any, system: bool = False) -> dict[str, dict[str, An
 
 
 def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
+    """AWS's Number: up to 38 digits of precision, 0 or between 10^-128 and 10^+126 either
+    side of it (both edges taken)."""
+    if not _NUMBER.match(text):
         return False
-    return len(text.replace("-", "").replace(".", "").lstrip("0")) <= 38
+    mantissa = text.lower().partition("e")[0]
+    if len(mantissa.lstrip("+-").replace(".", "").lstrip("0")) > limits.SQS_API_NUMBER_DIGITS_MAX:
+        return False
+    try:
+        size = decimal.Decimal(text).copy_abs()  # exact: abs() would round to 28 digits
+    except decimal.InvalidOperation:  # an exponent beyond what Decimal holds: far out of range
+        return False
+    return not size or _NUMBER_SIZE_MIN <= size <= _NUMBER_SIZE_MAX
 
 
 def attributes_size(attrs: dict[str, dict[str, Any]]) -> int:

@@ -16,7 +16,8 @@
   its task) hands nothing out: a dequeue still waiting is withdrawn by the client, and
   leases it already holds are released (not counted as deliveries). A message past its
   queue's ``maxReceiveCount`` is moved to the dead-letter queue when a receive finds it, as
-  SQS does: enqueued there, then acked here. A FIFO receive with a ReceiveRequestAttemptId
+  SQS does: enqueued there, then acked here, or cancelled here if its lease has ended
+  meanwhile (:func:`delete_held`). A FIFO receive with a ReceiveRequestAttemptId
   writes its receipts in a memo before it answers; a retry (in any process, after a restart
   too) answers them again while they are in flight. First receive times are memos too, on
   a queue where a receive has asked for ApproximateFirstReceiveTimestamp.
@@ -30,7 +31,7 @@ import logging
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..errors import JobGone, LeaseLost, NotFound, ShardqError, UnknownQueue
+from ..errors import Cancelled, JobGone, LeaseLost, NotFound, ShardqError, UnknownQueue
 from ..types import Lease
 from . import attributes as qattr
 from . import handles
@@ -490,8 +491,9 @@ class MessageActions:
 
     async def _move(self, name: str, lease: Lease, head: dict[str, Any], dlq: str) -> bool:
         """Move a message past maxReceiveCount to its dead-letter queue: enqueue there (with
-        a dedup id of this job, so a crash between the two steps cannot make two), then ack
-        here. False if the dead-letter queue is gone (the message is delivered, as AWS)."""
+        a dedup id of this job, so a crash between the two steps cannot make two), then
+        delete it here (:func:`delete_held`). False if the dead-letter queue is gone (the
+        message is delivered, as AWS)."""
         if self.catalog.get(dlq) is None:
             return False
         data, _ = m.unwrap(lease.body)
@@ -504,10 +506,7 @@ class MessageActions:
         return True
 
     async def _forget(self, lease: Lease) -> None:
-        try:
-            await self.q.ack(lease)
-        except LeaseLost:
-            pass  # expired meanwhile: the next receive finds it again
+        await delete_held(self.q, lease)
 
     # ------------------------------------------------------------------ delete, visibility
     def _lease(self, name: str, handle: Any) -> tuple[Lease, int]:
@@ -595,6 +594,24 @@ class MessageActions:
             else:
                 raise outcome
         return {"Successful": successful, "Failed": failed}
+
+
+async def delete_held(q: Any, lease: Lease) -> None:
+    """Delete the message of ``lease``, which is not to be delivered again from its queue: it
+    was moved (enqueued elsewhere first) or is past its retention. The lease may have ended
+    already (a receive with VisibilityTimeout 0 leases for a millisecond, less than a move
+    takes; a stalled move task outlives its 60 s): its ack finds it lost, and the message is
+    cancelled instead, so no receive hands it out again. A ready message is deleted at once
+    (a FIFO group's next one moves up); one leased again since is deleted when that lease
+    is settled or ends. A crash before this leaves the message where it was: the next
+    receive (or round) moves it again, under the same dedup id, so never twice."""
+    try:
+        await q.ack(lease)
+    except (JobGone, Cancelled):
+        return  # gone already, or cancelled and removed by this ack
+    except LeaseLost:
+        outcome = await q.cancel(int(lease.job_id))
+        log.info("event=sqs-api-deleted-after-lease job=%s outcome=%s", lease.job_id, outcome)
 
 
 def _deleted_anyway(name: str, e: LeaseLost) -> None:

@@ -3,8 +3,9 @@ moving the messages of a dead-letter queue back to where they came from (their
 DeadLetterQueueSourceArn) or to a chosen queue of the same type, as a task on the listener's
 event loop, one task per source at a time; a FIFO message keeps its group.
 
-A message is enqueued at its destination, then acked at the source; the enqueue carries a
-dedup id of the message, so a crash between the two cannot make two. A task's record is
+A message is enqueued at its destination, then deleted at the source (acked, or cancelled
+if its lease has ended: :func:`.messages.delete_held`); the enqueue carries a dedup id of
+the message, so a crash between the two cannot make two. A task's record is
 kept in the catalog, shared by every process of the SQS API: a task runs in the process
 that started it, which holds a lock for as long as it lives (:class:`.catalog.Owner`), and
 looks at its record between rounds, so a CancelMessageMoveTask answered by another process
@@ -17,12 +18,13 @@ import secrets
 from typing import Any
 
 from .. import limits
-from ..errors import LeaseLost, ShardqError
+from ..errors import ShardqError
 from . import attributes as qattr
 from .catalog import Owner, alive
 from . import message as m
 from . import params as p
 from .faults import fault, invalid
+from .messages import delete_held
 
 ROUND = 10
 RATE_MAX = 500
@@ -74,11 +76,11 @@ class MoveTasks:
         return {"TaskHandle": handle}
 
     def _queue_of(self, arn: str | None) -> str:
-        parsed = qattr.parse_arn(arn)
-        if parsed is None or parsed[1] != self.api.cfg.account_id or self.api.catalog.get(parsed[2]) is None:
+        name: str | None = self.api.local_name(arn)  # another region's or account's names no queue here
+        if name is None or self.api.catalog.get(name) is None:
             raise fault("ResourceNotFoundException", f"The resource that you specified for the ARN {arn} does "
                                                      f"not exist.")
-        return parsed[2]
+        return name
 
     async def _run(self, handle: str, source: str, dest_arn: str | None, rate: int | None) -> None:
         q, moved = self.api.q, 0
@@ -102,10 +104,7 @@ class MoveTasks:
                     # a FIFO message keeps its group (the key), so its group's order holds
                     await q.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
                                    dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
-                    try:
-                        await q.ack(lease)
-                    except LeaseLost:
-                        pass
+                    await delete_held(q, lease)
                     moved += 1
                 await self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:

@@ -4,11 +4,12 @@ parameters in the JSON protocol's shapes; results and errors back the same way.
 * **AWS JSON 1.0** (current SDKs): ``POST /``, ``X-Amz-Target: AmazonSQS.<Action>``,
   ``Content-Type: application/x-amz-json-1.0``, a JSON object. Errors: ``{"__type":
   "com.amazonaws.sqs#<Name>", "message": ...}`` with ``x-amzn-query-error: <code>;Sender``.
-* **Query** (older SDKs and tools): ``Action=...&Version=2012-11-05`` form-encoded (POST
-  body, or the query string of a GET), lists and maps flattened as ``AttributeName.1``,
-  ``Attribute.1.Name``/``.Value``; answers in XML, errors as ``ErrorResponse``. The element
-  names are those of the API's query model, in the tables below. A request sent to the
-  queue's URL without a ``QueueUrl`` parameter takes its path as the queue, as SQS does.
+* **Query** (older SDKs and tools): ``Action=...&Version=2012-11-05`` form-encoded (a POST's
+  body and its URL's query string, one set; a GET's query string), lists and maps
+  flattened as ``AttributeName.1``, ``Attribute.1.Name``/``.Value``; answers in XML,
+  errors as ``ErrorResponse``. The element names are those of the API's query model, in
+  the tables below. A request sent to the queue's URL without a ``QueueUrl`` parameter
+  takes its path as the queue, as SQS does.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ _OUT_LISTS = {"QueueUrls": "QueueUrl", "queueUrls": "QueueUrl", "Messages": "Mes
               "Failed": "BatchResultErrorEntry", "Results": "ListMessageMoveTasksResultEntry"}
 _OUT_MAPS = {"Attributes": ("Attribute", "Name", "Value"), "MessageAttributes": ("MessageAttribute", "Name", "Value"),
              "Tags": ("Tag", "Key", "Value")}
+# a presigned request's signature (sigv4.py checks it): in its URL, not parameters of its action
+_SIGNATURE_PARAMS = frozenset(("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
+                               "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token"))
 # actions whose answer has no Result element
 _NO_RESULT = {"DeleteQueue", "SetQueueAttributes", "PurgeQueue", "TagQueue", "UntagQueue", "AddPermission",
               "RemovePermission", "DeleteMessage", "ChangeMessageVisibility"}
@@ -63,11 +67,29 @@ def decode_json(target: str | None, body: bytes) -> tuple[str, dict[str, Any]]:
     return target[len(TARGET_PREFIX):], params
 
 
-def decode_query(form: str, path: str) -> tuple[str, dict[str, Any]]:
-    try:
-        pairs = parse_qsl(form, keep_blank_values=True, strict_parsing=False, max_num_fields=100_000)
-    except ValueError:
-        raise fault("MalformedQueryString", "The query string is malformed.") from None
+def decode_query(form: str, path: str, url_query: str = "") -> tuple[str, dict[str, Any]]:
+    """The action and parameters of a query-protocol request: its form body (a POST's) and
+    its URL's query string together, one set of parameters (a presigned POST carries them
+    all in the URL). A name in both with the same value is one parameter; with two values
+    it is refused (MalformedQueryString), so no parameter signed in the URL can be replaced
+    by a body that is not (and the other way round). The presigned signature's own
+    ``X-Amz-*`` parameters are not the action's."""
+    pairs = _pairs(form)
+    if url_query:
+        in_body: dict[str, str] = {}
+        for key, value in pairs:
+            in_body.setdefault(key, value)
+        url_pairs: list[tuple[str, str]] = []
+        for key, value in _pairs(url_query):
+            if key in _SIGNATURE_PARAMS:
+                continue
+            seen = in_body.get(key)
+            if seen is None:
+                url_pairs.append((key, value))
+            elif seen != value:
+                raise fault("MalformedQueryString", f"Parameter {key[:100]} has one value in the URL and another "
+                                                    f"in the body.")
+        pairs = url_pairs + pairs
     root: dict[str, Any] = {}
     for key, value in pairs:
         node = root
@@ -91,6 +113,13 @@ def decode_query(form: str, path: str) -> tuple[str, dict[str, Any]]:
     return action, params
 
 
+def _pairs(form: str) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(form, keep_blank_values=True, strict_parsing=False, max_num_fields=100_000)
+    except ValueError:
+        raise fault("MalformedQueryString", "The query string is malformed.") from None
+
+
 def _indexed(node: Any, name: str) -> list[Any]:
     if not isinstance(node, dict) or not all(k.isdigit() for k in node):
         raise fault("MalformedQueryString", f"{name} must be numbered from 1: {name}.1, {name}.2, ...")
@@ -98,22 +127,27 @@ def _indexed(node: Any, name: str) -> list[Any]:
 
 
 def _struct(node: dict[str, Any], action: str) -> dict[str, Any]:
+    """The JSON shapes of a decoded form. An empty list or map is its name with no value
+    (botocore sends a batch of no entries as ``Entries=``, by the JSON member's name), so
+    the action answers as AWS does to an empty one (a batch: EmptyBatchRequest)."""
     out: dict[str, Any] = {}
     for key, value in node.items():
+        empty = value == ""
         if key in _LISTS:
-            out[_LISTS[key]] = _indexed(value, key)
+            out[_LISTS[key]] = [] if empty else _indexed(value, key)
         elif key in _MAPS:
             member, kname, vname = _MAPS[key]
             if key == "Tag" and action == "CreateQueue":
                 member = "tags"
             items = {}
-            for item in _indexed(value, key):
+            for item in [] if empty else _indexed(value, key):
                 if not isinstance(item, dict) or kname not in item:
                     raise fault("MalformedQueryString", f"{key}.N.{kname} is missing.")
                 items[item[kname]] = item.get(vname)
             out[member] = items
-        elif key in _ENTRIES:
-            out["Entries"] = [_struct(e, action) if isinstance(e, dict) else e for e in _indexed(value, key)]
+        elif key in _ENTRIES or (key == "Entries" and empty):
+            out["Entries"] = [] if empty else [_struct(e, action) if isinstance(e, dict) else e
+                                               for e in _indexed(value, key)]
         else:
             out[key] = value
     return out

@@ -245,8 +245,7 @@ class SqsService:
             if is_json and method == "POST":
                 action, params = protocol.decode_json(amz_target, body)
             else:
-                form = body.decode("utf-8", "replace") if method == "POST" else query
-                action, params = protocol.decode_query(form, path)
+                action, params = protocol.decode_query(body.decode("utf-8", "replace"), path, query)
             host = headers.get("Host") or f"{self.host}:{self.port}"
             api = self.api
             if api is None:  # (between start and stop only)

@@ -268,6 +268,22 @@ def test_message_contents_and_attribute_rules(sqs, queue):
     assert code(e.value) == "InvalidParameterValue"
 
 
+def test_a_number_attribute_is_38_digits_between_1e_minus_128_and_1e126(sqs, queue):
+    just_over = "1." + "0" * 36 + "1"  # 38 digits: the precision allowed, a hair past the edge
+    for good in ("0", "-0.0", "1e126", "-1e126", "1e-128", "-1e-128", "9" * 38, "42", "-3.25"):
+        sqs.send_message(QueueUrl=queue, MessageBody="x", MessageAttributes={
+            "n": {"DataType": "Number", "StringValue": good}})
+    for bad in ("1e200", just_over + "e126", "-" + just_over + "e126", "9.9e-129", "-9.9e-129", "9" * 39, "nan",
+                "inf"):
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.send_message(QueueUrl=queue, MessageBody="x", MessageAttributes={
+                "n": {"DataType": "Number.float", "StringValue": bad}})
+        assert code(e.value) == "InvalidParameterValue", bad
+        assert e.value.response["Error"]["Message"] == "Can't cast the value of message (user) attribute 'n' to a " \
+                                                       "number.", bad
+    sqs.purge_queue(QueueUrl=queue)
+
+
 def test_a_batch_of_ten_at_1_mib_passes_and_each_entry_is_answered_on_its_own(sqs, queue):
     each = MIB // 10
     entries = [{"Id": ("i" * 79) + str(i), "MessageBody": "x" * (each + (MIB % 10 if i == 0 else 0))}
@@ -425,6 +441,22 @@ def test_fifo_dedup_answers_the_first_send_within_the_window(sqs):
     assert code(e.value) == "MissingParameter"
 
 
+def test_fifo_throughput_per_message_group_needs_dedup_per_message_group(sqs):
+    ok = sqs.create_queue(QueueName="tp-ok.fifo", Attributes={
+        "FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perQueue"})["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=ok, Attributes={"FifoThroughputLimit": "perMessageGroupId"})
+    for attrs in ({"DeduplicationScope": "queue", "FifoThroughputLimit": "perMessageGroupId"},
+                  {"FifoThroughputLimit": "perMessageGroupId"}):
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.create_queue(QueueName="tp-bad.fifo", Attributes={"FifoQueue": "true", **attrs})
+        assert code(e.value) == "InvalidAttributeValue", attrs
+    with pytest.raises(botocore.exceptions.ClientError) as e:  # the pair the change would leave
+        sqs.set_queue_attributes(QueueUrl=ok, Attributes={"DeduplicationScope": "queue"})
+    assert code(e.value) == "InvalidAttributeValue"
+    got = sqs.get_queue_attributes(QueueUrl=ok, AttributeNames=["All"])["Attributes"]
+    assert (got["DeduplicationScope"], got["FifoThroughputLimit"]) == ("messageGroup", "perMessageGroupId")
+
+
 def test_redrive_moves_a_message_past_max_receive_count_and_a_move_task_brings_it_back(sqs):
     dlq = sqs.create_queue(QueueName="dead")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -453,6 +485,50 @@ def test_redrive_moves_a_message_past_max_receive_count_and_a_move_task_brings_i
 
 
 # ---------------------------------------------------------------------------- one engine, two faces
+def test_an_arn_of_another_region_or_account_names_no_queue_here(sqs):
+    dlq = sqs.create_queue(QueueName="here-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    assert arn == "arn:aws:sqs:us-east-1:000000000000:here-dlq"
+    elsewhere = (arn.replace(":us-east-1:", ":eu-west-1:"), arn.replace(":000000000000:", ":999999999999:"))
+    src = sqs.create_queue(QueueName="here-src")["QueueUrl"]
+    for other in elsewhere:
+        policy = json.dumps({"deadLetterTargetArn": other, "maxReceiveCount": 1})
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.create_queue(QueueName="there-src", Attributes={"RedrivePolicy": policy})
+        assert code(e.value) == "InvalidParameterValue" and "Dead letter target does not exist" in \
+            e.value.response["Error"]["Message"], other
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": policy})
+        assert code(e.value) == "InvalidParameterValue", other
+    sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": arn, "maxReceiveCount": 1})})
+    src_arn = arn.replace(":here-dlq", ":here-src")
+    for other in elsewhere:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.start_message_move_task(SourceArn=other)
+        assert code(e.value) == "ResourceNotFoundException", other
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.start_message_move_task(SourceArn=arn, DestinationArn=other.replace(":here-dlq", ":here-src"))
+        assert code(e.value) == "ResourceNotFoundException", other
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            sqs.list_message_move_tasks(SourceArn=other)
+        assert code(e.value) == "ResourceNotFoundException", other
+    assert sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [src] and src_arn
+
+
+def test_dead_letter_sources_are_the_queues_naming_that_very_arn(sqs):
+    short = sqs.create_queue(QueueName="dl")["QueueUrl"]
+    longer = sqs.create_queue(QueueName="dl2")["QueueUrl"]  # its ARN starts with the other's
+    arn = sqs.get_queue_attributes(QueueUrl=longer, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    src = sqs.create_queue(QueueName="dl2-src", Attributes={"RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": arn, "maxReceiveCount": 1})})["QueueUrl"]
+    assert sqs.list_dead_letter_source_queues(QueueUrl=longer)["queueUrls"] == [src]
+    assert sqs.list_dead_letter_source_queues(QueueUrl=short)["queueUrls"] == []
+    with pytest.raises(botocore.exceptions.ClientError) as e:  # no source names it: no dead-letter queue
+        sqs.start_message_move_task(SourceArn=arn[:-1])
+    assert code(e.value) == "InvalidParameterValue"
+
+
 def test_what_boto3_sends_a_shardq_worker_leases_and_the_other_way_round(sqs, svc):
     url = sqs.create_queue(QueueName="both.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
     plain = sqs.create_queue(QueueName="both")["QueueUrl"]

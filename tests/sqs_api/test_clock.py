@@ -1,6 +1,10 @@
 """What depends on time, with the API's clock faked (in process, over a real service's
-shards): retention, the 12-hour visibility total, ReceiveRequestAttemptId's retry."""
+shards): retention, the 12-hour visibility total, ReceiveRequestAttemptId's retry, and a
+lease that ends before the receive that holds it has moved or deleted its message."""
 from __future__ import annotations
+
+import contextlib
+import json
 
 import pytest
 
@@ -44,6 +48,113 @@ def test_a_message_past_its_retention_is_deleted_by_the_receive_that_finds_it(ap
     got = api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10}, HOST)["Messages"]
     assert [m["Body"] for m in got] == ["new"]
     assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": q, "VisibilityTimeout": 0}, HOST)
+
+
+class AcksAfterTheLease:
+    """The API's client, whose acks reach the shard only after their lease has ended there,
+    as a move's ack does after a receive with VisibilityTimeout 0 (a 1 ms lease: less than
+    a move takes). The lease is ended by a release, as its deadline would. ``acked``: the
+    job ids it was asked to ack."""
+
+    def __init__(self, real):
+        self.real, self.acked = real, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    async def ack(self, lease):
+        self.acked.append(lease.job_id)
+        with contextlib.suppress(shardq.LeaseLost):  # (ended by its deadline already)
+            await self.real.nack(lease, 0.0, delivered=False)
+        return await self.real.ack(lease)
+
+
+def gone(api, job_id) -> bool:
+    """Whether the job is no more: deleted, never to be delivered again."""
+    try:
+        api.run(getattr(api.sqs.q, "real", api.sqs.q).job(job_id))
+    except shardq.NotFound:
+        return True
+    return False
+
+
+def none_in_flight(api, q) -> None:
+    """Wait until the 1-ms leases of ``q``'s receives have ended at the shard."""
+    wait_until(lambda: api.call("GetQueueAttributes", {"QueueUrl": q, "AttributeNames": ["All"]}, HOST)[
+        "Attributes"]["ApproximateNumberOfMessagesNotVisible"] == "0", 10, what="the leases to end")
+
+
+def redriven(api, name, dlq_name, **attrs):
+    fifo = {"FifoQueue": "true"} if name.endswith(".fifo") else {}
+    dlq = url(api, dlq_name, **fifo)
+    arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]}, HOST)
+    policy = json.dumps({"deadLetterTargetArn": arn["Attributes"]["QueueArn"], "maxReceiveCount": 1})
+    return url(api, name, VisibilityTimeout="0", RedrivePolicy=policy, **fifo, **attrs), dlq
+
+
+def test_a_message_moved_after_its_lease_ended_leaves_its_fifo_source_and_its_group_goes_on(api):
+    src, dlq = redriven(api, "fs.fifo", "fd.fifo", ContentBasedDeduplication="true")
+    for body in ("poison", "next"):
+        api.call("SendMessage", {"QueueUrl": src, "MessageBody": body, "MessageGroupId": "G"}, HOST)
+    (first,) = api.call("ReceiveMessage", {"QueueUrl": src}, HOST)["Messages"]
+    assert first["Body"] == "poison"
+    none_in_flight(api, src)
+    api.sqs.q = late = AcksAfterTheLease(api.sqs.q)
+    bodies = [m["Body"] for _ in range(6) for m in api.call("ReceiveMessage", {"QueueUrl": src}, HOST).get(
+        "Messages", [])]
+    assert bodies[:1] == ["next"] and "poison" not in bodies  # moved by the first receive, never handed again
+    assert gone(api, late.acked[0])
+    moved = api.call("ReceiveMessage", {"QueueUrl": dlq, "MaxNumberOfMessages": 10}, HOST)["Messages"]
+    assert [m["Body"] for m in moved] == ["poison"]
+
+
+def test_a_message_moved_after_its_lease_ended_is_in_the_dead_letter_queue_only(api):
+    src, dlq = redriven(api, "s0", "d0")
+    api.call("SendMessage", {"QueueUrl": src, "MessageBody": "poison"}, HOST)
+    assert api.call("ReceiveMessage", {"QueueUrl": src}, HOST)["Messages"][0]["Body"] == "poison"
+    none_in_flight(api, src)
+    api.sqs.q = late = AcksAfterTheLease(api.sqs.q)
+    assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": src}, HOST)  # moved
+    (job_id,) = late.acked
+    assert gone(api, job_id)
+    api.sqs.q = late.real
+    assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": src, "MaxNumberOfMessages": 10}, HOST)
+    moved = api.call("ReceiveMessage", {"QueueUrl": dlq, "MaxNumberOfMessages": 10}, HOST)["Messages"]
+    assert [m["Body"] for m in moved] == ["poison"]
+
+
+def test_a_message_past_its_retention_whose_lease_ended_first_is_deleted_all_the_same(api):
+    q = url(api, "retained0", MessageRetentionPeriod="60", VisibilityTimeout="0")
+    api.call("SendMessage", {"QueueUrl": q, "MessageBody": "old", "MessageAttributes": {
+        "k": {"DataType": "String", "StringValue": "v"}}}, HOST)
+    api.clock.advance(61)
+    api.sqs.q = late = AcksAfterTheLease(api.sqs.q)
+    assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": q}, HOST)
+    (job_id,) = late.acked
+    assert gone(api, job_id)
+
+
+def test_a_move_task_whose_lease_ended_before_its_ack_leaves_nothing_behind(api):
+    src, dlq = redriven(api, "ms", "md")
+    api.call("SendMessage", {"QueueUrl": src, "MessageBody": "poison"}, HOST)
+    api.call("ReceiveMessage", {"QueueUrl": src}, HOST)
+    none_in_flight(api, src)
+    assert "Messages" not in api.call("ReceiveMessage", {"QueueUrl": src}, HOST)  # moved
+    arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]}, HOST)["Attributes"][
+        "QueueArn"]
+    api.sqs.q = late = AcksAfterTheLease(api.sqs.q)
+    api.call("StartMessageMoveTask", {"SourceArn": arn}, HOST)
+
+    def ended():
+        (task,) = api.call("ListMessageMoveTasks", {"SourceArn": arn}, HOST)["Results"]
+        return task if task["Status"] != "RUNNING" else None
+    task = wait_until(ended, 10, what="the move task")
+    assert task["Status"] == "COMPLETED" and task["ApproximateNumberOfMessagesMoved"] == 1
+    (job_id,) = late.acked
+    assert gone(api, job_id)
+    api.sqs.q = late.real
+    back = api.call("ReceiveMessage", {"QueueUrl": src, "MaxNumberOfMessages": 10}, HOST)["Messages"]
+    assert [m["Body"] for m in back] == ["poison"]
 
 
 def test_visibility_adds_up_to_12_hours_from_the_receive(api):

@@ -32,7 +32,8 @@ def sqs(svc):
 def _post(svc, form: dict, path: str = "/") -> tuple[int, ElementTree.Element]:
     host = urlsplit(svc.url)
     conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
-    conn.request("POST", path, urlencode(form), {"Content-Type": "application/x-www-form-urlencoded"})
+    conn.request("POST", path, urlencode(form) if form else None,
+                 {"Content-Type": "application/x-www-form-urlencoded"} if form else {})
     r = conn.getresponse()
     root = ElementTree.fromstring(r.read())
     conn.close()
@@ -87,6 +88,36 @@ def test_get_with_a_query_string_works_too(sqs, svc):
     r = conn.getresponse()
     root = ElementTree.fromstring(r.read())
     assert r.status == 200 and root.find("s:GetQueueUrlResult/s:QueueUrl", NS).text.endswith("/by-get")
+
+
+def test_a_posts_url_parameters_and_its_body_are_one_set(sqs, svc):
+    url = sqs.create_queue(QueueName="url-params")["QueueUrl"]
+    status, root = _post(svc, {}, "/?" + urlencode({"Action": "ListQueues", "Version": "2012-11-05",
+                                                    "QueueNamePrefix": "url-p"}))
+    assert status == 200 and [u.text for u in root.iter(f"{{{NS['s']}}}QueueUrl")] == [url]
+    status, root = _post(svc, {"MessageBody": "split", "Version": "2012-11-05"},
+                         "/?" + urlencode({"Action": "SendMessage", "QueueUrl": url, "Version": "2012-11-05"}))
+    assert status == 200 and root.find("s:SendMessageResult/s:MessageId", NS) is not None
+    assert sqs.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "split"
+    status, root = _post(svc, {"Action": "ListQueues", "QueueNamePrefix": "b"},
+                         "/?" + urlencode({"Action": "ListQueues", "QueueNamePrefix": "a"}))
+    assert status == 400 and root.find("s:Error/s:Code", NS).text == "MalformedQueryString"
+    assert "QueueNamePrefix" in root.find("s:Error/s:Message", NS).text
+
+
+def test_a_batch_of_no_entries_is_an_empty_batch_request(sqs, svc):
+    url = sqs.create_queue(QueueName="no-entries")["QueueUrl"]
+    for batch in (sqs.send_message_batch, sqs.delete_message_batch, sqs.change_message_visibility_batch):
+        with pytest.raises(botocore.exceptions.ClientError) as e:  # boto3 sends "Entries="
+            batch(QueueUrl=url, Entries=[])
+        assert e.value.response["Error"]["Code"] == "AWS.SimpleQueueService.EmptyBatchRequest", batch
+    for action, entry in (("SendMessageBatch", "SendMessageBatchRequestEntry"),
+                          ("DeleteMessageBatch", "DeleteMessageBatchRequestEntry"),
+                          ("ChangeMessageVisibilityBatch", "ChangeMessageVisibilityBatchRequestEntry")):
+        for name in ("Entries", entry):
+            status, root = _post(svc, {"Action": action, "QueueUrl": url, name: ""})
+            assert (status, root.find("s:Error/s:Code", NS).text) == \
+                (400, "AWS.SimpleQueueService.EmptyBatchRequest"), (action, name)
 
 
 def test_redrive_policy_and_move_tasks_over_query(sqs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.message
 import http.client
+import re
 import time
 from urllib.parse import urlsplit
 
@@ -97,6 +98,56 @@ def test_a_service_with_keys_answers_signed_requests_only(svc, protocol):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         client(svc.url, protocol, key_id="AKIDSOMEONEELSE001").list_queues()
     assert e.value.response["Error"]["Code"] == "InvalidClientTokenId"
+
+
+def _send(svc, method: str, target: str, body: bytes | None = None, headers: dict | None = None):
+    host = urlsplit(svc.url)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    conn.request(method, target, body, headers or {})
+    r = conn.getresponse()
+    data = r.read()
+    error = re.search(rb"<Code>([^<]*)</Code>", data)
+    return r.status, error and error.group(1).decode(), data
+
+
+def test_a_presigned_query_request_is_taken_from_its_url_and_covered_by_its_signature(svc):
+    sqs = client(svc.url, "query")
+    url = sqs.create_queue(QueueName="presigned")["QueueUrl"]
+    # botocore's presigner puts a query-protocol request's parameters in the URL, for a POST
+    presigned = urlsplit(sqs.generate_presigned_url("send_message", Params={"QueueUrl": url, "MessageBody": "hi"},
+                                                    ExpiresIn=300))
+    target = f"{presigned.path}?{presigned.query}"
+    assert "Action=SendMessage" in target and "X-Amz-Signature=" in target
+    status, _, data = _send(svc, "POST", target)
+    assert status == 200 and b"<MessageId>" in data
+    assert sqs.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "hi"
+    status, error, _ = _send(svc, "POST", target.replace("MessageBody=hi", "MessageBody=ho"))
+    assert (status, error) == (403, "SignatureDoesNotMatch")
+    status, error, _ = _send(svc, "POST", target, b"MessageBody=ho",  # a body the signature does not cover
+                             {"Content-Type": "application/x-www-form-urlencoded"})
+    assert (status, error) == (403, "MissingAuthenticationToken")
+
+
+def test_a_header_signed_post_with_parameters_in_its_url_is_covered_by_its_signature(svc):
+    creds = botocore.credentials.Credentials(KEY_ID, SECRET)
+    client(svc.url, "query").create_queue(QueueName="in-url")
+    params = "Action=ListQueues&Version=2012-11-05&QueueNamePrefix=in-u"
+
+    def signed(form: bytes) -> tuple[str, dict, bytes]:
+        req = botocore.awsrequest.AWSRequest("POST", f"{svc.url.rstrip('/')}/?{params}", data=form,
+                                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+        botocore.auth.SigV4Auth(creds, "sqs", "us-east-1").add_auth(req)
+        prepared = req.prepare()
+        split = urlsplit(prepared.url)
+        return f"{split.path}?{split.query}", dict(prepared.headers.items()), form
+    for form in (b"", b"MaxResults=5"):  # everything in the URL; the URL and the body
+        target, headers, body = signed(form)
+        status, _, data = _send(svc, "POST", target, body, headers)
+        assert status == 200 and b"/000000000000/in-url</QueueUrl>" in data, form
+    status, error, _ = _send(svc, "POST", target.replace("in-u", "in-"), body, headers)
+    assert (status, error) == (403, "SignatureDoesNotMatch")
+    status, error, _ = _send(svc, "POST", target, b"MaxResults=6", headers)
+    assert (status, error) == (403, "SignatureDoesNotMatch")
 
 
 def test_an_unsigned_body_is_not_read(svc):

@@ -116,13 +116,26 @@ def test_queue_attribute_checks():
                                                  '"maxReceiveCount":1001}'}, False, "InvalidAttributeValue"),
                               ({"FifoQueue": "true"}, False, "InvalidAttributeValue"),
                               ({"DeduplicationScope": "queue"}, False, "InvalidAttributeName"),
-                              ({"DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perQueue"}, True,
-                               "InvalidAttributeValue"),
                               ({"KmsMasterKeyId": "alias/x"}, False, "InvalidAttributeValue"),
                               ({"Bogus": "1"}, False, "InvalidAttributeName")):
         with pytest.raises(SqsApiError) as e:
             attributes.check(attrs, fifo, creating=True)
         assert e.value.code == want, attrs
+
+
+def test_per_message_group_throughput_needs_message_group_dedup_scope():
+    # AWS: "The perMessageGroupId value is allowed only when the value for DeduplicationScope is messageGroup."
+    fifo = attributes.defaults(True)
+    for scope, limit in (("messageGroup", "perMessageGroupId"), ("messageGroup", "perQueue"), ("queue", "perQueue")):
+        given = attributes.check({"DeduplicationScope": scope, "FifoThroughputLimit": limit}, True, creating=True)
+        attributes.check_together({**fifo, **given}, given)
+    for given in ({"DeduplicationScope": "queue", "FifoThroughputLimit": "perMessageGroupId"},
+                  {"FifoThroughputLimit": "perMessageGroupId"}):  # the scope is queue unless set
+        with pytest.raises(SqsApiError) as e:
+            attributes.check_together({**fifo, **given}, given)
+        assert e.value.code == "InvalidAttributeValue" and "perMessageGroupId" in e.value.message, given
+    held = {**fifo, "FifoThroughputLimit": "perMessageGroupId"}  # a queue made before the rule
+    attributes.check_together(held, {"VisibilityTimeout": "5"})  # keeps its pair while neither changes
 
 
 def test_the_query_form_becomes_the_json_shapes():
@@ -136,6 +149,18 @@ def test_the_query_form_becomes_the_json_shapes():
         {"Id": "a", "MessageAttributes": {"n": {"DataType": "String", "StringValue": "v"}}}, {"Id": "b"}]}
     with pytest.raises(SqsApiError):
         protocol.decode_query("Action=X&AttributeName.x=1", "/")
+
+
+def test_a_query_requests_url_and_body_parameters_are_one_set():
+    signature = "&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=ab&X-Amz-Credential=k%2Fd&X-Amz-Expires=9"
+    assert protocol.decode_query("", "/", "Action=ListQueues&Version=2012-11-05&QueueNamePrefix=p" + signature) == \
+        ("ListQueues", {"QueueNamePrefix": "p"})  # a presigned POST: everything in the URL
+    assert protocol.decode_query("AttributeName.2=b&Action=GetQueueAttributes", "/000000000000/q",
+                                 "AttributeName.1=a&Action=GetQueueAttributes") == \
+        ("GetQueueAttributes", {"AttributeNames": ["a", "b"], "QueueUrl": "/000000000000/q"})
+    with pytest.raises(SqsApiError) as e:  # two values of one name: refused, whichever is signed
+        protocol.decode_query("Action=ListQueues&QueueNamePrefix=b", "/", "QueueNamePrefix=a")
+    assert e.value.code == "MalformedQueryString" and "QueueNamePrefix" in e.value.message
 
 
 def test_the_config_table_names_each_bad_key():
