@@ -194,6 +194,7 @@ class Supervisor:
         self.handles = [ShardHandle(i) for i in range(n)]
         self.core = Supervision(self.handles, self._policy(), notify=self.notifier is not None)
         try:
+            self._write_config(self.config)  # (a disk that refuses it fails the start here, once)
             if before_shards is not None:
                 before_shards()
             self._start_shards(background)
@@ -360,9 +361,20 @@ class Supervisor:
         _event("stopped")
 
     # ------------------------------------------------------------------ processes
+    def _write_config(self, config: Config) -> None:
+        """Write ``config`` where every shard reads it, at its start and at a reload
+        (``<data>/run/config.json``, 0600): whole or not at all (OSError: nothing written)."""
+        path = os.path.join(self.dd.run_dir, RELOAD_FILE)
+        with open(path + ".tmp", "w", opener=lambda f, fl: os.open(f, fl, 0o600)) as f:
+            json.dump(config.to_dict(), f)
+        os.replace(path + ".tmp", path)
+
     def _spawn(self, h: ShardHandle) -> None:
+        # The config goes in a file (_write_config), not on the command line: one argument
+        # holds at most 128 KiB on Linux (a config of ~850 declared queues failed to spawn),
+        # and every local user can read a command line (schedule bodies).
         cmd = [self.python, "-m", "shardq.shard.process", "--data-dir", self.dd.path,
-               "--index", str(h.index), "--config", json.dumps(self.config.to_dict()),
+               "--index", str(h.index), "--config-file", os.path.join(self.dd.run_dir, RELOAD_FILE),
                "--parent-pid", str(os.getpid()), "--health-pipe"]
         try:
             h.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
@@ -525,7 +537,7 @@ class Supervisor:
         settings, ``restart_backoff_max``: :mod:`.reload`) and tell every running shard;
         log each key changed, applied or waiting for a restart. Returns the two lists of
         :class:`~.reload.Change`. A shard that is starting takes them as its loop begins;
-        one spawned later is given them on its command line."""
+        one spawned later reads them from the config file it is given (:meth:`_write_config`)."""
         p = reload_plan(self.config, load_config(new))
         for c in p.applied:
             _event("reload-applied", key=c.key, old=json.dumps(c.old), new=json.dumps(c.new))
@@ -534,20 +546,17 @@ class Supervisor:
                    new=json.dumps(c.new), why=json.dumps(c.why), note='"not applied: takes effect when serve restarts"')
         told = 0
         if p.applied:
-            path = os.path.join(self.dd.run_dir, RELOAD_FILE)
             try:
-                with open(path + ".tmp", "w", opener=lambda f, fl: os.open(f, fl, 0o600)) as f:
-                    json.dump(p.config.to_dict(), f)
-                os.replace(path + ".tmp", path)  # a shard reads it whole or not at all
+                self._write_config(p.config)
             except OSError as e:
-                _event("reload-failed", logging.ERROR, error=json.dumps(f"cannot write {path}: {e}"),
+                _event("reload-failed", logging.ERROR, error=json.dumps(f"cannot write {e.filename}: {e}"),
                        note='"nothing changed"')
                 return [], p.restart
             self.config = p.config
             self.core.policy = self._policy()
             for h in self.handles:
                 if h.proc is not None and h.proc.poll() is None and self._write(h, RELOAD):
-                    told += 1  # one that exits meanwhile takes self.config from its command line
+                    told += 1  # one that exits meanwhile reads the new file when it starts again
         _event("reloaded", applied=len(p.applied), needs_restart=len(p.restart), shards_told=told,
                **({"not_applied": json.dumps(" ".join(c.key for c in p.restart))} if p.restart else {}))
         return p.applied, p.restart

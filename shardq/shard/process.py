@@ -14,7 +14,7 @@ that framing without blocking (:mod:`.conn`) and never unpickles. A client that 
 undecodable or oversized frame is disconnected; a well-formed request that is invalid gets
 an error reply. Neither touches the log or the other clients.
 
-Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config JSON``,
+Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config-file F``,
 in a session of its own (a Ctrl-C meant for the supervisor's terminal or embedding app
 does not reach it). It tells the supervisor how it is doing on its stdout (:mod:`.report`).
 SIGTERM: the loop finishes its iteration (no request is read after it, so no lease is
@@ -756,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--config", default="{}", help="config as JSON (the TOML schema)")
+    p.add_argument("--config-file", help="a file holding the config as JSON (what the supervisor passes)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
     p.add_argument("--health-pipe", action="store_true",
                    help="answer each byte on stdin with a 'pong' line on stdout (the supervisor's pings)")
@@ -764,7 +765,11 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(a.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{a.index} pid={os.getpid()} %(levelname)s %(message)s")
-    config = parse_config(json.loads(a.config))
+    if a.config_file:
+        with open(a.config_file, encoding="utf-8") as f:
+            config = parse_config(json.load(f))
+    else:
+        config = parse_config(json.loads(a.config))
     # Progress every quarter health timeout: the supervisor kills a shard silent for a whole one.
     pipe = SupervisorPipe(sys.stdout, interval_s=config.service.health_timeout / 4)
     files = ReportingFiles(pipe)

@@ -121,6 +121,28 @@ def test_killed_shard_is_restarted_with_its_jobs():
         assert not alive(old[0])
 
 
+def test_a_config_past_a_command_lines_limit_starts_and_restarts_its_shards():
+    """The shards read the config from a file of the run dir, not their command line: one
+    argument holds at most 128 KiB on Linux, and a config of ~850 declared queues failed to
+    spawn any shard (after a SIGHUP added them, the next restart took serve down). Nor is it
+    on the command line for every local user to read."""
+    queues = {f"declared-queue-{i:05d}": {"visibility_timeout": 60 + i % 7} for i in range(3000)}
+    with Service(shards=2, config={"queues": queues}) as svc:
+        with svc.connect() as q:
+            assert q.queue_config("declared-queue-02999")["visibility_timeout"] == 60 + 2999 % 7
+            old = q.ping()
+            args = psutil.Process(old[0]).cmdline()
+            assert "--config-file" in args and len(" ".join(args)) < 1000, args
+            os.kill(old[0], signal.SIGKILL)
+            new = restarted(svc, 0, old[0])
+            assert q.ping() == [new, old[1]]
+            key = keys_on_shard(0)[0]
+            q.enqueue(b"after the restart", key=key, queue="declared-queue-00001")
+            lease = q.dequeue("declared-queue-00001")
+            assert lease.body == b"after the restart"
+            q.ack(lease)
+
+
 def test_hung_shard_is_killed_and_restarted():
     with Service(config={"service": {"health_timeout": 1}}) as svc:
         k0 = keys_on_shard(0)[0]
