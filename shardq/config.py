@@ -5,7 +5,7 @@ so a typo never silently falls back to a default. Times are in seconds.
 
     [service]                 # the supervisor
     data_dir = "var/shardq"
-    shards = 0                # 0 = one shard per two CPUs (at least one)
+    shards = 0                # 0 = the data dir's count; a new one gets one shard per two CPUs (at least one)
     health_timeout = 10       # a shard that answers no ping for this long is restarted
     restart_backoff_max = 60  # a crash-looping shard is restarted at most this far apart
     declare_queues = false    # true: only queues listed under [queues] may be used
@@ -254,7 +254,8 @@ class Config:
 
     def resolved_shards(self) -> int:
         """``service.shards``, or by default one shard per two CPUs (at least one): the
-        clients run on the same machine (unix sockets) and need the other half. On 2 CPUs
+        count a new data dir gets (an existing one keeps its own unless a count is given).
+        The clients run on the same machine (unix sockets) and need the other half. On 2 CPUs
         one shard serves many clients 1.15-1.40x faster than two (docs/performance.md,
         "How many shards by default")."""
         return self.service.shards or default_shards()

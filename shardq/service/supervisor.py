@@ -137,7 +137,9 @@ class Supervisor:
                  clock: Clock | None = None, notifier: Notifier | None = None):
         self.config = load_config(config)
         self.dd = DataDir(data_dir or self.config.service.data_dir)
-        self.requested_shards = shards or self.config.resolved_shards()
+        # None ("service.shards = 0", the default): the data dir's own count, or for a new
+        # one a shard per two CPUs (Config.resolved_shards), decided at start
+        self.requested_shards = shards or self.config.service.shards or None
         self.python = python or sys.executable
         self.stderr = stderr
         self.handles: list[ShardHandle] = []
@@ -184,7 +186,8 @@ class Supervisor:
         binds its HTTP listener there: a port that is taken fails before anything starts);
         what it raises, start raises, having released the data dir.
         """
-        n = self.dd.init(self.requested_shards)
+        n = self.dd.init(self.requested_shards or (self.dd.shards() if self.dd.exists() else
+                                                   self.config.resolved_shards()))
         self.dd.authkey()  # refuse an unsafe key file here, clearly, not in N shard crashes
         self._lock_fd = self.dd.lock("supervisor.lock")
         self.stopping = self._signalled  # a signal during start: run() stops at once

@@ -79,6 +79,21 @@ def test_starting_with_another_shard_count_is_refused():
             assert q.dequeue().job_id == jid
 
 
+def test_the_default_shard_count_is_an_existing_data_dirs_own():
+    """service.shards = 0 gives a new data dir a shard per two CPUs, and an existing one
+    its own count on any machine: it was computed afresh and refused a data dir made on a
+    host with other CPUs (ShardCountMismatch, exit 5), a restored backup's too."""
+    from shardq.config import default_shards
+    made = default_shards() + 1  # a count this machine's default is not
+    with Service(shards=made) as svc:
+        with svc.connect() as q:
+            jid = q.enqueue(b"kept", key="a")
+        svc.stop()
+        with shardq.open(svc.data_dir) as q:  # the default config, no count given
+            assert q.shards == made
+            assert q.dequeue().job_id == jid
+
+
 def test_second_serve_on_a_running_data_dir_is_refused():
     with Service() as svc:
         pids = svc.shard_pids()
