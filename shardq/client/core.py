@@ -131,7 +131,8 @@ def ack_error(payload: Any, resent: bool) -> ShardqError | None:
 
 
 def acks_by_shard(leases: list[Lease], shards: int | None = None) -> tuple[list[list[int]], list[Call]]:
-    """One ``ack`` call per shard for ``leases``: (the indexes of ``leases`` each call acks,
+    """The ``ack`` calls for ``leases``, one per shard (more for a shard's part past
+    ``BATCH_JOBS_MAX``, which a shard refuses in one request): (the indexes of ``leases`` each call acks,
     the calls). Every lease is checked first (:func:`~.routing.lease_shard`: InvalidJob, and
     nothing is sent, for what is not a lease of a service of ``shards`` shards, or whose id
     or token is out of range: refused by the encoder or the shard, it would fail its
@@ -145,8 +146,11 @@ def acks_by_shard(leases: list[Lease], shards: int | None = None) -> tuple[list[
             # the other shards acked theirs: half applied
             raise InvalidJob(f"not a lease: job {job_id} or token {token} is out of range (job ids are below "
                              "2**63, tokens fit the wire's 64-bit integers)")
-    calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in per_shard.items()]
-    return list(per_shard.values()), calls
+    # a shard takes at most BATCH_JOBS_MAX pairs a request: more go in several, in order
+    step = limits.BATCH_JOBS_MAX
+    cut = [(s, idx[k:k + step]) for s, idx in per_shard.items() for k in range(0, len(idx), step)]
+    calls = [Call(s, "ack", [[[leases[i].job_id, leases[i].token] for i in idx]]) for s, idx in cut]
+    return [idx for _, idx in cut], calls
 
 
 def ack_many_outcome(count: int, indexes: list[list[int]], replies: list[Any]) -> list[BaseException | None]:

@@ -270,11 +270,13 @@ def redrive_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str,
 
 def purge_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, list[Any]]]:
     """The purge requests: every shard (all dead letters), or the shards of ``job_ids``
-    (checked: a list of integer ids of this service's shards)."""
+    (checked: a list of integer ids of this service's shards), ``BATCH_JOBS_MAX`` a request."""
     queue = queue_name(queue)
     if job_ids is None:
         return [(s, "purge_dead", [queue]) for s in range(shards)]
-    return [(s, "purge_ids", [queue, ids]) for s, ids in group_by_shard(shards, job_ids).items()]
+    step = limits.BATCH_JOBS_MAX  # a shard's purge_ids takes at most this many: more go in several
+    return [(s, "purge_ids", [queue, ids[k:k + step]]) for s, ids in group_by_shard(shards, job_ids).items()
+            for k in range(0, len(ids), step)]
 
 
 def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

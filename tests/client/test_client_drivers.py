@@ -224,6 +224,31 @@ def test_ack_many_reports_each_lease_and_a_resent_acks_job_gone_is_success(fake,
     assert out[0] is None and type(out[1]) is shardq.LeaseLost and type(out[2]) is shardq.JobGone
 
 
+def test_ack_many_and_purge_by_id_past_a_requests_limit_go_in_several_requests(fake, connect):
+    """A shard takes at most BATCH_JOBS_MAX pairs (or ids) a request: 25,000 leases over two
+    shards raised InvalidJob from the shard that got too many, after the other had acked its
+    part (half applied); a purge by id past it did the same. Both cut each shard's part."""
+    n = limits.BATCH_JOBS_MAX
+
+    def answer(shard, op, args):
+        if op == "ack":
+            assert len(args[0]) <= n
+            return [None] * len(args[0])
+        assert op == "purge_ids" and len(args[1]) <= n
+        return len(args[1])
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    leases = [shardq.Lease(job_id(i, 0), None, b"", Q, 1, i, 9e9) for i in range(1, 2 * n + 2)]
+    leases.append(shardq.Lease(job_id(1, 1), None, b"", Q, 1, 7, 9e9))
+    assert q.ack_many(leases) == [None] * (2 * n + 2)
+    assert sorted((s, len(a[0])) for s, _, a in f.sent("ack")) == [(0, 1), (0, n), (0, n), (1, 1)]
+    acked = [pair[0] for s, _, a in f.sent("ack") if s == 0 for pair in a[0]]
+    assert acked == [lease.job_id for lease in leases[:-1]]  # each lease once, in order
+    ids = [job_id(i, 0) for i in range(1, n + 2)] + [job_id(1, 1)]
+    assert q.purge_dead_letters(Q, ids) == n + 2
+    assert sorted((s, len(a[1])) for s, _, a in f.sent("purge_ids")) == [(0, 1), (0, n), (1, 1)]
+
+
 # ---------------------------------------------------------------------- batches at the frame limit
 def test_a_batch_of_requests_at_the_request_limit_leaves_in_frames_within_the_frame_limit(fake, connect):
     """Eight jobs that fill two requests to exactly REQUEST_BYTES_MAX, sent in one call:
