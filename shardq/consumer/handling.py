@@ -203,11 +203,10 @@ def cut_text(text: str) -> str:
 
 
 def cut_bytes(text: str, max_bytes: int) -> str:
-    """``text`` cut to ``max_bytes`` UTF-8 bytes (on a character boundary)."""
-    raw = text.encode("utf-8", "replace")
-    if len(raw) > max_bytes:
-        text = raw[:max_bytes].decode("utf-8", "ignore")
-    return text
+    """``text`` cut to ``max_bytes`` UTF-8 bytes (on a character boundary), as text the wire
+    takes: a lone surrogate (an OS error's undecodable file name) becomes ``?``, else the
+    nack or bury carrying it was refused and the job ran again when its lease ended."""
+    return text.encode("utf-8", "replace")[:max_bytes].decode("utf-8", "ignore")
 
 
 @runtime_checkable

@@ -43,7 +43,7 @@ from shardq.consumer.aioworker import AsyncWorker
 from shardq.consumer.idempotency import IdempotencyStore, MemoryStore, SqliteStore
 from support.driver_tasks import (Ctl, FlakyStore, Raw, TopRng, boom, effects, fail_as, fail_first,
                                   fail_first_after_effect, fail_job_zero, handler, hold, hold_first, log_attempt,
-                                  log_n, nothing, service_work, sigterm_first, wait_sent, chaos)
+                                  log_n, nothing, service_work, sigterm_first, undecodable, wait_sent, chaos)
 from shardq.consumer.policy import Burst
 from shardq.limits import LOG_EVERY_S_MAX
 from shardq.errors import InvalidConfig
@@ -222,6 +222,19 @@ def test_an_error_is_nacked_with_backoff_then_dead_lettered_with_its_text(driver
     assert dead.attempts == MAX_DELIVERIES and dead.error.splitlines()[0] == f"ValueError: boom {MAX_DELIVERIES}"
     driver.stop()
     assert driver.worker.stats.failed == MAX_DELIVERIES
+
+
+def test_an_error_text_the_wire_cannot_carry_is_made_text_it_can(driver):
+    """A lone surrogate in an error (an OS error's undecodable file name) made the bury's
+    text unencodable: the client refused it, and the Fail ran again when its lease ended."""
+    driver.define(undecodable)
+    job_id = driver.send()
+    driver.start()
+    wait_until(lambda: driver.q.state(job_id) == DEAD, what="dead-lettered")
+    driver.stop()
+    error = driver.q.dead[0].error
+    assert "bad file ?.csv" in error and error.encode("utf-8")
+    assert driver.q.dead[0].attempts == 1
 
 
 @pytest.mark.parametrize("op", ["ack", "nack", "bury"])

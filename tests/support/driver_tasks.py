@@ -249,6 +249,12 @@ def boom(ctx: Any, n: int, ctl: Ctl) -> None:
     raise ValueError(f"boom {ctx.attempt}")
 
 
+def undecodable(ctx: Any, n: int, ctl: Ctl) -> None:
+    """Fails for good with a text holding a lone surrogate, as an OS error's undecodable
+    file name does."""
+    raise shardq.Fail("bad file \udcff.csv")
+
+
 def fail_as(op: str, ctx: Any, n: int, ctl: Ctl) -> None:
     """``op`` is the settlement the run ends with: ack, nack (an error), bury (Fail)."""
     if op == "nack":
