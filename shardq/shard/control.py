@@ -88,8 +88,12 @@ class ControlOps(StateCore):
 
     # ------------------------------------------------------------------ pause / resume
     def pause(self, queue: str, now: float) -> bool:
-        """Stop leasing from ``queue`` (durably). True if it was not paused already."""
+        """Stop leasing from ``queue`` (durably). True if it was not paused already. A queue
+        not held yet is made by the pause's record, so it counts against QUEUES_MAX as an
+        enqueue's new queue does (QueueFull, nothing logged)."""
         self.advance(now)
+        if queue not in self.queues:
+            self._room_for_queues(1)
         q = self._existing_queue(queue)
         if q.paused is not None:
             return False

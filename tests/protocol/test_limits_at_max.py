@@ -351,6 +351,10 @@ def test_a_shard_at_queues_max_answers_stats_and_metrics_and_refuses_one_queue_m
                            now)
     with pytest.raises(shardq.QueueFull):
         state.note_priorities(name(limits.QUEUES_MAX))
+    with pytest.raises(shardq.QueueFull):  # a pause makes its queue too (it made 2,000 past the limit)
+        state.pause(name(limits.QUEUES_MAX), now)
+    assert state.pause(name(0), now)  # a queue it holds: as before
+    state.take_batch()
     assert (len(state.jobs), len(state.queues), state.take_batch()[0]) == (jobs, limits.QUEUES_MAX, [])
     assert len(state.enqueue_many([(b"y", None, name(0), 0, 0, None)], now)) == 1  # a queue it holds: as before
 
