@@ -359,7 +359,7 @@ class Calls:
                 skipped.append(shard)
                 rows = []
             items.extend(dead_letters_of(queue, rows))
-            if len(rows) < want:
+            if not rows:  # (fewer than asked may be a page cut to its reply frame: ask on)
                 shard, after = shard + 1, None
             else:
                 after = rows[-1][0]

@@ -260,14 +260,24 @@ class ControlOps(StateCore):
     # ------------------------------------------------------------------ dead letters
     def dead_page(self, queue: str, after: int | None = None, limit: int = 100) -> list[DeadLetter]:
         """Dead letters of ``queue`` with ids greater than ``after``, lowest id first (a
-        cursor that survives redrives and purges between pages). Costs a pass over the
-        queue's dead letters: meant for people paging, not for a hot loop."""
+        cursor that survives redrives and purges between pages), at most ``limit`` and as
+        many as fit in one reply frame (``limits.REPLY_BYTES_MAX``; the first always does):
+        fewer than asked says nothing of what is left, only none does. Costs a pass over
+        the queue's dead letters: meant for people paging, not for a hot loop."""
         q = self._existing_queue(queue)
         after = -1 if after is None else validate.integer("after", after)
         limit = validate.count("limit", limit, DEAD_PAGE_MAX)
         dead, errors = q.dead, self.errors
-        ids = heapq.nsmallest(limit, (j for j in dead if j > after))
-        return [DeadLetter(j, dead[j].key, dead[j].body, queue, dead[j].attempts, errors.get(j)) for j in ids]
+        out: list[DeadLetter] = []
+        reply_left = limits.REPLY_BYTES_MAX
+        for j in heapq.nsmallest(limit, (j for j in dead if j > after)):
+            job = dead[j]
+            size = validate.job_bytes(job.body, job.key, "", error=errors.get(j))
+            if out and size > reply_left:
+                break
+            reply_left -= size
+            out.append(DeadLetter(j, job.key, job.body, queue, job.attempts, errors.get(j)))
+        return out
 
     def purge_ids(self, queue: str, job_ids: Sequence[int], now: float) -> int:
         """Delete the given dead letters of ``queue``; ids that are not (any more) its dead

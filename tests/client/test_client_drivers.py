@@ -411,6 +411,28 @@ def test_dead_letters_page_walks_shard_by_shard_and_can_skip_a_shard_that_is_dow
         q.dead_letters_page(Q, cursor="7:")  # not a cursor of a 3-shard service
 
 
+def test_a_dead_letter_page_a_shard_cut_to_its_reply_frame_is_walked_on_not_skipped(fake, connect):
+    """A shard answers fewer dead letters than asked when the rest would not fit one reply
+    (big bodies): the page then asks that shard again after its last row, and moves to the
+    next shard only when one answers none. Taken as 'no more here', such a shard's other
+    letters were skipped."""
+    def answer(shard, op, args):
+        _, after, want = args
+        rows = [r for r in (dead_row(i, shard) for i in (1, 2, 3, 4)) if after is None or r[0] > after]
+        return rows[:min(want, 1 if shard == 0 else want)]  # shard 0 fits one a reply
+
+    f = fake(2, answer)
+    q = connect(f.dd.path)
+    seen, cursor = [], None
+    while True:
+        page = q.dead_letters_page(Q, limit=3, cursor=cursor)
+        seen += [d.job_id for d in page.items]
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert seen == [job_id(i, 0) for i in (1, 2, 3, 4)] + [job_id(i, 1) for i in (1, 2, 3, 4)]
+
+
 def test_set_limits_is_told_to_every_shard_and_answers_the_owners_figures(fake, connect):
     def answer(shard, op, args):
         if op == "queue_config":

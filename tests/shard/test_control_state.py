@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from shardq import limits
+from shardq.protocol import validate
 from shardq.errors import Cancelled, InvalidJob, JobGone, LeaseLost, NotFound
 from shardq.shard import ops
 from shardq.shard.control import DEAD_PAGE_MAX
@@ -375,6 +376,23 @@ def test_dead_letters_page_by_cursor_with_their_errors(shard):
     with pytest.raises(InvalidJob):
         shard.state.dead_page("default", None, DEAD_PAGE_MAX + 1)
     assert len(shard.state.dead_page("default", None, DEAD_PAGE_MAX)) == 24
+
+
+def test_a_dead_letter_page_fits_one_reply_frame(shard, monkeypatch):
+    """dead_page was cut by count only: 260 dead letters of 256 KiB (or 4 of 16 MiB) made a
+    reply past the frame limit, which the client drops with the connection, so a page, the
+    console's too, failed or skipped that shard. It now stops where the next letter would
+    not fit (the first always does), as dead_letters does."""
+    ids = sorted(_kill(shard, 6))
+    one = validate.job_bytes(b"dead 0", None, "", error="attempt 3 failed")
+    monkeypatch.setattr(limits, "REPLY_BYTES_MAX", 2 * one + 1)  # room for two a page
+    pages, after = [], None
+    while page := shard.state.dead_page("default", after, 10):
+        pages.append([d.job_id for d in page])
+        after = page[-1].job_id
+    assert pages == [ids[0:2], ids[2:4], ids[4:6]]
+    monkeypatch.setattr(limits, "REPLY_BYTES_MAX", 1)  # not even one fits: the first still comes
+    assert [d.job_id for d in shard.state.dead_page("default", None, 10)] == ids[:1]
 
 
 def test_purge_selected_dead_letters_is_idempotent(shard):
