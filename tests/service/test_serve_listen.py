@@ -128,8 +128,8 @@ def test_http_listen_moves_the_listener_over_the_environment_and_the_config(base
         with open(os.path.join(base, "shardq.toml"), "a") as f:
             f.write("\n[queues.fresh]\n")
         os.kill(proc.pid, signal.SIGHUP)
-        wait_until(lambda: os.path.exists(os.path.join(base, "data", "run", "config.json")), 20, 0.02,
-                   "the reload")
+        config = os.path.join(base, "data", "run", "config.json")  # (written at start too: the new queue tells)
+        wait_until(lambda: "fresh" in json.load(open(config))["queues"], 20, 0.02, "the reload")
     finally:
         rc, err = stop(proc)
     assert rc == 0, err
