@@ -103,13 +103,16 @@ def read_listed(path: str, size: int) -> bytes:
 
 
 def write_private(path: str, data: bytes) -> None:
-    """A new file readable by its owner only (a copy holds job bodies and the key), fsynced."""
+    """A new file readable by its owner only (a copy holds job bodies and the key), fsynced.
+    An OSError names ``path`` (a failed ``write`` or ``fsync`` names no file by itself)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
+    except OSError as e:
+        raise naming(e, path) from e
     finally:
         os.close(fd)
 
@@ -118,5 +121,12 @@ def sync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as e:
+        raise naming(e, path) from e
     finally:
         os.close(fd)
+
+
+def naming(e: OSError, path: str) -> OSError:
+    """``e``, or, when it names no file, the same error (class and errno) naming ``path``."""
+    return e if e.filename is not None else OSError(e.errno, e.strerror, path)

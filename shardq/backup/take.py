@@ -94,14 +94,27 @@ def backup(data_dir: str, dest: str, clock: Clock | None = None) -> Manifest:
         write_private(tmp, manifest.encode())
         os.rename(tmp, os.path.join(dest, MANIFEST))
         sync_dir(dest)
-    except BaseException:
+    except BaseException as e:
         # It was empty or new: a retry finds it so, and nothing half-made looks like a backup.
         if created:
             shutil.rmtree(dest, ignore_errors=True)
         else:
             _empty(dest)
+        if isinstance(e, OSError) and _inside(e.filename, dest):
+            raise _writing_failed(e, dest, created) from e
         raise
     return manifest
+
+
+def _inside(path: object, dest: str) -> bool:
+    return isinstance(path, str) and (path == dest or path.startswith(dest + os.sep))
+
+
+def _writing_failed(e: OSError, dest: str, created: bool) -> OSError:
+    """A write into ``dest`` that failed (a full disk: ENOSPC), as the same error (class and
+    errno) that names the file and ``dest``, and says what became of ``dest``."""
+    return OSError(e.errno, f"{e.strerror}: {e.filename}: the backup into {dest} stopped and "
+                            + (f"removed {dest}, which it had made" if created else "left it empty, as it was"))
 
 
 def _prepare(dest: str) -> bool:

@@ -44,7 +44,7 @@ def run_backup(args: argparse.Namespace, clock: Clock | None = None) -> int:
     from ..backup.take import backup
     clock = clock or SystemClock()
     t0 = clock.monotonic()
-    m = backup(common.target(args), args.dest, clock)
+    m = backup(common.service_dir(args), args.dest, clock)
     seconds = clock.monotonic() - t0
     dest = os.path.abspath(args.dest)
     for c in m.cuts:

@@ -68,6 +68,30 @@ def target(args: argparse.Namespace) -> str:
     return args.data_dir or load_config(args.config).service.data_dir
 
 
+def service_dir(args: argparse.Namespace) -> str:
+    """:func:`target`, for a command that uses a service's data dir (not ``serve``, which
+    makes one, nor ``restore``, which writes one): NotADataDir (exit 5) naming the path when
+    it is a file, or below one, rather than an OSError from deep inside the command. A missing
+    directory is left to the command (``NotADataDir: ... no shardq.json``, as before); a
+    backend's URL (``sqs://``) passes."""
+    from ..backends import for_target
+    from ..errors import NotADataDir
+    path = target(args)
+    if for_target(path) is not None or os.path.isdir(path):
+        return path
+    where = "--data-dir" if args.data_dir else "the config's service.data_dir"
+    if os.path.lexists(path):
+        raise NotADataDir(f"{os.path.abspath(path)} is not a shardq data dir: it is a file, not a directory "
+                          f"({where} names the directory shardq serve runs on)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise NotADataDir(f"{os.path.abspath(path)} is not a shardq data dir: {parent} is a file, not a "
+                          f"directory ({where} names the directory shardq serve runs on)")
+    return path
+
+
 def check_dir_arg(path: str, flag: str, *, create: bool) -> None:
     """A directory the command line names, checked at its edge: UsageError (exit 2) naming
     ``flag`` and ``path`` when it is something else than a directory, or (``create``) when it
@@ -109,7 +133,7 @@ def connect(args: argparse.Namespace, **router_options: Any) -> Any:
     """A client of the service the command line names (a Queue; typed Any, since commands
     use it as a context manager and reach the router's own calls through :func:`control_call`)."""
     import shardq
-    return shardq.connect(target(args), **router_options)
+    return shardq.connect(service_dir(args), **router_options)
 
 
 def number(text: str) -> float:

@@ -3,7 +3,9 @@
 ``list`` without ``--queue`` lists every queue that holds dead letters, so a letter in a
 queue the operator did not think of is not missed; ``redrive`` and ``purge`` change one
 queue only (``--queue``, default ``default``), and say where dead letters wait when that
-one held none.
+one held none. A ``--queue`` the service does not hold and its config does not declare is
+refused, ``UnknownQueue`` naming the queues that exist (exit 2), as ``shardq queue`` refuses
+it: a typo must not read as "no dead letters" (the SQS backend refuses it by itself).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cursor is not None and args.queue is None:
         raise UsageError("--cursor needs --queue: a cursor continues the pages of one queue")
     with common.connect(args) as q:
+        if args.queue is not None:
+            _check_exists(q, args.queue)
         if args.action == "list":
             if args.queue is not None:
                 _list(q, args.queue, args, more_flags="")
@@ -65,6 +69,16 @@ def dead_counts(q: Any) -> dict[str, int]:
     SQS, like its stats)."""
     return {name: int(c["dead"]) for name, c in q.stats()["queues"].items()
             if isinstance(c.get("dead"), int) and c["dead"] > 0}
+
+
+def _check_exists(q: Any, queue: str) -> None:
+    """UnknownQueue naming the queues that exist, unless the local shards hold ``queue`` or
+    their config declares it (client/queue_names.py); other backends refuse a queue they
+    lack by themselves (SQS: its queues do not exist)."""
+    from ..client.contracts import Control
+    from ..client.queue_names import check_exists
+    if isinstance(q, Control):
+        check_exists(q, queue)
 
 
 def _list(q: Any, queue: str, args: argparse.Namespace, more_flags: str) -> None:

@@ -27,6 +27,7 @@ from ..errors import InvalidConfig
 from . import common
 
 if TYPE_CHECKING:
+    from ..service.http_server import HttpService
     from ..sqs_api.processes import SqsProcesses
     from ..sqs_api.server import SqsService
 
@@ -106,10 +107,8 @@ def run(args: argparse.Namespace) -> int:
             http.stop()
         sup.stop()
         raise
-    # The console's URL with its login (the token, as Jupyter prints it), so opening it stays
-    # one step; on stderr of the user who started the service, never in the shards' logs.
     print(f"shardq serving {sup.dd.path} with {len(sup.handles)} shards; sockets in {sup.dd.run_dir}"
-          + (f"; metrics at {http.url}metrics; console at {http.login_url}" if http else "")
+          + (f"; metrics at {http.url}metrics; console at {_console_at(http)}" if http else "")
           + (f"; SQS API at {sqs.url}" if sqs else ""),
           file=sys.stderr, flush=True)
     sup.announce_ready()
@@ -120,6 +119,19 @@ def run(args: argparse.Namespace) -> int:
             sqs.stop()
         if http is not None:
             http.stop()
+
+
+def _console_at(http: HttpService) -> str:
+    """The console for serve's startup line: the URL with its login (the token, as Jupyter
+    prints it) when serve made the token, so opening it stays one step; on stderr of the
+    user who started the service, never in the shards' logs. A token serve was given (its
+    config's, its environment's) is not copied there: a journal keeps the line on disk, for
+    readers that /etc/shardq/env or the config keep out. The line says where the token is."""
+    from ..service.http_server import TOKEN_ENV, TOKEN_FROM_CONFIG, TOKEN_FROM_ENV
+    given = {TOKEN_FROM_ENV: f"{TOKEN_ENV} of serve's environment", TOKEN_FROM_CONFIG: "http.token of serve's config"}
+    if http.token_from in given:
+        return f"{http.url} (log in with {given[http.token_from]}; `shardq console` prints the URL that does)"
+    return http.login_url
 
 
 def _reread(path: str | None, listen: str | None) -> Config:

@@ -28,7 +28,7 @@ def _shard_dirs(path: str) -> list[str]:
     from ..datadir import META, DataDir
     from ..wal.format import parse_name
     if not os.path.isdir(path):
-        raise UsageError(f"{path}: no such directory")
+        raise UsageError(f"{path}: {'not a directory' if os.path.lexists(path) else 'no such directory'}")
     if os.path.exists(os.path.join(path, META)):
         dd = DataDir(path)
         return [dd.shard_dir(i) for i in range(dd.shards())]
@@ -40,7 +40,7 @@ def _shard_dirs(path: str) -> list[str]:
 def check(args: argparse.Namespace) -> int:
     from ..wal import repair as wal_repair
     bad = 0
-    for d in _shard_dirs(args.path or common.target(args)):
+    for d in _shard_dirs(args.path or common.service_dir(args)):
         if not os.path.isdir(d):
             print(f"{'missing':<8}{d}")
             continue

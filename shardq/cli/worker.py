@@ -125,7 +125,7 @@ def _work(args: argparse.Namespace, connect: Callable[..., Any] | None, task_mod
           handler: Any) -> int:
     from ..consumer.options import WorkerOptions
     from ..consumer.worker import Worker
-    target = common.target(args)
+    target = common.service_dir(args)
     if connect is None:
         import shardq
         connect = shardq.connect

@@ -50,7 +50,7 @@ import re
 import socket
 from http import HTTPStatus
 from importlib import resources
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -78,6 +78,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardq.http")
 
 TOKEN_ENV = "SHARDQ_HTTP_TOKEN"
+# Where the token comes from, as the address file records it (``token_from``; never the token):
+TOKEN_FROM_CONFIG = "config"     # [http] token of serve's config
+TOKEN_FROM_ENV = "env"           # SHARDQ_HTTP_TOKEN in serve's environment
+TOKEN_FROM_FILE = "file"         # <data dir>/http-token, made by serve
 LISTEN_ENV = "SHARDQ_HTTP_LISTEN"  # serve's listen address over [http] listen ("": off); --http-listen over both
 LISTEN_FLAG = "--http-listen"
 SCRAPE_TIMEOUT_S = 2.0           # a scrape waits at most this long for the shards
@@ -111,13 +115,27 @@ _ERROR_STATUS = ((NotFound, HTTPStatus.NOT_FOUND), (InvalidJob, HTTPStatus.BAD_R
 _TOKEN_IN_URL = re.compile(r"(token=)[^&\s]*")
 
 
+def token_from(cfg: HttpConfig, env: Mapping[str, str] = os.environ) -> str | None:
+    """Where :func:`resolve_token` takes the token from: :data:`TOKEN_FROM_CONFIG`,
+    :data:`TOKEN_FROM_ENV` or :data:`TOKEN_FROM_FILE`; None for ``auth = "none"``. The address
+    file records it (never the token), so that ``shardq console`` knows where to look."""
+    if cfg.auth == "none":
+        return None
+    return TOKEN_FROM_CONFIG if cfg.token else TOKEN_FROM_ENV if env.get(TOKEN_ENV) else TOKEN_FROM_FILE
+
+
 def resolve_token(cfg: HttpConfig, data_dir: str | None = None) -> str | None:
     """The token: the config's, else ``SHARDQ_HTTP_TOKEN``, else the one kept in
     ``<data_dir>/http-token`` (made there at first start); None only for ``auth = "none"``,
     or when there is none yet and no ``data_dir`` (``shardq serve`` calls this without one to
     refuse a bad setting before it starts any shard). InvalidConfig for a short token, for
     ``auth = "none"`` with a token or off loopback, and for a listener off loopback without a
-    configured token (its users must be given it; a file on the server is no way to)."""
+    configured token (its users must be given it; a file on the server is no way to).
+
+    With ``data_dir`` and a configured token (config or environment), a ``http-token`` file
+    an earlier start made is removed: it is not the token now, and whoever read it (``shardq
+    console``, a Prometheus ``credentials_file``) would fail to log in with it. The
+    configured token is never written anywhere."""
     env = os.environ.get(TOKEN_ENV, "")
     host, _ = split_listen(cfg.listen)
     if cfg.auth == "none":
@@ -136,7 +154,24 @@ def resolve_token(cfg: HttpConfig, data_dir: str | None = None) -> str | None:
                             f"or {TOKEN_ENV} (anyone who can reach it could pause queues and cancel jobs)")
     if not token and data_dir is not None:
         token = DataDir(data_dir).http_token(create=True)
+    elif token and data_dir is not None:
+        _remove_made_token(DataDir(data_dir), token_from(cfg))
     return token or None
+
+
+def _remove_made_token(dd: DataDir, source: str | None) -> None:
+    """Remove the ``http-token`` file a start without a configured token made (see
+    :func:`resolve_token`). One that cannot be removed is left, with a warning: ``shardq
+    console`` goes by the address file's ``token_from`` and does not read it."""
+    try:
+        os.unlink(dd.http_token_path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("event=http-token-stale path=%s token_from=%s error=%s: not serve's token; delete it",
+                    dd.http_token_path, source, e.strerror)
+        return
+    log.info("event=http-token-removed path=%s token_from=%s", dd.http_token_path, source)
 
 
 def bind_listen(listen: str) -> socket.socket:
@@ -179,6 +214,8 @@ class HttpService:
                  token: str | None = None, scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
         host, port = split_listen(cfg.listen)
         self.token = token if token is not None else resolve_token(cfg, data_dir)
+        # None for a token the caller gave (not serve's): shardq console then looks everywhere
+        self.token_from = token_from(cfg) if token is None else None
         if self.token is None and (cfg.auth != "none" or not is_loopback(host)):
             raise InvalidConfig(f"http.listen {cfg.listen!r}: a token is required (auth = \"none\" is "
                                 f"the only way without one, and on loopback only)")
@@ -219,7 +256,8 @@ class HttpService:
             raise
         if run_dir:
             self._address_file = publish_address(run_dir, ADDRESS_FILE, {
-                "url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid()})
+                "url": self.url, "auth": "token" if self.token else "open", "pid": os.getpid(),
+                **({"token_from": self.token_from} if self.token and self.token_from else {})})
         log.info("event=http-listening url=%s auth=%s", self.url, "token" if self.token else "open-loopback")
         return self
 

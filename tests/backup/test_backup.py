@@ -373,3 +373,41 @@ def test_the_manifest_times_come_from_the_callers_clock(tmp):
     with open(os.path.join(tmp, "backup", "manifest.json")) as f:
         written = json.load(f)["manifest"]
     assert (written["started"], written["finished"]) == (1234.5, 1234.5)
+
+
+@pytest.mark.parametrize("dest_exists", [False, True], ids=["new-dest", "empty-dest"])
+def test_a_backup_out_of_space_names_the_file_and_dest_and_leaves_dest_as_it_was(tmp, monkeypatch, capsys,
+                                                                                 dest_exists):
+    """It said only ``OSError: [Errno 28] No space left on device``. The disk is full for
+    what the backup writes into DEST only (os.write of a descriptor open there fails with
+    ENOSPC); the data dir, the shards and the sockets write as ever."""
+    import errno
+
+    from shardq.cli.main import main as shardq_main
+    dest = os.path.join(tmp, "backup")
+    if dest_exists:
+        os.mkdir(dest, 0o700)
+    real_write = os.write
+    refused: list[str] = []
+
+    def full_in_dest(fd, data):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(dest + os.sep):
+            refused.append(path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    with Service(data_dir=os.path.join(tmp, "data"), shards=2, config=CONFIG) as svc:
+        with svc.connect() as q:
+            q.enqueue_many([{"body": b"x" * 100, "queue": "keep"} for _ in range(50)])
+        capsys.readouterr()
+        monkeypatch.setattr(os, "write", full_in_dest)
+        rc = shardq_main(["backup", dest, "--data-dir", svc.data_dir])
+        monkeypatch.undo()
+    err = capsys.readouterr().err
+    [line] = [l for l in err.splitlines() if l.startswith("error:")]
+    assert rc == 1 and refused, err
+    assert line.startswith(f"error: OSError: [Errno 28] No space left on device: {refused[0]}: "), line
+    assert f"the backup into {dest} stopped" in line, line
+    assert ("left it empty, as it was" if dest_exists else f"removed {dest}, which it had made") in line, line
+    assert (os.listdir(dest) == []) if dest_exists else not os.path.exists(dest)

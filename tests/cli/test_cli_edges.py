@@ -174,3 +174,35 @@ def test_a_run_time_burst_without_a_rate_is_refused_as_the_config_refuses_it(cap
                    "(burst is the tokens of the rate's bucket)")
     assert "runtime_override" not in svc.q.queue_config("lim") | svc.q.stats()["queues"].get("lim", {}).get(
         "limits", {})
+
+
+# ---------------------------------------------------------------------------- a data dir that is a file
+@pytest.mark.parametrize("below", [False, True], ids=["a-file", "below-a-file"])
+def test_every_command_on_a_data_dir_that_is_a_file_says_not_a_data_dir_exit_5(capsys, tmp_path, below):
+    """``shardq stats --data-dir README.md`` printed ``NotADirectoryError``, exit 1."""
+    (tmp_path / "README.md").write_text("# not a data dir\n")
+    path = str(tmp_path / "README.md" / "below" if below else tmp_path / "README.md")
+    for args in (("stats",), ("dead-letters", "list"), ("dead-letters", "redrive"), ("queue", "pause", "q"),
+                 ("job", "1"), ("enqueue", "x"), ("dequeue",), ("ack", "1", "2"), ("workflow", "show", "w"),
+                 ("backup", str(tmp_path / "b")), ("console",), ("wal", "check"), ("worker", "json:loads")):
+        rc, out, err = shardq(capsys, *args, "--data-dir", path)
+        assert (rc, out) == (5, ""), (args, rc, out, err)
+        assert err.startswith(f"error: NotADataDir: {path} is not a shardq data dir: ") and "\n" not in err, err
+        assert "a file, not a directory" in err and "--data-dir" in err, err
+    assert not os.path.exists(tmp_path / "b")
+
+
+# ---------------------------------------------------------------------------- dead letters of a queue
+def test_dead_letters_of_a_queue_the_service_lacks_are_refused_naming_those_that_exist(capsys, svc):
+    """``dead-letters list|redrive --queue nosuch`` exited 0 saying nothing, where ``queue
+    pause|resume|purge|limit`` refuse the name."""
+    for action in ("list", "redrive", "purge"):
+        rc, out, err = shardq(capsys, "dead-letters", action, "--queue", "nosuchqueue", svc=svc)
+        assert (rc, out) == (2, ""), (action, err)
+        assert err.startswith("error: UnknownQueue: no queue 'nosuchqueue'") and "held" in err, err
+    assert "nosuchqueue" not in svc.q.stats()["queues"]
+    # a queue that exists and holds no dead letters: as before (it holds a job; 'lim' is declared)
+    for queue in ("held", "lim"):
+        assert shardq(capsys, "dead-letters", "list", "--queue", queue, svc=svc)[:2] == (0, "")
+        assert shardq(capsys, "dead-letters", "redrive", "--queue", queue, svc=svc)[:2] == (0, "redriven: 0\n")
+        assert shardq(capsys, "dead-letters", "purge", "--queue", queue, svc=svc)[:2] == (0, "purged: 0\n")

@@ -131,3 +131,88 @@ def test_auth_none_is_loopback_only_and_opens_everything_to_local_users():
 def test_console_without_a_running_service_says_so():
     r = cli("console", "--data-dir", os.path.join(short_tmpdir(), "nothing"))
     assert r.returncode != 0 and re.search(r"no console is listening", r.stderr), r.stderr
+
+
+# ---------------------------------------------------------------------------- where serve's token is
+def files_under(path: str) -> dict[str, bytes]:
+    """Every regular file below ``path`` (sockets and the like skipped), by path."""
+    found = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            p = os.path.join(root, name)
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                with open(p, "rb") as f:
+                    found[p] = f.read()
+    return found
+
+
+def console_with(data_dir: str, token: str | None = None, *args: str) -> subprocess.CompletedProcess:
+    """``shardq console`` from a shell that has ``token`` as SHARDQ_HTTP_TOKEN (None: none)."""
+    env = dict(ENV, **({"SHARDQ_HTTP_TOKEN": token} if token is not None else {}))
+    return subprocess.run([sys.executable, "-m", "shardq.cli", "console", "--data-dir", data_dir, *args],
+                          capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+                          cwd=os.path.dirname(data_dir))  # no config/shardq.toml of the repo
+
+
+def test_console_of_a_serve_whose_token_is_in_its_environment_says_to_set_it_never_a_stale_url(monkeypatch):
+    """The user's case: SHARDQ_HTTP_TOKEN in serve's environment (/etc/shardq/env), `shardq
+    console` from a shell without it. It printed the token of an http-token file left by an
+    earlier start (login failed), or, with no such file, said to start serve, which ran."""
+    given = "g" * 40
+    s = Service(shards=1, config=CONFIG)
+    token_file = os.path.join(s.data_dir, "http-token")
+    monkeypatch.setenv("SHARDQ_HTTP_TOKEN", given)
+    with s:  # a data dir whose serve never made a token file
+        r = console_with(s.data_dir)
+        assert r.returncode == 2, r.stderr
+        [line] = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert line.startswith("error: UsageError: ") and "SHARDQ_HTTP_TOKEN" in line, line
+        assert "its environment" in line and "start `shardq serve`" not in line, line
+        # an earlier start without the variable made a token file; this start's token is another
+        s.stop()
+        monkeypatch.delenv("SHARDQ_HTTP_TOKEN")
+        s.start()
+        with open(token_file) as f:
+            stale = f.read().strip()
+        s.stop()
+        monkeypatch.setenv("SHARDQ_HTTP_TOKEN", given)
+        s.start()
+        url = s.http_url()
+        assert not os.path.exists(token_file)  # not left to be taken for serve's token
+        # the secret it was given is written nowhere: not in the data dir (run/http.json
+        # included), not in serve's log (a journal keeps it on disk), whose line says where it is
+        assert not [p for p, data in files_under(s.data_dir).items() if given.encode() in data]
+        assert given not in s.tail(1000) and f"console at {url} (log in with SHARDQ_HTTP_TOKEN" in s.tail()
+        r = console_with(s.data_dir)
+        assert r.returncode == 2 and "SHARDQ_HTTP_TOKEN" in r.stderr and stale not in r.stderr + r.stdout, r
+        r = console_with(s.data_dir, given)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"{url}login?token={given}"
+        assert api(url, "/api/overview", headers=logged_in(r.stdout.strip()))[0] == 200
+
+
+def test_console_prints_the_token_serve_made_even_from_a_shell_with_another_in_its_environment():
+    with Service(shards=1, config=CONFIG) as s:
+        url = s.http_url()
+        with open(os.path.join(s.data_dir, "http-token")) as f:
+            made = f.read().strip()
+        r = console_with(s.data_dir, "leftover-token-of-another-service")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"{url}login?token={made}"
+
+
+def test_console_of_a_serve_whose_token_is_in_its_config_wants_that_config():
+    configured = "c" * 32
+    s = Service(shards=1, config=CONFIG)
+    with s:
+        s.stop()  # an earlier start made a token file
+        assert os.path.exists(os.path.join(s.data_dir, "http-token"))
+        s.config = dict(CONFIG, http={"listen": "127.0.0.1:0", "token": configured})
+        s.start()
+        url = s.http_url()
+        assert not os.path.exists(os.path.join(s.data_dir, "http-token"))
+        assert configured not in s.tail(1000) and f"console at {url} (log in with http.token" in s.tail()
+        r = console_with(s.data_dir)  # no --config: this shell's command does not know the token
+        assert r.returncode == 2 and "http.token" in r.stderr and "--config" in r.stderr, r.stderr
+        r = console_with(s.data_dir, None, "--config", s.data_dir.rstrip("/") + ".toml")
+        assert (r.returncode, r.stdout.strip()) == (0, f"{url}login?token={configured}"), r.stderr
