@@ -425,6 +425,10 @@ def parse(raw: dict[str, Any]) -> Config:
     if not isinstance(raw_schedules, dict):
         raise InvalidConfig(f"schedules: expected a table, got {raw_schedules!r}")
     schedules = {name: _schedule(name, sc) for name, sc in raw_schedules.items()}
+    for name, sc in schedules.items():  # else every tick fails with UnknownQueue, forever
+        if service.declare_queues and sc.queue not in queues:
+            raise InvalidConfig(f"schedules.{name}.queue: queue {sc.queue!r} is not declared "
+                                f"(service.declare_queues = true): add [queues.{sc.queue}]")
     http = _section("http", raw.get("http", {}), HttpConfig(), {},
                     {"listen": _listen, "token": _token, "auth": _http_auth, "metrics_public": _boolean})
     _check_http(http)

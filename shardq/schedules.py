@@ -1,10 +1,24 @@
 """Periodic jobs: when each schedule's ticks fall, and which tick to fire now. Pure: no I/O,
 no clock (every function takes ``now``), so tests drive it with any time they like.
 
-A schedule ticks on a cron expression (5 fields, evaluated in its ``timezone``, with
-daylight-saving changes handled by ``croniter``) or every ``every_s`` seconds (ticks at the
-multiples of ``every_s`` since the epoch, so every process agrees on them). Each tick is
-enqueued with ``dedup_id = "<name>:<tick time, UTC ISO 8601>"``: a restart, a second
+A schedule ticks on a cron expression (5 fields, read on the wall clock of its
+``timezone``) or every ``every_s`` seconds (ticks at the multiples of ``every_s`` since the
+epoch, so every process agrees on them). ``croniter`` only finds the wall-clock times that
+match; which instants they are is decided here, as cronie (Vixie cron) decides it when the
+clocks change (its cron(8), "Daylight Saving Time and other time changes"; ``find_jobs`` in
+its cron.c). A *fixed-time* expression, whose minute and hour fields both start with
+something else than ``*`` (``30 2 * * *``, ``0 9,17 * * 1-5``), fires once for each
+matching wall-clock time, whatever the clocks do:
+
+* a wall-clock time that happens twice (the clocks go back) fires at its first pass only;
+* a wall-clock time that does not happen (the clocks go forward) fires at the change, the
+  first instant after the skipped interval (several such times are one tick).
+
+Any other expression (``*/15 * * * *``, ``0 * * * *``, ``0 */2 * * *``) fires at every
+matching wall-clock time that happens: at both passes of a repeated hour, not at all in a
+skipped one.
+
+Each tick is enqueued with ``dedup_id = "<name>:<tick time, UTC ISO 8601>"``: a restart, a second
 supervisor or a clock step that fires the same tick again within the queue's
 ``dedup_window`` adds nothing.
 
@@ -87,15 +101,18 @@ class Schedule:
         """The first tick strictly after ``t`` (epoch seconds)."""
         if self.every_s is not None:
             return (math.floor(t / self.every_s) + 1) * self.every_s
-        start = dt.datetime.fromtimestamp(math.floor(t), ZoneInfo(self.timezone))
-        return float(_croniter()(self.cron, start).get_next(float))
+        return _next_tick(self._cron(), ZoneInfo(self.timezone), math.floor(t))
 
     def last_at_or_before(self, t: float) -> float:
         """The latest tick at or before ``t``."""
         if self.every_s is not None:
             return math.floor(t / self.every_s) * self.every_s
-        start = dt.datetime.fromtimestamp(math.floor(t) + 1, ZoneInfo(self.timezone))
-        return float(_croniter()(self.cron, start).get_prev(float))
+        return _last_tick(self._cron(), ZoneInfo(self.timezone), math.floor(t))
+
+    def _cron(self) -> str:
+        if self.cron is None:  # a Schedule built without create()
+            raise InvalidConfig(f"schedule {self.name!r}: give exactly one of cron and every_s")
+        return self.cron
 
     def dedup_id(self, tick: float) -> str:
         return f"{self.name}:{iso(tick)}"
@@ -104,6 +121,83 @@ class Schedule:
         if self.cron is not None:
             return f"cron {self.cron!r} ({self.timezone})"
         return f"every {self.every_s:g} s"
+
+
+DAY_S = 86400
+
+
+def fixed_time(cron: str) -> bool:
+    """cronie's fixed-time job (no MIN_STAR or HR_STAR flag in its entry.c): neither the
+    minute nor the hour field starts with ``*``. See the module's docstring."""
+    minute, hour = cron.split()[:2]
+    return not minute.startswith("*") and not hour.startswith("*")
+
+
+def _next_tick(cron: str, tz: ZoneInfo, now: int) -> float:
+    """The first instant after ``now`` at which a wall time matching ``cron`` fires."""
+    fixed = fixed_time(cron)
+    # In the first pass of a repeated hour, a wall time before now's fires again after now
+    # (its second pass): start that much earlier (by the offset's fall in the next day).
+    back_s = max(_offset_s(now, tz) - _offset_s(now + DAY_S, tz), 0)
+    walls = _croniter()(cron, _wall(now, tz) - dt.timedelta(seconds=back_s))
+    best = math.inf
+    while True:
+        at = _instants(walls.get_next(dt.datetime), tz, fixed)
+        best = min([best, *(x for x in at if x > now)])
+        if at and at[0] > now:  # every later wall time fires at or after at[0]
+            return best
+
+
+def _last_tick(cron: str, tz: ZoneInfo, now: int) -> float:
+    """The last instant at or before ``now`` at which a wall time matching ``cron`` fires."""
+    fixed = fixed_time(cron)
+    # In the second pass of a repeated hour, a wall time after now's fired in the first
+    # pass: start that much later (by the offset's fall in the last day).
+    ahead_s = max(_offset_s(now - DAY_S, tz) - _offset_s(now, tz), 0)
+    walls = _croniter()(cron, _wall(now, tz) + dt.timedelta(seconds=ahead_s + 1))
+    best = -math.inf
+    while True:
+        at = _instants(walls.get_prev(dt.datetime), tz, fixed)
+        best = max([best, *(x for x in at if x <= now)])
+        if at and at[-1] <= now:  # every earlier wall time fires at or before at[-1]
+            return best
+
+
+def _instants(wall: dt.datetime, tz: ZoneInfo, fixed: bool) -> list[float]:
+    """When the local (naive) time ``wall`` fires, in order: once; in a repeated hour at both
+    passes, or at the first only if ``fixed``; in a skipped hour never, or at the change if
+    ``fixed``. (zoneinfo reads a skipped time with the offset before the change at fold=0,
+    with the one after at fold=1; a repeated one at its first pass at fold=0.)"""
+    first = wall.replace(tzinfo=tz, fold=0).timestamp()
+    second = wall.replace(tzinfo=tz, fold=1).timestamp()
+    if first == second:
+        return [first]
+    if first < second:
+        return [first] if fixed else [first, second]
+    return [float(_change(math.floor(second), math.ceil(first), tz))] if fixed else []
+
+
+def _change(before: int, after: int, tz: ZoneInfo) -> int:
+    """The instant in ``(before, after]`` at which ``tz`` leaves the offset it has at
+    ``before`` (the tz database changes offsets on whole seconds)."""
+    old = _offset_s(before, tz)
+    while after - before > 1:
+        mid = (before + after) // 2
+        if _offset_s(mid, tz) == old:
+            before = mid
+        else:
+            after = mid
+    return after
+
+
+def _offset_s(t: int, tz: ZoneInfo) -> float:
+    offset = dt.datetime.fromtimestamp(t, tz).utcoffset()
+    return offset.total_seconds() if offset is not None else 0.0
+
+
+def _wall(t: int, tz: ZoneInfo) -> dt.datetime:
+    """The local time of ``t``, naive (croniter then does calendar arithmetic on it alone)."""
+    return dt.datetime.fromtimestamp(t, tz).replace(tzinfo=None, fold=0)
 
 
 def plan(schedule: Schedule, last: float | None, now: float, started_at: float) -> tuple[float | None, float]:

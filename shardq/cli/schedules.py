@@ -1,7 +1,9 @@
 """``shardq schedules``: the periodic jobs the supervisor fires, with their next fire times.
 
 Reads the config (``[schedules.*]`` and ``service.schedule_modules``) and, when the data dir
-has one, the scheduler's record of the last tick fired. It needs no running service.
+has one, the scheduler's record of the last tick fired. It needs no running service. A value
+that is not there (a schedule's key; ``last`` of a schedule never fired) prints as ``-`` in
+the table and as null in ``--json``.
 """
 from __future__ import annotations
 
@@ -23,15 +25,16 @@ def run(args: argparse.Namespace) -> int:
     from ..schedules import iso, local_iso
     cfg = common.load_config(args.config)
     schedules = collect_schedules(cfg)
-    last = load_state(state_path(args.data_dir or cfg.service.data_dir))
+    state = load_state(state_path(args.data_dir or cfg.service.data_dir))
     now = SystemClock().now()
     rows = []
     for s in sorted(schedules, key=lambda s: s.name):
-        nxt = s.next_after(max(now, last.get(s.name, now)))
+        nxt = s.next_after(max(now, state.last.get(s.name, now)))
+        fired = state.fired.get(s.name)  # (state.last is no fire: a start, a skipped tick)
         rows.append({"name": s.name, "when": s.describe(), "queue": s.queue, "key": s.key,
                      "runs": f"task {s.task}" if s.task else f"body {s.body[:40]!r}",
                      "next": local_iso(nxt, s.timezone), "next_utc": iso(nxt),
-                     "last": iso(last[s.name]) if s.name in last else None,
+                     "last": iso(fired) if fired is not None else None,
                      "catch_up": s.catch_up})
     if args.json:
         common.print_json(rows)

@@ -3,8 +3,9 @@ the pure :mod:`.schedules`).
 
 Each tick is enqueued through a :class:`~shardq.client.queue.Queue` with the tick's
 ``dedup_id``, *then* recorded as the schedule's last tick in ``<data dir>/schedules.json``
-(temp file, fsync, rename, fsync of the directory). So a tick is fired at least once, and
-a second firing is a no-op at the queue: after a crash between the enqueue and the record,
+(temp file, fsync, rename, fsync of the directory; :class:`State` says what it holds). So a
+tick is fired at least once, and a second firing is a no-op at the queue: after a crash
+between the enqueue and the record,
 the restarted scheduler fires the same tick with the same dedup id. (Only if that restart
 comes later than the queue's ``dedup_window`` can such a tick be enqueued twice.) The
 supervisor's lock on the data dir makes it the only scheduler of that data dir.
@@ -18,10 +19,10 @@ import json
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..clock import Clock, SystemClock
-from ..errors import ShardqError
+from ..errors import InvalidConfig, ShardqError
 from ..schedules import Schedule, from_config, iso, plan
 from ..types import JobId
 from ..tasks.body import encode
@@ -39,14 +40,16 @@ STATE_FORMAT = 1
 
 def collect_schedules(config: Config) -> list[Schedule]:
     """The config's ``[schedules.*]`` and the ``@app.periodic`` schedules of the modules in
-    ``service.schedule_modules`` (imported with the current directory on sys.path)."""
+    ``service.schedule_modules`` (imported with the current directory on sys.path).
+    InvalidConfig if two of them share a name, or if an ``@app.periodic`` one names a queue
+    that ``service.declare_queues = true`` does not have (the config's own schedules are
+    checked when the config is parsed: :func:`shardq.config.parse`)."""
     import sys
     out = [from_config(name, sc, task_body=lambda task: encode(task, (), {}))
            for name, sc in config.schedules.items()]
     modules = list(config.service.schedule_modules)
     if modules:
         from ..tasks.dispatch import load_apps
-        from ..errors import InvalidConfig
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
@@ -54,7 +57,20 @@ def collect_schedules(config: Config) -> list[Schedule]:
         except ImportError as exc:
             raise InvalidConfig(f"service.schedule_modules: cannot import: {exc}") from None
         for app in apps:
+            for s in app.schedules:
+                if config.queue(s.queue) is None:
+                    raise InvalidConfig(f"service.schedule_modules: the @app.periodic schedule {s.name!r} "
+                                        f"sends to queue {s.queue!r}, which is not declared "
+                                        f"(service.declare_queues = true): add [queues.{s.queue}]")
             out.extend(app.schedules)
+    seen: set[str] = set()
+    for s in out:
+        if s.name in seen:
+            where = (f"[schedules.{s.name}] and an @app.periodic schedule" if s.name in config.schedules
+                     else "two @app.periodic schedules")
+            raise InvalidConfig(f"service.schedule_modules: two schedules are named {s.name!r} ({where}): "
+                                "rename one (@app.periodic(name=...))")
+        seen.add(s.name)
     return out
 
 
@@ -62,26 +78,40 @@ def state_path(data_dir: str) -> str:
     return os.path.join(data_dir, STATE_FILE)
 
 
-def load_state(path: str) -> dict[str, float]:
-    """Schedule name -> last tick fired. Missing file: {}; an unreadable one is logged and
-    treated as missing (the dedup ids still stop a repeated tick)."""
+class State(NamedTuple):
+    """What ``schedules.json`` keeps, per schedule name.
+
+    ``last``: every tick up to this one is settled, fired or skipped (``catch_up = false``);
+    for a schedule not fired yet, the start of the scheduler that first saw it (nothing before
+    it is owed). :func:`~shardq.schedules.plan` reads it. ``fired``: the last tick enqueued;
+    no entry for a schedule never fired (nor in a file written before shardq kept it: older
+    versions read the file as before, ignoring this key)."""
+
+    last: dict[str, float]
+    fired: dict[str, float]
+
+
+def load_state(path: str) -> State:
+    """The record at ``path``. Missing file: empty; an unreadable one is logged and treated
+    as missing (the dedup ids still stop a repeated tick)."""
     try:
         with open(path, "rb") as f:
             raw = json.load(f)
         if raw.get("format") != STATE_FORMAT:
             raise ValueError(f"format {raw.get('format')!r}")
-        return {str(k): float(v) for k, v in raw["last"].items()}
+        return State(last={str(k): float(v) for k, v in raw["last"].items()},
+                     fired={str(k): float(v) for k, v in raw.get("fired", {}).items()})
     except FileNotFoundError:
-        return {}
+        return State({}, {})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("event=schedule-state-unreadable path=%s error=%s", path, exc)
-        return {}
+        return State({}, {})
 
 
-def save_state(path: str, last: dict[str, float]) -> None:
+def save_state(path: str, state: State) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"format": STATE_FORMAT, "last": last}, f)
+        json.dump({"format": STATE_FORMAT, "last": state.last, "fired": state.fired}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -106,7 +136,7 @@ class Scheduler:
         self.path = state_path(data_dir)
         self.clock = clock or SystemClock()
         self.started_at = self.clock.now()
-        self.last = load_state(self.path)
+        self.last, self.last_fired = load_state(self.path)  # (State.last, State.fired)
         self.fired = 0
         self._lock = threading.Lock()  # run_once from the thread and from a test
         self._wake = threading.Event()
@@ -134,12 +164,14 @@ class Scheduler:
                          s.name, iso(tick), job_id, now - tick)
                 out.append((s.name, tick, job_id))
                 self.fired += 1
+                self.last_fired[s.name] = tick
+                changed = True
             if self.last.get(s.name) != new_last:
                 self.last[s.name] = new_last
                 changed = True
         if changed:
             try:
-                save_state(self.path, self.last)
+                save_state(self.path, State(self.last, self.last_fired))
             except OSError as exc:
                 log.warning("event=schedule-state-write-failed path=%s error=%s", self.path, exc)
         return out
