@@ -148,6 +148,8 @@ class DataDir:
         except FileNotFoundError:
             raise NotADataDir(f"{self.path} is not a shardq data dir (no {META}); "
                                 "start `shardq serve` on it first") from None
+        except NotADirectoryError:  # (a file, or a path below one: not a raw OSError)
+            raise NotADataDir(f"{self.path} is not a shardq data dir: it is not a directory") from None
         if meta.get("format") != FORMAT:
             raise InvalidConfig(f"{self.path}: unsupported format {meta.get('format')!r}")
         return meta

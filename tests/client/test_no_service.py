@@ -93,3 +93,15 @@ def test_a_data_dir_no_supervisor_ever_served_is_left_to_the_client():
     started = time.monotonic()
     dd.require_service()
     assert time.monotonic() - started < 0.1
+
+
+def test_a_file_as_the_data_dir_is_not_a_data_dir_for_both_clients(tmp_path):
+    """shardq.connect('README.md') raised a raw NotADirectoryError from the data dir's
+    metadata; both clients now say NotADataDir, naming the path."""
+    a_file = tmp_path / "README.md"
+    a_file.write_text("not a data dir")
+    for path in (a_file, a_file / "below"):
+        with pytest.raises(shardq.NotADataDir, match="is not a shardq data dir"):
+            shardq.connect(str(path))
+        with pytest.raises(shardq.NotADataDir, match="is not a shardq data dir"):
+            asyncio.run(shardq.aio.connect(str(path)))
