@@ -86,6 +86,7 @@ from .supervision import (START_TIMEOUT_S, Action, Event, Exited, HangUp, Heard,
                           Stopped, parse_line)
 
 if TYPE_CHECKING:
+    from ..schedules import Schedule
     from .reload import Change
     from .scheduler import Scheduler
     from .workflow_watch import WorkflowWatcher
@@ -198,11 +199,12 @@ class Supervisor:
         self.core = Supervision(self.handles, self._policy(), notify=self.notifier is not None)
         try:
             self._write_config(self.config)  # (a disk that refuses it fails the start here, once)
+            schedules = self._collect_schedules()  # a mistake in them fails before any shard starts
             if before_shards is not None:
                 before_shards()
             self._start_shards(background)
             if not self.stopping:  # stopped while starting: start nothing more
-                self._start_scheduler()
+                self._start_scheduler(schedules)
                 self._start_workflow_watch()
         except BaseException:
             # Whatever failed (a spawn, the schedules, a Ctrl-C while waiting), nothing of
@@ -245,13 +247,18 @@ class Supervisor:
     def _settled(self) -> bool:
         return self.stopping or self.core.settled()
 
-    def _start_scheduler(self) -> None:
+    def _collect_schedules(self) -> list[Schedule]:
+        """The schedules to fire (:func:`~.scheduler.collect_schedules`: InvalidConfig for
+        two of one name, or one on a queue not declared); none imports nothing."""
         if not (self.config.schedules or self.config.service.schedule_modules):
-            return  # nothing to fire: import nothing, start nothing
-        from .scheduler import Scheduler, collect_schedules
-        schedules = collect_schedules(self.config)  # start() stops the shards if this raises
+            return []
+        from .scheduler import collect_schedules
+        return collect_schedules(self.config)
+
+    def _start_scheduler(self, schedules: list[Schedule]) -> None:
         if not schedules:
-            return
+            return  # nothing to fire: start nothing
+        from .scheduler import Scheduler
         from ..client.router import Router
         router = Router(self.dd.path, _role="service")
         try:

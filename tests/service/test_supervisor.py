@@ -470,3 +470,20 @@ def test_serve_whose_http_listener_cannot_start_starts_no_shard_and_releases_the
     finally:
         taken.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("inject", [_dup_schedule, _bad_schedule_module], ids=["two-of-a-name", "no-such-module"])
+def test_a_schedule_mistake_is_refused_before_any_shard_starts(monkeypatch, inject):
+    """Two schedules of one name were found once the shards were up (they were stopped
+    again): the schedules are now collected before the first spawn."""
+    from shardq.service.supervisor import Supervisor
+    tmp = short_tmpdir()
+    try:
+        config, error, words = inject(monkeypatch, tmp)
+        def spawn(self, h):
+            raise AssertionError(f"shard {h.index} was spawned")
+        monkeypatch.setattr(Supervisor, "_spawn", spawn)
+        with pytest.raises(error, match=words):
+            Supervisor(os.path.join(tmp, "data"), config, 2).start(background=True, start_timeout=30)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
