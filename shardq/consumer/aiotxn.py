@@ -113,8 +113,13 @@ async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[.
             if ctx.has_after:  # it may block (a client call): in a thread
                 await asyncio.to_thread(ctx.run_after)
             return DONE, None, None
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            this = asyncio.current_task()
+            if this is not None and this.cancelling():
+                raise  # the runner cancels the job (its grace period ended): nothing comes back
+            # the task's own (it awaited a task it cancelled): a failure like any, or its job
+            # stayed leased, heartbeated, for ever
+            return failed(exc, lease, ctx, reports, max_deliveries)
         except BaseException as exc:  # noqa: BLE001 - a task must never kill its runner
             return failed(exc, lease, ctx, reports, max_deliveries)
     loop = asyncio.get_running_loop()

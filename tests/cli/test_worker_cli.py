@@ -66,6 +66,25 @@ def test_burst_drains_the_queue_then_exits_0_after_a_start_line(svc, tmp_path, m
     assert (counts["ready"], counts["in_flight"], counts["delayed"], counts["dead"]) == (0, 0, 1, 0)
 
 
+CANCELLING_TASK = ("import asyncio\nimport shardq\napp = shardq.App({data_dir!r})\n"
+                   "@app.task(queue='cancels-itself', retries=1)\nasync def stop(ctx):\n"
+                   "    t = asyncio.create_task(asyncio.sleep(10))\n    t.cancel()\n    await t\n")
+
+
+def test_an_async_task_that_raises_cancelled_error_itself_fails_as_any_error(svc, tmp_path):
+    """A task whose own code raises CancelledError (it awaited a task it cancelled) was never
+    reported: its job stayed leased and heartbeated for ever and --burst never exited. Only
+    the worker's own cancellation (its grace period's end) means 'nothing comes back'."""
+    (tmp_path / "cancel_tasks.py").write_text(CANCELLING_TASK.format(data_dir=svc.data_dir))
+    with svc.connect() as q:
+        q.enqueue(encode("cancel_tasks.stop", [], {}), queue="cancels-itself")
+        r = worker(svc, str(tmp_path), "cancel_tasks", "--burst")
+        counts = q.stats()["queues"]["cancels-itself"]
+    assert r.returncode == 0, r.stderr  # (it exits: before, it held the lease for ever)
+    assert counts["in_flight"] == 0 and counts["ready"] == 0, counts
+    assert re.search(r"0 ok, 0 duplicate, [1-9]\d* failed", r.stderr) and "CancelledError" in r.stderr, r.stderr
+
+
 def test_a_worker_without_a_store_says_so_and_bad_flags_exit_2_naming_flag_and_value(svc, tmp_path):
     (tmp_path / "burst_handler.py").write_text(HANDLER)
     r = worker(svc, str(tmp_path), "burst_handler:handle", "--queue", "burst-empty", "--burst")
