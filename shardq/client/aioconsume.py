@@ -48,8 +48,9 @@ class Consumer:
                     if room <= 0:
                         self.freed.clear()
                         timeout = None if soonest is None else max(0.0, soonest - _now())
-                        try:
-                            await asyncio.wait_for(self.freed.wait(), timeout)
+                        try:  # (not wait_for: in 3.11 it loses a cancel that comes as the wait ends)
+                            async with asyncio.timeout(timeout):
+                                await self.freed.wait()
                         except TimeoutError:
                             pass
                         continue

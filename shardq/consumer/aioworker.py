@@ -203,8 +203,9 @@ class AsyncWorker:
                 return await self._dequeue(effect)
             unseen_stop = self.core.stop_at is not None and self.core.grace_at is None  # its wake-up may be spent
             if not self._done and effect.seconds > 0 and not unseen_stop:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), effect.seconds)
+                with contextlib.suppress(TimeoutError):  # (not wait_for: it can lose a cancel in 3.11)
+                    async with asyncio.timeout(effect.seconds):
+                        await self._wake.wait()
             else:
                 await asyncio.sleep(0)  # the jobs' turn
             done, self._done = self._done, []

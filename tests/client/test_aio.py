@@ -192,6 +192,27 @@ def test_consume_holds_at_most_concurrency_leases(svc):
     run(main())
 
 
+def test_consume_waiting_for_room_is_cancelled_even_when_room_comes_in_the_same_turn(svc):
+    """consume() waited for room with asyncio.wait_for, which in Python 3.11 returns, not
+    raises, when its inner future is done as the cancel comes: the cancellation was lost, the
+    loop went on leasing, and an asyncio.timeout() around it never fired."""
+    async def main():
+        async with await shardq.aio.connect(svc.data_dir) as q:
+            await q.enqueue_many([{"body": b"%d" % i} for i in range(3)], queue="cons-cancel")
+            loop = q.consume("cons-cancel", concurrency=1, wait=0.1)
+            first = await loop.__anext__()
+            waiting = asyncio.ensure_future(loop.__anext__())  # no room: it waits for some
+            for _ in range(3):
+                await asyncio.sleep(0)
+            await q.ack(first)  # room comes ...
+            waiting.cancel()    # ... in the turn the cancel does
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await loop.aclose()
+            assert (await q.stats())["queues"]["cons-cancel"]["in_flight"] == 0
+    run(main())
+
+
 def test_the_wire_frames_are_multiprocessing_connection_frames():
     frame = [[1, "ping", []]]
     chan = channel.Channel(0, 7, 5.0)
