@@ -243,8 +243,14 @@ def test_the_console_logs_in_with_the_token(driver, monkeypatch):
 
 
 def test_the_console_keeps_working_with_a_shard_down(driver, svc):
-    """Last in this module: it leaves the shared service with a shard down."""
+    """Last in this module: it leaves the shared service with a shard down. It makes the
+    queue it looks at itself (on both shards): under -n 2 the tests before it may have run
+    in the other process, with its own service."""
+    with svc.connect() as q:
+        for _ in range(2):
+            q.enqueue(b"one on each shard")  # (keyless: the router takes the shards in turn)
     open_console(driver, svc.url)
+    wait_until(lambda: cells(driver, "default"), 10, 0.1, "the default queue's row")
     shard_dir = os.path.join(svc.data_dir, "shard-1")
     os.rename(shard_dir, shard_dir + ".away")
     open(shard_dir, "w").close()  # a file where its directory should be: every restart fails
