@@ -22,6 +22,7 @@ import inspect
 import itertools
 import logging
 import os
+from operator import itemgetter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -32,7 +33,7 @@ from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
                    ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
@@ -42,6 +43,7 @@ from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, jo
 log = logging.getLogger("shardq.router")
 P = ParamSpec("P")
 T = TypeVar("T")
+_QUEUE_OF, _BODY_OF = itemgetter(2), itemgetter(0)  # of a job's wire item (routing.job_item)
 
 
 class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like property
@@ -85,7 +87,7 @@ class Calls:
     shards: int
     retry_s: float
     request_timeout_s: float
-    _queue_cfg: dict[str, dict[str, Any]]  # queue -> its config, asked once
+    _queue_cfg: dict[str, tuple[float, dict[str, Any]]]  # queue -> (when asked, its settings)
     _owners: dict[str, int | None]  # queue -> the shard of all its jobs if placed (docs/limits.md)
     _prioritized: set[str]  # queues known to use priorities (sticky)
     _rr: Iterator[int]      # where the next keyless job goes, and the next lease round starts
@@ -162,7 +164,8 @@ class Calls:
         in input order.
 
         Each request is all-or-nothing. Across requests it is not atomic: if one is refused
-        (e.g. QueueFull) the error is raised and the other requests' jobs may be in. Each
+        (e.g. QueueFull) the error is raised and the other requests' jobs may be in. A body
+        over its queue's ``max_body_bytes`` is refused before any request is sent. Each
         request carries an enqueue session (filled in by the executor when it is sent), so
         one re-sent after a broken connection never adds its jobs twice."""
         jobs = listed(jobs, "jobs")
@@ -173,6 +176,8 @@ class Calls:
         if new:
             yield from note_priorities(self, sorted(new))
         calls = [Call(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
+        if len(calls) > 1:  # (one request is all or nothing on its shard)
+            yield from _check_bodies(self, calls)
         got = (yield Send(calls)) if calls else []
         return batch_ids(calls, got, shard_ids)
 
@@ -269,7 +274,9 @@ class Calls:
 
     @operation
     def queue_config(self, queue: str = "default") -> Op[dict[str, Any]]:
-        """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...)."""
+        """The service's settings for ``queue`` (visibility_timeout, max_deliveries, ...),
+        as asked at most ``QUEUE_CONFIG_MAX_AGE_S`` ago: a reload of the config (SIGHUP)
+        reaches a long-lived client within that."""
         return (yield from _queue_config(self, queue))
 
     @operation
@@ -561,7 +568,7 @@ def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:
     """What an :class:`~.effects.Owner` asks: ``queue``'s config, of shard ``ask``, kept
     with its owner shard (None: not placed)."""
     cfg = yield from call(ask, "queue_config", [queue])
-    c._queue_cfg.setdefault(queue, cfg)
+    c._queue_cfg.setdefault(queue, (c._now(), cfg))
     return c._owners.setdefault(queue, placed_owner(cfg))
 
 
@@ -691,13 +698,42 @@ def _watch(c: Calls, queue: str, timeout: float) -> Op[int | None]:
 
 
 # ---------------------------------------------------------------------- parts of the table
-def _queue_config(c: Calls, queue: str) -> Op[dict[str, Any]]:
+def _queue_config(c: Calls, queue: str, max_age_s: float = QUEUE_CONFIG_MAX_AGE_S) -> Op[dict[str, Any]]:
+    """``queue``'s settings, asked again when what this client holds is older than
+    ``max_age_s`` (its placement is kept: it changes only with a restart of the service)."""
     queue = queue_name(queue)
-    cfg = c._queue_cfg.get(queue)
-    if cfg is None:
-        cfg = c._queue_cfg[queue] = yield from call(0, "queue_config", [queue])
-        c._owners.setdefault(queue, placed_owner(cfg))
+    held = c._queue_cfg.get(queue)
+    if held is not None and c._now() - held[0] <= max_age_s:
+        return held[1]
+    cfg: dict[str, Any] = yield from call(0, "queue_config", [queue])
+    c._queue_cfg[queue] = (c._now(), cfg)
+    c._owners.setdefault(queue, placed_owner(cfg))
     return cfg
+
+
+def _check_bodies(c: Calls, calls: list[Call]) -> Op[None]:
+    """Refuse, before any is sent, a batch of several requests with a body over its queue's
+    ``max_body_bytes``: the shard holding it would refuse its request after the others were
+    taken, leaving the batch half in. A limit that seems passed is asked again first (a
+    reload may have raised it); one a reload lowered since is met by the shard, as a single
+    request's is."""
+    biggest: dict[str, int] = {}
+    for _, _, (items, _) in calls:
+        queues = set(map(_QUEUE_OF, items))
+        if len(queues) == 1:  # (the usual batch: C loops)
+            (name,) = queues
+            biggest[name] = max(biggest.get(name, 0), max(map(len, map(_BODY_OF, items))))
+            continue
+        for item in items:
+            biggest[item[2]] = max(biggest.get(item[2], 0), len(item[0]))
+    for name, size in biggest.items():
+        held = c._queue_cfg.get(name)
+        if held is None or size <= held[1].get("max_body_bytes", size):
+            continue
+        limit = (yield from _queue_config(c, name, 0.0)).get("max_body_bytes", size)
+        if size > limit:
+            raise InvalidJob(f"a body of queue {name!r} is {size} bytes, over the queue's limit of {limit} "
+                             "(nothing of the batch was sent)")
 
 
 def _on_every_shard(c: Calls, op: str, queue: str) -> Op[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 import time
 
@@ -20,7 +21,7 @@ from shardq import limits
 from shardq.protocol import validate, wire
 
 from support.fake_shard import FakeShards, Refuse
-from support.service import Service, wait_until
+from support.service import Service, _to_toml, wait_until
 
 Q = "jobs"
 
@@ -767,8 +768,51 @@ def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
 # ---------------------------------------------------------------------- a real service
 @pytest.fixture(scope="module")
 def service():
-    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}}) as s:
+    small = {f"small-{driver}": {"max_body_bytes": 100} for driver in ("threaded", "asyncio")}
+    with Service(shards=2, config={"queue_defaults": {"max_deliveries": 3}, "queues": small}) as s:
         yield s
+
+
+def _keys_on_each_shard(shards: int) -> list[str]:
+    by_shard = {shardq.client.routing.shard_for_key(f"k{i}", shards): f"k{i}" for i in range(20)}
+    return [by_shard[s] for s in range(shards)]
+
+
+def test_a_batch_with_a_body_over_its_queues_limit_is_refused_before_any_shard_takes_it(service, connect,
+                                                                                        request):
+    """A batch over both shards whose second shard's part holds a body over the queue's
+    ``max_body_bytes``: that shard refused its request after the first had taken its jobs
+    (the batch half in, and the caller told only InvalidJob). Now the client checks each
+    queue's limit before it sends any part, and nothing is in."""
+    small = "small-" + request.node.callspec.id
+    q = connect(service.data_dir)
+    k0, k1 = _keys_on_each_shard(2)
+    limit = q.queue_config(small)["max_body_bytes"]
+    assert limit == 100
+    with pytest.raises(shardq.InvalidJob, match=f"{limit + 1} bytes, over the queue's limit of {limit}"):
+        q.enqueue_many([{"body": b"a", "key": k0}, {"body": b"b" * (limit + 1), "key": k1}], queue=small)
+    assert q.dequeue_many(small, max_jobs=10) == []
+    ids = q.enqueue_many([{"body": b"a", "key": k0}, {"body": b"b" * limit, "key": k1}], queue=small)  # at the limit
+    assert sorted(lease.job_id for lease in q.dequeue_many(small, max_jobs=10)) == sorted(ids)
+
+
+def test_a_reload_that_raises_a_queues_body_limit_reaches_a_client_already_connected(connect, tmp_path):
+    """``queue_config`` was asked once per client and kept: after a reload (SIGHUP) raised
+    ``max_body_bytes``, a long-lived client (the SQS listener's, a worker's) kept the old
+    settings until it was restarted. Now what it holds is at most QUEUE_CONFIG_MAX_AGE_S old,
+    and a batch over the old limit goes in."""
+    import signal
+    with Service(shards=2, config={"queues": {"small": {"max_body_bytes": 100}}}) as svc:
+        q = connect(svc.data_dir)
+        k0, k1 = _keys_on_each_shard(2)
+        assert q.queue_config("small")["max_body_bytes"] == 100
+        svc.config = {**svc.config, "queues": {"small": {"max_body_bytes": 1000}}}
+        with open(svc.data_dir.rstrip("/") + ".toml", "w") as f:
+            f.write(_to_toml(svc.config))
+        os.kill(svc.proc.pid, signal.SIGHUP)
+        wait_until(lambda: q.queue_config("small")["max_body_bytes"] == 1000, 15, 0.05, "the reload seen")
+        ids = q.enqueue_many([{"body": b"a", "key": k0}, {"body": b"b" * 500, "key": k1}], queue="small")
+        assert len(ids) == 2
 
 
 def test_the_whole_api_against_a_real_service(service, connect, request):
