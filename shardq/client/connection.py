@@ -114,6 +114,14 @@ class Lanes:
             self.all = [*self.all, lane]  # (a new list: others iterate the old one)
             return lane
 
+    def forget(self) -> None:
+        """In a forked child: close this process's copies of the lanes' sockets, sending
+        nothing and shutting nothing down (the parent's connections stay as they are)."""
+        for lane in self.all:
+            conn, lane.conn, lane._fd = lane.conn, None, -1
+            if conn is not None:
+                conn.close()
+
     def close(self) -> None:
         """Close every lane (:meth:`Lane.close`)."""
         self.chan.closed = True

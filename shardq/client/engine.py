@@ -79,6 +79,12 @@ class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like proper
         return bound
 
 
+def new_client_id() -> int:
+    """A client's id for its enqueue sessions (:class:`~.core.Sessions`): random, so that
+    clients (and the children a client's process forks) never share one."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
 # ---------------------------------------------------------------------- the table
 class Calls:
     """The calls both clients make, each once. An executor sets these attributes
@@ -101,7 +107,7 @@ class Calls:
         executor's constructor."""
         self.data_dir, self.service_id, self.shards = dd.path, dd.service_id(), dd.shards()
         self.retry_s, self.request_timeout_s = retry_s, request_timeout_s
-        self.client_id = int.from_bytes(os.urandom(8), "little") >> 1  # its enqueue sessions' (core.Sessions)
+        self.client_id = new_client_id()  # its enqueue sessions' (core.Sessions)
         self._closed = False
         self._rr = itertools.count()
         self._queue_cfg, self._owners = {}, {}

@@ -16,6 +16,12 @@ core's (:mod:`.core`). One router can be shared by many threads. It moves calls 
 
 Both ways share each shard's enqueue sessions (:class:`~.core.Sessions`), so an enqueue re-sent the other
 way is still answered with its first ids.
+
+A process forked from one whose router had connected (gunicorn's ``--preload``, a
+multiprocessing pool on ``fork``) gets the router afresh in the child: new lanes and
+sessions, no I/O thread yet; the parent's connections are left to the parent. Shared, the
+two processes read each other's replies (found: both timed out, on calls the shard had
+applied).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -38,7 +45,7 @@ from ..datadir import DataDir
 from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
-from .engine import Calls, combined, learn_owner, place
+from .engine import Calls, combined, learn_owner, new_client_id, place
 from .core import ConnectionLost, ack_error
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
@@ -74,16 +81,35 @@ class Router(Calls, SyncExecutor):
         self.clock = clock or SystemClock()
         self._mono = self.clock.monotonic
         self._role = _role
-        self.lanes = [Lanes(i, dd.socket_path(i), key, _role, busy_poll_us, self.clock, self.client_id,
-                            self._release_rows) for i in range(self.shards)]
+        self._lane_args = [(dd.socket_path(i), key, _role, busy_poll_us, self.clock) for i in range(self.shards)]
+        self._connections()
+        self._bind_effects()
+        self._supervisor = supervisor
+        _ROUTERS.add(self)
+
+    def _connections(self) -> None:
+        """This process's lanes, combiners and enqueue sessions; the I/O thread is started later."""
+        self.lanes = [Lanes(i, *args, client_id=self.client_id, release=self._release_rows)
+                      for i, args in enumerate(self._lane_args)]
         self._chans = [lane.chan for lane in self.lanes]  # their enqueue sessions serve both ways
         self._combiners = [(Combiner(partial(self._round, i, "enqueue")), Combiner(partial(self._round, i, "ack")))
                            for i in range(self.shards)]  # a round: engine.combined
         self._io: AsyncQueue | None = None
         self._io_thread: LoopThread | None = None
         self._io_lock = threading.Lock()
-        self._bind_effects()
-        self._supervisor = supervisor
+
+    def _forked(self) -> None:
+        """In a child forked from this router's process: the child's own connections, from
+        now on, under a client id of its own (a shard keeps enqueue sessions per client id).
+        The parent's sockets are closed in the child without a word to the shard; its I/O
+        loop is kept, unused, for ever: closing it would unregister the parent's sockets from
+        the epoll instance both processes share. An embedded service stays the parent's."""
+        _LEFT_BY_FORK.append((self._io, self._io_thread))
+        for lane in self.lanes:
+            lane.forget()
+        self.client_id = new_client_id()
+        self._supervisor = None
+        self._connections()
 
     # ------------------------------------------------------------------ the I/O thread
     def _shared(self) -> AsyncQueue:
@@ -284,6 +310,19 @@ class Router(Calls, SyncExecutor):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_ROUTERS: weakref.WeakSet[Router] = weakref.WeakSet()
+_LEFT_BY_FORK: list[Any] = []  # the parents' I/O loops, in a forked child (Router._forked)
+
+
+def _after_fork_in_child() -> None:
+    for router in list(_ROUTERS):
+        if not router._closed:
+            router._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Lone:
