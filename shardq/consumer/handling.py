@@ -242,7 +242,10 @@ class Runs:
         The claim comes last so the write lock is held as briefly as the handler allows, and
         the lease check comes after the claim, right before the commit. Returns
         ``(outcome, error, delay_s)``; a handler that raises :class:`~shardq.errors.Retry` or
-        :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY.
+        :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY. Whatever
+        else it raises, SystemExit, KeyboardInterrupt and a CancelledError of its own included,
+        rolls back and gives FAILED: a handler never ends its runner (every runner keeps this
+        rule: the asyncio one's :mod:`.aiotxn`).
         ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
         the log (see :func:`failure_result`).
 
