@@ -100,9 +100,7 @@ class TaskHandler:
                 value = asyncio.run(task.fn(ctx, *args, **kwargs))
             else:
                 value = task.fn(ctx, *args, **kwargs)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                raise  # KeyboardInterrupt, SystemExit: not the task's failure
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the task's failure
             raise self.failure(task, ctx.attempt, exc) from exc
         self._keep(ctx, task, steps, value)
         return value
@@ -116,7 +114,11 @@ class TaskHandler:
             args = [await asyncio.to_thread(self._inputs, ctx, steps.inputs)] + args
         try:
             value = await task.fn(ctx, *args, **kwargs)
-        except Exception as exc:
+        except asyncio.CancelledError as exc:
+            if (this := asyncio.current_task()) is not None and this.cancelling():
+                raise  # the worker cancels the job (its grace ended): no attempt's outcome
+            raise self.failure(task, ctx.attempt, exc) from exc  # the task's own
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the task's failure
             raise self.failure(task, ctx.attempt, exc) from exc
         self._keep(ctx, task, steps, value)
         return value

@@ -41,7 +41,7 @@ from support.fakes import ACKED, DEAD, READY, AsyncFacade, BuryingQueue
 from support.service import REPO, Service, wait_until
 
 MAX_DELIVERIES = 3
-BACKOFFS = [1.0, 2.0, 0.0]  # the worker's full jitter at its top (TopRng); the last delivery's: none
+BACKOFFS = [1.0, 2.0, 4.0]  # a task's default backoff at its jitter's top (TopRng), as any error's
 
 app = shardq.App(router=object())  # type: ignore[arg-type]  # declares tasks only: never called
 
@@ -70,6 +70,18 @@ async def exits(ctx, n: int, what: str) -> None:
 def exits_sync(ctx, n: int, what: str) -> None:
     if ctx.db is not None:
         write_effect(ctx.db, ctx.job_id)
+    raise _ending(what)
+
+
+@app.task(name="ends.raises")
+async def raises(ctx, n: int) -> None:
+    if ctx.db is not None:
+        await ctx.db.run(write_effect, ctx.job_id)
+    raise ValueError("an ordinary error")
+
+
+@app.task(name="ends.exits_once_then_given_up", retries=1)
+def exits_with_retries(ctx, n: int, what: str) -> None:
     raise _ending(what)
 
 
@@ -124,7 +136,7 @@ def fails_like_any_error(run: Run, job_id: int, first_line: str) -> None:
     for attempt, backoff in enumerate(BACKOFFS, 1):
         _, jid, delay, error = run.nacked(attempt)
         assert (jid, delay, error.splitlines()[0]) == (job_id, backoff, first_line)
-        if delay:
+        if attempt < MAX_DELIVERIES:
             assert run.q.state(job_id) == READY and run.q.job(job_id).ready_at == run.clock.now() + delay
             run.clock.advance(delay)
     wait_until(lambda: run.q.state(job_id) == DEAD, 10, what="dead-lettered")
@@ -139,6 +151,29 @@ def fails_like_any_error(run: Run, job_id: int, first_line: str) -> None:
 
 
 STORES = pytest.mark.parametrize("with_store", [False, True], ids=["no-store", "store"])
+
+
+@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+def test_an_ordinary_error_fails_so(runner):
+    """The reference the others are held to: a ValueError's attempts."""
+    run = Run(runner, None)
+    fails_like_any_error(run, run.send("ends.raises"), "ValueError: an ordinary error")
+
+
+@pytest.mark.parametrize("what", ["SystemExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("runner", ["thread", "asyncio"])
+def test_a_task_that_exits_has_its_retries_counted(runner, what):
+    """A task's ``retries`` hold for SystemExit and KeyboardInterrupt as for any error
+    (TaskHandler passed them by as "not the task's failure", and the worker then failed the
+    attempt with its own backoff, ignoring the task's ``retries``: the job ran
+    ``max_deliveries`` times)."""
+    run = Run(runner, None)
+    job_id = run.send("ends.exits_once_then_given_up", what)
+    run.clock.advance(run.nacked(1)[2])
+    wait_until(lambda: run.q.state(job_id) == DEAD or not run.thread.is_alive(), 10, what="buried")
+    assert len(run.q.ops("nack")) == 1 and "retries=1 used up" in run.q.dead[0].error
+    run.stop()
+    assert run.raised is None
 
 
 @STORES
@@ -157,7 +192,7 @@ def test_an_async_task_that_raises_cancelled_error_itself_fails_as_any_error(run
     fails_like_any_error(run, job_id, "CancelledError: ")
     if store is not None:
         assert effects(store) == {run.q.ops("ack")[0][1]: 1} and not store.seen(job_id)  # (the next job's)
-    failures = [r for r in caplog.records if r.getMessage() == f"job {job_id} attempt 1 failed"]
+    failures = [r for r in caplog.records if r.getMessage().startswith(f"job {job_id} attempt 1 failed")]
     assert len(failures) == 1 and failures[0].exc_info is not None
     logged = "".join(traceback.format_exception(failures[0].exc_info[1]))
     assert "in cancels_itself" in logged and "await sleeper" in logged, logged
