@@ -152,8 +152,9 @@ class AioListener:
             c.close()
         if self._conns:
             self._emptied = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._emptied.wait(), grace_s)
+            try:  # (not wait_for: in 3.11 it loses a cancel that comes as the wait ends)
+                async with asyncio.timeout(grace_s):
+                    await self._emptied.wait()
             except TimeoutError:
                 pass
         tasks = [c.task for c in self._conns if c.task is not None]

@@ -109,8 +109,10 @@ class MoveTasks:
                 await self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:
                     pause = max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began))
+                    # (not wait_for: in 3.11 it loses a cancel that comes as the wait ends)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), pause)
+                        async with asyncio.timeout(pause):
+                            await stop.wait()
             if self._stopped(handle, stop):
                 status = "CANCELLED"
         except ShardqError as e:
