@@ -24,7 +24,11 @@ What the document promises, and the server keeps:
 * a JSON body with a field the operation does not take is refused (400), so a typo is not
   ignored; numbers in the query are ASCII digits (``int()`` alone would take " 5", "+5");
 * job ids travel as strings of ASCII digits (they can exceed JavaScript's exact integers);
-  an integer is taken too.
+  an integer is taken too;
+* a string the server limits in bytes of UTF-8 (a queue name, a workflow id, a progress
+  note) has that limit as ``maxLength``, which counts characters: the most characters it
+  can have. Its description gives the limit in bytes (JSON Schema cannot), by which a
+  shorter string of non-ASCII characters may still be refused (400).
 """
 from __future__ import annotations
 
@@ -64,11 +68,29 @@ def _nullable(kind: str) -> dict[str, Any]:
 
 
 _INT0 = {"type": "integer", "minimum": 0}
+
+
+def _utf8(most: int, what: str, *, nullable: bool = False, sent: bool = True, min_length: int = 1
+          ) -> dict[str, Any]:
+    """A string the server limits to ``most`` bytes of UTF-8 (``sent``: one a request sends,
+    which the server refuses past its limit; else one a reply holds). JSON Schema's
+    ``maxLength`` counts characters and cannot state a byte length: ``most`` characters is
+    the most any such string has (each takes at least one byte), and the description states
+    the limit in bytes."""
+    more = (f"; a character outside ASCII takes 2 to 4 bytes, so a string of {most} characters or fewer may "
+            f"still be over it, and is refused (400)" if sent else "")
+    schema: dict[str, Any] = {"type": ["string", "null"] if nullable else "string"}
+    if min_length:
+        schema["minLength"] = min_length
+    schema.update(maxLength=most, description=f"{what}: at most {most} bytes of UTF-8 (maxLength counts "
+                                              f"characters: JSON Schema cannot state a length in bytes){more}")
+    return schema
+
+
 _JOB_ID_TEXT = {"type": "string", "pattern": "^[0-9]{1,19}$",
                 "description": "a job id: ASCII digits, below 2**63"}
 _JOB_ID = {"oneOf": [_JOB_ID_TEXT, {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}]}
-_QUEUE = {"type": "string", "minLength": 1, "maxLength": limits.QUEUE_NAME_BYTES_MAX,
-          "description": f"a queue name (at most {limits.QUEUE_NAME_BYTES_MAX} bytes as UTF-8)"}
+_QUEUE = _utf8(limits.QUEUE_NAME_BYTES_MAX, "a queue name")
 _NUMBER0 = {"type": "number", "minimum": 0}
 _CAP = {"type": ["integer", "null"], "minimum": 1, "maximum": limits.CONCURRENCY_MAX}
 _RATE = {"type": ["string", "null"], "maxLength": 64,
@@ -78,8 +100,8 @@ _RATE = {"type": ["string", "null"], "maxLength": 64,
 _OUTCOME = {
     "progress": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
                  "description": "the fraction its task last reported (ctx.progress), while it is live"},
-    "note": {"type": ["string", "null"], "maxLength": limits.PROGRESS_NOTE_BYTES_MAX,
-             "description": "the note its task last reported, while it is live"},
+    "note": _utf8(limits.PROGRESS_NOTE_BYTES_MAX, "the note its task last reported, while it is live",
+                  nullable=True, sent=False, min_length=0),
     "result_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.RESULT_BYTES_MAX,
                      "description": "the size of its kept result (msgpack); null: none kept"},
     "result_expires_at": {"type": ["number", "null"], "description": "when its kept result expires"},
@@ -90,8 +112,7 @@ _OUTCOME = {
 # counted it; "cancelled" (its barrier was), "gone" (cancelled, purged or expired).
 _STEP_STATES = ["pending", "waiting", "delayed", "ready", "leased", "succeeded", "dead", "cancelled", "gone"]
 _WORKFLOW_STATES = ["running", "succeeded", "failed", "cancelled"]
-_WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": limits.BARRIER_ID_BYTES_MAX,
-                "description": f"a workflow id (at most {limits.BARRIER_ID_BYTES_MAX} bytes as UTF-8)"}
+_WORKFLOW_ID = _utf8(limits.BARRIER_ID_BYTES_MAX, "a workflow id")
 
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {"type": "object", "required": ["error", "message"],
@@ -199,7 +220,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["id", "state", "error", "started_at", "ended_at", "expires_at", "steps_total",
                      "steps_by_state", "steps", "steps_shown"],
         "properties": {
-            "id": _WORKFLOW_ID,
+            "id": _utf8(limits.BARRIER_ID_BYTES_MAX, "the workflow id", sent=False),
             "state": {"enum": _WORKFLOW_STATES,
                       "description": "running, or how it ended as the service's watcher recorded it "
                                      "(within a few seconds of its last step)"},
