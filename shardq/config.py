@@ -47,6 +47,7 @@ so a typo never silently falls back to a default. Times are in seconds.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import ipaddress
 import math
 import os
@@ -127,9 +128,15 @@ def rate_per_s(path: str, value: Any) -> float:
                             f"(a positive number, then /s, /m or /h), got {value!r}")
     per_s = n / RATE_UNITS_S[unit.strip()]
     if not limits.RATE_PER_S_MIN <= per_s <= limits.RATE_PER_S_MAX:
-        raise InvalidConfig(f"{path}: {value!r} is {per_s:g}/s, outside [one a day, "
-                            f"{limits.RATE_PER_S_MAX:g}/s]")
+        raise InvalidConfig(f"{path}: {value!r} is {_plain(per_s)}/s, outside [one a day, "
+                            f"{_plain(limits.RATE_PER_S_MAX)}/s]")
     return per_s
+
+
+def _plain(x: float) -> str:
+    """``x`` to 10 significant digits, without an exponent ("3000000", "0.00001"), as a rate
+    is written in a config."""
+    return format(decimal.Decimal(f"{x:.10g}").normalize(), "f")
 
 
 def _rate(path: str, value: Any) -> str:

@@ -296,6 +296,16 @@ def test_run_time_limits_at_their_maximum_and_one_past_it():
     assert s.take_ops() == [] and s.queues["api"].lim.s.concurrency == limits.CONCURRENCY_MAX
 
 
+@pytest.mark.parametrize("rate, shown", [("3000000/s", "3000000/s"), ("0.00001/s", "0.00001/s"),
+                                         ("1000001/s", "1000001/s")])
+def test_a_rate_out_of_range_is_told_as_it_is_written_never_with_an_exponent(rate, shown):
+    """The error said "'3000000/s' is 3e+06/s, outside [one a day, 1e+06/s]" (Python's %g)."""
+    with pytest.raises(InvalidConfig) as e:
+        parse({"queues": {"api": {"rate": rate}}})
+    assert f"is {shown}, outside [one a day, 1000000/s]" in str(e.value) and "e+" not in str(e.value)
+    assert "e-" not in str(e.value).replace("one a day", "")
+
+
 # ---------------------------------------------------------------------------- placement
 def test_a_placed_queue_takes_jobs_on_its_owner_shard_only():
     shards = 4
