@@ -97,8 +97,8 @@ class TooManyConnections(ShardUnavailable):
 
 
 class OutcomeUnknown(ShardUnavailable):
-    """The request reached (or may have reached) the shard, but the connection broke before
-    its reply: it may or may not have been applied, and re-sending it would not be safe
+    """The request reached (or may have reached) the shard, but the connection broke (or
+    the client was closed) before its reply: it may or may not have been applied, and re-sending it would not be safe
     (a second ``dequeue`` would lease a second job; a second ``purge`` could act on another
     set). Check the state (``stats``, ``dead_letters``, the job) before acting again."""
 
@@ -133,7 +133,9 @@ class DataDirNotWritable(InvalidConfig):
 
 
 class UsageError(ShardqError):
-    """A command line was wrong: a missing or malformed argument, a path that does not exist."""
+    """A command line was wrong (a missing or malformed argument, a path that does not
+    exist), or an API was used where it cannot work (an asyncio client called from an event
+    loop other than the one that connected it)."""
 
 
 class CorruptLog(ShardqError):

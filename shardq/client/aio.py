@@ -11,35 +11,45 @@ router, so both clients can be mixed.
   coroutines each sending one job cost what one batch does.
 * Cancelling a call leaves no lease behind: a watch is forgotten; a waiting dequeue is
   withdrawn; a dequeue already written is left to answer, and whatever a request its
-  caller left leases is released at once (a ``nack`` that does not count as a delivery).
+  caller left leases is released at once (a ``nack`` that does not count as a delivery),
+  a reply that came before the cancel landed included.
+* ``close()`` fails the calls still out: one whose request was written with
+  :class:`~shardq.errors.OutcomeUnknown` (the shard may have applied it), any other with
+  :class:`~shardq.errors.Closed`.
 * ``async for lease in q.consume("emails", concurrency=50)`` yields leases, holding at most
   ``concurrency`` that are not yet settled through this client (:mod:`.aioconsume`).
+* A client belongs to the event loop that connected it: a call from any other raises
+  :class:`~shardq.errors.UsageError` at once (connect one client per loop).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Coroutine
+from asyncio import get_running_loop
+from collections.abc import AsyncIterator, Callable, Coroutine
 
 from .. import limits
 from ..datadir import DataDir
-from ..errors import Closed, ShardqError, ShardUnavailable
+from ..errors import Closed, ShardqError, ShardUnavailable, UsageError
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import ShardConn
 from .aioconsume import Consumer
 from .channel import Request
 from .core import ConnectionLost, ack_error, release_call
-from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Owner, Park, Send, Sleep, Submit, Wake, call,
+from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Op, Owner, Park, Send, Sleep, Submit, Wake, call,
                       deliver)
-from .engine import Calls, learn_owner, place
+from .engine import Calls, learn_owner, operation, place
 from .routing import job_item, lease_shard
 
 if TYPE_CHECKING:
     from .contracts import AsyncQueue as AsyncQueueContract
     from .contracts import AsyncResults
+
+T = TypeVar("T")
+OTHER_LOOP = "this client belongs to another event loop; connect one per loop"
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
@@ -54,9 +64,11 @@ async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
 
 
 class AsyncQueue(Calls, AsyncExecutor):
-    """See the module docstring. Create with :func:`connect`; one per event loop. Its calls
-    beside the hot ones below come from the one table of both clients
-    (:class:`~shardq.client.engine.Calls`)."""
+    """See the module docstring. Create with :func:`connect`; one per event loop (a call
+    from another raises :class:`~shardq.errors.UsageError`). Its calls beside the hot ones
+    below come from the one table of both clients (:class:`~shardq.client.engine.Calls`)."""
+
+    loop: asyncio.AbstractEventLoop  # the loop that connected it (set by _open)
 
     def __init__(self, data_dir: str | os.PathLike[str], *, retry_s: float = 15.0,
                  request_timeout_s: float = 30.0, _role: str = "client") -> None:
@@ -102,6 +114,16 @@ class AsyncQueue(Calls, AsyncExecutor):
     async def _park(self, effect: Park) -> tuple[None, list[Any]]:  # only to the shards connected now
         return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
                       for s, op, args in effect.calls]
+
+    def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
+        """A call of the table, refused at once (UsageError) from another event loop: its
+        futures and connections are this client's loop's, where it would hang or fail
+        obscurely."""
+        async def method(*args: Any, **kwargs: Any) -> T:
+            if get_running_loop() is not self.loop:
+                raise UsageError(OTHER_LOOP)
+            return await self._drive(fn(self, *args, **kwargs))
+        return method
 
     @staticmethod
     async def _sleep(effect: Sleep) -> None:
@@ -167,6 +189,8 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Durably add a job; returns its id once the owning shard has fsynced it."""
         if self._closed:
             raise Closed("client is closed")
+        if get_running_loop() is not self.loop:
+            raise UsageError(OTHER_LOOP)
         item = job_item(body, key, queue, delay, priority, dedup_id)
         shard = self._placed(queue, key, priority, dedup_id)
         if shard is None:
@@ -184,6 +208,8 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Delete the job. LeaseLost if the lease is no longer current."""
         if self._closed:
             raise Closed("client is closed")
+        if get_running_loop() is not self.loop:
+            raise UsageError(OTHER_LOOP)
         conn = self.conns[lease_shard(lease, self.shards)]
         fut = conn.merged(conn.chan.ack_part, [lease.job_id, lease.token])
         try:
@@ -196,12 +222,34 @@ class AsyncQueue(Calls, AsyncExecutor):
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
 
+    @operation
+    def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
+        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost.
+        A ``consume()`` loop holding the lease counts it until the new deadline (and
+        while the extend is out: its reply may move the deadline)."""
+        holding: list[Consumer] = []
+        if self._consumers:
+            try:
+                ref = (lease.job_id, lease.token)
+                holding = [c for c in self._consumers if c.extending_one(ref)]
+            except (AttributeError, TypeError):  # no lease (the call refuses it), or an unhashable part
+                pass
+        deadline = None
+        try:
+            extended = yield from Calls.extend.fn(self, lease, seconds)  # the table's call
+            deadline = extended.deadline
+            return extended
+        finally:
+            for c in holding:
+                c.extended(ref, deadline)
+
     def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
                 visibility: float | None = None) -> AsyncIterator[Lease]:
         """``async for lease in q.consume(queue, concurrency=50)``: leases, at most
         ``concurrency`` held at once (a lease is held until this client acks, nacks or
-        buries it, or its deadline passes). Leaving the loop releases leases fetched but
-        not yet handed out (not counted as deliveries)."""
+        buries it, or its current deadline passes: an extend through this client moves
+        it). Leaving the loop releases leases fetched but not yet handed out (not counted
+        as deliveries)."""
         validate.count("concurrency", concurrency, limits.BATCH_JOBS_MAX)
         return Consumer(self, queue, concurrency, wait, visibility).run()
 
@@ -227,9 +275,13 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def close(self) -> None:
         """Close the connections. The replies of abandoned dequeues and withdrawn waits,
-        and the releases of what they leased, get a moment (2 s each) to finish first."""
+        and the releases of what they leased, get a moment (2 s each) to finish first.
+        The calls still out then fail: with OutcomeUnknown where the request was written
+        (the shard may have applied it), else with Closed."""
         if self._closed:
             return
+        if get_running_loop() is not self.loop:
+            raise UsageError(OTHER_LOOP)
         await asyncio.gather(*(c.settle_orphans(2.0) for c in self.conns))
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)

@@ -197,8 +197,9 @@ class ShardConn:
         if not self.chan.orphans():
             return
         self._quiet = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._quiet.wait(), timeout)
+        try:  # (not wait_for: in 3.11 it loses a cancel that comes as the wait ends)
+            async with asyncio.timeout(timeout):
+                await self._quiet.wait()
         except TimeoutError:
             pass  # what is still out expires by itself
         finally:

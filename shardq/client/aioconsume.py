@@ -1,5 +1,8 @@
 """``AsyncQueue.consume``: the loop that yields leases, holding at most ``concurrency`` that
-are not yet settled (acked, nacked, buried or expired) through its client."""
+are not yet settled (acked, nacked, buried or expired) through its client. A lease counts
+until its current deadline: one extended through the client (``extend``, a heartbeat)
+counts until the deadline the extend set, and while an extend is out it counts on, since
+its reply may move the deadline."""
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +25,8 @@ class Consumer:
     def __init__(self, q: AsyncQueue, queue: str, concurrency: int, wait: float, visibility: float | None):
         self.q, self.queue, self.concurrency = q, queue, concurrency
         self.wait, self.visibility = wait, visibility
-        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> deadline
+        self.held: dict[tuple[Any, ...], float] = {}   # (job_id, token) -> its current deadline
+        self.extending: dict[tuple[Any, ...], int] = {}  # (job_id, token) -> its extends still out
         self.buffer: deque[Lease] = deque()
         self.freed = asyncio.Event()
 
@@ -30,12 +34,38 @@ class Consumer:
         if self.held.pop((lease.job_id, lease.token), None) is not None:
             self.freed.set()
 
+    def extending_one(self, ref: tuple[Any, ...]) -> bool:
+        """An extend of the lease ``ref`` is sent: True if this loop holds it (then it counts
+        until :meth:`extended`, even past its deadline)."""
+        if ref not in self.held:
+            return False
+        self.extending[ref] = self.extending.get(ref, 0) + 1
+        return True
+
+    def extended(self, ref: tuple[Any, ...], deadline: float | None) -> None:
+        """The extend of ``ref`` ended: it moved the lease's deadline to ``deadline`` (None:
+        it failed, and the deadline stands; a lease lost meanwhile is past it)."""
+        left = self.extending.pop(ref) - 1
+        if left:
+            self.extending[ref] = left
+        if deadline is not None and ref in self.held:  # (not settled meanwhile)
+            self.held[ref] = deadline
+        self.freed.set()  # a wait for room looks again: its soonest deadline moved
+
     def _expire(self) -> float | None:
+        """Forget the leases past their deadline, but one being extended (its reply tells);
+        the soonest deadline of the others (None: none)."""
         now = _now()  # lease deadlines are wall-clock seconds
+        extending = self.extending
+        soonest = None
         for ref, deadline in list(self.held.items()):
+            if ref in extending:
+                continue
             if deadline <= now:
                 del self.held[ref]
-        return min(self.held.values(), default=None)
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
+        return soonest
 
     async def run(self) -> AsyncIterator[Lease]:
         q = self.q

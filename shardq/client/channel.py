@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import limits
-from ..errors import Closed, ShardUnavailable, TooManyConnections
+from ..errors import Closed, OutcomeUnknown, ShardUnavailable, TooManyConnections
 from ..protocol import wire
 from .core import ConnectionLost, Sessions, after_break, encode_frames
 
@@ -60,6 +60,13 @@ _HEADER = struct.Struct("!i")
 _WITHDRAWN, _ORPHAN = "withdraw", "orphan"
 
 Completion = tuple[Any, Any, BaseException | None]
+
+
+def closed_after_write(shard: int, op: str) -> OutcomeUnknown:
+    """The error of a call that its client's close ended after its request was written:
+    the shard may have applied it (as :func:`~.core.after_break`'s OutcomeUnknown)."""
+    return OutcomeUnknown(f"shard {shard}: the client was closed after {op} was sent, before its reply; "
+                          "it may or may not have been applied")
 
 
 class Request:
@@ -304,11 +311,15 @@ class Channel:
         return done
 
     def close(self) -> list[Completion]:
-        """The client closes: every request fails with Closed."""
+        """The client closes: every request fails. One written (now, or before a break it
+        waits to be re-sent after) fails with :class:`~shardq.errors.OutcomeUnknown`: the
+        shard may have applied it, and a caller told Closed would take it for never applied
+        (an enqueue made again would be a duplicate). Any other fails with Closed."""
         self.closed, self.up = True, False
         error = Closed("client is closed")
         reqs, self.pending = [*self.pending.values(), *self.outbox], {}
-        done = [c for req in reqs for c in self._fail(req, error)]
+        done = [c for req in reqs
+                for c in self._fail(req, closed_after_write(self.shard, req.op) if req.sent or req.resent else error)]
         return done + self.unreachable(error)
 
     def orphans(self) -> bool:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..errors import ShardUnavailable
+from ..errors import Closed, ShardUnavailable
+from .channel import closed_after_write
 from .core import Call, ConnectionLost, after_break
 from .routing import leases_of
 
@@ -124,7 +125,11 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     carries the session of the first, so the shard answers with the first's ids. Returns
     ``(value, was_resent)`` per call, in order; an error stands in its place with
     ``errors``, else the first one is raised. ``got``: the outcomes of a first
-    transmission the executor made itself (the threaded fast path)."""
+    transmission the executor made itself (the threaded fast path).
+
+    A call written once and closed before its re-send was answered (the client closed
+    meanwhile) gets :class:`~shardq.errors.OutcomeUnknown`, not
+    :class:`~shardq.errors.Closed`: its first writing may have been applied."""
     opened = [(shard, args) for shard, op, args in calls if op == "enqueue" and args[1] is None]
     for shard, args in opened:
         args[1] = ex._session(shard)
@@ -134,7 +139,12 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     try:
         while todo:
             if got is None:
-                got = yield from transmit(ex, [calls[i] for i in todo], deadline, timeout_s)
+                try:
+                    got = yield from transmit(ex, [calls[i] for i in todo], deadline, timeout_s)
+                except Closed as closed:  # (the executor refused to send: closed before the re-send)
+                    if not any(resent[i] for i in todo):
+                        raise
+                    got = [closed] * len(todo)  # each in its place: the ones written before are unknown
             again = []
             expired: bool | None = None
             for i, outcome in zip(todo, got):
@@ -148,6 +158,10 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
                         again.append(i)
                         continue
                     outcome = error
+                elif resent[i] and isinstance(outcome, Closed):
+                    # written before the break: a caller told Closed would take it as never
+                    # applied, and an enqueue made again would be a duplicate
+                    outcome = closed_after_write(calls[i][0], calls[i][1])
                 out[i] = outcome if isinstance(outcome, BaseException) else (outcome, resent[i])
             todo, got = again, None
     finally:
@@ -203,14 +217,20 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
     except GeneratorExit:
         raise
     except BaseException:
-        got = yield Abandon(token, calls, handles)
-        taken = [lease for (_, op, args), a in zip(calls, got) if op == "dequeue_wait" and type(a) is list
-                 for _, lease in leases_of(args[0], a)]
-        if taken:
-            c._release(taken)
+        _release_answered(c, calls, (yield Abandon(token, calls, handles)), "dequeue_wait")
         raise
     got = yield Abandon(token, calls, handles)
     return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
+
+
+def _release_answered(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], got: list[Any], dequeue: str) -> None:
+    """Hand back unstarted the leases of the ``dequeue`` calls (``dequeue`` or
+    ``dequeue_wait``) among ``calls`` whose replies ``got`` (an :class:`Abandon`'s
+    outcomes) came before their caller left: nobody will take them."""
+    taken = [lease for (_, op, args), a in zip(calls, got) if op == dequeue and type(a) is list
+             for _, lease in leases_of(args[0], a)]
+    if taken:
+        c._release(taken)
 
 
 def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: float,
@@ -219,14 +239,17 @@ def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     may take until ``deadline``, ``timeout_s`` as :class:`Send`'s. Returns, per call, its
     value, its error, or a :class:`~.core.ConnectionLost` when its connection broke before
     the reply (what happens next is :func:`deliver`'s decision, not the executor's). A call
-    not answered in time is abandoned, and so is every one still open when it is stopped."""
+    not answered in time is abandoned, and so is every one still open when it is stopped;
+    stopped (a cancelled caller), it hands back unstarted the leases of the dequeues already
+    answered, which nobody will take (a cancel can land after a reply has come, before its
+    caller ran again)."""
     handles = yield Submit(calls, deadline)
     try:
         got = yield Collect(calls, handles, timeout_s)
     except GeneratorExit:
         raise
     except BaseException:
-        yield Abandon(None, calls, handles)
+        _release_answered(c, calls, (yield Abandon(None, calls, handles)), "dequeue")
         raise
     if OPEN in got:  # (identity first: no value equals it)
         got = yield Abandon(None, calls, handles)
