@@ -59,7 +59,10 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-RETRIES_MAX = 1_000_000
+#: The most ``retries`` a task takes: one delivery fewer than the largest ``max_deliveries``
+#: the service's config accepts (1,000,000, config.py): more could never run, and the
+#: advice to raise the queue's ``max_deliveries`` would name a value the config refuses.
+RETRIES_MAX = 999_999
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,34 @@ def _results_of(q: Queue) -> Results:
     return q
 
 
+def _no_arguments_needed(fn: Any) -> None:
+    """InvalidConfig if a call of ``fn`` (a task, or the function to make one of) with no
+    arguments besides ctx does not bind: what ``@app.periodic`` sends at each tick."""
+    task = fn if isinstance(fn, Task) else None
+    try:
+        signature = task.signature if task is not None else inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise InvalidConfig(f"@app.periodic needs a function, got {fn!r:.80} ({exc})") from None
+    if not signature.parameters:
+        return  # no ctx: Task() says so
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = task.name if task is not None else \
+            f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        raise InvalidConfig(f"@app.periodic: task {name} is called with no arguments at each tick, but it needs "
+                            f"some ({exc}): give its parameters defaults, or schedule a task that takes none"
+                            ) from None
+
+
+def _job_id(value: Any) -> int:
+    """A job id of the local shards, checked as the client checks one (InvalidJob), with
+    the range said: the client's check calls an id past it not a non-negative integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidJob(f"job_id must be an integer in [0, 2**63 - 1], got {value!r:.40}")
+    return validate.integer("job_id", value)
+
+
 def _settled(r: Any, unpack: Callable[[bytes], Any]) -> Any:
     """A job's value once it succeeded; _PENDING while it may still; JobFailed, NotFound."""
     if r.state == "succeeded":
@@ -277,7 +308,8 @@ class App:
         from ..config import check_queue_name
         check_queue_name(queue, InvalidConfig)
         if retries is not None and (type(retries) is not int or not 0 <= retries <= RETRIES_MAX):
-            raise InvalidConfig(f"retries must be None or an int in [0, {RETRIES_MAX}]")
+            raise InvalidConfig(f"retries must be None or an int in [0, {RETRIES_MAX}] (the first delivery and "
+                                f"{RETRIES_MAX} retries take the largest max_deliveries, {RETRIES_MAX + 1})")
         self._check_retries(queue, retries)
         if key is not None and not (isinstance(key, str) or callable(key)):
             raise InvalidConfig("key must be None, a string or a function of the task's arguments")
@@ -325,6 +357,9 @@ class App:
         from ..schedules import Schedule
 
         def decorate(fn: Any) -> Task[..., Any]:
+            # Each tick calls the task with no arguments: one that needs some is refused now,
+            # as .send() would refuse the call, not by every tick failing in a worker.
+            _no_arguments_needed(fn)
             t = fn if isinstance(fn, Task) else self.task(queue=queue, key=key)(fn)
             sched_key = key if key is not None else (t.key if isinstance(t.key, str) else None)
             body = taskbody.encode(t.name, (), {}, t.signature)
@@ -341,7 +376,7 @@ class App:
         """What the service says of one job's outcome: ``state`` (``succeeded``, or the live
         job's: ``ready``, ``delayed``, ``waiting``, ``leased``, ``dead``; or ``gone``),
         ``attempts``, ``progress``, ``note``, ``error``, ``result_bytes``, ``expires_at``."""
-        (r,) = _results_of(self.queue).results([validate.integer("job_id", job_id)])
+        (r,) = _results_of(self.queue).results([_job_id(job_id)])
         return {"job_id": r.job_id, "state": r.state, "attempts": r.attempts, "progress": r.fraction,
                 "note": r.note, "error": r.error, "result_bytes": None if r.value is None else len(r.value),
                 "expires_at": r.expires_at}
@@ -349,11 +384,12 @@ class App:
     def result(self, job_id: JobId, timeout: float | None = None) -> Any:
         """The return value of a job of a task with ``keep_result``, once it succeeded.
         JobFailed (with its error) if it was dead-lettered, TimeoutError if not done within
-        ``timeout`` seconds, NotFound if its result is gone (not kept, or expired)."""
-        from .workflow import POLL_FIRST_S, _next_wait, unpack
+        ``timeout`` seconds (None or ``math.inf``: no limit; NaN is refused with InvalidJob),
+        NotFound if its result is gone (not kept, or expired)."""
+        from .workflow import POLL_FIRST_S, _deadline, _next_wait, unpack
         q = _results_of(self.queue)
-        ids = [validate.integer("job_id", job_id)]  # the local shards' ids (as the client checks them)
-        deadline = None if timeout is None else self.clock.monotonic() + timeout
+        ids = [_job_id(job_id)]
+        deadline = _deadline(timeout, self.clock)
         wait = POLL_FIRST_S
         while True:
             (r,) = q.results(ids)
@@ -365,10 +401,10 @@ class App:
 
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
         """As :meth:`result`, with this loop's asyncio client."""
-        from .workflow import POLL_FIRST_S, _next_wait, unpack
+        from .workflow import POLL_FIRST_S, _deadline, _next_wait, unpack
         q = await self.aio()  # the asyncio client keeps results (contracts.AsyncResults)
-        ids = [validate.integer("job_id", job_id)]  # the local shards' ids (as the client checks them)
-        deadline = None if timeout is None else self.clock.monotonic() + timeout
+        ids = [_job_id(job_id)]
+        deadline = _deadline(timeout, self.clock)
         wait = POLL_FIRST_S
         while True:
             (r,) = await q.results(ids)

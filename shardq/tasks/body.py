@@ -64,9 +64,7 @@ def encode(name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
         try:
             _packb(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidJob(f"task {name}: argument {where} cannot be sent: {_why(value, exc)}; "
-                             "task arguments must be msgpack types (None, bool, int, float, str, "
-                             "bytes, list, tuple, dict)") from None
+            raise InvalidJob(f"task {name}: argument {where} cannot be sent: {why(value, exc)}") from None
     raise InvalidJob(f"task {name}: the arguments cannot be encoded")  # not reached in practice
 
 
@@ -160,7 +158,56 @@ def _labelled(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
         yield repr(k), value
 
 
-def _why(value: Any, exc: BaseException) -> str:
-    if isinstance(exc, OverflowError):
-        return "integer out of msgpack's 64-bit range"
-    return f"{type(value).__name__} is not a msgpack type"
+#: How deep :func:`why` looks into lists and dicts for the value msgpack refused.
+WHY_DEPTH_MAX = 100
+_TYPES = "msgpack types (None, bool, int, float, str, bytes, list, tuple, dict)"
+
+
+def why(value: Any, exc: BaseException) -> str:
+    """Why msgpack refused ``value`` (``exc``), in a sentence: the value inside it that it
+    refused (``at [2]['name']``), and for what: a type msgpack has not, an int past 64 bits,
+    or a str holding what UTF-8 cannot encode (a lone surrogate: a file name decoded by
+    ``os.fsdecode``, say)."""
+    where, bad, err = _culprit(value, exc)
+    at = f" (at {where})" if where else ""
+    if isinstance(err, UnicodeEncodeError) and isinstance(bad, str):
+        char = err.object[err.start:err.start + 1] if isinstance(err.object, str) else ""
+        return (f"the str{at} is not valid UTF-8 text: it holds {char!r} at index {err.start}, a lone surrogate, "
+                "which UTF-8 cannot encode (a name decoded with os.fsdecode, say: send it as bytes, "
+                "os.fsencode(name), or as text that is)")
+    if isinstance(err, OverflowError):
+        return f"integer{at} out of msgpack's 64-bit range; values must be {_TYPES}"
+    if _too_deep(err):
+        return f"it is nested deeper than msgpack encodes ({err})"
+    return f"{type(bad).__name__}{at} is not a msgpack type; values must be {_TYPES}"
+
+
+def _culprit(value: Any, exc: BaseException) -> tuple[str, Any, BaseException]:
+    """The path inside ``value`` to the first value msgpack refuses alone (``""``: itself),
+    that value, and msgpack's error for it: a list or dict is looked into, a map's keys
+    before its values."""
+    where = ""
+    for _ in range(WHY_DEPTH_MAX if not _too_deep(exc) else 0):
+        if isinstance(value, (list, tuple)):
+            parts: list[tuple[str, Any]] = [(f"[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            parts = []
+            for k, v in value.items():
+                parts += [(f" key {k!r:.40}", k), (f"[{k!r:.40}]", v)]
+        else:
+            break
+        for label, inner in parts:
+            try:
+                _packb(inner)
+            except (TypeError, ValueError, OverflowError) as inner_exc:
+                where, value, exc = where + label, inner, inner_exc
+                break
+        else:
+            break  # each part alone packs (too deep as a whole, say): the value itself is named
+        if label.startswith(" key"):
+            break  # a key: named as it is
+    return where.strip(), value, exc
+
+
+def _too_deep(exc: BaseException) -> bool:
+    return type(exc) is ValueError and "recursion" in str(exc)

@@ -19,7 +19,7 @@ from .. import limits
 from ..errors import Fail, Retry
 from ..client.contracts import JobCalls
 from ..consumer.handling import Context, error_text
-from .body import BadBody, Steps, decode, decode_steps
+from .body import BadBody, Steps, decode, decode_steps, why
 from .app import App, Task
 from .reading import FANOUT
 from .workflow import pack, unpack
@@ -149,8 +149,7 @@ class TaskHandler:
         try:
             data = pack(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise Fail(f"task {task.name}: its return value cannot be kept: {type(value).__name__} is not a "
-                       f"msgpack type ({exc}); return None, bool, int, float, str, bytes, list or dict") from None
+            raise Fail(f"task {task.name}: its return value cannot be kept: {why(value, exc)}") from None
         if len(data) > limits.RESULT_BYTES_MAX:
             raise Fail(f"task {task.name}: its return value is {len(data)} bytes encoded; results are kept up "
                        f"to {limits.RESULT_BYTES_MAX} (store large data elsewhere and return its name)")

@@ -164,6 +164,8 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
             state = r.state
             if state == "gone" and step.reports is not None:
                 state = _reported_state(step.reports, barriers)
+            elif state == "gone" and step.task == FANOUT:
+                state = _fanout_state(steps, step, barriers)
             row.update(state=state, attempts=r.attempts, progress=r.fraction, note=r.note, error=r.error,
                        result_bytes=r.value_bytes)
         else:
@@ -174,6 +176,18 @@ def status_rows(steps: list[Step], jobs: list[int | None], results: dict[int, An
                 row.update(arrived=b.get("arrived"), total=b.get("total"))
         rows.append(row)
     return rows
+
+
+def _fanout_state(steps: list[Step], fanout: Step, barriers: Barriers) -> str:
+    """The state of a group's fanout job once it is gone (it keeps no result): ``succeeded``
+    if it started every member (each member's barrier fired), ``cancelled`` if one of those
+    barriers was cancelled, else ``gone`` (cancelled or purged before it started them all)."""
+    started = [barriers.get(b) for b in _spawned(steps, fanout)]
+    if started and all(b and b.get("fired_job") is not None for b in started):
+        return "succeeded"
+    if any(b and b.get("cancelled") for b in started):
+        return "cancelled"
+    return "gone"
 
 
 def _reported_state(reports: tuple[int, str, int], barriers: Barriers) -> str:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import numbers
 import time
 import uuid
 import zlib
@@ -42,7 +44,9 @@ import msgpack
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..client.contracts import AsyncResults, Results
+from ..client.routing import job_item
 from ..errors import InvalidJob, JobFailed, NotFound, ShardqError, Unsupported, WorkflowCancelled
+from ..protocol import validate
 from . import body as taskbody
 from .reading import (ENDED, FAILED, FANOUT, RUNNING, SUCCEEDED, Barriers, Verdict, status_rows, step_jobs, verdict,
                       watched)
@@ -92,7 +96,13 @@ class Signature:
 
     def set(self, *, delay: float | None = None, priority: int | None = None) -> Signature:
         """This call with a delay (seconds, counted from when its job is enqueued: for a
-        step, when the step before it finished) or a priority, as ``task.send_with`` takes."""
+        step, when the step before it finished) or a priority, as ``task.send_with`` takes.
+        Checked here as ``send_with`` checks them (InvalidJob): a later step's job is
+        enqueued by a shard when the step before it reports, too late to refuse it."""
+        if delay is not None:
+            validate.seconds("delay", delay, hi=limits.DELAY_S_MAX)
+        if priority is not None:
+            validate.priority(priority)
         return replace(self, delay=self.delay if delay is None else delay,
                        priority=self.priority if priority is None else priority)
 
@@ -205,6 +215,8 @@ class Builder:
         self.count = 0
         self.steps: list[Step] = []
         self.barriers: list[tuple[int, str]] = []
+        #: queue -> (the largest body of a job a barrier enqueues there, its step's name)
+        self.later: dict[str, tuple[int, str]] = {}
 
     def build(self, top: Chain) -> list[list[Any]]:
         """The items to enqueue now (``[body, key, queue, delay, priority]``); the steps
@@ -261,7 +273,7 @@ class Builder:
             spawns.append([shard, bid, item])
         queue, _ = first_route(node)
         body = taskbody.encode(FANOUT, [spawns, self.ttl_s], {}, None, taskbody.Steps(None, None, inputs))
-        item = [body, None, queue, 0, 0]
+        item = self.checked([body, None, queue, 0, 0], path, FANOUT, started_by)
         self.steps.append(Step(FANOUT, path, started_by, item=item))
         return [item]
 
@@ -286,9 +298,25 @@ class Builder:
         keep = self.ttl_s if path in self.finals else sig.task.keep_result
         body = taskbody.encode(name, args, kwargs, None,
                                taskbody.Steps(None if keep is None else float(keep), report, inputs))
-        item = [body, key, queue, delay, priority]
+        item = self.checked([body, key, queue, delay, priority], path, sig.task.name, started_by)
         reports = None if target is None else (target.shard, target.bid, index)
         self.steps.append(Step(sig.task.name, path, started_by, item=item, reports=reports))
+        return item
+
+    def checked(self, item: list[Any], path: str, task: str, started_by: tuple[int, str] | None) -> list[Any]:
+        """``item``, checked as an enqueue checks a job (key, delay, priority, queue name,
+        body: ``routing.job_item``) if a barrier enqueues it: its shard would refuse it only
+        when the step before it reports, after that step's effect committed, and that step
+        would then run again and again until dead-lettered. (The first jobs are checked by
+        their enqueue; the body against each queue's own limit in :meth:`Workflow.start`.)"""
+        if started_by is not None:
+            body, key, queue, delay, priority = item
+            try:
+                job_item(body, key, queue, delay, priority, None)
+            except InvalidJob as exc:
+                raise InvalidJob(f"step {path} ({task}): {exc}") from None
+            if len(body) > self.later.get(queue, (0, ""))[0]:
+                self.later[queue] = (len(body), f"step {path} ({task})")
         return item
 
 
@@ -380,6 +408,19 @@ def from_spec(spec: bytes) -> tuple[list[Step], list[tuple[int, str]], list[str]
     return steps, [r for r in refs if r is not None], finals, first_ids, single
 
 
+def workflow_id(value: Any) -> str:
+    """A workflow id as given to :meth:`Workflow.load` (or ``shardq workflow show``),
+    checked: InvalidJob names it a workflow id (the client's check of the record's key
+    calls it a barrier id: a workflow's record is kept where a barrier of that id would be)."""
+    if type(value) is not str or not value \
+            or len(value.encode("utf-8", "surrogatepass")) > limits.BARRIER_ID_BYTES_MAX:
+        got = f"a str of {len(value.encode('utf-8', 'surrogatepass'))} bytes" \
+            if type(value) is str and len(value) > 40 else f"{value!r:.40}"
+        raise InvalidJob(f"a workflow id must be a string of 1..{limits.BARRIER_ID_BYTES_MAX} bytes (UTF-8), "
+                         f"got {got}")
+    return value
+
+
 def _text(value: Any) -> str:
     if type(value) is not str:
         raise TypeError(f"a text field holds {type(value).__name__}")
@@ -435,6 +476,11 @@ class Workflow:
         ttl = max([limits.WORKFLOW_RESULT_S_DEFAULT] + [s.task.keep_result or 0 for s in signatures(top)])
         builder = Builder(q.route, wf_id, float(ttl))
         items = builder.build(top)
+        for queue, (size, step) in builder.later.items():  # each queue's limit (the client keeps it)
+            most = q.queue_config(queue).get("max_body_bytes")
+            if type(most) is int and size > most:
+                raise InvalidJob(f"{step}: its job's body is {size} bytes, over the max_body_bytes of queue "
+                                 f"{queue!r} ({most}): the barrier that enqueues it would be refused")
         finals, single = final_paths(top), isinstance(top.steps[-1], Signature)
         # The record's size, checked before anything is enqueued (each id adds at most 9 bytes).
         room = len(spec_of(builder.steps, builder.barriers, finals, [], single)) + 9 * len(items)
@@ -465,7 +511,7 @@ class Workflow:
         if not isinstance(q, Results):
             raise Unsupported(f"workflows need the local shards' service; {type(q).__name__} keeps no "
                               "workflow records (docs/workflows.md)")
-        steps, barriers, finals, first_ids, single = from_spec(q.workflow(wf_id)["spec"])
+        steps, barriers, finals, first_ids, single = from_spec(q.workflow(workflow_id(wf_id))["spec"])
         return cls(app, wf_id, steps, barriers, finals, first_ids, single, queue=None if app else q)
 
     def outcome(self) -> tuple[str, str | None] | None:
@@ -511,14 +557,23 @@ class Workflow:
 
     def _answer(self, v: Verdict) -> Reading[Any]:
         """What ``result()`` says of an ended workflow: its value, or the error it raises.
-        An end the jobs cannot tell apart (a cancel from a dead step purged, a cancel from a
-        result gone) is told by the workflow's record, ended here as cancelled unless it
-        ended already (its first end is kept): ``failed`` raises JobFailed with the failure
-        it recorded, ``succeeded`` the value (or JobFailed: the result is gone since)."""
+        A failure is recorded as the watcher would record it (``failed``: its first end is
+        kept), then raised as JobFailed. An end the jobs cannot tell apart (a cancel from a
+        dead step purged, a cancel from a result gone) is told by the workflow's record,
+        ended here as cancelled unless it ended already (its first end is kept): ``failed``
+        raises JobFailed with the failure it recorded, ``succeeded`` the value (or
+        JobFailed: the result is gone since)."""
         if v.state == SUCCEEDED:
             return self._value(v.values)
         step, task = (v.step.path, v.step.task) if v.step is not None else (None, None)
         if v.state == FAILED:
+            # Recorded as the watcher would (its first end is kept: a redrive later lets it
+            # run on, and it stays failed). The jobs say it failed whatever the record says,
+            # so a record that cannot be written changes nothing here.
+            try:
+                yield "end_workflow", (self.id, "failed", v.why, RECORD_KEPT_S)
+            except ShardqError:
+                pass  # no record kept (NotFound), or its shard unavailable: the watcher records it
             raise JobFailed(v.why or "", job_id=v.job_id, error=v.error, task=task, step=step)
         try:
             state = yield "end_workflow", (self.id, "cancelled", v.why, RECORD_KEPT_S)
@@ -571,9 +626,10 @@ class Workflow:
         the members' for one that ends with a group). Once it has ended otherwise, at
         once: JobFailed if a step was dead-lettered (or purged since, or its result is
         gone), WorkflowCancelled if it was cancelled (``cancel()``, or a step's job
-        cancelled); both name the step. TimeoutError if it runs past ``timeout`` seconds."""
+        cancelled); both name the step. TimeoutError if it runs past ``timeout`` seconds
+        (None or ``math.inf``: no limit; NaN is refused with InvalidJob)."""
         q, clock = self.queue, self._clock()
-        deadline = None if timeout is None else clock.monotonic() + timeout
+        deadline = _deadline(timeout, clock)
         wait = POLL_FIRST_S
         while True:
             done, value = _drive(q, self._poll(q.shards))
@@ -587,7 +643,7 @@ class Workflow:
         if self.app is None:
             raise TypeError("result_async needs a workflow sent or loaded with an App (Workflow.load(app, id))")
         q, clock = await self.app.aio(), self.app.clock
-        deadline = None if timeout is None else clock.monotonic() + timeout
+        deadline = _deadline(timeout, clock)
         wait = POLL_FIRST_S
         while True:
             done, value = await _adrive(q, self._poll(q.shards))
@@ -676,7 +732,7 @@ def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict[st
     ``expires_at``, ``steps_total``, ``steps_by_state`` (every step's state counted),
     ``steps`` (the first ``steps_max`` rows of :meth:`Workflow.status`, in step order) and
     ``steps_shown``. NotFound if no record of it is kept."""
-    record = q.workflow(wf_id)
+    record = q.workflow(workflow_id(wf_id))
     wf = Workflow.load(q, wf_id)
     rows = wf.status()
     by_state: dict[str, int] = {}
@@ -685,6 +741,19 @@ def describe(q: Any, wf_id: str, steps_max: int = DESCRIBE_STEPS_MAX) -> dict[st
     return {"id": wf_id, "state": record["state"], "error": record["error"], "started_at": record["started_at"],
             "ended_at": record["ended_at"], "expires_at": record["expires_at"], "steps_total": len(rows),
             "steps_by_state": by_state, "steps": rows[:steps_max], "steps_shown": min(len(rows), steps_max)}
+
+
+def _deadline(timeout: float | None, clock: Clock) -> float | None:
+    """The deadline (``clock``'s monotonic time) of a ``result(timeout)``: None, no deadline,
+    for ``timeout=None`` or ``math.inf``; InvalidJob for NaN (a deadline no time passes: it
+    waited for ever) or a value that is not a number. A timeout of 0 or less looks once."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or math.isnan(timeout):
+        raise InvalidJob(f"timeout must be None or a number of seconds, got {timeout!r:.40}")
+    if timeout == math.inf:
+        return None
+    return clock.monotonic() + float(timeout)
 
 
 def _next_wait(wait: float, deadline: float | None, what: str, clock: Clock) -> float:
