@@ -82,9 +82,19 @@ CONNECTIONS_MAX_DEFAULT = 4096
 #: pipes, handshakes in progress): it raises its soft RLIMIT_NOFILE to the sum at start.
 SHARD_FDS_BESIDES_CLIENTS = 64
 #: Queues one shard holds (any name works unless the config declares its queues). Keeps
-#: memory (a few KiB per queue) and a stats reply (under 200 bytes per queue, names at
-#: their longest) bounded: at this count a reply is about 18 MiB, within the frame limit.
+#: memory (a few KiB per queue) and a stats reply bounded: with 128-byte names a queue's
+#: stats take about 435 bytes with every limit (docs/limits.md), 179 without, so at this
+#: count a ``stats`` reply is about 43.5 MB (17.9 MB), within REPLY_BYTES_MAX. A scrape's
+#: figures add about 255 bytes a queue: 69 MB in all (44.2 MB), past the frame limit, which
+#: is why a scrape reads them in pages (METRICS_PAGE_BYTES).
 QUEUES_MAX = 100_000
+#: What one page of a scrape (a ``metrics_page`` reply) takes at most, estimated from its
+#: queues' names and a bound on the rest of a queue's entries (shard/control_handlers.py,
+#: QUEUE_FIGURES_BYTES_MAX), never by encoding. At QUEUES_MAX queues with 128-byte names
+#: a page holds about 6,500 queues, 4.5 MB encoded with every limit (2.9 MB without), and
+#: a scrape of that shard takes 16 pages; the shard's loop pauses for one page at a time
+#: (0.14 s at most measured on a loaded 2-CPU VM), not for the whole scrape.
+METRICS_PAGE_BYTES = 8 * 1024 * 1024
 CLIENT_SESSION_TTL_S = 600.0
 
 # Write-ahead log (configurable in [limits]).

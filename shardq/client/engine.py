@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .. import limits
-from ..errors import Closed, InvalidJob, OutcomeUnknown, ShardqError, ShardUnavailable
+from ..errors import Closed, InvalidJob, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable
 from ..datadir import DataDir
 from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
@@ -393,16 +393,14 @@ class Calls:
 
     @operation
     def shard_metrics(self, timeout_s: float = 2.0) -> Op[list[dict[str, Any]]]:
-        """One ``metrics`` call per shard, all sent at once, waited for at most ``timeout_s``
-        in all (a scrape). A shard that is down or slow appears as ``{"shard": i,
-        "available": False, "error": ...}``: this never raises ShardUnavailable."""
-        calls = [Call(s, "metrics", []) for s in range(self.shards)]
-        try:
-            got = yield Send(calls, min(self.retry_s, DOWN_PROBE_S), timeout_s, errors=True)
-        except ShardqError as e:
-            got = [e] * len(calls)
-        return [{"shard": s, "available": False, "error": str(r), "queues": {}} if isinstance(r, BaseException)
-                else dict(r[0], available=True) for s, r in enumerate(got)]
+        """Every shard's ``metrics`` (a scrape), read in pages (``metrics_page``: wire.py):
+        the first page of every shard asked at once, then the next page of each shard that
+        has one, all at once, and so on; each round waited for at most ``timeout_s``. A
+        shard that is down, leaves a page unanswered for ``timeout_s``, or restarted
+        between its pages (its pid changed) appears as ``{"shard": i, "available": False,
+        "error": ...}``: this never raises ShardUnavailable. A shard of a version before
+        ``metrics_page`` is asked ``metrics``, whole (docs/upgrades.md)."""
+        return (yield from _metrics_pages(self, timeout_s))
 
     @operation
     def backup_cuts(self, stage: str) -> Op[list[dict[str, Any]]]:
@@ -740,6 +738,52 @@ def _check_bodies(c: Calls, calls: list[Call]) -> Op[None]:
         if size > limit:
             raise InvalidJob(f"a body of queue {name!r} is {size} bytes, over the queue's limit of {limit} "
                              "(nothing of the batch was sent)")
+
+
+def _metrics_pages(c: Calls, timeout_s: float) -> Op[list[dict[str, Any]]]:
+    """:meth:`Calls.shard_metrics`: each shard's pages merged into one ``metrics`` reply, or
+    its error in its place (a shard is up for a scrape only with every page of one process).
+
+    ``timeout_s`` bounds the wait for each round of pages, not the whole read: a shard that
+    answers each page in time is up, however many pages its queues take (at
+    ``limits.QUEUES_MAX`` queues with long names and limits, 16 pages: docs/operations.md,
+    "Metrics"); one that stops answering costs the scrape ``timeout_s`` once."""
+    retry_s = min(c.retry_s, DOWN_PROBE_S)
+    got: dict[int, dict[str, Any] | BaseException] = {}
+    asking = [Call(s, "metrics_page", [0]) for s in range(c.shards)]
+    while asking:
+        try:
+            replies = yield Send(asking, retry_s, timeout_s, errors=True)
+        except ShardqError as e:
+            replies = [e] * len(asking)
+        again = []
+        for (s, op, args), r in zip(asking, replies):
+            if isinstance(r, ProtocolError) and op == "metrics_page" and args == [0]:
+                again.append(Call(s, "metrics", []))  # an older shard: one reply, whole
+                continue
+            if isinstance(r, BaseException):
+                got[s] = r
+                continue
+            page = dict(r[0])
+            after = page.pop("next", None) if op == "metrics_page" else None
+            if after is not None and not (type(after) is int and after > args[0]):
+                got[s] = ShardUnavailable(f"shard {s} answered metrics page {args[0]} with next page {after!r:.40}")
+                continue
+            held = got.get(s)
+            if isinstance(held, dict):
+                if page.get("pid") != held.get("pid"):
+                    got[s] = ShardUnavailable(f"shard {s} restarted during the scrape (pid {held.get('pid')} "
+                                              f"then {page.get('pid')})")
+                    continue
+                held.setdefault("queues", {}).update(page.get("queues", {}))
+                held.setdefault("queue_metrics", {}).update(page.get("queue_metrics", {}))
+            else:
+                got[s] = page
+            if after is not None:
+                again.append(Call(s, "metrics_page", [after]))
+        asking = again
+    return [{"shard": s, "available": False, "error": str(r), "queues": {}} if isinstance(r, BaseException)
+            else dict(r, available=True) for s, r in sorted(got.items())]
 
 
 def _on_every_shard(c: Calls, op: str, queue: str) -> Op[int]:

@@ -74,6 +74,8 @@ job            [job_id]                                               {job}
 dead_page      [queue, after_job_id | None, limit]                    [[id, key, body, attempts, error]]
 purge_ids      [queue, [job_id, ...]]                                 count
 metrics        []                                                     {stats + figures}
+metrics_page   [start]                                                {stats + figures of
+                                                                      one page, next, pid}
 backup_cut     [staging dir name: backup-<pid>-<hex>]                 {files, segment,
                                                                       offset, write, time,
                                                                       job_seq, ...}
@@ -97,6 +99,19 @@ From pause on, they are the control and metrics ops (:data:`CONTROL_ARITY`,
 ``shardq/shard/control_handlers.py``). Each may be re-sent safely after a broken connection:
 pause, resume, cancel and purge_ids are idempotent, the others only read; a re-sent
 backup_cut takes a new cut and replaces the staging dir of the first (docs/backup.md).
+
+``metrics`` answers a whole scrape in one reply, which at ``limits.QUEUES_MAX`` queues with
+long names and limits is more than a frame holds; ``metrics_page`` is the same answer in
+pages, which a client of this version asks for (``Calls.shard_metrics``). Its ``start`` is
+a position in the order the shard's queues were made (0: the first page); a page holds the
+queues from there until ``limits.METRICS_PAGE_BYTES`` (estimated, never measured by
+encoding: control_handlers.py), at least one, as ``queues`` (their stats) and
+``queue_metrics`` (their figures), with ``next`` (the next page's ``start``, None after the
+last) and ``pid``. The first page also carries every shard-wide figure of ``metrics``. A
+shard process only ever adds queues, to the end of that order, so the positions hold while
+its pid does: a client that sees the pid change between pages drops what it read. An older
+shard answers ``metrics_page`` with ``ProtocolError: unknown op``; the client then asks it
+``metrics`` (docs/upgrades.md). ``metrics`` stays, unchanged, for older clients.
 
 Each op is declared once, in :data:`REQUESTS`: its argument record (:class:`NackArgs`, ...),
 its retry policy, and the state method it calls (the shard's one generic handler passes
@@ -291,6 +306,10 @@ class BackupCutArgs(NamedTuple):
     stage: str
 
 
+class MetricsPageArgs(NamedTuple):
+    start: int                           # the position of the page's first queue (0: the first page)
+
+
 # ---------------------------------------------------------------------------- requests
 class Request(NamedTuple):
     """One op of the wire, declared once in :data:`REQUESTS`: its argument record, its retry
@@ -359,8 +378,8 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("workflow", WorkflowArgs, RESEND, "workflow"),
     Request("workflow_ids", AfterLimitArgs, RESEND, "running_workflows"),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
-    # re-sent cancel of a lease already marked changes nothing); job, dead_page and metrics
-    # only read.
+    # re-sent cancel of a lease already marked changes nothing); job, dead_page, metrics and
+    # metrics_page only read.
     Request("pause", QueueArgs, RESEND, "pause", control=True),
     Request("resume", QueueArgs, RESEND, "resume", control=True),
     Request("cancel", JobArgs, RESEND, "cancel", control=True),
@@ -368,6 +387,7 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("dead_page", DeadPageArgs, RESEND, handler="_dead_page", control=True),
     Request("purge_ids", PurgeIdsArgs, RESEND, handler="_purge_ids", control=True),
     Request("metrics", NoArgs, RESEND, handler="_metrics", control=True),
+    Request("metrics_page", MetricsPageArgs, RESEND, handler="_metrics_page", control=True),
     # a new cut replaces the first one's staging dir: the caller uses the reply it gets
     Request("backup_cut", BackupCutArgs, RESEND, handler="_backup_cut", control=True),
 )}

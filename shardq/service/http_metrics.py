@@ -1,8 +1,8 @@
 """The Prometheus collector of ``shardq serve``: shard figures read at scrape time.
 
-One scrape sends one ``metrics`` request to every shard at once and waits at most
-``timeout_s`` in all (:meth:`~shardq.client.router.Router.shard_metrics`); a shard that is
-down or slow shows ``shardq_shard_up 0`` and its queues are absent for that scrape. A scrape
+One scrape asks every shard for its first ``metrics_page`` at once, then the shards with
+more queues for their next pages (8 MiB each), waiting at most ``timeout_s`` for each round
+(:meth:`~shardq.client.router.Router.shard_metrics`); a shard that is down or slow shows ``shardq_shard_up 0`` and its queues are absent for that scrape. A scrape
 never fails because of a shard. Restart counts and the last replay of a shard come from the
 supervisor, so they are there while the shard is down.
 

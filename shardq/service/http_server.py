@@ -2,7 +2,8 @@
 at ``/`` and its JSON API under ``/api/``.
 
 It runs in the supervisor process and talks to the shards like any client (one router), so
-it is never on a shard's hot path: a scrape costs each shard one ``metrics`` request.
+it is never on a shard's hot path: a scrape costs each shard one ``metrics_page`` request
+per 8 MiB of its figures (one, below some 6,000 queues).
 Security is in :mod:`.http_auth`: a token always (the configured one, else one made in
 ``<data dir>/http-token``) unless ``[http] auth = "none"`` on loopback, ``/metrics`` open on
 loopback unless ``metrics_public = false``, CSRF checks on every state-changing request

@@ -130,6 +130,7 @@ TEMPLATES = {
     "dead_page": ["fuzzq", None, 10],
     "purge_ids": ["fuzzq", [1 << 10]],
     "metrics": [],
+    "metrics_page": [0],
     "set_limits": ["fuzzq", {"concurrency": 2}],
     "backup_cut": ["backup-1-0f"],
 }
@@ -236,7 +237,7 @@ def _rejected(reply, reqs) -> bool:
     for rid, status, payload in reply:
         if status == protocol.OK:
             op = next((r[1] for r in reqs or [] if r[0] == rid), None)
-            if op in ("stats", "ping", "queue_config", "dead_letters", "job", "dead_page", "metrics") \
+            if op in ("stats", "ping", "queue_config", "dead_letters", "job", "dead_page", "metrics", "metrics_page") \
                     or (op == "dequeue" and payload == []) \
                     or (op == "ack" and all(e is not None for e in payload)) \
                     or (op in ("redrive", "purge_dead", "purge_ids", "purge_queue") and payload == 0) \
@@ -362,6 +363,8 @@ INVALID = [  # (request args, expected error) -- all sent to shard 0 in one fram
     ("purge_ids", ["default", "all"], "InvalidJob"),
     ("purge_ids", ["default", [-1]], "InvalidJob"),
     ("metrics", [1], "ProtocolError"),
+    ("metrics_page", [], "ProtocolError"),
+    ("metrics_page", [-1], "InvalidJob"),
 ]
 
 
