@@ -2,8 +2,9 @@
 
 One scrape asks every shard for its first ``metrics_page`` at once, then the shards with
 more queues for their next pages (8 MiB each), waiting at most ``timeout_s`` for each round
-(:meth:`~shardq.client.router.Router.shard_metrics`); a shard that is down or slow shows ``shardq_shard_up 0`` and its queues are absent for that scrape. A scrape
-never fails because of a shard. Restart counts and the last replay of a shard come from the
+(:meth:`~shardq.client.router.Router.shard_metrics`); a shard that is down or slow shows
+``shardq_shard_up 0`` and its queues are absent for that scrape. A scrape never fails
+because of a shard. Restart counts and the last replay of a shard come from the
 supervisor, so they are there while the shard is down.
 
 Counters (``*_total``: prometheus-client adds the suffix to a counter family's name)
