@@ -180,11 +180,12 @@ def call(shard: int, op: str, args: list[Any], retry_s: float | None = None) -> 
     return value
 
 
-def call_all(calls: Sequence[tuple[int, str, list[Any]]]) -> Op[list[Any]]:
-    """Several requests at once; their values in order (the first error is raised)."""
+def call_all(calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None) -> Op[list[Any]]:
+    """Several requests at once; their values in order (the first error is raised).
+    ``retry_s``: how long a shard that is down is tried (None: the client's ``retry_s``)."""
     if not calls:
         return []
-    return [value for value, _ in (yield Send(calls))]
+    return [value for value, _ in (yield Send(calls, retry_s))]
 
 
 def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,

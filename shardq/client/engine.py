@@ -442,19 +442,22 @@ class Calls:
         yield from call(*res.progress_call(lease, fraction, note, self.shards))
 
     @operation
-    def results(self, job_ids: list[int], sizes: bool = False) -> Op[list[res.JobResult]]:
+    def results(self, job_ids: list[int], sizes: bool = False, *,
+                retry_s: float | None = None) -> Op[list[res.JobResult]]:
         """Each job's outcome (:class:`~shardq.client.results.JobResult`), in order: one
         call per shard; a value left out to keep a reply under the frame limit is asked
         for again alone. With ``sizes``, only each value's length is read (``value_bytes``;
-        ``value`` is None)."""
+        ``value`` is None). ``retry_s``, here and in the reading calls below: how long a
+        shard that is down is tried (None: the client's), so that a caller with a deadline
+        (``result(timeout)``) is answered by it."""
         job_ids = list(job_ids)
         calls, where = res.result_calls(job_ids, self.shards, sizes)
-        entries = res.in_order(len(job_ids), where, (yield from call_all(calls)))
+        entries = res.in_order(len(job_ids), where, (yield from call_all(calls, retry_s)))
         out = []
         for job_id, entry in zip(job_ids, entries):
             got, withheld = res.job_result(job_id, entry, sizes)
             if withheld:
-                alone = yield from call(job_shard(job_id, self.shards), "result", [[job_id]])
+                alone = yield from call(job_shard(job_id, self.shards), "result", [[job_id]], retry_s)
                 got, _ = res.job_result(job_id, alone[0])
             out.append(got)
         return out
@@ -479,10 +482,11 @@ class Calls:
         return got
 
     @operation
-    def barriers(self, refs: list[tuple[int, str]]) -> Op[list[dict[str, Any] | None]]:
+    def barriers(self, refs: list[tuple[int, str]], *,
+                 retry_s: float | None = None) -> Op[list[dict[str, Any] | None]]:
         """The state of each ``(shard, barrier id)``, in order (None: not known there)."""
         calls, where = res.barrier_calls(refs, self.shards)
-        return res.in_order(len(refs), where, (yield from call_all(calls)))
+        return res.in_order(len(refs), where, (yield from call_all(calls, retry_s)))
 
     @operation
     def barrier_values(self, shard: int, barrier: str) -> Op[list[bytes]]:
@@ -505,18 +509,19 @@ class Calls:
         return got
 
     @operation
-    def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float) -> Op[str]:
+    def end_workflow(self, wf_id: str, state: str, error: str | None, ttl_s: float, *,
+                     retry_s: float | None = None) -> Op[str]:
         """Record how ``wf_id`` ended (``succeeded``, ``failed``, ``cancelled``); the record
         is kept ``ttl_s`` more seconds. Returns its state now (a first end is kept)."""
         got: str = yield from call(*res.workflow_call("end_workflow", wf_id, [state, error, res.ttl(ttl_s)],
-                                                      self.shards))
+                                                      self.shards), retry_s)
         return got
 
     @operation
-    def workflow(self, wf_id: str) -> Op[dict[str, Any]]:
+    def workflow(self, wf_id: str, *, retry_s: float | None = None) -> Op[dict[str, Any]]:
         """The record of ``wf_id``: ``spec``, ``state`` (``running`` or how it ended),
         ``error``, ``started_at``, ``ended_at``, ``expires_at``. NotFound if none is kept."""
-        got: dict[str, Any] = yield from call(*res.workflow_call("workflow", wf_id, [], self.shards))
+        got: dict[str, Any] = yield from call(*res.workflow_call("workflow", wf_id, [], self.shards), retry_s)
         return got
 
     @operation

@@ -386,13 +386,14 @@ class App:
         JobFailed (with its error) if it was dead-lettered, TimeoutError if not done within
         ``timeout`` seconds (None or ``math.inf``: no limit; NaN is refused with InvalidJob),
         NotFound if its result is gone (not kept, or expired)."""
-        from .workflow import POLL_FIRST_S, _deadline, _next_wait, unpack
+        from .workflow import POLL_FIRST_S, _deadline, _next_wait, _retry_left, unpack
         q = _results_of(self.queue)
         ids = [_job_id(job_id)]
         deadline = _deadline(timeout, self.clock)
         wait = POLL_FIRST_S
         while True:
-            (r,) = q.results(ids)
+            left = _retry_left(deadline, self.clock)
+            (r,) = q.results(ids) if left is None else q.results(ids, retry_s=left)
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value
@@ -401,13 +402,14 @@ class App:
 
     async def result_async(self, job_id: JobId, timeout: float | None = None) -> Any:
         """As :meth:`result`, with this loop's asyncio client."""
-        from .workflow import POLL_FIRST_S, _deadline, _next_wait, unpack
+        from .workflow import POLL_FIRST_S, _deadline, _next_wait, _retry_left, unpack
         q = await self.aio()  # the asyncio client keeps results (contracts.AsyncResults)
         ids = [_job_id(job_id)]
         deadline = _deadline(timeout, self.clock)
         wait = POLL_FIRST_S
         while True:
-            (r,) = await q.results(ids)
+            left = _retry_left(deadline, self.clock)
+            (r,) = await (q.results(ids) if left is None else q.results(ids, retry_s=left))
             value = _settled(r, unpack)
             if value is not _PENDING:
                 return value

@@ -72,6 +72,7 @@ Reading: TypeAlias = Generator[tuple[ReadCall, tuple[Any, ...]], Any, _T]
 #: Result polling: the first wait, and the longest one between two looks.
 POLL_FIRST_S = 0.005
 POLL_MAX_S = 0.25
+RETRY_FLOOR_S = 0.2  # a look of result(timeout) past its deadline still tries a shard this long
 
 
 def pack(value: Any) -> bytes:
@@ -632,7 +633,7 @@ class Workflow:
         deadline = _deadline(timeout, clock)
         wait = POLL_FIRST_S
         while True:
-            done, value = _drive(q, self._poll(q.shards))
+            done, value = _drive(q, self._poll(q.shards), _retry_left(deadline, clock))
             if done:
                 return value
             wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
@@ -646,7 +647,7 @@ class Workflow:
         deadline = _deadline(timeout, clock)
         wait = POLL_FIRST_S
         while True:
-            done, value = await _adrive(q, self._poll(q.shards))
+            done, value = await _adrive(q, self._poll(q.shards), _retry_left(deadline, clock))
             if done:
                 return value
             wait = _next_wait(wait, deadline, f"workflow {self.id}", clock)
@@ -690,35 +691,46 @@ class Workflow:
             return state  # sent without a record (its put failed, or an older version sent it)
 
 
-def _drive(q: Results, gen: Reading[Any]) -> Any:
+def _drive(q: Results, gen: Reading[Any], retry_s: float | None = None) -> Any:
     """Run a reading generator with the threaded client ``q``: each call it yields is
-    made, and its reply (or its ShardqError) sent back; returns what it returns."""
+    made, and its reply (or its ShardqError) sent back; returns what it returns.
+    ``retry_s``: how long each call tries a shard that is down (None: the client's)."""
     reply: Any = None
     error: ShardqError | None = None
+    kw = {} if retry_s is None else {"retry_s": retry_s}
     while True:
         try:
             method, args = gen.throw(error) if error is not None else gen.send(reply)
         except StopIteration as stop:
             return stop.value
         try:
-            reply, error = getattr(q, method)(*args), None
+            reply, error = getattr(q, method)(*args, **kw), None
         except ShardqError as exc:
             reply, error = None, exc
 
 
-async def _adrive(q: AsyncResults, gen: Reading[Any]) -> Any:
+async def _adrive(q: AsyncResults, gen: Reading[Any], retry_s: float | None = None) -> Any:
     """As :func:`_drive`, with the asyncio client."""
     reply: Any = None
     error: ShardqError | None = None
+    kw = {} if retry_s is None else {"retry_s": retry_s}
     while True:
         try:
             method, args = gen.throw(error) if error is not None else gen.send(reply)
         except StopIteration as stop:
             return stop.value
         try:
-            reply, error = await getattr(q, method)(*args), None
+            reply, error = await getattr(q, method)(*args, **kw), None
         except ShardqError as exc:
             reply, error = None, exc
+
+
+def _retry_left(deadline: float | None, clock: Clock) -> float | None:
+    """How long a look of ``result(timeout)`` may try a shard that is down: until the
+    deadline (at least a moment, to reconnect to one that is up), None without one."""
+    if deadline is None:
+        return None
+    return max(RETRY_FLOOR_S, deadline - clock.monotonic())
 
 
 #: Steps a description lists (``describe``); the counts by state cover every step.

@@ -360,3 +360,37 @@ def test_retries_at_its_largest_fits_the_largest_max_deliveries():
     assert check_retries({t.name: t}, lambda queue: {"max_deliveries": top}) == []  # the worker agrees
     with pytest.raises(shardq.InvalidConfig, match=f"retries must be None or an int in \\[0, {RETRIES_MAX}\\]"):
         app.task(queue="big", retries=RETRIES_MAX + 1, name="t.bigger")(f)
+
+
+# ---------------------------------------------------------------------------- result(timeout) with the service down
+def test_result_with_a_timeout_ends_by_it_when_the_service_is_down():
+    """``result(timeout=1)`` with every shard gone took the client's ``retry_s`` (15 s) and
+    then raised ShardUnavailable: each look now tries a shard that is down only until the
+    caller's deadline (app.result, its asyncio form and a workflow's result)."""
+    import time
+
+    from support.service import Service
+    with Service(shards=2) as svc:
+        app = shardq.App(svc.data_dir)
+
+        @app.task(keep_result=60, name="paths_end.kept")
+        def kept(ctx, x: int = 0) -> int:
+            return x + 1
+
+        job = kept.send()
+        wf = chain(kept.s(), kept.s()).send()
+        svc.kill_all()
+
+        async def look_async():
+            try:
+                return await app.result_async(job, timeout=1)
+            finally:
+                await app.aclose()
+
+        for look in (lambda: app.result(job, timeout=1), lambda: wf.result(timeout=1),
+                     lambda: asyncio.run(look_async())):
+            started = time.monotonic()
+            with pytest.raises((TimeoutError, shardq.ShardUnavailable)):
+                look()
+            assert time.monotonic() - started < 8, "the look waited out the client's retry_s (15 s)"
+        app.close()
