@@ -81,6 +81,9 @@ class Schedule:
         if cron is not None and (not isinstance(cron, str) or len(cron.split()) != 5
                                  or not _croniter().is_valid(cron)):
             raise InvalidConfig(f"{at}.cron: {cron!r} is not a 5-field cron expression")
+        if cron is not None and not _can_fire(cron):
+            raise InvalidConfig(f"{at}.cron: {cron!r} matches no date (a day that no month "
+                                f"has, such as 30 February or 31 April): it would never fire")
         if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float))
                                     or not EVERY_S_MIN <= every_s <= EVERY_S_MAX):
             raise InvalidConfig(f"{at}.every_s: expected a number in [{EVERY_S_MIN:.0f}, {EVERY_S_MAX:.0f}]")
@@ -131,6 +134,24 @@ def fixed_time(cron: str) -> bool:
     minute nor the hour field starts with ``*``. See the module's docstring."""
     minute, hour = cron.split()[:2]
     return not minute.startswith("*") and not hour.startswith("*")
+
+
+#: where :func:`_can_fire` starts looking: any date would do (croniter looks at most
+#: ``max_years_between_matches``, 50, years ahead; the calendar repeats every 400 years, but
+#: a day of the month and a day of the week in one expression are either-or, as in cron, so a
+#: date that matches at all comes round within 8 years, 29 February in a leap year).
+_CAN_FIRE_FROM = dt.datetime(2000, 1, 1)
+
+
+def _can_fire(cron: str) -> bool:
+    """Whether a (valid) cron expression matches any date at all: ``0 0 30 2 *`` (30
+    February) never does, and croniter can find no tick of it (CroniterBadDateError)."""
+    from croniter import CroniterBadDateError
+    try:
+        _croniter()(cron, _CAN_FIRE_FROM).get_next(dt.datetime)
+    except CroniterBadDateError:
+        return False
+    return True
 
 
 def _next_tick(cron: str, tz: ZoneInfo, now: int) -> float:

@@ -36,19 +36,37 @@ def _insert_sql(table: str) -> str:
 
 
 def driver_connection(conn: Any) -> Any:
-    """The psycopg connection (or cursor) under ``conn``: a psycopg ``Connection`` or
+    """The psycopg (3) connection or cursor under ``conn``: a psycopg ``Connection`` or
     ``Cursor`` as is; an SQLAlchemy ``Session`` or ``Connection`` -> its psycopg connection
-    in the same transaction (a session's transaction begins here if it had not)."""
+    in the same transaction (a session's transaction begins here if it had not). Anything
+    else (a ``sqlite3`` connection, psycopg2, an asyncio ``AsyncConnection``, an SQLAlchemy
+    engine on another driver) is InvalidConfig: the SQL is PostgreSQL's, in psycopg's
+    placeholders, and an object that merely has an ``execute`` method would run it."""
     if hasattr(conn, "get_bind") and hasattr(conn, "connection"):  # sqlalchemy.orm.Session
         conn = conn.connection()
     pooled = getattr(conn, "connection", None)
     driver = getattr(pooled, "driver_connection", None)  # sqlalchemy Connection
     if driver is not None:
         conn = driver
-    if not callable(getattr(conn, "execute", None)):
+    try:
+        pg = pgconn.psycopg()
+    except InvalidConfig:  # no psycopg here: conn cannot be one of its connections
+        pg = None
+    if pg is None or not isinstance(conn, (pg.Connection, pg.Cursor)):
+        kind = type(conn)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
         raise InvalidConfig(f"outbox: need a psycopg connection or cursor, or an SQLAlchemy "
-                            f"session or connection, got {type(conn).__name__}")
+                            f"session or connection on psycopg (postgresql+psycopg://), got {name}")
     return conn
+
+
+def _cursor(db: Any) -> Any:
+    """A plain cursor on ``db``'s connection, in its transaction: the SQL here is written
+    for it (``%s`` placeholders, rows as tuples), whatever cursor or ``row_factory`` the
+    caller's connection makes (a RawCursor takes ``$1``; ``dict_row`` has no ``row[0]``)."""
+    pg = pgconn.psycopg()
+    from psycopg.rows import tuple_row
+    return pg.Cursor(db if isinstance(db, pg.Connection) else db.connection, row_factory=tuple_row)
 
 
 def enqueue(conn: Any, body: bytes, *, key: str | None = None, queue: str = "default",
@@ -66,9 +84,10 @@ def enqueue(conn: Any, body: bytes, *, key: str | None = None, queue: str = "def
     db = driver_connection(conn)
     pg = pgconn.psycopg()
     try:
-        if delay or priority:
-            _check_target(db, table, delay, priority)
-        row = db.execute(_insert_sql(table), (queue, key, body, priority, delay or None)).fetchone()
+        with _cursor(db) as cur:
+            if delay or priority:
+                _check_target(cur, table, delay, priority)
+            row = cur.execute(_insert_sql(table), (queue, key, body, priority, delay or None)).fetchone()
     except pg.errors.UndefinedTable:
         raise InvalidConfig(f"outbox table {table} does not exist: create it with "
                             f"shardq.outbox.install(dsn) or `shardq outbox init --dsn ...` "

@@ -11,7 +11,9 @@ comes later than the queue's ``dedup_window`` can such a tick be enqueued twice.
 supervisor's lock on the data dir makes it the only scheduler of that data dir.
 
 A failed enqueue (a shard down, QueueFull) leaves the tick unrecorded; it is tried again a
-second later.
+second later. A schedule whose tick cannot be worked out or sent (an error of its own) is
+logged as ``event=schedule-error schedule=<name>`` and tried again a second later; the
+other schedules fire as usual.
 """
 from __future__ import annotations
 
@@ -138,6 +140,8 @@ class Scheduler:
         self.started_at = self.clock.now()
         self.last, self.last_fired = load_state(self.path)  # (State.last, State.fired)
         self.fired = 0
+        self.errors = 0  # schedule-error: a schedule whose ticks could not be worked out
+        self._failing: dict[str, str] = {}  # schedule name -> its error, while it fails
         self._lock = threading.Lock()  # run_once from the thread and from a test
         self._wake = threading.Event()
         self._stop = False
@@ -152,7 +156,11 @@ class Scheduler:
         out: list[tuple[str, float, JobId]] = []
         changed = False
         for s in self.schedules:
-            tick, new_last = plan(s, self.last.get(s.name), now, self.started_at)
+            try:
+                tick, new_last = plan(s, self.last.get(s.name), now, self.started_at)
+            except Exception as exc:  # noqa: BLE001 - this schedule's own fault: the others still fire
+                self._failed(s, exc)
+                continue
             if tick is not None:
                 try:
                     job_id = self.queue.enqueue(s.body, key=s.key, queue=s.queue, dedup_id=s.dedup_id(tick))
@@ -160,12 +168,16 @@ class Scheduler:
                     log.warning("event=schedule-fire-failed schedule=%s tick=%s error=%s: %s",
                                 s.name, iso(tick), type(exc).__name__, exc)
                     continue  # not recorded: tried again on the next wake
+                except Exception as exc:  # noqa: BLE001 - not the queue's refusal: this schedule's fault
+                    self._failed(s, exc)
+                    continue  # not recorded either
                 log.info("event=schedule-fired schedule=%s tick=%s job=%s late_s=%.3f",
                          s.name, iso(tick), job_id, now - tick)
                 out.append((s.name, tick, job_id))
                 self.fired += 1
                 self.last_fired[s.name] = tick
                 changed = True
+            self._failing.pop(s.name, None)
             if self.last.get(s.name) != new_last:
                 self.last[s.name] = new_last
                 changed = True
@@ -176,10 +188,24 @@ class Scheduler:
                 log.warning("event=schedule-state-write-failed path=%s error=%s", self.path, exc)
         return out
 
+    def _failed(self, s: Schedule, exc: Exception) -> None:
+        """A schedule whose tick cannot be worked out or sent (an error of its own, not the
+        queue's refusal, which is schedule-fire-failed): it fires nothing, it is tried again on
+        the next wake, and the other schedules go on. Logged on every try, with the traceback
+        when the error is new (not the one this schedule failed with on its last try)."""
+        error = f"{type(exc).__name__}: {exc}"
+        first = self._failing.get(s.name) != error
+        self._failing[s.name] = error
+        self.errors += 1
+        log.error("event=schedule-error schedule=%s error=%s", s.name, error, exc_info=first)
+
     def next_wake_s(self, now: float) -> float:
-        if not self.schedules:
-            return WAKE_S_MAX
-        due = min(s.next_after(max(now, self.last.get(s.name, now))) for s in self.schedules)
+        due = now + WAKE_S_MAX
+        for s in self.schedules:
+            try:
+                due = min(due, s.next_after(max(now, self.last.get(s.name, now))))
+            except Exception:  # noqa: BLE001 - logged by run_once (schedule-error); tried within WAKE_S_MAX
+                pass
         return min(max(due - now, 0.0), WAKE_S_MAX)
 
     # ------------------------------------------------------------------ thread
