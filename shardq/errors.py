@@ -168,13 +168,41 @@ class InvariantViolation(ShardqError):
 class Retry(ShardqError):
     """Raised by a task (or handler): run this job again after ``delay_s`` seconds (None:
     the task's backoff). The delivery still counts: after the task's ``retries`` the job
-    is dead-lettered instead. ``reason`` is recorded as the job's last error."""
+    is dead-lettered instead. ``reason`` is recorded as the job's last error.
+
+    ``delay_s`` is checked here: anything but a number (``int``, ``float``, any
+    ``numbers.Real``, a ``Decimal``; not a bool, nor a string such as ``"30s"``) raises
+    TypeError, a number that is negative, NaN or infinite ValueError, both naming
+    ``delay_s``: a task that gets it wrong fails as with any other error of its own (the
+    worker would otherwise have died settling the job). A delay over ``limits.DELAY_S_MAX``
+    (a year) is cut to it."""
 
     def __init__(self, delay_s: float | None = None, reason: str | None = None):
+        import decimal
+        import math
+        import numbers
+        if delay_s is not None:
+            shown = repr(delay_s) if len(repr(delay_s)) <= 60 else repr(delay_s)[:57] + "..."
+            if isinstance(delay_s, bool) or not isinstance(delay_s, (numbers.Real, decimal.Decimal)):
+                raise TypeError(f"Retry: delay_s must be a number of seconds or None, "
+                                f"got {type(delay_s).__name__} {shown}")
+            try:
+                seconds = float(delay_s)
+            except (ValueError, OverflowError):  # Decimal('sNaN'); an int past float's range
+                seconds = math.nan
+            if not math.isfinite(seconds) or seconds < 0:
+                raise ValueError(f"Retry: delay_s must be a finite number of seconds >= 0, got {shown}")
         super().__init__(reason or (f"retry requested in {delay_s} s" if delay_s is not None
                                     else "retry requested"))
         self.delay_s = delay_s
         self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Unpickled as it was, without calling ``__init__`` again on its message (which
+        is no delay)."""
+        import copyreg
+        # copyreg.__newobj__(cls, *args) is cls.__new__(cls, *args), as pickle's own
+        return copyreg.__newobj__, (type(self), *self.args), self.__dict__  # type: ignore[attr-defined]
 
 
 class Fail(ShardqError):

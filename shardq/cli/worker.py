@@ -114,11 +114,27 @@ def run(args: argparse.Namespace, connect: Callable[..., Any] | None = None) -> 
             handler = load_handler(args.handler[0])
     except (ImportError, AttributeError, ValueError) as exc:
         raise UsageError(f"cannot load {' '.join(args.handler)!r}: {exc}") from None
+    if task_mode and not tasks:  # e.g. a plain handler's module with its ":handle" forgotten
+        raise UsageError(_no_tasks(args.handler))
     # From here (its code loaded, the command line good) a stop signal is a clean stop, also
     # while it connects: the process handles SIGTERM from now on, which is what a test or a
     # tool that waits for it to be stoppable looks for (SigCgt in /proc/PID/status).
     return common.stoppable_while_starting(
         "shardq worker", lambda: _work(args, connect, task_mode, tasks, None if task_mode else handler))
+
+
+def _no_tasks(modules: list[str]) -> str:
+    """The refusal of modules that declare no task, with the ``module:function`` a plain
+    handler is given as (one of the first module's own functions, ``handle`` if it has one)."""
+    import importlib
+    import inspect
+    mod = importlib.import_module(modules[0])  # imported already: load_tasks did
+    functions = [n for n, v in vars(mod).items()
+                 if inspect.isfunction(v) and v.__module__ == mod.__name__ and not n.startswith("_")]
+    name = "handle" if "handle" in functions else functions[0] if functions else "function"
+    which = f"{modules[0]!r} declares" if len(modules) == 1 else f"{' '.join(modules)!r} declare"
+    return (f"{which} no tasks (@app.task): to run a plain handler, give it as module:function, "
+            f"e.g. 'shardq worker {modules[0]}:{name}'")
 
 
 def _work(args: argparse.Namespace, connect: Callable[..., Any] | None, task_mode: bool, tasks: dict[str, Any] | None,

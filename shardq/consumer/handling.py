@@ -368,11 +368,13 @@ def _error_behind(exc: BaseException) -> BaseException | None:
 def with_traceback(text: str, exc: BaseException) -> str:
     """``text``, a newline and ``exc``'s traceback, all within ``limits.ERROR_TEXT_BYTES_MAX``
     UTF-8 bytes. ``text`` is kept whole; a traceback too long for the rest keeps its last
-    lines (the innermost frames and the exception), cut at a line start."""
+    lines (the innermost frames and the exception), cut at a line start. A lone surrogate in
+    either (an undecodable file name in the exception's message, a frame's source line)
+    becomes ``?``, as :func:`cut_bytes` does, so the wire takes the whole."""
     text = cut_text(text)
-    tb = "".join(traceback.format_exception(exc)).rstrip("\n")
     room = limits.ERROR_TEXT_BYTES_MAX - len(text.encode("utf-8", "replace")) - 1
-    raw = tb.encode("utf-8", "replace")
+    raw = "".join(traceback.format_exception(exc)).rstrip("\n").encode("utf-8", "replace")
+    tb = raw.decode("utf-8")
     if len(raw) > room:
         head = "Traceback (innermost frames; the rest cut):\n"
         room -= len(head)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
 import threading
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -35,7 +36,7 @@ from .. import limits
 from ..limits import LOG_EVERY_S_MAX
 from ..errors import Cancelled, InvalidConfig, JobGone, LeaseLost, ShardUnavailable
 from ..types import Lease
-from .handling import BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Outcome, backoff_delay, error_text
+from .handling import BURY, DONE, EXPIRED, FAILED, LOST, RETRY, Outcome, backoff_delay, cut_text, error_text
 
 log = logging.getLogger("shardq.worker")
 J = TypeVar("J")  # what an Outbox keeps with each settlement: the runner's job
@@ -138,7 +139,17 @@ class Policy:
                             "max_deliveries instead", lease.job_id)
                 return Settle(NACK, Counter.FAILED, 0.0, error)
             if outcome == RETRY and delay is not None:
-                return Settle(NACK, Counter.FAILED, max(0.0, min(float(delay), limits.DELAY_S_MAX)), error)
+                seconds = _seconds(delay)
+                if seconds is not None:
+                    return Settle(NACK, Counter.FAILED, max(0.0, min(seconds, limits.DELAY_S_MAX)), error)
+                # Retry() refuses such a delay; one set on it afterwards (or by a subclass) is
+                # no reason to end the worker: this run failed, as with any error of the task's
+                shown = repr(delay) if len(repr(delay)) <= 60 else repr(delay)[:57] + "..."
+                log.warning("job %s attempt %d: Retry's delay_s %s is not a number of seconds: "
+                            "retried as a failure instead", lease.job_id, lease.attempt, shown)
+                first, nl, rest = (error or "retry requested").partition("\n")
+                error = cut_text(f"{first} (Retry's delay_s {shown} is not a number of seconds: "
+                                 f"retried as a failure){nl}{rest}")
             if lease.attempt >= self.max_deliveries:
                 log.warning("job %s failed its last delivery (%d of %d); the queue dead-letters it",
                             lease.job_id, lease.attempt, self.max_deliveries)
@@ -201,6 +212,18 @@ class Policy:
             log.warning("job %s: %s failed (%s); its lease will expire", lease.job_id, settle.op,
                         error_text(exc))
         return Answer(False)
+
+
+def _seconds(delay: Any) -> float | None:
+    """A Retry's ``delay_s`` as seconds (a negative one or one past a year is clamped by the
+    caller), or None if it is no number: not a bool, not a str, not NaN."""
+    if isinstance(delay, (bool, str, bytes)):
+        return None
+    try:
+        seconds = float(delay)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if math.isnan(seconds) else seconds
 
 
 class Outbox(Generic[J]):
