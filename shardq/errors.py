@@ -97,10 +97,13 @@ class TooManyConnections(ShardUnavailable):
 
 
 class OutcomeUnknown(ShardUnavailable):
-    """The request reached (or may have reached) the shard, but the connection broke (or
-    the client was closed) before its reply: it may or may not have been applied, and re-sending it would not be safe
-    (a second ``dequeue`` would lease a second job; a second ``purge`` could act on another
-    set). Check the state (``stats``, ``dead_letters``, the job) before acting again."""
+    """The request reached (or may have reached) the shard, but no reply came: the
+    connection broke and re-sending was not safe (a second ``dequeue`` would lease a second
+    job; a second ``purge`` could act on another set), or the shard stayed out of reach
+    until ``retry_s``, or it did not answer within the request timeout, or the client was
+    closed. It may or may not have been applied: check the state (``stats``,
+    ``dead_letters``, the job) before acting again; an enqueue made again may add a second
+    job unless it carries a ``dedup_id``."""
 
 
 class ServiceNotRunning(ShardUnavailable):

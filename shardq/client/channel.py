@@ -48,7 +48,7 @@ from typing import Any
 from .. import limits
 from ..errors import Closed, OutcomeUnknown, ShardUnavailable, TooManyConnections
 from ..protocol import wire
-from .core import ConnectionLost, Sessions, after_break, encode_frames
+from .core import ConnectionLost, Sessions, after_break, encode_frames, no_answer
 
 # A merged enqueue (or a combined round: combine.py) holds at most this many body bytes: with
 # BATCH_JOBS_MAX items' keys, queues and dedup ids at their longest, its request stays far below
@@ -205,15 +205,18 @@ class Channel:
         return done
 
     def tick(self, now: float) -> list[Completion]:
-        """The requests past their deadline fail with ShardUnavailable (a written dequeue
-        stays, to release what its reply leases)."""
+        """The requests past their deadline fail: a written one with OutcomeUnknown (the
+        shard may apply it yet; :func:`~.core.no_answer`), one never written with
+        ShardUnavailable (a written dequeue stays, to release what its reply leases)."""
         done: list[Completion] = []
         queue = self._deadlines
         while queue and (queue[0].done or queue[0].deadline <= now):
             req = queue.popleft()
             if not req.done:
-                done.extend(self._fail(req, ShardUnavailable(
-                    f"shard {self.shard} did not answer {req.op} within {self.timeout_s:.1f} s"), keep_dequeue=True))
+                error = no_answer(self.shard, req.op, self.timeout_s or 0.0) if req.sent or req.resent else \
+                    ShardUnavailable(f"shard {self.shard} did not answer {req.op} within {self.timeout_s:.1f} s "
+                                     "(not sent: no connection)")
+                done.extend(self._fail(req, error, keep_dequeue=True))
         return done
 
     def next_deadline(self) -> float | None:
@@ -286,7 +289,8 @@ class Channel:
                 self._finish(req)  # an abandoned dequeue: what it leased expires; a withdrawal: moot
             elif req.report:
                 done.extend(self._fail(req, ConnectionLost(f"connection to shard {self.shard} lost", sent=req.sent)))
-            elif (error := after_break(self.shard, req.op, req.sent, now >= req.retry_deadline)) is not None:
+            elif (error := after_break(self.shard, req.op, req.sent, now >= req.retry_deadline,
+                                       written=req.resent)) is not None:
                 done.extend(self._fail(req, error))
             else:
                 req.resent, req.sent = req.resent or req.sent, False
@@ -301,14 +305,23 @@ class Channel:
         return max((r.retry_deadline for r in self.outbox), default=None)
 
     def unreachable(self, error: BaseException) -> list[Completion]:
-        """No connection came back: every request not yet written fails."""
+        """No connection came back: every request waiting to be written fails; one written
+        before the break (waiting to be re-sent) with OutcomeUnknown, as the shard may have
+        applied it."""
         if isinstance(error, ShardUnavailable) and not isinstance(error, TooManyConnections):
             error = ShardUnavailable(f"shard {self.shard}: {error}")
         reqs, self.outbox = self.outbox, []
-        done = [c for req in reqs for c in self._fail(req, error)]
+        done = [c for req in reqs for c in self._fail(req, self._given_up(req, error))]
         done += [(w, None, error) for w, _ in self.enq_parts + self.ack_parts]
         self.enq_parts, self.ack_parts = [], []
         return done
+
+    def _given_up(self, req: Request, error: BaseException) -> BaseException:
+        """The error of ``req`` when its shard stays out of reach (``error``): OutcomeUnknown
+        if an attempt was written."""
+        if req.resent and isinstance(error, ShardUnavailable):
+            return after_break(self.shard, req.op, False, True, error, written=True) or error
+        return error
 
     def close(self) -> list[Completion]:
         """The client closes: every request fails. One written (now, or before a break it

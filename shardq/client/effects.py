@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..errors import Closed, ShardUnavailable
+from ..errors import Closed, ShardUnavailable, TooManyConnections
 from .channel import closed_after_write
-from .core import Call, ConnectionLost, after_break
+from .core import Call, ConnectionLost, after_break, no_answer
 from .routing import leases_of
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
                     if expired is None:
                         expired = ex._now() >= deadline
                     shard, op, _ = calls[i]
-                    error = after_break(shard, op, outcome.sent, expired, outcome)
+                    error = after_break(shard, op, outcome.sent, expired, outcome, resent[i])
                     if error is None:
                         resent[i] = resent[i] or outcome.sent
                         again.append(i)
@@ -162,6 +162,9 @@ def deliver(ex: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
                     # written before the break: a caller told Closed would take it as never
                     # applied, and an enqueue made again would be a duplicate
                     outcome = closed_after_write(calls[i][0], calls[i][1])
+                elif resent[i] and type(outcome) in (ShardUnavailable, TooManyConnections):
+                    # written before the break, then out of reach until the deadline: likewise
+                    outcome = after_break(calls[i][0], calls[i][1], False, True, outcome, written=True) or outcome
                 out[i] = outcome if isinstance(outcome, BaseException) else (outcome, resent[i])
             todo, got = again, None
     finally:
@@ -255,8 +258,7 @@ def transmit(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], deadline: fl
     if OPEN in got:  # (identity first: no value equals it)
         got = yield Abandon(None, calls, handles)
     wait_s = timeout_s or c.request_timeout_s
-    return [ShardUnavailable(f"shard {s} did not answer {op} within {wait_s:.1f} s") if a is OPEN else a
-            for (s, op, _), a in zip(calls, got)]
+    return [no_answer(s, op, wait_s) if a is OPEN else a for (s, op, _), a in zip(calls, got)]
 
 
 # ---------------------------------------------------------------------- the executors

@@ -46,7 +46,7 @@ from ..errors import Closed, ShardUnavailable
 from ..types import Lease
 from .effects import OPEN, Abandon, Collect, Owner, Park, Send, Sleep, Submit, SyncExecutor, Wake, deliver
 from .engine import Calls, combined, learn_owner, new_client_id, place
-from .core import ConnectionLost, ack_error
+from .core import ConnectionLost, ack_error, no_answer
 from .routing import job_item, lease_shard
 from .routing import shard_for_key, shard_of_job  # noqa: F401 - imported from here too (tests, tools)
 
@@ -197,7 +197,7 @@ class Router(Calls, SyncExecutor):
         if lost is None:
             return value, False
         if type(lost) is TimeoutError:
-            raise ShardUnavailable(f"shard {shard} did not answer {op} within {self.request_timeout_s:.1f} s")
+            raise no_answer(shard, op, self.request_timeout_s)
         deadline = start + (self.retry_s if retry_s is None else retry_s)
         ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
         return value, resent

@@ -137,12 +137,14 @@ def test_a_merged_request_is_decided_by_the_retry_table_and_requeued_with_its_se
     assert not chan.sessions._open  # the session closed with its answer
 
 
-def test_a_merged_request_past_its_retry_deadline_fails_with_shard_unavailable():
+def test_a_written_merged_request_past_its_retry_deadline_fails_with_outcome_unknown():
+    """Written, then its connection broke past its retry deadline: the shard may have
+    applied it (plain ShardUnavailable said it had not)."""
     chan = up(retry_s=1.0)
     chan.ack_part([1 << 10, 5], "a")
     chan.flush(0.0)
     (w, _, e), = chan.broken(2.0)
-    assert w == "a" and type(e) is ShardUnavailable
+    assert w == "a" and type(e) is OutcomeUnknown
 
 
 def test_a_request_past_its_deadline_fails_and_a_written_dequeue_stays_to_release_its_leases():

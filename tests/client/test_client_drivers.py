@@ -765,6 +765,32 @@ def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
     assert left_pending(q) == 0
 
 
+def test_an_enqueue_sent_and_never_answered_is_outcome_unknown(scripted, connect):
+    """A shard that reads the enqueue and never answers (hung, or its container paused):
+    the enqueue may yet be applied, so its caller gets OutcomeUnknown, not the plain
+    ShardUnavailable after which a caller tries again and enqueues twice (found by a
+    walkthrough: every frozen request's job was processed after the thaw). A dequeue's late
+    reply is released, so its timeout stays ShardUnavailable."""
+    f = scripted("hang", "hang")
+    q = connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
+    with pytest.raises(shardq.OutcomeUnknown, match="did not answer enqueue"):
+        q.enqueue(b"x", key="k")
+    with pytest.raises(shardq.ShardUnavailable, match="did not answer dequeue") as e:
+        q.dequeue_many(max_jobs=1)
+    assert not isinstance(e.value, shardq.OutcomeUnknown)
+
+
+def test_an_enqueue_sent_before_its_shard_went_away_for_good_is_outcome_unknown(scripted, connect):
+    """The shard reads the enqueue, the connection breaks, and no connection comes back
+    before ``retry_s``: the first sending may have been applied, so OutcomeUnknown (it was
+    a plain ShardUnavailable: 'not reachable')."""
+    f = scripted("drop")
+    q = connect(f.dd.path, request_timeout_s=5, retry_s=1)
+    with pytest.raises(shardq.OutcomeUnknown, match="may or may not have been applied"):
+        q.enqueue(b"x", key="k")
+    assert f.dropped.is_set()
+
+
 # ---------------------------------------------------------------------- a real service
 @pytest.fixture(scope="module")
 def service():

@@ -133,6 +133,7 @@ class FakeShards:
         self.closing = True
         for i, listener in enumerate(self.listeners):
             with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1.0)  # a backlog a client's reconnects filled would block it for ever
                 try:
                     s.connect(self.dd.socket_path(i))
                 except OSError:
