@@ -13,8 +13,9 @@ class Lease(NamedTuple):
     """One delivery of a job. Valid until ``deadline`` (wall-clock seconds) unless extended.
 
     ``token`` fences this delivery: ack/nack/extend with it fail with ``LeaseLost`` once the
-    job has been leased again. ``attempt`` is the 1-based delivery count, durable across
-    shard restarts.
+    job has been leased again; nack/extend also once ``deadline`` has passed, while an ack
+    past it still deletes the job if nobody leased it since (as SQS's DeleteMessage).
+    ``attempt`` is the 1-based delivery count, durable across shard restarts.
     """
 
     job_id: JobId

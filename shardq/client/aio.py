@@ -205,7 +205,8 @@ class AsyncQueue(Calls, AsyncExecutor):
             raise
 
     async def ack(self, lease: Lease) -> None:
-        """Delete the job. LeaseLost if the lease is no longer current."""
+        """Delete the job. LeaseLost if it was leased again since (an ack past the lease's
+        deadline still deletes it while nobody leased it since)."""
         if self._closed:
             raise Closed("client is closed")
         if get_running_loop() is not self.loop:

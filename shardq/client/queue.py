@@ -99,7 +99,8 @@ class Queue(Protocol):
         ...
 
     def ack(self, lease: Lease) -> None:
-        """Delete the job. LeaseLost if the lease is no longer current."""
+        """Delete the job. LeaseLost if it was leased again since (an ack past the lease's
+        deadline still deletes it while nobody leased it since)."""
         ...
 
     def ack_many(self, leases: Iterable[Lease]) -> list[BaseException | None]:

@@ -233,7 +233,8 @@ class Router(Calls, SyncExecutor):
             sessions.close(session)
 
     def ack(self, lease: Lease) -> None:
-        """Delete the job. LeaseLost if the lease is no longer current (nothing changes)."""
+        """Delete the job. LeaseLost (nothing changes) if it was leased again since (an ack past
+        the lease's deadline still deletes it while nobody leased it since)."""
         shard, pair = lease_shard(lease, self.shards), [lease.job_id, lease.token]
         if self.lanes[shard].all[0].lock.locked():  # another call is on the first lane: combined
             err, resent = self._combiners[shard][1].call(pair, 0, self.request_timeout_s)

@@ -17,7 +17,7 @@ from ..errors import check
 from . import ops
 from ..protocol import validate
 from .core import OPEN, Barrier, Job, StateCore
-from .jobstate import L, R, X
+from .jobstate import L, R, W, X
 from .ops import Op
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
@@ -40,11 +40,17 @@ class CheckpointCodec(StateCore):
         pack = msgpack.Packer().pack
         chunk: list[Op] = [_whole(ops.Meta(self.next_seq, self.next_token, self.epoch))]
         size = 64
-        inflight, errors = self.inflight, self.errors
+        inflight, errors, lapsed = self.inflight, self.errors, self.lapsed
 
         def job_op(j: Job) -> Op:
             state = j.state if j.state in (L, X) else R
-            token, expires = inflight.get(j.id, (0, 0.0)) if state is L else (0, 0.0)
+            # A leased job's token is its live lease's; a ready (or delayed) job's, that of its
+            # lease that ran out while nothing leased it again (0: none), which an ack may
+            # still use (StateCore.lapsed). Readers before that ignored a token unless LEASED.
+            if state is L:
+                token, expires = inflight.get(j.id, (0, 0.0))
+            else:
+                token, expires = (lapsed.get(j.id, 0) if lapsed and state is R else 0), 0.0
             # Encoded directly, in ops.Job's field order (this codec is the log's writer, and this
             # runs once per live job: a record built only to be unpacked again cost half the
             # snapshot's time); test_op_registry reads every checkpoint op back through its record.
@@ -151,6 +157,8 @@ class CheckpointCodec(StateCore):
             self._push_lease(expires, token, jid)
             return
         self._append_to_key(job)
+        if token and job.state is not W:  # its lease ran out, and an ack with it still deletes the job
+            self.lapsed[jid] = token
 
     def _apply_dedup(self, queue: str, key: str | None, dedup_id: str | bytes, job_id: int,
                      expires_at: float) -> None:

@@ -188,6 +188,7 @@ class ControlOps(StateCore):
             self._unlink_head(job)  # the next job of the key moves up
         del self.jobs[jid]
         self.inflight.pop(jid, None)
+        self.lapsed.pop(jid, None)  # a ready job's lease that ran out: an ack of it gets JobGone now
         self.errors.pop(jid, None)
         if self.progress:
             self.progress.pop(jid, None)
@@ -218,6 +219,7 @@ class ControlOps(StateCore):
             jid = job.id
             del self.jobs[jid]
             self.inflight.pop(jid, None)  # its entry in the lease heap is skipped when popped
+            self.lapsed.pop(jid, None)
             self.errors.pop(jid, None)
             self.cancelled.discard(jid)
             if self.progress:

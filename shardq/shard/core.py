@@ -17,6 +17,8 @@ Data layout, chosen so nothing is O(number of jobs) per request:
   hides other keys.
 * per queue: one FIFO deque of READY jobs per priority, and a sorted list of priorities
   present; higher priority is served first, FIFO within a priority.
+* ``lapsed``: job id -> the token of its lease that ran out, while nothing leased it again
+  (an ack with it still deletes the job; :meth:`StateCore._leased`).
 * shard-wide heaps: delayed jobs by due time, leases by expiry (entries are checked
   against the job when popped, so acks and extensions never search a heap). The entries an
   ack, release or extension left behind are dropped once they outnumber the live leases
@@ -69,6 +71,12 @@ LEASE_HEAP_SLACK = 1024
 #: jobs cancelled or purged before their time would otherwise stay until it came (up to
 #: ``limits.DELAY_S_MAX``, a year).
 DELAYED_HEAP_SLACK = 1024
+
+#: How far from the end of its ready line an ack of a lapsed lease looks for its job
+#: (:meth:`StateCore._drop_ready`; the expiry put the job at the end, so it is usually among
+#: the last few). Past it the entry stays, passed over by dequeue as a job cancelled while
+#: ready is: the search costs at most a few milliseconds, whatever the backlog.
+DROP_READY_SCAN_MAX = 1 << 14
 
 #: A key this short is within limits.KEY_BYTES_MAX whatever its characters (4 UTF-8 bytes
 #: at most each): only longer ones are encoded to be measured.
@@ -228,6 +236,13 @@ class StateCore:
         self.delayed: list[tuple[float, int]] = []
         self.leases: list[tuple[float, int, int]] = []
         self.inflight: dict[int, tuple[int, float]] = {}   # job id -> (token, expires_at)
+        #: job id -> the token of its lease that ran out (advance), while nothing leased it
+        #: again: an ack with that token still deletes the job (:meth:`LeaseOps.ack`). Only
+        #: READY jobs are here (DELAYED too, between a checkpoint's replay and the first
+        #: advance); a lease, an ack, a dead-lettering, a cancel or a purge takes the entry
+        #: out. Not logged: replay derives it as it derives the expiry, and a checkpoint writes
+        #: it as its JOB's token (checkpoint.py).
+        self.lapsed: dict[int, int] = {}
         self.errors: dict[int, str] = {}                    # job id -> last error
         self.next_seq = 1
         self.next_token = 1
@@ -390,7 +405,9 @@ class StateCore:
     def _leased(self, job_id: int, token: int) -> Job:
         """The job, if ``token`` is its live lease; LeaseLost (JobGone when it is gone) or
         NotFound (not this shard's) otherwise. Settling a lease (leases.py) and what a
-        worker reports while it holds one (results.py) check it alike."""
+        worker reports while it holds one (results.py) check it alike; an ack alone also
+        takes the token of a lease that ran out while nothing leased the job since
+        (:attr:`lapsed`, ``LeaseOps.ack``)."""
         # (both in [0, 2**63) exactly when their OR is: one test for the two)
         if not (type(job_id) is int and type(token) is int and not (job_id | token) >> 63):
             validate.integer("job_id", job_id)  # raises the precise error
@@ -402,6 +419,9 @@ class StateCore:
             raise JobGone(f"job {job_id} is gone (already acked)")
         lease = self.inflight.get(job_id)
         if lease is None or lease[0] != token:
+            if lease is None and self.lapsed.get(job_id) == token:
+                raise LeaseLost(f"job {job_id}: lease {token} expired (nothing leased the job since: "
+                                "only an ack may still settle it)")
             raise LeaseLost(f"job {job_id}: lease {token} is no longer current")
         if lease[1] <= self._now:
             raise LeaseLost(f"job {job_id}: lease {token} expired")
@@ -511,6 +531,33 @@ class StateCore:
             self._set(job, R)
             job.q.push_ready(job)
 
+    def _drop_ready(self, job: Job) -> None:
+        """Take the READY ``job`` out of its queue's ready line (it is being deleted: an ack
+        of a lease that ran out), so that neither a dequeue nor a router's peek
+        (``ready_priorities``) meets it. Its lease's expiry put it at the end of its line:
+        it is looked for from there, in windows that grow fourfold, up to
+        ``DROP_READY_SCAN_MAX`` entries; one further in stays, passed over as stale when
+        reached, as a job cancelled while ready is. A grouped queue's lines (limiter.py)
+        keep its entry likewise."""
+        q = job.q
+        prio = job.priority
+        dq = q.ready.get(prio)
+        if dq is None:
+            return
+        hi, width, floor = len(dq), 64, max(0, len(dq) - DROP_READY_SCAN_MAX)
+        while hi > floor:
+            lo = max(floor, hi - width)
+            try:
+                i = dq.index(job, lo, hi)  # (a scan in C: Job has no __eq__, so identity)
+            except ValueError:
+                hi, width = lo, width * 4
+                continue
+            del dq[i]
+            if not dq:
+                del q.ready[prio]
+                del q.prios[bisect.bisect_left(q.prios, -prio)]
+            return
+
     def _unlink_head(self, job: Job) -> None:
         """Take ``job`` off the front of its key and let the next job of the key move up."""
         if job.key is None:
@@ -592,6 +639,7 @@ class StateCore:
                 del self.inflight[jid]
                 self._set(job, R)
                 job.q.push_ready(job)
+                self.lapsed[jid] = token  # an ack with it still deletes the job until it is leased again
 
     def _push_lease(self, expires_at: float, token: int, job_id: int) -> None:
         """Put a lease's deadline on the heap :meth:`advance` expires leases from. An entry

@@ -34,7 +34,8 @@ TRANSITIONS = frozenset({
     (R, L), (R, X),
     (L, L), (L, R), (L, D), (L, X), (L, G),
     (X, W), (X, D), (X, R), (X, G),
-    (W, G), (D, G), (R, G),  # cancelled (control.py)
+    (W, G), (D, G), (R, G),  # cancelled (control.py); R, D: also acked with the token of
+                             # a lease that ran out (leases.py; D only from a checkpoint's replay)
 })
 
 #: The states a new job may enter.

@@ -1,5 +1,6 @@
-"""Leases: dequeue, settling a lease (ack, nack, bury, extend, and the rule for a lease
-that control marked cancelled), dead letters (redrive, purge) and lease-token epochs. A
+"""Leases: dequeue, settling a lease (ack, nack, bury, extend, the rule for a lease that
+control marked cancelled, and the ack of a lease that ran out while nothing leased its job
+again), dead letters (redrive, purge) and lease-token epochs. A
 mixin of :class:`~shardq.shard.state.ShardState`, built on
 :class:`~shardq.shard.core.StateCore` only; pure like it (no I/O, ``now`` from the caller,
 every change a logged operation)."""
@@ -9,12 +10,12 @@ import bisect
 from collections.abc import Iterable
 
 from .. import limits
-from ..errors import Cancelled, NotFound, check
+from ..errors import Cancelled, LeaseLost, NotFound, check
 from ..types import DeadLetter, Lease
 from . import ops
 from ..protocol import validate
 from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, QueueState, StateCore
-from .jobstate import G, L, R, X
+from .jobstate import D, G, L, R, X
 from .limiter import Limiter
 
 _EPOCH_BITS = ops.TOKEN_EPOCH_BITS
@@ -140,6 +141,9 @@ class LeaseOps(StateCore):
         self._set(job, L)
         job.attempts += 1
         self.inflight[job_id] = (token, expires_at)
+        lapsed = self.lapsed
+        if lapsed:  # a new lease: the one that ran out can no longer be acked
+            lapsed.pop(job_id, None)
         if token >= self.next_token:
             self.next_token = token + 1
         self._push_lease(expires_at, token, job_id)
@@ -147,11 +151,23 @@ class LeaseOps(StateCore):
     # ------------------------------------------------------------------ settle a lease
     # (StateCore._leased checks the token: results.py checks a worker's reports with it too)
     def ack(self, job_id: int, token: int, now: float) -> None:
-        """Delete a leased job. LeaseLost (and no change) unless ``token`` is its live lease."""
+        """Delete a job whose latest lease is ``token``: its live lease, or one whose
+        deadline has passed while nothing leased the job again (as SQS's DeleteMessage with
+        the most recent receipt handle; the job is ready again meanwhile, and this deletes
+        it: its key's next job moves up). LeaseLost (and no change) for any other token: a
+        newer lease fences the old one; JobGone once the job is gone (acked, cancelled,
+        purged); a job dead-lettered when its lease ran out is refused too."""
         self.advance(now)
-        job = self._leased(job_id, token)
-        if self.cancelled:
-            self._settle_cancelled(job_id, settle=True)
+        try:
+            job = self._leased(job_id, token)
+        except LeaseLost:  # (JobGone too: a job gone has no lapsed lease)
+            if self.lapsed.get(job_id) != token:
+                raise
+            job = self.jobs[job_id]  # ready again (never marked cancelled: marks are of live leases)
+            check(job.state is R or job.state is D, f"ack of job {job_id}'s lapsed lease in state {job.state!r}")
+        else:
+            if self.cancelled:
+                self._settle_cancelled(job_id, settle=True)
         self._apply_ack(job_id)  # as _emit, written out: this runs once per ack
         self._ops.append(_new(_Ack, (job_id,)))
         job.q.totals[ACKED] += 1
@@ -162,6 +178,13 @@ class LeaseOps(StateCore):
         self.errors.pop(job.id, None)
         if self.progress:  # (a job's result outlives it; its progress does not)
             self.progress.pop(job.id, None)
+        if job.state is not L:
+            # The ack of a lease that ran out (ready since; delayed when a checkpoint's replay
+            # made it so before the first advance). Replay finds such a job leased unless a
+            # checkpoint came in between: its expiry is not logged.
+            self.lapsed.pop(job.id, None)
+            if job.state is R:
+                self._drop_ready(job)
         self._unlink_head(job)
         self._set(job, G)
 
@@ -254,6 +277,8 @@ class LeaseOps(StateCore):
         self._unlink_head(job)
         self._set(job, X)
         self.inflight.pop(jid, None)
+        if self.lapsed:  # a dead letter's lease is never acked (redrive starts it afresh)
+            self.lapsed.pop(jid, None)
         self.errors[jid] = error
         job.q.dead[jid] = job
 

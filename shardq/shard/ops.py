@@ -201,8 +201,11 @@ class Job(NamedTuple):  # one live job of a checkpoint
     ready_at: float
     attempts: int
     state: int               # a JobState: LEASED, DEAD, or READY for any other
-    token: int               # the lease, when LEASED (else 0)
-    expires_at: float
+    # LEASED: the live lease. Else the token of the job's lease that ran out while nothing
+    # leased it again, which an ack may still use (0: none); versions before that wrote 0
+    # and ignored it, so the format is unchanged.
+    token: int
+    expires_at: float        # the lease's, when LEASED (else 0)
     error: str | None
 
 

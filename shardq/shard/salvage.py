@@ -14,7 +14,8 @@ the next start replays exactly what was salvaged. Guarantees:
 * a state change lost with the damaged bytes is undone, never invented: a lost ack brings
   its job back (at-least-once), a lost enqueue is listed, not rebuilt; an operation whose
   job is missing, or not in the state it expects (its lease was in the damaged bytes), is
-  dropped and its job named;
+  dropped and its job named (an ack of a job the checkpoint holds ready with the token of
+  its lease that ran out applies: the ack of a lapsed lease, StateCore.lapsed);
 * the rebuilt state is replayed as the next start will replay it before anything on disk
   changes: a salvage that could not start is refused, the log left as it was;
 * the original files are kept in ``<shard dir>/repair-<time>/`` (0700, files 0600), and the
@@ -151,7 +152,14 @@ def _applies(state: ShardState, op: Op) -> bool:
     if expects is None:
         return True
     job = state.jobs.get(op[O.JOB_ID]) if len(op) > O.JOB_ID and isinstance(op[O.JOB_ID], int) else None
-    return job is not None and job.state in expects
+    if job is None:
+        return False
+    if job.state in expects:
+        return True
+    # An ack of a lease that ran out while nothing leased the job again (StateCore.lapsed):
+    # the checkpoint before it holds the job ready, with that lease's token. (Without a
+    # checkpoint in between, replay finds such a job still leased.)
+    return code == O.ACK and job.id in state.lapsed
 
 
 def _check_snapshot(state: ShardState, config: Config, directory: str) -> None:

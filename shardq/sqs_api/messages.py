@@ -600,10 +600,9 @@ async def delete_held(q: Any, lease: Lease) -> None:
     """Delete the message of ``lease``, which is not to be delivered again from its queue: it
     was moved (enqueued elsewhere first) or is past its retention. The lease may have ended
     already (a receive with VisibilityTimeout 0 leases for a millisecond, less than a move
-    takes; a stalled move task outlives its 60 s): its ack finds it lost, and the message is
-    cancelled instead, so no receive hands it out again. A ready message is deleted at once
-    (a FIFO group's next one moves up); one leased again since is deleted when that lease
-    is settled or ends. A crash before this leaves the message where it was: the next
+    takes; a stalled move task outlives its 60 s): its ack still deletes it if nothing leased
+    it since; one that finds it leased again cancels it instead, so no receive hands it out
+    again (deleted when that lease is settled or ends). A crash before this leaves the message where it was: the next
     receive (or round) moves it again, under the same dedup id, so never twice."""
     try:
         await q.ack(lease)

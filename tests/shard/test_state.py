@@ -226,26 +226,38 @@ def test_no_double_delivery_while_leased(shard, clock):
 
 
 def test_the_lease_deadline_itself_is_already_expired(shard, clock):
-    """Document-by-test: at ``now == deadline`` the lease is over (ack refused, redelivered)."""
-    jid = shard.enqueue(b"x")
-    [lease] = shard.dequeue(visibility=10)
-    clock.set(lease.deadline)
+    """Document-by-test: at ``now == deadline`` the lease is over: extend refused, the job
+    ready again and redelivered. Until it is, an ack with that lease's token still deletes
+    it; once it is, the old token is fenced."""
+    a = shard.enqueue(b"a")
+    b = shard.enqueue(b"b")
+    la, lb = shard.dequeue(visibility=10, max_jobs=2)
+    clock.set(la.deadline)
+    assert shard.stats()["default"]["ready"] == 2
     with pytest.raises(LeaseLost):
-        shard.ack(jid, lease.token)
+        shard.extend(a, la.token, 30)
+    shard.ack(b, lb.token)                       # nothing leased b again: deleted
     [again] = shard.dequeue()
-    assert again.attempt == 2
+    assert (again.job_id, again.attempt) == (a, 2)
+    with pytest.raises(LeaseLost):
+        shard.ack(a, la.token)
+    shard.ack(a, again.token)
 
 
-def test_ack_after_the_deadline_is_rejected_even_if_not_redelivered(shard, clock, digest):
+def test_ack_after_the_deadline_deletes_the_job_if_not_redelivered(shard, clock, digest):
+    """As SQS's DeleteMessage with the most recent receipt handle: an ack with the job's
+    latest token deletes it even after the deadline, while nothing leased it again
+    (tests/shard/test_late_ack.py). A nack or extend still needs the live lease."""
     jid = shard.enqueue(b"x")
     [lease] = shard.dequeue(visibility=5)
     clock.advance(6)
-    for call in (lambda: shard.ack(jid, lease.token), lambda: shard.nack(jid, lease.token),
-                 lambda: shard.extend(jid, lease.token, 30)):
+    for call in (lambda: shard.nack(jid, lease.token), lambda: shard.extend(jid, lease.token, 30)):
         with pytest.raises(LeaseLost):
             call()
-    [again] = shard.dequeue()
-    assert (again.job_id, again.attempt) == (jid, 2)
+    shard.ack(jid, lease.token)
+    assert shard.dequeue() == []
+    assert shard.stats()["default"] == {"ready": 0, "delayed": 0, "waiting": 0, "in_flight": 0,
+                                        "dead": 0, "keys": 0}
 
 
 def test_stale_tokens_are_rejected_and_change_nothing(shard, clock, digest):

@@ -1,13 +1,15 @@
 """Random operation sequences against a reference model (hypothesis, stateful).
 
 The machine drives an :class:`Engine` on a real directory -- enqueue (a few keys, delays,
-priorities), dequeue, ack, nack (with delay), extend, stale acks, clock jumps, redrive,
-reopen (close + open on the same directory) and compaction -- and a model written with
-plain dicts and lists. After every step it checks: the set of live jobs, which are leased,
-dead letters, delivery counts, per-key FIFO (a dequeued keyed job is the oldest live job of
-its key; never two leases of one key), and that dequeue never hands out a job whose lease
-is live and returns the highest priorities available. A failure prints the steps and a
-reproduction blob.
+priorities), dequeue, ack, nack (with delay), extend, stale acks, late acks (the token of a
+lease that ran out while nothing leased the job again: it still deletes the job; a nack or
+extend with it does not), clock jumps, redrive, reopen (close + open on the same directory)
+and compaction -- and a model written with plain dicts and lists. After every step it
+checks: the set of live jobs, which are leased, which hold a lapsed lease an ack may still
+use, dead letters, delivery counts, per-key FIFO (a dequeued keyed job is the oldest live
+job of its key; never two leases of one key), and that dequeue never hands out a job whose
+lease is live and returns the highest priorities available. A failure prints the steps and
+a reproduction blob.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ class ModelJob:
         self.attempts = 0
         self.lease: tuple[int, float] | None = None  # (token, expires_at)
         self.dead = False
-        self.old_tokens: list[int] = []
+        self.old_tokens: list[int] = []   # superseded or settled: LeaseLost for ack, nack, extend
+        self.lapsed: int | None = None    # the lease that ran out, nothing leased since: an ack deletes
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -71,10 +74,13 @@ class QueueMachine(RuleBasedStateMachine):
                          if j.lease and j.lease[1] <= self.now)
         for _, _, jid in expired:
             job = self.jobs[jid]
-            job.old_tokens.append(job.lease[0])
+            token = job.lease[0]
             job.lease = None
             if job.attempts >= MAX_DELIVERIES:
+                job.old_tokens.append(token)  # dead-lettered at its expiry: no late ack
                 self.kill(job)
+            else:
+                job.lapsed = token
 
     def kill(self, job):
         job.dead = True
@@ -127,6 +133,9 @@ class QueueMachine(RuleBasedStateMachine):
             assert lease.attempt == job.attempts
             assert lease.deadline == self.now + (visibility or VISIBILITY)
             job.lease = (lease.token, lease.deadline)
+            if job.lapsed is not None:  # fenced by the new lease
+                job.old_tokens.append(job.lapsed)
+                job.lapsed = None
 
     @precondition(lambda self: self.live_leases())
     @rule(i=st.integers(0, 100))
@@ -137,6 +146,9 @@ class QueueMachine(RuleBasedStateMachine):
             return
         job = self.pick(ids, i)
         self.engine.ack(job.id, job.lease[0])
+        self.forget(job)
+
+    def forget(self, job):
         del self.jobs[job.id]
         if job.key is not None:
             self.key_order[job.key].remove(job.id)
@@ -185,6 +197,26 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 self.engine.extend(job.id, token, 10)
 
+    @precondition(lambda self: any(j.lapsed is not None or j.lease for j in self.jobs.values()))
+    @rule(i=st.integers(0, 100), op=st.sampled_from(["ack", "ack", "nack", "extend"]))
+    def lapsed_token(self, i, op):
+        """The token of a lease whose deadline passed while nothing leased the job again:
+        an ack deletes the job (its key's next job moves up); a nack or extend gets LeaseLost."""
+        self.model_advance()
+        ids = sorted(jid for jid, j in self.jobs.items() if j.lapsed is not None)
+        if not ids:
+            return
+        job = self.pick(ids, i)
+        if op == "ack":
+            self.engine.ack(job.id, job.lapsed)
+            self.forget(job)
+            return
+        with pytest.raises(LeaseLost):
+            if op == "nack":
+                self.engine.nack(job.id, job.lapsed)
+            else:
+                self.engine.extend(job.id, job.lapsed, 10)
+
     @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 10, 11, 30]))
     def advance_clock(self, seconds):
         self.clock.advance(seconds)
@@ -228,6 +260,7 @@ class QueueMachine(RuleBasedStateMachine):
             if job.lease is not None:
                 assert state.inflight[jid] == job.lease
             assert (real.state is JobState.DEAD) == job.dead, f"job {jid} dead?"
+        assert state.lapsed == {jid: j.lapsed for jid, j in self.jobs.items() if j.lapsed is not None}
         dead = [d.job_id for d in self.engine.dead_letters(limit=10**6)]
         assert set(dead) == {jid for jid, j in self.jobs.items() if j.dead}
         q = state.queues.get("default")
