@@ -61,6 +61,20 @@ def test_a_shard_process_and_a_bare_import_load_only_what_they_use():
     assert set(shardq.__all__) <= set(dir(shardq))  # completion and help() list the lazy names too
 
 
+def test_the_asyncio_client_imports_as_a_user_writes_it():
+    """``import shardq.aio`` and ``from shardq.aio import connect`` (what a FastAPI app writes
+    first) failed with ModuleNotFoundError: ``shardq.aio`` was only a lazy attribute. Each
+    form, in a fresh process, reaches the one module ``shardq.client.aio``."""
+    import subprocess
+    import sys
+    for form in ("import shardq.aio as a", "from shardq import aio as a",
+                 "from shardq.aio import connect; import shardq.aio as a; assert connect is a.connect",
+                 "import shardq; a = shardq.aio"):
+        probe = f"{form}; import shardq, shardq.client.aio as c; assert a is c is shardq.aio, (a, c)"
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert r.returncode == 0, (form, r.stderr[-500:])
+
+
 def test_the_cli_parser_imports_no_commands_dependencies():
     """Every ``shardq`` command builds the whole parser first: it must not import what only
     some command needs (the worker's consumer, croniter, importlib.metadata for --version),

@@ -12,7 +12,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "shardq")
-FACADE = {"shardq", "shardq.__main__"}
+FACADE = {"shardq", "shardq.__main__", "shardq.aio"}  # shardq.aio: `import shardq.aio`, the client's aio
 FACADE_UNIT = "facade"   # shardq/__init__.py: above every layer, imported by nothing inside
 GROUND = "ground"
 
