@@ -290,6 +290,14 @@ class AsyncQueue(Calls, AsyncExecutor):
         for c in self.conns:
             c.close()
 
+    def _loop_gone(self) -> None:
+        """Its event loop has closed without :meth:`close`: nothing can run on it any more,
+        so its connections are ended here, at once, rather than by the garbage collector
+        (the shards count each against their connection limit until then)."""
+        self._closed = True
+        for c in self.conns:
+            c.drop()
+
     async def __aenter__(self) -> AsyncQueue:
         return self
 

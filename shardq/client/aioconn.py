@@ -216,6 +216,25 @@ class ShardConn:
         self._settle(self.chan.broken(self.loop.time()))
         self._schedule_flush()  # what waits to be written: reconnect
 
+    def drop(self) -> None:
+        """End the connection with the loop closed (:meth:`AsyncQueue._loop_gone`): the
+        transport's ``close`` would schedule on that loop, so its socket is shut and closed
+        here; nothing is settled (no caller is left to tell)."""
+        proto, self.proto = self.proto, None
+        self.chan.closed = True
+        transport = None if proto is None else proto.transport
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # the shard ended it first
+        raw = getattr(transport, "_sock", None)  # (the selector transport's socket: no public close off its loop)
+        if raw is not None:
+            raw.close()
+
     def close(self) -> None:
         for handle in (self._flush_handle, self._timer, self._reconnecting):
             if handle is not None:

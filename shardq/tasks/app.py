@@ -277,6 +277,7 @@ class App:
         loop = asyncio.get_running_loop()
         q: AsyncQueue | None = self._aio.get(loop)
         if q is None:
+            self._forget_closed_loops()
             if self.target is None:
                 raise InvalidConfig("this App was made with router=, so it has no data dir for an asyncio "
                                     "client: make it with App(target) to use the *_async calls")
@@ -422,11 +423,21 @@ class App:
         if q is not None:
             await q.close()
 
+    def _forget_closed_loops(self) -> None:
+        """Drop the asyncio clients of event loops that ended without :meth:`aclose` (a loop
+        per call or per request: ``asyncio.run``, Flask's async views), freeing their
+        connections at once: each held a connection per shard until the shards' limit
+        turned every client of the service away."""
+        for loop in [loop for loop in self._aio if loop.is_closed()]:
+            self._aio.pop(loop)._loop_gone()
+
     def close(self) -> None:
         """Close the client this app opened (and stop the embedded service); every later
         call through the app raises Closed, as a closed client's do (it used to connect
-        again). Asyncio clients belong to their event loops: close them with :meth:`aclose`."""
+        again). Asyncio clients belong to their event loops: close them with :meth:`aclose`
+        (those of loops that have ended are closed here)."""
         self._closed = True
+        self._forget_closed_loops()
         if self._queue is not None and self._owns_queue:
             self._queue.close()
             self._queue = None

@@ -394,3 +394,32 @@ def test_result_with_a_timeout_ends_by_it_when_the_service_is_down():
                 look()
             assert time.monotonic() - started < 8, "the look waited out the client's retry_s (15 s)"
         app.close()
+
+
+# ---------------------------------------------------------------------------- an event loop per call
+def test_send_async_from_a_new_loop_each_call_holds_no_connection_of_the_loops_gone():
+    """``asyncio.run(task.send_async(...))`` per call (Flask runs each async view so): the app
+    kept each ended loop's asyncio client, a connection per shard, until the shards'
+    ``max_connections`` turned every client of the service away (found: 300 requests, 611
+    fds). A new loop's client now ends those of loops that have closed."""
+    from support.service import Service
+    with Service(shards=2) as svc:
+        app = shardq.App(svc.data_dir)
+
+        @app.task(name="paths_end.per_loop")
+        def per_loop(ctx, n: int) -> None:
+            return None
+
+        def clients() -> int:
+            return sum(s["clients"] for s in app.queue.stats()["shards"])
+
+        fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+        asyncio.run(per_loop.send_async(0))
+        before, fds_before = clients(), fds()
+        for n in range(1, 41):
+            asyncio.run(per_loop.send_async(n))
+        assert len(app._aio) == 1  # the last loop's, until the next call or close()
+        assert clients() <= before + 2, (before, clients())  # (was: 2 more a call, 80 here)
+        assert fds() <= fds_before + 4, (fds_before, fds())
+        assert app.queue.stats()["queues"]["default"]["ready"] == 41
+        app.close()
