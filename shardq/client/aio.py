@@ -86,14 +86,16 @@ class AsyncQueue(Calls, AsyncExecutor):
         self._background: set[asyncio.Task[Any]] = set()
         self._consumers: list[Consumer] = []
 
-    async def _open(self, check: bool = True) -> None:
+    async def _open(self, check: bool = True, connect_s: float = 2.0) -> None:
+        """Connect to every shard, trying for up to ``connect_s`` (``retry_s`` at most): a
+        shard not reached by then is connected to when a request needs it."""
         self.loop = asyncio.get_running_loop()
         if check:  # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
             await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
                                 self._release_rows, self._role) for i, path in enumerate(self._sockets)]
         self._chans = [c.chan for c in self.conns]
-        deadline = self.loop.time() + min(self.retry_s, 2.0)
+        deadline = self.loop.time() + min(self.retry_s, connect_s)
         for r in await asyncio.gather(*(c.connect(deadline) for c in self.conns), return_exceptions=True):
             if isinstance(r, BaseException) and not isinstance(r, ShardUnavailable):
                 await self.close()

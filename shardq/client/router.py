@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardq.router")
 T = TypeVar("T")
 _SLICE_S = 1.0  # a thread waiting for the I/O thread looks this often whether it was stopped
+# The I/O thread's first connects take this long at most: it starts for a call whose own
+# retry_s runs meanwhile (a shard not reached is connected to when a request needs it)
+IO_CONNECT_S = 0.25
 
 
 class Router(Calls, SyncExecutor):
@@ -125,7 +128,7 @@ class Router(Calls, SyncExecutor):
                                 _role=self._role)
                 lt = LoopThread("shardq-io", owner="router")
                 try:
-                    lt.call(io._open(check=False), None)
+                    lt.call(io._open(check=False, connect_s=IO_CONNECT_S), None)
                 except BaseException:
                     lt.close()
                     raise

@@ -100,3 +100,4 @@ def test_a_forked_child_closing_an_embedded_service_leaves_it_running():
         assert _reap([pid], 60) == [0]
         assert e.ping() == shard_pids  # not stopped, nor restarted (replay would hide it in the counts)
         assert e.stats()["queues"]["default"]["ready"] == 2
+

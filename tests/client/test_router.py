@@ -740,3 +740,21 @@ def test_a_combined_round_with_one_dedup_id_twice_adds_one_job_as_two_calls_woul
         assert ids[0] == ids[1] and q.job(ids[0])["body"] == b"first"
         assert q.enqueue(b"third", key=A, dedup_id="once") == ids[0]
         assert drain_bodies(q) == [b"first"]
+
+
+def test_the_io_thread_starting_with_the_service_gone_does_not_add_its_connects_to_the_call():
+    """The first call after the service went away that needed the router's I/O thread
+    (a keyless enqueue's re-send, a wait) waited up to 2 s for the thread's connects to every
+    shard and then its own retry_s: retry_s + 1.9 s (found: 6.9 s with retry_s 5). The
+    thread now tries its first connects for IO_CONNECT_S (0.25 s) only: a shard it did not
+    reach is connected to when a request needs it."""
+    with Service(shards=2) as svc:
+        q = shardq.connect(svc.data_dir, retry_s=5)
+        try:
+            q.enqueue(b"warm", key="a")
+            svc.stop()
+            started = time.monotonic()
+            q._shared()  # what the first such call starts
+            assert time.monotonic() - started < 1.5  # (was 2 s: min(retry_s, 2))
+        finally:
+            q.close()
