@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 OTHER_LOOP = "this client belongs to another event loop; connect one per loop"
+LOOP_CLOSED = ("this client's event loop has closed (it was connected in another one: at import time, or in "
+               "an asyncio.run of its own?); connect it in the loop that uses it, e.g. in a lifespan handler")
 
 
 async def connect(target: str | os.PathLike[str], *, retry_s: float = 15.0,
@@ -117,13 +119,17 @@ class AsyncQueue(Calls, AsyncExecutor):
         return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
                       for s, op, args in effect.calls]
 
+    def _wrong_loop(self) -> UsageError:
+        """The error of a call from a loop that is not this client's."""
+        return UsageError(LOOP_CLOSED if self.loop.is_closed() else OTHER_LOOP)
+
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
         """A call of the table, refused at once (UsageError) from another event loop: its
         futures and connections are this client's loop's, where it would hang or fail
         obscurely."""
         async def method(*args: Any, **kwargs: Any) -> T:
             if get_running_loop() is not self.loop:
-                raise UsageError(OTHER_LOOP)
+                raise self._wrong_loop()
             return await self._drive(fn(self, *args, **kwargs))
         return method
 
@@ -192,7 +198,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             raise Closed("client is closed")
         if get_running_loop() is not self.loop:
-            raise UsageError(OTHER_LOOP)
+            raise self._wrong_loop()
         item = job_item(body, key, queue, delay, priority, dedup_id)
         shard = self._placed(queue, key, priority, dedup_id)
         if shard is None:
@@ -212,7 +218,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             raise Closed("client is closed")
         if get_running_loop() is not self.loop:
-            raise UsageError(OTHER_LOOP)
+            raise self._wrong_loop()
         conn = self.conns[lease_shard(lease, self.shards)]
         fut = conn.merged(conn.chan.ack_part, [lease.job_id, lease.token])
         try:
@@ -284,7 +290,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         if self._closed:
             return
         if get_running_loop() is not self.loop:
-            raise UsageError(OTHER_LOOP)
+            raise self._wrong_loop()
         await asyncio.gather(*(c.settle_orphans(2.0) for c in self.conns))
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)
