@@ -83,7 +83,7 @@ def count(name: str, value: object, hi: int) -> int:
 
 def integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**63:
-        raise InvalidJob(f"{name} must be a non-negative integer, got {value!r}")
+        raise InvalidJob(f"{name} must be an integer in [0, 2**63 - 1], got {value!r:.40}")
     return value
 
 

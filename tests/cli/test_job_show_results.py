@@ -62,3 +62,10 @@ def test_job_show_of_a_step_a_kept_result_and_a_finished_job(svc):
         assert gone.returncode == 2 and f"NotFound: no such job: {plain_id}" in gone.stderr  # no result kept
     finally:
         app.close()
+
+
+def test_job_show_of_an_id_past_its_range_says_the_range(svc):
+    """``shardq job show 9223372036854775808`` said the id 'must be a non-negative
+    integer': it is one. The message gives the range."""
+    r = show(svc, 2**63)
+    assert r.returncode != 0 and "must be an integer in [0, 2**63 - 1]" in r.stderr, r.stderr
