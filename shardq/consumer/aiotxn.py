@@ -7,12 +7,6 @@ transaction belongs to one thread and blocks while it works. That thread starts 
 on the loop and, until it ends, runs the statements the task awaits on ``ctx.db``
 (``await ctx.db.execute(sql, params)`` returns the rows; ``executemany(sql, rows)``;
 ``run(fn, *args)`` calls ``fn(cursor, *args)`` there). The loop never touches the database.
-
-With or without a store, whatever the task raises (a CancelledError of its own, SystemExit
-and KeyboardInterrupt included) is a failed attempt, as a handler's is on the thread runner
-(:meth:`~shardq.consumer.handling.Runs.run`): its transaction rolls back and its job is
-nacked with backoff, dead-lettered at the queue's ``max_deliveries``. Only the runner's own
-cancellation of the job (its grace period's end) ends it with no result.
 """
 from __future__ import annotations
 
@@ -75,9 +69,7 @@ class _BridgedDb(InlineDb):
 
 class _OnLoop:
     """The handler :meth:`Runs.run` calls in the transaction's thread: start the task on the
-    loop, serve its ``ctx.db`` calls with the transaction's cursor until it ends, then return
-    what it returned or raise what it raised, the very exception (so :meth:`Runs.run` rolls
-    back and fails the attempt as for any handler, and logs the task's own traceback)."""
+    loop, serve its ``ctx.db`` calls until it ends; return its value or raise what it raised."""
 
     def __init__(self, run: RunAsync, loop: asyncio.AbstractEventLoop):
         self.run, self.loop = run, loop
@@ -97,27 +89,24 @@ class _OnLoop:
                 value, error = None, exc
             self.loop.call_soon_threadsafe(_settle, answer, value, error)
         value, raised = fut.result()  # (run_async cancelled the job: concurrent CancelledError, a failure)
-        if raised is not None:
-            raise raised
-        return value
+        if raised is None:
+            return value
+        raise raised
 
     async def _guarded(self, ctx: Context) -> tuple[Any, BaseException | None]:
-        """The task, in an asyncio task of its own: ``(its value, None)`` or ``(None, what it
-        raised)``; only the runner's cancellation ends that asyncio task with an exception."""
-        # What the task raised must not end its asyncio task: a SystemExit or KeyboardInterrupt
-        # that ends one is raised out of the event loop (the worker would die, every lease it
-        # holds left until its visibility timeout), and a CancelledError that ends one reaches
-        # the transaction's thread as a bare concurrent.futures.CancelledError, with no trace
-        # of the task.
+        """The task: ``(value, None)`` or ``(None, what it raised)``; nothing it raises ends its
+        asyncio task (a SystemExit would leave the loop, a CancelledError come here bare)."""
         try:
             return await self.run(ctx), None
-        except asyncio.CancelledError as exc:
-            this = asyncio.current_task()
-            if this is not None and this.cancelling():
-                raise  # run_async cancels the job (its grace period ended): nothing comes back
-            return None, exc  # the task's own (it awaited a task it cancelled)
-        except BaseException as exc:  # noqa: BLE001 - a task must never kill its runner
+        except BaseException as exc:  # noqa: BLE001 - a task never ends its runner
+            if _runners_cancel(exc):
+                raise
             return None, exc
+
+
+def _runners_cancel(exc: BaseException) -> bool:
+    """``exc`` is the runner's cancel of the job (grace over), not the task's own (a failure)."""
+    return isinstance(exc, asyncio.CancelledError) and bool((this := asyncio.current_task()) and this.cancelling())
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
@@ -132,9 +121,8 @@ async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[.
                     may_commit: Callable[[], bool] | None, reports: list[Report] | None,
                     max_deliveries: int | None) -> Result:
     """One job of an ``async def`` task, as ``runs`` runs its jobs: ``run(ctx)`` awaited on
-    the loop, without a store; with one, in :meth:`Runs.run` in a thread of its own. What the
-    task raises is a failed attempt (the module docstring), never this coroutine's exception.
-    A cancelled job cancels the task (its transaction rolls back) and raises CancelledError."""
+    the loop, without a store; with one, in :meth:`Runs.run` in a thread of its own. A
+    cancelled job cancels the task (its transaction rolls back) and raises CancelledError."""
     if runs.store is None:
         reports = reports if runs.collect else None
         ctx = context(lease, None, None, client=runs.client, reports=reports)
@@ -143,14 +131,9 @@ async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[.
             if ctx.has_after:  # it may block (a client call): in a thread
                 await asyncio.to_thread(ctx.run_after)
             return DONE, None, None
-        except asyncio.CancelledError as exc:
-            this = asyncio.current_task()
-            if this is not None and this.cancelling():
-                raise  # the runner cancels the job (its grace period ended): nothing comes back
-            # the task's own (it awaited a task it cancelled): a failure like any, or its job
-            # stayed leased, heartbeated, for ever
-            return failed(exc, lease, ctx, reports, max_deliveries)
-        except BaseException as exc:  # noqa: BLE001 - a task must never kill its runner
+        except BaseException as exc:  # noqa: BLE001 - a task never ends its runner
+            if _runners_cancel(exc):
+                raise
             return failed(exc, lease, ctx, reports, max_deliveries)
     loop = asyncio.get_running_loop()
     handler = _OnLoop(run, loop)

@@ -9,12 +9,10 @@ task: an ``async def`` task is awaited on the loop (with an idempotency store, i
 transaction runs in a thread of its own: :mod:`.aiotxn`); a plain function, or a body that
 names no async task (an unknown task or a bad body is dead-lettered, never a crash loop),
 runs in a thread (``asyncio.to_thread``) through the same :meth:`~.handling.Runs.run`.
-``await ctx.extend(s)`` sets a job's lease length. What a task raises, SystemExit,
-KeyboardInterrupt and a CancelledError of its own included, is its failed attempt, with a
-store or without, as on the thread runner (:mod:`.aiotxn`). ``stop()`` (any thread): stop
-leasing (a waiting dequeue is cancelled, which leaves no lease behind), let running jobs
-finish for ``grace_s``, then release their leases and cancel them (their transactions roll
-back).
+``await ctx.extend(s)`` sets a job's lease length; whatever a task raises is its failed
+attempt (:mod:`.aiotxn`). ``stop()`` (any thread): stop leasing (a waiting dequeue is
+cancelled, which leaves no lease behind), let running jobs finish for ``grace_s``, then
+release their leases and cancel them (their transactions roll back).
 """
 from __future__ import annotations
 
