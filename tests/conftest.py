@@ -32,6 +32,23 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
+def fake():
+    """``fake(shards, answer)``: scripted shards on unix sockets (support/fake_shard.py),
+    closed after the test."""
+    from support.fake_shard import FakeShards
+    made = []
+
+    def make(shards: int, answer) -> FakeShards:
+        f = FakeShards(shards, answer)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
 def make_config():
     """``make_config(max_deliveries=3, max_pending_jobs=10, ...)``: any queue_defaults,
     limits or service key by its bare name."""

@@ -72,18 +72,6 @@ def connect(request):
 
 
 # ---------------------------------------------------------------------- fake shards
-@pytest.fixture
-def fake():
-    made = []
-
-    def make(shards: int, answer) -> FakeShards:
-        f = FakeShards(shards, answer)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.close()
 
 
 def job_id(seq: int, shard: int) -> int:

@@ -19,7 +19,7 @@ from shardq.shard import control_handlers as ch
 from shardq.shard.durable import DurableShard
 from shardq.shard.process import ShardServer
 
-from support.fake_shard import FakeShards, Refuse
+from support.fake_shard import Refuse
 
 #: Every limit a queue may declare (docs/limits.md), for every queue of these tests.
 EVERY_LIMIT = dict(concurrency=10, rate="25/s", burst=30, group_separator="/", group_concurrency=2,
@@ -180,18 +180,6 @@ def test_the_pages_at_queues_max_are_each_within_the_budget_and_far_below_the_re
 
 
 # ---------------------------------------------------------------------- the client
-@pytest.fixture
-def fake():
-    made = []
-
-    def make(shards: int, answer) -> FakeShards:
-        f = FakeShards(shards, answer)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.close()
 
 
 @pytest.fixture(params=["threaded", "asyncio"])
