@@ -217,7 +217,7 @@ class ShardConn:
         self._schedule_flush()  # what waits to be written: reconnect
 
     def drop(self) -> None:
-        """End the connection with the loop closed (:meth:`AsyncQueue._loop_gone`): the
+        """End the connection with the loop closed (:meth:`~.aio.AsyncQueue._loop_gone`): the
         transport's ``close`` would schedule on that loop, so its socket is shut and closed
         here; nothing is settled (no caller is left to tell)."""
         proto, self.proto = self.proto, None
