@@ -226,10 +226,14 @@ class LeaseOps(StateCore):
         if undelivered:  # the lease does not count
             job.attempts -= 1
         job.ready_at = ready_at
-        self.inflight.pop(jid, None)
+        lease = self.inflight.pop(jid, None)
         if error is not None:
             self.errors[jid] = error
         self._make_available(job)
+        if not ready_at and lease is not None and job.state is R:
+            # visible again at once (SQS's ChangeMessageVisibility 0): an ack with its token still
+            # deletes the job while nothing leases it again, as after an expiry (StateCore.lapsed)
+            self.lapsed[jid] = lease[0]
 
     def extend(self, job_id: int, token: int, now: float, seconds: float) -> float:
         """Move a live lease's deadline to ``now + seconds``; returns the new deadline."""

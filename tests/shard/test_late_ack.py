@@ -321,6 +321,34 @@ def test_nack_extend_bury_and_reports_still_need_a_live_lease(shard, clock):
     assert jid not in shard.state.progress
 
 
+def test_a_nack_that_makes_a_job_ready_at_once_keeps_its_token_for_an_ack(shard, clock):
+    """SQS's ChangeMessageVisibility 0 is a nack of delay 0: the message is visible again,
+    and AWS still deletes it with that receive's handle while nobody received it since (a
+    walkthrough found shardq deleted nothing). A nack with a delay, or a new lease, fences
+    the token as before."""
+    a = shard.enqueue(b"a", key="k")
+    b = shard.enqueue(b"b", key="k")
+    [lease] = shard.dequeue()
+    shard.nack(a, lease.token, 0, "visible again")
+    assert shard.state.lapsed == {a: lease.token}
+    shard.ack(a, lease.token)                     # deleted; the key's next job goes
+    assert a not in shard.state.jobs and shard.state.lapsed == {}
+    lines_are_exact(shard.state)
+    [nxt] = shard.dequeue()
+    assert nxt.job_id == b
+    shard.nack(b, nxt.token, 30, "later")         # a delay: the token is spent
+    assert shard.state.lapsed == {}
+    with pytest.raises(LeaseLost):
+        shard.ack(b, nxt.token)
+    clock.advance(31)
+    [again] = shard.dequeue()
+    shard.nack(b, again.token, 0, "visible again")
+    [third] = shard.dequeue()                     # leased again: the nacked token is fenced
+    with pytest.raises(LeaseLost):
+        shard.ack(b, again.token)
+    shard.ack(b, third.token)
+
+
 def test_a_cancelled_or_purged_job_is_not_acked_late(shard, clock):
     a = shard.enqueue(b"a", key="a")
     b = shard.enqueue(b"b", key="b")

@@ -162,12 +162,15 @@ class QueueMachine(RuleBasedStateMachine):
             return
         job = self.pick(ids, i)
         self.engine.nack(job.id, job.lease[0], delay=delay, error="nope")
-        job.old_tokens.append(job.lease[0])
-        job.lease = None
+        token, job.lease = job.lease[0], None
         if job.attempts >= MAX_DELIVERIES:
+            job.old_tokens.append(token)
             self.kill(job)
-        else:
-            job.ready_at = self.now + delay if delay else 0
+        elif delay:
+            job.old_tokens.append(token)
+            job.ready_at = self.now + delay
+        else:  # ready again at once: an ack with its token still deletes it, as after an expiry
+            job.lapsed, job.ready_at = token, 0
 
     @precondition(lambda self: self.live_leases())
     @rule(i=st.integers(0, 100), seconds=st.sampled_from([1.0, 5.0, 30.0]))

@@ -101,3 +101,20 @@ def test_fifo_the_latest_handle_deletes_late_and_the_group_moves_on(sqs):
     sqs.delete_message(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
     (m2,) = sqs.receive_message(QueueUrl=url)["Messages"]
     assert m2["Body"] == "m2"
+
+
+@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
+def test_a_handle_whose_visibility_was_set_to_0_still_deletes_while_nobody_received_it(sqs, fifo):
+    """ChangeMessageVisibility 0, then DeleteMessage with the same handle: AWS deletes (it is
+    still the most recently received handle); shardq deleted nothing (a nack's token was
+    fenced at once). A receive in between fences it, as ever."""
+    name = f"cmv0{next(_n)}" + (".fifo" if fifo else "")
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+                           if fifo else {})["QueueUrl"]
+    group = {"MessageGroupId": "g"} if fifo else {}
+    sqs.send_message(QueueUrl=url, MessageBody="a", **group)
+    h = sqs.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"][0]["ReceiptHandle"]
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=h, VisibilityTimeout=0)
+    assert counts(sqs, url) == (1, 0)
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=h)
+    assert counts(sqs, url) == (0, 0)
