@@ -441,12 +441,16 @@ class Polling:
     """The loop of one ``dequeue_many``, after each lease round: return what it leased,
     probe again when every shard is down, or wait for work until ``deadline`` (the
     driver's clock). Leases in hand are returned, never stranded by another shard's error;
-    a service that stays down is reported after ``retry_s``."""
+    a service that stays down is reported after ``retry_s``. A round's dequeue whose
+    connection broke after it was written raises OutcomeUnknown, but in a dequeue that
+    waits (``waits``) with time left, which goes on waiting: what the lost request leased
+    expires unheld, as what a lost waiting dequeue leased does (a shard restarted while a
+    worker waited on it ended the worker's wait with an error)."""
 
     RETURN, PROBE, WAIT = "return", "probe", "wait"
 
-    def __init__(self, shards: int, retry_s: float, deadline: float) -> None:
-        self.shards, self.retry_s, self.deadline = shards, retry_s, deadline
+    def __init__(self, shards: int, retry_s: float, deadline: float, waits: bool = False) -> None:
+        self.shards, self.retry_s, self.deadline, self.waits = shards, retry_s, deadline, waits
         self.all_down_since: float | None = None
 
     def after_round(self, leases: list[Lease], down: list[ShardUnavailable], unknown: list[OutcomeUnknown],
@@ -454,7 +458,9 @@ class Polling:
         if leases:
             return self.RETURN
         if unknown:
-            raise unknown[0]
+            if not self.waits or now >= self.deadline:
+                raise unknown[0]
+            down = [*down, *unknown]  # (asked again with the next round)
         if len(down) == self.shards:
             self.all_down_since = self.all_down_since or now
             if now >= self.deadline or now - self.all_down_since >= self.retry_s:

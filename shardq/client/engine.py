@@ -605,7 +605,7 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     watches instead, then compares the shards)."""
     queue = queue_name(queue)
     wait = check_dequeue(max_jobs, wait, visibility)
-    polling = Polling(c.shards, c.retry_s, c._now() + wait)
+    polling = Polling(c.shards, c.retry_s, c._now() + wait, waits=wait > 0)
     first = next(c._rr) % c.shards
     # A shard answers a waiting dequeue at once when it has a job ready, so one that follows
     # an empty answer waits at once: no plain round before it. One that follows a lease starts

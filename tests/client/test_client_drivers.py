@@ -753,6 +753,25 @@ def test_a_call_that_times_out_leaves_nothing_pending(scripted, connect):
     assert left_pending(q) == 0
 
 
+def test_a_waiting_dequeue_whose_round_lost_its_connection_goes_on_waiting(scripted, connect):
+    """A lease round's dequeue written, then its connection broken (a shard restarted while
+    a worker waited on it): a dequeue that waits went on to raise OutcomeUnknown, ending the
+    worker's wait (seen as a flaky test_a_waiting_consumer_outlives_a_sigkilled_shard). It
+    now waits on, as after a lost waiting dequeue: whatever the lost request leased expires
+    unheld. A plain dequeue still raises OutcomeUnknown."""
+    def serve(op, args):
+        return {"dequeue": [], "dequeue_wait": [], "cancel_wait": False}[op]
+
+    f = scripted("drop", ("serve", serve))
+    q = connect(f.dd.path, request_timeout_s=5, retry_s=2)
+    assert q.dequeue(Q, wait=1.0) is None         # (before: OutcomeUnknown)
+    assert f.dropped.is_set() and [op for op in f.ops() if op == "dequeue"][:2] == ["dequeue", "dequeue"]
+    g = scripted("drop")
+    p = connect(g.dd.path, request_timeout_s=5, retry_s=1)
+    with pytest.raises(shardq.OutcomeUnknown):
+        p.dequeue(Q)
+
+
 def test_an_enqueue_sent_and_never_answered_is_outcome_unknown(scripted, connect):
     """A shard that reads the enqueue and never answers (hung, or its container paused):
     the enqueue may yet be applied, so its caller gets OutcomeUnknown, not the plain
