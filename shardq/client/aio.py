@@ -32,16 +32,16 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 
 from .. import limits
 from ..datadir import DataDir
-from ..errors import Closed, ShardqError, ShardUnavailable, UsageError
+from ..errors import Closed, ShardUnavailable, UsageError
 from ..protocol import validate
 from ..types import JobId, Lease
 from .aioconn import ShardConn
+from . import aioconsume
 from .aioconsume import Consumer
 from .channel import Request
-from .core import ConnectionLost, ack_error, release_call
-from .effects import (OPEN, Abandon, AsyncExecutor, Collect, Op, Owner, Park, Send, Sleep, Submit, Wake, call,
-                      deliver)
-from .engine import Calls, learn_owner, operation, place
+from .core import ConnectionLost, ack_error
+from .effects import OPEN, Abandon, AsyncExecutor, Collect, Op, Owner, Park, Send, Sleep, Submit, Wake, deliver
+from .engine import Calls, learn_owner, place, release
 from .routing import job_item, lease_shard
 
 if TYPE_CHECKING:
@@ -231,27 +231,6 @@ class AsyncQueue(Calls, AsyncExecutor):
         if err is not None and (error := ack_error(err, resent)) is not None:
             raise error
 
-    @operation
-    def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
-        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost.
-        A ``consume()`` loop holding the lease counts it until the new deadline (and
-        while the extend is out: its reply may move the deadline)."""
-        holding: list[Consumer] = []
-        if self._consumers:
-            try:
-                ref = (lease.job_id, lease.token)
-                holding = [c for c in self._consumers if c.extending_one(ref)]
-            except (AttributeError, TypeError):  # no lease (the call refuses it), or an unhashable part
-                pass
-        deadline = None
-        try:
-            extended = yield from Calls.extend.fn(self, lease, seconds)  # the table's call
-            deadline = extended.deadline
-            return extended
-        finally:
-            for c in holding:
-                c.extended(ref, deadline)
-
     def consume(self, queue: str = "default", concurrency: int = 10, *, wait: float = 1.0,
                 visibility: float | None = None) -> AsyncIterator[Lease]:
         """``async for lease in q.consume(queue, concurrency=50)``: leases, at most
@@ -263,19 +242,15 @@ class AsyncQueue(Calls, AsyncExecutor):
         return Consumer(self, queue, concurrency, wait, visibility).run()
 
     def _settled(self, leases: list[Lease]) -> None:
-        for c in self._consumers:
-            for lease in leases:
-                c.settled(lease)
+        if self._consumers:
+            aioconsume.settled(self._consumers, leases)
+
+    def _extending(self, lease: Lease) -> Callable[[float | None], None] | None:
+        return aioconsume.extending(self._consumers, lease) if self._consumers else None
 
     def _release(self, leases: list[Lease]) -> None:
-        for lease in leases:
-            self.spawn(self._release_one(lease))
-
-    async def _release_one(self, lease: Lease) -> None:
-        try:
-            await self._drive(call(*release_call(lease)))
-        except ShardqError:
-            pass  # it expires by itself
+        if leases:
+            self.spawn(self._drive(release(self, leases)))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coro)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..clock import SystemClock
@@ -17,6 +17,32 @@ if TYPE_CHECKING:
     from .aio import AsyncQueue
 
 _now = SystemClock.now
+
+
+def settled(consumers: list[Consumer], leases: list[Lease]) -> None:
+    """``leases`` were acked, nacked or buried through the client of ``consumers``: the
+    loops holding them hold them no more."""
+    for c in consumers:
+        for lease in leases:
+            c.settled(lease)
+
+
+def extending(consumers: list[Consumer], lease: Lease) -> Callable[[float | None], None] | None:
+    """An extend of ``lease`` is sent through the client of ``consumers``: the loops holding
+    it count it on until the returned function is told the deadline the extend set (None:
+    it failed, and the deadline stands); None when no loop holds it."""
+    try:
+        ref = (lease.job_id, lease.token)
+        holding = [c for c in consumers if c.extending_one(ref)]
+    except (AttributeError, TypeError):  # no lease (the call refuses it), or an unhashable part
+        return None
+    if not holding:
+        return None
+
+    def extended(deadline: float | None) -> None:
+        for c in holding:
+            c.extended(ref, deadline)
+    return extended
 
 
 class Consumer:

@@ -34,7 +34,8 @@ from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
-                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, wait_outcome)
+                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, release_call,
+                   wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_dedup_id,
@@ -140,6 +141,11 @@ class Calls:
         """``leases`` are settled (acked, nacked, buried) through this client (``consume``
         counts them)."""
 
+    def _extending(self, lease: Lease) -> Callable[[float | None], None] | None:
+        """An extend of ``lease`` is sent: a function to tell the deadline it set (None: it
+        failed), or None when nobody wants to know (``consume`` counts leases)."""
+        return None
+
     def _add_status(self, shards: list[dict[str, Any]]) -> None:
         """Add the supervisor's view to each of ``shards`` (``stats()``'s rows), in place:
         from the status file of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
@@ -231,8 +237,15 @@ class Calls:
 
     @operation
     def extend(self, lease: Lease, seconds: float) -> Op[Lease]:
-        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost."""
-        deadline = yield from call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
+        """Heartbeat: the lease now ends ``seconds`` from now. LeaseLost if already lost.
+        An asyncio ``consume()`` loop holding the lease counts it until the new deadline
+        (and while the extend is out: its reply may move the deadline)."""
+        extended, deadline = self._extending(lease), None
+        try:
+            deadline = yield from call(lease_shard(lease, self.shards), "extend", [lease.job_id, lease.token, seconds])
+        finally:
+            if extended is not None:
+                extended(deadline)
         return lease._replace(deadline=deadline)
 
     @operation
@@ -545,6 +558,15 @@ def place(c: Calls, queue: str, key: str | None, priority: int, dedup_id: str | 
     shard = c._shard_for(key, dedup_id)
     owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
     return shard if owner is None else owner
+
+
+def release(c: Calls, leases: list[Lease]) -> Op[None]:
+    """Hand ``leases`` back unstarted, each a ``nack`` that is not a delivery
+    (:func:`~.core.release_call`); one that cannot be sent expires by itself."""
+    try:
+        yield Send([release_call(lease) for lease in leases], errors=True)
+    except ShardqError:
+        pass  # (Closed, the client's own refusal: each expires by itself)
 
 
 def combined(shard: int, op: str, items: list[Any]) -> Op[list[Any]]:
