@@ -186,7 +186,7 @@ class Calls:
         per_shard, shard_ids, prioritized = split_by_shard(jobs, queue, self._shard_for, self.shards, self._owners)
         new = prioritized - self._noted
         if new:
-            yield from note_priorities(self, sorted(new))
+            yield from tell_priorities(self, sorted(new))
         calls = [Call(s, "enqueue", [chunk, None]) for s, items in per_shard.items() for chunk in cut_requests(items)]
         if len(calls) > 1:  # (one request is all or nothing on its shard)
             yield from _check_bodies(self, calls)
@@ -258,6 +258,17 @@ class Calls:
         finally:
             self._settled(leases)
         return ack_many_outcome(len(leases), indexes, replies)
+
+    @operation
+    def note_priorities(self, queues: list[str]) -> Op[None]:
+        """Tell every shard that ``queues`` use priorities, as the first enqueue of a priority
+        other than 0 to a queue does first (docs/design.md, "Queue-wide priorities"): for
+        jobs that others enqueue later, a workflow's later steps, which their barriers'
+        shards enqueue. A shard that is down is told with this client's next prioritized
+        enqueue."""
+        new = {queue_name(queue) for queue in listed(queues, "queues")} - self._noted
+        if new:
+            yield from tell_priorities(self, sorted(new))
 
     # ---------------------------------------------------------------- admin
     @operation
@@ -550,11 +561,11 @@ def place(c: Calls, queue: str, key: str | None, priority: int, dedup_id: str | 
     """The shard of one job (the hot ``enqueue`` of both clients): its queue's owner if the
     queue is placed because it declares limits (docs/limits.md), else by key (by dedup id,
     keyless: :meth:`Calls._shard_for`). What must be
-    known first is asked first: a priority's note to every shard (:func:`note_priorities`)
+    known first is asked first: a priority's note to every shard (:func:`tell_priorities`)
     and the queue's placement, asked once, of the shard its job would go to by key (so a
     shard that is down stops only its own jobs)."""
     if priority and queue not in c._noted:
-        yield from note_priorities(c, [queue])
+        yield from tell_priorities(c, [queue])
     shard = c._shard_for(key, dedup_id)
     owner = c._owners[queue] if queue in c._owners else (yield Owner(queue, shard))
     return shard if owner is None else owner
@@ -603,7 +614,7 @@ def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:
     return c._owners.setdefault(queue, placed_owner(cfg))
 
 
-def note_priorities(c: Calls, queues: list[str]) -> Op[None]:
+def tell_priorities(c: Calls, queues: list[str]) -> Op[None]:
     """Tell every shard that ``queues`` use priorities, before the first enqueue of a
     priority other than 0 to them, so that once it returns a lease from any shard says
     so (see design.md, "Queue-wide priorities"). A shard that is down is told with the

@@ -218,6 +218,8 @@ class Builder:
         self.barriers: list[tuple[int, str]] = []
         #: queue -> (the largest body of a job a barrier enqueues there, its step's name)
         self.later: dict[str, tuple[int, str]] = {}
+        #: the queues a barrier enqueues a job of a priority other than 0 to
+        self.later_priorities: set[str] = set()
 
     def build(self, top: Chain) -> list[list[Any]]:
         """The items to enqueue now (``[body, key, queue, delay, priority]``); the steps
@@ -318,6 +320,8 @@ class Builder:
                 raise InvalidJob(f"step {path} ({task}): {exc}") from None
             if len(body) > self.later.get(queue, (0, ""))[0]:
                 self.later[queue] = (len(body), f"step {path} ({task})")
+            if priority:
+                self.later_priorities.add(queue)
         return item
 
 
@@ -488,6 +492,8 @@ class Workflow:
         if room > limits.WORKFLOW_SPEC_BYTES_MAX:
             raise InvalidJob(f"workflow of {len(builder.steps)} steps: its record would take up to {room} bytes, "
                              f"over limits.WORKFLOW_SPEC_BYTES_MAX ({limits.WORKFLOW_SPEC_BYTES_MAX}); split it")
+        if builder.later_priorities:  # as the client's own prioritized enqueue would, before any job is in
+            q.note_priorities(sorted(builder.later_priorities))
         jobs = [{"body": b, "key": k, "queue": qn, "delay": d, "priority": p} for b, k, qn, d, p in items]
         ids: list[Any] = []
         for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):

@@ -14,6 +14,7 @@ from shardq import chain, chord, group, limits
 from shardq.tasks import body as taskbody
 from shardq.client.effects import Send
 from shardq.clock import FakeClock
+from shardq.client.routing import shard_for_key
 from shardq.tasks.workflow import Workflow, describe
 
 from support.task_apps import fresh_tasks
@@ -404,6 +405,33 @@ def test_a_step_keeps_its_key_queue_delay_and_priority(fresh):
     assert (info["queue"], info["key"], info["state"], info["priority"]) == ("wf-b", "k-None", "delayed", 7)
     assert info["deadline"] > info["enqueued_at"] + 3000
     assert fresh.queue.cancel(info["job_id"]) == "cancelled"
+
+
+def test_a_later_steps_priority_is_told_to_every_shard_when_the_workflow_is_sent(fresh):
+    """A barrier's shard enqueues a later step; its priority used to be known to that shard
+    alone, and a consumer whose lease round began at another shard took a job of priority 0
+    from there first, with a priority 5 ready (docs/design.md, "Queue-wide priorities")."""
+    key_of = {}
+    for i in range(100):
+        key_of.setdefault(shard_for_key(f"k{i}", 2), f"k{i}")
+
+    @fresh.task(queue="wf-p-first")
+    def first(ctx) -> int:
+        return 1
+
+    @fresh.task(queue="wf-p", key=lambda x, **_: key_of[1])
+    def urgent(ctx, x: int) -> int:
+        return x
+
+    fresh.queue.enqueue(b"plain", key=key_of[0], queue="wf-p")  # priority 0, on shard 0
+    wf = chain(first.s(), urgent.s().set(priority=5)).send()
+    drain(fresh, "wf-p-first")
+    job_of(wf, "0.1")  # the barrier on shard 1 enqueued it
+    with shardq.connect(fresh.queue.data_dir) as consumer:  # never saw a priority; its round starts at shard 0
+        lease = consumer.dequeue("wf-p")
+        assert lease.key == key_of[1]  # the priority 5 first
+        consumer.ack(lease)
+    assert fresh.queue.dequeue("wf-p").key == key_of[0]
 
 
 # ---------------------------------------------------------------------------- how workflows end
