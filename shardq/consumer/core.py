@@ -54,7 +54,7 @@ class WorkerStats:
     succeeded: int = 0    # handler ran (and committed), acked
     duplicates: int = 0   # already processed: handler skipped, acked
     failed: int = 0       # handler raised: nacked with backoff
-    lost: int = 0         # lease lost: not acked, the redelivery wins
+    lost: int = 0         # lease lost: rolled back and not acked, or acked late and fenced; the redelivery wins
     expired: int = 0      # deadline passed before it started: not run
     released: int = 0     # not started, handed back (stop, or waited too long for a runner)
     abandoned: int = 0    # still running when the grace period ended: lease released
@@ -588,8 +588,8 @@ class WorkerCore:
             if isinstance(answer, LeaseLost):
                 with self.lock:
                     job.lost = True
-                log.warning("job %s attempt %d: lease lost while running (%s); its effects will "
-                            "be rolled back and it will not be acked", job.lease.job_id,
+                log.warning("job %s attempt %d: lease lost while running (%s); with an idempotency "
+                            "store its effects roll back and it is not acked, else it is acked late", job.lease.job_id,
                             job.lease.attempt, answer)
                 continue
             if isinstance(answer, ShardUnavailable):

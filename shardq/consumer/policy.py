@@ -9,7 +9,10 @@ runners, and drift shows in failure handling first (docs/guarantees.md).
 * :meth:`Policy.settle`: an outcome becomes an ack (DONE, DUPLICATE), a nack with the
   handler's delay (RETRY) or with full-jitter backoff (FAILED; no delay on the queue's last
   delivery, which dead-letters it), a bury (BURY; a nack with no delay on a queue that
-  cannot bury), or nothing (the lease was lost or expired: the queue redelivers the job);
+  cannot bury), or nothing (a failure or a rollback after the lease was lost, or a lease
+  expired before its run: the queue redelivers the job); a run whose effect is done is
+  acked even after its lease was seen lost (a late ack: it deletes the job unless it was
+  leased again);
 * :meth:`Policy.may_commit`: the lease check before a commit, with the commit margin;
 * :meth:`Policy.reported`: a finished job's reports (``ctx.report``: an arrival at a
   barrier, a kept result) go before its ack; what their answers mean for that ack;
@@ -123,8 +126,10 @@ class Policy:
     def settle(self, outcome: Outcome, error: str | None, delay: float | None, lease: Lease, *,
                lost: bool) -> Settle:
         """What to send for one run's ``(outcome, error, delay)``. ``lost``: a heartbeat
-        saw the lease lost (or the commit margin passed): nothing is sent, the queue
-        redelivers the job and the redelivery decides."""
+        saw the lease lost (or the commit margin passed): a failure sends nothing, the
+        queue redelivers the job and the redelivery decides; a run whose effect is done
+        (DONE, DUPLICATE) is acked all the same, a late ack, which deletes the job while
+        nobody leased it again (docs/guarantees.md) and else gets LeaseLost."""
         if outcome == EXPIRED:
             log.warning("job %s attempt %d: lease expired before it started; not running it",
                         lease.job_id, lease.attempt)
@@ -156,10 +161,12 @@ class Policy:
                 return Settle(NACK, Counter.FAILED, 0.0, error)
             return Settle(NACK, Counter.FAILED, backoff_delay(lease.attempt, self.backoff_base_s,
                                                         self.backoff_cap_s, self.rng), error)
-        if outcome == LOST or lost:
-            log.warning("job %s attempt %d: lease lost; not acking (%s)", lease.job_id,
-                        lease.attempt, "rolled back" if outcome == LOST else outcome)
+        if outcome == LOST:
+            log.warning("job %s attempt %d: lease lost; not acking (rolled back)", lease.job_id, lease.attempt)
             return Settle(NOTHING, Counter.LOST)
+        if lost:  # its effect is done: a late ack deletes the job unless it was leased again
+            log.warning("job %s attempt %d: its lease ended while it ran; acking late (nothing changes "
+                        "if it was leased again)", lease.job_id, lease.attempt)
         return Settle(ACK, Counter.SUCCEEDED if outcome == DONE else Counter.DUPLICATES)
 
     def reported(self, settle: Settle, lease: Lease, exc: BaseException | None) -> Settle | None:

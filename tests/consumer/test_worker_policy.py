@@ -41,7 +41,8 @@ def make(can_bury: bool = True) -> Policy:
     (RETRY, "why", None, 2, False, Settle(NACK, "failed", 2.0, "why")),
     (BURY, "no", None, 1, False, Settle(BURY_NOW, "failed", 0.0, "no")),
     (FAILED, "E: x", None, 1, True, Settle(NOTHING, "failed")),              # lease lost: send nothing
-    (DONE, None, None, 1, True, Settle(NOTHING, "lost")),
+    (DONE, None, None, 1, True, Settle(ACK, "succeeded")),                  # lease lost: a late ack
+    (DUPLICATE, None, None, 1, True, Settle(ACK, "duplicates")),
     (LOST, None, None, 1, False, Settle(NOTHING, "lost")),
     (EXPIRED, None, None, 1, False, Settle(NOTHING, "expired")),
 ])

@@ -2,7 +2,9 @@
 
 Same rules as the shard state machine, in a few lines: leases carry a token and a deadline
 read from a (fake) clock; ack/nack/extend with a stale token or after the deadline raise
-``LeaseLost``; an expired lease makes its job ready again; a job delivered
+``LeaseLost``, but for a late ack: an ack with the token of the job's lease that ran out (or
+a nack of no delay ended) deletes it while nobody leased it since, as a shard's does
+(docs/guarantees.md); an expired lease makes its job ready again; a job delivered
 ``max_deliveries`` times is dead-lettered when its lease ends (nack or expiry) or when it
 would be leased again; per key, only the oldest live job can be leased (FIFO, one lease
 per key). Thread-safe. Every call is recorded in ``calls`` for assertions.
@@ -42,6 +44,7 @@ class FakeJob:
     attempts: int = 0
     token: int = 0
     deadline: float = 0.0
+    lapsed: int = 0    # the token of the lease that ran out (or a nack of no delay ended): a late ack's
     error: str | None = None
     history: list = field(default_factory=list)
 
@@ -151,7 +154,7 @@ class FakeQueue:
     def ack(self, lease: Lease) -> None:
         self._maybe_fail("ack")
         with self._cond:
-            job = self._current(lease)
+            job = self._lapsed(lease) or self._current(lease)
             job.state = ACKED
             job.history.append(("ack", lease.token))
             self.calls.append(("ack", lease.job_id, lease.token))
@@ -179,7 +182,7 @@ class FakeQueue:
             if error is not None:
                 job.error = error
             job.history.append(("nack", lease.token, delay, error))
-            self._end_lease(job, self.clock.now() + delay)
+            self._end_lease(job, self.clock.now() + delay, lapsed=lease.token if delay <= 0 else 0)
             self._cond.notify_all()
 
     def extend(self, lease: Lease, seconds: float) -> Lease:
@@ -225,14 +228,20 @@ class FakeQueue:
         for job in self.jobs.values():
             if job.state == LEASED and job.deadline <= now:
                 job.history.append(("expired", job.token))
-                self._end_lease(job, now)
+                self._end_lease(job, now, lapsed=job.token)
 
-    def _end_lease(self, job: FakeJob, ready_at: float) -> None:
+    def _end_lease(self, job: FakeJob, ready_at: float, lapsed: int = 0) -> None:
         job.token = 0
         if job.attempts >= self.max_deliveries:
             self._kill(job)
         else:
-            job.state, job.ready_at = READY, ready_at
+            job.state, job.ready_at, job.lapsed = READY, ready_at, lapsed
+
+    def _lapsed(self, lease: Lease) -> FakeJob | None:
+        """The job a late ack of ``lease`` deletes: ready again, leased by nobody since."""
+        self._advance()
+        return next((j for j in self.jobs.values() if j.job_id == lease.job_id and j.state == READY
+                     and j.lapsed and j.lapsed == lease.token), None)
 
     def _kill(self, job: FakeJob) -> None:
         job.state = DEAD
@@ -260,7 +269,7 @@ class FakeQueue:
                 continue
             job.state = LEASED
             job.attempts += 1
-            job.token = self._next_token
+            job.token, job.lapsed = self._next_token, 0
             self._next_token += 1
             job.deadline = now + vis
             if self.deliver_expired:
