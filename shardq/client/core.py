@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from typing import Any, NamedTuple
 
 from .. import limits
@@ -300,7 +300,10 @@ class LeaseRound:
     and take more as the plan says. Any other queue is asked one shard at a time until
     ``max_jobs`` are leased; a lease that says its queue uses priorities switches to the
     plan at once (and sets :attr:`uses_priorities`). A shard that is down, or whose
-    dequeue's outcome is unknown, is noted (:attr:`down`, :attr:`unknown`) and skipped.
+    dequeue's outcome is unknown, is noted (:attr:`down`, :attr:`down_shards`,
+    :attr:`unknown`) and skipped; the shards in ``down`` (found down by a recent round of
+    this client) are not asked, unless every shard is: a round that met one paid a connect
+    attempt's back-off, and every round that began there would pay it again.
 
     The driver calls :meth:`start`, makes the calls it gets (all at once), and hands one
     result per call, in order, to :meth:`receive` (the value, or the exception), until it
@@ -310,12 +313,15 @@ class LeaseRound:
     :meth:`abandon`'s leases: a failed round keeps none."""
 
     def __init__(self, queue: str, visibility: float | None, max_jobs: int, first: int, shards: int,
-                 prioritized: bool, owner: int | None = None) -> None:
+                 prioritized: bool, owner: int | None = None, down: Collection[int] = ()) -> None:
         self.queue, self.visibility, self.max_jobs, self.shards = queue, visibility, max_jobs, shards
         # first, then round the ring; a placed queue's jobs are all on its owner (docs/limits.md)
         self.order = [*range(first, shards), *range(first)] if owner is None else [owner]
+        if down and owner is None:
+            self.order = [s for s in self.order if s not in down] or self.order
         self.uses_priorities = prioritized
         self.down: list[ShardUnavailable] = []
+        self.down_shards: list[int] = []  # the shards of :attr:`down`
         self.unknown: list[OutcomeUnknown] = []
         self.leases: list[Lease] = []
         self.taken: list[Lease] = []  # leased in this round and not yet returned or released
@@ -342,10 +348,10 @@ class LeaseRound:
             self.leases, self.taken = stop.value, []  # handed to the caller
             return []
 
-    def _sort(self, results: list[Any], dequeues: int) -> list[Any]:
-        """Each result's value (for the first ``dequeues``, dequeue replies: ``(priority,
-        lease)`` pairs, taken), or None for a shard down or an unknown outcome (noted).
-        Any other error is raised after every lease of ``results`` is taken."""
+    def _sort(self, calls: list[Call], results: list[Any], dequeues: int) -> list[Any]:
+        """Each result of ``calls``: its value (for the first ``dequeues``, dequeue replies:
+        ``(priority, lease)`` pairs, taken), or None for a shard down or an unknown outcome
+        (noted). Any other error is raised after every lease of ``results`` is taken."""
         error = None
         values = []
         self._flagged = False
@@ -360,6 +366,7 @@ class LeaseRound:
                 r = None
             elif isinstance(r, ShardUnavailable):
                 self.down.append(r)
+                self.down_shards.append(calls[i].shard)
                 r = None
             elif isinstance(r, BaseException):
                 error = error or r
@@ -373,18 +380,20 @@ class LeaseRound:
         queue, vis, n, order = self.queue, self.visibility, self.max_jobs, self.order
         if self.uses_priorities and self.shards > 1:
             calls = [Call(order[0], "dequeue", [queue, vis, n])] + [Call(s, "peek", [queue, n]) for s in order[1:]]
-            first, *peeks = self._sort((yield calls), 1)
+            first, *peeks = self._sort(calls, (yield calls), 1)
             return (yield from self._settle(first or [], {s: p for s, p in zip(order[1:], peeks) if p}))
         held: list[tuple[int, Lease]] = []
         for k, shard in enumerate(order):
-            (got,) = self._sort((yield [Call(shard, "dequeue", [queue, vis, n - len(held)])]), 1)
+            calls = [Call(shard, "dequeue", [queue, vis, n - len(held)])]
+            (got,) = self._sort(calls, (yield calls), 1)
             if got is None:
                 continue
             held += got
             if got and self._flagged and self.shards > 1:  # the queue uses priorities
                 self.uses_priorities = True
                 rest = order[k + 1:]
-                values = self._sort((yield [Call(s, "peek", [queue, n]) for s in rest]), 0) if rest else []
+                calls = [Call(s, "peek", [queue, n]) for s in rest]
+                values = self._sort(calls, (yield calls), 0) if rest else []
                 return (yield from self._settle(held, {s: p for s, p in zip(rest, values) if p}))
             if len(held) >= n:
                 break
@@ -407,7 +416,7 @@ class LeaseRound:
         for r in results[len(take):]:
             if isinstance(r, BaseException):
                 log.info("releasing a lower-priority lease failed (%s); it expires by itself", r)
-        taken = self._sort(results[:len(take)], len(take))
+        taken = self._sort(calls, results[:len(take)], len(take))
         return merge(keep, held, [t or () for t in taken])
 
 

@@ -101,6 +101,7 @@ class Calls:
 
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
     _idle: set[str]         # queues whose last dequeue of this client got nothing
+    _down_until: dict[int, float]  # shard -> until when lease rounds leave it out (found down; _now's clock)
     _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
 
     def _init_calls(self, dd: DataDir, retry_s: float, request_timeout_s: float) -> None:
@@ -113,6 +114,7 @@ class Calls:
         self._rr = itertools.count()
         self._queue_cfg, self._owners = {}, {}
         self._prioritized, self._noted, self._idle = set(), set(), set()
+        self._down_until = {}
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
@@ -680,7 +682,13 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     shard that is down gets a short try, not the full retry window: its jobs can wait, the
     other shards' should not. A round that fails, for any error (a cancelled caller
     included), hands back every lease it took, unstarted."""
-    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue))
+    down = c._down_until
+    if down:  # the shards a recent round found down are left out until DOWN_RECHECK_S after
+        now = c._now()
+        for shard in [s for s, until in down.items() if until <= now]:
+            del down[shard]
+    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue),
+                     down)
     probe = min(c.retry_s, DOWN_PROBE_S)
     try:
         calls = rnd.start()
@@ -697,6 +705,10 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     finally:
         if rnd.uses_priorities:
             c._prioritized.add(queue)
+        if rnd.down_shards:
+            until = c._now() + DOWN_RECHECK_S
+            for shard in rnd.down_shards:
+                down[shard] = until
     return rnd.leases, rnd.down, rnd.unknown
 
 
