@@ -142,16 +142,28 @@ class DataDir:
         return os.path.exists(os.path.join(self.path, META))
 
     def _meta(self) -> dict[str, Any]:
+        """The data dir's ``shardq.json``, checked: InvalidConfig naming the file if it is
+        damaged (not JSON, not an object, a shard count or id of the wrong kind)."""
+        path = os.path.join(self.path, META)
         try:
-            with open(os.path.join(self.path, META)) as f:
-                meta: dict[str, Any] = json.load(f)
+            with open(path, "rb") as f:
+                meta = json.loads(f.read())
         except FileNotFoundError:
             raise NotADataDir(f"{self.path} is not a shardq data dir (no {META}); "
                                 "start `shardq serve` on it first") from None
         except NotADirectoryError:  # (a file, or a path below one: not a raw OSError)
             raise NotADataDir(f"{self.path} is not a shardq data dir: it is not a directory") from None
+        except ValueError as e:  # (JSONDecodeError, and UnicodeDecodeError: bytes that are no JSON text)
+            raise _damaged(path, f"not JSON: {e}") from None
+        if not isinstance(meta, dict):
+            raise _damaged(path, f"a JSON {type(meta).__name__}, not an object")
         if meta.get("format") != FORMAT:
             raise InvalidConfig(f"{self.path}: unsupported format {meta.get('format')!r}")
+        shards = meta.get("shards")
+        if type(shards) is not int or not 1 <= shards <= limits.SHARDS_MAX:
+            raise _damaged(path, f"'shards' is {shards!r}, not an int in [1, {limits.SHARDS_MAX}]")
+        if not isinstance(meta.get("id", ""), str):
+            raise _damaged(path, f"'id' is {meta['id']!r}, not a string")
         return meta
 
     def shards(self) -> int:
@@ -299,6 +311,11 @@ def _pid_in(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def _damaged(path: str, why: str) -> InvalidConfig:
+    return InvalidConfig(f"{path} is damaged ({why}); it holds the shard count and the service id "
+                         "(docs/operations.md, \"The data dir\"): restore it from a backup")
 
 
 def _sync_dir(path: str) -> None:

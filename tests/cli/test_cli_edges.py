@@ -192,6 +192,33 @@ def test_every_command_on_a_data_dir_that_is_a_file_says_not_a_data_dir_exit_5(c
     assert not os.path.exists(tmp_path / "b")
 
 
+# ---------------------------------------------------------------------------- a damaged shardq.json
+DAMAGED_META = {"empty": b"", "a-list": b"[1]", "no-shards": b'{"format": 1, "id": "x"}',
+                "shards-a-string": b'{"format": 1, "shards": "2", "id": "x"}',
+                "shards-0": b'{"format": 1, "shards": 0, "id": "x"}', "not-utf8": b"\xff\xfe",
+                "id-an-int": b'{"format": 1, "shards": 1, "id": 7}'}
+
+
+@pytest.mark.parametrize("content", list(DAMAGED_META.values()), ids=list(DAMAGED_META))
+def test_a_damaged_shardq_json_is_refused_naming_the_file_exit_5_never_a_traceback(capsys, tmp_path, content):
+    """An empty ``shardq.json``, one without ``shards`` or not an object: ``serve``, ``stats``
+    and ``wal check`` printed JSONDecodeError, KeyError or AttributeError tracebacks, exit 1."""
+    from shardq.datadir import DataDir
+    dd = DataDir(str(tmp_path / "dd"))
+    dd.init(1)
+    meta = os.path.join(dd.path, "shardq.json")
+    with open(meta, "wb") as f:
+        f.write(content)
+    for args in (("stats",), ("wal", "check"), ("dead-letters", "list")):
+        rc, out, err = shardq(capsys, *args, "--data-dir", dd.path)
+        assert (rc, out) == (5, ""), (args, rc, out, err)
+        assert err.startswith(f"error: InvalidConfig: {meta} is damaged (") and "\n" not in err, err
+    r = subprocess.run([sys.executable, "-m", "shardq", "serve", "--data-dir", dd.path], cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+    assert f"InvalidConfig: {meta} is damaged (" in r.stderr, r.stderr
+
+
 # ---------------------------------------------------------------------------- dead letters of a queue
 def test_dead_letters_of_a_queue_the_service_lacks_are_refused_naming_those_that_exist(capsys, svc):
     """``dead-letters list|redrive --queue nosuch`` exited 0 saying nothing, where ``queue
