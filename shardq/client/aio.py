@@ -161,8 +161,9 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Do a :class:`~shardq.client.effects.Wake`."""
         _, _, handles, deadline, settled = effect
         futs = [h[2] for h in handles if h is not None]
-        if sum(f.done() for f in futs) <= settled:
-            await asyncio.wait([f for f in futs if not f.done()], timeout=max(0.0, deadline - self.loop.time()),
+        pending = [f for f in futs if not f.done()]
+        if pending and len(futs) - len(pending) <= settled:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - self.loop.time()),
                                return_when=asyncio.FIRST_COMPLETED)
         return [_outcome(h) for h in handles]
 

@@ -420,10 +420,14 @@ class LeaseRound:
         return merge(keep, held, [t or () for t in taken])
 
 
+#: What :func:`~.effects.wait_any` gives for a call it could not send (its shard not connected).
+UNSENT: Any = object()
+
+
 def wait_outcome(queue: str, answers: list[Any],
                  max_jobs: int) -> tuple[list[Lease], list[Lease], bool, BaseException | None]:
     """What the waiting dequeues of one wait come to: ``answers`` holds, per shard asked,
-    its lease rows, its error, or None (not sent, withdrawn, or its connection broke).
+    its lease rows, its error, None (withdrawn, or its connection broke) or UNSENT.
     Returns ``(keep, release, uses_priorities, error)``: the first ``max_jobs`` leases to
     return, the others to release unstarted, whether a lease says the queue uses
     priorities, and the first error, to raise only when no lease is kept. (One loop, no
@@ -433,7 +437,7 @@ def wait_outcome(queue: str, answers: list[Any],
     error = None
     uses = False
     for a in answers:
-        if a is None:
+        if a is None or a is UNSENT:
             continue
         if isinstance(a, BaseException):
             error = error or a

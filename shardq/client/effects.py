@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..errors import Closed, ShardUnavailable, TooManyConnections
 from .channel import closed_after_write
-from .core import Call, ConnectionLost, after_break, no_answer
+from .core import UNSENT, Call, ConnectionLost, after_break, no_answer
 from .routing import leases_of
 
 if TYPE_CHECKING:
@@ -197,9 +197,10 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
     connected now, and wait until one is answered with something (a non-empty value or an
     error; with ``first``, any reply), or every one is, or ``limit_s`` passes (``short_s``
     when a shard could not be asked: it is looked at again soon). The calls still open are
-    then abandoned (:class:`Abandon`). Returns, per call, its value, its error, or None (not
-    sent, abandoned, or its connection broke); None instead of the list when no shard could
-    be asked. Stopped by an error (a cancelled caller), it abandons them too and hands back
+    then abandoned (:class:`Abandon`). Returns, per call, its value, its error, None
+    (abandoned, or its connection broke) or :data:`~.core.UNSENT` (its shard was not
+    connected); None instead of the list when no shard could be asked. Stopped by an
+    error (a cancelled caller), it abandons them too and hands back
     unstarted the leases of the waiting dequeues answered, which nobody will take."""
     token, handles = yield Park(calls)
     parked = sum(h is not None for h in handles)
@@ -224,7 +225,8 @@ def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,
         _release_answered(c, calls, (yield Abandon(token, calls, handles)), "dequeue_wait")
         raise
     got = yield Abandon(token, calls, handles)
-    return [None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a for a in got]
+    return [UNSENT if h is None else None if a is OPEN or isinstance(a, (ConnectionLost, ShardUnavailable)) else a
+            for a, h in zip(got, handles)]
 
 
 def _release_answered(c: Calls, calls: Sequence[tuple[int, str, list[Any]]], got: list[Any], dequeue: str) -> None:

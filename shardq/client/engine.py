@@ -33,9 +33,9 @@ from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling,
-                   ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, release_call,
-                   wait_outcome)
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT, WAIT_REPLY_MARGIN_S, Call, LeaseRound,
+                   Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls,
+                   release_call, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_dedup_id,
@@ -649,8 +649,8 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
     if wait and queue not in c._prioritized and queue in c._idle:
         out = yield from _wait_lease(c, queue, visibility, max_jobs, wait)
         if out or c._now() >= polling.deadline:
-            (c._idle.discard if out else c._idle.add)(queue)  # noted for the next dequeue
-            return out
+            (c._idle.add if out == [] else c._idle.discard)(queue)  # noted for the next dequeue
+            return out or []
     while True:
         out, down, unknown = yield from _lease_round(c, queue, visibility, max_jobs, first)
         now = c._now()
@@ -665,9 +665,9 @@ def _dequeue_many(c: Calls, queue: str, max_jobs: int, wait: float, visibility: 
         if queue not in c._prioritized:
             out = yield from _wait_lease(c, queue, visibility, max_jobs, remaining)
             if out or c._now() >= polling.deadline:
-                (c._idle.discard if out else c._idle.add)(queue)
-                return out
-            continue  # a shard's connection broke: a lease round finds what is up
+                (c._idle.add if out == [] else c._idle.discard)(queue)
+                return out or []
+            continue  # a shard's connection broke, or one was not asked: a lease round finds what is up
         woke = yield from _watch(c, queue, remaining)
         if woke is None:
             if c._now() >= polling.deadline:
@@ -712,19 +712,23 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     return rnd.leases, rnd.down, rnd.unknown
 
 
-def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, timeout: float) -> Op[list[Lease]]:
+def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
+                timeout: float) -> Op[list[Lease] | None]:
     """Leave a waiting dequeue at every shard that is up (a placed queue: at its owner)
     and return the leases of the first to answer with any (with those of any other that
     has by then, up to ``max_jobs``; the rest released unstarted). [] when none came
     within ``timeout``, or when a connection broke (that shard's lease, if it made one,
-    expires unheld)."""
+    expires unheld); None when none came and a shard was not asked (not connected): the
+    queue is not known to be empty, and the caller's next dequeue begins with a lease
+    round, which reaches (and connects to) every shard. (A consumer of a queue placed on a
+    shard that restarted waited at the other shard only, and got nothing, for ever.)"""
     owner = c._owners.get(queue)
     asked = range(c.shards) if owner is None else [owner]
     calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
     got = yield from wait_any(c, calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
     if got is None:
         yield Sleep(min(timeout, 0.1))  # every shard down: back off, the caller retries
-        return []
+        return None
     keep, release, uses_priorities, error = wait_outcome(queue, got, max_jobs)
     if uses_priorities:
         c._prioritized.add(queue)  # from now on, leases compare the shards
@@ -732,6 +736,8 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int, t
         c._release(release)
     if error is not None:
         raise error
+    if not keep and UNSENT in got:  # (identity first: no value equals it)
+        return None
     return keep
 
 

@@ -269,9 +269,11 @@ class Router(Calls, SyncExecutor):
                 lone.done, lone.outcome = True, got[0] if got[1] is None else got[1]
                 return [lone.outcome]
             # the lane was taken meanwhile: the wait goes the shared way, in the lone one's place
-            _, (handles[0],) = self._on_io(lambda io: io._park(Park(effect.calls)))
-            if handles[0] is None:
-                return [ShardUnavailable(f"shard {call.shard} is not connected")]
+            _, (shared,) = self._on_io(lambda io: io._park(Park(effect.calls)))
+            if shared is None:  # (answered here: the handle stays, so the wait counts it answered)
+                lone.done, lone.outcome = True, ShardUnavailable(f"shard {call.shard} is not connected")
+                return [lone.outcome]
+            handles[0] = shared
         deadline = effect.deadline
         return self._on_io(
             lambda io: io._wake(effect._replace(deadline=self._io_time(io, deadline))))
@@ -336,7 +338,8 @@ class _Lone:
     __slots__ = ("done", "outcome")
 
     def __init__(self) -> None:
-        self.done, self.outcome = False, None
+        self.done = False
+        self.outcome: Any = None
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

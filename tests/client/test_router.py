@@ -4,6 +4,7 @@ clients that hold the wrong key or send garbage.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -758,3 +759,35 @@ def test_the_io_thread_starting_with_the_service_gone_does_not_add_its_connects_
             assert time.monotonic() - started < 1.5  # (was 2 s: min(retry_s, 2))
         finally:
             q.close()
+
+
+def test_a_lone_wait_whose_lane_is_taken_and_whose_shard_is_not_connected_ends_the_wait(fake):
+    """A lone waiting dequeue whose lane another caller took goes the shared way; when that
+    shard is not connected there either, the wait is over (ShardUnavailable, the caller's
+    next round reaches it again). Its handle was left None, so the wait went on asking the
+    I/O thread to wait for nothing: ``asyncio.wait`` of no future, a ValueError that ended
+    `shardq worker` (a walkthrough, 3 of 6 runs, a queue placed on a shard SIGKILLed)."""
+    from shardq.client.connection import SHARED
+    from shardq.client.core import Call
+    from shardq.client.effects import OPEN, wait_any
+
+    f = fake(1, lambda shard, op, args: [])
+
+    class NotConnected:  # the I/O thread's client, with its connection to the shard down
+        loop = asyncio.new_event_loop()  # (its clock only)
+
+        def _park(self, effect):
+            return None, [None]
+
+        def _wake(self, effect):
+            raise AssertionError("asked to wait for nothing")
+
+        def _abandon(self, effect):
+            return [OPEN for _ in effect.handles]
+
+    with shardq.connect(f.dd.path) as q:
+        q.lanes[0].call = lambda *args, **kw: SHARED  # the lane taken between Park and Wake
+        q._on_io = lambda start: start(NotConnected())
+        got = q._drive(wait_any(q, [Call(0, "dequeue_wait", ["jobs", None, 1, 0.2])], 0.5, 0.5))
+    NotConnected.loop.close()
+    assert got == [None]

@@ -127,6 +127,24 @@ class FakeShards:
     def ops(self) -> list[str]:
         return [op for _, op, _ in self.requests]
 
+    def down(self, shard: int) -> None:
+        """Stop listening for ``shard`` (its connections stay): a client's connect fails
+        as when a shard process is down. :meth:`up` listens again."""
+        listener = self.listeners[shard]
+        with socket.socket(socket.AF_UNIX) as s:  # wakes its accept() (see close)
+            s.settimeout(1.0)
+            s.connect(self.dd.socket_path(shard))
+        self.closing = True
+        self.threads[shard].join(5)
+        self.closing = False
+        listener.close()
+
+    def up(self, shard: int) -> None:
+        """Listen for ``shard`` again after :meth:`down`."""
+        self.listeners[shard] = Listener(self.dd.socket_path(shard), "AF_UNIX", authkey=self.dd.authkey())
+        self.threads[shard] = threading.Thread(target=self._accept, args=(shard,), daemon=True)
+        self.threads[shard].start()
+
     def close(self) -> None:
         # A thread waiting in accept() is not woken by closing the listener: a bare
         # connection (no handshake) does.
