@@ -10,6 +10,19 @@ import botocore.exceptions
 import pytest
 
 from support.service import wait_until
+from tests.support.sqs_listener import client, sqs_service, sqs_url
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with sqs_service() as s:
+        s.url = sqs_url(s)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def sqs(svc):
+    return client(svc.url)
 
 
 _n = iter(range(10**6))
