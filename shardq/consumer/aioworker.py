@@ -23,17 +23,17 @@ import functools
 import os
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..client import aio
 from ..client.contracts import AsyncResults
 from ..clock import Clock, SystemClock
-from ..errors import ShardqError
+from ..errors import ShardqError, UsageError
 from ..stopping import install_stop_signals, restore_signals
 from ..types import Lease
 from .aiotxn import run_async
 from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
-from .handling import Context, Report, Result, Runs, log
+from .handling import Context, Report, Result, Runs, failed, log
 from .idempotency import IdempotencyStore, pruning
 from .options import WorkerOptions, options_of
 
@@ -57,6 +57,29 @@ class AsyncHandler(Protocol):
     def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]: ...
 
     async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+
+class PlainHandler:
+    """A handler that is no App's tasks, for the asyncio worker, as :class:`~.worker.Worker`
+    takes one: ``async def handle(ctx)`` is awaited on the loop, a plain ``def handle(ctx)``
+    runs in a thread."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        # (an object whose __call__ is an async def counts too: the method is looked at)
+        self.is_async = asyncio.iscoroutinefunction(fn) or asyncio.iscoroutinefunction(type(fn).__call__)
+
+    def __call__(self, ctx: Context) -> Any:
+        return self.fn(ctx)
+
+    def task_of(self, body: bytes) -> PlainHandler:
+        return self
+
+    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        return self, [], {}
+
+    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return await self.fn(ctx)
 
 
 class AsyncContext(Context):
@@ -127,23 +150,33 @@ class AsyncWorker:
     """Runs task jobs of ``queue`` on an event loop. :meth:`run` blocks (it owns a loop);
     :meth:`run_async` runs on the caller's loop. ``target`` is a data dir (the worker
     connects, and closes its client at the end) or an open asyncio queue client (the
-    caller's: used, not closed)."""
+    caller's: used, not closed). ``handler``: an App's tasks (``TaskHandler``, as
+    ``shardq worker myapp.tasks`` gives it), or a plain function of the job's context, an
+    ``async def`` awaited on the loop or a ``def`` run in a thread (:class:`PlainHandler`)."""
 
-    def __init__(self, target: Any, handler: AsyncHandler, options: WorkerOptions | None = None, *,
-                 idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
+    def __init__(self, target: Any, handler: AsyncHandler | Callable[[Any], Any], options: WorkerOptions | None = None,
+                 *, idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, **settings: Any):
         """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
         (``queue=``, ``concurrency=``, ``burst=``...), which make one; by keywords,
         ``concurrency`` is 50 unless given. ``prefetch`` is 0: a job leased starts at once."""
+        tasks: AsyncHandler
+        if callable(getattr(handler, "task_of", None)):
+            tasks = cast(AsyncHandler, handler)
+        elif callable(handler):
+            tasks = PlainHandler(handler)
+        else:
+            raise UsageError(f"AsyncWorker: the handler must be a function of the job's context or an App's "
+                             f"tasks, got {type(handler).__name__}")
         o = options_of(options, {"concurrency": ASYNC_CONCURRENCY_DEFAULT, **settings} if options is None else settings)
-        self.options, self.target, self.handler, self.store = o, target, handler, idempotency
+        self.options, self.target, self.handler, self.store = o, target, tasks, idempotency
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
         self.core = WorkerCore(dataclasses.replace(o, prefetch=0), clock or SystemClock(),
                                lock=contextlib.nullcontext(), rng=rng)
         self.clock, self.stats = self.core.clock, self.core.stats
         # A job's calls go through the client's blocking LoopCalls (bound in run_async); its
         # reports go with the acks.
-        self.runs = Runs(handler, idempotency, collect=True)
+        self.runs = Runs(tasks, idempotency, collect=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._done: list[tuple[Held, Result]] = []
@@ -234,7 +267,10 @@ class AsyncWorker:
     async def _run(self, job: Held) -> None:
         result = self.core.start(job)
         if result is None:
-            result = await self._execute(job)  # cancelled at the grace period's end: nothing comes back
+            try:
+                result = await self._execute(job)  # cancelled at the grace period's end: nothing comes back
+            except Exception as exc:  # noqa: BLE001 - the runner's own failure: the job's failed attempt, settled
+                result = failed(exc, job.lease, None, None, self.core.policy.max_deliveries)
         self._done.append((job, result))
         self._wake.set()
 

@@ -163,3 +163,40 @@ def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_peri
     assert stats.abandoned == 1 and stats.succeeded == 0
     assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY
     assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_the_asyncio_runner_takes_a_plain_handler_as_the_thread_worker_does(kind):
+    """``AsyncWorker(q, handle)`` with a plain function (no App's tasks): every job raised
+    AttributeError ('task_of') in the runner, was never settled, and its lease was extended
+    until shutdown (a walkthrough). An ``async def`` is awaited on the loop, a ``def`` runs
+    in a thread; a job it fails is nacked as any failed attempt."""
+    clock = FakeClock()
+    q = BuryingQueue(clock, visibility_timeout=30.0)
+    ids = [q.enqueue(b"ok%d" % i) for i in range(3)] + [q.enqueue(b"fail")]
+    seen: list[tuple[bytes, bool]] = []  # (body, ran on the loop's thread)
+    loop_thread = threading.current_thread()  # asyncio.run's, below
+
+    def check(ctx):
+        seen.append((ctx.body, threading.current_thread() is loop_thread))
+        if ctx.body == b"fail":
+            raise ValueError("no")
+
+    if kind == "async":
+        async def handle(ctx):
+            check(ctx)
+    else:
+        def handle(ctx):
+            check(ctx)
+
+    w = AsyncWorker(AsyncFacade(q), handle, concurrency=2, clock=clock, idle_wait_s=0.01, prune_every_s=None)
+    stats = asyncio.run(asyncio.wait_for(w.run_async(max_jobs=4), 20))  # (before: never returned)
+    assert sorted(b for b, _ in seen) == [b"fail", b"ok0", b"ok1", b"ok2"]
+    assert {on_loop for _, on_loop in seen} == {kind == "async"}  # on the loop's thread, or off it
+    assert (stats.succeeded, stats.failed) == (3, 1)
+    assert [q.state(i) for i in ids[:3]] == ["acked"] * 3 and q.ops("nack")[0][1] == ids[3]
+
+
+def test_the_asyncio_runner_refuses_a_handler_that_is_no_function():
+    with pytest.raises(shardq.UsageError, match="must be a function of the job's context or an App's tasks"):
+        AsyncWorker(AsyncFacade(BuryingQueue(FakeClock())), "myapp.tasks:handle")
