@@ -31,7 +31,11 @@ class _AioClient:
 
         from ..client import aio
         self._loop = asyncio.new_event_loop()
-        self._q = self._run(aio.connect(data_dir, retry_s=retry_s, request_timeout_s=request_timeout_s))
+        try:
+            self._q = self._run(aio.connect(data_dir, retry_s=retry_s, request_timeout_s=request_timeout_s))
+        except BaseException:
+            self._loop.close()
+            raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(coro)
@@ -58,13 +62,24 @@ class _AioClient:
 
 def _connect(a: argparse.Namespace) -> Any:
     """The client ``--client`` names, with the role's retry budget as its request timeout
-    (said in the role's log)."""
+    (said in the role's log). A role started while the run restarts the service (a
+    ``kill_service`` fault) finds no service for a moment: it connects again until the
+    retry budget is spent, as its calls ride out the restart, rather than exit."""
+    from ..errors import ServiceNotRunning
     client = getattr(a, "client", "threads")
     print(f"client: {client}", flush=True)
-    if client == "aio":
-        return _AioClient(a.data_dir, a.retry_s, a.retry_s)
-    import shardq
-    return shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+    deadline = CLOCK.monotonic() + a.retry_s
+    while True:
+        try:
+            if client == "aio":
+                return _AioClient(a.data_dir, a.retry_s, a.retry_s)
+            import shardq
+            return shardq.connect(a.data_dir, retry_s=a.retry_s, request_timeout_s=a.retry_s)
+        except ServiceNotRunning:
+            if CLOCK.monotonic() >= deadline:
+                raise
+            print("no service yet (a restart): connecting again", flush=True)
+            time.sleep(0.1)  # a polled deadline: the run's supervisor is restarting it
 
 
 def _hist(path: str) -> Write:

@@ -804,3 +804,38 @@ def test_a_chaos_run_on_the_worker_runner_in_process_mode_passes(tmp_path):
         assert rep["args"]["worker_kind"] == "runner-process" and rep["faults"]["kill_worker"] >= 1
         assert rep["info"]["jobs_ok"] > 100 and rep["info"]["drained"] is True and rep["info"]["nacks"] >= 1
         assert "handler runs" in out
+
+
+@pytest.mark.parametrize("client", ["threads", "aio"])
+def test_a_role_started_while_the_service_restarts_connects_again_until_its_retry_budget(monkeypatch, client):
+    """A producer or worker the run starts during a ``kill_service`` restart found no
+    service (the supervisor lock free for a moment) and exited on its own with 1: the whole
+    chaos run 'could not be carried out' (CI, twice, on a loaded VM). It connects again
+    until its retry budget is spent; past it, ServiceNotRunning as before."""
+    import argparse
+
+    import shardq
+    from shardq.client import aio
+    from shardq.errors import ServiceNotRunning
+    from shardq.verify import roles
+
+    tries = []
+
+    def connect(*args, **kw):
+        tries.append(args)
+        if len(tries) < 3:
+            raise ServiceNotRunning("no shardq service is running (test)")
+        return "client"
+
+    async def aconnect(*args, **kw):
+        return connect(*args, **kw)
+
+    monkeypatch.setattr(shardq, "connect", connect)
+    monkeypatch.setattr(aio, "connect", aconnect)
+    got = roles._connect(argparse.Namespace(data_dir="dd", retry_s=10.0, client=client))
+    assert len(tries) == 3 and (got == "client" if client == "threads" else got._q == "client")
+    tries.clear()
+    monkeypatch.setattr(roles, "CLOCK", type("Late", (), {"monotonic": lambda self: 100.0 * len(tries)})())
+    with pytest.raises(ServiceNotRunning):
+        roles._connect(argparse.Namespace(data_dir="dd", retry_s=10.0, client=client))
+    assert len(tries) == 1
