@@ -41,8 +41,8 @@ import signal
 import socket
 import sys
 from collections import deque
-from contextlib import AbstractContextManager, nullcontext
-from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any, Final, NotRequired, TypeAlias, TypedDict
 
@@ -124,6 +124,7 @@ class ShardStats(TypedDict):
     waiting_dequeues: int
     replay_records: int
     replay_seconds: float
+    compaction_deferred: str | None  # why compaction is put off (no space for a checkpoint), or None
     results: int                     # results kept (results.py)
     barriers: dict[str, int]         # {"open": n, "fired": n, "cancelled": n}
     workflows: dict[str, int]        # records kept: {"running": n, "succeeded": n, "failed": n, "cancelled": n}
@@ -357,7 +358,9 @@ class ShardServer(ControlHandlers, ResultHandlers):
             # the checkpoint must follow every record before it
             self.committer.drain()  # type: ignore[union-attr]  # the loop runs: it is set
             with self.busy("compact"):  # pings wait meanwhile: tell the supervisor we live
-                self.shard.compact()
+                self.shard.compact()  # for want of space it does not, and the shard goes on
+            # a compaction that found no space opened the log again (DurableShard._put_log_back)
+            self.committer.log = self.shard.log  # type: ignore[union-attr]  # the loop runs: it is set
 
     def _health_ping(self) -> None:
         try:
@@ -624,6 +627,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 "waiting_dequeues": sum(map(len, self.lease_waiters.values())),
                 "replay_records": self.shard.replay_stats.records if self.shard.replay_stats else 0,
                 "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0,
+                "compaction_deferred": self.shard.compaction_deferred,
                 "results": kept["results"], "barriers": kept["barriers"],
                 "workflows": self.state.workflow_states()}
 
@@ -782,7 +786,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with pipe.busy("replay", lambda: shard.log.stats.records + files.bytes_read):
             lock_fd = _lock_shard_dir(dd.shard_dir(a.index))
-            stats = shard.open(SystemClock().now())  # logs what it replayed
+            stats = shard.open(SystemClock().now(), compact=False)  # logs what it replayed
+            # A log due for compaction: compact now, or for want of space start from the log
+            # as it is (an optimisation, never a condition to serve: DurableShard.compact).
+            with files.expecting_no_space():
+                if shard.compaction_due():
+                    shard.compact()
     except CorruptLog as e:
         log.error("refusing to start: %s", e)
         pipe.corrupt(e.path, e.offset, e.reason)
@@ -791,8 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         pipe.failed("disk_full" if e.errno in NO_SPACE else "io_error", str(e), e.filename)
         return EXIT_LOG_FAILED
-    except LogFailed as e:  # the start's own record (a new token epoch) could not be written
-        log.error("cannot start: %s", e)
+    except LogFailed as e:  # the start's own record (a new token epoch) could not be written, or
+        log.error("cannot start: %s", e)  # a compaction failed other than for want of space
         cause = e.__cause__
         if not (isinstance(cause, OSError) and cause.errno in NO_SPACE):
             pipe.failed("io_error", str(e), None)  # a full disk: ReportingFiles said so, with the file
@@ -804,8 +813,14 @@ def main(argv: list[str] | None = None) -> int:
     pipe.watch_disk(files)  # a commit stalled on a slow disk is not a hang
     if a.health_pipe:
         os.set_blocking(sys.stdin.fileno(), False)
-    server = ShardServer(shard, dd.socket_path(a.index), authkey,
-                         busy=lambda phase: pipe.busy(phase, lambda: files.bytes_written),
+    @contextmanager
+    def busy(phase: str) -> Iterator[None]:
+        # A compaction that finds no space is given up and the shard goes on: no "failed" line.
+        with pipe.busy(phase, lambda: files.bytes_written), \
+                (files.expecting_no_space() if phase == "compact" else nullcontext()):
+            yield
+
+    server = ShardServer(shard, dd.socket_path(a.index), authkey, busy=busy,
                          health=(sys.stdin.fileno(), _health_answer(
                              pipe, shard.state, os.path.join(dd.run_dir, RELOAD_FILE))) if a.health_pipe else None)
     server.early_placed_s = boot.early_visibility_s
@@ -839,9 +854,11 @@ def main(argv: list[str] | None = None) -> int:
     if since > written_at_start and since >= max(STOP_CHECKPOINT_MIN_BYTES,
                                                  STOP_CHECKPOINT_SHARE * shard.log.checkpoint_bytes):
         # A checkpoint on the way down: the next start replays it, not this run's records.
-        # Cut short (SIGKILL at the supervisor's grace), it leaves the log as it was.
+        # Cut short (SIGKILL at the supervisor's grace), it leaves the log as it was; so does
+        # one that finds no space (it says so), and the shard stops cleanly all the same.
         try:
-            shard.compact()
+            with files.expecting_no_space():
+                shard.compact()
         except LogFailed as e:
             log.error("no checkpoint on the way down, the next start replays the log: %s", e)
             return EXIT_LOG_FAILED

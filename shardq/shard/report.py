@@ -24,7 +24,9 @@ a person goes to the shard's log (stderr) instead.
   log write found no space (ENOSPC, EDQUOT; reported by :class:`ReportingFiles` as it
   happens, before the failed commit ends the process without a reply), or ``io_error``, the
   log could not be opened, or the start's own record written, at start. The supervisor
-  restarts it with backoff until it works.
+  restarts it with backoff until it works. A compaction that finds no space is no reason
+  to exit (the shard puts it off and goes on: :meth:`ReportingFiles.expecting_no_space`),
+  so it sends no such line.
 
 The other way, the supervisor writes single bytes on the shard's stdin pipe, which the
 shard's loop reads between iterations: :data:`PING` (answer with ``pong``) and
@@ -170,6 +172,18 @@ class ReportingFiles:
         self.bytes_read = 0
         self._write_since: float | None = None
         self._sync_since: float | None = None  # also the rarer calls, never beside another
+        self._quiet = 0  # expecting_no_space() blocks running
+
+    @contextmanager
+    def expecting_no_space(self) -> Iterator[None]:
+        """While the block runs, a call that finds no space is not reported: what it is
+        part of (a compaction: DurableShard.compact) gives up and the shard goes on, so it
+        is no reason to exit. For the loop's own thread, while no commit runs beside it."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
 
     @property
     def disk_call_since(self) -> float | None:
@@ -188,6 +202,8 @@ class ReportingFiles:
             raise
 
     def _report_no_space(self, e: OSError, fd: int | None, path: str | None) -> None:
+        if self._quiet:
+            return
         if path is None and fd is not None:
             try:
                 path = os.readlink(f"/proc/self/fd/{fd}")
