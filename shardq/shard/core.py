@@ -531,6 +531,28 @@ class StateCore:
             self._set(job, R)
             job.q.push_ready(job)
 
+    def drop_stale_ready(self) -> int:
+        """Take out of the plain queues' ready lines every entry whose job is not ready,
+        and return how many went. Replay leaves there each job it leased (a logged lease
+        does not look for its job in the line) and so each one acked since; a router's
+        peek (:meth:`ready_priorities`) counted them, and handed a lower priority out
+        first (queue-wide priorities). Once, after replay and before the shard serves (a
+        lease that ran out meanwhile is put back at the end of its line by ``advance``, as
+        live)."""
+        dropped = 0
+        for q in self.queues.values():
+            if type(q) is not QueueState or not q.prios:
+                continue  # (a grouped queue's lines are its limiter's: they skip stale entries)
+            for prio, dq in list(q.ready.items()):
+                live = deque(job for job in dq if job.state is R)
+                dropped += len(dq) - len(live)
+                if live:
+                    q.ready[prio] = live
+                else:
+                    del q.ready[prio]
+                    del q.prios[bisect.bisect_left(q.prios, -prio)]
+        return dropped
+
     def _drop_ready(self, job: Job) -> None:
         """Take the READY ``job`` out of its queue's ready line (it is being deleted: an ack
         of a lease that ran out), so that neither a dequeue nor a router's peek

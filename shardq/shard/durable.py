@@ -151,6 +151,7 @@ class DurableShard:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        self.state.drop_stale_ready()  # what replay leased or deleted leaves its ready lines (peeks count them)
         self.replay_stats = self.log.stats
         if now is None:
             now = self.clock.now()

@@ -192,6 +192,35 @@ def test_the_flag_is_durable_through_replay_and_checkpoints(tmp_path):
     assert {n: q.prioritized for n, q in again.state.queues.items()} == flags
 
 
+def test_a_peek_after_replay_counts_no_job_leased_or_acked_before_it(tmp_path):
+    """Replay left each job it leased in its ready line, and each one acked since: a peek
+    counted them, so a router released the best lease of another shard and took a lower
+    priority here (a walkthrough: after a restart a priority 0 job, then its key's 9,
+    came out before a ready 5 of another shard, 6 of 8 runs)."""
+    cfg = config_from()
+    shard = DurableShard(str(tmp_path), 0, cfg)
+    shard.open()
+    for prio in (9, 5, 5):
+        shard.state.enqueue(b"x", 1.0, queue="q", priority=prio)
+    shard.state.enqueue(b"held", 1.0, queue="q", priority=7)
+    shard.commit()
+    for _ in range(3):
+        (lease,) = shard.state.dequeue("q", 2.0)
+        if lease.body == b"x":
+            shard.state.ack(lease.job_id, lease.token, 2.0)
+    shard.commit()
+    assert shard.state.ready_priorities("q", 100) == [[5, 1]]  # the 7 leased, the 9 and a 5 acked
+    shard.close()
+    replayed = DurableShard(str(tmp_path), 0, cfg)
+    replayed.open(now=3.0)
+    assert replayed.state.ready_priorities("q", 100) == [[5, 1]]
+    (lease,) = replayed.state.dequeue("q", 3.0)
+    assert lease.body == b"x" and replayed.state.ready_priorities("q", 100) == []
+    replayed.state.ack(lease.job_id, lease.token, 3.0)
+    (expired,) = replayed.state.dequeue("q", 1e9)  # the 7's lease runs out: ready again, once
+    assert expired.body == b"held" and replayed.state.ready_priorities("q", 100) == []
+
+
 def test_the_flag_survives_a_sigkilled_shard(tmp_path):
     """A consumer that connects after the restart still learns it from the first lease."""
     with Service(shards=2) as svc2:
