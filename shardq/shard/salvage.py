@@ -42,6 +42,7 @@ from ..errors import CorruptLog
 from .state import JobState, ShardState
 
 _CHECKPOINT_END = "shardq-checkpoint-end"
+_HELD = "; enqueues they held: "
 _SHARD_DIR = re.compile(r"shard-(\d+)$")
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 
@@ -73,6 +74,9 @@ def _salvage(directory: str, config: Config) -> list[str]:
     done: list[str] = []
     lost: set[int] = set()       # enqueues in the damaged bytes
     orphaned: set[int] = set()   # jobs whose later operations could not be applied
+    # Damaged ranges with no intact enqueue after them in their own file: the first one in
+    # a later file bounds them. (line index in done, last job number before, ids read in them)
+    open_ranges: list[tuple[int, int, set[int], int]] = []
     next_write, records = 1, 0
     for _seq, kind, name in files:
         path = os.path.join(directory, name)
@@ -80,6 +84,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
             data = f.read()
         payloads, bad, last_write = read_intact(path, data, kind, next_write if kind == SEGMENT else 0)
         prior_seq = state.next_seq - 1  # the last job number of the files before this one
+        enqueued: list[int] = []  # the job numbers of this file's intact enqueues
         for payload in payloads:
             ops = msgpack.unpackb(payload, raw=False, use_list=True)
             if kind == CHECKPOINT and ops[:1] == [_CHECKPOINT_END]:
@@ -88,6 +93,8 @@ def _salvage(directory: str, config: Config) -> list[str]:
                 continue
             records += 1
             for op in ops:
+                if op and op[0] == O.ENQUEUE and len(op) > O.JOB_ID and isinstance(op[O.JOB_ID], int):
+                    enqueued.append(op[O.JOB_ID] >> limits.JOB_ID_SHARD_BITS)
                 if not _applies(state, op):
                     orphaned.add(op[O.JOB_ID])
                     continue
@@ -98,13 +105,22 @@ def _salvage(directory: str, config: Config) -> list[str]:
                                      f"salvaged state ({type(e).__name__}: {e}); the log is left as it was") from None
         if kind == SEGMENT and last_write >= next_write:
             next_write = last_write + 1
+        for i, (line, lo_seq, read, _top) in reversed(list(enumerate(open_ranges))):
+            later = [s for s in enqueued if s > lo_seq]
+            if later:  # the first intact enqueue after the damage: exactly the numbers between
+                exact = _numbers(lo_seq, min(later), state.shard_index)
+                lost = (lost - read) | exact
+                done[line] = f"{done[line].split(_HELD)[0]}{_HELD}{format_ids(sorted(exact))}"
+                del open_ranges[i]
         for start, end in bad:
-            ids = _lost_in(data, start, end, kind, state.shard_index, prior_seq)
+            ids, bounded, lo_seq, top = _lost_in(data, start, end, kind, state.shard_index, prior_seq)
             lost |= ids
-            done.append(f"{path}: bytes {start}..{end} do not read; dropped; enqueues they held: "
-                        f"{format_ids(sorted(ids))}")
+            done.append(f"{path}: bytes {start}..{end} do not read; dropped{_HELD}{format_ids(sorted(ids))}")
+            if not bounded and kind == SEGMENT:
+                open_ranges.append((len(done) - 1, lo_seq, ids, top))
     orphaned -= set(state.jobs)
     lost -= set(state.jobs)
+    unbounded = [top << limits.JOB_ID_SHARD_BITS | state.shard_index for _, _, _, top in open_ranges]
     _check_snapshot(state, config, directory)
     backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(backup, mode=0o700, exist_ok=True)
@@ -123,6 +139,10 @@ def _salvage(directory: str, config: Config) -> list[str]:
     done.append(f"rebuilt {directory} from {records} intact records: {len(state.jobs)} jobs kept, in a new "
                 f"checkpoint; originals kept in {backup}")
     done.append(f"jobs not recovered (enqueued in the damaged bytes): {format_ids(sorted(lost), most=1000)}")
+    if unbounded:
+        done.append(f"no intact enqueue follows the damage: jobs numbered after job "
+                    f"{', '.join(map(str, sorted(unbounded)))} may also have been enqueued in the damaged bytes, "
+                    "and cannot be named (nothing of them is left to read)")
     done.append(f"jobs whose later changes no longer applied (their enqueue or lease was damaged): "
                 f"{format_ids(sorted(orphaned), most=1000)}")
     return done
@@ -193,19 +213,39 @@ def readable_ops_in(data: bytes, start: int, end: int) -> list[Op]:
         pos += 1
 
 
-def _lost_in(data: bytes, start: int, end: int, kind: str, shard: int, prior_seq: int) -> set[int]:
-    """The job ids enqueued in the damaged bytes ``[start, end)``. In a segment with intact
-    enqueues on both sides, exactly the numbers between them (a shard numbers its jobs in
-    order). Otherwise the ids that still read in the damaged bytes, of this shard and past
-    the last intact one: bytes that failed their checksum may hold a garbled id, so they
-    are only a best effort, and said to be."""
+#: The fewest bytes an enqueue takes in a record (a fixarray of 9 fields: its code, a job id,
+#: a queue name, no key, an empty body, priority 0, due now, no dedup id, then its float64
+#: creation time): damaged bytes hold at most their length over this many.
+_ENQUEUE_BYTES_MIN = 19
+
+
+def _numbers(lo_seq: int, hi_seq: int, shard: int) -> set[int]:
+    """The job ids of this shard numbered after ``lo_seq`` and before ``hi_seq``."""
+    return {(s << limits.JOB_ID_SHARD_BITS) | shard for s in range(lo_seq + 1, hi_seq)}
+
+
+def _lost_in(data: bytes, start: int, end: int, kind: str, shard: int,
+             prior_seq: int) -> tuple[set[int], bool, int, int]:
+    """The job ids enqueued in the damaged bytes ``[start, end)``, whether that is exact, the
+    last job number before them and the highest number they are known to hold. A shard
+    numbers its jobs in order, one number per enqueue, so in a segment every number after
+    the last intact enqueue before the damage was enqueued in the damaged bytes, up to:
+    the first intact enqueue after them (exact; the caller looks in later segments too when
+    none follows in this one), else the highest number still read in them (the ids after it
+    cannot be known). An id read in bytes that failed their checksum may be garbled: one
+    past what the damaged bytes could hold is left out. In a checkpoint (no order), the ids
+    that still read in the damaged bytes."""
     bits = limits.JOB_ID_SHARD_BITS
     before = job_ids_of(readable_ops_in(data, 0, start)) if kind == SEGMENT else []
-    after = job_ids_of(readable_ops_in(data, end, len(data))) if kind == SEGMENT else []
     lo_seq = max([prior_seq] + [i >> bits for i in before])
-    if after:
-        return {(s << bits) | shard for s in range(lo_seq + 1, min(after) >> bits)}
-    floor = ((lo_seq + 1) << bits) - 1
+    if kind == SEGMENT:
+        after = [s for i in job_ids_of(readable_ops_in(data, end, len(data))) if (s := i >> bits) > lo_seq]
+        if after:
+            return _numbers(lo_seq, min(after), shard), True, lo_seq, min(after) - 1
     named = set(job_ids_of(readable_ops_in(data, start, end))) | scanned_job_ids(memoryview(data)[start:end])
-    return {i for i in named
-            if i & _SHARD_MASK == shard and i > floor and (not after or i < min(after))}
+    seqs = {i >> bits for i in named if i & _SHARD_MASK == shard and i >> bits > lo_seq}
+    if kind != SEGMENT:
+        return {(s << bits) | shard for s in seqs}, False, lo_seq, max(seqs, default=lo_seq)
+    most = lo_seq + (end - start) // _ENQUEUE_BYTES_MIN + 1
+    top = max((s for s in seqs if s <= most), default=lo_seq)
+    return _numbers(lo_seq, top + 1, shard), False, lo_seq, top

@@ -3,7 +3,9 @@
 Files in the directory (names in :mod:`.format`):
 
 * ``N.ckpt`` -- a checkpoint: the live state as of the start of segment ``N``;
-* ``N.wal``, ``N+1.wal``, ... -- segments appended since, numbered without gaps.
+* ``N.wal``, ``N+1.wal``, ... -- segments appended since, numbered without gaps;
+* ``log-end.json`` -- where a clean close left the log (:class:`LogEnd`): the next replay
+  refuses a log that ends before it, then deletes it before anything is appended.
 
 Replay reads the newest checkpoint, then every segment from its number on. Only the newest
 segment may end in a torn tail; it is cut off (torn data is kept beside it in
@@ -15,10 +17,17 @@ fsync of the directory: what it read is durable before anything is acknowledged 
 it. Compaction cuts a new segment, writes the checkpoint for it (temp file, fsync, rename,
 fsync dir) and only then deletes what it replaces, so a crash at any step replays to the
 same state.
+
+A torn tail is what a crash leaves; after a clean close the log's end is known. So
+:meth:`Log.close`, once the newest segment is synced and sealed, records its number, its
+length and the last write in ``log-end.json``, and the next replay refuses with
+:class:`~shardq.errors.CorruptLog` a log shorter than that: a segment missing (named), or the
+newest one cut or damaged before that length (file and offset), however its bytes read.
 """
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -30,7 +39,7 @@ import msgpack
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, CorruptLog, LogFailed
-from .fileio import Files, files_from_env
+from .fileio import Files, SlowDiskFiles, files_from_env
 from .format import (CHECKPOINT, CHECKPOINT_MAGIC, FORMAT, MAGIC_BYTES, SEGMENT, checkpoint_name, frame,
                      parse_name, segment_name)
 from .reader import FileScan, TornTail
@@ -40,6 +49,91 @@ from .writer import SegmentWriter
 log = logging.getLogger("shardq.wal")
 
 _CHECKPOINT_END = "shardq-checkpoint-end"
+
+#: The record of where a clean close left the log (:class:`LogEnd`), in the shard directory.
+LOG_END = "log-end.json"
+_LOG_END_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    """Where a clean close left the log: the newest segment's number, the length of that
+    segment (the end of its last record, the close's sync mark; everything before it synced)
+    and the number of its last write."""
+
+    segment: int
+    bytes: int
+    write: int
+
+    def describe(self) -> str:
+        return (f"the last clean stop left the log ending in {segment_name(self.segment)} at offset {self.bytes} "
+                f"(write {self.write}; recorded in {LOG_END})")
+
+    def missing(self, directory: str, base: int | None, segments: list[int]) -> CorruptLog | None:
+        """The refusal of a log whose segments end before this record's, else None.
+        ``base``: the newest checkpoint's number; ``segments``: the segments from it on. A
+        record older than the checkpoint is stale (the log went on and was compacted since
+        by a shardq that does not keep this record) and refuses nothing."""
+        if base is not None and self.segment < base:
+            return None
+        newest = segments[-1] if segments else None
+        if newest is not None and newest >= self.segment:
+            return None
+        first = newest + 1 if newest is not None else (base if base is not None else 1)
+        one = first == self.segment
+        gone = segment_name(first) if one else f"segments {segment_name(first)}..{segment_name(self.segment)}"
+        now = f"the newest segment is {segment_name(newest)}" if newest is not None else "no segment is left"
+        return CorruptLog(os.path.join(directory, segment_name(first)), 0,
+                          f"segment missing: {self.describe()}, and {now}: {gone} {'is' if one else 'are'} gone, "
+                          f"with every job only {'it' if one else 'they'} held (docs/design.md, \"Recovery\")")
+
+
+def read_log_end(directory: str, files: Files | SlowDiskFiles | None = None) -> LogEnd | None:
+    """The record of the last clean close in ``directory``; None if there is none (a log
+    that a crash stopped, a new one, or one written before this record existed). A record
+    that does not read is :class:`CorruptLog`: it is written whole (temporary file, fsync,
+    rename), so only damage makes it so, and the log's end is then unknown."""
+    path = os.path.join(directory, LOG_END)
+    try:
+        raw = (files or Files()).read(path)
+    except FileNotFoundError:
+        return None
+    try:
+        d = json.loads(raw)
+        end = LogEnd(d["segment"], d["bytes"], d["write"])
+        if d["format"] != _LOG_END_FORMAT or not all(type(v) is int and v >= 0 for v in (end.segment, end.bytes,
+                                                                                        end.write)):
+            raise ValueError(f"unexpected values {d!r:.200}")
+    except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CorruptLog(path, 0, f"not a record of a clean stop ({type(e).__name__}: {e}); the log's end "
+                         "is unknown: `shardq wal repair <shard dir> --force` drops it") from None
+    return end
+
+
+def write_log_end(directory: str, end: LogEnd, files: Files | SlowDiskFiles | None = None) -> None:
+    """Write the record whole: a crash leaves none or this one."""
+    files = files or Files()
+    path = os.path.join(directory, LOG_END)
+    tmp = path + ".tmp"
+    fd = files.create(tmp)
+    try:
+        files.write(fd, json.dumps({"format": _LOG_END_FORMAT, "segment": end.segment, "bytes": end.bytes,
+                                    "write": end.write}).encode())
+        files.fsync(fd)
+    finally:
+        files.close(fd)
+    files.rename(tmp, path)
+    files.sync_dir(directory)
+
+
+def drop_log_end(directory: str, files: Files | SlowDiskFiles | None = None) -> bool:
+    """Delete the record (the log is about to change, or was rebuilt); True if there was one.
+    Durable once the directory is fsynced (the caller's)."""
+    try:
+        (files or Files()).unlink(os.path.join(directory, LOG_END))
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @dataclass
@@ -101,6 +195,8 @@ class Log:
         self.checkpoint_bytes = 0
         self.segments: list[int] = []  # sequence numbers of segments after the checkpoint
         self.bytes_since_checkpoint = 0
+        #: segment -> where the last clean close recorded its records ending (replay checks it)
+        self._clean_end: dict[int, int] = {}
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -131,6 +227,20 @@ class Log:
             replaced = [checkpoint_name(s) for s in checkpoints[:-1]] + [segment_name(s) for s in segments if s < base]
             segments = [s for s in segments if s >= base]
         self._check_sequence(base, segments)
+        # A clean close recorded where the log ends: a log shorter than that lost segments
+        # or bytes since, which a crash cannot explain (a torn tail is a crash's).
+        end = read_log_end(self.directory, files) if LOG_END in names else None
+        self._clean_end = {}
+        if end is not None:
+            if base is None and not segments:
+                # No log file at all: a new log. `wal repair` rebuilds a log so (it moves
+                # every file aside first); the record speaks of the one it replaced.
+                log.warning("%s: no log file, but %s; a new log begins", self.directory, end.describe())
+            else:
+                missing = end.missing(self.directory, base, segments)
+                if missing is not None:
+                    raise missing
+                self._clean_end[end.segment] = end.bytes
         # The number of the next write (format 3): the checkpoint's, else 1; then after the
         # last write of each segment. The reader needs it to say which write damaged bytes
         # belong to (reader.py), and the writer goes on from it.
@@ -140,6 +250,10 @@ class Log:
         last_scan = None
         for i, seq in enumerate(segments):
             last_scan = yield from self._replay_segment(seq, last=(i == len(segments) - 1))
+        if end is not None:
+            # Checked: from here on the log is appended to, and its end moves. Deleted
+            # before the first append (the directory is fsynced below, before any commit).
+            files.unlink(self._path(LOG_END))
         for name in replaced:
             self._remove(name)
         self.segments = segments
@@ -208,7 +322,8 @@ class Log:
     def _replay_segment(self, seq: int, *, last: bool) -> Generator[Any, None, FileScan]:
         path = self._path(segment_name(seq))
         data = self.files.read(path)
-        scan = FileScan(path, data, SEGMENT, tail_may_tear=last, first_write=self._next_write)
+        scan = FileScan(path, data, SEGMENT, tail_may_tear=last, first_write=self._next_write,
+                        clean_end=self._clean_end.get(seq, 0))
         unpackb = msgpack.unpackb
         records = 0
         try:
@@ -446,17 +561,20 @@ class Log:
 
     def close(self) -> None:
         """Close; after a clean close the newest segment ends at its last record, a sync
-        mark that vouches for every write before it."""
+        mark that vouches for every write before it, and ``log-end.json`` says where that
+        is (:class:`LogEnd`: the next replay refuses a log shorter than that)."""
         self._usable = None
         if self.writer is not None:
             try:
                 if self.failed is None and not self.closed:
-                    self.writer.sync()
-                    if self.writer.mark_wanted:
-                        self.writer.mark()
-                    self.writer.seal()
+                    writer = self.writer
+                    writer.sync()
+                    if writer.mark_wanted:
+                        writer.mark()
+                    writer.seal()  # truncate and fsync: the mark is on disk too
+                    write_log_end(self.directory, LogEnd(writer.seq, writer.size, writer.written), self.files)
             except OSError:
-                pass
+                pass  # no record: the next replay takes this stop for a crash's
             try:
                 self.writer.close()
             except OSError:

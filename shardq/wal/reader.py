@@ -66,7 +66,11 @@ class Damage:
     proof: Intact | None
 
     def describe(self) -> str:
-        out = f"bytes {self.start}..{self.end} do not read (write {self.write} or later)"
+        if self.start == self.end and self.after:
+            out = (f"the record at offset {self.start} reads whole but is write {self.after[0].write}, "
+                   f"not the write {self.write} due there")
+        else:
+            out = f"bytes {self.start}..{self.end} do not read (write {self.write} or later)"
         if self.after:
             a, b = self.after[0], self.after[-1]
             out += (f"; {len(self.after)} intact records after them, at offsets {a.offset}..{b.offset} "
@@ -132,15 +136,19 @@ class FileScan:
     ``tail_may_tear`` is True only for the newest segment: elsewhere a bad record is
     corruption, because later data was written (and synced) after it. ``limit`` overrides
     the kind's record limit (only ``wal repair`` does, to rewrite records of earlier
-    versions that exceeded it).
+    versions that exceeded it). ``clean_end``: where the last clean stop recorded this
+    file's records ending (:class:`~shardq.wal.log.LogEnd`; 0: nothing recorded). Every
+    byte before it was synced then, so bytes there that do not read, or a file that ends
+    before it, are :class:`CorruptLog`, never a torn tail.
     """
 
     def __init__(self, path: str, data: bytes, kind: str, *, tail_may_tear: bool, limit: int | None = None,
-                 first_write: int = 0):
+                 first_write: int = 0, clean_end: int = 0):
         self.path = path
         self.data = data
         self.kind = kind
         self.tail_may_tear = tail_may_tear
+        self.clean_end = clean_end
         self.limit = RECORD_BYTES_MAX[kind] if limit is None else limit
         self.valid_end = 0
         self.records = 0
@@ -156,7 +164,22 @@ class FileScan:
     def _torn(self, offset: int, reason: str, damage: Damage | None = None) -> None:
         if not self.tail_may_tear:
             raise CorruptLog(self.path, offset, reason)
+        if offset < self.clean_end:
+            raise CorruptLog(self.path, offset, f"{reason}; {self._cleanly_stopped()}")
         self.torn = TornTail(self.path, offset, len(self.data) - offset, reason, damage)
+
+    def _cleanly_stopped(self) -> str:
+        return (f"the last clean stop recorded this file's records ending at offset {self.clean_end}: every byte "
+                "before it was synced then, so this is a loss or damage since, not a torn write")
+
+    def _check_clean_end(self) -> None:
+        """After a clean end of the data: it must reach where the last clean stop left it."""
+        if self.valid_end < self.clean_end:
+            if self.version >= 3 and self.damage is None:
+                self.damage = Damage(self.valid_end, self.valid_end, self.last_write + 1, (), None)
+            raise CorruptLog(self.path, self.valid_end, f"the records end at offset {self.valid_end} (the file is "
+                             f"{len(self.data)} bytes); {self._cleanly_stopped()}: "
+                             f"{self.clean_end - self.valid_end} bytes are missing")
 
     def _magic(self, view: memoryview) -> bool:
         """Set ``version``; False if the file is a torn (never acknowledged) creation."""
@@ -211,11 +234,14 @@ class FileScan:
         return Intact(off, end, write, synced, flags)
 
     def intact_after(self, start: int) -> list[Intact]:
-        """Every record after ``start`` that reads whole, in file order: found by its mark,
-        then followed record by record. Write numbers may go back (a misdirected copy of
-        older records): the reader's proof and ``read_intact`` decide what they mean."""
+        """Every record from ``start`` on that reads whole, in file order: found by its
+        mark, then followed record by record. Write numbers may go back (a misdirected copy
+        of older records): the reader's proof and ``read_intact`` decide what they mean.
+        The record at ``start`` itself counts: one that reads whole but is not the write
+        the scan expected there (a copy of another write, or a file read with the wrong
+        first write) is not damaged bytes, and ``wal repair`` must not drop it as such."""
         found: list[Intact] = []
-        data, pos = self.data, start + 1
+        data, pos = self.data, start
         while True:
             pos = data.find(RECORD_MARK, pos)
             if pos < 0:
@@ -267,13 +293,14 @@ class FileScan:
         if off < n or open_write is not None:
             self.held = list(held)  # whole records of the unfinished write (wal repair salvages them)
             self._damaged_v3(off, open_write if open_write is not None else next_write)
+        self._check_clean_end()
 
     def _damaged_v3(self, off: int, write: int) -> None:
         """Bytes at ``off`` do not continue the log: a zero tail, a torn write, or damage.
         ``valid_end`` is the end of the last whole write (the cut, if it is torn)."""
         data, n, cut = self.data, len(self.data), self.valid_end
         if cut == off and data.count(0, off) == n - off:
-            if not self.tail_may_tear:
+            if not self.tail_may_tear or off < self.clean_end:
                 self.damage = Damage(off, n, write, (), None)
             self._torn(off, ZERO_TAIL)
             return
@@ -283,6 +310,8 @@ class FileScan:
         self.damage = damage
         if proof is not None or not self.tail_may_tear:
             raise CorruptLog(self.path, off, damage.describe())
+        if cut < self.clean_end:
+            raise CorruptLog(self.path, off, f"{damage.describe()}; {self._cleanly_stopped()}")
         self._torn(cut, "the writes in flight at a crash: no later record says they were synced", damage)
 
     # ------------------------------------------------------------------ formats 1 and 2
@@ -349,6 +378,7 @@ class FileScan:
             off = end
             self.valid_end = off
         self.valid_end = off
+        self._check_clean_end()
 
 
 def read_intact(path: str, data: bytes, kind: str,

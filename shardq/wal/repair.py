@@ -25,7 +25,7 @@ import msgpack
 
 from ..errors import CorruptLog, DataDirLocked, NewerFormat
 from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame_v2, pack_records, parse_name
-from .log import _CHECKPOINT_END, decode
+from .log import _CHECKPOINT_END, LOG_END, LogEnd, decode, drop_log_end, read_log_end
 from .reader import ZERO_TAIL, FileScan
 
 OK, TORN, CORRUPT, OVERSIZED = "ok", "torn", "corrupt", "oversized"
@@ -42,10 +42,10 @@ class FileReport:
     last_write: int = 0    # format 3: the last write read
 
 
-def _scan(path: str, kind: str, tail_may_tear: bool, first_write: int = 0) -> FileReport:
+def _scan(path: str, kind: str, tail_may_tear: bool, first_write: int = 0, clean_end: int = 0) -> FileReport:
     with open(path, "rb") as f:
         data = f.read()
-    scan = FileScan(path, data, kind, tail_may_tear=tail_may_tear, first_write=first_write)
+    scan = FileScan(path, data, kind, tail_may_tear=tail_may_tear, first_write=first_write, clean_end=clean_end)
     report = _outcome(path, data, kind, tail_may_tear, scan)
     report.version, report.last_write = scan.version, scan.last_write
     return report
@@ -62,7 +62,7 @@ def _outcome(path: str, data: bytes, kind: str, tail_may_tear: bool, scan: FileS
     except NewerFormat:
         raise  # not damage: nothing here may rewrite it (docs/upgrades.md)
     except CorruptLog as e:
-        if scan.version < 3 and _fits_without_limit(path, data, kind, tail_may_tear):
+        if scan.version < 3 and _fits_without_limit(path, data, kind, tail_may_tear, scan.clean_end):
             return FileReport(path, scan.records, OVERSIZED, e.offset, e.reason)
         return FileReport(path, scan.records, CORRUPT, e.offset, e.reason)
     if scan.torn is not None:
@@ -79,10 +79,10 @@ def _outcome(path: str, data: bytes, kind: str, tail_may_tear: bool, scan: FileS
     return FileReport(path, scan.records, OK)
 
 
-def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool) -> bool:
+def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool, clean_end: int = 0) -> bool:
     """True if the file reads clean once records may exceed today's limit."""
     try:
-        for payload in FileScan(path, data, kind, tail_may_tear=tail_may_tear, limit=len(data)):
+        for payload in FileScan(path, data, kind, tail_may_tear=tail_may_tear, limit=len(data), clean_end=clean_end):
             decode(payload)
     except Exception:  # noqa: BLE001 - any failure means the file does not fit
         return False
@@ -90,18 +90,46 @@ def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool) 
 
 
 def check(directory: str) -> list[FileReport]:
-    """Validate every log file of one shard directory, oldest first, without writing."""
+    """Validate every log file of one shard directory, oldest first, without writing. As
+    replay does, a log shorter than the last clean stop recorded (``log-end.json``) is
+    corrupt: a missing segment is reported under its name, at offset 0."""
     files = sorted((p, n) for n in os.listdir(directory) if (p := parse_name(n)))
     segments = [p[0] for p, _ in files if p[1] == SEGMENT]
     newest = segments[-1] if segments else None
-    out, next_write = [], 0  # format 3: each segment goes on from the previous one's last write
+    out: list[FileReport] = []
+    end, clean_end = _log_end(directory, files, out)
+    next_write = 0  # format 3: each segment goes on from the previous one's last write
     for (seq, kind), name in files:
         r = _scan(os.path.join(directory, name), kind, kind == SEGMENT and seq == newest,
-                  next_write if kind == SEGMENT else 0)
+                  next_write if kind == SEGMENT else 0, clean_end.get(seq, 0) if kind == SEGMENT else 0)
         if kind == SEGMENT:
             next_write = r.last_write + 1 if r.version >= 3 and r.last_write > 0 else 0
         out.append(r)
+    if end is not None:
+        checkpoints = [p[0] for p, _ in files if p[1] == CHECKPOINT]
+        base = checkpoints[-1] if checkpoints else None
+        missing = end.missing(directory, base, [s for s in segments if base is None or s >= base])
+        if missing is not None:
+            # Nothing of them is left to read or salvage: `repair` accepts the loss (it
+            # drops the record; the report's format 0 keeps it from salvaging).
+            out.append(FileReport(missing.path, 0, CORRUPT, 0, missing.reason))
     return out
+
+
+def _log_end(directory: str, files: list[tuple[tuple[int, str], str]],
+             out: list[FileReport]) -> tuple[LogEnd | None, dict[int, int]]:
+    """The last clean stop's record (None: none, or no log file to hold to it, as replay
+    does) and the segment whose length it recorded; a record that does not read is
+    reported corrupt in ``out``."""
+    try:
+        end = read_log_end(directory)
+    except CorruptLog as e:
+        out.append(FileReport(e.path, 0, CORRUPT, 0, e.reason))
+        return None, {}
+    checkpoints = [p[0] for p, _ in files if p[1] == CHECKPOINT]
+    if end is None or not files or (checkpoints and end.segment < checkpoints[-1]):
+        return None, {}  # no record; no log file (a new log); or compacted since (stale)
+    return end, {end.segment: end.bytes}
 
 
 def salvage_wanted(reports: list[FileReport]) -> bool:
@@ -132,6 +160,23 @@ def repair(directory: str, *, force: bool) -> list[str]:
             bad = next((r for r in reports if r.status != OK), None)
             if bad is None:
                 return done or ["nothing to repair"]
+            if (bad.status == CORRUPT and not os.path.exists(bad.path)) or os.path.basename(bad.path) == LOG_END:
+                # Segments a clean stop wrote are gone (nothing is left to read or salvage),
+                # or its record does not read: accept the log as it is, and say so.
+                if not force:
+                    raise PermissionError("repair changes the log: it accepts the loss of the segments the last "
+                                          "clean stop recorded; pass force=True (--force)")
+                if os.path.exists(bad.path):  # the record that does not read
+                    os.makedirs(backup, mode=0o700, exist_ok=True)
+                    _copy_private(bad.path, backup)
+                    what = f"the log is taken as it is; original kept in {backup}"
+                else:
+                    what = "the jobs only the missing segments held are gone and cannot be named"
+                drop_log_end(directory)
+                _sync_dir(directory)
+                done.append(f"{bad.path}: {bad.reason}; accepted: dropped {LOG_END}, the record of the last clean "
+                            f"stop ({what})")
+                continue
             if bad.status == CORRUPT and bad.path.endswith(".ckpt"):
                 raise CorruptLog(bad.path, bad.offset or 0, f"{bad.reason}; a checkpoint cannot be repaired by "
                                  "truncation: restore the shard directory from a backup")
@@ -152,6 +197,8 @@ def repair(directory: str, *, force: bool) -> list[str]:
             for path in later:
                 shutil.move(path, backup)
                 done.append(f"moved {path} (written after the damage) to {backup}")
+            if drop_log_end(directory):  # the log no longer ends where the last clean stop left it
+                done.append(f"dropped {LOG_END}: the log now ends at the cut")
             _sync_dir(directory)
             return done
     finally:

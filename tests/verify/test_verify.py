@@ -287,7 +287,9 @@ def test_the_sync_log_hook_records_synced_sizes_and_power_cuts_lose_only_unsynce
     from shardq.verify.powercut import PAGE_BYTES, lose_unsynced_pages, newest_segment, synced_sizes
     from shardq.wal import Log
     from shardq.wal.fileio import FAULT_SYNC_LOG_ENV, Files, SyncLoggingFiles
+    from shardq.errors import CorruptLog
     from shardq.wal.format import frame
+    from shardq.wal.log import LOG_END
 
     assert type(Log(str(tmp_path / "plain"), segment_bytes=4096).files) is Files   # unset: no hook
     side = str(tmp_path / "synced.log")
@@ -329,6 +331,11 @@ def test_the_sync_log_hook_records_synced_sizes_and_power_cuts_lose_only_unsynce
         for i in range(2):
             f.write(f"x {os.stat(newest_segment(dd.shard_dir(i))).st_ino} 8\n")
     lose_unsynced_pages(dd.path, side, random.Random(4))
+    # The shards stopped cleanly above: their log's end is recorded, and the loss is refused.
+    with pytest.raises(CorruptLog):
+        Engine(dd.shard_dir(0), config, clock=clock)
+    # A power cut of the harness comes after a SIGKILL, with no such record: then it is lost.
+    os.unlink(os.path.join(dd.shard_dir(0), LOG_END))
     e = Engine(dd.shard_dir(0), config, clock=clock)
     assert len(e.state.jobs) < 5
     e.close()

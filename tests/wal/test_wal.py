@@ -19,6 +19,7 @@ from shardq.errors import Closed, CorruptLog, LogFailed
 from shardq.wal import Log
 from shardq.wal.format import (CHECKPOINT_MAGIC, HEADER, HEADER_BYTES, HEADERS, MAGIC_BYTES, SEGMENT,
                                SEGMENT_MAGIC, checkpoint_name, frame, header_crc, parse_name, segment_name)
+from shardq.wal.log import LOG_END, drop_log_end
 from shardq.wal.reader import FileScan
 
 
@@ -253,14 +254,20 @@ def test_a_flipped_length_mid_log_in_the_newest_segment_is_corruption_not_a_torn
 
 
 # ---------------------------------------------------------------------------- torn at every offset
-def _build_log(directory, commits: int, *, segment_bytes=1 << 20, first: int = 0) -> list[tuple[str, int, int]]:
-    """Commit one record per call; return (segment path, end offset, record number) of each."""
+def _build_log(directory, commits: int, *, segment_bytes=1 << 20, first: int = 0,
+               clean: bool = False) -> list[tuple[str, int, int]]:
+    """Commit one record per call; return (segment path, end offset, record number) of each.
+    The log is closed (it ends in a sync mark: a record that replays as nothing), then,
+    unless ``clean``, left as a crash right after the close leaves it: without the record
+    of a clean stop (``log-end.json``), which makes a cut tail corruption, not a torn one."""
     log, _ = open_log(directory, segment_bytes=segment_bytes)
     ends = []
     for i in range(first, first + commits):
         log.commit([payload(i, pad=(i * 7) % 23)])
         ends.append((log.writer.path, log.writer.size, i))
-    log.close()  # ends in a sync mark: a record that replays as nothing
+    log.close()
+    if not clean:
+        assert drop_log_end(str(directory))
     path = log.writer.path
     ends.append((path, os.path.getsize(path), None))
     return ends
@@ -370,10 +377,11 @@ def _log_with_checkpoint(directory):
 
 def test_checkpoint_replay_and_files_it_replaces(tmp_path):
     ckpt = _log_with_checkpoint(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == [checkpoint_name(2), segment_name(2)]
+    assert sorted(os.listdir(tmp_path)) == sorted([checkpoint_name(2), segment_name(2), LOG_END])
     log, got = open_log(tmp_path)
     assert got == list(range(6))
     assert log.stats.checkpoint == os.path.basename(ckpt)
+    assert sorted(os.listdir(tmp_path)) == [checkpoint_name(2), segment_name(2)]  # the record is read once
     log.close()
 
 

@@ -211,3 +211,119 @@ def test_a_damaged_checkpoint_record_loses_only_its_own_jobs(tmp_path, make_conf
     # bytes each): nothing is left of them to read.
     assert len(missing - _named(done)) <= 512 // 200 + 1, sorted(missing - _named(done))
     e.close()
+
+
+@pytest.mark.parametrize("fault", ["cut", "flip"])
+def test_a_damaged_checkpoint_trailer_loses_no_job_of_the_segment_after_it(tmp_path, make_config, clock, fault):
+    """The trailer (a checkpoint's last record) says which write comes next. Damaged, repair
+    once read the next segment expecting write 1, took its first record (which reads whole)
+    for damaged bytes and dropped its jobs; every job must come back, none named lost."""
+    d = str(tmp_path / "shard-0")
+    config = make_config(segment_bytes=1 << 20)
+    files = PowerCutFiles()
+    e = Engine(d, config, clock=clock, files=files)
+    for i in range(100):
+        e.enqueue(f"before {i} ".encode() * 20, key=f"k{i % 7}")
+    e.compact()
+    e.enqueue_many([(f"after {i} ".encode() * 20, f"k{i % 7}", "default", 0.0, 0, None) for i in range(50)])
+    for i in range(10):
+        e.enqueue(f"single {i} ".encode() * 20)
+    bodies = {j: job.body for j, job in e.state.jobs.items()}
+    files.kill()
+    ckpt = next(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".ckpt"))
+    with open(ckpt, "rb") as f:
+        data = bytearray(f.read())
+    if fault == "cut":
+        del data[-20:]
+    else:
+        data[-5] ^= 0x40
+    with open(ckpt, "wb") as f:
+        f.write(data)
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
+    assert back == bodies, sorted(set(bodies) - set(back))
+    assert _named(done) == set(), done
+    assert not [line for line in done if ".wal: bytes" in line], done
+    e.close()
+
+
+def _batch_then_acks(tmp_path, make_config, clock, tail_enqueue=False):
+    """100 single enqueues, one batch of 50 in one record, then records that enqueue
+    nothing (leases and acks of early jobs), and, if ``tail_enqueue``, one more enqueue."""
+    d = str(tmp_path / "shard-0")
+    config = make_config(segment_bytes=1 << 20)
+    files = PowerCutFiles()
+    e = Engine(d, config, clock=clock, files=files)
+    for i in range(100):
+        e.enqueue(f"single {i} ".encode() * 10, key=f"k{i % 5}")
+    batch = e.enqueue_many([(f"batch {i} ".encode() * 30, None, "default", 0.0, 0, None) for i in range(50)])
+    for lease in e.dequeue(max_jobs=3):
+        e.ack(lease.job_id, lease.token)
+    if tail_enqueue:
+        e.enqueue(b"the last one")
+    bodies = {j: job.body for j, job in e.state.jobs.items()}
+    path = e.shard.log.writer.path
+    files.kill()
+    with open(path, "rb") as f:
+        data = f.read()
+    rec = next((s, t) for s, t in _records(data) if t - s > 5000)  # the batch's record
+    return d, config, bodies, batch, path, data, rec
+
+
+@pytest.mark.parametrize("where", ["middle", "start"])
+def test_repair_names_every_job_of_damaged_bytes_with_no_enqueue_after_them(tmp_path, make_config, clock, where):
+    """A zeroed sector in the newest segment's last enqueue record, with no enqueue after it
+    (the walkthrough's zero-sector-newest-mid): repair named the 48 ids that still read and
+    lost 50. A shard numbers its jobs in order: every number from the last intact enqueue
+    before the damage to the highest still read in it was enqueued there."""
+    d, config, bodies, batch, path, data, (s, t) = _batch_then_acks(tmp_path, make_config, clock)
+    at = (s + 2048 if where == "middle" else s + HEADER_BYTES + 512) // 512 * 512
+    damaged = bytearray(data)
+    damaged[at:at + 512] = bytes(512)
+    with open(path, "wb") as f:
+        f.write(damaged)
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
+    assert set(back) == set(bodies) - set(batch)
+    line = next(x for x in done if x.startswith("jobs not recovered"))
+    assert set(map(int, re.findall(r"\d+", line.split(": ", 1)[1].split("(", 1)[1]))) == set(batch), done
+    assert f"no intact enqueue follows the damage: jobs numbered after job {max(batch)} may" in "\n".join(done)
+    e.close()
+
+
+def test_repair_names_exactly_the_jobs_between_the_intact_enqueues_around_the_damage(tmp_path, make_config, clock):
+    d, config, bodies, batch, path, data, (s, t) = _batch_then_acks(tmp_path, make_config, clock, tail_enqueue=True)
+    damaged = bytearray(data)
+    damaged[t - 600:t - 88] = bytes(512)  # the batch's last jobs: no id of theirs is left to read
+    with open(path, "wb") as f:
+        f.write(damaged)
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
+    line = next(x for x in done if x.startswith("jobs not recovered"))
+    assert set(map(int, re.findall(r"\d+", line.split(": ", 1)[1].split("(", 1)[1]))) == set(batch), done
+    assert not [x for x in done if x.startswith("no intact enqueue")], done
+    e.close()
+
+
+def test_damage_at_the_end_of_a_segment_is_bounded_by_the_next_segments_first_enqueue(tmp_path, make_config, clock):
+    """No intact enqueue after the damage in its own segment: the first one of a later
+    segment bounds it, and the list is exact again."""
+    d = str(tmp_path / "shard-0")
+    config = make_config(segment_bytes=4096)
+    files = PowerCutFiles()
+    e = Engine(d, config, clock=clock, files=files)
+    for i in range(20):
+        e.enqueue(f"single {i} ".encode() * 10)
+    batch = e.enqueue_many([(f"batch {i} ".encode() * 30, None, "default", 0.0, 0, None) for i in range(50)])
+    path = e.shard.log.writer.path
+    e.enqueue(b"in the next segment")
+    assert e.shard.log.writer.path != path
+    bodies = {j: job.body for j, job in e.state.jobs.items()}
+    files.kill()
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        f.seek(size - 600)
+        f.write(bytes(512))  # the batch's last jobs: no id of theirs is left to read
+    e, back, done = _refused_then_repaired(d, config, clock, bodies)
+    assert set(back) == set(bodies) - set(batch)
+    line = next(x for x in done if x.startswith("jobs not recovered"))
+    assert set(map(int, re.findall(r"\d+", line.split(": ", 1)[1].split("(", 1)[1]))) == set(batch), done
+    assert not [x for x in done if x.startswith("no intact enqueue")], done
+    e.close()
