@@ -140,8 +140,23 @@ class ControlOps(StateCore):
 
     def _apply_limits(self, queue: str, values: dict[str, Any] | None) -> None:
         q = self.queues.get(queue) or self._logged_queue(queue)
-        if q.lim is not None:  # else today's config no longer places the queue: nothing to limit
+        if q.lim is not None:
             q.lim.change(values)
+        elif values:  # today's config no longer places the queue: nothing to limit, the change dropped
+            self.unplaced_overrides.add(queue)
+            return
+        self.unplaced_overrides.discard(queue)
+
+    def drop_unplaced_overrides(self) -> list[str]:
+        """Log the drop of each run-time limit change that replay met for a queue today's
+        config does not place (docs/limits.md: removing every limit from a queue's config
+        drops it), so that a later config that places the queue again starts from its own
+        values: the change's record stays in the log until a compaction, and a replay
+        under such a config applied it again. At start, after replay; returns the queues."""
+        dropped = sorted(self.unplaced_overrides)
+        for queue in dropped:
+            self._emit(ops.Limits(queue, None))
+        return dropped
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, job_id: int, now: float) -> str:

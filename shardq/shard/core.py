@@ -227,6 +227,9 @@ class StateCore:
         #: shard owns a placed queue (config.owner_shard)
         self.shard_count = config.service.shards or 1
         self.limited: list[QueueState] = []  # the queues with limits (their wake-up times: next_deadline)
+        #: queues with a run-time limit change in the log that today's config does not place
+        #: (ControlOps.drop_unplaced_overrides makes their drop durable at start)
+        self.unplaced_overrides: set[str] = set()
         self.placed_fence = 0.0  # placed queues lease nothing before this time (fence_placed)
         self.max_pending = config.limits.max_pending_jobs
         self.max_dedup = config.limits.max_dedup_ids

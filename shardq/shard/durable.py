@@ -152,6 +152,9 @@ class DurableShard:
             if gc_was_enabled:
                 gc.enable()
         self.state.drop_stale_ready()  # what replay leased or deleted leaves its ready lines (peeks count them)
+        for queue in self.state.drop_unplaced_overrides():  # (logged with the start's record, below)
+            log.info("shard %d: queue %r has no limit in the config now: its run-time limit change is dropped",
+                     self.shard_index, queue)
         self.replay_stats = self.log.stats
         if now is None:
             now = self.clock.now()

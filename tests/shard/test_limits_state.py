@@ -387,3 +387,26 @@ def test_a_placed_queue_made_after_the_fence_is_fenced_too():
     s.fence_placed(T0 + 5)
     s.enqueue(b"x", T0, queue="api")                           # the queue is made here
     assert lease_all(s, "api", T0 + 4) == [] and len(lease_all(s, "api", T0 + 5)) == 1
+
+
+@pytest.mark.parametrize("change", [{"concurrency": 1}, {"concurrency": None}], ids=["to-1", "to-none"])
+def test_a_run_time_change_dropped_with_the_queues_limits_stays_dropped_when_they_come_back(tmp_path, change):
+    """docs/limits.md: removing every limit from a queue's config (and restarting) drops a
+    run-time change logged for it. The change's record stayed in the log (no compaction in
+    between), so a later config with the limit again replayed it: concurrency 1 where the
+    config said 3, or (changed to none) no cap at all, 10 leases at once (a walkthrough)."""
+    from shardq.shard.durable import DurableShard
+    limited = parse({"service": {"shards": 1}, "queues": {"eq": {"concurrency": 3}}})
+    plain = parse({"service": {"shards": 1}, "queues": {"eq": {}}})
+    for cfg, values in ((limited, change), (plain, None), (limited, None)):
+        shard = DurableShard(str(tmp_path), 0, cfg)
+        shard.open(now=T0)
+        if values is not None:
+            shard.state.set_limits("eq", values, T0)
+            shard.commit()
+        shard.close()
+    again = DurableShard(str(tmp_path), 0, limited)
+    again.open(now=T0)
+    settings = again.state.queue_settings("eq")
+    assert settings["concurrency"] == 3 and "runtime_override" not in settings, settings
+    assert again.state.queues["eq"].lim.override is None
