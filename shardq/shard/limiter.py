@@ -365,6 +365,8 @@ class Limiter:
     def figures(self, inflight: int, ready: int, now: float) -> dict[str, Any]:
         """What ``stats`` shows of the limits: in flight against the caps, tokens, jobs held back."""
         s, start = self.s, self.begin(now)
+        if inflight > self.max_seen:  # leases replay restored, which no lease call counted
+            self.max_seen = inflight
         out: dict[str, Any] = {"in_flight": inflight, "max_in_flight_seen": self.max_seen}
         queue_held = now < self.fence_until
         if queue_held:

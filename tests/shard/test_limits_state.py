@@ -410,3 +410,18 @@ def test_a_run_time_change_dropped_with_the_queues_limits_stays_dropped_when_the
     settings = again.state.queue_settings("eq")
     assert settings["concurrency"] == 3 and "runtime_override" not in settings, settings
     assert again.state.queues["eq"].lim.override is None
+
+
+def test_the_most_leases_seen_in_flight_counts_those_a_restart_restored():
+    """After a restart ``max_in_flight_seen`` said 0 with 3 leases in flight (replay
+    restores them without a lease call to count them; a walkthrough)."""
+    q = {"api": {"concurrency": 3}}
+    s, log = make(q), []
+    for i in range(5):
+        s.enqueue(b"x", T0, key=f"k{i}", queue="api")
+    assert len(lease_all(s, "api", T0)) == 3
+    logged(s, log)
+    again = replayed(q, log)
+    again.advance(T0 + 1.0)  # (the leases run 30 s)
+    figures = again.stats()["api"]["limits"]
+    assert (figures["in_flight"], figures["max_in_flight_seen"]) == (3, 3)
