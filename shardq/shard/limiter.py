@@ -385,7 +385,12 @@ class Limiter:
                 out["group_concurrency"] = s.group_concurrency
             if s.group_rate is not None:
                 out.update(group_rate_per_s=s.group_rate, group_burst=s.group_burst)
-            held_groups = [line for line in self.lines.values() if line.where in (AT_CAP, NO_TOKEN)]
+            # A group's ``where`` is brought up to date when a dequeue looks at it: one that its
+            # last lease brought to its cap, or out of tokens, is held back before that
+            held_groups = [line for line in self.lines.values() if line.heap and (
+                line.where in (AT_CAP, NO_TOKEN)
+                or (s.group_concurrency is not None and line.inflight >= s.group_concurrency)
+                or (s.group_rate is not None and line.bucket.due(now, s.group_rate, s.group_burst, start) > now))]
             out["groups_held_back"] = len(held_groups)
             group_held = sum(len(line.heap) for line in held_groups)  # may count an entry left by replay
         else:

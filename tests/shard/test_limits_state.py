@@ -425,3 +425,20 @@ def test_the_most_leases_seen_in_flight_counts_those_a_restart_restored():
     again.advance(T0 + 1.0)  # (the leases run 30 s)
     figures = again.stats()["api"]["limits"]
     assert (figures["in_flight"], figures["max_in_flight_seen"]) == (3, 3)
+
+
+def test_held_back_counts_a_group_its_last_lease_brought_to_its_cap_at_once():
+    """``held_back`` and ``groups_held_back`` said 0 right after the leases that brought a
+    group to its cap, with its other jobs ready, until the next dequeue looked at the
+    group again (a walkthrough); and a group out of tokens likewise."""
+    s = make({"r": {"group_separator": "/", "group_concurrency": 2}, "t": {"group_separator": "/",
+                                                                          "group_rate": "1/s"}})
+    for i in range(6):
+        s.enqueue(b"x", T0, key=f"a/{i}", queue="r")
+        s.enqueue(b"x", T0, key=f"b/{i}", queue="t")
+    assert len(s.dequeue("r", T0, max_jobs=2)) == 2
+    assert s.dequeue("t", T0, max_jobs=1) == []  # its buckets start empty, when it is first used
+    assert len(s.dequeue("t", T0 + 1.0, max_jobs=1)) == 1  # group b's one token by then
+    stats = s.stats()
+    assert (stats["r"]["limits"]["groups_held_back"], stats["r"]["limits"]["held_back"]) == (1, 4)
+    assert (stats["t"]["limits"]["groups_held_back"], stats["t"]["limits"]["held_back"]) == (1, 5)
