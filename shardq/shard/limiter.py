@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from .. import limits
-from ..config import QueueConfig, check_limit, check_limits, rate_per_s
+from ..config import LIMIT_KEYS, QueueConfig, check_limit, check_limits, rate_per_s
 from ..errors import InvalidConfig
 from .jobstate import R
 
@@ -74,6 +74,10 @@ def check_override(values: Any, cfg: QueueConfig, earlier: dict[str, Any] | None
     config's ``group_separator``) is refused here as it is there. InvalidConfig names the
     key under ``path`` (``queues.NAME``). Returns the merged override: ``{key: value or
     None}`` over :data:`RUNTIME_KEYS`, None meaning that limit removed."""
+    if type(values) is dict and values and (shape := [k for k in values if k in LIMIT_KEYS and k not in RUNTIME_KEYS]):
+        raise InvalidConfig(f"{path}.{shape[0]}: set in the config only, read when serve starts (it decides how the "
+                            f"queue's jobs are grouped); change it there and restart. At run time: "
+                            f"{', '.join(RUNTIME_KEYS)}")
     if type(values) is not dict or not values or not set(values) <= set(RUNTIME_KEYS):
         raise InvalidConfig(f"limits: expected a map of some of {', '.join(RUNTIME_KEYS)}, got {values!r:.80}")
     merged = dict(earlier or {})

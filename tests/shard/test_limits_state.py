@@ -442,3 +442,13 @@ def test_held_back_counts_a_group_its_last_lease_brought_to_its_cap_at_once():
     stats = s.stats()
     assert (stats["r"]["limits"]["groups_held_back"], stats["r"]["limits"]["held_back"]) == (1, 4)
     assert (stats["t"]["limits"]["groups_held_back"], stats["t"]["limits"]["held_back"]) == (1, 5)
+
+
+@pytest.mark.parametrize("key, value", [("group_separator", ":"), ("fair", True)])
+def test_a_run_time_change_of_a_grouping_key_names_it_and_says_it_is_the_configs(key, value):
+    """``group_separator`` and ``fair`` are read when serve starts; a run-time change of one
+    got the generic 'expected a map of some of ...' with the key only inside the input
+    repeated (a walkthrough)."""
+    s = make({"r": {"group_separator": "/", "group_concurrency": 1}})
+    with pytest.raises(InvalidConfig, match=rf"^queues\.r\.{key}: set in the config only, read when serve starts"):
+        s.set_limits("r", {key: value}, T0)
