@@ -538,7 +538,7 @@ class StateCore:
         """Take out of the plain queues' ready lines every entry whose job is not ready,
         and return how many went. Replay leaves there each job it leased (a logged lease
         does not look for its job in the line) and so each one acked since; a router's
-        peek (:meth:`ready_priorities`) counted them, and handed a lower priority out
+        peek (:meth:`~.queues.QueueOps.ready_priorities`) counted them, and handed a lower priority out
         first (queue-wide priorities). Once, after replay and before the shard serves (a
         lease that ran out meanwhile is put back at the end of its line by ``advance``, as
         live)."""
