@@ -23,63 +23,22 @@ import functools
 import os
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any
 
 from ..client import aio
 from ..client.contracts import AsyncResults
 from ..clock import Clock, SystemClock
-from ..errors import ShardqError, UsageError
+from ..errors import ShardqError
 from ..stopping import install_stop_signals, restore_signals
 from ..types import Lease
 from .aiotxn import run_async
 from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
-from .handling import Context, Report, Result, Runs, failed, log
+from .handling import AsyncHandler, Context, Report, Result, Runs, async_handler, failed, log
 from .idempotency import IdempotencyStore, pruning
 from .options import WorkerOptions, options_of
 
 ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
 PROGRESS_DRAIN_S = 2.0  # at the end, progress calls still on their way get this long (as in the client's close)
-
-
-class AsyncTask(Protocol):
-    is_async: bool
-
-
-class AsyncHandler(Protocol):
-    """What this worker runs jobs with (:class:`shardq.tasks.dispatch.TaskHandler`, a layer
-    above, is the one): a plain handler that a thread calls for sync tasks, and the async path
-    on the loop for async ones."""
-
-    def __call__(self, ctx: Context) -> Any: ...
-
-    def task_of(self, body: bytes) -> AsyncTask | None: ...
-
-    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]: ...
-
-    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
-
-
-class PlainHandler:
-    """A handler that is no App's tasks, for the asyncio worker, as :class:`~.worker.Worker`
-    takes one: ``async def handle(ctx)`` is awaited on the loop, a plain ``def handle(ctx)``
-    runs in a thread."""
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-        # (an object whose __call__ is an async def counts too: the method is looked at)
-        self.is_async = asyncio.iscoroutinefunction(fn) or asyncio.iscoroutinefunction(type(fn).__call__)
-
-    def __call__(self, ctx: Context) -> Any:
-        return self.fn(ctx)
-
-    def task_of(self, body: bytes) -> PlainHandler:
-        return self
-
-    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]:
-        return self, [], {}
-
-    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        return await self.fn(ctx)
 
 
 class AsyncContext(Context):
@@ -152,7 +111,7 @@ class AsyncWorker:
     connects, and closes its client at the end) or an open asyncio queue client (the
     caller's: used, not closed). ``handler``: an App's tasks (``TaskHandler``, as
     ``shardq worker myapp.tasks`` gives it), or a plain function of the job's context, an
-    ``async def`` awaited on the loop or a ``def`` run in a thread (:class:`PlainHandler`)."""
+    ``async def`` awaited on the loop or a ``def`` run in a thread (:class:`~.handling.PlainHandler`)."""
 
     def __init__(self, target: Any, handler: AsyncHandler | Callable[[Any], Any], options: WorkerOptions | None = None,
                  *, idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
@@ -160,14 +119,7 @@ class AsyncWorker:
         """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
         (``queue=``, ``concurrency=``, ``burst=``...), which make one; by keywords,
         ``concurrency`` is 50 unless given. ``prefetch`` is 0: a job leased starts at once."""
-        tasks: AsyncHandler
-        if callable(getattr(handler, "task_of", None)):
-            tasks = cast(AsyncHandler, handler)
-        elif callable(handler):
-            tasks = PlainHandler(handler)
-        else:
-            raise UsageError(f"AsyncWorker: the handler must be a function of the job's context or an App's "
-                             f"tasks, got {type(handler).__name__}")
+        tasks = async_handler(handler)
         o = options_of(options, {"concurrency": ASYNC_CONCURRENCY_DEFAULT, **settings} if options is None else settings)
         self.options, self.target, self.handler, self.store = o, target, tasks, idempotency
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.

@@ -8,6 +8,7 @@ at all. The ack comes after the commit (the worker core's round, :mod:`shardq.co
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import importlib
 import logging
@@ -19,17 +20,69 @@ import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 from collections.abc import Callable
 
 from .. import limits
 from ..client.contracts import JobCalls
-from ..errors import Closed, Fail, InvalidJob, Retry, ShardqError, Unsupported
+from ..errors import Closed, Fail, InvalidJob, Retry, ShardqError, Unsupported, UsageError
 from .idempotency import IdempotencyStore
 from ..types import Lease
 
 log = logging.getLogger("shardq.worker")
 
+
+
+class AsyncTask(Protocol):
+    is_async: bool
+
+
+class AsyncHandler(Protocol):
+    """What the asyncio worker runs jobs with (:class:`shardq.tasks.dispatch.TaskHandler`, a
+    layer above, or a :class:`PlainHandler`): a plain handler that a thread calls for sync
+    tasks, and the async path on the loop for async ones."""
+
+    def __call__(self, ctx: Context) -> Any: ...
+
+    def task_of(self, body: bytes) -> AsyncTask | None: ...
+
+    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]: ...
+
+    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+
+class PlainHandler:
+    """A handler that is no App's tasks, for the asyncio worker, as :class:`~.worker.Worker`
+    takes one: ``async def handle(ctx)`` is awaited on the loop, a plain ``def handle(ctx)``
+    runs in a thread."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        # (an object whose __call__ is an async def counts too: the method is looked at)
+        self.is_async = asyncio.iscoroutinefunction(fn) or asyncio.iscoroutinefunction(type(fn).__call__)
+
+    def __call__(self, ctx: Context) -> Any:
+        return self.fn(ctx)
+
+    def task_of(self, body: bytes) -> PlainHandler:
+        return self
+
+    def resolve(self, ctx: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        return self, [], {}
+
+    async def run_async(self, task: Any, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return await self.fn(ctx)
+
+
+def async_handler(handler: Any) -> AsyncHandler:
+    """``handler`` as the asyncio worker runs it: an App's tasks as they are, a plain
+    function of the job's context as a :class:`PlainHandler`; UsageError for anything else."""
+    if callable(getattr(handler, "task_of", None)):
+        return cast(AsyncHandler, handler)
+    if callable(handler):
+        return PlainHandler(handler)
+    raise UsageError(f"AsyncWorker: the handler must be a function of the job's context or an App's tasks, "
+                     f"got {type(handler).__name__}")
 
 
 class Outcome(enum.StrEnum):
