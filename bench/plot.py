@@ -7,8 +7,12 @@
 * ``latency.png``: figures L at 500/s and W, one line per peer (every run's samples
   together): the share of calls slower than each latency, on log scales, so the tail
   shows, not only p50 and p99.
-* ``scale_procs.png``: from a ``bench.scale_procs`` JSON (it has ``"cells"``): jobs/s
-  against producer processes, one line per shard count.
+* ``<name>.png`` from a ``bench.scale_procs`` JSON ``<name>.json`` (it has ``"cells"``;
+  ``scale16.png`` beside ``scale16.json``): jobs/s against producer processes, one line per
+  shard count.
+
+Without a path it reads ``bench/results/latest.json``, which ``python -m bench.run`` writes
+unless given ``--json``.
 """
 from __future__ import annotations
 
@@ -167,8 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", nargs="?", default=DEFAULT_JSON)
     p.add_argument("--out", default=None, help="directory for the PNGs (default: beside JSON)")
     args = p.parse_args(argv)
-    with open(args.json) as f:
-        results = json.load(f)
+    try:
+        with open(args.json) as f:
+            results = json.load(f)
+    except FileNotFoundError:
+        print(f"error: no results at {args.json}: run `python -m bench.run` first (it writes them there), "
+              "or name a results JSON", file=sys.stderr)
+        return 2
     out = args.out or os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out, exist_ok=True)
     if "cells" in results:

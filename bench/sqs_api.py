@@ -26,7 +26,8 @@ with its own keep-alive connection (a socket per SQS client, ``--sqs-client``; o
   shardq, the CPU each request cost ``serve`` itself (the SQS listener, ``processes = 1``),
   its child processes (the shards) and the clients, from ``/proc`` (Linux);
 * **single**: one client, SendMessage one at a time, the time of each call; p50 and p99 over
-  ``--calls`` calls after 100 unmeasured ones. Against shardq, each SendMessage is followed
+  ``--calls`` calls after 100 unmeasured ones (moto, ten times slower, over a tenth of them
+  and at least 100: the line says how many). Against shardq, each SendMessage is followed
   by a native ``enqueue`` on the same thread, timed apart, so that both meet the same load.
 
 The machine's probes open the run (``bench/physical.py``, ``--probe-s`` each): ``fsync_per_s``

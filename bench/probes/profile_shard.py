@@ -2,8 +2,9 @@
 
 Runs an embedded 2-shard service with ``SHARDQ_PROFILE`` set (each shard process writes a
 cProfile dump when it stops), drives single-call enqueues from N threads sharing one router,
-then prints where shard 0 spent its time and how many requests it served per loop iteration
-(the group-commit batch size). Used for the profile findings in docs/performance.md.
+then prints where shard 0 spent its time and, per shard, its loop iterations and the jobs it
+took per iteration (the single enqueues a commit shared: combined ones and group commit).
+Used for the profile findings in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import shardq
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="python -m bench.probes.profile_shard", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--jobs", type=int, default=32000)
     p.add_argument("--shards", type=int, default=2)
@@ -52,7 +53,8 @@ def main(argv=None) -> int:
     print(f"CPU per job: client {1e6 * (me.ru_utime + me.ru_stime) / n:.0f} us, "
           f"shards {1e6 * (kids.ru_utime + kids.ru_stime) / n:.0f} us")
     for sh in stats:
-        print(f"shard {sh['shard']}: {sh['iterations']} loop iterations")
+        print(f"shard {sh['shard']}: {sh['iterations']} loop iterations, "
+              f"{sh['jobs'] / max(sh['iterations'], 1):.1f} jobs an iteration")
     print("\nshard 0, by own time:")
     pstats.Stats(f"{prof}.shard0").sort_stats("tottime").print_stats(a.top)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -5,8 +5,9 @@ context switches and CPU of each kind of thread, counted by the kernel (``/proc`
     python -m bench.probes.thread_switches [--threads 16] [--jobs 8000] [--runs 3] [--shards 2] [--json PATH]
     python -m bench.probes.thread_switches --quick        # 400 jobs, 1 run: checks that it runs
 
-Per job, for the producer threads, the router's I/O thread (the calls that meet their shard's
-lane taken are done there), and the shard processes
+Per job, for the producer threads, the router's I/O thread (started only when a call needs
+it: one that meets every lane of its shard taken, a batch across shards; with combining,
+single enqueues rarely do, and its row then says "not started"), and the shard processes
 (every thread of each): voluntary switches (the thread blocked: a lock, a read, a poll),
 involuntary ones (the scheduler preempted it) and CPU microseconds. Throughput on a shared
 2-core VM moves by a third between runs; the switch counts move by a few percent, so they
@@ -59,10 +60,10 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
         q = shardq.open(os.path.join(tmp, "d"), shards=shards)
         try:
             shard_pids = q.ping()
-            # connect every shard's lane and (a batch goes the shared way) start the I/O thread first
+            # connect every shard's lane (the I/O thread starts if a call needs it: counted from then)
             q.enqueue_many([{"body": b"warm", "key": f"warm-{s}"} for s in range(shards * 8)])
             io = {t.native_id for t in threading.enumerate() if t.name == "shardq-io"}
-            before = {"io": [thread_counts(me, t) for t in io],
+            before = {"io": {t: thread_counts(me, t) for t in io},
                       "shards": [process_counts(p) for p in shard_pids]}
             per = jobs // threads
             producers: list = []
@@ -82,7 +83,8 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
             for w in workers:
                 w.join()
             seconds = time.perf_counter() - t0
-            after = {"io": [thread_counts(me, t) for t in io],
+            io |= {t.native_id for t in threading.enumerate() if t.name == "shardq-io"}
+            after = {"io": {t: thread_counts(me, t) for t in io},
                      "shards": [process_counts(p) for p in shard_pids]}
             done = per * threads
             counts = q.stats()["queues"]["default"]
@@ -97,7 +99,9 @@ def one_run(threads: int, jobs: int, shards: int) -> dict:
     return {
         "jobs": done, "seconds": seconds, "jobs_per_s": done / seconds, "enqueued_ok": held == done,
         "producers": per_job([(0, 0, 0.0)] * len(producers), producers),
-        "io": per_job(before["io"], after["io"]),
+        # (a thread started during the run: from zero; none: None, not zeros that look measured)
+        "io": per_job([before["io"].get(t, (0, 0, 0.0)) for t in after["io"]], list(after["io"].values()))
+        if after["io"] else None,
         "shards": per_job(before["shards"], after["shards"]),
     }
 
@@ -119,8 +123,13 @@ def main(argv=None) -> int:
           f"{med(lambda r: r['jobs_per_s']):,.0f} jobs/s")
     print(f"{'per job':10s} {'voluntary':>10s} {'involuntary':>12s} {'CPU µs':>8s}")
     for kind in ("producers", "io", "shards"):
-        print(f"{kind:10s} {med(lambda r: r[kind]['voluntary']):10.2f} "
-              f"{med(lambda r: r[kind]['involuntary']):12.2f} {med(lambda r: r[kind]['cpu_us']):8.0f}")
+        measured = [r for r in runs if r[kind] is not None]
+        if not measured:
+            print(f"{kind:10s} not started (no call needed it)")
+            continue
+        mid = lambda f: statistics.median(f(r) for r in measured)  # noqa: E731 - as med, over those measured
+        print(f"{kind:10s} {mid(lambda r: r[kind]['voluntary']):10.2f} "
+              f"{mid(lambda r: r[kind]['involuntary']):12.2f} {mid(lambda r: r[kind]['cpu_us']):8.0f}")
     ok = all(r["enqueued_ok"] for r in runs)
     if a.json:
         with open(a.json, "w") as f:
