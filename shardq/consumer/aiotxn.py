@@ -135,13 +135,16 @@ async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[.
             if _runners_cancel(exc):
                 raise
             return failed(exc, lease, ctx, reports, max_deliveries)
-    loop = asyncio.get_running_loop()
+    loop, store = asyncio.get_running_loop(), runs.store
     handler = _OnLoop(run, loop)
     done: asyncio.Future[Result] = loop.create_future()
 
     def in_thread() -> None:
-        result = runs.run(lease, may_commit, None, reports, max_deliveries=max_deliveries, handler=handler,
-                          context=context)
+        try:
+            result = runs.run(lease, may_commit, None, reports, max_deliveries=max_deliveries, handler=handler,
+                              context=context)
+        finally:
+            store.release_thread()  # this thread ends: its store connection with it (one a job, else)
         try:
             loop.call_soon_threadsafe(_settle, done, result, None)
         except RuntimeError:

@@ -174,6 +174,12 @@ class IdempotencyStore:
     def close(self) -> None:
         raise NotImplementedError
 
+    def release_thread(self) -> None:
+        """Close the calling thread's own connection, if the store keeps one per thread: a
+        thread that ends (the asyncio worker runs each job's transaction in a thread of its
+        own) would hold it until :meth:`close`. Its next use opens another. A store that
+        keeps none does nothing."""
+
     def bind(self, service_id: str) -> None:
         """Tie this store to one shardq service (a data dir, or an SQS region/account/prefix:
         the queue's ``service_id``), or raise InvalidConfig if it holds marks of another. Job ids
@@ -419,6 +425,18 @@ class SqliteStore(IdempotencyStore):
         self._local.pair = pair
         self._local.in_txn = False
         return pair
+
+    def release_thread(self) -> None:
+        pair: tuple[sqlite3.Connection, threading.RLock] | None = getattr(self._local, "pair", None)
+        if pair is None:
+            return
+        self._local.pair = None
+        with self._lock:
+            if pair in self._conns:  # (else close() took it)
+                self._conns.remove(pair)
+        conn, lock = pair
+        with lock:
+            conn.close()
 
     @contextlib.contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:

@@ -206,6 +206,15 @@ class PostgresStore(IdempotencyStore):
         self._local.conn = conn
         return conn
 
+    def release_thread(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        with self._lock:
+            self._conns = [(c, lock) for c, lock in self._conns if c is not conn]
+        with self._thread_lock():
+            self._drop_thread_conn()
+
     def _drop_thread_conn(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None

@@ -200,3 +200,27 @@ def test_the_asyncio_runner_takes_a_plain_handler_as_the_thread_worker_does(kind
 def test_the_asyncio_runner_refuses_a_handler_that_is_no_function():
     with pytest.raises(shardq.UsageError, match="must be a function of the job's context or an App's tasks"):
         AsyncWorker(AsyncFacade(BuryingQueue(FakeClock())), "myapp.tasks:handle")
+
+
+def test_an_async_task_with_a_store_leaves_no_store_connection_per_job(tmp_path):
+    """Each job's transaction runs in a thread of its own, whose store connection the store
+    kept until close(): one per job, 6,021 open files after 3,000 jobs with SQLite, every
+    PostgreSQL connection slot after 194 (a walkthrough). The thread releases its own when
+    it ends; the connections held stay a handful, however many jobs ran."""
+    clock = FakeClock()
+    q = BuryingQueue(clock, visibility_timeout=30.0)
+    ids = [q.enqueue(b"job %d" % i) for i in range(60)]
+    store = SqliteStore(str(tmp_path / "fx.sqlite"))
+    held = []
+
+    class Writes(AsyncTask):
+        async def run_async(self, task, ctx, args, kwargs):
+            await ctx.db.run(write_effect, ctx.job_id)
+            held.append(len(store._conns))
+
+    w = AsyncWorker(AsyncFacade(q), Writes(), concurrency=4, idempotency=store, clock=clock, idle_wait_s=0.01,
+                    prune_every_s=None)
+    stats = asyncio.run(asyncio.wait_for(w.run_async(max_jobs=60), 60))
+    assert stats.succeeded == 60 and [q.state(i) for i in ids] == ["acked"] * 60
+    assert max(held) <= 4 + 2 and len(store._conns) <= 2, (max(held), len(store._conns))
+    store.close()

@@ -16,7 +16,8 @@ from support.store_contract import (DAY, test_claim_once_then_seen, test_excepti
                                     test_retention_is_configurable,
                                     test_concurrent_claims_of_one_id_one_wins,
                                     test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
-                                    test_closed_store_refuses)
+                                    test_closed_store_refuses,
+                                    test_a_thread_that_releases_its_connection_leaves_none_behind)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

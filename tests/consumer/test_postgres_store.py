@@ -20,7 +20,8 @@ from support.store_contract import (test_abort_rolls_back_the_claim, test_claim_
                               test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
                               test_closed_store_refuses, test_concurrent_claims_of_one_id_one_wins,
                               test_exception_rolls_back_the_claim, test_prune_after_retention,
-                              test_retention_is_configurable)
+                              test_retention_is_configurable,
+                              test_a_thread_that_releases_its_connection_leaves_none_behind)
 
 psycopg = pytest.importorskip("psycopg")
 

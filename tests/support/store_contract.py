@@ -160,3 +160,26 @@ def test_closed_store_refuses(make_store):
     with pytest.raises(Closed):
         with store.transaction():
             pass
+
+
+def test_a_thread_that_releases_its_connection_leaves_none_behind(make_store):
+    """The asyncio worker runs each job's transaction in a thread of its own, which releases
+    its per-thread store connection as it ends (``release_thread``): after 30 such threads
+    the store holds no more connections than before them (it kept one a thread until
+    close(): a walkthrough ran out of files, and of PostgreSQL's connection slots), and
+    every claim they made stands."""
+    store = make_store()
+    store.seen(1)  # this thread's own connection, kept
+    before = len(getattr(store, "_conns", ()))
+
+    def job(i: int) -> None:
+        with store.transaction() as txn:
+            assert txn.claim(100 + i)
+        store.release_thread()
+
+    for i in range(30):
+        t = threading.Thread(target=job, args=(i,))
+        t.start()
+        t.join()
+    assert len(getattr(store, "_conns", ())) == before
+    assert all(store.seen(100 + i) for i in range(30))
