@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from .. import limits
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidConfig, InvalidJob
+from ..errors import Closed, Fail, InvalidConfig, InvalidJob, UsageError
 
 log = logging.getLogger("shardq.worker")
 
@@ -99,6 +99,15 @@ def _check_job_id(job_id: Any) -> int | str:
         return job_id
     raise InvalidJob(f"job_id must be an int in [0, 2**63) or a string of 1..{JOB_ID_TEXT_CHARS_MAX} "
                      f"characters, got {job_id!r}")
+
+
+def transaction_ended(how: str) -> Fail:
+    """The refusal of a claim in a transaction the handler ended itself (``how``): what it
+    wrote before is committed without the job's mark, so a retry would write it again. A
+    Fail: the job is dead-lettered at once, its effect there once."""
+    return Fail(f"the handler ended the job's transaction ({how}): what it wrote before that is committed "
+                "without the job's mark, and running it again would write it again, so the job is "
+                "dead-lettered, not retried (docs/guarantees.md: write through ctx.db, never COMMIT)")
 
 
 def check_result(result: Any) -> bytes | None:
@@ -282,8 +291,10 @@ class _Cursor(sqlite3.Cursor):
         return super().executemany(sql, seq_of_parameters)
 
     def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
-        self._begin()  # sqlite3 then COMMITs first: claim() refuses the ended transaction
-        return super().executescript(sql_script)
+        # sqlite3 COMMITs the open transaction first and runs the script outside it: the
+        # job's writes would land without its mark, and again at each retry
+        raise UsageError("ctx.db.executescript commits the job's transaction first (sqlite3) and runs outside "
+                         "it: run each statement with ctx.db.execute")
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -309,7 +320,7 @@ class _SqliteTxn(Txn):
         if self._begin():
             if not self._conn.in_transaction:
                 # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
-                raise RuntimeError("the transaction was ended inside it (do not COMMIT through txn.db)")
+                raise transaction_ended("a COMMIT or ROLLBACK through ctx.db")
         if table == TEXT_TABLE:
             # Inside this transaction: the tables commit with the mark.
             _ensure_text_tables(self._conn, with_results=result is not None)

@@ -45,7 +45,7 @@ from .. import limits, pgconn
 from ..clock import Clock, SystemClock
 from ..errors import Closed, InvalidConfig, InvalidJob
 from .idempotency import (BUSY_TIMEOUT_S_DEFAULT, PRUNE_BATCH_ROWS, RETENTION_S_DEFAULT,
-                          IdempotencyStore, Txn, check_result)
+                          IdempotencyStore, Txn, check_result, transaction_ended)
 
 TABLE_DEFAULT = "shardq_processed"
 WHAT = "idempotency store"
@@ -98,7 +98,7 @@ class _PgTxn(Txn):
             self.session.flush()  # the ORM's pending writes, before the mark
         elif self._conn.info.transaction_status not in (pq.TransactionStatus.INTRANS,
                                                      pq.TransactionStatus.INERROR):
-            raise RuntimeError("the transaction was ended inside it (do not COMMIT through ctx.db)")
+            raise transaction_ended("a COMMIT or ROLLBACK through ctx.db")
         params: tuple[Any, ...]
         if result is None:
             sql, params = self._sql["claim"], (key, self._clock.now())
@@ -106,8 +106,7 @@ class _PgTxn(Txn):
             sql, params = self._sql["claim_result"], (key, self._clock.now(), result)
         inserted, started_at = self._conn.execute(sql, params).fetchone()
         if started_at != self._started_at:  # now() is the transaction's start: a new one began
-            raise RuntimeError("the transaction was ended inside it (do not COMMIT through "
-                               "ctx.db or ctx.session)")
+            raise transaction_ended("a COMMIT or ROLLBACK through ctx.db or ctx.session")
         return bool(inserted == 1)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from shardq.consumer import idempotency
 from shardq.clock import FakeClock
-from shardq.errors import InvalidConfig, InvalidJob
+from shardq.errors import Fail, InvalidConfig, InvalidJob
 from shardq.consumer.idempotency import MemoryStore, SqliteStore
 from support.store_contract import stores
 from support.store_contract import (DAY, test_claim_once_then_seen, test_exception_rolls_back_the_claim,  # noqa: F401 - the store contract's tests, run here against this module's make_store
@@ -109,10 +109,43 @@ def test_sqlite_effect_and_mark_commit_together_or_not_at_all(tmp_path):
 
 
 def test_sqlite_commit_inside_handler_is_refused(sqlite_store):
-    with pytest.raises(RuntimeError, match="do not COMMIT"):
+    with pytest.raises(Fail, match="ended the job's transaction .* dead-lettered, not retried"):
         with sqlite_store.transaction() as txn:
             txn.db.execute("COMMIT")
             txn.claim(1)
+
+
+@pytest.mark.parametrize("how", ["commit", "executescript"])
+def test_a_handler_that_ends_its_transaction_writes_its_effect_at_most_once(tmp_path, how):
+    """``ctx.db.executescript`` (sqlite3 COMMITs first) or a COMMIT through the connection
+    put the handler's writes outside the job's transaction: the claim refused it, as a
+    failed attempt, and each retry committed the effect again: 4 rows a job at
+    max_deliveries 4, then a dead letter (a walkthrough). executescript is refused before
+    it runs; a COMMIT dead-letters the job at once (its effect there once)."""
+    from shardq.consumer.handling import BURY, FAILED, execute
+    from shardq.types import Lease
+    path = tmp_path / "idem.sqlite"
+    store = SqliteStore(path)
+    with store.transaction() as txn:
+        txn.db.execute("CREATE TABLE effect (job_id INTEGER, what TEXT)")
+
+    def handler(ctx):
+        if how == "executescript":
+            ctx.db.executescript(f"INSERT INTO effect VALUES ({ctx.job_id}, 'x');")
+        else:
+            ctx.db.execute("INSERT INTO effect VALUES (?, 'x')", (ctx.job_id,))
+            ctx.db.connection.commit()
+
+    for attempt in (1, 2, 3):
+        outcome, error = execute(handler, Lease(7, None, b"", "default", attempt, 1, 9e9), store,
+                                 max_deliveries=4)[:2]
+        if how == "executescript":
+            assert outcome == FAILED and "executescript commits the job's transaction" in error, error
+        else:
+            assert outcome == BURY and "dead-lettered, not retried" in error, error
+            break  # (a bury: never run again)
+    assert len(_effects(path)) == (0 if how == "executescript" else 1) and not store.seen(7)
+    store.close()
 
 
 def test_sqlite_nested_transaction_refused(sqlite_store):

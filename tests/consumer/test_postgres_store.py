@@ -11,8 +11,8 @@ from support.pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by 
 from shardq import limits
 from shardq.clock import FakeClock
 from shardq.consumer import postgres as pgstore
-from shardq.consumer.handling import DONE, DUPLICATE, FAILED, execute
-from shardq.errors import InvalidConfig, InvalidJob, StoreUnavailable
+from shardq.consumer.handling import BURY, DONE, DUPLICATE, FAILED, execute
+from shardq.errors import Fail, InvalidConfig, InvalidJob, StoreUnavailable
 from shardq.types import Lease
 from support.store_contract import stores
 # The contract every store keeps, run here against PostgresStore (make_store below).
@@ -101,11 +101,11 @@ def test_savepoints_inside_the_handler(store, pg_dsn):  # noqa: F811 - the pytes
 
 
 def test_commit_inside_the_handler_is_refused(store):
-    with pytest.raises(RuntimeError, match="do not COMMIT"):
+    with pytest.raises(Fail, match="ended the job's transaction"):
         with store.transaction() as txn:
             txn.db.execute("COMMIT")
             txn.claim(1)
-    with pytest.raises(RuntimeError, match="do not COMMIT"):  # COMMIT, then a new BEGIN
+    with pytest.raises(Fail, match="ended the job's transaction"):  # COMMIT, then a new BEGIN
         with store.transaction() as txn:
             txn.db.execute("COMMIT")
             txn.db.execute("BEGIN")
@@ -328,7 +328,7 @@ def test_orm_commit_inside_the_handler_is_refused(engine):
         ctx.session.add(Payment(job_id=ctx.job_id + 100, amount=1))
 
     outcome, error = execute(handler, _lease(1), store)[:2]
-    assert outcome == FAILED and "do not COMMIT" in error
+    assert outcome == BURY and "ended the job's transaction" in error  # dead-lettered: a retry would write again
     assert not store.seen(1)
     with engine.connect() as c:
         assert c.execute(sqlalchemy.text("SELECT job_id FROM payments")).all() == [(1,)]
