@@ -14,21 +14,12 @@ import pytest
 import shardq
 from support.service import wait_until
 from shardq.sqs_api.message import md5_of_attributes, md5_of_body, unwrap
-from tests.support.sqs_listener import client, parked, sqs_service, sqs_url, waiting_dequeues
+from tests.support.sqs_listener import module_fixtures, parked, waiting_dequeues
 
 MIB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def svc():
-    with sqs_service() as s:
-        s.url = sqs_url(s)
-        yield s
-
-
-@pytest.fixture(scope="module")
-def sqs(svc):
-    return client(svc.url)
+svc, sqs = module_fixtures()
 
 
 _n = iter(range(10**6))

@@ -10,19 +10,10 @@ import botocore.exceptions
 import pytest
 
 from support.service import wait_until
-from tests.support.sqs_listener import client, sqs_service, sqs_url
+from tests.support.sqs_listener import module_fixtures
 
 
-@pytest.fixture(scope="module")
-def svc():
-    with sqs_service() as s:
-        s.url = sqs_url(s)
-        yield s
-
-
-@pytest.fixture(scope="module")
-def sqs(svc):
-    return client(svc.url)
+svc, sqs = module_fixtures()
 
 
 _n = iter(range(10**6))

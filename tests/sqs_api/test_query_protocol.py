@@ -12,21 +12,12 @@ import botocore.exceptions
 import pytest
 
 from shardq.sqs_api.message import md5_of_attributes, md5_of_body
-from tests.support.sqs_listener import client, sqs_service, sqs_url
+from tests.support.sqs_listener import module_fixtures
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
 
-@pytest.fixture(scope="module")
-def svc():
-    with sqs_service() as s:
-        s.url = sqs_url(s)
-        yield s
-
-
-@pytest.fixture(scope="module")
-def sqs(svc):
-    return client(svc.url, "query")
+svc, sqs = module_fixtures("query")
 
 
 def _post(svc, form: dict, path: str = "/") -> tuple[int, ElementTree.Element]:

@@ -23,6 +23,24 @@ def sqs_service(keys: bool = False, shards: int = 2, data_dir: str | None = None
                                                               "http": {"listen": ""}})
 
 
+def module_fixtures(protocol: str = "json"):  # noqa: ANN201 - two pytest fixtures
+    """``svc, sqs = module_fixtures()`` in a test module: its own ``shardq serve`` with the
+    SQS listener (``svc.url`` its address) and a boto3 client of it speaking ``protocol``,
+    both for the module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def svc():
+        with sqs_service() as s:
+            s.url = sqs_url(s)
+            yield s
+
+    @pytest.fixture(scope="module")
+    def sqs(svc):
+        return client(svc.url, protocol)
+    return svc, sqs
+
+
 def sqs_url(svc: Service) -> str:
     """Where the SQS listener of ``svc`` is (``run/sqs-api.json``, written once it listens)."""
     path = os.path.join(svc.data_dir, "run", "sqs-api.json")
