@@ -492,9 +492,12 @@ class Supervision:
 
     def healthy(self, now: float) -> bool:
         """What ``WATCHDOG=1`` vouches for: every shard is healthy (:meth:`shard_healthy`),
-        except one left down for a corrupt log: restarting the service cannot repair a log,
-        and would take the others down with it."""
-        states = [self.shard_healthy(sh, now) or sh.status is S.FAILED for sh in self.shards]
+        except one left down for a corrupt log, or down because its disk is full: restarting
+        the service can neither repair a log nor free space, and would take the others down
+        with it (the full disk's shard is restarted with backoff all the while, and serves
+        once there is room)."""
+        states = [self.shard_healthy(sh, now) or sh.status is S.FAILED
+                  or (sh.status is not S.READY and sh.reason_kind == "disk_full") for sh in self.shards]
         return bool(states) and all(states) and any(sh.status is S.READY for sh in self.shards)
 
     # ------------------------------------------------------------------ service manager

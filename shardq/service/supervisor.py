@@ -581,7 +581,7 @@ class Supervisor:
 
     def healthy(self, now: float | None = None) -> bool:
         """What ``WATCHDOG=1`` vouches for (:meth:`Supervision.healthy`): every shard ready
-        and answering its pings, or left down for a corrupt log."""
+        and answering its pings, left down for a corrupt log, or down for a full disk."""
         return self.core.healthy(self.clock.monotonic() if now is None else now)
 
     # ------------------------------------------------------------------ status

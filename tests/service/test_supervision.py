@@ -180,6 +180,20 @@ def test_a_corrupt_log_leaves_the_shard_failed_for_good():
     assert core.status_text(clock.monotonic())[0] == "1/2 shards up, shard 0 failed (corrupt-log)"
 
 
+def test_a_shard_down_for_a_full_disk_does_not_fail_the_watchdog():
+    """systemd's restart of the whole service frees no space and takes the healthy shards
+    down: with WatchdogSec=60 and the restart backoff's 60 s, a shard crash-looping on a
+    full disk got serve restarted about every minute (a walkthrough saw no WATCHDOG=1 for
+    45 s). It is restarted with backoff meanwhile, as before; any other exit still counts."""
+    core, clock = started(2)
+    full = Failed(0, {"kind": "disk_full", "detail": "No space left", "path": "/d/1.wal"})
+    out = core.check(clock.monotonic(), [full, Exited(0, 4)])
+    assert core.shards[0].status is not S.READY and Spawn(0) in out
+    assert core.healthy(clock.monotonic())
+    core.check(clock.monotonic(), [Exited(1, 3)])  # the other shard crashes: that is no disk
+    assert not core.healthy(clock.monotonic())
+
+
 # ---------------------------------------------------------------------- health
 def test_a_ready_shard_is_pinged_and_a_pong_keeps_it():
     core, clock = started()
