@@ -45,7 +45,6 @@ BUSY_TIMEOUT_S_DEFAULT = 30.0
 #: prune() deletes in transactions of at most this many rows, to keep the write lock short.
 PRUNE_BATCH_ROWS = 10_000
 JOB_ID_MAX = 2**63 - 1  # SQLite INTEGER
-JOB_ID_TEXT_CHARS_MAX = 1024  # string job ids (an SQS MessageId is 36)
 
 TABLE = "shardq_processed"
 SCHEMA = f"""
@@ -91,14 +90,20 @@ CREATE INDEX IF NOT EXISTS {RESULTS_TEXT_TABLE}_at ON {RESULTS_TEXT_TABLE}(proce
 """
 
 
-def _check_job_id(job_id: Any) -> int | str:
-    """A job id as the stores accept it: an int in [0, 2**63) or a non-empty string."""
+def check_job_id(job_id: Any) -> int | str:
+    """A job id as every store accepts it (SQLite, PostgreSQL, memory alike): an int in
+    [0, 2**63) or a non-empty string of at most ``limits.JOB_ID_STR_BYTES_MAX`` bytes in
+    UTF-8 (an SQS MessageId is 36); InvalidJob otherwise, lone surrogates included."""
     if type(job_id) is int and 0 <= job_id <= JOB_ID_MAX:
         return job_id
-    if type(job_id) is str and 0 < len(job_id) <= JOB_ID_TEXT_CHARS_MAX:
-        return job_id
-    raise InvalidJob(f"job_id must be an int in [0, 2**63) or a string of 1..{JOB_ID_TEXT_CHARS_MAX} "
-                     f"characters, got {job_id!r}")
+    if type(job_id) is str and job_id:
+        try:
+            if len(job_id.encode()) <= limits.JOB_ID_STR_BYTES_MAX:
+                return job_id
+        except UnicodeEncodeError:  # a lone surrogate: no store's text holds it
+            pass
+    raise InvalidJob(f"job_id must be an int in [0, 2**63) or a non-empty string of at most "
+                     f"{limits.JOB_ID_STR_BYTES_MAX} bytes in UTF-8, got {job_id!r:.80}")
 
 
 def transaction_ended(how: str) -> Fail:
@@ -316,7 +321,7 @@ class _SqliteTxn(Txn):
 
     def claim(self, job_id: int | str, result: bytes | None = None) -> bool:
         result = check_result(result)
-        table = _table_for(_check_job_id(job_id))
+        table = _table_for(check_job_id(job_id))
         if self._begin():
             if not self._conn.in_transaction:
                 # The handler ran COMMIT/ROLLBACK itself: its writes and the mark would not be atomic.
@@ -519,7 +524,7 @@ class SqliteStore(IdempotencyStore):
                     self._writer.release()
 
     def seen(self, job_id: int | str) -> bool:
-        table = _table_for(_check_job_id(job_id))
+        table = _table_for(check_job_id(job_id))
         with self._use() as conn:
             if table == TEXT_TABLE and not _has_table(conn, table):
                 return False
@@ -527,7 +532,7 @@ class SqliteStore(IdempotencyStore):
                                 (job_id,)).fetchone() is not None
 
     def kept_result(self, job_id: int | str) -> bytes | None:
-        table = _table_for(_check_job_id(job_id))
+        table = _table_for(check_job_id(job_id))
         results = _results_table_for(job_id)
         with self._use() as conn:
             if table == TEXT_TABLE and not _has_table(conn, results):
@@ -626,7 +631,7 @@ class _MemoryTxn(Txn):
 
     def claim(self, job_id: int | str, result: bytes | None = None) -> bool:
         result = check_result(result)
-        if not self._store._claim(self, _check_job_id(job_id)):
+        if not self._store._claim(self, check_job_id(job_id)):
             return False
         if result is not None:
             self.results[job_id] = result
@@ -708,12 +713,12 @@ class MemoryStore(IdempotencyStore):
     def seen(self, job_id: int | str) -> bool:
         self._check_open()
         with self._cond:
-            return _check_job_id(job_id) in self.processed
+            return check_job_id(job_id) in self.processed
 
     def kept_result(self, job_id: int | str) -> bytes | None:
         self._check_open()
         with self._cond:
-            return self.results.get(_check_job_id(job_id))
+            return self.results.get(check_job_id(job_id))
 
     def prune(self, now: float) -> int:
         self._check_open()

@@ -41,10 +41,10 @@ import threading
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from .. import limits, pgconn
+from .. import pgconn
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidConfig, InvalidJob
-from .idempotency import (BUSY_TIMEOUT_S_DEFAULT, PRUNE_BATCH_ROWS, RETENTION_S_DEFAULT,
+from ..errors import Closed, InvalidConfig
+from .idempotency import (BUSY_TIMEOUT_S_DEFAULT, check_job_id, PRUNE_BATCH_ROWS, RETENTION_S_DEFAULT,
                           IdempotencyStore, Txn, check_result, transaction_ended)
 
 TABLE_DEFAULT = "shardq_processed"
@@ -54,15 +54,9 @@ _Begun = tuple[Any, Any, Any, Callable[[bool], None]]
 
 
 def job_key(job_id: Any) -> str:
-    """The text a job id is stored as: an int in [0, 2**63) as its digits, a string as is."""
-    if type(job_id) is int:
-        if not 0 <= job_id < 2**63:
-            raise InvalidJob(f"job_id must be in [0, 2**63), got {job_id!r}")
-        return str(job_id)
-    if type(job_id) is str and job_id and len(job_id.encode()) <= limits.JOB_ID_STR_BYTES_MAX:
-        return job_id
-    raise InvalidJob(f"job_id must be an int or a non-empty string of at most "
-                     f"{limits.JOB_ID_STR_BYTES_MAX} bytes, got {job_id!r}")
+    """The text a job id is stored as: an int (:func:`~.idempotency.check_job_id`) as its
+    digits, a string as is."""
+    return str(check_job_id(job_id))
 
 
 def schema_sql(table: str | pgconn.TableName) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from shardq.consumer import idempotency
 from shardq.clock import FakeClock
-from shardq.errors import Fail, InvalidConfig, InvalidJob
+from shardq.errors import Fail, InvalidConfig
 from shardq.consumer.idempotency import MemoryStore, SqliteStore
 from support.store_contract import stores
 from support.store_contract import (DAY, test_claim_once_then_seen, test_exception_rolls_back_the_claim,  # noqa: F401 - the store contract's tests, run here against this module's make_store
@@ -16,7 +16,8 @@ from support.store_contract import (DAY, test_claim_once_then_seen, test_excepti
                                     test_retention_is_configurable,
                                     test_concurrent_claims_of_one_id_one_wins,
                                     test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
-                                    test_closed_store_refuses,
+                                    test_closed_store_refuses, test_bad_job_ids,
+                                    test_int_and_string_job_ids_up_to_the_limit,
                                     test_a_thread_that_releases_its_connection_leaves_none_behind)
 
 
@@ -24,15 +25,6 @@ from support.store_contract import (DAY, test_claim_once_then_seen, test_excepti
 def make_store(request, tmp_path):
     with stores(request.param, request, tmp_path) as make:
         yield make
-
-
-@pytest.mark.parametrize("bad", [-1, 2**63, 1.5, "", "x" * 1025, b"1", None, True])
-def test_bad_job_ids(make_store, bad):
-    store = make_store()
-    with pytest.raises(InvalidJob):
-        store.seen(bad)
-    with store.transaction() as txn, pytest.raises(InvalidJob):
-        txn.claim(bad)
 
 
 # ---------------------------------------------------------------------------- memory

@@ -8,19 +8,18 @@ import threading
 import pytest
 
 from support.pg import pg, pg_dsn  # noqa: F401 - pytest fixtures, requested by name in the tests below
-from shardq import limits
 from shardq.clock import FakeClock
 from shardq.consumer import postgres as pgstore
 from shardq.consumer.handling import BURY, DONE, DUPLICATE, FAILED, execute
-from shardq.errors import Fail, InvalidConfig, InvalidJob, StoreUnavailable
+from shardq.errors import Fail, InvalidConfig, StoreUnavailable
 from shardq.types import Lease
 from support.store_contract import stores
 # The contract every store keeps, run here against PostgresStore (make_store below).
-from support.store_contract import (test_abort_rolls_back_the_claim, test_claim_once_then_seen,  # noqa: F401 - the imported contract tests run here against PostgresStore
+from support.store_contract import (test_abort_rolls_back_the_claim, test_bad_job_ids, test_claim_once_then_seen,  # noqa: F401 - the imported contract tests run here against PostgresStore
                               test_claim_waits_for_an_open_claim_and_wins_after_its_rollback,
                               test_closed_store_refuses, test_concurrent_claims_of_one_id_one_wins,
                               test_exception_rolls_back_the_claim, test_prune_after_retention,
-                              test_retention_is_configurable,
+                              test_retention_is_configurable, test_int_and_string_job_ids_up_to_the_limit,
                               test_a_thread_that_releases_its_connection_leaves_none_behind)
 
 psycopg = pytest.importorskip("psycopg")
@@ -46,26 +45,6 @@ def _query(dsn: str, sql: str, params=()):
 # execute() returns (outcome, error, ...): compare the first two.
 def _lease(job_id, body=b"x") -> Lease:
     return Lease(job_id, None, body, "default", 1, 1, 1e18)
-
-
-# ---------------------------------------------------------------------------- job ids
-@pytest.mark.parametrize("job_id", [0, 2**63 - 1, "a", "x" * limits.JOB_ID_STR_BYTES_MAX,
-                                    "\u00e9" * (limits.JOB_ID_STR_BYTES_MAX // 2)])
-def test_int_and_string_job_ids_up_to_the_limit(store, job_id):
-    assert not store.seen(job_id)
-    with store.transaction() as txn:
-        assert txn.claim(job_id)
-    assert store.seen(job_id)
-
-
-@pytest.mark.parametrize("bad", [-1, 2**63, 1.5, None, True, "", b"1",
-                                 "x" * (limits.JOB_ID_STR_BYTES_MAX + 1),
-                                 "\u00e9" * (limits.JOB_ID_STR_BYTES_MAX // 2 + 1)])
-def test_bad_job_ids(store, bad):
-    with pytest.raises(InvalidJob):
-        store.seen(bad)
-    with store.transaction() as txn, pytest.raises(InvalidJob):
-        txn.claim(bad)
 
 
 # ---------------------------------------------------------------------------- atomicity

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from shardq import limits
 from shardq.clock import FakeClock
-from shardq.errors import Closed
+from shardq.errors import Closed, InvalidJob
 
 
 DAY = 86400.0
@@ -44,6 +45,28 @@ def stores(kind: str, request, tmp_path) -> Iterator:
 
 
 # ---------------------------------------------------------------------------- contract
+# A string id is measured in UTF-8 bytes by every store: 1,024 "é" are 2,048 bytes.
+@pytest.mark.parametrize("job_id", [0, 2**63 - 1, "a", "x" * limits.JOB_ID_STR_BYTES_MAX,
+                                    "\u00e9" * (limits.JOB_ID_STR_BYTES_MAX // 2)])
+def test_int_and_string_job_ids_up_to_the_limit(make_store, job_id):
+    store = make_store()
+    assert not store.seen(job_id)
+    with store.transaction() as txn:
+        assert txn.claim(job_id)
+    assert store.seen(job_id)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**63, 1.5, None, True, "", b"1", "\ud800",
+                                 "x" * (limits.JOB_ID_STR_BYTES_MAX + 1),
+                                 "\u00e9" * (limits.JOB_ID_STR_BYTES_MAX // 2 + 1)])
+def test_bad_job_ids(make_store, bad):
+    store = make_store()
+    with pytest.raises(InvalidJob):
+        store.seen(bad)
+    with store.transaction() as txn, pytest.raises(InvalidJob):
+        txn.claim(bad)
+
+
 def test_claim_once_then_seen(make_store):
     store = make_store()
     assert not store.seen(7)
