@@ -4,15 +4,12 @@ threads, a handler on processes, tasks on an asyncio loop). One service for the 
 each test works a queue of its own."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from shardq.tasks.body import encode
-from support.service import REPO, Service
+from support.service import Service, run_worker as worker
 
 N_JOBS = 20
 
@@ -21,12 +18,6 @@ N_JOBS = 20
 def svc():
     with Service(shards=2) as s:
         yield s
-
-
-def worker(svc, cwd, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "shardq", "worker", *args, "--data-dir", svc.data_dir],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
 
 
 HANDLER = "def handle(ctx):\n    assert ctx.body.startswith(b'job ')\n"

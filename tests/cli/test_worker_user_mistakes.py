@@ -4,14 +4,11 @@ exit 1, where every other bad target is a one-line UsageError and exit 2), and a
 raises ``Retry(delay_s="30s")`` (the worker died, exit 1, its finished jobs unacked)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 from shardq.tasks.body import encode
-from support.service import REPO, Service
+from support.service import Service, run_worker as worker
 
 README_HANDLER = ("def handle(ctx):\n"
                   "    ctx.db.execute('CREATE TABLE IF NOT EXISTS sent (job_id TEXT PRIMARY KEY, body BLOB)')\n")
@@ -21,12 +18,6 @@ README_HANDLER = ("def handle(ctx):\n"
 def svc():
     with Service(shards=1) as s:
         yield s
-
-
-def worker(svc, cwd, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "shardq", "worker", *args, "--data-dir", svc.data_dir],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
 
 
 @pytest.mark.parametrize("more", [[], ["--queue", "default"]])

@@ -32,7 +32,7 @@ from shardq.tasks import workflow
 from support import browser
 from support.http_calls import api
 from support.service import wait_until
-from support.task_apps import embedded_with_http, fresh_tasks
+from support.task_apps import drain, embedded_with_http, fresh_tasks
 
 TOKEN = "workflow-view-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -69,10 +69,6 @@ def ended(app, wf_id: str) -> dict:
     wait_until(lambda: look_up(app, wf_id)["state"] != "running", ENDED_WITHIN_S, 0.1,
                f"the watcher recording how {wf_id} ended")
     return look_up(app, wf_id)
-
-
-def drain(app, queue: str = "default") -> None:
-    app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01)
 
 
 def job_ids(wf) -> list[str | None]:

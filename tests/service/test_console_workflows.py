@@ -26,7 +26,7 @@ from shardq import chord, group, limits
 from shardq.service.console import openapi
 
 from support import browser
-from support.task_apps import embedded_with_http, fresh_tasks
+from support.task_apps import drain, embedded_with_http, fresh_tasks
 from support.http_calls import api
 from support.service import wait_until
 
@@ -56,10 +56,6 @@ def look_up(app, job_id, status: int = 200) -> dict:
     schema = "Job" if status == 200 else "Error"
     jsonschema.validate(reply, {"$ref": f"#/components/schemas/{schema}", "components": DOC["components"]})
     return reply
-
-
-def drain(app, queue: str) -> None:
-    app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01)
 
 
 def send_chord(app, members: int = 3):

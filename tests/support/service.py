@@ -189,6 +189,14 @@ class Service:
             shutil.rmtree(os.path.dirname(self.data_dir), ignore_errors=True)
 
 
+def run_worker(svc: Service, cwd: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``shardq worker *args --data-dir <svc's>`` run to its end in ``cwd``, this checkout
+    importable; its output captured as text."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "shardq", "worker", *args, "--data-dir", svc.data_dir],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
 def reset_queues(q, names) -> None:
     """Leave ``names`` empty and running (between tests sharing one service): resume, ack
     whatever can be leased, purge the dead letters."""

@@ -26,6 +26,12 @@ def fresh_tasks(app) -> Iterator:
             q.purge_dead_letters(name)
 
 
+def drain(app, queue: str = "default", **kw):
+    """Run ``app``'s tasks of ``queue`` in this process until it is empty (``run_worker``,
+    with the short idle wait and poll that tests want); its summary."""
+    return app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01, **kw)
+
+
 @contextlib.contextmanager
 def embedded_with_http(token: str, config: dict, shards: int = 2) -> Iterator:
     """``shardq.App.embedded`` with the HTTP listener (console, API, metrics) on a free

@@ -25,7 +25,7 @@ from shardq.tasks.reading import FANOUT, status_rows
 from shardq.tasks.runner import check_retries
 from shardq.tasks.workflow import Signature, Step, Workflow, _adrive, _drive, describe
 
-from support.task_apps import fresh_tasks
+from support.task_apps import drain, fresh_tasks
 
 SMALL_BODY = 300  # queue "small"'s max_body_bytes
 
@@ -42,10 +42,6 @@ def app():
 def fresh(app):
     with fresh_tasks(app) as a:
         yield a
-
-
-def drain(app, queue="default"):
-    return app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01)
 
 
 def jobs_held(app) -> int:

@@ -18,7 +18,7 @@ from shardq import limits
 from shardq.tasks.dispatch import TaskHandler
 from shardq.tasks.runner import check_retries, plan
 
-from support.task_apps import fresh_tasks
+from support.task_apps import drain, fresh_tasks
 from support.service import REPO
 
 
@@ -34,10 +34,6 @@ def fresh(app):
     """The shared app with no tasks; its queues emptied after the test."""
     with fresh_tasks(app) as a:
         yield a
-
-
-def drain(app, queue, **kw):
-    return app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01, **kw)
 
 
 def test_send_writes_the_documented_body_and_key(fresh):

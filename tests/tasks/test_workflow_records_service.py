@@ -13,6 +13,7 @@ import shardq
 from shardq import chain, chord, group
 from shardq.tasks.workflow import Step, Workflow, from_spec, spec_of
 
+from support.task_apps import drain
 from support.service import wait_until
 
 SHARDS = 2
@@ -23,10 +24,6 @@ def app():
     a = shardq.App.embedded(shards=SHARDS, config={"queue_defaults": {"max_deliveries": 1}})
     yield a
     a.close()
-
-
-def drain(app) -> None:
-    app.run_worker("default", idle_wait_s=0.05, poll_s=0.01)
 
 
 def ended(app, wf_id: str) -> dict:

@@ -17,7 +17,7 @@ from shardq.clock import FakeClock
 from shardq.client.routing import shard_for_key
 from shardq.tasks.workflow import Workflow, describe
 
-from support.task_apps import fresh_tasks
+from support.task_apps import drain, fresh_tasks
 from support.service import wait_until
 
 
@@ -33,10 +33,6 @@ def fresh(app):
     """The shared app with no tasks; its queues emptied after the test."""
     with fresh_tasks(app) as a:
         yield a
-
-
-def drain(app, queue="default"):
-    return app.run_worker(queue, idle_wait_s=0.05, poll_s=0.01)
 
 
 def test_a_kept_result_is_returned_and_its_status_says_succeeded(fresh):
