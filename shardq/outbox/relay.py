@@ -126,7 +126,6 @@ class Relay:
         self._clock = clock or SystemClock()
         self._conns: _Conns | None = None
         self._scope: str | None = None
-        self._windows: dict[str, float] = {}
         self._held = 0  # rows the last batch locked but had to leave for per-key order
         self._stopping = False
         self.waiting = False  # True while idle, listening on the channel
@@ -265,11 +264,8 @@ class Relay:
         log.warning("outbox %s: sending %d row(s) again, first sent up to %.1f s ago (a batch "
                     "did not finish); the queue deduplicates them", self.table, len(again),
                     max(ago for _, ago in again))
-        behind = []
-        for r, ago in again:
-            safe = self._safe_window(r.queue)
-            if ago > safe:
-                behind.append((r, ago, safe))
+        windows = {queue: self._safe_window(queue) for queue in {r.queue for r, _ in again}}
+        behind = [(r, ago, windows[r.queue]) for r, ago in again if ago > windows[r.queue]]
         if behind:
             r, ago, safe = behind[0]
             ids = ", ".join(str(b.id) for b, _, _ in behind[:10]) + (" ..." if len(behind) > 10 else "")
@@ -282,21 +278,22 @@ class Relay:
                 f"{self.table}_attempts (to send them again), and restart the relay.")
 
     def _safe_window(self, queue: str) -> float:
-        safe = self._windows.get(queue)
-        if safe is None:
-            try:
-                window = self._q.queue_config(queue).get("dedup_window")
-            except UnknownQueue:
-                return float("inf")  # the queue will reject the row; nothing can be duplicated
-            if window is None:
-                raise InvalidConfig(f"the queue backend reports no dedup_window for queue {queue!r}: "
-                                    "the outbox relay cannot resend safely")
-            safe = float(window) - max(DEDUP_MARGIN_S, DEDUP_MARGIN_FRACTION * float(window))
-            if safe < SAFE_WINDOW_S_MIN:
-                raise InvalidConfig(
-                    f"queue {queue!r} has dedup_window {window} s; the outbox relay needs at least "
-                    f"{SAFE_WINDOW_S_MIN + DEDUP_MARGIN_S:.0f} s to resend without duplicates")
-            self._windows[queue] = safe
+        """How old a first send may be for ``queue`` to still deduplicate it again: asked of
+        the queue at every resend (rare), never kept, so a reload that lowers its
+        ``dedup_window`` is seen (the client's own answer is at most
+        ``QUEUE_CONFIG_MAX_AGE_S`` old)."""
+        try:
+            window = self._q.queue_config(queue).get("dedup_window")
+        except UnknownQueue:
+            return float("inf")  # the queue will reject the row; nothing can be duplicated
+        if window is None:
+            raise InvalidConfig(f"the queue backend reports no dedup_window for queue {queue!r}: "
+                                "the outbox relay cannot resend safely")
+        safe = float(window) - max(DEDUP_MARGIN_S, DEDUP_MARGIN_FRACTION * float(window))
+        if safe < SAFE_WINDOW_S_MIN:
+            raise InvalidConfig(
+                f"queue {queue!r} has dedup_window {window} s; the outbox relay needs at least "
+                f"{SAFE_WINDOW_S_MIN + DEDUP_MARGIN_S:.0f} s to resend without duplicates")
         return safe
 
     def _send(self, rows: list[_Row], bodies: dict[int, bytes]) -> list[tuple[_Row, str]]:

@@ -209,6 +209,49 @@ def test_a_resend_older_than_the_dedup_window_stops_the_relay_loudly(dsn, q):
     _drain(q)
 
 
+class _Window:
+    """The queue, with its dedup window as the service says it now (a reload changes it)."""
+
+    def __init__(self, q, window: float):
+        self._q, self.window = q, window
+
+    def queue_config(self, queue="default"):
+        return dict(self._q.queue_config(queue), dedup_window=self.window)
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
+def _sent_then_died(dsn, q, body: bytes, age_s: int) -> None:
+    """A row sent by a relay that died before it deleted it, ``age_s`` seconds ago."""
+    with psycopg.connect(dsn) as conn:
+        outbox.enqueue(conn, body, key="k")
+    dying = outbox.Relay(dsn, _CrashAfterSend(q))
+    with pytest.raises(_Crash):
+        dying.relay_batch()
+    dying.close()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE shardq_outbox_attempts SET first_at = first_at - make_interval(secs => %s)",
+                     (age_s,))
+
+
+def test_a_relay_sees_a_dedup_window_lowered_while_it_runs(dsn, q):
+    """A long-lived relay asks the queue for its window at each resend: one lowered by a
+    reload since its last resend stops it, where the window it saw first would let it send
+    a row the queue may no longer deduplicate."""
+    windowed = _Window(q, 300)
+    relay = outbox.Relay(dsn, windowed)
+    _sent_then_died(dsn, q, b"first", 0)
+    assert relay.relay_batch() == 1 and relay.stats.resent == 1    # young: sent again, deduplicated
+    _sent_then_died(dsn, q, b"second", 200)                         # 200 s: within 300 - 30
+    windowed.window = 120                                           # the reload: 120 - 12 covers 108 s
+    with pytest.raises(OutboxBehind, match="dedup window"):
+        relay.relay_batch()
+    relay.close()
+    assert _rows(dsn) == 1  # the old row was not sent again
+    assert [lease.body for lease in _drain(q)] == [b"first", b"second"]  # each once: the crashed sends
+
+
 def test_a_queue_whose_dedup_window_is_too_short_is_refused(pg_dsn, tmp_path):  # noqa: F811 - the pytest fixture imported from pg, requested by name
     outbox.install(pg_dsn)
     with psycopg.connect(pg_dsn) as conn:
