@@ -66,7 +66,7 @@ class ShardConn:
     def __init__(self, index: int, address: str, authkey: bytes, client_id: int, retry_s: float,
                  request_timeout_s: float, release: Callable[[list[Any]], None], role: str = "client"):
         self.index, self.address, self.authkey, self.role = index, address, authkey, role
-        self.chan = Channel(index, client_id, retry_s, request_timeout_s)
+        self.chan = Channel(index, client_id, retry_s, request_timeout_s, gone=asyncio.Future.done)
         self._release = release  # wire lease rows nobody takes (an orphaned reply) -> release them
         self.loop = asyncio.get_running_loop()
         self.proto: _Protocol | None = None

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import limits
@@ -58,6 +58,7 @@ OWN_DEADLINE = frozenset(("watch", "dequeue_wait"))  # their callers time them: 
 RELEASE = object()  # the waiter of a completion whose value is lease rows to hand back unstarted
 _HEADER = struct.Struct("!i")
 _WITHDRAWN, _ORPHAN = "withdraw", "orphan"
+_DEQUEUES = ("dequeue", "dequeue_wait")  # the requests whose reply is lease rows
 
 Completion = tuple[Any, Any, BaseException | None]
 
@@ -98,8 +99,12 @@ class Channel:
     (None: the executor's callers time their own waits); ``hold``: see the module doc."""
 
     def __init__(self, shard: int, client_id: int, retry_s: float, timeout_s: float | None = None,
-                 hold: bool = True) -> None:
+                 hold: bool = True, gone: Callable[[Any], bool] | None = None) -> None:
         self.shard, self.retry_s, self.timeout_s, self.hold = shard, retry_s, timeout_s, hold
+        # gone(waiter): it stopped waiting before its caller could say so (an asyncio future a
+        # cancellation reached in the loop turn its reply came in): a dequeue's leases for it
+        # are released, not handed to nobody
+        self.gone = gone
         self.sessions = Sessions(client_id)  # enqueue sessions not yet answered
         self.up = False
         self.closed = False
@@ -193,6 +198,8 @@ class Channel:
                 if req.merged:
                     resent = req.resent
                     done.extend((w, (p, resent), None) for w, p in zip(req.waiters, payload) if w is not None)
+                elif payload and req.op in _DEQUEUES and self.gone is not None and self.gone(req.waiters[0]):
+                    done.append((RELEASE, payload, None))
                 else:
                     done.append((req.waiters[0], payload, None))
             elif req.merged and req.op == "enqueue" and len(req.waiters) > 1:

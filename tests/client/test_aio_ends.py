@@ -35,19 +35,26 @@ async def until(predicate, what: str, timeout: float = 10.0) -> None:
 
 
 # ---------------------------------------------------------------------- a cancel after the reply
-def cancel_once_answered(q, op: str) -> tuple[list, list]:
+def cancel_once_answered(q, op: str, before: bool = False) -> tuple[list, list]:
     """Cancel the task put in the first list from inside the callback that resolves the
     first non-empty reply to an ``op`` request of ``q``: its future is resolved, and the
     task awaiting it has not run again, so the cancel is what that task meets. The second
-    list gets, per cancel, whether the future was resolved (not cancelled) when it came."""
+    list gets, per cancel, whether the future was resolved (not cancelled) when it came.
+    ``before``: the cancel comes in that callback just before the reply is read (the loop
+    turn of a ``wait_for`` timeout that ran first): the future is cancelled, its task not
+    yet resumed to abandon the request, when the reply comes."""
     box: list = []
     landed: list = []
     for conn in q.conns:
         def on_replies(replies, conn=conn, real=conn.on_replies):
             answered = [conn.chan.pending.get(rid) for rid, _, payload in replies if payload]
+            ours = [req for req in answered if box and req is not None and req.op == op and req.waiters]
+            if before and ours:
+                box.pop().cancel()
+                landed.append(False)
             real(replies)
-            for req in answered:
-                if box and req is not None and req.op == op and req.waiters:
+            for req in ours:
+                if box:
                     fut = req.waiters[0]
                     landed.append(fut.done() and not fut.cancelled())
                     box.pop().cancel()
@@ -55,19 +62,22 @@ def cancel_once_answered(q, op: str) -> tuple[list, list]:
     return box, landed
 
 
+@pytest.mark.parametrize("before", [False, True], ids=["cancel-after-reply", "cancel-just-before-reply"])
 @pytest.mark.parametrize("call", ["dequeue", "dequeue_many", "consume", "waiting dequeue"])
-def test_a_cancel_that_lands_after_the_reply_came_releases_what_it_leased(svc, call):
+def test_a_cancel_that_lands_after_the_reply_came_releases_what_it_leased(svc, call, before):
     """The reply of the cancelled call's dequeue is in (its future resolved) when the cancel
     lands. Its leases were neither returned nor released: the jobs stayed invisible for their
     60 s visibility. They are released at once (not counted as deliveries), so the next
     dequeue gets them. ("waiting dequeue": the same through a waiting dequeue, which
-    released them before too.)"""
+    released them before too.) ``before``: the cancel lands in the same loop turn just
+    before the reply is read (its future cancelled, its task not yet back to abandon the
+    request): the reply's leases went to nobody, invisible for 60 s."""
     async def main():
         async with await shardq.aio.connect(svc.data_dir) as q:
             queue = "after-reply-" + call.replace(" ", "-")
             if call == "waiting dequeue":
                 assert await q.dequeue(queue) is None  # an empty queue: the next dequeue waits first
-                box, landed = cancel_once_answered(q, "dequeue_wait")
+                box, landed = cancel_once_answered(q, "dequeue_wait", before)
                 t = asyncio.ensure_future(q.dequeue(queue, wait=30, visibility=60))
                 await until(lambda: sum(r.op == "dequeue_wait" for c in q.conns for r in c.chan.pending.values())
                             == 2, "a waiting dequeue at both shards")
@@ -75,7 +85,7 @@ def test_a_cancel_that_lands_after_the_reply_came_releases_what_it_leased(svc, c
                 ids = [await q.enqueue(b"job", queue=queue)]
             else:
                 ids = await q.enqueue_many([{"body": b"job-%d" % i} for i in range(3)], queue=queue)
-                box, landed = cancel_once_answered(q, "dequeue")
+                box, landed = cancel_once_answered(q, "dequeue", before)
                 if call == "dequeue":
                     t = asyncio.ensure_future(q.dequeue(queue, visibility=60))
                 elif call == "dequeue_many":
@@ -85,7 +95,7 @@ def test_a_cancel_that_lands_after_the_reply_came_releases_what_it_leased(svc, c
                 box.append(t)
             with pytest.raises(asyncio.CancelledError):
                 await t
-            assert landed == [True]
+            assert landed == [not before]
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 3.0  # far below the 60 s visibility a stranded lease keeps
             leases: list = []

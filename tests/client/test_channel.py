@@ -177,6 +177,25 @@ def test_a_waiting_dequeue_nobody_waits_for_is_withdrawn_and_a_late_answer_relea
     assert not chan.pending and not chan.orphans()
 
 
+@pytest.mark.parametrize("op, args", [("dequeue", ["q", None, 1]), ("dequeue_wait", ["q", None, 1, 5.0])])
+def test_a_dequeue_whose_waiter_went_before_it_could_abandon_has_its_leases_released(op, args):
+    """An asyncio caller cancelled in the loop turn its reply is read in: its future is
+    done before it could abandon the request, so the leases go back, not to nobody."""
+    cancelled: set[str] = set()
+    chan = up(gone=lambda w: w in cancelled)
+    req = chan.submit(op, args, "w", 0.0)
+    other = chan.submit("ping", [], "p", 0.0)
+    chan.flush(0.0)
+    cancelled.update(("w", "p"))
+    assert chan.replies([ok(req.rid, [["row"]]), ok(other.rid, 7)]) == [(RELEASE, [["row"]], None), ("p", 7, None)]
+    assert not chan.pending and not chan.orphans()
+    assert chan.abandon(req, "w")  # its caller, resumed: the reply came first, nothing to withdraw
+    req = chan.submit(op, args, "v", 0.0)
+    chan.flush(0.0)
+    cancelled.add("v")
+    assert chan.replies([ok(req.rid, [])]) == [("v", [], None)]  # nothing leased: nothing to release
+
+
 def test_a_waiter_leaving_after_its_reply_was_read_is_told_so_and_nothing_is_withdrawn():
     """A threaded shell settles a reply outside its lock: a caller that leaves in between
     learns that its reply came (it takes or releases the leases), instead of leaving them
