@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncio
 import os
+import weakref
 from asyncio import get_running_loop
 from collections.abc import AsyncIterator, Callable, Coroutine
 
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 OTHER_LOOP = "this client belongs to another event loop; connect one per loop"
+FORKED = ("this client was connected in the parent process, before a fork: its connections and enqueue "
+          "sessions are the parent's; connect one in this process")
 LOOP_CLOSED = ("this client's event loop has closed (it was connected in another one: at import time, or in "
                "an asyncio.run of its own?); connect it in the loop that uses it, e.g. in a lifespan handler")
 
@@ -92,6 +95,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Connect to every shard, trying for up to ``connect_s`` (``retry_s`` at most): a
         shard not reached by then is connected to when a request needs it."""
         self.loop = asyncio.get_running_loop()
+        _CLIENTS.add(self)
         if check:  # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
             await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
@@ -121,6 +125,8 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     def _wrong_loop(self) -> UsageError:
         """The error of a call from a loop that is not this client's."""
+        if self.loop is _FORKED:
+            return UsageError(FORKED)
         return UsageError(LOOP_CLOSED if self.loop.is_closed() else OTHER_LOOP)
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
@@ -295,6 +301,22 @@ def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | Non
         return OPEN
     fut = handle[2]
     return ConnectionLost("abandoned", sent=True) if fut.cancelled() else fut.exception() or fut.result()
+
+
+# A client in a forked child shares its parent's sockets and enqueue sessions: a call there
+# took the parent's session numbers, so the shard answered the parent's next enqueue as a
+# re-send of the child's (its job lost). Every call of a client copied by a fork fails its
+# loop check (UsageError, FORKED) before it touches a socket; the parent's are left alone.
+_FORKED: Any = object()
+_CLIENTS: weakref.WeakSet[AsyncQueue] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for q in list(_CLIENTS):
+        q.loop = _FORKED
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

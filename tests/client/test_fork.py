@@ -7,6 +7,7 @@ enqueued twice. The child now starts its own connections, under its own client i
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ import time
 import pytest
 
 import shardq
+from shardq.errors import UsageError
 
 from support.service import Service, short_tmpdir
 
@@ -101,3 +103,38 @@ def test_a_forked_child_closing_an_embedded_service_leaves_it_running():
         assert e.ping() == shard_pids  # not stopped, nor restarted (replay would hide it in the counts)
         assert e.stats()["queues"]["default"]["ready"] == 2
 
+
+
+def test_an_asyncio_client_copied_by_a_fork_refuses_calls_in_the_child_and_the_parents_jobs_stay(svc):
+    """The child's enqueue on the copied client took the parent's session numbers: the shard
+    answered the parent's next enqueue with the child's job id and the parent's job was
+    lost (3 of 3). The child's calls now raise UsageError before touching a socket."""
+    queue = "aio-forked"
+    loop = asyncio.new_event_loop()
+    try:
+        q = loop.run_until_complete(shardq.aio.connect(svc.data_dir))
+        first = loop.run_until_complete(q.enqueue(b"before fork", queue=queue))
+
+        def work() -> bool:
+            for call in (lambda: q.enqueue(b"from child", queue=queue), lambda: q.stats(), lambda: q.close()):
+                try:
+                    loop.run_until_complete(call())
+                except UsageError as e:
+                    if "fork" not in str(e):
+                        return False
+                else:
+                    return False
+            return True
+
+        pid = os.fork()
+        if pid == 0:
+            _child(work)
+        assert _reap([pid], 60) == [0]
+        second = loop.run_until_complete(q.enqueue(b"from parent", queue=queue))
+        assert second != first
+        leases = loop.run_until_complete(q.dequeue_many(queue, max_jobs=10, wait=0.5))
+        assert sorted(lease.body for lease in leases) == [b"before fork", b"from parent"]
+        loop.run_until_complete(q.ack_many(leases))
+        loop.run_until_complete(q.close())
+    finally:
+        loop.close()
