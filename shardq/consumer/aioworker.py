@@ -12,7 +12,8 @@ runs in a thread (``asyncio.to_thread``) through the same :meth:`~.handling.Runs
 ``await ctx.extend(s)`` sets a job's lease length; whatever a task raises is its failed
 attempt (:mod:`.aiotxn`). ``stop()`` (any thread): stop leasing (a waiting dequeue is
 cancelled, which leaves no lease behind), let running jobs finish for ``grace_s``, then
-release their leases and cancel them (their transactions roll back).
+release their leases and cancel them (their transactions roll back). ``run_async``'s
+task cancelled from outside is such a stop whose grace period is over at once.
 """
 from __future__ import annotations
 
@@ -165,7 +166,11 @@ class AsyncWorker:
             if self.store is not None and isinstance(q.service_id, str):
                 await asyncio.to_thread(self.store.bind, q.service_id)
             with pruning(self.store, self.clock, self.options.prune_every_s):
-                await adrive(self.core.run(max_jobs), self._perform)
+                try:
+                    await adrive(self.core.run(max_jobs), self._perform)
+                except asyncio.CancelledError:
+                    await self._cancelled()
+                    raise
             left = [task for task in self._tasks if not task.done()]
             for task in left:  # released at the grace period's end
                 task.cancel()
@@ -175,6 +180,16 @@ class AsyncWorker:
             if owned:
                 await q.close()
         return dataclasses.replace(self.stats)
+
+    async def _cancelled(self) -> None:
+        """run_async's task was cancelled (a TaskGroup, anyio, a lifespan's end): its runners
+        are cancelled and every lease in hand released now (:meth:`WorkerCore.abandon_all`),
+        not left to run on unacked and be delivered again once its visibility ends."""
+        left = [task for task in self._tasks if not task.done()]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        await adrive(self.core.abandon_all(), self._perform)
 
     # ------------------------------------------------------------------ the loop's effects
     async def _perform(self, effect: Any) -> Any:

@@ -555,6 +555,17 @@ class WorkerCore:
                     "expire", len(running), len(self.jobs))
         return True
 
+    def abandon_all(self) -> Steps[None]:
+        """The worker was cancelled from outside (its asyncio task, not stop()): a stop whose
+        grace period is over at once. The jobs not started are released (not a delivery),
+        the running ones abandoned (their leases released), what waits in the outbox is
+        left to expire."""
+        self.stopping()
+        self.grace_at = self.clock.monotonic()
+        while self.pending:
+            yield from self.release(self.pending.popleft(), Counter.RELEASED)
+        yield from self.shutdown_step()
+
     def release(self, job: Held, counter: Counter) -> Steps[None]:
         """Hand a job in hand back now (a nack with no delay; an error only means its lease
         expires by itself). A job whose handler never started is not counted as a delivery."""

@@ -165,6 +165,35 @@ def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_peri
     assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
 
 
+def test_cancelling_run_async_releases_the_leases_of_its_jobs_at_once():
+    """``run_async``'s task cancelled from outside (a TaskGroup, anyio, a lifespan's end),
+    not stopped: before, it ended at once, its runner tasks ran on with the client gone and
+    their leases were held until the visibility timeout, then the jobs were delivered again
+    (the work done twice). Now it is a stop whose grace period is over: the running jobs
+    are cancelled and released (ABANDONED), their transactions rolled back."""
+    clock = FakeClock()
+    q = BuryingQueue(clock, visibility_timeout=30.0)
+    job_id = q.enqueue(b"forever")
+    store = MemoryStore(clock=clock)
+    task = _Forever()
+
+    async def main():
+        w = AsyncWorker(AsyncFacade(q), task, concurrency=1, grace_s=10.0, idempotency=store, clock=clock,
+                        idle_wait_s=0.01, prune_every_s=None)
+        run = asyncio.create_task(w.run_async())
+        await asyncio.wait_for(task.started.wait(), 10)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(run, 10)
+        assert task.cancelled, "run_async ended with the job still running"
+        return w.stats
+
+    stats = asyncio.run(main())
+    assert stats.abandoned == 1 and stats.succeeded == 0
+    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY  # not in 30 s: now
+    assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
+
+
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_the_asyncio_runner_takes_a_plain_handler_as_the_thread_worker_does(kind):
     """``AsyncWorker(q, handle)`` with a plain function (no App's tasks): every job raised
