@@ -117,12 +117,13 @@ def after_break(shard: int, op: str, sent: bool, expired: bool, why: object = "c
     again (on a new connection); else the error its caller gets. ``sent``: it was written
     this time, so the shard may have applied it; ``expired``: its retry deadline has
     passed; ``why``: what broke, for the message; ``written``: an earlier attempt was
-    written (then a request given up at the deadline may have been applied too)."""
+    written (then a request given up at the deadline may have been applied too, unless it
+    only reads, ``wire.READS``: ShardUnavailable)."""
     if sent and wire.RETRY[op] is not wire.RESEND:
         return OutcomeUnknown(f"shard {shard}: {op} was sent but the connection broke before its "
                               "reply; it may or may not have been applied")
     if expired:
-        if sent or written:
+        if (sent or written) and op not in wire.READS:
             return OutcomeUnknown(f"shard {shard}: {op} was sent, then its shard could not be reached to "
                                   f"learn its outcome within retry_s ({why}); it may or may not have been applied")
         return ShardUnavailable(f"shard {shard}: {why}")
@@ -137,9 +138,10 @@ RELEASED_LATE = frozenset({"dequeue", "dequeue_wait"})
 def no_answer(shard: int, op: str, within_s: float) -> ShardUnavailable:
     """The error of a written request not answered within its request timeout:
     OutcomeUnknown (the shard may apply it yet: a hung or paused shard), but for a dequeue,
-    whose late reply is released (ShardUnavailable)."""
+    whose late reply is released, and a read (``wire.READS``), which applies nothing:
+    ShardUnavailable."""
     text = f"shard {shard} did not answer {op} within {within_s:.1f} s"
-    if op in RELEASED_LATE:
+    if op in RELEASED_LATE or op in wire.READS:
         return ShardUnavailable(text)
     return OutcomeUnknown(f"{text}; it was sent, and may or may not have been applied")
 

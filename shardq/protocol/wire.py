@@ -323,6 +323,7 @@ class Request(NamedTuple):
     calls: str | None = None     # the ShardState method it calls through the generic handler
     handler: str | None = None   # else: the ShardServer method that serves it
     control: bool = False   # a control or metrics op (the last ones of the table above, from pause on)
+    reads: bool = False     # it only reads: given up at its deadline, nothing of it was applied
 
 
 #: Every op: the one table from which :data:`OPS`, :data:`ARITY`, :data:`RETRY`,
@@ -333,7 +334,7 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("enqueue", EnqueueArgs, RESEND, handler="_enqueue"),
     # a second dequeue would lease (and count a delivery of) another job
     Request("dequeue", DequeueArgs, UNKNOWN, handler="_dequeue"),
-    Request("peek", PeekArgs, RESEND, handler="_peek"),                           # read-only
+    Request("peek", PeekArgs, RESEND, handler="_peek", reads=True),                           # read-only
     Request("note_priorities", QueueArgs, RESEND, "note_priorities"),             # sets a sticky flag
     # JobGone in answer to the re-sent ack means the first one landed
     Request("ack", AckArgs, RESEND, handler="_ack"),
@@ -343,8 +344,8 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("bury", BuryArgs, UNKNOWN, "bury"),
     # sets the deadline again; LeaseLost if the lease is gone
     Request("extend", ExtendArgs, RESEND, "extend"),
-    Request("watch", WatchArgs, RESEND, handler="_watch"),                        # read-only
-    Request("dead_letters", DeadLettersArgs, RESEND, handler="_dead_letters"),    # read-only
+    Request("watch", WatchArgs, RESEND, handler="_watch", reads=True),                        # read-only
+    Request("dead_letters", DeadLettersArgs, RESEND, handler="_dead_letters", reads=True),    # read-only
     # likewise a second lease: never re-sent
     Request("dequeue_wait", DequeueWaitArgs, UNKNOWN, handler="_dequeue_wait"),
     # withdrawing twice changes nothing (a new connection has no waits)
@@ -355,9 +356,9 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     Request("purge_dead", QueueArgs, UNKNOWN, "purge_dead"),
     # likewise: re-sent, it would delete jobs enqueued after the first one
     Request("purge_queue", QueueArgs, UNKNOWN, "purge_queue"),
-    Request("queue_config", QueueArgs, RESEND, "queue_settings"),                 # read-only
-    Request("stats", NoArgs, RESEND, handler="_stats"),                           # read-only
-    Request("ping", NoArgs, RESEND, handler="_ping"),                             # read-only
+    Request("queue_config", QueueArgs, RESEND, "queue_settings", reads=True),                 # read-only
+    Request("stats", NoArgs, RESEND, handler="_stats", reads=True),                           # read-only
+    Request("ping", NoArgs, RESEND, handler="_ping", reads=True),                             # read-only
     # sets the same values again (docs/limits.md): a re-sent change changes nothing more
     Request("set_limits", SetLimitsArgs, RESEND, "set_limits"),
     # Results and workflows (shardq/shard/results.py). put_result and progress set the same
@@ -365,29 +366,29 @@ REQUESTS: dict[str, Request] = {r.name: r for r in (
     # cancel_barrier is idempotent; result, result_sizes, barrier and barrier_values only read.
     Request("put_result", PutResultArgs, RESEND, "put_result"),
     Request("progress", ProgressArgs, RESEND, "set_progress"),
-    Request("result", JobIdsArgs, RESEND, "results_of"),
-    Request("result_sizes", JobIdsArgs, RESEND, "result_sizes"),
+    Request("result", JobIdsArgs, RESEND, "results_of", reads=True),
+    Request("result_sizes", JobIdsArgs, RESEND, "result_sizes", reads=True),
     Request("arrive", ArriveArgs, RESEND, "arrive"),
     Request("arrive_many", ArriveManyArgs, RESEND, handler="_arrive_many"),
-    Request("barrier", BarrierIdsArgs, RESEND, "barrier_info"),
-    Request("barrier_values", BarrierArgs, RESEND, "barrier_values"),
+    Request("barrier", BarrierIdsArgs, RESEND, "barrier_info", reads=True),
+    Request("barrier_values", BarrierArgs, RESEND, "barrier_values", reads=True),
     Request("cancel_barrier", CancelBarrierArgs, RESEND, "cancel_barrier"),
     # a record is put once ("known" after) and ends once (its first end kept)
     Request("put_workflow", PutWorkflowArgs, RESEND, "put_workflow"),
     Request("end_workflow", EndWorkflowArgs, RESEND, "end_workflow"),
-    Request("workflow", WorkflowArgs, RESEND, "workflow"),
-    Request("workflow_ids", AfterLimitArgs, RESEND, "running_workflows"),
+    Request("workflow", WorkflowArgs, RESEND, "workflow", reads=True),
+    Request("workflow_ids", AfterLimitArgs, RESEND, "running_workflows", reads=True),
     # The control and metrics ops. pause, resume, cancel and purge_ids are idempotent (a
     # re-sent cancel of a lease already marked changes nothing); job, dead_page, metrics and
     # metrics_page only read.
     Request("pause", QueueArgs, RESEND, "pause", control=True),
     Request("resume", QueueArgs, RESEND, "resume", control=True),
     Request("cancel", JobArgs, RESEND, "cancel", control=True),
-    Request("job", JobArgs, RESEND, "job_info", control=True),
-    Request("dead_page", DeadPageArgs, RESEND, handler="_dead_page", control=True),
+    Request("job", JobArgs, RESEND, "job_info", control=True, reads=True),
+    Request("dead_page", DeadPageArgs, RESEND, handler="_dead_page", control=True, reads=True),
     Request("purge_ids", PurgeIdsArgs, RESEND, handler="_purge_ids", control=True),
-    Request("metrics", NoArgs, RESEND, handler="_metrics", control=True),
-    Request("metrics_page", MetricsPageArgs, RESEND, handler="_metrics_page", control=True),
+    Request("metrics", NoArgs, RESEND, handler="_metrics", control=True, reads=True),
+    Request("metrics_page", MetricsPageArgs, RESEND, handler="_metrics_page", control=True, reads=True),
     # a new cut replaces the first one's staging dir: the caller uses the reply it gets
     Request("backup_cut", BackupCutArgs, RESEND, handler="_backup_cut", control=True),
 )}
@@ -398,6 +399,9 @@ OPS = frozenset(REQUESTS)
 ARITY = {name: len(r.args._fields) for name, r in REQUESTS.items()}
 #: Derived from :data:`REQUESTS`: the retry policy per op
 RETRY = {name: r.retry for name, r in REQUESTS.items()}
+#: Derived from :data:`REQUESTS`: the ops that only read (a caller that gave up on one got
+#: ShardUnavailable, not OutcomeUnknown: there is nothing it may have applied)
+READS = frozenset(name for name, r in REQUESTS.items() if r.reads)
 #: Derived from :data:`REQUESTS`: the control and metrics ops and their arity
 CONTROL_ARITY = {name: len(r.args._fields) for name, r in REQUESTS.items() if r.control}
 

@@ -829,6 +829,20 @@ def test_an_enqueue_sent_before_its_shard_went_away_for_good_is_outcome_unknown(
     assert f.dropped.is_set()
 
 
+@pytest.mark.parametrize("call", [lambda q: q.ping(), lambda q: q.job(1 << 10)], ids=["ping", "job"])
+@pytest.mark.parametrize("script", [("drop",), ("hang", "hang")], ids=["gone-for-good", "never-answered"])
+def test_a_read_given_up_on_is_shard_unavailable_not_outcome_unknown(scripted, connect, call, script):
+    """A read (``wire.READS``) applies nothing, so a caller that gave up on one is told the
+    shard could not be reached (ShardUnavailable), not that it 'may or may not have been
+    applied' (OutcomeUnknown, as ``app.result`` said while a shard restarted)."""
+    f = scripted(*script)
+    q = connect(f.dd.path, request_timeout_s=0.3, retry_s=1)
+    with pytest.raises(shardq.ShardUnavailable) as e:
+        call(q)
+    assert not isinstance(e.value, shardq.OutcomeUnknown), e.value
+    assert "applied" not in str(e.value)
+
+
 # ---------------------------------------------------------------------- a real service
 @pytest.fixture(scope="module")
 def service():
