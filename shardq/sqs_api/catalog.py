@@ -36,6 +36,7 @@ DIR = "sqs-api"
 OWNERS = "owners"          # one flock'd file per live process that runs message move tasks
 DELETED_RECENTLY_S = 60.0  # AWS: a deleted queue's name may be used again after 60 s
 TASKS_KEPT = 10            # ended message move tasks kept per source queue
+INCARNATION_BYTES = 6      # a queue record's random "incarnation": 12 hex characters
 
 
 class Catalog:
@@ -125,9 +126,11 @@ class Catalog:
 
     # ------------------------------------------------------------------ reads
     def get(self, name: str) -> dict[str, Any] | None:
-        """The queue's record (``attributes``, ``tags``, ``created``, ``modified``), not to be
-        changed: a change replaces a record's dicts instead of changing them, so a record
-        read once stays whole (read on every request: no copy).
+        """The queue's record (``attributes``, ``tags``, ``created``, ``modified``, and
+        ``incarnation``: random, made by the CreateQueue that made the queue; absent from a
+        record made before shardq had it), not to be changed: a change replaces a record's
+        dicts instead of changing them, so a record read once stays whole (read on every
+        request: no copy).
 
         Without the lock while the file is the one read last (one ``stat``): every request
         takes this path, and request threads queued on the lock cost a thread switch each.
@@ -170,7 +173,9 @@ class Catalog:
                 raise fault("QueueDeletedRecently", "You must wait 60 seconds after deleting a queue before you "
                                                     "can create another queue with the same name.")
             deleted = {n: t for n, t in self._data["deleted"].items() if now - t < DELETED_RECENTLY_S and n != name}
-            record = {"attributes": attributes, "tags": tags, "created": int(now), "modified": int(now)}
+            # the incarnation tells this queue from an earlier one of its name (FIFO dedup ids, memos)
+            record = {"attributes": attributes, "tags": tags, "created": int(now), "modified": int(now),
+                      "incarnation": secrets.token_hex(INCARNATION_BYTES)}
             self._commit(queues={**self._data["queues"], name: record}, deleted=deleted)
             return True
 

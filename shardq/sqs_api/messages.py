@@ -3,9 +3,12 @@
 * A send is answered once ``enqueue`` has returned, so once the job is fsynced.
 * On a FIFO queue the MessageGroupId is the job's key: shardq leases only the head of a key,
   so no later message of a group is received while one is in flight. The dedup id (given, or
-  the body's SHA-256 with ContentBasedDeduplication) is the job's ``dedup_id``: a duplicate
-  within the queue's ``dedup_window`` (300 s by default, as SQS) answers the first send's
-  MessageId and SequenceNumber. A standard queue's MessageGroupId rides in the envelope.
+  the body's SHA-256 with ContentBasedDeduplication), scoped to the queue's incarnation
+  (:func:`incarnation_dedup_id`), is the job's ``dedup_id``: a duplicate within the queue's
+  ``dedup_window`` (300 s by default, as SQS) answers the first send's MessageId and
+  SequenceNumber; a queue deleted and created again remembers none of the one before. A
+  FIFO message's DelaySeconds may be 0 only (ignored, as AWS: the queue's applies). A
+  standard queue's MessageGroupId rides in the envelope.
 * DeduplicationScope = queue (FIFO's default): a dedup id also stands across groups. The
   message and the claim of its id for the queue (a memo, :mod:`.memos`) are enqueued
   together; if another group claimed the id first, this message is cancelled and the send
@@ -114,9 +117,10 @@ class MessageActions:
         dedup = e.get("MessageDeduplicationId")
         explicit = dedup is not None
         if fifo:
-            if delay is not None:
+            if delay:  # 0 is accepted and ignored, as AWS: the queue's DelaySeconds applies
                 raise invalid(f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include "
                               f"parameter that is not valid for this queue type.")
+            delay = None
             if group is None:
                 raise missing("MessageGroupId")
             m.check_group_or_dedup("MessageGroupId", group)
@@ -143,6 +147,8 @@ class MessageActions:
             raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter than "
                           f"{ceiling - (len(job_body) - size)} bytes here: the shardq queue {name!r} has "
                           f"max_body_bytes = {ceiling} (raise it in [queue_defaults] or [queues.{name}]).")
+        if fifo:  # the job's dedup id (and queue-wide claim) name this queue, not an earlier one of its name
+            dedup = incarnation_dedup_id(rec, str(dedup))
         out: dict[str, Any] = {"job": {"body": job_body, "key": group if fifo else None, "delay": delay,
                                        "dedup_id": dedup},
                                "MD5OfMessageBody": m.md5_of_utf8(data)}
@@ -594,6 +600,24 @@ class MessageActions:
             else:
                 raise outcome
         return {"Successful": successful, "Failed": failed}
+
+
+def incarnation_dedup_id(rec: dict[str, Any], dedup: str) -> str:
+    """The shardq dedup id of a FIFO send's dedup id (given, or content-based) to the queue of
+    catalog record ``rec``: scoped to the queue's incarnation (:meth:`.catalog.Catalog.get`),
+    so a queue deleted and created again under its name shares no dedup id with the one
+    before (shardq keeps a queue's dedup ids for its ``dedup_window`` after a purge, and the
+    queue-wide claims are memos keyed by it). ``<incarnation>:<id>``, or, past shardq's 128
+    bytes, ``<incarnation>#<the id's SHA-256>`` (the two never meet). A record made before
+    incarnations (an upgrade) has none: the id as given, so its open dedup windows hold. The
+    MessageDeduplicationId a receive gives back is the envelope's, as sent."""
+    incarnation = rec.get("incarnation")
+    if not incarnation:
+        return dedup
+    scoped = f"{incarnation}:{dedup}"
+    if len(scoped.encode("utf-8")) <= limits.DEDUP_ID_BYTES_MAX:
+        return scoped
+    return f"{incarnation}#{hashlib.sha256(dedup.encode('utf-8')).hexdigest()}"
 
 
 async def delete_held(q: Any, lease: Lease) -> None:

@@ -9,22 +9,29 @@ the message, so a crash between the two cannot make two. A task's record is
 kept in the catalog, shared by every process of the SQS API: a task runs in the process
 that started it, which holds a lock for as long as it lives (:class:`.catalog.Owner`), and
 looks at its record between rounds, so a CancelMessageMoveTask answered by another process
-stops it. A task whose process is gone (stopped, killed) is listed FAILED."""
+stops it. A task whose process is gone (stopped, killed) is listed FAILED. A task that fails
+(a message with no queue to go back to, an enqueue refused) hands back, as not delivered,
+every message of its round it has not moved: they stay visible, their receive count as it
+was, as AWS leaves the messages a task did not move."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from typing import Any
 
 from .. import limits
 from ..errors import ShardqError
+from ..types import Lease
 from . import attributes as qattr
 from .catalog import Owner, alive
 from . import message as m
 from . import params as p
 from .faults import fault, invalid
 from .messages import delete_held
+
+log = logging.getLogger("shardq.sqs_api")
 
 ROUND = 10
 RATE_MAX = 500
@@ -92,20 +99,18 @@ class MoveTasks:
                 leases = await q.dequeue_many(source, max_jobs=min(ROUND, rate or ROUND), wait=0.0, visibility=60.0)
                 if not leases:
                     break
-                for lease in leases:
-                    data, head = m.unwrap(lease.body)
-                    target = dest_arn or head.get("q")
-                    parsed = qattr.parse_arn(target)
-                    if parsed is None or self.api.catalog.get(parsed[2]) is None:
-                        await q.nack(lease, 0.0, delivered=False)
-                        raise invalid(f"message {lease.job_id} has no source queue to go back to")
-                    rest = {k: v for k, v in head.items() if k != "q"}
-                    body = m.rewrap(data, rest) if rest else data
-                    # a FIFO message keeps its group (the key), so its group's order holds
-                    await q.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
-                                   dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
-                    await delete_held(q, lease)
-                    moved += 1
+                done = 0  # the leases of the round moved so far
+                try:
+                    for lease in leases:
+                        await self._move(lease, dest_arn)
+                        done += 1
+                        moved += 1
+                except BaseException:
+                    # what the round has not moved stays as it was: visible, no receive counted
+                    # (handed back as not delivered, at once; a message enqueued at its destination
+                    # but not deleted here yet too: a later task moves it under the same dedup id)
+                    await self.api._release(leases[done:])
+                    raise
                 await self._update(handle, ApproximateNumberOfMessagesMoved=moved)
                 if rate:
                     pause = max(0.0, len(leases) / rate - (self.api.clock.monotonic() - began))
@@ -117,10 +122,28 @@ class MoveTasks:
                 status = "CANCELLED"
         except ShardqError as e:
             status, reason = "FAILED", str(e)[:200]
+        except Exception as e:  # a task that cannot go on ends FAILED, never RUNNING for ever
+            log.exception("event=sqs-api-move-task-failed task=%s", handle)
+            status, reason = "FAILED", f"internal error: {type(e).__name__}"
         fields: dict[str, Any] = {"Status": status, "ApproximateNumberOfMessagesMoved": moved}
         if reason:
             fields["FailureReason"] = reason
         await self._update(handle, **fields)
+
+    async def _move(self, lease: Lease, dest_arn: str | None) -> None:
+        """Enqueue the message of ``lease`` at its destination, then delete it here."""
+        q = self.api.q
+        data, head = m.unwrap(lease.body)
+        target = dest_arn or head.get("q")
+        parsed = qattr.parse_arn(target)
+        if parsed is None or self.api.catalog.get(parsed[2]) is None:
+            raise invalid(f"message {lease.job_id} has no source queue to go back to")
+        rest = {k: v for k, v in head.items() if k != "q"}
+        body = m.rewrap(data, rest) if rest else data
+        # a FIFO message keeps its group (the key), so its group's order holds
+        await q.enqueue(body, key=lease.key if parsed[2].endswith(".fifo") else None, queue=parsed[2],
+                        dedup_id=f"shardq-move:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
+        await delete_held(q, lease)
 
     def _stopped(self, handle: str, stop: asyncio.Event) -> bool:
         """Cancelled here, or by another process (the record says CANCELLING)."""

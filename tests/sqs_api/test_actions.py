@@ -475,6 +475,52 @@ def test_redrive_moves_a_message_past_max_receive_count_and_a_move_task_brings_i
     assert back["Body"] == "poison" and back["MessageAttributes"]["k"]["StringValue"] == "kept"
 
 
+
+def test_a_move_task_that_fails_leaves_every_message_it_did_not_move_visible_and_unreceived(sqs):
+    dlq = sqs.create_queue(QueueName="dead-nowhere")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sqs.create_queue(QueueName="src-nowhere", Attributes={
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 1})})
+    # sent to the dead-letter queue itself: no source queue to go back to, so the task fails
+    sqs.send_message_batch(QueueUrl=dlq, Entries=[{"Id": f"e{i}", "MessageBody": f"m{i}"} for i in range(10)])
+    sqs.start_message_move_task(SourceArn=arn)
+    wait_until(lambda: sqs.list_message_move_tasks(SourceArn=arn)["Results"][0]["Status"] != "RUNNING", 20, 0.05,
+               "the move task")
+    (t,) = sqs.list_message_move_tasks(SourceArn=arn)["Results"]
+    assert t["Status"] == "FAILED" and "no source queue" in t["FailureReason"]
+    assert t["ApproximateNumberOfMessagesMoved"] == 0
+    assert _counts(sqs, dlq) == [10, 0, 0]  # none left hidden for the task's 60 s lease
+    got = sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10, AttributeNames=["ApproximateReceiveCount"])
+    assert sorted(m["Body"] for m in got["Messages"]) == [f"m{i}" for i in range(10)]
+    assert {m["Attributes"]["ApproximateReceiveCount"] for m in got["Messages"]} == {"1"}  # no receive counted
+
+
+def test_a_fifo_send_takes_delay_seconds_0_and_the_queues_delay_applies(sqs):
+    now = sqs.create_queue(QueueName="d0.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    later = sqs.create_queue(QueueName="d900.fifo", Attributes={"FifoQueue": "true", "DelaySeconds": "900"})[
+        "QueueUrl"]
+    for q in (now, later):
+        sqs.send_message(QueueUrl=q, MessageBody="one", MessageGroupId="g1", MessageDeduplicationId="1",
+                         DelaySeconds=0)
+        out = sqs.send_message_batch(QueueUrl=q, Entries=[
+            {"Id": "zero", "MessageBody": "two", "MessageGroupId": "g2", "MessageDeduplicationId": "2",
+             "DelaySeconds": 0},
+            {"Id": "none", "MessageBody": "three", "MessageGroupId": "g3", "MessageDeduplicationId": "3"},
+            {"Id": "one", "MessageBody": "four", "MessageGroupId": "g4", "MessageDeduplicationId": "4",
+             "DelaySeconds": 1}])
+        assert sorted(e["Id"] for e in out["Successful"]) == ["none", "zero"]
+        assert [(f["Id"], f["Code"]) for f in out["Failed"]] == [("one", "InvalidParameterValue")]
+    assert _counts(sqs, now) == [3, 0, 0]
+    assert _counts(sqs, later) == [0, 0, 3]  # the queue's 900 s, per-message 0 or not
+    got = sqs.receive_message(QueueUrl=now, MaxNumberOfMessages=10)["Messages"]
+    assert sorted(m["Body"] for m in got) == ["one", "three", "two"]
+    assert "Messages" not in sqs.receive_message(QueueUrl=later, MaxNumberOfMessages=10)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        sqs.send_message(QueueUrl=now, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="5",
+                         DelaySeconds=1)
+    assert code(e.value) == "InvalidParameterValue"
+
+
 # ---------------------------------------------------------------------------- one engine, two faces
 def test_an_arn_of_another_region_or_account_names_no_queue_here(sqs):
     dlq = sqs.create_queue(QueueName="here-dlq")["QueueUrl"]

@@ -236,3 +236,99 @@ def test_a_receive_that_fails_half_way_hands_every_lease_back(api):
     api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10}, HOST)  # moves them now
     moved = api.call("ReceiveMessage", {"QueueUrl": dlq, "MaxNumberOfMessages": 10}, HOST)["Messages"]
     assert sorted(m["Body"] for m in moved) == ["0", "1", "2"]
+
+
+def drain(api, q) -> list[dict]:
+    """Receive and delete every message of FIFO ``q`` (one per group in flight at a time)."""
+    out: list[dict] = []
+    while True:
+        got = api.call("ReceiveMessage", {"QueueUrl": q, "MaxNumberOfMessages": 10, "AttributeNames": ["All"]},
+                       HOST).get("Messages", [])
+        if not got:
+            return out
+        for m in got:
+            api.call("DeleteMessage", {"QueueUrl": q, "ReceiptHandle": m["ReceiptHandle"]}, HOST)
+        out += got
+
+
+@pytest.mark.parametrize("attrs", [{}, {"ContentBasedDeduplication": "true"},
+                                   {"DeduplicationScope": "messageGroup"}], ids=["queue", "content", "group"])
+def test_a_fifo_queue_created_again_after_delete_remembers_no_dedup_id_of_the_one_before(api, attrs):
+    """AWS: a queue created after DeleteQueue (and its 60 s) is a new queue, with no dedup
+    history; within one incarnation a duplicate still answers the first send."""
+    name = f"again-{len(attrs)}-{attrs.get('DeduplicationScope', 'q')}.fifo"
+    content = bool(attrs.get("ContentBasedDeduplication"))
+
+    def sends(q, groups):
+        out = {}
+        for body, dedup, group in (("one", "id-1", groups[0]), ("two", "id-2", groups[1]),
+                                   ("long", "x" * 128, groups[0])):  # 128: scoped, it is hashed
+            params = {"QueueUrl": q, "MessageBody": body, "MessageGroupId": group}
+            if not content:
+                params["MessageDeduplicationId"] = dedup
+            out[body] = api.call("SendMessage", params, HOST)["MessageId"]
+        return out
+
+    q = url(api, name, FifoQueue="true", **attrs)
+    old = sends(q, ("G", "H"))
+    api.call("DeleteQueue", {"QueueUrl": q}, HOST)
+    api.clock.advance(61)
+    q = url(api, name, FifoQueue="true", **attrs)
+    new = sends(q, ("G", "K"))  # "two" in another group: the queue-wide claim of the old queue is not its
+    assert all(new[b] != old[b] for b in new), (old, new)
+    again = sends(q, ("G", "L"))  # the same incarnation: duplicates, answered with the first sends
+    if attrs.get("DeduplicationScope") == "messageGroup":
+        again.pop("two")  # another group: not a duplicate in this scope
+    assert all(again[b] == new[b] for b in again), (new, again)
+    got = drain(api, q)
+    expected = ["long", "one", "two", "two"] if attrs.get("DeduplicationScope") == "messageGroup" else [
+        "long", "one", "two"]
+    assert sorted(m["Body"] for m in got) == expected
+    assert {m["MessageId"] for m in got} >= set(new.values())
+    if not content:  # given back as sent, not as shardq keeps it
+        assert {m["Body"]: m["Attributes"]["MessageDeduplicationId"] for m in got if m["Body"] != "two"} == {
+            "one": "id-1", "long": "x" * 128}
+
+
+class FullAfter:
+    """The API's client, whose enqueues to ``queue`` are refused (QueueFull) after the
+    first ``n``."""
+
+    def __init__(self, real, queue, n):
+        self.real, self.queue, self.left = real, queue, n
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    async def enqueue(self, *args, **kwargs):
+        if kwargs.get("queue") == self.queue:
+            if self.left <= 0:
+                raise shardq.QueueFull("the destination is full")
+            self.left -= 1
+        return await self.real.enqueue(*args, **kwargs)
+
+
+def test_a_move_task_whose_enqueue_fails_mid_round_leaves_the_rest_of_its_round_visible(api):
+    src, dlq = redriven(api, "full-src", "full-dlq")
+    for i in range(10):
+        api.call("SendMessage", {"QueueUrl": src, "MessageBody": f"m{i}"}, HOST)
+    for _ in range(2):  # each receive of ten: the second moves them to the dead-letter queue
+        got = api.call("ReceiveMessage", {"QueueUrl": src, "MaxNumberOfMessages": 10}, HOST).get("Messages", [])
+        none_in_flight(api, src)
+    assert not got
+    arn = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["QueueArn"]}, HOST)["Attributes"][
+        "QueueArn"]
+    api.sqs.q = full = FullAfter(api.sqs.q, "full-src", 3)
+    api.call("StartMessageMoveTask", {"SourceArn": arn}, HOST)
+
+    def ended():
+        (task,) = api.call("ListMessageMoveTasks", {"SourceArn": arn}, HOST)["Results"]
+        return task if task["Status"] != "RUNNING" else None
+    task = wait_until(ended, 10, what="the move task")
+    assert task["Status"] == "FAILED" and task["ApproximateNumberOfMessagesMoved"] == 3
+    api.sqs.q = full.real
+    counts = api.call("GetQueueAttributes", {"QueueUrl": dlq, "AttributeNames": ["All"]}, HOST)["Attributes"]
+    assert (counts["ApproximateNumberOfMessages"], counts["ApproximateNumberOfMessagesNotVisible"]) == ("7", "0")
+    left = api.call("ReceiveMessage", {"QueueUrl": dlq, "MaxNumberOfMessages": 10,
+                                       "AttributeNames": ["ApproximateReceiveCount"]}, HOST)["Messages"]
+    assert len(left) == 7 and {m["Attributes"]["ApproximateReceiveCount"] for m in left} == {"1"}

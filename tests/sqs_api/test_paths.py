@@ -80,7 +80,9 @@ def test_a_lone_send_is_the_clients_enqueue_and_a_batch_one_enqueue_many(tmp_pat
         spy.calls.clear()
         await sqs.send_message({"QueueUrl": f"http://{HOST}/000000000000/grouped.fifo", "MessageBody": "hi",
                                 "MessageGroupId": "g", "MessageDeduplicationId": "d1"}, HOST)
-        assert spy.calls == [("enqueue", "grouped.fifo", "g", 0, "d1")]  # the group is the key, the id the dedup id
+        # the group is the key, the id (scoped to this queue's incarnation) the dedup id
+        scoped = f"{sqs.catalog.get('grouped.fifo')['incarnation']}:d1"
+        assert spy.calls == [("enqueue", "grouped.fifo", "g", 0, scoped)]
         spy.calls.clear()
         out = await sqs.send_message_batch({"QueueUrl": f"http://{HOST}/000000000000/plain", "Entries": [
             {"Id": "a", "MessageBody": "x"}, {"Id": "b", "MessageBody": "y"}]}, HOST)

@@ -295,3 +295,30 @@ def test_a_listener_process_tunes_its_collector():
             gc.enable()
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_fifo_dedup_id_is_scoped_to_its_queues_incarnation_within_shardqs_128_bytes():
+    from shardq import limits
+    from shardq.sqs_api.messages import incarnation_dedup_id
+    old, new = {"incarnation": "a" * 12}, {"incarnation": "b" * 12}
+    assert incarnation_dedup_id(old, "id-1") == "aaaaaaaaaaaa:id-1"
+    assert incarnation_dedup_id(old, "id-1") != incarnation_dedup_id(new, "id-1")
+    longest = incarnation_dedup_id(old, "x" * 128)  # SQS's longest id: hashed, still its own
+    assert len(longest.encode()) <= limits.DEDUP_ID_BYTES_MAX and longest.startswith("aaaaaaaaaaaa#")
+    assert longest != incarnation_dedup_id(old, "x" * 127 + "y") != incarnation_dedup_id(new, "x" * 128)
+    # a queue made before incarnations (an upgrade): the id as given, so its open dedup windows hold
+    assert incarnation_dedup_id({"created": 1}, "id-1") == "id-1"
+
+
+def test_a_queue_created_again_is_another_incarnation(tmp_path):
+    from shardq.clock import FakeClock
+    clock = FakeClock()
+    catalog = Catalog(str(tmp_path), clock)
+    catalog.create("q.fifo", attributes.defaults(True), {}, {})
+    first = catalog.get("q.fifo")["incarnation"]
+    assert not catalog.create("q.fifo", attributes.defaults(True), {}, {})  # it exists: the same one
+    assert catalog.get("q.fifo")["incarnation"] == first
+    catalog.delete("q.fifo")
+    clock.advance(61)
+    catalog.create("q.fifo", attributes.defaults(True), {}, {})
+    assert catalog.get("q.fifo")["incarnation"] not in (None, first)
