@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from .. import limits
 from ..errors import (AuthError, InvalidJob, JobGone, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable,
-                      TooManyConnections)
+                      TooManyConnections, UnknownQueue)
 from ..protocol import validate, wire
 from ..protocol.sockio import HANDSHAKE_TIMEOUT_S
 from ..types import Lease
@@ -325,6 +325,11 @@ class LeaseRound:
         self.down: list[ShardUnavailable] = []
         self.down_shards: list[int] = []  # the shards of :attr:`down`
         self.unknown: list[OutcomeUnknown] = []
+        # the shards that hold no such queue (undeclared, its jobs on other shards); raised
+        # when every shard asked said so
+        self.absent: list[int] = []
+        self._absent_error: UnknownQueue | None = None
+        self._heard = False  # a shard answered otherwise (a reply, down, an unknown outcome)
         self.leases: list[Lease] = []
         self.taken: list[Lease] = []  # leased in this round and not yet returned or released
         self._flagged = False         # the last step's leases say the queue uses priorities
@@ -347,6 +352,8 @@ class LeaseRound:
         try:
             return self._steps.send(results)  # type: ignore[arg-type]  # None: the first send starts it
         except StopIteration as stop:
+            if self._absent_error is not None and not self._heard:
+                raise self._absent_error from None  # no shard holds it: a name the service does not know
             self.leases, self.taken = stop.value, []  # handed to the caller
             return []
 
@@ -359,16 +366,23 @@ class LeaseRound:
         self._flagged = False
         for i, r in enumerate(results):
             if type(r) is list:  # a reply (the usual case): the checks below are for errors
+                self._heard = True
                 if i < dequeues:
                     self._flagged = self._flagged or bool(r and r[0][wire.USES_PRIORITIES])
                     r = leases_of(self.queue, r)
                     self.taken.extend([lease for _, lease in r])
             elif isinstance(r, OutcomeUnknown):
                 self.unknown.append(r)  # never re-sent: a lease it may have made expires unheld
+                self._heard = True
                 r = None
             elif isinstance(r, ShardUnavailable):
                 self.down.append(r)
                 self.down_shards.append(calls[i].shard)
+                self._heard = True
+                r = None
+            elif type(r) is UnknownQueue:
+                self.absent.append(calls[i].shard)
+                self._absent_error = r
                 r = None
             elif isinstance(r, BaseException):
                 error = error or r

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..errors import Closed, ShardUnavailable, TooManyConnections
+from ..errors import Closed, ShardUnavailable, TooManyConnections, UnknownQueue
 from .channel import closed_after_write
 from .core import UNSENT, Call, ConnectionLost, after_break, no_answer
 from .routing import leases_of
@@ -183,12 +183,27 @@ def call(shard: int, op: str, args: list[Any], retry_s: float | None = None) -> 
     return value
 
 
-def call_all(calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None) -> Op[list[Any]]:
+_RAISE: Any = object()
+
+
+def call_all(calls: Sequence[tuple[int, str, list[Any]]], retry_s: float | None = None, *,
+             absent: Any = _RAISE) -> Op[list[Any]]:
     """Several requests at once; their values in order (the first error is raised).
-    ``retry_s``: how long a shard that is down is tried (None: the client's ``retry_s``)."""
+    ``retry_s``: how long a shard that is down is tried (None: the client's ``retry_s``).
+    ``absent``: the value of a shard that answered UnknownQueue while another answered,
+    the calls being about one queue: a queue the config no longer declares (``declare_queues``)
+    is held by the shards that still hold its jobs only; UnknownQueue when every shard said so."""
     if not calls:
         return []
-    return [value for value, _ in (yield Send(calls, retry_s))]
+    if absent is _RAISE:
+        return [value for value, _ in (yield Send(calls, retry_s))]
+    got = yield Send(calls, retry_s, errors=True)
+    for r in got:
+        if isinstance(r, BaseException) and not isinstance(r, UnknownQueue):
+            raise r
+    if all(isinstance(r, UnknownQueue) for r in got):
+        raise got[0]
+    return [absent if isinstance(r, UnknownQueue) else r[0] for r in got]
 
 
 def wait_any(c: Calls, calls: list[Call], limit_s: float, short_s: float,

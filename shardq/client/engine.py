@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .. import limits
-from ..errors import Closed, InvalidJob, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable
+from ..errors import Closed, InvalidJob, OutcomeUnknown, ProtocolError, ShardqError, ShardUnavailable, UnknownQueue
 from ..datadir import DataDir
 from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
@@ -102,6 +102,7 @@ class Calls:
     _noted: set[str]        # queues every shard was told use priorities (note_priorities)
     _idle: set[str]         # queues whose last dequeue of this client got nothing
     _down_until: dict[int, float]  # shard -> until when lease rounds leave it out (found down; _now's clock)
+    _absent: dict[str, list[int]]  # queue -> the shards whose last round said they hold no such queue
     _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
 
     def _init_calls(self, dd: DataDir, retry_s: float, request_timeout_s: float) -> None:
@@ -115,6 +116,7 @@ class Calls:
         self._queue_cfg, self._owners = {}, {}
         self._prioritized, self._noted, self._idle = set(), set(), set()
         self._down_until = {}
+        self._absent = {}
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
@@ -277,7 +279,7 @@ class Calls:
     def dead_letters(self, queue: str = "default", limit: int = 1000) -> Op[list[DeadLetter]]:
         """Dead letters of ``queue`` with their errors, at most ``limit``."""
         queue = queue_name(queue)  # not hashed by the shard as it is: a list was a ProtocolError
-        rows = yield from call_all([Call(s, "dead_letters", [queue, limit]) for s in range(self.shards)])
+        rows = yield from call_all([Call(s, "dead_letters", [queue, limit]) for s in range(self.shards)], absent=[])
         return [d for got in rows for d in dead_letters_of(queue, got)][:limit]
 
     @operation
@@ -285,13 +287,13 @@ class Calls:
         """Move dead letters back into the queue with a fresh delivery count: all, or only
         ``job_ids`` (checked first: ``InvalidJob`` for anything but integer ids of this
         service's shards, and nothing is sent). Returns how many."""
-        return sum((yield from call_all(redrive_calls(self.shards, queue, job_ids))))
+        return sum((yield from call_all(redrive_calls(self.shards, queue, job_ids), absent=0)))
 
     @operation
     def purge_dead_letters(self, queue: str = "default", job_ids: list[JobId] | None = None) -> Op[int]:
         """Delete dead letters of ``queue``: all, or only ``job_ids`` (ids that are not, or
         no longer, its dead letters are skipped: repeating it is harmless). Returns how many."""
-        return sum((yield from call_all(purge_calls(self.shards, queue, job_ids))))
+        return sum((yield from call_all(purge_calls(self.shards, queue, job_ids), absent=0)))
 
     @operation
     def purge(self, queue: str) -> Op[int]:
@@ -302,7 +304,7 @@ class Calls:
         again finishes the job (it may then also delete jobs enqueued since)."""
         if type(queue) is not str:
             raise InvalidJob(f"queue must be a string, got {type(queue).__name__}")
-        return sum((yield from call_all([Call(s, "purge_queue", [queue]) for s in range(self.shards)])))
+        return sum((yield from call_all([Call(s, "purge_queue", [queue]) for s in range(self.shards)], absent=0)))
 
     @operation
     def queue_config(self, queue: str = "default") -> Op[dict[str, Any]]:
@@ -388,10 +390,14 @@ class Calls:
         items: list[DeadLetter] = []
         skipped: list[int] = []
         retry_s = min(self.retry_s, DOWN_PROBE_S) if skip_unavailable else None
+        unknown: list[UnknownQueue] = []  # the shards that hold no such queue (see call_all's absent)
         while shard < self.shards and len(items) < limit:
             want = limit - len(items)
             try:
                 rows = yield from call(shard, "dead_page", [queue, after, want], retry_s)
+            except UnknownQueue as e:
+                unknown.append(e)
+                rows = []
             except ShardUnavailable:
                 if not skip_unavailable:
                     raise
@@ -402,6 +408,8 @@ class Calls:
                 shard, after = shard + 1, None
             else:
                 after = rows[-1][0]
+        if unknown and len(unknown) == self.shards:
+            raise unknown[0]
         next_cursor = None if shard >= self.shards else f"{shard}:{'' if after is None else after}"
         return DeadLetterPage(items, next_cursor, skipped)
 
@@ -709,6 +717,10 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
             until = c._now() + DOWN_RECHECK_S
             for shard in rnd.down_shards:
                 down[shard] = until
+        if rnd.absent:  # a queue no longer declared, held by other shards: no wait is left here
+            c._absent[queue] = rnd.absent
+        elif c._absent:
+            c._absent.pop(queue, None)
     return rnd.leases, rnd.down, rnd.unknown
 
 
@@ -724,6 +736,8 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     shard that restarted waited at the other shard only, and got nothing, for ever.)"""
     owner = c._owners.get(queue)
     asked = range(c.shards) if owner is None else [owner]
+    if c._absent and queue in c._absent:
+        asked = [s for s in asked if s not in c._absent[queue]]
     calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]
     got = yield from wait_any(c, calls, timeout + WAIT_REPLY_MARGIN_S, min(timeout, DOWN_RECHECK_S))
     if got is None:
@@ -735,6 +749,8 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     if release:
         c._release(release)
     if error is not None:
+        if type(error) is UnknownQueue:
+            return None  # undeclared meanwhile: the next lease round tells which shards still hold it
         raise error
     if not keep and UNSENT in got:  # (identity first: no value equals it)
         return None

@@ -856,6 +856,39 @@ def _keys_on_each_shard(shards: int) -> list[str]:
     return [by_shard[s] for s in range(shards)]
 
 
+def test_a_queue_no_longer_declared_is_served_where_its_jobs_are_and_unknown_names_stay_refused(connect):
+    """With ``declare_queues``, a queue taken out of the config whose jobs sit on one shard
+    only: the other shard answers UnknownQueue. Dequeues, dead letters and purges raised it
+    (a purge after the holding shard had deleted its jobs: 'nothing happened', and the
+    jobs were gone). A shard that holds no such queue now counts as empty while another
+    holds it; a name no shard holds is still UnknownQueue."""
+    cfg = {"service": {"declare_queues": True}, "queues": {"default": {}, "emails": {}}}
+    with Service(shards=2, config=cfg) as svc:
+        data_dir = svc.data_dir
+        keys = [k for k in (f"k{i}" for i in range(40)) if shardq.client.routing.shard_for_key(k, 2) == 1][:4]
+        with shardq.connect(data_dir) as q:
+            ids = [q.enqueue(b"mail %d" % i, key=k, queue="emails") for i, k in enumerate(keys)]
+        svc.stop()
+        svc.config["queues"].pop("emails")
+        svc.start()
+        q = connect(data_dir)
+        lease = q.dequeue("emails")
+        assert lease is not None and lease.job_id in ids
+        q.ack(lease)
+        held = q.dequeue_many("emails", max_jobs=1, wait=0.2)
+        held += q.dequeue_many("emails", max_jobs=10, wait=0.3)
+        assert sorted(lease.job_id for lease in held) == sorted(set(ids) - {lease.job_id})
+        assert q.dead_letters("emails") == [] and q.dead_letters_page("emails").items == []
+        assert q.purge_dead_letters("emails") == 0 and q.redrive("emails") == 0
+        assert q.purge("emails") == 3  # the leases held too
+        assert q.dequeue_many("emails", max_jobs=10, wait=0.3) == []  # empty now, and no error
+        for call in (lambda: q.dequeue("emials"), lambda: q.dequeue_many("emials", wait=0.2),
+                     lambda: q.purge("emials"), lambda: q.dead_letters("emials"),
+                     lambda: q.dead_letters_page("emials")):
+            with pytest.raises(shardq.UnknownQueue):
+                call()
+
+
 def test_a_batch_with_a_body_over_its_queues_limit_is_refused_before_any_shard_takes_it(service, connect,
                                                                                         request):
     """A batch over both shards whose second shard's part holds a body over the queue's
