@@ -234,6 +234,7 @@ class ShardConn:
         raw = getattr(transport, "_sock", None)  # (the selector transport's socket: no public close off its loop)
         if raw is not None:
             raw.close()
+            transport._sock = None  # type: ignore[attr-defined]  # closed: else its __del__ warns it was not
 
     def close(self) -> None:
         for handle in (self._flush_handle, self._timer, self._reconnecting):

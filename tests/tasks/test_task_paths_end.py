@@ -7,8 +7,10 @@ needed; nothing sleeps to synchronise."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
+import warnings
 
 import msgpack
 import pytest
@@ -412,8 +414,13 @@ def test_send_async_from_a_new_loop_each_call_holds_no_connection_of_the_loops_g
         fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
         asyncio.run(per_loop.send_async(0))
         before, fds_before = clients(), fds()
-        for n in range(1, 41):
-            asyncio.run(per_loop.send_async(n))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for n in range(1, 41):
+                asyncio.run(per_loop.send_async(n))
+            gc.collect()
+        # the ended loops' connections are closed, and said so: no 'unclosed transport' (2 a call)
+        assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
         assert len(app._aio) == 1  # the last loop's, until the next call or close()
         assert clients() <= before + 2, (before, clients())  # (was: 2 more a call, 80 here)
         assert fds() <= fds_before + 4, (fds_before, fds())
