@@ -134,14 +134,18 @@ class _Forever(AsyncTask):
             raise
 
 
-def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_period_ends():
+@pytest.mark.parametrize("how", ["stopped, grace over", "run_async cancelled"])
+def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_period_ends(how):
     """Runner-specific: only an asyncio task can be cancelled. At the grace period's end
     every runner releases the jobs still running (test_worker_drivers.py,
     test_after_the_grace_period_...): a thread runs on with its commit refused, a pool
     process is killed; the asyncio runner cancels their tasks before ``run_async`` returns,
     so on the caller's loop (not asyncio.run, which cancels what is left anyway) nothing
     runs on. Before 00eae35 it looked for them among the jobs the core still held, which
-    the release had just emptied: none was cancelled."""
+    the release had just emptied: none was cancelled. ``run_async`` cancelled from outside
+    (a TaskGroup, anyio, a lifespan's end) is such a stop: before, it ended at once, its
+    runner tasks ran on with the client gone and their leases were held until the
+    visibility timeout, then the jobs were delivered again (the work done twice)."""
     clock = FakeClock()
     q = BuryingQueue(clock, visibility_timeout=30.0)
     job_id = q.enqueue(b"forever")
@@ -153,44 +157,20 @@ def test_asyncio_runner_cancels_the_async_jobs_still_running_when_the_grace_peri
                         idle_wait_s=0.01, prune_every_s=None)
         run = asyncio.create_task(w.run_async())
         await asyncio.wait_for(task.started.wait(), 10)
-        w.stop()
-        clock.advance(11.0)  # past the grace period, not past the lease
-        stats = await asyncio.wait_for(run, 10)
-        assert task.cancelled, "run_async returned with the job still running"
-        return stats
-
-    stats = asyncio.run(main())
-    assert stats.abandoned == 1 and stats.succeeded == 0
-    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY
-    assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
-
-
-def test_cancelling_run_async_releases_the_leases_of_its_jobs_at_once():
-    """``run_async``'s task cancelled from outside (a TaskGroup, anyio, a lifespan's end),
-    not stopped: before, it ended at once, its runner tasks ran on with the client gone and
-    their leases were held until the visibility timeout, then the jobs were delivered again
-    (the work done twice). Now it is a stop whose grace period is over: the running jobs
-    are cancelled and released (ABANDONED), their transactions rolled back."""
-    clock = FakeClock()
-    q = BuryingQueue(clock, visibility_timeout=30.0)
-    job_id = q.enqueue(b"forever")
-    store = MemoryStore(clock=clock)
-    task = _Forever()
-
-    async def main():
-        w = AsyncWorker(AsyncFacade(q), task, concurrency=1, grace_s=10.0, idempotency=store, clock=clock,
-                        idle_wait_s=0.01, prune_every_s=None)
-        run = asyncio.create_task(w.run_async())
-        await asyncio.wait_for(task.started.wait(), 10)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        if how == "run_async cancelled":
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(run, 10)
+        else:
+            w.stop()
+            clock.advance(11.0)  # past the grace period, not past the lease
             await asyncio.wait_for(run, 10)
-        assert task.cancelled, "run_async ended with the job still running"
+        assert task.cancelled, "run_async returned with the job still running"
         return w.stats
 
     stats = asyncio.run(main())
     assert stats.abandoned == 1 and stats.succeeded == 0
-    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY  # not in 30 s: now
+    assert q.ops("nack") == [("nack", job_id, 0.0, None)] and q.state(job_id) == READY  # now, not in 30 s
     assert store.data == {} and not store.seen(job_id)  # its transaction rolled back
 
 
