@@ -144,6 +144,62 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def job_id(text: str) -> int | str:
+    """argparse type of every job id argument (``job``, ``ack``, ``nack``, ``dead-letters
+    --id``): ASCII digits are a local shards' job id, checked as the router does (``not a
+    job id: '...'``, or the range past 2**63 - 1: the same error from each command); other
+    text is kept for a backend whose ids are text (an SQS message id), and
+    :func:`check_local_ids` refuses it on the local shards the same way. Named ``job id``
+    (argparse shows a type's ``__name__`` when it fails)."""
+    from ..client.routing import job_id_from_text
+    from ..errors import InvalidJob
+    if not (text.isascii() and text.isdigit()):
+        return text
+    try:
+        return job_id_from_text(text)
+    except InvalidJob as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+job_id.__name__ = "job id"
+
+
+def lease_token(text: str) -> int | str:
+    """argparse type of a lease's token (``ack``, ``nack``): as :func:`job_id`, a number on
+    the local shards (below 2**63), text on a backend whose tokens are text."""
+    if not (text.isascii() and text.isdigit()):
+        return text
+    if len(text) > 19:
+        raise argparse.ArgumentTypeError(not_a("lease token", text))
+    if int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"token must be an integer in [0, 2**63 - 1], got {text}")
+    return int(text)
+
+
+lease_token.__name__ = "lease token"
+
+
+def not_a(what: str, text: str) -> str:
+    """The one text of a job id or token that is not one: ``not a job id: '...'``."""
+    return f"not a {what}: {text!r:.40}"
+
+
+def check_local_ids(args: argparse.Namespace, command: str, **named: object) -> None:
+    """On the local shards (not another backend's URL) every job id and token is a number:
+    UsageError with the text and form of a bad command line's (``argument job_id: not a job
+    id: 'abc' (see shardq ack --help)``), before anything is sent. ``named``: argument name
+    -> value (a list for a repeated flag); a job id unless the name says token."""
+    from ..backends import for_target
+    from ..errors import UsageError
+    if for_target(target(args)) is not None:
+        return
+    for name, value in named.items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str):
+                what = "lease token" if name == "token" else "job id"
+                raise UsageError(f"argument {name}: {not_a(what, v)} (see shardq {command} --help)")
+
+
 def body_fields(body: bytes, raw: bool = False, limit_bytes: int | None = None) -> dict[str, Any]:
     """A job body as the JSON field that fits it, one of three:
 
@@ -177,6 +233,20 @@ def add_raw_flag(p: argparse.ArgumentParser) -> None:
                         "body decoded as task, UTF-8 text as body, anything else as body_base64)")
 
 
+def shown(text: object, *, backslash: bool = True) -> str:
+    """``text`` as a terminal may print it: a name, key or body of the service's (a queue
+    name may hold any character) with each character that is not printable (control
+    characters: ESC, BEL, a newline that would fake a row; other non-printables) escaped as
+    ``repr`` writes it (``\\x1b``, ``\\n``, ``\\u2028``), and (``backslash``) a backslash
+    doubled, so that an escape reads as one; printable text, non-ASCII letters included, as
+    it is. For every table and line the commands print (JSON output escapes them itself);
+    an error's message, whose values are mostly ``repr``'s already, keeps its backslashes."""
+    text = str(text)
+    if text.isprintable() and not (backslash and "\\" in text):
+        return text
+    return "".join(c if c.isprintable() and not (backslash and c == "\\") else repr(c)[1:-1] for c in text)
+
+
 def print_json(obj: object) -> None:
     print(json.dumps(obj, default=str), file=sys.stdout)
 
@@ -208,8 +278,8 @@ def run_guarded(fn: Callable[[], int]) -> int:
     """Run a command body; turn an error into one ``error:`` line and its exit code."""
     try:
         return fn()
-    except ShardqError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+    except ShardqError as e:  # a message may name the service's queues: escaped, one line
+        print(f"error: {type(e).__name__}: {shown(e, backslash=False)}", file=sys.stderr)
         return exits.for_error(e)
     except BrokenPipeError:
         # The reader went away (`shardq stats | head`): what it wanted was delivered.
@@ -217,7 +287,7 @@ def run_guarded(fn: Callable[[], int]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return exits.OK
     except OSError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"error: {type(e).__name__}: {shown(e, backslash=False)}", file=sys.stderr)
         return exits.FAILURE
     except KeyboardInterrupt:
         return 130

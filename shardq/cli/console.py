@@ -3,7 +3,14 @@
 token from where that file says serve took it (``token_from``): the config's ``[http]
 token``, ``SHARDQ_HTTP_TOKEN`` in serve's environment, or ``<data dir>/http-token``, which
 serve made. A token this command cannot know (serve's environment is not this shell's) is
-a UsageError saying where to get it, never a URL with another token that fails to log in."""
+a UsageError saying where to get it, never a URL with another token that fails to log in.
+
+Before it prints the URL it asks the running console once whether the token is serve's
+(``GET /api/session`` with it as the bearer token, :data:`CHECK_TIMEOUT_S`): refused (401,
+403; e.g. this shell's ``SHARDQ_HTTP_TOKEN`` is not serve's) is a UsageError, exit 2, naming
+where the token came from, and no URL. A console that does not answer (not reachable from
+here, too slow, another status) leaves the token unchecked: the URL is printed, exit 0, as
+before, with a note on stderr saying it was not checked."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +22,9 @@ from typing import Any
 from ..config import Config
 from ..datadir import DataDir
 from . import common
+
+#: seconds the token check waits for the console's answer
+CHECK_TIMEOUT_S = 3.0
 
 
 def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
@@ -35,8 +45,49 @@ def run(args: argparse.Namespace) -> int:
         raise ServiceNotRunning(f"no console is listening for {dd.path}: start `shardq serve --data-dir "
                                 f"{dd.path}` (with [http] listen set)") from None
     token = _token(where, cfg, dd, args.config) if where.get("auth") == "token" else None
+    if token is not None:
+        _check(where, token, dd)
     print(login_url(where["url"], token))
     return 0
+
+
+def _check(where: dict[str, Any], token: str, dd: DataDir) -> None:
+    """Ask the console whether ``token`` is serve's (one bearer-authenticated GET of
+    ``/api/session``): UsageError when it refuses it; a note on stderr when it cannot tell."""
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from ..errors import UsageError
+    from ..service.http_server import TOKEN_ENV, TOKEN_FROM_CONFIG, TOKEN_FROM_ENV, TOKEN_FROM_FILE
+    url = f"{where['url']}api/session"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy: loopback
+    try:
+        with opener.open(request, timeout=CHECK_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError as e:
+        status = e.code
+        e.close()
+    except (OSError, ValueError) as e:  # refused, timed out, no route; a URL it cannot read
+        print(f"note: the console at {where['url']} did not answer ({common.shown(e, backslash=False)}): "
+              "the token in this URL is not checked", file=sys.stderr)
+        return
+    if status not in (401, 403):
+        print(f"note: the console at {where['url']} answered HTTP {status} to the token check: the token in "
+              "this URL is not checked", file=sys.stderr)
+        return
+    source = str(where.get("token_from"))
+    taken, fix = {
+        TOKEN_FROM_ENV: (f"{TOKEN_ENV} of this shell", f"set {TOKEN_ENV} to serve's value (e.g. /etc/shardq/env "
+                                                      "under systemd)"),
+        TOKEN_FROM_CONFIG: ("http.token of this command's config", "give shardq console serve's --config"),
+        TOKEN_FROM_FILE: (f"{dd.path}/http-token", "run shardq console as the user and with the data dir of serve"),
+    }.get(source, ("the config's http.token, SHARDQ_HTTP_TOKEN or the data dir's http-token",
+                   "give shardq console serve's --config and environment"))
+    raise UsageError(f"the console at {where['url']} refused the token from {taken} (HTTP {status}): it is not "
+                     f"the token shardq serve on {dd.path} (pid {where.get('pid', '?')}) uses; {fix}, and run "
+                     "shardq console again")
 
 
 def _token(where: dict[str, Any], cfg: Config, dd: DataDir, config_flag: str | None) -> str:

@@ -17,7 +17,9 @@ from typing import Any
 
 from ..errors import UsageError
 from . import common, exits
-from .jobs import _ref
+
+#: ``list --limit``: letters per page, the range the router's dead_letters_page takes
+LIMIT_MAX = 1000
 
 
 def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
@@ -26,9 +28,9 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s.add_argument("--queue", default=None,
                    help="list: only this queue (default: every queue with dead letters); "
                         "redrive/purge: this queue (default: default)")
-    s.add_argument("--limit", type=int, default=100, help="list: letters per page (at most 1000)")
+    s.add_argument("--limit", type=int, default=100, help=f"list: letters per page (1 to {LIMIT_MAX})")
     s.add_argument("--cursor", help="list (with --queue): the page after the one that printed this cursor")
-    s.add_argument("--id", dest="ids", type=_ref, action="append", metavar="JOB_ID",
+    s.add_argument("--id", dest="ids", type=common.job_id, action="append", metavar="JOB_ID",
                    help="redrive/purge: only this dead letter (repeat for more; as list printed it: "
                         "a number on the local shards, a message id on SQS); default: all")
     common.add_raw_flag(s)
@@ -38,6 +40,10 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.cursor is not None and args.queue is None:
         raise UsageError("--cursor needs --queue: a cursor continues the pages of one queue")
+    if args.action == "list" and not 1 <= args.limit <= LIMIT_MAX:
+        # here, not per queue: without --queue and no dead letters anywhere it exited 0
+        raise UsageError(f"--limit must be 1 to {LIMIT_MAX}, got {args.limit}")
+    common.check_local_ids(args, "dead-letters", **{"--id": args.ids or []})
     with common.connect(args) as q:
         if args.queue is not None:
             _check_exists(q, args.queue)
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                 _list(q, args.queue, args, more_flags="")
             else:
                 for name in sorted(dead_counts(q)):
-                    _list(q, name, args, more_flags=f"--queue {name} ")
+                    _list(q, name, args, more_flags=f"--queue {common.shown(name)} ")
             return exits.OK
         queue = args.queue or "default"
         if args.action == "redrive":
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             elsewhere = dead_counts(q)
             if elsewhere:
                 print("note: no --queue given, so queue 'default'; dead letters wait in "
-                      + ", ".join(f"{n} ({c})" for n, c in sorted(elsewhere.items())), file=sys.stderr)
+                      + ", ".join(f"{common.shown(n)} ({c})" for n, c in sorted(elsewhere.items())), file=sys.stderr)
     return exits.OK
 
 

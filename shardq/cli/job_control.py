@@ -12,17 +12,18 @@ _BODY_PREVIEW_BYTES = 1000
 
 
 def _job_id(text: str) -> int:
-    """argparse's type: the router's check of a job id written as text (one error line)."""
+    """argparse's type: :func:`common.job_id`, a number here (a look-up and a cancel are the
+    local shards' own calls), so any other text is the same error as there."""
     import argparse
-
-    from ..client.routing import job_id_from_text
-    from ..errors import InvalidJob
     if text in ("show", "cancel"):  # `shardq job cancel` with the id left out
         raise argparse.ArgumentTypeError(f"{text} needs a job id: shardq job {text} ID")
-    try:
-        return job_id_from_text(text)
-    except InvalidJob as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    value = common.job_id(text)
+    if isinstance(value, str):
+        raise argparse.ArgumentTypeError(common.not_a("job id", text))
+    return value
+
+
+_job_id.__name__ = "job id"
 
 
 def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..client.routing import job_id_from_text, job_shard
+from ..client.routing import job_shard
 from ..types import Lease
 from . import common, exits
 
@@ -32,8 +32,8 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
 
     for name, fn in (("ack", ack), ("nack", nack)):
         s = sub.add_parser(name, parents=[parent], help=f"{name} a lease (job id and token from dequeue)")
-        s.add_argument("job_id", type=_ref)
-        s.add_argument("token", type=_ref)
+        s.add_argument("job_id", type=common.job_id)
+        s.add_argument("token", type=common.lease_token)
         if name == "nack":
             s.add_argument("--delay", type=common.number, default=0.0)
             s.add_argument("--error")
@@ -57,11 +57,6 @@ def dequeue(args: argparse.Namespace) -> int:
     return exits.OK if leases else exits.EMPTY
 
 
-def _ref(text: str) -> int | str:
-    """A job id or token as dequeue printed it: an int on the local shards, a string on SQS."""
-    return job_id_from_text(text) if text.isascii() and text.isdigit() else text
-
-
 def _lease(args: argparse.Namespace, q: object) -> Lease:
     from ..client.router import Router
     from ..types import Lease
@@ -75,12 +70,14 @@ def _lease(args: argparse.Namespace, q: object) -> Lease:
 
 
 def ack(args: argparse.Namespace) -> int:
+    common.check_local_ids(args, "ack", job_id=args.job_id, token=args.token)
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.ack(_lease(args, q))
     return exits.OK
 
 
 def nack(args: argparse.Namespace) -> int:
+    common.check_local_ids(args, "nack", job_id=args.job_id, token=args.token)
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         q.nack(_lease(args, q), delay=args.delay, error=args.error)
     return exits.OK

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             check_exists(q, args.name)
         changed = call(args.name)
     word = "paused" if args.action == "pause" else "resumed"
-    print(f"{word}: {args.name}" + ("" if changed else f" (it was {word} already)"))
+    print(f"{word}: {common.shown(args.name)}" + ("" if changed else f" (it was {word} already)"))
     return exits.OK
 
 
@@ -102,7 +102,7 @@ def _purge(args: argparse.Namespace) -> int:
         purge = common.control_call(q, "purge").purge
         check_exists(q, args.name)
         gone = purge(args.name)
-    print(f"purged: {args.name} ({gone} job{'' if gone == 1 else 's'} deleted)")
+    print(f"purged: {common.shown(args.name)} ({gone} job{'' if gone == 1 else 's'} deleted)")
     return exits.OK
 
 

@@ -44,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
               "@app.periodic tasks in service.schedule_modules)")
         return exits.OK
     cols = ["name", "when", "queue", "runs", "next", "last"]
-    widths = {c: max(len(c), *(len(str(r[c] or "-")) for r in rows)) for c in cols}
+    # escaped (names, queues, task names); "runs" shows a body as repr already: backslashes kept
+    cells = [{c: common.shown(r[c] or "-", backslash=False) for c in cols} for r in rows]
+    widths = {c: max(len(c), *(len(r[c]) for r in cells)) for c in cols}
     print("  ".join(c.ljust(widths[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r[c] or "-").ljust(widths[c]) for c in cols))
+    for r in cells:
+        print("  ".join(r[c].ljust(widths[c]) for c in cols))
     return exits.OK

@@ -28,5 +28,5 @@ def init(args: argparse.Namespace) -> int:
         raise UsageError(f"--connect {target!r}: shardq sqs init needs sqs://<region>/<prefix>")
     api = Api(parse_target(target))
     for line in init_queues(api, common.load_config(args.config), high_throughput=args.high_throughput):
-        print(line)
+        print(common.shown(line, backslash=False))
     return exits.OK

@@ -30,17 +30,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(st: dict[str, Any]) -> None:
+    """The table, each queue name and down shard's reason :func:`common.shown` (escaped: a
+    queue name with a newline or an escape sequence must not fake a row or drive the terminal)."""
     print(f"{'queue':<20}" + "".join(f"{c:>11}" for c in COLUMNS))
     for name, c in sorted(st["queues"].items()):
-        print(f"{name:<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS)
+        print(f"{common.shown(name):<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS)
               + ("  paused" if c.get("paused") else ""))
     if st.get("approximate"):  # a backend whose counts are estimates (SQS)
-        print(f"({st.get('backend', 'backend')}: approximate counts; '-' = not known there)")
+        print(f"({common.shown(st.get('backend', 'backend'))}: approximate counts; '-' = not known there)")
     print()
     print(f"{'shard':<6}{'pid':>8}{'jobs':>11}{'wal_bytes':>13}{'segments':>10}{'clients':>9}")
     for sh in st["shards"]:
         if not sh.get("available"):
-            print(f"{sh['shard']:<6}{'DOWN':>8}  {why_down(sh)}")
+            print(f"{sh['shard']:<6}{'DOWN':>8}  {common.shown(why_down(sh), backslash=False)}")
             continue
         print(f"{sh['shard']:<6}{sh['pid']:>8}{sh['jobs']:>11}{sh['wal_bytes']:>13}{sh['segments']:>10}"
               f"{sh['clients']:>9}")

@@ -10,7 +10,11 @@ differs into two lists:
   lease's deadline, a dedup id's expiry are written as times), so the new values govern
   the next dequeue, enqueue, nack and lease expiry, and replay is unchanged;
 * **needs a restart** of ``serve``: everything else, each with why (:class:`Change`'s
-  ``why``, logged). The shard count and data dir are fixed; ``[limits]``, the rest of
+  ``why``, logged). Of these, :attr:`Plan.refused` are the changes a restart cannot take
+  either: ``service.shards`` (but to 0, or to the data dir's count) and ``service.data_dir``
+  are fixed for the data dir (serve refuses another shard count, ShardCountMismatch, exit 5;
+  another data dir is another service, without this one's jobs), so they are reported with
+  :data:`WHY_REFUSED`'s why, as refused, not as waiting for a restart. ``[limits]``, the rest of
   ``[service]``, ``[schedules.*]``, ``[http]`` and ``[sqs_api]`` are set up once, when a
   shard or the supervisor starts (the SQS listener's socket is bound, and its keys
   checked together, before any shard starts). So are a queue's exact limits (``concurrency``, ``rate``, ...:
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from typing import Any, NamedTuple
 
@@ -46,11 +51,20 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 WHY_LIMIT = "a queue's limits are set when serve starts (shardq queue limit changes them at run time)"
 WHY_PLACED = "a queue that declares a limit is placed on one shard when serve starts"
 WHY_TABLE = {
-    "service": "set when serve starts (shards and data_dir: fixed for the data dir)",
+    "service": "set when serve starts",
     "limits": "a shard's limits are set when serve starts",
     "schedules": "the schedules are read when serve starts",
     "http": "the HTTP listener is set up when serve starts",
     "sqs_api": "the SQS listener is set up when serve starts",
+}
+
+
+#: Why a change is refused (:attr:`Plan.refused`): a restart of ``serve`` cannot take it either.
+WHY_REFUSED = {
+    "service.shards": "fixed for this data dir: serve will not start with another shard count "
+                      "(ShardCountMismatch, exit 5); put the old value back, or 0 (the data dir's count)",
+    "service.data_dir": "fixed for this data dir: a restart would serve another data dir, without this "
+                        "one's jobs; put the old value back",
 }
 
 
@@ -63,8 +77,21 @@ class Change(NamedTuple):
 
 class Plan(NamedTuple):
     applied: list[Change]
+    #: every change not applied, each with why; the :attr:`refused` ones among them (a
+    #: caller that predates :attr:`refused` logs them with the rest, their why says so)
     restart: list[Change]
     config: Config
+
+    @property
+    def refused(self) -> list[Change]:
+        """The changes of :attr:`restart` that a restart of ``serve`` cannot take either:
+        report them as refused (why: :data:`WHY_REFUSED`), not as waiting for a restart."""
+        return [c for c in self.restart if WHY_REFUSED.get(c.key) == c.why]
+
+    @property
+    def pending(self) -> list[Change]:
+        """The changes of :attr:`restart` that take effect when ``serve`` restarts."""
+        return [c for c in self.restart if WHY_REFUSED.get(c.key) != c.why]
 
 
 def _toml_key(name: str) -> str:
@@ -94,8 +121,21 @@ def _keep_limits(new: QueueConfig, old: QueueConfig) -> QueueConfig:
     return dataclasses.replace(new, **{k: getattr(old, k) for k in LIMIT_KEYS})
 
 
-def plan(old: Config, new: Config) -> Plan:
-    """Sort the changes from ``old`` to ``new``; the config in force afterwards."""
+def _refused(c: Change, shards: int | None) -> bool:
+    """Whether ``c`` is a change that a restart of ``serve`` refuses (``shards``: the data
+    dir's shard count, None when not known)."""
+    if c.key == "service.shards":  # 0: the data dir's count, whatever it is
+        return c.new not in (0, None) and c.new != shards
+    if c.key == "service.data_dir":
+        return not (isinstance(c.old, str) and isinstance(c.new, str)
+                    and os.path.normpath(c.old) == os.path.normpath(c.new))
+    return False
+
+
+def plan(old: Config, new: Config, *, shards: int | None = None) -> Plan:
+    """Sort the changes from ``old`` to ``new``; the config in force afterwards. ``shards``:
+    the data dir's shard count (the supervisor's), so that ``service.shards`` changed to it
+    is not refused; None: any other count than 0 is."""
     p = Plan([], [], old)
     _queue_changes("queue_defaults", old.queue_defaults, new.queue_defaults, p)
     queues: dict[str, QueueConfig] = {}
@@ -130,6 +170,8 @@ def plan(old: Config, new: Config) -> Plan:
     for c in others:
         if c.key in APPLIED_KEYS:
             p.applied.append(c)
+        elif _refused(c, shards):
+            p.restart.append(c._replace(why=WHY_REFUSED[c.key]))
         else:
             p.restart.append(c._replace(why=WHY_TABLE.get(c.key.split(".", 1)[0], "read when serve starts")))
     config = dataclasses.replace(

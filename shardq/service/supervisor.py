@@ -548,10 +548,13 @@ class Supervisor:
         log each key changed, applied or waiting for a restart. Returns the two lists of
         :class:`~.reload.Change`. A shard that is starting takes them as its loop begins;
         one spawned later reads them from the config file it is given (:meth:`_write_config`)."""
-        p = reload_plan(self.config, load_config(new))
+        p = reload_plan(self.config, load_config(new), shards=len(self.handles) or None)
         for c in p.applied:
             _event("reload-applied", key=c.key, old=json.dumps(c.old), new=json.dumps(c.new))
-        for c in p.restart:
+        for c in p.refused:  # (a restart would not take them either: serve would not start)
+            _event("reload-refused", logging.ERROR, key=c.key, old=json.dumps(c.old), new=json.dumps(c.new),
+                   why=json.dumps(c.why), note='"not applied: serve will not start with it"')
+        for c in p.pending:
             _event("reload-needs-restart", logging.WARNING, key=c.key, old=json.dumps(c.old),
                    new=json.dumps(c.new), why=json.dumps(c.why), note='"not applied: takes effect when serve restarts"')
         told = 0
@@ -567,8 +570,9 @@ class Supervisor:
             for h in self.handles:
                 if h.proc is not None and h.proc.poll() is None and self._write(h, RELOAD):
                     told += 1  # one that exits meanwhile reads the new file when it starts again
-        _event("reloaded", applied=len(p.applied), needs_restart=len(p.restart), shards_told=told,
-               **({"not_applied": json.dumps(" ".join(c.key for c in p.restart))} if p.restart else {}))
+        _event("reloaded", applied=len(p.applied), needs_restart=len(p.pending), shards_told=told,
+               **({"not_applied": json.dumps(" ".join(c.key for c in p.restart))} if p.restart else {}),
+               **({"refused": json.dumps(" ".join(c.key for c in p.refused))} if p.refused else {}))
         return p.applied, p.restart
 
     # ------------------------------------------------------------------ service manager

@@ -4,13 +4,20 @@ replay command (run.py) reads them without importing the package that imports th
 from __future__ import annotations
 
 import argparse
+import math
 import random
 
+from ..errors import UsageError
+from .plan import FAULTS_MAX
 from .roles import CLIENTS
 
 
 #: seconds of faults of ``--run`` without ``--duration``
 DURATION_S_DEFAULT = 60.0
+#: The number options (seconds, jobs/s) that must be finite and above 0, or finite and at
+#: least 0; the probabilities are checked by :func:`shardq.verify.main` (0 to 1: nan fails).
+_POSITIVE = ("fault_interval", "visibility", "health_timeout", "rate")
+_NOT_NEGATIVE = ("duration", "drain_timeout")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settle_defaults(a: argparse.Namespace) -> argparse.Namespace:
-    """Fill in the defaults that depend on other options or on chance (the seed)."""
+    """Fill in the defaults that depend on other options or on chance (the seed), and refuse
+    (UsageError naming the option, exit 2) a number option no run can use (:func:`check_numbers`)."""
+    check_numbers(a)
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 2**31)
     if a.duration is None:
@@ -101,3 +110,25 @@ def settle_defaults(a: argparse.Namespace) -> argparse.Namespace:
     if a.worker_batch is None:
         a.worker_batch = 1 if a.target else 4
     return a
+
+
+def check_numbers(a: argparse.Namespace) -> None:
+    """UsageError naming the option for a seconds or rate option that is not a finite number
+    (``nan``, ``inf``), or is at or below 0 (``--duration``, ``--drain-timeout``: below 0); and
+    for a ``--duration`` so long, for its ``--fault-interval``, that the run would plan more
+    than :data:`FAULTS_MAX` faults. An interval of 0 planned faults for ever."""
+    for name in _POSITIVE + _NOT_NEGATIVE:
+        value = getattr(a, name, None)
+        if value is None:  # --duration not given: the default
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+        if name in _POSITIVE and value <= 0:
+            raise UsageError(f"{flag} must be more than 0, got {value:g}")
+        if value < 0:
+            raise UsageError(f"{flag} must be 0 or more, got {value:g}")
+    duration = DURATION_S_DEFAULT if a.duration is None else a.duration
+    if duration / a.fault_interval > FAULTS_MAX:
+        raise UsageError(f"--duration {duration:g} with --fault-interval {a.fault_interval:g} plans more than "
+                         f"{FAULTS_MAX:,} faults: give a shorter --duration or a longer --fault-interval")

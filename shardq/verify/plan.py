@@ -13,6 +13,7 @@ how many were.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
@@ -24,6 +25,9 @@ POWER_CUT = "power_cut"
 KILL_PRODUCER = "kill_producer"   # only with --kill-producers: other seeds' plans stay as they were
 #: A shard pause outlives the health timeout (the supervisor kills it as hung) this often.
 HUNG_FRACTION = 0.25
+#: The most faults :func:`plan` plans (``duration_s / interval_s``; ``shardq verify``
+#: refuses more first, naming its options: :mod:`.options`).
+FAULTS_MAX = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,19 @@ def plan(seed: int, kinds: tuple[str, ...], *, duration_s: float, interval_s: fl
     """The faults of a run and when the schedule ends. Rounds deal every kind once, in
     shuffled order, spaced by ``interval_s × U(0.5, 1.5)``; faults are planned until
     ``duration_s`` and at least one whole round is. Every fault draws the same random
-    numbers whatever its kind uses, so a plan never depends on anything but its inputs."""
+    numbers whatever its kind uses, so a plan never depends on anything but its inputs.
+    ValueError for an ``interval_s`` that is not a finite number above 0 (the loop would
+    never end), a ``duration_s`` that is not finite and at least 0, no ``kinds``, or a plan
+    of more than :data:`FAULTS_MAX` faults."""
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ValueError(f"interval_s must be a finite number above 0, got {interval_s!r}")
+    if not (math.isfinite(duration_s) and duration_s >= 0):
+        raise ValueError(f"duration_s must be a finite number, 0 or more, got {duration_s!r}")
+    if not kinds:
+        raise ValueError("kinds: no kind of fault to plan")
+    if duration_s / interval_s > FAULTS_MAX:
+        raise ValueError(f"duration_s / interval_s: more than {FAULTS_MAX:,} faults "
+                         f"({duration_s!r} / {interval_s!r})")
     rng = random.Random(f"{seed}/schedule")
     t = rng.uniform(0.5, 1.0) * interval_s
     faults: list[Fault] = []

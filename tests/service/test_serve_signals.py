@@ -207,6 +207,24 @@ def test_sighup_names_each_key_it_does_not_apply_and_why_and_leaves_it_as_it_was
         assert svc.proc.poll() is None
 
 
+def test_sighup_refuses_a_new_shard_count_as_no_restart_could_take_it():
+    """A new service.shards was logged as waiting for a restart, and the restart then
+    failed (ShardCountMismatch, exit 5): it is refused, at ERROR, and named as such."""
+    base = {"service": {"health_timeout": 2}, "http": {"listen": ""}}
+    with Service(shards=1, config=base) as svc:
+        with open(svc.data_dir.rstrip("/") + ".toml", "w") as f:
+            f.write(_toml({**base, "service": {"health_timeout": 2, "shards": 3}}))
+        os.kill(svc.proc.pid, signal.SIGHUP)
+        wait_until(lambda: "event=reloaded" in _log(svc), 20, 0.02, "the reload")
+        log = _log(svc)
+        refused = r"ERROR event=reload-refused key=service\.shards old=\S+ new=3 why=.*ShardCountMismatch"
+        assert re.search(refused, log), log
+        assert "event=reload-needs-restart key=service.shards" not in log
+        assert 'event=reloaded applied=0 needs_restart=0 shards_told=0 not_applied="service.shards" ' \
+               'refused="service.shards"' in log, log
+        assert svc.proc.poll() is None
+
+
 def test_the_reload_table_of_the_docs_is_the_one_the_code_applies():
     """docs/operations.md lists exactly the queue keys a reload applies and the limits it leaves."""
     import dataclasses
