@@ -38,6 +38,7 @@ _COUNTER_HELP = {
     "dead_lettered": "jobs moved to the dead-letter queue",
     "redriven": "dead letters moved back into the queue",
     "cancelled": "jobs cancelled (ready, delayed, waiting, leased or dead)",
+    "purged": "jobs deleted by a purge (of the queue, of its dead letters, or of chosen dead letters)",
 }
 
 

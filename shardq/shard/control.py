@@ -44,6 +44,7 @@ from ..types import DeadLetter
 from . import ops
 from ..protocol import validate
 from .core import CANCELLED, Job, QueueState, StateCore
+from .core import PURGED as PURGED_TOTAL  # (the counter's index; PURGED below: what a cancel did)
 from .core import COUNTERS as COUNTERS  # re-exported: the metrics and the console read it from here
 from .jobstate import STATE_NAMES, D, G, L, R, W, X
 from .limiter import check_override
@@ -223,6 +224,7 @@ class ControlOps(StateCore):
         live = q.counts[W] + q.counts[D] + q.counts[R] + q.counts[L]
         if live:
             self._emit(ops.PurgeQueue(queue))
+            q.totals[PURGED_TOTAL] += live
         return live
 
     def _apply_purge_queue(self, queue: str) -> None:
@@ -306,6 +308,7 @@ class ControlOps(StateCore):
         chosen = [j for j in dict.fromkeys(validate.integer("job_id", j) for j in job_ids) if j in q.dead]
         for jid in chosen:
             self._emit(ops.Purge(jid))
+        q.totals[PURGED_TOTAL] += len(chosen)
         return len(chosen)
 
     # ------------------------------------------------------------------ figures

@@ -54,8 +54,8 @@ from .ops import Op
 #: What each queue counts since this process started (QueueState.totals, by these indices).
 #: Not logged: a restart starts them at zero (Prometheus ``rate()`` handles resets).
 COUNTERS = ("enqueued", "leased", "acked", "nacked", "lease_expiries", "dead_lettered", "redriven",
-            "cancelled")
-ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED = range(len(COUNTERS))
+            "cancelled", "purged")
+ENQUEUED, LEASED, ACKED, NACKED, EXPIRED, DEAD_LETTERED, REDRIVEN, CANCELLED, PURGED = range(len(COUNTERS))
 
 #: A key's jobs are kept in a list while there are few (a deque costs ~600 bytes even for
 #: one job; most keys hold a handful) and in a deque once it grows past this, where
@@ -139,7 +139,7 @@ class QueueState:
         self.dedup_order: deque[tuple[float, DedupKey]] = deque()   # (expires_at, dedup key), oldest first
         self.counts = [0, 0, 0, 0, 0, 0]    # by JobState
         self.paused: float | None = None    # paused since (control.py)
-        self.totals = [0] * 8               # counters since this process started (control.COUNTERS)
+        self.totals = [0] * len(COUNTERS)   # counters since this process started (control.COUNTERS)
         self.prioritized = False            # ever held a job of priority != 0, or was told so
         #: the exact limits of a placed queue (limiter.py); None: no limit, the usual paths
         self.lim: Limiter | None = Limiter(cfg) if cfg.placed() else None

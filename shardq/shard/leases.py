@@ -14,7 +14,7 @@ from ..errors import Cancelled, LeaseLost, NotFound, check
 from ..types import DeadLetter, Lease
 from . import ops
 from ..protocol import validate
-from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, REDRIVEN, QueueState, StateCore
+from .core import ACKED, DEAD_LETTERED, LEASED, NACKED, PURGED, REDRIVEN, QueueState, StateCore
 from .jobstate import D, G, L, R, X
 from .limiter import Limiter
 
@@ -216,9 +216,10 @@ class LeaseOps(StateCore):
         """Move a leased job to its queue's dead-letter queue now, whatever its delivery
         count (a task that failed for good, or whose task name no worker knows)."""
         self.advance(now)
-        self._leased(job_id, token)
+        job = self._leased(job_id, token)
         error = validate.error_text(error)
         self._emit(ops.Dead(job_id, error or self.errors.get(job_id) or "dead-lettered by the worker"))
+        job.q.totals[DEAD_LETTERED] += 1  # (live path only: replay counts nothing again)
 
     def _apply_release(self, job_id: int, ready_at: float, error: str | None, undelivered: bool = False) -> None:
         jid = job_id
@@ -330,6 +331,7 @@ class LeaseOps(StateCore):
         ids = list(q.dead)
         for jid in ids:
             self._emit(ops.Purge(jid))
+        q.totals[PURGED] += len(ids)
         return len(ids)
 
     def _apply_purge(self, job_id: int) -> None:

@@ -408,6 +408,24 @@ def test_purge_selected_dead_letters_is_idempotent(shard):
 
 
 # ---------------------------------------------------------------------------- figures
+def test_every_way_to_the_dead_letters_and_out_of_the_queue_is_counted(shard):
+    """A job buried by its worker (a task's Fail, an unknown task) was dead-lettered
+    without a count: dead_lettered_total and its alert missed most task dead letters. And a
+    purge deleted jobs no counter told of. Both count now (``purged``: of the queue, of all
+    its dead letters, of chosen ones)."""
+    for i in range(6):
+        shard.put(b"j%d" % i, key=f"k{i}", queue="q")
+    a, b, c = shard.take(queue="q", n=3)
+    for lease in (a, b, c):
+        shard.bury(lease.job_id, lease.token, shard.now, "failed for good")
+    assert shard.state.queue_metrics(shard.now)["q"]["dead_lettered"] == 3
+    assert shard.purge_ids("q", [a.job_id], shard.now) == 1
+    assert shard.purge_dead("q", shard.now) == 2
+    assert shard.purge_queue("q", shard.now) == 3
+    m = shard.state.queue_metrics(shard.now)["q"]
+    assert (m["dead_lettered"], m["purged"]) == (3, 6)
+
+
 def test_counters_count_this_process_only(shard, clock):
     jid = shard.put(b"a", key="k")
     shard.put(b"b", key="k")
