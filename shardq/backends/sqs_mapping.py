@@ -380,7 +380,7 @@ def error_for(code: str, message: str, status: int | None = None, what: str = ""
         return UnknownQueue(f"{where}the SQS queue does not exist; create it with `shardq sqs init` ({code})")
     if code == "OverLimit":
         return QueueFull(text)
-    if code in _AUTH_CODES:
+    if code in _AUTH_CODES or status in (401, 403):  # (an error body the SDK could not read leaves the status)
         return AuthError(text)
     if code.startswith("Invalid") or code.startswith("Missing") or code in ("BatchRequestTooLong",
                                                                            "MessageTooLong"):

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from shardq import limits
 from shardq.backends import sqs_mapping as m
-from shardq.errors import InvalidConfig, InvalidJob, ShardqError
+from shardq.errors import AuthError, InvalidConfig, InvalidJob, ShardqError
 from shardq.protocol import validate
 
 EXAMPLES = int(os.environ.get("SHARDQ_FUZZ_EXAMPLES", "150"))
@@ -286,6 +286,15 @@ def test_parse_redrive_key_is_none_or_the_key(value):
 @given(any_text, any_text, st.one_of(st.none(), st.integers(0, 600)), any_text)
 def test_error_for_maps_any_sqs_error_to_a_shardq_error(code, message, status, what):
     assert isinstance(m.error_for(code, message, status, what), ShardqError)
+
+
+@pytest.mark.parametrize("code, status", [("InvalidClientTokenId", 403), ("SignatureDoesNotMatch", 403),
+                                          ("403", 403), ("401", 401)])
+def test_a_refused_identity_is_an_auth_error_whatever_code_the_sdk_read(code, status):
+    """A server whose auth error body the SDK cannot read (moto answers the JSON protocol
+    in XML) leaves botocore the HTTP status as the code: it was a bare ShardqError ('SQS 403:
+    <?xml ...'), exit 1; it is AuthError, as InvalidClientTokenId is."""
+    assert type(m.error_for(code, "<?xml version='1.0'?><ErrorResponse/>", status, "get_queue_url")) is AuthError
 
 
 # ---------------------------------------------------------------------------- found by the fuzz
