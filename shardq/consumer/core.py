@@ -53,7 +53,7 @@ class WorkerStats:
     leased: int = 0       # leases received
     succeeded: int = 0    # handler ran (and committed), acked
     duplicates: int = 0   # already processed: handler skipped, acked
-    failed: int = 0       # handler raised: nacked with backoff
+    failed: int = 0       # handler raised: nacked with backoff, or dead-lettered (last delivery, Fail)
     lost: int = 0         # lease lost: rolled back and not acked, or acked late and fenced; the redelivery wins
     expired: int = 0      # deadline passed before it started: not run
     released: int = 0     # not started, handed back (stop, or waited too long for a runner)

@@ -2,7 +2,7 @@
 
 * ``shardq_worker_jobs_total{task, outcome}``: jobs this worker finished; outcome is
   ``done`` (handler ran, acked), ``duplicate`` (already processed: skipped, acked),
-  ``failed`` (handler raised: nacked with backoff), ``lost`` (the lease was lost or the
+  ``failed`` (handler raised: nacked with backoff, or dead-lettered), ``lost`` (the lease was lost or the
   job cancelled: not acked), ``expired`` (its lease ended before it started: not run).
 * ``shardq_worker_handler_seconds{task}``: how long the handler ran (with its
   idempotency transaction), a histogram.
