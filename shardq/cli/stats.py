@@ -38,6 +38,8 @@ def _table(st: dict[str, Any]) -> None:
               + ("  paused" if c.get("paused") else ""))
     if st.get("approximate"):  # a backend whose counts are estimates (SQS)
         print(f"({common.shown(st.get('backend', 'backend'))}: approximate counts; '-' = not known there)")
+    if not st["shards"]:  # a backend with no shards of shardq's (SQS): no table of them
+        return
     print()
     print(f"{'shard':<6}{'pid':>8}{'jobs':>11}{'wal_bytes':>13}{'segments':>10}{'clients':>9}")
     for sh in st["shards"]:

@@ -178,3 +178,14 @@ def test_console_that_does_not_answer_still_gets_its_url_printed_unchecked():
     r = console(data, "t" * 40)
     assert (r.returncode, r.stdout.strip()) == (0, f"http://127.0.0.1:{port}/login?token={'t' * 40}"), r.stderr
     assert "note: the console at" in r.stderr and "not checked" in r.stderr, r.stderr
+
+
+def test_stats_of_a_backend_without_shards_prints_no_empty_shard_table(capsys):
+    """``shardq stats --connect sqs://...``: the SQS backend has no shardq shards, and the
+    table printed a header of shard columns with no row under it."""
+    from shardq.cli import stats
+    stats._table({"queues": {"emails": {"ready": 3, "in_flight": 1}}, "shards": [], "approximate": True,
+                  "backend": "sqs"})
+    out = capsys.readouterr().out
+    assert "emails" in out and "approximate counts" in out
+    assert "wal_bytes" not in out and not out.endswith("\n\n")
