@@ -781,7 +781,16 @@ def _queue_config(c: Calls, queue: str, max_age_s: float = QUEUE_CONFIG_MAX_AGE_
     held = c._queue_cfg.get(queue)
     if held is not None and c._now() - held[0] <= max_age_s:
         return held[1]
-    cfg: dict[str, Any] = yield from call(0, "queue_config", [queue])
+    try:
+        cfg: dict[str, Any] = yield from call(0, "queue_config", [queue])
+    except UnknownQueue:
+        # not declared (declare_queues) and not held by shard 0: a queue taken out of the
+        # config is still held by the shards with its jobs, which answer with its settings
+        others = yield from call_all([Call(s, "queue_config", [queue]) for s in range(1, c.shards)], absent=None)
+        held_by = [got for got in others if got is not None]
+        if not held_by:
+            raise
+        cfg = held_by[0]
     c._queue_cfg[queue] = (c._now(), cfg)
     c._owners.setdefault(queue, placed_owner(cfg))
     return cfg

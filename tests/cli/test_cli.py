@@ -422,6 +422,27 @@ def test_a_handler_worker_on_a_queue_never_seen_warns_and_keeps_waiting(svc, tmp
                             "it (a typo?); waiting for jobs there anyway; queues with jobs: default (1)"), warning
 
 
+def test_a_worker_works_off_a_queue_taken_out_of_the_config_while_it_holds_jobs(tmp_path):
+    """With declare_queues, a queue removed from the config whose jobs a shard still holds:
+    the worker refused it (UnknownQueue, exit 2, 'no job can ever be sent to it ... queues
+    with jobs: emails (2)': its queue_config asked shard 0 only) and the jobs could not be
+    worked off. The shards holding it answer for it."""
+    config = {"service": {"declare_queues": True}, "queues": {"default": {}, "emails": {}}}
+    (tmp_path / "drain_handler.py").write_text("def handle(ctx):\n    pass\n")
+    with Service(config=config, shards=2) as svc:
+        with svc.connect() as q:
+            q.enqueue_many([{"body": b"x", "key": "k"}, {"body": b"y", "key": "k"}], queue="emails")
+        svc.stop()
+        svc.config["queues"].pop("emails")
+        svc.start()
+        r = run_shardq("worker", "drain_handler:handle", "--queue", "emails", "--burst", "--data-dir",
+                       svc.data_dir, cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        assert "2 ok" in r.stderr.decode() and not err_lines(r)
+        with svc.connect() as q:
+            assert q.stats()["queues"]["emails"]["ready"] == 0
+
+
 def test_a_worker_on_an_undeclared_queue_exits_2(tmp_path):
     config = {"service": {"declare_queues": True}, "queues": {"default": {}, "emails": {}}}
     with Service(config=config, shards=1) as declared:
