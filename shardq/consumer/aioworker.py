@@ -168,28 +168,22 @@ class AsyncWorker:
             with pruning(self.store, self.clock, self.options.prune_every_s):
                 try:
                     await adrive(self.core.run(max_jobs), self._perform)
-                except asyncio.CancelledError:
-                    await self._cancelled()
+                except asyncio.CancelledError:  # from outside (a TaskGroup, a lifespan's end): as a
+                    await self._cancel_runners()  # grace period over at once, not left to run on unacked
+                    await adrive(self.core.abandon_all(), self._perform)
                     raise
-            left = [task for task in self._tasks if not task.done()]
-            for task in left:  # released at the grace period's end
-                task.cancel()
-            await asyncio.gather(*left, return_exceptions=True)
+            await self._cancel_runners()  # released at the grace period's end
         finally:
             await calls.drain(PROGRESS_DRAIN_S)
             if owned:
                 await q.close()
         return dataclasses.replace(self.stats)
 
-    async def _cancelled(self) -> None:
-        """run_async's task was cancelled (a TaskGroup, anyio, a lifespan's end): its runners
-        are cancelled and every lease in hand released now (:meth:`WorkerCore.abandon_all`),
-        not left to run on unacked and be delivered again once its visibility ends."""
+    async def _cancel_runners(self) -> None:
         left = [task for task in self._tasks if not task.done()]
         for task in left:
             task.cancel()
         await asyncio.gather(*left, return_exceptions=True)
-        await adrive(self.core.abandon_all(), self._perform)
 
     # ------------------------------------------------------------------ the loop's effects
     async def _perform(self, effect: Any) -> Any:
