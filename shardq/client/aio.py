@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncio
 import os
-import weakref
 from asyncio import get_running_loop
 from collections.abc import AsyncIterator, Callable, Coroutine
 
@@ -95,7 +94,7 @@ class AsyncQueue(Calls, AsyncExecutor):
         """Connect to every shard, trying for up to ``connect_s`` (``retry_s`` at most): a
         shard not reached by then is connected to when a request needs it."""
         self.loop = asyncio.get_running_loop()
-        _CLIENTS.add(self)
+        self._watch_forks()
         if check:  # fail now, not after retry_s, when no service runs at all (off the loop: it polls)
             await asyncio.to_thread(DataDir(self.data_dir).require_service)
         self.conns = [ShardConn(i, path, self._key, self.client_id, self.retry_s, self.request_timeout_s,
@@ -122,6 +121,11 @@ class AsyncQueue(Calls, AsyncExecutor):
     async def _park(self, effect: Park) -> tuple[None, list[Any]]:  # only to the shards connected now
         return None, [self._request(s, op, args, retry_s=0) if self.conns[s].proto is not None else None
                       for s, op, args in effect.calls]
+
+    def _forked(self) -> None:
+        """Every call of the copy fails its loop check (UsageError) before it touches a
+        socket; the parent's are left alone."""
+        self.loop = _FORKED
 
     def _wrong_loop(self) -> UsageError:
         """The error of a call from a loop that is not this client's."""
@@ -303,20 +307,7 @@ def _outcome(handle: tuple[ShardConn, Request | None, asyncio.Future[Any]] | Non
     return ConnectionLost("abandoned", sent=True) if fut.cancelled() else fut.exception() or fut.result()
 
 
-# A client in a forked child shares its parent's sockets and enqueue sessions: a call there
-# took the parent's session numbers, so the shard answered the parent's next enqueue as a
-# re-send of the child's (its job lost). Every call of a client copied by a fork fails its
-# loop check (UsageError, FORKED) before it touches a socket; the parent's are left alone.
-_FORKED: Any = object()
-_CLIENTS: weakref.WeakSet[AsyncQueue] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for q in list(_CLIENTS):
-        q.loop = _FORKED
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_FORKED: Any = object()  # the loop of a client copied by a fork (AsyncQueue._forked)
 
 
 if TYPE_CHECKING:  # mypy checks the declared contracts (client/contracts.py) hold

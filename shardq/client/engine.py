@@ -22,6 +22,7 @@ import inspect
 import itertools
 import logging
 import os
+import weakref
 from operator import itemgetter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -80,6 +81,18 @@ class operation(Generic[P, T]):  # noqa: N801 - used as a decorator, like proper
         return bound
 
 
+_CLIENTS: weakref.WeakSet[Calls] = weakref.WeakSet()  # the clients told of a fork (Calls._watch_forks)
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_CLIENTS):
+        if not client._closed:
+            client._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def new_client_id() -> int:
     """A client's id for its enqueue sessions (:class:`~.core.Sessions`): random, so that
     clients (and the children a client's process forks) never share one."""
@@ -120,6 +133,19 @@ class Calls:
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
+        raise NotImplementedError
+
+    def _watch_forks(self) -> None:
+        """From now on (the executor's state set), :meth:`_forked` in a child forked from
+        this process, unless the client was closed."""
+        _CLIENTS.add(self)
+
+    def _forked(self) -> None:
+        """In a child forked from this client's process (gunicorn's ``--preload``, a
+        ``multiprocessing`` pool on ``fork``): the copy shares the parent's sockets and
+        enqueue sessions, so a call there would take the parent's replies or session
+        numbers (a job lost: the shard answers the parent's next enqueue as a re-send of
+        the child's). The executor makes it the child's own, or refuses its calls."""
         raise NotImplementedError
 
     # What does not wait is done by these methods, called by the operations themselves;

@@ -31,7 +31,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -88,7 +87,7 @@ class Router(Calls, SyncExecutor):
         self._connections()
         self._bind_effects()
         self._supervisor = supervisor
-        _ROUTERS.add(self)
+        self._watch_forks()
 
     def _connections(self) -> None:
         """This process's lanes, combiners and enqueue sessions; the I/O thread is started later."""
@@ -318,17 +317,7 @@ class Router(Calls, SyncExecutor):
         self.close()
 
 
-_ROUTERS: weakref.WeakSet[Router] = weakref.WeakSet()
 _LEFT_BY_FORK: list[Any] = []  # the parents' I/O loops, in a forked child (Router._forked)
-
-
-def _after_fork_in_child() -> None:
-    for router in list(_ROUTERS):
-        if not router._closed:
-            router._forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Lone:
