@@ -182,6 +182,7 @@ def test_cli_queue_job_and_dead_letter_commands(svc, q):
     r = cli(svc, "dead-letters", "purge", "--queue", "once", "--id", str(ids[2]))
     assert r.stdout.strip() == "purged: 1", r.stderr
     r = cli(svc, "dead-letters", "purge", "--queue", "once", "--id", "not-a-job-id")  # an SQS-style id
-    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: InvalidJob:"), r.stderr
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(
+        "error: UsageError: argument --id: not a job id: 'not-a-job-id'"), r.stderr
     assert "Traceback" not in r.stderr
     assert [d.job_id for d in q.dead_letters("once")] == [ids[3]]

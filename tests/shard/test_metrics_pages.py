@@ -175,7 +175,7 @@ def test_the_pages_at_queues_max_are_each_within_the_budget_and_far_below_the_re
         start = page["next"]
     assert count == limits.QUEUES_MAX
     assert max(sizes) <= limits.METRICS_PAGE_BYTES < limits.REPLY_BYTES_MAX // 4
-    assert len(sizes) == 16 and max(sizes) < 4_500_000  # as docs/operations.md and limits.py say
+    assert len(sizes) == 16 and max(sizes) < 4_600_000  # as docs/operations.md and limits.py say
     print(f"\n{len(sizes)} pages, {sum(sizes)} bytes, largest {max(sizes)}, slowest {slowest:.3f} s")
 
 
