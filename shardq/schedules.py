@@ -81,6 +81,10 @@ class Schedule:
         if cron is not None and (not isinstance(cron, str) or len(cron.split()) != 5
                                  or not _croniter().is_valid(cron)):
             raise InvalidConfig(f"{at}.cron: {cron!r} is not a 5-field cron expression")
+        if cron is not None and any(f.upper() == "R" or f.upper().startswith("R(")
+                                    for field in cron.split() for f in field.split(",")):
+            raise InvalidConfig(f"{at}.cron: {cron!r}: R (croniter's random value) picks another "
+                                f"time at every look, so a tick would fire many times: write the time out")
         if cron is not None and not _can_fire(cron):
             raise InvalidConfig(f"{at}.cron: {cron!r} matches no date (a day that no month "
                                 f"has, such as 30 February or 31 April): it would never fire")
@@ -143,12 +147,19 @@ def fixed_time(cron: str) -> bool:
 _CAN_FIRE_FROM = dt.datetime(2000, 1, 1)
 
 
+def _day_or(cron: str) -> bool:
+    """cron's rule: the day of the month and the day of the week are either-or only when
+    neither field starts with ``*`` (cronie's DOM_STAR/DOW_STAR); else both must match."""
+    dom, dow = cron.split()[2], cron.split()[4]
+    return not (dom.startswith("*") or dow.startswith("*"))
+
+
 def _can_fire(cron: str) -> bool:
     """Whether a (valid) cron expression matches any date at all: ``0 0 30 2 *`` (30
     February) never does, and croniter can find no tick of it (CroniterBadDateError)."""
     from croniter import CroniterBadDateError
     try:
-        _croniter()(cron, _CAN_FIRE_FROM).get_next(dt.datetime)
+        _croniter()(cron, _CAN_FIRE_FROM, day_or=_day_or(cron)).get_next(dt.datetime)
     except CroniterBadDateError:
         return False
     return True
@@ -160,7 +171,7 @@ def _next_tick(cron: str, tz: ZoneInfo, now: int) -> float:
     # In the first pass of a repeated hour, a wall time before now's fires again after now
     # (its second pass): start that much earlier (by the offset's fall in the next day).
     back_s = max(_offset_s(now, tz) - _offset_s(now + DAY_S, tz), 0)
-    walls = _croniter()(cron, _wall(now, tz) - dt.timedelta(seconds=back_s))
+    walls = _croniter()(cron, _wall(now, tz) - dt.timedelta(seconds=back_s), day_or=_day_or(cron))
     best = math.inf
     while True:
         at = _instants(walls.get_next(dt.datetime), tz, fixed)
@@ -175,7 +186,7 @@ def _last_tick(cron: str, tz: ZoneInfo, now: int) -> float:
     # In the second pass of a repeated hour, a wall time after now's fired in the first
     # pass: start that much later (by the offset's fall in the last day).
     ahead_s = max(_offset_s(now - DAY_S, tz) - _offset_s(now, tz), 0)
-    walls = _croniter()(cron, _wall(now, tz) + dt.timedelta(seconds=ahead_s + 1))
+    walls = _croniter()(cron, _wall(now, tz) + dt.timedelta(seconds=ahead_s + 1), day_or=_day_or(cron))
     best = -math.inf
     while True:
         at = _instants(walls.get_prev(dt.datetime), tz, fixed)

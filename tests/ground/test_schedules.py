@@ -71,6 +71,9 @@ def test_dedup_id_names_the_tick_and_fits_the_limit_at_the_longest_name():
     ({"every_s": 60, "cron": "* * * * *"}, "exactly one"),
     ({}, "exactly one"),
     ({"every_s": 60, "timezone": "Nowhere/Town"}, "time zone"),
+    # croniter's R picks another time at every look: fired ~17 times a night, each tick new
+    ({"cron": "R 2 * * *"}, "random value"),
+    ({"cron": "0 R(0-5) * * *"}, "random value"),
 ])
 def test_bad_schedules_are_refused_by_name(kw, words):
     with pytest.raises(InvalidConfig, match=words):
@@ -107,6 +110,22 @@ def cron_ticks(cron: str, tz: str, start: float, end: float) -> list[str]:
 ])
 def test_cron_across_the_clock_changes_follows_cronie(cron, start, end, ticks):
     assert cron_ticks(cron, PARIS, start, end) == ticks
+
+
+@pytest.mark.parametrize("cron, ticks", [
+    # a day-of-month field that starts with "*" makes the two day fields both-and (cronie's
+    # DOM_STAR): odd days that are Mondays, Mondays (croniter's default was either-or: every
+    # odd day and every Monday, every day)
+    ("0 0 */2 * mon", ["2027-01-11T00:00:00Z", "2027-01-25T00:00:00Z", "2027-02-01T00:00:00Z"]),
+    ("0 0 */1 * mon", ["2027-01-04T00:00:00Z", "2027-01-11T00:00:00Z", "2027-01-18T00:00:00Z"]),
+    ("0 0 * * */3", ["2027-01-02T00:00:00Z", "2027-01-03T00:00:00Z", "2027-01-06T00:00:00Z"]),  # Sat, Sun, Wed
+    # neither starts with "*": either-or, as cron
+    ("0 0 1-2 * mon", ["2027-01-01T00:00:00Z", "2027-01-02T00:00:00Z", "2027-01-04T00:00:00Z"]),
+])
+def test_the_two_day_fields_combine_as_cronie_does(cron, ticks):
+    assert cron_ticks(cron, "UTC", utc(2027, 1, 1) - 1, utc(2027, 3, 1))[:3] == ticks
+    s = Schedule.create("n", queue="q", body=b"x", cron=cron)
+    assert s.last_at_or_before(s.next_after(utc(2027, 1, 1)) + 30) == s.next_after(utc(2027, 1, 1))
 
 
 def test_fixed_time_means_no_star_leading_the_minute_or_the_hour_field():
