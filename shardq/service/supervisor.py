@@ -260,7 +260,7 @@ class Supervisor:
             return  # nothing to fire: start nothing
         from .scheduler import Scheduler
         from ..client.router import Router
-        router = Router(self.dd.path, _role="service")
+        router = Router(self.dd.path, _role="service", retry_s=1.0, request_timeout_s=2.0)
         try:
             scheduler = Scheduler(schedules, router, self.dd.path, self.clock)  # refuses two of a name
             self.scheduler = scheduler.start()

@@ -169,3 +169,37 @@ def test_serve_fires_the_other_schedules_beside_a_failing_one(monkeypatch):
                    what="the failing schedule in the log")
         assert "event=scheduler-error" not in svc.tail(400)
         assert svc.proc is not None and svc.proc.poll() is None
+
+
+def test_a_stuck_shard_holds_back_only_its_own_schedule_and_not_the_stop():
+    """A shard stopped (SIGSTOP, a hung disk): the scheduler's enqueue to it waited the
+    router's 15 s retry and 30 s request timeout, so the schedule on the healthy shard
+    missed every tick meanwhile (nine in 20 s, then fired an old tick as if on time), and
+    SIGTERM took 20 s (the scheduler's join on a blocked enqueue) against the 15 s
+    docs/operations.md promises. The scheduler's client gives up on a shard within 2 s."""
+    import signal
+    import time
+
+    from shardq.client.routing import shard_for_key
+    keys = {shard_for_key(k, 2): k for k in (f"k{i}" for i in range(40))}
+    cfg = {"service": {"health_timeout": 60}, "http": {"listen": ""},
+           "schedules": {"on0": {"every_s": 1, "body": "t", "key": keys[0], "queue": "ticks"},
+                         "on1": {"every_s": 1, "body": "t", "key": keys[1], "queue": "ticks"}}}
+    with Service(shards=2, config=cfg) as svc:
+        wait_until(lambda: "schedule=on1" in svc.tail(200), 20, what="a first tick on shard 1")
+        stuck = svc.shard_pids()[0]
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            fired = lambda: svc.tail(10_000).count("event=schedule-fired schedule=on1")  # noqa: E731
+            before = fired()
+            wait_until(lambda: fired() - before >= 2, 10,  # (was none for 15 s and more)
+                       what="two ticks of the healthy shard's schedule while shard 0 is stopped")
+            sent = time.monotonic()
+            svc.proc.send_signal(signal.SIGTERM)
+            svc.proc.wait(30)
+            assert time.monotonic() - sent < 15, svc.tail(60)
+        finally:
+            try:
+                os.kill(stuck, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
