@@ -318,6 +318,9 @@ class App:
             raise InvalidConfig(f"keep_result must be None or seconds in (0, {limits.KEEP_RESULT_S_MAX:.0f}]")
 
         def decorate(f: Callable[..., Any]) -> Task[..., Any]:
+            if isinstance(f, Task):
+                raise InvalidConfig(f"@app.task over the task {f.name} (@app.periodic, or @app.task twice): "
+                                    "put @app.periodic(...) above @app.task(...)")
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise InvalidConfig("a task name must be a non-empty string")
@@ -347,19 +350,23 @@ class App:
 
     def periodic(self, *, cron: str | None = None, every_s: float | None = None,
                  timezone: str = "UTC", catch_up: bool = True, name: str | None = None,
-                 queue: str = "default", key: str | None = None) -> Callable[[Any], Task[..., Any]]:
+                 queue: str | None = None, key: str | None = None) -> Callable[[Any], Task[..., Any]]:
         """Run a task (no arguments besides ctx) on a schedule: ``cron`` (5 fields, in
         ``timezone``) or every ``every_s`` seconds. ``shardq serve`` fires the ticks of the
         modules listed in its config's ``service.schedule_modules`` (see docs/tasks.md).
-        Stack it on ``@app.task(...)`` to choose the queue, key and retries."""
+        Stack it on ``@app.task(...)`` (above it) to choose the queue, key and retries there;
+        a ``queue`` given to both must be the same (InvalidConfig)."""
         from ..schedules import Schedule
 
         def decorate(fn: Any) -> Task[..., Any]:
             # Each tick calls the task with no arguments: one that needs some is refused now,
             # as .send() would refuse the call, not by every tick failing in a worker.
             _no_arguments_needed(fn)
-            t = fn if isinstance(fn, Task) else self.task(queue=queue, key=key)(fn)
-            sched_key = key if key is not None else (t.key if isinstance(t.key, str) else None)
+            if isinstance(fn, Task) and queue is not None and queue != fn.queue:
+                raise InvalidConfig(f"@app.periodic(queue={queue!r}) over @app.task(queue={fn.queue!r}) of "
+                                    f"{fn.name}: the ticks go to the task's queue; give it once, to @app.task")
+            t = fn if isinstance(fn, Task) else self.task(queue=queue or "default", key=key)(fn)
+            sched_key = key if key is not None else t.job((), {})["key"]  # (a key function's, too)
             body = taskbody.encode(t.name, (), {}, t.signature)
             self.schedules.append(Schedule.create(name or t.name, cron=cron, every_s=every_s,
                                                   timezone=timezone, catch_up=catch_up,

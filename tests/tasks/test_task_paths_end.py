@@ -343,6 +343,36 @@ def test_periodic_refuses_a_task_that_needs_an_argument_at_registration():
     assert [s.task for s in app.schedules] == [nightly.name]
 
 
+def test_periodic_stacked_on_a_task_is_told_apart_from_its_misuses():
+    """Found by a walkthrough: @app.task above @app.periodic raised AttributeError ('Task'
+    object has no attribute '__qualname__') at import; a queue given to @app.periodic over
+    @app.task was dropped without a word (the ticks went to the task's queue); a task whose
+    key is a function was scheduled with no key (its ticks out of per-key order)."""
+    app = shardq.App("var/none")
+
+    with pytest.raises(shardq.InvalidConfig, match=r"put @app.periodic\(...\) above @app.task"):
+        @app.task(queue="default")
+        @app.periodic(every_s=60)
+        def upside_down(ctx) -> None: ...
+
+    with pytest.raises(shardq.InvalidConfig, match="the ticks go to the task's queue"):
+        @app.periodic(every_s=60, queue="q_periodic")
+        @app.task(queue="q_task")
+        def two_queues(ctx) -> None: ...
+
+    @app.periodic(every_s=60, queue="q_task")  # the same queue twice: as asked
+    @app.task(queue="q_task")
+    def one_queue(ctx) -> None: ...
+
+    @app.periodic(every_s=60)
+    @app.task(queue="keyed", key=lambda: "tenant-1")
+    def keyed(ctx) -> None: ...
+
+    by_task = {s.task: s for s in app.schedules}
+    assert by_task[one_queue.name].queue == "q_task"
+    assert (by_task[keyed.name].queue, by_task[keyed.name].key) == ("keyed", "tenant-1")
+
+
 # ---------------------------------------------------------------------------- 9: retries at the largest
 def test_retries_at_its_largest_fits_the_largest_max_deliveries():
     top = RETRIES_MAX + 1
