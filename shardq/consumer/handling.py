@@ -14,6 +14,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import threading
@@ -471,48 +472,58 @@ def _child_run(lease: Lease, max_deliveries: int | None = None) -> Result:
 
 
 class ProcessPool:
-    """The thread runner's process mode: ``size`` spawned processes, each running jobs with
-    ``handler`` and the store ``spec`` reopens (:func:`_child_run`). A pool broken by a
-    child that died is replaced by the first runner to notice; its job failed."""
+    """The thread runner's process mode: ``size`` spawned processes, one a runner (a
+    single-process executor each, lent to one runner thread at a time), each running jobs
+    with ``handler`` and the store ``spec`` reopens (:func:`_child_run`). A child that dies
+    fails its own job only and is replaced: one executor of all would fail every job
+    running beside it while their processes ran them on (their redeliveries running at
+    once, past the queue's caps, and dead-lettered for a crash not theirs)."""
 
     def __init__(self, size: int, handler: Handler, spec: tuple[Any, ...] | None):
-        self._args = size, handler, spec
+        self._args = handler, spec
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = self._make()
-        self._gen = 0
+        self._closed = False
+        self._free: queue.SimpleQueue[ProcessPoolExecutor] = queue.SimpleQueue()
+        self._made: list[ProcessPoolExecutor] = []  # every one not retired, for close()
+        for _ in range(size):
+            self._free.put(self._make())
 
     def _make(self) -> ProcessPoolExecutor:
-        size, handler, spec = self._args
-        return ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_child_init, initargs=(handler, spec, os.getpid()))
+        handler, spec = self._args
+        one = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_child_init, initargs=(handler, spec, os.getpid()))
+        with self._lock:
+            self._made.append(one)
+        return one
 
     def run(self, lease: Lease, max_deliveries: int) -> Result:
-        with self._lock:
-            pool, gen = self._pool, self._gen
-        if pool is None:
+        if self._closed:
             raise Closed("the worker's process pool is closed")
+        one = self._free.get()  # (as many as runners: one is free for each)
         try:
-            result: Result = pool.submit(_child_run, lease, max_deliveries).result()
+            result: Result = one.submit(_child_run, lease, max_deliveries).result()
             return result
         except BrokenProcessPool:
             with self._lock:
-                if self._gen == gen and self._pool is not None:
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    self._pool, self._gen = self._make(), gen + 1
+                self._made.remove(one)
+            one.shutdown(wait=False, cancel_futures=True)
+            if not self._closed:
+                one = self._make()
             return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
+        finally:
+            self._free.put(one)
 
     def close(self, kill: bool) -> None:
         """``kill``: a child may still run a job; it ignores SIGTERM/SIGINT (the group gets
         them too), so SIGKILL."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if kill:
-            procs = getattr(pool, "_processes", None) or {}  # no public API before 3.14
-            for proc in list(procs.values()):
-                proc.kill()
-        pool.shutdown(wait=not kill, cancel_futures=True)
+            self._closed, made, self._made = True, self._made, []
+        for one in made:
+            if kill:
+                procs = getattr(one, "_processes", None) or {}  # no public API before 3.14
+                for proc in list(procs.values()):
+                    proc.kill()
+            one.shutdown(wait=not kill, cancel_futures=True)
 
 
 def load_handler(spec: str) -> Handler:

@@ -63,6 +63,31 @@ def test_process_mode_commits_in_the_child(tmp_path):
     store.close()
 
 
+def crash_or_sleep(ctx):
+    if ctx.body == b"abort":
+        os.abort()  # the pool process dies (SIGABRT), as a segfault in an extension would
+    import time
+    time.sleep(1.0)  # the job's own work, under way when its neighbour dies
+
+
+def test_a_pool_process_that_dies_fails_its_own_job_only():
+    """Process-runner-specific: one child dying (os.abort, a segfault) broke the one
+    executor of all: every job running beside it was failed ('BrokenProcessPool') while
+    its process ran it on, so it ran again at once beside itself, past the queue's caps,
+    and could be dead-lettered for a crash not its own (walkthrough: 1 ok, 11 failed). Each
+    runner has a process of its own now: the others finish and are acked, once."""
+    q = FakeQueue(SystemClock())
+    sleepers = [q.enqueue(b"sleep") for _ in range(2)]
+    crashed = q.enqueue(b"abort")
+    worker = Worker(q, crash_or_sleep, mode="process", concurrency=3, prune_every_s=None, **FAST)
+    stats = worker.run(max_jobs=3)
+    assert (stats.succeeded, stats.failed) == (2, 1), stats
+    assert [state for state in map(q.state, sleepers)] == [ACKED, ACKED]
+    (nack,) = q.ops("nack")
+    assert nack[1] == crashed and nack[3].startswith("BrokenProcessPool")
+    assert all(q.job(i).attempts == 1 for i in sleepers)
+
+
 # ---------------------------------------------------------------------------- CLI
 def cli_handler(ctx):
     """Logs its job id to the file its body names, then stops the worker's process (this
