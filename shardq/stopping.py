@@ -19,9 +19,11 @@ Handlers = dict[signal.Signals, Any]
 
 
 def install_stop_signals(stop: Callable[[], None], name: str) -> Handlers | None:
-    """Route SIGTERM and SIGINT to ``stop()`` (which must only set flags: it runs in a
-    signal handler); a second signal prints ``<name>: second signal`` and exits 1. Only in
-    the main thread; returns the previous handlers for :func:`restore_signals`, or None."""
+    """Route SIGTERM, SIGINT and SIGHUP to ``stop()`` (which must only set flags: it runs in
+    a signal handler); a second signal prints ``<name>: second signal`` and exits 1. SIGHUP
+    (the terminal or ssh session closed) is a clean stop too: by default it killed the
+    process without a word, its jobs held until their leases ran out. Only in the main
+    thread; returns the previous handlers for :func:`restore_signals`, or None."""
     if threading.current_thread() is not threading.main_thread():
         return None
     received = [0]
@@ -33,7 +35,7 @@ def install_stop_signals(stop: Callable[[], None], name: str) -> Handlers | None
             os._exit(1)
         stop()
 
-    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
 
 class StopBeforeStart(BaseException):
@@ -55,7 +57,7 @@ def stop_while_starting() -> Handlers | None:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise StopBeforeStart(signal.Signals(signum).name)
 
-    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
 
 def restore_signals(old: Handlers | None) -> None:

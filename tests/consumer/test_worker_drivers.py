@@ -861,10 +861,13 @@ def _spawn_blocked_worker(runner: str, ctl: Ctl) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_sigterm_then_the_grace_period_exits_0_and_releases_the_running_job(runner, tmp_path):
+def test_sigterm_then_the_grace_period_exits_0_and_releases_the_running_job(runner, tmp_path, sig):
+    """SIGHUP (the terminal or ssh session closed) too: it killed the worker without a
+    word (exit 129), its running job held until its lease ran out."""
     proc = _spawn_blocked_worker(runner, Ctl(str(tmp_path)))
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "returned [('nack', 1, 0.0, None)]" in out
