@@ -24,7 +24,7 @@ import functools
 import os
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..client import aio
 from ..client.contracts import AsyncResults
@@ -37,6 +37,9 @@ from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
 from .handling import AsyncHandler, Context, Report, Result, Runs, async_handler, failed, log
 from .idempotency import IdempotencyStore, pruning
 from .options import WorkerOptions, options_of
+
+if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
+    from .metrics import WorkerMetrics
 
 ASYNC_CONCURRENCY_DEFAULT = 50  # jobs at once: asyncio tasks are cheap
 PROGRESS_DRAIN_S = 2.0  # at the end, progress calls still on their way get this long (as in the client's close)
@@ -116,7 +119,7 @@ class AsyncWorker:
 
     def __init__(self, target: Any, handler: AsyncHandler | Callable[[Any], Any], options: WorkerOptions | None = None,
                  *, idempotency: IdempotencyStore | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None, **settings: Any):
+                 rng: random.Random | None = None, metrics: WorkerMetrics | None = None, **settings: Any):
         """``options``: a :class:`.options.WorkerOptions`; or its fields as keywords
         (``queue=``, ``concurrency=``, ``burst=``...), which make one; by keywords,
         ``concurrency`` is 50 unless given. ``prefetch`` is 0: a job leased starts at once."""
@@ -125,7 +128,7 @@ class AsyncWorker:
         self.options, self.target, self.handler, self.store = o, target, tasks, idempotency
         # The jobs run on the loop's thread; a sync task's thread reads its job unlocked.
         self.core = WorkerCore(dataclasses.replace(o, prefetch=0), clock or SystemClock(),
-                               lock=contextlib.nullcontext(), rng=rng)
+                               lock=contextlib.nullcontext(), rng=rng, metrics=metrics)
         self.clock, self.stats = self.core.clock, self.core.stats
         # A job's calls go through the client's blocking LoopCalls (bound in run_async); its
         # reports go with the acks.

@@ -90,10 +90,11 @@ class Held:
     """One delivery in a runner's hands. ``lease``, ``state`` and ``lost`` are read by the
     threads that run handlers: they change under the core's lock."""
 
-    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports")
+    __slots__ = ("lease", "state", "lost", "extend_at", "lease_s", "reports", "started_at")
 
     def __init__(self, lease: Lease, extend_at: float, state: JobState = JobState.PENDING):
         self.lease, self.state, self.lost, self.extend_at = lease, state, False, extend_at
+        self.started_at = 0.0  # the clock's monotonic time its handler started (RUNNING)
         self.lease_s: float | None = None  # set by ctx.extend: heartbeats renew by this
         self.reports: list[Report] = []    # ctx.report calls not yet landed: made before the ack
 
@@ -202,6 +203,8 @@ class WorkerCore:
         """The policy, the progress lines and the burst come from ``options`` (every runner's
         the same way); ``can_bury``: the queue client can dead-letter a job at once."""
         self.clock, self.lock, self.options, self.metrics = clock, lock, options, metrics
+        if metrics is not None:  # (read at each scrape: every runner's jobs in hand)
+            metrics.count_in_flight(lambda: len(self.jobs))
         self.policy = Policy(backoff_base_s=options.backoff_base_s, backoff_cap_s=options.backoff_cap_s,
                              rng=rng or random.Random(), can_bury=can_bury)
         self.progress = Progress(options.log_every, options.log_every_s, clock.monotonic(), options.queue)
@@ -341,6 +344,7 @@ class WorkerCore:
             if self.clock.now() >= job.lease.deadline:
                 return EXPIRED, None, None
             job.state = JobState.RUNNING
+            job.started_at = self.clock.monotonic()
         return None
 
     def may_commit(self, job: Held) -> bool:
@@ -463,8 +467,10 @@ class WorkerCore:
         or bury counts at once and keeps the job in hand until it lands; NOTHING (the lease
         is lost or expired) lets it go; an ack counts when it lands (:meth:`answered`)."""
         with self.lock:
-            job.state = JobState.FINISHED
+            started, job.state = job.state, JobState.FINISHED
             lost = job.lost
+        if self.metrics is not None and started in (JobState.RUNNING, JobState.COMMITTING):
+            self.metrics.handled(job.lease, self.clock.monotonic() - job.started_at)
         settle = self.policy.settle(*result, job.lease, lost=lost)
         if settle.counted_at_once:
             self._finish(job, settle.counter, keep=settle.op != NOTHING)

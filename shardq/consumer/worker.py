@@ -73,7 +73,7 @@ class Worker:
         service_id = queue_or_router.service_id
         if idempotency is not None and isinstance(service_id, str):
             idempotency.bind(service_id)
-        self.options, self._q, self._store, self._metrics = o, queue_or_router, idempotency, metrics
+        self.options, self._q, self._store = o, queue_or_router, idempotency
         self._core = core = WorkerCore(o, clock or SystemClock(), lock=threading.Lock(), rng=rng,
                                        can_bury=isinstance(queue_or_router, Buries), metrics=metrics)
         self._clock, self.stats = core.clock, core.stats
@@ -103,8 +103,6 @@ class Worker:
             results.put(_WAKE)
         self._work = work = queue_mod.SimpleQueue[Held | None]()
         core = self._core
-        if self._metrics is not None:
-            self._metrics.count_in_flight(lambda: len(core.jobs))
         runners: list[threading.Thread] = []
         try:
             if self.options.mode == Mode.PROCESS:
@@ -173,7 +171,7 @@ class Worker:
         not_run = self._core.start(job)
         if not_run is not None:
             return not_run
-        lease, started = job.lease, self._clock.monotonic()
+        lease = job.lease
         try:
             limit = self._core.policy.max_deliveries
             if self._pool is not None:
@@ -183,6 +181,3 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - never let a runner die
             log.exception("job %s: runner error", lease.job_id)
             return FAILED, error_text(exc), None
-        finally:
-            if self._metrics is not None:
-                self._metrics.handled(lease, self._clock.monotonic() - started)

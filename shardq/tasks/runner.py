@@ -77,7 +77,7 @@ class TaskWorkers:
                  metrics: Any = None):
         """``options``: every worker's (its ``queue`` aside); ``burst`` True: one
         :class:`~shardq.consumer.policy.Burst` shared by all. ``metrics``: a
-        :class:`~shardq.consumer.metrics.WorkerMetrics` thread-mode queues report to."""
+        :class:`~shardq.consumer.metrics.WorkerMetrics` every queue's worker reports to."""
         self.modules = modules
         self.tasks = load_tasks(modules)
         self.plan = plan(self.tasks, queues)
@@ -97,7 +97,7 @@ class TaskWorkers:
             options = dataclasses.replace(o, queue=queue, burst=burst)
             if mode == "async":
                 from ..consumer.aioworker import AsyncWorker
-                w: Any = AsyncWorker(self.target, handler, options, idempotency=self.store)
+                w: Any = AsyncWorker(self.target, handler, options, idempotency=self.store, metrics=self.metrics)
             else:
                 w = Worker(self.router, handler, options, idempotency=self.store, metrics=self.metrics)
             log.info("queue %r: %s worker, tasks: %s", queue, mode,

@@ -154,6 +154,27 @@ def test_success_is_acked_with_its_effect_once(driver):
     assert driver.worker.stats.succeeded == 3 and driver.worker.stats.failed == 0
 
 
+def test_the_workers_metrics_count_its_jobs_time_its_handlers_and_its_leases_in_hand(driver):
+    """Every runner reports to ``--metrics`` (the worker core counts, times and holds):
+    the asyncio runner took no metrics, so ``shardq worker --metrics`` showed nothing of a
+    queue with an ``async def`` task (walkthrough: 7 ok, no series)."""
+    from shardq.consumer.metrics import WorkerMetrics
+    metrics = WorkerMetrics(task="suite")
+    driver.define(fail_job_zero)
+    ids = [driver.send(n) for n in range(4)]  # job 0 fails its first delivery, the others pass
+    driver.start(metrics=metrics)
+    wait_until(lambda: sum(driver.q.state(i) == ACKED for i in ids) == 3, what="three jobs acked")
+    driver.stop()
+
+    def value(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, {"task": "suite", **labels}) or 0.0
+
+    assert value("shardq_worker_jobs_total", outcome="done") == 3
+    assert value("shardq_worker_jobs_total", outcome="failed") >= 1
+    assert value("shardq_worker_handler_seconds_count") >= 4  # each run timed, the failed one too
+    assert metrics.registry.get_sample_value("shardq_worker_in_flight") == 0  # none held once stopped
+
+
 def test_run_max_jobs_returns_once_that_many_leases_are_settled(driver):
     """``run(max_jobs)``: never more leased than that (the prefetch too), the rest left ready.
     The asyncio runner took no ``max_jobs`` (its core did): it does now (issue 45)."""
