@@ -448,12 +448,24 @@ def with_traceback(text: str, exc: BaseException) -> str:
 _CHILD: dict[str, Any] = {}
 
 
-def _child_init(handler: Handler, spec: tuple[Any, ...] | None, parent_pid: int | None = None) -> None:
+def _log_setup() -> tuple[int, str | None]:
+    """The parent's root log level and its first handler's format, for a spawned child
+    (which starts with none: only WARNING and above, bare, reached stderr)."""
+    root = logging.getLogger()
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    return root.level, getattr(formatter, "_fmt", None)
+
+
+def _child_init(handler: Handler, spec: tuple[Any, ...] | None, parent_pid: int | None = None,
+                log_setup: tuple[int, str | None] | None = None) -> None:
     # The parent handles SIGINT/SIGTERM (a terminal or a service manager signals the whole
     # group); children finish their job and are SIGKILLed if the grace period ends. A parent
     # SIGKILLed sends nothing: the children notice it gone and end too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if log_setup is not None:  # the parent's lines: level and format (shardq worker --log-level)
+        level, fmt = log_setup
+        logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
     if parent_pid is not None:
         from ..stopping import exit_with_parent
         exit_with_parent(parent_pid)
@@ -491,7 +503,7 @@ class ProcessPool:
     def _make(self) -> ProcessPoolExecutor:
         handler, spec = self._args
         one = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=_child_init, initargs=(handler, spec, os.getpid()))
+                                  initializer=_child_init, initargs=(handler, spec, os.getpid(), _log_setup()))
         with self._lock:
             self._made.append(one)
         return one

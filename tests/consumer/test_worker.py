@@ -88,6 +88,41 @@ def test_a_pool_process_that_dies_fails_its_own_job_only():
     assert all(q.job(i).attempts == 1 for i in sleepers)
 
 
+def log_config_to_file(ctx):
+    """Writes what logging the pool process has (its root's level and format) to ``ctx.body``."""
+    import json
+    import logging
+    root = logging.getLogger()
+    fmt = next((h.formatter._fmt for h in root.handlers if h.formatter is not None), None)
+    logging.getLogger("shardq.worker").info("from the pool process")
+    with open(ctx.body, "w") as f:
+        json.dump({"level": root.level, "format": fmt}, f)
+
+
+def test_a_pool_process_logs_at_the_workers_level_and_in_its_format(tmp_path):
+    """Process-runner-specific: a spawned child started with no logging set up, so its INFO
+    lines (a task's progress, a retry) were lost and the rest printed bare, without time,
+    level or logger (walkthrough). It takes the worker's level and format."""
+    import json
+    import logging
+    root = logging.getLogger()
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    old_level = root.level
+    root.handlers.insert(0, handler)  # the first one's format (the CLI's basicConfig has one; pytest adds more)
+    root.setLevel(logging.INFO)
+    try:
+        out = tmp_path / "child-logging.json"
+        q = FakeQueue(SystemClock())
+        q.enqueue(str(out).encode())
+        Worker(q, log_config_to_file, mode="process", concurrency=1, prune_every_s=None, **FAST).run(max_jobs=1)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    got = json.loads(out.read_text())
+    assert got == {"level": logging.INFO, "format": "%(asctime)s %(name)s %(levelname)s %(message)s"}
+
+
 # ---------------------------------------------------------------------------- CLI
 def cli_handler(ctx):
     """Logs its job id to the file its body names, then stops the worker's process (this
