@@ -579,5 +579,5 @@ def load(source: str | os.PathLike[str] | dict[str, Any] | Config | None) -> Con
 def check_queue_name(name: Any, error: type[Exception]) -> str:
     if not isinstance(name, str) or not name or len(name.encode()) > limits.QUEUE_NAME_BYTES_MAX:
         raise error(f"queue name must be a non-empty string of at most "
-                    f"{limits.QUEUE_NAME_BYTES_MAX} bytes, got {name!r}")
+                    f"{limits.QUEUE_NAME_BYTES_MAX} bytes, got {name!r:.160}")
     return name

@@ -50,7 +50,7 @@ from .. import limits
 from ..busypoll import BusyPoll
 from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
-from ..config import Config, parse as parse_config
+from ..config import Config, check_queue_name, parse as parse_config
 from ..datadir import DataDir
 from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
                       ShardqError)
@@ -567,9 +567,9 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _watch(self, args: protocol.WatchArgs, now: float, conn: FrameConn, rid: int) -> bool | _Deferred:
         queue, timeout = args.queue, args.timeout_s
-        if (type(queue) is not str or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not math.isfinite(timeout)):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
             raise InvalidJob("watch: expects [queue, timeout_s] with a finite timeout")
+        check_queue_name(queue, InvalidJob)  # (a parked watch holds its name: as dequeue's, 128 bytes)
         if self.state.has_ready(queue):
             return True
         timeout = min(max(float(timeout), 0.0), limits.WAIT_S_MAX)

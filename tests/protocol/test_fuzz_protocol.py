@@ -20,6 +20,7 @@ import msgpack
 import pytest
 from support.service import Service, wait_until
 
+from shardq import limits
 from shardq.protocol import wire as protocol
 from shardq.datadir import DataDir
 from shardq.errors import ProtocolError, ShardqError
@@ -563,6 +564,22 @@ def test_watch_with_a_non_finite_timeout_is_refused_and_the_shard_lives(svc):
         for t in (math.nan, math.inf, -math.inf):
             (_, status, payload), = exchange(conn, msgpack.packb([[1, "watch", ["nanq", t]]]), wait=REPLY_S)
             assert status == protocol.ERR and payload[0] == "InvalidJob"
+    finally:
+        conn.close()
+    assert_serving(svc)
+
+
+def test_watch_refuses_a_queue_name_dequeue_refuses_and_the_error_stays_small(svc):
+    """Found by a walkthrough: watch took any string as its queue (a 10 MB one parked in the
+    shard's memory for the whole wait) where dequeue refuses one over 128 bytes."""
+    top = limits.QUEUE_NAME_BYTES_MAX
+    conn = raw(svc, 0)
+    try:
+        (_, status, payload), = exchange(conn, msgpack.packb([[1, "watch", ["w" * top, 0]]]), wait=REPLY_S)
+        assert (status, payload) == (protocol.OK, False)  # at the limit: watched, nothing ready
+        for name in ("", "w" * (top + 1), "w" * 10_000_000):
+            (_, status, payload), = exchange(conn, msgpack.packb([[2, "watch", [name, 0]]]), wait=REPLY_S)
+            assert status == protocol.ERR and payload[0] == "InvalidJob" and len(payload[1]) < 400, payload[:1]
     finally:
         conn.close()
     assert_serving(svc)
