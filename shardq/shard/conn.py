@@ -15,6 +15,7 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .. import limits
 from ..protocol.sockio import shut
 from ..protocol.wire import read_frames
 
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 _LEN = struct.Struct("!i")
 _LEN64 = struct.Struct("!Q")
 SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long is dropped
+# A client with more replies than this waiting for it is read no more, and dropped: one
+# that takes a trickle (a bare read of 64 KiB now and then) never meets SEND_TIMEOUT_S, and
+# its replies grew the shard's memory without bound (~100 MB/s of barrier values). Two
+# frames' worth: a client that reads its replies never comes near it.
+UNREAD_BYTES_MAX = 2 * limits.FRAME_BYTES_MAX
 
 
 class FrameConn:

@@ -61,7 +61,7 @@ from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
 from .calls import handlers
 from .control_handlers import ControlHandlers, Handler
-from .conn import FrameConn
+from .conn import UNREAD_BYTES_MAX, FrameConn
 from .durable import DurableShard
 from .jobstate import R
 from .ops import new
@@ -392,7 +392,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
-        busy client cannot starve the rest and a stalled one cannot block the loop."""
+        busy client cannot starve the rest and a stalled one cannot block the loop. One that
+        leaves more than ``UNREAD_BYTES_MAX`` of replies unread is dropped, not read."""
+        if conn.out_bytes > UNREAD_BYTES_MAX:
+            self._drop(conn, f"client left {conn.out_bytes} bytes of replies unread (at most {UNREAD_BYTES_MAX})")
+            return
         try:  # (conn.read_frames written out: it runs on every readiness event)
             for data in read_frames(conn.fd, conn.buf, self._scratch):
                 batches.append((conn, decode_requests(data)))

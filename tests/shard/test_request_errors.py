@@ -49,3 +49,28 @@ def test_an_oserror_after_the_state_changed_is_not_swallowed(server):
     with pytest.raises(OSError, match="after the state changed"):
         server._execute(None, 9, "enqueue", [[[b"x", None, "default", 0, 0, None]], None], 1000.0,
                         len(server.state._ops))
+
+
+def test_a_client_that_leaves_its_replies_unread_is_dropped_not_read(server, caplog):
+    """Found at the shards' sockets: a client that takes a trickle of its replies (a bare
+    64 KiB read now and then) never met the send timeout, and the replies of what it went
+    on asking grew the shard's memory ~100 MB/s. Past UNREAD_BYTES_MAX unread it is not
+    read again but dropped; a client that reads its replies is read as ever."""
+    import socket
+    from shardq.shard.conn import UNREAD_BYTES_MAX, FrameConn
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        conn = FrameConn(ours.fileno())
+        ping = wire.pack([[1, "ping", []]])
+        theirs.sendall(len(ping).to_bytes(4, "big") + ping)
+        conn.out_bytes = UNREAD_BYTES_MAX + 1  # replies the client has not taken
+        batches: list = []
+        server._read(conn, batches)
+        assert batches == [] and "replies unread" in caplog.text
+        conn.out_bytes = UNREAD_BYTES_MAX  # at the limit: read
+        server._read(conn, batches)
+        assert [reqs for _, reqs in batches] == [[[1, "ping", []]]]
+    finally:
+        ours.close()
+        theirs.close()
