@@ -344,6 +344,7 @@ class WorkerCore:
             if self.clock.now() >= job.lease.deadline:
                 return EXPIRED, None, None
             job.state = JobState.RUNNING
+        if self.metrics is not None:  # (the handler's time: read only where it is reported)
             job.started_at = self.clock.monotonic()
         return None
 
