@@ -314,7 +314,10 @@ class Progress:
     def final(self, stats: Any, why: str, now: float) -> None:
         """The run is over (``why``: stopped, or the queues are empty)."""
         elapsed = now - self.start
-        log.info("%s%s after %.1fs: %s", self._prefix(), why, elapsed, _totals(stats))
+        handed_back = "".join(f"; {n} {what}" for n, what in (
+            (stats.released, "released (not started)"),
+            (stats.abandoned, "abandoned (running when the grace period ended)")) if n)
+        log.info("%s%s after %.1fs: %s%s", self._prefix(), why, elapsed, _totals(stats), handed_back)
 
     def _line(self, stats: Any, in_flight: int, now: float) -> None:
         elapsed = now - self.t0

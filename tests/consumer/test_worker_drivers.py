@@ -556,11 +556,12 @@ def test_stop_lets_running_jobs_finish_within_the_grace_period(driver):
     assert driver.worker.stats.succeeded == 2 and driver.worker.stats.abandoned == 0
 
 
-def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
+def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver, caplog):
     """The grace period runs on the worker's clock (the asyncio runner used the event loop's
     own, so a worker on another clock waited out ``grace_s`` in real time): once it is
-    over, the jobs still running are released for redelivery and counted abandoned, and
-    whatever they wrote rolls back."""
+    over, the jobs still running are released for redelivery and counted abandoned (the
+    last line says so: it did not), and whatever they wrote rolls back."""
+    caplog.set_level(logging.INFO, logger="shardq.worker")
     store = driver.store()
     driver.define(hold)
     job_id = driver.send()
@@ -581,6 +582,8 @@ def test_after_the_grace_period_running_jobs_are_released_and_not_acked(driver):
                what="the runner threads ending")
     assert driver.q.ops("ack") == [] and driver.worker.stats.succeeded == 0
     assert effects(store) == {} and not store.seen(job_id)
+    assert any(r.getMessage().startswith("queue default: stopped after") and
+               r.getMessage().endswith("; 1 abandoned (running when the grace period ended)") for r in caplog.records)
 
 
 def test_a_lease_delivered_after_its_deadline_is_not_started(driver):
