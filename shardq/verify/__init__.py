@@ -59,6 +59,7 @@ import argparse
 import sys
 
 from .. import limits
+from ..errors import UsageError
 
 from .check import Report, check
 from .history import (Effect, Enqueue, LeaseRec, body_digest, body_for, parse_body, read_effects,
@@ -110,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         return producer_main(a) if role == "_producer" else worker_main(a)
     a = build_parser().parse_args(argv)
     asked = a.duration is not None or a.run  # a run starts only when asked (bare: says what it would do)
-    a = settle_defaults(a)
+    try:
+        a = settle_defaults(a)
+    except UsageError as e:  # (shardq verify and python -m shardq.verify alike: one line, exit 2)
+        print(f"error: UsageError: {e}", file=sys.stderr)
+        return 2
     if a.disk_faults:
         return _disk_faults(a)
     if a.keys < a.producers or min(a.shards, a.producers, a.workers, a.keys) < 1:

@@ -54,9 +54,11 @@ def test_the_edges_a_run_can_use_still_pass(argv):
     (["--duration", "2", "--fault-interval", "0"], "error: UsageError: --fault-interval must be more than 0, got 0"),
     (["--duration", "2", "--fault-interval", "-1"], "error: UsageError: --fault-interval must be more than 0, got -1"),
 ])
-def test_the_command_exits_2_naming_the_option_at_once(tmp_path, argv, said):
-    # before the fix: neither ended (a timeout here; the plan is made before anything starts)
-    proc = subprocess.run([sys.executable, "-m", "shardq.cli", "verify", *argv], capture_output=True, text=True,
+@pytest.mark.parametrize("command", [["shardq.cli", "verify"], ["shardq.verify"]], ids=["shardq", "module"])
+def test_the_command_exits_2_naming_the_option_at_once(tmp_path, argv, said, command):
+    # before the fix: neither ended (a timeout here; the plan is made before anything starts);
+    # python -m shardq.verify then printed a traceback for the refusal
+    proc = subprocess.run([sys.executable, "-m", *command, *argv], capture_output=True, text=True,
                           env=ENV, cwd=str(tmp_path), timeout=20)
     assert (proc.returncode, proc.stderr.strip()) == (2, said), proc.stderr
 
