@@ -275,10 +275,11 @@ class QueueOps(StateCore):
             sessions.move_to_end(client_id)  # most recently seen last
             entry[0] = at
         seqs = entry[1]
-        if seqs:
-            for old in list(seqs):  # (a copy: deleting while iterating)
-                if old < client_low:
-                    del seqs[old]
+        while seqs:  # oldest first (a client's seqs grow): stop at the first it may still retry
+            old = next(iter(seqs))
+            if old >= client_low:
+                break
+            del seqs[old]
         seqs[client_seq] = job_ids
 
     # ------------------------------------------------------------------ inspection
