@@ -127,6 +127,13 @@ class AsyncQueue(Calls, AsyncExecutor):
         socket; the parent's are left alone."""
         self.loop = _FORKED
 
+    def _check(self) -> None:
+        """A hot call's checks (the table's calls: :meth:`_bind`, :meth:`_request`)."""
+        if self._closed:
+            raise Closed("client is closed")
+        if get_running_loop() is not self.loop:
+            raise self._wrong_loop()
+
     def _wrong_loop(self) -> UsageError:
         """The error of a call from a loop that is not this client's."""
         if self.loop is _FORKED:
@@ -206,37 +213,22 @@ class AsyncQueue(Calls, AsyncExecutor):
     async def enqueue(self, body: bytes, key: str | None = None, queue: str = "default", delay: float = 0,
                       priority: int = 0, dedup_id: str | None = None) -> JobId:
         """Durably add a job; returns its id once the owning shard has fsynced it."""
-        if self._closed:
-            raise Closed("client is closed")
-        if get_running_loop() is not self.loop:
-            raise self._wrong_loop()
+        self._check()
         item = job_item(body, key, queue, delay, priority, dedup_id)
         shard = self._placed(queue, key, priority, dedup_id)
         if shard is None:
             shard = await self._drive(place(self, queue, key, priority, dedup_id))
         conn = self.conns[shard]
-        fut = conn.merged(conn.chan.enqueue_part, item)
-        try:
-            got: tuple[JobId, bool] = await fut  # (its id, resent): one part of a merged enqueue
-            return got[0]
-        except asyncio.CancelledError:
-            conn.chan.forget(fut)  # (its part of the merged request)
-            raise
+        got: tuple[JobId, bool] = await conn.merged(conn.chan.enqueue_part, item)  # (its id, resent)
+        return got[0]
 
     async def ack(self, lease: Lease) -> None:
         """Delete the job. LeaseLost if it was leased again since (an ack past the lease's
         deadline still deletes it while nobody leased it since)."""
-        if self._closed:
-            raise Closed("client is closed")
-        if get_running_loop() is not self.loop:
-            raise self._wrong_loop()
+        self._check()
         conn = self.conns[lease_shard(lease, self.shards)]
-        fut = conn.merged(conn.chan.ack_part, [lease.job_id, lease.token])
         try:
-            err, resent = await fut
-        except asyncio.CancelledError:
-            conn.chan.forget(fut)  # (its part of the merged request)
-            raise
+            err, resent = await conn.merged(conn.chan.ack_part, [lease.job_id, lease.token])
         finally:
             self._settled([lease])
         if err is not None and (error := ack_error(err, resent)) is not None:

@@ -123,17 +123,21 @@ class ShardConn:
         self._schedule_flush()
         return got, fut
 
-    def merged(self, add: Callable[[list[Any], Any], None], item: list[Any]) -> asyncio.Future[Any]:
+    async def merged(self, add: Callable[[list[Any], Any], None], item: list[Any]) -> Any:
         """A single-job enqueue or single-lease ack (``add``: the channel's
         :meth:`~.channel.Channel.enqueue_part` or :meth:`~.channel.Channel.ack_part`), merged
-        with this turn's others: its future gets ``(id, resent)`` or ``(error, resent)``."""
-        fut = self.loop.create_future()
+        with this turn's others: ``(id, resent)`` or ``(error, resent)``. A caller cancelled
+        takes its part out of the merged request."""
         if self.chan.closed:
-            fut.set_exception(Closed("client is closed"))
-            return fut
+            raise Closed("client is closed")
+        fut = self.loop.create_future()
         add(item, fut)
         self._schedule_flush()
-        return fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.chan.forget(fut)
+            raise
 
     def abandon(self, req: Request | None, fut: asyncio.Future[Any]) -> None:
         """``fut``'s caller gave up (:meth:`~.channel.Channel.abandon`)."""
