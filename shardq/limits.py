@@ -36,6 +36,9 @@ TOKEN_EPSILON = 1e-9
 # writes frames cuts them at this size, and a reader refuses anything larger.
 BATCH_JOBS_MAX = 10_000
 FRAME_BYTES_MAX = 64 * 1024 * 1024
+#: Requests in one frame: a shard refuses a frame announcing more before decoding it (a
+#: frame of 64 MiB of tiny requests took seconds to decode); connections cut there too.
+FRAME_REQUESTS_MAX = 10_000
 WAIT_S_MAX = 60.0
 #: What one job's ids, numbers and msgpack headers take at most in a frame or a log record.
 #: Writers bound a job's encoding by this plus its body plus 4 bytes per character of its

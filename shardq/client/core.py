@@ -8,9 +8,9 @@ bytes and wait; every rule below is written once, here (routing is in :mod:`.rou
   otherwise :class:`~shardq.errors.OutcomeUnknown`. Past its retry deadline:
   :class:`~shardq.errors.ShardUnavailable`.
 * **Frames** (:func:`encode_frames`): the requests queued on one connection leave in one
-  frame, cut into several only where together they pass ``limits.FRAME_BYTES_MAX`` (a
-  shard drops a connection that sends a larger frame); a request that cannot be encoded
-  fails alone with :class:`~shardq.errors.InvalidJob`.
+  frame, cut into several only where together they pass ``limits.FRAME_BYTES_MAX`` or
+  ``limits.FRAME_REQUESTS_MAX`` requests (a shard drops a connection that sends a larger
+  frame); a request that cannot be encoded fails alone with :class:`~shardq.errors.InvalidJob`.
 * **Lease rounds** (:class:`LeaseRound`): which shards to ask, in which order, when to peek
   at priorities and what to keep, release and take (:mod:`.priority`). **A round that
   fails, for any error (a shard's ProtocolError or InvalidJob, Closed, a cancelled caller),
@@ -238,17 +238,19 @@ class Sessions:
 # ---------------------------------------------------------------------- frames
 def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], object]) -> list[bytes]:
     """The frames that carry ``requests`` (each ``[request_id, op, args]``), in order: one
-    frame, unless together they pass ``limits.FRAME_BYTES_MAX``. A request that cannot be encoded (text with a lone
+    frame, unless together they pass ``limits.FRAME_BYTES_MAX`` or are more than
+    ``limits.FRAME_REQUESTS_MAX``. A request that cannot be encoded (text with a lone
     surrogate, an integer msgpack cannot hold), or that alone passes the limit, is left out
     and given to ``refuse(index, InvalidJob)``, so it fails alone instead of breaking the
-    connection for every caller. Every frame returned is within the limit."""
-    frame_max = limits.FRAME_BYTES_MAX  # read per call: a test may lower it
-    try:
-        data = wire.pack(requests)
-        if len(data) <= frame_max:
-            return [data]
-    except _ENCODE_ERRORS:
-        pass
+    connection for every caller. Every frame returned is within both limits."""
+    frame_max, count_max = limits.FRAME_BYTES_MAX, limits.FRAME_REQUESTS_MAX  # read per call: a test may lower them
+    if len(requests) <= count_max:
+        try:
+            data = wire.pack(requests)
+            if len(data) <= frame_max:
+                return [data]
+        except _ENCODE_ERRORS:
+            pass
     frames: list[bytes] = []
     parts: list[bytes] = []
     size = 0
@@ -262,7 +264,7 @@ def encode_frames(requests: list[Any], refuse: Callable[[int, InvalidJob], objec
             refuse(i, InvalidJob(f"{req[1]}: a request of {len(one)} bytes is over the "
                                  f"{frame_max}-byte frame limit"))
             continue
-        if parts and size + len(one) + 5 > frame_max:  # 5: the largest array header
+        if parts and (size + len(one) + 5 > frame_max or len(parts) == count_max):  # 5: the largest array header
             frames.append(wire.pack_array(parts))
             parts, size = [], 0
         parts.append(one)

@@ -1,7 +1,8 @@
 """A shard process: the thin I/O shell around :class:`~shardq.shard.durable.DurableShard`.
 
 One loop iteration: wait until some connection is readable, read every ready request
-frame, apply all requests to the state, write the resulting log operations, make them
+frame, apply its requests to the state (those left when the iteration has worked
+``SLICE_S``, first in the next), write the resulting log operations, make them
 durable with **one** fsync, then send the replies. No reply to a request that changed
 state leaves before that fsync, except a lease of a ``lease_sync = "batched"`` queue whose
 job's enqueue is already durable: it leaves once its record is written (committer.py).
@@ -17,11 +18,11 @@ an error reply. Neither touches the log or the other clients.
 Run by the supervisor as ``python -m shardq.shard.process --data-dir D --index I --config-file F``,
 in a session of its own (a Ctrl-C meant for the supervisor's terminal or embedding app
 does not reach it). It tells the supervisor how it is doing on its stdout (:mod:`.report`).
-SIGTERM: the loop finishes its iteration (no request is read after it, so no lease is
-handed out), the committer fsyncs and sends every reply, and the shard writes a checkpoint
-if this run logged enough (STOP_CHECKPOINT_SHARE, STOP_CHECKPOINT_MIN_BYTES), so the next
-start replays it, not the records. It then exits without tearing down the interpreter (os._exit: freeing a million
-jobs one by one takes seconds).
+SIGTERM: the loop finishes its iteration and serves the requests it had read (no request
+is read after it, so no lease is handed out), the committer fsyncs and sends every reply,
+and the shard writes a checkpoint if this run logged enough (STOP_CHECKPOINT_SHARE,
+STOP_CHECKPOINT_MIN_BYTES), so the next start replays it, not the records. It then exits
+without tearing down the interpreter (os._exit: freeing a million jobs one by one takes seconds).
 Exit codes: 0 stopped cleanly, 3 corrupt log, 4 log write failed or log cannot be opened
 (disk full, I/O error), 70 internal error.
 """
@@ -41,6 +42,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from itertools import zip_longest
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -77,6 +79,12 @@ log = logging.getLogger("shardq.shard")
 EXIT_OK, EXIT_CORRUPT, EXIT_LOG_FAILED, EXIT_BUG = 0, 3, 4, 70
 INLINE_REQUESTS_MAX = 2      # an iteration this small commits on the loop thread (latency)
 MARK_RETRY_S = 0.001         # an idle loop whose sync mark must wait looks again this soon
+#: An iteration serves frames until it has worked SLICE_S; the frames left (a frame of more
+#: than SLICE_REQUESTS requests counts as several) are served by the next, before anything
+#: read then: a crowd of clients or one frame of many requests cannot hold the loop (and its
+#: health pings, lease expiries and other clients) for seconds
+SLICE_S = 0.1
+SLICE_REQUESTS = 256
 #: A stopping shard writes a checkpoint if the log since the last one is at least this
 #: share of the checkpoint's size, and at least STOP_CHECKPOINT_MIN_BYTES. A rule of thumb:
 #: writing a checkpoint takes about as long as replaying it, so one that replaces fewer
@@ -99,6 +107,7 @@ class _Deferred(Enum):
 _DEFERRED: Final = _Deferred.DEFERRED
 #: A reply: [request id, protocol.OK or protocol.ERR, what it carries].
 Reply: TypeAlias = list[Any]
+Batch: TypeAlias = tuple[FrameConn, list[list[Any]]]  # a connection and requests of one frame, decoded
 #: A waiting watch: (conn, request id, deadline_monotonic).
 Watcher: TypeAlias = tuple[FrameConn, int, float]
 #: A waiting dequeue: (conn, request id, visibility, max_jobs, deadline_monotonic); visibility
@@ -177,6 +186,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self._answered = True
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
+        self._backlog: list[Batch] = []  # requests read, to serve first (iterate)
         #: the pipelined committer, started by serve() before the loop runs (a driver of
         #: iterate() without serve() sets one first: bench/probes/shard_path.py). The loop's
         #: methods use it unchecked: their ``# type: ignore[union-attr]`` says so.
@@ -234,7 +244,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if on_ready:
             on_ready()
         try:
-            while not self.stopping:
+            while not self.stopping or self._backlog:  # what was read is served
                 self.iterate()
         finally:
             listener.close()
@@ -276,6 +286,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
         # (_timeout's idle case tested here: no sync due and no waiter, the usual iteration)
         timeout = (None if committer.sync_due_at is None  # type: ignore[union-attr]  # the loop runs: it is set
                    and not self.watchers and not self.lease_waiters else self._timeout())
+        batches: list[Batch] = []   # (conn, its decoded requests)
+        if self._backlog:  # requests read but not served yet come first; nothing waits meanwhile
+            batches, self._backlog = [b for b in self._backlog if b[0] in self.conns], []  # not a dropped client's
+            timeout = 0
+            if self.stopping:  # (serve) no request is read after the stop
+                self._serve(batches)
+                return
         busy = self._busy
         waited_from = self._mono()
         # a lone client's next request comes a round trip after our reply: poll for it
@@ -289,7 +306,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
             # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
             events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
         busy.note(self._mono() - waited_from)
-        batches: list[tuple[FrameConn, list[list[Any]]]] = []   # (conn, its decoded requests)
+        held = {c for c, _ in batches} if batches else ()  # their next frames are read after these
         conn: FrameConn | None
         for fd, _ in events:
             if fd == self._wake_r:
@@ -304,10 +321,17 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     self._poller.register(conn.fd, select.EPOLLIN)
             else:
                 conn = self._by_fd.get(fd)
-                if conn is not None:  # None: dropped earlier in this iteration
+                if conn is not None and conn not in held:  # None: dropped earlier in this iteration
                     self._read(conn, batches)
                 elif fd == self._health_fd:
                     self._health_ping()
+        self._serve(batches)
+
+    def _serve(self, batches: list[Batch]) -> None:
+        """Apply ``batches`` (what :meth:`iterate` read, in order; what is left after
+        ``SLICE_S`` is kept for the next), then hand the log payload and the replies to the
+        committer."""
+        committer = self.committer
         self.iterations += 1
         now = self.clock.now()
         state = self.state
@@ -319,7 +343,11 @@ class ShardServer(ControlHandlers, ResultHandlers):
         early: dict[FrameConn, list[Reply]] = {}
         pending = state._ops
         n_requests = 0
-        for conn, requests in batches:
+        work_end = self._mono() + SLICE_S if len(batches) > 1 else 0.0
+        for b, (conn, requests) in enumerate(batches):
+            if b and self._mono() > work_end:  # (a lone frame, the usual case, reads no clock)
+                self._backlog = _turns(batches[b:], batches[b - 1][0], self.conns)
+                break
             n_requests += len(requests)
             for rid, op, args in requests:
                 before = len(pending)
@@ -390,7 +418,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     frames.extend((conn, frame) for frame in _reply_frames(out))
         return frames
 
-    def _read(self, conn: FrameConn, batches: list[tuple[FrameConn, list[list[Any]]]]) -> None:
+    def _read(self, conn: FrameConn, batches: list[Batch]) -> None:
         """Every complete frame the client has sent; one read per readiness event, so a
         busy client cannot starve the rest and a stalled one cannot block the loop. One that
         leaves more than ``UNREAD_BYTES_MAX`` of replies unread is dropped, not read."""
@@ -399,7 +427,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
             return
         try:  # (conn.read_frames written out: it runs on every readiness event)
             for data in read_frames(conn.fd, conn.buf, self._scratch):
-                batches.append((conn, decode_requests(data)))
+                requests = decode_requests(data)
+                if len(requests) <= SLICE_REQUESTS:
+                    batches.append((conn, requests))
+                else:  # served in slices, the loop's clock read between them (iterate)
+                    batches.extend((conn, requests[i:i + SLICE_REQUESTS])
+                                   for i in range(0, len(requests), SLICE_REQUESTS))
         except BlockingIOError:
             pass  # nothing to read after all
         except ProtocolError as e:
@@ -637,6 +670,20 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
+
+
+def _turns(left: list[Batch], served: FrameConn, conns: set[FrameConn]) -> list[Batch]:
+    """The batches an iteration left, in the order the next serves them: one of each
+    connection in turn, each connection's in their order, the one served last going last
+    (a frame of many requests cannot keep the others waiting for all of it); a dropped
+    client's are not served."""
+    by_conn: dict[FrameConn, list[Batch]] = {}
+    for batch in left:
+        if batch[0] in conns:
+            by_conn.setdefault(batch[0], []).append(batch)
+    if served in by_conn:
+        by_conn[served] = by_conn.pop(served)
+    return [batch for turn in zip_longest(*by_conn.values()) for batch in turn if batch is not None]
 
 
 def _reply_frames(replies: list[Reply]) -> list[bytes]:

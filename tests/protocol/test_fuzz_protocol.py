@@ -485,7 +485,7 @@ def test_client_that_never_reads_replies_is_dropped(svc):
     s = _raw_socket(svc)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
-        reqs = msgpack.packb([[i, "stats", []] for i in range(1, 20_001)])  # megabytes of replies
+        reqs = msgpack.packb([[i, "stats", []] for i in range(1, limits.FRAME_REQUESTS_MAX + 1)])  # MBs of replies
         s.sendall(struct.pack("!i", len(reqs)) + reqs)
         def dropped():
             assert_serving(svc)  # the others are served while the shard waits on this client
