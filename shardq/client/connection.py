@@ -45,7 +45,10 @@ from .core import WITHDRAW_SETTLE_S, ConnectionLost
 SHARED: Any = object()
 LANES_MAX = 16      # a shard's lanes in one router: more callers at once go the shared way
 DOWN_S = 0.5        # after a failed connect, calls go the shared way (which retries) this long
-CONNECT_S = 2.0     # a handshake on the lane takes at most this long
+#: A handshake on a lane takes at most this long (one with a running shard: a millisecond);
+#: past it the call goes the shared way, whose retries keep to the call's retry_s (a paused
+#: shard's 2 s handshake had come on top of it)
+CONNECT_S = 0.25
 READ_BYTES = 64 << 10  # one read of a lane's replies takes at most this much (a larger frame: several)
 _LEN = struct.Struct("!i")
 _BROKEN = (EOFError, OSError, ValueError, msgpack.UnpackException, ProtocolError)

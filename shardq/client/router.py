@@ -189,10 +189,11 @@ class Router(Calls, SyncExecutor):
         free, else the shared way. A break is the engine's to decide (:func:`~.effects.deliver`,
         until ``retry_s``), its re-sends going the shared way."""
         start = self._mono()
+        deadline = start + (self.retry_s if retry_s is None else retry_s)
         got = self.lanes[shard].call(op, args, self.request_timeout_s)
         if got is SHARED:  # one request on the I/O thread's connection, no operation there
-            try:
-                got = self._on_io(lambda io: io._request(shard, op, args, retry_s)[2]), None
+            try:  # (its retries: what the lane left of the call's retry_s)
+                got = self._on_io(lambda io: io._request(shard, op, args, max(0.0, deadline - self._mono()))[2]), None
             except ConnectionLost as e:
                 got = None, e
         value, lost = got
@@ -200,7 +201,6 @@ class Router(Calls, SyncExecutor):
             return value, False
         if type(lost) is TimeoutError:
             raise no_answer(shard, op, self.request_timeout_s)
-        deadline = start + (self.retry_s if retry_s is None else retry_s)
         ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
         return value, resent
 

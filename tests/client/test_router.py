@@ -583,6 +583,26 @@ def test_a_solo_call_that_times_out_drops_its_late_reply(svc):
         assert sorted(drain_bodies(q)) == [b"late", b"next"]  # the timed-out call was applied
 
 
+def test_a_call_to_a_paused_shard_with_no_lane_yet_gives_up_within_its_retry_s(svc):
+    """Found by a walkthrough: a router's first call to a shard that is paused (SIGSTOP: its
+    acceptor takes no handshake) waited the lane's whole handshake timeout (2 s), then the
+    shared way's full retry_s on top: ShardUnavailable 3.3 s into a call with retry_s = 1.
+    The lane's handshake now gives up after 0.25 s and the shared way retries for what is
+    left of the call's retry_s."""
+    with svc.connect() as first:
+        pid = first.ping()[SHARD_A]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with svc.connect(request_timeout_s=1, retry_s=1) as q:
+            started = time.monotonic()
+            with pytest.raises(ShardUnavailable):
+                q.enqueue(b"x", key=A)
+            took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 2.0, f"ShardUnavailable after {took:.2f} s, retry_s = 1"
+
+
 def test_a_lone_waiting_dequeue_takes_its_lane_and_is_withdrawn_when_it_passes(monkeypatch):
     """Issue 47: a waiting dequeue alone is sent and read by its caller on the shard's lane
     (no future, no hand-off), as a lone dequeue is. One whose reply does not come within
