@@ -30,6 +30,10 @@ SEND_TIMEOUT_S = 1.0   # a client that takes none of its replies for this long i
 # its replies grew the shard's memory without bound (~100 MB/s of barrier values). Two
 # frames' worth: a client that reads its replies never comes near it.
 UNREAD_BYTES_MAX = 2 * limits.FRAME_BYTES_MAX
+# A client that began a frame and has not sent the rest this long after is dropped: a
+# half-sent frame held its bytes (up to 64 MiB) for ever. A 64 MiB frame takes 64 of the
+# loop's reads, well within it even while the loop is busy.
+FRAME_COMPLETE_S = 30.0
 
 
 class FrameConn:
@@ -39,7 +43,7 @@ class FrameConn:
     for ``SEND_TIMEOUT_S``), so one slow reader never delays another client's replies."""
 
     __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent", "slots",
-                 "role")
+                 "role", "begun_at")
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -54,6 +58,7 @@ class FrameConn:
         #: who is at the other end (protocol/sockio.py ROLES), as its hello said: the loop
         #: polls for the next request only after replying to a "client" (process.py)
         self.role = "client"
+        self.begun_at = 0.0  # when the frame ``buf`` holds the start of was begun (the loop's clock); 0: none
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:

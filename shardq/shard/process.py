@@ -63,7 +63,7 @@ from .boot_fence import VISIBILITY_EPS_S
 from .committer import Committer, Send
 from .calls import handlers
 from .control_handlers import ControlHandlers, Handler
-from .conn import UNREAD_BYTES_MAX, FrameConn
+from .conn import FRAME_COMPLETE_S, UNREAD_BYTES_MAX, FrameConn
 from .durable import DurableShard
 from .jobstate import R
 from .ops import new
@@ -187,6 +187,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         self._by_fd: dict[int, FrameConn] = {}     # client connections, by descriptor
         self._closes: list[FrameConn] = []
         self._backlog: list[Batch] = []  # requests read, to serve first (iterate)
+        self._begun: set[FrameConn] = set()  # clients part of whose next frame came (conn.FRAME_COMPLETE_S)
         #: the pipelined committer, started by serve() before the loop runs (a driver of
         #: iterate() without serve() sets one first: bench/probes/shard_path.py). The loop's
         #: methods use it unchecked: their ``# type: ignore[union-attr]`` says so.
@@ -263,10 +264,12 @@ class ShardServer(ControlHandlers, ResultHandlers):
         idle) if there is none, which :meth:`iterate` tests before it calls this."""
         sync_due = self.committer.sync_due_at  # type: ignore[union-attr]  # the loop runs: it is set
         waiting = self.watchers or self.lease_waiters
-        if not waiting and sync_due is None:
+        if not waiting and sync_due is None and not self._begun:
             return None
         mono = self.clock.monotonic()
         t = math.inf if sync_due is None else sync_due - mono
+        if self._begun:
+            t = min(t, min(c.begun_at for c in self._begun) + FRAME_COMPLETE_S - self._mono())
         if waiting:
             if self.watchers:
                 t = min(t, min(w[2] for ws in self.watchers.values() for w in ws) - mono)
@@ -285,7 +288,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         committer = self.committer
         # (_timeout's idle case tested here: no sync due and no waiter, the usual iteration)
         timeout = (None if committer.sync_due_at is None  # type: ignore[union-attr]  # the loop runs: it is set
-                   and not self.watchers and not self.lease_waiters else self._timeout())
+                   and not self.watchers and not self.lease_waiters and not self._begun else self._timeout())
         batches: list[Batch] = []   # (conn, its decoded requests)
         if self._backlog:  # requests read but not served yet come first; nothing waits meanwhile
             batches, self._backlog = [b for b in self._backlog if b[0] in self.conns], []  # not a dropped client's
@@ -325,6 +328,8 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     self._read(conn, batches)
                 elif fd == self._health_fd:
                     self._health_ping()
+        if self._begun:
+            self._drop_unfinished()
         self._serve(batches)
 
     def _serve(self, batches: list[Batch]) -> None:
@@ -426,13 +431,21 @@ class ShardServer(ControlHandlers, ResultHandlers):
             self._drop(conn, f"client left {conn.out_bytes} bytes of replies unread (at most {UNREAD_BYTES_MAX})")
             return
         try:  # (conn.read_frames written out: it runs on every readiness event)
-            for data in read_frames(conn.fd, conn.buf, self._scratch):
+            frames = read_frames(conn.fd, conn.buf, self._scratch)
+            for data in frames:
                 requests = decode_requests(data)
                 if len(requests) <= SLICE_REQUESTS:
                     batches.append((conn, requests))
                 else:  # served in slices, the loop's clock read between them (iterate)
                     batches.extend((conn, requests[i:i + SLICE_REQUESTS])
                                    for i in range(0, len(requests), SLICE_REQUESTS))
+            if conn.buf:  # part of a frame: begun now, unless it is the one begun before
+                if frames or not conn.begun_at:
+                    conn.begun_at = self._mono()
+                    self._begun.add(conn)
+            elif conn.begun_at:
+                conn.begun_at = 0.0
+                self._begun.discard(conn)
         except BlockingIOError:
             pass  # nothing to read after all
         except ProtocolError as e:
@@ -440,9 +453,18 @@ class ShardServer(ControlHandlers, ResultHandlers):
         except (EOFError, OSError) as e:
             self._drop(conn, None if isinstance(e, EOFError) else f"read failed: {e}")
 
+    def _drop_unfinished(self) -> None:
+        """Drop each client that began a frame :data:`~.conn.FRAME_COMPLETE_S` ago and has
+        not sent the rest."""
+        now = self._mono()
+        for conn in [c for c in self._begun if now - c.begun_at >= FRAME_COMPLETE_S]:
+            self._drop(conn, f"client began a frame ({len(conn.buf)} bytes of it came) and did not send "
+                             f"the rest within {FRAME_COMPLETE_S:g} s")
+
     def _drop(self, conn: FrameConn, why: str | None) -> None:
         if why:
             log.warning("dropping client: %s", why)
+        self._begun.discard(conn)
         if conn in self.conns:
             self.conns.discard(conn)
             del self._by_fd[conn.fd]
