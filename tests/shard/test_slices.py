@@ -10,20 +10,16 @@ real ``ShardServer`` (the loop of ``bench/probes/shard_path.py``)."""
 from __future__ import annotations
 
 import os
-import socket
-import struct
 
 import msgpack
 import pytest
+from support.shard_loop import add_client, iterate, replied, send_frame
 
 from shardq import limits
 from shardq.client.core import encode_frames
 from shardq.errors import ProtocolError
 from shardq.protocol import wire
 from shardq.shard import process
-from shardq.shard.conn import FrameConn
-
-_LEN = struct.Struct("!i")
 
 
 @pytest.fixture
@@ -34,84 +30,46 @@ def loop(tmp_path):
     lp.close()
 
 
-def add_client(lp) -> socket.socket:
-    ours, theirs = socket.socketpair()
-    conn = FrameConn(theirs.detach())
-    srv = lp.server
-    srv.conns.add(conn)
-    srv._by_fd[conn.fd] = conn
-    srv._poller.register(conn.fd, 1)  # EPOLLIN
-    return ours
-
-
-def send_frame(sock: socket.socket, requests: list) -> None:
-    data = msgpack.packb(requests)
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-def iterate(lp) -> None:
-    """One iteration, and its replies sent (the committer's thread sends a crowd's)."""
-    lp.server.iterate()
-    lp.server.committer.drain()
-
-
-def answered(sock: socket.socket) -> list[int]:
-    """The request ids of every reply sent to ``sock`` (after :func:`iterate`)."""
-    sock.setblocking(False)
-    buf = b""
-    try:
-        while chunk := sock.recv(1 << 20):
-            buf += chunk
-    except BlockingIOError:
-        pass
-    rids = []
-    while buf:
-        (n,) = _LEN.unpack_from(buf)
-        rids += [r[0] for r in msgpack.unpackb(buf[4:4 + n], raw=False)]
-        buf = buf[4 + n:]
-    return rids
-
-
 def test_a_frame_of_many_requests_is_served_in_slices_in_order_with_other_clients_in_turn(loop, monkeypatch):
     monkeypatch.setattr(process, "SLICE_S", -1.0)  # every iteration has worked its time after one slice
-    a, b = add_client(loop), add_client(loop)
+    (a, _), (b, _) = add_client(loop), add_client(loop)
     n = 3 * process.SLICE_REQUESTS + 10
     send_frame(a, [[rid, "ping", []] for rid in range(n)])
     iterate(loop)
-    assert answered(a) == list(range(process.SLICE_REQUESTS))  # one slice, not the whole frame
+    assert replied(a) == list(range(process.SLICE_REQUESTS))  # one slice, not the whole frame
     send_frame(b, [[7, "ping", []]])
     iterate(loop)  # a's second slice, read before b's frame
-    assert answered(b) == [] and answered(a) == list(range(process.SLICE_REQUESTS, 2 * process.SLICE_REQUESTS))
+    assert replied(b) == [] and replied(a) == list(range(process.SLICE_REQUESTS, 2 * process.SLICE_REQUESTS))
     iterate(loop)  # b's turn comes before a's third slice
-    assert answered(b) == [7] and answered(a) == []
+    assert replied(b) == [7] and replied(a) == []
     iterate(loop)
     iterate(loop)
-    assert answered(a) == list(range(2 * process.SLICE_REQUESTS, n)) and not loop.server._backlog
+    assert replied(a) == list(range(2 * process.SLICE_REQUESTS, n)) and not loop.server._backlog
 
 
 def test_many_frames_in_one_iteration_are_served_up_to_its_time_then_first_in_the_next(loop, monkeypatch):
     monkeypatch.setattr(process, "SLICE_S", -1.0)
-    clients = [add_client(loop) for _ in range(3)]
+    clients = [add_client(loop)[0] for _ in range(3)]
     for i, c in enumerate(clients):
         send_frame(c, [[i, "ping", []]])
     iterate(loop)
-    got = [answered(c) for c in clients]
+    got = [replied(c) for c in clients]
     assert sorted(map(len, got)) == [0, 0, 1]  # one frame served; the other two kept, not dropped
     iterate(loop)
     iterate(loop)
-    assert sorted(got[i] + answered(c) for i, c in enumerate(clients)) == [[0], [1], [2]]
+    assert sorted(got[i] + replied(c) for i, c in enumerate(clients)) == [[0], [1], [2]]
 
 
 def test_at_the_default_slice_time_a_lone_frame_of_many_requests_is_served_whole(loop):
-    a = add_client(loop)
+    a, _ = add_client(loop)
     send_frame(a, [[rid, "ping", []] for rid in range(2 * process.SLICE_REQUESTS)])
     iterate(loop)  # 512 pings take far less than SLICE_S
-    assert answered(a) == list(range(2 * process.SLICE_REQUESTS))
+    assert replied(a) == list(range(2 * process.SLICE_REQUESTS))
 
 
 def test_a_dropped_clients_kept_requests_are_not_served(loop, monkeypatch):
     monkeypatch.setattr(process, "SLICE_S", -1.0)
-    a = add_client(loop)
+    a, _ = add_client(loop)
     send_frame(a, [[rid, "enqueue", [[[b"x", None, "default", 0, 0, None]], None]]
                    for rid in range(2 * process.SLICE_REQUESTS)])
     iterate(loop)
@@ -125,13 +83,13 @@ def test_a_dropped_clients_kept_requests_are_not_served(loop, monkeypatch):
 
 def test_a_stopping_loop_serves_what_it_read_and_reads_nothing_more(loop, monkeypatch):
     monkeypatch.setattr(process, "SLICE_S", -1.0)
-    a, b = add_client(loop), add_client(loop)
+    (a, _), (b, _) = add_client(loop), add_client(loop)
     send_frame(a, [[rid, "ping", []] for rid in range(2 * process.SLICE_REQUESTS)])
     iterate(loop)
     loop.server.stopping = True
     send_frame(b, [[1, "ping", []]])
     iterate(loop)
-    assert answered(a) == list(range(2 * process.SLICE_REQUESTS)) and answered(b) == []
+    assert replied(a) == list(range(2 * process.SLICE_REQUESTS)) and replied(b) == []
     assert not loop.server._backlog
 
 
@@ -165,14 +123,14 @@ def test_health_pings_are_answered_between_the_slices_of_a_frame(loop, monkeypat
     srv._health_fd, srv._answer_health = r, pings.append
     srv._poller.register(r, 1)  # EPOLLIN
     try:
-        a = add_client(loop)
+        a, _ = add_client(loop)
         send_frame(a, [[rid, "ping", []] for rid in range(3 * process.SLICE_REQUESTS)])
         iterate(loop)
         os.write(w, b"p")
         iterate(loop)
         assert pings == [b"p"] and srv._backlog  # answered with a slice of the frame still to serve
         iterate(loop)
-        assert answered(a) == list(range(3 * process.SLICE_REQUESTS)) and not srv._backlog
+        assert replied(a) == list(range(3 * process.SLICE_REQUESTS)) and not srv._backlog
     finally:
         srv._poller.unregister(r)
         os.close(r)

@@ -6,16 +6,11 @@ time. In process, through socketpairs, on the real ``ShardServer``."""
 from __future__ import annotations
 
 import logging
-import socket
-import struct
 
-import msgpack
 import pytest
+from support.shard_loop import add_client, framed, iterate, replied
 
 from shardq.shard import process
-from shardq.shard.conn import FrameConn
-
-_LEN = struct.Struct("!i")
 
 
 @pytest.fixture
@@ -26,30 +21,10 @@ def loop(tmp_path):
     lp.close()
 
 
-def add_client(lp) -> tuple[socket.socket, FrameConn]:
-    ours, theirs = socket.socketpair()
-    conn = FrameConn(theirs.detach())
-    srv = lp.server
-    srv.conns.add(conn)
-    srv._by_fd[conn.fd] = conn
-    srv._poller.register(conn.fd, 1)  # EPOLLIN
-    return ours, conn
-
-
-def frame(rid: int) -> bytes:
-    data = msgpack.packb([[rid, "ping", []]])  # 13 bytes with its header
-    return _LEN.pack(len(data)) + data
-
-
-def iterate(lp) -> None:
-    lp.server.iterate()
-    lp.server.committer.drain()
-
-
 def test_a_client_that_leaves_a_frame_unfinished_is_dropped_and_the_loop_wakes_for_it(loop, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, "shardq.shard")
     sock, conn = add_client(loop)
-    whole = frame(1)
+    whole = framed([[1, "ping", []]])
     sock.sendall(whole[:10])
     iterate(loop)
     assert conn in loop.server.conns and conn.begun_at > 0
@@ -65,7 +40,7 @@ def test_a_client_that_leaves_a_frame_unfinished_is_dropped_and_the_loop_wakes_f
 
 def test_a_frame_sent_in_pieces_in_time_is_served_and_its_time_ends_with_it(loop):
     sock, conn = add_client(loop)
-    first, second = frame(1), frame(2)
+    first, second = framed([[1, "ping", []]]), framed([[2, "ping", []]])  # 13 bytes each
     sock.sendall(first[:10])
     iterate(loop)
     begun = conn.begun_at
@@ -76,11 +51,4 @@ def test_a_frame_sent_in_pieces_in_time_is_served_and_its_time_ends_with_it(loop
     iterate(loop)
     assert conn.begun_at == 0.0 and conn not in loop.server._begun
     assert loop.server._timeout() is None  # nothing to wake for: idle for good
-    sock.setblocking(False)
-    replies = sock.recv(1 << 16)
-    rids = []
-    while replies:
-        (n,) = _LEN.unpack_from(replies)
-        rids += [r[0] for r in msgpack.unpackb(replies[4:4 + n], raw=False)]
-        replies = replies[4 + n:]
-    assert rids == [1, 2]
+    assert replied(sock) == [1, 2]

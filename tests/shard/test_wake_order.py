@@ -10,6 +10,7 @@ import struct
 
 import msgpack
 import pytest
+from support.shard_loop import add_client
 
 from shardq import busypoll
 from shardq.busypoll import BusyPoll
@@ -31,12 +32,7 @@ def loop(tmp_path, monkeypatch):
 def second_client(lp) -> tuple[socket.socket, int]:
     """Another client connection on the loop's shard (the consumer): our end, and the
     shard's descriptor for it."""
-    ours, theirs = socket.socketpair()
-    conn = FrameConn(theirs.detach())
-    srv = lp.server
-    srv.conns.add(conn)
-    srv._by_fd[conn.fd] = conn
-    srv._poller.register(conn.fd, 1)  # EPOLLIN
+    ours, conn = add_client(lp)
     return ours, conn.fd
 
 
