@@ -44,7 +44,7 @@ def run_backup(args: argparse.Namespace, clock: Clock | None = None) -> int:
     from ..backup.take import backup
     clock = clock or SystemClock()
     t0 = clock.monotonic()
-    m = backup(common.service_dir(args), args.dest, clock)
+    m = backup(common.local_service_dir(args, "backup"), args.dest, clock)
     seconds = clock.monotonic() - t0
     dest = os.path.abspath(args.dest)
     for c in m.cuts:
@@ -57,11 +57,12 @@ def run_backup(args: argparse.Namespace, clock: Clock | None = None) -> int:
 
 def run_restore(args: argparse.Namespace) -> int:
     from ..backup.restore import restore
+    dest = common.local_only(common.target(args), "restore")
     if os.path.lexists(args.backup) and not os.path.isdir(args.backup):
         from ..errors import UsageError
         raise UsageError(f"{args.backup} is not a shardq backup: a backup is the directory `shardq backup` "
                          "wrote, not a file")
-    r = restore(args.backup, common.target(args))
+    r = restore(args.backup, dest)
     for s in r.shards:
         print(f"shard {s.cut.shard}: {files(len(s.cut.files))}, {s.records} records verified; "
               f"{s.jobs} jobs as of the cut at {when(s.cut.time)}")

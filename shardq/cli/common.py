@@ -92,6 +92,24 @@ def service_dir(args: argparse.Namespace) -> str:
     return path
 
 
+def local_only(path: str, command: str) -> str:
+    """``path``, for a command that works only on the local shards' data dir (``serve``,
+    ``console``, ``backup``, ``restore``, ``wal check``, ``schedules``): a backend's URL
+    (``sqs://``) is :func:`unsupported` naming ``command``, before anything is read or made,
+    rather than taken as a directory's name."""
+    from ..backends import for_target
+    backend = for_target(path)
+    if backend is not None:
+        raise unsupported(command, backend.__name__)
+    return path
+
+
+def local_service_dir(args: argparse.Namespace, command: str) -> str:
+    """:func:`service_dir`, for a command that works only on the local shards
+    (:func:`local_only`)."""
+    return local_only(service_dir(args), command)
+
+
 def check_dir_arg(path: str, flag: str, *, create: bool) -> None:
     """A directory the command line names, checked at its edge: UsageError (exit 2) naming
     ``flag`` and ``path`` when it is something else than a directory, or (``create``) when it
@@ -257,9 +275,41 @@ def control_call(q: object, call: str) -> Control:
     shards' router's, not the Queue protocol's); else Unsupported, naming the ``call`` asked."""
     from ..client.contracts import Control
     if not isinstance(q, Control):
-        from ..errors import Unsupported
-        raise Unsupported(f"{call}: not supported by the {type(q).__name__} backend")
+        raise unsupported(call, type(q).__name__)
     return q
+
+
+def unsupported(call: str, backend: str) -> Exception:
+    """The one error of a call or command that a backend cannot do (``pause`` on SQS,
+    ``backup --connect sqs://...``): Unsupported, exit 2, ``<call>: not supported by the
+    <backend> backend``."""
+    from ..errors import Unsupported
+    return Unsupported(f"{call}: not supported by the {backend} backend")
+
+
+#: the levels ``--log-level`` names (any case); logging's aliases (WARN, FATAL) are taken too
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """argparse type of every ``--log-level`` (:func:`add_log_level`): a level's name, any
+    case, returned in upper case as ``logging`` takes it; another is a bad command line
+    (exit 2) naming the levels, not a ValueError from ``setLevel`` once the command runs."""
+    import logging
+    level = text.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise argparse.ArgumentTypeError(f"not a log level: {text!r:.40} (one of {', '.join(LOG_LEVELS)}; "
+                                         "any case)")
+    return level
+
+
+log_level.__name__ = "log level"
+
+
+def add_log_level(p: argparse.ArgumentParser) -> None:
+    """``--log-level``, the same flag wherever a command takes one (``worker``, ``outbox relay``)."""
+    p.add_argument("--log-level", type=log_level, default="INFO", metavar="LEVEL",
+                   help=f"the lowest level logged: {', '.join(LOG_LEVELS)} (any case; default INFO)")
 
 
 class Parser(argparse.ArgumentParser):

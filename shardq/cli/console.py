@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ServiceNotRunning
     from ..service.http_server import ADDRESS_FILE, login_url
     cfg = common.load_config(args.config)
-    dd = DataDir(common.service_dir(args))
+    dd = DataDir(common.local_service_dir(args, "console"))
     try:  # written by serve once it listens (mode 0700 run dir): where, and whether it wants a token
         with open(os.path.join(dd.run_dir, ADDRESS_FILE)) as f:
             where = json.load(f)

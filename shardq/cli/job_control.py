@@ -11,16 +11,15 @@ from . import common, exits
 _BODY_PREVIEW_BYTES = 1000
 
 
-def _job_id(text: str) -> int:
-    """argparse's type: :func:`common.job_id`, a number here (a look-up and a cancel are the
-    local shards' own calls), so any other text is the same error as there."""
+def _job_id(text: str) -> int | str:
+    """argparse's type: :func:`common.job_id`. Text (another backend's id) is refused on the
+    local shards by :func:`run` (:func:`common.check_local_ids`, the same error as argparse's),
+    and on a backend's URL a look-up and a cancel are Unsupported, whatever the id: they are
+    the local shards' own calls."""
     import argparse
     if text in ("show", "cancel"):  # `shardq job cancel` with the id left out
         raise argparse.ArgumentTypeError(f"{text} needs a job id: shardq job {text} ID")
-    value = common.job_id(text)
-    if isinstance(value, str):
-        raise argparse.ArgumentTypeError(common.not_a("job id", text))
-    return value
+    return common.job_id(text)
 
 
 _job_id.__name__ = "job id"
@@ -37,6 +36,7 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    common.check_local_ids(args, "job", job_id=args.job_id)
     with common.connect(args) as q, common.naming_a_job(args.job_id):
         if args.action == "show":
             print(json.dumps(show(q, args.job_id, args.raw)))

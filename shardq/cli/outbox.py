@@ -29,7 +29,7 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     r.add_argument("--batch", type=int, default=None, help="rows per transaction (default 500)")
     r.add_argument("--poll", type=common.number, default=None,
                    help="seconds between polls when no notification comes (default 5)")
-    r.add_argument("--log-level", default="INFO")
+    common.add_log_level(r)
     r.set_defaults(fn=run_relay)
 
     s = cmds.add_parser("status", parents=[db], help="rows waiting, oldest age, attempts, rejected (JSON)")
@@ -59,7 +59,7 @@ def run_relay(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     from ..outbox import Relay
-    logging.getLogger().setLevel(args.log_level.upper())
+    logging.getLogger().setLevel(args.log_level)
     options = _table(args)
     if args.batch is not None:
         options["batch_rows"] = args.batch

@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from ..service.scheduler import collect_schedules, load_state, state_path
     from ..schedules import iso, local_iso
     cfg = common.load_config(args.config)
+    # the supervisor of `shardq serve` fires them and keeps their record: none on a backend's URL
+    data_dir = common.local_only(args.data_dir or cfg.service.data_dir, "schedules")
     schedules = collect_schedules(cfg)
-    state = load_state(state_path(args.data_dir or cfg.service.data_dir))
+    state = load_state(state_path(data_dir))
     now = SystemClock().now()
     rows = []
     for s in sorted(schedules, key=lambda s: s.name):

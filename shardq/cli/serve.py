@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..service.notify import Notifier
     from ..service.supervisor import Supervisor
     cfg = with_listen(common.load_config(args.config), args.http_listen)
+    common.local_only(args.data_dir or cfg.service.data_dir, "serve")  # the local shards' service
     log.info("event=config source=%s", common.config_source(args.config))
     common.check_dir_arg(args.data_dir or cfg.service.data_dir,
                          "--data-dir" if args.data_dir else "service.data_dir (the config's)", create=True)

@@ -40,7 +40,7 @@ def _shard_dirs(path: str) -> list[str]:
 def check(args: argparse.Namespace) -> int:
     from ..wal import repair as wal_repair
     bad = 0
-    for d in _shard_dirs(args.path or common.service_dir(args)):
+    for d in _shard_dirs(args.path or common.local_service_dir(args, "wal check")):
         if not os.path.isdir(d):
             print(f"{'missing':<8}{d}")
             continue

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst", action="store_true",
                    help="exit 0 once every queue it serves has no job to lease and every job it "
                         "leased is settled (delayed jobs not yet due do not count)")
-    p.add_argument("--log-level", default="INFO")
+    common.add_log_level(p)
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics on this address (port 0: any free port; printed)")
 
@@ -83,7 +83,7 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, connect: Callable[..., Any] | None = None) -> int:
     from ..consumer.handling import load_handler
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(args.log_level.upper())
+    logging.getLogger().setLevel(args.log_level)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if args.idempotency and not is_url(args.idempotency):
