@@ -133,18 +133,24 @@ class Task(Generic[P, R]):
 
     def send_many(self, calls: Iterable[tuple[tuple[Any, ...] | list[Any], dict[str, Any]]]) -> list[JobId]:
         """Enqueue many calls ``[(args, kwargs), ...]`` in one batch call; ids in order.
-        Every call is checked before anything is sent."""
+
+        Every call is checked before anything is sent: here (signature, key function,
+        msgpack), then by the client's ``enqueue_many`` over the whole batch (keys, each
+        body against its queue's ``max_body_bytes``), so bad input sends nothing, however
+        many calls. Once checked, the client sends the batch as one request per shard (more
+        past ``limits.BATCH_JOBS_MAX`` jobs or ``limits.REQUEST_BYTES_MAX`` bytes; on SQS,
+        batches of 10), each all-or-nothing: one that fails (ShardUnavailable, QueueFull)
+        raises with the other requests' jobs in. To retry such a batch without doubles,
+        give each call a dedup id (``app.queue.enqueue_many([task.job(args, kwargs,
+        dedup_id=...), ...])``) and send it again within the queue's ``dedup_window``."""
         jobs: list[dict[str, Any]] = []
         for call in calls:
             if not (isinstance(call, (tuple, list)) and len(call) == 2
                     and isinstance(call[0], (tuple, list)) and isinstance(call[1], dict)):
                 raise InvalidJob(f"task {self.name}: send_many takes (args, kwargs) pairs, got {call!r:.80}")
             jobs.append(self.job(call[0], call[1]))
-        if len(jobs) > limits.BATCH_JOBS_MAX:
-            ids: list[JobId] = []
-            for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
-                ids += self._queue().enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
-            return ids
+        # One call, never cut here: each part would be checked alone, and a call the queue
+        # refuses after the 10,000th would leave the first 10,000 in.
         return self._queue().enqueue_many(jobs)
 
     async def send_async(self, *args: P.args, **kwargs: P.kwargs) -> JobId:

@@ -19,7 +19,7 @@ from .. import limits
 from ..errors import Fail, Retry
 from ..client.contracts import JobCalls
 from ..consumer.handling import Context, error_text
-from .body import BadBody, Steps, decode, decode_steps, why
+from .body import NO_STEPS, BadBody, Steps, decode, decode_steps, why
 from .app import App, Task
 from .reading import FANOUT
 from .workflow import pack, unpack
@@ -86,6 +86,7 @@ class TaskHandler:
     # ------------------------------------------------------------------ running
     def __call__(self, ctx: Context) -> Any:
         name, args, kwargs, steps = self._decode(ctx)
+        _needs_client(ctx, name, steps)
         if name == FANOUT:
             ctx.after_commit(lambda: self._fan_out(ctx, args, steps))
             return None
@@ -109,7 +110,8 @@ class TaskHandler:
         """Await an async task on the running loop (the asyncio worker's path; a sync task
         goes through ``__call__`` in a thread instead). Its inputs, if it is a workflow
         step, are fetched in a thread (the client calls of ``ctx.client`` block)."""
-        steps = self._decode(ctx)[3]
+        name, _, _, steps = self._decode(ctx)
+        _needs_client(ctx, name, steps)
         if steps.inputs is not None:
             args = [await asyncio.to_thread(self._inputs, ctx, steps.inputs)] + args
         try:
@@ -198,8 +200,18 @@ def _client(ctx: Context) -> JobCalls:
     client = ctx.client
     if client is None:
         raise Fail("this job keeps its result or is a workflow step: that needs a worker in thread or asyncio "
-                   "mode (not process mode) on the local shards' service (the SQS backend keeps no results)")
+                   "mode (not process mode) on the local shards' service (the SQS backend keeps no results); "
+                   "not run here: redrive it to such a worker")
     return client
+
+
+def _needs_client(ctx: Context, name: str, steps: Steps) -> None:
+    """Fail now, before the task runs, for a job that will need the job's client (to keep
+    its result, report to its workflow, read its inputs, fan out) where the worker gives it
+    none (process mode, SQS): refused only at its report, it would have run and committed
+    its effect and idempotency mark, and a redrive would run the effect again."""
+    if ctx.client is None and (name == FANOUT or steps != NO_STEPS):
+        _client(ctx)
 
 
 def load_tasks(modules: list[str]) -> dict[str, Task[..., Any]]:

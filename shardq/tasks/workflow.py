@@ -495,9 +495,10 @@ class Workflow:
         if builder.later_priorities:  # as the client's own prioritized enqueue would, before any job is in
             q.note_priorities(sorted(builder.later_priorities))
         jobs = [{"body": b, "key": k, "queue": qn, "delay": d, "priority": p} for b, k, qn, d, p in items]
-        ids: list[Any] = []
-        for i in range(0, len(jobs), limits.BATCH_JOBS_MAX):
-            ids += q.enqueue_many(jobs[i:i + limits.BATCH_JOBS_MAX])
+        # One call, however many jobs, never cut here: the client checks the whole batch (keys,
+        # bodies against their queues' max_body_bytes) before it sends any request; parts
+        # would be checked alone, and a refusal past the 10,000th job leave the first ones in.
+        ids: list[Any] = q.enqueue_many(jobs)
         wf = cls(app, wf_id, builder.steps, builder.barriers, finals, ids, single)
         try:
             q.put_workflow(wf_id, spec_of(wf.steps, wf.barriers, finals, ids, single))
