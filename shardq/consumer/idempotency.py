@@ -397,6 +397,9 @@ class SqliteStore(IdempotencyStore):
             raise InvalidConfig(f"retention_s must be > 0, got {retention_s!r}")
         if not busy_timeout_s >= 0:
             raise InvalidConfig(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):  # (sqlite3 would say only "unable to open database file")
+            raise InvalidConfig(f"SqliteStore {path}: directory {parent} does not exist")
         self.path = path
         self.retention_s = float(retention_s)
         self.busy_timeout_s = float(busy_timeout_s)

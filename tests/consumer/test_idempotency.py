@@ -316,3 +316,13 @@ def test_a_step_still_locked_at_its_deadline_raises_and_other_errors_at_once():
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         idempotency._while_locked(broken, 5.0)
     assert len(tries) == 2
+
+
+def test_sqlite_store_in_a_directory_that_does_not_exist_is_a_typed_error_naming_it(tmp_path):
+    """Found running the tasks docs' example from an empty directory: a bare
+    ``sqlite3.OperationalError: unable to open database file``, where ``shardq worker
+    --idempotency`` names the missing directory."""
+    missing = tmp_path / "nodir"
+    with pytest.raises(InvalidConfig, match=f"directory {missing} does not exist"):
+        SqliteStore(str(missing / "x.sqlite"))
+    assert not missing.exists()
