@@ -645,7 +645,7 @@ def combined(shard: int, op: str, items: list[Any]) -> Op[list[Any]]:
 def learn_owner(c: Calls, queue: str, ask: int) -> Op[int | None]:
     """What an :class:`~.effects.Owner` asks: ``queue``'s config, of shard ``ask``, kept
     with its owner shard (None: not placed)."""
-    cfg = yield from call(ask, "queue_config", [queue])
+    cfg = yield from _config_of_any(c, queue, ask)
     c._queue_cfg.setdefault(queue, (c._now(), cfg))
     return c._owners.setdefault(queue, placed_owner(cfg))
 
@@ -808,18 +808,34 @@ def _queue_config(c: Calls, queue: str, max_age_s: float = QUEUE_CONFIG_MAX_AGE_
     if held is not None and c._now() - held[0] <= max_age_s:
         return held[1]
     try:
-        cfg: dict[str, Any] = yield from call(0, "queue_config", [queue])
+        cfg: dict[str, Any] = yield from _config_of_any(c, queue, 0)
     except UnknownQueue:
-        # not declared (declare_queues) and not held by shard 0: a queue taken out of the
-        # config is still held by the shards with its jobs, which answer with its settings
-        others = yield from call_all([Call(s, "queue_config", [queue]) for s in range(1, c.shards)], absent=None)
-        held_by = [got for got in others if got is not None]
+        # not declared (declare_queues) and not held by the shard asked: a queue taken out of
+        # the config is still held by the shards with its jobs, which answer with its settings
+        every = yield from call_all([Call(s, "queue_config", [queue]) for s in range(c.shards)], absent=None)
+        held_by = [got for got in every if got is not None]
         if not held_by:
             raise
         cfg = held_by[0]
     c._queue_cfg[queue] = (c._now(), cfg)
     c._owners.setdefault(queue, placed_owner(cfg))
     return cfg
+
+
+def _config_of_any(c: Calls, queue: str, first: int) -> Op[dict[str, Any]]:
+    """``queue``'s settings, of any shard (each holds the whole config): of ``first``, or at
+    once of the next where one is down, not waited for (asked of shard 0 alone, a worker
+    could not start, nor a new client enqueue a batch, while shard 0 was down, whatever
+    shards their jobs were on); only when none answers at once, of ``first`` until the
+    client's ``retry_s`` (the service restarting)."""
+    for i in range(c.shards):
+        try:
+            got: dict[str, Any] = yield from call((first + i) % c.shards, "queue_config", [queue], retry_s=0)
+            return got
+        except ShardUnavailable:
+            continue
+    got = yield from call(first, "queue_config", [queue])
+    return got
 
 
 def _check_bodies(c: Calls, calls: list[Call]) -> Op[None]:

@@ -926,6 +926,26 @@ def test_a_reload_that_raises_a_queues_body_limit_reaches_a_client_already_conne
         assert len(ids) == 2
 
 
+def test_a_new_client_learns_a_queues_settings_from_another_shard_while_shard_0_is_down(service, connect, request):
+    """Found by an operator's walkthrough: a queue's settings were asked of shard 0 alone,
+    so with shard 0 down a new client could not enqueue a batch whose jobs all go to
+    shard 1, nor a ``shardq worker`` start (ShardUnavailable after retry_s), nor a queue
+    command begin before waiting a second retry_s. Every shard holds the whole config:
+    one that is down is passed over at once."""
+    import signal
+    queue = "settings-" + request.node.callspec.id
+    on_1 = [k for k in (f"k{i}" for i in range(40)) if shardq.client.routing.shard_for_key(k, 2) == 1][:2]
+    pid0 = service.shard_pids()[0]
+    os.kill(pid0, signal.SIGSTOP)  # (a new client's handshake with it never completes)
+    try:
+        q = connect(service.data_dir, retry_s=30)
+        assert q.queue_config(queue)["max_deliveries"] == 3
+        ids = q.enqueue_many([{"body": b"a", "key": on_1[0]}, {"body": b"b", "key": on_1[1]}], queue=queue)
+        assert sorted(lease.job_id for lease in q.dequeue_many(queue, max_jobs=10)) == sorted(ids)
+    finally:
+        os.kill(pid0, signal.SIGCONT)
+
+
 def test_the_whole_api_against_a_real_service(service, connect, request):
     """Every call of the Queue protocol and the control calls, against ``shardq serve``,
     on each client (the asyncio client had this test alone, and lacked the control calls).
