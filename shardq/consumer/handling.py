@@ -505,7 +505,10 @@ class ProcessPool:
         one = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_child_init, initargs=(handler, spec, os.getpid(), _log_setup()))
         with self._lock:
-            self._made.append(one)
+            if self._closed:  # (a replacement made as close() ran: it would never be shut down)
+                one.shutdown(wait=False)
+            else:
+                self._made.append(one)
         return one
 
     def run(self, lease: Lease, max_deliveries: int) -> Result:
@@ -517,10 +520,13 @@ class ProcessPool:
             return result
         except BrokenProcessPool:
             with self._lock:
-                self._made.remove(one)
+                closed = self._closed  # (close() killed it: the job is the stop's to count, abandoned)
+                if not closed:
+                    self._made.remove(one)
+            if closed:
+                return FAILED, f"not finished: the worker stopped while job {lease.job_id} ran", None
             one.shutdown(wait=False, cancel_futures=True)
-            if not self._closed:
-                one = self._make()
+            one = self._make()
             return FAILED, f"BrokenProcessPool: a worker process died running job {lease.job_id}", None
         finally:
             self._free.put(one)

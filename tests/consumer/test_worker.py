@@ -151,3 +151,32 @@ def test_main_runs_the_named_handler(tmp_path, mode):
 def test_main_bad_handler(spec, capsys):
     assert main([spec], connect=lambda d: pytest.fail("must not connect")) == 2
     assert "cannot load" in capsys.readouterr().err
+
+
+def write_then_sleep(ctx):
+    """Notes that it runs (a file named by the body), then works longer than any test."""
+    import time
+    open(ctx.body, "w").close()
+    time.sleep(60)
+
+
+def test_a_job_killed_at_the_end_of_the_grace_period_is_counted_abandoned_without_a_runner_error(
+        tmp_path, caplog):
+    """Found by an operator's walkthrough: SIGTERM to a process-mode worker whose job ran
+    past the grace period logged 'runner error' with a ValueError traceback per job: the
+    pool's close() had killed the job's process and emptied its list, and the runner's
+    BrokenProcessPool handler removed the executor from it again."""
+    import threading
+    from support.service import wait_until
+    marker = str(tmp_path / "running")
+    q = FakeQueue(SystemClock())
+    q.enqueue(marker.encode())
+    worker = Worker(q, write_then_sleep, mode="process", concurrency=1, grace_s=0.2, prune_every_s=None, **FAST)
+    got = []
+    runner = threading.Thread(target=lambda: got.append(worker.run()))
+    runner.start()
+    wait_until(lambda: os.path.exists(marker), 60, 0.05, "the job to start in its process")
+    worker.stop()
+    runner.join(60)
+    assert got and (got[0].abandoned, got[0].failed) == (1, 0), got
+    assert "runner error" not in caplog.text and "ValueError" not in caplog.text
