@@ -153,7 +153,11 @@ HTTP_LINGER_S_MAX = 2.0                  # after refusing a request, what the cl
 # The SQS-compatible listener of `shardq serve` (shardq/sqs_api/; AWS's own limits above, plus;
 # its connections are the HTTP listener's, HTTP_CONNECTIONS_MAX, on one event loop a process):
 SQS_API_PROCESSES_MAX = 64               # [sqs_api] processes: listener processes sharing its port
-SQS_API_BODY_BYTES_MAX = 4 * 1024 * 1024 # a request body: a 1 MiB batch, JSON-escaped or URL-encoded, fits
+#: A request body: a message or batch at SQS's 1 MiB however it is encoded. JSON's worst is 6 bytes a
+#: byte (a character written \u00XX: botocore's DEL, Go's <>&); the query protocol's 4 (a binary value's
+#: base64, each character then percent-encoded; 3 for text). 32 KiB more: the rest of a batch of 10 (Ids,
+#: group and dedup ids of 128 characters escaped, trace headers, 100 attributes' keys, the queue URL).
+SQS_API_BODY_BYTES_MAX = 6 * SQS_BATCH_BYTES_MAX + 32 * 1024
 SQS_API_RECEIVE_MAX = 10                 # ReceiveMessage MaxNumberOfMessages
 SQS_API_ENTRY_ID_CHARS_MAX = 80          # a batch entry's Id
 SQS_API_LIST_MAX = 1000                  # ListQueues / ListDeadLetterSourceQueues MaxResults

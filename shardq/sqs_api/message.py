@@ -9,6 +9,14 @@
   :data:`MAGIC`, one line of JSON with what it carries, then the body. No SQS body can start
   with :data:`MAGIC` (it holds a NUL, a character SQS refuses), so the two never mix;
   :func:`unwrap` gives a worker the body and the attributes.
+* **Its size.** The JSON is UTF-8, not ``\\u`` escapes (which took 6 bytes for a 2-byte
+  ``é``, 12 for a 4-byte emoji); a binary value is base64, and so is a String value that JSON
+  would escape more than base64 costs (``StringValueBase64`` in the envelope; :func:`unwrap`
+  gives it back as ``StringValue``). So an envelope is at most 4/3 of the message's size as
+  SQS counts it plus :data:`ENVELOPE_FIXED_BYTES_MAX` (what the largest names, data types,
+  group and dedup ids, the sent time and a move's source ARN and MessageId take), and a 1 MiB
+  message fits the 2 MiB ``max_body_bytes`` docs/sqs-api.md recommends, moved to a
+  dead-letter queue too, with room to spare (:func:`envelope_bytes_max`).
 * **The other way.** A job enqueued by shardq's own client is received with its body as the
   message body when it is text SQS allows; otherwise base64-encoded, with the String message
   attribute ``shardq.body-encoding = base64`` saying so.
@@ -44,6 +52,17 @@ _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 _NUMBER_SIZE_MIN = decimal.Decimal(10) ** limits.SQS_API_NUMBER_EXP_MIN  # a nonzero Number's size (AWS)
 _NUMBER_SIZE_MAX = decimal.Decimal(10) ** limits.SQS_API_NUMBER_EXP_MAX
 SYSTEM_ATTRIBUTES_FOR_SENDS = ("AWSTraceHeader",)
+#: What JSON escapes in a string written as UTF-8 (ensure_ascii=False), two bytes each: SQS
+#: text holds no other character below U+0020.
+_JSON_ESCAPED = ('"', "\\", "\t", "\n", "\r")
+_BASE64_STRING = "StringValueBase64"  # an envelope's String value kept base64 (_compact)
+#: What an envelope may hold beyond 4/3 of its message's size (:func:`envelope_bytes_max`):
+#: per attribute (10) its JSON keys and a data type escaped to twice its 256 characters'
+#: bytes; a group and a dedup id of 128 characters escaped; the braces, the sent time and a
+#: move's source ARN (80-character name) and MessageId. A bound, checked at the worst case
+#: in tests/sqs_api/test_sizes.py; the AWSTraceHeader system attribute is not counted
+#: (SQS does not count it either): it adds its own size, or 4/3 of it.
+ENVELOPE_FIXED_BYTES_MAX = 16 * 1024
 
 
 def check_text(what: str, text: str) -> None:
@@ -91,6 +110,7 @@ def check_attributes(attrs: Any, system: bool = False) -> dict[str, dict[str, An
         if not _DATA_TYPE.match(dtype):
             raise invalid(f"The type of message attribute '{name}' is invalid. You must use only the following "
                           f"supported type prefixes: Binary, Number, String.")
+        check_text(f"the type of message attribute '{name}'", dtype)  # a body's characters (AWS)
         has_s, has_b = value.get("StringValue") is not None, value.get("BinaryValue") is not None
         if dtype.startswith("Binary"):
             if not has_b or has_s:
@@ -199,8 +219,50 @@ def wrap(body: str | bytes, *, sent_ms: int, attrs: dict[str, dict[str, Any]], s
 
 
 def rewrap(data: bytes, head: dict[str, Any]) -> bytes:
-    """An envelope of ``data`` with ``head`` (as :func:`unwrap` gives them)."""
-    return MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n" + data
+    """An envelope of ``data`` with ``head`` (as :func:`unwrap` gives them): UTF-8 JSON,
+    each String value that JSON escapes more than base64 costs kept base64 (:func:`_compact`)."""
+    stored = dict(head)
+    for part in ("a", "s"):
+        if part in stored:
+            stored[part] = _compact(stored[part])
+    return MAGIC + json.dumps(stored, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" + data
+
+
+def _compact(wire: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Attributes in wire form as an envelope keeps them: a String value whose characters JSON
+    escapes (``"``, ``\\``, tab, newline, return: two bytes each) would take more than its
+    base64 is kept base64 instead, so no value takes more than 4/3 of its bytes."""
+    out = {}
+    for name, a in wire.items():
+        text = a.get("StringValue")
+        if text is not None:
+            escaped = sum(map(text.count, _JSON_ESCAPED))
+            if escaped:
+                size = len(text.encode("utf-8"))
+                if size + escaped > 4 * -(-size // 3):
+                    a = {"DataType": a["DataType"], _BASE64_STRING: base64.b64encode(text.encode("utf-8")).decode()}
+        out[name] = a
+    return out
+
+
+def _opened(wire: Any) -> Any:
+    """Attributes as an envelope keeps them, in wire form again (``StringValue`` text)."""
+    if not isinstance(wire, dict) or not any(isinstance(a, dict) and _BASE64_STRING in a for a in wire.values()):
+        return wire
+    out = {}
+    for name, a in wire.items():
+        if isinstance(a, dict) and _BASE64_STRING in a:
+            a = {"DataType": a["DataType"], "StringValue": base64.b64decode(a[_BASE64_STRING]).decode("utf-8")}
+        out[name] = a
+    return out
+
+
+def envelope_bytes_max(message_bytes: int) -> int:
+    """The most an envelope of a message of ``message_bytes`` (body and attributes, as SQS
+    counts them) takes, moved to a dead-letter queue included, its AWSTraceHeader aside:
+    base64's 4/3 (a binary value, or a String value escaped more) plus
+    :data:`ENVELOPE_FIXED_BYTES_MAX`."""
+    return 4 * -(-message_bytes // 3) + ENVELOPE_FIXED_BYTES_MAX
 
 
 def unwrap(job_body: bytes) -> tuple[bytes, dict[str, Any]]:
@@ -219,6 +281,9 @@ def unwrap(job_body: bytes) -> tuple[bytes, dict[str, Any]]:
         head = None
     if not isinstance(head, dict):
         return job_body, {}  # not one of ours after all: shown as it is
+    for part in ("a", "s"):
+        if part in head:
+            head[part] = _opened(head[part])
     return job_body[end + 1:], head
 
 

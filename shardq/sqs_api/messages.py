@@ -20,10 +20,13 @@
   leases it already holds are released (not counted as deliveries). A message past its
   queue's ``maxReceiveCount`` is moved to the dead-letter queue when a receive finds it, as
   SQS does: enqueued there, then acked here, or cancelled here if its lease has ended
-  meanwhile (:func:`delete_held`). A FIFO receive with a ReceiveRequestAttemptId
-  writes its receipts in a memo before it answers; a retry (in any process, after a restart
-  too) answers them again while they are in flight. First receive times are memos too, on
-  a queue where a receive has asked for ApproximateFirstReceiveTimestamp.
+  meanwhile (:func:`delete_held`); one too large for the dead-letter queue moves as it is
+  stored, or goes to shardq's dead letters (:meth:`MessageActions._move`), and one that
+  cannot move now is handed back: no receive fails because of one message. A FIFO receive
+  with a ReceiveRequestAttemptId writes its receipts in a memo before it answers; a retry
+  (in any process, after a restart too) answers them again while they are in flight. First
+  receive times are memos too, on a queue where a receive has asked for
+  ApproximateFirstReceiveTimestamp.
 """
 from __future__ import annotations
 
@@ -142,11 +145,9 @@ class MessageActions:
         sent_ms = int(self.clock.now() * 1000)
         job_body = m.wrap(data, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
                           group=None if fifo else group)
-        ceiling = (await self.q.queue_config(name)).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT)
+        ceiling = await self._max_body(name)
         if len(job_body) > ceiling:
-            raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter than "
-                          f"{ceiling - (len(job_body) - size)} bytes here: the shardq queue {name!r} has "
-                          f"max_body_bytes = {ceiling} (raise it in [queue_defaults] or [queues.{name}]).")
+            raise invalid(_too_large(name, ceiling, size, len(job_body)))
         if fifo:  # the job's dedup id (and queue-wide claim) name this queue, not an earlier one of its name
             dedup = incarnation_dedup_id(rec, str(dedup))
         out: dict[str, Any] = {"job": {"body": job_body, "key": group if fifo else None, "delay": delay,
@@ -196,6 +197,10 @@ class MessageActions:
             ids[i] = await self.q.enqueue(job["body"], key=str(memo.value), queue=name, delay=job["delay"],
                                           dedup_id=job["dedup_id"])
         return ids
+
+    async def _max_body(self, name: str) -> int:
+        """The shardq queue's ``max_body_bytes``: the most a job (a message's envelope) takes."""
+        return int((await self.q.queue_config(name)).get("max_body_bytes", limits.BODY_BYTES_MAX_DEFAULT))
 
     async def _dedup_window(self, name: str) -> float:
         return float((await self.q.queue_config(name)).get("dedup_window", limits.SQS_DEDUP_WINDOW_S))
@@ -308,6 +313,7 @@ class MessageActions:
             remaining = max(0.0, deadline - self.clock.monotonic())
             leases = await self.q.dequeue_many(name, max_jobs=n, wait=remaining, visibility=vis or VISIBILITY_ZERO_S)
             now_ms = int(self.clock.now() * 1000)
+            held = False  # a message that had to go and could not (yet): this receive waits no longer
             for i, lease in enumerate(leases):
                 got = Received(lease, now_ms, presented(lease.body))
                 sent = got.shown[1].get("t")  # a bare body ({} head) has no sent time: never past retention
@@ -317,13 +323,19 @@ class MessageActions:
                     continue
                 try:
                     keep = await self._keep(name, rec, got)
+                except ShardqError as e:
+                    # one message fails no receive: not handed out but handed back (not a
+                    # receive), so the next receive that finds it tries again
+                    log.warning("event=sqs-api-move-failed queue=%s job=%s error=%s", name, lease.job_id, e)
+                    await self._release([lease])
+                    keep, held = False, True
                 except BaseException:
                     # nothing of this receive reaches the client: hand every lease back
                     await self._release([r.lease for r in out] + leases[i:])
                     raise
                 if keep:
                     out.append(got)
-            if out or remaining <= 0:
+            if out or held or remaining <= 0:
                 return out
 
     async def _release(self, leases: list[Lease]) -> None:
@@ -499,17 +511,47 @@ class MessageActions:
         """Move a message past maxReceiveCount to its dead-letter queue: enqueue there (with
         a dedup id of this job, so a crash between the two steps cannot make two), then
         delete it here (:func:`delete_held`). False if the dead-letter queue is gone (the
-        message is delivered, as AWS)."""
+        message is delivered, as AWS).
+
+        It goes with its source ARN and MessageId added to its envelope, as AWS keeps them;
+        if that is over the dead-letter queue's ``max_body_bytes`` (a job enqueued natively
+        at its queue's limit, a dead-letter queue with a lower limit), as it is stored here,
+        without them; if that is over too, it is buried in shardq's dead letters of this
+        queue (:meth:`_bury`). Never refused there, so it never stays to block the queue.
+        An enqueue that fails (a shard down) raises: the receive hands it back and goes on
+        without it (:meth:`_receive`)."""
         if self.catalog.get(dlq) is None:
             return False
         data, _ = m.unwrap(lease.body)
         # AWS keeps a message's MessageId (and attributes) when it moves it to a dead-letter queue
         moved = dict(head, q=self.arn(name), m=head.get("m") or self.message_id(int(lease.job_id)))
         moved.setdefault("t", int(self.clock.now() * 1000))
-        await self.q.enqueue(m.rewrap(data, moved), key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
+        body = m.rewrap(data, moved)
+        room = await self._max_body(dlq)
+        if len(body) > room:
+            log.warning("event=sqs-api-move-as-stored queue=%s job=%s bytes=%d dead_letter_queue=%s max_body_bytes=%d",
+                        name, lease.job_id, len(body), dlq, room)
+            body = lease.body  # no DeadLetterQueueSourceArn, a MessageId of its own there
+        if len(body) > room:
+            await self._bury(name, lease, dlq, room)
+            return True
+        await self.q.enqueue(body, key=lease.key if dlq.endswith(".fifo") else None, queue=dlq,
                              dedup_id=f"shardq-dlq:{self.service_id}:{lease.job_id}"[:limits.DEDUP_ID_BYTES_MAX])
         await self._forget(lease)
         return True
+
+    async def _bury(self, name: str, lease: Lease, dlq: str, room: int) -> None:
+        """A message too large for its dead-letter queue goes to shardq's dead letters of its
+        own queue (``shardq dead-letters``, which can retry it), out of every receive's way,
+        with the reason as its error and a warning logged. A lease ended meanwhile: it stays,
+        and the next receive that finds it buries it."""
+        reason = (f"past maxReceiveCount, but its {len(lease.body)} bytes are over max_body_bytes = {room} of its "
+                  f"dead-letter queue {dlq!r}")
+        log.warning("event=sqs-api-dead-letter-too-large queue=%s job=%s %s", name, lease.job_id, reason)
+        try:
+            await self.q.bury(lease, error=reason)
+        except LeaseLost as e:
+            log.info("event=sqs-api-bury-late job=%s error=%s", lease.job_id, e)
 
     async def _forget(self, lease: Lease) -> None:
         await delete_held(self.q, lease)
@@ -635,6 +677,18 @@ async def delete_held(q: Any, lease: Lease) -> None:
     except LeaseLost:
         outcome = await q.cancel(int(lease.job_id))
         log.info("event=sqs-api-deleted-after-lease job=%s outcome=%s", lease.job_id, outcome)
+
+
+def _too_large(name: str, ceiling: int, size: int, stored: int) -> str:
+    """InvalidParameterValue's text for a message (``size`` bytes as SQS counts them) whose
+    envelope (``stored`` bytes) is over the shardq queue's ``max_body_bytes``: the size that
+    would fit with the same attributes, or, when they alone are over it, what they take."""
+    fix = f"the shardq queue {name!r} has max_body_bytes = {ceiling} (raise it in [queue_defaults] or [queues.{name}])"
+    room = ceiling - (stored - size)
+    if room > 0:
+        return f"One or more parameters are invalid. Reason: Message must be shorter than {room} bytes here: {fix}."
+    return (f"One or more parameters are invalid. Reason: Message is {stored} bytes as stored here, with its "
+            f"attributes, over the limit: {fix}.")
 
 
 def _deleted_anyway(name: str, e: LeaseLost) -> None:
