@@ -60,15 +60,20 @@ class _AioClient:
         self._loop.close()
 
 
+CONNECT_S = 30.0  # a role's first connect rides out a restart of the service this long (_connect)
+
+
 def _connect(a: argparse.Namespace) -> Any:
     """The client ``--client`` names, with the role's retry budget as its request timeout
     (said in the role's log). A role started while the run restarts the service (a
-    ``kill_service`` fault) finds no service for a moment: it connects again until the
-    retry budget is spent, as its calls ride out the restart, rather than exit."""
+    ``kill_service`` fault) finds no service for a moment: it connects again for up to
+    :data:`CONNECT_S` rather than exit (a role's exit stops the run). Not its retry budget:
+    a producer that gives up after 1 s, started late on a loaded machine, met a restart of
+    3 s and ended the run."""
     from ..errors import ServiceNotRunning
     client = getattr(a, "client", "threads")
     print(f"client: {client}", flush=True)
-    deadline = CLOCK.monotonic() + a.retry_s
+    deadline = CLOCK.monotonic() + max(a.retry_s, CONNECT_S)
     while True:
         try:
             if client == "aio":
