@@ -142,8 +142,10 @@ class Limiter:
         # ACTIVE groups: a deque in turn (fair), or a heap of (head key, group) (queue order)
         self.turns: deque[str | None] = deque()
         self.order: list[tuple[tuple[int, int], str | None]] = []
-        self.no_token: list[tuple[float, str | None]] = []   # (when a token is due, group)
-        self.emptied: list[tuple[float, str | None]] = []    # idle lines to drop once their bucket is full
+        #: (when a token is due, a tiebreak, group): never two groups compared, as None (the
+        #: keyless jobs' group) and a name cannot be (a tie shut the shard down: TypeError)
+        self.no_token: list[tuple[float, int, str | None]] = []
+        self.emptied: list[tuple[float, int, str | None]] = []    # idle lines to drop once their bucket is full
         #: nothing is leased before this time: leases a power cut may have taken from the
         #: log can still be running (boot_fence.py); 0: no fence
         self.fence_until = 0.0
@@ -254,10 +256,10 @@ class Limiter:
             if s.group_rate is None:
                 del self.lines[g]
             else:  # replay: looked at once the limiter runs
-                heapq.heappush(self.emptied, (0.0, g))
+                heapq.heappush(self.emptied, (0.0, self._next(), g))
             return
         due = line.bucket.due(self.start, s.group_rate, s.group_burst, self.start, s.group_burst)
-        heapq.heappush(self.emptied, (due, g))
+        heapq.heappush(self.emptied, (due, self._next(), g))
 
     def first(self, now: float) -> GroupLine | None:
         """The line whose head is served next: the next group in turn (fair) or the group
@@ -307,9 +309,13 @@ class Limiter:
                 if due > now:
                     self._pop_turn()
                     line.where = NO_TOKEN
-                    heapq.heappush(self.no_token, (due, g))
+                    heapq.heappush(self.no_token, (due, self._next(), g))
                     continue
             return line
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def _pop_turn(self) -> None:
         if self.fair:
@@ -340,13 +346,13 @@ class Limiter:
         filled are dropped."""
         no_token = self.no_token
         while no_token and no_token[0][0] <= now:
-            _, g = heapq.heappop(no_token)
+            _, _, g = heapq.heappop(no_token)
             line = self.lines.get(g)
             if line is not None and line.where == NO_TOKEN:
                 self._activate(g, line)
         emptied, s = self.emptied, self.s
         while emptied and emptied[0][0] <= now:
-            _, g = heapq.heappop(emptied)
+            _, _, g = heapq.heappop(emptied)
             line = self.lines.get(g)
             if line is None or line.where != IDLE or line.heap or line.inflight:
                 continue
@@ -357,7 +363,7 @@ class Limiter:
             if due <= now:
                 del self.lines[g]
             else:
-                heapq.heappush(emptied, (due, g))
+                heapq.heappush(emptied, (due, self._next(), g))
 
     def next_group_token(self, now: float) -> float | None:
         """When the next held-back group's token is due (later than ``now``; an entry of a

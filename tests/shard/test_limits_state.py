@@ -452,3 +452,21 @@ def test_a_run_time_change_of_a_grouping_key_names_it_and_says_it_is_the_configs
     s = make({"r": {"group_separator": "/", "group_concurrency": 1}})
     with pytest.raises(InvalidConfig, match=rf"^queues\.r\.{key}: set in the config only, read when serve starts"):
         s.set_limits("r", {key: value}, T0)
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_the_keyless_group_and_a_named_one_held_back_until_the_same_moment_both_come_back(fair):
+    """Found by a console walkthrough: keyless jobs (group None) and keyed ones of a queue
+    with a group_rate, held back with their next tokens due at the same moment, were
+    compared by group (None < 'tenant'): TypeError, and the shard process exited."""
+    s = make({"r": {"group_separator": "/", "group_rate": "1/s", "fair": fair}})
+    for _ in range(2):
+        s.enqueue(b"x", T0, key=None, queue="r")
+        s.enqueue(b"x", T0, key="tenant/a", queue="r")
+        s.enqueue(b"x", T0, key="tenant/b", queue="r")
+    assert lease_all(s, "r", T0) == []  # the buckets start empty
+    got = lease_all(s, "r", T0 + 1)  # one token each: the keyless group's and the tenant's
+    assert sorted(str(s.jobs[le.job_id].key) for le in got) in (["None", "tenant/a"], ["None", "tenant/b"])
+    assert lease_all(s, "r", T0 + 1) == []  # both held back, their tokens due at T0 + 2
+    again = lease_all(s, "r", T0 + 2)
+    assert len(again) == 2 and {s.jobs[le.job_id].key is None for le in again} == {True, False}
