@@ -26,6 +26,12 @@ def fresh_tasks(app) -> Iterator:
             q.purge_dead_letters(name)
 
 
+def jobs_held(app) -> int:
+    """Every job the app's service holds now, in any state (dead letters too)."""
+    queues = app.queue.stats()["queues"]
+    return sum(q["ready"] + q["delayed"] + q["waiting"] + q["in_flight"] + q["dead"] for q in queues.values())
+
+
 def drain(app, queue: str = "default", **kw):
     """Run ``app``'s tasks of ``queue`` in this process until it is empty (``run_worker``,
     with the short idle wait and poll that tests want); its summary."""

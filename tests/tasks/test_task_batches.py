@@ -10,7 +10,7 @@ import pytest
 import shardq
 from shardq import group, limits
 
-from support.task_apps import fresh_tasks
+from support.task_apps import fresh_tasks, jobs_held
 
 SMALL_BODY = 300  # queue "small"'s max_body_bytes
 N = limits.BATCH_JOBS_MAX + 1
@@ -27,11 +27,6 @@ def app():
 def fresh(app):
     with fresh_tasks(app) as a:
         yield a
-
-
-def jobs_held(app) -> int:
-    queues = app.queue.stats()["queues"]
-    return sum(q["ready"] + q["delayed"] + q["waiting"] + q["in_flight"] + q["dead"] for q in queues.values())
 
 
 def declare(app):

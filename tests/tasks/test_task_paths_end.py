@@ -27,7 +27,7 @@ from shardq.tasks.reading import FANOUT, status_rows
 from shardq.tasks.runner import check_retries
 from shardq.tasks.workflow import Signature, Step, Workflow, _adrive, _drive, describe
 
-from support.task_apps import drain, fresh_tasks
+from support.task_apps import drain, fresh_tasks, jobs_held
 
 SMALL_BODY = 300  # queue "small"'s max_body_bytes
 
@@ -44,11 +44,6 @@ def app():
 def fresh(app):
     with fresh_tasks(app) as a:
         yield a
-
-
-def jobs_held(app) -> int:
-    queues = app.queue.stats()["queues"]
-    return sum(q["ready"] + q["delayed"] + q["waiting"] + q["in_flight"] + q["dead"] for q in queues.values())
 
 
 # ---------------------------------------------------------------------------- 1: a later step's options
