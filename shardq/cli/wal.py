@@ -13,13 +13,15 @@ def register(sub: common.Subparsers, parent: argparse.ArgumentParser) -> None:
     s = sub.add_parser("wal", help="check logs offline, or repair one shard dir")
     actions = s.add_subparsers(dest="action", required=True)
     c = actions.add_parser("check", parents=[parent],
-                           help=f"validate every log file without writing (exit {exits.FAILURE} on corruption)")
+                           help=f"validate every log file without writing, and name the ones missing "
+                           f"(exit {exits.FAILURE} on corruption)")
     c.add_argument("path", nargs="?", help="a shard dir or a data dir (default: the configured data dir)")
     c.set_defaults(fn=check)
-    r = actions.add_parser("repair", help="salvage one shard's log: keep every record that reads whole")
+    r = actions.add_parser("repair", help="salvage one shard's log: keep every record that reads whole, around "
+                           "damaged bytes or missing files, and name the jobs lost")
     r.add_argument("path", help="the shard directory, e.g. var/shardq/shard-0")
-    r.add_argument("--force", action="store_true", help="change the log: drop the damaged records "
-                   "(the originals are kept in <shard dir>/repair-<time>/)")
+    r.add_argument("--force", action="store_true", help="change the log: drop the damaged records, or the "
+                   "changes the missing files held (the originals are kept in <shard dir>/repair-<time>/)")
     r.set_defaults(fn=repair)
 
 

@@ -7,15 +7,21 @@ the next start replays exactly what was salvaged. Guarantees:
 
 * every job whose records lie outside the damaged bytes comes back, byte for byte, with its
   state as of the last of its records that survived;
+* a missing file (wal/layout.py: the segment a checkpoint starts at, one between two
+  others, the oldest with no checkpoint, the checkpoint itself) is damaged bytes nothing is
+  left of: the records around it are replayed in order, and its jobs named as below;
 * the damaged bytes' jobs are named, never guessed: the enqueues that can still be read in
   them, the job ids missing between the last enqueue before the damage and the first after
-  it (a shard numbers its jobs in order), and the jobs whose later operations no longer
-  apply (their enqueue, or the lease an ack refers to, was in the damaged bytes);
+  it (a shard numbers its jobs in order), less the jobs an intact record deletes, and the
+  jobs whose later operations no longer apply (their enqueue was in the damaged bytes);
 * a state change lost with the damaged bytes is undone, never invented: a lost ack brings
   its job back (at-least-once), a lost enqueue is listed, not rebuilt; an operation whose
   job is missing, or not in the state it expects (its lease was in the damaged bytes), is
   dropped and its job named (an ack of a job the checkpoint holds ready with the token of
-  its lease that ran out applies: the ack of a lapsed lease, StateCore.lapsed);
+  its lease that ran out applies: the ack of a lapsed lease, StateCore.lapsed), except one
+  that deletes its job (ack, purge, cancel): that is carried out from the state the job is
+  in, so a job an intact record says was acked never comes back;
+* the next job is numbered after every id named or seen, so no new job takes one's number;
 * the rebuilt state is replayed as the next start will replay it before anything on disk
   changes: a salvage that could not start is refused, the log left as it was;
 * the original files are kept in ``<shard dir>/repair-<time>/`` (0700, files 0600), and the
@@ -32,7 +38,8 @@ import msgpack
 from .. import limits
 from ..config import Config
 from ..wal import Log
-from ..wal.format import CHECKPOINT, SEGMENT, parse_name
+from ..wal.format import CHECKPOINT, SEGMENT, checkpoint_name, parse_name, segment_name
+from ..wal.layout import LOG_END, Missing, log_files, missing_files, read_log_end
 from ..wal.reader import read_intact
 from ..wal.repair import _copy_private, _lock, _sync_dir
 from ..wal.salvage import format_ids, job_ids_of, readable_ops, scanned_job_ids
@@ -47,13 +54,16 @@ _SHARD_DIR = re.compile(r"shard-(\d+)$")
 _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 
 
-def _log_files(directory: str) -> list[tuple[int, str, str]]:
-    """(seq, kind, name) of the files a replay reads: the newest checkpoint, then segments."""
-    entries = sorted((p[0], p[1], n) for n in os.listdir(directory) if (p := parse_name(n)))
-    ckpts = [e for e in entries if e[1] == CHECKPOINT]
-    base = ckpts[-1][0] if ckpts else None
-    segs = [e for e in entries if e[1] == SEGMENT and (base is None or e[0] >= base)]
-    return ([ckpts[-1]] if ckpts else []) + segs
+def _log_files(directory: str) -> tuple[list[tuple[int, str, str]], list[Missing]]:
+    """(seq, kind, name) of the files a replay reads (the newest checkpoint, then segments),
+    and the runs of segments it needs and lacks (wal/layout.py: the rules replay applies)."""
+    found = log_files(os.listdir(directory))
+    try:
+        end = read_log_end(directory)
+    except CorruptLog:
+        end = None  # the log's end is unknown; the rebuilt log drops the record
+    files = [(found.checkpoint, CHECKPOINT, checkpoint_name(found.checkpoint))] if found.checkpoint is not None else []
+    return files + [(s, SEGMENT, segment_name(s)) for s in found.segments], missing_files(directory, found, end)
 
 
 def salvage(directory: str, *, config: Config | None = None) -> list[str]:
@@ -70,15 +80,30 @@ def salvage(directory: str, *, config: Config | None = None) -> list[str]:
 def _salvage(directory: str, config: Config) -> list[str]:
     m = _SHARD_DIR.search(os.path.basename(os.path.normpath(directory)))
     state = ShardState(int(m.group(1)) if m else 0, config)
-    files = _log_files(directory)
+    files, missing = _log_files(directory)
+    gaps = {run.before: run for run in missing}  # before which segment (None: after the last one)
     done: list[str] = []
     lost: set[int] = set()       # enqueues in the damaged bytes
     orphaned: set[int] = set()   # jobs whose later operations could not be applied
+    settled: set[int] = set()    # jobs an intact record deletes (ack, purge, cancel)
+    redone: set[int] = set()     # ... though the change it followed was lost: deleted as it says
     # Damaged ranges with no intact enqueue after them in their own file: the first one in
     # a later file bounds them. (line index in done, last job number before, ids read in them)
     open_ranges: list[tuple[int, int, set[int], int]] = []
     next_write, records = 1, 0
-    for _seq, kind, name in files:
+
+    def missing_run(run: Missing) -> None:
+        # Nothing of them is left to read: like damaged bytes with no intact enqueue in them,
+        # bounded by the first intact enqueue after them, in any later file.
+        lo_seq = state.next_seq - 1
+        done.append(f"{run.path}: {run.what}; nothing of {'it' if run.first == run.last else 'them'} is left to "
+                    f"read{_HELD}none")
+        open_ranges.append((len(done) - 1, lo_seq, set(), lo_seq))
+
+    for seq, kind, name in files:
+        if kind == SEGMENT and seq in gaps:
+            missing_run(gaps[seq])
+            next_write = 0  # the write numbers before this segment are missing: any goes on
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             data = f.read()
@@ -95,11 +120,16 @@ def _salvage(directory: str, config: Config) -> list[str]:
             for op in ops:
                 if op and op[0] == O.ENQUEUE and len(op) > O.JOB_ID and isinstance(op[O.JOB_ID], int):
                     enqueued.append(op[O.JOB_ID] >> limits.JOB_ID_SHARD_BITS)
-                if not _applies(state, op):
+                if op and op[0] in _DELETES and len(op) > O.JOB_ID:
+                    settled.add(op[O.JOB_ID])
+                todo = _carried_out(state, op)
+                if todo is None:
                     orphaned.add(op[O.JOB_ID])
                     continue
+                if todo is not op:
+                    redone.add(op[O.JOB_ID])
                 try:
-                    state.apply(op)
+                    state.apply(todo)
                 except Exception as e:  # noqa: BLE001 - a state the guard did not foresee: stop, change nothing
                     raise CorruptLog(path, 0, f"cannot salvage: operation {op!r:.80} does not apply to the "
                                      f"salvaged state ({type(e).__name__}: {e}); the log is left as it was") from None
@@ -118,17 +148,23 @@ def _salvage(directory: str, config: Config) -> list[str]:
             done.append(f"{path}: bytes {start}..{end} do not read; dropped{_HELD}{format_ids(sorted(ids))}")
             if not bounded and kind == SEGMENT:
                 open_ranges.append((len(done) - 1, lo_seq, ids, top))
-    orphaned -= set(state.jobs)
-    lost -= set(state.jobs)
+    if None in gaps:  # the newest segments, by the clean stop's record: nothing after them bounds them
+        missing_run(gaps[None])
+    # A job an intact record deletes is not lost, wherever its enqueue was.
+    orphaned -= set(state.jobs) | settled
+    lost -= set(state.jobs) | settled
     unbounded = [top << limits.JOB_ID_SHARD_BITS | state.shard_index for _, _, _, top in open_ranges]
+    _number_past(state, lost | orphaned | settled | set(unbounded))
     _check_snapshot(state, config, directory)
     backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(backup, mode=0o700, exist_ok=True)
+    # The clean stop's record goes too: it speaks of the log replaced (and one that does not
+    # read would stop the new log's replay).
     for name in os.listdir(directory):
-        if parse_name(name):
+        if parse_name(name) or name == LOG_END:
             _copy_private(os.path.join(directory, name), backup)
     for name in os.listdir(directory):
-        if parse_name(name):
+        if parse_name(name) or name == LOG_END:
             os.unlink(os.path.join(directory, name))
     _sync_dir(directory)
     log = Log(directory, segment_bytes=config.limits.segment_bytes)
@@ -138,13 +174,17 @@ def _salvage(directory: str, config: Config) -> list[str]:
     log.close()
     done.append(f"rebuilt {directory} from {records} intact records: {len(state.jobs)} jobs kept, in a new "
                 f"checkpoint; originals kept in {backup}")
-    done.append(f"jobs not recovered (enqueued in the damaged bytes): {format_ids(sorted(lost), most=1000)}")
+    where = "the damaged bytes or the missing segments" if missing else "the damaged bytes"
+    done.append(f"jobs not recovered (enqueued in {where}): {format_ids(sorted(lost), most=1000)}")
     if unbounded:
         done.append(f"no intact enqueue follows the damage: jobs numbered after job "
-                    f"{', '.join(map(str, sorted(unbounded)))} may also have been enqueued in the damaged bytes, "
+                    f"{', '.join(map(str, sorted(unbounded)))} may also have been enqueued in {where}, "
                     "and cannot be named (nothing of them is left to read)")
     done.append(f"jobs whose later changes no longer applied (their enqueue or lease was damaged): "
                 f"{format_ids(sorted(orphaned), most=1000)}")
+    if redone:
+        done.append(f"jobs deleted as an intact record says (acked, purged or cancelled), though the change "
+                    f"before it was lost: {format_ids(sorted(redone), most=1000)}")
     return done
 
 
@@ -180,6 +220,41 @@ def _applies(state: ShardState, op: Op) -> bool:
     # the checkpoint before it holds the job ready, with that lease's token. (Without a
     # checkpoint in between, replay finds such a job still leased.)
     return code == O.ACK and job.id in state.lapsed
+
+
+#: Operations that delete their job: a job one of them names is not lost, and it is not
+#: brought back even where the change it followed (a lease, a dead-lettering) was lost.
+_DELETES = (O.ACK, O.PURGE, O.CANCEL)
+
+
+def _carried_out(state: ShardState, op: Op) -> Op | None:
+    """The operation that carries out ``op`` on the salvaged state: ``op`` itself where it
+    applies (:func:`_applies`); for one that deletes a job the state holds in a state it
+    does not expect (an ack whose lease, a purge whose dead-lettering, was lost), the
+    operation that deletes the job from the state it is in, so an acked job does not come
+    back; else None (dropped, its job named)."""
+    if _applies(state, op):
+        return op
+    if not (op and op[0] in _DELETES and len(op) > O.JOB_ID and isinstance(op[O.JOB_ID], int)):
+        return None
+    job = state.jobs.get(op[O.JOB_ID])
+    if job is None:
+        return None
+    if job.state is JobState.DEAD:
+        return [O.PURGE, job.id]
+    if job.state is JobState.WAITING:
+        return [O.CANCEL, job.id]  # behind its key's head: a cancel takes it out of the line
+    return [O.ACK, job.id]  # leased, ready or delayed (as the ack of a lease that ran out)
+
+
+def _number_past(state: ShardState, named: set[int]) -> None:
+    """Number the next job after every id the salvage named or saw deleted: a job enqueued
+    after the repair never takes the id of one that existed (a worker's idempotency record,
+    a result, the report itself name it)."""
+    bits, mine = limits.JOB_ID_SHARD_BITS, state.shard_index
+    seqs = [i >> bits for i in named if i & _SHARD_MASK == mine]
+    if seqs and max(seqs) >= state.next_seq:
+        state.apply([O.META, max(seqs) + 1, state.next_token, state.epoch])
 
 
 def _check_snapshot(state: ShardState, config: Config, directory: str) -> None:

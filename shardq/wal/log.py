@@ -27,7 +27,6 @@ newest one cut or damaged before that length (file and offset), however its byte
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -39,9 +38,13 @@ import msgpack
 from .. import limits
 from ..clock import Clock, SystemClock
 from ..errors import Closed, CorruptLog, LogFailed
-from .fileio import Files, SlowDiskFiles, files_from_env
+from .fileio import Files, files_from_env
 from .format import (CHECKPOINT, CHECKPOINT_MAGIC, FORMAT, MAGIC_BYTES, SEGMENT, checkpoint_name, frame,
                      parse_name, segment_name)
+# The clean stop's record lives in layout.py with the other rules of the directory; its names
+# are importable from here as before.
+from .layout import LOG_END as LOG_END, LogEnd as LogEnd, drop_log_end as drop_log_end, read_log_end as read_log_end
+from .layout import holding_end, log_files, missing_files, write_log_end
 from .reader import FileScan, TornTail
 from .salvage import format_ids, readable_job_ids
 from .writer import SegmentWriter
@@ -49,92 +52,6 @@ from .writer import SegmentWriter
 log = logging.getLogger("shardq.wal")
 
 _CHECKPOINT_END = "shardq-checkpoint-end"
-
-#: The record of where a clean close left the log (:class:`LogEnd`), in the shard directory.
-LOG_END = "log-end.json"
-_LOG_END_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class LogEnd:
-    """Where a clean close left the log: the newest segment's number, the length of that
-    segment (the end of its last record, the close's sync mark; everything before it synced)
-    and the number of its last write."""
-
-    segment: int
-    bytes: int
-    write: int
-
-    def describe(self) -> str:
-        return (f"the last clean stop left the log ending in {segment_name(self.segment)} at offset {self.bytes} "
-                f"(write {self.write}; recorded in {LOG_END})")
-
-    def missing(self, directory: str, base: int | None, segments: list[int]) -> CorruptLog | None:
-        """The refusal of a log whose segments end before this record's, else None.
-        ``base``: the newest checkpoint's number; ``segments``: the segments from it on. A
-        record older than the checkpoint is stale (the log went on and was compacted since
-        by a shardq that does not keep this record) and refuses nothing."""
-        if base is not None and self.segment < base:
-            return None
-        newest = segments[-1] if segments else None
-        if newest is not None and newest >= self.segment:
-            return None
-        first = newest + 1 if newest is not None else (base if base is not None else 1)
-        one = first == self.segment
-        gone = segment_name(first) if one else f"segments {segment_name(first)}..{segment_name(self.segment)}"
-        now = f"the newest segment is {segment_name(newest)}" if newest is not None else "no segment is left"
-        return CorruptLog(os.path.join(directory, segment_name(first)), 0,
-                          f"segment missing: {self.describe()}, and {now}: {gone} {'is' if one else 'are'} gone, "
-                          f"with every job only {'it' if one else 'they'} held (docs/design.md, \"Recovery\")")
-
-
-def read_log_end(directory: str, files: Files | SlowDiskFiles | None = None) -> LogEnd | None:
-    """The record of the last clean close in ``directory``; None if there is none (a log
-    that a crash stopped, a new one, or one written before this record existed). A record
-    that does not read is :class:`CorruptLog`: it is written whole (temporary file, fsync,
-    rename), so only damage makes it so, and the log's end is then unknown."""
-    path = os.path.join(directory, LOG_END)
-    try:
-        raw = (files or Files()).read(path)
-    except FileNotFoundError:
-        return None
-    try:
-        d = json.loads(raw)
-        end = LogEnd(d["segment"], d["bytes"], d["write"])
-        if d["format"] != _LOG_END_FORMAT or not all(type(v) is int and v >= 0 for v in (end.segment, end.bytes,
-                                                                                        end.write)):
-            raise ValueError(f"unexpected values {d!r:.200}")
-    except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise CorruptLog(path, 0, f"not a record of a clean stop ({type(e).__name__}: {e}); the log's end "
-                         "is unknown: `shardq wal repair <shard dir> --force` drops it") from None
-    return end
-
-
-def write_log_end(directory: str, end: LogEnd, files: Files | SlowDiskFiles | None = None) -> None:
-    """Write the record whole: a crash leaves none or this one."""
-    files = files or Files()
-    path = os.path.join(directory, LOG_END)
-    tmp = path + ".tmp"
-    fd = files.create(tmp)
-    try:
-        files.write(fd, json.dumps({"format": _LOG_END_FORMAT, "segment": end.segment, "bytes": end.bytes,
-                                    "write": end.write}).encode())
-        files.fsync(fd)
-    finally:
-        files.close(fd)
-    files.rename(tmp, path)
-    files.sync_dir(directory)
-
-
-def drop_log_end(directory: str, files: Files | SlowDiskFiles | None = None) -> bool:
-    """Delete the record (the log is about to change, or was rebuilt); True if there was one.
-    Durable once the directory is fsynced (the caller's)."""
-    try:
-        (files or Files()).unlink(os.path.join(directory, LOG_END))
-    except FileNotFoundError:
-        return False
-    return True
-
 
 @dataclass
 class ReplayStats:
@@ -216,31 +133,22 @@ class Log:
         for name in names:
             if name.endswith(".tmp"):  # an unfinished segment or checkpoint: never acknowledged
                 self._remove(name)
-        entries = [(p, name) for name in names if (p := parse_name(name))]
-        checkpoints = sorted(seq for (seq, kind), _ in entries if kind == CHECKPOINT)
-        segments = sorted(seq for (seq, kind), _ in entries if kind == SEGMENT)
-        base = checkpoints[-1] if checkpoints else None
-        replaced: list[str] = []
-        if base is not None:
-            # Files the newest checkpoint replaces: a crash came before compaction deleted
-            # them. They go only once the replay below has read everything it needs.
-            replaced = [checkpoint_name(s) for s in checkpoints[:-1]] + [segment_name(s) for s in segments if s < base]
-            segments = [s for s in segments if s >= base]
-        self._check_sequence(base, segments)
+        found = log_files(names)
+        base, segments, replaced = found.checkpoint, found.segments, found.replaced
         # A clean close recorded where the log ends: a log shorter than that lost segments
         # or bytes since, which a crash cannot explain (a torn tail is a crash's).
         end = read_log_end(self.directory, files) if LOG_END in names else None
-        self._clean_end = {}
-        if end is not None:
-            if base is None and not segments:
-                # No log file at all: a new log. `wal repair` rebuilds a log so (it moves
-                # every file aside first); the record speaks of the one it replaced.
-                log.warning("%s: no log file, but %s; a new log begins", self.directory, end.describe())
-            else:
-                missing = end.missing(self.directory, base, segments)
-                if missing is not None:
-                    raise missing
-                self._clean_end[end.segment] = end.bytes
+        # Every segment from the checkpoint's (else from 1) to the newest, and to the one
+        # the clean stop recorded (layout.py: the rules `wal check` applies too).
+        missing = missing_files(self.directory, found, end)
+        if missing:
+            raise missing[0].error()
+        held = holding_end(found, end)
+        self._clean_end = {held.segment: held.bytes} if held is not None else {}
+        if end is not None and found.empty:
+            # No log file at all: a new log. `wal repair` rebuilds a log so (it moves
+            # every file aside first); the record speaks of the one it replaced.
+            log.warning("%s: no log file, but %s; a new log begins", self.directory, end.describe())
         # The number of the next write (format 3): the checkpoint's, else 1; then after the
         # last write of each segment. The reader needs it to say which write damaged bytes
         # belong to (reader.py), and the writer goes on from it.
@@ -283,18 +191,6 @@ class Log:
         self._usable = self.writer
         self.stats.segments = len(segments)
         self.stats.seconds = self.clock.monotonic() - t0
-
-    def _check_sequence(self, base: int | None, segments: list[int]) -> None:
-        for prev, seq in zip(segments, segments[1:]):
-            if seq != prev + 1:
-                raise CorruptLog(self._path(segment_name(prev + 1)), 0,
-                                 f"segment missing between {segment_name(prev)} and {segment_name(seq)}")
-        if base is None and segments and segments[0] != 1:
-            raise CorruptLog(self._path(segment_name(1)), 0,
-                             f"no checkpoint and the oldest segment is {segment_name(segments[0])}: "
-                             "earlier segments are missing")
-        if base is not None and segments and segments[0] != base:
-            raise CorruptLog(self._path(segment_name(base)), 0, "segment missing after the checkpoint")
 
     def _remove(self, name: str) -> None:
         self.files.unlink(self._path(name))

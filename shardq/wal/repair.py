@@ -12,6 +12,10 @@ without ``force``; it copies every file it changes or removes to ``<dir>/repair-
   aside (their records came after the damage, and replaying them without what was lost
   could resurrect or reorder jobs). A damaged checkpoint cannot be repaired this way: the
   data it held exists nowhere else.
+
+Damage in a format-3 file, and files missing before the newest one (:mod:`.layout`), are
+salvaged instead (``shard/salvage.py``, chosen by :func:`salvage_wanted`); segments missing
+only by the last clean stop's record leave nothing to rebuild: the record is dropped.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ import msgpack
 
 from ..errors import CorruptLog, DataDirLocked, NewerFormat
 from .format import CHECKPOINT, MAGICS, RECORD_BYTES_MAX, SEGMENT, frame_v2, pack_records, parse_name
-from .log import _CHECKPOINT_END, LOG_END, LogEnd, decode, drop_log_end, read_log_end
+from .layout import LOG_END, LogEnd, Missing, drop_log_end, holding_end, log_files, missing_files, read_log_end
+from .log import _CHECKPOINT_END, decode
 from .reader import ZERO_TAIL, FileScan
 
 OK, TORN, CORRUPT, OVERSIZED = "ok", "torn", "corrupt", "oversized"
@@ -40,6 +45,7 @@ class FileReport:
     reason: str | None = None
     version: int = 0       # the file's format
     last_write: int = 0    # format 3: the last write read
+    missing: Missing | None = None  # files replay needs and lacks (``path``: the first one)
 
 
 def _scan(path: str, kind: str, tail_may_tear: bool, first_write: int = 0, clean_end: int = 0) -> FileReport:
@@ -90,52 +96,54 @@ def _fits_without_limit(path: str, data: bytes, kind: str, tail_may_tear: bool, 
 
 
 def check(directory: str) -> list[FileReport]:
-    """Validate every log file of one shard directory, oldest first, without writing. As
-    replay does, a log shorter than the last clean stop recorded (``log-end.json``) is
-    corrupt: a missing segment is reported under its name, at offset 0."""
-    files = sorted((p, n) for n in os.listdir(directory) if (p := parse_name(n)))
+    """Validate every log file of one shard directory, oldest first, without writing. The
+    files replay needs and lacks (layout.py, the rules replay applies) are reported corrupt
+    in their place, under the first one's name, at offset 0; as replay does, a log shorter
+    than the last clean stop recorded (``log-end.json``) is corrupt."""
+    names = os.listdir(directory)
+    files = sorted((p, n) for n in names if (p := parse_name(n)))
     segments = [p[0] for p, _ in files if p[1] == SEGMENT]
     newest = segments[-1] if segments else None
     out: list[FileReport] = []
-    end, clean_end = _log_end(directory, files, out)
+    end = _log_end(directory, out)
+    found = log_files(names)
+    missing = missing_files(directory, found, end)
+    held = holding_end(found, end)
+    clean_end = {held.segment: held.bytes} if held is not None else {}  # where its records must reach
+    reports: list[tuple[tuple[int, int], FileReport]] = []
+    gaps = {m.before: m for m in missing}
     next_write = 0  # format 3: each segment goes on from the previous one's last write
     for (seq, kind), name in files:
+        if kind == SEGMENT and seq in gaps:
+            next_write = 0  # what came before it is missing: its first write is unknown
         r = _scan(os.path.join(directory, name), kind, kind == SEGMENT and seq == newest,
                   next_write if kind == SEGMENT else 0, clean_end.get(seq, 0) if kind == SEGMENT else 0)
         if kind == SEGMENT:
             next_write = r.last_write + 1 if r.version >= 3 and r.last_write > 0 else 0
-        out.append(r)
-    if end is not None:
-        checkpoints = [p[0] for p, _ in files if p[1] == CHECKPOINT]
-        base = checkpoints[-1] if checkpoints else None
-        missing = end.missing(directory, base, [s for s in segments if base is None or s >= base])
-        if missing is not None:
-            # Nothing of them is left to read or salvage: `repair` accepts the loss (it
-            # drops the record; the report's format 0 keeps it from salvaging).
-            out.append(FileReport(missing.path, 0, CORRUPT, 0, missing.reason))
-    return out
+        reports.append(((seq, kind == SEGMENT), r))
+    for m in missing:
+        # Nothing of them is left to read: `repair` rebuilds the log around them (salvage),
+        # or, missing only by the clean stop's record, accepts the loss (drops the record).
+        reports.append(((m.first, True), FileReport(m.path, 0, CORRUPT, 0, m.reason, missing=m)))
+    return out + [r for _, r in sorted(reports, key=lambda x: x[0])]
 
 
-def _log_end(directory: str, files: list[tuple[tuple[int, str], str]],
-             out: list[FileReport]) -> tuple[LogEnd | None, dict[int, int]]:
-    """The last clean stop's record (None: none, or no log file to hold to it, as replay
-    does) and the segment whose length it recorded; a record that does not read is
-    reported corrupt in ``out``."""
+def _log_end(directory: str, out: list[FileReport]) -> LogEnd | None:
+    """The last clean stop's record; None if there is none. A record that does not read
+    is reported corrupt in ``out``."""
     try:
-        end = read_log_end(directory)
+        return read_log_end(directory)
     except CorruptLog as e:
         out.append(FileReport(e.path, 0, CORRUPT, 0, e.reason))
-        return None, {}
-    checkpoints = [p[0] for p, _ in files if p[1] == CHECKPOINT]
-    if end is None or not files or (checkpoints and end.segment < checkpoints[-1]):
-        return None, {}  # no record; no log file (a new log); or compacted since (stale)
-    return end, {end.segment: end.bytes}
+        return None
 
 
 def salvage_wanted(reports: list[FileReport]) -> bool:
-    """True if a format-3 file is damaged: ``wal repair`` then salvages every intact record
-    (shard/salvage.py) instead of truncating at the first bad one."""
-    return any(r.status in (CORRUPT, TORN) and r.version >= 3 for r in reports)
+    """True if a format-3 file is damaged, or files are missing before the newest one left:
+    ``wal repair`` then rebuilds the log from every intact record (shard/salvage.py) instead
+    of truncating at the first bad one."""
+    return any(r.status in (CORRUPT, TORN) and (r.version >= 3 or (r.missing is not None and not r.missing.clean_end))
+               for r in reports)
 
 
 def _lock(directory: str) -> int:
@@ -160,7 +168,10 @@ def repair(directory: str, *, force: bool) -> list[str]:
             bad = next((r for r in reports if r.status != OK), None)
             if bad is None:
                 return done or ["nothing to repair"]
-            if (bad.status == CORRUPT and not os.path.exists(bad.path)) or os.path.basename(bad.path) == LOG_END:
+            if bad.missing is not None and not bad.missing.clean_end:
+                raise CorruptLog(bad.path, 0, f"{bad.reason}; the log is rebuilt around missing files by the "
+                                 "salvage of `shardq wal repair <shard dir> --force` (shardq/shard/salvage.py)")
+            if bad.missing is not None or os.path.basename(bad.path) == LOG_END:
                 # Segments a clean stop wrote are gone (nothing is left to read or salvage),
                 # or its record does not read: accept the log as it is, and say so.
                 if not force:

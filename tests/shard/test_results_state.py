@@ -743,8 +743,9 @@ def test_a_start_up_fire_the_enqueue_refuses_leaves_the_barrier_open_and_tries_a
 def test_salvage_keeps_results_progress_and_barriers_around_a_damaged_record(tmp_path):
     """``shardq wal repair`` (shard/salvage.py) needs nothing new for these operations: a
     result and a barrier do not depend on a job's state, and a progress whose job was lost
-    is ignored. Here the damaged record is a lease: its job's later ack no longer applies,
-    so the job comes back (at-least-once), with the result its worker stored."""
+    is ignored. Here the damaged record is a lease: its job's later ack is still applied (the
+    shard logged it only once it matched the lease: the job was done and its worker told so),
+    so the job does not come back, and the result its worker stored stays."""
     from shardq.errors import CorruptLog
     from shardq.shard.salvage import salvage
     from shardq.wal.format import HEADER, HEADER_BYTES, MAGIC_BYTES
@@ -780,8 +781,8 @@ def test_salvage_keeps_results_progress_and_barriers_around_a_damaged_record(tmp
     with Engine(d, cfg, clock=clock) as again:
         st = again.state
         callback_job = st.barrier_info(["b"], clock.now())[0]["fired_job"]
-        assert set(st.jobs) == {jid, callback_job}                       # the lost ack: jid is back
+        assert set(st.jobs) == {callback_job}                            # its ack applied: jid is gone
         row = st.results_of([jid], clock.now())[0]
         assert (row.state, row.value) == ("succeeded", b"the result")
-        assert st.progress == {jid: (0.5, "half")}
+        assert st.progress == {}                                         # (its job's, gone with it)
         assert st.barrier_values("b", clock.now()) == [b"zero", b"one"]
