@@ -280,17 +280,35 @@ def purge_calls(shards: int, queue: str, job_ids: Any) -> list[tuple[int, str, l
 
 
 def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-queue counts summed over the shards' stats (a down shard has no queues)."""
+    """Per-queue counts summed over the shards' stats: ``shards`` is every shard's, in shard
+    order, a down one included (``"available": False``; it has no queues).
+
+    A placed queue's ``limits`` (docs/limits.md) are its owner shard's figures, never a sum
+    nor another shard's (one that still holds jobs from before the queue was placed, or an
+    idle one an every-shard call such as pause made it on), with ``"owner"``: the shard. Its
+    owner down, or holding no figures of it yet, they are ``{"owner": N, "owner_down": bool}``
+    and no figures. ``stats`` and the console's overview both count with this."""
+    from ..config import owner_shard  # here, not at the top: this function alone is the change
+
     queues: dict[str, dict[str, Any]] = {}
+    placed: set[str] = set()
+    by_shard = {sh.get("shard", i): sh for i, sh in enumerate(shards)}
     for sh in shards:
-        for name, counts in sh["queues"].items():
-            agg = queues.setdefault(name, dict.fromkeys(counts, 0))
+        for name, counts in (sh.get("queues") or {}).items():
+            agg = queues.setdefault(name, {})
             for k, v in counts.items():
-                if isinstance(v, dict):  # a placed queue's limit figures: its owner's (docs/limits.md)
-                    if not isinstance(agg.get(k), dict) or v.get("in_flight", 0) > agg[k].get("in_flight", 0):
-                        agg[k] = v
-                    continue
-                agg[k] = (agg.get(k) or v) if isinstance(v, bool) else agg.get(k, 0) + v  # flags: any shard
+                if k == "limits":
+                    placed.add(name)
+                elif isinstance(v, bool):
+                    agg[k] = agg.get(k) or v  # flags (paused, undeclared): any shard
+                else:
+                    agg[k] = agg.get(k, 0) + v
+    for name in placed:
+        owner = owner_shard(name, len(shards))
+        sh = by_shard.get(owner, {})
+        figures = ((sh.get("queues") or {}).get(name) or {}).get("limits")
+        queues[name]["limits"] = (dict(figures, owner=owner) if isinstance(figures, dict) else
+                                  {"owner": owner, "owner_down": not sh.get("available", False)})
     return queues
 
 

@@ -16,7 +16,9 @@
 * **CSRF.** Every request that changes state is a ``POST`` with a JSON body, and unless it
   carries the bearer token (which a browser never adds by itself) it must send
   ``X-CSRF-Token`` with the value ``GET /api/session`` returns, and an ``Origin``, if any,
-  of this listener. Another site's page can neither read that value nor send the header.
+  of this listener: ``http://`` (or ``https://``, the TLS proxy the docs put in front of
+  it off a trusted network) and exactly the request's ``Host`` (``ws://`` or another host or
+  port is another origin). Another site's page can neither read that value nor send the header.
 
 Comparisons of secrets use :func:`hmac.compare_digest`.
 """
@@ -32,6 +34,12 @@ from ..config import is_loopback
 from .http_head import Head
 
 COOKIE = "shardq_session"
+#: The schemes of this listener's origin: it serves plain HTTP, and ``https`` is a TLS proxy in
+#: front of it (only this listener's own proxy serves its host and port). A same-origin
+#: ``Origin`` is one of these, ``://`` and exactly the request's ``Host`` (browsers send both lowercased).
+SCHEMES = ("http", "https")
+
+
 def _host_of(host_header: str) -> str:
     """The host part of a ``Host`` or ``Origin`` authority (``[::1]:80`` -> ``::1``)."""
     if host_header.startswith("["):
@@ -104,5 +112,7 @@ class Auth:
             return False
         origin = headers.get("Origin")
         if origin is not None:  # sent by browsers on POST; "null" (sandboxed, file:) is refused
-            return origin.partition("://")[2] == (headers.get("Host") or "")
+            host = (headers.get("Host") or "").lower()
+            scheme, sep, authority = origin.lower().partition("://")
+            return bool(host) and bool(sep) and scheme in SCHEMES and authority == host
         return True

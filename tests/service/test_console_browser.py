@@ -8,10 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from support import browser
+from support.raw_shard import Raw
 from support.service import REPO, Service, reset_queues, wait_until
 
 WHY = browser.missing()
@@ -240,6 +242,122 @@ def test_the_console_logs_in_with_the_token(driver, monkeypatch):
         click(driver, 'button.pause[data-queue="default"]')
         wait_until(lambda: q.stats()["queues"]["default"].get("paused"), 10, 0.05, "the pause, logged in")
         driver.delete_all_cookies()
+
+
+def test_a_partly_paused_queue_offers_pause_to_finish_it_and_resume(driver, svc, q):
+    """The tester's partly_paused.py: a queue whose pause missed a shard was offered resume
+    only, so the pause could not be finished from the console (docs/operations.md, "Pause")."""
+    q.pause("default")
+    q.resume("default")  # held by both shards
+
+    def on_shard(shard: int, op: str) -> None:  # what a pause or resume that missed the other leaves
+        raw = Raw(svc, shard)
+        try:
+            raw.call(op, "default")
+        finally:
+            raw.close()
+
+    def shown() -> tuple:
+        return (cells(driver, "default") or {}).get("state"), tuple(texts(driver, 'tr[data-queue="default"] button'))
+
+    def paused_on() -> list:
+        return [bool(sh["queues"].get("default", {}).get("paused")) for sh in q.stats()["shards"]]
+
+    on_shard(0, "pause")
+    open_console(driver, svc.url)
+    wait_until(lambda: shown() == ("partly paused", ("pause", "resume")), 10, 0.05, "partly paused, both buttons")
+    click(driver, 'button.pause[data-queue="default"]')  # finish the pause
+    wait_until(lambda: paused_on() == [True, True], 10, 0.05, "paused on both shards")
+    wait_until(lambda: shown() == ("paused", ("resume",)), 10, 0.05, "the page showing it paused")
+    on_shard(1, "resume")
+    wait_until(lambda: shown() == ("partly paused", ("pause", "resume")), 10, 0.05, "partly paused again")
+    click(driver, 'button.resume[data-queue="default"]')
+    wait_until(lambda: paused_on() == [False, False], 10, 0.05, "resumed on both shards")
+    wait_until(lambda: shown() == ("active", ("pause",)), 10, 0.05, "the page showing it active")
+
+
+# Replaces GET /api/overview with a made-up service of three shards, whose counters grow by
+# 6 a second each (18/s in all; not rounded, so a rate is 18 but for timing) from lifetime
+# figures (shard 2 has run a long time), each shard 100 jobs deep; the test stops shard 2
+# (window.__fake.down) and restarts shard 1 (restartedAt: a new pid, counters from 0). The
+# page's own 2 s poll is turned off: the test polls, one poll at a time. ``queues`` is what
+# the overview lists.
+FAKE_OVERVIEW = """
+window.setInterval = () => 0;
+window.__fake = { down: false, restartedAt: null, queues: [] };
+const fakeStart = Date.now() / 1000;
+const realFetch = window.fetch.bind(window);
+window.fetch = async (url, opts) => {
+  if (!String(url).startsWith("/api/overview")) return realFetch(url, opts);
+  const now = Date.now() / 1000, f = window.__fake;
+  const shards = [0, 1, 2].map((i) => {
+    if (i === 2 && f.down) return { shard: 2, up: false, error: "no answer", pid: null, totals: null };
+    const restarted = i === 1 && f.restartedAt !== null;
+    const n = restarted ? 6 * (now - f.restartedAt) : [1000, 5000, 1000000][i] + 6 * (now - fakeStart);
+    return { shard: i, up: true, error: null, pid: restarted ? 2001 : 1000 + i,
+             totals: { ready: 100, delayed: 0, waiting: 0, in_flight: 0, dead: 0, keys: 0, enqueued: n, acked: n } };
+  });
+  const totals = { ready: 0, delayed: 0, waiting: 0, in_flight: 0, dead: 0, keys: 0, enqueued: 0, acked: 0 };
+  for (const s of shards) if (s.totals) for (const k of Object.keys(totals)) totals[k] += s.totals[k];
+  return new Response(JSON.stringify({ queues: f.queues, shards, totals }),
+                      { status: 200, headers: { "Content-Type": "application/json" } });
+};
+"""
+
+
+def _with_fake_overview(driver, svc):
+    """Open the console on FAKE_OVERVIEW; returns the hook to remove."""
+    hook = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": FAKE_OVERVIEW})["identifier"]
+    open_console(driver, svc.url)
+    return hook
+
+
+def _poll(driver) -> None:
+    driver.execute_async_script("poll().then(arguments[arguments.length - 1]);")
+
+
+def test_the_charts_count_each_shards_own_figures_across_a_stop_and_a_restart(driver, svc):
+    """The tester's rate_spike2.py: with a shard stopped for 6 s, then continued, the rate
+    charts drew its lifetime counter as one poll's (3554/s against a real 18/s) and the
+    depth a dip; a restarted shard's counters starting again made the rates drop to 0."""
+    hook = _with_fake_overview(driver, svc)
+    try:
+        for step in range(16):
+            if step == 4:
+                driver.execute_script("window.__fake.down = true;")  # shard 2 stops answering
+            if step == 8:
+                driver.execute_script("window.__fake.down = false;")  # and is back
+            if step == 11:
+                driver.execute_script("window.__fake.restartedAt = Date.now() / 1000 - 0.05;")  # shard 1 restarts
+            time.sleep(0.25)
+            _poll(driver)
+            if step == 6:
+                assert text(driver, "#depth") == "300" and text(driver, "#depth-note") == "(shard 2: last known)"
+        h = driver.execute_script("return history")
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": hook})
+    assert h["depth"] == [300] * len(h["depth"]), h["depth"]  # a shard missing: its last depth, no dip
+    assert text(driver, "#depth-note") == ""
+    for k in ("enqueued", "acked"):
+        # 18/s with every shard answering, 12/s while one is not counted: never a spike (the
+        # lifetime counter of shard 2 over one poll: millions a second), never 0
+        assert len(h[k]) >= 15 and all(4 < r < 40 for r in h[k]), (k, h[k])
+
+
+def test_a_limited_queue_whose_owner_is_down_says_so(driver, svc):
+    """Its owner shard down, a limited queue's cell says so (the overview has no figures for
+    it: never another shard's), and there is nothing to edit."""
+    row = {"name": "capped", "ready": 0, "delayed": 0, "waiting": 0, "in_flight": 0, "dead": 0, "keys": 0,
+           "oldest_ready_age_s": None, "paused": False, "partly_paused": False, "paused_shards": 0,
+           "limits": {"owner": 2, "owner_down": True}}
+    hook = _with_fake_overview(driver, svc)
+    try:
+        driver.execute_script("window.__fake.queues = arguments[0];", [row])
+        _poll(driver)
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": hook})
+    assert cells(driver, "capped")["limits"] == "owner shard 2 down: figures not known"
+    assert texts(driver, 'tr[data-queue="capped"] button') == ["pause"]
 
 
 def test_the_console_keeps_working_with_a_shard_down(driver, svc):

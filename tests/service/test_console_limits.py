@@ -11,6 +11,8 @@ import json
 import jsonschema
 import pytest
 
+from shardq.client.routing import queue_totals
+from shardq.config import owner_shard
 from shardq.service.console import openapi
 
 from support import browser
@@ -24,7 +26,8 @@ CONFIG = {"http": {"listen": "127.0.0.1:0", "token": TOKEN},
                      "edited": {"concurrency": 2, "rate": "1000/s"},
                      "guarded": {"concurrency": 4, "rate": "20/s", "burst": 5},
                      "grouped": {"group_separator": "/", "group_concurrency": 1, "fair": True},
-                     "browsed": {"concurrency": 3, "rate": "500/s"}}}
+                     "browsed": {"concurrency": 3, "rate": "500/s"},
+                     "owned": {"concurrency": 1}}}  # its owner is shard 1 (below)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,63 @@ def test_a_grouped_queue_shows_its_group_figures(svc):
     fig = overview_row(svc, "grouped")["limits"]
     assert (fig["group_separator"], fig["fair"], fig["group_concurrency"], fig["groups"]) == ("/", True, 1, 2)
     assert "concurrency" not in fig and "rate_per_s" not in fig
+
+
+def _shard(i: int, queues: dict | None) -> dict:
+    """One shard's stats as ``stats`` holds them: None for a down shard."""
+    if queues is None:
+        return {"shard": i, "available": False, "error": "down", "queues": {}}
+    return {"shard": i, "available": True, "queues": queues}
+
+
+def _held(in_flight: int, seen: int, **figures) -> dict:
+    return {"ready": 2, "in_flight": in_flight,
+            "limits": {"in_flight": in_flight, "max_in_flight_seen": seen, "held_back": 0, **figures}}
+
+
+def test_the_totals_take_a_limited_queues_figures_from_its_owner_alone():
+    """Wrong data, from a tester's run: the figures were those of the shard with the most in
+    flight, the first on a tie, so an idle shard's (one an every-shard call made the queue
+    on: pause, resume) stood for the owner's; and with the owner down another shard's
+    figures were shown as the queue's. ``stats`` and the console both count with this."""
+    assert owner_shard("owned", 3) == 1
+    idle = _held(0, 0, concurrency=1)
+    owner = _held(0, 1, concurrency=1, runtime_override={"concurrency": 1})
+    leftover = _held(3, 3, concurrency=1)  # jobs from before a restart placed it, leased
+    owners = dict(owner["limits"], owner=1)
+    cases = [
+        ([_shard(0, {"owned": idle}), _shard(1, {"owned": owner}), _shard(2, None)], owners),       # a tie
+        ([_shard(0, {"owned": leftover}), _shard(1, {"owned": owner}), _shard(2, {})], owners),     # more elsewhere
+        ([_shard(0, {"owned": leftover}), _shard(1, None), _shard(2, {"owned": idle})],
+         {"owner": 1, "owner_down": True}),                                                        # the owner down
+        ([_shard(0, {"owned": leftover}), _shard(1, {}), _shard(2, {})],
+         {"owner": 1, "owner_down": False}),                                                       # none there yet
+    ]
+    for shards, want in cases:
+        totals = queue_totals(shards)["owned"]
+        assert totals["limits"] == want, shards
+        assert totals["ready"] == 2 * sum("owned" in sh["queues"] for sh in shards)  # the counts: summed
+    doc = openapi.document()
+    for _, want in cases:
+        jsonschema.validate(want, {"$ref": "#/components/schemas/Queue/properties/limits",
+                                   "components": doc["components"]})
+
+
+def test_the_overview_and_stats_show_the_owners_figures_where_an_idle_shard_holds_the_queue_too(svc):
+    """The tester's repro (limits_owner.sh): the console's pause and resume make the queue on
+    every shard; with nothing in flight anywhere, the figures shown were shard 0's (idle)
+    instead of those of shard 1, its owner."""
+    q = svc.q
+    assert owner_shard("owned", 2) == 1
+    for action in ("pause", "resume"):
+        assert api(svc.url, f"/api/{action}", {"queue": "owned"}, svc.session)[0] == 200
+    q.enqueue_many([{"body": b"j", "key": f"k{i}"} for i in range(3)], queue="owned")
+    q.ack(lease(q, "owned", 1)[0])
+    per_shard = [sh["queues"]["owned"]["limits"] for sh in q.stats()["shards"]]  # both hold it
+    assert (per_shard[0]["max_in_flight_seen"], per_shard[1]["max_in_flight_seen"]) == (0, 1)
+    for shown in (limits_of(svc, "owned"), overview_row(svc, "owned")["limits"]):  # stats' totals, the console
+        assert shown["max_in_flight_seen"] == 1 and shown.pop("owner") == 1
+        assert shown == per_shard[1]
 
 
 # ---------------------------------------------------------------------------- changing them

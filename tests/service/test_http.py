@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardq import limits
 from shardq.client.router import shard_for_key
+from shardq.config import owner_shard
 from shardq.errors import NotFound
+from shardq.service.http_auth import Auth
 
 from support.service import REPO, Service, reset_queues, restarted, short_tmpdir, wait_until
 from support.http_calls import (request, api)
@@ -220,9 +222,14 @@ def test_with_auth_none_only_same_origin_csrf_posts_from_a_loopback_host_change_
             ({"X-CSRF-Token": csrf, "Origin": "http://evil.example"}, 403),  # another site
             ({"X-CSRF-Token": csrf, "Origin": "null"}, 403),
             ({"X-CSRF-Token": csrf, "Host": "evil.example"}, 403),           # DNS rebinding
+            # this host and port, a scheme no page of it is served by: another origin
+            ({"X-CSRF-Token": csrf, "Origin": svc.url.rstrip("/").replace("http://", "ws://")}, 403),
         ]
         for headers, expected in attempts:
             assert api(svc.url, "/api/pause", {"queue": "default"}, headers)[0] == expected, headers
+        # its own origin, exactly: taken (a resume, which changes nothing here)
+        assert api(svc.url, "/api/resume", {"queue": "default"},
+                   {"X-CSRF-Token": csrf, "Origin": svc.url.rstrip("/")})[0] == 200
         status, _, _ = request(svc.url, "/api/pause", "POST", b"queue=default",
                                {"X-CSRF-Token": csrf, "Content-Type": "application/x-www-form-urlencoded"})
         assert status == 415                                                 # a plain form cannot do it
@@ -230,6 +237,35 @@ def test_with_auth_none_only_same_origin_csrf_posts_from_a_loopback_host_change_
         assert request(svc.url, "/api/overview", headers={"Host": "attacker.example:80"})[0] == 403
         assert "paused" not in q.stats()["queues"]["default"]
         assert q.dequeue(wait=1).body == b"keep me"
+
+
+@pytest.mark.parametrize("origin, ok", [
+    (None, True),                                  # no Origin sent (not a browser, or an old one)
+    ("http://127.0.0.1:7781", True),               # this listener, exactly
+    ("HTTP://127.0.0.1:7781", True),               # the scheme and host are case-insensitive
+    ("https://127.0.0.1:7781", True),              # through its TLS proxy (docs/operations.md)
+    ("ws://127.0.0.1:7781", False),                # same host and port, a scheme no page is served by
+    ("wss://127.0.0.1:7781", False),
+    ("://127.0.0.1:7781", False),
+    ("127.0.0.1:7781", False),
+    ("http://127.0.0.1:7782", False),              # another port
+    ("http://127.0.0.1", False),
+    ("http://127.0.0.1:7781/", False),             # an Origin has no path
+    ("http://evil.example", False),
+    ("null", False),
+])
+def test_the_csrf_origin_must_be_this_listeners_scheme_host_and_port(origin, ok):
+    """The tester's origin_scheme.sh: a ws:// Origin (or any scheme) of the listener's host
+    and port passed, since only what follows "://" was compared with the Host. http://, or
+    https:// through the TLS proxy the docs put in front of it, and exactly the Host."""
+    auth = Auth("t" * 32)
+    headers = {"Host": "127.0.0.1:7781", "X-CSRF-Token": auth.csrf}
+    if origin is not None:
+        headers["Origin"] = origin
+    assert auth.csrf_ok(headers, "cookie") is ok
+    assert auth.csrf_ok({k: v for k, v in headers.items() if k != "Host"}, "cookie") is (origin is None)
+    assert auth.csrf_ok({**headers, "X-CSRF-Token": "0" * 64}, "cookie") is False
+    assert auth.csrf_ok({}, "bearer") is True  # a bearer token is never sent by a browser by itself
 
 
 def test_with_a_token_nothing_works_without_it(monkeypatch):
@@ -294,11 +330,16 @@ def test_serve_refuses_a_listener_beyond_loopback_without_a_token(monkeypatch):
 
 # ---------------------------------------------------------------------------- shards down
 def test_a_shard_left_down_shows_up_0_and_the_console_still_works():
-    cfg = dict(CONFIG, service={"restart_backoff_max": 60}, http=OPEN)
+    # "owned": a limited queue whose owner is shard 1, the one that goes down
+    cfg = dict(CONFIG, queues={**CONFIG["queues"], "owned": {"concurrency": 1}},
+               service={"restart_backoff_max": 60}, http=OPEN)
+    assert owner_shard("owned", 2) == 1
     with Service(shards=2, config=cfg) as s, s.connect(retry_s=1) as q:
         url = s.http_url()
         key0 = next(k for k in (f"x{i}" for i in range(100)) if shard_for_key(k, 2) == 0)
         q.enqueue(b"on shard 0", key=key0)
+        q.pause("owned")
+        q.resume("owned")  # held by both shards now, shard 0 idle
         shard_dir = os.path.join(s.data_dir, "shard-1")
         os.rename(shard_dir, shard_dir + ".away")
         open(shard_dir, "w").close()  # a file where its directory should be: every restart fails
@@ -318,11 +359,20 @@ def test_a_shard_left_down_shows_up_0_and_the_console_still_works():
         assert o["shards"][1]["status"] in ("restarting", "starting"), o["shards"][1]
         assert "cannot open its log" in o["shards"][1]["reason"] and "code=4" in o["shards"][1]["last_exit"]
         assert next(x for x in o["queues"] if x["name"] == "default")["ready"] == 1
+        # each shard's own totals, for the charts; none for the one down
+        assert o["shards"][0]["totals"]["ready"] == 1 and o["shards"][1]["totals"] is None
+        # the owner down: said so, never shard 0's idle figures instead (stats the same)
+        unknown = {"owner": 1, "owner_down": True}
+        assert next(x for x in o["queues"] if x["name"] == "owned")["limits"] == unknown
+        assert q.stats()["queues"]["owned"]["limits"] == unknown
         status, page = api(url, "/api/dead-letters?queue=default")
         assert status == 200 and page["skipped_shards"] == [1]
         status, err = api(url, "/api/pause", {"queue": "default"}, {"X-CSRF-Token": csrf_of(url)})
         assert status == 503 and err["error"] in ("ShardUnavailable", "OutcomeUnknown")
         assert q.dequeue(wait=0.3) is None  # shard 0 got the pause; pausing is idempotent, redo it later
+        # paused on the one shard up, shard 1's state not known: partly paused, not "paused"
+        row = next(x for x in api(url, "/api/overview")[1]["queues"] if x["name"] == "default")
+        assert (row["paused"], row["partly_paused"], row["paused_shards"]) == (True, True, 1)
 
 
 def test_scrapes_keep_working_while_a_shard_hangs_and_is_sigkilled_and_restarts():

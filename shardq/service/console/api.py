@@ -158,36 +158,43 @@ class ConsoleApi:
 
     # ------------------------------------------------------------------ reads
     def overview(self) -> dict[str, Any]:
-        """Queues (summed over the shards that answered), shards, and totals for the charts."""
+        """Queues (summed over the shards that answered), shards (each with its own
+        ``totals``, for the charts: docs/operations.md), and totals."""
         shards = self.router.shard_metrics(self.timeout_s)
         queues: dict[str, dict[str, Any]] = {}
+        per_shard: dict[int, dict[str, int]] = {}
         for sh in shards:
+            own = per_shard[sh["shard"]] = dict.fromkeys(COUNT_KEYS + COUNTERS, 0)
             for name, fig in sh.get("queue_metrics", {}).items():
                 counts = sh["queues"].get(name, {})
                 q = queues.setdefault(name, dict.fromkeys(COUNT_KEYS + COUNTERS, 0) |
                                       {"name": name, "paused_shards": 0, "oldest_ready_age_s": None})
                 for k in COUNT_KEYS:
                     q[k] += counts.get(k, 0)
+                    own[k] += counts.get(k, 0)
                 for k in COUNTERS:
                     q[k] += fig[k]
+                    own[k] += fig[k]
                 q["paused_shards"] += bool(fig["paused"])
                 age = fig["oldest_ready_age_s"]
                 if age is not None and (q["oldest_ready_age_s"] is None or age > q["oldest_ready_age_s"]):
                     q["oldest_ready_age_s"] = age
-        up = [sh for sh in shards if sh.get("available")]
         # A limited queue's figures are its owner shard's, chosen as ``stats`` chooses them
-        # (docs/limits.md); null for a queue without limits.
-        counted = queue_totals([sh for sh in up if "queues" in sh])
+        # (client/routing.py queue_totals, docs/limits.md); null for a queue without limits.
+        counted = queue_totals(shards)
         for q in queues.values():
             q["paused"] = q["paused_shards"] > 0
-            q["partly_paused"] = 0 < q["paused_shards"] < len(up)
+            # paused, but not known to be on every shard: a pause that missed a shard down
+            # (or one down now, whose state is not known); pausing again finishes it
+            q["partly_paused"] = 0 < q["paused_shards"] < len(shards)
             q["limits"] = counted.get(q["name"], {}).get("limits")
         return {"queues": sorted(queues.values(), key=lambda q: q["name"]),
-                "shards": [self._shard_row(sh) for sh in shards],
+                "shards": [self._shard_row(sh, per_shard[sh["shard"]] if sh.get("available") else None)
+                           for sh in shards],
                 "totals": {k: sum(q[k] for q in queues.values()) for k in COUNT_KEYS + COUNTERS}}
 
-    def _shard_row(self, sh: dict[str, Any]) -> dict[str, Any]:
-        row = {"shard": sh["shard"], "up": bool(sh.get("available")), "error": sh.get("error")}
+    def _shard_row(self, sh: dict[str, Any], totals: dict[str, int] | None) -> dict[str, Any]:
+        row = {"shard": sh["shard"], "up": bool(sh.get("available")), "error": sh.get("error"), "totals": totals}
         for k in ("pid", "jobs", "wal_bytes", "segments", "clients", "compactions", "replay_records",
                   "replay_seconds"):
             row[k] = sh.get(k)

@@ -126,16 +126,22 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "Queue": {"type": "object",
               "required": ["name", "paused", "partly_paused", "paused_shards", "oldest_ready_age_s",
                            "limits", *COUNT_KEYS, *COUNTERS],
-              "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
-                             "partly_paused": {"type": "boolean"}, "paused_shards": _INT0,
+              "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"}, "paused_shards": _INT0,
                              "oldest_ready_age_s": {"type": ["number", "null"], "minimum": 0},
-                             "limits": {"oneOf": [{"type": "null"}, _ref("LimitFigures")],
-                                        "description": "null: the queue declares no limit"},
+                             "partly_paused": {"type": "boolean",
+                                               "description": "paused on some shards but not every one: a "
+                                               "pause that missed a shard down, or one down now (its state "
+                                               "not known); pausing again finishes it"},
+                             "limits": {"oneOf": [{"type": "null"}, _ref("LimitFigures"), _ref("LimitsUnknown")],
+                                        "description": "null: the queue declares no limit; else its owner "
+                                        "shard's figures, or why there are none"},
                              **{k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}},
     # What stats shows of a limited queue, from the shard that holds it (docs/limits.md,
     # "Seeing the limits"); a figure is present only where its limit is set.
     "LimitFigures": {"type": "object", "required": ["in_flight", "max_in_flight_seen", "held_back"],
                      "properties": {
+                         "owner": {**_INT0, "description": "the owner shard, whose figures these are "
+                                   "(the overview names it)"},
                          "in_flight": _INT0, "max_in_flight_seen": _INT0, "held_back": _INT0,
                          "concurrency": _INT0, "rate_per_s": _NUMBER0, "burst": _NUMBER0, "tokens": _NUMBER0,
                          "group_separator": {"type": "string"}, "fair": {"type": "boolean"}, "groups": _INT0,
@@ -145,8 +151,16 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                                           "leases nothing, after a power cut (docs/limits.md)"},
                          "runtime_override": {"type": "object",
                                               "description": "the values changed at run time (null: removed)"}}},
-    "Shard": {"type": "object", "required": ["shard", "up", "error"],
+    # A limited queue whose owner shard is down, or holds no figures of it yet: no figures
+    # (another shard's would be wrong: docs/limits.md).
+    "LimitsUnknown": {"type": "object", "required": ["owner", "owner_down"], "additionalProperties": False,
+                      "properties": {"owner": _INT0, "owner_down": {"type": "boolean"}}},
+    "Shard": {"type": "object", "required": ["shard", "up", "error", "totals"],
               "properties": {"shard": _INT0, "up": {"type": "boolean"}, "error": _nullable("string"),
+                             "totals": {"oneOf": [{"type": "null", "description": "down: not known"},
+                                                  _ref("Totals")],
+                                        "description": "this shard's counts and counters (the charts count "
+                                        "each shard's own: docs/operations.md)"},
                              **{k: _nullable("integer") for k in ("pid", "jobs", "wal_bytes", "segments",
                                                                   "clients", "compactions", "replay_records",
                                                                   "restarts")},
@@ -156,8 +170,9 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "Overview": {"type": "object", "required": ["queues", "shards", "totals"],
                  "properties": {"queues": {"type": "array", "items": _ref("Queue")},
                                 "shards": {"type": "array", "items": _ref("Shard")},
-                                "totals": {"type": "object", "required": [*COUNT_KEYS, *COUNTERS],
-                                           "properties": {k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}}}},
+                                "totals": _ref("Totals")}},
+    "Totals": {"type": "object", "required": [*COUNT_KEYS, *COUNTERS],
+               "properties": {k: _INT0 for k in (*COUNT_KEYS, *COUNTERS)}},
     "DeadLetter": {"type": "object", "required": ["id", "key", "attempts", "error", "body", "body_bytes", "task"],
                    "properties": {"id": _JOB_ID_TEXT, "key": _nullable("string"), "attempts": _INT0,
                                   "error": _nullable("string"),

@@ -9,7 +9,7 @@ const POLL_MS = 2000;
 const POINTS = 60;   // two minutes of history at one point per poll (Grafana keeps the rest)
 let csrf = "";
 const history = { enqueued: [], acked: [], depth: [] };
-let last = null;     // {t, enqueued, acked} of the previous poll
+let last = null;     // the previous poll's chart point (chartPoint): its time and each shard's figures
 let dlCursor = null; // cursor of the current dead-letter page
 let dlNext = null;   // cursor of the next one
 let jobShown = null; // id of the job in the job panel
@@ -18,6 +18,7 @@ let jobAsked = 0;    // the same for job look-ups
 let wfAsked = 0;     // and for workflow look-ups
 let limitsQueue = null; // the queue whose limits the editor is open on
 let queueRows = {};     // the latest overview's queues by name (the editor's current values)
+let shardCount = 0;     // how many shards the service has (the latest overview's)
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -66,9 +67,10 @@ function bytes(n) {
 async function poll() {
   try {
     const o = await api("/api/overview");
+    shardCount = o.shards.length;
     renderQueues(o.queues);
     renderShards(o.shards);
-    recordCharts(o.totals);
+    recordCharts(o.shards);
     const down = o.shards.filter((s) => !s.up).length;
     $("#updated").textContent = `updated ${new Date().toLocaleTimeString()}` +
       (down ? ` · ${down} shard${down > 1 ? "s" : ""} down` : "");
@@ -91,16 +93,25 @@ function renderQueues(queues) {
     tr.append(limitsCell(q.limits));
     const state = el("td", null, "state");
     const paused = q.paused;
-    state.append(el("span", paused ? (q.partly_paused ? "partly paused" : "paused") : "active",
-                    `badge ${paused ? "paused" : "active"}`));
+    const badge = el("span", paused ? (q.partly_paused ? "partly paused" : "paused") : "active",
+                     `badge ${paused ? "paused" : "active"}`);
+    if (q.partly_paused) {
+      badge.title = `paused on ${q.paused_shards} of ${shardCount} shards: a pause that missed a shard ` +
+                    "(down then, or now), which pausing again finishes";
+    }
+    state.append(badge);
     tr.append(state);
     const act = el("td");
-    const b = el("button", paused ? "resume" : "pause", paused ? "resume" : "pause");
-    b.type = "button";
-    b.dataset.queue = q.name;
-    b.addEventListener("click", () => pauseResume(q.name, paused ? "resume" : "pause", b));
-    act.append(b);
-    if (q.limits) {
+    // A partly paused queue offers both: pause (finish the pause) and resume.
+    const actions = q.partly_paused ? ["pause", "resume"] : [paused ? "resume" : "pause"];
+    for (const action of actions) {
+      const b = el("button", action, action);
+      b.type = "button";
+      b.dataset.queue = q.name;
+      b.addEventListener("click", () => pauseResume(q.name, action, b));
+      act.append(b);
+    }
+    if (q.limits && q.limits.in_flight !== undefined) {  // its owner's figures known (else nothing to edit)
       const edit = el("button", "edit limits", "limits-edit");
       edit.type = "button";
       edit.dataset.queue = q.name;
@@ -178,6 +189,11 @@ function limitsCell(f) {
   const td = el("td", null, "limits");
   if (!f) { td.textContent = "–"; return td; }
   const part = (text, cls) => td.append(el("span", text, `lim ${cls}`));
+  if (f.in_flight === undefined) {  // no figures of its owner: never another shard's instead
+    part(f.owner_down ? `owner shard ${f.owner} down: figures not known`
+                      : `no figures from owner shard ${f.owner} yet`, "lim-unknown");
+    return td;
+  }
   part(f.concurrency !== undefined ? `${f.in_flight} / ${f.concurrency} in flight` : `${f.in_flight} in flight`,
        "lim-inflight");
   if (f.rate_per_s !== undefined) {
@@ -237,6 +253,10 @@ function fillLimits() {  // the values in force, as placeholders (the typed valu
   const f = (queueRows[limitsQueue] || {}).limits || {};
   $("#limits-queue").textContent = limitsQueue;
   $("#limits-form").dataset.queue = limitsQueue;
+  if (f.in_flight === undefined) {  // its owner shard went down since: the values in force are not known
+    for (const [, sel] of LIMIT_FIELDS) $(sel).placeholder = "not known";
+    return;
+  }
   const current = {
     concurrency: f.concurrency ?? "none", rate: rateText(f.rate_per_s) ?? "none",
     burst: f.rate_per_s !== undefined ? num(f.burst) : "needs a rate",
@@ -275,21 +295,54 @@ async function sendLimits(reset) {
 }
 
 // ---------------------------------------------------------------------------- charts
-function recordCharts(t) {
-  const now = Date.now() / 1000;
-  const depth = t.ready + t.delayed + t.waiting + t.in_flight;
-  push("depth", depth);
-  $("#depth").textContent = depth;
-  if (last) {
-    const dt = now - last.t;
-    for (const k of ["enqueued", "acked"]) {
-      const d = t[k] - last[k];
-      const rate = d >= 0 && dt > 0 ? d / dt : 0;  // a shard restart resets its counters
-      push(k, rate);
-      $(`#rate-${k}`).textContent = rate.toFixed(1);
+// Each point is made from the shards' own figures (the overview's shards[].totals), so a
+// shard missing from a poll cannot fake a spike or a dip:
+// * a rate counts a shard's counter difference only between two polls it answered both,
+//   as the same process (pid): a shard back from a stop or a restart counts from its new
+//   figures, never its lifetime counter as if it came in one poll (nor a negative one);
+// * the depth carries a missing shard's last known depth (its jobs are still there, in its
+//   log), and the point is marked partial: `carried` names those shards.
+function chartPoint(prev, shards, now) {
+  const point = { t: now, shards: {}, depth: 0, carried: [], rates: null };
+  const sums = { enqueued: 0, acked: 0 };
+  for (const s of shards) {
+    const before = prev ? prev.shards[s.shard] : undefined;
+    const t = s.up ? s.totals : null;
+    if (!t) {  // down or not answering: its last known figures, not answered now
+      if (before) {
+        point.shards[s.shard] = Object.assign({}, before, { answered: false });
+        point.depth += before.depth;
+        point.carried.push(s.shard);
+      }
+      continue;
+    }
+    const mine = { pid: s.pid, answered: true, enqueued: t.enqueued, acked: t.acked,
+                   depth: t.ready + t.delayed + t.waiting + t.in_flight };
+    point.shards[s.shard] = mine;
+    point.depth += mine.depth;
+    if (before && before.answered && before.pid === mine.pid) {
+      for (const k of Object.keys(sums)) sums[k] += Math.max(0, mine[k] - before[k]);
     }
   }
-  last = { t: now, enqueued: t.enqueued, acked: t.acked };
+  const dt = prev ? now - prev.t : 0;
+  if (dt > 0) point.rates = { enqueued: sums.enqueued / dt, acked: sums.acked / dt };
+  return point;
+}
+
+function recordCharts(shards) {
+  const point = chartPoint(last, shards, Date.now() / 1000);
+  push("depth", point.depth);
+  $("#depth").textContent = point.depth;
+  const note = $("#depth-note");
+  note.textContent = point.carried.length
+    ? `(shard${point.carried.length > 1 ? "s" : ""} ${point.carried.join(", ")}: last known)` : "";
+  if (point.rates) {
+    for (const k of ["enqueued", "acked"]) {
+      push(k, point.rates[k]);
+      $(`#rate-${k}`).textContent = point.rates[k].toFixed(1);
+    }
+  }
+  last = point;
   for (const k of Object.keys(history)) draw(`#chart-${k}`, history[k]);
 }
 
