@@ -11,7 +11,8 @@
 * :class:`Relay` (``relay.py``; CLI ``shardq outbox relay``) moves committed rows into the
   queue in batches, with the row id as ``dedup_id``, and deletes them only once the queue
   has them: exactly once within the queue's dedup window, per-key order kept, several
-  relays at once (``FOR UPDATE SKIP LOCKED``), woken by LISTEN/NOTIFY.
+  relays at once (``FOR UPDATE SKIP LOCKED``), woken by LISTEN/NOTIFY. ``sending.py``
+  sends a batch one shard at a time and says which rows the queue never took.
 * :func:`install` / :func:`schema_sql` (``schema.py``) create the tables.
 
 This package sits beside ``consumer/``: it uses the queue through the

@@ -7,8 +7,9 @@ One batch is one PostgreSQL transaction::
     SELECT the oldest rows FOR UPDATE SKIP LOCKED LIMIT n    -- other relays skip these
     keep, per key, the rows no older row of that key is outside this batch (see below)
     INSERT INTO <table>_attempts  (own connection, committed)  -- before the send: its age is known
-    queue.enqueue_many(rows, dedup_id="outbox:<scope>:<id>")  -- returns once the queue has them
-    DELETE the rows and their attempts; NOTIFY the other relays
+    queue.enqueue_many(rows, dedup_id="outbox:<scope>:<id>")  -- one shard's rows at a time
+    DELETE the rows the queue has and their attempts; NOTIFY the other relays
+    DELETE the attempts of rows no request carried (sending.py)
     COMMIT
 
 A crash anywhere before the COMMIT leaves the rows in the table (the server rolls back the
@@ -17,7 +18,12 @@ dead connection's transaction), so they are sent again; the queue answers a repe
 job and adds nothing. That holds only while the first send is younger than the window: a
 row whose first attempt is older than the window minus a margin is not sent again, and
 the relay stops with :class:`~shardq.errors.OutboxBehind` (docs/guarantees.md says what to
-do). Rows never sent are safe at any age.
+do). Rows never sent are safe at any age: a batch that fails with an error proving that
+some of its rows were never taken by the queue (a service that is down; ``sending.py`` says
+which errors prove it) drops their new attempt marks as it commits, with the deletes of the
+rows the queue did take, then backs off. Attempt marks whose row is gone (deleted by hand
+after an ``OutboxBehind``) are not counted by :func:`status` and are removed by the relay
+every ``ORPHANS_S``.
 
 Per-key order across relays: a relay sends a row of key K only if every older row of K it
 can see is in its own batch, before it. Rows of K held by another relay block K (their
@@ -47,9 +53,9 @@ from ..client.queue import Queue
 from ..clock import Clock, SystemClock
 from ..consumer.handling import error_text
 from ..stopping import install_stop_signals, restore_signals
-from ..errors import (Closed, InvalidConfig, InvalidJob, OutboxBehind, QueueFull, ShardUnavailable,
-                      StoreUnavailable, UnknownQueue, Unsupported)
+from ..errors import InvalidConfig, OutboxBehind, StoreUnavailable, UnknownQueue
 from .schema import TABLE_DEFAULT, channel, install
+from .sending import RETRIED, send
 
 log = logging.getLogger("shardq.outbox")
 
@@ -63,8 +69,7 @@ SAFE_WINDOW_S_MIN = 30.0      # queues with a shorter usable window are refused
 BACKOFF_S_MIN, BACKOFF_S_MAX = 0.1, 5.0
 STOP_CHECK_S = 0.2            # longest a wait goes without looking at stop()
 HELD_RETRY_S = 0.05           # rows waiting behind another relay's: look again this soon
-# What the queue says about one row, not about itself: such a row is rejected, not retried.
-REFUSALS = (InvalidJob, Unsupported)
+ORPHANS_S = 60.0              # remove attempt marks whose row is gone this often (and at the first batch)
 
 
 def refused_fields(queue: Queue) -> tuple[str, ...]:
@@ -93,6 +98,14 @@ class _Row(NamedTuple):
     delay_s: float
     body_bytes: int
     attempted_ago: float | None   # seconds since a relay first sent it; None: never
+
+
+class _Sent(NamedTuple):
+    """A batch's :class:`~.sending.Outcome`, as rows."""
+    sent: list[_Row]
+    rejected: list[tuple[_Row, str]]
+    unsent: list[_Row]
+    error: Exception | None
 
 
 @dataclasses.dataclass
@@ -127,6 +140,7 @@ class Relay:
         self._conns: _Conns | None = None
         self._scope: str | None = None
         self._held = 0  # rows the last batch locked but had to leave for per-key order
+        self._orphans_at = float("-inf")  # when (self._clock.monotonic()) to remove orphan marks next
         self._stopping = False
         self.waiting = False  # True while idle, listening on the channel
         self.stats = RelayStats()
@@ -145,8 +159,10 @@ class Relay:
                      "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
                      "WITH ORDINALITY AS b(queue, key, lo, hi, n) ORDER BY b.n"),
             "bodies": f"SELECT id, body FROM {t} WHERE id = ANY(%s)",
+            # RETURNING: the marks this batch made (only those may be dropped again)
             "attempt": (f"INSERT INTO {a} (id, first_at) SELECT unnest(%s::bigint[]), clock_timestamp() "
-                        "ON CONFLICT (id) DO NOTHING"),
+                        "ON CONFLICT (id) DO NOTHING RETURNING id"),
+            "orphans": f"DELETE FROM {a} a WHERE NOT EXISTS (SELECT 1 FROM {t} o WHERE o.id = a.id)",
             "reject": (f"INSERT INTO {self.table.q('_rejected')} "
                        "(id, queue, key, body, priority, run_at, created_at, error) "
                        f"SELECT id, queue, key, body, priority, run_at, created_at, %s FROM {t} WHERE id = %s"),
@@ -185,17 +201,20 @@ class Relay:
                     # it commits; but our own brief locks may have made *it* skip rows, and
                     # an empty batch notifies nobody. Look again soon rather than at poll_s.
                     self._wait(HELD_RETRY_S if self._held else self._poll_s)
-                except (StoreUnavailable, ShardUnavailable, QueueFull, Closed,
-                        pgconn.psycopg().OperationalError) as exc:
+                except (StoreUnavailable, *RETRIED, pgconn.psycopg().OperationalError) as exc:
                     backoff = self._failed(exc, backoff)
         finally:
             restore_signals(old)
         return dataclasses.replace(self.stats)
 
     def relay_batch(self) -> int:
-        """Move one batch; returns how many rows left the outbox (sent or rejected)."""
+        """Move one batch; returns how many rows left the outbox (sent or rejected). A queue
+        error (:data:`~.sending.RETRIED`) is raised once the rows the queue did take are
+        deleted, and the marks of the rows it never took dropped, in a committed transaction."""
         conns = self._conns or self._connect()
         conn = conns.main
+        if self._clock.monotonic() >= self._orphans_at:
+            self._forget_orphans(conns)
         with conn.transaction():
             locked = [_Row(*r) for r in conn.execute(self._sql["lock"], (self._batch_rows,))]
             rows = self._in_key_order(conn, locked)
@@ -206,17 +225,28 @@ class Relay:
             self._check_window(rows)
             ids = [r.id for r in rows]
             bodies = dict(conn.execute(self._sql["bodies"], (ids,)).fetchall())
-            conns.marks.execute(self._sql["attempt"], (ids,))  # autocommit: durable before the send
-            rejected = self._send(rows, bodies)
-            for row, error in rejected:
-                conn.execute(self._sql["reject"], (error, row.id))
-            conn.execute(self._sql["delete"], (ids,))
-            conn.execute(self._sql["forget"], (ids,))
-            conn.execute(self._sql["notify"], (channel(self.table),))  # rows behind ours may go now
-        self.stats.batches += 1
-        self.stats.moved += len(rows) - len(rejected)
+            # autocommit: durable before the send
+            marked = {i for (i,) in conns.marks.execute(self._sql["attempt"], (ids,)).fetchall()}
+            sent, rejected, unsent, error = self._send(rows, bodies)
+            for row, text in rejected:
+                conn.execute(self._sql["reject"], (text, row.id))
+            gone = [r.id for r in sent] + [r.id for r, _ in rejected]
+            # Never taken by the queue: not sent, so no mark of this batch's (an older one
+            # stays: an earlier batch may have sent the row).
+            forget = gone + [r.id for r in unsent if r.id in marked]
+            if gone:
+                conn.execute(self._sql["delete"], (gone,))
+            if forget:
+                conn.execute(self._sql["forget"], (forget,))
+            if gone:
+                conn.execute(self._sql["notify"], (channel(self.table),))  # rows behind ours may go now
+        if gone:
+            self.stats.batches += 1
+        self.stats.moved += len(sent)
         self.stats.rejected += len(rejected)
-        return len(rows)
+        if error is not None:
+            raise error
+        return len(gone)
 
     def close(self) -> None:
         self._disconnect()
@@ -296,24 +326,28 @@ class Relay:
                 f"{SAFE_WINDOW_S_MIN + DEDUP_MARGIN_S:.0f} s to resend without duplicates")
         return safe
 
-    def _send(self, rows: list[_Row], bodies: dict[int, bytes]) -> list[tuple[_Row, str]]:
-        """enqueue_many; the rows the queue refuses (:data:`REFUSALS`), with the error."""
+    def _send(self, rows: list[_Row], bodies: dict[int, bytes]) -> _Sent:
+        """:func:`~.sending.send` the rows: the rows the queue has, those it refused (with
+        the error), those it never took, and the error that stopped the batch."""
         jobs = [{"body": bytes(bodies[r.id]), "key": r.key, "queue": r.queue, "delay": r.delay_s,
                  "priority": r.priority, "dedup_id": f"outbox:{self._scope}:{r.id}"} for r in rows]
-        try:
-            self._q.enqueue_many(jobs)
-            return []
-        except REFUSALS:
-            pass  # some row the service refuses: find it, one row at a time, in row order
-        rejected = []
-        for r, job in zip(rows, jobs):
-            try:
-                self._q.enqueue_many([job])  # rows already in are deduplicated
-            except REFUSALS as exc:
-                log.error("outbox %s: the queue refused row %d (%s); moved to %s_rejected",
-                          self.table, r.id, exc, self.table)
-                rejected.append((r, error_text(exc)))
-        return rejected
+        out = send(self._q, jobs)
+        for i, exc in out.rejected:
+            log.error("outbox %s: the queue refused row %d (%s); moved to %s_rejected",
+                      self.table, rows[i].id, exc, self.table)
+        if out.unsent:
+            log.info("outbox %s: %d row(s) not sent (%s): not counted as sent", self.table,
+                     len(out.unsent), type(out.error).__name__)
+        return _Sent([rows[i] for i in out.sent], [(rows[i], error_text(exc)) for i, exc in out.rejected],
+                     [rows[i] for i in out.unsent], out.error)
+
+    def _forget_orphans(self, conns: _Conns) -> None:
+        """Remove the attempt marks whose outbox row is gone: deleted by hand (the recovery
+        from OutboxBehind), they would be counted by nothing and removed by nothing else."""
+        self._orphans_at = self._clock.monotonic() + ORPHANS_S
+        n = conns.marks.execute(self._sql["orphans"]).rowcount
+        if n > 0:
+            log.info("outbox %s: removed %d attempt mark(s) whose rows were deleted", self.table, n)
 
     # ------------------------------------------------------------------ connections, waiting
     def _connect(self) -> _Conns:
@@ -392,9 +426,9 @@ def status(dsn: str, table: str = TABLE_DEFAULT) -> dict[str, Any]:
         pending, oldest = pgconn.one_row(conn.execute(
             f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(created_at))::float8 "
             f"FROM {t.q()}"))
-        attempted, oldest_attempt = pgconn.one_row(conn.execute(
-            f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(first_at))::float8 "
-            f"FROM {t.q('_attempts')}"))
+        attempted, oldest_attempt = pgconn.one_row(conn.execute(  # of rows still there (see _forget_orphans)
+            f"SELECT count(*), extract(epoch FROM clock_timestamp() - min(a.first_at))::float8 "
+            f"FROM {t.q('_attempts')} a JOIN {t.q()} o ON o.id = a.id"))
         (rejected,) = pgconn.one_row(conn.execute(f"SELECT count(*) FROM {t.q('_rejected')}"))
     return {"table": table, "pending": pending, "oldest_s": oldest, "attempted": attempted,
             "oldest_attempt_s": oldest_attempt, "rejected": rejected}

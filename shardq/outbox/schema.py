@@ -9,7 +9,10 @@
 
 Beside it: ``<table>_attempts`` (row id -> when the relay first sent it; written and
 committed *before* the send, so a later relay knows how old a possible earlier enqueue
-is), ``<table>_rejected`` (rows the queue refused, with the error), ``<table>_meta`` (the
+is; dropped again for a row the queue provably never took, see ``sending.py``; a mark
+whose row is gone, deleted by hand, is not counted and the relay removes it. No foreign
+key: its check would need a share lock on the row the relay's batch holds FOR UPDATE, from
+the relay's other session), ``<table>_rejected`` (rows the queue refused, with the error), ``<table>_meta`` (the
 table's random ``scope``, which keeps its dedup ids apart from every other outbox table's,
 and ``refuses``: ``<backend>:<field>,...``, what the last relay started can not send).
 A statement trigger ``NOTIFY``s the channel named like the table on every insert, so a
