@@ -18,7 +18,7 @@ import shardq
 from shardq import limits
 from shardq.datadir import DataDir
 from shardq.shard.durable import Engine
-from shardq.wal.format import RECORD_BYTES_MAX, SEGMENT, CHECKPOINT, checkpoint_name
+from shardq.wal.format import RECORD_BYTES_MAX, SEGMENT, CHECKPOINT, checkpoint_name, segment_name
 from shardq.wal.reader import FileScan
 
 from conftest import config_from
@@ -277,6 +277,8 @@ def test_a_data_dir_broken_by_the_old_writer_is_repaired_without_loss():
     os.makedirs(shard_dir, mode=0o700)
     jobs = [(((i + 1) << 10), f"user-{i % 97}", body_of(i, 40 * 1024)) for i in range(2600)]
     _write_v1_checkpoint(os.path.join(shard_dir, checkpoint_name(6)), jobs, chunk=2000)
+    with open(os.path.join(shard_dir, segment_name(6)), "wb") as f:  # the checkpoint's segment, empty
+        f.write(b"SHQWAL\x00\x01")
     svc = Service(data_dir=data_dir, shards=1)
     with pytest.raises(AssertionError, match="exited"):
         svc.start(timeout=60)
