@@ -513,14 +513,18 @@ def pack_array(parts: list[bytes]) -> bytes:
 
 
 _LONG_ARRAYS = {0xDC: 3, 0xDD: 5}  # msgpack array 16 and 32: the end of their count
+#: A frame of more than FRAME_REQUESTS_MAX requests takes at least this many bytes (a request
+#: is an array of three, 4 bytes at least): a smaller one's header is not read (the usual one)
+_FRAME_REQUESTS_BYTES_MIN = 4 * limits.FRAME_REQUESTS_MAX
 
 
 def decode_requests(data: bytes | memoryview) -> list[list[Any]]:
     """Decode a request frame. ProtocolError if it is not an array of at most
     ``limits.FRAME_REQUESTS_MAX`` ``[int, str, array]``; the caller then drops the
     connection (it cannot be answered)."""
-    if len(data) > 4 and data[0] in _LONG_ARRAYS and (n := int.from_bytes(data[1:_LONG_ARRAYS[data[0]]], "big")) \
-            > limits.FRAME_REQUESTS_MAX:  # (read from the array's header: nothing decoded)
+    if (len(data) > _FRAME_REQUESTS_BYTES_MIN and data[0] in _LONG_ARRAYS
+            and (n := int.from_bytes(data[1:_LONG_ARRAYS[data[0]]], "big")) > limits.FRAME_REQUESTS_MAX):
+        # (read from the array's header: nothing decoded)
         raise ProtocolError(f"a frame of {n} requests; at most {limits.FRAME_REQUESTS_MAX}")
     try:
         frame = msgpack.unpackb(data, raw=False, use_list=True)

@@ -44,7 +44,7 @@ import sys
 from collections import deque
 from itertools import zip_longest
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from enum import Enum
 from typing import Any, Final, NotRequired, TypeAlias, TypedDict
 
@@ -289,27 +289,25 @@ class ShardServer(ControlHandlers, ResultHandlers):
         # (_timeout's idle case tested here: no sync due and no waiter, the usual iteration)
         timeout = (None if committer.sync_due_at is None  # type: ignore[union-attr]  # the loop runs: it is set
                    and not self.watchers and not self.lease_waiters and not self._begun else self._timeout())
-        batches: list[Batch] = []   # (conn, its decoded requests)
-        if self._backlog:  # requests read but not served yet come first; nothing waits meanwhile
-            batches, self._backlog = [b for b in self._backlog if b[0] in self.conns], []  # not a dropped client's
-            timeout = 0
-            if self.stopping:  # (serve) no request is read after the stop
-                self._serve(batches)
-                return
-        busy = self._busy
-        waited_from = self._mono()
-        # a lone client's next request comes a round trip after our reply: poll for it
-        # before sleeping, while such waits have been short (shardq/busypoll.py); after an
-        # iteration that answered nobody, no request is a round trip away: sleep at once
-        events = busy.spin_if_wanted(self._poller.poll, timeout) if timeout != 0 and self._answered else None
-        if not events:
-            if (timeout is None and self.shard.log.mark_pending
-                    and not committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
-                timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
-            # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
-            events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
-        busy.note(self._mono() - waited_from)
-        held = {c for c, _ in batches} if batches else ()  # their next frames are read after these
+        held: Collection[FrameConn]  # clients not read in this iteration
+        events: list[tuple[int, int]] | None
+        if self._backlog:  # requests read and not served yet come first; nothing waits meanwhile
+            batches, held, events = self._from_backlog()
+        else:
+            batches, held = [], ()  # (conn, its decoded requests)
+            busy = self._busy
+            waited_from = self._mono()
+            # a lone client's next request comes a round trip after our reply: poll for it
+            # before sleeping, while such waits have been short (shardq/busypoll.py); after an
+            # iteration that answered nobody, no request is a round trip away: sleep at once
+            events = busy.spin_if_wanted(self._poller.poll, timeout) if timeout != 0 and self._answered else None
+            if not events:
+                if (timeout is None and self.shard.log.mark_pending
+                        and not committer.write_mark()):  # type: ignore[union-attr]  # the loop runs: it is set
+                    timeout = MARK_RETRY_S  # a sync or the committer thread is still at it: mark after
+                # epoll takes milliseconds: round up, or a sub-millisecond deadline spins at 0
+                events = self._poller.poll(-1 if timeout is None else math.ceil(timeout * 1e3) / 1e3)
+            busy.note(self._mono() - waited_from)
         conn: FrameConn | None
         for fd, _ in events:
             if fd == self._wake_r:
@@ -330,13 +328,6 @@ class ShardServer(ControlHandlers, ResultHandlers):
                     self._health_ping()
         if self._begun:
             self._drop_unfinished()
-        self._serve(batches)
-
-    def _serve(self, batches: list[Batch]) -> None:
-        """Apply ``batches`` (what :meth:`iterate` read, in order; what is left after
-        ``SLICE_S`` is kept for the next), then hand the log payload and the replies to the
-        committer."""
-        committer = self.committer
         self.iterations += 1
         now = self.clock.now()
         state = self.state
@@ -394,6 +385,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 self.shard.compact()  # for want of space it does not, and the shard goes on
             # a compaction that found no space opened the log again (DurableShard._put_log_back)
             self.committer.log = self.shard.log  # type: ignore[union-attr]  # the loop runs: it is set
+
+    def _from_backlog(self) -> tuple[list[Batch], set[FrameConn], list[tuple[int, int]]]:
+        """The requests an earlier iteration read and left after its ``SLICE_S``, to serve
+        first (a dropped client's left out), their clients, not read again until they are
+        served, and what is ready now (nothing once stopping: no request is read after it)."""
+        batches = [b for b in self._backlog if b[0] in self.conns]
+        self._backlog = []
+        return batches, {c for c, _ in batches}, [] if self.stopping else self._poller.poll(0)
 
     def _health_ping(self) -> None:
         try:

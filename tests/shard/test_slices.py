@@ -101,7 +101,7 @@ def test_a_frame_of_frame_requests_max_is_decoded_and_one_more_is_refused_unread
     with pytest.raises(ProtocolError, match=f"{limits.FRAME_REQUESTS_MAX + 1} requests"):
         wire.decode_requests(over)
     # refused from its header: a frame of many millions would take seconds to decode
-    header_only = b"\xdd" + (100_000_000).to_bytes(4, "big") + os.urandom(16)
+    header_only = b"\xdd" + (100_000_000).to_bytes(4, "big") + os.urandom(4 * limits.FRAME_REQUESTS_MAX)
     with pytest.raises(ProtocolError, match="100000000 requests"):
         wire.decode_requests(header_only)
 
