@@ -329,7 +329,7 @@ def test_the_charts_count_each_shards_own_figures_across_a_stop_and_a_restart(dr
                 driver.execute_script("window.__fake.down = false;")  # and is back
             if step == 11:
                 driver.execute_script("window.__fake.restartedAt = Date.now() / 1000 - 0.05;")  # shard 1 restarts
-            time.sleep(0.25)
+            time.sleep(0.25)  # a pace: the fake counters grow with the clock between polls; not synchronisation
             _poll(driver)
             if step == 6:
                 assert text(driver, "#depth") == "300" and text(driver, "#depth-note") == "(shard 2: last known)"
