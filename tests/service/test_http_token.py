@@ -172,6 +172,7 @@ def test_console_of_a_serve_whose_token_is_in_its_environment_says_to_set_it_nev
         s.stop()
         monkeypatch.delenv("SHARDQ_HTTP_TOKEN")
         s.start()
+        s.http_url()  # the listener made its token file before it published its address
         with open(token_file) as f:
             stale = f.read().strip()
         s.stop()
@@ -205,6 +206,7 @@ def test_console_of_a_serve_whose_token_is_in_its_config_wants_that_config():
     configured = "c" * 32
     s = Service(shards=1, config=CONFIG)
     with s:
+        s.http_url()  # the listener made its token file before it published its address
         s.stop()  # an earlier start made a token file
         assert os.path.exists(os.path.join(s.data_dir, "http-token"))
         s.config = dict(CONFIG, http={"listen": "127.0.0.1:0", "token": configured})
