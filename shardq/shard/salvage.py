@@ -21,7 +21,9 @@ the next start replays exactly what was salvaged. Guarantees:
   its lease that ran out applies: the ack of a lapsed lease, StateCore.lapsed), except one
   that deletes its job (ack, purge, cancel): that is carried out from the state the job is
   in, so a job an intact record says was acked never comes back;
-* the next job is numbered after every id named or seen, so no new job takes one's number;
+* the next job is numbered after every id named or seen, and, where nothing intact follows
+  the damage, past as many as its bytes could hold; the next start's lease-token epoch
+  likewise: no new job takes an old one's number, no token is handed out twice;
 * the rebuilt state is replayed as the next start will replay it before anything on disk
   changes: a salvage that could not start is refused, the log left as it was;
 * the original files are kept in ``<shard dir>/repair-<time>/`` (0700, files 0600), and the
@@ -38,7 +40,7 @@ import msgpack
 from .. import limits
 from ..config import Config
 from ..wal import Log
-from ..wal.format import CHECKPOINT, SEGMENT, checkpoint_name, parse_name, segment_name
+from ..wal.format import CHECKPOINT, HEADERS, RECORD_BYTES_MAX, SEGMENT, checkpoint_name, parse_name, segment_name
 from ..wal.layout import LOG_END, Missing, log_files, missing_files, read_log_end
 from ..wal.reader import read_intact
 from ..wal.repair import _copy_private, _lock, _sync_dir
@@ -88,9 +90,11 @@ def _salvage(directory: str, config: Config) -> list[str]:
     settled: set[int] = set()    # jobs an intact record deletes (ack, purge, cancel)
     redone: set[int] = set()     # ... though the change it followed was lost: deleted as it says
     # Damaged ranges with no intact enqueue after them in their own file: the first one in
-    # a later file bounds them. (line index in done, last job number before, ids read in them)
-    open_ranges: list[tuple[int, int, set[int], int]] = []
+    # a later file bounds them. (line index in done, last job number before, ids read in them,
+    # the highest number known in them, how many bytes they could have held)
+    open_ranges: list[tuple[int, int, set[int], int, int]] = []
     next_write, records = 1, 0
+    segment_bytes = _segment_bytes(directory, config)
 
     def missing_run(run: Missing) -> None:
         # Nothing of them is left to read: like damaged bytes with no intact enqueue in them,
@@ -98,7 +102,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
         lo_seq = state.next_seq - 1
         done.append(f"{run.path}: {run.what}; nothing of {'it' if run.first == run.last else 'them'} is left to "
                     f"read{_HELD}none")
-        open_ranges.append((len(done) - 1, lo_seq, set(), lo_seq))
+        open_ranges.append((len(done) - 1, lo_seq, set(), lo_seq, (run.last - run.first + 1) * segment_bytes))
 
     for seq, kind, name in files:
         if kind == SEGMENT and seq in gaps:
@@ -135,7 +139,7 @@ def _salvage(directory: str, config: Config) -> list[str]:
                                      f"salvaged state ({type(e).__name__}: {e}); the log is left as it was") from None
         if kind == SEGMENT and last_write >= next_write:
             next_write = last_write + 1
-        for i, (line, lo_seq, read, _top) in reversed(list(enumerate(open_ranges))):
+        for i, (line, lo_seq, read, _top, _bytes) in reversed(list(enumerate(open_ranges))):
             later = [s for s in enqueued if s > lo_seq]
             if later:  # the first intact enqueue after the damage: exactly the numbers between
                 exact = _numbers(lo_seq, min(later), state.shard_index)
@@ -147,14 +151,17 @@ def _salvage(directory: str, config: Config) -> list[str]:
             lost |= ids
             done.append(f"{path}: bytes {start}..{end} do not read; dropped{_HELD}{format_ids(sorted(ids))}")
             if not bounded and kind == SEGMENT:
-                open_ranges.append((len(done) - 1, lo_seq, ids, top))
+                open_ranges.append((len(done) - 1, lo_seq, ids, top, end - start))
     if None in gaps:  # the newest segments, by the clean stop's record: nothing after them bounds them
         missing_run(gaps[None])
     # A job an intact record deletes is not lost, wherever its enqueue was.
     orphaned -= set(state.jobs) | settled
     lost -= set(state.jobs) | settled
-    unbounded = [top << limits.JOB_ID_SHARD_BITS | state.shard_index for _, _, _, top in open_ranges]
+    unbounded = [top << limits.JOB_ID_SHARD_BITS | state.shard_index for _, _, _, top, _ in open_ranges]
     _number_past(state, lost | orphaned | settled | set(unbounded))
+    unread = sum(held for *_, held in open_ranges)  # bytes nothing intact follows
+    if unread:
+        _skip_unread(state, unread)
     _check_snapshot(state, config, directory)
     backup = os.path.join(directory, f"repair-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(backup, mode=0o700, exist_ok=True)
@@ -179,7 +186,9 @@ def _salvage(directory: str, config: Config) -> list[str]:
     if unbounded:
         done.append(f"no intact enqueue follows the damage: jobs numbered after job "
                     f"{', '.join(map(str, sorted(unbounded)))} may also have been enqueued in {where}, "
-                    "and cannot be named (nothing of them is left to read)")
+                    "and cannot be named (nothing of them is left to read); new jobs are numbered from "
+                    f"{state.next_seq << limits.JOB_ID_SHARD_BITS | state.shard_index} and the next start's lease "
+                    f"tokens begin past epoch {state.epoch}, beyond any the {unread} bytes could have held")
     done.append(f"jobs whose later changes no longer applied (their enqueue or lease was damaged): "
                 f"{format_ids(sorted(orphaned), most=1000)}")
     if redone:
@@ -257,6 +266,27 @@ def _number_past(state: ShardState, named: set[int]) -> None:
         state.apply([O.META, max(seqs) + 1, state.next_token, state.epoch])
 
 
+def _segment_bytes(directory: str, config: Config) -> int:
+    """The most a missing segment could have held: the configured segment size, or the
+    largest segment left if it is larger (a segment is reserved at its size when it starts,
+    and the size may have been configured larger then), plus one record over the end."""
+    sizes = [os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+             if (parsed := parse_name(n)) is not None and parsed[1] == SEGMENT]
+    return max([config.limits.segment_bytes, *sizes]) + RECORD_BYTES_MAX[SEGMENT]
+
+
+def _skip_unread(state: ShardState, unread: int) -> None:
+    """Bytes no intact record follows (damage, missing segments) held enqueues and shard
+    starts no record left shows: number the next job, and begin the next lease-token epoch,
+    past any they could have held (one enqueue per :data:`_ENQUEUE_BYTES_MIN`, one epoch
+    per smallest record), so a job enqueued after the repair never takes the number of one
+    enqueued there (a worker's idempotency record names it: the new job's effect would be
+    skipped), and no token handed out there is handed out again."""
+    seq = state.next_seq + unread // _ENQUEUE_BYTES_MIN + 1
+    epoch = state.epoch + unread // _RECORD_BYTES_MIN + 1
+    state.apply([O.META, seq, max(state.next_token, epoch << O.TOKEN_EPOCH_BITS), epoch])
+
+
 def _check_snapshot(state: ShardState, config: Config, directory: str) -> None:
     """Replay the salvaged state's checkpoint into a new state, as the shard's next start
     will, before anything on disk changes: a salvage that would not start is refused."""
@@ -292,6 +322,9 @@ def readable_ops_in(data: bytes, start: int, end: int) -> list[Op]:
 #: a queue name, no key, an empty body, priority 0, due now, no dedup id, then its float64
 #: creation time): damaged bytes hold at most their length over this many.
 _ENQUEUE_BYTES_MIN = 19
+#: The fewest bytes a record takes (a format-1 header and a one-byte payload): lost bytes
+#: began at most their length over this many shard starts (each logs its token epoch).
+_RECORD_BYTES_MIN = min(h.size for h in HEADERS.values()) + 1
 
 
 def _numbers(lo_seq: int, hi_seq: int, shard: int) -> set[int]:

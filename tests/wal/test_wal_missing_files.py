@@ -39,15 +39,19 @@ class History:
     enqueued_in: dict[int, int] = field(default_factory=dict)
     leased_in: dict[int, int] = field(default_factory=dict)
     acked_in: dict[int, int] = field(default_factory=dict)
+    tokens: set[int] = field(default_factory=set)             # every lease token handed out
 
 
-def _history(tmp_path, make_config, clock, *, checkpoint: bool) -> History:
+def _history(tmp_path, make_config, clock, *, checkpoint: bool, restart_every: int = 0) -> History:
     d = str(tmp_path / "shard-0")
     config = make_config(segment_bytes=4096, compact_min_bytes=1 << 30)
     e = Engine(d, config, clock=clock)
     h = History(d, config, None, [])
     leases: list[list] = []
     for r in range(ROUNDS):
+        if restart_every and r > ROUNDS // 4 and r % restart_every == 0:  # each start begins a token epoch
+            e.close()
+            e = Engine(d, config, clock=clock)
         if checkpoint and r == ROUNDS // 4:
             e.compact()
             h.checkpoint = e.shard.log.segments[0]
@@ -61,6 +65,7 @@ def _history(tmp_path, make_config, clock, *, checkpoint: bool) -> History:
             h.bodies[jid], h.enqueued_in[jid] = body, e.shard.log.writer.seq
         leases.append(e.dequeue(max_jobs=2))
         h.leased_in.update((lease.job_id, e.shard.log.writer.seq) for lease in leases[-1])
+        h.tokens.update(lease.token for lease in leases[-1])
     h.live = set(e.state.jobs)
     h.segments = list(e.shard.log.segments)
     e.close()
@@ -177,12 +182,32 @@ def test_a_missing_file_is_reported_by_wal_check_and_repaired(tmp_path, make_con
     else:
         assert named == in_gone - acked_left, (sorted(named ^ (in_gone - acked_left)))
     assert h.live & in_gone <= named or shape == "all-segments"
-    # A job enqueued after the repair takes a number after every one the records left hold
-    # (after every earlier job's, where a later enqueue bounds the missing files).
+    # A job enqueued after the repair takes a number after every one that existed, the
+    # missing files' included (past what they could hold, where no later enqueue bounds them).
     e = Engine(h.directory, h.config)
-    known = h.bodies if shape != "all-segments" else [j for j in h.bodies if j < min(in_gone)]
-    assert e.enqueue(b"after the repair") > max(known)
+    assert e.enqueue(b"after the repair") > max(h.bodies)
     e.close()
+
+
+def test_after_losing_every_segment_past_a_checkpoint_no_job_number_or_lease_token_is_handed_out_again(
+        tmp_path, make_config, clock, capsys):
+    """Nothing intact follows the missing segments, so the numbers and token epochs they used
+    are unknown: a job enqueued after the repair took the number of one they held (a
+    worker's idempotency record for that number then skipped the new job's effect), and the
+    next start's epoch was one the lost segments had begun (shards restarted there), so a
+    token handed out there was handed out again."""
+    h = _history(tmp_path, make_config, clock, checkpoint=True, restart_every=5)
+    gone, _, _ = _cut(h, "all-segments")
+    assert {j for j, s in h.enqueued_in.items() if s in gone}, "jobs were numbered in the lost segments"
+    rc, out = _wal(capsys, "repair", h.directory, "--force")
+    assert rc == 0 and "new jobs are numbered from" in out, out
+    for _ in range(2):  # the next start and the one after it
+        e = Engine(h.directory, h.config)
+        job_id = e.enqueue(b"after the repair")
+        leases = e.dequeue(max_jobs=100)
+        e.close()
+        assert job_id > max(h.bodies)
+        assert leases and min(lease.token for lease in leases) > max(h.tokens)
 
 
 def test_a_missing_segment_is_refused_and_repaired_whatever_else_is_damaged(tmp_path, make_config, clock, capsys):
