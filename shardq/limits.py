@@ -40,6 +40,11 @@ FRAME_BYTES_MAX = 64 * 1024 * 1024
 #: frame of 64 MiB of tiny requests took seconds to decode); connections cut there too.
 FRAME_REQUESTS_MAX = 10_000
 WAIT_S_MAX = 60.0
+#: Waiting dequeues and watches one connection may have parked in a shard at once (a frame's
+#: worth): past it a wait is refused with QueueFull. Each is scanned by every loop iteration
+#: while parked, and a connection asks again after a reply; an asyncio client shares one
+#: connection a shard between all its coroutines.
+PARKED_WAITS_MAX = 10_000
 #: What one job's ids, numbers and msgpack headers take at most in a frame or a log record.
 #: Writers bound a job's encoding by this plus its body plus 4 bytes per character of its
 #: strings (UTF-8's most) to cut frames and records before encoding, so a cut is never late.

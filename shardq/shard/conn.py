@@ -43,7 +43,7 @@ class FrameConn:
     for ``SEND_TIMEOUT_S``), so one slow reader never delays another client's replies."""
 
     __slots__ = ("fd", "buf", "closed", "dead", "out", "out_bytes", "progress_at", "close_when_sent", "slots",
-                 "role", "begun_at")
+                 "role", "begun_at", "parked")
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -59,6 +59,7 @@ class FrameConn:
         #: polls for the next request only after replying to a "client" (process.py)
         self.role = "client"
         self.begun_at = 0.0  # when the frame ``buf`` holds the start of was begun (the loop's clock); 0: none
+        self.parked = 0  # its waiting dequeues and watches parked in the loop (limits.PARKED_WAITS_MAX)
         os.set_blocking(fd, False)
 
     def fileno(self) -> int:

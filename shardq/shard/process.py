@@ -54,7 +54,7 @@ from .acceptor import SERVICE_CONNECTIONS_MAX, Acceptor, ConnectionSlots
 from ..clock import Clock, SystemClock
 from ..config import Config, check_queue_name, parse as parse_config
 from ..datadir import DataDir
-from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError,
+from ..errors import (CorruptLog, InvalidJob, InvariantViolation, LogFailed, ProtocolError, QueueFull,
                       ShardqError)
 from ..protocol import wire as protocol
 from ..stopping import die_with_parent
@@ -475,6 +475,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
             ws[:] = [w for w in ws if w[0] is not conn]
         for lws in self.lease_waiters.values():
             lws[:] = [w for w in lws if w[0] is not conn]
+        conn.parked = 0
 
     def _execute(self, conn: FrameConn, rid: int, op: str, args: Any, now: float,
                  ops_before: int) -> Reply | _Deferred:
@@ -551,6 +552,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if rows or wait_s <= 0:
             return rows
         deadline = self.clock.monotonic() + min(float(wait_s), limits.WAIT_S_MAX)
+        _park(conn)
         self.lease_waiters.setdefault(queue, []).append((conn, rid, visibility, max_jobs, deadline))
         return _DEFERRED
 
@@ -562,6 +564,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
             for i, w in enumerate(ws):
                 if w[0] is conn and w[1] == wanted:
                     del ws[i]
+                    conn.parked -= 1
                     if not ws:
                         del self.lease_waiters[queue]
                     return True
@@ -585,11 +588,13 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 if reply[1] == _OK and not reply[2]:
                     break  # ready jobs it may not take (their keys are leased): wait on
                 del ws[0]
+                conn.parked -= 1
                 (early if self._early_lease or reply[1] != _OK else late).setdefault(conn, []).append(reply)
             keep = []
             for w in ws:
                 if w[4] <= mono:
                     early.setdefault(w[0], []).append([w[1], _OK, []])
+                    w[0].parked -= 1
                 else:
                     keep.append(w)
             if keep:
@@ -631,6 +636,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
         if self.state.has_ready(queue):
             return True
         timeout = min(max(float(timeout), 0.0), limits.WAIT_S_MAX)
+        _park(conn)
         self.watchers.setdefault(queue, []).append((conn, rid, self.clock.monotonic() + timeout))
         return _DEFERRED
 
@@ -643,12 +649,14 @@ class ShardServer(ControlHandlers, ResultHandlers):
             if self.state.has_ready(queue):
                 for conn, rid, _ in ws:
                     replies.setdefault(conn, []).append([rid, protocol.OK, True])
+                    conn.parked -= 1
                 ws.clear()
             else:
                 keep = []
                 for w in ws:
                     if w[2] <= mono:
                         replies.setdefault(w[0], []).append([w[1], protocol.OK, False])
+                        w[0].parked -= 1
                     else:
                         keep.append(w)
                 ws[:] = keep
@@ -691,6 +699,15 @@ class ShardServer(ControlHandlers, ResultHandlers):
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()
+
+
+def _park(conn: FrameConn) -> None:
+    """Count a waiting dequeue or watch ``conn`` parks; QueueFull (nothing parked) past
+    :data:`~shardq.limits.PARKED_WAITS_MAX` of its own at once."""
+    if conn.parked >= limits.PARKED_WAITS_MAX:
+        raise QueueFull(f"this connection has {conn.parked} waiting dequeues and watches parked in the shard, "
+                        f"the most one may (limits.PARKED_WAITS_MAX); wait for some to be answered")
+    conn.parked += 1
 
 
 def _turns(left: list[Batch], served: FrameConn, conns: set[FrameConn]) -> list[Batch]:
