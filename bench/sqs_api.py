@@ -1,7 +1,7 @@
 """The SQS API of ``shardq serve`` against moto's server and against shardq's own client (issue 46).
 
     python -m bench.sqs_api [--messages 20000] [--moto-messages 2000] [--clients 4,16] [--calls 2000]
-                            [--shards 2] [--sqs-processes 1] [--probe-s 1] [--json PATH] [--quick]
+                            [--shards 2] [--sqs-processes 1] [--probe-s 1] [--aio-reference] [--json PATH] [--quick]
 
 Three targets, in one run, on one machine:
 
@@ -25,6 +25,10 @@ with its own keep-alive connection (a socket per SQS client, ``--sqs-client``; o
   receive that got messages and of its delete as the client sees them, and, against
   shardq, the CPU each request cost ``serve`` itself (the SQS listener, ``processes = 1``),
   its child processes (the shards) and the clients, from ``/proc`` (Linux);
+* with ``--aio-reference``, a drain row ``aio`` as well: the same messages (enqueued natively)
+  drained by ``--clients`` coroutines on one event loop over one asyncio client connected as
+  the listener's (role "service"), with the listener's calls: what the shards and that client
+  allow, without the HTTP and SQS layers (its CPU is the clients' column);
 * **single**: one client, SendMessage one at a time, the time of each call; p50 and p99 over
   ``--calls`` calls after 100 unmeasured ones (moto, ten times slower, over a tenth of them
   and at least 100: the line says how many). Against shardq, each SendMessage is followed
@@ -446,6 +450,41 @@ def _native_drain(data_dir: str, sent: list[str], clients: int) -> dict:
     return state.result(sent)
 
 
+def _aio_drain(data_dir: str, sent: list[str], clients: int) -> dict:
+    """The drain as the SQS listener makes it, without its HTTP and SQS layers: ``clients``
+    coroutines on one event loop over one asyncio client connected as the listener connects
+    (role "service"), each ``dequeue_many(10)`` + ``ack_many`` (``--aio-reference``)."""
+    import asyncio
+
+    from shardq.client import aio
+    state = _Drain(len(sent))
+
+    async def run() -> None:
+        q = await aio.connect(data_dir, _role="service")
+
+        async def drain() -> None:
+            while state.more():
+                state.started()
+                t0 = time.perf_counter()
+                leases = await q.dequeue_many(QUEUE, max_jobs=BATCH, wait=1.0, visibility=VISIBILITY_S)
+                t1 = time.perf_counter()
+                if not leases:
+                    state.timed(0, t1 - t0)
+                    continue
+                acked = await q.ack_many(leases)
+                state.timed(len(leases), t1 - t0, time.perf_counter() - t1)
+                errors = [e for e in acked if e is not None]
+                if errors:
+                    raise RuntimeError(f"ack_many failed: {errors[:3]}")
+                state.done([le.body.decode() for le in leases])
+        try:
+            await asyncio.gather(*(drain() for _ in range(clients)))
+        finally:
+            await q.close()
+    asyncio.run(run())
+    return state.result(sent)
+
+
 def _percentiles(samples: list[float]) -> dict:
     s = sorted(samples)
 
@@ -534,7 +573,7 @@ def _cell(target: str, clients: int, n: int, send, drain, server_pid: int | None
 
 
 def run(messages: int, moto_messages: int, clients: list[int], calls: int, shards: int,
-        sqs_processes: int = 1, probe_s: float = 1.0) -> dict:
+        sqs_processes: int = 1, probe_s: float = 1.0, aio_reference: bool = False) -> dict:
     rows: list[dict] = []
     single: dict[str, dict] = {}
     probe_dir = tempfile.mkdtemp(prefix="sqsbench-probe", dir="/tmp")
@@ -561,6 +600,9 @@ def run(messages: int, moto_messages: int, clients: list[int], calls: int, shard
                           lambda s: _sqs_drain(svc.url, sqs_q, s, c), svc.proc.pid)
             rows += _cell("native", c, messages, lambda s: _native_send(svc.data_dir, s, c),
                           lambda s: _native_drain(svc.data_dir, s, c), svc.proc.pid)
+            if aio_reference:
+                rows += _cell("aio", c, messages, lambda s: _native_send(svc.data_dir, s, c),
+                              lambda s: _aio_drain(svc.data_dir, s, c), svc.proc.pid)
         single["sqs"], single["native"] = _paired_single(svc.url, sqs_q, svc.data_dir, calls)
         _purge(svc.url, sqs_q)
     finally:
@@ -624,7 +666,8 @@ def report(res: dict) -> str:
         if r["figure"] == "drain" and not r["delivered_once"]:
             lines.append(f"{r['target']} drain, {r['clients']} clients: {r['duplicates']} duplicated, "
                          f"{r['missing']} missing, {r['unexpected']} unexpected")
-    lines.append("shardq delivered every message once (sqs and native)" if res["ok"]
+    shardq_rows = ", ".join(dict.fromkeys(r["target"] for r in res["throughput"] if r["target"] != "moto"))
+    lines.append(f"shardq delivered every message once ({shardq_rows})" if res["ok"]
                  else "SHARDQ LOST OR DUPLICATED MESSAGES")
     return "\n".join(lines)
 
@@ -641,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-s", type=float, default=1.0, help="seconds each machine probe runs")
     p.add_argument("--sqs-client", choices=sorted(CLIENTS), default="raw",
                    help="the SQS clients' HTTP: a plain socket (raw) or http.client")
+    p.add_argument("--aio-reference", action="store_true",
+                   help="also drain through the listener's asyncio client alone (row 'aio': no HTTP, no SQS)")
     p.add_argument("--quick", action="store_true", help="200 messages (moto 50), 100 calls")
     a = p.parse_args(argv)
     global SqsClient
@@ -648,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.messages, a.moto_messages, a.calls, a.probe_s = 200, 50, 100, 0.1
     res = run(a.messages, a.moto_messages, [int(c) for c in a.clients.split(",")], a.calls, a.shards,
-              a.sqs_processes, a.probe_s)
+              a.sqs_processes, a.probe_s, a.aio_reference)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -56,7 +56,7 @@ from typing import Any, cast
 from .. import limits
 from ..clock import Clock, SystemClock
 from . import eager
-from .http_head import HEAD_END, Head
+from .http_head import Head
 from .http_head import parse as parse_head
 from .http_rules import CHUNKED, CONTINUE, ChunkedBody, body_of, refusal
 
@@ -94,6 +94,18 @@ class AioResponse:
 Handler = Callable[[AioRequest], Awaitable[AioResponse]]
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
+
+
+def _head_end(buf: bytes | bytearray, start: int) -> int:
+    """Where the first blank line at or after ``start`` ends, as ``HEAD_END.search(buf,
+    start).end()`` finds it; -1 for none. Two ``find``s of its two forms after a line's
+    ``\\n`` (the earlier wins; a CR before that ``\\n`` does not move the end): the regular
+    expression, with no literal to look for first, took 3.3 us a usual SQS head (timeit)."""
+    lf = buf.find(b"\n\n", start)
+    crlf = buf.find(b"\n\r\n", start)
+    if lf < 0:
+        return crlf + 3 if crlf >= 0 else -1
+    return lf + 2 if crlf < 0 or lf < crlf else crlf + 3
 
 
 class AioListener:
@@ -277,13 +289,12 @@ class _Conn(asyncio.Protocol):
         buf = self.buf
         if self.phase == _HEAD:
             # Search only the last 3 old bytes and the new ones: a drip costs O(bytes).
-            m = HEAD_END.search(buf, max(0, self.scanned - 3))
+            head_len = _head_end(buf, max(0, self.scanned - 3))
             self.scanned = len(buf)
-            if m is None or m.end() > limits.HTTP_HEAD_BYTES_MAX:
-                if m is not None or len(buf) > limits.HTTP_HEAD_BYTES_MAX:
+            if head_len < 0 or head_len > limits.HTTP_HEAD_BYTES_MAX:
+                if head_len >= 0 or len(buf) > limits.HTTP_HEAD_BYTES_MAX:
                     self._refuse(431, "Request Header Fields Too Large")
                 return
-            head_len = m.end()
             head = parse_head(buf[:head_len] if head_len < len(buf) else buf)
             buf = self.buf = buf[head_len:]
             self.scanned = 0

@@ -97,9 +97,11 @@ class MessageActions:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ send
-    async def _prepare(self, name: str, rec: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
+    async def _prepare(self, name: str, rec: dict[str, Any], e: dict[str, Any],
+                       ceilings: dict[str, int] | None = None) -> dict[str, Any]:
         """One message of a send, checked and made into a job (``job``) with its answer's
-        MD5s; SqsApiError for anything AWS refuses."""
+        MD5s; SqsApiError for anything AWS refuses. ``ceilings``: the queue's
+        ``max_body_bytes`` once asked in this request (a batch asks once, not once an entry)."""
         attrs = rec["attributes"]
         fifo = name.endswith(".fifo")
         body = p.string(e, "MessageBody")
@@ -145,7 +147,11 @@ class MessageActions:
         sent_ms = int(self.clock.now() * 1000)
         job_body = m.wrap(data, sent_ms=sent_ms, attrs=mattrs, system=sattrs, dedup_id=dedup if explicit else None,
                           group=None if fifo else group)
-        ceiling = await self._max_body(name)
+        ceiling = ceilings.get(name) if ceilings is not None else None
+        if ceiling is None:
+            ceiling = await self._max_body(name)
+            if ceilings is not None:
+                ceilings[name] = ceiling
         if len(job_body) > ceiling:
             raise invalid(_too_large(name, ceiling, size, len(job_body)))
         if fifo:  # the job's dedup id (and queue-wide claim) name this queue, not an earlier one of its name
@@ -234,9 +240,10 @@ class MessageActions:
                                                f"{limits.SQS_BATCH_BYTES_MAX} bytes together.")
         ok: list[tuple[str, dict[str, Any]]] = []
         failed: list[dict[str, Any]] = []
+        ceilings: dict[str, int] = {}
         for e in entries:
             try:
-                ok.append((e["Id"], await self._prepare(name, rec, e)))
+                ok.append((e["Id"], await self._prepare(name, rec, e, ceilings)))
             except ShardqError as err:
                 failed.append(batch_error(e["Id"], err))
         successful: list[dict[str, Any]] = []

@@ -48,6 +48,7 @@ _NO_RESULT = {"DeleteQueue", "SetQueueAttributes", "PurgeQueue", "TagQueue", "Un
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # made once: json.dumps with options makes one a call
+_quoted = json.encoder.encode_basestring_ascii  # (C) a str as JSON, as _ENCODE writes it
 _DECODE = json.JSONDecoder().decode  # json.loads's, without its checks of bytes
 
 
@@ -157,7 +158,36 @@ def _struct(node: dict[str, Any], action: str) -> dict[str, Any]:
 
 
 def encode_json(result: dict[str, Any]) -> bytes:
+    """``result`` as JSON: ``_ENCODE``'s bytes (ASCII, no spaces; members in the order the
+    actions make them). The drain's two answers are written here by hand, the C encoder
+    costing ~1 us a container: a receive's usual messages (12 -> 7 us a receive of 10,
+    timeit) and a delete batch's entries (4.3 -> 1.9 us)."""
+    if len(result) == 1:
+        messages = result.get("Messages")
+        if type(messages) is list:
+            return b'{"Messages":[%s]}' % ",".join([_message(m) for m in messages]).encode()
+    elif len(result) == 2 and result.get("Failed") == []:
+        done = result.get("Successful")
+        if type(done) is list and all(type(e) is dict and len(e) == 1 for e in done):
+            try:
+                return b'{"Successful":[%s],"Failed":[]}' % ",".join(
+                    [f'{{"Id":{_quoted(e["Id"])}}}' for e in done]).encode()
+            except (KeyError, TypeError):  # not an entry of ids: the encoder's
+                pass
     return _ENCODE(result).encode()
+
+
+def _message(m: dict[str, Any]) -> str:
+    """A received message as ``_ENCODE`` writes it: by hand when it has the usual four
+    members (strings), as :mod:`.messages` makes them."""
+    if len(m) == 4:
+        try:
+            return (f'{{"MessageId":{_quoted(m["MessageId"])},"ReceiptHandle":{_quoted(m["ReceiptHandle"])},'
+                    f'"MD5OfBody":{_quoted(m["MD5OfBody"])},"Body":{_quoted(m["Body"])}}}')
+        except (KeyError, TypeError):  # other members, or a value that is no string
+            pass
+    out: str = _ENCODE(m)
+    return out
 
 
 def json_error(e: SqsApiError) -> tuple[bytes, list[tuple[str, str]]]:

@@ -248,6 +248,45 @@ def test_a_usual_head_read_by_its_regular_expressions_is_the_head_read_line_by_l
     assert usual > 1000  # both paths ran
 
 
+def test_the_listeners_end_of_a_head_is_the_regular_expressions():
+    """The listener finds a head's blank line with two finds (aio_listener._head_end); for
+    seeded random bytes of CRs, LFs and letters, from any start, it ends where HEAD_END's
+    match ends, or neither finds one."""
+    import random
+
+    from shardq.service import http_head as head
+    from shardq.service.aio_listener import _head_end
+    rnd = random.Random(461)
+    found = 0
+    for _ in range(20000):
+        raw = bytes(rnd.choices(b"\r\n\r\nab:", k=rnd.randint(0, 12)))
+        start = rnd.randint(0, max(0, len(raw) - 1))
+        m = head.HEAD_END.search(raw, start)
+        assert _head_end(raw, start) == (-1 if m is None else m.end()), (raw, start)
+        assert _head_end(bytearray(raw), start) == (-1 if m is None else m.end())
+        found += m is not None
+    assert found > 2000
+
+
+_USUAL_MESSAGE = ("MessageId", "ReceiptHandle", "MD5OfBody", "Body")  # messages.py's order
+
+
+@given(st.lists(st.one_of(
+    st.tuples(st.text(), st.text(), st.text(), st.text()).map(lambda v: dict(zip(_USUAL_MESSAGE, v))),
+    st.tuples(st.text(), st.text(), st.text(), st.text(), st.dictionaries(st.text(), st.text())).map(
+        lambda v: dict(zip((*_USUAL_MESSAGE, "Attributes"), v))),
+    st.dictionaries(st.sampled_from(["MessageId", "Body", "X"]), st.one_of(st.text(), st.integers())))),
+    st.lists(st.one_of(st.fixed_dictionaries({"Id": st.text()}),
+                       st.dictionaries(st.sampled_from(["Id", "X"]), st.one_of(st.text(), st.integers())))))
+@settings(max_examples=200, deadline=None)
+def test_the_drains_answers_written_by_hand_are_the_encoders_json(messages, entries):
+    """encode_json writes a receive's and a delete batch's answers by hand: the encoder's
+    bytes, whatever their members and strings (escapes, non-ASCII, surrogates), for
+    messages whose members come in the order messages.py gives them."""
+    for result in ({"Messages": messages}, {"Successful": entries, "Failed": []}):
+        assert protocol.encode_json(result) == protocol._ENCODE(result).encode()
+
+
 def test_message_ids_are_uuid5_of_the_service_and_job():
     import uuid
     for service, job in (("svc", 0), ("svc", 2048), ("another", 2**62 + 5)):
