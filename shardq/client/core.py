@@ -40,6 +40,10 @@ log = logging.getLogger("shardq.router")
 DOWN_PROBE_S = 0.2  # how long dequeue tries to reach a shard that is down before skipping it
 DOWN_RECHECK_S = 1.0  # a waiting dequeue with a shard down asks again this often
 QUEUE_CONFIG_MAX_AGE_S = 1.0  # a client's queue_config is at most this old (a reload reaches it)
+#: A lease round that holds leases waits at most this long for another shard's reply: the
+#: leases in hand run down meanwhile (a hung shard had kept them past their deadline, and
+#: they were returned expired, leased again elsewhere); a later reply's are released unstarted.
+HELD_STEP_S = 1.0
 WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
 WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
 _WIRE_INT_MAX = (1 << 64) - 1  # the largest integer msgpack holds

@@ -34,9 +34,9 @@ from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT, WAIT_REPLY_MARGIN_S, Call, LeaseRound,
-                   Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls,
-                   release_call, wait_outcome)
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT, WAIT_REPLY_MARGIN_S,
+                   Call, LeaseRound, Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay,
+                   note_calls, release_call, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_dedup_id,
@@ -724,10 +724,11 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue),
                      down)
     probe = min(c.retry_s, DOWN_PROBE_S)
+    held = min(c.request_timeout_s, HELD_STEP_S)
     try:
         calls = rnd.start()
         while calls:
-            got = yield Send(calls, probe, errors=True)
+            got = yield Send(calls, probe, held if rnd.taken else None, errors=True)
             calls = rnd.receive([r if isinstance(r, BaseException) else r[0] for r in got])
     except GeneratorExit:
         raise

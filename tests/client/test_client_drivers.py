@@ -134,6 +134,35 @@ def test_an_error_from_a_later_shard_releases_the_leases_the_round_took(fake, co
     assert releases(f) == [(0, job_id(1, 0), 101)]
 
 
+def test_a_round_holding_leases_waits_for_a_hung_shard_a_moment_then_returns_them_and_releases_its_late_ones(
+        fake, connect):
+    """Found by a walkthrough (one shard SIGSTOPped, jobs on the other): a round that had
+    leased at the healthy shard waited for the hung one's reply for the whole request
+    timeout, then returned leases whose deadline had passed (another consumer had them
+    meanwhile). It waits ``HELD_STEP_S`` at most; the hung shard's later reply's leases are
+    released unstarted."""
+    hung = threading.Event()
+    healthy = serve_leases({0: [row(1, 0), row(2, 0)]})
+
+    def answer(shard, op, args):
+        if shard == 1 and op == "dequeue":
+            hung.wait(60)  # a shard that does not answer until the test lets it
+            return [row(9, 1)]
+        return healthy(shard, op, args)
+    f = fake(2, answer)
+    q = connect(f.dd.path, request_timeout_s=30)
+    try:
+        started = time.monotonic()
+        leases = q.dequeue_many(Q, max_jobs=10)
+        waited = time.monotonic() - started
+        assert [l.job_id for l in leases] == [job_id(1, 0), job_id(2, 0)]
+        assert waited < 10, waited  # HELD_STEP_S (1 s), not the request timeout (30 s)
+    finally:
+        hung.set()
+    wait_until(lambda: releases(f), 10, what="the hung shard's late lease released")
+    assert releases(f) == [(1, job_id(9, 1), 109)]
+
+
 @pytest.mark.parametrize("error", ["ShardUnavailable", "OutcomeUnknown"])
 def test_a_later_shard_down_or_unknown_leaves_the_leases_in_hand_to_the_caller(fake, connect, error):
     """A shard that is down (or whose dequeue's outcome is unknown) does not fail the
