@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue as queue_mod
-import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ..types import Lease
-from .handling import DONE, Context, Report, Result, Runs, failed
+from .handling import DONE, Abandoned, Context, Report, Result, Runs, failed
+from .threads import job_thread
 
 #: ``run(ctx)``: the task's coroutine for a job (its context made by the runner)
 RunAsync = Callable[[Any], Awaitable[Any]]
@@ -88,7 +88,10 @@ class _OnLoop:
             except BaseException as exc:  # noqa: BLE001 - the task decides
                 value, error = None, exc
             self.loop.call_soon_threadsafe(_settle, answer, value, error)
-        value, raised = fut.result()  # (run_async cancelled the job: concurrent CancelledError, a failure)
+        try:
+            value, raised = fut.result()
+        except concurrent.futures.CancelledError:  # the runner gave the job up (its grace period ended)
+            raise Abandoned(f"job {ctx.job_id}: given up at the grace period's end") from None
         if raised is None:
             return value
         raise raised
@@ -119,17 +122,21 @@ def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -
 
 async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[..., Context],
                     may_commit: Callable[[], bool] | None, reports: list[Report] | None,
-                    max_deliveries: int | None) -> Result:
+                    max_deliveries: int | None, threads: concurrent.futures.Executor | None = None) -> Result:
     """One job of an ``async def`` task, as ``runs`` runs its jobs: ``run(ctx)`` awaited on
     the loop, without a store; with one, in :meth:`Runs.run` in a thread of its own. A
-    cancelled job cancels the task (its transaction rolls back) and raises CancelledError."""
+    cancelled job cancels the task (its transaction rolls back, quietly: :class:`Abandoned`)
+    and raises CancelledError. ``threads``: where what ``ctx.after_commit`` asked runs
+    without a store (the worker's :class:`~.threads.JobThreads`; None: the loop's default
+    executor). Neither that nor the transaction's thread holds the process's exit
+    (:mod:`.threads`)."""
     if runs.store is None:
         reports = reports if runs.collect else None
         ctx = context(lease, None, None, client=runs.client, reports=reports)
         try:
             await run(ctx)
             if ctx.has_after:  # it may block (a client call): in a thread
-                await asyncio.to_thread(ctx.run_after)
+                await asyncio.get_running_loop().run_in_executor(threads, ctx.run_after)
             return DONE, None, None
         except BaseException as exc:  # noqa: BLE001 - a task never ends its runner
             if _runners_cancel(exc):
@@ -150,7 +157,7 @@ async def run_async(runs: Runs, run: RunAsync, lease: Lease, context: Callable[.
         except RuntimeError:
             pass  # the loop is closed: nobody waits any more
 
-    threading.Thread(target=in_thread, daemon=True, name=f"shardq-txn-{lease.job_id}").start()
+    job_thread(in_thread, f"shardq-txn-{lease.job_id}")
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:

@@ -8,12 +8,14 @@ there, as for the thread worker. Up to ``concurrency`` jobs run at once, each an
 task: an ``async def`` task is awaited on the loop (with an idempotency store, its
 transaction runs in a thread of its own: :mod:`.aiotxn`); a plain function, or a body that
 names no async task (an unknown task or a bad body is dead-lettered, never a crash loop),
-runs in a thread (``asyncio.to_thread``) through the same :meth:`~.handling.Runs.run`.
+runs in a thread (:class:`.threads.JobThreads`) through the same :meth:`~.handling.Runs.run`.
 ``await ctx.extend(s)`` sets a job's lease length; whatever a task raises is its failed
 attempt (:mod:`.aiotxn`). ``stop()`` (any thread): stop leasing (a waiting dequeue is
 cancelled, which leaves no lease behind), let running jobs finish for ``grace_s``, then
 release their leases and cancel them (their transactions roll back). ``run_async``'s
-task cancelled from outside is such a stop whose grace period is over at once.
+task cancelled from outside is such a stop whose grace period is over at once. A plain task
+still running then is left to finish in its thread, which neither :meth:`AsyncWorker.run`'s
+``asyncio.run`` nor the interpreter's exit waits for (:mod:`.threads`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from .core import Dequeue, Held, Start, Wait, WorkerCore, WorkerStats, adrive
 from .handling import AsyncHandler, Context, Report, Result, Runs, async_handler, failed, log
 from .idempotency import IdempotencyStore, pruning
 from .options import WorkerOptions, options_of
+from .threads import JobThreads
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -137,6 +140,7 @@ class AsyncWorker:
         self._wake = asyncio.Event()  # bound to a loop at its first use (3.10+): run_async makes its own
         self._done: list[tuple[Held, Result]] = []
         self._tasks: set[asyncio.Task[None]] = set()  # the jobs running
+        self._threads = JobThreads("shardq-task")  # where plain tasks run: made again by each run_async
 
     # ------------------------------------------------------------------ public
     def run(self, max_jobs: int | None = None) -> WorkerStats:
@@ -165,6 +169,8 @@ class AsyncWorker:
         q = await aio.connect(self.target, request_timeout_s=self.options.request_timeout_s) if owned else self.target
         calls = self.runs.client = LoopCalls(q, self._loop)
         self.q = q
+        store = self.store
+        self._threads = JobThreads("shardq-task", store.release_thread if store is not None else None)
         try:
             if self.store is not None and isinstance(q.service_id, str):
                 await asyncio.to_thread(self.store.bind, q.service_id)
@@ -177,6 +183,7 @@ class AsyncWorker:
                     raise
             await self._cancel_runners()  # released at the grace period's end
         finally:
+            self._threads.shutdown(wait=False)  # a plain task abandoned at the grace period's end runs on
             await calls.drain(PROGRESS_DRAIN_S)
             if owned:
                 await q.close()
@@ -243,12 +250,13 @@ class AsyncWorker:
         limit, task = self.core.policy.max_deliveries, self.handler.task_of(lease.body)
         if task is None or not task.is_async:  # plain task, unknown task or bad body: the thread path says why
             loop = asyncio.get_running_loop()
-            return await asyncio.to_thread(
+            return await loop.run_in_executor(self._threads, functools.partial(  # (not to_thread: see .threads)
                 self.runs.run, lease, may_commit,
                 lambda s: asyncio.run_coroutine_threadsafe(self._extend(job, s), loop).result(),
-                job.reports, max_deliveries=limit)
+                job.reports, max_deliveries=limit))
         context = functools.partial(AsyncContext, aextend=functools.partial(self._extend, job))
-        return await run_async(self.runs, self._run_task, lease, context, may_commit, job.reports, limit)
+        return await run_async(self.runs, self._run_task, lease, context, may_commit, job.reports, limit,
+                               self._threads)
 
     async def _run_task(self, ctx: AsyncContext) -> None:
         task, args, kwargs = self.handler.resolve(ctx)

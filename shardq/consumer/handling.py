@@ -108,6 +108,14 @@ DONE, DUPLICATE, FAILED, LOST, EXPIRED, SKIPPED, RETRY, BURY = (
 Result = tuple[Outcome, "str | None", "float | None"]
 
 
+class Abandoned(BaseException):
+    """Raised in a job's thread when its runner has given the job up (the asyncio runner's
+    grace period ended and its task was cancelled: :mod:`.aiotxn`). The transaction rolls
+    back and :meth:`Runs.run` returns LOST without logging a failure: the attempt did not
+    fail, its lease was released, and nobody settles its outcome. A BaseException, so no
+    handler's ``except Exception`` takes it for its own error."""
+
+
 class Report(NamedTuple):
     """A call about a finished job, made after its effect committed and before its ack:
     ``op`` is ``"arrive"`` (args: shard, barrier, index, total, value, ttl_s, callback) or
@@ -299,7 +307,8 @@ class Runs:
         :class:`~shardq.errors.Fail` rolls back like any failure and gives RETRY or BURY. Whatever
         else it raises, SystemExit, KeyboardInterrupt and a CancelledError of its own included,
         rolls back and gives FAILED: a handler never ends its runner (every runner keeps this
-        rule: the asyncio one's :mod:`.aiotxn`).
+        rule: the asyncio one's :mod:`.aiotxn`). Only :class:`Abandoned` (the runner gave the
+        job up) rolls back and gives LOST, logged as no failure.
         ``max_deliveries`` (the queue's, if known) tells a retry on the last delivery apart in
         the log (see :func:`failure_result`).
 
@@ -340,6 +349,10 @@ class Runs:
                     return LOST, None, None
             ctx.run_after()
             return DONE, None, None
+        except Abandoned:  # given up by its runner: rolled back, and no failed attempt (nobody settles it)
+            if reports:
+                reports.clear()
+            return LOST, None, None
         except BaseException as exc:  # noqa: BLE001 - a handler must never kill its runner
             return failed(exc, lease, ctx, reports, max_deliveries)
 

@@ -34,6 +34,7 @@ from .core import Effect, Held, Start, Wait, WorkerCore, WorkerStats, drive
 from .handling import FAILED, Handler, ProcessPool, Result, Runs, error_text
 from .idempotency import IdempotencyStore, pruning
 from .options import Mode, WorkerOptions, options_of
+from .threads import job_thread
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a worker that serves metrics
     from .metrics import WorkerMetrics
@@ -108,11 +109,8 @@ class Worker:
             if self.options.mode == Mode.PROCESS:
                 spec = self._store.reopen_spec() if self._store is not None else None
                 self._pool = ProcessPool(self.options.concurrency, self._runs.handler, spec)
-            for i in range(self.options.concurrency):
-                t = threading.Thread(target=self._runner, args=(work, results), daemon=True,
-                                     name=f"shardq-runner-{i}")
-                t.start()
-                runners.append(t)
+            for i in range(self.options.concurrency):  # daemon threads: an abandoned job holds no exit (.threads)
+                runners.append(job_thread(self._runner, f"shardq-runner-{i}", work, results))
             with pruning(self._store, self._clock, self.options.prune_every_s):
                 drive(core.run(max_jobs, until_idle), self._perform)
         finally:
