@@ -262,13 +262,16 @@ class AsyncQueue(Calls, AsyncExecutor):
 
     async def close(self) -> None:
         """Close the connections. The replies of abandoned dequeues and withdrawn waits,
-        and the releases of what they leased, get a moment (2 s each) to finish first.
+        and the releases of what they leased and of what a running ``consume()`` loop
+        fetched and had not handed out, get a moment (2 s each) to finish first.
         The calls still out then fail: with OutcomeUnknown where the request was written
         (the shard may have applied it), else with Closed."""
         if self._closed:
             return
         if get_running_loop() is not self.loop:
             raise self._wrong_loop()
+        for consumer in self._consumers:  # a consume() loop still running ends with Closed: its unhanded leases first
+            self._release(consumer.unhanded())
         await asyncio.gather(*(c.settle_orphans(2.0) for c in self.conns))
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)

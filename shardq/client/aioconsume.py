@@ -56,6 +56,11 @@ class Consumer:
         self.buffer: deque[Lease] = deque()
         self.freed = asyncio.Event()
 
+    def unhanded(self) -> list[Lease]:
+        """Take the leases fetched and not yet handed out (to release them unstarted)."""
+        left, self.buffer = list(self.buffer), deque()
+        return left
+
     def settled(self, lease: Lease) -> None:
         if self.held.pop((lease.job_id, lease.token), None) is not None:
             self.freed.set()
@@ -119,5 +124,4 @@ class Consumer:
                 yield self.buffer.popleft()
         finally:
             q._consumers.remove(self)
-            left, self.buffer = list(self.buffer), deque()
-            q._release(left)
+            q._release(self.unhanded())

@@ -213,6 +213,29 @@ def test_consume_waiting_for_room_is_cancelled_even_when_room_comes_in_the_same_
     run(main())
 
 
+def test_close_with_a_consume_loop_running_releases_the_leases_it_had_not_handed_out(svc):
+    """Found by a walkthrough: an app's shutdown closed the client while a consume() loop
+    ran; the leases it had fetched and not yet handed out stayed leased until their
+    visibility timeout, then counted a delivery each (leaving the loop by break, an error
+    or a cancel released them; a close did not)."""
+    async def main():
+        q = await shardq.aio.connect(svc.data_dir)
+        await q.enqueue_many([{"body": b"%d" % i} for i in range(40)], queue="cons-close")
+        loop = q.consume("cons-close", concurrency=20, wait=0.1, visibility=60)
+        first = await loop.__anext__()  # the loop fetched up to 20 and handed out one
+        await q.ack(first)
+        await q.close()
+        with pytest.raises(shardq.errors.Closed):
+            await loop.__anext__()
+        async with await shardq.aio.connect(svc.data_dir) as other:
+            st = (await other.stats())["queues"]["cons-close"]
+            assert (st["ready"], st["in_flight"]) == (39, 0), st
+            leases = await other.dequeue_many("cons-close", max_jobs=100)
+            assert len(leases) == 39 and {lease.attempt for lease in leases} == {1}  # released unstarted
+            await other.ack_many(leases)
+    run(main())
+
+
 def test_the_wire_frames_are_multiprocessing_connection_frames():
     frame = [[1, "ping", []]]
     chan = channel.Channel(0, 7, 5.0)
