@@ -7,19 +7,17 @@ socketpairs, on the real ``ShardServer`` (the loop of ``bench/probes/shard_path.
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 
-import msgpack
 import pytest
+from support import shard_loop
 from support.shard_loop import add_client, iterate, send_frame
 
 from shardq import limits
 from shardq.client.routing import job_item
 from shardq.protocol import wire
 
-_LEN = struct.Struct("!i")
 MAX = limits.PARKED_WAITS_MAX
 
 
@@ -33,19 +31,7 @@ def loop(tmp_path):
 
 def replies(sock: socket.socket) -> dict[int, list]:
     """Every reply sent to ``sock`` so far, by request id: ``[status, payload]``."""
-    sock.setblocking(False)
-    buf = b""
-    try:
-        while chunk := sock.recv(1 << 20):
-            buf += chunk
-    except BlockingIOError:
-        pass
-    out = {}
-    while buf:
-        (n,) = _LEN.unpack_from(buf)
-        out.update((r[0], r[1:]) for r in msgpack.unpackb(buf[4:4 + n], raw=False))
-        buf = buf[4 + n:]
-    return out
+    return {r[0]: r[1:] for r in shard_loop.replies(sock)}
 
 
 def parked(lp) -> int:

@@ -42,6 +42,11 @@ def iterate(lp) -> None:
 
 def replied(sock: socket.socket) -> list[int]:
     """The request ids of every reply sent to ``sock`` so far (after :func:`iterate`)."""
+    return [r[0] for r in replies(sock)]
+
+
+def replies(sock: socket.socket) -> list[list]:
+    """Every reply sent to ``sock`` so far, in order: ``[rid, status, payload]``."""
     sock.setblocking(False)
     buf = b""
     try:
@@ -49,9 +54,9 @@ def replied(sock: socket.socket) -> list[int]:
             buf += chunk
     except BlockingIOError:
         pass
-    rids = []
+    out = []
     while buf:
         (n,) = _LEN.unpack_from(buf)
-        rids += [r[0] for r in msgpack.unpackb(buf[4:4 + n], raw=False)]
+        out += msgpack.unpackb(buf[4:4 + n], raw=False)
         buf = buf[4 + n:]
-    return rids
+    return out
