@@ -44,6 +44,9 @@ QUEUE_CONFIG_MAX_AGE_S = 1.0  # a client's queue_config is at most this old (a r
 #: leases in hand run down meanwhile (a hung shard had kept them past their deadline, and
 #: they were returned expired, leased again elsewhere); a later reply's are released unstarted.
 HELD_STEP_S = 1.0
+#: A shard that had none ready of the jobs of a placed queue it held before a restart placed
+#: the queue (docs/limits.md) is asked again this long after: such a job may come back.
+LEFTOVERS_RECHECK_S = 5.0
 WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
 WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
 _WIRE_INT_MAX = (1 << 64) - 1  # the largest integer msgpack holds
@@ -300,8 +303,9 @@ def nack_delay(delay: object) -> float:
 
 
 class LeaseRound:
-    """One try at leasing ``max_jobs`` jobs of ``queue``, starting at shard ``first`` (only
-    at ``owner``, for a queue placed there because it declares limits: docs/limits.md).
+    """One try at leasing ``max_jobs`` jobs of ``queue``, starting at shard ``first`` (for a
+    queue placed at ``owner`` because it declares limits, docs/limits.md: only there and at
+    the ``leftovers``, shards that may still hold jobs of it from before it was placed).
 
     A queue known to use priorities (``prioritized``) gets the highest over all shards
     (:mod:`.priority`): lease at ``first`` while peeking at the others, then keep, release
@@ -321,12 +325,16 @@ class LeaseRound:
     :meth:`abandon`'s leases: a failed round keeps none."""
 
     def __init__(self, queue: str, visibility: float | None, max_jobs: int, first: int, shards: int,
-                 prioritized: bool, owner: int | None = None, down: Collection[int] = ()) -> None:
+                 prioritized: bool, owner: int | None = None, down: Collection[int] = (),
+                 leftovers: Collection[int] = ()) -> None:
         self.queue, self.visibility, self.max_jobs, self.shards = queue, visibility, max_jobs, shards
-        # first, then round the ring; a placed queue's jobs are all on its owner (docs/limits.md)
-        self.order = [*range(first, shards), *range(first)] if owner is None else [owner]
-        if down and owner is None:
-            self.order = [s for s in self.order if s not in down] or self.order
+        # first, then round the ring; a placed queue's jobs are on its owner (docs/limits.md),
+        # but for those another shard held when a restart placed it (``leftovers``)
+        self.order = [*range(first, shards), *range(first)]
+        if owner is not None:
+            self.order = [s for s in self.order if s == owner or s in leftovers]
+        if down:
+            self.order = [s for s in self.order if s not in down or s == owner] or self.order
         self.uses_priorities = prioritized
         self.down: list[ShardUnavailable] = []
         self.down_shards: list[int] = []  # the shards of :attr:`down`
@@ -337,6 +345,7 @@ class LeaseRound:
         self._absent_error: UnknownQueue | None = None
         self._heard = False  # a shard answered otherwise (a reply, down, an unknown outcome)
         self.leases: list[Lease] = []
+        self.empty: list[int] = []  # the shards whose dequeue leased nothing
         self.taken: list[Lease] = []  # leased in this round and not yet returned or released
         self._flagged = False         # the last step's leases say the queue uses priorities
         self._steps = self._run()
@@ -410,6 +419,8 @@ class LeaseRound:
             (got,) = self._sort(calls, (yield calls), 1)
             if got is None:
                 continue
+            if not got:
+                self.empty.append(shard)
             held += got
             if got and self._flagged and self.shards > 1:  # the queue uses priorities
                 self.uses_priorities = True

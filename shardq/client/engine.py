@@ -34,7 +34,8 @@ from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT, WAIT_REPLY_MARGIN_S,
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, LEFTOVERS_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT,
+                   WAIT_REPLY_MARGIN_S,
                    Call, LeaseRound, Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay,
                    note_calls, release_call, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
@@ -116,6 +117,9 @@ class Calls:
     _idle: set[str]         # queues whose last dequeue of this client got nothing
     _down_until: dict[int, float]  # shard -> until when lease rounds leave it out (found down; _now's clock)
     _absent: dict[str, list[int]]  # queue -> the shards whose last round said they hold no such queue
+    #: (placed queue, another shard) -> until when lease rounds leave that shard out: it had
+    #: none of the jobs it held when a restart placed the queue ready (_now's clock)
+    _drained: dict[tuple[str, int], float]
     _chans: list[Channel]   # each shard's connection state (its enqueue sessions)
 
     def _init_calls(self, dd: DataDir, retry_s: float, request_timeout_s: float) -> None:
@@ -130,6 +134,7 @@ class Calls:
         self._prioritized, self._noted, self._idle = set(), set(), set()
         self._down_until = {}
         self._absent = {}
+        self._drained = {}
 
     def _now(self) -> float:
         """The executor's monotonic clock (seconds)."""
@@ -721,8 +726,9 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
         now = c._now()
         for shard in [s for s, until in down.items() if until <= now]:
             del down[shard]
-    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, c._owners.get(queue),
-                     down)
+    owner = c._owners.get(queue)
+    rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, owner, down,
+                     () if owner is None else _leftovers(c, queue, owner))
     probe = min(c.retry_s, DOWN_PROBE_S)
     held = min(c.request_timeout_s, HELD_STEP_S)
     try:
@@ -744,11 +750,28 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
             until = c._now() + DOWN_RECHECK_S
             for shard in rnd.down_shards:
                 down[shard] = until
+        if owner is not None and rnd.empty:
+            until = c._now() + LEFTOVERS_RECHECK_S
+            for shard in rnd.empty:
+                if shard != owner:
+                    c._drained[(queue, shard)] = until
         if rnd.absent:  # a queue no longer declared, held by other shards: no wait is left here
             c._absent[queue] = rnd.absent
         elif c._absent:
             c._absent.pop(queue, None)
     return rnd.leases, rnd.down, rnd.unknown
+
+
+def _leftovers(c: Calls, queue: str, owner: int) -> list[int]:
+    """The shards besides ``owner`` that a lease of placed ``queue`` asks too: a shard keeps
+    and serves the jobs it held when a restart placed the queue (docs/limits.md), so each
+    is asked until it has none ready, then left out for LEFTOVERS_RECHECK_S (a job of them
+    may come back: a nack, a lease that ran out, a delay that ended)."""
+    if c.shards == 1:
+        return []
+    now = c._now()
+    drained = c._drained
+    return [s for s in range(c.shards) if s != owner and drained.get((queue, s), 0.0) <= now]
 
 
 def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
@@ -762,7 +785,7 @@ def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     round, which reaches (and connects to) every shard. (A consumer of a queue placed on a
     shard that restarted waited at the other shard only, and got nothing, for ever.)"""
     owner = c._owners.get(queue)
-    asked = range(c.shards) if owner is None else [owner]
+    asked = range(c.shards) if owner is None else [owner, *_leftovers(c, queue, owner)]
     if c._absent and queue in c._absent:
         asked = [s for s in asked if s not in c._absent[queue]]
     calls = [Call(s, "dequeue_wait", [queue, visibility, max_jobs, timeout]) for s in asked]

@@ -1114,6 +1114,30 @@ def test_a_consumer_of_a_placed_queue_gets_leases_again_after_its_owner_shard_re
                           "a lease from the restarted owner")
 
 
+def test_jobs_another_shard_held_when_a_restart_placed_their_queue_are_still_leased(connect):
+    """docs/limits.md: "A queue that held jobs on several shards when a restart placed it
+    keeps them there: each shard serves the jobs it holds". A walkthrough added a limit to a
+    queue holding 10 keyed jobs on both shards and restarted: a client that knew the queue
+    was placed asked its owner only, and the other shard's jobs were never handed out
+    (`shardq worker --burst` said drained, 6 left ready for good)."""
+    with Service(shards=2, config={"queues": {"later": {}}}) as svc:
+        before = connect(svc.data_dir)
+        ids = set(before.enqueue_many([{"body": b"%d" % i, "key": f"k{i}"} for i in range(10)], queue="later"))
+        assert {shardq.client.routing.shard_of_job(i) for i in ids} == {0, 1}
+        svc.stop()
+        svc.config = {**svc.config, "queues": {"later": {"concurrency": 20}}}
+        svc.start()
+        q = connect(svc.data_dir)
+        ids.add(q.enqueue(b"placed", key="k0", queue="later"))  # (the client learns the placement)
+        leased: set[int] = set()
+        deadline = time.monotonic() + 30
+        while leased != ids and time.monotonic() < deadline:
+            got = q.dequeue_many("later", max_jobs=5, wait=0.2)
+            leased.update(lease.job_id for lease in got)
+            q.ack_many(got)
+        assert leased == ids, sorted(ids - leased)
+
+
 def test_a_purge_deletes_every_live_job_and_survives_a_kill(connect):
     """``purge`` deletes ready, delayed, waiting and leased jobs on every shard (dead letters
     stay); it is logged and fsynced before the answer, so a SIGKILL of the whole service
