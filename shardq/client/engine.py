@@ -730,11 +730,10 @@ def _lease_round(c: Calls, queue: str, visibility: float | None, max_jobs: int,
     rnd = LeaseRound(queue, visibility, max_jobs, first, c.shards, queue in c._prioritized, owner, down,
                      () if owner is None else _leftovers(c, queue, owner))
     probe = min(c.retry_s, DOWN_PROBE_S)
-    held = min(c.request_timeout_s, HELD_STEP_S)
     try:
         calls = rnd.start()
         while calls:
-            got = yield Send(calls, probe, held if rnd.taken else None, errors=True)
+            got = yield Send(calls, probe, min(c.request_timeout_s, HELD_STEP_S) if rnd.taken else None, errors=True)
             calls = rnd.receive([r if isinstance(r, BaseException) else r[0] for r in got])
     except GeneratorExit:
         raise
