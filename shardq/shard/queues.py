@@ -77,14 +77,14 @@ class QueueOps(StateCore):
         n = len(items)
         if not 1 <= n <= _BATCH_JOBS_MAX:
             raise InvalidJob(f"a batch holds 1 to {_BATCH_JOBS_MAX} jobs, got {n}")
-        if len(self.jobs) + n > self.max_pending:
-            raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
         new_queues: dict[str, QueueState] = {}
         if n == 1:  # a lone job (figure A): no batch loop
             checked = [self._check_item(items[0], new_queues)]
             usual = checked[0][5] is None and not checked[0][3]
         else:
             checked, usual = self._check_items(items, new_queues)
+        if len(self.jobs) + n > self.max_pending:
+            self._room_for_jobs(checked, usual, now)
         # the session op and its job ids, and the jobs (one job always fits: not measured)
         log_bytes = 64 + 16 * n + validate.jobs_bytes(checked) if n > 1 or not _ONE_JOB_FITS else 0
         if self.dedup_held + n > self.max_dedup:
@@ -244,6 +244,27 @@ class QueueOps(StateCore):
             if hit is not None and hit[1] == expires:
                 del table[dkey]
 
+    def _room_for_jobs(self, checked: list[_Checked], usual: bool, now: float) -> None:
+        """Backpressure on jobs (``max_pending_jobs``): refuse a batch that would pass the
+        limit, counting only the jobs it would add, as :meth:`_add_jobs` adds them: a dedup
+        id held in its window, or repeated within the batch (kept: its window is not 0),
+        adds none (a resend of a held id is answered as ever, the shard full or not)."""
+        adding = len(checked)
+        if not usual:
+            seen: set[tuple[str, str | None, str | bytes]] = set()
+            adding = 0
+            for _body, k, qname, _delay, _prio, did, q in checked:
+                if did is not None:
+                    dkey = (qname, k, did)
+                    hit = q.dedup.get((k, did))
+                    if dkey in seen or (hit is not None and hit[1] > now):
+                        continue
+                    if q.cfg.dedup_window > 0:
+                        seen.add(dkey)
+                adding += 1
+        if len(self.jobs) + adding > self.max_pending:
+            raise QueueFull(f"shard {self.shard_index} holds {len(self.jobs)} jobs; limit {self.max_pending}")
+
     def _room_for_dedup_ids(self, checked: list[_Checked], now: float) -> None:
         """Backpressure on dedup ids: each is kept for its queue's dedup window, acked or
         not, so a high rate of them over a long window could grow without bound (and be
@@ -341,6 +362,13 @@ class QueueOps(StateCore):
             if q.lim is not None and self._now > float("-inf"):
                 out[name]["limits"] = q.lim.figures(c[L], c[R], self._now)
         return out
+
+    def placed_queues(self) -> list[str]:
+        """The queues the config declares with limits (placed on their owner shard:
+        docs/limits.md), sorted. A ``stats`` reply carries them, so that a client still lists
+        a limited queue whose owner shard is down when no shard that answered holds it
+        (client/routing.py ``queue_totals``)."""
+        return sorted(name for name, cfg in self.config.queues.items() if cfg.placed())
 
     def queue_settings(self, queue: str) -> dict[str, Any]:
         q = self.queues.get(queue) or self._queue(queue, create=False)
