@@ -34,8 +34,10 @@ def _table(st: dict[str, Any]) -> None:
     queue name with a newline or an escape sequence must not fake a row or drive the terminal)."""
     print(f"{'queue':<20}" + "".join(f"{c:>11}" for c in COLUMNS))
     for name, c in sorted(st["queues"].items()):
+        lim = c.get("limits") or {}
         print(f"{common.shown(name):<20}" + "".join(f"{c.get(k, '-'):>11}" for k in COLUMNS)
-              + ("  paused" if c.get("paused") else ""))
+              + ("  paused" if c.get("paused") else "")
+              + (f"  owner shard {lim['owner']} down: figures not known" if lim.get("owner_down") else ""))
     if st.get("approximate"):  # a backend whose counts are estimates (SQS)
         print(f"({common.shown(st.get('backend', 'backend'))}: approximate counts; '-' = not known there)")
     if not st["shards"]:  # a backend with no shards of shardq's (SQS): no table of them

@@ -27,6 +27,7 @@ _SHARD_MASK = (1 << limits.JOB_ID_SHARD_BITS) - 1
 _BODY_CEILING = limits.BODY_BYTES_MAX_CEILING
 _KEY_FAST_CHARS = limits.KEY_BYTES_MAX // 4  # this many characters fit in the limit as UTF-8
 _QUEUE_MAX = limits.QUEUE_NAME_BYTES_MAX
+_COUNT_KEYS = ("ready", "delayed", "waiting", "in_flight", "dead", "keys")  # a queue's stats counts
 
 
 def shard_for_key(key: str, shards: int) -> int:
@@ -287,7 +288,10 @@ def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     nor another shard's (one that still holds jobs from before the queue was placed, or an
     idle one an every-shard call such as pause made it on), with ``"owner"``: the shard. Its
     owner down, or holding no figures of it yet, they are ``{"owner": N, "owner_down": bool}``
-    and no figures. ``stats`` and the console's overview both count with this."""
+    and no figures. A limited queue that no shard that answered holds is listed too while its
+    owner is down (its counts 0: none of the shards that answered holds a job of it): each
+    shard's ``placed`` names the queues its config declares with limits. ``stats`` and the
+    console's overview both count with this."""
     from ..config import owner_shard  # here, not at the top: this function alone is the change
 
     queues: dict[str, dict[str, Any]] = {}
@@ -303,6 +307,11 @@ def queue_totals(shards: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                     agg[k] = agg.get(k) or v  # flags (paused, undeclared): any shard
                 else:
                     agg[k] = agg.get(k, 0) + v
+    for sh in shards:
+        for name in sh.get("placed") or ():
+            if name not in queues and not by_shard.get(owner_shard(name, len(shards)), {}).get("available", False):
+                queues[name] = dict.fromkeys(_COUNT_KEYS, 0)
+                placed.add(name)
     for name in placed:
         owner = owner_shard(name, len(shards))
         sh = by_shard.get(owner, {})

@@ -137,6 +137,7 @@ class ShardStats(TypedDict):
     results: int                     # results kept (results.py)
     barriers: dict[str, int]         # {"open": n, "fired": n, "cancelled": n}
     workflows: dict[str, int]        # records kept: {"running": n, "succeeded": n, "failed": n, "cancelled": n}
+    placed: list[str]                # the config's limited queues (state.placed_queues: queue_totals)
     queue_metrics: NotRequired[dict[str, dict[str, float | None]]]
     workflow_counters: NotRequired[dict[str, int]]   # results.py, since the shard started
     commit_seconds: NotRequired[Snapshot]
@@ -695,7 +696,7 @@ class ShardServer(ControlHandlers, ResultHandlers):
                 "replay_seconds": self.shard.replay_stats.seconds if self.shard.replay_stats else 0.0,
                 "compaction_deferred": self.shard.compaction_deferred,
                 "results": kept["results"], "barriers": kept["barriers"],
-                "workflows": self.state.workflow_states()}
+                "workflows": self.state.workflow_states(), "placed": self.state.placed_queues()}
 
     def _ping(self, args: protocol.NoArgs, now: float, conn: FrameConn, rid: int) -> int:
         return os.getpid()

@@ -182,6 +182,9 @@ class ConsoleApi:
         # A limited queue's figures are its owner shard's, chosen as ``stats`` chooses them
         # (client/routing.py queue_totals, docs/limits.md); null for a queue without limits.
         counted = queue_totals(shards)
+        for name in counted.keys() - queues.keys():  # a limited queue whose owner is down, held by no other
+            queues[name] = dict.fromkeys(COUNT_KEYS + COUNTERS, 0) | {"name": name, "paused_shards": 0,
+                                                                       "oldest_ready_age_s": None}
         for q in queues.values():
             q["paused"] = q["paused_shards"] > 0
             # paused, but not known to be on every shard: a pause that missed a shard down
