@@ -47,6 +47,10 @@ HELD_STEP_S = 1.0
 #: A shard that had none ready of the jobs of a placed queue it held before a restart placed
 #: the queue (docs/limits.md) is asked again this long after: such a job may come back.
 LEFTOVERS_RECHECK_S = 5.0
+#: ``stats`` waits this long at most for a shard's answer (a request timeout at most): one
+#: that takes requests and does not answer (hung, stopped) is listed as unavailable rather
+#: than holding ``shardq stats`` and the console's totals for the whole request timeout.
+STATS_WAIT_S = 5.0
 WAIT_REPLY_MARGIN_S = 0.5  # a waiting dequeue's [] may arrive this long after its wait ends
 WITHDRAW_SETTLE_S = 2.0  # close() waits this long at most for withdrawals still in flight
 _WIRE_INT_MAX = (1 << 64) - 1  # the largest integer msgpack holds

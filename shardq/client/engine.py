@@ -34,8 +34,8 @@ from ..protocol import status_file, validate
 from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
-from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, LEFTOVERS_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S, UNSENT,
-                   WAIT_REPLY_MARGIN_S,
+from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, LEFTOVERS_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S,
+                   STATS_WAIT_S, UNSENT, WAIT_REPLY_MARGIN_S,
                    Call, LeaseRound, Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay,
                    note_calls, release_call, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
@@ -348,12 +348,13 @@ class Calls:
     def stats(self) -> Op[dict[str, Any]]:
         """Per shard (pid, WAL bytes, jobs, per-queue counts) and totals per queue over the
         shards that answered (``"available": True``). A shard that is down appears as
-        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call.
+        ``{"shard": i, "available": False, "error": ...}`` instead of failing the call, and
+        so does one that does not answer within :data:`~.core.STATS_WAIT_S` (hung).
         Each shard also carries its supervisor's view (``status``, ``restarts``,
         ``last_exit``; for one not ready, ``reason`` and ``restart_in_s``), from the embedded
         supervisor or from the one of ``shardq serve`` (:mod:`shardq.protocol.status_file`)."""
         calls = [Call(s, "stats", []) for s in range(self.shards)]
-        got = yield Send(calls, min(self.retry_s, DOWN_PROBE_S), errors=True)
+        got = yield Send(calls, min(self.retry_s, DOWN_PROBE_S), min(self.request_timeout_s, STATS_WAIT_S), errors=True)
         shards: list[dict[str, Any]] = []
         for s, r in enumerate(got):
             if isinstance(r, ShardUnavailable):

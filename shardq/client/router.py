@@ -154,13 +154,16 @@ class Router(Calls, SyncExecutor):
 
     def _do_send(self, effect: Send) -> list[Any]:
         calls, retry_s, timeout_s, errors = effect
-        if len(calls) == 1 and timeout_s is None:  # the shortest path: a lane, else one request there
+        # the shortest path: a lane, else one request there; but a dequeue under a wait of its
+        # own (a lease round's HELD_STEP_S) goes the shared way, whose reader releases a late
+        # reply's leases at once (on a lane, its next caller would)
+        if len(calls) == 1 and (timeout_s is None or calls[0][1] != "dequeue"):
             shard, op, args = calls[0]
             session = op == "enqueue" and args[1] is None  # (a batch's: deliver's rule)
             if session:
                 args[1] = self._session(shard)
             try:
-                return [self._call(shard, op, args, retry_s=retry_s)]
+                return [self._call(shard, op, args, retry_s=retry_s, timeout_s=timeout_s)]
             except Exception as e:
                 if not errors:
                     raise
@@ -184,14 +187,20 @@ class Router(Calls, SyncExecutor):
     def _collect(self, effect: Collect) -> list[Any]:
         return self._on_io(lambda io: io._collect(effect))
 
-    def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None) -> tuple[Any, bool]:
+    def _call(self, shard: int, op: str, args: list[Any], *, retry_s: float | None = None,
+              timeout_s: float | None = None) -> tuple[Any, bool]:
         """One request and whether it was re-sent (its error is raised): on the lane when it is
         free, else the shared way. A break is the engine's to decide (:func:`~.effects.deliver`,
-        until ``retry_s``), its re-sends going the shared way."""
+        until ``retry_s``), its re-sends going the shared way. ``timeout_s``: the wait for the
+        reply, if shorter than the request timeout (:class:`~.effects.Send`'s)."""
         start = self._mono()
         deadline = start + (self.retry_s if retry_s is None else retry_s)
-        got = self.lanes[shard].call(op, args, self.request_timeout_s)
+        got = self.lanes[shard].call(op, args, self.request_timeout_s if timeout_s is None else timeout_s)
         if got is SHARED:  # one request on the I/O thread's connection, no operation there
+            if timeout_s is not None:  # (under the effect's own wait: its operation)
+                outcome: tuple[Any, bool] = self._on_io(
+                    lambda io: io._do_send(Send([(shard, op, args)], retry_s, timeout_s)))[0]
+                return outcome
             try:  # (its retries: what the lane left of the call's retry_s)
                 got = self._on_io(lambda io: io._request(shard, op, args, max(0.0, deadline - self._mono()))[2]), None
             except ConnectionLost as e:
@@ -200,7 +209,7 @@ class Router(Calls, SyncExecutor):
         if lost is None:
             return value, False
         if type(lost) is TimeoutError:
-            raise no_answer(shard, op, self.request_timeout_s)
+            raise no_answer(shard, op, self.request_timeout_s if timeout_s is None else timeout_s)
         ((value, resent),) = self._drive(deliver(self, [(shard, op, args)], deadline, got=[lost]))
         return value, resent
 

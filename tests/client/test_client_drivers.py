@@ -684,6 +684,30 @@ def test_stats_totals_the_shards_that_answered_and_lists_the_others_as_unavailab
     assert got["queues"][Q]["ready"] == 2 + 4 and got["queues"][Q]["leased"] == 2
 
 
+def test_stats_lists_a_shard_that_does_not_answer_as_unavailable_within_its_wait(fake, connect, monkeypatch):
+    """A shard that takes requests and does not answer (SIGSTOPped, hung) held ``stats``
+    (``shardq stats``, the totals an operator reads during the incident) for the whole
+    request timeout; it is listed as unavailable after ``STATS_WAIT_S``."""
+    monkeypatch.setattr("shardq.client.engine.STATS_WAIT_S", 0.5, raising=False)
+    hung = threading.Event()
+
+    def answer(shard, op, args):
+        if shard == 1:
+            hung.wait(60)  # a shard that does not answer until the test lets it
+        return {"shard": shard, "queues": {Q: {"ready": 2}}}
+
+    f = fake(2, answer)
+    q = connect(f.dd.path, request_timeout_s=30)
+    try:
+        started = time.monotonic()
+        got = q.stats()
+        waited = time.monotonic() - started
+    finally:
+        hung.set()
+    assert [(sh["shard"], sh["available"]) for sh in got["shards"]] == [(0, True), (1, False)]
+    assert got["queues"][Q]["ready"] == 2 and waited < 10, waited  # not the request timeout (30 s)
+
+
 # ---------------------------------------------------------------------- a broken connection
 @pytest.fixture
 def scripted():
