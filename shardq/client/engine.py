@@ -35,9 +35,8 @@ from ..types import DeadLetter, DeadLetterPage, JobId, Lease
 from . import results as res
 from .channel import Channel
 from .core import (DOWN_PROBE_S, DOWN_RECHECK_S, HELD_STEP_S, LEFTOVERS_RECHECK_S, QUEUE_CONFIG_MAX_AGE_S,
-                   STATS_WAIT_S, UNSENT, WAIT_REPLY_MARGIN_S,
-                   Call, LeaseRound, Polling, ack_many_outcome, acks_by_shard, check_dequeue, missed_notes, nack_delay,
-                   note_calls, release_call, wait_outcome)
+                   STATS_WAIT_S, UNSENT, WAIT_REPLY_MARGIN_S, Call, LeaseRound, Polling, ack_many_outcome,
+                   acks_by_shard, check_dequeue, missed_notes, nack_delay, note_calls, release_call, wait_outcome)
 from .effects import AsyncExecutor, Op, Owner, Send, Sleep, SyncExecutor, call, call_all, wait_any
 from .routing import (batch_ids, batch_queues, cut_requests, dead_letters_of, job_shard, lease_shard, leases_of, listed,
                       placed_owner, purge_calls, queue_name, queue_totals, redrive_calls, shard_for_dedup_id,
@@ -776,8 +775,9 @@ def _leftovers(c: Calls, queue: str, owner: int) -> list[int]:
 
 def _wait_lease(c: Calls, queue: str, visibility: float | None, max_jobs: int,
                 timeout: float) -> Op[list[Lease] | None]:
-    """Leave a waiting dequeue at every shard that is up (a placed queue: at its owner)
-    and return the leases of the first to answer with any (with those of any other that
+    """Leave a waiting dequeue at every shard that is up (a placed queue: at its owner and
+    the shards ``_leftovers`` names) and return the leases of the first to answer with any
+    (with those of any other that
     has by then, up to ``max_jobs``; the rest released unstarted). [] when none came
     within ``timeout``, or when a connection broke (that shard's lease, if it made one,
     expires unheld); None when none came and a shard was not asked (not connected): the
